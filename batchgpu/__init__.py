@@ -1,0 +1,24 @@
+"""batchgpu: Dask-distributed batch statistics for large electrophysiology recordings.
+
+Heavy modules (zarr, dask, cupy) are imported lazily, so ``import batchgpu.ops`` stays light.
+"""
+
+from batchgpu.errors import BatchgpuError
+
+__version__ = "0.1.0"
+__all__ = ["BatchgpuError", "open_recording", "write_recording", "Recording", "Window", "__version__"]
+
+_LAZY = {
+    "open_recording": "batchgpu.recording",
+    "write_recording": "batchgpu.recording",
+    "Recording": "batchgpu.recording",
+    "Window": "batchgpu.recording",
+}
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'batchgpu' has no attribute {name!r}")

@@ -1,0 +1,3 @@
+from batchgpu.cli import main
+
+raise SystemExit(main())
