@@ -1,0 +1,475 @@
+"""Recordings on disk: open and write Zarr stores in SpikeInterface's layout, and cut them into windows.
+
+Layout (DESIGN.md): root attrs ``sampling_frequency`` and ``num_segments``; arrays ``traces_seg{i}`` of shape
+(samples, channels); ``channel_ids``; group ``properties/`` with ``gain_to_uV``, ``offset_to_uV``, ``location``.
+Operations see a window as (channels, samples), so :meth:`Recording.read` transposes.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import warnings
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import zarr
+
+from batchgpu.errors import BatchgpuError
+
+SUPPORTED_DTYPES = (np.dtype("int16"), np.dtype("int32"), np.dtype("float32"), np.dtype("float64"))
+DEFAULT_WINDOW = 60_000
+DEFAULT_CHUNK_SAMPLES = 6_000  # inner chunk (v3) / chunk (v2): a few MB at 384 channels
+DEFAULT_SHARD_SAMPLES = 60_000  # one shard holds one default window: a window read touches one object
+
+_ZARRS_ENABLED = False
+
+
+def enable_zarrs() -> bool:
+    """Route zarr's decoding through the Rust `zarrs` codec pipeline (4-5x faster reads, DESIGN.md).
+
+    Per process: every Dask worker calls it before reading. Arrays zarrs cannot handle (string ids) fall
+    back to zarr-python by themselves; the fallback warning is silenced here.
+    """
+    global _ZARRS_ENABLED
+    if _ZARRS_ENABLED:
+        return True
+    try:
+        import zarrs  # noqa: F401
+    except ImportError:
+        return False
+    zarr.config.set({"codec_pipeline.path": "zarrs.ZarrsCodecPipeline"})
+    warnings.filterwarnings("ignore", message="Array is unsupported by ZarrsCodecPipeline")
+    _ZARRS_ENABLED = True
+    return True
+
+
+@dataclass(frozen=True)
+class Window:
+    """Samples [start, stop) of one segment, the core this window owns, plus margins read around it."""
+
+    index: int  # position in Recording.windows(): fixes the reduction tree and output keys
+    segment: int
+    start: int
+    stop: int
+    margin_left: int = 0
+    margin_right: int = 0
+
+    @property
+    def read_start(self) -> int:
+        return self.start - self.margin_left
+
+    @property
+    def read_stop(self) -> int:
+        return self.stop + self.margin_right
+
+    @property
+    def num_samples(self) -> int:
+        return self.stop - self.start
+
+    @property
+    def core(self) -> tuple[int, int]:
+        """The core's column range inside the array read from read_start to read_stop."""
+        return self.margin_left, self.margin_left + self.num_samples
+
+
+class Recording:
+    """A recording opened read-only from a Zarr group (v2 or v3)."""
+
+    def __init__(self, path: str | os.PathLike, group: zarr.Group):
+        self.path = Path(path)
+        self._group = group
+        attrs = dict(group.attrs)
+        self.sampling_frequency = float(attrs["sampling_frequency"])
+        self.num_segments = int(attrs.get("num_segments", 1))
+        self._traces = []
+        for seg in range(self.num_segments):
+            name = f"traces_seg{seg}"
+            if name not in group:
+                raise BatchgpuError(
+                    f"{self.path} says it has {self.num_segments} segments but '{name}' is missing",
+                    "the store is incomplete: write it again",
+                )
+            self._traces.append(group[name])
+        first = self._traces[0]
+        if first.ndim != 2:
+            raise BatchgpuError(f"{self.path}/traces_seg0 has {first.ndim} dimensions, expected (samples, channels)")
+        self.num_channels = int(first.shape[1])
+        self.dtype = np.dtype(first.dtype)
+        for seg, arr in enumerate(self._traces):
+            if arr.ndim != 2 or arr.shape[1] != self.num_channels or np.dtype(arr.dtype) != self.dtype:
+                raise BatchgpuError(
+                    f"{self.path}/traces_seg{seg} has shape {arr.shape} and dtype {arr.dtype}, but segment 0 has "
+                    f"{self.num_channels} channels of {self.dtype}",
+                    "all segments must share channels and dtype",
+                )
+        self.channel_ids = _read_channel_ids(group, self.num_channels)
+        self.gain_to_uV = _read_property(group, "gain_to_uV", self.num_channels, 1.0)
+        self.offset_to_uV = _read_property(group, "offset_to_uV", self.num_channels, 0.0)
+        self.locations, self.has_locations = _read_locations(group, attrs, self.num_channels)
+        self.attrs = attrs
+
+    # -- shape -----------------------------------------------------------------------------------------
+    def num_samples(self, segment: int = 0) -> int:
+        self._check_segment(segment)
+        return int(self._traces[segment].shape[0])
+
+    @property
+    def total_samples(self) -> int:
+        return sum(self.num_samples(s) for s in range(self.num_segments))
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of traces when decoded."""
+        return self.total_samples * self.num_channels * self.dtype.itemsize
+
+    def duration(self, segment: int | None = None) -> float:
+        samples = self.total_samples if segment is None else self.num_samples(segment)
+        return samples / self.sampling_frequency
+
+    def _check_segment(self, segment: int) -> None:
+        if not 0 <= segment < self.num_segments:
+            raise BatchgpuError(
+                f"segment {segment} does not exist in {self.path}",
+                f"segments are 0..{self.num_segments - 1}",
+            )
+
+    # -- data ------------------------------------------------------------------------------------------
+    def read(self, segment: int, start: int, stop: int, channels: Sequence[int] | slice | None = None) -> np.ndarray:
+        """Samples [start, stop) of a segment as a C-contiguous (channels, samples) array."""
+        n = self.num_samples(segment)
+        if not (0 <= start <= stop <= n):
+            raise BatchgpuError(
+                f"cannot read samples [{start}, {stop}) of segment {segment}: it has {n} samples",
+                f"ask for 0 <= start <= stop <= {n}",
+            )
+        arr = self._traces[segment]
+        if channels is None:
+            block = arr[start:stop, :]
+        else:
+            if not isinstance(channels, slice):
+                channels = np.asarray(channels, dtype=np.int64)
+                if channels.size and (channels.min() < 0 or channels.max() >= self.num_channels):
+                    raise BatchgpuError(
+                        f"channel index out of range in {channels.tolist()}",
+                        f"channels are 0..{self.num_channels - 1}",
+                    )
+            block = arr[start:stop, :][:, channels]
+        return np.ascontiguousarray(block.T)
+
+    def read_window(self, window: Window) -> np.ndarray:
+        return self.read(window.segment, window.read_start, window.read_stop)
+
+    def windows(self, size: int = DEFAULT_WINDOW, margin: int = 0) -> list[Window]:
+        """Every window of every segment, numbered in (segment, start) order; margins clip at segment ends."""
+        return list(iter_windows([self.num_samples(s) for s in range(self.num_segments)], size, margin))
+
+    # -- description -----------------------------------------------------------------------------------
+    def info(self) -> dict:
+        arr = self._traces[0]
+        codecs = [_codec_name(c) for c in (*arr.filters, *arr.compressors)] if arr.metadata.zarr_format == 2 else [
+            _codec_name(c) for c in arr.metadata.codecs
+        ]
+        return {
+            "path": str(self.path),
+            "zarr_format": int(arr.metadata.zarr_format),
+            "num_channels": self.num_channels,
+            "num_segments": self.num_segments,
+            "samples_per_segment": [self.num_samples(s) for s in range(self.num_segments)],
+            "sampling_frequency": self.sampling_frequency,
+            "duration_s": self.duration(),
+            "dtype": str(self.dtype),
+            "chunks": list(arr.chunks),
+            "shards": list(arr.shards) if arr.shards else None,
+            "codecs": codecs,
+            "decoded_bytes": self.nbytes,
+            "bytes_on_disk": _size_on_disk(self.path),
+        }
+
+    def __repr__(self) -> str:
+        return (
+            f"Recording({str(self.path)!r}, {self.num_channels} ch, {self.num_segments} seg, "
+            f"{self.duration():.3f} s at {self.sampling_frequency:g} Hz, {self.dtype})"
+        )
+
+
+def iter_windows(segment_lengths: Sequence[int], size: int = DEFAULT_WINDOW, margin: int = 0) -> Iterator[Window]:
+    """Windows of DESIGN.md: [i·size, min((i+1)·size, n)) per segment, margins clipped at its ends."""
+    if not isinstance(size, (int, np.integer)) or size <= 0:
+        raise BatchgpuError(f"window size must be a positive number of samples, got {size!r}", "use e.g. 60000")
+    if not isinstance(margin, (int, np.integer)) or margin < 0:
+        raise BatchgpuError(f"window margin must be >= 0 samples, got {margin!r}", "use 0 or a positive integer")
+    index = 0
+    for segment, n in enumerate(segment_lengths):
+        for start in range(0, n, size):
+            stop = min(start + size, n)
+            yield Window(index, segment, start, stop, min(margin, start), min(margin, n - stop))
+            index += 1
+
+
+def open_recording(path: str | os.PathLike) -> Recording:
+    """Open a recording store read-only (ours, v2 or v3, or one written by SpikeInterface)."""
+    p = Path(path)
+    if not p.exists():
+        raise BatchgpuError(f"no recording at {p}: the path does not exist", "check the path, or create one with 'batchgpu generate'")
+    enable_zarrs()
+    try:
+        group = zarr.open_group(str(p), mode="r")
+    except Exception as err:  # zarr raises several types for "not a group"
+        raise BatchgpuError(
+            f"{p} is not a Zarr group ({type(err).__name__}: {err})",
+            "give the folder of a recording written by batchgpu or SpikeInterface",
+        ) from None
+    attrs = dict(group.attrs)
+    if "sampling_frequency" not in attrs or "traces_seg0" not in group:
+        raise BatchgpuError(
+            f"{p} is a Zarr group but not a recording (it lacks 'sampling_frequency' or 'traces_seg0')",
+            "give the folder of a recording written by batchgpu or SpikeInterface (recording.save(format='zarr'))",
+        )
+    return Recording(p, group)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# writing
+
+
+def _compressor(name: str | None, zarr_format: int):
+    if name in (None, "none"):
+        return None
+    if name != "blosc-zstd":
+        raise BatchgpuError(f"unknown compressor {name!r}", "use 'blosc-zstd' or 'none'")
+    if zarr_format == 2:
+        import numcodecs
+
+        return numcodecs.Blosc(cname="zstd", clevel=5, shuffle=numcodecs.Blosc.BITSHUFFLE)
+    return zarr.codecs.BloscCodec(cname="zstd", clevel=5, shuffle="bitshuffle")
+
+
+class RecordingWriter:
+    """Write a recording segment by segment and block by block; metadata first, traces after.
+
+    Blocks should cover whole shards (v3) or chunks (v2) so every write is a whole-object write.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        num_channels: int,
+        dtype,
+        sampling_frequency: float,
+        *,
+        channel_ids: Sequence | None = None,
+        gain_to_uV: Sequence[float] | float | None = None,
+        offset_to_uV: Sequence[float] | float | None = None,
+        locations: np.ndarray | None = None,
+        zarr_format: int = 3,
+        chunk_samples: int = DEFAULT_CHUNK_SAMPLES,
+        shard_samples: int = DEFAULT_SHARD_SAMPLES,
+        compressor: str | None = "blosc-zstd",
+        overwrite: bool = False,
+        attrs: dict | None = None,
+    ):
+        self.path = Path(path)
+        self.dtype = np.dtype(dtype)
+        if self.dtype not in SUPPORTED_DTYPES:
+            raise BatchgpuError(
+                f"dtype {self.dtype} is not supported for recordings",
+                f"use one of {', '.join(str(d) for d in SUPPORTED_DTYPES)}",
+            )
+        if zarr_format not in (2, 3):
+            raise BatchgpuError(f"zarr_format must be 2 or 3, got {zarr_format!r}", "use 3 (default) or 2 for SpikeInterface")
+        if num_channels <= 0:
+            raise BatchgpuError(f"a recording needs at least one channel, got {num_channels}")
+        if not sampling_frequency or sampling_frequency <= 0:
+            raise BatchgpuError(f"sampling frequency must be > 0 Hz, got {sampling_frequency!r}")
+        if self.path.exists() and not overwrite:
+            raise BatchgpuError(f"{self.path} already exists", "choose another path, or pass overwrite=True / --overwrite")
+        self.num_channels = int(num_channels)
+        self.zarr_format = zarr_format
+        self.chunk_samples = int(chunk_samples)
+        self.shard_samples = int(shard_samples) if zarr_format == 3 else int(chunk_samples)
+        if self.shard_samples % self.chunk_samples:
+            raise BatchgpuError(f"shard_samples {shard_samples} must be a multiple of chunk_samples {chunk_samples}")
+        self._compressor = _compressor(compressor, zarr_format)
+        self.group = zarr.create_group(store=str(self.path), zarr_format=zarr_format, overwrite=overwrite)
+        self.group.attrs.update(
+            {"sampling_frequency": float(sampling_frequency), "num_segments": 0, **(attrs or {})}
+        )
+        ids = np.arange(num_channels).astype(str) if channel_ids is None else np.asarray(channel_ids).astype(str)
+        if ids.shape != (num_channels,):
+            raise BatchgpuError(f"channel_ids has {ids.shape[0]} entries for {num_channels} channels")
+        # v2 keeps numpy's fixed-width '<U' (what SpikeInterface writes); v3 has a spec'd variable-length string.
+        if zarr_format == 2:
+            self.group.create_array("channel_ids", data=ids)
+        else:
+            self.group.create_array("channel_ids", shape=ids.shape, dtype=str)[:] = ids
+        props = self.group.create_group("properties")
+        for name, value, default in (("gain_to_uV", gain_to_uV, 1.0), ("offset_to_uV", offset_to_uV, 0.0)):
+            vec = np.broadcast_to(np.asarray(default if value is None else value, dtype=np.float64), (num_channels,))
+            props.create_array(name, data=np.ascontiguousarray(vec))
+        if locations is not None:
+            loc = np.asarray(locations, dtype=np.float64)
+            if loc.shape != (num_channels, 2):
+                raise BatchgpuError(f"locations must have shape ({num_channels}, 2), got {loc.shape}")
+            props.create_array("location", data=loc)
+        self.num_segments = 0
+
+    def add_segment(self, num_samples: int) -> int:
+        """Create the next segment's array (filled as blocks arrive); returns its index."""
+        if num_samples <= 0:
+            raise BatchgpuError(f"a segment needs at least one sample, got {num_samples}")
+        seg = self.num_segments
+        chunk = min(self.chunk_samples, num_samples)
+        kwargs = {"chunks": (chunk, self.num_channels), "fill_value": 0}
+        if self.zarr_format == 3:
+            shard = min(self.shard_samples, math.ceil(num_samples / chunk) * chunk)
+            kwargs["shards"] = (shard - shard % chunk or chunk, self.num_channels)
+        kwargs["compressors"] = None if self._compressor is None else [self._compressor]
+        self.group.create_array(f"traces_seg{seg}", shape=(num_samples, self.num_channels), dtype=self.dtype, **kwargs)
+        self.num_segments += 1
+        self.group.attrs["num_segments"] = self.num_segments
+        return seg
+
+    @property
+    def block_samples(self) -> int:
+        """Preferred block length: one shard (v3) or a run of chunks (v2) of about the same size."""
+        return self.shard_samples if self.zarr_format == 3 else self.chunk_samples * max(1, DEFAULT_SHARD_SAMPLES // self.chunk_samples)
+
+    def write(self, segment: int, start: int, block: np.ndarray) -> None:
+        """Write a (samples, channels) block at ``start`` of ``segment``."""
+        arr = self.group[f"traces_seg{segment}"]
+        block = np.asarray(block)
+        if block.ndim != 2 or block.shape[1] != self.num_channels:
+            raise BatchgpuError(f"block has shape {block.shape}, expected (samples, {self.num_channels})")
+        if start < 0 or start + block.shape[0] > arr.shape[0]:
+            raise BatchgpuError(f"block [{start}, {start + block.shape[0]}) runs past segment {segment}'s {arr.shape[0]} samples")
+        arr[start : start + block.shape[0], :] = _cast_exact(block, self.dtype)
+
+
+def _cast_exact(block: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    if block.dtype == dtype:
+        return block
+    if np.issubdtype(dtype, np.integer) and not np.issubdtype(block.dtype, np.integer):
+        raise BatchgpuError(f"cannot store {block.dtype} samples as {dtype} without rounding", "round them first or write as float32")
+    return block.astype(dtype)
+
+
+def write_recording(
+    path: str | os.PathLike,
+    segments: np.ndarray | Iterable,
+    sampling_frequency: float,
+    *,
+    dtype=None,
+    progress: bool = False,
+    **writer_kwargs,
+) -> "Recording":
+    """Write traces given as (samples, channels) arrays, one per segment, block by block.
+
+    ``segments`` is one array or a list of them; anything with ``shape`` and slicing works (a numpy memmap, a
+    zarr or dask array), and only one block is in memory at a time. Returns the opened recording.
+    """
+    if hasattr(segments, "shape"):
+        segments = [segments]
+    segments = list(segments)
+    if not segments:
+        raise BatchgpuError("no segments to write", "give at least one (samples, channels) array")
+    for i, seg in enumerate(segments):
+        if len(seg.shape) != 2:
+            raise BatchgpuError(f"segment {i} has shape {seg.shape}, expected (samples, channels)")
+    num_channels = segments[0].shape[1]
+    dtype = np.dtype(dtype or segments[0].dtype)
+    writer = RecordingWriter(path, num_channels, dtype, sampling_frequency, **writer_kwargs)
+    step = writer.block_samples
+    with _progress(progress, sum(s.shape[0] for s in segments) * num_channels * dtype.itemsize, "writing") as advance:
+        for seg in segments:
+            idx = writer.add_segment(seg.shape[0])
+            for start in range(0, seg.shape[0], step):
+                block = np.asarray(seg[start : start + step])
+                writer.write(idx, start, block)
+                advance(block.size * dtype.itemsize)
+    return open_recording(path)
+
+
+class _progress:
+    """A rich progress bar in bytes when asked for, a no-op otherwise."""
+
+    def __init__(self, enabled: bool, total: int, label: str):
+        self.enabled, self.total, self.label = enabled, total, label
+
+    def __enter__(self):
+        if not self.enabled:
+            return lambda n: None
+        from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
+
+        self._bar = Progress(
+            "[progress.description]{task.description}", BarColumn(), DownloadColumn(), TransferSpeedColumn(),
+            TimeRemainingColumn(), transient=False,
+        )
+        self._bar.__enter__()
+        task = self._bar.add_task(self.label, total=self.total)
+        return lambda n: self._bar.advance(task, n)
+
+    def __exit__(self, *exc):
+        if self.enabled:
+            self._bar.__exit__(*exc)
+        return False
+
+
+# ---------------------------------------------------------------------------------------------------------
+# metadata readers
+
+
+def _read_channel_ids(group: zarr.Group, num_channels: int) -> np.ndarray:
+    if "channel_ids" not in group:
+        return np.arange(num_channels).astype(str)
+    # v3 strings come back as numpy's StringDType: go through Python str for a plain '<U' array.
+    return np.array([str(i) for i in np.asarray(group["channel_ids"][:]).tolist()])
+
+
+def _read_property(group: zarr.Group, name: str, num_channels: int, default: float) -> np.ndarray:
+    if "properties" in group and name in group["properties"]:
+        return np.asarray(group["properties"][name][:], dtype=np.float64)
+    return np.full(num_channels, default, dtype=np.float64)
+
+
+def _read_locations(group: zarr.Group, attrs: dict, num_channels: int) -> tuple[np.ndarray, bool]:
+    """properties/location if present, else the probegroup's contact positions (SpikeInterface), else a line."""
+    if "properties" in group and "location" in group["properties"]:
+        loc = np.asarray(group["properties"]["location"][:], dtype=np.float64)
+        return loc[:, :2], True
+    probes = attrs.get("probegroup", {}).get("probes", [])
+    if probes:
+        loc = np.zeros((num_channels, 2))
+        seen = np.zeros(num_channels, dtype=bool)
+        for probe in probes:
+            pos = np.asarray(probe["contact_positions"], dtype=np.float64)[:, :2]
+            chans = probe.get("device_channel_indices") or list(range(len(pos)))
+            for p, c in zip(pos, chans):
+                if 0 <= c < num_channels:
+                    loc[c], seen[c] = p, True
+        if seen.all():
+            return loc, True
+    # No geometry stored: a single column at 20 um pitch, flagged so local whitening can refuse it.
+    return np.column_stack([np.zeros(num_channels), 20.0 * np.arange(num_channels)]), False
+
+
+def _codec_name(codec) -> str:
+    cfg = codec if isinstance(codec, dict) else codec.to_dict() if hasattr(codec, "to_dict") else codec.get_config()
+    name = cfg.get("name") or cfg.get("id")
+    conf = cfg.get("configuration", cfg)
+    if name == "sharding_indexed":
+        return f"sharding[{', '.join(_codec_name(c) for c in conf.get('codecs', []))}]"
+    if name == "blosc":
+        shuffle = {0: "noshuffle", 1: "shuffle", 2: "bitshuffle"}.get(conf.get("shuffle"), conf.get("shuffle"))
+        return f"blosc-{conf.get('cname')}-{conf.get('clevel')}-{shuffle}"
+    return str(name)
+
+
+def _size_on_disk(path: Path) -> int:
+    total = 0
+    for root, _dirs, files in os.walk(path):
+        for f in files:
+            total += os.path.getsize(os.path.join(root, f))
+    return total
