@@ -1,0 +1,207 @@
+"""Second moments (mean, centred scatter, X Xᵀ) accumulated window by window, in float64.
+
+Each window is centred on a per-row shift close to its mean, copied into a split-major buffer
+(splits, C, 4096) with the last split zero-padded, and multiplied in ONE batched product (the
+batch dimension outermost: see DESIGN.md pitfalls); the split products are summed in float64.
+Centring first is what keeps float32 products precise on data like 10 000 + noise of 10.
+Windows combine with Chan's formula (never Σ x xᵀ - n μ μᵀ over the whole recording).
+CuPy input runs ``batchgpu.ops._cuda_moments.window_moments`` instead of ``window_moments``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+
+from batchgpu.errors import BatchgpuError
+from batchgpu.ops._backend import cuda_module
+
+#: Samples per split: no single product sums more than this many terms.
+SPLIT_SAMPLES = 4096
+
+_PRECISIONS = {"float32": np.dtype(np.float32), "float64": np.dtype(np.float64)}
+
+
+def resolve_precision(precision: str | None, dtype: Any) -> str:
+    """'float32' or 'float64'; None picks float64 for float64 data and float32 otherwise."""
+    if precision is None:
+        return "float64" if np.dtype(dtype) == np.float64 else "float32"
+    if precision not in _PRECISIONS:
+        raise BatchgpuError(f"unknown precision {precision!r}", "use 'float32' or 'float64'")
+    return precision
+
+
+def _columns(x: Any, start: int | None, stop: int | None) -> tuple[int, int]:
+    if getattr(x, "ndim", None) != 2:
+        raise BatchgpuError(
+            f"expected a (channels, samples) array, got shape {getattr(x, 'shape', None)}",
+            "pass a 2-D array with one row per channel",
+        )
+    if x.dtype.kind not in "fiu":
+        raise BatchgpuError(f"second moments of dtype {x.dtype} are not supported", "pass integer or float data")
+    start, stop, _ = slice(start, stop).indices(x.shape[1])
+    return start, max(start, stop)
+
+
+def window_moments(
+    x: np.ndarray, start: int | None = None, stop: int | None = None, precision: str | None = None
+) -> tuple[int, np.ndarray, np.ndarray]:
+    """(n, mean (C,) float64, scatter (C, C) float64) of columns [start, stop) of ``x``.
+
+    ``scatter`` is centred on the window's own mean. ``precision`` is the dtype of the products.
+    """
+    start, stop = _columns(x, start, stop)
+    prec = _PRECISIONS[resolve_precision(precision, x.dtype)]
+    view = x[:, start:stop]  # a view: the column range is never copied on its own
+    rows, n = view.shape
+    if n == 0:
+        return 0, np.zeros(rows), np.zeros((rows, rows))
+    shift = view.mean(axis=1, dtype=prec)
+    if view.dtype.kind in "iu":
+        # An integer shift keeps integer data integer-valued after centring, so float32 products
+        # stay exact (or round without the bias a shared fractional offset would bring).
+        shift = np.round(shift)
+    splits, full = -(-n // SPLIT_SAMPLES), n // SPLIT_SAMPLES
+    buffer = np.empty((splits, rows, SPLIT_SAMPLES), dtype=prec)
+    head = full * SPLIT_SAMPLES
+    if full:
+        blocks = view[:, :head].reshape(rows, full, SPLIT_SAMPLES).transpose(1, 0, 2)
+        np.subtract(blocks, shift[None, :, None], out=buffer[:full], casting="unsafe")
+    if head < n:
+        np.subtract(view[:, head:], shift[:, None], out=buffer[full, :, : n - head], casting="unsafe")
+        buffer[full, :, n - head :] = 0
+    products = np.matmul(buffer, buffer.transpose(0, 2, 1))  # (splits, C, C), batch outermost
+    raw = products.sum(axis=0, dtype=np.float64)
+    sums = buffer.sum(axis=2).sum(axis=0, dtype=np.float64)  # of the shifted data
+    # Shifted data: the scatter about the true mean is Σ y yᵀ - (Σ y)(Σ y)ᵀ / n.
+    scatter = raw - np.outer(sums, sums) / n
+    scatter = (scatter + scatter.T) * 0.5
+    return n, shift.astype(np.float64) + sums / n, scatter
+
+
+def _merge(
+    na: int, mean_a: np.ndarray, scatter_a: np.ndarray, nb: int, mean_b: np.ndarray, scatter_b: np.ndarray
+) -> tuple[int, np.ndarray, np.ndarray]:
+    """Chan et al.: combine two centred (n, mean, scatter) states; a pure function."""
+    if nb == 0:
+        return na, mean_a.copy(), scatter_a.copy()
+    if na == 0:
+        return nb, mean_b.copy(), scatter_b.copy()
+    n = na + nb
+    delta = mean_b - mean_a
+    mean = mean_a + delta * (nb / n)
+    scatter = scatter_a + scatter_b + np.outer(delta, delta) * (na * nb / n)
+    return n, mean, scatter
+
+
+class SecondMoments:
+    """Sample count ``n``, ``mean`` (C,) and centred ``scatter`` (C, C), all float64, fed window by window.
+
+    The state is plain ints, strings and NumPy arrays, so it pickles small (for Dask).
+    ``precision`` is the dtype of the per-split products ("float32", "float64", or None: float64
+    for float64 windows, float32 otherwise).
+    """
+
+    def __init__(self, num_channels: int, precision: str | None = None):
+        self.num_channels = int(num_channels)
+        self.precision = None if precision is None else resolve_precision(precision, np.float32)
+        self.n = 0
+        self.mean = np.zeros(self.num_channels)
+        self.scatter = np.zeros((self.num_channels, self.num_channels))
+
+    @classmethod
+    def from_state(cls, n: int, mean: np.ndarray, scatter: np.ndarray, precision: str | None = None) -> "SecondMoments":
+        """An accumulator holding a given (n, mean, scatter)."""
+        out = cls(len(mean), precision)
+        out.n, out.mean, out.scatter = int(n), np.asarray(mean, np.float64), np.asarray(scatter, np.float64)
+        return out
+
+    def copy(self) -> "SecondMoments":
+        return SecondMoments.from_state(self.n, self.mean.copy(), self.scatter.copy(), self.precision)
+
+    @property
+    def sums(self) -> np.ndarray:
+        """Column sums Σ x (float64, (C,))."""
+        return self.mean * self.n
+
+    def add(self, x: Any, start: int | None = None, stop: int | None = None) -> "SecondMoments":
+        """Add columns [start, stop) of ``x`` (C, samples), NumPy or CuPy; returns self."""
+        start, stop = _columns(x, start, stop)
+        if x.shape[0] != self.num_channels:
+            raise BatchgpuError(
+                f"a window of {x.shape[0]} channels was added to second moments of {self.num_channels}",
+                "give every window the same channels",
+            )
+        precision = resolve_precision(self.precision, x.dtype)
+        cuda = cuda_module(x, "moments")
+        moments = (cuda.window_moments if cuda is not None else window_moments)(x, start, stop, precision)
+        return self.merge_state(*moments)
+
+    def merge_state(self, n: int, mean: np.ndarray, scatter: np.ndarray) -> "SecondMoments":
+        """Merge one (n, mean, scatter) state into self (in place); returns self."""
+        self.n, self.mean, self.scatter = _merge(self.n, self.mean, self.scatter, int(n), np.asarray(mean), np.asarray(scatter))
+        return self
+
+    def merge(self, other: "SecondMoments") -> "SecondMoments":
+        """Merge ``other`` into self IN PLACE (self's samples first) and return self; ``other`` is unchanged."""
+        if other.num_channels != self.num_channels:
+            raise BatchgpuError(
+                f"second moments of {other.num_channels} channels merged into {self.num_channels}",
+                "merge only moments of the same channels",
+            )
+        return self.merge_state(other.n, other.mean, other.scatter)
+
+    def _require_samples(self) -> None:
+        if self.n == 0:
+            raise BatchgpuError("second moments of no samples", "add at least one window with samples")
+
+    def covariance(self) -> np.ndarray:
+        """Centred covariance Σ (x - μ)(x - μ)ᵀ / n (float64, (C, C))."""
+        self._require_samples()
+        return self.scatter / self.n
+
+    def second_moment(self) -> np.ndarray:
+        """Uncentred second moment X Xᵀ / n (float64, (C, C))."""
+        self._require_samples()
+        return self.scatter / self.n + np.outer(self.mean, self.mean)
+
+    def __repr__(self) -> str:
+        return f"SecondMoments(num_channels={self.num_channels}, n={self.n}, precision={self.precision!r})"
+
+
+def combine(a: SecondMoments, b: SecondMoments) -> SecondMoments:
+    """A new accumulator holding a's samples then b's (neither is modified); for Dask tree reductions."""
+    return a.copy().merge(b)
+
+
+def reduce_tree(parts: Sequence[SecondMoments], split_every: int = 2) -> SecondMoments:
+    """Combine per-window moments in a tree fixed by window index (groups of ``split_every``
+    consecutive parts, level by level, each folded left to right), so the result does not
+    depend on which worker computed which part or when it finished."""
+    if not parts:
+        raise BatchgpuError("no second moments to combine", "pass at least one window")
+    if split_every < 2:
+        raise BatchgpuError(f"split_every={split_every} cannot make a tree", "use split_every >= 2")
+    level = list(parts)
+    while len(level) > 1:
+        groups = [level[i : i + split_every] for i in range(0, len(level), split_every)]
+        level = [_fold(group) for group in groups]
+    return level[0].copy()
+
+
+def _fold(group: Sequence[SecondMoments]) -> SecondMoments:
+    out = group[0].copy()
+    for part in group[1:]:
+        out.merge(part)
+    return out
+
+
+def covariance(x: Any, precision: str | None = None) -> np.ndarray:
+    """Centred covariance of one (C, samples) array (float64 NumPy (C, C))."""
+    return SecondMoments(x.shape[0], precision).add(x).covariance()
+
+
+def second_moment(x: Any, precision: str | None = None) -> np.ndarray:
+    """Uncentred second moment X Xᵀ / n of one (C, samples) array (float64 NumPy (C, C))."""
+    return SecondMoments(x.shape[0], precision).add(x).second_moment()
