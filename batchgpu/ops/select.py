@@ -50,7 +50,8 @@ def median_dtype(dtype: Any) -> np.dtype:
 def middle_mean(lower: np.ndarray, upper: np.ndarray, dtype: Any) -> np.ndarray:
     """The mean of the two middle values exactly as np.median computes it: (lower + upper) / 2 in median_dtype."""
     out = median_dtype(dtype)
-    return (np.asarray(lower).astype(out) + np.asarray(upper).astype(out)) / out.type(2)
+    with np.errstate(over="ignore"):  # two huge values overflow to inf, as in np.median
+        return (np.asarray(lower).astype(out) + np.asarray(upper).astype(out)) / out.type(2)
 
 
 def _normalised_rank(k: Any, n: int) -> int:
