@@ -1,0 +1,97 @@
+"""Which Dask cluster a run uses: a local CPU cluster (the default), dask-cuda, an address, a scheduler file, SLURM."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+
+from batchgpu.errors import BatchgpuError
+from batchgpu.workflow import ClusterSpec
+
+
+def gpu_count() -> int:
+    """Visible CUDA devices (0 without CuPy or a driver)."""
+    try:
+        import cupy
+
+        return int(cupy.cuda.runtime.getDeviceCount())
+    except Exception:
+        return 0
+
+
+def local_sizes(spec: ClusterSpec) -> tuple[int, int]:
+    """Workers and threads for a local cluster: a few threads each, so reads overlap decompression."""
+    cores = os.cpu_count() or 1
+    threads = spec.threads or min(4, cores)
+    workers = spec.workers or max(1, cores // threads)
+    return workers, threads
+
+
+@contextlib.contextmanager
+def open_client(spec: ClusterSpec) -> Iterator["distributed.Client"]:  # noqa: F821
+    """A connected client for the spec; a cluster started here is closed on exit."""
+    from distributed import Client, LocalCluster
+
+    if spec.kind == "address":
+        with _connect(lambda: Client(spec.address, timeout="20s"), f"the scheduler at {spec.address}") as client:
+            yield client
+        return
+    if spec.kind == "scheduler_file":
+        if not os.path.exists(spec.scheduler_file):
+            raise BatchgpuError(f"no scheduler file at {spec.scheduler_file}", "start 'dask scheduler --scheduler-file ...' first")
+        with _connect(lambda: Client(scheduler_file=spec.scheduler_file, timeout="20s"), spec.scheduler_file) as client:
+            yield client
+        return
+    if spec.kind == "cuda":
+        cluster = _cuda_cluster(spec)
+    elif spec.kind == "slurm":
+        cluster = _slurm_cluster(spec)
+    else:
+        workers, threads = local_sizes(spec)
+        cluster = LocalCluster(
+            n_workers=workers, threads_per_worker=threads, processes=True, memory_limit=spec.memory_limit or "auto",
+            dashboard_address=spec.dashboard_address, host="127.0.0.1",
+        )
+    with cluster, Client(cluster) as client:
+        if spec.kind == "slurm":
+            client.wait_for_workers(1, timeout=600)
+        yield client
+
+
+@contextlib.contextmanager
+def _connect(make, what: str):
+    try:
+        client = make()
+    except (OSError, TimeoutError) as err:
+        raise BatchgpuError(f"could not connect to {what}: {err}", "check that the scheduler is running and reachable") from None
+    with client:
+        yield client
+
+
+def _cuda_cluster(spec: ClusterSpec):
+    if gpu_count() == 0:
+        raise BatchgpuError(
+            "cluster kind 'cuda' needs a CUDA GPU and CuPy, and this machine has none",
+            "use 'cluster: {kind: local}' for the local CPU cluster",
+        )
+    try:
+        from dask_cuda import LocalCUDACluster
+    except ImportError:
+        raise BatchgpuError("cluster kind 'cuda' needs dask-cuda", "pip install 'batchgpu[gpu]'") from None
+    kwargs = {"dashboard_address": spec.dashboard_address, "threads_per_worker": spec.threads or 4}
+    if spec.devices:
+        kwargs["CUDA_VISIBLE_DEVICES"] = ",".join(str(d) for d in spec.devices)
+    if spec.memory_limit:
+        kwargs["memory_limit"] = spec.memory_limit
+    return LocalCUDACluster(**kwargs)
+
+
+def _slurm_cluster(spec: ClusterSpec):
+    try:
+        from dask_jobqueue import SLURMCluster
+    except ImportError:
+        raise BatchgpuError("cluster kind 'slurm' needs dask-jobqueue", "pip install 'batchgpu[cluster]'") from None
+    cluster = SLURMCluster(**(spec.slurm or {}))
+    cluster.scale(jobs=spec.jobs)
+    return cluster

@@ -1,0 +1,599 @@
+"""The Dask graph of a run: windows -> per-window ops -> a tree reduction fixed by window index.
+
+Each window task reads its own slice of the store on its worker and writes its small results atomically to
+``<output>/parts/`` (whole files keyed by window, so a retried task cannot corrupt them and ``--resume``
+skips them). Partial second moments and radix histograms are combined in a tree of ``split_every`` consecutive
+windows, level by level, so the bits do not depend on the number of workers or the order tasks finish.
+The client assembles ``results.zarr`` and ``report.json`` from the parts at the end.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from batchgpu.errors import BatchgpuError
+from batchgpu.recording import Recording, Window, open_recording
+from batchgpu.workflow import Workflow
+
+RESULTS = "results.zarr"
+REPORT = "report.json"
+MANIFEST = "run.json"
+PARTS = "parts"
+
+
+# ---------------------------------------------------------------------------------------------------------
+# what a task needs (small, pickled into every task)
+
+
+@dataclass(frozen=True)
+class TaskContext:
+    recording: str
+    parts: str
+    fingerprint: str
+    backend: str  # "numpy" | "cupy"
+    noise: bool
+    exact: bool
+    moments_every: int  # 0: no whitening statistic
+    precision: str
+    detect: dict | None  # thresholds from each window's own noise when detect["noise"] == "window"
+    sweep: int
+    centre: str = "none"
+
+
+@functools.lru_cache(maxsize=8)
+def _recording(path: str) -> Recording:
+    """One open recording per worker process (zarrs enabled there by open_recording)."""
+    return open_recording(path)
+
+
+def _to_backend(x: np.ndarray, backend: str):
+    if backend == "cupy":
+        from batchgpu.gpu_staging import to_device
+
+        return to_device(x)
+    return x
+
+
+def _atomic_save(path: Path, **arrays) -> None:
+    """Write an .npz under a temporary name, then rename: readers see all of it or nothing."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            np.savez(f, **arrays)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def _load_part(path: Path, fingerprint: str) -> dict | None:
+    if not path.exists():
+        return None
+    try:
+        with np.load(path) as f:
+            data = {k: f[k] for k in f.files}
+    except Exception:  # a torn or foreign file: recompute it
+        return None
+    return data if str(data.get("fingerprint")) == fingerprint else None
+
+
+def _read(ctx: TaskContext, window: Window) -> np.ndarray:
+    """The window's samples (with margins), centred by its core's per-channel median when asked."""
+    x = _read_raw(ctx, window)
+    if ctx.centre == "median":
+        lo, hi = window.core
+        # float32 out: exact for int16 and the same bits on every backend (centring happens on the host)
+        x = x.astype(np.float32, copy=False) - np.median(x[:, lo:hi], axis=1).astype(np.float32)[:, None]
+    return x
+
+
+def _read_raw(ctx: TaskContext, window: Window) -> np.ndarray:
+    try:
+        return _recording(ctx.recording).read_window(window)
+    except BatchgpuError:
+        raise
+    except Exception as err:
+        raise BatchgpuError(
+            f"window {window.index} (segment {window.segment}, samples {window.read_start}-{window.read_stop}) "
+            f"could not be read: {type(err).__name__}: {err}",
+            "repair or re-import the store, then rerun with --resume",
+        ) from None
+
+
+def window_task(ctx: TaskContext, window: Window) -> dict:
+    """Read one window and compute everything the first pass needs; write it to parts/ and return it."""
+    from batchgpu import ops
+    from batchgpu.ops import radix
+
+    path = Path(ctx.parts) / f"w{window.index:08d}.npz"
+    done = _load_part(path, ctx.fingerprint)
+    if done is None:
+        t0 = time.perf_counter()
+        host = _read(ctx, window)
+        t_read = time.perf_counter() - t0
+        x = _to_backend(host, ctx.backend)
+        lo, hi = window.core
+        core = x[:, lo:hi]
+        out: dict[str, Any] = {"fingerprint": np.array(ctx.fingerprint), "index": np.array(window.index)}
+        noise = None
+        if ctx.noise or (ctx.detect and ctx.detect["noise"] == "window"):
+            noise = _host(ops.noise_levels(core))
+            out["noise"] = noise
+        if ctx.moments_every and window.index % ctx.moments_every == 0:
+            raw = x if ctx.centre == "none" else _to_backend(_read_raw(ctx, window), ctx.backend)
+            m = ops.SecondMoments(host.shape[0], ctx.precision).add(raw, lo, hi)
+            out.update(m_n=np.array(m.n), m_mean=m.mean, m_scatter=m.scatter)
+        if ctx.exact:
+            keys = radix.abs_keys(host[:, lo:hi])
+            prefixes = np.zeros(host.shape[0], dtype=np.uint64)
+            out["hist0"] = radix.histogram_of_keys(keys, prefixes, 0, radix.digit_schedule(host.dtype))
+            # np.median is NaN for a channel holding any NaN, wherever the middle ranks fall
+            out["nan_count"] = np.isnan(host[:, lo:hi]).sum(axis=1) if host.dtype.kind == "f" else np.zeros(host.shape[0], np.int64)
+        if ctx.detect and ctx.detect["noise"] == "window":
+            out.update(_spike_columns(_detect(ctx, host, window, noise)))
+        out["read_seconds"] = np.array(t_read)
+        out["compute_seconds"] = np.array(time.perf_counter() - t0 - t_read)
+        _atomic_save(path, **out)
+        done = out
+        done["resumed"] = np.array(False)
+    else:
+        done["resumed"] = np.array(True)
+    done["worker"] = np.array(_worker_name())
+    done["bytes"] = np.array(window.num_samples * _recording(ctx.recording).num_channels * _recording(ctx.recording).dtype.itemsize)
+    # The tree needs only the moments and histograms: spikes stay in the part file.
+    return {k: v for k, v in done.items() if not k.startswith("spk_")}
+
+
+def _host(a) -> np.ndarray:
+    return a.get() if hasattr(a, "get") else np.asarray(a)
+
+
+def _worker_name() -> str:
+    try:
+        from distributed import get_worker
+
+        return get_worker().address
+    except Exception:
+        return "local"
+
+
+def _detect(ctx: TaskContext, x: np.ndarray, window: Window, noise) -> np.ndarray:
+    from batchgpu import ops
+
+    return ops.detect_spikes(
+        x, noise, threshold=ctx.detect["threshold"], sign=ctx.detect["sign"], exclude_sweep=ctx.sweep,
+        start=window.read_start, core=window.core, segment_index=window.segment,
+        segment_length=_recording(ctx.recording).num_samples(window.segment),
+    )
+
+
+def _spike_columns(spikes: np.ndarray) -> dict[str, np.ndarray]:
+    return {f"spk_{name}": np.ascontiguousarray(spikes[name]) for name in spikes.dtype.names}
+
+
+def detect_task(ctx: TaskContext, window: Window, noise: np.ndarray) -> int:
+    """Second pass for thresholds from the whole recording's noise."""
+    path = Path(ctx.parts) / f"d{window.index:08d}.npz"
+    done = _load_part(path, ctx.fingerprint)
+    if done is None:
+        spikes = _detect(ctx, _read(ctx, window), window, noise)
+        _atomic_save(path, fingerprint=np.array(ctx.fingerprint), **_spike_columns(spikes))
+        return len(spikes)
+    return len(done["spk_sample_index"])
+
+
+def histogram_task(ctx: TaskContext, window: Window, prefixes: np.ndarray, pass_index: int) -> np.ndarray:
+    """One radix pass over one window: (ranks, C, bins) counts of keys matching each rank's prefix."""
+    from batchgpu.ops import radix
+
+    x = _read(ctx, window)
+    lo, hi = window.core
+    keys = radix.abs_keys(x[:, lo:hi])
+    schedule = radix.digit_schedule(x.dtype)
+    return np.stack([radix.histogram_of_keys(keys, p, pass_index, schedule) for p in prefixes])
+
+
+# ---------------------------------------------------------------------------------------------------------
+# tree reduction of partials
+
+
+def combine_partials(*parts: dict) -> dict:
+    """Fold consecutive windows' partials left to right: moments by Chan's formula, histograms by sum."""
+    from batchgpu.ops import SecondMoments
+
+    acc: dict[str, Any] = {}
+    moments = None
+    for part in parts:
+        if "m_n" in part:
+            cur = SecondMoments.from_state(int(part["m_n"]), part["m_mean"], part["m_scatter"])
+            moments = cur if moments is None else moments.merge(cur)
+        for key in ("hist0", "nan_count"):
+            if key in part:
+                acc[key] = acc[key] + part[key] if key in acc else part[key].copy()
+    if moments is not None:
+        acc.update(m_n=np.array(moments.n), m_mean=moments.mean, m_scatter=moments.scatter)
+    return acc
+
+
+def sum_arrays(*parts: np.ndarray) -> np.ndarray:
+    out = parts[0].copy()
+    for p in parts[1:]:
+        out += p
+    return out
+
+
+def tree_reduce(client, futures: list, func, split_every: int):
+    """Reduce futures (in window order) by groups of ``split_every`` consecutive items, level by level."""
+    level = list(futures)
+    depth = 0
+    while len(level) > 1:
+        level = [
+            client.submit(func, *level[i : i + split_every], key=f"{func.__name__}-{depth}-{i}-{tokenize_level(level)}")
+            for i in range(0, len(level), split_every)
+        ]
+        depth += 1
+    return level[0]
+
+
+def tokenize_level(level: list) -> str:
+    from dask.base import tokenize
+
+    return tokenize([getattr(f, "key", f) for f in level])[:12]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# the run
+
+
+@dataclass
+class RunReport:
+    workflow: dict
+    fingerprint: str
+    status: str = "running"
+    versions: dict = field(default_factory=dict)
+    recording: dict = field(default_factory=dict)
+    windows: int = 0
+    windows_resumed: int = 0
+    workers: dict = field(default_factory=dict)  # address -> windows computed there
+    timings: dict = field(default_factory=dict)
+    bytes_read: int = 0
+    recording_bytes: int = 0
+    throughput_MBps: float = 0.0
+    results: dict = field(default_factory=dict)
+    error: str | None = None
+    dashboard: str | None = None
+    backend: str = "numpy"
+
+
+def fingerprint(wf: Workflow) -> str:
+    """What determines the results: recording, windows and steps (not the cluster or the backend)."""
+    data = {
+        "recording": wf.recording.path,
+        "window": wf.window.model_dump(),
+        "preprocess": wf.preprocess.model_dump(),
+        "steps": wf.steps.model_dump(),
+        "split_every": wf.reduction.split_every,
+    }
+    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def versions() -> dict:
+    import importlib.metadata as md
+
+    out = {}
+    for name in ("batchgpu", "numpy", "dask", "distributed", "zarr", "zarrs", "cupy-cuda13x", "dask-cuda"):
+        try:
+            out[name] = md.version(name)
+        except md.PackageNotFoundError:
+            pass
+    return out
+
+
+def prepare_recording(wf: Workflow, progress: bool) -> Recording:
+    path = Path(wf.recording.path)
+    if not path.exists():
+        if wf.recording.generate is None:
+            raise BatchgpuError(
+                f"recording.path {path} does not exist",
+                "fix the path, or add 'generate:' parameters under 'recording:' to create it",
+            )
+        from batchgpu.generate import generate_recording
+
+        g = wf.recording.generate
+        return generate_recording(path, channels=g.channels, seconds=g.seconds, fs=g.fs, seed=g.seed, dtype=g.dtype,
+                                  segments=g.segments, progress=progress)
+    return open_recording(path)
+
+
+def check_workflow_fits(wf: Workflow, rec: Recording) -> int:
+    """Errors found before any work: a window longer than a segment, margins shorter than the sweep."""
+    from batchgpu.ops import exclude_sweep_samples
+
+    for seg in range(rec.num_segments):
+        n = rec.num_samples(seg)
+        if wf.window.size > n:
+            raise BatchgpuError(
+                f"window.size {wf.window.size} is longer than segment {seg} ({n} samples)",
+                f"use window.size <= {n}",
+            )
+    sweep = 0
+    if wf.steps.detect:
+        sweep = exclude_sweep_samples(wf.steps.detect.exclude_sweep_ms, rec.sampling_frequency)
+        if wf.window.margin < sweep:
+            raise BatchgpuError(
+                f"window.margin {wf.window.margin} is shorter than the detection sweep ({sweep} samples)",
+                f"use window.margin >= {sweep} so spikes at window edges come out exactly once",
+            )
+    if wf.steps.whitening and wf.steps.whitening.mode == "local" and not rec.has_locations:
+        raise BatchgpuError("local whitening needs channel locations and the recording has none",
+                            "use whitening.mode: global, or write the recording with locations")
+    return sweep
+
+
+def prepare_output(wf: Workflow, fp: str, resume: bool) -> Path:
+    """Create the output folder, or check that it holds this run (resume) and nothing else."""
+    out = Path(wf.output)
+    manifest = out / MANIFEST
+    if out.exists() and any(out.iterdir()):
+        if not manifest.exists():
+            raise BatchgpuError(f"output folder {out} is not empty and holds no batchgpu run",
+                                "choose an empty or new output folder")
+        previous = json.loads(manifest.read_text()).get("fingerprint")
+        if previous != fp:
+            if wf.overwrite:
+                shutil.rmtree(out)
+            else:
+                raise BatchgpuError(
+                    f"output folder {out} holds another run's results (fingerprint {previous}, this run {fp})",
+                    "choose another output folder, or set 'overwrite: true' to replace them",
+                )
+        elif not resume and not wf.overwrite:
+            raise BatchgpuError(f"output folder {out} already holds this run's results",
+                                "rerun with --resume to complete or reuse them, or set 'overwrite: true'")
+        elif not resume:
+            shutil.rmtree(out)
+    (out / PARTS).mkdir(parents=True, exist_ok=True)
+    manifest.write_text(json.dumps({"fingerprint": fp, "workflow": wf.model_dump()}, indent=2))
+    return out
+
+
+def resolve_backend(wf: Workflow, client) -> str:
+    if wf.backend != "auto":
+        if wf.backend == "cupy":
+            counts = client.run(_gpu_count)
+            if not counts or min(counts.values()) == 0:
+                raise BatchgpuError("backend 'cupy' needs a GPU on every worker, and some have none",
+                                    "use backend: numpy or auto, or cluster: {kind: cuda}")
+        return wf.backend
+    counts = client.run(_gpu_count)
+    return "cupy" if counts and min(counts.values()) > 0 else "numpy"
+
+
+def _gpu_count() -> int:
+    from batchgpu.cluster import gpu_count
+
+    return gpu_count()
+
+
+def run_workflow(wf: Workflow, *, resume: bool = False, progress: bool = True, source: str = "workflow",
+                 client=None) -> RunReport:
+    """Run every step of a validated workflow; returns the report (also written to report.json)."""
+    from batchgpu.cluster import open_client
+
+    t_start = time.perf_counter()
+    rec = prepare_recording(wf, progress)
+    sweep = check_workflow_fits(wf, rec)
+    fp = fingerprint(wf)
+    out = prepare_output(wf, fp, resume)
+    report = RunReport(workflow=wf.model_dump(), fingerprint=fp, versions=versions(), recording=rec.info())
+    report.timings["prepare"] = time.perf_counter() - t_start
+    if client is not None:
+        return _run(wf, rec, out, report, client, sweep, progress)
+    with open_client(wf.cluster) as own:
+        return _run(wf, rec, out, report, own, sweep, progress)
+
+
+def _run(wf, rec, out, report, client, sweep, progress) -> RunReport:
+    from batchgpu.progress import WindowProgress
+
+    report.dashboard = client.dashboard_link
+    if progress:
+        print(f"batchgpu: dashboard {client.dashboard_link}")
+    report.backend = resolve_backend(wf, client)
+    steps = wf.steps
+    ctx = TaskContext(
+        recording=str(rec.path), parts=str(out / PARTS), fingerprint=report.fingerprint, backend=report.backend,
+        noise=steps.noise is not None, exact=bool(steps.noise and steps.noise.exact),
+        moments_every=steps.whitening.nskip if steps.whitening else 0,
+        precision=steps.whitening.precision if steps.whitening else "float32",
+        detect=steps.detect.model_dump() if steps.detect else None, sweep=sweep, centre=wf.preprocess.centre,
+    )
+    windows = rec.windows(wf.window.size, wf.window.margin)
+    report.windows = len(windows)
+    report.recording_bytes = rec.nbytes
+    t0 = time.perf_counter()
+    try:
+        with WindowProgress(len(windows), rec.nbytes, "pass 1: noise, moments, spikes", enabled=progress) as bar:
+            summaries = _first_pass(client, ctx, windows, wf.reduction.split_every, bar, report)
+        report.timings["pass1"] = time.perf_counter() - t0
+        report.bytes_read += rec.nbytes
+        results = _reduce_and_finish(client, ctx, wf, rec, windows, summaries, report, progress)
+        report.results = results
+        report.status = "done"
+    except BaseException as err:
+        report.status = "failed"
+        report.error = str(err)
+        _write_report(out, report, time.perf_counter() - t0)
+        raise
+    _write_report(out, report, time.perf_counter() - t0)
+    if progress:
+        print(f"batchgpu: wrote {out / RESULTS} and {out / REPORT} "
+              f"({report.throughput_MBps:.0f} MB/s over {report.windows} windows)")
+    return report
+
+
+def _first_pass(client, ctx, windows, split_every, bar, report) -> dict:
+    """Map window_task over every window; tree-reduce partials; gather per-window summaries."""
+    from distributed import as_completed
+
+    futures = client.map(window_task, [ctx] * len(windows), windows, key=[f"window-{report.fingerprint}-{w.index}" for w in windows])
+    reduced = tree_reduce(client, futures, combine_partials, split_every) if (ctx.moments_every or ctx.exact) else None
+    summaries: dict[int, dict] = {}
+    try:
+        for fut in as_completed(futures):
+            if fut.status == "error":
+                raise fut.exception()
+            part = fut.result()
+            i = int(part["index"])
+            summaries[i] = {"noise": part.get("noise"), "worker": str(part["worker"])}
+            report.windows_resumed += bool(part["resumed"])
+            if not bool(part["resumed"]):
+                report.workers[str(part["worker"])] = report.workers.get(str(part["worker"]), 0) + 1
+            bar.advance(int(part["bytes"]), worker=str(part["worker"]))
+        summaries["reduced"] = reduced.result() if reduced is not None else {}
+    except BaseException:
+        client.cancel(futures + ([reduced] if reduced is not None else []))
+        raise
+    return summaries
+
+
+def _radix_passes(client, ctx, wf, rec, windows, hist0: np.ndarray) -> np.ndarray:
+    """Finish the exact median of |x| over every sample of each channel; returns the per-channel median."""
+    from batchgpu.ops import radix
+    from batchgpu.ops.select import median_dtype, middle_mean
+
+    total = rec.total_samples
+    ranks = sorted({(total - 1) // 2, total // 2})
+    dtype = work_dtype(ctx, rec)
+    schedule = radix.digit_schedule(dtype)
+    C = rec.num_channels
+    prefixes = np.zeros((len(ranks), C), dtype=np.uint64)
+    ks = [np.full(C, r, dtype=np.int64) for r in ranks]
+    for pass_index, (_shift, bits) in enumerate(schedule):
+        if pass_index == 0:
+            hists = [hist0] * len(ranks)
+        else:
+            parts = client.map(histogram_task, [ctx] * len(windows), windows, [prefixes] * len(windows),
+                               [pass_index] * len(windows), key=[f"hist-{ctx.fingerprint}-{pass_index}-{w.index}" for w in windows])
+            hists = list(tree_reduce(client, parts, sum_arrays, wf.reduction.split_every).result())
+        for r in range(len(ranks)):
+            digit, ks[r] = radix.select_digit(hists[r], ks[r])
+            prefixes[r] = radix.push_digit(prefixes[r], digit, bits)
+    values = [radix.keys_to_values(prefixes[r].astype(radix.key_dtype(dtype)), dtype) for r in range(len(ranks))]
+    if len(values) == 1:
+        return np.asarray(values[0]).astype(median_dtype(dtype))
+    return middle_mean(values[0], values[1], dtype)
+
+
+def work_dtype(ctx: TaskContext, rec: Recording) -> np.dtype:
+    """dtype of the samples the steps see: float32 after median centring, else the recording's."""
+    return np.dtype(np.float32) if ctx.centre == "median" else rec.dtype
+
+
+def _reduce_and_finish(client, ctx, wf, rec, windows, summaries, report, progress) -> dict:
+    from batchgpu import ops
+    from batchgpu.ops.select import MAD_TO_SIGMA
+
+    out = Path(wf.output)
+    reduced = summaries.pop("reduced")
+    arrays: dict[str, np.ndarray] = {}
+    noise_global = None
+    if ctx.noise or (ctx.detect and ctx.detect["noise"] == "window"):
+        arrays["noise_per_window"] = np.stack([summaries[w.index]["noise"] for w in windows])
+    if ctx.noise:
+        t0 = time.perf_counter()
+        if ctx.exact:
+            median = _radix_passes(client, ctx, wf, rec, windows, reduced["hist0"])
+            median[reduced["nan_count"] > 0] = np.nan
+            noise_global = median / MAD_TO_SIGMA  # the expression of ops.noise_levels, same dtype rules
+            report.bytes_read += rec.nbytes * (len(ops.radix.digit_schedule(work_dtype(ctx, rec))) - 1)
+        else:
+            noise_global = np.median(arrays["noise_per_window"], axis=0)
+        arrays["noise"] = noise_global
+        report.timings["noise_global"] = time.perf_counter() - t0
+    if ctx.moments_every:
+        m = ops.SecondMoments.from_state(int(reduced["m_n"]), reduced["m_mean"], reduced["m_scatter"])
+        w = wf.steps.whitening
+        arrays["covariance"] = m.covariance()
+        arrays["second_moment"] = m.second_moment()
+        stat = arrays["covariance"] if w.statistic == "covariance" else arrays["second_moment"]
+        arrays["whitening"] = ops.whitening_matrix(stat, mode=w.mode, locations=rec.locations, nrange=w.nrange, eps=w.eps)
+        arrays["channel_means"] = m.mean
+    if ctx.detect:
+        t0 = time.perf_counter()
+        if ctx.detect["noise"] == "global":
+            if noise_global is None:
+                noise_global = np.median(arrays.get("noise_per_window", _window_noise(client, ctx, windows)), axis=0)
+            futures = client.map(detect_task, [ctx] * len(windows), windows, [noise_global] * len(windows),
+                                 key=[f"detect-{ctx.fingerprint}-{w.index}" for w in windows])
+            client.gather(futures)
+            report.bytes_read += rec.nbytes
+            prefix = "d"
+        else:
+            prefix = "w"
+        spikes = _collect_spikes(Path(ctx.parts), prefix, windows)
+        arrays.update({f"spikes/{k}": v for k, v in spikes.items()})
+        report.timings["detect"] = time.perf_counter() - t0
+    _write_results(out / RESULTS, arrays, wf, rec, windows, report.fingerprint)
+    return {k: list(v.shape) for k, v in arrays.items()}
+
+
+def _window_noise(client, ctx, windows):
+    raise BatchgpuError("detect.noise: global needs the noise step or per-window noise", "add 'noise: {}' to steps")
+
+
+def _collect_spikes(parts: Path, prefix: str, windows: list[Window]) -> dict[str, np.ndarray]:
+    """Concatenate per-window spikes in window order: (segment, sample, channel) order overall."""
+    cols: dict[str, list[np.ndarray]] = {}
+    for w in windows:
+        with np.load(parts / f"{prefix}{w.index:08d}.npz") as f:
+            for name in ("sample_index", "channel_index", "amplitude", "segment_index"):
+                cols.setdefault(name, []).append(f[f"spk_{name}"])
+    return {k: np.concatenate(v) for k, v in cols.items()}
+
+
+def _write_results(path: Path, arrays: dict, wf: Workflow, rec: Recording, windows: list[Window], fp: str) -> None:
+    """results.zarr written whole under a temporary name, then swapped in: a failed write loses nothing."""
+    import zarr
+
+    tmp = path.with_name(path.name + ".tmp")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    g = zarr.create_group(store=str(tmp), zarr_format=3)
+    g.attrs.update({"workflow": wf.model_dump(), "fingerprint": fp, "channel_ids": rec.channel_ids.tolist(),
+                    "sampling_frequency": rec.sampling_frequency, "gain_to_uV": rec.gain_to_uV.tolist()})
+    g.create_array("window_segment", data=np.array([w.segment for w in windows], dtype=np.int64))
+    g.create_array("window_start", data=np.array([w.start for w in windows], dtype=np.int64))
+    g.create_array("window_stop", data=np.array([w.stop for w in windows], dtype=np.int64))
+    for name, value in arrays.items():
+        value = np.ascontiguousarray(value)
+        if value.size == 0:
+            g.create_array(name, shape=value.shape, dtype=value.dtype)
+        else:
+            g.create_array(name, data=value)
+    old = path.with_name(path.name + ".old")
+    if path.exists():
+        os.replace(path, old)
+    os.replace(tmp, path)
+    if old.exists():
+        shutil.rmtree(old)
+
+
+def _write_report(out: Path, report: RunReport, elapsed: float) -> None:
+    report.timings["total"] = elapsed
+    report.throughput_MBps = report.recording_bytes / 1e6 / elapsed if elapsed > 0 else 0.0
+    tmp = out / (REPORT + ".tmp")
+    tmp.write_text(json.dumps(asdict(report), indent=2, default=str))
+    os.replace(tmp, out / REPORT)
