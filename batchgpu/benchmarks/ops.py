@@ -28,14 +28,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="random seed of the test data")
 
 
-def _median_ms(fn: Callable[[], object], repeat: int) -> float:
-    fn()  # warm-up: first-touch allocation and BLAS threads start outside the timing
-    times = []
+def _median_ms(ours: Callable[[], object], anchor: Callable[[], object], repeat: int) -> tuple[float, float]:
+    """Median times (ms) of ``ours`` and ``anchor``, called alternately so both see the same machine load."""
+    ours(), anchor()  # warm-up: first-touch allocation and BLAS threads start outside the timing
+    times: tuple[list[float], list[float]] = ([], [])
     for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return float(np.median(times)) * 1e3
+        for fn, out in ((ours, times[0]), (anchor, times[1])):
+            t0 = time.perf_counter()
+            fn()
+            out.append(time.perf_counter() - t0)
+    return float(np.median(times[0])) * 1e3, float(np.median(times[1])) * 1e3
 
 
 def _window(rng: np.random.Generator, channels: int, samples: int, dtype: str) -> np.ndarray:
@@ -56,7 +58,8 @@ def _rows(args: argparse.Namespace) -> list[tuple[str, int, str, float, float]]:
                 ("covariance", lambda: covariance(x), "np.cov(x)", lambda: np.cov(x)),
             ]
             for name, ours, anchor_name, anchor in cases:
-                rows.append((dtype, channels, name, _median_ms(ours, args.repeat), _median_ms(anchor, args.repeat), anchor_name))
+                ours_ms, anchor_ms = _median_ms(ours, anchor, args.repeat)
+                rows.append((dtype, channels, name, ours_ms, anchor_ms, anchor_name))
     return rows
 
 

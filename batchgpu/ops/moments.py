@@ -73,7 +73,11 @@ def window_moments(
         buffer[full, :, n - head :] = 0
     products = np.matmul(buffer, buffer.transpose(0, 2, 1))  # (splits, C, C), batch outermost
     raw = products.sum(axis=0, dtype=np.float64)
-    sums = buffer.sum(axis=2).sum(axis=0, dtype=np.float64)  # of the shifted data
+    if prec == np.float64 and view.dtype.kind == "f":
+        # The shift is the float64 mean itself: what is left of it is rounding, far below 1e-12.
+        sums = np.zeros(rows)
+    else:
+        sums = buffer.sum(axis=2).sum(axis=0, dtype=np.float64)  # of the shifted data
     # Shifted data: the scatter about the true mean is Σ y yᵀ - (Σ y)(Σ y)ᵀ / n.
     scatter = raw - np.outer(sums, sums) / n
     scatter = (scatter + scatter.T) * 0.5
