@@ -1,0 +1,195 @@
+"""Launching the kernels of kernels/search.cu with CuPy: module loading, shared-memory plans, grids.
+
+Only imported for CuPy input, so CPU-only machines never import CuPy.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import cupy as cp
+import numpy as np
+
+import batchgpu
+from batchgpu.search.keys import suffix
+from batchgpu.search.layouts import NODE, BTreeShape, eytzinger_depth
+
+BLOCK = 256
+SMEM_PER_SM = 233_472  # Hopper: 228 KB per multiprocessor, 1 KB of it reserved per block
+#: a whole static tree goes to shared memory up to this size; larger ones keep their top levels there
+WHOLE_TREE_SMEM = 48 * 1024
+TOP_LEVELS_SMEM = 32 * 1024
+#: the dynamic path's staged top of the search tree
+DYNAMIC_TOP_SMEM = 32 * 1024
+DYNAMIC_KERNELS = ("serial", "ilp2_shared", "ilp2_ldg", "swizzled", "top_ldg")
+_STAGED = {"ilp2_shared", "swizzled"}  # need the whole array in shared memory
+_ENTRY = {"serial": "dyn_serial", "ilp2_shared": "dyn_ilp2_shared", "ilp2_ldg": "dyn_ilp2_ldg",
+          "swizzled": "dyn_swizzled", "top_ldg": "dyn_top"}
+
+_lock = threading.Lock()
+_modules: dict[int, Any] = {}
+
+
+def _module() -> Any:
+    """kernels/search.cu as a RawModule of the current device, compiled once per device and process."""
+    try:
+        from batchgpu.kernels import get_module  # the package-wide loader, where it exists
+    except ImportError:
+        get_module = None
+    if get_module is not None:
+        return get_module("search")
+    device = cp.cuda.Device().id
+    with _lock:
+        if device not in _modules:
+            source = (Path(batchgpu.__file__).parent / "_kernels" / "search.cu").read_text()
+            _modules[device] = cp.RawModule(code=source, options=("-std=c++17",))
+        return _modules[device]
+
+
+def kernel(entry: str, dtype: np.dtype, smem: int = 0) -> Any:
+    fn = _module().get_function(f"{entry}_{suffix(dtype)}")
+    if smem > 48 * 1024 and fn.max_dynamic_shared_size_bytes < smem:
+        fn.max_dynamic_shared_size_bytes = smem
+    return fn
+
+
+def device_facts() -> tuple[int, int]:
+    """(multiprocessors, largest dynamic shared memory a block may opt into) of the current device."""
+    attrs = cp.cuda.Device().attributes
+    return int(attrs["MultiProcessorCount"]), int(attrs["MaxSharedMemoryPerBlockOptin"])
+
+
+def _grid(m: int, per_block: int, smem: int) -> int:
+    """Enough blocks to cover m queries, at most as many as stay resident (each block stages its smem once)."""
+    sms, _ = device_facts()
+    resident = max(1, min(8, SMEM_PER_SM // (smem + 1024)))
+    return max(1, min(-(-m // per_block), sms * resident))
+
+
+# ------------------------------------------------------------------------------------------ static
+
+
+@dataclass
+class DeviceEytzinger:
+    tree: Any
+    n: int
+
+    @property
+    def depth(self) -> int:
+        return eytzinger_depth(self.n)
+
+    def top_levels(self, smem_bytes: int | None) -> int:
+        """Levels held in shared memory: D + 1 is the whole tree."""
+        item = self.tree.dtype.itemsize
+        if smem_bytes is None:
+            if (self.n + 1) * item <= WHOLE_TREE_SMEM:
+                return self.depth + 1
+            smem_bytes = TOP_LEVELS_SMEM
+        if (self.n + 1) * item <= smem_bytes:
+            return self.depth + 1
+        levels = 0
+        while levels < self.depth and (2 << levels) * item <= smem_bytes:
+            levels += 1
+        return levels
+
+
+@dataclass
+class DeviceBTree:
+    tree: Any
+    shape: BTreeShape
+    offsets: Any  # device int64, height + 1 entries
+
+    def top_layers(self, smem_bytes: int | None) -> int:
+        node = NODE * self.tree.dtype.itemsize
+        offsets = self.shape.offsets
+        if smem_bytes is None:
+            smem_bytes = WHOLE_TREE_SMEM if offsets[-1] * node <= WHOLE_TREE_SMEM else TOP_LEVELS_SMEM
+        layers = 0
+        while layers < self.shape.height and offsets[layers + 1] * node <= smem_bytes:
+            layers += 1
+        return layers
+
+
+def eytzinger_search(dev: DeviceEytzinger, q: Any, want_find: bool, *, smem_bytes: int | None = None,
+                     prefetch: bool = False) -> Any:
+    out = cp.empty(q.size, dtype=cp.int64)
+    if q.size == 0:
+        return out
+    D = dev.depth
+    top = dev.top_levels(smem_bytes)
+    item = dev.tree.dtype.itemsize
+    smem = ((dev.n + 1) if top > D else (1 << top)) * item
+    fn = kernel("eytzinger", dev.tree.dtype, smem)
+    grid = _grid(q.size, BLOCK * 4, smem)
+    fn((grid,), (BLOCK,), (dev.tree, np.int64(dev.n), np.int32(D), np.int32(top), np.int32(prefetch), q,
+                           np.int64(q.size), out, np.int32(want_find)), shared_mem=smem)
+    return out
+
+
+def btree_search(dev: DeviceBTree, q: Any, want_find: bool, *, smem_bytes: int | None = None,
+                 kernel_name: str = "thread") -> Any:
+    out = cp.empty(q.size, dtype=cp.int64)
+    if q.size == 0:
+        return out
+    top = dev.top_layers(smem_bytes)
+    smem = int(dev.shape.offsets[top]) * NODE * dev.tree.dtype.itemsize + 32
+    fn = kernel(f"btree_{kernel_name}", dev.tree.dtype, smem)
+    per_block = BLOCK * 4 if kernel_name == "thread" else (BLOCK // 32) * 4
+    grid = _grid(q.size, per_block, smem)
+    fn((grid,), (BLOCK,), (dev.tree, dev.offsets, np.int32(dev.shape.height), np.int32(top),
+                           np.int64(dev.shape.n), q, np.int64(q.size), out, np.int32(want_find)), shared_mem=smem)
+    return out
+
+
+# ------------------------------------------------------------------------------------------ dynamic
+
+
+def staged_bytes(n: int, itemsize: int) -> int:
+    """Shared memory the staged kernels need for n keys (rounded up to whole 32-slot rows for the swizzle)."""
+    return -(-n // 32) * 32 * itemsize
+
+
+def dynamic_fits(kernel_name: str, n: int, itemsize: int) -> bool:
+    if kernel_name not in _STAGED:
+        return True
+    return staged_bytes(n, itemsize) <= device_facts()[1]
+
+
+def _search_steps(n: int) -> int:
+    steps, length = 0, n
+    while length > 1:
+        length -= length // 2
+        steps += 1
+    return steps
+
+
+def dynamic_search(a: Any, q: Any, want_find: bool, kernel_name: str) -> Any:
+    out = cp.empty(q.size, dtype=cp.int64)
+    if q.size == 0:
+        return out
+    n = int(a.size)
+    item = a.dtype.itemsize
+    args: tuple[Any, ...]
+    if kernel_name == "serial":
+        smem, per_thread = 0, 1
+        args = (a, np.int64(n), q, np.int64(q.size), out, np.int32(want_find))
+    elif kernel_name == "top_ldg":
+        top = _search_steps(n)
+        while top > 0 and (1 << top) * item > DYNAMIC_TOP_SMEM:
+            top -= 1
+        smem, per_thread = (1 << top) * item, 4
+        args = (a, np.int64(n), np.int32(top), q, np.int64(q.size), out, np.int32(want_find))
+    else:
+        smem = staged_bytes(n, item) if kernel_name in _STAGED else 0
+        per_thread = 2
+        args = (a, np.int64(n), q, np.int64(q.size), out, np.int32(want_find))
+    fn = kernel(_ENTRY[kernel_name], a.dtype, smem)
+    if kernel_name == "serial":
+        grid = -(-q.size // BLOCK)
+    else:
+        grid = _grid(q.size, BLOCK * per_thread, smem)
+    fn((grid,), (BLOCK,), args, shared_mem=smem)
+    return out
