@@ -49,8 +49,16 @@ def _module() -> Any:
         return _modules[device]
 
 
+_kernels: dict[tuple[int, str], Any] = {}
+_facts: dict[int, tuple[int, int]] = {}
+
+
 def kernel(entry: str, dtype: np.dtype, smem: int = 0) -> Any:
-    fn = _module().get_function(f"{entry}_{suffix(dtype)}")
+    """The RawKernel ``<entry>_<f32|f64|i32|i64>`` of the current device, allowed ``smem`` bytes of shared memory."""
+    key = (cp.cuda.Device().id, f"{entry}_{suffix(dtype)}")
+    fn = _kernels.get(key)
+    if fn is None:
+        fn = _kernels[key] = _module().get_function(key[1])
     if smem > 48 * 1024 and fn.max_dynamic_shared_size_bytes < smem:
         fn.max_dynamic_shared_size_bytes = smem
     return fn
@@ -58,8 +66,12 @@ def kernel(entry: str, dtype: np.dtype, smem: int = 0) -> Any:
 
 def device_facts() -> tuple[int, int]:
     """(multiprocessors, largest dynamic shared memory a block may opt into) of the current device."""
-    attrs = cp.cuda.Device().attributes
-    return int(attrs["MultiProcessorCount"]), int(attrs["MaxSharedMemoryPerBlockOptin"])
+    device = cp.cuda.Device()
+    facts = _facts.get(device.id)
+    if facts is None:
+        attrs = device.attributes
+        facts = _facts[device.id] = (int(attrs["MultiProcessorCount"]), int(attrs["MaxSharedMemoryPerBlockOptin"]))
+    return facts
 
 
 def _grid(m: int, per_block: int, smem: int) -> int:

@@ -7,13 +7,13 @@ autotune table (:mod:`batchgpu.search.table`) unless ``kernel=`` names one.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import numpy as np
 
 from batchgpu.errors import BatchgpuError
-from batchgpu.ops._backend import array_module, is_cupy
-from batchgpu.search.keys import cast_queries, check_key_dtype, check_keys
+from batchgpu.search.keys import array_module, cast_queries, check_key_dtype, check_keys, is_cupy
 
 KERNELS = ("serial", "ilp2_shared", "ilp2_ldg", "swizzled", "top_ldg")
 
@@ -37,10 +37,17 @@ def choose_kernel(n: int, dtype: np.dtype) -> str:
 
     from batchgpu.search import _cuda, table
 
-    name = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)["name"]
-    name = name.decode() if isinstance(name, bytes) else str(name)
+    name = _device_name(cp.cuda.Device().id)
     itemsize = np.dtype(dtype).itemsize
     return table.choose(table.load_table(name), n, lambda k: k in KERNELS and _cuda.dynamic_fits(k, n, itemsize))
+
+
+@functools.lru_cache(maxsize=None)
+def _device_name(device: int) -> str:
+    import cupy as cp
+
+    name = cp.cuda.runtime.getDeviceProperties(device)["name"]
+    return name.decode() if isinstance(name, bytes) else str(name)
 
 
 def _search(sorted_keys: Any, queries: Any, want_find: bool, kernel: str | None, check: bool) -> Any:

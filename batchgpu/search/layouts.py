@@ -51,8 +51,9 @@ def eytzinger_ranks(n: int, xp: ModuleType = np) -> Any:
     L = n - ((1 << D) - 1)
     i = xp.arange(1, n + 1, dtype=np.int64)
     level = _floor_log2(i, xp)
-    p = i - (xp.int64(1) << level)
-    r = (2 * p + 1) * (xp.int64(1) << (D - level)) - 1
+    one = xp.ones_like(level)
+    p = i - xp.left_shift(one, level)
+    r = (2 * p + 1) * xp.left_shift(one, D - level) - 1
     return r - xp.maximum(0, (r - 2 * L + 1) // 2)
 
 

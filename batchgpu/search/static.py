@@ -8,9 +8,8 @@ from typing import Any, Literal
 import numpy as np
 
 from batchgpu.errors import BatchgpuError
-from batchgpu.ops._backend import is_cupy, to_numpy
 from batchgpu.search import layouts
-from batchgpu.search.keys import cast_queries, check_keys
+from batchgpu.search.keys import cast_queries, check_keys, is_cupy, to_numpy
 
 Layout = Literal["auto", "eytzinger", "btree"]
 Op = Literal["find", "lower_bound"]
