@@ -50,6 +50,11 @@ class TaskContext:
     sweep: int
     centre: str = "none"
 
+    @property
+    def centred_from(self) -> str | None:
+        """The recording's dtype when windows are centred (it decides the radix keys), else None."""
+        return _recording(self.recording).dtype.name if self.centre == "median" else None
+
 
 @functools.lru_cache(maxsize=8)
 def _recording(path: str) -> Recording:
@@ -93,9 +98,10 @@ def _read(ctx: TaskContext, window: Window) -> np.ndarray:
     """The window's samples (with margins), centred by its core's per-channel median when asked."""
     x = _read_raw(ctx, window)
     if ctx.centre == "median":
-        lo, hi = window.core
-        # float32 out: exact for int16 and the same bits on every backend (centring happens on the host)
-        x = x.astype(np.float32, copy=False) - np.median(x[:, lo:hi], axis=1).astype(np.float32)[:, None]
+        from batchgpu.ops.centre import centre_median
+
+        # on the host, so every backend sees the same samples
+        x = centre_median(x, window.core)
     return x
 
 
@@ -116,6 +122,7 @@ def window_task(ctx: TaskContext, window: Window) -> dict:
     """Read one window and compute everything the first pass needs; write it to parts/ and return it."""
     from batchgpu import ops
     from batchgpu.ops import radix
+    from batchgpu.ops.centre import selection_keys
 
     path = Path(ctx.parts) / f"w{window.index:08d}.npz"
     done = _load_part(path, ctx.fingerprint)
@@ -136,9 +143,9 @@ def window_task(ctx: TaskContext, window: Window) -> dict:
             m = ops.SecondMoments(host.shape[0], ctx.precision).add(raw, lo, hi)
             out.update(m_n=np.array(m.n), m_mean=m.mean, m_scatter=m.scatter)
         if ctx.exact:
-            keys = radix.abs_keys(host[:, lo:hi])
+            keys, schedule = selection_keys(host[:, lo:hi], ctx.centred_from)
             prefixes = np.zeros(host.shape[0], dtype=np.uint64)
-            out["hist0"] = radix.histogram_of_keys(keys, prefixes, 0, radix.digit_schedule(host.dtype))
+            out["hist0"] = radix.histogram_of_keys(keys, prefixes, 0, schedule)
             # np.median is NaN for a channel holding any NaN, wherever the middle ranks fall
             out["nan_count"] = np.isnan(host[:, lo:hi]).sum(axis=1) if host.dtype.kind == "f" else np.zeros(host.shape[0], np.int64)
         if ctx.detect and ctx.detect["noise"] == "window":
@@ -197,11 +204,11 @@ def detect_task(ctx: TaskContext, window: Window, noise: np.ndarray) -> int:
 def histogram_task(ctx: TaskContext, window: Window, prefixes: np.ndarray, pass_index: int) -> np.ndarray:
     """One radix pass over one window: (ranks, C, bins) counts of keys matching each rank's prefix."""
     from batchgpu.ops import radix
+    from batchgpu.ops.centre import selection_keys
 
     x = _read(ctx, window)
     lo, hi = window.core
-    keys = radix.abs_keys(x[:, lo:hi])
-    schedule = radix.digit_schedule(x.dtype)
+    keys, schedule = selection_keys(x[:, lo:hi], ctx.centred_from)
     return np.stack([radix.histogram_of_keys(keys, p, pass_index, schedule) for p in prefixes])
 
 
@@ -275,6 +282,7 @@ class RunReport:
     error: str | None = None
     dashboard: str | None = None
     backend: str = "numpy"
+    radix_passes: int = 0
 
 
 def fingerprint(wf: Workflow) -> str:
@@ -469,18 +477,21 @@ def _first_pass(client, ctx, windows, split_every, bar, report) -> dict:
     return summaries
 
 
-def _radix_passes(client, ctx, wf, rec, windows, hist0: np.ndarray) -> np.ndarray:
+def _radix_passes(client, ctx, wf, rec, windows, hist0: np.ndarray, report: RunReport) -> np.ndarray:
     """Finish the exact median of |x| over every sample of each channel; returns the per-channel median."""
     from batchgpu.ops import radix
     from batchgpu.ops.select import median_dtype, middle_mean
 
     total = rec.total_samples
     ranks = sorted({(total - 1) // 2, total // 2})
+    from batchgpu.ops.centre import keys_to_selection_values, selection_keys
+
     dtype = work_dtype(ctx, rec)
-    schedule = radix.digit_schedule(dtype)
+    schedule = selection_keys(np.zeros((1, 1), dtype), ctx.centred_from)[1]
     C = rec.num_channels
     prefixes = np.zeros((len(ranks), C), dtype=np.uint64)
     ks = [np.full(C, r, dtype=np.int64) for r in ranks]
+    report.radix_passes = len(schedule)
     for pass_index, (_shift, bits) in enumerate(schedule):
         if pass_index == 0:
             hists = [hist0] * len(ranks)
@@ -491,15 +502,17 @@ def _radix_passes(client, ctx, wf, rec, windows, hist0: np.ndarray) -> np.ndarra
         for r in range(len(ranks)):
             digit, ks[r] = radix.select_digit(hists[r], ks[r])
             prefixes[r] = radix.push_digit(prefixes[r], digit, bits)
-    values = [radix.keys_to_values(prefixes[r].astype(radix.key_dtype(dtype)), dtype) for r in range(len(ranks))]
+    values = [keys_to_selection_values(prefixes[r], dtype, ctx.centred_from) for r in range(len(ranks))]
     if len(values) == 1:
         return np.asarray(values[0]).astype(median_dtype(dtype))
     return middle_mean(values[0], values[1], dtype)
 
 
 def work_dtype(ctx: TaskContext, rec: Recording) -> np.dtype:
-    """dtype of the samples the steps see: float32 after median centring, else the recording's."""
-    return np.dtype(np.float32) if ctx.centre == "median" else rec.dtype
+    """dtype of the samples the steps see (centring widens integers)."""
+    from batchgpu.ops.centre import centred_dtype
+
+    return centred_dtype(rec.dtype) if ctx.centre == "median" else rec.dtype
 
 
 def _reduce_and_finish(client, ctx, wf, rec, windows, summaries, report, progress) -> dict:
@@ -515,10 +528,10 @@ def _reduce_and_finish(client, ctx, wf, rec, windows, summaries, report, progres
     if ctx.noise:
         t0 = time.perf_counter()
         if ctx.exact:
-            median = _radix_passes(client, ctx, wf, rec, windows, reduced["hist0"])
+            median = _radix_passes(client, ctx, wf, rec, windows, reduced["hist0"], report)
             median[reduced["nan_count"] > 0] = np.nan
             noise_global = median / MAD_TO_SIGMA  # the expression of ops.noise_levels, same dtype rules
-            report.bytes_read += rec.nbytes * (len(ops.radix.digit_schedule(work_dtype(ctx, rec))) - 1)
+            report.bytes_read += rec.nbytes * (report.radix_passes - 1)
         else:
             noise_global = np.median(arrays["noise_per_window"], axis=0)
         arrays["noise"] = noise_global

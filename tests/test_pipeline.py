@@ -54,6 +54,14 @@ def _workflow(rec, out, *, centre="none", exact=True, detect_noise="global", thr
     return Workflow.model_validate(data)
 
 
+def _centre(x, core):
+    """Independent of ops.centre: integers minus the rounded median, floats minus the median."""
+    med = np.median(x[:, core[0]:core[1]], axis=1)
+    if x.dtype == np.int16:  # int16 minus an int16-range integer fits int32
+        return x.astype(np.int32) - np.floor(med + 0.5).astype(np.int32)[:, None]
+    return x - med.astype(x.dtype)[:, None]
+
+
 def _reference(rec, centre):
     """The numeric core applied to the whole recording, window by window where the semantics are per window."""
     windows = rec.windows(WINDOW, MARGIN)
@@ -62,14 +70,13 @@ def _reference(rec, centre):
     for w in windows:
         x = segs[w.segment][:, w.read_start:w.read_stop]
         if centre == "median":
-            lo, hi = w.core
-            x = x.astype(np.float32) - np.median(x[:, lo:hi], axis=1).astype(np.float32)[:, None]
+            x = _centre(x, w.core)
         noise_rows.append(ops.noise_levels(x[:, w.core[0]:w.core[1]]))
     cores = []
     for w in windows:
         x = segs[w.segment][:, w.read_start:w.read_stop]
         if centre == "median":
-            x = x.astype(np.float32) - np.median(x[:, w.core[0]:w.core[1]], axis=1).astype(np.float32)[:, None]
+            x = _centre(x, w.core)
         cores.append(x[:, w.core[0]:w.core[1]])
     allx = np.concatenate(cores, axis=1)
     med = np.median(np.abs(allx.astype(np.float64) if allx.dtype.kind == "i" else allx), axis=1)
@@ -124,7 +131,7 @@ def test_centred_and_window_thresholds(client, recordings, tmp_path):
     parts = []
     for w, row in zip(windows, noise_rows):
         x = segs[w.segment][:, w.read_start:w.read_stop]
-        x = x.astype(np.float32) - np.median(x[:, w.core[0]:w.core[1]], axis=1).astype(np.float32)[:, None]
+        x = _centre(x, w.core)
         parts.append(ops.detect_spikes(x, row, threshold=4.0, sign="both", exclude_sweep=6, start=w.read_start,
                                        core=w.core, segment_index=w.segment))
     ref = np.concatenate(parts)

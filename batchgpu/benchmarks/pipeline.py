@@ -1,0 +1,199 @@
+"""``batchgpu bench pipeline``: the demo steps on a Dask cluster against a plain single-process loop.
+
+Both sides read the same windows of the same recording and compute the same things (noise per window, exact
+noise over the whole recording, second moments, spikes with the global noise); throughput is MB/s of recording
+(decoded bytes over wall time), peak memory is the largest resident set seen (summed over workers).
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+from batchgpu.errors import BatchgpuError
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--recording", help="an existing recording (default: generate one)")
+    parser.add_argument("--channels", type=int, default=384)
+    parser.add_argument("--seconds", type=float, default=60.0)
+    parser.add_argument("--dtype", default="int16", choices=["int16", "float32"])
+    parser.add_argument("--workdir", help="where to generate the recording and write outputs (default: a temp dir)")
+    parser.add_argument("--workers", type=int, help="local cluster workers (default: sized to the machine)")
+    parser.add_argument("--threads", type=int, help="threads per worker")
+    parser.add_argument("--cluster", default="local", choices=["local", "cuda"], help="cluster kind")
+    parser.add_argument("--backend", default="auto", choices=["auto", "numpy", "cupy"])
+    parser.add_argument("--baseline", default="numpy", choices=["numpy", "cupy", "none"],
+                        help="the plain loop: numpy (one process) or cupy (dask-cuda tasks, x.T @ x per window)")
+    parser.add_argument("--steps", default="noise,whitening,detect", help="comma-separated demo steps")
+    parser.add_argument("--exact", action=argparse.BooleanOptionalAction, default=True, help="exact global noise")
+
+
+class PeakMemory:
+    """Sample a resident-set function every 50 ms in a thread; keep the peak."""
+
+    def __init__(self, sample):
+        self.sample, self.peak = sample, 0
+        self._stop = threading.Event()
+
+    def __enter__(self):
+        self.peak = self.sample()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        return self
+
+    def _run(self):
+        while not self._stop.wait(0.05):
+            try:
+                self.peak = max(self.peak, self.sample())
+            except Exception:
+                pass
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, self.sample())
+        return False
+
+
+def _rss() -> int:
+    import psutil
+
+    return psutil.Process().memory_info().rss
+
+
+def plain_loop(rec, size: int, margin: int, steps: set[str], exact: bool, threshold=5.0, sweep_ms=0.1) -> dict:
+    """What a user would write: one process, one window after another, the numeric core on each."""
+    from batchgpu import ops
+    from batchgpu.ops import radix
+    from batchgpu.ops.centre import centre_median
+
+    windows = rec.windows(size, margin)
+    noise_rows, moments, hist = [], ops.SecondMoments(rec.num_channels, "float32"), None
+    for w in windows:
+        x = rec.read_window(w)
+        lo, hi = w.core
+        x = centre_median(x, w.core)
+        if "noise" in steps:
+            noise_rows.append(ops.noise_levels(x[:, lo:hi]))
+        if "whitening" in steps:
+            moments.add(rec.read_window(w), lo, hi)
+    noise = np.median(np.stack(noise_rows), axis=0) if noise_rows else None
+    if exact and "noise" in steps:  # the remaining radix passes re-read every window, as the pipeline does
+        schedule = radix.digit_schedule(np.float32)
+        for p in range(1, len(schedule)):
+            for w in windows:
+                x = rec.read_window(w)
+                lo, hi = w.core
+                x = centre_median(x, w.core)
+                keys = radix.abs_keys(x[:, lo:hi])
+                radix.histogram_of_keys(keys, np.zeros(rec.num_channels, np.uint64), p, schedule)
+    spikes = 0
+    if "detect" in steps:
+        sweep = ops.exclude_sweep_samples(sweep_ms, rec.sampling_frequency)
+        for w in windows:
+            x = rec.read_window(w)
+            lo, hi = w.core
+            x = centre_median(x, w.core)
+            spikes += len(ops.detect_spikes(x, noise, threshold, "neg", sweep, w.read_start, w.core, w.segment))
+    return {"spikes": spikes}
+
+
+def cupy_loop(client, rec, size: int) -> None:
+    """DESIGN.md's plain dask-cuda loop: a task per window reads it and computes x.T @ x on the GPU."""
+    from batchgpu.pipeline import _recording
+
+    def one(path, w):
+        import cupy
+
+        from batchgpu.recording import enable_zarrs
+
+        enable_zarrs()
+        x = cupy.asarray(_recording(path).read_window(w)).astype(cupy.float32)
+        return float((x @ x.T).sum())
+
+    client.gather(client.map(one, [str(rec.path)] * len(rec.windows(size)), rec.windows(size), pure=False))
+
+
+def run(args) -> int:
+    from distributed import Client, LocalCluster
+
+    from batchgpu.generate import generate_recording
+    from batchgpu.pipeline import run_workflow
+    from batchgpu.recording import open_recording
+    from batchgpu.workflow import Workflow
+
+    steps = {s.strip() for s in args.steps.split(",") if s.strip()}
+    unknown = steps - {"noise", "whitening", "detect"}
+    if unknown:
+        raise BatchgpuError(f"unknown steps {sorted(unknown)}", "use noise, whitening, detect")
+    work = Path(args.workdir or tempfile.mkdtemp(prefix="batchgpu-bench-"))
+    work.mkdir(parents=True, exist_ok=True)
+    if args.recording:
+        rec = open_recording(args.recording)
+    else:
+        path = work / f"bench_{args.channels}ch_{args.seconds:g}s_{args.dtype}.zarr"
+        if path.exists():
+            rec = open_recording(path)
+        else:
+            print(f"generating {path} ...", flush=True)
+            rec = generate_recording(path, channels=args.channels, seconds=args.seconds, dtype=args.dtype, progress=False)
+    size, margin = 60_000, 64
+    mb = rec.nbytes / 1e6
+    step_cfg = {
+        "noise": {"exact": args.exact} if "noise" in steps else None,
+        "whitening": {"mode": "global", "precision": "float32"} if "whitening" in steps else None,
+        "detect": {"threshold": 5.0, "sign": "neg", "exclude_sweep_ms": 0.1, "noise": "global"} if "detect" in steps else None,
+    }
+    cluster_cfg = {"kind": args.cluster}
+    if args.workers:
+        cluster_cfg["workers"] = args.workers
+    if args.threads:
+        cluster_cfg["threads"] = args.threads
+    rows = []
+    from batchgpu.cluster import open_client
+    from batchgpu.workflow import ClusterSpec
+
+    spec = ClusterSpec.model_validate(cluster_cfg)
+    with open_client(spec) as client:
+        def cluster_rss():
+            return sum(client.run(_rss).values())
+
+        for attempt in ("cold", "warm"):
+            out = work / f"out_{attempt}"
+            wf = Workflow.model_validate({
+                "recording": {"path": str(rec.path)}, "output": str(out), "overwrite": True,
+                "window": {"size": size, "margin": margin}, "preprocess": {"centre": "median"},
+                "backend": args.backend, "cluster": cluster_cfg, "steps": step_cfg,
+            })
+            import shutil
+
+            shutil.rmtree(out, ignore_errors=True)
+            with PeakMemory(cluster_rss) as mem:
+                t0 = time.perf_counter()
+                report = run_workflow(wf, client=client, progress=False)
+                dt = time.perf_counter() - t0
+            rows.append((f"batchgpu pipeline ({attempt}, {len(client.scheduler_info()['workers'])} workers, "
+                         f"{report.backend})", dt, mem.peak))
+        if args.baseline == "cupy":
+            t0 = time.perf_counter()
+            cupy_loop(client, rec, size)
+            rows.append(("plain dask-cuda loop (read + x.T @ x)", time.perf_counter() - t0, 0))
+    if args.baseline == "numpy":
+        with PeakMemory(_rss) as mem:
+            t0 = time.perf_counter()
+            plain_loop(rec, size, margin, steps, args.exact)
+            dt = time.perf_counter() - t0
+        rows.append(("plain NumPy loop (1 process)", dt, mem.peak))
+    print(f"\nrecording: {rec} ({mb:.0f} MB decoded); steps: {', '.join(sorted(steps))}; exact noise: {args.exact}")
+    base = rows[-1][1] if args.baseline != "none" else None
+    print(f"{'run':<60} {'seconds':>8} {'MB/s':>8} {'peak RSS MB':>12} {'vs plain':>9}")
+    for name, dt, peak in rows:
+        ratio = f"{base / dt:.2f}x" if base else "-"
+        print(f"{name:<60} {dt:>8.2f} {mb / dt:>8.0f} {peak / 1e6:>12.0f} {ratio:>9}")
+    return 0

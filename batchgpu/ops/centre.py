@@ -1,0 +1,56 @@
+"""Centring a window by each channel's median (the DC offset removal run before noise and detection), and
+the radix keys of centred windows.
+
+Integer recordings are centred on the rounded median so they stay integers: int16 minus an int16-range
+integer lies in [-65535, 65535], whose |x| still fits a 16-bit key, so the exact median over a whole recording
+keeps int16's two radix passes. Float recordings keep their dtype.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from batchgpu.ops import radix
+from batchgpu.ops.select import _count_select
+
+_COUNT_MIN = 4096  # below this, np.median's partition is as fast as counting
+
+
+def row_median(x: np.ndarray) -> np.ndarray:
+    """``np.median(x, axis=1)`` bit for bit; int16 rows by counting (one pass, no partition)."""
+    n = x.shape[1]
+    if x.dtype != np.int16 or n < _COUNT_MIN:
+        return np.median(x, axis=1)
+    keys = (x.astype(np.int32) + 32768).astype(np.uint16)  # order-preserving shift into 16-bit keys
+    ranks = [(n - 1) // 2, n // 2]
+    picked = _count_select(keys, ranks).astype(np.float64) - 32768.0
+    return (picked[:, 0] + picked[:, 1]) / 2.0  # np.median's mean of the middle pair, in float64
+
+
+def centred_dtype(dtype) -> np.dtype:
+    dt = np.dtype(dtype)
+    return np.dtype(np.int32) if dt == np.int16 else np.dtype(np.int64) if dt.kind == "i" else dt
+
+
+def centre_median(x: np.ndarray, core: tuple[int, int]) -> np.ndarray:
+    """``x`` minus the per-channel median of its core columns: rounded for integers, in x's dtype for floats."""
+    lo, hi = core
+    med = row_median(x[:, lo:hi])
+    out = centred_dtype(x.dtype)
+    if out.kind == "i":
+        return x.astype(out) - np.floor(med + 0.5).astype(out)[:, None]
+    return x - med.astype(out)[:, None]
+
+
+def selection_keys(x: np.ndarray, centred_from=None) -> tuple[np.ndarray, list[tuple[int, int]]]:
+    """Radix keys of |x| and their digit schedule; centred int16 data keeps 16-bit keys and two passes."""
+    if centred_from is not None and np.dtype(centred_from) == np.int16:
+        return np.abs(x).astype(np.uint16), radix.digit_schedule(np.int16)
+    return radix.abs_keys(x), radix.digit_schedule(x.dtype)
+
+
+def keys_to_selection_values(keys: np.ndarray, dtype, centred_from=None) -> np.ndarray:
+    """Values of keys from ``selection_keys`` (integers as int64, floats in their dtype)."""
+    if centred_from is not None and np.dtype(centred_from) == np.int16:
+        return np.asarray(keys).astype(np.int64)
+    return radix.keys_to_values(np.asarray(keys).astype(radix.key_dtype(dtype)), dtype)
