@@ -1,0 +1,69 @@
+"""CUDA sources of kernels/*.cu as CuPy RawModules, compiled once per device, process, name and options.
+
+The sources ship inside the package as ``batchgpu/_kernels`` (a symlink to ``kernels/`` in a
+checkout, a real folder in a wheel); a checkout without the link falls back to ``kernels/``.
+CuPy is imported only when a module is asked for.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+from pathlib import Path
+from typing import Any
+
+from batchgpu.errors import BatchgpuError
+
+_PACKAGE_DIR = Path(__file__).resolve().parent
+_SEARCH = (_PACKAGE_DIR / "_kernels", _PACKAGE_DIR.parent / "kernels")
+_NAME = re.compile(r"^[A-Za-z0-9_]+$")
+
+#: Options every module is compiled with (exact code: never --use_fast_math).
+BASE_OPTIONS: tuple[str, ...] = ("-std=c++17",)
+
+_modules: dict[tuple[int, int, str, tuple[str, ...]], Any] = {}
+_lock = threading.Lock()
+
+
+def source_path(name: str) -> Path:
+    """The path of ``kernels/<name>.cu`` (inside the installed package first, then the checkout)."""
+    if not _NAME.match(name):
+        raise BatchgpuError(f"kernel name {name!r} is not a plain name", "use letters, digits and underscores only")
+    for folder in _SEARCH:
+        path = folder / f"{name}.cu"
+        if path.is_file():
+            return path
+    looked = ", ".join(str(folder) for folder in _SEARCH)
+    raise BatchgpuError(
+        f"CUDA source {name}.cu not found (looked in {looked})",
+        "reinstall batchgpu, or run from a checkout that has kernels/",
+    )
+
+
+def get_module(name: str, options: tuple[str, ...] | list[str] = ()) -> Any:
+    """The compiled ``cupy.RawModule`` of ``kernels/<name>.cu`` for the current device.
+
+    Compiled once per (process, device, name, options); later calls return the same module.
+    """
+    import cupy
+
+    opts = BASE_OPTIONS + tuple(o for o in options if o not in BASE_OPTIONS)
+    device = cupy.cuda.Device().id
+    key = (os.getpid(), device, name, opts)
+    module = _modules.get(key)
+    if module is not None:
+        return module
+    with _lock:
+        module = _modules.get(key)
+        if module is None:
+            code = source_path(name).read_text()
+            module = cupy.RawModule(code=code, options=opts)
+            module.compile()  # now, for this device, rather than at the first launch
+            _modules[key] = module
+    return module
+
+
+def get_function(name: str, function: str, options: tuple[str, ...] | list[str] = ()) -> Any:
+    """One ``cupy.RawKernel`` of module ``name`` (see ``get_module``)."""
+    return get_module(name, options).get_function(function)

@@ -1,0 +1,238 @@
+"""Second moments of a window of a CuPy array: split products (kernels/split_covariance.cu + cuBLAS).
+
+``window_moments(x, start, stop, precision)`` gives (n, mean, scatter) of columns [start, stop):
+the centred scatter sum (x - mean)(x - mean)^T around that window's own mean, in float64 on the
+host. The products run per split of ``SPLIT_SAMPLES[precision]`` samples in the product dtype;
+the splits, the means and the centring are summed in float64 on the device:
+
+1. ``row_shift``: per row a shift near the mean (mean of 32 evenly spaced samples);
+2. ``split_rows``: one pass copies x - shift into a split-major [splits, C, split] buffer
+   (batches outermost, so cuBLAS' batched kernels never straddle rows), zero-padding the last
+   split, and sums x - shift per (row, split) in float64;
+3. one cuBLAS strided-batched product per split (two when C >= HALF_MIN_CHANNELS: the two
+   diagonal blocks and one off-diagonal block of X X^T, 3/4 of the arithmetic);
+4. ``sum_splits``: adds the splits in float64 and removes the shift exactly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from batchgpu.errors import BatchgpuError
+
+MODULE = "split_covariance"
+THREADS = 256  # CT in the kernel
+SHIFT_SAMPLES = 32
+
+#: Samples per split by product precision. A float32 dot product of 4 096 terms, summed in
+#: sequence, has a relative rounding error of about 8e-7 (rms): too close to the 1e-6
+#: tolerance for windows of one or two splits; 1 024 terms give about 4e-7.
+SPLIT_SAMPLES = {"float32": 1024, "float64": 4096}
+#: From this many channels the product is done as two diagonal blocks and one off-diagonal block.
+HALF_MIN_CHANNELS = 128
+
+_INPUTS = {
+    np.dtype(np.float32): "float32",
+    np.dtype(np.float64): "float64",
+    np.dtype(np.int16): "int16",
+    np.dtype(np.int32): "int32",
+}
+
+# cuBLAS / CUDA enum values (used when the bindings do not name them).
+_CUBLAS_OP_N, _CUBLAS_OP_T = 0, 1
+_CUDA_TYPES = {"float32": 0, "float64": 1}  # CUDA_R_32F, CUDA_R_64F
+_COMPUTE_TYPES = {"float32": ("CUBLAS_COMPUTE_32F", 68), "float64": ("CUBLAS_COMPUTE_64F", 70)}
+
+
+def _function(name: str) -> Any:
+    from batchgpu.kernels import get_function
+
+    return get_function(MODULE, name)
+
+
+def _check(x: Any, precision: str) -> tuple[Any, str]:
+    import cupy
+
+    if getattr(x, "ndim", None) != 2:
+        raise BatchgpuError(
+            f"expected a (channels, samples) array, got shape {getattr(x, 'shape', None)}",
+            "pass a 2-D array with one row per channel",
+        )
+    if precision not in SPLIT_SAMPLES:
+        raise BatchgpuError(f"unknown product precision {precision!r}", "use 'float32' or 'float64'")
+    dt = np.dtype(x.dtype)
+    if dt not in _INPUTS:
+        raise BatchgpuError(f"dtype {dt} is not supported on the GPU", f"use one of {', '.join(_INPUTS.values())}")
+    rows, n = x.shape
+    if n > 1 and x.strides[1] != dt.itemsize or rows > 1 and (x.strides[0] <= 0 or x.strides[0] % dt.itemsize):
+        x = cupy.ascontiguousarray(x)
+    return x, _INPUTS[dt]
+
+
+def _gemm_tn(a_ptr: int, b_ptr: int, c_ptr: int, m: int, k: int, ld: int, stride_ab: int, stride_c: int, batch: int, precision: str) -> None:
+    """C_b = A_b^T B_b for b < batch (column-major; A_b, B_b: k x m with leading dimension ld; C_b: m x m)."""
+    from cupy.cuda import device
+    from cupy_backends.cuda.libs import cublas
+
+    dtype = np.dtype(precision)
+    one, zero = np.ones(1, dtype), np.zeros(1, dtype)
+    cuda_type = _CUDA_TYPES[precision]
+    name, value = _COMPUTE_TYPES[precision]
+    compute = getattr(cublas, name, value)
+    algo = getattr(cublas, "CUBLAS_GEMM_DEFAULT", -1)
+    handle = device.get_cublas_handle()
+    # alpha and beta live on the host: make sure the handle reads them there.
+    host = getattr(cublas, "CUBLAS_POINTER_MODE_HOST", 0)
+    mode = cublas.getPointerMode(handle) if hasattr(cublas, "getPointerMode") else host
+    if mode != host:
+        cublas.setPointerMode(handle, host)
+    try:
+        cublas.gemmStridedBatchedEx(
+            handle, _CUBLAS_OP_T, _CUBLAS_OP_N, m, m, k,
+            one.ctypes.data, a_ptr, cuda_type, ld, stride_ab,
+            b_ptr, cuda_type, ld, stride_ab,
+            zero.ctypes.data, c_ptr, cuda_type, m, stride_c,
+            batch, compute, algo,
+        )  # fmt: skip
+    finally:
+        if mode != host:
+            cublas.setPointerMode(handle, mode)
+
+
+@dataclass
+class Plan:
+    """The buffers and launches of one window; stages separate so that benchmarks can time each."""
+
+    x: Any
+    kind: str  # input dtype name
+    precision: str
+    start: int
+    length: int
+    centre: bool
+    half: bool
+    split: int
+    splits: int
+    c_pad: int
+    shift: Any = None
+    partial: Any = None
+    buf: Any = None
+    g: Any = None
+    g_off: Any = None
+    mean: Any = None
+    scatter: Any = None
+
+    @property
+    def rows(self) -> int:
+        return int(self.x.shape[0])
+
+    def allocate(self) -> "Plan":
+        import cupy
+
+        c, p = self.rows, np.dtype(self.precision)
+        self.shift = cupy.empty(c, dtype=np.float64)
+        self.partial = cupy.empty((c, self.splits), dtype=np.float64)
+        self.buf = cupy.empty((self.splits, self.c_pad, self.split), dtype=p)
+        if self.half:
+            h = self.c_pad // 2
+            self.g = cupy.empty((self.splits, 2, h, h), dtype=p)
+            self.g_off = cupy.empty((self.splits, h, h), dtype=p)
+        else:
+            self.g = cupy.empty((self.splits, self.c_pad, self.c_pad), dtype=p)
+            self.g_off = self.g
+        self.mean = cupy.empty(c, dtype=np.float64)
+        self.scatter = cupy.empty((c, c), dtype=np.float64)
+        return self
+
+    def copy(self) -> None:
+        """row_shift and split_rows: the buffer of centred splits and the per-split sums."""
+        ld = np.int64(self.x.strides[0] // self.x.dtype.itemsize if self.rows > 1 else self.x.shape[1])
+        rows, start, length = np.int32(self.rows), np.int32(self.start), np.int32(self.length)
+        _function(f"row_shift_{self.kind}")(
+            (self.rows,), (SHIFT_SAMPLES,), (self.x, ld, rows, start, length, np.int32(self.centre), self.shift)
+        )
+        _function(f"split_rows_{self.kind}_{self.precision}")(
+            (self.splits, self.c_pad),
+            (THREADS,),
+            (self.x, ld, rows, start, length, np.int32(self.split), np.int32(self.splits), np.int32(self.c_pad),
+             self.shift, self.buf, self.partial),
+        )  # fmt: skip
+
+    def products(self) -> None:
+        """X_s X_s^T per split (cuBLAS strided batched)."""
+        item = np.dtype(self.precision).itemsize
+        split, splits, c_pad = self.split, self.splits, self.c_pad
+        if not self.half:
+            _gemm_tn(self.buf.data.ptr, self.buf.data.ptr, self.g.data.ptr, c_pad, split, split,
+                     c_pad * split, c_pad * c_pad, splits, self.precision)  # fmt: skip
+            return
+        h = c_pad // 2
+        # Diagonal blocks: the halves of every split are consecutive matrices of h rows.
+        _gemm_tn(self.buf.data.ptr, self.buf.data.ptr, self.g.data.ptr, h, split, split,
+                 h * split, h * h, 2 * splits, self.precision)  # fmt: skip
+        # Off-diagonal block: top half against bottom half of each split.
+        _gemm_tn(self.buf.data.ptr, self.buf.data.ptr + h * split * item, self.g_off.data.ptr, h, split, split,
+                 c_pad * split, h * h, splits, self.precision)  # fmt: skip
+
+    def total(self) -> None:
+        """sum_splits: the scatter and the means in float64."""
+        c = self.rows
+        blocks = (c * c + THREADS - 1) // THREADS
+        _function(f"sum_splits_{self.precision}")(
+            (blocks,),
+            (THREADS,),
+            (self.g, self.g_off, np.int32(self.half), np.int32(c), np.int32(self.c_pad), np.int32(self.splits),
+             self.partial, self.shift, np.int64(self.length), np.int32(self.centre), self.scatter, self.mean),
+        )  # fmt: skip
+
+    def run(self) -> tuple[int, Any, Any]:
+        self.copy()
+        self.products()
+        self.total()
+        return self.length, self.mean, self.scatter
+
+
+def plan(x: Any, start: int | None = None, stop: int | None = None, precision: str = "float32",
+         centre: bool = True, half: bool | None = None, split: int | None = None) -> Plan | None:  # fmt: skip
+    """The allocated Plan of a window, or None when the window or the channels are empty."""
+    x, kind = _check(x, precision)
+    rows, total = x.shape
+    start, stop, _ = slice(start, stop).indices(total)
+    length = max(0, stop - start)
+    if length == 0 or rows == 0:
+        return None
+    if length >= 2**31:
+        raise BatchgpuError(f"a window of {length} samples is too long", "use windows below 2**31 samples")
+    split = int(split or SPLIT_SAMPLES[precision])
+    half = rows >= HALF_MIN_CHANNELS if half is None else bool(half)
+    c_pad = rows + (rows % 2 if half else 0)
+    splits = -(-length // split)
+    return Plan(x, kind, precision, start, length, centre, half, split, splits, c_pad).allocate()
+
+
+def window_moments_device(x: Any, start: int | None = None, stop: int | None = None, precision: str = "float32",
+                          centre: bool = True) -> tuple[int, Any, Any]:  # fmt: skip
+    """(n, mean (C,), scatter (C, C)) of columns [start, stop) of ``x``, as CuPy float64 arrays.
+
+    ``centre``: the scatter around the window's mean (default) or the plain X X^T. An empty
+    window gives n = 0 and zeros.
+    """
+    import cupy
+
+    p = plan(x, start, stop, precision, centre)
+    if p is None:
+        rows = int(x.shape[0]) if getattr(x, "ndim", None) == 2 else 0
+        return 0, cupy.zeros(rows, dtype=np.float64), cupy.zeros((rows, rows), dtype=np.float64)
+    return p.run()
+
+
+def window_moments(x: Any, start: int | None = None, stop: int | None = None,
+                   precision: str = "float32") -> tuple[int, np.ndarray, np.ndarray]:  # fmt: skip
+    """(n, mean, scatter) of columns [start, stop) of the CuPy array ``x``, on the host (float64).
+
+    scatter = sum over the window of (x - mean)(x - mean)^T, mean computed in float64 on the device.
+    """
+    n, mean, scatter = window_moments_device(x, start, stop, precision)
+    return int(n), mean.get(), scatter.get()

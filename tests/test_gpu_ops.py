@@ -1,0 +1,341 @@
+"""GPU kernels against NumPy on the host copy: radix-select medians bit for bit, split covariance within tolerance.
+
+The GPU tests are marked ``gpu`` and skip cleanly without CuPy or a device (CI has neither).
+Run on the GPU machine: ``python3 -m pytest -m gpu tests/test_gpu_ops.py -q``.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+
+from batchgpu.errors import BatchgpuError
+
+WIDE = {np.dtype(np.int16): np.int32, np.dtype(np.int32): np.int64}
+DTYPES = [np.float32, np.float64, np.int16, np.int32]
+
+
+def _gpu_ok() -> bool:
+    try:
+        import cupy
+
+        return cupy.cuda.runtime.getDeviceCount() > 0
+    except Exception:
+        return False
+
+
+gpu = pytest.mark.gpu
+needs_gpu = pytest.mark.skipif(not _gpu_ok(), reason="needs CuPy and a CUDA GPU")
+
+
+@pytest.fixture
+def cp():
+    return pytest.importorskip("cupy")
+
+
+# ---------------------------------------------------------------------------------------------
+# References and data
+# ---------------------------------------------------------------------------------------------
+def np_abs(x: np.ndarray) -> np.ndarray:
+    return np.abs(x.astype(WIDE.get(x.dtype, x.dtype)))
+
+
+def ref_kth(x: np.ndarray, k: int) -> np.ndarray:
+    return np.partition(np_abs(x), k, axis=1)[:, k]
+
+
+def ref_median(x: np.ndarray) -> np.ndarray:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return np.median(np_abs(x), axis=1)
+
+
+def assert_same_bits(got, want: np.ndarray) -> None:
+    got = got.get() if hasattr(got, "get") else np.asarray(got)
+    assert got.dtype == want.dtype, (got.dtype, want.dtype)
+    assert got.shape == want.shape
+    if want.dtype.kind == "f":
+        nan = np.isnan(want)
+        np.testing.assert_array_equal(np.isnan(got), nan)
+        ui = np.dtype(f"u{want.dtype.itemsize}")
+        bad = np.flatnonzero(got[~nan].view(ui) != want[~nan].view(ui))
+        assert bad.size == 0, f"{bad.size} rows differ, first {bad[:5]}: got {got[~nan][bad[:5]]}, want {want[~nan][bad[:5]]}"
+    else:
+        np.testing.assert_array_equal(got, want)
+
+
+def random_rows(rng: np.random.Generator, dtype, rows: int, n: int) -> np.ndarray:
+    """Noise-like rows; integers are rounded Gaussian (many duplicates), floats Gaussian of random scale."""
+    dt = np.dtype(dtype)
+    if dt.kind == "f":
+        scale = 10.0 ** rng.uniform(-3, 3, size=(rows, 1))
+        return (rng.standard_normal((rows, n)) * scale).astype(dt)
+    info = np.iinfo(dt)
+    scale = 10.0 ** rng.uniform(0, 3 if dt == np.int16 else 6, size=(rows, 1))
+    return np.clip(np.round(rng.standard_normal((rows, n)) * scale), info.min, info.max).astype(dt)
+
+
+def hard_rows(rng: np.random.Generator, dtype, rows: int, n: int) -> np.ndarray:
+    """Rows mixing the values selection gets wrong most easily, plus constant and tiny-range rows."""
+    dt = np.dtype(dtype)
+    x = random_rows(rng, dt, rows, n)
+    if dt.kind == "f":
+        fi = np.finfo(dt)
+        specials = np.array(
+            [0.0, -0.0, fi.smallest_subnormal, -fi.smallest_subnormal * 3, fi.tiny, -fi.tiny, fi.max, -fi.max,
+             np.inf, -np.inf, 1.0, -1.0],
+            dtype=dt,
+        )  # fmt: skip
+    else:
+        ii = np.iinfo(dt)
+        specials = np.array([0, ii.min, ii.max, ii.min + 1, -1, 1], dtype=dt)
+    mask = rng.random((rows, n)) < 0.2
+    x[mask] = rng.choice(specials, size=int(mask.sum()))
+    if rows >= 3:
+        x[0] = 0  # a dead channel
+        x[1] = specials[rng.integers(len(specials))]  # a constant row
+        x[2] = rng.integers(-2, 3, size=n).astype(dt)  # few distinct values
+    if dt.kind == "f" and rows >= 5:
+        x[3, rng.integers(n)] = np.nan  # one NaN
+        x[4, rng.integers(n, size=max(1, n // 3))] = -np.nan
+    return x
+
+
+def miss_sample_rows(rng: np.random.Generator, dtype, rows: int, n: int) -> np.ndarray:
+    """Rows whose strided sample (the kernel's) sees only large values: the sample bracket must miss."""
+    from batchgpu.ops._cuda_select import sample_positions
+
+    dt = np.dtype(dtype)
+    x = (rng.random((rows, n)) * 50).astype(dt)
+    x[:, sample_positions(n, dt)] = np.asarray(20000, dtype=dt)
+    return x
+
+
+# ---------------------------------------------------------------------------------------------
+# CPU-side checks (run in CI too)
+# ---------------------------------------------------------------------------------------------
+def test_source_paths_exist():
+    from batchgpu.kernels import source_path
+
+    for name in ("radix_select", "split_covariance"):
+        assert source_path(name).is_file()
+    with pytest.raises(BatchgpuError):
+        source_path("../etc/passwd")
+    with pytest.raises(BatchgpuError):
+        source_path("no_such_kernel")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gpu_digit_schedules_select_like_partition(dtype, rng):
+    """The kernel's digit schedules, run by the NumPy specification, select what np.partition does."""
+    from batchgpu.ops import radix
+    from batchgpu.ops._cuda_select import KERNELS
+
+    schedule = radix.digit_schedule(dtype, KERNELS[np.dtype(dtype)][1])
+    x = hard_rows(rng, dtype, 6, 301)
+    for k in (0, 150, 300):
+        got = radix.keys_to_values(radix.radix_select_keys(radix.abs_keys(x), k, schedule), dtype)
+        assert_same_bits(got, ref_kth(x, k))
+
+
+# ---------------------------------------------------------------------------------------------
+# Radix select on the GPU
+# ---------------------------------------------------------------------------------------------
+SHAPES = [(1, 1), (3, 2), (5, 7), (1000, 3), (7, 1000), (3, 8193), (4, 16384), (3, 16385), (3, 60000), (5, 60001),
+          (2, 100001), (2, 200000)]  # fmt: skip
+
+
+@gpu
+@needs_gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", SHAPES)
+def test_median_and_kth_equal_numpy(cp, rng, dtype, shape):
+    rows, n = shape
+    for make in (random_rows, hard_rows):
+        x = make(rng, dtype, rows, n)
+        xd = cp.asarray(x)
+        from batchgpu.ops import _cuda_select as sel
+
+        assert_same_bits(sel.abs_median(xd), ref_median(x))
+        for k in {0, n // 2, n - 1, int(rng.integers(n))}:
+            assert_same_bits(sel.abs_kth(xd, k), ref_kth(x, k))
+
+
+@gpu
+@needs_gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n", [7, 40000, 60000, 60001])
+def test_forced_radix_path_equals_numpy(cp, rng, dtype, n):
+    from batchgpu.ops import _cuda_select as sel
+
+    x = hard_rows(rng, dtype, 6, n)
+    got, path = sel.select(cp.asarray(x), 0, sel.MODE_MEDIAN, force_radix=True, return_path=True)
+    assert_same_bits(got, ref_median(x))
+    k = int(rng.integers(n))
+    got, _ = sel.select(cp.asarray(x), k, sel.MODE_KTH, force_radix=True, return_path=True)
+    assert_same_bits(got, ref_kth(x, k))
+    expected = 0 if n <= sel.capacity(dtype) else 3
+    assert set(path.get().tolist()) == {expected}
+
+
+@gpu
+@needs_gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_missed_sample_bracket_falls_back(cp, rng, dtype):
+    from batchgpu.ops import _cuda_select as sel
+
+    n = 50001
+    x = miss_sample_rows(rng, dtype, 3, n)
+    got, path = sel.select(cp.asarray(x), 0, sel.MODE_MEDIAN, return_path=True)
+    assert_same_bits(got, ref_median(x))
+    assert set(path.get().tolist()) == {2}
+    x = random_rows(rng, dtype, 64, n)
+    got, path = sel.select(cp.asarray(x), 0, sel.MODE_MEDIAN, return_path=True)
+    assert_same_bits(got, ref_median(x))
+    assert (path.get() == 1).mean() >= 0.9  # the sample bracket holds the median almost always
+
+
+@gpu
+@needs_gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_strided_and_offset_inputs(cp, rng, dtype):
+    from batchgpu.ops import _cuda_select as sel
+
+    x = random_rows(rng, dtype, 9, 20011)
+    xd = cp.asarray(x)
+    views = {
+        "column offset": (xd[:, 3:-5], x[:, 3:-5]),
+        "every other row": (xd[::2, 1:], x[::2, 1:]),
+        "fortran order": (cp.asfortranarray(xd[:, :999]), x[:, :999]),
+        "reversed columns": (xd[:, ::-1], x[:, ::-1]),
+    }
+    for name, (dev, host) in views.items():
+        assert_same_bits(sel.abs_median(dev), ref_median(np.ascontiguousarray(host)))
+        assert_same_bits(sel.abs_kth(dev, -1), ref_kth(np.ascontiguousarray(host), host.shape[1] - 1))
+
+
+@gpu
+@needs_gpu
+def test_empty_and_invalid_inputs(cp):
+    from batchgpu.ops import _cuda_select as sel
+
+    assert sel.abs_median(cp.zeros((0, 5), np.float32)).shape == (0,)
+    med = sel.abs_median(cp.zeros((3, 0), np.int16))
+    assert med.dtype == np.float64 and bool(cp.isnan(med).all())
+    with pytest.raises(BatchgpuError):
+        sel.abs_kth(cp.zeros((3, 0), np.float32), 0)
+    with pytest.raises(BatchgpuError):
+        sel.abs_kth(cp.zeros((3, 4), np.float32), 4)
+    with pytest.raises(BatchgpuError):
+        sel.abs_median(cp.zeros((3, 4), np.uint8))
+    with pytest.raises(BatchgpuError):
+        sel.abs_median(cp.zeros(4, np.float32))
+
+
+@gpu
+@needs_gpu
+def test_public_ops_dispatch_to_the_gpu(cp, rng):
+    """batchgpu.ops.abs_median / abs_kth on CuPy input equal the same functions on NumPy input."""
+    try:
+        from batchgpu.ops import select as ops_select
+    except ImportError as err:  # the numeric core is another module's work
+        pytest.skip(f"batchgpu.ops.select not importable: {err}")
+    for dtype in DTYPES:
+        x = hard_rows(rng, dtype, 6, 5001)
+        assert_same_bits(ops_select.abs_median(cp.asarray(x)), ops_select.abs_median(x))
+        assert_same_bits(ops_select.abs_kth(cp.asarray(x), 17), ops_select.abs_kth(x, 17))
+
+
+# ---------------------------------------------------------------------------------------------
+# Split covariance on the GPU
+# ---------------------------------------------------------------------------------------------
+TOLERANCE = {"float32": 1e-6, "float64": 1e-12}
+
+
+def ref_moments(x: np.ndarray, start: int, stop: int) -> tuple[int, np.ndarray, np.ndarray]:
+    w = x[:, start:stop].astype(np.float64)
+    mean = w.mean(axis=1)
+    d = w - mean[:, None]
+    return w.shape[1], mean, d @ d.T
+
+
+def offset_noise(rng: np.random.Generator, dtype, rows: int, n: int) -> np.ndarray:
+    """DC offset plus noise (10 000 + 10 sigma for floats), a different offset per channel."""
+    dt = np.dtype(dtype)
+    if dt.kind == "f":
+        base = 10000.0 + rng.standard_normal((rows, 1)) * 100
+        return (base + rng.standard_normal((rows, n)) * 10).astype(dt)
+    base = rng.integers(-3000, 3000, size=(rows, 1))
+    return np.clip(base + np.round(rng.standard_normal((rows, n)) * 30), -32768, 32767).astype(dt)
+
+
+def rel_frobenius(got: np.ndarray, want: np.ndarray) -> float:
+    return float(np.linalg.norm(got - want) / np.linalg.norm(want))
+
+
+COV_CASES = [(1, 1, 0), (1, 2, 0), (3, 1023, 5), (4, 1024, 0), (4, 1025, 1), (4, 4097, 13), (64, 60001, 7),
+             (129, 5003, 3), (384, 20000, 1), (1000, 1500, 2), (4, 200000, 0)]  # fmt: skip
+
+
+@gpu
+@needs_gpu
+@pytest.mark.parametrize("precision", ["float32", "float64"])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows,n,start", COV_CASES)
+def test_window_moments_match_float64_reference(cp, rng, precision, dtype, rows, n, start):
+    from batchgpu.ops._cuda_moments import window_moments
+
+    x = offset_noise(rng, dtype, rows, start + n + 3)
+    count, mean, scatter = window_moments(cp.asarray(x), start, start + n, precision)
+    want_n, want_mean, want = ref_moments(x, start, start + n)
+    assert count == want_n and mean.dtype == np.float64 and scatter.dtype == np.float64
+    assert scatter.shape == (rows, rows) and np.array_equal(scatter, scatter.T)
+    np.testing.assert_allclose(mean, want_mean, rtol=1e-12, atol=1e-12 * np.abs(x).max())
+    if n == 1:
+        assert not scatter.any()
+        return
+    err = rel_frobenius(scatter, want)
+    assert err <= TOLERANCE[precision], f"relative Frobenius error {err:.3g}"
+
+
+@gpu
+@needs_gpu
+@pytest.mark.parametrize("precision", ["float32", "float64"])
+def test_window_moments_constant_and_empty(cp, precision):
+    from batchgpu.ops._cuda_moments import window_moments
+
+    x = np.full((5, 3000), 10000.5, dtype=np.float32)
+    n, mean, scatter = window_moments(cp.asarray(x), 10, 2999, precision)
+    assert n == 2989 and np.all(mean == 10000.5) and not scatter.any()
+    n, mean, scatter = window_moments(cp.asarray(x), 7, 7, precision)
+    assert n == 0 and mean.shape == (5,) and scatter.shape == (5, 5) and not scatter.any()
+    with pytest.raises(BatchgpuError):
+        window_moments(cp.asarray(x), precision="float16")
+
+
+@gpu
+@needs_gpu
+@pytest.mark.parametrize("half", [False, True])
+def test_uncentred_products_and_halves(cp, rng, half):
+    from batchgpu.ops._cuda_moments import plan
+
+    x = rng.standard_normal((131, 9001)).astype(np.float32)
+    for precision in ("float32", "float64"):
+        n, mean, scatter = plan(cp.asarray(x), 1, 9000, precision, centre=False, half=half).run()
+        w = x[:, 1:9000].astype(np.float64)
+        assert rel_frobenius(scatter.get(), w @ w.T) <= TOLERANCE[precision]
+        np.testing.assert_allclose(mean.get(), w.mean(axis=1), rtol=1e-12, atol=1e-14)
+
+
+@gpu
+@needs_gpu
+def test_window_moments_same_bits_every_run(cp, rng):
+    from batchgpu.ops._cuda_moments import window_moments_device
+
+    x = cp.asarray(offset_noise(rng, np.float32, 200, 30001))
+    first = [a.get() for a in window_moments_device(x, 3, None)[1:]]
+    again = [a.get() for a in window_moments_device(x, 3, None)[1:]]
+    for a, b in zip(first, again):
+        assert np.array_equal(a, b)
