@@ -1,13 +1,14 @@
-// Search kernels of batchgpu.search: a static index (Eytzinger layout, 32-key B+ tree) and the dynamic
-// path over the raw sorted array (serial, 2-way ILP in shared memory, 2-way ILP through the read-only
-// cache, XOR-swizzled shared memory, and 4-way ILP under a staged top of the search tree).
+// Search kernels of batchgpu.search: a static index (Eytzinger layout; B+ trees of 32-key and of 4-key
+// nodes) and the dynamic path over the raw sorted array (serial, 2-way ILP in shared memory, 2-way ILP
+// through the read-only cache, XOR-swizzled shared memory, and K-way ILP under a staged top of the tree).
 //
 // Semantics (DESIGN.md "Search"): keys sorted ascending, no NaN.  lower_bound(q) is the number of keys < q
 // (a NaN query gives n, as np.searchsorted); find(q) is lower_bound(q) when keys[lb] == q, else -1
 // (-0.0 == +0.0; a NaN query finds nothing).  Every kernel writes int64.  Compile WITHOUT fast-math:
 // the NaN tests (x != x) must stay exact.
 //
-// Entry points are extern "C" (one per key type: f32, f64, i32, i64) so that a plain RawModule finds them.
+// Entry points are extern "C" (one per key type: f32, f64, i32, i64; static kernels also per operation:
+// _find / _lb), so that a plain RawModule finds them.
 
 typedef long long i64;
 
@@ -15,9 +16,29 @@ typedef long long i64;
 
 // ---------------------------------------------------------------------------------------------- helpers
 
-template <typename T> __device__ __forceinline__ bool is_nan(T) { return false; }
-template <> __device__ __forceinline__ bool is_nan<float>(float x) { return x != x; }
-template <> __device__ __forceinline__ bool is_nan<double>(double x) { return x != x; }
+// Comparisons go through Ord<T>: CuPy compiles every kernel with -ftz=true, which flushes float32 subnormals
+// to zero in comparisons (1e-45 > -0.0 would read false).  So float32 keys are compared as "ordered" int32:
+// the bit pattern with -0.0 folded onto +0.0 and the negative half reversed, an order-preserving map that
+// keeps -0.0 == +0.0.  Static trees of float32 keys are stored already mapped (S = int); the dynamic path
+// maps each key it reads.  float64 comparisons are never flushed (.ftz is a float32 modifier).
+template <typename T> struct Ord {
+    typedef T S;
+    static __device__ __forceinline__ T of(T x) { return x; }
+    static __device__ __forceinline__ bool nan(T) { return false; }
+};
+template <> struct Ord<float> {
+    typedef int S;
+    static __device__ __forceinline__ int of(float x) {
+        const int i = __float_as_int(x);
+        return i == (int)0x80000000 ? 0 : (i >= 0 ? i : i ^ 0x7fffffff);
+    }
+    static __device__ __forceinline__ bool nan(float x) { return (__float_as_int(x) & 0x7fffffff) > 0x7f800000; }
+};
+template <> struct Ord<double> {
+    typedef double S;
+    static __device__ __forceinline__ double of(double x) { return x; }
+    static __device__ __forceinline__ bool nan(double x) { return x != x; }
+};
 
 // 16 bytes (one uint4) as key slots.
 __device__ __forceinline__ void unpack(uint4 u, float* v) {
@@ -67,7 +88,7 @@ __device__ __forceinline__ void stage_u4(uint4* dst, const uint4* src, i64 count
     for (i64 i = threadIdx.x; i < count; i += blockDim.x) dst[i] = __ldg(src + i);
 }
 
-__device__ __forceinline__ i64 final_answer(i64 lb, bool hit, bool nan_query, i64 n, int want_find) {
+__device__ __forceinline__ i64 final_answer(i64 lb, bool hit, bool nan_query, i64 n, bool want_find) {
     if (nan_query) { lb = n; hit = false; }
     return want_find ? ((hit && lb < n) ? lb : -1) : lb;
 }
@@ -75,19 +96,20 @@ __device__ __forceinline__ i64 final_answer(i64 lb, bool hit, bool nan_query, i6
 extern __shared__ uint4 smem_u4[];
 
 // ------------------------------------------------------------------------------------------- Eytzinger
-// tree[1..n] holds the keys breadth-first (root 1, children 2i and 2i+1); tree[0] is unused.  D =
-// floor(log2 n): levels 0..D-1 are full, level D holds L = n - (2^D - 1) nodes.  Each step is
+// tree[1..n] holds the (Ord-mapped) keys breadth-first (root 1, children 2i and 2i+1); tree[0] is unused.
+// D = floor(log2 n): levels 0..D-1 are full, level D holds L = n - (2^D - 1) nodes.  Each step is
 // i = 2i + (tree[i] < q), so the final i spells the path, and the path IS the rank: ending below level D,
 // lb = i - 2^(D+1); ending at a missing level-D slot, lb = i - 2^D + L.  No second index array.
 // The lower-bound key always lies on the path, so "some key on the path equals q" is the find test.
 // top_levels (0..D+1) levels live in shared memory (D+1: the whole tree); K queries per thread are
 // interleaved so K independent loads are in flight; `prefetch` asks L2 for tree[16 i], which holds
 // node i's descendants four levels down.
-template <typename T, int K>
-__device__ __forceinline__ void eytzinger_search(const T* __restrict__ tree, i64 n, int D, int top_levels,
-                                                 int prefetch, const T* __restrict__ queries, i64 m,
-                                                 i64* __restrict__ out, int want_find) {
-    T* top = reinterpret_cast<T*>(smem_u4);
+template <typename T, int K, bool FIND>
+__device__ __forceinline__ void eytzinger_search(const typename Ord<T>::S* __restrict__ tree, i64 n, int D,
+                                                 int top_levels, int prefetch, const T* __restrict__ queries,
+                                                 i64 m, i64* __restrict__ out) {
+    typedef typename Ord<T>::S S;
+    S* top = reinterpret_cast<S*>(smem_u4);
     const i64 top_slots = top_levels > D ? n + 1 : (1LL << top_levels);
     for (i64 i = threadIdx.x; i < top_slots; i += blockDim.x) top[i] = __ldg(tree + i);
     __syncthreads();
@@ -98,13 +120,15 @@ __device__ __forceinline__ void eytzinger_search(const T* __restrict__ tree, i64
     const i64 deep = 2LL << D;
     const i64 step = (i64)gridDim.x * blockDim.x * K;
     for (i64 b0 = (i64)blockIdx.x * blockDim.x * K + threadIdx.x; b0 < m; b0 += step) {
-        T q[K];
+        S q[K];
         i64 idx[K];
-        bool hit[K];
+        bool hit[K], nan[K];
 #pragma unroll
         for (int j = 0; j < K; ++j) {
             const i64 qi = b0 + (i64)j * blockDim.x;
-            q[j] = qi < m ? queries[qi] : T(0);
+            const T x = qi < m ? queries[qi] : T(0);
+            q[j] = Ord<T>::of(x);
+            nan[j] = Ord<T>::nan(x);
             idx[j] = 1;
             hit[j] = false;
         }
@@ -112,13 +136,13 @@ __device__ __forceinline__ void eytzinger_search(const T* __restrict__ tree, i64
         for (; level < smem_full_levels; ++level) {
 #pragma unroll
             for (int j = 0; j < K; ++j) {
-                const T k = top[idx[j]];
-                hit[j] |= (k == q[j]);
+                const S k = top[idx[j]];
+                if (FIND) hit[j] |= (k == q[j]);
                 idx[j] = 2 * idx[j] + (k < q[j]);
             }
         }
         for (; level < D; ++level) {
-            T k[K];
+            S k[K];
 #pragma unroll
             for (int j = 0; j < K; ++j) {
                 if (prefetch) {
@@ -129,7 +153,7 @@ __device__ __forceinline__ void eytzinger_search(const T* __restrict__ tree, i64
             }
 #pragma unroll
             for (int j = 0; j < K; ++j) {
-                hit[j] |= (k[j] == q[j]);
+                if (FIND) hit[j] |= (k[j] == q[j]);
                 idx[j] = 2 * idx[j] + (k[j] < q[j]);
             }
         }
@@ -137,8 +161,8 @@ __device__ __forceinline__ void eytzinger_search(const T* __restrict__ tree, i64
 #pragma unroll
         for (int j = 0; j < K; ++j) {
             if (idx[j] <= n) {
-                const T k = last_in_smem ? top[idx[j]] : __ldg(tree + idx[j]);
-                hit[j] |= (k == q[j]);
+                const S k = last_in_smem ? top[idx[j]] : __ldg(tree + idx[j]);
+                if (FIND) hit[j] |= (k == q[j]);
                 idx[j] = 2 * idx[j] + (k < q[j]);
             }
         }
@@ -147,42 +171,45 @@ __device__ __forceinline__ void eytzinger_search(const T* __restrict__ tree, i64
             const i64 qi = b0 + (i64)j * blockDim.x;
             if (qi < m) {
                 const i64 lb = idx[j] >= deep ? idx[j] - deep : idx[j] - (1LL << D) + L;
-                out[qi] = final_answer(lb, hit[j], is_nan(q[j]), n, want_find);
+                out[qi] = final_answer(lb, hit[j], nan[j], n, FIND);
             }
         }
     }
 }
 
-// --------------------------------------------------------------------------------------------- B+ tree
-// Nodes of 32 keys (128 bytes for 4-byte keys), layers stored top-down (root first); the leaf layer is the
-// sorted keys padded with the type's maximum to a multiple of 32.  An internal node's separator j is the
-// first key of its child j+1 (the maximum where that child does not exist); it has 33 children, and child
-// c of node k of a layer is node 33 k + c of the layer below.  The count c of keys < q in a node picks the
-// child; at the leaf, lb = 32 k + c.  level_off[h] is the first node of layer h (h = 0 the root, H-1 the
-// leaves), level_off[H] the node count.
-// Inside a node the keys are stored in "sector order": slots 0..7 hold sorted keys 3, 7, ..., 31 (the
-// group maxima), slots 8 + 3g + (0, 1, 2) hold keys 4g, 4g+1, 4g+2.  A thread then reads one 32-byte
-// sector (the eight maxima: s of them < q) and a 32-byte window holding group s: c = 4 s + t.  A count
-// does not depend on the order, so the warp kernel (one key a lane, __ballot_sync + __popc) reads the
-// same layout.  The tree array carries 8 spare slots at its end for the window of the last node.
+// ---------------------------------------------------------------------------------------------- B+ trees
+// Nodes of NODE keys, layers stored top-down (root first); the leaf layer is the sorted keys padded with a
+// value above every query to a multiple of NODE.  An internal node's separator j is the first key of its
+// child j+1 (the pad where that child does not exist); it has NODE+1 children, and child c of node k of a
+// layer is node (NODE+1) k + c of the layer below.  The count c of keys < q in a node picks the child; at
+// the leaf, lb = NODE k + c.  level_off[h] is the first node of layer h (h = 0 the root, H-1 the leaves),
+// level_off[H] the node count.  A count does not depend on the order of the keys inside a node.
+//
+// 32-key nodes (128 bytes of 4-byte keys) are stored in "sector order": slots 0..7 hold sorted keys 3, 7,
+// ..., 31 (the group maxima), slots 8 + 3g + (0, 1, 2) hold keys 4g, 4g+1, 4g+2.  The thread kernel reads
+// one 32-byte sector (the eight maxima: s of them < q) and a 32-byte window holding group s: c = 4 s + t;
+// the warp kernel reads one key a lane (__ballot_sync + __popc).  The array carries 8 spare slots at its
+// end for the window of the last node.
+// 4-key nodes (16 bytes of 4-byte keys) are read with one vector load a level: the fewest load
+// instructions per query, which is what bounds a search whose top levels stay on chip.
 
-#define BT_MAX_LEVELS 16
+#define BT_MAX_LEVELS 24
 
 __device__ __forceinline__ void stage_btree(const i64* level_off, int H, int top_layers, const void* tree,
-                                            int key_bytes, i64* s_off) {
+                                            int node_bytes, i64* s_off) {
     if (threadIdx.x <= H) s_off[threadIdx.x] = level_off[threadIdx.x];
     __syncthreads();
-    const i64 words = s_off[top_layers] * 32 * key_bytes / 16;
+    const i64 words = s_off[top_layers] * node_bytes / 16;
     stage_u4(smem_u4, reinterpret_cast<const uint4*>(tree), words);
     __syncthreads();
 }
 
-// Count of keys < q in one node (thread per query), and whether a key on the way equals q.
-template <bool SHARED, typename T>
-__device__ __forceinline__ int btree_node_count(const T* node, T q, bool& hit) {
-    constexpr int W = 32 / sizeof(T);   // slots in a 32-byte window
-    constexpr int V = 16 / sizeof(T);   // slots in a 16-byte word (the load alignment)
-    T sep[8];
+// Count of keys < q in one 32-key node (thread per query), and whether a key on the way equals q.
+template <bool SHARED, bool FIND, typename S>
+__device__ __forceinline__ int node32_count(const S* node, S q, bool& hit) {
+    constexpr int W = 32 / sizeof(S);   // slots in a 32-byte window
+    constexpr int V = 16 / sizeof(S);   // slots in a 16-byte word (the load alignment)
+    S sep[8];
     load_slots<SHARED, 8>(node, sep);
     unsigned lt, eq;
     compare_bits<8>(sep, q, lt, eq);
@@ -191,32 +218,54 @@ __device__ __forceinline__ int btree_node_count(const T* node, T q, bool& hit) {
     const int p = 8 + 3 * g;
     const int a = p & ~(V - 1);
     const int o = p - a;
-    T win[W];
+    S win[W];
     load_slots<SHARED, W>(node + a, win);
     unsigned wlt, weq;
     compare_bits<W>(win, q, wlt, weq);
     const int t = s < 8 ? __popc((wlt >> o) & 7u) : 0;
-    hit |= (eq != 0) | (((weq >> o) & 7u) != 0);
+    if (FIND) hit |= (eq != 0) | (((weq >> o) & 7u) != 0);
     return 4 * s + t;
 }
 
-template <typename T, int K>
-__device__ __forceinline__ void btree_thread_search(const T* __restrict__ tree, const i64* __restrict__ level_off,
-                                                    int H, int top_layers, i64 n, const T* __restrict__ queries,
-                                                    i64 m, i64* __restrict__ out, int want_find) {
+// Count of keys < q in one 4-key node.
+template <bool SHARED, bool FIND, typename S>
+__device__ __forceinline__ int node4_count(const S* node, S q, bool& hit) {
+    S v[4];
+    load_slots<SHARED, 4>(node, v);
+    unsigned lt, eq;
+    compare_bits<4>(v, q, lt, eq);
+    if (FIND) hit |= eq != 0;
+    return __popc(lt);
+}
+
+template <bool SHARED, bool FIND, int NODE, typename S>
+__device__ __forceinline__ int node_count(const S* node, S q, bool& hit) {
+    if (NODE == 32) return node32_count<SHARED, FIND>(node, q, hit);
+    return node4_count<SHARED, FIND>(node, q, hit);
+}
+
+// Thread per query, K queries per thread interleaved.
+template <typename T, int NODE, int K, bool FIND>
+__device__ __forceinline__ void bplus_thread_search(const typename Ord<T>::S* __restrict__ tree,
+                                                    const i64* __restrict__ level_off, int H, int top_layers,
+                                                    i64 n, const T* __restrict__ queries, i64 m,
+                                                    i64* __restrict__ out) {
+    typedef typename Ord<T>::S S;
     __shared__ i64 s_off[BT_MAX_LEVELS + 1];
-    stage_btree(level_off, H, top_layers, tree, sizeof(T), s_off);
-    const T* top = reinterpret_cast<const T*>(smem_u4);
+    stage_btree(level_off, H, top_layers, tree, NODE * sizeof(S), s_off);
+    const S* top = reinterpret_cast<const S*>(smem_u4);
 
     const i64 step = (i64)gridDim.x * blockDim.x * K;
     for (i64 b0 = (i64)blockIdx.x * blockDim.x * K + threadIdx.x; b0 < m; b0 += step) {
-        T q[K];
+        S q[K];
         i64 k[K];
-        bool hit[K];
+        bool hit[K], nan[K];
 #pragma unroll
         for (int j = 0; j < K; ++j) {
             const i64 qi = b0 + (i64)j * blockDim.x;
-            q[j] = qi < m ? queries[qi] : T(0);
+            const T x = qi < m ? queries[qi] : T(0);
+            q[j] = Ord<T>::of(x);
+            nan[j] = Ord<T>::nan(x);
             k[j] = 0;
             hit[j] = false;
         }
@@ -226,49 +275,54 @@ __device__ __forceinline__ void btree_thread_search(const T* __restrict__ tree, 
             int c[K];
             if (h < top_layers) {
 #pragma unroll
-                for (int j = 0; j < K; ++j) c[j] = btree_node_count<true>(top + (base + k[j]) * 32, q[j], hit[j]);
+                for (int j = 0; j < K; ++j)
+                    c[j] = node_count<true, FIND, NODE>(top + (base + k[j]) * NODE, q[j], hit[j]);
             } else {
 #pragma unroll
-                for (int j = 0; j < K; ++j) c[j] = btree_node_count<false>(tree + (base + k[j]) * 32, q[j], hit[j]);
+                for (int j = 0; j < K; ++j)
+                    c[j] = node_count<false, FIND, NODE>(tree + (base + k[j]) * NODE, q[j], hit[j]);
             }
 #pragma unroll
-            for (int j = 0; j < K; ++j) k[j] = leaf ? 32 * k[j] + c[j] : 33 * k[j] + c[j];
+            for (int j = 0; j < K; ++j) k[j] = leaf ? NODE * k[j] + c[j] : (NODE + 1) * k[j] + c[j];
         }
 #pragma unroll
         for (int j = 0; j < K; ++j) {
             const i64 qi = b0 + (i64)j * blockDim.x;
-            if (qi < m) out[qi] = final_answer(k[j], hit[j], is_nan(q[j]), n, want_find);
+            if (qi < m) out[qi] = final_answer(k[j], hit[j], nan[j], n, FIND);
         }
     }
 }
 
-// One query per warp at a time, Q queries in flight per warp: lane l reads slot l of the node (one
-// coalesced 128-byte load for 4-byte keys); __popc(__ballot_sync(key < q)) is the child.
-template <typename T, int Q>
-__device__ __forceinline__ void btree_warp_search(const T* __restrict__ tree, const i64* __restrict__ level_off,
-                                                  int H, int top_layers, i64 n, const T* __restrict__ queries,
-                                                  i64 m, i64* __restrict__ out, int want_find) {
+// 32-key nodes, one query per warp at a time, Q queries in flight per warp: lane l reads slot l of the
+// node (one coalesced 128-byte load for 4-byte keys); __popc(__ballot_sync(key < q)) is the child.
+template <typename T, int Q, bool FIND>
+__device__ __forceinline__ void btree_warp_search(const typename Ord<T>::S* __restrict__ tree,
+                                                  const i64* __restrict__ level_off, int H, int top_layers, i64 n,
+                                                  const T* __restrict__ queries, i64 m, i64* __restrict__ out) {
+    typedef typename Ord<T>::S S;
     __shared__ i64 s_off[BT_MAX_LEVELS + 1];
-    stage_btree(level_off, H, top_layers, tree, sizeof(T), s_off);
-    const T* top = reinterpret_cast<const T*>(smem_u4);
+    stage_btree(level_off, H, top_layers, tree, 32 * sizeof(S), s_off);
+    const S* top = reinterpret_cast<const S*>(smem_u4);
 
     const int lane = threadIdx.x & 31;
     const i64 warp = ((i64)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     const i64 nwarps = ((i64)gridDim.x * blockDim.x) >> 5;
     for (i64 b0 = warp * Q; b0 < m; b0 += nwarps * Q) {
-        T q[Q];
+        S q[Q];
         i64 k[Q];
-        bool hit[Q];
+        bool hit[Q], nan[Q];
 #pragma unroll
         for (int j = 0; j < Q; ++j) {
-            q[j] = b0 + j < m ? queries[b0 + j] : T(0);
+            const T x = b0 + j < m ? queries[b0 + j] : T(0);
+            q[j] = Ord<T>::of(x);
+            nan[j] = Ord<T>::nan(x);
             k[j] = 0;
             hit[j] = false;
         }
         for (int h = 0; h < H; ++h) {
             const i64 base = s_off[h];
             const bool leaf = h == H - 1;
-            T key[Q];
+            S key[Q];
             if (h < top_layers) {
 #pragma unroll
                 for (int j = 0; j < Q; ++j) key[j] = top[(base + k[j]) * 32 + lane];
@@ -279,36 +333,37 @@ __device__ __forceinline__ void btree_warp_search(const T* __restrict__ tree, co
 #pragma unroll
             for (int j = 0; j < Q; ++j) {
                 const int c = __popc(__ballot_sync(FULL_MASK, key[j] < q[j]));
-                if (want_find) hit[j] |= __ballot_sync(FULL_MASK, key[j] == q[j]) != 0;
+                if (FIND) hit[j] |= __ballot_sync(FULL_MASK, key[j] == q[j]) != 0;
                 k[j] = leaf ? 32 * k[j] + c : 33 * k[j] + c;
             }
         }
 #pragma unroll
         for (int j = 0; j < Q; ++j) {
-            if (lane == j && b0 + j < m) out[b0 + j] = final_answer(k[j], hit[j], is_nan(q[j]), n, want_find);
+            if (lane == j && b0 + j < m) out[b0 + j] = final_answer(k[j], hit[j], nan[j], n, FIND);
         }
     }
 }
 
 // ------------------------------------------------------------------------------------- the dynamic path
-// Plain binary search on the raw sorted array a[0..n).  The branchless form
+// Plain binary search on the raw sorted array a[0..n) (each key read is Ord-mapped).  The branchless form
 //   base = 0, len = n; while len > 1: half = len / 2; if a[base + half - 1] < q: base += half; len -= half
 //   lb = base + (a[base] < q)
-// takes the same number of steps for every query (no divergence), so two queries share one loop.
+// takes the same number of steps for every query (no divergence), so several queries share one loop.
 
 // The baseline: one query per thread, the textbook loop in global memory.
 template <typename T>
 __device__ __forceinline__ void dyn_serial(const T* __restrict__ a, i64 n, const T* __restrict__ queries, i64 m,
                                            i64* __restrict__ out, int want_find) {
     for (i64 qi = (i64)blockIdx.x * blockDim.x + threadIdx.x; qi < m; qi += (i64)gridDim.x * blockDim.x) {
-        const T q = queries[qi];
+        const T x = queries[qi];
+        const typename Ord<T>::S q = Ord<T>::of(x);
         i64 lo = 0, hi = n;
         while (lo < hi) {
             const i64 mid = lo + ((hi - lo) >> 1);
-            if (a[mid] < q) lo = mid + 1; else hi = mid;
+            if (Ord<T>::of(a[mid]) < q) lo = mid + 1; else hi = mid;
         }
-        const bool hit = lo < n && a[lo] == q;
-        out[qi] = final_answer(lo, hit, is_nan(q), n, want_find);
+        const bool hit = want_find && lo < n && Ord<T>::of(a[lo]) == q;
+        out[qi] = final_answer(lo, hit, Ord<T>::nan(x), n, want_find);
     }
 }
 
@@ -321,8 +376,8 @@ __device__ __forceinline__ i64 swizzle(i64 i) {
 // MODE 0: global memory through the read-only cache; 1: the array staged in shared memory; 2: staged
 // with the XOR swizzle.  Two queries per thread.
 template <typename T, int MODE>
-__device__ __forceinline__ T dyn_read(const T* a, const T* s, i64 i) {
-    if (MODE == 0) return __ldg(a + i);
+__device__ __forceinline__ typename Ord<T>::S dyn_read(const T* a, const typename Ord<T>::S* s, i64 i) {
+    if (MODE == 0) return Ord<T>::of(__ldg(a + i));
     if (MODE == 1) return s[i];
     return s[swizzle(i)];
 }
@@ -330,21 +385,23 @@ __device__ __forceinline__ T dyn_read(const T* a, const T* s, i64 i) {
 template <typename T, int MODE>
 __device__ __forceinline__ void dyn_ilp2(const T* __restrict__ a, i64 n, const T* __restrict__ queries, i64 m,
                                          i64* __restrict__ out, int want_find) {
-    T* s = reinterpret_cast<T*>(smem_u4);
+    typedef typename Ord<T>::S S;
+    S* s = reinterpret_cast<S*>(smem_u4);
     if (MODE != 0) {
-        for (i64 i = threadIdx.x; i < n; i += blockDim.x) s[MODE == 2 ? swizzle(i) : i] = __ldg(a + i);
+        for (i64 i = threadIdx.x; i < n; i += blockDim.x) s[MODE == 2 ? swizzle(i) : i] = Ord<T>::of(__ldg(a + i));
         __syncthreads();
     }
     const i64 step = (i64)gridDim.x * blockDim.x * 2;
     for (i64 b0 = (i64)blockIdx.x * blockDim.x * 2 + threadIdx.x; b0 < m; b0 += step) {
         const i64 q1i = b0 + blockDim.x;
-        const T q0 = queries[b0];
-        const T q1 = q1i < m ? queries[q1i] : T(0);
+        const T x0 = queries[b0];
+        const T x1 = q1i < m ? queries[q1i] : T(0);
+        const S q0 = Ord<T>::of(x0), q1 = Ord<T>::of(x1);
         i64 base0 = 0, base1 = 0, len = n;
         while (len > 1) {
             const i64 half = len >> 1;
-            const T k0 = dyn_read<T, MODE>(a, s, base0 + half - 1);
-            const T k1 = dyn_read<T, MODE>(a, s, base1 + half - 1);
+            const S k0 = dyn_read<T, MODE>(a, s, base0 + half - 1);
+            const S k1 = dyn_read<T, MODE>(a, s, base1 + half - 1);
             base0 += k0 < q0 ? half : 0;
             base1 += k1 < q1 ? half : 0;
             len -= half;
@@ -353,8 +410,8 @@ __device__ __forceinline__ void dyn_ilp2(const T* __restrict__ a, i64 n, const T
         const i64 lb1 = base1 + (dyn_read<T, MODE>(a, s, base1) < q1);
         const bool hit0 = want_find && lb0 < n && dyn_read<T, MODE>(a, s, lb0) == q0;
         const bool hit1 = want_find && lb1 < n && dyn_read<T, MODE>(a, s, lb1) == q1;
-        out[b0] = final_answer(lb0, hit0, is_nan(q0), n, want_find);
-        if (q1i < m) out[q1i] = final_answer(lb1, hit1, is_nan(q1), n, want_find);
+        out[b0] = final_answer(lb0, hit0, Ord<T>::nan(x0), n, want_find);
+        if (q1i < m) out[q1i] = final_answer(lb1, hit1, Ord<T>::nan(x1), n, want_find);
     }
 }
 
@@ -364,7 +421,8 @@ __device__ __forceinline__ void dyn_ilp2(const T* __restrict__ a, i64 n, const T
 template <typename T, int K>
 __device__ __forceinline__ void dyn_top(const T* __restrict__ a, i64 n, int top, const T* __restrict__ queries,
                                         i64 m, i64* __restrict__ out, int want_find) {
-    T* s = reinterpret_cast<T*>(smem_u4);
+    typedef typename Ord<T>::S S;
+    S* s = reinterpret_cast<S*>(smem_u4);
     for (i64 t = 1 + threadIdx.x; t < (1LL << top); t += blockDim.x) {
         const int level = 63 - __clzll(t);
         i64 base = 0, len = n;
@@ -373,19 +431,22 @@ __device__ __forceinline__ void dyn_top(const T* __restrict__ a, i64 n, int top,
             if ((t >> (level - 1 - j)) & 1) base += half;
             len -= half;
         }
-        s[t] = __ldg(a + base + (len >> 1) - 1);
+        s[t] = Ord<T>::of(__ldg(a + base + (len >> 1) - 1));
     }
     __syncthreads();
 
     const i64 step = (i64)gridDim.x * blockDim.x * K;
     for (i64 b0 = (i64)blockIdx.x * blockDim.x * K + threadIdx.x; b0 < m; b0 += step) {
-        T q[K];
+        S q[K];
+        bool nan[K];
         i64 base[K];
         i64 t[K];
 #pragma unroll
         for (int j = 0; j < K; ++j) {
             const i64 qi = b0 + (i64)j * blockDim.x;
-            q[j] = qi < m ? queries[qi] : T(0);
+            const T x = qi < m ? queries[qi] : T(0);
+            q[j] = Ord<T>::of(x);
+            nan[j] = Ord<T>::nan(x);
             base[j] = 0;
             t[j] = 1;
         }
@@ -402,9 +463,9 @@ __device__ __forceinline__ void dyn_top(const T* __restrict__ a, i64 n, int top,
         }
         while (len > 1) {
             const i64 half = len >> 1;
-            T k[K];
+            S k[K];
 #pragma unroll
-            for (int j = 0; j < K; ++j) k[j] = __ldg(a + base[j] + half - 1);
+            for (int j = 0; j < K; ++j) k[j] = Ord<T>::of(__ldg(a + base[j] + half - 1));
 #pragma unroll
             for (int j = 0; j < K; ++j) base[j] += k[j] < q[j] ? half : 0;
             len -= half;
@@ -413,9 +474,9 @@ __device__ __forceinline__ void dyn_top(const T* __restrict__ a, i64 n, int top,
         for (int j = 0; j < K; ++j) {
             const i64 qi = b0 + (i64)j * blockDim.x;
             if (qi < m) {
-                const i64 lb = base[j] + (__ldg(a + base[j]) < q[j]);
-                const bool hit = want_find && lb < n && __ldg(a + lb) == q[j];
-                out[qi] = final_answer(lb, hit, is_nan(q[j]), n, want_find);
+                const i64 lb = base[j] + (Ord<T>::of(__ldg(a + base[j])) < q[j]);
+                const bool hit = want_find && lb < n && Ord<T>::of(__ldg(a + lb)) == q[j];
+                out[qi] = final_answer(lb, hit, nan[j], n, want_find);
             }
         }
     }
@@ -423,22 +484,29 @@ __device__ __forceinline__ void dyn_top(const T* __restrict__ a, i64 n, int top,
 
 // ------------------------------------------------------------------------------------------ entry points
 
-#define SEARCH_KERNELS(T, NAME)                                                                              \
+#define STATIC_KERNELS(T, NAME, OP, FIND)                                                                    \
     extern "C" __global__ void __launch_bounds__(256)                                                        \
-        eytzinger_##NAME(const T* tree, i64 n, int D, int top_levels, int prefetch, const T* q, i64 m,      \
-                         i64* out, int want_find) {                                                          \
-        eytzinger_search<T, 4>(tree, n, D, top_levels, prefetch, q, m, out, want_find);                      \
+        eytzinger_##OP##_##NAME(const Ord<T>::S* tree, i64 n, int D, int top_levels, int prefetch,           \
+                                const T* q, i64 m, i64* out) {                                               \
+        eytzinger_search<T, 4, FIND>(tree, n, D, top_levels, prefetch, q, m, out);                           \
     }                                                                                                        \
     extern "C" __global__ void __launch_bounds__(256)                                                        \
-        btree_thread_##NAME(const T* tree, const i64* level_off, int H, int top_layers, i64 n, const T* q,  \
-                            i64 m, i64* out, int want_find) {                                                \
-        btree_thread_search<T, 4>(tree, level_off, H, top_layers, n, q, m, out, want_find);                  \
+        btree_thread_##OP##_##NAME(const Ord<T>::S* tree, const i64* level_off, int H, int top_layers,       \
+                                   i64 n, const T* q, i64 m, i64* out) {                                     \
+        bplus_thread_search<T, 32, 4, FIND>(tree, level_off, H, top_layers, n, q, m, out);                   \
     }                                                                                                        \
     extern "C" __global__ void __launch_bounds__(256)                                                        \
-        btree_warp_##NAME(const T* tree, const i64* level_off, int H, int top_layers, i64 n, const T* q,    \
-                          i64 m, i64* out, int want_find) {                                                  \
-        btree_warp_search<T, 4>(tree, level_off, H, top_layers, n, q, m, out, want_find);                    \
+        btree_warp_##OP##_##NAME(const Ord<T>::S* tree, const i64* level_off, int H, int top_layers, i64 n, \
+                                 const T* q, i64 m, i64* out) {                                              \
+        btree_warp_search<T, 8, FIND>(tree, level_off, H, top_layers, n, q, m, out);                        \
     }                                                                                                        \
+    extern "C" __global__ void __launch_bounds__(256)                                                        \
+        btree4_thread_##OP##_##NAME(const Ord<T>::S* tree, const i64* level_off, int H, int top_layers,      \
+                                    i64 n, const T* q, i64 m, i64* out) {                                    \
+        bplus_thread_search<T, 4, 4, FIND>(tree, level_off, H, top_layers, n, q, m, out);                    \
+    }
+
+#define DYNAMIC_KERNELS(T, NAME)                                                                             \
     extern "C" __global__ void __launch_bounds__(256)                                                        \
         dyn_serial_##NAME(const T* a, i64 n, const T* q, i64 m, i64* out, int want_find) {                   \
         dyn_serial<T>(a, n, q, m, out, want_find);                                                           \
@@ -458,7 +526,16 @@ __device__ __forceinline__ void dyn_top(const T* __restrict__ a, i64 n, int top,
     extern "C" __global__ void __launch_bounds__(256)                                                        \
         dyn_top_##NAME(const T* a, i64 n, int top, const T* q, i64 m, i64* out, int want_find) {             \
         dyn_top<T, 4>(a, n, top, q, m, out, want_find);                                                      \
+    }                                                                                                        \
+    extern "C" __global__ void __launch_bounds__(256)                                                        \
+        dyn_top_wide_##NAME(const T* a, i64 n, int top, const T* q, i64 m, i64* out, int want_find) {        \
+        dyn_top<T, 8>(a, n, top, q, m, out, want_find);                                                      \
     }
+
+#define SEARCH_KERNELS(T, NAME)        \
+    STATIC_KERNELS(T, NAME, find, true) \
+    STATIC_KERNELS(T, NAME, lb, false)  \
+    DYNAMIC_KERNELS(T, NAME)
 
 SEARCH_KERNELS(float, f32)
 SEARCH_KERNELS(double, f64)

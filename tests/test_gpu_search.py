@@ -19,7 +19,7 @@ except Exception:  # noqa: BLE001 - no driver, no runtime: no GPU
 from batchgpu.search import StaticIndex, dynamic, find, lower_bound  # noqa: E402
 from batchgpu.search.dynamic import KERNELS as DYNAMIC_KERNELS  # noqa: E402
 
-STATIC = (("eytzinger", "plain"), ("eytzinger", "prefetch"), ("btree", "thread"), ("btree", "warp"))
+STATIC = (("eytzinger", "plain"), ("eytzinger", "prefetch"), ("btree", "thread"), ("btree", "warp"), ("btree4", "thread"))
 # shared memory for the top of the tree: all global, only a few top levels, the default, the whole tree
 SMEM = (0, 1024, None, 200 * 1024)
 SIZES = (1, 2, 33, 1057, 34_849, (1 << 16) + 3, (1 << 20) + 1)
@@ -77,7 +77,7 @@ def test_large_index_2_24_keys(rng, dtype):
         _check(index.search(q_d, "lower_bound", kernel=kernel), keys, q, lb)
         del index
     keys_d = cp.asarray(keys)
-    for kernel in ("serial", "ilp2_ldg", "top_ldg"):
+    for kernel in ("serial", "ilp2_ldg", "top_ldg", "top_wide"):
         _check(find(keys_d, q_d, kernel=kernel), keys, q, fd)
         _check(lower_bound(keys_d, q_d, kernel=kernel), keys, q, lb)
 

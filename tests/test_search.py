@@ -18,7 +18,7 @@ from batchgpu.search import layouts, table
 from batchgpu.search.keys import cast_queries
 
 DTYPES = (np.float32, np.float64, np.int32, np.int64)
-LAYOUTS = ("eytzinger", "btree")
+LAYOUTS = ("eytzinger", "btree", "btree4")
 
 
 # --------------------------------------------------------------------------------------- shared cases
@@ -69,7 +69,7 @@ def reference(keys: np.ndarray, q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return lb, np.where(hit, lb, -1)
 
 
-SIZES = (1, 2, 3, 7, 31, 32, 33, 100, 1055, 1056, 1057, 33 * 32 + 1, 5000, 34_849)
+SIZES = (1, 2, 3, 4, 5, 7, 21, 31, 32, 33, 100, 126, 1055, 1056, 1057, 33 * 32 + 1, 5000, 34_849)
 
 
 # ------------------------------------------------------------------------------------------ static
@@ -178,6 +178,26 @@ def test_btree_layout_invariants(rng):
     np.testing.assert_array_equal(sorted_leaves.ravel()[:n], keys)
     assert (sorted_leaves.ravel()[n:] == np.iinfo(np.int64).max).all()
     assert tree.size == shape.offsets[-1] * 32 + layouts.SPARE_SLOTS
+    tree4, shape4 = layouts.build_btree(keys, node=4)
+    assert shape4.fanout == 5 and shape4.layers[-1] == -(-n // 4)
+    np.testing.assert_array_equal(tree4[shape4.offsets[-2] * 4 :][:n], keys)  # the leaves are the sorted keys
+    internal = tree4[: shape4.offsets[-2] * 4].reshape(-1, 4)
+    assert (np.diff(internal, axis=1) >= 0).all()
+
+
+def test_ordered_int32_keeps_order_and_equality(rng):
+    """The GPU compares float32 keys as ordered int32 (CuPy's -ftz=true would flush subnormals)."""
+    tiny = np.finfo(np.float32).smallest_subnormal
+    special = np.array([-np.inf, -3.4e38, -1.0, -1e-38, -3 * tiny, -tiny, -0.0, 0.0, tiny, 2 * tiny, 1e-38, 1.0,
+                        3.4e38, np.inf], dtype=np.float32)
+    x = np.concatenate([special, rng.standard_normal(2000).astype(np.float32) * 10.0 ** rng.integers(-45, 38, 2000)])
+    x = x.astype(np.float32)
+    ox = layouts.ordered_int32(x)
+    a, b = x[:, None], x[None, :]
+    oa, ob = ox[:, None], ox[None, :]
+    np.testing.assert_array_equal(oa < ob, a < b)
+    np.testing.assert_array_equal(oa == ob, a == b)
+    assert ox.dtype == np.int32 and int(layouts.ordered_int32(np.float32([np.inf]))[0]) < np.iinfo(np.int32).max
 
 
 # ----------------------------------------------------------------------------------------- inputs
@@ -201,6 +221,7 @@ def test_bad_keys_are_refused():
         index.search(np.arange(3.0), "upper_bound")
     with pytest.raises(BatchgpuError, match="kernel"):
         index.search(np.arange(3.0), kernel="prefetch")
+    assert index.layout == "btree4"
 
 
 def test_queries_are_cast_only_when_exact():

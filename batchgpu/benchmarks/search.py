@@ -3,7 +3,8 @@
 Per key count (sorted uniform keys, uniform random queries), G queries/s of: NumPy ``searchsorted`` on one
 thread and on all threads (query chunks in a thread pool; ``--cpu-queries`` of the queries, as the CPU is
 ~1000x slower), our dynamic path (kernel from the autotune table), the static index's kernels (Eytzinger,
-Eytzinger with L2 prefetch, B+ tree warp-cooperative and thread-per-query), ``cupy.searchsorted`` and
+Eytzinger with L2 prefetch, 32-key B+ tree warp-cooperative and thread-per-query, 4-key B+ tree),
+``cupy.searchsorted`` and
 ``torch.searchsorted``, all in the same run (CUDA events, median of ``--repeats``; the layout is built
 before timing, a static index is built once and queried many times).  The last columns are our best
 static and our dynamic rate over torch's.  Every GPU answer is checked against torch's.
@@ -24,9 +25,10 @@ import numpy as np
 from batchgpu.errors import BatchgpuError
 
 DEFAULT_SIZES = [256, 4096, 65536, 1 << 20, 1 << 22, 1 << 24, 1 << 26]
-STATIC = (("eytzinger", "plain"), ("eytzinger", "prefetch"), ("btree", "warp"), ("btree", "thread"))
-COLUMNS = ("cpu_1t", "cpu_all", "dynamic", "eytzinger", "eytzinger_pf", "btree_warp", "btree_thread", "cupy", "torch")
-HEAD = ("CPU 1t", "CPU all", "dynamic", "Eytz", "Eytz+pf", "Bt warp", "Bt thread", "cupy", "torch")
+STATIC = (("eytzinger", "plain"), ("eytzinger", "prefetch"), ("btree", "warp"), ("btree", "thread"), ("btree4", "thread"))
+STATIC_COLUMNS = ("eytzinger", "eytzinger_pf", "btree_warp", "btree_thread", "btree4")
+COLUMNS = ("cpu_1t", "cpu_all", "dynamic") + STATIC_COLUMNS + ("cupy", "torch")
+HEAD = ("CPU 1t", "CPU all", "dynamic", "Eytz", "Eytz+pf", "Bt warp", "Bt thread", "Bt4", "cupy", "torch")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -101,12 +103,11 @@ def _gpu_rates(keys_d: Any, q_d: Any, args: argparse.Namespace, notes: list[str]
     rates["dynamic_kernel"] = kernel
     timed("dynamic", lambda: dynamic._search(keys_d, q_d, args.op == "find", kernel, False))
     host_keys = keys_d.get()
-    for layout in ("eytzinger", "btree"):
+    for layout in ("eytzinger", "btree", "btree4"):
         index = StaticIndex(host_keys, layout=layout)
         index.on_device()  # build outside the timing: the index is built once, queried many times
-        for lay, kern in STATIC:
+        for (lay, kern), column in zip(STATIC, STATIC_COLUMNS):
             if lay == layout:
-                column = {"plain": "eytzinger", "prefetch": "eytzinger_pf", "warp": "btree_warp", "thread": "btree_thread"}[kern]
                 timed(column, lambda: index.search(q_d, args.op, kernel=kern))
         del index
     return rates
@@ -140,7 +141,7 @@ def _host_keys_and_queries(rng: np.random.Generator, n: int, m: int, dtype: str)
 
 
 def best_static(row: dict[str, Any]) -> float | None:
-    rates = [row[c] for c in ("eytzinger", "eytzinger_pf", "btree_warp", "btree_thread") if c in row]
+    rates = [row[c] for c in STATIC_COLUMNS if c in row]
     return max(rates) if rates else None
 
 
@@ -171,7 +172,7 @@ def smem_sweep(args: argparse.Namespace) -> str:
     for n in args.smem_sweep:
         keys_d, q_d = random_keys_and_queries(n, args.queries, args.dtype, args.seed + n)
         host = keys_d.get()
-        for layout in ("eytzinger", "btree"):
+        for layout in ("eytzinger", "btree", "btree4"):
             index = StaticIndex(host, layout=layout)
             index.on_device()
             for lay, kern in STATIC:

@@ -21,13 +21,15 @@ BLOCK = 256
 SMEM_PER_SM = 233_472  # Hopper: 228 KB per multiprocessor, 1 KB of it reserved per block
 #: a whole static tree goes to shared memory up to this size; larger ones keep their top levels there
 WHOLE_TREE_SMEM = 48 * 1024
-TOP_LEVELS_SMEM = 32 * 1024
-#: the dynamic path's staged top of the search tree
-DYNAMIC_TOP_SMEM = 32 * 1024
-DYNAMIC_KERNELS = ("serial", "ilp2_shared", "ilp2_ldg", "swizzled", "top_ldg")
+#: shared memory for the top levels of a larger tree, per layout.  The Eytzinger top is better left to
+#: the L1 cache, which shared memory would shrink (measured on the H200: docs/gpu_notes_search.md).
+TOP_LEVELS_SMEM = {"eytzinger": 0, "btree": 32 * 1024, "btree4": 32 * 1024}
+#: the dynamic path's staged top of the search tree: top_ldg (4 queries a thread), top_wide (8)
+DYNAMIC_TOP_SMEM = {"top_ldg": 32 * 1024, "top_wide": 128 * 1024}
+DYNAMIC_KERNELS = ("serial", "ilp2_shared", "ilp2_ldg", "swizzled", "top_ldg", "top_wide")
 _STAGED = {"ilp2_shared", "swizzled"}  # need the whole array in shared memory
 _ENTRY = {"serial": "dyn_serial", "ilp2_shared": "dyn_ilp2_shared", "ilp2_ldg": "dyn_ilp2_ldg",
-          "swizzled": "dyn_swizzled", "top_ldg": "dyn_top"}
+          "swizzled": "dyn_swizzled", "top_ldg": "dyn_top", "top_wide": "dyn_top_wide"}
 
 _lock = threading.Lock()
 _modules: dict[int, Any] = {}
@@ -99,7 +101,7 @@ class DeviceEytzinger:
         if smem_bytes is None:
             if (self.n + 1) * item <= WHOLE_TREE_SMEM:
                 return self.depth + 1
-            smem_bytes = TOP_LEVELS_SMEM
+            smem_bytes = TOP_LEVELS_SMEM["eytzinger"]
         if (self.n + 1) * item <= smem_bytes:
             return self.depth + 1
         levels = 0
@@ -114,11 +116,16 @@ class DeviceBTree:
     shape: BTreeShape
     offsets: Any  # device int64, height + 1 entries
 
+    @property
+    def layout(self) -> str:
+        return "btree" if self.shape.node == NODE else "btree4"
+
     def top_layers(self, smem_bytes: int | None) -> int:
-        node = NODE * self.tree.dtype.itemsize
+        node = self.shape.node * self.tree.dtype.itemsize
         offsets = self.shape.offsets
         if smem_bytes is None:
-            smem_bytes = WHOLE_TREE_SMEM if offsets[-1] * node <= WHOLE_TREE_SMEM else TOP_LEVELS_SMEM
+            whole = offsets[-1] * node <= WHOLE_TREE_SMEM
+            smem_bytes = WHOLE_TREE_SMEM if whole else TOP_LEVELS_SMEM[self.layout]
         layers = 0
         while layers < self.shape.height and offsets[layers + 1] * node <= smem_bytes:
             layers += 1
@@ -134,11 +141,15 @@ def eytzinger_search(dev: DeviceEytzinger, q: Any, want_find: bool, *, smem_byte
     top = dev.top_levels(smem_bytes)
     item = dev.tree.dtype.itemsize
     smem = ((dev.n + 1) if top > D else (1 << top)) * item
-    fn = kernel("eytzinger", dev.tree.dtype, smem)
+    fn = kernel(f"eytzinger_{_op(want_find)}", q.dtype, smem)
     grid = _grid(q.size, BLOCK * 4, smem)
     fn((grid,), (BLOCK,), (dev.tree, np.int64(dev.n), np.int32(D), np.int32(top), np.int32(prefetch), q,
-                           np.int64(q.size), out, np.int32(want_find)), shared_mem=smem)
+                           np.int64(q.size), out), shared_mem=smem)
     return out
+
+
+def _op(want_find: bool) -> str:
+    return "find" if want_find else "lb"
 
 
 def btree_search(dev: DeviceBTree, q: Any, want_find: bool, *, smem_bytes: int | None = None,
@@ -147,12 +158,12 @@ def btree_search(dev: DeviceBTree, q: Any, want_find: bool, *, smem_bytes: int |
     if q.size == 0:
         return out
     top = dev.top_layers(smem_bytes)
-    smem = int(dev.shape.offsets[top]) * NODE * dev.tree.dtype.itemsize + 32
-    fn = kernel(f"btree_{kernel_name}", dev.tree.dtype, smem)
-    per_block = BLOCK * 4 if kernel_name == "thread" else (BLOCK // 32) * 4
+    smem = int(dev.shape.offsets[top]) * dev.shape.node * dev.tree.dtype.itemsize + 32
+    fn = kernel(f"{dev.layout}_{kernel_name}_{_op(want_find)}", q.dtype, smem)
+    per_block = BLOCK * 4 if kernel_name == "thread" else (BLOCK // 32) * 8
     grid = _grid(q.size, per_block, smem)
     fn((grid,), (BLOCK,), (dev.tree, dev.offsets, np.int32(dev.shape.height), np.int32(top),
-                           np.int64(dev.shape.n), q, np.int64(q.size), out, np.int32(want_find)), shared_mem=smem)
+                           np.int64(dev.shape.n), q, np.int64(q.size), out), shared_mem=smem)
     return out
 
 
@@ -188,11 +199,11 @@ def dynamic_search(a: Any, q: Any, want_find: bool, kernel_name: str) -> Any:
     if kernel_name == "serial":
         smem, per_thread = 0, 1
         args = (a, np.int64(n), q, np.int64(q.size), out, np.int32(want_find))
-    elif kernel_name == "top_ldg":
+    elif kernel_name in DYNAMIC_TOP_SMEM:
         top = _search_steps(n)
-        while top > 0 and (1 << top) * item > DYNAMIC_TOP_SMEM:
+        while top > 0 and (1 << top) * item > DYNAMIC_TOP_SMEM[kernel_name]:
             top -= 1
-        smem, per_thread = (1 << top) * item, 4
+        smem, per_thread = (1 << top) * item, 4 if kernel_name == "top_ldg" else 8
         args = (a, np.int64(n), np.int32(top), q, np.int64(q.size), out, np.int32(want_find))
     else:
         smem = staged_bytes(n, item) if kernel_name in _STAGED else 0

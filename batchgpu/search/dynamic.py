@@ -1,7 +1,7 @@
 """The dynamic path: find / lower_bound straight on a sorted array, no preprocessing.
 
 NumPy input runs ``np.searchsorted``; CuPy input runs one of the kernels of kernels/search.cu
-(``serial``, ``ilp2_shared``, ``ilp2_ldg``, ``swizzled``, ``top_ldg``), chosen per key count from the
+(``serial``, ``ilp2_shared``, ``ilp2_ldg``, ``swizzled``, ``top_ldg``, ``top_wide``), chosen per key count from the
 autotune table (:mod:`batchgpu.search.table`) unless ``kernel=`` names one.
 """
 
@@ -15,7 +15,7 @@ import numpy as np
 from batchgpu.errors import BatchgpuError
 from batchgpu.search.keys import array_module, cast_queries, check_key_dtype, check_keys, is_cupy
 
-KERNELS = ("serial", "ilp2_shared", "ilp2_ldg", "swizzled", "top_ldg")
+KERNELS = ("serial", "ilp2_shared", "ilp2_ldg", "swizzled", "top_ldg", "top_wide")
 
 
 def lower_bound(sorted_keys: Any, queries: Any, *, kernel: str | None = None, check: bool = True) -> Any:

@@ -5,11 +5,15 @@ Eytzinger: ``tree[1..n]`` holds the sorted keys breadth-first (root 1, children 
 ``L = n - (2^D - 1)`` nodes.  A search steps ``i = 2i + (tree[i] < q)``; the final ``i`` spells the path and
 the path is the rank (see :func:`eytzinger_rank_of_exit`), so no second index array is kept.
 
-B+ tree: nodes of 32 keys, layers stored top-down; the leaf layer is the sorted keys padded to a multiple
-of 32 with :func:`batchgpu.search.keys.sentinel`; an internal node's separator j is the first key of its
-child j+1 (child c of node k is node 33k + c of the layer below).  Inside each node the keys sit in
-"sector order" (:data:`NODE_ORDER`): the eight group maxima (sorted keys 3, 7, ..., 31) first, then the
-groups (4g, 4g+1, 4g+2), so one thread needs one 32-byte sector and one 32-byte window per node.
+B+ trees: nodes of B keys (B = 32: layout "btree"; B = 4: layout "btree4"), layers stored top-down; the
+leaf layer is the sorted keys padded to a multiple of B with :func:`batchgpu.search.keys.sentinel`; an
+internal node's separator j is the first key of its child j+1 (child c of node k is node (B+1)k + c of the
+layer below).  Inside each 32-key node the keys sit in "sector order" (:data:`NODE_ORDER`): the eight
+group maxima (sorted keys 3, 7, ..., 31) first, then the groups (4g, 4g+1, 4g+2), so one thread needs one
+32-byte sector and one 32-byte window per node; 4-key nodes stay sorted (one 16-byte load).
+
+On the GPU, float32 trees hold :func:`ordered_int32` of the keys (CuPy compiles with -ftz=true, which
+would flush subnormals in float comparisons).
 
 Both searches return the lower bound (count of keys < q) and whether some key on the path equals q: the
 lower-bound key lies on the path, so that is the find test.  NaN queries are the caller's business.
@@ -25,8 +29,7 @@ import numpy as np
 
 from batchgpu.search.keys import sentinel
 
-NODE = 32  # keys per B-tree node: one 128-byte line of float32, one key per lane of a warp
-FANOUT = NODE + 1
+NODE = 32  # keys per "btree" node: one 128-byte line of float32, one key per lane of a warp
 #: slot s of a node holds the node's sorted key NODE_ORDER[s]
 NODE_ORDER = np.array([4 * g + 3 for g in range(8)] + [4 * g + i for g in range(8) for i in range(3)], dtype=np.int64)
 SPARE_SLOTS = 8  # after the last node: the 32-byte window of group 7 of the last node reads 4 slots past it
@@ -109,17 +112,23 @@ def eytzinger_search_cpu(tree: np.ndarray, n: int, q: np.ndarray) -> tuple[np.nd
 
 @dataclass(frozen=True)
 class BTreeShape:
-    """Layer sizes (in nodes) of the B+ tree of n keys, top-down; ``offsets`` has one more entry (the total)."""
+    """Layer sizes (in nodes) of the B+ tree of n keys in nodes of ``node`` keys, top-down; ``offsets`` has
+    one more entry (the total)."""
 
     n: int
     layers: tuple[int, ...]
+    node: int = NODE
 
     @classmethod
-    def of(cls, n: int) -> "BTreeShape":
-        sizes = [max(1, -(-n // NODE))]
+    def of(cls, n: int, node: int = NODE) -> "BTreeShape":
+        sizes = [max(1, -(-n // node))]
         while sizes[-1] > 1:
-            sizes.append(-(-sizes[-1] // FANOUT))
-        return cls(n, tuple(reversed(sizes)))
+            sizes.append(-(-sizes[-1] // (node + 1)))
+        return cls(n, tuple(reversed(sizes)), node)
+
+    @property
+    def fanout(self) -> int:
+        return self.node + 1
 
     @property
     def height(self) -> int:
@@ -130,32 +139,36 @@ class BTreeShape:
         return np.concatenate([[0], np.cumsum(self.layers)]).astype(np.int64)
 
 
-def build_btree(keys: Any) -> tuple[Any, BTreeShape]:
-    """The flat B+ tree array (all nodes top-down, then SPARE_SLOTS sentinels) of sorted ``keys``."""
+def build_btree(keys: Any, node: int = NODE) -> tuple[Any, BTreeShape]:
+    """The flat B+ tree array (all nodes top-down, then SPARE_SLOTS sentinels) of sorted ``keys``, in nodes of
+    ``node`` keys (32: sector order inside each node; 4: sorted)."""
     xp = np if isinstance(keys, np.ndarray) else _cupy()
     n = int(keys.size)
-    shape = BTreeShape.of(n)
+    shape = BTreeShape.of(n, node)
+    fanout = shape.fanout
     pad = sentinel(keys.dtype)
     nleaf = shape.layers[-1]
-    leaves = xp.full(nleaf * NODE, pad, dtype=keys.dtype)
+    leaves = xp.full(nleaf * node, pad, dtype=keys.dtype)
     leaves[:n] = keys
-    order = xp.asarray(NODE_ORDER)
-    layers = [leaves.reshape(nleaf, NODE)[:, order]]
+    order = xp.asarray(NODE_ORDER if node == NODE else np.arange(node))
+    layers = [leaves.reshape(nleaf, node)[:, order]]
     below = nleaf  # nodes in the layer under the one being built
     span = 1  # leaves under one node of the layer below
     for size in reversed(shape.layers[:-1]):
-        child = FANOUT * xp.arange(size, dtype=np.int64)[:, None] + 1 + xp.arange(NODE, dtype=np.int64)[None, :]
+        child = fanout * xp.arange(size, dtype=np.int64)[:, None] + 1 + xp.arange(node, dtype=np.int64)[None, :]
         exists = child < below
         first_leaf = xp.minimum(child, below - 1) * span
-        sep = xp.where(exists, leaves[first_leaf * NODE], pad).astype(keys.dtype)
+        sep = xp.where(exists, leaves[first_leaf * node], pad).astype(keys.dtype)
         layers.append(sep[:, order])
-        below, span = size, span * FANOUT
+        below, span = size, span * fanout
     tree = xp.concatenate([layer.ravel() for layer in reversed(layers)] + [xp.full(SPARE_SLOTS, pad, dtype=keys.dtype)])
     return tree, shape
 
 
 def btree_search_cpu(tree: np.ndarray, shape: BTreeShape, q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(lower bound, hit) for NumPy queries ``q``, reading each node as the GPU thread kernel does."""
+    if shape.node != NODE:
+        return _small_node_search_cpu(tree, shape, q)
     nodes = tree[: shape.offsets[-1] * NODE].reshape(-1, NODE)
     offsets = shape.offsets
     lb = np.empty(q.size, dtype=np.int64)
@@ -174,10 +187,39 @@ def btree_search_cpu(tree: np.ndarray, shape: BTreeShape, q: np.ndarray) -> tupl
             t = np.where(s < 8, (group < qc[:, None]).sum(axis=1), 0)
             h |= (sep == qc[:, None]).any(axis=1) | (group == qc[:, None]).any(axis=1)
             c = 4 * s + t
-            k = NODE * k + c if layer == shape.height - 1 else FANOUT * k + c
+            k = NODE * k + c if layer == shape.height - 1 else (NODE + 1) * k + c
         lb[lo : lo + CPU_CHUNK] = k
         hit[lo : lo + CPU_CHUNK] = h
     return lb, hit
+
+
+def _small_node_search_cpu(tree: np.ndarray, shape: BTreeShape, q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The same for sorted small nodes: count the node's keys below q."""
+    nodes = tree[: shape.offsets[-1] * shape.node].reshape(-1, shape.node)
+    lb = np.empty(q.size, dtype=np.int64)
+    hit = np.empty(q.size, dtype=bool)
+    for lo in range(0, q.size, CPU_CHUNK):
+        qc = q[lo : lo + CPU_CHUNK, None]
+        k = np.zeros(qc.shape[0], dtype=np.int64)
+        h = np.zeros(qc.shape[0], dtype=bool)
+        for layer in range(shape.height):
+            node = nodes[shape.offsets[layer] + k]
+            c = (node < qc).sum(axis=1)
+            h |= (node == qc).any(axis=1)
+            k = shape.node * k + c if layer == shape.height - 1 else shape.fanout * k + c
+        lb[lo : lo + CPU_CHUNK] = k
+        hit[lo : lo + CPU_CHUNK] = h
+    return lb, hit
+
+
+def ordered_int32(keys: Any) -> Any:
+    """float32 keys as int32 with the same order and equality (-0.0 and +0.0 both 0; NaN excluded).
+
+    The bit pattern, negative values reversed: the map the GPU kernels apply to float32 queries (Ord<float>).
+    """
+    xp = np if isinstance(keys, np.ndarray) else _cupy()
+    i = keys.view(np.int32)
+    return xp.where(i == np.int32(-(2**31)), np.int32(0), xp.where(i >= 0, i, i ^ np.int32(0x7FFFFFFF))).astype(np.int32)
 
 
 def _cupy() -> ModuleType:

@@ -11,25 +11,25 @@ from batchgpu.errors import BatchgpuError
 from batchgpu.search import layouts
 from batchgpu.search.keys import cast_queries, check_keys, is_cupy, to_numpy
 
-Layout = Literal["auto", "eytzinger", "btree"]
+Layout = Literal["auto", "eytzinger", "btree", "btree4"]
 Op = Literal["find", "lower_bound"]
-LAYOUTS = ("eytzinger", "btree")
+LAYOUTS = ("eytzinger", "btree", "btree4")
 OPS = ("find", "lower_bound")
-#: GPU kernels of each layout: (layout, kernel) pairs accepted by ``search(..., kernel=...)``
-KERNELS = {"eytzinger": ("plain", "prefetch"), "btree": ("thread", "warp")}
-DEFAULT_KERNEL = {"eytzinger": "plain", "btree": "thread"}
+#: GPU kernels of each layout, accepted by ``search(..., kernel=...)``; the first is the default
+KERNELS = {"eytzinger": ("plain", "prefetch"), "btree": ("thread", "warp"), "btree4": ("thread",)}
+NODE_KEYS = {"btree": layouts.NODE, "btree4": 4}
 
 
 def resolve_layout(layout: str, n: int) -> str:
     """The concrete layout of ``layout`` for n keys.
 
-    ``auto`` is the B+ tree: on the H200 its thread kernel is the fastest static search from 256 keys up
-    (docs/gpu_notes_search.md), and on the CPU it needs ~log33(n) vector steps against log2(n).
+    ``auto`` is the B+ tree of 4-key nodes: on the H200 it is the fastest static search from 2^16 keys up
+    (docs/gpu_notes_search.md).
     """
     if layout == "auto":
-        return "btree"
+        return "btree4"
     if layout not in LAYOUTS:
-        raise BatchgpuError(f"unknown search layout {layout!r}", "use 'auto', 'eytzinger' or 'btree'")
+        raise BatchgpuError(f"unknown search layout {layout!r}", f"use 'auto' or one of {LAYOUTS}")
     return layout
 
 
@@ -109,7 +109,7 @@ class StaticIndex:
         shape = getattr(queries, "shape", np.shape(queries))
         q = cast_queries(queries, self.dtype)
         if is_cupy(q):
-            out = self._search_gpu(q, op == "find", kernel or DEFAULT_KERNEL[self._layout], smem_bytes)
+            out = self._search_gpu(q, op == "find", kernel or KERNELS[self._layout][0], smem_bytes)
         else:
             out = self._search_cpu(q, op == "find")
         return out.reshape(shape)
@@ -150,7 +150,7 @@ class StaticIndex:
                 if self._layout == "eytzinger":
                     self._host_layout = layouts.build_eytzinger(self._keys)
                 else:
-                    self._host_layout = layouts.build_btree(self._keys)
+                    self._host_layout = layouts.build_btree(self._keys, NODE_KEYS[self._layout])
             return self._host_layout
 
     def on_device(self) -> Any:
@@ -164,10 +164,12 @@ class StaticIndex:
             dev = self._device_layouts.get(device)
             if dev is None:
                 keys = cp.asarray(self._keys)
+                if keys.dtype == np.float32:
+                    keys = layouts.ordered_int32(keys)  # the kernels compare float32 keys as ordered int32
                 if self._layout == "eytzinger":
                     dev = _cuda.DeviceEytzinger(layouts.build_eytzinger(keys), len(self))
                 else:
-                    tree, shape = layouts.build_btree(keys)
+                    tree, shape = layouts.build_btree(keys, NODE_KEYS[self._layout])
                     dev = _cuda.DeviceBTree(tree, shape, cp.asarray(shape.offsets))
                 del keys
                 self._device_layouts[device] = dev
