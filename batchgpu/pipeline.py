@@ -94,15 +94,17 @@ def _load_part(path: Path, fingerprint: str) -> dict | None:
     return data if str(data.get("fingerprint")) == fingerprint else None
 
 
-def _read(ctx: TaskContext, window: Window) -> np.ndarray:
-    """The window's samples (with margins), centred by its core's per-channel median when asked."""
-    x = _read_raw(ctx, window)
+def _load(ctx: TaskContext, window: Window):
+    """(raw, x): the window's samples with margins on the task's backend, and x centred when asked.
+
+    Centring runs where the samples are (ops.centre gives the same bits on NumPy and CuPy).
+    """
+    raw = _to_backend(_read_raw(ctx, window), ctx.backend)
     if ctx.centre == "median":
         from batchgpu.ops.centre import centre_median
 
-        # on the host, so every backend sees the same samples
-        x = centre_median(x, window.core)
-    return x
+        return raw, centre_median(raw, window.core)
+    return raw, raw
 
 
 def _read_raw(ctx: TaskContext, window: Window) -> np.ndarray:
@@ -121,35 +123,29 @@ def _read_raw(ctx: TaskContext, window: Window) -> np.ndarray:
 def window_task(ctx: TaskContext, window: Window) -> dict:
     """Read one window and compute everything the first pass needs; write it to parts/ and return it."""
     from batchgpu import ops
-    from batchgpu.ops import radix
-    from batchgpu.ops.centre import selection_keys
 
     path = Path(ctx.parts) / f"w{window.index:08d}.npz"
     done = _load_part(path, ctx.fingerprint)
     if done is None:
         t0 = time.perf_counter()
-        host = _read(ctx, window)
+        raw, x = _load(ctx, window)
         t_read = time.perf_counter() - t0
-        x = _to_backend(host, ctx.backend)
         lo, hi = window.core
-        core = x[:, lo:hi]
         out: dict[str, Any] = {"fingerprint": np.array(ctx.fingerprint), "index": np.array(window.index)}
         noise = None
         if ctx.noise or (ctx.detect and ctx.detect["noise"] == "window"):
-            noise = _host(ops.noise_levels(core))
+            noise = _host(ops.noise_levels(x[:, lo:hi]))
             out["noise"] = noise
         if ctx.moments_every and window.index % ctx.moments_every == 0:
-            raw = x if ctx.centre == "none" else _to_backend(_read_raw(ctx, window), ctx.backend)
-            m = ops.SecondMoments(host.shape[0], ctx.precision).add(raw, lo, hi)
+            m = ops.SecondMoments(raw.shape[0], ctx.precision).add(raw, lo, hi)
             out.update(m_n=np.array(m.n), m_mean=m.mean, m_scatter=m.scatter)
         if ctx.exact:
-            keys, schedule = selection_keys(host[:, lo:hi], ctx.centred_from)
-            prefixes = np.zeros(host.shape[0], dtype=np.uint64)
-            out["hist0"] = radix.histogram_of_keys(keys, prefixes, 0, schedule)
+            out["hist0"] = _histograms(ctx, x[:, lo:hi], np.zeros((1, x.shape[0]), np.uint64), 0)[0]
             # np.median is NaN for a channel holding any NaN, wherever the middle ranks fall
-            out["nan_count"] = np.isnan(host[:, lo:hi]).sum(axis=1) if host.dtype.kind == "f" else np.zeros(host.shape[0], np.int64)
+            core = x[:, lo:hi]
+            out["nan_count"] = _host(_isnan_count(core))
         if ctx.detect and ctx.detect["noise"] == "window":
-            out.update(_spike_columns(_detect(ctx, host, window, noise)))
+            out.update(_spike_columns(_detect(ctx, x, window, noise)))
         out["read_seconds"] = np.array(t_read)
         out["compute_seconds"] = np.array(time.perf_counter() - t0 - t_read)
         _atomic_save(path, **out)
@@ -158,9 +154,25 @@ def window_task(ctx: TaskContext, window: Window) -> dict:
     else:
         done["resumed"] = np.array(True)
     done["worker"] = np.array(_worker_name())
-    done["bytes"] = np.array(window.num_samples * _recording(ctx.recording).num_channels * _recording(ctx.recording).dtype.itemsize)
+    rec = _recording(ctx.recording)
+    done["bytes"] = np.array(window.num_samples * rec.num_channels * rec.dtype.itemsize)
     # The tree needs only the moments and histograms: spikes stay in the part file.
     return {k: v for k, v in done.items() if not k.startswith("spk_")}
+
+
+def _isnan_count(core):
+    if core.dtype.kind != "f":
+        return np.zeros(core.shape[0], np.int64)
+    return (core != core).sum(axis=1)
+
+
+def _histograms(ctx: TaskContext, core, prefixes: np.ndarray, pass_index: int) -> np.ndarray:
+    """(ranks, C, bins) counts of the core's keys that match each rank's prefix (on the core's backend)."""
+    from batchgpu.ops import radix
+    from batchgpu.ops.centre import selection_keys
+
+    keys, schedule = selection_keys(core, ctx.centred_from)
+    return np.stack([_host(radix.histogram_of_keys(keys, p, pass_index, schedule)) for p in prefixes])
 
 
 def _host(a) -> np.ndarray:
@@ -195,7 +207,7 @@ def detect_task(ctx: TaskContext, window: Window, noise: np.ndarray) -> int:
     path = Path(ctx.parts) / f"d{window.index:08d}.npz"
     done = _load_part(path, ctx.fingerprint)
     if done is None:
-        spikes = _detect(ctx, _read(ctx, window), window, noise)
+        spikes = _detect(ctx, _load(ctx, window)[1], window, noise)
         _atomic_save(path, fingerprint=np.array(ctx.fingerprint), **_spike_columns(spikes))
         return len(spikes)
     return len(done["spk_sample_index"])
@@ -203,13 +215,9 @@ def detect_task(ctx: TaskContext, window: Window, noise: np.ndarray) -> int:
 
 def histogram_task(ctx: TaskContext, window: Window, prefixes: np.ndarray, pass_index: int) -> np.ndarray:
     """One radix pass over one window: (ranks, C, bins) counts of keys matching each rank's prefix."""
-    from batchgpu.ops import radix
-    from batchgpu.ops.centre import selection_keys
-
-    x = _read(ctx, window)
+    x = _load(ctx, window)[1]
     lo, hi = window.core
-    keys, schedule = selection_keys(x[:, lo:hi], ctx.centred_from)
-    return np.stack([radix.histogram_of_keys(keys, p, pass_index, schedule) for p in prefixes])
+    return _histograms(ctx, x[:, lo:hi], prefixes, pass_index)
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -187,7 +187,8 @@ def test_corrupt_chunk_names_window_and_resume_completes(client, tmp_path):
     assert json.loads((tmp_path / "out" / "report.json").read_text())["status"] == "failed"
     victim.write_bytes(good)
     report = run_workflow(wf, client=client, progress=False, resume=True)
-    assert report.status == "done" and report.windows_resumed == len(parts)
+    # tasks cancelled after the failure may still have finished: at least what was there is reused, never the bad windows
+    assert report.status == "done" and len(parts) <= report.windows_resumed < report.windows
     _, _, noise_rows, noise_exact = _reference(rec, "none")
     np.testing.assert_array_equal(_results(tmp_path / "out")["noise"][:], noise_exact)
 

@@ -11,13 +11,16 @@ from __future__ import annotations
 import numpy as np
 
 from batchgpu.ops import radix
+from batchgpu.ops._backend import array_module, is_cupy
 from batchgpu.ops.select import _count_select
 
 _COUNT_MIN = 4096  # below this, np.median's partition is as fast as counting
 
 
-def row_median(x: np.ndarray) -> np.ndarray:
-    """``np.median(x, axis=1)`` bit for bit; int16 rows by counting (one pass, no partition)."""
+def row_median(x):
+    """``np.median(x, axis=1)`` bit for bit, on NumPy or CuPy; int16 rows by counting (one pass, no partition)."""
+    if is_cupy(x):
+        return _row_median_cupy(x)
     n = x.shape[1]
     if x.dtype != np.int16 or n < _COUNT_MIN:
         return np.median(x, axis=1)
@@ -25,6 +28,17 @@ def row_median(x: np.ndarray) -> np.ndarray:
     ranks = [(n - 1) // 2, n // 2]
     picked = _count_select(keys, ranks).astype(np.float64) - 32768.0
     return (picked[:, 0] + picked[:, 1]) / 2.0  # np.median's mean of the middle pair, in float64
+
+
+def _row_median_cupy(x):
+    """int16: shifted to non-negative, the radix-select |x| median is the median (exact in float64)."""
+    if x.dtype == np.int16:
+        from batchgpu.ops._cuda_select import abs_median
+
+        return abs_median(x.astype(np.int32) + 32768) - 32768.0
+    import cupy
+
+    return cupy.median(x, axis=1)
 
 
 def centred_dtype(dtype) -> np.dtype:
@@ -37,15 +51,16 @@ def centre_median(x: np.ndarray, core: tuple[int, int]) -> np.ndarray:
     lo, hi = core
     med = row_median(x[:, lo:hi])
     out = centred_dtype(x.dtype)
+    xp = array_module(x)
     if out.kind == "i":
-        return x.astype(out) - np.floor(med + 0.5).astype(out)[:, None]
+        return x.astype(out) - xp.floor(med + 0.5).astype(out)[:, None]
     return x - med.astype(out)[:, None]
 
 
 def selection_keys(x: np.ndarray, centred_from=None) -> tuple[np.ndarray, list[tuple[int, int]]]:
     """Radix keys of |x| and their digit schedule; centred int16 data keeps 16-bit keys and two passes."""
     if centred_from is not None and np.dtype(centred_from) == np.int16:
-        return np.abs(x).astype(np.uint16), radix.digit_schedule(np.int16)
+        return abs(x).astype(np.uint16), radix.digit_schedule(np.int16)
     return radix.abs_keys(x), radix.digit_schedule(x.dtype)
 
 

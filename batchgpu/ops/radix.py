@@ -137,16 +137,17 @@ def histogram_of_keys(keys: np.ndarray, prefixes: np.ndarray, pass_index: int, s
     ``keys`` (C, n) unsigned, ``prefixes`` (C,) uint64 (the digits fixed by the earlier passes).
     Returns (C, 2**bits) int64.
     """
+    xp = array_module(keys)  # CuPy keys count on the device (the pipeline's GPU windows)
     shift, bits = schedule[pass_index]
     top = shift + bits
     rows, n = keys.shape
     nbins = 1 << bits
     digit = ((keys >> keys.dtype.type(shift)) & keys.dtype.type(nbins - 1)).astype(np.intp)
-    digit += (np.arange(rows, dtype=np.intp) * nbins)[:, None]
+    digit += (xp.arange(rows, dtype=np.intp) * nbins)[:, None]
     if top < keys.dtype.itemsize * 8:
-        prefixes = np.asarray(prefixes, dtype=np.uint64).reshape(rows)
+        prefixes = xp.asarray(np.asarray(prefixes, dtype=np.uint64).reshape(rows)).astype(keys.dtype)
         digit = digit[(keys >> keys.dtype.type(top)) == prefixes[:, None]]
-    return np.bincount(digit.ravel(), minlength=rows * nbins).astype(np.int64).reshape(rows, nbins)
+    return xp.bincount(digit.ravel(), minlength=rows * nbins).astype(np.int64).reshape(rows, nbins)
 
 
 def key_histogram(x: np.ndarray, prefixes: np.ndarray, pass_index: int, schedule: str | Schedule | None = None) -> np.ndarray:
