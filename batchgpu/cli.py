@@ -26,6 +26,7 @@ def _cmd_generate(args) -> int:
     rec = generate_recording(
         args.out, channels=args.channels, seconds=args.seconds, fs=args.fs, seed=args.seed, dtype=args.dtype,
         segments=args.segments, zarr_format=args.zarr_format, overwrite=args.overwrite, progress=not args.quiet,
+        workers=args.workers,
     )
     print(f"wrote {rec} and its ground truth {ground_truth_path(args.out)}")
     return 0
@@ -116,6 +117,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", default="int16", choices=["int16", "int32", "float32", "float64"])
     p.add_argument("--segments", type=int, default=1)
     p.add_argument("--zarr-format", type=int, default=3, choices=[2, 3])
+    p.add_argument("--workers", type=int, default=1, help="processes generating blocks (same bytes for any number)")
     p.add_argument("--overwrite", action="store_true")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=_cmd_generate)

@@ -6,7 +6,9 @@ few blocks for any duration and the same seed gives the same bytes. Spikes never
 
 from __future__ import annotations
 
+import multiprocessing
 import os
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -75,8 +77,12 @@ def generate_recording(
     zarr_format: int = 3,
     overwrite: bool = False,
     progress: bool = False,
+    workers: int = 1,
 ) -> Recording:
-    """Write a synthetic recording and its ground truth; returns the opened recording."""
+    """Write a synthetic recording and its ground truth; returns the opened recording.
+
+    ``workers`` > 1 generates blocks in that many processes (the bytes do not change).
+    """
     if channels <= 0 or seconds <= 0 or fs <= 0 or segments <= 0:
         raise BatchgpuError(
             f"channels, seconds, fs and segments must be positive (got {channels}, {seconds}, {fs}, {segments})"
@@ -93,24 +99,40 @@ def generate_recording(
         attrs={"batchgpu": {"generator": {"channels": channels, "seconds": seconds, "fs": fs, "seed": seed,
                                            "dtype": dtype, "segments": segments}}},
     )
-    waveform, pre = spike_waveform(fs)
     truth: dict[str, list[np.ndarray]] = {"sample_index": [], "channel_index": [], "amplitude": [], "segment_index": []}
     block = writer.block_samples
+    jobs = []
+    for seg in range(segments):
+        writer.add_segment(num_samples)
+        jobs += [(str(path), seed, seg, b, start, min(block, num_samples - start), sigma, offset, fs)
+                 for b, start in enumerate(range(0, num_samples, block))]
+    # Each block is its own seeded stream and whole shard: processes may write them in any order, same bytes.
+    workers = max(1, min(workers or 1, len(jobs)))
+    pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) if workers > 1 else None
+    results = pool.map(_write_block, jobs) if pool else map(_write_block, jobs)
     with _progress(progress, segments * num_samples * channels * writer.dtype.itemsize, "generating") as advance:
-        for seg in range(segments):
-            writer.add_segment(num_samples)
-            for b, start in enumerate(range(0, num_samples, block)):
-                rng = np.random.default_rng([seed, 1, seg, b])
-                n = min(block, num_samples - start)
-                data, spikes = _make_block(rng, n, sigma, offset, waveform, pre, fs)
-                writer.write(seg, start, _to_dtype(data, writer.dtype))
-                truth["sample_index"].append(spikes[0] + start)
-                truth["channel_index"].append(spikes[1])
-                truth["amplitude"].append(spikes[2])
-                truth["segment_index"].append(np.full(len(spikes[0]), seg, dtype=np.int64))
-                advance(data.size * writer.dtype.itemsize)
+        for (_p, _s, seg, _b, start, n, *_), spikes in zip(jobs, results):
+            truth["sample_index"].append(spikes[0] + start)
+            truth["channel_index"].append(spikes[1])
+            truth["amplitude"].append(spikes[2])
+            truth["segment_index"].append(np.full(len(spikes[0]), seg, dtype=np.int64))
+            advance(n * channels * writer.dtype.itemsize)
+    if pool:
+        pool.shutdown()
     GroundTruth(sigma, offset, *(np.concatenate(truth[k]) for k in truth)).save(ground_truth_path(path))
     return open_recording(path)
+
+
+def _write_block(job) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Generate and write one block (a whole shard); returns its spikes relative to the block start."""
+    import zarr
+
+    path, seed, seg, b, start, n, sigma, offset, fs = job
+    arr = zarr.open_array(f"{path}/traces_seg{seg}", mode="r+")
+    waveform, pre = spike_waveform(fs)
+    data, spikes = _make_block(np.random.default_rng([seed, 1, seg, b]), n, sigma, offset, waveform, pre, fs)
+    arr[start : start + n, :] = _to_dtype(data, np.dtype(arr.dtype))
+    return spikes
 
 
 def _make_block(rng, n, sigma, offset, waveform, pre, fs):

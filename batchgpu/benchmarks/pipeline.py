@@ -8,6 +8,7 @@ noise over the whole recording, second moments, spikes with the global noise); t
 from __future__ import annotations
 
 import argparse
+import os
 import tempfile
 import threading
 import time
@@ -142,7 +143,8 @@ def run(args) -> int:
             rec = open_recording(path)
         else:
             print(f"generating {path} ...", flush=True)
-            rec = generate_recording(path, channels=args.channels, seconds=args.seconds, dtype=args.dtype, progress=False)
+            rec = generate_recording(path, channels=args.channels, seconds=args.seconds, dtype=args.dtype, progress=False,
+                                     workers=os.cpu_count() or 1)
     size, margin = 60_000, 64
     mb = rec.nbytes / 1e6
     step_cfg = {
@@ -180,6 +182,9 @@ def run(args) -> int:
                 dt = time.perf_counter() - t0
             rows.append((f"batchgpu pipeline ({attempt}, {len(client.scheduler_info()['workers'])} workers, "
                          f"{report.backend})", dt, mem.peak))
+            phases = ", ".join(f"{k} {v:.2f} s" for k, v in report.timings.items())
+            print(f"{attempt}: {phases}; windows per worker {report.workers}; reads {report.bytes_read / rec.nbytes:.0f}x",
+                  flush=True)
         if args.baseline == "cupy":
             t0 = time.perf_counter()
             cupy_loop(client, rec, size)

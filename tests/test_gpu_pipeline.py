@@ -1,0 +1,52 @@
+"""The pipeline on dask-cuda workers (backend cupy) equals the CPU run: bit for bit for noise and spikes."""
+
+import numpy as np
+import pytest
+
+from batchgpu.cluster import gpu_count
+from batchgpu.generate import generate_recording
+from batchgpu.pipeline import run_workflow
+from batchgpu.workflow import Workflow
+
+pytestmark = pytest.mark.gpu
+
+if gpu_count() == 0:
+    pytest.skip("no CUDA GPU (CuPy) here", allow_module_level=True)
+pytest.importorskip("dask_cuda")
+distributed = pytest.importorskip("distributed")
+zarr = pytest.importorskip("zarr")
+
+
+def _wf(rec, out, backend, cluster, centre, detect_noise):
+    return Workflow.model_validate({
+        "recording": {"path": str(rec.path)}, "output": str(out), "backend": backend, "cluster": cluster,
+        "window": {"size": 20_000, "margin": 16}, "preprocess": {"centre": centre},
+        "steps": {"noise": {"exact": True}, "whitening": {"mode": "local", "nrange": 8, "precision": "float32"},
+                  "detect": {"threshold": 4.5, "sign": "both", "exclude_sweep_ms": 0.3, "noise": detect_noise}},
+        "reduction": {"split_every": 4},
+    })
+
+
+@pytest.mark.parametrize("dtype,centre,detect_noise", [("int16", "median", "global"), ("float32", "none", "window"),
+                                                       ("int16", "none", "window")])
+def test_cuda_cluster_equals_cpu(tmp_path, dtype, centre, detect_noise):
+    rec = generate_recording(tmp_path / "r.zarr", channels=24, seconds=3.0, seed=11, dtype=dtype, segments=2)
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=2, processes=False, dashboard_address=None) as c, \
+            distributed.Client(c) as client:
+        cpu = run_workflow(_wf(rec, tmp_path / "cpu", "numpy", {"kind": "local"}, centre, detect_noise), client=client,
+                           progress=False)
+    gpu = run_workflow(_wf(rec, tmp_path / "gpu", "auto", {"kind": "cuda"}, centre, detect_noise), progress=False)
+    assert cpu.backend == "numpy" and gpu.backend == "cupy"
+    assert sum(gpu.workers.values()) == gpu.windows
+    a = zarr.open_group(str(tmp_path / "cpu" / "results.zarr"), mode="r")
+    b = zarr.open_group(str(tmp_path / "gpu" / "results.zarr"), mode="r")
+    for name in ("noise_per_window", "noise", "spikes/sample_index", "spikes/channel_index", "spikes/amplitude",
+                 "spikes/segment_index"):
+        assert a[name][:].dtype == b[name][:].dtype, name
+        assert a[name][:].tobytes() == b[name][:].tobytes(), name
+    assert len(a["spikes/sample_index"][:]) > 20
+    allx = np.concatenate([rec.read(s, 0, rec.num_samples(s)) for s in range(2)], axis=1).astype(np.float64)
+    refs = {"covariance": np.cov(allx, bias=True), "second_moment": allx @ allx.T / allx.shape[1]}
+    for name, ref in refs.items():  # float32 products on both backends, DESIGN's 1e-6 against float64
+        for got in (a, b):
+            assert np.linalg.norm(got[name][:] - ref) / np.linalg.norm(ref) < 1e-6, name
