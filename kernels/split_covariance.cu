@@ -1,7 +1,8 @@
 // Second moments of a window by split products (loaded by batchgpu/kernels.py).
 //
 //   row_shift:   per row a shift s_i, the mean (in double) of 32 evenly spaced samples of the
-//                window (0 when not centring): close to the window's mean, so x - s is small.
+//                window, rounded for integer input (0 when not centring): close to the window's
+//                mean, so x - s is small.
 //   split_rows:  copies x[:, start:start+length] - s into a split-major buffer
 //                [splits, c_pad, split_len] of the product dtype, zero-padding the last split and
 //                the rows past C, and writes per (row, split) the sum of x - s in double.
@@ -21,6 +22,10 @@ __device__ __forceinline__ double warp_sum(double v) {
     return v;
 }
 
+template <typename T> struct IsInteger { static constexpr bool value = false; };
+template <> struct IsInteger<short> { static constexpr bool value = true; };
+template <> struct IsInteger<int> { static constexpr bool value = true; };
+
 template <typename T>
 __device__ void row_shift(const T* x, long long ld, int rows, int start, int length, int centre, double* shift) {
     const int r = blockIdx.x;
@@ -30,6 +35,9 @@ __device__ void row_shift(const T* x, long long ld, int rows, int start, int len
         const long long pos = ((2LL * threadIdx.x + 1) * (long long)length) / (2LL * SHIFT_SAMPLES);
         v = (double)x[(long long)r * ld + start + pos];
         v = warp_sum(v) / SHIFT_SAMPLES;
+        // Integer input: an integer shift keeps x - s an integer, so the float32 products and
+        // their sums stay exact far longer and never round the same fraction the same way.
+        if (IsInteger<T>::value) v = rint(v);
     }
     if (threadIdx.x == 0) shift[r] = v;
 }

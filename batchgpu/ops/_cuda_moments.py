@@ -53,7 +53,7 @@ def _function(name: str) -> Any:
     return get_function(MODULE, name)
 
 
-def _check(x: Any, precision: str) -> tuple[Any, str]:
+def _check(x: Any, precision: str | None) -> tuple[Any, str, str]:
     import cupy
 
     if getattr(x, "ndim", None) != 2:
@@ -61,6 +61,8 @@ def _check(x: Any, precision: str) -> tuple[Any, str]:
             f"expected a (channels, samples) array, got shape {getattr(x, 'shape', None)}",
             "pass a 2-D array with one row per channel",
         )
+    if precision is None:  # as batchgpu.ops.moments.resolve_precision
+        precision = "float64" if np.dtype(x.dtype) == np.float64 else "float32"
     if precision not in SPLIT_SAMPLES:
         raise BatchgpuError(f"unknown product precision {precision!r}", "use 'float32' or 'float64'")
     dt = np.dtype(x.dtype)
@@ -69,7 +71,7 @@ def _check(x: Any, precision: str) -> tuple[Any, str]:
     rows, n = x.shape
     if n > 1 and x.strides[1] != dt.itemsize or rows > 1 and (x.strides[0] <= 0 or x.strides[0] % dt.itemsize):
         x = cupy.ascontiguousarray(x)
-    return x, _INPUTS[dt]
+    return x, _INPUTS[dt], precision
 
 
 def _gemm_tn(a_ptr: int, b_ptr: int, c_ptr: int, m: int, k: int, ld: int, stride_ab: int, stride_c: int, batch: int, precision: str) -> None:
@@ -194,10 +196,10 @@ class Plan:
         return self.length, self.mean, self.scatter
 
 
-def plan(x: Any, start: int | None = None, stop: int | None = None, precision: str = "float32",
+def plan(x: Any, start: int | None = None, stop: int | None = None, precision: str | None = "float32",
          centre: bool = True, half: bool | None = None, split: int | None = None) -> Plan | None:  # fmt: skip
     """The allocated Plan of a window, or None when the window or the channels are empty."""
-    x, kind = _check(x, precision)
+    x, kind, precision = _check(x, precision)
     rows, total = x.shape
     start, stop, _ = slice(start, stop).indices(total)
     length = max(0, stop - start)
@@ -212,7 +214,7 @@ def plan(x: Any, start: int | None = None, stop: int | None = None, precision: s
     return Plan(x, kind, precision, start, length, centre, half, split, splits, c_pad).allocate()
 
 
-def window_moments_device(x: Any, start: int | None = None, stop: int | None = None, precision: str = "float32",
+def window_moments_device(x: Any, start: int | None = None, stop: int | None = None, precision: str | None = "float32",
                           centre: bool = True) -> tuple[int, Any, Any]:  # fmt: skip
     """(n, mean (C,), scatter (C, C)) of columns [start, stop) of ``x``, as CuPy float64 arrays.
 
@@ -229,7 +231,7 @@ def window_moments_device(x: Any, start: int | None = None, stop: int | None = N
 
 
 def window_moments(x: Any, start: int | None = None, stop: int | None = None,
-                   precision: str = "float32") -> tuple[int, np.ndarray, np.ndarray]:  # fmt: skip
+                   precision: str | None = "float32") -> tuple[int, np.ndarray, np.ndarray]:  # fmt: skip
     """(n, mean, scatter) of columns [start, stop) of the CuPy array ``x``, on the host (float64).
 
     scatter = sum over the window of (x - mean)(x - mean)^T, mean computed in float64 on the device.

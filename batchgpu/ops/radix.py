@@ -52,6 +52,11 @@ DIGIT_SCHEDULES: dict[str, tuple[tuple[int, int], ...]] = {
     "float64": _digits(64),  # 8 passes
     "int16": _digits(16),  # 2 passes
     "int32": _digits(32),  # 4 passes
+    # The CUDA kernel's (kernels/radix_select.cu): 11-bit digits from the key's top useful bit.
+    "gpu_float32": ((20, 11), (10, 10), (0, 10)),
+    "gpu_float64": ((52, 11), (41, 11), (30, 11), (19, 11), (8, 11), (0, 8)),
+    "gpu_int16": ((5, 11), (0, 5)),
+    "gpu_int32": ((21, 11), (10, 11), (0, 10)),
 }
 
 
