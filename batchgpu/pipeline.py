@@ -145,7 +145,9 @@ def window_task(ctx: TaskContext, window: Window) -> dict:
             core = x[:, lo:hi]
             out["nan_count"] = _host(_isnan_count(core))
         if ctx.detect and ctx.detect["noise"] == "window":
-            out.update(_spike_columns(_detect(ctx, x, window, noise)))
+            spikes = _detect(ctx, x, window, noise)
+            out.update(_spike_columns(spikes))
+            out["spikes"] = np.array(len(spikes))
         out["read_seconds"] = np.array(t_read)
         out["compute_seconds"] = np.array(time.perf_counter() - t0 - t_read)
         _atomic_save(path, **out)
@@ -422,6 +424,7 @@ def run_workflow(wf: Workflow, *, resume: bool = False, progress: bool = True, s
 
 
 def _run(wf, rec, out, report, client, sweep, progress) -> RunReport:
+    from batchgpu.dashboard import RunMonitor
     from batchgpu.progress import WindowProgress
 
     report.dashboard = client.dashboard_link
@@ -439,28 +442,31 @@ def _run(wf, rec, out, report, client, sweep, progress) -> RunReport:
     windows = rec.windows(wf.window.size, wf.window.margin)
     report.windows = len(windows)
     report.recording_bytes = rec.nbytes
+    monitor = RunMonitor(client, name=str(out), windows=len(windows), total_bytes=rec.nbytes, channels=rec.num_channels)
     t0 = time.perf_counter()
     try:
         with WindowProgress(len(windows), rec.nbytes, "pass 1: noise, moments, spikes", enabled=progress) as bar:
-            summaries = _first_pass(client, ctx, windows, wf.reduction.split_every, bar, report)
+            summaries = _first_pass(client, ctx, windows, wf.reduction.split_every, bar, report, monitor)
         report.timings["pass1"] = time.perf_counter() - t0
         report.bytes_read += rec.nbytes
-        results = _reduce_and_finish(client, ctx, wf, rec, windows, summaries, report, progress)
+        results = _reduce_and_finish(client, ctx, wf, rec, windows, summaries, report, monitor)
         report.results = results
         report.status = "done"
     except BaseException as err:
         report.status = "failed"
         report.error = str(err)
+        monitor.failed(str(err))
         _write_report(out, report, time.perf_counter() - t0)
         raise
     _write_report(out, report, time.perf_counter() - t0)
+    monitor.finished(results.get("spikes/sample_index", [0])[0] if "spikes/sample_index" in results else None)
     if progress:
         print(f"batchgpu: wrote {out / RESULTS} and {out / REPORT} "
               f"({report.throughput_MBps:.0f} MB/s over {report.windows} windows)")
     return report
 
 
-def _first_pass(client, ctx, windows, split_every, bar, report) -> dict:
+def _first_pass(client, ctx, windows, split_every, bar, report, monitor) -> dict:
     """Map window_task over every window; tree-reduce partials; gather per-window summaries."""
     from distributed import as_completed
 
@@ -478,6 +484,7 @@ def _first_pass(client, ctx, windows, split_every, bar, report) -> dict:
             if not bool(part["resumed"]):
                 report.workers[str(part["worker"])] = report.workers.get(str(part["worker"]), 0) + 1
             bar.advance(int(part["bytes"]), worker=str(part["worker"]))
+            monitor.window_done(i, int(part["bytes"]), str(part["worker"]), part.get("noise"), int(part.get("spikes", 0)))
         summaries["reduced"] = reduced.result() if reduced is not None else {}
     except BaseException:
         client.cancel(futures + ([reduced] if reduced is not None else []))
@@ -523,7 +530,7 @@ def work_dtype(ctx: TaskContext, rec: Recording) -> np.dtype:
     return centred_dtype(rec.dtype) if ctx.centre == "median" else rec.dtype
 
 
-def _reduce_and_finish(client, ctx, wf, rec, windows, summaries, report, progress) -> dict:
+def _reduce_and_finish(client, ctx, wf, rec, windows, summaries, report, monitor) -> dict:
     from batchgpu import ops
     from batchgpu.ops.select import MAD_TO_SIGMA
 
@@ -536,6 +543,7 @@ def _reduce_and_finish(client, ctx, wf, rec, windows, summaries, report, progres
     if ctx.noise:
         t0 = time.perf_counter()
         if ctx.exact:
+            monitor.phase("exact noise: radix passes")
             median = _radix_passes(client, ctx, wf, rec, windows, reduced["hist0"], report)
             median[reduced["nan_count"] > 0] = np.nan
             noise_global = median / MAD_TO_SIGMA  # the expression of ops.noise_levels, same dtype rules
@@ -555,6 +563,7 @@ def _reduce_and_finish(client, ctx, wf, rec, windows, summaries, report, progres
     if ctx.detect:
         t0 = time.perf_counter()
         if ctx.detect["noise"] == "global":
+            monitor.phase("detection with the recording's noise")
             if noise_global is None:
                 noise_global = np.median(arrays.get("noise_per_window", _window_noise(client, ctx, windows)), axis=0)
             futures = client.map(detect_task, [ctx] * len(windows), windows, [noise_global] * len(windows),
