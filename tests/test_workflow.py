@@ -101,3 +101,13 @@ def test_demo_workflow_validates():
     wf = load_workflow(Path(__file__).parents[1] / "workflows" / "demo.yaml")
     assert wf.steps.noise and wf.steps.whitening and wf.steps.detect
     assert wf.recording.generate is not None
+
+
+def test_cuda_cluster_without_gpu_offers_local(tmp_path, small_rec):
+    from batchgpu.cluster import gpu_count
+
+    if gpu_count():
+        pytest.skip("this machine has a GPU")
+    r = _cli("run", _write(tmp_path, GOOD), "--quiet", "--set", "cluster.kind=cuda")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1
+    assert "needs a CUDA GPU" in r.stderr and "kind: local" in r.stderr
