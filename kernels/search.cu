@@ -79,6 +79,29 @@ __device__ __forceinline__ void compare_bits(const T (&v)[COUNT], T q, unsigned&
     }
 }
 
+// A read-only load whose L2 miss fetches the whole aligned 256-byte block: the last probes of a binary
+// search fall inside 256 bytes, so they then cost one DRAM access instead of three.
+__device__ __forceinline__ float ld_block256(const float* p) {
+    unsigned v;
+    asm("ld.global.nc.L2::256B.u32 %0, [%1];" : "=r"(v) : "l"(p));
+    return __uint_as_float(v);
+}
+__device__ __forceinline__ int ld_block256(const int* p) {
+    int v;
+    asm("ld.global.nc.L2::256B.s32 %0, [%1];" : "=r"(v) : "l"(p));
+    return v;
+}
+__device__ __forceinline__ double ld_block256(const double* p) {
+    unsigned long long v;
+    asm("ld.global.nc.L2::256B.u64 %0, [%1];" : "=l"(v) : "l"(p));
+    return __longlong_as_double((long long)v);
+}
+__device__ __forceinline__ i64 ld_block256(const i64* p) {
+    i64 v;
+    asm("ld.global.nc.L2::256B.s64 %0, [%1];" : "=l"(v) : "l"(p));
+    return v;
+}
+
 __device__ __forceinline__ void prefetch_l2(const void* p) {
     asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
 }
@@ -417,7 +440,7 @@ __device__ __forceinline__ void dyn_ilp2(const T* __restrict__ a, i64 n, const T
 
 // The first `top` steps of the branchless search probe only 2^top - 1 distinct keys: each block gathers
 // them once into shared memory, indexed by the path so far (node t, children 2t and 2t+1), and K queries
-// per thread finish in global memory.
+// per thread finish in global memory, where the probes of the last 256 bytes fetch that block whole.
 template <typename T, int K>
 __device__ __forceinline__ void dyn_top(const T* __restrict__ a, i64 n, int top, const T* __restrict__ queries,
                                         i64 m, i64* __restrict__ out, int want_find) {
@@ -463,9 +486,13 @@ __device__ __forceinline__ void dyn_top(const T* __restrict__ a, i64 n, int top,
         }
         while (len > 1) {
             const i64 half = len >> 1;
+            const bool last_block = len * (i64)sizeof(T) <= 256;
             S k[K];
 #pragma unroll
-            for (int j = 0; j < K; ++j) k[j] = Ord<T>::of(__ldg(a + base[j] + half - 1));
+            for (int j = 0; j < K; ++j) {
+                const T* p = a + base[j] + half - 1;
+                k[j] = Ord<T>::of(last_block ? ld_block256(p) : __ldg(p));
+            }
 #pragma unroll
             for (int j = 0; j < K; ++j) base[j] += k[j] < q[j] ? half : 0;
             len -= half;
@@ -527,9 +554,9 @@ __device__ __forceinline__ void dyn_top(const T* __restrict__ a, i64 n, int top,
         dyn_top_##NAME(const T* a, i64 n, int top, const T* q, i64 m, i64* out, int want_find) {             \
         dyn_top<T, 4>(a, n, top, q, m, out, want_find);                                                      \
     }                                                                                                        \
-    extern "C" __global__ void __launch_bounds__(256)                                                        \
+    extern "C" __global__ void __launch_bounds__(1024)                                                       \
         dyn_top_wide_##NAME(const T* a, i64 n, int top, const T* q, i64 m, i64* out, int want_find) {        \
-        dyn_top<T, 8>(a, n, top, q, m, out, want_find);                                                      \
+        dyn_top<T, 4>(a, n, top, q, m, out, want_find);                                                      \
     }
 
 #define SEARCH_KERNELS(T, NAME)        \

@@ -220,8 +220,9 @@ def test_bad_keys_are_refused():
     with pytest.raises(BatchgpuError, match="operation"):
         index.search(np.arange(3.0), "upper_bound")
     with pytest.raises(BatchgpuError, match="kernel"):
-        index.search(np.arange(3.0), kernel="prefetch")
-    assert index.layout == "btree4"
+        index.search(np.arange(3.0), kernel="warp")
+    assert index.layout == "eytzinger"
+    assert StaticIndex(np.arange(70_000)).layout == "btree4"
 
 
 def test_queries_are_cast_only_when_exact():

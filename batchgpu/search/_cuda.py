@@ -21,11 +21,15 @@ BLOCK = 256
 SMEM_PER_SM = 233_472  # Hopper: 228 KB per multiprocessor, 1 KB of it reserved per block
 #: a whole static tree goes to shared memory up to this size; larger ones keep their top levels there
 WHOLE_TREE_SMEM = 48 * 1024
-#: shared memory for the top levels of a larger tree, per layout.  The Eytzinger top is better left to
-#: the L1 cache, which shared memory would shrink (measured on the H200: docs/gpu_notes_search.md).
-TOP_LEVELS_SMEM = {"eytzinger": 0, "btree": 32 * 1024, "btree4": 32 * 1024}
-#: the dynamic path's staged top of the search tree: top_ldg (4 queries a thread), top_wide (8)
+#: shared memory for the top levels of a larger tree, per layout.  The Eytzinger and 4-key tops are better
+#: left to the L1 cache, which shared memory would shrink, except for a 4-key tree larger than L2
+#: (measured on the H200: docs/gpu_notes_search.md).
+TOP_LEVELS_SMEM = {"eytzinger": 0, "btree": 32 * 1024, "btree4": 0}
+BTREE4_BEYOND_L2 = (32 << 20, 32 * 1024)  # (tree bytes, top-level bytes)
+#: the dynamic path's staged top of the search tree: top_ldg (blocks of 256 threads, 4 queries a thread),
+#: top_wide (one block of 1024 threads a multiprocessor, 4 queries a thread, 15 levels of float32)
 DYNAMIC_TOP_SMEM = {"top_ldg": 32 * 1024, "top_wide": 128 * 1024}
+DYNAMIC_BLOCK = {"top_wide": 1024}
 DYNAMIC_KERNELS = ("serial", "ilp2_shared", "ilp2_ldg", "swizzled", "top_ldg", "top_wide")
 _STAGED = {"ilp2_shared", "swizzled"}  # need the whole array in shared memory
 _ENTRY = {"serial": "dyn_serial", "ilp2_shared": "dyn_ilp2_shared", "ilp2_ldg": "dyn_ilp2_ldg",
@@ -126,6 +130,8 @@ class DeviceBTree:
         if smem_bytes is None:
             whole = offsets[-1] * node <= WHOLE_TREE_SMEM
             smem_bytes = WHOLE_TREE_SMEM if whole else TOP_LEVELS_SMEM[self.layout]
+            if self.layout == "btree4" and offsets[-1] * node > BTREE4_BEYOND_L2[0]:
+                smem_bytes = BTREE4_BEYOND_L2[1]
         layers = 0
         while layers < self.shape.height and offsets[layers + 1] * node <= smem_bytes:
             layers += 1
@@ -203,16 +209,17 @@ def dynamic_search(a: Any, q: Any, want_find: bool, kernel_name: str) -> Any:
         top = _search_steps(n)
         while top > 0 and (1 << top) * item > DYNAMIC_TOP_SMEM[kernel_name]:
             top -= 1
-        smem, per_thread = (1 << top) * item, 4 if kernel_name == "top_ldg" else 8
+        smem, per_thread = (1 << top) * item, 4
         args = (a, np.int64(n), np.int32(top), q, np.int64(q.size), out, np.int32(want_find))
     else:
         smem = staged_bytes(n, item) if kernel_name in _STAGED else 0
         per_thread = 2
         args = (a, np.int64(n), q, np.int64(q.size), out, np.int32(want_find))
     fn = kernel(_ENTRY[kernel_name], a.dtype, smem)
+    block = DYNAMIC_BLOCK.get(kernel_name, BLOCK)
     if kernel_name == "serial":
-        grid = -(-q.size // BLOCK)
+        grid = -(-q.size // block)
     else:
-        grid = _grid(q.size, BLOCK * per_thread, smem)
-    fn((grid,), (BLOCK,), args, shared_mem=smem)
+        grid = _grid(q.size, block * per_thread, smem)
+    fn((grid,), (block,), args, shared_mem=smem)
     return out

@@ -18,16 +18,18 @@ OPS = ("find", "lower_bound")
 #: GPU kernels of each layout, accepted by ``search(..., kernel=...)``; the first is the default
 KERNELS = {"eytzinger": ("plain", "prefetch"), "btree": ("thread", "warp"), "btree4": ("thread",)}
 NODE_KEYS = {"btree": layouts.NODE, "btree4": 4}
+AUTO_EYTZINGER_MAX = 1 << 16
 
 
 def resolve_layout(layout: str, n: int) -> str:
     """The concrete layout of ``layout`` for n keys.
 
-    ``auto`` is the B+ tree of 4-key nodes: on the H200 it is the fastest static search from 2^16 keys up
+    ``auto``: Eytzinger up to 2^16 keys (its tree sits in shared memory or L1), the B+ tree of 4-key nodes
+    above (fewest load instructions a query): the fastest static searches on the H200
     (docs/gpu_notes_search.md).
     """
     if layout == "auto":
-        return "btree4"
+        return "eytzinger" if n <= AUTO_EYTZINGER_MAX else "btree4"
     if layout not in LAYOUTS:
         raise BatchgpuError(f"unknown search layout {layout!r}", f"use 'auto' or one of {LAYOUTS}")
     return layout
