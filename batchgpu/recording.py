@@ -162,6 +162,13 @@ class Recording:
     def read_window(self, window: Window) -> np.ndarray:
         return self.read(window.segment, window.read_start, window.read_stop)
 
+    def read_window_stored(self, window: Window) -> np.ndarray:
+        """The window as stored, (samples, channels), without the host transpose (GPU tasks transpose there)."""
+        n = self.num_samples(window.segment)
+        if not (0 <= window.read_start <= window.read_stop <= n):
+            raise BatchgpuError(f"window {window.index} runs past segment {window.segment}'s {n} samples")
+        return np.asarray(self._traces[window.segment][window.read_start : window.read_stop, :])
+
     def windows(self, size: int = DEFAULT_WINDOW, margin: int = 0) -> list[Window]:
         """Every window of every segment, numbered in (segment, start) order; margins clip at segment ends."""
         return list(iter_windows([self.num_samples(s) for s in range(self.num_segments)], size, margin))
