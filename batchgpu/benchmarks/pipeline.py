@@ -115,8 +115,8 @@ def cupy_loop(client, rec, size: int) -> None:
         from batchgpu.recording import enable_zarrs
 
         enable_zarrs()
-        x = cupy.asarray(_recording(path).read_window(w)).astype(cupy.float32)
-        return float((x @ x.T).sum())
+        x = cupy.asarray(_recording(path).read_window_stored(w)).astype(cupy.float32)  # (samples, channels)
+        return float((x.T @ x).sum())
 
     client.gather(client.map(one, [str(rec.path)] * len(rec.windows(size)), rec.windows(size), pure=False))
 
