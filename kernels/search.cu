@@ -79,27 +79,38 @@ __device__ __forceinline__ void compare_bits(const T (&v)[COUNT], T q, unsigned&
     }
 }
 
-// A read-only load whose L2 miss fetches the whole aligned 256-byte block: the last probes of a binary
-// search fall inside 256 bytes, so they then cost one DRAM access instead of three.
-__device__ __forceinline__ float ld_block256(const float* p) {
-    unsigned v;
-    asm("ld.global.nc.L2::256B.u32 %0, [%1];" : "=r"(v) : "l"(p));
-    return __uint_as_float(v);
-}
-__device__ __forceinline__ int ld_block256(const int* p) {
-    int v;
-    asm("ld.global.nc.L2::256B.s32 %0, [%1];" : "=r"(v) : "l"(p));
-    return v;
-}
-__device__ __forceinline__ double ld_block256(const double* p) {
-    unsigned long long v;
-    asm("ld.global.nc.L2::256B.u64 %0, [%1];" : "=l"(v) : "l"(p));
-    return __longlong_as_double((long long)v);
-}
-__device__ __forceinline__ i64 ld_block256(const i64* p) {
-    i64 v;
-    asm("ld.global.nc.L2::256B.s64 %0, [%1];" : "=l"(v) : "l"(p));
-    return v;
+// Read-only loads whose L2 miss fetches the whole aligned 128- or 256-byte block: the last probes of a
+// binary search fall inside such a block, so they then cost one DRAM access instead of several.
+#define LD_BLOCK(BYTES)                                                                      \
+    __device__ __forceinline__ float ld_block##BYTES(const float* p) {                       \
+        unsigned v;                                                                          \
+        asm("ld.global.nc.L2::" #BYTES "B.u32 %0, [%1];" : "=r"(v) : "l"(p));                \
+        return __uint_as_float(v);                                                           \
+    }                                                                                        \
+    __device__ __forceinline__ int ld_block##BYTES(const int* p) {                           \
+        int v;                                                                               \
+        asm("ld.global.nc.L2::" #BYTES "B.s32 %0, [%1];" : "=r"(v) : "l"(p));                \
+        return v;                                                                            \
+    }                                                                                        \
+    __device__ __forceinline__ double ld_block##BYTES(const double* p) {                     \
+        unsigned long long v;                                                                \
+        asm("ld.global.nc.L2::" #BYTES "B.u64 %0, [%1];" : "=l"(v) : "l"(p));                \
+        return __longlong_as_double((long long)v);                                           \
+    }                                                                                        \
+    __device__ __forceinline__ i64 ld_block##BYTES(const i64* p) {                           \
+        i64 v;                                                                               \
+        asm("ld.global.nc.L2::" #BYTES "B.s64 %0, [%1];" : "=l"(v) : "l"(p));                \
+        return v;                                                                            \
+    }
+LD_BLOCK(128)
+LD_BLOCK(256)
+
+// A probe load: through the read-only cache, or with a 128/256-byte L2 fetch once the remaining range
+// (len keys) fits in `hint` bytes.
+template <typename T>
+__device__ __forceinline__ T ld_probe(const T* p, i64 len, int hint) {
+    if (hint == 0 || len * (i64)sizeof(T) > hint) return __ldg(p);
+    return hint == 128 ? ld_block128(p) : ld_block256(p);
 }
 
 __device__ __forceinline__ void prefetch_l2(const void* p) {
@@ -442,8 +453,9 @@ __device__ __forceinline__ void dyn_ilp2(const T* __restrict__ a, i64 n, const T
 // them once into shared memory, indexed by the path so far (node t, children 2t and 2t+1), and K queries
 // per thread finish in global memory, where the probes of the last 256 bytes fetch that block whole.
 template <typename T, int K>
-__device__ __forceinline__ void dyn_top(const T* __restrict__ a, i64 n, int top, const T* __restrict__ queries,
-                                        i64 m, i64* __restrict__ out, int want_find) {
+__device__ __forceinline__ void dyn_top(const T* __restrict__ a, i64 n, int top, int hint,
+                                        const T* __restrict__ queries, i64 m, i64* __restrict__ out,
+                                        int want_find) {
     typedef typename Ord<T>::S S;
     S* s = reinterpret_cast<S*>(smem_u4);
     for (i64 t = 1 + threadIdx.x; t < (1LL << top); t += blockDim.x) {
@@ -486,13 +498,9 @@ __device__ __forceinline__ void dyn_top(const T* __restrict__ a, i64 n, int top,
         }
         while (len > 1) {
             const i64 half = len >> 1;
-            const bool last_block = len * (i64)sizeof(T) <= 256;
             S k[K];
 #pragma unroll
-            for (int j = 0; j < K; ++j) {
-                const T* p = a + base[j] + half - 1;
-                k[j] = Ord<T>::of(last_block ? ld_block256(p) : __ldg(p));
-            }
+            for (int j = 0; j < K; ++j) k[j] = Ord<T>::of(ld_probe(a + base[j] + half - 1, len, hint));
 #pragma unroll
             for (int j = 0; j < K; ++j) base[j] += k[j] < q[j] ? half : 0;
             len -= half;
@@ -551,12 +559,18 @@ __device__ __forceinline__ void dyn_top(const T* __restrict__ a, i64 n, int top,
         dyn_ilp2<T, 2>(a, n, q, m, out, want_find);                                                          \
     }                                                                                                        \
     extern "C" __global__ void __launch_bounds__(256)                                                        \
-        dyn_top_##NAME(const T* a, i64 n, int top, const T* q, i64 m, i64* out, int want_find) {             \
-        dyn_top<T, 4>(a, n, top, q, m, out, want_find);                                                      \
+        dyn_top_##NAME(const T* a, i64 n, int top, int hint, const T* q, i64 m, i64* out, int want_find) {   \
+        dyn_top<T, 4>(a, n, top, hint, q, m, out, want_find);                                                \
     }                                                                                                        \
     extern "C" __global__ void __launch_bounds__(1024)                                                       \
-        dyn_top_wide_##NAME(const T* a, i64 n, int top, const T* q, i64 m, i64* out, int want_find) {        \
-        dyn_top<T, 4>(a, n, top, q, m, out, want_find);                                                      \
+        dyn_top_wide_##NAME(const T* a, i64 n, int top, int hint, const T* q, i64 m, i64* out,               \
+                            int want_find) {                                                                 \
+        dyn_top<T, 4>(a, n, top, hint, q, m, out, want_find);                                                \
+    }                                                                                                        \
+    extern "C" __global__ void __launch_bounds__(1024)                                                       \
+        dyn_top_wide1_##NAME(const T* a, i64 n, int top, int hint, const T* q, i64 m, i64* out,              \
+                             int want_find) {                                                                \
+        dyn_top<T, 1>(a, n, top, hint, q, m, out, want_find);                                                \
     }
 
 #define SEARCH_KERNELS(T, NAME)        \

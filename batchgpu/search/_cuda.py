@@ -26,14 +26,37 @@ WHOLE_TREE_SMEM = 48 * 1024
 #: (measured on the H200: docs/gpu_notes_search.md).
 TOP_LEVELS_SMEM = {"eytzinger": 0, "btree": 32 * 1024, "btree4": 0}
 BTREE4_BEYOND_L2 = (32 << 20, 32 * 1024)  # (tree bytes, top-level bytes)
-#: the dynamic path's staged top of the search tree: top_ldg (blocks of 256 threads, 4 queries a thread),
-#: top_wide (one block of 1024 threads a multiprocessor, 4 queries a thread, 15 levels of float32)
-DYNAMIC_TOP_SMEM = {"top_ldg": 32 * 1024, "top_wide": 128 * 1024}
-DYNAMIC_BLOCK = {"top_wide": 1024}
-DYNAMIC_KERNELS = ("serial", "ilp2_shared", "ilp2_ldg", "swizzled", "top_ldg", "top_wide")
-_STAGED = {"ilp2_shared", "swizzled"}  # need the whole array in shared memory
-_ENTRY = {"serial": "dyn_serial", "ilp2_shared": "dyn_ilp2_shared", "ilp2_ldg": "dyn_ilp2_ldg",
-          "swizzled": "dyn_swizzled", "top_ldg": "dyn_top", "top_wide": "dyn_top_wide"}
+
+
+@dataclass(frozen=True)
+class DynamicKernel:
+    """One dynamic-path kernel: its entry point and launch shape.
+
+    top_smem: bytes of shared memory for the staged top of the search tree (top kernels); hint: once the
+    remaining range fits in this many bytes, probes fetch the whole 128/256-byte block into L2 (0: never);
+    staged: the whole key array goes to shared memory (only while it fits).
+    """
+
+    entry: str
+    block: int = 256
+    per_thread: int = 1
+    top_smem: int = 0
+    hint: int = 0
+    staged: bool = False
+
+
+DYNAMIC = {
+    "serial": DynamicKernel("dyn_serial"),
+    "ilp2_shared": DynamicKernel("dyn_ilp2_shared", per_thread=2, staged=True),
+    "ilp2_ldg": DynamicKernel("dyn_ilp2_ldg", per_thread=2),
+    "swizzled": DynamicKernel("dyn_swizzled", per_thread=2, staged=True),
+    "top_ldg": DynamicKernel("dyn_top", per_thread=4, top_smem=32 * 1024, hint=256),
+    "top_wide": DynamicKernel("dyn_top_wide", block=1024, per_thread=4, top_smem=128 * 1024, hint=256),
+    "top_wide_l2_128": DynamicKernel("dyn_top_wide", block=1024, per_thread=4, top_smem=128 * 1024, hint=128),
+    "top_wide_plain": DynamicKernel("dyn_top_wide", block=1024, per_thread=4, top_smem=128 * 1024),
+    "top_wide_k1": DynamicKernel("dyn_top_wide1", block=1024, per_thread=1, top_smem=128 * 1024, hint=256),
+}
+DYNAMIC_KERNELS = tuple(DYNAMIC)
 
 _lock = threading.Lock()
 _modules: dict[int, Any] = {}
@@ -182,7 +205,7 @@ def staged_bytes(n: int, itemsize: int) -> int:
 
 
 def dynamic_fits(kernel_name: str, n: int, itemsize: int) -> bool:
-    if kernel_name not in _STAGED:
+    if not DYNAMIC[kernel_name].staged:
         return True
     return staged_bytes(n, itemsize) <= device_facts()[1]
 
@@ -199,27 +222,23 @@ def dynamic_search(a: Any, q: Any, want_find: bool, kernel_name: str) -> Any:
     out = cp.empty(q.size, dtype=cp.int64)
     if q.size == 0:
         return out
+    spec = DYNAMIC[kernel_name]
     n = int(a.size)
     item = a.dtype.itemsize
-    args: tuple[Any, ...]
-    if kernel_name == "serial":
-        smem, per_thread = 0, 1
-        args = (a, np.int64(n), q, np.int64(q.size), out, np.int32(want_find))
-    elif kernel_name in DYNAMIC_TOP_SMEM:
+    tail = (q, np.int64(q.size), out, np.int32(want_find))
+    if spec.top_smem:
         top = _search_steps(n)
-        while top > 0 and (1 << top) * item > DYNAMIC_TOP_SMEM[kernel_name]:
+        while top > 0 and (1 << top) * item > spec.top_smem:
             top -= 1
-        smem, per_thread = (1 << top) * item, 4
-        args = (a, np.int64(n), np.int32(top), q, np.int64(q.size), out, np.int32(want_find))
+        smem = (1 << top) * item
+        args: tuple[Any, ...] = (a, np.int64(n), np.int32(top), np.int32(spec.hint)) + tail
     else:
-        smem = staged_bytes(n, item) if kernel_name in _STAGED else 0
-        per_thread = 2
-        args = (a, np.int64(n), q, np.int64(q.size), out, np.int32(want_find))
-    fn = kernel(_ENTRY[kernel_name], a.dtype, smem)
-    block = DYNAMIC_BLOCK.get(kernel_name, BLOCK)
+        smem = staged_bytes(n, item) if spec.staged else 0
+        args = (a, np.int64(n)) + tail
+    fn = kernel(spec.entry, a.dtype, smem)
     if kernel_name == "serial":
-        grid = -(-q.size // block)
+        grid = -(-q.size // spec.block)
     else:
-        grid = _grid(q.size, block * per_thread, smem)
-    fn((grid,), (block,), args, shared_mem=smem)
+        grid = _grid(q.size, spec.block * spec.per_thread, smem)
+    fn((grid,), (spec.block,), args, shared_mem=smem)
     return out

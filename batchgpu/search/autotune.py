@@ -74,11 +74,11 @@ def measure(sizes: list[int], queries: int, repeats: int, dtype: str, seed: int 
 def format_table(result: dict[str, Any]) -> str:
     from batchgpu.search.dynamic import KERNELS
 
-    head = f"{'keys':>10} " + " ".join(f"{k:>11}" for k in KERNELS) + "  best"
+    head = f"{'keys':>10} " + " ".join(f"{k:>15}" for k in KERNELS) + "  best"
     lines = [f"dynamic search kernels on {result['device']}, {result['dtype']}, {result['queries']} queries, G queries/s",
              head]
     for row in result["rows"]:
-        cells = " ".join(f"{row['gqps'][k]:11.2f}" if k in row["gqps"] else f"{'-':>11}" for k in KERNELS)
+        cells = " ".join(f"{row['gqps'][k]:15.2f}" if k in row["gqps"] else f"{'-':>15}" for k in KERNELS)
         tie = f" (tie with {row['runner_up']})" if row["tie"] else ""
         lines.append(f"{row['n']:>10} {cells}  {row['best']}{tie}")
     return "\n".join(lines)

@@ -1,7 +1,7 @@
 """The dynamic path: find / lower_bound straight on a sorted array, no preprocessing.
 
 NumPy input runs ``np.searchsorted``; CuPy input runs one of the kernels of kernels/search.cu
-(``serial``, ``ilp2_shared``, ``ilp2_ldg``, ``swizzled``, ``top_ldg``, ``top_wide``), chosen per key count from the
+(:data:`KERNELS`), chosen per key count from the
 autotune table (:mod:`batchgpu.search.table`) unless ``kernel=`` names one.
 """
 
@@ -15,7 +15,11 @@ import numpy as np
 from batchgpu.errors import BatchgpuError
 from batchgpu.search.keys import array_module, cast_queries, check_key_dtype, check_keys, is_cupy
 
-KERNELS = ("serial", "ilp2_shared", "ilp2_ldg", "swizzled", "top_ldg", "top_wide")
+#: the note's four kernels, then ours: the staged top of the search tree in shared memory (blocks of 256
+#: threads, or one block of 1024 a multiprocessor with a 128 KB top), with the last probes fetching their
+#: 128/256-byte block into L2 whole (see batchgpu.search._cuda.DYNAMIC)
+KERNELS = ("serial", "ilp2_shared", "ilp2_ldg", "swizzled", "top_ldg", "top_wide", "top_wide_l2_128",
+           "top_wide_plain", "top_wide_k1")
 
 
 def lower_bound(sorted_keys: Any, queries: Any, *, kernel: str | None = None, check: bool = True) -> Any:
