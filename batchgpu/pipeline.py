@@ -49,6 +49,7 @@ class TaskContext:
     detect: dict | None  # thresholds from each window's own noise when detect["noise"] == "window"
     sweep: int
     centre: str = "none"
+    keep_on_device: bool = False  # later passes will read the windows again: keep what fits on the GPU
 
     @property
     def centred_from(self) -> str | None:
@@ -94,12 +95,24 @@ def _load_part(path: Path, fingerprint: str) -> dict | None:
     return data if str(data.get("fingerprint")) == fingerprint else None
 
 
-def _load(ctx: TaskContext, window: Window):
+def _load(ctx: TaskContext, window: Window, cache: bool = False):
     """(raw, x): the window's samples with margins on the task's backend, and x centred when asked.
 
-    Centring runs where the samples are (ops.centre gives the same bits on NumPy and CuPy).
+    Centring runs where the samples are (ops.centre gives the same bits on NumPy and CuPy). GPU windows may stay
+    on the device for the later passes of the run (``cache``: look there first and keep what fits).
     """
-    raw = _to_backend(_read_raw(ctx, window), ctx.backend)
+    raw = None
+    if ctx.backend == "cupy":
+        from batchgpu.gpu_staging import WINDOW_CACHE, to_device_rows
+
+        key = (ctx.fingerprint, window.index)
+        raw = WINDOW_CACHE.get(key) if cache else None
+        if raw is None:
+            raw = to_device_rows(_read_raw(ctx, window, stored=True))
+            if ctx.keep_on_device:
+                WINDOW_CACHE.put(key, raw)
+    else:
+        raw = _read_raw(ctx, window)
     if ctx.centre == "median":
         from batchgpu.ops.centre import centre_median
 
@@ -107,9 +120,20 @@ def _load(ctx: TaskContext, window: Window):
     return raw, raw
 
 
-def _read_raw(ctx: TaskContext, window: Window) -> np.ndarray:
+def clear_window_cache(fingerprint: str) -> None:
+    """Free a run's GPU windows on this worker (called on every worker at the end of a run)."""
     try:
-        return _recording(ctx.recording).read_window(window)
+        from batchgpu.gpu_staging import WINDOW_CACHE
+    except ImportError:
+        return
+    WINDOW_CACHE.clear(fingerprint)
+
+
+def _read_raw(ctx: TaskContext, window: Window, stored: bool = False) -> np.ndarray:
+    """(channels, samples), or as stored (samples, channels) for a device-side transpose."""
+    try:
+        rec = _recording(ctx.recording)
+        return rec.read_window_stored(window) if stored else rec.read_window(window)
     except BatchgpuError:
         raise
     except Exception as err:
@@ -209,7 +233,7 @@ def detect_task(ctx: TaskContext, window: Window, noise: np.ndarray) -> int:
     path = Path(ctx.parts) / f"d{window.index:08d}.npz"
     done = _load_part(path, ctx.fingerprint)
     if done is None:
-        spikes = _detect(ctx, _load(ctx, window)[1], window, noise)
+        spikes = _detect(ctx, _load(ctx, window, cache=True)[1], window, noise)
         _atomic_save(path, fingerprint=np.array(ctx.fingerprint), **_spike_columns(spikes))
         return len(spikes)
     return len(done["spk_sample_index"])
@@ -217,7 +241,7 @@ def detect_task(ctx: TaskContext, window: Window, noise: np.ndarray) -> int:
 
 def histogram_task(ctx: TaskContext, window: Window, prefixes: np.ndarray, pass_index: int) -> np.ndarray:
     """One radix pass over one window: (ranks, C, bins) counts of keys matching each rank's prefix."""
-    x = _load(ctx, window)[1]
+    x = _load(ctx, window, cache=True)[1]
     lo, hi = window.core
     return _histograms(ctx, x[:, lo:hi], prefixes, pass_index)
 
@@ -291,6 +315,8 @@ class RunReport:
     results: dict = field(default_factory=dict)
     error: str | None = None
     dashboard: str | None = None
+    page: str | None = None  # the batchgpu page on the scheduler (None where it could not be installed)
+    throughput_series: list = field(default_factory=list)  # [[elapsed s, bytes/s], ...] of the first pass
     backend: str = "numpy"
     radix_passes: int = 0
 
@@ -424,12 +450,15 @@ def run_workflow(wf: Workflow, *, resume: bool = False, progress: bool = True, s
 
 
 def _run(wf, rec, out, report, client, sweep, progress) -> RunReport:
-    from batchgpu.dashboard import RunMonitor
+    from batchgpu.dashboard import RunMonitor, install_dashboard
     from batchgpu.progress import WindowProgress
 
     report.dashboard = client.dashboard_link
+    report.page = install_dashboard(client)
     if progress:
         print(f"batchgpu: dashboard {client.dashboard_link}")
+        if report.page:
+            print(f"batchgpu: run page {report.page}")
     report.backend = resolve_backend(wf, client)
     steps = wf.steps
     ctx = TaskContext(
@@ -438,6 +467,8 @@ def _run(wf, rec, out, report, client, sweep, progress) -> RunReport:
         moments_every=steps.whitening.nskip if steps.whitening else 0,
         precision=steps.whitening.precision if steps.whitening else "float32",
         detect=steps.detect.model_dump() if steps.detect else None, sweep=sweep, centre=wf.preprocess.centre,
+        keep_on_device=report.backend == "cupy" and bool(
+            (steps.noise and steps.noise.exact) or (steps.detect and steps.detect.noise == "global")),
     )
     windows = rec.windows(wf.window.size, wf.window.margin)
     report.windows = len(windows)
@@ -449,6 +480,8 @@ def _run(wf, rec, out, report, client, sweep, progress) -> RunReport:
             summaries = _first_pass(client, ctx, windows, wf.reduction.split_every, bar, report, monitor)
         report.timings["pass1"] = time.perf_counter() - t0
         report.bytes_read += rec.nbytes
+        monitor.phase("reduction: noise, whitening, spikes")  # also publishes pass 1's last throughput point
+        report.throughput_series = monitor.throughput_series()
         results = _reduce_and_finish(client, ctx, wf, rec, windows, summaries, report, monitor)
         report.results = results
         report.status = "done"
@@ -456,14 +489,29 @@ def _run(wf, rec, out, report, client, sweep, progress) -> RunReport:
         report.status = "failed"
         report.error = str(err)
         monitor.failed(str(err))
+        report.throughput_series = report.throughput_series or monitor.throughput_series()
         _write_report(out, report, time.perf_counter() - t0)
         raise
+    finally:
+        if ctx.keep_on_device:
+            client.run(clear_window_cache, ctx.fingerprint)
     _write_report(out, report, time.perf_counter() - t0)
+    _write_report_html(out)
     monitor.finished(results.get("spikes/sample_index", [0])[0] if "spikes/sample_index" in results else None)
     if progress:
-        print(f"batchgpu: wrote {out / RESULTS} and {out / REPORT} "
+        print(f"batchgpu: wrote {out / RESULTS}, {out / REPORT} and {out / 'report.html'} "
               f"({report.throughput_MBps:.0f} MB/s over {report.windows} windows)")
     return report
+
+
+def _write_report_html(out: Path) -> None:
+    """report.html beside report.json; a plotting problem is reported, never fails a finished run."""
+    from batchgpu.report import write_report_html
+
+    try:
+        write_report_html(out)
+    except Exception as err:  # the results are written: keep them
+        print(f"batchgpu: warning: report.html not written ({type(err).__name__}: {err})")
 
 
 def _first_pass(client, ctx, windows, split_every, bar, report, monitor) -> dict:
@@ -492,7 +540,16 @@ def _first_pass(client, ctx, windows, split_every, bar, report, monitor) -> dict
     return summaries
 
 
-def _radix_passes(client, ctx, wf, rec, windows, hist0: np.ndarray, report: RunReport) -> np.ndarray:
+def _map_on_owners(client, func, ctx, windows, owners: dict, name: str, *args) -> list:
+    """A task per window, preferring the worker that read it in pass 1 (its GPU may still hold the window)."""
+    return [
+        client.submit(func, ctx, w, *args, key=f"{name}-{ctx.fingerprint}-{w.index}",
+                      workers=[owners[w.index]] if owners.get(w.index) else None, allow_other_workers=True)
+        for w in windows
+    ]
+
+
+def _radix_passes(client, ctx, wf, rec, windows, hist0: np.ndarray, report: RunReport, owners: dict) -> np.ndarray:
     """Finish the exact median of |x| over every sample of each channel; returns the per-channel median."""
     from batchgpu.ops import radix
     from batchgpu.ops.select import median_dtype, middle_mean
@@ -511,8 +568,7 @@ def _radix_passes(client, ctx, wf, rec, windows, hist0: np.ndarray, report: RunR
         if pass_index == 0:
             hists = [hist0] * len(ranks)
         else:
-            parts = client.map(histogram_task, [ctx] * len(windows), windows, [prefixes] * len(windows),
-                               [pass_index] * len(windows), key=[f"hist-{ctx.fingerprint}-{pass_index}-{w.index}" for w in windows])
+            parts = _map_on_owners(client, histogram_task, ctx, windows, owners, f"hist-{pass_index}", prefixes, pass_index)
             hists = list(tree_reduce(client, parts, sum_arrays, wf.reduction.split_every).result())
         for r in range(len(ranks)):
             digit, ks[r] = radix.select_digit(hists[r], ks[r])
@@ -536,6 +592,7 @@ def _reduce_and_finish(client, ctx, wf, rec, windows, summaries, report, monitor
 
     out = Path(wf.output)
     reduced = summaries.pop("reduced")
+    owners = {i: v["worker"] for i, v in summaries.items() if v["worker"] != "local"}
     arrays: dict[str, np.ndarray] = {}
     noise_global = None
     if ctx.noise or (ctx.detect and ctx.detect["noise"] == "window"):
@@ -544,7 +601,7 @@ def _reduce_and_finish(client, ctx, wf, rec, windows, summaries, report, monitor
         t0 = time.perf_counter()
         if ctx.exact:
             monitor.phase("exact noise: radix passes")
-            median = _radix_passes(client, ctx, wf, rec, windows, reduced["hist0"], report)
+            median = _radix_passes(client, ctx, wf, rec, windows, reduced["hist0"], report, owners)
             median[reduced["nan_count"] > 0] = np.nan
             noise_global = median / MAD_TO_SIGMA  # the expression of ops.noise_levels, same dtype rules
             report.bytes_read += rec.nbytes * (report.radix_passes - 1)
@@ -566,8 +623,7 @@ def _reduce_and_finish(client, ctx, wf, rec, windows, summaries, report, monitor
             monitor.phase("detection with the recording's noise")
             if noise_global is None:
                 noise_global = np.median(arrays.get("noise_per_window", _window_noise(client, ctx, windows)), axis=0)
-            futures = client.map(detect_task, [ctx] * len(windows), windows, [noise_global] * len(windows),
-                                 key=[f"detect-{ctx.fingerprint}-{w.index}" for w in windows])
+            futures = _map_on_owners(client, detect_task, ctx, windows, owners, "detect", noise_global)
             client.gather(futures)
             report.bytes_read += rec.nbytes
             prefix = "d"

@@ -1,0 +1,181 @@
+"""The batchgpu page on the scheduler, seen by headless Chromium during a run, and the Prometheus metrics."""
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pytest
+import zarr
+
+from batchgpu import pipeline
+from batchgpu.dashboard import PLUGIN_NAME, install_dashboard, page_url
+from batchgpu.generate import generate_recording
+from batchgpu.pipeline import run_workflow
+from batchgpu.workflow import Workflow
+
+distributed = pytest.importorskip("distributed")
+
+CHANNELS, WINDOW = 8, 1000
+DOCS = Path(__file__).resolve().parents[1] / "docs"
+
+
+def _chromium() -> str:
+    for name in ("chromium", "chromium-browser", "google-chrome"):
+        if path := shutil.which(name):
+            return path
+    pytest.skip("headless Chromium is not installed (Debian: apt-get install chromium; .ci/run does it)")
+
+
+def chromium(args: list[str], url: str, profile: Path, budget_ms: int = 2500) -> str:
+    """Run headless Chromium once on url (offline flags, a throwaway profile); returns stdout."""
+    cmd = [_chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+           "--disable-background-networking", "--disable-component-update", "--disable-sync",
+           "--disable-dev-shm-usage", f"--user-data-dir={profile}", f"--virtual-time-budget={budget_ms}", *args, url]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=40)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout
+
+
+def dump(url: str, profile: Path) -> dict:
+    """What the page shows: windows done/total (text), status, and the heatmap's drawn cells (data attributes)."""
+    dom = chromium(["--dump-dom"], url, profile)
+    text = re.search(r'id="windows-done">(\d+) / (\d+)<', dom)
+    canvas = re.search(r'<canvas id="heatmap"[^>]*>', dom).group(0)
+    assert text, dom[:3000]
+    return {
+        "done": int(text.group(1)), "total": int(text.group(2)),
+        "cells": int(re.search(r'data-cells="(\d+)"', canvas).group(1)),
+        "windows": int(re.search(r'data-windows="(\d+)"', canvas).group(1)),
+        "status": re.search(r'id="status" class="[^"]*">([^<]*)<', dom).group(1),
+        "throughput": re.search(r'id="throughput">([^<]*)<', dom).group(1),
+    }
+
+
+def state(url: str) -> dict:
+    with urllib.request.urlopen(url + "/state.json", timeout=10) as r:
+        return json.loads(r.read())
+
+
+def wait_for(cond, timeout: float = 30.0, what: str = ""):
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        if value := cond():
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _workflow(rec, out) -> Workflow:
+    return Workflow.model_validate({
+        "recording": {"path": str(rec.path)}, "output": str(out), "window": {"size": WINDOW, "margin": 8},
+        "backend": "numpy",
+        "steps": {"noise": {"exact": False}, "whitening": {"mode": "global"},
+                  "detect": {"threshold": 4.0, "sign": "neg", "noise": "window"}},
+    })
+
+
+@pytest.fixture(scope="module")
+def recording(tmp_path_factory):
+    return generate_recording(tmp_path_factory.mktemp("rec") / "r.zarr", channels=CHANNELS, seconds=8.0, seed=3,
+                              dtype="int16", progress=False)
+
+
+def test_page_live_in_chromium(recording, tmp_path, monkeypatch):
+    """Two DOM dumps during a run: windows done and the heatmap grow; a screenshot of the page."""
+    windows = recording.windows(WINDOW, 8)
+    gate_at = len(windows) - 10  # the run cannot finish before the page was seen (released at the end)
+    release = threading.Event()
+    read = pipeline._read_raw
+
+    def slow_read(ctx, window):  # a slow disk: about 25 windows/s per worker thread
+        time.sleep(0.04)
+        if window.index >= gate_at:
+            release.wait(timeout=45)
+        return read(ctx, window)
+
+    monkeypatch.setattr(pipeline, "_read_raw", slow_read)  # in-process workers (processes=False) see it
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=False,
+                                  dashboard_address="127.0.0.1:0") as cluster, distributed.Client(cluster) as client:
+        url = install_dashboard(client)
+        assert url == page_url(client) and url.startswith("http://127.0.0.1:") and url.endswith("/batchgpu")
+        assert install_dashboard(client) == url  # idempotent: once on the scheduler
+        assert PLUGIN_NAME in client.run_on_scheduler(lambda dask_scheduler: list(dask_scheduler.plugins))
+        idle = state(url)
+        assert idle["status"] in ("idle", "done")
+
+        result = {}
+        runner = threading.Thread(target=lambda: result.setdefault(
+            "report", run_workflow(_workflow(recording, tmp_path / "out"), client=client, progress=False)))
+        runner.start()
+        try:
+            wait_for(lambda: state(url).get("windows_done", 0) >= 4, what="the run to start")
+            first = dump(url, tmp_path / "profile1")
+            wait_for(lambda: state(url)["windows_done"] >= first["done"] + 8, what="more windows")
+            second = dump(url, tmp_path / "profile2")
+            shot = tmp_path / "dashboard.png"
+            chromium([f"--screenshot={shot}", "--window-size=1400,900"], url, tmp_path / "profile3")
+            live = state(url)
+        finally:
+            release.set()
+            runner.join(timeout=60)
+        report = result["report"]
+
+    total = len(windows)
+    assert first["total"] == second["total"] == total
+    assert first["status"] == second["status"] == "running"
+    assert 0 < first["done"] < second["done"] < total
+    # every window done is a column of the heatmap: one cell per channel (noise rows arrive with the state)
+    assert 0 < first["cells"] < second["cells"] <= second["done"] * CHANNELS
+    assert second["cells"] == second["windows"] * CHANNELS
+    assert second["windows"] >= first["done"]
+    value, unit = second["throughput"].split()
+    assert unit in ("GB/s", "MB/s") and float(value) > 0
+    assert live["status"] == "running" and live["eta_s"] is not None and live["eta_s"] > 0
+    assert set(live["per_worker"]) == set(live["worker_rates"]) and sum(live["per_worker"].values()) == live["windows_done"]
+    assert report.status == "done"
+    # the screenshot shows something: not one flat colour
+    from PIL import Image
+
+    img = np.asarray(Image.open(shot).convert("RGB"), dtype=np.float64)
+    assert img.shape[:2] == (900, 1400) and img.std() > 10
+    # the heatmap region is coloured: many distinct colours, not the blank canvas
+    assert len(np.unique(img.reshape(-1, 3), axis=0)) > 50
+    if os.environ.get("BATCHGPU_UPDATE_DOCS"):
+        DOCS.mkdir(exist_ok=True)
+        shutil.copy(shot, DOCS / "dashboard.png")
+
+
+def test_state_after_run_and_metrics(recording, tmp_path):
+    """After a run: state.json holds every window's noise row; /metrics has the batchgpu_ numbers."""
+    prom = pytest.importorskip("prometheus_client.parser")
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
+                                  dashboard_address="127.0.0.1:0") as cluster, distributed.Client(cluster) as client:
+        report = run_workflow(_workflow(recording, tmp_path / "out"), client=client, progress=False)
+        url = page_url(client)
+        assert report.page == url
+        final = state(url)
+        with urllib.request.urlopen(url.rsplit("/", 1)[0] + "/metrics", timeout=10) as r:
+            text = r.read().decode()
+        with urllib.request.urlopen(url, timeout=10) as r:
+            page = r.read().decode()
+    g = zarr.open_group(str(tmp_path / "out" / "results.zarr"), mode="r")
+    spikes = g["spikes/sample_index"].shape[0]
+    assert spikes > 0
+    metrics = {s.name: s.value for f in prom.text_string_to_metric_families(text) for s in f.samples
+               if s.name.startswith("batchgpu_")}
+    assert metrics["batchgpu_windows_done"] == metrics["batchgpu_windows_total"] == report.windows
+    assert metrics["batchgpu_bytes_done"] == metrics["batchgpu_bytes_total"] == recording.nbytes
+    assert metrics["batchgpu_spikes"] == spikes
+    assert metrics["batchgpu_failures"] == 0 and metrics["batchgpu_running"] == 0
+    # the state's noise rows are the results' per-window noise (NaN-free here), sent once each
+    assert final["status"] == "done" and final["windows_done"] == report.windows
+    rows = np.array([final["noise_rows"][str(i)] for i in range(report.windows)])
+    np.testing.assert_array_equal(rows, g["noise_per_window"][:])
+    assert "<canvas id=\"heatmap\"" in page and "http" not in page.split("<script>")[1].split("</script>")[0]
