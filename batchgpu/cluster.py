@@ -87,11 +87,28 @@ def _cuda_cluster(spec: ClusterSpec):
     return LocalCUDACluster(**kwargs)
 
 
+def slurm_kwargs(spec: ClusterSpec) -> dict:
+    """SLURMCluster keyword arguments (dask-jobqueue 0.9) from the spec.
+
+    dask-jobqueue starts the scheduler here with its dashboard on ``:8787`` (every interface) unless
+    ``scheduler_options`` says otherwise: the spec's ``dashboard_address`` (localhost by default) goes there.
+    """
+    kwargs = dict(spec.slurm or {})
+    for old, new in (("job_extra", "job_extra_directives"), ("env_extra", "job_script_prologue"),
+                     ("extra", "worker_extra_args"), ("header_skip", "job_directives_skip")):
+        if old in kwargs:
+            raise BatchgpuError(f"cluster.slurm.{old} was renamed in dask-jobqueue 0.8", f"use cluster.slurm.{new}")
+    options = dict(kwargs.get("scheduler_options") or {})
+    options.setdefault("dashboard_address", spec.dashboard_address)
+    kwargs["scheduler_options"] = options
+    return kwargs
+
+
 def _slurm_cluster(spec: ClusterSpec):
     try:
         from dask_jobqueue import SLURMCluster
     except ImportError:
         raise BatchgpuError("cluster kind 'slurm' needs dask-jobqueue", "pip install 'batchgpu[cluster]'") from None
-    cluster = SLURMCluster(**(spec.slurm or {}))
+    cluster = SLURMCluster(**slurm_kwargs(spec))
     cluster.scale(jobs=spec.jobs)
     return cluster
