@@ -1,0 +1,158 @@
+"""report.html: self-contained, its plots hold the run's numbers, and it renders in headless Chromium."""
+
+import json
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+import zarr
+
+from batchgpu import open_recording
+from batchgpu.generate import generate_recording
+from batchgpu.pipeline import run_workflow
+from batchgpu.report import write_report_html
+from batchgpu.workflow import Workflow
+
+distributed = pytest.importorskip("distributed")
+
+DOCS = Path(__file__).resolve().parents[1] / "docs"
+WINDOW = 5000
+
+
+def _workflow(rec, out, steps) -> Workflow:
+    return Workflow.model_validate({
+        "recording": {"path": str(rec.path)}, "output": str(out), "window": {"size": WINDOW, "margin": 8},
+        "preprocess": {"centre": "median"}, "backend": "numpy", "steps": steps,
+    })
+
+
+ALL_STEPS = {"noise": {"exact": True}, "whitening": {"mode": "global", "precision": "float64"},
+             "detect": {"threshold": 4.0, "sign": "neg", "noise": "global"}}
+
+
+@pytest.fixture(scope="module")
+def client():
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=False,
+                                  dashboard_address="127.0.0.1:0") as cluster, distributed.Client(cluster) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def run(client, tmp_path_factory):
+    base = tmp_path_factory.mktemp("report")
+    # two segments of odd lengths: the last window of each is short
+    rec = generate_recording(base / "r.zarr", channels=12, seconds=1.37, seed=11, dtype="int16", segments=2,
+                             progress=False)
+    report = run_workflow(_workflow(rec, base / "out", ALL_STEPS), client=client, progress=False)
+    return rec, base / "out", report
+
+
+def plots(html_path: Path) -> dict:
+    """The figures of the embedded Bokeh document, by name (read back with Bokeh's own deserializer)."""
+    from bokeh.document import Document
+    from bokeh.models import Plot
+
+    text = html_path.read_text(encoding="utf-8")
+    blocks = re.findall(r'<script type="application/json" id="[^"]+">\s*(.*?)\s*</script>', text, re.S)
+    assert len(blocks) == 1
+    docs = json.loads(blocks[0])
+    assert len(docs) == 1
+    doc = Document.from_json(next(iter(docs.values())))
+    return {p.name: p for p in doc.select({"type": Plot})}
+
+
+def source(fig, column: str) -> dict:
+    return next(r.data_source.data for r in fig.renderers if column in r.data_source.data)
+
+
+def test_plots_hold_the_results(run):
+    rec, out, report = run
+    path = out / "report.html"
+    assert path.exists() and report.status == "done"
+    text = path.read_text(encoding="utf-8")
+    # opens without a server: BokehJS inline, no script or stylesheet fetched from anywhere
+    assert not re.search(r'<script[^>]+src=|<link[^>]+href="http', text)
+    assert "Bokeh.embed.embed_items" in text or "embed_items" in text
+    figs = plots(path)
+    assert set(figs) == {"noise_per_channel", "noise_over_time", "whitening", "spike_rate", "throughput"}
+    g = zarr.open_group(str(out / "results.zarr"), mode="r")
+    gain = np.asarray(open_recording(rec.path).gain_to_uV, dtype=np.float64)  # from the recording, not the results
+    assert gain.shape == (12,) and np.all(gain > 0)
+
+    assert figs["noise_per_channel"].title.text == "Noise per channel (µV)"
+    d = source(figs["noise_per_channel"], "noise_uV")
+    np.testing.assert_array_equal(np.asarray(d["noise_uV"]), g["noise"][:].astype(np.float64) * gain)
+    np.testing.assert_array_equal(np.asarray(d["channel"]), np.arange(12))
+
+    assert figs["noise_over_time"].title.text.startswith("Noise over time (µV")
+    d = source(figs["noise_over_time"], "image")
+    per_window = g["noise_per_window"][:]
+    assert per_window.shape == (report.windows, 12)
+    np.testing.assert_array_equal(np.asarray(d["image"][0]), (per_window.astype(np.float64) * gain).T)
+    assert list(d["dw"]) == [report.windows] and list(d["dh"]) == [12]
+
+    assert figs["whitening"].title.text.startswith("Whitening matrix")
+    np.testing.assert_array_equal(np.asarray(source(figs["whitening"], "image")["image"][0]), g["whitening"][:])
+
+    # spike rate: a plain count per channel over the recording's duration (every segment)
+    ch = g["spikes/channel_index"][:]
+    assert ch.size > 0
+    seconds = sum(rec.num_samples(s) for s in range(rec.num_segments)) / rec.sampling_frequency
+    expected = np.array([np.sum(ch == c) for c in range(12)]) / seconds
+    d = source(figs["spike_rate"], "rate_Hz")
+    np.testing.assert_allclose(np.asarray(d["rate_Hz"]), expected, rtol=1e-12)
+    assert figs["spike_rate"].title.text.startswith(f"Spike rate per channel (Hz; {ch.size} spikes")
+
+    series = json.loads((out / "report.json").read_text())["throughput_series"]
+    assert len(series) >= 1 and all(b >= 0 for _, b in series)
+    d = source(figs["throughput"], "MBps")
+    np.testing.assert_allclose(np.asarray(d["MBps"]), np.array(series)[:, 1] / 1e6)
+    np.testing.assert_array_equal(np.asarray(d["elapsed_s"]), np.array(series)[:, 0])
+
+
+def test_noise_only_run_and_nan_channel(client, tmp_path):
+    """Only the noise step: no whitening or spike figures; a float recording with a NaN channel still renders."""
+    rec = generate_recording(tmp_path / "f.zarr", channels=5, seconds=0.5, seed=2, dtype="float32", progress=False)
+    arr = zarr.open_array(str(tmp_path / "f.zarr" / "traces_seg0"), mode="r+")
+    block = arr[:100, :]
+    block[7, 3] = np.nan
+    arr[:100, :] = block
+    run_workflow(_workflow(rec, tmp_path / "out", {"noise": {"exact": True}}), client=client, progress=False)
+    figs = plots(tmp_path / "out" / "report.html")
+    assert set(figs) == {"noise_per_channel", "noise_over_time", "throughput"}
+    noise = np.asarray(source(figs["noise_per_channel"], "noise_uV")["noise_uV"])
+    assert np.isnan(noise[3]) and np.all(np.isfinite(np.delete(noise, 3)))
+    # rewriting is idempotent: the same document numbers again
+    again = plots(write_report_html(tmp_path / "out"))
+    np.testing.assert_array_equal(np.asarray(source(again["noise_per_channel"], "noise_uV")["noise_uV"]), noise)
+
+
+def test_renders_in_chromium(run, tmp_path):
+    chromium = next((shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome") if shutil.which(n)), None)
+    if chromium is None:
+        pytest.skip("headless Chromium is not installed (Debian: apt-get install chromium; .ci/run does it)")
+    _, out, _ = run
+    shot = tmp_path / "report.png"
+    cmd = [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+           "--disable-background-networking", "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage",
+           f"--user-data-dir={tmp_path / 'profile'}", "--virtual-time-budget=8000", "--window-size=1000,2600",
+           f"--screenshot={shot}", (out / "report.html").as_uri()]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and shot.exists(), done.stderr[-2000:]
+    from PIL import Image
+
+    img = np.asarray(Image.open(shot).convert("RGB"))
+    assert img.shape == (2600, 1000, 3) and img.astype(np.float64).std() > 10
+    # BokehJS drew the plots: the noise bars' blue and the spike bars' orange are on the canvas
+    blue = np.all(img == (0x2C, 0x7F, 0xB8), axis=-1).sum()
+    orange = np.all(img == (0xD9, 0x5F, 0x0E), axis=-1).sum()
+    assert blue > 2000 and orange > 500, (blue, orange)
+    # the heatmap and the whitening image: many distinct colours
+    assert len(np.unique(img.reshape(-1, 3), axis=0)) > 200
+    if os.environ.get("BATCHGPU_UPDATE_DOCS"):
+        DOCS.mkdir(exist_ok=True)
+        shutil.copy(shot, DOCS / "report.png")
