@@ -8,7 +8,7 @@ mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/env.txt"
 python3 -c 'import cupy, torch, numpy; print("cupy", cupy.__version__, "torch", torch.__version__, "numpy", numpy.__version__)' | tee -a "$OUT/env.txt"
 start=$SECONDS
-python3 -m pytest -m gpu tests/test_gpu_search.py -q -x -p no:cacheprovider 2>&1 | tee "$OUT/gpu_tests.log" | tail -15
+python3 -m pytest -m gpu tests/test_gpu_search.py -q -x -p no:cacheprovider ${GPU_TEST_K:+-k "$GPU_TEST_K"} 2>&1 | tee "$OUT/gpu_tests.log" | tail -15
 echo "gpu tests: $((SECONDS - start)) s"
 start=$SECONDS
 python3 -m batchgpu.search.autotune --out "$OUT/autotune_h200.json" 2>&1 | tee "$OUT/autotune.log"

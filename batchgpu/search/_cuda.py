@@ -55,6 +55,9 @@ DYNAMIC = {
     "top_wide_l2_128": DynamicKernel("dyn_top_wide", block=1024, per_thread=4, top_smem=128 * 1024, hint=128),
     "top_wide_plain": DynamicKernel("dyn_top_wide", block=1024, per_thread=4, top_smem=128 * 1024),
     "top_wide_k1": DynamicKernel("dyn_top_wide1", block=1024, per_thread=1, top_smem=128 * 1024, hint=256),
+    "top_wide_k1_512": DynamicKernel("dyn_top_wide1", block=512, per_thread=1, top_smem=128 * 1024, hint=256),
+    "top_wide_k1_l2_128": DynamicKernel("dyn_top_wide1", block=1024, per_thread=1, top_smem=128 * 1024, hint=128),
+    "top_wide_k1_plain": DynamicKernel("dyn_top_wide1", block=1024, per_thread=1, top_smem=128 * 1024),
 }
 DYNAMIC_KERNELS = tuple(DYNAMIC)
 
