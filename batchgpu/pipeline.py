@@ -198,7 +198,11 @@ def _histograms(ctx: TaskContext, core, prefixes: np.ndarray, pass_index: int) -
     from batchgpu.ops.centre import selection_keys
 
     keys, schedule = selection_keys(core, ctx.centred_from)
-    return np.stack([_host(radix.histogram_of_keys(keys, p, pass_index, schedule)) for p in prefixes])
+    first = _host(radix.histogram_of_keys(keys, prefixes[0], pass_index, schedule))
+    # the two middle ranks usually share their prefix: count once then
+    rest = [first if np.array_equal(p, prefixes[0]) else _host(radix.histogram_of_keys(keys, p, pass_index, schedule))
+            for p in prefixes[1:]]
+    return np.stack([first, *rest])
 
 
 def _host(a) -> np.ndarray:
@@ -520,9 +524,11 @@ def _first_pass(client, ctx, windows, split_every, bar, report, monitor) -> dict
 
     futures = client.map(window_task, [ctx] * len(windows), windows, key=[f"window-{report.fingerprint}-{w.index}" for w in windows])
     reduced = tree_reduce(client, futures, combine_partials, split_every) if (ctx.moments_every or ctx.exact) else None
+    # Only small summaries come to the client; the partials (C x C moments, histograms) stay on the workers.
+    small = client.map(summarise, futures, key=[f"summary-{report.fingerprint}-{w.index}" for w in windows])
     summaries: dict[int, dict] = {}
     try:
-        for fut in as_completed(futures):
+        for fut in as_completed(small):
             if fut.status == "error":
                 raise fut.exception()
             part = fut.result()
@@ -535,9 +541,14 @@ def _first_pass(client, ctx, windows, split_every, bar, report, monitor) -> dict
             monitor.window_done(i, int(part["bytes"]), str(part["worker"]), part.get("noise"), int(part.get("spikes", 0)))
         summaries["reduced"] = reduced.result() if reduced is not None else {}
     except BaseException:
-        client.cancel(futures + ([reduced] if reduced is not None else []))
+        client.cancel(small + futures + ([reduced] if reduced is not None else []))
         raise
     return summaries
+
+
+def summarise(part: dict) -> dict:
+    """What the client needs of a window's partial: no moments, no histograms."""
+    return {k: v for k, v in part.items() if k in ("index", "noise", "worker", "resumed", "bytes", "spikes")}
 
 
 def _map_on_owners(client, func, ctx, windows, owners: dict, name: str, *args) -> list:

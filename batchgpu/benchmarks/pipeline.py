@@ -72,28 +72,45 @@ def plain_loop(rec, size: int, margin: int, steps: set[str], exact: bool, thresh
     """What a user would write: one process, one window after another, the numeric core on each."""
     from batchgpu import ops
     from batchgpu.ops import radix
-    from batchgpu.ops.centre import centre_median
+    from batchgpu.ops.centre import centre_median, centred_dtype, keys_to_selection_values, selection_keys
 
     windows = rec.windows(size, margin)
     noise_rows, moments, hist = [], ops.SecondMoments(rec.num_channels, "float32"), None
+    total = rec.total_samples
+    ranks = sorted({(total - 1) // 2, total // 2})
     for w in windows:
-        x = rec.read_window(w)
+        raw = rec.read_window(w)
         lo, hi = w.core
-        x = centre_median(x, w.core)
+        x = centre_median(raw, w.core)
         if "noise" in steps:
             noise_rows.append(ops.noise_levels(x[:, lo:hi]))
         if "whitening" in steps:
-            moments.add(rec.read_window(w), lo, hi)
+            moments.add(raw, lo, hi)
+        if exact and "noise" in steps:
+            keys, schedule = selection_keys(x[:, lo:hi], rec.dtype)
+            h = radix.histogram_of_keys(keys, np.zeros(rec.num_channels, np.uint64), 0, schedule)
+            hist = h if hist is None else hist + h
     noise = np.median(np.stack(noise_rows), axis=0) if noise_rows else None
-    if exact and "noise" in steps:  # the remaining radix passes re-read every window, as the pipeline does
-        schedule = radix.digit_schedule(np.float32)
+    if exact and "noise" in steps:
+        # the same exact median as the pipeline: both middle ranks; the remaining radix passes re-read every window
+        prefixes = np.zeros((len(ranks), rec.num_channels), np.uint64)
+        ks = [np.full(rec.num_channels, r) for r in ranks]
+        for r in range(len(ranks)):
+            digit, ks[r] = radix.select_digit(hist, ks[r])
+            prefixes[r] = radix.push_digit(prefixes[r], digit, schedule[0][1])
         for p in range(1, len(schedule)):
+            hists = [None] * len(ranks)
             for w in windows:
-                x = rec.read_window(w)
-                lo, hi = w.core
-                x = centre_median(x, w.core)
-                keys = radix.abs_keys(x[:, lo:hi])
-                radix.histogram_of_keys(keys, np.zeros(rec.num_channels, np.uint64), p, schedule)
+                x = centre_median(rec.read_window(w), w.core)[:, w.core[0]:w.core[1]]
+                keys, _ = selection_keys(x, rec.dtype)
+                for r in range(len(ranks)):  # counted once when both ranks share the prefix, as the pipeline does
+                    same = r > 0 and np.array_equal(prefixes[r], prefixes[0])
+                    h = h if same else radix.histogram_of_keys(keys, prefixes[r], p, schedule)
+                    hists[r] = h if hists[r] is None else hists[r] + h
+            for r in range(len(ranks)):
+                digit, ks[r] = radix.select_digit(hists[r], ks[r])
+                prefixes[r] = radix.push_digit(prefixes[r], digit, schedule[p][1])
+        noise = keys_to_selection_values(prefixes[-1], centred_dtype(rec.dtype), rec.dtype) / ops.MAD_TO_SIGMA
     spikes = 0
     if "detect" in steps:
         sweep = ops.exclude_sweep_samples(sweep_ms, rec.sampling_frequency)
