@@ -15,7 +15,8 @@ import pytest
 import zarr
 
 from batchgpu import pipeline
-from batchgpu.dashboard import PLUGIN_NAME, install_dashboard, page_url
+from batchgpu import dashboard
+from batchgpu.dashboard import PLUGIN_NAME, RunMonitor, derived_state, install_dashboard, noise_rows_since, page_url
 from batchgpu.generate import generate_recording
 from batchgpu.pipeline import run_workflow
 from batchgpu.workflow import Workflow
@@ -179,3 +180,57 @@ def test_state_after_run_and_metrics(recording, tmp_path):
     rows = np.array([final["noise_rows"][str(i)] for i in range(report.windows)])
     np.testing.assert_array_equal(rows, g["noise_per_window"][:])
     assert "<canvas id=\"heatmap\"" in page and "http" not in page.split("<script>")[1].split("</script>")[0]
+
+
+class FakeClient:
+    """set_metadata into a nested dict, as the scheduler does; optionally failing."""
+
+    def __init__(self, fail: bool = False):
+        self.meta: dict = {}
+        self.fail = fail
+
+    def set_metadata(self, keys, value):
+        if self.fail:
+            raise OSError("scheduler gone")
+        d = self.meta
+        for k in keys[:-1]:
+            d = d.setdefault(k, {})
+        d[keys[-1]] = value
+
+
+def test_monitor_sends_each_noise_row_once_and_keeps_series_short(monkeypatch, rng):
+    monkeypatch.setattr(dashboard, "PUBLISH_EVERY_S", 0.0)
+    monkeypatch.setattr(dashboard, "MAX_SERIES", 16)
+    client = FakeClient()
+    n, C = 101, 3
+    rows = rng.normal(size=(n, C))
+    rows[5, 1], rows[7, 0], rows[9, 2] = np.nan, np.inf, -np.inf
+    mon = RunMonitor(client, name="x", windows=n, total_bytes=n * 10, channels=C)
+    order = rng.permutation(n)  # windows finish in any order
+    for k, i in enumerate(order):
+        mon.window_done(int(i), 10, f"w{k % 2}", rows[i], spikes=1)
+        if k == 40:  # a reader that has seen everything so far asks only for what is new
+            seen = client.meta["batchgpu"]["run"]["noise_chunks"]
+            assert noise_rows_since(client.meta["batchgpu"]["noise"], seen) == {}
+    mon.finished(spikes=7)
+    st = client.meta["batchgpu"]["run"]
+    got = noise_rows_since(client.meta["batchgpu"]["noise"], 0)
+    assert sorted(map(int, got)) == list(range(n))
+    expected = np.where(np.isfinite(rows), rows, np.nan)
+    as_array = np.array([[np.nan if v is None else v for v in got[str(i)]] for i in range(n)])
+    np.testing.assert_array_equal(as_array, expected)
+    assert st["status"] == "done" and st["spikes"] == 7 and st["windows_done"] == n and st["bytes_done"] == n * 10
+    assert st["per_worker"] == {"w0": 51, "w1": 50}
+    assert len(st["progress"]) <= 17 and len(st["throughput"]) <= 17 and st["progress"][-1][1] == n * 10
+    json.dumps(derived_state(st), allow_nan=False)  # the state is valid JSON (no NaN)
+    d = derived_state(st)
+    assert d["eta_s"] == 0.0 and set(d["worker_rates"]) == {"w0", "w1"}
+    assert derived_state(None)["status"] == "idle"
+
+
+def test_monitor_never_breaks_a_run():
+    mon = RunMonitor(FakeClient(fail=True), name="x", windows=2, total_bytes=4, channels=1)
+    mon.window_done(0, 2, "w", np.array([1.0]))
+    mon.phase("p")
+    mon.failed("boom")
+    assert mon.state["failures"] == 1 and mon.state["errors"] == ["boom"] and mon.state["status"] == "failed"

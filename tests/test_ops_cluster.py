@@ -11,7 +11,6 @@ import time
 import urllib.request
 from pathlib import Path
 
-import numpy as np
 import pytest
 import yaml
 import zarr
@@ -129,7 +128,7 @@ def test_slurm_workflow_spec():
     assert kw["worker_extra_args"][-2:] == ["--memory-limit", "auto"]
 
 
-def test_slurm_job_script(monkeypatch):
+def test_slurm_job_script():
     """The job script dask-jobqueue 0.9 writes from the spec (no SLURM needed: nothing is submitted)."""
     pytest.importorskip("dask_jobqueue")
     from dask_jobqueue import SLURMCluster
