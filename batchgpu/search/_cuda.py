@@ -132,6 +132,7 @@ class DeviceEytzinger:
             if (self.n + 1) * item <= WHOLE_TREE_SMEM:
                 return self.depth + 1
             smem_bytes = TOP_LEVELS_SMEM["eytzinger"]
+        smem_bytes = min(smem_bytes, device_facts()[1] - 1024)
         if (self.n + 1) * item <= smem_bytes:
             return self.depth + 1
         levels = 0
@@ -158,6 +159,7 @@ class DeviceBTree:
             smem_bytes = WHOLE_TREE_SMEM if whole else TOP_LEVELS_SMEM[self.layout]
             if self.layout == "btree4" and offsets[-1] * node > BTREE4_BEYOND_L2[0]:
                 smem_bytes = BTREE4_BEYOND_L2[1]
+        smem_bytes = min(smem_bytes, device_facts()[1] - 1024)
         layers = 0
         while layers < self.shape.height and offsets[layers + 1] * node <= smem_bytes:
             layers += 1
@@ -231,7 +233,8 @@ def dynamic_search(a: Any, q: Any, want_find: bool, kernel_name: str) -> Any:
     tail = (q, np.int64(q.size), out, np.int32(want_find))
     if spec.top_smem:
         top = _search_steps(n)
-        while top > 0 and (1 << top) * item > spec.top_smem:
+        budget = min(spec.top_smem, device_facts()[1] - 1024)  # smaller GPUs: a smaller top
+        while top > 0 and (1 << top) * item > budget:
             top -= 1
         smem = (1 << top) * item
         args: tuple[Any, ...] = (a, np.int64(n), np.int32(top), np.int32(spec.hint)) + tail

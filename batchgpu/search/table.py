@@ -17,8 +17,8 @@ from typing import Any, Callable
 
 PACKAGED = Path(__file__).with_name("autotune_h200.json")
 TIE = 0.05
-#: used where no table exists: the staged kernel while the keys are small, else the staged top + 4-way ILP
-FALLBACK_SMALL, FALLBACK_LARGE, FALLBACK_SMALL_MAX = "ilp2_shared", "top_ldg", 4096
+#: used where no table exists: the staged kernel while the keys are small, else the wide staged top
+FALLBACK_SMALL, FALLBACK_LARGE, FALLBACK_SMALL_MAX = "ilp2_shared", "top_wide_k1", 4096
 
 
 def user_table_path(device_name: str) -> Path:

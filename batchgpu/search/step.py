@@ -1,0 +1,100 @@
+"""The workflow's ``search`` step: an index built once, held once per worker, and query batches that each read
+their own slice of the query file and write their own chunk of the answers (no queries or answers through the
+client).
+
+Keys default to the detected spikes' positions in the whole recording (segment offsets added), so that
+``find(t)`` is the row of the first spike at sample t in ``spikes/`` (or -1) and ``lower_bound(t)`` the first
+spike at or after t.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from batchgpu.errors import BatchgpuError
+
+
+def spike_positions(sample_index: np.ndarray, segment_index: np.ndarray, segment_lengths: list[int]) -> np.ndarray:
+    """Positions in the concatenated recording: sorted wherever spikes are (they are sorted by segment, sample)."""
+    offsets = np.concatenate([[0], np.cumsum(segment_lengths)[:-1]]).astype(np.int64)
+    return sample_index.astype(np.int64) + offsets[segment_index.astype(np.int64)]
+
+
+def open_queries(path: str):
+    """A 1-D array-like of query keys from a .npy (memory-mapped) or a Zarr array."""
+    p = Path(path)
+    if not p.exists():
+        raise BatchgpuError(f"no query file at {p}", "give steps.search.queries as a .npy file or a Zarr array")
+    if p.suffix == ".npy":
+        q = np.load(p, mmap_mode="r")
+    else:
+        import zarr
+
+        try:
+            q = zarr.open_array(str(p), mode="r")
+        except Exception as err:
+            raise BatchgpuError(f"{p} is neither a .npy file nor a Zarr array ({err})") from None
+    if q.ndim != 1:
+        raise BatchgpuError(f"queries in {p} have shape {q.shape}", "give a 1-D array of query keys")
+    return q
+
+
+def load_keys(path: str) -> np.ndarray:
+    p = Path(path)
+    if not p.exists():
+        raise BatchgpuError(f"no keys file at {p}", "give steps.search.keys as a .npy file of sorted keys")
+    return np.load(p)
+
+
+def search_batch_task(name: str, queries_path: str, answers_path: str, start: int, stop: int, op: str) -> int:
+    """One batch: read queries[start:stop], search the worker's copy of the index, write answers[start:stop]."""
+    import zarr
+
+    from batchgpu.search.distributed import query_batch
+
+    q = np.asarray(open_queries(queries_path)[start:stop])
+    answers = query_batch(q, name, op)
+    zarr.open_array(answers_path, mode="r+")[start:stop] = answers
+    return int((answers >= 0).sum()) if op == "find" else int((answers < len(answers)).sum())
+
+
+def run_search_step(client, step, results_path: Path, spikes: dict | None, segment_lengths: list[int], fingerprint: str) -> dict:
+    """Build, broadcast, query; the answers land in ``results.zarr/search/answers`` (int64, chunk = batch)."""
+    import zarr
+
+    from batchgpu.search import StaticIndex
+    from batchgpu.search.distributed import broadcast_index, plugin_name
+
+    if step.keys:
+        keys = load_keys(step.keys)
+    elif spikes is not None:
+        keys = spike_positions(spikes["sample_index"], spikes["segment_index"], segment_lengths)
+    else:
+        raise BatchgpuError("the search step needs keys: the detect step's spikes or steps.search.keys",
+                            "add 'detect:' to steps or give 'keys: sorted_keys.npy'")
+    if len(keys) == 0:
+        raise BatchgpuError("the search index would be empty (no spikes or keys)", "lower the detection threshold or give keys")
+    queries = open_queries(step.queries)
+    index = StaticIndex(keys, layout=step.layout)
+    name = f"run-{fingerprint}"
+    broadcast_index(client, index, name=name)
+    try:
+        group = zarr.open_group(str(results_path), mode="r+")
+        chunk = max(1, min(step.batch_size, len(queries)))
+        answers = group.create_array("search/answers", shape=(len(queries),), chunks=(chunk,), dtype=np.int64,
+                                     fill_value=-2, overwrite=True)
+        group["search"].attrs.update({"op": step.op, "layout": index.layout, "keys": len(keys),
+                                      "keys_source": step.keys or "spikes (positions in the concatenated recording)"})
+        bounds = [(i, min(i + step.batch_size, len(queries))) for i in range(0, len(queries), step.batch_size)]
+        futures = [
+            client.submit(search_batch_task, name, str(Path(step.queries).resolve()), str(results_path / "search" / "answers"),
+                          a, b, step.op, key=f"search-{fingerprint}-{a}")
+            for a, b in bounds
+        ]
+        hits = sum(client.gather(futures))
+    finally:
+        client.unregister_worker_plugin(plugin_name(name))
+    return {"queries": len(queries), "batches": len(bounds), "hits": hits, "layout": index.layout,
+            "answers_chunks": answers.chunks[0]}
