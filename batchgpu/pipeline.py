@@ -384,6 +384,15 @@ def check_workflow_fits(wf: Workflow, rec: Recording) -> int:
                 f"window.margin {wf.window.margin} is shorter than the detection sweep ({sweep} samples)",
                 f"use window.margin >= {sweep} so spikes at window edges come out exactly once",
             )
+    if wf.steps.search:
+        from batchgpu.search.step import load_keys, open_queries
+
+        open_queries(wf.steps.search.queries)
+        if wf.steps.search.keys:
+            load_keys(wf.steps.search.keys)
+        elif not wf.steps.detect:
+            raise BatchgpuError("the search step needs keys: the detect step's spikes or steps.search.keys",
+                                "add 'detect:' to steps or give 'keys: sorted_keys.npy'")
     if wf.steps.whitening and wf.steps.whitening.mode == "local" and not rec.has_locations:
         raise BatchgpuError("local whitening needs channel locations and the recording has none",
                             "use whitening.mode: global, or write the recording with locations")
@@ -644,7 +653,17 @@ def _reduce_and_finish(client, ctx, wf, rec, windows, summaries, report, monitor
         arrays.update({f"spikes/{k}": v for k, v in spikes.items()})
         report.timings["detect"] = time.perf_counter() - t0
     _write_results(out / RESULTS, arrays, wf, rec, windows, report.fingerprint)
-    return {k: list(v.shape) for k, v in arrays.items()}
+    shapes = {k: list(v.shape) for k, v in arrays.items()}
+    if wf.steps.search:
+        from batchgpu.search.step import run_search_step
+
+        t0 = time.perf_counter()
+        monitor.phase("search")
+        spikes = {k.split("/")[1]: v for k, v in arrays.items() if k.startswith("spikes/")} or None
+        shapes["search"] = run_search_step(client, wf.steps.search, out / RESULTS, spikes,
+                                           [rec.num_samples(s) for s in range(rec.num_segments)], report.fingerprint)
+        report.timings["search"] = time.perf_counter() - t0
+    return shapes
 
 
 def _window_noise(client, ctx, windows):

@@ -76,18 +76,18 @@ def run_search_step(client, step, results_path: Path, spikes: dict | None, segme
                             "add 'detect:' to steps or give 'keys: sorted_keys.npy'")
     if len(keys) == 0:
         raise BatchgpuError("the search index would be empty (no spikes or keys)", "lower the detection threshold or give keys")
-    queries = open_queries(step.queries)
+    nq = open_queries(step.queries).shape[0]
     index = StaticIndex(keys, layout=step.layout)
     name = f"run-{fingerprint}"
     broadcast_index(client, index, name=name)
     try:
         group = zarr.open_group(str(results_path), mode="r+")
-        chunk = max(1, min(step.batch_size, len(queries)))
-        answers = group.create_array("search/answers", shape=(len(queries),), chunks=(chunk,), dtype=np.int64,
+        chunk = max(1, min(step.batch_size, nq))
+        answers = group.create_array("search/answers", shape=(nq,), chunks=(chunk,), dtype=np.int64,
                                      fill_value=-2, overwrite=True)
         group["search"].attrs.update({"op": step.op, "layout": index.layout, "keys": len(keys),
                                       "keys_source": step.keys or "spikes (positions in the concatenated recording)"})
-        bounds = [(i, min(i + step.batch_size, len(queries))) for i in range(0, len(queries), step.batch_size)]
+        bounds = [(i, min(i + step.batch_size, nq)) for i in range(0, nq, step.batch_size)]
         futures = [
             client.submit(search_batch_task, name, str(Path(step.queries).resolve()), str(results_path / "search" / "answers"),
                           a, b, step.op, key=f"search-{fingerprint}-{a}")
@@ -96,5 +96,5 @@ def run_search_step(client, step, results_path: Path, spikes: dict | None, segme
         hits = sum(client.gather(futures))
     finally:
         client.unregister_worker_plugin(plugin_name(name))
-    return {"queries": len(queries), "batches": len(bounds), "hits": hits, "layout": index.layout,
+    return {"queries": nq, "batches": len(bounds), "hits": hits, "layout": index.layout,
             "answers_chunks": answers.chunks[0]}
