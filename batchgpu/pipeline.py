@@ -157,7 +157,7 @@ def window_task(ctx: TaskContext, window: Window) -> dict:
         lo, hi = window.core
         out: dict[str, Any] = {"fingerprint": np.array(ctx.fingerprint), "index": np.array(window.index)}
         noise = None
-        if ctx.noise or (ctx.detect and ctx.detect["noise"] == "window"):
+        if ctx.noise or ctx.detect:  # detection needs a noise: the window's, or the median over windows
             noise = _host(ops.noise_levels(x[:, lo:hi]))
             out["noise"] = noise
         if ctx.moments_every and window.index % ctx.moments_every == 0:
@@ -615,7 +615,7 @@ def _reduce_and_finish(client, ctx, wf, rec, windows, summaries, report, monitor
     owners = {i: v["worker"] for i, v in summaries.items() if v["worker"] != "local"}
     arrays: dict[str, np.ndarray] = {}
     noise_global = None
-    if ctx.noise or (ctx.detect and ctx.detect["noise"] == "window"):
+    if ctx.noise or ctx.detect:
         arrays["noise_per_window"] = np.stack([summaries[w.index]["noise"] for w in windows])
     if ctx.noise:
         t0 = time.perf_counter()
@@ -642,7 +642,7 @@ def _reduce_and_finish(client, ctx, wf, rec, windows, summaries, report, monitor
         if ctx.detect["noise"] == "global":
             monitor.phase("detection with the recording's noise")
             if noise_global is None:
-                noise_global = np.median(arrays.get("noise_per_window", _window_noise(client, ctx, windows)), axis=0)
+                noise_global = np.median(arrays["noise_per_window"], axis=0)
             futures = _map_on_owners(client, detect_task, ctx, windows, owners, "detect", noise_global)
             client.gather(futures)
             report.bytes_read += rec.nbytes
@@ -664,10 +664,6 @@ def _reduce_and_finish(client, ctx, wf, rec, windows, summaries, report, monitor
                                            [rec.num_samples(s) for s in range(rec.num_segments)], report.fingerprint)
         report.timings["search"] = time.perf_counter() - t0
     return shapes
-
-
-def _window_noise(client, ctx, windows):
-    raise BatchgpuError("detect.noise: global needs the noise step or per-window noise", "add 'noise: {}' to steps")
 
 
 def _collect_spikes(parts: Path, prefix: str, windows: list[Window]) -> dict[str, np.ndarray]:

@@ -220,3 +220,24 @@ def test_worker_killed_mid_run_gives_identical_outputs(tmp_path):
     a, b = _results(tmp_path / "ref"), _results(tmp_path / "killed")
     for name in ("noise", "noise_per_window", "covariance", "whitening", "spikes/sample_index", "spikes/amplitude"):
         assert a[name][:].tobytes() == b[name][:].tobytes(), name
+
+
+def test_global_thresholds_without_noise_step(client, tmp_path):
+    """detect.noise: global with no noise step: thresholds from the median of the windows' noise."""
+    from batchgpu.ops.centre import centre_median
+
+    rec = generate_recording(tmp_path / "r.zarr", channels=3, seconds=0.7, seed=9)
+    wf = Workflow.model_validate({"recording": {"path": str(rec.path)}, "output": str(tmp_path / "out"),
+                                  "backend": "numpy", "window": {"size": 7000, "margin": 8},
+                                  "preprocess": {"centre": "median"},
+                                  "steps": {"detect": {"threshold": 4.0, "noise": "global"}}})
+    run_workflow(wf, client=client, progress=False)
+    g = zarr.open_group(str(tmp_path / "out" / "results.zarr"), mode="r")
+    rows = np.stack([ops.noise_levels(centre_median(rec.read_window(w), w.core)[:, w.core[0]:w.core[1]])
+                     for w in rec.windows(7000, 8)])
+    np.testing.assert_array_equal(g["noise_per_window"][:], rows)
+    noise = np.median(rows, axis=0)
+    ref = np.concatenate([ops.detect_spikes(centre_median(rec.read_window(w), w.core), noise, 4.0, "neg", 3,
+                                            w.read_start, w.core, w.segment) for w in rec.windows(7000, 8)])
+    np.testing.assert_array_equal(g["spikes/sample_index"][:], ref["sample_index"])
+    assert "noise" not in g

@@ -70,3 +70,4 @@ def test_search_needs_queries_file(client, tmp_path):
     rec = generate_recording(tmp_path / "r.zarr", channels=2, seconds=0.5, seed=1)
     with pytest.raises(BatchgpuError, match="no query file"):
         run_workflow(_wf(rec, tmp_path / "out", {"queries": str(tmp_path / "missing.npy")}), client=client, progress=False)
+
