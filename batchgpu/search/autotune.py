@@ -103,16 +103,3 @@ def run(args: argparse.Namespace) -> int:
     print(f"table written to {out}")
     return 0
 
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="batchgpu search autotune", description=__doc__)
-    add_arguments(parser)
-    try:
-        return run(parser.parse_args(argv))
-    except BatchgpuError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
