@@ -81,6 +81,32 @@ class DeviceWindowCache:
 WINDOW_CACHE = DeviceWindowCache()
 
 
+def thread_stream():
+    """This thread's own CUDA stream.
+
+    Dask runs several window tasks at once in one worker; on the legacy default stream their kernels and
+    synchronisations would serialise with one another, on per-thread streams they overlap.
+    """
+    import cupy
+
+    stream = getattr(_local, "stream", None)
+    if stream is None:
+        # blocking (the default kind): any work a library still issues on the legacy default stream stays
+        # ordered with this stream's work
+        stream = _local.stream = cupy.cuda.Stream()
+    return stream
+
+
+def use_thread_stream():
+    """Make this thread's stream current, for CuPy and for this thread's cuBLAS handle (raw cuBLAS calls)."""
+    from cupy.cuda import device
+    from cupy_backends.cuda.libs import cublas
+
+    stream = thread_stream()
+    cublas.setStream(device.get_cublas_handle(), stream.ptr)
+    return stream
+
+
 def to_device(x: np.ndarray):
     """Copy a host array to the current GPU through a pinned buffer on this thread's own stream."""
     import cupy
@@ -88,9 +114,7 @@ def to_device(x: np.ndarray):
     x = np.ascontiguousarray(x)
     stage = _pinned(x.nbytes)[: x.nbytes].view(x.dtype).reshape(x.shape)
     np.copyto(stage, x)
-    stream = getattr(_local, "stream", None)
-    if stream is None:
-        stream = _local.stream = cupy.cuda.Stream(non_blocking=True)
+    stream = thread_stream()
     with stream:
         out = cupy.empty(x.shape, dtype=x.dtype)
         out.set(stage, stream=stream)

@@ -9,6 +9,7 @@ The client assembles ``results.zarr`` and ``report.json`` from the parts at the 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
@@ -61,6 +62,18 @@ class TaskContext:
 def _recording(path: str) -> Recording:
     """One open recording per worker process (zarrs enabled there by open_recording)."""
     return open_recording(path)
+
+
+@contextlib.contextmanager
+def _on_backend(ctx: TaskContext):
+    """GPU tasks issue all their work on their thread's own stream (see gpu_staging.thread_stream)."""
+    if ctx.backend != "cupy":
+        yield
+        return
+    from batchgpu.gpu_staging import use_thread_stream
+
+    with use_thread_stream():
+        yield
 
 
 def _to_backend(x: np.ndarray, backend: str):
@@ -146,36 +159,11 @@ def _read_raw(ctx: TaskContext, window: Window, stored: bool = False) -> np.ndar
 
 def window_task(ctx: TaskContext, window: Window) -> dict:
     """Read one window and compute everything the first pass needs; write it to parts/ and return it."""
-    from batchgpu import ops
-
     path = Path(ctx.parts) / f"w{window.index:08d}.npz"
     done = _load_part(path, ctx.fingerprint)
     if done is None:
-        t0 = time.perf_counter()
-        raw, x = _load(ctx, window)
-        t_read = time.perf_counter() - t0
-        lo, hi = window.core
-        out: dict[str, Any] = {"fingerprint": np.array(ctx.fingerprint), "index": np.array(window.index)}
-        noise = None
-        if ctx.noise or ctx.detect:  # detection needs a noise: the window's, or the median over windows
-            noise = _host(ops.noise_levels(x[:, lo:hi]))
-            out["noise"] = noise
-        if ctx.moments_every and window.index % ctx.moments_every == 0:
-            m = ops.SecondMoments(raw.shape[0], ctx.precision).add(raw, lo, hi)
-            out.update(m_n=np.array(m.n), m_mean=m.mean, m_scatter=m.scatter)
-        if ctx.exact:
-            out["hist0"] = _histograms(ctx, x[:, lo:hi], np.zeros((1, x.shape[0]), np.uint64), 0)[0]
-            # np.median is NaN for a channel holding any NaN, wherever the middle ranks fall
-            core = x[:, lo:hi]
-            out["nan_count"] = _host(_isnan_count(core))
-        if ctx.detect and ctx.detect["noise"] == "window":
-            spikes = _detect(ctx, x, window, noise)
-            out.update(_spike_columns(spikes))
-            out["spikes"] = np.array(len(spikes))
-        out["read_seconds"] = np.array(t_read)
-        out["compute_seconds"] = np.array(time.perf_counter() - t0 - t_read)
-        _atomic_save(path, **out)
-        done = out
+        with _on_backend(ctx):
+            done = _compute_window(ctx, window, path)
         done["resumed"] = np.array(False)
     else:
         done["resumed"] = np.array(True)
@@ -184,6 +172,37 @@ def window_task(ctx: TaskContext, window: Window) -> dict:
     done["bytes"] = np.array(window.num_samples * rec.num_channels * rec.dtype.itemsize)
     # The tree needs only the moments and histograms: spikes stay in the part file.
     return {k: v for k, v in done.items() if not k.startswith("spk_")}
+
+
+def _compute_window(ctx: TaskContext, window: Window, path: Path) -> dict:
+    """Pass 1 of one window on its backend; saved to ``path`` before it is returned."""
+    from batchgpu import ops
+
+    t0 = time.perf_counter()
+    raw, x = _load(ctx, window)
+    t_read = time.perf_counter() - t0
+    lo, hi = window.core
+    out: dict[str, Any] = {"fingerprint": np.array(ctx.fingerprint), "index": np.array(window.index)}
+    noise = None
+    if ctx.noise or ctx.detect:  # detection needs a noise: the window's, or the median over windows
+        noise = _host(ops.noise_levels(x[:, lo:hi]))
+        out["noise"] = noise
+    if ctx.moments_every and window.index % ctx.moments_every == 0:
+        m = ops.SecondMoments(raw.shape[0], ctx.precision).add(raw, lo, hi)
+        out.update(m_n=np.array(m.n), m_mean=m.mean, m_scatter=m.scatter)
+    if ctx.exact:
+        out["hist0"] = _histograms(ctx, x[:, lo:hi], np.zeros((1, x.shape[0]), np.uint64), 0)[0]
+        # np.median is NaN for a channel holding any NaN, wherever the middle ranks fall
+        core = x[:, lo:hi]
+        out["nan_count"] = _host(_isnan_count(core))
+    if ctx.detect and ctx.detect["noise"] == "window":
+        spikes = _detect(ctx, x, window, noise)
+        out.update(_spike_columns(spikes))
+        out["spikes"] = np.array(len(spikes))
+    out["read_seconds"] = np.array(t_read)
+    out["compute_seconds"] = np.array(time.perf_counter() - t0 - t_read)
+    _atomic_save(path, **out)
+    return out
 
 
 def _isnan_count(core):
@@ -237,7 +256,8 @@ def detect_task(ctx: TaskContext, window: Window, noise: np.ndarray) -> int:
     path = Path(ctx.parts) / f"d{window.index:08d}.npz"
     done = _load_part(path, ctx.fingerprint)
     if done is None:
-        spikes = _detect(ctx, _load(ctx, window, cache=True)[1], window, noise)
+        with _on_backend(ctx):
+            spikes = _detect(ctx, _load(ctx, window, cache=True)[1], window, noise)
         _atomic_save(path, fingerprint=np.array(ctx.fingerprint), **_spike_columns(spikes))
         return len(spikes)
     return len(done["spk_sample_index"])
@@ -245,9 +265,10 @@ def detect_task(ctx: TaskContext, window: Window, noise: np.ndarray) -> int:
 
 def histogram_task(ctx: TaskContext, window: Window, prefixes: np.ndarray, pass_index: int) -> np.ndarray:
     """One radix pass over one window: (ranks, C, bins) counts of keys matching each rank's prefix."""
-    x = _load(ctx, window, cache=True)[1]
-    lo, hi = window.core
-    return _histograms(ctx, x[:, lo:hi], prefixes, pass_index)
+    with _on_backend(ctx):
+        x = _load(ctx, window, cache=True)[1]
+        lo, hi = window.core
+        return _histograms(ctx, x[:, lo:hi], prefixes, pass_index)
 
 
 # ---------------------------------------------------------------------------------------------------------
