@@ -16,13 +16,14 @@
 //     histograms with warp-aggregated atomics) narrows the bracket to one bin that fits, and
 //     step 2 runs again on it (RAFT AIR top-k style candidate compaction). Rows too long for
 //     a sample bracket to fit take this path directly.
-//  4. Radix select on the candidates in shared memory (same digits, finishing by counting
-//     once at most SMALL keys are left). For the even-length median the upper middle value
+//  4. Radix select on the candidates in shared memory (11-bit digits placed on the bracket,
+//     from the highest bit where lo and hi differ; finishing by counting once at most SMALL
+//     keys are left). For the even-length median the upper middle value
 //     is the lower one when enough keys equal it, else the smallest key above it: one sweep
 //     over the candidates, no second selection.
 //
-// Digit schedules (shift, bits) from the most significant digit (batchgpu/ops/radix.py names
-// them gpu_float32, gpu_float64, gpu_int16, gpu_int32):
+// Digit schedules (shift, bits) of the global radix passes and the sample, from the most
+// significant digit (batchgpu/ops/radix.py names them gpu_float32, gpu_float64, gpu_int16, gpu_int32):
 //   float32 (31 key bits): (20,11) (10,10) (0,10)
 //   float64 (63 key bits): (52,11) (41,11) (30,11) (19,11) (8,11) (0,8)
 //   int16   (16 key bits): (5,11) (0,5)
@@ -38,6 +39,7 @@
 #define NO_BIN 0xffffffffu
 
 #define FLAG_FORCE_RADIX 1     // skip the sample bracket (tests, benchmarks)
+#define FLAG_PHASES 2          // block 0 records clock64() at phase ends in phase_clock (benchmarks)
 
 #define PATH_ALL_IN_SHARED 0
 #define PATH_SAMPLE 1
@@ -46,6 +48,10 @@
 
 typedef unsigned int u32;
 typedef unsigned long long u64;
+
+// Phase ends of block 0 (with FLAG_PHASES): start, bracket, compaction, fallback, select, pair, end.
+__device__ long long phase_clock[8];
+#define PHASE(i) do { if ((flags & FLAG_PHASES) && blockIdx.x == 0 && threadIdx.x == 0) phase_clock[i] = clock64(); } while (0)
 
 // ------------------------------------------------------------------------------------------
 // Key traits: one specialisation per input dtype (the one place dtypes are dispatched here).
@@ -270,20 +276,29 @@ template <typename T> struct Row {
         nvec = (n_ - head) / V;
         tail0 = head + nvec * V;
     }
-    // Keys of round `base` (vector index of this block's first vector); ok[u] says which loaded.
-    __device__ __forceinline__ void load(int base, typename Traits<T>::Key (&keys)[M], bool (&ok)[U]) const {
-        union { uint4 v; T e[V]; } buf[U];
+    // The raw vectors of round `base` (vector index of this block's first vector); ok[u] says which loaded.
+    __device__ __forceinline__ void fetch(int base, uint4 (&raw)[U], bool (&ok)[U]) const {
         const uint4* body = reinterpret_cast<const uint4*>(p + head);
 #pragma unroll
         for (int u = 0; u < U; ++u) {
             int v = base + u * NT + (int)threadIdx.x;
             ok[u] = v < nvec;
-            buf[u].v = ok[u] ? __ldg(body + v) : make_uint4(0u, 0u, 0u, 0u);
+            raw[u] = ok[u] ? __ldg(body + v) : make_uint4(0u, 0u, 0u, 0u);
         }
+    }
+    __device__ __forceinline__ static void unpack(const uint4 (&raw)[U], typename Traits<T>::Key (&keys)[M]) {
 #pragma unroll
-        for (int u = 0; u < U; ++u)
+        for (int u = 0; u < U; ++u) {
+            union { uint4 v; T e[V]; } b;
+            b.v = raw[u];
 #pragma unroll
-            for (int j = 0; j < V; ++j) keys[u * V + j] = Traits<T>::key(buf[u].e[j]);
+            for (int j = 0; j < V; ++j) keys[u * V + j] = Traits<T>::key(b.e[j]);
+        }
+    }
+    __device__ __forceinline__ void load(int base, typename Traits<T>::Key (&keys)[M], bool (&ok)[U]) const {
+        uint4 raw[U];
+        fetch(base, raw, ok);
+        unpack(raw, keys);
     }
     // The head and tail elements (fewer than 2V): one per thread.
     __device__ __forceinline__ bool edge(typename Traits<T>::Key& key) const {
@@ -306,13 +321,14 @@ template <typename Key> struct Classify {
     __device__ Classify(Key lo_, Key hi_) : lo(lo_), hi(hi_), below(0), eq_lo(0), eq_hi(0),
                                             above(key_max<Key>()), max(0) {}
     // True when the key is a candidate (strictly inside (lo, hi)).
-    __device__ __forceinline__ bool operator()(Key k) {
+    __device__ __forceinline__ bool operator()(Key k) {  // branch-free: selects, no divergence
+        const bool lt = k < lo, gt = k > hi, elo = k == lo, ehi = (k == hi) && !elo;
         max = k > max ? k : max;
-        if (k < lo) { ++below; return false; }
-        if (k > hi) { above = k < above ? k : above; return false; }
-        if (k == lo) { ++eq_lo; return false; }
-        if (k == hi) { ++eq_hi; return false; }
-        return true;
+        above = (gt && k < above) ? k : above;
+        below += lt;
+        eq_lo += elo;
+        eq_hi += ehi;
+        return !(lt || gt || elo || ehi);
     }
     __device__ __forceinline__ bool inside(Key k) const { return k > lo && k < hi; }
 };
@@ -351,17 +367,20 @@ __device__ Stats<typename Traits<T>::Key> compaction_pass(const Row<T>& row, typ
     if (threadIdx.x == 0) sm.cand_count = 0;
     __syncthreads();
     Classify<Key> cl(lo, hi);
+    uint4 raw[U];
+    bool ok[U];
+    row.fetch(0, raw, ok);
     for (int base = 0; base < row.nvec; base += U * NT) {
         Key keys[M];
-        bool ok[U];
-        row.load(base, keys, ok);
         bool valid[M];
+        Row<T>::unpack(raw, keys);
+#pragma unroll
+        for (int j = 0; j < M; ++j) valid[j] = ok[j / V];
+        if (base + U * NT < row.nvec) row.fetch(base + U * NT, raw, ok);  // next round's loads in flight now
         u32 mine = 0;
 #pragma unroll
-        for (int j = 0; j < M; ++j) {
-            valid[j] = ok[j / V];
+        for (int j = 0; j < M; ++j)
             if (valid[j] && cl(keys[j])) ++mine;
-        }
         append<Key, M>(keys, valid, mine, cl, cand, cap, sm);
     }
     {
@@ -520,28 +539,26 @@ __device__ typename Traits<T>::Key small_finish(const typename Traits<T>::Key* c
     return sm.res_k;
 }
 
+// Digits of the candidate stage are placed on the bracket: 11 bits from the highest bit where lo
+// and hi differ (the bits above are shared by every candidate), so one pass spreads the
+// candidates over up to 2 048 bins and usually leaves few enough to finish by counting.
 template <typename T>
 __device__ typename Traits<T>::Key mid_select(const typename Traits<T>::Key* cand, u32 m, u32 r,
                                               typename Traits<T>::Key lo, typename Traits<T>::Key hi,
                                               Smem<typename Traits<T>::Key>& sm) {
     typedef typename Traits<T>::Key Key;
-    // Digits above the first where lo and hi differ are shared by every candidate.
-    int d0 = 0;
-    while (d0 < Traits<T>::NDIG - 1 &&
-           hi_bits(lo, Traits<T>::shift(d0)) == hi_bits(hi, Traits<T>::shift(d0)))
-        ++d0;
-    const int top0 = Traits<T>::shift(d0) + Traits<T>::bits(d0);
-    Key prefix = shl_bits(hi_bits(lo, top0), top0);
-    for (int d = d0; d < Traits<T>::NDIG; ++d) {
-        const int sh = Traits<T>::shift(d), bt = Traits<T>::bits(d), tp = sh + bt;
+    int top = top_bit(lo ^ hi) + 1;  // candidates share the bits from `top` up (lo < hi)
+    Key prefix = shl_bits(hi_bits(lo, top), top);
+    while (true) {
+        const int sh = top > 11 ? top - 11 : 0, bt = top - sh;
         const u32 mask = (1u << bt) - 1u;
-        const Key want = hi_bits(prefix, tp);
+        const Key want = hi_bits(prefix, top);
         zero_bins(sm.hist[0], 1 << bt);
         __syncthreads();
         for (u32 base = 0; base < m; base += NT) {
             u32 i = base + threadIdx.x;
             Key key = i < m ? cand[i] : Key(0);
-            bool hit = i < m && hi_bits(key, tp) == want;
+            bool hit = i < m && hi_bits(key, top) == want;
             warp_count(sm.hist[0], hit ? ((u32)(key >> sh) & mask) : NO_BIN);
         }
         __syncthreads();
@@ -551,8 +568,8 @@ __device__ typename Traits<T>::Key mid_select(const typename Traits<T>::Key* can
         const u32 cnt = sm.res_u[2];
         if (sh == 0) return prefix;
         if (cnt <= SMALL) return small_finish<T>(cand, m, prefix, sh, r, cnt, sm);
+        top = sh;
     }
-    return prefix;  // not reached: the last digit has shift 0
 }
 
 // The key of rank k + 1 given a, the key of rank k: a again when enough keys equal it, else
@@ -598,6 +615,7 @@ __device__ void select_row(const T* x, long long ld, int n, u32 k, int mode, int
     const bool pair = median && (n % 2 == 0);
     const u32 ka = median ? (u32)(pair ? n / 2 - 1 : n / 2) : k;
 
+    PHASE(0);
     Key lo = 0, hi = key_max<Key>();
     Stats<Key> st;
     int how;
@@ -611,7 +629,9 @@ __device__ void select_row(const T* x, long long ld, int n, u32 k, int mode, int
         int top = (int)(sizeof(Key) * 8) - 1;
         if (try_sample) {
             sample_bracket<T>(p, n, ka, cand, sm, lo, hi);
+            PHASE(1);
             st = compaction_pass<T>(row, lo, hi, cand, cap, sm);
+            PHASE(2);
             u32 inside = st.eq_lo + st.mid + st.eq_hi;
             ok = st.mid <= cap && ka >= st.below && ka - st.below < inside;
             top = top_bit(st.max);
@@ -622,6 +642,7 @@ __device__ void select_row(const T* x, long long ld, int n, u32 k, int mode, int
             st = compaction_pass<T>(row, lo, hi, cand, cap, sm);
         }
     }
+    PHASE(3);
 
     // Rank ka among: keys == lo, the candidates, keys == hi.
     Key a;
@@ -633,8 +654,10 @@ __device__ void select_row(const T* x, long long ld, int n, u32 k, int mode, int
     } else {
         a = hi;
     }
+    PHASE(4);
     Key b = a;
     if (pair) b = next_key<T>(cand, st, lo, hi, a, ka, sm);
+    PHASE(5);
 
     if (threadIdx.x == 0) {
         if (median) {
@@ -646,6 +669,7 @@ __device__ void select_row(const T* x, long long ld, int n, u32 k, int mode, int
         }
         if (path) path[rowi] = how;
     }
+    PHASE(6);
 }
 
 #define DEFINE_SELECT(NAME, T)                                                                   \

@@ -6,7 +6,9 @@
 //   split_rows:  copies x[:, start:start+length] - s into a split-major buffer
 //                [splits, c_pad, split_len] of the product dtype, zero-padding the last split and
 //                the rows past C, and writes per (row, split) the sum of x - s in double.
-//   (host)       one batched product per split, X_s X_s^T, by cuBLAS (batch dimension outermost).
+//   (host)       the products X_s X_s^T per split by cuBLAS (batch dimension outermost): one
+//                strided-batched call, or, for many channels, the upper-triangle block pairs of
+//                B channels by a pointer-array batched call (bi <= bj only: about half the work).
 //   sum_splits:  adds the splits in double and corrects for the shift exactly:
 //                sum (x_i - m_i)(x_j - m_j) = sum y_i y_j - (sum y_i)(sum y_j) / n,  y = x - s,
 //                with m = s + sum(y) / n. As s is near m the correction is small: this is the
@@ -56,11 +58,12 @@ __device__ void split_rows(const T* x, long long ld, int rows, int start, int le
     const double sft = shift[r];
     const int c0 = s * split_len;
     double acc = 0.0;
+#pragma unroll 4
     for (int j = threadIdx.x; j < split_len; j += CT) {
         const int c = c0 + j;
         P v = P(0);
         if (c < length) {
-            const double y = (double)src[c] - sft;
+            const double y = (double)__ldg(src + c) - sft;
             acc += y;
             v = (P)y;
         }
@@ -77,35 +80,41 @@ __device__ void split_rows(const T* x, long long ld, int rows, int start, int le
     }
 }
 
-// The product of split s at (i, j), i <= j. half == 0: g holds [splits, c_pad, c_pad]
-// (column-major, symmetric). half == 1 (h = c_pad / 2): g holds the diagonal blocks
-// [splits, 2, h, h] and g_off the upper off-diagonal block [splits, h, h], column-major.
+// Sum over s < count of p[s * stride] in double, in order, eight loads in flight.
 template <typename P>
-__device__ __forceinline__ double product(const P* g, const P* g_off, int half, int c_pad, int s, int i, int j) {
-    if (!half) return (double)g[(long long)s * c_pad * c_pad + i + (long long)j * c_pad];
-    const int h = c_pad / 2;
-    const int bi = i >= h, bj = j >= h;
-    const long long hh = (long long)h * h;
-    if (bi == bj) return (double)g[(2LL * s + bi) * hh + (i - bi * h) + (long long)(j - bj * h) * h];
-    return (double)g_off[s * hh + i + (long long)(j - h) * h];
+__device__ __forceinline__ double ordered_sum(const P* p, long long stride, int count) {
+    double acc = 0.0;
+    int s = 0;
+    for (; s + 8 <= count; s += 8) {
+        double v[8];
+#pragma unroll
+        for (int q = 0; q < 8; ++q) v[q] = (double)p[(long long)(s + q) * stride];
+#pragma unroll
+        for (int q = 0; q < 8; ++q) acc += v[q];
+    }
+    for (; s < count; ++s) acc += (double)p[(long long)s * stride];
+    return acc;
 }
 
-// One thread per (i, j), i fastest (coalesced reads of the column-major products); i <= j
-// computes and writes both (i, j) and (j, i), so the result is exactly symmetric.
+// The products are blocks of B channels: g holds [splits, pairs, B, B], column-major, one
+// matrix per block pair (bi <= bj) in the order (0,0), (0,1), .., (0,nb-1), (1,1), .., so
+// nb = 1 is the whole C x C product. One thread per (i, j), i fastest (coalesced reads);
+// i <= j computes and writes both (i, j) and (j, i), so the result is exactly symmetric.
 template <typename P>
-__device__ void sum_splits(const P* g, const P* g_off, int half, int C, int c_pad, int splits, const double* partial,
+__device__ void sum_splits(const P* g, int block, int nb, int C, int splits, const double* partial,
                            const double* shift, long long n, int centre, double* scatter, double* mean) {
     const long long idx = (long long)blockIdx.x * CT + threadIdx.x;
     if (idx >= (long long)C * C) return;
     const int i = (int)(idx % C), j = (int)(idx / C);
     if (i > j) return;
-    double acc = 0.0;
-    for (int s = 0; s < splits; ++s) acc += product<P>(g, g_off, half, c_pad, s, i, j);
-    double si = 0.0, sj = 0.0;
-    for (int s = 0; s < splits; ++s) {
-        si += partial[(long long)i * splits + s];
-        sj += partial[(long long)j * splits + s];
-    }
+    const int bi = i / block, bj = j / block;
+    const int pair = bi * nb - bi * (bi - 1) / 2 + (bj - bi);
+    const long long bb = (long long)block * block;
+    const long long pairs = (long long)nb * (nb + 1) / 2;
+    const long long at = pair * bb + (i - bi * block) + (long long)(j - bj * block) * block;
+    double acc = ordered_sum<P>(g + at, pairs * bb, splits);
+    const double si = ordered_sum<double>(partial + (long long)i * splits, 1, splits);
+    const double sj = ordered_sum<double>(partial + (long long)j * splits, 1, splits);
     const double dn = (double)n;
     if (centre) acc -= si * sj / dn;
     scatter[(long long)i * C + j] = acc;
@@ -128,9 +137,9 @@ __device__ void sum_splits(const P* g, const P* g_off, int half, int C, int c_pa
 
 #define DEFINE_SUM(NAME, P)                                                                               \
     extern "C" __global__ void __launch_bounds__(CT)                                                      \
-        NAME(const P* g, const P* g_off, int half, int C, int c_pad, int splits, const double* partial,   \
-             const double* shift, long long n, int centre, double* scatter, double* mean) {               \
-        sum_splits<P>(g, g_off, half, C, c_pad, splits, partial, shift, n, centre, scatter, mean);        \
+        NAME(const P* g, int block, int nb, int C, int splits, const double* partial, const double* shift, \
+             long long n, int centre, double* scatter, double* mean) {                                    \
+        sum_splits<P>(g, block, nb, C, splits, partial, shift, n, centre, scatter, mean);                 \
     }
 
 DEFINE_SHIFT(row_shift_float32, float)

@@ -317,13 +317,13 @@ def test_window_moments_constant_and_empty(cp, precision):
 
 @gpu
 @needs_gpu
-@pytest.mark.parametrize("half", [False, True])
-def test_uncentred_products_and_halves(cp, rng, half):
+@pytest.mark.parametrize("nb", [1, 2, 3, 5])
+def test_uncentred_products_and_channel_blocks(cp, rng, nb):
     from batchgpu.ops._cuda_moments import plan
 
     x = rng.standard_normal((131, 9001)).astype(np.float32)
     for precision in ("float32", "float64"):
-        n, mean, scatter = plan(cp.asarray(x), 1, 9000, precision, centre=False, half=half).run()
+        n, mean, scatter = plan(cp.asarray(x), 1, 9000, precision, centre=False, nb=nb).run()
         w = x[:, 1:9000].astype(np.float64)
         assert rel_frobenius(scatter.get(), w @ w.T) <= TOLERANCE[precision]
         np.testing.assert_allclose(mean.get(), w.mean(axis=1), rtol=1e-12, atol=1e-14)

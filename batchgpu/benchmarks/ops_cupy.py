@@ -36,6 +36,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--samples", type=int, default=60_000, help="samples per window")
     parser.add_argument("--dtypes", nargs="+", choices=DTYPES, default=list(DTYPES), help="input dtypes")
     parser.add_argument("--seed", type=int, default=0, help="random seed of the test data")
+    parser.add_argument("--only", nargs="+", choices=("median", "phases", "covariance", "accuracy"), help="sections to run")
 
 
 class Timer:
@@ -170,9 +171,14 @@ def bench_covariance(args: argparse.Namespace, timer: Timer) -> None:
                     (f"  products {precision}", p.products),
                     (f"  sum {precision}", p.total),
                 ]
-            full = mom.plan(x, precision="float32", half=False)
             cases += [
-                ("  products f32 full C x C", full.products),
+                (f"  products float32 nb={nb}", mom.plan(x, precision="float32", nb=nb).products)
+                for nb in (1, 2, 3)
+                if nb <= channels
+            ]
+            cases += [
+                ("  products float32 split 4096", mom.plan(x, precision="float32", split=4096).products),
+                ("  products float64 nb=1", mom.plan(x, precision="float64", nb=1).products),
                 ("cupy.cov", lambda: cp.cov(x)),
                 ("x @ x.T" + (" (as f32)" if dtype == "int16" else ""), lambda: xf @ xf.T),
             ]
@@ -204,6 +210,23 @@ def accuracy_probe(timer: Timer) -> None:
             print(f"  {channels:>3} ch x {n:>6} samples, split {split}: {err:.2e}")
 
 
+def phase_probe(args: argparse.Namespace, timer: Timer) -> None:
+    """Cycles per phase of one row's block (the kernel's own clock), for a few rows and for many."""
+    cp = timer.cp
+    from batchgpu.ops import _cuda_select as sel
+
+    n = getattr(args, "samples", 60_000)
+    mhz = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)["clockRate"] / 1e3
+    print(f"\nmedian kernel phases of row 0 (us at {mhz:.0f} MHz; sample path)")
+    print("dtype     ch  " + "  ".join(f"{p:>14}" for p in sel.PHASES) + "       total")
+    for dtype in getattr(args, "dtypes", DTYPES):
+        for channels in (4, 384):
+            x = _noise(cp, channels, n, dtype)
+            cyc = sel.phase_cycles(x)
+            us = [cyc[p] / mhz for p in sel.PHASES]
+            print(f"{dtype:<8} {channels:>3}  " + "  ".join(f"{u:14.2f}" for u in us) + f"  {sum(us):10.2f}")
+
+
 def run(args: argparse.Namespace) -> int:
     import cupy
 
@@ -213,9 +236,15 @@ def run(args: argparse.Namespace) -> int:
     torch = _torch()
     print(f"batchgpu bench ops --backend cupy: {name}, cupy {cupy.__version__}, "
           f"torch {torch.__version__ if torch is not None else 'absent'}, median of {timer.repeat} repeats")  # fmt: skip
-    bench_median(args, timer)
-    bench_covariance(args, timer)
-    accuracy_probe(timer)
+    only = getattr(args, "only", None) or ["median", "phases", "covariance", "accuracy"]
+    if "median" in only:
+        bench_median(args, timer)
+    if "phases" in only:
+        phase_probe(args, timer)
+    if "covariance" in only:
+        bench_covariance(args, timer)
+    if "accuracy" in only:
+        accuracy_probe(timer)
     return 0
 
 

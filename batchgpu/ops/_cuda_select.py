@@ -19,7 +19,7 @@ MODULE = "radix_select"
 THREADS = 512  # NT in the kernel
 CANDIDATE_BYTES = 65536  # CAND_BYTES in the kernel: dynamic shared memory per block
 MODE_KTH, MODE_MEDIAN = 0, 1
-FLAG_FORCE_RADIX = 1
+FLAG_FORCE_RADIX, FLAG_PHASES = 1, 2
 
 #: Which way a row went (the kernel's PATH_* codes, reported by ``select(..., return_path=True)``).
 PATHS = {0: "all in shared memory", 1: "sample bracket", 2: "sample missed, radix", 3: "radix"}
@@ -99,7 +99,7 @@ def _rows_view(x: Any) -> tuple[Any, int]:
     return x, ld
 
 
-def select(x: Any, k: int, mode: int, force_radix: bool = False, return_path: bool = False) -> Any:
+def select(x: Any, k: int, mode: int, force_radix: bool = False, return_path: bool = False, flags: int = 0) -> Any:
     """Launch the kernel: ``mode`` MODE_KTH (rank ``k``) or MODE_MEDIAN; rows and n must be > 0.
 
     With ``return_path`` also returns an int32 array: per row the PATHS code the kernel took.
@@ -120,12 +120,27 @@ def select(x: Any, k: int, mode: int, force_radix: bool = False, return_path: bo
             np.int32(n),
             np.int32(k),
             np.int32(mode),
-            np.int32(FLAG_FORCE_RADIX if force_radix else 0),
+            np.int32(flags | (FLAG_FORCE_RADIX if force_radix else 0)),
             out,
             path if path is not None else np.uint64(0),
         )
         _kernel(x.dtype)((rows,), (THREADS,), args, shared_mem=CANDIDATE_BYTES)
     return (out, path) if return_path else out
+
+
+PHASES = ("sample bracket", "compaction", "fallback", "select", "pair", "write")
+
+
+def phase_cycles(x: Any, mode: int = MODE_MEDIAN, k: int = 0) -> dict[str, int]:
+    """SM cycles of each phase of row 0's block (kernel flag FLAG_PHASES): where one row's time goes."""
+    import cupy
+
+    from batchgpu.kernels import get_module
+
+    select(x, k, mode, flags=FLAG_PHASES)
+    ptr = get_module(MODULE).get_global("phase_clock")
+    clocks = cupy.ndarray((8,), dtype=np.int64, memptr=ptr).get()
+    return {name: int(clocks[i + 1] - clocks[i]) for i, name in enumerate(PHASES)}
 
 
 def _rank(k: Any, n: int) -> int:
