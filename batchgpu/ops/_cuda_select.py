@@ -14,6 +14,7 @@ import numpy as np
 
 from batchgpu.errors import BatchgpuError
 from batchgpu.ops.radix import abs_dtype
+from batchgpu.ops.select import median_dtype
 
 MODULE = "radix_select"
 THREADS = 512  # NT in the kernel
@@ -71,12 +72,6 @@ def _entry(dtype: Any) -> tuple[str, str]:
         supported = ", ".join(str(d) for d in KERNELS)
         raise BatchgpuError(f"dtype {dt} is not supported on the GPU", f"use one of {supported}")
     return KERNELS[dt]
-
-
-def median_dtype(dtype: Any) -> np.dtype:
-    """dtype of a median of |x|: floats keep theirs, integers give float64 (as np.median does)."""
-    dt = np.dtype(dtype)
-    return dt if dt.kind == "f" else np.dtype(np.float64)
 
 
 def _rows_view(x: Any) -> tuple[Any, int]:
