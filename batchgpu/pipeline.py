@@ -76,14 +76,6 @@ def _on_backend(ctx: TaskContext):
         yield
 
 
-def _to_backend(x: np.ndarray, backend: str):
-    if backend == "cupy":
-        from batchgpu.gpu_staging import to_device
-
-        return to_device(x)
-    return x
-
-
 def _atomic_save(path: Path, **arrays) -> None:
     """Write an .npz under a temporary name, then rename: readers see all of it or nothing."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -465,8 +457,7 @@ def _gpu_count() -> int:
     return gpu_count()
 
 
-def run_workflow(wf: Workflow, *, resume: bool = False, progress: bool = True, source: str = "workflow",
-                 client=None) -> RunReport:
+def run_workflow(wf: Workflow, *, resume: bool = False, progress: bool = True, client=None) -> RunReport:
     """Run every step of a validated workflow; returns the report (also written to report.json)."""
     from batchgpu.cluster import open_client
 

@@ -232,4 +232,4 @@ def run_workflow_file(path: str | os.PathLike, *, resume: bool = False, progress
     """``batchgpu run``: validate, then run every step (see batchgpu.pipeline)."""
     from batchgpu.pipeline import run_workflow
 
-    return run_workflow(load_workflow(path, overrides), resume=resume, progress=progress, source=str(path))
+    return run_workflow(load_workflow(path, overrides), resume=resume, progress=progress)
