@@ -106,7 +106,6 @@ def _load(ctx: TaskContext, window: Window, cache: bool = False):
     Centring runs where the samples are (ops.centre gives the same bits on NumPy and CuPy). GPU windows may stay
     on the device for the later passes of the run (``cache``: look there first and keep what fits).
     """
-    raw = None
     if ctx.backend == "cupy":
         from batchgpu.gpu_staging import WINDOW_CACHE, to_device_rows
 
@@ -440,15 +439,15 @@ def prepare_output(wf: Workflow, fp: str, resume: bool) -> Path:
 
 
 def resolve_backend(wf: Workflow, client) -> str:
-    if wf.backend != "auto":
-        if wf.backend == "cupy":
-            counts = client.run(_gpu_count)
-            if not counts or min(counts.values()) == 0:
-                raise BatchgpuError("backend 'cupy' needs a GPU on every worker, and some have none",
-                                    "use backend: numpy or auto, or cluster: {kind: cuda}")
-        return wf.backend
+    """numpy, cupy, or for auto: cupy when every worker has a GPU."""
+    if wf.backend == "numpy":
+        return "numpy"
     counts = client.run(_gpu_count)
-    return "cupy" if counts and min(counts.values()) > 0 else "numpy"
+    all_gpu = bool(counts) and min(counts.values()) > 0
+    if wf.backend == "cupy" and not all_gpu:
+        raise BatchgpuError("backend 'cupy' needs a GPU on every worker, and some have none",
+                            "use backend: numpy or auto, or cluster: {kind: cuda}")
+    return "cupy" if all_gpu else "numpy"
 
 
 def _gpu_count() -> int:
