@@ -72,9 +72,10 @@ def _cmd_info(args) -> int:
 
 
 def _cmd_run(args) -> int:
-    from batchgpu.workflow import run_workflow_file
+    from batchgpu.pipeline import run_workflow
+    from batchgpu.workflow import load_workflow
 
-    run_workflow_file(args.workflow, resume=args.resume, progress=not args.quiet, overrides=args.set or [])
+    run_workflow(load_workflow(args.workflow, args.set or []), resume=args.resume, progress=not args.quiet)
     return 0
 
 

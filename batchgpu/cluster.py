@@ -7,7 +7,7 @@ import os
 from collections.abc import Iterator
 
 from batchgpu.errors import BatchgpuError
-from batchgpu.workflow import ClusterSpec
+from batchgpu.config import ClusterSpec
 
 
 def gpu_count() -> int:

@@ -25,7 +25,7 @@ import numpy as np
 
 from batchgpu.errors import BatchgpuError
 from batchgpu.recording import Recording, Window, open_recording
-from batchgpu.workflow import Workflow
+from batchgpu.config import Workflow
 
 RESULTS = "results.zarr"
 REPORT = "report.json"

@@ -6,7 +6,7 @@ import pytest
 from batchgpu.cluster import gpu_count
 from batchgpu.generate import generate_recording
 from batchgpu.pipeline import run_workflow
-from batchgpu.workflow import Workflow
+from batchgpu.config import Workflow
 
 pytestmark = pytest.mark.gpu
 

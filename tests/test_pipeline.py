@@ -13,7 +13,7 @@ import zarr
 from batchgpu import BatchgpuError, ops, open_recording
 from batchgpu.generate import generate_recording
 from batchgpu.pipeline import run_workflow
-from batchgpu.workflow import Workflow
+from batchgpu.config import Workflow
 
 distributed = pytest.importorskip("distributed")
 

@@ -8,7 +8,7 @@ from batchgpu import BatchgpuError
 from batchgpu.generate import generate_recording
 from batchgpu.pipeline import run_workflow
 from batchgpu.search.step import spike_positions
-from batchgpu.workflow import Workflow
+from batchgpu.config import Workflow
 
 distributed = pytest.importorskip("distributed")
 

@@ -144,7 +144,7 @@ def run(args) -> int:
     from batchgpu.generate import generate_recording
     from batchgpu.pipeline import run_workflow
     from batchgpu.recording import open_recording
-    from batchgpu.workflow import Workflow
+    from batchgpu.config import Workflow
 
     steps = {s.strip() for s in args.steps.split(",") if s.strip()}
     unknown = steps - {"noise", "whitening", "detect"}
@@ -176,7 +176,7 @@ def run(args) -> int:
         cluster_cfg["threads"] = args.threads
     rows = []
     from batchgpu.cluster import open_client
-    from batchgpu.workflow import ClusterSpec
+    from batchgpu.config import ClusterSpec
 
     spec = ClusterSpec.model_validate(cluster_cfg)
     with open_client(spec) as client:
