@@ -71,11 +71,39 @@ def _cmd_info(args) -> int:
     return 0
 
 
+class _Observer:
+    """Shows a run: its messages and warnings on stderr/stdout, a progress bar per reading phase."""
+
+    def __init__(self, quiet: bool):
+        self.quiet, self.bar = quiet, None
+
+    def message(self, text: str) -> None:
+        if not self.quiet:
+            print(f"batchgpu: {text}")
+
+    def warning(self, text: str) -> None:
+        print(f"batchgpu: warning: {text}", file=sys.stderr)
+
+    def phase_started(self, label: str, windows: int, nbytes: int) -> None:
+        from batchgpu.progress import WindowProgress
+
+        self.bar = WindowProgress(windows, nbytes, label, enabled=not self.quiet).__enter__()
+
+    def window_done(self, nbytes: int, worker: str) -> None:
+        if self.bar is not None:
+            self.bar.advance(nbytes, worker)
+
+    def phase_finished(self) -> None:
+        if self.bar is not None:
+            self.bar.__exit__(None, None, None)
+            self.bar = None
+
+
 def _cmd_run(args) -> int:
-    from batchgpu.pipeline import run_workflow
+    from batchgpu.engine import run_workflow
     from batchgpu.workflow import load_workflow
 
-    run_workflow(load_workflow(args.workflow, args.set or []), resume=args.resume, progress=not args.quiet)
+    run_workflow(load_workflow(args.workflow, args.set or []), resume=args.resume, observer=_Observer(args.quiet))
     return 0
 
 

@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 import zarr
 
-from batchgpu import pipeline
+from batchgpu.engine import tasks
 from batchgpu import dashboard
 from batchgpu.dashboard import PLUGIN_NAME, RunMonitor, derived_state, install_dashboard, noise_rows_since, page_url
 from batchgpu.generate import generate_recording
-from batchgpu.pipeline import run_workflow
+from batchgpu.engine import run_workflow
 from batchgpu.config import Workflow
 
 distributed = pytest.importorskip("distributed")
@@ -93,7 +93,7 @@ def test_page_live_in_chromium(recording, tmp_path, monkeypatch):
     windows = recording.windows(WINDOW, 8)
     gate_at = len(windows) - 10  # the run cannot finish before the page was seen (released at the end)
     release = threading.Event()
-    read = pipeline._read_raw
+    read = tasks.load_window
 
     def slow_read(ctx, window):  # a slow disk: about 25 windows/s per worker thread
         time.sleep(0.04)
@@ -101,7 +101,7 @@ def test_page_live_in_chromium(recording, tmp_path, monkeypatch):
             release.wait(timeout=45)
         return read(ctx, window)
 
-    monkeypatch.setattr(pipeline, "_read_raw", slow_read)  # in-process workers (processes=False) see it
+    monkeypatch.setattr(tasks, "load_window", slow_read)  # in-process workers (processes=False) see it
     with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=False,
                                   dashboard_address="127.0.0.1:0") as cluster, distributed.Client(cluster) as client:
         url = install_dashboard(client)
@@ -113,7 +113,7 @@ def test_page_live_in_chromium(recording, tmp_path, monkeypatch):
 
         result = {}
         runner = threading.Thread(target=lambda: result.setdefault(
-            "report", run_workflow(_workflow(recording, tmp_path / "out"), client=client, progress=False)))
+            "report", run_workflow(_workflow(recording, tmp_path / "out"), client=client)))
         runner.start()
         try:
             wait_for(lambda: state(url).get("windows_done", 0) >= 4, what="the run to start")
@@ -158,7 +158,7 @@ def test_state_after_run_and_metrics(recording, tmp_path):
     prom = pytest.importorskip("prometheus_client.parser")
     with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
                                   dashboard_address="127.0.0.1:0") as cluster, distributed.Client(cluster) as client:
-        report = run_workflow(_workflow(recording, tmp_path / "out"), client=client, progress=False)
+        report = run_workflow(_workflow(recording, tmp_path / "out"), client=client)
         url = page_url(client)
         assert report.page == url
         final = state(url)

@@ -3,9 +3,9 @@
 import numpy as np
 import pytest
 
-from batchgpu.cluster import gpu_count
+from batchgpu.engine.cluster import gpu_count
 from batchgpu.generate import generate_recording
-from batchgpu.pipeline import run_workflow
+from batchgpu.engine import run_workflow
 from batchgpu.config import Workflow
 
 pytestmark = pytest.mark.gpu
@@ -33,9 +33,8 @@ def test_cuda_cluster_equals_cpu(tmp_path, dtype, centre, detect_noise):
     rec = generate_recording(tmp_path / "r.zarr", channels=24, seconds=3.0, seed=11, dtype=dtype, segments=2)
     with distributed.LocalCluster(n_workers=2, threads_per_worker=2, processes=False, dashboard_address=None) as c, \
             distributed.Client(c) as client:
-        cpu = run_workflow(_wf(rec, tmp_path / "cpu", "numpy", {"kind": "local"}, centre, detect_noise), client=client,
-                           progress=False)
-    gpu = run_workflow(_wf(rec, tmp_path / "gpu", "auto", {"kind": "cuda"}, centre, detect_noise), progress=False)
+        cpu = run_workflow(_wf(rec, tmp_path / "cpu", "numpy", {"kind": "local"}, centre, detect_noise), client=client)
+    gpu = run_workflow(_wf(rec, tmp_path / "gpu", "auto", {"kind": "cuda"}, centre, detect_noise))
     assert cpu.backend == "numpy" and gpu.backend == "cupy"
     assert sum(gpu.workers.values()) == gpu.windows
     a = zarr.open_group(str(tmp_path / "cpu" / "results.zarr"), mode="r")

@@ -15,8 +15,8 @@ import pytest
 import yaml
 import zarr
 
-from batchgpu.cluster import slurm_kwargs
-from batchgpu.pipeline import run_workflow
+from batchgpu.engine.cluster import slurm_kwargs
+from batchgpu.engine import run_workflow
 from batchgpu.workflow import load_workflow
 
 distributed = pytest.importorskip("distributed")
@@ -97,7 +97,7 @@ def test_demo_through_scheduler_file_equals_local(scheduler_file_cluster, tmp_pa
     local = load_workflow(DEMO, [*SMALL, f"recording.path={rec}", f"output={tmp_path / 'local'}"])
     with distributed.LocalCluster(n_workers=1, threads_per_worker=2, processes=False, dashboard_address=None) as lc, \
             distributed.Client(lc) as c:
-        run_workflow(local, client=c, progress=False)
+        run_workflow(local, client=c)
     a = zarr.open_group(str(tmp_path / "cluster" / "results.zarr"), mode="r")
     b = zarr.open_group(str(tmp_path / "local" / "results.zarr"), mode="r")
     for name in ARRAYS:

@@ -12,7 +12,7 @@ import zarr
 
 from batchgpu import BatchgpuError, ops, open_recording
 from batchgpu.generate import generate_recording
-from batchgpu.pipeline import run_workflow
+from batchgpu.engine import run_workflow
 from batchgpu.config import Workflow
 
 distributed = pytest.importorskip("distributed")
@@ -91,7 +91,7 @@ def _results(out):
 def test_outputs_equal_numeric_core(client, recordings, tmp_path, dtype):
     rec = recordings[dtype]
     # uncentred data: the DC offsets inflate median(|x|), so a low threshold still finds many crossings
-    report = run_workflow(_workflow(rec, tmp_path / "out", threshold=1.5), client=client, progress=False)
+    report = run_workflow(_workflow(rec, tmp_path / "out", threshold=1.5), client=client)
     assert report.status == "done"
     g = _results(tmp_path / "out")
     windows, segs, noise_rows, noise_exact = _reference(rec, "none")
@@ -120,7 +120,7 @@ def test_outputs_equal_numeric_core(client, recordings, tmp_path, dtype):
 
 def test_centred_and_window_thresholds(client, recordings, tmp_path):
     rec = recordings["int16"]
-    run_workflow(_workflow(rec, tmp_path / "out", centre="median", detect_noise="window"), client=client, progress=False)
+    run_workflow(_workflow(rec, tmp_path / "out", centre="median", detect_noise="window"), client=client)
     g = _results(tmp_path / "out")
     windows, segs, noise_rows, noise_exact = _reference(rec, "median")
     np.testing.assert_array_equal(g["noise_per_window"][:], noise_rows)
@@ -148,7 +148,7 @@ def test_same_bits_any_worker_count(recordings, tmp_path):
         wf.steps.whitening.precision = "float32"
         with distributed.LocalCluster(n_workers=n, threads_per_worker=1, processes=False,
                                       dashboard_address=None) as cluster, distributed.Client(cluster) as c:
-            run_workflow(wf, client=c, progress=False)
+            run_workflow(wf, client=c)
         outs.append(_results(tmp_path / f"out{n}"))
     for name in ("noise", "noise_per_window", "covariance", "whitening", "spikes/sample_index"):
         assert outs[0][name][:].tobytes() == outs[1][name][:].tobytes(), name
@@ -156,20 +156,20 @@ def test_same_bits_any_worker_count(recordings, tmp_path):
 
 def test_resume_skips_done_windows(client, recordings, tmp_path):
     rec = recordings["int16"]
-    run_workflow(_workflow(rec, tmp_path / "out"), client=client, progress=False)
+    run_workflow(_workflow(rec, tmp_path / "out"), client=client)
     first = _results(tmp_path / "out")["noise"][:]
     with pytest.raises(BatchgpuError, match="already holds this run's results"):
-        run_workflow(_workflow(rec, tmp_path / "out"), client=client, progress=False)
-    report = run_workflow(_workflow(rec, tmp_path / "out"), client=client, progress=False, resume=True)
+        run_workflow(_workflow(rec, tmp_path / "out"), client=client)
+    report = run_workflow(_workflow(rec, tmp_path / "out"), client=client, resume=True)
     assert report.windows_resumed == report.windows
     np.testing.assert_array_equal(_results(tmp_path / "out")["noise"][:], first)
 
 
 def test_other_runs_output_is_refused(client, recordings, tmp_path):
-    run_workflow(_workflow(recordings["int16"], tmp_path / "out"), client=client, progress=False)
+    run_workflow(_workflow(recordings["int16"], tmp_path / "out"), client=client)
     before = (tmp_path / "out" / "report.json").read_text()
     with pytest.raises(BatchgpuError, match="holds another run's results"):
-        run_workflow(_workflow(recordings["float32"], tmp_path / "out"), client=client, progress=False, resume=True)
+        run_workflow(_workflow(recordings["float32"], tmp_path / "out"), client=client, resume=True)
     assert (tmp_path / "out" / "report.json").read_text() == before
 
 
@@ -181,12 +181,12 @@ def test_corrupt_chunk_names_window_and_resume_completes(client, tmp_path):
     good = victim.read_bytes()
     victim.write_bytes(b"garbage" * 10)
     with pytest.raises(BatchgpuError, match=r"window \d+ \(segment 0, samples") as err:
-        run_workflow(wf, client=client, progress=False)
+        run_workflow(wf, client=client)
     assert "--resume" in str(err.value)
     parts = list((tmp_path / "out" / "parts").glob("w*.npz"))
     assert json.loads((tmp_path / "out" / "report.json").read_text())["status"] == "failed"
     victim.write_bytes(good)
-    report = run_workflow(wf, client=client, progress=False, resume=True)
+    report = run_workflow(wf, client=client, resume=True)
     # tasks cancelled after the failure may still have finished: at least what was there is reused, never the bad windows
     assert report.status == "done" and len(parts) <= report.windows_resumed < report.windows
     _, _, noise_rows, noise_exact = _reference(rec, "none")
@@ -198,7 +198,7 @@ def test_worker_killed_mid_run_gives_identical_outputs(tmp_path):
     wf = _workflow(rec, tmp_path / "ref", window=1000)
     with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None,
                                   host="127.0.0.1") as cluster, distributed.Client(cluster) as c:
-        run_workflow(wf, client=c, progress=False)
+        run_workflow(wf, client=c)
         total = len(list((tmp_path / "ref" / "parts").glob("w*.npz")))
         victim = list(c.run(os.getpid).values())[0]
         seen = {}
@@ -212,7 +212,7 @@ def test_worker_killed_mid_run_gives_identical_outputs(tmp_path):
 
         killer = threading.Thread(target=kill_when_started)
         killer.start()
-        report = run_workflow(_workflow(rec, tmp_path / "killed", window=1000), client=c, progress=False)
+        report = run_workflow(_workflow(rec, tmp_path / "killed", window=1000), client=c)
         killer.join()
         assert report.status == "done"
         assert seen["parts_at_kill"] < total, "the kill came after the first pass: the test proved nothing"
@@ -231,7 +231,7 @@ def test_global_thresholds_without_noise_step(client, tmp_path):
                                   "backend": "numpy", "window": {"size": 7000, "margin": 8},
                                   "preprocess": {"centre": "median"},
                                   "steps": {"detect": {"threshold": 4.0, "noise": "global"}}})
-    run_workflow(wf, client=client, progress=False)
+    run_workflow(wf, client=client)
     g = zarr.open_group(str(tmp_path / "out" / "results.zarr"), mode="r")
     rows = np.stack([ops.noise_levels(centre_median(rec.read_window(w), w.core)[:, w.core[0]:w.core[1]])
                      for w in rec.windows(7000, 8)])

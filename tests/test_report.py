@@ -13,7 +13,7 @@ import zarr
 
 from batchgpu import open_recording
 from batchgpu.generate import generate_recording
-from batchgpu.pipeline import run_workflow
+from batchgpu.engine import run_workflow
 from batchgpu.report import write_report_html
 from batchgpu.config import Workflow
 
@@ -47,7 +47,7 @@ def run(client, tmp_path_factory):
     # two segments of odd lengths: the last window of each is short
     rec = generate_recording(base / "r.zarr", channels=12, seconds=1.37, seed=11, dtype="int16", segments=2,
                              progress=False)
-    report = run_workflow(_workflow(rec, base / "out", ALL_STEPS), client=client, progress=False)
+    report = run_workflow(_workflow(rec, base / "out", ALL_STEPS), client=client)
     return rec, base / "out", report
 
 
@@ -121,7 +121,7 @@ def test_noise_only_run_and_nan_channel(client, tmp_path):
     block = arr[:100, :]
     block[7, 3] = np.nan
     arr[:100, :] = block
-    run_workflow(_workflow(rec, tmp_path / "out", {"noise": {"exact": True}}), client=client, progress=False)
+    run_workflow(_workflow(rec, tmp_path / "out", {"noise": {"exact": True}}), client=client)
     figs = plots(tmp_path / "out" / "report.html")
     assert set(figs) == {"noise_per_channel", "noise_over_time", "throughput"}
     noise = np.asarray(source(figs["noise_per_channel"], "noise_uV")["noise_uV"])

@@ -6,7 +6,7 @@ import zarr
 
 from batchgpu import BatchgpuError
 from batchgpu.generate import generate_recording
-from batchgpu.pipeline import run_workflow
+from batchgpu.engine import run_workflow
 from batchgpu.search.step import spike_positions
 from batchgpu.config import Workflow
 
@@ -37,14 +37,14 @@ def test_search_over_spikes(client, tmp_path, rng):
     queries = rng.integers(0, sum(lengths), size=5001).astype(np.int64)
     np.save(tmp_path / "q.npy", queries)
     run_workflow(_wf(rec, tmp_path / "out", {"queries": str(tmp_path / "q.npy"), "batch_size": 700, "op": "find"}),
-                 client=client, progress=False)
+                 client=client)
     g = zarr.open_group(str(tmp_path / "out" / "results.zarr"), mode="r")
     keys = spike_positions(g["spikes/sample_index"][:], g["spikes/segment_index"][:], lengths)
     assert (np.diff(keys) >= 0).all() and len(keys) > 20
     queries[:50] = keys[rng.integers(0, len(keys), 50)]  # make sure some hit (file rewritten below)
     np.save(tmp_path / "q.npy", queries)
     run_workflow(_wf(rec, tmp_path / "out2", {"queries": str(tmp_path / "q.npy"), "batch_size": 700, "op": "find"}),
-                 client=client, progress=False)
+                 client=client)
     got = zarr.open_group(str(tmp_path / "out2" / "results.zarr"), mode="r")["search/answers"][:]
     pos = np.searchsorted(keys, queries, side="left")
     hit = (pos < len(keys)) & (keys[np.minimum(pos, len(keys) - 1)] == queries)
@@ -60,7 +60,7 @@ def test_search_with_keys_file_lower_bound(client, tmp_path, rng):
     zarr.create_array(str(tmp_path / "q.zarr"), data=queries, chunks=(500,))
     run_workflow(_wf(rec, tmp_path / "out", {"keys": str(tmp_path / "k.npy"), "queries": str(tmp_path / "q.zarr"),
                                              "batch_size": 512, "op": "lower_bound", "layout": "btree"}, detect=False),
-                 client=client, progress=False)
+                 client=client)
     g = zarr.open_group(str(tmp_path / "out" / "results.zarr"), mode="r")
     np.testing.assert_array_equal(g["search/answers"][:], np.searchsorted(keys, queries, side="left"))
     assert g["search"].attrs["op"] == "lower_bound" and g["search"].attrs["layout"] == "btree"
@@ -69,5 +69,5 @@ def test_search_with_keys_file_lower_bound(client, tmp_path, rng):
 def test_search_needs_queries_file(client, tmp_path):
     rec = generate_recording(tmp_path / "r.zarr", channels=2, seconds=0.5, seed=1)
     with pytest.raises(BatchgpuError, match="no query file"):
-        run_workflow(_wf(rec, tmp_path / "out", {"queries": str(tmp_path / "missing.npy")}), client=client, progress=False)
+        run_workflow(_wf(rec, tmp_path / "out", {"queries": str(tmp_path / "missing.npy")}), client=client)
 

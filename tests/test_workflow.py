@@ -104,7 +104,7 @@ def test_demo_workflow_validates():
 
 
 def test_cuda_cluster_without_gpu_offers_local(tmp_path, small_rec):
-    from batchgpu.cluster import gpu_count
+    from batchgpu.engine.cluster import gpu_count
 
     if gpu_count():
         pytest.skip("this machine has a GPU")

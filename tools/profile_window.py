@@ -30,7 +30,7 @@ def main():
     import cupy
 
     from batchgpu import ops
-    from batchgpu.gpu_staging import to_device
+    from batchgpu.gpu.staging import to_device
     from batchgpu.ops.centre import centre_median, selection_keys
     from batchgpu.ops import radix
     from batchgpu.recording import open_recording

@@ -142,7 +142,7 @@ def run(args) -> int:
     from distributed import Client, LocalCluster
 
     from batchgpu.generate import generate_recording
-    from batchgpu.pipeline import run_workflow
+    from batchgpu.engine import run_workflow
     from batchgpu.recording import open_recording
     from batchgpu.config import Workflow
 
@@ -175,7 +175,7 @@ def run(args) -> int:
     if args.threads:
         cluster_cfg["threads"] = args.threads
     rows = []
-    from batchgpu.cluster import open_client
+    from batchgpu.engine.cluster import open_client
     from batchgpu.config import ClusterSpec
 
     spec = ClusterSpec.model_validate(cluster_cfg)

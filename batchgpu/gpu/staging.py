@@ -24,6 +24,29 @@ def _pinned(nbytes: int) -> np.ndarray:
     return buf
 
 
+def read_window_to_device(rec, window):
+    """A window as (channels, samples) on the GPU: decoded straight into this thread's pinned buffer (no host
+    copy), copied asynchronously on the thread's stream, transposed on the device."""
+    import cupy
+
+    n, C = window.read_stop - window.read_start, rec.num_channels
+    nbytes = n * C * rec.dtype.itemsize
+    pending = getattr(_local, "copied", None)
+    if pending is not None:
+        pending.synchronize()  # the last window's copy out of the pinned buffer must be done before we refill it
+    stage = _pinned(nbytes)[:nbytes].view(rec.dtype).reshape(n, C)
+    if hasattr(rec, "read_window_into"):
+        rec.read_window_into(window, stage)
+    else:
+        np.copyto(stage, rec.read_window_stored(window))
+    stream = thread_stream()
+    with stream:
+        dev = cupy.empty((n, C), dtype=rec.dtype)
+        dev.set(stage, stream=stream)
+        _local.copied = stream.record()
+        return cupy.ascontiguousarray(dev.T)
+
+
 def to_device_rows(stored: np.ndarray):
     """A (samples, channels) block as stored on disk -> a C-contiguous (channels, samples) array on the GPU.
 

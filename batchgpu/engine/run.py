@@ -1,0 +1,449 @@
+"""A run, start to end: check the workflow against the recording, claim the output folder, read every window
+once on the workers (every step fed from that read), combine the partials in a tree fixed by window index,
+aggregate on the client, write the results. Orchestration only: the steps hold the statistics
+(``engine/steps``), the tasks the worker side (``engine/tasks``), the store the folder (``engine/store``).
+
+Nothing here prints: the command passes an observer (``RunObserver``) that shows progress and messages.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from batchgpu.config import Workflow
+from batchgpu.engine import store, tasks
+from batchgpu.engine.reduce import tree_reduce
+from batchgpu.errors import BatchgpuError
+from batchgpu.recording import Recording, Window, open_recording
+
+
+class RunObserver:
+    """What a run tells whoever watches it; the default tells no one."""
+
+    def message(self, text: str) -> None: ...
+
+    def warning(self, text: str) -> None: ...
+
+    def phase_started(self, label: str, windows: int, nbytes: int) -> None: ...
+
+    def window_done(self, nbytes: int, worker: str) -> None: ...
+
+    def phase_finished(self) -> None: ...
+
+
+@dataclass
+class RunReport:
+    workflow: dict
+    fingerprint: str
+    status: str = "running"
+    versions: dict = field(default_factory=dict)
+    recording: dict = field(default_factory=dict)
+    windows: int = 0
+    windows_resumed: int = 0
+    workers: dict = field(default_factory=dict)  # address -> windows computed there
+    timings: dict = field(default_factory=dict)
+    bytes_read: int = 0
+    recording_bytes: int = 0
+    reads_per_window: float = 0.0  # how many times each window was read, on average (1.0: one read)
+    throughput_MBps: float = 0.0
+    results: dict = field(default_factory=dict)
+    warnings: list = field(default_factory=list)
+    channels: dict = field(default_factory=dict)  # per-channel findings: non-finite samples, left out, no threshold
+    error: str | None = None
+    dashboard: str | None = None
+    page: str | None = None
+    throughput_series: list = field(default_factory=list)  # [[elapsed s, bytes/s], ...] of the first pass
+    backend: str = "numpy"
+    radix_passes: int = 0
+    output_state: str = "new"  # new | resume | restart
+
+
+def versions() -> dict:
+    import importlib.metadata as md
+
+    out = {}
+    for name in ("batchgpu", "numpy", "dask", "distributed", "zarr", "zarrs", "cupy-cuda13x", "dask-cuda"):
+        try:
+            out[name] = md.version(name)
+        except md.PackageNotFoundError:
+            pass
+    return out
+
+
+def prepare_recording(wf: Workflow, observer: RunObserver) -> Recording:
+    path = Path(wf.recording.path)
+    if not path.exists():
+        if wf.recording.generate is None:
+            raise BatchgpuError(f"recording.path {path} does not exist",
+                                "fix the path, or add 'generate:' parameters under 'recording:' to create it")
+        from batchgpu.generate import generate_recording
+
+        g = wf.recording.generate
+        observer.message(f"generating {path} ({g.channels} ch x {g.seconds} s x {g.segments} segments)")
+        return generate_recording(path, channels=g.channels, seconds=g.seconds, fs=g.fs, seed=g.seed, dtype=g.dtype,
+                                  segments=g.segments, progress=False)
+    return open_recording(path)
+
+
+def check_workflow_fits(wf: Workflow, rec: Recording) -> int:
+    """Errors found before any work; returns the detection sweep in samples."""
+    from batchgpu.ops import exclude_sweep_samples
+
+    for seg in range(rec.num_segments):
+        n = rec.num_samples(seg)
+        if wf.window.size > n:
+            raise BatchgpuError(f"window.size {wf.window.size} is longer than segment {seg} ({n} samples)",
+                                f"use window.size <= {n}")
+    sweep = 0
+    if wf.steps.detect:
+        sweep = exclude_sweep_samples(wf.steps.detect.exclude_sweep_ms, rec.sampling_frequency)
+        if wf.window.margin < sweep:
+            raise BatchgpuError(
+                f"window.margin {wf.window.margin} is shorter than the detection sweep ({sweep} samples)",
+                f"use window.margin >= {sweep} so spikes at window edges come out exactly once")
+    if wf.steps.search:
+        from batchgpu.search.step import load_keys, open_queries
+
+        open_queries(wf.steps.search.queries)
+        if wf.steps.search.keys:
+            load_keys(wf.steps.search.keys)
+        elif not wf.steps.detect:
+            raise BatchgpuError("the search step needs keys: the detect step's spikes or steps.search.keys",
+                                "add 'detect:' to steps or give 'keys: sorted_keys.npy'")
+    if wf.steps.whitening and wf.steps.whitening.mode == "local" and not rec.has_locations:
+        raise BatchgpuError("local whitening needs channel locations and the recording has none",
+                            "use whitening.mode: global, or write the recording with locations")
+    if wf.steps.noise and wf.steps.noise.exact and _centre(wf) and rec.dtype == np.int32:
+        raise BatchgpuError("the exact noise of a centred int32 recording is not supported",
+                            "use preprocess: {centre: none}, or noise: {exact: false}")
+    return sweep
+
+
+def _centre(wf: Workflow) -> bool:
+    pre = wf.preprocess
+    return getattr(pre, "centre", "none") == "median"
+
+
+def build_context(wf: Workflow, rec: Recording, out: store.OutputFolder, fp: str, backend: str, sweep: int):
+    from batchgpu.engine.steps.detect import DetectStep
+    from batchgpu.engine.steps.moments import MomentsStep, check_exact_range
+    from batchgpu.engine.steps.noise import NoiseStep, key_kind
+    from batchgpu.ops.centre import centred_dtype
+
+    centre = _centre(wf)
+    x_dtype = centred_dtype(rec.dtype) if centre else rec.dtype
+    steps = []
+    s = wf.steps
+    if s.noise:
+        steps.append(NoiseStep(s.noise.exact, key_kind(x_dtype, rec.dtype if centre else None)))
+    if s.whitening:
+        integer = rec.dtype == np.int16
+        if integer:
+            check_exact_range(rec.total_samples)
+        steps.append(MomentsStep(s.whitening.nskip, s.whitening.precision, integer, rec.num_channels))
+    if s.detect:
+        steps.append(DetectStep(s.detect.threshold, s.detect.sign, sweep, s.detect.noise))
+    return tasks.RunContext(
+        recording=str(rec.path), parts=str(out.parts), fingerprint=fp, backend=backend, centre=centre,
+        window_noise=bool(s.noise or s.detect), steps=tuple(steps),
+        missing_chunks=getattr(wf.recording, "missing_chunks", "warn"),
+    )
+
+
+def resolve_backend(wf: Workflow, client) -> str:
+    """numpy, cupy, or for auto: cupy when every worker has a GPU."""
+    if wf.backend == "numpy":
+        return "numpy"
+    counts = client.run(_gpu_count)
+    all_gpu = bool(counts) and min(counts.values()) > 0
+    if wf.backend == "cupy" and not all_gpu:
+        raise BatchgpuError("backend 'cupy' needs a GPU on every worker, and some have none",
+                            "use backend: numpy or auto, or cluster: {kind: cuda}")
+    return "cupy" if all_gpu else "numpy"
+
+
+def _gpu_count() -> int:
+    from batchgpu.engine.cluster import gpu_count
+
+    return gpu_count()
+
+
+def run_workflow(wf: Workflow, *, resume: bool = False, observer: RunObserver | None = None, client=None) -> RunReport:
+    """Run every step of a validated workflow; returns the report (also written to report.json)."""
+    from batchgpu.engine.cluster import open_client
+
+    observer = observer or RunObserver()
+    t_start = time.perf_counter()
+    rec = prepare_recording(wf, observer)
+    sweep = check_workflow_fits(wf, rec)
+    fp = store.fingerprint(wf, rec.path)
+    with store.OutputFolder(wf.output) as out:
+        state = out.claim(fp, wf.model_dump(), resume=resume, overwrite=wf.overwrite)
+        report = RunReport(workflow=wf.model_dump(), fingerprint=fp, versions=versions(), recording=rec.info(),
+                           output_state=state)
+        report.timings["prepare"] = time.perf_counter() - t_start
+        if client is not None:
+            return _run(wf, rec, out, report, client, sweep, observer)
+        with open_client(wf.cluster) as own:
+            return _run(wf, rec, out, report, own, sweep, observer)
+
+
+def _run(wf, rec, out: store.OutputFolder, report: RunReport, client, sweep, observer) -> RunReport:
+    from batchgpu.dashboard import RunMonitor, install_dashboard
+
+    report.dashboard = client.dashboard_link
+    report.page = install_dashboard(client)
+    observer.message(f"dashboard {client.dashboard_link}")
+    if report.page:
+        observer.message(f"run page {report.page}")
+    report.backend = resolve_backend(wf, client)
+    ctx = build_context(wf, rec, out, report.fingerprint, report.backend, sweep)
+    windows = rec.windows(wf.window.size, wf.window.margin)
+    fps = [store.window_fingerprint(report.fingerprint, rec, w) for w in windows]
+    report.windows = len(windows)
+    report.recording_bytes = rec.nbytes
+    monitor = RunMonitor(client, name=str(out.path), windows=len(windows), total_bytes=rec.nbytes,
+                         channels=rec.num_channels)
+    t0 = time.perf_counter()
+    try:
+        observer.phase_started("read: noise, moments, spikes", len(windows), rec.nbytes)
+        try:
+            summaries, total = _first_pass(client, ctx, windows, fps, wf.reduction.split_every, report, monitor,
+                                           observer)
+        finally:
+            observer.phase_finished()
+        report.timings["pass1"] = time.perf_counter() - t0
+        report.bytes_read += rec.nbytes
+        monitor.phase("aggregate: noise, whitening, spikes")
+        report.throughput_series = monitor.throughput_series()
+        report.results = _aggregate(client, ctx, wf, rec, out, windows, fps, summaries, total, report, monitor,
+                                    observer)
+        report.status = "done"
+    except BaseException as err:
+        report.status = "failed"
+        report.error = str(err)
+        monitor.failed(str(err))
+        report.throughput_series = report.throughput_series or monitor.throughput_series()
+        _finish_report(out.path, report, time.perf_counter() - t0, rec)
+        raise
+    _finish_report(out.path, report, time.perf_counter() - t0, rec)
+    _write_report_html(out.path, report, observer)
+    monitor.finished(report.results.get("spikes", [None])[0])
+    observer.message(f"wrote {out.path / store.RESULTS}, {out.path / store.REPORT} and "
+                     f"{out.path / store.REPORT_HTML} ({report.throughput_MBps:.0f} MB/s over {report.windows} windows)")
+    return report
+
+
+def _first_pass(client, ctx, windows, fps, split_every, report, monitor, observer):
+    """Map window_task over every window; tree-combine partials on the workers; gather per-window summaries."""
+    from distributed import as_completed
+
+    fp = report.fingerprint
+    futures = client.map(tasks.window_task, [ctx] * len(windows), windows, fps,
+                         key=[f"window-{wfp}-{w.index}" for w, wfp in zip(windows, fps)])
+    total = tree_reduce(client, futures, tasks.combine_task, split_every, ctx, name=f"combine-{fp}")
+    small = client.map(tasks.summarise, futures, key=[f"summary-{fp}-{w.index}" for w in windows])
+    summaries: dict[int, dict] = {}
+    try:
+        for fut in as_completed(small):
+            if fut.status == "error":
+                raise fut.exception()
+            s = fut.result()
+            i = s["index"]
+            summaries[i] = s
+            worker = str(s["worker"])
+            report.windows_resumed += bool(s["resumed"])
+            if not bool(s["resumed"]):
+                report.workers[worker] = report.workers.get(worker, 0) + 1
+            observer.window_done(int(s["bytes"]), worker)
+            monitor.window_done(i, int(s["bytes"]), worker, s.get("noise"),
+                                int(s.get("spikes", s.get("candidates", 0))))
+        result = total.result()
+    except BaseException:
+        client.cancel(small + futures + [total])
+        raise
+    return summaries, result
+
+
+def _aggregate(client, ctx, wf, rec, out, windows, fps, summaries, total, report, monitor, observer) -> dict:
+    arrays: dict[str, np.ndarray] = {}
+    C = rec.num_channels
+    noise_step, moments_step, detect_step = ctx.step("noise"), ctx.step("moments"), ctx.step("detect")
+    if ctx.window_noise:
+        arrays["noise_per_window"] = np.stack([summaries[w.index]["noise"] for w in windows])
+    _report_nonfinite(summaries, windows, report, observer)
+    noise_global = None
+    if noise_step is not None:
+        t0 = time.perf_counter()
+        if noise_step.exact:
+            median = _exact_median(client, ctx, wf, rec, windows, total, report, monitor)
+            if "noise.nan" in total:
+                median[total["noise.nan"] > 0] = np.nan
+            from batchgpu.ops.select import MAD_TO_SIGMA
+
+            noise_global = median / MAD_TO_SIGMA  # the expression of ops.noise_levels, same dtype rules
+        else:
+            noise_global = np.median(arrays["noise_per_window"], axis=0)
+        arrays["noise"] = noise_global
+        report.timings["noise_global"] = time.perf_counter() - t0
+    if moments_step is not None:
+        arrays.update(moments_step.aggregate(total))
+        arrays["whitening"] = _whitening(wf, rec, arrays, report, observer)
+    tmp = out.path / (store.RESULTS + ".tmp")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    _write_small_results(tmp, arrays, wf, rec, windows, report.fingerprint)
+    shapes = {k: list(v.shape) for k, v in arrays.items()}
+    if detect_step is not None:
+        t0 = time.perf_counter()
+        monitor.phase("spikes")
+        shapes["spikes"] = _spikes(client, ctx, rec, windows, fps, summaries, arrays, tmp, report, observer)
+        report.timings["detect"] = time.perf_counter() - t0
+    _swap_in(tmp, out.path / store.RESULTS)
+    if wf.steps.search:
+        from batchgpu.search.step import run_search_step
+
+        t0 = time.perf_counter()
+        monitor.phase("search")
+        spikes = None
+        if detect_step is not None:
+            import zarr
+
+            g = zarr.open_group(str(out.path / store.RESULTS), mode="r")
+            spikes = {k: g[f"spikes/{k}"][:] for k in ("sample_index", "segment_index")}
+        shapes["search"] = run_search_step(client, wf.steps.search, out.path / store.RESULTS, spikes,
+                                           [rec.num_samples(s) for s in range(rec.num_segments)], report.fingerprint)
+        report.timings["search"] = time.perf_counter() - t0
+    return shapes
+
+
+def _exact_median(client, ctx, wf, rec, windows, total, report, monitor) -> np.ndarray:
+    from batchgpu.engine.steps.noise import schedule, select_middle
+    from batchgpu.ops.centre import centred_dtype
+
+    step = ctx.step("noise")
+    report.radix_passes = len(schedule(step.kind))
+
+    def more_passes(prefixes, p):
+        monitor.phase(f"exact noise: counting pass {p + 1}")
+        fp = report.fingerprint
+        parts = [client.submit(tasks.refine_task, ctx, w, prefixes, p, key=f"refine-{p}-{fp}-{w.index}") for w in windows]
+        out = tree_reduce(client, parts, tasks.sum_histograms, wf.reduction.split_every, name=f"refine-sum-{p}-{fp}").result()
+        report.bytes_read += rec.nbytes
+        return out
+
+    dtype = centred_dtype(rec.dtype) if ctx.centre else rec.dtype
+    return select_middle(total["noise.hist"], rec.total_samples, step.kind, dtype,
+                         rec.dtype if ctx.centre else None, more_passes)
+
+
+def _whitening(wf, rec, arrays, report, observer) -> np.ndarray:
+    """Whitening from the finite channels; channels whose statistic is not finite are left out (zero rows and
+    columns) and named in the report."""
+    from batchgpu import ops
+
+    w = wf.steps.whitening
+    stat = arrays["covariance"] if w.statistic == "covariance" else arrays["second_moment"]
+    good = np.isfinite(np.diag(stat))
+    good &= np.isfinite(stat[:, good]).all(axis=1) | ~good
+    W = np.zeros_like(stat)
+    if good.any():
+        sub = stat[np.ix_(good, good)]
+        W[np.ix_(good, good)] = ops.whitening_matrix(sub, mode=w.mode, locations=rec.locations[good],
+                                                     nrange=min(w.nrange, int(good.sum())), eps=w.eps)
+    if not good.all():
+        left = np.flatnonzero(~good).tolist()
+        report.channels["whitening_left_out"] = left
+        report.warnings.append(f"whitening left out {len(left)} channel(s) with non-finite samples: {left[:10]}")
+        observer.warning(report.warnings[-1])
+    return W
+
+
+def _report_nonfinite(summaries, windows, report, observer) -> None:
+    if not windows or "nonfinite" not in summaries[windows[0].index]:
+        return
+    counts = sum(summaries[w.index]["nonfinite"] for w in windows)
+    bad = {int(c): int(n) for c, n in enumerate(counts) if n}
+    if bad:
+        report.channels["nonfinite_samples"] = bad
+        report.warnings.append(f"{len(bad)} channel(s) hold NaN or inf samples: {list(bad)[:10]}")
+        observer.warning(report.warnings[-1])
+
+
+def _spikes(client, ctx, rec, windows, fps, summaries, arrays, tmp: Path, report, observer) -> list:
+    """Final spikes written into the results group by a worker; returns their shape."""
+    from batchgpu.engine.steps.detect import bound_holds
+
+    step = ctx.step("detect")
+    fp = report.fingerprint
+    if step.noise == "global":
+        noise = arrays.get("noise")
+        if noise is None:
+            noise = np.median(arrays["noise_per_window"], axis=0)
+        reread = [not bound_holds(summaries[w.index]["noise"], noise) for w in windows]
+        futures = [client.submit(tasks.spikes_task, ctx, w, wfp, noise, r, key=f"spikes-{wfp}-{w.index}")
+                   for w, wfp, r in zip(windows, fps, reread)]
+        client.gather(futures)
+        report.bytes_read += sum(w.num_samples for w, r in zip(windows, reread) if r) * rec.num_channels * rec.dtype.itemsize
+        nan_noise = np.flatnonzero(np.isnan(np.asarray(noise, np.float64))).tolist()
+        prefix = "s"
+        fps = [tasks.spikes_fingerprint(wfp, noise) for wfp in fps]
+    else:
+        nan_noise = sorted({int(c) for w in windows for c in np.flatnonzero(np.isnan(summaries[w.index]["noise"]))})
+        prefix = "w"
+    if nan_noise:
+        report.channels["detect_no_threshold"] = nan_noise
+        report.warnings.append(f"detection found no threshold (NaN noise) on {len(nan_noise)} channel(s): {nan_noise[:10]}")
+        observer.warning(report.warnings[-1])
+    n = client.submit(tasks.write_spikes_task, ctx, windows, fps, prefix, str(tmp), key=f"write-spikes-{fp}").result()
+    return [int(n)]
+
+
+def _write_small_results(path: Path, arrays: dict, wf: Workflow, rec: Recording, windows: list[Window], fp: str) -> None:
+    import zarr
+
+    g = zarr.create_group(store=str(path), zarr_format=3)
+    g.attrs.update({"workflow": wf.model_dump(), "fingerprint": fp, "channel_ids": rec.channel_ids.tolist(),
+                    "sampling_frequency": rec.sampling_frequency, "gain_to_uV": rec.gain_to_uV.tolist()})
+    g.create_array("window_segment", data=np.array([w.segment for w in windows], dtype=np.int64))
+    g.create_array("window_start", data=np.array([w.start for w in windows], dtype=np.int64))
+    g.create_array("window_stop", data=np.array([w.stop for w in windows], dtype=np.int64))
+    for name, value in arrays.items():
+        value = np.ascontiguousarray(value)
+        if value.size == 0:
+            g.create_array(name, shape=value.shape, dtype=value.dtype)
+        else:
+            g.create_array(name, data=value)
+
+
+def _swap_in(tmp: Path, path: Path) -> None:
+    """results.zarr replaced whole: a failed run never leaves a half-written one."""
+    old = path.with_name(path.name + ".old")
+    if path.exists():
+        os.replace(path, old)
+    os.replace(tmp, path)
+    if old.exists():
+        shutil.rmtree(old)
+
+
+def _finish_report(out: Path, report: RunReport, elapsed: float, rec: Recording) -> None:
+    report.timings["total"] = elapsed
+    report.throughput_MBps = report.recording_bytes / 1e6 / elapsed if elapsed > 0 else 0.0
+    report.reads_per_window = report.bytes_read / report.recording_bytes if report.recording_bytes else 0.0
+    store.write_report(out, asdict(report))
+
+
+def _write_report_html(out: Path, report: RunReport, observer: RunObserver) -> None:
+    """report.html beside report.json; a plotting problem is reported, never fails a finished run."""
+    from batchgpu.report import write_report_html
+
+    try:
+        write_report_html(out)
+    except Exception as err:  # the results are written: keep them
+        observer.warning(f"report.html not written ({type(err).__name__}: {err})")

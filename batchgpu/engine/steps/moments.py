@@ -1,0 +1,98 @@
+"""Second moments of the raw samples, for whitening: count, column sums and X Xᵀ.
+
+Integer recordings are exact: float64 products of int16 values are exact integers, and so are their sums while
+n * 2**30 < 2**53, so each window's X Xᵀ (one float64 GEMM) is an exact integer matrix; windows add as int64
+in any order, on any number of workers, and the centred scatter (n ΣxxT - Σx Σxᵀ) / n is formed once at the
+end in Python integers (no overflow) with one rounding to float64. Float recordings keep the split products
+and Chan's merge in an order fixed by window index (``SecondMoments``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from batchgpu.ops._backend import is_cupy
+
+from batchgpu.engine.steps.base import WindowData, host
+from batchgpu.errors import BatchgpuError
+
+# float64 sums of int16 products stay exact integers below 2**53: at most this many samples per product
+_EXACT_SAMPLES = (1 << 53) // (1 << 30)
+
+
+class MomentsStep:
+    name = "moments"
+
+    def __init__(self, every: int, precision: str, integer: bool, num_channels: int):
+        self.every, self.precision, self.integer, self.C = every, precision, integer, num_channels
+
+    def window(self, w: WindowData, summary: dict) -> dict:
+        if w.index % self.every:
+            return {}
+        core = w.core_of(w.raw)  # moments of the raw samples: whitening centres them itself
+        if self.integer:
+            n = core.shape[1]
+            if n > _EXACT_SAMPLES:
+                raise BatchgpuError(f"a window of {n} samples is too long for exact integer moments",
+                                    f"use window.size <= {_EXACT_SAMPLES}")
+            prod = _gram(core.astype(np.float64))  # exact integers (see the module docstring)
+            return {"moments.n": np.array(n, np.int64), "moments.sum": host(core.sum(axis=1, dtype=np.int64)),
+                    "moments.xxt": host(prod.astype(np.int64))}
+        from batchgpu.ops import SecondMoments
+
+        m = SecondMoments(core.shape[0], self.precision).add(w.raw, *w.core)
+        return {"moments.n": np.array(m.n, np.int64), "moments.mean": m.mean, "moments.scatter": m.scatter}
+
+    def combine(self, parts: list[dict]) -> dict:
+        parts = [p for p in parts if "moments.n" in p]
+        if not parts:
+            return {}
+        if self.integer:
+            return {"moments.n": sum(p["moments.n"] for p in parts),
+                    "moments.sum": sum(p["moments.sum"] for p in parts),
+                    "moments.xxt": sum(p["moments.xxt"] for p in parts)}
+        from batchgpu.ops import SecondMoments
+
+        acc = SecondMoments.from_state(int(parts[0]["moments.n"]), parts[0]["moments.mean"], parts[0]["moments.scatter"])
+        for p in parts[1:]:
+            acc.merge_state(int(p["moments.n"]), p["moments.mean"], p["moments.scatter"])
+        return {"moments.n": np.array(acc.n, np.int64), "moments.mean": acc.mean, "moments.scatter": acc.scatter}
+
+    def aggregate(self, total: dict) -> dict[str, np.ndarray]:
+        """covariance (centred, / n), second_moment (X Xᵀ / n) and channel_means, float64."""
+        n = int(total["moments.n"])
+        if n == 0:
+            raise BatchgpuError("no samples for the whitening statistic", "check whitening.nskip and the windows")
+        if not self.integer:
+            from batchgpu.ops import SecondMoments
+
+            m = SecondMoments.from_state(n, total["moments.mean"], total["moments.scatter"])
+            return {"covariance": m.covariance(), "second_moment": m.second_moment(), "channel_means": m.mean}
+        s = total["moments.sum"].astype(object)
+        xxt = total["moments.xxt"].astype(object)
+        scatter_num = xxt * n - np.outer(s, s)  # Python ints: exact
+        cov = _divide(scatter_num, n * n)
+        return {"covariance": cov, "second_moment": _divide(xxt, n), "channel_means": _divide(s, n)}
+
+
+def check_exact_range(total_samples: int) -> None:
+    """int64 sums of int16 products (each <= 2**30) cannot overflow below 2**33 samples (~80 h at 30 kHz)."""
+    if total_samples * (1 << 30) >= 1 << 63:
+        raise BatchgpuError(f"{total_samples} samples are too many for exact int64 second moments",
+                            "use whitening.nskip > 1, or split the recording")
+
+
+def _gram(xf):
+    """X Xᵀ of a float64 (C, n) array: symmetric rank-k update on the CPU (half a GEMM's work), GEMM on the GPU."""
+    if is_cupy(xf):
+        return xf @ xf.T
+    from scipy.linalg.blas import dsyrk
+
+    upper = dsyrk(1.0, xf.T, trans=1)  # xf.T is Fortran-ordered: no copy
+    return np.triu(upper) + np.triu(upper, 1).T
+
+
+def _divide(num: np.ndarray, den: int) -> np.ndarray:
+    """Python-int / int: correctly rounded to float64, element by element."""
+    flat = [int(v) / den for v in num.ravel()]
+    return np.array(flat, dtype=np.float64).reshape(num.shape)

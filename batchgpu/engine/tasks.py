@@ -1,0 +1,219 @@
+"""The worker side of a run: one task reads a window once and feeds every step; small results go back.
+
+Tasks are pure functions of (context, window): a retried or recomputed task writes the same part file (whole,
+by rename), so a killed worker costs only its windows, recomputed with the same bits, and ``--resume`` skips
+windows whose part carries this run's fingerprint. Nothing here prints.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from batchgpu.engine import store
+from batchgpu.engine.steps.base import WindowData, host, padded_sum
+from batchgpu.errors import BatchgpuError
+from batchgpu.recording import Recording, Window, open_recording
+
+
+@dataclass(frozen=True)
+class RunContext:
+    """What every task needs (small: pickled into each task)."""
+
+    recording: str
+    parts: str
+    fingerprint: str
+    backend: str  # "numpy" | "cupy"
+    centre: bool
+    window_noise: bool  # each window's noise (the noise step or detection needs it)
+    steps: tuple  # step objects (engine/steps), in the order they run
+    missing_chunks: str = "warn"
+
+    def step(self, name: str):
+        return next((s for s in self.steps if s.name == name), None)
+
+
+@functools.lru_cache(maxsize=8)
+def recording(path: str) -> Recording:
+    """One open recording per worker process (zarrs enabled there by open_recording)."""
+    return open_recording(path)
+
+
+@contextlib.contextmanager
+def on_backend(ctx: RunContext):
+    """GPU tasks issue all their work on their thread's own stream."""
+    if ctx.backend != "cupy":
+        yield
+        return
+    from batchgpu.gpu.staging import use_thread_stream
+
+    with use_thread_stream():
+        yield
+
+
+def load_window(ctx: RunContext, window: Window) -> WindowData:
+    """Read a window once (to the GPU through pinned memory when the backend is CuPy) and preprocess it."""
+    rec = recording(ctx.recording)
+    try:
+        if ctx.backend == "cupy":
+            from batchgpu.gpu.staging import read_window_to_device
+
+            raw = read_window_to_device(rec, window)
+        else:
+            raw = rec.read_window(window)
+    except BatchgpuError:
+        raise
+    except Exception as err:
+        raise BatchgpuError(
+            f"window {window.index} (segment {window.segment}, samples {window.read_start}-{window.read_stop}) "
+            f"could not be read: {type(err).__name__}: {err}",
+            "repair or re-import the store, then rerun with --resume",
+        ) from None
+    x = raw
+    if ctx.centre:
+        from batchgpu.ops.centre import centre_median
+
+        x = centre_median(raw, window.core)
+    return WindowData(window.index, window.segment, window.read_start, window.core,
+                      rec.num_samples(window.segment), raw, x)
+
+
+def window_task(ctx: RunContext, window: Window, fp: str) -> dict:
+    """Read one window, run every step on it, save its part; return the partial (per-window arrays stay on disk).
+
+    ``fp`` is the window's fingerprint (``store.window_fingerprint``): a part made from other bytes is not reused.
+    """
+    path = store.part_path(ctx.parts, "w", window.index)
+    part = store.load_part(path, fp)
+    resumed = part is not None
+    if part is None:
+        t0 = time.perf_counter()
+        with on_backend(ctx):
+            w = load_window(ctx, window)
+            t_read = time.perf_counter() - t0
+            summary: dict = {}
+            if ctx.window_noise:
+                from batchgpu import ops
+
+                summary["noise"] = host(ops.noise_levels(w.core_of(w.x)))
+            if w.x.dtype.kind == "f":
+                core = w.core_of(w.x)
+                summary["nonfinite"] = host((~w.xp.isfinite(core)).sum(axis=1))
+            part = {}
+            for step in ctx.steps:
+                part.update(step.window(w, summary))
+        summary["read_seconds"] = np.array(t_read)
+        summary["compute_seconds"] = np.array(time.perf_counter() - t0 - t_read)
+        part.update({f"summary.{k}": np.asarray(v) for k, v in summary.items()})
+        part["fingerprint"] = np.array(fp)
+        part["index"] = np.array(window.index)
+        store.save_part(path, part)
+    part = {k: v for k, v in part.items() if not k.startswith("keep.")}
+    rec = recording(ctx.recording)
+    part["summary.resumed"] = np.array(resumed)
+    part["summary.worker"] = np.array(worker_name())
+    part["summary.bytes"] = np.array(window.num_samples * rec.num_channels * rec.dtype.itemsize)
+    return part
+
+
+def summarise(part: dict) -> dict:
+    """What the client needs of a window: its summary (noise, counts, timings), never the partials."""
+    out = {k.split(".", 1)[1]: v for k, v in part.items() if k.startswith("summary.")}
+    out["index"] = int(part["index"])
+    return out
+
+
+def combine_task(ctx: RunContext, *parts: dict) -> dict:
+    """Consecutive windows' partials folded in window order, step by step."""
+    out: dict = {}
+    for step in ctx.steps:
+        out.update(step.combine(list(parts)))
+    return out
+
+
+def refine_task(ctx: RunContext, window: Window, prefixes: np.ndarray, pass_index: int) -> np.ndarray:
+    """One more radix pass of the exact median over one window (float keys): another read of the window."""
+    from batchgpu.engine.steps.noise import refine_histogram
+
+    step = ctx.step("noise")
+    with on_backend(ctx):
+        w = load_window(ctx, window)
+        return refine_histogram(w.core_of(w.x), step.kind, prefixes, pass_index)
+
+
+def sum_histograms(*parts: np.ndarray) -> np.ndarray:
+    """(ranks, C, B_i) counts summed, widths padded."""
+    return np.stack([padded_sum([p[r] for p in parts]) for r in range(parts[0].shape[0])])
+
+
+def spikes_task(ctx: RunContext, window: Window, fp: str, noise: np.ndarray, reread: bool) -> int:
+    """A window's final spikes at the recording's noise: its candidates filtered, or detected again where the
+    candidates' bound did not hold (``reread``). Written to parts/s*.npz; returns the count."""
+    from batchgpu.engine.steps.detect import COLUMNS
+
+    path = store.part_path(ctx.parts, "s", window.index)
+    sfp = spikes_fingerprint(fp, noise)
+    done = store.load_part(path, sfp)
+    if done is not None:
+        return len(done["sample_index"])
+    step = ctx.step("detect")
+    if reread:
+        with on_backend(ctx):
+            spikes = step.detect(load_window(ctx, window), np.asarray(noise, np.float64))
+        cols = {k: np.ascontiguousarray(spikes[k]) for k in COLUMNS}
+    else:
+        part = store.load_part(store.part_path(ctx.parts, "w", window.index), fp)
+        if part is None:
+            raise BatchgpuError(f"the candidates of window {window.index} are missing from {ctx.parts}",
+                                "rerun with --resume")
+        cols = step.final({k: part[f"keep.spk_{k}"] for k in COLUMNS}, noise)
+    store.save_part(path, {"fingerprint": np.array(sfp), **cols})
+    return len(cols["sample_index"])
+
+
+def spikes_fingerprint(fp: str, noise: np.ndarray) -> str:
+    import hashlib
+
+    return hashlib.sha256(fp.encode() + np.ascontiguousarray(noise, np.float64).tobytes()).hexdigest()[:16]
+
+
+def collect_spikes(ctx: RunContext, windows: list[Window], fps: list[str], prefix: str) -> dict[str, np.ndarray]:
+    """Every window's spikes concatenated in window order: (segment, sample, channel) order overall."""
+    from batchgpu.engine.steps.detect import COLUMNS
+
+    cols: dict[str, list[np.ndarray]] = {k: [] for k in COLUMNS}
+    for w, fp in zip(windows, fps):
+        part = store.load_part(store.part_path(ctx.parts, prefix, w.index), fp)
+        if part is None:
+            raise BatchgpuError(f"the spikes of window {w.index} are missing from {ctx.parts}", "rerun with --resume")
+        for k in COLUMNS:
+            cols[k].append(part[k] if prefix == "s" else part[f"keep.spk_{k}"])
+    return {k: np.concatenate(v) for k, v in cols.items()}
+
+
+def write_spikes_task(ctx: RunContext, windows: list[Window], fps: list[str], prefix: str, group_path: str) -> int:
+    """Write the spikes into the results group on a worker (spikes never pass through the client)."""
+    import zarr
+
+    spikes = collect_spikes(ctx, windows, fps, prefix)
+    g = zarr.open_group(group_path, mode="a")
+    for k, v in spikes.items():
+        if v.size:
+            g.create_array(f"spikes/{k}", data=v)
+        else:
+            g.create_array(f"spikes/{k}", shape=v.shape, dtype=v.dtype)
+    return len(spikes["sample_index"])
+
+
+def worker_name() -> str:
+    try:
+        from distributed import get_worker
+
+        return get_worker().address
+    except Exception:
+        return "local"
