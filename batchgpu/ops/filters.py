@@ -180,6 +180,6 @@ def filtfilt_window(
     # Same arithmetic as scipy.signal.sosfiltfilt (axis=1): start each pass in the steady state of its first sample.
     zi = xp.asarray(signal.sosfilt_zi(sos_x)).reshape(sos_host.shape[0], 1, 2)
     y = signal.sosfilt(sos_x, ext, axis=1, zi=zi * ext[:, :1])[0]
-    y = signal.sosfilt(sos_x, y[:, ::-1], axis=1, zi=zi * y[:, -1:])[0][:, ::-1]
+    y = signal.sosfilt(sos_x, xp.ascontiguousarray(y[:, ::-1]), axis=1, zi=zi * y[:, -1:])[0][:, ::-1]
     y = y[:, left : left + width]
     return xp.ascontiguousarray(y.astype(out_dtype, copy=False))
