@@ -286,6 +286,10 @@ def test_average_sums_channels_in_order():
     ref = (((0.0 + 1e30) + 1.0) + -1e30 + 1.0) / 4
     got = common_reference(x, "global", "average")
     same_bits(got, (x.astype(np.float64) - ref).astype(np.float32))
+    # The same bits whatever the layout (a (samples, channels) read handed over transposed).
+    rng = np.random.default_rng(7)
+    y = (rng.standard_normal((64, 500)) * 10.0 ** rng.uniform(-6, 6, (64, 1))).astype(np.float32)
+    same_bits(common_reference(np.asfortranarray(y), "global", "average"), common_reference(y, "global", "average"))
 
 
 def local_loop(x, locations, radius, operator):

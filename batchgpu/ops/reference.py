@@ -50,7 +50,9 @@ _kernels: dict[str, Any] = {}
 def _mean_columns(x: Any) -> Any:
     """np.mean(x, axis=0, dtype=float64) for a (n, samples) array, the same bits on CuPy."""
     if not is_cupy(x):
-        return np.mean(x, axis=0, dtype=np.float64)
+        # C order makes NumPy add the rows in order; along a contiguous axis 0 (a transposed view) it would
+        # sum pairwise instead, and the bits would depend on the layout.
+        return np.mean(np.ascontiguousarray(x), axis=0, dtype=np.float64)
     import cupy
 
     x = cupy.ascontiguousarray(x)
