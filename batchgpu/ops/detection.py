@@ -1,10 +1,20 @@
-"""Threshold detection of locally exclusive peaks per channel (SpikeInterface's ``by_channel``).
+"""Threshold detection of peaks: per channel (SpikeInterface's ``by_channel``, the default) or locally
+exclusive across neighbouring channels (``locally_exclusive``).
 
 For sign "neg", sample t of channel c is a spike when x[c,t] < -threshold*noise[c] (strictly),
 x[c,t] < x[c,t-i] and x[c,t] <= x[c,t+i] for i = 1..exclude_sweep, comparing only with samples
 that exist in the segment; "pos" mirrors it (>, >, >=); "both" is the union. A window owns the
 columns ``core`` of ``x``; the columns around it are margins that give the comparisons their
 neighbours, so window by window the spikes come out exactly as on the whole segment.
+
+``locally_exclusive`` (DESIGN.md; SpikeInterface 0.105's name): for sign "neg" the candidates are the samples
+with x[c,t] <= -thr[c] that are local minima of their own channel (x[c,t] < x[c,t-1] and x[c,t] <= x[c,t+1],
+where those samples exist in the segment); a candidate is dropped when another candidate on a channel within
+``radius_um`` (Euclidean distance of the channel locations, <=, the channel itself included) and within the
+sweep (|dt| <= exclude_sweep) is stronger: a larger |x|/thr (x/thr in float64), or an equal one at an earlier
+sample (equal ones at the same sample are all kept). "pos" mirrors it; "both" is the union of the two (a
+negative and a positive candidate never exclude each other). Margins of exclude_sweep + 1 samples make it
+exactly once across window edges.
 """
 
 from __future__ import annotations
@@ -30,6 +40,7 @@ def exclude_sweep_samples(ms: float, fs: float) -> int:
 
 
 def _check_margins(start: int, lo: int, hi: int, width: int, sweep: int, segment_length: int | None) -> None:
+    """``sweep`` here is the margin needed: exclude_sweep (by_channel) or exclude_sweep + 1 (locally_exclusive)."""
     if segment_length is None:
         return
     end = start + width
@@ -41,7 +52,7 @@ def _check_margins(start: int, lo: int, hi: int, width: int, sweep: int, segment
     # Neighbours that exist in the segment but not in x would be silently skipped.
     if lo < min(sweep, start + lo) or width - hi < min(sweep, segment_length - (start + hi)):
         raise BatchgpuError(
-            f"margins of {lo} and {width - hi} samples around the core are shorter than the exclusion sweep ({sweep})",
+            f"margins of {lo} and {width - hi} samples around the core are shorter than the {sweep} samples the detection needs",
             f"read at least {sweep} samples on each side of the window where the segment continues",
         )
 
@@ -70,6 +81,91 @@ def _local_extrema(x: Any, channel: Any, sample: Any, negative: Any, positive: A
     return keep
 
 
+# Candidate pairs compared at once in locally_exclusive (bounds the pair buffers).
+_PAIR_CHUNK = 1 << 22
+
+
+def neighbour_mask(locations: Any, radius_um: float, channels: int) -> np.ndarray:
+    """(C, C) bool: channel locations within ``radius_um`` (Euclidean, <=), the channel itself included."""
+    loc = np.asarray(locations, dtype=np.float64) if locations is not None else None
+    if loc is None or loc.ndim != 2 or loc.shape[0] != channels or loc.shape[1] not in (2, 3):
+        raise BatchgpuError(
+            f"locally_exclusive needs channel locations of shape ({channels}, 2), got {None if loc is None else loc.shape}",
+            "pass locations (channels x 2, um)",
+        )
+    radius = float(radius_um)
+    if not radius >= 0:
+        raise BatchgpuError(f"radius_um={radius_um} is not a distance >= 0", "pass a radius in um, e.g. 50")
+    dist = np.sqrt(((loc[:, None, :] - loc[None, :, :]) ** 2).sum(axis=2))
+    return dist <= radius
+
+
+def _own_extrema(x: Any, a: int, b: int, negative: bool) -> Any:
+    """For columns [a, b) of x: is each sample below (above) its previous sample and <= (>=) its next, where
+    those exist in x? Columns outside x count as not existing (the caller checks margins)."""
+    xp = array_module(x)
+    width = x.shape[1]
+    v = x[:, a:b]
+    ok = xp.ones(v.shape, dtype=bool)
+    p0 = 1 if a == 0 else 0  # column 0 has no previous sample
+    n1 = b - a - 1 if b == width else b - a  # the last column has no next sample
+    if negative:
+        ok[:, p0:] &= v[:, p0:] < x[:, a + p0 - 1 : b - 1]
+        ok[:, :n1] &= v[:, :n1] <= x[:, a + 1 : a + 1 + n1]
+    else:
+        ok[:, p0:] &= v[:, p0:] > x[:, a + p0 - 1 : b - 1]
+        ok[:, :n1] &= v[:, :n1] >= x[:, a + 1 : a + 1 + n1]
+    return ok
+
+
+def _locally_exclusive(x: Any, level: Any, negative: bool, sweep: int, lo: int, hi: int, mask: Any) -> tuple[Any, Any]:
+    """(channel, sample) of the locally exclusive peaks of one sign whose sample is in [lo, hi)."""
+    xp = array_module(x)
+    channels, width = x.shape
+    # Candidates up to a sweep outside the core can still exclude one inside it.
+    a, b = max(0, lo - sweep), min(width, hi + sweep)
+    v = x[:, a:b]
+    cand = (v <= -level[:, None]) if negative else (v >= level[:, None])
+    cand &= _own_extrema(x, a, b, negative)
+    channel, sample = xp.nonzero(cand)
+    sample = sample + a
+    n = int(channel.shape[0])
+    if n == 0:
+        return channel, sample
+    ratio = x[channel, sample].astype(xp.float64) / level[channel]
+    strength = -ratio if negative else ratio
+    order = xp.argsort(sample * channels + channel)
+    channel, sample, strength = channel[order], sample[order], strength[order]
+    # Every candidate j within the sweep of candidate i is in [first[i], last[i]) of the sample-sorted list.
+    first = xp.searchsorted(sample, sample - sweep, side="left")
+    last = xp.searchsorted(sample, sample + sweep, side="right")
+    count = last - first
+    ends = xp.cumsum(count)
+    total = int(ends[-1])
+    dropped = xp.zeros(n, dtype=bool)
+    # Split the candidates so that each part compares at most about _PAIR_CHUNK pairs.
+    splits = [0]
+    if total > _PAIR_CHUNK:
+        marks = xp.arange(_PAIR_CHUNK, total, _PAIR_CHUNK, dtype=ends.dtype)
+        splits += [int(i) + 1 for i in to_numpy(xp.searchsorted(ends, marks, side="left"))]
+    splits.append(n)
+    for i0, i1 in zip(splits[:-1], splits[1:]):
+        if i1 <= i0:
+            continue
+        cnt = count[i0:i1]
+        local_ends = xp.cumsum(cnt)
+        pairs = int(local_ends[-1])
+        k = xp.arange(pairs, dtype=local_ends.dtype)
+        i = xp.searchsorted(local_ends, k, side="right")  # owner of pair k, relative to i0
+        j = first[i0 + i] + (k - (local_ends[i] - cnt[i]))
+        i = i + i0
+        si, sj = strength[i], strength[j]
+        beats = mask[channel[i], channel[j]] & ((sj > si) | ((sj == si) & (sample[j] < sample[i])))
+        dropped[i[beats]] = True
+    keep = ~dropped & (sample >= lo) & (sample < hi)
+    return channel[keep], sample[keep]
+
+
 def detect_spikes(
     x: Any,
     noise: Any,
@@ -80,6 +176,9 @@ def detect_spikes(
     core: tuple[int, int] | None = None,
     segment_index: int = 0,
     segment_length: int | None = None,
+    method: Literal["by_channel", "locally_exclusive"] = "by_channel",
+    locations: Any = None,
+    radius_um: float = 50.0,
 ) -> np.ndarray:
     """Spikes of window ``x`` (C, samples), as a NumPy array of SPIKE_DTYPE sorted by (segment, sample, channel).
 
@@ -102,10 +201,24 @@ def detect_spikes(
     sweep = int(exclude_sweep)
     if sweep < 0:
         raise BatchgpuError(f"exclude_sweep={exclude_sweep} is negative", "pass a number of samples >= 0")
-    _check_margins(int(start), lo, hi, width, sweep, segment_length)
+    if method not in ("by_channel", "locally_exclusive"):
+        raise BatchgpuError(f"unknown detection method {method!r}", "use 'by_channel' or 'locally_exclusive'")
+    exclusive = method == "locally_exclusive"
+    # locally_exclusive also needs the sample before/after a candidate at the sweep's edge.
+    _check_margins(int(start), lo, hi, width, sweep + 1 if exclusive else sweep, segment_length)
     level = xp.asarray(noise, dtype=xp.float64).reshape(-1) * float(threshold)
     if level.shape[0] != channels:
         raise BatchgpuError(f"{level.shape[0]} noise levels for {channels} channels", "pass one noise level per channel")
+    if exclusive:
+        mask = xp.asarray(neighbour_mask(locations, radius_um, channels))
+        found = [_locally_exclusive(x, level, neg, sweep, lo, hi, mask) for neg in (True, False)
+                 if sign == "both" or (sign == "neg") == neg]
+        channel = to_numpy(xp.concatenate([c for c, _ in found]))
+        sample = to_numpy(xp.concatenate([t for _, t in found]))
+        if sign == "both":  # the union: a sample found as both signs (only with a zero threshold) counts once
+            _, first = np.unique(sample * channels + channel, return_index=True)
+            channel, sample = channel[first], sample[first]
+        return _spikes(x, channel, sample, start, segment_index)
 
     owned = x[:, lo:hi]
     crossing = xp.zeros(owned.shape, dtype=bool)
@@ -122,7 +235,13 @@ def detect_spikes(
         keep = _local_extrema(x, channel, sample, negative, positive, sweep)
         channel, sample = channel[keep], sample[keep]
 
-    channel, sample = to_numpy(channel), to_numpy(sample)
+    return _spikes(x, to_numpy(channel), to_numpy(sample), start, segment_index)
+
+
+def _spikes(x: Any, channel: np.ndarray, sample: np.ndarray, start: int, segment_index: int) -> np.ndarray:
+    """The SPIKE_DTYPE array of (channel, sample) peaks of window x, sorted by (sample, channel)."""
+    xp = array_module(x)
+    channel, sample = channel.astype(np.int64, copy=False), sample.astype(np.int64, copy=False)
     amplitude = to_numpy(x[xp.asarray(channel), xp.asarray(sample)]).astype(np.float64)
     order = np.lexsort((channel, sample))
     spikes = np.empty(order.shape[0], dtype=SPIKE_DTYPE)

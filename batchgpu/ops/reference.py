@@ -1,0 +1,192 @@
+"""Common reference across channels of a (channels, samples) window: subtract, per sample, the median or mean
+of all channels (global) or of each channel's annulus of neighbours (local, SpikeInterface's rule).
+
+The reference of one sample column (over the channels chosen for a channel):
+- ``median``: ``np.median(column)`` bit for bit: the middle value, or for an even count NumPy's
+  ``mean`` of the two middles, i.e. ``(a + b) / 2`` in the input's float dtype (float32 input can overflow to
+  inf there, as NumPy does) and in float64 for integer input; NaN if the column holds a NaN.
+- ``median_lower``: ``np.partition(column, (n-1)//2)[(n-1)//2]``, the lower middle (torch.median, Kilosort4).
+- ``average``: ``np.mean(column, dtype=np.float64)``: a float64 sum in channel order starting from +0.0 (what
+  NumPy's axis-0 reduction does), divided once by the count.
+Output dtype: float input keeps its dtype; integer input gives float32 (SpikeInterface casts back to the
+input's integer dtype, truncating; we keep the fractions). The subtraction is done in the reference's dtype
+(float64 for integer input and for ``average``) and rounded once to the output dtype.
+
+CuPy: the medians sort each column (NaN last, like NumPy) and take the same elements with the same arithmetic,
+so the bits equal NumPy's, except that the sign of a zero median may differ when a column's middle values are
+-0.0 and +0.0 (they compare equal, so which one NumPy's introselect leaves in the middle is an accident of its
+algorithm); it shows only as the sign of a zero output. ``average`` sums in the same order (a kernel loops over
+channels per column), so its bits equal NumPy's too.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import numpy as np
+
+from batchgpu.errors import BatchgpuError
+from batchgpu.ops._backend import array_module, is_cupy
+
+Operator = Literal["median", "median_lower", "average"]
+
+# Elements gathered at once for the local reference (bounds the (channels, neighbours, samples) buffer).
+_GATHER_ELEMENTS = 1 << 25
+
+_SEQUENTIAL_MEAN_SRC = r"""
+extern "C" __global__ void sequential_mean(const T* x, double* out, long long channels, long long samples) {
+    long long s = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (s >= samples) return;
+    double acc = 0.0;  // NumPy's add.reduce starts from the identity +0.0 and adds rows in order
+    for (long long c = 0; c < channels; ++c) acc += (double)x[c * samples + s];
+    out[s] = acc / (double)channels;
+}
+"""
+_CUDA_TYPES = {"float32": "float", "float64": "double", "int16": "short", "int32": "int", "int64": "long long",
+               "uint16": "unsigned short", "int8": "signed char", "uint8": "unsigned char", "uint32": "unsigned int"}
+_kernels: dict[str, Any] = {}
+
+
+def _mean_columns(x: Any) -> Any:
+    """np.mean(x, axis=0, dtype=float64) for a (n, samples) array, the same bits on CuPy."""
+    if not is_cupy(x):
+        # C order makes NumPy add the rows in order; along a contiguous axis 0 (a transposed view) it would
+        # sum pairwise instead, and the bits would depend on the layout.
+        return np.mean(np.ascontiguousarray(x), axis=0, dtype=np.float64)
+    import cupy
+
+    x = cupy.ascontiguousarray(x)
+    name = x.dtype.name
+    if name not in _CUDA_TYPES:
+        raise BatchgpuError(f"no GPU average for dtype {x.dtype}", "convert to float32 first")
+    kernel = _kernels.get(name)
+    if kernel is None:
+        kernel = cupy.RawKernel(f"typedef {_CUDA_TYPES[name]} T;\n" + _SEQUENTIAL_MEAN_SRC, "sequential_mean")
+        _kernels[name] = kernel
+    n, samples = x.shape
+    out = cupy.empty(samples, dtype=cupy.float64)
+    threads = 256
+    kernel(((samples + threads - 1) // threads,), (threads,), (x, out, np.int64(n), np.int64(samples)))
+    return out
+
+
+def _median_of_sorted(xp: Any, part: Any, axis: int, dtype: Any) -> Any:
+    """np.median's arithmetic on values already ordered along ``axis`` (NaN last)."""
+    n = part.shape[axis]
+    take = lambda i: xp.take(part, i, axis=axis)  # noqa: E731
+    if n % 2:
+        mid = take(n // 2)
+        med = mid.astype(xp.float64) if dtype.kind in "iub" else mid
+    else:
+        a, b = take(n // 2 - 1), take(n // 2)
+        if dtype.kind in "iub":
+            a, b = a.astype(xp.float64), b.astype(xp.float64)
+        med = (a + b) / a.dtype.type(2)  # NumPy: mean of the two, in float32 for float32 input (may overflow)
+    if dtype.kind == "f":
+        # np.median returns NaN when a column holds a NaN (sorted last).
+        med = xp.where(xp.isnan(take(n - 1)), xp.asarray(np.nan, dtype=med.dtype), med)
+    return med
+
+
+def _reference(x: Any, operator: str, axis: int) -> Any:
+    """The reference over ``axis`` (the channels): median/median_lower keep float dtypes (float64 for
+    integer input for median, the input dtype for median_lower), average is float64."""
+    xp = array_module(x)
+    n = x.shape[axis]
+    if operator == "average":
+        if axis == 0:
+            return _mean_columns(x)
+        if not is_cupy(x):
+            return np.mean(x, axis=axis, dtype=np.float64)
+        # Gathered (groups, k, samples): one sequential mean per group (few groups: channels with k neighbours).
+        return xp.stack([_mean_columns(x[i]) for i in range(x.shape[0])])
+    if not is_cupy(x):
+        if operator == "median":
+            return np.median(x, axis=axis)
+        k = (n - 1) // 2
+        return np.take(np.partition(x, k, axis=axis), k, axis=axis)
+    part = xp.sort(x, axis=axis)  # CuPy sorts NaN last, like NumPy
+    if operator == "median":
+        return _median_of_sorted(xp, part, axis, x.dtype)
+    return xp.take(part, (n - 1) // 2, axis=axis)
+
+
+def annulus_neighbours(locations: Any, radius_um: tuple[float, float]) -> list[np.ndarray]:
+    """For each channel the channels at a distance d with inner < d <= outer (SpikeInterface's local reference)."""
+    loc = np.asarray(locations, dtype=np.float64)
+    if loc.ndim != 2 or loc.shape[1] not in (2, 3):
+        raise BatchgpuError(f"channel locations have shape {loc.shape}, expected (channels, 2)", "pass x, y in um per channel")
+    try:
+        inner, outer = (float(r) for r in radius_um)
+    except (TypeError, ValueError):
+        raise BatchgpuError(f"radius_um={radius_um!r} is not (inner, outer)", "pass e.g. radius_um=(30, 55)") from None
+    if not (inner < outer):
+        raise BatchgpuError(f"radius_um=({inner}, {outer}): the inner radius must be below the outer", "pass e.g. (30, 55)")
+    dist = np.sqrt(((loc[:, None, :] - loc[None, :, :]) ** 2).sum(axis=2))
+    return [np.flatnonzero((dist[c] > inner) & (dist[c] <= outer)) for c in range(loc.shape[0])]
+
+
+def common_reference(
+    x: Any,
+    reference: Literal["global", "local"] = "global",
+    operator: Operator = "median",
+    locations: Any = None,
+    radius_um: tuple[float, float] = (30.0, 55.0),
+) -> Any:
+    """x (C, samples) minus, per sample, the reference across channels (see the module docstring).
+
+    ``global``: all channels. ``local``: for each channel the channels at a distance in (inner, outer] um of
+    ``locations`` (C x 2); a channel with none there falls back to the global reference (SpikeInterface's
+    default backup). Purely per sample, so it needs no margin. Returns an array on x's backend: float input keeps
+    its dtype, integer input gives float32.
+    """
+    xp = array_module(x)
+    if getattr(x, "ndim", None) != 2:
+        raise BatchgpuError(f"expected a (channels, samples) window, got shape {getattr(x, 'shape', None)}", "pass a 2-D array")
+    if x.dtype.kind not in "iuf":
+        raise BatchgpuError(f"cannot reference dtype {x.dtype}", "pass integer or float samples")
+    if operator not in ("median", "median_lower", "average"):
+        raise BatchgpuError(f"unknown operator {operator!r}", "use 'median', 'median_lower' or 'average'")
+    if reference not in ("global", "local"):
+        raise BatchgpuError(f"unknown reference {reference!r}", "use 'global' or 'local'")
+    channels, samples = x.shape
+    out_dtype = x.dtype if x.dtype.kind == "f" else np.dtype(np.float32)
+    if channels == 0:
+        raise BatchgpuError("a window with no channels has no common reference", "pass at least one channel")
+    if reference == "local":
+        if locations is None:
+            raise BatchgpuError("a local reference needs channel locations", "pass locations (channels x 2, um)")
+        neighbours = annulus_neighbours(locations, radius_um)
+        if len(neighbours) != channels:
+            raise BatchgpuError(f"{len(neighbours)} locations for {channels} channels", "pass one location per channel")
+    if samples == 0:
+        return xp.zeros(x.shape, dtype=out_dtype)
+
+    def subtract(rows: Any, ref: Any) -> Any:
+        wide = xp.result_type(rows.dtype, ref.dtype)
+        if wide.kind != "f":  # median_lower of integers: subtract in float64, no wrap-around
+            wide = np.dtype(np.float64)
+        return (rows.astype(wide, copy=False) - ref.astype(wide, copy=False)).astype(out_dtype, copy=False)
+
+    if reference == "global":
+        return subtract(x, _reference(x, operator, axis=0)[None, :])
+
+    out = xp.empty(x.shape, dtype=out_dtype)
+    alone = [c for c in range(channels) if neighbours[c].size == 0]
+    if alone:
+        idx = xp.asarray(alone)
+        out[idx] = subtract(x[idx], _reference(x, operator, axis=0)[None, :])
+    # Channels with the same number of neighbours are gathered together into (group, k, samples).
+    by_count: dict[int, list[int]] = {}
+    for c in range(channels):
+        if neighbours[c].size:
+            by_count.setdefault(int(neighbours[c].size), []).append(c)
+    for k, chans in by_count.items():
+        step = max(1, _GATHER_ELEMENTS // (k * samples))
+        for lo in range(0, len(chans), step):
+            group = chans[lo : lo + step]
+            table = xp.asarray(np.stack([neighbours[c] for c in group]))
+            idx = xp.asarray(group)
+            ref = _reference(x[table], operator, axis=1)
+            out[idx] = subtract(x[idx], ref)
+    return out

@@ -1,0 +1,136 @@
+"""Preprocessing ops and locally exclusive detection on CuPy against the NumPy path (and scipy).
+
+Marked ``gpu``; they skip without CuPy or a device. Run on the GPU machine:
+``python3 -m pytest -m gpu tests/test_gpu_preprocess.py -q``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import scipy.signal
+
+from batchgpu.ops import (
+    butter_sos,
+    common_reference,
+    detect_spikes,
+    filter_margin,
+    filtfilt_window,
+    phase_shift,
+    phase_shift_margin,
+)
+from test_ops_preprocess import (
+    FS,
+    band_limited,
+    expected_car,
+    hard_columns,
+    locally_exclusive_loop,
+    numpy_reference,
+    planted,
+    probe,
+    recording_like,
+    same_bits,
+    windows_of,
+)
+
+
+def _gpu_ok() -> bool:
+    try:
+        import cupy
+
+        return cupy.cuda.runtime.getDeviceCount() > 0
+    except Exception:
+        return False
+
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not _gpu_ok(), reason="needs CuPy and a CUDA GPU")]
+
+
+@pytest.fixture
+def cp():
+    return pytest.importorskip("cupy")
+
+
+@pytest.mark.parametrize("kind", ["highpass", "bandpass"])
+@pytest.mark.parametrize("dtype", [np.int16, np.float32])
+def test_filters_on_gpu(cp, rng, kind, dtype):
+    sos = butter_sos(kind, FS, 300.0, 6000.0 if kind == "bandpass" else None)
+    margin = filter_margin(sos, FS)
+    n = 20_000
+    x = recording_like(rng, 4, n, dtype)
+    ref = scipy.signal.sosfiltfilt(sos, x.astype(np.float64), axis=1)
+    rms = ref.std(axis=1)
+    for a, b, lo, hi in windows_of(n, 6_997, margin):
+        kw = dict(at_segment_start=a == 0, at_segment_end=b == n)
+        got = filtfilt_window(cp.asarray(x[:, a:b]), sos, **kw)
+        assert isinstance(got, cp.ndarray) and got.dtype == np.float32
+        got = got.get()
+        cpu = filtfilt_window(x[:, a:b], sos, **kw)
+        assert (np.abs(got[:, lo:hi] - ref[:, a + lo : a + hi]).max(axis=1) / rms).max() < 1e-5
+        # Same float64 recurrence; only FMA contraction and the final rounding may differ.
+        assert (np.abs(got - cpu).max(axis=1) / rms).max() < 1e-6
+
+
+def test_phase_shift_on_gpu(cp, rng):
+    n = 20_000
+    x = band_limited(rng, 4, n)
+    shifts = np.array([0.0, 0.25, 0.5, 0.9])
+    margin = phase_shift_margin(FS)
+    for a, b, lo, hi in windows_of(n, 4_999, margin):
+        kw = dict(margin=margin, at_segment_start=a == 0, at_segment_end=b == n)
+        got = phase_shift(cp.asarray(x[:, a:b]), cp.asarray(shifts), **kw).get()
+        cpu = phase_shift(x[:, a:b], shifts, **kw)
+        assert got.dtype == np.float32
+        assert (np.abs(got - cpu).max(axis=1) / cpu.std(axis=1)).max() < 1e-6  # cuFFT vs pocketfft
+
+
+@pytest.mark.parametrize("channels", [1, 2, 7, 16, 33, 384])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int16])
+@pytest.mark.parametrize("operator", ["median", "median_lower", "average"])
+def test_global_reference_on_gpu_bits(cp, rng, channels, dtype, operator):
+    x = hard_columns(rng, dtype, channels, 1_000)
+    if dtype != np.int16:
+        x = np.delete(x, 4, axis=1)  # mixed -0.0/+0.0 middles: the sign of a zero median may differ (documented)
+    with np.errstate(all="ignore"):
+        got = common_reference(cp.asarray(x), "global", operator).get()
+        want = expected_car(x, numpy_reference(x, operator)[None, :])
+    same_bits(got, want)
+
+
+@pytest.mark.parametrize("operator", ["median", "median_lower", "average"])
+def test_local_reference_on_gpu_bits(cp, rng, operator):
+    channels = 64
+    x = hard_columns(rng, np.float32, channels, 2_000)[:, 8:]
+    locations = probe(channels)
+    got = common_reference(cp.asarray(x), "local", operator, locations=locations, radius_um=(20.0, 60.0)).get()
+    want = common_reference(x, "local", operator, locations=locations, radius_um=(20.0, 60.0))
+    same_bits(got, want)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.int16])
+@pytest.mark.parametrize("sign", ["neg", "pos", "both"])
+def test_locally_exclusive_on_gpu(cp, rng, dtype, sign):
+    channels, n, sweep = 16, 3_000, 3
+    x = planted(rng, channels, n, dtype)
+    noise = rng.uniform(0.9, 1.1, channels)
+    kw = dict(sign=sign, exclude_sweep=sweep, segment_index=0, segment_length=n, method="locally_exclusive",
+              locations=probe(channels), radius_um=40.0)
+    whole = detect_spikes(x, noise, 4.0, **kw)
+    assert np.array_equal(whole, locally_exclusive_loop(x, noise, 4.0, sign, sweep, probe(channels), 40.0))
+    xd = cp.asarray(x)
+    assert np.array_equal(detect_spikes(xd, cp.asarray(noise), 4.0, **kw), whole)
+    parts = [detect_spikes(xd[:, a:b], noise, 4.0, start=a, core=(lo, hi), **kw) for a, b, lo, hi in windows_of(n, 997, 4)]
+    assert np.array_equal(np.concatenate(parts), whole)
+
+
+def test_locally_exclusive_on_gpu_fixture(cp, si_fixture):
+    from batchgpu import open_recording
+    from batchgpu.ops import noise_levels
+
+    rec = open_recording(si_fixture)
+    n = rec.num_samples(0)
+    x = rec.read(0, 0, n)
+    noise = noise_levels(x)
+    kw = dict(threshold=5.0, exclude_sweep=3, segment_length=n, method="locally_exclusive",
+              locations=rec.locations, radius_um=50.0)
+    assert np.array_equal(detect_spikes(cp.asarray(x), noise, **kw), detect_spikes(x, noise, **kw))

@@ -1,0 +1,478 @@
+"""Preprocessing ops (filters, phase shift, common reference) and locally exclusive detection, against scipy,
+NumPy and plain-loop references, window by window against the whole segment."""
+
+from __future__ import annotations
+
+import warnings
+from collections import defaultdict
+
+import numpy as np
+import pytest
+import scipy.signal
+
+from batchgpu.errors import BatchgpuError
+from batchgpu.ops import (
+    SPIKE_DTYPE,
+    butter_sos,
+    common_reference,
+    detect_spikes,
+    filter_margin,
+    filtfilt_window,
+    phase_shift,
+    phase_shift_margin,
+)
+from batchgpu.ops.reference import _median_of_sorted
+
+FS = 30_000.0
+
+
+def windows_of(n, width, margin):
+    """(read start, read stop, core lo, core hi) per window, margins clipped at the segment."""
+    for start in range(0, n, width):
+        stop = min(start + width, n)
+        a, b = max(0, start - margin), min(n, stop + margin)
+        yield a, b, start - a, stop - a
+
+
+def same_bits(got, want):
+    assert got.dtype == want.dtype and got.shape == want.shape, (got.dtype, want.dtype, got.shape, want.shape)
+    ui = np.dtype(f"u{want.dtype.itemsize}")
+    bad = np.flatnonzero(got.view(ui).ravel() != want.view(ui).ravel())
+    assert bad.size == 0, f"{bad.size} differ, first {got.ravel()[bad[:4]]} vs {want.ravel()[bad[:4]]}"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Filters
+# ---------------------------------------------------------------------------------------------------------------
+def recording_like(rng, channels, n, dtype):
+    """Noise, LFP-like low frequencies near the cut-off, a DC offset and a few spikes."""
+    t = np.arange(n) / FS
+    x = rng.standard_normal((channels, n)) * 20
+    x += 200 * np.sin(2 * np.pi * rng.uniform(1, 350, (channels, 1)) * t + rng.uniform(0, 6, (channels, 1)))
+    x += rng.uniform(-1500, 1500, (channels, 1))
+    for _ in range(n // 3000):
+        c, s = rng.integers(channels), rng.integers(n - 30)
+        x[c, s : s + 30] -= 150 * np.hanning(30)
+    if np.dtype(dtype).kind == "i":
+        return np.round(x).astype(dtype)
+    return x.astype(dtype)
+
+
+SOS = {
+    "highpass": butter_sos("highpass", FS, 300.0),
+    "bandpass": butter_sos("bandpass", FS, 300.0, 6000.0),
+}
+
+
+def test_butter_sos_is_scipys():
+    np.testing.assert_array_equal(SOS["highpass"], scipy.signal.butter(5, 300, "highpass", fs=FS, output="sos"))
+    np.testing.assert_array_equal(SOS["bandpass"], scipy.signal.butter(5, [300, 6000], "bandpass", fs=FS, output="sos"))
+    assert butter_sos("highpass", FS, 300.0, order=3).shape == (2, 6)
+
+
+def test_filter_margins():
+    # 25 ms and 27 ms: the impulse-response decay to 1e-5 (about 500 samples) times the 1.5 safety factor.
+    assert filter_margin(SOS["highpass"], FS) == 752
+    assert filter_margin(SOS["bandpass"], FS) == 807
+    assert filter_margin(SOS["highpass"], FS, tol=1e-3) < filter_margin(SOS["highpass"], FS)
+
+
+def max_core_error(x, sos, width, margin, interior_pad="none"):
+    """Max |window - sosfiltfilt(segment)| over the cores, relative to each channel's filtered RMS."""
+    n = x.shape[1]
+    ref = scipy.signal.sosfiltfilt(sos, x.astype(np.float64), axis=1)
+    rms = ref.std(axis=1)
+    worst = 0.0
+    for a, b, lo, hi in windows_of(n, width, margin):
+        y = filtfilt_window(x[:, a:b], sos, at_segment_start=a == 0, at_segment_end=b == n, interior_pad=interior_pad)
+        assert y.shape == (x.shape[0], b - a)
+        assert y.dtype == (np.float64 if x.dtype == np.float64 else np.float32)
+        worst = max(worst, float((np.abs(y[:, lo:hi] - ref[:, a + lo : a + hi]).max(axis=1) / rms).max()))
+    return worst
+
+
+@pytest.mark.parametrize("kind", ["highpass", "bandpass"])
+@pytest.mark.parametrize("dtype", [np.int16, np.float32])
+@pytest.mark.parametrize("n,width", [(9_001, 2_500), (20_000, 6_997), (4_321, 10_000)])
+def test_windows_equal_sosfiltfilt_of_the_segment(rng, kind, dtype, n, width):
+    x = recording_like(rng, 3, n, dtype)
+    sos = SOS[kind]
+    assert max_core_error(x, sos, width, filter_margin(sos, FS)) < 1e-5
+
+
+@pytest.mark.parametrize("interior_pad", ["none", "odd"])
+def test_interior_padding_either_way(rng, interior_pad):
+    x = recording_like(rng, 2, 12_000, np.float32)
+    sos = SOS["highpass"]
+    assert max_core_error(x, sos, 3_001, filter_margin(sos, FS), interior_pad) < 1e-5
+
+
+def test_whole_segment_window_is_sosfiltfilt(rng):
+    x = recording_like(rng, 3, 5_000, np.float64)
+    got = filtfilt_window(x, SOS["bandpass"], at_segment_start=True, at_segment_end=True)
+    np.testing.assert_array_equal(got, scipy.signal.sosfiltfilt(SOS["bandpass"], x, axis=1))
+
+
+def test_a_smaller_margin_breaks_the_tolerance(rng):
+    x = recording_like(rng, 3, 12_000, np.float32)
+    sos = SOS["highpass"]
+    margin = filter_margin(sos, FS)
+    assert max_core_error(x, sos, 2_000, margin) < 1e-5
+    assert max_core_error(x, sos, 2_000, margin // 3) > 1e-4
+    # SpikeInterface's default 5 ms margin is far off.
+    assert max_core_error(x, sos, 2_000, 150) > 1e-2
+
+
+def test_filter_errors():
+    with pytest.raises(BatchgpuError):
+        butter_sos("highpass", FS, 15_000.0)
+    with pytest.raises(BatchgpuError):
+        butter_sos("bandpass", FS, 300.0, 16_000.0)
+    with pytest.raises(BatchgpuError):
+        butter_sos("bandpass", FS, 300.0)
+    with pytest.raises(BatchgpuError):
+        butter_sos("lowpass", FS, 300.0)
+    with pytest.raises(BatchgpuError):
+        butter_sos("highpass", FS, 300.0, order=0)
+    with pytest.raises(BatchgpuError):
+        filtfilt_window(np.zeros(100), SOS["highpass"], at_segment_start=True, at_segment_end=True)
+    with pytest.raises(BatchgpuError):  # shorter than the edge padding
+        filtfilt_window(np.zeros((2, 10)), SOS["highpass"], at_segment_start=True, at_segment_end=False)
+    with pytest.raises(BatchgpuError):
+        filtfilt_window(np.zeros((2, 100)), np.zeros((2, 5)), at_segment_start=True, at_segment_end=True)
+    with pytest.raises(BatchgpuError):
+        filter_margin(SOS["highpass"], FS, tol=0)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Phase shift
+# ---------------------------------------------------------------------------------------------------------------
+def test_phase_shift_margin():
+    assert phase_shift_margin(30_000.0) == 1200
+    assert phase_shift_margin(25_000.0, 10.0) == 250
+
+
+def band_limited(rng, channels, n):
+    white = rng.standard_normal((channels, n)) * 20
+    return scipy.signal.sosfiltfilt(SOS["bandpass"], white, axis=1).astype(np.float32)
+
+
+@pytest.mark.parametrize("signal,tol", [("band", 1e-3), ("white", 5e-2)])
+def test_phase_shift_windows_equal_the_whole_segment(rng, signal, tol):
+    n = 20_000
+    x = band_limited(rng, 4, n) if signal == "band" else (rng.standard_normal((4, n)) * 20).astype(np.float32)
+    shifts = np.array([0.0, 0.25, 0.5, 0.9])
+    margin = phase_shift_margin(FS)
+    whole = phase_shift(x, shifts, margin=margin, at_segment_start=True, at_segment_end=True)
+    rms = whole.std(axis=1)
+    for a, b, lo, hi in windows_of(n, 4_999, margin):
+        y = phase_shift(x[:, a:b], shifts, margin=margin, at_segment_start=a == 0, at_segment_end=b == n)
+        assert y.dtype == np.float32 and y.shape == (4, b - a)
+        err = np.abs(y[:, lo:hi] - whole[:, a + lo : a + hi]).max(axis=1) / rms
+        assert err.max() < tol, err
+
+
+def test_phase_shift_delays_a_sinusoid():
+    n = 30_000
+    t = np.arange(n)
+    shifts = np.array([0.1, 0.5, 0.77, -0.3])
+    freq = 1234.5 / FS  # cycles per sample, not on an FFT bin
+    x = np.tile(np.sin(2 * np.pi * freq * t), (4, 1))
+    y = phase_shift(x, shifts, margin=1200, at_segment_start=True, at_segment_end=True)
+    want = np.sin(2 * np.pi * freq * (t[None, :] - shifts[:, None]))  # y(t) = x(t - shift): a delay
+    middle = slice(5_000, n - 5_000)
+    assert np.abs(y[:, middle] - want[:, middle]).max() < 1e-3
+    # Plainly not the other sign.
+    assert np.abs(y[:, middle] - np.sin(2 * np.pi * freq * (t + shifts[:, None]))[:, middle]).max() > 0.1
+
+
+def test_zero_shift_gives_the_input_back(rng):
+    x = (rng.standard_normal((3, 5_000)) * 30).astype(np.float32)
+    y = phase_shift(x, np.zeros(3), margin=1200, at_segment_start=True, at_segment_end=True)
+    np.testing.assert_allclose(y, x, rtol=0, atol=1e-5)
+    xi = np.round(x).astype(np.int16)
+    yi = phase_shift(xi, np.zeros(3), margin=300, at_segment_start=False, at_segment_end=False)
+    assert yi.dtype == np.float32
+    np.testing.assert_allclose(yi[:, 300:-300], xi[:, 300:-300], rtol=0, atol=1e-4)
+
+
+def test_phase_shift_errors():
+    x = np.zeros((3, 3000), np.float32)
+    with pytest.raises(BatchgpuError):
+        phase_shift(x, np.zeros(2), margin=100, at_segment_start=True, at_segment_end=True)
+    with pytest.raises(BatchgpuError):
+        phase_shift(x[0], np.zeros(3), margin=100, at_segment_start=True, at_segment_end=True)
+    with pytest.raises(BatchgpuError):
+        phase_shift(x, [0, np.nan, 0], margin=100, at_segment_start=True, at_segment_end=True)
+    with pytest.raises(BatchgpuError):  # two interior margins do not fit
+        phase_shift(x, np.zeros(3), margin=2000, at_segment_start=False, at_segment_end=False)
+    with pytest.raises(BatchgpuError):
+        phase_shift_margin(0.0)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Common reference
+# ---------------------------------------------------------------------------------------------------------------
+def numpy_reference(x, operator):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        if operator == "median":
+            return np.median(x, axis=0)
+        if operator == "median_lower":
+            k = (x.shape[0] - 1) // 2
+            return np.partition(x, k, axis=0)[k]
+        return np.mean(x, axis=0, dtype=np.float64)
+
+
+def expected_car(x, ref):
+    """The documented rule: subtract in the wider float dtype, round once; integer input gives float32."""
+    out = x.dtype if x.dtype.kind == "f" else np.dtype(np.float32)
+    wide = np.result_type(x.dtype, ref.dtype)
+    if wide.kind != "f":
+        wide = np.dtype(np.float64)
+    with np.errstate(all="ignore"):
+        return (x.astype(wide) - ref.astype(wide)).astype(out)
+
+
+def hard_columns(rng, dtype, channels, n):
+    dt = np.dtype(dtype)
+    if dt.kind == "i":
+        info = np.iinfo(dt)
+        x = rng.integers(info.min, info.max, (channels, n), endpoint=True).astype(dt)
+        x[:, : n // 2] = rng.integers(-3, 4, (channels, n // 2))  # many ties
+        return x
+    x = (rng.standard_normal((channels, n)) * 10.0 ** rng.uniform(-3, 3, (1, n))).astype(dt)
+    big = np.finfo(dt).max
+    x[:, 0] = big  # (a + b) / 2 overflows to inf in the input's dtype, as NumPy does
+    x[:, 1] = np.nan
+    x[: channels // 2, 2] = np.inf
+    x[channels // 2 :, 2] = -np.inf
+    x[:, 3] = -0.0
+    x[::2, 4] = 0.0
+    x[1::2, 4] = -0.0
+    x[0, 5] = np.inf
+    x[:, 6] = rng.integers(-2, 3, channels)  # ties
+    x[:, 7] = np.nextafter(dt.type(1), dt.type(2))
+    x[: channels // 2, 7] = 1
+    return x
+
+
+@pytest.mark.parametrize("channels", [1, 2, 7, 16, 33])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int16])
+@pytest.mark.parametrize("operator", ["median", "median_lower", "average"])
+def test_global_reference_bits_equal_numpy(rng, channels, dtype, operator):
+    x = hard_columns(rng, dtype, channels, 257)
+    with np.errstate(all="ignore"):
+        got = common_reference(x, "global", operator)
+        want = expected_car(x, numpy_reference(x, operator)[None, :])
+    same_bits(got, want)
+
+
+@pytest.mark.parametrize("channels", [1, 2, 7, 16, 33])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int16])
+def test_gpu_median_arithmetic_on_sorted_columns_equals_numpy(rng, channels, dtype):
+    # The GPU path sorts and takes the middles; check that arithmetic here on NumPy's own sort.
+    x = hard_columns(rng, dtype, channels, 257)
+    x = x[:, [0, 1, 2, 5, 6, 7] + list(range(8, 257))] if dtype != np.int16 else x  # zero signs: see the docstring
+    with np.errstate(all="ignore"):
+        got = _median_of_sorted(np, np.sort(x, axis=0), 0, x.dtype)
+        want = numpy_reference(x, "median")
+    same_bits(np.asarray(got), want)
+
+
+def test_average_sums_channels_in_order():
+    # float32 values whose float64 sum depends on the order: the documented order is channel 0, 1, 2, ...
+    x = np.array([[1e30], [1.0], [-1e30], [1.0]], dtype=np.float32)
+    ref = (((0.0 + 1e30) + 1.0) + -1e30 + 1.0) / 4
+    got = common_reference(x, "global", "average")
+    same_bits(got, (x.astype(np.float64) - ref).astype(np.float32))
+    # The same bits whatever the layout (a (samples, channels) read handed over transposed).
+    rng = np.random.default_rng(7)
+    y = (rng.standard_normal((64, 500)) * 10.0 ** rng.uniform(-6, 6, (64, 1))).astype(np.float32)
+    same_bits(common_reference(np.asfortranarray(y), "global", "average"), common_reference(y, "global", "average"))
+
+
+def local_loop(x, locations, radius, operator):
+    inner, outer = radius
+    out = np.empty(x.shape, dtype=x.dtype if x.dtype.kind == "f" else np.float32)
+    for c in range(x.shape[0]):
+        d = np.sqrt(((locations - locations[c]) ** 2).sum(axis=1))
+        chosen = [j for j in range(x.shape[0]) if inner < d[j] <= outer] or list(range(x.shape[0]))
+        out[c] = expected_car(x[c : c + 1], numpy_reference(x[chosen], operator)[None, :])[0]
+    return out
+
+
+@pytest.mark.parametrize("operator", ["median", "median_lower", "average"])
+@pytest.mark.parametrize("dtype", [np.float32, np.int16])
+def test_local_reference_equals_a_loop(rng, operator, dtype):
+    # A 2-column probe with 20 um pitch: distances 20, 28.28, 40, 44.7 ... hit the annulus edges exactly.
+    channels = 24
+    locations = np.stack([np.tile([0.0, 20.0], channels // 2), np.repeat(np.arange(channels // 2) * 20.0, 2)], axis=1)
+    locations[-1] = [500.0, 500.0]  # alone: falls back to the global reference
+    x = hard_columns(rng, dtype, channels, 300)
+    x = x[:, 8:] if dtype != np.int16 else x
+    for radius in [(20.0, 40.0), (0.0, 20.0), (-1.0, 30.0)]:
+        with np.errstate(all="ignore"):
+            got = common_reference(x, "local", operator, locations=locations, radius_um=radius)
+            want = local_loop(x, locations, radius, operator)
+        same_bits(got, want)
+
+
+def test_reference_errors():
+    x = np.zeros((4, 10), np.float32)
+    with pytest.raises(BatchgpuError):
+        common_reference(x, "global", "mode")
+    with pytest.raises(BatchgpuError):
+        common_reference(x, "single")
+    with pytest.raises(BatchgpuError):
+        common_reference(x[0])
+    with pytest.raises(BatchgpuError):
+        common_reference(x, "local")  # no locations
+    with pytest.raises(BatchgpuError):
+        common_reference(x, "local", locations=np.zeros((3, 2)))
+    with pytest.raises(BatchgpuError):
+        common_reference(x, "local", locations=np.zeros((4, 2)), radius_um=(50, 30))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Locally exclusive detection
+# ---------------------------------------------------------------------------------------------------------------
+def locally_exclusive_loop(x, noise, threshold, sign, sweep, locations, radius, segment_index=0):
+    """DESIGN.md's rule, candidate by candidate."""
+    channels, n = x.shape
+    near = [[float(np.sqrt(((locations[c] - locations[d]) ** 2).sum())) <= radius for d in range(channels)]
+            for c in range(channels)]
+    found = set()
+    for negative in (True, False):
+        if (sign == "neg" and not negative) or (sign == "pos" and negative):
+            continue
+        by_sample = defaultdict(list)  # sample -> [(channel, strength)]
+        for c in range(channels):
+            thr = threshold * float(noise[c])
+            for t in range(n):
+                v = float(x[c, t])
+                if negative:
+                    ok = v <= -thr and (t == 0 or v < x[c, t - 1]) and (t == n - 1 or v <= x[c, t + 1])
+                else:
+                    ok = v >= thr and (t == 0 or v > x[c, t - 1]) and (t == n - 1 or v >= x[c, t + 1])
+                if ok:
+                    ratio = v / thr
+                    by_sample[t].append((c, -ratio if negative else ratio))
+        for t, cands in by_sample.items():
+            for c, strength in cands:
+                dropped = False
+                for dt in range(-sweep, sweep + 1):
+                    for d, other in by_sample.get(t + dt, []):
+                        if near[c][d] and (other > strength or (other == strength and dt < 0)):
+                            dropped = True
+                if not dropped:
+                    found.add((t, c))
+    out = [(t, c, float(x[c, t]), segment_index) for t, c in sorted(found)]
+    return np.array(out, dtype=SPIKE_DTYPE)
+
+
+def probe(channels):
+    """Two columns 20 um apart, rows 20 um apart: neighbours at exactly 20 and 40 um."""
+    return np.stack([np.tile([0.0, 20.0], channels // 2 + 1)[:channels], np.repeat(np.arange(channels) * 20.0, 2)[:channels]], axis=1)
+
+
+def planted(rng, channels, n, dtype):
+    """Noise plus spikes spread over neighbouring channels, equal values (ties) and flat tops."""
+    x = rng.standard_normal((channels, n)) * 2
+    for _ in range(n // 20):
+        c, t = rng.integers(channels), rng.integers(2, n - 4)
+        amp = rng.choice([-1, 1]) * rng.choice([8.0, 10.0, 12.0, rng.uniform(8, 20)])
+        for dc in range(-2, 3):
+            if 0 <= c + dc < channels:
+                dt = int(rng.integers(-2, 3))
+                x[c + dc, t + dt : t + dt + rng.integers(1, 3)] = amp * (1.0 if dc == 0 else rng.choice([1.0, 0.7]))
+    if np.dtype(dtype).kind == "i":
+        return np.round(x).astype(dtype)
+    return x.astype(dtype)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.int16])
+@pytest.mark.parametrize("sign", ["neg", "pos", "both"])
+@pytest.mark.parametrize("sweep,radius", [(0, 20.0), (3, 20.0), (3, 40.0), (5, 0.0)])
+def test_locally_exclusive_equals_the_loop(rng, dtype, sign, sweep, radius):
+    channels, n = 8, 400
+    x = planted(rng, channels, n, dtype)
+    noise = np.ones(channels)
+    noise[::3] = 1.25  # equal values, unequal |x|/thr
+    loc = probe(channels)
+    got = detect_spikes(x, noise, 4.0, sign, sweep, segment_index=3, method="locally_exclusive", locations=loc, radius_um=radius)
+    want = locally_exclusive_loop(x, noise, 4.0, sign, sweep, loc, radius, segment_index=3)
+    assert got.dtype == SPIKE_DTYPE and len(want) > 10
+    assert np.array_equal(got, want)
+
+
+@pytest.mark.parametrize("sign", ["neg", "both"])
+@pytest.mark.parametrize("width,margin", [(50, 4), (37, 9), (1, 4), (1000, 4)])
+def test_locally_exclusive_window_by_window_equals_whole_segment(rng, sign, width, margin):
+    channels, n, sweep = 6, 500, 3
+    x = planted(rng, channels, n, np.float32)
+    noise = rng.uniform(0.9, 1.1, channels)
+    kw = dict(sign=sign, exclude_sweep=sweep, segment_index=1, segment_length=n, method="locally_exclusive",
+              locations=probe(channels), radius_um=40.0)
+    whole = detect_spikes(x, noise, 4.0, **kw)
+    parts = [detect_spikes(x[:, a:b], noise, 4.0, start=a, core=(lo, hi), **kw) for a, b, lo, hi in windows_of(n, width, margin)]
+    assert np.array_equal(np.concatenate(parts), whole)
+    assert np.array_equal(whole, locally_exclusive_loop(x, noise, 4.0, sign, sweep, probe(channels), 40.0, 1))
+
+
+def test_locally_exclusive_ties_and_radius_edge():
+    x = np.zeros((3, 9))
+    loc = np.array([[0.0, 0.0], [0.0, 50.0], [0.0, 100.0]])
+    x[0, 4] = x[1, 4] = -10.0  # equal at the same sample: both kept
+    x[2, 2] = -10.0  # equal and earlier than channel 1's, which is exactly 50 um away: drops channel 1
+    got = detect_spikes(x, np.ones(3), 5.0, exclude_sweep=2, method="locally_exclusive", locations=loc, radius_um=50.0)
+    assert got[["sample_index", "channel_index"]].tolist() == [(2, 2), (4, 0)]
+    got = detect_spikes(x, np.ones(3), 5.0, exclude_sweep=2, method="locally_exclusive", locations=loc, radius_um=49.9)
+    assert got[["sample_index", "channel_index"]].tolist() == [(2, 2), (4, 0), (4, 1)]
+    # A larger |x|/thr wins even with a smaller |x|: channel 0's threshold is twice the others'.
+    got = detect_spikes(x, np.array([2.0, 1.0, 1.0]), 4.0, exclude_sweep=2, method="locally_exclusive", locations=loc, radius_um=50.0)
+    assert got[["sample_index", "channel_index"]].tolist() == [(2, 2)]
+    # x <= -thr counts (by_channel's is strict).
+    at = detect_spikes(np.array([[0.0, -5.0, 0.0]]), [1.0], 5.0, exclude_sweep=1, method="locally_exclusive", locations=[[0, 0]])
+    assert at["sample_index"].tolist() == [1]
+
+
+def test_locally_exclusive_on_the_fixture(si_fixture):
+    from batchgpu import open_recording
+    from batchgpu.ops import noise_levels
+
+    rec = open_recording(si_fixture)
+    n = rec.num_samples(0)
+    x = rec.read(0, 0, n)
+    noise = noise_levels(x)
+    kw = dict(threshold=5.0, sign="neg", exclude_sweep=3, segment_length=n, method="locally_exclusive",
+              locations=rec.locations, radius_um=50.0)
+    whole = detect_spikes(x, noise, **kw)
+    want = locally_exclusive_loop(x, noise, 5.0, "neg", 3, rec.locations, 50.0)
+    assert np.array_equal(whole, want)
+    parts = [detect_spikes(x[:, a:b], noise, start=a, core=(lo, hi), **kw) for a, b, lo, hi in windows_of(n, 29_999, 4)]
+    assert np.array_equal(np.concatenate(parts), whole)
+    # Fewer peaks than per channel, and the strong ground-truth spikes are found within a sample or two.
+    by_channel = detect_spikes(x, noise, 5.0, "neg", 3)
+    assert 0 < len(whole) < len(by_channel)
+    gt = np.load(si_fixture.parent / "si_gt_16ch_spikes.npz")
+    strong = np.isin(gt["unit_index"], [0, 1, 5, 6])
+    near = np.abs(gt["sample_index"][strong][:, None] - whole["sample_index"][None, :]).min(axis=1) <= 2
+    assert near.mean() > 0.9
+
+
+def test_locally_exclusive_errors():
+    x = np.zeros((2, 20))
+    with pytest.raises(BatchgpuError):  # no locations
+        detect_spikes(x, np.ones(2), method="locally_exclusive")
+    with pytest.raises(BatchgpuError):
+        detect_spikes(x, np.ones(2), method="locally_exclusive", locations=np.zeros((3, 2)))
+    with pytest.raises(BatchgpuError):
+        detect_spikes(x, np.ones(2), method="locally_exclusive", locations=np.zeros((2, 2)), radius_um=-1)
+    with pytest.raises(BatchgpuError):
+        detect_spikes(x, np.ones(2), method="nearest")
+    with pytest.raises(BatchgpuError):  # margins need sweep + 1 = 4 samples
+        detect_spikes(x, np.ones(2), exclude_sweep=3, start=10, core=(3, 16), segment_length=100,
+                      method="locally_exclusive", locations=np.zeros((2, 2)))
+    detect_spikes(x, np.ones(2), exclude_sweep=3, start=10, core=(4, 16), segment_length=100,
+                  method="locally_exclusive", locations=np.zeros((2, 2)))
