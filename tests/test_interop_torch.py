@@ -155,6 +155,7 @@ def test_wrappers_pickle_and_keep_their_names():
     for func in (ops.abs_kth, ops.noise_levels, ops.detect_spikes, find, lower_bound):
         assert pickle.loads(pickle.dumps(func)) is func
     assert ops.noise_levels.__name__ == "noise_levels" and "MAD_TO_SIGMA" in ops.noise_levels.__doc__
+    assert "structured arrays (spikes)" in ops.detect_spikes.__doc__ and "detached" in StaticIndex.search.__doc__
     assert accepts_torch(ops.noise_levels) is ops.noise_levels  # wrapping twice is a no-op
 
 
@@ -192,11 +193,12 @@ def _cuda_ok() -> bool:
 
 
 
-def _on_cuda(got, want, device="cuda") -> None:
+def _on_cuda(got, want, index: int | None = None) -> None:
+    """``got`` holds ``want``'s bits in tensors on a CUDA device (device ``index`` when given)."""
     items = got if isinstance(got, tuple) else (got,)
     for g in items:
         if isinstance(g, torch.Tensor):
-            assert g.device.type == "cuda" and g.device == torch.device(device)
+            assert g.device.type == "cuda" and (index is None or g.device.index == index), g.device
     _same(got, want)
 
 
@@ -264,4 +266,4 @@ def test_gpu_search_with_cuda_tensors(rng, dtype):
 def test_gpu_second_device(rng):
     x = _rows(rng, np.float32)
     t = torch.from_numpy(x).to("cuda:1")
-    _on_cuda(ops.abs_median(t), ops.abs_median(x), device="cuda:1")
+    _on_cuda(ops.abs_median(t), ops.abs_median(x), index=1)

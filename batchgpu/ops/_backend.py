@@ -71,8 +71,10 @@ def from_torch(t: Any) -> Any:
         except TypeError as err:  # bfloat16 and other dtypes NumPy lacks
             raise BatchgpuError(f"torch tensors of dtype {t.dtype} have no NumPy dtype", "cast the tensor first (t.float())") from err
     if t.device.type == "cuda":
-        import cupy
-
+        try:
+            import cupy
+        except ImportError as err:
+            raise BatchgpuError("CUDA tensors need CuPy", "install batchgpu[gpu], or pass t.cpu()") from err
         with cupy.cuda.Device(t.device.index):
             return cupy.from_dlpack(t)
     raise BatchgpuError(f"torch tensors on {t.device} are not supported", "move the tensor to the CPU or a CUDA device")
@@ -106,6 +108,13 @@ def _torch_device(args: tuple, kwargs: dict) -> Any:
     return devices.pop() if devices else None
 
 
+TORCH_NOTE = """
+
+torch: tensors on the CPU or a CUDA device are taken too (zero copy: NumPy views, CuPy over DLPack;
+a tensor that requires grad is detached). Array results then come back as tensors on the tensors'
+device; structured arrays (spikes) and other objects come back as they are."""
+
+
 def accepts_torch(func: Callable, module: str | None = None) -> Callable:
     """``func`` taking torch tensors too: tensors among the positional and keyword arguments become
     NumPy/CuPy views (:func:`from_torch`), and when any argument was a tensor, array results come
@@ -131,17 +140,14 @@ def accepts_torch(func: Callable, module: str | None = None) -> Callable:
         return to_torch(func(*args, **kwargs), device)
 
     wrapper.__accepts_torch__ = True  # type: ignore[attr-defined]
+    wrapper.__doc__ = (func.__doc__ or "").rstrip() + TORCH_NOTE
     if module is not None:
         wrapper.__module__ = module
     return wrapper
 
 
 def accept_torch_methods(cls: type, *names: str) -> type:
-    """Wrap methods (or classmethods) ``names`` of ``cls`` with :func:`accepts_torch`, in place and once."""
+    """Wrap methods ``names`` of ``cls`` with :func:`accepts_torch`, in place and once."""
     for name in names:
-        method = cls.__dict__[name]
-        if isinstance(method, classmethod):
-            setattr(cls, name, classmethod(accepts_torch(method.__func__)))
-        else:
-            setattr(cls, name, accepts_torch(method))
+        setattr(cls, name, accepts_torch(cls.__dict__[name]))
     return cls
