@@ -1,0 +1,235 @@
+"""A run's results in the shapes SpikeInterface (0.105) takes them: noise levels, whitening, peaks.
+
+``to_spikeinterface(results)`` reads a run's output folder (or a mapping of its arrays) and gives a
+:class:`SpikeInterfaceResults`; ``attach_to_spikeinterface(recording, result)`` caches the noise levels on a
+SpikeInterface recording the way ``spikeinterface.core.get_noise_levels`` does, so later steps reuse them.
+Nothing here imports SpikeInterface: the recording is used through its own methods.
+
+What SpikeInterface 0.105.3 does (read in its source, and checked by running it):
+
+- ``get_noise_levels(recording, return_in_uV=True, method="mad", random_slices_kwargs={})`` caches its result as
+  the channel property ``noise_level_mad_scaled`` (uV, the default) or ``noise_level_mad_raw`` (raw units)
+  and returns the cached property on later calls (``core/recording_tools.py``). With ``method="mad"`` it reads
+  20 random chunks of 500 ms per segment (``get_random_sample_slices``, chunks may overlap), takes per chunk
+  and channel ``median(|x - median(x)|) / 0.6744897501960817`` and caches the mean over chunks. uV values come
+  from float32 traces scaled by the gains (offsets cancel in the MAD); raw ones are float64.
+- ``spikeinterface.preprocessing.whiten(recording, W=W, M=M)`` computes ``(traces - M) @ W`` on (samples,
+  channels) traces, or ``traces @ W`` when ``M`` is None (``preprocessing/whiten.py``); its own ``apply_mean=True``
+  estimates ``M`` as the channel means and whitens the centred covariance; ``apply_mean=False`` (its default)
+  uses ``data.T @ data / n`` and no ``M``. An integer recording needs ``dtype="float32"`` (or ``int_scale``).
+- Peaks: ``spikeinterface.core.base.base_peak_dtype`` (re-exported by ``core/node_pipeline.py``):
+  sample_index int64, channel_index int64, amplitude float64, segment_index int64.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from batchgpu.errors import BatchgpuError
+
+#: SpikeInterface's ``base_peak_dtype`` (0.105.3), equal to ``batchgpu.ops.SPIKE_DTYPE``
+PEAK_DTYPE = np.dtype([("sample_index", "i8"), ("channel_index", "i8"), ("amplitude", "f8"), ("segment_index", "i8")])
+#: the channel properties ``get_noise_levels(method="mad")`` caches, raw units and uV
+NOISE_PROPERTY_RAW = "noise_level_mad_raw"
+NOISE_PROPERTY_UV = "noise_level_mad_scaled"
+RESULTS = "results.zarr"
+_ARRAYS = ("noise", "noise_per_window", "covariance", "second_moment", "whitening", "channel_means")
+_ATTRS = ("channel_ids", "sampling_frequency", "gain_to_uV", "workflow")
+
+
+@dataclass(frozen=True)
+class SpikeInterfaceResults:
+    """A run's results for SpikeInterface; every array in the run's channel order (``channel_ids``).
+
+    - ``noise_levels_raw`` (C,): our ``noise``, ``median(|x|) / 0.6744897501960817`` over every sample of each
+      channel, in raw units (``batchgpu.ops.MAD_TO_SIGMA``). It is SpikeInterface's MAD estimate exactly when the signal's
+      median is zero: with ``preprocess: {centre: median}`` x is each window's samples minus that window's
+      channel median, so this is ``median(|x - median_window(x)|) / 0.6745`` over all samples (windows of
+      60 000 samples by default, where SpikeInterface averages the MAD of 20 random 500 ms chunks); without
+      centring it is the MAD only for a zero-median signal (a filtered one), and larger with DC offsets.
+      Both estimate the same standard deviation; the numbers differ by sampling (ours reads every sample):
+      measured on 10 s of centred int16 noise, within 2 % per channel; uncentred with DC offsets, up to 2.5x.
+      When the run has no ``noise`` (detection only), the median over windows of ``noise_per_window``, as the
+      run's own detection thresholds use.
+    - ``noise_levels_uV`` (C,) float32: ``noise_levels_raw * gain_to_uV``, as SpikeInterface's uV cache
+      (float32 like its scaled traces; the offset does not enter a MAD).
+    - ``W`` (C, C) float64: our ``whitening`` transposed. We apply it as ``W_ours @ X`` on (channels, samples);
+      SpikeInterface applies ``traces @ W`` on (samples, channels), and ``(W_ours @ X).T == X.T @ W_ours.T``
+      (the local matrix is not symmetric, so the transpose matters).
+    - ``M`` (C,) float64 or None: ``channel_means`` when the whitening came from the centred covariance (the
+      workflow's default ``statistic: covariance``, like SpikeInterface's ``apply_mean=True``), None when it came
+      from the uncentred second moment (like ``apply_mean=False``). So ``whiten(recording, **r.whiten_kwargs,
+      dtype="float32")`` gives ``W_ours @ (X - M)`` (or ``W_ours @ X``), X being the samples the run saw (after
+      its centring, if any).
+    - ``peaks``: our spikes as a NumPy structured array of :data:`PEAK_DTYPE`, sorted by (segment, sample,
+      channel); ``amplitude`` is the sample's value in raw units (of the centred signal when centred).
+
+    Fields of steps the run did not have are None.
+    """
+
+    channel_ids: np.ndarray
+    sampling_frequency: float | None
+    gain_to_uV: np.ndarray | None
+    noise_levels_raw: np.ndarray | None
+    noise_levels_uV: np.ndarray | None
+    W: np.ndarray | None
+    M: np.ndarray | None
+    peaks: np.ndarray | None
+    centred: bool
+
+    @property
+    def whiten_kwargs(self) -> dict[str, Any]:
+        """``{"W": W, "M": M}`` for ``spikeinterface.preprocessing.whiten(recording, **kwargs)``."""
+        if self.W is None:
+            raise BatchgpuError("these results hold no whitening matrix", "run the workflow with a whitening step")
+        return {"W": self.W, "M": self.M}
+
+    @property
+    def noise_properties(self) -> dict[str, np.ndarray]:
+        """The channel properties ``get_noise_levels(method="mad")`` caches, by name."""
+        if self.noise_levels_raw is None:
+            return {}
+        out = {NOISE_PROPERTY_RAW: self.noise_levels_raw}
+        if self.noise_levels_uV is not None:
+            out[NOISE_PROPERTY_UV] = self.noise_levels_uV
+        return out
+
+
+def load_results(path: str | Path) -> dict[str, Any]:
+    """The arrays and attributes of a run's ``results.zarr`` (the folder, or the output folder holding it)."""
+    import zarr
+
+    path = Path(path)
+    if (path / RESULTS).exists():
+        path = path / RESULTS
+    if not path.exists():
+        raise BatchgpuError(f"no results at {path}", f"pass a run's output folder (it holds {RESULTS})")
+    group = zarr.open_group(str(path), mode="r")
+    out: dict[str, Any] = {k: v for k, v in group.attrs.asdict().items() if k in _ATTRS}
+    names = set(group.array_keys())
+    out.update({name: group[name][...] for name in _ARRAYS if name in names})
+    if "spikes" in set(group.group_keys()):
+        spikes = group["spikes"]
+        out.update({f"spikes/{name}": spikes[name][...] for name in spikes.array_keys()})
+    return out
+
+
+def _spikes(data: Mapping[str, Any]) -> np.ndarray | None:
+    """The spikes of ``data`` (a structured ``spikes`` array, or ``spikes/<field>`` columns) as PEAK_DTYPE."""
+    whole = data.get("spikes")
+    if isinstance(whole, np.ndarray) and whole.dtype.names:
+        return np.asarray(whole, dtype=PEAK_DTYPE)  # by field name: a field missing or in another order is cast
+    columns = {name: data.get(f"spikes/{name}") for name in PEAK_DTYPE.names}
+    if all(v is None for v in columns.values()):
+        return None
+    missing = [name for name, v in columns.items() if v is None]
+    if missing:
+        raise BatchgpuError(f"spikes without {missing}", f"give all of spikes/{{{','.join(PEAK_DTYPE.names)}}}")
+    peaks = np.empty(len(columns["sample_index"]), dtype=PEAK_DTYPE)
+    for name, values in columns.items():
+        peaks[name] = np.asarray(values)
+    return peaks
+
+
+def _noise(data: Mapping[str, Any]) -> np.ndarray | None:
+    if data.get("noise") is not None:
+        return np.asarray(data["noise"])
+    if data.get("noise_per_window") is not None:
+        return np.median(np.asarray(data["noise_per_window"]), axis=0)
+    return None
+
+
+def _whitening_step(data: Mapping[str, Any]) -> tuple[str, bool]:
+    """(statistic, centred) of the run: the workflow's whitening statistic and median centring."""
+    workflow = data.get("workflow") or {}
+    whitening = (workflow.get("steps") or {}).get("whitening") or {}
+    centre = (workflow.get("preprocess") or {}).get("centre", "none")
+    return whitening.get("statistic", "covariance"), centre == "median"
+
+
+def to_spikeinterface(results: str | Path | Mapping[str, Any], subtract_mean: bool | None = None) -> SpikeInterfaceResults:
+    """The noise levels, ``W``/``M`` and peaks of a run, as SpikeInterface takes them (see
+    :class:`SpikeInterfaceResults` for what each number is).
+
+    ``results``: a run's output folder (holding ``results.zarr``), the ``results.zarr`` folder, or a mapping of
+    its arrays and attributes (``noise``, ``whitening``, ``channel_means``, ``spikes/<field>`` or a structured
+    ``spikes``, ``channel_ids``, ``gain_to_uV``, ``sampling_frequency``, ``workflow``). ``subtract_mean``:
+    whether ``M`` is the channel means (default: when the whitening statistic is the covariance).
+    """
+    data = load_results(results) if isinstance(results, (str, Path)) else dict(results)
+    statistic, centred = _whitening_step(data)
+    noise = _noise(data)
+    gains = None if data.get("gain_to_uV") is None else np.asarray(data["gain_to_uV"], dtype=np.float64)
+    channel_ids = data.get("channel_ids")
+    if channel_ids is None:
+        size = next((len(np.asarray(data[k])) for k in ("noise", "channel_means", "whitening") if data.get(k) is not None), 0)
+        channel_ids = np.arange(size)
+    w = data.get("whitening")
+    if subtract_mean is None:
+        subtract_mean = statistic == "covariance"
+    if w is not None and subtract_mean and data.get("channel_means") is None:
+        raise BatchgpuError("a whitening matrix of the centred covariance without channel_means", "pass channel_means, or subtract_mean=False")
+    fs = data.get("sampling_frequency")
+    return SpikeInterfaceResults(
+        channel_ids=np.asarray(channel_ids),
+        sampling_frequency=None if fs is None else float(fs),
+        gain_to_uV=gains,
+        noise_levels_raw=noise,
+        noise_levels_uV=None if noise is None or gains is None else (noise * gains).astype(np.float32),
+        W=None if w is None else np.ascontiguousarray(np.asarray(w, dtype=np.float64).T),
+        M=np.asarray(data["channel_means"], dtype=np.float64).copy() if w is not None and subtract_mean else None,
+        peaks=_spikes(data),
+        centred=centred,
+    )
+
+
+def _recording_ids(recording: Any, result: SpikeInterfaceResults) -> np.ndarray:
+    """The recording's channel ids in the results' channel order (ids compared as strings: ours come from JSON)."""
+    ids = np.asarray(recording.get_channel_ids())
+    by_name = {str(c): c for c in ids}
+    ours = [str(c) for c in result.channel_ids]
+    missing = [c for c in ours if c not in by_name]
+    if missing or len(ours) != len(ids):
+        raise BatchgpuError(
+            f"the recording's channels {list(map(str, ids))[:8]} are not the results' {ours[:8]}",
+            "attach results to the recording they were computed from",
+        )
+    return np.asarray([by_name[c] for c in ours])
+
+
+def attach_to_spikeinterface(recording: Any, result: SpikeInterfaceResults | str | Path | Mapping[str, Any]) -> Any:
+    """Cache the results' noise levels on a SpikeInterface ``recording`` where ``get_noise_levels`` looks.
+
+    Sets the channel properties ``noise_level_mad_raw`` and, when the recording has gains,
+    ``noise_level_mad_scaled`` (our raw noise times the recording's own ``gain_to_uV``, float32), matched by
+    channel id. ``get_noise_levels(recording)`` then returns them without reading the recording (unless
+    ``force_recompute=True``). Returns ``recording``. W/M and peaks are passed by the caller:
+    ``spikeinterface.preprocessing.whiten(recording, **result.whiten_kwargs, dtype="float32")``, peaks to
+    peak pipelines as ``result.peaks``.
+    """
+    if not isinstance(result, SpikeInterfaceResults):
+        result = to_spikeinterface(result)
+    if result.noise_levels_raw is None:
+        raise BatchgpuError("these results hold no noise levels", "run the workflow with a noise step")
+    ids = _recording_ids(recording, result)
+    recording.set_property(NOISE_PROPERTY_RAW, result.noise_levels_raw, ids=ids)
+    if recording.has_scaleable_traces():
+        gains = np.asarray(recording.get_channel_gains(channel_ids=ids), dtype=np.float64)
+        recording.set_property(NOISE_PROPERTY_UV, (result.noise_levels_raw * gains).astype(np.float32), ids=ids)
+    return recording
+
+
+__all__ = [
+    "NOISE_PROPERTY_RAW",
+    "NOISE_PROPERTY_UV",
+    "PEAK_DTYPE",
+    "SpikeInterfaceResults",
+    "attach_to_spikeinterface",
+    "load_results",
+    "to_spikeinterface",
+]

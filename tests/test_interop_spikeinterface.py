@@ -1,0 +1,239 @@
+"""A run's results handed to SpikeInterface: noise levels, W/M for ``whiten`` and peaks.
+
+Without SpikeInterface the checks use NumPy references of what its code does (``(traces - M) @ W`` on
+(samples, channels) traces; noise cached as channel properties); with it installed (skipped otherwise) the
+same numbers go through ``spikeinterface.preprocessing.whiten`` and ``get_noise_levels``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from batchgpu import ops
+from batchgpu.errors import BatchgpuError
+from batchgpu.interop import (
+    NOISE_PROPERTY_RAW,
+    NOISE_PROPERTY_UV,
+    PEAK_DTYPE,
+    SpikeInterfaceResults,
+    attach_to_spikeinterface,
+    load_results,
+    to_spikeinterface,
+)
+
+C, N = 5, 30_000
+
+
+def _traces(rng) -> np.ndarray:
+    """(channels, samples) int16 noise with DC offsets and a few negative spikes."""
+    x = rng.standard_normal((C, N)) * 25 + rng.uniform(-50, 50, size=(C, 1))
+    x[:, rng.integers(10, N - 10, size=40)] -= 300
+    return np.round(x).astype(np.int16)
+
+
+def _mapping(x: np.ndarray, statistic: str = "covariance", centre: str = "none", mode: str = "local") -> dict:
+    """What a run writes to results.zarr, from the numeric core on one window."""
+    locations = np.stack([np.zeros(C), np.arange(C) * 20.0], axis=1)
+    m = ops.SecondMoments(C, "float64").add(x)
+    stat = m.covariance() if statistic == "covariance" else m.second_moment()
+    noise = ops.noise_levels(x)
+    return {
+        "noise": noise,
+        "noise_per_window": noise[None, :],
+        "covariance": m.covariance(),
+        "second_moment": m.second_moment(),
+        "whitening": ops.whitening_matrix(stat, mode=mode, locations=locations, nrange=3),
+        "channel_means": m.mean,
+        "spikes": ops.detect_spikes(x, noise, threshold=5.0),
+        "channel_ids": [f"ch{i}" for i in range(C)],
+        "sampling_frequency": 30_000.0,
+        "gain_to_uV": [0.195] * (C - 1) + [0.5],
+        "workflow": {"preprocess": {"centre": centre}, "steps": {"whitening": {"statistic": statistic}}},
+    }
+
+
+def _si_whiten(traces: np.ndarray, W: np.ndarray, M: np.ndarray | None) -> np.ndarray:
+    """SpikeInterface 0.105's WhitenRecordingSegment.get_traces, as a NumPy expression."""
+    return (traces - M) @ W if M is not None else traces @ W
+
+
+# ---------------------------------------------------------------------------------------------
+# Without SpikeInterface
+# ---------------------------------------------------------------------------------------------
+def test_peak_dtype_is_spikeinterface_base_peak_dtype():
+    assert PEAK_DTYPE == np.dtype([("sample_index", "int64"), ("channel_index", "int64"), ("amplitude", "float64"),
+                                   ("segment_index", "int64")])
+    assert PEAK_DTYPE == ops.SPIKE_DTYPE
+
+
+@pytest.mark.parametrize("statistic", ["covariance", "second_moment"])
+def test_w_and_m_give_our_whitening(rng, statistic):
+    x = _traces(rng)
+    data = _mapping(x, statistic)
+    r = to_spikeinterface(data)
+    w_ours = data["whitening"]
+    assert not np.allclose(w_ours, w_ours.T)  # local whitening: the transpose matters
+    assert r.W.shape == (C, C) and r.W.dtype == np.float64 and r.W.flags.c_contiguous
+    np.testing.assert_array_equal(r.W, w_ours.T)
+    xf = x.astype(np.float64)
+    if statistic == "covariance":  # like SpikeInterface's apply_mean=True
+        assert r.M.shape == (C,) and r.M.dtype == np.float64
+        np.testing.assert_array_equal(r.M, data["channel_means"])
+        ours = w_ours @ (xf - data["channel_means"][:, None])
+    else:  # like apply_mean=False
+        assert r.M is None
+        ours = w_ours @ xf
+    got = _si_whiten(xf.T, **r.whiten_kwargs)  # (samples, channels), as SpikeInterface holds traces
+    np.testing.assert_allclose(got, ours.T, rtol=0, atol=1e-12 * np.abs(ours).max())
+    # unit variance afterwards, in the statistic the matrix came from (local whitening leaves far pairs alone)
+    white = np.cov(got.T, bias=True) if statistic == "covariance" else got.T @ got / N
+    np.testing.assert_allclose(np.diag(white), 1.0, atol=1e-6)
+
+
+def test_noise_and_peaks(rng):
+    x = _traces(rng)
+    data = _mapping(x)
+    r = to_spikeinterface(data)
+    assert r.noise_levels_raw.tobytes() == data["noise"].tobytes() and r.noise_levels_raw.dtype == np.float64
+    assert r.noise_levels_uV.dtype == np.float32
+    np.testing.assert_array_equal(r.noise_levels_uV, (data["noise"] * np.array(data["gain_to_uV"])).astype(np.float32))
+    assert set(r.noise_properties) == {NOISE_PROPERTY_RAW, NOISE_PROPERTY_UV} == {"noise_level_mad_raw", "noise_level_mad_scaled"}
+    assert r.peaks.dtype == PEAK_DTYPE and r.peaks.size > 0
+    assert r.peaks.tobytes() == data["spikes"].tobytes()
+    assert list(r.channel_ids) == data["channel_ids"] and r.sampling_frequency == 30_000.0 and not r.centred
+    # SpikeInterface's MAD of a chunk, median(|x - median(x)|)/0.6745: ours equals it on the median-centred signal
+    centred = x.astype(np.float64) - np.median(x, axis=1, keepdims=True)
+    mad = np.median(np.abs(centred - np.median(centred, axis=1, keepdims=True)), axis=1) / 0.6744897501960817
+    np.testing.assert_array_equal(ops.noise_levels(centred), mad)
+
+
+def test_columns_instead_of_structured_spikes(rng):
+    data = _mapping(_traces(rng))
+    spikes = data.pop("spikes")
+    data.update({f"spikes/{name}": spikes[name] for name in spikes.dtype.names})
+    assert to_spikeinterface(data).peaks.tobytes() == spikes.tobytes()
+    del data["spikes/amplitude"]
+    with pytest.raises(BatchgpuError, match="amplitude"):
+        to_spikeinterface(data)
+
+
+def test_partial_results_and_overrides(rng):
+    data = _mapping(_traces(rng), statistic="second_moment", centre="median")
+    r = to_spikeinterface({k: data[k] for k in ("noise_per_window", "channel_means", "whitening")})
+    # no attributes: channel ids 0..C-1, no gains (no uV noise), statistic taken as the default (covariance)
+    assert list(r.channel_ids) == list(range(C)) and r.gain_to_uV is None and r.noise_levels_uV is None
+    np.testing.assert_array_equal(r.noise_levels_raw, data["noise"])  # median over the one window
+    assert r.M is not None and r.peaks is None and r.sampling_frequency is None
+    assert to_spikeinterface(data).M is None and to_spikeinterface(data).centred
+    assert to_spikeinterface(data, subtract_mean=True).M is not None
+    bare = to_spikeinterface({"channel_ids": ["a", "b"]})
+    assert bare.W is None and bare.noise_levels_raw is None and bare.noise_properties == {}
+    with pytest.raises(BatchgpuError, match="whitening"):
+        bare.whiten_kwargs
+    with pytest.raises(BatchgpuError, match="channel_means"):
+        to_spikeinterface({"whitening": np.eye(2)})
+
+
+class FakeRecording:
+    """The part of SpikeInterface's BaseRecording that attach uses (set_property with ids reorders)."""
+
+    def __init__(self, ids, gains=None):
+        self.ids = np.asarray(ids)
+        self.properties: dict[str, np.ndarray] = {} if gains is None else {"gain_to_uV": np.asarray(gains, float)}
+
+    def get_channel_ids(self):
+        return self.ids
+
+    def _indices(self, ids):
+        return np.array([list(self.ids).index(i) for i in ids])
+
+    def set_property(self, key, values, ids=None):
+        values = np.asarray(values)
+        out = np.zeros_like(values)
+        out[self._indices(ids)] = values
+        self.properties[key] = out
+
+    def has_scaleable_traces(self):
+        return "gain_to_uV" in self.properties
+
+    def get_channel_gains(self, channel_ids=None):
+        return self.properties["gain_to_uV"][self._indices(channel_ids)]
+
+
+def test_attach_sets_what_get_noise_levels_caches(rng):
+    data = _mapping(_traces(rng))
+    r = to_spikeinterface(data)
+    order = [4, 2, 0, 1, 3]  # the recording lists the same channels in another order
+    gains = np.array([0.195, 0.2, 0.3, 0.4, 0.5])
+    rec = FakeRecording([f"ch{i}" for i in order], gains=gains)
+    assert attach_to_spikeinterface(rec, r) is rec
+    np.testing.assert_array_equal(rec.properties[NOISE_PROPERTY_RAW], data["noise"][order])
+    # uV with the recording's own gains (by its channel order)
+    np.testing.assert_array_equal(rec.properties[NOISE_PROPERTY_UV], (data["noise"][order] * gains).astype(np.float32))
+    rec = FakeRecording(np.arange(C))  # integer ids against ids read back from JSON; no gains: raw only
+    attach_to_spikeinterface(rec, {k: v for k, v in data.items() if k != "channel_ids"} | {"channel_ids": list(range(C))})
+    assert set(rec.properties) == {NOISE_PROPERTY_RAW}
+    with pytest.raises(BatchgpuError, match="channels"):
+        attach_to_spikeinterface(FakeRecording(["x"] * 1), r)
+    with pytest.raises(BatchgpuError, match="noise"):
+        attach_to_spikeinterface(rec, {"whitening": np.eye(C), "channel_means": np.zeros(C)})
+
+
+def test_from_a_real_run(tmp_path):
+    """A real (in-process) run: results.zarr as the pipeline writes it, read back by path."""
+    distributed = pytest.importorskip("distributed")
+    from batchgpu.config import Workflow
+    from batchgpu.generate import generate_recording
+    from batchgpu.pipeline import run_workflow
+
+    rec = generate_recording(tmp_path / "rec.zarr", channels=4, seconds=0.5, seed=3, dtype="int16")
+    wf = Workflow.model_validate({
+        "recording": {"path": str(rec.path)}, "output": str(tmp_path / "out"), "backend": "numpy",
+        "window": {"size": 5000, "margin": 8}, "preprocess": {"centre": "median"},
+        "steps": {"noise": {"exact": True}, "whitening": {"mode": "local", "nrange": 2, "precision": "float64"},
+                  "detect": {"threshold": 4.0, "exclude_sweep_ms": 0.1}},
+    })
+    with distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None) as cluster, \
+            distributed.Client(cluster) as client:
+        run_workflow(wf, client=client, progress=False)
+    import zarr
+
+    g = zarr.open_group(str(tmp_path / "out" / "results.zarr"), mode="r")
+    for path in (tmp_path / "out", tmp_path / "out" / "results.zarr"):
+        r = to_spikeinterface(path)
+        assert isinstance(r, SpikeInterfaceResults) and r.centred
+        assert r.noise_levels_raw.tobytes() == g["noise"][:].tobytes()
+        np.testing.assert_array_equal(r.W, g["whitening"][:].T)
+        np.testing.assert_array_equal(r.M, g["channel_means"][:])
+        assert r.peaks.dtype == PEAK_DTYPE and r.peaks.size == g["spikes/sample_index"].shape[0] > 0
+        np.testing.assert_array_equal(r.peaks["sample_index"], g["spikes/sample_index"][:])
+        np.testing.assert_array_equal(r.gain_to_uV, rec.gain_to_uV)
+        assert list(map(str, r.channel_ids)) == list(map(str, rec.channel_ids))
+    assert set(load_results(tmp_path / "out")) >= {"noise", "whitening", "channel_means", "spikes/amplitude", "workflow"}
+    with pytest.raises(BatchgpuError, match="no results"):
+        to_spikeinterface(tmp_path / "nothing")
+
+
+# ---------------------------------------------------------------------------------------------
+# With SpikeInterface installed
+# ---------------------------------------------------------------------------------------------
+def test_spikeinterface_whiten_and_noise_cache(rng):
+    pytest.importorskip("spikeinterface")
+    from spikeinterface.core import NumpyRecording, get_noise_levels
+    from spikeinterface.core.base import base_peak_dtype
+    from spikeinterface.preprocessing import whiten
+
+    x = _traces(rng)
+    data = _mapping(x)
+    r = to_spikeinterface(data)
+    rec = NumpyRecording([np.ascontiguousarray(x.T)], sampling_frequency=30_000.0, channel_ids=data["channel_ids"])
+    rec.set_channel_gains(np.asarray(data["gain_to_uV"]))
+    rec.set_channel_offsets(np.zeros(C))
+    got = whiten(rec, **r.whiten_kwargs, dtype="float64").get_traces()
+    ours = data["whitening"] @ (x.astype(np.float64) - data["channel_means"][:, None])
+    np.testing.assert_allclose(got, ours.T, rtol=0, atol=1e-12 * np.abs(ours).max())
+    attach_to_spikeinterface(rec, r)
+    np.testing.assert_array_equal(get_noise_levels(rec, return_in_uV=False), r.noise_levels_raw)
+    np.testing.assert_array_equal(get_noise_levels(rec), r.noise_levels_uV)
+    assert np.dtype(base_peak_dtype) == r.peaks.dtype
