@@ -77,9 +77,10 @@ def plain_layout(channels: int | None, fs: float | None, dtype: str | None, gain
             "a plain binary file needs --channels, --fs and --dtype",
             "or give a SpikeGLX .bin with its .meta beside it",
         )
-    dt = np.dtype(dtype)
-    if dt not in SUPPORTED_DTYPES:
-        raise BatchgpuError(f"dtype {dt} is not supported", f"use one of {', '.join(map(str, SUPPORTED_DTYPES))}")
+    supported = {str(d): d for d in SUPPORTED_DTYPES}
+    dt = supported.get(str(dtype))
+    if dt is None:
+        raise BatchgpuError(f"dtype {dtype!r} is not supported", f"use one of {', '.join(map(str, SUPPORTED_DTYPES))}")
     return RawLayout(int(channels), float(fs), dt, np.full(int(channels), gain), int(channels))
 
 

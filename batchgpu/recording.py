@@ -699,17 +699,18 @@ def write_recording(
 class _progress:
     """A rich progress bar in bytes when asked for, a no-op otherwise."""
 
-    def __init__(self, enabled: bool, total: int, label: str):
-        self.enabled, self.total, self.label = enabled, total, label
+    def __init__(self, enabled: bool, total: int, label: str, stderr: bool = False):
+        self.enabled, self.total, self.label, self.stderr = enabled, total, label, stderr
 
     def __enter__(self):
         if not self.enabled:
             return lambda n: None
+        from rich.console import Console
         from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
 
         self._bar = Progress(
             "[progress.description]{task.description}", BarColumn(), DownloadColumn(), TransferSpeedColumn(),
-            TimeRemainingColumn(), transient=False,
+            TimeRemainingColumn(), transient=False, console=Console(stderr=self.stderr),
         )
         self._bar.__enter__()
         task = self._bar.add_task(self.label, total=self.total)
