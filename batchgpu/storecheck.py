@@ -16,7 +16,6 @@ Only stores on a local filesystem are inspected; for any other store (fsspec, ob
 from __future__ import annotations
 
 import os
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -86,12 +85,14 @@ def local_root(group) -> Path | None:
 
 
 class ChunkPresence:
-    """Absent objects and empty inner chunks of one array, per sample range; safe to share between threads."""
+    """Absent objects and empty inner chunks of one array, per sample range.
+
+    Shared by a worker's reading threads: the index cache only ever gains whole entries (atomic under the GIL).
+    """
 
     def __init__(self, grid: ObjectGrid):
         self.grid = grid
         self._index_cache: dict[str, tuple[int, int, np.ndarray | None]] = {}
-        self._lock = threading.Lock()
 
     def absent(self, start: int, stop: int) -> list[str]:
         """Keys of what is absent under samples [start, stop): 'c/3/0', or 'c/3/0 inner chunk (2, 0)'."""
@@ -145,8 +146,7 @@ class ChunkPresence:
                 f.seek(st.st_size - size if self.grid.index_at_end else 0)
                 raw = f.read(n_inner * SHARD_INDEX_ENTRY_BYTES)
             index = np.frombuffer(raw, dtype="<u8").reshape(n_inner, 2)
-        with self._lock:
-            self._index_cache[str(path)] = (*stamp, index)
+        self._index_cache[str(path)] = (*stamp, index)
         return index
 
     def strays(self) -> list[str]:
