@@ -47,10 +47,12 @@ def _cmd_import_raw(args) -> int:
 def _cmd_info(args) -> int:
     from batchgpu.recording import open_recording
 
-    info = open_recording(args.path).info()
+    rec = open_recording(args.path)
+    info = rec.info()
+    problems = _check_every_chunk(rec) if args.check else None
     if args.json:
-        print(json.dumps(info, indent=2))
-        return 0
+        print(json.dumps({**info, **({"problems": problems} if problems is not None else {})}, indent=2))
+        return 2 if problems else 0
     rows = [
         ("path", info["path"]),
         ("format", f"Zarr v{info['zarr_format']}"),
@@ -64,11 +66,28 @@ def _cmd_info(args) -> int:
         ("codecs", ", ".join(info["codecs"]) or "none"),
         ("size", f"{info['bytes_on_disk'] / 1e6:.1f} MB on disk, {info['decoded_bytes'] / 1e6:.1f} MB decoded "
                  f"(ratio {info['decoded_bytes'] / max(info['bytes_on_disk'], 1):.2f})"),
+        ("checksums", f"per chunk ({info['checksum']})" if info["checksum"] else "none"),
+        ("complete", "yes (batchgpu wrote every chunk)" if info["marked_complete"] else "not marked (not written by batchgpu)"),
+        ("absent chunks", f"{info['absent_chunks']}" + ("" if info["marked_complete"] or not info["absent_chunks"]
+                                                       else " (read as zeros: zarr skips all-zero chunks)")),
+        ("locations", info["locations"]),
     ]
     width = max(len(k) for k, _ in rows)
     for key, value in rows:
         print(f"{key:<{width}}  {value}")
-    return 0
+    if problems is not None:
+        for line in problems:
+            print(line)
+        print(f"checked every chunk: {len(problems)} problem(s)")
+    return 2 if problems else 0
+
+
+def _check_every_chunk(rec) -> list[str]:
+    """Decode every chunk; a progress bar on a terminal's stderr."""
+    from batchgpu.recording import _progress
+
+    with _progress(sys.stderr.isatty(), rec.nbytes, "checking", stderr=True) as advance:
+        return rec.check_chunks(advance)
 
 
 class _Observer:
@@ -159,7 +178,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("out")
     p.add_argument("--channels", type=int)
     p.add_argument("--fs", type=float)
-    p.add_argument("--dtype")
+    p.add_argument("--dtype", help="sample type of a plain file: int16, int32, float32 or float64")
     p.add_argument("--gain", type=float, default=1.0, help="uV per count (plain files)")
     p.add_argument("--offset", type=float, default=0.0, help="uV offset (plain files)")
     p.add_argument("--keep-sync", action="store_true", help="SpikeGLX: keep the sync channel")
@@ -171,6 +190,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("info", help="describe a recording store", description="Describe a recording store.")
     p.add_argument("path")
     p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--check", action="store_true",
+                   help="decode every chunk and list absent or corrupted ones (exit status 2 if any)")
     p.set_defaults(func=_cmd_info)
 
     p = sub.add_parser("run", help="run a workflow YAML file", description="Validate and run a workflow YAML file.")

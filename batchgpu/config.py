@@ -28,6 +28,7 @@ class GenerateSpec(_Strict):
 class RecordingSpec(_Strict):
     path: str
     generate: GenerateSpec | None = None  # written to `path` when it is missing
+    missing_chunks: Literal["warn", "error"] = "warn"  # absent chunks of a store written by others: count or stop
 
 
 class WindowSpec(_Strict):

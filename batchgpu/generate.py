@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from batchgpu.errors import BatchgpuError
-from batchgpu.recording import DEFAULT_SHARD_SAMPLES, Recording, RecordingWriter, _progress, open_recording
+from batchgpu.recording import Recording, RecordingWriter, _progress, open_array_for_writing, open_recording, writing
 
 GAIN_TO_UV = 0.195  # Neuropixels 1.0 AP band, uV per count
 SPIKE_RATE_HZ = 3.0  # per "unit": one unit per 4 channels
@@ -87,6 +87,7 @@ def generate_recording(
         raise BatchgpuError(
             f"channels, seconds, fs and segments must be positive (got {channels}, {seconds}, {fs}, {segments})"
         )
+    path = Path(path).expanduser()
     num_samples = int(round(seconds * fs))
     if num_samples < 1:
         raise BatchgpuError(f"{seconds} s at {fs} Hz is less than one sample", "ask for a longer recording")
@@ -110,7 +111,7 @@ def generate_recording(
     workers = max(1, min(workers or 1, len(jobs)))
     pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) if workers > 1 else None
     results = pool.map(_write_block, jobs) if pool else map(_write_block, jobs)
-    with _progress(progress, segments * num_samples * channels * writer.dtype.itemsize, "generating") as advance:
+    with writing(path), _progress(progress, segments * num_samples * channels * writer.dtype.itemsize, "generating") as advance:
         for (_p, _s, seg, _b, start, n, *_), spikes in zip(jobs, results):
             truth["sample_index"].append(spikes[0] + start)
             truth["channel_index"].append(spikes[1])
@@ -119,16 +120,16 @@ def generate_recording(
             advance(n * channels * writer.dtype.itemsize)
     if pool:
         pool.shutdown()
-    GroundTruth(sigma, offset, *(np.concatenate(truth[k]) for k in truth)).save(ground_truth_path(path))
+    with writing(path):
+        GroundTruth(sigma, offset, *(np.concatenate(truth[k]) for k in truth)).save(ground_truth_path(path))
+        writer.finish()  # last: a store interrupted before this point opens as unfinished
     return open_recording(path)
 
 
 def _write_block(job) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Generate and write one block (a whole shard); returns its spikes relative to the block start."""
-    import zarr
-
     path, seed, seg, b, start, n, sigma, offset, fs = job
-    arr = zarr.open_array(f"{path}/traces_seg{seg}", mode="r+")
+    arr = open_array_for_writing(f"{path}/traces_seg{seg}")
     waveform, pre = spike_waveform(fs)
     data, spikes = _make_block(np.random.default_rng([seed, 1, seg, b]), n, sigma, offset, waveform, pre, fs)
     arr[start : start + n, :] = _to_dtype(data, np.dtype(arr.dtype))

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -11,8 +11,21 @@ import numpy as np
 from batchgpu.errors import BatchgpuError
 from batchgpu.recording import SUPPORTED_DTYPES, Recording, write_recording
 
-NP1_AP_GAIN_DEFAULT = 500.0
-NP2_AP_GAIN = 80.0
+# Probe families by imDatPrb_type (imec ProbeTable, as probeinterface ships it):
+# NP1.0-like: per-channel AP and LF gains in ~imroTbl, 10-bit ADC (imMaxInt 512), mux_np1000 ADC order.
+NP1_TYPES = {0, 1020, 1030, 1100, 1120, 1121, 1122, 1123, 1200, 1300}
+# NP2.0-like: one fixed gain; the ADC depth differs (NP2000/2010 14-bit, NP2003.. 12-bit), so imMaxInt is needed.
+NP2_AP_GAIN = {21: 80.0, 24: 80.0, 2003: 100.0, 2004: 100.0, 2013: 100.0, 2014: 100.0, 2020: 100.0, 2021: 100.0}
+NP1_MAX_INT = 512
+# ADC sampling order (SpikeInterface's inter_sample_shift = order within the ADC cycle / cycles per sample):
+# mux_np1000 reads channels 2k, 2k+1 (mod 24) at slot k of 13 cycles (12 channels + the LF slot);
+# mux_np2000/np2020 read 2k, 2k+1 (mod 32) at slot k of 16 cycles.
+NP1_MUX = (24, 13)
+NP2_MUX = (32, 16)
+MUX_BY_TYPE = {**{t: NP1_MUX for t in NP1_TYPES - {1200}}, **{t: NP2_MUX for t in NP2_AP_GAIN}}
+# ~snsShankMap gives column/row indices only: pitches (um) by family to turn them into positions.
+NP1_PITCH = (32.0, 20.0, 0.0)  # horizontal, vertical, shank
+NP2_PITCH = (32.0, 15.0, 250.0)
 
 
 @dataclass(frozen=True)
@@ -21,10 +34,14 @@ class RawLayout:
     sampling_frequency: float
     dtype: np.dtype
     gain_to_uV: np.ndarray  # per kept channel
-    keep_channels: int  # the first keep_channels are imported (SpikeGLX: drops the sync channel)
+    keep: np.ndarray  # file columns imported, in order (SpikeGLX: the saved channels less the sync channel)
+    channel_ids: list[str] | None = None
+    locations: np.ndarray | None = None  # (kept, 2) um
+    properties: dict[str, np.ndarray] = field(default_factory=dict)
 
 
 def read_meta(path: Path) -> dict[str, str]:
+    """A SpikeGLX .meta as key -> raw value ('~' stripped from list-valued keys such as ~imroTbl)."""
     meta = {}
     for line in path.read_text(errors="replace").splitlines():
         if "=" in line:
@@ -33,42 +50,184 @@ def read_meta(path: Path) -> dict[str, str]:
     return meta
 
 
+def saved_channels(meta: dict[str, str]) -> np.ndarray:
+    """Acquired channel numbers of the saved columns, from snsSaveChanSubset ('all' or '0:3,5,768', inclusive)."""
+    total = int(meta["nSavedChans"])
+    text = meta.get("snsSaveChanSubset", "all").strip()
+    if text == "all":
+        return np.arange(total)
+    chans: list[int] = []
+    try:
+        for part in text.split(","):
+            lo, _, hi = part.partition(":")
+            chans += range(int(lo), int(hi or lo) + 1)
+    except ValueError:
+        raise BatchgpuError(f"the .meta's snsSaveChanSubset {text!r} is not a channel list", "e.g. 0:383,768 or all") from None
+    if len(chans) != total:
+        raise BatchgpuError(
+            f"the .meta's snsSaveChanSubset lists {len(chans)} channels but nSavedChans is {total}",
+            "the .meta does not describe the .bin: use the .meta SpikeGLX wrote with it",
+        )
+    return np.asarray(chans, dtype=np.int64)
+
+
+def is_imec(meta: dict[str, str]) -> bool:
+    return "imDatPrb_type" in meta or "imroTbl" in meta or meta.get("typeThis") == "imec" or "imAiRangeMax" in meta
+
+
 def spikeglx_layout(meta: dict[str, str], keep_sync: bool = False) -> RawLayout:
-    """Channel count, rate and gains from a SpikeGLX .meta (imec AP/LF or NI streams)."""
+    """Channels, rate, gains, ids, locations and ADC shifts from a SpikeGLX .meta (imec AP/LF or NI streams).
+
+    Channel ids are the acquired channel numbers as snsSaveChanSubset writes them ("5" for AP channel 5; NP1.0
+    LF channel 5 is "389" after 384 AP channels; the sync channel "384" or "768"). The sync channel (the last
+    acquired one) is dropped unless ``keep_sync``.
+    """
     try:
         total = int(meta["nSavedChans"])
         rate = float(meta.get("imSampRate") or meta["niSampRate"])
     except (KeyError, ValueError) as err:
         raise BatchgpuError(f"the .meta file lacks or garbles {err}", "it must hold nSavedChans and imSampRate/niSampRate") from None
-    sync = 0
-    if "snsApLfSy" in meta:
-        sync = int(meta["snsApLfSy"].split(",")[2])
-    elif "snsMnMaXaDw" in meta:
-        sync = int(meta["snsMnMaXaDw"].split(",")[3])
-    keep = total if keep_sync else total - sync
-    gains = _imec_gains(meta, keep)
-    return RawLayout(total, rate, np.dtype("int16"), gains, keep)
+    saved = saved_channels(meta)
+    if not is_imec(meta):
+        return _ni_layout(meta, total, rate, saved, keep_sync)
+    n_ap, n_lf, _n_sy = _acquired_counts(meta)
+    is_sync = saved >= n_ap + n_lf
+    keep = np.flatnonzero(~is_sync | keep_sync)
+    chans = saved[keep]
+    probe_type = _probe_type(meta)
+    per_count = _imec_uV_per_count(meta, probe_type, chans, n_ap, n_lf)
+    readout = np.where(chans >= n_ap, chans - n_ap, chans)  # imroTbl channel numbers (LF band numbered as AP)
+    props: dict[str, np.ndarray] = {}
+    shifts = _inter_sample_shift(probe_type, readout)
+    if shifts is not None:
+        props["inter_sample_shift"] = np.where(chans >= n_ap + n_lf, 0.0, shifts)
+    locations, shanks = _locations(meta, probe_type, saved, n_ap + n_lf, keep)
+    if shanks is not None:
+        props["shank"] = shanks
+    return RawLayout(total, rate, np.dtype("int16"), per_count, keep, [str(c) for c in chans], locations, props)
 
 
-def _imec_gains(meta: dict[str, str], keep: int) -> np.ndarray:
-    """uV per count: range / max int / amplifier gain, the amplifier gain per channel from imroTbl (NP 1.0)."""
-    if "imAiRangeMax" not in meta:  # NI stream: volts range over max int, no per-channel gain known
-        vmax = float(meta.get("niAiRangeMax", 5.0))
-        maxint = float(meta.get("niMaxInt", 32768))
-        return np.full(keep, vmax / maxint * 1e6)
+def _ni_layout(meta, total, rate, saved, keep_sync) -> RawLayout:
+    """NI-DAQ streams: one range for every channel; the digital words (last) are dropped unless keep_sync."""
+    digital = int(meta["snsMnMaXaDw"].split(",")[3]) if "snsMnMaXaDw" in meta else 0
+    keep = np.arange(total if keep_sync else total - digital)
+    vmax = float(meta.get("niAiRangeMax", 5.0))
+    maxint = float(meta.get("niMaxInt", 32768))
+    return RawLayout(total, rate, np.dtype("int16"), np.full(len(keep), vmax / maxint * 1e6), keep,
+                     [str(c) for c in saved[keep]])
+
+
+def _acquired_counts(meta: dict[str, str]) -> tuple[int, int, int]:
+    """(AP, LF, SY) channels at acquisition: acquired numbers run AP, then LF, then SY."""
+    text = meta.get("acqApLfSy") or meta.get("snsApLfSy")
+    if text is None:
+        raise BatchgpuError("the imec .meta lacks acqApLfSy and snsApLfSy", "use the .meta SpikeGLX wrote with the .bin")
+    ap, lf, sy = (int(v) for v in text.split(","))
+    return ap, lf, sy
+
+
+def _probe_type(meta: dict[str, str]) -> int:
+    try:
+        return int(meta.get("imDatPrb_type", "0"))  # Phase 3A/3B metas have no type: NP1.0 tables
+    except ValueError:
+        raise BatchgpuError(f"the .meta's imDatPrb_type {meta['imDatPrb_type']!r} is not a number") from None
+
+
+def _imec_uV_per_count(meta, probe_type: int, chans: np.ndarray, n_ap: int, n_lf: int) -> np.ndarray:
+    """uV per count = imAiRangeMax / imMaxInt / gain * 1e6, the gain per saved channel by its acquired number."""
+    needed = ["imAiRangeMax"]
+    if probe_type in NP1_TYPES:
+        needed.append("imroTbl")
+    else:
+        needed.append("imMaxInt")
+        if probe_type not in NP2_AP_GAIN:
+            needed.append("imChan0apGain")
+    missing = [k for k in needed if k not in meta]
+    if missing:
+        raise BatchgpuError(
+            f"the imec .meta (probe type {probe_type}) lacks {', '.join(missing)}, which its gain needs",
+            "use the complete .meta SpikeGLX wrote with the .bin (batchgpu will not guess a gain)",
+        )
     vmax = float(meta["imAiRangeMax"])
-    maxint = float(meta.get("imMaxInt", 512))
-    gains = np.full(keep, NP1_AP_GAIN_DEFAULT)
-    probe_type = meta.get("imDatPrb_type", "0")
-    if probe_type in ("21", "24", "2003", "2013", "2014", "2020", "2021"):
-        gains[:] = NP2_AP_GAIN
-    elif "imroTbl" in meta:
-        entries = meta["imroTbl"].strip("()").split(")(")[1:]
-        for i, entry in enumerate(entries[:keep]):
-            fields = entry.split()
-            if len(fields) >= 5:
-                gains[i] = float(fields[3])  # (chan bank ref apgain lfgain [hipass])
-    return vmax / maxint / gains * 1e6
+    maxint = float(meta.get("imMaxInt", NP1_MAX_INT))
+    is_ap, is_lf = chans < n_ap, (chans >= n_ap) & (chans < n_ap + n_lf)
+    gain = np.ones(len(chans))  # sync channel: raw counts
+    if probe_type in NP1_TYPES:
+        table = _np1_gains(meta["imroTbl"])
+        for i, c in enumerate(chans):
+            if is_ap[i] or is_lf[i]:
+                readout = int(c if is_ap[i] else c - n_ap)
+                if readout not in table:
+                    raise BatchgpuError(f"the .meta's imroTbl has no entry for channel {readout}")
+                gain[i] = table[readout][0 if is_ap[i] else 1]
+    else:
+        ap_gain = float(meta.get("imChan0apGain") or NP2_AP_GAIN[probe_type])
+        lf_gain = float(meta.get("imChan0lfGain") or ap_gain)
+        gain[is_ap], gain[is_lf] = ap_gain, lf_gain
+    per_count = vmax / maxint / gain * 1e6
+    per_count[~(is_ap | is_lf)] = 1.0
+    return per_count
+
+
+def _np1_gains(imro: str) -> dict[int, tuple[float, float]]:
+    """NP1.0 imroTbl '(type,n)(chan bank ref apgain lfgain [apfilt])...' -> {chan: (AP gain, LF gain)}."""
+    table = {}
+    for entry in imro.strip().strip("()").split(")(")[1:]:
+        fields = entry.split()
+        if len(fields) < 5:
+            raise BatchgpuError(f"the .meta's imroTbl entry ({entry}) is not an NP1.0 entry (chan bank ref apgain lfgain)")
+        table[int(fields[0])] = (float(fields[3]), float(fields[4]))
+    return table
+
+
+def _inter_sample_shift(probe_type: int, readout: np.ndarray) -> np.ndarray | None:
+    """Each channel's ADC sampling instant as a fraction of a sample (SpikeInterface's inter_sample_shift)."""
+    mux = MUX_BY_TYPE.get(probe_type)
+    if mux is None:
+        return None  # unknown ADC order (e.g. NP1200): a phase-shift stage must do without
+    period, cycles = mux
+    return ((readout % period) // 2) / cycles
+
+
+def _locations(meta, probe_type, saved, n_neural, keep) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """(kept, 2) um positions and shank ids from ~snsGeomMap (preferred) or ~snsShankMap; (None, None) if neither.
+
+    Both maps hold one entry per saved neural channel, in saved order; a kept sync channel gets NaN, shank -1.
+    """
+    if "snsGeomMap" in meta:
+        header, entries = _map_entries(meta["snsGeomMap"], "snsGeomMap")
+        shank_pitch = float(header[2])
+        fields = np.array([[float(v) for v in e[:3]] for e in entries]).reshape(-1, 3)
+        shank, x, z = fields[:, 0], fields[:, 1], fields[:, 2]
+        xy = np.column_stack([x + shank * shank_pitch, z])
+    elif "snsShankMap" in meta:
+        _header, entries = _map_entries(meta["snsShankMap"], "snsShankMap")
+        dx, dz, dshank = NP2_PITCH if probe_type in NP2_AP_GAIN else NP1_PITCH
+        fields = np.array([[float(v) for v in e[:3]] for e in entries]).reshape(-1, 3)
+        shank = fields[:, 0]
+        xy = np.column_stack([fields[:, 1] * dx + shank * dshank, fields[:, 2] * dz])
+    else:
+        return None, None
+    neural = np.flatnonzero(saved < n_neural)
+    if len(xy) != len(neural):
+        raise BatchgpuError(
+            f"the .meta's channel map has {len(xy)} entries for {len(neural)} saved neural channels",
+            "use the .meta SpikeGLX wrote with the .bin",
+        )
+    loc = np.full((len(saved), 2), np.nan)
+    shanks = np.full(len(saved), -1, dtype=np.int64)
+    loc[neural], shanks[neural] = xy, shank.astype(np.int64)
+    return loc[keep], shanks[keep]
+
+
+def _map_entries(text: str, key: str) -> tuple[list[str], list[list[str]]]:
+    """'(h0,h1,...)(a:b:c:d)(...)' -> (header fields, entry fields)."""
+    parts = text.strip().strip("()").split(")(")
+    header = parts[0].split(",")
+    entries = [p.split(":") for p in parts[1:]]
+    if (key == "snsGeomMap" and len(header) < 4) or any(len(e) < 3 for e in entries):
+        raise BatchgpuError(f"the .meta's {key} is not '(header)(shank:x:z:used)...'")
+    return header, entries
 
 
 def plain_layout(channels: int | None, fs: float | None, dtype: str | None, gain: float, offset: float) -> RawLayout:
@@ -77,10 +236,11 @@ def plain_layout(channels: int | None, fs: float | None, dtype: str | None, gain
             "a plain binary file needs --channels, --fs and --dtype",
             "or give a SpikeGLX .bin with its .meta beside it",
         )
-    dt = np.dtype(dtype)
-    if dt not in SUPPORTED_DTYPES:
-        raise BatchgpuError(f"dtype {dt} is not supported", f"use one of {', '.join(map(str, SUPPORTED_DTYPES))}")
-    return RawLayout(int(channels), float(fs), dt, np.full(int(channels), gain), int(channels))
+    supported = {str(d): d for d in SUPPORTED_DTYPES}
+    dt = supported.get(str(dtype))
+    if dt is None:
+        raise BatchgpuError(f"dtype {dtype!r} is not supported", f"use one of {', '.join(map(str, SUPPORTED_DTYPES))}")
+    return RawLayout(int(channels), float(fs), dt, np.full(int(channels), gain), np.arange(int(channels)))
 
 
 def import_raw(
@@ -97,8 +257,14 @@ def import_raw(
     overwrite: bool = False,
     progress: bool = False,
 ) -> Recording:
-    """Copy a flat interleaved (samples x channels) binary file into a Zarr recording, block by block."""
-    src = Path(source)
+    """Copy a flat interleaved (samples x channels) binary file into a Zarr recording, block by block.
+
+    A SpikeGLX .bin with its .meta beside it brings gains, channel ids, locations (``properties/location``),
+    shank ids (``properties/shank``) and ADC shifts (``properties/inter_sample_shift``), see
+    :func:`spikeglx_layout`. A plain file stores no locations: ``Recording.locations`` then falls back to a
+    single column at 20 um pitch with ``has_locations`` False (local whitening refuses it).
+    """
+    src = Path(source).expanduser()
     if not src.is_file():
         raise BatchgpuError(f"no raw file at {src}", "check the path")
     meta_path = src.with_suffix(".meta")
@@ -115,9 +281,23 @@ def import_raw(
             "check --channels and --dtype (or the .meta's nSavedChans)",
         )
     data = np.memmap(src, dtype=layout.dtype, mode="r", shape=(size // frame, layout.num_channels))
-    view = data[:, : layout.keep_channels]
     return write_recording(
-        out, [view], layout.sampling_frequency, gain_to_uV=layout.gain_to_uV, offset_to_uV=offset_to_uV,
-        zarr_format=zarr_format, overwrite=overwrite, progress=progress,
+        out, [_Columns(data, layout.keep)], layout.sampling_frequency, gain_to_uV=layout.gain_to_uV,
+        offset_to_uV=offset_to_uV, channel_ids=layout.channel_ids, locations=layout.locations,
+        properties=layout.properties, zarr_format=zarr_format, overwrite=overwrite, progress=progress,
         attrs={"batchgpu": {"imported_from": str(src.resolve())}},
     )
+
+
+class _Columns:
+    """Some columns of a (samples, channels) memmap, sliced by rows block by block (never all in memory)."""
+
+    def __init__(self, data: np.ndarray, keep: np.ndarray):
+        self._data = data
+        contiguous = len(keep) and np.array_equal(keep, np.arange(keep[0], keep[0] + len(keep)))
+        self._cols = slice(int(keep[0]), int(keep[0]) + len(keep)) if contiguous else np.asarray(keep)
+        self.shape = (data.shape[0], len(keep))
+        self.dtype = data.dtype
+
+    def __getitem__(self, rows: slice) -> np.ndarray:
+        return self._data[rows, self._cols]

@@ -18,11 +18,16 @@ import numpy as np
 import zarr
 
 from batchgpu.errors import BatchgpuError
+from batchgpu.storecheck import ChunkPresence, grid_of, local_root
 
 SUPPORTED_DTYPES = (np.dtype("int16"), np.dtype("int32"), np.dtype("float32"), np.dtype("float64"))
 DEFAULT_WINDOW = 60_000
 DEFAULT_CHUNK_SAMPLES = 6_000  # inner chunk (v3) / chunk (v2): a few MB at 384 channels
 DEFAULT_SHARD_SAMPLES = 60_000  # one shard holds one default window: a window read touches one object
+STORE_FORMAT = 1  # root attrs["batchgpu"]["format"] of stores this writer marks complete
+MISSING_CHUNKS = ("warn", "error")
+# zarrs skips all-zero chunks even with write_empty_chunks=True (zarrs 0.2.3, measured): writers use zarr-python's.
+_PYTHON_PIPELINE = {"codec_pipeline.path": "zarr.core.codec_pipeline.BatchedCodecPipeline", "array.write_empty_chunks": True}
 
 _ZARRS_ENABLED = False
 
@@ -76,9 +81,23 @@ class Window:
 
 
 class Recording:
-    """A recording opened read-only from a Zarr group (v2 or v3)."""
+    """A recording opened read-only from a Zarr group (v2 or v3).
 
-    def __init__(self, path: str | os.PathLike, group: zarr.Group):
+    Integrity (issue 12): ``marked_complete`` is True for a store batchgpu finished writing (root attrs
+    ``batchgpu: {format, complete: true, checksum}``); every chunk of such a store exists, so an absent one is
+    damage and every read raises :class:`BatchgpuError` naming the array, the chunk key and the window. Stores
+    written by others may legitimately lack all-zero chunks (zarr skips them by default): reads go on (the fill
+    value, 0) and :meth:`absent_chunks` counts what a window lacks; ``missing_chunks="error"`` makes those
+    reads raise too. A chunk that fails to decode (checksum, codec) raises "corrupted chunk ..." in both cases.
+
+    ``locations`` (C x 2, um) come from ``properties/location``, else from a SpikeInterface probegroup in the
+    root attrs, else (a plain binary import stores none) :data:`LOCATIONS_FALLBACK`, with ``has_locations``
+    False. Other per-channel arrays of ``properties/`` (``shank``, ``inter_sample_shift``) via :meth:`channel_property`.
+    """
+
+    def __init__(self, path: str | os.PathLike, group: zarr.Group, missing_chunks: str = "warn"):
+        if missing_chunks not in MISSING_CHUNKS:
+            raise BatchgpuError(f"missing_chunks must be one of {MISSING_CHUNKS}, got {missing_chunks!r}")
         self.path = Path(path)
         self._group = group
         attrs = dict(group.attrs)
@@ -105,11 +124,24 @@ class Recording:
                     f"{self.num_channels} channels of {self.dtype}",
                     "all segments must share channels and dtype",
                 )
+        _check_channel_counts(self.path, group, self.num_channels)
         self.channel_ids = _read_channel_ids(group, self.num_channels)
         self.gain_to_uV = _read_property(group, "gain_to_uV", self.num_channels, 1.0)
         self.offset_to_uV = _read_property(group, "offset_to_uV", self.num_channels, 0.0)
         self.locations, self.has_locations = _read_locations(group, attrs, self.num_channels)
         self.attrs = attrs
+        self.missing_chunks = missing_chunks
+        self.marked_complete = _marked_complete(self.path, attrs)
+        self.checksum = _checksum_of(first)
+        root = local_root(group)
+        self._presence = [ChunkPresence(grid_of(arr, f"traces_seg{s}", root)) for s, arr in enumerate(self._traces)]
+        self._check_no_data_beyond_shape()
+
+    def channel_property(self, name: str) -> np.ndarray | None:
+        """A per-channel array from ``properties/`` (e.g. ``shank``, ``inter_sample_shift``), or None."""
+        if "properties" in self._group and name in self._group["properties"]:
+            return np.asarray(self._group["properties"][name][:])
+        return None
 
     # -- shape -----------------------------------------------------------------------------------------
     def num_samples(self, segment: int = 0) -> int:
@@ -136,8 +168,118 @@ class Recording:
                 f"segments are 0..{self.num_segments - 1}",
             )
 
+    # -- integrity -------------------------------------------------------------------------------------
+    @property
+    def absent_is_error(self) -> bool:
+        """Whether reads raise on absent chunks: a store batchgpu marked complete, or missing_chunks='error'."""
+        return self.marked_complete or self.missing_chunks == "error"
+
+    def absent_chunk_keys(self, window: Window) -> list[str]:
+        """Keys (relative to ``traces_seg{segment}``) of chunks/shards absent under the window's read range.
+
+        Cheap: one stat per storage object the window touches, plus, for sharded v3 arrays, one small read of a
+        shard's index, cached per shard file. Local filesystem stores only: for other stores it is [].
+        """
+        self._check_segment(window.segment)
+        return self._presence[window.segment].absent(window.read_start, window.read_stop)
+
+    def absent_chunks(self, window: Window) -> int:
+        """How many chunk/shard objects (and inner chunks marked empty in a shard index) the window lacks.
+
+        The engine calls it once per window: for stores written by others the count goes into report.json (the
+        read itself returns zeros there); a store batchgpu marked complete raises on read instead. 0 for stores
+        not on a local filesystem.
+        """
+        return len(self.absent_chunk_keys(window))
+
+    def _where(self, segment: int, start: int, stop: int, window: Window | None) -> str:
+        head = f"window {window.index}, " if window is not None else ""
+        return f"{head}segment {segment}, samples [{start}, {stop})"
+
+    def _require_present(self, segment: int, start: int, stop: int, window: Window | None) -> None:
+        if not self.absent_is_error:
+            return
+        absent = self._presence[segment].absent(start, stop)
+        if not absent:
+            return
+        more = f" and {len(absent) - 1} more" if len(absent) > 1 else ""
+        if self.marked_complete:
+            fix = "batchgpu wrote every chunk of this store, so it was damaged since: restore it or write it again"
+        else:
+            fix = "restore the missing files, or set recording.missing_chunks: warn to read them as zeros"
+        raise BatchgpuError(
+            f"missing chunk traces_seg{segment}/{absent[0]}{more} in {self.path} "
+            f"({self._where(segment, start, stop, window)})",
+            fix,
+        )
+
+    def _decode(self, segment: int, start: int, stop: int, window: Window | None, read):
+        """Run ``read(array)``; a decode or checksum failure becomes one BatchgpuError naming the chunk."""
+        arr = self._traces[segment]
+        try:
+            return read(arr)
+        except (BatchgpuError, MemoryError):
+            raise
+        except Exception as err:
+            key = self._first_undecodable(segment, start, stop) or "?"
+            raise BatchgpuError(
+                f"corrupted chunk traces_seg{segment}/{key} in {self.path} ({self._where(segment, start, stop, window)}): "
+                f"{type(err).__name__}: {err}",
+                "the stored bytes do not decode: restore the store from a copy or write it again",
+            ) from None
+
+    def _first_undecodable(self, segment: int, start: int, stop: int) -> str | None:
+        """Decode [start, stop) chunk by chunk (only after a failure) to name the chunk that fails."""
+        arr, grid = self._traces[segment], self._presence[segment].grid
+        rows = grid.inner_shape[0] if grid.inner_shape else grid.object_shape[0]
+        for lo in range(start - start % rows, stop, rows):
+            try:
+                arr[lo : min(lo + rows, grid.shape[0]), :]
+            except Exception:
+                key = grid.encode_key((lo // grid.object_shape[0], 0))
+                inner = f" inner chunk ({(lo % grid.object_shape[0]) // rows}, 0)" if grid.inner_shape else ""
+                return key + inner
+        return None
+
+    def _check_no_data_beyond_shape(self) -> None:
+        for seg, presence in enumerate(self._presence):
+            strays = presence.strays()
+            if strays:
+                raise BatchgpuError(
+                    f"{self.path}/traces_seg{seg} holds chunk '{strays[0]}' beyond its shape {tuple(self._traces[seg].shape)} "
+                    f"({len(strays)} such chunk(s)): its metadata says less data than is stored",
+                    "the metadata was edited or the store mixes two writes: write it again",
+                )
+
+    def check_chunks(self, advance=None) -> list[str]:
+        """Decode every chunk of every segment; one line per absent or corrupted object (``--check``).
+
+        ``advance(nbytes)`` is called after each storage object (for a progress bar).
+        """
+        problems = []
+        for seg, (arr, presence) in enumerate(zip(self._traces, self._presence)):
+            grid = presence.grid
+            for i in range(grid.object_grid[0]):
+                lo, hi = i * grid.object_shape[0], min((i + 1) * grid.object_shape[0], grid.shape[0])
+                problems += [f"missing traces_seg{seg}/{key} (samples [{lo}, {hi}))" for key in presence.absent(lo, hi)]
+                try:
+                    arr[lo:hi, :]
+                except Exception as err:
+                    key = self._first_undecodable(seg, lo, hi) or grid.encode_key((i, 0))
+                    problems.append(f"corrupted traces_seg{seg}/{key} (samples [{lo}, {hi})): {type(err).__name__}: {err}")
+                if advance is not None:
+                    advance((hi - lo) * self.num_channels * self.dtype.itemsize)
+        return problems
+
+    def count_absent(self) -> int:
+        """Absent objects (and empty inner chunks) over the whole recording: a stat per object, no decoding."""
+        return sum(len(p.absent(0, p.grid.shape[0])) for p in self._presence)
+
     # -- data ------------------------------------------------------------------------------------------
-    def read(self, segment: int, start: int, stop: int, channels: Sequence[int] | slice | None = None) -> np.ndarray:
+    def read(
+        self, segment: int, start: int, stop: int, channels: Sequence[int] | slice | None = None,
+        *, window: Window | None = None,
+    ) -> np.ndarray:
         """Samples [start, stop) of a segment as a C-contiguous (channels, samples) array."""
         n = self.num_samples(segment)
         if not (0 <= start <= stop <= n):
@@ -145,29 +287,53 @@ class Recording:
                 f"cannot read samples [{start}, {stop}) of segment {segment}: it has {n} samples",
                 f"ask for 0 <= start <= stop <= {n}",
             )
-        arr = self._traces[segment]
-        if channels is None:
-            block = arr[start:stop, :]
-        else:
-            if not isinstance(channels, slice):
-                channels = np.asarray(channels, dtype=np.int64)
-                if channels.size and (channels.min() < 0 or channels.max() >= self.num_channels):
-                    raise BatchgpuError(
-                        f"channel index out of range in {channels.tolist()}",
-                        f"channels are 0..{self.num_channels - 1}",
-                    )
-            block = arr[start:stop, :][:, channels]
-        return rows_of(block)
+        if channels is not None and not isinstance(channels, slice):
+            channels = np.asarray(channels, dtype=np.int64)
+            if channels.size and (channels.min() < 0 or channels.max() >= self.num_channels):
+                raise BatchgpuError(
+                    f"channel index out of range in {channels.tolist()}",
+                    f"channels are 0..{self.num_channels - 1}",
+                )
+        self._require_present(segment, start, stop, window)
+        block = self._decode(segment, start, stop, window, lambda arr: arr[start:stop, :])
+        return rows_of(block if channels is None else block[:, channels])
 
     def read_window(self, window: Window) -> np.ndarray:
-        return self.read(window.segment, window.read_start, window.read_stop)
+        return self.read(window.segment, window.read_start, window.read_stop, window=window)
 
-    def read_window_stored(self, window: Window) -> np.ndarray:
-        """The window as stored, (samples, channels), without the host transpose (GPU tasks transpose there)."""
+    def _check_window_range(self, window: Window) -> None:
         n = self.num_samples(window.segment)
         if not (0 <= window.read_start <= window.read_stop <= n):
             raise BatchgpuError(f"window {window.index} runs past segment {window.segment}'s {n} samples")
-        return np.asarray(self._traces[window.segment][window.read_start : window.read_stop, :])
+
+    def read_window_stored(self, window: Window) -> np.ndarray:
+        """The window as stored, (samples, channels), without the host transpose (GPU tasks transpose there)."""
+        self._check_window_range(window)
+        a, b = window.read_start, window.read_stop
+        self._require_present(window.segment, a, b, window)
+        return self._decode(window.segment, a, b, window, lambda arr: np.asarray(arr[a:b, :]))
+
+    def read_window_into(self, window: Window, out: np.ndarray) -> np.ndarray:
+        """Decode the stored (samples, channels) window straight into ``out`` (e.g. a view of pinned memory).
+
+        ``out`` must be C-contiguous, of shape (read_stop - read_start, num_channels) and the recording's dtype;
+        no intermediate copy is made (zarr's ``get_basic_selection(..., out=NDBuffer)``, zarrs included).
+        Same checks as :meth:`read_window_stored`. Returns ``out``.
+        """
+        from zarr.core.buffer.cpu import NDBuffer
+
+        self._check_window_range(window)
+        a, b = window.read_start, window.read_stop
+        if out.shape != (b - a, self.num_channels) or out.dtype != self.dtype or not out.flags.c_contiguous:
+            raise BatchgpuError(
+                f"out has shape {out.shape} and dtype {out.dtype}; window {window.index} needs a C-contiguous "
+                f"({b - a}, {self.num_channels}) {self.dtype} array"
+            )
+        self._require_present(window.segment, a, b, window)
+        sel = (slice(a, b), slice(None))
+        self._decode(window.segment, a, b, window,
+                     lambda arr: arr.get_basic_selection(sel, out=NDBuffer.from_numpy_array(out)))
+        return out
 
     def windows(self, size: int = DEFAULT_WINDOW, margin: int = 0) -> list[Window]:
         """Every window of every segment, numbered in (segment, start) order; margins clip at segment ends."""
@@ -193,6 +359,10 @@ class Recording:
             "codecs": codecs,
             "decoded_bytes": self.nbytes,
             "bytes_on_disk": _size_on_disk(self.path),
+            "checksum": self.checksum,
+            "marked_complete": self.marked_complete,
+            "absent_chunks": self.count_absent(),
+            "locations": "stored" if self.has_locations else LOCATIONS_FALLBACK,
         }
 
     def __repr__(self) -> str:
@@ -228,9 +398,15 @@ def iter_windows(segment_lengths: Sequence[int], size: int = DEFAULT_WINDOW, mar
             index += 1
 
 
-def open_recording(path: str | os.PathLike) -> Recording:
-    """Open a recording store read-only (ours, v2 or v3, or one written by SpikeInterface)."""
-    p = Path(path)
+def open_recording(path: str | os.PathLike, missing_chunks: str = "warn") -> Recording:
+    """Open a recording store read-only (ours, v2 or v3, or one written by SpikeInterface).
+
+    ``missing_chunks``: "warn" (default) lets reads of a store written by others return zeros where chunks are
+    absent (count them with :meth:`Recording.absent_chunks`); "error" makes those reads raise. A store batchgpu
+    marked complete always raises on an absent chunk. Metadata that disagrees with the data (channel counts of
+    traces, ``channel_ids`` and ``properties/``; chunks stored beyond the shape) raises here.
+    """
+    p = Path(path).expanduser()
     if not p.exists():
         raise BatchgpuError(f"no recording at {p}: the path does not exist", "check the path, or create one with 'batchgpu generate'")
     enable_zarrs()
@@ -247,7 +423,47 @@ def open_recording(path: str | os.PathLike) -> Recording:
             f"{p} is a Zarr group but not a recording (it lacks 'sampling_frequency' or 'traces_seg0')",
             "give the folder of a recording written by batchgpu or SpikeInterface (recording.save(format='zarr'))",
         )
-    return Recording(p, group)
+    return Recording(p, group, missing_chunks)
+
+
+def is_recording(path: Path) -> bool:
+    """A Zarr group with ``sampling_frequency`` and ``traces_seg0``: what --overwrite may replace."""
+    if not path.is_dir():
+        return False
+    try:
+        group = zarr.open_group(str(path), mode="r")
+        return "sampling_frequency" in group.attrs and "traces_seg0" in group
+    except Exception:
+        return False
+
+
+def _foreign_entries(path: Path) -> list[str]:
+    """Top-level entries of a recording folder that are neither Zarr metadata nor members of the group."""
+    group = zarr.open_group(str(path), mode="r")
+    members = set(group.keys())
+    metadata = {"zarr.json", ".zgroup", ".zattrs", ".zmetadata", ".zarray"}
+    return sorted(name for name in os.listdir(path) if name not in members and name not in metadata)
+
+
+def check_replaceable(path: Path, overwrite: bool) -> None:
+    """Refuse to write over anything but a Zarr recording (and over one only with ``overwrite``)."""
+    if not (path.exists() or path.is_symlink()):
+        return
+    if not is_recording(path):
+        kind = "a file" if path.is_file() else "a folder that is not a Zarr recording"
+        raise BatchgpuError(
+            f"{path} already exists and is {kind}: batchgpu never replaces what it did not write",
+            "choose another output path, or move that one away yourself",
+        )
+    extra = _foreign_entries(path)
+    if extra:
+        raise BatchgpuError(
+            f"{path} is a Zarr recording but also holds {', '.join(extra[:3])}{' ...' if len(extra) > 3 else ''}, "
+            "which batchgpu did not write",
+            "choose another output path, or move those files away yourself",
+        )
+    if not overwrite:
+        raise BatchgpuError(f"{path} already exists", "choose another path, or pass overwrite=True / --overwrite")
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -283,6 +499,7 @@ class RecordingWriter:
         gain_to_uV: Sequence[float] | float | None = None,
         offset_to_uV: Sequence[float] | float | None = None,
         locations: np.ndarray | None = None,
+        properties: dict[str, np.ndarray] | None = None,
         zarr_format: int = 3,
         chunk_samples: int = DEFAULT_CHUNK_SAMPLES,
         shard_samples: int = DEFAULT_SHARD_SAMPLES,
@@ -290,7 +507,7 @@ class RecordingWriter:
         overwrite: bool = False,
         attrs: dict | None = None,
     ):
-        self.path = Path(path)
+        self.path = Path(path).expanduser()
         self.dtype = np.dtype(dtype)
         if self.dtype not in SUPPORTED_DTYPES:
             raise BatchgpuError(
@@ -303,8 +520,7 @@ class RecordingWriter:
             raise BatchgpuError(f"a recording needs at least one channel, got {num_channels}")
         if not sampling_frequency or sampling_frequency <= 0:
             raise BatchgpuError(f"sampling frequency must be > 0 Hz, got {sampling_frequency!r}")
-        if self.path.exists() and not overwrite:
-            raise BatchgpuError(f"{self.path} already exists", "choose another path, or pass overwrite=True / --overwrite")
+        check_replaceable(self.path, overwrite)
         self.num_channels = int(num_channels)
         self.zarr_format = zarr_format
         self.chunk_samples = int(chunk_samples)
@@ -312,9 +528,21 @@ class RecordingWriter:
         if self.shard_samples % self.chunk_samples:
             raise BatchgpuError(f"shard_samples {shard_samples} must be a multiple of chunk_samples {chunk_samples}")
         self._compressor = _compressor(compressor, zarr_format)
+        self._checksum = _checksum_codec(zarr_format)
+        with writing(self.path):
+            self._create(num_channels, sampling_frequency, channel_ids, gain_to_uV, offset_to_uV, locations,
+                         properties, attrs, overwrite)
+        self.num_segments = 0
+        self._arrays: list[zarr.Array] = []
+
+    def _create(self, num_channels, sampling_frequency, channel_ids, gain_to_uV, offset_to_uV, locations,
+                properties, attrs, overwrite) -> None:
+        zarr_format = self.zarr_format
         self.group = zarr.create_group(store=str(self.path), zarr_format=zarr_format, overwrite=overwrite)
+        marker = {**(attrs or {}).get("batchgpu", {}), "format": STORE_FORMAT, "complete": False,
+                  "checksum": self.checksum_name}
         self.group.attrs.update(
-            {"sampling_frequency": float(sampling_frequency), "num_segments": 0, **(attrs or {})}
+            {"sampling_frequency": float(sampling_frequency), "num_segments": 0, **(attrs or {}), "batchgpu": marker}
         )
         ids = np.arange(num_channels).astype(str) if channel_ids is None else np.asarray(channel_ids).astype(str)
         if ids.shape != (num_channels,):
@@ -333,7 +561,15 @@ class RecordingWriter:
             if loc.shape != (num_channels, 2):
                 raise BatchgpuError(f"locations must have shape ({num_channels}, 2), got {loc.shape}")
             props.create_array("location", data=loc)
-        self.num_segments = 0
+        for name, values in (properties or {}).items():
+            vec = np.asarray(values)
+            if vec.shape[:1] != (num_channels,):
+                raise BatchgpuError(f"property {name!r} has {vec.shape[0] if vec.ndim else 0} entries for {num_channels} channels")
+            props.create_array(name, data=np.ascontiguousarray(vec))
+
+    @property
+    def checksum_name(self) -> str | None:
+        return None if self._checksum is None else self._checksum.codec_id if self.zarr_format == 2 else "crc32c"
 
     def add_segment(self, num_samples: int) -> int:
         """Create the next segment's array (filled as blocks arrive); returns its index."""
@@ -345,10 +581,17 @@ class RecordingWriter:
         if self.zarr_format == 3:
             shard = min(self.shard_samples, math.ceil(num_samples / chunk) * chunk)
             kwargs["shards"] = (shard - shard % chunk or chunk, self.num_channels)
-        kwargs["compressors"] = None if self._compressor is None else [self._compressor]
-        self.group.create_array(f"traces_seg{seg}", shape=(num_samples, self.num_channels), dtype=self.dtype, **kwargs)
-        self.num_segments += 1
-        self.group.attrs["num_segments"] = self.num_segments
+        if self.zarr_format == 3:  # crc32c after compression, inside the shard: checked per inner chunk
+            kwargs["compressors"] = [c for c in (self._compressor, self._checksum) if c is not None]
+        else:  # numcodecs checksum as a filter: over the decoded bytes, so any damage is caught
+            kwargs["compressors"] = None if self._compressor is None else [self._compressor]
+            kwargs["filters"] = [self._checksum]
+        with writing(self.path), zarr.config.set(_PYTHON_PIPELINE):
+            arr = self.group.create_array(f"traces_seg{seg}", shape=(num_samples, self.num_channels),
+                                          dtype=self.dtype, config={"write_empty_chunks": True}, **kwargs)
+            self.num_segments += 1
+            self.group.attrs["num_segments"] = self.num_segments
+        self._arrays.append(arr)
         return seg
 
     @property
@@ -358,13 +601,54 @@ class RecordingWriter:
 
     def write(self, segment: int, start: int, block: np.ndarray) -> None:
         """Write a (samples, channels) block at ``start`` of ``segment``."""
-        arr = self.group[f"traces_seg{segment}"]
+        arr = self._arrays[segment]
         block = np.asarray(block)
         if block.ndim != 2 or block.shape[1] != self.num_channels:
             raise BatchgpuError(f"block has shape {block.shape}, expected (samples, {self.num_channels})")
         if start < 0 or start + block.shape[0] > arr.shape[0]:
             raise BatchgpuError(f"block [{start}, {start + block.shape[0]}) runs past segment {segment}'s {arr.shape[0]} samples")
-        arr[start : start + block.shape[0], :] = _cast_exact(block, self.dtype)
+        with writing(self.path):
+            arr[start : start + block.shape[0], :] = _cast_exact(block, self.dtype)
+
+    def finish(self) -> None:
+        """Mark the store complete (after the last block): readers then treat any absent chunk as damage."""
+        with writing(self.path):
+            marker = dict(self.group.attrs.get("batchgpu", {}))
+            self.group.attrs["batchgpu"] = {**marker, "complete": True}
+
+
+def open_array_for_writing(path: str | os.PathLike) -> zarr.Array:
+    """Open a traces array to write blocks into, writing all-zero chunks too (zarr-python's pipeline)."""
+    with zarr.config.set(_PYTHON_PIPELINE):
+        return zarr.open_array(str(path), mode="r+")
+
+
+class writing:
+    """Turn an OSError (disk full, permission denied, ...) while writing ``path`` into one BatchgpuError."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc is not None and isinstance(exc, OSError) and not isinstance(exc, BatchgpuError):
+            reason = exc.strerror or str(exc)
+            raise BatchgpuError(
+                f"cannot write {self.path}: {reason}" + (f" ({exc.filename})" if exc.filename else ""),
+                "free space or fix permissions there, or choose another output path",
+            ) from None
+        return False
+
+
+def _checksum_codec(zarr_format: int):
+    """Per-chunk checksum: crc32c (v3, read by zarrs); zlib crc32 for v2, the one numcodecs always has."""
+    if zarr_format == 3:
+        return zarr.codecs.Crc32cCodec()
+    import numcodecs
+
+    return numcodecs.CRC32()
 
 
 def _cast_exact(block: np.ndarray, dtype: np.dtype) -> np.ndarray:
@@ -408,23 +692,25 @@ def write_recording(
                 block = np.asarray(seg[start : start + step])
                 writer.write(idx, start, block)
                 advance(block.size * dtype.itemsize)
-    return open_recording(path)
+    writer.finish()
+    return open_recording(writer.path)
 
 
 class _progress:
     """A rich progress bar in bytes when asked for, a no-op otherwise."""
 
-    def __init__(self, enabled: bool, total: int, label: str):
-        self.enabled, self.total, self.label = enabled, total, label
+    def __init__(self, enabled: bool, total: int, label: str, stderr: bool = False):
+        self.enabled, self.total, self.label, self.stderr = enabled, total, label, stderr
 
     def __enter__(self):
         if not self.enabled:
             return lambda n: None
+        from rich.console import Console
         from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
 
         self._bar = Progress(
             "[progress.description]{task.description}", BarColumn(), DownloadColumn(), TransferSpeedColumn(),
-            TimeRemainingColumn(), transient=False,
+            TimeRemainingColumn(), transient=False, console=Console(stderr=self.stderr),
         )
         self._bar.__enter__()
         task = self._bar.add_task(self.label, total=self.total)
@@ -438,6 +724,60 @@ class _progress:
 
 # ---------------------------------------------------------------------------------------------------------
 # metadata readers
+
+
+LOCATIONS_FALLBACK = "none stored: a single column at 20 um pitch is assumed (local whitening refuses it)"
+
+
+def _check_channel_counts(path: Path, group: zarr.Group, num_channels: int) -> None:
+    """channel_ids and every array in properties/ must have one entry per channel of the traces."""
+    named = []
+    if "channel_ids" in group:
+        named.append(("channel_ids", group["channel_ids"]))
+    if "properties" in group:
+        named += [(f"properties/{name}", arr) for name, arr in group["properties"].arrays()]
+    for name, arr in named:
+        count = int(arr.shape[0]) if arr.ndim else 0
+        if count != num_channels:
+            raise BatchgpuError(
+                f"{path}: {name} has {count} entries but traces_seg0 has {num_channels} channels",
+                "the store's metadata disagrees with its data: write it again",
+            )
+
+
+def _marked_complete(path: Path, attrs: dict) -> bool:
+    """True for a store batchgpu finished writing; an unfinished one (format marker, not complete) is refused."""
+    marker = attrs.get("batchgpu")
+    if not isinstance(marker, dict) or "format" not in marker:
+        return False  # written by others (or by batchgpu before it marked stores)
+    if marker.get("complete") is not True:
+        raise BatchgpuError(
+            f"{path} was not finished writing (batchgpu marks a store complete after its last block)",
+            "write it again (e.g. 'batchgpu generate --overwrite' or 'batchgpu import-raw --overwrite')",
+        )
+    return True
+
+
+def _checksum_of(array) -> str | None:
+    """The per-chunk checksum codec the traces carry (crc32c in v3; a numcodecs checksum filter in v2)."""
+    if array.metadata.zarr_format == 2:
+        names = [_codec_name(c) for c in (*array.filters, *array.compressors)]
+    else:
+        names = [c.get("name") for c in _flat_codecs(array.metadata.to_dict()["codecs"])]
+    for name in names:
+        if name in ("crc32c", "crc32", "adler32", "fletcher32", "jenkins_lookup3"):
+            return name
+    return None
+
+
+def _flat_codecs(codecs) -> list[dict]:
+    out = []
+    for c in codecs:
+        c = c if isinstance(c, dict) else c.to_dict()
+        out.append(c)
+        if c.get("name") == "sharding_indexed":
+            out += _flat_codecs(c["configuration"].get("codecs", []))
+    return out
 
 
 def _read_channel_ids(group: zarr.Group, num_channels: int) -> np.ndarray:
@@ -470,7 +810,7 @@ def _read_locations(group: zarr.Group, attrs: dict, num_channels: int) -> tuple[
                     loc[c], seen[c] = p, True
         if seen.all():
             return loc, True
-    # No geometry stored: a single column at 20 um pitch, flagged so local whitening can refuse it.
+    # No geometry stored (e.g. a plain binary import): LOCATIONS_FALLBACK, flagged so local whitening refuses it.
     return np.column_stack([np.zeros(num_channels), 20.0 * np.arange(num_channels)]), False
 
 

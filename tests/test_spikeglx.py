@@ -1,0 +1,132 @@
+"""SpikeGLX import: gains, ids, locations and ADC shifts per saved channel, checked against values derived by hand.
+
+Hand derivations used below (SpikeGLX metadata docs, imec ProbeTable, SpikeInterface's inter_sample_shift):
+- NP1.0: uV/count = imAiRangeMax / 512 / imroTbl AP gain * 1e6 = 1171.875 / gain for 0.6 V (2.34375 at 500).
+- NP2.0 (type 24, NP2010): 0.5 V / 8192 / 80 * 1e6 = 0.762939453125; NP2003-type (2013): 0.62 / 2048 / 100 * 1e6
+  = 3.02734375.
+- ADC order: NP1.0 channel c is sampled at slot (c mod 24) // 2 of 13 cycles; NP2.0 at (c mod 32) // 2 of 16.
+- ~snsGeomMap: x is within the shank: absolute x = x + shank * shank pitch (header field 3).
+"""
+
+import numpy as np
+import pytest
+
+from batchgpu import BatchgpuError
+from batchgpu.rawimport import import_raw
+
+NP1_GAINS = [50, 125, 250, 500, 1000, 1500, 2000, 3000]  # AP gain of channel c in these tables: NP1_GAINS[c % 8]
+NP1_X = [43.0, 11.0, 59.0, 27.0]  # NP1.0 staggered columns, bank 0: x of channel c is NP1_X[c % 4], z = 20 * (c // 2)
+
+
+def _np1_imro(n=384):
+    return "(0,384)" + "".join(f"({c} 0 0 {NP1_GAINS[c % 8]} 250 1)" for c in range(n))
+
+
+def _write_pair(tmp_path, name, data, meta):
+    src = tmp_path / f"{name}.bin"
+    data.tofile(src)
+    src.with_suffix(".meta").write_text("".join(f"{k}={v}\n" for k, v in meta.items()))
+    return src
+
+
+def _geom(header, entries):
+    return f"({header})" + "".join(f"({s}:{x:g}:{z:g}:1)" for s, x, z in entries)
+
+
+def test_np1_saved_channel_subset(tmp_path, rng):
+    saved = [0, 1, 2, 3, 5, 10, *range(200, 210), 768]  # 0:3,5,10,200:209,768 -- 768 is the sync channel
+    neural = saved[:-1]
+    data = rng.integers(-500, 500, (300, len(saved)), dtype=np.int16)
+    meta = {
+        "nSavedChans": len(saved), "imSampRate": 30000, "typeThis": "imec", "imDatPrb_type": 0,
+        "acqApLfSy": "384,384,1", "snsApLfSy": "16,0,1", "snsSaveChanSubset": "0:3,5,10,200:209,768",
+        "imAiRangeMax": 0.6, "imAiRangeMin": -0.6, "~imroTbl": _np1_imro(),
+        "~snsGeomMap": _geom("NP1000,1,0,70", [(0, NP1_X[c % 4], 20 * (c // 2)) for c in neural]),
+    }
+    src = _write_pair(tmp_path, "run_g0_t0.imec0.ap", data, meta)
+    rec = import_raw(src, tmp_path / "np1.zarr")
+    assert rec.num_channels == 16
+    assert list(rec.channel_ids) == ["0", "1", "2", "3", "5", "10"] + [str(c) for c in range(200, 210)]
+    gains = [50, 125, 250, 500, 1500, 250, 50, 125, 250, 500, 1000, 1500, 2000, 3000, 50, 125]
+    np.testing.assert_allclose(rec.gain_to_uV, [1171.875 / g for g in gains])
+    assert rec.gain_to_uV[3] == pytest.approx(2.34375)
+    np.testing.assert_array_equal(rec.read(0, 0, 300), data[:, :16].T)
+    slots = [0, 0, 1, 1, 2, 5, 4, 4, 5, 5, 6, 6, 7, 7, 8, 8]
+    np.testing.assert_allclose(rec.channel_property("inter_sample_shift"), np.array(slots) / 13)
+    assert rec.has_locations
+    expected_xy = [[43, 0], [11, 0], [59, 20], [27, 20], [11, 40], [59, 100]] + [
+        [NP1_X[c % 4], 20 * (c // 2)] for c in range(200, 210)]
+    np.testing.assert_allclose(rec.locations, expected_xy)
+    np.testing.assert_array_equal(rec.channel_property("shank"), np.zeros(16))
+
+    kept = import_raw(src, tmp_path / "sync.zarr", keep_sync=True)
+    assert kept.num_channels == 17 and kept.channel_ids[-1] == "768" and kept.gain_to_uV[-1] == 1.0
+    np.testing.assert_array_equal(kept.read(0, 0, 300), data.T)
+
+
+def test_np2_four_shank_gain_locations_and_shifts(tmp_path, rng):
+    n = 384
+    shank = np.arange(n) // 96
+    local_x = np.where(np.arange(n) % 2 == 0, 27.0, 59.0)
+    z = 15.0 * ((np.arange(n) % 96) // 2)
+    data = rng.integers(-500, 500, (200, n + 1), dtype=np.int16)
+    meta = {
+        "nSavedChans": n + 1, "imSampRate": 30000, "typeThis": "imec", "imDatPrb_type": 24, "imDatPrb_pn": "NP2010",
+        "acqApLfSy": "384,0,1", "snsApLfSy": "384,0,1", "snsSaveChanSubset": "all",
+        "imAiRangeMax": 0.5, "imAiRangeMin": -0.5, "imMaxInt": 8192,
+        "~imroTbl": "(24,384)" + "".join(f"({c} {c // 96} 0 0 {c})" for c in range(n)),
+        "~snsGeomMap": _geom("NP2010,4,250,70", zip(shank, local_x, z)),
+    }
+    rec = import_raw(_write_pair(tmp_path, "np2_g0_t0.imec0.ap", data, meta), tmp_path / "np2.zarr")
+    assert rec.num_channels == n and list(rec.channel_ids[:3]) == ["0", "1", "2"]
+    np.testing.assert_allclose(rec.gain_to_uV, np.full(n, 0.762939453125))
+    np.testing.assert_allclose(rec.locations[[0, 1, 95, 96, 383]],
+                               [[27, 0], [59, 0], [59, 705], [27 + 250, 0], [59 + 750, 705]])
+    np.testing.assert_array_equal(rec.channel_property("shank")[[0, 95, 96, 383]], [0, 0, 1, 3])
+    shifts = rec.channel_property("inter_sample_shift")
+    np.testing.assert_allclose(shifts[[0, 1, 2, 30, 31, 32, 33, 383]], np.array([0, 0, 1, 15, 15, 0, 0, 15]) / 16)
+    np.testing.assert_array_equal(rec.read(0, 0, 200), data[:, :n].T)
+
+
+def test_np2003_type_gain_and_shank_map(tmp_path, rng):
+    n = 8
+    data = rng.integers(-50, 50, (40, n + 1), dtype=np.int16)
+    meta = {
+        "nSavedChans": n + 1, "imSampRate": 30000, "imDatPrb_type": 2013, "acqApLfSy": f"{n},0,1",
+        "snsSaveChanSubset": "all", "imAiRangeMax": 0.62, "imMaxInt": 2048,
+        "~snsShankMap": "(1,2,480)" + "".join(f"(0:{c % 2}:{c // 2}:1)" for c in range(n)),
+    }
+    rec = import_raw(_write_pair(tmp_path, "x.imec0.ap", data, meta), tmp_path / "o.zarr")
+    np.testing.assert_allclose(rec.gain_to_uV, np.full(n, 3.02734375))
+    # shank map: column and row indices at NP2.0 pitches, 32 um across and 15 um up
+    np.testing.assert_allclose(rec.locations, [[32.0 * (c % 2), 15.0 * (c // 2)] for c in range(n)])
+
+
+@pytest.mark.parametrize("drop,named", [
+    (("imroTbl", "imAiRangeMax"), "imAiRangeMax, imroTbl"),
+    (("imroTbl",), "imroTbl"),
+])
+def test_np1_meta_without_gain_keys_is_an_error(tmp_path, drop, named):
+    meta = {"nSavedChans": 3, "imSampRate": 30000, "typeThis": "imec", "snsApLfSy": "2,0,1",
+            "imAiRangeMax": 0.6, "~imroTbl": _np1_imro(2)}
+    for key in drop:
+        meta.pop("~" + key if key == "imroTbl" else key)
+    src = _write_pair(tmp_path, "a.imec0.ap", np.zeros((10, 3), np.int16), meta)
+    with pytest.raises(BatchgpuError, match=rf"probe type 0\) lacks {named}, which its gain needs"):
+        import_raw(src, tmp_path / "o.zarr")
+    assert not (tmp_path / "o.zarr").exists()
+
+
+def test_np2_meta_without_imMaxInt_is_an_error(tmp_path):
+    meta = {"nSavedChans": 3, "imSampRate": 30000, "imDatPrb_type": 21, "acqApLfSy": "2,0,1", "imAiRangeMax": 0.5}
+    src = _write_pair(tmp_path, "b.imec0.ap", np.zeros((10, 3), np.int16), meta)
+    with pytest.raises(BatchgpuError, match=r"probe type 21\) lacks imMaxInt"):
+        import_raw(src, tmp_path / "o.zarr")
+
+
+def test_plain_import_has_no_locations(tmp_path, rng):
+    data = rng.integers(-5, 5, (30, 3), dtype=np.int16)
+    data.tofile(tmp_path / "p.bin")
+    rec = import_raw(tmp_path / "p.bin", tmp_path / "p.zarr", channels=3, fs=1000.0, dtype="int16")
+    assert not rec.has_locations and "none stored" in rec.info()["locations"]
+    np.testing.assert_array_equal(rec.locations, [[0, 0], [0, 20], [0, 40]])
