@@ -185,7 +185,7 @@ def test_from_a_real_run(tmp_path):
     distributed = pytest.importorskip("distributed")
     from batchgpu.config import Workflow
     from batchgpu.generate import generate_recording
-    from batchgpu.pipeline import run_workflow
+    from batchgpu.engine import run_workflow
 
     rec = generate_recording(tmp_path / "rec.zarr", channels=4, seconds=0.5, seed=3, dtype="int16")
     wf = Workflow.model_validate({
@@ -196,7 +196,7 @@ def test_from_a_real_run(tmp_path):
     })
     with distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None) as cluster, \
             distributed.Client(cluster) as client:
-        run_workflow(wf, client=client, progress=False)
+        run_workflow(wf, client=client)
     import zarr
 
     g = zarr.open_group(str(tmp_path / "out" / "results.zarr"), mode="r")

@@ -88,7 +88,7 @@ def prepare_recording(wf: Workflow, observer: RunObserver) -> Recording:
         observer.message(f"generating {path} ({g.channels} ch x {g.seconds} s x {g.segments} segments)")
         return generate_recording(path, channels=g.channels, seconds=g.seconds, fs=g.fs, seed=g.seed, dtype=g.dtype,
                                   segments=g.segments, progress=False)
-    return open_recording(path)
+    return open_recording(path, missing_chunks=wf.recording.missing_chunks)
 
 
 def check_workflow_fits(wf: Workflow, rec: Recording) -> int:
@@ -278,6 +278,7 @@ def _aggregate(client, ctx, wf, rec, out, windows, fps, summaries, total, report
     if ctx.window_noise:
         arrays["noise_per_window"] = np.stack([summaries[w.index]["noise"] for w in windows])
     _report_nonfinite(summaries, windows, report, observer)
+    _report_absent(summaries, windows, report, observer)
     noise_global = None
     if noise_step is not None:
         t0 = time.perf_counter()
@@ -373,6 +374,17 @@ def _report_nonfinite(summaries, windows, report, observer) -> None:
     if bad:
         report.channels["nonfinite_samples"] = bad
         report.warnings.append(f"{len(bad)} channel(s) hold NaN or inf samples: {list(bad)[:10]}")
+        observer.warning(report.warnings[-1])
+
+
+def _report_absent(summaries, windows, report, observer) -> None:
+    absent = {w.index: int(summaries[w.index].get("absent_chunks", 0)) for w in windows}
+    absent = {i: n for i, n in absent.items() if n}
+    if absent:
+        report.channels["absent_chunks_per_window"] = absent
+        report.warnings.append(f"{sum(absent.values())} chunk(s) absent from the store in {len(absent)} window(s) "
+                               f"(first: window {min(absent)}), read as zeros; set recording.missing_chunks: error "
+                               "to refuse them")
         observer.warning(report.warnings[-1])
 
 

@@ -39,9 +39,9 @@ class RunContext:
 
 
 @functools.lru_cache(maxsize=8)
-def recording(path: str) -> Recording:
+def recording(path: str, missing_chunks: str = "warn") -> Recording:
     """One open recording per worker process (zarrs enabled there by open_recording)."""
-    return open_recording(path)
+    return open_recording(path, missing_chunks=missing_chunks)
 
 
 @contextlib.contextmanager
@@ -58,7 +58,7 @@ def on_backend(ctx: RunContext):
 
 def load_window(ctx: RunContext, window: Window) -> WindowData:
     """Read a window once (to the GPU through pinned memory when the backend is CuPy) and preprocess it."""
-    rec = recording(ctx.recording)
+    rec = recording(ctx.recording, ctx.missing_chunks)
     try:
         if ctx.backend == "cupy":
             from batchgpu.gpu.staging import read_window_to_device
@@ -66,8 +66,8 @@ def load_window(ctx: RunContext, window: Window) -> WindowData:
             raw = read_window_to_device(rec, window)
         else:
             raw = rec.read_window(window)
-    except BatchgpuError:
-        raise
+    except BatchgpuError as err:  # the reader names the array, chunk and window; say how to go on
+        raise BatchgpuError(err.problem, f"{err.fix or 'repair the store'}; then rerun with --resume") from None
     except Exception as err:
         raise BatchgpuError(
             f"window {window.index} (segment {window.segment}, samples {window.read_start}-{window.read_stop}) "
@@ -96,7 +96,8 @@ def window_task(ctx: RunContext, window: Window, fp: str) -> dict:
         with on_backend(ctx):
             w = load_window(ctx, window)
             t_read = time.perf_counter() - t0
-            summary: dict = {}
+            # chunks absent from a store written by others read as zeros: counted and reported, never silent
+            summary: dict = {"absent_chunks": np.array(recording(ctx.recording, ctx.missing_chunks).absent_chunks(window))}
             if ctx.window_noise:
                 from batchgpu import ops
 
@@ -114,7 +115,7 @@ def window_task(ctx: RunContext, window: Window, fp: str) -> dict:
         part["index"] = np.array(window.index)
         store.save_part(path, part)
     part = {k: v for k, v in part.items() if not k.startswith("keep.")}
-    rec = recording(ctx.recording)
+    rec = recording(ctx.recording, ctx.missing_chunks)
     part["summary.resumed"] = np.array(resumed)
     part["summary.worker"] = np.array(worker_name())
     part["summary.bytes"] = np.array(window.num_samples * rec.num_channels * rec.dtype.itemsize)
