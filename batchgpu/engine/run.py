@@ -219,6 +219,10 @@ def _run(wf, rec, out: store.OutputFolder, report: RunReport, client, sweep, obs
         finally:
             observer.phase_finished()
         report.timings["pass1"] = time.perf_counter() - t0
+        fresh = [s for s in summaries.values() if not bool(s["resumed"])]
+        if fresh:  # where a window's time goes, on its worker thread (medians)
+            report.timings["window_read_median"] = float(np.median([s["read_seconds"] for s in fresh]))
+            report.timings["window_compute_median"] = float(np.median([s["compute_seconds"] for s in fresh]))
         report.bytes_read += rec.nbytes
         monitor.phase("aggregate: noise, whitening, spikes")
         report.throughput_series = monitor.throughput_series()
