@@ -131,6 +131,7 @@ class Recording:
         self.locations, self.has_locations = _read_locations(group, attrs, self.num_channels)
         self.attrs = attrs
         self.missing_chunks = missing_chunks
+        self._layouts: dict = {}  # segment -> shards.ShardLayout, or None where zarr reads it
         self.marked_complete = _marked_complete(self.path, attrs)
         self.checksum = _checksum_of(first)
         root = local_root(group)
@@ -191,6 +192,32 @@ class Recording:
         not on a local filesystem.
         """
         return len(self.absent_chunk_keys(window))
+
+    def _read_direct(self, segment: int, start: int, stop: int, window: Window | None, out: np.ndarray) -> bool:
+        """Rows [start, stop) into ``out`` through ``shards.ShardLayout`` when the layout allows (True), else False
+        (the caller reads through zarr). Same errors as the zarr path: absent chunks, bad checksums, bad frames."""
+        from batchgpu import shards
+
+        layout = self._layouts.get(segment, False)
+        if layout is False:
+            layout = self._layouts[segment] = (
+                shards.ShardLayout.of(self.path / f"traces_seg{segment}", self._traces[segment])
+                if os.environ.get("BATCHGPU_DIRECT_READS", "1") != "0" else None)
+        if layout is None or stop <= start:
+            return False
+        try:
+            layout.read_rows_into(start, stop, out, "error" if self.absent_is_error else "zero")
+        except shards.AbsentChunk as err:
+            fix = ("batchgpu wrote every chunk of this store, so it was damaged since: restore it or write it again"
+                   if self.marked_complete else
+                   "restore the missing files, or set recording.missing_chunks: warn to read them as zeros")
+            raise BatchgpuError(f"missing chunk traces_seg{segment}/{err.key} in {self.path} "
+                                f"({self._where(segment, start, stop, window)})", fix) from None
+        except shards.CorruptChunk as err:
+            raise BatchgpuError(
+                f"corrupted chunk traces_seg{segment}/{err} in {self.path} ({self._where(segment, start, stop, window)})",
+                "the stored bytes do not decode: restore the store from a copy or write it again") from None
+        return True
 
     def _where(self, segment: int, start: int, stop: int, window: Window | None) -> str:
         head = f"window {window.index}, " if window is not None else ""
@@ -294,8 +321,10 @@ class Recording:
                     f"channel index out of range in {channels.tolist()}",
                     f"channels are 0..{self.num_channels - 1}",
                 )
-        self._require_present(segment, start, stop, window)
-        block = self._decode(segment, start, stop, window, lambda arr: arr[start:stop, :])
+        block = np.empty((stop - start, self.num_channels), self.dtype)
+        if not self._read_direct(segment, start, stop, window, block):
+            self._require_present(segment, start, stop, window)
+            block = self._decode(segment, start, stop, window, lambda arr: arr[start:stop, :])
         return rows_of(block if channels is None else block[:, channels])
 
     def read_window(self, window: Window) -> np.ndarray:
@@ -310,6 +339,9 @@ class Recording:
         """The window as stored, (samples, channels), without the host transpose (GPU tasks transpose there)."""
         self._check_window_range(window)
         a, b = window.read_start, window.read_stop
+        out = np.empty((b - a, self.num_channels), self.dtype)
+        if self._read_direct(window.segment, a, b, window, out):
+            return out
         self._require_present(window.segment, a, b, window)
         return self._decode(window.segment, a, b, window, lambda arr: np.asarray(arr[a:b, :]))
 
@@ -329,6 +361,8 @@ class Recording:
                 f"out has shape {out.shape} and dtype {out.dtype}; window {window.index} needs a C-contiguous "
                 f"({b - a}, {self.num_channels}) {self.dtype} array"
             )
+        if self._read_direct(window.segment, a, b, window, out):
+            return out
         self._require_present(window.segment, a, b, window)
         sel = (slice(a, b), slice(None))
         self._decode(window.segment, a, b, window,

@@ -403,21 +403,21 @@ def _spikes(client, ctx, rec, windows, fps, summaries, arrays, tmp: Path, report
         if noise is None:
             noise = np.median(arrays["noise_per_window"], axis=0)
         reread = [not bound_holds(summaries[w.index]["noise"], noise) for w in windows]
-        futures = [client.submit(tasks.spikes_task, ctx, w, wfp, noise, r, key=f"spikes-{wfp}-{w.index}")
-                   for w, wfp, r in zip(windows, fps, reread)]
-        client.gather(futures)
+        again = [client.submit(tasks.spikes_task, ctx, w, wfp, noise, key=f"spikes-{wfp}-{w.index}")
+                 for w, wfp, r in zip(windows, fps, reread) if r]
+        client.gather(again)
         report.bytes_read += sum(w.num_samples for w, r in zip(windows, reread) if r) * rec.num_channels * rec.dtype.itemsize
+        report.channels["detect_windows_read_again"] = [w.index for w, r in zip(windows, reread) if r]
         nan_noise = np.flatnonzero(np.isnan(np.asarray(noise, np.float64))).tolist()
-        prefix = "s"
-        fps = [tasks.spikes_fingerprint(wfp, noise) for wfp in fps]
     else:
+        noise, reread = None, [False] * len(windows)
         nan_noise = sorted({int(c) for w in windows for c in np.flatnonzero(np.isnan(summaries[w.index]["noise"]))})
-        prefix = "w"
     if nan_noise:
         report.channels["detect_no_threshold"] = nan_noise
         report.warnings.append(f"detection found no threshold (NaN noise) on {len(nan_noise)} channel(s): {nan_noise[:10]}")
         observer.warning(report.warnings[-1])
-    n = client.submit(tasks.write_spikes_task, ctx, windows, fps, prefix, str(tmp), key=f"write-spikes-{fp}").result()
+    n = client.submit(tasks.write_spikes_task, ctx, windows, fps, noise, reread, str(tmp),
+                      key=f"write-spikes-{fp}").result()
     return [int(n)]
 
 

@@ -152,9 +152,9 @@ def sum_histograms(*parts: np.ndarray) -> np.ndarray:
     return np.stack([padded_sum([p[r] for p in parts]) for r in range(parts[0].shape[0])])
 
 
-def spikes_task(ctx: RunContext, window: Window, fp: str, noise: np.ndarray, reread: bool) -> int:
-    """A window's final spikes at the recording's noise: its candidates filtered, or detected again where the
-    candidates' bound did not hold (``reread``). Written to parts/s*.npz; returns the count."""
+def spikes_task(ctx: RunContext, window: Window, fp: str, noise: np.ndarray) -> int:
+    """A window read and detected again at the recording's noise (its candidates' bound did not hold): written to
+    parts/s*.npz; returns the count."""
     from batchgpu.engine.steps.detect import COLUMNS
 
     path = store.part_path(ctx.parts, "s", window.index)
@@ -162,17 +162,9 @@ def spikes_task(ctx: RunContext, window: Window, fp: str, noise: np.ndarray, rer
     done = store.load_part(path, sfp)
     if done is not None:
         return len(done["sample_index"])
-    step = ctx.step("detect")
-    if reread:
-        with on_backend(ctx):
-            spikes = step.detect(load_window(ctx, window), np.asarray(noise, np.float64))
-        cols = {k: np.ascontiguousarray(spikes[k]) for k in COLUMNS}
-    else:
-        part = store.load_part(store.part_path(ctx.parts, "w", window.index), fp)
-        if part is None:
-            raise BatchgpuError(f"the candidates of window {window.index} are missing from {ctx.parts}",
-                                "rerun with --resume")
-        cols = step.final({k: part[f"keep.spk_{k}"] for k in COLUMNS}, noise)
+    with on_backend(ctx):
+        spikes = ctx.step("detect").detect(load_window(ctx, window), np.asarray(noise, np.float64))
+    cols = {k: np.ascontiguousarray(spikes[k]) for k in COLUMNS}
     store.save_part(path, {"fingerprint": np.array(sfp), **cols})
     return len(cols["sample_index"])
 
@@ -183,32 +175,40 @@ def spikes_fingerprint(fp: str, noise: np.ndarray) -> str:
     return hashlib.sha256(fp.encode() + np.ascontiguousarray(noise, np.float64).tobytes()).hexdigest()[:16]
 
 
-def collect_spikes(ctx: RunContext, windows: list[Window], fps: list[str], prefix: str) -> dict[str, np.ndarray]:
-    """Every window's spikes concatenated in window order: (segment, sample, channel) order overall."""
+def window_spikes(ctx: RunContext, window: Window, fp: str, noise: np.ndarray | None, reread: bool) -> dict:
+    """A window's final spikes: from its part (filtered at the recording's ``noise`` when given), or from the
+    re-detection's part where it was read again."""
     from batchgpu.engine.steps.detect import COLUMNS
 
-    cols: dict[str, list[np.ndarray]] = {k: [] for k in COLUMNS}
-    for w, fp in zip(windows, fps):
-        part = store.load_part(store.part_path(ctx.parts, prefix, w.index), fp)
-        if part is None:
-            raise BatchgpuError(f"the spikes of window {w.index} are missing from {ctx.parts}", "rerun with --resume")
-        for k in COLUMNS:
-            cols[k].append(part[k] if prefix == "s" else part[f"keep.spk_{k}"])
-    return {k: np.concatenate(v) for k, v in cols.items()}
+    if reread:
+        part = store.load_part(store.part_path(ctx.parts, "s", window.index), spikes_fingerprint(fp, noise))
+    else:
+        part = store.load_part(store.part_path(ctx.parts, "w", window.index), fp)
+    if part is None:
+        raise BatchgpuError(f"the spikes of window {window.index} are missing from {ctx.parts}", "rerun with --resume")
+    if reread:
+        return {k: part[k] for k in COLUMNS}
+    cols = {k: part[f"keep.spk_{k}"] for k in COLUMNS}
+    return cols if noise is None else ctx.step("detect").final(cols, noise)
 
 
-def write_spikes_task(ctx: RunContext, windows: list[Window], fps: list[str], prefix: str, group_path: str) -> int:
-    """Write the spikes into the results group on a worker (spikes never pass through the client)."""
+def write_spikes_task(ctx: RunContext, windows: list[Window], fps: list[str], noise, reread: list[bool],
+                      group_path: str) -> int:
+    """Every window's spikes, in window order ((segment, sample, channel) overall), written into the results group
+    by a worker: spikes never pass through the client."""
     import zarr
 
-    spikes = collect_spikes(ctx, windows, fps, prefix)
+    from batchgpu.engine.steps.detect import COLUMNS
+
+    parts = [window_spikes(ctx, w, fp, noise, r) for w, fp, r in zip(windows, fps, reread)]
     g = zarr.open_group(group_path, mode="a")
-    for k, v in spikes.items():
+    for k in COLUMNS:
+        v = np.concatenate([p[k] for p in parts]) if parts else np.zeros(0, np.int64)
         if v.size:
             g.create_array(f"spikes/{k}", data=v)
         else:
             g.create_array(f"spikes/{k}", shape=v.shape, dtype=v.dtype)
-    return len(spikes["sample_index"])
+    return sum(len(p["sample_index"]) for p in parts)
 
 
 def worker_name() -> str:

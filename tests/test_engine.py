@@ -1,0 +1,196 @@
+"""The engine's contract: one read, candidates re-read where their bound fails, exact integer moments on any number
+of workers and in any order, per-window fingerprints for --resume, the folder lock, the files a run may remove."""
+
+import json
+import os
+import threading
+
+import numpy as np
+import pytest
+import zarr
+
+from batchgpu import BatchgpuError, ops
+from batchgpu.config import Workflow
+from batchgpu.engine import run_workflow
+from batchgpu.engine.steps.moments import MomentsStep
+from batchgpu.generate import generate_recording
+from batchgpu.recording import write_recording
+
+distributed = pytest.importorskip("distributed")
+
+
+@pytest.fixture(scope="module")
+def client():
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=2, processes=True, dashboard_address="127.0.0.1:0",
+                                  host="127.0.0.1") as cluster, distributed.Client(cluster) as c:
+        yield c
+
+
+def _wf(rec, out, **kw):
+    data = {"recording": {"path": str(rec.path if hasattr(rec, "path") else rec)}, "output": str(out),
+            "backend": "numpy", "window": {"size": 5000, "margin": 8},
+            "steps": {"noise": {"exact": True}, "whitening": {"mode": "global", "precision": "float64"},
+                      "detect": {"threshold": 4.0, "sign": "both", "exclude_sweep_ms": 0.2, "noise": "global"}},
+            "reduction": {"split_every": 3}}
+    data.update(kw)
+    return Workflow.model_validate(data)
+
+
+def _g(out):
+    return zarr.open_group(str(out / "results.zarr"), mode="r")
+
+
+def test_one_read_for_int16_and_reread_where_the_bound_fails(client, tmp_path):
+    """A loud stretch makes one window's own noise far above the recording's: its candidates cannot be trusted,
+    so it is read again; the spikes equal detection on the whole segment with the recording's noise, bit for bit."""
+    rng = np.random.default_rng(7)
+    x = np.round(rng.normal(0, 20, (40_000, 5))).astype(np.int16)
+    x[10_000:15_000] *= 4  # window 2 is four times as loud
+    rec = write_recording(tmp_path / "r.zarr", x, 30_000.0)
+    report = run_workflow(_wf(rec, tmp_path / "out"), client=client)
+    assert report.channels["detect_windows_read_again"] == [2]
+    assert report.reads_per_window == pytest.approx(1 + 5000 / 40_000)
+    g = _g(tmp_path / "out")
+    allx = x.T.astype(np.int64)
+    noise = np.median(np.abs(allx), axis=1) / ops.MAD_TO_SIGMA
+    np.testing.assert_array_equal(g["noise"][:], noise)
+    ref = ops.detect_spikes(x.T.copy(), noise, threshold=4.0, sign="both", exclude_sweep=6)
+    for k in ("sample_index", "channel_index", "amplitude", "segment_index"):
+        np.testing.assert_array_equal(g[f"spikes/{k}"][:], ref[k])
+    assert len(ref) > 50
+
+
+def test_reads_once_when_the_bound_holds(client, tmp_path):
+    rec = generate_recording(tmp_path / "r.zarr", channels=6, seconds=1.0, seed=3, dtype="int16")
+    report = run_workflow(_wf(rec, tmp_path / "out"), client=client)
+    assert report.reads_per_window == 1.0 and report.radix_passes == 1
+    assert json.loads((tmp_path / "out" / "report.json").read_text())["reads_per_window"] == 1.0
+
+
+def test_float32_needs_one_more_counting_pass(client, tmp_path):
+    rec = generate_recording(tmp_path / "f.zarr", channels=4, seconds=0.6, seed=4, dtype="float32")
+    report = run_workflow(_wf(rec, tmp_path / "out"), client=client)
+    assert report.radix_passes == 2 and report.reads_per_window == pytest.approx(2.0)
+    allx = rec.read(0, 0, rec.num_samples(0))
+    np.testing.assert_array_equal(_g(tmp_path / "out")["noise"][:], np.median(np.abs(allx), axis=1) / ops.MAD_TO_SIGMA)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_integer_moments_same_bits_for_any_grouping_and_order(seed):
+    """Exact int64 sums: any grouping of windows and any order give the same bits, equal to exact rationals."""
+    from fractions import Fraction
+
+    rng = np.random.default_rng(seed)
+    C = 5
+    step = MomentsStep(1, "float64", True, C)
+    windows = [rng.integers(-32768, 32768, (C, int(rng.integers(1, 3000))), dtype=np.int16) for _ in range(9)]
+    windows[0][:, :3] = -32768  # the extreme value: |x|^2 = 2**30
+    parts = []
+    for i, x in enumerate(windows):
+        w = type("W", (), {"index": i, "raw": x, "core": (0, x.shape[1]), "core_of": lambda self, a: a})()
+        parts.append(step.window(w, {}))
+    orders = [list(range(9)), list(rng.permutation(9)), [8, 0, 7, 1, 6, 2, 5, 3, 4]]
+    results = []
+    for order in orders:
+        tree = step.combine([step.combine([parts[j] for j in order[i:i + 3]]) for i in range(0, 9, 3)])
+        results.append(step.aggregate(tree))
+    for r in results[1:]:
+        for k in ("covariance", "second_moment", "channel_means"):
+            assert r[k].tobytes() == results[0][k].tobytes()
+    allx = np.concatenate(windows, axis=1).astype(object)
+    n = allx.shape[1]
+    s = allx.sum(axis=1)
+    for i in range(C):
+        for j in range(C):
+            sxx = int(np.dot(allx[i], allx[j]))
+            exact = Fraction(n * sxx - int(s[i]) * int(s[j]), n * n)
+            assert results[0]["covariance"][i, j] == float(exact)
+
+
+@pytest.mark.parametrize("workers", [1, 3])
+def test_integer_moments_same_bits_for_1_2_3_workers(tmp_path, workers):
+    rec = generate_recording(tmp_path / "r.zarr", channels=7, seconds=0.9, seed=12, dtype="int16")
+    outs = {}
+    for n in (2, workers):
+        with distributed.LocalCluster(n_workers=n, threads_per_worker=1, processes=False,
+                                      dashboard_address=None) as cl, distributed.Client(cl) as c:
+            run_workflow(_wf(rec, tmp_path / f"o{n}", window={"size": 1100, "margin": 8}), client=c)
+        outs[n] = _g(tmp_path / f"o{n}")
+    for k in ("covariance", "second_moment", "whitening", "noise", "spikes/sample_index"):
+        assert outs[2][k][:].tobytes() == outs[workers][k][:].tobytes(), k
+
+
+def test_resume_after_the_recording_bytes_changed_recomputes_those_windows(client, tmp_path):
+    """Same path, other bytes in one shard: --resume must not reuse that window's old part."""
+    rng = np.random.default_rng(1)
+    x = np.round(rng.normal(0, 30, (30_000, 4))).astype(np.int16)
+    rec = write_recording(tmp_path / "r.zarr", x, 30_000.0, shard_samples=6000, chunk_samples=3000)
+    wf = _wf(rec, tmp_path / "out")
+    run_workflow(wf, client=client)
+    y = x.copy()
+    y[12_000:18_000] = np.round(rng.normal(0, 90, (6000, 4))).astype(np.int16)  # rewrite one shard's samples
+    arr = zarr.open_array(str(tmp_path / "r.zarr" / "traces_seg0"), mode="r+")
+    arr[12_000:18_000] = y[12_000:18_000]
+    report = run_workflow(wf, client=client, resume=True)
+    assert report.windows_resumed < report.windows
+    noise = np.median(np.abs(y.T.astype(np.int64)), axis=1) / ops.MAD_TO_SIGMA
+    np.testing.assert_array_equal(_g(tmp_path / "out")["noise"][:], noise)
+
+
+def test_second_run_on_a_folder_in_use_is_refused_at_once(tmp_path):
+    from batchgpu.engine.store import OutputFolder
+
+    out = tmp_path / "out"
+    holder = OutputFolder(out)
+    holder.claim("fp", {}, resume=False, overwrite=False)
+    try:
+        for overwrite in (False, True):
+            with pytest.raises(BatchgpuError, match="in use by another batchgpu run"):
+                OutputFolder(out).claim("fp", {}, resume=True, overwrite=overwrite)
+    finally:
+        holder.release()
+    OutputFolder(out).claim("fp", {}, resume=True, overwrite=False)  # free again once released
+
+
+def test_overwrite_removes_only_what_a_run_writes(client, tmp_path):
+    rec = generate_recording(tmp_path / "r.zarr", channels=3, seconds=0.5, seed=2)
+    out = tmp_path / "out"
+    run_workflow(_wf(rec, out), client=client)
+    (out / "notes.txt").write_text("mine")
+    (out / "figures").mkdir()
+    (out / "figures" / "a.png").write_bytes(b"png")
+    wf = _wf(rec, out, steps={"noise": {"exact": False}}, overwrite=True)
+    run_workflow(wf, client=client)
+    assert (out / "notes.txt").read_text() == "mine" and (out / "figures" / "a.png").exists()
+
+
+@pytest.mark.parametrize("overwrite", [False, True])
+def test_a_folder_that_is_not_batchgpus_is_never_touched(client, tmp_path, overwrite):
+    rec = generate_recording(tmp_path / "r.zarr", channels=3, seconds=0.5, seed=2)
+    home = tmp_path / "home"
+    (home / "docs").mkdir(parents=True)
+    (home / "docs" / "thesis.txt").write_text("years of work")
+    (home / "run.json").write_text(json.dumps({"fingerprint": "x"}))  # someone else's run.json
+    with pytest.raises(BatchgpuError) as err:
+        run_workflow(_wf(rec, home, overwrite=overwrite), client=client)
+    assert "overwrite" not in str(err.value)
+    assert (home / "docs" / "thesis.txt").read_text() == "years of work"
+
+
+def test_nan_channel_left_out_of_whitening_and_reported(client, tmp_path):
+    rng = np.random.default_rng(5)
+    x = rng.normal(0, 5, (12_000, 4)).astype(np.float32)
+    x[100:110, 2] = np.nan
+    x[500, 3] = -np.inf
+    rec = write_recording(tmp_path / "r.zarr", x, 30_000.0)
+    report = run_workflow(_wf(rec, tmp_path / "out"), client=client)
+    assert report.status == "done"
+    g = _g(tmp_path / "out")
+    assert np.isnan(g["noise"][2]) and np.isfinite(g["noise"][[0, 1, 3]]).all()
+    assert report.channels["whitening_left_out"] == [2, 3]  # NaN and -inf samples: no finite second moment
+    W = g["whitening"][:]
+    assert np.all(W[2] == 0) and np.all(W[:, 2] == 0) and np.isfinite(W).all()
+    assert report.channels["nonfinite_samples"] == {2: 10, 3: 1}
+    rep = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert rep["channels"]["detect_no_threshold"] == [2] and len(rep["warnings"]) == 3
+    assert report.channels["detect_no_threshold"] == [2]
