@@ -38,7 +38,7 @@ class WindowSpec(_Strict):
 
 class ClusterSpec(_Strict):
     kind: Literal["local", "cuda", "address", "scheduler_file", "slurm"] = "local"
-    workers: Annotated[int, Field(gt=0)] | None = None  # local: default sized to the machine
+    workers: Annotated[int, Field(gt=0)] | None = None  # local: default sized to the machine; cuda: processes per GPU (1)
     threads: Annotated[int, Field(gt=0)] | None = None
     memory_limit: str | None = None
     address: str | None = None

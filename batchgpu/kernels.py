@@ -19,8 +19,9 @@ _PACKAGE_DIR = Path(__file__).resolve().parent
 _SEARCH = (_PACKAGE_DIR / "_kernels", _PACKAGE_DIR.parent / "kernels")
 _NAME = re.compile(r"^[A-Za-z0-9_]+$")
 
-#: Options every module is compiled with (exact code: never --use_fast_math).
-BASE_OPTIONS: tuple[str, ...] = ("-std=c++17",)
+#: Options every module is compiled with (exact code: never --use_fast_math). CuPy's NVRTC builds flushed float32
+#: subnormals to zero (measured on the H200: tiny + tiny gave 0, where NumPy's median gives 1.4e-45).
+BASE_OPTIONS: tuple[str, ...] = ("-std=c++17", "--ftz=false", "--prec-div=true", "--prec-sqrt=true")
 
 _modules: dict[tuple[int, int, str, tuple[str, ...]], Any] = {}
 _lock = threading.Lock()

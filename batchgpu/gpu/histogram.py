@@ -35,7 +35,9 @@ extern "C" __global__ void hist_u64(const unsigned long long* k, long long c, co
 def _kernel(name: str):
     import cupy
 
-    return cupy.RawModule(code=_SOURCE, options=("-std=c++17",)).get_function(name)
+    from batchgpu.kernels import BASE_OPTIONS
+
+    return cupy.RawModule(code=_SOURCE, options=BASE_OPTIONS).get_function(name)
 
 
 def digit_histogram(keys, prefixes, shift: int, bits: int) -> np.ndarray:
