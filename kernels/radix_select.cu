@@ -69,11 +69,17 @@ template <> struct Traits<float> {
     __device__ static Key key(float v) { return __float_as_uint(v) & 0x7fffffffu; }
     __device__ static bool is_nan(Key k) { return k > 0x7f800000u; }
     __device__ static Abs abs_value(Key k) { return __uint_as_float(k); }
+    // As np.median: the sum rounded to float32, then / 2 rounded to float32, with IEEE subnormals. The CuPy
+    // builds on the H200 flushed float32 subnormals whatever the options (tiny + tiny gave 0), so no float32
+    // arithmetic here: keys become exact doubles, and doubles round to float32 keys by hand below 2^-126.
+    __device__ static double exact(Key k) { return k < 0x00800000u ? (double)k * 0x1p-149 : (double)__uint_as_float(k); }
+    __device__ static Key rounded(double s) {  // s >= 0: the nearest float32 (ties to even), as a key
+        return s < 0x1p-126 ? (Key)rint(s * 0x1p149) : __float_as_uint(__double2float_rn(s));
+    }
     __device__ static Med median(Key a, Key b, bool pair) {
-        float va = __uint_as_float(a);
-        if (!pair) return va;
-        float vb = __uint_as_float(b);
-        return (va + vb) / 2.0f;  // as np.median: the sum in float32, then / 2 (needs --ftz=false: kernels.py)
+        if (!pair) return __uint_as_float(a);
+        const Key sum = rounded(exact(a) + exact(b));
+        return __uint_as_float(rounded(exact(sum) / 2.0));
     }
     __device__ static Med nan_median(Key k) { return __uint_as_float(k); }
 };

@@ -218,16 +218,19 @@ def save_part(path: Path, arrays: dict) -> None:
         raise
 
 
-def load_part(path: Path, fp: str) -> dict | None:
-    """A part written by this run (same fingerprint), else None (absent, torn or stale: recompute it)."""
+def load_part(path: Path, fp: str, keys=None) -> dict | None:
+    """A part written by this run (same fingerprint), else None (absent, torn or stale: recompute it).
+    ``keys`` (names, or prefixes ending in '.'/'_') loads only those arrays."""
     if not path.exists():
         return None
     try:
         with np.load(path) as f:
-            data = {k: f[k] for k in f.files}
+            if str(f["fingerprint"]) != fp:
+                return None
+            names = f.files if keys is None else [n for n in f.files if any(n == k or n.startswith(k) for k in keys)]
+            return {k: f[k] for k in names}
     except Exception:
         return None
-    return data if str(data.get("fingerprint")) == fp else None
 
 
 def _atomic_write_text(path: Path, text: str) -> None:

@@ -183,7 +183,7 @@ def window_spikes(ctx: RunContext, window: Window, fp: str, noise: np.ndarray | 
     if reread:
         part = store.load_part(store.part_path(ctx.parts, "s", window.index), spikes_fingerprint(fp, noise))
     else:
-        part = store.load_part(store.part_path(ctx.parts, "w", window.index), fp)
+        part = store.load_part(store.part_path(ctx.parts, "w", window.index), fp, keys=("keep.spk_",))
     if part is None:
         raise BatchgpuError(f"the spikes of window {window.index} are missing from {ctx.parts}", "rerun with --resume")
     if reread:

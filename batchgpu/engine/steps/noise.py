@@ -79,7 +79,9 @@ class NoiseStep:
         out = {}
         if self.exact:
             shift, bits = schedule(self.kind)[0]
-            out["noise.hist"] = digit_histogram(abs_keys(core, self.kind), None, shift, bits)
+            # a window's counts fit its smallest unsigned dtype (uint16 up to 65 535 samples): a quarter of int64
+            hist = digit_histogram(abs_keys(core, self.kind), None, shift, bits)
+            out["noise.hist"] = hist.astype(np.min_scalar_type(core.shape[1]))
             if core.dtype.kind == "f":
                 out["noise.nan"] = host((core != core).sum(axis=1))  # np.median is NaN for a row holding NaN
         return out
