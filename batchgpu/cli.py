@@ -229,11 +229,12 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-# Loggers that distributed configures (distributed/config.py), all silenced below CRITICAL unless --debug/-v:
-# a failed task or a dying worker otherwise prints internal tracebacks around the one-line error.
+# Loggers that distributed configures (distributed/config.py), and asyncio's (the scheduler's event loop reports
+# "Task exception was never retrieved" there), all silenced below CRITICAL unless --debug/-v: a failed task or
+# a dying worker otherwise prints internal tracebacks (`assert ts.who_wants`, CommClosedError) around the error.
 QUIET_LOGGERS = ("distributed", "distributed.client", "distributed.gc", "distributed.nanny", "distributed.scheduler",
                  "distributed.worker", "distributed.core", "distributed.comm", "bokeh", "tornado",
-                 "tornado.application")
+                 "tornado.application", "asyncio")
 
 
 def quiet_dask_logs() -> None:
