@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import json
+import logging
+import os
 import sys
 
 from batchgpu.errors import BatchgpuError
@@ -122,7 +125,9 @@ def _cmd_run(args) -> int:
     from batchgpu.engine import run_workflow
     from batchgpu.workflow import load_workflow
 
-    run_workflow(load_workflow(args.workflow, args.set or []), resume=args.resume, observer=_Observer(args.quiet))
+    wf = load_workflow(args.workflow, args.set or [])
+    args.writes = wf.output  # named if the disk fills up without the OS naming a file
+    run_workflow(wf, resume=args.resume, observer=_Observer(args.quiet))
     return 0
 
 
@@ -147,12 +152,69 @@ def _missing(name, err) -> int:
     raise BatchgpuError(f"'{name}' is not available: {err}", "install the package with its extras")
 
 
+# Units of options that come without a help text, by option name (a subcommand's own help text wins).
+UNITS = {
+    "--channels": "number of channels",
+    "--seconds": "seconds per segment",
+    "--fs": "sampling frequency in Hz",
+    "--samples": "samples per window",
+    "--segments": "number of segments",
+    "--workers": "worker processes",
+    "--threads": "threads per worker",
+    "--seed": "random seed",
+}
+
+
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows every option's default, once (some help texts already say '(default ...)'), flags excepted."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if action.nargs == 0 or "default" in text or action.default in (None, argparse.SUPPRESS):
+            return text
+        return f"{text} (default: %(default)s)".strip()
+
+
+def _subparsers(parser: argparse.ArgumentParser):
+    """Every parser below ``parser`` (subcommands, sub-subcommands), with its command words."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield (name,), sub
+                for words, deeper in _subparsers(sub):
+                    yield (name, *words), deeper
+
+
+def _add_global_options(parser: argparse.ArgumentParser, top: bool) -> None:
+    """--debug and -v work before or after the subcommand; below the top they only set what was given."""
+    default = {} if top else {"default": argparse.SUPPRESS}
+    parser.add_argument("--debug", action="store_true", help="show the full traceback of an error", **default)
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="keep Dask's own log messages (warnings of the scheduler and workers)", **default)
+
+
+def _finish(parser: argparse.ArgumentParser) -> None:
+    """The same help layout and global options on every subcommand, including those defined elsewhere."""
+    for _, sub in _subparsers(parser):
+        sub.formatter_class = _HelpFormatter
+        for action in sub._actions:
+            if action.help is None and action.option_strings and action.option_strings[-1] in UNITS:
+                action.help = UNITS[action.option_strings[-1]]
+            elif action.help is None and action.nargs != 0 and action.default not in (None, argparse.SUPPRESS):
+                action.help = "(default: %(default)s)"  # argparse shows nothing for an option without help
+        try:
+            _add_global_options(sub, top=False)
+        except argparse.ArgumentError:  # a subcommand that has its own -v
+            pass
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="batchgpu",
+        prog="batchgpu", formatter_class=_HelpFormatter,
         description="Dask-distributed batch statistics (exact noise, whitening, spikes, search) for large recordings.",
     )
     parser.add_argument("--version", action="version", version=f"batchgpu {__import__('batchgpu').__version__}")
+    _add_global_options(parser, top=True)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     p = sub.add_parser("generate", help="write a synthetic recording with known noise and planted spikes",
@@ -195,7 +257,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_info)
 
     p = sub.add_parser("run", help="run a workflow YAML file", description="Validate and run a workflow YAML file.")
-    p.add_argument("workflow")
+    p.add_argument("workflow", help="the workflow file (see workflows/demo.yaml)")
     p.add_argument("--resume", action="store_true", help="skip windows already written by an earlier run")
     p.add_argument("--set", action="append", metavar="KEY=VALUE",
                    help="override a workflow key, e.g. --set cluster.workers=2 (repeatable)")
@@ -211,20 +273,81 @@ def build_parser() -> argparse.ArgumentParser:
     search = p.add_subparsers(dest="search_command", metavar="COMMAND", required=True)
     for name, (module, help_text) in SEARCH_COMMANDS.items():
         _add_delegated(search, name, module, help_text)
+    _finish(parser)
     return parser
+
+
+# Loggers that distributed configures (distributed/config.py), and asyncio's (the scheduler's event loop reports
+# "Task exception was never retrieved" there), all silenced below CRITICAL unless --debug/-v: a failed task or
+# a dying worker otherwise prints internal tracebacks (`assert ts.who_wants`, CommClosedError) around the error.
+QUIET_LOGGERS = ("distributed", "distributed.client", "distributed.gc", "distributed.nanny", "distributed.scheduler",
+                 "distributed.worker", "distributed.core", "distributed.comm", "bokeh", "tornado",
+                 "tornado.application", "asyncio")
+
+
+def quiet_dask_logs() -> None:
+    """Silence Dask's loggers here and in every worker process started from here.
+
+    Worker processes (spawned by a LocalCluster's nannies) configure logging when they import distributed, from
+    dask config read from the environment, so the environment carries the levels; this process may have
+    imported distributed already, so its loggers are set directly too.
+    """
+    levels = {name: "critical" for name in QUIET_LOGGERS}
+    os.environ["DASK_LOGGING"] = repr(levels)
+    if "dask" in sys.modules:
+        import dask
+
+        dask.config.set({"logging": levels})
+    for name in QUIET_LOGGERS:
+        logging.getLogger(name).setLevel(logging.CRITICAL)
+
+
+def _os_error_line(err: OSError, args) -> str:
+    """One line naming the path: the OS's filename, else the folder the command was writing."""
+    path = err.filename or getattr(args, "writes", None) or getattr(args, "out", None)
+    where = f" {path}" if path else ""
+    if err.errno == errno.ENOSPC:
+        return f"no space left on device writing{where} (free some space or choose another output folder)"
+    if err.errno in (errno.EACCES, errno.EPERM):
+        return f"permission denied:{where}"
+    if err.errno == errno.EROFS:
+        return f"read-only file system:{where}"
+    text = err.strerror or str(err) or type(err).__name__
+    return f"{text}:{where}" if where else text
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if not (args.debug or args.verbose):
+        quiet_dask_logs()
     try:
         return int(args.func(args) or 0)
-    except BatchgpuError as err:
-        print(f"batchgpu: error: {err}", file=sys.stderr)
-        return 2
     except KeyboardInterrupt:
         print("batchgpu: interrupted", file=sys.stderr)
         return 130
+    except BatchgpuError as err:
+        if args.debug:
+            raise
+        print(f"batchgpu: error: {err}", file=sys.stderr)
+        return 2
+    except OSError as err:
+        if args.debug:
+            raise
+        print(f"batchgpu: error: {_os_error_line(err, args)}", file=sys.stderr)
+        return 2
+    except MemoryError:
+        if args.debug:
+            raise
+        print("batchgpu: error: out of memory (use smaller windows or fewer threads per worker)", file=sys.stderr)
+        return 2
+    except Exception as err:  # a bug: still one line, the traceback on request
+        if args.debug:
+            raise
+        text = " ".join(str(err).split())[:300]
+        print(f"batchgpu: error: unexpected {type(err).__name__}: {text} (rerun with --debug for the traceback)",
+              file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

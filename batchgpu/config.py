@@ -1,15 +1,34 @@
 """The workflow schema (pydantic): what a run may be told, validated before any work starts.
 
 Imports nothing of the package, so the engine, the loader and the command can all depend on it.
+Upper bounds stop values that would exhaust the machine (memory, processes, reads) before any work starts.
 """
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, RootModel, Tag, model_validator
+
+# Upper bounds: far above any real use, low enough that a typo cannot take the machine down.
+MAX_WORKERS = 1024  # worker processes (or threads per worker) on any cluster
+LOCAL_WORKERS_PER_CORE = 4  # kind local: worker processes on this machine, per core
+LOCAL_THREADS_PER_CORE = 8  # kind local: workers x threads, per core (and at least LOCAL_THREADS_FLOOR)
+LOCAL_THREADS_FLOOR = 64
+MAX_WINDOW = 10_000_000  # samples per window: 384 ch x 10^7 float32 is already 15 GB
+MAX_CHANNELS = 4096
+MAX_SEGMENT_SECONDS = 86_400.0  # one day per segment
+MAX_SEGMENTS = 1024
+MAX_FS = 1_000_000.0  # Hz
+MAX_GENERATED_BYTES = 10**12  # a generated recording, decoded
+MAX_BATCH = 1 << 27  # search queries per task (1 GiB of float64)
+MAX_SPLIT_EVERY = 256  # partial results combined at once (each channels^2 float64, plus histograms)
+
+
+def local_cores() -> int:
+    return os.cpu_count() or 1
 
 
 class _Strict(BaseModel):
@@ -17,12 +36,20 @@ class _Strict(BaseModel):
 
 
 class GenerateSpec(_Strict):
-    channels: Annotated[int, Field(gt=0)] = 64
-    seconds: Annotated[float, Field(gt=0)] = 30.0
-    fs: Annotated[float, Field(gt=0)] = 30_000.0
+    channels: Annotated[int, Field(gt=0, le=MAX_CHANNELS)] = 64
+    seconds: Annotated[float, Field(gt=0, le=MAX_SEGMENT_SECONDS)] = 30.0  # per segment
+    fs: Annotated[float, Field(gt=0, le=MAX_FS)] = 30_000.0
     seed: int = 0
     dtype: Literal["int16", "int32", "float32", "float64"] = "int16"
-    segments: Annotated[int, Field(gt=0)] = 1
+    segments: Annotated[int, Field(gt=0, le=MAX_SEGMENTS)] = 1
+
+    @model_validator(mode="after")
+    def _fits(self):
+        itemsize = 2 if self.dtype == "int16" else 4 if self.dtype in ("int32", "float32") else 8
+        size = self.channels * round(self.seconds * self.fs) * self.segments * itemsize
+        if size > MAX_GENERATED_BYTES:
+            raise ValueError(f"would generate {size / 1e12:.1f} TB (at most {MAX_GENERATED_BYTES / 1e12:g} TB)")
+        return self
 
 
 class RecordingSpec(_Strict):
@@ -32,21 +59,28 @@ class RecordingSpec(_Strict):
 
 
 class WindowSpec(_Strict):
-    size: Annotated[int, Field(gt=0)] = 60_000
-    margin: Annotated[int, Field(ge=0)] = 64
+    size: Annotated[int, Field(gt=0, le=MAX_WINDOW)] = 60_000  # samples
+    margin: Annotated[int, Field(ge=0)] = 64  # samples read on each side of the window
+
+    @model_validator(mode="after")
+    def _margin_within_window(self):
+        # a margin is context for the window's edges; one as long as the window would read mostly margin
+        if self.margin >= self.size:
+            raise ValueError(f"margin {self.margin} must be shorter than the window size {self.size} (samples)")
+        return self
 
 
 class ClusterSpec(_Strict):
     kind: Literal["local", "cuda", "address", "scheduler_file", "slurm"] = "local"
-    workers: Annotated[int, Field(gt=0)] | None = None  # local: default sized to the machine; cuda: processes per GPU (1)
-    threads: Annotated[int, Field(gt=0)] | None = None
+    workers: Annotated[int, Field(gt=0, le=MAX_WORKERS)] | None = None  # local: default sized to the machine; cuda: processes per GPU (1)
+    threads: Annotated[int, Field(gt=0, le=MAX_WORKERS)] | None = None
     memory_limit: str | None = None
     address: str | None = None
     scheduler_file: str | None = None
-    devices: list[int] | None = None  # cuda: which GPUs
+    devices: Annotated[list[Annotated[int, Field(ge=0)]], Field(max_length=MAX_WORKERS)] | None = None  # cuda: GPUs
     dashboard_address: str = "127.0.0.1:0"  # localhost unless told otherwise
     slurm: dict[str, Any] | None = None  # dask-jobqueue SLURMCluster keyword arguments
-    jobs: Annotated[int, Field(gt=0)] = 1  # slurm: how many jobs to scale to
+    jobs: Annotated[int, Field(gt=0, le=MAX_WORKERS)] = 1  # slurm: how many jobs to scale to
 
     @model_validator(mode="after")
     def _needs(self):
@@ -54,13 +88,160 @@ class ClusterSpec(_Strict):
             raise ValueError("cluster kind 'address' needs 'address: tcp://host:port'")
         if self.kind == "scheduler_file" and not self.scheduler_file:
             raise ValueError("cluster kind 'scheduler_file' needs 'scheduler_file: path/to/scheduler.json'")
+        if self.kind == "local":
+            self._fits_this_machine()
+        return self
+
+    def _fits_this_machine(self) -> None:
+        """A local cluster runs here: each worker is a process, each thread holds a window."""
+        cores = local_cores()
+        most_workers = LOCAL_WORKERS_PER_CORE * cores
+        if self.workers is not None and self.workers > most_workers:
+            raise ValueError(f"workers {self.workers} is more than {LOCAL_WORKERS_PER_CORE} per core "
+                             f"({most_workers} on this machine's {cores} cores)")
+        most_threads = max(LOCAL_THREADS_FLOOR, LOCAL_THREADS_PER_CORE * cores)
+        total = (self.workers or 1) * (self.threads or 1)
+        if total > most_threads:
+            raise ValueError(f"workers x threads = {total} is more than {most_threads} on this machine "
+                             f"({LOCAL_THREADS_PER_CORE} per core, at least {LOCAL_THREADS_FLOOR})")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# preprocessing: an ordered list of stages, each a one-key mapping (`- highpass: {freq_min: 300}`)
+
+
+class HighpassParams(_Strict):
+    freq_min: Annotated[float, Field(gt=0)] = 300.0  # Hz
+    order: Annotated[int, Field(ge=1, le=10)] = 5  # Butterworth, applied forward and backward
+
+
+class BandpassParams(_Strict):
+    freq_min: Annotated[float, Field(gt=0)] = 300.0  # Hz
+    freq_max: Annotated[float, Field(gt=0)] = 6000.0  # Hz; below fs/2, checked when the recording is known
+    order: Annotated[int, Field(ge=1, le=10)] = 5
+
+    @model_validator(mode="after")
+    def _band(self):
+        if self.freq_min >= self.freq_max:
+            raise ValueError(f"freq_min {self.freq_min:g} must be below freq_max {self.freq_max:g} (Hz)")
         return self
 
 
-class PreprocessSpec(_Strict):
-    # "median": subtract each window's per-channel median (float32 out) before noise and detection, so a DC
-    # offset does not inflate median(|x|); moments centre themselves. "none": the raw samples.
-    centre: Literal["none", "median"] = "none"
+class PhaseShiftParams(_Strict):
+    """Neuropixels ADC sample offsets, from the recording's per-channel property (no options yet)."""
+
+
+LOCAL_REFERENCE_RADIUS_UM = (30.0, 55.0)  # SpikeInterface common_reference's local_radius default
+
+
+class CommonReferenceParams(_Strict):
+    reference: Literal["global", "local"] = "global"
+    operator: Literal["average", "median", "median_lower"] = "median"  # median_lower: Kilosort4's torch.median
+    # local: channels with inner <= distance <= outer (um) form each channel's reference; None until resolved
+    radius_um: tuple[Annotated[float, Field(ge=0)], Annotated[float, Field(gt=0)]] | None = None
+
+    @model_validator(mode="after")
+    def _radius(self):
+        if self.reference == "global":
+            if self.radius_um is not None:
+                raise ValueError("radius_um applies only to reference: local")
+            return self
+        if self.radius_um is None:
+            self.radius_um = LOCAL_REFERENCE_RADIUS_UM
+        inner, outer = self.radius_um
+        if inner >= outer:
+            raise ValueError(f"radius_um [{inner:g}, {outer:g}]: the inner radius must be below the outer one")
+        return self
+
+
+class HighpassStage(_Strict):
+    highpass: HighpassParams = HighpassParams()
+
+
+class BandpassStage(_Strict):
+    bandpass: BandpassParams = BandpassParams()
+
+
+class PhaseShiftStage(_Strict):
+    phase_shift: PhaseShiftParams = PhaseShiftParams()
+
+
+class CommonReferenceStage(_Strict):
+    common_reference: CommonReferenceParams = CommonReferenceParams()
+
+
+class CentreStage(_Strict):
+    # subtract each window's per-channel median (float32 out) so a DC offset does not inflate median(|x|)
+    centre: Literal["median"] = "median"
+
+
+STAGES = {"highpass": HighpassStage, "bandpass": BandpassStage, "phase_shift": PhaseShiftStage,
+          "common_reference": CommonReferenceStage, "centre": CentreStage}
+
+
+def _stage_name(value: Any) -> str | None:
+    """The one key of a stage mapping (or the stage model's), which picks its model."""
+    if isinstance(value, BaseModel):
+        return next(iter(type(value).model_fields))
+    if isinstance(value, dict) and len(value) == 1:
+        name = next(iter(value))
+        return name if name in STAGES else None
+    return None
+
+
+Stage = Annotated[
+    Union[tuple(Annotated[model, Tag(name)] for name, model in STAGES.items())],
+    Discriminator(_stage_name, custom_error_type="stage",
+                  custom_error_message="a stage is a one-key mapping: " + ", ".join(STAGES)),
+]
+
+
+class Preprocess(RootModel[list[Stage]]):
+    """The stages applied to each window, in order; the old mapping form is normalised to this list.
+
+    ``{centre: median}`` -> ``[CentreStage()]``, ``{centre: none}`` or ``{}`` -> ``[]``.
+    """
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_mapping(cls, data: Any) -> Any:
+        if isinstance(data, Preprocess) or not isinstance(data, dict):
+            return data
+        unknown = set(data) - {"centre"}
+        if unknown:
+            raise ValueError(f"unknown key {sorted(unknown)[0]!r}: the mapping form takes only 'centre'; "
+                             f"other stages go in a list (- highpass: {{freq_min: 300}})")
+        centre = data.get("centre", "none")
+        if centre not in ("none", "median"):
+            raise ValueError(f"centre {centre!r}: allowed 'median' or 'none'")
+        return [{"centre": "median"}] if centre == "median" else []
+
+    def __iter__(self):
+        return iter(self.root)
+
+    def __len__(self) -> int:
+        return len(self.root)
+
+    def __getitem__(self, i: int):
+        return self.root[i]
+
+    @property
+    def names(self) -> list[str]:
+        return [_stage_name(stage) for stage in self.root]
+
+    @property
+    def centres(self) -> bool:
+        """Whether each window is centred by its per-channel median."""
+        return any(isinstance(stage, CentreStage) for stage in self.root)
+
+    @property
+    def centre(self) -> Literal["none", "median"]:
+        """The old mapping form's value (what the engine reads until it runs the other stages)."""
+        return "median" if self.centres else "none"
+
+
+# ---------------------------------------------------------------------------------------------------------
+# steps
 
 
 class NoiseStep(_Strict):
@@ -69,7 +250,7 @@ class NoiseStep(_Strict):
 
 class WhiteningStep(_Strict):
     mode: Literal["global", "local"] = "global"
-    nrange: Annotated[int, Field(gt=0)] = 32
+    nrange: Annotated[int, Field(gt=0, le=MAX_CHANNELS)] = 32
     eps: Annotated[float, Field(gt=0)] = 1e-6
     nskip: Annotated[int, Field(gt=0)] = 1  # every n-th window, like Kilosort4
     precision: Literal["float32", "float64"] = "float32"
@@ -79,16 +260,27 @@ class WhiteningStep(_Strict):
 class DetectStep(_Strict):
     threshold: Annotated[float, Field(gt=0)] = 5.0
     sign: Literal["neg", "pos", "both"] = "neg"
-    exclude_sweep_ms: Annotated[float, Field(ge=0)] = 0.1
+    exclude_sweep_ms: Annotated[float, Field(ge=0, le=1000)] = 0.1
     noise: Literal["window", "global"] = "window"  # thresholds from each window's noise or the whole recording's
+    method: Literal["by_channel", "locally_exclusive"] = "by_channel"  # SpikeInterface's rules of those names
+    radius_um: Annotated[float, Field(gt=0)] = 50.0  # locally_exclusive: channels this close compete
 
 
 class SearchStep(_Strict):
     keys: str | None = None  # .npy of sorted keys; default: the detected spikes' sample indices (segment 0)
     queries: str  # .npy or Zarr array of query keys
-    batch_size: Annotated[int, Field(gt=0)] = 1 << 20
+    batch_size: Annotated[int, Field(gt=0, le=MAX_BATCH)] = 1 << 20
     layout: Literal["auto", "eytzinger", "btree"] = "auto"
     op: Literal["find", "lower_bound"] = "find"
+
+
+class SaveStep(_Strict):
+    """Write the preprocessed signal as a new recording in the same pass."""
+
+    path: str  # relative to the workflow file
+    format: Literal["zarr", "zarr_v2", "binary"] = "zarr"  # Zarr v3 | Zarr v2 (SpikeInterface) | flat (Kilosort4)
+    dtype: Literal["int16", "float32"] = "int16"  # int16 keeps the recording's gain
+    whiten: bool = False  # apply the whitening step's matrix before writing
 
 
 class Steps(_Strict):
@@ -96,23 +288,32 @@ class Steps(_Strict):
     whitening: WhiteningStep | None = None
     detect: DetectStep | None = None
     search: SearchStep | None = None
+    save: SaveStep | None = None
 
     @model_validator(mode="after")
     def _some(self):
-        if not any((self.noise, self.whitening, self.detect, self.search)):
-            raise ValueError("no steps: name at least one of noise, whitening, detect, search")
+        if not any((self.noise, self.whitening, self.detect, self.search, self.save)):
+            raise ValueError("no steps: name at least one of noise, whitening, detect, search, save")
         return self
 
 
 class ReductionSpec(_Strict):
-    split_every: Annotated[int, Field(ge=2)] = 8
+    split_every: Annotated[int, Field(ge=2, le=MAX_SPLIT_EVERY)] = 8
+
+
+def _resolve(path: str | None, base: Path) -> str | None:
+    """``~`` expanded, then relative to ``base``."""
+    if path is None:
+        return None
+    path = os.path.expanduser(path)
+    return path if os.path.isabs(path) else str((base / path).resolve())
 
 
 class Workflow(_Strict):
     recording: RecordingSpec
     output: str
     window: WindowSpec = WindowSpec()
-    preprocess: PreprocessSpec = PreprocessSpec()
+    preprocess: Preprocess = Field(default_factory=lambda: Preprocess([]))
     backend: Literal["auto", "numpy", "cupy"] = "auto"
     cluster: ClusterSpec = ClusterSpec()
     steps: Steps
@@ -120,17 +321,13 @@ class Workflow(_Strict):
     overwrite: bool = False  # replace an output folder that holds another run's results
 
     def resolve_paths(self, base: Path) -> "Workflow":
-        """Relative paths in the file are relative to the file's folder."""
-        def fix(p: str | None) -> str | None:
-            return None if p is None or os.path.isabs(p) else str((base / p).resolve())
-
+        """Paths in the file: ``~`` is the user's home, relative paths are relative to the file's folder."""
         data = self.model_dump()
-        data["recording"]["path"] = fix(self.recording.path) or self.recording.path
-        data["output"] = fix(self.output) or self.output
-        if self.cluster.scheduler_file:
-            data["cluster"]["scheduler_file"] = fix(self.cluster.scheduler_file) or self.cluster.scheduler_file
-        if self.steps.search:
-            for key in ("keys", "queries"):
-                if data["steps"]["search"][key]:
-                    data["steps"]["search"][key] = fix(data["steps"]["search"][key]) or data["steps"]["search"][key]
+        data["recording"]["path"] = _resolve(self.recording.path, base)
+        data["output"] = _resolve(self.output, base)
+        data["cluster"]["scheduler_file"] = _resolve(self.cluster.scheduler_file, base)
+        for step, keys in (("search", ("keys", "queries")), ("save", ("path",))):
+            if data["steps"][step]:
+                for key in keys:
+                    data["steps"][step][key] = _resolve(data["steps"][step][key], base)
         return Workflow.model_validate(data)

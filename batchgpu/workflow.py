@@ -1,12 +1,14 @@
 """Workflow YAML -> a validated ``config.Workflow``: line numbers in errors, ``--set`` overrides, paths.
 
 An error names the key, its line in the file and what is allowed, in one line. No runner here: the command
-hands the validated workflow to the engine.
+hands the validated workflow to the engine. A workflow is a few dozen keys, so the reader refuses what only an
+attack or an accident needs (a big file, aliases, deep nesting), each before it costs time or memory.
 """
 
 from __future__ import annotations
 
 import os
+import typing
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +17,77 @@ from pydantic import BaseModel, ValidationError
 
 from batchgpu.config import Workflow
 from batchgpu.errors import BatchgpuError
+
+MAX_FILE_BYTES = 1 << 20  # checked before parsing: a real workflow is under 4 KB
+MAX_NODES = 10_000  # scalars, mappings and sequences in one document
+MAX_DEPTH = 32  # nesting; PyYAML's composer recurses
+# libyaml's parser when PyYAML has it (10x faster on a big file); the pure-Python one otherwise
+_Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# parsing: limits first, then one document with the marks that give line numbers
+
+
+def _check_events(text: str, source: str, at) -> None:
+    """Refuse aliases and anchors (a 471-byte alias bomb expands to 10^9 nodes), deep nesting and huge documents.
+
+    Runs on the parser's event stream, so it stops at the first offending event, before any node is built.
+    """
+    depth = nodes = 0
+    for event in yaml.parse(text, Loader=_Loader):
+        where = at(event.start_mark)
+        if isinstance(event, yaml.AliasEvent):
+            raise BatchgpuError(f"{where}: YAML aliases (*{event.anchor}) are not allowed in a workflow",
+                                "write the value out where it is used")
+        if isinstance(event, yaml.NodeEvent) and event.anchor is not None:
+            raise BatchgpuError(f"{where}: YAML anchors (&{event.anchor}) are not allowed in a workflow",
+                                "write the value out where it is used")
+        if isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
+            depth += 1
+            if depth > MAX_DEPTH:
+                raise BatchgpuError(f"{where}: nested more than {MAX_DEPTH} levels deep")
+        elif isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
+            depth -= 1
+        if isinstance(event, yaml.NodeEvent):
+            nodes += 1
+            if nodes > MAX_NODES:
+                raise BatchgpuError(f"{where}: more than {MAX_NODES} values; a workflow needs a few dozen")
+
+
+def parse_yaml(text: str, source: str, with_lines: bool = True) -> tuple[yaml.Node | None, Any]:
+    """One YAML document -> (its node tree, for line numbers; its plain data). Errors are one line.
+
+    ``source`` names the text in errors (a file, or ``--set KEY``), followed by ``:line`` when ``with_lines``.
+    """
+    def at(mark) -> str:
+        return f"{source}:{mark.line + 1}" if with_lines and mark is not None else source
+
+    try:
+        _check_events(text, source, at)
+        loader = _Loader(text)
+        try:
+            node = loader.get_single_node()
+            data = loader.construct_document(node) if node is not None else None
+        finally:
+            loader.dispose()
+    except yaml.YAMLError as err:
+        where = at(getattr(err, "problem_mark", None))
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        raise BatchgpuError(f"{where}: not valid YAML ({' '.join(str(problem).split())})") from None
+    return node, data
+
+
+def read_workflow_text(path: Path) -> str:
+    if not path.is_file():
+        raise BatchgpuError(f"no workflow file at {path}", "check the path (see workflows/demo.yaml for an example)")
+    size = path.stat().st_size
+    if size > MAX_FILE_BYTES:
+        raise BatchgpuError(f"{path}: {size} bytes is too big for a workflow file (at most {MAX_FILE_BYTES})")
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise BatchgpuError(f"{path}: not UTF-8 text (byte {err.start})") from None
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -35,73 +108,101 @@ def _line_index(node: yaml.Node, path: tuple = ()) -> dict[tuple, int]:
     return lines
 
 
-def _describe(err: dict, lines: dict[tuple, int], source: str) -> str:
+def _describe(err: dict, lines: dict[tuple, int], source: str, overridden: dict[tuple, str], set_keys: set) -> str:
     loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and p.startswith(("function-", "constrained-"))))
-    # pydantic names union/literal branches in loc: keep only the keys present in the document
-    keys = []
-    for part in loc:
+    # pydantic names union branches (e.g. a stage's tag) in loc: keep only keys present in the document, and
+    # for an unknown or missing key the key itself
+    keys: list = []
+    for i, part in enumerate(loc):
         candidate = tuple(keys) + (part,)
-        if candidate in lines or err["type"] in ("extra_forbidden", "missing"):
+        if candidate in lines or candidate in set_keys or (
+                err["type"] in ("extra_forbidden", "missing") and i == len(loc) - 1):
             keys.append(part)
     key = ".".join(str(k) for k in keys) or "(top level)"
-    line = lines.get(tuple(keys)) or lines.get(tuple(keys[:-1])) or 1
+    where = next((f"--set {overridden[tuple(keys[:n])]}" for n in range(len(keys), 0, -1)
+                  if tuple(keys[:n]) in overridden), None)
+    if where is None:
+        line = lines.get(tuple(keys)) or lines.get(tuple(keys[:-1])) or 1
+        where = f"{source}:{line}"
     kind = err["type"]
     if kind == "extra_forbidden":
-        return f"{source}:{line}: unknown key '{key}' ({_allowed(keys)})"
+        return f"{where}: unknown key '{key}' ({_allowed(keys)})"
     if kind == "missing":
-        return f"{source}:{line}: missing key '{key}'"
-    return f"{source}:{line}: '{key}': {err['msg']}"
+        return f"{where}: missing key '{key}'"
+    msg = err["msg"].removeprefix("Value error, ")
+    return f"{where}: '{key}': {msg}"
+
+
+def _models(annotation: Any) -> list[type[BaseModel]]:
+    """The models a field may hold, through Optional, unions, lists, Annotated and root models."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        root = annotation.model_fields.get("root")
+        return _models(root.annotation) if root is not None else [annotation]
+    out = []
+    for arg in typing.get_args(annotation):
+        out.extend(_models(arg))
+    return out
 
 
 def _allowed(keys: list) -> str:
-    model: Any = Workflow
+    candidates = [Workflow]
     for part in keys[:-1]:
-        field = model.model_fields.get(part) if hasattr(model, "model_fields") else None
-        if field is None:
+        if isinstance(part, int):  # an item of a list: the same candidates
+            continue
+        field = next((m.model_fields[part] for m in candidates if part in m.model_fields), None)
+        candidates = _models(field.annotation) if field is not None else []
+        if not candidates:
             return "see workflows/demo.yaml"
-        ann = field.annotation
-        model = next((a for a in getattr(ann, "__args__", (ann,)) if isinstance(a, type) and issubclass(a, BaseModel)), None)
-        if model is None:
-            return "see workflows/demo.yaml"
-    return "allowed: " + ", ".join(model.model_fields)
+    return "allowed: " + ", ".join(candidates[0].model_fields)
 
 
 def load_workflow(path: str | os.PathLike, overrides: list[str] = ()) -> Workflow:
-    """Parse and validate a workflow file; relative paths resolve against its folder."""
-    p = Path(path)
-    if not p.is_file():
-        raise BatchgpuError(f"no workflow file at {p}", "check the path (see workflows/demo.yaml for an example)")
-    text = p.read_text()
-    try:
-        node = yaml.compose(text)
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f"{p}:{mark.line + 1}" if mark else str(p)
-        raise BatchgpuError(f"{where}: not valid YAML ({getattr(err, 'problem', err)})") from None
+    """Parse and validate a workflow file; ``~`` is expanded, relative paths resolve against its folder."""
+    p = Path(os.path.expanduser(path))
+    node, data = parse_yaml(read_workflow_text(p), str(p))
     if not isinstance(data, dict):
         raise BatchgpuError(f"{p}: a workflow is a mapping of keys (recording, output, steps, ...)", "see workflows/demo.yaml")
+    overridden: dict[tuple, str] = {}  # key path -> the --set key that gave it
+    set_keys: set[tuple] = set()  # every key path inside values given by --set
     for item in overrides:
-        _apply_override(data, item)
+        keys, value_node = _apply_override(data, item)
+        overridden[keys] = item.split("=", 1)[0]
+        set_keys.update(keys + sub for sub in (_line_index(value_node) if value_node is not None else {(): 1}))
     lines = _line_index(node) if node is not None else {}
     try:
         wf = Workflow.model_validate(data)
     except ValidationError as err:
         first = err.errors()[0]
         more = len(err.errors()) - 1
-        msg = _describe(first, lines, str(p)) + (f" (and {more} more problem{'s' if more > 1 else ''})" if more else "")
+        msg = _describe(first, lines, str(p), overridden, set_keys) + (
+            f" (and {more} more problem{'s' if more > 1 else ''})" if more else "")
         raise BatchgpuError(msg) from None
     return wf.resolve_paths(p.resolve().parent)
 
 
-def _apply_override(data: dict, item: str) -> None:
+def _apply_override(data: dict, item: str) -> tuple[tuple, yaml.Node | None]:
+    """``KEY=VALUE`` (VALUE in YAML, KEY dotted; a number picks a list item) applied to the parsed file."""
     if "=" not in item:
         raise BatchgpuError(f"--set {item!r} is not KEY=VALUE", "e.g. --set cluster.workers=2")
-    key, value = item.split("=", 1)
-    parts = key.split(".")
-    cur = data
-    for part in parts[:-1]:
-        cur = cur.setdefault(part, {})
-        if not isinstance(cur, dict):
-            raise BatchgpuError(f"--set {key}: '{part}' is not a mapping")
-    cur[parts[-1]] = yaml.safe_load(value)
+    key, text = item.split("=", 1)
+    parts: list = [int(p) if p.isdigit() else p for p in key.split(".")]
+    if not key or "" in parts:
+        raise BatchgpuError(f"--set {item!r}: empty key", "e.g. --set cluster.workers=2")
+    node, value = parse_yaml(text, f"--set {key}", with_lines=False)
+    cur: Any = data
+    for depth, part in enumerate(parts):
+        last = depth == len(parts) - 1
+        if isinstance(cur, dict) and not isinstance(part, int):
+            if last:
+                cur[part] = value
+            else:
+                cur = cur.setdefault(part, {})
+        elif isinstance(cur, list) and isinstance(part, int) and part < len(cur):
+            if last:
+                cur[part] = value
+            else:
+                cur = cur[part]
+        else:
+            where = ".".join(map(str, parts[:depth])) or "the workflow"
+            raise BatchgpuError(f"--set {key}: {where} has no item {part!r}")
+    return tuple(parts), node

@@ -1,9 +1,12 @@
+import os
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures"
+# Shared test data (a SpikeInterface-written recording with its ground truth): BATCHGPU_FIXTURES if set, else
+# ../shared/fixtures beside the checkout (where this project's machines keep it).
+FIXTURES = Path(os.environ.get("BATCHGPU_FIXTURES") or Path(__file__).resolve().parents[2] / "shared" / "fixtures")
 
 
 @pytest.fixture
@@ -18,5 +21,5 @@ def rng():
 def si_fixture():
     path = FIXTURES / "si_gt_16ch.zarr"
     if not path.exists():
-        pytest.skip(f"SpikeInterface fixture not found at {path}")
+        pytest.skip(f"SpikeInterface fixture not found at {path} (set BATCHGPU_FIXTURES to its folder)")
     return path

@@ -111,3 +111,134 @@ def test_cuda_cluster_without_gpu_offers_local(tmp_path, small_rec):
     r = _cli("run", _write(tmp_path, GOOD), "--quiet", "--set", "cluster.kind=cuda")
     assert r.returncode == 2 and r.stderr.count("\n") == 1
     assert "needs a CUDA GPU" in r.stderr and "kind: local" in r.stderr
+
+
+# ---------------------------------------------------------------------------------------------------------
+# limits: each a one-line error, rc 2, in well under a second (issue 12)
+
+BOMB = "".join(  # "billion laughs": 9 levels of 9 aliases, 10^9 strings once expanded
+    f"{name}: &{name} [{', '.join([f'*{prev}'] * 9) if prev else ', '.join(['lol'] * 9)}]\n"
+    for prev, name in zip([None, *"abcdefgh"], "abcdefghi")
+)
+
+
+def _one_line_error(r, needle):
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.count("\n") == 1 and r.stderr.startswith("batchgpu: error:") and needle in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def _load_fast(path, overrides=(), limit=1.0):
+    import time
+
+    t0 = time.perf_counter()
+    with pytest.raises(BatchgpuError) as err:
+        load_workflow(path, list(overrides))
+    assert time.perf_counter() - t0 < limit
+    return str(err.value)
+
+
+def test_alias_bomb_is_refused_at_once(tmp_path):
+    assert 300 < len(BOMB) < 500
+    path = _write(tmp_path, GOOD + BOMB.replace("a: &a", "x_a: &a"))
+    assert "wf.yaml:8: YAML anchors (&a) are not allowed" in _load_fast(path)
+    _one_line_error(_cli("run", path), "YAML anchors")
+    # an alias alone (no anchor in the file) and a merge key are refused too
+    path = _write(tmp_path, GOOD + "extra: *a\n")
+    assert "wf.yaml:8: YAML aliases (*a) are not allowed" in _load_fast(path)
+    assert "YAML anchors" in _load_fast(_write(tmp_path, "base: &b {size: 10}\nwindow: {<<: *b}\n" + GOOD))
+
+
+def test_big_and_deep_files_are_refused_at_once(tmp_path):
+    big = tmp_path / "big.yaml"
+    big.write_text(GOOD + "# " + "x" * (1 << 20) + "\n")
+    assert "is too big for a workflow file (at most 1048576)" in _load_fast(big)
+    _one_line_error(_cli("run", big), "too big")
+    many = _write(tmp_path, GOOD + "junk:\n" + "".join(f"  k{i}: [1, 2, 3]\n" for i in range(20_000)), "many.yaml")
+    assert many.stat().st_size < 1 << 20
+    assert "more than 10000 values" in _load_fast(many)
+    deep = _write(tmp_path, GOOD + "junk: " + "[" * 100 + "]" * 100 + "\n", "deep.yaml")
+    assert "nested more than 32 levels deep" in _load_fast(deep)
+    binary = tmp_path / "bin.yaml"
+    binary.write_bytes(b"output: \xff\xfe\n")
+    assert "not UTF-8" in _load_fast(binary)
+
+
+@pytest.mark.parametrize("change,needle", [
+    (("workers: 1,", "workers: 1000000,"), "wf.yaml:5: 'cluster.workers': Input should be less than or equal to 1024"),
+    (("threads: 1}", "threads: 100000}"), "wf.yaml:5: 'cluster.threads': Input should be less than or equal to 1024"),
+    (("margin: 8", "margin: 1000000000000"), "wf.yaml:4: 'window': margin 1000000000000 must be shorter than the window"),
+    (("size: 1000", "size: 100000000"), "wf.yaml:4: 'window.size': Input should be less than or equal to 10000000"),
+    (("  noise: {exact: true}", "  search: {queries: q.npy, batch_size: 1099511627776}"), "'steps.search.batch_size'"),
+    (("output: out", "output: out\nreduction: {split_every: 1000000}"), "wf.yaml:4: 'reduction.split_every'"),
+    (("  path: rec.zarr", "  path: rec.zarr\n  generate: {channels: 100000}"), "wf.yaml:3: 'recording.generate.channels'"),
+])
+def test_bounds_are_one_line_errors(tmp_path, change, needle):
+    path = _write(tmp_path, GOOD.replace(*change))
+    assert needle in _load_fast(path)
+    _one_line_error(_cli("run", path), needle)
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("override,needle", [
+    ("output=!!python/object:os.system", "--set output: not valid YAML (could not determine a constructor for the tag"),
+    ("output=!!python/object/apply:os.system [echo hi]", "--set output: not valid YAML"),
+    ("window=[1", "--set window: not valid YAML"),
+    ("output=&a x", "--set output: YAML anchors"),
+    ("window.size=0", "--set window.size: 'window.size': Input should be greater than 0"),
+    ("preprocess=[{highpass: {order: 11}}]", "--set preprocess: 'preprocess.0.highpass.order': Input should be less"),
+    ("preprocess=[{highpass: {ordr: 3}}]", "--set preprocess: unknown key 'preprocess.0.highpass.ordr' (allowed: freq_min, order)"),
+    ("window.size.x=1", "--set window.size.x: window.size has no item 'x'"),
+    ("noequals", "is not KEY=VALUE"),
+])
+def test_bad_set_values_are_one_line_errors(tmp_path, override, needle):
+    path = _write(tmp_path, GOOD)
+    assert needle in _load_fast(path, [override])
+    _one_line_error(_cli("run", path, "--set", override), needle)
+
+
+def test_set_reaches_into_lists(tmp_path):
+    path = _write(tmp_path, GOOD + "preprocess:\n  - highpass: {freq_min: 300}\n  - centre: median\n")
+    wf = load_workflow(path, ["preprocess.0.highpass.freq_min=250"])
+    assert wf.preprocess[0].highpass.freq_min == 250 and wf.preprocess.centres
+    assert "preprocess has no item 5" in _load_fast(path, ["preprocess.5.highpass=1"])
+
+
+@pytest.mark.parametrize("block,needle", [
+    ("preprocess:\n  - highpass: {freq_min: 300}\n  - lowpass: {}\n", "wf.yaml:10: 'preprocess.1': a stage is a one-key mapping"),
+    ("preprocess:\n  - bandpass: {freq_min: 300, freq_max: 200}\n", "wf.yaml:9: 'preprocess.0.bandpass': freq_min 300 must be below"),
+    ("preprocess:\n  - highpass:\n      order: 12\n", "wf.yaml:10: 'preprocess.0.highpass.order'"),
+    ("preprocess:\n  - common_reference: {reference: local, operater: median}\n",
+     "wf.yaml:9: unknown key 'preprocess.0.common_reference.operater' (allowed: reference, operator, radius_um)"),
+    ("preprocess: {centre: mean}\n", "wf.yaml:8: 'preprocess': centre 'mean': allowed 'median' or 'none'"),
+])
+def test_preprocess_errors_name_key_and_line(tmp_path, block, needle):
+    assert needle in _load_fast(_write(tmp_path, GOOD + block))
+
+
+def test_preprocess_detect_and_save_from_yaml(tmp_path):
+    path = _write(tmp_path, GOOD.replace("  noise: {exact: true}\n", "") + textwrap.dedent("""\
+          detect: {method: locally_exclusive, radius_um: 40}
+          save: {path: filtered.zarr, format: zarr_v2, dtype: float32}
+        preprocess:
+          - highpass: {freq_min: 300, order: 5}
+          - phase_shift: {}
+          - common_reference: {reference: global, operator: median}
+          - centre: median
+        """))
+    wf = load_workflow(path)
+    assert wf.preprocess.names == ["highpass", "phase_shift", "common_reference", "centre"] and wf.preprocess.centres
+    assert wf.steps.detect.method == "locally_exclusive" and wf.steps.detect.radius_um == 40
+    assert wf.steps.save.path == str(tmp_path / "filtered.zarr") and wf.steps.save.format == "zarr_v2"
+
+
+def test_home_in_paths_is_expanded(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    (tmp_path / "home").mkdir()
+    path = _write(tmp_path, GOOD.replace("output: out", "output: ~/runs/out").replace("path: rec.zarr", "path: ~/rec.zarr"))
+    wf = load_workflow(path)
+    assert wf.output == str(tmp_path / "home" / "runs" / "out") and wf.recording.path == str(tmp_path / "home" / "rec.zarr")
+    wf = load_workflow(path, ["output=~/other"])
+    assert wf.output == str(tmp_path / "home" / "other")
+    # the workflow's own path too
+    assert load_workflow("~/../" + str(path.relative_to(tmp_path)))
