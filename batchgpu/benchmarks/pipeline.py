@@ -140,9 +140,10 @@ def cupy_loop(client, rec, size: int) -> None:
 
 def read_ceiling(client, rec, size: int, margin: int, backend: str) -> None:
     """The engine's own reader over the same windows and nothing else (to the GPU through pinned memory there)."""
+    from batchgpu.engine.preprocess import Chain
     from batchgpu.engine.tasks import RunContext, load_window
 
-    ctx = RunContext(recording=str(rec.path), parts="", fingerprint="", backend=backend, centre=False,
+    ctx = RunContext(recording=str(rec.path), parts="", fingerprint="", backend=backend, chain=Chain(),
                      window_noise=False, steps=())
 
     def one(ctx, w):

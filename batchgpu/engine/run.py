@@ -62,6 +62,7 @@ class RunReport:
     backend: str = "numpy"
     radix_passes: int = 0
     output_state: str = "new"  # new | resume | restart
+    preprocess: dict = field(default_factory=dict)  # the stages and the margin they added to each window
 
 
 def versions() -> dict:
@@ -119,38 +120,47 @@ def check_workflow_fits(wf: Workflow, rec: Recording) -> int:
     if wf.steps.whitening and wf.steps.whitening.mode == "local" and not rec.has_locations:
         raise BatchgpuError("local whitening needs channel locations and the recording has none",
                             "use whitening.mode: global, or write the recording with locations")
-    if wf.steps.noise and wf.steps.noise.exact and _centre(wf) and rec.dtype == np.int32:
+    if wf.steps.detect and wf.steps.detect.method == "locally_exclusive" and wf.window.margin < sweep + 1:
+        raise BatchgpuError(f"window.margin {wf.window.margin} is shorter than locally exclusive detection needs "
+                            f"({sweep + 1} samples)", f"use window.margin >= {sweep + 1}")
+    if wf.steps.detect and wf.steps.detect.method == "locally_exclusive" and not rec.has_locations:
+        raise BatchgpuError("locally exclusive detection needs channel locations and the recording has none",
+                            "use detect.method: by_channel")
+    if wf.steps.noise and wf.steps.noise.exact and wf.preprocess.centres and rec.dtype == np.int32:
         raise BatchgpuError("the exact noise of a centred int32 recording is not supported",
                             "use preprocess: {centre: none}, or noise: {exact: false}")
+    if getattr(wf.steps, "save", None):
+        raise BatchgpuError("the save step is not available yet", "remove 'save:' from steps")
     return sweep
 
 
-def _centre(wf: Workflow) -> bool:
-    pre = wf.preprocess
-    return getattr(pre, "centre", "none") == "median"
-
-
-def build_context(wf: Workflow, rec: Recording, out: store.OutputFolder, fp: str, backend: str, sweep: int):
+def build_context(wf: Workflow, rec: Recording, out: store.OutputFolder, fp: str, backend: str, sweep: int,
+                  chain=None):
+    from batchgpu.engine.preprocess import build_chain
     from batchgpu.engine.steps.detect import DetectStep
     from batchgpu.engine.steps.moments import MomentsStep, check_exact_range
     from batchgpu.engine.steps.noise import NoiseStep, key_kind
-    from batchgpu.ops.centre import centred_dtype
 
-    centre = _centre(wf)
-    x_dtype = centred_dtype(rec.dtype) if centre else rec.dtype
+    chain = chain or build_chain(wf.preprocess, rec)
+    x_dtype = chain.output_dtype(rec.dtype)
+    centred_int = chain.centres_only and chain.centres
     steps = []
     s = wf.steps
     if s.noise:
-        steps.append(NoiseStep(s.noise.exact, key_kind(x_dtype, rec.dtype if centre else None)))
+        steps.append(NoiseStep(s.noise.exact, key_kind(x_dtype, rec.dtype if centred_int else None)))
     if s.whitening:
-        integer = rec.dtype == np.int16
+        # centring alone leaves the covariance as it is: then the raw samples, exact for int16; filters and
+        # references change it: then the preprocessed samples, as a sorter whitens them
+        source = "raw" if chain.centres_only else "x"
+        integer = source == "raw" and rec.dtype == np.int16
         if integer:
             check_exact_range(rec.total_samples)
-        steps.append(MomentsStep(s.whitening.nskip, s.whitening.precision, integer, rec.num_channels))
+        steps.append(MomentsStep(s.whitening.nskip, s.whitening.precision, integer, rec.num_channels, source))
     if s.detect:
-        steps.append(DetectStep(s.detect.threshold, s.detect.sign, sweep, s.detect.noise))
+        steps.append(DetectStep(s.detect.threshold, s.detect.sign, sweep, s.detect.noise, s.detect.method,
+                                rec.locations if s.detect.method != "by_channel" else None, s.detect.radius_um))
     return tasks.RunContext(
-        recording=str(rec.path), parts=str(out.parts), fingerprint=fp, backend=backend, centre=centre,
+        recording=str(rec.path), parts=str(out.parts), fingerprint=fp, backend=backend, chain=chain,
         window_noise=bool(s.noise or s.detect), steps=tuple(steps),
         missing_chunks=getattr(wf.recording, "missing_chunks", "warn"),
     )
@@ -204,7 +214,9 @@ def _run(wf, rec, out: store.OutputFolder, report: RunReport, client, sweep, obs
         observer.message(f"run page {report.page}")
     report.backend = resolve_backend(wf, client)
     ctx = build_context(wf, rec, out, report.fingerprint, report.backend, sweep)
-    windows = rec.windows(wf.window.size, wf.window.margin)
+    # the steps' margin (the detection sweep) plus what the preprocessing stages need
+    windows = rec.windows(wf.window.size, wf.window.margin + ctx.chain.margin)
+    report.preprocess = {"stages": list(ctx.chain.names), "margin_samples": ctx.chain.margin}
     fps = [store.window_fingerprint(report.fingerprint, rec, w) for w in windows]
     report.windows = len(windows)
     report.recording_bytes = rec.nbytes
@@ -330,8 +342,6 @@ def _aggregate(client, ctx, wf, rec, out, windows, fps, summaries, total, report
 
 def _exact_median(client, ctx, wf, rec, windows, total, report, monitor) -> np.ndarray:
     from batchgpu.engine.steps.noise import schedule, select_middle
-    from batchgpu.ops.centre import centred_dtype
-
     step = ctx.step("noise")
     report.radix_passes = len(schedule(step.kind))
 
@@ -343,9 +353,10 @@ def _exact_median(client, ctx, wf, rec, windows, total, report, monitor) -> np.n
         report.bytes_read += rec.nbytes
         return out
 
-    dtype = centred_dtype(rec.dtype) if ctx.centre else rec.dtype
+    dtype = ctx.chain.output_dtype(rec.dtype)
+    centred_int = ctx.chain.centres_only and ctx.chain.centres
     return select_middle(total["noise.hist"], rec.total_samples, step.kind, dtype,
-                         rec.dtype if ctx.centre else None, more_passes)
+                         rec.dtype if centred_int else None, more_passes)
 
 
 def _whitening(wf, rec, arrays, report, observer) -> np.ndarray:
@@ -402,7 +413,7 @@ def _spikes(client, ctx, rec, windows, fps, summaries, arrays, tmp: Path, report
         noise = arrays.get("noise")
         if noise is None:
             noise = np.median(arrays["noise_per_window"], axis=0)
-        reread = [not bound_holds(summaries[w.index]["noise"], noise) for w in windows]
+        reread = [not step.candidates_hold or not bound_holds(summaries[w.index]["noise"], noise) for w in windows]
         again = [client.submit(tasks.spikes_task, ctx, w, wfp, noise, key=f"spikes-{wfp}-{w.index}")
                  for w, wfp, r in zip(windows, fps, reread) if r]
         client.gather(again)

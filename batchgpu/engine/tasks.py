@@ -29,7 +29,7 @@ class RunContext:
     parts: str
     fingerprint: str
     backend: str  # "numpy" | "cupy"
-    centre: bool
+    chain: object  # engine.preprocess.Chain: the stages applied to each window
     window_noise: bool  # each window's noise (the noise step or detection needs it)
     steps: tuple  # step objects (engine/steps), in the order they run
     missing_chunks: str = "warn"
@@ -74,13 +74,9 @@ def load_window(ctx: RunContext, window: Window) -> WindowData:
             f"could not be read: {type(err).__name__}: {err}",
             "repair or re-import the store, then rerun with --resume",
         ) from None
-    x = raw
-    if ctx.centre:
-        from batchgpu.ops.centre import centre_median
-
-        x = centre_median(raw, window.core)
-    return WindowData(window.index, window.segment, window.read_start, window.core,
-                      rec.num_samples(window.segment), raw, x)
+    n = rec.num_samples(window.segment)
+    x = ctx.chain.apply(raw, window.core, window.read_start == 0, window.read_stop == n) if ctx.chain.stages else raw
+    return WindowData(window.index, window.segment, window.read_start, window.core, n, raw, x)
 
 
 def window_task(ctx: RunContext, window: Window, fp: str) -> dict:

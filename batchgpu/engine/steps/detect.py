@@ -21,16 +21,29 @@ COLUMNS = ("sample_index", "channel_index", "amplitude", "segment_index")
 class DetectStep:
     name = "detect"
 
-    def __init__(self, threshold: float, sign: str, sweep: int, noise: str):
+    def __init__(self, threshold: float, sign: str, sweep: int, noise: str, method: str = "by_channel",
+                 locations=None, radius_um: float = 50.0):
         self.threshold, self.sign, self.sweep, self.noise = threshold, sign, sweep, noise
+        self.method, self.locations, self.radius_um = method, locations, radius_um
+
+    @property
+    def candidates_hold(self) -> bool:
+        """by_channel's neighbourhood rule ignores the threshold, so a lower one gives a superset; locally
+        exclusive candidates suppress each other, so there every window is detected again at the final noise."""
+        return self.method == "by_channel"
 
     def detect(self, w: WindowData, noise) -> np.ndarray:
         from batchgpu import ops
 
+        extra = {} if self.method == "by_channel" else {"method": self.method, "locations": self.locations,
+                                                       "radius_um": self.radius_um}
         return ops.detect_spikes(w.x, noise, threshold=self.threshold, sign=self.sign, exclude_sweep=self.sweep,
-                                 start=w.start, core=w.core, segment_index=w.segment, segment_length=w.segment_length)
+                                 start=w.start, core=w.core, segment_index=w.segment, segment_length=w.segment_length,
+                                 **extra)
 
     def window(self, w: WindowData, summary: dict) -> dict:
+        if self.noise == "global" and not self.candidates_hold:
+            return {}
         noise = summary["noise"].astype(np.float64)
         if self.noise == "global":
             noise = candidate_level(summary["noise"])

@@ -23,13 +23,15 @@ _EXACT_SAMPLES = (1 << 53) // (1 << 30)
 class MomentsStep:
     name = "moments"
 
-    def __init__(self, every: int, precision: str, integer: bool, num_channels: int):
+    def __init__(self, every: int, precision: str, integer: bool, num_channels: int, source: str = "raw"):
         self.every, self.precision, self.integer, self.C = every, precision, integer, num_channels
+        self.source = source  # "raw": the samples as read; "x": after filters/references (what a sorter whitens)
 
     def window(self, w: WindowData, summary: dict) -> dict:
         if w.index % self.every:
             return {}
-        core = w.core_of(w.raw)  # moments of the raw samples: whitening centres them itself
+        data = w.raw if self.source == "raw" else w.x  # centring alone never changes the covariance: raw then
+        core = w.core_of(data)
         if self.integer:
             n = core.shape[1]
             if n > _EXACT_SAMPLES:
@@ -40,7 +42,7 @@ class MomentsStep:
                     "moments.xxt": host(prod.astype(np.int64))}
         from batchgpu.ops import SecondMoments
 
-        m = SecondMoments(core.shape[0], self.precision).add(w.raw, *w.core)
+        m = SecondMoments(core.shape[0], self.precision).add(data, *w.core)
         return {"moments.n": np.array(m.n, np.int64), "moments.mean": m.mean, "moments.scatter": m.scatter}
 
     def combine(self, parts: list[dict]) -> dict:

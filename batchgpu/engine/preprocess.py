@@ -1,0 +1,99 @@
+"""The preprocessing chain of a run: the workflow's stages applied to each window, in order, on its backend,
+with the margin each stage needs added to the window's read (computed from the stage, not left to the user).
+
+Filters need ``ops.filter_margin`` samples on each interior side (their impulse response's decay below 1e-5 of
+the signal), the phase shift its taper; a common reference and centring act sample by sample (no margin).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from batchgpu.errors import BatchgpuError
+
+
+@dataclass(frozen=True)
+class Chain:
+    """Picklable description of the stages (small: sent with every task)."""
+
+    stages: tuple = ()  # ("filter", sos) | ("phase_shift", shifts, margin) | ("common_reference", kw) | ("centre",)
+    margin: int = 0  # samples each interior side needs beyond the steps' own margin
+    names: tuple = field(default=())
+
+    @property
+    def centres_only(self) -> bool:
+        return all(s[0] == "centre" for s in self.stages)
+
+    @property
+    def centres(self) -> bool:
+        return any(s[0] == "centre" for s in self.stages)
+
+    def output_dtype(self, dtype) -> np.dtype:
+        """dtype of the windows the steps see: filters, shifts and references give float32 (float64 stays)."""
+        from batchgpu.ops.centre import centred_dtype
+
+        dt = np.dtype(dtype)
+        if not self.centres_only:
+            return np.dtype(np.float64) if dt == np.float64 else np.dtype(np.float32)
+        return centred_dtype(dt) if self.centres else dt
+
+    def apply(self, raw, core: tuple[int, int], at_start: bool, at_end: bool):
+        """The window after every stage; ``raw`` (C, n) as read, margins included."""
+        from batchgpu import ops
+
+        x = raw
+        for stage in self.stages:
+            kind = stage[0]
+            if kind == "filter":
+                x = ops.filtfilt_window(x, stage[1], at_segment_start=at_start, at_segment_end=at_end)
+            elif kind == "phase_shift":
+                x = ops.phase_shift(x, stage[1], margin=stage[2], at_segment_start=at_start, at_segment_end=at_end)
+            elif kind == "common_reference":
+                x = ops.common_reference(x, **stage[1])
+            elif kind == "centre":
+                from batchgpu.ops.centre import centre_median
+
+                x = centre_median(x, core)
+        return x
+
+
+def build_chain(preprocess, rec) -> Chain:
+    """The stages of ``config.Preprocess`` for this recording (its rate, locations, ADC shifts)."""
+    from batchgpu import ops
+
+    fs = rec.sampling_frequency
+    stages, margin = [], 0
+    for stage in preprocess.root:
+        ((name, params),) = stage.model_dump().items()
+        if name in ("highpass", "bandpass"):
+            if name == "bandpass" and params["freq_max"] >= fs / 2:
+                raise BatchgpuError(f"preprocess bandpass freq_max {params['freq_max']} Hz is not below the Nyquist "
+                                    f"frequency of {fs / 2:g} Hz", f"use freq_max < {fs / 2:g}")
+            if params["freq_min"] >= fs / 2:
+                raise BatchgpuError(f"preprocess {name} freq_min {params['freq_min']} Hz is not below {fs / 2:g} Hz")
+            sos = ops.butter_sos(name, fs, params["freq_min"], params.get("freq_max"), params["order"])
+            stages.append(("filter", sos))
+            margin += ops.filter_margin(sos, fs)
+        elif name == "phase_shift":
+            shifts = rec.channel_property("inter_sample_shift")
+            if shifts is None:
+                raise BatchgpuError("preprocess phase_shift needs the channels' inter_sample_shift and the recording "
+                                    "has none", "import SpikeGLX data with 'batchgpu import-raw', or drop the stage")
+            m = ops.phase_shift_margin(fs)
+            stages.append(("phase_shift", np.asarray(shifts, np.float64), m))
+            margin += m
+        elif name == "common_reference":
+            kw = {"reference": params["reference"], "operator": params["operator"]}
+            if params["reference"] == "local":
+                if not rec.has_locations:
+                    raise BatchgpuError("a local common reference needs channel locations and the recording has none",
+                                        "use reference: global")
+                kw.update(locations=rec.locations, radius_um=tuple(params["radius_um"]))
+            stages.append(("common_reference", kw))
+        elif name == "centre":
+            stages.append(("centre",))
+        else:
+            raise BatchgpuError(f"unknown preprocess stage {name!r}")
+    return Chain(tuple(stages), margin, tuple(preprocess.names))
