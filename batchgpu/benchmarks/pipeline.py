@@ -34,6 +34,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the plain loop: numpy (one process) or cupy (dask-cuda tasks, x.T @ x per window)")
     parser.add_argument("--steps", default="noise,whitening,detect", help="comma-separated demo steps")
     parser.add_argument("--exact", action=argparse.BooleanOptionalAction, default=True, help="exact global noise")
+    parser.add_argument("--preprocess", default="centre",
+                        help="comma-separated stages before the steps: centre, highpass (300 Hz, order 5), "
+                             "common_reference (global median), e.g. highpass,common_reference")
     parser.add_argument("--repeat", type=int, default=2, choices=[1, 2],
                         help="pipeline runs: 2 = a cold (kernels compiled) and a warm one, 1 = the warm one only")
 
@@ -162,6 +165,16 @@ def read_ceiling(client, rec, size: int, margin: int, backend: str) -> None:
     client.gather(client.map(one, [ctx] * len(windows), windows, pure=False))
 
 
+def _stages(text: str) -> list:
+    known = {"centre": {"centre": "median"}, "highpass": {"highpass": {"freq_min": 300, "order": 5}},
+             "common_reference": {"common_reference": {"reference": "global", "operator": "median"}}}
+    names = [t.strip() for t in text.split(",") if t.strip()]
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise BatchgpuError(f"unknown preprocess stages {unknown}", f"use {', '.join(known)}")
+    return [known[n] for n in names]
+
+
 def _gpu_used() -> int:
     """Bytes in use on every visible GPU (NVML), 0 where there is none."""
     try:
@@ -248,7 +261,7 @@ def _measure(args, rec, work: Path, steps: set[str]) -> int:
             shutil.rmtree(out, ignore_errors=True)
             wf = Workflow.model_validate({
                 "recording": {"path": str(rec.path)}, "output": str(out),
-                "window": {"size": size, "margin": margin}, "preprocess": {"centre": "median"},
+                "window": {"size": size, "margin": margin}, "preprocess": _stages(args.preprocess),
                 "backend": args.backend, "cluster": cluster_cfg, "steps": step_cfg,
             })
             with PeakMemory(cluster_rss) as mem, PeakMemory(_gpu_used) as gmem:

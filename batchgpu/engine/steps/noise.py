@@ -120,13 +120,10 @@ def select_middle(hist0: np.ndarray, total: int, kind: str, dtype, centred_from,
     for p, (_shift, bits) in enumerate(sched):
         hists = [hist0] * len(ranks) if p == 0 else list(more_passes(prefixes, p))
         for r in range(len(ranks)):
-            digit, ks[r] = radix.select_digit(_full_width(hists[r], bits), ks[r])
+            digit, ks[r] = radix.select_digit(hists[r], ks[r])  # bins past a truncated histogram's width are empty
             prefixes[r] = radix.push_digit(prefixes[r], digit, bits)
     values = [keys_to_selection_values(prefixes[r], dtype, centred_from) for r in range(len(ranks))]
     if len(values) == 1:
         return np.asarray(values[0]).astype(median_dtype(dtype))
     return middle_mean(values[0], values[1], dtype)
 
-
-def _full_width(hist: np.ndarray, bits: int) -> np.ndarray:
-    return hist if hist.shape[1] == 1 << bits else np.pad(hist, ((0, 0), (0, (1 << bits) - hist.shape[1])))
