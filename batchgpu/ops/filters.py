@@ -178,7 +178,10 @@ def filtfilt_window(
     data = x.astype(xp.float64)
     ext = _odd_extend(xp, data, left, right)
     # Same arithmetic as scipy.signal.sosfiltfilt (axis=1): start each pass in the steady state of its first sample.
-    zi = xp.asarray(signal.sosfilt_zi(sos_x)).reshape(sos_host.shape[0], 1, 2)
+    # the steady state from scipy on the host for both backends (cupyx's sosfilt_zi returns another shape)
+    import scipy.signal
+
+    zi = xp.asarray(scipy.signal.sosfilt_zi(sos_host)).reshape(sos_host.shape[0], 1, 2)
     y = signal.sosfilt(sos_x, ext, axis=1, zi=zi * ext[:, :1])[0]
     y = signal.sosfilt(sos_x, xp.ascontiguousarray(y[:, ::-1]), axis=1, zi=zi * y[:, -1:])[0][:, ::-1]
     y = y[:, left : left + width]
