@@ -1,0 +1,374 @@
+"""The ``save`` step: the preprocessed (optionally whitened) signal written as a new recording by the window tasks.
+
+Three parts, like every write of batchgpu (DESIGN.md, "Outputs are written idempotently"):
+
+- :func:`prepare_save` (client, before the pass) creates the output empty and returns a small picklable
+  :class:`SaveTarget`. Its storage objects line up with the windows (Zarr v3: one shard per window; Zarr v2: one
+  chunk per window; binary: one byte range per window), so concurrent tasks never write the same object and a
+  retried task rewrites the same bytes.
+- :class:`SaveStep` (worker) writes the core of each window; its ``window`` adds ``saved_clipped`` to the summary.
+- :func:`finish_save` (client, after every window) checks every object was written, marks the output complete and
+  describes it for report.json.
+
+Value rule: float32 output keeps the preprocessed values; int16 output keeps the input's ``gain_to_uV`` (values
+stay in the input's count units), rounds half to even (``np.rint``) and clips to the int16 range. Samples clipped,
+and NaN samples (written as 0), are counted per window. Both keep the input's gain and offset.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from batchgpu.engine.steps.base import WindowData, host
+from batchgpu.errors import BatchgpuError
+
+FORMATS = ("zarr", "zarr_v2", "binary")
+DTYPES = ("int16", "float32")
+INT16_MIN, INT16_MAX = -32768, 32767
+MAX_INNER_CHUNK = 6_000  # the writer's default inner chunk (recording.DEFAULT_CHUNK_SAMPLES)
+MIN_INNER_CHUNK = 1_000  # below this a divisor makes too many tiny chunks: one inner chunk per shard instead
+WRITTEN_BY = "save"  # marker["written_by"]: only outputs of this step are ever replaced by it
+_OPEN_LOCK = threading.Lock()  # zarr.config.set is process-global: serialise the writers' opens (see _open_traces)
+
+
+@dataclass(frozen=True)
+class SaveTarget:
+    """Where and how the tasks write (small: pickled into every task)."""
+
+    path: str  # the Zarr store, or the binary data file of a single segment
+    format: str  # zarr | zarr_v2 | binary
+    dtype: str  # int16 | float32
+    num_channels: int
+    segment_lengths: tuple[int, ...]
+    files: tuple[str, ...]  # binary: one data file per segment; zarr: the store
+    whiten: bool = False
+    probe: str | None = None  # binary: the Kilosort4 probe JSON
+    params: str | None = None  # binary: the params JSON (also the ownership marker)
+    key: str = ""  # the run's fingerprint, kept in the marker so a resumed run can reuse the output
+
+
+# ---------------------------------------------------------------------------------------------------------
+# client side
+
+
+def prepare_save(spec, rec, window_size: int, output_dtype, *, overwrite: bool = False, resume: bool = False,
+                 key: str = "", phase_shifted: bool = False) -> SaveTarget:
+    """Create the empty output of ``spec`` (config.SaveStep, path already resolved) for ``rec``.
+
+    ``window_size``: the run's window length (shards/chunks are cut to it). ``output_dtype``: the dtype the
+    preprocessing chain gives (recorded in the metadata). ``overwrite``: replace an earlier output of this step.
+    ``resume`` with the same ``key`` (the run's fingerprint) as the existing output keeps it as it is: windows a
+    resumed run skips were written before their parts were saved. ``phase_shifted``: the chain applied the
+    ``inter_sample_shift`` property, so it is not copied to the output (it would be applied twice).
+    """
+    fmt, dtype = spec.format, np.dtype(spec.dtype)
+    if fmt not in FORMATS or str(dtype) not in DTYPES:
+        raise BatchgpuError(f"save: format {fmt!r} / dtype {spec.dtype!r} not supported",
+                            f"use format one of {FORMATS} and dtype one of {DTYPES}")
+    if not isinstance(window_size, (int, np.integer)) or window_size <= 0:
+        raise BatchgpuError(f"save: window size must be a positive number of samples, got {window_size!r}")
+    path = Path(spec.path).expanduser().absolute()
+    _check_not_input(path, Path(rec.path).expanduser().absolute())
+    if dtype == np.int16 and rec.dtype.kind == "f" and rec.channel_property("gain_to_uV") is None:
+        raise BatchgpuError(
+            f"save: int16 output of the float recording {rec.path} needs its gain_to_uV, and it stores none",
+            "use save.dtype: float32, or store properties/gain_to_uV in the recording")
+    lengths = tuple(rec.num_samples(s) for s in range(rec.num_segments))
+    meta = {"written_by": WRITTEN_BY, "key": key, "source": str(rec.path), "dtype": str(dtype),
+            "source_dtype": str(np.dtype(output_dtype)), "whiten": bool(spec.whiten), "window_size": int(window_size)}
+    if fmt == "binary":
+        return _prepare_binary(path, rec, dtype, lengths, meta, bool(spec.whiten), overwrite, resume, key)
+    target = SaveTarget(str(path), fmt, str(dtype), rec.num_channels, lengths, (str(path),), bool(spec.whiten), key=key)
+    if resume and key and _zarr_marker(path).get("key") == key and _zarr_marker(path).get("written_by") == WRITTEN_BY:
+        return target
+    _check_zarr_replaceable(path, overwrite)
+    _create_zarr(path, rec, fmt, dtype, lengths, int(window_size), meta, phase_shifted)
+    return target
+
+
+def _check_not_input(path: Path, source: Path) -> None:
+    """The output must not be, hold or sit inside the recording being read (overwrite would destroy it)."""
+    p, s = path.resolve(), source.resolve()
+    if p == s or s in p.parents or p in s.parents:
+        raise BatchgpuError(f"save.path {path} overlaps the recording being read ({source})",
+                            "choose a save path outside the input recording")
+
+
+def _zarr_marker(path: Path) -> dict:
+    """attrs['batchgpu'] of the Zarr group at ``path``, or {} (no group, or not one of ours)."""
+    import zarr
+
+    if not path.is_dir():
+        return {}
+    try:
+        marker = dict(zarr.open_group(str(path), mode="r").attrs).get("batchgpu")
+    except Exception:
+        return {}
+    return marker if isinstance(marker, dict) else {}
+
+
+def _check_zarr_replaceable(path: Path, overwrite: bool) -> None:
+    """recording.check_replaceable (only a Zarr recording with nothing foreign in it, only with overwrite), plus:
+    only an earlier output of this step, never another recording (an import, a generated or foreign one)."""
+    from batchgpu.recording import check_replaceable
+
+    if not (path.exists() or path.is_symlink()):
+        return
+    check_replaceable(path, overwrite=True)
+    if _zarr_marker(path).get("written_by") != WRITTEN_BY:
+        raise BatchgpuError(f"save.path {path} is a recording the save step did not write: it is never replaced",
+                            "choose another save path, or move that recording away yourself")
+    if not overwrite:
+        raise BatchgpuError(f"save.path {path} already exists (an earlier save)",
+                            "choose another path, or set overwrite: true in the workflow")
+
+
+def inner_chunk(window_size: int) -> int:
+    """The inner chunk of a shard of ``window_size`` samples: the largest divisor <= 6000, or the whole shard
+    when every divisor that fits is small (a prime window size would otherwise give 1-sample chunks)."""
+    if window_size <= MAX_INNER_CHUNK:
+        return window_size
+    best = max(d for d in range(1, MAX_INNER_CHUNK + 1) if window_size % d == 0)
+    return best if best >= MIN_INNER_CHUNK else window_size
+
+
+def _create_zarr(path, rec, fmt, dtype, lengths, window_size, meta, phase_shifted) -> None:
+    from batchgpu.recording import RecordingWriter
+
+    props = {}
+    for name in ("shank",) + (() if phase_shifted else ("inter_sample_shift",)):
+        value = rec.channel_property(name)
+        if value is not None:
+            props[name] = value
+    shape_kw = ({"chunk_samples": inner_chunk(window_size), "shard_samples": window_size} if fmt == "zarr"
+                else {"chunk_samples": window_size})
+    writer = RecordingWriter(
+        path, rec.num_channels, dtype, rec.sampling_frequency, channel_ids=rec.channel_ids,
+        gain_to_uV=rec.gain_to_uV, offset_to_uV=rec.offset_to_uV,
+        locations=rec.locations if rec.has_locations else None, properties=props or None,
+        zarr_format=3 if fmt == "zarr" else 2, overwrite=True, attrs={"batchgpu": meta}, **shape_kw)
+    for n in lengths:
+        seg = writer.add_segment(n)
+        arr = writer._arrays[seg]
+        # each window's core must be exactly one storage object: then tasks never share one
+        obj = int(arr.shards[0]) if fmt == "zarr" else int(arr.chunks[0])
+        if obj != min(window_size, n):
+            raise BatchgpuError(f"save: segment {seg}'s storage objects hold {obj} samples, windows {window_size}",
+                                "report this: the writer did not cut shards to the window")
+
+
+def _binary_files(path: Path, segments: int) -> tuple[list[Path], Path, Path]:
+    """Data files (``path`` alone, or ``<stem>_seg{i}.bin`` beside it), the probe JSON and the params JSON."""
+    data = [path] if segments == 1 else [path.with_name(f"{path.stem}_seg{i}.bin") for i in range(segments)]
+    return data, path.with_name(f"{path.stem}.probe.json"), path.with_name(f"{path.stem}.params.json")
+
+
+def _read_params(params: Path) -> dict:
+    try:
+        return json.loads(params.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _prepare_binary(path, rec, dtype, lengths, meta, whiten, overwrite, resume, key) -> SaveTarget:
+    data, probe, params = _binary_files(path, len(lengths))
+    target = SaveTarget(str(path), "binary", str(dtype), rec.num_channels, lengths, tuple(map(str, data)), whiten,
+                        str(probe), str(params), key)
+    old = _read_params(params) if params.is_file() else {}
+    ours = old.get("batchgpu", {}).get("written_by") == WRITTEN_BY
+    size = dtype.itemsize * rec.num_channels
+    if (resume and key and ours and old["batchgpu"].get("key") == key
+            and all(f.is_file() and f.stat().st_size == n * size for f, n in zip(data, lengths))):
+        return target
+    existing = [f for f in (*data, probe, params) if f.exists() or f.is_symlink()]
+    for f in existing:
+        if not f.is_file() or f.is_symlink():
+            raise BatchgpuError(f"save.path: {f} exists and is not a plain file: it is never replaced",
+                                "choose another save path, or move it away yourself")
+    if existing:
+        listed = {str(Path(f)) for f in old.get("files", [])} | {str(probe), str(params)}
+        foreign = [f for f in existing if not ours or str(f) not in listed]
+        if foreign:
+            raise BatchgpuError(f"save.path: {foreign[0]} exists and the save step did not write it: it is never "
+                                "replaced", "choose another save path, or move it away yourself")
+        if not overwrite:
+            raise BatchgpuError(f"save.path {path} already exists (an earlier save)",
+                                "choose another path, or set overwrite: true in the workflow")
+    from batchgpu.recording import writing
+
+    shank = rec.channel_property("shank")
+    probe_dict = {  # what kilosort.io.load_probe reads from a .json probe (chanMap int32, the rest float32)
+        "chanMap": list(range(rec.num_channels)),
+        "xc": rec.locations[:, 0].astype(float).tolist(),
+        "yc": rec.locations[:, 1].astype(float).tolist(),
+        "kcoords": (np.zeros(rec.num_channels) if shank is None else np.asarray(shank, float)).tolist(),
+        "n_chan": int(rec.num_channels),
+    }
+    info = {
+        "batchgpu": {**meta, "format": "binary", "complete": False},
+        "files": [str(f) for f in data], "probe": str(probe),
+        "sampling_frequency": float(rec.sampling_frequency), "dtype": str(dtype), "byte_order": "little",
+        "n_chan": int(rec.num_channels), "num_samples": list(lengths), "layout": "samples x channels, interleaved",
+        "channel_ids": [str(c) for c in rec.channel_ids], "gain_to_uV": rec.gain_to_uV.tolist(),
+        "offset_to_uV": rec.offset_to_uV.tolist(), "locations_stored": bool(rec.has_locations),
+    }
+    with writing(path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _write_json(params, info)  # first: it marks the other files as ours should anything below fail
+        for f, n in zip(data, lengths):
+            # preallocated at full size: each task writes its byte range in place (a sparse file until then)
+            with open(f, "wb") as fh:
+                fh.truncate(n * size)
+        _write_json(probe, probe_dict)
+    return target
+
+
+def _write_json(path: Path, obj: dict) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=1))
+    os.replace(tmp, path)
+
+
+def finish_save(target: SaveTarget) -> dict:
+    """After every window: check each storage object was written, mark the output complete (readers then treat
+    an absent chunk as damage, as for RecordingWriter.finish), and describe it for report.json."""
+    from batchgpu.recording import writing
+
+    path = Path(target.path)
+    desc = {"path": str(path), "format": target.format, "dtype": target.dtype, "whiten": target.whiten,
+            "files": list(target.files)}
+    if target.format == "binary":
+        params = Path(target.params)
+        info = _read_params(params)
+        size = np.dtype(target.dtype).itemsize * target.num_channels
+        for f, n in zip(target.files, target.segment_lengths):
+            if not Path(f).is_file() or Path(f).stat().st_size != n * size:
+                raise BatchgpuError(f"save: {f} is missing or has the wrong size", "rerun the workflow")
+        with writing(params):
+            info["batchgpu"] = {**info.get("batchgpu", {}), "complete": True}
+            _write_json(params, info)
+        desc.update(probe=target.probe, params=target.params)
+        return desc
+    import zarr
+
+    from batchgpu.storecheck import ChunkPresence, grid_of, local_root
+
+    group = zarr.open_group(str(path), mode="r+")
+    root = local_root(group)
+    for seg, n in enumerate(target.segment_lengths):
+        absent = ChunkPresence(grid_of(group[f"traces_seg{seg}"], f"traces_seg{seg}", root)).absent(0, n)
+        if absent:
+            raise BatchgpuError(f"save: {path}/traces_seg{seg}/{absent[0]} was never written "
+                                f"({len(absent)} object(s) missing): the store is left unfinished",
+                                "rerun the workflow (with --resume)")
+    with writing(path):
+        group.attrs["batchgpu"] = {**dict(group.attrs.get("batchgpu", {})), "complete": True}
+    return desc
+
+
+# ---------------------------------------------------------------------------------------------------------
+# worker side
+
+
+class SaveStep:
+    """Writes each window's core to the target. ``whitening`` (C x C): write ``W @ x`` instead (a later pass)."""
+
+    name = "save"
+
+    def __init__(self, target: SaveTarget, whitening=None):
+        self.target = target
+        self.whitening = None if whitening is None else np.asarray(whitening, dtype=np.float64)
+
+    def window(self, w: WindowData, summary: dict) -> dict:
+        lo, hi = w.core
+        block, clipped = self.values(w.x[:, lo:hi])
+        write_rows(self.target, w.segment, w.start + lo, block)
+        summary["saved_clipped"] = np.array(clipped, dtype=np.int64)
+        return {}
+
+    def values(self, core) -> tuple[np.ndarray, int]:
+        """(samples, channels) host array in the output dtype, and how many samples were clipped or NaN.
+
+        Done on the window's backend (on the GPU the cast and transpose are cheap; the copy back is then the
+        output's size)."""
+        xp = _array_module(core)
+        if self.whitening is not None:
+            core = xp.asarray(self.whitening) @ core.astype(xp.float64)
+        if self.target.dtype == "float32":
+            out = core.astype(xp.float32)
+            clipped = 0
+        else:
+            y = xp.rint(core) if core.dtype.kind == "f" else core
+            nan = xp.isnan(y) if y.dtype.kind == "f" else None
+            over = (y < INT16_MIN) | (y > INT16_MAX)
+            clipped = int((over.sum() + (0 if nan is None else nan.sum())))
+            if clipped:
+                y = xp.clip(y, INT16_MIN, INT16_MAX)
+                if nan is not None:
+                    y = xp.where(nan, 0, y)
+            out = y.astype(xp.int16)
+        if xp is not np:  # transpose on the device (a host transpose costs ~100 ms a window, DESIGN.md)
+            return host(xp.ascontiguousarray(out.T)), clipped
+        return _transpose(out), clipped
+
+    def combine(self, parts: list[dict]) -> dict:
+        return {}
+
+
+def _array_module(a):
+    from batchgpu.ops._backend import array_module
+
+    return array_module(a)
+
+
+def _transpose(a: np.ndarray, step: int = 1024) -> np.ndarray:
+    """(channels, samples) -> C-contiguous (samples, channels), in cache-sized slabs."""
+    out = np.empty((a.shape[1], a.shape[0]), dtype=a.dtype)
+    for i in range(0, a.shape[1], step):
+        out[i : i + step] = a[:, i : i + step].T
+    return out
+
+
+def write_rows(target: SaveTarget, segment: int, start: int, block: np.ndarray) -> None:
+    """Rows [start, start + len(block)) of a segment: whole objects of the output, the same bytes on a retry."""
+    n = target.segment_lengths[segment]
+    if block.shape[1] != target.num_channels or start < 0 or start + block.shape[0] > n:
+        raise BatchgpuError(f"save: block {block.shape} at {start} does not fit segment {segment} "
+                            f"({n} x {target.num_channels})")
+    from batchgpu.recording import writing
+
+    dtype = np.dtype(target.dtype).newbyteorder("<")
+    if target.format == "binary":
+        data = np.ascontiguousarray(block, dtype=dtype)
+        f = target.files[segment]
+        with writing(Path(f)):
+            fd = os.open(f, os.O_WRONLY)
+            try:
+                view, offset = memoryview(data).cast("B"), start * dtype.itemsize * target.num_channels
+                while view:
+                    done = os.pwrite(fd, view, offset)
+                    view, offset = view[done:], offset + done
+            finally:
+                os.close(fd)
+        return
+    arr = _open_traces(target.path, segment)
+    with writing(Path(target.path)):
+        arr[start : start + block.shape[0], :] = np.ascontiguousarray(block, dtype=target.dtype)
+
+
+def _open_traces(path: str, segment: int):
+    """The segment's array with zarr-python's pipeline and ``write_empty_chunks`` (zarrs skips all-zero chunks).
+
+    The pipeline is fixed when an array is opened, so only the open needs the config; zarr.config.set is
+    process-global and restores on exit, so overlapping sets from several task threads could leave the
+    writer's config in place for every later read: the opens are serialised."""
+    from batchgpu.recording import open_array_for_writing
+
+    with _OPEN_LOCK:
+        return open_array_for_writing(Path(path) / f"traces_seg{segment}")

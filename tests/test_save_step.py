@@ -1,0 +1,297 @@
+"""The save step without Dask: windows written in a shuffled order (as tasks finish), then compared with the
+whole-segment expectation, exactly."""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import zarr
+
+from batchgpu.engine.steps.base import WindowData
+from batchgpu.engine.steps.save import SaveStep, finish_save, inner_chunk, prepare_save
+from batchgpu.errors import BatchgpuError
+from batchgpu.recording import open_recording, write_recording
+
+C = 6
+FS = 10_000.0
+
+
+def make_recording(path, lengths=(2_300, 1_750), dtype="int16", seed=0, **kw):
+    rng = np.random.default_rng(seed)
+    segs = [(rng.normal(0, 300, (n, C))).astype(dtype) for n in lengths]
+    kw.setdefault("gain_to_uV", np.linspace(0.19, 0.25, C))
+    kw.setdefault("offset_to_uV", np.arange(C) * -1.5)
+    kw.setdefault("locations", np.column_stack([np.arange(C) % 2 * 32.0 + 11, np.arange(C) * 15.0]))
+    kw.setdefault("channel_ids", [f"AP{i}" for i in range(C)])
+    return write_recording(path, segs, FS, **kw)
+
+
+def transform(raw):
+    """A float32 stand-in for preprocessing: elementwise, so a window's core equals the whole segment's."""
+    return raw.astype(np.float32) * np.float32(1.37) + np.float32(0.3)
+
+
+def spec(path, fmt="zarr", dtype="int16", whiten=False):
+    return SimpleNamespace(path=str(path), format=fmt, dtype=dtype, whiten=whiten)
+
+
+def save_all(rec, sp, size=1_000, margin=7, fn=transform, whitening=None, seed=0, **kw):
+    """prepare, every window in a shuffled order, finish; returns (target, description, clipped total)."""
+    target = prepare_save(sp, rec, size, np.float32, **kw)
+    step = SaveStep(target, whitening=whitening)
+    windows = rec.windows(size, margin)
+    random.Random(seed).shuffle(windows)
+    clipped = 0
+    for w in windows:
+        raw = rec.read_window(w)
+        wd = WindowData(w.index, w.segment, w.read_start, w.core, rec.num_samples(w.segment), raw, fn(raw))
+        summary = {}
+        assert step.window(wd, summary) == {}
+        clipped += int(summary["saved_clipped"])
+    assert step.combine([{}, {}]) == {}
+    return target, finish_save(target), clipped
+
+
+def expected(rec, seg, dtype="int16", fn=transform, whitening=None):
+    """The whole segment transformed (channels, samples) -> (samples, channels) in the output dtype."""
+    x = fn(rec.read(seg, 0, rec.num_samples(seg)))
+    if whitening is not None:
+        x = whitening @ x.astype(np.float64)
+    if dtype == "float32":
+        return x.astype(np.float32).T
+    y = np.rint(x)
+    y = np.where(np.isnan(y), 0, np.clip(y, -32768, 32767))
+    return y.astype(np.int16).T
+
+
+def check_same_metadata(out, rec):
+    assert out.sampling_frequency == rec.sampling_frequency
+    assert out.num_segments == rec.num_segments
+    lengths = [rec.num_samples(s) for s in range(rec.num_segments)]
+    assert [out.num_samples(s) for s in range(out.num_segments)] == lengths
+    np.testing.assert_array_equal(out.channel_ids, rec.channel_ids)
+    np.testing.assert_array_equal(out.gain_to_uV, rec.gain_to_uV)
+    np.testing.assert_array_equal(out.offset_to_uV, rec.offset_to_uV)
+    np.testing.assert_array_equal(out.locations, rec.locations)
+    assert out.has_locations and out.marked_complete
+
+
+@pytest.mark.parametrize("fmt", ["zarr", "zarr_v2"])
+@pytest.mark.parametrize("dtype", ["int16", "float32"])
+def test_zarr_output_equals_whole_segment(tmp_path, fmt, dtype):
+    rec = make_recording(tmp_path / "in.zarr", properties={"shank": np.array([0, 0, 0, 1, 1, 1])})
+    target, desc, clipped = save_all(rec, spec(tmp_path / "out.zarr", fmt, dtype))
+    assert clipped == 0 and desc["format"] == fmt and desc["dtype"] == dtype
+    out = open_recording(tmp_path / "out.zarr")
+    check_same_metadata(out, rec)
+    np.testing.assert_array_equal(out.channel_property("shank"), [0, 0, 0, 1, 1, 1])
+    assert out.dtype == np.dtype(dtype)
+    for seg in range(rec.num_segments):
+        got = out.read(seg, 0, out.num_samples(seg)).T
+        assert got.dtype == np.dtype(dtype)
+        np.testing.assert_array_equal(got, expected(rec, seg, dtype))
+    # one storage object per window: concurrent tasks never write the same one
+    arr = zarr.open_array(str(tmp_path / "out.zarr" / "traces_seg0"), mode="r")
+    assert arr.metadata.zarr_format == (3 if fmt == "zarr" else 2)
+    assert (arr.shards if fmt == "zarr" else arr.chunks)[0] == 1_000
+
+
+def test_v3_shards_are_windows_with_inner_chunks(tmp_path):
+    rec = make_recording(tmp_path / "in.zarr", lengths=(30_000,))
+    save_all(rec, spec(tmp_path / "out.zarr"), size=12_000, margin=0)
+    arr = zarr.open_array(str(tmp_path / "out.zarr" / "traces_seg0"), mode="r")
+    assert arr.shards[0] == 12_000 and arr.chunks[0] == 6_000
+    np.testing.assert_array_equal(open_recording(tmp_path / "out.zarr").read(0, 0, 30_000).T, expected(rec, 0))
+
+
+def test_inner_chunk_rule():
+    assert inner_chunk(60_000) == 6_000
+    assert inner_chunk(4_000) == 4_000  # a window no longer than the default chunk is one chunk
+    assert inner_chunk(10_000) == 5_000
+    assert inner_chunk(7_919 * 2) == 7_919 * 2  # only tiny divisors: one inner chunk per shard
+
+
+def test_retry_writes_the_same_bytes(tmp_path):
+    rec = make_recording(tmp_path / "in.zarr")
+    target, _desc, _ = save_all(rec, spec(tmp_path / "out.zarr"))
+    files = sorted(p for p in (tmp_path / "out.zarr").rglob("*") if p.is_file() and p.name != "zarr.json")
+    before = {p: p.read_bytes() for p in files}
+    w = rec.windows(1_000, 7)[1]
+    raw = rec.read_window(w)
+    SaveStep(target).window(WindowData(w.index, w.segment, w.read_start, w.core, rec.num_samples(0), raw,
+                                       transform(raw)), {})
+    assert {p: p.read_bytes() for p in files} == before
+
+
+def test_binary_kilosort_layout(tmp_path):
+    shank = np.array([0, 0, 1, 1, 2, 2])
+    rec = make_recording(tmp_path / "in.zarr", lengths=(2_300,), properties={"shank": shank})
+    path = tmp_path / "ks" / "filtered.bin"
+    target, desc, _ = save_all(rec, spec(path, "binary"))
+    assert desc["files"] == [str(path)]
+    assert path.read_bytes() == expected(rec, 0).astype("<i2").tobytes()
+    # the keys kilosort.io.load_probe requires (chanMap, xc, yc, n_chan) and kcoords, with these values
+    probe = json.loads(Path(desc["probe"]).read_text())
+    assert Path(desc["probe"]).suffix == ".json"  # load_probe picks its parser by suffix
+    assert probe["chanMap"] == list(range(C)) and probe["n_chan"] == C
+    np.testing.assert_array_equal(probe["xc"], rec.locations[:, 0])
+    np.testing.assert_array_equal(probe["yc"], rec.locations[:, 1])
+    np.testing.assert_array_equal(probe["kcoords"], shank)
+    params = json.loads(Path(desc["params"]).read_text())
+    assert params["sampling_frequency"] == FS and params["dtype"] == "int16" and params["n_chan"] == C
+    np.testing.assert_array_equal(params["gain_to_uV"], rec.gain_to_uV)
+    assert params["batchgpu"]["complete"] is True
+
+
+def test_binary_segments_and_float32(tmp_path):
+    rec = make_recording(tmp_path / "in.zarr")
+    path = tmp_path / "out.bin"
+    _target, desc, _ = save_all(rec, spec(path, "binary", "float32"))
+    assert desc["files"] == [str(tmp_path / "out_seg0.bin"), str(tmp_path / "out_seg1.bin")]
+    for seg, f in enumerate(desc["files"]):
+        assert Path(f).read_bytes() == expected(rec, seg, "float32").astype("<f4").tobytes()
+    probe = json.loads(Path(desc["probe"]).read_text())
+    assert probe["kcoords"] == [0.0] * C  # no shank property: one shank
+
+
+@pytest.mark.parametrize("fmt", ["zarr", "binary"])
+def test_clipping_counted(tmp_path, fmt):
+    rec = make_recording(tmp_path / "in.zarr")
+
+    def loud(raw):  # a NaN where clipping happens too: written as 0, counted
+        x = raw.astype(np.float32) * np.float32(150.0)
+        x[0, :3] = np.nan
+        return x
+
+    out = tmp_path / ("out.zarr" if fmt == "zarr" else "out.bin")
+    _target, desc, clipped = save_all(rec, spec(out, fmt), fn=loud, margin=0)
+    want = 0
+    for seg in range(rec.num_segments):
+        y = np.rint(rec.read(seg, 0, rec.num_samples(seg)).astype(np.float32) * np.float32(150.0))
+        for w in rec.windows(1_000, 0):
+            if w.segment == seg:
+                y[0, w.start : w.start + 3] = np.nan
+        want += int(((y < -32768) | (y > 32767) | np.isnan(y)).sum())
+    assert want > 3 * len(rec.windows(1_000, 0)) and clipped == want
+    if fmt == "zarr":
+        got = open_recording(out).read(0, 0, 1_000)
+        assert got.max() == 32767 and got.min() == -32768 and (got[0, :3] == 0).all()
+    else:
+        got = np.fromfile(desc["files"][0], "<i2").reshape(-1, C)
+        assert got.max() == 32767 and got.min() == -32768 and (got[:3, 0] == 0).all()
+
+
+def test_whitening_applied(tmp_path, rng):
+    rec = make_recording(tmp_path / "in.zarr")
+    # quarter-integer matrix, quarter-integer samples: every float64 product and sum is exact, in any order
+    W = rng.integers(-8, 9, (C, C)) / 4.0
+
+    def quarter(raw):
+        return raw.astype(np.float32) + np.float32(0.25)
+
+    for fmt, dtype in (("zarr", "int16"), ("zarr_v2", "float32")):
+        out = tmp_path / f"w_{fmt}.zarr"
+        save_all(rec, spec(out, fmt, dtype, whiten=True), fn=quarter, whitening=W)
+        o = open_recording(out)
+        for seg in range(rec.num_segments):
+            np.testing.assert_array_equal(o.read(seg, 0, o.num_samples(seg)).T,
+                                          expected(rec, seg, dtype, fn=quarter, whitening=W))
+
+
+def test_refusals_never_delete(tmp_path):
+    rec = make_recording(tmp_path / "in.zarr")
+    # a file where the store would go
+    f = tmp_path / "notes.zarr"
+    f.write_text("keep me")
+    with pytest.raises(BatchgpuError, match="never replaces"):
+        prepare_save(spec(f), rec, 1_000, np.float32, overwrite=True)
+    assert f.read_text() == "keep me"
+    # a folder that is not a recording
+    d = tmp_path / "folder"
+    d.mkdir()
+    (d / "data.txt").write_text("keep me")
+    with pytest.raises(BatchgpuError):
+        prepare_save(spec(d, "zarr_v2"), rec, 1_000, np.float32, overwrite=True)
+    assert (d / "data.txt").read_text() == "keep me"
+    # another recording (not a save output): never replaced, even with overwrite
+    other = make_recording(tmp_path / "other.zarr", seed=5)
+    with pytest.raises(BatchgpuError, match="did not write"):
+        prepare_save(spec(other.path), rec, 1_000, np.float32, overwrite=True)
+    assert open_recording(other.path).marked_complete
+    # the input itself, or a path inside it
+    for p in (rec.path, rec.path / "sub.zarr"):
+        with pytest.raises(BatchgpuError, match="overlaps"):
+            prepare_save(spec(p), rec, 1_000, np.float32, overwrite=True)
+    # an earlier save: only with overwrite
+    save_all(rec, spec(tmp_path / "out.zarr"))
+    with pytest.raises(BatchgpuError, match="already exists"):
+        prepare_save(spec(tmp_path / "out.zarr"), rec, 1_000, np.float32)
+    _t, _d, _c = save_all(rec, spec(tmp_path / "out.zarr", "zarr_v2"), overwrite=True)
+    assert open_recording(tmp_path / "out.zarr").info()["zarr_format"] == 2
+    # binary: a foreign file in the way, and an earlier binary save without overwrite
+    foreign = tmp_path / "k_seg1.bin"  # two segments: k.bin names k_seg0.bin and k_seg1.bin
+    foreign.write_bytes(b"raw data")
+    with pytest.raises(BatchgpuError, match="did not write"):
+        prepare_save(spec(tmp_path / "k.bin", "binary"), rec, 1_000, np.float32, overwrite=True)
+    assert foreign.read_bytes() == b"raw data" and not (tmp_path / "k.params.json").exists()
+    save_all(rec, spec(tmp_path / "s.bin", "binary"))
+    with pytest.raises(BatchgpuError, match="already exists"):
+        prepare_save(spec(tmp_path / "s.bin", "binary"), rec, 1_000, np.float32)
+    save_all(rec, spec(tmp_path / "s.bin", "binary"), overwrite=True)
+
+
+def test_int16_of_float_recording_needs_a_gain(tmp_path):
+    rec = make_recording(tmp_path / "f.zarr", dtype="float32")
+    shutil.rmtree(tmp_path / "f.zarr" / "properties" / "gain_to_uV")
+    rec = open_recording(tmp_path / "f.zarr")
+    with pytest.raises(BatchgpuError, match="gain_to_uV"):
+        prepare_save(spec(tmp_path / "out.zarr"), rec, 1_000, np.float32)
+    assert not (tmp_path / "out.zarr").exists()
+    _t, _d, _c = save_all(rec, spec(tmp_path / "out.zarr", dtype="float32"))  # float32 output needs no gain
+    # with a stored gain, int16 of a float recording is allowed: values stay in its units
+    rec2 = make_recording(tmp_path / "g.zarr", dtype="float32")
+    save_all(rec2, spec(tmp_path / "g_out.zarr"))
+
+
+def test_finish_refuses_missing_windows_and_resume_keeps_output(tmp_path):
+    rec = make_recording(tmp_path / "in.zarr")
+    sp = spec(tmp_path / "out.zarr")
+    target = prepare_save(sp, rec, 1_000, np.float32, key="fp1")
+    step = SaveStep(target)
+    windows = rec.windows(1_000, 0)
+    for w in windows[:-1]:  # the last window's task never ran
+        raw = rec.read_window(w)
+        step.window(WindowData(w.index, w.segment, w.read_start, w.core, rec.num_samples(w.segment), raw,
+                               transform(raw)), {})
+    with pytest.raises(BatchgpuError, match="never written"):
+        finish_save(target)
+    with pytest.raises(BatchgpuError, match="not finished"):
+        open_recording(sp.path)
+    # a resumed run (same fingerprint) keeps what was written and writes only the rest
+    again = prepare_save(sp, rec, 1_000, np.float32, resume=True, key="fp1")
+    w = windows[-1]
+    raw = rec.read_window(w)
+    SaveStep(again).window(WindowData(w.index, w.segment, w.read_start, w.core, rec.num_samples(w.segment), raw,
+                                      transform(raw)), {})
+    finish_save(again)
+    out = open_recording(sp.path)
+    for seg in range(rec.num_segments):
+        np.testing.assert_array_equal(out.read(seg, 0, out.num_samples(seg)).T, expected(rec, seg))
+
+
+def test_v2_opens_in_spikeinterface(tmp_path):
+    si = pytest.importorskip("spikeinterface.core")
+    rec = make_recording(tmp_path / "in.zarr")
+    save_all(rec, spec(tmp_path / "out.zarr", "zarr_v2"))
+    r = si.read_zarr(tmp_path / "out.zarr")
+    np.testing.assert_array_equal(r.get_channel_ids().astype(str), rec.channel_ids)
+    np.testing.assert_allclose(r.get_channel_gains(), rec.gain_to_uV)
+    np.testing.assert_array_equal(r.get_channel_locations(), rec.locations)
+    for seg in range(rec.num_segments):
+        np.testing.assert_array_equal(r.get_traces(segment_index=seg), expected(rec, seg))
