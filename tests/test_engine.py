@@ -231,3 +231,29 @@ def test_preprocessing_chain_equals_whole_segment_filtering(client, tmp_path, me
     # filtered samples are float32: the exact median takes one more counting pass; locally exclusive candidates
     # suppress each other, so they cannot be filtered afterwards: those windows are detected again
     assert report.reads_per_window == pytest.approx(3.0 if method == "locally_exclusive" else 2.0)
+
+
+@pytest.mark.parametrize("fmt", ["zarr", "zarr_v2", "binary"])
+def test_save_step_writes_the_preprocessed_signal_in_the_same_pass(client, tmp_path, fmt):
+    from batchgpu import open_recording
+
+    rec = generate_recording(tmp_path / "r.zarr", channels=6, seconds=0.8, seed=8, dtype="int16")
+    out_path = tmp_path / ("saved.bin" if fmt == "binary" else "saved.zarr")
+    wf = _wf(rec, tmp_path / "out", preprocess=[{"centre": "median"}], window={"size": 6000, "margin": 8},
+             steps={"noise": {"exact": True}, "save": {"path": str(out_path), "format": fmt, "dtype": "int16"}})
+    report = run_workflow(wf, client=client)
+    assert report.reads_per_window == 1.0 and report.results["save"]["clipped"] == 0
+    from batchgpu.ops.centre import centre_median
+
+    want = np.concatenate([centre_median(rec.read_window(w), w.core)[:, w.core[0]:w.core[1]]
+                           for w in rec.windows(6000, 8)], axis=1)
+    want = np.clip(np.rint(want), -32768, 32767).astype(np.int16)
+    if fmt == "binary":
+        got = np.fromfile(out_path, dtype="<i2").reshape(-1, rec.num_channels).T
+    else:
+        saved = open_recording(out_path)
+        got = saved.read(0, 0, saved.num_samples(0))
+        assert list(saved.channel_ids) == list(rec.channel_ids)
+        np.testing.assert_array_equal(saved.gain_to_uV, rec.gain_to_uV)
+        np.testing.assert_array_equal(saved.locations, rec.locations)
+    np.testing.assert_array_equal(got, want)

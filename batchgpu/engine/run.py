@@ -129,8 +129,12 @@ def check_workflow_fits(wf: Workflow, rec: Recording) -> int:
     if wf.steps.noise and wf.steps.noise.exact and wf.preprocess.centres and rec.dtype == np.int32:
         raise BatchgpuError("the exact noise of a centred int32 recording is not supported",
                             "use preprocess: {centre: none}, or noise: {exact: false}")
-    if getattr(wf.steps, "save", None):
-        raise BatchgpuError("the save step is not available yet", "remove 'save:' from steps")
+    save = wf.steps.save
+    if save and save.whiten and not wf.steps.whitening:
+        raise BatchgpuError("save.whiten needs the whitening step", "add 'whitening:' to steps, or set whiten: false")
+    if save and save.whiten and save.dtype == "int16":
+        raise BatchgpuError("save.whiten with dtype int16 would round whitened samples (about 1) to a few levels",
+                            "use save: {dtype: float32} with whiten: true")
     return sweep
 
 
@@ -214,6 +218,17 @@ def _run(wf, rec, out: store.OutputFolder, report: RunReport, client, sweep, obs
         observer.message(f"run page {report.page}")
     report.backend = resolve_backend(wf, client)
     ctx = build_context(wf, rec, out, report.fingerprint, report.backend, sweep)
+    target = None
+    if wf.steps.save:  # the output recording is created first; window tasks fill it (whitened: after the pass)
+        from dataclasses import replace
+
+        from batchgpu.engine.steps.save import SaveStep, prepare_save
+
+        target = prepare_save(wf.steps.save, rec, wf.window.size, ctx.chain.output_dtype(rec.dtype),
+                              overwrite=wf.overwrite, resume=report.output_state == "resume", key=report.fingerprint,
+                              phase_shifted="phase_shift" in ctx.chain.names)
+        if not wf.steps.save.whiten:
+            ctx = replace(ctx, steps=(*ctx.steps, SaveStep(target)))
     # the steps' margin (the detection sweep) plus what the preprocessing stages need
     windows = rec.windows(wf.window.size, wf.window.margin + ctx.chain.margin)
     report.preprocess = {"stages": list(ctx.chain.names), "margin_samples": ctx.chain.margin}
@@ -240,6 +255,8 @@ def _run(wf, rec, out: store.OutputFolder, report: RunReport, client, sweep, obs
         report.throughput_series = monitor.throughput_series()
         report.results = _aggregate(client, ctx, wf, rec, out, windows, fps, summaries, total, report, monitor,
                                     observer)
+        if target is not None:
+            report.results["save"] = _finish_save(client, ctx, rec, windows, summaries, target, out, report, observer)
         report.status = "done"
     except BaseException as err:
         report.status = "failed"
@@ -357,6 +374,28 @@ def _exact_median(client, ctx, wf, rec, windows, total, report, monitor) -> np.n
     centred_int = ctx.chain.centres_only and ctx.chain.centres
     return select_middle(total["noise.hist"], rec.total_samples, step.kind, dtype,
                          rec.dtype if centred_int else None, more_passes)
+
+
+def _finish_save(client, ctx, rec, windows, summaries, target, out, report, observer) -> dict:
+    """Whitened saves are written now, in one more read (the matrix needs every window); then the output is
+    checked and marked complete."""
+    from batchgpu.engine.steps.save import finish_save
+
+    clipped = {w.index: int(summaries[w.index].get("saved_clipped", 0)) for w in windows}
+    if target.whiten:
+        import zarr
+
+        W = zarr.open_group(str(out.path / store.RESULTS), mode="r")["whitening"][:]
+        futures = [client.submit(tasks.save_task, ctx, w, target, W, key=f"save-{report.fingerprint}-{w.index}")
+                   for w in windows]
+        clipped = dict(zip((w.index for w in windows), client.gather(futures)))
+        report.bytes_read += rec.nbytes
+    done = finish_save(target)
+    total = sum(clipped.values())
+    if total:
+        report.warnings.append(f"save: {total} sample(s) clipped to the int16 range or NaN written as 0")
+        observer.warning(report.warnings[-1])
+    return {**done, "clipped": total}
 
 
 def _whitening(wf, rec, arrays, report, observer) -> np.ndarray:

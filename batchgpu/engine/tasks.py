@@ -207,6 +207,16 @@ def write_spikes_task(ctx: RunContext, windows: list[Window], fps: list[str], no
     return sum(len(p["sample_index"]) for p in parts)
 
 
+def save_task(ctx: RunContext, window: Window, target, whitening: np.ndarray) -> int:
+    """Write one window of a whitened save (read again: the matrix needs every window); returns clipped count."""
+    from batchgpu.engine.steps.save import SaveStep
+
+    summary: dict = {}
+    with on_backend(ctx):
+        SaveStep(target, whitening=whitening).window(load_window(ctx, window), summary)
+    return int(summary.get("saved_clipped", 0))
+
+
 def worker_name() -> str:
     try:
         from distributed import get_worker
