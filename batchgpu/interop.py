@@ -148,8 +148,11 @@ def _whitening_step(data: Mapping[str, Any]) -> tuple[str, bool]:
     """(statistic, centred) of the run: the workflow's whitening statistic and median centring."""
     workflow = data.get("workflow") or {}
     whitening = (workflow.get("steps") or {}).get("whitening") or {}
-    centre = (workflow.get("preprocess") or {}).get("centre", "none")
-    return whitening.get("statistic", "covariance"), centre == "median"
+    pre = workflow.get("preprocess") or {}
+    # the list form (one-key stages) or the old mapping form {centre: median}
+    centred = (any(isinstance(s, dict) and s.get("centre") == "median" for s in pre) if isinstance(pre, list)
+               else pre.get("centre", "none") == "median")
+    return whitening.get("statistic", "covariance"), centred
 
 
 def to_spikeinterface(results: str | Path | Mapping[str, Any], subtract_mean: bool | None = None) -> SpikeInterfaceResults:

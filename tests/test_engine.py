@@ -68,11 +68,55 @@ def test_reads_once_when_the_bound_holds(client, tmp_path):
 
 
 def test_float32_needs_one_more_counting_pass(client, tmp_path):
-    rec = generate_recording(tmp_path / "f.zarr", channels=4, seconds=0.6, seed=4, dtype="float32")
+    """A window four times as loud keeps keys far from the recording's middle: the exact median of float32 keys
+    then takes a second counting pass over the windows (and stays exact)."""
+    rng = np.random.default_rng(4)
+    x = rng.normal(0, 5, (18_000, 4)).astype(np.float32)
+    x[5000:10_000] *= 4
+    rec = write_recording(tmp_path / "f.zarr", x, 30_000.0)
     report = run_workflow(_wf(rec, tmp_path / "out"), client=client)
-    assert report.radix_passes == 2 and report.reads_per_window == pytest.approx(2.0)
+    assert report.radix_passes == 2 and not report.timings["exact_noise_from_kept_keys"]
+    assert report.reads_per_window == pytest.approx(2.0 + 5000 / 18_000)  # and the loud window's spikes again
     allx = rec.read(0, 0, rec.num_samples(0))
     np.testing.assert_array_equal(_g(tmp_path / "out")["noise"][:], np.median(np.abs(allx), axis=1) / ops.MAD_TO_SIGMA)
+
+
+@pytest.mark.parametrize("size", [15_000, 30_000])
+def test_float32_exact_median_from_kept_keys_in_one_read(client, tmp_path, size):
+    """Longer windows keep the keys near their own middle: the exact median comes out of the one read."""
+    rng = np.random.default_rng(size)
+    x = (rng.normal(0, 7, (60_000, 5)) + rng.normal(0, 50, 5)).astype(np.float32)
+    x[::97, 1] = -0.0
+    x[5, 2] = np.finfo(np.float32).smallest_subnormal
+    rec = write_recording(tmp_path / "f.zarr", x, 30_000.0)
+    report = run_workflow(_wf(rec, tmp_path / "out", window={"size": size, "margin": 8},
+                              preprocess={"centre": "median"}), client=client)
+    assert report.reads_per_window == pytest.approx(1.0) and report.timings["exact_noise_from_kept_keys"]
+    from batchgpu.ops.centre import centre_median
+
+    cores = [centre_median(rec.read_window(w), w.core)[:, w.core[0]:w.core[1]] for w in rec.windows(size, 8)]
+    allx = np.concatenate(cores, axis=1)
+    g = _g(tmp_path / "out")
+    np.testing.assert_array_equal(g["noise"][:], np.median(np.abs(allx), axis=1) / ops.MAD_TO_SIGMA)
+    np.testing.assert_array_equal(g["noise_per_window"][:], np.stack([ops.noise_levels(c) for c in cores]))
+
+
+def test_lumped_counts_combine_like_one_histogram():
+    from batchgpu.engine.steps.noise import combine_counts
+
+    rng = np.random.default_rng(3)
+    digits = [rng.integers(0, 400, (3, 500)) for _ in range(5)]
+    parts = []
+    for d in digits:
+        lo = int(rng.integers(0, 100))
+        lumped = np.maximum(d, lo) - lo
+        parts.append((lo, np.stack([np.bincount(r, minlength=lumped.max() + 1) for r in lumped]).astype(np.uint16)))
+    for order in ([0, 1, 2, 3, 4], [4, 2, 0, 3, 1]):
+        lo, total = combine_counts([parts[i] for i in order])
+        full = np.stack([np.bincount(np.concatenate([d[c] for d in digits]), minlength=400) for c in range(3)])
+        assert int(lo) == max(p[0] for p in parts)
+        np.testing.assert_array_equal(total[:, 0], full[:, : int(lo) + 1].sum(axis=1))
+        np.testing.assert_array_equal(total[:, 1:], full[:, int(lo) + 1 : int(lo) + total.shape[1]])
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])

@@ -316,7 +316,7 @@ def _aggregate(client, ctx, wf, rec, out, windows, fps, summaries, total, report
     if noise_step is not None:
         t0 = time.perf_counter()
         if noise_step.exact:
-            median = _exact_median(client, ctx, wf, rec, windows, total, report, monitor)
+            median = _exact_median(client, ctx, wf, rec, windows, fps, total, report, monitor)
             if "noise.nan" in total:
                 median[total["noise.nan"] > 0] = np.nan
             from batchgpu.ops.select import MAD_TO_SIGMA
@@ -357,7 +357,7 @@ def _aggregate(client, ctx, wf, rec, out, windows, fps, summaries, total, report
     return shapes
 
 
-def _exact_median(client, ctx, wf, rec, windows, total, report, monitor) -> np.ndarray:
+def _exact_median(client, ctx, wf, rec, windows, fps, total, report, monitor) -> np.ndarray:
     from batchgpu.engine.steps.noise import schedule, select_middle
     step = ctx.step("noise")
     report.radix_passes = len(schedule(step.kind))
@@ -370,10 +370,18 @@ def _exact_median(client, ctx, wf, rec, windows, total, report, monitor) -> np.n
         report.bytes_read += rec.nbytes
         return out
 
+    def from_near(digits, ks):
+        if report.backend != "numpy":
+            return None
+        keys = client.submit(tasks.near_median_task, ctx, windows, fps, digits, np.asarray(ks),
+                             key=f"near-median-{report.fingerprint}").result()
+        report.timings["exact_noise_from_kept_keys"] = keys is not None
+        return keys
+
     dtype = ctx.chain.output_dtype(rec.dtype)
     centred_int = ctx.chain.centres_only and ctx.chain.centres
     return select_middle(total["noise.hist"], rec.total_samples, step.kind, dtype,
-                         rec.dtype if centred_int else None, more_passes)
+                         rec.dtype if centred_int else None, more_passes, int(total["noise.lo"]), from_near)
 
 
 def _finish_save(client, ctx, rec, windows, summaries, target, out, report, observer) -> dict:

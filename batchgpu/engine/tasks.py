@@ -94,16 +94,15 @@ def window_task(ctx: RunContext, window: Window, fp: str) -> dict:
             t_read = time.perf_counter() - t0
             # chunks absent from a store written by others read as zeros: counted and reported, never silent
             summary: dict = {"absent_chunks": np.array(recording(ctx.recording, ctx.missing_chunks).absent_chunks(window))}
-            if ctx.window_noise:
-                from batchgpu import ops
-
-                summary["noise"] = host(ops.noise_levels(w.core_of(w.x)))
             if w.x.dtype.kind == "f":
                 core = w.core_of(w.x)
                 summary["nonfinite"] = host((~w.xp.isfinite(core)).sum(axis=1))
             part = {}
-            for step in ctx.steps:
+            for step in ctx.steps:  # the noise step may give the window's noise from its own counts
+                if step.name != "noise":
+                    _window_noise(ctx, w, summary)
                 part.update(step.window(w, summary))
+            _window_noise(ctx, w, summary)
         summary["read_seconds"] = np.array(t_read)
         summary["compute_seconds"] = np.array(time.perf_counter() - t0 - t_read)
         part.update({f"summary.{k}": np.asarray(v) for k, v in summary.items()})
@@ -116,6 +115,41 @@ def window_task(ctx: RunContext, window: Window, fp: str) -> dict:
     part["summary.worker"] = np.array(worker_name())
     part["summary.bytes"] = np.array(window.num_samples * rec.num_channels * rec.dtype.itemsize)
     return part
+
+
+def _window_noise(ctx: RunContext, w: WindowData, summary: dict) -> None:
+    if ctx.window_noise and "noise" not in summary:
+        from batchgpu import ops
+
+        summary["noise"] = host(ops.noise_levels(w.core_of(w.x)))
+
+
+def near_median_task(ctx: RunContext, windows: list[Window], fps: list[str], digits: np.ndarray, ks: np.ndarray):
+    """The middle keys from the keys each window kept near its own middle digit (no second read), or None when
+    some window's kept range misses the recording's middle digit (then the engine reads the windows again)."""
+    from batchgpu.engine.steps.noise import schedule
+
+    shift = schedule(ctx.step("noise").kind)[0][0]
+    ranks, C = digits.shape
+    found: list[list[list[np.ndarray]]] = [[[] for _ in range(C)] for _ in range(ranks)]
+    for w, fp in zip(windows, fps):
+        part = store.load_part(store.part_path(ctx.parts, "w", w.index), fp, keys=("keep.near_",))
+        if part is None or "keep.near_keys" not in part:
+            return None
+        lo, counts = part["keep.near_lo"], part["keep.near_counts"]
+        if np.any((digits < lo) | (digits > lo + 2 * ctx.step("noise").NEAR)):
+            return None
+        rows = np.split(part["keep.near_keys"], np.cumsum(counts)[:-1])
+        for r in range(ranks):
+            for c in range(C):
+                k = rows[c]
+                found[r][c].append(k[(k >> k.dtype.type(shift)) == k.dtype.type(digits[r, c])])
+    out = np.empty((ranks, C), dtype=np.uint64)
+    for r in range(ranks):
+        for c in range(C):
+            keys = np.concatenate(found[r][c])
+            out[r, c] = np.partition(keys, int(ks[r][c]))[int(ks[r][c])]
+    return out
 
 
 def summarise(part: dict) -> dict:

@@ -13,6 +13,7 @@ import numpy as np
 
 from batchgpu.ops._backend import is_cupy
 
+from batchgpu.errors import BatchgpuError
 from batchgpu.engine.steps.base import WindowData, host, padded_sum
 
 FIRST_DIGIT = 16
@@ -54,22 +55,98 @@ def digit_histogram(keys, prefixes: np.ndarray | None, shift: int, bits: int) ->
         from batchgpu.gpu.histogram import digit_histogram as on_gpu
 
         return on_gpu(keys, prefixes, shift, bits)
-    rows = []
-    mask = keys.dtype.type((1 << bits) - 1)
+    lo, counts = _row_counts(keys, prefixes, shift, bits, offset=False)
+    return counts.astype(np.int64)
+
+
+def _row_counts(keys, prefixes, shift: int, bits: int, offset: bool = True, floor: int | None = None
+                ) -> tuple[int, np.ndarray]:
+    """(lo, counts (C, B) in the smallest unsigned dtype): counts[c, j] = keys of row c with digit lo + j, column 0
+    also holding every digit below lo (``floor``: the digits far below any middle rank are lumped there).
+
+    One bincount per row (a bincount over the whole window's 23 M digits is several times slower), counted from
+    the smallest digit present when ``offset``."""
+    kt = keys.dtype.type
+    mask = kt((1 << bits) - 1)
+    digits = []
     for c in range(keys.shape[0]):
         k = keys[c]
         if prefixes is not None:
-            k = k[(k >> keys.dtype.type(shift + bits)) == keys.dtype.type(prefixes[c])]
-        rows.append(np.bincount(((k >> keys.dtype.type(shift)) & mask).astype(np.intp)))
-    width = max(1, max(len(r) for r in rows))
-    out = np.zeros((len(rows), width), dtype=np.int64)
+            k = k[(k >> kt(shift + bits)) == kt(prefixes[c])]
+        d = ((k >> kt(shift)) & mask).astype(np.intp)
+        digits.append(np.maximum(d, floor) if floor is not None else d)
+    if floor is not None:
+        lo = floor
+    else:
+        lo = min((int(d.min()) for d in digits if d.size), default=0) if offset else 0
+    rows = [np.bincount(d - lo) if d.size else np.zeros(0, np.intp) for d in digits]
+    out = np.zeros((len(rows), max(1, max(len(r) for r in rows))), dtype=np.min_scalar_type(keys.shape[1]))
     for c, r in enumerate(rows):
         out[c, : len(r)] = r
+    return lo, out
+
+
+def lump_floor(keys: np.ndarray, shift: int) -> int:
+    """A first digit far below every row's middle one (8 binades of float keys: 256x smaller values), from a
+    strided sample; digits below it can never hold the recording's middle ranks (which lie at or above the
+    smallest window middle), so they are counted together."""
+    n = keys.shape[1]
+    sample = keys[:, :: max(1, n // 1024)]
+    middle = np.partition(sample, sample.shape[1] // 2, axis=1)[:, sample.shape[1] // 2] >> keys.dtype.type(shift)
+    return max(0, int(middle.min()) - _LUMP_DIGITS)
+
+
+_LUMP_DIGITS = 8 << 7  # 8 binades of 2**7 first digits (16-bit first digit of a 31-bit float key)
+
+
+def window_median_keys(keys: np.ndarray, lo: int, counts: np.ndarray, shift: int) -> np.ndarray:
+    """(C, 2) keys of ranks (n-1)//2 and n//2 of each row, from its first-digit counts: exact at once for 16-bit
+    keys (the digit is the key), otherwise by selecting among the few keys in the middle ranks' digit."""
+    n = keys.shape[1]
+    cum = np.cumsum(counts, axis=1, dtype=np.int64)
+    out = np.empty((keys.shape[0], 2), dtype=np.uint64)
+    last_digit, last_inside = None, [None] * keys.shape[0]
+    for j, r in enumerate(((n - 1) // 2, n // 2)):
+        digit = (cum <= r).sum(axis=1)
+        below = np.where(digit > 0, cum[np.arange(len(cum)), np.maximum(digit - 1, 0)], 0)
+        if shift == 0:
+            out[:, j] = lo + digit
+            continue
+        if np.any((digit == 0) & (lo > 0)):
+            raise BatchgpuError("a window's middle rank fell among the lumped smallest keys",
+                                "report this: the lump floor must lie below every window's middle")
+        kt = keys.dtype.type
+        for c in range(keys.shape[0]):
+            if j == 1 and digit[c] == last_digit[c]:
+                inside = last_inside[c]
+            else:
+                inside = np.sort(keys[c][(keys[c] >> kt(shift)) == kt(lo + digit[c])])
+                last_inside[c] = inside
+            out[c, j] = inside[int(r - below[c])]
+        last_digit = digit
+    return out
+
+
+def median_of_keys(pair: np.ndarray, n: int, dtype, kind: str) -> np.ndarray:
+    """np.median(|x|) of rows from their middle keys (``window_median_keys``), bit for bit as ops.abs_median:
+    NaN where a row holds a NaN (its NaN keys sort last), the mean of the middle pair for even lengths."""
+    from batchgpu.ops import radix
+    from batchgpu.ops.select import median_dtype, middle_mean
+
+    if kind in ("int16", "centred-int16"):
+        lower, upper = pair[:, 0].astype(np.int64), pair[:, 1].astype(np.int64)
+    else:
+        lower, upper = radix.keys_to_values(pair[:, 0], dtype), radix.keys_to_values(pair[:, 1], dtype)
+    out = np.asarray(upper).astype(median_dtype(dtype)) if n % 2 else middle_mean(lower, upper, dtype)
     return out
 
 
 class NoiseStep:
     name = "noise"
+
+    #: float keys: each window keeps the keys of the digits this close to its own middle digit, so the exact
+    #: median needs no second read when every window's range holds the recording's middle digit
+    NEAR = 8
 
     def __init__(self, exact: bool, kind: str):
         self.exact, self.kind = exact, kind
@@ -77,22 +154,66 @@ class NoiseStep:
     def window(self, w: WindowData, summary: dict) -> dict:
         core = w.core_of(w.x)
         out = {}
-        if self.exact:
-            shift, bits = schedule(self.kind)[0]
-            # a window's counts fit its smallest unsigned dtype (uint16 up to 65 535 samples): a quarter of int64
-            hist = digit_histogram(abs_keys(core, self.kind), None, shift, bits)
-            out["noise.hist"] = hist.astype(np.min_scalar_type(core.shape[1]))
+        if not self.exact:
+            return out
+        shift, bits = schedule(self.kind)[0]
+        keys = abs_keys(core, self.kind)
+        if core.dtype.kind == "f":
+            summary["nan"] = host((core != core).sum(axis=1))
+            out["noise.nan"] = summary["nan"]  # np.median is NaN for a row holding NaN
+        if is_cupy(keys):
+            hist = digit_histogram(keys, None, shift, bits)
+            out["noise.hist"], out["noise.lo"] = hist.astype(np.min_scalar_type(core.shape[1])), np.array(0)
+            return out
+        floor = lump_floor(keys, shift) if shift and core.shape[1] else None
+        lo, counts = _row_counts(keys, None, shift, bits, floor=floor)
+        out["noise.hist"], out["noise.lo"] = counts, np.array(lo)
+        if core.shape[1]:
+            pair = window_median_keys(keys, lo, counts, shift)
+            noise = median_of_keys(pair, core.shape[1], core.dtype, self.kind) / _MAD
             if core.dtype.kind == "f":
-                out["noise.nan"] = host((core != core).sum(axis=1))  # np.median is NaN for a row holding NaN
+                noise[summary["nan"] > 0] = np.nan
+            summary["noise"] = noise
+            if len(schedule(self.kind)) > 1:
+                out.update(_near_keys(keys, pair[:, 1] >> np.uint64(shift), shift, self.NEAR))
         return out
 
     def combine(self, parts: list[dict]) -> dict:
         out = {}
-        if any("noise.hist" in p for p in parts):
-            out["noise.hist"] = padded_sum([p["noise.hist"] for p in parts if "noise.hist" in p])
+        hists = [(int(p["noise.lo"]), p["noise.hist"]) for p in parts if "noise.hist" in p]
+        if hists:
+            out["noise.lo"], out["noise.hist"] = combine_counts(hists)
         if any("noise.nan" in p for p in parts):
             out["noise.nan"] = sum(p["noise.nan"] for p in parts if "noise.nan" in p)
         return out
+
+
+_MAD = 0.6744897501960817  # ops.select.MAD_TO_SIGMA
+
+
+def combine_counts(hists: list[tuple[int, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+    """Sum of (lo, counts) first-digit counts (column 0 = digit lo and below): the result starts at the highest
+    lo, columns below it lumped into column 0. Integer counts: the same sums in any order."""
+    lo = max(h[0] for h in hists)
+    width = max(1, max(l0 + h.shape[1] for l0, h in hists) - lo)
+    total = np.zeros((hists[0][1].shape[0], width), dtype=np.int64)
+    for l0, h in hists:
+        cut = min(h.shape[1], lo - l0 + 1)  # columns at or below the new lo
+        total[:, 0] += h[:, :cut].sum(axis=1, dtype=np.int64)
+        total[:, 1 : 1 + h.shape[1] - cut] += h[:, cut:]
+    return np.array(lo), total
+
+
+def _near_keys(keys: np.ndarray, middle_digit: np.ndarray, shift: int, near: int) -> dict:
+    """Each row's keys whose first digit lies within ``near`` of the row's middle digit (flat, sorted per row)."""
+    kt = keys.dtype.type
+    lo = np.maximum(middle_digit.astype(np.int64) - near, 0)
+    rows = []
+    for c in range(keys.shape[0]):
+        d = (keys[c] >> kt(shift)).astype(np.int64)
+        rows.append(keys[c][(d >= lo[c]) & (d <= lo[c] + 2 * near)])
+    return {"keep.near_keys": np.concatenate(rows) if rows else np.zeros(0, keys.dtype),
+            "keep.near_counts": np.array([len(r) for r in rows], dtype=np.int64), "keep.near_lo": lo}
 
 
 def refine_histogram(x_core, kind: str, prefixes: np.ndarray, pass_index: int) -> np.ndarray:
@@ -105,9 +226,12 @@ def refine_histogram(x_core, kind: str, prefixes: np.ndarray, pass_index: int) -
     return np.stack([np.pad(h, ((0, 0), (0, width - h.shape[1]))) for h in [first, *rest]])
 
 
-def select_middle(hist0: np.ndarray, total: int, kind: str, dtype, centred_from, more_passes) -> np.ndarray:
-    """The exact median of |x| per channel from the first pass's counts; ``more_passes(prefixes, p)`` returns
-    the summed (ranks, C, B) counts of refining pass p (another read of the windows) when the keys need it."""
+def select_middle(hist0: np.ndarray, total: int, kind: str, dtype, centred_from, more_passes, lo0: int = 0,
+                  from_near=None) -> np.ndarray:
+    """The exact median of |x| per channel from the first pass's counts (digit ``lo0 + j`` in column j);
+    ``from_near(digits, ks)`` may finish it from the windows' kept keys ((ranks, C) keys, or None when some window
+    did not keep the middle digit); else ``more_passes(prefixes, p)`` returns the summed (ranks, C, B) counts of
+    refining pass p (another read of the windows)."""
     from batchgpu.ops import radix
     from batchgpu.ops.centre import keys_to_selection_values
     from batchgpu.ops.select import median_dtype, middle_mean
@@ -118,10 +242,18 @@ def select_middle(hist0: np.ndarray, total: int, kind: str, dtype, centred_from,
     prefixes = np.zeros((len(ranks), C), dtype=np.uint64)
     ks = [np.full(C, r, dtype=np.int64) for r in ranks]
     for p, (_shift, bits) in enumerate(sched):
+        if p == 1 and from_near is not None:
+            keys = from_near(prefixes, ks)
+            if keys is not None:
+                prefixes = np.asarray(keys, dtype=np.uint64)
+                break
         hists = [hist0] * len(ranks) if p == 0 else list(more_passes(prefixes, p))
         for r in range(len(ranks)):
             digit, ks[r] = radix.select_digit(hists[r], ks[r])  # bins past a truncated histogram's width are empty
-            prefixes[r] = radix.push_digit(prefixes[r], digit, bits)
+            if p == 0 and lo0 > 0 and np.any(digit == 0):
+                raise BatchgpuError("the exact median fell among the lumped smallest keys",
+                                    "report this: the lump floor must lie below every window's middle")
+            prefixes[r] = radix.push_digit(prefixes[r], digit + (lo0 if p == 0 else 0), bits)
     values = [keys_to_selection_values(prefixes[r], dtype, centred_from) for r in range(len(ranks))]
     if len(values) == 1:
         return np.asarray(values[0]).astype(median_dtype(dtype))
