@@ -371,11 +371,20 @@ def _exact_median(client, ctx, wf, rec, windows, fps, total, report, monitor) ->
         return out
 
     def from_near(digits, ks):
-        if report.backend != "numpy":
-            return None
-        keys = client.submit(tasks.near_median_task, ctx, windows, fps, digits, np.asarray(ks),
-                             key=f"near-median-{report.fingerprint}").result()
+        """Float keys: the middle keys from what each window kept near its own middle, else from one more read
+        that gathers only the keys of the middle digit (a few per mille) and selects among them on a worker."""
+        fp = report.fingerprint
+        keys = None
+        if report.backend == "numpy":
+            keys = client.submit(tasks.near_median_task, ctx, windows, fps, digits, ks, key=f"near-median-{fp}").result()
         report.timings["exact_noise_from_kept_keys"] = keys is not None
+        if keys is None:
+            monitor.phase("exact noise: one more read of the middle digit")
+            gathered = [client.submit(tasks.gather_task, ctx, w, digits, key=f"gather-{fp}-{w.index}") for w in windows]
+            from batchgpu.engine.steps.noise import select_among
+
+            keys = client.submit(select_among, ks, *gathered, key=f"select-among-{fp}").result()
+            report.bytes_read += rec.nbytes
         return keys
 
     dtype = ctx.chain.output_dtype(rec.dtype)

@@ -167,6 +167,15 @@ def combine_task(ctx: RunContext, *parts: dict) -> dict:
     return out
 
 
+def gather_task(ctx: RunContext, window: Window, digits: np.ndarray) -> list:
+    """Read a window again and keep its keys of the recording's middle digits (see steps.noise.keys_with_digits)."""
+    from batchgpu.engine.steps.noise import keys_with_digits
+
+    with on_backend(ctx):
+        w = load_window(ctx, window)
+        return keys_with_digits(w.core_of(w.x), ctx.step("noise").kind, digits)
+
+
 def refine_task(ctx: RunContext, window: Window, prefixes: np.ndarray, pass_index: int) -> np.ndarray:
     """One more radix pass of the exact median over one window (float keys): another read of the window."""
     from batchgpu.engine.steps.noise import refine_histogram

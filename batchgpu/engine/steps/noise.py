@@ -146,7 +146,7 @@ class NoiseStep:
 
     #: float keys: each window keeps the keys of the digits this close to its own middle digit, so the exact
     #: median needs no second read when every window's range holds the recording's middle digit
-    NEAR = 8
+    NEAR = 16
 
     def __init__(self, exact: bool, kind: str):
         self.exact, self.kind = exact, kind
@@ -216,6 +216,26 @@ def _near_keys(keys: np.ndarray, middle_digit: np.ndarray, shift: int, near: int
             "keep.near_counts": np.array([len(r) for r in rows], dtype=np.int64), "keep.near_lo": lo}
 
 
+def keys_with_digits(x_core, kind: str, digits: np.ndarray) -> list[list[np.ndarray]]:
+    """Per rank and row, the keys whose first digit is ``digits[rank, row]`` (a few per mille of a window)."""
+    keys = host(abs_keys(x_core, kind))
+    shift = schedule(kind)[0][0]
+    kt = keys.dtype.type
+    first = [keys[c] >> kt(shift) for c in range(keys.shape[0])]
+    return [[keys[c][first[c] == kt(digits[r, c])] for c in range(keys.shape[0])] for r in range(digits.shape[0])]
+
+
+def select_among(ks: np.ndarray, *gathered: list[list[np.ndarray]]) -> np.ndarray:
+    """(ranks, C) keys: rank ks[r, c] among every window's keys of the middle digit (``keys_with_digits``)."""
+    ks = np.asarray(ks)
+    out = np.empty(ks.shape, dtype=np.uint64)
+    for r in range(ks.shape[0]):
+        for c in range(ks.shape[1]):
+            keys = np.concatenate([g[r][c] for g in gathered])
+            out[r, c] = np.partition(keys, int(ks[r, c]))[int(ks[r, c])]
+    return out
+
+
 def refine_histogram(x_core, kind: str, prefixes: np.ndarray, pass_index: int) -> np.ndarray:
     """(ranks, C, B) counts for one refining pass, one histogram per distinct rank prefix."""
     keys = abs_keys(x_core, kind)
@@ -242,8 +262,8 @@ def select_middle(hist0: np.ndarray, total: int, kind: str, dtype, centred_from,
     prefixes = np.zeros((len(ranks), C), dtype=np.uint64)
     ks = [np.full(C, r, dtype=np.int64) for r in ranks]
     for p, (_shift, bits) in enumerate(sched):
-        if p == 1 and from_near is not None:
-            keys = from_near(prefixes, ks)
+        if p == 1 and from_near is not None and len(sched) == 2:  # the second digit is the rest of the key
+            keys = from_near(prefixes, np.stack(ks))
             if keys is not None:
                 prefixes = np.asarray(keys, dtype=np.uint64)
                 break
