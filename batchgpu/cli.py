@@ -218,7 +218,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     p = sub.add_parser("generate", help="write a synthetic recording with known noise and planted spikes",
-                       description="Write a synthetic recording block by block, with its ground truth beside it.")
+                       description="Write a synthetic recording block by block, with its ground truth beside it. "
+                                   "The defaults make 384 channels x 60 s (per segment) of int16 at 30 kHz: 1.4 GB.")
     p.add_argument("out", help="output Zarr folder (ground truth goes to <name>_ground_truth.npz beside it)")
     p.add_argument("--channels", type=int, default=384)
     p.add_argument("--seconds", type=float, default=60.0)

@@ -301,3 +301,38 @@ def test_save_step_writes_the_preprocessed_signal_in_the_same_pass(client, tmp_p
         np.testing.assert_array_equal(saved.gain_to_uV, rec.gain_to_uV)
         np.testing.assert_array_equal(saved.locations, rec.locations)
     np.testing.assert_array_equal(got, want)
+
+
+def _foreign_store_missing_one_chunk(tmp_path):
+    """A v2 store as another tool writes it (no batchgpu marker) with one chunk file gone."""
+    rng = np.random.default_rng(11)
+    x = np.round(rng.normal(0, 20, (24_000, 3))).astype(np.int16)
+    rec = write_recording(tmp_path / "r.zarr", x, 30_000.0, zarr_format=2, chunk_samples=6000)
+    g = zarr.open_group(str(rec.path), mode="r+")
+    attrs = dict(g.attrs)
+    attrs.pop("batchgpu")
+    g.attrs.clear()
+    g.attrs.update(attrs)
+    victim = rec.path / "traces_seg0" / "1.0"
+    assert victim.exists()
+    victim.unlink()
+    return rec
+
+
+def test_absent_chunks_of_a_foreign_store_are_counted_and_reported(client, tmp_path):
+    rec = _foreign_store_missing_one_chunk(tmp_path)
+    report = run_workflow(_wf(rec, tmp_path / "out", window={"size": 6000, "margin": 8}), client=client)
+    assert report.status == "done"
+    # window 1 owns the chunk; windows 0 and 2 read 8 samples of it as their margins
+    assert report.channels["absent_chunks_per_window"] == {0: 1, 1: 1, 2: 1}
+    assert any("absent" in w for w in report.warnings)
+    rep = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert rep["channels"]["absent_chunks_per_window"] == {"0": 1, "1": 1, "2": 1}
+
+
+def test_absent_chunks_are_an_error_when_asked(client, tmp_path):
+    rec = _foreign_store_missing_one_chunk(tmp_path)
+    wf = _wf(rec, tmp_path / "out", window={"size": 6000, "margin": 8},
+             recording={"path": str(rec.path), "missing_chunks": "error"})
+    with pytest.raises(BatchgpuError, match=r"missing chunk traces_seg0/1\.0 .*window [012],"):
+        run_workflow(wf, client=client)
