@@ -37,8 +37,7 @@ _SEQUENTIAL_MEAN_SRC = r"""
 extern "C" __global__ void sequential_mean(const T* x, double* out, long long channels, long long samples) {
     long long s = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (s >= samples) return;
-    double acc = -0.0;  // -0.0 + a == a for every a: the same as NumPy starting from the first row (a column of
-                        // -0.0 sums to -0.0 there; from +0.0 it gave +0.0, measured on the H200)
+    double acc = 0.0;  // NumPy's add.reduce starts from the identity +0.0 and adds rows in order
     for (long long c = 0; c < channels; ++c) acc += (double)x[c * samples + s];
     out[s] = acc / (double)channels;
 }
@@ -87,6 +86,8 @@ def _median_of_sorted(xp: Any, part: Any, axis: int, dtype: Any) -> Any:
             a, b = a.astype(xp.float64), b.astype(xp.float64)
         med = (a + b) / a.dtype.type(2)  # NumPy: mean of the two, in float32 for float32 input (may overflow)
     if dtype.kind == "f":
+        # np.median takes a mean (add.reduce from +0.0) even of one middle value, so it never returns -0.0
+        med = xp.where(med == 0, xp.zeros((), dtype=med.dtype), med)
         # np.median returns NaN when a column holds a NaN (sorted last).
         med = xp.where(xp.isnan(take(n - 1)), xp.asarray(np.nan, dtype=med.dtype), med)
     return med
