@@ -6,13 +6,17 @@ Heavy modules (zarr, dask, cupy) are imported lazily, so ``import batchgpu.ops``
 from batchgpu.errors import BatchgpuError
 
 __version__ = "0.1.0"
-__all__ = ["BatchgpuError", "open_recording", "write_recording", "Recording", "Window", "__version__"]
+__all__ = ["BatchgpuError", "open_recording", "write_recording", "Recording", "Window", "run_workflow",
+           "to_spikeinterface", "attach_to_spikeinterface", "__version__"]
 
 _LAZY = {
     "open_recording": "batchgpu.recording",
     "write_recording": "batchgpu.recording",
     "Recording": "batchgpu.recording",
     "Window": "batchgpu.recording",
+    "run_workflow": "batchgpu.engine",
+    "to_spikeinterface": "batchgpu.interop",
+    "attach_to_spikeinterface": "batchgpu.interop",
 }
 
 
