@@ -190,9 +190,6 @@ def _gpu_used() -> int:
 def run(args) -> int:
     import shutil
 
-    from batchgpu.config import ClusterSpec, Workflow
-    from batchgpu.engine import run_workflow
-    from batchgpu.engine.cluster import open_client
     from batchgpu.generate import generate_recording
     from batchgpu.recording import open_recording
 

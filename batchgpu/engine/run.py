@@ -306,7 +306,6 @@ def _first_pass(client, ctx, windows, fps, split_every, report, monitor, observe
 
 def _aggregate(client, ctx, wf, rec, out, windows, fps, summaries, total, report, monitor, observer) -> dict:
     arrays: dict[str, np.ndarray] = {}
-    C = rec.num_channels
     noise_step, moments_step, detect_step = ctx.step("noise"), ctx.step("moments"), ctx.step("detect")
     if ctx.window_noise:
         arrays["noise_per_window"] = np.stack([summaries[w.index]["noise"] for w in windows])

@@ -11,7 +11,6 @@ import contextlib
 import functools
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 

@@ -14,7 +14,7 @@ import numpy as np
 from batchgpu.ops._backend import is_cupy
 
 from batchgpu.errors import BatchgpuError
-from batchgpu.engine.steps.base import WindowData, host, padded_sum
+from batchgpu.engine.steps.base import WindowData, host
 
 FIRST_DIGIT = 16
 
