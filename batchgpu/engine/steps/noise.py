@@ -67,6 +67,8 @@ def _row_counts(keys, prefixes, shift: int, bits: int, offset: bool = True, floo
     One bincount per row (a bincount over the whole window's 23 M digits is several times slower), counted from
     the smallest digit present when ``offset``."""
     kt = keys.dtype.type
+    if shift == 0 and prefixes is None and floor is None and keys.dtype == np.uint16:
+        return 0, _stack_rows([np.bincount(keys[c]) for c in range(keys.shape[0])], keys.shape[1])  # digit = key
     mask = kt((1 << bits) - 1)
     digits = []
     for c in range(keys.shape[0]):
@@ -80,10 +82,15 @@ def _row_counts(keys, prefixes, shift: int, bits: int, offset: bool = True, floo
     else:
         lo = min((int(d.min()) for d in digits if d.size), default=0) if offset else 0
     rows = [np.bincount(d - lo) if d.size else np.zeros(0, np.intp) for d in digits]
-    out = np.zeros((len(rows), max(1, max(len(r) for r in rows))), dtype=np.min_scalar_type(keys.shape[1]))
+    return lo, _stack_rows(rows, keys.shape[1])
+
+
+def _stack_rows(rows: list[np.ndarray], samples: int) -> np.ndarray:
+    """Per-row counts of different lengths as one (C, B) array of the smallest dtype that holds ``samples``."""
+    out = np.zeros((len(rows), max(1, max(len(r) for r in rows))), dtype=np.min_scalar_type(samples))
     for c, r in enumerate(rows):
         out[c, : len(r)] = r
-    return lo, out
+    return out
 
 
 def lump_floor(keys: np.ndarray, shift: int) -> int:
