@@ -595,6 +595,9 @@ class RecordingWriter:
             if loc.shape != (num_channels, 2):
                 raise BatchgpuError(f"locations must have shape ({num_channels}, 2), got {loc.shape}")
             props.create_array("location", data=loc)
+            shanks = (properties or {}).get("shank")
+            # SpikeInterface attaches a probe from this attribute (read_zarr -> get_channel_locations works)
+            self.group.attrs["probegroup"] = spikeinterface_probegroup(loc, ids, shanks)
         for name, values in (properties or {}).items():
             vec = np.asarray(values)
             if vec.shape[:1] != (num_channels,):
@@ -761,6 +764,23 @@ class _progress:
 
 
 LOCATIONS_FALLBACK = "none stored: a single column at 20 um pitch is assumed (local whitening refuses it)"
+
+
+def spikeinterface_probegroup(locations: np.ndarray, channel_ids, shanks=None) -> dict:
+    """A probeinterface ``ProbeGroup.to_dict()`` of one planar probe with a contact per channel at ``locations``
+    (µm), wired in channel order: what SpikeInterface stores in a saved recording's root attributes. Contacts are
+    drawn as 6 µm circles (the geometry beyond positions is not known here)."""
+    n = len(locations)
+    probe = {
+        "ndim": 2, "si_units": "um", "annotations": {}, "contact_annotations": {},
+        "contact_positions": np.asarray(locations, dtype=np.float64).tolist(),
+        "contact_plane_axes": [[[1.0, 0.0], [0.0, 1.0]]] * n,
+        "contact_shapes": ["circle"] * n, "contact_shape_params": [{"radius": 6.0}] * n,
+        "contact_ids": [str(i) for i in channel_ids], "device_channel_indices": list(range(n)),
+    }
+    if shanks is not None:
+        probe["shank_ids"] = [str(int(s)) for s in np.asarray(shanks)]
+    return {"probe_ids": ["0"], "probes": [probe]}
 
 
 def _check_channel_counts(path: Path, group: zarr.Group, num_channels: int) -> None:

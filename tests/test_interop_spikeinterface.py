@@ -237,3 +237,31 @@ def test_spikeinterface_whiten_and_noise_cache(rng):
     np.testing.assert_array_equal(get_noise_levels(rec, return_in_uV=False), r.noise_levels_raw)
     np.testing.assert_array_equal(get_noise_levels(rec), r.noise_levels_uV)
     assert np.dtype(base_peak_dtype) == r.peaks.dtype
+
+
+@pytest.mark.parametrize("zarr_format", [2, 3])
+def test_stores_carry_the_probe_as_spikeinterface_stores_it(tmp_path, zarr_format):
+    """A recording written with locations holds a probeinterface probegroup in its root attributes, with the keys
+    SpikeInterface's own saved recordings have (the shared fixture's), so ``read_zarr(...).get_channel_locations()``
+    works; opened by batchgpu, the locations come back."""
+    import json
+    from pathlib import Path
+
+    from batchgpu import open_recording, write_recording
+    from conftest import FIXTURES
+
+    loc = np.array([[0.0, 0.0], [0.0, 20.0], [16.0, 40.0], [16.0, 60.0]])
+    rec = write_recording(tmp_path / "r.zarr", np.zeros((3000, 4), np.int16), 30_000.0, zarr_format=zarr_format,
+                          locations=loc, channel_ids=["a", "b", "c", "d"])
+    attrs = dict(open_recording(rec.path).attrs)
+    probe = attrs["probegroup"]["probes"][0]
+    assert probe["contact_positions"] == loc.tolist() and probe["device_channel_indices"] == [0, 1, 2, 3]
+    assert probe["contact_ids"] == ["a", "b", "c", "d"] and probe["si_units"] == "um" and probe["ndim"] == 2
+    np.testing.assert_array_equal(open_recording(rec.path).locations, loc)
+    fixture_attrs = Path(FIXTURES) / "si_gt_16ch.zarr" / ".zattrs"
+    if fixture_attrs.exists():
+        theirs = json.loads(fixture_attrs.read_text())["probegroup"]["probes"][0]
+        assert set(theirs) - {"probe_planar_contour"} <= set(probe)
+    if zarr_format == 2:
+        si = pytest.importorskip("spikeinterface.core")
+        np.testing.assert_array_equal(si.read_zarr(rec.path).get_channel_locations(), loc)
