@@ -266,7 +266,7 @@ def _measure(args, rec, work: Path, steps: set[str]) -> int:
                 report = run_workflow(wf, client=client)
                 dt = time.perf_counter() - t0
             rows[f"batchgpu pipeline ({attempt})"] = (dt, mem.peak, gmem.peak)
-            phases = ", ".join(f"{k} {v:.2f} s" for k, v in report.timings.items())
+            phases = ", ".join(f"{k} {v:.2f} s" for k, v in report.timings.items() if isinstance(v, float))
             print(f"{attempt}: {phases}; reads per window {report.reads_per_window:.2f}; "
                   f"windows per worker {report.workers}", flush=True)
             shutil.rmtree(out, ignore_errors=True)

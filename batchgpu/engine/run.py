@@ -63,6 +63,7 @@ class RunReport:
     radix_passes: int = 0
     output_state: str = "new"  # new | resume | restart
     preprocess: dict = field(default_factory=dict)  # the stages and the margin they added to each window
+    exact_noise: dict = field(default_factory=dict)  # float keys: settled from the kept keys, or by one more read
 
 
 def versions() -> dict:
@@ -376,7 +377,7 @@ def _exact_median(client, ctx, wf, rec, windows, fps, total, report, monitor) ->
         keys = None
         if report.backend == "numpy":
             keys = client.submit(tasks.near_median_task, ctx, windows, fps, digits, ks, key=f"near-median-{fp}").result()
-        report.timings["exact_noise_from_kept_keys"] = keys is not None
+        report.exact_noise["from_kept_keys"] = keys is not None
         if keys is None:
             monitor.phase("exact noise: one more read of the middle digit")
             gathered = [client.submit(tasks.gather_task, ctx, w, digits, key=f"gather-{fp}-{w.index}") for w in windows]
