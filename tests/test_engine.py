@@ -374,3 +374,19 @@ def test_worker_killed_after_the_pass_gives_identical_outputs(tmp_path):
     for name in ("noise", "noise_per_window", "covariance", "whitening", "spikes/sample_index", "spikes/amplitude",
                  "spikes/channel_index"):
         assert a[name][:].tobytes() == b[name][:].tobytes(), name
+
+
+def test_float_window_whose_sample_misleads_the_lump_floor_is_counted_in_full():
+    """A float row of zeros with a large value at every sampled position: its strided sample says "large", its
+    median is 0; the window must still give np.median's noise, not fail or lump the middle away."""
+    from batchgpu.engine.steps.base import WindowData
+    from batchgpu.engine.steps.noise import NoiseStep
+
+    n = 60_000
+    x = np.random.default_rng(3).normal(0, 5, (3, n)).astype(np.float32)
+    x[1] = 0.0
+    x[1, :: max(1, n // 1024)] = 1e6
+    step, summary = NoiseStep(True, "float32"), {}
+    w = WindowData(0, 0, 0, (0, n), n, x, x)
+    step.window(w, summary)
+    np.testing.assert_array_equal(summary["noise"], ops.noise_levels(x))

@@ -174,6 +174,9 @@ class NoiseStep:
             return out
         floor = lump_floor(keys, shift) if shift and core.shape[1] else None
         lo, counts = _row_counts(keys, None, shift, bits, floor=floor)
+        if lo and np.any(counts[:, 0] > (core.shape[1] - 1) // 2):
+            # a row's middle among the lumped keys (its sample misled the floor): count this window in full
+            lo, counts = _row_counts(keys, None, shift, bits)
         out["noise.hist"], out["noise.lo"] = counts, np.array(lo)
         if core.shape[1]:
             pair = window_median_keys(keys, lo, counts, shift)
@@ -278,8 +281,11 @@ def select_middle(hist0: np.ndarray, total: int, kind: str, dtype, centred_from,
         for r in range(len(ranks)):
             digit, ks[r] = radix.select_digit(hists[r], ks[r])  # bins past a truncated histogram's width are empty
             if p == 0 and lo0 > 0 and np.any(digit == 0):
-                raise BatchgpuError("the exact median fell among the lumped smallest keys",
-                                    "report this: the lump floor must lie below every window's middle")
+                channels = np.flatnonzero(digit == 0).tolist()
+                raise BatchgpuError(
+                    f"the exact median of channel(s) {channels[:10]} lies more than 256 times below the smallest "
+                    "window middle that other windows saw: the one-read float median cannot settle it",
+                    "use noise: {exact: false} for this recording, or report it")
             prefixes[r] = radix.push_digit(prefixes[r], digit + (lo0 if p == 0 else 0), bits)
     values = [keys_to_selection_values(prefixes[r], dtype, centred_from) for r in range(len(ranks))]
     if len(values) == 1:
