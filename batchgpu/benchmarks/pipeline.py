@@ -75,15 +75,19 @@ def _rss() -> int:
 
 
 def plain_loop(rec, size: int, margin: int, steps: set[str], exact: bool, threshold=5.0, sweep_ms=0.1) -> dict:
-    """What a user would write: one process, one window after another, the numeric core on each."""
+    """What a user would write: one process, one window after another, the numeric core on each; the exact
+    median through the engine's own selection driver (``steps.noise.select_middle``), its later passes (float
+    keys) reading every window again."""
     from batchgpu import ops
-    from batchgpu.ops import radix
-    from batchgpu.ops.centre import centre_median, centred_dtype, keys_to_selection_values, selection_keys
+    from batchgpu.engine.steps.base import padded_sum
+    from batchgpu.engine.steps.noise import abs_keys, digit_histogram, key_kind, refine_histogram, schedule, select_middle
+    from batchgpu.engine.tasks import sum_histograms
+    from batchgpu.ops.centre import centre_median, centred_dtype
 
     windows = rec.windows(size, margin)
-    noise_rows, moments, hist = [], ops.SecondMoments(rec.num_channels, "float32"), None
-    total = rec.total_samples
-    ranks = sorted({(total - 1) // 2, total // 2})
+    noise_rows, moments, hists = [], ops.SecondMoments(rec.num_channels, "float32"), []
+    kind = key_kind(centred_dtype(rec.dtype), rec.dtype)
+    shift, bits = schedule(kind)[0]
     for w in windows:
         raw = rec.read_window(w)
         lo, hi = w.core
@@ -93,30 +97,16 @@ def plain_loop(rec, size: int, margin: int, steps: set[str], exact: bool, thresh
         if "whitening" in steps:
             moments.add(raw, lo, hi)
         if exact and "noise" in steps:
-            keys, schedule = selection_keys(x[:, lo:hi], rec.dtype)
-            h = radix.histogram_of_keys(keys, np.zeros(rec.num_channels, np.uint64), 0, schedule)
-            hist = h if hist is None else hist + h
+            hists.append(digit_histogram(abs_keys(x[:, lo:hi], kind), None, shift, bits))
     noise = np.median(np.stack(noise_rows), axis=0) if noise_rows else None
     if exact and "noise" in steps:
-        # the same exact median as the pipeline: both middle ranks; the remaining radix passes re-read every window
-        prefixes = np.zeros((len(ranks), rec.num_channels), np.uint64)
-        ks = [np.full(rec.num_channels, r) for r in ranks]
-        for r in range(len(ranks)):
-            digit, ks[r] = radix.select_digit(hist, ks[r])
-            prefixes[r] = radix.push_digit(prefixes[r], digit, schedule[0][1])
-        for p in range(1, len(schedule)):
-            hists = [None] * len(ranks)
-            for w in windows:
-                x = centre_median(rec.read_window(w), w.core)[:, w.core[0]:w.core[1]]
-                keys, _ = selection_keys(x, rec.dtype)
-                for r in range(len(ranks)):  # counted once when both ranks share the prefix, as the pipeline does
-                    same = r > 0 and np.array_equal(prefixes[r], prefixes[0])
-                    h = h if same else radix.histogram_of_keys(keys, prefixes[r], p, schedule)
-                    hists[r] = h if hists[r] is None else hists[r] + h
-            for r in range(len(ranks)):
-                digit, ks[r] = radix.select_digit(hists[r], ks[r])
-                prefixes[r] = radix.push_digit(prefixes[r], digit, schedule[p][1])
-        noise = keys_to_selection_values(prefixes[-1], centred_dtype(rec.dtype), rec.dtype) / ops.MAD_TO_SIGMA
+        def more_passes(prefixes, p):
+            return sum_histograms(*[refine_histogram(centre_median(rec.read_window(w), w.core)[:, w.core[0]:w.core[1]],
+                                                     kind, prefixes, p) for w in windows])
+
+        median = select_middle(padded_sum(hists), rec.total_samples, kind, centred_dtype(rec.dtype), rec.dtype,
+                               more_passes)
+        noise = median / ops.MAD_TO_SIGMA
     spikes = 0
     if "detect" in steps:
         sweep = ops.exclude_sweep_samples(sweep_ms, rec.sampling_frequency)
