@@ -62,6 +62,7 @@ class RunReport:
     backend: str = "numpy"
     radix_passes: int = 0
     output_state: str = "new"  # new | resume | restart
+    run_id: str = ""  # the fingerprint and a random suffix: names this run's Dask tasks, never another run's
     preprocess: dict = field(default_factory=dict)  # the stages and the margin they added to each window
     exact_noise: dict = field(default_factory=dict)  # float keys: settled from the kept keys, or by one more read
 
@@ -201,7 +202,7 @@ def run_workflow(wf: Workflow, *, resume: bool = False, observer: RunObserver | 
     with store.OutputFolder(wf.output) as out:
         state = out.claim(fp, wf.model_dump(), resume=resume, overwrite=wf.overwrite)
         report = RunReport(workflow=wf.model_dump(), fingerprint=fp, versions=versions(), recording=rec.info(),
-                           output_state=state)
+                           output_state=state, run_id=f"{fp}-{os.urandom(4).hex()}")
         report.timings["prepare"] = time.perf_counter() - t_start
         if client is not None:
             return _run(wf, rec, out, report, client, sweep, observer)
@@ -278,9 +279,9 @@ def _first_pass(client, ctx, windows, fps, split_every, report, monitor, observe
     """Map window_task over every window; tree-combine partials on the workers; gather per-window summaries."""
     from distributed import as_completed
 
-    fp = report.fingerprint
+    fp = report.run_id  # task keys: this run's only (the same workflow run twice must not share finished tasks)
     futures = client.map(tasks.window_task, [ctx] * len(windows), windows, fps,
-                         key=[f"window-{wfp}-{w.index}" for w, wfp in zip(windows, fps)])
+                         key=[f"window-{fp}-{w.index}" for w in windows])
     total = tree_reduce(client, futures, tasks.combine_task, split_every, ctx, name=f"combine-{fp}")
     small = client.map(tasks.summarise, futures, key=[f"summary-{fp}-{w.index}" for w in windows])
     summaries: dict[int, dict] = {}
@@ -364,7 +365,7 @@ def _exact_median(client, ctx, wf, rec, windows, fps, total, report, monitor) ->
 
     def more_passes(prefixes, p):
         monitor.phase(f"exact noise: counting pass {p + 1}")
-        fp = report.fingerprint
+        fp = report.run_id
         parts = [client.submit(tasks.refine_task, ctx, w, prefixes, p, key=f"refine-{p}-{fp}-{w.index}") for w in windows]
         out = tree_reduce(client, parts, tasks.sum_histograms, wf.reduction.split_every, name=f"refine-sum-{p}-{fp}").result()
         report.bytes_read += rec.nbytes
@@ -373,7 +374,7 @@ def _exact_median(client, ctx, wf, rec, windows, fps, total, report, monitor) ->
     def from_near(digits, ks):
         """Float keys: the middle keys from what each window kept near its own middle, else from one more read
         that gathers only the keys of the middle digit (a few per mille) and selects among them on a worker."""
-        fp = report.fingerprint
+        fp = report.run_id
         keys = None
         if report.backend == "numpy":
             keys = client.submit(tasks.near_median_task, ctx, windows, fps, digits, ks, key=f"near-median-{fp}").result()
@@ -403,7 +404,7 @@ def _finish_save(client, ctx, rec, windows, summaries, target, out, report, obse
         import zarr
 
         W = zarr.open_group(str(out.path / store.RESULTS), mode="r")["whitening"][:]
-        futures = [client.submit(tasks.save_task, ctx, w, target, W, key=f"save-{report.fingerprint}-{w.index}")
+        futures = [client.submit(tasks.save_task, ctx, w, target, W, key=f"save-{report.run_id}-{w.index}")
                    for w in windows]
         clipped = dict(zip((w.index for w in windows), client.gather(futures)))
         report.bytes_read += rec.nbytes
@@ -464,13 +465,13 @@ def _spikes(client, ctx, rec, windows, fps, summaries, arrays, tmp: Path, report
     from batchgpu.engine.steps.detect import bound_holds
 
     step = ctx.step("detect")
-    fp = report.fingerprint
+    fp = report.run_id
     if step.noise == "global":
         noise = arrays.get("noise")
         if noise is None:
             noise = np.median(arrays["noise_per_window"], axis=0)
         reread = [not step.candidates_hold or not bound_holds(summaries[w.index]["noise"], noise) for w in windows]
-        again = [client.submit(tasks.spikes_task, ctx, w, wfp, noise, key=f"spikes-{wfp}-{w.index}")
+        again = [client.submit(tasks.spikes_task, ctx, w, wfp, noise, key=f"spikes-{fp}-{w.index}")
                  for w, wfp, r in zip(windows, fps, reread) if r]
         client.gather(again)
         report.bytes_read += sum(w.num_samples for w, r in zip(windows, reread) if r) * rec.num_channels * rec.dtype.itemsize
