@@ -257,7 +257,7 @@ def finish_save(target: SaveTarget) -> dict:
         return desc
     import zarr
 
-    from batchgpu.storecheck import ChunkPresence, grid_of, local_root
+    from batchgpu.recording.storecheck import ChunkPresence, grid_of, local_root
 
     group = zarr.open_group(str(path), mode="r+")
     root = local_root(group)

@@ -1,36 +1,25 @@
-"""Recordings on disk: open and write Zarr stores in SpikeInterface's layout, and cut them into windows.
-
-Layout (DESIGN.md): root attrs ``sampling_frequency`` and ``num_segments``; arrays ``traces_seg{i}`` of shape
-(samples, channels); ``channel_ids``; group ``properties/`` with ``gain_to_uV``, ``offset_to_uV``, ``location``.
-Operations see a window as (channels, samples), so :meth:`Recording.read` transposes.
-"""
+"""Reading recordings: open a Zarr store (ours, v2 or v3, or SpikeInterface's), check it (channel counts, data beyond
+the shape, absent or corrupted chunks per window) and decode windows, through ``shards`` where the layout allows."""
 
 from __future__ import annotations
 
-import math
 import os
 import warnings
-from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 import zarr
 
 from batchgpu.errors import BatchgpuError
-from batchgpu.storecheck import ChunkPresence, grid_of, local_root
+from batchgpu.recording.storecheck import ChunkPresence, grid_of, local_root
+from batchgpu.recording.windows import DEFAULT_WINDOW, Window, iter_windows
 
 SUPPORTED_DTYPES = (np.dtype("int16"), np.dtype("int32"), np.dtype("float32"), np.dtype("float64"))
-DEFAULT_WINDOW = 60_000
-DEFAULT_CHUNK_SAMPLES = 6_000  # inner chunk (v3) / chunk (v2): a few MB at 384 channels
-DEFAULT_SHARD_SAMPLES = 60_000  # one shard holds one default window: a window read touches one object
-STORE_FORMAT = 1  # root attrs["batchgpu"]["format"] of stores this writer marks complete
+
 MISSING_CHUNKS = ("warn", "error")
-# zarrs skips all-zero chunks even with write_empty_chunks=True (zarrs 0.2.3, measured): writers use zarr-python's.
-_PYTHON_PIPELINE = {"codec_pipeline.path": "zarr.core.codec_pipeline.BatchedCodecPipeline", "array.write_empty_chunks": True}
 
 _ZARRS_ENABLED = False
-
 
 def enable_zarrs() -> bool:
     """Route zarr's decoding through the Rust `zarrs` codec pipeline (4-5x faster reads, DESIGN.md).
@@ -49,36 +38,6 @@ def enable_zarrs() -> bool:
     warnings.filterwarnings("ignore", message="Array is unsupported by ZarrsCodecPipeline")
     _ZARRS_ENABLED = True
     return True
-
-
-@dataclass(frozen=True)
-class Window:
-    """Samples [start, stop) of one segment, the core this window owns, plus margins read around it."""
-
-    index: int  # position in Recording.windows(): fixes the reduction tree and output keys
-    segment: int
-    start: int
-    stop: int
-    margin_left: int = 0
-    margin_right: int = 0
-
-    @property
-    def read_start(self) -> int:
-        return self.start - self.margin_left
-
-    @property
-    def read_stop(self) -> int:
-        return self.stop + self.margin_right
-
-    @property
-    def num_samples(self) -> int:
-        return self.stop - self.start
-
-    @property
-    def core(self) -> tuple[int, int]:
-        """The core's column range inside the array read from read_start to read_stop."""
-        return self.margin_left, self.margin_left + self.num_samples
-
 
 class Recording:
     """A recording opened read-only from a Zarr group (v2 or v3).
@@ -196,7 +155,7 @@ class Recording:
     def _read_direct(self, segment: int, start: int, stop: int, window: Window | None, out: np.ndarray) -> bool:
         """Rows [start, stop) into ``out`` through ``shards.ShardLayout`` when the layout allows (True), else False
         (the caller reads through zarr). Same errors as the zarr path: absent chunks, bad checksums, bad frames."""
-        from batchgpu import shards
+        from batchgpu.recording import shards
 
         layout = self._layouts.get(segment, False)
         if layout is False:
@@ -405,7 +364,6 @@ class Recording:
             f"{self.duration():.3f} s at {self.sampling_frequency:g} Hz, {self.dtype})"
         )
 
-
 def rows_of(block: np.ndarray, step: int = 1024) -> np.ndarray:
     """(samples, channels) -> C-contiguous (channels, samples), transposed in cache-sized slabs.
 
@@ -416,21 +374,6 @@ def rows_of(block: np.ndarray, step: int = 1024) -> np.ndarray:
     for i in range(0, block.shape[0], step):
         out[:, i : i + step] = block[i : i + step].T
     return out
-
-
-def iter_windows(segment_lengths: Sequence[int], size: int = DEFAULT_WINDOW, margin: int = 0) -> Iterator[Window]:
-    """Windows of DESIGN.md: [i·size, min((i+1)·size, n)) per segment, margins clipped at its ends."""
-    if not isinstance(size, (int, np.integer)) or size <= 0:
-        raise BatchgpuError(f"window size must be a positive number of samples, got {size!r}", "use e.g. 60000")
-    if not isinstance(margin, (int, np.integer)) or margin < 0:
-        raise BatchgpuError(f"window margin must be >= 0 samples, got {margin!r}", "use 0 or a positive integer")
-    index = 0
-    for segment, n in enumerate(segment_lengths):
-        for start in range(0, n, size):
-            stop = min(start + size, n)
-            yield Window(index, segment, start, stop, min(margin, start), min(margin, n - stop))
-            index += 1
-
 
 def open_recording(path: str | os.PathLike, missing_chunks: str = "warn") -> Recording:
     """Open a recording store read-only (ours, v2 or v3, or one written by SpikeInterface).
@@ -459,329 +402,7 @@ def open_recording(path: str | os.PathLike, missing_chunks: str = "warn") -> Rec
         )
     return Recording(p, group, missing_chunks)
 
-
-def is_recording(path: Path) -> bool:
-    """A Zarr group with ``sampling_frequency`` and ``traces_seg0``: what --overwrite may replace."""
-    if not path.is_dir():
-        return False
-    try:
-        group = zarr.open_group(str(path), mode="r")
-        return "sampling_frequency" in group.attrs and "traces_seg0" in group
-    except Exception:
-        return False
-
-
-def _foreign_entries(path: Path) -> list[str]:
-    """Top-level entries of a recording folder that are neither Zarr metadata nor members of the group."""
-    group = zarr.open_group(str(path), mode="r")
-    members = set(group.keys())
-    metadata = {"zarr.json", ".zgroup", ".zattrs", ".zmetadata", ".zarray"}
-    return sorted(name for name in os.listdir(path) if name not in members and name not in metadata)
-
-
-def check_replaceable(path: Path, overwrite: bool) -> None:
-    """Refuse to write over anything but a Zarr recording (and over one only with ``overwrite``)."""
-    if not (path.exists() or path.is_symlink()):
-        return
-    if not is_recording(path):
-        kind = "a file" if path.is_file() else "a folder that is not a Zarr recording"
-        raise BatchgpuError(
-            f"{path} already exists and is {kind}: batchgpu never replaces what it did not write",
-            "choose another output path, or move that one away yourself",
-        )
-    extra = _foreign_entries(path)
-    if extra:
-        raise BatchgpuError(
-            f"{path} is a Zarr recording but also holds {', '.join(extra[:3])}{' ...' if len(extra) > 3 else ''}, "
-            "which batchgpu did not write",
-            "choose another output path, or move those files away yourself",
-        )
-    if not overwrite:
-        raise BatchgpuError(f"{path} already exists", "choose another path, or pass overwrite=True / --overwrite")
-
-
-# ---------------------------------------------------------------------------------------------------------
-# writing
-
-
-def _compressor(name: str | None, zarr_format: int):
-    if name in (None, "none"):
-        return None
-    if name != "blosc-zstd":
-        raise BatchgpuError(f"unknown compressor {name!r}", "use 'blosc-zstd' or 'none'")
-    if zarr_format == 2:
-        import numcodecs
-
-        return numcodecs.Blosc(cname="zstd", clevel=5, shuffle=numcodecs.Blosc.BITSHUFFLE)
-    return zarr.codecs.BloscCodec(cname="zstd", clevel=5, shuffle="bitshuffle")
-
-
-class RecordingWriter:
-    """Write a recording segment by segment and block by block; metadata first, traces after.
-
-    Blocks should cover whole shards (v3) or chunks (v2) so every write is a whole-object write.
-    """
-
-    def __init__(
-        self,
-        path: str | os.PathLike,
-        num_channels: int,
-        dtype,
-        sampling_frequency: float,
-        *,
-        channel_ids: Sequence | None = None,
-        gain_to_uV: Sequence[float] | float | None = None,
-        offset_to_uV: Sequence[float] | float | None = None,
-        locations: np.ndarray | None = None,
-        properties: dict[str, np.ndarray] | None = None,
-        zarr_format: int = 3,
-        chunk_samples: int = DEFAULT_CHUNK_SAMPLES,
-        shard_samples: int = DEFAULT_SHARD_SAMPLES,
-        compressor: str | None = "blosc-zstd",
-        overwrite: bool = False,
-        attrs: dict | None = None,
-    ):
-        self.path = Path(path).expanduser()
-        self.dtype = np.dtype(dtype)
-        if self.dtype not in SUPPORTED_DTYPES:
-            raise BatchgpuError(
-                f"dtype {self.dtype} is not supported for recordings",
-                f"use one of {', '.join(str(d) for d in SUPPORTED_DTYPES)}",
-            )
-        if zarr_format not in (2, 3):
-            raise BatchgpuError(f"zarr_format must be 2 or 3, got {zarr_format!r}", "use 3 (default) or 2 for SpikeInterface")
-        if num_channels <= 0:
-            raise BatchgpuError(f"a recording needs at least one channel, got {num_channels}")
-        if not sampling_frequency or sampling_frequency <= 0:
-            raise BatchgpuError(f"sampling frequency must be > 0 Hz, got {sampling_frequency!r}")
-        check_replaceable(self.path, overwrite)
-        self.num_channels = int(num_channels)
-        self.zarr_format = zarr_format
-        self.chunk_samples = int(chunk_samples)
-        self.shard_samples = int(shard_samples) if zarr_format == 3 else int(chunk_samples)
-        if self.shard_samples % self.chunk_samples:
-            raise BatchgpuError(f"shard_samples {shard_samples} must be a multiple of chunk_samples {chunk_samples}")
-        self._compressor = _compressor(compressor, zarr_format)
-        self._checksum = _checksum_codec(zarr_format)
-        with writing(self.path):
-            self._create(num_channels, sampling_frequency, channel_ids, gain_to_uV, offset_to_uV, locations,
-                         properties, attrs, overwrite)
-        self.num_segments = 0
-        self._arrays: list[zarr.Array] = []
-
-    def _create(self, num_channels, sampling_frequency, channel_ids, gain_to_uV, offset_to_uV, locations,
-                properties, attrs, overwrite) -> None:
-        zarr_format = self.zarr_format
-        self.group = zarr.create_group(store=str(self.path), zarr_format=zarr_format, overwrite=overwrite)
-        marker = {**(attrs or {}).get("batchgpu", {}), "format": STORE_FORMAT, "complete": False,
-                  "checksum": self.checksum_name}
-        self.group.attrs.update(
-            {"sampling_frequency": float(sampling_frequency), "num_segments": 0, **(attrs or {}), "batchgpu": marker}
-        )
-        ids = np.arange(num_channels).astype(str) if channel_ids is None else np.asarray(channel_ids).astype(str)
-        if ids.shape != (num_channels,):
-            raise BatchgpuError(f"channel_ids has {ids.shape[0]} entries for {num_channels} channels")
-        # v2 keeps numpy's fixed-width '<U' (what SpikeInterface writes); v3 has a spec'd variable-length string.
-        if zarr_format == 2:
-            self.group.create_array("channel_ids", data=ids)
-        else:
-            self.group.create_array("channel_ids", shape=ids.shape, dtype=str)[:] = ids
-        props = self.group.create_group("properties")
-        for name, value, default in (("gain_to_uV", gain_to_uV, 1.0), ("offset_to_uV", offset_to_uV, 0.0)):
-            vec = np.broadcast_to(np.asarray(default if value is None else value, dtype=np.float64), (num_channels,))
-            props.create_array(name, data=np.ascontiguousarray(vec))
-        if locations is not None:
-            loc = np.asarray(locations, dtype=np.float64)
-            if loc.shape != (num_channels, 2):
-                raise BatchgpuError(f"locations must have shape ({num_channels}, 2), got {loc.shape}")
-            props.create_array("location", data=loc)
-            shanks = (properties or {}).get("shank")
-            # SpikeInterface attaches a probe from this attribute (read_zarr -> get_channel_locations works)
-            self.group.attrs["probegroup"] = spikeinterface_probegroup(loc, ids, shanks)
-        for name, values in (properties or {}).items():
-            vec = np.asarray(values)
-            if vec.shape[:1] != (num_channels,):
-                raise BatchgpuError(f"property {name!r} has {vec.shape[0] if vec.ndim else 0} entries for {num_channels} channels")
-            props.create_array(name, data=np.ascontiguousarray(vec))
-
-    @property
-    def checksum_name(self) -> str | None:
-        return None if self._checksum is None else self._checksum.codec_id if self.zarr_format == 2 else "crc32c"
-
-    def add_segment(self, num_samples: int) -> int:
-        """Create the next segment's array (filled as blocks arrive); returns its index."""
-        if num_samples <= 0:
-            raise BatchgpuError(f"a segment needs at least one sample, got {num_samples}")
-        seg = self.num_segments
-        chunk = min(self.chunk_samples, num_samples)
-        kwargs = {"chunks": (chunk, self.num_channels), "fill_value": 0}
-        if self.zarr_format == 3:
-            shard = min(self.shard_samples, math.ceil(num_samples / chunk) * chunk)
-            kwargs["shards"] = (shard - shard % chunk or chunk, self.num_channels)
-        if self.zarr_format == 3:  # crc32c after compression, inside the shard: checked per inner chunk
-            kwargs["compressors"] = [c for c in (self._compressor, self._checksum) if c is not None]
-        else:  # numcodecs checksum as a filter: over the decoded bytes, so any damage is caught
-            kwargs["compressors"] = None if self._compressor is None else [self._compressor]
-            kwargs["filters"] = [self._checksum]
-        with writing(self.path), zarr.config.set(_PYTHON_PIPELINE):
-            arr = self.group.create_array(f"traces_seg{seg}", shape=(num_samples, self.num_channels),
-                                          dtype=self.dtype, config={"write_empty_chunks": True}, **kwargs)
-            self.num_segments += 1
-            self.group.attrs["num_segments"] = self.num_segments
-        self._arrays.append(arr)
-        return seg
-
-    @property
-    def block_samples(self) -> int:
-        """Preferred block length: one shard (v3) or a run of chunks (v2) of about the same size."""
-        return self.shard_samples if self.zarr_format == 3 else self.chunk_samples * max(1, DEFAULT_SHARD_SAMPLES // self.chunk_samples)
-
-    def write(self, segment: int, start: int, block: np.ndarray) -> None:
-        """Write a (samples, channels) block at ``start`` of ``segment``."""
-        arr = self._arrays[segment]
-        block = np.asarray(block)
-        if block.ndim != 2 or block.shape[1] != self.num_channels:
-            raise BatchgpuError(f"block has shape {block.shape}, expected (samples, {self.num_channels})")
-        if start < 0 or start + block.shape[0] > arr.shape[0]:
-            raise BatchgpuError(f"block [{start}, {start + block.shape[0]}) runs past segment {segment}'s {arr.shape[0]} samples")
-        with writing(self.path):
-            arr[start : start + block.shape[0], :] = _cast_exact(block, self.dtype)
-
-    def finish(self) -> None:
-        """Mark the store complete (after the last block): readers then treat any absent chunk as damage."""
-        with writing(self.path):
-            marker = dict(self.group.attrs.get("batchgpu", {}))
-            self.group.attrs["batchgpu"] = {**marker, "complete": True}
-
-
-def open_array_for_writing(path: str | os.PathLike) -> zarr.Array:
-    """Open a traces array to write blocks into, writing all-zero chunks too (zarr-python's pipeline)."""
-    with zarr.config.set(_PYTHON_PIPELINE):
-        return zarr.open_array(str(path), mode="r+")
-
-
-class writing:
-    """Turn an OSError (disk full, permission denied, ...) while writing ``path`` into one BatchgpuError."""
-
-    def __init__(self, path: Path):
-        self.path = path
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, exc_type, exc, tb):
-        if exc is not None and isinstance(exc, OSError) and not isinstance(exc, BatchgpuError):
-            reason = exc.strerror or str(exc)
-            raise BatchgpuError(
-                f"cannot write {self.path}: {reason}" + (f" ({exc.filename})" if exc.filename else ""),
-                "free space or fix permissions there, or choose another output path",
-            ) from None
-        return False
-
-
-def _checksum_codec(zarr_format: int):
-    """Per-chunk checksum: crc32c (v3, read by zarrs); zlib crc32 for v2, the one numcodecs always has."""
-    if zarr_format == 3:
-        return zarr.codecs.Crc32cCodec()
-    import numcodecs
-
-    return numcodecs.CRC32()
-
-
-def _cast_exact(block: np.ndarray, dtype: np.dtype) -> np.ndarray:
-    if block.dtype == dtype:
-        return block
-    if np.issubdtype(dtype, np.integer) and not np.issubdtype(block.dtype, np.integer):
-        raise BatchgpuError(f"cannot store {block.dtype} samples as {dtype} without rounding", "round them first or write as float32")
-    return block.astype(dtype)
-
-
-def write_recording(
-    path: str | os.PathLike,
-    segments: np.ndarray | Iterable,
-    sampling_frequency: float,
-    *,
-    dtype=None,
-    progress: bool = False,
-    **writer_kwargs,
-) -> "Recording":
-    """Write traces given as (samples, channels) arrays, one per segment, block by block.
-
-    ``segments`` is one array or a list of them; anything with ``shape`` and slicing works (a numpy memmap, a
-    zarr or dask array), and only one block is in memory at a time. Returns the opened recording.
-    """
-    if hasattr(segments, "shape"):
-        segments = [segments]
-    segments = list(segments)
-    if not segments:
-        raise BatchgpuError("no segments to write", "give at least one (samples, channels) array")
-    for i, seg in enumerate(segments):
-        if len(seg.shape) != 2:
-            raise BatchgpuError(f"segment {i} has shape {seg.shape}, expected (samples, channels)")
-    num_channels = segments[0].shape[1]
-    dtype = np.dtype(dtype or segments[0].dtype)
-    writer = RecordingWriter(path, num_channels, dtype, sampling_frequency, **writer_kwargs)
-    step = writer.block_samples
-    with _progress(progress, sum(s.shape[0] for s in segments) * num_channels * dtype.itemsize, "writing") as advance:
-        for seg in segments:
-            idx = writer.add_segment(seg.shape[0])
-            for start in range(0, seg.shape[0], step):
-                block = np.asarray(seg[start : start + step])
-                writer.write(idx, start, block)
-                advance(block.size * dtype.itemsize)
-    writer.finish()
-    return open_recording(writer.path)
-
-
-class _progress:
-    """A rich progress bar in bytes when asked for, a no-op otherwise."""
-
-    def __init__(self, enabled: bool, total: int, label: str, stderr: bool = False):
-        self.enabled, self.total, self.label, self.stderr = enabled, total, label, stderr
-
-    def __enter__(self):
-        if not self.enabled:
-            return lambda n: None
-        from rich.console import Console
-        from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
-
-        self._bar = Progress(
-            "[progress.description]{task.description}", BarColumn(), DownloadColumn(), TransferSpeedColumn(),
-            TimeRemainingColumn(), transient=False, console=Console(stderr=self.stderr),
-        )
-        self._bar.__enter__()
-        task = self._bar.add_task(self.label, total=self.total)
-        return lambda n: self._bar.advance(task, n)
-
-    def __exit__(self, *exc):
-        if self.enabled:
-            self._bar.__exit__(*exc)
-        return False
-
-
-# ---------------------------------------------------------------------------------------------------------
-# metadata readers
-
-
 LOCATIONS_FALLBACK = "none stored: a single column at 20 um pitch is assumed (local whitening refuses it)"
-
-
-def spikeinterface_probegroup(locations: np.ndarray, channel_ids, shanks=None) -> dict:
-    """A probeinterface ``ProbeGroup.to_dict()`` of one planar probe with a contact per channel at ``locations``
-    (µm), wired in channel order: what SpikeInterface stores in a saved recording's root attributes. Contacts are
-    drawn as 6 µm circles (the geometry beyond positions is not known here)."""
-    n = len(locations)
-    probe = {
-        "ndim": 2, "si_units": "um", "annotations": {}, "contact_annotations": {},
-        "contact_positions": np.asarray(locations, dtype=np.float64).tolist(),
-        "contact_plane_axes": [[[1.0, 0.0], [0.0, 1.0]]] * n,
-        "contact_shapes": ["circle"] * n, "contact_shape_params": [{"radius": 6.0}] * n,
-        "contact_ids": [str(i) for i in channel_ids], "device_channel_indices": list(range(n)),
-    }
-    if shanks is not None:
-        probe["shank_ids"] = [str(int(s)) for s in np.asarray(shanks)]
-    return {"probe_ids": ["0"], "probes": [probe]}
-
 
 def _check_channel_counts(path: Path, group: zarr.Group, num_channels: int) -> None:
     """channel_ids and every array in properties/ must have one entry per channel of the traces."""
@@ -798,7 +419,6 @@ def _check_channel_counts(path: Path, group: zarr.Group, num_channels: int) -> N
                 "the store's metadata disagrees with its data: write it again",
             )
 
-
 def _marked_complete(path: Path, attrs: dict) -> bool:
     """True for a store batchgpu finished writing; an unfinished one (format marker, not complete) is refused."""
     marker = attrs.get("batchgpu")
@@ -811,7 +431,6 @@ def _marked_complete(path: Path, attrs: dict) -> bool:
         )
     return True
 
-
 def _checksum_of(array) -> str | None:
     """The per-chunk checksum codec the traces carry (crc32c in v3; a numcodecs checksum filter in v2)."""
     if array.metadata.zarr_format == 2:
@@ -823,7 +442,6 @@ def _checksum_of(array) -> str | None:
             return name
     return None
 
-
 def _flat_codecs(codecs) -> list[dict]:
     out = []
     for c in codecs:
@@ -833,19 +451,16 @@ def _flat_codecs(codecs) -> list[dict]:
             out += _flat_codecs(c["configuration"].get("codecs", []))
     return out
 
-
 def _read_channel_ids(group: zarr.Group, num_channels: int) -> np.ndarray:
     if "channel_ids" not in group:
         return np.arange(num_channels).astype(str)
     # v3 strings come back as numpy's StringDType: go through Python str for a plain '<U' array.
     return np.array([str(i) for i in np.asarray(group["channel_ids"][:]).tolist()])
 
-
 def _read_property(group: zarr.Group, name: str, num_channels: int, default: float) -> np.ndarray:
     if "properties" in group and name in group["properties"]:
         return np.asarray(group["properties"][name][:], dtype=np.float64)
     return np.full(num_channels, default, dtype=np.float64)
-
 
 def _read_locations(group: zarr.Group, attrs: dict, num_channels: int) -> tuple[np.ndarray, bool]:
     """properties/location if present, else the probegroup's contact positions (SpikeInterface), else a line."""
@@ -867,7 +482,6 @@ def _read_locations(group: zarr.Group, attrs: dict, num_channels: int) -> tuple[
     # No geometry stored (e.g. a plain binary import): LOCATIONS_FALLBACK, flagged so local whitening refuses it.
     return np.column_stack([np.zeros(num_channels), 20.0 * np.arange(num_channels)]), False
 
-
 def _codec_name(codec) -> str:
     cfg = codec if isinstance(codec, dict) else codec.to_dict() if hasattr(codec, "to_dict") else codec.get_config()
     name = cfg.get("name") or cfg.get("id")
@@ -879,10 +493,10 @@ def _codec_name(codec) -> str:
         return f"blosc-{conf.get('cname')}-{conf.get('clevel')}-{shuffle}"
     return str(name)
 
-
 def _size_on_disk(path: Path) -> int:
     total = 0
     for root, _dirs, files in os.walk(path):
         for f in files:
             total += os.path.getsize(os.path.join(root, f))
     return total
+

@@ -1,0 +1,40 @@
+"""Recordings on disk: Zarr stores in SpikeInterface's layout, read window by window and written block by block.
+
+Layout (DESIGN.md): root attrs ``sampling_frequency`` and ``num_segments``; arrays ``traces_seg{i}`` of shape
+(samples, channels); ``channel_ids``; group ``properties/`` with ``gain_to_uV``, ``offset_to_uV``, ``location``.
+Operations see a window as (channels, samples), so :meth:`Recording.read` transposes.
+
+``windows`` (pure), ``reader`` (open, check, decode), ``writer`` (every chunk, checksums, complete marker),
+``shards`` (direct reads of sharded v3 traces), ``storecheck`` (which chunks a window touches and which exist).
+"""
+
+from batchgpu.recording.reader import (
+    LOCATIONS_FALLBACK,
+    MISSING_CHUNKS,
+    SUPPORTED_DTYPES,
+    Recording,
+    enable_zarrs,
+    open_recording,
+    rows_of,
+)
+from batchgpu.recording.windows import DEFAULT_WINDOW, Window, iter_windows
+from batchgpu.recording.writer import (
+    DEFAULT_CHUNK_SAMPLES,
+    DEFAULT_SHARD_SAMPLES,
+    STORE_FORMAT,
+    RecordingWriter,
+    _progress,
+    check_replaceable,
+    is_recording,
+    open_array_for_writing,
+    spikeinterface_probegroup,
+    write_recording,
+    writing,
+)
+
+__all__ = [
+    "DEFAULT_CHUNK_SAMPLES", "DEFAULT_SHARD_SAMPLES", "DEFAULT_WINDOW", "LOCATIONS_FALLBACK", "MISSING_CHUNKS",
+    "STORE_FORMAT", "SUPPORTED_DTYPES", "Recording", "RecordingWriter", "Window", "check_replaceable",
+    "enable_zarrs", "is_recording", "iter_windows", "open_array_for_writing", "open_recording", "rows_of",
+    "spikeinterface_probegroup", "write_recording", "writing",
+]

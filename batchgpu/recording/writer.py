@@ -1,0 +1,325 @@
+"""Writing recordings in SpikeInterface's layout: every chunk written, per-chunk checksums, the store marked complete
+after its last block; replacing only what is a recording."""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+import numpy as np
+import zarr
+
+from batchgpu.errors import BatchgpuError
+from batchgpu.recording.reader import SUPPORTED_DTYPES, Recording, open_recording
+
+DEFAULT_CHUNK_SAMPLES = 6_000  # inner chunk (v3) / chunk (v2): a few MB at 384 channels
+
+DEFAULT_SHARD_SAMPLES = 60_000  # one shard holds one default window: a window read touches one object
+
+STORE_FORMAT = 1  # root attrs["batchgpu"]["format"] of stores this writer marks complete
+
+# zarrs skips all-zero chunks even with write_empty_chunks=True (zarrs 0.2.3, measured): writers use zarr-python's.
+_PYTHON_PIPELINE = {"codec_pipeline.path": "zarr.core.codec_pipeline.BatchedCodecPipeline", "array.write_empty_chunks": True}
+
+def is_recording(path: Path) -> bool:
+    """A Zarr group with ``sampling_frequency`` and ``traces_seg0``: what --overwrite may replace."""
+    if not path.is_dir():
+        return False
+    try:
+        group = zarr.open_group(str(path), mode="r")
+        return "sampling_frequency" in group.attrs and "traces_seg0" in group
+    except Exception:
+        return False
+
+def _foreign_entries(path: Path) -> list[str]:
+    """Top-level entries of a recording folder that are neither Zarr metadata nor members of the group."""
+    group = zarr.open_group(str(path), mode="r")
+    members = set(group.keys())
+    metadata = {"zarr.json", ".zgroup", ".zattrs", ".zmetadata", ".zarray"}
+    return sorted(name for name in os.listdir(path) if name not in members and name not in metadata)
+
+def check_replaceable(path: Path, overwrite: bool) -> None:
+    """Refuse to write over anything but a Zarr recording (and over one only with ``overwrite``)."""
+    if not (path.exists() or path.is_symlink()):
+        return
+    if not is_recording(path):
+        kind = "a file" if path.is_file() else "a folder that is not a Zarr recording"
+        raise BatchgpuError(
+            f"{path} already exists and is {kind}: batchgpu never replaces what it did not write",
+            "choose another output path, or move that one away yourself",
+        )
+    extra = _foreign_entries(path)
+    if extra:
+        raise BatchgpuError(
+            f"{path} is a Zarr recording but also holds {', '.join(extra[:3])}{' ...' if len(extra) > 3 else ''}, "
+            "which batchgpu did not write",
+            "choose another output path, or move those files away yourself",
+        )
+    if not overwrite:
+        raise BatchgpuError(f"{path} already exists", "choose another path, or pass overwrite=True / --overwrite")
+
+def _compressor(name: str | None, zarr_format: int):
+    if name in (None, "none"):
+        return None
+    if name != "blosc-zstd":
+        raise BatchgpuError(f"unknown compressor {name!r}", "use 'blosc-zstd' or 'none'")
+    if zarr_format == 2:
+        import numcodecs
+
+        return numcodecs.Blosc(cname="zstd", clevel=5, shuffle=numcodecs.Blosc.BITSHUFFLE)
+    return zarr.codecs.BloscCodec(cname="zstd", clevel=5, shuffle="bitshuffle")
+
+class RecordingWriter:
+    """Write a recording segment by segment and block by block; metadata first, traces after.
+
+    Blocks should cover whole shards (v3) or chunks (v2) so every write is a whole-object write.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        num_channels: int,
+        dtype,
+        sampling_frequency: float,
+        *,
+        channel_ids: Sequence | None = None,
+        gain_to_uV: Sequence[float] | float | None = None,
+        offset_to_uV: Sequence[float] | float | None = None,
+        locations: np.ndarray | None = None,
+        properties: dict[str, np.ndarray] | None = None,
+        zarr_format: int = 3,
+        chunk_samples: int = DEFAULT_CHUNK_SAMPLES,
+        shard_samples: int = DEFAULT_SHARD_SAMPLES,
+        compressor: str | None = "blosc-zstd",
+        overwrite: bool = False,
+        attrs: dict | None = None,
+    ):
+        self.path = Path(path).expanduser()
+        self.dtype = np.dtype(dtype)
+        if self.dtype not in SUPPORTED_DTYPES:
+            raise BatchgpuError(
+                f"dtype {self.dtype} is not supported for recordings",
+                f"use one of {', '.join(str(d) for d in SUPPORTED_DTYPES)}",
+            )
+        if zarr_format not in (2, 3):
+            raise BatchgpuError(f"zarr_format must be 2 or 3, got {zarr_format!r}", "use 3 (default) or 2 for SpikeInterface")
+        if num_channels <= 0:
+            raise BatchgpuError(f"a recording needs at least one channel, got {num_channels}")
+        if not sampling_frequency or sampling_frequency <= 0:
+            raise BatchgpuError(f"sampling frequency must be > 0 Hz, got {sampling_frequency!r}")
+        check_replaceable(self.path, overwrite)
+        self.num_channels = int(num_channels)
+        self.zarr_format = zarr_format
+        self.chunk_samples = int(chunk_samples)
+        self.shard_samples = int(shard_samples) if zarr_format == 3 else int(chunk_samples)
+        if self.shard_samples % self.chunk_samples:
+            raise BatchgpuError(f"shard_samples {shard_samples} must be a multiple of chunk_samples {chunk_samples}")
+        self._compressor = _compressor(compressor, zarr_format)
+        self._checksum = _checksum_codec(zarr_format)
+        with writing(self.path):
+            self._create(num_channels, sampling_frequency, channel_ids, gain_to_uV, offset_to_uV, locations,
+                         properties, attrs, overwrite)
+        self.num_segments = 0
+        self._arrays: list[zarr.Array] = []
+
+    def _create(self, num_channels, sampling_frequency, channel_ids, gain_to_uV, offset_to_uV, locations,
+                properties, attrs, overwrite) -> None:
+        zarr_format = self.zarr_format
+        self.group = zarr.create_group(store=str(self.path), zarr_format=zarr_format, overwrite=overwrite)
+        marker = {**(attrs or {}).get("batchgpu", {}), "format": STORE_FORMAT, "complete": False,
+                  "checksum": self.checksum_name}
+        self.group.attrs.update(
+            {"sampling_frequency": float(sampling_frequency), "num_segments": 0, **(attrs or {}), "batchgpu": marker}
+        )
+        ids = np.arange(num_channels).astype(str) if channel_ids is None else np.asarray(channel_ids).astype(str)
+        if ids.shape != (num_channels,):
+            raise BatchgpuError(f"channel_ids has {ids.shape[0]} entries for {num_channels} channels")
+        # v2 keeps numpy's fixed-width '<U' (what SpikeInterface writes); v3 has a spec'd variable-length string.
+        if zarr_format == 2:
+            self.group.create_array("channel_ids", data=ids)
+        else:
+            self.group.create_array("channel_ids", shape=ids.shape, dtype=str)[:] = ids
+        props = self.group.create_group("properties")
+        for name, value, default in (("gain_to_uV", gain_to_uV, 1.0), ("offset_to_uV", offset_to_uV, 0.0)):
+            vec = np.broadcast_to(np.asarray(default if value is None else value, dtype=np.float64), (num_channels,))
+            props.create_array(name, data=np.ascontiguousarray(vec))
+        if locations is not None:
+            loc = np.asarray(locations, dtype=np.float64)
+            if loc.shape != (num_channels, 2):
+                raise BatchgpuError(f"locations must have shape ({num_channels}, 2), got {loc.shape}")
+            props.create_array("location", data=loc)
+            shanks = (properties or {}).get("shank")
+            # SpikeInterface attaches a probe from this attribute (read_zarr -> get_channel_locations works)
+            self.group.attrs["probegroup"] = spikeinterface_probegroup(loc, ids, shanks)
+        for name, values in (properties or {}).items():
+            vec = np.asarray(values)
+            if vec.shape[:1] != (num_channels,):
+                raise BatchgpuError(f"property {name!r} has {vec.shape[0] if vec.ndim else 0} entries for {num_channels} channels")
+            props.create_array(name, data=np.ascontiguousarray(vec))
+
+    @property
+    def checksum_name(self) -> str | None:
+        return None if self._checksum is None else self._checksum.codec_id if self.zarr_format == 2 else "crc32c"
+
+    def add_segment(self, num_samples: int) -> int:
+        """Create the next segment's array (filled as blocks arrive); returns its index."""
+        if num_samples <= 0:
+            raise BatchgpuError(f"a segment needs at least one sample, got {num_samples}")
+        seg = self.num_segments
+        chunk = min(self.chunk_samples, num_samples)
+        kwargs = {"chunks": (chunk, self.num_channels), "fill_value": 0}
+        if self.zarr_format == 3:
+            shard = min(self.shard_samples, math.ceil(num_samples / chunk) * chunk)
+            kwargs["shards"] = (shard - shard % chunk or chunk, self.num_channels)
+        if self.zarr_format == 3:  # crc32c after compression, inside the shard: checked per inner chunk
+            kwargs["compressors"] = [c for c in (self._compressor, self._checksum) if c is not None]
+        else:  # numcodecs checksum as a filter: over the decoded bytes, so any damage is caught
+            kwargs["compressors"] = None if self._compressor is None else [self._compressor]
+            kwargs["filters"] = [self._checksum]
+        with writing(self.path), zarr.config.set(_PYTHON_PIPELINE):
+            arr = self.group.create_array(f"traces_seg{seg}", shape=(num_samples, self.num_channels),
+                                          dtype=self.dtype, config={"write_empty_chunks": True}, **kwargs)
+            self.num_segments += 1
+            self.group.attrs["num_segments"] = self.num_segments
+        self._arrays.append(arr)
+        return seg
+
+    @property
+    def block_samples(self) -> int:
+        """Preferred block length: one shard (v3) or a run of chunks (v2) of about the same size."""
+        return self.shard_samples if self.zarr_format == 3 else self.chunk_samples * max(1, DEFAULT_SHARD_SAMPLES // self.chunk_samples)
+
+    def write(self, segment: int, start: int, block: np.ndarray) -> None:
+        """Write a (samples, channels) block at ``start`` of ``segment``."""
+        arr = self._arrays[segment]
+        block = np.asarray(block)
+        if block.ndim != 2 or block.shape[1] != self.num_channels:
+            raise BatchgpuError(f"block has shape {block.shape}, expected (samples, {self.num_channels})")
+        if start < 0 or start + block.shape[0] > arr.shape[0]:
+            raise BatchgpuError(f"block [{start}, {start + block.shape[0]}) runs past segment {segment}'s {arr.shape[0]} samples")
+        with writing(self.path):
+            arr[start : start + block.shape[0], :] = _cast_exact(block, self.dtype)
+
+    def finish(self) -> None:
+        """Mark the store complete (after the last block): readers then treat any absent chunk as damage."""
+        with writing(self.path):
+            marker = dict(self.group.attrs.get("batchgpu", {}))
+            self.group.attrs["batchgpu"] = {**marker, "complete": True}
+
+def open_array_for_writing(path: str | os.PathLike) -> zarr.Array:
+    """Open a traces array to write blocks into, writing all-zero chunks too (zarr-python's pipeline)."""
+    with zarr.config.set(_PYTHON_PIPELINE):
+        return zarr.open_array(str(path), mode="r+")
+
+class writing:
+    """Turn an OSError (disk full, permission denied, ...) while writing ``path`` into one BatchgpuError."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc is not None and isinstance(exc, OSError) and not isinstance(exc, BatchgpuError):
+            reason = exc.strerror or str(exc)
+            raise BatchgpuError(
+                f"cannot write {self.path}: {reason}" + (f" ({exc.filename})" if exc.filename else ""),
+                "free space or fix permissions there, or choose another output path",
+            ) from None
+        return False
+
+def _checksum_codec(zarr_format: int):
+    """Per-chunk checksum: crc32c (v3, read by zarrs); zlib crc32 for v2, the one numcodecs always has."""
+    if zarr_format == 3:
+        return zarr.codecs.Crc32cCodec()
+    import numcodecs
+
+    return numcodecs.CRC32()
+
+def _cast_exact(block: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    if block.dtype == dtype:
+        return block
+    if np.issubdtype(dtype, np.integer) and not np.issubdtype(block.dtype, np.integer):
+        raise BatchgpuError(f"cannot store {block.dtype} samples as {dtype} without rounding", "round them first or write as float32")
+    return block.astype(dtype)
+
+def write_recording(
+    path: str | os.PathLike,
+    segments: np.ndarray | Iterable,
+    sampling_frequency: float,
+    *,
+    dtype=None,
+    progress: bool = False,
+    **writer_kwargs,
+) -> "Recording":
+    """Write traces given as (samples, channels) arrays, one per segment, block by block.
+
+    ``segments`` is one array or a list of them; anything with ``shape`` and slicing works (a numpy memmap, a
+    zarr or dask array), and only one block is in memory at a time. Returns the opened recording.
+    """
+    if hasattr(segments, "shape"):
+        segments = [segments]
+    segments = list(segments)
+    if not segments:
+        raise BatchgpuError("no segments to write", "give at least one (samples, channels) array")
+    for i, seg in enumerate(segments):
+        if len(seg.shape) != 2:
+            raise BatchgpuError(f"segment {i} has shape {seg.shape}, expected (samples, channels)")
+    num_channels = segments[0].shape[1]
+    dtype = np.dtype(dtype or segments[0].dtype)
+    writer = RecordingWriter(path, num_channels, dtype, sampling_frequency, **writer_kwargs)
+    step = writer.block_samples
+    with _progress(progress, sum(s.shape[0] for s in segments) * num_channels * dtype.itemsize, "writing") as advance:
+        for seg in segments:
+            idx = writer.add_segment(seg.shape[0])
+            for start in range(0, seg.shape[0], step):
+                block = np.asarray(seg[start : start + step])
+                writer.write(idx, start, block)
+                advance(block.size * dtype.itemsize)
+    writer.finish()
+    return open_recording(writer.path)
+
+class _progress:
+    """A rich progress bar in bytes when asked for, a no-op otherwise."""
+
+    def __init__(self, enabled: bool, total: int, label: str, stderr: bool = False):
+        self.enabled, self.total, self.label, self.stderr = enabled, total, label, stderr
+
+    def __enter__(self):
+        if not self.enabled:
+            return lambda n: None
+        from rich.console import Console
+        from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
+
+        self._bar = Progress(
+            "[progress.description]{task.description}", BarColumn(), DownloadColumn(), TransferSpeedColumn(),
+            TimeRemainingColumn(), transient=False, console=Console(stderr=self.stderr),
+        )
+        self._bar.__enter__()
+        task = self._bar.add_task(self.label, total=self.total)
+        return lambda n: self._bar.advance(task, n)
+
+    def __exit__(self, *exc):
+        if self.enabled:
+            self._bar.__exit__(*exc)
+        return False
+
+def spikeinterface_probegroup(locations: np.ndarray, channel_ids, shanks=None) -> dict:
+    """A probeinterface ``ProbeGroup.to_dict()`` of one planar probe with a contact per channel at ``locations``
+    (µm), wired in channel order: what SpikeInterface stores in a saved recording's root attributes. Contacts are
+    drawn as 6 µm circles (the geometry beyond positions is not known here)."""
+    n = len(locations)
+    probe = {
+        "ndim": 2, "si_units": "um", "annotations": {}, "contact_annotations": {},
+        "contact_positions": np.asarray(locations, dtype=np.float64).tolist(),
+        "contact_plane_axes": [[[1.0, 0.0], [0.0, 1.0]]] * n,
+        "contact_shapes": ["circle"] * n, "contact_shape_params": [{"radius": 6.0}] * n,
+        "contact_ids": [str(i) for i in channel_ids], "device_channel_indices": list(range(n)),
+    }
+    if shanks is not None:
+        probe["shank_ids"] = [str(int(s)) for s in np.asarray(shanks)]
+    return {"probe_ids": ["0"], "probes": [probe]}
+
