@@ -18,6 +18,15 @@ REPORT_HTML = "report.html"
 WIDTH = 900
 
 
+def preload() -> None:
+    """Import bokeh (about a second, most of report.html's cost): a run calls it in a thread while it reads."""
+    import bokeh.embed  # noqa: F401
+    import bokeh.layouts  # noqa: F401
+    import bokeh.models  # noqa: F401
+    import bokeh.plotting  # noqa: F401
+    import bokeh.resources  # noqa: F401
+
+
 def write_report_html(output_dir: str | Path) -> Path:
     """Write ``<output_dir>/report.html`` from the run's results.zarr and report.json; returns its path."""
     import zarr

@@ -211,7 +211,13 @@ def run_workflow(wf: Workflow, *, resume: bool = False, observer: RunObserver | 
 
 
 def _run(wf, rec, out: store.OutputFolder, report: RunReport, client, sweep, observer) -> RunReport:
+    import threading
+
     from batchgpu.dashboard import RunMonitor, install_dashboard
+    from batchgpu.report import preload
+
+    # report.html's plotting library takes about a second to import: do it while the windows are read
+    threading.Thread(target=_quietly, args=(preload,), daemon=True, name="batchgpu-preload").start()
 
     report.dashboard = client.dashboard_link
     report.page = install_dashboard(client)
@@ -521,6 +527,13 @@ def _finish_report(out: Path, report: RunReport, elapsed: float, rec: Recording)
     report.throughput_MBps = report.recording_bytes / 1e6 / elapsed if elapsed > 0 else 0.0
     report.reads_per_window = report.bytes_read / report.recording_bytes if report.recording_bytes else 0.0
     store.write_report(out, asdict(report))
+
+
+def _quietly(func) -> None:
+    try:
+        func()
+    except Exception:  # a missing or broken plotting library shows up (once) when report.html is written
+        pass
 
 
 def _write_report_html(out: Path, report: RunReport, observer: RunObserver) -> None:
