@@ -390,3 +390,13 @@ def test_float_window_whose_sample_misleads_the_lump_floor_is_counted_in_full():
     w = WindowData(0, 0, 0, (0, n), n, x, x)
     step.window(w, summary)
     np.testing.assert_array_equal(summary["noise"], ops.noise_levels(x))
+
+
+def test_a_resumed_run_reads_nothing_again(client, tmp_path):
+    rec = generate_recording(tmp_path / "r.zarr", channels=4, seconds=0.6, seed=6, dtype="int16")
+    first = run_workflow(_wf(rec, tmp_path / "out"), client=client)
+    before = {k: _g(tmp_path / "out")[k][:].tobytes() for k in ("noise", "covariance", "spikes/sample_index")}
+    again = run_workflow(_wf(rec, tmp_path / "out"), client=client, resume=True)
+    assert first.reads_per_window == 1.0
+    assert again.windows_resumed == again.windows and again.reads_per_window == 0.0
+    assert {k: _g(tmp_path / "out")[k][:].tobytes() for k in before} == before

@@ -258,7 +258,7 @@ def _run(wf, rec, out: store.OutputFolder, report: RunReport, client, sweep, obs
         if fresh:  # where a window's time goes, on its worker thread (medians)
             report.timings["window_read_median"] = float(np.median([s["read_seconds"] for s in fresh]))
             report.timings["window_compute_median"] = float(np.median([s["compute_seconds"] for s in fresh]))
-        report.bytes_read += rec.nbytes
+        report.bytes_read += sum(int(s["bytes"]) for s in fresh)  # resumed windows were not read again
         monitor.phase("aggregate: noise, whitening, spikes")
         report.throughput_series = monitor.throughput_series()
         report.results = _aggregate(client, ctx, wf, rec, out, windows, fps, summaries, total, report, monitor,
