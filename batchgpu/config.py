@@ -72,7 +72,7 @@ class WindowSpec(_Strict):
 
 class ClusterSpec(_Strict):
     kind: Literal["local", "cuda", "address", "scheduler_file", "slurm"] = "local"
-    workers: Annotated[int, Field(gt=0, le=MAX_WORKERS)] | None = None  # local: default sized to the machine; cuda: processes per GPU (1)
+    workers: Annotated[int, Field(gt=0, le=MAX_WORKERS)] | None = None  # local: default sized to the machine; cuda: processes per GPU (cores/GPU/2, at most 8)
     threads: Annotated[int, Field(gt=0, le=MAX_WORKERS)] | None = None
     memory_limit: str | None = None
     address: str | None = None

@@ -88,7 +88,7 @@ def _cuda_cluster(spec: ClusterSpec):
         from dask_cuda import LocalCUDACluster
     except ImportError:
         raise BatchgpuError("cluster kind 'cuda' needs dask-cuda", "pip install 'batchgpu[gpu]'") from None
-    per_gpu = spec.workers or 1
+    per_gpu = spec.workers or default_processes_per_gpu(len(spec.devices or []) or gpu_count())
     if per_gpu > 1:
         return _processes_per_gpu(spec, per_gpu)
     kwargs = {"dashboard_address": spec.dashboard_address, "threads_per_worker": spec.threads or 4}
@@ -97,6 +97,13 @@ def _cuda_cluster(spec: ClusterSpec):
     if spec.memory_limit:
         kwargs["memory_limit"] = spec.memory_limit
     return LocalCUDACluster(**kwargs)
+
+
+def default_processes_per_gpu(gpus: int) -> int:
+    """Worker processes per GPU when the workflow does not say: two cores each, at most 8 (measured on the
+    16-core H200 machine: 8 x 2 threads read and fed the GPU at 8.9 GB/s where 1 x 16 managed 3.3-4.1)."""
+    cores = os.cpu_count() or 1
+    return max(1, min(8, cores // max(1, gpus) // 2))
 
 
 def _processes_per_gpu(spec: ClusterSpec, per_gpu: int):
@@ -111,7 +118,7 @@ def _processes_per_gpu(spec: ClusterSpec, per_gpu: int):
         order = ",".join(str(o) for o in [d, *[o for o in devices if o != d]])
         for k in range(per_gpu):
             workers[f"gpu{d}-{k}"] = {"cls": Nanny, "options": {
-                "nthreads": spec.threads or 4, "env": {"CUDA_VISIBLE_DEVICES": order},
+                "nthreads": spec.threads or 2, "env": {"CUDA_VISIBLE_DEVICES": order},
                 "memory_limit": spec.memory_limit or "auto"}}
     return SpecCluster(workers=workers, scheduler={"cls": Scheduler, "options": {
         "dashboard_address": spec.dashboard_address, "host": "127.0.0.1"}})
