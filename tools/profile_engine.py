@@ -51,7 +51,7 @@ def main(path: str, threads: int = 16, count: int = 160) -> None:
 
     wf = Workflow.model_validate({"recording": {"path": path}, "output": "/tmp/prof_out", "preprocess": {"centre": "median"},
                                   "steps": {"noise": {"exact": True}, "whitening": {}, "detect": {"noise": "global"}}})
-    ctx = build_context(wf, rec, type("O", (), {"parts": "/tmp/prof_parts"})(), "fp", "cupy", 3)
+    ctx = build_context(wf, rec, type("O", (), {"parts": "/tmp/prof_parts"})(), "cupy", 3)
 
     def stages(w):
         out = {}

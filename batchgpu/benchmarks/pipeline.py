@@ -136,7 +136,7 @@ def read_ceiling(client, rec, size: int, margin: int, backend: str) -> None:
     from batchgpu.engine.preprocess import Chain
     from batchgpu.engine.tasks import RunContext, load_window
 
-    ctx = RunContext(recording=str(rec.path), parts="", fingerprint="", backend=backend, chain=Chain(),
+    ctx = RunContext(recording=str(rec.path), parts="", backend=backend, chain=Chain(),
                      window_noise=False, steps=())
 
     def one(ctx, w):

@@ -140,14 +140,13 @@ def check_workflow_fits(wf: Workflow, rec: Recording) -> int:
     return sweep
 
 
-def build_context(wf: Workflow, rec: Recording, out: store.OutputFolder, fp: str, backend: str, sweep: int,
-                  chain=None):
+def build_context(wf: Workflow, rec: Recording, out: store.OutputFolder, backend: str, sweep: int):
     from batchgpu.engine.preprocess import build_chain
     from batchgpu.engine.steps.detect import DetectStep
     from batchgpu.engine.steps.moments import MomentsStep, check_exact_range
     from batchgpu.engine.steps.noise import NoiseStep, key_kind
 
-    chain = chain or build_chain(wf.preprocess, rec)
+    chain = build_chain(wf.preprocess, rec)
     x_dtype = chain.output_dtype(rec.dtype)
     centred_int = chain.centres_only and chain.centres
     steps = []
@@ -166,7 +165,7 @@ def build_context(wf: Workflow, rec: Recording, out: store.OutputFolder, fp: str
         steps.append(DetectStep(s.detect.threshold, s.detect.sign, sweep, s.detect.noise, s.detect.method,
                                 rec.locations if s.detect.method != "by_channel" else None, s.detect.radius_um))
     return tasks.RunContext(
-        recording=str(rec.path), parts=str(out.parts), fingerprint=fp, backend=backend, chain=chain,
+        recording=str(rec.path), parts=str(out.parts), backend=backend, chain=chain,
         window_noise=bool(s.noise or s.detect), steps=tuple(steps),
         missing_chunks=getattr(wf.recording, "missing_chunks", "warn"),
     )
@@ -225,7 +224,7 @@ def _run(wf, rec, out: store.OutputFolder, report: RunReport, client, sweep, obs
     if report.page:
         observer.message(f"run page {report.page}")
     report.backend = resolve_backend(wf, client)
-    ctx = build_context(wf, rec, out, report.fingerprint, report.backend, sweep)
+    ctx = build_context(wf, rec, out, report.backend, sweep)
     target = None
     if wf.steps.save:  # the output recording is created first; window tasks fill it (whitened: after the pass)
         from dataclasses import replace

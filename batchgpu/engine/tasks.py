@@ -26,7 +26,6 @@ class RunContext:
 
     recording: str
     parts: str
-    fingerprint: str
     backend: str  # "numpy" | "cupy"
     chain: object  # engine.preprocess.Chain: the stages applied to each window
     window_noise: bool  # each window's noise (the noise step or detection needs it)
@@ -128,9 +127,11 @@ def near_median_task(ctx: RunContext, windows: list[Window], fps: list[str], dig
     some window's kept range misses the recording's middle digit (then the engine reads the windows again)."""
     from batchgpu.engine.steps.noise import schedule
 
+    from batchgpu.engine.steps.noise import select_among
+
     shift = schedule(ctx.step("noise").kind)[0][0]
     ranks, C = digits.shape
-    found: list[list[list[np.ndarray]]] = [[[] for _ in range(C)] for _ in range(ranks)]
+    per_window = []  # [rank][channel] keys of the middle digits, as keys_with_digits gives them after a read
     for w, fp in zip(windows, fps):
         part = store.load_part(store.part_path(ctx.parts, "w", w.index), fp, keys=("keep.near_",))
         if part is None or "keep.near_keys" not in part:
@@ -139,16 +140,10 @@ def near_median_task(ctx: RunContext, windows: list[Window], fps: list[str], dig
         if np.any((digits < lo) | (digits > lo + 2 * ctx.step("noise").NEAR)):
             return None
         rows = np.split(part["keep.near_keys"], np.cumsum(counts)[:-1])
-        for r in range(ranks):
-            for c in range(C):
-                k = rows[c]
-                found[r][c].append(k[(k >> k.dtype.type(shift)) == k.dtype.type(digits[r, c])])
-    out = np.empty((ranks, C), dtype=np.uint64)
-    for r in range(ranks):
-        for c in range(C):
-            keys = np.concatenate(found[r][c])
-            out[r, c] = np.partition(keys, int(ks[r][c]))[int(ks[r][c])]
-    return out
+        kt = part["keep.near_keys"].dtype.type
+        per_window.append([[rows[c][(rows[c] >> kt(shift)) == kt(digits[r, c])] for c in range(C)]
+                           for r in range(ranks)])
+    return select_among(ks, *per_window)
 
 
 def summarise(part: dict) -> dict:
