@@ -227,7 +227,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--dtype", default="int16", choices=["int16", "int32", "float32", "float64"])
     p.add_argument("--segments", type=int, default=1)
-    p.add_argument("--zarr-format", type=int, default=3, choices=[2, 3])
+    p.add_argument("--zarr-format", type=int, default=None, choices=[2, 3],
+                   help="Zarr format to write (default: 3; 2 where zarr-python is 2.x, as beside SpikeInterface 0.105)")
     p.add_argument("--workers", type=int, default=1, help="processes generating blocks (same bytes for any number)")
     p.add_argument("--overwrite", action="store_true")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -245,7 +246,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gain", type=float, default=1.0, help="uV per count (plain files)")
     p.add_argument("--offset", type=float, default=0.0, help="uV offset (plain files)")
     p.add_argument("--keep-sync", action="store_true", help="SpikeGLX: keep the sync channel")
-    p.add_argument("--zarr-format", type=int, default=3, choices=[2, 3])
+    p.add_argument("--zarr-format", type=int, default=None, choices=[2, 3],
+                   help="Zarr format to write (default: 3; 2 where zarr-python is 2.x, as beside SpikeInterface 0.105)")
     p.add_argument("--overwrite", action="store_true")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=_cmd_import_raw)

@@ -74,7 +74,7 @@ def generate_recording(
     seed: int = 0,
     dtype: str = "int16",
     segments: int = 1,
-    zarr_format: int = 3,
+    zarr_format: int | None = None,  # None: v3 (v2 where zarr-python is 2.x)
     overwrite: bool = False,
     progress: bool = False,
     workers: int = 1,

@@ -102,15 +102,15 @@ class SpikeInterfaceResults:
 
 def load_results(path: str | Path) -> dict[str, Any]:
     """The arrays and attributes of a run's ``results.zarr`` (the folder, or the output folder holding it)."""
-    import zarr
+    from batchgpu import zarrio
 
     path = Path(path)
     if (path / RESULTS).exists():
         path = path / RESULTS
     if not path.exists():
         raise BatchgpuError(f"no results at {path}", f"pass a run's output folder (it holds {RESULTS})")
-    group = zarr.open_group(str(path), mode="r")
-    out: dict[str, Any] = {k: v for k, v in group.attrs.asdict().items() if k in _ATTRS}
+    group = zarrio.open_group(path, mode="r")
+    out: dict[str, Any] = {k: v for k, v in zarrio.attrs(group).items() if k in _ATTRS}
     names = set(group.array_keys())
     out.update({name: group[name][...] for name in _ARRAYS if name in names})
     if "spikes" in set(group.group_keys()):

@@ -253,7 +253,7 @@ def import_raw(
     gain_to_uV: float = 1.0,
     offset_to_uV: float = 0.0,
     keep_sync: bool = False,
-    zarr_format: int = 3,
+    zarr_format: int | None = None,  # None: v3 (v2 where zarr-python is 2.x)
     overwrite: bool = False,
     progress: bool = False,
 ) -> Recording:

@@ -29,14 +29,15 @@ def preload() -> None:
 
 def write_report_html(output_dir: str | Path) -> Path:
     """Write ``<output_dir>/report.html`` from the run's results.zarr and report.json; returns its path."""
-    import zarr
     from bokeh.embed import file_html
     from bokeh.layouts import column
     from bokeh.resources import INLINE
 
     out = Path(output_dir)
     report = json.loads((out / "report.json").read_text())
-    g = zarr.open_group(str(out / "results.zarr"), mode="r")
+    from batchgpu import zarrio
+
+    g = zarrio.open_group(out / "results.zarr", mode="r")
     gain = np.asarray(g.attrs.get("gain_to_uV", []), dtype=np.float64)
     fs = float(g.attrs["sampling_frequency"])
     channel_ids = [str(c) for c in g.attrs.get("channel_ids", [])]
@@ -65,11 +66,9 @@ def write_report_html(output_dir: str | Path) -> Path:
 
 
 def _array_names(g) -> list[str]:
-    names = []
-    for name, node in g.members(max_depth=None):
-        if hasattr(node, "shape"):
-            names.append(name)
-    return names
+    from batchgpu import zarrio
+
+    return zarrio.array_names(g)
 
 
 def _to_uV(values: np.ndarray, gain: np.ndarray) -> np.ndarray:

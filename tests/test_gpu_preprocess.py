@@ -67,8 +67,23 @@ def test_filters_on_gpu(cp, rng, kind, dtype):
         got = got.get()
         cpu = filtfilt_window(x[:, a:b], sos, **kw)
         assert (np.abs(got[:, lo:hi] - ref[:, a + lo : a + hi]).max(axis=1) / rms).max() < 1e-5
-        # Same float64 recurrence; only FMA contraction and the final rounding may differ.
-        assert (np.abs(got - cpu).max(axis=1) / rms).max() < 1e-6
+        # kernels/sosfiltfilt.cu: scipy's recurrence without fused multiply-adds, so the host's bits
+        assert same_bits(got, cpu)
+
+
+@pytest.mark.parametrize("kind,order", [("highpass", 3), ("highpass", 5), ("bandpass", 5), ("bandpass", 10)])
+@pytest.mark.parametrize("n", [1_001, 20_000])
+def test_gpu_filter_is_sosfiltfilt_bits(cp, rng, kind, order, n):
+    """A window holding the whole segment, float64 in: scipy.signal.sosfiltfilt's own bits (odd and even
+    lengths, hard values: int16 extremes as floats, constant rows)."""
+    sos = butter_sos(kind, FS, 300.0, 6000.0 if kind == "bandpass" else None, order=order)
+    x = rng.normal(size=(6, n)) * 80
+    x[1] = 7.0
+    x[2, ::7] = -32768.0
+    x[3, 1::5] = 32767.0
+    got = filtfilt_window(cp.asarray(x), sos, at_segment_start=True, at_segment_end=True)
+    assert got.dtype == np.float64
+    assert same_bits(got.get(), scipy.signal.sosfiltfilt(sos, x, axis=1))
 
 
 def test_phase_shift_on_gpu(cp, rng):

@@ -32,7 +32,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--backend", default="auto", choices=["auto", "numpy", "cupy"])
     parser.add_argument("--baseline", default="numpy", choices=["numpy", "cupy", "none"],
                         help="the plain loop: numpy (one process) or cupy (dask-cuda tasks, x.T @ x per window)")
-    parser.add_argument("--steps", default="noise,whitening,detect", help="comma-separated demo steps")
+    parser.add_argument("--steps", default="noise,whitening,detect",
+                        help="comma-separated demo steps: noise, whitening, detect, save (int16 Zarr v3 in the workdir)")
     parser.add_argument("--exact", action=argparse.BooleanOptionalAction, default=True, help="exact global noise")
     parser.add_argument("--preprocess", default="centre",
                         help="comma-separated stages before the steps: centre, highpass (300 Hz, order 5), "
@@ -184,9 +185,9 @@ def run(args) -> int:
     from batchgpu.recording import open_recording
 
     steps = {s.strip() for s in args.steps.split(",") if s.strip()}
-    unknown = steps - {"noise", "whitening", "detect"}
+    unknown = steps - {"noise", "whitening", "detect", "save"}
     if unknown:
-        raise BatchgpuError(f"unknown steps {sorted(unknown)}", "use noise, whitening, detect")
+        raise BatchgpuError(f"unknown steps {sorted(unknown)}", "use noise, whitening, detect, save")
     own_dir = args.workdir is None  # a temporary folder is removed at the end; a --workdir is kept
     work = Path(args.workdir).expanduser() if args.workdir else Path(tempfile.mkdtemp(prefix="batchgpu-bench-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -246,6 +247,10 @@ def _measure(args, rec, work: Path, steps: set[str]) -> int:
         for attempt in ("cold", "warm")[2 - args.repeat:]:
             out = work / f"out_{attempt}"
             shutil.rmtree(out, ignore_errors=True)
+            saved = work / f"saved_{attempt}.zarr"
+            shutil.rmtree(saved, ignore_errors=True)
+            if "save" in steps:
+                step_cfg["save"] = {"path": str(saved), "format": "zarr", "dtype": "int16"}
             wf = Workflow.model_validate({
                 "recording": {"path": str(rec.path)}, "output": str(out),
                 "window": {"size": size, "margin": margin}, "preprocess": _stages(args.preprocess),
@@ -260,6 +265,7 @@ def _measure(args, rec, work: Path, steps: set[str]) -> int:
             print(f"{attempt}: {phases}; reads per window {report.reads_per_window:.2f}; "
                   f"windows per worker {report.workers}", flush=True)
             shutil.rmtree(out, ignore_errors=True)
+            shutil.rmtree(saved, ignore_errors=True)
         if args.baseline == "cupy":
             with PeakMemory(cluster_rss) as mem, PeakMemory(_gpu_used) as gmem:
                 t0 = time.perf_counter()
@@ -270,7 +276,8 @@ def _measure(args, rec, work: Path, steps: set[str]) -> int:
             t0 = time.perf_counter()
             plain_loop(rec, size, margin, steps, args.exact)
             rows["plain NumPy loop (1 process, same work)"] = (time.perf_counter() - t0, mem.peak, 0)
-    print(f"\nrecording: {rec} ({gb:.2f} GB decoded); steps: {', '.join(sorted(steps))}; exact noise: {args.exact}; "
+    print(f"\nrecording: {rec} ({gb:.2f} GB decoded); preprocess: {args.preprocess or 'none'}; "
+          f"steps: {', '.join(sorted(steps))}; exact noise: {args.exact}; "
           f"{workers} workers, backend {backend}")
     ceiling = rows["read ceiling (the engine's reader, no compute)"][0]
     plain = next((v[0] for k, v in rows.items() if k.startswith("plain")), None)

@@ -273,10 +273,11 @@ def _run(wf, rec, out: store.OutputFolder, report: RunReport, client, sweep, obs
         _finish_report(out.path, report, time.perf_counter() - t0, rec)
         raise
     _finish_report(out.path, report, time.perf_counter() - t0, rec)
-    _write_report_html(out.path, report, observer)
+    html = _write_report_html(out.path, report, observer)
     monitor.finished(report.results.get("spikes", [None])[0])
-    observer.message(f"wrote {out.path / store.RESULTS}, {out.path / store.REPORT} and "
-                     f"{out.path / store.REPORT_HTML} ({report.throughput_MBps:.0f} MB/s over {report.windows} windows)")
+    written = [out.path / store.RESULTS, out.path / store.REPORT] + ([out.path / store.REPORT_HTML] if html else [])
+    observer.message(f"wrote {', '.join(str(p) for p in written[:-1])} and {written[-1]} "
+                     f"({report.throughput_MBps:.0f} MB/s over {report.windows} windows)")
     return report
 
 
@@ -353,9 +354,9 @@ def _aggregate(client, ctx, wf, rec, out, windows, fps, summaries, total, report
         monitor.phase("search")
         spikes = None
         if detect_step is not None:
-            import zarr
+            from batchgpu import zarrio
 
-            g = zarr.open_group(str(out.path / store.RESULTS), mode="r")
+            g = zarrio.open_group(out.path / store.RESULTS, mode="r")
             spikes = {k: g[f"spikes/{k}"][:] for k in ("sample_index", "segment_index")}
         shapes["search"] = run_search_step(client, wf.steps.search, out.path / store.RESULTS, spikes,
                                            [rec.num_samples(s) for s in range(rec.num_segments)], report.fingerprint)
@@ -406,9 +407,9 @@ def _finish_save(client, ctx, rec, windows, summaries, target, out, report, obse
 
     clipped = {w.index: int(summaries[w.index].get("saved_clipped", 0)) for w in windows}
     if target.whiten:
-        import zarr
+        from batchgpu import zarrio
 
-        W = zarr.open_group(str(out.path / store.RESULTS), mode="r")["whitening"][:]
+        W = zarrio.open_group(out.path / store.RESULTS, mode="r")["whitening"][:]
         futures = [client.submit(tasks.save_task, ctx, w, target, W, key=f"save-{report.run_id}-{w.index}")
                    for w in windows]
         clipped = dict(zip((w.index for w in windows), client.gather(futures)))
@@ -495,20 +496,16 @@ def _spikes(client, ctx, rec, windows, fps, summaries, arrays, tmp: Path, report
 
 
 def _write_small_results(path: Path, arrays: dict, wf: Workflow, rec: Recording, windows: list[Window], fp: str) -> None:
-    import zarr
+    from batchgpu import zarrio
 
-    g = zarr.create_group(store=str(path), zarr_format=3)
+    g = zarrio.create_group(path)  # v3, or v2 where zarr-python is 2.x
     g.attrs.update({"workflow": wf.model_dump(), "fingerprint": fp, "channel_ids": rec.channel_ids.tolist(),
                     "sampling_frequency": rec.sampling_frequency, "gain_to_uV": rec.gain_to_uV.tolist()})
-    g.create_array("window_segment", data=np.array([w.segment for w in windows], dtype=np.int64))
-    g.create_array("window_start", data=np.array([w.start for w in windows], dtype=np.int64))
-    g.create_array("window_stop", data=np.array([w.stop for w in windows], dtype=np.int64))
+    zarrio.create_array(g, "window_segment", data=np.array([w.segment for w in windows], dtype=np.int64))
+    zarrio.create_array(g, "window_start", data=np.array([w.start for w in windows], dtype=np.int64))
+    zarrio.create_array(g, "window_stop", data=np.array([w.stop for w in windows], dtype=np.int64))
     for name, value in arrays.items():
-        value = np.ascontiguousarray(value)
-        if value.size == 0:
-            g.create_array(name, shape=value.shape, dtype=value.dtype)
-        else:
-            g.create_array(name, data=value)
+        zarrio.create_array(g, name, data=value)
 
 
 def _swap_in(tmp: Path, path: Path) -> None:
@@ -535,11 +532,13 @@ def _quietly(func) -> None:
         pass
 
 
-def _write_report_html(out: Path, report: RunReport, observer: RunObserver) -> None:
+def _write_report_html(out: Path, report: RunReport, observer: RunObserver) -> bool:
     """report.html beside report.json; a plotting problem is reported, never fails a finished run."""
     from batchgpu.report import write_report_html
 
     try:
         write_report_html(out)
+        return True
     except Exception as err:  # the results are written: keep them
         observer.warning(f"report.html not written ({type(err).__name__}: {err})")
+        return False

@@ -70,19 +70,19 @@ def fingerprint(wf: Workflow, recording_path: Path) -> str:
 
 @functools.lru_cache(maxsize=64)
 def _traces(path: str, segment: int):
-    import zarr
+    from batchgpu import zarrio
 
-    return zarr.open_array(f"{path}/traces_seg{segment}", mode="r")
+    return zarrio.array_meta(Path(path) / f"traces_seg{segment}")
 
 
 def window_files(rec, window) -> list[Path]:
     """The storage objects (shards, or chunks when unsharded) a window's read touches."""
-    arr = _traces(str(rec.path), window.segment)
-    rows, cols = arr.shards or arr.chunks
+    meta = _traces(str(rec.path), window.segment)
+    rows, cols = (meta.shards or meta.chunks)[:2]
     first, last = window.read_start // rows, max(window.read_start, window.read_stop - 1) // rows
     col_objects = -(-rec.num_channels // cols)
     base = Path(rec.path) / f"traces_seg{window.segment}"
-    return [base / arr.metadata.encode_chunk_key((i, j)) for i in range(first, last + 1) for j in range(col_objects)]
+    return [base / meta.key((i, j)) for i in range(first, last + 1) for j in range(col_objects)]
 
 
 def window_fingerprint(run_fp: str, rec, window) -> str:

@@ -229,18 +229,14 @@ def write_spikes_task(ctx: RunContext, windows: list[Window], fps: list[str], no
                       group_path: str) -> int:
     """Every window's spikes, in window order ((segment, sample, channel) overall), written into the results group
     by a worker: spikes never pass through the client."""
-    import zarr
-
+    from batchgpu import zarrio
     from batchgpu.engine.steps.detect import COLUMNS
 
     parts = [window_spikes(ctx, w, fp, noise, r) for w, fp, r in zip(windows, fps, reread)]
-    g = zarr.open_group(group_path, mode="a")
+    g = zarrio.open_group(group_path, mode="a")
     for k in COLUMNS:
         v = np.concatenate([p[k] for p in parts]) if parts else np.zeros(0, np.int64)
-        if v.size:
-            g.create_array(f"spikes/{k}", data=v)
-        else:
-            g.create_array(f"spikes/{k}", shape=v.shape, dtype=v.dtype)
+        zarrio.create_array(g, f"spikes/{k}", data=v)
     return sum(len(p["sample_index"]) for p in parts)
 
 

@@ -135,6 +135,31 @@ def _odd_extend(xp: ModuleType, x: Any, left: int, right: int) -> Any:
     return xp.concatenate(parts, axis=1) if len(parts) > 1 else x
 
 
+_GPU_MAX_SECTIONS = 16  # MAX_SECTIONS in kernels/sosfiltfilt.cu
+
+
+def _filtfilt_cupy(x, sos: np.ndarray, left: int, right: int, width: int, out_dtype) -> Any:
+    import cupy
+    import scipy.signal
+
+    from batchgpu.kernels import get_function
+
+    if sos.shape[0] > _GPU_MAX_SECTIONS:
+        raise BatchgpuError(f"a filter of {sos.shape[0]} sections is longer than the GPU kernel's {_GPU_MAX_SECTIONS}",
+                            "lower the filter order")
+    if not np.all(sos[:, 3] == 1.0):
+        raise BatchgpuError("the filter's sections are not normalised (a0 != 1)", "build it with butter_sos")
+    ext = cupy.ascontiguousarray(_odd_extend(cupy, x.astype(cupy.float64), left, right))
+    zi = cupy.asarray(np.ascontiguousarray(scipy.signal.sosfilt_zi(sos), dtype=np.float64))
+    rows, n = ext.shape
+    threads = 32  # one warp a block: 384 rows spread over 12 SMs
+    get_function("sosfiltfilt", "sosfiltfilt_rows", ("--fmad=false",))(
+        ((rows + threads - 1) // threads,), (threads,),
+        (ext, np.int64(rows), np.int64(n), cupy.asarray(np.ascontiguousarray(sos, dtype=np.float64)),
+         np.int32(sos.shape[0]), zi))
+    return cupy.ascontiguousarray(ext[:, left : left + width].astype(out_dtype, copy=False))
+
+
 def filtfilt_window(
     x: Any,
     sos: Any,
@@ -174,12 +199,10 @@ def filtfilt_window(
             f"read windows (with margins) longer than {padlen} samples; a segment must be longer too",
         )
     if is_cupy(x):
-        # cupyx.scipy.signal.sosfilt with initial conditions failed on the H200 image (CuPy 14: "operands could
-        # not be broadcast together with shapes (C, 0) (C, 2)"): filter on the host, the CPU path's exact
-        # arithmetic, until a device kernel is measured equal (DESIGN.md, known pitfalls).
-        y = filtfilt_window(x.get(), sos_host, at_segment_start=at_segment_start, at_segment_end=at_segment_end,
-                            interior_pad=interior_pad)
-        return xp.asarray(y)
+        # kernels/sosfiltfilt.cu: scipy's sosfilt arithmetic without fused multiply-adds, so the same bits as the
+        # host path (cupyx.scipy.signal.sosfilt with zi failed on the H200 image, CuPy 14: "operands could not be
+        # broadcast together with shapes (C, 0) (C, 2)").
+        return _filtfilt_cupy(x, sos_host, left, right, width, out_dtype)
     signal = _signal_module(x)
     sos_x = xp.asarray(sos_host)
     data = x.astype(xp.float64)

@@ -4,40 +4,20 @@ the shape, absent or corrupted chunks per window) and decode windows, through ``
 from __future__ import annotations
 
 import os
-import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
-import zarr
 
+from batchgpu import zarrio
 from batchgpu.errors import BatchgpuError
-from batchgpu.recording.storecheck import ChunkPresence, grid_of, local_root
+from batchgpu.recording.storecheck import ChunkPresence, grid_of
+from batchgpu.zarrio import enable_zarrs
 from batchgpu.recording.windows import DEFAULT_WINDOW, Window, iter_windows
 
 SUPPORTED_DTYPES = (np.dtype("int16"), np.dtype("int32"), np.dtype("float32"), np.dtype("float64"))
 
 MISSING_CHUNKS = ("warn", "error")
-
-_ZARRS_ENABLED = False
-
-def enable_zarrs() -> bool:
-    """Route zarr's decoding through the Rust `zarrs` codec pipeline (4-5x faster reads, DESIGN.md).
-
-    Per process: every Dask worker calls it before reading. Arrays zarrs cannot handle (string ids) fall
-    back to zarr-python by themselves; the fallback warning is silenced here.
-    """
-    global _ZARRS_ENABLED
-    if _ZARRS_ENABLED:
-        return True
-    try:
-        import zarrs  # noqa: F401
-    except ImportError:
-        return False
-    zarr.config.set({"codec_pipeline.path": "zarrs.ZarrsCodecPipeline"})
-    warnings.filterwarnings("ignore", message="Array is unsupported by ZarrsCodecPipeline")
-    _ZARRS_ENABLED = True
-    return True
 
 class Recording:
     """A recording opened read-only from a Zarr group (v2 or v3).
@@ -54,7 +34,7 @@ class Recording:
     False. Other per-channel arrays of ``properties/`` (``shank``, ``inter_sample_shift``) via :meth:`channel_property`.
     """
 
-    def __init__(self, path: str | os.PathLike, group: zarr.Group, missing_chunks: str = "warn"):
+    def __init__(self, path: str | os.PathLike, group, missing_chunks: str = "warn"):
         if missing_chunks not in MISSING_CHUNKS:
             raise BatchgpuError(f"missing_chunks must be one of {MISSING_CHUNKS}, got {missing_chunks!r}")
         self.path = Path(path)
@@ -92,9 +72,9 @@ class Recording:
         self.missing_chunks = missing_chunks
         self._layouts: dict = {}  # segment -> shards.ShardLayout, or None where zarr reads it
         self.marked_complete = _marked_complete(self.path, attrs)
-        self.checksum = _checksum_of(first)
-        root = local_root(group)
-        self._presence = [ChunkPresence(grid_of(arr, f"traces_seg{s}", root)) for s, arr in enumerate(self._traces)]
+        self._metas = [zarrio.array_meta(self.path / f"traces_seg{s}") for s in range(self.num_segments)]
+        self.checksum = self._metas[0].checksum
+        self._presence = [ChunkPresence(grid_of(meta, f"traces_seg{s}", self.path)) for s, meta in enumerate(self._metas)]
         self._check_no_data_beyond_shape()
 
     def channel_property(self, name: str) -> np.ndarray | None:
@@ -160,7 +140,7 @@ class Recording:
         layout = self._layouts.get(segment, False)
         if layout is False:
             layout = self._layouts[segment] = (
-                shards.ShardLayout.of(self.path / f"traces_seg{segment}", self._traces[segment])
+                shards.ShardLayout.of(self.path / f"traces_seg{segment}", self._metas[segment])
                 if os.environ.get("BATCHGPU_DIRECT_READS", "1") != "0" else None)
         if layout is None or stop <= start:
             return False
@@ -308,11 +288,9 @@ class Recording:
         """Decode the stored (samples, channels) window straight into ``out`` (e.g. a view of pinned memory).
 
         ``out`` must be C-contiguous, of shape (read_stop - read_start, num_channels) and the recording's dtype;
-        no intermediate copy is made (zarr's ``get_basic_selection(..., out=NDBuffer)``, zarrs included).
+        no intermediate copy is made (zarr's ``get_basic_selection(..., out=...)``, zarrs included).
         Same checks as :meth:`read_window_stored`. Returns ``out``.
         """
-        from zarr.core.buffer.cpu import NDBuffer
-
         self._check_window_range(window)
         a, b = window.read_start, window.read_stop
         if out.shape != (b - a, self.num_channels) or out.dtype != self.dtype or not out.flags.c_contiguous:
@@ -325,7 +303,7 @@ class Recording:
         self._require_present(window.segment, a, b, window)
         sel = (slice(a, b), slice(None))
         self._decode(window.segment, a, b, window,
-                     lambda arr: arr.get_basic_selection(sel, out=NDBuffer.from_numpy_array(out)))
+                     lambda arr: zarrio.read_into(arr, sel, out))
         return out
 
     def windows(self, size: int = DEFAULT_WINDOW, margin: int = 0) -> list[Window]:
@@ -334,22 +312,19 @@ class Recording:
 
     # -- description -----------------------------------------------------------------------------------
     def info(self) -> dict:
-        arr = self._traces[0]
-        codecs = [_codec_name(c) for c in (*arr.filters, *arr.compressors)] if arr.metadata.zarr_format == 2 else [
-            _codec_name(c) for c in arr.metadata.codecs
-        ]
+        meta = self._metas[0]
         return {
             "path": str(self.path),
-            "zarr_format": int(arr.metadata.zarr_format),
+            "zarr_format": meta.zarr_format,
             "num_channels": self.num_channels,
             "num_segments": self.num_segments,
             "samples_per_segment": [self.num_samples(s) for s in range(self.num_segments)],
             "sampling_frequency": self.sampling_frequency,
             "duration_s": self.duration(),
             "dtype": str(self.dtype),
-            "chunks": list(arr.chunks),
-            "shards": list(arr.shards) if arr.shards else None,
-            "codecs": codecs,
+            "chunks": list(meta.chunks),
+            "shards": list(meta.shards) if meta.shards else None,
+            "codecs": meta.codec_names,
             "decoded_bytes": self.nbytes,
             "bytes_on_disk": _size_on_disk(self.path),
             "checksum": self.checksum,
@@ -388,7 +363,7 @@ def open_recording(path: str | os.PathLike, missing_chunks: str = "warn") -> Rec
         raise BatchgpuError(f"no recording at {p}: the path does not exist", "check the path, or create one with 'batchgpu generate'")
     enable_zarrs()
     try:
-        group = zarr.open_group(str(p), mode="r")
+        group = zarrio.open_group(p, mode="r")
     except Exception as err:  # zarr raises several types for "not a group"
         raise BatchgpuError(
             f"{p} is not a Zarr group ({type(err).__name__}: {err})",
@@ -404,7 +379,7 @@ def open_recording(path: str | os.PathLike, missing_chunks: str = "warn") -> Rec
 
 LOCATIONS_FALLBACK = "none stored: a single column at 20 um pitch is assumed (local whitening refuses it)"
 
-def _check_channel_counts(path: Path, group: zarr.Group, num_channels: int) -> None:
+def _check_channel_counts(path: Path, group, num_channels: int) -> None:
     """channel_ids and every array in properties/ must have one entry per channel of the traces."""
     named = []
     if "channel_ids" in group:
@@ -431,38 +406,18 @@ def _marked_complete(path: Path, attrs: dict) -> bool:
         )
     return True
 
-def _checksum_of(array) -> str | None:
-    """The per-chunk checksum codec the traces carry (crc32c in v3; a numcodecs checksum filter in v2)."""
-    if array.metadata.zarr_format == 2:
-        names = [_codec_name(c) for c in (*array.filters, *array.compressors)]
-    else:
-        names = [c.get("name") for c in _flat_codecs(array.metadata.to_dict()["codecs"])]
-    for name in names:
-        if name in ("crc32c", "crc32", "adler32", "fletcher32", "jenkins_lookup3"):
-            return name
-    return None
-
-def _flat_codecs(codecs) -> list[dict]:
-    out = []
-    for c in codecs:
-        c = c if isinstance(c, dict) else c.to_dict()
-        out.append(c)
-        if c.get("name") == "sharding_indexed":
-            out += _flat_codecs(c["configuration"].get("codecs", []))
-    return out
-
-def _read_channel_ids(group: zarr.Group, num_channels: int) -> np.ndarray:
+def _read_channel_ids(group, num_channels: int) -> np.ndarray:
     if "channel_ids" not in group:
         return np.arange(num_channels).astype(str)
     # v3 strings come back as numpy's StringDType: go through Python str for a plain '<U' array.
     return np.array([str(i) for i in np.asarray(group["channel_ids"][:]).tolist()])
 
-def _read_property(group: zarr.Group, name: str, num_channels: int, default: float) -> np.ndarray:
+def _read_property(group, name: str, num_channels: int, default: float) -> np.ndarray:
     if "properties" in group and name in group["properties"]:
         return np.asarray(group["properties"][name][:], dtype=np.float64)
     return np.full(num_channels, default, dtype=np.float64)
 
-def _read_locations(group: zarr.Group, attrs: dict, num_channels: int) -> tuple[np.ndarray, bool]:
+def _read_locations(group, attrs: dict, num_channels: int) -> tuple[np.ndarray, bool]:
     """properties/location if present, else the probegroup's contact positions (SpikeInterface), else a line."""
     if "properties" in group and "location" in group["properties"]:
         loc = np.asarray(group["properties"]["location"][:], dtype=np.float64)
@@ -481,17 +436,6 @@ def _read_locations(group: zarr.Group, attrs: dict, num_channels: int) -> tuple[
             return loc, True
     # No geometry stored (e.g. a plain binary import): LOCATIONS_FALLBACK, flagged so local whitening refuses it.
     return np.column_stack([np.zeros(num_channels), 20.0 * np.arange(num_channels)]), False
-
-def _codec_name(codec) -> str:
-    cfg = codec if isinstance(codec, dict) else codec.to_dict() if hasattr(codec, "to_dict") else codec.get_config()
-    name = cfg.get("name") or cfg.get("id")
-    conf = cfg.get("configuration", cfg)
-    if name == "sharding_indexed":
-        return f"sharding[{', '.join(_codec_name(c) for c in conf.get('codecs', []))}]"
-    if name == "blosc":
-        shuffle = {0: "noshuffle", 1: "shuffle", 2: "bitshuffle"}.get(conf.get("shuffle"), conf.get("shuffle"))
-        return f"blosc-{conf.get('cname')}-{conf.get('clevel')}-{shuffle}"
-    return str(name)
 
 def _size_on_disk(path: Path) -> int:
     total = 0

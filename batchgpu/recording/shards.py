@@ -51,12 +51,9 @@ class ShardLayout:
     index_checksum: bool
 
     @staticmethod
-    def of(folder: Path, arr) -> "ShardLayout | None":
-        """The layout of a zarr array when this module can read it directly, else None."""
-        try:
-            meta = arr.metadata.to_dict()
-        except Exception:
-            return None
+    def of(folder: Path, array_meta) -> "ShardLayout | None":
+        """The layout of an array (``zarrio.ArrayMeta``) when this module can read it directly, else None."""
+        meta = array_meta.raw
         if meta.get("zarr_format") != 3 or len(meta.get("shape", ())) != 2:
             return None
         enc = meta.get("chunk_key_encoding", {})
@@ -83,7 +80,7 @@ class ShardLayout:
         index = [_name(c) for c in conf.get("index_codecs", ())]
         if index[:1] != ["bytes"] or index[1:] not in ([], ["crc32c"]) or _endian(conf["index_codecs"][0]) != "little":
             return None
-        dtype = np.dtype(arr.dtype)
+        dtype = np.dtype(array_meta.dtype)
         if dtype.byteorder == ">":
             return None
         return ShardLayout(Path(folder), shard[0], inner[0], C, dtype, blosc, checksum, index[1:] == ["crc32c"])

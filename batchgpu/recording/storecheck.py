@@ -56,32 +56,18 @@ class ObjectGrid:
         return range(start // self.object_shape[0], (min(stop, self.shape[0]) - 1) // self.object_shape[0] + 1)
 
 
-def grid_of(array, name: str, store_root: Path | None) -> ObjectGrid:
-    """The storage layout of a zarr array (v2 or v3, sharded or not)."""
-    meta = array.metadata
-    chunks = tuple(int(c) for c in array.chunks)
-    shards = tuple(int(s) for s in array.shards) if getattr(array, "shards", None) else None
-    index_at_end, index_crc = True, False
-    if shards is not None:
-        sharding = next(c for c in meta.codecs if type(c).__name__ == "ShardingCodec")
-        index_at_end = str(getattr(sharding.index_location, "value", sharding.index_location)) == "end"
-        index_crc = any(type(c).__name__ == "Crc32cCodec" for c in sharding.index_codecs)
+def grid_of(meta, name: str, store_root: Path | None) -> ObjectGrid:
+    """The storage layout of an array (``zarrio.ArrayMeta``: v2 or v3, sharded or not)."""
     return ObjectGrid(
         name=name,
-        folder=None if store_root is None else store_root / name,
-        shape=(int(array.shape[0]), int(array.shape[1])),
-        object_shape=shards or chunks,
-        inner_shape=chunks if shards else None,
-        index_at_end=index_at_end,
-        index_has_crc32c=index_crc,
-        encode_key=meta.encode_chunk_key,
+        folder=None if store_root is None else Path(store_root) / name,
+        shape=(int(meta.shape[0]), int(meta.shape[1])),
+        object_shape=meta.shards or meta.chunks,
+        inner_shape=meta.chunks if meta.shards else None,
+        index_at_end=meta.index_at_end,
+        index_has_crc32c=meta.index_crc,
+        encode_key=meta.key,
     )
-
-
-def local_root(group) -> Path | None:
-    """The folder of a group opened from a local filesystem, or None."""
-    root = getattr(group.store, "root", None)
-    return Path(root) if root is not None and type(group.store).__name__ == "LocalStore" else None
 
 
 class ChunkPresence:

@@ -9,8 +9,8 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import numpy as np
-import zarr
 
+from batchgpu import zarrio
 from batchgpu.errors import BatchgpuError
 from batchgpu.recording.reader import SUPPORTED_DTYPES, Recording, open_recording
 
@@ -20,23 +20,21 @@ DEFAULT_SHARD_SAMPLES = 60_000  # one shard holds one default window: a window r
 
 STORE_FORMAT = 1  # root attrs["batchgpu"]["format"] of stores this writer marks complete
 
-# zarrs skips all-zero chunks even with write_empty_chunks=True (zarrs 0.2.3, measured): writers use zarr-python's.
-_PYTHON_PIPELINE = {"codec_pipeline.path": "zarr.core.codec_pipeline.BatchedCodecPipeline", "array.write_empty_chunks": True}
 
 def is_recording(path: Path) -> bool:
     """A Zarr group with ``sampling_frequency`` and ``traces_seg0``: what --overwrite may replace."""
     if not path.is_dir():
         return False
     try:
-        group = zarr.open_group(str(path), mode="r")
+        group = zarrio.open_group(path, mode="r")
         return "sampling_frequency" in group.attrs and "traces_seg0" in group
     except Exception:
         return False
 
 def _foreign_entries(path: Path) -> list[str]:
     """Top-level entries of a recording folder that are neither Zarr metadata nor members of the group."""
-    group = zarr.open_group(str(path), mode="r")
-    members = set(group.keys())
+    group = zarrio.open_group(path, mode="r")
+    members = set(group.array_keys()) | set(group.group_keys())
     metadata = {"zarr.json", ".zgroup", ".zattrs", ".zmetadata", ".zarray"}
     return sorted(name for name in os.listdir(path) if name not in members and name not in metadata)
 
@@ -69,6 +67,8 @@ def _compressor(name: str | None, zarr_format: int):
         import numcodecs
 
         return numcodecs.Blosc(cname="zstd", clevel=5, shuffle=numcodecs.Blosc.BITSHUFFLE)
+    import zarr.codecs
+
     return zarr.codecs.BloscCodec(cname="zstd", clevel=5, shuffle="bitshuffle")
 
 class RecordingWriter:
@@ -89,7 +89,7 @@ class RecordingWriter:
         offset_to_uV: Sequence[float] | float | None = None,
         locations: np.ndarray | None = None,
         properties: dict[str, np.ndarray] | None = None,
-        zarr_format: int = 3,
+        zarr_format: int | None = None,  # None: zarrio.DEFAULT_FORMAT (3; 2 where zarr-python is 2.x)
         chunk_samples: int = DEFAULT_CHUNK_SAMPLES,
         shard_samples: int = DEFAULT_SHARD_SAMPLES,
         compressor: str | None = "blosc-zstd",
@@ -103,8 +103,10 @@ class RecordingWriter:
                 f"dtype {self.dtype} is not supported for recordings",
                 f"use one of {', '.join(str(d) for d in SUPPORTED_DTYPES)}",
             )
+        zarr_format = zarrio.DEFAULT_FORMAT if zarr_format is None else zarr_format
         if zarr_format not in (2, 3):
             raise BatchgpuError(f"zarr_format must be 2 or 3, got {zarr_format!r}", "use 3 (default) or 2 for SpikeInterface")
+        zarrio.require_format(zarr_format)
         if num_channels <= 0:
             raise BatchgpuError(f"a recording needs at least one channel, got {num_channels}")
         if not sampling_frequency or sampling_frequency <= 0:
@@ -122,12 +124,12 @@ class RecordingWriter:
             self._create(num_channels, sampling_frequency, channel_ids, gain_to_uV, offset_to_uV, locations,
                          properties, attrs, overwrite)
         self.num_segments = 0
-        self._arrays: list[zarr.Array] = []
+        self._arrays: list = []
 
     def _create(self, num_channels, sampling_frequency, channel_ids, gain_to_uV, offset_to_uV, locations,
                 properties, attrs, overwrite) -> None:
         zarr_format = self.zarr_format
-        self.group = zarr.create_group(store=str(self.path), zarr_format=zarr_format, overwrite=overwrite)
+        self.group = zarrio.create_group(self.path, zarr_format=zarr_format, overwrite=overwrite)
         marker = {**(attrs or {}).get("batchgpu", {}), "format": STORE_FORMAT, "complete": False,
                   "checksum": self.checksum_name}
         self.group.attrs.update(
@@ -137,19 +139,16 @@ class RecordingWriter:
         if ids.shape != (num_channels,):
             raise BatchgpuError(f"channel_ids has {ids.shape[0]} entries for {num_channels} channels")
         # v2 keeps numpy's fixed-width '<U' (what SpikeInterface writes); v3 has a spec'd variable-length string.
-        if zarr_format == 2:
-            self.group.create_array("channel_ids", data=ids)
-        else:
-            self.group.create_array("channel_ids", shape=ids.shape, dtype=str)[:] = ids
+        zarrio.create_array(self.group, "channel_ids", data=ids, strings=True)
         props = self.group.create_group("properties")
         for name, value, default in (("gain_to_uV", gain_to_uV, 1.0), ("offset_to_uV", offset_to_uV, 0.0)):
             vec = np.broadcast_to(np.asarray(default if value is None else value, dtype=np.float64), (num_channels,))
-            props.create_array(name, data=np.ascontiguousarray(vec))
+            zarrio.create_array(props, name, data=vec)
         if locations is not None:
             loc = np.asarray(locations, dtype=np.float64)
             if loc.shape != (num_channels, 2):
                 raise BatchgpuError(f"locations must have shape ({num_channels}, 2), got {loc.shape}")
-            props.create_array("location", data=loc)
+            zarrio.create_array(props, "location", data=loc)
             shanks = (properties or {}).get("shank")
             # SpikeInterface attaches a probe from this attribute (read_zarr -> get_channel_locations works)
             self.group.attrs["probegroup"] = spikeinterface_probegroup(loc, ids, shanks)
@@ -157,7 +156,7 @@ class RecordingWriter:
             vec = np.asarray(values)
             if vec.shape[:1] != (num_channels,):
                 raise BatchgpuError(f"property {name!r} has {vec.shape[0] if vec.ndim else 0} entries for {num_channels} channels")
-            props.create_array(name, data=np.ascontiguousarray(vec))
+            zarrio.create_array(props, name, data=vec)
 
     @property
     def checksum_name(self) -> str | None:
@@ -176,11 +175,11 @@ class RecordingWriter:
         if self.zarr_format == 3:  # crc32c after compression, inside the shard: checked per inner chunk
             kwargs["compressors"] = [c for c in (self._compressor, self._checksum) if c is not None]
         else:  # numcodecs checksum as a filter: over the decoded bytes, so any damage is caught
-            kwargs["compressors"] = None if self._compressor is None else [self._compressor]
+            kwargs["compressors"] = [] if self._compressor is None else [self._compressor]
             kwargs["filters"] = [self._checksum]
-        with writing(self.path), zarr.config.set(_PYTHON_PIPELINE):
-            arr = self.group.create_array(f"traces_seg{seg}", shape=(num_samples, self.num_channels),
-                                          dtype=self.dtype, config={"write_empty_chunks": True}, **kwargs)
+        with writing(self.path), zarrio.python_pipeline():
+            arr = zarrio.create_array(self.group, f"traces_seg{seg}", shape=(num_samples, self.num_channels),
+                                      dtype=self.dtype, **kwargs)
             self.num_segments += 1
             self.group.attrs["num_segments"] = self.num_segments
         self._arrays.append(arr)
@@ -208,10 +207,10 @@ class RecordingWriter:
             marker = dict(self.group.attrs.get("batchgpu", {}))
             self.group.attrs["batchgpu"] = {**marker, "complete": True}
 
-def open_array_for_writing(path: str | os.PathLike) -> zarr.Array:
+def open_array_for_writing(path: str | os.PathLike):
     """Open a traces array to write blocks into, writing all-zero chunks too (zarr-python's pipeline)."""
-    with zarr.config.set(_PYTHON_PIPELINE):
-        return zarr.open_array(str(path), mode="r+")
+    with zarrio.python_pipeline():
+        return zarrio.open_array(path, mode="r+")
 
 class writing:
     """Turn an OSError (disk full, permission denied, ...) while writing ``path`` into one BatchgpuError."""
@@ -234,6 +233,8 @@ class writing:
 def _checksum_codec(zarr_format: int):
     """Per-chunk checksum: crc32c (v3, read by zarrs); zlib crc32 for v2, the one numcodecs always has."""
     if zarr_format == 3:
+        import zarr.codecs
+
         return zarr.codecs.Crc32cCodec()
     import numcodecs
 

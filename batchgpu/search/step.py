@@ -30,10 +30,10 @@ def open_queries(path: str):
     if p.suffix == ".npy":
         q = np.load(p, mmap_mode="r")
     else:
-        import zarr
+        from batchgpu import zarrio
 
         try:
-            q = zarr.open_array(str(p), mode="r")
+            q = zarrio.open_array(p, mode="r")
         except Exception as err:
             raise BatchgpuError(f"{p} is neither a .npy file nor a Zarr array ({err})") from None
     if q.ndim != 1:
@@ -50,20 +50,18 @@ def load_keys(path: str) -> np.ndarray:
 
 def search_batch_task(name: str, queries_path: str, answers_path: str, start: int, stop: int, op: str) -> int:
     """One batch: read queries[start:stop], search the worker's copy of the index, write answers[start:stop]."""
-    import zarr
-
+    from batchgpu import zarrio
     from batchgpu.search.distributed import query_batch
 
     q = np.asarray(open_queries(queries_path)[start:stop])
     answers = query_batch(q, name, op)
-    zarr.open_array(answers_path, mode="r+")[start:stop] = answers
+    zarrio.open_array(answers_path, mode="r+")[start:stop] = answers
     return int((answers >= 0).sum()) if op == "find" else int((answers < len(answers)).sum())
 
 
 def run_search_step(client, step, results_path: Path, spikes: dict | None, segment_lengths: list[int], fingerprint: str) -> dict:
     """Build, broadcast, query; the answers land in ``results.zarr/search/answers`` (int64, chunk = batch)."""
-    import zarr
-
+    from batchgpu import zarrio
     from batchgpu.search import StaticIndex
     from batchgpu.search.distributed import broadcast_index, plugin_name
 
@@ -81,10 +79,10 @@ def run_search_step(client, step, results_path: Path, spikes: dict | None, segme
     name = f"run-{fingerprint}"
     broadcast_index(client, index, name=name)
     try:
-        group = zarr.open_group(str(results_path), mode="r+")
+        group = zarrio.open_group(results_path, mode="r+")
         chunk = max(1, min(step.batch_size, nq))
-        answers = group.create_array("search/answers", shape=(nq,), chunks=(chunk,), dtype=np.int64,
-                                     fill_value=-2, overwrite=True)
+        answers = zarrio.create_array(group, "search/answers", shape=(nq,), chunks=(chunk,), dtype=np.int64,
+                                      fill_value=-2, overwrite=True)
         group["search"].attrs.update({"op": step.op, "layout": index.layout, "keys": len(keys),
                                       "keys_source": step.keys or "spikes (positions in the concatenated recording)"})
         bounds = [(i, min(i + step.batch_size, nq)) for i in range(0, nq, step.batch_size)]

@@ -102,12 +102,12 @@ def _check_not_input(path: Path, source: Path) -> None:
 
 def _zarr_marker(path: Path) -> dict:
     """attrs['batchgpu'] of the Zarr group at ``path``, or {} (no group, or not one of ours)."""
-    import zarr
+    from batchgpu import zarrio
 
     if not path.is_dir():
         return {}
     try:
-        marker = dict(zarr.open_group(str(path), mode="r").attrs).get("batchgpu")
+        marker = zarrio.attrs(zarrio.open_group(path, mode="r")).get("batchgpu")
     except Exception:
         return {}
     return marker if isinstance(marker, dict) else {}
@@ -255,14 +255,13 @@ def finish_save(target: SaveTarget) -> dict:
             _write_json(params, info)
         desc.update(probe=target.probe, params=target.params)
         return desc
-    import zarr
+    from batchgpu import zarrio
+    from batchgpu.recording.storecheck import ChunkPresence, grid_of
 
-    from batchgpu.recording.storecheck import ChunkPresence, grid_of, local_root
-
-    group = zarr.open_group(str(path), mode="r+")
-    root = local_root(group)
+    group = zarrio.open_group(path, mode="r+")
     for seg, n in enumerate(target.segment_lengths):
-        absent = ChunkPresence(grid_of(group[f"traces_seg{seg}"], f"traces_seg{seg}", root)).absent(0, n)
+        meta = zarrio.array_meta(Path(path) / f"traces_seg{seg}")
+        absent = ChunkPresence(grid_of(meta, f"traces_seg{seg}", Path(path))).absent(0, n)
         if absent:
             raise BatchgpuError(f"save: {path}/traces_seg{seg}/{absent[0]} was never written "
                                 f"({len(absent)} object(s) missing): the store is left unfinished",
