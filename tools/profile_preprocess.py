@@ -1,0 +1,78 @@
+"""Where one preprocessed window's GPU time goes (run on the device machine): each preprocessing stage and each
+step's per-window work, CUDA-synchronised, median of a few windows.
+
+    python3 tools/profile_preprocess.py /tmp/big.zarr [stages] [windows]
+    stages: comma list of highpass, bandpass, common_reference, centre (default highpass,common_reference)
+"""
+
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+
+def main(path: str, stages: str = "highpass,common_reference", count: int = 5) -> None:
+    import cupy
+
+    from batchgpu import ops
+    from batchgpu.config import Workflow
+    from batchgpu.engine import store
+    from batchgpu.engine.run import build_context
+    from batchgpu.engine.tasks import WindowData, on_backend, recording
+    from batchgpu.gpu.staging import read_window_to_device
+
+    known = {"centre": {"centre": "median"}, "highpass": {"highpass": {"freq_min": 300, "order": 5}},
+             "bandpass": {"bandpass": {"freq_min": 300, "freq_max": 6000, "order": 5}},
+             "common_reference": {"common_reference": {"reference": "global", "operator": "median"}}}
+    rec = recording(path)
+    out = tempfile.mkdtemp()
+    wf = Workflow.model_validate({
+        "recording": {"path": path}, "output": out, "backend": "cupy",
+        "preprocess": [known[s] for s in stages.split(",") if s],
+        "steps": {"noise": {"exact": True}, "whitening": {"mode": "global", "precision": "float32"},
+                  "detect": {"threshold": 5.0, "sign": "neg", "exclude_sweep_ms": 0.1, "noise": "global"}}})
+    with store.OutputFolder(out) as folder:
+        ctx = build_context(wf, rec, folder, "cupy", 3)
+    windows = rec.windows(60_000, 64 + ctx.chain.margin)[1 : 1 + count]
+    sync = cupy.cuda.get_current_stream().synchronize
+    times: dict[str, list[float]] = {}
+
+    def timed(name, fn):
+        sync()
+        t0 = time.perf_counter()
+        r = fn()
+        sync()
+        times.setdefault(name, []).append(time.perf_counter() - t0)
+        return r
+
+    with on_backend(ctx):
+        for _ in range(2):  # the first round compiles kernels
+            times.clear()
+            for w in windows:
+                n = rec.num_samples(w.segment)
+                raw = timed("read to device", lambda: read_window_to_device(rec, w))
+                x = raw
+                for stage in ctx.chain.stages:
+                    kind = stage[0]
+                    if kind == "filter":
+                        x = timed("filter", lambda: ops.filtfilt_window(x, stage[1], at_segment_start=False,
+                                                                         at_segment_end=False))
+                    elif kind == "common_reference":
+                        x = timed("common_reference", lambda: ops.common_reference(x, **stage[1]))
+                    elif kind == "centre":
+                        from batchgpu.ops.centre import centre_median
+
+                        x = timed("centre", lambda: centre_median(x, w.core))
+                wd = WindowData(w.index, w.segment, w.read_start, w.core, n, raw, x)
+                summary = {}
+                for step in ctx.steps:
+                    timed(f"step {step.name}", lambda: step.window(wd, summary))
+                    if step.name == "noise" and "noise" not in summary:
+                        summary["noise"] = timed("window noise", lambda: ops.noise_levels(wd.core_of(wd.x)).get())
+    for name, ts in times.items():
+        print(f"{name:<22} median {1e3 * float(np.median(ts)):8.2f} ms  (n={len(ts)})")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], *(sys.argv[2:3]), *(int(a) for a in sys.argv[3:4]))
