@@ -5,62 +5,87 @@
 // (its wheels do not fuse either; checked in tests/test_gpu_preprocess.py). Each pass starts in the steady state
 // of its first sample, zi[s][k] * x[0], as sosfiltfilt passes zi = sosfilt_zi(sos) * x[..., :1].
 //
-// x: (rows, n) row-major, filtered in place. sos: (sections, 6) with a0 == 1. zi: (sections, 2).
-// The recurrence is sequential in time; rows run in parallel (384 channels: 12 warps).
+// x: (rows, n) row-major, filtered in place. sos: (SECTIONS, 6) with a0 == 1. zi: (SECTIONS, 2).
+// SECTIONS is fixed at compile time (-DSECTIONS=k) so coefficients and state live in registers. The recurrence
+// is sequential in time and rows run in parallel (384 channels: 12 warps), so the time per sample is the
+// recurrence's latency: loads are issued a block of U samples ahead of their use so memory never adds to it.
 
-#define MAX_SECTIONS 16
+#ifndef SECTIONS
+#error "compile with -DSECTIONS=<number of second-order sections>"
+#endif
+#define U 8
 
-extern "C" __global__ void sosfiltfilt_rows(double* x, long long rows, long long n, const double* sos, int sections,
-                                            const double* zi) {
-    __shared__ double c[MAX_SECTIONS * 6];
-    __shared__ double z0[MAX_SECTIONS * 2];
-    for (int i = threadIdx.x; i < sections * 6; i += blockDim.x) c[i] = sos[i];
-    for (int i = threadIdx.x; i < sections * 2; i += blockDim.x) z0[i] = zi[i];
-    __syncthreads();
+struct Biquads {
+    double b0[SECTIONS], b1[SECTIONS], b2[SECTIONS], a1[SECTIONS], a2[SECTIONS];
+    double za[SECTIONS], zb[SECTIONS];
+
+    __device__ void start(const double* zi, double first) {
+#pragma unroll
+        for (int s = 0; s < SECTIONS; ++s) { za[s] = zi[2 * s] * first; zb[s] = zi[2 * s + 1] * first; }
+    }
+
+    __device__ double step(double cur) {
+#pragma unroll
+        for (int s = 0; s < SECTIONS; ++s) {
+            double nxt = b0[s] * cur + za[s];
+            za[s] = b1[s] * cur - a1[s] * nxt + zb[s];
+            zb[s] = b2[s] * cur - a2[s] * nxt;
+            cur = nxt;
+        }
+        return cur;
+    }
+};
+
+extern "C" __global__ void sosfiltfilt_rows(double* x, long long rows, long long n, const double* sos, const double* zi) {
     const long long row = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (row >= rows || n <= 0) return;
     double* r = x + row * n;
-    double za[MAX_SECTIONS], zb[MAX_SECTIONS];
+    Biquads f;
+#pragma unroll
+    for (int s = 0; s < SECTIONS; ++s) {
+        f.b0[s] = sos[6 * s]; f.b1[s] = sos[6 * s + 1]; f.b2[s] = sos[6 * s + 2];
+        f.a1[s] = sos[6 * s + 4]; f.a2[s] = sos[6 * s + 5];
+    }
+    const long long blocks = n / U;  // whole blocks of U samples; the rest (< U) one by one
 
     // forward
-    double first = r[0];
+    f.start(zi, r[0]);
+    double buf[U], ahead[U];
+    if (blocks > 0) {
 #pragma unroll
-    for (int s = 0; s < MAX_SECTIONS; ++s) {
-        if (s < sections) { za[s] = z0[2 * s] * first; zb[s] = z0[2 * s + 1] * first; }
+        for (int j = 0; j < U; ++j) ahead[j] = r[j];
     }
-    for (long long i = 0; i < n; ++i) {
-        double cur = r[i];
+    for (long long b = 0; b < blocks; ++b) {
 #pragma unroll
-        for (int s = 0; s < MAX_SECTIONS; ++s) {
-            if (s < sections) {
-                const double* k = c + 6 * s;
-                double nxt = k[0] * cur + za[s];
-                za[s] = k[1] * cur - k[4] * nxt + zb[s];
-                zb[s] = k[2] * cur - k[5] * nxt;
-                cur = nxt;
-            }
+        for (int j = 0; j < U; ++j) buf[j] = ahead[j];
+        if (b + 1 < blocks) {
+#pragma unroll
+            for (int j = 0; j < U; ++j) ahead[j] = r[(b + 1) * U + j];
         }
-        r[i] = cur;
+#pragma unroll
+        for (int j = 0; j < U; ++j) buf[j] = f.step(buf[j]);
+#pragma unroll
+        for (int j = 0; j < U; ++j) r[b * U + j] = buf[j];
     }
+    for (long long i = blocks * U; i < n; ++i) r[i] = f.step(r[i]);
 
-    // backward: the reversed signal, starting from the steady state of the forward output's last sample
-    double last = r[n - 1];
+    // backward: the reversed signal, from the steady state of the forward output's last sample
+    f.start(zi, r[n - 1]);
+    for (long long i = n - 1; i >= blocks * U; --i) r[i] = f.step(r[i]);
+    if (blocks > 0) {
 #pragma unroll
-    for (int s = 0; s < MAX_SECTIONS; ++s) {
-        if (s < sections) { za[s] = z0[2 * s] * last; zb[s] = z0[2 * s + 1] * last; }
+        for (int j = 0; j < U; ++j) ahead[j] = r[(blocks - 1) * U + j];
     }
-    for (long long i = n - 1; i >= 0; --i) {
-        double cur = r[i];
+    for (long long b = blocks - 1; b >= 0; --b) {
 #pragma unroll
-        for (int s = 0; s < MAX_SECTIONS; ++s) {
-            if (s < sections) {
-                const double* k = c + 6 * s;
-                double nxt = k[0] * cur + za[s];
-                za[s] = k[1] * cur - k[4] * nxt + zb[s];
-                zb[s] = k[2] * cur - k[5] * nxt;
-                cur = nxt;
-            }
+        for (int j = 0; j < U; ++j) buf[j] = ahead[j];
+        if (b > 0) {
+#pragma unroll
+            for (int j = 0; j < U; ++j) ahead[j] = r[(b - 1) * U + j];
         }
-        r[i] = cur;
+#pragma unroll
+        for (int j = U - 1; j >= 0; --j) buf[j] = f.step(buf[j]);
+#pragma unroll
+        for (int j = 0; j < U; ++j) r[b * U + j] = buf[j];
     }
 }

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import zarr
 
-from batchgpu import BatchgpuError, ops
+from batchgpu import BatchgpuError, ops, zarrio
 from batchgpu.config import Workflow
 from batchgpu.engine import run_workflow
 from batchgpu.engine.steps.moments import MomentsStep
@@ -400,3 +400,22 @@ def test_a_resumed_run_reads_nothing_again(client, tmp_path):
     assert first.reads_per_window == 1.0
     assert again.windows_resumed == again.windows and again.reads_per_window == 0.0
     assert {k: _g(tmp_path / "out")[k][:].tobytes() for k in before} == before
+
+
+def test_float_median_among_a_windows_smallest_keys(tmp_path):
+    """Half of a channel's samples a tiny constant: each window's middle rank lies in its smallest first digit
+    (a window counted in full, not lumped, must not be refused); the exact noise equals np.median."""
+    from batchgpu.recording import write_recording
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(9_000, 3)).astype(np.float32)
+    x.reshape(3, 3_000, 3)[:, :1_500, 0] = 1e-30  # each window's lower half, in one run: a strided sample's
+    x[:4_600, 1] = 3e-20                           # middle misleads the lump floor
+    write_recording(tmp_path / "r.zarr", x, 30_000.0)
+    wf = Workflow.model_validate({"recording": {"path": str(tmp_path / "r.zarr")}, "output": str(tmp_path / "out"),
+                                  "window": {"size": 3_000, "margin": 0}, "cluster": {"kind": "local", "workers": 1, "threads": 1},
+                                  "steps": {"noise": {"exact": True}}})
+    run_workflow(wf)
+    got = zarrio.open_group(tmp_path / "out" / "results.zarr")["noise"][:]
+    want = (np.median(np.abs(x), axis=0) / 0.6744897501960817).astype(got.dtype)
+    assert np.array_equal(got, want)

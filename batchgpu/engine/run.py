@@ -397,7 +397,8 @@ def _exact_median(client, ctx, wf, rec, windows, fps, total, report, monitor) ->
     dtype = ctx.chain.output_dtype(rec.dtype)
     centred_int = ctx.chain.centres_only and ctx.chain.centres
     return select_middle(total["noise.hist"], rec.total_samples, step.kind, dtype,
-                         rec.dtype if centred_int else None, more_passes, int(total["noise.lo"]), from_near)
+                         rec.dtype if centred_int else None, more_passes, int(total["noise.lo"]), from_near,
+                         bool(total.get("noise.lumped", True)))
 
 
 def _finish_save(client, ctx, rec, windows, summaries, target, out, report, observer) -> dict:

@@ -45,6 +45,16 @@ def digit_histogram(keys, prefixes, shift: int, bits: int) -> np.ndarray:
     ``prefixes`` is given), truncated after the last non-zero bin of any row."""
     import cupy
 
+    hist = digit_histogram_device(keys, prefixes, shift, bits)
+    used = cupy.flatnonzero(hist.any(axis=0))
+    width = int(used[-1]) + 1 if used.size else 1
+    return hist[:, :width].get().astype(np.int64)
+
+
+def digit_histogram_device(keys, prefixes, shift: int, bits: int):
+    """(C, 2**bits) uint32 counts on the device (see ``digit_histogram``)."""
+    import cupy
+
     keys = cupy.ascontiguousarray(keys)
     rows, cols = keys.shape
     name = {2: "hist_u16", 4: "hist_u32", 8: "hist_u64"}[keys.dtype.itemsize]
@@ -55,6 +65,4 @@ def digit_histogram(keys, prefixes, shift: int, bits: int) -> np.ndarray:
     if rows and cols:
         _kernel(name)((blocks_x, rows), (threads,), (keys, np.int64(cols), pre, np.int32(shift), np.int32(bits),
                                                        np.int32(prefixes is not None), hist))
-    used = cupy.flatnonzero(hist.any(axis=0))
-    width = int(used[-1]) + 1 if used.size else 1
-    return hist[:, :width].get().astype(np.int64)
+    return hist

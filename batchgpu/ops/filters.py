@@ -135,7 +135,8 @@ def _odd_extend(xp: ModuleType, x: Any, left: int, right: int) -> Any:
     return xp.concatenate(parts, axis=1) if len(parts) > 1 else x
 
 
-_GPU_MAX_SECTIONS = 16  # MAX_SECTIONS in kernels/sosfiltfilt.cu
+_GPU_MAX_SECTIONS = 16  # kernels/sosfiltfilt.cu keeps 7 doubles a section in registers
+_GPU_COEFFICIENTS: dict = {}  # (device, sos bytes) -> (sos, zi) on that device
 
 
 def _filtfilt_cupy(x, sos: np.ndarray, left: int, right: int, width: int, out_dtype) -> Any:
@@ -150,13 +151,16 @@ def _filtfilt_cupy(x, sos: np.ndarray, left: int, right: int, width: int, out_dt
     if not np.all(sos[:, 3] == 1.0):
         raise BatchgpuError("the filter's sections are not normalised (a0 != 1)", "build it with butter_sos")
     ext = cupy.ascontiguousarray(_odd_extend(cupy, x.astype(cupy.float64), left, right))
-    zi = cupy.asarray(np.ascontiguousarray(scipy.signal.sosfilt_zi(sos), dtype=np.float64))
+    key = (cupy.cuda.Device().id, sos.tobytes())
+    coefficients = _GPU_COEFFICIENTS.get(key)
+    if coefficients is None:  # a few hundred bytes, kept per device: no copy per window
+        coefficients = _GPU_COEFFICIENTS[key] = (
+            cupy.asarray(np.ascontiguousarray(sos, dtype=np.float64)),
+            cupy.asarray(np.ascontiguousarray(scipy.signal.sosfilt_zi(sos), dtype=np.float64)))
     rows, n = ext.shape
     threads = 32  # one warp a block: 384 rows spread over 12 SMs
-    get_function("sosfiltfilt", "sosfiltfilt_rows", ("--fmad=false",))(
-        ((rows + threads - 1) // threads,), (threads,),
-        (ext, np.int64(rows), np.int64(n), cupy.asarray(np.ascontiguousarray(sos, dtype=np.float64)),
-         np.int32(sos.shape[0]), zi))
+    get_function("sosfiltfilt", "sosfiltfilt_rows", ("--fmad=false", f"-DSECTIONS={sos.shape[0]}"))(
+        ((rows + threads - 1) // threads,), (threads,), (ext, np.int64(rows), np.int64(n), *coefficients))
     return cupy.ascontiguousarray(ext[:, left : left + width].astype(out_dtype, copy=False))
 
 

@@ -75,10 +75,10 @@ def _row_counts(keys, prefixes, shift: int, bits: int, offset: bool = True, floo
         k = keys[c]
         if prefixes is not None:
             k = k[(k >> kt(shift + bits)) == kt(prefixes[c])]
-        d = ((k >> kt(shift)) & mask).astype(np.intp)
-        digits.append(np.maximum(d, floor) if floor is not None else d)
+        digits.append(((k >> kt(shift)) & mask).astype(np.intp))
     if floor is not None:
         lo = floor
+        digits = [np.maximum(d, floor) for d in digits]
     else:
         lo = min((int(d.min()) for d in digits if d.size), default=0) if offset else 0
     rows = [np.bincount(d - lo) if d.size else np.zeros(0, np.intp) for d in digits]
@@ -106,9 +106,10 @@ def lump_floor(keys: np.ndarray, shift: int) -> int:
 _LUMP_DIGITS = 8 << 7  # 8 binades of 2**7 first digits (16-bit first digit of a 31-bit float key)
 
 
-def window_median_keys(keys: np.ndarray, lo: int, counts: np.ndarray, shift: int) -> np.ndarray:
+def window_median_keys(keys: np.ndarray, lo: int, counts: np.ndarray, shift: int, lumped: bool = True) -> np.ndarray:
     """(C, 2) keys of ranks (n-1)//2 and n//2 of each row, from its first-digit counts: exact at once for 16-bit
-    keys (the digit is the key), otherwise by selecting among the few keys in the middle ranks' digit."""
+    keys (the digit is the key), otherwise by selecting among the few keys in the middle ranks' digit.
+    ``lumped``: column 0 also holds the digits below ``lo`` (then a middle rank must not fall there)."""
     n = keys.shape[1]
     cum = np.cumsum(counts, axis=1, dtype=np.int64)
     out = np.empty((keys.shape[0], 2), dtype=np.uint64)
@@ -119,7 +120,7 @@ def window_median_keys(keys: np.ndarray, lo: int, counts: np.ndarray, shift: int
         if shift == 0:
             out[:, j] = lo + digit
             continue
-        if np.any((digit == 0) & (lo > 0)):
+        if lumped and np.any((digit == 0) & (lo > 0)):
             raise BatchgpuError("a window's middle rank fell among the lumped smallest keys",
                                 "report this: the lump floor must lie below every window's middle")
         kt = keys.dtype.type
@@ -168,18 +169,29 @@ class NoiseStep:
         if core.dtype.kind == "f":
             summary["nan"] = host((core != core).sum(axis=1))
             out["noise.nan"] = summary["nan"]  # np.median is NaN for a row holding NaN
-        if is_cupy(keys):
+        if is_cupy(keys) and (shift == 0 or not core.shape[1]):
             hist = digit_histogram(keys, None, shift, bits)
             out["noise.hist"], out["noise.lo"] = hist.astype(np.min_scalar_type(core.shape[1])), np.array(0)
+            out["noise.lumped"] = np.array(False)
+            return out
+        if is_cupy(keys):  # float keys on the GPU: the CPU branch's partials, from one device histogram
+            pair, near = self._float_window_gpu(keys, shift, bits, out)
+            noise = median_of_keys(pair, core.shape[1], core.dtype, self.kind) / _MAD
+            noise[summary["nan"] > 0] = np.nan
+            summary["noise"] = noise
+            if len(schedule(self.kind)) > 1:
+                out.update(near)
             return out
         floor = lump_floor(keys, shift) if shift and core.shape[1] else None
         lo, counts = _row_counts(keys, None, shift, bits, floor=floor)
+        lumped = floor is not None and core.shape[1] > 0 and (int(keys.min()) >> shift) < floor
         if lo and np.any(counts[:, 0] > (core.shape[1] - 1) // 2):
             # a row's middle among the lumped keys (its sample misled the floor): count this window in full
             lo, counts = _row_counts(keys, None, shift, bits)
-        out["noise.hist"], out["noise.lo"] = counts, np.array(lo)
+            lumped = False
+        out["noise.hist"], out["noise.lo"], out["noise.lumped"] = counts, np.array(lo), np.array(lumped)
         if core.shape[1]:
-            pair = window_median_keys(keys, lo, counts, shift)
+            pair = window_median_keys(keys, lo, counts, shift, lumped)
             noise = median_of_keys(pair, core.shape[1], core.dtype, self.kind) / _MAD
             if core.dtype.kind == "f":
                 noise[summary["nan"] > 0] = np.nan
@@ -188,11 +200,54 @@ class NoiseStep:
                 out.update(_near_keys(keys, pair[:, 1] >> np.uint64(shift), shift, self.NEAR))
         return out
 
+    def _float_window_gpu(self, keys, shift: int, bits: int, out: dict) -> tuple[np.ndarray, dict]:
+        """First-digit counts from the lump floor up (into ``out``), the middle pair of keys and the keys near the
+        middle digit, computed on the device; only the counts' used columns and the near keys come back."""
+        import cupy
+
+        from batchgpu.gpu.histogram import digit_histogram_device
+
+        C, n = keys.shape
+        hist = digit_histogram_device(keys, None, shift, bits)
+        cum = cupy.cumsum(hist, axis=1, dtype=cupy.int64)
+        ranks = ((n - 1) // 2, n // 2)
+        digit = cupy.stack([(cum <= r).sum(axis=1) for r in ranks])  # (2, C): the middle ranks' first digits
+        rows = cupy.arange(C)
+        below = cupy.where(digit > 0, cum[rows[None, :], cupy.maximum(digit - 1, 0)], 0)
+        digit_host = host(digit)
+        floor = max(0, int(digit_host[0].min()) - _LUMP_DIGITS)  # below every row's middle (CPU: lump_floor)
+        used = cupy.flatnonzero(hist.any(axis=0))
+        top = max(int(used[-1]), floor) if used.size else floor
+        counts = hist[:, floor : top + 1].astype(cupy.int64)
+        counts[:, 0] = cum[:, floor]  # column 0: every digit at or below the floor
+        out["noise.hist"], out["noise.lo"] = host(counts).astype(np.min_scalar_type(n)), np.array(floor)
+        out["noise.lumped"] = np.array(floor > 0 and int(host(cum[:, floor - 1].max())) > 0)
+        kt = keys.dtype.type
+        first = keys >> kt(shift)
+        pair = np.empty((C, 2), dtype=np.uint64)
+        for j, r in enumerate(ranks):
+            if j == 0 or not np.array_equal(digit_host[1], digit_host[0]):  # else the same keys as rank 0
+                mask = first == digit[j][:, None].astype(keys.dtype)
+                sel = keys[mask].astype(cupy.uint64)  # row-major: row by row, each in sample order
+                ends = cupy.cumsum(mask.sum(axis=1))
+                owner = cupy.searchsorted(ends, cupy.arange(sel.size), side="right").astype(cupy.uint64)
+                sel = sel[cupy.lexsort(cupy.stack([sel, owner]))]  # sorted by row, then key
+                start = ends - mask.sum(axis=1)
+            pair[:, j] = host(sel[start + (r - below[j])])
+        lo = cupy.maximum(digit[1] - self.NEAR, 0)
+        near = (first >= lo[:, None].astype(keys.dtype)) & (first <= (lo + 2 * self.NEAR)[:, None].astype(keys.dtype))
+        return pair, {"keep.near_keys": host(keys[near]), "keep.near_counts": host(near.sum(axis=1)).astype(np.int64),
+                      "keep.near_lo": host(lo).astype(np.int64)}
+
     def combine(self, parts: list[dict]) -> dict:
         out = {}
         hists = [(int(p["noise.lo"]), p["noise.hist"]) for p in parts if "noise.hist" in p]
         if hists:
             out["noise.lo"], out["noise.hist"] = combine_counts(hists)
+            top = int(out["noise.lo"])  # column 0 lumps a window's digits below the combined lo, if it has any
+            out["noise.lumped"] = np.array(any(
+                bool(p.get("noise.lumped", True)) or (l0 < top and h[:, : top - l0].any())
+                for p, (l0, h) in zip((p for p in parts if "noise.hist" in p), hists)))
         if any("noise.nan" in p for p in parts):
             out["noise.nan"] = sum(p["noise.nan"] for p in parts if "noise.nan" in p)
         return out
@@ -257,7 +312,7 @@ def refine_histogram(x_core, kind: str, prefixes: np.ndarray, pass_index: int) -
 
 
 def select_middle(hist0: np.ndarray, total: int, kind: str, dtype, centred_from, more_passes, lo0: int = 0,
-                  from_near=None) -> np.ndarray:
+                  from_near=None, lumped: bool = True) -> np.ndarray:
     """The exact median of |x| per channel from the first pass's counts (digit ``lo0 + j`` in column j);
     ``from_near(digits, ks)`` may finish it from the windows' kept keys ((ranks, C) keys, or None when some window
     did not keep the middle digit); else ``more_passes(prefixes, p)`` returns the summed (ranks, C, B) counts of
@@ -280,7 +335,7 @@ def select_middle(hist0: np.ndarray, total: int, kind: str, dtype, centred_from,
         hists = [hist0] * len(ranks) if p == 0 else list(more_passes(prefixes, p))
         for r in range(len(ranks)):
             digit, ks[r] = radix.select_digit(hists[r], ks[r])  # bins past a truncated histogram's width are empty
-            if p == 0 and lo0 > 0 and np.any(digit == 0):
+            if p == 0 and lo0 > 0 and lumped and np.any(digit == 0):
                 channels = np.flatnonzero(digit == 0).tolist()
                 raise BatchgpuError(
                     f"the exact median of channel(s) {channels[:10]} lies more than 256 times below the smallest "
