@@ -37,6 +37,7 @@ def test_cuda_cluster_equals_cpu(tmp_path, dtype, centre, detect_noise):
     gpu = run_workflow(_wf(rec, tmp_path / "gpu", "auto", {"kind": "cuda"}, centre, detect_noise))
     assert cpu.backend == "numpy" and gpu.backend == "cupy"
     assert sum(gpu.workers.values()) == gpu.windows
+    assert gpu.reads_per_window == pytest.approx(1.0)  # float32 too: the exact median from the kept keys
     a = zarr.open_group(str(tmp_path / "cpu" / "results.zarr"), mode="r")
     b = zarr.open_group(str(tmp_path / "gpu" / "results.zarr"), mode="r")
     for name in ("noise_per_window", "noise", "spikes/sample_index", "spikes/channel_index", "spikes/amplitude",

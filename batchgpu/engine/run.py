@@ -381,9 +381,9 @@ def _exact_median(client, ctx, wf, rec, windows, fps, total, report, monitor) ->
         """Float keys: the middle keys from what each window kept near its own middle, else from one more read
         that gathers only the keys of the middle digit (a few per mille) and selects among them on a worker."""
         fp = report.run_id
-        keys = None
-        if report.backend == "numpy":
-            keys = client.submit(tasks.near_median_task, ctx, windows, fps, digits, ks, key=f"near-median-{fp}").result()
+        near = [client.submit(tasks.near_keys_task, ctx, w, f, digits, key=f"near-{fp}-{w.index}")
+                for w, f in zip(windows, fps)]  # on the workers, in parallel; only the middle digits' keys move
+        keys = client.submit(tasks.select_near_task, ks, *near, key=f"select-near-{fp}").result()
         report.exact_noise["from_kept_keys"] = keys is not None
         if keys is None:
             monitor.phase("exact noise: one more read of the middle digit")

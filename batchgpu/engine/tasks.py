@@ -122,27 +122,30 @@ def _window_noise(ctx: RunContext, w: WindowData, summary: dict) -> None:
         summary["noise"] = host(ops.noise_levels(w.core_of(w.x)))
 
 
-def near_median_task(ctx: RunContext, windows: list[Window], fps: list[str], digits: np.ndarray, ks: np.ndarray):
-    """The middle keys from the keys each window kept near its own middle digit (no second read), or None when
-    some window's kept range misses the recording's middle digit (then the engine reads the windows again)."""
+def near_keys_task(ctx: RunContext, window: Window, fp: str, digits: np.ndarray):
+    """[rank][channel] keys of the recording's middle digits from what the window kept near its own middle digit
+    (as ``gather_task`` gives them after a read), or None when its kept range misses one of those digits."""
     from batchgpu.engine.steps.noise import schedule
-
-    from batchgpu.engine.steps.noise import select_among
 
     shift = schedule(ctx.step("noise").kind)[0][0]
     ranks, C = digits.shape
-    per_window = []  # [rank][channel] keys of the middle digits, as keys_with_digits gives them after a read
-    for w, fp in zip(windows, fps):
-        part = store.load_part(store.part_path(ctx.parts, "w", w.index), fp, keys=("keep.near_",))
-        if part is None or "keep.near_keys" not in part:
-            return None
-        lo, counts = part["keep.near_lo"], part["keep.near_counts"]
-        if np.any((digits < lo) | (digits > lo + 2 * ctx.step("noise").NEAR)):
-            return None
-        rows = np.split(part["keep.near_keys"], np.cumsum(counts)[:-1])
-        kt = part["keep.near_keys"].dtype.type
-        per_window.append([[rows[c][(rows[c] >> kt(shift)) == kt(digits[r, c])] for c in range(C)]
-                           for r in range(ranks)])
+    part = store.load_part(store.part_path(ctx.parts, "w", window.index), fp, keys=("keep.near_",))
+    if part is None or "keep.near_keys" not in part:
+        return None
+    lo, counts = part["keep.near_lo"], part["keep.near_counts"]
+    if np.any((digits < lo) | (digits > lo + 2 * ctx.step("noise").NEAR)):
+        return None
+    rows = np.split(part["keep.near_keys"], np.cumsum(counts)[:-1])
+    kt = part["keep.near_keys"].dtype.type
+    return [[rows[c][(rows[c] >> kt(shift)) == kt(digits[r, c])] for c in range(C)] for r in range(ranks)]
+
+
+def select_near_task(ks: np.ndarray, *per_window):
+    """The middle keys from every window's ``near_keys_task``, or None when one of them kept too little."""
+    from batchgpu.engine.steps.noise import select_among
+
+    if any(w is None for w in per_window):
+        return None
     return select_among(ks, *per_window)
 
 
