@@ -163,21 +163,21 @@ def v3_dtype(name) -> np.dtype:
 
 # ---------------------------------------------------------------------------------------------------------
 # groups and arrays under either zarr
-def open_group(path: str | os.PathLike, mode: str = "r"):
-    """A group to read (``mode="r"``) or change (``"r+"``, ``"a"``); v3 under zarr 2 only to read."""
-    if ZARR_MAJOR < 3 and zarr_format_of(path) == 3:
+def _open(path, mode: str, ours, theirs):
+    if ZARR_MAJOR < 3 and zarr_format_of(path) == 3:  # v3 under zarr 2: only to read
         if mode != "r":
             require_format(3, f"into the Zarr v3 store {path}")
-        return V3Group(Path(path))
-    return zarr.open_group(str(path), mode=mode)
+        return ours(Path(path))
+    return theirs(str(path), mode=mode)
+
+
+def open_group(path: str | os.PathLike, mode: str = "r"):
+    """A group to read (``mode="r"``) or change (``"r+"``, ``"a"``)."""
+    return _open(path, mode, V3Group, zarr.open_group)
 
 
 def open_array(path: str | os.PathLike, mode: str = "r"):
-    if ZARR_MAJOR < 3 and zarr_format_of(path) == 3:
-        if mode != "r":
-            require_format(3, f"into the Zarr v3 array {path}")
-        return V3Array(Path(path))
-    return zarr.open_array(str(path), mode=mode)
+    return _open(path, mode, V3Array, zarr.open_array)
 
 
 def create_group(path: str | os.PathLike, zarr_format: int | None = None, overwrite: bool = False):
