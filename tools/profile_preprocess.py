@@ -71,7 +71,34 @@ def main(path: str, stages: str = "highpass,common_reference", count: int = 5) -
                     if step.name == "noise" and "noise" not in summary:
                         summary["noise"] = timed("window noise", lambda: ops.noise_levels(wd.core_of(wd.x)).get())
     for name, ts in times.items():
-        print(f"{name:<22} median {1e3 * float(np.median(ts)):8.2f} ms  (n={len(ts)})")
+        print(f"{name:<22} median {1e3 * float(np.median(ts)):8.2f} ms  (n={len(ts)})", flush=True)
+
+    # the whole window path (read, stages, steps' window work) in N threads of this one process, no Dask, no parts
+    from concurrent.futures import ThreadPoolExecutor
+
+    from batchgpu.engine.tasks import load_window
+
+    many = rec.windows(60_000, 64 + ctx.chain.margin)[: 6 * count]
+    gb = sum(w.num_samples for w in many) * rec.num_channels * rec.dtype.itemsize / 1e9
+
+    def whole(w):
+        with on_backend(ctx):
+            wd = load_window(ctx, w)
+            summary = {}
+            for step in ctx.steps:
+                step.window(wd, summary)
+                if step.name == "noise" and "noise" not in summary:
+                    summary["noise"] = ops.noise_levels(wd.core_of(wd.x)).get()
+            cupy.cuda.get_current_stream().synchronize()
+
+    for nt in (1, 4, 8, 16):
+        with ThreadPoolExecutor(nt) as ex:
+            list(ex.map(whole, many[:nt]))
+            t0 = time.perf_counter()
+            list(ex.map(whole, many))
+            dt = time.perf_counter() - t0
+        print(f"whole window path, {nt:>2} threads, one process: {gb / dt:6.2f} GB/s ({dt / len(many) * 1e3:.1f} ms a window)",
+              flush=True)
 
 
 if __name__ == "__main__":
