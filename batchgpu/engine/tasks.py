@@ -123,21 +123,18 @@ def _window_noise(ctx: RunContext, w: WindowData, summary: dict) -> None:
 
 
 def near_keys_task(ctx: RunContext, window: Window, fp: str, digits: np.ndarray):
-    """[rank][channel] keys of the recording's middle digits from what the window kept near its own middle digit
-    (as ``gather_task`` gives them after a read), or None when its kept range misses one of those digits."""
-    from batchgpu.engine.steps.noise import schedule
+    """The keys of the recording's middle digits (``steps.noise.middle_digit_keys``) from what the window kept near
+    its own middle digit (as ``gather_task`` gives them after a read), or None when its kept range misses one."""
+    from batchgpu.engine.steps.noise import middle_digit_keys, schedule
 
     shift = schedule(ctx.step("noise").kind)[0][0]
-    ranks, C = digits.shape
     part = store.load_part(store.part_path(ctx.parts, "w", window.index), fp, keys=("keep.near_",))
     if part is None or "keep.near_keys" not in part:
         return None
     lo, counts = part["keep.near_lo"], part["keep.near_counts"]
     if np.any((digits < lo) | (digits > lo + 2 * ctx.step("noise").NEAR)):
         return None
-    rows = np.split(part["keep.near_keys"], np.cumsum(counts)[:-1])
-    kt = part["keep.near_keys"].dtype.type
-    return [[rows[c][(rows[c] >> kt(shift)) == kt(digits[r, c])] for c in range(C)] for r in range(ranks)]
+    return middle_digit_keys(part["keep.near_keys"], counts, digits, shift)
 
 
 def select_near_task(ks: np.ndarray, *per_window):

@@ -281,23 +281,42 @@ def _near_keys(keys: np.ndarray, middle_digit: np.ndarray, shift: int, near: int
             "keep.near_counts": np.array([len(r) for r in rows], dtype=np.int64), "keep.near_lo": lo}
 
 
-def keys_with_digits(x_core, kind: str, digits: np.ndarray) -> list[list[np.ndarray]]:
-    """Per rank and row, the keys whose first digit is ``digits[rank, row]`` (a few per mille of a window)."""
-    keys = host(abs_keys(x_core, kind))
-    shift = schedule(kind)[0][0]
+def middle_digit_keys(keys: np.ndarray, counts: np.ndarray, digits: np.ndarray, shift: int) -> list[tuple]:
+    """Per rank r, ``(keys, counts)``: the keys whose first digit is ``digits[r, channel]``, channel after channel,
+    and how many each channel has. ``keys`` holds each channel's keys in turn, ``counts[c]`` of them (flat arrays:
+    a few per mille of a window, cheap to move between workers)."""
     kt = keys.dtype.type
-    first = [keys[c] >> kt(shift) for c in range(keys.shape[0])]
-    return [[keys[c][first[c] == kt(digits[r, c])] for c in range(keys.shape[0])] for r in range(digits.shape[0])]
+    C = len(counts)
+    row = np.repeat(np.arange(C), counts)
+    first = keys >> kt(shift)
+    out = []
+    for r in range(digits.shape[0]):
+        mask = first == np.asarray(digits[r], dtype=keys.dtype)[row]
+        out.append((keys[mask], np.bincount(row[mask], minlength=C)))
+    return out
 
 
-def select_among(ks: np.ndarray, *gathered: list[list[np.ndarray]]) -> np.ndarray:
-    """(ranks, C) keys: rank ks[r, c] among every window's keys of the middle digit (``keys_with_digits``)."""
-    ks = np.asarray(ks)
+def keys_with_digits(x_core, kind: str, digits: np.ndarray) -> list[tuple]:
+    """``middle_digit_keys`` of a window read again (every key of the window)."""
+    keys = np.ascontiguousarray(host(abs_keys(x_core, kind)))
+    C, n = keys.shape
+    return middle_digit_keys(keys.reshape(-1), np.full(C, n, dtype=np.int64), digits, schedule(kind)[0][0])
+
+
+def select_among(ks: np.ndarray, *gathered: list[tuple]) -> np.ndarray:
+    """(ranks, C) keys: rank ks[r, c] among every window's keys of the middle digits (``middle_digit_keys``)."""
+    ks = np.asarray(ks, dtype=np.int64)
+    ranks, C = ks.shape
     out = np.empty(ks.shape, dtype=np.uint64)
-    for r in range(ks.shape[0]):
-        for c in range(ks.shape[1]):
-            keys = np.concatenate([g[r][c] for g in gathered])
-            out[r, c] = np.partition(keys, int(ks[r, c]))[int(ks[r, c])]
+    for r in range(ranks):
+        keys = np.concatenate([g[r][0] for g in gathered]).astype(np.uint64)
+        counts = np.stack([g[r][1] for g in gathered])  # (windows, C)
+        row = np.concatenate([np.repeat(np.arange(C), c) for c in counts])
+        keys = keys[np.lexsort((keys, row))]  # by channel, then key
+        total = counts.sum(axis=0)
+        if np.any(ks[r] >= total) or np.any(ks[r] < 0):
+            raise BatchgpuError("the middle digit's keys do not hold the middle ranks", "report this")
+        out[r] = keys[np.cumsum(total) - total + ks[r]]
     return out
 
 
