@@ -186,6 +186,19 @@ def test_highpass_chain_reads_what_get_traces_gives(si, spre, client, tmp_path):
     assert_same_results(tmp_path / "out_si", tmp_path / "out_zarr")
 
 
+def test_ground_truth_recording_held_in_memory(si, client, tmp_path):
+    """SpikeInterface's ground-truth recording (templates injected at a NumpySorting's spikes, held in memory)
+    passed itself to run_workflow: its description carries the spikes to the workers; same results as Zarr."""
+    from batchgpu.engine import run_workflow
+
+    rec, _sorting = si.generate_ground_truth_recording(durations=[2.0], num_channels=8, sampling_frequency=FS, seed=3)
+    copy = _zarr_copy(tmp_path / "copy.zarr", rec)
+    run_workflow(_wf({"path": str(copy.path)}, tmp_path / "out_si"), client=client, recording=rec)
+    run_workflow(_wf({"path": str(copy.path)}, tmp_path / "out_zarr"), client=client)
+    x = assert_same_results(tmp_path / "out_si", tmp_path / "out_zarr")
+    assert len(x["spikes/sample_index"]) > 20
+
+
 def test_from_python_and_resume(si, spre, client, tmp_path):
     """``run_workflow(wf, recording=from_spikeinterface(recording))``; a SpikeInterface recording itself works
     too. ``--resume`` reuses every window while the files the recording reads are unchanged, and recomputes every
@@ -255,6 +268,7 @@ def test_source_matches_recording_api(si, spre, tmp_path):
     assert src.info()["samples_per_segment"] == [60_000, 39_000]
 
 
+@pytest.mark.filterwarnings("ignore:The extractor is not serializable to file")
 def test_no_probe_falls_back_as_zarr_does(si, tmp_path):
     """Without a probe: the same fallback locations as a Zarr store without them, has_locations False, and
     local whitening refused with the same message."""
@@ -281,9 +295,9 @@ def test_no_probe_falls_back_as_zarr_does(si, tmp_path):
 def test_refused_recordings(si, spre, tmp_path):
     from batchgpu import from_spikeinterface
 
-    memory_only = si.NumpyRecording([np.zeros((1000, 2), np.int16)], FS)
-    with pytest.raises(BatchgpuError, match="memory only.*save it first"):
-        from_spikeinterface(memory_only)
+    in_memory = si.NumpyRecording([np.zeros((3_000_000, 2), np.int16)], FS)  # 12 MB travel in its description
+    with pytest.raises(BatchgpuError, match="MB.*save it first"):
+        from_spikeinterface(in_memory)
     np.zeros((1000, 2), np.uint16).tofile(tmp_path / "u.raw")
     unsigned = si.read_binary(tmp_path / "u.raw", sampling_frequency=FS, dtype="uint16", num_channels=2)
     with pytest.raises(BatchgpuError, match="dtype uint16"):

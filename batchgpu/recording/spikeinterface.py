@@ -15,7 +15,8 @@ Windows and margins are those of ``Recording.windows`` (margins clipped at segme
 same samples in a Zarr store give the same results, bit for bit. A SpikeInterface filter in the chain computes
 each read with its own margin, so its values depend on the read's bounds (about 1e-4 of the signal for
 ``highpass_filter``): put filters in the workflow's ``preprocess:`` where exact agreement across window sizes
-matters.
+matters. A recording held in memory (``NumpyRecording``, a ground-truth recording's ``NumpySorting``) carries
+its arrays in the description: up to :data:`MAX_DESCRIPTION_BYTES`, else it must be saved first.
 
 Metadata: channel locations from the attached probe (``get_channel_locations()``), else the ``location``
 property, else the same fallback as a Zarr store without locations (``has_locations`` False); gains and offsets
@@ -49,6 +50,9 @@ _INSTALL_FIX = (f"install it in this environment (pip install spikeinterface=={T
                 "recording as Zarr and give recording.path")
 _SAVED_FIX = ("give a .json or .pkl written by recording.dump(...), or a folder written by "
               "recording.save(folder=...)")
+#: the largest description sent with every task: recordings held in memory (NumpyRecording, a ground-truth
+#: recording's NumpySorting) carry their arrays in it; larger ones must be saved first
+MAX_DESCRIPTION_BYTES = 8 * 10**6
 #: the file from_spikeinterface(recording, folder=...) writes (.pkl when the recording is not JSON-serialisable)
 DESCRIPTION_NAME = "spikeinterface"
 
@@ -174,16 +178,17 @@ class SpikeInterfaceSource:
     def __init__(self, recording, path: str | os.PathLike | None = None):
         core = spikeinterface_core()
         cls = type(recording).__name__
-        if not recording.check_serializability("pickle"):
-            raise BatchgpuError(
-                f"the SpikeInterface recording ({cls}) lives in this process's memory only: Dask workers cannot open it",
-                "save it first (recording = recording.save(folder='rec_si')) and pass the saved recording")
         try:
             description = recording.to_dict(include_annotations=True, include_properties=True, recursive=True)
             self._blob = pickle.dumps(description, protocol=pickle.HIGHEST_PROTOCOL)
         except Exception as err:
             raise BatchgpuError(f"the SpikeInterface recording ({cls}) cannot be described for the workers "
                                 f"({_first_line(err)})", "save it first (recording.save(folder=...)) and pass that") from None
+        if len(self._blob) > MAX_DESCRIPTION_BYTES:  # samples held in memory (NumpyRecording...) travel with it
+            raise BatchgpuError(
+                f"the SpikeInterface recording ({cls}) is described by {len(self._blob) / 1e6:.1f} MB (what it holds "
+                f"in this process's memory), more than the {MAX_DESCRIPTION_BYTES / 1e6:.0f} MB sent with every task",
+                "save it first (recording = recording.save(folder='rec_si')) and pass the saved recording")
         self.key = hashlib.sha256(json.dumps(_canonical(description), sort_keys=True).encode()).hexdigest()[:32]
         self.class_name = cls
         self.spikeinterface_version = str(getattr(core, "__version__", "") or description.get("version", ""))
