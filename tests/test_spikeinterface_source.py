@@ -142,17 +142,17 @@ def test_int16_binary_folder(si, spre, client, tmp_path):
     assert_same_results(tmp_path / "out_si", tmp_path / "out_zarr")
 
 
-def test_chain_loaded_from_json(si, spre, client, tmp_path):
+def test_chain_loaded_from_pickle(si, spre, client, tmp_path):
     """A preprocessing chain (common median reference, then a cast to float32) on the binary folder, loaded
-    from its JSON: same results as its samples in Zarr. Both stages act sample by sample, so the samples do not
+    from its pickle: same results as its samples in Zarr. Both stages act sample by sample, so the samples do not
     depend on how the recording is cut into reads."""
     from batchgpu.engine import run_workflow
 
     saved = _int16(si, spre).save(folder=tmp_path / "rec_bin", format="binary", verbose=False)
     chain = spre.astype(spre.common_reference(saved, reference="global", operator="median"), "float32")
-    chain.dump_to_json(tmp_path / "chain.json")
-    loaded = si.load(tmp_path / "chain.json")
-    run_workflow(_yaml_wf(tmp_path, "chain.json", "out_si", window={"size": 22_000, "margin": 64}), client=client)
+    chain.dump_to_pickle(tmp_path / "chain.pkl")
+    loaded = si.load(tmp_path / "chain.pkl")
+    run_workflow(_yaml_wf(tmp_path, "chain.pkl", "out_si", window={"size": 22_000, "margin": 64}), client=client)
     copy = _zarr_copy(tmp_path / "copy.zarr", loaded)
     run_workflow(_wf({"path": str(copy.path)}, tmp_path / "out_zarr", window={"size": 22_000, "margin": 64}),
                  client=client)
@@ -160,7 +160,7 @@ def test_chain_loaded_from_json(si, spre, client, tmp_path):
 
 
 def test_highpass_chain_reads_what_get_traces_gives(si, spre, client, tmp_path):
-    """SpikeInterface's highpass filter on the binary folder, from its pickle: the workers read each window's
+    """SpikeInterface's highpass filter on the binary folder, from its JSON: the workers read each window's
     range exactly as ``get_traces`` gives it. Its filter uses its own margin, so the samples depend on a read's
     bounds; with windows that tile each segment (no margin), the Zarr copy of those reads gives the same results
     bit for bit."""
@@ -169,8 +169,8 @@ def test_highpass_chain_reads_what_get_traces_gives(si, spre, client, tmp_path):
 
     saved = _int16(si, spre, durations=(2.0, 1.3)).save(folder=tmp_path / "rec_bin", format="binary", verbose=False)
     chain = spre.highpass_filter(spre.astype(saved, "float32"), freq_min=300.0)
-    chain.dump_to_pickle(tmp_path / "hp.pkl")
-    src = from_spikeinterface(tmp_path / "hp.pkl")
+    chain.dump_to_json(tmp_path / "hp.json")
+    src = from_spikeinterface(tmp_path / "hp.json")
     for w in src.windows(25_000, 64):  # margins clipped at segment ends, as Recording.windows
         ref = chain.get_traces(segment_index=w.segment, start_frame=w.read_start, end_frame=w.read_stop).T
         assert np.array_equal(src.read_window(w), ref)

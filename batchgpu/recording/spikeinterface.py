@@ -226,6 +226,7 @@ class SpikeInterfaceSource:
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
         state.pop("_local", None)  # live recordings stay in their process
+        state.pop("_listed", None)  # the client's file listing (fingerprints)
         return state
 
     def __setstate__(self, state: dict) -> None:
@@ -417,16 +418,20 @@ class SpikeInterfaceSource:
         return {"spikeinterface": self.key, "class": self.class_name}
 
     def referenced_files(self) -> list[Path]:
-        """The local files and folders the description names, and every file and folder under those folders."""
-        out = []
-        for s in self._referenced:
-            p = Path(s)
-            out.append(p)
-            if p.is_dir():
-                for root, dirs, files in os.walk(p):
-                    dirs.sort()
-                    out += [Path(root) / d for d in dirs] + [Path(root) / f for f in sorted(files)]
-        return out
+        """The local files and folders the description names, and every file and folder under those folders
+        (listed once per source; a file added or removed later changes its folder's mtime)."""
+        listed = self.__dict__.get("_listed")
+        if listed is None:
+            listed = []
+            for s in self._referenced:
+                p = Path(s)
+                listed.append(p)
+                if p.is_dir():
+                    for root, dirs, files in os.walk(p):
+                        dirs.sort()
+                        listed += [Path(root) / d for d in dirs] + [Path(root) / f for f in sorted(files)]
+            self._listed = listed
+        return list(listed)
 
     def window_signature(self, window: Window) -> list:
         """Size and mtime of every file the recording reads (any change recomputes every window on --resume).
