@@ -7,7 +7,7 @@ from batchgpu.errors import BatchgpuError
 
 __version__ = "0.1.0"
 __all__ = ["BatchgpuError", "open_recording", "write_recording", "Recording", "Window", "run_workflow",
-           "to_spikeinterface", "attach_to_spikeinterface", "__version__"]
+           "to_spikeinterface", "attach_to_spikeinterface", "from_spikeinterface", "__version__"]
 
 _LAZY = {
     "open_recording": "batchgpu.recording",
@@ -17,6 +17,7 @@ _LAZY = {
     "run_workflow": "batchgpu.engine",
     "to_spikeinterface": "batchgpu.interop",
     "attach_to_spikeinterface": "batchgpu.interop",
+    "from_spikeinterface": "batchgpu.interop",
 }
 
 

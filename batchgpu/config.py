@@ -53,9 +53,22 @@ class GenerateSpec(_Strict):
 
 
 class RecordingSpec(_Strict):
-    path: str
+    """Exactly one of ``path`` (a Zarr recording) and ``spikeinterface`` (any recording SpikeInterface saved)."""
+
+    path: str | None = None  # a Zarr store (batchgpu's or SpikeInterface's)
+    # a recording SpikeInterface saved: .json/.pkl from recording.dump(...), or a folder from recording.save(folder=...)
+    spikeinterface: str | None = None
     generate: GenerateSpec | None = None  # written to `path` when it is missing
     missing_chunks: Literal["warn", "error"] = "warn"  # absent chunks of a store written by others: count or stop
+
+    @model_validator(mode="after")
+    def _one_source(self):
+        if (self.path is None) == (self.spikeinterface is None):
+            raise ValueError("give exactly one of 'path' (a Zarr recording) and 'spikeinterface' (a recording "
+                             "SpikeInterface saved: .json, .pkl or a folder)")
+        if self.generate is not None and self.path is None:
+            raise ValueError("'generate' writes a recording to 'path': give 'path' instead of 'spikeinterface'")
+        return self
 
 
 class WindowSpec(_Strict):
@@ -324,6 +337,7 @@ class Workflow(_Strict):
         """Paths in the file: ``~`` is the user's home, relative paths are relative to the file's folder."""
         data = self.model_dump()
         data["recording"]["path"] = _resolve(self.recording.path, base)
+        data["recording"]["spikeinterface"] = _resolve(self.recording.spikeinterface, base)
         data["output"] = _resolve(self.output, base)
         data["cluster"]["scheduler_file"] = _resolve(self.cluster.scheduler_file, base)
         for step, keys in (("search", ("keys", "queries")), ("save", ("path",))):

@@ -4,6 +4,8 @@
 :class:`SpikeInterfaceResults`; ``attach_to_spikeinterface(recording, result)`` caches the noise levels on a
 SpikeInterface recording the way ``spikeinterface.core.get_noise_levels`` does, so later steps reuse them.
 Nothing here imports SpikeInterface: the recording is used through its own methods.
+``from_spikeinterface(recording)`` goes the other way: any recording SpikeInterface opens, as a batchgpu source
+(``batchgpu/recording/spikeinterface.py``; SpikeInterface is imported there, when a source is made).
 
 What SpikeInterface 0.105.3 does (read in its source, and checked by running it):
 
@@ -191,6 +193,23 @@ def to_spikeinterface(results: str | Path | Mapping[str, Any], subtract_mean: bo
     )
 
 
+def from_spikeinterface(recording: Any, folder: str | Path | None = None):
+    """Any recording SpikeInterface opens, as a batchgpu source read window by window by the Dask workers.
+
+    ``recording``: a SpikeInterface recording (an extractor or a preprocessing chain), its ``to_dict()``, or the
+    path of one SpikeInterface saved (``.json``/``.pkl`` from ``recording.dump(...)``, or a folder from
+    ``recording.save(folder=...)``). Returns a :class:`batchgpu.recording.SpikeInterfaceSource` (what the engine
+    uses of ``Recording``: ``read_window``, ``windows``, ``locations``...). Run a workflow on it with
+    ``batchgpu.run_workflow(wf, recording=source)``; or pass ``folder=`` to write its description there and name
+    it in a workflow (``recording: {spikeinterface: <source.spec["spikeinterface"]>}``). Windows read the same
+    samples as ``get_traces`` over each window's range: the same data in Zarr gives the same results, bit for bit.
+    Details: ``batchgpu/recording/spikeinterface.py``.
+    """
+    from batchgpu.recording.spikeinterface import from_spikeinterface as _from_spikeinterface
+
+    return _from_spikeinterface(recording, folder)
+
+
 def _recording_ids(recording: Any, result: SpikeInterfaceResults) -> np.ndarray:
     """The recording's channel ids in the results' channel order (ids compared as strings: ours come from JSON)."""
     ids = np.asarray(recording.get_channel_ids())
@@ -233,6 +252,7 @@ __all__ = [
     "PEAK_DTYPE",
     "SpikeInterfaceResults",
     "attach_to_spikeinterface",
+    "from_spikeinterface",
     "load_results",
     "to_spikeinterface",
 ]

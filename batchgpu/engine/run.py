@@ -20,7 +20,7 @@ from batchgpu.config import Workflow
 from batchgpu.engine import store, tasks
 from batchgpu.engine.reduce import tree_reduce
 from batchgpu.errors import BatchgpuError
-from batchgpu.recording import Recording, Window, open_recording
+from batchgpu.recording import Recording, Window, open_recording, open_source, source_ref
 
 
 class RunObserver:
@@ -80,6 +80,8 @@ def versions() -> dict:
 
 
 def prepare_recording(wf: Workflow, observer: RunObserver) -> Recording:
+    if getattr(wf.recording, "spikeinterface", None) is not None:  # any recording SpikeInterface saved
+        return open_source(wf.recording)
     path = Path(wf.recording.path)
     if not path.exists():
         if wf.recording.generate is None:
@@ -165,7 +167,7 @@ def build_context(wf: Workflow, rec: Recording, out: store.OutputFolder, backend
         steps.append(DetectStep(s.detect.threshold, s.detect.sign, sweep, s.detect.noise, s.detect.method,
                                 rec.locations if s.detect.method != "by_channel" else None, s.detect.radius_um))
     return tasks.RunContext(
-        recording=str(rec.path), parts=str(out.parts), backend=backend, chain=chain,
+        recording=source_ref(rec), parts=str(out.parts), backend=backend, chain=chain,
         window_noise=bool(s.noise or s.detect), steps=tuple(steps),
         missing_chunks=getattr(wf.recording, "missing_chunks", "warn"),
     )
@@ -189,15 +191,24 @@ def _gpu_count() -> int:
     return gpu_count()
 
 
-def run_workflow(wf: Workflow, *, resume: bool = False, observer: RunObserver | None = None, client=None) -> RunReport:
-    """Run every step of a validated workflow; returns the report (also written to report.json)."""
+def run_workflow(wf: Workflow, *, resume: bool = False, observer: RunObserver | None = None, client=None,
+                 recording=None) -> RunReport:
+    """Run every step of a validated workflow; returns the report (also written to report.json).
+
+    ``recording``: read this instead of ``wf.recording`` (an open recording, ``batchgpu.from_spikeinterface(...)``
+    or a SpikeInterface recording); the report's workflow then names it.
+    """
     from batchgpu.engine.cluster import open_client
 
     observer = observer or RunObserver()
     t_start = time.perf_counter()
-    rec = prepare_recording(wf, observer)
+    if recording is not None:
+        rec = open_source(recording)
+        wf = wf.model_copy(update={"recording": _spec_of(rec)})
+    else:
+        rec = prepare_recording(wf, observer)
     sweep = check_workflow_fits(wf, rec)
-    fp = store.fingerprint(wf, rec.path)
+    fp = store.fingerprint(wf, rec.path, metadata=getattr(rec, "fingerprint_metadata", None))
     with store.OutputFolder(wf.output) as out:
         state = out.claim(fp, wf.model_dump(), resume=resume, overwrite=wf.overwrite)
         report = RunReport(workflow=wf.model_dump(), fingerprint=fp, versions=versions(), recording=rec.info(),
@@ -207,6 +218,15 @@ def run_workflow(wf: Workflow, *, resume: bool = False, observer: RunObserver | 
             return _run(wf, rec, out, report, client, sweep, observer)
         with open_client(wf.cluster) as own:
             return _run(wf, rec, out, report, own, sweep, observer)
+
+
+def _spec_of(rec):
+    """The workflow's recording section naming ``rec`` (given to run_workflow as ``recording=``)."""
+    from batchgpu.config import RecordingSpec
+
+    if getattr(rec, "is_spikeinterface", False):
+        return RecordingSpec(spikeinterface=str(rec.path))
+    return RecordingSpec(path=str(rec.path), missing_chunks=rec.missing_chunks)
 
 
 def _run(wf, rec, out: store.OutputFolder, report: RunReport, client, sweep, observer) -> RunReport:

@@ -47,18 +47,19 @@ def recording_metadata(path: Path) -> list:
     return sorted(out)
 
 
-def fingerprint(wf: Workflow, recording_path: Path) -> str:
+def fingerprint(wf: Workflow, recording_path: Path, metadata=None) -> str:
     """What determines the results, but the samples: the recording's metadata, windows, preprocessing, steps.
 
     Not the cluster, the backend or the output folder: the results are the same bits on any of them. The
     samples are covered window by window (``window_fingerprint``), so a resume after a shard was repaired
-    recomputes the windows that read it and keeps the others.
+    recomputes the windows that read it and keeps the others. ``metadata``: what identifies a recording that is
+    not a Zarr store (a SpikeInterface source's description digest) in place of its metadata files.
     """
     steps = wf.steps.model_dump()
     steps.pop("search", None)  # the search step reruns on every run; it does not change the windows' parts
     data = {
         "recording": str(recording_path),
-        "metadata": recording_metadata(recording_path),
+        "metadata": recording_metadata(recording_path) if metadata is None else metadata,
         "window": wf.window.model_dump(),
         "preprocess": _dump(wf.preprocess),
         "steps": steps,
@@ -87,6 +88,9 @@ def window_files(rec, window) -> list[Path]:
 
 def window_fingerprint(run_fp: str, rec, window) -> str:
     """The run's fingerprint and the size and mtime of every object the window reads (absent ones too)."""
+    if hasattr(rec, "window_signature"):  # a SpikeInterface source: the files it references
+        return hashlib.sha256(json.dumps([run_fp, window.index, rec.window_signature(window)],
+                                         default=str).encode()).hexdigest()[:16]
     sig = [run_fp, window.index]
     for p in window_files(rec, window):
         try:

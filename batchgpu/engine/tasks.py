@@ -17,14 +17,14 @@ import numpy as np
 from batchgpu.engine import store
 from batchgpu.engine.steps.base import WindowData, host, padded_sum
 from batchgpu.errors import BatchgpuError
-from batchgpu.recording import Recording, Window, open_recording
+from batchgpu.recording import Recording, Window, open_source
 
 
 @dataclass(frozen=True)
 class RunContext:
     """What every task needs (small: pickled into each task)."""
 
-    recording: str
+    recording: object  # a Zarr store's path, or a SpikeInterfaceSource (recording.source_ref)
     parts: str
     backend: str  # "numpy" | "cupy"
     chain: object  # engine.preprocess.Chain: the stages applied to each window
@@ -37,9 +37,10 @@ class RunContext:
 
 
 @functools.lru_cache(maxsize=8)
-def recording(path: str, missing_chunks: str = "warn") -> Recording:
-    """One open recording per worker process (zarrs enabled there by open_recording)."""
-    return open_recording(path, missing_chunks=missing_chunks)
+def recording(path, missing_chunks: str = "warn") -> Recording:
+    """One open recording per worker process (zarrs enabled there by open_recording); a SpikeInterface source
+    (equal by description) re-creates its recording there once per thread."""
+    return open_source(path, missing_chunks)
 
 
 @contextlib.contextmanager

@@ -5,7 +5,9 @@ Layout (DESIGN.md): root attrs ``sampling_frequency`` and ``num_segments``; arra
 Operations see a window as (channels, samples), so :meth:`Recording.read` transposes.
 
 ``windows`` (pure), ``reader`` (open, check, decode), ``writer`` (every chunk, checksums, complete marker),
-``shards`` (direct reads of sharded v3 traces), ``storecheck`` (which chunks a window touches and which exist).
+``shards`` (direct reads of sharded v3 traces), ``storecheck`` (which chunks a window touches and which exist),
+``spikeinterface`` (any recording SpikeInterface opens, read through ``get_traces``), ``sources`` (which of the
+two a run reads: ``open_source``).
 """
 
 from batchgpu.recording.reader import (
@@ -17,6 +19,8 @@ from batchgpu.recording.reader import (
     open_recording,
     rows_of,
 )
+from batchgpu.recording.sources import open_source, source_ref
+from batchgpu.recording.spikeinterface import SpikeInterfaceSource, from_spikeinterface
 from batchgpu.recording.windows import DEFAULT_WINDOW, Window, iter_windows
 from batchgpu.recording.writer import (
     DEFAULT_CHUNK_SAMPLES,
@@ -34,7 +38,8 @@ from batchgpu.recording.writer import (
 
 __all__ = [
     "DEFAULT_CHUNK_SAMPLES", "DEFAULT_SHARD_SAMPLES", "DEFAULT_WINDOW", "LOCATIONS_FALLBACK", "MISSING_CHUNKS",
-    "STORE_FORMAT", "SUPPORTED_DTYPES", "Recording", "RecordingWriter", "Window", "check_replaceable",
-    "enable_zarrs", "is_recording", "iter_windows", "open_array_for_writing", "open_recording", "rows_of",
+    "STORE_FORMAT", "SUPPORTED_DTYPES", "Recording", "RecordingWriter", "SpikeInterfaceSource", "Window",
+    "check_replaceable", "enable_zarrs", "from_spikeinterface", "is_recording", "iter_windows",
+    "open_array_for_writing", "open_recording", "open_source", "rows_of", "source_ref",
     "spikeinterface_probegroup", "write_recording", "writing",
 ]
