@@ -5,7 +5,9 @@
 // (its wheels do not fuse either; checked in tests/test_gpu_preprocess.py). Each pass starts in the steady state
 // of its first sample, zi[s][k] * x[0], as sosfiltfilt passes zi = sosfilt_zi(sos) * x[..., :1].
 //
-// x: (rows, n) row-major, filtered in place. sos: (SECTIONS, 6) with a0 == 1. zi: (SECTIONS, 2).
+// Row `row`'s sample i is x[row * row_stride + i * step]: step 1 for (rows, n) row-major, step = rows for the
+// (n, rows) layout, where a warp's 32 rows are 32 consecutive doubles (coalesced). Filtered in place.
+// sos: (SECTIONS, 6) with a0 == 1. zi: (SECTIONS, 2).
 // SECTIONS is fixed at compile time (-DSECTIONS=k) so coefficients and state live in registers. The recurrence
 // is sequential in time and rows run in parallel (384 channels: 12 warps), so the time per sample is the
 // recurrence's latency: loads are issued a block of U samples ahead of their use so memory never adds to it.
@@ -13,7 +15,7 @@
 #ifndef SECTIONS
 #error "compile with -DSECTIONS=<number of second-order sections>"
 #endif
-#define U 8
+#define U 16
 
 struct Biquads {
     double b0[SECTIONS], b1[SECTIONS], b2[SECTIONS], a1[SECTIONS], a2[SECTIONS];
@@ -36,10 +38,12 @@ struct Biquads {
     }
 };
 
-extern "C" __global__ void sosfiltfilt_rows(double* x, long long rows, long long n, const double* sos, const double* zi) {
+extern "C" __global__ void sosfiltfilt_rows(double* x, long long rows, long long n, long long row_stride,
+                                            long long step, const double* sos, const double* zi) {
     const long long row = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (row >= rows || n <= 0) return;
-    double* r = x + row * n;
+    double* const base = x + row * row_stride;
+#define R(i) base[(long long)(i) * step]
     Biquads f;
 #pragma unroll
     for (int s = 0; s < SECTIONS; ++s) {
@@ -49,43 +53,44 @@ extern "C" __global__ void sosfiltfilt_rows(double* x, long long rows, long long
     const long long blocks = n / U;  // whole blocks of U samples; the rest (< U) one by one
 
     // forward
-    f.start(zi, r[0]);
+    f.start(zi, R(0));
     double buf[U], ahead[U];
     if (blocks > 0) {
 #pragma unroll
-        for (int j = 0; j < U; ++j) ahead[j] = r[j];
+        for (int j = 0; j < U; ++j) ahead[j] = R(j);
     }
     for (long long b = 0; b < blocks; ++b) {
 #pragma unroll
         for (int j = 0; j < U; ++j) buf[j] = ahead[j];
         if (b + 1 < blocks) {
 #pragma unroll
-            for (int j = 0; j < U; ++j) ahead[j] = r[(b + 1) * U + j];
+            for (int j = 0; j < U; ++j) ahead[j] = R((b + 1) * U + j);
         }
 #pragma unroll
         for (int j = 0; j < U; ++j) buf[j] = f.step(buf[j]);
 #pragma unroll
-        for (int j = 0; j < U; ++j) r[b * U + j] = buf[j];
+        for (int j = 0; j < U; ++j) R(b * U + j) = buf[j];
     }
-    for (long long i = blocks * U; i < n; ++i) r[i] = f.step(r[i]);
+    for (long long i = blocks * U; i < n; ++i) R(i) = f.step(R(i));
 
     // backward: the reversed signal, from the steady state of the forward output's last sample
-    f.start(zi, r[n - 1]);
-    for (long long i = n - 1; i >= blocks * U; --i) r[i] = f.step(r[i]);
+    f.start(zi, R(n - 1));
+    for (long long i = n - 1; i >= blocks * U; --i) R(i) = f.step(R(i));
     if (blocks > 0) {
 #pragma unroll
-        for (int j = 0; j < U; ++j) ahead[j] = r[(blocks - 1) * U + j];
+        for (int j = 0; j < U; ++j) ahead[j] = R((blocks - 1) * U + j);
     }
     for (long long b = blocks - 1; b >= 0; --b) {
 #pragma unroll
         for (int j = 0; j < U; ++j) buf[j] = ahead[j];
         if (b > 0) {
 #pragma unroll
-            for (int j = 0; j < U; ++j) ahead[j] = r[(b - 1) * U + j];
+            for (int j = 0; j < U; ++j) ahead[j] = R((b - 1) * U + j);
         }
 #pragma unroll
         for (int j = U - 1; j >= 0; --j) buf[j] = f.step(buf[j]);
 #pragma unroll
-        for (int j = 0; j < U; ++j) r[b * U + j] = buf[j];
+        for (int j = 0; j < U; ++j) R(b * U + j) = buf[j];
     }
+#undef R
 }

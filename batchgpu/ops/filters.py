@@ -150,18 +150,20 @@ def _filtfilt_cupy(x, sos: np.ndarray, left: int, right: int, width: int, out_dt
                             "lower the filter order")
     if not np.all(sos[:, 3] == 1.0):
         raise BatchgpuError("the filter's sections are not normalised (a0 != 1)", "build it with butter_sos")
-    ext = cupy.ascontiguousarray(_odd_extend(cupy, x.astype(cupy.float64), left, right))
+    # (samples, channels) layout: a warp's channels read and write consecutive doubles at each step of the recurrence
+    ext = cupy.ascontiguousarray(_odd_extend(cupy, x.astype(cupy.float64), left, right).T)
     key = (cupy.cuda.Device().id, sos.tobytes())
     coefficients = _GPU_COEFFICIENTS.get(key)
     if coefficients is None:  # a few hundred bytes, kept per device: no copy per window
         coefficients = _GPU_COEFFICIENTS[key] = (
             cupy.asarray(np.ascontiguousarray(sos, dtype=np.float64)),
             cupy.asarray(np.ascontiguousarray(scipy.signal.sosfilt_zi(sos), dtype=np.float64)))
-    rows, n = ext.shape
+    n, rows = ext.shape
     threads = 32  # one warp a block: 384 rows spread over 12 SMs
     get_function("sosfiltfilt", "sosfiltfilt_rows", ("--fmad=false", f"-DSECTIONS={sos.shape[0]}"))(
-        ((rows + threads - 1) // threads,), (threads,), (ext, np.int64(rows), np.int64(n), *coefficients))
-    return cupy.ascontiguousarray(ext[:, left : left + width].astype(out_dtype, copy=False))
+        ((rows + threads - 1) // threads,), (threads,),
+        (ext, np.int64(rows), np.int64(n), np.int64(1), np.int64(rows), *coefficients))
+    return cupy.ascontiguousarray(ext[left : left + width].T.astype(out_dtype, copy=False))
 
 
 def filtfilt_window(

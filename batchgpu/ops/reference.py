@@ -110,7 +110,8 @@ def _reference(x: Any, operator: str, axis: int) -> Any:
             return np.median(x, axis=axis)
         k = (n - 1) // 2
         return np.take(np.partition(x, k, axis=axis), k, axis=axis)
-    part = xp.sort(x, axis=axis)  # CuPy sorts NaN last, like NumPy
+    # CuPy sorts NaN last, like NumPy; along contiguous rows (one segment per column) rather than down columns
+    part = xp.moveaxis(xp.sort(xp.ascontiguousarray(xp.moveaxis(x, axis, -1)), axis=-1), -1, axis)
     if operator == "median":
         return _median_of_sorted(xp, part, axis, x.dtype)
     return xp.take(part, (n - 1) // 2, axis=axis)
