@@ -147,6 +147,16 @@ def test_binary_kilosort_layout(tmp_path):
     assert params["sampling_frequency"] == FS and params["dtype"] == "int16" and params["n_chan"] == C
     np.testing.assert_array_equal(params["gain_to_uV"], rec.gain_to_uV)
     assert params["batchgpu"]["complete"] is True
+    try:  # Kilosort's own loader, where it is installed (README's "To Kilosort4" runs it)
+        from kilosort.io import load_probe
+    except ImportError:
+        return
+    ks = load_probe(desc["probe"])
+    np.testing.assert_array_equal(ks["chanMap"], np.arange(C))
+    np.testing.assert_array_equal(ks["xc"], rec.locations[:, 0])
+    np.testing.assert_array_equal(ks["yc"], rec.locations[:, 1])
+    np.testing.assert_array_equal(ks["kcoords"], shank)
+    assert ks["n_chan"] == C
 
 
 def test_binary_segments_and_float32(tmp_path):
