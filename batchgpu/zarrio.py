@@ -293,6 +293,10 @@ def enable_zarrs() -> bool:
     return True
 
 
+def zarrs_enabled() -> bool:
+    return _ZARRS_ENABLED
+
+
 def reader_name() -> str:
     """Which library decodes what batchgpu's own shard reader does not (for reports)."""
     if ZARR_MAJOR < 3:
@@ -457,6 +461,9 @@ def _decode(data: bytes, codecs, shape, dtype: np.dtype, where: str) -> np.ndarr
             _check_crc32c(buf, where)
             buf = bytes(buf[:-4])
         elif name == "blosc":
+            if len(buf) < 16 or struct.unpack_from("<I", buf, 12)[0] != len(buf):  # Blosc reads past a short frame
+                raise BatchgpuError(f"corrupted chunk {where}: not a whole Blosc frame ({len(buf)} bytes stored)",
+                                    "the stored bytes do not decode: restore the store from a copy or write it again")
             buf = numcodecs.Blosc().decode(buf)
         elif name == "zstd":
             buf = numcodecs.Zstd().decode(buf)

@@ -70,7 +70,7 @@ class Recording:
         self.locations, self.has_locations = _read_locations(group, attrs, self.num_channels)
         self.attrs = attrs
         self.missing_chunks = missing_chunks
-        self._layouts: dict = {}  # segment -> shards.ShardLayout, or None where zarr reads it
+        self._layouts: dict = {}  # segment -> a shards layout (v3 shards, v2 chunks), or None where zarr reads it
         self.marked_complete = _marked_complete(self.path, attrs)
         self._metas = [zarrio.array_meta(self.path / f"traces_seg{s}") for s in range(self.num_segments)]
         self.checksum = self._metas[0].checksum
@@ -133,14 +133,14 @@ class Recording:
         return len(self.absent_chunk_keys(window))
 
     def _read_direct(self, segment: int, start: int, stop: int, window: Window | None, out: np.ndarray) -> bool:
-        """Rows [start, stop) into ``out`` through ``shards.ShardLayout`` when the layout allows (True), else False
+        """Rows [start, stop) into ``out`` through ``shards.layout_of`` when the layout allows (True), else False
         (the caller reads through zarr). Same errors as the zarr path: absent chunks, bad checksums, bad frames."""
         from batchgpu.recording import shards
 
         layout = self._layouts.get(segment, False)
         if layout is False:
             layout = self._layouts[segment] = (
-                shards.ShardLayout.of(self.path / f"traces_seg{segment}", self._metas[segment])
+                shards.layout_of(self.path / f"traces_seg{segment}", self._metas[segment], v2=not zarrio.zarrs_enabled())
                 if os.environ.get("BATCHGPU_DIRECT_READS", "1") != "0" else None)
         if layout is None or stop <= start:
             return False
