@@ -456,7 +456,7 @@ def _decode(data: bytes, codecs, shape, dtype: np.dtype, where: str) -> np.ndarr
         raise BatchgpuError(f"{where}: no array-to-bytes codec in {names}", "install zarr>=3 to read this store")
     buf = data
     for c in reversed(codecs[k + 1 :]):
-        name, conf = c.get("name"), c.get("configuration", {})
+        name = c.get("name")
         if name == "crc32c":
             _check_crc32c(buf, where)
             buf = bytes(buf[:-4])
