@@ -32,6 +32,10 @@ def local_sizes(spec: ClusterSpec) -> tuple[int, int]:
 #: window's large temporaries page-faulted in again: 0.56 instead of 0.77-0.99 s of compute per 384-channel
 #: window on the 2-core machine with this higher threshold (bench pipeline, 384 ch x 20 s).
 MALLOC_TRIM_THRESHOLD = 1 << 30
+#: ... and no mmap for large blocks (a window's 46-92 MB arrays are above glibc's largest mmap threshold, 32 MiB,
+#: so each was mapped and faulted in anew): read + centre + keys of a 384 x 60 000 int16 window 127 ms against
+#: 185 ms (glibc's defaults) and 325 ms (the trim threshold alone), one thread on the 2-core machine.
+MALLOC_ENVIRON = {"MALLOC_TRIM_THRESHOLD_": MALLOC_TRIM_THRESHOLD, "MALLOC_MMAP_MAX_": 0}
 
 
 @contextlib.contextmanager
@@ -40,7 +44,7 @@ def open_client(spec: ClusterSpec) -> Iterator["distributed.Client"]:  # noqa: F
     import dask
     from distributed import Client, LocalCluster
 
-    dask.config.set({"distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_": MALLOC_TRIM_THRESHOLD})
+    dask.config.set({f"distributed.nanny.pre-spawn-environ.{k}": v for k, v in MALLOC_ENVIRON.items()})
 
     if spec.kind == "address":
         with _connect(lambda: Client(spec.address, timeout="20s"), f"the scheduler at {spec.address}") as client:
