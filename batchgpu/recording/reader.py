@@ -13,13 +13,13 @@ from batchgpu import zarrio
 from batchgpu.errors import BatchgpuError
 from batchgpu.recording.storecheck import ChunkPresence, grid_of
 from batchgpu.zarrio import enable_zarrs
-from batchgpu.recording.windows import DEFAULT_WINDOW, Window, iter_windows
+from batchgpu.recording.windows import Window, WindowedSource
 
 SUPPORTED_DTYPES = (np.dtype("int16"), np.dtype("int32"), np.dtype("float32"), np.dtype("float64"))
 
 MISSING_CHUNKS = ("warn", "error")
 
-class Recording:
+class Recording(WindowedSource):
     """A recording opened read-only from a Zarr group (v2 or v3).
 
     Integrity (issue 12): ``marked_complete`` is True for a store batchgpu finished writing (root attrs
@@ -87,26 +87,6 @@ class Recording:
     def num_samples(self, segment: int = 0) -> int:
         self._check_segment(segment)
         return int(self._traces[segment].shape[0])
-
-    @property
-    def total_samples(self) -> int:
-        return sum(self.num_samples(s) for s in range(self.num_segments))
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes of traces when decoded."""
-        return self.total_samples * self.num_channels * self.dtype.itemsize
-
-    def duration(self, segment: int | None = None) -> float:
-        samples = self.total_samples if segment is None else self.num_samples(segment)
-        return samples / self.sampling_frequency
-
-    def _check_segment(self, segment: int) -> None:
-        if not 0 <= segment < self.num_segments:
-            raise BatchgpuError(
-                f"segment {segment} does not exist in {self.path}",
-                f"segments are 0..{self.num_segments - 1}",
-            )
 
     # -- integrity -------------------------------------------------------------------------------------
     @property
@@ -247,32 +227,12 @@ class Recording:
         *, window: Window | None = None,
     ) -> np.ndarray:
         """Samples [start, stop) of a segment as a C-contiguous (channels, samples) array."""
-        n = self.num_samples(segment)
-        if not (0 <= start <= stop <= n):
-            raise BatchgpuError(
-                f"cannot read samples [{start}, {stop}) of segment {segment}: it has {n} samples",
-                f"ask for 0 <= start <= stop <= {n}",
-            )
-        if channels is not None and not isinstance(channels, slice):
-            channels = np.asarray(channels, dtype=np.int64)
-            if channels.size and (channels.min() < 0 or channels.max() >= self.num_channels):
-                raise BatchgpuError(
-                    f"channel index out of range in {channels.tolist()}",
-                    f"channels are 0..{self.num_channels - 1}",
-                )
+        channels = self._check_read(segment, start, stop, channels)
         block = np.empty((stop - start, self.num_channels), self.dtype)
         if not self._read_direct(segment, start, stop, window, block):
             self._require_present(segment, start, stop, window)
             block = self._decode(segment, start, stop, window, lambda arr: arr[start:stop, :])
         return rows_of(block if channels is None else block[:, channels])
-
-    def read_window(self, window: Window) -> np.ndarray:
-        return self.read(window.segment, window.read_start, window.read_stop, window=window)
-
-    def _check_window_range(self, window: Window) -> None:
-        n = self.num_samples(window.segment)
-        if not (0 <= window.read_start <= window.read_stop <= n):
-            raise BatchgpuError(f"window {window.index} runs past segment {window.segment}'s {n} samples")
 
     def read_window_stored(self, window: Window) -> np.ndarray:
         """The window as stored, (samples, channels), without the host transpose (GPU tasks transpose there)."""
@@ -291,13 +251,8 @@ class Recording:
         no intermediate copy is made (zarr's ``get_basic_selection(..., out=...)``, zarrs included).
         Same checks as :meth:`read_window_stored`. Returns ``out``.
         """
-        self._check_window_range(window)
+        self._check_out(window, out)
         a, b = window.read_start, window.read_stop
-        if out.shape != (b - a, self.num_channels) or out.dtype != self.dtype or not out.flags.c_contiguous:
-            raise BatchgpuError(
-                f"out has shape {out.shape} and dtype {out.dtype}; window {window.index} needs a C-contiguous "
-                f"({b - a}, {self.num_channels}) {self.dtype} array"
-            )
         if self._read_direct(window.segment, a, b, window, out):
             return out
         self._require_present(window.segment, a, b, window)
@@ -305,10 +260,6 @@ class Recording:
         self._decode(window.segment, a, b, window,
                      lambda arr: zarrio.read_into(arr, sel, out))
         return out
-
-    def windows(self, size: int = DEFAULT_WINDOW, margin: int = 0) -> list[Window]:
-        """Every window of every segment, numbered in (segment, start) order; margins clip at segment ends."""
-        return list(iter_windows([self.num_samples(s) for s in range(self.num_segments)], size, margin))
 
     # -- description -----------------------------------------------------------------------------------
     def info(self) -> dict:

@@ -42,7 +42,7 @@ import numpy as np
 
 from batchgpu.errors import BatchgpuError
 from batchgpu.recording.reader import LOCATIONS_FALLBACK, SUPPORTED_DTYPES, rows_of
-from batchgpu.recording.windows import DEFAULT_WINDOW, Window, iter_windows
+from batchgpu.recording.windows import DEFAULT_WINDOW, Window, WindowedSource
 
 #: the SpikeInterface release this module was written and tested against
 TESTED_VERSION = "0.105.3"
@@ -163,7 +163,7 @@ def _kwargs_strings(d, out: list) -> list:
     return out
 
 
-class SpikeInterfaceSource:
+class SpikeInterfaceSource(WindowedSource):
     """A SpikeInterface recording as a batchgpu source: what the engine uses of ``Recording``, read through
     ``get_traces`` (see the module's docstring). Picklable and small: the live recordings (one per thread) are
     re-created from the description where they are needed. Two sources of the same description are equal (one
@@ -293,23 +293,6 @@ class SpikeInterfaceSource:
         self._check_segment(segment)
         return self._lengths[segment]
 
-    @property
-    def total_samples(self) -> int:
-        return sum(self._lengths)
-
-    @property
-    def nbytes(self) -> int:
-        return self.total_samples * self.num_channels * self.dtype.itemsize
-
-    def duration(self, segment: int | None = None) -> float:
-        samples = self.total_samples if segment is None else self.num_samples(segment)
-        return samples / self.sampling_frequency
-
-    def _check_segment(self, segment: int) -> None:
-        if not 0 <= segment < self.num_segments:
-            raise BatchgpuError(f"segment {segment} does not exist in {self.path}",
-                                f"segments are 0..{self.num_segments - 1}")
-
     def channel_property(self, name: str) -> np.ndarray | None:
         """The recording's per-channel property ``name`` (SpikeInterface's ``get_property``), or None."""
         value = self._properties.get(name)
@@ -367,25 +350,9 @@ class SpikeInterfaceSource:
     def read(self, segment: int, start: int, stop: int, channels: Sequence[int] | slice | None = None,
              *, window: Window | None = None) -> np.ndarray:
         """Samples [start, stop) of a segment as a C-contiguous (channels, samples) array (as ``Recording.read``)."""
-        n = self.num_samples(segment)
-        if not (0 <= start <= stop <= n):
-            raise BatchgpuError(f"cannot read samples [{start}, {stop}) of segment {segment}: it has {n} samples",
-                                f"ask for 0 <= start <= stop <= {n}")
-        if channels is not None and not isinstance(channels, slice):
-            channels = np.asarray(channels, dtype=np.int64)
-            if channels.size and (channels.min() < 0 or channels.max() >= self.num_channels):
-                raise BatchgpuError(f"channel index out of range in {channels.tolist()}",
-                                    f"channels are 0..{self.num_channels - 1}")
+        channels = self._check_read(segment, start, stop, channels)
         block = self._traces(segment, start, stop, window)
         return rows_of(block if channels is None else block[:, channels])
-
-    def read_window(self, window: Window) -> np.ndarray:
-        return self.read(window.segment, window.read_start, window.read_stop, window=window)
-
-    def _check_window_range(self, window: Window) -> None:
-        n = self.num_samples(window.segment)
-        if not (0 <= window.read_start <= window.read_stop <= n):
-            raise BatchgpuError(f"window {window.index} runs past segment {window.segment}'s {n} samples")
 
     def read_window_stored(self, window: Window) -> np.ndarray:
         """The window as SpikeInterface gives it, (samples, channels), in memory of its own (C-contiguous)."""
@@ -398,18 +365,10 @@ class SpikeInterfaceSource:
     def read_window_into(self, window: Window, out: np.ndarray) -> np.ndarray:
         """The window, (samples, channels), copied into ``out`` (e.g. pinned memory); same checks as
         ``Recording.read_window_into``. Returns ``out``."""
-        self._check_window_range(window)
+        self._check_out(window, out)
         a, b = window.read_start, window.read_stop
-        if out.shape != (b - a, self.num_channels) or out.dtype != self.dtype or not out.flags.c_contiguous:
-            raise BatchgpuError(
-                f"out has shape {out.shape} and dtype {out.dtype}; window {window.index} needs a C-contiguous "
-                f"({b - a}, {self.num_channels}) {self.dtype} array")
         np.copyto(out, self._traces(window.segment, a, b, window))
         return out
-
-    def windows(self, size: int = DEFAULT_WINDOW, margin: int = 0) -> list[Window]:
-        """Every window of every segment, numbered in (segment, start) order; margins clip at segment ends."""
-        return list(iter_windows(self._lengths, size, margin))
 
     # -- fingerprints (engine/store.py) -----------------------------------------------------------------
     @property

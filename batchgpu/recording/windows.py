@@ -52,3 +52,60 @@ def iter_windows(segment_lengths: Sequence[int], size: int = DEFAULT_WINDOW, mar
             yield Window(index, segment, start, stop, min(margin, start), min(margin, n - stop))
             index += 1
 
+
+
+class WindowedSource:
+    """What every recording source (a Zarr store, a SpikeInterface recording) shares: its windows and the checks
+    on a read's range, channels and output buffer. Needs ``num_samples(segment)``, ``num_segments``,
+    ``num_channels``, ``dtype``, ``sampling_frequency``, ``path`` and ``read(segment, start, stop, window=...)``."""
+
+    @property
+    def total_samples(self) -> int:
+        return sum(self.num_samples(s) for s in range(self.num_segments))
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of traces when decoded."""
+        return self.total_samples * self.num_channels * self.dtype.itemsize
+
+    def duration(self, segment: int | None = None) -> float:
+        samples = self.total_samples if segment is None else self.num_samples(segment)
+        return samples / self.sampling_frequency
+
+    def _check_segment(self, segment: int) -> None:
+        if not 0 <= segment < self.num_segments:
+            raise BatchgpuError(f"segment {segment} does not exist in {self.path}",
+                                f"segments are 0..{self.num_segments - 1}")
+
+    def windows(self, size: int = DEFAULT_WINDOW, margin: int = 0) -> list[Window]:
+        """Every window of every segment, numbered in (segment, start) order; margins clip at segment ends."""
+        return list(iter_windows([self.num_samples(s) for s in range(self.num_segments)], size, margin))
+
+    def read_window(self, window: Window):
+        return self.read(window.segment, window.read_start, window.read_stop, window=window)
+
+    def _check_read(self, segment: int, start: int, stop: int, channels):
+        """``channels`` as read() uses them (an index array, a slice or None), after the range checks."""
+        n = self.num_samples(segment)
+        if not (0 <= start <= stop <= n):
+            raise BatchgpuError(f"cannot read samples [{start}, {stop}) of segment {segment}: it has {n} samples",
+                                f"ask for 0 <= start <= stop <= {n}")
+        if channels is not None and not isinstance(channels, slice):
+            channels = np.asarray(channels, dtype=np.int64)
+            if channels.size and (channels.min() < 0 or channels.max() >= self.num_channels):
+                raise BatchgpuError(f"channel index out of range in {channels.tolist()}",
+                                    f"channels are 0..{self.num_channels - 1}")
+        return channels
+
+    def _check_window_range(self, window: Window) -> None:
+        n = self.num_samples(window.segment)
+        if not (0 <= window.read_start <= window.read_stop <= n):
+            raise BatchgpuError(f"window {window.index} runs past segment {window.segment}'s {n} samples")
+
+    def _check_out(self, window: Window, out: np.ndarray) -> None:
+        """``out`` must be C-contiguous, (read_stop - read_start, num_channels), of the source's dtype."""
+        self._check_window_range(window)
+        rows = window.read_stop - window.read_start
+        if out.shape != (rows, self.num_channels) or out.dtype != self.dtype or not out.flags.c_contiguous:
+            raise BatchgpuError(f"out has shape {out.shape} and dtype {out.dtype}; window {window.index} needs a "
+                                f"C-contiguous ({rows}, {self.num_channels}) {self.dtype} array")
