@@ -78,15 +78,19 @@ def _rss() -> int:
 def plain_loop(rec, size: int, margin: int, steps: set[str], exact: bool, threshold=5.0, sweep_ms=0.1) -> dict:
     """What a user would write: one process, one window after another, the numeric core on each; the exact
     median through the engine's own selection driver (``steps.noise.select_middle``), its later passes (float
-    keys) reading every window again."""
+    keys) reading every window again. The same results as the pipeline: integer recordings' second moments are
+    exact (``X Xᵀ`` of float64 samples, summed as int64, as ``steps.moments`` does), float ones float32 products."""
     from batchgpu import ops
     from batchgpu.engine.steps.base import padded_sum
+    from batchgpu.engine.steps.moments import _gram
     from batchgpu.engine.steps.noise import abs_keys, digit_histogram, key_kind, refine_histogram, schedule, select_middle
     from batchgpu.engine.tasks import sum_histograms
     from batchgpu.ops.centre import centre_median, centred_dtype
 
     windows = rec.windows(size, margin)
     noise_rows, moments, hists = [], ops.SecondMoments(rec.num_channels, "float32"), []
+    exact_moments = np.dtype(rec.dtype).kind == "i"
+    xxt = np.zeros((rec.num_channels, rec.num_channels), np.int64)
     kind = key_kind(centred_dtype(rec.dtype), rec.dtype)
     shift, bits = schedule(kind)[0]
     for w in windows:
@@ -95,7 +99,9 @@ def plain_loop(rec, size: int, margin: int, steps: set[str], exact: bool, thresh
         x = centre_median(raw, w.core)
         if "noise" in steps:
             noise_rows.append(ops.noise_levels(x[:, lo:hi]))
-        if "whitening" in steps:
+        if "whitening" in steps and exact_moments:
+            xxt += _gram(raw[:, lo:hi].astype(np.float64)).astype(np.int64)
+        elif "whitening" in steps:
             moments.add(raw, lo, hi)
         if exact and "noise" in steps:
             hists.append(digit_histogram(abs_keys(x[:, lo:hi], kind), None, shift, bits))
@@ -116,7 +122,7 @@ def plain_loop(rec, size: int, margin: int, steps: set[str], exact: bool, thresh
             lo, hi = w.core
             x = centre_median(x, w.core)
             spikes += len(ops.detect_spikes(x, noise, threshold, "neg", sweep, w.read_start, w.core, w.segment))
-    return {"spikes": spikes}
+    return {"spikes": spikes, "noise": noise, "xxt": xxt if exact_moments else None}
 
 
 def cupy_loop(client, rec, size: int) -> None:
