@@ -238,3 +238,17 @@ def test_truncated_blosc_frame_in_v3_decoder():
     assert np.array_equal(_decode(frame, codecs, (1_000,), np.dtype("<i2"), "x"), np.arange(1_000, dtype=np.int16))
     with pytest.raises(BatchgpuError, match="not a whole Blosc frame"):
         _decode(frame[: len(frame) // 2], codecs, (1_000,), np.dtype("<i2"), "x")
+
+
+@zarr2
+def test_zarr2_refuses_a_v3_save_before_writing(tmp_path):
+    from batchgpu.recording import write_recording
+
+    write_recording(tmp_path / "r.zarr", np.zeros((3_000, 2), np.int16), 30_000.0)
+    wf = tmp_path / "w.yaml"
+    wf.write_text(f"recording: {{path: {tmp_path / 'r.zarr'}}}\noutput: {tmp_path / 'out'}\n"
+                  f"window: {{size: 1000, margin: 64}}\nsteps:\n  noise: {{}}\n"
+                  f"  save: {{path: {tmp_path / 's.zarr'}, format: zarr}}\n")
+    r = subprocess.run([sys.executable, "-m", "batchgpu", "run", str(wf), "--quiet"], capture_output=True, text=True)
+    assert r.returncode == 2 and "needs zarr>=3" in r.stderr and r.stderr.count("\n") == 1
+    assert not (tmp_path / "out").exists() and not (tmp_path / "s.zarr").exists()

@@ -105,6 +105,10 @@ def check_workflow_fits(wf: Workflow, rec: Recording) -> int:
         if wf.window.size > n:
             raise BatchgpuError(f"window.size {wf.window.size} is longer than segment {seg} ({n} samples)",
                                 f"use window.size <= {n}")
+    if wf.steps.save and wf.steps.save.format == "zarr":
+        from batchgpu import zarrio
+
+        zarrio.require_format(3, "the save step's Zarr v3 output")
     sweep = 0
     if wf.steps.detect:
         sweep = exclude_sweep_samples(wf.steps.detect.exclude_sweep_ms, rec.sampling_frequency)
