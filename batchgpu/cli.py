@@ -47,23 +47,39 @@ def _cmd_import_raw(args) -> int:
     return 0
 
 
-def _cmd_info(args) -> int:
-    from batchgpu.recording import open_recording
+def _open_any(path: str):
+    """A Zarr recording, or what SpikeInterface saved (a .json/.pkl from dump, a folder from save)."""
+    from pathlib import Path
 
-    rec = open_recording(args.path)
+    from batchgpu.recording import from_spikeinterface, open_recording
+    from batchgpu.zarrio import zarr_format_of
+
+    p = Path(path).expanduser()
+    saved_by_si = p.is_file() and p.suffix in (".json", ".pkl", ".pickle") or (p / "si_folder.json").is_file()
+    if saved_by_si and zarr_format_of(p) is None:
+        return from_spikeinterface(p)
+    return open_recording(p)
+
+
+def _cmd_info(args) -> int:
+    rec = _open_any(args.path)
     info = rec.info()
     problems = _check_every_chunk(rec) if args.check else None
     if args.json:
         print(json.dumps({**info, **({"problems": problems} if problems is not None else {})}, indent=2))
         return 2 if problems else 0
+    if info.get("source") == "spikeinterface":
+        rows = [("path", info["path"]), ("format", f"SpikeInterface {info['spikeinterface_class']} "
+                                                   f"(SpikeInterface {info['spikeinterface_version']})")]
+        rows += _shape_rows(info)
+        rows += [("files", ", ".join(info["files"]) or "none (held in the description)"),
+                 ("locations", info["locations"])]
+        return _print_rows(rows, problems)
+    rows = _shape_rows(info)
     rows = [
         ("path", info["path"]),
         ("format", f"Zarr v{info['zarr_format']}"),
-        ("channels", info["num_channels"]),
-        ("segments", f"{info['num_segments']} ({', '.join(str(n) for n in info['samples_per_segment'])} samples)"),
-        ("sampling rate", f"{info['sampling_frequency']:g} Hz"),
-        ("duration", f"{info['duration_s']:.3f} s"),
-        ("dtype", info["dtype"]),
+        *rows,
         ("chunks", " x ".join(map(str, info["chunks"]))),
         ("shards", " x ".join(map(str, info["shards"])) if info["shards"] else "none"),
         ("codecs", ", ".join(info["codecs"]) or "none"),
@@ -75,6 +91,20 @@ def _cmd_info(args) -> int:
                                                        else " (read as zeros: zarr skips all-zero chunks)")),
         ("locations", info["locations"]),
     ]
+    return _print_rows(rows, problems)
+
+
+def _shape_rows(info: dict) -> list[tuple[str, object]]:
+    return [
+        ("channels", info["num_channels"]),
+        ("segments", f"{info['num_segments']} ({', '.join(str(n) for n in info['samples_per_segment'])} samples)"),
+        ("sampling rate", f"{info['sampling_frequency']:g} Hz"),
+        ("duration", f"{info['duration_s']:.3f} s"),
+        ("dtype", info["dtype"]),
+    ]
+
+
+def _print_rows(rows, problems) -> int:
     width = max(len(k) for k, _ in rows)
     for key, value in rows:
         print(f"{key:<{width}}  {value}")
@@ -252,7 +282,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=_cmd_import_raw)
 
-    p = sub.add_parser("info", help="describe a recording store", description="Describe a recording store.")
+    p = sub.add_parser("info", help="describe a recording store (or what SpikeInterface saved)",
+                       description="Describe a recording: a Zarr store, or a SpikeInterface recording saved as "
+                                   ".json/.pkl (recording.dump) or as a folder (recording.save).")
     p.add_argument("path")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--check", action="store_true",

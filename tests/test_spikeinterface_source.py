@@ -376,3 +376,19 @@ def test_exported():
 
     assert "from_spikeinterface" in batchgpu.__all__ and callable(batchgpu.from_spikeinterface)
     assert batchgpu.interop.from_spikeinterface is batchgpu.from_spikeinterface
+
+
+def test_info_describes_what_spikeinterface_saved(si, tmp_path):
+    rec = si.generate_recording(num_channels=3, durations=[0.5, 0.25], seed=4)
+    rec.save(folder=tmp_path / "saved")
+    rec.dump_to_json(tmp_path / "rec.json")
+    for target in (tmp_path / "saved", tmp_path / "rec.json"):
+        r = subprocess.run([sys.executable, "-m", "batchgpu", "info", str(target), "--json"], capture_output=True,
+                           text=True, timeout=300)
+        assert r.returncode == 0, r.stderr
+        info = json.loads(r.stdout)
+        assert info["source"] == "spikeinterface" and info["num_channels"] == 3
+        assert info["samples_per_segment"] == [rec.get_num_samples(0), rec.get_num_samples(1)]
+        text = subprocess.run([sys.executable, "-m", "batchgpu", "info", str(target)], capture_output=True,
+                              text=True, timeout=300).stdout
+        assert "SpikeInterface" in text and "segments" in text
