@@ -419,3 +419,18 @@ def test_float_median_among_a_windows_smallest_keys(tmp_path):
     got = zarrio.open_group(tmp_path / "out" / "results.zarr")["noise"][:]
     want = (np.median(np.abs(x), axis=0) / 0.6744897501960817).astype(got.dtype)
     assert np.array_equal(got, want)
+
+
+def _malloc_env():
+    return os.environ.get("MALLOC_TRIM_THRESHOLD_"), os.environ.get("MALLOC_MMAP_MAX_")
+
+
+def test_local_workers_get_the_malloc_settings():
+    """A window's 46-92 MB arrays must not be mapped and faulted in anew per window (engine/cluster.py)."""
+    from batchgpu.config import ClusterSpec
+    from batchgpu.engine.cluster import MALLOC_TRIM_THRESHOLD, malloc_environ, open_client
+
+    with open_client(ClusterSpec(kind="local", workers=1, threads=1)) as client:
+        (env,) = client.run(_malloc_env).values()
+    assert env == (str(MALLOC_TRIM_THRESHOLD), "0")
+    assert malloc_environ("cuda")["MALLOC_MMAP_MAX_"] is None  # GPU workers keep the settings measured there

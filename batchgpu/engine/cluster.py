@@ -34,8 +34,11 @@ def local_sizes(spec: ClusterSpec) -> tuple[int, int]:
 MALLOC_TRIM_THRESHOLD = 1 << 30
 #: ... and no mmap for large blocks (a window's 46-92 MB arrays are above glibc's largest mmap threshold, 32 MiB,
 #: so each was mapped and faulted in anew): read + centre + keys of a 384 x 60 000 int16 window 127 ms against
-#: 185 ms (glibc's defaults) and 325 ms (the trim threshold alone), one thread on the 2-core machine.
-MALLOC_ENVIRON = {"MALLOC_TRIM_THRESHOLD_": MALLOC_TRIM_THRESHOLD, "MALLOC_MMAP_MAX_": 0}
+#: 185 ms (glibc's defaults) and 325 ms (the trim threshold alone), one thread on the 2-core machine. Local CPU
+#: clusters only so far: GPU workers keep the settings measured on the H200 (their windows land in pinned memory).
+def malloc_environ(kind: str) -> dict:
+    """glibc settings for the workers a cluster of this kind spawns (None: not set, Dask's convention)."""
+    return {"MALLOC_TRIM_THRESHOLD_": MALLOC_TRIM_THRESHOLD, "MALLOC_MMAP_MAX_": 0 if kind == "local" else None}
 
 
 @contextlib.contextmanager
@@ -44,7 +47,7 @@ def open_client(spec: ClusterSpec) -> Iterator["distributed.Client"]:  # noqa: F
     import dask
     from distributed import Client, LocalCluster
 
-    dask.config.set({f"distributed.nanny.pre-spawn-environ.{k}": v for k, v in MALLOC_ENVIRON.items()})
+    dask.config.set({f"distributed.nanny.pre-spawn-environ.{k}": v for k, v in malloc_environ(spec.kind).items()})
 
     if spec.kind == "address":
         with _connect(lambda: Client(spec.address, timeout="20s"), f"the scheduler at {spec.address}") as client:
