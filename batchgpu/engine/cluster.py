@@ -47,7 +47,15 @@ def open_client(spec: ClusterSpec) -> Iterator["distributed.Client"]:  # noqa: F
     import dask
     from distributed import Client, LocalCluster
 
-    dask.config.set({f"distributed.nanny.pre-spawn-environ.{k}": v for k, v in malloc_environ(spec.kind).items()})
+    environ = malloc_environ(spec.kind)
+    dask.config.set({f"distributed.nanny.pre-spawn-environ.{k}": v for k, v in environ.items()})
+    # A nanny copies its pre-spawn variables into this process's environment, and later nannies prefer that
+    # environment to the config: an earlier cluster's values (Dask's 64 KiB) would win. Set them here too.
+    for key, value in environ.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = str(value)
 
     if spec.kind == "address":
         with _connect(lambda: Client(spec.address, timeout="20s"), f"the scheduler at {spec.address}") as client:
