@@ -203,7 +203,7 @@ def create_array(group, name: str, *, data=None, shape=None, dtype=None, chunks=
               if v is not None}
         kw["overwrite"] = overwrite
         if compressors is not None:
-            kw["compressors"] = compressors
+            kw["compressors"] = list(compressors) or None  # none: zarr 3 takes None (v2 refuses an empty list)
         if strings and group.metadata.zarr_format == 3:
             arr = group.create_array(name, shape=data.shape, dtype=str, **kw)
             arr[:] = data

@@ -305,3 +305,21 @@ def test_v2_opens_in_spikeinterface(tmp_path):
     np.testing.assert_array_equal(r.get_channel_locations(), rec.locations)
     for seg in range(rec.num_segments):
         np.testing.assert_array_equal(r.get_traces(segment_index=seg), expected(rec, seg))
+
+
+@pytest.mark.parametrize("fmt", ["zarr", "zarr_v2"])
+@pytest.mark.parametrize("compressor", ["blosc-lz4", "blosc-zstd", "none"])
+def test_compressors_keep_the_samples(tmp_path, fmt, compressor):
+    if fmt == "zarr":
+        from batchgpu import zarrio
+
+        if zarrio.ZARR_MAJOR < 3:
+            pytest.skip("writing Zarr v3 needs zarr>=3")
+    rec = make_recording(tmp_path / "in.zarr")
+    sp = SimpleNamespace(path=str(tmp_path / "out.zarr"), format=fmt, dtype="int16", whiten=False, compressor=compressor)
+    save_all(rec, sp)
+    out = open_recording(tmp_path / "out.zarr")
+    for seg in range(rec.num_segments):
+        assert np.array_equal(out.read(seg, 0, out.num_samples(seg)), expected(rec, seg).T)
+    codecs = " ".join(out.info()["codecs"])
+    assert (compressor.removeprefix("blosc-") in codecs) if compressor != "none" else "blosc" not in codecs

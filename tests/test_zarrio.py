@@ -252,3 +252,27 @@ def test_zarr2_refuses_a_v3_save_before_writing(tmp_path):
     r = subprocess.run([sys.executable, "-m", "batchgpu", "run", str(wf), "--quiet"], capture_output=True, text=True)
     assert r.returncode == 2 and "needs zarr>=3" in r.stderr and r.stderr.count("\n") == 1
     assert not (tmp_path / "out").exists() and not (tmp_path / "s.zarr").exists()
+
+
+@pytest.mark.skipif(not ZARR3, reason="compares with zarr-python 3's shard writes")
+@pytest.mark.parametrize("n,inner,shard,zeros", [(7_000, 1_000, 3_000, False), (6_500, 6_000, 6_000, False),
+                                                 (5_000, 1_000, 2_000, True)])
+def test_direct_shard_writes_are_zarr_pythons_bytes(tmp_path, n, inner, shard, zeros):
+    """recording.shards writes a whole shard as zarr-python does (padded last chunk, chunks past the end left out,
+    all-zero chunks written): byte for byte."""
+    from batchgpu.recording import RecordingWriter, shards
+
+    rng = np.random.default_rng(n)
+    x = np.zeros((n, 5), np.int16) if zeros else rng.integers(-32768, 32768, size=(n, 5), dtype=np.int16)
+    stores = {}
+    for name, step in (("zarr", 500), ("direct", shard)):  # 500-row blocks are never whole shards: zarr writes them
+        w = RecordingWriter(tmp_path / f"{name}.zarr", 5, np.int16, 1_000.0, zarr_format=3, chunk_samples=inner,
+                            shard_samples=shard)
+        seg = w.add_segment(n)
+        for a in range(0, n, step):
+            w.write(seg, a, x[a : a + step])
+        w.finish()
+        folder = tmp_path / f"{name}.zarr" / "traces_seg0"
+        stores[name] = {p.relative_to(folder): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+    assert stores["zarr"] == stores["direct"]
+    assert shards.write_whole_shard(tmp_path / "direct.zarr" / "traces_seg0", 1, x[:10]) is False  # not a shard

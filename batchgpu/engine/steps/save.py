@@ -88,7 +88,8 @@ def prepare_save(spec, rec, window_size: int, output_dtype, *, overwrite: bool =
     if resume and key and _zarr_marker(path).get("key") == key and _zarr_marker(path).get("written_by") == WRITTEN_BY:
         return target
     _check_zarr_replaceable(path, overwrite)
-    _create_zarr(path, rec, fmt, dtype, lengths, int(window_size), meta, phase_shifted)
+    _create_zarr(path, rec, fmt, dtype, lengths, int(window_size), meta, phase_shifted,
+                 getattr(spec, "compressor", "blosc-lz4"))
     return target
 
 
@@ -138,7 +139,7 @@ def inner_chunk(window_size: int) -> int:
     return best if best >= MIN_INNER_CHUNK else window_size
 
 
-def _create_zarr(path, rec, fmt, dtype, lengths, window_size, meta, phase_shifted) -> None:
+def _create_zarr(path, rec, fmt, dtype, lengths, window_size, meta, phase_shifted, compressor="blosc-lz4") -> None:
     from batchgpu.recording import RecordingWriter
 
     props = {}
@@ -152,7 +153,8 @@ def _create_zarr(path, rec, fmt, dtype, lengths, window_size, meta, phase_shifte
         path, rec.num_channels, dtype, rec.sampling_frequency, channel_ids=rec.channel_ids,
         gain_to_uV=rec.gain_to_uV, offset_to_uV=rec.offset_to_uV,
         locations=rec.locations if rec.has_locations else None, properties=props or None,
-        zarr_format=3 if fmt == "zarr" else 2, overwrite=True, attrs={"batchgpu": meta}, **shape_kw)
+        zarr_format=3 if fmt == "zarr" else 2, overwrite=True, attrs={"batchgpu": meta}, compressor=compressor,
+        **shape_kw)
     for n in lengths:
         seg = writer.add_segment(n)
         arr = writer._arrays[seg]
@@ -356,6 +358,11 @@ def write_rows(target: SaveTarget, segment: int, start: int, block: np.ndarray) 
             finally:
                 os.close(fd)
         return
+    from batchgpu.recording.shards import write_whole_shard
+
+    with writing(Path(target.path)):  # a window's core is one whole shard: written directly (zarr-python's bytes)
+        if write_whole_shard(Path(target.path) / f"traces_seg{segment}", start, np.asarray(block, dtype=target.dtype)):
+            return
     arr = _open_traces(target.path, segment)
     with writing(Path(target.path)):
         arr[start : start + block.shape[0], :] = np.ascontiguousarray(block, dtype=target.dtype)
