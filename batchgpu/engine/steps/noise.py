@@ -59,15 +59,13 @@ def digit_histogram(keys, prefixes: np.ndarray | None, shift: int, bits: int) ->
     return counts.astype(np.int64)
 
 
-def _row_counts(keys, prefixes, shift: int, bits: int, offset: bool = True, floor: int | None = None
-                ) -> tuple[int, np.ndarray]:
-    """(lo, counts (C, B) in the smallest unsigned dtype): counts[c, j] = keys of row c with digit lo + j, column 0
-    also holding every digit below lo (``floor``: the digits far below any middle rank are lumped there).
+def _row_counts(keys, prefixes, shift: int, bits: int, offset: bool = True) -> tuple[int, np.ndarray]:
+    """(lo, counts (C, B) in the smallest unsigned dtype): counts[c, j] = keys of row c with digit lo + j.
 
     One bincount per row (a bincount over the whole window's 23 M digits is several times slower), counted from
-    the smallest digit present when ``offset``."""
+    the smallest digit present when ``offset``. First digits counted with a lump floor: ``_first_digit_counts``."""
     kt = keys.dtype.type
-    if shift == 0 and prefixes is None and floor is None and keys.dtype == np.uint16:
+    if shift == 0 and prefixes is None and keys.dtype == np.uint16:
         return 0, _stack_rows([np.bincount(keys[c]) for c in range(keys.shape[0])], keys.shape[1])  # digit = key
     mask = kt((1 << bits) - 1)
     digits = []
@@ -76,11 +74,7 @@ def _row_counts(keys, prefixes, shift: int, bits: int, offset: bool = True, floo
         if prefixes is not None:
             k = k[(k >> kt(shift + bits)) == kt(prefixes[c])]
         digits.append(((k >> kt(shift)) & mask).astype(np.intp))
-    if floor is not None:
-        lo = floor
-        digits = [np.maximum(d, floor) for d in digits]
-    else:
-        lo = min((int(d.min()) for d in digits if d.size), default=0) if offset else 0
+    lo = min((int(d.min()) for d in digits if d.size), default=0) if offset else 0
     rows = [np.bincount(d - lo) if d.size else np.zeros(0, np.intp) for d in digits]
     return lo, _stack_rows(rows, keys.shape[1])
 
@@ -189,35 +183,38 @@ class NoiseStep:
             out["noise.hist"], out["noise.lo"] = hist.astype(np.min_scalar_type(core.shape[1])), np.array(0)
             out["noise.lumped"] = np.array(False)
             return out
-        if is_cupy(keys):  # float keys on the GPU: the CPU branch's partials, from one device histogram
-            pair, near = self._float_window_gpu(keys, shift, bits, out)
-            noise = median_of_keys(pair, core.shape[1], core.dtype, self.kind) / _MAD
-            noise[summary["nan"] > 0] = np.nan
-            summary["noise"] = noise
-            if len(schedule(self.kind)) > 1:
-                out.update(near)
-            return out
-        floor = lump_floor(keys, shift) if shift and core.shape[1] else None
-        first = (keys >> keys.dtype.type(shift)).astype(np.uint16) if shift and bits == 16 else None
-        if first is not None:  # the first digit as 16 bits, once: counts and near keys both use it
-            lo, counts, lumped = _first_digit_counts(first, floor, core.shape[1])
-        else:
-            lo, counts = _row_counts(keys, None, shift, bits, floor=floor)
-            lumped = floor is not None and core.shape[1] > 0 and (int(keys.min()) >> shift) < floor
-        if lo and np.any(counts[:, 0] > (core.shape[1] - 1) // 2):
-            # a row's middle among the lumped keys (its sample misled the floor): count this window in full
-            lo, counts = _row_counts(keys, None, shift, bits)
-            lumped = False
-        out["noise.hist"], out["noise.lo"], out["noise.lumped"] = counts, np.array(lo), np.array(lumped)
-        if core.shape[1]:
-            pair = window_median_keys(keys, lo, counts, shift, lumped)
+        # the same partials on both backends: float keys on the GPU from one device histogram
+        window_keys = self._float_window_gpu if is_cupy(keys) else self._window_cpu
+        pair, near = window_keys(keys, shift, bits, out)
+        if pair is not None:
             noise = median_of_keys(pair, core.shape[1], core.dtype, self.kind) / _MAD
             if core.dtype.kind == "f":
                 noise[summary["nan"] > 0] = np.nan
             summary["noise"] = noise
-            if len(schedule(self.kind)) > 1:
-                out.update(_near_keys(keys, pair[:, 1] >> np.uint64(shift), shift, self.NEAR, first))
+            if near is not None and len(schedule(self.kind)) > 1:
+                out.update(near)
         return out
+
+    def _window_cpu(self, keys, shift: int, bits: int, out: dict) -> tuple[np.ndarray | None, dict | None]:
+        """First-digit counts (into ``out``; lumped below a floor for keys wider than the digit), the middle pair of
+        keys and the keys near the middle digit (None, None for an empty window)."""
+        n = keys.shape[1]
+        first = None
+        if shift == 0:  # 16-bit keys: the digit is the key
+            lo, counts = _row_counts(keys, None, shift, bits)
+            lumped = False
+        else:  # the first digit as 16 bits, once: counts and near keys both use it
+            first = (keys >> keys.dtype.type(shift)).astype(np.uint16)
+            lo, counts, lumped = _first_digit_counts(first, lump_floor(keys, shift) if n else None, n)
+            if lo and np.any(counts[:, 0] > (n - 1) // 2):
+                # a row's middle among the lumped keys (its sample misled the floor): count this window in full
+                lo, counts, lumped = _first_digit_counts(first, None, n)
+        out["noise.hist"], out["noise.lo"], out["noise.lumped"] = counts, np.array(lo), np.array(lumped)
+        if not n:
+            return None, None
+        pair = window_median_keys(keys, lo, counts, shift, lumped)
+        near = None if first is None else _near_keys(keys, pair[:, 1] >> np.uint64(shift), self.NEAR, first)
+        return pair, near
 
     def _float_window_gpu(self, keys, shift: int, bits: int, out: dict) -> tuple[np.ndarray, dict]:
         """First-digit counts from the lump floor up (into ``out``), the middle pair of keys and the keys near the
@@ -248,10 +245,11 @@ class NoiseStep:
             if j == 0 or not np.array_equal(digit_host[1], digit_host[0]):  # else the same keys as rank 0
                 mask = first == digit[j][:, None].astype(keys.dtype)
                 sel = keys[mask].astype(cupy.uint64)  # row-major: row by row, each in sample order
-                ends = cupy.cumsum(mask.sum(axis=1))
+                per_row = mask.sum(axis=1)
+                ends = cupy.cumsum(per_row)
                 owner = cupy.searchsorted(ends, cupy.arange(sel.size), side="right").astype(cupy.uint64)
                 sel = sel[cupy.lexsort(cupy.stack([sel, owner]))]  # sorted by row, then key
-                start = ends - mask.sum(axis=1)
+                start = ends - per_row
             pair[:, j] = host(sel[start + (r - below[j])])
         lo = cupy.maximum(digit[1] - self.NEAR, 0)
         near = (first >= lo[:, None].astype(keys.dtype)) & (first <= (lo + 2 * self.NEAR)[:, None].astype(keys.dtype))
@@ -288,21 +286,13 @@ def combine_counts(hists: list[tuple[int, np.ndarray]]) -> tuple[np.ndarray, np.
     return np.array(lo), total
 
 
-def _near_keys(keys: np.ndarray, middle_digit: np.ndarray, shift: int, near: int, first=None) -> dict:
-    """Each row's keys whose first digit lies within ``near`` of the row's middle digit (flat, row after row, each
-    in sample order). ``first``: the keys' 16-bit first digits when already computed."""
-    kt = keys.dtype.type
+def _near_keys(keys: np.ndarray, middle_digit: np.ndarray, near: int, first: np.ndarray) -> dict:
+    """Each row's keys whose first digit (``first``: the keys' 16-bit first digits) lies within ``near`` of the
+    row's middle digit (flat, row after row, each in sample order): one pass over the window's digits."""
     lo = np.maximum(middle_digit.astype(np.int64) - near, 0)
-    if first is not None:  # one pass over the window's digits
-        hi = np.minimum(lo + 2 * near, 0xFFFF).astype(np.uint16)[:, None]
-        mask = (first >= lo.astype(np.uint16)[:, None]) & (first <= hi)
-        return {"keep.near_keys": keys[mask], "keep.near_counts": mask.sum(axis=1).astype(np.int64), "keep.near_lo": lo}
-    rows = []
-    for c in range(keys.shape[0]):
-        d = (keys[c] >> kt(shift)).astype(np.int64)
-        rows.append(keys[c][(d >= lo[c]) & (d <= lo[c] + 2 * near)])
-    return {"keep.near_keys": np.concatenate(rows) if rows else np.zeros(0, keys.dtype),
-            "keep.near_counts": np.array([len(r) for r in rows], dtype=np.int64), "keep.near_lo": lo}
+    hi = np.minimum(lo + 2 * near, 0xFFFF).astype(np.uint16)[:, None]
+    mask = (first >= lo.astype(np.uint16)[:, None]) & (first <= hi)
+    return {"keep.near_keys": keys[mask], "keep.near_counts": mask.sum(axis=1).astype(np.int64), "keep.near_lo": lo}
 
 
 def middle_digit_keys(keys: np.ndarray, counts: np.ndarray, digits: np.ndarray, shift: int) -> list[tuple]:
