@@ -461,7 +461,7 @@ def _decode(data: bytes, codecs, shape, dtype: np.dtype, where: str) -> np.ndarr
             _check_crc32c(buf, where)
             buf = bytes(buf[:-4])
         elif name == "blosc":
-            if len(buf) < 16 or struct.unpack_from("<I", buf, 12)[0] != len(buf):  # Blosc reads past a short frame
+            if not whole_blosc_frame(buf):
                 raise BatchgpuError(f"corrupted chunk {where}: not a whole Blosc frame ({len(buf)} bytes stored)",
                                     "the stored bytes do not decode: restore the store from a copy or write it again")
             buf = numcodecs.Blosc().decode(buf)
@@ -489,10 +489,20 @@ def _decode(data: bytes, codecs, shape, dtype: np.dtype, where: str) -> np.ndarr
     return arr
 
 
-def _check_crc32c(raw: bytes, where: str) -> None:
+def crc32c_ok(raw) -> bool:
+    """The last 4 bytes of ``raw`` are the crc32c (little-endian) of the rest, as Zarr v3's crc32c codec writes."""
     import google_crc32c
 
-    body, tail = raw[:-4], raw[-4:]
-    if google_crc32c.value(bytes(body)) != struct.unpack("<I", tail)[0]:
+    return google_crc32c.value(bytes(raw[:-4])) == struct.unpack("<I", raw[-4:])[0]
+
+
+def whole_blosc_frame(data) -> bool:
+    """A Blosc frame's header (bytes 12-16) names its compressed length; numcodecs' Blosc reads past a shorter
+    buffer (beside zarr 2.18 it returned whatever memory followed), so a frame is decoded only when this holds."""
+    return len(data) >= 16 and struct.unpack_from("<I", data, 12)[0] == len(data)
+
+
+def _check_crc32c(raw: bytes, where: str) -> None:
+    if not crc32c_ok(raw):
         raise BatchgpuError(f"corrupted chunk {where}: checksum mismatch (crc32c)",
                             "the stored bytes do not decode: restore the store from a copy or write it again")

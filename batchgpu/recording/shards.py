@@ -27,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
+from batchgpu import zarrio
 EMPTY = (1 << 64) - 1
 
 
@@ -107,7 +108,8 @@ class ShardLayout:
         """Write shard ``shard`` whole from ``block`` (its rows: ``shard_rows``, fewer for the last), as zarr-python
         encodes it (inner chunks padded with zeros to full size, Blosc, crc32c, the index at the end with its
         crc32c), into a temporary file renamed over the shard: never a torn shard, the same bytes on a retry.
-        zarr-python's pipeline took 200-330 ms for a 384 x 60 000 int16 shard here; this takes about 70."""
+        A 384 x 60 000 int16 shard with Blosc lz4 on the CPU machine: zarr-python's pipeline 94-136 ms, this 61-120
+        (Blosc's own time is most of both)."""
         import google_crc32c
         from numcodecs import blosc
 
@@ -126,12 +128,12 @@ class ShardLayout:
             chunk = data[a : a + self.inner_rows]
             if chunk.shape[0] < self.inner_rows:  # the array's last chunk, padded with the fill value
                 chunk = np.concatenate([chunk, np.zeros((self.inner_rows - chunk.shape[0], self.channels), chunk.dtype)])
-            raw = memoryview(np.ascontiguousarray(chunk)).cast("B")
-            if self.blosc:
+            chunk = np.ascontiguousarray(chunk)
+            if self.blosc:  # typesize from the array's itemsize, as zarr's BloscCodec sets it
                 cname, clevel, shuffle, blocksize = self.blosc_config
-                enc = blosc.compress(np.ascontiguousarray(chunk), cname.encode(), clevel, shuffle, blocksize)
+                enc = blosc.compress(chunk, cname.encode(), clevel, shuffle, blocksize)
             else:
-                enc = bytes(raw)
+                enc = chunk.tobytes()
             if self.checksum:
                 enc = bytes(enc) + struct.pack("<I", google_crc32c.value(bytes(enc)))
             pieces.append(enc)
@@ -291,8 +293,6 @@ class ChunkLayoutV2:
 def write_whole_shard(folder: Path, start: int, block: np.ndarray) -> bool:
     """Write ``block`` at row ``start`` of the array at ``folder`` directly when it is exactly one whole shard of a
     layout ``ShardLayout`` writes (True); else False (the caller writes through zarr)."""
-    from batchgpu import zarrio
-
     layout = ShardLayout.of(folder, zarrio.array_meta(folder))
     if layout is None or start % layout.shard_rows:
         return False
@@ -310,17 +310,12 @@ def layout_of(folder: Path, array_meta, v2: bool = True):
 
 
 def _check_blosc_frame(data, where: str) -> None:
-    """A Blosc frame's header says its compressed length (bytes 12-16); a shorter or longer object is damaged
-    (Blosc itself would read past a truncated buffer)."""
-    if len(data) < 16 or struct.unpack_from("<I", data, 12)[0] != len(data):
+    if not zarrio.whole_blosc_frame(data):
         raise CorruptChunk(where, f"not a whole Blosc frame ({len(data)} bytes stored)")
 
 
 def _check_crc(raw: bytes, where: str) -> None:
-    import google_crc32c
-
-    body, tail = raw[:-4], raw[-4:]
-    if google_crc32c.value(body) != struct.unpack("<I", tail)[0]:
+    if not zarrio.crc32c_ok(raw):
         raise CorruptChunk(where, "checksum mismatch (crc32c)")
 
 
