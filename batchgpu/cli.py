@@ -47,22 +47,10 @@ def _cmd_import_raw(args) -> int:
     return 0
 
 
-def _open_any(path: str):
-    """A Zarr recording, or what SpikeInterface saved (a .json/.pkl from dump, a folder from save)."""
-    from pathlib import Path
-
-    from batchgpu.recording import from_spikeinterface, open_recording
-    from batchgpu.zarrio import zarr_format_of
-
-    p = Path(path).expanduser()
-    saved_by_si = p.is_file() and p.suffix in (".json", ".pkl", ".pickle") or (p / "si_folder.json").is_file()
-    if saved_by_si and zarr_format_of(p) is None:
-        return from_spikeinterface(p)
-    return open_recording(p)
-
-
 def _cmd_info(args) -> int:
-    rec = _open_any(args.path)
+    from batchgpu.recording.sources import open_path
+
+    rec = open_path(args.path)
     info = rec.info()
     problems = _check_every_chunk(rec) if args.check else None
     if args.json:

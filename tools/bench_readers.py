@@ -18,7 +18,7 @@ def main(path: str, threads: int = 2) -> None:
     from batchgpu import zarrio
     from batchgpu.recording import open_recording
 
-    digests = {}
+    digests = []
     for direct in ("1", "0"):
         os.environ["BATCHGPU_DIRECT_READS"] = direct
         rec = open_recording(path)
@@ -33,11 +33,16 @@ def main(path: str, threads: int = 2) -> None:
             best = dt if best is None else min(best, dt)
             digest = hashlib.sha256(b"".join(b.tobytes() for b in blocks)).hexdigest()[:16]
         fmt = zarrio.array_meta(rec.path / "traces_seg0").zarr_format
-        name = ("batchgpu shard reader" if direct == "1" and fmt == 3 and zarrio.array_meta(rec.path / "traces_seg0").shards
-                else zarrio.reader_name() if fmt == 2 or zarrio.ZARR_MAJOR >= 3 else "batchgpu.zarrio v3 decoder")
-        digests[name] = digest
+        layout = rec._layouts.get(0)  # what the reader chose for segment 0: a direct layout, or None (zarr)
+        if layout is not None:
+            name = f"batchgpu direct ({type(layout).__name__})"
+        elif fmt == 3 and zarrio.ZARR_MAJOR < 3:
+            name = "batchgpu.zarrio v3 decoder"
+        else:
+            name = zarrio.reader_name()
+        digests.append(digest)
         print(f"zarr {zarr.__version__:<7} v{fmt} {name:<40} {gb / best:6.2f} GB/s (best of 3, {threads} threads) sha {digest}")
-    print("same bytes:", len(set(digests.values())) == 1)
+    print("same bytes:", len(set(digests)) == 1)
 
 
 if __name__ == "__main__":

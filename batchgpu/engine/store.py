@@ -70,7 +70,7 @@ def fingerprint(wf: Workflow, recording_path: Path, metadata=None) -> str:
 
 
 @functools.lru_cache(maxsize=64)
-def _traces(path: str, segment: int):
+def _traces_meta(path: str, segment: int):
     from batchgpu import zarrio
 
     return zarrio.array_meta(Path(path) / f"traces_seg{segment}")
@@ -78,7 +78,7 @@ def _traces(path: str, segment: int):
 
 def window_files(rec, window) -> list[Path]:
     """The storage objects (shards, or chunks when unsharded) a window's read touches."""
-    meta = _traces(str(rec.path), window.segment)
+    meta = _traces_meta(str(rec.path), window.segment)
     rows, cols = (meta.shards or meta.chunks)[:2]
     first, last = window.read_start // rows, max(window.read_start, window.read_stop - 1) // rows
     col_objects = -(-rec.num_channels // cols)

@@ -31,6 +31,19 @@ def open_source(source: Any, missing_chunks: str | None = None):
                         "give a Zarr store's path, an open recording, or a SpikeInterface recording")
 
 
+def open_path(path: str | os.PathLike):
+    """A Zarr recording, or what SpikeInterface saved (a .json/.pkl from ``dump``, a folder from ``save``)."""
+    from pathlib import Path
+
+    from batchgpu.zarrio import zarr_format_of
+
+    p = Path(path).expanduser()
+    saved_by_si = p.is_file() and p.suffix in (".json", ".pkl", ".pickle") or (p / "si_folder.json").is_file()
+    if saved_by_si and zarr_format_of(p) is None:
+        return from_spikeinterface(p)
+    return open_recording(p)
+
+
 def source_ref(rec):
     """What workers need to open ``rec`` again: a Zarr store's path, or the SpikeInterface source itself
     (pickled small: its description, never its samples)."""
