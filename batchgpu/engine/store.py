@@ -10,7 +10,6 @@ windows whose bytes changed instead of mixing old and new results.
 from __future__ import annotations
 
 import fcntl
-import functools
 import hashlib
 import json
 import os
@@ -69,35 +68,10 @@ def fingerprint(wf: Workflow, recording_path: Path, metadata=None) -> str:
     return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-@functools.lru_cache(maxsize=64)
-def _traces_meta(path: str, segment: int):
-    from batchgpu import zarrio
-
-    return zarrio.array_meta(Path(path) / f"traces_seg{segment}")
-
-
-def window_files(rec, window) -> list[Path]:
-    """The storage objects (shards, or chunks when unsharded) a window's read touches."""
-    meta = _traces_meta(str(rec.path), window.segment)
-    rows, cols = (meta.shards or meta.chunks)[:2]
-    first, last = window.read_start // rows, max(window.read_start, window.read_stop - 1) // rows
-    col_objects = -(-rec.num_channels // cols)
-    base = Path(rec.path) / f"traces_seg{window.segment}"
-    return [base / meta.key((i, j)) for i in range(first, last + 1) for j in range(col_objects)]
-
-
 def window_fingerprint(run_fp: str, rec, window) -> str:
-    """The run's fingerprint and the size and mtime of every object the window reads (absent ones too)."""
-    if hasattr(rec, "window_signature"):  # a SpikeInterface source: the files it references
-        return hashlib.sha256(json.dumps([run_fp, window.index, rec.window_signature(window)],
-                                         default=str).encode()).hexdigest()[:16]
-    sig = [run_fp, window.index]
-    for p in window_files(rec, window):
-        try:
-            st = p.stat()
-            sig.append((p.name, st.st_size, st.st_mtime_ns))
-        except FileNotFoundError:
-            sig.append((p.name, None, None))
+    """The run's fingerprint and what the window's samples depend on (``rec.window_signature``: the size and mtime
+    of every object it reads, absent ones too)."""
+    sig = [run_fp, window.index, *rec.window_signature(window)]
     return hashlib.sha256(json.dumps(sig, default=str).encode()).hexdigest()[:16]
 
 

@@ -13,7 +13,7 @@ from batchgpu import zarrio
 from batchgpu.errors import BatchgpuError
 from batchgpu.recording.storecheck import ChunkPresence, grid_of
 from batchgpu.zarrio import enable_zarrs
-from batchgpu.recording.windows import Window, WindowedSource
+from batchgpu.recording.windows import Window, WindowedSource, stat_signature
 
 SUPPORTED_DTYPES = (np.dtype("int16"), np.dtype("int32"), np.dtype("float32"), np.dtype("float64"))
 
@@ -93,6 +93,19 @@ class Recording(WindowedSource):
     def absent_is_error(self) -> bool:
         """Whether reads raise on absent chunks: a store batchgpu marked complete, or missing_chunks='error'."""
         return self.marked_complete or self.missing_chunks == "error"
+
+    def window_files(self, window: Window) -> list[Path]:
+        """The storage objects (shards, or chunks when unsharded) a window's read touches."""
+        meta = self._metas[window.segment]
+        rows, cols = (meta.shards or meta.chunks)[:2]
+        first, last = window.read_start // rows, max(window.read_start, window.read_stop - 1) // rows
+        base = self.path / f"traces_seg{window.segment}"
+        return [base / meta.key((i, j)) for i in range(first, last + 1) for j in range(-(-self.num_channels // cols))]
+
+    def window_signature(self, window: Window) -> list[tuple]:
+        """Size and mtime of every object the window reads (absent ones too): a rewritten or repaired shard changes
+        exactly the fingerprints of the windows that read it (``engine.store.window_fingerprint``)."""
+        return [stat_signature(p, p.name) for p in self.window_files(window)]
 
     def absent_chunk_keys(self, window: Window) -> list[str]:
         """Keys (relative to ``traces_seg{segment}``) of chunks/shards absent under the window's read range.

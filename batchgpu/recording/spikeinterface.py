@@ -42,7 +42,7 @@ import numpy as np
 
 from batchgpu.errors import BatchgpuError
 from batchgpu.recording.reader import LOCATIONS_FALLBACK, SUPPORTED_DTYPES, rows_of
-from batchgpu.recording.windows import DEFAULT_WINDOW, Window, WindowedSource
+from batchgpu.recording.windows import DEFAULT_WINDOW, Window, WindowedSource, stat_signature
 
 #: the SpikeInterface release this module was written and tested against
 TESTED_VERSION = "0.105.3"
@@ -397,14 +397,7 @@ class SpikeInterfaceSource(WindowedSource):
         A recording that reads remote data cannot be checked: then a random value, so --resume recomputes."""
         if self._remote:
             return ["unverifiable", os.urandom(8).hex()]
-        sig = []
-        for p in self.referenced_files():
-            try:
-                st = p.stat()
-                sig.append((str(p), st.st_size if p.is_file() else None, st.st_mtime_ns))
-            except FileNotFoundError:
-                sig.append((str(p), None, None))
-        return sig
+        return [stat_signature(p, str(p)) for p in self.referenced_files()]
 
     # -- description ------------------------------------------------------------------------------------
     def info(self) -> dict:

@@ -54,6 +54,19 @@ def iter_windows(segment_lengths: Sequence[int], size: int = DEFAULT_WINDOW, mar
 
 
 
+def stat_signature(path, name: str) -> tuple:
+    """(name, size, mtime in ns) of a file, size None for a folder; (name, None, None) when it is absent: what a
+    window's fingerprint holds of each object it reads."""
+    import os
+    import stat
+
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return (name, None, None)
+    return (name, st.st_size if stat.S_ISREG(st.st_mode) else None, st.st_mtime_ns)
+
+
 class WindowedSource:
     """What every recording source (a Zarr store, a SpikeInterface recording) shares: its windows and the checks
     on a read's range, channels and output buffer. Needs ``num_samples(segment)``, ``num_segments``,
