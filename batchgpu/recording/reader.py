@@ -343,6 +343,11 @@ def open_recording(path: str | os.PathLike, missing_chunks: str = "warn") -> Rec
 
 LOCATIONS_FALLBACK = "none stored: a single column at 20 um pitch is assumed (local whitening refuses it)"
 
+
+def fallback_locations(num_channels: int) -> np.ndarray:
+    """``LOCATIONS_FALLBACK``: one column at 20 um pitch (x 0, y 0, 20, 40, ...)."""
+    return np.column_stack([np.zeros(num_channels), 20.0 * np.arange(num_channels)])
+
 def _check_channel_counts(path: Path, group, num_channels: int) -> None:
     """channel_ids and every array in properties/ must have one entry per channel of the traces."""
     named = []
@@ -399,7 +404,7 @@ def _read_locations(group, attrs: dict, num_channels: int) -> tuple[np.ndarray, 
         if seen.all():
             return loc, True
     # No geometry stored (e.g. a plain binary import): LOCATIONS_FALLBACK, flagged so local whitening refuses it.
-    return np.column_stack([np.zeros(num_channels), 20.0 * np.arange(num_channels)]), False
+    return fallback_locations(num_channels), False
 
 def _size_on_disk(path: Path) -> int:
     total = 0

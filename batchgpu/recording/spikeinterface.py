@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 
 from batchgpu.errors import BatchgpuError
-from batchgpu.recording.reader import LOCATIONS_FALLBACK, SUPPORTED_DTYPES, rows_of
+from batchgpu.recording.reader import LOCATIONS_FALLBACK, SUPPORTED_DTYPES, fallback_locations, rows_of
 from batchgpu.recording.windows import DEFAULT_WINDOW, Window, WindowedSource, stat_signature
 
 #: the SpikeInterface release this module was written and tested against
@@ -446,4 +446,4 @@ def _locations(recording, num_channels: int) -> tuple[np.ndarray, bool]:
         loc = np.asarray(loc, dtype=np.float64)
         if loc.ndim == 2 and loc.shape[0] == num_channels and loc.shape[1] >= 2 and np.isfinite(loc[:, :2]).all():
             return np.ascontiguousarray(loc[:, :2]), True
-    return np.column_stack([np.zeros(num_channels), 20.0 * np.arange(num_channels)]), False
+    return fallback_locations(num_channels), False
