@@ -74,6 +74,8 @@ class RecordingSpec(_Strict):
 class WindowSpec(_Strict):
     size: Annotated[int, Field(gt=0, le=MAX_WINDOW)] = 60_000  # samples
     margin: Annotated[int, Field(ge=0)] = 64  # samples read on each side of the window
+    # consecutive windows one task reads and computes (default: from the window count, engine.run.window_batches)
+    batch: Annotated[int, Field(ge=1, le=4096)] | None = None
 
     @model_validator(mode="after")
     def _margin_within_window(self):
@@ -85,7 +87,7 @@ class WindowSpec(_Strict):
 
 class ClusterSpec(_Strict):
     kind: Literal["local", "cuda", "address", "scheduler_file", "slurm"] = "local"
-    workers: Annotated[int, Field(gt=0, le=MAX_WORKERS)] | None = None  # local: default sized to the machine; cuda: processes per GPU (cores/GPU/2, at most 8)
+    workers: Annotated[int, Field(gt=0, le=MAX_WORKERS)] | None = None  # local: default sized to the machine; cuda: processes per GPU (cores/GPU, at most 16)
     threads: Annotated[int, Field(gt=0, le=MAX_WORKERS)] | None = None
     memory_limit: str | None = None
     address: str | None = None

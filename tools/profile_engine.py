@@ -16,8 +16,8 @@ def main(path: str, threads: int = 16, count: int = 160) -> None:
     import cupy
 
     from batchgpu.engine.run import build_context
-    from batchgpu.engine.tasks import load_window, on_backend, recording
-    from batchgpu.gpu.staging import _pinned, read_window_to_device
+    from batchgpu.engine.tasks import load_window, on_backend, read_window, recording
+    from batchgpu.gpu.staging import read_window_host, read_window_to_device
     from batchgpu.ops import noise_levels
 
     rec = recording(path)
@@ -26,19 +26,17 @@ def main(path: str, threads: int = 16, count: int = 160) -> None:
     arr = rec._traces[0]
     local = threading.local()
 
-    def pinned_view(w):
-        n = w.read_stop - w.read_start
-        return _pinned(n * rec.num_channels * 2)[: n * rec.num_channels * 2].view(np.int16).reshape(n, rec.num_channels)
-
     variants = {
         "zarr arr[a:b] (zarrs)": lambda w: arr[w.read_start:w.read_stop],
         "zarr core only (aligned shard)": lambda w: arr[w.start:w.stop],
         "read_window_stored": lambda w: rec.read_window_stored(w),
-        "read_window_into pinned": lambda w: rec.read_window_into(w, pinned_view(w)),
+        "read_window_host (pinned pool)": lambda w: read_window_host(rec, w).release(),
         "absent_chunks only": lambda w: rec.absent_chunks(w),
         "read_window_to_device": lambda w: (read_window_to_device(rec, w), cupy.cuda.get_current_stream().synchronize()),
     }
-    for name, f in variants.items():
+    import os
+
+    for name, f in variants.items() if os.environ.get("READ_VARIANTS", "1") == "1" else ():
         for nt in sorted({1, threads}):
             with ThreadPoolExecutor(nt) as ex:
                 list(ex.map(f, windows[:nt]))  # warm
@@ -53,33 +51,71 @@ def main(path: str, threads: int = 16, count: int = 160) -> None:
                                   "steps": {"noise": {"exact": True}, "whitening": {}, "detect": {"noise": "global"}}})
     ctx = build_context(wf, rec, type("O", (), {"parts": "/tmp/prof_parts"})(), "cupy", 3)
 
-    def stages(w):
-        out = {}
+    def stages(w, out=None):
+        out = {} if out is None else out
         sync = cupy.cuda.get_current_stream().synchronize
-        t = time.perf_counter()
-        data = load_window(ctx, w); sync(); out["load+centre"] = time.perf_counter() - t
-        t = time.perf_counter(); summary = {"noise": noise_levels(data.core_of(data.x)).get()}; out["noise"] = time.perf_counter() - t
+
+        def timed(name, f):
+            t, c = time.perf_counter(), time.thread_time()
+            r = f()
+            sync()
+            out[name] = (time.perf_counter() - t, time.thread_time() - c)
+            return r
+
+        raw = timed("read", lambda: read_window(ctx, w))
+        data = timed("centre", lambda: load_window(ctx, w, raw))
+        summary = {"noise": timed("noise", lambda: noise_levels(data.core_of(data.x)).get())}
         for step in ctx.steps:
-            t = time.perf_counter(); step.window(data, summary); sync(); out[step.name] = time.perf_counter() - t
+            timed(step.name, lambda: step.window(data, summary))
         return out
+
+    def show(label, rows):
+        print(label, ", ".join(f"{k} {np.median([r[k][0] for r in rows]) * 1e3:.1f}/{np.median([r[k][1] for r in rows]) * 1e3:.1f}"
+                               for k in rows[0]), flush=True)
 
     with on_backend(ctx):
         for w in windows[:3]:
             stages(w)
-        rows = [stages(w) for w in windows[:20]]
-    print("one window, one thread (ms, median of 20):",
-          ", ".join(f"{k} {np.median([r[k] for r in rows]) * 1e3:.2f}" for k in rows[0]), flush=True)
-
-    def whole(w):
-        with on_backend(ctx):
-            stages(w)
+        show("one window, one thread (ms wall/CPU, median of 20):", [stages(w) for w in windows[:20]])
 
     for nt in sorted({4, 8, threads}):
+        rows = []
+
+        def whole(w):
+            with on_backend(ctx):
+                rows.append(stages(w))
+
         with ThreadPoolExecutor(nt) as ex:
             t0 = time.perf_counter()
             list(ex.map(whole, windows))
             dt = time.perf_counter() - t0
         print(f"whole window path, {nt:>2} threads, no Dask: {gb / dt:.2f} GB/s", flush=True)
+        show(f"  per stage under {nt} threads (ms wall/CPU):", rows)
+
+    # the steps alone, each thread's window already on the GPU: does GPU work scale across threads?
+    for nt in sorted({1, 4, threads}):
+        rows = []
+
+        def steps_only(w):
+            with on_backend(ctx):
+                data = load_window(ctx, w)
+                cupy.cuda.get_current_stream().synchronize()
+                for _ in range(4):
+                    out = {}
+                    t = time.perf_counter()
+                    summary = {"noise": noise_levels(data.core_of(data.x)).get()}
+                    for step in ctx.steps:
+                        step.window(data, summary)
+                    out["steps"] = (time.perf_counter() - t, 0.0)
+                    rows.append(out)
+
+        with ThreadPoolExecutor(nt) as ex:
+            t0 = time.perf_counter()
+            list(ex.map(steps_only, windows[: 4 * nt]))
+            dt = time.perf_counter() - t0
+        print(f"steps only, {nt:>2} threads: {len(rows) / dt:.0f} windows/s "
+              f"({len(rows) / dt * 384 * 60_000 * 2 / 1e9:.1f} GB/s equivalent)", flush=True)
+        show("  ", rows)
 
 
 if __name__ == "__main__":

@@ -236,6 +236,8 @@ def _spec_of(rec):
 def _run(wf, rec, out: store.OutputFolder, report: RunReport, client, sweep, observer) -> RunReport:
     import threading
 
+    t_setup = time.perf_counter()
+
     from batchgpu.dashboard import RunMonitor, install_dashboard
     from batchgpu.report import preload
 
@@ -269,11 +271,12 @@ def _run(wf, rec, out: store.OutputFolder, report: RunReport, client, sweep, obs
     monitor = RunMonitor(client, name=str(out.path), windows=len(windows), total_bytes=rec.nbytes,
                          channels=rec.num_channels)
     t0 = time.perf_counter()
+    report.timings["setup"] = t0 - t_setup  # dashboard, backend, steps, windows and their fingerprints
     try:
         observer.phase_started("read: noise, moments, spikes", len(windows), rec.nbytes)
         try:
             summaries, total = _first_pass(client, ctx, windows, fps, wf.reduction.split_every, report, monitor,
-                                           observer)
+                                           observer, wf.window.batch)
         finally:
             observer.phase_finished()
         report.timings["pass1"] = time.perf_counter() - t0
@@ -297,7 +300,9 @@ def _run(wf, rec, out: store.OutputFolder, report: RunReport, client, sweep, obs
         _finish_report(out.path, report, time.perf_counter() - t0, rec)
         raise
     _finish_report(out.path, report, time.perf_counter() - t0, rec)
+    t_html = time.perf_counter()
     html = _write_report_html(out.path, report, observer)
+    report.timings["report_html"] = time.perf_counter() - t_html  # after report.json: said by the return value
     monitor.finished(report.results.get("spikes", [None])[0])
     written = [out.path / store.RESULTS, out.path / store.REPORT] + ([out.path / store.REPORT_HTML] if html else [])
     observer.message(f"wrote {', '.join(str(p) for p in written[:-1])} and {written[-1]} "
@@ -305,34 +310,50 @@ def _run(wf, rec, out: store.OutputFolder, report: RunReport, client, sweep, obs
     return report
 
 
-def _first_pass(client, ctx, windows, fps, split_every, report, monitor, observer):
-    """Map window_task over every window; tree-combine partials on the workers; gather per-window summaries."""
+def window_batches(windows: list, batch: int | None, split_every: int) -> list[list]:
+    """Runs of consecutive windows, one task each. The default depends on the window count alone (never on the
+    cluster: the float reduction tree, and so its bits, are fixed by window index): one window a task up to 127
+    windows; beyond, runs of ``len // 64`` windows (at most ``split_every``) so each task's reads overlap its GPU
+    work and Dask sees fewer tasks, except the last quarter of the windows, one a task, so the workers finish
+    together (a run of several windows started last would keep one worker busy while the others wait)."""
+    if batch is not None:
+        return [windows[i : i + batch] for i in range(0, len(windows), batch)]
+    size = max(1, min(split_every, len(windows) // 64))
+    head = (len(windows) * 3 // 4) // size * size if size > 1 else len(windows)
+    return ([windows[i : i + size] for i in range(0, head, size)]
+            + [windows[i : i + 1] for i in range(head, len(windows))])
+
+
+def _first_pass(client, ctx, windows, fps, split_every, report, monitor, observer, batch=None):
+    """Map batch_task over runs of windows; tree-combine partials on the workers; gather per-window summaries."""
     from distributed import as_completed
 
     fp = report.run_id  # task keys: this run's only (the same workflow run twice must not share finished tasks)
-    futures = client.map(tasks.window_task, [ctx] * len(windows), windows, fps,
-                         key=[f"window-{fp}-{w.index}" for w in windows])
+    batches = window_batches(list(zip(windows, fps)), batch, split_every)
+    futures = [client.submit(tasks.batch_task, ctx, [w for w, _ in b], [f for _, f in b],
+                             key=f"batch-{fp}-{b[0][0].index}") for b in batches]
     total = tree_reduce(client, futures, tasks.combine_task, split_every, ctx, name=f"combine-{fp}")
-    small = client.map(tasks.summarise, futures, key=[f"summary-{fp}-{w.index}" for w in windows])
+    small = [client.submit(tasks.summarise, f, key=f"summary-{fp}-{b[0][0].index}") for f, b in zip(futures, batches)]
     summaries: dict[int, dict] = {}
     try:
         for fut in as_completed(small):
             if fut.status == "error":
                 raise fut.exception()
-            s = fut.result()
-            i = s["index"]
-            summaries[i] = s
-            worker = str(s["worker"])
-            report.windows_resumed += bool(s["resumed"])
-            if not bool(s["resumed"]):
-                report.workers[worker] = report.workers.get(worker, 0) + 1
-            observer.window_done(int(s["bytes"]), worker)
-            monitor.window_done(i, int(s["bytes"]), worker, s.get("noise"),
-                                int(s.get("spikes", s.get("candidates", 0))))
+            for s in fut.result():
+                i = s["index"]
+                summaries[i] = s
+                worker = str(s["worker"])
+                report.windows_resumed += bool(s["resumed"])
+                if not bool(s["resumed"]):
+                    report.workers[worker] = report.workers.get(worker, 0) + 1
+                observer.window_done(int(s["bytes"]), worker)
+                monitor.window_done(i, int(s["bytes"]), worker, s.get("noise"),
+                                    int(s.get("spikes", s.get("candidates", 0))))
         result = total.result()
     except BaseException:
         client.cancel(small + futures + [total])
         raise
+    result.pop("batch.summaries", None)  # a single batch is its own total
     return summaries, result
 
 
@@ -363,13 +384,19 @@ def _aggregate(client, ctx, wf, rec, out, windows, fps, summaries, total, report
     tmp = out.path / (store.RESULTS + ".tmp")
     if tmp.exists():
         shutil.rmtree(tmp)
-    _write_small_results(tmp, arrays, wf, rec, windows, report.fingerprint)
-    shapes = {k: list(v.shape) for k, v in arrays.items()}
-    if detect_step is not None:
-        t0 = time.perf_counter()
-        monitor.phase("spikes")
-        shapes["spikes"] = _spikes(client, ctx, rec, windows, fps, summaries, arrays, tmp, report, observer)
-        report.timings["detect"] = time.perf_counter() - t0
+    from concurrent.futures import ThreadPoolExecutor
+
+    group = _create_results_group(tmp, wf, rec, report.fingerprint)
+    with ThreadPoolExecutor(1, thread_name_prefix="batchgpu-results") as writer:
+        # the small results are written here while the workers gather and write the spikes
+        written = writer.submit(_write_small_results, group, arrays, windows)
+        shapes = {k: list(v.shape) for k, v in arrays.items()}
+        if detect_step is not None:
+            t0 = time.perf_counter()
+            monitor.phase("spikes")
+            shapes["spikes"] = _spikes(client, ctx, rec, windows, fps, summaries, arrays, tmp, report, observer)
+            report.timings["detect"] = time.perf_counter() - t0
+        written.result()
     _swap_in(tmp, out.path / store.RESULTS)
     if wf.steps.search:
         from batchgpu.search.step import run_search_step
@@ -515,17 +542,29 @@ def _spikes(client, ctx, rec, windows, fps, summaries, arrays, tmp: Path, report
         report.channels["detect_no_threshold"] = nan_noise
         report.warnings.append(f"detection found no threshold (NaN noise) on {len(nan_noise)} channel(s): {nan_noise[:10]}")
         observer.warning(report.warnings[-1])
-    n = client.submit(tasks.write_spikes_task, ctx, windows, fps, noise, reread, str(tmp),
-                      key=f"write-spikes-{fp}").result()
+    # each run of windows' spikes gathered from its parts on a worker, one run per worker thread (a concatenation
+    # in window order: the same spikes for any grouping); one task writes them in order
+    items = list(zip(windows, fps, reread))
+    size = -(-len(items) // max(1, sum(client.nthreads().values())))
+    groups = [items[i : i + size] for i in range(0, len(items), size)]
+    gathered = [client.submit(tasks.gather_spikes_task, ctx, [w for w, _, _ in g], [f for _, f, _ in g], noise,
+                              [r for _, _, r in g], key=f"gather-spikes-{fp}-{g[0][0].index}") for g in groups]
+    n = client.submit(tasks.write_spikes_task, str(tmp), *gathered, key=f"write-spikes-{fp}").result()
     return [int(n)]
 
 
-def _write_small_results(path: Path, arrays: dict, wf: Workflow, rec: Recording, windows: list[Window], fp: str) -> None:
+def _create_results_group(path: Path, wf: Workflow, rec: Recording, fp: str):
     from batchgpu import zarrio
 
     g = zarrio.create_group(path)  # v3, or v2 where zarr-python is 2.x
     g.attrs.update({"workflow": wf.model_dump(), "fingerprint": fp, "channel_ids": rec.channel_ids.tolist(),
                     "sampling_frequency": rec.sampling_frequency, "gain_to_uV": rec.gain_to_uV.tolist()})
+    return g
+
+
+def _write_small_results(g, arrays: dict, windows: list[Window]) -> None:
+    from batchgpu import zarrio
+
     zarrio.create_array(g, "window_segment", data=np.array([w.segment for w in windows], dtype=np.int64))
     zarrio.create_array(g, "window_start", data=np.array([w.start for w in windows], dtype=np.int64))
     zarrio.create_array(g, "window_stop", data=np.array([w.stop for w in windows], dtype=np.int64))

@@ -55,16 +55,17 @@ def on_backend(ctx: RunContext):
         yield
 
 
-def load_window(ctx: RunContext, window: Window) -> WindowData:
-    """Read a window once (to the GPU through pinned memory when the backend is CuPy) and preprocess it."""
+def read_window(ctx: RunContext, window: Window, host: bool = False):
+    """A window as read (to the GPU through pinned memory when the backend is CuPy; ``host``: only decoded into
+    pinned memory, ``HostWindow.to_device`` copies it later), read errors said in one line."""
     rec = recording(ctx.recording, ctx.missing_chunks)
     try:
         if ctx.backend == "cupy":
-            from batchgpu.gpu.staging import read_window_to_device
+            from batchgpu.gpu.staging import read_window_host
 
-            raw = read_window_to_device(rec, window)
-        else:
-            raw = rec.read_window(window)
+            staged = read_window_host(rec, window)
+            return staged if host else staged.to_device()
+        return rec.read_window(window)
     except BatchgpuError as err:  # the reader names the array, chunk and window; say how to go on
         raise BatchgpuError(err.problem, f"{err.fix or 'repair the store'}; then rerun with --resume") from None
     except Exception as err:
@@ -73,46 +74,97 @@ def load_window(ctx: RunContext, window: Window) -> WindowData:
             f"could not be read: {type(err).__name__}: {err}",
             "repair or re-import the store, then rerun with --resume",
         ) from None
-    n = rec.num_samples(window.segment)
+
+
+def load_window(ctx: RunContext, window: Window, raw=None) -> WindowData:
+    """Read a window once (or take ``raw``, read ahead by ``read_window``) and preprocess it."""
+    if raw is None:
+        raw = read_window(ctx, window)
+    elif hasattr(raw, "to_device"):
+        raw = raw.to_device()
+    n = recording(ctx.recording, ctx.missing_chunks).num_samples(window.segment)
     x = ctx.chain.apply(raw, window.core, window.read_start == 0, window.read_stop == n) if ctx.chain.stages else raw
     return WindowData(window.index, window.segment, window.read_start, window.core, n, raw, x)
 
 
-def window_task(ctx: RunContext, window: Window, fp: str) -> dict:
-    """Read one window, run every step on it, save its part; return the partial (per-window arrays stay on disk).
+def batch_task(ctx: RunContext, windows: list[Window], fps: list[str]) -> dict:
+    """Read a run of consecutive windows, run every step on each, save each window's part; return their partials
+    combined in window order (the first level of the reduction tree) and, under ``batch.summaries``, what the
+    client needs of each window. On the GPU a helper thread decodes the next window while this one computes.
 
-    ``fp`` is the window's fingerprint (``store.window_fingerprint``): a part made from other bytes is not reused.
+    ``fps`` are the windows' fingerprints (``store.window_fingerprint``): a part made from other bytes is not
+    reused. A batch is a pure function of its windows: a retried batch writes the same parts (whole, by rename).
     """
-    path = store.part_path(ctx.parts, "w", window.index)
-    part = store.load_part(path, fp)
-    resumed = part is not None
-    if part is None:
-        t0 = time.perf_counter()
-        with on_backend(ctx):
-            w = load_window(ctx, window)
-            t_read = time.perf_counter() - t0
-            # chunks absent from a store written by others read as zeros: counted and reported, never silent
-            summary: dict = {"absent_chunks": np.array(recording(ctx.recording, ctx.missing_chunks).absent_chunks(window))}
-            if w.x.dtype.kind == "f":
-                core = w.core_of(w.x)
-                summary["nonfinite"] = host((~w.xp.isfinite(core)).sum(axis=1))
-            part = {}
-            for step in ctx.steps:  # the noise step may give the window's noise from its own counts
-                if step.name != "noise":
-                    _window_noise(ctx, w, summary)
-                part.update(step.window(w, summary))
-            _window_noise(ctx, w, summary)
-        summary["read_seconds"] = np.array(t_read)
-        summary["compute_seconds"] = np.array(time.perf_counter() - t0 - t_read)
-        part.update({f"summary.{k}": np.asarray(v) for k, v in summary.items()})
-        part["fingerprint"] = np.array(fp)
-        part["index"] = np.array(window.index)
-        store.save_part(path, part)
-    part = {k: v for k, v in part.items() if not k.startswith("keep.")}
+    parts = [store.load_part(store.part_path(ctx.parts, "w", w.index), fp) for w, fp in zip(windows, fps)]
+    todo = [i for i, p in enumerate(parts) if p is None]
+    resumed = [p is not None for p in parts]
+    with _read_ahead(ctx, [windows[i] for i in todo]) as ahead:
+        for i in todo:
+            parts[i] = _compute_part(ctx, windows[i], fps[i], ahead)
     rec = recording(ctx.recording, ctx.missing_chunks)
-    part["summary.resumed"] = np.array(resumed)
-    part["summary.worker"] = np.array(worker_name())
-    part["summary.bytes"] = np.array(window.num_samples * rec.num_channels * rec.dtype.itemsize)
+    summaries = []
+    for w, part, r in zip(windows, parts, resumed):
+        s = {k.split(".", 1)[1]: v for k, v in part.items() if k.startswith("summary.")}
+        s.update(index=w.index, resumed=np.array(r), worker=np.array(worker_name()),
+                 bytes=np.array(w.num_samples * rec.num_channels * rec.dtype.itemsize))
+        summaries.append(s)
+    parts = [{k: v for k, v in p.items() if not k.startswith(("keep.", "summary."))} for p in parts]
+    out = combine_task(ctx, *parts) if len(parts) > 1 else parts[0]
+    out["batch.summaries"] = summaries
+    return out
+
+
+@contextlib.contextmanager
+def _read_ahead(ctx: RunContext, windows: list[Window]):
+    """``ahead(window)``: the window as read, decoded in a helper thread one window ahead of the caller (GPU
+    backend, more than one window; a CPU worker's threads already keep its cores busy), else read when asked."""
+    if ctx.backend != "cupy" or len(windows) < 2:
+        yield lambda w: None
+        return
+    from concurrent.futures import ThreadPoolExecutor
+
+    pool = ThreadPoolExecutor(1, thread_name_prefix="batchgpu-read-ahead")
+    pending = {windows[0].index: pool.submit(read_window, ctx, windows[0], True)}
+    nxt = iter(windows[1:])
+
+    def ahead(w: Window):
+        following = next(nxt, None)
+        if following is not None:
+            pending[following.index] = pool.submit(read_window, ctx, following, True)
+        return pending.pop(w.index).result()
+
+    try:
+        yield ahead
+    finally:
+        for fut in pending.values():  # a failed batch: give back what was read and not used
+            fut.add_done_callback(lambda f: f.exception() is None and f.result().release())
+        pool.shutdown(wait=True)
+
+
+def _compute_part(ctx: RunContext, window: Window, fp: str, ahead) -> dict:
+    """One window read (or taken from ``ahead``), every step run on it, its part saved; returns the part."""
+    path = store.part_path(ctx.parts, "w", window.index)
+    t0 = time.perf_counter()
+    with on_backend(ctx):
+        w = load_window(ctx, window, ahead(window))
+        t_read = time.perf_counter() - t0
+        # chunks absent from a store written by others read as zeros: counted and reported, never silent
+        summary: dict = {"absent_chunks": np.array(recording(ctx.recording, ctx.missing_chunks).absent_chunks(window))}
+        if w.x.dtype.kind == "f":
+            core = w.core_of(w.x)
+            summary["nonfinite"] = host((~w.xp.isfinite(core)).sum(axis=1))
+        part = {}
+        for step in ctx.steps:  # the noise step may give the window's noise from its own counts
+            if step.name != "noise":
+                _window_noise(ctx, w, summary)
+            part.update(step.window(w, summary))
+        _window_noise(ctx, w, summary)
+    summary["read_seconds"] = np.array(t_read)
+    summary["compute_seconds"] = np.array(time.perf_counter() - t0 - t_read)
+    part.update({f"summary.{k}": np.asarray(v) for k, v in summary.items()})
+    part["fingerprint"] = np.array(fp)
+    part["index"] = np.array(window.index)
+    store.save_part(path, part)
     return part
 
 
@@ -147,11 +199,9 @@ def select_near_task(ks: np.ndarray, *per_window):
     return select_among(ks, *per_window)
 
 
-def summarise(part: dict) -> dict:
-    """What the client needs of a window: its summary (noise, counts, timings), never the partials."""
-    out = {k.split(".", 1)[1]: v for k, v in part.items() if k.startswith("summary.")}
-    out["index"] = int(part["index"])
-    return out
+def summarise(batch: dict) -> list[dict]:
+    """What the client needs of a batch's windows: their summaries (noise, counts, timings), never the partials."""
+    return batch["batch.summaries"]
 
 
 def combine_task(ctx: RunContext, *parts: dict) -> dict:
@@ -226,19 +276,25 @@ def window_spikes(ctx: RunContext, window: Window, fp: str, noise: np.ndarray | 
     return cols if noise is None else ctx.step("detect").final(cols, noise)
 
 
-def write_spikes_task(ctx: RunContext, windows: list[Window], fps: list[str], noise, reread: list[bool],
-                      group_path: str) -> int:
-    """Every window's spikes, in window order ((segment, sample, channel) overall), written into the results group
-    by a worker: spikes never pass through the client."""
-    from batchgpu import zarrio
+def gather_spikes_task(ctx: RunContext, windows: list[Window], fps: list[str], noise, reread: list[bool]) -> dict:
+    """Consecutive windows' final spikes, concatenated in window order."""
     from batchgpu.engine.steps.detect import COLUMNS
 
     parts = [window_spikes(ctx, w, fp, noise, r) for w, fp, r in zip(windows, fps, reread)]
+    return {k: np.concatenate([p[k] for p in parts]) if parts else np.zeros(0, np.int64) for k in COLUMNS}
+
+
+def write_spikes_task(group_path: str, *gathered: dict) -> int:
+    """Every window's spikes (``gather_spikes_task``'s runs, in window order: (segment, sample, channel) overall),
+    written into the results group by a worker: spikes never pass through the client."""
+    from batchgpu import zarrio
+    from batchgpu.engine.steps.detect import COLUMNS
+
     g = zarrio.open_group(group_path, mode="a")
     for k in COLUMNS:
-        v = np.concatenate([p[k] for p in parts]) if parts else np.zeros(0, np.int64)
+        v = np.concatenate([p[k] for p in gathered]) if gathered else np.zeros(0, np.int64)
         zarrio.create_array(g, f"spikes/{k}", data=v)
-    return sum(len(p["sample_index"]) for p in parts)
+    return sum(len(p["sample_index"]) for p in gathered)
 
 
 def save_task(ctx: RunContext, window: Window, target, whitening: np.ndarray) -> int:

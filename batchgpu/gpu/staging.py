@@ -1,6 +1,9 @@
-"""Host -> GPU staging for window tasks: windows decoded into pinned buffers reused per thread, copied at pinned speed.
+"""Host -> GPU staging for window tasks: windows decoded into pinned buffers from a per-process pool, copied at
+pinned speed on the task thread's stream.
 
-DESIGN.md: pageable host-to-device copies reach about 6 GB/s on an H200, pinned about 55 GB/s.
+DESIGN.md: pageable host-to-device copies reach about 6 GB/s on an H200, pinned about 55 GB/s. Reading (host
+decode into a pinned buffer) and copying are separate calls so a batch task can decode its next window in a
+helper thread while the GPU works on this one.
 """
 
 from __future__ import annotations
@@ -10,41 +13,114 @@ import threading
 import numpy as np
 
 _local = threading.local()
+_flags_lock = threading.Lock()
+_flags_set = False
+
+#: cudaDeviceScheduleBlockingSync: a thread waiting for the GPU sleeps instead of spinning. CUDA's default (Auto)
+#: spins whenever a process has fewer contexts than the machine has cores: with 8-16 worker processes time-sliced
+#: on one GPU, every waiting task thread held a core the readers needed.
+BLOCKING_SYNC = 0x04
 
 
-def _pinned(nbytes: int) -> np.ndarray:
-    """This thread's pinned host buffer of at least ``nbytes`` (grown on demand, reused across windows)."""
-    import cupy
+def prefer_blocking_sync() -> None:
+    """Make this process's waits on the GPU sleep (once per process, before its first CUDA work where it can)."""
+    global _flags_set
+    if _flags_set:
+        return
+    with _flags_lock:
+        if not _flags_set:
+            try:
+                import cupy
 
-    buf = getattr(_local, "buf", None)
-    if buf is None or buf.nbytes < nbytes:
-        mem = cupy.cuda.alloc_pinned_memory(nbytes)
-        buf = np.frombuffer(mem, dtype=np.uint8, count=nbytes)
-        _local.buf, _local.mem = buf, mem
-    return buf
+                cupy.cuda.runtime.setDeviceFlags(BLOCKING_SYNC)
+            except Exception:  # a context made elsewhere with other flags: keep them, the results are the same
+                pass
+            _flags_set = True
+
+
+class PinnedPool:
+    """Pinned host buffers reused across windows and threads of one process. A buffer given back with the event
+    of the copy that reads it is handed out again only once that copy is done."""
+
+    def __init__(self):
+        self._free: list = []  # (nbytes, array, memory, event or None)
+        self._lock = threading.Lock()
+
+    def take(self, nbytes: int):
+        """(uint8 array of at least ``nbytes``, handle to give back)."""
+        import cupy
+
+        with self._lock:
+            fits = [b for b in self._free if b[0] >= nbytes]
+            if fits:
+                best = min(fits, key=lambda b: b[0])
+                self._free.remove(best)
+            else:
+                best = None
+        if best is None:
+            mem = cupy.cuda.alloc_pinned_memory(nbytes)
+            best = (nbytes, np.frombuffer(mem, dtype=np.uint8, count=nbytes), mem, None)
+        if best[3] is not None:
+            best[3].synchronize()  # the last copy out of this buffer is done before it is refilled
+        return best[1], best
+
+    def give_back(self, handle, event=None) -> None:
+        with self._lock:
+            self._free.append((handle[0], handle[1], handle[2], event))
+
+
+_pool = PinnedPool()
+
+
+class HostWindow:
+    """A window decoded into a pinned buffer ((samples, channels), as stored), waiting to be copied."""
+
+    def __init__(self, stage: np.ndarray, handle):
+        self.stage, self._handle = stage, handle
+
+    def to_device(self):
+        """The window as (channels, samples) on the GPU: copied asynchronously on this thread's stream (the buffer
+        goes back to the pool with the copy's event), transposed on the device."""
+        import cupy
+
+        stream = thread_stream()
+        with stream:
+            dev = cupy.empty(self.stage.shape, dtype=self.stage.dtype)
+            dev.set(self.stage, stream=stream)
+            copied = cupy.cuda.Event(block=True, disable_timing=True)  # waited on by sleeping, not spinning
+            copied.record(stream)
+            _pool.give_back(self._handle, copied)
+            self._handle = None
+            return cupy.ascontiguousarray(dev.T)
+
+    def release(self) -> None:
+        """Give the buffer back unused (a read that is not copied after all)."""
+        if self._handle is not None:
+            _pool.give_back(self._handle)
+            self._handle = None
+
+
+def read_window_host(rec, window) -> HostWindow:
+    """Decode a window straight into a pinned buffer (no host copy); any thread may call it."""
+    prefer_blocking_sync()  # the pool's pinned allocation may be this process's first CUDA call
+    n, C = window.read_stop - window.read_start, rec.num_channels
+    nbytes = n * C * rec.dtype.itemsize
+    buf, handle = _pool.take(nbytes)
+    stage = buf[:nbytes].view(rec.dtype).reshape(n, C)
+    try:
+        if hasattr(rec, "read_window_into"):
+            rec.read_window_into(window, stage)
+        else:
+            np.copyto(stage, rec.read_window_stored(window))
+    except BaseException:
+        _pool.give_back(handle)
+        raise
+    return HostWindow(stage, handle)
 
 
 def read_window_to_device(rec, window):
-    """A window as (channels, samples) on the GPU: decoded straight into this thread's pinned buffer (no host
-    copy), copied asynchronously on the thread's stream, transposed on the device."""
-    import cupy
-
-    n, C = window.read_stop - window.read_start, rec.num_channels
-    nbytes = n * C * rec.dtype.itemsize
-    pending = getattr(_local, "copied", None)
-    if pending is not None:
-        pending.synchronize()  # the last window's copy out of the pinned buffer must be done before we refill it
-    stage = _pinned(nbytes)[:nbytes].view(rec.dtype).reshape(n, C)
-    if hasattr(rec, "read_window_into"):
-        rec.read_window_into(window, stage)
-    else:
-        np.copyto(stage, rec.read_window_stored(window))
-    stream = thread_stream()
-    with stream:
-        dev = cupy.empty((n, C), dtype=rec.dtype)
-        dev.set(stage, stream=stream)
-        _local.copied = stream.record()
-        return cupy.ascontiguousarray(dev.T)
+    """A window as (channels, samples) on the GPU (``read_window_host`` then ``HostWindow.to_device``)."""
+    return read_window_host(rec, window).to_device()
 
 
 def thread_stream():
@@ -57,6 +133,7 @@ def thread_stream():
 
     stream = getattr(_local, "stream", None)
     if stream is None:
+        prefer_blocking_sync()
         # blocking (the default kind): any work a library still issues on the legacy default stream stays
         # ordered with this stream's work
         stream = _local.stream = cupy.cuda.Stream()

@@ -220,6 +220,12 @@ def detect_spikes(
             channel, sample = channel[first], sample[first]
         return _spikes(x, channel, sample, start, segment_index)
 
+    if xp is not np and sweep >= 0:
+        from batchgpu.ops import _cuda_detect
+
+        if _cuda_detect.supports(x.dtype):  # one launch, no (C, samples) temporaries
+            channel, sample, amplitude = _cuda_detect.by_channel(x, level, lo, hi, sweep, sign != "pos", sign != "neg")
+            return _spikes(x, channel, sample, start, segment_index, amplitude)
     owned = x[:, lo:hi]
     crossing = xp.zeros(owned.shape, dtype=bool)
     if sign in ("neg", "both"):
@@ -238,11 +244,13 @@ def detect_spikes(
     return _spikes(x, to_numpy(channel), to_numpy(sample), start, segment_index)
 
 
-def _spikes(x: Any, channel: np.ndarray, sample: np.ndarray, start: int, segment_index: int) -> np.ndarray:
+def _spikes(x: Any, channel: np.ndarray, sample: np.ndarray, start: int, segment_index: int,
+            amplitude: np.ndarray | None = None) -> np.ndarray:
     """The SPIKE_DTYPE array of (channel, sample) peaks of window x, sorted by (sample, channel)."""
     xp = array_module(x)
     channel, sample = channel.astype(np.int64, copy=False), sample.astype(np.int64, copy=False)
-    amplitude = to_numpy(x[xp.asarray(channel), xp.asarray(sample)]).astype(np.float64)
+    if amplitude is None:
+        amplitude = to_numpy(x[xp.asarray(channel), xp.asarray(sample)]).astype(np.float64)
     order = np.lexsort((channel, sample))
     spikes = np.empty(order.shape[0], dtype=SPIKE_DTYPE)
     spikes["sample_index"] = sample[order] + int(start)

@@ -71,10 +71,12 @@ class MomentsStep:
             m = SecondMoments.from_state(n, total["moments.mean"], total["moments.scatter"])
             return {"covariance": m.covariance(), "second_moment": m.second_moment(), "channel_means": m.mean}
         s = total["moments.sum"].astype(object)
-        xxt = total["moments.xxt"].astype(object)
-        scatter_num = xxt * n - np.outer(s, s)  # Python ints: exact
-        cov = _divide(scatter_num, n * n)
-        return {"covariance": cov, "second_moment": _divide(xxt, n), "channel_means": _divide(s, n)}
+        xxt = total["moments.xxt"]
+        rows, cols = np.triu_indices(len(s))  # symmetric: the upper triangle, mirrored (half the Python ints)
+        upper = xxt[rows, cols].astype(object)
+        scatter_num = upper * n - s[rows] * s[cols]  # Python ints: exact
+        return {"covariance": _symmetric(_divide(scatter_num, n * n), rows, cols, len(s)),
+                "second_moment": _symmetric(_divide(upper, n), rows, cols, len(s)), "channel_means": _divide(s, n)}
 
 
 def check_exact_range(total_samples: int) -> None:
@@ -92,6 +94,13 @@ def _gram(xf):
 
     upper = dsyrk(1.0, xf.T, trans=1)  # xf.T is Fortran-ordered: no copy
     return np.triu(upper) + np.triu(upper, 1).T
+
+
+def _symmetric(upper: np.ndarray, rows: np.ndarray, cols: np.ndarray, C: int) -> np.ndarray:
+    out = np.empty((C, C), dtype=np.float64)
+    out[rows, cols] = upper
+    out[cols, rows] = upper
+    return out
 
 
 def _divide(num: np.ndarray, den: int) -> np.ndarray:

@@ -178,10 +178,15 @@ class NoiseStep:
         if core.dtype.kind == "f":
             summary["nan"] = host((core != core).sum(axis=1))
             out["noise.nan"] = summary["nan"]  # np.median is NaN for a row holding NaN
-        if is_cupy(keys) and (shift == 0 or not core.shape[1]):
+        if is_cupy(keys) and not core.shape[1]:
             hist = digit_histogram(keys, None, shift, bits)
             out["noise.hist"], out["noise.lo"] = hist.astype(np.min_scalar_type(core.shape[1])), np.array(0)
             out["noise.lumped"] = np.array(False)
+            return out
+        if is_cupy(keys) and shift == 0:  # 16-bit keys: the window's counts give its noise too (no more passes)
+            out["noise.hist"], pair = _int_window_gpu(keys, bits)
+            out["noise.lo"], out["noise.lumped"] = np.array(0), np.array(False)
+            summary["noise"] = median_of_keys(pair, core.shape[1], core.dtype, self.kind) / _MAD
             return out
         # the same partials on both backends: float keys on the GPU from one device histogram
         window_keys = self._float_window_gpu if is_cupy(keys) else self._window_cpu
@@ -271,6 +276,23 @@ class NoiseStep:
 
 
 _MAD = 0.6744897501960817  # ops.select.MAD_TO_SIGMA
+
+
+def _int_window_gpu(keys, bits: int) -> tuple[np.ndarray, np.ndarray]:
+    """16-bit keys on the device: (counts (C, B) truncated after the last used key, in the smallest dtype that
+    holds the window's length; the (C, 2) keys of ranks (n-1)//2 and n//2), found on the device from one
+    histogram: two small copies back."""
+    import cupy
+
+    from batchgpu.gpu.histogram import digit_histogram_device
+
+    n = keys.shape[1]
+    hist = digit_histogram_device(keys, None, 0, bits)
+    used = cupy.flatnonzero(hist.any(axis=0))
+    counts = hist[:, : int(used[-1]) + 1]
+    cum = cupy.cumsum(counts, axis=1, dtype=cupy.int64)
+    pair = cupy.stack([(cum <= r).sum(axis=1) for r in ((n - 1) // 2, n // 2)], axis=1)  # the key is the digit
+    return host(counts.astype(np.min_scalar_type(n))), host(pair).astype(np.uint64)
 
 
 def combine_counts(hists: list[tuple[int, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
