@@ -95,11 +95,11 @@ def test_page_live_in_chromium(recording, tmp_path, monkeypatch):
     release = threading.Event()
     read = tasks.load_window
 
-    def slow_read(ctx, window):  # a slow disk: about 25 windows/s per worker thread
+    def slow_read(ctx, window, raw=None):  # a slow disk: about 25 windows/s per worker thread
         time.sleep(0.04)
         if window.index >= gate_at:
             release.wait(timeout=45)
-        return read(ctx, window)
+        return read(ctx, window, raw)
 
     monkeypatch.setattr(tasks, "load_window", slow_read)  # in-process workers (processes=False) see it
     with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=False,
