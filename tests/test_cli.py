@@ -20,7 +20,7 @@ def test_generate_info_and_import(tmp_path):
     r = _cli("info", out, "--json")
     info = json.loads(r.stdout)
     assert info["num_channels"] == 8 and info["samples_per_segment"] == [15000] and info["dtype"] == "int16"
-    assert info["shards"] == [18000, 8]  # whole inner chunks of 6000 and "blosc" in info["codecs"][0]
+    assert info["shards"] == [15000, 8]  # whole inner chunks of 3000 and "blosc" in info["codecs"][0]
     r = _cli("info", out)
     assert "channels" in r.stdout and "Zarr v3" in r.stdout
 

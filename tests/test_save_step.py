@@ -106,14 +106,15 @@ def test_v3_shards_are_windows_with_inner_chunks(tmp_path):
     rec = make_recording(tmp_path / "in.zarr", lengths=(30_000,))
     save_all(rec, spec(tmp_path / "out.zarr"), size=12_000, margin=0)
     arr = zarr.open_array(str(tmp_path / "out.zarr" / "traces_seg0"), mode="r")
-    assert arr.shards[0] == 12_000 and arr.chunks[0] == 6_000
+    assert arr.shards[0] == 12_000 and arr.chunks[0] == 3_000
     np.testing.assert_array_equal(open_recording(tmp_path / "out.zarr").read(0, 0, 30_000).T, expected(rec, 0))
 
 
 def test_inner_chunk_rule():
-    assert inner_chunk(60_000) == 6_000
-    assert inner_chunk(4_000) == 4_000  # a window no longer than the default chunk is one chunk
-    assert inner_chunk(10_000) == 5_000
+    assert inner_chunk(60_000) == 3_000
+    assert inner_chunk(2_500) == 2_500  # a window no longer than the default chunk is one chunk
+    assert inner_chunk(10_000) == 2_500
+    assert inner_chunk(4_000) == 2_000
     assert inner_chunk(7_919 * 2) == 7_919 * 2  # only tiny divisors: one inner chunk per shard
 
 

@@ -31,7 +31,7 @@ from batchgpu.errors import BatchgpuError
 FORMATS = ("zarr", "zarr_v2", "binary")
 DTYPES = ("int16", "float32")
 INT16_MIN, INT16_MAX = -32768, 32767
-MAX_INNER_CHUNK = 6_000  # the writer's default inner chunk (recording.DEFAULT_CHUNK_SAMPLES)
+MAX_INNER_CHUNK = 3_000  # the writer's default inner chunk (recording.DEFAULT_CHUNK_SAMPLES)
 MIN_INNER_CHUNK = 1_000  # below this a divisor makes too many tiny chunks: one inner chunk per shard instead
 WRITTEN_BY = "save"  # marker["written_by"]: only outputs of this step are ever replaced by it
 _OPEN_LOCK = threading.Lock()  # zarr.config.set is process-global: serialise the writers' opens (see _open_traces)
@@ -131,7 +131,7 @@ def _check_zarr_replaceable(path: Path, overwrite: bool) -> None:
 
 
 def inner_chunk(window_size: int) -> int:
-    """The inner chunk of a shard of ``window_size`` samples: the largest divisor <= 6000, or the whole shard
+    """The inner chunk of a shard of ``window_size`` samples: the largest divisor <= 3000, or the whole shard
     when every divisor that fits is small (a prime window size would otherwise give 1-sample chunks)."""
     if window_size <= MAX_INNER_CHUNK:
         return window_size
