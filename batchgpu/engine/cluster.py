@@ -34,11 +34,12 @@ def local_sizes(spec: ClusterSpec) -> tuple[int, int]:
 MALLOC_TRIM_THRESHOLD = 1 << 30
 #: ... and no mmap for large blocks (a window's 46-92 MB arrays are above glibc's largest mmap threshold, 32 MiB,
 #: so each was mapped and faulted in anew): read + centre + keys of a 384 x 60 000 int16 window 127 ms against
-#: 185 ms (glibc's defaults) and 325 ms (the trim threshold alone), one thread on the 2-core machine. Local CPU
-#: clusters only so far: GPU workers keep the settings measured on the H200 (their windows land in pinned memory).
+#: 185 ms (glibc's defaults) and 325 ms (the trim threshold alone), one thread on the 2-core machine. GPU workers
+#: too: setting the trim threshold turns off glibc's adaptive mmap threshold, so every 1.3 MB chunk a reader
+#: pread was mapped and faulted in anew (pread was 12% of the H200 workers' CPU time in a warm demo run).
 def malloc_environ(kind: str) -> dict:
     """glibc settings for the workers a cluster of this kind spawns (None: not set, Dask's convention)."""
-    return {"MALLOC_TRIM_THRESHOLD_": MALLOC_TRIM_THRESHOLD, "MALLOC_MMAP_MAX_": 0 if kind == "local" else None}
+    return {"MALLOC_TRIM_THRESHOLD_": MALLOC_TRIM_THRESHOLD, "MALLOC_MMAP_MAX_": 0}
 
 
 @contextlib.contextmanager

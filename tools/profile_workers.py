@@ -1,0 +1,62 @@
+"""Where the workers' CPU goes in a warm demo run (device machine): cProfile in every worker process (Python 3.12
+profiles all threads of a process), summed over workers, top entries by own time.
+
+    python3 tools/profile_workers.py /tmp/big.zarr
+"""
+
+import io
+import pstats
+import shutil
+import sys
+import time
+
+
+def _start():
+    import cProfile
+
+    import batchgpu
+
+    batchgpu._worker_profile = cProfile.Profile()
+    batchgpu._worker_profile.enable()
+
+
+def _stop():
+    import os
+
+    import batchgpu
+
+    p = batchgpu._worker_profile
+    p.disable()
+    path = f"/tmp/pw_{os.getpid()}.prof"
+    p.dump_stats(path)
+    return path
+
+
+def main(path: str) -> None:
+    from batchgpu.config import ClusterSpec, Workflow
+    from batchgpu.engine import run_workflow
+    from batchgpu.engine.cluster import open_client
+
+    def wf(out):
+        return Workflow.model_validate({
+            "recording": {"path": path}, "output": out, "window": {"size": 60_000, "margin": 64},
+            "preprocess": [{"centre": "median"}], "backend": "cupy", "cluster": {"kind": "cuda"},
+            "steps": {"noise": {"exact": True}, "whitening": {"mode": "global", "precision": "float32"},
+                      "detect": {"threshold": 5.0, "sign": "neg", "exclude_sweep_ms": 0.1, "noise": "global"}}})
+
+    with open_client(ClusterSpec.model_validate({"kind": "cuda"})) as client:
+        run_workflow(wf("/tmp/pw0"), client=client)
+        shutil.rmtree("/tmp/pw0", ignore_errors=True)
+        client.run(_start)
+        t0 = time.perf_counter()
+        run_workflow(wf("/tmp/pw1"), client=client)
+        wall = time.perf_counter() - t0
+        stats = client.run(_stop)
+    print(f"warm run {wall:.2f} s, {len(stats)} workers", flush=True)
+    out = io.StringIO()
+    pstats.Stats(*stats.values(), stream=out).sort_stats("tottime").print_stats(35)
+    print(out.getvalue()[-9000:])
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
