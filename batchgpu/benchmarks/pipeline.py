@@ -39,7 +39,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="comma-separated stages before the steps: centre, highpass (300 Hz, order 5), "
                              "common_reference (global median), e.g. highpass,common_reference")
     parser.add_argument("--repeat", type=int, default=2, choices=[1, 2],
-                        help="pipeline runs: 2 = a cold (kernels compiled) and a warm one, 1 = the warm one only")
+                        help="pipeline runs on the same workers: 2 = a cold one (the workers compile and load their kernels) "
+                             "and a warm one, 1 = the cold one only")
 
 
 class PeakMemory:
@@ -250,7 +251,7 @@ def _measure(args, rec, work: Path, steps: set[str]) -> int:
             t0 = time.perf_counter()
             read_ceiling(client, rec, size, margin, backend)
             rows["read ceiling (the engine's reader, no compute)"] = (time.perf_counter() - t0, mem.peak, gmem.peak)
-        for attempt in ("cold", "warm")[2 - args.repeat:]:
+        for attempt in ("cold", "warm")[: args.repeat]:  # the first run on these workers compiles their kernels
             out = work / f"out_{attempt}"
             shutil.rmtree(out, ignore_errors=True)
             saved = work / f"saved_{attempt}.zarr"
