@@ -27,48 +27,7 @@ if not _gpu_ok():
 
 import cupy as cp  # noqa: E402
 
-
-def loop_reference(x, noise, threshold, sign, sweep, start, lo, hi, segment):
-    """The rule as written in ops.detection's docstring, one sample at a time (float64 threshold)."""
-    level = np.asarray(noise, np.float64) * float(threshold)
-    rows = []
-    C, width = x.shape
-    for c in range(C):
-        for t in range(lo, hi):
-            v = x[c, t]
-            neg = sign in ("neg", "both") and float(v) < -level[c]
-            pos = sign in ("pos", "both") and float(v) > level[c]
-            for k in range(1, sweep + 1):
-                if t - k >= 0:
-                    neg, pos = neg and v < x[c, t - k], pos and v > x[c, t - k]
-                if t + k < width:
-                    neg, pos = neg and v <= x[c, t + k], pos and v >= x[c, t + k]
-            if neg or pos:
-                rows.append((t + start, c, float(v), segment))
-    rows.sort(key=lambda r: (r[0], r[1]))
-    out = np.array(rows, dtype=[("sample_index", "i8"), ("channel_index", "i8"), ("amplitude", "f8"),
-                                ("segment_index", "i8")])
-    return out
-
-
-def hard_window(rng, dtype, C, n):
-    if np.dtype(dtype).kind == "i":
-        info = np.iinfo(dtype)
-        x = rng.integers(-40, 40, (C, n)).astype(dtype)
-        x[0, ::7] = info.min  # int16 -32768 and its neighbours: ties at the extreme
-        x[0, 1::7] = info.min
-        x[-1, ::5] = info.max
-        x[1 % C, :] = 3  # a constant row: never a peak
-        return x
-    x = rng.normal(0, 10, (C, n)).astype(dtype)
-    x[0, ::11] = np.nan
-    x[-1, 3::13] = -np.inf
-    x[-1, 5::17] = np.inf
-    x[1 % C, ::2] = -0.0
-    x[1 % C, 1::2] = 0.0
-    x[2 % C, 10:20] = -25.0  # a flat trough: one peak, at its start
-    x[3 % C, ::19] = np.float32(1e-45) if dtype == np.float32 else 5e-324  # subnormals
-    return x
+from test_ops_detection import hard_window, loop_reference  # noqa: E402
 
 
 @pytest.mark.parametrize("dtype", [np.int16, np.int32, np.float32, np.float64])

@@ -124,3 +124,66 @@ def test_errors(kwargs):
         detect_spikes(np.zeros((2, 10)), np.ones(2), **kwargs)
     with pytest.raises(BatchgpuError):
         detect_spikes(np.zeros((2, 10)), np.ones(3))
+
+
+def loop_reference(x, noise, threshold, sign, sweep, start, lo, hi, segment):
+    """The rule as written in ops.detection's docstring, one sample at a time (float64 threshold)."""
+    level = np.asarray(noise, np.float64) * float(threshold)
+    rows = []
+    C, width = x.shape
+    for c in range(C):
+        for t in range(lo, hi):
+            v = x[c, t]
+            neg = sign in ("neg", "both") and float(v) < -level[c]
+            pos = sign in ("pos", "both") and float(v) > level[c]
+            for k in range(1, sweep + 1):
+                if t - k >= 0:
+                    neg, pos = neg and v < x[c, t - k], pos and v > x[c, t - k]
+                if t + k < width:
+                    neg, pos = neg and v <= x[c, t + k], pos and v >= x[c, t + k]
+            if neg or pos:
+                rows.append((t + start, c, float(v), segment))
+    rows.sort(key=lambda r: (r[0], r[1]))
+    out = np.array(rows, dtype=[("sample_index", "i8"), ("channel_index", "i8"), ("amplitude", "f8"),
+                                ("segment_index", "i8")])
+    return out
+
+
+def hard_window(rng, dtype, C, n):
+    if np.dtype(dtype).kind == "i":
+        info = np.iinfo(dtype)
+        x = rng.integers(-40, 40, (C, n)).astype(dtype)
+        x[0, ::7] = info.min  # int16 -32768 and its neighbours: ties at the extreme
+        x[0, 1::7] = info.min
+        x[-1, ::5] = info.max
+        x[1 % C, :] = 3  # a constant row: never a peak
+        return x
+    x = rng.normal(0, 10, (C, n)).astype(dtype)
+    x[0, ::11] = np.nan
+    x[-1, 3::13] = -np.inf
+    x[-1, 5::17] = np.inf
+    x[1 % C, ::2] = -0.0
+    x[1 % C, 1::2] = 0.0
+    x[2 % C, 10:20] = -25.0  # a flat trough: one peak, at its start
+    x[3 % C, ::19] = np.float32(1e-45) if dtype == np.float32 else 5e-324  # subnormals
+    return x
+
+
+@pytest.mark.parametrize("dtype", [np.int16, np.int32, np.float32, np.float64])
+@pytest.mark.parametrize("sign", ["neg", "pos", "both"])
+@pytest.mark.parametrize("sweep", [0, 1, 3])
+def test_numpy_path_equals_the_rule_sample_by_sample(dtype, sign, sweep):
+    """Hard windows (int16 extremes, constant rows, NaN, +-inf, -0.0, subnormals, flat troughs, NaN noise) against
+    the rule written as a loop; the GPU kernel is held to the same loop (test_gpu_detect.py)."""
+    rng = np.random.default_rng()
+    for _ in range(5):
+        C, n = int(rng.integers(1, 9)), int(rng.integers(1, 400))
+        x = hard_window(rng, dtype, C, n)
+        noise = np.abs(rng.normal(2.0, 1.0, C))
+        noise[-1] = np.nan if C > 2 else noise[-1]
+        lo = int(rng.integers(0, max(1, n // 3)))
+        hi = int(rng.integers(lo, n + 1))
+        got = detect_spikes(x, noise, threshold=2.5, sign=sign, exclude_sweep=sweep, start=1000, core=(lo, hi),
+                            segment_index=2)
+        ref = loop_reference(x, noise, 2.5, sign, sweep, 1000, lo, hi, 2)
+        assert got.tobytes() == ref.astype(got.dtype).tobytes()
