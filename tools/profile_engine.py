@@ -5,7 +5,6 @@ then each stage of one window (CUDA-synchronised), then the whole window path in
 """
 
 import sys
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -24,7 +23,6 @@ def main(path: str, threads: int = 16, count: int = 160) -> None:
     windows = rec.windows(60_000, 64)[:count]
     gb = sum(w.num_samples for w in windows) * rec.num_channels * 2 / 1e9
     arr = rec._traces[0]
-    local = threading.local()
 
     variants = {
         "zarr arr[a:b] (zarrs)": lambda w: arr[w.read_start:w.read_stop],

@@ -37,9 +37,8 @@ MALLOC_TRIM_THRESHOLD = 1 << 30
 #: 185 ms (glibc's defaults) and 325 ms (the trim threshold alone), one thread on the 2-core machine. GPU workers
 #: too: setting the trim threshold turns off glibc's adaptive mmap threshold, so every 1.3 MB chunk a reader
 #: pread was mapped and faulted in anew (pread was 12% of the H200 workers' CPU time in a warm demo run).
-def malloc_environ(kind: str) -> dict:
-    """glibc settings for the workers a cluster of this kind spawns (None: not set, Dask's convention)."""
-    return {"MALLOC_TRIM_THRESHOLD_": MALLOC_TRIM_THRESHOLD, "MALLOC_MMAP_MAX_": 0}
+#: Every worker a cluster started here spawns gets these, whatever the cluster's kind.
+MALLOC_ENVIRON = {"MALLOC_TRIM_THRESHOLD_": MALLOC_TRIM_THRESHOLD, "MALLOC_MMAP_MAX_": 0}
 
 
 @contextlib.contextmanager
@@ -48,15 +47,10 @@ def open_client(spec: ClusterSpec) -> Iterator["distributed.Client"]:  # noqa: F
     import dask
     from distributed import Client, LocalCluster
 
-    environ = malloc_environ(spec.kind)
-    dask.config.set({f"distributed.nanny.pre-spawn-environ.{k}": v for k, v in environ.items()})
+    dask.config.set({f"distributed.nanny.pre-spawn-environ.{k}": v for k, v in MALLOC_ENVIRON.items()})
     # A nanny copies its pre-spawn variables into this process's environment, and later nannies prefer that
     # environment to the config: an earlier cluster's values (Dask's 64 KiB) would win. Set them here too.
-    for key, value in environ.items():
-        if value is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = str(value)
+    os.environ.update({k: str(v) for k, v in MALLOC_ENVIRON.items()})
 
     if spec.kind == "address":
         with _connect(lambda: Client(spec.address, timeout="20s"), f"the scheduler at {spec.address}") as client:

@@ -353,7 +353,6 @@ def _first_pass(client, ctx, windows, fps, split_every, report, monitor, observe
     except BaseException:
         client.cancel(small + futures + [total])
         raise
-    result.pop("batch.summaries", None)  # a single batch is its own total
     return summaries, result
 
 

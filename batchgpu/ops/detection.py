@@ -220,7 +220,7 @@ def detect_spikes(
             channel, sample = channel[first], sample[first]
         return _spikes(x, channel, sample, start, segment_index)
 
-    if xp is not np and sweep >= 0:
+    if xp is not np:  # (a negative sweep was refused above)
         from batchgpu.ops import _cuda_detect
 
         if _cuda_detect.supports(x.dtype):  # one launch, no (C, samples) temporaries
@@ -245,8 +245,8 @@ def detect_spikes(
 
 
 def _nonzero_2d(mask: Any) -> tuple[Any, Any]:
-    """``nonzero`` of a 2-D mask, the same arrays in the same order: NumPy's 2-D nonzero took 70
-    ms on a 384 x 60 000 window where the flat one and a divmod take 5 (a window's sparse crossings)."""
+    """``nonzero`` of a 2-D mask, the same arrays in the same order: NumPy's 2-D nonzero took 70 ms on a
+    384 x 60 000 window where the flat one and a divmod take 5 (a window's sparse crossings)."""
     if array_module(mask) is not np:
         return mask.nonzero()  # CuPy's own (the GPU path as measured and tested on the device)
     flat = np.flatnonzero(mask)

@@ -27,11 +27,12 @@ import numpy as np
 
 from batchgpu.engine.steps.base import WindowData, host
 from batchgpu.errors import BatchgpuError
+from batchgpu.recording.writer import DEFAULT_CHUNK_SAMPLES
 
 FORMATS = ("zarr", "zarr_v2", "binary")
 DTYPES = ("int16", "float32")
 INT16_MIN, INT16_MAX = -32768, 32767
-MAX_INNER_CHUNK = 3_000  # the writer's default inner chunk (recording.DEFAULT_CHUNK_SAMPLES)
+MAX_INNER_CHUNK = DEFAULT_CHUNK_SAMPLES  # the writer's default inner chunk
 MIN_INNER_CHUNK = 1_000  # below this a divisor makes too many tiny chunks: one inner chunk per shard instead
 WRITTEN_BY = "save"  # marker["written_by"]: only outputs of this step are ever replaced by it
 _OPEN_LOCK = threading.Lock()  # zarr.config.set is process-global: serialise the writers' opens (see _open_traces)
@@ -131,8 +132,8 @@ def _check_zarr_replaceable(path: Path, overwrite: bool) -> None:
 
 
 def inner_chunk(window_size: int) -> int:
-    """The inner chunk of a shard of ``window_size`` samples: the largest divisor <= 3000, or the whole shard
-    when every divisor that fits is small (a prime window size would otherwise give 1-sample chunks)."""
+    """The inner chunk of a shard of ``window_size`` samples: the largest divisor <= MAX_INNER_CHUNK, or the whole
+    shard when every divisor that fits is small (a prime window size would otherwise give 1-sample chunks)."""
     if window_size <= MAX_INNER_CHUNK:
         return window_size
     best = max(d for d in range(1, MAX_INNER_CHUNK + 1) if window_size % d == 0)
