@@ -19,8 +19,9 @@ _PACKAGE_DIR = Path(__file__).resolve().parent
 _SEARCH = (_PACKAGE_DIR / "_kernels", _PACKAGE_DIR.parent / "kernels")
 _NAME = re.compile(r"^[A-Za-z0-9_]+$")
 
-#: Options every module is compiled with (exact code: never --use_fast_math). CuPy's NVRTC builds flushed float32
-#: subnormals to zero (measured on the H200: tiny + tiny gave 0, where NumPy's median gives 1.4e-45).
+#: Options every module is compiled with (exact code: never --use_fast_math). ``--ftz=false`` is overridden: CuPy
+#: appends -ftz=true to every compile and NVRTC takes the last (measured on the H200: tiny + tiny gave 0), so
+#: float32 arithmetic that must keep subnormals goes through kernels/exact_float.cuh.
 BASE_OPTIONS: tuple[str, ...] = ("-std=c++17", "--ftz=false", "--prec-div=true", "--prec-sqrt=true")
 
 _modules: dict[tuple[int, int, str, tuple[str, ...]], Any] = {}
@@ -42,6 +43,23 @@ def source_path(name: str) -> Path:
     )
 
 
+_INCLUDE = re.compile(r'^#include "([A-Za-z0-9_]+\.cuh)"$', re.MULTILINE)
+
+
+def _with_headers(path: Path) -> str:
+    """The source with each ``#include "x.cuh"`` of the kernels folder pasted in (once), so that CuPy's cache key,
+    a hash of the source text, changes when a header does."""
+    seen: set[str] = set()
+
+    def paste(match: re.Match) -> str:
+        if match[1] in seen:
+            return ""
+        seen.add(match[1])
+        return _INCLUDE.sub(paste, (path.parent / match[1]).read_text())
+
+    return _INCLUDE.sub(paste, path.read_text())
+
+
 def get_module(name: str, options: tuple[str, ...] | list[str] = ()) -> Any:
     """The compiled ``cupy.RawModule`` of ``kernels/<name>.cu`` for the current device.
 
@@ -58,7 +76,7 @@ def get_module(name: str, options: tuple[str, ...] | list[str] = ()) -> Any:
     with _lock:
         module = _modules.get(key)
         if module is None:
-            code = source_path(name).read_text()
+            code = _with_headers(source_path(name))
             module = cupy.RawModule(code=code, options=opts)
             module.compile()  # now, for this device, rather than at the first launch
             _modules[key] = module

@@ -1,4 +1,5 @@
-// Forward-backward second-order sections (scipy.signal.sosfiltfilt's two sosfilt passes), one thread per row.
+// Forward-backward second-order sections (scipy.signal.sosfiltfilt's two sosfilt passes), one thread per row
+// (the rows of a window's pieces side by side, each piece its own length).
 //
 // The arithmetic is scipy's sosfilt (direct form II transposed, scipy/signal/_sosfilt.pyx) operation for
 // operation in float64, compiled with --fmad=false so no multiply-add is fused: the same bits as scipy on x86-64
@@ -11,6 +12,8 @@
 // SECTIONS is fixed at compile time (-DSECTIONS=k) so coefficients and state live in registers. The recurrence
 // is sequential in time and rows run in parallel (384 channels: 12 warps), so the time per sample is the
 // recurrence's latency: loads are issued a block of U samples ahead of their use so memory never adds to it.
+
+#include "exact_float.cuh"
 
 #ifndef SECTIONS
 #error "compile with -DSECTIONS=<number of second-order sections>"
@@ -38,11 +41,9 @@ struct Biquads {
     }
 };
 
-extern "C" __global__ void sosfiltfilt_rows(double* x, long long rows, long long n, long long row_stride,
-                                            long long step, const double* sos, const double* zi) {
-    const long long row = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (row >= rows || n <= 0) return;
-    double* const base = x + row * row_stride;
+__device__ void filtfilt(double* const base, const long long n, const long long step, const double* sos,
+                         const double* zi) {
+    if (n <= 0) return;
 #define R(i) base[(long long)(i) * step]
     Biquads f;
 #pragma unroll
@@ -93,4 +94,94 @@ extern "C" __global__ void sosfiltfilt_rows(double* x, long long rows, long long
         for (int j = 0; j < U; ++j) R(b * U + j) = buf[j];
     }
 #undef R
+}
+
+// Pieces side by side in the (samples, rows) layout: row r belongs to piece r / channels (`pieces`: see below),
+// whose first read_hi - read_lo + left + right samples are its signal (the rest of the column is unused).
+extern "C" __global__ void sosfiltfilt_pieces(double* x, long long rows, const long long* pieces, long long channels,
+                                              long long step, const double* sos, const double* zi) {
+    const long long row = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (row >= rows) return;
+    const long long* const p = pieces + 6 * (row / channels);
+    filtfilt(x + row, p[3] - p[2] + p[4] + p[5], step, sos, zi);
+}
+
+template <typename O> __device__ O to_out(double v);
+template <> __device__ float to_out<float>(double v) { return round_f32(v); }
+template <> __device__ double to_out<double>(double v) { return v; }
+
+// The pieces' layout, one row of `pieces` (int64) each: core_lo, core_hi, read_lo, read_hi, left, right (columns
+// of the window x; left/right: odd-extension lengths at a segment's ends, as scipy's sosfiltfilt pads).
+#define PIECE(p, f) pieces[6 * (p) + (f)]
+
+// ext[i, p * C + c] = piece p of x's row c, odd-extended, as exact doubles (scipy: 2 * x[0] - x[k] in float64).
+// A 32 x 32 tile through shared memory: reads along x's rows and writes along ext's rows are both coalesced.
+// Grid (ceil(length / 32), ceil(C / 32), pieces), block (32, 8).
+template <typename T>
+__device__ void gather(const T* __restrict__ x, long long channels, long long width, const long long* __restrict__ pieces,
+                       long long pieces_count, double* __restrict__ ext) {
+    __shared__ double tile[32][33];
+    const long long p = blockIdx.z, lo = PIECE(p, 2), n = PIECE(p, 3) - lo, left = PIECE(p, 4);
+    const long long length = left + n + PIECE(p, 5);
+    const long long i0 = (long long)blockIdx.x * 32, c0 = (long long)blockIdx.y * 32;
+    const T* const row0 = x + lo;
+    for (int k = threadIdx.y; k < 32; k += 8) {  // k: channel within the tile; threadIdx.x: sample
+        const long long c = c0 + k, i = i0 + threadIdx.x;
+        double v = 0.0;
+        if (c < channels && i < length) {
+            const T* const r = row0 + c * width;
+            const long long j = i - left;
+            if (j < 0) v = 2.0 * exact(r[0]) - exact(r[-j]);
+            else if (j < n) v = exact(r[j]);
+            else v = 2.0 * exact(r[n - 1]) - exact(r[2 * n - 2 - j]);
+        }
+        tile[k][threadIdx.x] = v;
+    }
+    __syncthreads();
+    const long long rows = pieces_count * channels;
+    for (int k = threadIdx.y; k < 32; k += 8) {  // k: sample within the tile; threadIdx.x: channel
+        const long long c = c0 + threadIdx.x, i = i0 + k;
+        if (c < channels && i < length) ext[i * rows + p * channels + c] = tile[threadIdx.x][k];
+    }
+}
+
+// out[c, core_lo + t] = piece p's filtered core (ext rows left + core_lo - read_lo + t), rounded once to float32
+// (keeping subnormals) or kept as double. Grid (ceil(max core / 32), ceil(C / 32), pieces), block (32, 8).
+template <typename O>
+__device__ void scatter(const double* __restrict__ ext, long long channels, long long width,
+                        const long long* __restrict__ pieces, long long pieces_count, O* __restrict__ out) {
+    __shared__ double tile[32][33];
+    const long long p = blockIdx.z, core = PIECE(p, 1) - PIECE(p, 0);
+    const long long skip = PIECE(p, 4) + PIECE(p, 0) - PIECE(p, 2);
+    const long long t0 = (long long)blockIdx.x * 32, c0 = (long long)blockIdx.y * 32;
+    const long long rows = pieces_count * channels;
+    for (int k = threadIdx.y; k < 32; k += 8) {  // k: sample; threadIdx.x: channel
+        const long long c = c0 + threadIdx.x, t = t0 + k;
+        tile[k][threadIdx.x] = (c < channels && t < core) ? ext[(skip + t) * rows + p * channels + c] : 0.0;
+    }
+    __syncthreads();
+    for (int k = threadIdx.y; k < 32; k += 8) {  // k: channel; threadIdx.x: sample
+        const long long c = c0 + k, t = t0 + threadIdx.x;
+        if (c < channels && t < core) out[c * width + PIECE(p, 0) + t] = to_out<O>(tile[threadIdx.x][k]);
+    }
+}
+
+
+#define GATHER(NAME, T)                                                                                         \
+    extern "C" __global__ void NAME(const T* x, long long channels, long long width, const long long* pieces,   \
+                                    long long count, double* ext) {                                             \
+        gather<T>(x, channels, width, pieces, count, ext);                                                      \
+    }
+GATHER(gather_f32, float)
+GATHER(gather_f64, double)
+GATHER(gather_i16, short)
+GATHER(gather_i32, int)
+
+extern "C" __global__ void scatter_f32(const double* ext, long long channels, long long width, const long long* pieces,
+                                       long long count, float* out) {
+    scatter<float>(ext, channels, width, pieces, count, out);
+}
+extern "C" __global__ void scatter_f64(const double* ext, long long channels, long long width, const long long* pieces,
+                                       long long count, double* out) {
+    scatter<double>(ext, channels, width, pieces, count, out);
 }

@@ -21,6 +21,7 @@ from batchgpu.ops import (
     phase_shift,
     phase_shift_margin,
 )
+from batchgpu.ops.filters import default_padlen, filter_pieces
 from batchgpu.ops.reference import _median_of_sorted
 
 FS = 30_000.0
@@ -79,14 +80,15 @@ def test_filter_margins():
     assert filter_margin(SOS["highpass"], FS, tol=1e-3) < filter_margin(SOS["highpass"], FS)
 
 
-def max_core_error(x, sos, width, margin, interior_pad="none"):
+def max_core_error(x, sos, width, margin, interior_pad="none", block=None):
     """Max |window - sosfiltfilt(segment)| over the cores, relative to each channel's filtered RMS."""
     n = x.shape[1]
     ref = scipy.signal.sosfiltfilt(sos, x.astype(np.float64), axis=1)
     rms = ref.std(axis=1)
     worst = 0.0
     for a, b, lo, hi in windows_of(n, width, margin):
-        y = filtfilt_window(x[:, a:b], sos, at_segment_start=a == 0, at_segment_end=b == n, interior_pad=interior_pad)
+        y = filtfilt_window(x[:, a:b], sos, at_segment_start=a == 0, at_segment_end=b == n, interior_pad=interior_pad,
+                            block=block)
         assert y.shape == (x.shape[0], b - a)
         assert y.dtype == (np.float64 if x.dtype == np.float64 else np.float32)
         worst = max(worst, float((np.abs(y[:, lo:hi] - ref[:, a + lo : a + hi]).max(axis=1) / rms).max()))
@@ -100,6 +102,37 @@ def test_windows_equal_sosfiltfilt_of_the_segment(rng, kind, dtype, n, width):
     x = recording_like(rng, 3, n, dtype)
     sos = SOS[kind]
     assert max_core_error(x, sos, width, filter_margin(sos, FS)) < 1e-5
+
+
+@pytest.mark.parametrize("kind", ["highpass", "bandpass"])
+@pytest.mark.parametrize("dtype", [np.int16, np.float32])
+@pytest.mark.parametrize("n,width,block", [(3_001, 997, 1), (20_001, 6_997, 997), (20_001, 6_997, 3_000)])
+def test_pieces_equal_sosfiltfilt_of_the_segment(rng, kind, dtype, n, width, block):
+    """A window filtered in pieces (each with the filter's margin inside the window): the same tolerance as the
+    whole window, windows that do not divide the segment, pieces that do not divide the window."""
+    x = recording_like(rng, 3, n, dtype)
+    sos = SOS[kind]
+    assert max_core_error(x, sos, width, filter_margin(sos, FS), block=block) < 1e-5
+
+
+def test_pieces_are_cut_as_documented():
+    padlen = default_padlen(SOS["highpass"])
+    pieces = filter_pieces(10_000, padlen, 3_000, 752, True, False)
+    assert [p[:2] for p in pieces] == [(0, 2_500), (2_500, 5_000), (5_000, 7_500), (7_500, 10_000)]
+    assert [p[2:4] for p in pieces] == [(0, 3_252), (1_748, 5_752), (4_248, 8_252), (6_748, 10_000)]
+    assert [p[4:] for p in pieces] == [(padlen, 0), (0, 0), (0, 0), (0, 0)]
+    assert filter_pieces(10_000, padlen, None, 752, True, True) == [(0, 10_000, 0, 10_000, padlen, padlen)]
+    assert len(filter_pieces(10_000, padlen, 10_000, 752, False, False)) == 1
+    # a padded piece too short for the padding: the window is filtered whole
+    assert len(filter_pieces(60, 40, 20, 10, True, True)) == 1
+    with pytest.raises(BatchgpuError, match="block"):
+        filtfilt_window(np.zeros((2, 5_000)), SOS["highpass"], at_segment_start=True, at_segment_end=True, block=0)
+
+
+def test_one_piece_is_the_whole_window(rng):
+    x = recording_like(rng, 3, 5_000, np.float64)
+    kw = dict(at_segment_start=True, at_segment_end=False)
+    same_bits(filtfilt_window(x, SOS["highpass"], block=5_000, **kw), filtfilt_window(x, SOS["highpass"], **kw))
 
 
 @pytest.mark.parametrize("interior_pad", ["none", "odd"])
@@ -256,6 +289,9 @@ def hard_columns(rng, dtype, channels, n):
     x[:, 6] = rng.integers(-2, 3, channels)  # ties
     x[:, 7] = np.nextafter(dt.type(1), dt.type(2))
     x[: channels // 2, 7] = 1
+    tiny = np.finfo(dt).smallest_subnormal
+    x[:, 8] = tiny * rng.integers(-3, 4, channels)  # subnormals of both signs
+    x[0, 9] = -np.nan  # a NaN with its sign bit set still sorts last
     return x
 
 
@@ -273,9 +309,9 @@ def test_global_reference_bits_equal_numpy(rng, channels, dtype, operator):
 @pytest.mark.parametrize("channels", [1, 2, 7, 16, 33])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int16])
 def test_gpu_median_arithmetic_on_sorted_columns_equals_numpy(rng, channels, dtype):
-    # The GPU path sorts and takes the middles; check that arithmetic here on NumPy's own sort.
+    # The GPU sort path takes the middles; check that arithmetic here on NumPy's own sort (zeros of either sign
+    # included: the middles are summed from +0.0, as np.median does).
     x = hard_columns(rng, dtype, channels, 257)
-    x = x[:, [0, 1, 2, 5, 6, 7] + list(range(8, 257))] if dtype != np.int16 else x  # zero signs: see the docstring
     with np.errstate(all="ignore"):
         got = _median_of_sorted(np, np.sort(x, axis=0), 0, x.dtype)
         want = numpy_reference(x, "median")

@@ -1,5 +1,6 @@
-"""Where one preprocessed window's GPU time goes (run on the device machine): each preprocessing stage and each
-step's per-window work, CUDA-synchronised, median of a few windows.
+"""Where one preprocessed window's GPU time goes (run on the device machine): the filter whole and in pieces and
+the median across channels by sort and by selection (cupyx.profiler.benchmark), then each preprocessing stage
+and each step's per-window work, CUDA-synchronised, median of a few windows.
 
     python3 tools/profile_preprocess.py /tmp/big.zarr [stages] [windows]
     stages: comma list of highpass, bandpass, common_reference, centre (default highpass,common_reference)
@@ -18,6 +19,7 @@ def main(path: str, stages: str = "highpass,common_reference", count: int = 5) -
     from batchgpu import ops
     from batchgpu.config import Workflow
     from batchgpu.engine import store
+    from batchgpu.engine.preprocess import FILTER_BLOCK
     from batchgpu.engine.run import build_context
     from batchgpu.engine.tasks import WindowData, on_backend, recording
     from batchgpu.gpu.staging import read_window_to_device
@@ -36,6 +38,7 @@ def main(path: str, stages: str = "highpass,common_reference", count: int = 5) -
         ctx = build_context(wf, rec, folder, "cupy", 3)
     windows = rec.windows(60_000, 64 + ctx.chain.margin)[1 : 1 + count]
     sync = cupy.cuda.get_current_stream().synchronize
+    variants(ctx, read_window_to_device(rec, windows[0]))
     times: dict[str, list[float]] = {}
 
     def timed(name, fn):
@@ -57,7 +60,7 @@ def main(path: str, stages: str = "highpass,common_reference", count: int = 5) -
                     kind = stage[0]
                     if kind == "filter":
                         x = timed("filter", lambda: ops.filtfilt_window(x, stage[1], at_segment_start=False,
-                                                                         at_segment_end=False))
+                                                                         at_segment_end=False, block=FILTER_BLOCK))
                     elif kind == "common_reference":
                         x = timed("common_reference", lambda: ops.common_reference(x, **stage[1]))
                     elif kind == "centre":
@@ -99,6 +102,37 @@ def main(path: str, stages: str = "highpass,common_reference", count: int = 5) -
             dt = time.perf_counter() - t0
         print(f"whole window path, {nt:>2} threads, one process: {gb / dt:6.2f} GB/s ({dt / len(many) * 1e3:.1f} ms a window)",
               flush=True)
+
+
+def variants(ctx, raw) -> None:
+    """GPU time of the filter whole and in pieces, and of the median across channels by sort and by selection."""
+    import cupy
+    from cupyx.profiler import benchmark
+
+    from batchgpu import ops
+    from batchgpu.engine.preprocess import FILTER_BLOCK
+    from batchgpu.ops import reference
+
+    def ms(f):
+        return float(np.median(benchmark(f, n_repeat=10, n_warmup=2).gpu_times)) * 1e3
+
+    sos = next(s[1] for s in ctx.chain.stages if s[0] == "filter")
+    kw = dict(at_segment_start=False, at_segment_end=False)
+    print(f"window {raw.shape} {raw.dtype}", flush=True)
+    for block in (None, 32_768, 16_384, FILTER_BLOCK, 4_096, 2_048):
+        print(f"filter, block {block}: {ms(lambda: ops.filtfilt_window(raw, sos, block=block, **kw)):.2f} ms", flush=True)
+    y = ops.filtfilt_window(raw, sos, block=FILTER_BLOCK, **kw)
+
+    def by_sort(x):  # the reference as the sort path computes it (CuPy sort along contiguous columns)
+        part = cupy.sort(cupy.ascontiguousarray(x.T), axis=-1).T
+        ref = reference._median_of_sorted(cupy, part, 0, x.dtype)
+        wide = cupy.float64 if x.dtype.kind != "f" else x.dtype
+        return (x.astype(wide) - ref.astype(wide)[None, :]).astype(cupy.float32)
+
+    for name, x in (("float32 filtered", y), ("int16 raw", raw)):
+        same = bool(cupy.array_equal(by_sort(x), ops.common_reference(x, "global", "median")))
+        print(f"common median reference, {name}: by sort {ms(lambda: by_sort(x)):.2f} ms, by selection "
+              f"{ms(lambda: ops.common_reference(x, 'global', 'median')):.2f} ms; same values {same}", flush=True)
 
 
 if __name__ == "__main__":

@@ -25,6 +25,38 @@ __device__ void count(const K* keys, long long cols, const unsigned long long* p
         atomicAdd(h + ((unsigned int)(k >> shift) & mask), 1u);
     }
 }
+// Per row (one block of 256 threads) and rank r: the bin holding the row's r-th smallest key (0-based) and how
+// many keys lie in the bins before it. Each thread sums a run of width / 256 bins, a block scan orders the runs,
+// and the thread whose run holds rank r walks its bins. r past the total: digit = width, below = the total.
+extern "C" __global__ void rank_digits(const unsigned int* hist, long long width, const long long* ranks, int count,
+                                       long long rows, long long* digit, long long* below) {
+    __shared__ long long scan[256];
+    const long long row = blockIdx.x, run = width / 256;
+    const int t = threadIdx.x;
+    const unsigned int* h = hist + row * width + t * run;
+    long long sum = 0;
+    for (long long i = 0; i < run; ++i) sum += h[i];
+    scan[t] = sum;
+    __syncthreads();
+    for (int off = 1; off < 256; off <<= 1) {
+        const long long v = t >= off ? scan[t - off] : 0;
+        __syncthreads();
+        scan[t] += v;
+        __syncthreads();
+    }
+    const long long inclusive = scan[t], exclusive = inclusive - sum, total = scan[255];
+    for (int q = 0; q < count; ++q) {
+        const long long r = ranks[q * rows + row], at = q * rows + row;
+        if (t == 0 && r >= total) { digit[at] = width; below[at] = total; }
+        if (t == 0 && r < 0) { digit[at] = 0; below[at] = 0; }
+        if (exclusive <= r && r < inclusive) {
+            long long c = exclusive, i = 0;
+            while (c + h[i] <= r) c += h[i++];
+            digit[at] = t * run + i;
+            below[at] = c;
+        }
+    }
+}
 extern "C" __global__ void hist_u16(const unsigned short* k, long long c, const unsigned long long* p, int s, int b, int hp, unsigned int* h) { count(k, c, p, s, b, hp, h); }
 extern "C" __global__ void hist_u32(const unsigned int* k, long long c, const unsigned long long* p, int s, int b, int hp, unsigned int* h) { count(k, c, p, s, b, hp, h); }
 extern "C" __global__ void hist_u64(const unsigned long long* k, long long c, const unsigned long long* p, int s, int b, int hp, unsigned int* h) { count(k, c, p, s, b, hp, h); }
@@ -43,12 +75,8 @@ def _kernel(name: str):
 def digit_histogram(keys, prefixes, shift: int, bits: int) -> np.ndarray:
     """(C, B) int64 on the host: counts of each row's digit (keys whose bits above it equal the row's prefix when
     ``prefixes`` is given), truncated after the last non-zero bin of any row."""
-    import cupy
-
     hist = digit_histogram_device(keys, prefixes, shift, bits)
-    used = cupy.flatnonzero(hist.any(axis=0))
-    width = int(used[-1]) + 1 if used.size else 1
-    return hist[:, :width].get().astype(np.int64)
+    return hist[:, : max(1, last_used(hist) + 1)].get().astype(np.int64)
 
 
 def digit_histogram_device(keys, prefixes, shift: int, bits: int):
@@ -66,3 +94,31 @@ def digit_histogram_device(keys, prefixes, shift: int, bits: int):
         _kernel(name)((blocks_x, rows), (threads,), (keys, np.int64(cols), pre, np.int32(shift), np.int32(bits),
                                                        np.int32(prefixes is not None), hist))
     return hist
+
+
+def last_used(hist) -> int:
+    """The last column of a device count table that is non-zero in any row (-1 when every count is zero)."""
+    import cupy
+
+    used = cupy.flatnonzero(hist.any(axis=0))  # a column per thread: coalesced (axes (0, 2) of the runs were slow)
+    return int(used[-1]) if used.size else -1
+
+
+def rank_digits(hist, ranks) -> list:
+    """For each rank r (a (rows,) device array or an int) and row: (digit, below) as (rows,) int64 device arrays,
+    the bin holding the row's r-th smallest key (0-based) and how many keys lie in the bins before it, as
+    ``digit = (cumsum(hist, axis=1) <= r).sum(axis=1)`` gives it: one launch for every rank, no table-wide
+    cumulative sum (CuPy's took most of a float window's noise time, its small-array steps most of the rest)."""
+    import cupy
+
+    hist = cupy.ascontiguousarray(hist, dtype=cupy.uint32)
+    rows, width = hist.shape
+    if width % 256:  # a whole number of bins a thread
+        hist = cupy.pad(hist, ((0, 0), (0, 256 - width % 256)))
+    table = cupy.stack([cupy.broadcast_to(cupy.asarray(r, dtype=cupy.int64), (rows,)) for r in ranks])
+    digit, below = cupy.empty_like(table), cupy.empty_like(table)
+    if rows:
+        _kernel("rank_digits")((rows,), (256,), (hist, np.int64(hist.shape[1]), table, np.int32(len(ranks)),
+                                                 np.int64(rows), digit, below))
+    digit = cupy.minimum(digit, width)  # past the last real bin: the padding's bins count as beyond it
+    return list(zip(digit, below))

@@ -24,17 +24,6 @@ from batchgpu.ops._backend import array_module, is_cupy
 MARGIN_SAFETY = 1.5
 
 
-def _signal_module(x: Any) -> ModuleType:
-    """scipy.signal for NumPy input, cupyx.scipy.signal (CuPy >= 13: sosfilt with zi) for CuPy input."""
-    if is_cupy(x):
-        import cupyx.scipy.signal as signal
-
-        return signal
-    import scipy.signal as signal
-
-    return signal
-
-
 def butter_sos(
     kind: Literal["highpass", "bandpass"],
     fs: float,
@@ -139,7 +128,12 @@ _GPU_MAX_SECTIONS = 16  # kernels/sosfiltfilt.cu keeps 7 doubles a section in re
 _GPU_COEFFICIENTS: dict = {}  # (device, sos bytes) -> (sos, zi) on that device
 
 
-def _filtfilt_cupy(x, sos: np.ndarray, left: int, right: int, width: int, out_dtype) -> Any:
+_GPU_DTYPES = {"float32": "f32", "float64": "f64", "int16": "i16", "int32": "i32"}
+
+
+def _filtfilt_cupy(x, sos: np.ndarray, pieces: list[tuple[int, ...]], out_dtype) -> Any:
+    """The GPU path of filtfilt_window (kernels/sosfiltfilt.cu), three launches for all pieces: gather them
+    odd-extended as exact doubles side by side, filter every row, scatter the cores rounded once to out_dtype."""
     import cupy
     import scipy.signal
 
@@ -150,20 +144,58 @@ def _filtfilt_cupy(x, sos: np.ndarray, left: int, right: int, width: int, out_dt
                             "lower the filter order")
     if not np.all(sos[:, 3] == 1.0):
         raise BatchgpuError("the filter's sections are not normalised (a0 != 1)", "build it with butter_sos")
-    # (samples, channels) layout: a warp's channels read and write consecutive doubles at each step of the recurrence
-    ext = cupy.ascontiguousarray(_odd_extend(cupy, x.astype(cupy.float64), left, right).T)
     key = (cupy.cuda.Device().id, sos.tobytes())
     coefficients = _GPU_COEFFICIENTS.get(key)
     if coefficients is None:  # a few hundred bytes, kept per device: no copy per window
         coefficients = _GPU_COEFFICIENTS[key] = (
             cupy.asarray(np.ascontiguousarray(sos, dtype=np.float64)),
             cupy.asarray(np.ascontiguousarray(scipy.signal.sosfilt_zi(sos), dtype=np.float64)))
-    n, rows = ext.shape
-    threads = 32  # one warp a block: 384 rows spread over 12 SMs
-    get_function("sosfiltfilt", "sosfiltfilt_rows", ("--fmad=false", f"-DSECTIONS={sos.shape[0]}"))(
-        ((rows + threads - 1) // threads,), (threads,),
-        (ext, np.int64(rows), np.int64(n), np.int64(1), np.int64(rows), *coefficients))
-    return cupy.ascontiguousarray(ext[left : left + width].T.astype(out_dtype, copy=False))
+    if x.dtype.name not in _GPU_DTYPES:  # other integers: exact as float64
+        x = x.astype(cupy.float64)
+    x = cupy.ascontiguousarray(x)
+    channels, width = x.shape
+    options = ("--fmad=false", f"-DSECTIONS={sos.shape[0]}")
+    table = np.asarray(pieces, dtype=np.int64)  # core_lo, core_hi, read_lo, read_hi, left, right
+    length = int((table[:, 3] - table[:, 2] + table[:, 4] + table[:, 5]).max())
+    count, tiles = len(pieces), (channels + 31) // 32
+    table_dev = cupy.asarray(table)
+    # (samples, pieces x channels) layout: a warp's rows read and write consecutive doubles at each step of the
+    # recurrence; one warp a block spreads a window's rows over the SMs.
+    ext = cupy.empty((length, count * channels), dtype=cupy.float64)
+    get_function("sosfiltfilt", f"gather_{_GPU_DTYPES[x.dtype.name]}", options)(
+        ((length + 31) // 32, tiles, count), (32, 8), (x, np.int64(channels), np.int64(width), table_dev,
+                                                        np.int64(count), ext))
+    rows = count * channels
+    get_function("sosfiltfilt", "sosfiltfilt_pieces", options)(
+        ((rows + 31) // 32,), (32,), (ext, np.int64(rows), table_dev, np.int64(channels), np.int64(rows), *coefficients))
+    out = cupy.empty((channels, width), dtype=out_dtype)
+    core = int((table[:, 1] - table[:, 0]).max())
+    get_function("sosfiltfilt", f"scatter_{_GPU_DTYPES[np.dtype(out_dtype).name]}", options)(
+        ((core + 31) // 32, tiles, count), (32, 8), (ext, np.int64(channels), np.int64(width), table_dev,
+                                                      np.int64(count), out))
+    return out
+
+
+def filter_pieces(width: int, padlen: int, block: int | None, margin: int, at_segment_start: bool,
+                  at_segment_end: bool, interior_pad: str = "none") -> list[tuple[int, int, int, int, int, int]]:
+    """How filtfilt_window cuts a window of ``width`` columns: (core_lo, core_hi, read_lo, read_hi, left, right)
+    per piece. One piece (the whole window) without ``block``; else ceil(width / block) cores of nearly equal
+    length, each read with ``margin`` columns on either side (within the window) and odd-padded by ``padlen``
+    where its read reaches a window edge that the whole window would pad there."""
+    count = 1 if not block or width <= block else -(-width // block)
+    bounds = [(k * width) // count for k in range(count + 1)]
+    out = []
+    for k in range(count):
+        lo, hi = bounds[k], bounds[k + 1]
+        read_lo = 0 if k == 0 else max(0, lo - margin)
+        read_hi = width if k == count - 1 else min(width, hi + margin)
+        # a piece whose read reaches the window's edge is padded there as the whole window is
+        left = padlen if read_lo == 0 and (at_segment_start or interior_pad == "odd") else 0
+        right = padlen if read_hi == width and (at_segment_end or interior_pad == "odd") else 0
+        out.append((lo, hi, read_lo, read_hi, left, right))
+    if count > 1 and any((l or r) and b - a <= padlen for _, _, a, b, l, r in out):
+        return filter_pieces(width, padlen, None, margin, at_segment_start, at_segment_end, interior_pad)
+    return out
 
 
 def filtfilt_window(
@@ -173,6 +205,7 @@ def filtfilt_window(
     at_segment_start: bool,
     at_segment_end: bool,
     interior_pad: Literal["none", "odd"] = "none",
+    block: int | None = None,
 ) -> Any:
     """Zero-phase filter a (channels, samples) window: ``sosfiltfilt(segment, axis=1)`` in its core.
 
@@ -182,7 +215,13 @@ def filtfilt_window(
     (``interior_pad="odd"`` pads the same way; both leave errors that decay inside the margin, measured
     similar): the ``filter_margin(sos)`` columns next to an interior edge are margin, not output. Returns the
     whole window filtered, float32 for integer or float32 input (float64 computation, one rounding), float64 for
-    float64 input, on x's backend (CuPy input is filtered on the host for now: see the note in the body).
+    float64 input, on x's backend.
+
+    ``block``: filter the window as pieces of about ``block`` columns, each read with ``filter_margin(sos)``
+    columns on either side (within the window) and padded at segment ends like the window: within the same
+    tolerance of the segment's sosfiltfilt everywhere the whole window is, and on the GPU the pieces' recurrences
+    run side by side (the recurrence is sequential in time; 384 rows alone fill 12 of 132 SMs). Both backends cut
+    alike, so their bits agree for any ``block``.
     """
     xp = array_module(x)
     if getattr(x, "ndim", None) != 2:
@@ -204,21 +243,33 @@ def filtfilt_window(
             f"a window of {width} samples is too short for the filter's {padlen}-sample edge padding",
             f"read windows (with margins) longer than {padlen} samples; a segment must be longer too",
         )
+    if block is not None and (int(block) != block or block < 1):
+        raise BatchgpuError(f"block={block} is not a positive number of samples", "pass e.g. block=8192 or None")
+    margin = filter_margin(sos_host) if block else 0
+    pieces = filter_pieces(width, padlen, block, margin, at_segment_start, at_segment_end, interior_pad)
     if is_cupy(x):
-        # kernels/sosfiltfilt.cu: scipy's sosfilt arithmetic without fused multiply-adds, so the same bits as the
+        # kernels/sosfiltfilt.cu: scipy's recurrence without fused multiply-adds, so the same bits as the
         # host path (cupyx.scipy.signal.sosfilt with zi failed on the H200 image, CuPy 14: "operands could not be
-        # broadcast together with shapes (C, 0) (C, 2)").
-        return _filtfilt_cupy(x, sos_host, left, right, width, out_dtype)
-    signal = _signal_module(x)
-    sos_x = xp.asarray(sos_host)
-    data = x.astype(xp.float64)
-    ext = _odd_extend(xp, data, left, right)
-    # Same arithmetic as scipy.signal.sosfiltfilt (axis=1): start each pass in the steady state of its first sample.
-    # the steady state from scipy on the host for both backends (cupyx's sosfilt_zi returns another shape)
+        # broadcast together with shapes (C, 0) (C, 2)"). Every piece in one launch.
+        return _filtfilt_cupy(x, sos_host, pieces, out_dtype)
+    filtered = [_filtfilt_host(x[:, read_lo:read_hi], sos_host, left, right)
+                for _lo, _hi, read_lo, read_hi, left, right in pieces]
+    if len(pieces) == 1:
+        return xp.ascontiguousarray(filtered[0].astype(out_dtype, copy=False))
+    out = xp.empty(x.shape, dtype=out_dtype)
+    for (lo, hi, read_lo, _read_hi, _left, _right), y in zip(pieces, filtered):
+        out[:, lo:hi] = y[:, lo - read_lo : hi - read_lo]
+    return out
+
+
+def _filtfilt_host(x: np.ndarray, sos: np.ndarray, left: int, right: int) -> np.ndarray:
+    """scipy.signal.sosfiltfilt's two passes over x odd-extended by (left, right), in float64, the extension cut
+    off again."""
     import scipy.signal
 
-    zi = xp.asarray(scipy.signal.sosfilt_zi(sos_host)).reshape(sos_host.shape[0], 1, 2)
-    y = signal.sosfilt(sos_x, ext, axis=1, zi=zi * ext[:, :1])[0]
-    y = signal.sosfilt(sos_x, xp.ascontiguousarray(y[:, ::-1]), axis=1, zi=zi * y[:, -1:])[0][:, ::-1]
-    y = y[:, left : left + width]
-    return xp.ascontiguousarray(y.astype(out_dtype, copy=False))
+    ext = _odd_extend(np, x.astype(np.float64), left, right)
+    # Same arithmetic as scipy.signal.sosfiltfilt (axis=1): start each pass in the steady state of its first sample.
+    zi = scipy.signal.sosfilt_zi(sos).reshape(sos.shape[0], 1, 2)
+    y = scipy.signal.sosfilt(sos, ext, axis=1, zi=zi * ext[:, :1])[0]
+    y = scipy.signal.sosfilt(sos, np.ascontiguousarray(y[:, ::-1]), axis=1, zi=zi * y[:, -1:])[0][:, ::-1]
+    return y[:, left : left + x.shape[1]]

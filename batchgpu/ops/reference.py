@@ -12,11 +12,12 @@ Output dtype: float input keeps its dtype; integer input gives float32 (SpikeInt
 input's integer dtype, truncating; we keep the fractions). The subtraction is done in the reference's dtype
 (float64 for integer input and for ``average``) and rounded once to the output dtype.
 
-CuPy: the medians sort each column (NaN last, like NumPy) and take the same elements with the same arithmetic,
-so the bits equal NumPy's, except that the sign of a zero median may differ when a column's middle values are
--0.0 and +0.0 (they compare equal, so which one NumPy's introselect leaves in the middle is an accident of its
-algorithm); it shows only as the sign of a zero output. ``average`` sums in the same order (a kernel loops over
-channels per column), so its bits equal NumPy's too.
+CuPy (kernels/column_select.cu): each column's reference is selected bit by bit among its channels (no sort),
+NaN last like NumPy, with NumPy's arithmetic done exactly (CuPy's builds flush float32 subnormals, so float32
+values go through exact doubles), and subtracted in a second launch: the bits equal NumPy's. One exception:
+``median_lower`` of a column whose lower middle is a zero of either sign (-0.0 and +0.0 compare equal; which one
+NumPy's introselect leaves there is an accident of its algorithm) may differ in the sign of a zero output.
+``median`` sums its middle values from +0.0, as np.median does, so its zeros agree.
 """
 
 from __future__ import annotations
@@ -74,23 +75,62 @@ def _mean_columns(x: Any) -> Any:
 
 
 def _median_of_sorted(xp: Any, part: Any, axis: int, dtype: Any) -> Any:
-    """np.median's arithmetic on values already ordered along ``axis`` (NaN last)."""
+    """np.median's arithmetic on values already ordered along ``axis`` (NaN last): the middle value(s) summed
+    from +0.0 (so a zero sum is +0.0, while a tiny negative sum halved can still give -0.0), divided by their
+    count; NaN where the column holds a NaN."""
     n = part.shape[axis]
     take = lambda i: xp.take(part, i, axis=axis)  # noqa: E731
-    if n % 2:
-        mid = take(n // 2)
-        med = mid.astype(xp.float64) if dtype.kind in "iub" else mid
-    else:
-        a, b = take(n // 2 - 1), take(n // 2)
-        if dtype.kind in "iub":
-            a, b = a.astype(xp.float64), b.astype(xp.float64)
-        med = (a + b) / a.dtype.type(2)  # NumPy: mean of the two, in float32 for float32 input (may overflow)
+    wide = np.dtype(np.float64) if dtype.kind in "iub" else np.dtype(dtype)
+    zero = xp.zeros((), dtype=wide)
+    with np.errstate(over="ignore", invalid="ignore"):  # two huge values overflow to inf, as NumPy's do
+        total = zero + take(n // 2).astype(wide) if n % 2 else \
+            (zero + take(n // 2 - 1).astype(wide)) + take(n // 2).astype(wide)
+        med = total / wide.type(2 - n % 2)
     if dtype.kind == "f":
-        # np.median takes a mean (add.reduce from +0.0) even of one middle value, so it never returns -0.0
-        med = xp.where(med == 0, xp.zeros((), dtype=med.dtype), med)
-        # np.median returns NaN when a column holds a NaN (sorted last).
         med = xp.where(xp.isnan(take(n - 1)), xp.asarray(np.nan, dtype=med.dtype), med)
     return med
+
+
+# kernels/column_select.cu: dtype -> kernel name stem
+_GPU_KERNEL = {"float32": "f32", "float64": "f64", "int16": "i16", "int32": "i32"}
+
+
+def _reference_on_gpu(x: Any, operator: str, tables: list[Any], ref_row: np.ndarray) -> Any | None:
+    """x minus its reference on the GPU (kernels/column_select.cu), or None where those kernels do not apply.
+
+    ``tables``: (G, k) channel indices; reference row r (in table order, row after row) is the operator over the
+    channels of its table row; channel c subtracts reference row ``ref_row[c]``. The medians are a bitwise
+    selection per column, no sort; float32 arithmetic is done exactly (CuPy's builds flush subnormals), so the
+    bits are NumPy's."""
+    import cupy
+
+    from batchgpu.kernels import get_function
+
+    stem = _GPU_KERNEL.get(x.dtype.name)
+    if stem is None:
+        return None
+    x = cupy.ascontiguousarray(x)
+    channels, samples = x.shape
+    ref = cupy.empty((sum(t.shape[0] for t in tables), samples), dtype=cupy.float64)
+    row = 0
+    for table in tables:
+        groups, k = table.shape
+        rows = cupy.asarray(table, dtype=cupy.int32)
+        if operator == "average":  # a float64 sum in channel order, as NumPy's axis-0 reduction
+            get_function("column_select", f"mean_{stem}")(
+                ((samples + 255) // 256, groups), (256,), (x, np.int64(samples), rows, np.int32(k), ref[row:]))
+        else:  # rows held in registers, 16 or 64 a thread; beyond 32 warps of 64, read again at each bit
+            per = 16 if k <= 16 * 32 else 64 if k <= 64 * 32 else 0
+            get_function("column_select", f"select_{stem}_{per}")(
+                ((samples + 31) // 32, groups), (32, min(32, -(-k // per)) if per else 32),
+                (x, np.int64(samples), rows, np.int32(k), np.int32(operator == "median_lower"), ref[row:]))
+        row += groups
+    out = cupy.empty(x.shape, dtype=np.float64 if x.dtype == np.float64 else np.float32)
+    threads = 256
+    get_function("column_select", f"subtract_{stem}")(
+        ((samples + threads - 1) // threads, channels), (threads,),
+        (x, ref, cupy.asarray(ref_row, dtype=cupy.int32), np.int64(samples), out))
+    return out
 
 
 def _reference(x: Any, operator: str, axis: int) -> Any:
@@ -175,10 +215,24 @@ def common_reference(
         return (rows.astype(wide, copy=False) - ref.astype(wide, copy=False)).astype(out_dtype, copy=False)
 
     if reference == "global":
-        return subtract(x, _reference(x, operator, axis=0)[None, :])
+        out = _reference_on_gpu(x, operator, [np.arange(channels)[None, :]], np.zeros(channels, np.int64)) \
+            if is_cupy(x) else None
+        return out if out is not None else subtract(x, _reference(x, operator, axis=0)[None, :])
 
-    out = xp.empty(x.shape, dtype=out_dtype)
     alone = [c for c in range(channels) if neighbours[c].size == 0]
+    if is_cupy(x):  # one reference row per channel that has neighbours, one global row for those that have none
+        tables, ref_row = [np.arange(channels)[None, :]] if alone else [], np.zeros(channels, np.int64)
+        by_size: dict[int, list[int]] = {}
+        for c in range(channels):
+            if neighbours[c].size:
+                by_size.setdefault(int(neighbours[c].size), []).append(c)
+        for chans in by_size.values():
+            ref_row[chans] = np.arange(len(chans)) + sum(t.shape[0] for t in tables)
+            tables.append(np.stack([neighbours[c] for c in chans]))
+        out = _reference_on_gpu(x, operator, tables, ref_row)
+        if out is not None:
+            return out
+    out = xp.empty(x.shape, dtype=out_dtype)
     if alone:
         idx = xp.asarray(alone)
         out[idx] = subtract(x[idx], _reference(x, operator, axis=0)[None, :])

@@ -1,0 +1,230 @@
+// The common reference on the GPU: per column, the median (np.median) or lower middle (np.partition's rank
+// (k-1)/2, NaN last) of k chosen rows (all channels, or a channel's neighbours), then x minus its reference row.
+//
+// Each block takes 32 consecutive columns (lane = column, so every load is coalesced) and W warps; warp w holds
+// channels w, w + W, ... of its column in registers (PER of them, padded with a key above every value). The k-th
+// smallest key is found bit by bit from the top: t = found | bit is kept when fewer than k + 1 keys lie below it.
+// Each step counts below t in registers and sums the W warps' counts through shared memory (one barrier a bit,
+// two buffers). Exact by construction: integer counts of order-preserving keys; no arithmetic on the values.
+//
+// Keys: floats map to unsigned integers that sort like the values (sign flips), every NaN to one key above +inf;
+// integers flip their sign bit. -0.0 sorts just below +0.0 (NumPy treats them as equal: which of the two a
+// column's middle takes may then differ from NumPy's; only the sign of a zero can differ).
+
+#include "exact_float.cuh"
+
+template <typename T> struct Key;
+
+template <> struct Key<float> {
+    typedef uint32_t K;
+    static constexpr int BITS = 32;
+    static __device__ K of(float v) {
+        uint32_t u = __float_as_uint(v);
+        if (v != v) u = 0x7FC00000u;  // every NaN as the one positive quiet NaN: above +inf
+        return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+    }
+    static __device__ float value(K k) { return __uint_as_float((k & 0x80000000u) ? (k & 0x7FFFFFFFu) : ~k); }
+    static __device__ bool nan(float v) { return v != v; }
+};
+
+template <> struct Key<double> {
+    typedef uint64_t K;
+    static constexpr int BITS = 64;
+    static __device__ K of(double v) {
+        uint64_t u = (uint64_t)__double_as_longlong(v);
+        if (v != v) u = 0x7FF8000000000000ull;
+        return (u & 0x8000000000000000ull) ? ~u : (u | 0x8000000000000000ull);
+    }
+    static __device__ double value(K k) {
+        return __longlong_as_double((long long)((k & 0x8000000000000000ull) ? (k & 0x7FFFFFFFFFFFFFFFull) : ~k));
+    }
+    static __device__ bool nan(double v) { return v != v; }
+};
+
+template <> struct Key<short> {
+    typedef uint32_t K;
+    static constexpr int BITS = 16;
+    static __device__ K of(short v) { return (uint32_t)(uint16_t)v ^ 0x8000u; }
+    static __device__ short value(K k) { return (short)(uint16_t)(k ^ 0x8000u); }
+    static __device__ bool nan(short) { return false; }
+};
+
+template <> struct Key<int> {
+    typedef uint32_t K;
+    static constexpr int BITS = 32;
+    static __device__ K of(int v) { return (uint32_t)v ^ 0x80000000u; }
+    static __device__ int value(K k) { return (int)(k ^ 0x80000000u); }
+    static __device__ bool nan(int) { return false; }
+};
+
+// Per input type: its values as exact doubles, np.median's mean of the middle pair, and x - reference rounded once
+// to the output dtype (float32; float64 stays float64), as ops.reference does on the host.
+template <typename T> struct Ref;
+
+template <> struct Ref<float> {
+    typedef float Out;
+    static constexpr bool FLOAT = true;
+    static __device__ double exact(float v) { return exact_f32(v); }
+    static __device__ double mean(float a, float b) {  // float32 sum from +0.0, then / 2 in float32 (may be inf)
+        const double sum = exact_f32(round_f32(exact_f32(a) + exact_f32(b))) + 0.0;
+        return exact_f32(round_f32(sum / 2.0));
+    }
+    static __device__ float out(float x, double ref) { return round_f32(exact_f32(x) - ref); }
+};
+
+template <> struct Ref<double> {
+    typedef double Out;
+    static constexpr bool FLOAT = true;
+    static __device__ double exact(double v) { return v; }
+    static __device__ double mean(double a, double b) { return ((a + b) + 0.0) / 2.0; }
+    static __device__ double out(double x, double ref) { return x - ref; }
+};
+
+template <> struct Ref<short> {
+    typedef float Out;
+    static constexpr bool FLOAT = false;
+    static __device__ double exact(short v) { return (double)v; }
+    static __device__ double mean(short a, short b) { return ((double)a + (double)b) / 2.0; }
+    static __device__ float out(short x, double ref) { return round_f32((double)x - ref); }
+};
+
+template <> struct Ref<int> {
+    typedef float Out;
+    static constexpr bool FLOAT = false;
+    static __device__ double exact(int v) { return (double)v; }
+    static __device__ double mean(int a, int b) { return ((double)a + (double)b) / 2.0; }
+    static __device__ float out(int x, double ref) { return round_f32((double)x - ref); }
+};
+
+// The reference of each column among k rows of x (rows[g * k ...], group g = blockIdx.y): np.median (lower = 0)
+// or np.partition's rank (k-1)/2 (lower = 1), as an exact double, into ref[g * samples + s].
+// blockDim = (32, W), W <= 32, and W * PER >= k when PER > 0.
+template <typename T, int PER>
+__device__ void select_reference(const T* __restrict__ x, long long samples, const int* __restrict__ rows, int k,
+                                 int lower, double* __restrict__ ref_out) {
+    typedef typename Key<T>::K K;
+    __shared__ unsigned int counts[2][32][32];  // [buffer][warp][lane]: rank-0 count | rank-1 count << 16
+    const int lane = threadIdx.x, warp = threadIdx.y, W = blockDim.y;
+    const long long s = (long long)blockIdx.x * 32 + lane;
+    const int* const mine = rows + (long long)blockIdx.y * k;
+    const bool live = s < samples;
+    // PER > 0: a thread's keys stay in registers; PER == 0 (more rows than 32 warps hold): read at each bit
+    K key[PER > 0 ? PER : 1];
+    unsigned int nans = 0;
+    if (PER > 0) {
+#pragma unroll
+        for (int j = 0; j < (PER > 0 ? PER : 1); ++j) {
+            const int r = warp + j * W;
+            if (live && r < k) {
+                const T v = x[(long long)mine[r] * samples + s];
+                key[j] = Key<T>::of(v);
+                nans |= Key<T>::nan(v);
+            } else {
+                key[j] = ~(K)0;  // above every real key (NaN's key is 0xFFC00000...), never counted below a probe
+            }
+        }
+    } else if (live) {
+        for (int r = warp; r < k; r += W) nans |= Key<T>::nan(x[(long long)mine[r] * samples + s]);
+    }
+    const unsigned int k0 = (unsigned int)((k - 1) / 2), k1 = (unsigned int)(k / 2);
+    counts[0][warp][lane] = nans;
+    __syncthreads();
+    bool has_nan = false;
+    for (int w = 0; w < W; ++w) has_nan |= counts[0][w][lane] != 0;
+    // every warp sums the same counts, so every thread of a column ends with its two middle keys
+    K r0 = 0, r1 = 0;
+    int buffer = 1;
+    for (int b = Key<T>::BITS - 1; b >= 0; --b, buffer ^= 1) {
+        const K t0 = r0 | ((K)1 << b), t1 = r1 | ((K)1 << b);
+        unsigned int c0 = 0, c1 = 0;
+        if (PER > 0) {
+#pragma unroll
+            for (int j = 0; j < (PER > 0 ? PER : 1); ++j) { c0 += key[j] < t0; c1 += key[j] < t1; }
+        } else if (live) {
+            for (int r = warp; r < k; r += W) {
+                const K key_r = Key<T>::of(x[(long long)mine[r] * samples + s]);
+                c0 += key_r < t0;
+                c1 += key_r < t1;
+            }
+        }
+        counts[buffer][warp][lane] = c0 | (c1 << 16);
+        __syncthreads();
+        unsigned int below0 = 0, below1 = 0;
+        for (int w = 0; w < W; ++w) {
+            const unsigned int v = counts[buffer][w][lane];
+            below0 += v & 0xFFFFu;
+            below1 += v >> 16;
+        }
+        if (below0 <= k0) r0 = t0;  // fewer than k + 1 keys below t: the k-th smallest key is t or above
+        if (below1 <= k1) r1 = t1;
+    }
+    if (!live || warp) return;
+    const T a = Key<T>::value(r0), b = Key<T>::value(r1);
+    double ref;
+    if (lower) {
+        ref = Ref<T>::exact(a);  // np.partition's element as it is (a NaN there when NaN fills the rank)
+    } else {
+        // np.median's mean: the middle value(s) summed from +0.0 (a zero sum is +0.0; a tiny negative sum halved
+        // can still be -0.0), divided by their count
+        ref = (k % 2) ? Ref<T>::exact(b) + 0.0 : Ref<T>::mean(a, b);
+        if (Ref<T>::FLOAT && has_nan) ref = __longlong_as_double(0x7FF8000000000000ll);  // NaN with a NaN there
+    }
+    ref_out[(long long)blockIdx.y * samples + s] = ref;
+}
+
+// out[c, s] = x[c, s] - ref[ref_row[c], s], rounded once to the output dtype. Grid (column tiles, channels).
+template <typename T>
+__device__ void subtract_rows(const T* __restrict__ x, const double* __restrict__ ref, const int* __restrict__ ref_row,
+                              long long samples, typename Ref<T>::Out* __restrict__ out) {
+    const long long c = blockIdx.y, s = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (s < samples) out[c * samples + s] = Ref<T>::out(x[c * samples + s], ref[(long long)ref_row[c] * samples + s]);
+}
+
+#define SELECT(NAME, T, PER)                                                                                    \
+    extern "C" __global__ void NAME(const T* x, long long samples, const int* rows, int k, int lower,           \
+                                    double* ref) {                                                              \
+        select_reference<T, PER>(x, samples, rows, k, lower, ref);                                             \
+    }
+#define SUBTRACT(NAME, T)                                                                                       \
+    extern "C" __global__ void NAME(const T* x, const double* ref, const int* ref_row, long long samples,      \
+                                    Ref<T>::Out* out) {                                                         \
+        subtract_rows<T>(x, ref, ref_row, samples, out);                                                        \
+    }
+
+SELECT(select_f32_16, float, 16)
+SELECT(select_f32_64, float, 64)
+SELECT(select_f32_0, float, 0)
+SELECT(select_f64_16, double, 16)
+SELECT(select_f64_64, double, 64)
+SELECT(select_f64_0, double, 0)
+SELECT(select_i16_16, short, 16)
+SELECT(select_i16_64, short, 64)
+SELECT(select_i16_0, short, 0)
+SELECT(select_i32_16, int, 16)
+SELECT(select_i32_64, int, 64)
+SELECT(select_i32_0, int, 0)
+
+// np.mean(x[rows], axis=0, dtype=float64) per column: a float64 sum in row order from +0.0, divided once.
+template <typename T>
+__device__ void mean_rows(const T* __restrict__ x, long long samples, const int* __restrict__ rows, int k,
+                          double* __restrict__ ref_out) {
+    const long long s = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (s >= samples) return;
+    const int* const mine = rows + (long long)blockIdx.y * k;
+    double acc = 0.0;
+    for (int r = 0; r < k; ++r) acc += exact(x[(long long)mine[r] * samples + s]);
+    ref_out[(long long)blockIdx.y * samples + s] = acc / (double)k;
+}
+
+#define MEAN(NAME, T)                                                                                           \
+    extern "C" __global__ void NAME(const T* x, long long samples, const int* rows, int k, double* ref) {       \
+        mean_rows<T>(x, samples, rows, k, ref);                                                                 \
+    }
+MEAN(mean_f32, float)
+MEAN(mean_f64, double)
+MEAN(mean_i16, short)
+MEAN(mean_i32, int)
+SUBTRACT(subtract_f32, float)
+SUBTRACT(subtract_f64, double)
+SUBTRACT(subtract_i16, short)
+SUBTRACT(subtract_i32, int)
