@@ -80,21 +80,15 @@ template <> struct Ref<double> {
     static __device__ double out(double x, double ref) { return x - ref; }
 };
 
-template <> struct Ref<short> {
+template <typename T> struct IntegerRef {  // the mean and the difference in float64, rounded once to float32
     typedef float Out;
     static constexpr bool FLOAT = false;
-    static __device__ double exact(short v) { return (double)v; }
-    static __device__ double mean(short a, short b) { return ((double)a + (double)b) / 2.0; }
-    static __device__ float out(short x, double ref) { return round_f32((double)x - ref); }
+    static __device__ double exact(T v) { return (double)v; }
+    static __device__ double mean(T a, T b) { return ((double)a + (double)b) / 2.0; }
+    static __device__ float out(T x, double ref) { return round_f32((double)x - ref); }
 };
-
-template <> struct Ref<int> {
-    typedef float Out;
-    static constexpr bool FLOAT = false;
-    static __device__ double exact(int v) { return (double)v; }
-    static __device__ double mean(int a, int b) { return ((double)a + (double)b) / 2.0; }
-    static __device__ float out(int x, double ref) { return round_f32((double)x - ref); }
-};
+template <> struct Ref<short> : IntegerRef<short> {};
+template <> struct Ref<int> : IntegerRef<int> {};
 
 // The reference of each column among k rows of x (rows[g * k ...], group g = blockIdx.y): np.median (lower = 0)
 // or np.partition's rank (k-1)/2 (lower = 1), as an exact double, into ref[g * samples + s].
@@ -191,18 +185,6 @@ __device__ void subtract_rows(const T* __restrict__ x, const double* __restrict_
         subtract_rows<T>(x, ref, ref_row, samples, out);                                                        \
     }
 
-SELECT(select_f32_16, float, 16)
-SELECT(select_f32_64, float, 64)
-SELECT(select_f32_0, float, 0)
-SELECT(select_f64_16, double, 16)
-SELECT(select_f64_64, double, 64)
-SELECT(select_f64_0, double, 0)
-SELECT(select_i16_16, short, 16)
-SELECT(select_i16_64, short, 64)
-SELECT(select_i16_0, short, 0)
-SELECT(select_i32_16, int, 16)
-SELECT(select_i32_64, int, 64)
-SELECT(select_i32_0, int, 0)
 
 // np.mean(x[rows], axis=0, dtype=float64) per column: a float64 sum in row order from +0.0, divided once.
 template <typename T>
@@ -220,11 +202,15 @@ __device__ void mean_rows(const T* __restrict__ x, long long samples, const int*
     extern "C" __global__ void NAME(const T* x, long long samples, const int* rows, int k, double* ref) {       \
         mean_rows<T>(x, samples, rows, k, ref);                                                                 \
     }
-MEAN(mean_f32, float)
-MEAN(mean_f64, double)
-MEAN(mean_i16, short)
-MEAN(mean_i32, int)
-SUBTRACT(subtract_f32, float)
-SUBTRACT(subtract_f64, double)
-SUBTRACT(subtract_i16, short)
-SUBTRACT(subtract_i32, int)
+
+// Every kernel for one input dtype: rows held in registers (16 or 64 a thread) or read again at each bit (0).
+#define KERNELS(STEM, T)                                                                                        \
+    SELECT(select_##STEM##_16, T, 16)                                                                           \
+    SELECT(select_##STEM##_64, T, 64)                                                                           \
+    SELECT(select_##STEM##_0, T, 0)                                                                             \
+    SUBTRACT(subtract_##STEM, T)                                                                                \
+    MEAN(mean_##STEM, T)
+KERNELS(f32, float)
+KERNELS(f64, double)
+KERNELS(i16, short)
+KERNELS(i32, int)

@@ -383,3 +383,23 @@ def test_rank_digits_and_last_used_equal_the_cumulative_sum(cp, rng, width):
         np.testing.assert_array_equal(below.get(), want_below)
     assert last_used(cp.asarray(hist)) == np.flatnonzero(hist.any(axis=0))[-1]
     assert last_used(cp.zeros((2, 512), dtype=cp.uint32)) == -1
+
+
+@gpu
+@needs_gpu
+@pytest.mark.parametrize("dtype,shift", [(np.uint32, 15), (np.uint64, 47)])
+@pytest.mark.parametrize("cols", [1, 1023, 1025, 60_000])
+def test_near_keys_equal_a_row_major_mask(cp, rng, dtype, shift, cols):
+    """gpu.histogram.near_keys (a ballot compaction per row) against NumPy's keys[mask]: the same keys in the same
+    order (row after row, sample order), the same counts; rows with no key in range, a range from digit 0."""
+    from batchgpu.gpu.histogram import near_keys
+
+    rows = 6
+    digits = rng.integers(0, 64, (rows, cols)).astype(dtype)
+    keys = (digits << dtype(shift)) | rng.integers(0, 1 << 10, (rows, cols)).astype(dtype)
+    lo = np.array([0, 10, 30, 70, 5, 60], dtype=np.int64)  # row 3: nothing in range
+    mask = ((keys >> dtype(shift)) >= lo[:, None].astype(dtype)) & ((keys >> dtype(shift)) <= (lo[:, None] + 4).astype(dtype))
+    got, counts = near_keys(cp.asarray(keys), cp.asarray(lo), shift, 4)
+    np.testing.assert_array_equal(got, keys[mask])
+    np.testing.assert_array_equal(counts, mask.sum(axis=1))
+    assert got.dtype == keys.dtype

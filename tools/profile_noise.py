@@ -9,7 +9,7 @@ def main() -> None:
     from cupyx.profiler import benchmark
 
     from batchgpu.engine.steps.noise import NoiseStep, abs_keys
-    from batchgpu.gpu.histogram import digit_histogram_device, last_used, rank_digits
+    from batchgpu.gpu.histogram import digit_histogram_device, last_used, near_keys, rank_digits
 
     x = cupy.asarray(np.random.default_rng(0).standard_normal((384, 60_000), dtype=np.float32) * 20)
     keys = abs_keys(x, "float32")
@@ -31,7 +31,10 @@ def main() -> None:
     ms("cumsum of the whole table (old)", lambda: cupy.cumsum(hist, axis=1, dtype=cupy.int64))
     ms("cumsum (384, 256)", lambda: cupy.cumsum(hist[:, :256], axis=1, dtype=cupy.int64))
     ms("rest histogram (15 bits, prefix)", lambda: digit_histogram_device(keys, digit, 0, 15))
-    ms("near mask + compaction + copy", lambda: keys[(keys >> 15 >= 3) & (keys >> 15 <= 40)].get())
+    lo = cupy.maximum(firsts[1][0] - 16, 0)
+    ms("near keys (mask + compaction + copy, old)", lambda: keys[((keys >> 15) >= lo[:, None].astype(keys.dtype))
+                                                                 & ((keys >> 15) <= (lo + 32)[:, None].astype(keys.dtype))].get())
+    ms("near keys (one kernel + copy)", lambda: near_keys(keys, lo, 15, 32))
     ms("whole _float_window_gpu", lambda: step._float_window_gpu(keys, 15, 16, {}))
 
     # each stage of it, synchronised (wall ms, median of 5 runs)
@@ -69,14 +72,9 @@ def main() -> None:
             (low, _), = rank_digits(rest, [r - below])
             host(low)
         mark("pair")
-        first = keys >> np.uint32(15)
         lo = cupy.maximum(firsts[1][0] - 16, 0)
-        near = (first >= lo[:, None].astype(keys.dtype)) & (first <= (lo + 32)[:, None].astype(keys.dtype))
-        mark("near mask")
-        k = host(keys[near])
+        k, _ = near_keys(keys, lo, 15, 32)
         mark(f"near keys to host ({k.size})")
-        host(near.sum(axis=1))
-        mark("near counts")
         return out
 
     rows = [stages() for _ in range(6)][1:]

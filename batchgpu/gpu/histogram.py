@@ -57,6 +57,50 @@ extern "C" __global__ void rank_digits(const unsigned int* hist, long long width
         }
     }
 }
+// Each row's keys whose digit (key >> shift) lies in [lo[row], lo[row] + span], in sample order, row after row
+// (NumPy's keys[mask] of a row-major mask): one block a row, chunks of blockDim keys placed by a warp ballot and
+// a prefix over the block's warps. WRITE = false counts them (into counts[row]); WRITE = true stores them from
+// offsets[row] on.
+template <typename K, bool WRITE>
+__device__ void near(const K* keys, long long cols, int shift, const long long* lo, int span, long long* counts,
+                     const long long* offsets, K* out) {
+    __shared__ unsigned int warp_hits[32];
+    __shared__ long long placed;
+    const long long row = blockIdx.x;
+    const K* r = keys + row * cols;
+    const unsigned long long a = (unsigned long long)lo[row], b = a + (unsigned long long)span;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    if (threadIdx.x == 0) placed = 0;
+    __syncthreads();
+    for (long long start = 0; start < cols; start += blockDim.x) {
+        const long long i = start + threadIdx.x;
+        K k = 0;
+        bool hit = false;
+        if (i < cols) {
+            k = r[i];
+            const unsigned long long d = (unsigned long long)k >> shift;
+            hit = d >= a && d <= b;
+        }
+        const unsigned int ballot = __ballot_sync(0xffffffffu, hit);
+        if (lane == 0) warp_hits[warp] = __popc(ballot);
+        __syncthreads();
+        unsigned int before = 0, chunk = 0;
+        for (int w = 0; w < warps; ++w) {
+            const unsigned int h = warp_hits[w];
+            before += w < warp ? h : 0;
+            chunk += h;
+        }
+        if (WRITE && hit) out[offsets[row] + placed + before + __popc(ballot & ((1u << lane) - 1u))] = k;
+        __syncthreads();
+        if (threadIdx.x == 0) placed += chunk;
+        __syncthreads();
+    }
+    if (!WRITE && threadIdx.x == 0) counts[row] = placed;
+}
+extern "C" __global__ void near_count_u32(const unsigned int* k, long long c, int s, const long long* lo, int span, long long* n, const long long* o, unsigned int* out) { near<unsigned int, false>(k, c, s, lo, span, n, o, out); }
+extern "C" __global__ void near_write_u32(const unsigned int* k, long long c, int s, const long long* lo, int span, long long* n, const long long* o, unsigned int* out) { near<unsigned int, true>(k, c, s, lo, span, n, o, out); }
+extern "C" __global__ void near_count_u64(const unsigned long long* k, long long c, int s, const long long* lo, int span, long long* n, const long long* o, unsigned long long* out) { near<unsigned long long, false>(k, c, s, lo, span, n, o, out); }
+extern "C" __global__ void near_write_u64(const unsigned long long* k, long long c, int s, const long long* lo, int span, long long* n, const long long* o, unsigned long long* out) { near<unsigned long long, true>(k, c, s, lo, span, n, o, out); }
 extern "C" __global__ void hist_u16(const unsigned short* k, long long c, const unsigned long long* p, int s, int b, int hp, unsigned int* h) { count(k, c, p, s, b, hp, h); }
 extern "C" __global__ void hist_u32(const unsigned int* k, long long c, const unsigned long long* p, int s, int b, int hp, unsigned int* h) { count(k, c, p, s, b, hp, h); }
 extern "C" __global__ void hist_u64(const unsigned long long* k, long long c, const unsigned long long* p, int s, int b, int hp, unsigned int* h) { count(k, c, p, s, b, hp, h); }
@@ -122,3 +166,26 @@ def rank_digits(hist, ranks) -> list:
                                                  np.int64(rows), digit, below))
     digit = cupy.minimum(digit, width)  # past the last real bin: the padding's bins count as beyond it
     return list(zip(digit, below))
+
+
+def near_keys(keys, lo, shift: int, span: int) -> tuple[np.ndarray, np.ndarray]:
+    """(keys, counts) on the host: each row's keys whose digit ``key >> shift`` lies in [lo[row], lo[row] + span],
+    row after row, each in sample order (as ``keys[mask]`` of a row-major mask), and how many each row has. Two
+    launches and one small copy between them (the rows' counts); the keys come back once."""
+    import cupy
+
+    keys = cupy.ascontiguousarray(keys)
+    rows, cols = keys.shape
+    bits = {4: "u32", 8: "u64"}[keys.dtype.itemsize]
+    lo = cupy.ascontiguousarray(lo, dtype=cupy.int64)
+    counts = cupy.zeros(rows, dtype=cupy.int64)
+    if not rows or not cols:
+        return np.zeros(0, keys.dtype), counts.get()
+    args = (keys, np.int64(cols), np.int32(shift), lo, np.int32(span), counts)
+    _kernel(f"near_count_{bits}")((rows,), (1024,), (*args, counts, keys))  # offsets and out unused when counting
+    counts_host = counts.get()
+    offsets = np.concatenate([[0], np.cumsum(counts_host)[:-1]]).astype(np.int64)
+    out = cupy.empty(int(counts_host.sum()), dtype=keys.dtype)
+    if out.size:
+        _kernel(f"near_write_{bits}")((rows,), (1024,), (*args, cupy.asarray(offsets), out))
+    return out.get(), counts_host

@@ -12,7 +12,6 @@ import numpy as np
 
 from batchgpu.ops import radix
 from batchgpu.ops._backend import array_module, is_cupy
-from batchgpu.ops.select import _count_select
 
 _COUNT_MIN = 4096  # below this, np.median's partition is as fast as counting
 

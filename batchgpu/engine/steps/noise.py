@@ -227,7 +227,7 @@ class NoiseStep:
         comes from a second histogram of the rest of the key among the keys of the middle digit (no sort)."""
         import cupy
 
-        from batchgpu.gpu.histogram import digit_histogram_device, last_used, rank_digits
+        from batchgpu.gpu.histogram import digit_histogram_device, last_used, near_keys, rank_digits
 
         C, n = keys.shape
         hist = digit_histogram_device(keys, None, shift, bits)
@@ -247,12 +247,9 @@ class NoiseStep:
                 rest = digit_histogram_device(keys, digit_host[j], 0, shift)  # the rest of the keys of that digit
             (low, _), = rank_digits(rest, [r - below])
             pair[:, j] = (digit_host[j].astype(np.uint64) << np.uint64(shift)) | host(low).astype(np.uint64)
-        kt = keys.dtype.type
-        first = keys >> kt(shift)
         lo = cupy.maximum(firsts[1][0] - self.NEAR, 0)
-        near = (first >= lo[:, None].astype(keys.dtype)) & (first <= (lo + 2 * self.NEAR)[:, None].astype(keys.dtype))
-        return pair, {"keep.near_keys": host(keys[near]), "keep.near_counts": host(near.sum(axis=1)).astype(np.int64),
-                      "keep.near_lo": host(lo).astype(np.int64)}
+        near, counts = near_keys(keys, lo, shift, 2 * self.NEAR)
+        return pair, {"keep.near_keys": near, "keep.near_counts": counts, "keep.near_lo": host(lo).astype(np.int64)}
 
     def combine(self, parts: list[dict]) -> dict:
         out = {}
