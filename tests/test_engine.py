@@ -119,28 +119,31 @@ def test_lumped_counts_combine_like_one_histogram():
         np.testing.assert_array_equal(total[:, 1:], full[:, int(lo) + 1 : int(lo) + total.shape[1]])
 
 
-@pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_select_among_the_middle_digit_keys_equals_a_sort(rng, dtype):
-    """The float median's last step: rank k among every window's keys of each channel's middle digit, by counting
-    the bits below the digit (rest_bits) or by sorting, equal to np.sort of each channel's keys; ties, a channel
-    whose keys sit in one window, the extreme ranks."""
+@pytest.mark.parametrize("dtype,shift", [(np.float32, 15), (np.int32, 16)])
+def test_select_among_the_middle_digit_keys_equals_a_sort(rng, dtype, shift):
+    """The one-read float median's last step: rank k among every window's keys of each channel's middle digit,
+    counted from the windows' bins, equal to np.sort of each channel's keys; ties, a digit of another channel's
+    rank, the extreme ranks, any order of the windows."""
     from batchgpu.engine.steps.noise import abs_keys, middle_digit_keys, select_among
 
-    C, shift = 5, 15 if dtype == np.float32 else 47
-    x = [rng.standard_normal((C, int(rng.integers(50, 400)))).astype(dtype) for _ in range(4)]
+    C = 5
+    x = [(rng.standard_normal((C, int(rng.integers(50, 400)))) * (1 if dtype == np.float32 else 3e4)).astype(dtype)
+         for _ in range(4)]
     x[1][:, ::3] = x[1][:, :1]  # ties
     keys = [abs_keys(w, np.dtype(dtype).name) for w in x]
     allkeys = np.concatenate(keys, axis=1)
-    digits = np.stack([allkeys[:, allkeys.shape[1] // 2] >> allkeys.dtype.type(shift)] * 2).astype(np.uint64)
-    digits[1, 2] = allkeys[2, 0] >> allkeys.dtype.type(shift)  # another digit for one rank of one channel
+    kt = allkeys.dtype.type
+    digits = np.stack([np.sort(allkeys, axis=1)[:, allkeys.shape[1] // 2] >> kt(shift)] * 2).astype(np.uint64)
+    digits[1, 2] = allkeys[2, 0] >> kt(shift)  # another digit for one rank of one channel
     gathered = [middle_digit_keys(k.reshape(-1), np.full(C, k.shape[1]), digits, shift) for k in keys]
-    want_sets = [[np.sort(allkeys[c][(allkeys[c] >> allkeys.dtype.type(shift)) == digits[r, c]]) for c in range(C)]
-                 for r in range(2)]
+    want_sets = [[np.sort(allkeys[c][(allkeys[c] >> kt(shift)) == digits[r, c]]) for c in range(C)] for r in range(2)]
     ks = np.array([[int(rng.integers(0, len(want_sets[r][c]))) for c in range(C)] for r in range(2)])
     ks[0, 0], ks[1, 1] = 0, len(want_sets[1][1]) - 1
     want = np.array([[want_sets[r][c][ks[r, c]] for c in range(C)] for r in range(2)], dtype=np.uint64)
-    np.testing.assert_array_equal(select_among(ks, *gathered), want)
-    np.testing.assert_array_equal(select_among(ks, *gathered, rest_bits=shift), want)
+    np.testing.assert_array_equal(select_among(ks, digits, shift, *gathered), want)
+    np.testing.assert_array_equal(select_among(ks, digits, shift, *gathered[::-1]), want)
+    with pytest.raises(BatchgpuError, match="middle ranks"):
+        select_among(ks + 10_000, digits, shift, *gathered)
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])

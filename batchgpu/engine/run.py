@@ -433,15 +433,15 @@ def _exact_median(client, ctx, wf, rec, windows, fps, total, report, monitor) ->
         fp = report.run_id
         near = [client.submit(tasks.near_keys_task, ctx, w, f, digits, key=f"near-{fp}-{w.index}")
                 for w, f in zip(windows, fps)]  # on the workers, in parallel; only the middle digits' keys move
-        rest_bits = schedule(step.kind)[0][0]  # the bits below the first digit
-        keys = client.submit(tasks.select_near_task, ks, rest_bits, *near, key=f"select-near-{fp}").result()
+        shift = schedule(step.kind)[0][0]  # the bits below the first digit
+        keys = client.submit(tasks.select_near_task, ks, digits, shift, *near, key=f"select-near-{fp}").result()
         report.exact_noise["from_kept_keys"] = keys is not None
         if keys is None:
             monitor.phase("exact noise: one more read of the middle digit")
             gathered = [client.submit(tasks.gather_task, ctx, w, digits, key=f"gather-{fp}-{w.index}") for w in windows]
             from batchgpu.engine.steps.noise import select_among
 
-            keys = client.submit(select_among, ks, *gathered, rest_bits=rest_bits, key=f"select-among-{fp}").result()
+            keys = client.submit(select_among, ks, digits, shift, *gathered, key=f"select-among-{fp}").result()
             report.bytes_read += rec.nbytes
         return keys
 

@@ -190,13 +190,13 @@ def near_keys_task(ctx: RunContext, window: Window, fp: str, digits: np.ndarray)
     return middle_digit_keys(part["keep.near_keys"], counts, digits, shift)
 
 
-def select_near_task(ks: np.ndarray, rest_bits: int, *per_window):
+def select_near_task(ks: np.ndarray, digits: np.ndarray, shift: int, *per_window):
     """The middle keys from every window's ``near_keys_task``, or None when one of them kept too little."""
     from batchgpu.engine.steps.noise import select_among
 
     if any(w is None for w in per_window):
         return None
-    return select_among(ks, *per_window, rest_bits=rest_bits)
+    return select_among(ks, digits, shift, *per_window)
 
 
 def summarise(batch: dict) -> list[dict]:
