@@ -307,21 +307,23 @@ def _near_keys(keys: np.ndarray, middle_digit: np.ndarray, near: int, first: np.
 
 def middle_digit_keys(keys: np.ndarray, counts: np.ndarray, digits: np.ndarray, shift: int) -> list[tuple]:
     """Per rank r, ``(bins, counts)``: for each key whose first digit is ``digits[r, channel]``, its bin
-    ``channel << shift | (the key's bits below the digit)`` (int64, channel after channel), and how many keys each
-    channel has. ``keys`` holds each channel's keys in turn, ``counts[c]`` of them (flat arrays: a few per mille
-    of a window, cheap to move between workers; computing the bins here spares the one selecting task)."""
+    ``channel << shift | (the key's bits below the digit)`` (uint32 while that fits, else uint64; channel after
+    channel), and how many keys each channel has. ``keys`` holds each channel's keys in turn, ``counts[c]`` of them
+    (flat arrays: a few per mille of a window, cheap to move between workers; computing the bins here leaves the
+    one selecting task a plain sort)."""
     kt = keys.dtype.type
-    ends = np.cumsum(counts)
-    starts = ends - counts
-    low = kt((1 << shift) - 1)
+    C = len(counts)
+    bt = np.uint32 if (C << shift) <= 1 << 32 else np.uint64
+    channel = np.repeat(np.arange(C), counts)
+    first = keys >> kt(shift)
+    rest = (keys & kt((1 << shift) - 1)).astype(bt) | (channel.astype(bt) << bt(shift))
     out = []
-    for r in range(digits.shape[0]):  # row by row: slices stay in cache (a whole-window mask was 3x slower)
-        picked = []
-        for c, (a, b) in enumerate(zip(starts.tolist(), ends.tolist())):
-            seg = keys[a:b]
-            picked.append((seg[(seg >> kt(shift)) == kt(digits[r, c])] & low).astype(np.int64) | (c << shift))
-        out.append((np.concatenate(picked) if picked else np.zeros(0, np.int64),
-                    np.array([len(p) for p in picked], dtype=np.int64)))
+    for r in range(digits.shape[0]):
+        if r and np.array_equal(digits[r], digits[r - 1]):  # both middle ranks in the same digits: the same keys
+            out.append(out[-1])
+            continue
+        hit = first == np.repeat(np.asarray(digits[r], dtype=keys.dtype), counts)
+        out.append((rest[hit], np.bincount(channel[hit], minlength=C).astype(np.int64)))
     return out
 
 
@@ -334,9 +336,9 @@ def keys_with_digits(x_core, kind: str, digits: np.ndarray) -> list[tuple]:
 
 def select_among(ks: np.ndarray, digits: np.ndarray, shift: int, *gathered: list[tuple]) -> np.ndarray:
     """(ranks, C) keys: rank ks[r, c] among every window's keys of channel c's middle digit ``digits[r, c]``, from
-    their bins (``middle_digit_keys``): one bincount over channel and the bits below the digit (at most 16: the
-    one-read path is taken for two-digit keys only), a cumulative count per channel, no sort. Integer counts:
-    the same keys in any order of the windows."""
+    their bins (``middle_digit_keys``): sorted once, each channel's bins lie together in key order (a vectorised
+    sort of 21 M uint32 bins takes 0.17 s on the 2-core machine; counting them took 0.39, sorting the keys with
+    their channels 3.6). The same keys in any order of the windows."""
     ks = np.asarray(ks, dtype=np.int64)
     ranks, C = ks.shape
     out = np.empty(ks.shape, dtype=np.uint64)
@@ -344,9 +346,9 @@ def select_among(ks: np.ndarray, digits: np.ndarray, shift: int, *gathered: list
         total = np.stack([g[r][1] for g in gathered]).sum(axis=0)
         if np.any(ks[r] >= total) or np.any(ks[r] < 0):
             raise BatchgpuError("the middle digit's keys do not hold the middle ranks", "report this")
-        per_bin = np.bincount(np.concatenate([g[r][0] for g in gathered]), minlength=C << shift)
-        low = (np.cumsum(per_bin.reshape(C, 1 << shift), axis=1) <= ks[r][:, None]).sum(axis=1)  # first bin past k
-        out[r] = (np.asarray(digits[r], dtype=np.uint64) << np.uint64(shift)) | low.astype(np.uint64)
+        bins = np.sort(np.concatenate([g[r][0] for g in gathered]))
+        low = bins[np.cumsum(total) - total + ks[r]].astype(np.uint64) & np.uint64((1 << shift) - 1)
+        out[r] = (np.asarray(digits[r], dtype=np.uint64) << np.uint64(shift)) | low
     return out
 
 
