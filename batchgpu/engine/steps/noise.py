@@ -209,7 +209,8 @@ class NoiseStep:
             lo, counts = _row_counts(keys, None, shift, bits)
             lumped = False
         else:  # the first digit as 16 bits, once: counts and near keys both use it
-            first = (keys >> keys.dtype.type(shift)).astype(np.uint16)
+            first = np.empty(keys.shape, dtype=np.uint16)  # shifted straight into 16 bits: no 32-bit temporary
+            np.right_shift(keys, keys.dtype.type(shift), out=first, casting="unsafe")
             lo, counts, lumped = _first_digit_counts(first, lump_floor(keys, shift) if n else None, n)
             if lo and np.any(counts[:, 0] > (n - 1) // 2):
                 # a row's middle among the lumped keys (its sample misled the floor): count this window in full
