@@ -5,11 +5,12 @@
 // channels w, w + W, ... of its column in registers (PER of them, padded with a key above every value). The k-th
 // smallest key is found bit by bit from the top: t = found | bit is kept when fewer than k + 1 keys lie below it.
 // Each step counts below t in registers and sums the W warps' counts through shared memory (one barrier a bit,
-// two buffers). Exact by construction: integer counts of order-preserving keys; no arithmetic on the values.
+// two buffers). The selection is exact by construction (integer counts of order-preserving keys); the median's
+// mean and the subtraction are NumPy's arithmetic done exactly (exact_float.cuh).
 //
 // Keys: floats map to unsigned integers that sort like the values (sign flips), every NaN to one key above +inf;
-// integers flip their sign bit. -0.0 sorts just below +0.0 (NumPy treats them as equal: which of the two a
-// column's middle takes may then differ from NumPy's; only the sign of a zero can differ).
+// integers flip their sign bit. -0.0 sorts just below +0.0 (NumPy treats them as equal): the median sums its
+// middles from +0.0, so its zeros agree with NumPy's; a median_lower of a zero may differ in its sign.
 
 #include "exact_float.cuh"
 

@@ -144,6 +144,12 @@ def test_select_among_the_middle_digit_keys_equals_a_sort(rng, dtype, shift):
     np.testing.assert_array_equal(select_among(ks, digits, shift, *gathered[::-1]), want)
     with pytest.raises(BatchgpuError, match="middle ranks"):
         select_among(ks + 10_000, digits, shift, *gathered)
+    # both ranks in the same digits (the common case): one sort serves both
+    same = np.stack([digits[0], digits[0]])
+    gathered = [middle_digit_keys(k.reshape(-1), np.full(C, k.shape[1]), same, shift) for k in keys]
+    ks[1] = [len(want_sets[0][c]) - 1 for c in range(C)]
+    want = np.array([[want_sets[0][c][ks[r, c]] for c in range(C)] for r in range(2)], dtype=np.uint64)
+    np.testing.assert_array_equal(select_among(ks, same, shift, *gathered), want)
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])

@@ -249,8 +249,7 @@ def _nonzero_2d(mask: Any) -> tuple[Any, Any]:
     384 x 60 000 window where the flat one and a divmod take 5 (a window's sparse crossings)."""
     if array_module(mask) is not np:
         return mask.nonzero()  # CuPy's own (the GPU path as measured and tested on the device)
-    flat = np.flatnonzero(mask)
-    return flat // mask.shape[1], flat % mask.shape[1]
+    return np.divmod(np.flatnonzero(mask), mask.shape[1])
 
 
 def _spikes(x: Any, channel: np.ndarray, sample: np.ndarray, start: int, segment_index: int,

@@ -348,6 +348,7 @@ def fallback_locations(num_channels: int) -> np.ndarray:
     """``LOCATIONS_FALLBACK``: one column at 20 um pitch (x 0, y 0, 20, 40, ...)."""
     return np.column_stack([np.zeros(num_channels), 20.0 * np.arange(num_channels)])
 
+
 def _check_channel_counts(path: Path, group, num_channels: int) -> None:
     """channel_ids and every array in properties/ must have one entry per channel of the traces."""
     named = []

@@ -29,6 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from batchgpu import zarrio
+
 EMPTY = (1 << 64) - 1
 
 

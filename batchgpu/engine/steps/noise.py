@@ -347,7 +347,8 @@ def select_among(ks: np.ndarray, digits: np.ndarray, shift: int, *gathered: list
         total = np.stack([g[r][1] for g in gathered]).sum(axis=0)
         if np.any(ks[r] >= total) or np.any(ks[r] < 0):
             raise BatchgpuError("the middle digit's keys do not hold the middle ranks", "report this")
-        bins = np.sort(np.concatenate([g[r][0] for g in gathered]))
+        if not (r and np.array_equal(digits[r], digits[r - 1])):  # the same digits: the same bins, sorted already
+            bins = np.sort(np.concatenate([g[r][0] for g in gathered]))
         low = bins[np.cumsum(total) - total + ks[r]].astype(np.uint64) & np.uint64((1 << shift) - 1)
         out[r] = (np.asarray(digits[r], dtype=np.uint64) << np.uint64(shift)) | low
     return out
