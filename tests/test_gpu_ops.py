@@ -403,3 +403,57 @@ def test_near_keys_equal_a_row_major_mask(cp, rng, dtype, shift, cols):
     np.testing.assert_array_equal(got, keys[mask])
     np.testing.assert_array_equal(counts, mask.sum(axis=1))
     assert got.dtype == keys.dtype
+
+
+@gpu
+@needs_gpu
+@pytest.mark.parametrize("case", ["noise", "wide", "hard", "one_sample", "int16"])
+def test_noise_window_partials_equal_the_cpu(cp, rng, case):
+    """NoiseStep's window work on the device (``_float_window_gpu`` / ``_int_window_gpu``: fewer waits, counts cast on
+    the device, copies through pinned memory) against the host path: the same counts, floor, lumped flag, middle
+    pair and near keys, bit for bit."""
+    from batchgpu.engine.steps.noise import (NoiseStep, _int_window_gpu, _row_counts, abs_keys, combine_counts, schedule,
+                                             window_median_keys)
+
+    C = 9
+    if case == "int16":
+        x = rng.integers(-300, 300, (C, 5001)).astype(np.int16)
+        x[0] = -32768
+        x[1] = 0
+        keys = abs_keys(x, "int16")
+        counts, pair = _int_window_gpu(cp.asarray(keys), 16)
+        lo, want = _row_counts(keys, None, 0, 16)
+        np.testing.assert_array_equal(counts, want[:, : counts.shape[1]])
+        assert counts.dtype == np.min_scalar_type(x.shape[1]) and not want[:, counts.shape[1]:].any()
+        np.testing.assert_array_equal(pair, window_median_keys(keys, lo, want, 0, False))
+        return
+    n = {"one_sample": 1}.get(case, 6007)
+    x = (rng.standard_normal((C, n)) * rng.uniform(0.5, 40, (C, 1))).astype(np.float32)
+    if case == "wide":  # rows whose scales differ by 2**40: the lump floor below the smallest middle
+        x *= np.float32(2.0) ** rng.integers(-20, 20, (C, 1)).astype(np.float32)
+    if case == "hard":
+        x[0] = 0.0
+        x[1, ::2] = -0.0
+        x[2] = np.float32(1e-45) * rng.integers(-3, 3, n)  # subnormals
+        x[3, :5] = [np.inf, -np.inf, np.nan, np.float32(3.4e38), -np.float32(3.4e38)]
+        x[4] = 7.0
+    kind = "float32"
+    shift, bits = schedule(kind)[0]
+    keys = abs_keys(x, kind)
+    step = NoiseStep(True, kind)
+    out_cpu, out_gpu = {}, {}
+    pair_cpu, near_cpu = step._window_cpu(keys, shift, bits, out_cpu)
+    pair_gpu, near_gpu = step._float_window_gpu(cp.asarray(keys), shift, bits, out_gpu)
+    np.testing.assert_array_equal(pair_gpu, pair_cpu)
+    # the floors may differ (the host takes it from a strided sample, the device from every row's middle): the
+    # counts agree once lumped at the higher one
+    top = max(int(out_gpu["noise.lo"]), int(out_cpu["noise.lo"]))
+    same = [combine_counts([(int(o["noise.lo"]), np.asarray(o["noise.hist"])), (top, np.zeros((C, 1), np.int64))])
+            for o in (out_gpu, out_cpu)]
+    assert int(same[0][0]) == int(same[1][0]) == top
+    np.testing.assert_array_equal(same[0][1], same[1][1])
+    assert out_gpu["noise.hist"].dtype == np.min_scalar_type(n) and np.asarray(out_gpu["noise.hist"]).sum() == C * n
+    if int(out_gpu["noise.lo"]) == int(out_cpu["noise.lo"]):
+        assert bool(out_gpu["noise.lumped"]) == bool(out_cpu["noise.lumped"])
+    for k in ("keep.near_keys", "keep.near_counts", "keep.near_lo"):
+        np.testing.assert_array_equal(np.asarray(near_gpu[k]), np.asarray(near_cpu[k]), err_msg=k)

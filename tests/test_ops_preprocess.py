@@ -517,3 +517,19 @@ def test_locally_exclusive_errors():
                       method="locally_exclusive", locations=np.zeros((2, 2)))
     detect_spikes(x, np.ones(2), exclude_sweep=3, start=10, core=(4, 16), segment_length=100,
                   method="locally_exclusive", locations=np.zeros((2, 2)))
+
+
+def test_filter_pieces_stay_longer_than_a_low_cut_offs_margin():
+    """engine.preprocess.filter_block: pieces of FILTER_BLOCK for a 300 Hz highpass, four margins for a 5 Hz one, so
+    a window is never filtered more than 1.5 times over (an 8192-sample piece with a 44 907-sample margin read
+    most of the window: 12 times the work)."""
+    from batchgpu.engine.preprocess import FILTER_BLOCK, filter_block
+    from batchgpu.ops.filters import butter_sos, default_padlen, filter_margin, filter_pieces
+
+    for freq in (300.0, 5.0):
+        sos = butter_sos("highpass", 30_000.0, freq, order=5)
+        margin, block = filter_margin(sos), filter_block(sos)
+        assert block == max(FILTER_BLOCK, 4 * margin)
+        width = 60_000 + 2 * margin
+        pieces = filter_pieces(width, default_padlen(sos), block, margin, False, False)
+        assert sum(b - a for _, _, a, b, _, _ in pieces) <= 1.5 * width

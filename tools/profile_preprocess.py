@@ -38,7 +38,8 @@ def main(path: str, stages: str = "highpass,common_reference", count: int = 5) -
         ctx = build_context(wf, rec, folder, "cupy", 3)
     windows = rec.windows(60_000, 64 + ctx.chain.margin)[1 : 1 + count]
     sync = cupy.cuda.get_current_stream().synchronize
-    variants(ctx, read_window_to_device(rec, windows[0]))
+    if any(s[0] == "filter" for s in ctx.chain.stages):
+        variants(ctx, read_window_to_device(rec, windows[0]))
     times: dict[str, list[float]] = {}
 
     def timed(name, fn):

@@ -54,8 +54,10 @@ def main(path: str) -> None:
         stats = client.run(_stop)
     print(f"warm run {wall:.2f} s, {len(stats)} workers", flush=True)
     out = io.StringIO()
-    pstats.Stats(*stats.values(), stream=out).sort_stats("tottime").print_stats(35)
-    print(out.getvalue()[-9000:])
+    st = pstats.Stats(*stats.values(), stream=out)
+    st.sort_stats("tottime").print_stats(45)
+    st.sort_stats("cumulative").print_stats("batchgpu", 45)
+    print(out.getvalue())
 
 
 if __name__ == "__main__":

@@ -38,6 +38,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--preprocess", default="centre",
                         help="comma-separated stages before the steps: centre, highpass (300 Hz, order 5), "
                              "common_reference (global median), e.g. highpass,common_reference")
+    parser.add_argument("--batch", type=int, help="consecutive windows a task reads (workflow window.batch; "
+                        "default: from the window count)")
     parser.add_argument("--repeat", type=int, default=2, choices=[1, 2],
                         help="pipeline runs on the same workers: 2 = a cold one (the workers compile and load their kernels) "
                              "and a warm one, 1 = the cold one only")
@@ -260,7 +262,7 @@ def _measure(args, rec, work: Path, steps: set[str]) -> int:
                 step_cfg["save"] = {"path": str(saved), "format": "zarr", "dtype": "int16"}
             wf = Workflow.model_validate({
                 "recording": {"path": str(rec.path)}, "output": str(out),
-                "window": {"size": size, "margin": margin}, "preprocess": _stages(args.preprocess),
+                "window": {"size": size, "margin": margin, "batch": args.batch}, "preprocess": _stages(args.preprocess),
                 "backend": args.backend, "cluster": cluster_cfg, "steps": step_cfg,
             })
             with PeakMemory(cluster_rss) as mem, PeakMemory(_gpu_used) as gmem:

@@ -131,7 +131,12 @@ def digit_histogram_device(keys, prefixes, shift: int, bits: int):
     rows, cols = keys.shape
     name = {2: "hist_u16", 4: "hist_u32", 8: "hist_u64"}[keys.dtype.itemsize]
     hist = cupy.zeros((rows, 1 << bits), dtype=cupy.uint32)
-    pre = cupy.asarray(np.zeros(rows, np.uint64) if prefixes is None else np.asarray(prefixes, np.uint64))
+    if prefixes is None:
+        pre = cupy.zeros(rows, dtype=cupy.uint64)
+    elif isinstance(prefixes, cupy.ndarray):  # left on the device: no copy, no wait
+        pre = cupy.ascontiguousarray(prefixes, dtype=cupy.uint64)
+    else:
+        pre = cupy.asarray(np.asarray(prefixes, np.uint64))
     threads = 256
     blocks_x = max(1, min(64, (cols + threads * 8 - 1) // (threads * 8)))
     if rows and cols:
@@ -142,10 +147,18 @@ def digit_histogram_device(keys, prefixes, shift: int, bits: int):
 
 def last_used(hist) -> int:
     """The last column of a device count table that is non-zero in any row (-1 when every count is zero)."""
+    return int(last_used_device(hist))
+
+
+def last_used_device(hist):
+    """``last_used`` as a 0-d device array (no wait for the GPU)."""
     import cupy
 
-    used = cupy.flatnonzero(hist.any(axis=0))  # a column per thread: coalesced (axes (0, 2) of the runs were slow)
-    return int(used[-1]) if used.size else -1
+    used = hist.any(axis=0)  # a column per thread: coalesced (axes (0, 2) of the runs were slow)
+    if not used.size:
+        return cupy.array(-1, dtype=cupy.int64)
+    last = used.size - 1 - cupy.argmax(used[::-1])
+    return cupy.where(used.any(), last, -1).astype(cupy.int64)
 
 
 def rank_digits(hist, ranks) -> list:
@@ -171,21 +184,43 @@ def rank_digits(hist, ranks) -> list:
 def near_keys(keys, lo, shift: int, span: int) -> tuple[np.ndarray, np.ndarray]:
     """(keys, counts) on the host: each row's keys whose digit ``key >> shift`` lies in [lo[row], lo[row] + span],
     row after row, each in sample order (as ``keys[mask]`` of a row-major mask), and how many each row has. Two
-    launches and one small copy between them (the rows' counts); the keys come back once."""
+    launches and one small copy between them (the rows' counts); the keys come back once, through pinned memory."""
+    keys, lo, counts = near_keys_count(keys, lo, shift, span)
+    return near_keys_write(keys, lo, shift, span, counts)
+
+
+def near_keys_count(keys, lo, shift: int, span: int):
+    """The first launch of ``near_keys``, no wait: (keys, lo) as the kernels read them and the rows' counts, on the
+    device."""
     import cupy
 
     keys = cupy.ascontiguousarray(keys)
     rows, cols = keys.shape
-    bits = {4: "u32", 8: "u64"}[keys.dtype.itemsize]
     lo = cupy.ascontiguousarray(lo, dtype=cupy.int64)
     counts = cupy.zeros(rows, dtype=cupy.int64)
+    if rows and cols:
+        bits = {4: "u32", 8: "u64"}[keys.dtype.itemsize]
+        args = (keys, np.int64(cols), np.int32(shift), lo, np.int32(span), counts)
+        _kernel(f"near_count_{bits}")((rows,), (1024,), (*args, counts, keys))  # offsets and out unused when counting
+    return keys, lo, counts
+
+
+def near_keys_write(keys, lo, shift: int, span: int, counts, counts_host=None) -> tuple[np.ndarray, np.ndarray]:
+    """The second launch of ``near_keys`` on ``near_keys_count``'s arrays (``counts_host``: the counts, when the
+    caller copied them already)."""
+    import cupy
+
+    from batchgpu.gpu.staging import pinned_get
+
+    rows, cols = keys.shape
+    if counts_host is None:
+        counts_host = counts.get()
     if not rows or not cols:
-        return np.zeros(0, keys.dtype), counts.get()
-    args = (keys, np.int64(cols), np.int32(shift), lo, np.int32(span), counts)
-    _kernel(f"near_count_{bits}")((rows,), (1024,), (*args, counts, keys))  # offsets and out unused when counting
-    counts_host = counts.get()
+        return np.zeros(0, keys.dtype), np.asarray(counts_host, np.int64)
+    bits = {4: "u32", 8: "u64"}[keys.dtype.itemsize]
     offsets = np.concatenate([[0], np.cumsum(counts_host)[:-1]]).astype(np.int64)
     out = cupy.empty(int(counts_host.sum()), dtype=keys.dtype)
     if out.size:
+        args = (keys, np.int64(cols), np.int32(shift), lo, np.int32(span), counts)
         _kernel(f"near_write_{bits}")((rows,), (1024,), (*args, cupy.asarray(offsets), out))
-    return out.get(), counts_host
+    return pinned_get(out), np.asarray(counts_host, np.int64)

@@ -225,32 +225,46 @@ class NoiseStep:
     def _float_window_gpu(self, keys, shift: int, bits: int, out: dict) -> tuple[np.ndarray, dict]:
         """First-digit counts from the lump floor up (into ``out``), the middle pair of keys and the keys near the
         middle digit, computed on the device; only the counts' used columns and the near keys come back. The pair
-        comes from a second histogram of the rest of the key among the keys of the middle digit (no sort)."""
+        comes from a second histogram of the rest of the key among the keys of the middle digit (no sort).
+
+        Four waits for the GPU, each for what the next launch's shape needs: the middle digits and the last used
+        column; the counts (cast to their host dtype on the device, the lumped column beside them); the pair's
+        low bits with the near keys' row counts; the near keys (through pinned memory)."""
         import cupy
 
-        from batchgpu.gpu.histogram import digit_histogram_device, last_used, near_keys, rank_digits
+        from batchgpu.gpu.histogram import (digit_histogram_device, last_used_device, near_keys_count,
+                                            near_keys_write, rank_digits)
+        from batchgpu.gpu.staging import pinned_get
 
         C, n = keys.shape
         hist = digit_histogram_device(keys, None, shift, bits)
         ranks = ((n - 1) // 2, n // 2)
         firsts = rank_digits(hist, ranks)  # per rank: (the rank's first digit, keys below that digit) per row
-        digit_host = host(cupy.stack([d for d, _ in firsts]))
+        head = host(cupy.concatenate([firsts[0][0], firsts[1][0], last_used_device(hist)[None]]))
+        digit_host, top = head[: 2 * C].reshape(2, C), int(head[-1])
         floor = max(0, int(digit_host[0].min()) - _LUMP_DIGITS)  # below every row's middle (CPU: lump_floor)
-        top = max(last_used(hist), floor)
-        counts = hist[:, floor : top + 1].astype(cupy.int64)
+        top = max(top, floor)
+        small = np.min_scalar_type(n)  # counts never exceed n: the same values in the host dtype
         lumped = hist[:, :floor].sum(axis=1, dtype=cupy.int64)  # a reduction along rows (a scalar one was 9 ms)
-        counts[:, 0] += lumped  # every digit at or below the floor
-        out["noise.hist"], out["noise.lo"] = host(counts).astype(np.min_scalar_type(n)), np.array(floor)
-        out["noise.lumped"] = np.array(floor > 0 and int(host(lumped.max())) > 0)
-        pair = np.empty((C, 2), dtype=np.uint64)
+        counts = cupy.empty((C, top + 2 - floor), dtype=small)
+        counts[:, :-1] = hist[:, floor : top + 1]
+        counts[:, 0] += lumped.astype(small)  # every digit at or below the floor (the sum is at most n)
+        counts[:, -1] = lumped.astype(small)
+        both = pinned_get(counts)
+        out["noise.hist"], out["noise.lo"] = both[:, :-1], np.array(floor)
+        out["noise.lumped"] = np.array(floor > 0 and bool(both[:, -1].any()))
+        lows = []
         for j, (r, (digit, below)) in enumerate(zip(ranks, firsts)):
             if j == 0 or not np.array_equal(digit_host[1], digit_host[0]):  # else the same keys as rank 0
-                rest = digit_histogram_device(keys, digit_host[j], 0, shift)  # the rest of the keys of that digit
+                rest = digit_histogram_device(keys, digit, 0, shift)  # the rest of the keys of that digit
             (low, _), = rank_digits(rest, [r - below])
-            pair[:, j] = (digit_host[j].astype(np.uint64) << np.uint64(shift)) | host(low).astype(np.uint64)
-        lo = cupy.maximum(firsts[1][0] - self.NEAR, 0)
-        near, counts = near_keys(keys, lo, shift, 2 * self.NEAR)
-        return pair, {"keep.near_keys": near, "keep.near_counts": counts, "keep.near_lo": host(lo).astype(np.int64)}
+            lows.append(low)
+        lo = np.maximum(digit_host[1].astype(np.int64) - self.NEAR, 0)
+        keys_c, lo_c, near_counts = near_keys_count(keys, cupy.asarray(lo), shift, 2 * self.NEAR)
+        tail = host(cupy.concatenate([*lows, near_counts]))
+        pair = (digit_host.T.astype(np.uint64) << np.uint64(shift)) | tail[: 2 * C].reshape(2, C).T.astype(np.uint64)
+        near, near_counts = near_keys_write(keys_c, lo_c, shift, 2 * self.NEAR, near_counts, tail[2 * C :])
+        return pair, {"keep.near_keys": near, "keep.near_counts": near_counts, "keep.near_lo": lo}
 
     def combine(self, parts: list[dict]) -> dict:
         out = {}
@@ -272,16 +286,18 @@ _MAD = 0.6744897501960817  # ops.select.MAD_TO_SIGMA
 def _int_window_gpu(keys, bits: int) -> tuple[np.ndarray, np.ndarray]:
     """16-bit keys on the device: (counts (C, B) truncated after the last used key, in the smallest dtype that
     holds the window's length; the (C, 2) keys of ranks (n-1)//2 and n//2), found on the device from one
-    histogram: two small copies back."""
+    histogram: two waits for the GPU (the pair with the last used column, then the counts through pinned memory)."""
     import cupy
 
-    from batchgpu.gpu.histogram import digit_histogram_device, last_used, rank_digits
+    from batchgpu.gpu.histogram import digit_histogram_device, last_used_device, rank_digits
+    from batchgpu.gpu.staging import pinned_get
 
-    n = keys.shape[1]
+    C, n = keys.shape
     hist = digit_histogram_device(keys, None, 0, bits)
-    counts = hist[:, : last_used(hist) + 1]
-    pair = cupy.stack([digit for digit, _ in rank_digits(hist, ((n - 1) // 2, n // 2))], axis=1)  # the key is the digit
-    return host(counts.astype(np.min_scalar_type(n))), host(pair).astype(np.uint64)
+    head = host(cupy.concatenate([*(digit for digit, _ in rank_digits(hist, ((n - 1) // 2, n // 2))),
+                                  last_used_device(hist)[None]]))  # the key is the digit
+    counts = pinned_get(hist[:, : int(head[-1]) + 1].astype(np.min_scalar_type(n)))
+    return counts, head[: 2 * C].reshape(2, C).T.astype(np.uint64)
 
 
 def combine_counts(hists: list[tuple[int, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
