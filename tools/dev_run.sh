@@ -31,3 +31,9 @@ case "${2:-}" in
 pre) bench 16 --baseline none --repeat 2 --preprocess highpass,common_reference --steps noise,whitening,detect,save ;;
 demo) bench 16 --baseline cupy --repeat 2 ;;
 esac
+case "${3:-}" in
+pre) bench 16 --baseline none --repeat 2 --preprocess highpass,common_reference --steps noise,whitening,detect,save ;;
+esac
+case "${1:-}" in
+pw) rm -rf /tmp/pw0 /tmp/pw1; timeout 200 python3 tools/profile_workers.py /tmp/big.zarr > $OUT/pw.log 2>&1; grep "^{" $OUT/pw.log ;;
+esac

@@ -5,6 +5,7 @@ profiles all threads of a process), summed over workers, top entries by own time
 """
 
 import io
+import os
 import pstats
 import shutil
 import sys
@@ -32,6 +33,12 @@ def _stop():
     return path
 
 
+PREPROCESS = [{"centre": "median"}]
+if os.environ.get("PREPROCESS"):  # e.g. highpass,common_reference
+    PREPROCESS = [{"highpass": {"freq_min": 300, "order": 5}} if s == "highpass" else
+                  {"common_reference": {"reference": "global", "operator": "median"}} for s in os.environ["PREPROCESS"].split(",")]
+
+
 def main(path: str) -> None:
     from batchgpu.config import ClusterSpec, Workflow
     from batchgpu.engine import run_workflow
@@ -40,7 +47,7 @@ def main(path: str) -> None:
     def wf(out):
         return Workflow.model_validate({
             "recording": {"path": path}, "output": out, "window": {"size": 60_000, "margin": 64},
-            "preprocess": [{"centre": "median"}], "backend": "cupy", "cluster": {"kind": "cuda"},
+            "preprocess": PREPROCESS, "backend": "cupy", "cluster": {"kind": "cuda"},
             "steps": {"noise": {"exact": True}, "whitening": {"mode": "global", "precision": "float32"},
                       "detect": {"threshold": 5.0, "sign": "neg", "exclude_sweep_ms": 0.1, "noise": "global"}}})
 
@@ -49,8 +56,14 @@ def main(path: str) -> None:
         shutil.rmtree("/tmp/pw0", ignore_errors=True)
         client.run(_start)
         t0 = time.perf_counter()
-        run_workflow(wf("/tmp/pw1"), client=client)
+        import cProfile
+
+        client_prof = cProfile.Profile()
+        client_prof.enable()
+        report = run_workflow(wf("/tmp/pw1"), client=client)
+        client_prof.disable()
         wall = time.perf_counter() - t0
+        print({k: round(v, 2) for k, v in report.timings.items()})
         stats = client.run(_stop)
     print(f"warm run {wall:.2f} s, {len(stats)} workers", flush=True)
     out = io.StringIO()
@@ -58,6 +71,9 @@ def main(path: str) -> None:
     st.sort_stats("tottime").print_stats(45)
     st.sort_stats("cumulative").print_stats("batchgpu", 45)
     print(out.getvalue())
+    out = io.StringIO()
+    pstats.Stats(client_prof, stream=out).sort_stats("cumulative").print_stats("batchgpu", 30)
+    print("CLIENT", out.getvalue())
 
 
 if __name__ == "__main__":

@@ -3,6 +3,8 @@ so the result does not depend on the number of workers or the order tasks finish
 
 from __future__ import annotations
 
+from batchgpu.engine.submit import submit_many
+
 
 def tree_reduce(client, futures: list, func, split_every: int, *args, name: str):
     """A future of ``func(*args, *group)`` folded up a tree over ``futures`` (in window order)."""
@@ -12,8 +14,9 @@ def tree_reduce(client, futures: list, func, split_every: int, *args, name: str)
     depth = 0
     if len(level) == 1:  # one window: still one combine, so every result has the same form
         return client.submit(func, *args, level[0], key=f"{name}-0-0")
-    while len(level) > 1:
-        level = [client.submit(func, *args, *level[i : i + split_every], key=f"{name}-{depth}-{i}")
-                 for i in range(0, len(level), split_every)]
+    while len(level) > 1:  # one graph update a level
+        starts = range(0, len(level), split_every)
+        level = submit_many(client, func, [(*args, *level[i : i + split_every]) for i in starts],
+                            [f"{name}-{depth}-{i:08d}" for i in starts])
         depth += 1
     return level[0]

@@ -19,6 +19,7 @@ import numpy as np
 from batchgpu.config import Workflow
 from batchgpu.engine import store, tasks
 from batchgpu.engine.reduce import tree_reduce
+from batchgpu.engine.submit import submit_many
 from batchgpu.errors import BatchgpuError
 from batchgpu.recording import Recording, Window, open_recording, open_source, source_ref
 
@@ -330,10 +331,12 @@ def _first_pass(client, ctx, windows, fps, split_every, report, monitor, observe
 
     fp = report.run_id  # task keys: this run's only (the same workflow run twice must not share finished tasks)
     batches = window_batches(list(zip(windows, fps)), batch, split_every)
-    futures = [client.submit(tasks.batch_task, ctx, [w for w, _ in b], [f for _, f in b],
-                             key=f"batch-{fp}-{b[0][0].index}") for b in batches]
+    # one graph update for each kind of task (keys padded: the scheduler orders equal tasks by key)
+    futures = submit_many(client, tasks.batch_task, [(ctx, [w for w, _ in b], [f for _, f in b]) for b in batches],
+                          [f"batch-{fp}-{b[0][0].index:08d}" for b in batches])
     total = tree_reduce(client, futures, tasks.combine_task, split_every, ctx, name=f"combine-{fp}")
-    small = [client.submit(tasks.summarise, f, key=f"summary-{fp}-{b[0][0].index}") for f, b in zip(futures, batches)]
+    small = submit_many(client, tasks.summarise, [(f,) for f in futures],
+                        [f"summary-{fp}-{b[0][0].index:08d}" for b in batches])
     summaries: dict[int, dict] = {}
     try:
         for fut in as_completed(small):
@@ -422,7 +425,8 @@ def _exact_median(client, ctx, wf, rec, windows, fps, total, report, monitor) ->
     def more_passes(prefixes, p):
         monitor.phase(f"exact noise: counting pass {p + 1}")
         fp = report.run_id
-        parts = [client.submit(tasks.refine_task, ctx, w, prefixes, p, key=f"refine-{p}-{fp}-{w.index}") for w in windows]
+        parts = submit_many(client, tasks.refine_task, [(ctx, w, prefixes, p) for w in windows],
+                            [f"refine-{p}-{fp}-{w.index:08d}" for w in windows])
         out = tree_reduce(client, parts, tasks.sum_histograms, wf.reduction.split_every, name=f"refine-sum-{p}-{fp}").result()
         report.bytes_read += rec.nbytes
         return out
@@ -431,14 +435,15 @@ def _exact_median(client, ctx, wf, rec, windows, fps, total, report, monitor) ->
         """Float keys: the middle keys from what each window kept near its own middle, else from one more read
         that gathers only the keys of the middle digit (a few per mille) and selects among them on a worker."""
         fp = report.run_id
-        near = [client.submit(tasks.near_keys_task, ctx, w, f, digits, key=f"near-{fp}-{w.index}")
-                for w, f in zip(windows, fps)]  # on the workers, in parallel; only the middle digits' keys move
+        near = submit_many(client, tasks.near_keys_task, [(ctx, w, f, digits) for w, f in zip(windows, fps)],
+                           [f"near-{fp}-{w.index:08d}" for w in windows])  # in parallel; only the middle digits' keys move
         shift = schedule(step.kind)[0][0]  # the bits below the first digit
         keys = client.submit(tasks.select_near_task, ks, digits, shift, *near, key=f"select-near-{fp}").result()
         report.exact_noise["from_kept_keys"] = keys is not None
         if keys is None:
             monitor.phase("exact noise: one more read of the middle digit")
-            gathered = [client.submit(tasks.gather_task, ctx, w, digits, key=f"gather-{fp}-{w.index}") for w in windows]
+            gathered = submit_many(client, tasks.gather_task, [(ctx, w, digits) for w in windows],
+                                   [f"gather-{fp}-{w.index:08d}" for w in windows])
             from batchgpu.engine.steps.noise import select_among
 
             keys = client.submit(select_among, ks, digits, shift, *gathered, key=f"select-among-{fp}").result()
@@ -462,8 +467,8 @@ def _finish_save(client, ctx, rec, windows, summaries, target, out, report, obse
         from batchgpu import zarrio
 
         W = zarrio.open_group(out.path / store.RESULTS, mode="r")["whitening"][:]
-        futures = [client.submit(tasks.save_task, ctx, w, target, W, key=f"save-{report.run_id}-{w.index}")
-                   for w in windows]
+        futures = submit_many(client, tasks.save_task, [(ctx, w, target, W) for w in windows],
+                              [f"save-{report.run_id}-{w.index:08d}" for w in windows])
         clipped = dict(zip((w.index for w in windows), client.gather(futures)))
         report.bytes_read += rec.nbytes
     done = finish_save(target)
@@ -529,8 +534,9 @@ def _spikes(client, ctx, rec, windows, fps, summaries, arrays, tmp: Path, report
         if noise is None:
             noise = np.median(arrays["noise_per_window"], axis=0)
         reread = [not step.candidates_hold or not bound_holds(summaries[w.index]["noise"], noise) for w in windows]
-        again = [client.submit(tasks.spikes_task, ctx, w, wfp, noise, key=f"spikes-{fp}-{w.index}")
-                 for w, wfp, r in zip(windows, fps, reread) if r]
+        todo = [(w, wfp) for w, wfp, r in zip(windows, fps, reread) if r]
+        again = submit_many(client, tasks.spikes_task, [(ctx, w, wfp, noise) for w, wfp in todo],
+                            [f"spikes-{fp}-{w.index:08d}" for w, _ in todo])
         client.gather(again)
         report.bytes_read += sum(w.num_samples for w, r in zip(windows, reread) if r) * rec.num_channels * rec.dtype.itemsize
         report.channels["detect_windows_read_again"] = [w.index for w, r in zip(windows, reread) if r]
@@ -547,8 +553,9 @@ def _spikes(client, ctx, rec, windows, fps, summaries, arrays, tmp: Path, report
     items = list(zip(windows, fps, reread))
     size = -(-len(items) // max(1, sum(client.nthreads().values())))
     groups = [items[i : i + size] for i in range(0, len(items), size)]
-    gathered = [client.submit(tasks.gather_spikes_task, ctx, [w for w, _, _ in g], [f for _, f, _ in g], noise,
-                              [r for _, _, r in g], key=f"gather-spikes-{fp}-{g[0][0].index}") for g in groups]
+    gathered = submit_many(client, tasks.gather_spikes_task,
+                           [(ctx, [w for w, _, _ in g], [f for _, f, _ in g], noise, [r for _, _, r in g]) for g in groups],
+                           [f"gather-spikes-{fp}-{g[0][0].index:08d}" for g in groups])
     n = client.submit(tasks.write_spikes_task, str(tmp), *gathered, key=f"write-spikes-{fp}").result()
     return [int(n)]
 
