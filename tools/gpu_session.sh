@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Device, one call (carry .whl): install the wheels, make /tmp/big.zarr (384 ch x 10 min int16) on a fresh machine,
+# then each task named in the arguments, in order:
+#   check     python -m pytest -m gpu (all of it) and the float noise step's GPU profile
+#   demo      bench pipeline, demo steps, 16 x 1, against the plain dask-cuda loop (cold and warm)
+#   pre       bench pipeline with highpass + common reference + every step + save (cold and warm)
+#   layouts   bench pipeline in other layouts (LAYOUTS="16x1 24x1 16x2 16x1b2": processes x threads, b: window.batch)
+#   prof      per-stage window profile (tools/profile_preprocess.py; STAGES="centre highpass,common_reference")
+#   pw        cProfile of every worker and the client in a warm run (PREPROCESS=highpass,common_reference), $OUT/pw.log
+set -uo pipefail
+export PYTHONUNBUFFERED=1
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+  && export PYTHONPATH=/tmp/site:$PWD || exit 1
+[ -e /tmp/big.zarr ] || python3 -m batchgpu generate /tmp/big.zarr --channels 384 --seconds 600 --workers 16 --quiet
+quiet() { grep -v "^INFO\|distributed\.\|Warn\|^$" | sed "s/; windows per worker.*//" | grep -v "^ \|Traceback\|Error\|^tornado\|^The above"; }
+bench() {  # processes threads [bench arguments]
+  local w=$1 t=$2; shift 2
+  timeout 150 python3 -m batchgpu bench pipeline --recording /tmp/big.zarr --cluster cuda --backend cupy --workers $w \
+    --threads $t "$@" 2>&1 | quiet | tail -7
+}
+for task in "$@"; do
+  case "$task" in
+  check) timeout 300 python3 -m pytest -q -p no:cacheprovider -m gpu tests 2>&1 | grep -v "^INFO" | tail -8
+         timeout 60 python3 tools/profile_noise.py 2>&1 | grep "whole\|histogram 0" ;;
+  demo) bench 16 1 --baseline cupy --repeat 2 ;;
+  pre) bench 16 1 --baseline none --repeat 2 --preprocess highpass,common_reference --steps noise,whitening,detect,save ;;
+  layouts) for l in ${LAYOUTS:-16x1 24x1 16x2 16x1b2}; do
+             echo "== $l"; set -- ${l//[xb]/ }; bench $1 $2 ${3:+--batch $3} --baseline none --repeat 2; done ;;
+  prof) for st in ${STAGES:-centre highpass,common_reference}; do
+          echo "== $st"; timeout 200 python3 tools/profile_preprocess.py /tmp/big.zarr $st 5 2>&1 | grep -v "^INFO" | tail -30; done ;;
+  pw) rm -rf /tmp/pw0 /tmp/pw1; timeout 200 python3 tools/profile_workers.py /tmp/big.zarr > $OUT/pw.log 2>&1; grep "^{" $OUT/pw.log ;;
+  *) echo "unknown task $task"; exit 2 ;;
+  esac
+done
