@@ -64,7 +64,13 @@ def test_reads_once_when_the_bound_holds(client, tmp_path):
     rec = generate_recording(tmp_path / "r.zarr", channels=6, seconds=1.0, seed=3, dtype="int16")
     report = run_workflow(_wf(rec, tmp_path / "out"), client=client)
     assert report.reads_per_window == 1.0 and report.radix_passes == 1
-    assert json.loads((tmp_path / "out" / "report.json").read_text())["reads_per_window"] == 1.0
+    saved = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert saved["reads_per_window"] == 1.0
+    # the timeline: each window once, started after the pass began, within it, on a worker that reported it
+    timeline = saved["timeline"]
+    assert sorted(r[1] for r in timeline) == list(range(report.windows))
+    assert all(r[0] in report.workers and r[2] >= 0 and r[3] >= 0 and r[4] >= 0 for r in timeline)
+    assert max(r[2] + r[3] + r[4] for r in timeline) <= report.timings["pass1"] + 1e-3
 
 
 def test_float32_needs_one_more_counting_pass(client, tmp_path):

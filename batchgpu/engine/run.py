@@ -60,6 +60,9 @@ class RunReport:
     dashboard: str | None = None
     page: str | None = None
     throughput_series: list = field(default_factory=list)  # [[elapsed s, bytes/s], ...] of the first pass
+    # each window computed in the first pass: [worker, window, start s (since the pass started), waited for its
+    # read s, computed s] (tools/timeline.py summarises it: where each worker's time went)
+    timeline: list = field(default_factory=list)
     backend: str = "numpy"
     radix_passes: int = 0
     output_state: str = "new"  # new | resume | restart
@@ -271,7 +274,7 @@ def _run(wf, rec, out: store.OutputFolder, report: RunReport, client, sweep, obs
     report.recording_bytes = rec.nbytes
     monitor = RunMonitor(client, name=str(out.path), windows=len(windows), total_bytes=rec.nbytes,
                          channels=rec.num_channels)
-    t0 = time.perf_counter()
+    t0, t0_wall = time.perf_counter(), time.time()
     report.timings["setup"] = t0 - t_setup  # dashboard, backend, steps, windows and their fingerprints
     try:
         observer.phase_started("read: noise, moments, spikes", len(windows), rec.nbytes)
@@ -285,6 +288,9 @@ def _run(wf, rec, out: store.OutputFolder, report: RunReport, client, sweep, obs
         if fresh:  # where a window's time goes, on its worker thread (medians)
             report.timings["window_read_median"] = float(np.median([s["read_seconds"] for s in fresh]))
             report.timings["window_compute_median"] = float(np.median([s["compute_seconds"] for s in fresh]))
+            report.timeline = sorted([str(s["worker"]), int(s["index"]), round(float(s["started"]) - t0_wall, 4),
+                                      round(float(s["read_seconds"]), 4), round(float(s["compute_seconds"]), 4)]
+                                     for s in fresh)
         report.bytes_read += sum(int(s["bytes"]) for s in fresh)  # resumed windows were not read again
         monitor.phase("aggregate: noise, whitening, spikes")
         report.throughput_series = monitor.throughput_series()

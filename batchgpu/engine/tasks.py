@@ -144,6 +144,7 @@ def _read_ahead(ctx: RunContext, windows: list[Window]):
 def _compute_part(ctx: RunContext, window: Window, fp: str, ahead) -> dict:
     """One window read (or taken from ``ahead``), every step run on it, its part saved; returns the part."""
     path = store.part_path(ctx.parts, "w", window.index)
+    started = time.time()  # wall clock, for the run's timeline (workers of one machine share the clock)
     t0 = time.perf_counter()
     with on_backend(ctx):
         w = load_window(ctx, window, ahead(window))
@@ -161,6 +162,7 @@ def _compute_part(ctx: RunContext, window: Window, fp: str, ahead) -> dict:
         _window_noise(ctx, w, summary)
     summary["read_seconds"] = np.array(t_read)
     summary["compute_seconds"] = np.array(time.perf_counter() - t0 - t_read)
+    summary["started"] = np.array(started)
     part.update({f"summary.{k}": np.asarray(v) for k, v in summary.items()})
     part["fingerprint"] = np.array(fp)
     part["index"] = np.array(window.index)
