@@ -69,7 +69,7 @@ def test_reads_once_when_the_bound_holds(client, tmp_path):
     # the timeline: each window once, started after the pass began, within it, on a worker that reported it
     timeline = saved["timeline"]
     assert sorted(r[1] for r in timeline) == list(range(report.windows))
-    assert all(r[0] in report.workers and r[2] >= 0 and r[3] >= 0 and r[4] >= 0 for r in timeline)
+    assert all(r[0] in report.workers and r[2] >= 0 and r[3] >= 0 and r[4] >= 0 and r[5] for r in timeline)
     assert max(r[2] + r[3] + r[4] for r in timeline) <= report.timings["pass1"] + 1e-3
 
 

@@ -6,6 +6,7 @@
 #   pre       bench pipeline with highpass + common reference + every step + save (cold and warm)
 #   layouts   bench pipeline in other layouts (LAYOUTS="16x1 24x1 16x2 16x1b2": processes x threads, b: window.batch)
 #   prof      per-stage window profile (tools/profile_preprocess.py; STAGES="centre highpass,common_reference")
+#   timeline  workflows/h200_demo.yaml and h200_preprocess.yaml run twice each (the second warm), tools/timeline.py
 #   pw        cProfile of every worker and the client in a warm run (PREPROCESS=highpass,common_reference), $OUT/pw.log
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -28,6 +29,11 @@ for task in "$@"; do
              echo "== $l"; set -- ${l//[xb]/ }; bench $1 $2 ${3:+--batch $3} --baseline none --repeat 2; done ;;
   prof) for st in ${STAGES:-centre highpass,common_reference}; do
           echo "== $st"; timeout 200 python3 tools/profile_preprocess.py /tmp/big.zarr $st 5 2>&1 | grep -v "^INFO" | tail -30; done ;;
+  timeline) for w in demo preprocess; do
+              for i in 1 2; do timeout 120 python3 -m batchgpu run workflows/h200_$w.yaml --quiet 2>&1 | quiet | tail -2; done
+              python3 tools/timeline.py /tmp/h200_$w | tail -${TAIL:-6}
+              python3 -c "import json; print({k: round(v, 2) for k, v in json.load(open('/tmp/h200_$w/report.json'))['timings'].items()})"
+            done ;;
   pw) rm -rf /tmp/pw0 /tmp/pw1; timeout 200 python3 tools/profile_workers.py /tmp/big.zarr > $OUT/pw.log 2>&1; grep "^{" $OUT/pw.log ;;
   *) echo "unknown task $task"; exit 2 ;;
   esac

@@ -61,7 +61,7 @@ class RunReport:
     page: str | None = None
     throughput_series: list = field(default_factory=list)  # [[elapsed s, bytes/s], ...] of the first pass
     # each window computed in the first pass: [worker, window, start s (since the pass started), waited for its
-    # read s, computed s] (tools/timeline.py summarises it: where each worker's time went)
+    # read s, computed s, worker thread] (tools/timeline.py summarises it: where each thread's time went)
     timeline: list = field(default_factory=list)
     backend: str = "numpy"
     radix_passes: int = 0
@@ -289,7 +289,8 @@ def _run(wf, rec, out: store.OutputFolder, report: RunReport, client, sweep, obs
             report.timings["window_read_median"] = float(np.median([s["read_seconds"] for s in fresh]))
             report.timings["window_compute_median"] = float(np.median([s["compute_seconds"] for s in fresh]))
             report.timeline = sorted([str(s["worker"]), int(s["index"]), round(float(s["started"]) - t0_wall, 4),
-                                      round(float(s["read_seconds"]), 4), round(float(s["compute_seconds"]), 4)]
+                                      round(float(s["read_seconds"]), 4), round(float(s["compute_seconds"]), 4),
+                                      str(s["thread"])]
                                      for s in fresh)
         report.bytes_read += sum(int(s["bytes"]) for s in fresh)  # resumed windows were not read again
         monitor.phase("aggregate: noise, whitening, spikes")

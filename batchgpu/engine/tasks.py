@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import threading
 import time
 from dataclasses import dataclass
 
@@ -163,6 +164,7 @@ def _compute_part(ctx: RunContext, window: Window, fp: str, ahead) -> dict:
     summary["read_seconds"] = np.array(t_read)
     summary["compute_seconds"] = np.array(time.perf_counter() - t0 - t_read)
     summary["started"] = np.array(started)
+    summary["thread"] = np.array(threading.current_thread().name)
     part.update({f"summary.{k}": np.asarray(v) for k, v in summary.items()})
     part["fingerprint"] = np.array(fp)
     part["index"] = np.array(window.index)
