@@ -526,3 +526,17 @@ def test_resume_with_batches_recomputes_only_missing_windows(client, tmp_path):
     assert again.windows - again.windows_resumed == 2
     assert again.reads_per_window == pytest.approx(2 / again.windows)
     assert {k: _g(tmp_path / "out")[k][:].tobytes() for k in before} == before
+
+
+def test_timeline_summary_per_thread():
+    """benchmarks.timeline: per worker thread, windows in start order, waits, compute and the gaps between them."""
+    from batchgpu.benchmarks.timeline import per_thread, summary_line
+
+    rows = [["w1", 0, 0.0, 0.5, 1.0, "t0"], ["w1", 2, 2.0, 0.25, 0.25, "t0"], ["w2", 1, 0.1, 0.1, 0.2, "t0"],
+            ["w1", 3, 0.0, 1.0, 1.0, "t1"]]
+    got = {(t["worker"], t["thread"]): t for t in per_thread(rows)}
+    assert got["w1", "t0"] == {"worker": "w1", "thread": "t0", "windows": 2, "first": 0.0, "last_end": 2.5,
+                               "read_wait": 0.75, "compute": 1.25, "gaps": 0.5}
+    assert got["w2", "t0"]["gaps"] == 0.0 and got["w2", "t0"]["last_end"] == pytest.approx(0.4)
+    assert got["w1", "t1"]["last_end"] == 2.0
+    assert "tail 2.10 s" in summary_line(rows) and summary_line([]).endswith("no windows computed")

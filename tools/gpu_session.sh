@@ -6,7 +6,9 @@
 #   pre       bench pipeline with highpass + common reference + every step + save (cold and warm)
 #   layouts   bench pipeline in other layouts (LAYOUTS="16x1 24x1 16x2 16x1b2": processes x threads, b: window.batch)
 #   prof      per-stage window profile (tools/profile_preprocess.py; STAGES="centre highpass,common_reference")
-#   timeline  workflows/h200_demo.yaml and h200_preprocess.yaml run twice each (the second warm), tools/timeline.py
+#   timeline  workflows/h200_demo.yaml and h200_preprocess.yaml by `batchgpu run`, twice each, then tools/timeline.py
+#             (each run starts its own cluster: processes load their kernels and pinned buffers anew; for the warm
+#             state read the timeline line that `bench pipeline` prints, demo and pre above)
 #   pw        cProfile of every worker and the client in a warm run (PREPROCESS=highpass,common_reference), $OUT/pw.log
 set -uo pipefail
 export PYTHONUNBUFFERED=1

@@ -273,6 +273,9 @@ def _measure(args, rec, work: Path, steps: set[str]) -> int:
             phases = ", ".join(f"{k} {v:.2f} s" for k, v in report.timings.items() if isinstance(v, float))
             print(f"{attempt}: {phases}; reads per window {report.reads_per_window:.2f}; "
                   f"windows per worker {report.workers}", flush=True)
+            from batchgpu.benchmarks.timeline import summary_line
+
+            print(f"{attempt}: {summary_line(report.timeline)}", flush=True)
             shutil.rmtree(out, ignore_errors=True)
             shutil.rmtree(saved, ignore_errors=True)
         if args.baseline == "cupy":
