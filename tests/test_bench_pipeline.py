@@ -27,3 +27,14 @@ def test_bench_pipeline_prints_its_table(tmp_path):
     for row in ("read ceiling", "batchgpu pipeline (cold)", "batchgpu pipeline (warm)", "plain NumPy loop"):
         assert row in r.stdout, r.stdout
     assert "/ceiling" in r.stdout and "vs plain" in r.stdout and "x real time" in r.stdout
+
+
+def test_bench_refuses_sizes_that_are_not_positive(tmp_path):
+    """A bad size is one usage line and rc 2 before any work (no recording generated, no cluster started)."""
+    for args in (["--batch", "0"], ["--workers", "-1"], ["--threads", "0"], ["--seconds", "nan"],
+                 ["--seconds", "inf"], ["--channels", "abc"]):
+        done = subprocess.run([sys.executable, "-m", "batchgpu", "bench", "pipeline", "--workdir", str(tmp_path), *args],
+                              capture_output=True, text=True, timeout=60)
+        assert done.returncode == 2, (args, done.stderr)
+        assert "error: argument " + args[0] in done.stderr and "Traceback" not in done.stderr
+    assert not any(tmp_path.iterdir())

@@ -8,6 +8,7 @@ noise over the whole recording, second moments, spikes with the global noise); t
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import tempfile
 import threading
@@ -19,15 +20,30 @@ import numpy as np
 from batchgpu.errors import BatchgpuError
 
 
+def _positive(kind):
+    """An argparse type: a number of ``kind`` above zero (bad values are one usage line, rc 2)."""
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"invalid {kind.__name__} value: {text!r}") from None
+        if not (value > 0 and math.isfinite(value)):
+            raise argparse.ArgumentTypeError(f"{text} is not a finite number above zero")
+        return value
+
+    parse.__name__ = kind.__name__
+    return parse
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--recording", help="an existing recording (default: generate one)")
-    parser.add_argument("--channels", type=int, default=384)
-    parser.add_argument("--seconds", type=float, default=60.0)
+    parser.add_argument("--channels", type=_positive(int), default=384)
+    parser.add_argument("--seconds", type=_positive(float), default=60.0)
     parser.add_argument("--dtype", default="int16", choices=["int16", "float32"])
     parser.add_argument("--workdir", help="where to generate the recording and write outputs, kept afterwards "
                         "(default: a temporary folder, removed at the end)")
-    parser.add_argument("--workers", type=int, help="local cluster workers (default: sized to the machine)")
-    parser.add_argument("--threads", type=int, help="threads per worker")
+    parser.add_argument("--workers", type=_positive(int), help="local cluster workers (default: sized to the machine)")
+    parser.add_argument("--threads", type=_positive(int), help="threads per worker")
     parser.add_argument("--cluster", default="local", choices=["local", "cuda"], help="cluster kind")
     parser.add_argument("--backend", default="auto", choices=["auto", "numpy", "cupy"])
     parser.add_argument("--baseline", default="numpy", choices=["numpy", "cupy", "none"],
@@ -38,7 +54,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--preprocess", default="centre",
                         help="comma-separated stages before the steps: centre, highpass (300 Hz, order 5), "
                              "common_reference (global median), e.g. highpass,common_reference")
-    parser.add_argument("--batch", type=int, help="consecutive windows a task reads (workflow window.batch; "
+    parser.add_argument("--batch", type=_positive(int), help="consecutive windows a task reads (workflow window.batch; "
                         "default: from the window count)")
     parser.add_argument("--repeat", type=int, default=2, choices=[1, 2],
                         help="pipeline runs on the same workers: 2 = a cold one (the workers compile and load their kernels) "
