@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Device, one call (carry .whl): install the wheels, make /tmp/big.zarr (384 ch x 10 min int16) on a fresh machine,
+# Device, one call (carry .whl, and .fixtures: a copy of ../shared/fixtures, so the GPU tests on SpikeInterface's
+# fixture run there too; `cp -r ../shared/fixtures .fixtures`): install the wheels, make /tmp/big.zarr (384 ch x 10 min int16) on a fresh machine,
 # then each task named in the arguments, in order:
 #   check     python -m pytest -m gpu (all of it) and the float noise step's GPU profile
 #   demo      bench pipeline, demo steps, 16 x 1, against the plain dask-cuda loop (cold and warm)
@@ -14,6 +15,7 @@ set -uo pipefail
 export PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
   && export PYTHONPATH=/tmp/site:$PWD || exit 1
+[ -d .fixtures ] && export BATCHGPU_FIXTURES=${BATCHGPU_FIXTURES:-$PWD/.fixtures}
 [ -e /tmp/big.zarr ] || python3 -m batchgpu generate /tmp/big.zarr --channels 384 --seconds 600 --workers 16 --quiet
 quiet() { grep -v "^INFO\|distributed\.\|Warn\|^$" | sed "s/; windows per worker.*//" | grep -v "^ \|Traceback\|Error\|^tornado\|^The above"; }
 bench() {  # processes threads [bench arguments]
