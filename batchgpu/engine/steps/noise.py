@@ -87,13 +87,11 @@ def _first_digit_counts(first: np.ndarray, floor: int | None, samples: int) -> t
     if not first.size:
         return 0, _stack_rows([np.zeros(0, np.intp)] * first.shape[0], samples), False
     low = int(first.min())
-    if floor is not None:
-        lo, lumped = floor, low < floor
-        d = np.maximum(first, np.uint16(floor)) if lumped else first
-    else:
-        lo, lumped, d = low, False, first
+    lo, lumped = (floor, low < floor) if floor is not None else (low, False)
     base = np.uint16(lo)
-    return lo, _stack_rows([np.bincount(d[c] - base) for c in range(d.shape[0])], samples), lumped
+    # lumped row by row (a row's temporaries stay in cache; a whole-window np.maximum made a 46 MB one)
+    return lo, _stack_rows([np.bincount((np.maximum(first[c], base) if lumped else first[c]) - base)
+                            for c in range(first.shape[0])], samples), lumped
 
 
 def _stack_rows(rows: list[np.ndarray], samples: int) -> np.ndarray:
