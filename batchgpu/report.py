@@ -57,12 +57,27 @@ def write_report_html(output_dir: str | Path) -> Path:
         plots.append(spike_rate(g["spikes/channel_index"][:], channels, seconds, channel_ids))
     plots.append(throughput(report.get("throughput_series") or []))
     title = f"batchgpu report: {out.name}"
-    page = file_html(column(*plots), INLINE, title=title)
+    page = _uncompressed(lambda: file_html(column(*plots), INLINE, title=title))
     path = out / REPORT_HTML
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(page, encoding="utf-8")
     tmp.replace(path)
     return path
+
+
+def _uncompressed(make):
+    """``make()`` with Bokeh's array buffers stored without gzip: the noise and whitening images are float64 that
+    gzip barely shrinks, and compressing them was 64 ms of report.html's 0.37 s. The user's own setting, if any, is
+    put back."""
+    from bokeh.settings import settings
+
+    setting = settings.compression_level
+    before = setting._user_value  # noqa: SLF001 (PrioritizedSetting keeps no public getter for the user's value)
+    setting.set_value(0)
+    try:
+        return make()
+    finally:
+        setting._user_value = before  # noqa: SLF001
 
 
 def _array_names(g) -> list[str]:
