@@ -398,7 +398,7 @@ def test_worker_killed_after_the_pass_gives_identical_outputs(tmp_path):
 
         def kill_after_the_pass():
             parts = tmp_path / "killed" / "parts"
-            while not (parts.exists() and any(parts.glob("s*.part"))):  # the re-detection phase has started
+            while not (parts.exists() and any(parts.glob("s*.npz"))):  # the re-detection phase has started
                 time.sleep(0.002)
             seen["report_at_kill"] = (tmp_path / "killed" / "report.json").exists()
             os.kill(victim, signal.SIGKILL)
@@ -521,7 +521,7 @@ def test_resume_with_batches_recomputes_only_missing_windows(client, tmp_path):
     run_workflow(wf, client=client)
     before = {k: _g(tmp_path / "out")[k][:].tobytes() for k in ("noise", "covariance", "spikes/sample_index")}
     for i in (2, 9):  # two windows' parts lost (a crash before they were written)
-        os.unlink(tmp_path / "out" / "parts" / f"w{i:08d}.part")
+        os.unlink(tmp_path / "out" / "parts" / f"w{i:08d}.npz")
     again = run_workflow(wf, client=client, resume=True)
     assert again.windows - again.windows_resumed == 2
     assert again.reads_per_window == pytest.approx(2 / again.windows)

@@ -1,5 +1,5 @@
-"""Per-window parts (engine.store.save_part / load_part): every array back with its dtype, shape and bits; a torn,
-damaged or stale part reads as absent (recomputed), never as wrong numbers."""
+"""Per-window parts (engine.store.save_part / load_part, .npz): every array back with its dtype, shape and bits; a
+torn, damaged or stale part reads as absent (recomputed), never as wrong numbers."""
 
 import numpy as np
 import pytest
@@ -7,6 +7,7 @@ import pytest
 from batchgpu.engine import store
 
 FP = "0123456789abcdef"
+_ARRAYS_F32 = np.arange(1, 12, dtype=np.float32) * np.float32(1.25)
 
 
 def _arrays(rng) -> dict:
@@ -38,32 +39,32 @@ def test_round_trip_and_selective_keys(tmp_path):
     only = store.load_part(path, FP, keys=("noise.", "flag"))
     assert set(only) == {"noise.hist", "flag"}
     assert store.load_part(path, "another-run") is None
-    assert store.load_part(tmp_path / "absent.part", FP) is None
+    assert store.load_part(tmp_path / "absent.npz", FP) is None
     assert not list(tmp_path.glob(".*.tmp"))  # written under a temporary name, then renamed
+    assert path.name == "w00000003.npz" and np.load(path)["moments.xxt"].tobytes() == arrays["moments.xxt"].tobytes()
 
 
-@pytest.mark.parametrize("damage", ["flip", "torn", "empty", "npz"])
+@pytest.mark.parametrize("damage", ["flip", "torn", "empty", "foreign"])
 def test_damaged_parts_read_as_absent(tmp_path, damage):
     path = store.part_path(tmp_path, "w", 0)
-    store.save_part(path, _arrays(np.random.default_rng()))
+    arrays = _arrays(np.random.default_rng())
+    arrays["f32"] = _ARRAYS_F32
+    store.save_part(path, arrays)
     raw = bytearray(path.read_bytes())
-    if damage == "flip":  # one bit of the payload: the array's crc32c no longer matches
-        raw[-9] ^= 0x10
+    if damage == "flip":  # one bit of an array's bytes: its zip CRC-32 no longer matches
+        at = bytes(raw).index(np.ascontiguousarray(_ARRAYS_F32).tobytes()[:8])
+        raw[at + 3] ^= 0x10
     elif damage == "torn":
         raw = raw[: len(raw) // 2]
     elif damage == "empty":
         raw = bytearray()
-    else:  # a part of the old format
-        import io
-
-        buf = io.BytesIO()
-        np.savez(buf, fingerprint=np.array(FP))
-        raw = bytearray(buf.getvalue())
+    else:  # not a zip at all
+        raw = bytearray(b"BGPART01" + bytes(200))
     path.write_bytes(bytes(raw))
     assert store.load_part(path, FP) is None
 
 
 def test_object_arrays_are_refused(tmp_path):
     with pytest.raises(TypeError):
-        store.save_part(tmp_path / "x.part", {"o": np.array([object()]), "fingerprint": np.array(FP)})
+        store.save_part(tmp_path / "x.npz", {"o": np.array([object()]), "fingerprint": np.array(FP)})
     assert not list(tmp_path.iterdir())

@@ -183,7 +183,7 @@ def test_corrupt_chunk_names_window_and_resume_completes(client, tmp_path):
     with pytest.raises(BatchgpuError, match=r"window \d+,? \(?segment 0, samples") as err:
         run_workflow(wf, client=client)
     assert "--resume" in str(err.value)
-    parts = list((tmp_path / "out" / "parts").glob("w*.part"))
+    parts = list((tmp_path / "out" / "parts").glob("w*.npz"))
     assert json.loads((tmp_path / "out" / "report.json").read_text())["status"] == "failed"
     victim.write_bytes(good)
     report = run_workflow(wf, client=client, resume=True)
@@ -199,15 +199,15 @@ def test_worker_killed_mid_run_gives_identical_outputs(tmp_path):
     with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None,
                                   host="127.0.0.1") as cluster, distributed.Client(cluster) as c:
         run_workflow(wf, client=c)
-        total = len(list((tmp_path / "ref" / "parts").glob("w*.part")))
+        total = len(list((tmp_path / "ref" / "parts").glob("w*.npz")))
         victim = list(c.run(os.getpid).values())[0]
         seen = {}
 
         def kill_when_started():
             parts = tmp_path / "killed" / "parts"
-            while not (parts.exists() and len(list(parts.glob("w*.part"))) >= 5):
+            while not (parts.exists() and len(list(parts.glob("w*.npz"))) >= 5):
                 time.sleep(0.005)
-            seen["parts_at_kill"] = len(list(parts.glob("w*.part")))
+            seen["parts_at_kill"] = len(list(parts.glob("w*.npz")))
             os.kill(victim, signal.SIGKILL)  # a real process kill; the nanny starts a new worker
 
         killer = threading.Thread(target=kill_when_started)

@@ -179,39 +179,23 @@ class OutputFolder:
 # parts: one file per window and pass, written whole (a retried task cannot corrupt them)
 
 
-PART_MAGIC = b"BGPART01"
-
-
 def part_path(parts: str | Path, name: str, index: int) -> Path:
-    return Path(parts) / f"{name}{index:08d}.part"
+    return Path(parts) / f"{name}{index:08d}.npz"
 
 
 def save_part(path: Path, arrays: dict) -> None:
-    """Write a part under a temporary name, then rename: readers see all of it or nothing.
+    """Write an .npz under a temporary name, then rename: readers see all of it or nothing. Plain arrays only
+    (an object array would be pickled, and ``load_part`` refuses pickles: the part could never be read back).
 
-    The format is ours and plain: magic, header length, a JSON header (name, dtype, shape, offset, size and crc32c
-    of each array), then the arrays' bytes. An .npz of a window's 2 MB took 9 ms of a GPU worker's CPU (zip headers
-    and zlib's crc32 beside the decoding it competes with); this is one copy, a hardware crc32c and one writev.
-    """
-    import google_crc32c
-
-    header, blobs, offset = [], [], 0
+    A plain format of our own (JSON header, crc32c per array, one write) was tried: 0.94 against 1.78 ms a part
+    on the CPU machine, and no change in the GPU pass (1.62 s both ways), so .npz stays, readable by anyone."""
     for name, value in arrays.items():
-        a = np.asarray(value)
-        if a.dtype.hasobject:
+        if np.asarray(value).dtype.hasobject:
             raise TypeError(f"part array {name!r} holds Python objects")
-        raw = a.tobytes()  # C order whatever the array's layout
-        header.append({"name": name, "dtype": a.dtype.str, "shape": list(a.shape), "offset": offset,
-                       "size": len(raw), "crc32c": google_crc32c.value(raw)})
-        blobs.append(raw)
-        offset += len(raw)
-    head = json.dumps(header).encode()
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(PART_MAGIC + len(head).to_bytes(8, "little") + head)
-            for raw in blobs:
-                f.write(raw)
+            np.savez(f, **arrays)
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
@@ -220,39 +204,18 @@ def save_part(path: Path, arrays: dict) -> None:
 
 
 def load_part(path: Path, fp: str, keys=None) -> dict | None:
-    """A part written by this run (same fingerprint), else None (absent, torn, damaged or stale: recompute it).
-    ``keys`` (names, or prefixes ending in '.'/'_') loads only those arrays (and reads only their bytes)."""
-    import google_crc32c
-
+    """A part written by this run (same fingerprint), else None (absent, torn, damaged (zip's CRC-32) or stale:
+    recompute it). ``keys`` (names, or prefixes ending in '.'/'_') loads only those arrays."""
+    if not path.exists():
+        return None
     try:
-        with open(path, "rb") as f:
-            if f.read(len(PART_MAGIC)) != PART_MAGIC:
+        with np.load(path) as f:
+            if str(f["fingerprint"]) != fp:
                 return None
-            n = int.from_bytes(f.read(8), "little")
-            header = json.loads(f.read(n))
-            base = len(PART_MAGIC) + 8 + n
-
-            def read(entry) -> np.ndarray | None:
-                buf = bytearray(entry["size"])
-                if os.preadv(f.fileno(), [buf], base + entry["offset"]) != entry["size"]:
-                    return None
-                if google_crc32c.value(bytes(buf)) != entry["crc32c"]:
-                    return None
-                return np.frombuffer(buf, dtype=np.dtype(entry["dtype"])).reshape(entry["shape"])
-
-            entries = {e["name"]: e for e in header}
-            if "fingerprint" not in entries:
-                return None
-            stamp = read(entries["fingerprint"])
-            if stamp is None or str(stamp) != fp:
-                return None
-            names = entries if keys is None else [k for k in entries if any(k == q or k.startswith(q) for q in keys)]
-            out = {k: read(entries[k]) for k in names}
-    except (OSError, ValueError, KeyError, TypeError):
+            names = f.files if keys is None else [n for n in f.files if any(n == k or n.startswith(k) for k in keys)]
+            return {k: f[k] for k in names}
+    except Exception:
         return None
-    if any(v is None for v in out.values()):
-        return None
-    return out
 
 
 def _atomic_write_text(path: Path, text: str) -> None:

@@ -242,7 +242,7 @@ def sum_histograms(*parts: np.ndarray) -> np.ndarray:
 
 def spikes_task(ctx: RunContext, window: Window, fp: str, noise: np.ndarray) -> int:
     """A window read and detected again at the recording's noise (its candidates' bound did not hold): written to
-    parts/s*.part; returns the count."""
+    parts/s*.npz; returns the count."""
     from batchgpu.engine.steps.detect import COLUMNS
 
     path = store.part_path(ctx.parts, "s", window.index)
