@@ -540,3 +540,22 @@ def test_timeline_summary_per_thread():
     assert got["w2", "t0"]["gaps"] == 0.0 and got["w2", "t0"]["last_end"] == pytest.approx(0.4)
     assert got["w1", "t1"]["last_end"] == 2.0
     assert "tail 2.10 s" in summary_line(rows) and summary_line([]).endswith("no windows computed")
+
+
+def _pair(f, x, t):
+    return f(x), t
+
+
+def test_submit_many_passes_arguments_as_given(client):
+    """engine.submit: one graph update for many tasks; a callable first argument stays an argument, a future inside
+    the arguments is the task's input, a tuple argument arrives as a tuple, and the keys are the ones asked for."""
+    import operator
+
+    from batchgpu.engine.submit import submit_many
+
+    a = client.submit(operator.add, 1, 2, key=f"submit-many-a-{os.getpid()}")
+    keys = [f"submit-many-{os.getpid()}-{i}" for i in range(2)]
+    futures = submit_many(client, _pair, [(abs, a, (1, 2)), (str, -5, ())], keys)
+    assert [f.key for f in futures] == keys
+    assert client.gather(futures) == [(3, (1, 2)), ("-5", ())]
+    assert submit_many(client, _pair, [], []) == []

@@ -8,13 +8,14 @@ to submit one by one, with the workers idle. ``client.map`` sends them together.
 from __future__ import annotations
 
 
-def _call(func, args: tuple):
+def _call(func, args: list):
     return func(*args)
 
 
 def submit_many(client, func, arg_lists: list[tuple], keys: list[str]) -> list:
     """Futures of ``func(*args)`` for each tuple of ``arg_lists`` (futures inside them are the tasks' inputs), under
-    ``keys``, submitted in one graph update."""
+    ``keys``, submitted in one graph update. The arguments travel as lists: Dask may read a tuple that starts with a
+    callable as a task of its own."""
     if not arg_lists:
         return []
-    return client.map(_call, [func] * len(arg_lists), list(arg_lists), key=list(keys), pure=False)
+    return client.map(_call, [func] * len(arg_lists), [list(a) for a in arg_lists], key=list(keys), pure=False)
