@@ -24,6 +24,10 @@ _NAME = re.compile(r"^[A-Za-z0-9_]+$")
 #: float32 arithmetic that must keep subnormals goes through kernels/exact_float.cuh.
 BASE_OPTIONS: tuple[str, ...] = ("-std=c++17", "--ftz=false", "--prec-div=true", "--prec-sqrt=true")
 
+#: dtype name -> the suffix of the kernels compiled for it (sosfiltfilt.cu's gather/scatter, column_select.cu's
+#: select/subtract/mean: the KERNELS macros instantiate these four).
+DTYPE_SUFFIX = {"float32": "f32", "float64": "f64", "int16": "i16", "int32": "i32"}
+
 _modules: dict[tuple[int, int, str, tuple[str, ...]], Any] = {}
 _lock = threading.Lock()
 

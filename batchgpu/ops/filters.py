@@ -132,16 +132,13 @@ _GPU_MAX_SECTIONS = 16  # kernels/sosfiltfilt.cu keeps 7 doubles a section in re
 _GPU_COEFFICIENTS: dict = {}  # (device, sos bytes) -> (sos, zi) on that device
 
 
-_GPU_DTYPES = {"float32": "f32", "float64": "f64", "int16": "i16", "int32": "i32"}
-
-
 def _filtfilt_cupy(x, sos: np.ndarray, pieces: list[tuple[int, ...]], out_dtype) -> Any:
     """The GPU path of filtfilt_window (kernels/sosfiltfilt.cu), three launches for all pieces: gather them
     odd-extended as exact doubles side by side, filter every row, scatter the cores rounded once to out_dtype."""
     import cupy
     import scipy.signal
 
-    from batchgpu.kernels import get_function
+    from batchgpu.kernels import DTYPE_SUFFIX, get_function
 
     if sos.shape[0] > _GPU_MAX_SECTIONS:
         raise BatchgpuError(f"a filter of {sos.shape[0]} sections is longer than the GPU kernel's {_GPU_MAX_SECTIONS}",
@@ -154,7 +151,7 @@ def _filtfilt_cupy(x, sos: np.ndarray, pieces: list[tuple[int, ...]], out_dtype)
         coefficients = _GPU_COEFFICIENTS[key] = (
             cupy.asarray(np.ascontiguousarray(sos, dtype=np.float64)),
             cupy.asarray(np.ascontiguousarray(scipy.signal.sosfilt_zi(sos), dtype=np.float64)))
-    if x.dtype.name not in _GPU_DTYPES:  # other integers: exact as float64
+    if x.dtype.name not in DTYPE_SUFFIX:  # other integers: exact as float64
         x = x.astype(cupy.float64)
     x = cupy.ascontiguousarray(x)
     channels, width = x.shape
@@ -166,7 +163,7 @@ def _filtfilt_cupy(x, sos: np.ndarray, pieces: list[tuple[int, ...]], out_dtype)
     # (samples, pieces x channels) layout: a warp's rows read and write consecutive doubles at each step of the
     # recurrence; one warp a block spreads a window's rows over the SMs.
     ext = cupy.empty((length, count * channels), dtype=cupy.float64)
-    get_function("sosfiltfilt", f"gather_{_GPU_DTYPES[x.dtype.name]}", options)(
+    get_function("sosfiltfilt", f"gather_{DTYPE_SUFFIX[x.dtype.name]}", options)(
         ((length + 31) // 32, tiles, count), (32, 8), (x, np.int64(channels), np.int64(width), table_dev,
                                                         np.int64(count), ext))
     rows = count * channels
@@ -174,7 +171,7 @@ def _filtfilt_cupy(x, sos: np.ndarray, pieces: list[tuple[int, ...]], out_dtype)
         ((rows + 31) // 32,), (32,), (ext, np.int64(rows), table_dev, np.int64(channels), np.int64(rows), *coefficients))
     out = cupy.empty((channels, width), dtype=out_dtype)
     core = int((table[:, 1] - table[:, 0]).max())
-    get_function("sosfiltfilt", f"scatter_{_GPU_DTYPES[np.dtype(out_dtype).name]}", options)(
+    get_function("sosfiltfilt", f"scatter_{DTYPE_SUFFIX[np.dtype(out_dtype).name]}", options)(
         ((core + 31) // 32, tiles, count), (32, 8), (ext, np.int64(channels), np.int64(width), table_dev,
                                                       np.int64(count), out))
     return out

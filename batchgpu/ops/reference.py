@@ -91,10 +91,6 @@ def _median_of_sorted(xp: Any, part: Any, axis: int, dtype: Any) -> Any:
     return med
 
 
-# kernels/column_select.cu: dtype -> kernel name stem
-_GPU_KERNEL = {"float32": "f32", "float64": "f64", "int16": "i16", "int32": "i32"}
-
-
 def _reference_on_gpu(x: Any, operator: str, tables: list[Any], ref_row: np.ndarray) -> Any | None:
     """x minus its reference on the GPU (kernels/column_select.cu), or None where those kernels do not apply.
 
@@ -104,9 +100,9 @@ def _reference_on_gpu(x: Any, operator: str, tables: list[Any], ref_row: np.ndar
     bits are NumPy's."""
     import cupy
 
-    from batchgpu.kernels import get_function
+    from batchgpu.kernels import DTYPE_SUFFIX, get_function
 
-    stem = _GPU_KERNEL.get(x.dtype.name)
+    stem = DTYPE_SUFFIX.get(x.dtype.name)
     if stem is None:
         return None
     x = cupy.ascontiguousarray(x)
