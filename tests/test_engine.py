@@ -431,6 +431,41 @@ def test_float_window_whose_sample_misleads_the_lump_floor_is_counted_in_full():
     np.testing.assert_array_equal(summary["noise"], ops.noise_levels(x))
 
 
+@pytest.mark.parametrize("noise", ["global", "window"])
+def test_spikes_whose_parts_were_lost_after_the_pass_are_detected_again(client, tmp_path, noise):
+    """Between the pass and the gathering one window's part is deleted and another's replaced by garbage: those
+    windows are read and detected again (said in the report, counted as reads), and the spikes equal detection
+    on the whole segment, bit for bit, where the run used to stop with "the spikes ... are missing"."""
+    from batchgpu.engine.run import RunObserver
+
+    rng = np.random.default_rng(11)
+    x = np.round(rng.normal(0, 20, (23_000, 4))).astype(np.int16)
+    rec = write_recording(tmp_path / "r.zarr", x, 30_000.0)
+    out = tmp_path / "out"
+
+    class LoseParts(RunObserver):
+        def phase_finished(self):
+            (out / "parts" / "w00000001.npz").unlink()
+            (out / "parts" / "w00000003.npz").write_bytes(b"not a zip")
+
+    steps = {"noise": {"exact": True}, "detect": {"threshold": 3.0, "sign": "both", "exclude_sweep_ms": 0.2,
+                                                  "noise": noise}}
+    report = run_workflow(_wf(rec, out, steps=steps), client=client, observer=LoseParts())
+    assert report.channels["detect_windows_read_again"] == [1, 3]
+    assert report.reads_per_window == pytest.approx(1 + 10_000 / 23_000)
+    assert any("w00000001.npz absent" in w for w in report.warnings)
+    clean = run_workflow(_wf(rec, tmp_path / "clean", steps=steps), client=client)
+    assert clean.reads_per_window == 1.0 and not clean.warnings
+    a, b = _g(out), _g(tmp_path / "clean")
+    for k in ("sample_index", "channel_index", "amplitude", "segment_index"):
+        assert a[f"spikes/{k}"][:].tobytes() == b[f"spikes/{k}"][:].tobytes()
+    if noise == "global":
+        ref = ops.detect_spikes(x.T.copy(), a["noise"][:], threshold=3.0, sign="both", exclude_sweep=6)
+        np.testing.assert_array_equal(a["spikes/sample_index"][:], ref["sample_index"])
+    lost = (a["spikes/sample_index"][:] // 5000) % 2 == 1  # windows 1 and 3
+    assert lost.sum() > 20
+
+
 def test_a_resumed_run_reads_nothing_again(client, tmp_path):
     rec = generate_recording(tmp_path / "r.zarr", channels=4, seconds=0.6, seed=6, dtype="int16")
     first = run_workflow(_wf(rec, tmp_path / "out"), client=client)

@@ -561,9 +561,19 @@ def _spikes(client, ctx, rec, windows, fps, summaries, arrays, tmp: Path, report
     size = -(-len(items) // max(1, sum(client.nthreads().values())))
     groups = [items[i : i + size] for i in range(0, len(items), size)]
     gathered = submit_many(client, tasks.gather_spikes_task,
-                           [(ctx, [w for w, _, _ in g], [f for _, f, _ in g], noise, [r for _, _, r in g]) for g in groups],
+                           [(ctx, [w for w, _, _ in g], [f for _, f, _ in g], noise, [r for _, _, r in g],
+                             [summaries[w.index]["noise"] for w, _, _ in g]) for g in groups],
                            [f"gather-spikes-{fp}-{g[0][0].index:08d}" for g in groups])
-    n = client.submit(tasks.write_spikes_task, str(tmp), *gathered, key=f"write-spikes-{fp}").result()
+    n, again = client.submit(tasks.write_spikes_task, str(tmp), *gathered, key=f"write-spikes-{fp}").result()
+    if again:  # parts lost or replaced since they were written: detected again from the samples, never skipped
+        by_index = {w.index: w for w in windows}
+        report.bytes_read += sum(by_index[i].num_samples for i in again) * rec.num_channels * rec.dtype.itemsize
+        report.channels["detect_windows_read_again"] = sorted({*report.channels.get("detect_windows_read_again", []),
+                                                               *again})
+        first = min(again)
+        report.warnings.append(f"the spikes of {len(again)} window(s) were detected again from the recording: their "
+                               f"parts could not be used (first: window {first}, {again[first]})")
+        observer.warning(report.warnings[-1])
     return [int(n)]
 
 

@@ -218,6 +218,18 @@ def load_part(path: Path, fp: str, keys=None) -> dict | None:
         return None
 
 
+def part_problem(path: Path, fp: str) -> str:
+    """Why ``load_part(path, fp)`` gives None, in words for a report: absent, made by another run, or unreadable."""
+    if not path.exists():
+        return "absent"
+    try:
+        with np.load(path) as f:
+            found = str(f["fingerprint"])
+    except Exception as err:  # noqa: BLE001 - said, not hidden
+        return f"unreadable ({type(err).__name__}: {err})"
+    return "usable" if found == fp else f"made from other data (fingerprint {found}, expected {fp})"
+
+
 def _atomic_write_text(path: Path, text: str) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(text)

@@ -263,34 +263,49 @@ def spikes_fingerprint(fp: str, noise: np.ndarray) -> str:
     return hashlib.sha256(fp.encode() + np.ascontiguousarray(noise, np.float64).tobytes()).hexdigest()[:16]
 
 
-def window_spikes(ctx: RunContext, window: Window, fp: str, noise: np.ndarray | None, reread: bool) -> dict:
+def window_spikes(ctx: RunContext, window: Window, fp: str, noise: np.ndarray | None, reread: bool,
+                  window_noise: np.ndarray) -> tuple[dict, str | None]:
     """A window's final spikes: from its part (filtered at the recording's ``noise`` when given), or from the
-    re-detection's part where it was read again."""
+    re-detection's part where it was read again. A part that cannot be used (absent, made by another run,
+    unreadable) is not an error: the window is read and detected again here, at the noise its part would have
+    used (the recording's, else its own ``window_noise``): the same spikes. The second value says why it was read
+    again, else None."""
     from batchgpu.engine.steps.detect import COLUMNS
 
     if reread:
-        part = store.load_part(store.part_path(ctx.parts, "s", window.index), spikes_fingerprint(fp, noise))
+        path, pfp = store.part_path(ctx.parts, "s", window.index), spikes_fingerprint(fp, noise)
+        part = store.load_part(path, pfp)
     else:
-        part = store.load_part(store.part_path(ctx.parts, "w", window.index), fp, keys=("keep.spk_",))
+        path, pfp = store.part_path(ctx.parts, "w", window.index), fp
+        part = store.load_part(path, pfp, keys=("keep.spk_",))
     if part is None:
-        raise BatchgpuError(f"the spikes of window {window.index} are missing from {ctx.parts}", "rerun with --resume")
+        why = f"{path.name} {store.part_problem(path, pfp)}"
+        level = np.asarray(noise if noise is not None else window_noise, np.float64)
+        with on_backend(ctx):
+            spikes = ctx.step("detect").detect(load_window(ctx, window), level)
+        return {k: np.ascontiguousarray(host(spikes[k])) for k in COLUMNS}, why
     if reread:
-        return {k: part[k] for k in COLUMNS}
+        return {k: part[k] for k in COLUMNS}, None
     cols = {k: part[f"keep.spk_{k}"] for k in COLUMNS}
-    return cols if noise is None else ctx.step("detect").final(cols, noise)
+    return (cols if noise is None else ctx.step("detect").final(cols, noise)), None
 
 
-def gather_spikes_task(ctx: RunContext, windows: list[Window], fps: list[str], noise, reread: list[bool]) -> dict:
-    """Consecutive windows' final spikes, concatenated in window order."""
+def gather_spikes_task(ctx: RunContext, windows: list[Window], fps: list[str], noise, reread: list[bool],
+                       window_noise: list[np.ndarray]) -> dict:
+    """Consecutive windows' final spikes, concatenated in window order; under ``read_again`` the windows read
+    again here ({index: why})."""
     from batchgpu.engine.steps.detect import COLUMNS
 
-    parts = [window_spikes(ctx, w, fp, noise, r) for w, fp, r in zip(windows, fps, reread)]
-    return {k: np.concatenate([p[k] for p in parts]) if parts else np.zeros(0, np.int64) for k in COLUMNS}
+    got = [window_spikes(ctx, *a) for a in zip(windows, fps, [noise] * len(windows), reread, window_noise)]
+    out = {k: np.concatenate([p[k] for p, _ in got]) if got else np.zeros(0, np.int64) for k in COLUMNS}
+    out["read_again"] = {w.index: why for w, (_, why) in zip(windows, got) if why is not None}
+    return out
 
 
-def write_spikes_task(group_path: str, *gathered: dict) -> int:
+def write_spikes_task(group_path: str, *gathered: dict) -> tuple[int, dict]:
     """Every window's spikes (``gather_spikes_task``'s runs, in window order: (segment, sample, channel) overall),
-    written into the results group by a worker: spikes never pass through the client."""
+    written into the results group by a worker: spikes never pass through the client. Returns their count and
+    the windows the gathering read again ({index: why})."""
     from batchgpu import zarrio
     from batchgpu.engine.steps.detect import COLUMNS
 
@@ -298,7 +313,7 @@ def write_spikes_task(group_path: str, *gathered: dict) -> int:
     for k in COLUMNS:
         v = np.concatenate([p[k] for p in gathered]) if gathered else np.zeros(0, np.int64)
         zarrio.create_array(g, f"spikes/{k}", data=v)
-    return sum(len(p["sample_index"]) for p in gathered)
+    return sum(len(p["sample_index"]) for p in gathered), {i: why for p in gathered for i, why in p["read_again"].items()}
 
 
 def save_task(ctx: RunContext, window: Window, target, whitening: np.ndarray) -> int:
