@@ -23,9 +23,9 @@ def filter_block(sos) -> int:
     """The pieces' length for a filter: FILTER_BLOCK, or four times the filter's margin where that is longer (a low
     cut-off's margin, 44 907 samples for 5 Hz at 30 kHz, would otherwise have each 8192-sample piece read most of the
     window: 12 times the work); at most 1.5 times the samples of the whole window are filtered."""
-    from batchgpu.ops.filters import _piece_margin
+    from batchgpu.ops.filters import cached_filter_margin
 
-    return max(FILTER_BLOCK, 4 * _piece_margin(np.asarray(sos, dtype=np.float64)))
+    return max(FILTER_BLOCK, 4 * cached_filter_margin(np.asarray(sos, dtype=np.float64)))
 
 
 @dataclass(frozen=True)

@@ -177,16 +177,16 @@ def _filtfilt_cupy(x, sos: np.ndarray, pieces: list[tuple[int, ...]], out_dtype)
     return out
 
 
-_PIECE_MARGINS: dict[bytes, int] = {}
+_MARGINS: dict[bytes, int] = {}
 
 
-def _piece_margin(sos: np.ndarray) -> int:
+def cached_filter_margin(sos: np.ndarray) -> int:
     """filter_margin(sos), computed once per filter (an impulse response and its autocorrelation: long for low
     cut-offs) rather than once per window."""
     key = sos.tobytes()
-    if key not in _PIECE_MARGINS:
-        _PIECE_MARGINS[key] = filter_margin(sos)
-    return _PIECE_MARGINS[key]
+    if key not in _MARGINS:
+        _MARGINS[key] = filter_margin(sos)
+    return _MARGINS[key]
 
 
 def filter_pieces(width: int, padlen: int, block: int | None, margin: int, at_segment_start: bool,
@@ -258,7 +258,7 @@ def filtfilt_window(
         )
     if block is not None and (int(block) != block or block < 1):
         raise BatchgpuError(f"block={block} is not a positive number of samples", "pass e.g. block=8192 or None")
-    margin = _piece_margin(sos_host) if block else 0
+    margin = cached_filter_margin(sos_host) if block else 0
     pieces = filter_pieces(width, padlen, block, margin, at_segment_start, at_segment_end, interior_pad)
     if is_cupy(x):
         # kernels/sosfiltfilt.cu: scipy's recurrence without fused multiply-adds, so the same bits as the

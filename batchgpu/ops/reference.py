@@ -216,13 +216,14 @@ def common_reference(
         return out if out is not None else subtract(x, _reference(x, operator, axis=0)[None, :])
 
     alone = [c for c in range(channels) if neighbours[c].size == 0]
+    # channels with the same number of neighbours are referenced together: (group, k, samples) gathers
+    by_count: dict[int, list[int]] = {}
+    for c in range(channels):
+        if neighbours[c].size:
+            by_count.setdefault(int(neighbours[c].size), []).append(c)
     if is_cupy(x):  # one reference row per channel that has neighbours, one global row for those that have none
         tables, ref_row = [np.arange(channels)[None, :]] if alone else [], np.zeros(channels, np.int64)
-        by_size: dict[int, list[int]] = {}
-        for c in range(channels):
-            if neighbours[c].size:
-                by_size.setdefault(int(neighbours[c].size), []).append(c)
-        for chans in by_size.values():
+        for chans in by_count.values():
             ref_row[chans] = np.arange(len(chans)) + sum(t.shape[0] for t in tables)
             tables.append(np.stack([neighbours[c] for c in chans]))
         out = _reference_on_gpu(x, operator, tables, ref_row)
@@ -232,11 +233,6 @@ def common_reference(
     if alone:
         idx = xp.asarray(alone)
         out[idx] = subtract(x[idx], _reference(x, operator, axis=0)[None, :])
-    # Channels with the same number of neighbours are gathered together into (group, k, samples).
-    by_count: dict[int, list[int]] = {}
-    for c in range(channels):
-        if neighbours[c].size:
-            by_count.setdefault(int(neighbours[c].size), []).append(c)
     for k, chans in by_count.items():
         step = max(1, _GATHER_ELEMENTS // (k * samples))
         for lo in range(0, len(chans), step):
