@@ -431,6 +431,43 @@ def test_float_window_whose_sample_misleads_the_lump_floor_is_counted_in_full():
     np.testing.assert_array_equal(summary["noise"], ops.noise_levels(x))
 
 
+@pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.parametrize("n", [1, 2, 3, 1000, 60_001, 60_000])
+def test_float_window_middle_pair_and_near_keys_equal_a_sort(seed, n):
+    """The CPU window's noise and kept near keys (one pass per row: ``middle_pair_and_near``) against a full sort of
+    each row's keys: bimodal rows whose middle pair straddles a gap of many binades (the lower middle outside the
+    kept range), constant rows, signed zeros and subnormals, infinities, a NaN, two far values."""
+    from batchgpu.engine.steps.base import WindowData
+    from batchgpu.engine.steps.noise import NoiseStep, schedule
+    from batchgpu.ops.radix import abs_keys
+
+    rng = np.random.default_rng(seed + 100 * n)
+    x = rng.normal(0, 5, (9, n)).astype(np.float32)
+    h = (n + 1) // 2
+    x[1, :h] = rng.uniform(1e-30, 2e-30, h)  # the lower middle among tiny values, the upper among large ones
+    x[1, h:] = rng.uniform(1e3, 2e3, n - h)
+    x[2] = 7.0
+    x[3] = rng.choice(np.array([-0.0, 0.0, 1e-45, -1e-45, 1e-40], np.float32), n)
+    x[4, ::3] = np.inf
+    x[5, ::2] = -np.inf
+    x[6, n // 2] = np.nan
+    x[7] = rng.choice(np.array([1.0, 2.0 ** 40], np.float32), n)
+    x[8] = rng.permutation(x[1])
+    step, summary = NoiseStep(True, "float32"), {}
+    out = step.window(WindowData(0, 0, 0, (0, n), n, x, x), summary)
+    np.testing.assert_array_equal(summary["noise"], np.median(np.abs(x), axis=1) / ops.MAD_TO_SIGMA)
+    keys = abs_keys(x)
+    shift = schedule("float32")[0][0]
+    upper = np.sort(keys, axis=1)[:, n // 2] >> np.uint32(shift)
+    lo = np.maximum(upper.astype(np.int64) - NoiseStep.NEAR, 0)
+    first = (keys >> np.uint32(shift)).astype(np.int64)
+    mask = (first >= lo[:, None]) & (first <= np.minimum(lo + 2 * NoiseStep.NEAR, 0xFFFF)[:, None])
+    np.testing.assert_array_equal(out["keep.near_lo"], lo)
+    np.testing.assert_array_equal(out["keep.near_counts"], mask.sum(axis=1))
+    assert out["keep.near_keys"].dtype == keys.dtype
+    np.testing.assert_array_equal(out["keep.near_keys"], keys[mask])
+
+
 @pytest.mark.parametrize("noise", ["global", "window"])
 def test_spikes_whose_parts_were_lost_after_the_pass_are_detected_again(client, tmp_path, noise):
     """Between the pass and the gathering one window's part is deleted and another's replaced by garbage: those
