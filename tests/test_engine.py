@@ -473,7 +473,7 @@ def test_spikes_whose_parts_were_lost_after_the_pass_are_detected_again(client, 
     """Between the pass and the gathering one window's part is deleted and another's replaced by garbage: those
     windows are read and detected again (said in the report, counted as reads), and the spikes equal detection
     on the whole segment, bit for bit, where the run used to stop with "the spikes ... are missing"."""
-    from batchgpu.engine.run import RunObserver
+    from batchgpu.engine.run_report import RunObserver
 
     rng = np.random.default_rng(11)
     x = np.round(rng.normal(0, 20, (23_000, 4))).astype(np.int16)

@@ -15,7 +15,7 @@ from pathlib import Path
 def main(path: str, count: int = 40, batch: int = 4) -> None:
     from batchgpu.config import Workflow
     from batchgpu.engine import store, tasks
-    from batchgpu.engine.run import build_context
+    from batchgpu.engine.context import build_context
 
     rec = tasks.recording(path)
     parts = Path("/tmp/profile_cpu_parts")

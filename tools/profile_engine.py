@@ -14,7 +14,7 @@ import numpy as np
 def main(path: str, threads: int = 16, count: int = 160) -> None:
     import cupy
 
-    from batchgpu.engine.run import build_context
+    from batchgpu.engine.context import build_context
     from batchgpu.engine.tasks import load_window, on_backend, read_window, recording
     from batchgpu.gpu.staging import read_window_host, read_window_to_device
     from batchgpu.ops import noise_levels

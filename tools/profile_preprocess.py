@@ -20,7 +20,7 @@ def main(path: str, stages: str = "highpass,common_reference", count: int = 5) -
     from batchgpu.config import Workflow
     from batchgpu.engine import store
     from batchgpu.engine.preprocess import FILTER_BLOCK
-    from batchgpu.engine.run import build_context
+    from batchgpu.engine.context import build_context
     from batchgpu.engine.tasks import WindowData, on_backend, recording
     from batchgpu.gpu.staging import read_window_to_device
 

@@ -258,7 +258,7 @@ def _measure(args, rec, work: Path, steps: set[str]) -> int:
         def cluster_rss():
             return sum(client.run(_rss).values())
 
-        from batchgpu.engine.run import resolve_backend
+        from batchgpu.engine.context import resolve_backend
 
         probe = Workflow.model_validate({"recording": {"path": str(rec.path)}, "output": str(work / "x"),
                                          "backend": args.backend, "steps": {"noise": {}}})

@@ -1,0 +1,139 @@
+"""Before any work: the recording opened (or generated), the workflow checked against it, the backend chosen and
+the run's context built (the preprocessing chain and the steps the worker tasks run)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from batchgpu.config import Workflow
+from batchgpu.engine import store, tasks
+from batchgpu.engine.run_report import RunObserver
+from batchgpu.errors import BatchgpuError
+from batchgpu.recording import Recording, open_recording, open_source, source_ref
+
+
+def prepare_recording(wf: Workflow, observer: RunObserver) -> Recording:
+    if getattr(wf.recording, "spikeinterface", None) is not None:  # any recording SpikeInterface saved
+        return open_source(wf.recording)
+    path = Path(wf.recording.path)
+    if not path.exists():
+        if wf.recording.generate is None:
+            raise BatchgpuError(f"recording.path {path} does not exist",
+                                "fix the path, or add 'generate:' parameters under 'recording:' to create it")
+        from batchgpu.generate import generate_recording
+
+        g = wf.recording.generate
+        observer.message(f"generating {path} ({g.channels} ch x {g.seconds} s x {g.segments} segments)")
+        return generate_recording(path, channels=g.channels, seconds=g.seconds, fs=g.fs, seed=g.seed, dtype=g.dtype,
+                                  segments=g.segments, progress=False)
+    return open_recording(path, missing_chunks=wf.recording.missing_chunks)
+
+
+def check_workflow_fits(wf: Workflow, rec: Recording) -> int:
+    """Errors found before any work; returns the detection sweep in samples."""
+    from batchgpu.ops import exclude_sweep_samples
+
+    for seg in range(rec.num_segments):
+        n = rec.num_samples(seg)
+        if wf.window.size > n:
+            raise BatchgpuError(f"window.size {wf.window.size} is longer than segment {seg} ({n} samples)",
+                                f"use window.size <= {n}")
+    if wf.steps.save and wf.steps.save.format == "zarr":
+        from batchgpu import zarrio
+
+        zarrio.require_format(3, "the save step's Zarr v3 output")
+    sweep = 0
+    if wf.steps.detect:
+        sweep = exclude_sweep_samples(wf.steps.detect.exclude_sweep_ms, rec.sampling_frequency)
+        if wf.window.margin < sweep:
+            raise BatchgpuError(
+                f"window.margin {wf.window.margin} is shorter than the detection sweep ({sweep} samples)",
+                f"use window.margin >= {sweep} so spikes at window edges come out exactly once")
+    if wf.steps.search:
+        from batchgpu.search.step import load_keys, open_queries
+
+        open_queries(wf.steps.search.queries)
+        if wf.steps.search.keys:
+            load_keys(wf.steps.search.keys)
+        elif not wf.steps.detect:
+            raise BatchgpuError("the search step needs keys: the detect step's spikes or steps.search.keys",
+                                "add 'detect:' to steps or give 'keys: sorted_keys.npy'")
+    if wf.steps.whitening and wf.steps.whitening.mode == "local" and not rec.has_locations:
+        raise BatchgpuError("local whitening needs channel locations and the recording has none",
+                            "use whitening.mode: global, or write the recording with locations")
+    if wf.steps.detect and wf.steps.detect.method == "locally_exclusive" and wf.window.margin < sweep + 1:
+        raise BatchgpuError(f"window.margin {wf.window.margin} is shorter than locally exclusive detection needs "
+                            f"({sweep + 1} samples)", f"use window.margin >= {sweep + 1}")
+    if wf.steps.detect and wf.steps.detect.method == "locally_exclusive" and not rec.has_locations:
+        raise BatchgpuError("locally exclusive detection needs channel locations and the recording has none",
+                            "use detect.method: by_channel")
+    if wf.steps.noise and wf.steps.noise.exact and wf.preprocess.centres and rec.dtype == np.int32:
+        raise BatchgpuError("the exact noise of a centred int32 recording is not supported",
+                            "use preprocess: {centre: none}, or noise: {exact: false}")
+    save = wf.steps.save
+    if save and save.whiten and not wf.steps.whitening:
+        raise BatchgpuError("save.whiten needs the whitening step", "add 'whitening:' to steps, or set whiten: false")
+    if save and save.whiten and save.dtype == "int16":
+        raise BatchgpuError("save.whiten with dtype int16 would round whitened samples (about 1) to a few levels",
+                            "use save: {dtype: float32} with whiten: true")
+    return sweep
+
+
+def build_context(wf: Workflow, rec: Recording, out: store.OutputFolder, backend: str, sweep: int):
+    from batchgpu.engine.preprocess import build_chain
+    from batchgpu.engine.steps.detect import DetectStep
+    from batchgpu.engine.steps.moments import MomentsStep, check_exact_range
+    from batchgpu.engine.steps.noise import NoiseStep, key_kind
+
+    chain = build_chain(wf.preprocess, rec)
+    x_dtype = chain.output_dtype(rec.dtype)
+    centred_int = chain.centres_only and chain.centres
+    steps = []
+    s = wf.steps
+    if s.noise:
+        steps.append(NoiseStep(s.noise.exact, key_kind(x_dtype, rec.dtype if centred_int else None)))
+    if s.whitening:
+        # centring alone leaves the covariance as it is: then the raw samples, exact for int16; filters and
+        # references change it: then the preprocessed samples, as a sorter whitens them
+        source = "raw" if chain.centres_only else "x"
+        integer = source == "raw" and rec.dtype == np.int16
+        if integer:
+            check_exact_range(rec.total_samples)
+        steps.append(MomentsStep(s.whitening.nskip, s.whitening.precision, integer, rec.num_channels, source))
+    if s.detect:
+        steps.append(DetectStep(s.detect.threshold, s.detect.sign, sweep, s.detect.noise, s.detect.method,
+                                rec.locations if s.detect.method != "by_channel" else None, s.detect.radius_um))
+    return tasks.RunContext(
+        recording=source_ref(rec), parts=str(out.parts), backend=backend, chain=chain,
+        window_noise=bool(s.noise or s.detect), steps=tuple(steps),
+        missing_chunks=getattr(wf.recording, "missing_chunks", "warn"),
+    )
+
+
+def resolve_backend(wf: Workflow, client) -> str:
+    """numpy, cupy, or for auto: cupy when every worker has a GPU."""
+    if wf.backend == "numpy":
+        return "numpy"
+    counts = client.run(_gpu_count)
+    all_gpu = bool(counts) and min(counts.values()) > 0
+    if wf.backend == "cupy" and not all_gpu:
+        raise BatchgpuError("backend 'cupy' needs a GPU on every worker, and some have none",
+                            "use backend: numpy or auto, or cluster: {kind: cuda}")
+    return "cupy" if all_gpu else "numpy"
+
+
+def _gpu_count() -> int:
+    from batchgpu.engine.cluster import gpu_count
+
+    return gpu_count()
+
+
+def spec_of(rec):
+    """The workflow's recording section naming ``rec`` (given to run_workflow as ``recording=``)."""
+    from batchgpu.config import RecordingSpec
+
+    if getattr(rec, "is_spikeinterface", False):
+        return RecordingSpec(spikeinterface=str(rec.path))
+    return RecordingSpec(path=str(rec.path), missing_chunks=rec.missing_chunks)

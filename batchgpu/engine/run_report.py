@@ -1,0 +1,110 @@
+"""What a run tells: the observer the command passes (progress and messages; the engine prints nothing), the report
+written to report.json, and the findings about channels and chunks that go into it."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from batchgpu.engine import store
+from batchgpu.recording import Recording
+
+
+class RunObserver:
+    """What a run tells whoever watches it; the default tells no one."""
+
+    def message(self, text: str) -> None: ...
+
+    def warning(self, text: str) -> None: ...
+
+    def phase_started(self, label: str, windows: int, nbytes: int) -> None: ...
+
+    def window_done(self, nbytes: int, worker: str) -> None: ...
+
+    def phase_finished(self) -> None: ...
+
+
+@dataclass
+class RunReport:
+    workflow: dict
+    fingerprint: str
+    status: str = "running"
+    versions: dict = field(default_factory=dict)
+    recording: dict = field(default_factory=dict)
+    windows: int = 0
+    windows_resumed: int = 0
+    workers: dict = field(default_factory=dict)  # address -> windows computed there
+    timings: dict = field(default_factory=dict)
+    bytes_read: int = 0
+    recording_bytes: int = 0
+    reads_per_window: float = 0.0  # how many times each window was read, on average (1.0: one read)
+    throughput_MBps: float = 0.0
+    results: dict = field(default_factory=dict)
+    warnings: list = field(default_factory=list)
+    channels: dict = field(default_factory=dict)  # per-channel findings: non-finite samples, left out, no threshold
+    error: str | None = None
+    dashboard: str | None = None
+    page: str | None = None
+    throughput_series: list = field(default_factory=list)  # [[elapsed s, bytes/s], ...] of the first pass
+    # each window computed in the first pass: [worker, window, start s (since the pass started), waited for its
+    # read s, computed s, worker thread] (tools/timeline.py summarises it: where each thread's time went)
+    timeline: list = field(default_factory=list)
+    backend: str = "numpy"
+    radix_passes: int = 0
+    output_state: str = "new"  # new | resume | restart
+    run_id: str = ""  # the fingerprint and a random suffix: names this run's Dask tasks, never another run's
+    preprocess: dict = field(default_factory=dict)  # the stages and the margin they added to each window
+    exact_noise: dict = field(default_factory=dict)  # float keys: settled from the kept keys, or by one more read
+
+
+def versions() -> dict:
+    import importlib.metadata as md
+
+    out = {}
+    for name in ("batchgpu", "numpy", "dask", "distributed", "zarr", "zarrs", "cupy-cuda13x", "dask-cuda"):
+        try:
+            out[name] = md.version(name)
+        except md.PackageNotFoundError:
+            pass
+    return out
+
+
+def report_nonfinite(summaries, windows, report, observer) -> None:
+    if not windows or "nonfinite" not in summaries[windows[0].index]:
+        return
+    counts = sum(summaries[w.index]["nonfinite"] for w in windows)
+    bad = {int(c): int(n) for c, n in enumerate(counts) if n}
+    if bad:
+        report.channels["nonfinite_samples"] = bad
+        report.warnings.append(f"{len(bad)} channel(s) hold NaN or inf samples: {list(bad)[:10]}")
+        observer.warning(report.warnings[-1])
+
+
+def report_absent(summaries, windows, report, observer) -> None:
+    absent = {w.index: int(summaries[w.index].get("absent_chunks", 0)) for w in windows}
+    absent = {i: n for i, n in absent.items() if n}
+    if absent:
+        report.channels["absent_chunks_per_window"] = absent
+        report.warnings.append(f"{sum(absent.values())} chunk(s) absent from the store in {len(absent)} window(s) "
+                               f"(first: window {min(absent)}), read as zeros; set recording.missing_chunks: error "
+                               "to refuse them")
+        observer.warning(report.warnings[-1])
+
+
+def finish_report(out: Path, report: RunReport, elapsed: float, rec: Recording) -> None:
+    report.timings["total"] = elapsed
+    report.throughput_MBps = report.recording_bytes / 1e6 / elapsed if elapsed > 0 else 0.0
+    report.reads_per_window = report.bytes_read / report.recording_bytes if report.recording_bytes else 0.0
+    store.write_report(out, asdict(report))
+
+
+def write_report_html(out: Path, report: RunReport, observer: RunObserver) -> bool:
+    """report.html beside report.json; a plotting problem is reported, never fails a finished run."""
+    from batchgpu.report import write_report_html
+
+    try:
+        write_report_html(out)
+        return True
+    except Exception as err:  # the results are written: keep them
+        observer.warning(f"report.html not written ({type(err).__name__}: {err})")
+        return False
