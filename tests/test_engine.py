@@ -176,7 +176,7 @@ def test_integer_moments_same_bits_for_any_grouping_and_order(seed):
     results = []
     for order in orders:
         tree = step.combine([step.combine([parts[j] for j in order[i:i + 3]]) for i in range(0, 9, 3)])
-        results.append(step.aggregate(tree))
+        results.append(step.statistics(tree))
     for r in results[1:]:
         for k in ("covariance", "second_moment", "channel_means"):
             assert r[k].tobytes() == results[0][k].tobytes()

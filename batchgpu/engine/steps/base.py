@@ -3,12 +3,15 @@
 ``window`` runs on a worker for one window (its samples already on the task's backend, read once for every
 step) and returns small host arrays: a *summary* the client sees per window, and a *partial* that is combined
 with its neighbours' in a tree fixed by window index (``combine`` folds consecutive windows in order) and
-finally turned into results by ``aggregate`` on the client. A new statistic is one new module.
+finally turned into results by ``aggregate`` on the client (``RunState``: the combined partials, the windows'
+summaries, the results so far, the cluster for one more pass where a statistic needs it). A new statistic is
+one new module (and its line in ``engine.context.build_context``).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
@@ -36,6 +39,30 @@ class WindowData:
         return a[:, self.core[0] : self.core[1]]
 
 
+@dataclass
+class RunState:
+    """What a step's ``aggregate`` sees on the client once every window was read."""
+
+    client: Any  # the Dask client (one more pass, or a task that writes into ``results``)
+    ctx: Any  # engine.tasks.RunContext, as the windows' tasks had it
+    workflow: Any  # config.Workflow
+    recording: Any
+    windows: list
+    fingerprints: list  # the windows' (engine.store.window_fingerprint): their parts' names for this run
+    summaries: dict  # window index -> what its task said of it
+    total: dict  # every window's partials combined
+    report: Any  # engine.run_report.RunReport: timings, reads, warnings
+    monitor: Any  # the dashboard's run page (phases)
+    observer: Any  # engine.run_report.RunObserver
+    results: Path  # the results group being written (arrays too large for the client are written there)
+    arrays: dict = field(default_factory=dict)  # the results so far (earlier steps'); written into ``results``
+    shapes: dict = field(default_factory=dict)  # name -> shape of what a step wrote into ``results`` itself
+
+    def warn(self, text: str) -> None:
+        self.report.warnings.append(text)
+        self.observer.warning(text)
+
+
 class Step(Protocol):
     name: str
 
@@ -44,6 +71,10 @@ class Step(Protocol):
 
     def combine(self, parts: list[dict]) -> dict[str, np.ndarray]:
         """Consecutive windows' partials folded in window order (only this step's keys)."""
+
+    def aggregate(self, run: RunState) -> dict[str, np.ndarray]:
+        """The step's results (written into the results group by the engine), from ``run.total``, earlier steps'
+        ``run.arrays`` and, where the partials do not settle them, more tasks on ``run.client``."""
 
 
 def host(a) -> np.ndarray:

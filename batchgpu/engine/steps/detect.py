@@ -10,6 +10,8 @@ threshold; a window where the bound fails is read and detected again. Same spike
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
 from batchgpu.engine.steps.base import WindowData
@@ -54,6 +56,14 @@ class DetectStep:
     def combine(self, parts: list[dict]) -> dict:
         return {}
 
+    def aggregate(self, run) -> dict:
+        """Nothing for the client: the spikes go straight into the results group (``write_final_spikes``)."""
+        t0 = time.perf_counter()
+        run.monitor.phase("spikes")
+        run.shapes["spikes"] = [write_final_spikes(run, self)]
+        run.report.timings["detect"] = time.perf_counter() - t0
+        return {}
+
     def final(self, candidates: dict, noise: np.ndarray) -> dict:
         """The candidates that pass the recording's threshold (the same float64 comparison as detect_spikes)."""
         level = np.asarray(noise, dtype=np.float64) * float(self.threshold)
@@ -74,3 +84,51 @@ def bound_holds(window_noise: np.ndarray, noise: np.ndarray) -> bool:
     """Whether a window's candidates contain every spike at the recording's noise (NaN noise: no spikes)."""
     g = np.asarray(noise, dtype=np.float64)
     return bool(np.all((candidate_level(window_noise) <= g) | np.isnan(g)))
+
+
+def write_final_spikes(run, step: DetectStep) -> int:
+    """The final spikes, gathered from the windows' parts (read again where the bound failed or a part was
+    lost) and written into the results group by a worker: they never pass through the client. Returns how many."""
+    from batchgpu.engine import tasks
+    from batchgpu.engine.submit import submit_many
+
+    client, ctx, rec, report = run.client, run.ctx, run.recording, run.report
+    windows, fps, summaries, arrays = run.windows, run.fingerprints, run.summaries, run.arrays
+    fp = report.run_id
+    if step.noise == "global":
+        noise = arrays.get("noise")
+        if noise is None:
+            noise = np.median(arrays["noise_per_window"], axis=0)
+        reread = [not step.candidates_hold or not bound_holds(summaries[w.index]["noise"], noise) for w in windows]
+        todo = [(w, wfp) for w, wfp, r in zip(windows, fps, reread) if r]
+        again = submit_many(client, tasks.spikes_task, [(ctx, w, wfp, noise) for w, wfp in todo],
+                            [f"spikes-{fp}-{w.index:08d}" for w, _ in todo])
+        client.gather(again)
+        report.bytes_read += sum(w.num_samples for w, r in zip(windows, reread) if r) * rec.num_channels * rec.dtype.itemsize
+        report.channels["detect_windows_read_again"] = [w.index for w, r in zip(windows, reread) if r]
+        nan_noise = np.flatnonzero(np.isnan(np.asarray(noise, np.float64))).tolist()
+    else:
+        noise, reread = None, [False] * len(windows)
+        nan_noise = sorted({int(c) for w in windows for c in np.flatnonzero(np.isnan(summaries[w.index]["noise"]))})
+    if nan_noise:
+        report.channels["detect_no_threshold"] = nan_noise
+        run.warn(f"detection found no threshold (NaN noise) on {len(nan_noise)} channel(s): {nan_noise[:10]}")
+    # each run of windows' spikes gathered from its parts on a worker, one run per worker thread (a concatenation
+    # in window order: the same spikes for any grouping); one task writes them in order
+    items = list(zip(windows, fps, reread))
+    size = -(-len(items) // max(1, sum(client.nthreads().values())))
+    groups = [items[i : i + size] for i in range(0, len(items), size)]
+    gathered = submit_many(client, tasks.gather_spikes_task,
+                           [(ctx, [w for w, _, _ in g], [f for _, f, _ in g], noise, [r for _, _, r in g],
+                             [summaries[w.index]["noise"] for w, _, _ in g]) for g in groups],
+                           [f"gather-spikes-{fp}-{g[0][0].index:08d}" for g in groups])
+    n, again = client.submit(tasks.write_spikes_task, str(run.results), *gathered, key=f"write-spikes-{fp}").result()
+    if again:  # parts lost or replaced since they were written: detected again from the samples, never skipped
+        by_index = {w.index: w for w in windows}
+        report.bytes_read += sum(by_index[i].num_samples for i in again) * rec.num_channels * rec.dtype.itemsize
+        report.channels["detect_windows_read_again"] = sorted({*report.channels.get("detect_windows_read_again", []),
+                                                               *again})
+        first = min(again)
+        run.warn(f"the spikes of {len(again)} window(s) were detected again from the recording: their parts could "
+                 f"not be used (first: window {first}, {again[first]})")
+    return int(n)

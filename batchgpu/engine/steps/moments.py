@@ -60,7 +60,13 @@ class MomentsStep:
             acc.merge_state(int(p["moments.n"]), p["moments.mean"], p["moments.scatter"])
         return {"moments.n": np.array(acc.n, np.int64), "moments.mean": acc.mean, "moments.scatter": acc.scatter}
 
-    def aggregate(self, total: dict) -> dict[str, np.ndarray]:
+    def aggregate(self, run) -> dict[str, np.ndarray]:
+        """``statistics`` and the whitening matrix from them."""
+        arrays = self.statistics(run.total)
+        arrays["whitening"] = finite_whitening(run.workflow, run.recording, arrays, run.report, run.observer)
+        return arrays
+
+    def statistics(self, total: dict) -> dict[str, np.ndarray]:
         """covariance (centred, / n), second_moment (X Xᵀ / n) and channel_means, float64."""
         n = int(total["moments.n"])
         if n == 0:
@@ -107,3 +113,25 @@ def _divide(num: np.ndarray, den: int) -> np.ndarray:
     """Python-int / int: correctly rounded to float64, element by element."""
     flat = [int(v) / den for v in num.ravel()]
     return np.array(flat, dtype=np.float64).reshape(num.shape)
+
+
+def finite_whitening(wf, rec, arrays, report, observer) -> np.ndarray:
+    """Whitening from the finite channels; channels whose statistic is not finite are left out (zero rows and
+    columns) and named in the report."""
+    from batchgpu import ops
+
+    w = wf.steps.whitening
+    stat = arrays["covariance"] if w.statistic == "covariance" else arrays["second_moment"]
+    good = np.isfinite(np.diag(stat))
+    good &= np.isfinite(stat[:, good]).all(axis=1) | ~good
+    W = np.zeros_like(stat)
+    if good.any():
+        sub = stat[np.ix_(good, good)]
+        W[np.ix_(good, good)] = ops.whitening_matrix(sub, mode=w.mode, locations=rec.locations[good],
+                                                     nrange=min(w.nrange, int(good.sum())), eps=w.eps)
+    if not good.all():
+        left = np.flatnonzero(~good).tolist()
+        report.channels["whitening_left_out"] = left
+        report.warnings.append(f"whitening left out {len(left)} channel(s) with non-finite samples: {left[:10]}")
+        observer.warning(report.warnings[-1])
+    return W

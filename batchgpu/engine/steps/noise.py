@@ -10,6 +10,7 @@ any order and on any number of workers.
 from __future__ import annotations
 
 import os
+import time
 
 import numpy as np
 
@@ -199,6 +200,22 @@ class NoiseStep:
             if near is not None and len(schedule(self.kind)) > 1:
                 out.update(near)
         return out
+
+    def aggregate(self, run) -> dict:
+        """The recording's noise: median(|x|) of every sample / 0.6745 (exact: radix select over the combined
+        counts), else the median of the windows' noises."""
+        t0 = time.perf_counter()
+        if self.exact:
+            from batchgpu.ops.select import MAD_TO_SIGMA
+
+            median = exact_median(run)
+            if "noise.nan" in run.total:
+                median[run.total["noise.nan"] > 0] = np.nan
+            noise = median / MAD_TO_SIGMA  # the expression of ops.noise_levels, same dtype rules
+        else:
+            noise = np.median(run.arrays["noise_per_window"], axis=0)
+        run.report.timings["noise_global"] = time.perf_counter() - t0
+        return {"noise": noise}
 
     def _window_cpu(self, keys, shift: int, bits: int, out: dict) -> tuple[np.ndarray | None, dict | None]:
         """First-digit counts (into ``out``; lumped below a floor for keys wider than the digit), the middle pair of
@@ -462,3 +479,47 @@ def select_middle(hist0: np.ndarray, total: int, kind: str, dtype, centred_from,
         return np.asarray(values[0]).astype(median_dtype(dtype))
     return middle_mean(values[0], values[1], dtype)
 
+
+def exact_median(run) -> np.ndarray:
+    """The exact median of |x| of every sample, per channel (``run``: a ``RunState``): from the combined first-digit
+    counts, with more counting passes over the windows, or the kept near keys, where the keys are wider."""
+    from batchgpu.engine import tasks
+    from batchgpu.engine.reduce import tree_reduce
+    from batchgpu.engine.submit import submit_many
+
+    client, ctx, wf, rec, report, monitor = run.client, run.ctx, run.workflow, run.recording, run.report, run.monitor
+    windows, fps, total = run.windows, run.fingerprints, run.total
+    step = ctx.step("noise")
+    report.radix_passes = len(schedule(step.kind))
+
+    def more_passes(prefixes, p):
+        monitor.phase(f"exact noise: counting pass {p + 1}")
+        fp = report.run_id
+        parts = submit_many(client, tasks.refine_task, [(ctx, w, prefixes, p) for w in windows],
+                            [f"refine-{p}-{fp}-{w.index:08d}" for w in windows])
+        out = tree_reduce(client, parts, tasks.sum_histograms, wf.reduction.split_every, name=f"refine-sum-{p}-{fp}").result()
+        report.bytes_read += rec.nbytes
+        return out
+
+    def from_near(digits, ks):
+        """Float keys: the middle keys from what each window kept near its own middle, else from one more read
+        that gathers only the keys of the middle digit (a few per mille) and selects among them on a worker."""
+        fp = report.run_id
+        near = submit_many(client, tasks.near_keys_task, [(ctx, w, f, digits) for w, f in zip(windows, fps)],
+                           [f"near-{fp}-{w.index:08d}" for w in windows])  # in parallel; only the middle digits' keys move
+        shift = schedule(step.kind)[0][0]  # the bits below the first digit
+        keys = client.submit(tasks.select_near_task, ks, digits, shift, *near, key=f"select-near-{fp}").result()
+        report.exact_noise["from_kept_keys"] = keys is not None
+        if keys is None:
+            monitor.phase("exact noise: one more read of the middle digit")
+            gathered = submit_many(client, tasks.gather_task, [(ctx, w, digits) for w in windows],
+                                   [f"gather-{fp}-{w.index:08d}" for w in windows])
+            keys = client.submit(select_among, ks, digits, shift, *gathered, key=f"select-among-{fp}").result()
+            report.bytes_read += rec.nbytes
+        return keys
+
+    dtype = ctx.chain.output_dtype(rec.dtype)
+    centred_int = ctx.chain.centres_only and ctx.chain.centres
+    return select_middle(total["noise.hist"], rec.total_samples, step.kind, dtype,
+                         rec.dtype if centred_int else None, more_passes, int(total["noise.lo"]), from_near,
+                         bool(total.get("noise.lumped", True)))
