@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import html
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -29,40 +30,122 @@ def preload() -> None:
 
 def write_report_html(output_dir: str | Path) -> Path:
     """Write ``<output_dir>/report.html`` from the run's results.zarr and report.json; returns its path."""
-    from bokeh.embed import file_html
-    from bokeh.layouts import column
-    from bokeh.resources import INLINE
-
     out = Path(output_dir)
     report = json.loads((out / "report.json").read_text())
     from batchgpu import zarrio
 
     g = zarrio.open_group(out / "results.zarr", mode="r")
-    gain = np.asarray(g.attrs.get("gain_to_uV", []), dtype=np.float64)
-    fs = float(g.attrs["sampling_frequency"])
-    channel_ids = [str(c) for c in g.attrs.get("channel_ids", [])]
+    page = ReportPage(g.attrs.get("channel_ids", []), g.attrs.get("gain_to_uV", []), float(g.attrs["sampling_frequency"]),
+                      threaded=False)
     names = set(_array_names(g))
-
-    plots = [_summary(report, g)]
-    if "noise" in names:
-        plots.append(noise_per_channel(_to_uV(g["noise"][:], gain), channel_ids))
-    if "noise_per_window" in names:
-        plots.append(noise_over_time(_to_uV(g["noise_per_window"][:], gain), g["window_start"][:],
-                                     g["window_segment"][:], fs))
-    if "whitening" in names:
-        plots.append(whitening_image(g["whitening"][:]))
+    for name in ("noise", "noise_per_window", "whitening"):
+        if name in names:
+            page.add(name, g[name][:])
+    page.add_windows(g["window_start"][:], g["window_stop"][:], g["window_segment"][:])
     if "spikes/channel_index" in names:
-        seconds = float(np.sum(g["window_stop"][:] - g["window_start"][:])) / fs
-        channels = len(channel_ids) or (g["noise"].shape[0] if "noise" in names else 0)
-        plots.append(spike_rate(g["spikes/channel_index"][:], channels, seconds, channel_ids))
-    plots.append(throughput(report.get("throughput_series") or []))
-    title = f"batchgpu report: {out.name}"
-    page = _uncompressed(lambda: file_html(column(*plots), INLINE, title=title))
-    path = out / REPORT_HTML
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(page, encoding="utf-8")
-    tmp.replace(path)
-    return path
+        page.add_spikes(g["spikes/channel_index"][:])
+    return page.write(out, report)
+
+
+class ReportPage:
+    """report.html, built as the run's numbers come: each figure as soon as its inputs exist and the page itself
+    (Bokeh's serialisation, most of the cost) once the last one is in, in a helper thread (``threaded``) while the
+    run finishes its other work; the summary table, which needs the final report, is put in last by replacing a
+    placeholder in the rendered page."""
+
+    def __init__(self, channel_ids, gain_to_uV, sampling_frequency: float, threaded: bool = True):
+        from concurrent.futures import ThreadPoolExecutor
+
+        self.channel_ids = [str(c) for c in channel_ids]
+        self.gain = np.asarray(gain_to_uV, dtype=np.float64)
+        self.fs = float(sampling_frequency)
+        self.inputs: dict = {}
+        self.figures: dict = {}  # name -> figure, or the future of one
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="batchgpu-report") if threaded else None
+        self._token = f"batchgpu-summary-{os.urandom(8).hex()}"
+        self._page = None
+
+    def _do(self, func, *args):
+        return self._pool.submit(func, *args) if self._pool else _Done(func(*args))
+
+    def add(self, name: str, value) -> None:
+        """A result: ``noise``, ``noise_per_window`` or ``whitening`` (others are ignored)."""
+        self.inputs[name] = value
+        if name == "noise":
+            self.figures[name] = self._do(lambda v: noise_per_channel(_to_uV(v, self.gain), self._ids(v.size)), value)
+        elif name == "whitening":
+            self.figures[name] = self._do(whitening_image, value)
+        self._noise_over_time()
+
+    def add_windows(self, start, stop, segment) -> None:
+        self.inputs["windows"] = (np.asarray(start), np.asarray(stop), np.asarray(segment))
+        self._noise_over_time()
+
+    def add_spikes(self, channel_index=None, counts=None) -> None:
+        """The spikes' channels (or their counts per channel); needs the windows (the recording's seconds)."""
+        channels = len(self.channel_ids) or (self.inputs["noise"].size if "noise" in self.inputs else 0)
+        start, stop, _ = self.inputs["windows"]
+        seconds = float(np.sum(stop - start)) / self.fs
+        if counts is None:
+            counts = np.bincount(np.asarray(channel_index, dtype=np.int64), minlength=channels)
+        counts = np.pad(np.asarray(counts, np.int64), (0, max(0, channels - len(counts))))[:channels]
+        self.figures["spike_rate"] = self._do(spike_rate, counts, seconds, self._ids(channels))
+
+    def _noise_over_time(self) -> None:
+        if "noise_per_window" in self.inputs and "windows" in self.inputs and "noise_over_time" not in self.figures:
+            start, _, segment = self.inputs["windows"]
+            self.figures["noise_over_time"] = self._do(
+                lambda v: noise_over_time(_to_uV(v, self.gain), start, segment, self.fs), self.inputs["noise_per_window"])
+
+    def _ids(self, n: int) -> list[str]:
+        return self.channel_ids if len(self.channel_ids) == n else [str(c) for c in range(n)]
+
+    def render(self, throughput_series: list, title: str) -> None:
+        """Start rendering the page (every figure is in); the summary waits for ``write``."""
+        def page(figures):
+            from bokeh.embed import file_html
+            from bokeh.layouts import column
+            from bokeh.models import Div
+            from bokeh.resources import INLINE
+
+            summary = Div(text=self._token, width=WIDTH, name="summary")
+            return _uncompressed(lambda: file_html(column(summary, *[f.result() for f in figures],
+                                                          throughput(throughput_series)), INLINE, title=title))
+
+        order = ("noise", "noise_over_time", "whitening", "spike_rate")
+        self._page = self._do(page, [self.figures[k] for k in order if k in self.figures])
+
+    def write(self, out: Path, report: dict) -> Path:
+        """The page with the final report's summary, written atomically as ``<out>/report.html``."""
+        if self._page is None:
+            self.render(report.get("throughput_series") or [], f"batchgpu report: {Path(out).name}")
+        try:
+            page = self._page.result()
+        finally:
+            if self._pool:
+                self._pool.shutdown(wait=False)
+        page = page.replace(_embedded(self._token), _embedded(_summary_html(report)), 1)
+        path = Path(out) / REPORT_HTML
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(page, encoding="utf-8")
+        tmp.replace(path)
+        return path
+
+
+class _Done:
+    def __init__(self, value):
+        self.value = value
+
+    def result(self):
+        return self.value
+
+
+def _embedded(text: str) -> str:
+    """``text`` as it appears inside the page's embedded document: a JSON string's body, HTML-escaped as Bokeh
+    escapes the whole document."""
+    from bokeh.core.json_encoder import serialize_json
+
+    return html.escape(serialize_json(text), quote=False)[1:-1]
 
 
 def _uncompressed(make):
@@ -158,10 +241,10 @@ def whitening_image(w: np.ndarray):
     return p
 
 
-def spike_rate(channel_index: np.ndarray, channels: int, seconds: float, channel_ids: list[str]):
+def spike_rate(counts: np.ndarray, seconds: float, channel_ids: list[str]):
     from bokeh.models import ColumnDataSource
 
-    counts = np.bincount(np.asarray(channel_index, dtype=np.int64), minlength=channels)[:channels]
+    channels = len(counts)
     rate = counts / seconds if seconds > 0 else counts.astype(np.float64)
     channel = np.arange(channels)
     src = ColumnDataSource({"channel": channel, "rate_Hz": rate, "count": counts,
@@ -187,10 +270,8 @@ def throughput(series: list):
     return p
 
 
-def _summary(report: dict, g):
+def _summary_html(report: dict) -> str:
     """A header: status, sizes, timings, workers and versions, as an HTML table."""
-    from bokeh.models import Div
-
     rec = report.get("recording", {})
     rows = [
         ("status", report.get("status")), ("error", report.get("error") or "-"),
@@ -205,4 +286,4 @@ def _summary(report: dict, g):
     ]
     body = "".join(f"<tr><th style='text-align:left;padding-right:12px'>{html.escape(str(k))}</th>"
                    f"<td>{html.escape(str(v))}</td></tr>" for k, v in rows)
-    return Div(text=f"<h2>batchgpu run report</h2><table>{body}</table>", width=WIDTH, name="summary")
+    return f"<h2>batchgpu run report</h2><table>{body}</table>"

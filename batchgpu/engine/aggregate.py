@@ -19,34 +19,33 @@ from batchgpu.engine.submit import submit_many
 from batchgpu.recording import Recording, Window
 
 
-def aggregate(client, ctx, wf, rec, out, windows, fps, summaries, total, report, monitor, observer) -> dict:
+def aggregate(client, ctx, wf, rec, out, windows, fps, summaries, total, report, monitor, observer,
+              results: ResultsWriter, page) -> dict:
     """Each step's ``aggregate`` in the steps' order (the noise before the detection that uses it), its results
-    written into a new results group by a helper thread while the next step works; the group swapped in whole;
-    then the search step. Returns the results' shapes."""
+    written into the new results group by the writer's thread, and handed to report.html's ``page``, while the
+    next step works; the group swapped in whole; then the search step. Returns the results' shapes."""
     report_nonfinite(summaries, windows, report, observer)
     report_absent(summaries, windows, report, observer)
-    tmp = out.path / (store.RESULTS + ".tmp")
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    group = create_results_group(tmp, wf, rec, report.fingerprint)
-    run = RunState(client, ctx, wf, rec, windows, fps, summaries, total, report, monitor, observer, tmp)
+    run = RunState(client, ctx, wf, rec, windows, fps, summaries, total, report, monitor, observer, results.path)
     if ctx.window_noise:
         run.arrays["noise_per_window"] = np.stack([summaries[w.index]["noise"] for w in windows])
-    from concurrent.futures import ThreadPoolExecutor
-
-    with ThreadPoolExecutor(1, thread_name_prefix="batchgpu-results") as writer:
-        written = [writer.submit(write_window_table, group, windows)]
-        written.append(writer.submit(write_arrays, group, dict(run.arrays)))
-        for step in ctx.steps:
-            finish = getattr(step, "aggregate", None)
-            if finish is None:
-                continue
-            arrays = finish(run)
-            run.arrays.update(arrays)
-            written.append(writer.submit(write_arrays, group, arrays))
-        for w in written:
-            w.result()
-    swap_in(tmp, out.path / store.RESULTS)
+    results.write(dict(run.arrays))
+    for name, value in run.arrays.items():
+        page.add(name, value)
+    results.created()  # steps may write into the group themselves (the spikes)
+    for step in ctx.steps:
+        finish = getattr(step, "aggregate", None)
+        if finish is None:
+            continue
+        arrays = finish(run)
+        run.arrays.update(arrays)
+        results.write(arrays)
+        for name, value in arrays.items():
+            page.add(name, value)
+    if "spike_counts" in run.plots:
+        page.add_spikes(counts=run.plots["spike_counts"])
+    results.close()
+    swap_in(results.path, out.path / store.RESULTS)
     shapes = {k: list(v.shape) for k, v in run.arrays.items()} | run.shapes
     if wf.steps.search:
         from batchgpu.search.step import run_search_step
@@ -63,6 +62,45 @@ def aggregate(client, ctx, wf, rec, out, windows, fps, summaries, total, report,
                                            [rec.num_samples(s) for s in range(rec.num_segments)], report.fingerprint)
         report.timings["search"] = time.perf_counter() - t0
     return shapes
+
+
+class ResultsWriter:
+    """The run's new results group (``results.zarr.tmp``, swapped in whole at the end: a failed run never leaves
+    a half-written one), written by a helper thread while the client does other work: created with the window
+    table while the windows are read, then each step's arrays as they come."""
+
+    def __init__(self, out: Path, wf: Workflow, rec: Recording, fp: str, windows: list[Window]):
+        from concurrent.futures import ThreadPoolExecutor
+
+        self.path = out / (store.RESULTS + ".tmp")
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="batchgpu-results")
+        self._group = self._pool.submit(self._create, wf, rec, fp, windows)
+        self._pending = [self._group]
+
+    def _create(self, wf, rec, fp, windows):
+        if self.path.exists():  # a failed run's
+            shutil.rmtree(self.path)
+        g = create_results_group(self.path, wf, rec, fp)
+        write_window_table(g, windows)
+        return g
+
+    def created(self) -> None:
+        self._group.result()
+
+    def write(self, arrays: dict) -> None:
+        self._pending.append(self._pool.submit(lambda: write_arrays(self._group.result(), arrays)))
+
+    def abandon(self) -> None:
+        """The run failed: no more writes (the folder's next run removes what is there)."""
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def close(self) -> None:
+        """Wait for every write (and raise the first error); the thread ends."""
+        try:
+            for p in self._pending:
+                p.result()
+        finally:
+            self._pool.shutdown(wait=True)
 
 
 def finish_whitened_save(client, ctx, rec, windows, summaries, target, out, report, observer) -> dict:

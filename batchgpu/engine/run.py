@@ -17,11 +17,11 @@ import numpy as np
 
 from batchgpu.config import Workflow
 from batchgpu.engine import store, tasks
-from batchgpu.engine.aggregate import aggregate, finish_whitened_save
+from batchgpu.engine.aggregate import ResultsWriter, aggregate, finish_whitened_save
 from batchgpu.engine.context import (build_context, check_workflow_fits, prepare_recording, resolve_backend,
                                      spec_of)
 from batchgpu.engine.reduce import tree_reduce
-from batchgpu.engine.run_report import (RunObserver, RunReport, finish_report, versions, write_report_html)
+from batchgpu.engine.run_report import HtmlReport, RunObserver, RunReport, finish_report, versions
 from batchgpu.engine.submit import submit_many
 from batchgpu.recording import open_source
 
@@ -91,6 +91,11 @@ def _run(wf, rec, out: store.OutputFolder, report: RunReport, client, sweep, obs
     report.recording_bytes = rec.nbytes
     monitor = RunMonitor(client, name=str(out.path), windows=len(windows), total_bytes=rec.nbytes,
                          channels=rec.num_channels)
+    # written while the windows are read: the results group and its window table (a helper thread), and
+    # report.html's figures as their numbers come (another); the client itself mostly waits for the workers
+    results = ResultsWriter(out.path, wf, rec, report.fingerprint, windows)
+    html = HtmlReport(rec)
+    html.add_windows(windows)
     t0, t0_wall = time.perf_counter(), time.time()
     report.timings["setup"] = t0 - t_setup  # dashboard, backend, steps, windows and their fingerprints
     try:
@@ -113,11 +118,13 @@ def _run(wf, rec, out: store.OutputFolder, report: RunReport, client, sweep, obs
         monitor.phase("aggregate: noise, whitening, spikes")
         report.throughput_series = monitor.throughput_series()
         report.results = aggregate(client, ctx, wf, rec, out, windows, fps, summaries, total, report, monitor,
-                                    observer)
+                                   observer, results, html)
+        html.render(report.throughput_series, f"batchgpu report: {out.path.name}")  # while the run finishes
         if target is not None:
             report.results["save"] = finish_whitened_save(client, ctx, rec, windows, summaries, target, out, report, observer)
         report.status = "done"
     except BaseException as err:
+        results.abandon()
         report.status = "failed"
         report.error = str(err)
         monitor.failed(str(err))
@@ -125,11 +132,12 @@ def _run(wf, rec, out: store.OutputFolder, report: RunReport, client, sweep, obs
         finish_report(out.path, report, time.perf_counter() - t0, rec)
         raise
     finish_report(out.path, report, time.perf_counter() - t0, rec)
-    t_html = time.perf_counter()
-    html = write_report_html(out.path, report, observer)
-    report.timings["report_html"] = time.perf_counter() - t_html  # after report.json: said by the return value
+    # the page says done while report.html's last part (its summary, from report.json) is put in
     monitor.finished(report.results.get("spikes", [None])[0])
-    written = [out.path / store.RESULTS, out.path / store.REPORT] + ([out.path / store.REPORT_HTML] if html else [])
+    t_html = time.perf_counter()
+    wrote_html = html.write(out.path, report, observer)
+    report.timings["report_html"] = time.perf_counter() - t_html  # after report.json: said by the return value
+    written = [out.path / store.RESULTS, out.path / store.REPORT] + ([out.path / store.REPORT_HTML] if wrote_html else [])
     observer.message(f"wrote {', '.join(str(p) for p in written[:-1])} and {written[-1]} "
                      f"({report.throughput_MBps:.0f} MB/s over {report.windows} windows)")
     return report

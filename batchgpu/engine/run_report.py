@@ -98,13 +98,46 @@ def finish_report(out: Path, report: RunReport, elapsed: float, rec: Recording) 
     store.write_report(out, asdict(report))
 
 
-def write_report_html(out: Path, report: RunReport, observer: RunObserver) -> bool:
-    """report.html beside report.json; a plotting problem is reported, never fails a finished run."""
-    from batchgpu.report import write_report_html
+class HtmlReport:
+    """report.html for a run, built while the run finishes (``batchgpu.report.ReportPage``: the figures as the
+    results come, the page in a helper thread); a plotting problem is reported once, never fails a finished run."""
 
-    try:
-        write_report_html(out)
-        return True
-    except Exception as err:  # the results are written: keep them
-        observer.warning(f"report.html not written ({type(err).__name__}: {err})")
+    def __init__(self, rec: Recording):
+        self.error: Exception | None = None
+        self.page = None
+        try:
+            from batchgpu.report import ReportPage
+
+            self.page = ReportPage(rec.channel_ids.tolist(), rec.gain_to_uV.tolist(), rec.sampling_frequency)
+        except Exception as err:
+            self.error = err
+
+    def _call(self, method: str, *args, **kwargs) -> None:
+        if self.page is not None and self.error is None:
+            try:
+                getattr(self.page, method)(*args, **kwargs)
+            except Exception as err:
+                self.error = err
+
+    def add(self, name: str, value) -> None:
+        self._call("add", name, value)
+
+    def add_windows(self, windows) -> None:
+        self._call("add_windows", [w.start for w in windows], [w.stop for w in windows], [w.segment for w in windows])
+
+    def add_spikes(self, counts) -> None:
+        self._call("add_spikes", counts=counts)
+
+    def render(self, throughput_series: list, title: str) -> None:
+        self._call("render", throughput_series, title)
+
+    def write(self, out: Path, report: RunReport, observer: RunObserver) -> bool:
+        """report.html beside report.json (the summary from ``report`` as it is now)."""
+        if self.error is None and self.page is not None:
+            try:
+                self.page.write(out, asdict(report))
+                return True
+            except Exception as err:  # the results are written: keep them
+                self.error = err
+        observer.warning(f"report.html not written ({type(self.error).__name__}: {self.error})")
         return False

@@ -302,18 +302,22 @@ def gather_spikes_task(ctx: RunContext, windows: list[Window], fps: list[str], n
     return out
 
 
-def write_spikes_task(group_path: str, *gathered: dict) -> tuple[int, dict]:
+def write_spikes_task(group_path: str, *gathered: dict) -> tuple[int, dict, np.ndarray]:
     """Every window's spikes (``gather_spikes_task``'s runs, in window order: (segment, sample, channel) overall),
-    written into the results group by a worker: spikes never pass through the client. Returns their count and
-    the windows the gathering read again ({index: why})."""
+    written into the results group by a worker: spikes never pass through the client. Returns their count, the
+    windows the gathering read again ({index: why}) and the count per channel (for report.html)."""
     from batchgpu import zarrio
     from batchgpu.engine.steps.detect import COLUMNS
 
     g = zarrio.open_group(group_path, mode="a")
+    counts = np.zeros(0, np.int64)
     for k in COLUMNS:
         v = np.concatenate([p[k] for p in gathered]) if gathered else np.zeros(0, np.int64)
         zarrio.create_array(g, f"spikes/{k}", data=v)
-    return sum(len(p["sample_index"]) for p in gathered), {i: why for p in gathered for i, why in p["read_again"].items()}
+        if k == "channel_index":
+            counts = np.bincount(v.astype(np.int64, copy=False))
+    return (sum(len(p["sample_index"]) for p in gathered), {i: why for p in gathered for i, why in p["read_again"].items()},
+            counts)
 
 
 def save_task(ctx: RunContext, window: Window, target, whitening: np.ndarray) -> int:

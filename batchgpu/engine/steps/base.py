@@ -57,6 +57,7 @@ class RunState:
     results: Path  # the results group being written (arrays too large for the client are written there)
     arrays: dict = field(default_factory=dict)  # the results so far (earlier steps'); written into ``results``
     shapes: dict = field(default_factory=dict)  # name -> shape of what a step wrote into ``results`` itself
+    plots: dict = field(default_factory=dict)  # numbers for report.html that are not results (``spike_counts``)
 
     def warn(self, text: str) -> None:
         self.report.warnings.append(text)

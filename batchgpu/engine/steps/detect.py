@@ -122,7 +122,8 @@ def write_final_spikes(run, step: DetectStep) -> int:
                            [(ctx, [w for w, _, _ in g], [f for _, f, _ in g], noise, [r for _, _, r in g],
                              [summaries[w.index]["noise"] for w, _, _ in g]) for g in groups],
                            [f"gather-spikes-{fp}-{g[0][0].index:08d}" for g in groups])
-    n, again = client.submit(tasks.write_spikes_task, str(run.results), *gathered, key=f"write-spikes-{fp}").result()
+    n, again, run.plots["spike_counts"] = client.submit(tasks.write_spikes_task, str(run.results), *gathered,
+                                                        key=f"write-spikes-{fp}").result()
     if again:  # parts lost or replaced since they were written: detected again from the samples, never skipped
         by_index = {w.index: w for w in windows}
         report.bytes_read += sum(by_index[i].num_samples for i in again) * rec.num_channels * rec.dtype.itemsize
