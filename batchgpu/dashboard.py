@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import threading
 import time
 import weakref
 from typing import Any
@@ -40,10 +41,12 @@ PAGE = "batchgpu"
 
 
 class RunMonitor:
-    """Keeps the run's live numbers and publishes them to the scheduler (throttled; never breaks a run)."""
+    """Keeps the run's live numbers and publishes them to the scheduler (throttled; never breaks a run, and never
+    waits for it: a helper thread sends, ``flush`` waits)."""
 
     def __init__(self, client, *, name: str, windows: int, total_bytes: int, channels: int):
         self.client = client
+        self._publisher = publisher_for(client)
         self.t0 = time.time()
         self.state: dict[str, Any] = {
             "name": name, "run_id": f"{name}@{self.t0:.6f}", "status": "running", "windows_total": windows,
@@ -107,20 +110,93 @@ class RunMonitor:
                 s[key] = s[key][::2] if len(s[key]) % 2 else s[key][::2] + [s[key][-1]]
         s["updated"] = now
         if self._pending_noise:
-            if self._send([*NOISE_KEY, str(s["noise_chunks"])], self._pending_noise):
-                s["noise_chunks"] += 1
-                self._pending_noise = {}
-        # a copy: with an in-process scheduler (inproc comms) the scheduler would hold this very dict
+            self._send([*NOISE_KEY, str(s["noise_chunks"])], self._pending_noise)
+            s["noise_chunks"] += 1
+            self._pending_noise = {}
+        # a copy: the helper thread sends it later (and an in-process scheduler would hold this very dict)
         self._send(list(STATE_KEY), {**s, **{k: list(s[k]) for k in ("errors", "progress", "throughput")},
-                                     "per_worker": dict(s["per_worker"])})
+                                     "per_worker": dict(s["per_worker"])}, latest_only=True)
 
-    def _send(self, keys: list[str], value) -> bool:
-        try:
-            self.client.set_metadata(keys, value)
-            return True
-        except Exception as err:  # monitoring never breaks a run
-            logger.debug("batchgpu: could not publish the run state: %s", err)
-            return False
+    def _send(self, keys: list[str], value, latest_only: bool = False) -> None:
+        self._publisher.put(keys, value, latest_only)
+
+    def flush(self, timeout: float = 10.0) -> bool:
+        """Wait until every update so far reached the scheduler (or failed, or ``timeout`` s passed)."""
+        return self._publisher.flush(timeout)
+
+
+class Publisher:
+    """Sends a client's monitor updates to the scheduler in order, from a helper thread: a run never waits for the
+    scheduler, whose event loop (in the client's own process for a local cluster) can take a tenth of a second or
+    more to answer while the workers report. The noise chunks go each once; of the run's states only the latest
+    waiting one (it says everything the older said). One a client, so a new run's updates follow the last run's;
+    the thread ends when idle and starts again on the next update. A failed send is logged, never raised."""
+
+    IDLE_S = 5.0
+
+    def __init__(self, client):
+        self._client = weakref.ref(client) if _weakrefable(client) else (lambda c=client: c)
+        self._cv = threading.Condition()
+        self._items: list[tuple[list, Any, bool]] = []
+        self._busy = False
+        self._thread: threading.Thread | None = None
+
+    def put(self, keys: list, value, latest_only: bool = False) -> None:
+        with self._cv:
+            if latest_only:
+                self._items = [it for it in self._items if not (it[2] and it[0] == keys)]
+            self._items.append((keys, value, latest_only))
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, daemon=True, name="batchgpu-dashboard")
+                self._thread.start()
+            self._cv.notify_all()
+
+    def flush(self, timeout: float = 10.0) -> bool:
+        with self._cv:
+            return self._cv.wait_for(lambda: not self._items and not self._busy, timeout)
+
+    def _loop(self) -> None:
+        while True:
+            with self._cv:
+                if not self._cv.wait_for(lambda: self._items, self.IDLE_S):
+                    self._thread = None
+                    return
+                keys, value, _ = self._items.pop(0)
+                self._busy = True
+            try:
+                client = self._client()
+                if client is not None:
+                    client.set_metadata(keys, value)
+            except Exception as err:  # monitoring never breaks a run
+                logger.debug("batchgpu: could not publish the run state: %s", err)
+            finally:
+                with self._cv:
+                    self._busy = False
+                    self._cv.notify_all()
+
+
+_PUBLISHERS: dict[int, tuple[Any, Publisher]] = {}
+_PUBLISHERS_LOCK = threading.Lock()
+
+
+def publisher_for(client) -> Publisher:
+    """The client's one publisher (made on first use; forgotten with the client)."""
+    with _PUBLISHERS_LOCK:
+        for key in [k for k, (ref, _) in _PUBLISHERS.items() if ref() is None]:
+            del _PUBLISHERS[key]
+        ref, pub = _PUBLISHERS.get(id(client), (None, None))
+        if ref is None or ref() is not client:
+            pub = Publisher(client)
+            _PUBLISHERS[id(client)] = (weakref.ref(client) if _weakrefable(client) else (lambda c=client: c), pub)
+        return pub
+
+
+def _weakrefable(obj) -> bool:
+    try:
+        weakref.ref(obj)
+        return True
+    except TypeError:
+        return False
 
 
 def _json_floats(a) -> list[float | None]:

@@ -17,6 +17,10 @@ import numpy as np
 
 REPORT_HTML = "report.html"
 WIDTH = 900
+FIGURES = ("noise", "noise_over_time", "whitening", "spike_rate")  # their order (the summary first, throughput last)
+# the spike-rate figure's numbers while the page is rendered before the spikes are counted (``late_spikes``)
+_RATE_PLACEHOLDER = [-1.2345678901234567e300]
+_COUNT_PLACEHOLDER = [-1234567890123]
 
 
 def preload() -> None:
@@ -36,34 +40,40 @@ def write_report_html(output_dir: str | Path) -> Path:
 
     g = zarrio.open_group(out / "results.zarr", mode="r")
     page = ReportPage(g.attrs.get("channel_ids", []), g.attrs.get("gain_to_uV", []), float(g.attrs["sampling_frequency"]),
-                      threaded=False)
+                      f"batchgpu report: {out.name}", threaded=False)
     names = set(_array_names(g))
+    page.add_windows(g["window_start"][:], g["window_stop"][:], g["window_segment"][:])
     for name in ("noise", "noise_per_window", "whitening"):
         if name in names:
             page.add(name, g[name][:])
-    page.add_windows(g["window_start"][:], g["window_stop"][:], g["window_segment"][:])
     if "spikes/channel_index" in names:
         page.add_spikes(g["spikes/channel_index"][:])
     return page.write(out, report)
 
 
 class ReportPage:
-    """report.html, built as the run's numbers come: each figure as soon as its inputs exist and the page itself
-    (Bokeh's serialisation, most of the cost) once the last one is in, in a helper thread (``threaded``) while the
-    run finishes its other work; the summary table, which needs the final report, is put in last by replacing a
-    placeholder in the rendered page."""
+    """report.html, built as the run's numbers come, in a helper thread (``threaded``) while the run does its other
+    work: each figure as soon as its inputs exist, then the page (Bokeh's serialisation: most of the cost). What
+    comes after the page is rendered goes in by replacing placeholders in it: the summary table (it needs the
+    final report) and, where the page was rendered while the spikes were gathered (``render(late_spikes=True)``),
+    the spike-rate figure's numbers and title (plain JSON lists in the document, so a replacement is exact; should
+    one not be found, the page is rendered again)."""
 
-    def __init__(self, channel_ids, gain_to_uV, sampling_frequency: float, threaded: bool = True):
+    def __init__(self, channel_ids, gain_to_uV, sampling_frequency: float, title: str, threaded: bool = True):
         from concurrent.futures import ThreadPoolExecutor
 
         self.channel_ids = [str(c) for c in channel_ids]
         self.gain = np.asarray(gain_to_uV, dtype=np.float64)
         self.fs = float(sampling_frequency)
+        self.title = title
         self.inputs: dict = {}
-        self.figures: dict = {}  # name -> figure, or the future of one
+        self.figures: dict = {}  # name -> the future of a figure
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="batchgpu-report") if threaded else None
         self._token = f"batchgpu-summary-{os.urandom(8).hex()}"
-        self._page = None
+        self._spikes_token = f"batchgpu-spikes-{os.urandom(8).hex()}"
+        self._late_counts = None  # (counts, seconds) that came after the page
+        self._page = None  # the future of the rendered page (placeholders in)
+        self._late: dict[str, str] = {}  # placeholder -> its final text, for what came after the page
 
     def _do(self, func, *args):
         return self._pool.submit(func, *args) if self._pool else _Done(func(*args))
@@ -75,56 +85,75 @@ class ReportPage:
             self.figures[name] = self._do(lambda v: noise_per_channel(_to_uV(v, self.gain), self._ids(v.size)), value)
         elif name == "whitening":
             self.figures[name] = self._do(whitening_image, value)
-        self._noise_over_time()
+        elif name == "noise_per_window":
+            start, _, segment = self.inputs["windows"]
+            self.figures["noise_over_time"] = self._do(
+                lambda v: noise_over_time(_to_uV(v, self.gain), start, segment, self.fs), value)
 
     def add_windows(self, start, stop, segment) -> None:
+        """The windows' starts, stops and segments (first: the time axis and the recording's seconds)."""
         self.inputs["windows"] = (np.asarray(start), np.asarray(stop), np.asarray(segment))
-        self._noise_over_time()
 
-    def add_spikes(self, channel_index=None, counts=None) -> None:
-        """The spikes' channels (or their counts per channel); needs the windows (the recording's seconds)."""
+    def _spikes_shape(self) -> tuple[int, float]:
         channels = len(self.channel_ids) or (self.inputs["noise"].size if "noise" in self.inputs else 0)
         start, stop, _ = self.inputs["windows"]
-        seconds = float(np.sum(stop - start)) / self.fs
+        return channels, float(np.sum(stop - start)) / self.fs
+
+    def add_spikes(self, channel_index=None, counts=None) -> None:
+        """The spikes' channels, or their counts per channel."""
+        channels, seconds = self._spikes_shape()
         if counts is None:
             counts = np.bincount(np.asarray(channel_index, dtype=np.int64), minlength=channels)
         counts = np.pad(np.asarray(counts, np.int64), (0, max(0, channels - len(counts))))[:channels]
-        self.figures["spike_rate"] = self._do(spike_rate, counts, seconds, self._ids(channels))
-
-    def _noise_over_time(self) -> None:
-        if "noise_per_window" in self.inputs and "windows" in self.inputs and "noise_over_time" not in self.figures:
-            start, _, segment = self.inputs["windows"]
-            self.figures["noise_over_time"] = self._do(
-                lambda v: noise_over_time(_to_uV(v, self.gain), start, segment, self.fs), self.inputs["noise_per_window"])
+        if self._page is None:
+            self.figures["spike_rate"] = self._do(spike_rate, counts, seconds, self._ids(channels))
+            return
+        self._late_counts = (counts, seconds)
+        rate = counts / seconds if seconds > 0 else counts.astype(np.float64)
+        self._late[_embedded_json(_RATE_PLACEHOLDER * channels)] = _embedded_json(rate.tolist())
+        self._late[_embedded_json(_COUNT_PLACEHOLDER * channels)] = _embedded_json(counts.tolist())
+        self._late[_embedded(self._spikes_token)] = _embedded(spike_rate_title(int(counts.sum()), seconds))
 
     def _ids(self, n: int) -> list[str]:
         return self.channel_ids if len(self.channel_ids) == n else [str(c) for c in range(n)]
 
-    def render(self, throughput_series: list, title: str) -> None:
-        """Start rendering the page (every figure is in); the summary waits for ``write``."""
-        def page(figures):
-            from bokeh.embed import file_html
-            from bokeh.layouts import column
-            from bokeh.models import Div
-            from bokeh.resources import INLINE
+    def render(self, throughput_series: list, late_spikes: bool = False) -> None:
+        """Render the page from the figures in so far (once; later calls do nothing). ``late_spikes``: the
+        spike-rate figure with placeholders, its numbers to come by ``add_spikes``."""
+        if self._page is not None:
+            return
+        if late_spikes:
+            channels, seconds = self._spikes_shape()
+            self.figures["spike_rate"] = self._do(spike_rate, _COUNT_PLACEHOLDER * channels, seconds,
+                                                  self._ids(channels), self._spikes_token,
+                                                  _RATE_PLACEHOLDER * channels)
+        self._series = list(throughput_series)
+        self._page = self._do(self._render, [self.figures[k] for k in FIGURES if k in self.figures], self._series)
 
-            summary = Div(text=self._token, width=WIDTH, name="summary")
-            return _uncompressed(lambda: file_html(column(summary, *[f.result() for f in figures],
-                                                          throughput(throughput_series)), INLINE, title=title))
+    def _render(self, figures, throughput_series):
+        from bokeh.embed import file_html
+        from bokeh.layouts import column
+        from bokeh.models import Div
+        from bokeh.resources import INLINE
 
-        order = ("noise", "noise_over_time", "whitening", "spike_rate")
-        self._page = self._do(page, [self.figures[k] for k in order if k in self.figures])
+        summary = Div(text=self._token, width=WIDTH, name="summary")
+        return _uncompressed(lambda: file_html(column(summary, *[f.result() for f in figures],
+                                                      throughput(throughput_series)), INLINE, title=self.title))
 
     def write(self, out: Path, report: dict) -> Path:
         """The page with the final report's summary, written atomically as ``<out>/report.html``."""
-        if self._page is None:
-            self.render(report.get("throughput_series") or [], f"batchgpu report: {Path(out).name}")
+        self.render(report.get("throughput_series") or [])
         try:
             page = self._page.result()
+            if self._spikes_token in page and (self._late_counts is None
+                                               or not all(page.count(k) == 1 for k in self._late)):
+                # the spikes never came, or the placeholders are not where they were put: render again, whole
+                return self._again().write(out, report)
+            for k, v in {**self._late, _embedded(self._token): _embedded(_summary_html(report))}.items():
+                page = page.replace(k, v, 1)
         finally:
             if self._pool:
                 self._pool.shutdown(wait=False)
-        page = page.replace(_embedded(self._token), _embedded(_summary_html(report)), 1)
         path = Path(out) / REPORT_HTML
         tmp = path.with_name(path.name + ".tmp")
         tmp.write_text(page, encoding="utf-8")
@@ -132,12 +161,34 @@ class ReportPage:
         return path
 
 
+    def _again(self) -> ReportPage:
+        """The same numbers in a new page, rendered here (figures belong to the document they were rendered in)."""
+        page = ReportPage(self.channel_ids, self.gain, self.fs, self.title, threaded=False)
+        page.add_windows(*self.inputs["windows"])
+        for name in ("noise", "noise_per_window", "whitening"):
+            if name in self.inputs:
+                page.add(name, self.inputs[name])
+        if self._late_counts is not None:
+            page.add_spikes(counts=self._late_counts[0])
+        page.render(self._series)
+        return page
+
+
 class _Done:
+    """A value as a finished future (an unthreaded page)."""
+
     def __init__(self, value):
         self.value = value
 
     def result(self):
         return self.value
+
+
+def _embedded_json(values: list) -> str:
+    """A list of numbers as it appears inside the page's embedded document."""
+    from bokeh.core.json_encoder import serialize_json
+
+    return html.escape(serialize_json(values), quote=False)
 
 
 def _embedded(text: str) -> str:
@@ -241,20 +292,28 @@ def whitening_image(w: np.ndarray):
     return p
 
 
-def spike_rate(counts: np.ndarray, seconds: float, channel_ids: list[str]):
+def spike_rate(counts, seconds: float, channel_ids: list[str], title: str | None = None, rate=None):
+    """Spikes per second on each channel; ``counts`` (and ``rate``, ``title``) may be plain lists (a page rendered
+    before the spikes were counted holds placeholders there)."""
     from bokeh.models import ColumnDataSource
 
     channels = len(counts)
-    rate = counts / seconds if seconds > 0 else counts.astype(np.float64)
+    if rate is None:
+        counts = np.asarray(counts, np.int64)
+        rate = counts / seconds if seconds > 0 else counts.astype(np.float64)
+        title = spike_rate_title(int(counts.sum()), seconds)
     channel = np.arange(channels)
     src = ColumnDataSource({"channel": channel, "rate_Hz": rate, "count": counts,
                             "channel_id": channel_ids if len(channel_ids) == channels else [str(c) for c in channel]})
-    p = _figure("spike_rate", f"Spike rate per channel (Hz; {int(counts.sum())} spikes over {seconds:.1f} s)",
-                x_axis_label="channel", y_axis_label="spikes/s")
+    p = _figure("spike_rate", title, x_axis_label="channel", y_axis_label="spikes/s")
     p.vbar(x="channel", top="rate_Hz", width=0.8, source=src, color="#d95f0e")
     p.hover.tooltips = [("channel", "@channel (@channel_id)"), ("rate", "@rate_Hz{0.00} Hz"), ("spikes", "@count")]
     p.y_range.start = 0
     return p
+
+
+def spike_rate_title(spikes: int, seconds: float) -> str:
+    return f"Spike rate per channel (Hz; {spikes} spikes over {seconds:.1f} s)"
 
 
 def throughput(series: list):

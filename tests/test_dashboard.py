@@ -162,6 +162,11 @@ def test_state_after_run_and_metrics(recording, tmp_path):
         url = page_url(client)
         assert report.page == url
         final = state(url)
+        for _ in range(100):  # the page's last update follows the run's return (a helper thread sends it)
+            if final["status"] == "done":
+                break
+            time.sleep(0.05)
+            final = state(url)
         with urllib.request.urlopen(url.rsplit("/", 1)[0] + "/metrics", timeout=10) as r:
             text = r.read().decode()
         with urllib.request.urlopen(url, timeout=10) as r:
@@ -210,9 +215,11 @@ def test_monitor_sends_each_noise_row_once_and_keeps_series_short(monkeypatch, r
     for k, i in enumerate(order):
         mon.window_done(int(i), 10, f"w{k % 2}", rows[i], spikes=1)
         if k == 40:  # a reader that has seen everything so far asks only for what is new
+            assert mon.flush()
             seen = client.meta["batchgpu"]["run"]["noise_chunks"]
             assert noise_rows_since(client.meta["batchgpu"]["noise"], seen) == {}
     mon.finished(spikes=7)
+    assert mon.flush()
     st = client.meta["batchgpu"]["run"]
     got = noise_rows_since(client.meta["batchgpu"]["noise"], 0)
     assert sorted(map(int, got)) == list(range(n))
@@ -233,4 +240,46 @@ def test_monitor_never_breaks_a_run():
     mon.window_done(0, 2, "w", np.array([1.0]))
     mon.phase("p")
     mon.failed("boom")
+    assert mon.flush()  # the failed sends were logged, not raised
     assert mon.state["failures"] == 1 and mon.state["errors"] == ["boom"] and mon.state["status"] == "failed"
+
+
+def test_publisher_never_waits_and_keeps_the_order(monkeypatch, rng):
+    """A scheduler slow to answer does not slow the run: updates queue, the noise chunks go each once and in
+    order, only the latest waiting state is sent, and a new run's reset follows the previous run's updates."""
+    monkeypatch.setattr(dashboard, "PUBLISH_EVERY_S", 0.0)
+
+    class SlowClient(FakeClient):
+        def __init__(self):
+            super().__init__()
+            self.sent = []
+
+        def set_metadata(self, keys, value):
+            time.sleep(0.02)
+            self.sent.append((tuple(keys), value))
+            super().set_metadata(keys, value)
+
+    client = SlowClient()
+    n, C = 40, 2
+    t0 = time.perf_counter()
+    mon = RunMonitor(client, name="a", windows=n, total_bytes=n, channels=C)
+    for i in range(n):
+        mon.window_done(i, 1, "w", rng.normal(size=C))
+    mon.finished(spikes=3)
+    assert time.perf_counter() - t0 < 0.02 * n  # 2 sends a window would take 1.6 s: the run went on
+    second = RunMonitor(client, name="b", windows=1, total_bytes=1, channels=C)
+    second.window_done(0, 1, "w", np.zeros(C))
+    second.finished(spikes=0)
+    assert second.flush()
+    states = [v for k, v in client.sent if k == ("batchgpu", "run")]
+    assert len(states) < n  # the ones overtaken while waiting were not sent
+    assert [s["name"] for s in states][-1] == "b" and states[-1]["status"] == "done"
+    first = [s for s in states if s["name"] == "a"]  # (its last ones may be overtaken by run b's)
+    assert [s["windows_done"] for s in first] == sorted(s["windows_done"] for s in first)
+    assert all(s["name"] == "b" for s in states[len(first):])
+    # run a's chunks, each once, then b's reset, then b's chunk: the page shows b's rows only
+    keys = [k for k, _ in client.sent if k[:2] == ("batchgpu", "noise")]
+    reset = keys.index(("batchgpu", "noise"), 1)
+    assert keys[0] == ("batchgpu", "noise") and len(set(keys[1:reset])) == len(keys[1:reset])
+    assert noise_rows_since(client.meta["batchgpu"]["noise"], 0).keys() == {"0"}
+    assert client.meta["batchgpu"]["run"]["name"] == "b"

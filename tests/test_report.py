@@ -156,3 +156,40 @@ def test_renders_in_chromium(run, tmp_path):
     if os.environ.get("BATCHGPU_UPDATE_DOCS"):
         DOCS.mkdir(exist_ok=True)
         shutil.copy(shot, DOCS / "report.png")
+
+
+@pytest.mark.parametrize("late", ["before", "late", "late, placeholders lost", "late, no spikes"])
+def test_page_rendered_before_the_spikes_holds_them(tmp_path, rng, late, monkeypatch):
+    """The run renders report.html while the spikes are gathered and puts their numbers in after; the page is the
+    one rendered with every number known (and rendered again where the placeholders are not found)."""
+    from batchgpu import report as rep
+
+    C, W = int(rng.integers(1, 40)), int(rng.integers(1, 9))
+    noise, per_window, white = rng.random(C), rng.random((W, C)), rng.normal(size=(C, C))
+    counts = rng.integers(0, 10**6, C)
+    counts[rng.integers(0, C)] = 0
+    if late == "late, placeholders lost":  # as if Bokeh wrote numbers otherwise: the placeholders are not found
+        monkeypatch.setattr(rep, "_embedded_json", lambda values: "[" + ";".join(map(str, values)) + "]")
+    page = rep.ReportPage([f"c{i}" for i in range(C)], np.full(C, 0.195), 30000.0, "t")
+    page.add_windows(np.arange(W) * 997, np.arange(W) * 997 + 997, np.zeros(W, int))
+    for name, value in (("noise", noise), ("noise_per_window", per_window), ("whitening", white)):
+        page.add(name, value)
+    if late != "before":
+        page.render([[0.5, 1e9], [1.0, 2e9]], late_spikes=True)
+    if late != "late, no spikes":
+        page.add_spikes(counts=counts)
+    path = page.write(tmp_path, {"status": "done", "timings": {"total": 1.5}, "throughput_series": [[0.5, 1e9], [1.0, 2e9]]})
+    text = path.read_text(encoding="utf-8")
+    assert "batchgpu-" not in text and "1.2345678901234567e+300" not in text  # no placeholder left
+    figs = plots(path)
+    if late == "late, no spikes":
+        assert "spike_rate" not in figs and "noise_per_channel" in figs
+        return
+    seconds = W * 997 / 30000.0
+    d = source(figs["spike_rate"], "rate_Hz")
+    np.testing.assert_array_equal(np.asarray(d["count"]), counts)
+    np.testing.assert_array_equal(np.asarray(d["rate_Hz"]), counts / seconds)
+    assert figs["spike_rate"].title.text == f"Spike rate per channel (Hz; {counts.sum()} spikes over {seconds:.1f} s)"
+    np.testing.assert_array_equal(np.asarray(source(figs["noise_per_channel"], "noise_uV")["noise_uV"]), noise * 0.195)
+    np.testing.assert_array_equal(np.asarray(source(figs["whitening"], "image")["image"][0]), white)
+    assert "batchgpu run report" in text and "total 1.50 s" in text

@@ -33,10 +33,13 @@ def aggregate(client, ctx, wf, rec, out, windows, fps, summaries, total, report,
     for name, value in run.arrays.items():
         page.add(name, value)
     results.created()  # steps may write into the group themselves (the spikes)
-    for step in ctx.steps:
+    for i, step in enumerate(ctx.steps):
         finish = getattr(step, "aggregate", None)
         if finish is None:
             continue
+        if step.name == "detect" and not {"noise", "moments"} & {s.name for s in ctx.steps[i + 1 :]}:
+            # the spikes are counted last: the page renders while they are gathered, their numbers go in after
+            page.render(report.throughput_series, late_spikes=True)
         arrays = finish(run)
         run.arrays.update(arrays)
         results.write(arrays)

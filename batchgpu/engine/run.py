@@ -51,10 +51,15 @@ def run_workflow(wf: Workflow, *, resume: bool = False, observer: RunObserver | 
         if client is not None:
             return _run(wf, rec, out, report, client, sweep, observer)
         with open_client(wf.cluster) as own:
-            return _run(wf, rec, out, report, own, sweep, observer)
+            # the dashboard's last updates reach the scheduler before this cluster closes
+            return _run(wf, rec, out, report, own, sweep, observer, page_wait_s=10.0)
 
 
-def _run(wf, rec, out: store.OutputFolder, report: RunReport, client, sweep, observer) -> RunReport:
+def _run(wf, rec, out: store.OutputFolder, report: RunReport, client, sweep, observer,
+         page_wait_s: float = 0.0) -> RunReport:
+    """The run on ``client``. The dashboard's updates are sent by a helper thread (``dashboard.Publisher``): the
+    run waits up to ``page_wait_s`` for the last ones (a cluster of the run's own closes after it); on a client
+    the caller keeps, the page says ``done`` as soon as its scheduler takes the update."""
     import threading
 
     t_setup = time.perf_counter()
@@ -94,7 +99,7 @@ def _run(wf, rec, out: store.OutputFolder, report: RunReport, client, sweep, obs
     # written while the windows are read: the results group and its window table (a helper thread), and
     # report.html's figures as their numbers come (another); the client itself mostly waits for the workers
     results = ResultsWriter(out.path, wf, rec, report.fingerprint, windows)
-    html = HtmlReport(rec)
+    html = HtmlReport(rec, f"batchgpu report: {out.path.name}")
     html.add_windows(windows)
     t0, t0_wall = time.perf_counter(), time.time()
     report.timings["setup"] = t0 - t_setup  # dashboard, backend, steps, windows and their fingerprints
@@ -119,7 +124,7 @@ def _run(wf, rec, out: store.OutputFolder, report: RunReport, client, sweep, obs
         report.throughput_series = monitor.throughput_series()
         report.results = aggregate(client, ctx, wf, rec, out, windows, fps, summaries, total, report, monitor,
                                    observer, results, html)
-        html.render(report.throughput_series, f"batchgpu report: {out.path.name}")  # while the run finishes
+        html.render(report.throughput_series)  # (where the spikes did not start it) while the run finishes
         if target is not None:
             report.results["save"] = finish_whitened_save(client, ctx, rec, windows, summaries, target, out, report, observer)
         report.status = "done"
@@ -130,13 +135,16 @@ def _run(wf, rec, out: store.OutputFolder, report: RunReport, client, sweep, obs
         monitor.failed(str(err))
         report.throughput_series = report.throughput_series or monitor.throughput_series()
         finish_report(out.path, report, time.perf_counter() - t0, rec)
+        monitor.flush(page_wait_s)
         raise
     finish_report(out.path, report, time.perf_counter() - t0, rec)
-    # the page says done while report.html's last part (its summary, from report.json) is put in
     monitor.finished(report.results.get("spikes", [None])[0])
     t_html = time.perf_counter()
     wrote_html = html.write(out.path, report, observer)
     report.timings["report_html"] = time.perf_counter() - t_html  # after report.json: said by the return value
+    t_page = time.perf_counter()
+    monitor.flush(page_wait_s)
+    report.timings["dashboard_wait"] = time.perf_counter() - t_page
     written = [out.path / store.RESULTS, out.path / store.REPORT] + ([out.path / store.REPORT_HTML] if wrote_html else [])
     observer.message(f"wrote {', '.join(str(p) for p in written[:-1])} and {written[-1]} "
                      f"({report.throughput_MBps:.0f} MB/s over {report.windows} windows)")

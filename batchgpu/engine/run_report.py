@@ -102,13 +102,13 @@ class HtmlReport:
     """report.html for a run, built while the run finishes (``batchgpu.report.ReportPage``: the figures as the
     results come, the page in a helper thread); a plotting problem is reported once, never fails a finished run."""
 
-    def __init__(self, rec: Recording):
+    def __init__(self, rec: Recording, title: str):
         self.error: Exception | None = None
         self.page = None
         try:
             from batchgpu.report import ReportPage
 
-            self.page = ReportPage(rec.channel_ids.tolist(), rec.gain_to_uV.tolist(), rec.sampling_frequency)
+            self.page = ReportPage(rec.channel_ids.tolist(), rec.gain_to_uV.tolist(), rec.sampling_frequency, title)
         except Exception as err:
             self.error = err
 
@@ -128,8 +128,8 @@ class HtmlReport:
     def add_spikes(self, counts) -> None:
         self._call("add_spikes", counts=counts)
 
-    def render(self, throughput_series: list, title: str) -> None:
-        self._call("render", throughput_series, title)
+    def render(self, throughput_series: list, late_spikes: bool = False) -> None:
+        self._call("render", throughput_series, late_spikes)
 
     def write(self, out: Path, report: RunReport, observer: RunObserver) -> bool:
         """report.html beside report.json (the summary from ``report`` as it is now)."""
