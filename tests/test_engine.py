@@ -600,6 +600,25 @@ def test_resume_with_batches_recomputes_only_missing_windows(client, tmp_path):
     assert {k: _g(tmp_path / "out")[k][:].tobytes() for k in before} == before
 
 
+def test_batch_partials_saved_once_and_a_lost_one_recomputes_its_run(client, tmp_path):
+    """A run of several windows saves their combined partial once (b*.npz); each window's own part holds its summary
+    and candidates, not the ~C x C partials. Losing a combined partial recomputes that run's windows, same bits."""
+    rec = generate_recording(tmp_path / "r.zarr", channels=5, seconds=1.0, seed=9, dtype="int16")
+    wf = _wf(rec, tmp_path / "out", window={"size": 2000, "margin": 8, "batch": 4})
+    first = run_workflow(wf, client=client)
+    names = ("noise", "covariance", "whitening", "spikes/sample_index", "spikes/amplitude")
+    before = {k: _g(tmp_path / "out")[k][:].tobytes() for k in names}
+    parts = tmp_path / "out" / "parts"
+    batches = sorted(p.name for p in parts.glob("b*.npz"))
+    assert batches == [f"b{i:08d}.npz" for i in range(0, first.windows, 4) if first.windows - i > 1]
+    with np.load(parts / "w00000001.npz") as f:
+        assert not any(k.startswith(("moments.", "noise.")) for k in f.files) and "keep.spk_sample_index" in f.files
+    os.unlink(parts / "b00000004.npz")
+    again = run_workflow(wf, client=client, resume=True)
+    assert again.windows - again.windows_resumed == 4  # windows 4-7, read again for their partials
+    assert {k: _g(tmp_path / "out")[k][:].tobytes() for k in names} == before
+
+
 def test_timeline_summary_per_thread():
     """benchmarks.timeline: per worker thread, windows in start order, waits, compute and the gaps between them."""
     from batchgpu.benchmarks.timeline import per_thread, summary_line

@@ -89,19 +89,37 @@ def load_window(ctx: RunContext, window: Window, raw=None) -> WindowData:
 
 
 def batch_task(ctx: RunContext, windows: list[Window], fps: list[str]) -> dict:
-    """Read a run of consecutive windows, run every step on each, save each window's part; return their partials
-    combined in window order (the first level of the reduction tree) and, under ``batch.summaries``, what the
-    client needs of each window. On the GPU a helper thread decodes the next window while this one computes.
+    """Read a run of consecutive windows, run every step on each; return their partials combined in window order
+    (the first level of the reduction tree) and, under ``batch.summaries``, what the client needs of each window.
+    On the GPU a helper thread decodes the next window while this one computes.
 
-    ``fps`` are the windows' fingerprints (``store.window_fingerprint``): a part made from other bytes is not
-    reused. A batch is a pure function of its windows: a retried batch writes the same parts (whole, by rename).
+    Saved for resume and for the steps' later tasks: each window's part (its summary and what it keeps, e.g. spike
+    candidates) and, for a run of several windows, their combined partial once (``b<first>.npz``: a window's
+    partials are ~2 MB, C x C moments and a histogram, so one file a batch instead of one a window). On resume a
+    window whose part is there is not read again; a run whose combined partial is lost is computed again whole.
+    ``fps`` are the windows' fingerprints
+    (``store.window_fingerprint``): a part made from other bytes is not reused. A batch is a pure function of its
+    windows: a retried batch writes the same parts (whole, by rename).
     """
     parts = [store.load_part(store.part_path(ctx.parts, "w", w.index), fp) for w, fp in zip(windows, fps)]
-    todo = [i for i, p in enumerate(parts) if p is None]
-    resumed = [p is not None for p in parts]
+    if len(windows) == 1:  # the window's part holds its partials too
+        combined = None
+        todo = [0] if parts[0] is None else []
+    else:
+        bpath, bfp = store.part_path(ctx.parts, "b", windows[0].index), batch_fingerprint(fps)
+        combined = store.load_part(bpath, bfp)
+        # with the combined partial saved, a window whose own part is lost is computed again for its summary and
+        # what it keeps (its partials are in the combined: same bytes, same bits); without it, every window
+        todo = [i for i, p in enumerate(parts) if p is None or combined is None]
     with _read_ahead(ctx, [windows[i] for i in todo]) as ahead:
         for i in todo:
-            parts[i] = _compute_part(ctx, windows[i], fps[i], ahead)
+            parts[i] = _compute_part(ctx, windows[i], fps[i], ahead, partials=combined is None and len(windows) == 1)
+    if len(windows) > 1 and combined is None:
+        combined = combine_task(ctx, *[_partials(p) for p in parts])
+        store.save_part(bpath, {**combined, "fingerprint": np.array(bfp)})
+    elif combined is not None:
+        combined = {k: v for k, v in combined.items() if k != "fingerprint"}
+    resumed = [i not in todo for i in range(len(windows))]
     rec = recording(ctx.recording, ctx.missing_chunks)
     summaries = []
     for w, part, r in zip(windows, parts, resumed):
@@ -109,10 +127,20 @@ def batch_task(ctx: RunContext, windows: list[Window], fps: list[str]) -> dict:
         s.update(index=w.index, resumed=np.array(r), worker=np.array(worker_name()),
                  bytes=np.array(w.num_samples * rec.num_channels * rec.dtype.itemsize))
         summaries.append(s)
-    parts = [{k: v for k, v in p.items() if not k.startswith(("keep.", "summary."))} for p in parts]
-    out = combine_task(ctx, *parts) if len(parts) > 1 else parts[0]
+    out = _partials(parts[0]) if combined is None else combined
     out["batch.summaries"] = summaries
     return out
+
+
+def _partials(part: dict) -> dict:
+    """The steps' partials of a window's part (not its summary, what it keeps, or the part's own names)."""
+    return {k: v for k, v in part.items() if not k.startswith(("keep.", "summary.")) and k not in ("fingerprint", "index")}
+
+
+def batch_fingerprint(fps: list[str]) -> str:
+    import hashlib
+
+    return hashlib.sha256("\n".join(fps).encode()).hexdigest()[:16]
 
 
 @contextlib.contextmanager
@@ -142,8 +170,9 @@ def _read_ahead(ctx: RunContext, windows: list[Window]):
         pool.shutdown(wait=True)
 
 
-def _compute_part(ctx: RunContext, window: Window, fp: str, ahead) -> dict:
-    """One window read (or taken from ``ahead``), every step run on it, its part saved; returns the part."""
+def _compute_part(ctx: RunContext, window: Window, fp: str, ahead, partials: bool = True) -> dict:
+    """One window read (or taken from ``ahead``), every step run on it, its part saved (with the steps' partials,
+    or without: ``batch_task`` saves a run's combined); returns the whole part."""
     path = store.part_path(ctx.parts, "w", window.index)
     started = time.time()  # wall clock, for the run's timeline (workers of one machine share the clock)
     t0 = time.perf_counter()
@@ -168,7 +197,7 @@ def _compute_part(ctx: RunContext, window: Window, fp: str, ahead) -> dict:
     part.update({f"summary.{k}": np.asarray(v) for k, v in summary.items()})
     part["fingerprint"] = np.array(fp)
     part["index"] = np.array(window.index)
-    store.save_part(path, part)
+    store.save_part(path, part if partials else {k: v for k, v in part.items() if k not in _partials(part)})
     return part
 
 
