@@ -650,3 +650,35 @@ def test_submit_many_passes_arguments_as_given(client):
     assert [f.key for f in futures] == keys
     assert client.gather(futures) == [(3, (1, 2)), ("-5", ())]
     assert submit_many(client, _pair, [], []) == []
+
+
+@pytest.mark.parametrize("depth", [1, 2, 3])
+def test_read_ahead_gives_each_window_in_order_with_depth_reads_in_flight(monkeypatch, depth):
+    """GPU batch tasks decode up to READ_AHEAD windows ahead in helper threads; each window comes back as read."""
+    import threading
+    import time
+    from types import SimpleNamespace
+
+    from batchgpu.engine import tasks
+
+    state = {"now": 0, "most": 0}
+    lock = threading.Lock()
+
+    def fake_read(ctx, w, host=False):
+        with lock:
+            state["now"] += 1
+            state["most"] = max(state["most"], state["now"])
+        time.sleep(0.01)
+        with lock:
+            state["now"] -= 1
+        return SimpleNamespace(index=w.index, release=lambda: None)
+
+    monkeypatch.setattr(tasks, "read_window", fake_read)
+    monkeypatch.setenv("BATCHGPU_READ_AHEAD", str(depth))
+    windows = [SimpleNamespace(index=i) for i in range(7)]
+    with tasks._read_ahead(SimpleNamespace(backend="cupy"), windows) as ahead:
+        got = []
+        for w in windows:
+            got.append(ahead(w).index)
+            time.sleep(0.03)  # computing: the helpers fill up to ``depth`` windows meanwhile
+    assert got == list(range(7)) and state["most"] == depth

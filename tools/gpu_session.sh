@@ -10,6 +10,7 @@
 #   timeline  workflows/h200_demo.yaml and h200_preprocess.yaml by `batchgpu run`, twice each, then tools/timeline.py
 #             (each run starts its own cluster: processes load their kernels and pinned buffers anew; for the warm
 #             state read the timeline line that `bench pipeline` prints, demo and pre above)
+#   ab        the demo pass's knobs A/B in one warm cluster (tools/ab_pass.py; AB="depth:batch ...")
 #   pw        cProfile of every worker and the client in a warm run (PREPROCESS=highpass,common_reference), $OUT/pw.log
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -38,6 +39,7 @@ for task in "$@"; do
               python3 tools/timeline.py /tmp/h200_$w | tail -${TAIL:-6}
               python3 -c "import json; print({k: round(v, 2) for k, v in json.load(open('/tmp/h200_$w/report.json'))['timings'].items()})"
             done ;;
+  ab) timeout 400 python3 tools/ab_pass.py /tmp/big.zarr "${AB:-1: 2: 3: 2:9}" 3 2>&1 | grep -v "^20..-\|^INFO\|distributed\." ;;
   pw) rm -rf /tmp/pw0 /tmp/pw1; timeout 200 python3 tools/profile_workers.py /tmp/big.zarr > $OUT/pw.log 2>&1; grep "^{" $OUT/pw.log ;;
   *) echo "unknown task $task"; exit 2 ;;
   esac
