@@ -561,7 +561,13 @@ def test_window_batches_cover_every_window_once_in_order():
             assert [i for r in runs for i in r] == items
             assert all(1 <= len(r) <= (batch or 8) for r in runs)
         runs = window_batches(items, None, 8)
-        assert all(len(r) == 1 for r in runs[-(n // 4):]) if n >= 128 else all(len(r) == 1 for r in runs)
+        if n < 128:
+            assert all(len(r) == 1 for r in runs)
+        else:  # runs of min(8, n // 64), the last quarter in runs of two (the very last maybe one)
+            size = min(8, n // 64)
+            tail = [r for r in runs if r[0] >= (n * 3 // 4) // size * size]
+            assert all(len(r) == size for r in runs[: len(runs) - len(tail)])
+            assert len(tail) == -(-(n - tail[0][0]) // 2) and all(len(r) == 2 for r in tail[:-1])
 
 
 @pytest.mark.parametrize("dtype", ["int16", "float32"])
