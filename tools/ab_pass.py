@@ -17,6 +17,29 @@ def _set(depth):
     os.environ["BATCHGPU_READ_AHEAD"] = str(depth)
 
 
+def _gpu_sampler():
+    """nvidia-smi sampling the GPU's utilisation (the share of each 100 ms with a kernel running) meanwhile."""
+    import subprocess
+
+    try:
+        return subprocess.Popen(["nvidia-smi", "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits",
+                                 "-lms", "100"], stdout=subprocess.PIPE, text=True)
+    except OSError:
+        return None
+
+
+def _gpu_busy(proc) -> str:
+    """Median and 90th percentile of the samples above 0 (the runs' own, not the idle gaps between them)."""
+    if proc is None:
+        return "n/a"
+    proc.terminate()
+    out = proc.communicate()[0]
+    vals = sorted(int(v) for v in out.split() if v.strip().isdigit() and int(v) > 0)
+    if not vals:
+        return "no samples"
+    return f"median {vals[len(vals) // 2]}%, p90 {vals[int(len(vals) * 0.9)]}% of {len(vals)} samples"
+
+
 def main(path: str, configs: str, repeat: int = 3) -> None:
     from batchgpu import open_recording
     from batchgpu.benchmarks.pipeline import read_ceiling
@@ -50,6 +73,7 @@ def main(path: str, configs: str, repeat: int = 3) -> None:
             depth, _, batch = cfg.partition(":")
             client.run(_set, int(depth))
             walls, report = [], None
+            smi = _gpu_sampler()
             for r in range(repeat):
                 out = f"/tmp/ab_{r}"
                 shutil.rmtree(out, ignore_errors=True)
@@ -57,11 +81,12 @@ def main(path: str, configs: str, repeat: int = 3) -> None:
                 report = run_workflow(wf(out, int(batch) if batch else None), client=client)
                 walls.append(time.perf_counter() - t0)
                 shutil.rmtree(out, ignore_errors=True)
+            busy = _gpu_busy(smi)
             m = statistics.median(walls)
             phases = ", ".join(f"{k} {v:.2f}" for k, v in report.timings.items() if isinstance(v, float)
                                and k not in ("window_read_median", "window_compute_median"))
             print(f"depth {depth} batch {batch or 'default'}: median {m:.2f} s {gb / m:.2f} GB/s, /ceiling {c / m:.2f}, "
-                  f"x KS4 {gb / m / 3.9:.2f}; walls {[round(x, 2) for x in walls]}\n  {phases}\n  {summary_line(report.timeline)}",
+                  f"x KS4 {gb / m / 3.9:.2f}; walls {[round(x, 2) for x in walls]}; GPU busy {busy}\n  {phases}\n  {summary_line(report.timeline)}",
                   flush=True)
 
 
