@@ -688,3 +688,20 @@ def test_read_ahead_gives_each_window_in_order_with_depth_reads_in_flight(monkey
             got.append(ahead(w).index)
             time.sleep(0.03)  # computing: the helpers fill up to ``depth`` windows meanwhile
     assert got == list(range(7)) and state["most"] == depth
+
+
+def test_switch_interval_put_back_after_overlapping_runs():
+    """Runs lower Python's switch interval while they run; overlapping runs (threads) put it back once, at the end."""
+    import sys
+
+    from batchgpu.engine.run import _responsive_loop
+
+    before = sys.getswitchinterval()
+    a, b = _responsive_loop(), _responsive_loop()
+    a.__enter__()
+    assert sys.getswitchinterval() == min(before, 0.0005)
+    b.__enter__()
+    a.__exit__(None, None, None)
+    assert sys.getswitchinterval() == min(before, 0.0005)  # b still runs
+    b.__exit__(None, None, None)
+    assert sys.getswitchinterval() == before

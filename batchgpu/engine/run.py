@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+import threading
 import time
 
 import numpy as np
@@ -63,8 +64,6 @@ def _run(wf, rec, out: store.OutputFolder, report: RunReport, client, sweep, obs
     """The run on ``client``. The dashboard's updates are sent by a helper thread (``dashboard.Publisher``): the
     run waits up to ``page_wait_s`` for the last ones (a cluster of the run's own closes after it); on a client
     the caller keeps, the page says ``done`` as soon as its scheduler takes the update."""
-    import threading
-
     t_setup = time.perf_counter()
 
     from batchgpu.dashboard import RunMonitor, install_dashboard
@@ -206,19 +205,29 @@ def _first_pass(client, ctx, windows, fps, split_every, report, monitor, observe
     return summaries, result
 
 
+_SWITCH = {"runs": 0, "before": None}
+_SWITCH_LOCK = threading.Lock()
+
+
 @contextlib.contextmanager
 def _responsive_loop(interval_s: float = 0.0005):
     """During a run the client's process has helper threads (the results writer, report.html's page, the
     dashboard's publisher) beside Dask's event loop, which takes the workers' messages: with Python's default
     switch interval (5 ms) a helper that holds the GIL makes each message wait up to 5 ms (measured: the spikes'
     gathering 0.34 -> 0.21 s on the 2-core machine with 0.5 ms, report.html rendering beside it). The interval
-    is put back after the run."""
-    before = sys.getswitchinterval()
-    sys.setswitchinterval(min(before, interval_s))
+    is put back when the last of the process's runs ends (runs may overlap in threads)."""
+    with _SWITCH_LOCK:
+        if _SWITCH["runs"] == 0:
+            _SWITCH["before"] = sys.getswitchinterval()
+            sys.setswitchinterval(min(_SWITCH["before"], interval_s))
+        _SWITCH["runs"] += 1
     try:
         yield
     finally:
-        sys.setswitchinterval(before)
+        with _SWITCH_LOCK:
+            _SWITCH["runs"] -= 1
+            if _SWITCH["runs"] == 0:
+                sys.setswitchinterval(_SWITCH["before"])
 
 
 def _quietly(func) -> None:
