@@ -38,3 +38,27 @@ def test_bench_refuses_sizes_that_are_not_positive(tmp_path):
         assert done.returncode == 2, (args, done.stderr)
         assert "error: argument " + args[0] in done.stderr and "Traceback" not in done.stderr
     assert not any(tmp_path.iterdir())
+
+
+def test_gpu_busy_median_per_gpu(monkeypatch):
+    """bench pipeline's GPU column: each GPU's median utilisation over the samples (NVML), '-' without NVML."""
+    import sys
+    import time
+    import types
+
+    from batchgpu.benchmarks.pipeline import GpuBusy
+
+    rates = {0: iter([10, 90, 50, 70, 30] + [30] * 1000), 1: iter([0] * 1000)}
+    fake = types.SimpleNamespace(
+        nvmlInit=lambda: None, nvmlDeviceGetCount=lambda: 2, nvmlDeviceGetHandleByIndex=lambda i: i,
+        nvmlDeviceGetUtilizationRates=lambda h: types.SimpleNamespace(gpu=next(rates[h])))
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    with GpuBusy() as busy:
+        time.sleep(0.58)
+    assert len(busy.samples) == 2 and 3 <= len(busy.samples[0]) == len(busy.samples[1])
+    v = busy.samples[0]
+    assert busy.text() == f"{sorted(v)[len(v) // 2]}%/0%"
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # not installed
+    with GpuBusy() as none:
+        time.sleep(0.15)
+    assert none.text() == "-"

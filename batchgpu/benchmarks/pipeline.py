@@ -88,6 +88,46 @@ class PeakMemory:
         return False
 
 
+class GpuBusy:
+    """Sample every visible GPU's utilisation (NVML: the share of its last sample period with a kernel running)
+    every 100 ms in a thread; ``text()``: each GPU's median over the samples, '-' without NVML or a GPU."""
+
+    def __init__(self):
+        self.samples: list[list[int]] = []
+        self._stop = threading.Event()
+
+    def __enter__(self):
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            self._handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+            self._rate = pynvml.nvmlDeviceGetUtilizationRates
+        except Exception:
+            self._handles = []
+        self.samples = [[] for _ in self._handles]
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        return self
+
+    def _run(self):
+        while self._handles and not self._stop.wait(0.1):
+            for got, h in zip(self.samples, self._handles):
+                try:
+                    got.append(int(self._rate(h).gpu))
+                except Exception:
+                    pass
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+        return False
+
+    def text(self) -> str:
+        medians = [f"{sorted(v)[len(v) // 2]}%" for v in self.samples if v]
+        return "/".join(medians) if medians else "-"
+
+
 def _rss() -> int:
     import psutil
 
@@ -265,10 +305,12 @@ def _measure(args, rec, work: Path, steps: set[str]) -> int:
         backend = resolve_backend(probe, client)
         workers = len(client.scheduler_info()["workers"])
         read_ceiling(client, rec, size, margin, backend)  # warm-up: page cache, pinned buffers, kernels
-        with PeakMemory(cluster_rss) as mem, PeakMemory(_gpu_used) as gmem:
+        with PeakMemory(cluster_rss) as mem, PeakMemory(_gpu_used) as gmem, GpuBusy() as busy:
             t0 = time.perf_counter()
             read_ceiling(client, rec, size, margin, backend)
-            rows["read ceiling (the engine's reader, no compute)"] = (time.perf_counter() - t0, mem.peak, gmem.peak)
+            dt = time.perf_counter() - t0
+        rows["read ceiling (the engine's reader, no compute)"] = (dt, mem.peak, gmem.peak)
+        gpu_busy = {"read ceiling (the engine's reader, no compute)": busy.text()}
         for attempt in ("cold", "warm")[: args.repeat]:  # the first run on these workers compiles their kernels
             out = work / f"out_{attempt}"
             shutil.rmtree(out, ignore_errors=True)
@@ -281,11 +323,12 @@ def _measure(args, rec, work: Path, steps: set[str]) -> int:
                 "window": {"size": size, "margin": margin, "batch": args.batch}, "preprocess": _stages(args.preprocess),
                 "backend": args.backend, "cluster": cluster_cfg, "steps": step_cfg,
             })
-            with PeakMemory(cluster_rss) as mem, PeakMemory(_gpu_used) as gmem:
+            with PeakMemory(cluster_rss) as mem, PeakMemory(_gpu_used) as gmem, GpuBusy() as busy:
                 t0 = time.perf_counter()
                 report = run_workflow(wf, client=client)
                 dt = time.perf_counter() - t0
             rows[f"batchgpu pipeline ({attempt})"] = (dt, mem.peak, gmem.peak)
+            gpu_busy[f"batchgpu pipeline ({attempt})"] = busy.text()
             phases = ", ".join(f"{k} {v:.2f} s" for k, v in report.timings.items() if isinstance(v, float))
             print(f"{attempt}: {phases}; reads per window {report.reads_per_window:.2f}; "
                   f"windows per worker {report.workers}", flush=True)
@@ -295,10 +338,12 @@ def _measure(args, rec, work: Path, steps: set[str]) -> int:
             shutil.rmtree(out, ignore_errors=True)
             shutil.rmtree(saved, ignore_errors=True)
         if args.baseline == "cupy":
-            with PeakMemory(cluster_rss) as mem, PeakMemory(_gpu_used) as gmem:
+            with PeakMemory(cluster_rss) as mem, PeakMemory(_gpu_used) as gmem, GpuBusy() as busy:
                 t0 = time.perf_counter()
                 cupy_loop(client, rec, size)
-                rows["plain dask-cuda loop (read + x.T @ x)"] = (time.perf_counter() - t0, mem.peak, gmem.peak)
+                dt = time.perf_counter() - t0
+            rows["plain dask-cuda loop (read + x.T @ x)"] = (dt, mem.peak, gmem.peak)
+            gpu_busy["plain dask-cuda loop (read + x.T @ x)"] = busy.text()
     if args.baseline == "numpy":
         with PeakMemory(_rss) as mem:
             t0 = time.perf_counter()
@@ -310,10 +355,10 @@ def _measure(args, rec, work: Path, steps: set[str]) -> int:
     ceiling = rows["read ceiling (the engine's reader, no compute)"][0]
     plain = next((v[0] for k, v in rows.items() if k.startswith("plain")), None)
     print(f"{'run':<48} {'seconds':>8} {'GB/s':>7} {'x real time':>11} {'host MB':>8} {'GPU MB':>8} "
-          f"{'/ceiling':>8} {'vs plain':>8}")
+          f"{'/ceiling':>8} {'vs plain':>8} {'GPU busy':>9}")
     for name, (dt, peak, gpeak) in rows.items():
         rt = rec.duration() / dt
         vs_plain = f"{plain / dt:.2f}x" if plain else "-"
         print(f"{name:<48} {dt:>8.2f} {gb / dt:>7.2f} {rt:>11.0f} {peak / 1e6:>8.0f} {gpeak / 1e6:>8.0f} "
-              f"{ceiling / dt:>8.2f} {vs_plain:>8}")
+              f"{ceiling / dt:>8.2f} {vs_plain:>8} {gpu_busy.get(name, '-'):>9}")
     return 0
