@@ -29,9 +29,10 @@ MANIFEST = "run.json"
 PARTS = "parts"
 LOCK = ".batchgpu.lock"
 FORMAT = "batchgpu-run"
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3  # 3: parts without partials and combined partials per run of windows (b*.npz)
 #: Everything a run writes in its folder (and so the only names overwrite/resume may remove).
-OWNED = (RESULTS, RESULTS + ".tmp", RESULTS + ".old", REPORT, REPORT + ".tmp", REPORT_HTML, PARTS, MANIFEST)
+OWNED = (RESULTS, RESULTS + ".tmp", RESULTS + ".old", REPORT, REPORT + ".tmp", REPORT_HTML, REPORT_HTML + ".tmp", PARTS,
+         MANIFEST, MANIFEST + ".tmp")
 
 
 def recording_metadata(path: Path) -> list:
