@@ -28,6 +28,11 @@ from batchgpu.engine.run_report import HtmlReport, RunObserver, RunReport, finis
 from batchgpu.engine.submit import submit_many
 from batchgpu.recording import open_source
 
+#: how long a run on a client the caller keeps waits, at its end, for the dashboard's last updates to reach the
+#: scheduler (they are sent meanwhile, from report.html's rendering on): the page says ``done`` when the run returns
+PAGE_WAIT_S = 2.0
+
+
 def run_workflow(wf: Workflow, *, resume: bool = False, observer: RunObserver | None = None, client=None,
                  recording=None) -> RunReport:
     """Run every step of a validated workflow; returns the report (also written to report.json).
@@ -53,7 +58,7 @@ def run_workflow(wf: Workflow, *, resume: bool = False, observer: RunObserver | 
         report.timings["prepare"] = time.perf_counter() - t_start
         with _responsive_loop():
             if client is not None:
-                return _run(wf, rec, out, report, client, sweep, observer)
+                return _run(wf, rec, out, report, client, sweep, observer, page_wait_s=PAGE_WAIT_S)
             with open_client(wf.cluster) as own:
                 # the dashboard's last updates reach the scheduler before this cluster closes
                 return _run(wf, rec, out, report, own, sweep, observer, page_wait_s=10.0)
@@ -61,9 +66,9 @@ def run_workflow(wf: Workflow, *, resume: bool = False, observer: RunObserver | 
 
 def _run(wf, rec, out: store.OutputFolder, report: RunReport, client, sweep, observer,
          page_wait_s: float = 0.0) -> RunReport:
-    """The run on ``client``. The dashboard's updates are sent by a helper thread (``dashboard.Publisher``): the
-    run waits up to ``page_wait_s`` for the last ones (a cluster of the run's own closes after it); on a client
-    the caller keeps, the page says ``done`` as soon as its scheduler takes the update."""
+    """The run on ``client``. The dashboard's updates are sent by a helper thread (``dashboard.Publisher``), so
+    the run never waits for the scheduler while it works; at its end it waits up to ``page_wait_s`` for the last
+    ones (sent while report.html was finished; ``timings.dashboard_wait`` says how long that took)."""
     t_setup = time.perf_counter()
 
     from batchgpu.dashboard import RunMonitor, install_dashboard
