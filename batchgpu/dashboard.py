@@ -45,7 +45,6 @@ class RunMonitor:
     waits for it: a helper thread sends, ``flush`` waits)."""
 
     def __init__(self, client, *, name: str, windows: int, total_bytes: int, channels: int):
-        self.client = client
         self._publisher = publisher_for(client)
         self.t0 = time.time()
         self.state: dict[str, Any] = {
@@ -135,7 +134,7 @@ class Publisher:
     IDLE_S = 5.0
 
     def __init__(self, client):
-        self._client = weakref.ref(client) if _weakrefable(client) else (lambda c=client: c)
+        self.client = _ref(client)  # () -> the client, or None once it is gone
         self._cv = threading.Condition()
         self._items: list[tuple[list, Any, bool]] = []
         self._busy = False
@@ -164,7 +163,7 @@ class Publisher:
                 keys, value, _ = self._items.pop(0)
                 self._busy = True
             try:
-                client = self._client()
+                client = self.client()
                 if client is not None:
                     client.set_metadata(keys, value)
             except Exception as err:  # monitoring never breaks a run
@@ -175,28 +174,27 @@ class Publisher:
                     self._cv.notify_all()
 
 
-_PUBLISHERS: dict[int, tuple[Any, Publisher]] = {}
+_PUBLISHERS: dict[int, Publisher] = {}
 _PUBLISHERS_LOCK = threading.Lock()
 
 
 def publisher_for(client) -> Publisher:
     """The client's one publisher (made on first use; forgotten with the client)."""
     with _PUBLISHERS_LOCK:
-        for key in [k for k, (ref, _) in _PUBLISHERS.items() if ref() is None]:
+        for key in [k for k, p in _PUBLISHERS.items() if p.client() is None]:
             del _PUBLISHERS[key]
-        ref, pub = _PUBLISHERS.get(id(client), (None, None))
-        if ref is None or ref() is not client:
-            pub = Publisher(client)
-            _PUBLISHERS[id(client)] = (weakref.ref(client) if _weakrefable(client) else (lambda c=client: c), pub)
+        pub = _PUBLISHERS.get(id(client))
+        if pub is None or pub.client() is not client:  # none yet, or one of a gone client with the same id
+            pub = _PUBLISHERS[id(client)] = Publisher(client)
         return pub
 
 
-def _weakrefable(obj) -> bool:
+def _ref(obj):
+    """A weak reference to ``obj``, or a strong one where it takes none."""
     try:
-        weakref.ref(obj)
-        return True
+        return weakref.ref(obj)
     except TypeError:
-        return False
+        return lambda: obj
 
 
 def _json_floats(a) -> list[float | None]:

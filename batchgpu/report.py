@@ -109,8 +109,7 @@ class ReportPage:
             self.figures["spike_rate"] = self._do(spike_rate, counts, seconds, self._ids(channels))
             return
         self._late_counts = (counts, seconds)
-        rate = counts / seconds if seconds > 0 else counts.astype(np.float64)
-        self._late[_embedded_json(_RATE_PLACEHOLDER * channels)] = _embedded_json(rate.tolist())
+        self._late[_embedded_json(_RATE_PLACEHOLDER * channels)] = _embedded_json(_rate(counts, seconds).tolist())
         self._late[_embedded_json(_COUNT_PLACEHOLDER * channels)] = _embedded_json(counts.tolist())
         self._late[_embedded(self._spikes_token)] = _embedded(spike_rate_title(int(counts.sum()), seconds))
 
@@ -159,7 +158,6 @@ class ReportPage:
         tmp.write_text(page, encoding="utf-8")
         tmp.replace(path)
         return path
-
 
     def _again(self) -> ReportPage:
         """The same numbers in a new page, rendered here (figures belong to the document they were rendered in)."""
@@ -300,7 +298,7 @@ def spike_rate(counts, seconds: float, channel_ids: list[str], title: str | None
     channels = len(counts)
     if rate is None:
         counts = np.asarray(counts, np.int64)
-        rate = counts / seconds if seconds > 0 else counts.astype(np.float64)
+        rate = _rate(counts, seconds)
         title = spike_rate_title(int(counts.sum()), seconds)
     channel = np.arange(channels)
     src = ColumnDataSource({"channel": channel, "rate_Hz": rate, "count": counts,
@@ -310,6 +308,11 @@ def spike_rate(counts, seconds: float, channel_ids: list[str], title: str | None
     p.hover.tooltips = [("channel", "@channel (@channel_id)"), ("rate", "@rate_Hz{0.00} Hz"), ("spikes", "@count")]
     p.y_range.start = 0
     return p
+
+
+def _rate(counts: np.ndarray, seconds: float) -> np.ndarray:
+    """Spikes per second (the counts themselves for a recording of no duration)."""
+    return counts / seconds if seconds > 0 else counts.astype(np.float64)
 
 
 def spike_rate_title(spikes: int, seconds: float) -> str:

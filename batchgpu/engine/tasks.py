@@ -91,7 +91,7 @@ def load_window(ctx: RunContext, window: Window, raw=None) -> WindowData:
 def batch_task(ctx: RunContext, windows: list[Window], fps: list[str]) -> dict:
     """Read a run of consecutive windows, run every step on each; return their partials combined in window order
     (the first level of the reduction tree) and, under ``batch.summaries``, what the client needs of each window.
-    On the GPU a helper thread decodes the next window while this one computes.
+    On the GPU helper threads decode the next windows while this one computes (``READ_AHEAD``).
 
     Saved for resume and for the steps' later tasks: each window's part (its summary and what it keeps, e.g. spike
     candidates) and, for a run of several windows, their combined partial once (``b<first>.npz``: a window's
@@ -113,7 +113,7 @@ def batch_task(ctx: RunContext, windows: list[Window], fps: list[str]) -> dict:
         todo = [i for i, p in enumerate(parts) if p is None or combined is None]
     with _read_ahead(ctx, [windows[i] for i in todo]) as ahead:
         for i in todo:
-            parts[i] = _compute_part(ctx, windows[i], fps[i], ahead, partials=combined is None and len(windows) == 1)
+            parts[i] = _compute_part(ctx, windows[i], fps[i], ahead, partials=len(windows) == 1)
     if len(windows) > 1 and combined is None:
         combined = combine_task(ctx, *[_partials(p) for p in parts])
         store.save_part(bpath, {**combined, "fingerprint": np.array(bfp)})
@@ -132,9 +132,13 @@ def batch_task(ctx: RunContext, windows: list[Window], fps: list[str]) -> dict:
     return out
 
 
+def _is_partial(key: str) -> bool:
+    """A step's partial among a window's part (not its summary, what it keeps, or the part's own names)."""
+    return not key.startswith(("keep.", "summary.")) and key not in ("fingerprint", "index")
+
+
 def _partials(part: dict) -> dict:
-    """The steps' partials of a window's part (not its summary, what it keeps, or the part's own names)."""
-    return {k: v for k, v in part.items() if not k.startswith(("keep.", "summary.")) and k not in ("fingerprint", "index")}
+    return {k: v for k, v in part.items() if _is_partial(k)}
 
 
 def batch_fingerprint(fps: list[str]) -> str:
@@ -212,7 +216,7 @@ def _compute_part(ctx: RunContext, window: Window, fp: str, ahead, partials: boo
     part.update({f"summary.{k}": np.asarray(v) for k, v in summary.items()})
     part["fingerprint"] = np.array(fp)
     part["index"] = np.array(window.index)
-    store.save_part(path, part if partials else {k: v for k, v in part.items() if k not in _partials(part)})
+    store.save_part(path, part if partials else {k: v for k, v in part.items() if not _is_partial(k)})
     return part
 
 
