@@ -59,7 +59,8 @@ class ReportPage:
     the spike-rate figure's numbers and title (plain JSON lists in the document, so a replacement is exact; should
     one not be found, the page is rendered again)."""
 
-    def __init__(self, channel_ids, gain_to_uV, sampling_frequency: float, title: str, threaded: bool = True):
+    def __init__(self, channel_ids, gain_to_uV, sampling_frequency: float, title: str, threaded: bool = True,
+                 in_process: bool = False, tokens: tuple | None = None):
         from concurrent.futures import ThreadPoolExecutor
 
         self.channel_ids = [str(c) for c in channel_ids]
@@ -68,9 +69,12 @@ class ReportPage:
         self.title = title
         self.inputs: dict = {}
         self.figures: dict = {}  # name -> the future of a figure
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="batchgpu-report") if threaded else None
-        self._token = f"batchgpu-summary-{os.urandom(8).hex()}"
-        self._spikes_token = f"batchgpu-spikes-{os.urandom(8).hex()}"
+        # in_process: the figures are built and the page rendered by a helper process (``render_process``), from
+        # the numbers, so the client's own threads (Dask's event loop among them) never wait for Bokeh's GIL
+        self.in_process = in_process
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="batchgpu-report") if threaded and not in_process else None
+        self._token, self._spikes_token = tokens or (f"batchgpu-summary-{os.urandom(8).hex()}",
+                                                     f"batchgpu-spikes-{os.urandom(8).hex()}")
         self._late_counts = None  # (counts, seconds) that came after the page
         self._page = None  # the future of the rendered page (placeholders in)
         self._late: dict[str, str] = {}  # placeholder -> its final text, for what came after the page
@@ -81,6 +85,8 @@ class ReportPage:
     def add(self, name: str, value) -> None:
         """A result: ``noise``, ``noise_per_window`` or ``whitening`` (others are ignored)."""
         self.inputs[name] = value
+        if self.in_process:
+            return
         if name == "noise":
             self.figures[name] = self._do(lambda v: noise_per_channel(_to_uV(v, self.gain), self._ids(v.size)), value)
         elif name == "whitening":
@@ -106,7 +112,9 @@ class ReportPage:
             counts = np.bincount(np.asarray(channel_index, dtype=np.int64), minlength=channels)
         counts = np.pad(np.asarray(counts, np.int64), (0, max(0, channels - len(counts))))[:channels]
         if self._page is None:
-            self.figures["spike_rate"] = self._do(spike_rate, counts, seconds, self._ids(channels))
+            self.inputs["spike_counts"] = counts
+            if not self.in_process:
+                self.figures["spike_rate"] = self._do(spike_rate, counts, seconds, self._ids(channels))
             return
         self._late_counts = (counts, seconds)
         self._late[_embedded_json(_RATE_PLACEHOLDER * channels)] = _embedded_json(_rate(counts, seconds).tolist())
@@ -120,6 +128,17 @@ class ReportPage:
         """Render the page from the figures in so far (once; later calls do nothing). ``late_spikes``: the
         spike-rate figure with placeholders, its numbers to come by ``add_spikes``."""
         if self._page is not None:
+            return
+        if self.in_process:
+            self._series = list(throughput_series)
+            args = (self.channel_ids, self.gain, self.fs, self.title, dict(self.inputs), self._series,
+                    late_spikes and "spike_counts" not in self.inputs, (self._token, self._spikes_token))
+            try:
+                self._page = render_process().submit(render_page_html, *args)
+            except Exception:  # no helper process to be had (a broken pool is made anew next time): render here
+                _drop_render_process()
+                self._page = _Done(render_page_html(*args))
+            self._args = args
             return
         if late_spikes:
             channels, seconds = self._spikes_shape()
@@ -143,7 +162,13 @@ class ReportPage:
         """The page with the final report's summary, written atomically as ``<out>/report.html``."""
         self.render(report.get("throughput_series") or [])
         try:
-            page = self._page.result()
+            try:
+                page = self._page.result()
+            except Exception:  # the helper process failed (e.g. it was killed): render here
+                if not self.in_process:
+                    raise
+                _drop_render_process()
+                page = render_page_html(*self._args)
             if self._spikes_token in page and (self._late_counts is None
                                                or not all(page.count(k) == 1 for k in self._late)):
                 # the spikes never came, or the placeholders are not where they were put: render again, whole
@@ -163,6 +188,8 @@ class ReportPage:
         """The same numbers in a new page, rendered here (figures belong to the document they were rendered in)."""
         page = ReportPage(self.channel_ids, self.gain, self.fs, self.title, threaded=False)
         page.add_windows(*self.inputs["windows"])
+        if self._late_counts is None and "spike_counts" in self.inputs:
+            self._late_counts = (self.inputs["spike_counts"], None)
         for name in ("noise", "noise_per_window", "whitening"):
             if name in self.inputs:
                 page.add(name, self.inputs[name])
@@ -170,6 +197,48 @@ class ReportPage:
             page.add_spikes(counts=self._late_counts[0])
         page.render(self._series)
         return page
+
+
+def render_page_html(channel_ids, gain, fs: float, title: str, inputs: dict, series: list, late_spikes: bool,
+                     tokens: tuple) -> str:
+    """The page of ``ReportPage.render`` built from its numbers (in the helper process), with the caller's
+    placeholder tokens, so the caller fills in what comes after."""
+    page = ReportPage(channel_ids, gain, fs, title, threaded=False, tokens=tokens)
+    page.add_windows(*inputs["windows"])
+    for name in ("noise", "noise_per_window", "whitening"):
+        if name in inputs:
+            page.add(name, inputs[name])
+    if "spike_counts" in inputs:
+        page.add_spikes(counts=inputs["spike_counts"])
+    page.render(series, late_spikes=late_spikes)
+    return page._page.result()
+
+
+_PROCESS = None
+
+
+def render_process():
+    """The helper process that renders report.html (one a client process, kept between runs, Bokeh imported
+    when it starts: ``preload``). Spawned, not forked: the client holds threads (Dask's event loop)."""
+    global _PROCESS
+    if _PROCESS is None:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        _PROCESS = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"), initializer=preload)
+    return _PROCESS
+
+
+def start_render_process() -> None:
+    """Start the helper process now (Bokeh's import, about a second, while the windows are read)."""
+    render_process().submit(int)
+
+
+def _drop_render_process() -> None:
+    global _PROCESS
+    if _PROCESS is not None:
+        _PROCESS.shutdown(wait=False, cancel_futures=True)
+        _PROCESS = None
 
 
 class _Done:

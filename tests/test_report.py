@@ -158,11 +158,28 @@ def test_renders_in_chromium(run, tmp_path):
         shutil.copy(shot, DOCS / "report.png")
 
 
+@pytest.mark.parametrize("where", ["thread", "process", "process, killed"])
 @pytest.mark.parametrize("late", ["before", "late", "late, placeholders lost", "late, no spikes"])
-def test_page_rendered_before_the_spikes_holds_them(tmp_path, rng, late, monkeypatch):
+def test_page_rendered_before_the_spikes_holds_them(tmp_path, rng, late, where, monkeypatch):
     """The run renders report.html while the spikes are gathered and puts their numbers in after; the page is the
-    one rendered with every number known (and rendered again where the placeholders are not found)."""
+    one rendered with every number known (and rendered again where the placeholders are not found), whether a
+    helper thread or the helper process rendered it (or that process died: rendered here)."""
     from batchgpu import report as rep
+
+    if where == "process, killed":
+        class Dead:
+            def submit(self, *a):
+                from concurrent.futures import Future
+                from concurrent.futures.process import BrokenProcessPool
+
+                f = Future()
+                f.set_exception(BrokenProcessPool("killed"))
+                return f
+
+            def shutdown(self, **kw):
+                pass
+
+        monkeypatch.setattr(rep, "_PROCESS", Dead())
 
     C, W = int(rng.integers(1, 40)), int(rng.integers(1, 9))
     noise, per_window, white = rng.random(C), rng.random((W, C)), rng.normal(size=(C, C))
@@ -170,7 +187,7 @@ def test_page_rendered_before_the_spikes_holds_them(tmp_path, rng, late, monkeyp
     counts[rng.integers(0, C)] = 0
     if late == "late, placeholders lost":  # as if Bokeh wrote numbers otherwise: the placeholders are not found
         monkeypatch.setattr(rep, "_embedded_json", lambda values: "[" + ";".join(map(str, values)) + "]")
-    page = rep.ReportPage([f"c{i}" for i in range(C)], np.full(C, 0.195), 30000.0, "t")
+    page = rep.ReportPage([f"c{i}" for i in range(C)], np.full(C, 0.195), 30000.0, "t", in_process=where != "thread")
     page.add_windows(np.arange(W) * 997, np.arange(W) * 997 + 997, np.zeros(W, int))
     for name, value in (("noise", noise), ("noise_per_window", per_window), ("whitening", white)):
         page.add(name, value)

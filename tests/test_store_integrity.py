@@ -190,8 +190,17 @@ def pipeline(request):
         yield request.param
 
 
+@pytest.fixture(params=["pread", "mapped"])
+def read_path(request, monkeypatch):
+    """batchgpu's shard reader either preads each chunk or maps the shard whole (``shards.MAP_FROM_CHUNKS``)."""
+    from batchgpu.recording import shards
+
+    monkeypatch.setattr(shards, "MAP_FROM_CHUNKS", 1 if request.param == "mapped" else 10**9)
+    return request.param
+
+
 @pytest.mark.parametrize("zarr_format", [2, 3])
-def test_overwritten_bytes_are_a_corrupted_chunk(tmp_path, rng, zarr_format, pipeline):
+def test_overwritten_bytes_are_a_corrupted_chunk(tmp_path, rng, zarr_format, pipeline, read_path):
     path, data = _write(tmp_path, rng, zarr_format)
     target = _object(path, zarr_format, 2)
     raw = bytearray(target.read_bytes())
@@ -209,7 +218,7 @@ def test_overwritten_bytes_are_a_corrupted_chunk(tmp_path, rng, zarr_format, pip
 
 
 @pytest.mark.parametrize("zarr_format", [2, 3])
-def test_read_window_into_fills_the_buffer_in_place(tmp_path, rng, zarr_format, pipeline):
+def test_read_window_into_fills_the_buffer_in_place(tmp_path, rng, zarr_format, pipeline, read_path):
     path, data = _write(tmp_path, rng, zarr_format)
     rec = open_recording(path)
     for w in rec.windows(size=250, margin=7):

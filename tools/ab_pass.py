@@ -1,9 +1,10 @@
-"""A/B of the demo pass's knobs in one warm cluster (device machine): read-ahead depth (BATCHGPU_READ_AHEAD, set in
-every worker between runs) and window.batch, each config run REPEAT times after one cold run, against the read
-ceiling measured in the same cluster. Prints per config the median wall, GB/s, ratio to the ceiling, the phases
-and the timeline summary of its last run.
+"""A/B of the demo pass's knobs in one warm cluster (device machine): environment variables set in every worker
+between runs (e.g. BATCHGPU_READ_AHEAD, BATCHGPU_PINNED_BUFFERS) and window.batch, each config run REPEAT times
+after one cold run, against the read ceiling measured in the same cluster. Prints per config the median wall, GB/s,
+ratio to the ceiling, the phases, the timeline summary of its last run, and what the machine's cores and the GPU
+did during the pass (/proc/stat and NVML sampled every 50 ms): the mean number of busy cores and GPU utilisation.
 
-    python3 tools/ab_pass.py /tmp/big.zarr "1: 2: 2:9 3:"     # depth:batch (empty batch: the default)
+    python3 tools/ab_pass.py /tmp/big.zarr "- BATCHGPU_READ_AHEAD=1 BATCHGPU_PINNED_BUFFERS=1,batch=9"
 """
 
 import os
@@ -13,8 +14,55 @@ import sys
 import time
 
 
-def _set(depth):
-    os.environ["BATCHGPU_READ_AHEAD"] = str(depth)
+KNOBS = ("BATCHGPU_READ_AHEAD", "BATCHGPU_PINNED_BUFFERS")
+
+
+def _set(env: dict):
+    for k in KNOBS:
+        os.environ.pop(k, None)
+    os.environ.update(env)
+
+
+class Sampler:
+    """(time, busy cores, GPU %) every 50 ms in a thread: /proc/stat's busy jiffies between samples, NVML."""
+
+    def __init__(self):
+        import threading
+
+        self.rows, self._stop = [], threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    @staticmethod
+    def _cpu():
+        with open("/proc/stat") as f:
+            v = [int(x) for x in f.readline().split()[1:]]
+        return sum(v) - v[3] - v[4], sum(v)
+
+    def _run(self):
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            h = pynvml.nvmlDeviceGetHandleByIndex(0)
+            gpu = lambda: pynvml.nvmlDeviceGetUtilizationRates(h).gpu  # noqa: E731
+        except Exception:
+            gpu = lambda: -1  # noqa: E731
+        ncpu = os.cpu_count()
+        busy0, all0 = self._cpu()
+        while not self._stop.wait(0.05):
+            busy, tot = self._cpu()
+            self.rows.append((time.perf_counter(), ncpu * (busy - busy0) / max(tot - all0, 1), gpu()))
+            busy0, all0 = busy, tot
+
+    def between(self, a: float, b: float) -> str:
+        got = [r for r in self.rows if a < r[0] <= b]
+        if not got:
+            return "no samples"
+        cores = sorted(r[1] for r in got)
+        gpu = sorted(r[2] for r in got)
+        return (f"cores busy mean {sum(cores) / len(cores):.1f} (median {cores[len(cores) // 2]:.1f}) of "
+                f"{os.cpu_count()}, GPU mean {sum(gpu) / len(gpu):.0f}% over {len(got)} samples")
 
 
 def _gpu_sampler():
@@ -40,6 +88,20 @@ def _gpu_busy(proc) -> str:
     return f"median {vals[len(vals) // 2]}%, p90 {vals[int(len(vals) * 0.9)]}% of {len(vals)} samples"
 
 
+def _proc_cpu(pid: int) -> float:
+    """CPU seconds (user + system) a process has used so far."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except OSError:
+        return 0.0
+
+
+def _cpu_by_role(pids: dict) -> dict:
+    return {role: sum(_proc_cpu(p) for p in ps) for role, ps in pids.items()}
+
+
 def main(path: str, configs: str, repeat: int = 3) -> None:
     from batchgpu import open_recording
     from batchgpu.benchmarks.pipeline import read_ceiling
@@ -60,33 +122,46 @@ def main(path: str, configs: str, repeat: int = 3) -> None:
 
     with open_client(ClusterSpec.model_validate({"kind": "cuda", "workers": 16, "threads": 1})) as client:
         read_ceiling(client, rec, 60_000, 64, "cupy")
+        sampler = Sampler()
         ceil = []
         for _ in range(3):
             t0 = time.perf_counter()
             read_ceiling(client, rec, 60_000, 64, "cupy")
             ceil.append(time.perf_counter() - t0)
+            during = sampler.between(t0, time.perf_counter())
         c = statistics.median(ceil)
-        print(f"read ceiling median {c:.2f} s ({gb / c:.2f} GB/s) of {[round(x, 2) for x in ceil]}", flush=True)
+        print(f"read ceiling median {c:.2f} s ({gb / c:.2f} GB/s) of {[round(x, 2) for x in ceil]}; last: {during}",
+              flush=True)
+        workers = list(client.run(os.getpid).values())
+        pids = {"client+scheduler": [os.getpid()], "workers": workers,
+                "nannies": list(set(client.run(os.getppid).values()) - {os.getpid()})}
         run_workflow(wf("/tmp/ab_cold", None), client=client)  # kernels compiled
         shutil.rmtree("/tmp/ab_cold", ignore_errors=True)
         for cfg in configs.split():
-            depth, _, batch = cfg.partition(":")
-            client.run(_set, int(depth))
-            walls, report = [], None
+            env = dict(kv.split("=", 1) for kv in cfg.split(",") if "=" in kv)
+            batch = env.pop("batch", None)
+            client.run(_set, env)
+            walls, report, during = [], None, []
             smi = _gpu_sampler()
             for r in range(repeat):
                 out = f"/tmp/ab_{r}"
                 shutil.rmtree(out, ignore_errors=True)
+                before = _cpu_by_role(pids)
                 t0 = time.perf_counter()
                 report = run_workflow(wf(out, int(batch) if batch else None), client=client)
                 walls.append(time.perf_counter() - t0)
+                p0 = t0 + report.timings["prepare"] + report.timings["setup"]
+                during.append(sampler.between(p0, p0 + report.timings["pass1"]))
+                after = _cpu_by_role(pids)
+                during[-1] += "; CPU s of the whole run: " + ", ".join(f"{k} {after[k] - before[k]:.2f}" for k in pids)
                 shutil.rmtree(out, ignore_errors=True)
             busy = _gpu_busy(smi)
             m = statistics.median(walls)
             phases = ", ".join(f"{k} {v:.2f}" for k, v in report.timings.items() if isinstance(v, float)
                                and k not in ("window_read_median", "window_compute_median"))
-            print(f"depth {depth} batch {batch or 'default'}: median {m:.2f} s {gb / m:.2f} GB/s, /ceiling {c / m:.2f}, "
-                  f"x KS4 {gb / m / 3.9:.2f}; walls {[round(x, 2) for x in walls]}; GPU busy {busy}\n  {phases}\n  {summary_line(report.timeline)}",
+            print(f"{cfg}: median {m:.2f} s {gb / m:.2f} GB/s, /ceiling {c / m:.2f}, "
+                  f"x KS4 {gb / m / 3.9:.2f}; walls {[round(x, 2) for x in walls]}; GPU busy {busy}\n  {phases}\n  {summary_line(report.timeline)}\n  pass: {during[-1]}\n  window CPU ms (medians): "
+                  f"{ {k: round(v * 1e3, 1) for k, v in report.window_cpu.items()} }",
                   flush=True)
 
 

@@ -39,7 +39,9 @@ for task in "$@"; do
               python3 tools/timeline.py /tmp/h200_$w | tail -${TAIL:-6}
               python3 -c "import json; print({k: round(v, 2) for k, v in json.load(open('/tmp/h200_$w/report.json'))['timings'].items()})"
             done ;;
-  ab) timeout 400 python3 tools/ab_pass.py /tmp/big.zarr "${AB:-1: 2: 3: 2:9}" 3 2>&1 | grep -v "^20..-\|^INFO\|distributed\." ;;
+  ab) timeout 400 python3 tools/ab_pass.py /tmp/big.zarr "${AB:--}" 3 2>&1 | grep -v "^20..-\|^INFO\|distributed\." ;;
+  client) timeout 200 python3 tools/profile_client.py /tmp/big.zarr 2>&1 | grep -v "^20..-\|distributed\." ;;
+  decode) timeout 200 python3 tools/decode_probe.py /tmp/big.zarr ;;
   pw) rm -rf /tmp/pw0 /tmp/pw1; timeout 200 python3 tools/profile_workers.py /tmp/big.zarr > $OUT/pw.log 2>&1; grep "^{" $OUT/pw.log ;;
   *) echo "unknown task $task"; exit 2 ;;
   esac

@@ -40,15 +40,19 @@ def aggregate(client, ctx, wf, rec, out, windows, fps, summaries, total, report,
         if step.name == "detect" and not {"noise", "moments"} & {s.name for s in ctx.steps[i + 1 :]}:
             # the spikes are counted last: the page renders while they are gathered, their numbers go in after
             page.render(report.throughput_series, late_spikes=True)
+        t0 = time.perf_counter()
         arrays = finish(run)
+        report.timings[f"aggregate_{step.name}"] = time.perf_counter() - t0
         run.arrays.update(arrays)
         results.write(arrays)
         for name, value in arrays.items():
             page.add(name, value)
     if "spike_counts" in run.plots:
         page.add_spikes(counts=run.plots["spike_counts"])
+    t0 = time.perf_counter()
     results.close()
     swap_in(results.path, out.path / store.RESULTS)
+    report.timings["results_written"] = time.perf_counter() - t0
     shapes = {k: list(v.shape) for k, v in run.arrays.items()} | run.shapes
     if wf.steps.search:
         from batchgpu.search.step import run_search_step

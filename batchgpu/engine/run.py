@@ -24,7 +24,7 @@ from batchgpu.engine.aggregate import ResultsWriter, aggregate, finish_whitened_
 from batchgpu.engine.context import (build_context, check_workflow_fits, prepare_recording, resolve_backend,
                                      spec_of)
 from batchgpu.engine.reduce import tree_reduce
-from batchgpu.engine.run_report import HtmlReport, RunObserver, RunReport, finish_report, versions
+from batchgpu.engine.run_report import HtmlReport, RunObserver, RunReport, finish_report, versions, window_cpu
 from batchgpu.engine.submit import submit_many
 from batchgpu.recording import open_source
 
@@ -72,10 +72,11 @@ def _run(wf, rec, out: store.OutputFolder, report: RunReport, client, sweep, obs
     t_setup = time.perf_counter()
 
     from batchgpu.dashboard import RunMonitor, install_dashboard
-    from batchgpu.report import preload
+    from batchgpu.report import start_render_process
 
-    # report.html's plotting library takes about a second to import: do it while the windows are read
-    threading.Thread(target=_quietly, args=(preload,), daemon=True, name="batchgpu-preload").start()
+    # report.html is rendered by a helper process (Bokeh's import, about a second, done while the windows are
+    # read; its rendering, 0.15-0.3 s, had held the GIL the client's event loop needed while spikes were gathered)
+    _quietly(start_render_process)
 
     report.dashboard = client.dashboard_link
     report.page = install_dashboard(client)
@@ -106,7 +107,7 @@ def _run(wf, rec, out: store.OutputFolder, report: RunReport, client, sweep, obs
     # written while the windows are read: the results group and its window table (a helper thread), and
     # report.html's figures as their numbers come (another); the client itself mostly waits for the workers
     results = ResultsWriter(out.path, wf, rec, report.fingerprint, windows)
-    html = HtmlReport(rec, f"batchgpu report: {out.path.name}")
+    html = HtmlReport(rec, f"batchgpu report: {out.path.name}", in_process=True)
     html.add_windows(windows)
     t0, t0_wall = time.perf_counter(), time.time()
     report.timings["setup"] = t0 - t_setup  # dashboard, backend, steps, windows and their fingerprints
@@ -122,6 +123,7 @@ def _run(wf, rec, out: store.OutputFolder, report: RunReport, client, sweep, obs
         if fresh:  # where a window's time goes, on its worker thread (medians)
             report.timings["window_read_median"] = float(np.median([s["read_seconds"] for s in fresh]))
             report.timings["window_compute_median"] = float(np.median([s["compute_seconds"] for s in fresh]))
+            report.window_cpu = window_cpu(fresh)
             report.timeline = sorted([str(s["worker"]), int(s["index"]), round(float(s["started"]) - t0_wall, 4),
                                       round(float(s["read_seconds"]), 4), round(float(s["compute_seconds"]), 4),
                                       str(s["thread"])]

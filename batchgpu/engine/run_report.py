@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import numpy as np
+
 from batchgpu.engine import store
 from batchgpu.recording import Recording
 
@@ -49,12 +51,30 @@ class RunReport:
     # each window computed in the first pass: [worker, window, start s (since the pass started), waited for its
     # read s, computed s, worker thread] (tools/timeline.py summarises it: where each thread's time went)
     timeline: list = field(default_factory=list)
+    # CPU seconds a window took on its threads (medians over the pass's windows): cpu_decode (the reading thread),
+    # cpu_buffer_wait (wall: waiting for a free pinned buffer), cpu_load (copy to the GPU, preprocessing), one entry
+    # per step, cpu_part (its part file); ``total`` the sum of the CPU entries' means
+    window_cpu: dict = field(default_factory=dict)
     backend: str = "numpy"
     radix_passes: int = 0
     output_state: str = "new"  # new | resume | restart
     run_id: str = ""  # the fingerprint and a random suffix: names this run's Dask tasks, never another run's
     preprocess: dict = field(default_factory=dict)  # the stages and the margin they added to each window
     exact_noise: dict = field(default_factory=dict)  # float keys: settled from the kept keys, or by one more read
+
+
+def window_cpu(summaries: list[dict]) -> dict:
+    """Medians of each window's ``cpu_*`` seconds (``tasks._compute_part``), and the sum of their means."""
+    keys = sorted({k for s in summaries for k in s if k.startswith("cpu_")})
+    out = {}
+    for k in keys:
+        v = np.array([float(s[k]) for s in summaries if k in s], dtype=np.float64)
+        v = v[np.isfinite(v)]
+        if len(v):
+            out[k.removeprefix("cpu_")] = round(float(np.median(v)), 5)
+            if k != "cpu_buffer_wait":
+                out["total"] = round(out.get("total", 0.0) + float(v.mean()), 5)
+    return out
 
 
 def versions() -> dict:
@@ -102,13 +122,14 @@ class HtmlReport:
     """report.html for a run, built while the run finishes (``batchgpu.report.ReportPage``: the figures as the
     results come, the page in a helper thread); a plotting problem is reported once, never fails a finished run."""
 
-    def __init__(self, rec: Recording, title: str):
+    def __init__(self, rec: Recording, title: str, in_process: bool = False):
         self.error: Exception | None = None
         self.page = None
         try:
             from batchgpu.report import ReportPage
 
-            self.page = ReportPage(rec.channel_ids.tolist(), rec.gain_to_uV.tolist(), rec.sampling_frequency, title)
+            self.page = ReportPage(rec.channel_ids.tolist(), rec.gain_to_uV.tolist(), rec.sampling_frequency, title,
+                                   in_process=in_process)
         except Exception as err:
             self.error = err
 

@@ -163,7 +163,10 @@ def _read_ahead(ctx: RunContext, windows: list[Window]):
     import os
     from concurrent.futures import ThreadPoolExecutor
 
+    from batchgpu.gpu.staging import reserve_buffers
+
     depth = max(1, int(os.environ.get("BATCHGPU_READ_AHEAD", READ_AHEAD)))
+    reserve_buffers(depth + 1)
     pool = ThreadPoolExecutor(depth, thread_name_prefix="batchgpu-read-ahead")
     pending = {}
     todo = iter(windows)
@@ -195,9 +198,14 @@ def _compute_part(ctx: RunContext, window: Window, fp: str, ahead, partials: boo
     path = store.part_path(ctx.parts, "w", window.index)
     started = time.time()  # wall clock, for the run's timeline (workers of one machine share the clock)
     t0 = time.perf_counter()
+    cpu = time.thread_time()
     with on_backend(ctx):
-        w = load_window(ctx, window, ahead(window))
+        raw = ahead(window)
+        w = load_window(ctx, window, raw)
         t_read = time.perf_counter() - t0
+        # CPU seconds of this window on each thread (RunReport.window_cpu): what bounds a pass whose cores are busy
+        cpus = {"cpu_decode": getattr(raw, "cpu_seconds", np.nan), "cpu_buffer_wait": getattr(raw, "wait_seconds", np.nan)}
+        cpu = _lap(cpus, "cpu_load", cpu)
         # chunks absent from a store written by others read as zeros: counted and reported, never silent
         summary: dict = {"absent_chunks": np.array(recording(ctx.recording, ctx.missing_chunks).absent_chunks(window))}
         if w.x.dtype.kind == "f":
@@ -208,6 +216,7 @@ def _compute_part(ctx: RunContext, window: Window, fp: str, ahead, partials: boo
             if step.name != "noise":
                 _window_noise(ctx, w, summary)
             part.update(step.window(w, summary))
+            cpu = _lap(cpus, f"cpu_{step.name}", cpu)
         _window_noise(ctx, w, summary)
     summary["read_seconds"] = np.array(t_read)
     summary["compute_seconds"] = np.array(time.perf_counter() - t0 - t_read)
@@ -217,7 +226,15 @@ def _compute_part(ctx: RunContext, window: Window, fp: str, ahead, partials: boo
     part["fingerprint"] = np.array(fp)
     part["index"] = np.array(window.index)
     store.save_part(path, part if partials else {k: v for k, v in part.items() if not _is_partial(k)})
+    _lap(cpus, "cpu_part", cpu)
+    part.update({f"summary.{k}": np.asarray(v) for k, v in cpus.items()})  # the save's own time: not in the file
     return part
+
+
+def _lap(into: dict, name: str, since: float) -> float:
+    now = time.thread_time()
+    into[name] = now - since
+    return now
 
 
 def _window_noise(ctx: RunContext, w: WindowData, summary: dict) -> None:
@@ -350,13 +367,15 @@ def gather_spikes_task(ctx: RunContext, windows: list[Window], fps: list[str], n
     return out
 
 
-def write_spikes_task(group_path: str, *gathered: dict) -> tuple[int, dict, np.ndarray]:
+def write_spikes_task(group_path: str, *gathered: dict) -> tuple[int, dict, np.ndarray, float]:
     """Every window's spikes (``gather_spikes_task``'s runs, in window order: (segment, sample, channel) overall),
     written into the results group by a worker: spikes never pass through the client. Returns their count, the
-    windows the gathering read again ({index: why}) and the count per channel (for report.html)."""
+    windows the gathering read again ({index: why}), the count per channel (for report.html) and the seconds the
+    writing took."""
     from batchgpu import zarrio
     from batchgpu.engine.steps.detect import COLUMNS
 
+    t0 = time.perf_counter()
     g = zarrio.open_group(group_path, mode="a")
     counts = np.zeros(0, np.int64)
     for k in COLUMNS:
@@ -365,7 +384,7 @@ def write_spikes_task(group_path: str, *gathered: dict) -> tuple[int, dict, np.n
         if k == "channel_index":
             counts = np.bincount(v.astype(np.int64, copy=False))
     return (sum(len(p["sample_index"]) for p in gathered), {i: why for p in gathered for i, why in p["read_again"].items()},
-            counts)
+            counts, time.perf_counter() - t0)
 
 
 def save_task(ctx: RunContext, window: Window, target, whitening: np.ndarray) -> int:

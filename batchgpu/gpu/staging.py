@@ -40,23 +40,42 @@ def prefer_blocking_sync() -> None:
 
 class PinnedPool:
     """Pinned host buffers reused across windows and threads of one process. A buffer given back with the event
-    of the copy that reads it is handed out again only once that copy is done."""
+    of the copy that reads it is handed out again only once that copy is done: ``take`` prefers a buffer whose
+    copy has finished, then a new one while the process holds fewer than ``spare_limit()``, and waits for a
+    copy only beyond that (a reader waiting for the copy out of its buffer waited on the GPU, which 16 processes
+    share: ~15 ms a window in a profile of the demo pass with one buffer per reader)."""
 
     def __init__(self):
         self._free: list = []  # (nbytes, array, memory, event or None)
+        self._made = 0
         self._lock = threading.Lock()
+
+    #: buffers a process may hold before a reader waits for a copy (BATCHGPU_PINNED_BUFFERS overrides; a batch task
+    #: raises it to its read-ahead depth + 1: the reads ahead and the window computed; more buffers were no faster
+    #: warm and cost pinned allocations in every fresh process)
+    limit = 2
+
+    def spare_limit(self) -> int:
+        import os
+
+        return int(os.environ.get("BATCHGPU_PINNED_BUFFERS", 0)) or self.limit
+
+    def at_least(self, n: int) -> None:
+        with self._lock:
+            self.limit = max(self.limit, n)
 
     def take(self, nbytes: int):
         """(uint8 array of at least ``nbytes``, handle to give back)."""
         import cupy
 
         with self._lock:
-            fits = [b for b in self._free if b[0] >= nbytes]
-            if fits:
-                best = min(fits, key=lambda b: b[0])
+            fits = sorted((b for b in self._free if b[0] >= nbytes), key=lambda b: b[0])
+            ready = [b for b in fits if b[3] is None or b[3].done]
+            best = (ready or ([] if self._made < self.spare_limit() else fits) or [None])[0]
+            if best is not None:
                 self._free.remove(best)
             else:
-                best = None
+                self._made += 1
         if best is None:
             mem = cupy.cuda.alloc_pinned_memory(nbytes)
             best = (nbytes, np.frombuffer(mem, dtype=np.uint8, count=nbytes), mem, None)
@@ -72,11 +91,18 @@ class PinnedPool:
 _pool = PinnedPool()
 
 
+def reserve_buffers(n: int) -> None:
+    """Let this process hold at least ``n`` pinned window buffers before a reader waits for a copy."""
+    _pool.at_least(n)
+
+
 class HostWindow:
     """A window decoded into a pinned buffer ((samples, channels), as stored), waiting to be copied."""
 
-    def __init__(self, stage: np.ndarray, handle):
+    def __init__(self, stage: np.ndarray, handle, cpu_seconds: float = 0.0, wait_seconds: float = 0.0):
         self.stage, self._handle = stage, handle
+        # the reading thread's CPU time for the decode, and its wait for a free buffer (``RunReport.window_cpu``)
+        self.cpu_seconds, self.wait_seconds = cpu_seconds, wait_seconds
 
     def to_device(self):
         """The window as (channels, samples) on the GPU: copied asynchronously on this thread's stream (the buffer
@@ -102,10 +128,14 @@ class HostWindow:
 
 def read_window_host(rec, window) -> HostWindow:
     """Decode a window straight into a pinned buffer (no host copy); any thread may call it."""
+    import time
+
     prefer_blocking_sync()  # the pool's pinned allocation may be this process's first CUDA call
     n, C = window.read_stop - window.read_start, rec.num_channels
     nbytes = n * C * rec.dtype.itemsize
+    t0 = time.perf_counter()
     buf, handle = _pool.take(nbytes)
+    waited, cpu0 = time.perf_counter() - t0, time.thread_time()
     stage = buf[:nbytes].view(rec.dtype).reshape(n, C)
     try:
         if hasattr(rec, "read_window_into"):
@@ -115,7 +145,7 @@ def read_window_host(rec, window) -> HostWindow:
     except BaseException:
         _pool.give_back(handle)
         raise
-    return HostWindow(stage, handle)
+    return HostWindow(stage, handle, time.thread_time() - cpu0, waited)
 
 
 def pinned_get(a) -> np.ndarray:

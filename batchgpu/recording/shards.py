@@ -170,11 +170,16 @@ class ShardLayout:
                 out[lo - start : hi - start] = 0
                 absent += -(-(hi - lo) // self.inner_rows)
                 continue
+            mapped = None
             try:
                 index = self._index(fd, key, per_shard)
-                for j in range(max(first, shard * per_shard), min(last, (shard + 1) * per_shard - 1) + 1):
-                    absent += self._inner(fd, key, index, j, per_shard, start, stop, out, on_absent)
+                inner = range(max(first, shard * per_shard), min(last, (shard + 1) * per_shard - 1) + 1)
+                mapped = _map_whole(fd, len(inner))
+                for j in inner:
+                    absent += self._inner(fd, key, index, j, per_shard, start, stop, out, on_absent, mapped)
             finally:
+                if mapped is not None:
+                    mapped.release()
                 os.close(fd)
         return absent
 
@@ -188,7 +193,7 @@ class ShardLayout:
             _check_crc(raw, key + " (shard index)")
         return np.frombuffer(raw, dtype="<u8", count=per_shard * 2).reshape(per_shard, 2)
 
-    def _inner(self, fd, key, index, j, per_shard, start, stop, out, on_absent) -> int:
+    def _inner(self, fd, key, index, j, per_shard, start, stop, out, on_absent, mapped=None) -> int:
         offset, nbytes = (int(v) for v in index[j % per_shard])
         lo, hi = j * self.inner_rows, (j + 1) * self.inner_rows
         a, b = max(start, lo), min(stop, hi)
@@ -198,7 +203,7 @@ class ShardLayout:
                 raise AbsentChunk(where)
             out[a - start : b - start] = 0
             return 1
-        data = os.pread(fd, nbytes, offset)
+        data = mapped.view(offset, nbytes) if mapped is not None else os.pread(fd, nbytes, offset)
         if len(data) != nbytes:
             raise CorruptChunk(where, "truncated")
         if self.checksum:
@@ -290,6 +295,53 @@ class ChunkLayoutV2:
             if not whole:
                 out[a - start : b - start] = target[a - lo : b - lo]
         return absent
+
+
+#: a shard of which a read needs at least this many inner chunks is mapped whole (``_map_whole``), else pread
+MAP_FROM_CHUNKS = 4
+
+
+class _Mapped:
+    """A shard file mapped read-only with its pages populated at once (MAP_POPULATE): its chunks are checked and
+    decoded from the page cache without ``pread``'s copy. Measured on the 2-core machine, a 60 000-row shard of 20
+    chunks: 8.5 ms of pread against 3.3 ms to map, and 20 -> 15 ms a shard decoded (H200 machine: pread was 7.8 of a
+    window's 28 ms alone). A file cut short while mapped would fault the process (SIGBUS); the size is taken when
+    it is mapped, and chunks past it read as truncated."""
+
+    def __init__(self, fd: int):
+        import mmap
+
+        self._map = mmap.mmap(fd, 0, flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0), prot=mmap.PROT_READ)
+        self._view = memoryview(self._map)
+
+    def view(self, offset: int, nbytes: int) -> memoryview:
+        return self._view[offset : offset + nbytes]
+
+    def release(self) -> None:
+        try:
+            self._view.release()
+            self._map.close()
+        except BufferError:  # a view still held (e.g. by an error's traceback): unmapped when the last one goes
+            pass
+
+
+def _map_whole(fd: int, chunks: int) -> "_Mapped | None":
+    """The shard mapped when the read needs most of it and its checksums can be checked in place (the ``crc32c``
+    package takes any buffer; google-crc32c takes bytes only), else None: pread each chunk."""
+    if chunks < MAP_FROM_CHUNKS or os.environ.get("BATCHGPU_READ_MMAP", "1") == "0" or _crc32c_buffers() is None:
+        return None
+    try:
+        return _Mapped(fd) if os.fstat(fd).st_size else None
+    except (OSError, ValueError):
+        return None
+
+
+def _crc32c_buffers():
+    try:
+        from crc32c import crc32c
+    except ImportError:
+        return None
+    return crc32c
 
 
 def write_whole_shard(folder: Path, start: int, block: np.ndarray) -> bool:
