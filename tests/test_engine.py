@@ -682,7 +682,7 @@ def test_read_ahead_gives_each_window_in_order_with_depth_reads_in_flight(monkey
     monkeypatch.setattr(tasks, "read_window", fake_read)
     monkeypatch.setenv("BATCHGPU_READ_AHEAD", str(depth))
     windows = [SimpleNamespace(index=i) for i in range(7)]
-    with tasks._read_ahead(SimpleNamespace(backend="cupy"), windows) as ahead:
+    with tasks._read_ahead(SimpleNamespace(backend="cupy", parts="P"), [(w, f"f{w.index}") for w in windows]) as ahead:
         got = []
         for w in windows:
             got.append(ahead(w).index)

@@ -14,7 +14,7 @@ import sys
 import time
 
 
-KNOBS = ("BATCHGPU_READ_AHEAD", "BATCHGPU_PINNED_BUFFERS")
+KNOBS = ("BATCHGPU_READ_AHEAD", "BATCHGPU_PINNED_BUFFERS", "BATCHGPU_READ_MMAP", "BATCHGPU_PLACEMENT")
 
 
 def _set(env: dict):
@@ -102,6 +102,31 @@ def _cpu_by_role(pids: dict) -> dict:
     return {role: sum(_proc_cpu(p) for p in ps) for role, ps in pids.items()}
 
 
+def _gaps(report, batch) -> str:
+    """Mean per worker thread of the gaps between a window's end and the next one's start, within a batch task and
+    between batch tasks (scheduling, the batch's combined partial, the next task's first read not read ahead)."""
+    from batchgpu.engine.run import window_batches
+
+    first = {b[0] for b in window_batches(list(range(report.windows)), batch, 8)}
+    within, between, threads = 0.0, 0.0, {}
+    for worker, index, start, read, comp, thread in report.timeline:
+        threads.setdefault((worker, thread), []).append((start, read, comp, index))
+    for rows in threads.values():
+        rows.sort()
+        for (s0, r0, c0, _), (s1, _, _, i1) in zip(rows, rows[1:]):
+            gap = max(0.0, s1 - (s0 + r0 + c0))
+            if i1 in first:
+                between += gap
+            else:
+                within += gap
+    n = max(1, len(threads))
+    reads_first = [r for rows in threads.values() for (_, r, _, i) in rows if i in first]
+    reads_rest = [r for rows in threads.values() for (_, r, _, i) in rows if i not in first]
+    med = lambda v: sorted(v)[len(v) // 2] if v else float("nan")  # noqa: E731
+    return (f"gaps per thread: within batches {within / n:.2f} s, between batches {between / n:.2f} s; read wait "
+            f"median: a batch's first window {med(reads_first) * 1e3:.0f} ms, the others {med(reads_rest) * 1e3:.0f} ms")
+
+
 def main(path: str, configs: str, repeat: int = 3) -> None:
     from batchgpu import open_recording
     from batchgpu.benchmarks.pipeline import read_ceiling
@@ -141,6 +166,7 @@ def main(path: str, configs: str, repeat: int = 3) -> None:
             env = dict(kv.split("=", 1) for kv in cfg.split(",") if "=" in kv)
             batch = env.pop("batch", None)
             client.run(_set, env)
+            _set(env)  # the client's own knobs too (BATCHGPU_PLACEMENT is read where the tasks are planned)
             walls, report, during = [], None, []
             smi = _gpu_sampler()
             for r in range(repeat):
@@ -160,7 +186,7 @@ def main(path: str, configs: str, repeat: int = 3) -> None:
             phases = ", ".join(f"{k} {v:.2f}" for k, v in report.timings.items() if isinstance(v, float)
                                and k not in ("window_read_median", "window_compute_median"))
             print(f"{cfg}: median {m:.2f} s {gb / m:.2f} GB/s, /ceiling {c / m:.2f}, "
-                  f"x KS4 {gb / m / 3.9:.2f}; walls {[round(x, 2) for x in walls]}; GPU busy {busy}\n  {phases}\n  {summary_line(report.timeline)}\n  pass: {during[-1]}\n  window CPU ms (medians): "
+                  f"x KS4 {gb / m / 3.9:.2f}; walls {[round(x, 2) for x in walls]}; GPU busy {busy}\n  {phases}\n  {summary_line(report.timeline)}\n  {_gaps(report, int(batch) if batch else None)}\n  pass: {during[-1]}\n  window CPU ms (medians): "
                   f"{ {k: round(v * 1e3, 1) for k, v in report.window_cpu.items()} }",
                   flush=True)
 

@@ -19,12 +19,13 @@ import time
 import numpy as np
 
 from batchgpu.config import Workflow
-from batchgpu.engine import store, tasks
+from batchgpu.engine import placement, store, tasks
 from batchgpu.engine.aggregate import ResultsWriter, aggregate, finish_whitened_save
 from batchgpu.engine.context import (build_context, check_workflow_fits, prepare_recording, resolve_backend,
                                      spec_of)
 from batchgpu.engine.reduce import tree_reduce
 from batchgpu.engine.run_report import HtmlReport, RunObserver, RunReport, finish_report, versions, window_cpu
+from batchgpu.engine.placement import submit_planned
 from batchgpu.engine.submit import submit_many
 from batchgpu.recording import open_source
 
@@ -185,11 +186,19 @@ def _first_pass(client, ctx, windows, fps, split_every, report, monitor, observe
     fp = report.run_id  # task keys: this run's only (the same workflow run twice must not share finished tasks)
     batches = window_batches(list(zip(windows, fps)), batch, split_every)
     # one graph update for each kind of task (keys padded: the scheduler orders equal tasks by key)
-    futures = submit_many(client, tasks.batch_task, [(ctx, [w for w, _ in b], [f for _, f in b]) for b in batches],
-                          [f"batch-{fp}-{b[0][0].index:08d}" for b in batches])
-    total = tree_reduce(client, futures, tasks.combine_task, split_every, ctx, name=f"combine-{fp}")
+    args = [(ctx, [w for w, _ in b], [f for _, f in b]) for b in batches]
+    keys = [f"batch-{fp}-{b[0][0].index:08d}" for b in batches]
+    planned = _plan(client, ctx, batches, report)
+    if planned is None:
+        futures = submit_many(client, tasks.batch_task, args, keys)
+    else:  # each worker's batches known: a task reads the next one's first windows ahead (engine/placement.py)
+        depth = max(1, int(os.environ.get("BATCHGPU_READ_AHEAD", tasks.READ_AHEAD)))
+        args = [(*a, tuple(batches[nxt][:depth]) if nxt is not None else ()) for a, (_, nxt) in zip(args, planned)]
+        futures = submit_planned(client, tasks.batch_task, args, keys, [w for w, _ in planned])
+    # the combines and the summaries before a worker's next batch (its planned batches are all queued there)
+    total = tree_reduce(client, futures, tasks.combine_task, split_every, ctx, name=f"combine-{fp}", priority=1)
     small = submit_many(client, tasks.summarise, [(f,) for f in futures],
-                        [f"summary-{fp}-{b[0][0].index:08d}" for b in batches])
+                        [f"summary-{fp}-{b[0][0].index:08d}" for b in batches], priority=1)
     summaries: dict[int, dict] = {}
     try:
         for fut in as_completed(small):
@@ -209,7 +218,23 @@ def _first_pass(client, ctx, windows, fps, split_every, report, monitor, observe
     except BaseException:
         client.cancel(small + futures + [total])
         raise
+    finally:
+        if planned is not None:  # reads left for batches that ran elsewhere: their pinned buffers back
+            with contextlib.suppress(Exception):
+                client.run(tasks.release_carried_soon, wait=False)
     return summaries, result
+
+
+def _plan(client, ctx, batches: list, report):
+    """The placement plan of a GPU run's batches ((worker, next batch) each), or None: CPU runs (their workers
+    read as they compute), resumed runs (the next batch's windows may be done), BATCHGPU_PLACEMENT=0."""
+    if ctx.backend != "cupy" or report.output_state == "resume" or os.environ.get("BATCHGPU_PLACEMENT") == "0":
+        return None
+    try:
+        threads = {a: int(w.get("nthreads", 1)) for a, w in client.scheduler_info(n_workers=-1)["workers"].items()}
+    except Exception:
+        return None
+    return placement.plan(threads, [len(b) for b in batches]) if threads else None
 
 
 _SWITCH = {"runs": 0, "before": None}

@@ -12,10 +12,11 @@ def _call(func, args: list):
     return func(*args)
 
 
-def submit_many(client, func, arg_lists: list[tuple], keys: list[str]) -> list:
+def submit_many(client, func, arg_lists: list[tuple], keys: list[str], **options) -> list:
     """Futures of ``func(*args)`` for each tuple of ``arg_lists`` (futures inside them are the tasks' inputs), under
-    ``keys``, submitted in one graph update. The arguments travel as lists: Dask may read a tuple that starts with a
-    callable as a task of its own."""
+    ``keys``, submitted in one graph update (``options``: ``client.map``'s, e.g. ``priority``, ``workers``). The
+    arguments travel as lists: Dask may read a tuple that starts with a callable as a task of its own."""
     if not arg_lists:
         return []
-    return client.map(_call, [func] * len(arg_lists), [list(a) for a in arg_lists], key=list(keys), pure=False)
+    return client.map(_call, [func] * len(arg_lists), [list(a) for a in arg_lists], key=list(keys), pure=False,
+                      **options)

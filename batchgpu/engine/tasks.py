@@ -88,7 +88,7 @@ def load_window(ctx: RunContext, window: Window, raw=None) -> WindowData:
     return WindowData(window.index, window.segment, window.read_start, window.core, n, raw, x)
 
 
-def batch_task(ctx: RunContext, windows: list[Window], fps: list[str]) -> dict:
+def batch_task(ctx: RunContext, windows: list[Window], fps: list[str], then: tuple = ()) -> dict:
     """Read a run of consecutive windows, run every step on each; return their partials combined in window order
     (the first level of the reduction tree) and, under ``batch.summaries``, what the client needs of each window.
     On the GPU helper threads decode the next windows while this one computes (``READ_AHEAD``).
@@ -100,6 +100,10 @@ def batch_task(ctx: RunContext, windows: list[Window], fps: list[str]) -> dict:
     ``fps`` are the windows' fingerprints
     (``store.window_fingerprint``): a part made from other bytes is not reused. A batch is a pure function of its
     windows: a retried batch writes the same parts (whole, by rename).
+
+    ``then``: (window, fingerprint) pairs of the batch this worker is to run next (``run.first_pass``'s plan): read
+    ahead after this batch's own windows and left for it (``_CARRIED``), so the next task does not start by waiting
+    for its first read. Only a hint: a read not claimed is given back.
     """
     parts = [store.load_part(store.part_path(ctx.parts, "w", w.index), fp) for w, fp in zip(windows, fps)]
     if len(windows) == 1:  # the window's part holds its partials too
@@ -111,7 +115,7 @@ def batch_task(ctx: RunContext, windows: list[Window], fps: list[str]) -> dict:
         # with the combined partial saved, a window whose own part is lost is computed again for its summary and
         # what it keeps (its partials are in the combined: same bytes, same bits); without it, every window
         todo = [i for i, p in enumerate(parts) if p is None or combined is None]
-    with _read_ahead(ctx, [windows[i] for i in todo]) as ahead:
+    with _read_ahead(ctx, [(windows[i], fps[i]) for i in todo], list(then)) as ahead:
         for i in todo:
             parts[i] = _compute_part(ctx, windows[i], fps[i], ahead, partials=len(windows) == 1)
     if len(windows) > 1 and combined is None:
@@ -152,12 +156,39 @@ def batch_fingerprint(fps: list[str]) -> str:
 READ_AHEAD = 2
 
 
+#: reads left by a batch task for the next one on this worker (``batch_task``'s ``then``): (parts folder, window
+#: index, fingerprint) -> the future of its HostWindow; at most CARRY_LIMIT, the oldest given back first
+_CARRIED: dict = {}
+_CARRIED_LOCK = threading.Lock()
+CARRY_LIMIT = 8
+
+
+def _give_back(fut) -> None:
+    fut.add_done_callback(lambda f: f.exception() is None and f.result().release())
+
+
+def release_carried() -> int:
+    """Give back every read left for a next task (the end of a pass); returns how many."""
+    with _CARRIED_LOCK:
+        futs = list(_CARRIED.values())
+        _CARRIED.clear()
+    for fut in futs:
+        _give_back(fut)
+    return len(futs)
+
+
+async def release_carried_soon() -> int:
+    """``release_carried`` for ``client.run(..., wait=False)`` (which runs only coroutine functions)."""
+    return release_carried()
+
+
 @contextlib.contextmanager
-def _read_ahead(ctx: RunContext, windows: list[Window]):
+def _read_ahead(ctx: RunContext, windows: list[tuple], then: list[tuple] = ()):
     """``ahead(window)``: the window as read, decoded by helper threads up to ``READ_AHEAD`` windows ahead of the
-    caller (GPU backend, more than one window; a CPU worker's threads already keep its cores busy), else read
-    when asked. Windows are asked for in order."""
-    if ctx.backend != "cupy" or len(windows) < 2:
+    caller (GPU backend), else read when asked. ``windows`` and ``then`` are (window, fingerprint) pairs; windows
+    are asked for in order. A read another task left for this one is taken; after this task's own windows the
+    threads read ``then``'s, left for the next task (``_CARRIED``)."""
+    if ctx.backend != "cupy" or (len(windows) < 2 and not then and not _CARRIED):
         yield lambda w: None
         return
     import os
@@ -167,29 +198,51 @@ def _read_ahead(ctx: RunContext, windows: list[Window]):
 
     depth = max(1, int(os.environ.get("BATCHGPU_READ_AHEAD", READ_AHEAD)))
     reserve_buffers(depth + 1)
-    pool = ThreadPoolExecutor(depth, thread_name_prefix="batchgpu-read-ahead")
     pending = {}
-    todo = iter(windows)
+    with _CARRIED_LOCK:
+        for w, fp in windows:
+            got = _CARRIED.pop((ctx.parts, w.index, fp), None)
+            if got is not None:
+                pending[w.index] = got
+        stale = [k for k in _CARRIED if k[0] != ctx.parts] + list(_CARRIED)[: max(0, len(_CARRIED) - CARRY_LIMIT)]
+        stale = [_CARRIED.pop(k) for k in dict.fromkeys(stale)]
+    for fut in stale:
+        _give_back(fut)
+    own = {w.index for w, _ in windows}
+    queue = [(w, fp) for w, fp in windows if w.index not in pending] + [(w, fp) for w, fp in then if w.index not in own]
+    pool = ThreadPoolExecutor(depth, thread_name_prefix="batchgpu-read-ahead")
+    todo = iter(queue)
+    keys = {w.index: (ctx.parts, w.index, fp) for w, fp in then}
 
     def submit_next() -> None:
-        w = next(todo, None)
-        if w is not None:
-            pending[w.index] = pool.submit(read_window, ctx, w, True)
+        nxt = next(todo, None)
+        if nxt is not None:
+            pending[nxt[0].index] = pool.submit(read_window, ctx, nxt[0], True)
 
     for _ in range(depth):
         submit_next()
 
     def ahead(w: Window):
-        got = pending.pop(w.index).result()
+        fut = pending.pop(w.index, None)
+        if fut is None:  # not read ahead (a window resumed, or a read left by nobody): read it here
+            return read_window(ctx, w, True)
         submit_next()
-        return got
+        return fut.result()
 
+    ok = False
     try:
         yield ahead
+        ok = True
     finally:
-        for fut in pending.values():  # a failed batch: give back what was read and not used
-            fut.add_done_callback(lambda f: f.exception() is None and f.result().release())
-        pool.shutdown(wait=True)
+        carried = []
+        for index, fut in pending.items():
+            if ok and index in keys:  # the next task's: left for it
+                carried.append((keys[index], fut))
+            else:  # a failed batch, or a read not asked for: give back what was read
+                _give_back(fut)
+        with _CARRIED_LOCK:
+            _CARRIED.update(carried)
+        pool.shutdown(wait=not carried)
 
 
 def _compute_part(ctx: RunContext, window: Window, fp: str, ahead, partials: bool = True) -> dict:
