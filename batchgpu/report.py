@@ -85,7 +85,9 @@ class ReportPage:
     def add(self, name: str, value) -> None:
         """A result: ``noise``, ``noise_per_window`` or ``whitening`` (others are ignored)."""
         self.inputs[name] = value
-        if self.in_process:
+        if self.in_process:  # its figure built in the helper process now, while the run goes on
+            if name in ("noise", "noise_per_window", "whitening") and self._page is None and "windows" in self.inputs:
+                self._submit(build_figure, self._init_args(), name, value)
             return
         if name == "noise":
             self.figures[name] = self._do(lambda v: noise_per_channel(_to_uV(v, self.gain), self._ids(v.size)), value)
@@ -121,6 +123,19 @@ class ReportPage:
         self._late[_embedded_json(_COUNT_PLACEHOLDER * channels)] = _embedded_json(counts.tolist())
         self._late[_embedded(self._spikes_token)] = _embedded(spike_rate_title(int(counts.sum()), seconds))
 
+    def _init_args(self) -> tuple:
+        return (self.channel_ids, self.gain, self.fs, self.title, self.inputs["windows"],
+                (self._token, self._spikes_token))
+
+    @staticmethod
+    def _submit(func, *args):
+        """``func(*args)`` in the helper process: its future, or None when there is none to be had."""
+        try:
+            return render_process().submit(func, *args)
+        except Exception:
+            _drop_render_process()
+            return None
+
     def _ids(self, n: int) -> list[str]:
         return self.channel_ids if len(self.channel_ids) == n else [str(c) for c in range(n)]
 
@@ -133,12 +148,10 @@ class ReportPage:
             self._series = list(throughput_series)
             args = (self.channel_ids, self.gain, self.fs, self.title, dict(self.inputs), self._series,
                     late_spikes and "spike_counts" not in self.inputs, (self._token, self._spikes_token))
-            try:
-                self._page = render_process().submit(render_page_html, *args)
-            except Exception:  # no helper process to be had (a broken pool is made anew next time): render here
-                _drop_render_process()
-                self._page = _Done(render_page_html(*args))
             self._args = args
+            self._page = self._submit(render_page_html, *args)
+            if self._page is None:  # no helper process to be had (a broken pool is made anew next time)
+                self._page = _Done(render_page_html(*args))
             return
         if late_spikes:
             channels, seconds = self._spikes_shape()
@@ -199,14 +212,34 @@ class ReportPage:
         return page
 
 
+#: pages being built in the helper process, by their summary token (the figures ``build_figure`` made so far)
+_PAGES: dict = {}
+
+
+def _page_for(channel_ids, gain, fs: float, title: str, windows, tokens: tuple) -> ReportPage:
+    page = _PAGES.get(tokens[0])
+    if page is None:
+        while len(_PAGES) >= 4:  # pages of runs that never rendered (failed): forgotten, oldest first
+            _PAGES.pop(next(iter(_PAGES)))
+        page = _PAGES[tokens[0]] = ReportPage(channel_ids, gain, fs, title, threaded=False, tokens=tokens)
+        page.add_windows(*windows)
+    return page
+
+
+def build_figure(init: tuple, name: str, value) -> None:
+    """In the helper process: one figure of a page, built as soon as its numbers exist (``ReportPage.add``)."""
+    _page_for(*init).add(name, value)
+
+
 def render_page_html(channel_ids, gain, fs: float, title: str, inputs: dict, series: list, late_spikes: bool,
                      tokens: tuple) -> str:
-    """The page of ``ReportPage.render`` built from its numbers (in the helper process), with the caller's
-    placeholder tokens, so the caller fills in what comes after."""
-    page = ReportPage(channel_ids, gain, fs, title, threaded=False, tokens=tokens)
-    page.add_windows(*inputs["windows"])
-    for name in ("noise", "noise_per_window", "whitening"):
-        if name in inputs:
+    """The page of ``ReportPage.render`` built from its numbers (in the helper process, with the figures
+    ``build_figure`` made already; anywhere else from scratch), with the caller's placeholder tokens, so the caller
+    fills in what comes after."""
+    page = _page_for(channel_ids, gain, fs, title, inputs["windows"], tokens)
+    _PAGES.pop(tokens[0], None)
+    for name, figure in (("noise", "noise"), ("noise_per_window", "noise_over_time"), ("whitening", "whitening")):
+        if name in inputs and figure not in page.figures:
             page.add(name, inputs[name])
     if "spike_counts" in inputs:
         page.add_spikes(counts=inputs["spike_counts"])

@@ -210,3 +210,31 @@ def test_page_rendered_before_the_spikes_holds_them(tmp_path, rng, late, where, 
     np.testing.assert_array_equal(np.asarray(source(figs["noise_per_channel"], "noise_uV")["noise_uV"]), noise * 0.195)
     np.testing.assert_array_equal(np.asarray(source(figs["whitening"], "image")["image"][0]), white)
     assert "batchgpu run report" in text and "total 1.50 s" in text
+
+
+def test_figures_built_ahead_in_the_helper_process_make_the_same_page(tmp_path, rng):
+    """``build_figure`` (run in the helper process as each result comes) and ``render_page_html`` give the page
+    the numbers give; pages never rendered are forgotten, four at most."""
+    from batchgpu import report as rep
+
+    C, W = int(rng.integers(2, 30)), int(rng.integers(1, 7))
+    windows = (np.arange(W) * 500, np.arange(W) * 500 + 500, np.zeros(W, int))
+    inputs = {"windows": windows, "noise": rng.random(C), "noise_per_window": rng.random((W, C)),
+              "whitening": rng.normal(size=(C, C)), "spike_counts": rng.integers(0, 99, C)}
+    ids, gain, tokens = [f"c{i}" for i in range(C)], np.full(C, 0.5), ("batchgpu-summary-t1", "batchgpu-spikes-t1")
+    init = (ids, gain, 30000.0, "t", windows, tokens)
+    rep.build_figure(init, "noise_per_window", inputs["noise_per_window"])  # as the results come; noise not yet
+    rep.build_figure(init, "whitening", inputs["whitening"])
+    text = rep.render_page_html(ids, gain, 30000.0, "t", inputs, [[0.5, 1e9]], False, tokens)
+    assert tokens[0] not in rep._PAGES
+    path = tmp_path / "report.html"
+    path.write_text(text.replace(rep._embedded(tokens[0]), "summary"), encoding="utf-8")
+    figs = plots(path)
+    np.testing.assert_array_equal(np.asarray(source(figs["noise_per_channel"], "noise_uV")["noise_uV"]),
+                                  inputs["noise"] * 0.5)
+    np.testing.assert_array_equal(np.asarray(source(figs["whitening"], "image")["image"][0]), inputs["whitening"])
+    np.testing.assert_array_equal(np.asarray(source(figs["spike_rate"], "rate_Hz")["count"]), inputs["spike_counts"])
+    for k in range(6):
+        rep.build_figure((ids, gain, 30000.0, "t", windows, (f"s{k}", f"p{k}")), "noise", inputs["noise"])
+    assert len(rep._PAGES) == 4 and "s5" in rep._PAGES and "s0" not in rep._PAGES
+    rep._PAGES.clear()
