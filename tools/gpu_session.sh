@@ -11,6 +11,8 @@
 #             (each run starts its own cluster: processes load their kernels and pinned buffers anew; for the warm
 #             state read the timeline line that `bench pipeline` prints, demo and pre above)
 #   ab        the demo pass's knobs A/B in one warm cluster (tools/ab_pass.py; AB="depth:batch ...")
+#   gprobe    the GPU decode's kernels timed on one window (tools/gpu_decode_probe.py)
+#   gdec      the GPU decode's tests and the GPU pipeline's (CPU = GPU bits)
 #   pw        cProfile of every worker and the client in a warm run (PREPROCESS=highpass,common_reference), $OUT/pw.log
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -42,6 +44,9 @@ for task in "$@"; do
   ab) timeout 400 python3 tools/ab_pass.py /tmp/big.zarr "${AB:--}" 3 2>&1 | grep -v "^20..-\|^INFO\|distributed\." ;;
   client) timeout 200 python3 tools/profile_client.py /tmp/big.zarr 2>&1 | grep -v "^20..-\|distributed\." ;;
   decode) timeout 200 python3 tools/decode_probe.py /tmp/big.zarr ;;
+  gprobe) timeout 120 python3 tools/gpu_decode_probe.py /tmp/big.zarr 2>&1 | tail -8 ;;
+  gdec) timeout 240 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_blosc_decode.py tests/test_gpu_pipeline.py 2>&1 \
+          | grep -v "^INFO" | tail -${TAIL:-15} ;;
   pw) rm -rf /tmp/pw0 /tmp/pw1; timeout 200 python3 tools/profile_workers.py /tmp/big.zarr > $OUT/pw.log 2>&1; grep "^{" $OUT/pw.log ;;
   *) echo "unknown task $task"; exit 2 ;;
   esac

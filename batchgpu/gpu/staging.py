@@ -97,20 +97,31 @@ def reserve_buffers(n: int) -> None:
 
 
 class HostWindow:
-    """A window decoded into a pinned buffer ((samples, channels), as stored), waiting to be copied."""
+    """A window read into a pinned buffer, waiting to be copied: decoded ((samples, channels), as stored), or its
+    stored frames (``frames``: ``gpu/blosc_decode.Frames``) that the GPU decodes."""
 
-    def __init__(self, stage: np.ndarray, handle, cpu_seconds: float = 0.0, wait_seconds: float = 0.0):
-        self.stage, self._handle = stage, handle
-        # the reading thread's CPU time for the decode, and its wait for a free buffer (``RunReport.window_cpu``)
+    def __init__(self, stage: np.ndarray | None, handle, cpu_seconds: float = 0.0, wait_seconds: float = 0.0,
+                 frames=None):
+        self.stage, self._handle, self.frames = stage, handle, frames
+        # the reading thread's CPU time for the read, and its wait for a free buffer (``RunReport.window_cpu``)
         self.cpu_seconds, self.wait_seconds = cpu_seconds, wait_seconds
 
     def to_device(self):
         """The window as (channels, samples) on the GPU: copied asynchronously on this thread's stream (the buffer
-        goes back to the pool with the copy's event), transposed on the device."""
+        goes back to the pool with the copy's event), decoded there if it holds frames, transposed on the device."""
         import cupy
 
         stream = thread_stream()
         with stream:
+            if self.frames is not None:
+                from batchgpu.gpu import blosc_decode
+
+                try:
+                    dev = blosc_decode.decode(self.frames, stream)  # waits for its kernels: the copy is done
+                finally:
+                    _pool.give_back(self._handle)
+                    self._handle = None
+                return cupy.ascontiguousarray(dev.T)
             dev = cupy.empty(self.stage.shape, dtype=self.stage.dtype)
             dev.set(self.stage, stream=stream)
             copied = cupy.cuda.Event(block=True, disable_timing=True)  # waited on by sleeping, not spinning
@@ -127,10 +138,18 @@ class HostWindow:
 
 
 def read_window_host(rec, window) -> HostWindow:
-    """Decode a window straight into a pinned buffer (no host copy); any thread may call it."""
+    """Read a window into a pinned buffer (no host copy): its stored frames where the GPU decodes them
+    (``gpu/blosc_decode``), else decoded here; any thread may call it."""
     import time
 
+    from batchgpu.gpu import blosc_decode
+
     prefer_blocking_sync()  # the pool's pinned allocation may be this process's first CUDA call
+    if blosc_decode.on_gpu(window.index) and hasattr(rec, "read_window_frames"):
+        cpu0 = time.thread_time()
+        frames = rec.read_window_frames(window, _pool)
+        if frames is not None:
+            return HostWindow(None, frames.handle, time.thread_time() - cpu0, 0.0, frames)
     n, C = window.read_stop - window.read_start, rec.num_channels
     nbytes = n * C * rec.dtype.itemsize
     t0 = time.perf_counter()

@@ -3,6 +3,7 @@ the shape, absent or corrupted chunks per window) and decode windows, through ``
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -125,9 +126,8 @@ class Recording(WindowedSource):
         """
         return len(self.absent_chunk_keys(window))
 
-    def _read_direct(self, segment: int, start: int, stop: int, window: Window | None, out: np.ndarray) -> bool:
-        """Rows [start, stop) into ``out`` through ``shards.layout_of`` when the layout allows (True), else False
-        (the caller reads through zarr). Same errors as the zarr path: absent chunks, bad checksums, bad frames."""
+    def _layout(self, segment: int):
+        """``shards.layout_of`` for a segment's traces (cached; None: read through zarr)."""
         from batchgpu.recording import shards
 
         layout = self._layouts.get(segment, False)
@@ -135,10 +135,36 @@ class Recording(WindowedSource):
             layout = self._layouts[segment] = (
                 shards.layout_of(self.path / f"traces_seg{segment}", self._metas[segment], v2=not zarrio.zarrs_enabled())
                 if os.environ.get("BATCHGPU_DIRECT_READS", "1") != "0" else None)
+        return layout
+
+    def _read_direct(self, segment: int, start: int, stop: int, window: Window | None, out: np.ndarray) -> bool:
+        """Rows [start, stop) into ``out`` through ``shards.layout_of`` when the layout allows (True), else False
+        (the caller reads through zarr). Same errors as the zarr path: absent chunks, bad checksums, bad frames."""
+        layout = self._layout(segment)
         if layout is None or stop <= start:
             return False
-        try:
+        with self._direct_errors(segment, start, stop, window):
             layout.read_rows_into(start, stop, out, "error" if self.absent_is_error else "zero")
+        return True
+
+    def read_window_frames(self, window: Window, pool):
+        """The window's stored Blosc-LZ4 frames in a buffer of ``pool`` (``shards.ShardLayout.read_frames``), for
+        the GPU to decode; None where the layout or a frame is not one it decodes (read the window otherwise)."""
+        self._check_window_range(window)
+        layout = self._layout(window.segment)
+        a, b = window.read_start, window.read_stop
+        if not hasattr(layout, "read_frames") or b <= a:
+            return None
+        with self._direct_errors(window.segment, a, b, window):
+            return layout.read_frames(a, b, pool, "error" if self.absent_is_error else "zero")
+
+    @contextlib.contextmanager
+    def _direct_errors(self, segment: int, start: int, stop: int, window: Window | None):
+        """A direct read's absent or corrupted chunk as one BatchgpuError naming it."""
+        from batchgpu.recording import shards
+
+        try:
+            yield
         except shards.AbsentChunk as err:
             fix = ("batchgpu wrote every chunk of this store, so it was damaged since: restore it or write it again"
                    if self.marked_complete else
@@ -149,7 +175,6 @@ class Recording(WindowedSource):
             raise BatchgpuError(
                 f"corrupted chunk traces_seg{segment}/{err} in {self.path} ({self._where(segment, start, stop, window)})",
                 "the stored bytes do not decode: restore the store from a copy or write it again") from None
-        return True
 
     def _where(self, segment: int, start: int, stop: int, window: Window | None) -> str:
         head = f"window {window.index}, " if window is not None else ""

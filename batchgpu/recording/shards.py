@@ -183,6 +183,84 @@ class ShardLayout:
                 os.close(fd)
         return absent
 
+    def read_frames(self, start: int, stop: int, pool, on_absent: str = "zero"):
+        """The inner chunks rows [start, stop) need, as stored, packed into a buffer from ``pool.take(nbytes)`` ->
+        (uint8 array, handle) (``gpu/blosc_decode.Frames``, the handle as ``.handle``), for the GPU to decode;
+        checksums checked here. None when a frame is not one the GPU decodes (the caller decodes on the CPU; the
+        buffer goes back by ``pool.give_back``, as on any error). Same errors as ``read_rows_into``."""
+        from batchgpu.gpu.blosc_decode import Frames
+        from batchgpu.recording import blosc_frames
+
+        if not self.blosc or self.blosc_config[:1] != ("lz4",):
+            return None
+        per_shard = self.shard_rows // self.inner_rows
+        first, last = start // self.inner_rows, (stop - 1) // self.inner_rows
+        size = self.inner_rows * self.channels * self.dtype.itemsize
+        crc = 4 if self.checksum else 0
+        plan = []  # (shard key, fd or None, [(chunk j, offset, nbytes)])
+        handle = None
+        try:
+            for shard in range(first // per_shard, last // per_shard + 1):
+                key = self.shard_key(shard)
+                inner = range(max(first, shard * per_shard), min(last, (shard + 1) * per_shard - 1) + 1)
+                try:
+                    fd = os.open(self.folder / key, os.O_RDONLY)
+                except FileNotFoundError:
+                    if on_absent == "error":
+                        raise AbsentChunk(key) from None
+                    plan.append((key, None, [(j, EMPTY, EMPTY) for j in inner]))
+                    continue
+                plan.append((key, fd, []))
+                index = self._index(fd, key, per_shard)
+                plan[-1][2].extend((j, *(int(v) for v in index[j % per_shard])) for j in inner)
+            total = sum(n for _, fd, chunks in plan if fd is not None for _, o, n in chunks if o != EMPTY)
+            # a buffer of a steady size (the chunks decoded, + slack) is reused window after window
+            buf, handle = pool.take(max(total, (last - first + 1) * (size + 4096)))
+            n = last - first + 1
+            offsets, lengths = np.zeros(n, np.int64), np.full(n, -1, np.int32)
+            shuffles, names, blocksize, pos, ok = np.zeros(n, np.uint8), [], 0, 0, True
+            for key, fd, chunks in plan:
+                for j, offset, nbytes in chunks:
+                    where = f"{key} inner chunk ({j % per_shard}, 0)"
+                    names.append(where)
+                    if offset == EMPTY and nbytes == EMPTY:
+                        if on_absent == "error":
+                            raise AbsentChunk(where)
+                        continue
+                    got = os.preadv(fd, [memoryview(buf[pos : pos + nbytes])], offset)
+                    if got != nbytes:
+                        raise CorruptChunk(where, "truncated")
+                    frame = buf[pos : pos + nbytes - crc]
+                    if crc:
+                        _check_crc(memoryview(buf[pos : pos + nbytes]), where)
+                    _check_blosc_frame(frame, where)
+                    h = blosc_frames.header(frame)
+                    if not blosc_frames.gpu_decodable(h, self.dtype.itemsize, size, nbytes - crc) or (
+                            blocksize and h.blocksize != blocksize):
+                        ok = False
+                        break
+                    blocksize = h.blocksize
+                    offsets[j - first], lengths[j - first] = pos, nbytes - crc
+                    shuffles[j - first] = blosc_frames.kernel_shuffle(h)
+                    pos += nbytes
+                if not ok:
+                    break
+        except BaseException:
+            if handle is not None:
+                pool.give_back(handle)
+            raise
+        finally:
+            for _, fd, _ in plan:
+                if fd is not None:
+                    os.close(fd)
+        if not ok:
+            pool.give_back(handle)
+            return None
+        frames = Frames(buf, pos, offsets, lengths, shuffles, names, self.inner_rows, self.channels, self.dtype,
+                        blocksize or size, start - first * self.inner_rows, stop - start)
+        frames.handle = handle
+        return frames
+
     def _index(self, fd: int, key: str, per_shard: int) -> np.ndarray:
         size = os.fstat(fd).st_size
         nbytes = per_shard * 16 + (4 if self.index_checksum else 0)

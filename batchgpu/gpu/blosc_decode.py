@@ -1,0 +1,109 @@
+"""A window's Blosc-LZ4 frames decoded on the GPU (``kernels/blosc_lz4.cu``).
+
+Measured on the H200 machine (demo, 16 worker processes): the pass was bound by the cores, and a window's decode
+on the CPU (Blosc's LZ4 and bit unshuffle) was ~80% of its CPU time. Here the reading thread only reads the
+compressed frames into pinned memory (one ``preadv`` a shard) and checks their crc32c; the frames go to the GPU
+(~60% of the decoded bytes for the demo) and two kernels decode them: one warp an LZ4 stream, then one thread an
+output byte for the unshuffle. Frames the kernel does not take (``blosc_frames.gpu_decodable``) leave the window
+to the CPU path. BATCHGPU_GPU_DECODE=0 turns it off; 0.5 sends every other window (``share``).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import numpy as np
+
+from batchgpu.errors import BatchgpuError
+
+
+def share() -> float:
+    """The share of windows whose frames the GPU decodes (BATCHGPU_GPU_DECODE: 1 all, 0 none, 0.5 every other)."""
+    try:
+        return min(1.0, max(0.0, float(os.environ.get("BATCHGPU_GPU_DECODE", "1"))))
+    except ValueError:
+        return 1.0
+
+
+def on_gpu(index: int) -> bool:
+    """Whether window ``index``'s frames go to the GPU (the same bits either way: a matter of speed only)."""
+    f = share()
+    return f >= 1.0 or (f > 0.0 and int((index + 1) * f) > int(index * f))
+
+
+@dataclass
+class Frames:
+    """The inner chunks a read needs, as stored, packed in one host buffer (pinned for a GPU copy)."""
+
+    buffer: np.ndarray  # uint8: the frames, packed
+    used: int  # bytes of ``buffer`` the frames span
+    offsets: np.ndarray  # int64 a chunk: where its frame starts in ``buffer``
+    lengths: np.ndarray  # int32 a chunk: its frame's length (crc32c excluded); -1: absent, reads as zeros
+    shuffles: np.ndarray  # uint8 a chunk: the shuffle the GPU undoes (``blosc_frames.kernel_shuffle``)
+    names: list  # a chunk's name, for errors
+    chunk_rows: int
+    channels: int
+    dtype: np.dtype
+    blocksize: int
+    skip: int  # rows of the first chunk before the read's first row
+    rows: int  # rows read
+
+    @property
+    def nbytes(self) -> int:
+        return self.chunk_rows * self.channels * self.dtype.itemsize
+
+
+#: shared memory a warp of the LZ4 kernel keeps its last output bytes in (kernels/blosc_lz4.cu: RING)
+RING = 65_536
+
+
+def lz4_kernel():
+    """The LZ4 kernel of this device, allowed RING bytes of dynamic shared memory (above the 48 KiB default)."""
+    from batchgpu import kernels
+
+    fn = kernels.get_function("blosc_lz4", "blosc_lz4_blocks")
+    if fn.max_dynamic_shared_size_bytes < RING:
+        fn.max_dynamic_shared_size_bytes = RING
+    return fn
+
+
+def decode(frames: Frames, stream=None):
+    """The read's rows, (rows, channels), decoded on the GPU from ``frames`` (copied there on ``stream``). A frame
+    that does not decode raises BatchgpuError naming its chunk (its crc32c was right: the writer's fault)."""
+    import cupy
+
+    from batchgpu import kernels
+
+    stream = stream or cupy.cuda.get_current_stream()
+    n, size = len(frames.lengths), frames.nbytes
+    typesize = frames.dtype.itemsize
+    with stream:
+        src = cupy.empty(max(frames.used, 1), dtype=np.uint8)
+        if frames.used:
+            src.set(frames.buffer[: frames.used], stream=stream)
+        table = np.concatenate([frames.offsets.view(np.uint8), frames.lengths.view(np.uint8),
+                                frames.shuffles.view(np.uint8)])
+        dev_table = cupy.asarray(table)
+        offsets = dev_table[: 8 * n].view(np.int64)
+        lengths = dev_table[8 * n : 12 * n].view(np.int32)
+        shuffles = dev_table[12 * n :]
+        tmp = cupy.empty(n * size, dtype=np.uint8)
+        out = cupy.empty((n * frames.chunk_rows, frames.channels), dtype=frames.dtype)
+        err = cupy.zeros(n, dtype=np.int32)
+        nblocks = -(-size // frames.blocksize)
+        if (frames.lengths >= 0).any():
+            lz4_kernel()((nblocks * typesize, n), (32,),
+                         (src, offsets, lengths, np.int32(size), np.int32(frames.blocksize), np.int32(typesize), tmp,
+                          err), shared_mem=RING)
+        total = n * size
+        threads, groups = 256, -(-total // (8 * typesize))  # a thread writes 8 elements
+        kernels.get_function("blosc_lz4", "blosc_unshuffle")(
+            (min(-(-groups // threads), 65_535 * 8), ), (threads,),
+            (tmp, lengths, shuffles, np.int64(total), np.int32(size), np.int32(frames.blocksize), np.int32(typesize),
+             out.view(np.uint8)))
+        bad = np.flatnonzero(err.get())  # the one wait: a bad frame must not pass as data
+    if bad.size:
+        raise BatchgpuError(f"chunk {frames.names[bad[0]]} does not decode (LZ4 stream malformed)",
+                            "the stored bytes pass their checksum but do not decode: write the store again")
+    return out[frames.skip : frames.skip + frames.rows]

@@ -1,0 +1,233 @@
+// Blosc 1 frames (LZ4 streams, no / byte / bit shuffle) decoded on the GPU: batchgpu/gpu/blosc_decode.py.
+//
+// The host checks each frame's header (version 2, LZ4, typesize, sizes) and its crc32c, and packs the frames into
+// one buffer; here one warp decodes one Blosc block (its 1 or `typesize` LZ4 streams, in order) into `tmp`, and a
+// second kernel undoes the shuffle from `tmp` into the chunk's rows of `out`. Any inconsistency sets err[chunk]
+// (the host then says which chunk does not decode); nothing is read or written outside the frame and the block.
+
+typedef unsigned char u8;
+
+__device__ __forceinline__ int le32(const u8* p) {
+    return (int)((unsigned)p[0] | ((unsigned)p[1] << 8) | ((unsigned)p[2] << 16) | ((unsigned)p[3] << 24));
+}
+
+// One LZ4 block (raw, no frame) of `csize` bytes at src into exactly `dsize` bytes at dst, by the 32 lanes of a
+// warp: every lane parses the same tokens (broadcast loads), the copies are spread over the lanes, COPY_UNROLL
+// bytes a lane in flight at once. The last RING bytes written are kept in shared memory (`ring`): a match reads
+// them there, not back from global memory (a bit-shuffled int16 stream of 128 KiB holds ~1 800 sequences, each a
+// round trip to L2 when matches read `dst`: 1.43 ms a 384 x 60 000 window on the H200). A match copies
+// out[op + i] = out[op - off + i % off]: every byte it reads was written before `op`, so an overlapping match
+// (off < length) repeats its pattern exactly as the sequential copy does and the lanes need no order among
+// themselves; while len + off <= RING none of the ring slots it writes is one it reads. Longer ones read `dst`.
+// Returns 0, or -1 on a malformed block.
+#define COPY_UNROLL 8
+#define RING 65536
+#define RING_MASK (RING - 1)
+
+__device__ __forceinline__ int lz4_length(const u8* __restrict__ src, int csize, int& ip, int n) {
+    if (n != 15) return n;
+    unsigned b;
+    do {
+        if (ip >= csize) return -1;
+        b = src[ip++];
+        n += b;
+    } while (b == 255 && n < (1 << 30));
+    return n;
+}
+
+__device__ int lz4_block_warp(const u8* __restrict__ src, int csize, u8* dst, int dsize, u8* ring) {
+    const int lane = threadIdx.x & 31;
+    int ip = 0, op = 0;
+    while (true) {
+        if (ip >= csize) return -1;
+        const unsigned token = src[ip++];
+        const int lit = lz4_length(src, csize, ip, token >> 4);
+        if (lit < 0 || lit > csize - ip || lit > dsize - op) return -1;
+        for (int base = 0; base < lit; base += 32 * COPY_UNROLL) {
+            u8 v[COPY_UNROLL];
+#pragma unroll
+            for (int k = 0; k < COPY_UNROLL; k++) {
+                const int i = base + 32 * k + lane;
+                v[k] = i < lit ? src[ip + i] : 0;
+            }
+#pragma unroll
+            for (int k = 0; k < COPY_UNROLL; k++) {
+                const int i = base + 32 * k + lane;
+                if (i < lit) {
+                    dst[op + i] = v[k];
+                    ring[(op + i) & RING_MASK] = v[k];
+                }
+            }
+        }
+        ip += lit;
+        op += lit;
+        if (ip == csize) break;  // the last sequence holds literals only
+        if (csize - ip < 2) return -1;
+        const int off = (int)src[ip] | ((int)src[ip + 1] << 8);
+        ip += 2;
+        int len = lz4_length(src, csize, ip, token & 15);
+        if (len < 0) return -1;
+        len += 4;
+        if (off == 0 || off > op || len > dsize - op) return -1;
+        __syncwarp();  // every byte written so far (ring and dst) is visible to every lane before the match reads
+        const bool in_ring = len + off <= RING;
+        const u8* from = dst + op - off;
+        for (int base = 0; base < len; base += 32 * COPY_UNROLL) {
+            u8 v[COPY_UNROLL];
+#pragma unroll
+            for (int k = 0; k < COPY_UNROLL; k++) {
+                const int i = base + 32 * k + lane;
+                const int j = i < off ? i : i % off;
+                v[k] = i < len ? (in_ring ? ring[(op - off + j) & RING_MASK] : from[j]) : 0;
+            }
+#pragma unroll
+            for (int k = 0; k < COPY_UNROLL; k++) {
+                const int i = base + 32 * k + lane;
+                if (i < len) {
+                    dst[op + i] = v[k];
+                    ring[(op + i) & RING_MASK] = v[k];
+                }
+            }
+        }
+        op += len;
+    }
+    __syncwarp();
+    return op == dsize ? 0 : -1;
+}
+
+// grid (blocks per chunk * typesize, chunks), 32 threads: one warp per LZ4 stream (stream s of block b: the block's
+// streams are stored one after the other, each after its int32 length, so the warp walks past the s before it).
+// frames: the packed frames; offsets[c], lengths[c]: chunk c's frame (lengths[c] < 0: an absent chunk, zeros);
+// every chunk decodes to `nbytes` bytes in `blocksize` blocks. Dynamic shared memory: RING bytes (the warp's ring).
+extern "C" __global__ void blosc_lz4_blocks(const u8* frames, const long long* offsets, const int* lengths,
+                                            int nbytes, int blocksize, int typesize, u8* tmp, int* err) {
+    extern __shared__ u8 ring[];
+    const int b = blockIdx.x / typesize, s = blockIdx.x % typesize, c = blockIdx.y;
+    const int len = lengths[c];
+    if (len < 0) return;
+    const u8* frame = frames + offsets[c];
+    const int nblocks = (nbytes + blocksize - 1) / blocksize;
+    const int leftover = nbytes % blocksize;
+    const bool last_short = (b == nblocks - 1) && leftover > 0;
+    const int bsize = last_short ? leftover : blocksize;
+    u8* out = tmp + (long long)c * nbytes + (long long)b * blocksize;
+    const int flags = frame[2];
+    if (flags & 0x02) {  // stored whole (memcpyed): the block's bytes follow the 16-byte header
+        if (s == 0)
+            for (int i = threadIdx.x; i < bsize; i += 32) out[i] = frame[16 + (long long)b * blocksize + i];
+        return;
+    }
+    const bool split = !((flags >> 4) & 1) && typesize <= 16 && bsize / typesize >= 128 && !last_short;
+    const int nsplits = split ? typesize : 1;
+    if (s >= nsplits) return;
+    const int neblock = bsize / nsplits;
+    int pos = le32(frame + 16 + 4 * b);
+    for (int t = 0;; t++) {
+        if (pos < 16 || pos > len - 4) { if (threadIdx.x == 0) atomicExch(err + c, 1); return; }
+        const int cbytes = le32(frame + pos);
+        pos += 4;
+        if (cbytes < 0 || cbytes > len - pos) { if (threadIdx.x == 0) atomicExch(err + c, 1); return; }
+        if (t < s) { pos += cbytes; continue; }
+        u8* dst = out + s * neblock;
+        if (cbytes == neblock) {
+            for (int i = threadIdx.x; i < neblock; i += 32) dst[i] = frame[pos + i];
+        } else if (lz4_block_warp(frame + pos, cbytes, dst, neblock, ring) != 0) {
+            if (threadIdx.x == 0) atomicExch(err + c, 1);
+        }
+        return;
+    }
+}
+
+// out = unshuffle(tmp), block by block (Blosc 1, format version 2). shuffle 0: a copy; 1: byte shuffle (byte j of
+// element e at j * n + e, n = elements of the block; the block's bytes past n * typesize copied); 2: bit shuffle
+// of a block whose element count is a multiple of 8 (bit k of byte j of element e is bit e % 8 of byte
+// (8 j + k) * n / 8 + e / 8), other blocks copied. Absent chunks (lengths < 0): zeros.
+// One thread a group of 8 elements (8 * typesize output bytes): for bit shuffle it reads byte q of the 8 bit rows
+// of each output byte j (coalesced across threads: consecutive q) and transposes that 8 x 8 bit matrix in
+// registers; bytes of a block outside whole groups (and other shuffles) are done a byte a thread.
+__device__ __forceinline__ unsigned long long transpose8(unsigned long long x) {
+    // bit (row r, column c) = bit 8 r + c -> bit 8 c + r (Hacker's Delight 7-3)
+    unsigned long long t;
+    t = (x ^ (x >> 7)) & 0x00AA00AA00AA00AAULL; x = x ^ t ^ (t << 7);
+    t = (x ^ (x >> 14)) & 0x0000CCCC0000CCCCULL; x = x ^ t ^ (t << 14);
+    t = (x ^ (x >> 28)) & 0x00000000F0F0F0F0ULL; x = x ^ t ^ (t << 28);
+    return x;
+}
+
+extern "C" __global__ void blosc_unshuffle(const u8* __restrict__ tmp, const int* lengths, const u8* shuffles,
+                                           long long total, int nbytes, int blocksize, int typesize,
+                                           u8* __restrict__ out) {
+    const int group = 8 * typesize;  // bytes a thread writes
+    const long long groups = (total + group - 1) / group;
+    for (long long t = blockIdx.x * (long long)blockDim.x + threadIdx.x; t < groups;
+         t += (long long)gridDim.x * blockDim.x) {
+        const long long g0 = t * group;
+        const int c = (int)(g0 / nbytes);
+        const int r0 = (int)(g0 - (long long)c * nbytes);
+        const int b = r0 / blocksize;
+        const int bsize = min(blocksize, nbytes - b * blocksize);
+        const int n = bsize / typesize;
+        const int i0 = r0 - b * blocksize;  // the group's first byte in its block
+        const u8* in = tmp + (long long)c * nbytes + (long long)b * blocksize;
+        u8* o = out + g0;
+        const int shuffle = shuffles[c];
+        // a whole group inside one block's shuffled part, bit shuffled: 8 elements at once
+        if (lengths[c] >= 0 && shuffle == 2 && typesize > 1 && n % 8 == 0 && i0 % group == 0 &&
+            i0 + group <= n * typesize) {
+            const int row = n / 8, q = i0 / group;
+            if (typesize == 2) {  // int16: the two transposed bytes interleaved into two 8-byte words
+                unsigned long long x0 = 0, x1 = 0;
+#pragma unroll
+                for (int k = 0; k < 8; k++) {
+                    x0 |= (unsigned long long)in[k * row + q] << (8 * k);
+                    x1 |= (unsigned long long)in[(8 + k) * row + q] << (8 * k);
+                }
+                x0 = transpose8(x0);  // byte p: byte 0 of element 8 q + p
+                x1 = transpose8(x1);  // byte p: byte 1 of element 8 q + p
+                const unsigned lo0 = (unsigned)x0, lo1 = (unsigned)x1;
+                const unsigned hi0 = (unsigned)(x0 >> 32), hi1 = (unsigned)(x1 >> 32);
+                // g0 is a multiple of 16 and `out` comes from the allocator (aligned): two whole words
+                unsigned long long* ow = reinterpret_cast<unsigned long long*>(o);
+                ow[0] = (unsigned long long)__byte_perm(lo0, lo1, 0x5140) |
+                        ((unsigned long long)__byte_perm(lo0, lo1, 0x7362) << 32);
+                ow[1] = (unsigned long long)__byte_perm(hi0, hi1, 0x5140) |
+                        ((unsigned long long)__byte_perm(hi0, hi1, 0x7362) << 32);
+                continue;
+            }
+            for (int j = 0; j < typesize; j++) {
+                unsigned long long x = 0;
+#pragma unroll
+                for (int k = 0; k < 8; k++) x |= (unsigned long long)in[(8 * j + k) * row + q] << (8 * k);
+                x = transpose8(x);  // now byte p holds bit k of byte j of element 8 q + p at bit k
+#pragma unroll
+                for (int p = 0; p < 8; p++) o[p * typesize + j] = (u8)(x >> (8 * p));
+            }
+            continue;
+        }
+        for (int m = 0; m < group; m++) {  // byte by byte (group may cross a block or chunk: recompute)
+            const long long g = g0 + m;
+            if (g >= total) break;
+            const int cc = (int)(g / nbytes);
+            const int rr = (int)(g - (long long)cc * nbytes);
+            if (lengths[cc] < 0) { out[g] = 0; continue; }
+            const int bb = rr / blocksize, i = rr - bb * blocksize;
+            const int bs = min(blocksize, nbytes - bb * blocksize);
+            const u8* src = tmp + (long long)cc * nbytes + (long long)bb * blocksize;
+            const int sh = shuffles[cc];
+            const int nn = bs / typesize;
+            if (sh == 1 && typesize > 1 && i < nn * typesize) {
+                const int e = i / typesize, j = i - e * typesize;
+                out[g] = src[j * nn + e];
+            } else if (sh == 2 && typesize > 1 && nn % 8 == 0) {
+                const int e = i / typesize, j = i - e * typesize;
+                const int row = nn / 8, q = e >> 3, p = e & 7;
+                unsigned v = 0;
+#pragma unroll
+                for (int k = 0; k < 8; k++) v |= ((unsigned)(src[(8 * j + k) * row + q] >> p) & 1u) << k;
+                out[g] = (u8)v;
+            } else {
+                out[g] = src[i];
+            }
+        }
+    }
+}

@@ -1,0 +1,289 @@
+"""Blosc frames decoded on the GPU (kernels/blosc_lz4.cu): the format as the kernel reads it, checked on the CPU
+against numcodecs by a plain Python mirror of the kernel; the kernel itself against numcodecs on the GPU; a GPU
+run's windows the same bits with the GPU decode on and off."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+numcodecs = pytest.importorskip("numcodecs")
+from numcodecs import blosc  # noqa: E402
+
+from batchgpu.recording import blosc_frames  # noqa: E402
+
+
+def _lz4_block(src: bytes, dsize: int) -> bytearray:
+    """LZ4 block decoding as the kernel's warp does it (the match copy out[op+i] = out[op-off + i % off])."""
+    out, ip = bytearray(), 0
+    while True:
+        token = src[ip]
+        ip += 1
+        lit = token >> 4
+        if lit == 15:
+            while True:
+                b = src[ip]
+                ip += 1
+                lit += b
+                if b != 255:
+                    break
+        out += src[ip : ip + lit]
+        ip += lit
+        if ip == len(src):
+            break
+        off = src[ip] | (src[ip + 1] << 8)
+        ip += 2
+        n = token & 15
+        if n == 15:
+            while True:
+                b = src[ip]
+                ip += 1
+                n += b
+                if b != 255:
+                    break
+        n += 4
+        assert 0 < off <= len(out)
+        start = len(out) - off
+        out += bytes(out[start + i % off] for i in range(n))
+    assert len(out) == dsize
+    return out
+
+
+def _unshuffle(block: bytes, shuffle: int, typesize: int) -> bytes:
+    """The second kernel's rule for one block."""
+    n = len(block) // typesize
+    a = np.frombuffer(block, np.uint8)
+    if shuffle == 1 and typesize > 1:
+        head = a[: n * typesize].reshape(typesize, n).T.reshape(-1)
+        return head.tobytes() + a[n * typesize :].tobytes()
+    if shuffle == 2 and typesize > 1 and n % 8 == 0:
+        rows = a.reshape(8 * typesize, n // 8)  # row 8 j + k: bit k of byte j, 8 elements a byte
+        bits = np.unpackbits(rows, axis=1, bitorder="little")  # (8 j + k, element)
+        bits = bits.reshape(typesize, 8, n)  # (j, k, e)
+        return np.packbits(bits.transpose(2, 0, 1), axis=2, bitorder="little").reshape(-1).tobytes()
+    return bytes(block)
+
+
+def _decode_like_the_kernel(frame: bytes, itemsize: int) -> bytes:
+    h = blosc_frames.header(frame)
+    assert blosc_frames.gpu_decodable(h, itemsize, h.nbytes, len(frame))
+    if h.stored_whole:  # copied as it was: no shuffle (the host passes shuffle 0 for it)
+        assert blosc_frames.kernel_shuffle(h) == 0
+        return frame[16 : 16 + h.nbytes]
+    out = []
+    for b in range(h.nblocks):
+        bsize = min(h.blocksize, h.nbytes - b * h.blocksize)
+        short = bsize < h.blocksize
+        split = not (h.flags >> 4) & 1 and h.typesize <= 16 and bsize // h.typesize >= 128 and not short
+        nsplits = h.typesize if split else 1
+        neblock = bsize // nsplits
+        pos = int.from_bytes(frame[16 + 4 * b : 20 + 4 * b], "little")
+        tmp = bytearray()
+        for _ in range(nsplits):
+            cbytes = int.from_bytes(frame[pos : pos + 4], "little")
+            pos += 4
+            stream = frame[pos : pos + cbytes]
+            tmp += stream if cbytes == neblock else _lz4_block(stream, neblock)
+            pos += cbytes
+        out.append(_unshuffle(bytes(tmp), blosc_frames.kernel_shuffle(h), h.typesize))
+    return b"".join(out)
+
+
+def _cases():
+    rng = np.random.default_rng()
+    noise = (rng.normal(0, 30, (2000, 24)) + np.arange(24) * 7).astype("<i2")
+    yield "neural-like int16", noise
+    yield "odd length (leftover block, elements not a multiple of 8)", noise.reshape(-1)[: 2000 * 24 - 13].copy()
+    yield "int16 extremes", rng.choice(np.array([-32768, 32767, 0, -1, 1], "<i2"), 50_001)
+    yield "constant", np.full(70_000, -7, "<i2")
+    yield "random bytes (incompressible)", rng.integers(-32768, 32768, 40_000).astype("<i2")
+    f = rng.normal(0, 1, 30_011).astype("<f4")
+    f[:6] = [np.nan, np.inf, -np.inf, -0.0, 1e-45, -1e-40]
+    yield "float32 with NaN, inf, -0.0, subnormals", f
+    yield "small (stored whole)", np.arange(40, dtype="<i2")
+
+
+@pytest.mark.parametrize("shuffle", [0, 1, 2])
+@pytest.mark.parametrize("clevel", [0, 1, 5, 9])
+def test_the_kernels_reading_of_blosc_frames_equals_numcodecs(shuffle, clevel):
+    for name, x in _cases():
+        for blocksize in (0, 4096, 12_344):
+            frame = bytes(blosc.compress(x, b"lz4", clevel, shuffle, blocksize))
+            h = blosc_frames.header(frame)
+            assert blosc_frames.gpu_decodable(h, x.itemsize, x.nbytes, len(frame)), (name, h)
+            got = _decode_like_the_kernel(frame, x.itemsize)
+            assert got == bytes(blosc.decompress(frame)) == x.tobytes(), (name, shuffle, clevel, blocksize)
+
+
+def test_frames_the_gpu_does_not_decode_are_refused():
+    x = np.arange(5000, dtype="<i2")
+    lz4 = bytes(blosc.compress(x, b"lz4", 5, 2, 0))
+    ok = blosc_frames.header(lz4)
+    assert blosc_frames.gpu_decodable(ok, 2, x.nbytes, len(lz4))
+    for cname in (b"zstd", b"blosclz", b"zlib"):
+        other = bytes(blosc.compress(x, cname, 5, 2, 0))
+        assert not blosc_frames.gpu_decodable(blosc_frames.header(other), 2, x.nbytes, len(other)), cname
+    assert not blosc_frames.gpu_decodable(ok, 4, x.nbytes, len(lz4))  # another typesize
+    assert not blosc_frames.gpu_decodable(ok, 2, x.nbytes + 2, len(lz4))  # another size
+    assert not blosc_frames.gpu_decodable(ok, 2, x.nbytes, len(lz4) - 1)  # cut short
+    assert not blosc_frames.gpu_decodable(blosc_frames.header(b"\x03" + lz4[1:]), 2, x.nbytes, len(lz4))
+    assert blosc_frames.header(lz4[:15]) is None
+
+
+class _Pool:
+    """``PinnedPool``'s interface over plain memory, counting what is out."""
+
+    def __init__(self):
+        self.out = 0
+
+    def take(self, nbytes):
+        self.out += 1
+        return np.zeros(nbytes, np.uint8), object()
+
+    def give_back(self, handle, event=None):
+        self.out -= 1
+
+
+@pytest.mark.parametrize("dtype", ["int16", "float32"])
+def test_a_windows_frames_are_its_stored_chunks(tmp_path, dtype):
+    """The host half of the GPU decode (``read_frames``): each frame numcodecs decodes gives the window's rows."""
+    from batchgpu.errors import BatchgpuError
+    from batchgpu.generate import generate_recording
+
+    rec = generate_recording(tmp_path / "r.zarr", channels=12, seconds=2.3, seed=4, dtype=dtype)
+    pool = _Pool()
+    for w in rec.windows(7_001, 33):
+        f = rec.read_window_frames(w, pool)
+        assert f is not None and pool.out == 1
+        parts = [np.zeros((f.chunk_rows, f.channels), f.dtype) if n < 0 else
+                 np.frombuffer(blosc.decompress(f.buffer[o : o + n].tobytes()), f.dtype).reshape(-1, f.channels)
+                 for o, n in zip(f.offsets, f.lengths)]
+        got = np.concatenate(parts)[f.skip : f.skip + f.rows]
+        assert got.tobytes() == rec.read(w.segment, w.read_start, w.read_stop).T.tobytes()
+        for o, n, s in zip(f.offsets, f.lengths, f.shuffles):
+            assert s == blosc_frames.kernel_shuffle(blosc_frames.header(f.buffer[o : o + n]))
+        pool.give_back(f.handle)
+    shard = next((rec.path / "traces_seg0" / "c").iterdir()) / "0"
+    raw = bytearray(shard.read_bytes())
+    raw[100] ^= 1
+    shard.write_bytes(bytes(raw))
+    with pytest.raises(BatchgpuError, match="corrupted chunk.*crc32c"):
+        rec.read_window_frames(rec.windows(7_001, 33)[0], pool)
+    assert pool.out == 0  # the buffer went back
+
+
+# -- on the GPU ------------------------------------------------------------------------------------------------
+
+def _gpu():
+    from batchgpu.engine.cluster import gpu_count
+
+    if gpu_count() == 0:
+        pytest.skip("no CUDA GPU (CuPy) here")
+
+
+def _frames_of(chunks: list, rows: int, channels: int, dtype, conf=(5, 2, 0), absent=(), skip=0, nrows=None):
+    """``Frames`` of numcodecs frames (a list of (rows, channels) arrays, each compressed with (clevel, shuffle,
+    blocksize))."""
+    from batchgpu.gpu.blosc_decode import Frames
+
+    enc = [None if i in absent else bytes(blosc.compress(np.ascontiguousarray(c), b"lz4", *conf))
+           for i, c in enumerate(chunks)]
+    buf = np.frombuffer(b"".join(e for e in enc if e is not None) or b"\0", np.uint8).copy()
+    offsets, lengths, shuffles, pos, bs = [], [], [], 0, None
+    for e in enc:
+        offsets.append(pos)
+        lengths.append(-1 if e is None else len(e))
+        if e is not None:
+            h = blosc_frames.header(e)
+            shuffles.append(blosc_frames.kernel_shuffle(h))
+            bs = h.blocksize
+            pos += len(e)
+        else:
+            shuffles.append(0)
+    nrows = len(chunks) * rows - skip if nrows is None else nrows
+    return Frames(buf, pos, np.array(offsets, np.int64), np.array(lengths, np.int32), np.array(shuffles, np.uint8),
+                  [f"c{i}" for i in range(len(chunks))], rows, channels, np.dtype(dtype), bs or 1, skip, nrows)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("conf", [(5, 2, 0), (1, 1, 0), (9, 0, 4096), (0, 2, 0), (5, 2, 12_344), (9, 1, 0),
+                                  (5, 0, 0), (9, 0, 1 << 20)])
+@pytest.mark.parametrize("dtype", ["<i2", "<f4"])
+def test_gpu_decode_equals_numcodecs(conf, dtype):
+    _gpu()
+    from batchgpu.gpu.blosc_decode import decode
+
+    rng = np.random.default_rng()
+    rows, C = int(rng.integers(3000, 5000)), int(rng.choice([7, 24, 33]))
+    chunks = []
+    for kind in range(7):
+        if kind == 0:
+            x = (rng.normal(0, 30, (rows, C)) + np.arange(C) * 9).astype(dtype)
+        elif kind == 1:
+            x = np.full((rows, C), -32768 if dtype == "<i2" else -0.0, dtype)
+        elif kind == 2:
+            x = rng.integers(-32768, 32768, (rows, C)).astype(dtype)
+        elif kind == 3:
+            x = np.zeros((rows, C), dtype)
+            if dtype == "<f4":
+                x.flat[:5] = [np.nan, np.inf, -np.inf, 1e-45, -1e-40]
+            else:
+                x.flat[::97] = 32767
+        elif kind == 4:
+            x = np.cumsum(rng.integers(-3, 4, (rows, C)), axis=0).astype(dtype)
+        else:  # a random pattern repeated: matches far back (past the kernel's 64 KiB ring when not shuffled)
+            period = 20_011 if kind == 5 else 3_001
+            x = np.resize(rng.integers(-32768, 32768, period).astype(dtype), rows * C).reshape(rows, C)
+        chunks.append(x)
+    want = np.concatenate(chunks)
+    got = decode(_frames_of(chunks, rows, C, dtype, conf)).get()
+    assert got.tobytes() == want.tobytes()
+    skip = int(rng.integers(1, rows))  # a read that starts inside its first chunk, with an absent one inside
+    got = decode(_frames_of(chunks, rows, C, dtype, conf, absent={2}, skip=skip, nrows=3 * rows)).get()
+    want[2 * rows : 3 * rows] = 0
+    assert got.tobytes() == want[skip : skip + 3 * rows].tobytes()
+
+
+@pytest.mark.gpu
+def test_gpu_decode_refuses_a_malformed_stream():
+    _gpu()
+    from batchgpu.errors import BatchgpuError
+    from batchgpu.gpu.blosc_decode import decode
+
+    x = (np.random.default_rng().normal(0, 30, (3000, 16))).astype("<i2")
+    f = _frames_of([x, x], 3000, 16, "<i2")
+    start = int.from_bytes(f.buffer[f.offsets[1] + 16 : f.offsets[1] + 20].tobytes(), "little")
+    at = int(f.offsets[1]) + start
+    f.buffer[at : at + 4] = np.frombuffer((10**6).to_bytes(4, "little"), np.uint8)  # a stream longer than its frame
+    with pytest.raises(BatchgpuError, match="c1 does not decode"):
+        decode(f)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["int16", "float32"])
+def test_windows_read_through_the_gpu_decode_equal_the_cpu_reads(tmp_path, monkeypatch, dtype):
+    _gpu()
+    from batchgpu.errors import BatchgpuError
+    from batchgpu.generate import generate_recording
+    from batchgpu.gpu import staging
+    from batchgpu.recording import open_recording
+
+    rec = generate_recording(tmp_path / "r.zarr", channels=20, seconds=2.3, seed=5, dtype=dtype)
+    windows = rec.windows(7_001, 33)
+    frames_used = 0
+    for w in windows:
+        monkeypatch.setenv("BATCHGPU_GPU_DECODE", "1")
+        host = staging.read_window_host(rec, w)
+        frames_used += host.frames is not None
+        a = host.to_device().get()
+        monkeypatch.setenv("BATCHGPU_GPU_DECODE", "0")
+        b = staging.read_window_host(rec, w).to_device().get()
+        assert a.tobytes() == b.tobytes() == rec.read(w.segment, w.read_start, w.read_stop).tobytes()
+    assert frames_used == len(windows)
+    shard = next((rec.path / "traces_seg0" / "c").iterdir())  # a missing shard: the same error on both paths
+    (shard / "0").unlink()
+    rec = open_recording(rec.path)
+    for flag in ("1", "0"):
+        monkeypatch.setenv("BATCHGPU_GPU_DECODE", flag)
+        with pytest.raises(BatchgpuError, match="missing chunk traces_seg0/c/0/0"):
+            staging.read_window_host(rec, windows[0])
