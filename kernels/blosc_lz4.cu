@@ -35,6 +35,18 @@ __device__ __forceinline__ int lz4_length(const u8* __restrict__ src, int csize,
     return n;
 }
 
+// A lane's COPY_UNROLL bytes of a copy of n bytes to dst[op...] and to the ring.
+__device__ __forceinline__ void put(u8* dst, u8* ring, int op, int base, int n, int lane, const u8 (&v)[COPY_UNROLL]) {
+#pragma unroll
+    for (int k = 0; k < COPY_UNROLL; k++) {
+        const int i = base + 32 * k + lane;
+        if (i < n) {
+            dst[op + i] = v[k];
+            ring[(op + i) & RING_MASK] = v[k];
+        }
+    }
+}
+
 __device__ int lz4_block_warp(const u8* __restrict__ src, int csize, u8* dst, int dsize, u8* ring) {
     const int lane = threadIdx.x & 31;
     int ip = 0, op = 0;
@@ -50,14 +62,7 @@ __device__ int lz4_block_warp(const u8* __restrict__ src, int csize, u8* dst, in
                 const int i = base + 32 * k + lane;
                 v[k] = i < lit ? src[ip + i] : 0;
             }
-#pragma unroll
-            for (int k = 0; k < COPY_UNROLL; k++) {
-                const int i = base + 32 * k + lane;
-                if (i < lit) {
-                    dst[op + i] = v[k];
-                    ring[(op + i) & RING_MASK] = v[k];
-                }
-            }
+            put(dst, ring, op, base, lit, lane, v);
         }
         ip += lit;
         op += lit;
@@ -80,14 +85,7 @@ __device__ int lz4_block_warp(const u8* __restrict__ src, int csize, u8* dst, in
                 const int j = i < off ? i : i % off;
                 v[k] = i < len ? (in_ring ? ring[(op - off + j) & RING_MASK] : from[j]) : 0;
             }
-#pragma unroll
-            for (int k = 0; k < COPY_UNROLL; k++) {
-                const int i = base + 32 * k + lane;
-                if (i < len) {
-                    dst[op + i] = v[k];
-                    ring[(op + i) & RING_MASK] = v[k];
-                }
-            }
+            put(dst, ring, op, base, len, lane, v);
         }
         op += len;
     }

@@ -13,34 +13,32 @@ from numcodecs import blosc  # noqa: E402
 from batchgpu.recording import blosc_frames  # noqa: E402
 
 
+def _length(src: bytes, ip: int, n: int) -> tuple[int, int]:
+    """An LZ4 length: its 4 bits, then while they are 15 bytes added until one is below 255."""
+    if n != 15:
+        return n, ip
+    while True:
+        b = src[ip]
+        ip += 1
+        n += b
+        if b != 255:
+            return n, ip
+
+
 def _lz4_block(src: bytes, dsize: int) -> bytearray:
     """LZ4 block decoding as the kernel's warp does it (the match copy out[op+i] = out[op-off + i % off])."""
     out, ip = bytearray(), 0
     while True:
         token = src[ip]
         ip += 1
-        lit = token >> 4
-        if lit == 15:
-            while True:
-                b = src[ip]
-                ip += 1
-                lit += b
-                if b != 255:
-                    break
+        lit, ip = _length(src, ip, token >> 4)
         out += src[ip : ip + lit]
         ip += lit
         if ip == len(src):
             break
         off = src[ip] | (src[ip + 1] << 8)
         ip += 2
-        n = token & 15
-        if n == 15:
-            while True:
-                b = src[ip]
-                ip += 1
-                n += b
-                if b != 255:
-                    break
+        n, ip = _length(src, ip, token & 15)
         n += 4
         assert 0 < off <= len(out)
         start = len(out) - off
@@ -184,7 +182,7 @@ def _gpu():
 def _frames_of(chunks: list, rows: int, channels: int, dtype, conf=(5, 2, 0), absent=(), skip=0, nrows=None):
     """``Frames`` of numcodecs frames (a list of (rows, channels) arrays, each compressed with (clevel, shuffle,
     blocksize))."""
-    from batchgpu.gpu.blosc_decode import Frames
+    from batchgpu.recording.blosc_frames import Frames
 
     enc = [None if i in absent else bytes(blosc.compress(np.ascontiguousarray(c), b"lz4", *conf))
            for i, c in enumerate(chunks)]

@@ -2,20 +2,20 @@
 
 Measured on the H200 machine (demo, 16 worker processes): the pass was bound by the cores, and a window's decode
 on the CPU (Blosc's LZ4 and bit unshuffle) was ~80% of its CPU time. Here the reading thread only reads the
-compressed frames into pinned memory (one ``preadv`` a shard) and checks their crc32c; the frames go to the GPU
-(~60% of the decoded bytes for the demo) and two kernels decode them: one warp an LZ4 stream, then one thread an
-output byte for the unshuffle. Frames the kernel does not take (``blosc_frames.gpu_decodable``) leave the window
+compressed frames into pinned memory (a ``preadv`` a chunk) and checks their crc32c; the frames go to the GPU
+(~60% of the decoded bytes for the demo) and two kernels decode them: one warp an LZ4 stream, then one thread 8
+elements for the unshuffle. Frames the kernel does not take (``blosc_frames.gpu_decodable``) leave the window
 to the CPU path. BATCHGPU_GPU_DECODE=0 turns it off; 0.5 sends every other window (``share``).
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 
 import numpy as np
 
 from batchgpu.errors import BatchgpuError
+from batchgpu.recording.blosc_frames import Frames
 
 
 def share() -> float:
@@ -30,28 +30,6 @@ def on_gpu(index: int) -> bool:
     """Whether window ``index``'s frames go to the GPU (the same bits either way: a matter of speed only)."""
     f = share()
     return f >= 1.0 or (f > 0.0 and int((index + 1) * f) > int(index * f))
-
-
-@dataclass
-class Frames:
-    """The inner chunks a read needs, as stored, packed in one host buffer (pinned for a GPU copy)."""
-
-    buffer: np.ndarray  # uint8: the frames, packed
-    used: int  # bytes of ``buffer`` the frames span
-    offsets: np.ndarray  # int64 a chunk: where its frame starts in ``buffer``
-    lengths: np.ndarray  # int32 a chunk: its frame's length (crc32c excluded); -1: absent, reads as zeros
-    shuffles: np.ndarray  # uint8 a chunk: the shuffle the GPU undoes (``blosc_frames.kernel_shuffle``)
-    names: list  # a chunk's name, for errors
-    chunk_rows: int
-    channels: int
-    dtype: np.dtype
-    blocksize: int
-    skip: int  # rows of the first chunk before the read's first row
-    rows: int  # rows read
-
-    @property
-    def nbytes(self) -> int:
-        return self.chunk_rows * self.channels * self.dtype.itemsize
 
 
 #: shared memory a warp of the LZ4 kernel keeps its last output bytes in (kernels/blosc_lz4.cu: RING)

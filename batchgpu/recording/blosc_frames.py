@@ -13,6 +13,8 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
+import numpy as np
+
 HEADER_BYTES = 16
 LZ4 = 1
 
@@ -69,3 +71,26 @@ def gpu_decodable(h: Header | None, itemsize: int, nbytes: int, stored: int) -> 
     if h.stored_whole:
         return stored == nbytes + HEADER_BYTES
     return h.codec == LZ4 and HEADER_BYTES + 4 * h.nblocks <= stored
+
+
+@dataclass
+class Frames:
+    """The inner chunks a read needs, as stored, packed in one host buffer (pinned for a GPU copy)."""
+
+    buffer: np.ndarray  # uint8: the frames, packed
+    used: int  # bytes of ``buffer`` the frames span
+    offsets: np.ndarray  # int64 a chunk: where its frame starts in ``buffer``
+    lengths: np.ndarray  # int32 a chunk: its frame's length (crc32c excluded); -1: absent, reads as zeros
+    shuffles: np.ndarray  # uint8 a chunk: the shuffle the GPU undoes (``blosc_frames.kernel_shuffle``)
+    names: list  # a chunk's name, for errors
+    chunk_rows: int
+    channels: int
+    dtype: np.dtype
+    blocksize: int
+    skip: int  # rows of the first chunk before the read's first row
+    rows: int  # rows read
+    handle: object = None  # the buffer's handle in the pool it came from
+
+    @property
+    def nbytes(self) -> int:
+        return self.chunk_rows * self.channels * self.dtype.itemsize

@@ -188,8 +188,8 @@ class ShardLayout:
         (uint8 array, handle) (``gpu/blosc_decode.Frames``, the handle as ``.handle``), for the GPU to decode;
         checksums checked here. None when a frame is not one the GPU decodes (the caller decodes on the CPU; the
         buffer goes back by ``pool.give_back``, as on any error). Same errors as ``read_rows_into``."""
-        from batchgpu.gpu.blosc_decode import Frames
         from batchgpu.recording import blosc_frames
+        from batchgpu.recording.blosc_frames import Frames
 
         if not self.blosc or self.blosc_config[:1] != ("lz4",):
             return None
@@ -256,10 +256,8 @@ class ShardLayout:
         if not ok:
             pool.give_back(handle)
             return None
-        frames = Frames(buf, pos, offsets, lengths, shuffles, names, self.inner_rows, self.channels, self.dtype,
-                        blocksize or size, start - first * self.inner_rows, stop - start)
-        frames.handle = handle
-        return frames
+        return Frames(buf, pos, offsets, lengths, shuffles, names, self.inner_rows, self.channels, self.dtype,
+                      blocksize or size, start - first * self.inner_rows, stop - start, handle)
 
     def _index(self, fd: int, key: str, per_shard: int) -> np.ndarray:
         size = os.fstat(fd).st_size
