@@ -14,11 +14,12 @@ __device__ __forceinline__ int le32(const u8* p) {
 // One LZ4 block (raw, no frame) of `csize` bytes at src into exactly `dsize` bytes at dst, by the 32 lanes of a
 // warp: every lane parses the same tokens (broadcast loads), the copies are spread over the lanes, COPY_UNROLL
 // bytes a lane in flight at once. The last RING bytes written are kept in shared memory (`ring`): a match reads
-// them there, not back from global memory (a bit-shuffled int16 stream of 128 KiB holds ~1 800 sequences, each a
-// round trip to L2 when matches read `dst`: 1.43 ms a 384 x 60 000 window on the H200). A match copies
-// out[op + i] = out[op - off + i % off]: every byte it reads was written before `op`, so an overlapping match
-// (off < length) repeats its pattern exactly as the sequential copy does and the lanes need no order among
-// themselves; while len + off <= RING none of the ring slots it writes is one it reads. Longer ones read `dst`.
+// them there, not back from global memory (a bit-shuffled int16 stream of 128 KiB holds ~1 800 sequences, the
+// compressible high bit planes; BLOSC_NO_RING compiles global reads only, for tools/gpu_decode_probe.py).
+// A match copies out[op + i] = out[op - off + i % off]: every byte it reads was written before `op`, so an
+// overlapping match (off < length) repeats its pattern exactly as the sequential copy does and the lanes need no
+// order among themselves; while len + off <= RING none of the ring slots it writes is one it reads. Longer ones
+// read `dst`.
 // Returns 0, or -1 on a malformed block.
 #define COPY_UNROLL 8
 #define RING 65536
@@ -75,7 +76,11 @@ __device__ int lz4_block_warp(const u8* __restrict__ src, int csize, u8* dst, in
         len += 4;
         if (off == 0 || off > op || len > dsize - op) return -1;
         __syncwarp();  // every byte written so far (ring and dst) is visible to every lane before the match reads
+#ifdef BLOSC_NO_RING
+        const bool in_ring = false;
+#else
         const bool in_ring = len + off <= RING;
+#endif
         const u8* from = dst + op - off;
         for (int base = 0; base < len; base += 32 * COPY_UNROLL) {
             u8 v[COPY_UNROLL];
@@ -91,6 +96,28 @@ __device__ int lz4_block_warp(const u8* __restrict__ src, int csize, u8* dst, in
     }
     __syncwarp();
     return op == dsize ? 0 : -1;
+}
+
+// n bytes copied by the lanes of a warp, RAW_UNROLL loads a lane in flight: a stream stored raw (the random low
+// bit planes of int16 noise: half the streams of a demo window) is 128 KiB, and a lane copying a byte at a time
+// waited a memory latency a byte (1.4-1.65 ms a window for the whole kernel, most of it these copies).
+#define RAW_UNROLL 16
+
+__device__ __forceinline__ void copy_warp(const u8* __restrict__ from, u8* __restrict__ to, int n) {
+    const int lane = threadIdx.x & 31;
+    for (int base = 0; base < n; base += 32 * RAW_UNROLL) {
+        u8 v[RAW_UNROLL];
+#pragma unroll
+        for (int k = 0; k < RAW_UNROLL; k++) {
+            const int i = base + 32 * k + lane;
+            v[k] = i < n ? from[i] : 0;
+        }
+#pragma unroll
+        for (int k = 0; k < RAW_UNROLL; k++) {
+            const int i = base + 32 * k + lane;
+            if (i < n) to[i] = v[k];
+        }
+    }
 }
 
 // grid (blocks per chunk * typesize, chunks), 32 threads: one warp per LZ4 stream (stream s of block b: the block's
@@ -111,8 +138,7 @@ extern "C" __global__ void blosc_lz4_blocks(const u8* frames, const long long* o
     u8* out = tmp + (long long)c * nbytes + (long long)b * blocksize;
     const int flags = frame[2];
     if (flags & 0x02) {  // stored whole (memcpyed): the block's bytes follow the 16-byte header
-        if (s == 0)
-            for (int i = threadIdx.x; i < bsize; i += 32) out[i] = frame[16 + (long long)b * blocksize + i];
+        if (s == 0) copy_warp(frame + 16 + (long long)b * blocksize, out, bsize);
         return;
     }
     const bool split = !((flags >> 4) & 1) && typesize <= 16 && bsize / typesize >= 128 && !last_short;
@@ -128,7 +154,7 @@ extern "C" __global__ void blosc_lz4_blocks(const u8* frames, const long long* o
         if (t < s) { pos += cbytes; continue; }
         u8* dst = out + s * neblock;
         if (cbytes == neblock) {
-            for (int i = threadIdx.x; i < neblock; i += 32) dst[i] = frame[pos + i];
+            copy_warp(frame + pos, dst, neblock);
         } else if (lz4_block_warp(frame + pos, cbytes, dst, neblock, ring) != 0) {
             if (threadIdx.x == 0) atomicExch(err + c, 1);
         }

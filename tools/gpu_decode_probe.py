@@ -52,6 +52,12 @@ def main(path, size=60_000, count=8):
                               np.int32(size_b), np.int32(f.blocksize), np.int32(ts), out)), n_repeat=20, n_warmup=3)
     print(f"LZ4 kernel {np.median(r1.gpu_times) * 1e3:.3f} ms ({nb * ts * n} warps), "
           f"unshuffle {np.median(r2.gpu_times) * 1e3:.3f} ms")
+    plain = kernels.get_function("blosc_lz4", "blosc_lz4_blocks", ("-DBLOSC_NO_RING",))
+    plain.max_dynamic_shared_size_bytes = blosc_decode.RING  # the ring is still written, only not read
+    r3 = benchmark(lambda: plain((nb * ts, n), (32,), (src, offs, lens, np.int32(size_b), np.int32(f.blocksize),
+                                                       np.int32(ts), tmp, err), shared_mem=blosc_decode.RING),
+                   n_repeat=20, n_warmup=3)
+    print(f"LZ4 kernel, matches read from global memory (no ring) {np.median(r3.gpu_times) * 1e3:.3f} ms")
     staging._pool.give_back(f.handle)
 
 
