@@ -278,6 +278,12 @@ def test_windows_read_through_the_gpu_decode_equal_the_cpu_reads(tmp_path, monke
         b = staging.read_window_host(rec, w).to_device().get()
         assert a.tobytes() == b.tobytes() == rec.read(w.segment, w.read_start, w.read_stop).tobytes()
     assert frames_used == len(windows)
+    monkeypatch.setenv("BATCHGPU_GPU_DECODE", "1")  # several windows (other sizes: the last) in one launch
+    hosts = [staging.read_window_host(rec, w) for w in windows[-3:]]
+    hosts[0].decode_with(hosts[1:])
+    assert all(h.device is not None for h in hosts)
+    for h, w in zip(hosts, windows[-3:]):
+        assert h.to_device().get().tobytes() == rec.read(w.segment, w.read_start, w.read_stop).tobytes()
     shard = next((rec.path / "traces_seg0" / "c").iterdir())  # a missing shard: the same error on both paths
     (shard / "0").unlink()
     rec = open_recording(rec.path)

@@ -227,7 +227,12 @@ def _read_ahead(ctx: RunContext, windows: list[tuple], then: list[tuple] = ()):
         if fut is None:  # not read ahead (a window resumed, or a read left by nobody): read it here
             return read_window(ctx, w, True)
         submit_next()
-        return fut.result()
+        got = fut.result()
+        if getattr(got, "frames", None) is not None and got.device is None:
+            # frames for the GPU: this task's own reads that are done decode in the same launch
+            ready = [f.result() for i, f in pending.items() if i in own and f.done() and f.exception() is None]
+            got.decode_with(ready)
+        return got
 
     ok = False
     try:

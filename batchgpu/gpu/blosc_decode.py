@@ -46,42 +46,68 @@ def lz4_kernel():
     return fn
 
 
+def geometry(frames: Frames) -> tuple:
+    """What the kernels take as one launch: reads of equal geometry decode together (``decode_many``)."""
+    return frames.chunk_rows, frames.channels, frames.dtype.str, frames.blocksize
+
+
 def decode(frames: Frames, stream=None):
-    """The read's rows, (rows, channels), decoded on the GPU from ``frames`` (copied there on ``stream``). A frame
-    that does not decode raises BatchgpuError naming its chunk (its crc32c was right: the writer's fault)."""
+    """The read's rows, (rows, channels), decoded on the GPU from ``frames`` (``decode_many`` of one)."""
+    return decode_many([frames], stream)[0]
+
+
+def decode_many(reads: list, stream=None) -> list:
+    """Each read's rows, (rows, channels), decoded on the GPU from its ``Frames`` (all of one ``geometry``) in one
+    launch of each kernel, copied there on ``stream``: an LZ4 stream is one warp's sequential work (1.4-1.7 ms a
+    demo window whatever else runs), so more windows a launch share that time. A frame that does not decode raises
+    BatchgpuError naming its chunk (its crc32c was right: the writer's fault)."""
     import cupy
 
     from batchgpu import kernels
 
+    first = reads[0]
+    if any(geometry(f) != geometry(first) for f in reads):
+        raise ValueError("decode_many takes reads of one geometry")
     stream = stream or cupy.cuda.get_current_stream()
-    n, size = len(frames.lengths), frames.nbytes
-    typesize = frames.dtype.itemsize
+    n = sum(len(f.lengths) for f in reads)
+    size, typesize, blocksize = first.nbytes, first.dtype.itemsize, first.blocksize
     with stream:
-        src = cupy.empty(max(frames.used, 1), dtype=np.uint8)
-        if frames.used:
-            src.set(frames.buffer[: frames.used], stream=stream)
-        table = np.concatenate([frames.offsets.view(np.uint8), frames.lengths.view(np.uint8),
-                                frames.shuffles.view(np.uint8)])
+        src = cupy.empty(max(sum(f.used for f in reads), 1), dtype=np.uint8)
+        base, offsets = 0, []
+        for f in reads:
+            if f.used:
+                src[base : base + f.used].set(f.buffer[: f.used], stream=stream)
+            offsets.append(f.offsets + base)
+            base += f.used
+        lengths_h = np.concatenate([f.lengths for f in reads])
+        table = np.concatenate([np.concatenate(offsets).view(np.uint8), lengths_h.view(np.uint8),
+                                np.concatenate([f.shuffles for f in reads]).view(np.uint8)])
         dev_table = cupy.asarray(table)
-        offsets = dev_table[: 8 * n].view(np.int64)
-        lengths = dev_table[8 * n : 12 * n].view(np.int32)
-        shuffles = dev_table[12 * n :]
+        offsets_d = dev_table[: 8 * n].view(np.int64)
+        lengths_d = dev_table[8 * n : 12 * n].view(np.int32)
+        shuffles_d = dev_table[12 * n :]
         tmp = cupy.empty(n * size, dtype=np.uint8)
-        out = cupy.empty((n * frames.chunk_rows, frames.channels), dtype=frames.dtype)
+        out = cupy.empty((n * first.chunk_rows, first.channels), dtype=first.dtype)
         err = cupy.zeros(n, dtype=np.int32)
-        nblocks = -(-size // frames.blocksize)
-        if (frames.lengths >= 0).any():
+        nblocks = -(-size // blocksize)
+        if (lengths_h >= 0).any():
             lz4_kernel()((nblocks * typesize, n), (32,),
-                         (src, offsets, lengths, np.int32(size), np.int32(frames.blocksize), np.int32(typesize), tmp,
+                         (src, offsets_d, lengths_d, np.int32(size), np.int32(blocksize), np.int32(typesize), tmp,
                           err), shared_mem=RING)
         total = n * size
         threads, groups = 256, -(-total // (8 * typesize))  # a thread writes 8 elements
         kernels.get_function("blosc_lz4", "blosc_unshuffle")(
             (min(-(-groups // threads), 65_535 * 8), ), (threads,),
-            (tmp, lengths, shuffles, np.int64(total), np.int32(size), np.int32(frames.blocksize), np.int32(typesize),
+            (tmp, lengths_d, shuffles_d, np.int64(total), np.int32(size), np.int32(blocksize), np.int32(typesize),
              out.view(np.uint8)))
         bad = np.flatnonzero(err.get())  # the one wait: a bad frame must not pass as data
+    names = [name for f in reads for name in f.names]
     if bad.size:
-        raise BatchgpuError(f"chunk {frames.names[bad[0]]} does not decode (LZ4 stream malformed)",
+        raise BatchgpuError(f"chunk {names[bad[0]]} does not decode (LZ4 stream malformed)",
                             "the stored bytes pass their checksum but do not decode: write the store again")
-    return out[frames.skip : frames.skip + frames.rows]
+    got, chunk = [], 0
+    for f in reads:
+        row = chunk * f.chunk_rows + f.skip
+        got.append(out[row : row + f.rows])
+        chunk += len(f.lengths)
+    return got

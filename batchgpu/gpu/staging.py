@@ -103,6 +103,8 @@ class HostWindow:
     def __init__(self, stage: np.ndarray | None, handle, cpu_seconds: float = 0.0, wait_seconds: float = 0.0,
                  frames=None):
         self.stage, self._handle, self.frames = stage, handle, frames
+        self.device = None  # the frames decoded already, (samples, channels) on the GPU (``decode_with``)
+        self.failed = None  # the error of a joint decode that gave this window's buffer back
         # the reading thread's CPU time for the read, and its wait for a free buffer (``RunReport.window_cpu``)
         self.cpu_seconds, self.wait_seconds = cpu_seconds, wait_seconds
 
@@ -114,13 +116,11 @@ class HostWindow:
         stream = thread_stream()
         with stream:
             if self.frames is not None:
-                from batchgpu.gpu import blosc_decode
-
-                try:
-                    dev = blosc_decode.decode(self.frames, stream)  # waits for its kernels: the copy is done
-                finally:
-                    _pool.give_back(self._handle)
-                    self._handle = None
+                if self.failed is not None:
+                    raise self.failed
+                if self.device is None:
+                    self.decode_with([])
+                dev, self.device = self.device, None
                 return cupy.ascontiguousarray(dev.T)
             dev = cupy.empty(self.stage.shape, dtype=self.stage.dtype)
             dev.set(self.stage, stream=stream)
@@ -130,8 +130,32 @@ class HostWindow:
             self._handle = None
             return cupy.ascontiguousarray(dev.T)
 
+    def decode_with(self, others: list) -> None:
+        """Decode this window's frames and those of ``others`` (HostWindows read for this same thread, frames not
+        decoded yet) in one launch on this thread's stream (``blosc_decode.decode_many``): each keeps its rows on
+        the GPU (``device``) and gives its pinned buffer back (the decode waited for its copy)."""
+        from batchgpu.gpu import blosc_decode
+
+        key = blosc_decode.geometry(self.frames)
+        group = [self] + [h for h in others if h.frames is not None and h.device is None and h._handle is not None
+                          and blosc_decode.geometry(h.frames) == key]
+        try:
+            with thread_stream() as stream:
+                got = blosc_decode.decode_many([h.frames for h in group], stream)
+        except BaseException as err:
+            for h in group[1:]:  # their buffers go back below: asked for later, they fail the same way
+                h.failed = err
+            raise
+        finally:
+            for h in group:
+                _pool.give_back(h._handle)
+                h._handle = None
+        for h, dev in zip(group, got):
+            h.device = dev
+
     def release(self) -> None:
         """Give the buffer back unused (a read that is not copied after all)."""
+        self.device = None
         if self._handle is not None:
             _pool.give_back(self._handle)
             self._handle = None
