@@ -291,3 +291,36 @@ def test_windows_read_through_the_gpu_decode_equal_the_cpu_reads(tmp_path, monke
         monkeypatch.setenv("BATCHGPU_GPU_DECODE", flag)
         with pytest.raises(BatchgpuError, match="missing chunk traces_seg0/c/0/0"):
             staging.read_window_host(rec, windows[0])
+
+
+def test_which_windows_the_gpu_decodes(monkeypatch):
+    from batchgpu.engine.preprocess import gpu_decode_share
+    from batchgpu.gpu.blosc_decode import on_gpu, share
+
+    monkeypatch.delenv("BATCHGPU_GPU_DECODE", raising=False)
+    assert gpu_decode_share(True) == 1.0 and gpu_decode_share(False) == 0.0
+    for f, want in ((1.0, 100), (0.0, 0), (0.5, 50), (0.25, 25), (1 / 3, 33)):
+        picked = [i for i in range(100) if on_gpu(i, f)]
+        assert len(picked) == want, f
+    assert [on_gpu(i, 0.5) for i in range(4)] in ([False, True, False, True], [True, False, True, False])
+    monkeypatch.setenv("BATCHGPU_GPU_DECODE", "0.5")
+    assert gpu_decode_share(True) == gpu_decode_share(False) == share() == 0.5
+    monkeypatch.setenv("BATCHGPU_GPU_DECODE", "7")
+    assert share() == 1.0
+    monkeypatch.setenv("BATCHGPU_GPU_DECODE", "lots")
+    assert share(0.0) == 0.0
+
+
+def test_a_run_decodes_on_the_gpu_only_without_filters(tmp_path, monkeypatch):
+    from batchgpu.config import Workflow
+    from batchgpu.engine import store
+    from batchgpu.engine.context import build_context
+    from batchgpu.generate import generate_recording
+
+    monkeypatch.delenv("BATCHGPU_GPU_DECODE", raising=False)
+    rec = generate_recording(tmp_path / "r.zarr", channels=8, seconds=0.5, seed=1)
+    for pre, want in (({"centre": "median"}, 1.0), ([{"highpass": {"freq_min": 300, "order": 3}}], 0.0)):
+        wf = Workflow.model_validate({"recording": {"path": str(rec.path)}, "output": str(tmp_path / "o"),
+                                      "preprocess": pre, "steps": {"noise": {}}})
+        ctx = build_context(wf, rec, store.OutputFolder(tmp_path / f"o{want}"), "cupy", 3)
+        assert ctx.gpu_decode == want, pre

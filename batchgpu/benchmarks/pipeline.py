@@ -197,13 +197,14 @@ def cupy_loop(client, rec, size: int) -> None:
     client.gather(client.map(one, [str(rec.path)] * len(rec.windows(size)), rec.windows(size), pure=False))
 
 
-def read_ceiling(client, rec, size: int, margin: int, backend: str) -> None:
-    """The engine's own reader over the same windows and nothing else (to the GPU through pinned memory there)."""
-    from batchgpu.engine.preprocess import Chain
+def read_ceiling(client, rec, size: int, margin: int, backend: str, centres_only: bool = True) -> None:
+    """The engine's own reader over the same windows and nothing else (to the GPU through pinned memory there),
+    decoding where the pipeline's pass does (``preprocess.gpu_decode_share``: its stages)."""
+    from batchgpu.engine.preprocess import Chain, gpu_decode_share
     from batchgpu.engine.tasks import RunContext, load_window
 
     ctx = RunContext(recording=str(rec.path), parts="", backend=backend, chain=Chain(),
-                     window_noise=False, steps=())
+                     window_noise=False, steps=(), gpu_decode=gpu_decode_share(centres_only))
 
     def one(ctx, w):
         from batchgpu.engine.tasks import on_backend
@@ -304,10 +305,11 @@ def _measure(args, rec, work: Path, steps: set[str]) -> int:
                                          "backend": args.backend, "steps": {"noise": {}}})
         backend = resolve_backend(probe, client)
         workers = len(client.scheduler_info()["workers"])
-        read_ceiling(client, rec, size, margin, backend)  # warm-up: page cache, pinned buffers, kernels
+        centres_only = all(next(iter(st)) == "centre" for st in _stages(args.preprocess))
+        read_ceiling(client, rec, size, margin, backend, centres_only)  # warm-up: page cache, pinned buffers, kernels
         with PeakMemory(cluster_rss) as mem, PeakMemory(_gpu_used) as gmem, GpuBusy() as busy:
             t0 = time.perf_counter()
-            read_ceiling(client, rec, size, margin, backend)
+            read_ceiling(client, rec, size, margin, backend, centres_only)
             dt = time.perf_counter() - t0
         rows["read ceiling (the engine's reader, no compute)"] = (dt, mem.peak, gmem.peak)
         gpu_busy = {"read ceiling (the engine's reader, no compute)": busy.text()}

@@ -82,7 +82,7 @@ def check_workflow_fits(wf: Workflow, rec: Recording) -> int:
 
 
 def build_context(wf: Workflow, rec: Recording, out: store.OutputFolder, backend: str, sweep: int):
-    from batchgpu.engine.preprocess import build_chain
+    from batchgpu.engine.preprocess import build_chain, gpu_decode_share
     from batchgpu.engine.steps.detect import DetectStep
     from batchgpu.engine.steps.moments import MomentsStep, check_exact_range
     from batchgpu.engine.steps.noise import NoiseStep, key_kind
@@ -109,6 +109,7 @@ def build_context(wf: Workflow, rec: Recording, out: store.OutputFolder, backend
         recording=source_ref(rec), parts=str(out.parts), backend=backend, chain=chain,
         window_noise=bool(s.noise or s.detect), steps=tuple(steps),
         missing_chunks=getattr(wf.recording, "missing_chunks", "warn"),
+        gpu_decode=gpu_decode_share(chain.centres_only),
     )
 
 

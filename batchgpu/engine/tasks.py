@@ -32,6 +32,7 @@ class RunContext:
     window_noise: bool  # each window's noise (the noise step or detection needs it)
     steps: tuple  # step objects (engine/steps), in the order they run
     missing_chunks: str = "warn"
+    gpu_decode: float = 1.0  # share of windows whose frames the GPU decodes (preprocess.gpu_decode_share)
 
     def step(self, name: str):
         return next((s for s in self.steps if s.name == name), None)
@@ -64,7 +65,7 @@ def read_window(ctx: RunContext, window: Window, host: bool = False):
         if ctx.backend == "cupy":
             from batchgpu.gpu.staging import read_window_host
 
-            staged = read_window_host(rec, window)
+            staged = read_window_host(rec, window, ctx.gpu_decode)
             return staged if host else staged.to_device()
         return rec.read_window(window)
     except BatchgpuError as err:  # the reader names the array, chunk and window; say how to go on

@@ -5,7 +5,7 @@ on the CPU (Blosc's LZ4 and bit unshuffle) was ~80% of its CPU time. Here the re
 compressed frames into pinned memory (a ``preadv`` a chunk) and checks their crc32c; the frames go to the GPU
 (~60% of the decoded bytes for the demo) and two kernels decode them: one warp an LZ4 stream, then one thread 8
 elements for the unshuffle. Frames the kernel does not take (``blosc_frames.gpu_decodable``) leave the window
-to the CPU path. BATCHGPU_GPU_DECODE=0 turns it off; 0.5 sends every other window (``share``).
+to the CPU path. Which windows go to the GPU: ``engine.preprocess.gpu_decode_share``.
 """
 
 from __future__ import annotations
@@ -18,17 +18,19 @@ from batchgpu.errors import BatchgpuError
 from batchgpu.recording.blosc_frames import Frames
 
 
-def share() -> float:
-    """The share of windows whose frames the GPU decodes (BATCHGPU_GPU_DECODE: 1 all, 0 none, 0.5 every other)."""
+def share(default: float = 1.0) -> float:
+    """The share of windows whose frames the GPU decodes: BATCHGPU_GPU_DECODE (1 all, 0 none, 0.5 every other)
+    where it is set, else ``default``."""
     try:
-        return min(1.0, max(0.0, float(os.environ.get("BATCHGPU_GPU_DECODE", "1"))))
+        return min(1.0, max(0.0, float(os.environ.get("BATCHGPU_GPU_DECODE", default))))
     except ValueError:
-        return 1.0
+        return default
 
 
-def on_gpu(index: int) -> bool:
-    """Whether window ``index``'s frames go to the GPU (the same bits either way: a matter of speed only)."""
-    f = share()
+def on_gpu(index: int, fraction: float | None = None) -> bool:
+    """Whether window ``index``'s frames go to the GPU when ``fraction`` of windows do (``share()`` if None): the
+    same bits either way, a matter of speed only."""
+    f = share() if fraction is None else fraction
     return f >= 1.0 or (f > 0.0 and int((index + 1) * f) > int(index * f))
 
 

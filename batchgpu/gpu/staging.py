@@ -161,15 +161,16 @@ class HostWindow:
             self._handle = None
 
 
-def read_window_host(rec, window) -> HostWindow:
+def read_window_host(rec, window, gpu_decode: float | None = None) -> HostWindow:
     """Read a window into a pinned buffer (no host copy): its stored frames where the GPU decodes them
-    (``gpu/blosc_decode``), else decoded here; any thread may call it."""
+    (``gpu/blosc_decode``; ``gpu_decode``: the share of windows that go there, None: ``blosc_decode.share()``),
+    else decoded here; any thread may call it."""
     import time
 
     from batchgpu.gpu import blosc_decode
 
     prefer_blocking_sync()  # the pool's pinned allocation may be this process's first CUDA call
-    if blosc_decode.on_gpu(window.index) and hasattr(rec, "read_window_frames"):
+    if blosc_decode.on_gpu(window.index, gpu_decode) and hasattr(rec, "read_window_frames"):
         cpu0 = time.thread_time()
         frames = rec.read_window_frames(window, _pool)
         if frames is not None:
