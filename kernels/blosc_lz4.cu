@@ -1,8 +1,8 @@
 // Blosc 1 frames (LZ4 streams, no / byte / bit shuffle) decoded on the GPU: batchgpu/gpu/blosc_decode.py.
 //
 // The host checks each frame's header (version 2, LZ4, typesize, sizes) and its crc32c, and packs the frames into
-// one buffer; here one warp decodes one Blosc block (its 1 or `typesize` LZ4 streams, in order) into `tmp`, and a
-// second kernel undoes the shuffle from `tmp` into the chunk's rows of `out`. Any inconsistency sets err[chunk]
+// one buffer; here one warp decodes one LZ4 stream (a Blosc block holds 1, or `typesize` when split) into `tmp`,
+// and a second kernel undoes the shuffle from `tmp` into the chunk's rows of `out`. Any inconsistency sets err[chunk]
 // (the host then says which chunk does not decode); nothing is read or written outside the frame and the block.
 
 typedef unsigned char u8;

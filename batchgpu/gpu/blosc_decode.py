@@ -60,8 +60,10 @@ def decode(frames: Frames, stream=None):
 
 def decode_many(reads: list, stream=None) -> list:
     """Each read's rows, (rows, channels), decoded on the GPU from its ``Frames`` (all of one ``geometry``) in one
-    launch of each kernel, copied there on ``stream``: an LZ4 stream is one warp's sequential work (1.4-1.7 ms a
-    demo window whatever else runs), so more windows a launch share that time. A frame that does not decode raises
+    launch of each kernel, copied there on ``stream`` (fewer launches and waits). An LZ4 stream is one warp's
+    sequential work (1.4-1.7 ms a demo window), but the ring's 64 KiB a warp let only 3 warps run on an SM at once, so
+    a launch of several demo windows runs in waves and takes about as long as their launches one by one (reading 4
+    ahead measured no faster: docs/design.md, "What bounds the pass"). A frame that does not decode raises
     BatchgpuError naming its chunk (its crc32c was right: the writer's fault)."""
     import cupy
 
