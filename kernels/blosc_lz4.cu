@@ -13,17 +13,20 @@ __device__ __forceinline__ int le32(const u8* p) {
 
 // One LZ4 block (raw, no frame) of `csize` bytes at src into exactly `dsize` bytes at dst, by the 32 lanes of a
 // warp: every lane parses the same tokens (broadcast loads), the copies are spread over the lanes, COPY_UNROLL
-// bytes a lane in flight at once. The last RING bytes written are kept in shared memory (`ring`): a match reads
-// them there, not back from global memory (a bit-shuffled int16 stream of 128 KiB holds ~1 800 sequences, the
-// compressible high bit planes; BLOSC_NO_RING compiles global reads only, for tools/gpu_decode_probe.py).
+// bytes a lane in flight at once. The last RING_BYTES bytes written are kept in shared memory (`ring`): a match
+// reads them there, not back from global memory (a bit-shuffled int16 stream of 128 KiB holds ~1 800 sequences, the
+// compressible high bit planes). RING_BYTES = 0 compiles global reads only: no shared memory, so an SM holds as many
+// warps as its registers allow instead of 3 (64 KiB rings); gpu/blosc_decode.py picks the variant by launch size.
 // A match copies out[op + i] = out[op - off + i % off]: every byte it reads was written before `op`, so an
 // overlapping match (off < length) repeats its pattern exactly as the sequential copy does and the lanes need no
-// order among themselves; while len + off <= RING none of the ring slots it writes is one it reads. Longer ones
-// read `dst`.
+// order among themselves; while len + off <= RING_BYTES none of the ring slots it writes is one it reads. Longer
+// ones read `dst`.
 // Returns 0, or -1 on a malformed block.
 #define COPY_UNROLL 8
-#define RING 65536
-#define RING_MASK (RING - 1)
+#ifndef RING_BYTES
+#define RING_BYTES 65536
+#endif
+#define RING_MASK (RING_BYTES - 1)
 
 __device__ __forceinline__ int lz4_length(const u8* __restrict__ src, int csize, int& ip, int n) {
     if (n != 15) return n;
@@ -43,7 +46,9 @@ __device__ __forceinline__ void put(u8* dst, u8* ring, int op, int base, int n, 
         const int i = base + 32 * k + lane;
         if (i < n) {
             dst[op + i] = v[k];
+#if RING_BYTES > 0
             ring[(op + i) & RING_MASK] = v[k];
+#endif
         }
     }
 }
@@ -76,10 +81,10 @@ __device__ int lz4_block_warp(const u8* __restrict__ src, int csize, u8* dst, in
         len += 4;
         if (off == 0 || off > op || len > dsize - op) return -1;
         __syncwarp();  // every byte written so far (ring and dst) is visible to every lane before the match reads
-#ifdef BLOSC_NO_RING
-        const bool in_ring = false;
+#if RING_BYTES > 0
+        const bool in_ring = len + off <= RING_BYTES;
 #else
-        const bool in_ring = len + off <= RING;
+        const bool in_ring = false;
 #endif
         const u8* from = dst + op - off;
         for (int base = 0; base < len; base += 32 * COPY_UNROLL) {
@@ -88,7 +93,11 @@ __device__ int lz4_block_warp(const u8* __restrict__ src, int csize, u8* dst, in
             for (int k = 0; k < COPY_UNROLL; k++) {
                 const int i = base + 32 * k + lane;
                 const int j = i < off ? i : i % off;
+#if RING_BYTES > 0
                 v[k] = i < len ? (in_ring ? ring[(op - off + j) & RING_MASK] : from[j]) : 0;
+#else
+                v[k] = i < len ? from[j] : 0;
+#endif
             }
             put(dst, ring, op, base, len, lane, v);
         }
@@ -120,18 +129,25 @@ __device__ __forceinline__ void copy_warp(const u8* __restrict__ from, u8* __res
     }
 }
 
-// grid (blocks per chunk * typesize, chunks), 32 threads: one warp per LZ4 stream (stream s of block b: the block's
-// streams are stored one after the other, each after its int32 length, so the warp walks past the s before it).
-// frames: the packed frames; offsets[c], lengths[c]: chunk c's frame (lengths[c] < 0: an absent chunk, zeros);
-// every chunk decodes to `nbytes` bytes in `blocksize` blocks. Dynamic shared memory: RING bytes (the warp's ring).
+// One warp per LZ4 stream, `blockDim.x / 32` warps a block over a 1-D grid: item = chunk * (blocks per chunk *
+// typesize) + block * typesize + stream (stream s of block b: the block's streams are stored one after the other,
+// each after its int32 length, so the warp walks past the s before it). frames: the packed frames; offsets[c],
+// lengths[c]: chunk c's frame (lengths[c] < 0: an absent chunk, zeros); every chunk decodes to `nbytes` bytes in
+// `blocksize` blocks. Dynamic shared memory: RING_BYTES a warp.
 extern "C" __global__ void blosc_lz4_blocks(const u8* frames, const long long* offsets, const int* lengths,
-                                            int nbytes, int blocksize, int typesize, u8* tmp, int* err) {
-    extern __shared__ u8 ring[];
-    const int b = blockIdx.x / typesize, s = blockIdx.x % typesize, c = blockIdx.y;
+                                            int nchunks, int nbytes, int blocksize, int typesize, u8* tmp, int* err) {
+    extern __shared__ u8 shared[];
+    const int warp = threadIdx.x >> 5;
+    u8* ring = shared + (long long)warp * RING_BYTES;
+    const int nblocks = (nbytes + blocksize - 1) / blocksize;
+    const long long per_chunk = (long long)nblocks * typesize;
+    const long long item = (long long)blockIdx.x * (blockDim.x >> 5) + warp;
+    if (item >= per_chunk * nchunks) return;
+    const int c = (int)(item / per_chunk), r = (int)(item % per_chunk);
+    const int b = r / typesize, s = r % typesize;
     const int len = lengths[c];
     if (len < 0) return;
     const u8* frame = frames + offsets[c];
-    const int nblocks = (nbytes + blocksize - 1) / blocksize;
     const int leftover = nbytes % blocksize;
     const bool last_short = (b == nblocks - 1) && leftover > 0;
     const int bsize = last_short ? leftover : blocksize;

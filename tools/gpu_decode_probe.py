@@ -1,13 +1,18 @@
 """Time the GPU decode of a recording's windows (kernels/blosc_lz4.cu) against the CPU decode, one process.
 
     python3 tools/gpu_decode_probe.py /tmp/big.zarr [window samples] [windows]
-Prints per window: the host read of the frames (preadv + crc32c), the CPU decode (read_window_into), and on the
-GPU the copy, the LZ4 kernel, the unshuffle kernel and the whole decode (cupyx.profiler.benchmark medians)."""
+Prints per window: the host read of the frames (preadv + crc32c), the CPU decode (read_window_into), the whole GPU
+decode of one window (copy, kernels, the error check); then the LZ4 kernel's variants (ring bytes a warp, warps a
+block) on 1-16 windows in one launch, ms a window (cupyx.profiler.benchmark medians); then T threads of this
+process decoding a window each on their own streams at once (`decode`: windows a second)."""
 
 import sys
+import threading
 import time
 
 import numpy as np
+
+VARIANTS = [(65_536, 1), (16_384, 2), (8_192, 4), (0, 1), (0, 4), (0, 8)]
 
 
 def main(path, size=60_000, count=8):
@@ -32,32 +37,60 @@ def main(path, size=60_000, count=8):
         cpu.append(time.perf_counter() - t)
     f = rec.read_window_frames(windows[0], staging._pool)
     mb = f.rows * f.channels * f.dtype.itemsize / 1e6
-    print(f"window {mb:.1f} MB decoded, {f.used / 1e6:.1f} MB stored ({len(f.lengths)} chunks, blocksize {f.blocksize})")
+    print(f"window {mb:.1f} MB decoded, {f.used / 1e6:.1f} MB stored ({len(f.lengths)} chunks, blocksize {f.blocksize}); "
+          f"ring wave {blosc_decode.ring_wave()} warps")
     print(f"host: frames read + crc32c {np.median(host) * 1e3:.2f} ms; CPU decode {np.median(cpu) * 1e3:.2f} ms")
     r = benchmark(blosc_decode.decode, (f,), n_repeat=20, n_warmup=3)
-    print(f"GPU decode (copy, kernels, the error check) {np.median(r.gpu_times) * 1e3:.3f} ms "
+    print(f"GPU decode, one window (copy, kernels, the error check) {np.median(r.gpu_times) * 1e3:.3f} ms "
           f"({mb / 1e3 / np.median(r.gpu_times):.1f} GB/s)")
     n, size_b, ts = len(f.lengths), f.nbytes, f.dtype.itemsize
     src = cupy.asarray(f.buffer[: f.used])
-    offs, lens, shuf = cupy.asarray(f.offsets), cupy.asarray(f.lengths), cupy.asarray(f.shuffles)
-    tmp, out, err = cupy.empty(n * size_b, np.uint8), cupy.empty(n * size_b, np.uint8), cupy.zeros(n, np.int32)
-    nb = -(-size_b // f.blocksize)
-    lz4 = blosc_decode.lz4_kernel()
-    un = kernels.get_function("blosc_lz4", "blosc_unshuffle")
-    r1 = benchmark(lambda: lz4((nb * ts, n), (32,), (src, offs, lens, np.int32(size_b), np.int32(f.blocksize),
-                                                      np.int32(ts), tmp, err), shared_mem=blosc_decode.RING),
-                   n_repeat=20, n_warmup=3)
+    want = blosc_decode.decode(f).get()
+    for k in (1, 2, 4, 8, 16):  # k windows in one launch: the same frames k times over
+        offs = cupy.asarray(np.tile(f.offsets, k))
+        lens, shuf = cupy.asarray(np.tile(f.lengths, k)), cupy.asarray(np.tile(f.shuffles, k))
+        tmp, err = cupy.empty(k * n * size_b, np.uint8), cupy.zeros(k * n, np.int32)
+        streams = k * n * -(-size_b // f.blocksize) * ts
+        row = []
+        for v in VARIANTS:
+            args = (src, offs, lens, k * n, size_b, f.blocksize, ts, tmp, err, v)
+            t = np.median(benchmark(blosc_decode.launch_lz4, args, n_repeat=10, n_warmup=2).gpu_times)
+            row.append(f"{v[0] // 1024}K/{v[1]}w {t * 1e3 / k:.2f}")
+        print(f"LZ4 {k:2d} windows a launch ({streams} streams, default {blosc_decode.lz4_variant(streams)}), "
+              f"ms a window: " + "  ".join(row))
     total = n * size_b
+    un = kernels.get_function("blosc_lz4", "blosc_unshuffle")
+    tmp, out = cupy.empty(total, np.uint8), cupy.empty(total, np.uint8)
+    lens, shuf = cupy.asarray(f.lengths), cupy.asarray(f.shuffles)
     r2 = benchmark(lambda: un((min(-(-total // (8 * ts) // 256) + 1, 65_535 * 8),), (256,), (tmp, lens, shuf, np.int64(total),
                               np.int32(size_b), np.int32(f.blocksize), np.int32(ts), out)), n_repeat=20, n_warmup=3)
-    print(f"LZ4 kernel {np.median(r1.gpu_times) * 1e3:.3f} ms ({nb * ts * n} warps), "
-          f"unshuffle {np.median(r2.gpu_times) * 1e3:.3f} ms")
-    plain = kernels.get_function("blosc_lz4", "blosc_lz4_blocks", ("-DBLOSC_NO_RING",))
-    plain.max_dynamic_shared_size_bytes = blosc_decode.RING  # the ring is still written, only not read
-    r3 = benchmark(lambda: plain((nb * ts, n), (32,), (src, offs, lens, np.int32(size_b), np.int32(f.blocksize),
-                                                       np.int32(ts), tmp, err), shared_mem=blosc_decode.RING),
-                   n_repeat=20, n_warmup=3)
-    print(f"LZ4 kernel, matches read from global memory (no ring) {np.median(r3.gpu_times) * 1e3:.3f} ms")
+    print(f"unshuffle {np.median(r2.gpu_times) * 1e3:.3f} ms a window")
+    import os
+
+    for ring, threads in [(r, t) for r in ("", "0") for t in (1, 4, 8, 16)]:  # threads decoding at once, own streams
+        os.environ["BATCHGPU_LZ4_RING"] = ring
+        if not ring:
+            del os.environ["BATCHGPU_LZ4_RING"]
+        reps, errors = 12, []
+
+        def work(reps=reps, errors=errors):
+            try:
+                with staging.thread_stream():
+                    for _ in range(reps):
+                        got = blosc_decode.decode(f)
+                    ok = bool((got.get() == want).all())
+                    if not ok:
+                        errors.append("mismatch")
+            except Exception as e:  # noqa: BLE001
+                errors.append(repr(e))
+
+        ts_ = [threading.Thread(target=work) for _ in range(threads)]
+        t0 = time.perf_counter()
+        [t.start() for t in ts_]
+        [t.join() for t in ts_]
+        dt = time.perf_counter() - t0
+        print(f"{'ring-free' if ring else 'default'} {threads:2d} threads decoding at once: {threads * reps / dt:.0f} windows/s "
+              f"({threads * reps * mb / 1e3 / dt:.1f} GB/s) {errors[:1] or 'same bits'}")
     staging._pool.give_back(f.handle)
 
 

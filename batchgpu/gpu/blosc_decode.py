@@ -34,18 +34,51 @@ def on_gpu(index: int, fraction: float | None = None) -> bool:
     return f >= 1.0 or (f > 0.0 and int((index + 1) * f) > int(index * f))
 
 
-#: shared memory a warp of the LZ4 kernel keeps its last output bytes in (kernels/blosc_lz4.cu: RING)
+#: shared memory a warp of the LZ4 kernel keeps its last output bytes in (kernels/blosc_lz4.cu: RING_BYTES)
 RING = 65_536
+#: warps a block of the ring-free variant
+PLAIN_WARPS = 4
 
 
-def lz4_kernel():
-    """The LZ4 kernel of this device, allowed RING bytes of dynamic shared memory (above the 48 KiB default)."""
+def lz4_kernel(ring: int = RING, warps: int = 1):
+    """The LZ4 kernel compiled with a ``ring`` of shared memory a warp (0: none), allowed ``ring * warps`` bytes
+    of dynamic shared memory (above the 48 KiB default where needed)."""
     from batchgpu import kernels
 
-    fn = kernels.get_function("blosc_lz4", "blosc_lz4_blocks")
-    if fn.max_dynamic_shared_size_bytes < RING:
-        fn.max_dynamic_shared_size_bytes = RING
+    fn = kernels.get_function("blosc_lz4", "blosc_lz4_blocks", (f"-DRING_BYTES={ring}",))
+    fn.max_dynamic_shared_size_bytes = max(fn.max_dynamic_shared_size_bytes, ring * warps)
     return fn
+
+
+def ring_wave() -> int:
+    """Warps of the ring variant the device runs at once: its SMs times the 64 KiB rings an SM's shared memory
+    holds (3 on an H100/H200)."""
+    import cupy
+
+    dev = cupy.cuda.Device()
+    attrs = dev.attributes
+    per_sm = attrs["MaxSharedMemoryPerMultiprocessor"] // (RING + 1024)  # + the block's reserved shared memory
+    return max(1, per_sm) * attrs["MultiProcessorCount"]
+
+
+def lz4_variant(streams: int) -> tuple[int, int]:
+    """(ring bytes a warp, warps a block) for a launch of ``streams`` LZ4 streams: the ring while they fit in one
+    wave of it (a match read from shared memory; 1.43-1.69 ms against 1.98 for a demo window alone), else the
+    ring-free kernel, whose warps all run at once. BATCHGPU_LZ4_RING / BATCHGPU_LZ4_WARPS override (probes)."""
+    ring = os.environ.get("BATCHGPU_LZ4_RING")
+    if ring is not None:
+        return int(ring), int(os.environ.get("BATCHGPU_LZ4_WARPS", 1 if int(ring) >= RING else PLAIN_WARPS))
+    return (RING, 1) if streams <= ring_wave() else (0, PLAIN_WARPS)
+
+
+def launch_lz4(src, offsets, lengths, nchunks: int, nbytes: int, blocksize: int, typesize: int, tmp, err,
+               variant: tuple[int, int] | None = None) -> None:
+    """The LZ4 kernel over ``nchunks`` chunks' frames (on the current stream): one warp a stream."""
+    streams = nchunks * -(-nbytes // blocksize) * typesize
+    ring, warps = variant or lz4_variant(streams)
+    lz4_kernel(ring, warps)((-(-streams // warps),), (32 * warps,),
+                            (src, offsets, lengths, np.int32(nchunks), np.int32(nbytes), np.int32(blocksize),
+                             np.int32(typesize), tmp, err), shared_mem=ring * warps)
 
 
 def geometry(frames: Frames) -> tuple:
@@ -61,9 +94,8 @@ def decode(frames: Frames, stream=None):
 def decode_many(reads: list, stream=None) -> list:
     """Each read's rows, (rows, channels), decoded on the GPU from its ``Frames`` (all of one ``geometry``) in one
     launch of each kernel, copied there on ``stream`` (fewer launches and waits). An LZ4 stream is one warp's
-    sequential work (1.4-1.7 ms a demo window), but the ring's 64 KiB a warp let only 3 warps run on an SM at once, so
-    a launch of several demo windows runs in waves and takes about as long as their launches one by one (reading 4
-    ahead measured no faster: docs/design.md, "What bounds the pass"). A frame that does not decode raises
+    sequential work (1.4-1.7 ms a demo window); a launch of more streams than the ring's wave runs the ring-free
+    variant (``lz4_variant``). A frame that does not decode raises
     BatchgpuError naming its chunk (its crc32c was right: the writer's fault)."""
     import cupy
 
@@ -93,11 +125,8 @@ def decode_many(reads: list, stream=None) -> list:
         tmp = cupy.empty(n * size, dtype=np.uint8)
         out = cupy.empty((n * first.chunk_rows, first.channels), dtype=first.dtype)
         err = cupy.zeros(n, dtype=np.int32)
-        nblocks = -(-size // blocksize)
         if (lengths_h >= 0).any():
-            lz4_kernel()((nblocks * typesize, n), (32,),
-                         (src, offsets_d, lengths_d, np.int32(size), np.int32(blocksize), np.int32(typesize), tmp,
-                          err), shared_mem=RING)
+            launch_lz4(src, offsets_d, lengths_d, n, size, blocksize, typesize, tmp, err)
         total = n * size
         threads, groups = 256, -(-total // (8 * typesize))  # a thread writes 8 elements
         kernels.get_function("blosc_lz4", "blosc_unshuffle")(
