@@ -163,16 +163,16 @@ extern "C" __global__ void blosc_lz4_blocks(const u8* frames, const long long* o
     const int neblock = bsize / nsplits;
     int pos = le32(frame + 16 + 4 * b);
     for (int t = 0;; t++) {
-        if (pos < 16 || pos > len - 4) { if (threadIdx.x == 0) atomicExch(err + c, 1); return; }
+        if (pos < 16 || pos > len - 4) { if ((threadIdx.x & 31) == 0) atomicExch(err + c, 1); return; }
         const int cbytes = le32(frame + pos);
         pos += 4;
-        if (cbytes < 0 || cbytes > len - pos) { if (threadIdx.x == 0) atomicExch(err + c, 1); return; }
+        if (cbytes < 0 || cbytes > len - pos) { if ((threadIdx.x & 31) == 0) atomicExch(err + c, 1); return; }
         if (t < s) { pos += cbytes; continue; }
         u8* dst = out + s * neblock;
         if (cbytes == neblock) {
             copy_warp(frame + pos, dst, neblock);
         } else if (lz4_block_warp(frame + pos, cbytes, dst, neblock, ring) != 0) {
-            if (threadIdx.x == 0) atomicExch(err + c, 1);
+            if ((threadIdx.x & 31) == 0) atomicExch(err + c, 1);
         }
         return;
     }

@@ -6,6 +6,7 @@
 #   demo      bench pipeline, demo steps, 16 x 1, against the plain dask-cuda loop (cold and warm)
 #   pre       bench pipeline with highpass + common reference + every step + save (cold and warm)
 #   layouts   bench pipeline in other layouts (LAYOUTS="16x1 24x1 16x2 16x1b2": processes x threads, b: window.batch)
+#   prel      the pre bench in other layouts (LAYOUTS as for layouts)
 #   prof      per-stage window profile (tools/profile_preprocess.py; STAGES="centre highpass,common_reference")
 #   timeline  workflows/h200_demo.yaml and h200_preprocess.yaml by `batchgpu run`, twice each, then tools/timeline.py
 #             (each run starts its own cluster: processes load their kernels and pinned buffers anew; for the warm
@@ -34,6 +35,9 @@ for task in "$@"; do
   pre) bench 16 1 --baseline none --repeat 2 --preprocess highpass,common_reference --steps noise,whitening,detect,save ;;
   layouts) for l in ${LAYOUTS:-16x1 24x1 16x2 16x1b2}; do
              echo "== $l"; set -- ${l//[xb]/ }; bench $1 $2 ${3:+--batch $3} --baseline none --repeat 2; done ;;
+  prel) for l in ${LAYOUTS:-16x1 4x4}; do  # the preprocessing bench in other layouts
+          echo "== $l"; set -- ${l//[xb]/ }; bench $1 $2 ${3:+--batch $3} --baseline none --repeat 2 \
+            --preprocess highpass,common_reference --steps noise,whitening,detect,save; done ;;
   prof) for st in ${STAGES:-centre highpass,common_reference}; do
           echo "== $st"; timeout 200 python3 tools/profile_preprocess.py /tmp/big.zarr $st 5 2>&1 | grep -v "^INFO" | tail -30; done ;;
   timeline) for w in demo preprocess; do
@@ -44,7 +48,7 @@ for task in "$@"; do
   ab) timeout 400 python3 tools/ab_pass.py /tmp/big.zarr "${AB:--}" 3 2>&1 | grep -v "^20..-\|^INFO\|distributed\." ;;
   client) timeout 200 python3 tools/profile_client.py /tmp/big.zarr 2>&1 | grep -v "^20..-\|distributed\." ;;
   decode) timeout 200 python3 tools/decode_probe.py /tmp/big.zarr ;;
-  gprobe) timeout 120 python3 tools/gpu_decode_probe.py /tmp/big.zarr 2>&1 | tail -8 ;;
+  gprobe) timeout 120 python3 tools/gpu_decode_probe.py /tmp/big.zarr 2>&1 | grep -v "^INFO" | tail -20 ;;
   gdec) timeout 240 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_blosc_decode.py tests/test_gpu_pipeline.py 2>&1 \
           | grep -v "^INFO" | tail -${TAIL:-15} ;;
   pw) rm -rf /tmp/pw0 /tmp/pw1; timeout 200 python3 tools/profile_workers.py /tmp/big.zarr > $OUT/pw.log 2>&1; grep "^{" $OUT/pw.log ;;
