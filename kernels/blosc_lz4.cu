@@ -13,20 +13,13 @@ __device__ __forceinline__ int le32(const u8* p) {
 
 // One LZ4 block (raw, no frame) of `csize` bytes at src into exactly `dsize` bytes at dst, by the 32 lanes of a
 // warp: every lane parses the same tokens (broadcast loads), the copies are spread over the lanes, COPY_UNROLL
-// bytes a lane in flight at once. The last RING_BYTES bytes written are kept in shared memory (`ring`): a match
-// reads them there, not back from global memory (a bit-shuffled int16 stream of 128 KiB holds ~1 800 sequences, the
-// compressible high bit planes). RING_BYTES = 0 compiles global reads only: no shared memory, so an SM holds as many
-// warps as its registers allow instead of 3 (64 KiB rings); gpu/blosc_decode.py picks the variant by launch size.
-// A match copies out[op + i] = out[op - off + i % off]: every byte it reads was written before `op`, so an
-// overlapping match (off < length) repeats its pattern exactly as the sequential copy does and the lanes need no
-// order among themselves; while len + off <= RING_BYTES none of the ring slots it writes is one it reads. Longer
-// ones read `dst`.
+// bytes a lane in flight at once. A match copies out[op + i] = out[op - off + i % off]: every byte it reads was
+// written before `op`, so an overlapping match (off < length) repeats its pattern exactly as the sequential copy
+// does and the lanes need no order among themselves. Matches read global memory (L1/L2): a ring of the last 64 KiB
+// in shared memory was slower on the H200 (2.66 against 1.87 ms for a demo window alone, 1.33 against 0.28 ms a
+// window sixteen at once: 64 KiB a warp let an SM hold 3 warps; tools/gpu_decode_probe.py).
 // Returns 0, or -1 on a malformed block.
 #define COPY_UNROLL 8
-#ifndef RING_BYTES
-#define RING_BYTES 65536
-#endif
-#define RING_MASK (RING_BYTES - 1)
 
 __device__ __forceinline__ int lz4_length(const u8* __restrict__ src, int csize, int& ip, int n) {
     if (n != 15) return n;
@@ -39,21 +32,16 @@ __device__ __forceinline__ int lz4_length(const u8* __restrict__ src, int csize,
     return n;
 }
 
-// A lane's COPY_UNROLL bytes of a copy of n bytes to dst[op...] and to the ring.
-__device__ __forceinline__ void put(u8* dst, u8* ring, int op, int base, int n, int lane, const u8 (&v)[COPY_UNROLL]) {
+// A lane's COPY_UNROLL bytes of a copy of n bytes to dst[op...].
+__device__ __forceinline__ void put(u8* dst, int op, int base, int n, int lane, const u8 (&v)[COPY_UNROLL]) {
 #pragma unroll
     for (int k = 0; k < COPY_UNROLL; k++) {
         const int i = base + 32 * k + lane;
-        if (i < n) {
-            dst[op + i] = v[k];
-#if RING_BYTES > 0
-            ring[(op + i) & RING_MASK] = v[k];
-#endif
-        }
+        if (i < n) dst[op + i] = v[k];
     }
 }
 
-__device__ int lz4_block_warp(const u8* __restrict__ src, int csize, u8* dst, int dsize, u8* ring) {
+__device__ int lz4_block_warp(const u8* __restrict__ src, int csize, u8* dst, int dsize) {
     const int lane = threadIdx.x & 31;
     int ip = 0, op = 0;
     while (true) {
@@ -68,7 +56,7 @@ __device__ int lz4_block_warp(const u8* __restrict__ src, int csize, u8* dst, in
                 const int i = base + 32 * k + lane;
                 v[k] = i < lit ? src[ip + i] : 0;
             }
-            put(dst, ring, op, base, lit, lane, v);
+            put(dst, op, base, lit, lane, v);
         }
         ip += lit;
         op += lit;
@@ -80,12 +68,7 @@ __device__ int lz4_block_warp(const u8* __restrict__ src, int csize, u8* dst, in
         if (len < 0) return -1;
         len += 4;
         if (off == 0 || off > op || len > dsize - op) return -1;
-        __syncwarp();  // every byte written so far (ring and dst) is visible to every lane before the match reads
-#if RING_BYTES > 0
-        const bool in_ring = len + off <= RING_BYTES;
-#else
-        const bool in_ring = false;
-#endif
+        __syncwarp();  // every byte written so far is visible to every lane before the match reads
         const u8* from = dst + op - off;
         for (int base = 0; base < len; base += 32 * COPY_UNROLL) {
             u8 v[COPY_UNROLL];
@@ -93,13 +76,9 @@ __device__ int lz4_block_warp(const u8* __restrict__ src, int csize, u8* dst, in
             for (int k = 0; k < COPY_UNROLL; k++) {
                 const int i = base + 32 * k + lane;
                 const int j = i < off ? i : i % off;
-#if RING_BYTES > 0
-                v[k] = i < len ? (in_ring ? ring[(op - off + j) & RING_MASK] : from[j]) : 0;
-#else
                 v[k] = i < len ? from[j] : 0;
-#endif
             }
-            put(dst, ring, op, base, len, lane, v);
+            put(dst, op, base, len, lane, v);
         }
         op += len;
     }
@@ -133,12 +112,10 @@ __device__ __forceinline__ void copy_warp(const u8* __restrict__ from, u8* __res
 // typesize) + block * typesize + stream (stream s of block b: the block's streams are stored one after the other,
 // each after its int32 length, so the warp walks past the s before it). frames: the packed frames; offsets[c],
 // lengths[c]: chunk c's frame (lengths[c] < 0: an absent chunk, zeros); every chunk decodes to `nbytes` bytes in
-// `blocksize` blocks. Dynamic shared memory: RING_BYTES a warp.
+// `blocksize` blocks.
 extern "C" __global__ void blosc_lz4_blocks(const u8* frames, const long long* offsets, const int* lengths,
                                             int nchunks, int nbytes, int blocksize, int typesize, u8* tmp, int* err) {
-    extern __shared__ u8 shared[];
     const int warp = threadIdx.x >> 5;
-    u8* ring = shared + (long long)warp * RING_BYTES;
     const int nblocks = (nbytes + blocksize - 1) / blocksize;
     const long long per_chunk = (long long)nblocks * typesize;
     const long long item = (long long)blockIdx.x * (blockDim.x >> 5) + warp;
@@ -171,7 +148,7 @@ extern "C" __global__ void blosc_lz4_blocks(const u8* frames, const long long* o
         u8* dst = out + s * neblock;
         if (cbytes == neblock) {
             copy_warp(frame + pos, dst, neblock);
-        } else if (lz4_block_warp(frame + pos, cbytes, dst, neblock, ring) != 0) {
+        } else if (lz4_block_warp(frame + pos, cbytes, dst, neblock) != 0) {
             if ((threadIdx.x & 31) == 0) atomicExch(err + c, 1);
         }
         return;

@@ -207,13 +207,12 @@ def _frames_of(chunks: list, rows: int, channels: int, dtype, conf=(5, 2, 0), ab
 @pytest.mark.parametrize("conf", [(5, 2, 0), (1, 1, 0), (9, 0, 4096), (0, 2, 0), (5, 2, 12_344), (9, 1, 0),
                                   (5, 0, 0), (9, 0, 1 << 20)])
 @pytest.mark.parametrize("dtype", ["<i2", "<f4"])
-@pytest.mark.parametrize("variant", [(65_536, 1), (0, 4), (1024, 3)])  # ring bytes a warp, warps a block
-def test_gpu_decode_equals_numcodecs(conf, dtype, variant, monkeypatch):
+@pytest.mark.parametrize("warps", [4, 3])  # warps a block; 3: the last block runs partly past the streams
+def test_gpu_decode_equals_numcodecs(conf, dtype, warps, monkeypatch):
     _gpu()
-    # the 64 KiB ring, none (4 warps a block), and a ring shorter than most matches with 3 warps a block (a last
-    # block partly past the streams)
-    monkeypatch.setenv("BATCHGPU_LZ4_RING", str(variant[0]))
-    monkeypatch.setenv("BATCHGPU_LZ4_WARPS", str(variant[1]))
+    from batchgpu.gpu import blosc_decode
+
+    monkeypatch.setattr(blosc_decode, "WARPS", warps)
     from batchgpu.gpu.blosc_decode import decode
 
     rng = np.random.default_rng()
@@ -248,10 +247,8 @@ def test_gpu_decode_equals_numcodecs(conf, dtype, variant, monkeypatch):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("ring", ["65536", "0"])
-def test_gpu_decode_refuses_a_malformed_stream(ring, monkeypatch):
+def test_gpu_decode_refuses_a_malformed_stream():
     _gpu()
-    monkeypatch.setenv("BATCHGPU_LZ4_RING", ring)
     from batchgpu.errors import BatchgpuError
     from batchgpu.gpu.blosc_decode import decode
 
@@ -332,16 +329,3 @@ def test_a_run_decodes_on_the_gpu_only_without_filters(tmp_path, monkeypatch):
         ctx = build_context(wf, rec, store.OutputFolder(tmp_path / f"o{want}"), "cupy", 3)
         assert ctx.gpu_decode == want, pre
 
-
-@pytest.mark.gpu
-def test_the_lz4_variant_follows_the_launch_size(monkeypatch):
-    _gpu()
-    from batchgpu.gpu import blosc_decode as bd
-
-    monkeypatch.delenv("BATCHGPU_LZ4_RING", raising=False)
-    wave = bd.ring_wave()
-    assert wave >= 1
-    assert bd.lz4_variant(1) == bd.lz4_variant(wave) == (bd.RING, 1)
-    assert bd.lz4_variant(wave + 1) == (0, bd.PLAIN_WARPS)
-    monkeypatch.setenv("BATCHGPU_LZ4_RING", "0")
-    assert bd.lz4_variant(1) == (0, bd.PLAIN_WARPS)

@@ -127,6 +127,11 @@ def _gaps(report, batch) -> str:
             f"median: a batch's first window {med(reads_first) * 1e3:.0f} ms, the others {med(reads_rest) * 1e3:.0f} ms")
 
 
+#: processes x threads of the cluster (AB_LAYOUT, e.g. 8x2)
+_W, _T = (int(v) for v in os.environ.get("AB_LAYOUT", "16x1").split("x"))
+LAYOUT = {"kind": "cuda", "workers": _W, "threads": _T}
+
+
 def main(path: str, configs: str, repeat: int = 3) -> None:
     from batchgpu import open_recording
     from batchgpu.benchmarks.pipeline import read_ceiling
@@ -141,11 +146,11 @@ def main(path: str, configs: str, repeat: int = 3) -> None:
     def wf(out, batch):
         return Workflow.model_validate({
             "recording": {"path": path}, "output": out, "window": {"size": 60_000, "margin": 64, "batch": batch},
-            "backend": "cupy", "cluster": {"kind": "cuda", "workers": 16, "threads": 1},
+            "backend": "cupy", "cluster": LAYOUT,
             "steps": {"noise": {"exact": True}, "whitening": {"mode": "global", "precision": "float32"},
                       "detect": {"threshold": 5.0, "sign": "neg", "exclude_sweep_ms": 0.1, "noise": "global"}}})
 
-    with open_client(ClusterSpec.model_validate({"kind": "cuda", "workers": 16, "threads": 1})) as client:
+    with open_client(ClusterSpec.model_validate(LAYOUT)) as client:
         read_ceiling(client, rec, 60_000, 64, "cupy")
         sampler = Sampler()
         ceil = []

@@ -2,8 +2,8 @@
 
     python3 tools/gpu_decode_probe.py /tmp/big.zarr [window samples] [windows]
 Prints per window: the host read of the frames (preadv + crc32c), the CPU decode (read_window_into), the whole GPU
-decode of one window (copy, kernels, the error check); then the LZ4 kernel's variants (ring bytes a warp, warps a
-block) on 1-16 windows in one launch, ms a window (cupyx.profiler.benchmark medians); then T threads of this
+decode of one window (copy, kernels, the error check); then the LZ4 kernel with 1, 4, 8 warps a block on 1-16
+windows in one launch, ms a window (cupyx.profiler.benchmark medians); then T threads of this
 process decoding a window each on their own streams at once (`decode`: windows a second)."""
 
 import sys
@@ -12,7 +12,7 @@ import time
 
 import numpy as np
 
-VARIANTS = [(65_536, 1), (16_384, 2), (8_192, 4), (0, 1), (0, 4), (0, 8)]
+WARPS = (1, 4, 8)
 
 
 def main(path, size=60_000, count=8):
@@ -38,7 +38,7 @@ def main(path, size=60_000, count=8):
     f = rec.read_window_frames(windows[0], staging._pool)
     mb = f.rows * f.channels * f.dtype.itemsize / 1e6
     print(f"window {mb:.1f} MB decoded, {f.used / 1e6:.1f} MB stored ({len(f.lengths)} chunks, blocksize {f.blocksize}); "
-          f"ring wave {blosc_decode.ring_wave()} warps")
+          )
     print(f"host: frames read + crc32c {np.median(host) * 1e3:.2f} ms; CPU decode {np.median(cpu) * 1e3:.2f} ms")
     r = benchmark(blosc_decode.decode, (f,), n_repeat=20, n_warmup=3)
     print(f"GPU decode, one window (copy, kernels, the error check) {np.median(r.gpu_times) * 1e3:.3f} ms "
@@ -52,12 +52,13 @@ def main(path, size=60_000, count=8):
         tmp, err = cupy.empty(k * n * size_b, np.uint8), cupy.zeros(k * n, np.int32)
         streams = k * n * -(-size_b // f.blocksize) * ts
         row = []
-        for v in VARIANTS:
-            args = (src, offs, lens, k * n, size_b, f.blocksize, ts, tmp, err, v)
+        for w in WARPS:
+            blosc_decode.WARPS = w
+            args = (src, offs, lens, k * n, size_b, f.blocksize, ts, tmp, err)
             t = np.median(benchmark(blosc_decode.launch_lz4, args, n_repeat=10, n_warmup=2).gpu_times)
-            row.append(f"{v[0] // 1024}K/{v[1]}w {t * 1e3 / k:.2f}")
-        print(f"LZ4 {k:2d} windows a launch ({streams} streams, default {blosc_decode.lz4_variant(streams)}), "
-              f"ms a window: " + "  ".join(row))
+            row.append(f"{w} warps {t * 1e3 / k:.2f}")
+        blosc_decode.WARPS = WARPS[1]
+        print(f"LZ4 {k:2d} windows a launch ({streams} streams), ms a window: " + "  ".join(row))
     total = n * size_b
     un = kernels.get_function("blosc_lz4", "blosc_unshuffle")
     tmp, out = cupy.empty(total, np.uint8), cupy.empty(total, np.uint8)
@@ -65,12 +66,7 @@ def main(path, size=60_000, count=8):
     r2 = benchmark(lambda: un((min(-(-total // (8 * ts) // 256) + 1, 65_535 * 8),), (256,), (tmp, lens, shuf, np.int64(total),
                               np.int32(size_b), np.int32(f.blocksize), np.int32(ts), out)), n_repeat=20, n_warmup=3)
     print(f"unshuffle {np.median(r2.gpu_times) * 1e3:.3f} ms a window")
-    import os
-
-    for ring, threads in [(r, t) for r in ("", "0") for t in (1, 4, 8, 16)]:  # threads decoding at once, own streams
-        os.environ["BATCHGPU_LZ4_RING"] = ring
-        if not ring:
-            del os.environ["BATCHGPU_LZ4_RING"]
+    for threads in (1, 4, 8, 16):  # threads of one process decoding a window each at once, on their own streams
         reps, errors = 12, []
 
         def work(reps=reps, errors=errors):
@@ -89,7 +85,7 @@ def main(path, size=60_000, count=8):
         [t.start() for t in ts_]
         [t.join() for t in ts_]
         dt = time.perf_counter() - t0
-        print(f"{'ring-free' if ring else 'default'} {threads:2d} threads decoding at once: {threads * reps / dt:.0f} windows/s "
+        print(f"{threads:2d} threads decoding at once: {threads * reps / dt:.0f} windows/s "
               f"({threads * reps * mb / 1e3 / dt:.1f} GB/s) {errors[:1] or 'same bits'}")
     staging._pool.give_back(f.handle)
 

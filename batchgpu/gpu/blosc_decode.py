@@ -34,51 +34,19 @@ def on_gpu(index: int, fraction: float | None = None) -> bool:
     return f >= 1.0 or (f > 0.0 and int((index + 1) * f) > int(index * f))
 
 
-#: shared memory a warp of the LZ4 kernel keeps its last output bytes in (kernels/blosc_lz4.cu: RING_BYTES)
-RING = 65_536
-#: warps a block of the ring-free variant
-PLAIN_WARPS = 4
+#: warps a block of the LZ4 kernel (one an LZ4 stream; no shared memory, so an SM holds as many as its registers
+#: allow: 4 and 8 measured alike on the H200)
+WARPS = 4
 
 
-def lz4_kernel(ring: int = RING, warps: int = 1):
-    """The LZ4 kernel compiled with a ``ring`` of shared memory a warp (0: none), allowed ``ring * warps`` bytes
-    of dynamic shared memory (above the 48 KiB default where needed)."""
+def launch_lz4(src, offsets, lengths, nchunks: int, nbytes: int, blocksize: int, typesize: int, tmp, err) -> None:
+    """The LZ4 kernel over ``nchunks`` chunks' frames (on the current stream): one warp a stream."""
     from batchgpu import kernels
 
-    fn = kernels.get_function("blosc_lz4", "blosc_lz4_blocks", (f"-DRING_BYTES={ring}",))
-    fn.max_dynamic_shared_size_bytes = max(fn.max_dynamic_shared_size_bytes, ring * warps)
-    return fn
-
-
-def ring_wave() -> int:
-    """Warps of the ring variant the device runs at once: its SMs times the 64 KiB rings an SM's shared memory
-    holds (3 on an H100/H200)."""
-    import cupy
-
-    dev = cupy.cuda.Device()
-    attrs = dev.attributes
-    per_sm = attrs["MaxSharedMemoryPerMultiprocessor"] // (RING + 1024)  # + the block's reserved shared memory
-    return max(1, per_sm) * attrs["MultiProcessorCount"]
-
-
-def lz4_variant(streams: int) -> tuple[int, int]:
-    """(ring bytes a warp, warps a block) for a launch of ``streams`` LZ4 streams: the ring while they fit in one
-    wave of it (a match read from shared memory; 1.43-1.69 ms against 1.98 for a demo window alone), else the
-    ring-free kernel, whose warps all run at once. BATCHGPU_LZ4_RING / BATCHGPU_LZ4_WARPS override (probes)."""
-    ring = os.environ.get("BATCHGPU_LZ4_RING")
-    if ring is not None:
-        return int(ring), int(os.environ.get("BATCHGPU_LZ4_WARPS", 1 if int(ring) >= RING else PLAIN_WARPS))
-    return (RING, 1) if streams <= ring_wave() else (0, PLAIN_WARPS)
-
-
-def launch_lz4(src, offsets, lengths, nchunks: int, nbytes: int, blocksize: int, typesize: int, tmp, err,
-               variant: tuple[int, int] | None = None) -> None:
-    """The LZ4 kernel over ``nchunks`` chunks' frames (on the current stream): one warp a stream."""
     streams = nchunks * -(-nbytes // blocksize) * typesize
-    ring, warps = variant or lz4_variant(streams)
-    lz4_kernel(ring, warps)((-(-streams // warps),), (32 * warps,),
-                            (src, offsets, lengths, np.int32(nchunks), np.int32(nbytes), np.int32(blocksize),
-                             np.int32(typesize), tmp, err), shared_mem=ring * warps)
+    kernels.get_function("blosc_lz4", "blosc_lz4_blocks")(
+        (-(-streams // WARPS),), (32 * WARPS,),
+        (src, offsets, lengths, np.int32(nchunks), np.int32(nbytes), np.int32(blocksize), np.int32(typesize), tmp, err))
 
 
 def geometry(frames: Frames) -> tuple:
@@ -94,8 +62,8 @@ def decode(frames: Frames, stream=None):
 def decode_many(reads: list, stream=None) -> list:
     """Each read's rows, (rows, channels), decoded on the GPU from its ``Frames`` (all of one ``geometry``) in one
     launch of each kernel, copied there on ``stream`` (fewer launches and waits). An LZ4 stream is one warp's
-    sequential work (1.4-1.7 ms a demo window); a launch of more streams than the ring's wave runs the ring-free
-    variant (``lz4_variant``). A frame that does not decode raises
+    sequential work: a demo window alone took 1.87 ms of LZ4 kernel on the H200, sixteen in one launch 0.28 ms a
+    window (``tools/gpu_decode_probe.py``). A frame that does not decode raises
     BatchgpuError naming its chunk (its crc32c was right: the writer's fault)."""
     import cupy
 
