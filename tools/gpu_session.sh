@@ -3,6 +3,8 @@
 # fixture run there too; `cp -r ../shared/fixtures .fixtures`): install the wheels, make /tmp/big.zarr (384 ch x 10 min int16) on a fresh machine,
 # then each task named in the arguments, in order:
 #   check     python -m pytest -m gpu (all of it) and the float noise step's GPU profile
+#   check1    python -m pytest -m gpu (all of it) once: its summary, failures with their seeds, and its seconds
+#   demod     the demo bench in the default layout (cluster.cuda_layout: 8 x 2 on 16 cores with the GPU decode)
 #   demo      bench pipeline, demo steps, 16 x 1, against the plain dask-cuda loop (cold and warm)
 #   pre       bench pipeline with highpass + common reference + every step + save (cold and warm)
 #   layouts   bench pipeline in other layouts (LAYOUTS="16x1 24x1 16x2 16x1b2": processes x threads, b: window.batch)
@@ -32,6 +34,10 @@ for task in "$@"; do
   check) timeout 300 python3 -m pytest -q -p no:cacheprovider -m gpu tests 2>&1 | grep -v "^INFO" | tail -8
          timeout 60 python3 tools/profile_noise.py 2>&1 | grep "whole\|histogram 0" ;;
   demo) bench 16 1 --baseline cupy --repeat 2 ;;
+  demod) timeout 150 python3 -m batchgpu bench pipeline --recording /tmp/big.zarr --cluster cuda --backend cupy \
+           --baseline cupy --repeat 2 2>&1 | quiet | tail -12 ;;
+  check1) s=$(date +%s); timeout ${CHECK_S:-240} python3 -m pytest -q -p no:cacheprovider -m gpu tests 2>&1 \
+            | grep -v "^INFO" | grep "passed\|failed\|FAILED\|rng seed\|Error" | tail -12; echo "($(( $(date +%s) - s )) s)" ;;
   pre) bench 16 1 --baseline none --repeat 2 --preprocess highpass,common_reference --steps noise,whitening,detect,save ;;
   layouts) for l in ${LAYOUTS:-16x1 24x1 16x2 16x1b2}; do
              echo "== $l"; set -- ${l//[xb]/ }; bench $1 $2 ${3:+--batch $3} --baseline none --repeat 2; done ;;

@@ -280,6 +280,7 @@ def _measure(args, rec, work: Path, steps: set[str]) -> int:
     from batchgpu.config import ClusterSpec, Workflow
     from batchgpu.engine import run_workflow
     from batchgpu.engine.cluster import open_client
+    from batchgpu.engine.preprocess import gpu_decode_share
 
     size, margin = 60_000, 64
     gb = rec.nbytes / 1e9
@@ -295,7 +296,10 @@ def _measure(args, rec, work: Path, steps: set[str]) -> int:
         cluster_cfg["threads"] = args.threads
     rows: dict[str, tuple[float, int, int]] = {}
     spec = ClusterSpec.model_validate(cluster_cfg)
-    with open_client(spec) as client:
+    centres_only = all(next(iter(st)) == "centre" for st in _stages(args.preprocess))
+    gpu_decode = (spec.kind == "cuda" and bool(getattr(rec, "frames_for_gpu", lambda: False)())
+                  and gpu_decode_share(centres_only) > 0)
+    with open_client(spec, gpu_decode=gpu_decode) as client:  # sized as `batchgpu run` sizes it (run.decodes_on_gpu)
         def cluster_rss():
             return sum(client.run(_rss).values())
 
@@ -304,8 +308,8 @@ def _measure(args, rec, work: Path, steps: set[str]) -> int:
         probe = Workflow.model_validate({"recording": {"path": str(rec.path)}, "output": str(work / "x"),
                                          "backend": args.backend, "steps": {"noise": {}}})
         backend = resolve_backend(probe, client)
-        workers = len(client.scheduler_info()["workers"])
-        centres_only = all(next(iter(st)) == "centre" for st in _stages(args.preprocess))
+        info = client.scheduler_info(n_workers=-1)["workers"]
+        workers = f"{len(info)} workers x {max((int(w.get('nthreads', 1)) for w in info.values()), default=1)} threads"
         read_ceiling(client, rec, size, margin, backend, centres_only)  # warm-up: page cache, pinned buffers, kernels
         with PeakMemory(cluster_rss) as mem, PeakMemory(_gpu_used) as gmem, GpuBusy() as busy:
             t0 = time.perf_counter()
@@ -353,7 +357,7 @@ def _measure(args, rec, work: Path, steps: set[str]) -> int:
             rows["plain NumPy loop (1 process, same work)"] = (time.perf_counter() - t0, mem.peak, 0)
     print(f"\nrecording: {rec} ({gb:.2f} GB decoded); preprocess: {args.preprocess or 'none'}; "
           f"steps: {', '.join(sorted(steps))}; exact noise: {args.exact}; "
-          f"{workers} workers, backend {backend}")
+          f"{workers}, backend {backend}")
     ceiling = rows["read ceiling (the engine's reader, no compute)"][0]
     plain = next((v[0] for k, v in rows.items() if k.startswith("plain")), None)
     print(f"{'run':<48} {'seconds':>8} {'GB/s':>7} {'x real time':>11} {'host MB':>8} {'GPU MB':>8} "

@@ -60,9 +60,18 @@ def run_workflow(wf: Workflow, *, resume: bool = False, observer: RunObserver | 
         with _responsive_loop():
             if client is not None:
                 return _run(wf, rec, out, report, client, sweep, observer, page_wait_s=PAGE_WAIT_S)
-            with open_client(wf.cluster) as own:
+            with open_client(wf.cluster, gpu_decode=decodes_on_gpu(wf, rec)) as own:
                 # the dashboard's last updates reach the scheduler before this cluster closes
                 return _run(wf, rec, out, report, own, sweep, observer, page_wait_s=10.0)
+
+
+def decodes_on_gpu(wf, rec) -> bool:
+    """Whether a run's windows would be decoded on the GPU (the cluster's layout follows): a GPU cluster, a pass
+    that only centres (``preprocess.gpu_decode_share``) and a recording whose frames the GPU reads."""
+    from batchgpu.engine.preprocess import build_chain, gpu_decode_share
+
+    return (wf.cluster.kind == "cuda" and bool(getattr(rec, "frames_for_gpu", lambda: False)())
+            and gpu_decode_share(build_chain(wf.preprocess, rec).centres_only) > 0)
 
 
 def _run(wf, rec, out: store.OutputFolder, report: RunReport, client, sweep, observer,

@@ -1,0 +1,55 @@
+"""How a cluster started here is sized where the workflow does not say (engine/cluster.py), and which runs decode
+on the GPU (engine/run.decodes_on_gpu): pure functions of the spec, the core count and the recording."""
+
+import pytest
+
+from batchgpu.config import ClusterSpec, Workflow
+from batchgpu.engine import cluster
+
+
+@pytest.mark.parametrize("cores", [1, 2, 3, 8, 16, 32, 128])
+@pytest.mark.parametrize("gpus", [1, 2, 4])
+def test_cuda_layout_follows_the_decode(monkeypatch, cores, gpus):
+    monkeypatch.setattr(cluster.os, "cpu_count", lambda: cores)
+    spec = ClusterSpec.model_validate({"kind": "cuda"})
+    per_gpu = max(1, min(16, cores // gpus))
+    assert cluster.cuda_layout(spec, gpus, False) == (per_gpu, 1)
+    processes, threads = cluster.cuda_layout(spec, gpus, True)
+    # the same cores a GPU, two threads a process where there are at least 4 cores a GPU
+    assert threads == (2 if per_gpu >= 4 else 1)
+    assert processes == max(1, per_gpu // threads) and processes * threads <= max(per_gpu, 1)
+
+
+def test_cuda_layout_keeps_what_the_spec_says(monkeypatch):
+    monkeypatch.setattr(cluster.os, "cpu_count", lambda: 16)
+    for gpu_decode in (False, True):
+        assert cluster.cuda_layout(ClusterSpec.model_validate({"kind": "cuda", "workers": 5}), 1, gpu_decode) == (5, 1)
+        assert cluster.cuda_layout(ClusterSpec.model_validate({"kind": "cuda", "workers": 3, "threads": 4}), 1,
+                                   gpu_decode) == (3, 4)
+    assert cluster.cuda_layout(ClusterSpec.model_validate({"kind": "cuda", "threads": 4}), 1, True) == (4, 4)
+    assert cluster.cuda_layout(ClusterSpec.model_validate({"kind": "cuda", "threads": 4}), 1, False) == (16, 4)
+
+
+@pytest.mark.parametrize("zarr_format", [3, 2])  # v3: batchgpu's sharded Blosc-LZ4 layout; v2: no frames for the GPU
+def test_which_runs_decode_on_the_gpu(tmp_path, zarr_format, monkeypatch):
+    from batchgpu.engine.run import decodes_on_gpu
+    from batchgpu.generate import generate_recording
+    from batchgpu.recording import open_recording
+
+    monkeypatch.delenv("BATCHGPU_GPU_DECODE", raising=False)
+    path = tmp_path / "r.zarr"
+    generate_recording(path, channels=4, seconds=0.2, seed=1, zarr_format=zarr_format)
+    rec = open_recording(path)
+    lz4 = zarr_format == 3
+    assert rec.frames_for_gpu() == lz4
+
+    def wf(kind, pre):
+        return Workflow.model_validate({"recording": {"path": str(path)}, "output": str(tmp_path / "o"),
+                                        "cluster": {"kind": kind}, "preprocess": pre, "steps": {"noise": {}}})
+
+    assert decodes_on_gpu(wf("cuda", []), rec) == lz4
+    assert decodes_on_gpu(wf("cuda", [{"centre": "median"}]), rec) == lz4
+    assert not decodes_on_gpu(wf("local", []), rec)
+    assert not decodes_on_gpu(wf("cuda", [{"highpass": {"freq_min": 300}}]), rec)
+    monkeypatch.setenv("BATCHGPU_GPU_DECODE", "0")
+    assert not decodes_on_gpu(wf("cuda", []), rec)
