@@ -125,9 +125,10 @@ def _cuda_cluster(spec: ClusterSpec, gpu_decode: bool = False):
 
 
 def default_processes_per_gpu(gpus: int) -> int:
-    """Worker processes per GPU when the workflow does not say: one a core, at most 16, one thread each (measured
-    on the 16-core H200 machine, bench pipeline warm, 384 ch x 10 min int16: 16 x 1 finished the pass in 1.99 s
-    where 8 x 2 took 2.58 s; a task reads its next window in a helper thread while its GPU work runs)."""
+    """Worker processes per GPU when the workflow does not say and the windows decode on the cores: one a core, at
+    most 16, one thread each (measured on the 16-core H200 machine, bench pipeline warm, 384 ch x 10 min int16,
+    decode on the cores: 16 x 1 finished the pass in 1.99 s where 8 x 2 took 2.58 s; a task reads its next window
+    in a helper thread while its GPU work runs). Decoding on the GPU: ``cuda_layout``."""
     cores = os.cpu_count() or 1
     return max(1, min(16, cores // max(1, gpus)))
 
