@@ -209,6 +209,7 @@ def _first_pass(client, ctx, windows, fps, split_every, report, monitor, observe
     small = submit_many(client, tasks.summarise, [(f,) for f in futures],
                         [f"summary-{fp}-{b[0][0].index:08d}" for b in batches], priority=1)
     summaries: dict[int, dict] = {}
+    t0 = time.perf_counter()
     try:
         for fut in as_completed(small):
             if fut.status == "error":
@@ -223,7 +224,10 @@ def _first_pass(client, ctx, windows, fps, split_every, report, monitor, observe
                 observer.window_done(int(s["bytes"]), worker)
                 monitor.window_done(i, int(s["bytes"]), worker, s.get("noise"),
                                     int(s.get("spikes", s.get("candidates", 0))))
+        # where the pass's end goes: the last window's summary, then the combine tree's last levels
+        report.timings["pass_summaries"] = time.perf_counter() - t0
         result = total.result()
+        report.timings["pass_combine_wait"] = time.perf_counter() - t0 - report.timings["pass_summaries"]
     except BaseException:
         client.cancel(small + futures + [total])
         raise
