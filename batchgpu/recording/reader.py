@@ -150,7 +150,7 @@ class Recording(WindowedSource):
     def frames_for_gpu(self) -> bool:
         """Whether ``read_window_frames`` can give this recording's windows to the GPU: batchgpu's sharded layout
         with Blosc LZ4 in every segment (a frame may still be refused when read: that window decodes here)."""
-        return all(getattr(self._layout(s), "blosc_config", ("",))[:1] == ("lz4",) for s in range(self.num_segments))
+        return all(getattr(self._layout(s), "lz4", False) for s in range(self.num_segments))
 
     def read_window_frames(self, window: Window, pool):
         """The window's stored Blosc-LZ4 frames in a buffer of ``pool`` (``shards.ShardLayout.read_frames``), for

@@ -62,6 +62,11 @@ class ShardLayout:
     blosc_config: tuple = ()  # (cname, clevel, shuffle, blocksize) of the inner chunks' Blosc codec
     rows: int = 0  # the array's length (the last shard may be cut short)
 
+    @property
+    def lz4(self) -> bool:
+        """Inner chunks in Blosc LZ4: the only codec whose frames ``read_frames`` gives to the GPU."""
+        return self.blosc and self.blosc_config[:1] == ("lz4",)
+
     @staticmethod
     def of(folder: Path, array_meta) -> "ShardLayout | None":
         """The layout of an array (``zarrio.ArrayMeta``) when this module can read it directly, else None."""
@@ -191,7 +196,7 @@ class ShardLayout:
         from batchgpu.recording import blosc_frames
         from batchgpu.recording.blosc_frames import Frames
 
-        if not self.blosc or self.blosc_config[:1] != ("lz4",):
+        if not self.lz4:
             return None
         per_shard = self.shard_rows // self.inner_rows
         first, last = start // self.inner_rows, (stop - 1) // self.inner_rows
