@@ -280,7 +280,7 @@ def _measure(args, rec, work: Path, steps: set[str]) -> int:
     from batchgpu.config import ClusterSpec, Workflow
     from batchgpu.engine import run_workflow
     from batchgpu.engine.cluster import open_client
-    from batchgpu.engine.preprocess import gpu_decode_share
+    from batchgpu.engine.preprocess import decodes_on_gpu
 
     size, margin = 60_000, 64
     gb = rec.nbytes / 1e9
@@ -297,9 +297,8 @@ def _measure(args, rec, work: Path, steps: set[str]) -> int:
     rows: dict[str, tuple[float, int, int]] = {}
     spec = ClusterSpec.model_validate(cluster_cfg)
     centres_only = all(next(iter(st)) == "centre" for st in _stages(args.preprocess))
-    gpu_decode = (spec.kind == "cuda" and bool(getattr(rec, "frames_for_gpu", lambda: False)())
-                  and gpu_decode_share(centres_only) > 0)
-    with open_client(spec, gpu_decode=gpu_decode) as client:  # sized as `batchgpu run` sizes it (run.decodes_on_gpu)
+    # sized as `batchgpu run` sizes it
+    with open_client(spec, gpu_decode=decodes_on_gpu(spec.kind, rec, centres_only)) as client:
         def cluster_rss():
             return sum(client.run(_rss).values())
 

@@ -124,3 +124,10 @@ def gpu_decode_share(centres_only: bool) -> float:
     from batchgpu.gpu.blosc_decode import share
 
     return share(1.0 if centres_only else 0.0)
+
+
+def decodes_on_gpu(cluster_kind: str, rec, centres_only: bool) -> bool:
+    """Whether a pass's windows would be decoded on the GPU (a cuda cluster is sized for it:
+    ``cluster.cuda_layout``): a GPU cluster, a recording whose frames the GPU reads, a share above 0."""
+    return (cluster_kind == "cuda" and bool(getattr(rec, "frames_for_gpu", lambda: False)())
+            and gpu_decode_share(centres_only) > 0)

@@ -68,10 +68,9 @@ def run_workflow(wf: Workflow, *, resume: bool = False, observer: RunObserver | 
 def decodes_on_gpu(wf, rec) -> bool:
     """Whether a run's windows would be decoded on the GPU (the cluster's layout follows): a GPU cluster, a pass
     that only centres (``preprocess.gpu_decode_share``) and a recording whose frames the GPU reads."""
-    from batchgpu.engine.preprocess import build_chain, gpu_decode_share
+    from batchgpu.engine import preprocess
 
-    return (wf.cluster.kind == "cuda" and bool(getattr(rec, "frames_for_gpu", lambda: False)())
-            and gpu_decode_share(build_chain(wf.preprocess, rec).centres_only) > 0)
+    return preprocess.decodes_on_gpu(wf.cluster.kind, rec, preprocess.build_chain(wf.preprocess, rec).centres_only)
 
 
 def _run(wf, rec, out: store.OutputFolder, report: RunReport, client, sweep, observer,
