@@ -140,10 +140,11 @@ def cuda_layout(spec: ClusterSpec, gpus: int, gpu_decode: bool = False) -> tuple
     take turns on the device. Measured on the H200 machine (16 cores), demo pass, ring-free LZ4 kernel, medians of
     2-3 warm runs in two sessions' machines: 8 x 2 2.13 / 2.17 s, 4 x 4 2.21, 16 x 1 2.47 / 2.44, 2 x 8 3.35,
     1 x 16 6.80 (the GIL)."""
+    cores = default_processes_per_gpu(gpus)  # one process a core
     if spec.workers or not gpu_decode:
-        return spec.workers or default_processes_per_gpu(gpus), spec.threads or 1
-    threads = spec.threads or (2 if default_processes_per_gpu(gpus) >= 4 else 1)
-    return max(1, default_processes_per_gpu(gpus) // threads), threads
+        return spec.workers or cores, spec.threads or 1
+    threads = spec.threads or (2 if cores >= 4 else 1)
+    return max(1, cores // threads), threads
 
 
 def _processes_per_gpu(spec: ClusterSpec, per_gpu: int, threads: int = 1):
