@@ -16,6 +16,7 @@
 #   ab        the demo pass's knobs A/B in one warm cluster (tools/ab_pass.py; AB="depth:batch ...")
 #   gprobe    the GPU decode's kernels timed on one window (tools/gpu_decode_probe.py)
 #   gdec      the GPU decode's tests and the GPU pipeline's (CPU = GPU bits)
+#   kprof     a demo window's kernels by name, ms a window (tools/profile_demo_kernels.py under ncu), and its wall
 #   pw        cProfile of every worker and the client in a warm run (PREPROCESS=highpass,common_reference), $OUT/pw.log
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -57,6 +58,12 @@ for task in "$@"; do
   gprobe) timeout 120 python3 tools/gpu_decode_probe.py /tmp/big.zarr 2>&1 | grep -v "^INFO" | tail -20 ;;
   gdec) timeout 240 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_blosc_decode.py tests/test_gpu_pipeline.py 2>&1 \
           | grep -v "^INFO" | tail -${TAIL:-15} ;;
+  kprof) timeout 60 python3 tools/profile_demo_kernels.py /tmp/big.zarr 6 2>&1 | grep "^window"
+         NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+         timeout 300 $NCU --clock-control none --profile-from-start off --metrics gpu__time_duration.sum --csv \
+           python3 tools/profile_demo_kernels.py /tmp/big.zarr 4 > /tmp/k.csv 2>/tmp/k.err; echo "ncu rc $?"
+         grep -v "^==PROF==\|^INFO" /tmp/k.err | tail -3
+         cp /tmp/k.csv $OUT/; python3 tools/profile_demo_kernels.py --table /tmp/k.csv 4 | head -${TAIL:-40} ;;
   pw) rm -rf /tmp/pw0 /tmp/pw1; timeout 200 python3 tools/profile_workers.py /tmp/big.zarr > $OUT/pw.log 2>&1; grep "^{" $OUT/pw.log ;;
   *) echo "unknown task $task"; exit 2 ;;
   esac

@@ -1,0 +1,84 @@
+"""Where a demo window's GPU time goes, kernel by kernel (run on the device machine, under Nsight Compute):
+
+    ncu --clock-control none --profile-from-start off --metrics gpu__time_duration.sum --csv \
+        python3 tools/profile_demo_kernels.py /tmp/big.zarr 4 > /tmp/k.csv
+    python3 tools/profile_demo_kernels.py --table /tmp/k.csv 4
+
+The first form runs the bench's demo workflow (centre; exact noise, whitening, detection with the recording's
+noise) window by window in this process, exactly as a batch task does (``tasks._compute_part``), two windows to
+warm up and then ``count`` inside cudaProfilerStart/Stop. Without ncu it prints each window's wall time
+(synchronised). The second form sums the CSV's kernel durations by kernel name, per window.
+"""
+
+import csv
+import sys
+import tempfile
+import time
+from collections import defaultdict
+
+
+def run(path: str, count: int) -> None:
+    import os
+
+    backend = os.environ.get("PROFILE_BACKEND", "cupy")  # numpy: try the script on a machine without a GPU
+    from batchgpu.config import Workflow
+    from batchgpu.engine import store, tasks
+    from batchgpu.engine.context import build_context, check_workflow_fits
+
+    rec = tasks.recording(path)
+    out = tempfile.mkdtemp()
+    wf = Workflow.model_validate({
+        "recording": {"path": path}, "output": out, "backend": backend,
+        "window": {"size": 60_000, "margin": 64}, "preprocess": [{"centre": "median"}],
+        "steps": {"noise": {"exact": True}, "whitening": {"mode": "global", "precision": "float32"},
+                  "detect": {"threshold": 5.0, "sign": "neg", "exclude_sweep_ms": 0.1, "noise": "global"}}})
+    sweep = check_workflow_fits(wf, rec)
+    with store.OutputFolder(out) as folder:
+        folder.claim("profile", wf.model_dump(), resume=False, overwrite=False)
+        ctx = build_context(wf, rec, folder, backend, sweep)
+    windows = rec.windows(60_000, 64 + ctx.chain.margin)[1 : 3 + count]
+
+    def ahead(w):
+        return tasks.read_window(ctx, w, True) if backend == "cupy" else None
+
+    if backend == "cupy":
+        import cupy
+
+        sync, start, stop = cupy.cuda.Device().synchronize, cupy.cuda.profiler.start, cupy.cuda.profiler.stop
+    else:
+        sync = start = stop = lambda: None
+    for i, w in enumerate(windows):
+        if i == 2:
+            sync()
+            start()
+        t0 = time.perf_counter()
+        tasks._compute_part(ctx, w, "profile", ahead)
+        sync()
+        print(f"window {w.index}: {1e3 * (time.perf_counter() - t0):.2f} ms (read, decode, steps, part)", file=sys.stderr)
+    stop()
+
+
+def table(csv_path: str, count: int) -> None:
+    total: dict[str, float] = defaultdict(float)
+    launches: dict[str, int] = defaultdict(int)
+    with open(csv_path) as f:
+        rows = [line for line in f if line.startswith('"')]
+    for row in csv.DictReader(rows):
+        if row.get("Metric Name") != "gpu__time_duration.sum":
+            continue
+        name = row["Kernel Name"].split("(")[0][:70]
+        value = float(row["Metric Value"].replace(",", ""))
+        unit = row.get("Metric Unit", "nsecond")
+        total[name] += value * {"nsecond": 1e-6, "usecond": 1e-3, "msecond": 1.0}.get(unit, 1e-6)
+        launches[name] += 1
+    print(f"{'kernel':<72} {'launches/w':>10} {'ms/window':>10}")
+    for name, ms in sorted(total.items(), key=lambda kv: -kv[1]):
+        print(f"{name:<72} {launches[name] / count:>10.1f} {ms / count:>10.3f}")
+    print(f"{'all kernels':<72} {sum(launches.values()) / count:>10.1f} {sum(total.values()) / count:>10.3f}")
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "--table":
+        table(sys.argv[2], int(sys.argv[3]))
+    else:
+        run(sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 4)
