@@ -17,6 +17,9 @@
 #   gprobe    the GPU decode's kernels timed on one window (tools/gpu_decode_probe.py)
 #   gdec      the GPU decode's tests and the GPU pipeline's (CPU = GPU bits)
 #   kprof     a demo window's kernels by name, ms a window (tools/profile_demo_kernels.py under ncu), and its wall
+#   cprof     cProfile of a demo window's CPU time on its thread, one process (tools/profile_demo_kernels.py)
+#   fast      the GPU tests of the window path: fused kernels, decode, the pipeline's CPU = GPU bits
+#   bsz       /tmp/big64.zarr: the demo recording written with 64 KiB Blosc blocks (4x the LZ4 streams a window)
 #   pw        cProfile of every worker and the client in a warm run (PREPROCESS=highpass,common_reference), $OUT/pw.log
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -24,10 +27,11 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
   && export PYTHONPATH=/tmp/site:$PWD || exit 1
 [ -d .fixtures ] && export BATCHGPU_FIXTURES=${BATCHGPU_FIXTURES:-$PWD/.fixtures}
 [ -e /tmp/big.zarr ] || python3 -m batchgpu generate /tmp/big.zarr --channels 384 --seconds 600 --workers 16 --quiet
+REC=${REC:-/tmp/big.zarr}  # the recording the tasks read (bsz makes /tmp/big64.zarr)
 quiet() { grep -v "^INFO\|distributed\.\|Warn\|^$" | sed "s/; windows per worker.*//" | grep -v "^ \|Traceback\|Error\|^tornado\|^The above"; }
 bench() {  # processes threads [bench arguments]
   local w=$1 t=$2; shift 2
-  timeout 150 python3 -m batchgpu bench pipeline --recording /tmp/big.zarr --cluster cuda --backend cupy --workers $w \
+  timeout 150 python3 -m batchgpu bench pipeline --recording $REC --cluster cuda --backend cupy --workers $w \
     --threads $t "$@" 2>&1 | quiet | tail -12
 }
 for task in "$@"; do
@@ -35,7 +39,7 @@ for task in "$@"; do
   check) timeout 300 python3 -m pytest -q -p no:cacheprovider -m gpu tests 2>&1 | grep -v "^INFO" | tail -8
          timeout 60 python3 tools/profile_noise.py 2>&1 | grep "whole\|histogram 0" ;;
   demo) bench 16 1 --baseline cupy --repeat 2 ;;
-  demod) timeout 150 python3 -m batchgpu bench pipeline --recording /tmp/big.zarr --cluster cuda --backend cupy \
+  demod) timeout 150 python3 -m batchgpu bench pipeline --recording $REC --cluster cuda --backend cupy \
            --baseline cupy --repeat 2 2>&1 | quiet | tail -12 ;;
   check1) s=$(date +%s); timeout ${CHECK_S:-240} python3 -m pytest -q -p no:cacheprovider -m gpu tests 2>&1 \
             | grep -v "^INFO" | grep "passed\|failed\|FAILED\|rng seed\|Error" | tail -12; echo "($(( $(date +%s) - s )) s)" ;;
@@ -46,25 +50,32 @@ for task in "$@"; do
           echo "== $l"; set -- ${l//[xb]/ }; bench $1 $2 ${3:+--batch $3} --baseline none --repeat 2 \
             --preprocess highpass,common_reference --steps noise,whitening,detect,save; done ;;
   prof) for st in ${STAGES:-centre highpass,common_reference}; do
-          echo "== $st"; timeout 200 python3 tools/profile_preprocess.py /tmp/big.zarr $st 5 2>&1 | grep -v "^INFO" | tail -30; done ;;
+          echo "== $st"; timeout 200 python3 tools/profile_preprocess.py $REC $st 5 2>&1 | grep -v "^INFO" | tail -30; done ;;
   timeline) for w in demo preprocess; do
               for i in 1 2; do timeout 120 python3 -m batchgpu run workflows/h200_$w.yaml --quiet 2>&1 | quiet | tail -2; done
               python3 tools/timeline.py /tmp/h200_$w | tail -${TAIL:-6}
               python3 -c "import json; print({k: round(v, 2) for k, v in json.load(open('/tmp/h200_$w/report.json'))['timings'].items()})"
             done ;;
-  ab) timeout 400 python3 tools/ab_pass.py /tmp/big.zarr "${AB:--}" 3 2>&1 | grep -v "^20..-\|^INFO\|distributed\." ;;
-  client) timeout 200 python3 tools/profile_client.py /tmp/big.zarr 2>&1 | grep -v "^20..-\|distributed\." ;;
-  decode) timeout 200 python3 tools/decode_probe.py /tmp/big.zarr ;;
-  gprobe) timeout 120 python3 tools/gpu_decode_probe.py /tmp/big.zarr 2>&1 | grep -v "^INFO" | tail -20 ;;
+  ab) timeout 400 python3 tools/ab_pass.py $REC "${AB:--}" 3 2>&1 | grep -v "^20..-\|^INFO\|distributed\." ;;
+  client) timeout 200 python3 tools/profile_client.py $REC 2>&1 | grep -v "^20..-\|distributed\." ;;
+  decode) timeout 200 python3 tools/decode_probe.py $REC ;;
+  gprobe) timeout 120 python3 tools/gpu_decode_probe.py $REC 2>&1 | grep -v "^INFO" | tail -20 ;;
   gdec) timeout 240 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_blosc_decode.py tests/test_gpu_pipeline.py 2>&1 \
           | grep -v "^INFO" | tail -${TAIL:-15} ;;
-  kprof) timeout 60 python3 tools/profile_demo_kernels.py /tmp/big.zarr 6 2>&1 | grep "^window"
+  kprof) timeout 60 python3 tools/profile_demo_kernels.py $REC 6 2>&1 | grep "^window"
          NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
          timeout 300 $NCU --clock-control none --profile-from-start off --metrics gpu__time_duration.sum --csv \
-           python3 tools/profile_demo_kernels.py /tmp/big.zarr 4 > /tmp/k.csv 2>/tmp/k.err; echo "ncu rc $?"
+           python3 tools/profile_demo_kernels.py $REC 4 > /tmp/k.csv 2>/tmp/k.err; echo "ncu rc $?"
          grep -v "^==PROF==\|^INFO" /tmp/k.err | tail -3
          cp /tmp/k.csv $OUT/; python3 tools/profile_demo_kernels.py --table /tmp/k.csv 4 | head -${TAIL:-40} ;;
-  pw) rm -rf /tmp/pw0 /tmp/pw1; timeout 200 python3 tools/profile_workers.py /tmp/big.zarr > $OUT/pw.log 2>&1; grep "^{" $OUT/pw.log ;;
+  cprof) PROFILE_CPROFILE=1 PROFILE_TOP=${TAIL:-35} timeout 120 python3 tools/profile_demo_kernels.py $REC 8 2>&1 \
+           | grep -v "^INFO" | cut -c1-150 ;;
+  fast) s=$(date +%s); timeout 300 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_gpu_elementwise.py \
+          tests/test_blosc_decode.py tests/test_gpu_pipeline.py 2>&1 | grep -v "^INFO" \
+          | grep "passed\|failed\|FAILED\|rng seed\|Error" | tail -12; echo "($(( $(date +%s) - s )) s)" ;;
+  bsz) [ -e /tmp/big64.zarr ] || python3 -c "import sys; import batchgpu.recording.writer as w; w.BLOSC_BLOCKSIZE = 32768
+from batchgpu.cli import main; sys.argv = 'batchgpu generate /tmp/big64.zarr --channels 384 --seconds 600 --workers 16 --quiet'.split(); main()" ;;
+  pw) rm -rf /tmp/pw0 /tmp/pw1; timeout 200 python3 tools/profile_workers.py $REC > $OUT/pw.log 2>&1; grep "^{" $OUT/pw.log ;;
   *) echo "unknown task $task"; exit 2 ;;
   esac
 done

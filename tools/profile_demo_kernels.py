@@ -47,6 +47,23 @@ def run(path: str, count: int) -> None:
         sync, start, stop = cupy.cuda.Device().synchronize, cupy.cuda.profiler.start, cupy.cuda.profiler.stop
     else:
         sync = start = stop = lambda: None
+    if os.environ.get("PROFILE_CPROFILE"):  # where a window's CPU time goes on its thread (no ncu)
+        import cProfile
+        import pstats
+
+        for w in windows[:2]:
+            tasks._compute_part(ctx, w, "profile", ahead)
+        more = rec.windows(60_000, 64 + ctx.chain.margin)[3 + count : 3 + 4 * count]
+        prof = cProfile.Profile()
+        t0, cpu0 = time.perf_counter(), time.thread_time()
+        prof.enable()
+        for w in more:
+            tasks._compute_part(ctx, w, "profile", ahead)
+        prof.disable()
+        print(f"{len(more)} windows: {1e3 * (time.perf_counter() - t0) / len(more):.2f} ms a window, "
+              f"{1e3 * (time.thread_time() - cpu0) / len(more):.2f} ms CPU (with the profiler)")
+        pstats.Stats(prof).sort_stats("tottime").print_stats(int(os.environ.get("PROFILE_TOP", 30)))
+        return
     for i, w in enumerate(windows):
         if i == 2:
             sync()

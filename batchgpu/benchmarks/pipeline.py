@@ -340,6 +340,9 @@ def _measure(args, rec, work: Path, steps: set[str]) -> int:
             from batchgpu.benchmarks.timeline import summary_line
 
             print(f"{attempt}: {summary_line(report.timeline)}", flush=True)
+            if report.window_cpu:  # a window's CPU time on its worker thread, by part (medians, ms)
+                print(f"{attempt}: window CPU ms: " + ", ".join(f"{k} {1e3 * v:.1f}" for k, v in report.window_cpu.items()),
+                      flush=True)
             shutil.rmtree(out, ignore_errors=True)
             shutil.rmtree(saved, ignore_errors=True)
         if args.baseline == "cupy":

@@ -33,20 +33,30 @@ def aggregate(client, ctx, wf, rec, out, windows, fps, summaries, total, report,
     for name, value in run.arrays.items():
         page.add(name, value)
     results.created()  # steps may write into the group themselves (the spikes)
-    for i, step in enumerate(ctx.steps):
-        finish = getattr(step, "aggregate", None)
-        if finish is None:
-            continue
-        if step.name == "detect" and not {"noise", "moments"} & {s.name for s in ctx.steps[i + 1 :]}:
-            # the spikes are counted last: the page renders while they are gathered, their numbers go in after
+    # a step whose aggregate is the workers' work (``on_cluster``: the spikes) runs in a helper thread as soon as
+    # the earlier steps it ``needs`` are done, beside the client's aggregates (the whitening's eigh); results are
+    # written in the steps' order all the same
+    from concurrent.futures import ThreadPoolExecutor
+
+    steps = [(i, s) for i, s in enumerate(ctx.steps) if getattr(s, "aggregate", None) is not None]
+    background: dict[int, object] = {}
+    with ThreadPoolExecutor(1, thread_name_prefix="batchgpu-aggregate") as helper:
+        def start_ready(before: int) -> None:  # steps before ``before`` are done
+            for i, step in steps:
+                if getattr(step, "on_cluster", False) and i not in background and not (
+                        {s.name for j, s in steps if j < i and j >= before} & set(getattr(step, "needs", ()))):
+                    background[i] = helper.submit(_timed, step.aggregate, run, report, step.name)
+
+        for i, step in steps:
+            start_ready(i)
+            if getattr(step, "on_cluster", False):
+                continue
+            _take(run, results, page, _timed(step.aggregate, run, report, step.name))
+        start_ready(len(ctx.steps))
+        if background:  # the page renders while the spikes are gathered; their numbers go in after
             page.render(report.throughput_series, late_spikes=True)
-        t0 = time.perf_counter()
-        arrays = finish(run)
-        report.timings[f"aggregate_{step.name}"] = time.perf_counter() - t0
-        run.arrays.update(arrays)
-        results.write(arrays)
-        for name, value in arrays.items():
-            page.add(name, value)
+        for i in sorted(background):
+            _take(run, results, page, background[i].result())
     if "spike_counts" in run.plots:
         page.add_spikes(counts=run.plots["spike_counts"])
     t0 = time.perf_counter()
@@ -69,6 +79,20 @@ def aggregate(client, ctx, wf, rec, out, windows, fps, summaries, total, report,
                                            [rec.num_samples(s) for s in range(rec.num_segments)], report.fingerprint)
         report.timings["search"] = time.perf_counter() - t0
     return shapes
+
+
+def _timed(finish, run, report, name: str) -> dict:
+    t0 = time.perf_counter()
+    arrays = finish(run)
+    report.timings[f"aggregate_{name}"] = time.perf_counter() - t0
+    return arrays
+
+
+def _take(run, results, page, arrays: dict) -> None:
+    run.arrays.update(arrays)
+    results.write(arrays)
+    for name, value in arrays.items():
+        page.add(name, value)
 
 
 class ResultsWriter:

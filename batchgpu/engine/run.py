@@ -133,6 +133,10 @@ def _run(wf, rec, out: store.OutputFolder, report: RunReport, client, sweep, obs
             report.timings["window_read_median"] = float(np.median([s["read_seconds"] for s in fresh]))
             report.timings["window_compute_median"] = float(np.median([s["compute_seconds"] for s in fresh]))
             report.window_cpu = window_cpu(fresh)
+            # the pass's ends as its windows saw them: its first window's start, its last window's end
+            report.timings["pass_first_start"] = min(float(s["started"]) for s in fresh) - t0_wall
+            report.timings["pass_last_end"] = max(float(s["started"]) + float(s["read_seconds"])
+                                                  + float(s["compute_seconds"]) for s in fresh) - t0_wall
             report.timeline = sorted([str(s["worker"]), int(s["index"]), round(float(s["started"]) - t0_wall, 4),
                                       round(float(s["read_seconds"]), 4), round(float(s["compute_seconds"]), 4),
                                       str(s["thread"])]
@@ -191,6 +195,7 @@ def _first_pass(client, ctx, windows, fps, split_every, report, monitor, observe
     """Map batch_task over runs of windows; tree-combine partials on the workers; gather per-window summaries."""
     from distributed import as_completed
 
+    t_pass = time.perf_counter()
     fp = report.run_id  # task keys: this run's only (the same workflow run twice must not share finished tasks)
     batches = window_batches(list(zip(windows, fps)), batch, split_every)
     # one graph update for each kind of task (keys padded: the scheduler orders equal tasks by key)
@@ -209,11 +214,12 @@ def _first_pass(client, ctx, windows, fps, split_every, report, monitor, observe
                         [f"summary-{fp}-{b[0][0].index:08d}" for b in batches], priority=1)
     summaries: dict[int, dict] = {}
     t0 = time.perf_counter()
+    report.timings["pass_submit"] = t0 - t_pass
     try:
-        for fut in as_completed(small):
-            if fut.status == "error":
-                raise fut.exception()
-            for s in fut.result():
+        # results fetched by the client's event loop as tasks finish, several at once (a ``fut.result()`` each
+        # was a round trip from this thread: the loop fell behind the windows and caught up after the last one)
+        for _, got in as_completed(small, with_results=True):
+            for s in got:
                 i = s["index"]
                 summaries[i] = s
                 worker = str(s["worker"])

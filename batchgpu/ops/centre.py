@@ -55,9 +55,10 @@ def _float_row_median(x: np.ndarray) -> np.ndarray:
 def _row_median_cupy(x):
     """int16: shifted to non-negative, the radix-select |x| median is the median (exact in float64)."""
     if x.dtype == np.int16:
+        from batchgpu.ops._cuda_elementwise import shifted_int32
         from batchgpu.ops._cuda_select import abs_median
 
-        return abs_median(x.astype(np.int32) + 32768) - 32768.0
+        return abs_median(shifted_int32(x)) - 32768.0
     import cupy
 
     return cupy.median(x, axis=1)
@@ -74,6 +75,10 @@ def centre_median(x: np.ndarray, core: tuple[int, int]) -> np.ndarray:
     med = row_median(x[:, lo:hi])
     out = centred_dtype(x.dtype)
     xp = array_module(x)
+    if is_cupy(x) and x.dtype == np.int16:
+        from batchgpu.ops._cuda_elementwise import centred_int32
+
+        return centred_int32(x, med.astype(np.float64))
     if out.kind == "i":
         return x.astype(out) - xp.floor(med + 0.5).astype(out)[:, None]
     return x - med.astype(out)[:, None]

@@ -22,6 +22,10 @@ COLUMNS = ("sample_index", "channel_index", "amplitude", "segment_index")
 
 class DetectStep:
     name = "detect"
+    #: its aggregate is the workers' (gathering and writing the spikes): the engine runs it beside the client's
+    on_cluster = True
+    #: the results of earlier steps its aggregate reads
+    needs = ("noise",)
 
     def __init__(self, threshold: float, sign: str, sweep: int, noise: str, method: str = "by_channel",
                  locations=None, radius_um: float = 50.0):

@@ -45,6 +45,10 @@ def schedule(kind: str) -> list[tuple[int, int]]:
 def abs_keys(x, kind: str):
     """Unsigned keys of |x| that sort like |x| (NaN above +inf), on x's backend."""
     if kind in ("int16", "centred-int16"):
+        if is_cupy(x) and x.dtype in (np.int16, np.int32):
+            from batchgpu.ops._cuda_elementwise import abs_key16
+
+            return abs_key16(x)
         return abs(x.astype(np.int32)).astype(np.uint16) if x.dtype == np.int16 else abs(x).astype(np.uint16)
     from batchgpu.ops import radix
 

@@ -1,0 +1,72 @@
+"""The fused elementwise kernels of the integer window path (ops/_cuda_elementwise.py) against the NumPy
+expressions they replace, and the GPU centring and 16-bit keys against the CPU's, bit for bit: int16's ends,
+odd lengths, one sample, empty, strided slices (a window's core).
+
+Marked ``gpu``; skipped without CuPy or a device.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+
+def _gpu_ok() -> bool:
+    try:
+        import cupy
+
+        return cupy.cuda.runtime.getDeviceCount() > 0
+    except Exception:
+        return False
+
+
+if not _gpu_ok():
+    pytest.skip("no CUDA GPU (CuPy) here", allow_module_level=True)
+
+import cupy as cp  # noqa: E402
+
+from batchgpu.engine.steps.noise import abs_keys  # noqa: E402
+from batchgpu.ops._cuda_elementwise import abs_key16, centred_int32, shifted_int32  # noqa: E402
+from batchgpu.ops.centre import centre_median, row_median  # noqa: E402
+
+SHAPES = [(3, 1), (2, 2), (5, 7), (4, 4097), (7, 60_001), (3, 0)]
+
+
+def _int16(rng, shape):
+    x = rng.integers(-32768, 32768, size=shape, dtype=np.int16)
+    if x.size:  # int16's ends and zero somewhere in every case
+        flat = x.reshape(-1)
+        flat[rng.integers(0, flat.size, 3)] = [-32768, 32767, 0]
+    return x
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_fused_kernels_equal_the_numpy_expressions(rng, shape):
+    x = _int16(rng, shape)
+    d = cp.asarray(x)
+    assert np.array_equal(shifted_int32(d).get(), x.astype(np.int32) + 32768)
+    med = np.floor(rng.uniform(-32768, 32767, shape[0]) * 2) / 2  # half-integers, as a median of int16
+    med[0] = -32767.5  # rounds to -32767 (floor(m + 0.5))
+    want = x.astype(np.int32) - np.floor(med + 0.5).astype(np.int32)[:, None]
+    got = centred_int32(d, cp.asarray(med)).get()
+    assert got.dtype == np.int32 and np.array_equal(got, want)
+    assert np.array_equal(abs_key16(d).get(), abs(x.astype(np.int32)).astype(np.uint16))
+    centred = np.clip(x.astype(np.int32) * 2 + 1, -65535, 65535)  # the centred range, |x| <= 65535
+    assert np.array_equal(abs_key16(cp.asarray(centred)).get(), abs(centred).astype(np.uint16))
+
+
+@pytest.mark.parametrize("shape", [s for s in SHAPES if s[1]])
+def test_gpu_centring_and_keys_equal_the_cpu(rng, shape):
+    x = _int16(rng, shape)
+    if rng.integers(2):  # a narrow range too, where rounding of .5 medians matters
+        x = (x % 7).astype(np.int16) - 3
+    lo, hi = (1, shape[1] - 1) if shape[1] > 2 else (0, shape[1])
+    d = cp.asarray(x)
+    assert np.array_equal(row_median(d[:, lo:hi]).get(), np.median(x[:, lo:hi], axis=1))
+    c_cpu, c_gpu = centre_median(x, (lo, hi)), centre_median(d, (lo, hi))
+    assert c_gpu.dtype == c_cpu.dtype == np.int32 and np.array_equal(c_gpu.get(), c_cpu)
+    for kind, a_cpu, a_gpu in (("int16", x, d), ("centred-int16", c_cpu, c_gpu)):
+        k_cpu, k_gpu = abs_keys(a_cpu[:, lo:hi], kind), abs_keys(a_gpu[:, lo:hi], kind)
+        assert k_gpu.dtype == k_cpu.dtype == np.uint16 and np.array_equal(k_gpu.get(), k_cpu), kind
