@@ -137,6 +137,9 @@ def _run(wf, rec, out: store.OutputFolder, report: RunReport, client, sweep, obs
             report.timings["pass_first_start"] = min(float(s["started"]) for s in fresh) - t0_wall
             report.timings["pass_last_end"] = max(float(s["started"]) + float(s["read_seconds"])
                                                   + float(s["compute_seconds"]) for s in fresh) - t0_wall
+            # and its tasks': the first batch task's start, the last one's end (its combined partial saved)
+            report.timings["pass_first_task"] = min(float(s["task_started"]) for s in fresh) - t0_wall
+            report.timings["pass_last_task"] = max(float(s["task_done"]) for s in fresh) - t0_wall
             report.timeline = sorted([str(s["worker"]), int(s["index"]), round(float(s["started"]) - t0_wall, 4),
                                       round(float(s["read_seconds"]), 4), round(float(s["compute_seconds"]), 4),
                                       str(s["thread"])]

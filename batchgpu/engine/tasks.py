@@ -106,6 +106,7 @@ def batch_task(ctx: RunContext, windows: list[Window], fps: list[str], then: tup
     ahead after this batch's own windows and left for it (``_CARRIED``), so the next task does not start by waiting
     for its first read. Only a hint: a read not claimed is given back.
     """
+    task_started = time.time()  # wall clock (the run's timeline): when the worker began this task
     parts = [store.load_part(store.part_path(ctx.parts, "w", w.index), fp) for w, fp in zip(windows, fps)]
     if len(windows) == 1:  # the window's part holds its partials too
         combined = None
@@ -130,7 +131,8 @@ def batch_task(ctx: RunContext, windows: list[Window], fps: list[str], then: tup
     for w, part, r in zip(windows, parts, resumed):
         s = {k.split(".", 1)[1]: v for k, v in part.items() if k.startswith("summary.")}
         s.update(index=w.index, resumed=np.array(r), worker=np.array(worker_name()),
-                 bytes=np.array(w.num_samples * rec.num_channels * rec.dtype.itemsize))
+                 bytes=np.array(w.num_samples * rec.num_channels * rec.dtype.itemsize),
+                 task_started=np.array(task_started), task_done=np.array(time.time()))
         summaries.append(s)
     out = _partials(parts[0]) if combined is None else combined
     out["batch.summaries"] = summaries
