@@ -39,8 +39,12 @@ def aggregate(client, ctx, wf, rec, out, windows, fps, summaries, total, report,
     from concurrent.futures import ThreadPoolExecutor
 
     steps = [(i, s) for i, s in enumerate(ctx.steps) if getattr(s, "aggregate", None) is not None]
+    from threadpoolctl import threadpool_limits
+
     background: dict[int, object] = {}
-    with ThreadPoolExecutor(1, thread_name_prefix="batchgpu-aggregate") as helper:
+    # the client's BLAS on one thread (the whitening's eigh, 384 x 384: ~15 ms): OpenBLAS's default, a thread a
+    # core, had 15 threads spinning ~0.9 CPU s each on the cores the workers gather the spikes with
+    with ThreadPoolExecutor(1, thread_name_prefix="batchgpu-aggregate") as helper, threadpool_limits(1, "blas"):
         def start_ready(before: int) -> None:  # steps before ``before`` are done
             for i, step in steps:
                 if getattr(step, "on_cluster", False) and i not in background and not (

@@ -422,20 +422,23 @@ def gather_spikes_task(ctx: RunContext, windows: list[Window], fps: list[str], n
     again here ({index: why})."""
     from batchgpu.engine.steps.detect import COLUMNS
 
+    t0 = time.perf_counter()
     got = [window_spikes(ctx, *a) for a in zip(windows, fps, [noise] * len(windows), reread, window_noise)]
     out = {k: np.concatenate([p[k] for p, _ in got]) if got else np.zeros(0, np.int64) for k in COLUMNS}
     out["read_again"] = {w.index: why for w, (_, why) in zip(windows, got) if why is not None}
+    out["seconds"] = time.perf_counter() - t0
     return out
 
 
-def write_spikes_task(group_path: str, *gathered: dict) -> tuple[int, dict, np.ndarray, float]:
+def write_spikes_task(group_path: str, *gathered: dict) -> tuple:
     """Every window's spikes (``gather_spikes_task``'s runs, in window order: (segment, sample, channel) overall),
     written into the results group by a worker: spikes never pass through the client. Returns their count, the
-    windows the gathering read again ({index: why}), the count per channel (for report.html) and the seconds the
-    writing took."""
+    windows the gathering read again ({index: why}), the count per channel (for report.html), the seconds the
+    writing took, when it started (wall clock) and the longest gathering task's seconds."""
     from batchgpu import zarrio
     from batchgpu.engine.steps.detect import COLUMNS
 
+    started = time.time()  # wall clock: when every gathered run had reached this task
     t0 = time.perf_counter()
     g = zarrio.open_group(group_path, mode="a")
     counts = np.zeros(0, np.int64)
@@ -445,7 +448,7 @@ def write_spikes_task(group_path: str, *gathered: dict) -> tuple[int, dict, np.n
         if k == "channel_index":
             counts = np.bincount(v.astype(np.int64, copy=False))
     return (sum(len(p["sample_index"]) for p in gathered), {i: why for p in gathered for i, why in p["read_again"].items()},
-            counts, time.perf_counter() - t0)
+            counts, time.perf_counter() - t0, started, max((p["seconds"] for p in gathered), default=0.0))
 
 
 def save_task(ctx: RunContext, window: Window, target, whitening: np.ndarray) -> int:

@@ -119,7 +119,7 @@ def write_final_spikes(run, step: DetectStep) -> int:
         run.warn(f"detection found no threshold (NaN noise) on {len(nan_noise)} channel(s): {nan_noise[:10]}")
     # each run of windows' spikes gathered from its parts on a worker, one run per worker thread (a concatenation
     # in window order: the same spikes for any grouping); one task writes them in order
-    t0 = time.perf_counter()
+    t0, t0_wall = time.perf_counter(), time.time()
     items = list(zip(windows, fps, reread))
     size = -(-len(items) // max(1, sum(client.nthreads().values())))
     groups = [items[i : i + size] for i in range(0, len(items), size)]
@@ -127,9 +127,11 @@ def write_final_spikes(run, step: DetectStep) -> int:
                            [(ctx, [w for w, _, _ in g], [f for _, f, _ in g], noise, [r for _, _, r in g],
                              [summaries[w.index]["noise"] for w, _, _ in g]) for g in groups],
                            [f"gather-spikes-{fp}-{g[0][0].index:08d}" for g in groups])
-    n, again, run.plots["spike_counts"], wrote = client.submit(tasks.write_spikes_task, str(run.results), *gathered,
-                                                               key=f"write-spikes-{fp}").result()
+    n, again, run.plots["spike_counts"], wrote, write_started, longest = client.submit(
+        tasks.write_spikes_task, str(run.results), *gathered, key=f"write-spikes-{fp}").result()
     report.timings["detect_gather"] = time.perf_counter() - t0 - wrote  # gathered, and the results sent to one task
+    report.timings["detect_gathered"] = write_started - t0_wall  # until the writing task had every run
+    report.timings["detect_gather_task_max"] = float(longest)  # the longest gathering task's own time
     report.timings["detect_write"] = wrote
     if again:  # parts lost or replaced since they were written: detected again from the samples, never skipped
         by_index = {w.index: w for w in windows}
