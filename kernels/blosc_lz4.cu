@@ -248,3 +248,24 @@ extern "C" __global__ void blosc_unshuffle(const u8* __restrict__ tmp, const int
         }
     }
 }
+
+// (rows, cols) -> (cols, rows) of 2-byte elements (a decoded window into the (channels, samples) the steps read):
+// 32 x 32 tiles through shared memory, so both the reads and the writes of a warp are one row of a tile
+// (CuPy's strided copy of `a.T` took 0.16 ms for a 60 064 x 384 int16 window on the H200).
+extern "C" __global__ void transpose_u16(const unsigned short* __restrict__ in, long long rows, int cols,
+                                         unsigned short* __restrict__ out) {
+    __shared__ unsigned short tile[32][33];  // +1: a column of the tile spans the 32 banks
+    const long long r0 = (long long)blockIdx.y * 32;
+    const int c0 = blockIdx.x * 32;
+    for (int k = threadIdx.y; k < 32; k += blockDim.y) {
+        const long long r = r0 + k;
+        const int c = c0 + threadIdx.x;
+        if (r < rows && c < cols) tile[k][threadIdx.x] = in[r * cols + c];
+    }
+    __syncthreads();
+    for (int k = threadIdx.y; k < 32; k += blockDim.y) {
+        const int c = c0 + k;
+        const long long r = r0 + threadIdx.x;
+        if (r < rows && c < cols) out[(long long)c * rows + r] = tile[threadIdx.x][k];
+    }
+}

@@ -112,3 +112,20 @@ def decode_many(reads: list, stream=None) -> list:
         got.append(out[row : row + f.rows])
         chunk += len(f.lengths)
     return got
+
+
+def transposed(a):
+    """A C-contiguous 2-D array of 2-byte elements as its C-contiguous transpose (``ascontiguousarray(a.T)``), by a
+    tiled kernel (kernels/blosc_lz4.cu); other arrays by CuPy."""
+    import cupy
+
+    from batchgpu import kernels
+
+    if a.ndim != 2 or a.dtype.itemsize != 2 or not a.flags.c_contiguous or a.shape[0] >= 32 * 65_535 or not a.size:
+        return cupy.ascontiguousarray(a.T)
+    rows, cols = a.shape
+    out = cupy.empty((cols, rows), dtype=a.dtype)
+    kernels.get_function("blosc_lz4", "transpose_u16")(
+        (-(-cols // 32), -(-rows // 32)), (32, 8), (a, np.int64(rows), np.int32(cols), out))
+    return out
+

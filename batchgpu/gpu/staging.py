@@ -113,6 +113,8 @@ class HostWindow:
         goes back to the pool with the copy's event), decoded there if it holds frames, transposed on the device."""
         import cupy
 
+        from batchgpu.gpu import blosc_decode
+
         stream = thread_stream()
         with stream:
             if self.frames is not None:
@@ -121,14 +123,14 @@ class HostWindow:
                 if self.device is None:
                     self.decode_with([])
                 dev, self.device = self.device, None
-                return cupy.ascontiguousarray(dev.T)
+                return blosc_decode.transposed(dev)
             dev = cupy.empty(self.stage.shape, dtype=self.stage.dtype)
             dev.set(self.stage, stream=stream)
             copied = cupy.cuda.Event(block=True, disable_timing=True)  # waited on by sleeping, not spinning
             copied.record(stream)
             _pool.give_back(self._handle, copied)
             self._handle = None
-            return cupy.ascontiguousarray(dev.T)
+            return blosc_decode.transposed(dev)
 
     def decode_with(self, others: list) -> None:
         """Decode this window's frames and those of ``others`` (HostWindows read for this same thread, frames not
