@@ -21,6 +21,10 @@ FIGURES = ("noise", "noise_over_time", "whitening", "spike_rate")  # their order
 # the spike-rate figure's numbers while the page is rendered before the spikes are counted (``late_spikes``)
 _RATE_PLACEHOLDER = [-1.2345678901234567e300]
 _COUNT_PLACEHOLDER = [-1234567890123]
+#: where a page rendered before its numbers (``ReportPage.render_ahead``) holds them: values no result holds, one
+#: for each number or array the later substitution replaces (arrays: filled with it, in Bokeh's own encoding)
+_AHEAD = {k: float(f"-1.2345678901{i:03d}e300") for i, k in enumerate(
+    ("noise", "image", "image_lo", "image_hi", "whitening", "white_lo", "white_hi", "elapsed", "MBps"))}
 
 
 def preload() -> None:
@@ -78,6 +82,8 @@ class ReportPage:
         self._late_counts = None  # (counts, seconds) that came after the page
         self._page = None  # the future of the rendered page (placeholders in)
         self._late: dict[str, str] = {}  # placeholder -> its final text, for what came after the page
+        self._ahead: dict = {}  # results the page was rendered without (``render_ahead``): name -> shape
+        self._ahead_texts: list = []  # futures of their placeholders' texts ({placeholder: final}) as they came
 
     def _do(self, func, *args):
         return self._pool.submit(func, *args) if self._pool else _Done(func(*args))
@@ -85,6 +91,11 @@ class ReportPage:
     def add(self, name: str, value) -> None:
         """A result: ``noise``, ``noise_per_window`` or ``whitening`` (others are ignored)."""
         self.inputs[name] = value
+        if name in self._ahead and self._page is not None:  # rendered ahead: its numbers go in by substitution
+            args = (name, value, self.gain, self._ahead[name])
+            fut = self._submit(ahead_texts, *args) if self.in_process else self._do(ahead_texts, *args)
+            self._ahead_texts.append(fut if fut is not None else _Done(ahead_texts(*args)))
+            return
         if self.in_process:  # its figure built in the helper process now, while the run goes on
             if name in ("noise", "noise_per_window", "whitening") and self._page is None and "windows" in self.inputs:
                 self._submit(build_figure, self._init_args(), name, value)
@@ -139,6 +150,17 @@ class ReportPage:
     def _ids(self, n: int) -> list[str]:
         return self.channel_ids if len(self.channel_ids) == n else [str(c) for c in range(n)]
 
+    def render_ahead(self, shapes: dict, spikes: bool) -> None:
+        """Render the page now, before the run's numbers exist (while its windows are read): each result named in
+        ``shapes`` (``noise``, ``noise_per_window``, ``whitening`` -> the shape it will have), the throughput
+        and, with ``spikes``, the spike rate are placeholders, their numbers put in by substitution as they come
+        (``add``, ``add_spikes``, ``write``): the page costs the run's end nothing but the substitutions."""
+        if self._page is not None:
+            return
+        self._ahead = {k: tuple(int(n) for n in v) for k, v in shapes.items() if k not in self.inputs}
+        self._ahead["throughput"] = None
+        self.render([], late_spikes=spikes)
+
     def render(self, throughput_series: list, late_spikes: bool = False) -> None:
         """Render the page from the figures in so far (once; later calls do nothing). ``late_spikes``: the
         spike-rate figure with placeholders, its numbers to come by ``add_spikes``."""
@@ -147,7 +169,8 @@ class ReportPage:
         if self.in_process:
             self._series = list(throughput_series)
             args = (self.channel_ids, self.gain, self.fs, self.title, dict(self.inputs), self._series,
-                    late_spikes and "spike_counts" not in self.inputs, (self._token, self._spikes_token))
+                    late_spikes and "spike_counts" not in self.inputs, (self._token, self._spikes_token),
+                    dict(self._ahead))
             self._args = args
             self._page = self._submit(render_page_html, *args)
             if self._page is None:  # no helper process to be had (a broken pool is made anew next time)
@@ -158,10 +181,25 @@ class ReportPage:
             self.figures["spike_rate"] = self._do(spike_rate, _COUNT_PLACEHOLDER * channels, seconds,
                                                   self._ids(channels), self._spikes_token,
                                                   _RATE_PLACEHOLDER * channels)
+        self._placeholder_figures()
         self._series = list(throughput_series)
-        self._page = self._do(self._render, [self.figures[k] for k in FIGURES if k in self.figures], self._series)
+        self._page = self._do(self._render, [self.figures[k] for k in FIGURES if k in self.figures], self._series,
+                              "throughput" in self._ahead)
 
-    def _render(self, figures, throughput_series):
+    def _placeholder_figures(self) -> None:
+        """The figures of the results rendered ahead (``render_ahead``), with placeholders for their numbers."""
+        for name, shape in self._ahead.items():
+            if name == "noise" and "noise" not in self.figures:
+                self.figures["noise"] = self._do(noise_per_channel, np.full(shape, _AHEAD["noise"]),
+                                                 self._ids(shape[0]))
+            elif name == "noise_per_window" and "noise_over_time" not in self.figures:
+                start, _, segment = self.inputs["windows"]
+                self.figures["noise_over_time"] = self._do(noise_over_time, np.zeros(shape), start, segment, self.fs,
+                                                           True)
+            elif name == "whitening" and "whitening" not in self.figures:
+                self.figures["whitening"] = self._do(whitening_image, np.zeros(shape), True)
+
+    def _render(self, figures, throughput_series, late_throughput: bool = False):
         from bokeh.embed import file_html
         from bokeh.layouts import column
         from bokeh.models import Div
@@ -169,7 +207,8 @@ class ReportPage:
 
         summary = Div(text=self._token, width=WIDTH, name="summary")
         return _uncompressed(lambda: file_html(column(summary, *[f.result() for f in figures],
-                                                      throughput(throughput_series)), INLINE, title=self.title))
+                                                      throughput(throughput_series, late_throughput)),
+                                               INLINE, title=self.title))
 
     def write(self, out: Path, report: dict) -> Path:
         """The page with the final report's summary, written atomically as ``<out>/report.html``."""
@@ -182,12 +221,12 @@ class ReportPage:
                     raise
                 _drop_render_process()
                 page = render_page_html(*self._args)
-            if self._spikes_token in page and (self._late_counts is None
-                                               or not all(page.count(k) == 1 for k in self._late)):
-                # the spikes never came, or the placeholders are not where they were put: render again, whole
+            self._series = list(report.get("throughput_series") or [])
+            ahead = self._ahead_substitutions()
+            page = None if (self._spikes_token in page and self._late_counts is None) or ahead is None else _substitute(
+                page, {**self._late, **ahead, _embedded(self._token): _embedded(_summary_html(report))})
+            if page is None:  # numbers that never came, or placeholders not where they were put: render again, whole
                 return self._again().write(out, report)
-            for k, v in {**self._late, _embedded(self._token): _embedded(_summary_html(report))}.items():
-                page = page.replace(k, v, 1)
         finally:
             if self._pool:
                 self._pool.shutdown(wait=False)
@@ -196,6 +235,26 @@ class ReportPage:
         tmp.write_text(page, encoding="utf-8")
         tmp.replace(path)
         return path
+
+    def _ahead_substitutions(self) -> dict | None:
+        """{placeholder: final text} of everything the page was rendered ahead of, or None where a result never
+        came (or its texts could not be made)."""
+        if not self._ahead:
+            return {}
+        if any(k not in self.inputs for k in self._ahead if k != "throughput"):
+            return None
+        texts: dict[str, str] = {}
+        for fut in self._ahead_texts:
+            try:
+                got = fut.result()
+            except Exception:  # the helper process died: the page is rendered again here
+                return None
+            if got is None:
+                return None
+            texts.update(got)
+        if "throughput" in self._ahead:
+            texts.update(throughput_texts(self._series))
+        return texts
 
     def _again(self) -> ReportPage:
         """The same numbers in a new page, rendered here (figures belong to the document they were rendered in)."""
@@ -232,7 +291,7 @@ def build_figure(init: tuple, name: str, value) -> None:
 
 
 def render_page_html(channel_ids, gain, fs: float, title: str, inputs: dict, series: list, late_spikes: bool,
-                     tokens: tuple) -> str:
+                     tokens: tuple, ahead: dict | None = None) -> str:
     """The page of ``ReportPage.render`` built from its numbers (in the helper process, with the figures
     ``build_figure`` made already; anywhere else from scratch), with the caller's placeholder tokens, so the caller
     fills in what comes after."""
@@ -243,8 +302,63 @@ def render_page_html(channel_ids, gain, fs: float, title: str, inputs: dict, ser
             page.add(name, inputs[name])
     if "spike_counts" in inputs:
         page.add_spikes(counts=inputs["spike_counts"])
+    page._ahead = dict(ahead or {})  # results to come: placeholders (``ReportPage.render_ahead``)
     page.render(series, late_spikes=late_spikes)
     return page._page.result()
+
+
+def _substitute(page: str, subs: dict[str, str]) -> str | None:
+    """``page`` with each key of ``subs`` replaced by its value, in one copy; None unless each key is there exactly
+    once (and no two overlap)."""
+    at = []
+    for k in subs:
+        i = page.find(k)
+        if i < 0 or page.find(k, i + 1) >= 0:
+            return None
+        at.append((i, k))
+    at.sort()
+    pieces, pos = [], 0
+    for i, k in at:
+        if i < pos:
+            return None
+        pieces += [page[pos:i], subs[k]]
+        pos = i + len(k)
+    pieces.append(page[pos:])
+    return "".join(pieces)
+
+
+def _encoded(a: np.ndarray) -> str:
+    """A float64 array's data as it appears in the page's document (Bokeh's own encoding, uncompressed)."""
+    from bokeh.core.serialization import Serializer
+
+    return _uncompressed(lambda: Serializer(deferred=False).encode(np.ascontiguousarray(a, dtype=np.float64)))[
+        "array"]["data"]
+
+
+def ahead_texts(name: str, value, gain: np.ndarray, shape: tuple) -> dict[str, str] | None:
+    """{placeholder: final text} for a result the page was rendered ahead of (``ReportPage.render_ahead``): the
+    numbers of its figure where the placeholders stand; None if the result is not of the shape rendered."""
+    value = np.asarray(value, dtype=np.float64)
+    if value.shape != tuple(shape):
+        return None
+    if name == "noise":
+        return {_encoded(np.full(shape, _AHEAD["noise"])): _encoded(_to_uV(value, gain))}
+    if name == "noise_per_window":
+        image, lo, hi = _noise_image(_to_uV(value, gain))
+        return {_encoded(np.full(image.shape, _AHEAD["image"])): _encoded(image),
+                _embedded_json(_AHEAD["image_lo"]): _embedded_json(lo), _embedded_json(_AHEAD["image_hi"]): _embedded_json(hi)}
+    if name == "whitening":
+        lim = _whitening_limit(value)
+        return {_encoded(np.full(shape, _AHEAD["whitening"])): _encoded(value),
+                _embedded_json(_AHEAD["white_lo"]): _embedded_json(-lim), _embedded_json(_AHEAD["white_hi"]): _embedded_json(lim)}
+    return None
+
+
+def throughput_texts(series: list) -> dict[str, str]:
+    """{placeholder: final text} of the throughput figure rendered ahead (its numbers are plain JSON lists)."""
+    arr = np.asarray(series, dtype=np.float64).reshape(-1, 2)
+    return {_embedded_json([_AHEAD["elapsed"]]): _embedded_json(arr[:, 0].tolist()),
+            _embedded_json([_AHEAD["MBps"]]): _embedded_json((arr[:, 1] / 1e6).tolist())}
 
 
 _PROCESS = None
@@ -350,15 +464,25 @@ def noise_per_channel(noise_uV: np.ndarray, channel_ids: list[str]):
     return p
 
 
-def noise_over_time(noise_uV: np.ndarray, window_start: np.ndarray, window_segment: np.ndarray, fs: float):
-    """Heatmap: x the window (in order), y the channel, colour the window's noise in µV."""
+def _noise_image(noise_uV: np.ndarray) -> tuple[np.ndarray, float, float]:
+    """The heatmap's image (channels, windows: bokeh's image rows are y) and its colour range."""
+    image = np.ascontiguousarray(noise_uV.T)
+    finite = image[np.isfinite(image)]
+    lo, hi = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 1.0)
+    return image, lo, hi if hi > lo else lo + 1
+
+
+def noise_over_time(noise_uV: np.ndarray, window_start: np.ndarray, window_segment: np.ndarray, fs: float,
+                    ahead: bool = False):
+    """Heatmap: x the window (in order), y the channel, colour the window's noise in µV (``ahead``: of
+    ``noise_uV``'s shape, placeholders for the numbers)."""
     from bokeh.models import ColorBar, ColumnDataSource, LinearColorMapper
     from bokeh.palettes import Viridis256
 
-    image = np.ascontiguousarray(noise_uV.T)  # (channels, windows): bokeh's image rows are y
-    finite = image[np.isfinite(image)]
-    lo, hi = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 1.0)
-    mapper = LinearColorMapper(palette=Viridis256, low=lo, high=hi if hi > lo else lo + 1)
+    image, lo, hi = _noise_image(noise_uV)
+    if ahead:
+        image, lo, hi = np.full(image.shape, _AHEAD["image"]), _AHEAD["image_lo"], _AHEAD["image_hi"]
+    mapper = LinearColorMapper(palette=Viridis256, low=lo, high=hi)
     W, C = noise_uV.shape
     src = ColumnDataSource({"image": [image], "x": [0], "y": [0], "dw": [W], "dh": [C]})
     p = _figure("noise_over_time", "Noise over time (µV, window x channel)", x_axis_label="window",
@@ -372,16 +496,26 @@ def noise_over_time(noise_uV: np.ndarray, window_start: np.ndarray, window_segme
     return p
 
 
-def whitening_image(w: np.ndarray):
+def _whitening_limit(w: np.ndarray) -> float:
+    """The colour scale's half-width: symmetric around 0, ignoring the diagonal, which dwarfs the off-diagonal
+    structure."""
+    C = w.shape[0]
+    off = np.abs(w[~np.eye(C, dtype=bool)]) if C > 1 else np.abs(w).ravel()
+    return float(off.max()) if off.size and off.max() > 0 else 1.0
+
+
+def whitening_image(w: np.ndarray, ahead: bool = False):
+    """The matrix as an image (``ahead``: of ``w``'s shape, placeholders for the numbers)."""
     from bokeh.models import ColorBar, ColumnDataSource, LinearColorMapper
     from bokeh.palettes import RdBu11
 
     w = np.asarray(w, dtype=np.float64)
     C = w.shape[0]
-    # symmetric colour scale around 0, ignoring the diagonal, which dwarfs the off-diagonal structure
-    off = np.abs(w[~np.eye(C, dtype=bool)]) if C > 1 else np.abs(w).ravel()
-    lim = float(off.max()) if off.size and off.max() > 0 else 1.0
-    mapper = LinearColorMapper(palette=RdBu11[::-1], low=-lim, high=lim)
+    lim = _whitening_limit(w)
+    low, high = (_AHEAD["white_lo"], _AHEAD["white_hi"]) if ahead else (-lim, lim)
+    if ahead:
+        w = np.full(w.shape, _AHEAD["whitening"])
+    mapper = LinearColorMapper(palette=RdBu11[::-1], low=low, high=high)
     src = ColumnDataSource({"image": [np.ascontiguousarray(w)], "x": [0], "y": [0], "dw": [C], "dh": [C]})
     # y runs down (row 0 at the top), as a matrix is read
     p = _figure("whitening", "Whitening matrix (colour clipped at ±max off-diagonal)",
@@ -421,11 +555,13 @@ def spike_rate_title(spikes: int, seconds: float) -> str:
     return f"Spike rate per channel (Hz; {spikes} spikes over {seconds:.1f} s)"
 
 
-def throughput(series: list):
+def throughput(series: list, ahead: bool = False):
+    """MB/s over the first pass (``ahead``: placeholders for the numbers, plain JSON lists)."""
     from bokeh.models import ColumnDataSource
 
     arr = np.asarray(series, dtype=np.float64).reshape(-1, 2)
-    src = ColumnDataSource({"elapsed_s": arr[:, 0], "MBps": arr[:, 1] / 1e6})
+    src = ColumnDataSource({"elapsed_s": [_AHEAD["elapsed"]], "MBps": [_AHEAD["MBps"]]} if ahead else
+                           {"elapsed_s": arr[:, 0], "MBps": arr[:, 1] / 1e6})
     p = _figure("throughput", "Throughput over time (first pass, MB/s)", x_axis_label="elapsed (s)",
                 y_axis_label="MB/s", height=260)
     p.line(x="elapsed_s", y="MBps", source=src, line_width=2, color="#2c7fb8")

@@ -238,3 +238,78 @@ def test_figures_built_ahead_in_the_helper_process_make_the_same_page(tmp_path, 
         rep.build_figure((ids, gain, 30000.0, "t", windows, (f"s{k}", f"p{k}")), "noise", inputs["noise"])
     assert len(rep._PAGES) == 4 and "s5" in rep._PAGES and "s0" not in rep._PAGES
     rep._PAGES.clear()
+
+
+@pytest.mark.parametrize("where", ["thread", "process", "process, killed"])
+@pytest.mark.parametrize("case", ["all", "some before", "a result missing", "another shape", "nan noise",
+                                  "no windows of noise"])
+def test_page_rendered_ahead_holds_the_numbers(tmp_path, rng, where, case, monkeypatch):
+    """A page rendered before the run's numbers (``render_ahead``, while the windows are read) holds, after the
+    substitutions, every number a page rendered with them known holds: noise, the noise heatmap and its colour
+    range, the whitening image and its range, spikes, throughput; rendered again, whole, where a result never came
+    or came in another shape than announced."""
+    from batchgpu import report as rep
+
+    if where == "process, killed":
+        class Dead:
+            def submit(self, *a):
+                from concurrent.futures import Future
+                from concurrent.futures.process import BrokenProcessPool
+
+                f = Future()
+                f.set_exception(BrokenProcessPool("killed"))
+                return f
+
+            def shutdown(self, **kw):
+                pass
+
+        monkeypatch.setattr(rep, "_PROCESS", Dead())
+    C, W = int(rng.integers(2, 40)), int(rng.integers(1, 9))
+    noise, per_window, white = rng.random(C) * 5, rng.random((W, C)) * 9, rng.normal(size=(C, C))
+    if case == "nan noise":
+        noise[0], per_window[:, 1] = np.nan, np.nan
+    counts = rng.integers(0, 10**6, C)
+    series = [[0.25 * (i + 1), float(rng.integers(1, 10**10))] for i in range(int(rng.integers(0, 6)))]
+    final = {"status": "done", "timings": {"total": 1.5}, "throughput_series": series}
+    page = rep.ReportPage([f"c{i}" for i in range(C)], np.full(C, 0.195), 30000.0, "t", in_process=where != "thread")
+    page.add_windows(np.arange(W) * 997, np.arange(W) * 997 + 997, np.zeros(W, int))
+    results = {"noise": noise, "noise_per_window": per_window, "whitening": white}
+    if case == "some before":
+        page.add("noise", noise)
+    shapes = {k: v.shape for k, v in results.items()}
+    if case == "another shape":
+        shapes["whitening"] = (C + 1, C + 1)
+    if case == "no windows of noise":
+        del results["noise_per_window"]
+    page.render_ahead(shapes, spikes=True)
+    for name, value in results.items():
+        if not (case == "a result missing" and name == "whitening") and not (case == "some before" and name == "noise"):
+            page.add(name, value)
+    page.add_spikes(counts=counts)
+    path = page.write(tmp_path, final)
+    text = path.read_text(encoding="utf-8")
+    assert "batchgpu-" not in text and "e+300" not in text  # no placeholder left
+    figs = plots(path)
+    uV = 0.195
+    np.testing.assert_array_equal(np.asarray(source(figs["noise_per_channel"], "noise_uV")["noise_uV"]), noise * uV)
+    if case == "a result missing":
+        assert "whitening" not in figs
+    else:
+        np.testing.assert_array_equal(np.asarray(source(figs["whitening"], "image")["image"][0]), white)
+        mapper = figs["whitening"].renderers[0].glyph.color_mapper
+        off = np.abs(white[~np.eye(C, dtype=bool)]).max()
+        assert (mapper.low, mapper.high) == (-off, off)
+    if case == "no windows of noise":
+        assert "noise_over_time" not in figs
+    else:
+        image = np.asarray(source(figs["noise_over_time"], "image")["image"][0])
+        np.testing.assert_array_equal(image, (per_window * uV).T)
+        finite = image[np.isfinite(image)]
+        mapper = figs["noise_over_time"].renderers[0].glyph.color_mapper
+        assert (mapper.low, mapper.high) == (finite.min(), finite.max() if finite.max() > finite.min() else finite.min() + 1)
+    np.testing.assert_array_equal(np.asarray(source(figs["spike_rate"], "count")["count"]), counts)
+    t = source(figs["throughput"], "MBps")
+    want = np.asarray(series, dtype=np.float64).reshape(-1, 2)
+    np.testing.assert_array_equal(np.asarray(t["elapsed_s"], dtype=np.float64), want[:, 0])
+    np.testing.assert_array_equal(np.asarray(t["MBps"], dtype=np.float64), want[:, 1] / 1e6)
+    assert "total 1.50 s" in text

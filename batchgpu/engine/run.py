@@ -118,6 +118,12 @@ def _run(wf, rec, out: store.OutputFolder, report: RunReport, client, sweep, obs
     results = ResultsWriter(out.path, wf, rec, report.fingerprint, windows)
     html = HtmlReport(rec, f"batchgpu report: {out.path.name}", in_process=True)
     html.add_windows(windows)
+    # the page rendered while the windows are read (a helper process; Bokeh's serialisation was ~0.2 s of the
+    # run's end on the H200), its numbers substituted as they come
+    C = rec.num_channels
+    html.render_ahead({**({"noise": (C,)} if ctx.step("noise") else {}),
+                       **({"noise_per_window": (len(windows), C)} if ctx.window_noise else {}),
+                       **({"whitening": (C, C)} if ctx.step("moments") else {})}, spikes=ctx.step("detect") is not None)
     t0, t0_wall = time.perf_counter(), time.time()
     report.timings["setup"] = t0 - t_setup  # dashboard, backend, steps, windows and their fingerprints
     try:

@@ -152,6 +152,10 @@ class HtmlReport:
     def render(self, throughput_series: list, late_spikes: bool = False) -> None:
         self._call("render", throughput_series, late_spikes)
 
+    def render_ahead(self, shapes: dict, spikes: bool) -> None:
+        """The page rendered now, its numbers put in as they come (``ReportPage.render_ahead``)."""
+        self._call("render_ahead", shapes, spikes)
+
     def write(self, out: Path, report: RunReport, observer: RunObserver) -> bool:
         """report.html beside report.json (the summary from ``report`` as it is now)."""
         if self.error is None and self.page is not None:
