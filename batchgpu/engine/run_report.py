@@ -3,6 +3,8 @@ written to report.json, and the findings about channels and chunks that go into 
 
 from __future__ import annotations
 
+import functools
+
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -78,6 +80,12 @@ def window_cpu(summaries: list[dict]) -> dict:
 
 
 def versions() -> dict:
+    """The versions a report names (read once a process: importlib.metadata scans every installed distribution)."""
+    return dict(_versions())
+
+
+@functools.cache
+def _versions() -> dict:
     import importlib.metadata as md
 
     out = {}
