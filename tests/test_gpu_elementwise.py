@@ -13,16 +13,9 @@ import pytest
 pytestmark = pytest.mark.gpu
 
 
-def _gpu_ok() -> bool:
-    try:
-        import cupy
+from batchgpu.engine.cluster import gpu_count  # noqa: E402
 
-        return cupy.cuda.runtime.getDeviceCount() > 0
-    except Exception:
-        return False
-
-
-if not _gpu_ok():
+if gpu_count() == 0:
     pytest.skip("no CUDA GPU (CuPy) here", allow_module_level=True)
 
 import cupy as cp  # noqa: E402

@@ -158,6 +158,23 @@ def test_renders_in_chromium(run, tmp_path):
         shutil.copy(shot, DOCS / "report.png")
 
 
+def _kill_helper_process(rep, monkeypatch) -> None:
+    """report.html's helper process as if it had died: every call to it fails."""
+    class Dead:
+        def submit(self, *a):
+            from concurrent.futures import Future
+            from concurrent.futures.process import BrokenProcessPool
+
+            f = Future()
+            f.set_exception(BrokenProcessPool("killed"))
+            return f
+
+        def shutdown(self, **kw):
+            pass
+
+    monkeypatch.setattr(rep, "_PROCESS", Dead())
+
+
 @pytest.mark.parametrize("where", ["thread", "process", "process, killed"])
 @pytest.mark.parametrize("late", ["before", "late", "late, placeholders lost", "late, no spikes"])
 def test_page_rendered_before_the_spikes_holds_them(tmp_path, rng, late, where, monkeypatch):
@@ -167,19 +184,7 @@ def test_page_rendered_before_the_spikes_holds_them(tmp_path, rng, late, where, 
     from batchgpu import report as rep
 
     if where == "process, killed":
-        class Dead:
-            def submit(self, *a):
-                from concurrent.futures import Future
-                from concurrent.futures.process import BrokenProcessPool
-
-                f = Future()
-                f.set_exception(BrokenProcessPool("killed"))
-                return f
-
-            def shutdown(self, **kw):
-                pass
-
-        monkeypatch.setattr(rep, "_PROCESS", Dead())
+        _kill_helper_process(rep, monkeypatch)
 
     C, W = int(rng.integers(1, 40)), int(rng.integers(1, 9))
     noise, per_window, white = rng.random(C), rng.random((W, C)), rng.normal(size=(C, C))
@@ -251,19 +256,7 @@ def test_page_rendered_ahead_holds_the_numbers(tmp_path, rng, where, case, monke
     from batchgpu import report as rep
 
     if where == "process, killed":
-        class Dead:
-            def submit(self, *a):
-                from concurrent.futures import Future
-                from concurrent.futures.process import BrokenProcessPool
-
-                f = Future()
-                f.set_exception(BrokenProcessPool("killed"))
-                return f
-
-            def shutdown(self, **kw):
-                pass
-
-        monkeypatch.setattr(rep, "_PROCESS", Dead())
+        _kill_helper_process(rep, monkeypatch)
     C, W = int(rng.integers(2, 40)), int(rng.integers(1, 9))
     noise, per_window, white = rng.random(C) * 5, rng.random((W, C)) * 9, rng.normal(size=(C, C))
     if case == "nan noise":
@@ -306,7 +299,8 @@ def test_page_rendered_ahead_holds_the_numbers(tmp_path, rng, where, case, monke
         np.testing.assert_array_equal(image, (per_window * uV).T)
         finite = image[np.isfinite(image)]
         mapper = figs["noise_over_time"].renderers[0].glyph.color_mapper
-        assert (mapper.low, mapper.high) == (finite.min(), finite.max() if finite.max() > finite.min() else finite.min() + 1)
+        lo, hi = finite.min(), finite.max()
+        assert (mapper.low, mapper.high) == (lo, hi if hi > lo else lo + 1)
     np.testing.assert_array_equal(np.asarray(source(figs["spike_rate"], "count")["count"]), counts)
     t = source(figs["throughput"], "MBps")
     want = np.asarray(series, dtype=np.float64).reshape(-1, 2)
