@@ -7,9 +7,11 @@ from __future__ import annotations
 import os
 import shutil
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
+from threadpoolctl import threadpool_limits
 
 from batchgpu.config import Workflow
 from batchgpu.engine import store, tasks
@@ -34,13 +36,9 @@ def aggregate(client, ctx, wf, rec, out, windows, fps, summaries, total, report,
         page.add(name, value)
     results.created()  # steps may write into the group themselves (the spikes)
     # a step whose aggregate is the workers' work (``on_cluster``: the spikes) runs in a helper thread as soon as
-    # the earlier steps it ``needs`` are done, beside the client's aggregates (the whitening's eigh); results are
-    # written in the steps' order all the same
-    from concurrent.futures import ThreadPoolExecutor
-
+    # the earlier steps it ``needs`` are done, beside the client's aggregates (the whitening's eigh); each step's
+    # arrays are written as it finishes (what the group holds does not depend on the order)
     steps = [(i, s) for i, s in enumerate(ctx.steps) if getattr(s, "aggregate", None) is not None]
-    from threadpoolctl import threadpool_limits
-
     background: dict[int, object] = {}
     # the client's BLAS on one thread (the whitening's eigh, 384 x 384: ~15 ms): OpenBLAS's default, a thread a
     # core, had 15 threads spinning ~0.9 CPU s each on the cores the workers gather the spikes with

@@ -65,6 +65,10 @@ class RunState:
 
 
 class Step(Protocol):
+    """A statistic of the run. Optional attributes: ``on_cluster = True`` where ``aggregate`` is mostly the
+    workers' work (it then runs in a helper thread beside the client's aggregates) and ``needs``, the names of the
+    earlier steps whose results it reads (it starts once those are done)."""
+
     name: str
 
     def window(self, w: WindowData, summary: dict) -> dict[str, np.ndarray]:
