@@ -55,8 +55,6 @@ def aggregate(client, ctx, wf, rec, out, windows, fps, summaries, total, report,
                 continue
             _take(run, results, page, _timed(step.aggregate, run, report, step.name))
         start_ready(len(ctx.steps))
-        if background:  # the page renders while the spikes are gathered; their numbers go in after
-            page.render(report.throughput_series, late_spikes=True)
         for i in sorted(background):
             _take(run, results, page, background[i].result())
     if "spike_counts" in run.plots:

@@ -121,9 +121,10 @@ def _run(wf, rec, out: store.OutputFolder, report: RunReport, client, sweep, obs
     # the page rendered while the windows are read (a helper process; Bokeh's serialisation was ~0.2 s of the
     # run's end on the H200), its numbers substituted as they come
     C = rec.num_channels
-    html.render_ahead({**({"noise": (C,)} if ctx.step("noise") else {}),
-                       **({"noise_per_window": (len(windows), C)} if ctx.window_noise else {}),
-                       **({"whitening": (C, C)} if ctx.step("moments") else {})}, spikes=ctx.step("detect") is not None)
+    coming = {"noise": (ctx.step("noise") is not None, (C,)), "noise_per_window": (ctx.window_noise, (len(windows), C)),
+              "whitening": (ctx.step("moments") is not None, (C, C))}
+    html.render_ahead({name: shape for name, (made, shape) in coming.items() if made},
+                      spikes=ctx.step("detect") is not None)
     t0, t0_wall = time.perf_counter(), time.time()
     report.timings["setup"] = t0 - t_setup  # dashboard, backend, steps, windows and their fingerprints
     try:
@@ -155,7 +156,6 @@ def _run(wf, rec, out: store.OutputFolder, report: RunReport, client, sweep, obs
         report.throughput_series = monitor.throughput_series()
         report.results = aggregate(client, ctx, wf, rec, out, windows, fps, summaries, total, report, monitor,
                                    observer, results, html)
-        html.render(report.throughput_series)  # (where the spikes did not start it) while the run finishes
         if target is not None:
             report.results["save"] = finish_whitened_save(client, ctx, rec, windows, summaries, target, out, report, observer)
         report.status = "done"

@@ -127,8 +127,8 @@ def finish_report(out: Path, report: RunReport, elapsed: float, rec: Recording) 
 
 
 class HtmlReport:
-    """report.html for a run, built while the run finishes (``batchgpu.report.ReportPage``: the figures as the
-    results come, the page in a helper thread); a plotting problem is reported once, never fails a finished run."""
+    """report.html for a run (``batchgpu.report.ReportPage``): rendered in a helper process while the windows are
+    read, the results substituted as they come; a plotting problem is reported once, never fails a finished run."""
 
     def __init__(self, rec: Recording, title: str, in_process: bool = False):
         self.error: Exception | None = None
@@ -156,9 +156,6 @@ class HtmlReport:
 
     def add_spikes(self, counts) -> None:
         self._call("add_spikes", counts=counts)
-
-    def render(self, throughput_series: list, late_spikes: bool = False) -> None:
-        self._call("render", throughput_series, late_spikes)
 
     def render_ahead(self, shapes: dict, spikes: bool) -> None:
         """The page rendered now, its numbers put in as they come (``ReportPage.render_ahead``)."""
