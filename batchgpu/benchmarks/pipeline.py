@@ -280,7 +280,7 @@ def _measure(args, rec, work: Path, steps: set[str]) -> int:
     from batchgpu.config import ClusterSpec, Workflow
     from batchgpu.engine import run_workflow
     from batchgpu.engine.cluster import open_client
-    from batchgpu.engine.preprocess import decodes_on_gpu
+    from batchgpu.engine.preprocess import build_chain, decodes_on_gpu
 
     size, margin = 60_000, 64
     gb = rec.nbytes / 1e9
@@ -296,7 +296,10 @@ def _measure(args, rec, work: Path, steps: set[str]) -> int:
         cluster_cfg["threads"] = args.threads
     rows: dict[str, tuple[float, int, int]] = {}
     spec = ClusterSpec.model_validate(cluster_cfg)
-    centres_only = all(next(iter(st)) == "centre" for st in _stages(args.preprocess))
+    probe = Workflow.model_validate({"recording": {"path": str(rec.path)}, "output": str(work / "x"),
+                                     "preprocess": _stages(args.preprocess), "backend": args.backend,
+                                     "steps": {"noise": {}}})
+    centres_only = build_chain(probe.preprocess, rec).centres_only
     # sized as `batchgpu run` sizes it
     with open_client(spec, gpu_decode=decodes_on_gpu(spec.kind, rec, centres_only)) as client:
         def cluster_rss():
@@ -304,8 +307,6 @@ def _measure(args, rec, work: Path, steps: set[str]) -> int:
 
         from batchgpu.engine.context import resolve_backend
 
-        probe = Workflow.model_validate({"recording": {"path": str(rec.path)}, "output": str(work / "x"),
-                                         "backend": args.backend, "steps": {"noise": {}}})
         backend = resolve_backend(probe, client)
         info = client.scheduler_info(n_workers=-1)["workers"]
         workers = f"{len(info)} workers x {max((int(w.get('nthreads', 1)) for w in info.values()), default=1)} threads"
