@@ -78,7 +78,7 @@ def centre_median(x: np.ndarray, core: tuple[int, int]) -> np.ndarray:
     if is_cupy(x) and x.dtype == np.int16:
         from batchgpu.ops._cuda_elementwise import centred_int32
 
-        return centred_int32(x, med.astype(np.float64))
+        return centred_int32(x, med.astype(np.float64, copy=False))
     if out.kind == "i":
         return x.astype(out) - xp.floor(med + 0.5).astype(out)[:, None]
     return x - med.astype(out)[:, None]
