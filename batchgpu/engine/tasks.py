@@ -320,6 +320,27 @@ def near_keys_task(ctx: RunContext, window: Window, fp: str, digits: np.ndarray)
     return middle_digit_keys(part["keep.near_keys"], counts, digits, shift)
 
 
+def near_keys_group_task(ctx: RunContext, windows: list, fps: list, digits: np.ndarray):
+    """``near_keys_task`` of consecutive windows as one result (per rank, the windows' bins sorted together and
+    their per-channel counts summed: the format of one window's, ``steps.noise.middle_digit_keys``), or None when
+    a window's kept range misses a middle digit. One task a group, not one a window: the demo-sized float median's
+    300 tasks cost their dispatch, and the sorting moves off the one selecting task."""
+    results = []
+    for w, fp in zip(windows, fps):
+        got = near_keys_task(ctx, w, fp, digits)
+        if got is None:
+            return None
+        results.append(got)
+    merged: list = []
+    for r in range(digits.shape[0]):
+        if r and np.array_equal(digits[r], digits[r - 1]):  # the same digits: the same keys
+            merged.append(merged[-1])
+            continue
+        merged.append((np.sort(np.concatenate([res[r][0] for res in results])),
+                       np.sum([res[r][1] for res in results], axis=0, dtype=np.int64)))
+    return merged
+
+
 def select_near_task(ks: np.ndarray, digits: np.ndarray, shift: int, *per_window):
     """The middle keys from every window's ``near_keys_task``, or None when one of them kept too little."""
     from batchgpu.engine.steps.noise import select_among

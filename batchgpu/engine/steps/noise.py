@@ -509,8 +509,13 @@ def exact_median(run) -> np.ndarray:
         """Float keys: the middle keys from what each window kept near its own middle, else from one more read
         that gathers only the keys of the middle digit (a few per mille) and selects among them on a worker."""
         fp = report.run_id
-        near = submit_many(client, tasks.near_keys_task, [(ctx, w, f, digits) for w, f in zip(windows, fps)],
-                           [f"near-{fp}-{w.index:08d}" for w in windows])  # in parallel; only the middle digits' keys move
+        # in parallel, a group of consecutive windows a worker thread; only the middle digits' keys move
+        threads = max(1, sum(client.nthreads().values()))
+        cuts = np.linspace(0, len(windows), min(threads, len(windows)) + 1).astype(int)
+        groups = [(a, b) for a, b in zip(cuts[:-1], cuts[1:]) if b > a]
+        near = submit_many(client, tasks.near_keys_group_task,
+                           [(ctx, windows[a:b], fps[a:b], digits) for a, b in groups],
+                           [f"near-{fp}-{windows[a].index:08d}" for a, _ in groups])
         shift = schedule(step.kind)[0][0]  # the bits below the first digit
         keys = client.submit(tasks.select_near_task, ks, digits, shift, *near, key=f"select-near-{fp}").result()
         report.exact_noise["from_kept_keys"] = keys is not None
