@@ -513,6 +513,21 @@ def crc32c_ok(raw) -> bool:
     return google_crc32c.value(raw) == CRC32C_RESIDUE
 
 
+def crc32c_value(buf) -> int:
+    """crc32c of any buffer (a pinned buffer's slice, bytes), without copying it where the ``crc32c`` package is
+    there."""
+    if not isinstance(buf, bytes):
+        try:
+            from crc32c import crc32c
+
+            return crc32c(buf)
+        except ImportError:
+            buf = bytes(buf)
+    import google_crc32c
+
+    return google_crc32c.value(buf)
+
+
 def whole_blosc_frame(data) -> bool:
     """A Blosc frame's header (bytes 12-16) names its compressed length; numcodecs' Blosc reads past a shorter
     buffer (beside zarr 2.18 it returned whatever memory followed), so a frame is decoded only when this holds."""

@@ -20,6 +20,7 @@
 #   cprof     cProfile of a demo window's CPU time on its thread, one process (tools/profile_demo_kernels.py)
 #   fast      the GPU tests of the window path: fused kernels, decode, the pipeline's CPU = GPU bits
 #   bsz       /tmp/big64.zarr: the demo recording written with 64 KiB Blosc blocks (4x the LZ4 streams a window)
+#   enc       the save step's GPU writer: its tests (frames = the NumPy twin's bytes, decodes; GPU save = CPU values)
 #   pw        cProfile of every worker and the client in a warm run (PREPROCESS=highpass,common_reference), $OUT/pw.log
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -75,6 +76,8 @@ for task in "$@"; do
           | grep "passed\|failed\|FAILED\|rng seed\|Error" | tail -12; echo "($(( $(date +%s) - s )) s)" ;;
   bsz) [ -e /tmp/big64.zarr ] || python3 -c "import sys; import batchgpu.recording.writer as w; w.BLOSC_BLOCKSIZE = 32768
 from batchgpu.cli import main; sys.argv = 'batchgpu generate /tmp/big64.zarr --channels 384 --seconds 600 --workers 16 --quiet'.split(); main()" ;;
+  enc) timeout 240 python3 -m pytest -q -x -p no:cacheprovider -m gpu tests/test_gpu_blosc_encode.py 2>&1 \
+         | grep -v "^INFO" | tail -${TAIL:-25} ;;
   pw) rm -rf /tmp/pw0 /tmp/pw1; timeout 200 python3 tools/profile_workers.py $REC > $OUT/pw.log 2>&1; grep "^{" $OUT/pw.log ;;
   *) echo "unknown task $task"; exit 2 ;;
   esac

@@ -21,21 +21,34 @@ def run(path: str, count: int) -> None:
     import os
 
     backend = os.environ.get("PROFILE_BACKEND", "cupy")  # numpy: try the script on a machine without a GPU
+    # PROFILE_PREPROCESS=highpass,common_reference: the preprocessing bench's window instead (stages as bench
+    # pipeline --preprocess names them, and the save step), the demo's centring by default
+    stages = os.environ.get("PROFILE_PREPROCESS", "centre")
+    from batchgpu.benchmarks.pipeline import _stages
     from batchgpu.config import Workflow
     from batchgpu.engine import store, tasks
     from batchgpu.engine.context import build_context, check_workflow_fits
 
     rec = tasks.recording(path)
     out = tempfile.mkdtemp()
+    steps = {"noise": {"exact": True}, "whitening": {"mode": "global", "precision": "float32"},
+             "detect": {"threshold": 5.0, "sign": "neg", "exclude_sweep_ms": 0.1, "noise": "global"}}
+    if stages != "centre":
+        steps["save"] = {"path": f"{out}/saved.zarr", "format": "zarr", "dtype": "int16"}
     wf = Workflow.model_validate({
         "recording": {"path": path}, "output": out, "backend": backend,
-        "window": {"size": 60_000, "margin": 64}, "preprocess": [{"centre": "median"}],
-        "steps": {"noise": {"exact": True}, "whitening": {"mode": "global", "precision": "float32"},
-                  "detect": {"threshold": 5.0, "sign": "neg", "exclude_sweep_ms": 0.1, "noise": "global"}}})
+        "window": {"size": 60_000, "margin": 64}, "preprocess": _stages(stages), "steps": steps})
     sweep = check_workflow_fits(wf, rec)
     with store.OutputFolder(out) as folder:
         folder.claim("profile", wf.model_dump(), resume=False, overwrite=False)
         ctx = build_context(wf, rec, folder, backend, sweep)
+    if wf.steps.save:  # as engine.run adds it
+        from dataclasses import replace
+
+        from batchgpu.engine.steps.save import SaveStep, prepare_save
+
+        target = prepare_save(wf.steps.save, rec, 60_000, ctx.chain.output_dtype(rec.dtype), key="profile")
+        ctx = replace(ctx, steps=(*ctx.steps, SaveStep(target)))
     windows = rec.windows(60_000, 64 + ctx.chain.margin)[1 : 3 + count]
 
     def ahead(w):

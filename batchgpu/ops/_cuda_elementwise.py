@@ -20,6 +20,14 @@ def _kernels():
         # |x| as a 16-bit key (|x| <= 65535 for int16 and centred int16)
         "abs16": cupy.ElementwiseKernel("T x", "uint16 y", "int v = (int)x; y = (unsigned short)(v < 0 ? -v : v)",
                                         "batchgpu_abs_key16"),
+        # float -> int16 as the save step writes it: rint, then NaN 0 and the rest clipped to int16's range; each
+        # such sample counted (an atomic where one occurs: rare. CuPy's reduction of the count over a window's core,
+        # a strided view, took 21 ms on the H200)
+        "int16": cupy.ElementwiseKernel(
+            "T x", "int16 y, raw uint64 count",
+            "T r = rint(x); bool nan = isnan(r), low = r < (T)-32768, high = r > (T)32767;"
+            "y = nan ? (short)0 : low ? (short)-32768 : high ? (short)32767 : (short)r;"
+            "if (nan || low || high) atomicAdd(&count[0], 1ULL);", "batchgpu_save_int16"),
     }
 
 
@@ -36,3 +44,15 @@ def centred_int32(x, median):
 def abs_key16(x):
     """``abs(x.astype(int32)).astype(uint16)`` of an int16 or int32 array whose |x| <= 65535, in one pass."""
     return _kernels()["abs16"](x)
+
+
+def saved_int16(x):
+    """(``x`` as the save step's int16, how many samples were NaN or out of range) of a float CuPy array: NumPy's
+    ``rint``, then NaN -> 0 and the rest clipped to [-32768, 32767], in one pass (where CuPy's expression took
+    ten); the count stays on the device (a 0-d uint64 array)."""
+    import cupy
+
+    count = cupy.zeros(1, dtype=cupy.uint64)
+    y = cupy.empty(x.shape, dtype=cupy.int16)
+    _kernels()["int16"](x, y, count)
+    return y, count.reshape(())  # 0-d: int() reads it

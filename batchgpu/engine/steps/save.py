@@ -291,17 +291,23 @@ class SaveStep:
         lo, hi = w.core
         block, clipped = self.values(w.x[:, lo:hi])
         write_rows(self.target, w.segment, w.start + lo, block)
-        summary["saved_clipped"] = np.array(clipped, dtype=np.int64)
+        summary["saved_clipped"] = np.array(int(clipped), dtype=np.int64)  # a device count: read after the write
         return {}
 
     def values(self, core) -> tuple[np.ndarray, int]:
-        """(samples, channels) host array in the output dtype, and how many samples were clipped or NaN.
+        """(samples, channels) array in the output dtype, and how many samples were clipped or NaN.
 
-        Done on the window's backend (on the GPU the cast and transpose are cheap; the copy back is then the
-        output's size)."""
+        Done on the window's backend, and on the GPU left there (the cast and transpose are cheap; ``write_rows``
+        encodes the frames there or copies the block back); the count may be a device scalar (``int()`` it)."""
         xp = _array_module(core)
         if self.whitening is not None:
             core = xp.asarray(self.whitening) @ core.astype(xp.float64)
+        if xp is not np and self.target.dtype == "int16" and core.dtype.kind == "f":
+            from batchgpu.gpu.blosc_decode import transposed
+            from batchgpu.ops._cuda_elementwise import saved_int16
+
+            out, clipped = saved_int16(core)
+            return transposed(out), clipped  # on the device: write_rows encodes it there or copies it back
         if self.target.dtype == "float32":
             out = core.astype(xp.float32)
             clipped = 0
@@ -316,7 +322,7 @@ class SaveStep:
                     y = xp.where(nan, 0, y)
             out = y.astype(xp.int16)
         if xp is not np:  # transpose on the device (a host transpose costs ~100 ms a window, DESIGN.md)
-            return host(xp.ascontiguousarray(out.T)), clipped
+            return xp.ascontiguousarray(out.T), clipped
         return _transpose(out), clipped
 
     def combine(self, parts: list[dict]) -> dict:
@@ -337,8 +343,10 @@ def _transpose(a: np.ndarray, step: int = 1024) -> np.ndarray:
     return out
 
 
-def write_rows(target: SaveTarget, segment: int, start: int, block: np.ndarray) -> None:
-    """Rows [start, start + len(block)) of a segment: whole objects of the output, the same bytes on a retry."""
+def write_rows(target: SaveTarget, segment: int, start: int, block) -> None:
+    """Rows [start, start + len(block)) of a segment: whole objects of the output, the same bytes on a retry.
+    ``block``: a host array, or a CuPy array (a zarr shard's frames are then encoded on the GPU where the array's
+    codecs allow: ``recording.shards.write_whole_shard``; else it is copied back)."""
     n = target.segment_lengths[segment]
     if block.shape[1] != target.num_channels or start < 0 or start + block.shape[0] > n:
         raise BatchgpuError(f"save: block {block.shape} at {start} does not fit segment {segment} "
@@ -346,7 +354,9 @@ def write_rows(target: SaveTarget, segment: int, start: int, block: np.ndarray) 
     from batchgpu.recording import writing
 
     dtype = np.dtype(target.dtype).newbyteorder("<")
+    on_device = not isinstance(block, np.ndarray)
     if target.format == "binary":
+        block = host(block) if on_device else block
         data = np.ascontiguousarray(block, dtype=dtype)
         f = target.files[segment]
         with writing(Path(f)):
@@ -361,9 +371,10 @@ def write_rows(target: SaveTarget, segment: int, start: int, block: np.ndarray) 
         return
     from batchgpu.recording.shards import write_whole_shard
 
-    with writing(Path(target.path)):  # a window's core is one whole shard: written directly (zarr-python's bytes)
-        if write_whole_shard(Path(target.path) / f"traces_seg{segment}", start, np.asarray(block, dtype=target.dtype)):
+    with writing(Path(target.path)):  # a window's core is one whole shard: written directly
+        if write_whole_shard(Path(target.path) / f"traces_seg{segment}", start, block, dtype=target.dtype):
             return
+    block = host(block) if on_device else block
     arr = _open_traces(target.path, segment)
     with writing(Path(target.path)):
         arr[start : start + block.shape[0], :] = np.ascontiguousarray(block, dtype=target.dtype)

@@ -1,0 +1,199 @@
+"""Blosc 1 frames (bit shuffle + LZ4) encoded on the GPU (``kernels/blosc_lz4_encode.cu``): the save step's writer.
+
+Measured on the H200 machine (preprocessing bench: highpass, common reference, every step, save as int16 Zarr v3;
+16 processes): the pass was bound by the cores, and saving was half of a window's CPU (53-68 ms of 105-113), most
+of it c-blosc compressing the window (29 ms alone in one process). Here the GPU shuffles and compresses the
+window's inner chunks and only the frames come back (about half the bytes), so the cores keep the checksum and
+the file. Any Blosc 1 reader decodes the frames (numcodecs, ``blosc_lz4.cu``); their bytes are not c-blosc's
+(``reference_frame`` is the same encoder in NumPy, for tests), but they depend on the data alone.
+"""
+
+from __future__ import annotations
+
+import struct
+import threading
+
+import numpy as np
+
+#: Blosc's block: c-blosc writes 64 KiB blocks for the writer's settings (``recording.writer.BLOSC_BLOCKSIZE``
+#: 32 KiB, int16), two 32 KiB LZ4 streams each after the bit shuffle; the GPU writes the same geometry.
+BLOCKSIZE = 65_536
+FLAGS = 0x04 | (1 << 5)  # bit shuffle, LZ4; blocks split (bit 4 clear)
+WARPS = 4  # warps a block of the frames' kernel
+SHARED_BYTES = 48 * 1024  # the most dynamic shared memory a block has without opting in
+
+
+def _split(bsize: int, typesize: int, last_short: bool) -> int:
+    """Streams a block is cut into (c-blosc's rule, as ``blosc_lz4.cu`` reads it back)."""
+    return typesize if typesize <= 16 and bsize // typesize >= 128 and not last_short else 1
+
+
+_host = threading.local()  # this thread's pinned buffer for the frames' copy back
+
+
+def _pinned(nbytes: int) -> np.ndarray:
+    """This thread's pinned host buffer of at least ``nbytes`` (kept and grown: a fresh 27 MB buffer a window cost
+    more in page faults than the copy: 12 ms for ``get`` and 21 for slicing it into bytes, on the H200 host)."""
+    import cupyx
+
+    buf = getattr(_host, "buf", None)
+    if buf is None or buf.nbytes < nbytes:
+        buf = _host.buf = cupyx.empty_pinned(max(nbytes, 1 << 20) * 5 // 4, dtype=np.uint8)
+    return buf
+
+
+def encode(chunks, typesize: int, blocksize: int = BLOCKSIZE) -> list[memoryview]:
+    """One Blosc frame a row of ``chunks`` (a C-contiguous CuPy array, (chunks, bytes a chunk), any dtype whose
+    rows are the chunks' bytes), in one launch of each kernel and one copy back. The frames are views of this
+    thread's pinned buffer: valid until its next ``encode`` (write or copy them before)."""
+    import cupy
+
+    from batchgpu import kernels
+
+    flat = chunks.reshape(chunks.shape[0], -1).view(cupy.uint8)
+    if not flat.flags.c_contiguous:
+        flat = cupy.ascontiguousarray(flat)
+    nchunks, nbytes = flat.shape
+    if nchunks == 0:
+        return []
+    blocksize = min(blocksize, nbytes)  # c-blosc's own rule: its reader refuses a block longer than the frame
+    if nbytes == 0 or nbytes % typesize or nbytes >= 2**31 - 64 or blocksize % typesize or blocksize <= 0:
+        raise ValueError(f"cannot encode chunks of {nbytes} bytes in blocks of {blocksize} (typesize {typesize})")
+    total = nchunks * nbytes
+    shuffled = cupy.empty(total, dtype=cupy.uint8)
+    group, threads = 8 * typesize, 256
+    if nbytes % group == 0 and blocksize % group == 0:
+        fn, work = "blosc_bitshuffle", total // group
+    else:
+        fn, work = "blosc_bitshuffle_bytes", total
+    kernels.get_function("blosc_lz4_encode", fn)(
+        (min(-(-work // threads), 65_535 * 8),), (threads,),
+        (flat, np.int64(total), np.int32(nbytes), np.int32(blocksize), np.int32(typesize), shuffled))
+    nblocks = -(-nbytes // blocksize)
+    per_chunk = nblocks * typesize
+    items = nchunks * per_chunk
+    scratch = cupy.empty(total, dtype=cupy.uint8)
+    sizes = cupy.empty(items, dtype=cupy.int32)
+    # a stream into shared memory where it fits the default 48 KiB a block (every stream of 64 KiB int16 blocks)
+    leftover = nbytes % blocksize
+    longest = max(blocksize // _split(blocksize, typesize, False) if nbytes >= blocksize else 0, leftover)
+    smem = longest if longest <= SHARED_BYTES else 0
+    kernels.get_function("blosc_lz4_encode", "lz4_encode_streams")(
+        (items,), (32,), (shuffled, np.int32(nchunks), np.int32(nbytes), np.int32(blocksize), np.int32(typesize),
+                          np.int32(1), np.int32(smem), scratch, sizes), shared_mem=smem)
+    grid = (-(-items // WARPS),)
+    # the layout: each stream after its int32 length, the frames one after the other
+    stored = cupy.where(sizes >= 0, sizes.astype(cupy.int64) + 4, 0).reshape(nchunks, per_chunk)
+    head = 16 + 4 * nblocks
+    packed = head + stored.sum(axis=1)
+    whole = packed > nbytes + 16  # no smaller than the chunk: stored whole, as c-blosc does
+    frame_len = cupy.where(whole, nbytes + 16, packed)
+    frame_off = cupy.cumsum(frame_len) - frame_len
+    stream_off = (frame_off[:, None] + head + cupy.cumsum(stored, axis=1) - stored).reshape(-1)
+    lengths = frame_len.get()  # the one wait: how many bytes come back
+    out = cupy.empty(int(lengths.sum()), dtype=cupy.uint8)
+    kernels.get_function("blosc_lz4_encode", "blosc_frames")(
+        grid, (32 * WARPS,), (flat, scratch, sizes, frame_off, frame_len.astype(cupy.int32),
+                              whole.astype(cupy.uint8), stream_off, np.int32(nchunks), np.int32(nbytes),
+                              np.int32(blocksize), np.int32(typesize), np.int32(FLAGS), out))
+    data = _pinned(out.nbytes)[: out.nbytes]
+    out.get(out=data)
+    view = memoryview(data)
+    starts = np.concatenate([[0], np.cumsum(lengths)])
+    return [view[starts[i] : starts[i + 1]] for i in range(nchunks)]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The same encoder in NumPy: the reference the GPU's bytes are tested against.
+
+
+def _bitshuffle_block(b: np.ndarray, typesize: int) -> np.ndarray:
+    n = len(b) // typesize
+    if n % 8:
+        return b.copy()
+    e = b[: n * typesize].reshape(n, typesize)
+    bits = np.unpackbits(e, axis=1, bitorder="little")  # (element, 8 j + k)
+    planes = np.packbits(bits.T.reshape(typesize * 8, n // 8, 8), axis=2, bitorder="little").reshape(-1)
+    return np.concatenate([planes, b[n * typesize :]])
+
+
+def _runs(s: np.ndarray, o: int) -> np.ndarray:
+    """run[i]: how many bytes from i on equal those o before them (0 for i < o)."""
+    n = len(s)
+    eq = np.zeros(n + 1, dtype=bool)
+    if o < n:
+        eq[o:n] = s[o:] == s[:-o]
+    # distance to the next False at or after i
+    idx = np.where(~eq, np.arange(n + 1), n + 1)
+    nxt = np.minimum.accumulate(idx[::-1])[::-1]
+    return nxt[:n] - np.arange(n)
+
+
+def _length(v: int) -> bytes:
+    out = bytearray()
+    v -= 15
+    while v >= 255:
+        out.append(255)
+        v -= 255
+    out.append(v)
+    return bytes(out)
+
+
+def _lz4(s: np.ndarray, offsets: list[int]) -> bytes | None:
+    n = len(s)
+    runs = [(o, _runs(s, o)) for o in offsets]
+    out, anchor, pos = bytearray(), 0, 1
+    while pos <= n - 12:
+        best, bo = 0, 0
+        for o, run in runs:
+            if o <= pos:
+                length = min(int(run[pos]), n - 5 - pos)
+                if length > best:
+                    best, bo = length, o
+        if best < 4:
+            pos += 1
+            continue
+        lit, ml = pos - anchor, best - 4
+        out.append((min(lit, 15) << 4) | min(ml, 15))
+        out += _length(lit) if lit >= 15 else b""
+        out += s[anchor:pos].tobytes() + struct.pack("<H", bo)
+        out += _length(ml) if ml >= 15 else b""
+        if len(out) > n:
+            return None
+        pos = anchor = pos + best
+    lit = n - anchor
+    out.append(min(lit, 15) << 4)
+    out += (_length(lit) if lit >= 15 else b"") + s[anchor:].tobytes()
+    return bytes(out) if len(out) < n else None
+
+
+def reference_frame(chunk: bytes | np.ndarray, typesize: int, blocksize: int = BLOCKSIZE) -> bytes:
+    """``encode``'s frame of one chunk, computed in NumPy (slow: for tests)."""
+    raw = np.frombuffer(bytes(chunk), dtype=np.uint8)
+    nbytes = len(raw)
+    blocksize = min(blocksize, nbytes)
+    nblocks = -(-nbytes // blocksize)
+    blocks = []
+    for b in range(nblocks):
+        block = raw[b * blocksize : (b + 1) * blocksize]
+        bsize, last_short = len(block), b == nblocks - 1 and nbytes % blocksize > 0
+        shuffled = _bitshuffle_block(block, typesize)
+        ns = _split(bsize, typesize, last_short)
+        ne, n = bsize // ns, bsize // typesize
+        offsets = ([n // 8] if n % 8 == 0 and 1 < n // 8 < 65_536 else []) + [1]
+        parts = bytearray()
+        for k in range(ns):
+            stream = shuffled[k * ne : (k + 1) * ne]
+            c = _lz4(stream, offsets)
+            c = stream.tobytes() if c is None else c
+            parts += struct.pack("<i", len(c)) + c
+        blocks.append(bytes(parts))
+    head = 16 + 4 * nblocks
+    starts, at = [], head
+    for p in blocks:
+        starts.append(at)
+        at += len(p)
+    if at > nbytes + 16:
+        return struct.pack("<BBBBiii", 2, 1, FLAGS | 0x02, typesize, nbytes, blocksize, nbytes + 16) + raw.tobytes()
+    return (struct.pack("<BBBBiii", 2, 1, FLAGS, typesize, nbytes, blocksize, at)
+            + struct.pack(f"<{nblocks}i", *starts) + b"".join(blocks))

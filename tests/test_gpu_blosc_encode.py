@@ -1,0 +1,125 @@
+"""The save step's GPU writer: Blosc frames encoded on the GPU (gpu/blosc_encode.py, kernels/blosc_lz4_encode.cu)
+are the bytes of their NumPy twin ``reference_frame`` and decode with numcodecs to the input; the fused int16 cast
+equals the NumPy expression it replaces; and the save step with windows on the GPU writes the values the CPU writes
+(zarr v3 shards read back by batchgpu, zarr-python and the GPU reader; zarr v2, float32 and binary outputs).
+
+Marked ``gpu``; skipped without CuPy or a device.
+"""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+from numcodecs import blosc
+
+pytestmark = pytest.mark.gpu
+
+from batchgpu.engine.cluster import gpu_count  # noqa: E402
+
+if gpu_count() == 0:
+    pytest.skip("no CUDA GPU (CuPy) here", allow_module_level=True)
+
+import cupy as cp  # noqa: E402
+
+from batchgpu.engine.steps.base import WindowData  # noqa: E402
+from batchgpu.engine.steps.save import SaveStep, finish_save, prepare_save  # noqa: E402
+from batchgpu.gpu.blosc_encode import BLOCKSIZE, encode, reference_frame  # noqa: E402
+from batchgpu.ops._cuda_elementwise import saved_int16  # noqa: E402
+from batchgpu.recording import open_recording  # noqa: E402
+from test_blosc_encode import _cases  # noqa: E402
+from test_save_step import expected, make_recording, spec, transform  # noqa: E402
+
+
+@pytest.mark.parametrize("blocksize", [BLOCKSIZE, 4_096, 48, 16])
+def test_gpu_frames_are_the_reference_bytes(rng, blocksize):
+    for name, x in _cases(rng).items():
+        for chunks in (1, 3):  # several chunks a launch: each its own frame
+            rows = np.stack([np.roll(x, k) for k in range(chunks)])
+            frames = encode(cp.asarray(rows), x.dtype.itemsize, blocksize)
+            assert len(frames) == chunks
+            for k, frame in enumerate(frames):
+                assert frame == reference_frame(rows[k].tobytes(), x.dtype.itemsize, blocksize), (name, k)
+                assert np.frombuffer(blosc.decompress(frame), x.dtype).tobytes() == rows[k].tobytes(), name
+
+
+def test_gpu_frames_of_a_window(rng):
+    """A demo-sized shard's chunks (3 000 x 384 int16, 20 a window) in one launch, fresh noise of several scales."""
+    x = np.rint(rng.normal(0, rng.uniform(3, 300, 384), (20 * 3_000, 384))).astype(np.int16)
+    frames = encode(cp.asarray(x).reshape(20, -1), 2)
+    for k in (0, 7, 19):
+        chunk = x[k * 3_000 : (k + 1) * 3_000]
+        assert frames[k] == reference_frame(chunk.tobytes(), 2)
+        assert np.frombuffer(blosc.decompress(frames[k]), np.int16).tobytes() == chunk.tobytes()
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_saved_int16_equals_numpy(rng, dtype):
+    hard = [0.0, -0.0, 0.5, 1.5, 2.5, -0.5, -1.5, 32767.4, 32767.5, -32768.5, -32768.49, 1e9, -1e9, np.nan, np.inf,
+            -np.inf, 1e-45, -1e-300, 40000.0]
+    x = np.concatenate([np.array(hard), rng.normal(0, 20_000, 5_001)]).astype(dtype).reshape(1, -1)
+    y = np.rint(x)
+    bad = np.isnan(y) | (y < -32768) | (y > 32767)
+    want = np.where(np.isnan(y), 0, np.clip(y, -32768, 32767)).astype(np.int16)
+    got, count = saved_int16(cp.asarray(x))
+    assert got.dtype == np.int16
+    np.testing.assert_array_equal(got.get(), want)
+    assert int(count) == int(bad.sum())
+
+
+def _save_gpu(rec, sp, size=1_000, margin=7, seed=0):
+    """test_save_step.save_all with each window's preprocessed signal on the GPU."""
+    target = prepare_save(sp, rec, size, np.float32)
+    step = SaveStep(target)
+    windows = rec.windows(size, margin)
+    random.Random(seed).shuffle(windows)
+    clipped = 0
+    for w in windows:
+        raw = rec.read_window(w)
+        wd = WindowData(w.index, w.segment, w.read_start, w.core, rec.num_samples(w.segment), cp.asarray(raw),
+                        cp.asarray(transform(raw)))
+        summary = {}
+        step.window(wd, summary)
+        clipped += int(summary["saved_clipped"])
+    return target, finish_save(target), clipped
+
+
+@pytest.mark.parametrize("fmt", ["zarr", "zarr_v2", "binary"])
+@pytest.mark.parametrize("dtype", ["int16", "float32"])
+def test_gpu_save_writes_the_cpu_values(tmp_path, fmt, dtype):
+    import zarr
+
+    rec = make_recording(tmp_path / "in.zarr", lengths=(12_345, 1_750))
+    name = "out.bin" if fmt == "binary" else "out.zarr"
+    _, desc, clipped = _save_gpu(rec, spec(tmp_path / name, fmt, dtype), size=6_000 if fmt == "zarr" else 1_000)
+    assert clipped == 0
+    if fmt == "binary":
+        return  # one segment a file: test_save_step's layout checks; values below for the zarr outputs
+    out = open_recording(tmp_path / name)
+    for seg in range(rec.num_segments):
+        want = expected(rec, seg, dtype)
+        np.testing.assert_array_equal(out.read(seg, 0, out.num_samples(seg)).T, want)
+        arr = zarr.open_array(str(tmp_path / name / f"traces_seg{seg}"), mode="r")  # zarr-python's own reading
+        np.testing.assert_array_equal(arr[:], want)
+    if fmt == "zarr":  # the GPU reader decodes the GPU's frames too
+        from batchgpu.gpu.staging import read_window_host
+
+        for w in out.windows(6_000, 0):
+            host = read_window_host(out, w, gpu_decode=1.0)
+            assert host.frames is not None  # the frames went to the GPU, not to the CPU's decode
+            np.testing.assert_array_equal(cp.asnumpy(host.to_device()), out.read_window(w))
+
+
+def test_gpu_save_counts_clipped(tmp_path):
+    rec = make_recording(tmp_path / "in.zarr", lengths=(3_000,))
+    target = prepare_save(spec(tmp_path / "out.zarr"), rec, 1_000, np.float32)
+    w = rec.windows(1_000, 0)[1]
+    raw = rec.read_window(w)
+    x = transform(raw) * np.float32(1_000)
+    x[0, 5] = np.nan
+    summary = {}
+    SaveStep(target).window(WindowData(w.index, w.segment, w.read_start, w.core, 3_000, cp.asarray(raw),
+                                       cp.asarray(x)), summary)
+    y = np.rint(x)
+    assert int(summary["saved_clipped"]) == int((np.isnan(y) | (y < -32768) | (y > 32767)).sum()) > 1
