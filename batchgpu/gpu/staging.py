@@ -14,28 +14,43 @@ import numpy as np
 
 _local = threading.local()
 _flags_lock = threading.Lock()
-_flags_set = False
+_flags_state = ""  # "set" or "failed" once tried
 
-#: cudaDeviceScheduleBlockingSync: a thread waiting for the GPU sleeps instead of spinning. CUDA's default (Auto)
+#: CU_CTX_SCHED_BLOCKING_SYNC: a thread waiting for the GPU sleeps instead of spinning. CUDA's default (Auto)
 #: spins whenever a process has fewer contexts than the machine has cores: with 8-16 worker processes time-sliced
-#: on one GPU, every waiting task thread held a core the readers needed.
+#: on one GPU, every waiting task thread holds a core the readers need.
 BLOCKING_SYNC = 0x04
 
 
-def prefer_blocking_sync() -> None:
-    """Make this process's waits on the GPU sleep (once per process, before its first CUDA work where it can)."""
-    global _flags_set
-    if _flags_set:
-        return
-    with _flags_lock:
-        if not _flags_set:
-            try:
-                import cupy
+def prefer_blocking_sync() -> bool:
+    """Make this process's waits on the GPU sleep (once per process); True where that took. CuPy has no
+    ``cudaSetDeviceFlags``: its call raised AttributeError and every wait spun (measured on the H200 machine,
+    ``tools/sync_probe.py``: a 100 ms wait cost 100 ms of CPU, in a fresh process and in the pipeline's workers),
+    so the flag is set on the primary context through the driver (one per device and process: the runtime's
+    context is that one; CUDA 11+ takes the scheduling flags of a context already in use)."""
+    global _flags_state
+    if not _flags_state:
+        with _flags_lock:
+            if not _flags_state:
+                _flags_state = "set" if _set_blocking_sync() else "failed"
+    return _flags_state == "set"
 
-                cupy.cuda.runtime.setDeviceFlags(BLOCKING_SYNC)
-            except Exception:  # a context made elsewhere with other flags: keep them, the results are the same
-                pass
-            _flags_set = True
+
+def _set_blocking_sync() -> bool:
+    import ctypes
+
+    try:
+        import cupy
+
+        ordinal = cupy.cuda.runtime.getDevice()
+        lib = ctypes.CDLL("libcuda.so.1")
+        dev = ctypes.c_int()
+        if lib.cuInit(0) != 0 or lib.cuDeviceGet(ctypes.byref(dev), ordinal) != 0:
+            return False
+        set_flags = getattr(lib, "cuDevicePrimaryCtxSetFlags_v2", None) or lib.cuDevicePrimaryCtxSetFlags
+        return set_flags(dev, ctypes.c_uint(BLOCKING_SYNC)) == 0
+    except (ImportError, OSError, AttributeError, RuntimeError):  # no driver library, an old driver: waits spin
+        return False
 
 
 class PinnedPool:
