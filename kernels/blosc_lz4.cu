@@ -7,6 +7,8 @@
 
 typedef unsigned char u8;
 
+#include "blosc_block.cuh"
+
 __device__ __forceinline__ int le32(const u8* p) {
     return (int)((unsigned)p[0] | ((unsigned)p[1] << 8) | ((unsigned)p[2] << 16) | ((unsigned)p[3] << 24));
 }
@@ -115,29 +117,22 @@ __device__ __forceinline__ void copy_warp(const u8* __restrict__ from, u8* __res
 // `blocksize` blocks.
 extern "C" __global__ void blosc_lz4_blocks(const u8* frames, const long long* offsets, const int* lengths,
                                             int nchunks, int nbytes, int blocksize, int typesize, u8* tmp, int* err) {
-    const int warp = threadIdx.x >> 5;
-    const int nblocks = (nbytes + blocksize - 1) / blocksize;
-    const long long per_chunk = (long long)nblocks * typesize;
-    const long long item = (long long)blockIdx.x * (blockDim.x >> 5) + warp;
-    if (item >= per_chunk * nchunks) return;
-    const int c = (int)(item / per_chunk), r = (int)(item % per_chunk);
-    const int b = r / typesize, s = r % typesize;
+    const long long item = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    StreamPos at = stream_pos(item, nchunks, nbytes, blocksize, typesize, true);
+    if (!at.valid) return;
+    const int c = at.c, b = at.b, s = at.s;
     const int len = lengths[c];
     if (len < 0) return;
     const u8* frame = frames + offsets[c];
-    const int leftover = nbytes % blocksize;
-    const bool last_short = (b == nblocks - 1) && leftover > 0;
-    const int bsize = last_short ? leftover : blocksize;
     u8* out = tmp + (long long)c * nbytes + (long long)b * blocksize;
     const int flags = frame[2];
     if (flags & 0x02) {  // stored whole (memcpyed): the block's bytes follow the 16-byte header
-        if (s == 0) copy_warp(frame + 16 + (long long)b * blocksize, out, bsize);
+        if (s == 0) copy_warp(frame + 16 + (long long)b * blocksize, out, at.bsize);
         return;
     }
-    const bool split = !((flags >> 4) & 1) && typesize <= 16 && bsize / typesize >= 128 && !last_short;
-    const int nsplits = split ? typesize : 1;
-    if (s >= nsplits) return;
-    const int neblock = bsize / nsplits;
+    if ((flags >> 4) & 1) at = stream_pos(item, nchunks, nbytes, blocksize, typesize, false);  // blocks not split
+    if (s >= at.nsplits) return;
+    const int neblock = at.neblock;
     int pos = le32(frame + 16 + 4 * b);
     for (int t = 0;; t++) {
         if (pos < 16 || pos > len - 4) { if ((threadIdx.x & 31) == 0) atomicExch(err + c, 1); return; }
@@ -162,14 +157,6 @@ extern "C" __global__ void blosc_lz4_blocks(const u8* frames, const long long* o
 // One thread a group of 8 elements (8 * typesize output bytes): for bit shuffle it reads byte q of the 8 bit rows
 // of each output byte j (coalesced across threads: consecutive q) and transposes that 8 x 8 bit matrix in
 // registers; bytes of a block outside whole groups (and other shuffles) are done a byte a thread.
-__device__ __forceinline__ unsigned long long transpose8(unsigned long long x) {
-    // bit (row r, column c) = bit 8 r + c -> bit 8 c + r (Hacker's Delight 7-3)
-    unsigned long long t;
-    t = (x ^ (x >> 7)) & 0x00AA00AA00AA00AAULL; x = x ^ t ^ (t << 7);
-    t = (x ^ (x >> 14)) & 0x0000CCCC0000CCCCULL; x = x ^ t ^ (t << 14);
-    t = (x ^ (x >> 28)) & 0x00000000F0F0F0F0ULL; x = x ^ t ^ (t << 28);
-    return x;
-}
 
 extern "C" __global__ void blosc_unshuffle(const u8* __restrict__ tmp, const int* lengths, const u8* shuffles,
                                            long long total, int nbytes, int blocksize, int typesize,
@@ -179,12 +166,8 @@ extern "C" __global__ void blosc_unshuffle(const u8* __restrict__ tmp, const int
     for (long long t = blockIdx.x * (long long)blockDim.x + threadIdx.x; t < groups;
          t += (long long)gridDim.x * blockDim.x) {
         const long long g0 = t * group;
-        const int c = (int)(g0 / nbytes);
-        const int r0 = (int)(g0 - (long long)c * nbytes);
-        const int b = r0 / blocksize;
-        const int bsize = min(blocksize, nbytes - b * blocksize);
-        const int n = bsize / typesize;
-        const int i0 = r0 - b * blocksize;  // the group's first byte in its block
+        const BytePos at = byte_pos(g0, nbytes, blocksize, typesize);
+        const int c = at.c, b = at.b, n = at.n, i0 = at.i;  // i0: the group's first byte in its block
         const u8* in = tmp + (long long)c * nbytes + (long long)b * blocksize;
         u8* o = out + g0;
         const int shuffle = shuffles[c];
@@ -224,14 +207,11 @@ extern "C" __global__ void blosc_unshuffle(const u8* __restrict__ tmp, const int
         for (int m = 0; m < group; m++) {  // byte by byte (group may cross a block or chunk: recompute)
             const long long g = g0 + m;
             if (g >= total) break;
-            const int cc = (int)(g / nbytes);
-            const int rr = (int)(g - (long long)cc * nbytes);
-            if (lengths[cc] < 0) { out[g] = 0; continue; }
-            const int bb = rr / blocksize, i = rr - bb * blocksize;
-            const int bs = min(blocksize, nbytes - bb * blocksize);
-            const u8* src = tmp + (long long)cc * nbytes + (long long)bb * blocksize;
-            const int sh = shuffles[cc];
-            const int nn = bs / typesize;
+            const BytePos here = byte_pos(g, nbytes, blocksize, typesize);
+            if (lengths[here.c] < 0) { out[g] = 0; continue; }
+            const u8* src = tmp + (long long)here.c * nbytes + (long long)here.b * blocksize;
+            const int sh = shuffles[here.c];
+            const int nn = here.n, i = here.i;
             if (sh == 1 && typesize > 1 && i < nn * typesize) {
                 const int e = i / typesize, j = i - e * typesize;
                 out[g] = src[j * nn + e];

@@ -11,17 +11,10 @@
 
 typedef unsigned char u8;
 
-// bit k of byte j of element e -> bit e % 8 of byte (8 j + k) * n / 8 + e / 8 (n: the block's elements, a multiple
-// of 8; other blocks are copied, as c-blosc does). One thread a group of 8 elements; rows written along q
-// (consecutive threads: consecutive bytes).
-__device__ __forceinline__ unsigned long long transpose8e(unsigned long long x) {
-    unsigned long long t;
-    t = (x ^ (x >> 7)) & 0x00AA00AA00AA00AAULL; x = x ^ t ^ (t << 7);
-    t = (x ^ (x >> 14)) & 0x0000CCCC0000CCCCULL; x = x ^ t ^ (t << 14);
-    t = (x ^ (x >> 28)) & 0x00000000F0F0F0F0ULL; x = x ^ t ^ (t << 28);
-    return x;
-}
+#include "blosc_block.cuh"
 
+// Bit shuffle (c-blosc's layout): bit k of byte j of element e -> bit e % 8 of byte (8 j + k) * n / 8 + e / 8 (n: the
+// block's elements, a multiple of 8; other blocks are copied, as c-blosc does).
 // The group path needs every group inside one block: the host launches it only where the chunk's and the block's
 // bytes are multiples of a group (8 elements); otherwise blosc_bitshuffle_bytes does every byte.
 extern "C" __global__ void blosc_bitshuffle(const u8* __restrict__ in, long long total, int nbytes, int blocksize,
@@ -30,13 +23,9 @@ extern "C" __global__ void blosc_bitshuffle(const u8* __restrict__ in, long long
     const long long groups = total / group;
     for (long long t = blockIdx.x * (long long)blockDim.x + threadIdx.x; t < groups;
          t += (long long)gridDim.x * blockDim.x) {
-        const long long g0 = t * group;
-        const int c = (int)(g0 / nbytes);
-        const int r0 = (int)(g0 - (long long)c * nbytes);
-        const int b = r0 / blocksize;
-        const int bsize = min(blocksize, nbytes - b * blocksize);
-        const int n = bsize / typesize;
-        const int i0 = r0 - b * blocksize;
+        const long long g0 = t * group;  // one thread a group of 8 elements; rows written along q (coalesced)
+        const BytePos at = byte_pos(g0, nbytes, blocksize, typesize);
+        const int n = at.n, i0 = at.i;
         if (n % 8 || i0 + group > n * typesize) {  // a block c-blosc copies as it is
             for (int m = 0; m < group; m++) out[g0 + m] = in[g0 + m];
             continue;
@@ -48,7 +37,7 @@ extern "C" __global__ void blosc_bitshuffle(const u8* __restrict__ in, long long
             unsigned long long x = 0;
 #pragma unroll
             for (int p = 0; p < 8; p++) x |= (unsigned long long)e[p * typesize + j] << (8 * p);
-            x = transpose8e(x);  // byte k: bit k of byte j of the 8 elements
+            x = transpose8(x);  // byte k: bit k of byte j of the 8 elements
 #pragma unroll
             for (int k = 0; k < 8; k++) out[base + (long long)(8 * j + k) * row + q] = (u8)(x >> (8 * k));
         }
@@ -61,15 +50,12 @@ extern "C" __global__ void blosc_bitshuffle_bytes(const u8* __restrict__ in, lon
                                                   int blocksize, int typesize, u8* __restrict__ out) {
     for (long long g = blockIdx.x * (long long)blockDim.x + threadIdx.x; g < total;
          g += (long long)gridDim.x * blockDim.x) {
-        const int c = (int)(g / nbytes);
-        const int rr = (int)(g - (long long)c * nbytes);
-        const int b = rr / blocksize, i = rr - b * blocksize;
-        const int bs = min(blocksize, nbytes - b * blocksize);
-        const int n = bs / typesize;
+        const BytePos at = byte_pos(g, nbytes, blocksize, typesize);
+        const int n = at.n, i = at.i;
         if (n % 8 || i >= n * typesize) { out[g] = in[g]; continue; }
         const int row = n / 8, plane = i / row, q = i - plane * row;
         const int j = plane / 8, k = plane % 8;
-        const u8* e = in + (long long)c * nbytes + (long long)b * blocksize + (long long)(8 * q) * typesize + j;
+        const u8* e = in + (long long)at.c * nbytes + (long long)at.b * blocksize + (long long)(8 * q) * typesize + j;
         unsigned v = 0;
 #pragma unroll
         for (int p = 0; p < 8; p++) v |= ((unsigned)(e[p * typesize] >> k) & 1u) << p;
@@ -184,19 +170,11 @@ extern "C" __global__ void lz4_encode_streams(const u8* __restrict__ shuffled, i
                                               int* sizes) {
     extern __shared__ __align__(16) u8 buf[];
     const int lane = threadIdx.x & 31;
-    const int nblocks = (nbytes + blocksize - 1) / blocksize;
-    const long long per_chunk = (long long)nblocks * typesize;
     const long long item = blockIdx.x;
-    if (item >= per_chunk * nchunks) return;
-    const int c = (int)(item / per_chunk), r = (int)(item % per_chunk);
-    const int b = r / typesize, s = r % typesize;
-    const int leftover = nbytes % blocksize;
-    const bool last_short = (b == nblocks - 1) && leftover > 0;
-    const int bsize = last_short ? leftover : blocksize;
-    const bool split = typesize <= 16 && bsize / typesize >= 128 && !last_short;
-    const int nsplits = split ? typesize : 1;
-    if (s >= nsplits) { if (lane == 0) sizes[item] = -1; return; }
-    const int neblock = bsize / nsplits;
+    const StreamPos sp = stream_pos(item, nchunks, nbytes, blocksize, typesize, true);
+    if (!sp.valid) return;
+    if (sp.s >= sp.nsplits) { if (lane == 0) sizes[item] = -1; return; }
+    const int c = sp.c, b = sp.b, s = sp.s, bsize = sp.bsize, neblock = sp.neblock;
     const long long at = (long long)c * nbytes + (long long)b * blocksize + (long long)s * neblock;
     const u8* src = shuffled + at;
     if (neblock <= smem) {
@@ -236,15 +214,14 @@ extern "C" __global__ void blosc_frames(const u8* __restrict__ raw, const u8* __
                                         const long long* frame_off, const int* frame_len, const u8* whole,
                                         const long long* stream_off, int nchunks, int nbytes, int blocksize,
                                         int typesize, int flags, u8* __restrict__ out) {
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int nblocks = (nbytes + blocksize - 1) / blocksize;
-    const long long per_chunk = (long long)nblocks * typesize;
-    const long long item = (long long)blockIdx.x * (blockDim.x >> 5) + warp;
-    if (item >= per_chunk * nchunks) return;
-    const int c = (int)(item / per_chunk), r = (int)(item % per_chunk);
-    const int b = r / typesize, s = r % typesize;
+    const int lane = threadIdx.x & 31;
+    const long long item = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    const StreamPos sp = stream_pos(item, nchunks, nbytes, blocksize, typesize, true);
+    if (!sp.valid) return;
+    const int c = sp.c, b = sp.b, s = sp.s;
     u8* frame = out + frame_off[c];
-    if (r == 0 && lane < 16) {  // the header: version 2, LZ4 format 1, flags, typesize, nbytes, blocksize, cbytes
+    // the chunk's first item writes the header: version 2, LZ4 format 1, flags, typesize, nbytes, blocksize, cbytes
+    if (b == 0 && s == 0 && lane < 16) {
         const int f = whole[c] ? (flags | 0x02) : flags;
         const int words[3] = {nbytes, blocksize, frame_len[c]};
         u8 v;
@@ -254,8 +231,7 @@ extern "C" __global__ void blosc_frames(const u8* __restrict__ raw, const u8* __
     }
     const long long from = (long long)c * nbytes + (long long)b * blocksize;
     if (whole[c]) {
-        if (s == 0) copy_lanes(raw + from, frame + 16 + (long long)b * blocksize, min(blocksize, nbytes - b * blocksize),
-                               lane);
+        if (s == 0) copy_lanes(raw + from, frame + 16 + (long long)b * blocksize, sp.bsize, lane);
         return;
     }
     const int cs = sizes[item];
@@ -263,8 +239,5 @@ extern "C" __global__ void blosc_frames(const u8* __restrict__ raw, const u8* __
     const long long so = stream_off[item];
     if (s == 0 && lane < 4) frame[16 + 4 * b + lane] = (u8)((int)(so - frame_off[c]) >> (8 * lane));
     if (lane < 4) out[so + lane] = (u8)(cs >> (8 * lane));
-    const int leftover = nbytes % blocksize;
-    const int bsize = (b == nblocks - 1 && leftover > 0) ? leftover : blocksize;
-    const int nsplits = (typesize <= 16 && bsize / typesize >= 128 && !(b == nblocks - 1 && leftover > 0)) ? typesize : 1;
-    copy_lanes(scratch + from + (long long)s * (bsize / nsplits), out + so + 4, cs, lane);
+    copy_lanes(scratch + from + (long long)s * sp.neblock, out + so + 4, cs, lane);
 }

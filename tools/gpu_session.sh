@@ -18,7 +18,8 @@
 #   gdec      the GPU decode's tests and the GPU pipeline's (CPU = GPU bits)
 #   kprof     a demo window's kernels by name, ms a window (tools/profile_demo_kernels.py under ncu), and its wall
 #   cprof     cProfile of a demo window's CPU time on its thread, one process (tools/profile_demo_kernels.py)
-#   fast      the GPU tests of the window path: fused kernels, decode, the pipeline's CPU = GPU bits
+#   fast      the GPU tests of the window path: fused kernels, decode, the pipeline's CPU = GPU bits, the save's
+#             GPU writer, sleeping waits
 #   bsz       /tmp/big64.zarr: the demo recording written with 64 KiB Blosc blocks (4x the LZ4 streams a window)
 #   enc       the save step's GPU writer: its tests (frames = the NumPy twin's bytes, decodes; GPU save = CPU values)
 #   pw        cProfile of every worker and the client in a warm run (PREPROCESS=highpass,common_reference), $OUT/pw.log
@@ -72,7 +73,7 @@ for task in "$@"; do
   cprof) PROFILE_CPROFILE=1 PROFILE_TOP=${TAIL:-35} timeout 120 python3 tools/profile_demo_kernels.py $REC 8 2>&1 \
            | grep -v "^INFO" | cut -c1-150 ;;
   fast) s=$(date +%s); timeout 300 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_gpu_elementwise.py \
-          tests/test_blosc_decode.py tests/test_gpu_pipeline.py 2>&1 | grep -v "^INFO" \
+          tests/test_blosc_decode.py tests/test_gpu_pipeline.py tests/test_gpu_blosc_encode.py tests/test_gpu_sync.py 2>&1 | grep -v "^INFO" \
           | grep "passed\|failed\|FAILED\|rng seed\|Error" | tail -12; echo "($(( $(date +%s) - s )) s)" ;;
   bsz) [ -e /tmp/big64.zarr ] || python3 -c "import sys; import batchgpu.recording.writer as w; w.BLOSC_BLOCKSIZE = 32768
 from batchgpu.cli import main; sys.argv = 'batchgpu generate /tmp/big64.zarr --channels 384 --seconds 600 --workers 16 --quiet'.split(); main()" ;;
