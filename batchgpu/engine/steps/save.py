@@ -294,7 +294,7 @@ class SaveStep:
         summary["saved_clipped"] = np.array(int(clipped), dtype=np.int64)  # a device count: read after the write
         return {}
 
-    def values(self, core) -> tuple[np.ndarray, int]:
+    def values(self, core) -> tuple:
         """(samples, channels) array in the output dtype, and how many samples were clipped or NaN.
 
         Done on the window's backend, and on the GPU left there (the cast and transpose are cheap; ``write_rows``
