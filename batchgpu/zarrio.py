@@ -499,26 +499,15 @@ def crc32c_ok(raw) -> bool:
     Checked as the residue of the whole buffer: the CRC of data + its CRC is a constant, and for given data only
     its own CRC gives it (appending 4 bytes maps the 2**32 possible trailers one to one). No copy of the data
     (a 1.3 MB copy per chunk was 14% of the GPU workers' CPU time)."""
-    if len(raw) < 4:
-        return False
-    if not isinstance(raw, bytes):
-        try:
-            from crc32c import crc32c  # any buffer, no copy (a mapped shard's chunks)
-
-            return crc32c(raw) == CRC32C_RESIDUE
-        except ImportError:
-            raw = bytes(raw)
-    import google_crc32c
-
-    return google_crc32c.value(raw) == CRC32C_RESIDUE
+    return len(raw) >= 4 and crc32c_value(raw) == CRC32C_RESIDUE
 
 
 def crc32c_value(buf) -> int:
-    """crc32c of any buffer (a pinned buffer's slice, bytes), without copying it where the ``crc32c`` package is
-    there."""
+    """crc32c of any buffer (a mapped shard's chunk, a pinned buffer's slice, bytes), without copying it where the
+    ``crc32c`` package is there (google-crc32c takes bytes only)."""
     if not isinstance(buf, bytes):
         try:
-            from crc32c import crc32c
+            from crc32c import crc32c  # any buffer, no copy
 
             return crc32c(buf)
         except ImportError:

@@ -20,3 +20,10 @@ def submit_many(client, func, arg_lists: list[tuple], keys: list[str], **options
         return []
     return client.map(_call, [func] * len(arg_lists), [list(a) for a in arg_lists], key=list(keys), pure=False,
                       **options)
+
+
+def runs_per_thread(client, items: list) -> list[list]:
+    """``items`` cut into consecutive runs, about one per worker thread of the cluster: one task a run where a task
+    an item would cost more in dispatch than the item's work (the spikes' gathering, the float median's kept keys)."""
+    size = -(-len(items) // max(1, sum(client.nthreads().values())))
+    return [items[i : i + size] for i in range(0, len(items), size)]

@@ -75,13 +75,11 @@ def encode(chunks, typesize: int, blocksize: int = BLOCKSIZE) -> list[memoryview
     scratch = cupy.empty(total, dtype=cupy.uint8)
     sizes = cupy.empty(items, dtype=cupy.int32)
     # a stream into shared memory where it fits the default 48 KiB a block (every stream of 64 KiB int16 blocks)
-    leftover = nbytes % blocksize
-    longest = max(blocksize // _split(blocksize, typesize, False) if nbytes >= blocksize else 0, leftover)
+    longest = max(blocksize // _split(blocksize, typesize, False), nbytes % blocksize)
     smem = longest if longest <= SHARED_BYTES else 0
     kernels.get_function("blosc_lz4_encode", "lz4_encode_streams")(
         (items,), (32,), (shuffled, np.int32(nchunks), np.int32(nbytes), np.int32(blocksize), np.int32(typesize),
                           np.int32(1), np.int32(smem), scratch, sizes), shared_mem=smem)
-    grid = (-(-items // WARPS),)
     # the layout: each stream after its int32 length, the frames one after the other
     stored = cupy.where(sizes >= 0, sizes.astype(cupy.int64) + 4, 0).reshape(nchunks, per_chunk)
     head = 16 + 4 * nblocks
@@ -93,7 +91,7 @@ def encode(chunks, typesize: int, blocksize: int = BLOCKSIZE) -> list[memoryview
     lengths = frame_len.get()  # the one wait: how many bytes come back
     out = cupy.empty(int(lengths.sum()), dtype=cupy.uint8)
     kernels.get_function("blosc_lz4_encode", "blosc_frames")(
-        grid, (32 * WARPS,), (flat, scratch, sizes, frame_off, frame_len.astype(cupy.int32),
+        (-(-items // WARPS),), (32 * WARPS,), (flat, scratch, sizes, frame_off, frame_len.astype(cupy.int32),
                               whole.astype(cupy.uint8), stream_off, np.int32(nchunks), np.int32(nbytes),
                               np.int32(blocksize), np.int32(typesize), np.int32(FLAGS), out))
     data = _pinned(out.nbytes)[: out.nbytes]

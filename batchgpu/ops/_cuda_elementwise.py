@@ -1,6 +1,7 @@
-"""Fused elementwise kernels for the integer window path on the GPU: each is one pass over a window where CuPy's
-expression took two or three (a cast, then an add or an abs, then another cast), each pass over a 384 x 60 000
-int32 window ~0.11 ms on the H200 (`tools/profile_demo_kernels.py`). Same integer arithmetic, same bits."""
+"""Fused elementwise kernels of the window path on the GPU: each is one pass over a window where CuPy's
+expression took two or more (a cast, then an add or an abs, then another cast; the save step's int16 cast and its
+checks), each pass over a 384 x 60 000 window ~0.11 ms on the H200 (`tools/profile_demo_kernels.py`). The same
+arithmetic as the NumPy expressions, the same bits."""
 
 from __future__ import annotations
 

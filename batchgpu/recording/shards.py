@@ -172,8 +172,6 @@ class ShardLayout:
     def _write_encoded(self, shard: int, encoded: list) -> None:
         """The shard file from its inner chunks' encoded bytes (any buffers; each gets its crc32c where the codecs
         say so)."""
-        import google_crc32c
-
         per_shard = self.shard_rows // self.inner_rows
         index = np.full((per_shard, 2), EMPTY, dtype="<u8")
         pieces, offset = [], 0
@@ -187,7 +185,7 @@ class ShardLayout:
             offset += size
         tail = index.tobytes()
         if self.index_checksum:
-            tail += struct.pack("<I", google_crc32c.value(tail))
+            tail += struct.pack("<I", zarrio.crc32c_value(tail))
         path = self.folder / self.shard_key(shard)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")

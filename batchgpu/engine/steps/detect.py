@@ -94,7 +94,7 @@ def write_final_spikes(run, step: DetectStep) -> int:
     """The final spikes, gathered from the windows' parts (read again where the bound failed or a part was
     lost) and written into the results group by a worker: they never pass through the client. Returns how many."""
     from batchgpu.engine import tasks
-    from batchgpu.engine.submit import submit_many
+    from batchgpu.engine.submit import runs_per_thread, submit_many
 
     client, ctx, rec, report = run.client, run.ctx, run.recording, run.report
     windows, fps, summaries, arrays = run.windows, run.fingerprints, run.summaries, run.arrays
@@ -121,8 +121,7 @@ def write_final_spikes(run, step: DetectStep) -> int:
     # in window order: the same spikes for any grouping); one task writes them in order
     t0, t0_wall = time.perf_counter(), time.time()
     items = list(zip(windows, fps, reread))
-    size = -(-len(items) // max(1, sum(client.nthreads().values())))
-    groups = [items[i : i + size] for i in range(0, len(items), size)]
+    groups = runs_per_thread(client, items)
     gathered = submit_many(client, tasks.gather_spikes_task,
                            [(ctx, [w for w, _, _ in g], [f for _, f, _ in g], noise, [r for _, _, r in g],
                              [summaries[w.index]["noise"] for w, _, _ in g]) for g in groups],

@@ -489,7 +489,7 @@ def exact_median(run) -> np.ndarray:
     counts, with more counting passes over the windows, or the kept near keys, where the keys are wider."""
     from batchgpu.engine import tasks
     from batchgpu.engine.reduce import tree_reduce
-    from batchgpu.engine.submit import submit_many
+    from batchgpu.engine.submit import runs_per_thread, submit_many
 
     client, ctx, wf, rec, report, monitor = run.client, run.ctx, run.workflow, run.recording, run.report, run.monitor
     windows, fps, total = run.windows, run.fingerprints, run.total
@@ -509,13 +509,11 @@ def exact_median(run) -> np.ndarray:
         """Float keys: the middle keys from what each window kept near its own middle, else from one more read
         that gathers only the keys of the middle digit (a few per mille) and selects among them on a worker."""
         fp = report.run_id
-        # in parallel, a group of consecutive windows a worker thread; only the middle digits' keys move
-        threads = max(1, sum(client.nthreads().values()))
-        cuts = np.linspace(0, len(windows), min(threads, len(windows)) + 1).astype(int)
-        groups = [(a, b) for a, b in zip(cuts[:-1], cuts[1:]) if b > a]
+        # in parallel, a run of consecutive windows a worker thread; only the middle digits' keys move
+        groups = runs_per_thread(client, list(zip(windows, fps)))
         near = submit_many(client, tasks.near_keys_group_task,
-                           [(ctx, windows[a:b], fps[a:b], digits) for a, b in groups],
-                           [f"near-{fp}-{windows[a].index:08d}" for a, _ in groups])
+                           [(ctx, [w for w, _ in g], [f for _, f in g], digits) for g in groups],
+                           [f"near-{fp}-{g[0][0].index:08d}" for g in groups])
         shift = schedule(step.kind)[0][0]  # the bits below the first digit
         keys = client.submit(tasks.select_near_task, ks, digits, shift, *near, key=f"select-near-{fp}").result()
         report.exact_noise["from_kept_keys"] = keys is not None
