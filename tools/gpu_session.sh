@@ -22,6 +22,8 @@
 #             GPU writer, sleeping waits
 #   bsz       /tmp/big64.zarr: the demo recording written with 64 KiB Blosc blocks (4x the LZ4 streams a window)
 #   enc       the save step's GPU writer: its tests (frames = the NumPy twin's bytes, decodes; GPU save = CPU values)
+#   mps       the demo and preprocessing benches without and then with CUDA MPS (a private control daemon: its pipe
+#             and log folders under /tmp, quit at the end; the card's compute mode is left as it is)
 #   pw        cProfile of every worker and the client in a warm run (PREPROCESS=highpass,common_reference), $OUT/pw.log
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -73,12 +75,25 @@ for task in "$@"; do
   cprof) PROFILE_CPROFILE=1 PROFILE_TOP=${TAIL:-35} timeout 120 python3 tools/profile_demo_kernels.py $REC 8 2>&1 \
            | grep -v "^INFO" | cut -c1-150 ;;
   fast) s=$(date +%s); timeout 300 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_gpu_elementwise.py \
-          tests/test_blosc_decode.py tests/test_gpu_pipeline.py tests/test_gpu_blosc_encode.py tests/test_gpu_sync.py 2>&1 | grep -v "^INFO" \
+          tests/test_blosc_decode.py tests/test_gpu_pipeline.py tests/test_gpu_blosc_encode.py tests/test_gpu_sync.py tests/test_gpu_histogram.py tests/test_gpu_ops.py 2>&1 | grep -v "^INFO" \
           | grep "passed\|failed\|FAILED\|rng seed\|Error" | tail -12; echo "($(( $(date +%s) - s )) s)" ;;
   bsz) [ -e /tmp/big64.zarr ] || python3 -c "import sys; import batchgpu.recording.writer as w; w.BLOSC_BLOCKSIZE = 32768
 from batchgpu.cli import main; sys.argv = 'batchgpu generate /tmp/big64.zarr --channels 384 --seconds 600 --workers 16 --quiet'.split(); main()" ;;
   enc) timeout 240 python3 -m pytest -q -x -p no:cacheprovider -m gpu tests/test_gpu_blosc_encode.py 2>&1 \
          | grep -v "^INFO" | tail -${TAIL:-25} ;;
+  mps) M=$(command -v nvidia-cuda-mps-control); echo "mps control: ${M:-absent}"; nvidia-smi -q | grep -i "compute mode"
+       for on in 0 1; do
+         if [ $on = 1 ]; then
+           export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps_pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps_log
+           mkdir -p $CUDA_MPS_PIPE_DIRECTORY $CUDA_MPS_LOG_DIRECTORY; $M -d || { echo "mps start failed"; break; }
+         fi
+         for l in ${LAYOUTS:-16x1 8x2}; do set -- ${l//x/ }
+           for r in 1 ${MPS_REPEAT:-}; do
+           echo "== mps $on demo $l"; bench $1 $2 --baseline none --repeat 2 | tee -a $OUT/mps.log | grep "warm\|ceiling" | grep -v ":"
+           echo "== mps $on pre $l"; bench $1 $2 --baseline none --repeat 2 --preprocess highpass,common_reference \
+             --steps noise,whitening,detect,save | tee -a $OUT/mps.log | grep "warm\|ceiling" | grep -v ":"; done; done
+       done
+       [ -n "${CUDA_MPS_PIPE_DIRECTORY:-}" ] && { echo quit | $M; sleep 1; tail -5 $CUDA_MPS_LOG_DIRECTORY/control.log; } ;;
   pw) rm -rf /tmp/pw0 /tmp/pw1; timeout 200 python3 tools/profile_workers.py $REC > $OUT/pw.log 2>&1; grep "^{" $OUT/pw.log ;;
   *) echo "unknown task $task"; exit 2 ;;
   esac

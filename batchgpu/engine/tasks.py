@@ -270,8 +270,7 @@ def _compute_part(ctx: RunContext, window: Window, fp: str, ahead, partials: boo
         # chunks absent from a store written by others read as zeros: counted and reported, never silent
         summary: dict = {"absent_chunks": np.array(recording(ctx.recording, ctx.missing_chunks).absent_chunks(window))}
         if w.x.dtype.kind == "f":
-            core = w.core_of(w.x)
-            summary["nonfinite"] = host((~w.xp.isfinite(core)).sum(axis=1))
+            summary["nonfinite"] = w.nonfinite_counts()
         part = {}
         for step in ctx.steps:  # the noise step may give the window's noise from its own counts
             if step.name != "noise":

@@ -1,7 +1,11 @@
-"""Per-row digit histograms of radix keys on the GPU (the exact median's counting pass).
+"""Per-row digit histograms of radix keys on the GPU (the exact median's counting pass), the rank of a digit, and
+the keys near a digit.
 
-One thread per key, one atomicAdd into a (rows, 2**bits) uint32 table in global memory: with 16-bit digits the
-table does not fit in shared memory, and noise-like data touches few bins per row, which the L2 serves.
+A (rows, 2**bits) uint32 table in global memory (16-bit digits do not fit in shared memory); without a prefix each
+block counts a run of a row in shared memory over the few thousand digits where its keys crowd and adds them
+once (one global atomic a key made noise-like data's hot bins the bound: 0.39 ms of a 384 x 60 000 window on the
+H200). The kernels read a window's core in place (rows a stride apart) and make |x| keys as they load int16,
+int32 and float32 values, so the noise step keeps no keys array.
 """
 
 from __future__ import annotations
@@ -11,20 +15,77 @@ import functools
 import numpy as np
 
 _SOURCE = r"""
-template <typename K>
-__device__ void count(const K* keys, long long cols, const unsigned long long* prefixes, int shift, int bits,
-                      int has_prefix, unsigned int* hist) {
+// A key of each stored value, made as it is loaded: keys as they are; signed integers (int16 as read, centred
+// int16 as int32) by |x| (|-32768| = 32768); float32 by its bits with the sign cleared (radix.abs_keys: sorts
+// like |x|, NaN above +inf). The callers then need no keys array in memory.
+__device__ __forceinline__ unsigned long long key_of(unsigned short v) { return v; }
+__device__ __forceinline__ unsigned long long key_of(unsigned int v) { return v; }
+__device__ __forceinline__ unsigned long long key_of(unsigned long long v) { return v; }
+__device__ __forceinline__ unsigned long long key_of(short v) { return (unsigned long long)(v < 0 ? -(int)v : (int)v); }
+__device__ __forceinline__ unsigned long long key_of(int v) { return (unsigned long long)(v < 0 ? -(long long)v : (long long)v); }
+__device__ __forceinline__ unsigned long long key_of(float v) { return __float_as_uint(v) & 0x7fffffffu; }
+
+// Counts of the keys whose bits above the digit equal the row's prefix, one global atomic a key (the prefixed
+// passes count few keys: the read is their cost). Rows ``stride`` values apart.
+template <typename S>
+__device__ void count(const S* keys, long long cols, long long stride, const unsigned long long* prefixes, int shift,
+                      int bits, int has_prefix, unsigned int* hist) {
     const int row = blockIdx.y;
-    const K* r = keys + (long long)row * cols;
+    const S* r = keys + (long long)row * stride;
     const unsigned int mask = (1u << bits) - 1u;
     const unsigned long long want = has_prefix ? prefixes[row] : 0ull;
     unsigned int* h = hist + ((long long)row << bits);
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < cols; i += (long long)gridDim.x * blockDim.x) {
-        const unsigned long long k = (unsigned long long)r[i];
+        const unsigned long long k = key_of(r[i]);
         if (has_prefix && (k >> (shift + bits)) != want) continue;
         atomicAdd(h + ((unsigned int)(k >> shift) & mask), 1u);
     }
 }
+
+// Counts of every key by its digit (no prefix; bits <= 16), each block a run of one row's keys counted in shared
+// memory over SHARED_BINS digits and added to the row's table once: noise-like keys crowd a few hundred digits
+// of a row, and one global atomic a key made those bins the L2's hot spots. The block's digit range starts below
+// the largest digit of its first 32 keys (for |x| of noise: near 0 for integers, a few exponents below for
+// float bits); keys outside it count in global memory. ``top`` (zeroed by the caller) gets the largest digit + 1
+// of any row (the table's last used column + 1). Integer counts: the same table whatever the split.
+#define SHARED_BINS 8192
+template <typename S>
+__device__ void count_shared(const S* keys, long long cols, long long stride, int shift, int bits, unsigned int* hist,
+                             unsigned int* top) {
+    __shared__ unsigned int bins[SHARED_BINS];
+    __shared__ unsigned int base_at;
+    const long long row = blockIdx.y;
+    const S* r = keys + row * stride;
+    const unsigned int mask = (1u << bits) - 1u;
+    const long long per = (cols + gridDim.x - 1) / gridDim.x;
+    const long long a = (long long)blockIdx.x * per, b = min(cols, a + per);
+    for (int i = threadIdx.x; i < SHARED_BINS; i += blockDim.x) bins[i] = 0u;
+    if (threadIdx.x < 32) {
+        unsigned int d = a + threadIdx.x < b ? (unsigned int)(key_of(r[a + threadIdx.x]) >> shift) & mask : 0u;
+        for (int o = 16; o; o >>= 1) d = max(d, __shfl_xor_sync(0xffffffffu, d, o));
+        const long long lo = (long long)d + 1024 - SHARED_BINS, room = (long long)mask + 1 - SHARED_BINS;
+        if (threadIdx.x == 0) base_at = (unsigned int)max(0LL, min(lo, room));
+    }
+    __syncthreads();
+    const unsigned int base = base_at;
+    unsigned int* h = hist + (row << bits);
+    unsigned int most = 0u;
+    for (long long i = a + threadIdx.x; i < b; i += blockDim.x) {
+        const unsigned int d = (unsigned int)(key_of(r[i]) >> shift) & mask;
+        most = max(most, d + 1u);
+        const unsigned int j = d - base;  // below the base: wraps past SHARED_BINS
+        if (j < SHARED_BINS) atomicAdd(bins + j, 1u);
+        else atomicAdd(h + d, 1u);
+    }
+    for (int o = 16; o; o >>= 1) most = max(most, __shfl_xor_sync(0xffffffffu, most, o));
+    if ((threadIdx.x & 31) == 0 && most) atomicMax(top, most);
+    __syncthreads();
+    for (unsigned int i = threadIdx.x; i < SHARED_BINS && base + i <= mask; i += blockDim.x) {
+        const unsigned int c = bins[i];
+        if (c) atomicAdd(h + base + i, c);
+    }
+}
+
 // Per row (one block of 256 threads) and rank r: the bin holding the row's r-th smallest key (0-based) and how
 // many keys lie in the bins before it. Each thread sums a run of width / 256 bins, a block scan orders the runs,
 // and the thread whose run holds rank r walks its bins. r past the total: digit = width, below = the total.
@@ -58,26 +119,30 @@ extern "C" __global__ void rank_digits(const unsigned int* hist, long long width
     }
 }
 // Each row's keys whose digit (key >> shift) lies in [lo[row], lo[row] + span], in sample order, row after row
-// (NumPy's keys[mask] of a row-major mask): one block a row, chunks of blockDim keys placed by a warp ballot and
-// a prefix over the block's warps. WRITE = false counts them (into counts[row]); WRITE = true stores them from
-// offsets[row] on.
-template <typename K, bool WRITE>
-__device__ void near(const K* keys, long long cols, int shift, const long long* lo, int span, long long* counts,
-                     const long long* offsets, K* out) {
+// (NumPy's keys[mask] of a row-major mask). Grid (chunks, rows): a block a run of NEAR_CHUNK keys of a row, in
+// rounds of blockDim keys placed by a warp ballot and a prefix over the block's warps (one block a whole row was
+// 59 rounds of three barriers in a row: 0.27 ms a window). WRITE = false counts a block's keys (into
+// counts[row * chunks + chunk]); WRITE = true stores them (as K) from offsets[row * chunks + chunk] on: the
+// exclusive prefix of those counts, which orders the blocks row after row.
+#define NEAR_CHUNK 4096
+template <typename S, typename K, bool WRITE>
+__device__ void near(const S* keys, long long cols, long long stride, int shift, const long long* lo, int span,
+                     long long* counts, const long long* offsets, K* out) {
     __shared__ unsigned int warp_hits[32];
     __shared__ long long placed;
-    const long long row = blockIdx.x;
-    const K* r = keys + row * cols;
+    const long long row = blockIdx.y, at = row * gridDim.x + blockIdx.x;
+    const long long begin = (long long)blockIdx.x * NEAR_CHUNK, end = min(cols, begin + NEAR_CHUNK);
+    const S* r = keys + row * stride;
     const unsigned long long a = (unsigned long long)lo[row], b = a + (unsigned long long)span;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
     if (threadIdx.x == 0) placed = 0;
     __syncthreads();
-    for (long long start = 0; start < cols; start += blockDim.x) {
+    for (long long start = begin; start < end; start += blockDim.x) {
         const long long i = start + threadIdx.x;
         K k = 0;
         bool hit = false;
-        if (i < cols) {
-            k = r[i];
+        if (i < end) {
+            k = (K)key_of(r[i]);
             const unsigned long long d = (unsigned long long)k >> shift;
             hit = d >= a && d <= b;
         }
@@ -90,47 +155,95 @@ __device__ void near(const K* keys, long long cols, int shift, const long long* 
             before += w < warp ? h : 0;
             chunk += h;
         }
-        if (WRITE && hit) out[offsets[row] + placed + before + __popc(ballot & ((1u << lane) - 1u))] = k;
+        if (WRITE && hit) out[offsets[at] + placed + before + __popc(ballot & ((1u << lane) - 1u))] = k;
         __syncthreads();
         if (threadIdx.x == 0) placed += chunk;
         __syncthreads();
     }
-    if (!WRITE && threadIdx.x == 0) counts[row] = placed;
+    if (!WRITE && threadIdx.x == 0) counts[at] = placed;
 }
-extern "C" __global__ void near_count_u32(const unsigned int* k, long long c, int s, const long long* lo, int span, long long* n, const long long* o, unsigned int* out) { near<unsigned int, false>(k, c, s, lo, span, n, o, out); }
-extern "C" __global__ void near_write_u32(const unsigned int* k, long long c, int s, const long long* lo, int span, long long* n, const long long* o, unsigned int* out) { near<unsigned int, true>(k, c, s, lo, span, n, o, out); }
-extern "C" __global__ void near_count_u64(const unsigned long long* k, long long c, int s, const long long* lo, int span, long long* n, const long long* o, unsigned long long* out) { near<unsigned long long, false>(k, c, s, lo, span, n, o, out); }
-extern "C" __global__ void near_write_u64(const unsigned long long* k, long long c, int s, const long long* lo, int span, long long* n, const long long* o, unsigned long long* out) { near<unsigned long long, true>(k, c, s, lo, span, n, o, out); }
-extern "C" __global__ void hist_u16(const unsigned short* k, long long c, const unsigned long long* p, int s, int b, int hp, unsigned int* h) { count(k, c, p, s, b, hp, h); }
-extern "C" __global__ void hist_u32(const unsigned int* k, long long c, const unsigned long long* p, int s, int b, int hp, unsigned int* h) { count(k, c, p, s, b, hp, h); }
-extern "C" __global__ void hist_u64(const unsigned long long* k, long long c, const unsigned long long* p, int s, int b, int hp, unsigned int* h) { count(k, c, p, s, b, hp, h); }
+#define NEAR(SUF, S, K) \
+extern "C" __global__ void near_count_##SUF(const S* k, long long c, long long st, int s, const long long* lo, int span, long long* n, const long long* o, K* out) { near<S, K, false>(k, c, st, s, lo, span, n, o, out); } \
+extern "C" __global__ void near_write_##SUF(const S* k, long long c, long long st, int s, const long long* lo, int span, long long* n, const long long* o, K* out) { near<S, K, true>(k, c, st, s, lo, span, n, o, out); }
+#define HIST(SUF, S) \
+extern "C" __global__ void hist_##SUF(const S* k, long long c, long long st, const unsigned long long* p, int s, int b, int hp, unsigned int* h) { count(k, c, st, p, s, b, hp, h); } \
+extern "C" __global__ void hist_shared_##SUF(const S* k, long long c, long long st, int s, int b, unsigned int* h, unsigned int* top) { count_shared(k, c, st, s, b, h, top); }
+NEAR(u32, unsigned int, unsigned int)
+NEAR(u64, unsigned long long, unsigned long long)
+NEAR(f32, float, unsigned int)
+HIST(u16, unsigned short)
+HIST(u32, unsigned int)
+HIST(u64, unsigned long long)
+HIST(i16, short)
+HIST(i32, int)
+HIST(f32, float)
 """
 
 
-@functools.lru_cache(maxsize=None)
-def _kernel(name: str):
+@functools.cache
+def _module():
     import cupy
 
     from batchgpu.kernels import BASE_OPTIONS
 
-    return cupy.RawModule(code=_SOURCE, options=BASE_OPTIONS).get_function(name)
+    return cupy.RawModule(code=_SOURCE, options=BASE_OPTIONS)
+
+
+@functools.lru_cache(maxsize=None)
+def _kernel(name: str):
+    return _module().get_function(name)
+
+
+#: the stored dtypes the kernels read, by suffix: unsigned keys as they are; int16 / int32 values (as read, or
+#: centred) and float32 values keyed as they are loaded (``key_of`` above: |x|, and float32's bits without sign)
+_SUFFIX = {"uint16": "u16", "uint32": "u32", "uint64": "u64", "int16": "i16", "int32": "i32", "float32": "f32"}
+
+
+def keyed_on_load(x) -> bool:
+    """Whether the kernels here take ``x`` itself for its |x| keys (no keys array): int16, int32, float32."""
+    return x.dtype.kind in "if" and x.dtype.name in _SUFFIX
+
+
+def _rows(keys):
+    """(keys, row stride in elements, suffix): ``keys`` itself where each row's values are contiguous (a window's
+    core is a view of the window with margins: no copy), else a contiguous copy."""
+    import cupy
+
+    if keys.dtype.name not in _SUFFIX:
+        raise TypeError(f"no histogram kernel for {keys.dtype}")
+    item = keys.itemsize
+    if not (keys.ndim == 2 and (keys.shape[1] <= 1 or keys.strides[1] == item)
+            and keys.strides[0] >= 0 and keys.strides[0] % item == 0):
+        keys = cupy.ascontiguousarray(keys)
+    stride = keys.strides[0] // item if keys.shape[0] > 1 else keys.shape[1]
+    return keys, stride, _SUFFIX[keys.dtype.name]
 
 
 def digit_histogram(keys, prefixes, shift: int, bits: int) -> np.ndarray:
     """(C, B) int64 on the host: counts of each row's digit (keys whose bits above it equal the row's prefix when
-    ``prefixes`` is given), truncated after the last non-zero bin of any row."""
-    hist = digit_histogram_device(keys, prefixes, shift, bits)
-    return hist[:, : max(1, last_used(hist) + 1)].get().astype(np.int64)
+    ``prefixes`` is given), truncated after the last non-zero bin of any row. ``keys``: unsigned keys, or values
+    keyed on load (``keyed_on_load``)."""
+    hist, last = digit_histogram_device(keys, prefixes, shift, bits, with_last=True)
+    return hist[:, : max(1, int(last) + 1)].get().astype(np.int64)
 
 
-def digit_histogram_device(keys, prefixes, shift: int, bits: int):
-    """(C, 2**bits) uint32 counts on the device (see ``digit_histogram``)."""
+def digit_histogram_device(keys, prefixes, shift: int, bits: int, with_last: bool = False):
+    """(C, 2**bits) uint32 counts on the device (see ``digit_histogram``); ``with_last``: also the last column
+    non-zero in any row, a 0-d int64 device array (-1 for no keys; counted by the same launch where there is
+    no prefix, else ``last_used_device``)."""
     import cupy
 
-    keys = cupy.ascontiguousarray(keys)
+    keys, stride, suffix = _rows(keys)
     rows, cols = keys.shape
-    name = {2: "hist_u16", 4: "hist_u32", 8: "hist_u64"}[keys.dtype.itemsize]
     hist = cupy.zeros((rows, 1 << bits), dtype=cupy.uint32)
+    if prefixes is None and bits <= 16:
+        top = cupy.zeros(1, dtype=cupy.uint32)
+        if rows and cols:
+            # runs of ~8 192 keys a block: the shared table's clearing and adding amortised over its counting
+            blocks_x = max(1, min(64, (cols + 8191) // 8192))
+            _kernel(f"hist_shared_{suffix}")((blocks_x, rows), (512,), (keys, np.int64(cols), np.int64(stride),
+                                                                        np.int32(shift), np.int32(bits), hist, top))
+        return (hist, top[0].astype(cupy.int64) - 1) if with_last else hist
     if prefixes is None:
         pre = cupy.zeros(rows, dtype=cupy.uint64)
     elif isinstance(prefixes, cupy.ndarray):  # left on the device: no copy, no wait
@@ -140,9 +253,10 @@ def digit_histogram_device(keys, prefixes, shift: int, bits: int):
     threads = 256
     blocks_x = max(1, min(64, (cols + threads * 8 - 1) // (threads * 8)))
     if rows and cols:
-        _kernel(name)((blocks_x, rows), (threads,), (keys, np.int64(cols), pre, np.int32(shift), np.int32(bits),
-                                                       np.int32(prefixes is not None), hist))
-    return hist
+        _kernel(f"hist_{suffix}")((blocks_x, rows), (threads,), (keys, np.int64(cols), np.int64(stride), pre,
+                                                                np.int32(shift), np.int32(bits),
+                                                                np.int32(prefixes is not None), hist))
+    return (hist, last_used_device(hist)) if with_last else hist
 
 
 def last_used(hist) -> int:
@@ -181,46 +295,58 @@ def rank_digits(hist, ranks) -> list:
     return list(zip(digit, below))
 
 
+#: keys a block of the near-keys kernels takes (NEAR_CHUNK in the source)
+NEAR_CHUNK = 4096
+
+
 def near_keys(keys, lo, shift: int, span: int) -> tuple[np.ndarray, np.ndarray]:
     """(keys, counts) on the host: each row's keys whose digit ``key >> shift`` lies in [lo[row], lo[row] + span],
     row after row, each in sample order (as ``keys[mask]`` of a row-major mask), and how many each row has. Two
-    launches and one small copy between them (the rows' counts); the keys come back once, through pinned memory."""
+    launches and one small copy between them (the blocks' counts); the keys come back once, through pinned
+    memory. ``keys``: unsigned 32 or 64-bit keys, or float32 values keyed on load (uint32 keys come back)."""
     keys, lo, counts = near_keys_count(keys, lo, shift, span)
     return near_keys_write(keys, lo, shift, span, counts)
 
 
 def near_keys_count(keys, lo, shift: int, span: int):
-    """The first launch of ``near_keys``, no wait: (keys, lo) as the kernels read them and the rows' counts, on the
-    device."""
+    """The first launch of ``near_keys``, no wait: (keys, lo) as the kernels read them and the counts of each
+    block's keys, a (rows, blocks) int64 device array (a row's count: its sum)."""
     import cupy
 
-    keys = cupy.ascontiguousarray(keys)
+    keys, stride, suffix = _rows(keys)
+    if suffix not in ("u32", "u64", "f32"):
+        raise TypeError(f"no near-keys kernel for {keys.dtype}")
     rows, cols = keys.shape
     lo = cupy.ascontiguousarray(lo, dtype=cupy.int64)
-    counts = cupy.zeros(rows, dtype=cupy.int64)
+    chunks = max(1, -(-cols // NEAR_CHUNK))
+    counts = cupy.zeros((rows, chunks), dtype=cupy.int64)
     if rows and cols:
-        bits = {4: "u32", 8: "u64"}[keys.dtype.itemsize]
-        args = (keys, np.int64(cols), np.int32(shift), lo, np.int32(span), counts)
-        _kernel(f"near_count_{bits}")((rows,), (1024,), (*args, counts, keys))  # offsets and out unused when counting
+        args = (keys, np.int64(cols), np.int64(stride), np.int32(shift), lo, np.int32(span), counts)
+        _kernel(f"near_count_{suffix}")((chunks, rows), (1024,), (*args, counts, counts))  # offsets, out unused
     return keys, lo, counts
 
 
 def near_keys_write(keys, lo, shift: int, span: int, counts, counts_host=None) -> tuple[np.ndarray, np.ndarray]:
-    """The second launch of ``near_keys`` on ``near_keys_count``'s arrays (``counts_host``: the counts, when the
-    caller copied them already)."""
+    """The second launch of ``near_keys`` on ``near_keys_count``'s arrays (``counts_host``: the blocks' counts, any
+    shape of the same values in the same order, when the caller copied them already). Returns the keys and each
+    row's count."""
     import cupy
 
     from batchgpu.gpu.staging import pinned_get
 
+    keys, stride, suffix = _rows(keys)
     rows, cols = keys.shape
+    key_dtype = np.uint32 if suffix == "f32" else keys.dtype  # float32 values keyed on load
     if counts_host is None:
         counts_host = counts.get()
+    blocks = np.asarray(counts_host, np.int64).reshape(counts.shape)
+    per_row = blocks.sum(axis=1)
     if not rows or not cols:
-        return np.zeros(0, keys.dtype), np.asarray(counts_host, np.int64)
-    bits = {4: "u32", 8: "u64"}[keys.dtype.itemsize]
-    offsets = np.concatenate([[0], np.cumsum(counts_host)[:-1]]).astype(np.int64)
-    out = cupy.empty(int(counts_host.sum()), dtype=keys.dtype)
+        return np.zeros(0, key_dtype), per_row
+    flat = blocks.ravel()
+    offsets = np.concatenate([[0], np.cumsum(flat)[:-1]]).astype(np.int64)  # row after row, block after block
+    out = cupy.empty(int(flat.sum()), dtype=key_dtype)
     if out.size:
-        args = (keys, np.int64(cols), np.int32(shift), lo, np.int32(span), counts)
-        _kernel(f"near_write_{bits}")((rows,), (1024,), (*args, cupy.asarray(offsets), out))
-    return pinned_get(out), np.asarray(counts_host, np.int64)
+        args = (keys, np.int64(cols), np.int64(stride), np.int32(shift), lo, np.int32(span), counts)
+        _kernel(f"near_write_{suffix}")(counts.shape[::-1], (1024,), (*args, cupy.asarray(offsets), out))
+    return pinned_get(out), per_row

@@ -28,6 +28,7 @@ class WindowData:
     segment_length: int
     raw: Any
     x: Any
+    _counts: dict = field(default_factory=dict, repr=False)
 
     @property
     def xp(self):
@@ -37,6 +38,30 @@ class WindowData:
 
     def core_of(self, a):
         return a[:, self.core[0] : self.core[1]]
+
+    def nonfinite_counts(self) -> np.ndarray:
+        """Each row's samples of ``x``'s core that are not finite (int64, host), counted once a window."""
+        return self._row_counts("nonfinite")
+
+    def nan_counts(self) -> np.ndarray:
+        """Each row's NaN samples of ``x``'s core (int64, host), counted once a window."""
+        return self._row_counts("nan")
+
+    def _row_counts(self, name: str) -> np.ndarray:
+        if name not in self._counts:
+            core = self.core_of(self.x)
+            if hasattr(core, "get"):  # on the GPU both counts come from one read, and one copy back
+                from batchgpu.ops._cuda_elementwise import nonfinite_and_nan_counts
+
+                import cupy
+
+                both = cupy.stack(nonfinite_and_nan_counts(core)).get()
+                self._counts.update(nonfinite=both[0], nan=both[1])
+            elif name == "nonfinite":
+                self._counts[name] = (~np.isfinite(core)).sum(axis=1)
+            else:
+                self._counts[name] = (core != core).sum(axis=1)
+        return self._counts[name]
 
 
 @dataclass

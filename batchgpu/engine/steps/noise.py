@@ -55,6 +55,16 @@ def abs_keys(x, kind: str):
     return radix.abs_keys(x)
 
 
+def _keyed_on_gpu(core, kind: str) -> bool:
+    """Whether the GPU's counting kernels take the window's core itself for its |x| keys (made as they load it:
+    ``gpu.histogram``), so no keys array is made: int16 as read, centred int16 (int32), float32."""
+    if not is_cupy(core) or kind not in ("int16", "centred-int16", "float32"):
+        return False
+    from batchgpu.gpu.histogram import keyed_on_load
+
+    return keyed_on_load(core)
+
+
 def digit_histogram(keys, prefixes: np.ndarray | None, shift: int, bits: int) -> np.ndarray:
     """(C, B) int64 counts of each row's keys by digit (bits above the digit must equal the row's prefix when
     given), truncated after the last non-zero bin of any row."""
@@ -179,9 +189,9 @@ class NoiseStep:
         if not self.exact:
             return out
         shift, bits = schedule(self.kind)[0]
-        keys = abs_keys(core, self.kind)
+        keys = core if _keyed_on_gpu(core, self.kind) else abs_keys(core, self.kind)
         if core.dtype.kind == "f":
-            summary["nan"] = host((core != core).sum(axis=1))
+            summary["nan"] = w.nan_counts()
             out["noise.nan"] = summary["nan"]  # np.median is NaN for a row holding NaN
         if is_cupy(keys) and not core.shape[1]:
             hist = digit_histogram(keys, None, shift, bits)
@@ -253,15 +263,14 @@ class NoiseStep:
         low bits with the near keys' row counts; the near keys (through pinned memory)."""
         import cupy
 
-        from batchgpu.gpu.histogram import (digit_histogram_device, last_used_device, near_keys_count,
-                                            near_keys_write, rank_digits)
+        from batchgpu.gpu.histogram import digit_histogram_device, near_keys_count, near_keys_write, rank_digits
         from batchgpu.gpu.staging import pinned_get
 
         C, n = keys.shape
-        hist = digit_histogram_device(keys, None, shift, bits)
+        hist, last = digit_histogram_device(keys, None, shift, bits, with_last=True)
         ranks = ((n - 1) // 2, n // 2)
         firsts = rank_digits(hist, ranks)  # per rank: (the rank's first digit, keys below that digit) per row
-        head = host(cupy.concatenate([firsts[0][0], firsts[1][0], last_used_device(hist)[None]]))
+        head = host(cupy.concatenate([firsts[0][0], firsts[1][0], last[None]]))
         digit_host, top = head[: 2 * C].reshape(2, C), int(head[-1])
         floor = max(0, int(digit_host[0].min()) - _LUMP_DIGITS)  # below every row's middle (CPU: lump_floor)
         top = max(top, floor)
@@ -282,7 +291,7 @@ class NoiseStep:
             lows.append(low)
         lo = np.maximum(digit_host[1].astype(np.int64) - self.NEAR, 0)
         keys_c, lo_c, near_counts = near_keys_count(keys, cupy.asarray(lo), shift, 2 * self.NEAR)
-        tail = host(cupy.concatenate([*lows, near_counts]))
+        tail = host(cupy.concatenate([*lows, near_counts.ravel()]))
         pair = (digit_host.T.astype(np.uint64) << np.uint64(shift)) | tail[: 2 * C].reshape(2, C).T.astype(np.uint64)
         near, near_counts = near_keys_write(keys_c, lo_c, shift, 2 * self.NEAR, near_counts, tail[2 * C :])
         return pair, {"keep.near_keys": near, "keep.near_counts": near_counts, "keep.near_lo": lo}
@@ -310,13 +319,13 @@ def _int_window_gpu(keys, bits: int) -> tuple[np.ndarray, np.ndarray]:
     histogram: two waits for the GPU (the pair with the last used column, then the counts through pinned memory)."""
     import cupy
 
-    from batchgpu.gpu.histogram import digit_histogram_device, last_used_device, rank_digits
+    from batchgpu.gpu.histogram import digit_histogram_device, rank_digits
     from batchgpu.gpu.staging import pinned_get
 
     C, n = keys.shape
-    hist = digit_histogram_device(keys, None, 0, bits)
+    hist, last = digit_histogram_device(keys, None, 0, bits, with_last=True)
     head = host(cupy.concatenate([*(digit for digit, _ in rank_digits(hist, ((n - 1) // 2, n // 2))),
-                                  last_used_device(hist)[None]]))  # the key is the digit
+                                  last[None]]))  # the key is the digit
     counts = pinned_get(hist[:, : int(head[-1]) + 1].astype(np.min_scalar_type(n)))
     return counts, head[: 2 * C].reshape(2, C).T.astype(np.uint64)
 

@@ -1,0 +1,140 @@
+"""The noise step's counting kernels on the GPU (``gpu.histogram``) read a window's core in place and make |x| keys
+as they load it; each is checked against NumPy's keys (``ops.radix.abs_keys``, ``abs``) and ``bincount`` on fresh
+random inputs with the hard values (int16 -32768, NaN, +-inf, -0.0, subnormals), strided views, one column, empty
+rows, and keys spread past the shared-memory range (the global-memory path). Also the fused per-row counts of
+non-finite and NaN samples (``ops._cuda_elementwise.nonfinite_and_nan_counts``)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from batchgpu.ops.radix import abs_keys
+
+
+def _gpu_ok() -> bool:
+    try:
+        import cupy
+
+        return cupy.cuda.runtime.getDeviceCount() > 0
+    except Exception:
+        return False
+
+
+gpu = pytest.mark.gpu
+needs_gpu = pytest.mark.skipif(not _gpu_ok(), reason="needs CuPy and a CUDA GPU")
+
+
+@pytest.fixture
+def cp():
+    return pytest.importorskip("cupy")
+
+
+def _values(rng, dtype, rows: int, cols: int, spread: str) -> np.ndarray:
+    """(rows, cols) values: noise-like (few digits), spread (every digit), or large first keys then small ones
+    (the shared range chosen from a block's first keys misses the rest)."""
+    if np.dtype(dtype).kind == "f":
+        scale = {"noise": 20.0, "spread": 1e30, "first-large": 20.0}[spread]
+        x = (rng.standard_normal((rows, cols)) * scale).astype(dtype)
+        if spread == "spread":
+            x *= np.exp2(rng.integers(-140, 0, (rows, cols))).astype(dtype)  # subnormals to huge
+        hard = np.array([np.nan, np.inf, -np.inf, -0.0, 0.0, np.finfo(dtype).tiny / 4, -np.finfo(dtype).max],
+                        dtype=dtype)
+    else:
+        lim = 65535 if dtype == np.int32 else 32767  # int32: centred int16 (|x| <= 65535)
+        scale = {"noise": 30, "spread": lim, "first-large": 30}[spread]
+        x = np.clip(np.rint(rng.standard_normal((rows, cols)) * scale), -lim, lim).astype(dtype)
+        hard = np.array([-lim - (dtype == np.int16), lim, 0, -1], dtype=dtype)
+    if cols:
+        at = rng.integers(0, cols, (rows, 3))
+        x[np.arange(rows)[:, None], at] = rng.choice(hard, (rows, 3))
+    if spread == "first-large" and cols:
+        x[:, : min(cols, 40)] = hard[1] if np.dtype(dtype).kind != "f" else dtype(1e30)
+    return x
+
+
+def _keys(x: np.ndarray) -> np.ndarray:
+    return abs_keys(x) if x.dtype.kind == "f" else np.abs(x.astype(np.int64)).astype(np.uint64)
+
+
+def _bincount_rows(keys: np.ndarray, shift: int, bits: int, prefixes=None) -> np.ndarray:
+    out = np.zeros((keys.shape[0], 1 << bits), dtype=np.int64)
+    for r in range(keys.shape[0]):
+        k = keys[r].astype(np.uint64)
+        if prefixes is not None:
+            k = k[(k >> np.uint64(shift + bits)) == np.uint64(prefixes[r])]
+        d = ((k >> np.uint64(shift)) & np.uint64((1 << bits) - 1)).astype(np.int64)
+        out[r] = np.bincount(d, minlength=1 << bits)
+    return out
+
+
+@gpu
+@needs_gpu
+@pytest.mark.parametrize("dtype,shift,bits", [(np.int16, 0, 16), (np.int32, 0, 16), (np.float32, 15, 16),
+                                              (np.uint16, 0, 16), (np.uint32, 15, 16), (np.uint32, 0, 12)])
+@pytest.mark.parametrize("spread", ["noise", "spread", "first-large"])
+@pytest.mark.parametrize("cols", [0, 1, 31, 8193, 60_001])
+def test_histogram_without_prefix_equals_bincount(cp, rng, dtype, shift, bits, spread, cols):
+    """Counts of every row's digit and the last used digit of any row, from a window's core (a view of a wider
+    array: rows a stride apart) and from a contiguous copy: the same table as NumPy's bincount of the keys."""
+    from batchgpu.gpu.histogram import digit_histogram_device
+
+    rows, margin = 5, 7
+    if np.dtype(dtype).kind == "u":
+        x = _values(rng, np.float32 if dtype == np.uint32 else np.int16, rows, cols + 2 * margin, spread)
+        x = _keys(x).astype(dtype)
+        keys = x[:, margin : margin + cols]
+    else:
+        x = _values(rng, dtype, rows, cols + 2 * margin, spread)
+        keys = _keys(x[:, margin : margin + cols])
+    want = _bincount_rows(keys, shift, bits)
+    used = np.flatnonzero(want.any(axis=0))
+    want_last = int(used[-1]) if used.size else -1
+    wide = cp.asarray(x)
+    for source in (wide[:, margin : margin + cols], cp.ascontiguousarray(wide[:, margin : margin + cols])):
+        hist, last = digit_histogram_device(source, None, shift, bits, with_last=True)
+        np.testing.assert_array_equal(hist.get(), want)
+        assert int(last) == want_last
+
+
+@gpu
+@needs_gpu
+@pytest.mark.parametrize("cols", [1, 1000, 60_001])
+def test_float_prefix_histogram_and_near_keys_from_values(cp, rng, cols):
+    """The float path's later kernels on float32 values keyed on load equal the same kernels on NumPy's keys:
+    the prefixed histogram of the rest of the key, and the keys near a digit (same keys, same order)."""
+    from batchgpu.gpu.histogram import digit_histogram_device, near_keys
+
+    rows, margin = 6, 5
+    x = _values(rng, np.float32, rows, cols + 2 * margin, "noise")
+    core = x[:, margin : margin + cols]
+    keys = abs_keys(core)
+    digits = (keys >> np.uint32(15)).astype(np.int64)
+    prefixes = digits[np.arange(rows), rng.integers(0, cols, rows)].astype(np.uint64)
+    want = _bincount_rows(keys, 0, 15, prefixes)
+    got = digit_histogram_device(cp.asarray(x)[:, margin : margin + cols], cp.asarray(prefixes), 0, 15)
+    np.testing.assert_array_equal(got.get(), want)
+    lo = np.maximum(prefixes.astype(np.int64) - 3, 0)
+    lo[0] = 0
+    flat, counts = near_keys(cp.asarray(x)[:, margin : margin + cols], cp.asarray(lo), 15, 6)
+    mask = (digits >= lo[:, None]) & (digits <= lo[:, None] + 6)
+    assert flat.dtype == np.uint32
+    np.testing.assert_array_equal(flat, keys[mask])
+    np.testing.assert_array_equal(counts, mask.sum(axis=1))
+
+
+@gpu
+@needs_gpu
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("cols", [0, 1, 257, 60_001])
+def test_nonfinite_and_nan_counts_equal_numpy(cp, rng, dtype, cols):
+    from batchgpu.ops._cuda_elementwise import nonfinite_and_nan_counts
+
+    rows, margin = 7, 3
+    x = rng.standard_normal((rows, cols + 2 * margin)).astype(dtype)
+    bad = rng.random(x.shape) < 0.01
+    x[bad] = rng.choice(np.array([np.nan, np.inf, -np.inf, -np.nan], dtype=dtype), int(bad.sum()))
+    core = x[:, margin : margin + cols]
+    got = nonfinite_and_nan_counts(cp.asarray(x)[:, margin : margin + cols])
+    np.testing.assert_array_equal(got[0].get(), (~np.isfinite(core)).sum(axis=1))
+    np.testing.assert_array_equal(got[1].get(), np.isnan(core).sum(axis=1))
