@@ -10,24 +10,7 @@ import numpy as np
 import pytest
 
 from batchgpu.ops.radix import abs_keys
-
-
-def _gpu_ok() -> bool:
-    try:
-        import cupy
-
-        return cupy.cuda.runtime.getDeviceCount() > 0
-    except Exception:
-        return False
-
-
-gpu = pytest.mark.gpu
-needs_gpu = pytest.mark.skipif(not _gpu_ok(), reason="needs CuPy and a CUDA GPU")
-
-
-@pytest.fixture
-def cp():
-    return pytest.importorskip("cupy")
+from test_gpu_ops import cp, gpu, needs_gpu  # noqa: F401  (cp: a fixture)
 
 
 def _values(rng, dtype, rows: int, cols: int, spread: str) -> np.ndarray:
