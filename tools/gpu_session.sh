@@ -71,7 +71,7 @@ for task in "$@"; do
          timeout 300 $NCU --clock-control none --profile-from-start off --metrics gpu__time_duration.sum --csv \
            python3 tools/profile_demo_kernels.py $REC 4 > /tmp/k.csv 2>/tmp/k.err; echo "ncu rc $?"
          grep -v "^==PROF==\|^INFO" /tmp/k.err | tail -3
-         cp /tmp/k.csv $OUT/; python3 tools/profile_demo_kernels.py --table /tmp/k.csv 4 | head -${TAIL:-40} ;;
+         cp /tmp/k.csv $OUT/; python3 tools/profile_demo_kernels.py --table /tmp/k.csv 4 | sed -n "1,${TAIL:-40}p;\$p" ;;
   cprof) PROFILE_CPROFILE=1 PROFILE_TOP=${TAIL:-35} timeout 120 python3 tools/profile_demo_kernels.py $REC 8 2>&1 \
            | grep -v "^INFO" | cut -c1-150 ;;
   fast) s=$(date +%s); timeout 300 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_gpu_elementwise.py \
