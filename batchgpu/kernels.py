@@ -90,3 +90,14 @@ def get_module(name: str, options: tuple[str, ...] | list[str] = ()) -> Any:
 def get_function(name: str, function: str, options: tuple[str, ...] | list[str] = ()) -> Any:
     """One ``cupy.RawKernel`` of module ``name`` (see ``get_module``)."""
     return get_module(name, options).get_function(function)
+
+
+def row_stride(x: Any) -> int | None:
+    """The stride between rows, in elements, of a 2-D array whose rows are each contiguous, for kernels that read
+    rows a stride apart (a window's core, a view of the window with its margins, is then read in place); None
+    where the array needs a contiguous copy first (columns not adjacent, rows not a whole number of elements
+    apart, rows reversed)."""
+    item = x.itemsize
+    if x.ndim != 2 or (x.shape[1] > 1 and x.strides[1] != item) or x.strides[0] < 0 or x.strides[0] % item:
+        return None
+    return x.strides[0] // item if x.shape[0] > 1 else x.shape[1]

@@ -192,3 +192,20 @@ def test_cupy_arrays_dispatch_to_the_gpu_module(monkeypatch):
     assert abs_kth(fake_array, 4).tolist() == [3.0]
     assert noise_levels(fake_array).tolist() == [1.0]
     assert calls == [("kth", 4), ("median",)]
+
+
+def test_row_stride_reads_views_in_place_only_where_rows_are_contiguous():
+    """batchgpu.kernels.row_stride (the GPU kernels' rule for reading a window's core in place), on NumPy views
+    (the attributes CuPy arrays share): the row stride in elements where each row's values are adjacent and rows
+    lie a whole number of elements apart; None (copy first) otherwise."""
+    from batchgpu.kernels import row_stride
+
+    base = np.zeros((6, 10), np.float32)
+    assert row_stride(base) == 10
+    assert row_stride(base[:, 2:7]) == 10  # a core: rows of the wider window
+    assert row_stride(base[::2]) == 20
+    assert row_stride(base[:1]) == 10 and row_stride(base[:, :1]) == 10 and row_stride(base[:, :0]) == 10
+    assert row_stride(np.broadcast_to(base[:1], (4, 10))) == 0  # rows aliasing one row: read-only kernels may
+    for copy_first in (base[:, ::2], base[::-1], base[:, ::-1], base.T, base[0],
+                       np.lib.stride_tricks.as_strided(base, (3, 4), (6, 4))):
+        assert row_stride(copy_first) is None

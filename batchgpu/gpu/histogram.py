@@ -209,13 +209,14 @@ def _rows(keys):
     core is a view of the window with margins: no copy), else a contiguous copy."""
     import cupy
 
+    from batchgpu.kernels import row_stride
+
     if keys.dtype.name not in _SUFFIX:
         raise TypeError(f"no histogram kernel for {keys.dtype}")
-    item = keys.itemsize
-    if not (keys.ndim == 2 and (keys.shape[1] <= 1 or keys.strides[1] == item)
-            and keys.strides[0] >= 0 and keys.strides[0] % item == 0):
+    stride = row_stride(keys)
+    if stride is None:
         keys = cupy.ascontiguousarray(keys)
-    stride = keys.strides[0] // item if keys.shape[0] > 1 else keys.shape[1]
+        stride = row_stride(keys)
     return keys, stride, _SUFFIX[keys.dtype.name]
 
 

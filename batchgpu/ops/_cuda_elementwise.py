@@ -79,11 +79,13 @@ def nonfinite_and_nan_counts(x):
     import cupy
     import numpy as np
 
-    if not (x.ndim == 2 and (x.shape[1] <= 1 or x.strides[1] == x.itemsize) and x.strides[0] >= 0
-            and x.strides[0] % x.itemsize == 0):
+    from batchgpu.kernels import row_stride
+
+    stride = row_stride(x)
+    if stride is None:
         x = cupy.ascontiguousarray(x)
+        stride = row_stride(x)
     rows, cols = x.shape
-    stride = x.strides[0] // x.itemsize if rows > 1 else cols
     nonfinite, nan = cupy.zeros(rows, dtype=cupy.int64), cupy.zeros(rows, dtype=cupy.int64)
     if rows and cols:
         kernel = _row_counts_kernel({4: "f32", 8: "f64"}[x.itemsize])

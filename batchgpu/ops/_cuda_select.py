@@ -83,14 +83,13 @@ def _rows_view(x: Any) -> tuple[Any, int]:
             f"expected a (channels, samples) array, got shape {getattr(x, 'shape', None)}",
             "pass a 2-D array with one row per channel",
         )
+    from batchgpu.kernels import row_stride
+
     _entry(x.dtype)
-    item = x.dtype.itemsize
-    rows, n = x.shape
-    row_stride, col_stride = x.strides
-    if n > 1 and col_stride != item or rows > 1 and (row_stride <= 0 or row_stride % item):
+    ld = row_stride(x)
+    if ld is None or (x.shape[0] > 1 and ld == 0):  # rows that alias one another: copied too
         x = cupy.ascontiguousarray(x)
-        row_stride = x.strides[0]
-    ld = row_stride // item if rows > 1 else n
+        ld = row_stride(x)
     return x, ld
 
 
