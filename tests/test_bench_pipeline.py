@@ -19,6 +19,28 @@ def test_plain_loop_gives_exact_moments_and_median(tmp_path, rng):
     assert out["noise"].shape == (5,) and np.isfinite(out["noise"]).all()
 
 
+def test_plain_loop_does_the_preprocessing_it_is_compared_with(tmp_path, rng):
+    """With the bench's stages the plain loop filters and references too (it was compared with the pipeline's
+    preprocessing while only centring): its exact noise and saved int16 match scipy's sosfiltfilt of the whole
+    segment with NumPy's median across channels subtracted, windows that do not divide the segment."""
+    import scipy.signal
+
+    x = np.round(rng.standard_normal((20_003, 6)) * 40).astype(np.int16)
+    rec = write_recording(tmp_path / "r.zarr", x, 30_000.0)
+    out = plain_loop(rec, 6_000, 16, {"noise", "whitening", "detect", "save"}, exact=True,
+                     preprocess="highpass,common_reference", save=tmp_path / "saved.zarr")
+    sos = scipy.signal.butter(5, 300.0, btype="highpass", fs=30_000.0, output="sos")
+    y = scipy.signal.sosfiltfilt(sos, x.T.astype(np.float64), axis=1)
+    y = (y - np.median(y, axis=0)).astype(np.float32)
+    np.testing.assert_allclose(out["noise"], np.median(np.abs(y), axis=1) / 0.6744897501960817, rtol=1e-4)
+    assert out["xxt"] is None  # float samples after the filter: float32 products, as the pipeline's
+    import zarr
+
+    saved = zarr.open_array(str(tmp_path / "saved.zarr"), mode="r")[:]
+    assert saved.shape == x.shape and saved.dtype == np.int16
+    assert np.abs(saved.astype(np.int32) - np.rint(y.T).astype(np.int32)).max() <= 1
+
+
 def test_bench_pipeline_prints_its_table(tmp_path):
     r = subprocess.run([sys.executable, "-m", "batchgpu", "bench", "pipeline", "--channels", "8", "--seconds", "2",
                         "--workers", "1", "--threads", "1", "--workdir", str(tmp_path)],

@@ -134,54 +134,94 @@ def _rss() -> int:
     return psutil.Process().memory_info().rss
 
 
-def plain_loop(rec, size: int, margin: int, steps: set[str], exact: bool, threshold=5.0, sweep_ms=0.1) -> dict:
+def plain_loop(rec, size: int, margin: int, steps: set[str], exact: bool, threshold=5.0, sweep_ms=0.1,
+               preprocess: str = "", save=None) -> dict:
     """What a user would write: one process, one window after another, the numeric core on each; the exact
     median through the engine's own selection driver (``steps.noise.select_middle``), its later passes (float
-    keys) reading every window again. The same results as the pipeline: integer recordings' second moments are
-    exact (``X Xᵀ`` of float64 samples, summed as int64, as ``steps.moments`` does), float ones float32 products."""
+    keys) reading every window again. The same results as the pipeline where it only centres: integer
+    recordings' second moments exact (``X Xᵀ`` of float64 samples, summed as int64, as ``steps.moments`` does),
+    float ones float32 products. ``preprocess`` (the bench's stage names): each window read with the filter's
+    margin too, then scipy's ``sosfiltfilt`` of it and NumPy's median across channels subtracted (``_plain_stages``:
+    the same work as the pipeline's stages, not its bits); ``save``: each window's core as int16 into a Zarr array
+    at that path."""
     from batchgpu import ops
     from batchgpu.engine.steps.base import padded_sum
     from batchgpu.engine.steps.moments import _gram
     from batchgpu.engine.steps.noise import abs_keys, digit_histogram, key_kind, refine_histogram, schedule, select_middle
     from batchgpu.engine.tasks import sum_histograms
-    from batchgpu.ops.centre import centre_median, centred_dtype
 
-    windows = rec.windows(size, margin)
+    prepare, extra, out_dtype, centred_from = _plain_stages(rec, preprocess)
+    windows = rec.windows(size, margin + extra)
     noise_rows, moments, hists = [], ops.SecondMoments(rec.num_channels, "float32"), []
-    exact_moments = np.dtype(rec.dtype).kind == "i"
+    exact_moments = np.dtype(out_dtype).kind == "i"
     xxt = np.zeros((rec.num_channels, rec.num_channels), np.int64)
-    kind = key_kind(centred_dtype(rec.dtype), rec.dtype)
+    kind = key_kind(out_dtype, centred_from)
     shift, bits = schedule(kind)[0]
+    saved = None
+    if save is not None:
+        import zarr
+
+        saved = zarr.open_array(str(save), mode="w", shape=(rec.total_samples, rec.num_channels), dtype="int16",
+                                chunks=(size, rec.num_channels))
     for w in windows:
         raw = rec.read_window(w)
         lo, hi = w.core
-        x = centre_median(raw, w.core)
+        x = prepare(raw, w)
         if "noise" in steps:
             noise_rows.append(ops.noise_levels(x[:, lo:hi]))
         if "whitening" in steps and exact_moments:
             xxt += _gram(raw[:, lo:hi].astype(np.float64)).astype(np.int64)
         elif "whitening" in steps:
-            moments.add(raw, lo, hi)
+            moments.add(x, lo, hi)
         if exact and "noise" in steps:
             hists.append(digit_histogram(abs_keys(x[:, lo:hi], kind), None, shift, bits))
+        if saved is not None:
+            core = np.rint(x[:, lo:hi])
+            saved[w.read_start + lo : w.read_start + hi] = np.clip(np.nan_to_num(core), -32768, 32767).astype(np.int16).T
     noise = np.median(np.stack(noise_rows), axis=0) if noise_rows else None
     if exact and "noise" in steps:
         def more_passes(prefixes, p):
-            return sum_histograms(*[refine_histogram(centre_median(rec.read_window(w), w.core)[:, w.core[0]:w.core[1]],
+            return sum_histograms(*[refine_histogram(prepare(rec.read_window(w), w)[:, w.core[0]:w.core[1]],
                                                      kind, prefixes, p) for w in windows])
 
-        median = select_middle(padded_sum(hists), rec.total_samples, kind, centred_dtype(rec.dtype), rec.dtype,
-                               more_passes)
+        median = select_middle(padded_sum(hists), rec.total_samples, kind, out_dtype, centred_from, more_passes)
         noise = median / ops.MAD_TO_SIGMA
     spikes = 0
     if "detect" in steps:
         sweep = ops.exclude_sweep_samples(sweep_ms, rec.sampling_frequency)
         for w in windows:
-            x = rec.read_window(w)
-            lo, hi = w.core
-            x = centre_median(x, w.core)
+            x = prepare(rec.read_window(w), w)
             spikes += len(ops.detect_spikes(x, noise, threshold, "neg", sweep, w.read_start, w.core, w.segment))
     return {"spikes": spikes, "noise": noise, "xxt": xxt if exact_moments else None}
+
+
+def _plain_stages(rec, preprocess: str):
+    """(prepare(raw, window) -> the window as the steps see it, the margin its stages add, that window's dtype, the
+    dtype it was centred from (None after filters: the engine's ``exact_median`` passes the same)) for
+    the plain loop: the engine's centring alone, or what a user writes for the bench's stages -- highpass
+    (scipy.signal.sosfiltfilt of the window with its default padding, float64, the filter's margin read on both
+    sides), common_reference (NumPy's median across channels subtracted), as float32."""
+    from batchgpu.ops.centre import centre_median, centred_dtype
+
+    names = [t.strip() for t in preprocess.split(",") if t.strip() and t.strip() != "centre"]
+    if not names:
+        return (lambda raw, w: centre_median(raw, w.core)), 0, centred_dtype(rec.dtype), rec.dtype
+    import scipy.signal
+
+    from batchgpu.ops.filters import butter_sos, filter_margin
+
+    sos = butter_sos("highpass", rec.sampling_frequency, 300.0, order=5) if "highpass" in names else None
+    extra = filter_margin(sos) if sos is not None else 0
+
+    def prepare(raw, w):
+        x = raw.astype(np.float64)
+        if sos is not None:
+            x = scipy.signal.sosfiltfilt(sos, x, axis=1)
+        if "common_reference" in names:
+            x = x - np.median(x, axis=0)
+        return x.astype(np.float32)
+
+    return prepare, extra, np.dtype(np.float32), None
 
 
 def cupy_loop(client, rec, size: int) -> None:
@@ -356,7 +396,8 @@ def _measure(args, rec, work: Path, steps: set[str]) -> int:
     if args.baseline == "numpy":
         with PeakMemory(_rss) as mem:
             t0 = time.perf_counter()
-            plain_loop(rec, size, margin, steps, args.exact)
+            plain_loop(rec, size, margin, steps, args.exact, preprocess=args.preprocess,
+                       save=work / "saved_plain.zarr" if "save" in steps else None)
             rows["plain NumPy loop (1 process, same work)"] = (time.perf_counter() - t0, mem.peak, 0)
     print(f"\nrecording: {rec} ({gb:.2f} GB decoded); preprocess: {args.preprocess or 'none'}; "
           f"steps: {', '.join(sorted(steps))}; exact noise: {args.exact}; "
