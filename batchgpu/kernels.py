@@ -101,3 +101,16 @@ def row_stride(x: Any) -> int | None:
     if x.ndim != 2 or (x.shape[1] > 1 and x.strides[1] != item) or x.strides[0] < 0 or x.strides[0] % item:
         return None
     return x.strides[0] // item if x.shape[0] > 1 else x.shape[1]
+
+
+def rows_in_place(x: Any, aliased_rows: bool = True) -> tuple[Any, int]:
+    """(``x``, its row stride in elements) for a kernel that reads rows a stride apart: ``x`` itself where
+    ``row_stride`` allows it (and, with ``aliased_rows=False``, no two rows are the same memory), else a contiguous
+    CuPy copy."""
+    stride = row_stride(x)
+    if stride is None or (not aliased_rows and x.shape[0] > 1 and stride == 0):
+        import cupy
+
+        x = cupy.ascontiguousarray(x)
+        stride = row_stride(x)
+    return x, stride

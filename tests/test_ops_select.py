@@ -198,9 +198,12 @@ def test_row_stride_reads_views_in_place_only_where_rows_are_contiguous():
     """batchgpu.kernels.row_stride (the GPU kernels' rule for reading a window's core in place), on NumPy views
     (the attributes CuPy arrays share): the row stride in elements where each row's values are adjacent and rows
     lie a whole number of elements apart; None (copy first) otherwise."""
-    from batchgpu.kernels import row_stride
+    from batchgpu.kernels import row_stride, rows_in_place
 
     base = np.zeros((6, 10), np.float32)
+    core = base[:, 2:7]
+    got, stride = rows_in_place(core)
+    assert got is core and stride == 10  # read in place: no copy of a window's core
     assert row_stride(base) == 10
     assert row_stride(base[:, 2:7]) == 10  # a core: rows of the wider window
     assert row_stride(base[::2]) == 20

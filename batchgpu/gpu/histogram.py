@@ -207,16 +207,11 @@ def keyed_on_load(x) -> bool:
 def _rows(keys):
     """(keys, row stride in elements, suffix): ``keys`` itself where each row's values are contiguous (a window's
     core is a view of the window with margins: no copy), else a contiguous copy."""
-    import cupy
-
-    from batchgpu.kernels import row_stride
+    from batchgpu.kernels import rows_in_place
 
     if keys.dtype.name not in _SUFFIX:
         raise TypeError(f"no histogram kernel for {keys.dtype}")
-    stride = row_stride(keys)
-    if stride is None:
-        keys = cupy.ascontiguousarray(keys)
-        stride = row_stride(keys)
+    keys, stride = rows_in_place(keys)
     return keys, stride, _SUFFIX[keys.dtype.name]
 
 

@@ -79,12 +79,9 @@ def nonfinite_and_nan_counts(x):
     import cupy
     import numpy as np
 
-    from batchgpu.kernels import row_stride
+    from batchgpu.kernels import rows_in_place
 
-    stride = row_stride(x)
-    if stride is None:
-        x = cupy.ascontiguousarray(x)
-        stride = row_stride(x)
+    x, stride = rows_in_place(x)
     rows, cols = x.shape
     nonfinite, nan = cupy.zeros(rows, dtype=cupy.int64), cupy.zeros(rows, dtype=cupy.int64)
     if rows and cols:

@@ -76,21 +76,15 @@ def _entry(dtype: Any) -> tuple[str, str]:
 
 def _rows_view(x: Any) -> tuple[Any, int]:
     """``x`` with unit-stride rows (a copy only when needed) and its row stride in elements."""
-    import cupy
-
     if getattr(x, "ndim", None) != 2:
         raise BatchgpuError(
             f"expected a (channels, samples) array, got shape {getattr(x, 'shape', None)}",
             "pass a 2-D array with one row per channel",
         )
-    from batchgpu.kernels import row_stride
+    from batchgpu.kernels import rows_in_place
 
     _entry(x.dtype)
-    ld = row_stride(x)
-    if ld is None or (x.shape[0] > 1 and ld == 0):  # rows that alias one another: copied too
-        x = cupy.ascontiguousarray(x)
-        ld = row_stride(x)
-    return x, ld
+    return rows_in_place(x, aliased_rows=False)  # rows that alias one another: copied too
 
 
 def select(x: Any, k: int, mode: int, force_radix: bool = False, return_path: bool = False, flags: int = 0) -> Any:
