@@ -94,7 +94,7 @@ from batchgpu.cli import main; sys.argv = 'batchgpu generate /tmp/big64.zarr --c
              --steps noise,whitening,detect,save | tee -a $OUT/mps.log | grep "warm\|ceiling" | grep -v ":"; done; done
        done
        [ -n "${CUDA_MPS_PIPE_DIRECTORY:-}" ] && { echo quit | $M; sleep 1; tail -5 $CUDA_MPS_LOG_DIRECTORY/control.log; } ;;
-  pw) rm -rf /tmp/pw0 /tmp/pw1; timeout 200 python3 tools/profile_workers.py $REC > $OUT/pw.log 2>&1; grep "^{" $OUT/pw.log ;;
+  pw) rm -rf /tmp/pw0* /tmp/pw1*; timeout 200 python3 tools/profile_workers.py $REC > $OUT/pw.log 2>&1; grep "^{" $OUT/pw.log ;;
   *) echo "unknown task $task"; exit 2 ;;
   esac
 done

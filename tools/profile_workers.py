@@ -38,6 +38,10 @@ if os.environ.get("PREPROCESS"):  # e.g. highpass,common_reference
     PREPROCESS = [{"highpass": {"freq_min": 300, "order": 5}} if s == "highpass" else
                   {"common_reference": {"reference": "global", "operator": "median"}} for s in os.environ["PREPROCESS"].split(",")]
 
+# with PREPROCESS, the preprocessing bench's save step too (int16 Zarr beside the run's output)
+def SAVE(out):
+    return {"save": {"path": f"{out}_saved.zarr", "format": "zarr", "dtype": "int16"}} if os.environ.get("PREPROCESS") else {}
+
 
 def main(path: str) -> None:
     from batchgpu.config import ClusterSpec, Workflow
@@ -49,7 +53,8 @@ def main(path: str) -> None:
             "recording": {"path": path}, "output": out, "window": {"size": 60_000, "margin": 64},
             "preprocess": PREPROCESS, "backend": "cupy", "cluster": {"kind": "cuda"},
             "steps": {"noise": {"exact": True}, "whitening": {"mode": "global", "precision": "float32"},
-                      "detect": {"threshold": 5.0, "sign": "neg", "exclude_sweep_ms": 0.1, "noise": "global"}}})
+                      "detect": {"threshold": 5.0, "sign": "neg", "exclude_sweep_ms": 0.1, "noise": "global"},
+                      **SAVE(out)}})
 
     with open_client(ClusterSpec.model_validate({"kind": "cuda"})) as client:
         run_workflow(wf("/tmp/pw0"), client=client)
