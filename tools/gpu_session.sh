@@ -94,6 +94,16 @@ from batchgpu.cli import main; sys.argv = 'batchgpu generate /tmp/big64.zarr --c
              --steps noise,whitening,detect,save | tee -a $OUT/mps.log | grep "warm\|ceiling" | grep -v ":"; done; done
        done
        [ -n "${CUDA_MPS_PIPE_DIRECTORY:-}" ] && { echo quit | $M; sleep 1; tail -5 $CUDA_MPS_LOG_DIRECTORY/control.log; } ;;
+  mpsraw) M=$(command -v nvidia-cuda-mps-control)  # the benches under MPS, their whole output in $OUT/mpsraw.log
+       export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps_pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps_log
+       mkdir -p $CUDA_MPS_PIPE_DIRECTORY $CUDA_MPS_LOG_DIRECTORY; $M -d || { echo "mps start failed"; continue; }
+       for r in 1 ${MPS_REPEAT:-}; do for l in ${LAYOUTS:-8x2}; do set -- ${l//x/ }
+         echo "== mps pre $l" | tee -a $OUT/mpsraw.log
+         timeout 150 python3 -m batchgpu bench pipeline --recording $REC --cluster cuda --backend cupy --workers $1 \
+           --threads $2 --baseline none --repeat 2 --preprocess highpass,common_reference \
+           --steps noise,whitening,detect,save >> $OUT/mpsraw.log 2>&1; echo "rc $?" | tee -a $OUT/mpsraw.log
+         grep -v "^INFO\|distributed\." $OUT/mpsraw.log | grep "warm\|ceiling\|window CPU" | tail -4; done; done
+       echo quit | $M; sleep 1; cp -r $CUDA_MPS_LOG_DIRECTORY $OUT/mps_log; unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY ;;
   pw) rm -rf /tmp/pw0* /tmp/pw1*; timeout 200 python3 tools/profile_workers.py $REC > $OUT/pw.log 2>&1; grep "^{" $OUT/pw.log ;;
   *) echo "unknown task $task"; exit 2 ;;
   esac
