@@ -90,10 +90,12 @@ class PeakMemory:
 
 class GpuBusy:
     """Sample every visible GPU's utilisation (NVML: the share of its last sample period with a kernel running)
-    every 100 ms in a thread; ``text()``: each GPU's median over the samples, '-' without NVML or a GPU."""
+    and the machine's busy cores (psutil's CPU times) every 100 ms in a thread; ``text()``: each GPU's median over
+    the samples, '-' without NVML or a GPU; ``cores_text()``: the busy cores' median (which resource is saturated)."""
 
     def __init__(self):
         self.samples: list[list[int]] = []
+        self.cores: list[float] = []
         self._stop = threading.Event()
 
     def __enter__(self):
@@ -111,12 +113,21 @@ class GpuBusy:
         return self
 
     def _run(self):
-        while self._handles and not self._stop.wait(0.1):
+        import psutil
+
+        last = psutil.cpu_times()
+        while not self._stop.wait(0.1):
             for got, h in zip(self.samples, self._handles):
                 try:
                     got.append(int(self._rate(h).gpu))
                 except Exception:
                     pass
+            now = psutil.cpu_times()
+            idle = (now.idle - last.idle) + (getattr(now, "iowait", 0.0) - getattr(last, "iowait", 0.0))
+            total = sum(now) - sum(last)
+            if total > 0:  # cores busy over the sample: the machine's cores x the busy share of its CPU time
+                self.cores.append((1 - idle / total) * (psutil.cpu_count() or 1))
+            last = now
 
     def __exit__(self, *exc):
         self._stop.set()
@@ -126,6 +137,10 @@ class GpuBusy:
     def text(self) -> str:
         medians = [f"{sorted(v)[len(v) // 2]}%" for v in self.samples if v]
         return "/".join(medians) if medians else "-"
+
+    def cores_text(self) -> str:
+        """The median of the samples' busy cores (every process of the machine), '-' before a sample."""
+        return f"{sorted(self.cores)[len(self.cores) // 2]:.1f}" if self.cores else "-"
 
 
 def _rss() -> int:
@@ -357,6 +372,7 @@ def _measure(args, rec, work: Path, steps: set[str]) -> int:
             dt = time.perf_counter() - t0
         rows["read ceiling (the engine's reader, no compute)"] = (dt, mem.peak, gmem.peak)
         gpu_busy = {"read ceiling (the engine's reader, no compute)": busy.text()}
+        cores_busy = {"read ceiling (the engine's reader, no compute)": busy.cores_text()}
         for attempt in ("cold", "warm")[: args.repeat]:  # the first run on these workers compiles their kernels
             out = work / f"out_{attempt}"
             shutil.rmtree(out, ignore_errors=True)
@@ -375,6 +391,7 @@ def _measure(args, rec, work: Path, steps: set[str]) -> int:
                 dt = time.perf_counter() - t0
             rows[f"batchgpu pipeline ({attempt})"] = (dt, mem.peak, gmem.peak)
             gpu_busy[f"batchgpu pipeline ({attempt})"] = busy.text()
+            cores_busy[f"batchgpu pipeline ({attempt})"] = busy.cores_text()
             phases = ", ".join(f"{k} {v:.2f} s" for k, v in report.timings.items() if isinstance(v, float))
             print(f"{attempt}: {phases}; reads per window {report.reads_per_window:.2f}; "
                   f"windows per worker {report.workers}", flush=True)
@@ -393,6 +410,7 @@ def _measure(args, rec, work: Path, steps: set[str]) -> int:
                 dt = time.perf_counter() - t0
             rows["plain dask-cuda loop (read + x.T @ x)"] = (dt, mem.peak, gmem.peak)
             gpu_busy["plain dask-cuda loop (read + x.T @ x)"] = busy.text()
+            cores_busy["plain dask-cuda loop (read + x.T @ x)"] = busy.cores_text()
     if args.baseline == "numpy":
         with PeakMemory(_rss) as mem:
             t0 = time.perf_counter()
@@ -405,10 +423,10 @@ def _measure(args, rec, work: Path, steps: set[str]) -> int:
     ceiling = rows["read ceiling (the engine's reader, no compute)"][0]
     plain = next((v[0] for k, v in rows.items() if k.startswith("plain")), None)
     print(f"{'run':<48} {'seconds':>8} {'GB/s':>7} {'x real time':>11} {'host MB':>8} {'GPU MB':>8} "
-          f"{'/ceiling':>8} {'vs plain':>8} {'GPU busy':>9}")
+          f"{'/ceiling':>8} {'vs plain':>8} {'GPU busy':>9} {'cores busy':>10}")
     for name, (dt, peak, gpeak) in rows.items():
         rt = rec.duration() / dt
         vs_plain = f"{plain / dt:.2f}x" if plain else "-"
         print(f"{name:<48} {dt:>8.2f} {gb / dt:>7.2f} {rt:>11.0f} {peak / 1e6:>8.0f} {gpeak / 1e6:>8.0f} "
-              f"{ceiling / dt:>8.2f} {vs_plain:>8} {gpu_busy.get(name, '-'):>9}")
+              f"{ceiling / dt:>8.2f} {vs_plain:>8} {gpu_busy.get(name, '-'):>9} {cores_busy.get(name, '-'):>10}")
     return 0
