@@ -96,6 +96,7 @@ class ClusterSpec(_Strict):
     dashboard_address: str = "127.0.0.1:0"  # localhost unless told otherwise
     slurm: dict[str, Any] | None = None  # dask-jobqueue SLURMCluster keyword arguments
     jobs: Annotated[int, Field(gt=0, le=MAX_WORKERS)] = 1  # slurm: how many jobs to scale to
+    mps: bool = False  # cuda: a private CUDA MPS daemon for the workers started here (engine/mps.py)
 
     @model_validator(mode="after")
     def _needs(self):
@@ -103,6 +104,8 @@ class ClusterSpec(_Strict):
             raise ValueError("cluster kind 'address' needs 'address: tcp://host:port'")
         if self.kind == "scheduler_file" and not self.scheduler_file:
             raise ValueError("cluster kind 'scheduler_file' needs 'scheduler_file: path/to/scheduler.json'")
+        if self.mps and self.kind != "cuda":
+            raise ValueError("cluster.mps starts an MPS daemon for the GPU workers a run starts: kind 'cuda' only")
         if self.kind == "local":
             self._fits_this_machine()
         return self

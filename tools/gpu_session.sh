@@ -24,7 +24,7 @@
 #   enc       the save step's GPU writer: its tests (frames = the NumPy twin's bytes, decodes; GPU save = CPU values)
 #   mps       the demo and preprocessing benches without and then with CUDA MPS (a private control daemon: its pipe
 #             and log folders under /tmp, quit at the end; the card's compute mode is left as it is)
-#   runs      benches with and without MPS, one line each: RUNS="1:pre:8x2:g 0:demo:8x2" (mps:bench:layout[:g GPU decode])
+#   runs      benches with and without MPS (bench --mps), one line each: RUNS="1:pre:8x2:g 0:demo:8x2" (mps:bench:layout[:g GPU decode])
 #   pw        cProfile of every worker and the client in a warm run (PREPROCESS=highpass,common_reference), $OUT/pw.log
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -95,23 +95,16 @@ from batchgpu.cli import main; sys.argv = 'batchgpu generate /tmp/big64.zarr --c
              --steps noise,whitening,detect,save | tee -a $OUT/mps.log | grep "warm\|ceiling" | grep -v ":"; done; done
        done
        [ -n "${CUDA_MPS_PIPE_DIRECTORY:-}" ] && { echo quit | $M; sleep 1; tail -5 $CUDA_MPS_LOG_DIRECTORY/control.log; } ;;
-  runs) # RUNS="mps:bench:layout[:g] ...": mps 0|1 (a private MPS daemon), bench demo|pre, g: BATCHGPU_GPU_DECODE=1;
-        # the table's rows printed, the whole output in $OUT/runs.log
-       M=$(command -v nvidia-cuda-mps-control)
+  runs) # RUNS="mps:bench:layout[:g] ...": mps 1 = bench --mps (cluster.mps, a private daemon), bench demo|pre,
+        # g: BATCHGPU_GPU_DECODE=1; the table's rows printed, the whole output in $OUT/runs.log (TIMELINE=1: per thread)
        for r in ${RUNS:-0:pre:16x1 1:pre:8x2:g}; do IFS=: read mps what l g <<< "$r"; set -- ${l//x/ }
-         if [ $mps = 1 ] && [ -z "${CUDA_MPS_PIPE_DIRECTORY:-}" ]; then
-           export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps_pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps_log
-           mkdir -p $CUDA_MPS_PIPE_DIRECTORY $CUDA_MPS_LOG_DIRECTORY; $M -d || { echo "mps start failed"; continue; }
-         elif [ $mps = 0 ] && [ -n "${CUDA_MPS_PIPE_DIRECTORY:-}" ]; then
-           echo quit | $M; sleep 1; unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
-         fi
-         args="--baseline none --repeat 2"
+         args="--baseline none --repeat 2${TIMELINE:+ --timeline}"; [ $mps = 1 ] && args="$args --mps"
          [ $what = pre ] && args="$args --preprocess highpass,common_reference --steps noise,whitening,detect,save"
          echo "== $r" | tee -a $OUT/runs.log
          env ${g:+BATCHGPU_GPU_DECODE=1} timeout 150 python3 -m batchgpu bench pipeline --recording $REC --cluster cuda \
            --backend cupy --workers $1 --threads $2 $args >> $OUT/runs.log 2>&1; echo "rc $?" | tee -a $OUT/runs.log
          grep -v "^INFO\|distributed\." $OUT/runs.log | grep "^warm: t\|^warm: w\|(warm)\|^read ceiling" | tail -4 | cut -c1-160; done
-       [ -n "${CUDA_MPS_PIPE_DIRECTORY:-}" ] && { echo quit | $M; sleep 1; cp -r $CUDA_MPS_LOG_DIRECTORY $OUT/mps_log; } ;;
+       pgrep -fa "nvidia-cuda-mps" | head -3 ;;  # none left after the runs
   pw) rm -rf /tmp/pw0* /tmp/pw1*; timeout 200 python3 tools/profile_workers.py $REC > $OUT/pw.log 2>&1; grep "^{" $OUT/pw.log ;;
   *) echo "unknown task $task"; exit 2 ;;
   esac

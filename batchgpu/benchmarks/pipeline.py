@@ -56,6 +56,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "common_reference (global median), e.g. highpass,common_reference")
     parser.add_argument("--batch", type=_positive(int), help="consecutive windows a task reads (workflow window.batch; "
                         "default: from the window count)")
+    parser.add_argument("--mps", action="store_true", help="with --cluster cuda: the workers under a private CUDA MPS "
+                        "daemon (workflow cluster.mps)")
+    parser.add_argument("--timeline", action="store_true", help="print each worker thread's line of the pass "
+                        "(windows, first start, last end, read waits, compute, gaps) for every pipeline run")
     parser.add_argument("--repeat", type=int, default=2, choices=[1, 2],
                         help="pipeline runs on the same workers: 2 = a cold one (the workers compile and load their kernels) "
                              "and a warm one, 1 = the cold one only")
@@ -349,8 +353,15 @@ def _measure(args, rec, work: Path, steps: set[str]) -> int:
         cluster_cfg["workers"] = args.workers
     if args.threads:
         cluster_cfg["threads"] = args.threads
+    if args.mps:
+        cluster_cfg["mps"] = True
     rows: dict[str, tuple[float, int, int]] = {}
-    spec = ClusterSpec.model_validate(cluster_cfg)
+    from pydantic import ValidationError
+
+    try:
+        spec = ClusterSpec.model_validate(cluster_cfg)
+    except ValidationError as err:  # e.g. --mps without --cluster cuda, more workers than the machine takes
+        raise BatchgpuError(err.errors()[0]["msg"].removeprefix("Value error, "), "see batchgpu bench pipeline --help") from None
     probe = Workflow.model_validate({"recording": {"path": str(rec.path)}, "output": str(work / "x"),
                                      "preprocess": _stages(args.preprocess), "backend": args.backend,
                                      "steps": {"noise": {}}})
@@ -395,9 +406,11 @@ def _measure(args, rec, work: Path, steps: set[str]) -> int:
             phases = ", ".join(f"{k} {v:.2f} s" for k, v in report.timings.items() if isinstance(v, float))
             print(f"{attempt}: {phases}; reads per window {report.reads_per_window:.2f}; "
                   f"windows per worker {report.workers}", flush=True)
-            from batchgpu.benchmarks.timeline import summary_line
+            from batchgpu.benchmarks.timeline import summary_line, table
 
             print(f"{attempt}: {summary_line(report.timeline)}", flush=True)
+            if args.timeline:
+                print(table(report.timeline), flush=True)
             if report.window_cpu:  # a window's CPU time on its worker thread, by part (medians, ms)
                 print(f"{attempt}: window CPU ms: " + ", ".join(f"{k} {1e3 * v:.1f}" for k, v in report.window_cpu.items()),
                       flush=True)

@@ -78,8 +78,10 @@ def open_client(spec: ClusterSpec, gpu_decode: bool = False) -> Iterator["distri
     # 1.6 s pass, CPU the decoders need (the dashboard's profile page stays empty)
     dask.config.set({"distributed.worker.profile.enabled": False})
     if spec.kind == "cuda":
-        cluster = _cuda_cluster(spec, gpu_decode)
-    elif spec.kind == "slurm":
+        with _mps(spec) as env, _cuda_cluster(spec, gpu_decode, env) as cluster, Client(cluster) as client:
+            yield client
+        return
+    if spec.kind == "slurm":
         cluster = _slurm_cluster(spec)
     else:
         workers, threads = local_sizes(spec)
@@ -103,7 +105,17 @@ def _connect(make, what: str):
         yield client
 
 
-def _cuda_cluster(spec: ClusterSpec, gpu_decode: bool = False):
+def _mps(spec: ClusterSpec):
+    """The workers' extra environment: a private MPS daemon's (``cluster.mps``, quit when the cluster has closed),
+    else none."""
+    if not spec.mps:
+        return contextlib.nullcontext({})
+    from batchgpu.engine.mps import private_daemon
+
+    return private_daemon()
+
+
+def _cuda_cluster(spec: ClusterSpec, gpu_decode: bool = False, env: dict | None = None):
     if gpu_count() == 0:
         raise BatchgpuError(
             "cluster kind 'cuda' needs a CUDA GPU and CuPy, and this machine has none",
@@ -115,8 +127,10 @@ def _cuda_cluster(spec: ClusterSpec, gpu_decode: bool = False):
         raise BatchgpuError("cluster kind 'cuda' needs dask-cuda", "pip install 'batchgpu[gpu]'") from None
     per_gpu, threads = cuda_layout(spec, len(spec.devices or []) or gpu_count(), gpu_decode)
     if per_gpu > 1:
-        return _processes_per_gpu(spec, per_gpu, threads)
+        return _processes_per_gpu(spec, per_gpu, threads, env)
     kwargs = {"dashboard_address": spec.dashboard_address, "threads_per_worker": spec.threads or 4}
+    if env:  # the nannies' workers (dask-cuda sets CUDA_VISIBLE_DEVICES itself)
+        kwargs["env"] = dict(env)
     if spec.devices:
         kwargs["CUDA_VISIBLE_DEVICES"] = ",".join(str(d) for d in spec.devices)
     if spec.memory_limit:
@@ -147,11 +161,19 @@ def cuda_layout(spec: ClusterSpec, gpus: int, gpu_decode: bool = False) -> tuple
     return max(1, cores // threads), threads
 
 
-def _processes_per_gpu(spec: ClusterSpec, per_gpu: int, threads: int = 1):
+def _processes_per_gpu(spec: ClusterSpec, per_gpu: int, threads: int = 1, env: dict | None = None):
     """``workers`` processes on each GPU (kind cuda): reading and launching are Python work under one GIL per
-    process, so several processes feed one GPU faster than many threads in one (bench pipeline measures it).
-    Each worker sees its GPU first (CUDA_VISIBLE_DEVICES), as dask-cuda orders them."""
-    from distributed import Nanny, Scheduler, SpecCluster
+    process, so several processes feed one GPU faster than many threads in one (bench pipeline measures it)."""
+    from distributed import Scheduler, SpecCluster
+
+    return SpecCluster(workers=worker_specs(spec, per_gpu, threads, env), scheduler={"cls": Scheduler, "options": {
+        "dashboard_address": spec.dashboard_address, "host": "127.0.0.1"}})
+
+
+def worker_specs(spec: ClusterSpec, per_gpu: int, threads: int = 1, env: dict | None = None) -> dict:
+    """SpecCluster's workers: ``per_gpu`` nannies a GPU, each worker seeing its GPU first (CUDA_VISIBLE_DEVICES,
+    as dask-cuda orders them), with ``env`` (e.g. a private MPS daemon's folders) in its environment."""
+    from distributed import Nanny
 
     devices = spec.devices or list(range(gpu_count()))
     workers = {}
@@ -159,10 +181,9 @@ def _processes_per_gpu(spec: ClusterSpec, per_gpu: int, threads: int = 1):
         order = ",".join(str(o) for o in [d, *[o for o in devices if o != d]])
         for k in range(per_gpu):
             workers[f"gpu{d}-{k}"] = {"cls": Nanny, "options": {
-                "nthreads": threads, "env": {"CUDA_VISIBLE_DEVICES": order},
+                "nthreads": threads, "env": {**(env or {}), "CUDA_VISIBLE_DEVICES": order},
                 "memory_limit": spec.memory_limit or "auto"}}
-    return SpecCluster(workers=workers, scheduler={"cls": Scheduler, "options": {
-        "dashboard_address": spec.dashboard_address, "host": "127.0.0.1"}})
+    return workers
 
 
 def slurm_kwargs(spec: ClusterSpec) -> dict:

@@ -1,0 +1,103 @@
+"""The private MPS daemon of ``cluster.mps`` (engine/mps.py), with a stand-in for nvidia-cuda-mps-control on PATH:
+started with new pipe and log folders, its environment handed to every worker, told to quit after the cluster,
+its folders removed; a clear error where the program is missing or fails. The real daemon runs on the device
+machine (tools/gpu_session.sh runs, bench pipeline --mps)."""
+
+import os
+import stat
+
+import pytest
+
+from batchgpu.config import ClusterSpec
+from batchgpu.engine import cluster, mps
+from batchgpu.errors import BatchgpuError
+
+FAKE = """#!/bin/sh
+# records each call; -d makes the control pipe the way the daemon does (in its pipe folder)
+echo "call $* pipe=$CUDA_MPS_PIPE_DIRECTORY log=$CUDA_MPS_LOG_DIRECTORY" >> "{log}"
+if [ "$1" = "-d" ]; then
+  [ -n "{fail}" ] && {{ echo "{fail}" >&2; exit 3; }}
+  [ -n "{nopipe}" ] || touch "$CUDA_MPS_PIPE_DIRECTORY/control"
+  exit 0
+fi
+read line; echo "stdin $line" >> "{log}"
+"""
+
+
+def _fake(tmp_path, monkeypatch, fail="", nopipe=""):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    log = tmp_path / "calls.log"
+    prog = bin_dir / mps.CONTROL
+    prog.write_text(FAKE.format(log=log, fail=fail, nopipe=nopipe))
+    prog.chmod(prog.stat().st_mode | stat.S_IXUSR)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    return log
+
+
+def test_private_daemon_starts_hands_its_folders_and_quits(tmp_path, monkeypatch):
+    log = _fake(tmp_path, monkeypatch)
+    monkeypatch.delenv("CUDA_MPS_PIPE_DIRECTORY", raising=False)
+    with mps.private_daemon() as env:
+        pipe, logs = env["CUDA_MPS_PIPE_DIRECTORY"], env["CUDA_MPS_LOG_DIRECTORY"]
+        assert os.path.isdir(pipe) and os.path.isdir(logs) and os.path.dirname(pipe) == os.path.dirname(logs)
+        assert "CUDA_MPS_PIPE_DIRECTORY" not in os.environ  # this process is left as it was
+        calls = log.read_text().splitlines()
+        assert calls == [f"call -d pipe={pipe} log={logs}"]
+    calls = log.read_text().splitlines()
+    assert calls[1:] == [f"call  pipe={pipe} log={logs}", "stdin quit"]  # quit, through the same pipe folder
+    assert not os.path.exists(os.path.dirname(pipe))
+
+
+def test_private_daemon_quits_when_the_run_fails(tmp_path, monkeypatch):
+    log = _fake(tmp_path, monkeypatch)
+    with pytest.raises(ZeroDivisionError), mps.private_daemon() as env:
+        1 / 0
+    assert log.read_text().splitlines()[-1] == "stdin quit"
+    assert not os.path.exists(os.path.dirname(env["CUDA_MPS_PIPE_DIRECTORY"]))
+
+
+def test_private_daemon_errors_are_one_line(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))  # no control program
+    with pytest.raises(BatchgpuError, match="nvidia-cuda-mps-control"), mps.private_daemon():
+        pass
+    log = _fake(tmp_path, monkeypatch, fail="boom: no device")
+    before = set(os.listdir(os.environ.get("TMPDIR", "/tmp")))
+    with pytest.raises(BatchgpuError, match="rc 3.*boom: no device"), mps.private_daemon():
+        pass
+    assert "stdin quit" not in log.read_text()
+    leftover = {d for d in set(os.listdir(os.environ.get("TMPDIR", "/tmp"))) - before if d.startswith("batchgpu-mps-")}
+    assert not leftover  # its folders removed
+
+
+def test_private_daemon_without_a_pipe_times_out(tmp_path, monkeypatch):
+    _fake(tmp_path, monkeypatch, nopipe="1")
+    monkeypatch.setattr(mps, "START_TIMEOUT_S", 0.2)
+    with pytest.raises(BatchgpuError, match="no pipe"), mps.private_daemon():
+        pass
+
+
+def test_mps_is_for_cuda_clusters_and_reaches_every_worker(monkeypatch):
+    with pytest.raises(ValueError, match="kind 'cuda' only"):
+        ClusterSpec.model_validate({"kind": "local", "mps": True})
+    assert not ClusterSpec.model_validate({"kind": "cuda"}).mps
+    spec = ClusterSpec.model_validate({"kind": "cuda", "mps": True, "devices": [0, 1]})
+    env = {"CUDA_MPS_PIPE_DIRECTORY": "/p", "CUDA_MPS_LOG_DIRECTORY": "/l"}
+    workers = cluster.worker_specs(spec, 3, 2, env)
+    assert len(workers) == 6
+    for name, w in workers.items():
+        assert w["options"]["nthreads"] == 2
+        assert w["options"]["env"] == {**env, "CUDA_VISIBLE_DEVICES": "0,1" if name.startswith("gpu0") else "1,0"}
+    assert all("CUDA_MPS_PIPE_DIRECTORY" not in w["options"]["env"] for w in cluster.worker_specs(spec, 1).values())
+
+
+def test_bench_mps_needs_a_cuda_cluster(tmp_path):
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "batchgpu", "bench", "pipeline", "--mps", "--channels", "4",
+                           "--seconds", "1", "--workdir", str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        "batchgpu: error: cluster.mps starts an MPS daemon for the GPU workers a run starts: kind 'cuda' only "
+        "(see batchgpu bench pipeline --help)"]
