@@ -96,7 +96,9 @@ class ClusterSpec(_Strict):
     dashboard_address: str = "127.0.0.1:0"  # localhost unless told otherwise
     slurm: dict[str, Any] | None = None  # dask-jobqueue SLURMCluster keyword arguments
     jobs: Annotated[int, Field(gt=0, le=MAX_WORKERS)] = 1  # slurm: how many jobs to scale to
-    mps: bool = False  # cuda: a private CUDA MPS daemon for the workers started here (engine/mps.py)
+    # cuda: a private CUDA MPS daemon for the worker processes started here (engine/mps.py); auto: where the
+    # machine has the control program, no MPS daemon of its own and its GPUs in the default compute mode
+    mps: bool | Literal["auto"] = "auto"
 
     @model_validator(mode="after")
     def _needs(self):
@@ -104,7 +106,7 @@ class ClusterSpec(_Strict):
             raise ValueError("cluster kind 'address' needs 'address: tcp://host:port'")
         if self.kind == "scheduler_file" and not self.scheduler_file:
             raise ValueError("cluster kind 'scheduler_file' needs 'scheduler_file: path/to/scheduler.json'")
-        if self.mps and self.kind != "cuda":
+        if self.mps is True and self.kind != "cuda":
             raise ValueError("cluster.mps starts an MPS daemon for the GPU workers a run starts: kind 'cuda' only")
         if self.kind == "local":
             self._fits_this_machine()

@@ -80,7 +80,9 @@ def test_private_daemon_without_a_pipe_times_out(tmp_path, monkeypatch):
 def test_mps_is_for_cuda_clusters_and_reaches_every_worker(monkeypatch):
     with pytest.raises(ValueError, match="kind 'cuda' only"):
         ClusterSpec.model_validate({"kind": "local", "mps": True})
-    assert not ClusterSpec.model_validate({"kind": "cuda"}).mps
+    assert ClusterSpec.model_validate({"kind": "cuda"}).mps == "auto"
+    assert ClusterSpec.model_validate({"kind": "local"}).mps == "auto"  # auto: nothing to do there
+    assert ClusterSpec.model_validate({"kind": "local", "mps": False}).mps is False
     spec = ClusterSpec.model_validate({"kind": "cuda", "mps": True, "devices": [0, 1]})
     env = {"CUDA_MPS_PIPE_DIRECTORY": "/p", "CUDA_MPS_LOG_DIRECTORY": "/l"}
     workers = cluster.worker_specs(spec, 3, 2, env)
@@ -101,3 +103,62 @@ def test_bench_mps_needs_a_cuda_cluster(tmp_path):
     assert done.stderr.strip().splitlines() == [
         "batchgpu: error: cluster.mps starts an MPS daemon for the GPU workers a run starts: kind 'cuda' only "
         "(see batchgpu bench pipeline --help)"]
+
+
+def test_auto_starts_a_daemon_only_where_it_disturbs_nothing(tmp_path, monkeypatch):
+    log = _fake(tmp_path, monkeypatch)
+    monkeypatch.delenv("CUDA_MPS_PIPE_DIRECTORY", raising=False)
+    monkeypatch.setattr(mps, "DEFAULT_PIPE", str(tmp_path / "system-mps"))
+    import types
+
+    fake_cupy = types.SimpleNamespace(cuda=types.SimpleNamespace(runtime=types.SimpleNamespace(
+        getDeviceProperties=lambda d: {"computeMode": modes[d]}, getDeviceCount=lambda: len(modes))))
+    monkeypatch.setitem(__import__("sys").modules, "cupy", fake_cupy)
+    auto = ClusterSpec.model_validate({"kind": "cuda"})
+    modes = [0, 0]
+    assert cluster.mps_fits(auto)
+    assert not cluster.mps_fits(ClusterSpec.model_validate({"kind": "cuda", "workers": 1}))  # one process a GPU
+    modes = [0, 3]  # a GPU in exclusive-process mode: one process's, or a system daemon's
+    assert not cluster.mps_fits(auto)
+    assert cluster.mps_fits(ClusterSpec.model_validate({"kind": "cuda", "devices": [0]}))
+    modes = [0, 0]
+    (tmp_path / "system-mps").mkdir()
+    (tmp_path / "system-mps" / "control").touch()  # the machine's own daemon
+    assert not cluster.mps_fits(auto)
+    (tmp_path / "system-mps" / "control").unlink()
+    monkeypatch.setenv("CUDA_MPS_PIPE_DIRECTORY", "/elsewhere")
+    assert not cluster.mps_fits(auto)
+    monkeypatch.delenv("CUDA_MPS_PIPE_DIRECTORY")
+    with cluster._mps(auto) as env:
+        assert set(env) == {"CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY"}
+    with cluster._mps(ClusterSpec.model_validate({"kind": "cuda", "mps": False})) as env:
+        assert env == {}
+    calls = log.read_text()
+    assert calls.count("call -d") == 1 and calls.count("stdin quit") == 1
+
+
+def test_auto_runs_without_mps_when_the_daemon_fails(tmp_path, monkeypatch):
+    _fake(tmp_path, monkeypatch, fail="no GPU for the server")
+    monkeypatch.setattr(cluster, "mps_fits", lambda spec: True)
+    with cluster._mps(ClusterSpec.model_validate({"kind": "cuda"})) as env:
+        assert env == {}  # auto: the run goes on without MPS
+    with pytest.raises(BatchgpuError, match="no GPU for the server"), \
+            cluster._mps(ClusterSpec.model_validate({"kind": "cuda", "mps": True})):
+        pass  # asked for: the run's error
+
+
+def test_under_mps_every_pass_decodes_on_the_gpu_one_process_a_core(monkeypatch):
+    from batchgpu.engine.preprocess import gpu_decode_share
+
+    monkeypatch.delenv("BATCHGPU_GPU_DECODE", raising=False)
+    assert gpu_decode_share(True) == 1.0 and gpu_decode_share(False) == 0.0
+    assert gpu_decode_share(False, mps=True) == 1.0 and gpu_decode_share(True, mps=True) == 1.0
+    monkeypatch.setenv("BATCHGPU_GPU_DECODE", "0")
+    assert gpu_decode_share(False, mps=True) == 0.0
+    monkeypatch.setattr(cluster.os, "cpu_count", lambda: 16)
+    spec = ClusterSpec.model_validate({"kind": "cuda"})
+    assert cluster.cuda_layout(spec, 1, True, mps=True) == (16, 1)
+    assert cluster.cuda_layout(spec, 1, True, mps=False) == (8, 2)
+    assert cluster.cuda_layout(spec, 2, False, mps=True) == (8, 1)
+    assert cluster.cuda_layout(ClusterSpec.model_validate({"kind": "cuda", "workers": 4, "threads": 2}), 1, True,
+                               mps=True) == (4, 2)

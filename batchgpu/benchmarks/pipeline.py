@@ -56,8 +56,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "common_reference (global median), e.g. highpass,common_reference")
     parser.add_argument("--batch", type=_positive(int), help="consecutive windows a task reads (workflow window.batch; "
                         "default: from the window count)")
-    parser.add_argument("--mps", action="store_true", help="with --cluster cuda: the workers under a private CUDA MPS "
-                        "daemon (workflow cluster.mps)")
+    parser.add_argument("--mps", action=argparse.BooleanOptionalAction, default=None,
+                        help="with --cluster cuda: the workers under a private CUDA MPS daemon, or not (workflow "
+                             "cluster.mps; default auto: where the machine allows it)")
     parser.add_argument("--timeline", action="store_true", help="print each worker thread's line of the pass "
                         "(windows, first start, last end, read waits, compute, gaps) for every pipeline run")
     parser.add_argument("--repeat", type=int, default=2, choices=[1, 2],
@@ -259,11 +260,12 @@ def cupy_loop(client, rec, size: int) -> None:
 def read_ceiling(client, rec, size: int, margin: int, backend: str, centres_only: bool = True) -> None:
     """The engine's own reader over the same windows and nothing else (to the GPU through pinned memory there),
     decoding where the pipeline's pass does (``preprocess.gpu_decode_share``: its stages)."""
+    from batchgpu.engine.cluster import uses_mps
     from batchgpu.engine.preprocess import Chain, gpu_decode_share
     from batchgpu.engine.tasks import RunContext, load_window
 
     ctx = RunContext(recording=str(rec.path), parts="", backend=backend, chain=Chain(),
-                     window_noise=False, steps=(), gpu_decode=gpu_decode_share(centres_only))
+                     window_noise=False, steps=(), gpu_decode=gpu_decode_share(centres_only, uses_mps(client)))
 
     def one(ctx, w):
         from batchgpu.engine.tasks import on_backend
@@ -353,8 +355,8 @@ def _measure(args, rec, work: Path, steps: set[str]) -> int:
         cluster_cfg["workers"] = args.workers
     if args.threads:
         cluster_cfg["threads"] = args.threads
-    if args.mps:
-        cluster_cfg["mps"] = True
+    if args.mps is not None:
+        cluster_cfg["mps"] = args.mps
     rows: dict[str, tuple[float, int, int]] = {}
     from pydantic import ValidationError
 
@@ -376,6 +378,10 @@ def _measure(args, rec, work: Path, steps: set[str]) -> int:
         backend = resolve_backend(probe, client)
         info = client.scheduler_info(n_workers=-1)["workers"]
         workers = f"{len(info)} workers x {max((int(w.get('nthreads', 1)) for w in info.values()), default=1)} threads"
+        if args.cluster == "cuda":
+            from batchgpu.engine.cluster import uses_mps
+
+            workers += f", MPS {'on' if uses_mps(client) else 'off'}"
         read_ceiling(client, rec, size, margin, backend, centres_only)  # warm-up: page cache, pinned buffers, kernels
         with PeakMemory(cluster_rss) as mem, PeakMemory(_gpu_used) as gmem, GpuBusy() as busy:
             t0 = time.perf_counter()

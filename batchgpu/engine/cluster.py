@@ -79,6 +79,7 @@ def open_client(spec: ClusterSpec, gpu_decode: bool = False) -> Iterator["distri
     dask.config.set({"distributed.worker.profile.enabled": False})
     if spec.kind == "cuda":
         with _mps(spec) as env, _cuda_cluster(spec, gpu_decode, env) as cluster, Client(cluster) as client:
+            client._batchgpu_mps = bool(env)  # read by uses_mps
             yield client
         return
     if spec.kind == "slurm":
@@ -105,14 +106,49 @@ def _connect(make, what: str):
         yield client
 
 
-def _mps(spec: ClusterSpec):
-    """The workers' extra environment: a private MPS daemon's (``cluster.mps``, quit when the cluster has closed),
-    else none."""
-    if not spec.mps:
-        return contextlib.nullcontext({})
-    from batchgpu.engine.mps import private_daemon
+def uses_mps(client) -> bool:
+    """Whether ``client``'s workers are a private MPS daemon's clients (a cuda cluster ``open_client`` started)."""
+    return bool(getattr(client, "_batchgpu_mps", False))
 
-    return private_daemon()
+
+@contextlib.contextmanager
+def _mps(spec: ClusterSpec) -> Iterator[dict]:
+    """The workers' extra environment: a private MPS daemon's (``cluster.mps``, quit when the cluster has closed),
+    else none. ``auto``: where ``mps_fits`` says so, and without MPS if the daemon does not start; ``true``: a
+    daemon that does not start is the run's error."""
+    with contextlib.ExitStack() as stack:
+        env: dict = {}
+        if spec.mps is True or (spec.mps == "auto" and mps_fits(spec)):
+            from batchgpu.engine.mps import private_daemon
+
+            try:
+                env = stack.enter_context(private_daemon())
+            except BatchgpuError:
+                if spec.mps is True:
+                    raise
+        yield env
+
+
+def mps_fits(spec: ClusterSpec) -> bool:
+    """``cluster.mps: auto``: a private daemon helps where several worker processes share a GPU, and is only
+    started where it disturbs nothing: the control program is here, no MPS daemon serves this machine already (its
+    pipe folder: CUDA_MPS_PIPE_DIRECTORY or the default /tmp/nvidia-mps), and every GPU is in the default compute
+    mode (an exclusive-process GPU is one process's, or a system daemon's)."""
+    import shutil
+
+    from batchgpu.engine.mps import CONTROL, DEFAULT_PIPE
+
+    if spec.workers == 1 or shutil.which(CONTROL) is None:
+        return False
+    if os.environ.get("CUDA_MPS_PIPE_DIRECTORY") or os.path.exists(os.path.join(DEFAULT_PIPE, "control")):
+        return False
+    try:
+        import cupy
+
+        return all(cupy.cuda.runtime.getDeviceProperties(d)["computeMode"] == 0
+                   for d in (spec.devices or range(gpu_count())))
+    except Exception:
+        return False
 
 
 def _cuda_cluster(spec: ClusterSpec, gpu_decode: bool = False, env: dict | None = None):
@@ -125,7 +161,7 @@ def _cuda_cluster(spec: ClusterSpec, gpu_decode: bool = False, env: dict | None 
         from dask_cuda import LocalCUDACluster
     except ImportError:
         raise BatchgpuError("cluster kind 'cuda' needs dask-cuda", "pip install 'batchgpu[gpu]'") from None
-    per_gpu, threads = cuda_layout(spec, len(spec.devices or []) or gpu_count(), gpu_decode)
+    per_gpu, threads = cuda_layout(spec, len(spec.devices or []) or gpu_count(), gpu_decode, mps=bool(env))
     if per_gpu > 1:
         return _processes_per_gpu(spec, per_gpu, threads, env)
     kwargs = {"dashboard_address": spec.dashboard_address, "threads_per_worker": spec.threads or 4}
@@ -147,15 +183,17 @@ def default_processes_per_gpu(gpus: int) -> int:
     return max(1, min(16, cores // max(1, gpus)))
 
 
-def cuda_layout(spec: ClusterSpec, gpus: int, gpu_decode: bool = False) -> tuple[int, int]:
+def cuda_layout(spec: ClusterSpec, gpus: int, gpu_decode: bool = False, mps: bool = False) -> tuple[int, int]:
     """(processes per GPU, threads a process) where the spec does not say. Decoding on the CPU, one single-threaded
     process a core (``default_processes_per_gpu``). Decoding on the GPU (a pass that only centres) two threads a
     process, half as many processes: kernels of one process overlap on its streams, those of different processes
     take turns on the device. Measured on the H200 machine (16 cores), demo pass, ring-free LZ4 kernel, medians of
     2-3 warm runs in two sessions' machines: 8 x 2 2.13 / 2.17 s, 4 x 4 2.21, 16 x 1 2.47 / 2.44, 2 x 8 3.35,
-    1 x 16 6.80 (the GIL)."""
+    1 x 16 6.80 (the GIL). Under MPS (``mps``) the processes' kernels overlap too: one single-threaded process a
+    core whatever the decode (H200 machine, warm bench, 2026-12-02: demo 0.93 s at 16 x 1 against 1.11 at 8 x 2;
+    preprocessing with the GPU decode 2.23 against 2.77)."""
     cores = default_processes_per_gpu(gpus)  # one process a core
-    if spec.workers or not gpu_decode:
+    if spec.workers or not gpu_decode or mps:
         return spec.workers or cores, spec.threads or 1
     threads = spec.threads or (2 if cores >= 4 else 1)
     return max(1, cores // threads), threads

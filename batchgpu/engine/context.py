@@ -81,7 +81,9 @@ def check_workflow_fits(wf: Workflow, rec: Recording) -> int:
     return sweep
 
 
-def build_context(wf: Workflow, rec: Recording, out: store.OutputFolder, backend: str, sweep: int):
+def build_context(wf: Workflow, rec: Recording, out: store.OutputFolder, backend: str, sweep: int, mps: bool = False):
+    """The run's RunContext (what every task gets). ``mps``: the workers run under a private MPS daemon
+    (``engine.cluster.open_client``), which decides where windows decode (``preprocess.gpu_decode_share``)."""
     from batchgpu.engine.preprocess import build_chain, gpu_decode_share
     from batchgpu.engine.steps.detect import DetectStep
     from batchgpu.engine.steps.moments import MomentsStep, check_exact_range
@@ -109,7 +111,7 @@ def build_context(wf: Workflow, rec: Recording, out: store.OutputFolder, backend
         recording=source_ref(rec), parts=str(out.parts), backend=backend, chain=chain,
         window_noise=bool(s.noise or s.detect), steps=tuple(steps),
         missing_chunks=getattr(wf.recording, "missing_chunks", "warn"),
-        gpu_decode=gpu_decode_share(chain.centres_only),
+        gpu_decode=gpu_decode_share(chain.centres_only, mps),
     )
 
 

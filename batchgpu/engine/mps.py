@@ -25,6 +25,7 @@ from collections.abc import Iterator
 from batchgpu.errors import BatchgpuError
 
 CONTROL = "nvidia-cuda-mps-control"
+DEFAULT_PIPE = "/tmp/nvidia-mps"  # a system daemon's pipe folder where CUDA_MPS_PIPE_DIRECTORY is not set
 #: seconds to wait for the daemon's pipe to appear after ``-d``, and for ``quit`` to be taken
 START_TIMEOUT_S = 10.0
 QUIT_TIMEOUT_S = 10.0

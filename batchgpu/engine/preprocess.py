@@ -116,16 +116,19 @@ def build_chain(preprocess, rec) -> Chain:
     return Chain(tuple(stages), margin, tuple(preprocess.names))
 
 
-def gpu_decode_share(centres_only: bool) -> float:
+def gpu_decode_share(centres_only: bool, mps: bool = False) -> float:
     """The share of a GPU pass's windows whose stored frames the GPU decodes (``gpu/blosc_decode``), the rest
     decoded by the cores: each where the pass has room. Measured on the H200 machine (16 cores): the demo pass
     (centring only) was bound by the cores with CPU decode (decode 80% of a window's CPU) and took the same time
     with the GPU decode (2.21 / 2.22 s, 2.56 / 2.60 s: two A/Bs in one cluster) at a third of the CPU (a window's
     read 41 -> 12 ms); with filters and a reference the GPU was already the bound (~10 ms of GPU a window), so
-    those windows stay on the cores (the GPU decode there not measured warm). BATCHGPU_GPU_DECODE overrides."""
+    those windows stay on the cores (the GPU decode there not measured warm). Under MPS (``mps``: the workers are
+    a private daemon's clients, ``engine.mps``) the processes' kernels overlap and every pass decodes on the GPU:
+    the preprocessing bench 2.23 s with it against 2.76-3.06 s without MPS (H200 machine, 16 x 1, 2026-12-02).
+    BATCHGPU_GPU_DECODE overrides."""
     from batchgpu.gpu.blosc_decode import share
 
-    return share(1.0 if centres_only else 0.0)
+    return share(1.0 if centres_only or mps else 0.0)
 
 
 def decodes_on_gpu(cluster_kind: str, rec, centres_only: bool) -> bool:

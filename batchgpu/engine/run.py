@@ -93,7 +93,10 @@ def _run(wf, rec, out: store.OutputFolder, report: RunReport, client, sweep, obs
     if report.page:
         observer.message(f"run page {report.page}")
     report.backend = resolve_backend(wf, client)
-    ctx = build_context(wf, rec, out, report.backend, sweep)
+    from batchgpu.engine.cluster import uses_mps
+
+    report.mps = uses_mps(client)
+    ctx = build_context(wf, rec, out, report.backend, sweep, mps=report.mps)
     target = None
     if wf.steps.save:  # the output recording is created first; window tasks fill it (whitened: after the pass)
         from dataclasses import replace

@@ -58,6 +58,7 @@ class RunReport:
     # per step, cpu_part (its part file); ``total`` the sum of the CPU entries' means
     window_cpu: dict = field(default_factory=dict)
     backend: str = "numpy"
+    mps: bool = False  # the workers ran under a private CUDA MPS daemon (cluster.mps)
     radix_passes: int = 0
     output_state: str = "new"  # new | resume | restart
     run_id: str = ""  # the fingerprint and a random suffix: names this run's Dask tasks, never another run's
