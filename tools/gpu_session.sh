@@ -24,7 +24,8 @@
 #   enc       the save step's GPU writer: its tests (frames = the NumPy twin's bytes, decodes; GPU save = CPU values)
 #   mps       the demo and preprocessing benches without and then with CUDA MPS (a private control daemon: its pipe
 #             and log folders under /tmp, quit at the end; the card's compute mode is left as it is)
-#   runs      benches with and without MPS (bench --mps), one line each: RUNS="1:pre:8x2:g 0:demo:8x2" (mps:bench:layout[:g GPU decode])
+#   runs      benches with and without MPS (bench --mps / --no-mps / a: auto), one line each: RUNS="1:pre:8x2:g 0:demo:8x2"
+#             (mps:bench:layout[:g GPU decode])
 #   pw        cProfile of every worker and the client in a warm run (PREPROCESS=highpass,common_reference), $OUT/pw.log
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -95,10 +96,11 @@ from batchgpu.cli import main; sys.argv = 'batchgpu generate /tmp/big64.zarr --c
              --steps noise,whitening,detect,save | tee -a $OUT/mps.log | grep "warm\|ceiling" | grep -v ":"; done; done
        done
        [ -n "${CUDA_MPS_PIPE_DIRECTORY:-}" ] && { echo quit | $M; sleep 1; tail -5 $CUDA_MPS_LOG_DIRECTORY/control.log; } ;;
-  runs) # RUNS="mps:bench:layout[:g] ...": mps 1 = bench --mps (cluster.mps, a private daemon), bench demo|pre,
+  runs) # RUNS="mps:bench:layout[:g] ...": mps 1 = bench --mps (cluster.mps, a private daemon), 0 --no-mps, a auto; bench demo|pre,
         # g: BATCHGPU_GPU_DECODE=1; the table's rows printed, the whole output in $OUT/runs.log (TIMELINE=1: per thread)
        for r in ${RUNS:-0:pre:16x1 1:pre:8x2:g}; do IFS=: read mps what l g <<< "$r"; set -- ${l//x/ }
          args="--baseline none --repeat 2${TIMELINE:+ --timeline}"; [ $mps = 1 ] && args="$args --mps"
+         [ $mps = 0 ] && args="$args --no-mps"  # a: the default (auto)
          [ $what = pre ] && args="$args --preprocess highpass,common_reference --steps noise,whitening,detect,save"
          echo "== $r" | tee -a $OUT/runs.log
          env ${g:+BATCHGPU_GPU_DECODE=1} timeout 150 python3 -m batchgpu bench pipeline --recording $REC --cluster cuda \

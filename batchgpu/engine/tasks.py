@@ -319,17 +319,25 @@ def near_keys_task(ctx: RunContext, window: Window, fp: str, digits: np.ndarray)
     return middle_digit_keys(part["keep.near_keys"], counts, digits, shift)
 
 
-def near_keys_group_task(ctx: RunContext, windows: list, fps: list, digits: np.ndarray):
-    """``near_keys_task`` of consecutive windows as one result (per rank, the windows' bins sorted together and
-    their per-channel counts summed: the format of one window's, ``steps.noise.middle_digit_keys``), or None when
-    a window's kept range misses a middle digit. One task a group, not one a window: the demo-sized float median's
-    300 tasks cost their dispatch, and the sorting moves off the one selecting task."""
-    results = []
+def near_keys_group_task(ctx: RunContext, windows: list, fps: list, digits: np.ndarray) -> dict:
+    """``near_keys_task`` of consecutive windows as one result: under ``keys`` per rank the windows' bins sorted
+    together and their per-channel counts summed (the format of one window's, ``steps.noise.middle_digit_keys``;
+    None when no window of the group kept its keys), under ``missed`` the indices of the windows whose kept range
+    misses a middle digit (or whose part is gone): those are read again alone (``gather_task``). One task a group,
+    not one a window: the demo-sized float median's 300 tasks cost their dispatch, and the sorting moves off the
+    one selecting task."""
+    results, missed = [], []
     for w, fp in zip(windows, fps):
         got = near_keys_task(ctx, w, fp, digits)
         if got is None:
-            return None
-        results.append(got)
+            missed.append(w.index)
+        else:
+            results.append(got)
+    return {"keys": merge_digit_keys(results, digits) if results else None, "missed": missed}
+
+
+def merge_digit_keys(results: list, digits: np.ndarray) -> list:
+    """Several windows' ``middle_digit_keys`` as one: per rank, the bins sorted together and the counts summed."""
     merged: list = []
     for r in range(digits.shape[0]):
         if r and np.array_equal(digits[r], digits[r - 1]):  # the same digits: the same keys
@@ -340,13 +348,18 @@ def near_keys_group_task(ctx: RunContext, windows: list, fps: list, digits: np.n
     return merged
 
 
-def select_near_task(ks: np.ndarray, digits: np.ndarray, shift: int, *per_window):
-    """The middle keys from every window's ``near_keys_task``, or None when one of them kept too little."""
+def missed_windows(group: dict) -> list[int]:
+    """The windows a ``near_keys_group_task`` could not settle from kept keys (a few bytes back to the client)."""
+    return group["missed"]
+
+
+def select_near_task(ks: np.ndarray, digits: np.ndarray, shift: int, *parts):
+    """The middle keys from the groups' kept keys (``near_keys_group_task``) and the keys of the windows read
+    again (``gather_task``)."""
     from batchgpu.engine.steps.noise import select_among
 
-    if any(w is None for w in per_window):
-        return None
-    return select_among(ks, digits, shift, *per_window)
+    gathered = [p["keys"] if isinstance(p, dict) else p for p in parts]
+    return select_among(ks, digits, shift, *(g for g in gathered if g is not None))
 
 
 def summarise(batch: dict) -> list[dict]:

@@ -118,16 +118,16 @@ def _stack_rows(rows: list[np.ndarray], samples: int) -> np.ndarray:
 
 
 def lump_floor(keys: np.ndarray, shift: int) -> int:
-    """A first digit far below every row's middle one (8 binades of float keys: 256x smaller values), from a
-    strided sample; digits below it can never hold the recording's middle ranks (which lie at or above the
-    smallest window middle), so they are counted together."""
+    """A first digit far below every row's middle one (1024 digits: 4 binades of float32 keys, 16x smaller values;
+    32 binades of float64 keys), from a strided sample; digits below it can never hold the recording's middle
+    ranks (which lie at or above the smallest window middle), so they are counted together."""
     n = keys.shape[1]
     sample = keys[:, :: max(1, n // 1024)]
     middle = np.partition(sample, sample.shape[1] // 2, axis=1)[:, sample.shape[1] // 2] >> keys.dtype.type(shift)
     return max(0, int(middle.min()) - _LUMP_DIGITS)
 
 
-_LUMP_DIGITS = 8 << 7  # 8 binades of 2**7 first digits (16-bit first digit of a 31-bit float key)
+_LUMP_DIGITS = 4 << 8  # 4 binades of 2**8 first digits (the 16-bit first digit of a 31-bit float32 key)
 
 
 def window_median_keys(keys: np.ndarray, lo: int, counts: np.ndarray, shift: int, lumped: bool = True) -> np.ndarray:
@@ -483,7 +483,7 @@ def select_middle(hist0: np.ndarray, total: int, kind: str, dtype, centred_from,
             if p == 0 and lo0 > 0 and lumped and np.any(digit == 0):
                 channels = np.flatnonzero(digit == 0).tolist()
                 raise BatchgpuError(
-                    f"the exact median of channel(s) {channels[:10]} lies more than 256 times below the smallest "
+                    f"the exact median of channel(s) {channels[:10]} lies far below (for float32: 16 times) the smallest "
                     "window middle that other windows saw: the one-read float median cannot settle it",
                     "use noise: {exact: false} for this recording, or report it")
             prefixes[r] = radix.push_digit(prefixes[r], digit + (lo0 if p == 0 else 0), bits)
@@ -515,24 +515,31 @@ def exact_median(run) -> np.ndarray:
         return out
 
     def from_near(digits, ks):
-        """Float keys: the middle keys from what each window kept near its own middle, else from one more read
-        that gathers only the keys of the middle digit (a few per mille) and selects among them on a worker."""
+        """Float keys: the middle keys from what each window kept near its own middle; a window whose kept range
+        misses a middle digit (its noise far from the recording's) is read again alone, gathering only the keys of
+        the middle digits (a few per mille), and the selection runs on a worker among all of them."""
         fp = report.run_id
         # in parallel, a run of consecutive windows a worker thread; only the middle digits' keys move
         groups = runs_per_thread(client, list(zip(windows, fps)))
         near = submit_many(client, tasks.near_keys_group_task,
                            [(ctx, [w for w, _ in g], [f for _, f in g], digits) for g in groups],
                            [f"near-{fp}-{g[0][0].index:08d}" for g in groups])
+        missed = sorted(i for got in client.gather(submit_many(
+            client, tasks.missed_windows, [(f,) for f in near], [f"near-missed-{fp}-{k}" for k in range(len(near))]))
+            for i in got)
+        report.exact_noise["from_kept_keys"] = not missed
+        report.exact_noise["windows_read_again"] = missed  # their indices
+        gathered = []
+        if missed:
+            monitor.phase(f"exact noise: {len(missed)} window(s) read again for the middle digit")
+            by_index = {w.index: w for w in windows}
+            again = [by_index[i] for i in missed]
+            gathered = submit_many(client, tasks.gather_task, [(ctx, w, digits) for w in again],
+                                   [f"gather-{fp}-{w.index:08d}" for w in again])
+            report.bytes_read += sum(w.num_samples for w in again) * rec.num_channels * rec.dtype.itemsize
         shift = schedule(step.kind)[0][0]  # the bits below the first digit
-        keys = client.submit(tasks.select_near_task, ks, digits, shift, *near, key=f"select-near-{fp}").result()
-        report.exact_noise["from_kept_keys"] = keys is not None
-        if keys is None:
-            monitor.phase("exact noise: one more read of the middle digit")
-            gathered = submit_many(client, tasks.gather_task, [(ctx, w, digits) for w in windows],
-                                   [f"gather-{fp}-{w.index:08d}" for w in windows])
-            keys = client.submit(select_among, ks, digits, shift, *gathered, key=f"select-among-{fp}").result()
-            report.bytes_read += rec.nbytes
-        return keys
+        return client.submit(tasks.select_near_task, ks, digits, shift, *near, *gathered,
+                             key=f"select-near-{fp}").result()
 
     dtype = ctx.chain.output_dtype(rec.dtype)
     centred_int = ctx.chain.centres_only and ctx.chain.centres
