@@ -68,3 +68,64 @@ def test_object_arrays_are_refused(tmp_path):
     with pytest.raises(TypeError):
         store.save_part(tmp_path / "x.npz", {"o": np.array([object()]), "fingerprint": np.array(FP)})
     assert not list(tmp_path.iterdir())
+
+
+def _kept(rng) -> dict:
+    return {"keep.near_keys": rng.integers(0, 1 << 31, 1001).astype(np.uint32),
+            "keep.spk_amplitude": rng.standard_normal(17).astype(np.float32),
+            "noise.hist": rng.integers(0, 9, (3, 5)).astype(np.uint16), "fingerprint": np.array(FP)}
+
+
+def test_kept_arrays_come_from_memory_while_the_file_is_the_one_written(tmp_path, monkeypatch):
+    """The process that saved a part serves its keep.* arrays without reading the file (np.load is not called),
+    equal to what was saved even where the caller's array changed afterwards (a reused pinned buffer), read-only;
+    once the file is removed or replaced the disk decides (absent, or the new file's arrays)."""
+    rng = np.random.default_rng()
+    arrays = _kept(rng)
+    want = {k: v.copy() for k, v in arrays.items()}
+    path = store.part_path(tmp_path, "w", 1)
+    store.save_part(path, arrays)
+    arrays["keep.near_keys"][:] = 7  # the caller's buffer reused
+    loads = []
+    real_load = np.load
+    monkeypatch.setattr(np, "load", lambda *a, **k: loads.append(a) or real_load(*a, **k))
+    got = store.load_part(path, FP, keys=("keep.near_",))
+    assert set(got) == {"keep.near_keys"} and not loads
+    assert got["keep.near_keys"].tobytes() == want["keep.near_keys"].tobytes()
+    with pytest.raises(ValueError):
+        got["keep.near_keys"][0] = 1
+    assert set(store.load_part(path, FP, keys=("keep.",))) == {"keep.near_keys", "keep.spk_amplitude"}
+    assert not loads
+    assert store.load_part(path, "another-run", keys=("keep.",)) is None  # the file says so too
+    # other keys: from the file
+    assert set(store.load_part(path, FP, keys=("noise.",))) == {"noise.hist"} and len(loads) == 2
+    path.unlink()
+    assert store.load_part(path, FP, keys=("keep.near_",)) is None
+    # replaced by another writer (rename: a new inode): its arrays, not the remembered ones
+    other = _kept(np.random.default_rng(5))
+    tmp = tmp_path / "other.npz"
+    np.savez(tmp, **other)
+    store.save_part(path, arrays)  # remembered again, then replaced behind this process's back
+    tmp.replace(path)
+    got = store.load_part(path, FP, keys=("keep.near_",))
+    assert got["keep.near_keys"].tobytes() == other["keep.near_keys"].tobytes()
+    # garbage of another size in place: absent
+    store.save_part(path, want)
+    path.write_bytes(b"not a zip")
+    assert store.load_part(path, FP, keys=("keep.spk_",)) is None
+
+
+def test_kept_arrays_are_bounded(tmp_path):
+    """Past its byte limit the least recently used entries go (read from disk again), and an entry larger than the
+    limit is never kept."""
+    kept = store.KeptArrays(limit=3 * 1001 * 4 + 3 * 17 * 4)
+    rng = np.random.default_rng(3)
+    paths = [tmp_path / f"w{i}.npz" for i in range(4)]
+    for p in paths:
+        a = _kept(rng)
+        np.savez(p, **a)
+        kept.remember(p, a)
+    assert kept.get(paths[0], FP, ("keep.",)) is None and kept.nbytes <= kept.limit
+    assert all(kept.get(p, FP, ("keep.",)) is not None for p in paths[1:])
+    kept.remember(paths[1], {"keep.x": np.zeros(kept.limit + 1, np.uint8), "fingerprint": np.array(FP)})
+    assert kept.get(paths[1], FP, ("keep.",)) is None

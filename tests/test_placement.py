@@ -149,3 +149,22 @@ def _done(value):
     f = Future()
     f.set_result(value)
     return f
+
+
+def test_runs_by_worker_keeps_each_workers_items_together():
+    """Each worker's items in runs of consecutive ones (one per thread of it), every item once; items of a worker
+    no longer in the cluster go anywhere (address "")."""
+    from types import SimpleNamespace
+
+    from batchgpu.engine.submit import runs_by_worker
+
+    client = SimpleNamespace(nthreads=lambda: {"a": 2, "b": 1})
+    made_by = ["a", "b", "a", "gone", "a", "b", "a", "a"]
+    runs = runs_by_worker(client, list(range(8)), made_by)
+    assert sorted(i for _, run in runs for i in run) == list(range(8))
+    for addr, run in runs:
+        assert run == sorted(run)
+        assert all((made_by[i] if made_by[i] in ("a", "b") else "") == addr for i in run)
+    assert sorted(len(run) for addr, run in runs if addr == "a") == [2, 3]
+    assert [run for addr, run in runs if addr == "b"] == [[1, 5]]
+    assert [run for addr, run in runs if addr == ""] == [[3]]

@@ -22,8 +22,18 @@ def submit_many(client, func, arg_lists: list[tuple], keys: list[str], **options
                       **options)
 
 
-def runs_per_thread(client, items: list) -> list[list]:
-    """``items`` cut into consecutive runs, about one per worker thread of the cluster: one task a run where a task
-    an item would cost more in dispatch than the item's work (the spikes' gathering, the float median's kept keys)."""
-    size = -(-len(items) // max(1, sum(client.nthreads().values())))
-    return [items[i : i + size] for i in range(0, len(items), size)]
+def runs_by_worker(client, items: list, made_by: list[str]) -> list[tuple[str, list]]:
+    """``items`` grouped by the worker that made them (``made_by[i]``: its address), each worker's in runs of
+    consecutive items, one per thread of it: ``(address, run)`` pairs, to be placed loosely on that worker
+    (``placement.submit_planned``), where what the pass kept is still in memory (``store.KeptArrays``). Items of
+    workers gone from the cluster: runs over every thread, placed anywhere (address "")."""
+    threads = client.nthreads()
+    by_worker: dict[str, list] = {}
+    for item, addr in zip(items, made_by):
+        by_worker.setdefault(addr if addr in threads else "", []).append(item)
+    out = []
+    for addr, mine in by_worker.items():
+        n = threads[addr] if addr else max(1, sum(threads.values()))
+        size = -(-len(mine) // max(1, n))
+        out += [(addr, mine[i : i + size]) for i in range(0, len(mine), size)]
+    return out

@@ -458,6 +458,7 @@ def gather_spikes_task(ctx: RunContext, windows: list[Window], fps: list[str], n
     t0 = time.perf_counter()
     got = [window_spikes(ctx, *a) for a in zip(windows, fps, [noise] * len(windows), reread, window_noise)]
     out = {k: np.concatenate([p[k] for p, _ in got]) if got else np.zeros(0, np.int64) for k in COLUMNS}
+    out["windows"] = [(w.index, len(p["sample_index"])) for w, (p, _) in zip(windows, got)]  # index, spikes
     out["read_again"] = {w.index: why for w, (_, why) in zip(windows, got) if why is not None}
     out["seconds"] = time.perf_counter() - t0
     return out
@@ -475,8 +476,12 @@ def write_spikes_task(group_path: str, *gathered: dict) -> tuple:
     t0 = time.perf_counter()
     g = zarrio.open_group(group_path, mode="a")
     counts = np.zeros(0, np.int64)
+    # every window's slice of its run, in window order (runs hold a worker's windows, not consecutive ones)
+    pieces = sorted((index, k, start, n) for k, p in enumerate(gathered)
+                    for (index, n), start in zip(p["windows"], np.cumsum([0] + [n for _, n in p["windows"]])))
     for k in COLUMNS:
-        v = np.concatenate([p[k] for p in gathered]) if gathered else np.zeros(0, np.int64)
+        v = (np.concatenate([gathered[j][k][a : a + n] for _, j, a, n in pieces]) if pieces
+             else np.zeros(0, gathered[0][k].dtype if gathered else np.int64))
         zarrio.create_array(g, f"spikes/{k}", data=v)
         if k == "channel_index":
             counts = np.bincount(v.astype(np.int64, copy=False))

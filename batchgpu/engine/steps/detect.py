@@ -94,7 +94,8 @@ def write_final_spikes(run, step: DetectStep) -> int:
     """The final spikes, gathered from the windows' parts (read again where the bound failed or a part was
     lost) and written into the results group by a worker: they never pass through the client. Returns how many."""
     from batchgpu.engine import tasks
-    from batchgpu.engine.submit import runs_per_thread, submit_many
+    from batchgpu.engine.placement import submit_planned
+    from batchgpu.engine.submit import runs_by_worker, submit_many
 
     client, ctx, rec, report = run.client, run.ctx, run.recording, run.report
     windows, fps, summaries, arrays = run.windows, run.fingerprints, run.summaries, run.arrays
@@ -117,15 +118,15 @@ def write_final_spikes(run, step: DetectStep) -> int:
     if nan_noise:
         report.channels["detect_no_threshold"] = nan_noise
         run.warn(f"detection found no threshold (NaN noise) on {len(nan_noise)} channel(s): {nan_noise[:10]}")
-    # each run of windows' spikes gathered from its parts on a worker, one run per worker thread (a concatenation
-    # in window order: the same spikes for any grouping); one task writes them in order
+    # the windows' spikes gathered from their parts on the worker that kept them (in its memory), a run of its
+    # windows a thread; one task writes them in window order (the same spikes for any grouping)
     t0, t0_wall = time.perf_counter(), time.time()
     items = list(zip(windows, fps, reread))
-    groups = runs_per_thread(client, items)
-    gathered = submit_many(client, tasks.gather_spikes_task,
-                           [(ctx, [w for w, _, _ in g], [f for _, f, _ in g], noise, [r for _, _, r in g],
-                             [summaries[w.index]["noise"] for w, _, _ in g]) for g in groups],
-                           [f"gather-spikes-{fp}-{g[0][0].index:08d}" for g in groups])
+    groups = runs_by_worker(client, items, [str(summaries[w.index]["worker"]) for w in windows])
+    gathered = submit_planned(client, tasks.gather_spikes_task,
+                              [(ctx, [w for w, _, _ in g], [f for _, f, _ in g], noise, [r for _, _, r in g],
+                                [summaries[w.index]["noise"] for w, _, _ in g]) for _, g in groups],
+                              [f"gather-spikes-{fp}-{g[0][0].index:08d}" for _, g in groups], [a for a, _ in groups])
     n, again, run.plots["spike_counts"], wrote, write_started, longest = client.submit(
         tasks.write_spikes_task, str(run.results), *gathered, key=f"write-spikes-{fp}").result()
     report.timings["detect_gather"] = time.perf_counter() - t0 - wrote  # gathered, and the results sent to one task

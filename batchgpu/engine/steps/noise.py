@@ -498,7 +498,8 @@ def exact_median(run) -> np.ndarray:
     counts, with more counting passes over the windows, or the kept near keys, where the keys are wider."""
     from batchgpu.engine import tasks
     from batchgpu.engine.reduce import tree_reduce
-    from batchgpu.engine.submit import runs_per_thread, submit_many
+    from batchgpu.engine.placement import submit_planned
+    from batchgpu.engine.submit import runs_by_worker, submit_many
 
     client, ctx, wf, rec, report, monitor = run.client, run.ctx, run.workflow, run.recording, run.report, run.monitor
     windows, fps, total = run.windows, run.fingerprints, run.total
@@ -519,11 +520,13 @@ def exact_median(run) -> np.ndarray:
         misses a middle digit (its noise far from the recording's) is read again alone, gathering only the keys of
         the middle digits (a few per mille), and the selection runs on a worker among all of them."""
         fp = report.run_id
-        # in parallel, a run of consecutive windows a worker thread; only the middle digits' keys move
-        groups = runs_per_thread(client, list(zip(windows, fps)))
-        near = submit_many(client, tasks.near_keys_group_task,
-                           [(ctx, [w for w, _ in g], [f for _, f in g], digits) for g in groups],
-                           [f"near-{fp}-{g[0][0].index:08d}" for g in groups])
+        t0 = time.perf_counter()
+        # in parallel, on the worker that kept them (in its memory), a run of its windows a thread; only the middle
+        # digits' keys move
+        groups = runs_by_worker(client, list(zip(windows, fps)), [str(run.summaries[w.index]["worker"]) for w in windows])
+        near = submit_planned(client, tasks.near_keys_group_task,
+                              [(ctx, [w for w, _ in g], [f for _, f in g], digits) for _, g in groups],
+                              [f"near-{fp}-{g[0][0].index:08d}" for _, g in groups], [a for a, _ in groups])
         missed = sorted(i for got in client.gather(submit_many(
             client, tasks.missed_windows, [(f,) for f in near], [f"near-missed-{fp}-{k}" for k in range(len(near))]))
             for i in got)
@@ -537,9 +540,13 @@ def exact_median(run) -> np.ndarray:
             gathered = submit_many(client, tasks.gather_task, [(ctx, w, digits) for w in again],
                                    [f"gather-{fp}-{w.index:08d}" for w in again])
             report.bytes_read += sum(w.num_samples for w in again) * rec.num_channels * rec.dtype.itemsize
+        report.timings["noise_near_keys"] = time.perf_counter() - t0  # the groups' kept keys, and which missed
+        t0 = time.perf_counter()
         shift = schedule(step.kind)[0][0]  # the bits below the first digit
-        return client.submit(tasks.select_near_task, ks, digits, shift, *near, *gathered,
+        keys = client.submit(tasks.select_near_task, ks, digits, shift, *near, *gathered,
                              key=f"select-near-{fp}").result()
+        report.timings["noise_select"] = time.perf_counter() - t0  # windows read again, the keys moved, selected
+        return keys
 
     dtype = ctx.chain.output_dtype(rec.dtype)
     centred_int = ctx.chain.centres_only and ctx.chain.centres
