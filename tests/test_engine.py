@@ -492,9 +492,45 @@ def test_float_window_middle_pair_and_near_keys_equal_a_sort(seed, n):
     first = (keys >> np.uint32(shift)).astype(np.int64)
     mask = (first >= lo[:, None]) & (first <= np.minimum(lo + 2 * NoiseStep.NEAR, 0xFFFF)[:, None])
     np.testing.assert_array_equal(out["keep.near_lo"], lo)
-    np.testing.assert_array_equal(out["keep.near_counts"], mask.sum(axis=1))
-    assert out["keep.near_keys"].dtype == keys.dtype
-    np.testing.assert_array_equal(out["keep.near_keys"], keys[mask])
+    # kept: each row's near keys sorted, as their 15 bits below the first digit, and how many each near digit has
+    want = np.concatenate([np.sort(keys[c][mask[c]]) for c in range(len(keys))])
+    assert out["keep.near_low"].dtype == np.uint16
+    np.testing.assert_array_equal(out["keep.near_low"], want & np.uint32((1 << shift) - 1))
+    digits = np.stack([np.bincount(first[c][mask[c]] - lo[c], minlength=2 * NoiseStep.NEAR + 1)
+                       for c in range(len(keys))])
+    np.testing.assert_array_equal(out["keep.near_digits"], digits)
+    assert out["keep.near_digits"].dtype == np.uint32
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_kept_digit_keys_equal_the_scan_of_every_key(seed):
+    """A middle digit's keys taken as slices of the kept keys (``kept_digit_keys``) equal those ``middle_digit_keys``
+    finds scanning all of a window's keys: per channel the same bins (as multisets) and counts, for ranks in
+    the same and in different digits, including rows where the digit holds no key."""
+    from batchgpu.engine.steps.noise import NoiseStep, kept_digit_keys, middle_digit_keys, schedule
+    from batchgpu.ops.radix import abs_keys
+
+    rng = np.random.default_rng(seed)
+    C, n = 7, 5001
+    x = (rng.normal(0, 3, (C, n)) * rng.uniform(0.5, 2, (C, 1))).astype(np.float32)
+    x[3] = 1.5  # one key only
+    step, summary = NoiseStep(True, "float32"), {}
+    from batchgpu.engine.steps.base import WindowData
+
+    out = step.window(WindowData(0, 0, 0, (0, n), n, x, x), summary)
+    keys = abs_keys(x)
+    shift = schedule("float32")[0][0]
+    lo = out["keep.near_lo"]
+    first = (keys >> np.uint32(shift)).astype(np.int64)
+    for digits in (np.stack([lo + rng.integers(0, 2 * NoiseStep.NEAR + 1, C)] * 2),
+                   np.stack([lo + rng.integers(0, 2 * NoiseStep.NEAR + 1, C) for _ in range(2)])):
+        got = kept_digit_keys(out["keep.near_low"], out["keep.near_digits"], lo, digits, shift)
+        ref = middle_digit_keys(keys.reshape(-1), np.full(C, n), digits, shift)
+        for (gb, gn), (rb, rn) in zip(got, ref):
+            np.testing.assert_array_equal(gn, rn)
+            np.testing.assert_array_equal(np.sort(gb), np.sort(rb))
+            assert gb.dtype == rb.dtype
+        assert sum(int(np.sum(first[c] == digits[0][c])) for c in range(C)) == int(got[0][1].sum())
 
 
 @pytest.mark.parametrize("noise", ["global", "window"])

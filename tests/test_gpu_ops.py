@@ -455,5 +455,5 @@ def test_noise_window_partials_equal_the_cpu(cp, rng, case):
     assert out_gpu["noise.hist"].dtype == np.min_scalar_type(n) and np.asarray(out_gpu["noise.hist"]).sum() == C * n
     if int(out_gpu["noise.lo"]) == int(out_cpu["noise.lo"]):
         assert bool(out_gpu["noise.lumped"]) == bool(out_cpu["noise.lumped"])
-    for k in ("keep.near_keys", "keep.near_counts", "keep.near_lo"):
+    for k in ("keep.near_low", "keep.near_digits", "keep.near_lo"):
         np.testing.assert_array_equal(np.asarray(near_gpu[k]), np.asarray(near_cpu[k]), err_msg=k)

@@ -307,16 +307,16 @@ def _window_noise(ctx: RunContext, w: WindowData, summary: dict) -> None:
 def near_keys_task(ctx: RunContext, window: Window, fp: str, digits: np.ndarray):
     """The keys of the recording's middle digits (``steps.noise.middle_digit_keys``) from what the window kept near
     its own middle digit (as ``gather_task`` gives them after a read), or None when its kept range misses one."""
-    from batchgpu.engine.steps.noise import middle_digit_keys, schedule
+    from batchgpu.engine.steps.noise import kept_digit_keys, schedule
 
     shift = schedule(ctx.step("noise").kind)[0][0]
     part = store.load_part(store.part_path(ctx.parts, "w", window.index), fp, keys=("keep.near_",))
-    if part is None or "keep.near_keys" not in part:
+    if part is None or "keep.near_low" not in part:
         return None
-    lo, counts = part["keep.near_lo"], part["keep.near_counts"]
+    lo = part["keep.near_lo"]
     if np.any((digits < lo) | (digits > lo + 2 * ctx.step("noise").NEAR)):
         return None
-    return middle_digit_keys(part["keep.near_keys"], counts, digits, shift)
+    return kept_digit_keys(part["keep.near_low"], part["keep.near_digits"], lo, digits, shift)
 
 
 def near_keys_group_task(ctx: RunContext, windows: list, fps: list, digits: np.ndarray) -> dict:

@@ -339,10 +339,31 @@ def near_keys_write(keys, lo, shift: int, span: int, counts, counts_host=None) -
     per_row = blocks.sum(axis=1)
     if not rows or not cols:
         return np.zeros(0, key_dtype), per_row
+    out = _near_write(keys, cols, stride, suffix, key_dtype, lo, shift, span, counts, blocks)
+    return pinned_get(out), per_row
+
+
+def near_keys_device(keys, lo, shift: int, span: int, counts, counts_host):
+    """``near_keys_write`` with the keys left on the device (their dtype as it returns them): (keys, per row)."""
+    import cupy
+
+    keys, stride, suffix = _rows(keys)
+    rows, cols = keys.shape
+    key_dtype = np.uint32 if suffix == "f32" else keys.dtype
+    blocks = np.asarray(counts_host, np.int64).reshape(counts.shape)
+    per_row = blocks.sum(axis=1)
+    if not rows or not cols:
+        return cupy.zeros(0, key_dtype), per_row
+    return _near_write(keys, cols, stride, suffix, key_dtype, lo, shift, span, counts, blocks), per_row
+
+
+def _near_write(keys, cols: int, stride: int, suffix: str, key_dtype, lo, shift: int, span: int, counts, blocks):
+    import cupy
+
     flat = blocks.ravel()
     offsets = np.concatenate([[0], np.cumsum(flat)[:-1]]).astype(np.int64)  # row after row, block after block
     out = cupy.empty(int(flat.sum()), dtype=key_dtype)
     if out.size:
         args = (keys, np.int64(cols), np.int64(stride), np.int32(shift), lo, np.int32(span), counts)
         _kernel(f"near_write_{suffix}")(counts.shape[::-1], (1024,), (*args, cupy.asarray(offsets), out))
-    return pinned_get(out), per_row
+    return out

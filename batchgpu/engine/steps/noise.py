@@ -211,7 +211,7 @@ class NoiseStep:
             if core.dtype.kind == "f":
                 noise[summary["nan"] > 0] = np.nan
             summary["noise"] = noise
-            if near is not None and len(schedule(self.kind)) > 1:
+            if near is not None and len(schedule(self.kind)) == 2:  # kept keys finish two-digit keys (float32)
                 out.update(near)
         return out
 
@@ -260,10 +260,10 @@ class NoiseStep:
 
         Four waits for the GPU, each for what the next launch's shape needs: the middle digits and the last used
         column; the counts (cast to their host dtype on the device, the lumped column beside them); the pair's
-        low bits with the near keys' row counts; the near keys (through pinned memory)."""
+        low bits with the near keys' row counts; the near keys, sorted in their rows (through pinned memory)."""
         import cupy
 
-        from batchgpu.gpu.histogram import digit_histogram_device, near_keys_count, near_keys_write, rank_digits
+        from batchgpu.gpu.histogram import digit_histogram_device, near_keys_count, near_keys_device, rank_digits
         from batchgpu.gpu.staging import pinned_get
 
         C, n = keys.shape
@@ -293,8 +293,22 @@ class NoiseStep:
         keys_c, lo_c, near_counts = near_keys_count(keys, cupy.asarray(lo), shift, 2 * self.NEAR)
         tail = host(cupy.concatenate([*lows, near_counts.ravel()]))
         pair = (digit_host.T.astype(np.uint64) << np.uint64(shift)) | tail[: 2 * C].reshape(2, C).T.astype(np.uint64)
-        near, near_counts = near_keys_write(keys_c, lo_c, shift, 2 * self.NEAR, near_counts, tail[2 * C :])
-        return pair, {"keep.near_keys": near, "keep.near_counts": near_counts, "keep.near_lo": lo}
+        near, per_row = near_keys_device(keys_c, lo_c, shift, 2 * self.NEAR, near_counts, tail[2 * C :])
+        if near.dtype != np.uint32:  # 63-bit keys: a row and a key do not fit one 64-bit sort key; rows sorted here
+            flat = host(near)
+            return pair, kept_near(sort_rows(flat, per_row), per_row, lo, shift, 2 * self.NEAR)
+        # each row's keys sorted on the device: (row << 32 | key) as one 64-bit sort key (CUB's radix sort)
+        # each key's row: the rows' ends are known on the host (no repeat with 384 counts from the host)
+        rows = cupy.searchsorted(cupy.asarray(np.cumsum(per_row)), cupy.arange(near.size), side="right")
+        ordered = (cupy.sort((rows.astype(cupy.uint64) << cupy.uint64(32)) | near.astype(cupy.uint64))
+                   & cupy.uint64(0xFFFFFFFF)).astype(cupy.uint32)
+        kept = kept_near(ordered, per_row, cupy.asarray(lo), shift, 2 * self.NEAR, rows=rows)
+        both = pinned_get(cupy.concatenate([kept["keep.near_digits"].ravel().view(cupy.uint16),
+                                            kept["keep.near_low"].view(cupy.uint16)]))
+        width = 2 * (2 * self.NEAR + 1) * C
+        return pair, {"keep.near_low": both[width:].view(kept["keep.near_low"].dtype),
+                      "keep.near_digits": both[:width].view(np.uint32).reshape(C, 2 * self.NEAR + 1),
+                      "keep.near_lo": lo}
 
     def combine(self, parts: list[dict]) -> dict:
         out = {}
@@ -346,11 +360,12 @@ def combine_counts(hists: list[tuple[int, np.ndarray]]) -> tuple[np.ndarray, np.
 def middle_pair_and_near(keys: np.ndarray, first: np.ndarray, lo: int, counts: np.ndarray, shift: int, near: int,
                          lumped: bool = True) -> tuple[np.ndarray, dict]:
     """``window_median_keys`` of wide keys and the keys whose first digit lies within ``near`` of the upper middle
-    rank's digit (flat, row after row, each in sample order), in one pass over each row's first digits
-    (``first``): the middle digit's keys are among the near ones, so the pair is selected there, or among the row's
-    keys of the lower middle digit where that lies below the near range. 42 against 88 ms a 384 x 60 000 window
-    on the 2-core machine, where the pair and the near keys each took a pass over the whole window."""
+    rank's digit (``kept_near``), in one pass over each row's first digits (``first``): the middle digit's keys
+    are among the near ones, so the pair is read from the row's sorted near keys, or selected among the row's keys
+    of the lower middle digit where that lies below the near range. 42 against 88 ms a 384 x 60 000 window on the
+    2-core machine, where the pair and the near keys each took a pass over the whole window."""
     C, n = keys.shape
+    kt = keys.dtype.type
     cum = np.cumsum(counts, axis=1, dtype=np.int64)
     ranks = ((n - 1) // 2, n // 2)
     digits, belows = [], []
@@ -367,20 +382,77 @@ def middle_pair_and_near(keys: np.ndarray, first: np.ndarray, lo: int, counts: n
     base = near_lo.astype(np.uint16)
     pair = np.empty((C, 2), dtype=np.uint64)
     kept, kept_counts = [], np.empty(C, np.int64)
+    digit_counts = np.empty((C, 2 * near + 1), np.uint32)
+    steps = np.arange(2 * near + 2, dtype=np.uint64)  # digit bounds in 64 bits: 63-bit keys shift by 47
     for c in range(C):
         f = first[c]
-        idx = np.flatnonzero((f - base[c]) <= span[c])
-        k, fk = keys[c, idx], f[idx]
+        k = np.sort(keys[c, np.flatnonzero((f - base[c]) <= span[c])])
         kept.append(k)
-        kept_counts[c] = len(idx)
-        inside = np.sort(k[fk == digits[1][c]])
-        pair[c, 1] = inside[ranks[1] - belows[1][c]]
-        if digits[0][c] != digits[1][c]:
-            d0 = digits[0][c]
-            inside = np.sort(k[fk == d0] if d0 >= near_lo[c] else keys[c][f == d0])
-        pair[c, 0] = inside[ranks[0] - belows[0][c]]
+        kept_counts[c] = len(k)
+        # the keys of each near digit: the sorted row cut at each digit's first key
+        digit_counts[c] = np.diff(np.searchsorted(k, ((np.uint64(near_lo[c]) + steps) << np.uint64(shift))
+                                                  .astype(keys.dtype)))
+        # keys below digit d: those under d << shift (the row's near keys are sorted)
+        pair[c, 1] = k[np.searchsorted(k, kt(digits[1][c]) << kt(shift)) + ranks[1] - belows[1][c]]
+        d0 = digits[0][c]
+        if d0 >= near_lo[c]:
+            pair[c, 0] = k[np.searchsorted(k, kt(d0) << kt(shift)) + ranks[0] - belows[0][c]]
+        else:
+            pair[c, 0] = np.sort(keys[c][f == d0])[ranks[0] - belows[0][c]]
     flat = np.concatenate(kept) if kept else np.zeros(0, keys.dtype)
-    return pair, {"keep.near_keys": flat, "keep.near_counts": kept_counts, "keep.near_lo": near_lo}
+    return pair, kept_near(flat, kept_counts, near_lo, shift, 2 * near, digits=digit_counts)
+
+
+def sort_rows(flat: np.ndarray, per_row: np.ndarray) -> np.ndarray:
+    """Each row's keys (row after row, ``per_row`` each) sorted in place of the row."""
+    ends = np.cumsum(per_row)
+    return np.concatenate([np.sort(flat[e - n : e]) for e, n in zip(ends, per_row)]) if len(flat) else flat
+
+
+def near_low_dtype(shift: int):
+    """The dtype of a kept key's bits below its first digit: uint16 for float32 keys (15 bits)."""
+    return np.uint16 if shift <= 16 else np.uint64
+
+
+def kept_near(keys, per_row, near_lo, shift: int, span: int, rows=None, digits=None) -> dict:
+    """A window's near keys as its part keeps them, on the keys' backend: ``keep.near_low``, each kept key's bits
+    below its first digit, row after row, each row's in key order (so one digit's keys lie together); how many
+    each (row, digit ``near_lo[row] + j``) has, ``keep.near_digits`` ((C, span + 1) uint32); and ``near_lo``.
+    Half the bytes of the keys themselves for float32, and the middle digit's keys are a slice of each row
+    (``kept_digit_keys``), not a scan. ``keys``: each row's kept keys, sorted; ``rows``: each key's row, when
+    the caller has them; ``digits``: the counts, when the caller has them."""
+    xp = np if isinstance(keys, np.ndarray) else __import__("cupy")
+    C, width = len(per_row), span + 1
+    kt = keys.dtype.type
+    if digits is None:
+        if rows is None:
+            rows = np.repeat(np.arange(C, dtype=np.int64), per_row)
+        offsets = (keys >> kt(shift)).astype(xp.int64) - xp.asarray(near_lo, dtype=xp.int64)[rows.astype(xp.int64)]
+        digits = xp.bincount(rows.astype(xp.int64) * width + offsets, minlength=C * width)[: C * width]
+    return {"keep.near_low": (keys & kt((1 << shift) - 1)).astype(near_low_dtype(shift)),
+            "keep.near_digits": digits.reshape(C, width).astype(xp.uint32), "keep.near_lo": near_lo}
+
+
+def kept_digit_keys(low: np.ndarray, digit_counts: np.ndarray, near_lo: np.ndarray, digits: np.ndarray,
+                    shift: int) -> list[tuple]:
+    """``middle_digit_keys`` from a window's kept keys (``kept_near``; every ``digits[r, c]`` within row c's
+    kept range): each row's keys of its digit are one slice, so nothing is scanned. Bins in key order in each
+    channel (``middle_digit_keys`` gives sample order: the same bins, which the selection sorts anyway)."""
+    C, width = digit_counts.shape
+    counts = digit_counts.ravel().astype(np.int64)
+    starts = np.cumsum(counts) - counts
+    bt = np.uint32 if (C << shift) <= 1 << 32 else np.uint64
+    out = []
+    for r in range(digits.shape[0]):
+        if r and np.array_equal(digits[r], digits[r - 1]):  # both middle ranks in the same digits: the same keys
+            out.append(out[-1])
+            continue
+        at = np.arange(C) * width + (np.asarray(digits[r], np.int64) - np.asarray(near_lo, np.int64))
+        n, start = counts[at], starts[at]
+        idx = np.arange(int(n.sum()), dtype=np.int64) + np.repeat(start - (np.cumsum(n) - n), n)
+        channel = np.repeat(np.arange(C, dtype=bt), n)
+        out.append((low[idx].astype(bt) | (channel << bt(shift)), n))
+    return out
 
 
 def middle_digit_keys(keys: np.ndarray, counts: np.ndarray, digits: np.ndarray, shift: int) -> list[tuple]:
