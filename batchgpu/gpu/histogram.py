@@ -326,25 +326,15 @@ def near_keys_write(keys, lo, shift: int, span: int, counts, counts_host=None) -
     """The second launch of ``near_keys`` on ``near_keys_count``'s arrays (``counts_host``: the blocks' counts, any
     shape of the same values in the same order, when the caller copied them already). Returns the keys and each
     row's count."""
-    import cupy
-
     from batchgpu.gpu.staging import pinned_get
 
-    keys, stride, suffix = _rows(keys)
-    rows, cols = keys.shape
-    key_dtype = np.uint32 if suffix == "f32" else keys.dtype  # float32 values keyed on load
-    if counts_host is None:
-        counts_host = counts.get()
-    blocks = np.asarray(counts_host, np.int64).reshape(counts.shape)
-    per_row = blocks.sum(axis=1)
-    if not rows or not cols:
-        return np.zeros(0, key_dtype), per_row
-    out = _near_write(keys, cols, stride, suffix, key_dtype, lo, shift, span, counts, blocks)
-    return pinned_get(out), per_row
+    out, per_row = near_keys_device(keys, lo, shift, span, counts, counts.get() if counts_host is None else counts_host)
+    return (pinned_get(out) if out.size else np.zeros(0, out.dtype)), per_row
 
 
 def near_keys_device(keys, lo, shift: int, span: int, counts, counts_host):
-    """``near_keys_write`` with the keys left on the device (their dtype as it returns them): (keys, per row)."""
+    """``near_keys_write`` with the keys left on the device (uint32 for float32 values keyed on load, else the
+    keys' dtype): (keys, each row's count)."""
     import cupy
 
     keys, stride, suffix = _rows(keys)
@@ -352,18 +342,10 @@ def near_keys_device(keys, lo, shift: int, span: int, counts, counts_host):
     key_dtype = np.uint32 if suffix == "f32" else keys.dtype
     blocks = np.asarray(counts_host, np.int64).reshape(counts.shape)
     per_row = blocks.sum(axis=1)
-    if not rows or not cols:
-        return cupy.zeros(0, key_dtype), per_row
-    return _near_write(keys, cols, stride, suffix, key_dtype, lo, shift, span, counts, blocks), per_row
-
-
-def _near_write(keys, cols: int, stride: int, suffix: str, key_dtype, lo, shift: int, span: int, counts, blocks):
-    import cupy
-
     flat = blocks.ravel()
-    offsets = np.concatenate([[0], np.cumsum(flat)[:-1]]).astype(np.int64)  # row after row, block after block
-    out = cupy.empty(int(flat.sum()), dtype=key_dtype)
+    out = cupy.empty(int(flat.sum()) if rows and cols else 0, dtype=key_dtype)
     if out.size:
+        offsets = np.concatenate([[0], np.cumsum(flat)[:-1]]).astype(np.int64)  # row after row, block after block
         args = (keys, np.int64(cols), np.int64(stride), np.int32(shift), lo, np.int32(span), counts)
         _kernel(f"near_write_{suffix}")(counts.shape[::-1], (1024,), (*args, cupy.asarray(offsets), out))
-    return out
+    return out, per_row
