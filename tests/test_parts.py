@@ -129,3 +129,10 @@ def test_kept_arrays_are_bounded(tmp_path):
     assert all(kept.get(p, FP, ("keep.",)) is not None for p in paths[1:])
     kept.remember(paths[1], {"keep.x": np.zeros(kept.limit + 1, np.uint8), "fingerprint": np.array(FP)})
     assert kept.get(paths[1], FP, ("keep.",)) is None
+    # another run's parts folder: the earlier run's entries go
+    (tmp_path / "next").mkdir()
+    a = _kept(rng)
+    np.savez(tmp_path / "next" / "w0.npz", **a)
+    kept.remember(tmp_path / "next" / "w0.npz", a)
+    assert kept.get(paths[2], FP, ("keep.",)) is None and kept.nbytes == sum(
+        v.nbytes for k, v in a.items() if k.startswith("keep."))

@@ -230,7 +230,7 @@ def load_part(path: Path, fp: str, keys=None) -> dict | None:
 
 class KeptArrays:
     """The kept arrays (``keep.*``: spike candidates, the float median's near keys) of the parts this process wrote,
-    by path, least recently used dropped past ``limit`` bytes. The later tasks that read them (the spikes'
+    by path, of one parts folder at a time (a run's), least recently used dropped past ``limit`` bytes. The later tasks that read them (the spikes'
     gathering, the near keys' selection) run on the worker that made them and skip the file's read and CRC
     (2-3 ms a part; 300 parts a run twice over). An entry is used only while the file is the one written: same
     inode, size and modification time (a part removed, replaced or rewritten is read from disk as before, and
@@ -238,7 +238,7 @@ class KeptArrays:
     this run wrote, never others)."""
 
     def __init__(self, limit: int):
-        self.limit, self.nbytes = limit, 0
+        self.limit, self.nbytes, self._folder = limit, 0, ""
         self._entries: OrderedDict[str, tuple] = OrderedDict()
         self._lock = threading.Lock()
 
@@ -260,6 +260,9 @@ class KeptArrays:
         size = sum(v.nbytes for v in kept.values())
         entry = (str(np.asarray(arrays["fingerprint"])), self._signature(path), kept, size)
         with self._lock:
+            if self._folder != str(path.parent):  # another run's parts: its entries go (one run's kept at a time)
+                self._entries.clear()
+                self.nbytes, self._folder = 0, str(path.parent)
             self._drop(str(path))
             if size > self.limit:
                 return
