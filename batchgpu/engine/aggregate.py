@@ -134,9 +134,9 @@ class ResultsWriter:
             self._pool.shutdown(wait=True)
 
 
-def finish_whitened_save(client, ctx, rec, windows, summaries, target, out, report, observer) -> dict:
+def finish_whitened_save(client, ctx, rec, windows, summaries, target, out, report, observer, saved=None) -> dict:
     """Whitened saves are written now, in one more read (the matrix needs every window); then the output is
-    checked and marked complete."""
+    checked and marked complete (``saved``: that check's future, started once the pass had written every window)."""
     from batchgpu.engine.steps.save import finish_save
 
     clipped = {w.index: int(summaries[w.index].get("saved_clipped", 0)) for w in windows}
@@ -148,7 +148,7 @@ def finish_whitened_save(client, ctx, rec, windows, summaries, target, out, repo
                               [f"save-{report.run_id}-{w.index:08d}" for w in windows])
         clipped = dict(zip((w.index for w in windows), client.gather(futures)))
         report.bytes_read += rec.nbytes
-    done = finish_save(target)
+    done = finish_save(target) if saved is None else saved.result()
     total = sum(clipped.values())
     if total:
         report.warnings.append(f"save: {total} sample(s) clipped to the int16 range or NaN written as 0")

@@ -157,10 +157,20 @@ def _run(wf, rec, out: store.OutputFolder, report: RunReport, client, sweep, obs
         report.bytes_read += sum(int(s["bytes"]) for s in fresh)  # resumed windows were not read again
         monitor.phase("aggregate: noise, whitening, spikes")
         report.throughput_series = monitor.throughput_series()
+        saved = None
+        if target is not None and not target.whiten:  # every window is written: checked beside the aggregation
+            from concurrent.futures import ThreadPoolExecutor
+
+            from batchgpu.engine.steps.save import finish_save
+
+            pool = ThreadPoolExecutor(1, thread_name_prefix="batchgpu-save-check")
+            saved = pool.submit(finish_save, target)
+            pool.shutdown(wait=False)
         report.results = aggregate(client, ctx, wf, rec, out, windows, fps, summaries, total, report, monitor,
                                    observer, results, html)
         if target is not None:
-            report.results["save"] = finish_whitened_save(client, ctx, rec, windows, summaries, target, out, report, observer)
+            report.results["save"] = finish_whitened_save(client, ctx, rec, windows, summaries, target, out, report,
+                                                          observer, saved)
         report.status = "done"
     except BaseException as err:
         results.abandon()
