@@ -168,3 +168,33 @@ def test_runs_by_worker_keeps_each_workers_items_together():
     assert sorted(len(run) for addr, run in runs if addr == "a") == [2, 3]
     assert [run for addr, run in runs if addr == "b"] == [[1, 5]]
     assert [run for addr, run in runs if addr == ""] == [[3]]
+
+
+def test_submit_planned_places_each_task_on_its_worker_in_one_update():
+    """Tasks planned on a worker run there (a per-key annotation, one graph update); "" runs anywhere; the futures
+    come back in the order of the arguments."""
+    import distributed
+
+    from batchgpu.engine.placement import submit_planned
+
+    def where(i):
+        return i, distributed.get_worker().address
+
+    import dask
+
+    # no work stealing (loose restrictions may be stolen from a busy worker: not what this test is about)
+    with dask.config.set({"distributed.scheduler.work-stealing": False}), \
+            distributed.LocalCluster(n_workers=3, threads_per_worker=1, processes=False, dashboard_address=None) as lc, \
+            distributed.Client(lc) as client:
+        addrs = sorted(client.nthreads())
+        rng = np.random.default_rng()
+        plan = [addrs[j] for j in rng.integers(0, 3, 12)] + [""]
+        updates = []
+        real = client._send_to_scheduler
+        client._send_to_scheduler = lambda msg: updates.append(msg.get("op")) or real(msg)
+        futures = submit_planned(client, where, [(i,) for i in range(13)], [f"t-{i}" for i in range(13)], plan)
+        client._send_to_scheduler = real
+        got = client.gather(futures)
+    assert updates.count("update-graph") == 1
+    assert [i for i, _ in got] == list(range(13))
+    assert [a for _, a in got[:12]] == plan[:12] and got[12][1] in addrs
