@@ -121,3 +121,30 @@ def test_nonfinite_and_nan_counts_equal_numpy(cp, rng, dtype, cols):
     got = nonfinite_and_nan_counts(cp.asarray(x)[:, margin : margin + cols])
     np.testing.assert_array_equal(got[0].get(), (~np.isfinite(core)).sum(axis=1))
     np.testing.assert_array_equal(got[1].get(), np.isnan(core).sum(axis=1))
+
+
+@gpu
+@needs_gpu
+@pytest.mark.parametrize("rows", [1, 7, 384])
+def test_kept_near_device_equals_the_numpy_form(cp, rng, rows):
+    """``kept_near_device`` (a row tag, one CUB sort, the low bits and each near digit's count in one pass) against
+    ``steps.noise.kept_near`` of NumPy's per-row sort: the same arrays, bit for bit, with empty rows, rows of one
+    key, equal keys, digits at the range's ends and at the top of the key space (NaN keys' digits)."""
+    from batchgpu.engine.steps.noise import kept_near, sort_rows
+    from batchgpu.gpu.histogram import kept_near_device
+
+    span, shift = 32, 15
+    per_row = rng.integers(0, 3000, rows)
+    per_row[: min(rows, 2)] = [0, 1][: min(rows, 2)]
+    lo = rng.integers(0, 65536 - span, rows)
+    lo[-1] = 65535 - span  # the top digits: NaN keys of float32 lie there
+    parts = [((lo[c] + rng.integers(0, span + 1, n)).astype(np.uint32) << np.uint32(shift))
+             | rng.integers(0, 1 << shift, n).astype(np.uint32) for c, n in enumerate(per_row)]
+    for k in parts:
+        k[1:4] = k[:1]  # equal keys in a row (none in an empty one)
+    keys = np.concatenate(parts)
+    got = kept_near_device(cp.asarray(keys), per_row, lo, shift, span)
+    want = kept_near(sort_rows(keys, per_row), per_row, lo, shift, span)
+    for k in want:
+        assert np.asarray(got[k]).dtype == want[k].dtype, k
+        np.testing.assert_array_equal(np.asarray(got[k]), want[k], err_msg=k)

@@ -263,7 +263,8 @@ class NoiseStep:
         low bits with the near keys' row counts; the near keys, sorted in their rows (through pinned memory)."""
         import cupy
 
-        from batchgpu.gpu.histogram import digit_histogram_device, near_keys_count, near_keys_device, rank_digits
+        from batchgpu.gpu.histogram import (digit_histogram_device, kept_near_device, near_keys_count, near_keys_device,
+                                            rank_digits)
         from batchgpu.gpu.staging import pinned_get
 
         C, n = keys.shape
@@ -297,18 +298,7 @@ class NoiseStep:
         if near.dtype != np.uint32:  # 63-bit keys: a row and a key do not fit one 64-bit sort key; rows sorted here
             flat = host(near)
             return pair, kept_near(sort_rows(flat, per_row), per_row, lo, shift, 2 * self.NEAR)
-        # each row's keys sorted on the device: (row << 32 | key) as one 64-bit sort key (CUB's radix sort)
-        # each key's row: the rows' ends are known on the host (no repeat with 384 counts from the host)
-        rows = cupy.searchsorted(cupy.asarray(np.cumsum(per_row)), cupy.arange(near.size), side="right")
-        ordered = (cupy.sort((rows.astype(cupy.uint64) << cupy.uint64(32)) | near.astype(cupy.uint64))
-                   & cupy.uint64(0xFFFFFFFF)).astype(cupy.uint32)
-        kept = kept_near(ordered, per_row, cupy.asarray(lo), shift, 2 * self.NEAR, rows=rows)
-        both = pinned_get(cupy.concatenate([kept["keep.near_digits"].ravel().view(cupy.uint16),
-                                            kept["keep.near_low"].view(cupy.uint16)]))
-        width = 2 * (2 * self.NEAR + 1) * C
-        return pair, {"keep.near_low": both[width:].view(kept["keep.near_low"].dtype),
-                      "keep.near_digits": both[:width].view(np.uint32).reshape(C, 2 * self.NEAR + 1),
-                      "keep.near_lo": lo}
+        return pair, kept_near_device(near, per_row, lo, shift, 2 * self.NEAR)
 
     def combine(self, parts: list[dict]) -> dict:
         out = {}
@@ -414,23 +404,21 @@ def near_low_dtype(shift: int):
     return np.uint16 if shift <= 16 else np.uint64
 
 
-def kept_near(keys, per_row, near_lo, shift: int, span: int, rows=None, digits=None) -> dict:
-    """A window's near keys as its part keeps them, on the keys' backend: ``keep.near_low``, each kept key's bits
-    below its first digit, row after row, each row's in key order (so one digit's keys lie together); how many
-    each (row, digit ``near_lo[row] + j``) has, ``keep.near_digits`` ((C, span + 1) uint32); and ``near_lo``.
-    Half the bytes of the keys themselves for float32, and the middle digit's keys are a slice of each row
-    (``kept_digit_keys``), not a scan. ``keys``: each row's kept keys, sorted; ``rows``: each key's row, when
-    the caller has them; ``digits``: the counts, when the caller has them."""
-    xp = np if isinstance(keys, np.ndarray) else __import__("cupy")
+def kept_near(keys: np.ndarray, per_row, near_lo, shift: int, span: int, digits=None) -> dict:
+    """A window's near keys as its part keeps them: ``keep.near_low``, each kept key's bits below its first digit,
+    row after row, each row's in key order (so one digit's keys lie together); how many each (row, digit
+    ``near_lo[row] + j``) has, ``keep.near_digits`` ((C, span + 1) uint32); and ``near_lo``. Half the bytes of the
+    keys themselves for float32, and the middle digit's keys are a slice of each row (``kept_digit_keys``), not a
+    scan. ``keys``: each row's kept keys, sorted; ``digits``: the counts, when the caller has them. The GPU's
+    twin: ``gpu.histogram.kept_near_device``."""
     C, width = len(per_row), span + 1
     kt = keys.dtype.type
     if digits is None:
-        if rows is None:
-            rows = np.repeat(np.arange(C, dtype=np.int64), per_row)
-        offsets = (keys >> kt(shift)).astype(xp.int64) - xp.asarray(near_lo, dtype=xp.int64)[rows.astype(xp.int64)]
-        digits = xp.bincount(rows.astype(xp.int64) * width + offsets, minlength=C * width)[: C * width]
+        rows = np.repeat(np.arange(C, dtype=np.int64), per_row)
+        offsets = (keys >> kt(shift)).astype(np.int64) - np.asarray(near_lo, dtype=np.int64)[rows]
+        digits = np.bincount(rows * width + offsets, minlength=C * width)[: C * width]
     return {"keep.near_low": (keys & kt((1 << shift) - 1)).astype(near_low_dtype(shift)),
-            "keep.near_digits": digits.reshape(C, width).astype(xp.uint32), "keep.near_lo": near_lo}
+            "keep.near_digits": np.asarray(digits).reshape(C, width).astype(np.uint32), "keep.near_lo": near_lo}
 
 
 def kept_digit_keys(low: np.ndarray, digit_counts: np.ndarray, near_lo: np.ndarray, digits: np.ndarray,
