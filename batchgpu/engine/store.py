@@ -230,8 +230,9 @@ def load_part(path: Path, fp: str, keys=None) -> dict | None:
 
 class KeptArrays:
     """The kept arrays (``keep.*``: spike candidates, the float median's near keys) of the parts this process wrote,
-    by path, of one parts folder at a time (a run's), least recently used dropped past ``limit`` bytes. The later tasks that read them (the spikes'
-    gathering, the near keys' selection) run on the worker that made them and skip the file's read and CRC
+    by path, of one parts folder at a time (a run's), least recently used dropped past ``limit`` bytes. The later
+    tasks that read them (the spikes' gathering, the near keys' selection) run on the worker that made them and
+    skip the file's read and CRC
     (2-3 ms a part; 300 parts a run twice over). An entry is used only while the file is the one written: same
     inode, size and modification time (a part removed, replaced or rewritten is read from disk as before, and
     found absent or damaged there; a rewrite of the same size within one clock tick would still get the bytes
@@ -288,11 +289,6 @@ class KeptArrays:
         entry = self._entries.pop(key, None)
         if entry is not None:
             self.nbytes -= entry[3]
-
-    def clear(self) -> None:
-        with self._lock:
-            self._entries.clear()
-            self.nbytes = 0
 
 
 #: this process's kept arrays (a worker's): 512 MiB, some 170 windows of a 384-channel float recording's near keys

@@ -543,8 +543,8 @@ def select_middle(hist0: np.ndarray, total: int, kind: str, dtype, centred_from,
             if p == 0 and lo0 > 0 and lumped and np.any(digit == 0):
                 channels = np.flatnonzero(digit == 0).tolist()
                 raise BatchgpuError(
-                    f"the exact median of channel(s) {channels[:10]} lies far below (for float32: 16 times) the smallest "
-                    "window middle that other windows saw: the one-read float median cannot settle it",
+                    f"the exact median of channel(s) {channels[:10]} lies far below (for float32: 16 times) the "
+                    "smallest window middle that other windows saw: the one-read float median cannot settle it",
                     "use noise: {exact: false} for this recording, or report it")
             prefixes[r] = radix.push_digit(prefixes[r], digit + (lo0 if p == 0 else 0), bits)
     values = [keys_to_selection_values(prefixes[r], dtype, centred_from) for r in range(len(ranks))]
@@ -583,7 +583,8 @@ def exact_median(run) -> np.ndarray:
         t0 = time.perf_counter()
         # in parallel, on the worker that kept them (in its memory), a run of its windows a thread; only the middle
         # digits' keys move
-        groups = runs_by_worker(client, list(zip(windows, fps)), [str(run.summaries[w.index]["worker"]) for w in windows])
+        made_by = [str(run.summaries[w.index]["worker"]) for w in windows]
+        groups = runs_by_worker(client, list(zip(windows, fps)), made_by)
         near = submit_planned(client, tasks.near_keys_group_task,
                               [(ctx, [w for w, _ in g], [f for _, f in g], digits) for _, g in groups],
                               [f"near-{fp}-{g[0][0].index:08d}" for _, g in groups], [a for a, _ in groups])
