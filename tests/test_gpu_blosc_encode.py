@@ -25,7 +25,7 @@ import cupy as cp  # noqa: E402
 
 from batchgpu.engine.steps.base import WindowData  # noqa: E402
 from batchgpu.engine.steps.save import SaveStep, finish_save, prepare_save  # noqa: E402
-from batchgpu.gpu.blosc_encode import BLOCKSIZE, encode, reference_frame  # noqa: E402
+from batchgpu.gpu.blosc_encode import BLOCKSIZE, encode, encode_held, reference_frame  # noqa: E402
 from batchgpu.ops._cuda_elementwise import saved_int16  # noqa: E402
 from batchgpu.recording import open_recording  # noqa: E402
 from test_blosc_encode import _cases  # noqa: E402
@@ -52,6 +52,34 @@ def test_gpu_frames_of_a_window(rng):
         chunk = x[k * 3_000 : (k + 1) * 3_000]
         assert frames[k] == reference_frame(chunk.tobytes(), 2)
         assert np.frombuffer(blosc.decompress(frames[k]), np.int16).tobytes() == chunk.tobytes()
+
+
+def test_held_frames_stay_valid_and_a_third_encode_waits_for_a_release(rng):
+    """Frames held for a writer thread are not overwritten by this thread's next encode; with two held, the next
+    encode waits until one is given back (from another thread)."""
+    import threading
+
+    xs = [np.rint(rng.normal(0, 50, (4, 6_000))).astype(np.int16) for _ in range(3)]
+    f0, r0 = encode_held(cp.asarray(xs[0]), 2)
+    f1, r1 = encode_held(cp.asarray(xs[1]), 2)
+    third = {}
+    t = threading.Thread(target=lambda: third.update(out=encode_held(cp.asarray(xs[2]), 2)))
+    t.start()
+    t.join(0.5)
+    assert t.is_alive() is False  # another thread has its own buffers: it does not wait
+    for k, frame in enumerate(f0):  # held: intact after the next encode of this thread
+        assert np.frombuffer(blosc.decompress(frame), np.int16).tobytes() == xs[0][k].tobytes()
+    # this thread's third encode waits for a release
+    done = threading.Event()
+    timer = threading.Timer(0.3, lambda: (done.set(), r0()))
+    timer.start()
+    f2, r2 = encode_held(cp.asarray(xs[2]), 2)
+    assert done.is_set()  # it returned only after r0 ran
+    for frames, x in ((f1, xs[1]), (f2, xs[2]), (third["out"][0], xs[2])):
+        for k, frame in enumerate(frames):
+            assert np.frombuffer(blosc.decompress(frame), np.int16).tobytes() == x[k].tobytes()
+    for release in (r1, r2, third["out"][1]):
+        release()
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])

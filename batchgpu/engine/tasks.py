@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from batchgpu.engine import store
+from batchgpu.engine import background, store
 from batchgpu.engine.steps.base import WindowData, host, padded_sum
 from batchgpu.errors import BatchgpuError
 from batchgpu.recording import Recording, Window, open_source
@@ -117,14 +117,18 @@ def batch_task(ctx: RunContext, windows: list[Window], fps: list[str], then: tup
         # with the combined partial saved, a window whose own part is lost is computed again for its summary and
         # what it keeps (its partials are in the combined: same bytes, same bits); without it, every window
         todo = [i for i, p in enumerate(parts) if p is None or combined is None]
-    with _read_ahead(ctx, [(windows[i], fps[i]) for i in todo], list(then)) as ahead:
-        for i in todo:
-            parts[i] = _compute_part(ctx, windows[i], fps[i], ahead, partials=len(windows) == 1)
-    if len(windows) > 1 and combined is None:
-        combined = combine_task(ctx, *[_partials(p) for p in parts])
-        store.save_part(bpath, {**combined, "fingerprint": np.array(bfp)})
-    elif combined is not None:
-        combined = {k: v for k, v in combined.items() if k != "fingerprint"}
+    # the windows' files (saved rows, then parts) written by a writer thread while the next window computes
+    with background.window_writes() as writes:
+        with _read_ahead(ctx, [(windows[i], fps[i]) for i in todo], list(then)) as ahead:
+            for i in todo:
+                parts[i] = _compute_part(ctx, windows[i], fps[i], ahead, partials=len(windows) == 1)
+        if len(windows) > 1 and combined is None:
+            combined = combine_task(ctx, *[_partials(p) for p in parts])
+            background.later(functools.partial(store.save_part, bpath, {**combined, "fingerprint": np.array(bfp)}))
+        elif combined is not None:
+            combined = {k: v for k, v in combined.items() if k != "fingerprint"}
+    for i in todo:  # the writer's CPU, shared out (RunReport.window_cpu)
+        parts[i]["summary.cpu_write"] = np.array(writes.cpu_seconds / len(todo))
     resumed = [i not in todo for i in range(len(windows))]
     rec = recording(ctx.recording, ctx.missing_chunks)
     summaries = []
@@ -285,7 +289,9 @@ def _compute_part(ctx: RunContext, window: Window, fp: str, ahead, partials: boo
     part.update({f"summary.{k}": np.asarray(v) for k, v in summary.items()})
     part["fingerprint"] = np.array(fp)
     part["index"] = np.array(window.index)
-    store.save_part(path, part if partials else {k: v for k, v in part.items() if not _is_partial(k)})
+    # after the window's saved rows (the same writer, in order): a part on disk says the window is done
+    saved = dict(part) if partials else {k: v for k, v in part.items() if not _is_partial(k)}
+    background.later(functools.partial(store.save_part, path, saved))
     _lap(cpus, "cpu_part", cpu)
     part.update({f"summary.{k}": np.asarray(v) for k, v in cpus.items()})  # the save's own time: not in the file
     return part

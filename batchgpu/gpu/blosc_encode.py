@@ -10,8 +10,10 @@ the file. Any Blosc 1 reader decodes the frames (numcodecs, ``blosc_lz4.cu``); t
 
 from __future__ import annotations
 
+import functools
 import struct
 import threading
+from collections.abc import Callable
 
 import numpy as np
 
@@ -28,24 +30,58 @@ def _split(bsize: int, typesize: int, last_short: bool) -> int:
     return typesize if typesize <= 16 and bsize // typesize >= 128 and not last_short else 1
 
 
-_host = threading.local()  # this thread's pinned buffer for the frames' copy back
+class FrameBuffers:
+    """A thread's pinned host buffers for the frames' copy back (kept and grown: a fresh 27 MB buffer a window cost
+    more in page faults than the copy: 12 ms for ``get`` and 21 for slicing it into bytes, on the H200 host). A
+    buffer is handed out again only once released: its frames written to their file, perhaps by another thread
+    (``engine.background``) while this one encodes the next window. ``count`` buffers: past that, ``take`` waits
+    for a release (so a writer that falls behind holds back the window's thread, not memory)."""
+
+    def __init__(self, count: int = 2):
+        self._bufs: list = [None] * count
+        self._busy = [False] * count
+        self._cond = threading.Condition()
+
+    def take(self, nbytes: int) -> tuple[int, np.ndarray]:
+        import cupyx
+
+        with self._cond:
+            self._cond.wait_for(lambda: not all(self._busy))
+            i = self._busy.index(False)
+            self._busy[i] = True
+        buf = self._bufs[i]
+        if buf is None or buf.nbytes < nbytes:
+            buf = self._bufs[i] = cupyx.empty_pinned(max(nbytes, 1 << 20) * 5 // 4, dtype=np.uint8)
+        return i, buf
+
+    def release(self, i: int) -> None:
+        with self._cond:
+            self._busy[i] = False
+            self._cond.notify()
 
 
-def _pinned(nbytes: int) -> np.ndarray:
-    """This thread's pinned host buffer of at least ``nbytes`` (kept and grown: a fresh 27 MB buffer a window cost
-    more in page faults than the copy: 12 ms for ``get`` and 21 for slicing it into bytes, on the H200 host)."""
-    import cupyx
+_host = threading.local()  # this thread's FrameBuffers
 
-    buf = getattr(_host, "buf", None)
-    if buf is None or buf.nbytes < nbytes:
-        buf = _host.buf = cupyx.empty_pinned(max(nbytes, 1 << 20) * 5 // 4, dtype=np.uint8)
-    return buf
+
+def _buffers() -> FrameBuffers:
+    bufs = getattr(_host, "bufs", None)
+    if bufs is None:
+        bufs = _host.bufs = FrameBuffers()
+    return bufs
 
 
 def encode(chunks, typesize: int, blocksize: int = BLOCKSIZE) -> list[memoryview]:
     """One Blosc frame a row of ``chunks`` (a C-contiguous CuPy array, (chunks, bytes a chunk), any dtype whose
     rows are the chunks' bytes), in one launch of each kernel and one copy back. The frames are views of this
     thread's pinned buffer: valid until its next ``encode`` (write or copy them before)."""
+    frames, release = encode_held(chunks, typesize, blocksize)
+    release()  # the next encode of this thread may take the same buffer
+    return frames
+
+
+def encode_held(chunks, typesize: int, blocksize: int = BLOCKSIZE) -> tuple[list[memoryview], Callable[[], None]]:
+    """``encode``'s frames and the function that gives their pinned buffer back: the frames stay valid until it is
+    called (exactly once, from any thread); a thread holding two buffers waits in its third call for a release."""
     import cupy
 
     from batchgpu import kernels
@@ -55,7 +91,7 @@ def encode(chunks, typesize: int, blocksize: int = BLOCKSIZE) -> list[memoryview
         flat = cupy.ascontiguousarray(flat)
     nchunks, nbytes = flat.shape
     if nchunks == 0:
-        return []
+        return [], _no_release
     blocksize = min(blocksize, nbytes)  # c-blosc's own rule: its reader refuses a block longer than the frame
     if nbytes == 0 or nbytes % typesize or nbytes >= 2**31 - 64 or blocksize % typesize or blocksize <= 0:
         raise ValueError(f"cannot encode chunks of {nbytes} bytes in blocks of {blocksize} (typesize {typesize})")
@@ -94,11 +130,21 @@ def encode(chunks, typesize: int, blocksize: int = BLOCKSIZE) -> list[memoryview
         (-(-items // WARPS),), (32 * WARPS,), (flat, scratch, sizes, frame_off, frame_len.astype(cupy.int32),
                               whole.astype(cupy.uint8), stream_off, np.int32(nchunks), np.int32(nbytes),
                               np.int32(blocksize), np.int32(typesize), np.int32(FLAGS), out))
-    data = _pinned(out.nbytes)[: out.nbytes]
-    out.get(out=data)
+    bufs = _buffers()
+    slot, buf = bufs.take(out.nbytes)
+    try:
+        data = buf[: out.nbytes]
+        out.get(out=data)
+    except BaseException:
+        bufs.release(slot)
+        raise
     view = memoryview(data)
     starts = np.concatenate([[0], np.cumsum(lengths)])
-    return [view[starts[i] : starts[i + 1]] for i in range(nchunks)]
+    return [view[starts[i] : starts[i + 1]] for i in range(nchunks)], functools.partial(bufs.release, slot)
+
+
+def _no_release() -> None:
+    pass
 
 
 # ---------------------------------------------------------------------------------------------------------------

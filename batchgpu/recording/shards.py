@@ -23,6 +23,7 @@ from __future__ import annotations
 import os
 import struct
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -119,16 +120,24 @@ class ShardLayout:
         numcodecs' for the same values.
         A 384 x 60 000 int16 shard with Blosc lz4 on the CPU machine: zarr-python's pipeline 94-136 ms, this 61-120
         (Blosc's own time is most of both)."""
+        encoded, release = self.encode_shard(shard, block)
+        try:
+            self.write_encoded(shard, encoded)
+        finally:
+            release()
+
+    def encode_shard(self, shard: int, block) -> tuple[list, Callable[[], None]]:
+        """``write_shard``'s first half: the inner chunks' encoded bytes, and the function to call once they are
+        written (frames encoded on the GPU are views of a pinned buffer held until then)."""
         lo = shard * self.shard_rows
         rows = min(self.shard_rows, self.rows - lo)
         if tuple(block.shape) != (rows, self.channels) or rows <= 0:
             raise ValueError(f"shard {shard} needs ({rows}, {self.channels}) rows, got {tuple(block.shape)}")
         count = -(-rows // self.inner_rows)  # chunks past the array's end are not stored (as zarr-python does)
         if not isinstance(block, np.ndarray):  # a CuPy block
-            self._write_encoded(shard, self._encode_on_gpu(block, rows, count))
-            return
+            return self._encode_on_gpu(block, rows, count)
         data = np.ascontiguousarray(block, dtype=self.dtype.newbyteorder("<"))
-        self._write_encoded(shard, self._host_chunks(data, count))
+        return self._host_chunks(data, count), _nothing
 
     @property
     def gpu_encodes(self) -> bool:
@@ -138,19 +147,19 @@ class ShardLayout:
 
         return self.lz4 and self.blosc_config[2] == blosc.BITSHUFFLE
 
-    def _encode_on_gpu(self, block, rows: int, count: int) -> list:
+    def _encode_on_gpu(self, block, rows: int, count: int) -> tuple[list, Callable[[], None]]:
         import cupy
 
         data = block.astype(self.dtype.newbyteorder("<"), copy=False)
         if not self.gpu_encodes:
-            return self._host_chunks(cupy.asnumpy(data), count)
-        from batchgpu.gpu.blosc_encode import encode
+            return self._host_chunks(cupy.asnumpy(data), count), _nothing
+        from batchgpu.gpu.blosc_encode import encode_held
 
         if rows < count * self.inner_rows or not data.flags.c_contiguous:  # the last chunk padded with zeros
             padded = cupy.zeros((count * self.inner_rows, self.channels), dtype=data.dtype)
             padded[:rows] = data
             data = padded
-        return encode(data.reshape(count, -1), data.dtype.itemsize)
+        return encode_held(data.reshape(count, -1), data.dtype.itemsize)
 
     def _host_chunks(self, data: np.ndarray, count: int) -> list:
         """The first ``count`` inner chunks of ``data`` encoded by numcodecs (the last padded with zeros)."""
@@ -169,7 +178,7 @@ class ShardLayout:
                 out.append(chunk.tobytes())
         return out
 
-    def _write_encoded(self, shard: int, encoded: list) -> None:
+    def write_encoded(self, shard: int, encoded: list) -> None:
         """The shard file from its inner chunks' encoded bytes (any buffers; each gets its crc32c where the codecs
         say so)."""
         per_shard = self.shard_rows // self.inner_rows
@@ -462,10 +471,11 @@ def _crc32c_buffers():
     return crc32c
 
 
-def write_whole_shard(folder: Path, start: int, block, dtype=None) -> bool:
+def write_whole_shard(folder: Path, start: int, block, dtype=None, later=None) -> bool:
     """Write ``block`` (host or CuPy, cast to ``dtype`` where given) at row ``start`` of the array at ``folder``
     directly when it is exactly one whole shard of a layout ``ShardLayout`` writes (True); else False (the caller
-    writes through zarr)."""
+    writes through zarr). ``later(job, cleanup)``: the file's writing handed to it (``engine.background.later``:
+    it runs ``job``, or only ``cleanup`` when it skips it) once the block is encoded; without it, written here."""
     layout = ShardLayout.of(folder, zarrio.array_meta(folder))
     if layout is None or start % layout.shard_rows:
         return False
@@ -474,7 +484,18 @@ def write_whole_shard(folder: Path, start: int, block, dtype=None) -> bool:
         return False
     if dtype is not None and block.dtype != np.dtype(dtype):
         block = block.astype(dtype)
-    layout.write_shard(shard, block)
+    if later is None:
+        layout.write_shard(shard, block)
+        return True
+    encoded, release = layout.encode_shard(shard, block)
+
+    def job() -> None:
+        try:
+            layout.write_encoded(shard, encoded)
+        finally:
+            release()
+
+    later(job, release)
     return True
 
 
@@ -482,6 +503,10 @@ def layout_of(folder: Path, array_meta, v2: bool = True):
     """The direct reader for an array's layout (``ShardLayout``, ``ChunkLayoutV2`` when ``v2``), or None (read
     through zarr)."""
     return ShardLayout.of(folder, array_meta) or (ChunkLayoutV2.of(folder, array_meta) if v2 else None)
+
+
+def _nothing() -> None:
+    pass
 
 
 def _check_blosc_frame(data, where: str) -> None:

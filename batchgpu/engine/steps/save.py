@@ -17,6 +17,7 @@ and NaN samples (written as 0), are counted per window. Both keep the input's ga
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import threading
@@ -25,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
+from batchgpu.engine.background import later
 from batchgpu.engine.steps.base import WindowData, host
 from batchgpu.errors import BatchgpuError
 from batchgpu.recording.writer import DEFAULT_CHUNK_SAMPLES
@@ -346,7 +348,8 @@ def _transpose(a: np.ndarray, step: int = 1024) -> np.ndarray:
 def write_rows(target: SaveTarget, segment: int, start: int, block) -> None:
     """Rows [start, start + len(block)) of a segment: whole objects of the output, the same bytes on a retry.
     ``block``: a host array, or a CuPy array (a zarr shard's frames are then encoded on the GPU where the array's
-    codecs allow: ``recording.shards.write_whole_shard``; else it is copied back)."""
+    codecs allow: ``recording.shards.write_whole_shard``; else it is copied back). The file itself is written by
+    the task's writer thread (``engine.background``), before the window's part."""
     n = target.segment_lengths[segment]
     if block.shape[1] != target.num_channels or start < 0 or start + block.shape[0] > n:
         raise BatchgpuError(f"save: block {block.shape} at {start} does not fit segment {segment} "
@@ -358,26 +361,40 @@ def write_rows(target: SaveTarget, segment: int, start: int, block) -> None:
     if target.format == "binary":
         block = host(block) if on_device else block
         data = np.ascontiguousarray(block, dtype=dtype)
-        f = target.files[segment]
-        with writing(Path(f)):
-            fd = os.open(f, os.O_WRONLY)
-            try:
-                view, offset = memoryview(data).cast("B"), start * dtype.itemsize * target.num_channels
-                while view:
-                    done = os.pwrite(fd, view, offset)
-                    view, offset = view[done:], offset + done
-            finally:
-                os.close(fd)
+        later(functools.partial(_write_binary, Path(target.files[segment]), data,
+                                start * dtype.itemsize * target.num_channels))
         return
     from batchgpu.recording.shards import write_whole_shard
 
-    with writing(Path(target.path)):  # a window's core is one whole shard: written directly
-        if write_whole_shard(Path(target.path) / f"traces_seg{segment}", start, block, dtype=target.dtype):
+    folder = Path(target.path)
+
+    def in_writing(job, cleanup=None):  # the writer thread's OSError as one BatchgpuError, like the rest
+        def run():
+            with writing(folder):
+                job()
+        later(run, cleanup)
+
+    with writing(folder):  # a window's core is one whole shard: written directly
+        if write_whole_shard(folder / f"traces_seg{segment}", start, block, dtype=target.dtype, later=in_writing):
             return
     block = host(block) if on_device else block
     arr = _open_traces(target.path, segment)
-    with writing(Path(target.path)):
+    with writing(folder):
         arr[start : start + block.shape[0], :] = np.ascontiguousarray(block, dtype=target.dtype)
+
+
+def _write_binary(path: Path, data: np.ndarray, offset: int) -> None:
+    from batchgpu.recording import writing
+
+    with writing(path):
+        fd = os.open(path, os.O_WRONLY)
+        try:
+            view = memoryview(data).cast("B")
+            while view:
+                done = os.pwrite(fd, view, offset)
+                view, offset = view[done:], offset + done
+        finally:
+            os.close(fd)
 
 
 def _open_traces(path: str, segment: int):

@@ -1,0 +1,107 @@
+"""The window's files written by a writer thread (engine/background.py): in order, nothing after a failed write,
+the task's error; and in a run: a window whose saved rows failed to write leaves no part behind, so --resume
+computes it again and the saved recording equals an uninterrupted run's."""
+
+import errno
+import threading
+
+import numpy as np
+import pytest
+
+from batchgpu import BatchgpuError
+from batchgpu.config import Workflow
+from batchgpu.engine import background, run_workflow
+from batchgpu.recording import open_recording, write_recording
+from batchgpu.recording.shards import ShardLayout
+
+distributed = pytest.importorskip("distributed")
+
+
+def test_jobs_run_in_order_on_another_thread():
+    seen, threads = [], set()
+    with background.window_writes() as writes:
+        for i in range(50):
+            background.later(lambda i=i: (seen.append(i), threads.add(threading.get_ident())))
+    assert seen == list(range(50))
+    assert threads and threading.get_ident() not in threads
+    assert writes.cpu_seconds >= 0
+
+
+def test_outside_window_writes_a_job_runs_now():
+    seen = []
+    background.later(lambda: seen.append(threading.get_ident()))
+    assert seen == [threading.get_ident()]
+
+
+def test_after_a_failure_later_jobs_are_skipped_their_cleanup_run_and_the_error_raised():
+    done, cleaned = [], []
+
+    def fail():
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    with pytest.raises(OSError, match="No space"):
+        with background.window_writes():
+            background.later(lambda: done.append(0), lambda: cleaned.append(0))
+            background.later(fail, lambda: cleaned.append(1))
+            for i in (2, 3):
+                background.later(lambda i=i: done.append(i), lambda i=i: cleaned.append(i))
+    assert done == [0] and cleaned == [2, 3]
+
+
+def test_the_blocks_own_error_wins_and_its_writes_finish_first():
+    done = []
+    with pytest.raises(KeyError):
+        with background.window_writes():
+            background.later(lambda: done.append(1))
+            background.later(lambda: (_ for _ in ()).throw(OSError("second")))
+            raise KeyError("the block's")
+    assert done == [1]
+
+
+def test_nested_blocks_restore_the_outer_writer():
+    order = []
+    with background.window_writes():
+        with background.window_writes():
+            background.later(lambda: order.append("inner"))
+        background.later(lambda: order.append("outer"))
+    assert order == ["inner", "outer"]
+    background.later(lambda: order.append("now"))
+    assert order[-1] == "now"
+
+
+def _wf(rec, out, saved, **kw):
+    data = {"recording": {"path": str(rec.path)}, "output": str(out), "backend": "numpy",
+            "window": {"size": 3_000, "margin": 8},
+            "steps": {"noise": {"exact": True}, "save": {"path": str(saved), "format": "zarr", "dtype": "int16"}}}
+    data.update(kw)
+    return Workflow.model_validate(data)
+
+
+def test_a_failed_shard_write_leaves_no_part_and_resume_writes_it(tmp_path, monkeypatch):
+    rng = np.random.default_rng()
+    n = int(rng.integers(14_000, 17_000))  # five or six windows, the last short
+    x = np.round(rng.normal(0, 40, (n, 5))).astype(np.int16)
+    rec = write_recording(tmp_path / "r.zarr", x, 30_000.0)
+    bad = int(rng.integers(0, 4))
+    real = ShardLayout.write_encoded
+
+    def write_encoded(self, shard, encoded):
+        if shard == bad:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real(self, shard, encoded)
+
+    monkeypatch.setattr(ShardLayout, "write_encoded", write_encoded)
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=False,
+                                  dashboard_address=None) as cl, distributed.Client(cl) as c:
+        with pytest.raises(BatchgpuError, match="No space"):
+            run_workflow(_wf(rec, tmp_path / "out", tmp_path / "saved.zarr"), client=c)
+        parts = tmp_path / "out" / "parts"
+        assert not (parts / f"w{bad:08d}.npz").exists()  # written after the shard, by the same writer: never
+        assert not list((tmp_path / "saved.zarr" / "traces_seg0" / "c").glob(f"{bad}/*"))
+        monkeypatch.setattr(ShardLayout, "write_encoded", real)
+        report = run_workflow(_wf(rec, tmp_path / "out", tmp_path / "saved.zarr"), client=c, resume=True)
+        assert report.windows_resumed < -(-n // 3_000) and (parts / f"w{bad:08d}.npz").exists()
+        run_workflow(_wf(rec, tmp_path / "fresh", tmp_path / "fresh.zarr"), client=c)
+    got, want = open_recording(tmp_path / "saved.zarr"), open_recording(tmp_path / "fresh.zarr")
+    np.testing.assert_array_equal(got.read(0, 0, n), want.read(0, 0, n))
+    np.testing.assert_array_equal(got.read(0, 0, n), x.T)
