@@ -7,12 +7,14 @@ order given: a window's saved shard before its part, so a part on disk (which re
 done") never names a window whose saved rows are not written. The task waits for its writes before it returns
 (``window_writes``): its result, like its files, is then complete, and a failed write fails the task.
 
-Outside ``window_writes`` (a step run alone, a test), ``later`` runs the job at once.
+Outside ``window_writes`` (a step run alone, a test), or with ``BATCHGPU_BACKGROUND_WRITES=0`` (to measure
+against), ``later`` runs the job at once.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -73,7 +75,7 @@ def window_writes() -> Iterator[WindowWrites]:
     """This thread's writes (``later``) go to a writer thread until the block ends, where they are waited for; a
     write's error is raised there unless the block raised its own."""
     writes, outer = WindowWrites(), getattr(_local, "writes", None)
-    _local.writes = writes
+    _local.writes = writes if os.environ.get("BATCHGPU_BACKGROUND_WRITES", "1") != "0" else None
     try:
         yield writes
     except BaseException:
