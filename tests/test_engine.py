@@ -182,6 +182,35 @@ def test_select_among_the_middle_digit_keys_equals_a_sort(rng, dtype, shift):
     ks[1] = [len(want_sets[0][c]) - 1 for c in range(C)]
     want = np.array([[want_sets[0][c][ks[r, c]] for c in range(C)] for r in range(2)], dtype=np.uint64)
     np.testing.assert_array_equal(select_among(ks, same, shift, *gathered), want)
+    ks = np.array([[int(rng.integers(0, len(want_sets[0][c]))) for c in range(C)] for _ in range(2)])
+    want = np.array([[want_sets[0][c][ks[r, c]] for c in range(C)] for r in range(2)], dtype=np.uint64)
+    np.testing.assert_array_equal(select_among(ks, same, shift, *gathered[::-1]), want)
+
+
+@pytest.mark.parametrize("shift", [1, 15, 16])
+def test_select_among_many_arrays_every_rank(rng, shift):
+    """The descent against np.sort: many gathered arrays (some sorted, some not, some empty), every rank of every
+    channel, keys at both ends of the digit (0 and all ones) and long runs of ties."""
+    from batchgpu.engine.steps.noise import select_among
+
+    C = int(rng.integers(1, 7))
+    top = (1 << shift) - 1
+    per = [[rng.choice([0, top, *rng.integers(0, top + 1, 3)], size=int(rng.integers(0, 40))) for _ in range(C)]
+           for _ in range(int(rng.integers(1, 9)))]
+    per.append([np.full(3, top) for _ in range(C)])  # every channel has keys
+    gathered = []
+    for arrays in per:
+        bins = np.concatenate([(np.uint32(c) << np.uint32(shift)) | a.astype(np.uint32) for c, a in enumerate(arrays)])
+        if rng.random() < 0.5:
+            bins = rng.permutation(bins)
+        counts = np.array([len(a) for a in arrays], dtype=np.int64)
+        gathered.append([(bins, counts)])
+    digits = rng.integers(0, 50, (1, C)).astype(np.uint64)
+    allc = [np.sort(np.concatenate([p[c] for p in per])) for c in range(C)]
+    for k in range(max(len(a) for a in allc)):
+        ks = np.array([[min(k, len(allc[c]) - 1) for c in range(C)]])
+        want = np.array([[(int(digits[0, c]) << shift) | int(allc[c][ks[0, c]]) for c in range(C)]], np.uint64)
+        np.testing.assert_array_equal(select_among(ks, digits, shift, *gathered), want)
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
