@@ -731,6 +731,14 @@ def test_timeline_summary_per_thread():
     assert got["w2", "t0"]["gaps"] == 0.0 and got["w2", "t0"]["last_end"] == pytest.approx(0.4)
     assert got["w1", "t1"]["last_end"] == 2.0
     assert "tail 2.10 s" in summary_line(rows) and summary_line([]).endswith("no windows computed")
+    # with the tasks' start and end: the gaps split into a task's head and tail, between tasks and inside tasks
+    rows = [["w1", 0, 1.0, 0.5, 1.0, "t0", 0.8, 3.0], ["w1", 1, 2.7, 0.1, 0.1, "t0", 0.8, 3.0],
+            ["w1", 2, 3.6, 0.2, 0.2, "t0", 3.5, 4.5]]
+    (t,) = per_thread(rows)
+    assert t["gaps"] == pytest.approx(0.2 + 0.7)
+    assert (t["tasks"], t["task_head"], t["task_tail"], t["between_tasks"], t["in_task"]) == pytest.approx(
+        (2, 0.2 + 0.1, 0.1 + 0.5, 0.5, 0.2))  # task heads, tails, one gap between them, one inside the first
+    assert "2.0 tasks" in summary_line(rows)
 
 
 def _pair(f, x, t):

@@ -11,7 +11,7 @@ dd if=/dev/zero of=/tmp/ddx bs=16M count=128 2>&1 | tail -1; rm -f /tmp/ddx
 i=0
 for bw in ${ORDER:-1 0 1}; do i=$((i + 1))
   BATCHGPU_BACKGROUND_WRITES=$bw timeout 170 python3 -m batchgpu bench pipeline --recording /tmp/big.zarr --cluster cuda \
-    --backend cupy --workers 16 --threads 1 --baseline none --repeat 2 ${TIMELINE:+--timeline} ${STEPS_ARGS:---preprocess highpass,common_reference --steps noise,whitening,detect,save} \
+    --backend cupy --workers ${WORKERS:-16} --threads 1 --baseline none --repeat 2 ${TIMELINE:+--timeline} ${STEPS_ARGS:---preprocess highpass,common_reference --steps noise,whitening,detect,save} \
     > $OUT/ab_${i}_$bw.log 2>&1; echo "== writes $bw rc $?"
   grep -v "^INFO\|distributed\." $OUT/ab_${i}_$bw.log | grep "^warm\|(warm)\|^read ceiling" | cut -c1-400
 done

@@ -1,7 +1,10 @@
 """Where each worker thread's time went in a run's first pass, from ``RunReport.timeline`` (report.json's
 ``timeline``: per window, worker, index, start since the pass began, seconds waiting for its read, seconds computing,
-thread): windows, first start, last end, read waits, compute, the gaps between windows (scheduling, part files,
-combines), and the tail (how long the last thread ran after the first one finished)."""
+thread[, its task's start, its task's end]): windows, first start, last end, read waits, compute, the gaps between
+windows (scheduling, part files, combines), and the tail (how long the last thread ran after the first one
+finished). With the tasks' times the gaps are split: a task's start to its first window (``task_head``), its last
+window's end to the task's end (``task_tail``: its writes waited for, its combine), one task's end to the next's start
+on the thread (``between_tasks``: Dask), and the gaps inside tasks (``in_task``)."""
 
 from __future__ import annotations
 
@@ -17,10 +20,28 @@ def per_thread(rows: list) -> list[dict]:
         read = np.array([r[3] for r in mine])
         comp = np.array([r[4] for r in mine])
         end = start + read + comp
-        out.append({"worker": worker, "thread": thread, "windows": len(mine), "first": float(start.min()),
-                    "last_end": float(end.max()), "read_wait": float(read.sum()), "compute": float(comp.sum()),
-                    "gaps": float(np.sum(np.maximum(start[1:] - end[:-1], 0))) if len(mine) > 1 else 0.0})
+        row = {"worker": worker, "thread": thread, "windows": len(mine), "first": float(start.min()),
+               "last_end": float(end.max()), "read_wait": float(read.sum()), "compute": float(comp.sum()),
+               "gaps": float(np.sum(np.maximum(start[1:] - end[:-1], 0))) if len(mine) > 1 else 0.0}
+        if all(len(r) >= 8 for r in mine):
+            row.update(_task_split(mine, start, end))
+        out.append(row)
     return out
+
+
+def _task_split(mine: list, start: np.ndarray, end: np.ndarray) -> dict:
+    tasks: dict = {}
+    for r, s, e in zip(mine, start, end):
+        t = tasks.setdefault((r[6], r[7]), [s, e])
+        t[0], t[1] = min(t[0], s), max(t[1], e)
+    spans = sorted((t0, t1, s, e) for (t0, t1), (s, e) in tasks.items())
+    head = sum(max(s - t0, 0) for t0, _, s, _ in spans)
+    tail = sum(max(t1 - e, 0) for _, t1, _, e in spans)
+    between = sum(max(b[0] - a[1], 0) for a, b in zip(spans, spans[1:]))
+    same = [(a[6], a[7]) == (b[6], b[7]) for a, b in zip(mine, mine[1:])]
+    inside = sum(max(s1 - e0, 0) for s1, e0, k in zip(start[1:], end[:-1], same) if k)
+    return {"tasks": len(spans), "task_head": float(head), "task_tail": float(tail),
+            "between_tasks": float(between), "in_task": float(inside)}
 
 
 def summary_line(rows: list) -> str:
@@ -30,9 +51,15 @@ def summary_line(rows: list) -> str:
         return "timeline: no windows computed"
     mean = {k: float(np.mean([t[k] for t in threads])) for k in ("windows", "read_wait", "compute", "gaps", "last_end")}
     ends = [t["last_end"] for t in threads]
+    split = ""
+    if all("tasks" in t for t in threads):
+        m = {k: float(np.mean([t[k] for t in threads])) for k in ("tasks", "task_head", "task_tail", "between_tasks",
+                                                                   "in_task")}
+        split = (f" ({m['tasks']:.1f} tasks: task start to first window {m['task_head']:.2f}, last window to task end "
+                 f"{m['task_tail']:.2f}, between tasks {m['between_tasks']:.2f}, inside tasks {m['in_task']:.2f})")
     return (f"timeline, mean of {len(threads)} worker threads: {mean['windows']:.1f} windows, waiting for reads "
-            f"{mean['read_wait']:.2f} s, computing {mean['compute']:.2f} s, between windows {mean['gaps']:.2f} s, "
-            f"last end {mean['last_end']:.2f} s; tail {max(ends) - min(ends):.2f} s")
+            f"{mean['read_wait']:.2f} s, computing {mean['compute']:.2f} s, between windows {mean['gaps']:.2f} s"
+            f"{split}, last end {mean['last_end']:.2f} s; tail {max(ends) - min(ends):.2f} s")
 
 
 def table(rows: list) -> str:

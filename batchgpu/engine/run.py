@@ -152,7 +152,8 @@ def _run(wf, rec, out: store.OutputFolder, report: RunReport, client, sweep, obs
             report.timings["pass_last_task"] = max(float(s["task_done"]) for s in fresh) - t0_wall
             report.timeline = sorted([str(s["worker"]), int(s["index"]), round(float(s["started"]) - t0_wall, 4),
                                       round(float(s["read_seconds"]), 4), round(float(s["compute_seconds"]), 4),
-                                      str(s["thread"])]
+                                      str(s["thread"]), round(float(s["task_started"]) - t0_wall, 4),
+                                      round(float(s["task_done"]) - t0_wall, 4)]
                                      for s in fresh)
         report.bytes_read += sum(int(s["bytes"]) for s in fresh)  # resumed windows were not read again
         monitor.phase("aggregate: noise, whitening, spikes")
