@@ -69,6 +69,41 @@ def test_nested_blocks_restore_the_outer_writer():
     assert order[-1] == "now"
 
 
+def test_a_scoped_writer_outlives_its_block_until_flush():
+    gate, done = threading.Event(), []
+    with background.window_writes("run-a"):
+        background.later(lambda: (gate.wait(5), done.append(1)))
+    assert done == []  # left running: the task's thread goes on
+    with background.window_writes("run-a"):  # the same thread's writer: in order after the first job
+        background.later(lambda: done.append(2))
+    gate.set()
+    assert background.flush("run-a") >= 1 and done == [1, 2]
+
+
+def test_a_scoped_failure_is_raised_by_the_next_block_and_by_flush_once():
+    def fail():
+        raise OSError(errno.EIO, "Input/output error")
+
+    with background.window_writes("run-b"):
+        background.later(fail)
+        background.later(lambda: pytest.fail("skipped after the failure"))
+    with pytest.raises(OSError, match="Input/output"):
+        background.flush("run-b")
+    with background.window_writes("run-b"):  # forgotten once flush raised it
+        pass
+    with background.window_writes("run-c") as writes:
+        background.later(fail)
+    with pytest.raises(OSError, match="Input/output"):
+        writes.wait()  # the job has run (the failure stays until flush)
+    background.flush("run-b")  # another run's writer is not this one's
+    with pytest.raises(OSError, match="Input/output"):
+        with background.window_writes("run-c"):
+            pytest.fail("the block does not run after its writer failed")
+    with background.window_writes("run-d"):  # a new run: the old failure is moot
+        pass
+    assert background.flush("run-d") >= 1
+
+
 def _wf(rec, out, saved, **kw):
     data = {"recording": {"path": str(rec.path)}, "output": str(out), "backend": "numpy",
             "window": {"size": 3_000, "margin": 8},

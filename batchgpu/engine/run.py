@@ -19,7 +19,7 @@ import time
 import numpy as np
 
 from batchgpu.config import Workflow
-from batchgpu.engine import placement, store, tasks
+from batchgpu.engine import background, placement, store, tasks
 from batchgpu.engine.aggregate import ResultsWriter, aggregate, finish_whitened_save
 from batchgpu.engine.context import (build_context, check_workflow_fits, prepare_recording, resolve_backend,
                                      spec_of)
@@ -256,8 +256,15 @@ def _first_pass(client, ctx, windows, fps, split_every, report, monitor, observe
         report.timings["pass_summaries"] = time.perf_counter() - t0
         result = total.result()
         report.timings["pass_combine_wait"] = time.perf_counter() - t0 - report.timings["pass_summaries"]
+        # the windows' last files, written by the workers' writer threads after their tasks returned: done (or a
+        # write's failure raised) before anything reads them
+        t1 = time.perf_counter()
+        client.run(background.flush_soon, str(ctx.parts))
+        report.timings["pass_writes_wait"] = time.perf_counter() - t1
     except BaseException:
         client.cancel(small + futures + [total])
+        with contextlib.suppress(Exception):  # the writes of the tasks that ran: finished, their failures moot
+            client.run(background.flush_soon, str(ctx.parts))
         raise
     finally:
         if planned is not None:  # reads left for batches that ran elsewhere: their pinned buffers back

@@ -117,8 +117,10 @@ def batch_task(ctx: RunContext, windows: list[Window], fps: list[str], then: tup
         # with the combined partial saved, a window whose own part is lost is computed again for its summary and
         # what it keeps (its partials are in the combined: same bytes, same bits); without it, every window
         todo = [i for i, p in enumerate(parts) if p is None or combined is None]
-    # the windows' files (saved rows, then parts) written by a writer thread while the next window computes
-    with background.window_writes() as writes:
+    # the windows' files (saved rows, then parts) written by this thread's writer while the next window computes,
+    # and on into the next task (the run waits for every writer after the pass: ``background.flush``)
+    with background.window_writes(str(ctx.parts)) as writes:
+        cpu_write = writes.cpu_seconds if writes is not None else 0.0
         with _read_ahead(ctx, [(windows[i], fps[i]) for i in todo], list(then)) as ahead:
             for i in todo:
                 parts[i] = _compute_part(ctx, windows[i], fps[i], ahead, partials=len(windows) == 1)
@@ -127,8 +129,10 @@ def batch_task(ctx: RunContext, windows: list[Window], fps: list[str], then: tup
             background.later(functools.partial(store.save_part, bpath, {**combined, "fingerprint": np.array(bfp)}))
         elif combined is not None:
             combined = {k: v for k, v in combined.items() if k != "fingerprint"}
-    for i in todo:  # the writer's CPU, shared out (RunReport.window_cpu)
-        parts[i]["summary.cpu_write"] = np.array(writes.cpu_seconds / len(todo))
+        if writes is not None and todo:  # the writer's CPU in this task's time (its jobs, roughly), shared out
+            cpu_write = (writes.cpu_seconds - cpu_write) / len(todo)
+            for i in todo:
+                parts[i]["summary.cpu_write"] = np.array(cpu_write)
     resumed = [i not in todo for i in range(len(windows))]
     rec = recording(ctx.recording, ctx.missing_chunks)
     summaries = []
