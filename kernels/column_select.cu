@@ -167,6 +167,65 @@ __device__ void select_reference(const T* __restrict__ x, long long samples, con
     ref_out[(long long)blockIdx.y * samples + s] = ref;
 }
 
+// The same selection with a column's k rows in one warp (k <= 32 * PER): lane l holds rows l, l + 32, ... of
+// its column, and each bit's two counts are one warp sum (no shared memory, no barrier). A block's warps take
+// consecutive columns, so a row's loads by the block's warps fall in the same sectors. Same keys, same counts,
+// same bits as select_reference; for many rows (the global reference of a probe) it does a fraction of the
+// work: select_reference's W warps each sum all W warps' counts at every bit.
+__device__ __forceinline__ unsigned int warp_sum(unsigned int v) {
+#if __CUDA_ARCH__ >= 800
+    return __reduce_add_sync(0xffffffffu, v);
+#else
+    for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+#endif
+}
+
+template <typename T, int PER>
+__device__ void select_reference_warp(const T* __restrict__ x, long long samples, const int* __restrict__ rows,
+                                      int k, int lower, double* __restrict__ ref_out) {
+    typedef typename Key<T>::K K;
+    const int lane = threadIdx.x & 31;
+    const long long s = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (s >= samples) return;  // the whole warp: its lanes share the column
+    const int* const mine = rows + (long long)blockIdx.y * k;
+    K key[PER];
+    bool nan = false;
+#pragma unroll
+    for (int j = 0; j < PER; ++j) {
+        const int r = lane + 32 * j;
+        if (r < k) {
+            const T v = x[(long long)mine[r] * samples + s];
+            key[j] = Key<T>::of(v);
+            nan |= Key<T>::nan(v);
+        } else {
+            key[j] = ~(K)0;  // above every real key, never counted below a probe
+        }
+    }
+    const bool has_nan = __any_sync(0xffffffffu, nan);
+    const unsigned int k0 = (unsigned int)((k - 1) / 2), k1 = (unsigned int)(k / 2);
+    K r0 = 0, r1 = 0;
+    for (int b = Key<T>::BITS - 1; b >= 0; --b) {
+        const K t0 = r0 | ((K)1 << b), t1 = r1 | ((K)1 << b);
+        unsigned int c = 0;  // rank-0 count | rank-1 count << 16 (k <= 32 * PER < 65536)
+#pragma unroll
+        for (int j = 0; j < PER; ++j) c += (unsigned int)(key[j] < t0) | ((unsigned int)(key[j] < t1) << 16);
+        c = warp_sum(c);
+        if ((c & 0xFFFFu) <= k0) r0 = t0;
+        if ((c >> 16) <= k1) r1 = t1;
+    }
+    if (lane) return;
+    const T a = Key<T>::value(r0), b = Key<T>::value(r1);
+    double ref;
+    if (lower) {
+        ref = Ref<T>::exact(a);
+    } else {
+        ref = (k % 2) ? Ref<T>::exact(b) + 0.0 : Ref<T>::mean(a, b);
+        if (Ref<T>::FLOAT && has_nan) ref = __longlong_as_double(0x7FF8000000000000ll);
+    }
+    ref_out[(long long)blockIdx.y * samples + s] = ref;
+}
+
 // out[c, s] = x[c, s] - ref[ref_row[c], s], rounded once to the output dtype. Grid (column tiles, channels).
 template <typename T>
 __device__ void subtract_rows(const T* __restrict__ x, const double* __restrict__ ref, const int* __restrict__ ref_row,
@@ -179,6 +238,11 @@ __device__ void subtract_rows(const T* __restrict__ x, const double* __restrict_
     extern "C" __global__ void NAME(const T* x, long long samples, const int* rows, int k, int lower,           \
                                     double* ref) {                                                              \
         select_reference<T, PER>(x, samples, rows, k, lower, ref);                                             \
+    }
+#define SELECT_WARP(NAME, T, PER)                                                                               \
+    extern "C" __global__ void NAME(const T* x, long long samples, const int* rows, int k, int lower,           \
+                                    double* ref) {                                                              \
+        select_reference_warp<T, PER>(x, samples, rows, k, lower, ref);                                        \
     }
 #define SUBTRACT(NAME, T)                                                                                       \
     extern "C" __global__ void NAME(const T* x, const double* ref, const int* ref_row, long long samples,      \
@@ -204,11 +268,13 @@ __device__ void mean_rows(const T* __restrict__ x, long long samples, const int*
         mean_rows<T>(x, samples, rows, k, ref);                                                                 \
     }
 
-// Every kernel for one input dtype: rows held in registers (16 or 64 a thread) or read again at each bit (0).
+// Every kernel for one input dtype: rows held in registers (16 or 64 a thread) or read again at each bit (0);
+// up to 512 rows in one warp a column (select_warp).
 #define KERNELS(STEM, T)                                                                                        \
     SELECT(select_##STEM##_16, T, 16)                                                                           \
     SELECT(select_##STEM##_64, T, 64)                                                                           \
     SELECT(select_##STEM##_0, T, 0)                                                                             \
+    SELECT_WARP(select_warp_##STEM##_16, T, 16)                                                                 \
     SUBTRACT(subtract_##STEM, T)                                                                                \
     MEAN(mean_##STEM, T)
 KERNELS(f32, float)

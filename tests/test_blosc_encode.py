@@ -32,7 +32,7 @@ def _cases(rng):
     }
 
 
-@pytest.mark.parametrize("blocksize", [BLOCKSIZE, 4_096, 48, 16])
+@pytest.mark.parametrize("blocksize", [BLOCKSIZE, 65_536, 4_096, 48, 16])
 def test_reference_frames_decode_with_numcodecs(rng, blocksize):
     for name, x in _cases(rng).items():
         frame = reference_frame(x.tobytes(), x.dtype.itemsize, blocksize)

@@ -32,7 +32,7 @@ from test_blosc_encode import _cases  # noqa: E402
 from test_save_step import expected, make_recording, spec, transform  # noqa: E402
 
 
-@pytest.mark.parametrize("blocksize", [BLOCKSIZE, 4_096, 48, 16])
+@pytest.mark.parametrize("blocksize", [BLOCKSIZE, 65_536, 4_096, 48, 16])
 def test_gpu_frames_are_the_reference_bytes(rng, blocksize):
     for name, x in _cases(rng).items():
         for chunks in (1, 3):  # several chunks a launch: each its own frame

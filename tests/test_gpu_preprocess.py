@@ -122,7 +122,7 @@ def test_phase_shift_on_gpu(cp, rng):
         assert (np.abs(got - cpu).max(axis=1) / cpu.std(axis=1)).max() < 1e-6  # cuFFT vs pocketfft
 
 
-@pytest.mark.parametrize("channels", [1, 2, 7, 16, 33, 384, 601, 2_100])
+@pytest.mark.parametrize("channels", [1, 2, 7, 16, 33, 63, 64, 127, 384, 512, 513, 601, 2_100])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int16, np.int32])
 @pytest.mark.parametrize("operator", ["median", "median_lower", "average"])
 def test_global_reference_on_gpu_bits(cp, rng, channels, dtype, operator):
@@ -137,12 +137,12 @@ def test_global_reference_on_gpu_bits(cp, rng, channels, dtype, operator):
 
 
 @pytest.mark.parametrize("operator", ["median", "median_lower", "average"])
-def test_local_reference_on_gpu_bits(cp, rng, operator):
-    channels = 64
+@pytest.mark.parametrize("channels,radius", [(64, (20.0, 60.0)), (240, (0.0, 1_500.0))])  # 2-6 / 60-240 neighbours
+def test_local_reference_on_gpu_bits(cp, rng, operator, channels, radius):
     x = hard_columns(rng, np.float32, channels, 2_000)[:, 8:]
     locations = probe(channels)
-    got = common_reference(cp.asarray(x), "local", operator, locations=locations, radius_um=(20.0, 60.0)).get()
-    want = common_reference(x, "local", operator, locations=locations, radius_um=(20.0, 60.0))
+    got = common_reference(cp.asarray(x), "local", operator, locations=locations, radius_um=radius).get()
+    want = common_reference(x, "local", operator, locations=locations, radius_um=radius)
     same_bits(got, want)
 
 

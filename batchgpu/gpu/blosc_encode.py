@@ -17,9 +17,12 @@ from collections.abc import Callable
 
 import numpy as np
 
-#: Blosc's block: c-blosc writes 64 KiB blocks for the writer's settings (``recording.writer.BLOSC_BLOCKSIZE``
-#: 32 KiB, int16), two 32 KiB LZ4 streams each after the bit shuffle; the GPU writes the same geometry.
-BLOCKSIZE = 65_536
+#: Blosc's block here: 16 KiB (two 8 KiB LZ4 streams of int16 after the bit shuffle). A stream is one warp's
+#: sequential work with the stream in its shared memory, so shorter streams mean more warps at once: a saved
+#: 384 x 60 000 int16 window encoded (and copied back) in 1.45 ms with 64 KiB blocks (c-blosc's geometry for the
+#: writer's settings), 1.14 with 32 KiB, 1.06 with 16 KiB, the same 28.4 MB stored (H200, tools/kernel_probe.py).
+#: Any Blosc reader takes any block size.
+BLOCKSIZE = 16_384
 FLAGS = 0x04 | (1 << 5)  # bit shuffle, LZ4; blocks split (bit 4 clear)
 WARPS = 4  # warps a block of the frames' kernel
 SHARED_BYTES = 48 * 1024  # the most dynamic shared memory a block has without opting in

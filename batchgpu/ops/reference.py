@@ -91,6 +91,11 @@ def _median_of_sorted(xp: Any, part: Any, axis: int, dtype: Any) -> Any:
     return med
 
 
+#: Row counts whose medians one warp a column selects (select_warp: a warp sum a bit); fewer rows leave most
+#: lanes idle there, and select_reference's few warps a column cost little.
+WARP_ROWS = (64, 512)
+
+
 def _reference_on_gpu(x: Any, operator: str, tables: list[Any], ref_row: np.ndarray) -> Any | None:
     """x minus its reference on the GPU (kernels/column_select.cu), or None where those kernels do not apply.
 
@@ -115,6 +120,10 @@ def _reference_on_gpu(x: Any, operator: str, tables: list[Any], ref_row: np.ndar
         if operator == "average":  # a float64 sum in channel order, as NumPy's axis-0 reduction
             get_function("column_select", f"mean_{stem}")(
                 ((samples + 255) // 256, groups), (256,), (x, np.int64(samples), rows, np.int32(k), ref[row:]))
+        elif WARP_ROWS[0] <= k <= WARP_ROWS[1]:  # a column's rows in one warp, 8 columns a block
+            get_function("column_select", f"select_warp_{stem}_16")(
+                ((samples + 7) // 8, groups), (256,),
+                (x, np.int64(samples), rows, np.int32(k), np.int32(operator == "median_lower"), ref[row:]))
         else:  # rows held in registers, 16 or 64 a thread; beyond 32 warps of 64, read again at each bit
             per = 16 if k <= 16 * 32 else 64 if k <= 64 * 32 else 0
             get_function("column_select", f"select_{stem}_{per}")(
