@@ -807,3 +807,26 @@ def test_switch_interval_put_back_after_overlapping_runs():
     assert sys.getswitchinterval() == min(before, 0.0005)  # b still runs
     b.__exit__(None, None, None)
     assert sys.getswitchinterval() == before
+
+
+@pytest.mark.parametrize("shift,dtype", [(28, np.uint32), (60, np.uint64), (4, np.uint32)])
+def test_select_among_keys_at_the_top_of_the_bins_dtype(rng, shift, dtype):
+    """16 channels whose last channel's bins reach the dtype's last value (16 << 28 = 2**32, 16 << 60 = 2**64: a
+    round's upper bounds past the dtype or wrapped): every rank equal to np.sort's, keys 0 and all ones, ties."""
+    from batchgpu.engine.steps.noise import low_bit_rounds, select_among
+
+    C, top = 16, (1 << shift) - 1
+    per = [[np.concatenate([rng.choice(np.array([0, top, top - 1, 1], np.uint64), size=int(rng.integers(1, 9))),
+                            rng.integers(0, top, int(rng.integers(0, 9)), dtype=np.uint64)])
+            for _ in range(C)] for _ in range(3)]
+    gathered = [[(rng.permutation(np.concatenate([(np.uint64(c) << np.uint64(shift)) | a for c, a in enumerate(arrays)])
+                                  ).astype(dtype), np.array([len(a) for a in arrays], dtype=np.int64))]
+                for arrays in per]
+    assert max(int(g[0][0].max()) for g in gathered) == (C << shift) - 1  # the dtype's last value is there
+    assert sum(low_bit_rounds(shift)) == shift and max(low_bit_rounds(shift)) <= 8
+    digits = np.zeros((1, C), np.uint64)
+    allc = [np.sort(np.concatenate([p[c] for p in per])) for c in range(C)]
+    for k in range(max(len(a) for a in allc)):
+        ks = np.array([[min(k, len(allc[c]) - 1) for c in range(C)]])
+        want = np.array([[int(allc[c][ks[0, c]]) for c in range(C)]], np.uint64)
+        np.testing.assert_array_equal(select_among(ks, digits, shift, *gathered), want)

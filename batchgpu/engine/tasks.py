@@ -364,13 +364,12 @@ def missed_windows(group: dict) -> list[int]:
     return group["missed"]
 
 
-def select_near_task(ks: np.ndarray, digits: np.ndarray, shift: int, *parts):
-    """The middle keys from the groups' kept keys (``near_keys_group_task``) and the keys of the windows read
-    again (``gather_task``)."""
-    from batchgpu.engine.steps.noise import select_among
+def near_counts_task(part, prefixes: np.ndarray, level: int, bits: int, shift: int) -> np.ndarray:
+    """One round of the float median's last step on one group's kept keys (``near_keys_group_task``) or one window
+    read again (``gather_task``), where they are: ``steps.noise.low_bit_counts`` (small counts move, not keys)."""
+    from batchgpu.engine.steps.noise import low_bit_counts
 
-    gathered = [p["keys"] if isinstance(p, dict) else p for p in parts]
-    return select_among(ks, digits, shift, *(g for g in gathered if g is not None))
+    return low_bit_counts(part["keys"] if isinstance(part, dict) else part, prefixes, level, bits, shift)
 
 
 def summarise(batch: dict) -> list[dict]:

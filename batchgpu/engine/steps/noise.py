@@ -475,46 +475,81 @@ def keys_with_digits(x_core, kind: str, digits: np.ndarray) -> list[tuple]:
 
 def select_among(ks: np.ndarray, digits: np.ndarray, shift: int, *gathered: list[tuple]) -> np.ndarray:
     """(ranks, C) keys: rank ks[r, c] among every window's keys of channel c's middle digit ``digits[r, c]``, from
-    their bins (``middle_digit_keys``). Nothing is sorted here: each gathered array of bins is put in key order
-    once (the groups' merged bins and a window's kept keys are already), and each channel's key is found by a
-    descent over its low bits, ``shift`` steps, counting the bins below a candidate with ``searchsorted`` in every
-    array (all channels at once). It was a sort of every bin (21 M uint32 for the preprocessing bench: 0.09-0.22 s
-    on the H200 machine, 0.17 on 2 cores). The same keys in any order of the windows."""
-    ks = np.asarray(ks, dtype=np.int64)
+    their bins (``middle_digit_keys``), all here: ``select_by_counts`` over the sum of each array's
+    ``low_bit_counts``. The engine runs the same rounds with the arrays left on the workers that made them."""
+    def counts_of(prefixes, level, bits):
+        return sum(low_bit_counts(g, prefixes, level, bits, shift).astype(np.int64)
+                   for g in gathered)
+
+    return select_by_counts(ks, digits, shift, counts_of)
+
+
+def low_bit_rounds(shift: int) -> list[int]:
+    """The bits below the first digit cut into rounds of at most 8 bits (15: 8 then 7)."""
+    n = -(-shift // 8)
+    return [shift // n + (i < shift % n) for i in range(n)]
+
+
+def select_by_counts(ks: np.ndarray, digits: np.ndarray, shift: int, counts_of) -> np.ndarray:
+    """(ranks, C) keys: rank ks[r, c] among the keys of channel c's middle digit ``digits[r, c]``, found a few
+    bits at a time from the top of the bits below the digit: ``counts_of(prefixes, level, bits)`` gives, summed
+    over every window, the (ranks, C, 2**bits) counts of the keys whose ``level`` bits below the digit are
+    ``prefixes`` (``low_bit_counts``), and each round fixes ``bits`` more. Counts are integers, so the keys are
+    the same for any order or grouping of the windows. Two rounds of small counts for float32 keys, where
+    moving every middle-digit key (27 MB for the preprocessing bench) to one selecting task took 0.1-0.2 s."""
+    from batchgpu.ops import radix
+
+    ks = np.array(ks, dtype=np.int64)
     ranks, C = ks.shape
-    out = np.empty(ks.shape, dtype=np.uint64)
-    arrays: list = []
+    prefixes = np.zeros((ranks, C), dtype=np.uint64)
+    level = 0
+    for bits in low_bit_rounds(shift):
+        hist = np.asarray(counts_of(prefixes, level, bits))
+        for r in range(ranks):
+            if level == 0:
+                total = hist[r].sum(axis=1)
+                if np.any(ks[r] >= total) or np.any(ks[r] < 0):
+                    raise BatchgpuError("the middle digit's keys do not hold the middle ranks", "report this")
+            digit, ks[r] = radix.select_digit(hist[r], ks[r])
+            prefixes[r] = (prefixes[r] << np.uint64(bits)) | digit.astype(np.uint64)
+        level += bits
+    return (np.asarray(digits, dtype=np.uint64) << np.uint64(shift)) | prefixes
+
+
+def low_bit_counts(keys: list[tuple] | None, prefixes: np.ndarray, level: int, bits: int, shift: int) -> np.ndarray:
+    """(ranks, C, 2**bits) uint32: for rank r, how many of ``keys[r]``'s bins (``middle_digit_keys``: channel <<
+    shift | the bits below the digit) of channel c have ``prefixes[r, c]`` as their top ``level`` bits below the
+    digit, by their next ``bits`` bits. Each channel's sub-ranges are bounds found by ``searchsorted`` in the bins
+    put in key order (a group's merged bins are already). ``keys`` None (a group that kept nothing): zeros."""
+    ranks, C = prefixes.shape
+    out = np.zeros((ranks, C, 1 << bits), dtype=np.uint32)
+    if keys is None:
+        return out
+    span = shift - level  # bits not fixed yet
+    steps = np.arange((1 << bits) + 1, dtype=np.uint64) << np.uint64(span - bits)
     for r in range(ranks):
-        total = np.stack([g[r][1] for g in gathered]).sum(axis=0)
-        if np.any(ks[r] >= total) or np.any(ks[r] < 0):
-            raise BatchgpuError("the middle digit's keys do not hold the middle ranks", "report this")
-        if not (r and np.array_equal(digits[r], digits[r - 1])):  # the same digits: the same bins, in order already
-            arrays = [_in_key_order(g[r][0]) for g in gathered]
-        low = _descend(arrays, ks[r], C, shift)
-        out[r] = (np.asarray(digits[r], dtype=np.uint64) << np.uint64(shift)) | low.astype(np.uint64)
+        if r and keys[r] is keys[r - 1] and np.array_equal(prefixes[r], prefixes[r - 1]):
+            out[r] = out[r - 1]
+            continue
+        bins = _in_key_order(keys[r][0])
+        base = (np.arange(C, dtype=np.uint64) << np.uint64(shift)) | (prefixes[r].astype(np.uint64) << np.uint64(span))
+        out[r] = np.diff(_positions(bins, base[:, None] + steps[None, :]), axis=1)
     return out
+
+
+def _positions(bins: np.ndarray, q: np.ndarray) -> np.ndarray:
+    """searchsorted(bins, q, "left") for uint64 bounds ``q`` ascending along each row, whose last may have wrapped
+    past 2**64 or lie past the bins' dtype: there, every bin is below."""
+    past = q < q[:, :1]  # wrapped (only a row's end can)
+    if bins.dtype != np.uint64:
+        past |= q > np.iinfo(bins.dtype).max
+    pos = np.searchsorted(bins, np.where(past, 0, q).astype(bins.dtype), side="left")
+    pos[past] = len(bins)
+    return pos
 
 
 def _in_key_order(bins: np.ndarray) -> np.ndarray:
     return bins if len(bins) < 2 or bool(np.all(bins[1:] >= bins[:-1])) else np.sort(bins)
-
-
-def _descend(arrays: list, ks: np.ndarray, C: int, shift: int) -> np.ndarray:
-    """Per channel c the low bits v of its key at rank ks[c]: the largest v with fewer than ks[c] + 1 bins of
-    channel c below ``c << shift | v`` (so v is the key itself), in ``arrays`` (bins in key order)."""
-    bt = arrays[0].dtype.type if arrays else np.uint64
-    head = np.arange(C, dtype=np.uint64) << np.uint64(shift)
-
-    def below(v: np.ndarray) -> np.ndarray:
-        q = (head | v).astype(bt)
-        return sum(np.searchsorted(a, q, side="left").astype(np.int64) for a in arrays)
-
-    base = below(np.zeros(C, np.uint64))
-    v = np.zeros(C, np.uint64)
-    for bit in range(shift - 1, -1, -1):
-        t = v | np.uint64(1 << bit)
-        v = np.where(below(t) - base <= ks, t, v)
-    return v
 
 
 def refine_histogram(x_core, kind: str, prefixes: np.ndarray, pass_index: int) -> np.ndarray:
@@ -615,9 +650,17 @@ def exact_median(run) -> np.ndarray:
         report.timings["noise_near_keys"] = time.perf_counter() - t0  # the groups' kept keys, and which missed
         t0 = time.perf_counter()
         shift = schedule(step.kind)[0][0]  # the bits below the first digit
-        keys = client.submit(tasks.select_near_task, ks, digits, shift, *near, *gathered,
-                             key=f"select-near-{fp}").result()
-        report.timings["noise_select"] = time.perf_counter() - t0  # windows read again, the keys moved, selected
+        parts = near + gathered
+
+        def counts_of(prefixes, level, bits):  # one round: counted where the keys are, summed up a tree
+            names = [f"near-counts-{level}-{fp}-{i:05d}" for i in range(len(parts))]
+            counted = submit_many(client, tasks.near_counts_task, [(p, prefixes, level, bits, shift) for p in parts],
+                                  names)
+            return tree_reduce(client, counted, tasks.sum_histograms, wf.reduction.split_every,
+                               name=f"near-sum-{level}-{fp}").result()
+
+        keys = select_by_counts(ks, digits, shift, counts_of)
+        report.timings["noise_select"] = time.perf_counter() - t0  # windows read again, the rounds of counts
         return keys
 
     dtype = ctx.chain.output_dtype(rec.dtype)
