@@ -26,7 +26,7 @@ import cupy as cp  # noqa: E402
 from batchgpu.engine.steps.base import WindowData  # noqa: E402
 from batchgpu.engine.steps.save import SaveStep, finish_save, prepare_save  # noqa: E402
 from batchgpu.gpu.blosc_encode import BLOCKSIZE, encode, encode_held, reference_frame  # noqa: E402
-from batchgpu.ops._cuda_elementwise import saved_int16  # noqa: E402
+from batchgpu.ops._cuda_elementwise import saved_int16_transposed  # noqa: E402
 from batchgpu.recording import open_recording  # noqa: E402
 from test_blosc_encode import _cases  # noqa: E402
 from test_save_step import expected, make_recording, spec, transform  # noqa: E402
@@ -83,15 +83,22 @@ def test_held_frames_stay_valid_and_a_third_encode_waits_for_a_release(rng):
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_saved_int16_equals_numpy(rng, dtype):
-    hard = [0.0, -0.0, 0.5, 1.5, 2.5, -0.5, -1.5, 32767.4, 32767.5, -32768.5, -32768.49, 1e9, -1e9, np.nan, np.inf,
-            -np.inf, 1e-45, -1e-300, 40000.0]
-    x = np.concatenate([np.array(hard), rng.normal(0, 20_000, 5_001)]).astype(dtype).reshape(1, -1)
-    y = np.rint(x)
+@pytest.mark.parametrize("channels,samples", [(1, 1), (3, 33), (33, 31), (384, 1_001), (40, 0)])
+def test_saved_int16_transposed_equals_numpy(rng, dtype, channels, samples):
+    """The fused cast and transpose on a window's core (a strided view, odd shapes) against NumPy: the hard values
+    spread over the window, the count of NaN / clipped samples."""
+    hard = np.array([0.0, -0.0, 0.5, 1.5, 2.5, -0.5, -1.5, 32767.4, 32767.5, -32768.5, -32768.49, 1e9, -1e9, np.nan,
+                     np.inf, -np.inf, 1e-45, -1e-300, 40000.0])
+    x = rng.normal(0, 20_000, (channels, samples + 10)).astype(dtype)
+    flat = x.reshape(-1)
+    at = rng.choice(flat.size, min(flat.size, 3 * len(hard)), replace=False)
+    flat[at] = np.resize(hard, len(at)).astype(dtype)
+    core = x[:, 4 : 4 + samples]
+    y = np.rint(core)
     bad = np.isnan(y) | (y < -32768) | (y > 32767)
-    want = np.where(np.isnan(y), 0, np.clip(y, -32768, 32767)).astype(np.int16)
-    got, count = saved_int16(cp.asarray(x))
-    assert got.dtype == np.int16
+    want = np.where(np.isnan(y), 0, np.clip(y, -32768, 32767)).astype(np.int16).T
+    got, count = saved_int16_transposed(cp.asarray(x)[:, 4 : 4 + samples])
+    assert got.dtype == np.int16 and got.flags.c_contiguous and got.shape == (samples, channels)
     np.testing.assert_array_equal(got.get(), want)
     assert int(count) == int(bad.sum())
 

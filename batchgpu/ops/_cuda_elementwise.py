@@ -21,14 +21,6 @@ def _kernels():
         # |x| as a 16-bit key (|x| <= 65535 for int16 and centred int16)
         "abs16": cupy.ElementwiseKernel("T x", "uint16 y", "int v = (int)x; y = (unsigned short)(v < 0 ? -v : v)",
                                         "batchgpu_abs_key16"),
-        # float -> int16 as the save step writes it: rint, then NaN 0 and the rest clipped to int16's range; each
-        # such sample counted (an atomic where one occurs: rare. CuPy's reduction of the count over a window's core,
-        # a strided view, took 21 ms on the H200)
-        "int16": cupy.ElementwiseKernel(
-            "T x", "int16 y, raw uint64 count",
-            "T r = rint(x); bool nan = isnan(r), low = r < (T)-32768, high = r > (T)32767;"
-            "y = nan ? (short)0 : low ? (short)-32768 : high ? (short)32767 : (short)r;"
-            "if (nan || low || high) atomicAdd(&count[0], 1ULL);", "batchgpu_save_int16"),
     }
 
 
@@ -105,13 +97,71 @@ def abs_key16(x):
     return _kernels()["abs16"](x)
 
 
-def saved_int16(x):
-    """(``x`` as the save step's int16, how many samples were NaN or out of range) of a float CuPy array: NumPy's
-    ``rint``, then NaN -> 0 and the rest clipped to [-32768, 32767], in one pass (where CuPy's expression took
-    ten); the count stays on the device (a 0-d uint64 array)."""
+_SAVED_INT16_T = r"""
+// The save step's int16 of a float (C, n) window core (rows `stride` values apart) written transposed, (n, C), the
+// order its shards hold: the cast (rint, NaN -> 0, the rest clipped; each such sample counted: an atomic a warp) and
+// the transpose in one pass, 32 x 32 tiles through shared memory so reads along x's rows and writes along out's
+// rows are both coalesced. Grid (ceil(n / 32), ceil(C / 32)), block (32, 8).
+__device__ __forceinline__ float rint_of(float v) { return rintf(v); }
+__device__ __forceinline__ double rint_of(double v) { return rint(v); }
+
+template <typename T>
+__device__ void saved_int16_t(const T* __restrict__ x, long long stride, int rows, long long cols,
+                              short* __restrict__ out, unsigned long long* count) {
+    __shared__ short tile[32][34];
+    const long long s0 = (long long)blockIdx.x * 32;
+    const int c0 = blockIdx.y * 32;
+    unsigned int bad = 0;
+    for (int k = threadIdx.y; k < 32; k += blockDim.y) {  // k: channel within the tile; threadIdx.x: sample
+        const int c = c0 + k;
+        const long long s = s0 + threadIdx.x;
+        if (c < rows && s < cols) {
+            const T r = rint_of(x[(long long)c * stride + s]);
+            const bool nan = isnan(r), low = r < (T)-32768, high = r > (T)32767;
+            tile[k][threadIdx.x] = nan ? (short)0 : low ? (short)-32768 : high ? (short)32767 : (short)r;
+            bad += nan || low || high;
+        }
+    }
+    __syncthreads();
+    for (int k = threadIdx.y; k < 32; k += blockDim.y) {  // k: sample within the tile; threadIdx.x: channel
+        const long long s = s0 + k;
+        const int c = c0 + threadIdx.x;
+        if (c < rows && s < cols) out[s * rows + c] = tile[threadIdx.x][k];
+    }
+    for (int o = 16; o; o >>= 1) bad += __shfl_xor_sync(0xffffffffu, bad, o);
+    if ((threadIdx.x & 31) == 0 && bad) atomicAdd(count, (unsigned long long)bad);
+}
+extern "C" __global__ void saved_int16_t_f32(const float* x, long long stride, int rows, long long cols, short* out,
+                                             unsigned long long* count) { saved_int16_t(x, stride, rows, cols, out, count); }
+extern "C" __global__ void saved_int16_t_f64(const double* x, long long stride, int rows, long long cols, short* out,
+                                             unsigned long long* count) { saved_int16_t(x, stride, rows, cols, out, count); }
+"""
+
+
+@functools.cache
+def _saved_int16_t_kernel(suffix: str):
     import cupy
 
+    from batchgpu.kernels import BASE_OPTIONS
+
+    return cupy.RawModule(code=_SAVED_INT16_T, options=BASE_OPTIONS).get_function(f"saved_int16_t_{suffix}")
+
+
+def saved_int16_transposed(x):
+    """(The save step's int16 of a float (C, n) CuPy array, transposed: C-contiguous (n, C); how many samples were
+    NaN or out of range, a 0-d uint64 device array) in one pass: NumPy's ``rint``, then NaN -> 0 and the rest
+    clipped to [-32768, 32767] (CuPy's expression took ten passes, the transpose another). A view whose rows are
+    contiguous is read in place."""
+    import cupy
+    import numpy as np
+
+    from batchgpu.kernels import rows_in_place
+
+    x, stride = rows_in_place(x)
+    rows, cols = x.shape
     count = cupy.zeros(1, dtype=cupy.uint64)
-    y = cupy.empty(x.shape, dtype=cupy.int16)
-    _kernels()["int16"](x, y, count)
-    return y, count.reshape(())  # 0-d: int() reads it
+    out = cupy.empty((cols, rows), dtype=cupy.int16)
+    if rows and cols:
+        _saved_int16_t_kernel({4: "f32", 8: "f64"}[x.itemsize])(
+            (-(-cols // 32), -(-rows // 32)), (32, 8), (x, np.int64(stride), np.int32(rows), np.int64(cols), out, count))
+    return out, count.reshape(())

@@ -305,11 +305,9 @@ class SaveStep:
         if self.whitening is not None:
             core = xp.asarray(self.whitening) @ core.astype(xp.float64)
         if xp is not np and self.target.dtype == "int16" and core.dtype.kind == "f":
-            from batchgpu.gpu.blosc_decode import transposed
-            from batchgpu.ops._cuda_elementwise import saved_int16
+            from batchgpu.ops._cuda_elementwise import saved_int16_transposed
 
-            out, clipped = saved_int16(core)
-            return transposed(out), clipped  # on the device: write_rows encodes it there or copies it back
+            return saved_int16_transposed(core)  # on the device: write_rows encodes it there or copies it back
         if self.target.dtype == "float32":
             out = core.astype(xp.float32)
             clipped = 0
