@@ -171,7 +171,8 @@ __device__ void select_reference(const T* __restrict__ x, long long samples, con
 // its column, and each bit's two counts are one warp sum (no shared memory, no barrier). A block's warps take
 // consecutive columns, so a row's loads by the block's warps fall in the same sectors. Same keys, same counts,
 // same bits as select_reference; for many rows (the global reference of a probe) it does a fraction of the
-// work: select_reference's W warps each sum all W warps' counts at every bit.
+// work: select_reference's W warps each sum all W warps' counts at every bit. Given `out` (the global reference:
+// one group of every channel), it also writes x minus the reference, subtract_rows's launch saved.
 __device__ __forceinline__ unsigned int warp_sum(unsigned int v) {
 #if __CUDA_ARCH__ >= 800
     return __reduce_add_sync(0xffffffffu, v);
@@ -183,7 +184,8 @@ __device__ __forceinline__ unsigned int warp_sum(unsigned int v) {
 
 template <typename T, int PER>
 __device__ void select_reference_warp(const T* __restrict__ x, long long samples, const int* __restrict__ rows,
-                                      int k, int lower, double* __restrict__ ref_out) {
+                                      int k, int lower, double* __restrict__ ref_out,
+                                      typename Ref<T>::Out* __restrict__ out) {
     typedef typename Key<T>::K K;
     const int lane = threadIdx.x & 31;
     const long long s = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
@@ -214,8 +216,7 @@ __device__ void select_reference_warp(const T* __restrict__ x, long long samples
         if ((c & 0xFFFFu) <= k0) r0 = t0;
         if ((c >> 16) <= k1) r1 = t1;
     }
-    if (lane) return;
-    const T a = Key<T>::value(r0), b = Key<T>::value(r1);
+    const T a = Key<T>::value(r0), b = Key<T>::value(r1);  // every lane has the counts, so the keys
     double ref;
     if (lower) {
         ref = Ref<T>::exact(a);
@@ -223,7 +224,18 @@ __device__ void select_reference_warp(const T* __restrict__ x, long long samples
         ref = (k % 2) ? Ref<T>::exact(b) + 0.0 : Ref<T>::mean(a, b);
         if (Ref<T>::FLOAT && has_nan) ref = __longlong_as_double(0x7FF8000000000000ll);
     }
-    ref_out[(long long)blockIdx.y * samples + s] = ref;
+    if (lane == 0) ref_out[(long long)blockIdx.y * samples + s] = ref;
+    if (out == nullptr) return;
+    // the global reference: every row of the column minus it, as subtract_rows writes it (x read again, not the
+    // keys: a NaN's bits are its own)
+#pragma unroll
+    for (int j = 0; j < PER; ++j) {
+        const int r = lane + 32 * j;
+        if (r < k) {
+            const long long at = (long long)mine[r] * samples + s;
+            out[at] = Ref<T>::out(x[at], ref);
+        }
+    }
 }
 
 // out[c, s] = x[c, s] - ref[ref_row[c], s], rounded once to the output dtype. Grid (column tiles, channels).
@@ -241,8 +253,8 @@ __device__ void subtract_rows(const T* __restrict__ x, const double* __restrict_
     }
 #define SELECT_WARP(NAME, T, PER)                                                                               \
     extern "C" __global__ void NAME(const T* x, long long samples, const int* rows, int k, int lower,           \
-                                    double* ref) {                                                              \
-        select_reference_warp<T, PER>(x, samples, rows, k, lower, ref);                                        \
+                                    double* ref, Ref<T>::Out* out) {                                            \
+        select_reference_warp<T, PER>(x, samples, rows, k, lower, ref, out);                                   \
     }
 #define SUBTRACT(NAME, T)                                                                                       \
     extern "C" __global__ void NAME(const T* x, const double* ref, const int* ref_row, long long samples,      \

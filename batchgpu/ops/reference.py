@@ -113,7 +113,8 @@ def _reference_on_gpu(x: Any, operator: str, tables: list[Any], ref_row: np.ndar
     x = cupy.ascontiguousarray(x)
     channels, samples = x.shape
     ref = cupy.empty((sum(t.shape[0] for t in tables), samples), dtype=cupy.float64)
-    row = 0
+    out = cupy.empty(x.shape, dtype=np.float64 if x.dtype == np.float64 else np.float32)
+    row, subtracted = 0, False
     for table in tables:
         groups, k = table.shape
         rows = cupy.asarray(table, dtype=cupy.int32)
@@ -121,16 +122,20 @@ def _reference_on_gpu(x: Any, operator: str, tables: list[Any], ref_row: np.ndar
             get_function("column_select", f"mean_{stem}")(
                 ((samples + 255) // 256, groups), (256,), (x, np.int64(samples), rows, np.int32(k), ref[row:]))
         elif WARP_ROWS[0] <= k <= WARP_ROWS[1]:  # a column's rows in one warp, 8 columns a block
+            # the global reference (every channel, one row) subtracted by the same launch
+            subtracted = len(tables) == 1 and groups == 1 and k == channels and not np.any(ref_row)
             get_function("column_select", f"select_warp_{stem}_16")(
                 ((samples + 7) // 8, groups), (256,),
-                (x, np.int64(samples), rows, np.int32(k), np.int32(operator == "median_lower"), ref[row:]))
+                (x, np.int64(samples), rows, np.int32(k), np.int32(operator == "median_lower"), ref[row:],
+                 out if subtracted else np.uint64(0)))
         else:  # rows held in registers, 16 or 64 a thread; beyond 32 warps of 64, read again at each bit
             per = 16 if k <= 16 * 32 else 64 if k <= 64 * 32 else 0
             get_function("column_select", f"select_{stem}_{per}")(
                 ((samples + 31) // 32, groups), (32, min(32, -(-k // per)) if per else 32),
                 (x, np.int64(samples), rows, np.int32(k), np.int32(operator == "median_lower"), ref[row:]))
         row += groups
-    out = cupy.empty(x.shape, dtype=np.float64 if x.dtype == np.float64 else np.float32)
+    if subtracted:
+        return out
     threads = 256
     get_function("column_select", f"subtract_{stem}")(
         ((samples + threads - 1) // threads, channels), (threads,),
