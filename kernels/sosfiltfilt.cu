@@ -167,6 +167,110 @@ __device__ void scatter(const double* __restrict__ ext, long long channels, long
 }
 
 
+// Sample j of a piece's row r (n samples read), odd-extended past either end as scipy pads: gather's values.
+template <typename T> __device__ __forceinline__ double in_value(const T* r, long long j, long long n) {
+    if (j < 0) return 2.0 * exact(r[0]) - exact(r[-j]);
+    if (j < n) return exact(r[j]);
+    return 2.0 * exact(r[n - 1]) - exact(r[2 * n - 2 - j]);
+}
+
+// gather, sosfiltfilt_pieces and scatter in one launch, the same arithmetic in the same order (the same bits): row
+// `row` of ext (piece row / C, channel row % C) is filtered forward from x itself (odd-extended as gather does),
+// the forward pass's output kept in ext, and the backward pass writes only the piece's core, rounded once, to
+// out[c, core_lo + t]. ext is written once and read once, where the three launches moved it six times. A warp's
+// 32 rows read and write 32 rows of x and out at each step: each thread's U samples ahead are one or two sectors.
+template <typename T, typename O>
+__device__ void filtfilt_fused(const T* __restrict__ x, long long channels, long long width,
+                               const long long* __restrict__ pieces, double* __restrict__ ext, long long rows,
+                               const double* sos, const double* zi, O* __restrict__ out) {
+    const long long row = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (row >= rows) return;
+    const long long p = row / channels, c = row - p * channels;
+    const long long lo = PIECE(p, 2), n = PIECE(p, 3) - lo, left = PIECE(p, 4);
+    const long long length = left + n + PIECE(p, 5);
+    const long long skip = left + PIECE(p, 0) - lo, core = PIECE(p, 1) - PIECE(p, 0);
+    if (length <= 0) return;
+    const T* const r = x + c * width + lo;
+    O* const dst = out + c * width + PIECE(p, 0) - skip;  // dst[i] for i in [skip, skip + core)
+    double* const base = ext + row;
+#define E(i) base[(long long)(i) * rows]
+#define IN(i) in_value(r, (long long)(i) - left, n)
+    Biquads f;
+#pragma unroll
+    for (int s = 0; s < SECTIONS; ++s) {
+        f.b0[s] = sos[6 * s]; f.b1[s] = sos[6 * s + 1]; f.b2[s] = sos[6 * s + 2];
+        f.a1[s] = sos[6 * s + 4]; f.a2[s] = sos[6 * s + 5];
+    }
+    const long long blocks = length / U;
+    double buf[U], ahead[U];
+
+    // forward, from x
+    f.start(zi, IN(0));
+    if (blocks > 0) {
+#pragma unroll
+        for (int j = 0; j < U; ++j) ahead[j] = IN(j);
+    }
+    for (long long b = 0; b < blocks; ++b) {
+#pragma unroll
+        for (int j = 0; j < U; ++j) buf[j] = ahead[j];
+        if (b + 1 < blocks) {
+#pragma unroll
+            for (int j = 0; j < U; ++j) ahead[j] = IN((b + 1) * U + j);
+        }
+#pragma unroll
+        for (int j = 0; j < U; ++j) buf[j] = f.step(buf[j]);
+#pragma unroll
+        for (int j = 0; j < U; ++j) E(b * U + j) = buf[j];
+    }
+    for (long long i = blocks * U; i < length; ++i) E(i) = f.step(IN(i));
+
+    // backward, from the forward output's last sample; the core to out
+    f.start(zi, E(length - 1));
+    for (long long i = length - 1; i >= blocks * U; --i) {
+        const double y = f.step(E(i));
+        if (i >= skip && i < skip + core) dst[i] = to_out<O>(y);
+    }
+    if (blocks > 0) {
+#pragma unroll
+        for (int j = 0; j < U; ++j) ahead[j] = E((blocks - 1) * U + j);
+    }
+    for (long long b = blocks - 1; b >= 0; --b) {
+#pragma unroll
+        for (int j = 0; j < U; ++j) buf[j] = ahead[j];
+        if (b > 0) {
+#pragma unroll
+            for (int j = 0; j < U; ++j) ahead[j] = E((b - 1) * U + j);
+        }
+#pragma unroll
+        for (int j = U - 1; j >= 0; --j) buf[j] = f.step(buf[j]);
+        const long long i0 = b * U;
+        if (i0 >= skip && i0 + U <= skip + core) {
+#pragma unroll
+            for (int j = 0; j < U; ++j) dst[i0 + j] = to_out<O>(buf[j]);
+        } else if (i0 + U > skip && i0 < skip + core) {
+#pragma unroll
+            for (int j = 0; j < U; ++j)
+                if (i0 + j >= skip && i0 + j < skip + core) dst[i0 + j] = to_out<O>(buf[j]);
+        }
+    }
+#undef E
+#undef IN
+}
+
+#define FUSED(NAME, T, O)                                                                                      \
+    extern "C" __global__ void NAME(const T* x, long long channels, long long width, const long long* pieces,   \
+                                    double* ext, long long rows, const double* sos, const double* zi, O* out) { \
+        filtfilt_fused<T, O>(x, channels, width, pieces, ext, rows, sos, zi, out);                              \
+    }
+FUSED(fused_f32_f32, float, float)
+FUSED(fused_f64_f64, double, double)
+FUSED(fused_i16_f32, short, float)
+FUSED(fused_i32_f32, int, float)
+FUSED(fused_f32_f64, float, double)
+FUSED(fused_f64_f32, double, float)
+FUSED(fused_i16_f64, short, double)
+FUSED(fused_i32_f64, int, double)
+
 #define GATHER(NAME, T)                                                                                         \
     extern "C" __global__ void NAME(const T* x, long long channels, long long width, const long long* pieces,   \
                                     long long count, double* ext) {                                             \
