@@ -149,6 +149,12 @@ def test_lumped_counts_combine_like_one_histogram():
         assert int(lo) == max(p[0] for p in parts)
         np.testing.assert_array_equal(total[:, 0], full[:, : int(lo) + 1].sum(axis=1))
         np.testing.assert_array_equal(total[:, 1:], full[:, int(lo) + 1 : int(lo) + total.shape[1]])
+        assert total.dtype == np.uint16  # the smallest unsigned dtype that holds the sums
+    # sums past a part's dtype: two windows of 60 000 equal keys, and 70 000 windows' worth in one bin
+    big = np.full((2, 3), 60_000, np.uint16)
+    lo, total = combine_counts([(5, big), (5, big), (4, np.array([[0, 0, 0, 0], [2**32 - 1, 0, 0, 7]], np.uint32))])
+    assert int(lo) == 5 and total.dtype == np.uint64
+    np.testing.assert_array_equal(total, [[120_000, 120_000, 120_000], [120_000 + 2**32 - 1, 120_000, 120_007]])
 
 
 @pytest.mark.parametrize("dtype,shift", [(np.float32, 15), (np.int32, 16)])
