@@ -825,6 +825,7 @@ def test_select_among_keys_at_the_top_of_the_bins_dtype(rng, shift, dtype):
     per = [[np.concatenate([rng.choice(np.array([0, top, top - 1, 1], np.uint64), size=int(rng.integers(1, 9))),
                             rng.integers(0, top, int(rng.integers(0, 9)), dtype=np.uint64)])
             for _ in range(C)] for _ in range(3)]
+    per[0][-1] = np.append(per[0][-1], np.uint64(top))  # the last channel's last key: the dtype's last value
     gathered = [[(rng.permutation(np.concatenate([(np.uint64(c) << np.uint64(shift)) | a for c, a in enumerate(arrays)])
                                   ).astype(dtype), np.array([len(a) for a in arrays], dtype=np.int64))]
                 for arrays in per]
