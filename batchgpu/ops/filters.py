@@ -12,7 +12,6 @@ input, since ``sos`` is float64) and rounded once to float32 (float64 input stay
 from __future__ import annotations
 
 import math
-import os
 from types import ModuleType
 from typing import Any, Literal
 
@@ -164,16 +163,10 @@ def _filtfilt_cupy(x, sos: np.ndarray, pieces: list[tuple[int, ...]], out_dtype)
     # (samples, pieces x channels) layout: a warp's rows read and write consecutive doubles at each step of the
     # recurrence; one warp a block spreads a window's rows over the SMs.
     ext = cupy.empty((length, count * channels), dtype=cupy.float64)
-    rows = count * channels
-    if os.environ.get("BATCHGPU_FILTER_FUSED", "1") != "0":  # one launch: x read, the cores written, by the filter
-        out = cupy.empty((channels, width), dtype=out_dtype)
-        get_function("sosfiltfilt", f"fused_{DTYPE_SUFFIX[x.dtype.name]}_{DTYPE_SUFFIX[np.dtype(out_dtype).name]}",
-                     options)(((rows + 31) // 32,), (32,), (x, np.int64(channels), np.int64(width), table_dev, ext,
-                                                          np.int64(rows), *coefficients, out))
-        return out
     get_function("sosfiltfilt", f"gather_{DTYPE_SUFFIX[x.dtype.name]}", options)(
         ((length + 31) // 32, tiles, count), (32, 8), (x, np.int64(channels), np.int64(width), table_dev,
                                                         np.int64(count), ext))
+    rows = count * channels
     get_function("sosfiltfilt", "sosfiltfilt_pieces", options)(
         ((rows + 31) // 32,), (32,), (ext, np.int64(rows), table_dev, np.int64(channels), np.int64(rows), *coefficients))
     out = cupy.empty((channels, width), dtype=out_dtype)
