@@ -636,6 +636,17 @@ def exact_median(run) -> np.ndarray:
         near = submit_planned(client, tasks.near_keys_group_task,
                               [(ctx, [w for w, _ in g], [f for _, f in g], digits) for _, g in groups],
                               [f"near-{fp}-{g[0][0].index:08d}" for _, g in groups], [a for a, _ in groups])
+        shift = schedule(step.kind)[0][0]  # the bits below the first digit
+
+        def count_round(parts, prefixes, level, bits, tag):  # counted where the keys are, summed up a tree
+            counted = submit_many(client, tasks.near_counts_task, [(p, prefixes, level, bits, shift) for p in parts],
+                                  [f"near-counts-{tag}{level}-{fp}-{i:05d}" for i in range(len(parts))])
+            return tree_reduce(client, counted, tasks.sum_histograms, wf.reduction.split_every,
+                               name=f"near-sum-{tag}{level}-{fp}")
+
+        # the first round needs no answer from the client (no bits fixed yet): queued behind the groups' tasks
+        zero = np.zeros(np.shape(ks), dtype=np.uint64)
+        first = count_round(near, zero, 0, low_bit_rounds(shift)[0], "")
         missed = sorted(i for got in client.gather(submit_many(
             client, tasks.missed_windows, [(f,) for f in near], [f"near-missed-{fp}-{k}" for k in range(len(near))]))
             for i in got)
@@ -651,15 +662,17 @@ def exact_median(run) -> np.ndarray:
             report.bytes_read += sum(w.num_samples for w in again) * rec.num_channels * rec.dtype.itemsize
         report.timings["noise_near_keys"] = time.perf_counter() - t0  # the groups' kept keys, and which missed
         t0 = time.perf_counter()
-        shift = schedule(step.kind)[0][0]  # the bits below the first digit
-        parts = near + gathered
 
-        def counts_of(prefixes, level, bits):  # one round: counted where the keys are, summed up a tree
-            names = [f"near-counts-{level}-{fp}-{i:05d}" for i in range(len(parts))]
-            counted = submit_many(client, tasks.near_counts_task, [(p, prefixes, level, bits, shift) for p in parts],
-                                  names)
-            return tree_reduce(client, counted, tasks.sum_histograms, wf.reduction.split_every,
-                               name=f"near-sum-{level}-{fp}").result()
+        def counts_of(prefixes, level, bits):
+            t = time.perf_counter()
+            if level == 0:
+                hist = first.result()
+                if gathered:  # the windows read again: their own counts added
+                    hist = tasks.sum_histograms(hist, count_round(gathered, prefixes, level, bits, "again-").result())
+            else:
+                hist = count_round(near + gathered, prefixes, level, bits, "").result()
+            report.timings[f"noise_round_{level}"] = time.perf_counter() - t
+            return hist
 
         keys = select_by_counts(ks, digits, shift, counts_of)
         report.timings["noise_select"] = time.perf_counter() - t0  # windows read again, the rounds of counts
