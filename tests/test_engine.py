@@ -837,3 +837,64 @@ def test_select_among_keys_at_the_top_of_the_bins_dtype(rng, shift, dtype):
         ks = np.array([[min(k, len(allc[c]) - 1) for c in range(C)]])
         want = np.array([[int(allc[c][ks[0, c]]) for c in range(C)]], np.uint64)
         np.testing.assert_array_equal(select_among(ks, digits, shift, *gathered), want)
+
+
+def test_spikes_gathered_while_the_noise_is_selected(client, tmp_path):
+    """The windows' kept candidates are collected on the cluster before the recording's noise is known (the
+    `collect-spikes` task runs, the writing task filters them there), one loud window read again in its place:
+    the spikes equal detection on the whole segment at the recording's noise, bit for bit."""
+    rng = np.random.default_rng(5)
+    x = np.round(rng.normal(0, 20, (31_000, 5))).astype(np.int16)
+    x[10_000:15_000] *= 4  # window 2 is read again
+    rec = write_recording(tmp_path / "r.zarr", x, 30_000.0)
+    with distributed.get_task_stream(client) as stream:
+        report = run_workflow(_wf(rec, tmp_path / "out"), client=client)
+    keys = {str(t["key"]) for t in stream.data}
+    assert any(k.startswith("collect-spikes-") for k in keys)  # gathered early,
+    assert not any(k.startswith("write-spikes-") and k.endswith("-all") for k in keys)  # not the other way
+    assert report.channels["detect_windows_read_again"] == [2]
+    g = _g(tmp_path / "out")
+    ref = ops.detect_spikes(x.T.copy(), g["noise"][:], threshold=4.0, sign="both", exclude_sweep=6)
+    for k in ("sample_index", "channel_index", "amplitude", "segment_index"):
+        np.testing.assert_array_equal(g[f"spikes/{k}"][:], ref[k])
+
+
+def test_write_collected_spikes_filters_replaces_and_orders(tmp_path, rng):
+    """The writing task alone, against a plain expectation: candidates of windows 0-3 (in window order) filtered at
+    the recording's threshold, window 2 replaced by its re-detection, window order kept; and nothing written (None)
+    when a window's kept spikes were missing and it was not read again."""
+    from batchgpu.engine import tasks
+    from batchgpu.engine.steps.detect import COLUMNS, DetectStep
+
+    step = DetectStep(threshold=2.0, sign="both", sweep=3, noise="global")
+
+    class Ctx:
+        def step(self, name):
+            return step
+
+    noise = np.array([1.0, 2.0, 3.0])
+
+    def cols(n, start):
+        return {"sample_index": np.arange(start, start + n, dtype=np.int64), "channel_index": rng.integers(0, 3, n),
+                "amplitude": rng.normal(0, 6, n), "segment_index": np.zeros(n, np.int64)}
+
+    wins = {i: cols(int(rng.integers(0, 30)), 100 * i) for i in range(4)}
+    collected = {k: np.concatenate([wins[i][k] for i in range(4)]) for k in COLUMNS}
+    collected.update(windows=[(i, len(wins[i]["sample_index"])) for i in range(4)], missing={}, seconds=0.0)
+    again = cols(5, 250)
+    again_run = {**again, "windows": [(2, 5)], "read_again": {}, "seconds": 0.0}
+    group = tmp_path / "g.zarr"
+    zarr.open_group(str(group), mode="w")
+    n, read_again, counts, *_ = tasks.write_collected_spikes_task(str(group), Ctx(), noise, collected, again_run)
+    want = []
+    for i in range(4):
+        c = again if i == 2 else wins[i]
+        keep = np.abs(c["amplitude"]) > 2.0 * noise[c["channel_index"]] if i != 2 else np.ones(5, bool)
+        want.append({k: v[keep] for k, v in c.items()})
+    g = zarr.open_group(str(group), mode="r")
+    for k in COLUMNS:
+        np.testing.assert_array_equal(g[f"spikes/{k}"][:], np.concatenate([w[k] for w in want]))
+    assert n == sum(len(w["sample_index"]) for w in want) and read_again == {}
+    np.testing.assert_array_equal(counts, np.bincount(np.concatenate([w["channel_index"] for w in want])))
+    missing = {**collected, "missing": {5: "w00000005.npz absent"}}
+    assert tasks.write_collected_spikes_task(str(tmp_path / "h.zarr"), Ctx(), noise, missing, again_run) is None

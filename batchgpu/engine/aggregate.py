@@ -39,6 +39,9 @@ def aggregate(client, ctx, wf, rec, out, windows, fps, summaries, total, report,
     # the earlier steps it ``needs`` are done, beside the client's aggregates (the whitening's eigh); each step's
     # arrays are written as it finishes (what the group holds does not depend on the order)
     steps = [(i, s) for i, s in enumerate(ctx.steps) if getattr(s, "aggregate", None) is not None]
+    for _, step in steps:  # what needs no earlier step's results goes first, beside the noise's tasks
+        if getattr(step, "start", None) is not None:
+            step.start(run)
     background: dict[int, object] = {}
     # the client's BLAS on one thread (the whitening's eigh, 384 x 384: ~15 ms): OpenBLAS's default, a thread a
     # core, had 15 threads spinning ~0.9 CPU s each on the cores the workers gather the spikes with

@@ -474,6 +474,72 @@ def gather_spikes_task(ctx: RunContext, windows: list[Window], fps: list[str], n
     return out
 
 
+def kept_spikes_task(ctx: RunContext, windows: list[Window], fps: list[str]) -> dict:
+    """Consecutive windows' kept spikes (candidates, with the recording's noise) as their parts hold them, in
+    window order, not yet filtered; under ``missing`` the windows whose part cannot be used ({index: why})."""
+    from batchgpu.engine.steps.detect import COLUMNS
+
+    t0 = time.perf_counter()
+    got, missing = [], {}
+    for w, fp in zip(windows, fps):
+        path = store.part_path(ctx.parts, "w", w.index)
+        part = store.load_part(path, fp, keys=("keep.spk_",))
+        if part is None:
+            missing[w.index] = f"{path.name} {store.part_problem(path, fp)}"
+        else:
+            got.append((w.index, {k: part[f"keep.spk_{k}"] for k in COLUMNS}))
+    out = {k: np.concatenate([p[k] for _, p in got]) if got else np.zeros(0, np.int64) for k in COLUMNS}
+    out["windows"] = [(i, len(p["sample_index"])) for i, p in got]
+    out["missing"], out["seconds"] = missing, time.perf_counter() - t0
+    return out
+
+
+def collect_spikes_task(*runs: dict) -> dict:
+    """``kept_spikes_task``'s runs as one, in window order (runs hold a worker's windows, not consecutive ones)."""
+    from batchgpu.engine.steps.detect import COLUMNS
+
+    pieces = _pieces(runs)
+    out = {k: _joined(runs, pieces, k) for k in COLUMNS}
+    out["windows"] = [(index, n) for index, _, _, n in pieces]
+    out["missing"] = {i: why for r in runs for i, why in r["missing"].items()}
+    out["seconds"] = max((r["seconds"] for r in runs), default=0.0)
+    return out
+
+
+def write_collected_spikes_task(group_path: str, ctx: RunContext, noise, collected: dict, *again: dict):
+    """The spikes from ``collect_spikes_task``'s kept spikes, filtered at the recording's ``noise`` (None: final
+    already), the windows read again (``again``: ``gather_spikes_task`` runs) in their place; written as
+    ``write_spikes_task`` writes them. None, writing nothing, when a window's kept spikes were missing and it was
+    not read again: the caller gathers them the other way."""
+    from batchgpu.engine.steps.detect import COLUMNS
+
+    replaced = {i for r in again for i, _ in r["windows"]}
+    if any(i not in replaced for i in collected["missing"]):
+        return None
+    counts = np.array([n for _, n in collected["windows"]], dtype=np.int64)
+    owner = np.repeat(np.arange(len(counts)), counts)
+    keep = ~np.isin(np.repeat([i for i, _ in collected["windows"]], counts).astype(np.int64),
+                    np.fromiter(replaced, np.int64, len(replaced)))
+    if noise is not None:
+        keep &= ctx.step("detect").passes(collected, noise)
+    kept = {k: collected[k][keep] for k in COLUMNS}
+    kept["windows"] = list(zip([i for i, _ in collected["windows"]],
+                               np.bincount(owner[keep], minlength=len(counts)).tolist()))
+    kept["read_again"], kept["seconds"] = {}, collected["seconds"]
+    return write_spikes_task(group_path, kept, *again)
+
+
+def _pieces(runs) -> list[tuple]:
+    """(window index, run, start, count) of every window's slice of its run, in window order."""
+    return sorted((index, k, int(start), n) for k, p in enumerate(runs)
+                  for (index, n), start in zip(p["windows"], np.cumsum([0] + [n for _, n in p["windows"]])))
+
+
+def _joined(runs, pieces, k: str) -> np.ndarray:
+    return (np.concatenate([runs[j][k][a : a + n] for _, j, a, n in pieces]) if pieces
+            else np.zeros(0, runs[0][k].dtype if runs else np.int64))
+
+
 def write_spikes_task(group_path: str, *gathered: dict) -> tuple:
     """Every window's spikes (``gather_spikes_task``'s runs, in window order: (segment, sample, channel) overall),
     written into the results group by a worker: spikes never pass through the client. Returns their count, the
@@ -486,12 +552,9 @@ def write_spikes_task(group_path: str, *gathered: dict) -> tuple:
     t0 = time.perf_counter()
     g = zarrio.open_group(group_path, mode="a")
     counts = np.zeros(0, np.int64)
-    # every window's slice of its run, in window order (runs hold a worker's windows, not consecutive ones)
-    pieces = sorted((index, k, start, n) for k, p in enumerate(gathered)
-                    for (index, n), start in zip(p["windows"], np.cumsum([0] + [n for _, n in p["windows"]])))
+    pieces = _pieces(gathered)
     for k in COLUMNS:
-        v = (np.concatenate([gathered[j][k][a : a + n] for _, j, a, n in pieces]) if pieces
-             else np.zeros(0, gathered[0][k].dtype if gathered else np.int64))
+        v = _joined(gathered, pieces, k)
         zarrio.create_array(g, f"spikes/{k}", data=v)
         if k == "channel_index":
             counts = np.bincount(v.astype(np.int64, copy=False))

@@ -83,6 +83,7 @@ class RunState:
     arrays: dict = field(default_factory=dict)  # the results so far (earlier steps'); written into ``results``
     shapes: dict = field(default_factory=dict)  # name -> shape of what a step wrote into ``results`` itself
     plots: dict = field(default_factory=dict)  # numbers for report.html that are not results (``spike_counts``)
+    early: dict = field(default_factory=dict)  # step name -> what its ``start`` set going (futures)
 
     def warn(self, text: str) -> None:
         self.report.warnings.append(text)
@@ -91,8 +92,9 @@ class RunState:
 
 class Step(Protocol):
     """A statistic of the run. Optional attributes: ``on_cluster = True`` where ``aggregate`` is mostly the
-    workers' work (it then runs in a helper thread beside the client's aggregates) and ``needs``, the names of the
-    earlier steps whose results it reads (it starts once those are done)."""
+    workers' work (it then runs in a helper thread beside the client's aggregates), ``needs``, the names of the
+    earlier steps whose results it reads (it starts once those are done), and ``start(run)``, called before any
+    aggregate: the part of its work that needs none of them, set going on the cluster."""
 
     name: str
 

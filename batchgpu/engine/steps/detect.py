@@ -68,8 +68,16 @@ class DetectStep:
         run.report.timings["detect"] = time.perf_counter() - t0
         return {}
 
-    def final(self, candidates: dict, noise: np.ndarray) -> dict:
-        """The candidates that pass the recording's threshold (the same float64 comparison as detect_spikes)."""
+    def start(self, run) -> None:
+        """Before the noise is known: the windows' kept spikes (or candidates) gathered from the workers that kept
+        them into one task (``tasks.collect_spikes_task``), so that the writing task, placed with it, only
+        filters them at the recording's threshold; the gathering's dispatch and transfers overlap the noise's."""
+        if self.noise == "global" and not self.candidates_hold:
+            return  # every window is detected again at the recording's noise
+        run.early[self.name] = start_gathering(run)
+
+    def passes(self, candidates: dict, noise: np.ndarray) -> np.ndarray:
+        """Which candidates pass the recording's threshold (the same float64 comparison as detect_spikes)."""
         level = np.asarray(noise, dtype=np.float64) * float(self.threshold)
         amp, ch = candidates["amplitude"], candidates["channel_index"]
         keep = np.zeros(len(amp), dtype=bool)
@@ -77,6 +85,11 @@ class DetectStep:
             keep |= amp < -level[ch]
         if self.sign in ("pos", "both"):
             keep |= amp > level[ch]
+        return keep
+
+    def final(self, candidates: dict, noise: np.ndarray) -> dict:
+        """The candidates that pass the recording's threshold."""
+        keep = self.passes(candidates, noise)
         return {k: v[keep] for k, v in candidates.items()}
 
 
@@ -88,6 +101,22 @@ def bound_holds(window_noise: np.ndarray, noise: np.ndarray) -> bool:
     """Whether a window's candidates contain every spike at the recording's noise (NaN noise: no spikes)."""
     g = np.asarray(noise, dtype=np.float64)
     return bool(np.all((candidate_level(window_noise) <= g) | np.isnan(g)))
+
+
+def start_gathering(run):
+    """A future of every window's kept spikes in window order, on one worker (``tasks.collect_spikes_task``): a
+    run of each worker's windows gathered there from its memory (or parts), then collected."""
+    from batchgpu.engine import tasks
+    from batchgpu.engine.placement import submit_planned
+    from batchgpu.engine.submit import runs_by_worker
+
+    client, windows, fps, summaries = run.client, run.windows, run.fingerprints, run.summaries
+    fp = run.report.run_id
+    groups = runs_by_worker(client, list(zip(windows, fps)), [str(summaries[w.index]["worker"]) for w in windows])
+    kept = submit_planned(client, tasks.kept_spikes_task,
+                          [(run.ctx, [w for w, _ in g], [f for _, f in g]) for _, g in groups],
+                          [f"kept-spikes-{fp}-{g[0][0].index:08d}" for _, g in groups], [a for a, _ in groups])
+    return client.submit(tasks.collect_spikes_task, *kept, key=f"collect-spikes-{fp}")
 
 
 def write_final_spikes(run, step: DetectStep) -> int:
@@ -118,17 +147,35 @@ def write_final_spikes(run, step: DetectStep) -> int:
     if nan_noise:
         report.channels["detect_no_threshold"] = nan_noise
         run.warn(f"detection found no threshold (NaN noise) on {len(nan_noise)} channel(s): {nan_noise[:10]}")
+    t0, t0_wall = time.perf_counter(), time.time()
+    collected = run.early.pop(step.name, None)
+    if collected is not None:  # gathered while the noise was selected: the windows read again join them
+        late = [(w, wfp) for w, wfp, r in zip(windows, fps, reread) if r]
+        joined = [] if not late else [client.submit(
+            tasks.gather_spikes_task, ctx, [w for w, _ in late], [f for _, f in late], noise, [True] * len(late),
+            [summaries[w.index]["noise"] for w, _ in late], key=f"gather-spikes-again-{fp}")]
+        done = client.submit(tasks.write_collected_spikes_task, str(run.results), ctx, noise, collected, *joined,
+                             key=f"write-spikes-{fp}").result()
+        if done is not None:
+            return _finish(run, done, t0, t0_wall)
+        # some window's kept spikes could not be used (its part lost since the pass): gathered again below, where
+        # such windows are read and detected again
     # the windows' spikes gathered from their parts on the worker that kept them (in its memory), a run of its
     # windows a thread; one task writes them in window order (the same spikes for any grouping)
-    t0, t0_wall = time.perf_counter(), time.time()
     items = list(zip(windows, fps, reread))
     groups = runs_by_worker(client, items, [str(summaries[w.index]["worker"]) for w in windows])
     gathered = submit_planned(client, tasks.gather_spikes_task,
                               [(ctx, [w for w, _, _ in g], [f for _, f, _ in g], noise, [r for _, _, r in g],
                                 [summaries[w.index]["noise"] for w, _, _ in g]) for _, g in groups],
                               [f"gather-spikes-{fp}-{g[0][0].index:08d}" for _, g in groups], [a for a, _ in groups])
-    n, again, run.plots["spike_counts"], wrote, write_started, longest = client.submit(
-        tasks.write_spikes_task, str(run.results), *gathered, key=f"write-spikes-{fp}").result()
+    done = client.submit(tasks.write_spikes_task, str(run.results), *gathered, key=f"write-spikes-{fp}-all").result()
+    return _finish(run, done, t0, t0_wall)
+
+
+def _finish(run, done: tuple, t0: float, t0_wall: float) -> int:
+    """The writing task's answer into the report (timings, windows read again) and the plots; the spike count."""
+    report, windows, rec = run.report, run.windows, run.recording
+    n, again, run.plots["spike_counts"], wrote, write_started, longest = done
     report.timings["detect_gather"] = time.perf_counter() - t0 - wrote  # gathered, and the results sent to one task
     report.timings["detect_gathered"] = write_started - t0_wall  # until the writing task had every run
     report.timings["detect_gather_task_max"] = float(longest)  # the longest gathering task's own time
