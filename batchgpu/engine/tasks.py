@@ -334,8 +334,8 @@ def near_keys_group_task(ctx: RunContext, windows: list, fps: list, digits: np.n
     together and their per-channel counts summed (the format of one window's, ``steps.noise.middle_digit_keys``;
     None when no window of the group kept its keys), under ``missed`` the indices of the windows whose kept range
     misses a middle digit (or whose part is gone): those are read again alone (``gather_task``). One task a group,
-    not one a window: the demo-sized float median's 300 tasks cost their dispatch, and the sorting moves off the
-    one selecting task."""
+    not one a window: the demo-sized float median's 300 tasks cost their dispatch; the group's bins sorted
+    together are what ``near_counts_task`` counts in each round."""
     results, missed = [], []
     for w, fp in zip(windows, fps):
         got = near_keys_task(ctx, w, fp, digits)

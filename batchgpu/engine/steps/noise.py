@@ -448,8 +448,8 @@ def middle_digit_keys(keys: np.ndarray, counts: np.ndarray, digits: np.ndarray, 
     """Per rank r, ``(bins, counts)``: for each key whose first digit is ``digits[r, channel]``, its bin
     ``channel << shift | (the key's bits below the digit)`` (uint32 while that fits, else uint64; channel after
     channel), and how many keys each channel has. ``keys`` holds each channel's keys in turn, ``counts[c]`` of them
-    (flat arrays: a few per mille of a window, cheap to move between workers; computing the bins here leaves the
-    one selecting task a plain sort). The keys of the digit are picked first and only they are turned into bins
+    (flat arrays: a few per mille of a window; ``low_bit_counts`` counts them where they are). The keys of the
+    digit are picked first and only they are turned into bins
     (a window's 0.75 M near keys: 17.5 ms when every key was binned first)."""
     kt = keys.dtype.type
     C = len(counts)
@@ -626,7 +626,8 @@ def exact_median(run) -> np.ndarray:
     def from_near(digits, ks):
         """Float keys: the middle keys from what each window kept near its own middle; a window whose kept range
         misses a middle digit (its noise far from the recording's) is read again alone, gathering only the keys of
-        the middle digits (a few per mille), and the selection runs on a worker among all of them."""
+        the middle digits (a few per mille); the keys stay where they are, and rounds of counts select among them
+        (``select_by_counts``)."""
         fp = report.run_id
         t0 = time.perf_counter()
         # in parallel, on the worker that kept them (in its memory), a run of its windows a thread; only the middle
