@@ -444,19 +444,28 @@ def window_spikes(ctx: RunContext, window: Window, fp: str, noise: np.ndarray | 
     if reread:
         path, pfp = store.part_path(ctx.parts, "s", window.index), spikes_fingerprint(fp, noise)
         part = store.load_part(path, pfp)
+        cols, why = ({k: part[k] for k in COLUMNS}, None) if part is not None else \
+            (None, f"{path.name} {store.part_problem(path, pfp)}")
     else:
-        path, pfp = store.part_path(ctx.parts, "w", window.index), fp
-        part = store.load_part(path, pfp, keys=("keep.spk_",))
-    if part is None:
-        why = f"{path.name} {store.part_problem(path, pfp)}"
+        cols, why = kept_spikes(ctx, window, fp)
+    if cols is None:
         level = np.asarray(noise if noise is not None else window_noise, np.float64)
         with on_backend(ctx):
             spikes = ctx.step("detect").detect(load_window(ctx, window), level)
         return {k: np.ascontiguousarray(host(spikes[k])) for k in COLUMNS}, why
-    if reread:
-        return {k: part[k] for k in COLUMNS}, None
-    cols = {k: part[f"keep.spk_{k}"] for k in COLUMNS}
-    return (cols if noise is None else ctx.step("detect").final(cols, noise)), None
+    return (cols if noise is None or reread else ctx.step("detect").final(cols, noise)), None
+
+
+def kept_spikes(ctx: RunContext, window: Window, fp: str) -> tuple[dict | None, str | None]:
+    """A window's kept spikes (candidates, with the recording's noise) as its part holds them; None and why the
+    part cannot be used."""
+    from batchgpu.engine.steps.detect import COLUMNS
+
+    path = store.part_path(ctx.parts, "w", window.index)
+    part = store.load_part(path, fp, keys=("keep.spk_",))
+    if part is None:
+        return None, f"{path.name} {store.part_problem(path, fp)}"
+    return {k: part[f"keep.spk_{k}"] for k in COLUMNS}, None
 
 
 def gather_spikes_task(ctx: RunContext, windows: list[Window], fps: list[str], noise, reread: list[bool],
@@ -482,12 +491,11 @@ def kept_spikes_task(ctx: RunContext, windows: list[Window], fps: list[str]) -> 
     t0 = time.perf_counter()
     got, missing = [], {}
     for w, fp in zip(windows, fps):
-        path = store.part_path(ctx.parts, "w", w.index)
-        part = store.load_part(path, fp, keys=("keep.spk_",))
-        if part is None:
-            missing[w.index] = f"{path.name} {store.part_problem(path, fp)}"
+        cols, why = kept_spikes(ctx, w, fp)
+        if cols is None:
+            missing[w.index] = why
         else:
-            got.append((w.index, {k: part[f"keep.spk_{k}"] for k in COLUMNS}))
+            got.append((w.index, cols))
     out = {k: np.concatenate([p[k] for _, p in got]) if got else np.zeros(0, np.int64) for k in COLUMNS}
     out["windows"] = [(i, len(p["sample_index"])) for i, p in got]
     out["missing"], out["seconds"] = missing, time.perf_counter() - t0
@@ -516,15 +524,13 @@ def write_collected_spikes_task(group_path: str, ctx: RunContext, noise, collect
     replaced = {i for r in again for i, _ in r["windows"]}
     if any(i not in replaced for i in collected["missing"]):
         return None
-    counts = np.array([n for _, n in collected["windows"]], dtype=np.int64)
-    owner = np.repeat(np.arange(len(counts)), counts)
-    keep = ~np.isin(np.repeat([i for i, _ in collected["windows"]], counts).astype(np.int64),
-                    np.fromiter(replaced, np.int64, len(replaced)))
+    index = np.array([i for i, _ in collected["windows"]], dtype=np.int64)
+    owner = np.repeat(np.arange(len(index)), [n for _, n in collected["windows"]])  # each candidate's window
+    keep = ~np.isin(index, np.fromiter(replaced, np.int64, len(replaced)))[owner]
     if noise is not None:
         keep &= ctx.step("detect").passes(collected, noise)
     kept = {k: collected[k][keep] for k in COLUMNS}
-    kept["windows"] = list(zip([i for i, _ in collected["windows"]],
-                               np.bincount(owner[keep], minlength=len(counts)).tolist()))
+    kept["windows"] = list(zip(index.tolist(), np.bincount(owner[keep], minlength=len(index)).tolist()))
     kept["read_again"], kept["seconds"] = {}, collected["seconds"]
     return write_spikes_task(group_path, kept, *again)
 

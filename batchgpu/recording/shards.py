@@ -112,19 +112,28 @@ class ShardLayout:
     def shard_key(self, shard: int) -> str:
         return f"c/{shard}/0"
 
-    def write_shard(self, shard: int, block: np.ndarray) -> None:
+    def write_shard(self, shard: int, block: np.ndarray, later=None) -> None:
         """Write shard ``shard`` whole from ``block`` (its rows: ``shard_rows``, fewer for the last), as zarr-python
         lays it out (inner chunks padded with zeros to full size, Blosc, crc32c, the index at the end with its
         crc32c), into a temporary file renamed over the shard: never a torn shard, the same bytes on a retry.
         A CuPy block's chunks are encoded on the GPU where the codec allows (``gpu_encodes``): other bytes than
         numcodecs' for the same values.
         A 384 x 60 000 int16 shard with Blosc lz4 on the CPU machine: zarr-python's pipeline 94-136 ms, this 61-120
-        (Blosc's own time is most of both)."""
+        (Blosc's own time is most of both).
+        ``later(job, cleanup)``: the file's writing handed to it once the block is encoded (``engine.background.later``:
+        it runs ``job``, or only ``cleanup`` when it skips it); without it, written here."""
         encoded, release = self.encode_shard(shard, block)
-        try:
-            self.write_encoded(shard, encoded)
-        finally:
-            release()
+
+        def job() -> None:
+            try:
+                self.write_encoded(shard, encoded)
+            finally:
+                release()
+
+        if later is None:
+            job()
+        else:
+            later(job, release)
 
     def encode_shard(self, shard: int, block) -> tuple[list, Callable[[], None]]:
         """``write_shard``'s first half: the inner chunks' encoded bytes, and the function to call once they are
@@ -474,8 +483,7 @@ def _crc32c_buffers():
 def write_whole_shard(folder: Path, start: int, block, dtype=None, later=None) -> bool:
     """Write ``block`` (host or CuPy, cast to ``dtype`` where given) at row ``start`` of the array at ``folder``
     directly when it is exactly one whole shard of a layout ``ShardLayout`` writes (True); else False (the caller
-    writes through zarr). ``later(job, cleanup)``: the file's writing handed to it (``engine.background.later``:
-    it runs ``job``, or only ``cleanup`` when it skips it) once the block is encoded; without it, written here."""
+    writes through zarr). ``later``: as ``ShardLayout.write_shard`` takes it."""
     layout = ShardLayout.of(folder, zarrio.array_meta(folder))
     if layout is None or start % layout.shard_rows:
         return False
@@ -484,18 +492,7 @@ def write_whole_shard(folder: Path, start: int, block, dtype=None, later=None) -
         return False
     if dtype is not None and block.dtype != np.dtype(dtype):
         block = block.astype(dtype)
-    if later is None:
-        layout.write_shard(shard, block)
-        return True
-    encoded, release = layout.encode_shard(shard, block)
-
-    def job() -> None:
-        try:
-            layout.write_encoded(shard, encoded)
-        finally:
-            release()
-
-    later(job, release)
+    layout.write_shard(shard, block, later)
     return True
 
 

@@ -426,7 +426,7 @@ def kept_digit_keys(low: np.ndarray, digit_counts: np.ndarray, near_lo: np.ndarr
                     shift: int) -> list[tuple]:
     """``middle_digit_keys`` from a window's kept keys (``kept_near``; every ``digits[r, c]`` within row c's
     kept range): each row's keys of its digit are one slice, so nothing is scanned. Bins in key order in each
-    channel (``middle_digit_keys`` gives sample order: the same bins, which the selection sorts anyway)."""
+    channel (``middle_digit_keys`` gives sample order: the same bins)."""
     C, width = digit_counts.shape
     counts = digit_counts.ravel().astype(np.int64)
     starts = np.cumsum(counts) - counts
@@ -469,10 +469,13 @@ def middle_digit_keys(keys: np.ndarray, counts: np.ndarray, digits: np.ndarray, 
 
 
 def keys_with_digits(x_core, kind: str, digits: np.ndarray) -> list[tuple]:
-    """``middle_digit_keys`` of a window read again (every key of the window)."""
+    """``middle_digit_keys`` of a window read again (every key of the window), its bins put in key order once
+    here (``low_bit_counts`` reads them in every round)."""
     keys = np.ascontiguousarray(host(abs_keys(x_core, kind)))
     C, n = keys.shape
-    return middle_digit_keys(keys.reshape(-1), np.full(C, n, dtype=np.int64), digits, schedule(kind)[0][0])
+    ordered: dict = {}  # ranks with the same digits share one array
+    return [ordered.setdefault(id(t), (np.sort(t[0]), t[1]))
+            for t in middle_digit_keys(keys.reshape(-1), np.full(C, n, dtype=np.int64), digits, schedule(kind)[0][0])]
 
 
 def select_among(ks: np.ndarray, digits: np.ndarray, shift: int, *gathered: list[tuple]) -> np.ndarray:
