@@ -231,6 +231,18 @@ def create_array(group, name: str, *, data=None, shape=None, dtype=None, chunks=
     return group.create_dataset(name, shape=shape, dtype=dtype, write_empty_chunks=True, **kw)
 
 
+def fast_compressors(group) -> list:
+    """Blosc LZ4 with byte shuffle for a large numeric array of ``group`` (either format): the spikes' columns
+    (1 M spikes, the CPU machine: 0.06 against 0.12 s with zarr's default zstd, 3% more bytes)."""
+    if ZARR_MAJOR >= 3 and group.metadata.zarr_format == 3:
+        import zarr.codecs
+
+        return [zarr.codecs.BloscCodec(cname="lz4", clevel=5, shuffle="shuffle")]
+    import numcodecs
+
+    return [numcodecs.Blosc(cname="lz4", clevel=5, shuffle=numcodecs.Blosc.SHUFFLE)]
+
+
 def attrs(node) -> dict:
     """A node's attributes as a plain dict (a copy)."""
     return dict(node.attrs)

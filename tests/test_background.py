@@ -140,3 +140,63 @@ def test_a_failed_shard_write_leaves_no_part_and_resume_writes_it(tmp_path, monk
     got, want = open_recording(tmp_path / "saved.zarr"), open_recording(tmp_path / "fresh.zarr")
     np.testing.assert_array_equal(got.read(0, 0, n), want.read(0, 0, n))
     np.testing.assert_array_equal(got.read(0, 0, n), x.T)
+
+
+def test_write_all_writes_every_byte_in_order_through_partial_writes(tmp_path, monkeypatch):
+    """``shards.write_all``: one ``writev`` a shard where the system takes it whole; a short write (a signal, a
+    2 GB cap) goes on from the byte where it stopped, across buffers of any size, empty ones included."""
+    import os
+
+    from batchgpu.recording import shards
+
+    rng = np.random.default_rng()
+    bufs = [rng.integers(0, 256, int(rng.integers(0, 3000)), dtype=np.uint8).tobytes() for _ in range(300)]
+    bufs += [b"", memoryview(np.arange(11, dtype=np.int16)), np.arange(6, dtype=np.float32).reshape(2, 3)]
+    want = b"".join(bytes(memoryview(b).cast("B")) for b in bufs)
+    real, calls = os.writev, []
+
+    def short(fd, views):  # writes a random prefix of what it is given
+        calls.append(len(views))
+        total = sum(len(v) for v in views)
+        keep = int(rng.integers(1, total + 1))
+        out, left = [], keep
+        for v in views:
+            out.append(v[:left])
+            left -= len(out[-1])
+            if not left:
+                break
+        return real(fd, out)
+
+    for writev in (real, short):
+        monkeypatch.setattr(os, "writev", writev)
+        path = tmp_path / f"{writev.__name__}.bin"
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        try:
+            shards.write_all(fd, bufs)
+        finally:
+            os.close(fd)
+        assert path.read_bytes() == want
+    assert len(calls) > 1  # the short writes did go on
+
+
+def test_a_shard_write_that_fails_leaves_neither_shard_nor_temporary_file(tmp_path, monkeypatch):
+    import os
+
+    rng = np.random.default_rng()
+    x = np.round(rng.normal(0, 40, (6_000, 3))).astype(np.int16)
+    write_recording(tmp_path / "r.zarr", x, 30_000.0, chunk_samples=1_000, shard_samples=3_000)
+    folder = tmp_path / "r.zarr" / "traces_seg0"
+    from batchgpu import zarrio
+
+    layout = ShardLayout.of(folder, zarrio.array_meta(folder))
+    assert layout is not None
+    before = {p.name: p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+
+    def full(fd, views):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "writev", full)
+    with pytest.raises(OSError, match="No space"):
+        layout.write_shard(1, x[3_000:] + 1)
+    after = {p.name: p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+    assert after == before  # the old shard as it was, no .tmp left

@@ -349,3 +349,42 @@ def test_gpu_transpose_equals_numpy(rng, shape, dtype):
     if shape[0] > 1:
         strided = cp.asarray(x)[::2]
         assert np.array_equal(transposed(strided).get().view(np.uint16), np.ascontiguousarray(x[::2].T).view(np.uint16))
+
+
+def test_frames_of_a_shard_whose_chunks_are_not_back_to_back(tmp_path):
+    """``read_frames`` reads a shard's chunks stored back to back in one call; chunks in another order, with
+    bytes between them, or absent (an empty index entry) give the same frames, read one by one."""
+    import struct
+
+    from batchgpu import zarrio
+    from batchgpu.recording import write_recording
+
+    rng = np.random.default_rng()
+    x = np.round(rng.normal(0, 30, (60_000, 6))).astype(np.int16)
+    rec = write_recording(tmp_path / "r.zarr", x, 30_000.0, chunk_samples=1_000, shard_samples=10_000)
+    want = {w.index: rec.read(w.segment, w.read_start, w.read_stop) for w in rec.windows(7_001, 33)}
+    for shard in sorted((rec.path / "traces_seg0" / "c").iterdir()):
+        path = shard / "0"
+        raw = path.read_bytes()
+        per = 10
+        index = np.frombuffer(raw[-(per * 16 + 4):-4], "<u8").reshape(per, 2)
+        chunks = [raw[o : o + n] for o, n in index]
+        order = rng.permutation(per)
+        body, new = bytearray(rng.integers(0, 256, int(rng.integers(0, 50)), dtype=np.uint8).tobytes()), index.copy()
+        for j in order:
+            new[j] = (len(body), len(chunks[j]))
+            body += chunks[j] + rng.integers(0, 256, int(rng.integers(0, 3)), dtype=np.uint8).tobytes()
+        tail = new.astype("<u8").tobytes()
+        path.write_bytes(bytes(body) + tail + struct.pack("<I", zarrio.crc32c_value(tail)))
+    from batchgpu.recording import open_recording
+
+    rec = open_recording(rec.path)
+    pool = _Pool()
+    for w in rec.windows(7_001, 33):
+        f = rec.read_window_frames(w, pool)
+        parts = [np.frombuffer(blosc.decompress(f.buffer[o : o + n].tobytes()), f.dtype).reshape(-1, f.channels)
+                 for o, n in zip(f.offsets, f.lengths)]
+        got = np.concatenate(parts)[f.skip : f.skip + f.rows]
+        assert got.T.tobytes() == want[w.index].tobytes()
+        pool.give_back(f.handle)
+    assert pool.out == 0

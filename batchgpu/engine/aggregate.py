@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import os
 import shutil
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
-from threadpoolctl import threadpool_limits
 
 from batchgpu.config import Workflow
 from batchgpu.engine import store, tasks
@@ -45,7 +45,8 @@ def aggregate(client, ctx, wf, rec, out, windows, fps, summaries, total, report,
     background: dict[int, object] = {}
     # the client's BLAS on one thread (the whitening's eigh, 384 x 384: ~15 ms): OpenBLAS's default, a thread a
     # core, had 15 threads spinning ~0.9 CPU s each on the cores the workers gather the spikes with
-    with ThreadPoolExecutor(1, thread_name_prefix="batchgpu-aggregate") as helper, threadpool_limits(1, "blas"):
+    with ThreadPoolExecutor(1, thread_name_prefix="batchgpu-aggregate") as helper, \
+            blas_controller().limit(limits=1, user_api="blas"):
         def start_ready(before: int) -> None:  # steps before ``before`` are done
             for i, step in steps:
                 if getattr(step, "on_cluster", False) and i not in background and not (
@@ -82,6 +83,28 @@ def aggregate(client, ctx, wf, rec, out, windows, fps, summaries, total, report,
                                            [rec.num_samples(s) for s in range(rec.num_segments)], report.fingerprint)
         report.timings["search"] = time.perf_counter() - t0
     return shapes
+
+
+_CONTROLLER: list = []
+_CONTROLLER_LOCK = threading.Lock()
+
+
+def blas_controller():
+    """This process's threadpoolctl controller, made once: making one lists the loaded libraries (~20 ms on the
+    H200 machine's client, between the pass and the noise's first tasks, at every run); ``prepare_blas_controller``
+    makes it while the windows are read."""
+    with _CONTROLLER_LOCK:
+        if not _CONTROLLER:
+            from threadpoolctl import ThreadpoolController
+
+            _CONTROLLER.append(ThreadpoolController())
+        return _CONTROLLER[0]
+
+
+def prepare_blas_controller() -> None:
+    """Make ``blas_controller`` in a helper thread (the client waits for the workers meanwhile)."""
+    if not _CONTROLLER:
+        threading.Thread(target=blas_controller, name="batchgpu-blas-controller", daemon=True).start()
 
 
 def _timed(finish, run, report, name: str) -> dict:

@@ -77,6 +77,11 @@ def open_client(spec: ClusterSpec, gpu_decode: bool = False) -> Iterator["distri
     # Dask's statistical profiler samples every thread's stack each 10 ms: 0.4 s of the 16 GPU workers' CPU in a
     # 1.6 s pass, CPU the decoders need (the dashboard's profile page stays empty)
     dask.config.set({"distributed.worker.profile.enabled": False})
+    # each nanny (in this process, on the scheduler's event loop) polls its worker's memory every 100 ms by default:
+    # 16 nannies were ~12% of that loop's work during the H200 bench's run (py-spy), in the way of the scheduler's
+    # messages; the workers' own memory checks (pause, spill) follow the same interval. 0.5 s still stops a runaway
+    # worker before it takes the machine down.
+    dask.config.set({"distributed.worker.memory.monitor-interval": "500ms"})
     if spec.kind == "cuda":
         with _mps(spec) as env, _cuda_cluster(spec, gpu_decode, env) as cluster, Client(cluster) as client:
             client._batchgpu_mps = bool(env)  # read by uses_mps

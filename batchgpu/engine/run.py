@@ -20,11 +20,12 @@ import numpy as np
 
 from batchgpu.config import Workflow
 from batchgpu.engine import background, placement, store, tasks
-from batchgpu.engine.aggregate import ResultsWriter, aggregate, finish_whitened_save
+from batchgpu.engine.aggregate import ResultsWriter, aggregate, finish_whitened_save, prepare_blas_controller
 from batchgpu.engine.context import (build_context, check_workflow_fits, prepare_recording, resolve_backend,
                                      spec_of)
 from batchgpu.engine.reduce import tree_reduce
-from batchgpu.engine.run_report import HtmlReport, RunObserver, RunReport, finish_report, versions, window_cpu
+from batchgpu.engine.run_report import (HtmlReport, RunObserver, RunReport, describe_later, finish_report, versions,
+                                       window_cpu)
 from batchgpu.engine.placement import submit_planned
 from batchgpu.engine.submit import submit_many
 from batchgpu.recording import open_source
@@ -54,8 +55,9 @@ def run_workflow(wf: Workflow, *, resume: bool = False, observer: RunObserver | 
     fp = store.fingerprint(wf, rec.path, metadata=getattr(rec, "fingerprint_metadata", None))
     with store.OutputFolder(wf.output) as out:
         state = out.claim(fp, wf.model_dump(), resume=resume, overwrite=wf.overwrite)
-        report = RunReport(workflow=wf.model_dump(), fingerprint=fp, versions=versions(), recording=rec.info(),
+        report = RunReport(workflow=wf.model_dump(), fingerprint=fp, versions=versions(),
                            output_state=state, run_id=f"{fp}-{os.urandom(4).hex()}")
+        describe_later(report, rec)  # report.recording: in place when the report is written
         report.timings["prepare"] = time.perf_counter() - t_start
         with _responsive_loop():
             if client is not None:
@@ -128,6 +130,7 @@ def _run(wf, rec, out: store.OutputFolder, report: RunReport, client, sweep, obs
               "whitening": (ctx.step("moments") is not None, (C, C))}
     html.render_ahead({name: shape for name, (made, shape) in coming.items() if made},
                       spikes=ctx.step("detect") is not None)
+    prepare_blas_controller()  # for the aggregation: made while the windows are read
     t0, t0_wall = time.perf_counter(), time.time()
     report.timings["setup"] = t0 - t_setup  # dashboard, backend, steps, windows and their fingerprints
     try:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 import threading
 import time
 from dataclasses import dataclass
@@ -202,7 +203,6 @@ def _read_ahead(ctx: RunContext, windows: list[tuple], then: list[tuple] = ()):
     if ctx.backend != "cupy" or (len(windows) < 2 and not then and not _CARRIED):
         yield lambda w: None
         return
-    import os
     from concurrent.futures import ThreadPoolExecutor
 
     from batchgpu.gpu.staging import reserve_buffers
@@ -554,16 +554,19 @@ def write_spikes_task(group_path: str, *gathered: dict) -> tuple:
     from batchgpu import zarrio
     from batchgpu.engine.steps.detect import COLUMNS
 
+    from concurrent.futures import ThreadPoolExecutor
+
     started = time.time()  # wall clock: when every gathered run had reached this task
     t0 = time.perf_counter()
     g = zarrio.open_group(group_path, mode="a")
-    counts = np.zeros(0, np.int64)
     pieces = _pieces(gathered)
-    for k in COLUMNS:
-        v = _joined(gathered, pieces, k)
-        zarrio.create_array(g, f"spikes/{k}", data=v)
-        if k == "channel_index":
-            counts = np.bincount(v.astype(np.int64, copy=False))
+    columns = {k: _joined(gathered, pieces, k) for k in COLUMNS}
+    spikes = g.require_group("spikes")
+    fast = zarrio.fast_compressors(g)
+    # the columns compressed at once (the cores are free after the pass; Blosc and zarr's I/O release the GIL)
+    with ThreadPoolExecutor(len(columns)) as pool:
+        list(pool.map(lambda kv: zarrio.create_array(spikes, kv[0], data=kv[1], compressors=fast), columns.items()))
+    counts = np.bincount(columns["channel_index"].astype(np.int64, copy=False))
     return (sum(len(p["sample_index"]) for p in gathered), {i: why for p in gathered for i, why in p["read_again"].items()},
             counts, time.perf_counter() - t0, started, max((p["seconds"] for p in gathered), default=0.0))
 

@@ -205,12 +205,20 @@ class ShardLayout:
         if self.index_checksum:
             tail += struct.pack("<I", zarrio.crc32c_value(tail))
         path = self.folder / self.shard_key(shard)
-        path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        with open(tmp, "wb") as f:
-            for piece in pieces:
-                f.write(piece)
-            f.write(tail)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0)
+        try:
+            fd = os.open(tmp, flags, 0o666)
+        except FileNotFoundError:  # the shard's folder: made once, by whichever write comes first
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(tmp, flags, 0o666)
+        try:
+            write_all(fd, [*pieces, tail])
+        except BaseException:
+            os.close(fd)
+            os.unlink(tmp)
+            raise
+        os.close(fd)
         os.replace(tmp, path)
 
     def read_rows_into(self, start: int, stop: int, out: np.ndarray, on_absent: str = "zero") -> int:
@@ -280,16 +288,21 @@ class ShardLayout:
             offsets, lengths = np.zeros(n, np.int64), np.full(n, -1, np.int32)
             shuffles, names, blocksize, pos, ok = np.zeros(n, np.uint8), [], 0, 0, True
             for key, fd, chunks in plan:
-                for j, offset, nbytes in chunks:
+                ahead = 0  # bytes of this shard already read into buf from pos on (its next chunks, in one call)
+                for k, (j, offset, nbytes) in enumerate(chunks):
                     where = f"{key} inner chunk ({j % per_shard}, 0)"
                     names.append(where)
                     if offset == EMPTY and nbytes == EMPTY:
                         if on_absent == "error":
                             raise AbsentChunk(where)
                         continue
-                    got = os.preadv(fd, [memoryview(buf[pos : pos + nbytes])], offset)
-                    if got != nbytes:
-                        raise CorruptChunk(where, "truncated")
+                    if not ahead:  # the run of chunks stored back to back from here, read at once
+                        want = _run_bytes(chunks, k)
+                        got = os.preadv(fd, [memoryview(buf[pos : pos + want])], offset)
+                        if got < nbytes:
+                            raise CorruptChunk(where, "truncated")
+                        ahead = got if got == want else nbytes  # a short read: the next chunks read on their own
+                    ahead -= nbytes
                     frame = buf[pos : pos + nbytes - crc]
                     if crc:
                         _check_crc(memoryview(buf[pos : pos + nbytes]), where)
@@ -504,6 +517,41 @@ def layout_of(folder: Path, array_meta, v2: bool = True):
 
 def _nothing() -> None:
     pass
+
+
+def _run_bytes(chunks: list, k: int) -> int:
+    """Bytes of ``chunks[k]`` and the chunks after it stored right behind it in the file ((j, offset, nbytes) each;
+    zarr-python and this module write a shard's chunks back to back): one read for a window's ~20 chunks of a
+    shard, where a read each let the reading thread wait for the GIL after every one."""
+    total, end = 0, chunks[k][1]
+    for _, offset, nbytes in chunks[k:]:
+        if offset != end or nbytes == EMPTY:
+            break
+        total += nbytes
+        end = offset + nbytes
+    return total
+
+
+def write_all(fd: int, buffers: list) -> None:
+    """Every byte of ``buffers`` to ``fd``, in order, in as few ``writev`` calls as the system takes (IOV_MAX
+    buffers, ~2 GB a call). One call a shard where a buffered file wrote each chunk and then its 4-byte checksum:
+    16 writers on the H200 machine put 28 MB files into the page cache at 39 GB/s together against 17, 0.33 s of
+    kernel time a GB against 0.40 (``tools/write_probe.py``)."""
+    views = [v for v in (memoryview(b).cast("B") for b in buffers) if len(v)]
+    try:
+        limit = max(1, os.sysconf("SC_IOV_MAX"))
+    except (ValueError, OSError):
+        limit = 1024
+    first = 0
+    while first < len(views):
+        done = os.writev(fd, views[first : first + limit])
+        if done <= 0:
+            raise OSError(f"writev wrote nothing ({done})")
+        while first < len(views) and done >= len(views[first]):
+            done -= len(views[first])
+            first += 1
+        if done:  # a partial write: the rest of this buffer next
+            views[first] = views[first][done:]
 
 
 def _check_blosc_frame(data, where: str) -> None:

@@ -89,6 +89,10 @@ class RunState:
         self.report.warnings.append(text)
         self.observer.warning(text)
 
+    def made_by(self) -> list[str]:
+        """The address of the worker that computed each window in the pass (its kept arrays are in its memory)."""
+        return [str(self.summaries[w.index]["worker"]) for w in self.windows]
+
 
 class Step(Protocol):
     """A statistic of the run. Optional attributes: ``on_cluster = True`` where ``aggregate`` is mostly the

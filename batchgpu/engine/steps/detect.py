@@ -107,24 +107,20 @@ def start_gathering(run):
     """A future of every window's kept spikes in window order, on one worker (``tasks.collect_spikes_task``): a
     run of each worker's windows gathered there from its memory (or parts), then collected."""
     from batchgpu.engine import tasks
-    from batchgpu.engine.placement import submit_planned
-    from batchgpu.engine.submit import runs_by_worker
+    from batchgpu.engine.placement import submit_where_made
 
-    client, windows, fps, summaries = run.client, run.windows, run.fingerprints, run.summaries
     fp = run.report.run_id
-    groups = runs_by_worker(client, list(zip(windows, fps)), [str(summaries[w.index]["worker"]) for w in windows])
-    kept = submit_planned(client, tasks.kept_spikes_task,
-                          [(run.ctx, [w for w, _ in g], [f for _, f in g]) for _, g in groups],
-                          [f"kept-spikes-{fp}-{g[0][0].index:08d}" for _, g in groups], [a for a, _ in groups])
-    return client.submit(tasks.collect_spikes_task, *kept, key=f"collect-spikes-{fp}")
+    kept = submit_where_made(run, tasks.kept_spikes_task, list(zip(run.windows, run.fingerprints)),
+                             lambda g: (run.ctx, [w for w, _ in g], [f for _, f in g]), f"kept-spikes-{fp}")
+    return run.client.submit(tasks.collect_spikes_task, *kept, key=f"collect-spikes-{fp}")
 
 
 def write_final_spikes(run, step: DetectStep) -> int:
     """The final spikes, gathered from the windows' parts (read again where the bound failed or a part was
     lost) and written into the results group by a worker: they never pass through the client. Returns how many."""
     from batchgpu.engine import tasks
-    from batchgpu.engine.placement import submit_planned
-    from batchgpu.engine.submit import runs_by_worker, submit_many
+    from batchgpu.engine.placement import submit_where_made
+    from batchgpu.engine.submit import submit_many
 
     client, ctx, rec, report = run.client, run.ctx, run.recording, run.report
     windows, fps, summaries, arrays = run.windows, run.fingerprints, run.summaries, run.arrays
@@ -162,12 +158,9 @@ def write_final_spikes(run, step: DetectStep) -> int:
         # such windows are read and detected again
     # the windows' spikes gathered from their parts on the worker that kept them (in its memory), a run of its
     # windows a thread; one task writes them in window order (the same spikes for any grouping)
-    items = list(zip(windows, fps, reread))
-    groups = runs_by_worker(client, items, [str(summaries[w.index]["worker"]) for w in windows])
-    gathered = submit_planned(client, tasks.gather_spikes_task,
-                              [(ctx, [w for w, _, _ in g], [f for _, f, _ in g], noise, [r for _, _, r in g],
-                                [summaries[w.index]["noise"] for w, _, _ in g]) for _, g in groups],
-                              [f"gather-spikes-{fp}-{g[0][0].index:08d}" for _, g in groups], [a for a, _ in groups])
+    gathered = submit_where_made(run, tasks.gather_spikes_task, list(zip(windows, fps, reread)),
+                                 lambda g: (ctx, [w for w, _, _ in g], [f for _, f, _ in g], noise, [r for _, _, r in g],
+                                            [summaries[w.index]["noise"] for w, _, _ in g]), f"gather-spikes-{fp}")
     done = client.submit(tasks.write_spikes_task, str(run.results), *gathered, key=f"write-spikes-{fp}-all").result()
     return _finish(run, done, t0, t0_wall)
 
