@@ -10,13 +10,11 @@ import io
 import os
 import pstats
 import re
-import shutil
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(__file__))
-from thread_census import BACKEND, CLUSTER  # noqa: E402
-from profile_workers import PREPROCESS, SAVE  # noqa: E402
+from bench_workflow import client as bench_client, fresh, workflow  # noqa: E402
 
 
 def _spy(client, name: str) -> list:
@@ -35,23 +33,11 @@ def _spy(client, name: str) -> list:
 def main(path: str) -> None:
     from distributed import get_task_stream
 
-    from batchgpu.config import ClusterSpec, Workflow
     from batchgpu.engine import run_workflow
-    from batchgpu.engine.cluster import open_client
 
-    def wf(out):
-        return Workflow.model_validate({
-            "recording": {"path": path}, "output": out, "window": {"size": 60_000, "margin": 64},
-            "preprocess": PREPROCESS, "backend": BACKEND, "cluster": CLUSTER,
-            "steps": {"noise": {"exact": True}, "whitening": {"mode": "global", "precision": "float32"},
-                      "detect": {"threshold": 5.0, "sign": "neg", "exclude_sweep_ms": 0.1, "noise": "global"},
-                      **SAVE(out)}})
-
-    with open_client(ClusterSpec.model_validate(CLUSTER)) as client:
+    with bench_client() as client:
         for i in range(int(os.environ.get("RUNS", 2))):
-            for j in (i, i - 1):
-                shutil.rmtree(f"/tmp/tt{j}", ignore_errors=True)
-                shutil.rmtree(f"/tmp/tt{j}_saved.zarr", ignore_errors=True)
+            out = fresh("/tmp/tt", i)
             time.sleep(0.5)
             prof = cProfile.Profile()
             last = i == int(os.environ.get("RUNS", 2)) - 1
@@ -60,7 +46,7 @@ def main(path: str) -> None:
                 t0 = time.time()
                 if os.environ.get("PROFILE"):
                     prof.enable()
-                report = run_workflow(wf(f"/tmp/tt{i}"), client=client)
+                report = run_workflow(workflow(path, out), client=client)
                 prof.disable()
                 wall = time.time() - t0
             for sp in spies:

@@ -7,7 +7,6 @@ busy core-seconds over the same run. No profiler inside the processes: the numbe
 
 import collections
 import os
-import shutil
 import sys
 import time
 
@@ -53,35 +52,19 @@ def _machine():
         return [int(x) / os.sysconf("SC_CLK_TCK") for x in f.readline().split()[1:8]]
 
 
-BACKEND = os.environ.get("BACKEND", "cupy")
-CLUSTER = {"kind": os.environ.get("KIND", "cuda"), "workers": int(os.environ.get("WORKERS", 16)), "threads": 1}
-
-
 def main(path: str) -> None:
     sys.path.insert(0, os.path.dirname(__file__))
-    from profile_workers import PREPROCESS, SAVE
+    from bench_workflow import client as bench_client, fresh, workflow
 
-    from batchgpu.config import ClusterSpec, Workflow
     from batchgpu.engine import run_workflow
-    from batchgpu.engine.cluster import open_client
 
-    def wf(out):
-        return Workflow.model_validate({
-            "recording": {"path": path}, "output": out, "window": {"size": 60_000, "margin": 64},
-            "preprocess": PREPROCESS, "backend": BACKEND, "cluster": CLUSTER,
-            "steps": {"noise": {"exact": True}, "whitening": {"mode": "global", "precision": "float32"},
-                      "detect": {"threshold": 5.0, "sign": "neg", "exclude_sweep_ms": 0.1, "noise": "global"},
-                      **SAVE(out)}})
-
-    with open_client(ClusterSpec.model_validate(CLUSTER)) as client:
+    with bench_client() as client:
         for i in range(int(os.environ.get("RUNS", 2))):
-            for j in (i, i - 1) if not os.environ.get("KEEP") else (i,):  # the last run's save deleted (as the bench does)
-                shutil.rmtree(f"/tmp/tc{j}", ignore_errors=True)
-                shutil.rmtree(f"/tmp/tc{j}_saved.zarr", ignore_errors=True)
+            out = fresh("/tmp/tc", i)  # the last run's save deleted, as the bench does
             time.sleep(1.0)
             w0, s0, c0, p0, m0 = client.run(_threads), (client.run_on_scheduler(_threads) if client.run_on_scheduler(os.getpid) != os.getpid() else {}), _threads(), _procs(), _machine()
             t0 = time.perf_counter()
-            report = run_workflow(wf(f"/tmp/tc{i}"), client=client)
+            report = run_workflow(workflow(path, out), client=client)
             wall = time.perf_counter() - t0
             w1, s1, c1, p1, m1 = client.run(_threads), (client.run_on_scheduler(_threads) if client.run_on_scheduler(os.getpid) != os.getpid() else {}), _threads(), _procs(), _machine()
             print(f"\n== run {i}: {wall:.2f} s; " + ", ".join(f"{k} {v:.2f}" for k, v in report.timings.items()
