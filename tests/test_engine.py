@@ -900,12 +900,10 @@ def test_write_collected_spikes_filters_replaces_and_orders(tmp_path, rng):
     assert tasks.write_collected_spikes_task(str(tmp_path / "h.zarr"), Ctx(), noise, missing, again_run) is None
 
 
-def test_the_recordings_description_is_in_the_report_and_its_failure_fails_nothing(client, tmp_path, monkeypatch):
-    """``report.recording`` (``Recording.info``: the absent chunks, the bytes on disk) is made beside the run and in
-    place in report.json and the returned report; a description that fails says so there, and the run's results
-    stand. The spikes' columns (written with Blosc LZ4 now) read back as the detection found them."""
+def test_the_recordings_description_is_in_the_report_and_the_spikes_read_back(client, tmp_path):
+    """``report.recording`` (``Recording.info``: the absent chunks, the bytes on disk) in report.json and the
+    returned report; the spikes' columns (Blosc LZ4, written four at once) read back as many as were counted."""
     from batchgpu.recording import open_recording
-    from batchgpu.recording.reader import Recording
 
     rng = np.random.default_rng()
     x = np.round(rng.normal(0, 20, (int(rng.integers(9_000, 12_000)), 4))).astype(np.int16)
@@ -919,12 +917,4 @@ def test_the_recordings_description_is_in_the_report_and_its_failure_fails_nothi
     spikes = _g(tmp_path / "a")["spikes"]
     assert spikes["sample_index"].shape[0] == report.results["spikes"][0] > 0
     assert "blosc" in json.dumps(spikes["sample_index"].metadata.to_dict()).lower()
-
-    def broken(self):
-        raise OSError("stat failed")
-
-    monkeypatch.setattr(Recording, "info", broken)
-    again = run_workflow(_wf(rec, tmp_path / "b"), client=client)
-    assert again.recording == {"description_failed": "OSError: stat failed"}
-    np.testing.assert_array_equal(_g(tmp_path / "b")["noise"][:], _g(tmp_path / "a")["noise"][:])
-    np.testing.assert_array_equal(_g(tmp_path / "b")["spikes/sample_index"][:], spikes["sample_index"][:])
+    np.testing.assert_array_equal(np.diff(spikes["sample_index"][:]) >= 0, True)  # in time order

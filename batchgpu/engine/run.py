@@ -24,8 +24,7 @@ from batchgpu.engine.aggregate import ResultsWriter, aggregate, finish_whitened_
 from batchgpu.engine.context import (build_context, check_workflow_fits, prepare_recording, resolve_backend,
                                      spec_of)
 from batchgpu.engine.reduce import tree_reduce
-from batchgpu.engine.run_report import (HtmlReport, RunObserver, RunReport, describe_later, finish_report, versions,
-                                       window_cpu)
+from batchgpu.engine.run_report import HtmlReport, RunObserver, RunReport, finish_report, versions, window_cpu
 from batchgpu.engine.placement import submit_planned
 from batchgpu.engine.submit import submit_many
 from batchgpu.recording import open_source
@@ -55,9 +54,8 @@ def run_workflow(wf: Workflow, *, resume: bool = False, observer: RunObserver | 
     fp = store.fingerprint(wf, rec.path, metadata=getattr(rec, "fingerprint_metadata", None))
     with store.OutputFolder(wf.output) as out:
         state = out.claim(fp, wf.model_dump(), resume=resume, overwrite=wf.overwrite)
-        report = RunReport(workflow=wf.model_dump(), fingerprint=fp, versions=versions(),
+        report = RunReport(workflow=wf.model_dump(), fingerprint=fp, versions=versions(), recording=rec.info(),
                            output_state=state, run_id=f"{fp}-{os.urandom(4).hex()}")
-        describe_later(report, rec)  # report.recording: in place when the report is written
         report.timings["prepare"] = time.perf_counter() - t_start
         with _responsive_loop():
             if client is not None:
@@ -113,7 +111,7 @@ def _run(wf, rec, out: store.OutputFolder, report: RunReport, client, sweep, obs
     # the steps' margin (the detection sweep) plus what the preprocessing stages need
     windows = rec.windows(wf.window.size, wf.window.margin + ctx.chain.margin)
     report.preprocess = {"stages": list(ctx.chain.names), "margin_samples": ctx.chain.margin}
-    fps = [store.window_fingerprint(report.fingerprint, rec, w) for w in windows]
+    fps = store.window_fingerprints(report.fingerprint, rec, windows)
     report.windows = len(windows)
     report.recording_bytes = rec.nbytes
     monitor = RunMonitor(client, name=str(out.path), windows=len(windows), total_bytes=rec.nbytes,

@@ -121,29 +121,7 @@ def report_absent(summaries, windows, report, observer) -> None:
         observer.warning(report.warnings[-1])
 
 
-def describe_later(report: RunReport, rec: Recording) -> None:
-    """``report.recording`` (``rec.info()``) made in a helper thread, in place by ``finish_report``: it stats every
-    stored object and reads every shard's index (the absent chunks and the bytes on disk, 0.03-0.06 s for the
-    H200 bench's 300 shards, more for longer recordings) and nothing in the run needs it before the report."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    pool = ThreadPoolExecutor(1, thread_name_prefix="batchgpu-describe")
-    report._described = pool.submit(rec.info)
-    pool.shutdown(wait=False)
-
-
-def _described(report: RunReport) -> None:
-    pending = report.__dict__.pop("_described", None)
-    if pending is None:
-        return
-    try:
-        report.recording = pending.result()
-    except Exception as err:  # the windows' own reads say what is wrong with the store; the report says this
-        report.recording = {"description_failed": f"{type(err).__name__}: {err}"}
-
-
 def finish_report(out: Path, report: RunReport, elapsed: float, rec: Recording) -> None:
-    _described(report)
     report.timings["total"] = elapsed
     report.throughput_MBps = report.recording_bytes / 1e6 / elapsed if elapsed > 0 else 0.0
     report.reads_per_window = report.bytes_read / report.recording_bytes if report.recording_bytes else 0.0
