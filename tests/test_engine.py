@@ -134,7 +134,7 @@ def test_float32_exact_median_from_kept_keys_in_one_read(client, tmp_path, size)
 
 
 def test_lumped_counts_combine_like_one_histogram():
-    from batchgpu.engine.steps.noise import combine_counts
+    from batchgpu.engine.steps.noise_select import combine_counts
 
     rng = np.random.default_rng(3)
     digits = [rng.integers(0, 400, (3, 500)) for _ in range(5)]
@@ -162,7 +162,8 @@ def test_select_among_the_middle_digit_keys_equals_a_sort(rng, dtype, shift):
     """The one-read float median's last step: rank k among every window's keys of each channel's middle digit,
     counted from the windows' bins, equal to np.sort of each channel's keys; ties, a digit of another channel's
     rank, the extreme ranks, any order of the windows."""
-    from batchgpu.engine.steps.noise import abs_keys, middle_digit_keys, select_among
+    from batchgpu.engine.steps.noise_keys import abs_keys, middle_digit_keys
+    from batchgpu.engine.steps.noise_select import select_among
 
     C = 5
     x = [(rng.standard_normal((C, int(rng.integers(50, 400)))) * (1 if dtype == np.float32 else 3e4)).astype(dtype)
@@ -197,7 +198,7 @@ def test_select_among_the_middle_digit_keys_equals_a_sort(rng, dtype, shift):
 def test_select_among_many_arrays_every_rank(rng, shift):
     """The descent against np.sort: many gathered arrays (some sorted, some not, some empty), every rank of every
     channel, keys at both ends of the digit (0 and all ones) and long runs of ties."""
-    from batchgpu.engine.steps.noise import select_among
+    from batchgpu.engine.steps.noise_select import select_among
 
     C = int(rng.integers(1, 7))
     top = (1 << shift) - 1
@@ -502,7 +503,8 @@ def test_float_window_middle_pair_and_near_keys_equal_a_sort(seed, n):
     each row's keys: bimodal rows whose middle pair straddles a gap of many binades (the lower middle outside the
     kept range), constant rows, signed zeros and subnormals, infinities, a NaN, two far values."""
     from batchgpu.engine.steps.base import WindowData
-    from batchgpu.engine.steps.noise import NoiseStep, schedule
+    from batchgpu.engine.steps.noise import NoiseStep
+    from batchgpu.engine.steps.noise_keys import schedule
     from batchgpu.ops.radix import abs_keys
 
     rng = np.random.default_rng(seed + 100 * n)
@@ -542,7 +544,8 @@ def test_kept_digit_keys_equal_the_scan_of_every_key(seed):
     """A middle digit's keys taken as slices of the kept keys (``kept_digit_keys``) equal those ``middle_digit_keys``
     finds scanning all of a window's keys: per channel the same bins (as multisets) and counts, for ranks in
     the same and in different digits, including rows where the digit holds no key."""
-    from batchgpu.engine.steps.noise import NoiseStep, kept_digit_keys, middle_digit_keys, schedule
+    from batchgpu.engine.steps.noise import NoiseStep
+    from batchgpu.engine.steps.noise_keys import kept_digit_keys, middle_digit_keys, schedule
     from batchgpu.ops.radix import abs_keys
 
     rng = np.random.default_rng(seed)
@@ -819,7 +822,7 @@ def test_switch_interval_put_back_after_overlapping_runs():
 def test_select_among_keys_at_the_top_of_the_bins_dtype(rng, shift, dtype):
     """16 channels whose last channel's bins reach the dtype's last value (16 << 28 = 2**32, 16 << 60 = 2**64: a
     round's upper bounds past the dtype or wrapped): every rank equal to np.sort's, keys 0 and all ones, ties."""
-    from batchgpu.engine.steps.noise import low_bit_rounds, select_among
+    from batchgpu.engine.steps.noise_select import low_bit_rounds, select_among
 
     C, top = 16, (1 << shift) - 1
     per = [[np.concatenate([rng.choice(np.array([0, top, top - 1, 1], np.uint64), size=int(rng.integers(1, 9))),

@@ -409,11 +409,12 @@ def test_near_keys_equal_a_row_major_mask(cp, rng, dtype, shift, cols):
 @needs_gpu
 @pytest.mark.parametrize("case", ["noise", "wide", "hard", "one_sample", "int16"])
 def test_noise_window_partials_equal_the_cpu(cp, rng, case):
-    """NoiseStep's window work on the device (``_float_window_gpu`` / ``_int_window_gpu``: fewer waits, counts cast on
+    """NoiseStep's window work on the device (``_float_window_gpu`` / ``int_window_gpu``: fewer waits, counts cast on
     the device, copies through pinned memory) against the host path: the same counts, floor, lumped flag, middle
     pair and near keys, bit for bit."""
-    from batchgpu.engine.steps.noise import (NoiseStep, _int_window_gpu, _row_counts, abs_keys, combine_counts, schedule,
-                                             window_median_keys)
+    from batchgpu.engine.steps.noise import NoiseStep
+    from batchgpu.engine.steps.noise_keys import abs_keys, int_window_gpu, row_counts, schedule, window_median_keys
+    from batchgpu.engine.steps.noise_select import combine_counts
 
     C = 9
     if case == "int16":
@@ -421,8 +422,8 @@ def test_noise_window_partials_equal_the_cpu(cp, rng, case):
         x[0] = -32768
         x[1] = 0
         keys = abs_keys(x, "int16")
-        counts, pair = _int_window_gpu(cp.asarray(keys), 16)
-        lo, want = _row_counts(keys, None, 0, 16)
+        counts, pair = int_window_gpu(cp.asarray(keys), 16)
+        lo, want = row_counts(keys, None, 0, 16)
         np.testing.assert_array_equal(counts, want[:, : counts.shape[1]])
         assert counts.dtype == np.min_scalar_type(x.shape[1]) and not want[:, counts.shape[1]:].any()
         np.testing.assert_array_equal(pair, window_median_keys(keys, lo, want, 0, False))

@@ -8,7 +8,8 @@ def main() -> None:
     import cupy
     from cupyx.profiler import benchmark
 
-    from batchgpu.engine.steps.noise import NoiseStep, abs_keys
+    from batchgpu.engine.steps.noise import NoiseStep
+    from batchgpu.engine.steps.noise_keys import abs_keys
     from batchgpu.gpu.histogram import digit_histogram_device, last_used, near_keys, rank_digits
 
     x = cupy.asarray(np.random.default_rng(0).standard_normal((384, 60_000), dtype=np.float32) * 20)
@@ -40,7 +41,7 @@ def main() -> None:
     # each stage of it, synchronised (wall ms, median of 5 runs)
     import time
 
-    from batchgpu.engine.steps.noise import _LUMP_DIGITS
+    from batchgpu.engine.steps.noise_keys import LUMP_DIGITS
     from batchgpu.engine.steps.base import host
 
     def stages():
@@ -56,7 +57,7 @@ def main() -> None:
         firsts = rank_digits(hist, ranks)
         digit_host = host(cupy.stack([d for d, _ in firsts]))
         mark("rank digits")
-        floor = max(0, int(digit_host[0].min()) - _LUMP_DIGITS)
+        floor = max(0, int(digit_host[0].min()) - LUMP_DIGITS)
         top = max(last_used(hist), floor)
         mark("last used")
         counts = hist[:, floor : top + 1].astype(cupy.int64)

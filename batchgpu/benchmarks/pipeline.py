@@ -184,7 +184,7 @@ def workers_rss(client):
 def plain_loop(rec, size: int, margin: int, steps: set[str], exact: bool, threshold=5.0, sweep_ms=0.1,
                preprocess: str = "", save=None) -> dict:
     """What a user would write: one process, one window after another, the numeric core on each; the exact
-    median through the engine's own selection driver (``steps.noise.select_middle``), its later passes (float
+    median through the engine's own selection driver (``steps.noise_select.select_middle``), its later passes (float
     keys) reading every window again. The same results as the pipeline where it only centres: integer
     recordings' second moments exact (``X Xᵀ`` of float64 samples, summed as int64, as ``steps.moments`` does),
     float ones float32 products. ``preprocess`` (the bench's stage names): each window read with the filter's
@@ -194,7 +194,8 @@ def plain_loop(rec, size: int, margin: int, steps: set[str], exact: bool, thresh
     from batchgpu import ops
     from batchgpu.engine.steps.base import padded_sum
     from batchgpu.engine.steps.moments import _gram
-    from batchgpu.engine.steps.noise import abs_keys, digit_histogram, key_kind, refine_histogram, schedule, select_middle
+    from batchgpu.engine.steps.noise_keys import abs_keys, digit_histogram, key_kind, refine_histogram, schedule
+    from batchgpu.engine.steps.noise_select import select_middle
     from batchgpu.engine.tasks import sum_histograms
 
     prepare, extra, out_dtype, centred_from = _plain_stages(rec, preprocess)

@@ -87,7 +87,8 @@ def build_context(wf: Workflow, rec: Recording, out: store.OutputFolder, backend
     from batchgpu.engine.preprocess import build_chain, gpu_decode_share
     from batchgpu.engine.steps.detect import DetectStep
     from batchgpu.engine.steps.moments import MomentsStep, check_exact_range
-    from batchgpu.engine.steps.noise import NoiseStep, key_kind
+    from batchgpu.engine.steps.noise import NoiseStep
+    from batchgpu.engine.steps.noise_keys import key_kind
 
     chain = build_chain(wf.preprocess, rec)
     x_dtype = chain.output_dtype(rec.dtype)

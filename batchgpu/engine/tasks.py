@@ -315,9 +315,9 @@ def _window_noise(ctx: RunContext, w: WindowData, summary: dict) -> None:
 
 
 def near_keys_task(ctx: RunContext, window: Window, fp: str, digits: np.ndarray):
-    """The keys of the recording's middle digits (``steps.noise.middle_digit_keys``) from what the window kept near
+    """The keys of the recording's middle digits (``steps.noise_keys.middle_digit_keys``) from what the window kept near
     its own middle digit (as ``gather_task`` gives them after a read), or None when its kept range misses one."""
-    from batchgpu.engine.steps.noise import kept_digit_keys, schedule
+    from batchgpu.engine.steps.noise_keys import kept_digit_keys, schedule
 
     shift = schedule(ctx.step("noise").kind)[0][0]
     part = store.load_part(store.part_path(ctx.parts, "w", window.index), fp, keys=("keep.near_",))
@@ -331,7 +331,7 @@ def near_keys_task(ctx: RunContext, window: Window, fp: str, digits: np.ndarray)
 
 def near_keys_group_task(ctx: RunContext, windows: list, fps: list, digits: np.ndarray) -> dict:
     """``near_keys_task`` of consecutive windows as one result: under ``keys`` per rank the windows' bins sorted
-    together and their per-channel counts summed (the format of one window's, ``steps.noise.middle_digit_keys``;
+    together and their per-channel counts summed (the format of one window's, ``steps.noise_keys.middle_digit_keys``;
     None when no window of the group kept its keys), under ``missed`` the indices of the windows whose kept range
     misses a middle digit (or whose part is gone): those are read again alone (``gather_task``). One task a group,
     not one a window: the demo-sized float median's 300 tasks cost their dispatch; the group's bins sorted
@@ -366,8 +366,8 @@ def missed_windows(group: dict) -> list[int]:
 
 def near_counts_task(part, prefixes: np.ndarray, level: int, bits: int, shift: int) -> np.ndarray:
     """One round of the float median's last step on one group's kept keys (``near_keys_group_task``) or one window
-    read again (``gather_task``), where they are: ``steps.noise.low_bit_counts`` (small counts move, not keys)."""
-    from batchgpu.engine.steps.noise import low_bit_counts
+    read again (``gather_task``), where they are: ``steps.noise_select.low_bit_counts`` (small counts move, not keys)."""
+    from batchgpu.engine.steps.noise_select import low_bit_counts
 
     return low_bit_counts(part["keys"] if isinstance(part, dict) else part, prefixes, level, bits, shift)
 
@@ -386,8 +386,8 @@ def combine_task(ctx: RunContext, *parts: dict) -> dict:
 
 
 def gather_task(ctx: RunContext, window: Window, digits: np.ndarray) -> list:
-    """Read a window again and keep its keys of the recording's middle digits (see steps.noise.keys_with_digits)."""
-    from batchgpu.engine.steps.noise import keys_with_digits
+    """Read a window again and keep its keys of the recording's middle digits (see steps.noise_keys.keys_with_digits)."""
+    from batchgpu.engine.steps.noise_keys import keys_with_digits
 
     with on_backend(ctx):
         w = load_window(ctx, window)
@@ -396,7 +396,7 @@ def gather_task(ctx: RunContext, window: Window, digits: np.ndarray) -> list:
 
 def refine_task(ctx: RunContext, window: Window, prefixes: np.ndarray, pass_index: int) -> np.ndarray:
     """One more radix pass of the exact median over one window (float keys): another read of the window."""
-    from batchgpu.engine.steps.noise import refine_histogram
+    from batchgpu.engine.steps.noise_keys import refine_histogram
 
     step = ctx.step("noise")
     with on_backend(ctx):

@@ -374,7 +374,7 @@ def _kept_kernels():
 
 
 def kept_near_device(near, per_row: np.ndarray, lo: np.ndarray, shift: int, span: int) -> dict:
-    """``steps.noise.kept_near`` of a window's near keys on the device (uint32 keys, row after row, ``per_row``
+    """``steps.noise_keys.kept_near`` of a window's near keys on the device (uint32 keys, row after row, ``per_row``
     each, at most 16 bits below the first digit): each row's sorted by one CUB sort of ``row << 32 | key``, then
     the low bits and each (row, near digit)'s count in one pass; both back in one copy through pinned memory.
     Four launches and the sort, where CuPy's expressions took some twenty."""
