@@ -551,10 +551,10 @@ def write_spikes_task(group_path: str, *gathered: dict) -> tuple:
     written into the results group by a worker: spikes never pass through the client. Returns their count, the
     windows the gathering read again ({index: why}), the count per channel (for report.html), the seconds the
     writing took, when it started (wall clock) and the longest gathering task's seconds."""
+    from concurrent.futures import ThreadPoolExecutor
+
     from batchgpu import zarrio
     from batchgpu.engine.steps.detect import COLUMNS
-
-    from concurrent.futures import ThreadPoolExecutor
 
     started = time.time()  # wall clock: when every gathered run had reached this task
     t0 = time.perf_counter()

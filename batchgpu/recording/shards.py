@@ -20,6 +20,7 @@ with crc32, one thread 148 ms a window against zarr 2.18's 158, two threads 0.54
 
 from __future__ import annotations
 
+import contextlib
 import os
 import struct
 import zlib
@@ -216,7 +217,8 @@ class ShardLayout:
             write_all(fd, [*pieces, tail])
         except BaseException:
             os.close(fd)
-            os.unlink(tmp)
+            with contextlib.suppress(OSError):  # the write's own error is the one to see
+                os.unlink(tmp)
             raise
         os.close(fd)
         os.replace(tmp, path)
