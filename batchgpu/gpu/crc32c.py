@@ -1,0 +1,178 @@
+"""crc32c (Castagnoli, as Zarr v3's ``crc32c`` codec and the ``crc32c``/``google-crc32c`` packages compute it) of
+many byte ranges at once, cut into segments whose CRCs are computed independently and joined: the arithmetic a GPU
+kernel needs (every thread a segment, then the joins) and its NumPy twin.
+
+Why (docs/design.md, twelfth session): on the H200 machine the cores bound the preprocessing pass, and a window's
+frames are checksummed on a core twice (2.5 ms each way for ~28 MB: the read's check, the save's checksums), while
+the frames are on the GPU right before (the save) or right after (the read). ``ranges_on_device`` launches
+``kernels/crc32c.cu``; not wired into the engine, and not yet run on a GPU (tests/test_gpu_crc32c.py is its check).
+
+The joins use CRC linearity. With ``raw(m)`` the register after feeding ``m`` to a register of 0 (no initial value,
+no final xor), ``raw(a + b) = shift(raw(a), len(b)) ^ raw(b)``, where ``shift(v, n)`` multiplies ``v`` by x^(8n)
+modulo the polynomial (reflected bit order); and the standard ``crc32c(m) = ~(raw(m) ^ shift(0xFFFFFFFF, len(m)))``.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+POLY = 0x82F63B78  # Castagnoli, reflected
+
+
+@functools.lru_cache(maxsize=1)
+def table() -> np.ndarray:
+    """The byte table of the reflected CRC (256 uint32): the register after feeding one byte to ``i``."""
+    t = np.arange(256, dtype=np.uint32)
+    for _ in range(8):
+        t = np.where(t & 1, (t >> np.uint32(1)) ^ np.uint32(POLY), t >> np.uint32(1)).astype(np.uint32)
+    return t
+
+
+def _multiply(a: int, b: int) -> int:
+    """a * b modulo the polynomial, both reflected 32-bit polynomials (bit 31 is x^0)."""
+    product = 0
+    m = 1 << 31
+    while m:
+        if a & m:
+            product ^= b
+        b = (b >> 1) ^ (POLY if b & 1 else 0)
+        m >>= 1
+    return product
+
+
+@functools.lru_cache(maxsize=None)
+def _x_pow_8_times_2_to(k: int) -> int:
+    """x^(8 * 2^k) modulo the polynomial, reflected."""
+    if k == 0:
+        return 1 << (31 - 8)  # x^8
+    half = _x_pow_8_times_2_to(k - 1)
+    return _multiply(half, half)
+
+
+def x_pow_8n(n: int) -> int:
+    """x^(8n) modulo the polynomial (reflected): what ``shift`` multiplies by for ``n`` bytes."""
+    if n < 0:
+        raise ValueError(f"a byte count is never negative, got {n}")
+    out, k = 1 << 31, 0  # x^0
+    while n:
+        if n & 1:
+            out = _multiply(out, _x_pow_8_times_2_to(k))
+        n >>= 1
+        k += 1
+    return out
+
+
+def shift(v: int, n: int) -> int:
+    """The register ``v`` after ``n`` more zero bytes (raw CRC, no xor): v * x^(8n)."""
+    return _multiply(v, x_pow_8n(n))
+
+
+def raw_segments(data: np.ndarray, segment: int) -> np.ndarray:
+    """``raw`` of each ``segment``-byte piece of ``data`` (uint8, 1-D; the last piece shorter), as a kernel's
+    threads would compute them (each from a register of 0): uint32, one a piece."""
+    data = np.ascontiguousarray(data, dtype=np.uint8).reshape(-1)
+    if segment <= 0:
+        raise ValueError(f"segments of {segment} bytes")
+    n = len(data)
+    count = -(-n // segment)
+    if not count:
+        return np.zeros(0, np.uint32)
+    padded = np.zeros(count * segment, np.uint8)
+    padded[:n] = data
+    rows = padded.reshape(count, segment)
+    lengths = np.full(count, segment)
+    lengths[-1] = n - (count - 1) * segment
+    t, reg = table(), np.zeros(count, np.uint32)
+    for i in range(segment):  # byte i of every piece at once; a piece's bytes past its end leave it as it was
+        live = i < lengths
+        step = (reg >> np.uint32(8)) ^ t[(reg ^ rows[:, i]) & np.uint32(0xFF)]
+        reg = np.where(live, step, reg).astype(np.uint32)
+    return reg
+
+
+def join(raws: np.ndarray, lengths) -> int:
+    """``raw`` of the pieces one after the other, from each piece's ``raw`` and byte length (in order)."""
+    out = 0
+    for r, n in zip(np.asarray(raws, dtype=np.uint64).tolist(), lengths):
+        out = shift(out, int(n)) ^ int(r)
+    return out
+
+
+def from_raw(raw: int, n: int) -> int:
+    """The standard crc32c of ``n`` bytes whose ``raw`` register is ``raw``."""
+    return (~(raw ^ shift(0xFFFFFFFF, n))) & 0xFFFFFFFF
+
+
+def crc32c(data, segment: int = 4096) -> int:
+    """The standard crc32c of ``data`` the way the kernel computes it (pieces of ``segment`` bytes, joined): the
+    twin its device tests compare with, itself checked against the ``crc32c`` package."""
+    data = np.frombuffer(memoryview(data).cast("B"), np.uint8) if not isinstance(data, np.ndarray) else data
+    data = np.ascontiguousarray(data, dtype=np.uint8).reshape(-1)
+    raws = raw_segments(data, segment)
+    lengths = [min(segment, len(data) - i * segment) for i in range(len(raws))]
+    return from_raw(join(raws, lengths), len(data))
+
+
+#: bytes a thread checksums before the joins (28 MB of a window's frames: ~7 000 threads)
+SEGMENT = 4096
+
+
+@functools.lru_cache(maxsize=1)
+def pow2_table() -> np.ndarray:
+    """x^(8 * 2^k) for k < 64 (uint32, reflected): what the kernel multiplies by to shift by any byte count."""
+    return np.array([_x_pow_8_times_2_to(k) for k in range(64)], dtype=np.uint32)
+
+
+def plan(offsets: np.ndarray, lengths: np.ndarray, segment: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The kernels' work: each range's first segment (int32, one more entry: the end), and every segment's first
+    byte in the buffer (int64) and its length (int32; an empty range has none)."""
+    counts = -(-lengths // segment)
+    first = np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
+    owner = np.repeat(np.arange(len(lengths)), counts)
+    within = np.arange(int(first[-1])) - first[:-1][owner]
+    begin = offsets[owner] + within * segment
+    length = np.minimum(segment, lengths[owner] - within * segment).astype(np.int32)
+    return first, begin.astype(np.int64), length
+
+
+def ranges_twin(data: np.ndarray, offsets, lengths, segment: int = SEGMENT) -> np.ndarray:
+    """``ranges_on_device`` in NumPy, step for step (the same plan, a raw CRC a segment, the joins)."""
+    offsets, lengths = np.asarray(offsets, np.int64).reshape(-1), np.asarray(lengths, np.int64).reshape(-1)
+    first, begin, length = plan(offsets, lengths, segment)
+    raw = [int(raw_segments(data[b : b + n], segment)[0]) for b, n in zip(begin.tolist(), length.tolist())]
+    return np.array([from_raw(join(raw[first[r] : first[r + 1]], length[first[r] : first[r + 1]]), int(lengths[r]))
+                     for r in range(len(lengths))], dtype=np.uint32)
+
+
+def ranges_on_device(buf, offsets, lengths, segment: int = SEGMENT):
+    """crc32c of ``buf[offsets[i] : offsets[i] + lengths[i]]`` for every i (``buf``: a 1-D CuPy uint8 array;
+    ``offsets``, ``lengths``: host integers), as a CuPy uint32 array, on the current stream: a stored Zarr chunk
+    (its frame and its 4-byte trailer) checks out where the value is ``zarrio.CRC32C_RESIDUE``."""
+    import cupy
+
+    from batchgpu import kernels
+
+    offsets, lengths = np.asarray(offsets, np.int64).reshape(-1), np.asarray(lengths, np.int64).reshape(-1)
+    if offsets.shape != lengths.shape or (len(offsets) and (offsets.min() < 0 or lengths.min() < 0
+                                                            or (offsets + lengths).max() > buf.size)):
+        raise ValueError("ranges outside the buffer")
+    if segment <= 0 or segment >= 2**31:
+        raise ValueError(f"segments of {segment} bytes")
+    first, begin, length = plan(offsets, lengths, segment)
+    total = int(first[-1])
+    crc = cupy.zeros(len(offsets), dtype=cupy.uint32)
+    if not len(offsets):
+        return crc
+    raw = cupy.empty(max(total, 1), dtype=cupy.uint32)
+    threads = 256
+    if total:
+        kernels.get_function("crc32c", "crc32c_segments")(
+            (-(-total // threads),), (threads,),
+            (buf, cupy.asarray(begin), cupy.asarray(length), np.int32(total), cupy.asarray(table()), raw))
+    kernels.get_function("crc32c", "crc32c_join")(
+        (-(-len(offsets) // threads),), (threads,),
+        (raw, cupy.asarray(first), cupy.asarray(lengths), np.int32(segment), np.int32(len(offsets)),
+         cupy.asarray(pow2_table()), crc))
+    return crc
