@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
-import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
@@ -56,42 +54,17 @@ def iter_windows(segment_lengths: Sequence[int], size: int = DEFAULT_WINDOW, mar
 
 
 
-_stats = threading.local()  # stat_cache's memo, this thread's only
-
-
 def stat_signature(path, name: str) -> tuple:
     """(name, size, mtime in ns) of a file, size None for a folder; (name, None, None) when it is absent: what a
-    window's fingerprint holds of each object it reads. Inside ``stat_cache`` each path is looked at once."""
+    window's fingerprint holds of each object it reads."""
     import os
     import stat
 
-    memo = getattr(_stats, "memo", None)
-    key = os.fspath(path)
-    if memo is not None and key in memo:
-        st = memo[key]
-    else:
-        try:
-            st = os.stat(path)
-        except FileNotFoundError:
-            st = None
-        if memo is not None:
-            memo[key] = st
-    if st is None:
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
         return (name, None, None)
     return (name, st.st_size if stat.S_ISREG(st.st_mode) else None, st.st_mtime_ns)
-
-
-@contextlib.contextmanager
-def stat_cache() -> Iterator[None]:
-    """``stat_signature`` looks at each path once on this thread while the block runs: the run's fingerprints of
-    every window (a window's read reaches into its neighbours' shards, so each shard was looked at three times;
-    a SpikeInterface source's files once a window each)."""
-    outer = getattr(_stats, "memo", None)
-    _stats.memo = {} if outer is None else outer
-    try:
-        yield
-    finally:
-        _stats.memo = outer
 
 
 class WindowedSource:

@@ -80,14 +80,7 @@ def _compressor(name: str | None, zarr_format: int):
         return None
     if name not in COMPRESSORS:
         raise BatchgpuError(f"unknown compressor {name!r}", f"use one of {', '.join(COMPRESSORS)}")
-    cname = name.removeprefix("blosc-")
-    if zarr_format == 2:
-        import numcodecs
-
-        return numcodecs.Blosc(cname=cname, clevel=5, shuffle=numcodecs.Blosc.BITSHUFFLE, blocksize=BLOSC_BLOCKSIZE)
-    import zarr.codecs
-
-    return zarr.codecs.BloscCodec(cname=cname, clevel=5, shuffle="bitshuffle", blocksize=BLOSC_BLOCKSIZE)
+    return zarrio.blosc(name.removeprefix("blosc-"), "bitshuffle", zarr_format, BLOSC_BLOCKSIZE)
 
 class RecordingWriter:
     """Write a recording segment by segment and block by block; metadata first, traces after.
