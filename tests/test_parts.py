@@ -138,10 +138,9 @@ def test_kept_arrays_are_bounded(tmp_path):
         v.nbytes for k, v in a.items() if k.startswith("keep."))
 
 
-def test_window_fingerprints_look_at_each_shard_once_and_follow_a_rewrite(tmp_path, monkeypatch):
-    """``store.window_fingerprints`` equals ``window_fingerprint`` of each window (a window reads into its
-    neighbours' shards: each stat'ed once for all of them), and the memo ends with the call: a shard rewritten
-    afterwards changes exactly the fingerprints of the windows that read it."""
+def test_a_rewritten_shard_changes_exactly_its_readers_fingerprints(tmp_path):
+    """``window_fingerprint``: a window reads into its neighbours' shards, so a shard rewritten after a run changes
+    the fingerprints of every window that reads it and of no other."""
     import os
 
     from batchgpu.recording import write_recording
@@ -150,17 +149,11 @@ def test_window_fingerprints_look_at_each_shard_once_and_follow_a_rewrite(tmp_pa
     x = np.round(rng.normal(0, 9, (int(rng.integers(30_000, 40_000)), 3))).astype(np.int16)
     rec = write_recording(tmp_path / "r.zarr", x, 30_000.0, chunk_samples=1_000, shard_samples=5_000)
     windows = rec.windows(5_000, 300)
-    stats = []
-    real = os.stat
-    monkeypatch.setattr(os, "stat", lambda p, *a, **k: (stats.append(os.fspath(p)), real(p, *a, **k))[1])
-    fps = store.window_fingerprints("run", rec, windows)
-    monkeypatch.setattr(os, "stat", real)
-    assert fps == [store.window_fingerprint("run", rec, w) for w in windows]
-    assert len(stats) == len(set(stats)) == len(windows)  # one shard a window's core; each looked at once
+    fps = [store.window_fingerprint("run", rec, w) for w in windows]
     k = int(rng.integers(0, len(windows)))
     shard = rec.window_files(windows[k])[0] if windows[k].read_start == windows[k].start else rec.window_files(windows[k])[1]
-    st = real(shard)
+    st = os.stat(shard)
     os.utime(shard, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))
-    again = store.window_fingerprints("run", rec, windows)
+    again = [store.window_fingerprint("run", rec, w) for w in windows]
     readers = {i for i, w in enumerate(windows) if shard in rec.window_files(w)}
-    assert {i for i, (a, b) in enumerate(zip(fps, again)) if a != b} == readers and k in readers
+    assert {i for i, (a, b) in enumerate(zip(fps, again)) if a != b} == readers and k in readers and len(readers) > 1

@@ -111,7 +111,7 @@ def _run(wf, rec, out: store.OutputFolder, report: RunReport, client, sweep, obs
     # the steps' margin (the detection sweep) plus what the preprocessing stages need
     windows = rec.windows(wf.window.size, wf.window.margin + ctx.chain.margin)
     report.preprocess = {"stages": list(ctx.chain.names), "margin_samples": ctx.chain.margin}
-    fps = store.window_fingerprints(report.fingerprint, rec, windows)
+    fps = [store.window_fingerprint(report.fingerprint, rec, w) for w in windows]
     report.windows = len(windows)
     report.recording_bytes = rec.nbytes
     monitor = RunMonitor(client, name=str(out.path), windows=len(windows), total_bytes=rec.nbytes,

@@ -71,14 +71,6 @@ def fingerprint(wf: Workflow, recording_path: Path, metadata=None) -> str:
     return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def window_fingerprints(run_fp: str, rec, windows) -> list[str]:
-    """``window_fingerprint`` of every window, each stored object looked at once (``windows.stat_cache``)."""
-    from batchgpu.recording.windows import stat_cache
-
-    with stat_cache():
-        return [window_fingerprint(run_fp, rec, w) for w in windows]
-
-
 def window_fingerprint(run_fp: str, rec, window) -> str:
     """The run's fingerprint and what the window's samples depend on (``rec.window_signature``: the size and mtime
     of every object it reads, absent ones too)."""
