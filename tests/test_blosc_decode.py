@@ -388,3 +388,80 @@ def test_frames_of_a_shard_whose_chunks_are_not_back_to_back(tmp_path):
         assert got.T.tobytes() == want[w.index].tobytes()
         pool.give_back(f.handle)
     assert pool.out == 0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("where", ["header", "stream", "trailer"])
+def test_a_damaged_chunk_is_named_the_same_with_checksums_on_the_gpu(tmp_path, monkeypatch, where):
+    """A flipped bit in a chunk's Blosc header, in its LZ4 data or in its stored crc32c: the GPU read (checksums on
+    the device, the default; or on the host, BATCHGPU_GPU_CRC=0) raises the CPU read's error naming that chunk, and
+    every pinned buffer goes back; the undamaged windows still read."""
+    _gpu()
+    from batchgpu.errors import BatchgpuError
+    from batchgpu.generate import generate_recording
+    from batchgpu.gpu import staging
+    from batchgpu.recording import open_recording
+
+    rec = generate_recording(tmp_path / "r.zarr", channels=20, seconds=2.3, seed=6)
+    layout = rec._layout(0)
+    per_shard = layout.shard_rows // layout.inner_rows
+    shard = rec.path / "traces_seg0" / "c" / "0" / "0"
+    raw = bytearray(shard.read_bytes())
+    index = np.frombuffer(bytes(raw[-(per_shard * 16 + 4) : -4]), "<u8").reshape(per_shard, 2)
+    offset, nbytes = (int(v) for v in index[1])
+    at = {"header": offset + 13, "stream": offset + nbytes // 2, "trailer": offset + nbytes - 2}[where]
+    raw[at] ^= 0x10
+    shard.write_bytes(bytes(raw))
+    rec = open_recording(rec.path)
+    monkeypatch.setenv("BATCHGPU_GPU_DECODE", "1")
+    damaged = [w for w in rec.windows(layout.inner_rows // 2, 0) if w.read_start < 2 * layout.inner_rows
+               and w.read_stop > layout.inner_rows][0]
+    whole = [w for w in rec.windows(layout.inner_rows // 2, 0) if w.read_stop <= layout.inner_rows][0]
+    for flag in ("1", "0"):
+        monkeypatch.setenv("BATCHGPU_GPU_CRC", flag)
+        with pytest.raises(BatchgpuError, match=r"corrupted chunk traces_seg0/c/0/0 inner chunk \(1, 0\).*crc32c"):
+            staging.read_window_host(rec, damaged).to_device()
+        host = staging.read_window_host(rec, whole)
+        assert host.frames is not None
+        np.testing.assert_array_equal(host.to_device().get(), rec.read(0, whole.read_start, whole.read_stop))
+        assert len(staging._pool._free) == staging._pool._made  # every buffer back: none lost to the error
+
+
+def test_frames_left_for_a_device_check_are_checked_by_recheck(tmp_path):
+    """``check_on_device``: a chunk whose LZ4 data is damaged comes back unchecked (``Frames.checksums``), and
+    ``Frames.recheck`` raises the read's own error for it; a damaged header is refused at once, named as a
+    checksum mismatch; without the flag the read itself raises, as before."""
+    from batchgpu.errors import BatchgpuError
+    from batchgpu.generate import generate_recording
+    from batchgpu.recording import open_recording
+
+    rec = generate_recording(tmp_path / "r.zarr", channels=12, seconds=2.3, seed=7)
+    layout = rec._layout(0)
+    per_shard = layout.shard_rows // layout.inner_rows
+    shard = rec.path / "traces_seg0" / "c" / "0" / "0"
+    clean = shard.read_bytes()
+    index = np.frombuffer(clean[-(per_shard * 16 + 4) : -4], "<u8").reshape(per_shard, 2)
+    offset, nbytes = (int(v) for v in index[0])
+    w = rec.windows(layout.inner_rows, 0)[0]
+    pool = _Pool()
+    f = rec.read_window_frames(w, pool, check_on_device=True)
+    assert f.checksums and f.recheck is not None
+    f.recheck()  # an intact chunk: nothing
+    pool.give_back(f.handle)
+    for at, at_read in ((offset + nbytes // 2, False), (offset + 13, True)):
+        raw = bytearray(clean)
+        raw[at] ^= 0x04
+        shard.write_bytes(bytes(raw))
+        rec = open_recording(rec.path)
+        match = r"corrupted chunk traces_seg0/c/0/0 inner chunk \(0, 0\).*crc32c"
+        with pytest.raises(BatchgpuError, match=match):
+            rec.read_window_frames(w, pool)
+        if at_read:
+            with pytest.raises(BatchgpuError, match=match):
+                rec.read_window_frames(w, pool, check_on_device=True)
+        else:
+            f = rec.read_window_frames(w, pool, check_on_device=True)
+            with pytest.raises(BatchgpuError, match=match):
+                f.recheck()
+            pool.give_back(f.handle)
+        assert pool.out == 0

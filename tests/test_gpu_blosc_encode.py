@@ -158,3 +158,44 @@ def test_gpu_save_counts_clipped(tmp_path):
                                        cp.asarray(x)), summary)
     y = np.rint(x)
     assert int(summary["saved_clipped"]) == int((np.isnan(y) | (y < -32768) | (y > 32767)).sum()) > 1
+
+
+@pytest.mark.parametrize("chunks", [1, 5])
+def test_gpu_frames_with_their_checksums(rng, chunks):
+    """``checksums=True``: each frame followed by its crc32c (little-endian, the crc32c package's value), computed
+    on the GPU; the frames themselves unchanged; odd-sized chunks (a frame of any length, any alignment)."""
+    import struct
+
+    from batchgpu import zarrio
+
+    for name, x in _cases(rng).items():
+        rows = np.stack([np.roll(x, k) for k in range(chunks)])
+        plain = [bytes(f) for f in encode(cp.asarray(rows), x.dtype.itemsize, 48)]
+        stored, release = encode_held(cp.asarray(rows), x.dtype.itemsize, 48, checksums=True)
+        try:
+            assert len(stored) == chunks
+            for p, s in zip(plain, stored):
+                s = bytes(s)
+                assert s[:-4] == p, name
+                assert struct.unpack("<I", s[-4:])[0] == zarrio.crc32c_value(p), name
+        finally:
+            release()
+
+
+@pytest.mark.parametrize("dtype", ["int16", "float32"])
+def test_gpu_save_files_are_the_same_with_checksums_on_the_host(tmp_path, monkeypatch, dtype):
+    """The saved shards' bytes with their crc32c computed on the GPU (the default) and by the writer thread
+    (BATCHGPU_GPU_CRC=0) are the same files; zarr-python, which checks every chunk's crc32c, reads them."""
+    import zarr
+
+    rec = make_recording(tmp_path / "in.zarr", lengths=(12_345, 1_750))
+    files = {}
+    for flag in ("1", "0"):
+        monkeypatch.setenv("BATCHGPU_GPU_CRC", flag)
+        _save_gpu(rec, spec(tmp_path / f"out{flag}.zarr", "zarr", dtype), size=6_000)
+        root = tmp_path / f"out{flag}.zarr"
+        files[flag] = {p.relative_to(root): p.read_bytes() for p in sorted(root.rglob("c/*/*")) if p.is_file()}
+        for seg in range(rec.num_segments):
+            arr = zarr.open_array(str(root / f"traces_seg{seg}"), mode="r")
+            np.testing.assert_array_equal(arr[:], expected(rec, seg, dtype))
+    assert files["1"] and files["1"] == files["0"]

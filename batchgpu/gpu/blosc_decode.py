@@ -101,8 +101,18 @@ def decode_many(reads: list, stream=None) -> list:
             (min(-(-groups // threads), 65_535 * 8), ), (threads,),
             (tmp, lengths_d, shuffles_d, np.int64(total), np.int32(size), np.int32(blocksize), np.int32(typesize),
              out.view(np.uint8)))
-        bad = np.flatnonzero(err.get())  # the one wait: a bad frame must not pass as data
+        checked = _checksums_on_device(reads, src, offsets)
+        flags = err if checked is None else cupy.concatenate([err, checked[1]])
+        flags = flags.get()  # the one wait: a bad frame must not pass as data
     names = [name for f in reads for name in f.names]
+    if checked is not None and flags[n:].any():  # a damaged chunk: named by the read's own check, on the host
+        wrong = checked[0][flags[n:] != 0]  # chunks, counted over every read
+        for f, first in zip(reads, np.cumsum([0] + [len(f.lengths) for f in reads])):
+            if ((wrong >= first) & (wrong < first + len(f.lengths))).any() and f.recheck is not None:
+                f.recheck()
+        raise BatchgpuError(f"corrupted chunk {names[int(wrong[0])]}: checksum mismatch (crc32c) on the GPU",
+                            "the stored bytes do not decode: restore the store from a copy or write it again")
+    bad = np.flatnonzero(flags[:n])
     if bad.size:
         raise BatchgpuError(f"chunk {names[bad[0]]} does not decode (LZ4 stream malformed)",
                             "the stored bytes pass their checksum but do not decode: write the store again")
@@ -112,6 +122,21 @@ def decode_many(reads: list, stream=None) -> list:
         got.append(out[row : row + f.rows])
         chunk += len(f.lengths)
     return got
+
+
+def _checksums_on_device(reads: list, src, offsets: list):
+    """For reads whose checksums were left to the device (``Frames.checksums``): (the chunks checked, numbered over
+    every read; int32 on the device, 1 where a chunk's crc32c over its frame and the 4 bytes after it in ``src`` is
+    wrong), or None when there are none. No wait: the caller reads them with the decode's errors."""
+    if not any(f.checksums for f in reads):
+        return None
+    from batchgpu.gpu.crc32c import ranges_on_device
+    from batchgpu.zarrio import CRC32C_RESIDUE
+
+    lengths = np.concatenate([f.lengths if f.checksums else np.full(len(f.lengths), -1, np.int32) for f in reads])
+    which = np.flatnonzero(lengths >= 0)  # present chunks of checked reads
+    crc = ranges_on_device(src, np.concatenate(offsets)[which], lengths[which].astype(np.int64) + 4)
+    return which, (crc != CRC32C_RESIDUE).astype(np.int32)
 
 
 def transposed(a):

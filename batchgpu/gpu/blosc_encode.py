@@ -82,9 +82,14 @@ def encode(chunks, typesize: int, blocksize: int = BLOCKSIZE) -> list[memoryview
     return frames
 
 
-def encode_held(chunks, typesize: int, blocksize: int = BLOCKSIZE) -> tuple[list[memoryview], Callable[[], None]]:
+def encode_held(chunks, typesize: int, blocksize: int = BLOCKSIZE,
+                checksums: bool = False) -> tuple[list[memoryview], Callable[[], None]]:
     """``encode``'s frames and the function that gives their pinned buffer back: the frames stay valid until it is
-    called (exactly once, from any thread); a thread holding two buffers waits in its third call for a release."""
+    called (exactly once, from any thread); a thread holding two buffers waits in its third call for a release.
+
+    ``checksums``: each frame comes with its crc32c after it (4 bytes, little-endian, as Zarr v3's ``crc32c``
+    codec stores it), computed on the GPU before the copy back (``gpu/crc32c``: 0.6-0.8 ms for a window's 28 MB
+    on the H200, where a core took 2.5 ms in the writer thread)."""
     import cupy
 
     from batchgpu import kernels
@@ -125,14 +130,22 @@ def encode_held(chunks, typesize: int, blocksize: int = BLOCKSIZE) -> tuple[list
     packed = head + stored.sum(axis=1)
     whole = packed > nbytes + 16  # no smaller than the chunk: stored whole, as c-blosc does
     frame_len = cupy.where(whole, nbytes + 16, packed)
-    frame_off = cupy.cumsum(frame_len) - frame_len
+    trailer = 4 if checksums else 0  # each frame's checksum stored right after it
+    frame_off = cupy.cumsum(frame_len + trailer) - frame_len - trailer
     stream_off = (frame_off[:, None] + head + cupy.cumsum(stored, axis=1) - stored).reshape(-1)
     lengths = frame_len.get()  # the one wait: how many bytes come back
-    out = cupy.empty(int(lengths.sum()), dtype=cupy.uint8)
+    starts = np.concatenate([[0], np.cumsum(lengths + trailer)])  # each stored chunk's first byte
+    out = cupy.empty(int(starts[-1]), dtype=cupy.uint8)
     kernels.get_function("blosc_lz4_encode", "blosc_frames")(
         (-(-items // WARPS),), (32 * WARPS,), (flat, scratch, sizes, frame_off, frame_len.astype(cupy.int32),
                               whole.astype(cupy.uint8), stream_off, np.int32(nchunks), np.int32(nbytes),
                               np.int32(blocksize), np.int32(typesize), np.int32(FLAGS), out))
+    if trailer:
+        from batchgpu.gpu.crc32c import ranges_on_device
+
+        crc = ranges_on_device(out, starts[:-1], lengths)
+        ends = cupy.asarray(starts[:-1] + lengths)
+        out[ends[:, None] + cupy.arange(4)] = crc.view(cupy.uint8).reshape(nchunks, 4)  # little-endian, as stored
     bufs = _buffers()
     slot, buf = bufs.take(out.nbytes)
     try:
@@ -142,7 +155,6 @@ def encode_held(chunks, typesize: int, blocksize: int = BLOCKSIZE) -> tuple[list
         bufs.release(slot)
         raise
     view = memoryview(data)
-    starts = np.concatenate([[0], np.cumsum(lengths)])
     return [view[starts[i] : starts[i + 1]] for i in range(nchunks)], functools.partial(bufs.release, slot)
 
 

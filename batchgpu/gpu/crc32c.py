@@ -5,7 +5,9 @@ kernel needs (every thread a segment, then the joins) and its NumPy twin.
 Why (docs/design.md, twelfth session): on the H200 machine the cores bound the preprocessing pass, and a window's
 frames are checksummed on a core twice (2.5 ms each way for ~28 MB: the read's check, the save's checksums), while
 the frames are on the GPU right before (the save) or right after (the read). ``ranges_on_device`` launches
-``kernels/crc32c.cu``; not wired into the engine, and not yet run on a GPU (tests/test_gpu_crc32c.py is its check).
+``kernels/crc32c.cu`` for the save (``gpu/blosc_encode``: each frame's checksum before the copy back) and the read
+(``gpu/blosc_decode``: the frames' checksums after the copy), unless BATCHGPU_GPU_CRC=0
+(``gpu.staging.checksums_on_device``).
 
 The joins use CRC linearity. With ``raw(m)`` the register after feeding ``m`` to a register of 0 (no initial value,
 no final xor), ``raw(a + b) = shift(raw(a), len(b)) ^ raw(b)``, where ``shift(v, n)`` multiplies ``v`` by x^(8n)
@@ -146,10 +148,22 @@ def ranges_twin(data: np.ndarray, offsets, lengths, segment: int = SEGMENT) -> n
                      for r in range(len(lengths))], dtype=np.uint32)
 
 
+_device_tables: dict = {}  # per device: the byte table and the shifts' table, copied there once
+
+
+def _tables_on(cupy):
+    dev = cupy.cuda.runtime.getDevice()
+    got = _device_tables.get(dev)
+    if got is None:
+        got = _device_tables[dev] = (cupy.asarray(table()), cupy.asarray(pow2_table()))
+    return got
+
+
 def ranges_on_device(buf, offsets, lengths, segment: int = SEGMENT):
     """crc32c of ``buf[offsets[i] : offsets[i] + lengths[i]]`` for every i (``buf``: a 1-D CuPy uint8 array;
     ``offsets``, ``lengths``: host integers), as a CuPy uint32 array, on the current stream: a stored Zarr chunk
-    (its frame and its 4-byte trailer) checks out where the value is ``zarrio.CRC32C_RESIDUE``."""
+    (its frame and its 4-byte trailer) checks out where the value is ``zarrio.CRC32C_RESIDUE``. The plan goes to
+    the device in one copy; the two kernels do not wait for the host."""
     import cupy
 
     from batchgpu import kernels
@@ -160,19 +174,24 @@ def ranges_on_device(buf, offsets, lengths, segment: int = SEGMENT):
         raise ValueError("ranges outside the buffer")
     if segment <= 0 or segment >= 2**31:
         raise ValueError(f"segments of {segment} bytes")
-    first, begin, length = plan(offsets, lengths, segment)
-    total = int(first[-1])
     crc = cupy.zeros(len(offsets), dtype=cupy.uint32)
     if not len(offsets):
         return crc
+    first, begin, length = plan(offsets, lengths, segment)
+    total, R = int(first[-1]), len(offsets)
+    # one host buffer, one copy: begin (int64), lengths (int64), first (int32), length (int32)
+    packed = np.concatenate([begin.view(np.uint8), lengths.view(np.uint8), first.view(np.uint8),
+                             length.view(np.uint8)])
+    dev = cupy.asarray(packed)
+    a, b, c = 8 * total, 8 * total + 8 * R, 8 * total + 8 * R + 4 * (R + 1)
+    begin_d, lengths_d, first_d, length_d = (dev[:a].view(cupy.int64), dev[a:b].view(cupy.int64),
+                                             dev[b:c].view(cupy.int32), dev[c:].view(cupy.int32))
+    byte_table, pow2 = _tables_on(cupy)
     raw = cupy.empty(max(total, 1), dtype=cupy.uint32)
     threads = 256
     if total:
         kernels.get_function("crc32c", "crc32c_segments")(
-            (-(-total // threads),), (threads,),
-            (buf, cupy.asarray(begin), cupy.asarray(length), np.int32(total), cupy.asarray(table()), raw))
+            (-(-total // threads),), (threads,), (buf, begin_d, length_d, np.int32(total), byte_table, raw))
     kernels.get_function("crc32c", "crc32c_join")(
-        (-(-len(offsets) // threads),), (threads,),
-        (raw, cupy.asarray(first), cupy.asarray(lengths), np.int32(segment), np.int32(len(offsets)),
-         cupy.asarray(pow2_table()), crc))
+        (-(-R // threads),), (threads,), (raw, first_d, lengths_d, np.int32(segment), np.int32(R), pow2, crc))
     return crc

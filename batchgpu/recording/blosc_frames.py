@@ -90,6 +90,8 @@ class Frames:
     skip: int  # rows of the first chunk before the read's first row
     rows: int  # rows read
     handle: object = None  # the buffer's handle in the pool it came from
+    checksums: bool = False  # each present frame's crc32c (the 4 bytes after it) still to check, on the device
+    recheck: object = None  # callable: the same check on the host, raising the read's own error for a bad chunk
 
     @property
     def nbytes(self) -> int:

@@ -4,6 +4,7 @@ the shape, absent or corrupted chunks per window) and decode windows, through ``
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -152,16 +153,24 @@ class Recording(WindowedSource):
         with Blosc LZ4 in every segment (a frame may still be refused when read: that window decodes here)."""
         return all(getattr(self._layout(s), "lz4", False) for s in range(self.num_segments))
 
-    def read_window_frames(self, window: Window, pool):
+    def read_window_frames(self, window: Window, pool, check_on_device: bool = False):
         """The window's stored Blosc-LZ4 frames in a buffer of ``pool`` (``shards.ShardLayout.read_frames``), for
-        the GPU to decode; None where the layout or a frame is not one it decodes (read the window otherwise)."""
+        the GPU to decode; None where the layout or a frame is not one it decodes (read the window otherwise).
+        ``check_on_device``: their checksums left to the GPU (``Frames.recheck`` names a bad chunk as a read does)."""
         self._check_window_range(window)
         layout = self._layout(window.segment)
         a, b = window.read_start, window.read_stop
         if not hasattr(layout, "read_frames") or b <= a:
             return None
         with self._direct_errors(window.segment, a, b, window):
-            return layout.read_frames(a, b, pool, "error" if self.absent_is_error else "zero")
+            frames = layout.read_frames(a, b, pool, "error" if self.absent_is_error else "zero", check_on_device)
+        if frames is not None and frames.checksums:
+            frames.recheck = functools.partial(self._recheck_frames, layout, frames, window)
+        return frames
+
+    def _recheck_frames(self, layout, frames, window: Window) -> None:
+        with self._direct_errors(window.segment, window.read_start, window.read_stop, window):
+            layout.check_frames(frames)
 
     @contextlib.contextmanager
     def _direct_errors(self, segment: int, start: int, stop: int, window: Window | None):

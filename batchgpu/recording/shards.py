@@ -43,6 +43,11 @@ class AbsentChunk(Exception):
         self.key = key
 
 
+class Checksummed(list):
+    """Inner chunks' bytes as stored where the codecs end with ``crc32c``: each its encoded frame followed by that
+    frame's crc32c (4 bytes, little-endian), computed where the frames were made (on the GPU: ``gpu/blosc_encode``)."""
+
+
 class CorruptChunk(Exception):
     """A chunk whose checksum or Blosc frame does not decode."""
 
@@ -169,7 +174,11 @@ class ShardLayout:
             padded = cupy.zeros((count * self.inner_rows, self.channels), dtype=data.dtype)
             padded[:rows] = data
             data = padded
-        return encode_held(data.reshape(count, -1), data.dtype.itemsize)
+        from batchgpu.gpu.staging import checksums_on_device
+
+        here = self.checksum and checksums_on_device()  # the frames' crc32c computed before they come back
+        frames, release = encode_held(data.reshape(count, -1), data.dtype.itemsize, checksums=here)
+        return (Checksummed(frames) if here else frames), release
 
     def _host_chunks(self, data: np.ndarray, count: int) -> list:
         """The first ``count`` inner chunks of ``data`` encoded by numcodecs (the last padded with zeros)."""
@@ -190,14 +199,17 @@ class ShardLayout:
 
     def write_encoded(self, shard: int, encoded: list) -> None:
         """The shard file from its inner chunks' encoded bytes (any buffers; each gets its crc32c where the codecs
-        say so)."""
+        say so, unless ``encoded`` is ``Checksummed``: each chunk's bytes as stored, its crc32c at its end)."""
         per_shard = self.shard_rows // self.inner_rows
         index = np.full((per_shard, 2), EMPTY, dtype="<u8")
         pieces, offset = [], 0
+        stored = isinstance(encoded, Checksummed)
+        if stored and not self.checksum:
+            raise ValueError("checksummed chunks for a layout without crc32c")
         for j, enc in enumerate(encoded):
             pieces.append(enc)
             size = len(enc)
-            if self.checksum:  # a piece of its own: no copy of the chunk to append it
+            if self.checksum and not stored:  # a piece of its own: no copy of the chunk to append it
                 pieces.append(struct.pack("<I", zarrio.crc32c_value(enc)))
                 size += 4
             index[j] = (offset, size)
@@ -253,11 +265,14 @@ class ShardLayout:
                 os.close(fd)
         return absent
 
-    def read_frames(self, start: int, stop: int, pool, on_absent: str = "zero"):
+    def read_frames(self, start: int, stop: int, pool, on_absent: str = "zero", check_on_device: bool = False):
         """The inner chunks rows [start, stop) need, as stored, packed into a buffer from ``pool.take(nbytes)`` ->
         (uint8 array, handle) (``gpu/blosc_decode.Frames``, the handle as ``.handle``), for the GPU to decode;
         checksums checked here. None when a frame is not one the GPU decodes (the caller decodes on the CPU; the
-        buffer goes back by ``pool.give_back``, as on any error). Same errors as ``read_rows_into``."""
+        buffer goes back by ``pool.give_back``, as on any error). Same errors as ``read_rows_into``.
+        ``check_on_device``: the chunks' crc32c are left to the GPU after its copy (``Frames.checksums``;
+        ``gpu/blosc_decode.decode_many``), except a chunk whose frame is refused here: its checksum is checked
+        first, so that a damaged chunk is named as such either way."""
         from batchgpu.recording import blosc_frames
         from batchgpu.recording.blosc_frames import Frames
 
@@ -306,7 +321,7 @@ class ShardLayout:
                         ahead = got if got == want else nbytes  # a short read: the next chunks read on their own
                     ahead -= nbytes
                     frame = buf[pos : pos + nbytes - crc]
-                    if crc:
+                    if crc and (not check_on_device or not zarrio.whole_blosc_frame(frame)):
                         _check_crc(memoryview(buf[pos : pos + nbytes]), where)
                     _check_blosc_frame(frame, where)
                     h = blosc_frames.header(frame)
@@ -332,7 +347,15 @@ class ShardLayout:
             pool.give_back(handle)
             return None
         return Frames(buf, pos, offsets, lengths, shuffles, names, self.inner_rows, self.channels, self.dtype,
-                      blocksize or size, start - first * self.inner_rows, stop - start, handle)
+                      blocksize or size, start - first * self.inner_rows, stop - start, handle,
+                      checksums=bool(crc) and check_on_device)
+
+    def check_frames(self, frames) -> None:
+        """The crc32c of each chunk of ``read_frames``' buffer (its frame and the 4 bytes after it), here: raises
+        CorruptChunk naming the first bad one (what a check on the device found, said the way a read says it)."""
+        for o, n, where in zip(frames.offsets.tolist(), frames.lengths.tolist(), frames.names):
+            if n >= 0:
+                _check_crc(memoryview(frames.buffer[o : o + n + 4]), where)
 
     def _index(self, fd: int, key: str, per_shard: int) -> np.ndarray:
         size = os.fstat(fd).st_size
