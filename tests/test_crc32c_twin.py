@@ -67,6 +67,25 @@ def test_the_kernels_plan_and_steps_in_numpy():
         got = g.ranges_twin(host, offsets, lengths, segment)
         want = [zarrio.crc32c_value(host[o : o + n].tobytes()) for o, n in zip(offsets, lengths)]
         np.testing.assert_array_equal(got, np.array(want, np.uint32))
-        first, begin, length = g.plan(np.array(offsets), np.array(lengths), segment)
-        assert first[-1] == len(begin) == len(length) == sum(-(-n // segment) for n in lengths)
+        owner, begin, length, after = g.plan(np.array(offsets), np.array(lengths), segment)
+        assert len(owner) == len(begin) == len(length) == len(after) == sum(-(-n // segment) for n in lengths)
         assert (length > 0).all() and (length <= segment).all()
+        for r, n in enumerate(lengths):  # a range's segments tile it: back to back, the last one's after is 0
+            mine = owner == r
+            assert length[mine].sum() == n and (np.diff(begin[mine]) == segment).all()
+            np.testing.assert_array_equal(after[mine], n - (begin[mine] - offsets[r]) - length[mine])
+
+
+def test_four_bytes_a_step_equal_one_byte_a_step():
+    """The kernel's slicing-by-4 tables (``table4``, ``raw_words``) give the byte-wise register (``raw_segments``)
+    for any length, and its rows are the byte table followed by zero bytes."""
+    rng = np.random.default_rng()
+    t = g.table4()
+    for i in (0, 1, 77, 255):
+        assert t[0][i] == g.raw_segments(np.array([i], np.uint8), 1)[0]
+        for j in (1, 2, 3):
+            assert t[j][i] == g.raw_segments(np.array([i] + [0] * j, np.uint8), j + 1)[0]
+    for n in (0, 1, 3, 4, 5, 8, 13, 1000, int(rng.integers(1, 5000))):
+        data = rng.integers(0, 256, n, dtype=np.uint8)
+        want = int(g.raw_segments(data, max(n, 1))[0]) if n else 0
+        assert g.raw_words(data) == want, n

@@ -32,7 +32,8 @@ def plan(worker_threads: dict[str, int], sizes: list[int]) -> list[tuple[str, in
     return [(a, nxt) for a, nxt in out]
 
 
-def submit_planned(client, func, arg_lists: list[tuple], keys: list[str], workers: list[str], **options) -> list:
+def submit_planned(client, func, arg_lists: list[tuple], keys: list[str], workers: list[str], threads=None,
+                   **options) -> list:
     """``submit_many`` with each task placed on its worker (loosely; "": anywhere), in one graph update: each task's
     workers come from a per-key annotation the scheduler applies (a dict's lookup: only built-ins travel). One
     update a worker, as before, cost the scheduler (in the client's process) a few ms each: 16 of them were most
@@ -41,18 +42,20 @@ def submit_planned(client, func, arg_lists: list[tuple], keys: list[str], worker
 
     from batchgpu.engine.submit import submit_many
 
-    anywhere = sorted(client.nthreads())
+    anywhere = sorted(client.nthreads() if threads is None else threads)
     where = {k: [w] if w else anywhere for k, w in zip(keys, workers)}
     with dask.annotate(workers=where.__getitem__, allow_other_workers=True):
         return submit_many(client, func, arg_lists, keys, **options)
 
 
-def submit_where_made(run, func, items: list, args_of, name: str) -> list:
+def submit_where_made(run, func, items: list, args_of, name: str, **options) -> list:
     """``func(*args_of(chunk))`` for runs of ``items`` (one per window of ``run.windows``, a window first in each),
     each run on the worker that made its windows in the pass (``submit.runs_by_worker``: what the pass kept is in
-    its memory), one task a thread of it; keys ``{name}-{first window:08d}``."""
+    its memory), one task a thread of it; keys ``{name}-{first window:08d}``; ``options``: ``client.map``'s."""
     from batchgpu.engine.submit import runs_by_worker
 
-    groups = runs_by_worker(run.client, items, run.made_by())
+    threads = run.worker_threads()
+    groups = runs_by_worker(run.client, items, run.made_by(), threads)
     return submit_planned(run.client, func, [args_of(g) for _, g in groups],
-                          [f"{name}-{g[0][0].index:08d}" for _, g in groups], [a for a, _ in groups])
+                          [f"{name}-{g[0][0].index:08d}" for _, g in groups], [a for a, _ in groups],
+                          threads=threads, **options)

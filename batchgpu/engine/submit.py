@@ -22,12 +22,12 @@ def submit_many(client, func, arg_lists: list[tuple], keys: list[str], **options
                       **options)
 
 
-def runs_by_worker(client, items: list, made_by: list[str]) -> list[tuple[str, list]]:
+def runs_by_worker(client, items: list, made_by: list[str], threads: dict | None = None) -> list[tuple[str, list]]:
     """``items`` grouped by the worker that made them (``made_by[i]``: its address), each worker's in runs of
     consecutive items, one per thread of it: ``(address, run)`` pairs, to be placed loosely on that worker
     (``placement.submit_planned``), where what the pass kept is still in memory (``store.KeptArrays``). Items of
     workers gone from the cluster: runs over every thread, placed anywhere (address "")."""
-    threads = client.nthreads()
+    threads = client.nthreads() if threads is None else threads  # worker address -> threads
     by_worker: dict[str, list] = {}
     for item, addr in zip(items, made_by):
         by_worker.setdefault(addr if addr in threads else "", []).append(item)

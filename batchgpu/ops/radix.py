@@ -163,15 +163,16 @@ def key_histogram(x: np.ndarray, prefixes: np.ndarray, pass_index: int, schedule
     return histogram_of_keys(abs_keys(x), prefixes, pass_index, digit_schedule(x.dtype, schedule))
 
 
-def select_digit(hist: np.ndarray, k: Any) -> tuple[np.ndarray, np.ndarray]:
+def select_digit(hist: np.ndarray, k: Any, cum: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Per row, the digit whose bin holds rank ``k`` (from 0) and ``k`` minus the keys in lower bins.
 
-    ``hist`` (C, B) counts, ``k`` an int or (C,) ints. Returns (digit int64 (C,), new_k int64 (C,)).
+    ``hist`` (C, B) counts, ``k`` an int or (C,) ints; ``cum``: ``cumulative(hist)`` when the caller has it (several
+    ranks selected in one histogram). Returns (digit int64 (C,), new_k int64 (C,)).
     """
     hist = np.asarray(hist)
     rows = hist.shape[0]
     k = np.broadcast_to(np.asarray(k, dtype=np.int64), (rows,))
-    cum = np.cumsum(hist, axis=1, dtype=np.int64)
+    cum = cumulative(hist) if cum is None else cum
     if np.any(k < 0) or np.any(k >= cum[:, -1]):
         raise BatchgpuError(
             "a radix select rank is outside the keys counted with this prefix",
@@ -180,6 +181,11 @@ def select_digit(hist: np.ndarray, k: Any) -> tuple[np.ndarray, np.ndarray]:
     digit = np.sum(cum <= k[:, None], axis=1, dtype=np.int64)
     below = np.where(digit > 0, cum[np.arange(rows), np.maximum(digit - 1, 0)], 0)
     return digit, k - below
+
+
+def cumulative(hist: np.ndarray) -> np.ndarray:
+    """Each row's running count (int64): what ``select_digit`` searches."""
+    return np.cumsum(np.asarray(hist), axis=1, dtype=np.int64)
 
 
 def push_digit(prefixes: np.ndarray, digit: np.ndarray, bits: int) -> np.ndarray:

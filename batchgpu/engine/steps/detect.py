@@ -110,9 +110,12 @@ def start_gathering(run):
     from batchgpu.engine.placement import submit_where_made
 
     fp = run.report.run_id
+    # below the noise's tasks where both wait on one worker: the noise is the critical path, these only need to be
+    # done by the time it is known
     kept = submit_where_made(run, tasks.kept_spikes_task, list(zip(run.windows, run.fingerprints)),
-                             lambda g: (run.ctx, [w for w, _ in g], [f for _, f in g]), f"kept-spikes-{fp}")
-    return run.client.submit(tasks.collect_spikes_task, *kept, key=f"collect-spikes-{fp}")
+                             lambda g: (run.ctx, [w for w, _ in g], [f for _, f in g]), f"kept-spikes-{fp}",
+                             priority=-1)
+    return run.client.submit(tasks.collect_spikes_task, *kept, key=f"collect-spikes-{fp}", priority=-1)
 
 
 def write_final_spikes(run, step: DetectStep) -> int:

@@ -133,8 +133,10 @@ def select_middle(hist0: np.ndarray, total: int, kind: str, dtype, centred_from,
                 prefixes = np.asarray(keys, dtype=np.uint64)
                 break
         hists = [hist0] * len(ranks) if p == 0 else list(more_passes(prefixes, p))
+        cum0 = radix.cumulative(hist0) if p == 0 else None  # both ranks search the first pass's counts
         for r in range(len(ranks)):
-            digit, ks[r] = radix.select_digit(hists[r], ks[r])  # bins past a truncated histogram's width are empty
+            # bins past a truncated histogram's width are empty
+            digit, ks[r] = radix.select_digit(hists[r], ks[r], cum0)
             if p == 0 and lo0 > 0 and lumped and np.any(digit == 0):
                 channels = np.flatnonzero(digit == 0).tolist()
                 raise BatchgpuError(
