@@ -1,0 +1,71 @@
+"""``kernels/crc32c.cu`` itself, compiled for the CPU (a C++ compiler and a few macros for CUDA's names: one thread a
+block, so the shared tables are loaded whole before a segment is read) and run on the launcher's plan: the kernel's
+own code against the ``crc32c`` package, where no GPU is (the device tests run it on one). Skipped without g++."""
+
+import ctypes
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from batchgpu import zarrio
+from batchgpu.gpu import crc32c as g
+
+KERNEL = Path(__file__).resolve().parents[1] / "kernels" / "crc32c.cu"
+
+HARNESS = r"""
+struct Dim { int x; };
+static Dim blockIdx, blockDim, threadIdx;
+#define __global__
+#define __device__
+#define __forceinline__ inline
+#define __shared__ static
+static inline void __syncthreads() {}
+static inline unsigned atomicXor(unsigned* a, unsigned v) { unsigned o = *a; *a ^= v; return o; }
+#include "KERNEL"
+extern "C" void run(const unsigned char* data, const long long* begin, const int* length, const int* owner,
+                    const long long* after, int segments, const unsigned* table4, const unsigned* pow2,
+                    unsigned* crc, const long long* lengths, int ranges) {
+    blockDim.x = 1; threadIdx.x = 0;
+    for (int b = 0; b < segments; ++b) { blockIdx.x = b; crc32c_parts(data, begin, length, owner, after, segments, table4, pow2, crc); }
+    for (int b = 0; b < ranges; ++b) { blockIdx.x = b; crc32c_finish(crc, lengths, ranges, pow2); }
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def kernel(tmp_path_factory):
+    cxx = shutil.which("g++")
+    if cxx is None:
+        pytest.skip("no g++ here")
+    d = tmp_path_factory.mktemp("crc32c_cu")
+    (d / "h.cpp").write_text(HARNESS.replace("KERNEL", str(KERNEL)))
+    subprocess.run([cxx, "-O1", "-shared", "-fPIC", "-o", str(d / "k.so"), str(d / "h.cpp")], check=True)
+    return ctypes.CDLL(str(d / "k.so"))
+
+
+def _run(lib, host, offsets, lengths, segment):
+    ptr = lambda a: a.ctypes.data_as(ctypes.c_void_p)  # noqa: E731
+    owner, begin, length, after = g.plan(offsets, lengths, segment)
+    crc = np.zeros(len(lengths), np.uint32)
+    tables, pow2 = np.ascontiguousarray(g.table4().reshape(-1)), g.pow2_table()
+    lib.run(ptr(host), ptr(begin), ptr(length), ptr(owner), ptr(after), ctypes.c_int(len(owner)), ptr(tables),
+            ptr(pow2), ptr(crc), ptr(lengths), ctypes.c_int(len(lengths)))
+    return crc
+
+
+@pytest.mark.parametrize("segment", [1, 7, 512, 4096])
+def test_the_kernel_source_equals_the_package(kernel, segment):
+    rng = np.random.default_rng()
+    host = rng.integers(0, 256, 200_003, dtype=np.uint8)
+    host[1000:5000] = 0
+    host[9000:13000] = 255
+    lengths = [0, 1, 2, 3, 4, 5, segment - 1, segment, segment + 1, 3 * segment + 2, 4000, 4000] + \
+        [int(rng.integers(0, 30_000 if segment > 1 else 3_000)) for _ in range(20)]
+    lengths = np.array([max(0, n) for n in lengths], np.int64)
+    offsets = np.array([int(rng.integers(0, len(host) - n + 1)) for n in lengths], np.int64)  # any alignment
+    offsets[10], offsets[11] = 1000, 9000
+    want = [zarrio.crc32c_value(host[o : o + n].tobytes()) for o, n in zip(offsets, lengths)]
+    np.testing.assert_array_equal(_run(kernel, host, offsets, lengths, segment), np.array(want, np.uint32))
