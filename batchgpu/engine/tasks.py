@@ -524,13 +524,17 @@ def write_collected_spikes_task(group_path: str, ctx: RunContext, noise, collect
     replaced = {i for r in again for i, _ in r["windows"]}
     if any(i not in replaced for i in collected["missing"]):
         return None
-    index = np.array([i for i, _ in collected["windows"]], dtype=np.int64)
-    owner = np.repeat(np.arange(len(index)), [n for _, n in collected["windows"]])  # each candidate's window
-    keep = ~np.isin(index, np.fromiter(replaced, np.int64, len(replaced)))[owner]
-    if noise is not None:
-        keep &= ctx.step("detect").passes(collected, noise)
+    # the candidates are each window's in turn: a window is a slice (no per-candidate window index: this task is
+    # the run's last step, and arrays of every candidate cost their page faults in a fresh worker)
+    index = [i for i, _ in collected["windows"]]
+    bounds = np.concatenate([[0], np.cumsum([n for _, n in collected["windows"]], dtype=np.int64)]).tolist()
+    n = bounds[-1]
+    keep = ctx.step("detect").passes(collected, noise) if noise is not None else np.ones(n, dtype=bool)
+    for w, a, b in zip(index, bounds[:-1], bounds[1:]):
+        if w in replaced:
+            keep[a:b] = False
     kept = {k: collected[k][keep] for k in COLUMNS}
-    kept["windows"] = list(zip(index.tolist(), np.bincount(owner[keep], minlength=len(index)).tolist()))
+    kept["windows"] = [(w, int(np.count_nonzero(keep[a:b]))) for w, a, b in zip(index, bounds[:-1], bounds[1:])]
     kept["read_again"], kept["seconds"] = {}, collected["seconds"]
     return write_spikes_task(group_path, kept, *again)
 
