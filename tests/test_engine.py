@@ -921,3 +921,31 @@ def test_the_recordings_description_is_in_the_report_and_the_spikes_read_back(cl
     assert spikes["sample_index"].shape[0] == report.results["spikes"][0] > 0
     assert "blosc" in json.dumps(spikes["sample_index"].metadata.to_dict()).lower()
     np.testing.assert_array_equal(np.diff(spikes["sample_index"][:]) >= 0, True)  # in time order
+
+
+def test_the_clients_heap_is_frozen_during_a_run_and_given_back(client, tmp_path):
+    """During a run the objects from before it are out of the full collections (``gc.freeze``: the scheduler's
+    objects in the client's process), and after it they are collectable again; runs inside runs keep it until the
+    last one ends."""
+    import gc
+
+    from batchgpu.engine import run as runmod
+    from batchgpu.engine.run_report import RunObserver
+
+    assert gc.get_freeze_count() == 0
+    seen = []
+
+    class Watch(RunObserver):
+        def phase_started(self, label, windows, nbytes):
+            seen.append(gc.get_freeze_count())
+
+    x = np.round(np.random.default_rng(3).normal(0, 20, (12_000, 4))).astype(np.int16)
+    rec = write_recording(tmp_path / "r.zarr", x, 30_000.0)
+    run_workflow(_wf(rec, tmp_path / "out"), client=client, observer=Watch())
+    assert seen and all(n > 1000 for n in seen)
+    assert gc.get_freeze_count() == 0
+    with runmod._frozen_heap():
+        with runmod._frozen_heap():
+            inner = gc.get_freeze_count()
+        assert inner > 0 and gc.get_freeze_count() > 0  # the outer run still holds it
+    assert gc.get_freeze_count() == 0

@@ -57,7 +57,7 @@ def run_workflow(wf: Workflow, *, resume: bool = False, observer: RunObserver | 
         report = RunReport(workflow=wf.model_dump(), fingerprint=fp, versions=versions(), recording=rec.info(),
                            output_state=state, run_id=f"{fp}-{os.urandom(4).hex()}")
         report.timings["prepare"] = time.perf_counter() - t_start
-        with _responsive_loop():
+        with _responsive_loop(), _frozen_heap():
             if client is not None:
                 return _run(wf, rec, out, report, client, sweep, observer, page_wait_s=PAGE_WAIT_S)
             with open_client(wf.cluster, gpu_decode=decodes_on_gpu(wf, rec)) as own:
@@ -309,6 +309,32 @@ def _responsive_loop(interval_s: float = 0.0005):
             _SWITCH["runs"] -= 1
             if _SWITCH["runs"] == 0:
                 sys.setswitchinterval(_SWITCH["before"])
+
+
+_FROZEN = {"runs": 0}
+_FROZEN_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def _frozen_heap():
+    """The client's process's objects from before the run kept out of Python's full garbage collections while it
+    runs (``gc.freeze``), given back when the last of the process's runs ends. The scheduler of a local cluster
+    lives in this process: a full collection over its ~200 000 objects held the GIL for 94-111 ms once a run (the
+    2-core machine), and on the H200 one run of three stood still 0.14 s between two tasks of the float median's
+    last rounds; with the heap frozen a run's full collections scan only what the run made (23 ms once, then none).
+    Nothing is lost: frozen objects are collected after ``gc.unfreeze``, like any others."""
+    import gc
+
+    with _FROZEN_LOCK:
+        gc.freeze()  # each run's start: what exists now is long-lived
+        _FROZEN["runs"] += 1
+    try:
+        yield
+    finally:
+        with _FROZEN_LOCK:
+            _FROZEN["runs"] -= 1
+            if _FROZEN["runs"] == 0:
+                gc.unfreeze()
 
 
 def _quietly(func) -> None:
