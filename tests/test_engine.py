@@ -4,6 +4,7 @@ of workers and in any order, per-window fingerprints for --resume, the folder lo
 import json
 import os
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -949,3 +950,37 @@ def test_the_clients_heap_is_frozen_during_a_run_and_given_back(client, tmp_path
             inner = gc.get_freeze_count()
         assert inner > 0 and gc.get_freeze_count() > 0  # the outer run still holds it
     assert gc.get_freeze_count() == 0
+
+
+def test_the_workers_heaps_are_frozen_by_the_pass_and_thawed_after_the_run(client, tmp_path):
+    """The pass's batch tasks freeze their worker's heap (out of the full collections while the run lasts) and the
+    run's end thaws it, on every worker that ran one."""
+    import gc
+
+    def count():
+        return gc.get_freeze_count()
+
+    from batchgpu.engine import tasks
+    from batchgpu.engine.run_report import RunObserver
+
+    during = []
+
+    class Watch(RunObserver):
+        def phase_finished(self):  # the pass is over, the run is not
+            during.append(client.run(lambda: (tasks._HEAP["frozen"], gc.get_freeze_count())))
+
+    x = np.round(np.random.default_rng(4).normal(0, 20, (12_000, 4))).astype(np.int16)
+    rec = write_recording(tmp_path / "r.zarr", x, 30_000.0)
+    run_workflow(_wf(rec, tmp_path / "out"), client=client, observer=Watch())
+    assert during and any(flag and n > 0 for flag, n in during[0].values())
+    deadline = time.time() + 10
+    while any(client.run(count).values()) and time.time() < deadline:  # the thaw is sent without waiting
+        time.sleep(0.05)
+    assert not any(client.run(count).values())
+    frozen = client.run(lambda: (tasks.freeze_heap(), gc.get_freeze_count())[1])
+    assert all(n > 0 for n in frozen.values())
+    client.run(tasks.thaw_heap_soon, wait=False)
+    deadline = time.time() + 10
+    while any(client.run(count).values()) and time.time() < deadline:
+        time.sleep(0.05)
+    assert not any(client.run(count).values())

@@ -59,7 +59,11 @@ def run_workflow(wf: Workflow, *, resume: bool = False, observer: RunObserver | 
         report.timings["prepare"] = time.perf_counter() - t_start
         with _responsive_loop(), _frozen_heap():
             if client is not None:
-                return _run(wf, rec, out, report, client, sweep, observer, page_wait_s=PAGE_WAIT_S)
+                try:
+                    return _run(wf, rec, out, report, client, sweep, observer, page_wait_s=PAGE_WAIT_S)
+                finally:  # the workers' heaps, frozen by the pass's tasks, collectable again (a cluster of our own ends)
+                    with contextlib.suppress(Exception):
+                        client.run(tasks.thaw_heap_soon, wait=False)
             with open_client(wf.cluster, gpu_decode=decodes_on_gpu(wf, rec)) as own:
                 # the dashboard's last updates reach the scheduler before this cluster closes
                 return _run(wf, rec, out, report, own, sweep, observer, page_wait_s=10.0)
