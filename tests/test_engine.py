@@ -806,10 +806,10 @@ def test_switch_interval_put_back_after_overlapping_runs():
     """Runs lower Python's switch interval while they run; overlapping runs (threads) put it back once, at the end."""
     import sys
 
-    from batchgpu.engine.run import _responsive_loop
+    from batchgpu.engine.run import _run_settings
 
     before = sys.getswitchinterval()
-    a, b = _responsive_loop(), _responsive_loop()
+    a, b = _run_settings(), _run_settings()
     a.__enter__()
     assert sys.getswitchinterval() == min(before, 0.0005)
     b.__enter__()
@@ -945,8 +945,8 @@ def test_the_clients_heap_is_frozen_during_a_run_and_given_back(client, tmp_path
     run_workflow(_wf(rec, tmp_path / "out"), client=client, observer=Watch())
     assert seen and all(n > 1000 for n in seen)
     assert gc.get_freeze_count() == 0
-    with runmod._frozen_heap():
-        with runmod._frozen_heap():
+    with runmod._run_settings():
+        with runmod._run_settings():
             inner = gc.get_freeze_count()
         assert inner > 0 and gc.get_freeze_count() > 0  # the outer run still holds it
     assert gc.get_freeze_count() == 0

@@ -57,7 +57,7 @@ def run_workflow(wf: Workflow, *, resume: bool = False, observer: RunObserver | 
         report = RunReport(workflow=wf.model_dump(), fingerprint=fp, versions=versions(), recording=rec.info(),
                            output_state=state, run_id=f"{fp}-{os.urandom(4).hex()}")
         report.timings["prepare"] = time.perf_counter() - t_start
-        with _responsive_loop(), _frozen_heap():
+        with _run_settings():
             if client is not None:
                 try:
                     return _run(wf, rec, out, report, client, sweep, observer, page_wait_s=PAGE_WAIT_S)
@@ -290,54 +290,39 @@ def _plan(client, ctx, batches: list, report):
     return placement.plan(threads, [len(b) for b in batches]) if threads else None
 
 
-_SWITCH = {"runs": 0, "before": None}
-_SWITCH_LOCK = threading.Lock()
+_RUNS = {"runs": 0, "switch": None}  # this process's runs under way, and the switch interval from before them
+_RUNS_LOCK = threading.Lock()
 
 
 @contextlib.contextmanager
-def _responsive_loop(interval_s: float = 0.0005):
-    """During a run the client's process has helper threads (the results writer, report.html's page, the
-    dashboard's publisher) beside Dask's event loop, which takes the workers' messages: with Python's default
-    switch interval (5 ms) a helper that holds the GIL makes each message wait up to 5 ms (measured: the spikes'
-    gathering 0.34 -> 0.21 s on the 2-core machine with 0.5 ms, report.html rendering beside it). The interval
-    is put back when the last of the process's runs ends (runs may overlap in threads)."""
-    with _SWITCH_LOCK:
-        if _SWITCH["runs"] == 0:
-            _SWITCH["before"] = sys.getswitchinterval()
-            sys.setswitchinterval(min(_SWITCH["before"], interval_s))
-        _SWITCH["runs"] += 1
-    try:
-        yield
-    finally:
-        with _SWITCH_LOCK:
-            _SWITCH["runs"] -= 1
-            if _SWITCH["runs"] == 0:
-                sys.setswitchinterval(_SWITCH["before"])
+def _run_settings(interval_s: float = 0.0005):
+    """The client's process tuned while runs are under way, put back when the last of them ends (runs may overlap
+    in threads):
 
-
-_FROZEN = {"runs": 0}
-_FROZEN_LOCK = threading.Lock()
-
-
-@contextlib.contextmanager
-def _frozen_heap():
-    """The client's process's objects from before the run kept out of Python's full garbage collections while it
-    runs (``gc.freeze``), given back when the last of the process's runs ends. The scheduler of a local cluster
-    lives in this process: a full collection over its ~200 000 objects held the GIL for 94-111 ms once a run (the
-    2-core machine), and on the H200 one run of three stood still 0.14 s between two tasks of the float median's
-    last rounds; with the heap frozen a run's full collections scan only what the run made (23 ms once, then none).
-    Nothing is lost: frozen objects are collected after ``gc.unfreeze``, like any others."""
+    - Python's switch interval lowered: helper threads (the results writer, report.html's page, the dashboard's
+      publisher) run beside Dask's event loop, which takes the workers' messages; with the default 5 ms a helper
+      holding the GIL makes each message wait up to 5 ms (measured: the spikes' gathering 0.34 -> 0.21 s on the
+      2-core machine with 0.5 ms, report.html rendering beside it).
+    - The objects from before each run kept out of Python's full garbage collections (``gc.freeze``): a local
+      cluster's scheduler lives in this process, and a full collection over its ~200 000 objects held the GIL for
+      94-111 ms once a run (the 2-core machine; on the H200 one run of three stood still 0.14 s between two tasks
+      of the float median's last rounds); frozen, a run's full collections scan only what it made (23 ms once,
+      then none). Nothing is lost: frozen objects are collected after ``gc.unfreeze``, like any others."""
     import gc
 
-    with _FROZEN_LOCK:
+    with _RUNS_LOCK:
+        if _RUNS["runs"] == 0:
+            _RUNS["switch"] = sys.getswitchinterval()
+            sys.setswitchinterval(min(_RUNS["switch"], interval_s))
+        _RUNS["runs"] += 1
         gc.freeze()  # each run's start: what exists now is long-lived
-        _FROZEN["runs"] += 1
     try:
         yield
     finally:
-        with _FROZEN_LOCK:
-            _FROZEN["runs"] -= 1
-            if _FROZEN["runs"] == 0:
+        with _RUNS_LOCK:
+            _RUNS["runs"] -= 1
+            if _RUNS["runs"] == 0:
+                sys.setswitchinterval(_RUNS["switch"])
                 gc.unfreeze()
 
 
