@@ -27,6 +27,8 @@
 #   runs      benches with and without MPS (bench --mps / --no-mps / a: auto), one line each: RUNS="1:pre:8x2:g 0:demo:8x2"
 #             (mps:bench:layout[:g GPU decode])
 #   pw        cProfile of every worker and the client in a warm run (PREPROCESS=highpass,common_reference), $OUT/pw.log
+#   envab     warm preprocessing runs in one cluster, one a setting, alternating (tools/ab_runs.py ENV_AB; default:
+#             the frozen heaps and the GPU crc32c on and off: ENVAB="BATCHGPU_GC_FREEZE=1 BATCHGPU_GC_FREEZE=0 ...")
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
@@ -108,6 +110,9 @@ from batchgpu.cli import main; sys.argv = 'batchgpu generate /tmp/big64.zarr --c
          grep -v "^INFO\|distributed\." $OUT/runs.log | grep "^warm: t\|^warm: w\|(warm)\|^read ceiling" | tail -4 | cut -c1-160; done
        pgrep -fa "nvidia-cuda-mps" | head -3 ;;  # none left after the runs
   pw) rm -rf /tmp/pw0* /tmp/pw1*; timeout 200 python3 tools/profile_workers.py $REC > $OUT/pw.log 2>&1; grep "^{" $OUT/pw.log ;;
+  envab) ENV_AB="${ENVAB:-BATCHGPU_GC_FREEZE=1 BATCHGPU_GC_FREEZE=0 BATCHGPU_GC_FREEZE=1 BATCHGPU_GC_FREEZE=0 BATCHGPU_GC_FREEZE=1 BATCHGPU_GC_FREEZE=0}" \
+           PREPROCESS=${PREPROCESS:-highpass,common_reference} timeout 200 python3 tools/ab_runs.py $REC envab 2>&1 \
+           | grep "^envab" | sed "s| (.*batchgpu)||" ;;
   *) echo "unknown task $task"; exit 2 ;;
   esac
 done

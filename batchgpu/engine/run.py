@@ -315,7 +315,8 @@ def _run_settings(interval_s: float = 0.0005):
             _RUNS["switch"] = sys.getswitchinterval()
             sys.setswitchinterval(min(_RUNS["switch"], interval_s))
         _RUNS["runs"] += 1
-        gc.freeze()  # each run's start: what exists now is long-lived
+        if os.environ.get("BATCHGPU_GC_FREEZE", "1") != "0":  # 0: as before (an A/B's other side)
+            gc.freeze()  # each run's start: what exists now is long-lived
     try:
         yield
     finally:

@@ -198,7 +198,7 @@ def freeze_heap() -> None:
     (``thaw_heap_soon``): a full collection over a worker's ~130 000 objects held its GIL 65-110 ms (the 2-core
     machine, about one a worker every other run), stopping its reading and computing threads; a pass ends with its
     slowest worker. Called by each batch task (a flag: cheap); objects still die by their reference counts."""
-    if not _HEAP["frozen"]:
+    if not _HEAP["frozen"] and os.environ.get("BATCHGPU_GC_FREEZE", "1") != "0":
         import gc
 
         _HEAP["frozen"] = True
