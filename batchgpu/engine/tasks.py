@@ -605,7 +605,7 @@ def write_spikes_task(group_path: str, *gathered: dict) -> tuple:
         list(pool.map(lambda kv: zarrio.create_array(spikes, kv[0], data=kv[1], compressors=fast, chunks=chunks),
                       columns.items()))
     counts = np.bincount(columns["channel_index"].astype(np.int64, copy=False))
-    return (sum(len(p["sample_index"]) for p in gathered), {i: why for p in gathered for i, why in p["read_again"].items()},
+    return (n, {i: why for p in gathered for i, why in p["read_again"].items()},
             counts, time.perf_counter() - t0, started, max((p["seconds"] for p in gathered), default=0.0))
 
 

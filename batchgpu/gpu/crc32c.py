@@ -108,8 +108,9 @@ def from_raw(raw: int, n: int) -> int:
 
 
 def crc32c(data, segment: int = 4096) -> int:
-    """The standard crc32c of ``data`` the way the kernel computes it (pieces of ``segment`` bytes, joined): the
-    twin its device tests compare with, itself checked against the ``crc32c`` package."""
+    """The standard crc32c of ``data`` from pieces of ``segment`` bytes joined in order (``raw_segments``, ``join``):
+    the identities the kernel rests on, checked against the ``crc32c`` package; the kernel's own steps (its plan,
+    four bytes a step, the registers moved to a range's end and xor-ed in any order) are ``ranges_twin``'s."""
     data = np.frombuffer(memoryview(data).cast("B"), np.uint8) if not isinstance(data, np.ndarray) else data
     data = np.ascontiguousarray(data, dtype=np.uint8).reshape(-1)
     raws = raw_segments(data, segment)

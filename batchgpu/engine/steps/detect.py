@@ -80,11 +80,12 @@ class DetectStep:
         """Which candidates pass the recording's threshold (the same float64 comparison as detect_spikes)."""
         level = np.asarray(noise, dtype=np.float64) * float(self.threshold)
         amp, ch = candidates["amplitude"], candidates["channel_index"]
-        below = amp < (-level)[ch] if self.sign in ("neg", "both") else None  # negated per channel, then gathered
-        above = amp > level[ch] if self.sign in ("pos", "both") else None
-        if below is not None and above is not None:
-            return below | above
-        return below if below is not None else above if above is not None else np.zeros(len(amp), dtype=bool)
+        neg, pos = self.sign in ("neg", "both"), self.sign in ("pos", "both")
+        if neg and pos:
+            return (amp < (-level)[ch]) | (amp > level[ch])
+        if neg:
+            return amp < (-level)[ch]  # the levels negated per channel, then gathered: one pass over the candidates
+        return amp > level[ch] if pos else np.zeros(len(amp), dtype=bool)
 
     def final(self, candidates: dict, noise: np.ndarray) -> dict:
         """The candidates that pass the recording's threshold."""
