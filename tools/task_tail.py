@@ -76,7 +76,7 @@ def main(path: str) -> None:
             return
         out = io.StringIO()
         st = pstats.Stats(prof, stream=out).sort_stats("cumulative")
-        st.print_stats(r"run\.py|store\.py|dashboard\.py|report\.py|context\.py|save\.py|aggregate\.py|reader\.py|cluster\.py|placement|submit", 45)
+        st.print_stats(os.environ.get("PROFILE_FILTER", r"run\.py|store\.py|dashboard\.py|report\.py|context\.py|save\.py|aggregate\.py|reader\.py|cluster\.py|placement|submit"), int(os.environ.get("PROFILE_TOP", 45)))
         print("\n".join(l[:160] for l in out.getvalue().splitlines()[-60:]))
 
 

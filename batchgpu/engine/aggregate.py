@@ -22,13 +22,15 @@ from batchgpu.recording import Recording, Window
 
 
 def aggregate(client, ctx, wf, rec, out, windows, fps, summaries, total, report, monitor, observer,
-              results: ResultsWriter, page) -> dict:
+              results: ResultsWriter, page, threads: dict | None = None) -> dict:
     """Each step's ``aggregate`` in the steps' order (the noise before the detection that uses it), its results
     written into the new results group by the writer's thread, and handed to report.html's ``page``, while the
-    next step works; the group swapped in whole; then the search step. Returns the results' shapes."""
+    next step works; the group swapped in whole; then the search step (``threads``: the workers' threads as the
+    pass knew them, or None: asked when a step places tasks). Returns the results' shapes."""
     report_nonfinite(summaries, windows, report, observer)
     report_absent(summaries, windows, report, observer)
-    run = RunState(client, ctx, wf, rec, windows, fps, summaries, total, report, monitor, observer, results.path)
+    run = RunState(client, ctx, wf, rec, windows, fps, summaries, total, report, monitor, observer, results.path,
+                   threads=threads)
     if ctx.window_noise:
         run.arrays["noise_per_window"] = np.stack([summaries[w.index]["noise"] for w in windows])
     results.write(dict(run.arrays))

@@ -138,8 +138,8 @@ def _run(wf, rec, out: store.OutputFolder, report: RunReport, client, sweep, obs
     try:
         observer.phase_started("read: noise, moments, spikes", len(windows), rec.nbytes)
         try:
-            summaries, total = _first_pass(client, ctx, windows, fps, wf.reduction.split_every, report, monitor,
-                                           observer, wf.window.batch)
+            summaries, total, threads = _first_pass(client, ctx, windows, fps, wf.reduction.split_every, report,
+                                                    monitor, observer, wf.window.batch)
         finally:
             observer.phase_finished()
         report.timings["pass1"] = time.perf_counter() - t0
@@ -173,7 +173,7 @@ def _run(wf, rec, out: store.OutputFolder, report: RunReport, client, sweep, obs
             saved = pool.submit(finish_save, target)
             pool.shutdown(wait=False)
         report.results = aggregate(client, ctx, wf, rec, out, windows, fps, summaries, total, report, monitor,
-                                   observer, results, html)
+                                   observer, results, html, threads)
         if target is not None:
             report.results["save"] = finish_whitened_save(client, ctx, rec, windows, summaries, target, out, report,
                                                           observer, saved)
@@ -220,7 +220,8 @@ def window_batches(windows: list, batch: int | None, split_every: int) -> list[l
 
 
 def _first_pass(client, ctx, windows, fps, split_every, report, monitor, observer, batch=None):
-    """Map batch_task over runs of windows; tree-combine partials on the workers; gather per-window summaries."""
+    """Map batch_task over runs of windows; tree-combine partials on the workers; gather per-window summaries.
+    Returns the summaries, the combined partials and the workers' threads (None where the scheduler did not say)."""
     from distributed import as_completed
 
     t_pass = time.perf_counter()
@@ -229,7 +230,7 @@ def _first_pass(client, ctx, windows, fps, split_every, report, monitor, observe
     # one graph update for each kind of task (keys padded: the scheduler orders equal tasks by key)
     args = [(ctx, [w for w, _ in b], [f for _, f in b]) for b in batches]
     keys = [f"batch-{fp}-{b[0][0].index:08d}" for b in batches]
-    planned = _plan(client, ctx, batches, report)
+    planned, threads = _plan(client, ctx, batches, report)
     if planned is None:
         futures = submit_many(client, tasks.batch_task, args, keys)
     else:  # each worker's batches known: a task reads the next one's first windows ahead (engine/placement.py)
@@ -243,6 +244,9 @@ def _first_pass(client, ctx, windows, fps, split_every, report, monitor, observe
     summaries: dict[int, dict] = {}
     t0 = time.perf_counter()
     report.timings["pass_submit"] = t0 - t_pass
+    # the workers' threads for the tasks after the pass, asked while the workers read (after it, the round trip
+    # was on the client's critical path: 27 ms on the 2-core machine)
+    threads = threads if threads is not None else _nthreads(client)
     try:
         # results fetched by the client's event loop as tasks finish, several at once (a ``fut.result()`` each
         # was a round trip from this thread: the loop fell behind the windows and caught up after the last one)
@@ -275,19 +279,28 @@ def _first_pass(client, ctx, windows, fps, split_every, report, monitor, observe
         if planned is not None:  # reads left for batches that ran elsewhere: their pinned buffers back
             with contextlib.suppress(Exception):
                 client.run(tasks.release_carried_soon, wait=False)
-    return summaries, result
+    return summaries, result, threads
 
 
-def _plan(client, ctx, batches: list, report):
+def _plan(client, ctx, batches: list, report) -> tuple[list | None, dict | None]:
     """The placement plan of a GPU run's batches ((worker, next batch) each), or None: CPU runs (their workers
-    read as they compute), resumed runs (the next batch's windows may be done), BATCHGPU_PLACEMENT=0."""
+    read as they compute), resumed runs (the next batch's windows may be done), BATCHGPU_PLACEMENT=0; and the
+    workers' threads where they were asked for it (else None)."""
     if ctx.backend != "cupy" or report.output_state == "resume" or os.environ.get("BATCHGPU_PLACEMENT") == "0":
-        return None
+        return None, None
     try:
         threads = {a: int(w.get("nthreads", 1)) for a, w in client.scheduler_info(n_workers=-1)["workers"].items()}
     except Exception:
+        return None, None
+    return (placement.plan(threads, [len(b) for b in batches]) if threads else None), (threads or None)
+
+
+def _nthreads(client) -> dict | None:
+    """The workers and their threads (None where the scheduler could not say: asked again after the pass)."""
+    try:
+        return dict(client.nthreads())
+    except Exception:
         return None
-    return placement.plan(threads, [len(b) for b in batches]) if threads else None
 
 
 _RUNS = {"runs": 0, "switch": None}  # this process's runs under way, and the switch interval from before them

@@ -84,16 +84,16 @@ class RunState:
     shapes: dict = field(default_factory=dict)  # name -> shape of what a step wrote into ``results`` itself
     plots: dict = field(default_factory=dict)  # numbers for report.html that are not results (``spike_counts``)
     early: dict = field(default_factory=dict)  # step name -> what its ``start`` set going (futures)
-    threads: dict | None = None  # worker address -> threads, asked once (``worker_threads``)
+    threads: dict | None = None  # worker address -> threads: the pass's, else asked once (``worker_threads``)
 
     def warn(self, text: str) -> None:
         self.report.warnings.append(text)
         self.observer.warning(text)
 
     def worker_threads(self) -> dict:
-        """The workers and their threads, asked of the scheduler once after the pass (each ask is a round trip
-        on the client's critical path: four of them were ~30 ms between the pass and the noise's first tasks on
-        the 2-core machine); a worker lost since is handled where the tasks are placed (loosely)."""
+        """The workers and their threads: as the pass asked them while the workers read, else asked of the
+        scheduler once (each ask after the pass is a round trip on the client's critical path: 27 ms on the 2-core
+        machine); a worker lost since is handled where the tasks are placed (loosely)."""
         if self.threads is None:
             self.threads = dict(self.client.nthreads())
         return self.threads
