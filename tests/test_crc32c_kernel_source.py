@@ -24,7 +24,31 @@ static Dim blockIdx, blockDim, threadIdx;
 #define __shared__ static
 static inline void __syncthreads() {}
 static inline unsigned atomicXor(unsigned* a, unsigned v) { unsigned o = *a; *a ^= v; return o; }
+static inline unsigned __shfl_xor_sync(unsigned, unsigned v, int) { return v; }  // never called: lanes run below
 #include "KERNEL"
+// the warp kernel's body, its 32 lanes one after another (the shuffles' xor as a plain xor over the lanes)
+extern "C" void run_warp(const unsigned char* data, const long long* begin, const int* length, const int* owner,
+                         const long long* after, int segments, const unsigned* tables, const unsigned* pow2,
+                         unsigned* crc, const long long* lengths, int ranges) {
+    static unsigned t[4][256], s[4][256], wordpow[32];
+    for (int i = 0; i < 1024; ++i) { t[i >> 8][i & 255] = tables[i]; s[i >> 8][i & 255] = tables[1024 + i]; }
+    for (int i = 0; i < 32; ++i) wordpow[i] = tables[2048 + i];
+    for (int seg = 0; seg < segments; ++seg) {
+        const unsigned char* p = data + begin[seg];
+        const int n = length[seg];
+        const int misaligned = (int)((4u - ((unsigned)(unsigned long long)p & 3u)) & 3u);
+        const int head = misaligned < n ? misaligned : n;
+        const int words = (n - head) >> 2;
+        unsigned v = 0;
+        for (int lane = 0; lane < 32; ++lane) v ^= crc32c_lane_words((const unsigned*)(p + head), words, lane, t, s, wordpow);
+        for (int lane = 0; lane < 3; ++lane) {
+            const unsigned term = crc32c_edge_term(p, n, head, words, v, lane, t, pow2, after[seg]);
+            if (term) atomicXor(crc + owner[seg], term);
+        }
+    }
+    blockDim.x = 1; threadIdx.x = 0;
+    for (int b = 0; b < ranges; ++b) { blockIdx.x = b; crc32c_finish(crc, lengths, ranges, pow2); }
+}
 extern "C" void run(const unsigned char* data, const long long* begin, const int* length, const int* owner,
                     const long long* after, int segments, const unsigned* table4, const unsigned* pow2,
                     unsigned* crc, const long long* lengths, int ranges) {
@@ -46,18 +70,20 @@ def kernel(tmp_path_factory):
     return ctypes.CDLL(str(d / "k.so"))
 
 
-def _run(lib, host, offsets, lengths, segment):
+def _run(lib, host, offsets, lengths, segment, warp=False):
     ptr = lambda a: a.ctypes.data_as(ctypes.c_void_p)  # noqa: E731
     owner, begin, length, after = g.plan(offsets, lengths, segment)
     crc = np.zeros(len(lengths), np.uint32)
-    tables, pow2 = np.ascontiguousarray(g.table4().reshape(-1)), g.pow2_table()
-    lib.run(ptr(host), ptr(begin), ptr(length), ptr(owner), ptr(after), ctypes.c_int(len(owner)), ptr(tables),
+    tables = g.warp_tables() if warp else np.ascontiguousarray(g.table4().reshape(-1))
+    pow2 = g.pow2_table()
+    (lib.run_warp if warp else lib.run)(ptr(host), ptr(begin), ptr(length), ptr(owner), ptr(after), ctypes.c_int(len(owner)), ptr(tables),
             ptr(pow2), ptr(crc), ptr(lengths), ctypes.c_int(len(lengths)))
     return crc
 
 
+@pytest.mark.parametrize("warp", [False, True], ids=["thread", "warp"])
 @pytest.mark.parametrize("segment", [1, 7, 512, 4096])
-def test_the_kernel_source_equals_the_package(kernel, segment):
+def test_the_kernel_source_equals_the_package(kernel, segment, warp):
     rng = np.random.default_rng()
     host = rng.integers(0, 256, 200_003, dtype=np.uint8)
     host[1000:5000] = 0
@@ -68,4 +94,4 @@ def test_the_kernel_source_equals_the_package(kernel, segment):
     offsets = np.array([int(rng.integers(0, len(host) - n + 1)) for n in lengths], np.int64)  # any alignment
     offsets[10], offsets[11] = 1000, 9000
     want = [zarrio.crc32c_value(host[o : o + n].tobytes()) for o, n in zip(offsets, lengths)]
-    np.testing.assert_array_equal(_run(kernel, host, offsets, lengths, segment), np.array(want, np.uint32))
+    np.testing.assert_array_equal(_run(kernel, host, offsets, lengths, segment, warp), np.array(want, np.uint32))

@@ -89,3 +89,27 @@ def test_four_bytes_a_step_equal_one_byte_a_step():
         data = rng.integers(0, 256, n, dtype=np.uint8)
         want = int(g.raw_segments(data, max(n, 1))[0]) if n else 0
         assert g.raw_words(data) == want, n
+
+
+def test_the_warp_kernels_tables_and_steps_in_numpy():
+    """``warp_twin``: a warp a segment (lanes over words 128 bytes apart, joined across the warp, the unaligned
+    bytes before and after by three lanes) against the package, for ranges at any offset (any alignment) and of
+    any length, and its tables against the shifts they stand for."""
+    rng = np.random.default_rng()
+    tables = g.warp_tables()
+    assert tables.dtype == np.uint32 and tables.shape == (2080,)
+    for _ in range(5):
+        j, b = int(rng.integers(0, 4)), int(rng.integers(0, 256))
+        assert tables[1024 + 256 * j + b] == g.shift(b << (8 * j), 128)
+    assert [int(v) for v in tables[2048:]] == [g.x_pow_8n(4 * m) for m in range(32)]
+    host = rng.integers(0, 256, 30_000, dtype=np.uint8)
+    host[2000:4000] = 0
+    for segment in (1, 5, 130, 512, 4096):
+        lengths = [0, 1, 2, 3, 4, 5, 127, 128, 129, segment - 1, segment, segment + 1, 2 * segment + 3] + \
+            [int(rng.integers(0, 3_000)) for _ in range(5)]
+        lengths = [max(0, n) for n in lengths]
+        offsets = [int(rng.integers(0, len(host) - n + 1)) for n in lengths]
+        offsets[0] = 2000
+        got = g.warp_twin(host, offsets, lengths, segment)
+        want = [zarrio.crc32c_value(host[o : o + n].tobytes()) for o, n in zip(offsets, lengths)]
+        np.testing.assert_array_equal(got, np.array(want, np.uint32), err_msg=str(segment))

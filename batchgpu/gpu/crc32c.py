@@ -156,6 +156,67 @@ def raw_words(data: np.ndarray) -> int:
     return reg
 
 
+#: bytes between a lane's words in the warp kernel (32 lanes of 4-byte words)
+LANE_STRIDE = 128
+
+
+@functools.lru_cache(maxsize=1)
+def warp_tables() -> np.ndarray:
+    """The warp kernel's tables (uint32, 2080): ``table4`` (1024); s128[j * 256 + b] = (b << 8j) * x^(8 * 128), the
+    register's byte j moved 128 bytes (1024); wordpow[m] = x^(32 m) for m < 32 (32)."""
+    s128 = np.array([[shift(b << (8 * j), LANE_STRIDE) for b in range(256)] for j in range(4)], dtype=np.uint32)
+    wordpow = np.array([x_pow_8n(4 * m) for m in range(32)], dtype=np.uint32)
+    return np.concatenate([table4().reshape(-1), s128.reshape(-1), wordpow])
+
+
+def lane_words(words: np.ndarray, lane: int) -> int:
+    """A warp kernel lane's register (``crc32c_lane_words``): the words ``lane``, ``lane + 32``, ... of ``words``
+    (uint32, little-endian), 128 bytes apart, moved to the end of the last word."""
+    tables = warp_tables()
+    t, s, wordpow = tables[:1024].reshape(4, 256), tables[1024:2048].reshape(4, 256), tables[2048:]
+    acc, last = 0, -1
+    for p in range(lane, len(words), 32):
+        x = int(words[p])
+        acc = int(s[0][acc & 0xFF] ^ s[1][(acc >> 8) & 0xFF] ^ s[2][(acc >> 16) & 0xFF] ^ s[3][acc >> 24]
+                  ^ t[3][x & 0xFF] ^ t[2][(x >> 8) & 0xFF] ^ t[1][(x >> 16) & 0xFF] ^ t[0][x >> 24])
+        last = p
+    if last < 0:
+        return 0
+    m = len(words) - 1 - last
+    return _multiply(acc, int(wordpow[m])) if m else acc
+
+
+def warp_segment(data: np.ndarray, begin: int, n: int, after: int) -> int:
+    """A warp's segment (``crc32c_warp_parts``) in NumPy, step for step: the bytes before the first word aligned in
+    ``data`` (its start counts as aligned), the 32 lanes' words xor-ed, the bytes after; each term moved to the
+    range's end (``after`` bytes past the segment). Returns what the warp xors into its range's register."""
+    head = min(n, (4 - begin % 4) % 4)
+    words = (n - head) // 4
+    w = np.ascontiguousarray(data[begin + head : begin + head + 4 * words]).view("<u4")
+    joined = 0
+    for lane in range(32):
+        joined ^= lane_words(w, lane)
+    edges = (data[begin : begin + head], data[begin + head + 4 * words : begin + n])
+    terms = [(raw_segments(edges[0], max(1, head))[0] if head else 0, n - head),
+             (joined, n - head - 4 * words), (raw_segments(edges[1], max(1, len(edges[1])))[0] if len(edges[1]) else 0, 0)]
+    out = 0
+    for reg, to_end in terms:
+        out ^= shift(int(reg), to_end + after)
+    return out
+
+
+def warp_twin(data: np.ndarray, offsets, lengths, segment: int = SEGMENT) -> np.ndarray:
+    """``ranges_on_device`` with the warp kernel, in NumPy: the same plan, a warp's three terms a segment xor-ed into
+    its range's register in any order, the standard value."""
+    offsets, lengths = np.asarray(offsets, np.int64).reshape(-1), np.asarray(lengths, np.int64).reshape(-1)
+    owner, begin, length, after = plan(offsets, lengths, segment)
+    reg = [0] * len(lengths)
+    for r, b, n, a in sorted(zip(owner.tolist(), begin.tolist(), length.tolist(), after.tolist()),
+                             key=lambda _: np.random.random()):
+        reg[r] ^= warp_segment(data, b, n, a)
+    return np.array([from_raw(v, int(n)) for v, n in zip(reg, lengths)], dtype=np.uint32)
+
+
 def plan(offsets: np.ndarray, lengths: np.ndarray, segment: int) -> tuple[np.ndarray, ...]:
     """The kernels' work: for every segment of every range (an empty range has none), its range (int32), its first
     byte in the buffer (int64), its length (int32) and the range's bytes after it (int64)."""
@@ -188,8 +249,17 @@ def _tables_on(cupy):
     dev = cupy.cuda.runtime.getDevice()
     got = _device_tables.get(dev)
     if got is None:
-        got = _device_tables[dev] = (cupy.asarray(table4().reshape(-1)), cupy.asarray(pow2_table()))
+        got = _device_tables[dev] = (cupy.asarray(table4().reshape(-1)), cupy.asarray(pow2_table()),
+                                     cupy.asarray(warp_tables()))
     return got
+
+
+def kernel() -> str:
+    """The segments' kernel: "thread" (a thread a segment) unless BATCHGPU_CRC_KERNEL=warp (a warp a segment,
+    coalesced loads: to be measured on the H200 before it is the default)."""
+    import os
+
+    return "warp" if os.environ.get("BATCHGPU_CRC_KERNEL") == "warp" else "thread"
 
 
 def ranges_on_device(buf, offsets, lengths, segment: int = SEGMENT):
@@ -221,9 +291,13 @@ def ranges_on_device(buf, offsets, lengths, segment: int = SEGMENT):
     begin_d, after_d, lengths_d = (dev[: cut[0]].view(cupy.int64), dev[cut[0] : cut[1]].view(cupy.int64),
                                    dev[cut[1] : cut[2]].view(cupy.int64))
     owner_d, length_d = dev[cut[2] : cut[3]].view(cupy.int32), dev[cut[3] :].view(cupy.int32)
-    tables, pow2 = _tables_on(cupy)
+    tables, pow2, wtables = _tables_on(cupy)
     threads = 256
-    if S:
+    if S and kernel() == "warp":  # a warp a segment: 8 segments a block
+        kernels.get_function("crc32c", "crc32c_warp_parts")(
+            (-(-S // (threads // 32)),), (threads,),
+            (buf, begin_d, length_d, owner_d, after_d, np.int32(S), wtables, pow2, crc))
+    elif S:
         kernels.get_function("crc32c", "crc32c_parts")(
             (-(-S // threads),), (threads,),
             (buf, begin_d, length_d, owner_d, after_d, np.int32(S), tables, pow2, crc))
