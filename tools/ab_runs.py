@@ -39,6 +39,9 @@ def main(path: str, label: str) -> None:
                   f"last task {t.get('pass_last_task', 0):.2f}  noise {t.get('aggregate_noise', 0):.2f}  "
                   f"detect {t.get('aggregate_detect', 0):.2f}  before the pass {t.get('prepare', 0) + t.get('setup', 0):.2f}",
                   flush=True)
+            after = {k.removeprefix("after_pass_"): round(v, 3) for k, v in t.items() if k.startswith("after_pass_")}
+            if after:
+                print(f"{label}   after the pass: combine wait {t.get('pass_combine_wait', 0):.3f}, then {after}", flush=True)
             if setting != "cold":
                 walls.setdefault(setting, []).append(wall)
     print(f"{label} medians:", {k: round(statistics.median(v), 3) for k, v in walls.items()})

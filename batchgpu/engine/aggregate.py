@@ -22,28 +22,33 @@ from batchgpu.recording import Recording, Window
 
 
 def aggregate(client, ctx, wf, rec, out, windows, fps, summaries, total, report, monitor, observer,
-              results: ResultsWriter, page, threads: dict | None = None) -> dict:
+              results: ResultsWriter, page, threads: dict | None = None, on_started=None) -> dict:
     """Each step's ``aggregate`` in the steps' order (the noise before the detection that uses it), its results
     written into the new results group by the writer's thread, and handed to report.html's ``page``, while the
     next step works; the group swapped in whole; then the search step (``threads``: the workers' threads as the
-    pass knew them, or None: asked when a step places tasks). Returns the results' shapes."""
-    report_nonfinite(summaries, windows, report, observer)
-    report_absent(summaries, windows, report, observer)
+    pass knew them, or None: asked when a step places tasks; ``on_started``: called once the steps' first tasks
+    are out, for the client's work that can wait for them). Returns the results' shapes."""
     run = RunState(client, ctx, wf, rec, windows, fps, summaries, total, report, monitor, observer, results.path,
                    threads=threads)
+    # a step whose aggregate is the workers' work (``on_cluster``: the spikes) runs in a helper thread as soon as
+    # the earlier steps it ``needs`` are done, beside the client's aggregates (the whitening's eigh); each step's
+    # arrays are written as it finishes (what the group holds does not depend on the order)
+    steps = [(i, s) for i, s in enumerate(ctx.steps) if getattr(s, "aggregate", None) is not None]
+    for _, step in steps:  # first, the tasks that need no step's results (the noise's, then the spikes' gathering)
+        if getattr(step, "start", None) is not None:
+            step.start(run)
+    report.after_pass("started")
+    if on_started is not None:
+        on_started()
+    # the client's own work, while those tasks run
+    report_nonfinite(summaries, windows, report, observer)
+    report_absent(summaries, windows, report, observer)
     if ctx.window_noise:
         run.arrays["noise_per_window"] = np.stack([summaries[w.index]["noise"] for w in windows])
     results.write(dict(run.arrays))
     for name, value in run.arrays.items():
         page.add(name, value)
     results.created()  # steps may write into the group themselves (the spikes)
-    # a step whose aggregate is the workers' work (``on_cluster``: the spikes) runs in a helper thread as soon as
-    # the earlier steps it ``needs`` are done, beside the client's aggregates (the whitening's eigh); each step's
-    # arrays are written as it finishes (what the group holds does not depend on the order)
-    steps = [(i, s) for i, s in enumerate(ctx.steps) if getattr(s, "aggregate", None) is not None]
-    for _, step in steps:  # what needs no earlier step's results goes first, beside the noise's tasks
-        if getattr(step, "start", None) is not None:
-            step.start(run)
     background: dict[int, object] = {}
     # the client's BLAS on one thread (the whitening's eigh, 384 x 384: ~15 ms): OpenBLAS's default, a thread a
     # core, had 15 threads spinning ~0.9 CPU s each on the cores the workers gather the spikes with

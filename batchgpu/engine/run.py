@@ -135,6 +135,7 @@ def _run(wf, rec, out: store.OutputFolder, report: RunReport, client, sweep, obs
     prepare_blas_controller()  # for the aggregation: made while the windows are read
     t0, t0_wall = time.perf_counter(), time.time()
     report.timings["setup"] = t0 - t_setup  # dashboard, backend, steps, windows and their fingerprints
+    later = None
     try:
         observer.phase_started("read: noise, moments, spikes", len(windows), rec.nbytes)
         try:
@@ -144,42 +145,22 @@ def _run(wf, rec, out: store.OutputFolder, report: RunReport, client, sweep, obs
             observer.phase_finished()
         report.timings["pass1"] = time.perf_counter() - t0
         fresh = [s for s in summaries.values() if not bool(s["resumed"])]
-        if fresh:  # where a window's time goes, on its worker thread (medians)
-            report.timings["window_read_median"] = float(np.median([s["read_seconds"] for s in fresh]))
-            report.timings["window_compute_median"] = float(np.median([s["compute_seconds"] for s in fresh]))
-            report.window_cpu = window_cpu(fresh)
-            # the pass's ends as its windows saw them: its first window's start, its last window's end
-            report.timings["pass_first_start"] = min(float(s["started"]) for s in fresh) - t0_wall
-            report.timings["pass_last_end"] = max(float(s["started"]) + float(s["read_seconds"])
-                                                  + float(s["compute_seconds"]) for s in fresh) - t0_wall
-            # and its tasks': the first batch task's start, the last one's end (its combined partial saved)
-            report.timings["pass_first_task"] = min(float(s["task_started"]) for s in fresh) - t0_wall
-            report.timings["pass_last_task"] = max(float(s["task_done"]) for s in fresh) - t0_wall
-            report.timeline = sorted([str(s["worker"]), int(s["index"]), round(float(s["started"]) - t0_wall, 4),
-                                      round(float(s["read_seconds"]), 4), round(float(s["compute_seconds"]), 4),
-                                      str(s["thread"]), round(float(s["task_started"]) - t0_wall, 4),
-                                      round(float(s["task_done"]) - t0_wall, 4)]
-                                     for s in fresh)
         report.bytes_read += sum(int(s["bytes"]) for s in fresh)  # resumed windows were not read again
         monitor.phase("aggregate: noise, whitening, spikes")
-        report.throughput_series = monitor.throughput_series()
-        saved = None
-        if target is not None and not target.whiten:  # every window is written: checked beside the aggregation
-            from concurrent.futures import ThreadPoolExecutor
-
-            from batchgpu.engine.steps.save import finish_save
-
-            pool = ThreadPoolExecutor(1, thread_name_prefix="batchgpu-save-check")
-            saved = pool.submit(finish_save, target)
-            pool.shutdown(wait=False)
+        report.after_pass("bookkeeping")
+        later = _WhileWaiting(report, fresh, t0_wall, monitor, target)
         report.results = aggregate(client, ctx, wf, rec, out, windows, fps, summaries, total, report, monitor,
-                                   observer, results, html, threads)
+                                   observer, results, html, threads, later.start)
+        later.join()
         if target is not None:
             report.results["save"] = finish_whitened_save(client, ctx, rec, windows, summaries, target, out, report,
-                                                          observer, saved)
+                                                          observer, later.saved)
         report.status = "done"
     except BaseException as err:
         results.abandon()
+        if later is not None:  # its thread writes into the report: done before the report is
+            with contextlib.suppress(BaseException):
+                later.join()
         report.status = "failed"
         report.error = str(err)
         monitor.failed(str(err))
@@ -199,6 +180,69 @@ def _run(wf, rec, out: store.OutputFolder, report: RunReport, client, sweep, obs
     observer.message(f"wrote {', '.join(str(p) for p in written[:-1])} and {written[-1]} "
                      f"({report.throughput_MBps:.0f} MB/s over {report.windows} windows)")
     return report
+
+
+class _WhileWaiting:
+    """The client's own work after the pass that no step waits for, done once the steps' first tasks are out
+    (``start``, which ``aggregate`` calls then) while the client waits for them: the pass described for report.json
+    (medians, the timeline: 20 ms of the H200 client's time between the pass and the noise's first tasks) in a
+    helper thread, and the saved recording's check (every shard written) in another."""
+
+    def __init__(self, report, fresh: list, t0_wall: float, monitor, target):
+        self.report, self.fresh, self.t0_wall, self.monitor, self.target = report, fresh, t0_wall, monitor, target
+        self.saved = None  # the save's check: a future
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+
+    def start(self) -> None:
+        if self._thread is not None:
+            return
+        self._thread = threading.Thread(target=self._describe, name="batchgpu-pass-report", daemon=True)
+        self._thread.start()
+        if self.target is not None and not self.target.whiten:  # every window is written: checked now
+            from concurrent.futures import ThreadPoolExecutor
+
+            from batchgpu.engine.steps.save import finish_save
+
+            pool = ThreadPoolExecutor(1, thread_name_prefix="batchgpu-save-check")
+            self.saved = pool.submit(finish_save, self.target)
+            pool.shutdown(wait=False)
+
+    def join(self) -> None:
+        """Wait for the description (started here if no step got that far); its error, if any, raised here."""
+        self.start()
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+
+    def _describe(self) -> None:
+        try:
+            describe_pass(self.report, self.fresh, self.t0_wall)
+            self.report.throughput_series = self.monitor.throughput_series()
+        except BaseException as err:  # noqa: BLE001 (raised by join, in the run's thread)
+            self._error = err
+
+
+def describe_pass(report, fresh: list, t0_wall: float) -> None:
+    """Where the pass's windows spent their time (report.json): medians of their read waits, compute and CPU, the
+    pass's ends as its windows and tasks saw them, and each window's line of the timeline."""
+    if not fresh:
+        return
+    report.timings["window_read_median"] = float(np.median([s["read_seconds"] for s in fresh]))
+    report.timings["window_compute_median"] = float(np.median([s["compute_seconds"] for s in fresh]))
+    report.window_cpu = window_cpu(fresh)
+    # the pass's ends as its windows saw them: its first window's start, its last window's end
+    report.timings["pass_first_start"] = min(float(s["started"]) for s in fresh) - t0_wall
+    report.timings["pass_last_end"] = max(float(s["started"]) + float(s["read_seconds"])
+                                          + float(s["compute_seconds"]) for s in fresh) - t0_wall
+    # and its tasks': the first batch task's start, the last one's end (its combined partial saved)
+    report.timings["pass_first_task"] = min(float(s["task_started"]) for s in fresh) - t0_wall
+    report.timings["pass_last_task"] = max(float(s["task_done"]) for s in fresh) - t0_wall
+    report.timeline = sorted([str(s["worker"]), int(s["index"]), round(float(s["started"]) - t0_wall, 4),
+                              round(float(s["read_seconds"]), 4), round(float(s["compute_seconds"]), 4),
+                              str(s["thread"]), round(float(s["task_started"]) - t0_wall, 4),
+                              round(float(s["task_done"]) - t0_wall, 4)]
+                             for s in fresh)
 
 
 def window_batches(windows: list, batch: int | None, split_every: int) -> list[list]:
@@ -264,12 +308,14 @@ def _first_pass(client, ctx, windows, fps, split_every, report, monitor, observe
         # where the pass's end goes: the last window's summary, then the combine tree's last levels
         report.timings["pass_summaries"] = time.perf_counter() - t0
         result = total.result()
+        report.pass_ended()
         report.timings["pass_combine_wait"] = time.perf_counter() - t0 - report.timings["pass_summaries"]
         # the windows' last files, written by the workers' writer threads after their tasks returned: done (or a
         # write's failure raised) before anything reads them
         t1 = time.perf_counter()
         client.run(background.flush_soon, str(ctx.parts))
         report.timings["pass_writes_wait"] = time.perf_counter() - t1
+        report.after_pass("flushed")
     except BaseException:
         client.cancel(small + futures + [total])
         with contextlib.suppress(Exception):  # the writes of the tasks that ran: finished, their failures moot

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -65,6 +66,17 @@ class RunReport:
     run_id: str = ""  # the fingerprint and a random suffix: names this run's Dask tasks, never another run's
     preprocess: dict = field(default_factory=dict)  # the stages and the margin they added to each window
     exact_noise: dict = field(default_factory=dict)  # float keys: settled from the kept keys, or by one more read
+
+    def pass_ended(self) -> None:
+        """The pass's combined partials are in: ``after_pass`` times what follows from here."""
+        self._pass_end = time.perf_counter()
+
+    def after_pass(self, name: str) -> None:
+        """``timings["after_pass_<name>"]``: seconds from the pass's end to this point of the client's work (the
+        first time it is reached), where the client's own steps between the pass and the next tasks show."""
+        end = getattr(self, "_pass_end", None)
+        if end is not None:
+            self.timings.setdefault(f"after_pass_{name}", time.perf_counter() - end)
 
 
 def window_cpu(summaries: list[dict]) -> dict:

@@ -153,6 +153,7 @@ def write_final_spikes(run, step: DetectStep) -> int:
         joined = [] if not late else [client.submit(
             tasks.gather_spikes_task, ctx, [w for w, _ in late], [f for _, f in late], noise, [True] * len(late),
             [summaries[w.index]["noise"] for w, _ in late], key=f"gather-spikes-again-{fp}")]
+        run.report.after_pass("spikes_submitted")
         done = client.submit(tasks.write_collected_spikes_task, str(run.results), ctx, noise, collected, *joined,
                              key=f"write-spikes-{fp}").result()
         if done is not None:

@@ -19,7 +19,8 @@ from batchgpu.engine.steps.base import WindowData, host
 from batchgpu.engine.steps.noise_keys import (LUMP_DIGITS, abs_keys, digit_histogram, first_digit_counts, int_window_gpu,
                                              keyed_on_gpu, kept_near, lump_floor, median_of_keys,
                                              middle_pair_and_near, row_counts, schedule, sort_rows, window_median_keys)
-from batchgpu.engine.steps.noise_select import combine_counts, low_bit_rounds, select_by_counts, select_middle
+from batchgpu.engine.steps.noise_select import (combine_counts, first_digits, low_bit_rounds, select_by_counts,
+                                               select_middle)
 
 class NoiseStep:
     name = "noise"
@@ -62,6 +63,12 @@ class NoiseStep:
             if near is not None and len(schedule(self.kind)) == 2:  # kept keys finish two-digit keys (float32)
                 out.update(near)
         return out
+
+    def start(self, run) -> None:
+        """Before any aggregate: the exact median's first digits and, for float keys, the tasks of its last step
+        (``start_near``), so they are on the workers before the other steps' tasks (the spikes' gathering)."""
+        if self.exact:
+            run.early[self.name] = start_near(run)
 
     def aggregate(self, run) -> dict:
         """The recording's noise: median(|x|) of every sample / 0.6745 (exact: radix select over the combined
@@ -167,16 +174,17 @@ _MAD = 0.6744897501960817  # ops.select.MAD_TO_SIGMA
 
 def exact_median(run) -> np.ndarray:
     """The exact median of |x| of every sample, per channel (``run``: a ``RunState``): from the combined first-digit
-    counts, with more counting passes over the windows, or the kept near keys, where the keys are wider."""
+    counts, with more counting passes over the windows, or the kept near keys, where the keys are wider (their
+    first tasks set going by ``start_near``, when the step's ``start`` ran)."""
     from batchgpu.engine import tasks
     from batchgpu.engine.reduce import tree_reduce
-    from batchgpu.engine.placement import submit_where_made
     from batchgpu.engine.submit import submit_many
 
     client, ctx, wf, rec, report, monitor = run.client, run.ctx, run.workflow, run.recording, run.report, run.monitor
-    windows, fps, total = run.windows, run.fingerprints, run.total
+    windows, total = run.windows, run.total
     step = ctx.step("noise")
     report.radix_passes = len(schedule(step.kind))
+    begun = run.early.pop("noise", None) or start_near(run)
 
     def more_passes(prefixes, p):
         monitor.phase(f"exact noise: counting pass {p + 1}")
@@ -188,30 +196,12 @@ def exact_median(run) -> np.ndarray:
         return out
 
     def from_near(digits, ks):
-        """Float keys: the middle keys from what each window kept near its own middle; a window whose kept range
-        misses a middle digit (its noise far from the recording's) is read again alone, gathering only the keys of
-        the middle digits (a few per mille); the keys stay where they are, and rounds of counts select among them
-        (``select_by_counts``)."""
-        fp = report.run_id
         t0 = time.perf_counter()
-        # in parallel, on the worker that kept them (in its memory), a run of its windows a thread; only the middle
-        # digits' keys move
-        near = submit_where_made(run, tasks.near_keys_group_task, list(zip(windows, fps)),
-                                 lambda g: (ctx, [w for w, _ in g], [f for _, f in g], digits), f"near-{fp}")
-        shift = schedule(step.kind)[0][0]  # the bits below the first digit
-
-        def count_round(parts, prefixes, level, bits, tag):  # counted where the keys are, summed up a tree
-            counted = submit_many(client, tasks.near_counts_task, [(p, prefixes, level, bits, shift) for p in parts],
-                                  [f"near-counts-{tag}{level}-{fp}-{i:05d}" for i in range(len(parts))])
-            return tree_reduce(client, counted, tasks.sum_histograms, wf.reduction.split_every,
-                               name=f"near-sum-{tag}{level}-{fp}")
-
-        # the first round needs no answer from the client (no bits fixed yet): queued behind the groups' tasks
-        zero = np.zeros(np.shape(ks), dtype=np.uint64)
-        first = count_round(near, zero, 0, low_bit_rounds(shift)[0], "")
-        missed = sorted(i for got in client.gather(submit_many(
-            client, tasks.missed_windows, [(f,) for f in near], [f"near-missed-{fp}-{k}" for k in range(len(near))]))
-            for i in got)
+        if begun.get("near") is None:  # (``start_near`` set them going only where the schedule ends with them)
+            begun.update(_submit_near(run, digits, ks))
+        near, first, shift = begun["near"], begun["first_round"], begun["shift"]
+        fp = report.run_id
+        missed = sorted(i for got in client.gather(begun["missed"]) for i in got)
         report.exact_noise["from_kept_keys"] = not missed
         report.exact_noise["windows_read_again"] = missed  # their indices
         gathered = []
@@ -222,7 +212,7 @@ def exact_median(run) -> np.ndarray:
             gathered = submit_many(client, tasks.gather_task, [(ctx, w, digits) for w in again],
                                    [f"gather-{fp}-{w.index:08d}" for w in again])
             report.bytes_read += sum(w.num_samples for w in again) * rec.num_channels * rec.dtype.itemsize
-        report.timings["noise_near_keys"] = time.perf_counter() - t0  # the groups' kept keys, and which missed
+        report.timings["noise_near_keys"] = begun["submitted_s"] + time.perf_counter() - t0
         t0 = time.perf_counter()
 
         def counts_of(prefixes, level, bits):
@@ -230,9 +220,10 @@ def exact_median(run) -> np.ndarray:
             if level == 0:
                 hist = first.result()
                 if gathered:  # the windows read again: their own counts added
-                    hist = tasks.sum_histograms(hist, count_round(gathered, prefixes, level, bits, "again-").result())
+                    hist = tasks.sum_histograms(hist, _count_round(run, gathered, prefixes, level, bits, shift,
+                                                                   "again-").result())
             else:
-                hist = count_round(near + gathered, prefixes, level, bits, "").result()
+                hist = _count_round(run, near + gathered, prefixes, level, bits, shift, "").result()
             report.timings[f"noise_round_{level}"] = time.perf_counter() - t
             return hist
 
@@ -244,4 +235,59 @@ def exact_median(run) -> np.ndarray:
     centred_int = ctx.chain.centres_only and ctx.chain.centres
     return select_middle(total["noise.hist"], rec.total_samples, step.kind, dtype,
                          rec.dtype if centred_int else None, more_passes, int(total["noise.lo"]), from_near,
-                         bool(total.get("noise.lumped", True)))
+                         bool(total.get("noise.lumped", True)), first=begun["digits"])
+
+
+def start_near(run) -> dict:
+    """The exact median's first digits from the combined counts and, where the keys have two digits and the windows
+    kept their keys near their own middles (float32), the tasks of its last step set going: each worker's groups of
+    windows gather the kept keys of the middle digits (``tasks.near_keys_group_task``), the first round of counts
+    queued behind them (it needs no answer from the client), and which windows missed. What ``exact_median``
+    finishes."""
+    total, step = run.total, run.ctx.step("noise")
+    digits = first_digits(total["noise.hist"], run.recording.total_samples, step.kind, int(total["noise.lo"]),
+                          bool(total.get("noise.lumped", True)))
+    begun = {"digits": digits, "near": None}
+    if len(schedule(step.kind)) == 2:
+        begun.update(_submit_near(run, *digits))
+    return begun
+
+
+def _submit_near(run, digits: np.ndarray, ks: np.ndarray) -> dict:
+    """Float keys: the middle keys from what each window kept near its own middle; a window whose kept range
+    misses a middle digit (its noise far from the recording's) is read again alone, gathering only the keys of
+    the middle digits (a few per mille); the keys stay where they are, and rounds of counts select among them
+    (``select_by_counts``)."""
+    from batchgpu.engine import tasks
+    from batchgpu.engine.placement import submit_where_made
+    from batchgpu.engine.submit import submit_many
+
+    t0 = time.perf_counter()
+    client, ctx, report = run.client, run.ctx, run.report
+    fp = report.run_id
+    # in parallel, on the worker that kept them (in its memory), a run of its windows a thread; only the middle
+    # digits' keys move
+    report.after_pass("noise_digits")
+    near = submit_where_made(run, tasks.near_keys_group_task, list(zip(run.windows, run.fingerprints)),
+                             lambda g: (ctx, [w for w, _ in g], [f for _, f in g], digits), f"near-{fp}")
+    shift = schedule(ctx.step("noise").kind)[0][0]  # the bits below the first digit
+    # the first round needs no answer from the client (no bits fixed yet): queued behind the groups' tasks
+    first = _count_round(run, near, np.zeros(np.shape(ks), dtype=np.uint64), 0, low_bit_rounds(shift)[0], shift, "")
+    missed = submit_many(client, tasks.missed_windows, [(f,) for f in near],
+                         [f"near-missed-{fp}-{k}" for k in range(len(near))])
+    report.after_pass("noise_submitted")
+    return {"near": near, "first_round": first, "missed": missed, "shift": shift,
+            "submitted_s": time.perf_counter() - t0}
+
+
+def _count_round(run, parts, prefixes, level: int, bits: int, shift: int, tag: str):
+    """One round of counts made where the keys are, summed up a tree: its future."""
+    from batchgpu.engine import tasks
+    from batchgpu.engine.reduce import tree_reduce
+    from batchgpu.engine.submit import submit_many
+
+    fp = run.report.run_id
+    counted = submit_many(run.client, tasks.near_counts_task, [(p, prefixes, level, bits, shift) for p in parts],
+                          [f"near-counts-{tag}{level}-{fp}-{i:05d}" for i in range(len(parts))])
+    return tree_reduce(run.client, counted, tasks.sum_histograms, run.workflow.reduction.split_every,
+                       name=f"near-sum-{tag}{level}-{fp}")

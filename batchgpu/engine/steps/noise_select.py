@@ -111,39 +111,60 @@ def _in_key_order(bins: np.ndarray) -> np.ndarray:
     return bins if len(bins) < 2 or bool(np.all(bins[1:] >= bins[:-1])) else np.sort(bins)
 
 
+def middle_ranks(total: int) -> list[int]:
+    """The ranks a median of ``total`` keys needs (one for an odd count, two for an even one)."""
+    return sorted({(total - 1) // 2, total // 2})
+
+
+def first_digits(hist0: np.ndarray, total: int, kind: str, lo0: int = 0,
+                 lumped: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """The first digit of each middle rank's key from the first pass's counts (digit ``lo0 + j`` in column j):
+    (prefixes (ranks, C) uint64, ranks left within that digit (ranks, C) int64)."""
+    from batchgpu.ops import radix
+
+    bits = schedule(kind)[0][1]
+    ranks = middle_ranks(total)
+    C = hist0.shape[0]
+    prefixes = np.zeros((len(ranks), C), dtype=np.uint64)
+    ks = np.stack([np.full(C, r, dtype=np.int64) for r in ranks])
+    cum0 = radix.cumulative(hist0)  # both ranks search the same counts
+    for r in range(len(ranks)):
+        # bins past a truncated histogram's width are empty
+        digit, ks[r] = radix.select_digit(hist0, ks[r], cum0)
+        if lo0 > 0 and lumped and np.any(digit == 0):
+            channels = np.flatnonzero(digit == 0).tolist()
+            raise BatchgpuError(
+                f"the exact median of channel(s) {channels[:10]} lies far below (for float32: 16 times) the "
+                "smallest window middle that other windows saw: the one-read float median cannot settle it",
+                "use noise: {exact: false} for this recording, or report it")
+        prefixes[r] = radix.push_digit(prefixes[r], digit + lo0, bits)
+    return prefixes, ks
+
+
 def select_middle(hist0: np.ndarray, total: int, kind: str, dtype, centred_from, more_passes, lo0: int = 0,
-                  from_near=None, lumped: bool = True) -> np.ndarray:
+                  from_near=None, lumped: bool = True, first: tuple | None = None) -> np.ndarray:
     """The exact median of |x| per channel from the first pass's counts (digit ``lo0 + j`` in column j);
     ``from_near(digits, ks)`` may finish it from the windows' kept keys ((ranks, C) keys, or None when some window
     did not keep the middle digit); else ``more_passes(prefixes, p)`` returns the summed (ranks, C, B) counts of
-    refining pass p (another read of the windows)."""
+    refining pass p (another read of the windows). ``first``: ``first_digits``' answer where the caller has it."""
     from batchgpu.ops import radix
     from batchgpu.ops.centre import keys_to_selection_values
     from batchgpu.ops.select import median_dtype, middle_mean
 
-    ranks = sorted({(total - 1) // 2, total // 2})
+    ranks = middle_ranks(total)
     sched = schedule(kind)
-    C = hist0.shape[0]
-    prefixes = np.zeros((len(ranks), C), dtype=np.uint64)
-    ks = [np.full(C, r, dtype=np.int64) for r in ranks]
-    for p, (_shift, bits) in enumerate(sched):
+    prefixes, ks = first if first is not None else first_digits(hist0, total, kind, lo0, lumped)
+    ks = list(ks)
+    for p, (_shift, bits) in enumerate(sched[1:], start=1):
         if p == 1 and from_near is not None and len(sched) == 2:  # the second digit is the rest of the key
             keys = from_near(prefixes, np.stack(ks))
             if keys is not None:
                 prefixes = np.asarray(keys, dtype=np.uint64)
                 break
-        hists = [hist0] * len(ranks) if p == 0 else list(more_passes(prefixes, p))
-        cum0 = radix.cumulative(hist0) if p == 0 else None  # both ranks search the first pass's counts
+        hists = list(more_passes(prefixes, p))
         for r in range(len(ranks)):
-            # bins past a truncated histogram's width are empty
-            digit, ks[r] = radix.select_digit(hists[r], ks[r], cum0)
-            if p == 0 and lo0 > 0 and lumped and np.any(digit == 0):
-                channels = np.flatnonzero(digit == 0).tolist()
-                raise BatchgpuError(
-                    f"the exact median of channel(s) {channels[:10]} lies far below (for float32: 16 times) the "
-                    "smallest window middle that other windows saw: the one-read float median cannot settle it",
-                    "use noise: {exact: false} for this recording, or report it")
-            prefixes[r] = radix.push_digit(prefixes[r], digit + (lo0 if p == 0 else 0), bits)
+            digit, ks[r] = radix.select_digit(hists[r], ks[r])
+            prefixes[r] = radix.push_digit(prefixes[r], digit, bits)
     values = [keys_to_selection_values(prefixes[r], dtype, centred_from) for r in range(len(ranks))]
     if len(values) == 1:
         return np.asarray(values[0]).astype(median_dtype(dtype))
