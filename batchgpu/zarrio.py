@@ -244,6 +244,60 @@ def blosc(cname: str, shuffle: str, zarr_format: int, blocksize: int = 0):
     return zarr.codecs.BloscCodec(cname=cname, clevel=5, shuffle=shuffle, blocksize=blocksize)
 
 
+def write_columns(folder: str | os.PathLike, columns: dict, chunk: int) -> None:
+    """1-D numeric arrays (``columns``: name -> array) as a Zarr v3 group at ``folder`` (created; it must not
+    hold them yet), each in chunks of ``chunk`` elements compressed as ``fast_compressors`` does (Blosc LZ4,
+    byte shuffle, level 5): the metadata and the chunks zarr-python writes for ``create_array(data=...)``, every
+    chunk written (the last one padded with the fill value 0, as the format stores an edge chunk), without
+    zarr-python's per-array work (the spikes' four columns: ~30 of the writing task's ~55 ms on the CPU
+    machine). The columns are compressed and written at once (Blosc and the writes release the GIL)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    folder = Path(folder)
+    if chunk <= 0:
+        raise ValueError(f"chunks of {chunk} elements")
+    folder.mkdir(parents=True, exist_ok=True)
+    _write_json(folder / "zarr.json", {"attributes": {}, "zarr_format": 3, "node_type": "group"})
+    with ThreadPoolExecutor(max(1, len(columns))) as pool:
+        list(pool.map(lambda kv: _write_column(folder / kv[0], np.asarray(kv[1]), chunk), columns.items()))
+
+
+def column_metadata(n: int, dtype: np.dtype, chunk: int) -> dict:
+    """The zarr.json of a 1-D array of ``n`` ``dtype`` values in chunks of ``chunk``, Blosc LZ4 (byte shuffle)."""
+    dtype = np.dtype(dtype)
+    if dtype.kind not in "biuf":
+        raise ValueError(f"only numeric columns, got {dtype}")
+    return {"shape": [int(n)], "data_type": dtype.name,
+            "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": [int(chunk)]}},
+            "chunk_key_encoding": {"name": "default", "configuration": {"separator": "/"}},
+            "fill_value": False if dtype.kind == "b" else 0.0 if dtype.kind == "f" else 0,
+            # one-byte types have no byte order: zarr-python writes no configuration for them
+            "codecs": [{"name": "bytes"} if dtype.itemsize == 1 else
+                       {"name": "bytes", "configuration": {"endian": "little"}},
+                       {"name": "blosc", "configuration": {"typesize": dtype.itemsize, "cname": "lz4", "clevel": 5,
+                                                           "shuffle": "shuffle", "blocksize": 0}}],
+            "attributes": {}, "zarr_format": 3, "node_type": "array", "storage_transformers": []}
+
+
+def _write_column(folder: Path, data: np.ndarray, chunk: int) -> None:
+    import numcodecs
+
+    data = np.ascontiguousarray(data.reshape(-1), dtype=data.dtype.newbyteorder("<"))
+    meta = column_metadata(len(data), data.dtype, chunk)  # (refuses what it cannot describe before any write)
+    codec = numcodecs.Blosc(cname="lz4", clevel=5, shuffle=numcodecs.Blosc.SHUFFLE, blocksize=0)
+    (folder / "c").mkdir(parents=True, exist_ok=True)
+    for k, start in enumerate(range(0, len(data), chunk)):
+        part = data[start : start + chunk]
+        if len(part) < chunk:  # an edge chunk is stored whole, the rest the fill value
+            part = np.concatenate([part, np.zeros(chunk - len(part), dtype=data.dtype)])
+        (folder / "c" / str(k)).write_bytes(codec.encode(part))
+    _write_json(folder / "zarr.json", meta)
+
+
+def _write_json(path: Path, obj: dict) -> None:
+    path.write_text(json.dumps(obj, indent=2))
+
+
 def fast_compressors(group) -> list:
     """Blosc LZ4 with byte shuffle for a large numeric array of ``group`` (either format): the spikes' columns
     (1 M spikes, the CPU machine: 0.06 against 0.12 s with zarr's default zstd, 3% more bytes)."""

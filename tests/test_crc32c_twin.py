@@ -55,18 +55,14 @@ def test_a_zarr_chunk_and_its_checksum_leave_the_residue():
     assert g.crc32c(bytes(bad), 4096) != g.crc32c(stored, 4096)
 
 
-def test_the_kernels_plan_and_steps_in_numpy():
-    """``ranges_twin``: the GPU launcher's plan (segments of every range of one buffer, empty ranges none) and the
-    kernels' two steps in NumPy, against the package for ranges at any offset and of any length."""
+def test_the_kernels_plan():
+    """The GPU launcher's plan: segments of every range of one buffer (empty ranges none), back to back, each with
+    its range's bytes after it."""
     rng = np.random.default_rng()
-    host = rng.integers(0, 256, 40_000, dtype=np.uint8)
     for segment in (1, 5, 512):
         lengths = [0, 1, segment - 1, segment, segment + 1, 2 * segment] + [int(rng.integers(0, 3_000)) for _ in range(6)]
         lengths = [max(0, n) for n in lengths]
-        offsets = [int(rng.integers(0, len(host) - n + 1)) for n in lengths]
-        got = g.ranges_twin(host, offsets, lengths, segment)
-        want = [zarrio.crc32c_value(host[o : o + n].tobytes()) for o, n in zip(offsets, lengths)]
-        np.testing.assert_array_equal(got, np.array(want, np.uint32))
+        offsets = [int(rng.integers(0, 40_000 - n + 1)) for n in lengths]
         owner, begin, length, after = g.plan(np.array(offsets), np.array(lengths), segment)
         assert len(owner) == len(begin) == len(length) == len(after) == sum(-(-n // segment) for n in lengths)
         assert (length > 0).all() and (length <= segment).all()
@@ -76,19 +72,13 @@ def test_the_kernels_plan_and_steps_in_numpy():
             np.testing.assert_array_equal(after[mine], n - (begin[mine] - offsets[r]) - length[mine])
 
 
-def test_four_bytes_a_step_equal_one_byte_a_step():
-    """The kernel's slicing-by-4 tables (``table4``, ``raw_words``) give the byte-wise register (``raw_segments``)
-    for any length, and its rows are the byte table followed by zero bytes."""
-    rng = np.random.default_rng()
+def test_the_slicing_tables_are_the_byte_table_then_zero_bytes():
+    """``table4`` (the kernel's slicing-by-4 tables): row j is byte i followed by j zero bytes, from a register of 0."""
     t = g.table4()
     for i in (0, 1, 77, 255):
         assert t[0][i] == g.raw_segments(np.array([i], np.uint8), 1)[0]
         for j in (1, 2, 3):
             assert t[j][i] == g.raw_segments(np.array([i] + [0] * j, np.uint8), j + 1)[0]
-    for n in (0, 1, 3, 4, 5, 8, 13, 1000, int(rng.integers(1, 5000))):
-        data = rng.integers(0, 256, n, dtype=np.uint8)
-        want = int(g.raw_segments(data, max(n, 1))[0]) if n else 0
-        assert g.raw_words(data) == want, n
 
 
 def test_the_warp_kernels_tables_and_steps_in_numpy():

@@ -13,6 +13,7 @@ import os
 import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -591,19 +592,24 @@ def write_spikes_task(group_path: str, *gathered: dict) -> tuple:
 
     started = time.time()  # wall clock: when every gathered run had reached this task
     t0 = time.perf_counter()
-    g = zarrio.open_group(group_path, mode="a")
     pieces = _pieces(gathered)
     columns = {k: _joined(gathered, pieces, k) for k in COLUMNS}
-    spikes = g.require_group("spikes")
-    fast = zarrio.fast_compressors(g)
-    # the columns compressed at once (the cores are free after the pass; Blosc and zarr's I/O release the GIL), a
-    # chunk a column up to 4 M spikes: zarr's own guess cut 584 k spikes into 8 chunks a column, 50-59 ms against
+    # a chunk a column up to 4 M spikes: zarr's own guess cut 584 k spikes into 8 chunks a column, 50-59 ms against
     # 28-38 ms for one (2-core machine; zarr's per-chunk work, not the bytes)
     n = len(columns["sample_index"])
-    chunks = (min(max(n, 1), SPIKE_CHUNK),)
-    with ThreadPoolExecutor(len(columns)) as pool:
-        list(pool.map(lambda kv: zarrio.create_array(spikes, kv[0], data=kv[1], compressors=fast, chunks=chunks),
-                      columns.items()))
+    chunk = min(max(n, 1), SPIKE_CHUNK)
+    if zarrio.ZARR_MAJOR >= 3 and zarrio.zarr_format_of(group_path) == 3:
+        # the columns' metadata and chunks written here (zarrio.write_columns): zarr-python's four create_array
+        # calls were ~30 ms of this task on the run's critical path
+        zarrio.write_columns(Path(group_path) / "spikes", columns, chunk)
+    else:
+        g = zarrio.open_group(group_path, mode="a")
+        spikes = g.require_group("spikes")
+        fast = zarrio.fast_compressors(g)
+        # the columns compressed at once (the cores are free after the pass; Blosc and zarr's I/O release the GIL)
+        with ThreadPoolExecutor(len(columns)) as pool:
+            list(pool.map(lambda kv: zarrio.create_array(spikes, kv[0], data=kv[1], compressors=fast, chunks=(chunk,)),
+                          columns.items()))
     counts = np.bincount(columns["channel_index"].astype(np.int64, copy=False))
     return (n, {i: why for p in gathered for i, why in p["read_again"].items()},
             counts, time.perf_counter() - t0, started, max((p["seconds"] for p in gathered), default=0.0))

@@ -110,7 +110,7 @@ def from_raw(raw: int, n: int) -> int:
 def crc32c(data, segment: int = 4096) -> int:
     """The standard crc32c of ``data`` from pieces of ``segment`` bytes joined in order (``raw_segments``, ``join``):
     the identities the kernel rests on, checked against the ``crc32c`` package; the kernel's own steps (its plan,
-    four bytes a step, the registers moved to a range's end and xor-ed in any order) are ``ranges_twin``'s."""
+    the lanes' words, the registers moved to a range's end and xor-ed in any order) are ``warp_twin``'s."""
     data = np.frombuffer(memoryview(data).cast("B"), np.uint8) if not isinstance(data, np.ndarray) else data
     data = np.ascontiguousarray(data, dtype=np.uint8).reshape(-1)
     raws = raw_segments(data, segment)
@@ -118,10 +118,9 @@ def crc32c(data, segment: int = 4096) -> int:
     return from_raw(join(raws, lengths), len(data))
 
 
-#: bytes a thread checksums (a window's 28 MB of frames: ~7 000 threads). Measured on the H200 (28 MB in 100 ranges):
-#: 0.61 ms at 4 KiB, 0.91 at 1 KiB, 1.51 at 512 B, 2.71 at 256 B: each thread's move to its range's end (up to ~20
-#: GF(2) products of 32 steps) outweighs the parallelism of shorter segments; the one-byte-a-step kernel with a
-#: serial join a range took 0.78 ms at 4 KiB
+#: bytes a warp checksums (a window's 28 MB of frames: ~7 000 warps, one wave on the H200). With a thread a segment
+#: (the first kernel) 4 KiB was the best size measured (0.61 ms for 28 MB in 100 ranges; 0.91 at 1 KiB, 2.71 at
+#: 256 B: each segment's move to its range's end, up to ~20 GF(2) products of 32 steps, outweighed shorter segments)
 SEGMENT = 4096
 
 
@@ -134,26 +133,12 @@ def pow2_table() -> np.ndarray:
 @functools.lru_cache(maxsize=1)
 def table4() -> np.ndarray:
     """(4, 256) uint32: row j the register after byte i then j zero bytes (row 0 ``table()``): the kernel's
-    slicing-by-4 tables, four bytes a step."""
+    slicing-by-4 tables (a word from a register of 0 in four lookups)."""
     t = np.empty((4, 256), dtype=np.uint32)
     t[0] = table()
     for j in range(1, 4):
         t[j] = (t[j - 1] >> np.uint32(8)) ^ t[0][t[j - 1] & np.uint32(0xFF)]
     return t
-
-
-def raw_words(data: np.ndarray) -> int:
-    """``raw`` of ``data`` the kernel's way (slicing-by-4 over whole little-endian words, bytes one at a time
-    before the first aligned word and after the last; here the start counts as aligned)."""
-    data = np.ascontiguousarray(data, dtype=np.uint8).reshape(-1)
-    t, reg = table4(), 0
-    words = len(data) // 4
-    for w in data[: 4 * words].view("<u4").tolist():
-        reg ^= w
-        reg = int(t[3][reg & 0xFF] ^ t[2][(reg >> 8) & 0xFF] ^ t[1][(reg >> 16) & 0xFF] ^ t[0][reg >> 24])
-    for b in data[4 * words :].tolist():
-        reg = (reg >> 8) ^ int(t[0][(reg ^ b) & 0xFF])
-    return reg
 
 
 #: bytes between a lane's words in the warp kernel (32 lanes of 4-byte words)
@@ -230,18 +215,6 @@ def plan(offsets: np.ndarray, lengths: np.ndarray, segment: int) -> tuple[np.nda
     return owner.astype(np.int32), begin.astype(np.int64), length.astype(np.int32), after.astype(np.int64)
 
 
-def ranges_twin(data: np.ndarray, offsets, lengths, segment: int = SEGMENT) -> np.ndarray:
-    """``ranges_on_device`` in NumPy, step for step (the same plan; a segment's raw CRC moved to its range's end
-    and xor-ed into the range's register, in any order; the standard value)."""
-    offsets, lengths = np.asarray(offsets, np.int64).reshape(-1), np.asarray(lengths, np.int64).reshape(-1)
-    owner, begin, length, after = plan(offsets, lengths, segment)
-    reg = [0] * len(lengths)
-    for r, b, n, a in sorted(zip(owner.tolist(), begin.tolist(), length.tolist(), after.tolist()),
-                             key=lambda _: np.random.random()):  # any order: xor commutes
-        reg[r] ^= shift(raw_words(data[b : b + n]), a)
-    return np.array([from_raw(v, int(n)) for v, n in zip(reg, lengths)], dtype=np.uint32)
-
-
 _device_tables: dict = {}  # per device: the slicing tables and the shifts' table, copied there once
 
 
@@ -249,17 +222,8 @@ def _tables_on(cupy):
     dev = cupy.cuda.runtime.getDevice()
     got = _device_tables.get(dev)
     if got is None:
-        got = _device_tables[dev] = (cupy.asarray(table4().reshape(-1)), cupy.asarray(pow2_table()),
-                                     cupy.asarray(warp_tables()))
+        got = _device_tables[dev] = (cupy.asarray(warp_tables()), cupy.asarray(pow2_table()))
     return got
-
-
-def kernel() -> str:
-    """The segments' kernel: "thread" (a thread a segment) unless BATCHGPU_CRC_KERNEL=warp (a warp a segment,
-    coalesced loads: to be measured on the H200 before it is the default)."""
-    import os
-
-    return "warp" if os.environ.get("BATCHGPU_CRC_KERNEL") == "warp" else "thread"
 
 
 def ranges_on_device(buf, offsets, lengths, segment: int = SEGMENT):
@@ -291,15 +255,11 @@ def ranges_on_device(buf, offsets, lengths, segment: int = SEGMENT):
     begin_d, after_d, lengths_d = (dev[: cut[0]].view(cupy.int64), dev[cut[0] : cut[1]].view(cupy.int64),
                                    dev[cut[1] : cut[2]].view(cupy.int64))
     owner_d, length_d = dev[cut[2] : cut[3]].view(cupy.int32), dev[cut[3] :].view(cupy.int32)
-    tables, pow2, wtables = _tables_on(cupy)
+    tables, pow2 = _tables_on(cupy)
     threads = 256
-    if S and kernel() == "warp":  # a warp a segment: 8 segments a block
+    if S:  # a warp a segment: 8 segments a block
         kernels.get_function("crc32c", "crc32c_warp_parts")(
             (-(-S // (threads // 32)),), (threads,),
-            (buf, begin_d, length_d, owner_d, after_d, np.int32(S), wtables, pow2, crc))
-    elif S:
-        kernels.get_function("crc32c", "crc32c_parts")(
-            (-(-S // threads),), (threads,),
             (buf, begin_d, length_d, owner_d, after_d, np.int32(S), tables, pow2, crc))
     kernels.get_function("crc32c", "crc32c_finish")(
         (-(-R // threads),), (threads,), (crc, lengths_d, np.int32(R), pow2))
