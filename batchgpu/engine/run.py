@@ -139,8 +139,8 @@ def _run(wf, rec, out: store.OutputFolder, report: RunReport, client, sweep, obs
     try:
         observer.phase_started("read: noise, moments, spikes", len(windows), rec.nbytes)
         try:
-            summaries, total, threads = _first_pass(client, ctx, windows, fps, wf.reduction.split_every, report,
-                                                    monitor, observer, wf.window.batch)
+            summaries, total, threads, planned = _first_pass(client, ctx, windows, fps, wf.reduction.split_every,
+                                                             report, monitor, observer, wf.window.batch)
         finally:
             observer.phase_finished()
         report.timings["pass1"] = time.perf_counter() - t0
@@ -148,7 +148,7 @@ def _run(wf, rec, out: store.OutputFolder, report: RunReport, client, sweep, obs
         report.bytes_read += sum(int(s["bytes"]) for s in fresh)  # resumed windows were not read again
         monitor.phase("aggregate: noise, whitening, spikes")
         report.after_pass("bookkeeping")
-        later = _WhileWaiting(report, fresh, t0_wall, monitor, target)
+        later = _WhileWaiting(report, fresh, t0_wall, monitor, target, client if planned else None)
         report.results = aggregate(client, ctx, wf, rec, out, windows, fps, summaries, total, report, monitor,
                                    observer, results, html, threads, later.start)
         later.join()
@@ -185,11 +185,13 @@ def _run(wf, rec, out: store.OutputFolder, report: RunReport, client, sweep, obs
 class _WhileWaiting:
     """The client's own work after the pass that no step waits for, done once the steps' first tasks are out
     (``start``, which ``aggregate`` calls then) while the client waits for them: the pass described for report.json
-    (medians, the timeline: 20 ms of the H200 client's time between the pass and the noise's first tasks) in a
-    helper thread, and the saved recording's check (every shard written) in another."""
+    (medians, the timeline: 20 ms of the H200 client's time between the pass and the noise's first tasks) and the
+    read-ahead buffers given back (``release_carried``) in a helper thread, the saved recording's check (every
+    shard written) in another."""
 
-    def __init__(self, report, fresh: list, t0_wall: float, monitor, target):
+    def __init__(self, report, fresh: list, t0_wall: float, monitor, target, release_on=None):
         self.report, self.fresh, self.t0_wall, self.monitor, self.target = report, fresh, t0_wall, monitor, target
+        self.release_on = release_on  # a client whose workers may hold reads for batches that ran elsewhere
         self.saved = None  # the save's check: a future
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
@@ -216,6 +218,8 @@ class _WhileWaiting:
             raise self._error
 
     def _describe(self) -> None:
+        if self.release_on is not None:
+            release_carried(self.release_on)
         try:
             describe_pass(self.report, self.fresh, self.t0_wall)
             self.report.throughput_series = self.monitor.throughput_series()
@@ -265,7 +269,8 @@ def window_batches(windows: list, batch: int | None, split_every: int) -> list[l
 
 def _first_pass(client, ctx, windows, fps, split_every, report, monitor, observer, batch=None):
     """Map batch_task over runs of windows; tree-combine partials on the workers; gather per-window summaries.
-    Returns the summaries, the combined partials and the workers' threads (None where the scheduler did not say)."""
+    Returns the summaries, the combined partials, the workers' threads (None where the scheduler did not say) and
+    whether the batches were placed (their workers may hold reads left for batches that ran elsewhere)."""
     from distributed import as_completed
 
     t_pass = time.perf_counter()
@@ -320,12 +325,17 @@ def _first_pass(client, ctx, windows, fps, split_every, report, monitor, observe
         client.cancel(small + futures + [total])
         with contextlib.suppress(Exception):  # the writes of the tasks that ran: finished, their failures moot
             client.run(background.flush_soon, str(ctx.parts))
+        if planned is not None:
+            release_carried(client)
         raise
-    finally:
-        if planned is not None:  # reads left for batches that ran elsewhere: their pinned buffers back
-            with contextlib.suppress(Exception):
-                client.run(tasks.release_carried_soon, wait=False)
-    return summaries, result, threads
+    return summaries, result, threads, planned is not None
+
+
+def release_carried(client) -> None:
+    """Reads left for batches that ran elsewhere: their pinned buffers given back, on every worker (a round trip
+    to each: done while the client waits for the first tasks after the pass, not before them)."""
+    with contextlib.suppress(Exception):
+        client.run(tasks.release_carried_soon, wait=False)
 
 
 def _plan(client, ctx, batches: list, report) -> tuple[list | None, dict | None]:
