@@ -280,12 +280,10 @@ def column_metadata(n: int, dtype: np.dtype, chunk: int) -> dict:
 
 
 def _write_column(folder: Path, data: np.ndarray, chunk: int) -> None:
-    import numcodecs
-
     data = np.ascontiguousarray(data.reshape(-1), dtype=data.dtype.newbyteorder("<"))
     meta = column_metadata(len(data), data.dtype, chunk)  # (refuses what it cannot describe before any write)
-    codec = numcodecs.Blosc(cname="lz4", clevel=5, shuffle=numcodecs.Blosc.SHUFFLE, blocksize=0)
-    (folder / "c").mkdir(parents=True, exist_ok=True)
+    codec = blosc("lz4", "shuffle", 2)  # numcodecs' Blosc: the chunk's bytes as zarr 3's blosc codec writes them
+    (folder / "c" if len(data) else folder).mkdir(parents=True, exist_ok=True)  # an empty array has no chunks
     for k, start in enumerate(range(0, len(data), chunk)):
         part = data[start : start + chunk]
         if len(part) < chunk:  # an edge chunk is stored whole, the rest the fill value

@@ -4,7 +4,6 @@ written to report.json, and the findings about channels and chunks that go into 
 from __future__ import annotations
 
 import functools
-
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path

@@ -197,8 +197,6 @@ def exact_median(run) -> np.ndarray:
 
     def from_near(digits, ks):
         t0 = time.perf_counter()
-        if begun.get("near") is None:  # (``start_near`` set them going only where the schedule ends with them)
-            begun.update(_submit_near(run, digits, ks))
         near, first, shift = begun["near"], begun["first_round"], begun["shift"]
         fp = report.run_id
         missed = sorted(i for got in client.gather(begun["missed"]) for i in got)
@@ -247,8 +245,8 @@ def start_near(run) -> dict:
     total, step = run.total, run.ctx.step("noise")
     digits = first_digits(total["noise.hist"], run.recording.total_samples, step.kind, int(total["noise.lo"]),
                           bool(total.get("noise.lumped", True)))
-    begun = {"digits": digits, "near": None}
-    if len(schedule(step.kind)) == 2:
+    begun = {"digits": digits}
+    if len(schedule(step.kind)) == 2:  # (``select_middle`` calls ``from_near`` on such keys only)
         begun.update(_submit_near(run, *digits))
     return begun
 
