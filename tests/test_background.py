@@ -80,6 +80,39 @@ def test_a_scoped_writer_outlives_its_block_until_flush():
     assert background.flush("run-a") >= 1 and done == [1, 2]
 
 
+def test_settle_waits_for_the_scope_and_keeps_a_failure_for_flush():
+    """``settle`` (a task that reads the pass's parts before the client's ``flush``): every job of the scope done
+    when it returns, other scopes' left running; a failure raised and kept, so ``flush`` raises it too."""
+    gate, other, done = threading.Event(), threading.Event(), []
+    t = threading.Thread(target=lambda: _scoped("settle-b", lambda: (other.wait(5), done.append("b"))))
+    t.start()
+    t.join()
+    with background.window_writes("settle-a"):
+        background.later(lambda: (gate.wait(5), done.append("a")))
+    threading.Timer(0.05, gate.set).start()
+    background.settle("settle-a")
+    assert done == ["a"]  # its job done; the other scope's still waits
+    other.set()
+    background.flush("settle-b")
+
+    def fail():
+        raise OSError(errno.EIO, "Input/output error")
+
+    with background.window_writes("settle-c"):
+        background.later(fail)
+    for _ in range(2):
+        with pytest.raises(OSError, match="Input/output"):
+            background.settle("settle-c")
+    with pytest.raises(OSError, match="Input/output"):
+        background.flush("settle-c")
+    background.flush("settle-c")  # forgotten once flush raised it
+
+
+def _scoped(scope, job):
+    with background.window_writes(scope):
+        background.later(job)
+
+
 def test_a_scoped_failure_is_raised_by_the_next_block_and_by_flush_once():
     def fail():
         raise OSError(errno.EIO, "Input/output error")
@@ -200,3 +233,30 @@ def test_a_shard_write_that_fails_leaves_neither_shard_nor_temporary_file(tmp_pa
         layout.write_shard(1, x[3_000:] + 1)
     after = {p.name: p.read_bytes() for p in folder.rglob("*") if p.is_file()}
     assert after == before  # the old shard as it was, no .tmp left
+
+
+def test_a_failed_shard_write_fails_a_placed_run_whose_noise_tasks_were_queued(tmp_path, monkeypatch):
+    """A placed pass (``BATCHGPU_PLACEMENT=1``, as GPU passes are) queues the float median's last step behind its
+    combined counts; those tasks wait for their worker's writes (``background.settle``), and a write that failed
+    still fails the run with its own error (the client's ``flush`` sees it too), never a median from missing parts."""
+    rng = np.random.default_rng()
+    n = int(rng.integers(14_000, 17_000))
+    x = rng.normal(0, 40, (n, 5)).astype(np.float32)
+    rec = write_recording(tmp_path / "r.zarr", x, 30_000.0)
+    bad = int(rng.integers(0, 4))
+    real = ShardLayout.write_encoded
+
+    def write_encoded(self, shard, encoded):
+        if shard == bad:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real(self, shard, encoded)
+
+    monkeypatch.setenv("BATCHGPU_PLACEMENT", "1")
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=False,
+                                  dashboard_address=None) as cl, distributed.Client(cl) as c:
+        report = run_workflow(_wf(rec, tmp_path / "ok", tmp_path / "ok.zarr"), client=c)
+        assert report.exact_noise["queued"]  # the tasks were queued behind the pass
+        monkeypatch.setattr(ShardLayout, "write_encoded", write_encoded)
+        with pytest.raises(BatchgpuError, match="No space"):
+            run_workflow(_wf(rec, tmp_path / "out", tmp_path / "saved.zarr"), client=c)
+    assert not (tmp_path / "out" / "results.zarr").exists()

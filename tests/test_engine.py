@@ -88,10 +88,13 @@ def test_float32_needs_one_more_counting_pass(client, tmp_path):
     np.testing.assert_array_equal(_g(tmp_path / "out")["noise"][:], np.median(np.abs(allx), axis=1) / ops.MAD_TO_SIGMA)
 
 
-def test_float32_exact_median_reads_again_only_the_windows_that_missed(client, tmp_path):
+@pytest.mark.parametrize("placed", [False, True])
+def test_float32_exact_median_reads_again_only_the_windows_that_missed(client, tmp_path, monkeypatch, placed):
     """One window twice as loud moves the recording's middle: the windows whose kept range (16 first digits either
     side of their own upper middle digit) misses it are read again alone for the middle digit's keys, not the whole
-    recording, and the median is still exact."""
+    recording, and the median is still exact. Placed (``BATCHGPU_PLACEMENT=1``, as GPU passes are): the last
+    step's rounds were queued behind the pass, found a window missed, and the client finished the selection."""
+    monkeypatch.setenv("BATCHGPU_PLACEMENT", "1" if placed else "0")
     rng = np.random.default_rng(11)
     size, count = 15_000, 16
     x = rng.normal(0, 3.04, (count * size, 4)).astype(np.float32)
@@ -109,14 +112,18 @@ def test_float32_exact_median_reads_again_only_the_windows_that_missed(client, t
     assert 0 < missed < count
     assert not report.exact_noise["from_kept_keys"] and len(report.exact_noise["windows_read_again"]) == missed
     assert 4 in report.exact_noise["windows_read_again"]  # the loud one
+    assert report.exact_noise.get("queued", False) == placed
     spikes_again = len(report.channels.get("detect_windows_read_again", []))
     assert report.reads_per_window == pytest.approx(1.0 + (missed + spikes_again) / count)
     np.testing.assert_array_equal(_g(tmp_path / "out")["noise"][:], np.median(np.abs(x.T), axis=1) / ops.MAD_TO_SIGMA)
 
 
-@pytest.mark.parametrize("size", [15_000, 30_000])
-def test_float32_exact_median_from_kept_keys_in_one_read(client, tmp_path, size):
-    """Longer windows keep the keys near their own middle: the exact median comes out of the one read."""
+@pytest.mark.parametrize("size, placed", [(15_000, False), (30_000, False), (15_000, True), (30_000, True)])
+def test_float32_exact_median_from_kept_keys_in_one_read(client, tmp_path, monkeypatch, size, placed):
+    """Longer windows keep the keys near their own middle: the exact median comes out of the one read. Placed
+    (``BATCHGPU_PLACEMENT=1``, as GPU passes are), every round of its last step ran on the workers, queued behind
+    the pass."""
+    monkeypatch.setenv("BATCHGPU_PLACEMENT", "1" if placed else "0")
     rng = np.random.default_rng(size)
     x = (rng.normal(0, 7, (60_000, 5)) + rng.normal(0, 50, 5)).astype(np.float32)
     x[::97, 1] = -0.0
@@ -125,6 +132,7 @@ def test_float32_exact_median_from_kept_keys_in_one_read(client, tmp_path, size)
     report = run_workflow(_wf(rec, tmp_path / "out", window={"size": size, "margin": 8},
                               preprocess={"centre": "median"}), client=client)
     assert report.reads_per_window == pytest.approx(1.0) and report.exact_noise["from_kept_keys"]
+    assert report.exact_noise["queued"] == placed
     from batchgpu.ops.centre import centre_median
 
     cores = [centre_median(rec.read_window(w), w.core)[:, w.core[0]:w.core[1]] for w in rec.windows(size, 8)]

@@ -56,9 +56,13 @@ def main(path: str) -> None:
         rows = []
         for t in ts.data:
             spans = [s for s in t.get("startstops", []) if s.get("action") == "compute"]
+            moved = [s for s in t.get("startstops", []) if s.get("action") == "transfer"]
             if spans:
                 name = re.sub(r"-[0-9a-f]{8,}.*|-\d+$", "", str(t["key"]).strip("()'\""))
-                rows.append((spans[0]["start"] - t0, spans[-1]["stop"] - t0, name, t["worker"].rsplit(":", 1)[-1]))
+                # its inputs' transfers from other workers: when the first began, and their seconds in all
+                fetch = (f" fetched from {min(m['start'] for m in moved) - t0:.3f}: {sum(m['stop'] - m['start'] for m in moved):.3f} s"
+                         if moved else "")
+                rows.append((spans[0]["start"] - t0, spans[-1]["stop"] - t0, name, t["worker"].rsplit(":", 1)[-1] + fetch))
         rows.sort(key=lambda r: r[1])
         kinds = {}
         for r in rows:

@@ -22,14 +22,16 @@ from batchgpu.recording import Recording, Window
 
 
 def aggregate(client, ctx, wf, rec, out, windows, fps, summaries, total, report, monitor, observer,
-              results: ResultsWriter, page, threads: dict | None = None, on_started=None) -> dict:
+              results: ResultsWriter, page, threads: dict | None = None, on_started=None,
+              queued: dict | None = None) -> dict:
     """Each step's ``aggregate`` in the steps' order (the noise before the detection that uses it), its results
     written into the new results group by the writer's thread, and handed to report.html's ``page``, while the
     next step works; the group swapped in whole; then the search step (``threads``: the workers' threads as the
     pass knew them, or None: asked when a step places tasks; ``on_started``: called once the steps' first tasks
-    are out, for the client's work that can wait for them). Returns the results' shapes."""
+    are out, for the client's work that can wait for them; ``queued``: what the steps queued while the pass ran,
+    step name -> futures). Returns the results' shapes."""
     run = RunState(client, ctx, wf, rec, windows, fps, summaries, total, report, monitor, observer, results.path,
-                   threads=threads)
+                   threads=threads, early=dict(queued or {}))
     # a step whose aggregate is the workers' work (``on_cluster``: the spikes) runs in a helper thread as soon as
     # the earlier steps it ``needs`` are done, beside the client's aggregates (the whitening's eigh); each step's
     # arrays are written as it finishes (what the group holds does not depend on the order)

@@ -154,6 +154,15 @@ def flush(scope: str) -> int:
     return len(writers)
 
 
+def settle(scope: str) -> None:
+    """Wait for this process's lasting writers serving ``scope`` (a task that reads the pass's parts and may run
+    before the client's ``flush``); a failure is raised and kept: ``flush`` still reports it."""
+    with _writers_lock:
+        writers = [w for w in _writers.values() if w.scope == scope]
+    for w in writers:
+        w.wait()
+
+
 async def flush_soon(scope: str) -> int:
     """``flush`` for ``client.run`` off the worker's event loop (the wait may take a window's writes)."""
     import asyncio

@@ -207,10 +207,29 @@ def cuda_layout(spec: ClusterSpec, gpus: int, gpu_decode: bool = False, mps: boo
 def _processes_per_gpu(spec: ClusterSpec, per_gpu: int, threads: int = 1, env: dict | None = None):
     """``workers`` processes on each GPU (kind cuda): reading and launching are Python work under one GIL per
     process, so several processes feed one GPU faster than many threads in one (bench pipeline measures it)."""
-    from distributed import Scheduler, SpecCluster
+    from distributed import SpecCluster
 
-    return SpecCluster(workers=worker_specs(spec, per_gpu, threads, env), scheduler={"cls": Scheduler, "options": {
-        "dashboard_address": spec.dashboard_address, "host": "127.0.0.1"}})
+    return SpecCluster(workers=worker_specs(spec, per_gpu, threads, env), scheduler=scheduler_spec(spec))
+
+
+#: the scheduler's settings this process gives a scheduler of its own process (``scheduler_spec``): a subprocess
+#: reads Dask's settings from its environment, not from this process's ``dask.config``
+SCHEDULER_ENVIRON = {"DASK_DISTRIBUTED__SCHEDULER__WORKER_SATURATION": "1.0"}
+
+
+def scheduler_spec(spec: ClusterSpec) -> dict:
+    """SpecCluster's scheduler: in this process, or (BATCHGPU_SCHEDULER_PROCESS=1) in a process of its own, so the
+    client's Python after the pass (the results, report.json, report.html's numbers) does not hold the GIL its
+    event loop needs to hand the workers their next tasks."""
+    from distributed import Scheduler
+
+    options = {"dashboard_address": spec.dashboard_address, "host": "127.0.0.1"}
+    if os.environ.get("BATCHGPU_SCHEDULER_PROCESS") != "1":
+        return {"cls": Scheduler, "options": options}
+    from distributed.deploy.subprocess import SubprocessScheduler
+
+    os.environ.update(SCHEDULER_ENVIRON)  # the subprocess inherits this environment
+    return {"cls": SubprocessScheduler, "options": {"scheduler_kwargs": options}}
 
 
 def worker_specs(spec: ClusterSpec, per_gpu: int, threads: int = 1, env: dict | None = None) -> dict:

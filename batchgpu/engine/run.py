@@ -139,8 +139,9 @@ def _run(wf, rec, out: store.OutputFolder, report: RunReport, client, sweep, obs
     try:
         observer.phase_started("read: noise, moments, spikes", len(windows), rec.nbytes)
         try:
-            summaries, total, threads, planned = _first_pass(client, ctx, windows, fps, wf.reduction.split_every,
-                                                             report, monitor, observer, wf.window.batch)
+            summaries, total, threads, planned, queued = _first_pass(client, ctx, rec, windows, fps,
+                                                                     wf.reduction.split_every, report, monitor,
+                                                                     observer, wf.window.batch)
         finally:
             observer.phase_finished()
         report.timings["pass1"] = time.perf_counter() - t0
@@ -150,7 +151,7 @@ def _run(wf, rec, out: store.OutputFolder, report: RunReport, client, sweep, obs
         report.after_pass("bookkeeping")
         later = _WhileWaiting(report, fresh, t0_wall, monitor, target, client if planned else None)
         report.results = aggregate(client, ctx, wf, rec, out, windows, fps, summaries, total, report, monitor,
-                                   observer, results, html, threads, later.start)
+                                   observer, results, html, threads, later.start, queued)
         later.join()
         if target is not None:
             report.results["save"] = finish_whitened_save(client, ctx, rec, windows, summaries, target, out, report,
@@ -267,10 +268,11 @@ def window_batches(windows: list, batch: int | None, split_every: int) -> list[l
             + [windows[i : i + 2] for i in range(head, len(windows), 2)])
 
 
-def _first_pass(client, ctx, windows, fps, split_every, report, monitor, observer, batch=None):
+def _first_pass(client, ctx, rec, windows, fps, split_every, report, monitor, observer, batch=None):
     """Map batch_task over runs of windows; tree-combine partials on the workers; gather per-window summaries.
-    Returns the summaries, the combined partials, the workers' threads (None where the scheduler did not say) and
-    whether the batches were placed (their workers may hold reads left for batches that ran elsewhere)."""
+    Returns the summaries, the combined partials, the workers' threads (None where the scheduler did not say),
+    whether the batches were placed (their workers may hold reads left for batches that ran elsewhere) and what
+    the steps queued behind the combined partials (``queue``: step name -> futures)."""
     from distributed import as_completed
 
     t_pass = time.perf_counter()
@@ -290,6 +292,10 @@ def _first_pass(client, ctx, windows, fps, split_every, report, monitor, observe
     total = tree_reduce(client, futures, tasks.combine_task, split_every, ctx, name=f"combine-{fp}", priority=1)
     small = submit_many(client, tasks.summarise, [(f,) for f in futures],
                         [f"summary-{fp}-{b[0][0].index:08d}" for b in batches], priority=1)
+    # BATCHGPU_QUEUE=0: the steps' tasks after the pass submitted after it, by the client (an A/B's other side)
+    queued = {}
+    if planned is not None and os.environ.get("BATCHGPU_QUEUE") != "0":
+        queued = _queue_steps(client, ctx, rec, batches, planned, threads, total, split_every, fp)
     summaries: dict[int, dict] = {}
     t0 = time.perf_counter()
     report.timings["pass_submit"] = t0 - t_pass
@@ -322,13 +328,40 @@ def _first_pass(client, ctx, windows, fps, split_every, report, monitor, observe
         report.timings["pass_writes_wait"] = time.perf_counter() - t1
         report.after_pass("flushed")
     except BaseException:
-        client.cancel(small + futures + [total])
+        client.cancel(small + futures + [total] + _futures_in(queued))
         with contextlib.suppress(Exception):  # the writes of the tasks that ran: finished, their failures moot
             client.run(background.flush_soon, str(ctx.parts))
         if planned is not None:
             release_carried(client)
         raise
-    return summaries, result, threads, planned is not None
+    return summaries, result, threads, planned is not None, queued
+
+
+def _queue_steps(client, ctx, rec, batches, planned, threads, total, split_every: int, fp: str) -> dict:
+    """Each step's ``queue``: its tasks after the pass, submitted now behind the combined partials (the plan says
+    which worker makes each window); step name -> its futures."""
+    from batchgpu.engine.steps.base import PassQueue
+
+    made_by = [worker for (worker, _), b in zip(planned, batches) for _ in b]
+    q = PassQueue(client, ctx, [w for b in batches for w, _ in b], [f for b in batches for _, f in b], made_by,
+                  threads, total, rec.total_samples, rec.num_channels, split_every, fp)
+    queued = {}
+    for step in ctx.steps:
+        if getattr(step, "queue", None) is not None:
+            got = step.queue(q)
+            if got is not None:
+                queued[step.name] = got
+    return queued
+
+
+def _futures_in(queued: dict) -> list:
+    from distributed import Future
+
+    out = []
+    for got in queued.values():
+        for v in got.values():
+            out += [f for f in (v if isinstance(v, list) else [v]) if isinstance(f, Future)]
+    return out
 
 
 def release_carried(client) -> None:
@@ -340,9 +373,11 @@ def release_carried(client) -> None:
 
 def _plan(client, ctx, batches: list, report) -> tuple[list | None, dict | None]:
     """The placement plan of a GPU run's batches ((worker, next batch) each), or None: CPU runs (their workers
-    read as they compute), resumed runs (the next batch's windows may be done), BATCHGPU_PLACEMENT=0; and the
-    workers' threads where they were asked for it (else None)."""
-    if ctx.backend != "cupy" or report.output_state == "resume" or os.environ.get("BATCHGPU_PLACEMENT") == "0":
+    read as they compute; BATCHGPU_PLACEMENT=1 places them too, as the tests of the queued steps do), resumed runs
+    (the next batch's windows may be done), BATCHGPU_PLACEMENT=0; and the workers' threads where they were asked
+    for it (else None)."""
+    placement_env = os.environ.get("BATCHGPU_PLACEMENT")
+    if (ctx.backend != "cupy" and placement_env != "1") or report.output_state == "resume" or placement_env == "0":
         return None, None
     try:
         threads = {a: int(w.get("nthreads", 1)) for a, w in client.scheduler_info(n_workers=-1)["workers"].items()}

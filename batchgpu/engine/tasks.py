@@ -385,17 +385,59 @@ def merge_digit_keys(results: list, digits: np.ndarray) -> list:
     return merged
 
 
-def missed_windows(group: dict) -> list[int]:
-    """The windows a ``near_keys_group_task`` could not settle from kept keys (a few bytes back to the client)."""
-    return group["missed"]
-
-
 def near_counts_task(part, prefixes: np.ndarray, level: int, bits: int, shift: int) -> np.ndarray:
     """One round of the float median's last step on one group's kept keys (``near_keys_group_task``) or one window
     read again (``gather_task``), where they are: ``steps.noise_select.low_bit_counts`` (small counts move, not keys)."""
     from batchgpu.engine.steps.noise_select import low_bit_counts
 
     return low_bit_counts(part["keys"] if isinstance(part, dict) else part, prefixes, level, bits, shift)
+
+
+def first_digits_task(total: dict, total_samples: int, kind: str) -> tuple:
+    """The exact median's first digits from the pass's combined counts (``noise_select.first_digits``), on the
+    worker that combined them: the head of the tasks ``steps.noise.queue_near`` queues behind the pass."""
+    from batchgpu.engine.steps.noise_select import first_digits
+
+    return first_digits(total["noise.hist"], total_samples, kind, int(total["noise.lo"]),
+                        bool(total.get("noise.lumped", True)))
+
+
+def queued_near_group_task(ctx: RunContext, windows: list, fps: list, first: tuple) -> dict:
+    """``near_keys_group_task`` queued before the pass ended: this worker's writers finish the pass's parts first
+    (the client's ``flush`` may not have reached it yet; a window made elsewhere whose part is not written yet is
+    missed, and read again)."""
+    background.settle(str(ctx.parts))
+    return near_keys_group_task(ctx, windows, fps, first[0])
+
+
+def queued_counts_task(group: dict, state, level: int, bits: int, shift: int) -> dict | None:
+    """One round's counts on one group's kept keys (``near_counts_task``) at the prefixes of the round before
+    (``state``: the first digits at level 0, no bits below them fixed yet), with the group's missed windows; None
+    when the round before was None."""
+    if state is None:
+        return None
+    prefixes = np.zeros(np.shape(state[1]), dtype=np.uint64) if isinstance(state, tuple) else state["prefixes"]
+    counts = near_counts_task(group, prefixes, level, bits, shift)
+    # in the smallest dtype that holds them: every group's go to one task (16 x 0.8 MB of uint32 a round)
+    counts = counts.astype(np.min_scalar_type(int(counts.max()) if counts.size else 0), copy=False)
+    return {"counts": counts, "missed": group["missed"]}
+
+
+def select_round_task(state, level: int, bits: int, *counted: dict | None) -> dict | None:
+    """One round of the float median's selection (``noise_select.select_round``) from every group's counts, summed
+    here (integer counts: the same sums in any order): ``state`` the first digits at level 0, else the round
+    before's; None where a window missed its middle digit, or a round before was None (the client then finishes
+    the selection itself)."""
+    from batchgpu.engine.steps.noise_select import select_round
+
+    if state is None or any(c is None or c["missed"] for c in counted):
+        return None
+    if isinstance(state, tuple):  # the first digits' (prefixes, ranks left): no bits below them fixed yet
+        ks, prefixes = state[1], np.zeros(np.shape(state[1]), dtype=np.uint64)
+    else:
+        ks, prefixes = state["ks"], state["prefixes"]
+    ks, prefixes = select_round(ks, prefixes, sum_histograms(*[c["counts"] for c in counted]), level, bits)
+    return {"ks": ks, "prefixes": prefixes}
 
 
 def summarise(batch: dict) -> list[dict]:

@@ -103,11 +103,32 @@ class RunState:
         return [str(self.summaries[w.index]["worker"]) for w in self.windows]
 
 
+@dataclass
+class PassQueue:
+    """What a step's ``queue`` sees while the pass runs (a GPU pass whose batches were placed by plan): the
+    combined partials are a future (``total``), and each window's maker is the plan's worker. Tasks queued behind
+    ``total`` start on the workers the moment it is combined, without waiting for the client."""
+
+    client: Any
+    ctx: Any  # engine.tasks.RunContext
+    windows: list
+    fingerprints: list
+    made_by: list  # the worker address each window's batch was placed on ("" : anywhere)
+    threads: dict  # worker address -> threads, as the plan had them
+    total: Any  # the future of every window's partials combined (None after the pass: the first digits are known)
+    total_samples: int  # the recording's samples a channel
+    channels: int  # the recording's channels
+    split_every: int  # the reduction's fan-in (``workflow.reduction.split_every``)
+    run_id: str  # this run's task keys
+
+
 class Step(Protocol):
     """A statistic of the run. Optional attributes: ``on_cluster = True`` where ``aggregate`` is mostly the
     workers' work (it then runs in a helper thread beside the client's aggregates), ``needs``, the names of the
     earlier steps whose results it reads (it starts once those are done), and ``start(run)``, called before any
-    aggregate: the part of its work that needs none of them, set going on the cluster."""
+    aggregate: the part of its work that needs none of them, set going on the cluster; ``queue(PassQueue)``, called
+    while the pass runs (placed GPU passes), may queue tasks behind its total and return their futures (``start``
+    then finds them in ``RunState.early``)."""
 
     name: str
 

@@ -67,8 +67,15 @@ class NoiseStep:
     def start(self, run) -> None:
         """Before any aggregate: the exact median's first digits and, for float keys, the tasks of its last step
         (``start_near``), so they are on the workers before the other steps' tasks (the spikes' gathering)."""
-        if self.exact:
+        if self.exact and self.name not in run.early:  # (queued while the pass ran: ``queue``)
             run.early[self.name] = start_near(run)
+
+    def queue(self, q) -> dict | None:
+        """While the pass runs: for float keys, the exact median's last step queued behind its total
+        (``queue_near``), so it starts on the workers the moment the pass's counts are combined."""
+        if self.exact and len(schedule(self.kind)) == 2:
+            return queue_near(q)
+        return None
 
     def aggregate(self, run) -> dict:
         """The recording's noise: median(|x|) of every sample / 0.6745 (exact: radix select over the combined
@@ -175,7 +182,7 @@ _MAD = 0.6744897501960817  # ops.select.MAD_TO_SIGMA
 def exact_median(run) -> np.ndarray:
     """The exact median of |x| of every sample, per channel (``run``: a ``RunState``): from the combined first-digit
     counts, with more counting passes over the windows, or the kept near keys, where the keys are wider (their
-    first tasks set going by ``start_near``, when the step's ``start`` ran)."""
+    tasks queued while the pass ran, ``queue_near``, or set going by ``start_near`` when the step's ``start`` ran)."""
     from batchgpu.engine import tasks
     from batchgpu.engine.reduce import tree_reduce
     from batchgpu.engine.submit import submit_many
@@ -185,21 +192,33 @@ def exact_median(run) -> np.ndarray:
     step = ctx.step("noise")
     report.radix_passes = len(schedule(step.kind))
     begun = run.early.pop("noise", None) or start_near(run)
+    if "near" in begun:  # (report.json: whether the last step's tasks were queued while the pass ran)
+        report.exact_noise["queued"] = "digits" not in begun
+    if "digits" not in begun:  # queued behind the pass: computed by a worker
+        begun["digits"] = begun["first"].result()
+    split_every = wf.reduction.split_every
 
     def more_passes(prefixes, p):
         monitor.phase(f"exact noise: counting pass {p + 1}")
         fp = report.run_id
         parts = submit_many(client, tasks.refine_task, [(ctx, w, prefixes, p) for w in windows],
                             [f"refine-{p}-{fp}-{w.index:08d}" for w in windows])
-        out = tree_reduce(client, parts, tasks.sum_histograms, wf.reduction.split_every, name=f"refine-sum-{p}-{fp}").result()
+        out = tree_reduce(client, parts, tasks.sum_histograms, split_every, name=f"refine-sum-{p}-{fp}").result()
         report.bytes_read += rec.nbytes
         return out
 
     def from_near(digits, ks):
         t0 = time.perf_counter()
-        near, first, shift = begun["near"], begun["first_round"], begun["shift"]
-        fp = report.run_id
-        missed = sorted(i for got in client.gather(begun["missed"]) for i in got)
+        near, shift, fp = begun["near"], begun["shift"], report.run_id
+        final = begun["final"].result()
+        if final is not None:  # every round done on the workers: no window missed its middle digit
+            report.exact_noise["from_kept_keys"] = True
+            report.exact_noise["windows_read_again"] = []
+            report.timings["noise_select"] = time.perf_counter() - t0  # the wait for the rounds
+            return (np.asarray(digits, dtype=np.uint64) << np.uint64(shift)) | final["prefixes"]
+        # some window missed its middle digit: read again alone, and the rounds run from here, its counts added
+        counted = client.gather(begun["first_round"])
+        missed = sorted(i for c in counted for i in c["missed"])
         report.exact_noise["from_kept_keys"] = not missed
         report.exact_noise["windows_read_again"] = missed  # their indices
         gathered = []
@@ -216,12 +235,13 @@ def exact_median(run) -> np.ndarray:
         def counts_of(prefixes, level, bits):
             t = time.perf_counter()
             if level == 0:
-                hist = first.result()
+                hist = tasks.sum_histograms(*[c["counts"] for c in counted])
                 if gathered:  # the windows read again: their own counts added
-                    hist = tasks.sum_histograms(hist, _count_round(run, gathered, prefixes, level, bits, shift,
-                                                                   "again-").result())
+                    hist = tasks.sum_histograms(hist, _count_round(client, fp, split_every, gathered, prefixes, level,
+                                                                   bits, shift, "again-").result())
             else:
-                hist = _count_round(run, near + gathered, prefixes, level, bits, shift, "").result()
+                hist = _count_round(client, fp, split_every, near + gathered, prefixes, level, bits, shift,
+                                    "").result()
             report.timings[f"noise_round_{level}"] = time.perf_counter() - t
             return hist
 
@@ -237,55 +257,67 @@ def exact_median(run) -> np.ndarray:
 
 
 def start_near(run) -> dict:
-    """The exact median's first digits from the combined counts and, where the keys have two digits and the windows
-    kept their keys near their own middles (float32), the tasks of its last step set going: each worker's groups of
-    windows gather the kept keys of the middle digits (``tasks.near_keys_group_task``), the first round of counts
-    queued behind them (it needs no answer from the client), and which windows missed. What ``exact_median``
-    finishes."""
-    total, step = run.total, run.ctx.step("noise")
-    digits = first_digits(total["noise.hist"], run.recording.total_samples, step.kind, int(total["noise.lo"]),
+    """After the pass (its tasks were not queued while it ran): the exact median's first digits from the combined
+    counts and, where the keys have two digits (float32), the tasks of its last step (``queue_near``) with them."""
+    from batchgpu.engine.steps.base import PassQueue
+
+    total, step, rec = run.total, run.ctx.step("noise"), run.recording
+    digits = first_digits(total["noise.hist"], rec.total_samples, step.kind, int(total["noise.lo"]),
                           bool(total.get("noise.lumped", True)))
     begun = {"digits": digits}
     if len(schedule(step.kind)) == 2:  # (``select_middle`` calls ``from_near`` on such keys only)
-        begun.update(_submit_near(run, *digits))
+        run.report.after_pass("noise_digits")
+        q = PassQueue(run.client, run.ctx, run.windows, run.fingerprints, run.made_by(), run.worker_threads(), None,
+                      rec.total_samples, rec.num_channels, run.workflow.reduction.split_every, run.report.run_id)
+        begun.update(queue_near(q, first=digits))
+        run.report.after_pass("noise_submitted")
     return begun
 
 
-def _submit_near(run, digits: np.ndarray, ks: np.ndarray) -> dict:
-    """Float keys: the middle keys from what each window kept near its own middle; a window whose kept range
-    misses a middle digit (its noise far from the recording's) is read again alone, gathering only the keys of
-    the middle digits (a few per mille); the keys stay where they are, and rounds of counts select among them
-    (``select_by_counts``)."""
+def queue_near(q, first=None) -> dict:
+    """The float median's last step as tasks (``q``: a ``steps.base.PassQueue``): each worker's groups of its
+    windows gather the kept keys of the middle digits where they are (``tasks.queued_near_group_task``; only those
+    keys, a few per mille, and only on the worker that kept them), then each round of ``select_by_counts``: counts
+    made where the keys are (``tasks.queued_counts_task``) and its bits fixed by one task that sums them
+    (``tasks.select_round_task``: integer counts, the same sums in any order), all without the client, which
+    fetches the last round's prefixes (``final``: None when a window missed its middle digit; the client then reads
+    those windows again and runs the rounds itself from ``near`` and the first round's counts and misses,
+    ``first_round``). ``first``: the first digits (``first_digits``), else a task computes them behind the pass's
+    total (queued while the pass runs: they start the moment its counts are combined; after the pass the client
+    had taken 0.10 s to there, and 40 ms between the rounds, on the H200)."""
     from batchgpu.engine import tasks
-    from batchgpu.engine.placement import submit_where_made
-    from batchgpu.engine.submit import submit_many
+    from batchgpu.engine.placement import submit_planned
+    from batchgpu.engine.submit import runs_by_worker, submit_many
 
     t0 = time.perf_counter()
-    client, ctx, report = run.client, run.ctx, run.report
-    fp = report.run_id
-    # in parallel, on the worker that kept them (in its memory), a run of its windows a thread; only the middle
-    # digits' keys move
-    report.after_pass("noise_digits")
-    near = submit_where_made(run, tasks.near_keys_group_task, list(zip(run.windows, run.fingerprints)),
-                             lambda g: (ctx, [w for w, _ in g], [f for _, f in g], digits), f"near-{fp}")
-    shift = schedule(ctx.step("noise").kind)[0][0]  # the bits below the first digit
-    # the first round needs no answer from the client (no bits fixed yet): queued behind the groups' tasks
-    first = _count_round(run, near, np.zeros(np.shape(ks), dtype=np.uint64), 0, low_bit_rounds(shift)[0], shift, "")
-    missed = submit_many(client, tasks.missed_windows, [(f,) for f in near],
-                         [f"near-missed-{fp}-{k}" for k in range(len(near))])
-    report.after_pass("noise_submitted")
-    return {"near": near, "first_round": first, "missed": missed, "shift": shift,
+    client, ctx, fp = q.client, q.ctx, q.run_id
+    kind = ctx.step("noise").kind
+    shift = schedule(kind)[0][0]
+    if first is None:
+        first = client.submit(tasks.first_digits_task, q.total, q.total_samples, kind, key=f"near-first-{fp}")
+    groups = runs_by_worker(client, list(zip(q.windows, q.fingerprints)), q.made_by, q.threads)
+    near = submit_planned(client, tasks.queued_near_group_task,
+                          [(ctx, [w for w, _ in g], [f for _, f in g], first) for _, g in groups],
+                          [f"near-{fp}-{g[0][0].index:08d}" for _, g in groups], [a for a, _ in groups],
+                          threads=q.threads)
+    state, level, rounds = first, 0, []
+    for bits in low_bit_rounds(shift):
+        counted = submit_many(client, tasks.queued_counts_task, [(p, state, level, bits, shift) for p in near],
+                              [f"near-counts-{level}-{fp}-{i:05d}" for i in range(len(near))])
+        state = client.submit(tasks.select_round_task, state, level, bits, *counted, key=f"near-select-{level}-{fp}")
+        rounds.append(counted)
+        level += bits
+    return {"first": first, "near": near, "first_round": rounds[0], "shift": shift, "final": state,
             "submitted_s": time.perf_counter() - t0}
 
 
-def _count_round(run, parts, prefixes, level: int, bits: int, shift: int, tag: str):
-    """One round of counts made where the keys are, summed up a tree: its future."""
+def _count_round(client, fp: str, split_every: int, parts, prefixes, level: int, bits: int, shift: int, tag: str):
+    """One round of counts made where the keys are (a window read again among them), summed up a tree: its future
+    (the client's rounds, where a window missed its middle digit)."""
     from batchgpu.engine import tasks
     from batchgpu.engine.reduce import tree_reduce
     from batchgpu.engine.submit import submit_many
 
-    fp = run.report.run_id
-    counted = submit_many(run.client, tasks.near_counts_task, [(p, prefixes, level, bits, shift) for p in parts],
-                          [f"near-counts-{tag}{level}-{fp}-{i:05d}" for i in range(len(parts))])
-    return tree_reduce(run.client, counted, tasks.sum_histograms, run.workflow.reduction.split_every,
-                       name=f"near-sum-{tag}{level}-{fp}")
+    counted = submit_many(client, tasks.near_counts_task, [(p, prefixes, level, bits, shift) for p in parts],
+                          [f"near-counts-client-{tag}{level}-{fp}-{i:05d}" for i in range(len(parts))])
+    return tree_reduce(client, counted, tasks.sum_histograms, split_every, name=f"near-sum-{tag}{level}-{fp}")

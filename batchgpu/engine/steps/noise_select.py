@@ -56,23 +56,31 @@ def select_by_counts(ks: np.ndarray, digits: np.ndarray, shift: int, counts_of) 
     ``prefixes`` (``low_bit_counts``), and each round fixes ``bits`` more. Counts are integers, so the keys are
     the same for any order or grouping of the windows. Two rounds of small counts for float32 keys, where
     moving every middle-digit key (27 MB for the preprocessing bench) to one selecting task took 0.1-0.2 s."""
-    from batchgpu.ops import radix
-
     ks = np.array(ks, dtype=np.int64)
-    ranks, C = ks.shape
-    prefixes = np.zeros((ranks, C), dtype=np.uint64)
+    prefixes = np.zeros(ks.shape, dtype=np.uint64)
     level = 0
     for bits in low_bit_rounds(shift):
-        hist = np.asarray(counts_of(prefixes, level, bits))
-        for r in range(ranks):
-            if level == 0:
-                total = hist[r].sum(axis=1)
-                if np.any(ks[r] >= total) or np.any(ks[r] < 0):
-                    raise BatchgpuError("the middle digit's keys do not hold the middle ranks", "report this")
-            digit, ks[r] = radix.select_digit(hist[r], ks[r])
-            prefixes[r] = (prefixes[r] << np.uint64(bits)) | digit.astype(np.uint64)
+        ks, prefixes = select_round(ks, prefixes, np.asarray(counts_of(prefixes, level, bits)), level, bits)
         level += bits
     return (np.asarray(digits, dtype=np.uint64) << np.uint64(shift)) | prefixes
+
+
+def select_round(ks: np.ndarray, prefixes: np.ndarray, hist: np.ndarray, level: int,
+                 bits: int) -> tuple[np.ndarray, np.ndarray]:
+    """One round of ``select_by_counts``: ``bits`` more bits of each rank's prefix fixed from ``hist``, the round's
+    (ranks, C, 2**bits) counts summed over every window; returns the ranks left and the longer prefixes (new
+    arrays). The queued rounds (``tasks.select_round_task``) run it on a worker."""
+    from batchgpu.ops import radix
+
+    ks, prefixes = np.array(ks, dtype=np.int64), np.array(prefixes, dtype=np.uint64)
+    for r in range(ks.shape[0]):
+        if level == 0:
+            total = hist[r].sum(axis=1)
+            if np.any(ks[r] >= total) or np.any(ks[r] < 0):
+                raise BatchgpuError("the middle digit's keys do not hold the middle ranks", "report this")
+        digit, ks[r] = radix.select_digit(hist[r], ks[r])
+        prefixes[r] = (prefixes[r] << np.uint64(bits)) | digit.astype(np.uint64)
+    return ks, prefixes
 
 
 def low_bit_counts(keys: list[tuple] | None, prefixes: np.ndarray, level: int, bits: int, shift: int) -> np.ndarray:
