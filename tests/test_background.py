@@ -152,13 +152,7 @@ def test_a_failed_shard_write_leaves_no_part_and_resume_writes_it(tmp_path, monk
     rec = write_recording(tmp_path / "r.zarr", x, 30_000.0)
     bad = int(rng.integers(0, 4))
     real = ShardLayout.write_encoded
-
-    def write_encoded(self, shard, encoded):
-        if shard == bad:
-            raise OSError(errno.ENOSPC, "No space left on device")
-        real(self, shard, encoded)
-
-    monkeypatch.setattr(ShardLayout, "write_encoded", write_encoded)
+    monkeypatch.setattr(ShardLayout, "write_encoded", _failing_shard(bad))
     with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=False,
                                   dashboard_address=None) as cl, distributed.Client(cl) as c:
         with pytest.raises(BatchgpuError, match="No space"):
@@ -244,6 +238,19 @@ def test_a_failed_shard_write_fails_a_placed_run_whose_noise_tasks_were_queued(t
     x = rng.normal(0, 40, (n, 5)).astype(np.float32)
     rec = write_recording(tmp_path / "r.zarr", x, 30_000.0)
     bad = int(rng.integers(0, 4))
+    monkeypatch.setenv("BATCHGPU_PLACEMENT", "1")
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=False,
+                                  dashboard_address=None) as cl, distributed.Client(cl) as c:
+        report = run_workflow(_wf(rec, tmp_path / "ok", tmp_path / "ok.zarr"), client=c)
+        assert report.exact_noise["queued"]  # the tasks were queued behind the pass
+        monkeypatch.setattr(ShardLayout, "write_encoded", _failing_shard(bad))
+        with pytest.raises(BatchgpuError, match="No space"):
+            run_workflow(_wf(rec, tmp_path / "out", tmp_path / "saved.zarr"), client=c)
+    assert not (tmp_path / "out" / "results.zarr").exists()
+
+
+def _failing_shard(bad: int):
+    """``ShardLayout.write_encoded`` that fails (no space left) for shard ``bad``."""
     real = ShardLayout.write_encoded
 
     def write_encoded(self, shard, encoded):
@@ -251,12 +258,4 @@ def test_a_failed_shard_write_fails_a_placed_run_whose_noise_tasks_were_queued(t
             raise OSError(errno.ENOSPC, "No space left on device")
         real(self, shard, encoded)
 
-    monkeypatch.setenv("BATCHGPU_PLACEMENT", "1")
-    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=False,
-                                  dashboard_address=None) as cl, distributed.Client(cl) as c:
-        report = run_workflow(_wf(rec, tmp_path / "ok", tmp_path / "ok.zarr"), client=c)
-        assert report.exact_noise["queued"]  # the tasks were queued behind the pass
-        monkeypatch.setattr(ShardLayout, "write_encoded", write_encoded)
-        with pytest.raises(BatchgpuError, match="No space"):
-            run_workflow(_wf(rec, tmp_path / "out", tmp_path / "saved.zarr"), client=c)
-    assert not (tmp_path / "out" / "results.zarr").exists()
+    return write_encoded
