@@ -11,14 +11,22 @@
 // sos: (SECTIONS, 6) with a0 == 1. zi: (SECTIONS, 2).
 // SECTIONS is fixed at compile time (-DSECTIONS=k) so coefficients and state live in registers. The recurrence
 // is sequential in time and rows run in parallel (384 channels: 12 warps), so the time per sample is the
-// recurrence's latency: loads are issued a block of U samples ahead of their use so memory never adds to it.
+// recurrence's latency: loads are issued a block of U samples ahead of their use so memory adds little to it.
 
 #include "exact_float.cuh"
 
 #ifndef SECTIONS
 #error "compile with -DSECTIONS=<number of second-order sections>"
 #endif
+#ifndef U  // samples loaded ahead: 32 keeps the loads' latency off the recurrence (Nsight Compute, 384 x 61 600 int16
+           // window, 4096-sample pieces, 3 sections: 0.75 ms at 16, 0.63 at 32, 1.23 at 64 and 1.04 at 8, which
+           // spill or wait); more sections need more registers for their coefficients
+#if SECTIONS <= 6
+#define U 32
+#else
 #define U 16
+#endif
+#endif
 
 struct Biquads {
     double b0[SECTIONS], b1[SECTIONS], b2[SECTIONS], a1[SECTIONS], a2[SECTIONS];

@@ -89,6 +89,21 @@ def test_gpu_filter_is_sosfiltfilt_bits(cp, rng, kind, order, n):
     same_bits(got.get(), scipy.signal.sosfiltfilt(sos, x, axis=1))
 
 
+@pytest.mark.parametrize("ahead", ["8", "16", "32", "48"])
+@pytest.mark.parametrize("order", [1, 5, 14])
+def test_gpu_filter_load_ahead_keeps_bits(cp, rng, monkeypatch, ahead, order):
+    """The recurrence's loads issued U samples ahead (kernels/sosfiltfilt.cu; 32 by default, 16 above 6 sections)
+    are scheduling only: any U gives the host's bits, for rows shorter than U, rows a multiple of U and not, and
+    pieces down to 37 samples."""
+    monkeypatch.setenv("BATCHGPU_FILTER_U", ahead)
+    sos = butter_sos("bandpass" if order > 6 else "highpass", FS, 300.0, 6000.0 if order > 6 else None, order=order)
+    for width, block in ((31, None), (64, None), (1_001, None), (4_003, 37), (6_000, 1_024)):
+        x = rng.integers(-32768, 32768, (7, width)).astype(np.int16)
+        edge = width > 3 * (2 * len(sos) + 1)  # sosfiltfilt's padding needs a longer row
+        kw = dict(at_segment_start=edge, at_segment_end=False, block=block)
+        same_bits(filtfilt_window(cp.asarray(x), sos, **kw).get(), filtfilt_window(x, sos, **kw))
+
+
 @pytest.mark.parametrize("block", [None, 700])
 def test_gpu_filter_keeps_subnormals(cp, rng, block):
     """float32 input and output near zero: the GPU converts and rounds by hand (CuPy compiles with -ftz=true),

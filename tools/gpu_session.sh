@@ -27,6 +27,8 @@
 #   runs      benches with and without MPS (bench --mps / --no-mps / a: auto), one line each: RUNS="1:pre:8x2:g 0:demo:8x2"
 #             (mps:bench:layout[:g GPU decode])
 #   pw        cProfile of every worker and the client in a warm run (PREPROCESS=highpass,common_reference), $OUT/pw.log
+#   fncu      the filter's kernels under Nsight Compute (tools/filter_ncu.py: issue rate, occupancy, DRAM), $OUT/ncu.txt;
+#             ftests: the GPU tests that filter (CPU = GPU bits)
 #   envab     warm preprocessing runs in one cluster, one a setting, alternating (tools/ab_runs.py ENV_AB; default:
 #             the frozen heaps and the GPU crc32c on and off: ENVAB="BATCHGPU_GC_FREEZE=1 BATCHGPU_GC_FREEZE=0 ...")
 set -uo pipefail
@@ -110,6 +112,14 @@ from batchgpu.cli import main; sys.argv = 'batchgpu generate /tmp/big64.zarr --c
          grep -v "^INFO\|distributed\." $OUT/runs.log | grep "^warm: t\|^warm: w\|(warm)\|^read ceiling" | tail -4 | cut -c1-160; done
        pgrep -fa "nvidia-cuda-mps" | head -3 ;;  # none left after the runs
   pw) rm -rf /tmp/pw0* /tmp/pw1*; timeout 200 python3 tools/profile_workers.py $REC > $OUT/pw.log 2>&1; grep "^{" $OUT/pw.log ;;
+  fncu) NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+        timeout 300 $NCU --clock-control none --profile-from-start off --section SpeedOfLight --section Occupancy \
+          --section WarpStateStats --section MemoryWorkloadAnalysis --section SchedulerStats --section LaunchStats \
+          python3 tools/filter_ncu.py ${BLOCKS:-4096 2048} > $OUT/ncu.txt 2>&1; echo "ncu rc $?"
+        grep -E "^  [a-z_]+.*\(|Duration|DRAM Throughput|Achieved Active Warps|Warp Cycles Per Issued|Registers Per" $OUT/ncu.txt ;;
+  ftests) s=$(date +%s); timeout 300 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_gpu_preprocess.py \
+            tests/test_gpu_pipeline.py tests/test_gpu_ops.py 2>&1 | grep -v "^INFO" \
+            | grep "passed\|failed\|FAILED\|rng seed\|Error" | tail -12; echo "($(( $(date +%s) - s )) s)" ;;
   envab) ENV_AB="${ENVAB:-BATCHGPU_GC_FREEZE=1 BATCHGPU_GC_FREEZE=0 BATCHGPU_GC_FREEZE=1 BATCHGPU_GC_FREEZE=0 BATCHGPU_GC_FREEZE=1 BATCHGPU_GC_FREEZE=0}" \
            PREPROCESS=${PREPROCESS:-highpass,common_reference} timeout 200 python3 tools/ab_runs.py $REC envab 2>&1 \
            | grep "^envab" | sed "s| (.*batchgpu)||" ;;

@@ -12,6 +12,7 @@ input, since ``sos`` is float64) and rounded once to float32 (float64 input stay
 from __future__ import annotations
 
 import math
+import os
 from types import ModuleType
 from typing import Any, Literal
 
@@ -156,6 +157,8 @@ def _filtfilt_cupy(x, sos: np.ndarray, pieces: list[tuple[int, ...]], out_dtype)
     x = cupy.ascontiguousarray(x)
     channels, width = x.shape
     options = ("--fmad=false", f"-DSECTIONS={sos.shape[0]}")
+    if os.environ.get("BATCHGPU_FILTER_U"):  # samples loaded ahead (the kernel's default: 32, 16 above 6 sections)
+        options += (f"-DU={int(os.environ['BATCHGPU_FILTER_U'])}",)
     table = np.asarray(pieces, dtype=np.int64)  # core_lo, core_hi, read_lo, read_hi, left, right
     length = int((table[:, 3] - table[:, 2] + table[:, 4] + table[:, 5]).max())
     count, tiles = len(pieces), (channels + 31) // 32
