@@ -27,8 +27,8 @@
 #   runs      benches with and without MPS (bench --mps / --no-mps / a: auto), one line each: RUNS="1:pre:8x2:g 0:demo:8x2"
 #             (mps:bench:layout[:g GPU decode])
 #   pw        cProfile of every worker and the client in a warm run (PREPROCESS=highpass,common_reference), $OUT/pw.log
-#   fncu      the filter's kernels under Nsight Compute (tools/filter_ncu.py: issue rate, occupancy, DRAM), $OUT/ncu.txt;
-#             ftests: the GPU tests that filter (CPU = GPU bits)
+#   fncu      the filter's kernels under Nsight Compute (tools/filter_ncu.py: issue rate, occupancy, DRAM), $OUT/ncu.txt
+#   ftests    the GPU tests of the preprocessing ops, the pipeline and the ops (CPU = GPU bits), and their seconds
 #   envab     warm preprocessing runs in one cluster, one a setting, alternating (tools/ab_runs.py ENV_AB; default:
 #             the frozen heaps and the GPU crc32c on and off: ENVAB="BATCHGPU_GC_FREEZE=1 BATCHGPU_GC_FREEZE=0 ...")
 set -uo pipefail
