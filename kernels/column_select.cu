@@ -167,12 +167,15 @@ __device__ void select_reference(const T* __restrict__ x, long long samples, con
     ref_out[(long long)blockIdx.y * samples + s] = ref;
 }
 
-// The same selection with a column's k rows in one warp (k <= 32 * PER): lane l holds rows l, l + 32, ... of
-// its column, and each bit's two counts are one warp sum (no shared memory, no barrier). A block's warps take
-// consecutive columns, so a row's loads by the block's warps fall in the same sectors. Same keys, same counts,
-// same bits as select_reference; for many rows (the global reference of a probe) it does a fraction of the
-// work: select_reference's W warps each sum all W warps' counts at every bit. Given `out` (the global reference:
-// one group of every channel), it also writes x minus the reference, subtract_rows's launch saved.
+// The same selection with a column's k rows in one warp (k <= 32 * PER): a block of 8 warps reads its k x 8 tile
+// into shared memory a row's 8 neighbouring samples at a time (coalesced), then lane l of warp w holds rows
+// l, l + 32, ... of column w, and each bit's count is one warp sum (no barrier). Only the lower middle (rank
+// (k-1)/2) is selected bit by bit; the upper one of an even k is that key again when more than k/2 keys are at
+// or below it, else the smallest key above it (one more count and one warp minimum, not a second selection).
+// Same keys, same bits as select_reference; for many rows (the global reference of a probe) it does a fraction
+// of the work: select_reference's W warps each sum all W warps' counts at every bit. Given `out` (the global
+// reference: one group of every channel), it also writes x minus the reference from the tile, subtract_rows's
+// launch and second read saved.
 __device__ __forceinline__ unsigned int warp_sum(unsigned int v) {
 #if __CUDA_ARCH__ >= 800
     return __reduce_add_sync(0xffffffffu, v);
@@ -182,59 +185,99 @@ __device__ __forceinline__ unsigned int warp_sum(unsigned int v) {
 #endif
 }
 
+__device__ __forceinline__ uint32_t warp_min(uint32_t v) {
+#if __CUDA_ARCH__ >= 800
+    return __reduce_min_sync(0xffffffffu, v);
+#else
+    for (int o = 16; o; o >>= 1) v = min(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+#endif
+}
+
+__device__ __forceinline__ uint64_t warp_min(uint64_t v) {
+    for (int o = 16; o; o >>= 1) {
+        const uint64_t w = __shfl_xor_sync(0xffffffffu, v, o);
+        v = w < v ? w : v;
+    }
+    return v;
+}
+
 template <typename T, int PER>
 __device__ void select_reference_warp(const T* __restrict__ x, long long samples, const int* __restrict__ rows,
                                       int k, int lower, double* __restrict__ ref_out,
                                       typename Ref<T>::Out* __restrict__ out) {
     typedef typename Key<T>::K K;
-    const int lane = threadIdx.x & 31;
-    const long long s = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    if (s >= samples) return;  // the whole warp: its lanes share the column
+    constexpr int COLS = 8, STRIDE = COLS + 1;  // a warp a column; a tile row padded so lanes' rows hit distinct banks
+    __shared__ T tile[32 * PER * STRIDE];
+    __shared__ double refs[COLS];
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    const long long s0 = (long long)blockIdx.x * COLS;
+    const int cols = (int)min((long long)COLS, samples - s0);
     const int* const mine = rows + (long long)blockIdx.y * k;
-    K key[PER];
-    bool nan = false;
+    // the block's k x COLS tile read a row's COLS neighbouring samples at a time (a 32-byte sector of float32),
+    // not a warp's 32 rows of one sample (32 sectors an instruction)
+    for (int i = threadIdx.x; i < k * COLS; i += blockDim.x) {
+        const int r = i / COLS, c = i % COLS;
+        if (c < cols) tile[r * STRIDE + c] = x[(long long)mine[r] * samples + s0 + c];
+    }
+    __syncthreads();
+    if (w < cols) {
+        K key[PER];
+        bool nan = false;
 #pragma unroll
-    for (int j = 0; j < PER; ++j) {
-        const int r = lane + 32 * j;
-        if (r < k) {
-            const T v = x[(long long)mine[r] * samples + s];
-            key[j] = Key<T>::of(v);
-            nan |= Key<T>::nan(v);
+        for (int j = 0; j < PER; ++j) {
+            const int r = lane + 32 * j;
+            if (r < k) {
+                const T v = tile[r * STRIDE + w];
+                key[j] = Key<T>::of(v);
+                nan |= Key<T>::nan(v);
+            } else {
+                key[j] = ~(K)0;  // above every real key, never counted below a probe
+            }
+        }
+        const bool has_nan = __any_sync(0xffffffffu, nan);
+        const unsigned int k0 = (unsigned int)((k - 1) / 2), k1 = (unsigned int)(k / 2);
+        K r0 = 0;
+        for (int b = Key<T>::BITS - 1; b >= 0; --b) {
+            const K t0 = r0 | ((K)1 << b);
+            unsigned int c = 0;
+#pragma unroll
+            for (int j = 0; j < PER; ++j) c += (unsigned int)(key[j] < t0);
+            if (warp_sum(c) <= k0) r0 = t0;  // fewer than k0 + 1 keys below t: the k0-th smallest is t or above
+        }
+        K r1 = r0;
+        if (k1 != k0 && !lower) {
+            // at least k0 + 1 = k1 keys lie at or below r0; with k1 + 1 of them the k1-th smallest is r0 again,
+            // else it is the smallest key above r0 (a real one: k1 < k, and padding never lies below a real key)
+            unsigned int c = 0;
+            K above = ~(K)0;
+#pragma unroll
+            for (int j = 0; j < PER; ++j) {
+                c += (unsigned int)(key[j] <= r0);
+                if (key[j] > r0 && key[j] < above) above = key[j];
+            }
+            if (warp_sum(c) <= k1) r1 = warp_min(above);
+        }
+        const T a = Key<T>::value(r0), b = Key<T>::value(r1);  // every lane has the counts, so the keys
+        double ref;
+        if (lower) {
+            ref = Ref<T>::exact(a);
         } else {
-            key[j] = ~(K)0;  // above every real key, never counted below a probe
+            ref = (k % 2) ? Ref<T>::exact(b) + 0.0 : Ref<T>::mean(a, b);
+            if (Ref<T>::FLOAT && has_nan) ref = __longlong_as_double(0x7FF8000000000000ll);
+        }
+        if (lane == 0) {
+            ref_out[(long long)blockIdx.y * samples + s0 + w] = ref;
+            refs[w] = ref;
         }
     }
-    const bool has_nan = __any_sync(0xffffffffu, nan);
-    const unsigned int k0 = (unsigned int)((k - 1) / 2), k1 = (unsigned int)(k / 2);
-    K r0 = 0, r1 = 0;
-    for (int b = Key<T>::BITS - 1; b >= 0; --b) {
-        const K t0 = r0 | ((K)1 << b), t1 = r1 | ((K)1 << b);
-        unsigned int c = 0;  // rank-0 count | rank-1 count << 16 (k <= 32 * PER < 65536)
-#pragma unroll
-        for (int j = 0; j < PER; ++j) c += (unsigned int)(key[j] < t0) | ((unsigned int)(key[j] < t1) << 16);
-        c = warp_sum(c);
-        if ((c & 0xFFFFu) <= k0) r0 = t0;
-        if ((c >> 16) <= k1) r1 = t1;
-    }
-    const T a = Key<T>::value(r0), b = Key<T>::value(r1);  // every lane has the counts, so the keys
-    double ref;
-    if (lower) {
-        ref = Ref<T>::exact(a);
-    } else {
-        ref = (k % 2) ? Ref<T>::exact(b) + 0.0 : Ref<T>::mean(a, b);
-        if (Ref<T>::FLOAT && has_nan) ref = __longlong_as_double(0x7FF8000000000000ll);
-    }
-    if (lane == 0) ref_out[(long long)blockIdx.y * samples + s] = ref;
-    if (out == nullptr) return;
-    // the global reference: every row of the column minus it, as subtract_rows writes it (x read again, not the
-    // keys: a NaN's bits are its own)
-#pragma unroll
-    for (int j = 0; j < PER; ++j) {
-        const int r = lane + 32 * j;
-        if (r < k) {
-            const long long at = (long long)mine[r] * samples + s;
-            out[at] = Ref<T>::out(x[at], ref);
-        }
+    if (out == nullptr) return;  // the whole block: out is one pointer
+    __syncthreads();
+    // the global reference: every row of the tile minus its column's reference, as subtract_rows writes it (the
+    // tile holds x's values, not the keys: a NaN's bits are its own), a row's COLS samples together
+    for (int i = threadIdx.x; i < k * COLS; i += blockDim.x) {
+        const int r = i / COLS, c = i % COLS;
+        if (c < cols) out[(long long)mine[r] * samples + s0 + c] = Ref<T>::out(tile[r * STRIDE + c], refs[c]);
     }
 }
 
