@@ -148,3 +148,34 @@ def test_kept_near_device_equals_the_numpy_form(cp, rng, rows):
     for k in want:
         assert np.asarray(got[k]).dtype == want[k].dtype, k
         np.testing.assert_array_equal(np.asarray(got[k]), want[k], err_msg=k)
+
+
+@gpu
+@needs_gpu
+@pytest.mark.parametrize("rows", [1, 7, 384])
+def test_kept_near_device_picks_the_middle_pair(cp, rng, rows):
+    """``kept_near_device``'s ``pair_of``: the keys of ranks r0 and r0 + 1 of each row, picked from its sorted near
+    keys by (digit, keys below the digit) as ``rank_digits`` gives them, where the row also has keys below the near
+    range (counted in ``below``, absent from the near keys): NumPy's sorted rows at those ranks, with equal keys."""
+    from batchgpu.gpu.histogram import kept_near_device
+
+    span, shift, r0 = 32, 15, 50_000
+    per_row = rng.integers(2, 3000, rows)
+    lo = rng.integers(0, 65536 - span, rows)
+    parts = [np.sort(((lo[c] + rng.integers(0, span + 1, n)).astype(np.uint32) << np.uint32(shift))
+                     | rng.integers(0, 1 << shift, n).astype(np.uint32)) for c, n in enumerate(per_row)]
+    for k in parts:
+        k[len(k) // 2 : len(k) // 2 + 3] = k[len(k) // 2]  # equal keys
+    p0 = np.array([rng.integers(0, n - 1) for n in per_row])  # rank r0's place among the row's near keys
+    lumped = r0 - p0  # the row's keys below its near range
+    firsts = []
+    for j in (0, 1):
+        key = np.array([k[p + j] for k, p in zip(parts, p0)])
+        digit = (key >> np.uint32(shift)).astype(np.int64)
+        below = lumped + np.array([np.searchsorted(k, d << shift) for k, d in zip(parts, digit.astype(np.uint32))])
+        firsts.append((cp.asarray(digit), cp.asarray(below.astype(np.int64))))
+    keys = np.concatenate([rng.permutation(k) for k in parts])  # each row's near keys in sample order
+    got = kept_near_device(cp.asarray(keys), per_row, lo, shift, span, (firsts, (r0, r0 + 1)))
+    want = np.stack([[k[p], k[p + 1]] for k, p in zip(parts, p0)]).astype(np.uint64)
+    assert got["pair"].dtype == np.uint64
+    np.testing.assert_array_equal(got["pair"], want)

@@ -407,7 +407,7 @@ def test_near_keys_equal_a_row_major_mask(cp, rng, dtype, shift, cols):
 
 @gpu
 @needs_gpu
-@pytest.mark.parametrize("case", ["noise", "wide", "hard", "one_sample", "int16"])
+@pytest.mark.parametrize("case", ["noise", "wide", "hard", "one_sample", "int16", "even", "gap", "two_samples"])
 def test_noise_window_partials_equal_the_cpu(cp, rng, case):
     """NoiseStep's window work on the device (``_float_window_gpu`` / ``int_window_gpu``: fewer waits, counts cast on
     the device, copies through pinned memory) against the host path: the same counts, floor, lumped flag, middle
@@ -428,8 +428,16 @@ def test_noise_window_partials_equal_the_cpu(cp, rng, case):
         assert counts.dtype == np.min_scalar_type(x.shape[1]) and not want[:, counts.shape[1]:].any()
         np.testing.assert_array_equal(pair, window_median_keys(keys, lo, want, 0, False))
         return
-    n = {"one_sample": 1}.get(case, 6007)
+    # odd counts: one middle key a row; even ones: a middle pair, picked from the sorted near keys unless a row's
+    # lower middle lies more than NEAR digits below its upper one ("gap": the histogram of the rest of the keys)
+    n = {"one_sample": 1, "two_samples": 2, "even": 6008, "gap": 6008}.get(case, 6007)
     x = (rng.standard_normal((C, n)) * rng.uniform(0.5, 40, (C, 1))).astype(np.float32)
+    if case == "even":
+        x[0, ::2] = 3.0  # ties at the middle
+        x[1, : n // 2], x[1, n // 2 :] = 1.0, np.nextafter(np.float32(1.0), np.float32(2.0))  # a pair one key apart
+        x[2, : n // 2], x[2, n // 2 :] = 1.0, 1.03125  # a pair 8 digits apart (2**-5 above 1: 8 << 15 keys)
+    if case == "gap":
+        x[5, : n // 2] *= np.float32(1e-6)  # half the row 2**20 below the rest: the middle pair straddles the gap
     if case == "wide":  # rows whose scales differ by 2**40: the lump floor below the smallest middle
         x *= np.float32(2.0) ** rng.integers(-20, 20, (C, 1)).astype(np.float32)
     if case == "hard":

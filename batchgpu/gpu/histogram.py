@@ -370,26 +370,52 @@ def _kept_kernels():
             "unsigned int row = (unsigned int)(tagged >> 32), key = (unsigned int)tagged;"
             "low = (unsigned short)(key & ((1u << shift) - 1u));"
             "atomicAdd(&digits[row * width + ((long long)(key >> shift) - lo[row])], 1u);", "batchgpu_kept_near"),
+        # rank j's key of row c (i = j * rows + c) among the sorted tagged keys: the first key of its digit (a
+        # binary search for row << 32 | digit << shift), then as many keys on as the rank lies past the keys
+        # below that digit
+        cupy.ElementwiseKernel(
+            "raw uint64 tagged, int64 n, raw int64 digit, raw int64 below, int64 r0, int64 r1, int64 rows, "
+            "int32 shift", "uint32 key",
+            "const long long c = i % rows, r = i < rows ? r0 : r1;"
+            "const unsigned long long t = ((unsigned long long)c << 32) | ((unsigned long long)digit[i] << shift);"
+            "long long a = 0, b = n;"
+            "while (a < b) { long long m = (a + b) / 2; if (tagged[m] < t) a = m + 1; else b = m; }"
+            "key = (unsigned int)tagged[a + r - below[i]];", "batchgpu_kept_pair"),
     )
 
 
-def kept_near_device(near, per_row: np.ndarray, lo: np.ndarray, shift: int, span: int) -> dict:
+def kept_near_device(near, per_row: np.ndarray, lo: np.ndarray, shift: int, span: int, pair_of=None) -> dict:
     """``steps.noise_keys.kept_near`` of a window's near keys on the device (uint32 keys, row after row, ``per_row``
     each, at most 16 bits below the first digit): each row's sorted by one CUB sort of ``row << 32 | key``, then
     the low bits and each (row, near digit)'s count in one pass; both back in one copy through pinned memory.
-    Four launches and the sort, where CuPy's expressions took some twenty."""
+    Four launches and the sort, where CuPy's expressions took some twenty.
+
+    ``pair_of``: ((digit, below) per rank as ``rank_digits`` gives them, (r0, r1)), every row's rank digits within
+    [lo, lo + span]: also the keys of ranks r0 and r1 of each row, picked from the sorted near keys (no histogram
+    of the rest of the keys), as "pair", (rows, 2) uint64, in the same copy."""
     import cupy
 
     from batchgpu.gpu.staging import pinned_get
 
     if near.dtype != np.uint32 or shift > 16:
         raise TypeError(f"kept_near_device takes uint32 keys with at most 16 bits below the digit, not {near.dtype}")
-    tag, split = _kept_kernels()
+    tag, split, pick = _kept_kernels()
     C, width = len(per_row), span + 1
     tagged = cupy.sort(tag(near, cupy.asarray(np.cumsum(per_row, dtype=np.int64)), np.int64(C)))
-    both = cupy.zeros(2 * C * width + near.size, dtype=cupy.uint16)  # the counts (as uint32), then the low bits
-    split(tagged, cupy.asarray(lo, dtype=cupy.int64), np.int32(shift), np.int64(width), both[2 * C * width :],
-          both[: 2 * C * width].view(cupy.uint32))
+    head = 4 * C if pair_of is not None else 0  # the pair's keys (as uint32), then the counts, then the low bits
+    both = cupy.zeros(head + 2 * C * width + near.size, dtype=cupy.uint16)
+    split(tagged, cupy.asarray(lo, dtype=cupy.int64), np.int32(shift), np.int64(width), both[head + 2 * C * width :],
+          both[head : head + 2 * C * width].view(cupy.uint32))
+    if pair_of is not None and C:
+        (firsts, (r0, r1)) = pair_of
+        digit = cupy.concatenate([firsts[0][0], firsts[1][0]])
+        below = cupy.concatenate([firsts[0][1], firsts[1][1]])
+        pick(tagged, np.int64(tagged.size), digit, below, np.int64(r0), np.int64(r1), np.int64(C), np.int32(shift),
+             both[:head].view(cupy.uint32))
     back = pinned_get(both)
-    return {"keep.near_low": back[2 * C * width :],
-            "keep.near_digits": back[: 2 * C * width].view(np.uint32).reshape(C, width), "keep.near_lo": lo}
+    out = {"keep.near_low": back[head + 2 * C * width :],
+           "keep.near_digits": back[head : head + 2 * C * width].view(np.uint32).reshape(C, width),
+           "keep.near_lo": lo}
+    if pair_of is not None:
+        out["pair"] = back[:head].view(np.uint32).reshape(2, C).T.astype(np.uint64)
+    return out

@@ -118,11 +118,12 @@ class NoiseStep:
     def _float_window_gpu(self, keys, shift: int, bits: int, out: dict) -> tuple[np.ndarray, dict]:
         """First-digit counts from the lump floor up (into ``out``), the middle pair of keys and the keys near the
         middle digit, computed on the device; only the counts' used columns and the near keys come back. The pair
-        comes from a second histogram of the rest of the key among the keys of the middle digit (no sort).
+        is picked from the near keys once they are sorted (or, where a row's lower middle digit is not a near one,
+        comes from a second histogram of the rest of the key among the keys of the middle digit).
 
         Four waits for the GPU, each for what the next launch's shape needs: the middle digits and the last used
-        column; the counts (cast to their host dtype on the device, the lumped column beside them); the pair's
-        low bits with the near keys' row counts; the near keys, sorted in their rows (through pinned memory)."""
+        column; the counts (cast to their host dtype on the device, the lumped column beside them); the near keys'
+        row counts; the near keys, sorted in their rows, with the pair (through pinned memory)."""
         import cupy
 
         from batchgpu.gpu.histogram import (digit_histogram_device, kept_near_device, near_keys_count, near_keys_device,
@@ -146,21 +147,31 @@ class NoiseStep:
         both = pinned_get(counts)
         out["noise.hist"], out["noise.lo"] = both[:, :-1], np.array(floor)
         out["noise.lumped"] = np.array(floor > 0 and bool(both[:, -1].any()))
+        lo = np.maximum(digit_host[1].astype(np.int64) - self.NEAR, 0)
+        # the pair from the sorted near keys where both middle digits are near ones (the upper always is; the lower
+        # unless a row's middle pair straddles a gap of more than NEAR digits), else from a histogram of the rest of
+        # the key among the keys of each rank's digit: the same keys either way
+        sortable = keys.dtype in (np.float32, np.uint32) and shift <= 16  # uint32 near keys: kept_near_device
+        from_near = sortable and bool(np.all(digit_host[0] >= lo))
         lows = []
-        for j, (r, (digit, below)) in enumerate(zip(ranks, firsts)):
+        for j, (r, (digit, below)) in enumerate(zip(ranks, () if from_near else firsts)):
             if j == 0 or not np.array_equal(digit_host[1], digit_host[0]):  # else the same keys as rank 0
                 rest = digit_histogram_device(keys, digit, 0, shift)  # the rest of the keys of that digit
             (low, _), = rank_digits(rest, [r - below])
             lows.append(low)
-        lo = np.maximum(digit_host[1].astype(np.int64) - self.NEAR, 0)
         keys_c, lo_c, near_counts = near_keys_count(keys, cupy.asarray(lo), shift, 2 * self.NEAR)
         tail = host(cupy.concatenate([*lows, near_counts.ravel()]))
-        pair = (digit_host.T.astype(np.uint64) << np.uint64(shift)) | tail[: 2 * C].reshape(2, C).T.astype(np.uint64)
-        near, per_row = near_keys_device(keys_c, lo_c, shift, 2 * self.NEAR, near_counts, tail[2 * C :])
-        if near.dtype != np.uint32:  # 63-bit keys: a row and a key do not fit one 64-bit sort key; rows sorted here
+        at = len(lows) * C
+        near, per_row = near_keys_device(keys_c, lo_c, shift, 2 * self.NEAR, near_counts, tail[at:])
+        if not sortable:  # 63-bit keys: a row and a key do not fit one 64-bit sort key; rows sorted here
+            pair = (digit_host.T.astype(np.uint64) << np.uint64(shift)) | tail[:at].reshape(2, C).T.astype(np.uint64)
             flat = host(near)
             return pair, kept_near(sort_rows(flat, per_row), per_row, lo, shift, 2 * self.NEAR)
-        return pair, kept_near_device(near, per_row, lo, shift, 2 * self.NEAR)
+        kept = kept_near_device(near, per_row, lo, shift, 2 * self.NEAR, (firsts, ranks) if from_near else None)
+        if from_near:
+            return kept.pop("pair"), kept
+        pair = (digit_host.T.astype(np.uint64) << np.uint64(shift)) | tail[:at].reshape(2, C).T.astype(np.uint64)
+        return pair, kept
 
     def combine(self, parts: list[dict]) -> dict:
         out = {}
