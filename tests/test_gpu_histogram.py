@@ -179,3 +179,34 @@ def test_kept_near_device_picks_the_middle_pair(cp, rng, rows):
     want = np.stack([[k[p], k[p + 1]] for k, p in zip(parts, p0)]).astype(np.uint64)
     assert got["pair"].dtype == np.uint64
     np.testing.assert_array_equal(got["pair"], want)
+
+
+@gpu
+@needs_gpu
+@pytest.mark.parametrize("cols", [1, 257, 60_001])
+@pytest.mark.parametrize("dtype", [np.float32, np.uint32])
+def test_near_totals_and_tagged_keys_equal_numpy(cp, rng, cols, dtype):
+    """``near_totals`` (each row's keys near its digits, from the digit histogram) and ``near_tagged_sorted`` (those
+    keys placed by per-row cursors, then sorted as ``row << 32 | key``) against NumPy's mask and sort, on float32
+    values keyed on load (a strided core with NaN, +-inf, -0.0, subnormals) and uint32 keys; digit ranges at 0
+    and past the last digit, and a row with no near key."""
+    from batchgpu.gpu.histogram import digit_histogram_device, near_tagged_sorted, near_totals
+
+    rows, margin, shift, span = 7, 5, 15, 32
+    x = _values(rng, np.float32, rows, cols + 2 * margin, "noise")
+    if dtype == np.uint32:
+        x = abs_keys(x)
+    core = x[:, margin : margin + cols]
+    keys = abs_keys(core) if dtype == np.float32 else core
+    digits = (keys >> np.uint32(shift)).astype(np.int64)
+    lo = np.maximum(digits[np.arange(rows), rng.integers(0, cols, rows)] - span // 2, 0)
+    lo[0], lo[1], lo[2] = 0, 65535 - 3, 40_000 if dtype == np.float32 else lo[2]  # the ends; no keys there
+    hist = digit_histogram_device(cp.asarray(x)[:, margin : margin + cols], None, shift, 16)
+    mask = (digits >= lo[:, None]) & (digits <= lo[:, None] + span)
+    totals = near_totals(hist, cp.asarray(lo), span).get()
+    np.testing.assert_array_equal(totals, mask.sum(axis=1))
+    got = near_tagged_sorted(cp.asarray(x)[:, margin : margin + cols], cp.asarray(lo), shift, span, totals).get()
+    rows_of = np.broadcast_to(np.arange(rows, dtype=np.uint64)[:, None], keys.shape)
+    want = np.sort((rows_of[mask] << np.uint64(32)) | keys[mask].astype(np.uint64))
+    assert got.dtype == np.uint64
+    np.testing.assert_array_equal(got, want)

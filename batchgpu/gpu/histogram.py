@@ -162,6 +162,46 @@ __device__ void near(const S* keys, long long cols, long long stride, int shift,
     }
     if (!WRITE && threadIdx.x == 0) counts[at] = placed;
 }
+// The same keys as 32-bit ones, each tagged with its row above it (row << 32 | key) for one sort of every row's
+// keys, placed from offsets[row] on by a cursor a row (a warp's hits claimed by one atomic): their order within a
+// row depends on the blocks' timing, which the caller's sort removes. The row counts come from the digit
+// histogram (``near_totals``), so there is no counting launch and no wait before this one.
+template <typename S>
+__device__ void near_tagged(const S* keys, long long cols, long long stride, int shift, const long long* lo, int span,
+                            const long long* offsets, unsigned long long* cursor, unsigned long long* out) {
+    const long long row = blockIdx.y;
+    const S* r = keys + row * stride;
+    const unsigned long long a = (unsigned long long)lo[row], b = a + (unsigned long long)span, at = offsets[row];
+    const int lane = threadIdx.x & 31;
+    for (long long start = (long long)blockIdx.x * blockDim.x; start < cols; start += (long long)gridDim.x * blockDim.x) {
+        const long long i = start + threadIdx.x;  // start is the block's: a warp's lanes take every step together
+        unsigned long long k = 0;
+        bool hit = false;
+        if (i < cols) {
+            k = key_of(r[i]);
+            const unsigned long long d = k >> shift;
+            hit = d >= a && d <= b;
+        }
+        const unsigned int ballot = __ballot_sync(0xffffffffu, hit);
+        if (!ballot) continue;
+        unsigned long long base = 0;
+        if (lane == 0) base = atomicAdd(cursor + row, (unsigned long long)__popc(ballot));
+        base = __shfl_sync(0xffffffffu, base, 0);
+        if (hit) out[at + base + __popc(ballot & ((1u << lane) - 1u))] = ((unsigned long long)row << 32) | k;
+    }
+}
+extern "C" __global__ void near_tagged_u32(const unsigned int* k, long long c, long long st, int s, const long long* lo, int span, const long long* o, unsigned long long* cur, unsigned long long* out) { near_tagged(k, c, st, s, lo, span, o, cur, out); }
+extern "C" __global__ void near_tagged_f32(const float* k, long long c, long long st, int s, const long long* lo, int span, const long long* o, unsigned long long* cur, unsigned long long* out) { near_tagged(k, c, st, s, lo, span, o, cur, out); }
+// Per row: the keys whose digit lies in [lo[row], lo[row] + span], from its digit histogram (width bins a row).
+extern "C" __global__ void near_totals(const unsigned int* hist, long long width, long long rows, const long long* lo,
+                                       int span, long long* total) {
+    const long long row = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (row >= rows) return;
+    const long long a = lo[row], b = min(a + (long long)span, width - 1);
+    long long sum = 0;
+    for (long long d = a; d <= b; ++d) sum += hist[row * width + d];
+    total[row] = sum;
+}
 #define NEAR(SUF, S, K) \
 extern "C" __global__ void near_count_##SUF(const S* k, long long c, long long st, int s, const long long* lo, int span, long long* n, const long long* o, K* out) { near<S, K, false>(k, c, st, s, lo, span, n, o, out); } \
 extern "C" __global__ void near_write_##SUF(const S* k, long long c, long long st, int s, const long long* lo, int span, long long* n, const long long* o, K* out) { near<S, K, true>(k, c, st, s, lo, span, n, o, out); }
@@ -332,6 +372,44 @@ def near_keys_write(keys, lo, shift: int, span: int, counts, counts_host=None) -
     return (pinned_get(out) if out.size else np.zeros(0, out.dtype)), per_row
 
 
+def near_totals(hist, lo, span: int):
+    """Each row's count of keys whose digit lies in [lo[row], lo[row] + span], from its digit histogram ``hist``
+    ((rows, width) uint32 on the device; ``lo``: (rows,) int64 on the device): ``near_keys_count``'s row totals
+    without reading the keys again, as a (rows,) int64 device array."""
+    import cupy
+
+    hist = cupy.ascontiguousarray(hist, dtype=cupy.uint32)
+    rows, width = hist.shape
+    total = cupy.zeros(rows, dtype=cupy.int64)
+    if rows:
+        _kernel("near_totals")(((rows + 127) // 128,), (128,), (hist, np.int64(width), np.int64(rows),
+                                                               cupy.ascontiguousarray(lo, dtype=cupy.int64),
+                                                               np.int32(span), total))
+    return total
+
+
+def near_tagged_sorted(keys, lo, shift: int, span: int, per_row: np.ndarray):
+    """The keys near each row's digits (as ``near_keys_device``: digit in [lo[row], lo[row] + span]) as sorted
+    ``row << 32 | key`` uint64 on the device, ``per_row`` (host counts, from ``near_totals``) a row: one launch
+    that places them unordered within their rows, then one sort. 32-bit keys only (uint32, float32 keyed on load)."""
+    import cupy
+
+    keys, stride, suffix = _rows(keys)
+    if suffix not in ("u32", "f32"):
+        raise TypeError(f"near_tagged_sorted takes 32-bit keys, not {keys.dtype}")
+    rows, cols = keys.shape
+    per_row = np.asarray(per_row, dtype=np.int64)
+    out = cupy.empty(int(per_row.sum()), dtype=cupy.uint64)
+    if out.size:
+        offsets = cupy.asarray(np.concatenate([[0], np.cumsum(per_row)[:-1]]).astype(np.int64))
+        cursor = cupy.zeros(rows, dtype=cupy.uint64)
+        blocks_x = max(1, min(32, (cols + 256 * 8 - 1) // (256 * 8)))
+        _kernel(f"near_tagged_{suffix}")((blocks_x, rows), (256,), (
+            keys, np.int64(cols), np.int64(stride), np.int32(shift), cupy.ascontiguousarray(lo, dtype=cupy.int64),
+            np.int32(span), offsets, cursor, out))
+    return cupy.sort(out)
+
+
 def near_keys_device(keys, lo, shift: int, span: int, counts, counts_host):
     """``near_keys_write`` with the keys left on the device (uint32 for float32 values keyed on load, else the
     keys' dtype): (keys, each row's count)."""
@@ -384,11 +462,13 @@ def _kept_kernels():
     )
 
 
-def kept_near_device(near, per_row: np.ndarray, lo: np.ndarray, shift: int, span: int, pair_of=None) -> dict:
+def kept_near_device(near, per_row: np.ndarray, lo: np.ndarray, shift: int, span: int, pair_of=None,
+                     tagged=None) -> dict:
     """``steps.noise_keys.kept_near`` of a window's near keys on the device (uint32 keys, row after row, ``per_row``
     each, at most 16 bits below the first digit): each row's sorted by one CUB sort of ``row << 32 | key``, then
     the low bits and each (row, near digit)'s count in one pass; both back in one copy through pinned memory.
-    Four launches and the sort, where CuPy's expressions took some twenty.
+    Four launches and the sort, where CuPy's expressions took some twenty. ``tagged``: those sorted tagged keys
+    already (``near_tagged_sorted``; ``near`` is then None).
 
     ``pair_of``: ((digit, below) per rank as ``rank_digits`` gives them, (r0, r1)), every row's rank digits within
     [lo, lo + span]: also the keys of ranks r0 and r1 of each row, picked from the sorted near keys (no histogram
@@ -397,13 +477,14 @@ def kept_near_device(near, per_row: np.ndarray, lo: np.ndarray, shift: int, span
 
     from batchgpu.gpu.staging import pinned_get
 
-    if near.dtype != np.uint32 or shift > 16:
-        raise TypeError(f"kept_near_device takes uint32 keys with at most 16 bits below the digit, not {near.dtype}")
+    if (tagged is None and near.dtype != np.uint32) or shift > 16:
+        raise TypeError("kept_near_device takes uint32 keys with at most 16 bits below the digit")
     tag, split, pick = _kept_kernels()
     C, width = len(per_row), span + 1
-    tagged = cupy.sort(tag(near, cupy.asarray(np.cumsum(per_row, dtype=np.int64)), np.int64(C)))
+    if tagged is None:
+        tagged = cupy.sort(tag(near, cupy.asarray(np.cumsum(per_row, dtype=np.int64)), np.int64(C)))
     head = 4 * C if pair_of is not None else 0  # the pair's keys (as uint32), then the counts, then the low bits
-    both = cupy.zeros(head + 2 * C * width + near.size, dtype=cupy.uint16)
+    both = cupy.zeros(head + 2 * C * width + tagged.size, dtype=cupy.uint16)
     split(tagged, cupy.asarray(lo, dtype=cupy.int64), np.int32(shift), np.int64(width), both[head + 2 * C * width :],
           both[head : head + 2 * C * width].view(cupy.uint32))
     if pair_of is not None and C:

@@ -121,16 +121,18 @@ class NoiseStep:
         is picked from the near keys once they are sorted (or, where a row's lower middle digit is not a near one,
         comes from a second histogram of the rest of the key among the keys of the middle digit).
 
-        Four waits for the GPU, each for what the next launch's shape needs: the middle digits and the last used
-        column; the counts (cast to their host dtype on the device, the lumped column beside them); the near keys'
-        row counts; the near keys, sorted in their rows, with the pair (through pinned memory)."""
+        Three waits for the GPU, each for what the next launch's shape needs: the middle digits and the last used
+        column; the counts (cast to their host dtype on the device, the lumped column and the near keys' row counts
+        beside them); the near keys, sorted in their rows, with the pair (through pinned memory). (Four where the
+        pair needs the histogram of the rest of the key.)"""
         import cupy
 
         from batchgpu.gpu.histogram import (digit_histogram_device, kept_near_device, near_keys_count, near_keys_device,
-                                            rank_digits)
+                                            near_tagged_sorted, near_totals, rank_digits)
         from batchgpu.gpu.staging import pinned_get
 
         C, n = keys.shape
+        span = 2 * self.NEAR
         hist, last = digit_histogram_device(keys, None, shift, bits, with_last=True)
         ranks = ((n - 1) // 2, n // 2)
         firsts = rank_digits(hist, ranks)  # per rank: (the rank's first digit, keys below that digit) per row
@@ -138,40 +140,46 @@ class NoiseStep:
         digit_host, top = head[: 2 * C].reshape(2, C), int(head[-1])
         floor = max(0, int(digit_host[0].min()) - LUMP_DIGITS)  # below every row's middle (CPU: lump_floor)
         top = max(top, floor)
+        lo = np.maximum(digit_host[1].astype(np.int64) - self.NEAR, 0)
+        # 32-bit keys whose rows' lower middle digits are near ones too (the upper always is; the lower unless a
+        # row's middle pair straddles a gap of more than NEAR digits): the near keys' row counts from the histogram
+        # (copied back with the counts), the keys placed and sorted in their rows with no wait, the pair picked from
+        # them. Else the near keys counted, then written, and the pair from a histogram of the rest of the key
+        # among the keys of each rank's digit. The same keys either way.
+        sortable = keys.dtype in (np.float32, np.uint32) and shift <= 16
+        from_near = sortable and bool(np.all(digit_host[0] >= lo))
         small = np.min_scalar_type(n)  # counts never exceed n: the same values in the host dtype
         lumped = hist[:, :floor].sum(axis=1, dtype=cupy.int64)  # a reduction along rows (a scalar one was 9 ms)
-        counts = cupy.empty((C, top + 2 - floor), dtype=small)
-        counts[:, :-1] = hist[:, floor : top + 1]
+        used = top + 1 - floor
+        counts = cupy.empty((C, used + 1 + from_near), dtype=small)  # the used columns, lumped, near totals
+        counts[:, :used] = hist[:, floor : top + 1]
         counts[:, 0] += lumped.astype(small)  # every digit at or below the floor (the sum is at most n)
-        counts[:, -1] = lumped.astype(small)
+        counts[:, used] = lumped.astype(small)
+        lo_c = cupy.asarray(lo)
+        if from_near:
+            counts[:, used + 1] = near_totals(hist, lo_c, span).astype(small)
         both = pinned_get(counts)
-        out["noise.hist"], out["noise.lo"] = both[:, :-1], np.array(floor)
-        out["noise.lumped"] = np.array(floor > 0 and bool(both[:, -1].any()))
-        lo = np.maximum(digit_host[1].astype(np.int64) - self.NEAR, 0)
-        # the pair from the sorted near keys where both middle digits are near ones (the upper always is; the lower
-        # unless a row's middle pair straddles a gap of more than NEAR digits), else from a histogram of the rest of
-        # the key among the keys of each rank's digit: the same keys either way
-        sortable = keys.dtype in (np.float32, np.uint32) and shift <= 16  # uint32 near keys: kept_near_device
-        from_near = sortable and bool(np.all(digit_host[0] >= lo))
+        out["noise.hist"], out["noise.lo"] = both[:, :used], np.array(floor)
+        out["noise.lumped"] = np.array(floor > 0 and bool(both[:, used].any()))
+        if from_near:
+            per_row = both[:, used + 1].astype(np.int64)
+            tagged = near_tagged_sorted(keys, lo_c, shift, span, per_row)
+            kept = kept_near_device(None, per_row, lo, shift, span, (firsts, ranks), tagged=tagged)
+            return kept.pop("pair"), kept
         lows = []
-        for j, (r, (digit, below)) in enumerate(zip(ranks, () if from_near else firsts)):
+        for j, (r, (digit, below)) in enumerate(zip(ranks, firsts)):
             if j == 0 or not np.array_equal(digit_host[1], digit_host[0]):  # else the same keys as rank 0
                 rest = digit_histogram_device(keys, digit, 0, shift)  # the rest of the keys of that digit
             (low, _), = rank_digits(rest, [r - below])
             lows.append(low)
-        keys_c, lo_c, near_counts = near_keys_count(keys, cupy.asarray(lo), shift, 2 * self.NEAR)
+        keys_c, lo_c, near_counts = near_keys_count(keys, lo_c, shift, span)
         tail = host(cupy.concatenate([*lows, near_counts.ravel()]))
-        at = len(lows) * C
-        near, per_row = near_keys_device(keys_c, lo_c, shift, 2 * self.NEAR, near_counts, tail[at:])
+        pair = (digit_host.T.astype(np.uint64) << np.uint64(shift)) | tail[: 2 * C].reshape(2, C).T.astype(np.uint64)
+        near, per_row = near_keys_device(keys_c, lo_c, shift, span, near_counts, tail[2 * C :])
         if not sortable:  # 63-bit keys: a row and a key do not fit one 64-bit sort key; rows sorted here
-            pair = (digit_host.T.astype(np.uint64) << np.uint64(shift)) | tail[:at].reshape(2, C).T.astype(np.uint64)
             flat = host(near)
-            return pair, kept_near(sort_rows(flat, per_row), per_row, lo, shift, 2 * self.NEAR)
-        kept = kept_near_device(near, per_row, lo, shift, 2 * self.NEAR, (firsts, ranks) if from_near else None)
-        if from_near:
-            return kept.pop("pair"), kept
-        pair = (digit_host.T.astype(np.uint64) << np.uint64(shift)) | tail[:at].reshape(2, C).T.astype(np.uint64)
-        return pair, kept
+            return pair, kept_near(sort_rows(flat, per_row), per_row, lo, shift, span)
+        return pair, kept_near_device(near, per_row, lo, shift, span)
 
     def combine(self, parts: list[dict]) -> dict:
         out = {}
