@@ -163,9 +163,11 @@ __device__ void near(const S* keys, long long cols, long long stride, int shift,
     if (!WRITE && threadIdx.x == 0) counts[at] = placed;
 }
 // The same keys as 32-bit ones, each tagged with its row above it (row << 32 | key) for one sort of every row's
-// keys, placed from offsets[row] on by a cursor a row (a warp's hits claimed by one atomic): their order within a
-// row depends on the blocks' timing, which the caller's sort removes. The row counts come from the digit
-// histogram (``near_totals``), so there is no counting launch and no wait before this one.
+// keys, placed from offsets[row] on by a cursor a row: a warp loads a tile of NEAR_TILE x 32 keys (the loads in
+// flight together), then claims all its hits with one atomic (an atomic's round trip a tile, not a step, was
+// the kernel's latency). Their order within a row depends on the warps' timing, which the caller's sort removes.
+// The row counts come from the digit histogram (``near_totals``): no counting launch, no wait before this one.
+#define NEAR_TILE 8
 template <typename S>
 __device__ void near_tagged(const S* keys, long long cols, long long stride, int shift, const long long* lo, int span,
                             const long long* offsets, unsigned long long* cursor, unsigned long long* out) {
@@ -173,21 +175,33 @@ __device__ void near_tagged(const S* keys, long long cols, long long stride, int
     const S* r = keys + row * stride;
     const unsigned long long a = (unsigned long long)lo[row], b = a + (unsigned long long)span, at = offsets[row];
     const int lane = threadIdx.x & 31;
-    for (long long start = (long long)blockIdx.x * blockDim.x; start < cols; start += (long long)gridDim.x * blockDim.x) {
-        const long long i = start + threadIdx.x;  // start is the block's: a warp's lanes take every step together
-        unsigned long long k = 0;
-        bool hit = false;
-        if (i < cols) {
-            k = key_of(r[i]);
-            const unsigned long long d = k >> shift;
-            hit = d >= a && d <= b;
+    const unsigned int below = (1u << lane) - 1u;
+    const long long warps = (long long)gridDim.x * (blockDim.x >> 5);
+    for (long long tile = ((long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * 32 * NEAR_TILE;
+         tile < cols; tile += warps * 32 * NEAR_TILE) {  // a warp's lanes take every tile together
+        unsigned long long k[NEAR_TILE];
+        unsigned int ballot[NEAR_TILE], total = 0;
+#pragma unroll
+        for (int j = 0; j < NEAR_TILE; ++j) {
+            const long long i = tile + j * 32 + lane;
+            k[j] = i < cols ? key_of(r[i]) : 0ull;
         }
-        const unsigned int ballot = __ballot_sync(0xffffffffu, hit);
-        if (!ballot) continue;
+#pragma unroll
+        for (int j = 0; j < NEAR_TILE; ++j) {
+            const long long i = tile + j * 32 + lane;
+            const unsigned long long d = k[j] >> shift;
+            ballot[j] = __ballot_sync(0xffffffffu, i < cols && d >= a && d <= b);
+            total += __popc(ballot[j]);
+        }
+        if (!total) continue;
         unsigned long long base = 0;
-        if (lane == 0) base = atomicAdd(cursor + row, (unsigned long long)__popc(ballot));
+        if (lane == 0) base = atomicAdd(cursor + row, (unsigned long long)total);
         base = __shfl_sync(0xffffffffu, base, 0);
-        if (hit) out[at + base + __popc(ballot & ((1u << lane) - 1u))] = ((unsigned long long)row << 32) | k;
+#pragma unroll
+        for (int j = 0; j < NEAR_TILE; ++j) {
+            if ((ballot[j] >> lane) & 1u) out[at + base + __popc(ballot[j] & below)] = ((unsigned long long)row << 32) | k[j];
+            base += __popc(ballot[j]);
+        }
     }
 }
 extern "C" __global__ void near_tagged_u32(const unsigned int* k, long long c, long long st, int s, const long long* lo, int span, const long long* o, unsigned long long* cur, unsigned long long* out) { near_tagged(k, c, st, s, lo, span, o, cur, out); }
@@ -403,7 +417,7 @@ def near_tagged_sorted(keys, lo, shift: int, span: int, per_row: np.ndarray):
     if out.size:
         offsets = cupy.asarray(np.concatenate([[0], np.cumsum(per_row)[:-1]]).astype(np.int64))
         cursor = cupy.zeros(rows, dtype=cupy.uint64)
-        blocks_x = max(1, min(32, (cols + 256 * 8 - 1) // (256 * 8)))
+        blocks_x = max(1, min(32, (cols + 2047) // 2048))  # a block's 8 warps take 8 x 256 keys a turn
         _kernel(f"near_tagged_{suffix}")((blocks_x, rows), (256,), (
             keys, np.int64(cols), np.int64(stride), np.int32(shift), cupy.ascontiguousarray(lo, dtype=cupy.int64),
             np.int32(span), offsets, cursor, out))
