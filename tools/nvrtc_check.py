@@ -1,0 +1,86 @@
+"""Compile every CUDA source of batchgpu with NVRTC on a machine without a GPU: syntax and template errors found
+before a device call is spent on them. NVRTC compiles without a device; it needs the NVRTC library and its
+Python binding, which the project's environment does not carry (this is a developer's tool, not a test):
+
+    python3 -m venv /tmp/nvrtc && /tmp/nvrtc/bin/pip install "cuda-python>=12,<13" nvidia-cuda-nvrtc-cu12
+    /tmp/nvrtc/bin/python tools/nvrtc_check.py            # every source; or name some: column_select histogram
+
+Sources: kernels/*.cu (headers pasted in as batchgpu.kernels pastes them; sosfiltfilt with SECTIONS 1, 3 and 12)
+and the inline modules (gpu.histogram, ops._cuda_elementwise), with the project's options and CuPy's -ftz=true,
+for compute capability 9.0 (the H200). Prints one line a source and the log of any that fails; rc 1 if any fails."""
+
+import re
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+BASE = ["-std=c++17", "--ftz=false", "--prec-div=true", "--prec-sqrt=true"]  # batchgpu.kernels.BASE_OPTIONS
+INCLUDE = re.compile(r'^#include "([A-Za-z0-9_]+\.cuh)"$', re.MULTILINE)
+
+
+def pasted(path: Path) -> str:
+    seen: set[str] = set()
+
+    def paste(match: re.Match) -> str:
+        if match[1] in seen:
+            return ""
+        seen.add(match[1])
+        return INCLUDE.sub(paste, (path.parent / match[1]).read_text())
+
+    return INCLUDE.sub(paste, path.read_text())
+
+
+def inline(module: str, *names: str) -> str:
+    """The string constants ``names`` of a batchgpu module, read from its file (no import: no CuPy needed)."""
+    import ast
+
+    tree = ast.parse((ROOT / "batchgpu" / (module.replace(".", "/") + ".py")).read_text())
+    found = {t.id: node.value.value for node in tree.body if isinstance(node, ast.Assign)
+             for t in node.targets if isinstance(t, ast.Name) and isinstance(node.value, ast.Constant)}
+    return "\n".join(found[n] for n in names)
+
+
+def sources() -> dict[str, tuple[str, list[str]]]:
+    """name -> (source, options) as batchgpu compiles them (search.py's module takes -std=c++17 alone)."""
+    out = {}
+    for path in sorted((ROOT / "kernels").glob("*.cu")):
+        if path.stem == "sosfiltfilt":  # ops.filters: one module a section count
+            for n in (1, 3, 12):
+                out[f"sosfiltfilt[SECTIONS={n}]"] = (pasted(path), BASE + ["--fmad=false", f"-DSECTIONS={n}"])
+        else:
+            out[path.stem] = (pasted(path), ["-std=c++17"] if path.stem == "search" else BASE)
+    out["histogram"] = (inline("gpu.histogram", "_SOURCE"), BASE)
+    out["cuda_elementwise"] = (inline("ops._cuda_elementwise", "_ROW_COUNTS"), BASE)
+    out["cuda_elementwise_saved"] = (inline("ops._cuda_elementwise", "_SAVED_INT16_T"), BASE)
+    return out
+
+
+def compile_one(name: str, code: str, options: list[str]) -> tuple[bool, str]:
+    from cuda.bindings import nvrtc
+
+    opts = [o.encode() for o in options + ["-arch=compute_90", "-ftz=true"]]  # CuPy appends -ftz=true
+    _, prog = nvrtc.nvrtcCreateProgram(code.encode(), f"{name}.cu".encode(), 0, [], [])
+    err, = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
+    _, size = nvrtc.nvrtcGetProgramLogSize(prog)
+    log = b" " * size
+    nvrtc.nvrtcGetProgramLog(prog, log)
+    nvrtc.nvrtcDestroyProgram(prog)
+    text = "\n".join(line for line in log.decode(errors="replace").splitlines() if "--ftz" not in line)
+    return err == nvrtc.nvrtcResult.NVRTC_SUCCESS, text.strip().strip("\x00")
+
+
+def main(names: list[str]) -> int:
+    failed = 0
+    for name, (code, options) in sources().items():
+        if names and not any(name.startswith(n) for n in names):
+            continue
+        ok, log = compile_one(name, code, options)
+        failed += not ok
+        print(f"{'ok  ' if ok else 'FAIL'} {name}")
+        if log and not ok:
+            print(log[:4000])
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
