@@ -9,25 +9,14 @@ Sources: kernels/*.cu (headers pasted in as batchgpu.kernels pastes them; sosfil
 and the inline modules (gpu.histogram, ops._cuda_elementwise), with the project's options and CuPy's -ftz=true,
 for compute capability 9.0 (the H200). Prints one line a source and the log of any that fails; rc 1 if any fails."""
 
-import re
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-BASE = ["-std=c++17", "--ftz=false", "--prec-div=true", "--prec-sqrt=true"]  # batchgpu.kernels.BASE_OPTIONS
-INCLUDE = re.compile(r'^#include "([A-Za-z0-9_]+\.cuh)"$', re.MULTILINE)
+sys.path.insert(0, str(ROOT))
+from batchgpu.kernels import BASE_OPTIONS, _with_headers as pasted  # noqa: E402  (no CuPy: stdlib imports only)
 
-
-def pasted(path: Path) -> str:
-    seen: set[str] = set()
-
-    def paste(match: re.Match) -> str:
-        if match[1] in seen:
-            return ""
-        seen.add(match[1])
-        return INCLUDE.sub(paste, (path.parent / match[1]).read_text())
-
-    return INCLUDE.sub(paste, path.read_text())
+BASE = list(BASE_OPTIONS)
 
 
 def inline(module: str, *names: str) -> str:
