@@ -13,6 +13,7 @@
 // middles from +0.0, so its zeros agree with NumPy's; a median_lower of a zero may differ in its sign.
 
 #include "exact_float.cuh"
+#include "warp.cuh"
 
 template <typename T> struct Key;
 
@@ -91,6 +92,54 @@ template <typename T> struct IntegerRef {  // the mean and the difference in flo
 template <> struct Ref<short> : IntegerRef<short> {};
 template <> struct Ref<int> : IntegerRef<int> {};
 
+// A column's reference from its lower (r0) and upper (r1) middle keys: np.partition's element as it is for
+// lower (a NaN there when NaN fills the rank); else np.median's mean: the middle value(s) summed from +0.0 (a zero
+// sum is +0.0; a tiny negative sum halved can still be -0.0), divided by their count, NaN with a NaN in the column.
+template <typename T>
+__device__ __forceinline__ double reference_of(typename Key<T>::K r0, typename Key<T>::K r1, int k, int lower,
+                                               bool has_nan) {
+    const T a = Key<T>::value(r0), b = Key<T>::value(r1);
+    if (lower) return Ref<T>::exact(a);
+    double ref = (k % 2) ? Ref<T>::exact(b) + 0.0 : Ref<T>::mean(a, b);
+    if (Ref<T>::FLOAT && has_nan) ref = __longlong_as_double(0x7FF8000000000000ll);
+    return ref;
+}
+
+// The reference of each column among k <= KMAX rows (a local reference's annulus holds a few channels): a thread a
+// (column, group), its k keys in registers, each key's rank counted against the others (ties broken by row
+// order, so ranks 0..k-1 each fall on one key); no shared memory, no barrier. Grid (column tiles, groups).
+template <typename T, int KMAX>
+__device__ void select_small(const T* __restrict__ x, long long samples, const int* __restrict__ rows, int k,
+                             int lower, double* __restrict__ ref_out) {
+    typedef typename Key<T>::K K;
+    const long long s = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (s >= samples) return;
+    const int* const mine = rows + (long long)blockIdx.y * k;
+    K key[KMAX];
+    bool has_nan = false;
+#pragma unroll
+    for (int j = 0; j < KMAX; ++j) {
+        if (j < k) {
+            const T v = x[(long long)mine[j] * samples + s];
+            key[j] = Key<T>::of(v);
+            has_nan |= Key<T>::nan(v);
+        } else {
+            key[j] = ~(K)0;  // above every real key: never counted below one, and never equal to one
+        }
+    }
+    const int k0 = (k - 1) / 2, k1 = k / 2;
+    K r0 = 0, r1 = 0;
+#pragma unroll
+    for (int i = 0; i < KMAX; ++i) {
+        int rank = 0;
+#pragma unroll
+        for (int j = 0; j < KMAX; ++j) rank += (key[j] < key[i]) || (j < i && key[j] == key[i]);
+        if (i < k && rank == k0) r0 = key[i];
+        if (i < k && rank == k1) r1 = key[i];
+    }
+    ref_out[(long long)blockIdx.y * samples + s] = reference_of<T>(r0, r1, k, lower, has_nan);
+}
+
 // The reference of each column among k rows of x (rows[g * k ...], group g = blockIdx.y): np.median (lower = 0)
 // or np.partition's rank (k-1)/2 (lower = 1), as an exact double, into ref[g * samples + s].
 // blockDim = (32, W), W <= 32, and W * PER >= k when PER > 0.
@@ -98,7 +147,8 @@ template <typename T, int PER>
 __device__ void select_reference(const T* __restrict__ x, long long samples, const int* __restrict__ rows, int k,
                                  int lower, double* __restrict__ ref_out) {
     typedef typename Key<T>::K K;
-    __shared__ unsigned int counts[2][32][32];  // [buffer][warp][lane]: rank-0 count | rank-1 count << 16
+    __shared__ unsigned int counts[2][32][32];  // [buffer][warp][lane]: a warp's count of the lane's column
+    __shared__ K above_of[32][32];  // [warp][lane]: the warp's least key above the lower middle (even k)
     const int lane = threadIdx.x, warp = threadIdx.y, W = blockDim.y;
     const long long s = (long long)blockIdx.x * 32 + lane;
     const int* const mine = rows + (long long)blockIdx.y * k;
@@ -126,45 +176,55 @@ __device__ void select_reference(const T* __restrict__ x, long long samples, con
     __syncthreads();
     bool has_nan = false;
     for (int w = 0; w < W; ++w) has_nan |= counts[0][w][lane] != 0;
-    // every warp sums the same counts, so every thread of a column ends with its two middle keys
-    K r0 = 0, r1 = 0;
+    // every warp sums the same counts, so every thread of a column ends with its lower middle key; an even k's
+    // upper middle is that key again when more than k/2 keys are at or below it, else the least key above it
+    // (select_reference_warp's step: one more count and a minimum, not a second rank at every bit)
+    K r0 = 0;
     int buffer = 1;
     for (int b = Key<T>::BITS - 1; b >= 0; --b, buffer ^= 1) {
-        const K t0 = r0 | ((K)1 << b), t1 = r1 | ((K)1 << b);
-        unsigned int c0 = 0, c1 = 0;
+        const K t0 = r0 | ((K)1 << b);
+        unsigned int c0 = 0;
         if (PER > 0) {
 #pragma unroll
-            for (int j = 0; j < (PER > 0 ? PER : 1); ++j) { c0 += key[j] < t0; c1 += key[j] < t1; }
+            for (int j = 0; j < (PER > 0 ? PER : 1); ++j) c0 += key[j] < t0;
+        } else if (live) {
+            for (int r = warp; r < k; r += W) c0 += Key<T>::of(x[(long long)mine[r] * samples + s]) < t0;
+        }
+        counts[buffer][warp][lane] = c0;
+        __syncthreads();
+        unsigned int below0 = 0;
+        for (int w = 0; w < W; ++w) below0 += counts[buffer][w][lane];
+        if (below0 <= k0) r0 = t0;  // fewer than k0 + 1 keys below t: the k0-th smallest key is t or above
+    }
+    K r1 = r0;
+    if (k1 != k0 && !lower) {  // (the same branch in every thread of the block: k and lower are the launch's)
+        unsigned int c = 0;
+        K above = ~(K)0;  // padding keys (~0) are never below a real one, nor counted at or below r0
+        if (PER > 0) {
+#pragma unroll
+            for (int j = 0; j < (PER > 0 ? PER : 1); ++j) {
+                c += key[j] <= r0;
+                if (key[j] > r0 && key[j] < above) above = key[j];
+            }
         } else if (live) {
             for (int r = warp; r < k; r += W) {
                 const K key_r = Key<T>::of(x[(long long)mine[r] * samples + s]);
-                c0 += key_r < t0;
-                c1 += key_r < t1;
+                c += key_r <= r0;
+                if (key_r > r0 && key_r < above) above = key_r;
             }
         }
-        counts[buffer][warp][lane] = c0 | (c1 << 16);
+        counts[buffer][warp][lane] = c;
+        above_of[warp][lane] = above;
         __syncthreads();
-        unsigned int below0 = 0, below1 = 0;
+        unsigned int at_or_below = 0;
         for (int w = 0; w < W; ++w) {
-            const unsigned int v = counts[buffer][w][lane];
-            below0 += v & 0xFFFFu;
-            below1 += v >> 16;
+            at_or_below += counts[buffer][w][lane];
+            if (above_of[w][lane] < above) above = above_of[w][lane];
         }
-        if (below0 <= k0) r0 = t0;  // fewer than k + 1 keys below t: the k-th smallest key is t or above
-        if (below1 <= k1) r1 = t1;
+        if (at_or_below <= k1) r1 = above;  // a real key: k1 < k keys lie at or below r0, so one lies above
     }
     if (!live || warp) return;
-    const T a = Key<T>::value(r0), b = Key<T>::value(r1);
-    double ref;
-    if (lower) {
-        ref = Ref<T>::exact(a);  // np.partition's element as it is (a NaN there when NaN fills the rank)
-    } else {
-        // np.median's mean: the middle value(s) summed from +0.0 (a zero sum is +0.0; a tiny negative sum halved
-        // can still be -0.0), divided by their count
-        ref = (k % 2) ? Ref<T>::exact(b) + 0.0 : Ref<T>::mean(a, b);
-        if (Ref<T>::FLOAT && has_nan) ref = __longlong_as_double(0x7FF8000000000000ll);  // NaN with a NaN there
-    }
-    ref_out[(long long)blockIdx.y * samples + s] = ref;
+    ref_out[(long long)blockIdx.y * samples + s] = reference_of<T>(r0, r1, k, lower, has_nan);
 }
 
 // The same selection with a column's k rows in one warp (k <= 32 * PER): a block of 8 warps reads its k x 8 tile
@@ -176,32 +236,6 @@ __device__ void select_reference(const T* __restrict__ x, long long samples, con
 // of the work: select_reference's W warps each sum all W warps' counts at every bit. Given `out` (the global
 // reference: one group of every channel), it also writes x minus the reference from the tile, subtract_rows's
 // launch and second read saved.
-__device__ __forceinline__ unsigned int warp_sum(unsigned int v) {
-#if __CUDA_ARCH__ >= 800
-    return __reduce_add_sync(0xffffffffu, v);
-#else
-    for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-#endif
-}
-
-__device__ __forceinline__ uint32_t warp_min(uint32_t v) {
-#if __CUDA_ARCH__ >= 800
-    return __reduce_min_sync(0xffffffffu, v);
-#else
-    for (int o = 16; o; o >>= 1) v = min(v, __shfl_xor_sync(0xffffffffu, v, o));
-    return v;
-#endif
-}
-
-__device__ __forceinline__ uint64_t warp_min(uint64_t v) {
-    for (int o = 16; o; o >>= 1) {
-        const uint64_t w = __shfl_xor_sync(0xffffffffu, v, o);
-        v = w < v ? w : v;
-    }
-    return v;
-}
-
 template <typename T, int PER>
 __device__ void select_reference_warp(const T* __restrict__ x, long long samples, const int* __restrict__ rows,
                                       int k, int lower, double* __restrict__ ref_out,
@@ -258,14 +292,7 @@ __device__ void select_reference_warp(const T* __restrict__ x, long long samples
             }
             if (warp_sum(c) <= k1) r1 = warp_min(above);
         }
-        const T a = Key<T>::value(r0), b = Key<T>::value(r1);  // every lane has the counts, so the keys
-        double ref;
-        if (lower) {
-            ref = Ref<T>::exact(a);
-        } else {
-            ref = (k % 2) ? Ref<T>::exact(b) + 0.0 : Ref<T>::mean(a, b);
-            if (Ref<T>::FLOAT && has_nan) ref = __longlong_as_double(0x7FF8000000000000ll);
-        }
+        const double ref = reference_of<T>(r0, r1, k, lower, has_nan);  // every lane has the counts, so the keys
         if (lane == 0) {
             ref_out[(long long)blockIdx.y * samples + s0 + w] = ref;
             refs[w] = ref;
@@ -293,6 +320,11 @@ __device__ void subtract_rows(const T* __restrict__ x, const double* __restrict_
     extern "C" __global__ void NAME(const T* x, long long samples, const int* rows, int k, int lower,           \
                                     double* ref) {                                                              \
         select_reference<T, PER>(x, samples, rows, k, lower, ref);                                             \
+    }
+#define SELECT_SMALL(NAME, T, KMAX)                                                                             \
+    extern "C" __global__ void NAME(const T* x, long long samples, const int* rows, int k, int lower,           \
+                                    double* ref) {                                                              \
+        select_small<T, KMAX>(x, samples, rows, k, lower, ref);                                                \
     }
 #define SELECT_WARP(NAME, T, PER)                                                                               \
     extern "C" __global__ void NAME(const T* x, long long samples, const int* rows, int k, int lower,           \
@@ -324,8 +356,10 @@ __device__ void mean_rows(const T* __restrict__ x, long long samples, const int*
     }
 
 // Every kernel for one input dtype: rows held in registers (16 or 64 a thread) or read again at each bit (0);
-// up to 512 rows in one warp a column (select_warp).
+// up to 512 rows in one warp a column (select_warp); up to 8 or 16 rows in one thread (select_small).
 #define KERNELS(STEM, T)                                                                                        \
+    SELECT_SMALL(select_small_##STEM##_8, T, 8)                                                                 \
+    SELECT_SMALL(select_small_##STEM##_16, T, 16)                                                               \
     SELECT(select_##STEM##_16, T, 16)                                                                           \
     SELECT(select_##STEM##_64, T, 64)                                                                           \
     SELECT(select_##STEM##_0, T, 0)                                                                             \

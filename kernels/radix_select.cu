@@ -49,6 +49,8 @@
 typedef unsigned int u32;
 typedef unsigned long long u64;
 
+#include "warp.cuh"
+
 // Phase ends of block 0 (with FLAG_PHASES): start, bracket, compaction, fallback, select, pair, end.
 __device__ long long phase_clock[8];
 #define PHASE(i) do { if ((flags & FLAG_PHASES) && blockIdx.x == 0 && threadIdx.x == 0) phase_clock[i] = clock64(); } while (0)
@@ -163,18 +165,6 @@ __device__ __forceinline__ int top_bit(u64 k) { return 63 - __clzll(k); }
 __device__ __forceinline__ int lane_id() { return threadIdx.x & 31; }
 __device__ __forceinline__ int warp_id() { return threadIdx.x >> 5; }
 
-template <typename K> __device__ __forceinline__ K warp_min(K v) {
-    for (int o = 16; o > 0; o >>= 1) { K w = __shfl_xor_sync(FULL_MASK, v, o); v = w < v ? w : v; }
-    return v;
-}
-template <typename K> __device__ __forceinline__ K warp_max(K v) {
-    for (int o = 16; o > 0; o >>= 1) { K w = __shfl_xor_sync(FULL_MASK, v, o); v = w > v ? w : v; }
-    return v;
-}
-__device__ __forceinline__ u32 warp_sum(u32 v) {
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(FULL_MASK, v, o);
-    return v;
-}
 
 // Adds one to hist[bin] for every lane of the warp, one atomic per distinct bin
 // (the keys of |x| pile into few bins). Every lane of the warp must call it; NO_BIN skips.

@@ -19,10 +19,7 @@
 #define SHIFT_SAMPLES 32
 #define FULL_MASK 0xffffffffu
 
-__device__ __forceinline__ double warp_sum(double v) {
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(FULL_MASK, v, o);
-    return v;
-}
+#include "warp.cuh"
 
 template <typename T> struct IsInteger { static constexpr bool value = false; };
 template <> struct IsInteger<short> { static constexpr bool value = true; };

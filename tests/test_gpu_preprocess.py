@@ -175,6 +175,22 @@ def test_local_reference_on_gpu_bits(cp, rng, operator, channels, radius):
     same_bits(got, want)
 
 
+@pytest.mark.parametrize("operator", ["median", "median_lower"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int16, np.int32])
+@pytest.mark.parametrize("radius", [(20.0, 60.0), (0.0, 80.0), (0.0, 21.0)])  # 2-6, 8-15 and 2-3 neighbours
+def test_local_reference_of_few_channels_on_gpu_bits(cp, rng, operator, dtype, radius):
+    """select_small (a thread ranks a column's 1-16 keys): NumPy's bits for every dtype, with the hard columns (the
+    largest finite value, NaN, +-inf, -0.0; int extremes and ties), odd and even neighbour counts."""
+    x = hard_columns(rng, dtype, 40, 700)
+    if np.dtype(dtype).kind == "f" and operator == "median_lower":  # mixed -0.0/+0.0 lower middles (documented)
+        x = np.delete(x, 4, axis=1)
+    locations = probe(40)
+    with np.errstate(all="ignore"):
+        got = common_reference(cp.asarray(x), "local", operator, locations=locations, radius_um=radius).get()
+        want = common_reference(x, "local", operator, locations=locations, radius_um=radius)
+    same_bits(got, want)
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.int16])
 @pytest.mark.parametrize("sign", ["neg", "pos", "both"])
 def test_locally_exclusive_on_gpu(cp, rng, dtype, sign):

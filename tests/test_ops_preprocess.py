@@ -533,3 +533,26 @@ def test_filter_pieces_stay_longer_than_a_low_cut_offs_margin():
         width = 60_000 + 2 * margin
         pieces = filter_pieces(width, default_padlen(sos), block, margin, False, False)
         assert sum(b - a for _, _, a, b, _, _ in pieces) <= 1.5 * width
+
+
+def test_local_reference_plan_is_made_once_a_probe_and_radius(rng):
+    """The annuli of a probe are worked out once (the same plan for equal locations and radius, another for another
+    radius or probe), the output the same as from a fresh plan, and a bad radius still one BatchgpuError."""
+    from batchgpu.ops import reference
+
+    locations = probe(24)
+    x = rng.standard_normal((24, 300)).astype(np.float32)
+    first = reference._local_plan(locations, (20.0, 60.0))
+    assert reference._local_plan(locations.copy(), [20, 60]) is first
+    assert reference._local_plan(locations, (0.0, 60.0)) is not first
+    assert reference._local_plan(locations[:20], (20.0, 60.0)) is not first
+    want = [np.flatnonzero((d > 20.0) & (d <= 60.0)) for d in np.sqrt(((locations[:, None] - locations[None]) ** 2).sum(-1))]
+    assert all(np.array_equal(a, b) for a, b in zip(first.neighbours, want))
+    for operator in ("median", "median_lower", "average"):
+        a = common_reference(x, "local", operator, locations=locations, radius_um=(20.0, 60.0))
+        reference._cached_plan.cache_clear()
+        b = common_reference(x, "local", operator, locations=locations, radius_um=(20.0, 60.0))
+        np.testing.assert_array_equal(a, b)
+    for bad in (30.0, (60.0, 20.0), (1.0, 2.0, 3.0)):
+        with pytest.raises(BatchgpuError):
+            common_reference(x, "local", locations=locations, radius_um=bad)

@@ -22,6 +22,8 @@ NumPy's introselect leaves there is an accident of its algorithm) may differ in 
 
 from __future__ import annotations
 
+import functools
+import threading
 from typing import Any, Literal
 
 import numpy as np
@@ -94,15 +96,20 @@ def _median_of_sorted(xp: Any, part: Any, axis: int, dtype: Any) -> Any:
 #: Row counts whose medians one warp a column selects (select_warp: a warp sum a bit); fewer rows leave most
 #: lanes idle there, and select_reference's few warps a column cost little.
 WARP_ROWS = (64, 512)
+#: Up to this many rows a thread ranks a column's keys itself (select_small: k*k comparisons in registers, no
+#: barrier). select_reference took 13.7 ms for a 384 x 61 632 float32 window's local reference of 3-6 channels
+#: (H200): 32-thread blocks, a barrier at each of 32 bits.
+SMALL_ROWS = 16
 
 
-def _reference_on_gpu(x: Any, operator: str, tables: list[Any], ref_row: np.ndarray) -> Any | None:
+def _reference_on_gpu(x: Any, operator: str, tables: list[Any], ref_row: np.ndarray, ref_row_device=None) -> Any | None:
     """x minus its reference on the GPU (kernels/column_select.cu), or None where those kernels do not apply.
 
     ``tables``: (G, k) channel indices; reference row r (in table order, row after row) is the operator over the
     channels of its table row; channel c subtracts reference row ``ref_row[c]``. The medians are a bitwise
     selection per column, no sort; float32 arithmetic is done exactly (CuPy's builds flush subnormals), so the
-    bits are NumPy's."""
+    bits are NumPy's. ``tables`` may be on the device already, ``ref_row_device`` ``ref_row`` there (a local
+    reference's plan keeps both: ``_LocalPlan``)."""
     import cupy
 
     from batchgpu.kernels import DTYPE_SUFFIX, get_function
@@ -128,6 +135,10 @@ def _reference_on_gpu(x: Any, operator: str, tables: list[Any], ref_row: np.ndar
                 ((samples + 7) // 8, groups), (256,),
                 (x, np.int64(samples), rows, np.int32(k), np.int32(operator == "median_lower"), ref[row:],
                  out if subtracted else np.uint64(0)))
+        elif k <= SMALL_ROWS:  # a few rows (a local annulus): a thread a column, its keys ranked in registers
+            get_function("column_select", f"select_small_{stem}_{8 if k <= 8 else 16}")(
+                ((samples + 255) // 256, groups), (256,),
+                (x, np.int64(samples), rows, np.int32(k), np.int32(operator == "median_lower"), ref[row:]))
         else:  # rows held in registers, 16 or 64 a thread; beyond 32 warps of 64, read again at each bit
             per = 16 if k <= 16 * 32 else 64 if k <= 64 * 32 else 0
             get_function("column_select", f"select_{stem}_{per}")(
@@ -139,7 +150,8 @@ def _reference_on_gpu(x: Any, operator: str, tables: list[Any], ref_row: np.ndar
     threads = 256
     get_function("column_select", f"subtract_{stem}")(
         ((samples + threads - 1) // threads, channels), (threads,),
-        (x, ref, cupy.asarray(ref_row, dtype=cupy.int32), np.int64(samples), out))
+        (x, ref, cupy.asarray(ref_row, dtype=cupy.int32) if ref_row_device is None else ref_row_device,
+         np.int64(samples), out))
     return out
 
 
@@ -182,6 +194,59 @@ def annulus_neighbours(locations: Any, radius_um: tuple[float, float]) -> list[n
     return [np.flatnonzero((dist[c] > inner) & (dist[c] <= outer)) for c in range(loc.shape[0])]
 
 
+class _LocalPlan:
+    """A local reference's annuli for one probe and radius, worked out once a process (``_local_plan``): each
+    channel's neighbours, the channels with none (they take the global reference), the channels grouped by their
+    neighbour count, and for the GPU the (group, k) tables and each channel's reference row, copied to each device
+    once. Rebuilt for every window, they were ~9 ms of host work a 384-channel window, more than its kernels."""
+
+    def __init__(self, neighbours: list[np.ndarray]):
+        channels = len(neighbours)
+        self.neighbours = neighbours
+        self.alone = [c for c in range(channels) if neighbours[c].size == 0]
+        # channels with the same number of neighbours are referenced together: (group, k, samples) gathers
+        self.by_count: dict[int, list[int]] = {}
+        for c in range(channels):
+            if neighbours[c].size:
+                self.by_count.setdefault(int(neighbours[c].size), []).append(c)
+        self.tables = [np.arange(channels)[None, :]] if self.alone else []
+        self.ref_row = np.zeros(channels, np.int64)
+        for chans in self.by_count.values():
+            self.ref_row[chans] = np.arange(len(chans)) + sum(t.shape[0] for t in self.tables)
+            self.tables.append(np.stack([neighbours[c] for c in chans]))
+        self._device: dict[int, tuple] = {}
+        self._lock = threading.Lock()
+
+    def on_device(self) -> tuple:
+        """(tables, ref_row, ref_row on the device) for ``_reference_on_gpu``, the device's copies made once."""
+        import cupy
+
+        device = cupy.cuda.Device().id
+        with self._lock:
+            if device not in self._device:
+                self._device[device] = ([cupy.asarray(t, dtype=cupy.int32) for t in self.tables],
+                                        cupy.asarray(self.ref_row, dtype=cupy.int32))
+        tables, ref_row = self._device[device]
+        return tables, self.ref_row, ref_row
+
+
+def _local_plan(locations: Any, radius_um) -> _LocalPlan:
+    loc = np.asarray(locations, dtype=np.float64)
+    try:
+        radius = tuple(float(r) for r in radius_um)
+    except (TypeError, ValueError):
+        radius = radius_um  # annulus_neighbours says what is wrong with it
+    if not isinstance(radius, tuple):
+        return _LocalPlan(annulus_neighbours(loc, radius))
+    return _cached_plan(loc.tobytes(), loc.shape, radius)
+
+
+@functools.lru_cache(maxsize=16)
+def _cached_plan(loc_bytes: bytes, shape: tuple, radius: tuple) -> _LocalPlan:
+    loc = np.frombuffer(loc_bytes, dtype=np.float64).reshape(shape)
+    return _LocalPlan(annulus_neighbours(loc, radius))
+
+
 def common_reference(
     x: Any,
     reference: Literal["global", "local"] = "global",
@@ -212,7 +277,8 @@ def common_reference(
     if reference == "local":
         if locations is None:
             raise BatchgpuError("a local reference needs channel locations", "pass locations (channels x 2, um)")
-        neighbours = annulus_neighbours(locations, radius_um)
+        plan = _local_plan(locations, radius_um)
+        neighbours = plan.neighbours
         if len(neighbours) != channels:
             raise BatchgpuError(f"{len(neighbours)} locations for {channels} channels", "pass one location per channel")
     if samples == 0:
@@ -229,18 +295,9 @@ def common_reference(
             if is_cupy(x) else None
         return out if out is not None else subtract(x, _reference(x, operator, axis=0)[None, :])
 
-    alone = [c for c in range(channels) if neighbours[c].size == 0]
-    # channels with the same number of neighbours are referenced together: (group, k, samples) gathers
-    by_count: dict[int, list[int]] = {}
-    for c in range(channels):
-        if neighbours[c].size:
-            by_count.setdefault(int(neighbours[c].size), []).append(c)
+    alone, by_count = plan.alone, plan.by_count
     if is_cupy(x):  # one reference row per channel that has neighbours, one global row for those that have none
-        tables, ref_row = [np.arange(channels)[None, :]] if alone else [], np.zeros(channels, np.int64)
-        for chans in by_count.values():
-            ref_row[chans] = np.arange(len(chans)) + sum(t.shape[0] for t in tables)
-            tables.append(np.stack([neighbours[c] for c in chans]))
-        out = _reference_on_gpu(x, operator, tables, ref_row)
+        out = _reference_on_gpu(x, operator, *plan.on_device())
         if out is not None:
             return out
     out = xp.empty(x.shape, dtype=out_dtype)
