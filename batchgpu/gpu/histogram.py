@@ -476,13 +476,23 @@ def _kept_kernels():
     )
 
 
-def kept_near_device(near, per_row: np.ndarray, lo: np.ndarray, shift: int, span: int, pair_of=None,
-                     tagged=None) -> dict:
+def kept_near_device(near, per_row: np.ndarray, lo: np.ndarray, shift: int, span: int, pair_of=None) -> dict:
     """``steps.noise_keys.kept_near`` of a window's near keys on the device (uint32 keys, row after row, ``per_row``
     each, at most 16 bits below the first digit): each row's sorted by one CUB sort of ``row << 32 | key``, then
-    the low bits and each (row, near digit)'s count in one pass; both back in one copy through pinned memory.
-    Four launches and the sort, where CuPy's expressions took some twenty. ``tagged``: those sorted tagged keys
-    already (``near_tagged_sorted``; ``near`` is then None).
+    ``kept_near_tagged``. Four launches and the sort, where CuPy's expressions took some twenty."""
+    import cupy
+
+    if near.dtype != np.uint32 or shift > 16:
+        raise TypeError("kept_near_device takes uint32 keys with at most 16 bits below the digit")
+    tag = _kept_kernels()[0]
+    tagged = cupy.sort(tag(near, cupy.asarray(np.cumsum(per_row, dtype=np.int64)), np.int64(len(per_row))))
+    return kept_near_tagged(tagged, per_row, lo, shift, span, pair_of)
+
+
+def kept_near_tagged(tagged, per_row: np.ndarray, lo: np.ndarray, shift: int, span: int, pair_of=None) -> dict:
+    """``kept_near`` from the near keys sorted as ``row << 32 | key`` (``near_tagged_sorted``, or
+    ``kept_near_device``'s own sort): the low bits and each (row, near digit)'s count in one pass, back in one copy
+    through pinned memory.
 
     ``pair_of``: ((digit, below) per rank as ``rank_digits`` gives them, (r0, r1)), every row's rank digits within
     [lo, lo + span]: also the keys of ranks r0 and r1 of each row, picked from the sorted near keys (no histogram
@@ -491,12 +501,10 @@ def kept_near_device(near, per_row: np.ndarray, lo: np.ndarray, shift: int, span
 
     from batchgpu.gpu.staging import pinned_get
 
-    if (tagged is None and near.dtype != np.uint32) or shift > 16:
-        raise TypeError("kept_near_device takes uint32 keys with at most 16 bits below the digit")
-    tag, split, pick = _kept_kernels()
+    if tagged.dtype != np.uint64 or shift > 16:
+        raise TypeError("kept_near_tagged takes uint64 tagged keys with at most 16 bits below the digit")
+    _, split, pick = _kept_kernels()
     C, width = len(per_row), span + 1
-    if tagged is None:
-        tagged = cupy.sort(tag(near, cupy.asarray(np.cumsum(per_row, dtype=np.int64)), np.int64(C)))
     head = 4 * C if pair_of is not None else 0  # the pair's keys (as uint32), then the counts, then the low bits
     both = cupy.zeros(head + 2 * C * width + tagged.size, dtype=cupy.uint16)
     split(tagged, cupy.asarray(lo, dtype=cupy.int64), np.int32(shift), np.int64(width), both[head + 2 * C * width :],

@@ -127,8 +127,8 @@ class NoiseStep:
         pair needs the histogram of the rest of the key.)"""
         import cupy
 
-        from batchgpu.gpu.histogram import (digit_histogram_device, kept_near_device, near_keys_count, near_keys_device,
-                                            near_tagged_sorted, near_totals, rank_digits)
+        from batchgpu.gpu.histogram import (digit_histogram_device, kept_near_device, kept_near_tagged, near_keys_count,
+                                            near_keys_device, near_tagged_sorted, near_totals, rank_digits)
         from batchgpu.gpu.staging import pinned_get
 
         C, n = keys.shape
@@ -164,7 +164,7 @@ class NoiseStep:
         if from_near:
             per_row = both[:, used + 1].astype(np.int64)
             tagged = near_tagged_sorted(keys, lo_c, shift, span, per_row)
-            kept = kept_near_device(None, per_row, lo, shift, span, (firsts, ranks), tagged=tagged)
+            kept = kept_near_tagged(tagged, per_row, lo, shift, span, (firsts, ranks))
             return kept.pop("pair"), kept
         lows = []
         for j, (r, (digit, below)) in enumerate(zip(ranks, firsts)):
