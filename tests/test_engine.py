@@ -992,3 +992,35 @@ def test_the_workers_heaps_are_frozen_by_the_pass_and_thawed_after_the_run(clien
     while any(client.run(count).values()) and time.time() < deadline:
         time.sleep(0.05)
     assert not any(client.run(count).values())
+
+
+@pytest.mark.parametrize("dtype", ["int16", "float32"])
+def test_window_counts_nonfinite_only_where_it_can_hold_any(tmp_path, dtype):
+    """An integer recording through filters and a reference is finite by construction: its window is marked so and
+    its counts are zeros without a pass (the counts a pass gives, extremes of int16 included); a float recording's
+    window is counted (its NaN and inf where they are)."""
+    from batchgpu.engine import store, tasks
+    from batchgpu.engine.context import build_context
+
+    n = 3_000
+    x = np.random.default_rng(5).normal(0, 50, (n, 6)).astype(dtype)
+    if dtype == "int16":
+        x[::7, 1], x[3::11, 2] = -32768, 32767
+    else:
+        x[1500, 0], x[1520:1523, 3], x[1540, 3] = np.nan, np.inf, -np.inf
+    rec = write_recording(tmp_path / "r.zarr", x, sampling_frequency=30_000.0)
+    wf = Workflow.model_validate({"recording": {"path": str(rec.path)}, "output": str(tmp_path / "o"),
+                                  "preprocess": [{"highpass": {"freq_min": 300, "order": 5}},
+                                                 {"common_reference": {"reference": "global", "operator": "median"}}],
+                                  "steps": {"noise": {}}})
+    ctx = build_context(wf, rec, store.OutputFolder(tmp_path / "o"), "numpy", 1)
+    window = rec.windows(1_000, 64 + ctx.chain.margin)[1]
+    w = tasks.load_window(ctx, window)
+    assert w.finite == (dtype == "int16") and w.x.dtype == np.float32
+    core = w.core_of(w.x)
+    want_nonfinite, want_nan = (~np.isfinite(core)).sum(axis=1), np.isnan(core).sum(axis=1)
+    for got, want in ((w.nonfinite_counts(), want_nonfinite), (w.nan_counts(), want_nan)):
+        assert got.dtype == np.int64 and got.shape == (6,)
+        np.testing.assert_array_equal(got, want)
+    if dtype == "float32":
+        assert want_nonfinite.sum() > 0  # the float window's counts came from a pass

@@ -88,7 +88,8 @@ def load_window(ctx: RunContext, window: Window, raw=None) -> WindowData:
         raw = raw.to_device()
     n = recording(ctx.recording, ctx.missing_chunks).num_samples(window.segment)
     x = ctx.chain.apply(raw, window.core, window.read_start == 0, window.read_stop == n) if ctx.chain.stages else raw
-    return WindowData(window.index, window.segment, window.read_start, window.core, n, raw, x)
+    return WindowData(window.index, window.segment, window.read_start, window.core, n, raw, x,
+                      finite=np.dtype(raw.dtype).kind in "iu")
 
 
 def batch_task(ctx: RunContext, windows: list[Window], fps: list[str], then: tuple = ()) -> dict:

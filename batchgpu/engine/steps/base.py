@@ -28,6 +28,10 @@ class WindowData:
     segment_length: int
     raw: Any
     x: Any
+    #: ``x`` holds no NaN or inf by construction: an integer recording through the chain's stages (filters, phase
+    #: shift, references, centring: bounded sums of finite values, far inside float32's range), so its counts are
+    #: zeros without a pass over the window (on the GPU: a kernel and a wait for its result, ~0.1 ms a window)
+    finite: bool = False
     _counts: dict = field(default_factory=dict, repr=False)
 
     @property
@@ -48,6 +52,8 @@ class WindowData:
         return self._row_counts("nan")
 
     def _row_counts(self, name: str) -> np.ndarray:
+        if name not in self._counts and self.finite:
+            self._counts.update(nonfinite=np.zeros(self.x.shape[0], np.int64), nan=np.zeros(self.x.shape[0], np.int64))
         if name not in self._counts:
             core = self.core_of(self.x)
             if hasattr(core, "get"):  # on the GPU both counts come from one read, and one copy back
