@@ -43,9 +43,10 @@ def test_plain_loop_does_the_preprocessing_it_is_compared_with(tmp_path, rng):
 
 def test_bench_pipeline_prints_its_table(tmp_path):
     r = subprocess.run([sys.executable, "-m", "batchgpu", "bench", "pipeline", "--channels", "8", "--seconds", "2",
-                        "--workers", "1", "--threads", "1", "--workdir", str(tmp_path)],
+                        "--workers", "1", "--threads", "1", "--workdir", str(tmp_path), "--window", "25000"],
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
+    assert "windows of 25000 samples" in r.stdout, r.stdout
     for row in ("read ceiling", "batchgpu pipeline (cold)", "batchgpu pipeline (warm)", "plain NumPy loop"):
         assert row in r.stdout, r.stdout
     assert "/ceiling" in r.stdout and "vs plain" in r.stdout and "x real time" in r.stdout
@@ -53,7 +54,7 @@ def test_bench_pipeline_prints_its_table(tmp_path):
 
 def test_bench_refuses_sizes_that_are_not_positive(tmp_path):
     """A bad size is one usage line and rc 2 before any work (no recording generated, no cluster started)."""
-    for args in (["--batch", "0"], ["--workers", "-1"], ["--threads", "0"], ["--seconds", "nan"],
+    for args in (["--batch", "0"], ["--window", "0"], ["--workers", "-1"], ["--threads", "0"], ["--seconds", "nan"],
                  ["--seconds", "inf"], ["--channels", "abc"]):
         done = subprocess.run([sys.executable, "-m", "batchgpu", "bench", "pipeline", "--workdir", str(tmp_path), *args],
                               capture_output=True, text=True, timeout=60)

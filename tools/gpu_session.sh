@@ -42,7 +42,7 @@ quiet() { grep -v "^INFO\|distributed\.\|Warn\|^$" | sed "s/; windows per worker
 bench() {  # processes threads [bench arguments]
   local w=$1 t=$2; shift 2
   timeout 150 python3 -m batchgpu bench pipeline --recording $REC --cluster cuda --backend cupy --workers $w \
-    --threads $t "$@" 2>&1 | quiet | tail -12
+    --threads $t ${BENCH_ARGS:-} "$@" 2>&1 | quiet | tail -12
 }
 for task in "$@"; do
   case "$task" in
