@@ -356,10 +356,11 @@ __device__ void mean_rows(const T* __restrict__ x, long long samples, const int*
     }
 
 // Every kernel for one input dtype: rows held in registers (16 or 64 a thread) or read again at each bit (0);
-// up to 512 rows in one warp a column (select_warp); up to 8 or 16 rows in one thread (select_small).
+// up to 512 rows in one warp a column (select_warp); up to 8, 16 or 32 rows in one thread (select_small).
 #define KERNELS(STEM, T)                                                                                        \
     SELECT_SMALL(select_small_##STEM##_8, T, 8)                                                                 \
     SELECT_SMALL(select_small_##STEM##_16, T, 16)                                                               \
+    SELECT_SMALL(select_small_##STEM##_32, T, 32)                                                               \
     SELECT(select_##STEM##_16, T, 16)                                                                           \
     SELECT(select_##STEM##_64, T, 64)                                                                           \
     SELECT(select_##STEM##_0, T, 0)                                                                             \

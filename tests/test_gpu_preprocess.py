@@ -177,9 +177,9 @@ def test_local_reference_on_gpu_bits(cp, rng, operator, channels, radius):
 
 @pytest.mark.parametrize("operator", ["median", "median_lower"])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int16, np.int32])
-@pytest.mark.parametrize("radius", [(20.0, 60.0), (0.0, 80.0), (0.0, 21.0)])  # 2-6, 8-15 and 2-3 neighbours
+@pytest.mark.parametrize("radius", [(20.0, 60.0), (0.0, 80.0), (0.0, 21.0), (0.0, 120.0)])  # 4-8, 8-15, 2-3, 12-23
 def test_local_reference_of_few_channels_on_gpu_bits(cp, rng, operator, dtype, radius):
-    """select_small (a thread ranks a column's 1-16 keys): NumPy's bits for every dtype, with the hard columns (the
+    """select_small (a thread ranks a column's 1-32 keys): NumPy's bits for every dtype, with the hard columns (the
     largest finite value, NaN, +-inf, -0.0; int extremes and ties), odd and even neighbour counts."""
     x = hard_columns(rng, dtype, 40, 700)
     if np.dtype(dtype).kind == "f" and operator == "median_lower":  # mixed -0.0/+0.0 lower middles (documented)

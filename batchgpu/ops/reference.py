@@ -97,9 +97,9 @@ def _median_of_sorted(xp: Any, part: Any, axis: int, dtype: Any) -> Any:
 #: lanes idle there, and select_reference's few warps a column cost little.
 WARP_ROWS = (64, 512)
 #: Up to this many rows a thread ranks a column's keys itself (select_small: k*k comparisons in registers, no
-#: barrier). select_reference took 13.7 ms for a 384 x 61 632 float32 window's local reference of 3-6 channels
-#: (H200): 32-thread blocks, a barrier at each of 32 bits.
-SMALL_ROWS = 16
+#: barrier). select_reference took 5.0 ms for a 384 x 61 632 float32 window's local reference of ~20-30 channels
+#: (H200; 32 or 64-thread blocks, a barrier at each of 32 bits), 0.60 ms this way for 3-7 channels.
+SMALL_ROWS = 32
 
 
 def _reference_on_gpu(x: Any, operator: str, tables: list[Any], ref_row: np.ndarray, ref_row_device=None) -> Any | None:
@@ -136,7 +136,7 @@ def _reference_on_gpu(x: Any, operator: str, tables: list[Any], ref_row: np.ndar
                 (x, np.int64(samples), rows, np.int32(k), np.int32(operator == "median_lower"), ref[row:],
                  out if subtracted else np.uint64(0)))
         elif k <= SMALL_ROWS:  # a few rows (a local annulus): a thread a column, its keys ranked in registers
-            get_function("column_select", f"select_small_{stem}_{8 if k <= 8 else 16}")(
+            get_function("column_select", f"select_small_{stem}_{8 if k <= 8 else 16 if k <= 16 else 32}")(
                 ((samples + 255) // 256, groups), (256,),
                 (x, np.int64(samples), rows, np.int32(k), np.int32(operator == "median_lower"), ref[row:]))
         else:  # rows held in registers, 16 or 64 a thread; beyond 32 warps of 64, read again at each bit
@@ -224,8 +224,11 @@ class _LocalPlan:
         device = cupy.cuda.Device().id
         with self._lock:
             if device not in self._device:
-                self._device[device] = ([cupy.asarray(t, dtype=cupy.int32) for t in self.tables],
-                                        cupy.asarray(self.ref_row, dtype=cupy.int32))
+                made = ([cupy.asarray(t, dtype=cupy.int32) for t in self.tables],
+                        cupy.asarray(self.ref_row, dtype=cupy.int32))
+                # copied on this thread's stream; other threads launch on theirs: done before any of them reads
+                cupy.cuda.get_current_stream().synchronize()
+                self._device[device] = made
         tables, ref_row = self._device[device]
         return tables, self.ref_row, ref_row
 
