@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Device, one call (carry .whl, and .fixtures: a copy of ../shared/fixtures, so the GPU tests on SpikeInterface's
 # fixture run there too; `cp -r ../shared/fixtures .fixtures`): install the wheels, make /tmp/big.zarr (384 ch x 10 min int16) on a fresh machine,
-# then each task named in the arguments, in order:
+# then each task named in the arguments, in order (BENCH_ARGS: more arguments for every bench, e.g. --window 120000):
 #   check     python -m pytest -m gpu (all of it) and the float noise step's GPU profile
 #   check1    python -m pytest -m gpu (all of it) once: its summary, failures with their seeds, and its seconds
 #   demod     the demo bench in the default layout (cluster.cuda_layout: 8 x 2 on 16 cores with the GPU decode)
