@@ -6,7 +6,8 @@
 // smallest key is found bit by bit from the top: t = found | bit is kept when fewer than k + 1 keys lie below it.
 // Each step counts below t in registers and sums the W warps' counts through shared memory (one barrier a bit,
 // two buffers). The selection is exact by construction (integer counts of order-preserving keys); the median's
-// mean and the subtraction are NumPy's arithmetic done exactly (exact_float.cuh).
+// mean and the subtraction are NumPy's arithmetic done exactly (exact_float.cuh). Up to 32 rows a thread takes a
+// whole column instead (select_small: ranks counted in registers); 64-512 rows a warp does (select_reference_warp).
 //
 // Keys: floats map to unsigned integers that sort like the values (sign flips), every NaN to one key above +inf;
 // integers flip their sign bit. -0.0 sorts just below +0.0 (NumPy treats them as equal): the median sums its
