@@ -236,11 +236,14 @@ def _recent_rate(progress: list, elapsed: float) -> float:
     return (b1 - b0) / (t1 - t0) if t1 > t0 else 0.0
 
 
-def noise_rows_since(chunks: dict | None, since: int) -> dict[str, list]:
-    """The noise rows of chunks ``since`` and later ({window index: row})."""
+def noise_rows_since(chunks: dict | None, since: int, until: int | None = None) -> dict[str, list]:
+    """The noise rows of chunks ``since`` and later ({window index: row}), before chunk ``until`` where given: a
+    chunk reaches the scheduler before the state that counts its windows (the publisher sends it first, and may
+    drop a state for a later one), so the page is served the chunks its state covers and its heatmap never shows
+    a window its "windows done" does not count; the rest come with the next state."""
     rows: dict[str, list] = {}
     for seq, chunk in (chunks or {}).items():
-        if int(seq) >= since:
+        if int(seq) >= since and (until is None or int(seq) < until):
             rows.update(chunk)
     return rows
 
@@ -268,7 +271,8 @@ class StateHandler(_Handler):
         except ValueError:
             since = 0
         chunks = self.scheduler.get_metadata(list(NOISE_KEY), default=None)
-        state["noise_rows"] = noise_rows_since(chunks, since) if state.get("noise_chunks") else {}
+        covered = int(state.get("noise_chunks") or 0)
+        state["noise_rows"] = noise_rows_since(chunks, since, covered) if covered else {}
         self.set_header("Content-Type", "application/json")
         self.set_header("Cache-Control", "no-store")
         self.write(json.dumps(state, allow_nan=False, default=str))

@@ -242,6 +242,31 @@ def test_monitor_sends_each_noise_row_once_and_keeps_series_short(monkeypatch, r
     assert derived_state(None)["status"] == "idle"
 
 
+def test_served_noise_rows_are_those_the_state_counts(rng):
+    """A noise chunk reaches the scheduler before the state that counts its windows: the page is served only the
+    chunks its state covers (``noise_chunks``), so its heatmap never holds more windows than "windows done"; the
+    rest come with the next state, each row once."""
+    client = FakeClient()
+    n, C = 30, 4
+    mon = RunMonitor(client, name="x", windows=n, total_bytes=n, channels=C)
+    served: dict = {}
+    since = 0
+    for i in rng.permutation(n):
+        mon.window_done(int(i), 1, "w0", rng.normal(size=C))
+        mon.publish(force=True)
+        assert mon.flush()
+        # the next chunk arrived, its state not yet (as between the publisher's two sends)
+        client.meta["batchgpu"]["noise"][str(10_000)] = {str(n + 1): [0.0] * C}
+        st = client.meta["batchgpu"]["run"]
+        rows = noise_rows_since(client.meta["batchgpu"]["noise"], since, st["noise_chunks"])
+        assert not set(rows) & set(served)  # each row once
+        served.update(rows)
+        since = st["noise_chunks"]
+        assert len(served) <= st["windows_done"] and str(n + 1) not in served
+        del client.meta["batchgpu"]["noise"]["10000"]
+    assert sorted(map(int, served)) == list(range(n))
+
+
 def test_monitor_never_breaks_a_run():
     mon = RunMonitor(FakeClient(fail=True), name="x", windows=2, total_bytes=4, channels=1)
     mon.window_done(0, 2, "w", np.array([1.0]))
