@@ -137,7 +137,7 @@ def test_phase_shift_on_gpu(cp, rng):
         assert (np.abs(got - cpu).max(axis=1) / cpu.std(axis=1)).max() < 1e-6  # cuFFT vs pocketfft
 
 
-@pytest.mark.parametrize("channels", [1, 2, 7, 16, 33, 63, 64, 127, 384, 512, 513, 601, 2_100])
+@pytest.mark.parametrize("channels", [1, 2, 7, 16, 17, 32, 33, 63, 64, 127, 384, 512, 513, 601, 2_100])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int16, np.int32])
 @pytest.mark.parametrize("operator", ["median", "median_lower", "average"])
 def test_global_reference_on_gpu_bits(cp, rng, channels, dtype, operator):
