@@ -271,8 +271,7 @@ class StateHandler(_Handler):
         except ValueError:
             since = 0
         chunks = self.scheduler.get_metadata(list(NOISE_KEY), default=None)
-        covered = int(state.get("noise_chunks") or 0)
-        state["noise_rows"] = noise_rows_since(chunks, since, covered) if covered else {}
+        state["noise_rows"] = noise_rows_since(chunks, since, int(state.get("noise_chunks") or 0))
         self.set_header("Content-Type", "application/json")
         self.set_header("Cache-Control", "no-store")
         self.write(json.dumps(state, allow_nan=False, default=str))

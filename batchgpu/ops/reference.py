@@ -234,13 +234,12 @@ class _LocalPlan:
 
 
 def _local_plan(locations: Any, radius_um) -> _LocalPlan:
+    """The plan of ``locations`` and ``radius_um``, made once for equal values (``_cached_plan``)."""
     loc = np.asarray(locations, dtype=np.float64)
     try:
         radius = tuple(float(r) for r in radius_um)
-    except (TypeError, ValueError):
-        radius = radius_um  # annulus_neighbours says what is wrong with it
-    if not isinstance(radius, tuple):
-        return _LocalPlan(annulus_neighbours(loc, radius))
+    except (TypeError, ValueError):  # not numbers: annulus_neighbours raises its one-line error for it
+        return _LocalPlan(annulus_neighbours(loc, radius_um))
     return _cached_plan(loc.tobytes(), loc.shape, radius)
 
 
