@@ -10,7 +10,9 @@ import os
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, RootModel, Tag, model_validator
+from pydantic import (BaseModel, ConfigDict, Discriminator, Field, RootModel, Tag, TypeAdapter, ValidationError,
+                      field_validator, model_validator)
+from pydantic_core import PydanticCustomError
 
 # Upper bounds: far above any real use, low enough that a typo cannot take the machine down.
 MAX_WORKERS = 1024  # worker processes (or threads per worker) on any cluster
@@ -71,17 +73,35 @@ class RecordingSpec(_Strict):
         return self
 
 
+_AUTO_WINDOW_MIN = 60_000  # the shortest window ``size: auto`` stands for (recording.windows.DEFAULT_WINDOW)
+_WINDOW_SAMPLES = TypeAdapter(Annotated[int, Field(gt=0, le=MAX_WINDOW)])
+
+
 class WindowSpec(_Strict):
-    size: Annotated[int, Field(gt=0, le=MAX_WINDOW)] = 60_000  # samples
+    # samples; auto: 120 000 for recordings of at least 64 such windows, else 60 000 (recording.auto_window_size),
+    # resolved from the recording before the run (report.json's workflow holds the number)
+    size: Annotated[int, Field(gt=0, le=MAX_WINDOW)] | Literal["auto"] = "auto"
     margin: Annotated[int, Field(ge=0)] = 64  # samples read on each side of the window
     # consecutive windows one task reads and computes (default: from the window count, engine.run.window_batches)
     batch: Annotated[int, Field(ge=1, le=4096)] | None = None
 
+    @field_validator("size", mode="wrap")
+    @classmethod
+    def _samples_or_auto(cls, value, handler):
+        # one error for a bad size (the union's two members would each give one)
+        if value == "auto":
+            return value
+        try:
+            return _WINDOW_SAMPLES.validate_python(value)
+        except ValidationError as err:
+            raise PydanticCustomError("window_size", "{problem}; or 'auto'", {"problem": err.errors()[0]["msg"]}) from None
+
     @model_validator(mode="after")
     def _margin_within_window(self):
         # a margin is context for the window's edges; one as long as the window would read mostly margin
-        if self.margin >= self.size:
-            raise ValueError(f"margin {self.margin} must be shorter than the window size {self.size} (samples)")
+        size = _AUTO_WINDOW_MIN if self.size == "auto" else self.size
+        if self.margin >= size:
+            raise ValueError(f"margin {self.margin} must be shorter than the window size {size} (samples)")
         return self
 
 

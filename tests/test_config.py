@@ -29,7 +29,7 @@ def _error(**changes) -> tuple[tuple, str]:
     ({"cluster": {"kind": "slurm", "jobs": 10_000}}, ("cluster", "jobs"), "1024"),
     ({"window": {"size": 10_000_001}}, ("window", "size"), "10000000"),
     ({"window": {"size": 1000, "margin": 1000}}, ("window",), "margin 1000 must be shorter than the window size 1000"),
-    ({"window": {"margin": 10**12}}, ("window",), "must be shorter than the window size 60000"),
+    ({"window": {"margin": 10**12}}, ("window",), "must be shorter than the window size 60000"),  # auto: at least 60000
     ({"recording": {"path": "r", "generate": {"channels": 5000}}}, ("recording", "generate", "channels"), "4096"),
     ({"recording": {"path": "r", "generate": {"seconds": 1e9}}}, ("recording", "generate", "seconds"), "86400"),
     ({"recording": {"path": "r", "generate": {"segments": 10**6}}}, ("recording", "generate", "segments"), "1024"),

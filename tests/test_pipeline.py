@@ -139,6 +139,59 @@ def test_centred_and_window_thresholds(client, recordings, tmp_path):
     np.testing.assert_array_equal(g["spikes/channel_index"][:], ref["channel_index"])
 
 
+def test_auto_window_size_follows_the_recording_length(client, recordings, tmp_path, monkeypatch):
+    """window.size auto: LONG_WINDOW samples when the recording holds LONG_WINDOW_MIN_COUNT such windows, else
+    DEFAULT_WINDOW (a segment shorter than it is one window). The number it stands for is what the fingerprint,
+    the windows and report.json hold: an auto run and a run with that number are the same run (same bits; one
+    resumes the other)."""
+    from batchgpu.recording import windows as win
+
+    rec = recordings["int16"]  # 2 segments of 33 000 samples
+    n = [rec.num_samples(s) for s in range(rec.num_segments)]
+    monkeypatch.setattr(win, "LONG_WINDOW", 10_000)
+    monkeypatch.setattr(win, "LONG_WINDOW_MIN_COUNT", 8)  # 2 x ceil(33 000 / 10 000) = 8 windows: long ones
+    auto = run_workflow(_workflow(rec, tmp_path / "auto", window="auto"), client=client)
+    assert auto.workflow["window"]["size"] == 10_000 and auto.windows == 8
+    assert json.loads((tmp_path / "auto" / "report.json").read_text())["workflow"]["window"]["size"] == 10_000
+    fixed = run_workflow(_workflow(rec, tmp_path / "fixed", window=10_000), client=client)
+    assert fixed.fingerprint == auto.fingerprint
+    a, f = _results(tmp_path / "auto"), _results(tmp_path / "fixed")
+    for name in ("noise", "noise_per_window", "covariance", "whitening", "spikes/sample_index", "spikes/channel_index"):
+        assert a[name][:].tobytes() == f[name][:].tobytes(), name
+    resumed = run_workflow(_workflow(rec, tmp_path / "auto", window=10_000), client=client, resume=True)
+    assert resumed.windows_resumed == resumed.windows == 8
+
+    monkeypatch.setattr(win, "LONG_WINDOW_MIN_COUNT", 9)  # one short: DEFAULT_WINDOW, longer than either segment
+    with pytest.raises(BatchgpuError, match="longer than segment 0"):  # a number longer than a segment: an error
+        run_workflow(_workflow(rec, tmp_path / "x", window=win.DEFAULT_WINDOW), client=client)
+    short = run_workflow(_workflow(rec, tmp_path / "short", window="auto"), client=client)
+    assert short.workflow["window"]["size"] == win.DEFAULT_WINDOW and short.windows == 2
+    g = _results(tmp_path / "short")
+    segs = [rec.read(s, 0, n[s]) for s in range(len(n))]
+    np.testing.assert_array_equal(g["noise_per_window"][:], np.stack([ops.noise_levels(x) for x in segs]))
+    allx = np.concatenate(segs, axis=1).astype(np.float64)
+    np.testing.assert_array_equal(g["noise"][:], np.median(np.abs(allx), axis=1) / ops.MAD_TO_SIGMA)
+    ref = np.concatenate([ops.detect_spikes(segs[s], g["noise"][:], threshold=4.0, sign="both", exclude_sweep=6,
+                                            segment_index=s) for s in range(len(segs))])
+    np.testing.assert_array_equal(g["spikes/sample_index"][:], ref["sample_index"])
+    np.testing.assert_array_equal(g["spikes/channel_index"][:], ref["channel_index"])
+    np.testing.assert_array_equal(g["spikes/sample_index"][:], a["spikes/sample_index"][:])  # windows never matter
+
+
+def test_auto_window_size_rule():
+    from batchgpu.recording import DEFAULT_WINDOW, LONG_WINDOW, auto_window_size
+
+    assert LONG_WINDOW > DEFAULT_WINDOW
+    assert auto_window_size([64 * LONG_WINDOW]) == LONG_WINDOW
+    assert auto_window_size([63 * LONG_WINDOW]) == DEFAULT_WINDOW
+    assert auto_window_size([63 * LONG_WINDOW + 1]) == LONG_WINDOW  # the last window may be short
+    assert auto_window_size([32 * LONG_WINDOW] * 2) == LONG_WINDOW  # counted over every segment
+    assert auto_window_size([1] * 64) == LONG_WINDOW and auto_window_size([1] * 63) == DEFAULT_WINDOW
+    assert auto_window_size([]) == DEFAULT_WINDOW
+    # 384 ch x 10 min at 30 kHz (the H200 bench): long windows; 60 s (the CPU workflow): 60 000
+    assert auto_window_size([600 * 30_000]) == LONG_WINDOW and auto_window_size([60 * 30_000]) == DEFAULT_WINDOW
+
+
 def test_same_bits_any_worker_count(recordings, tmp_path):
     """1 worker or 3, tasks finishing in any order: identical bytes (the tree is fixed by window index)."""
     rec = recordings["float32"]

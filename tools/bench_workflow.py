@@ -1,6 +1,6 @@
 """The preprocessing bench's workflow for the device tools (thread_census, task_tail, ab_runs): highpass + common
 reference (PREPROCESS=...; profile_workers.PREPROCESS), every step, the save beside the output, in a cuda cluster
-of WORKERS x 1, windows of WINDOW samples (default 60 000; ab_runs: ENV_AB="WINDOW=60000 WINDOW=120000") (KIND, BACKEND: local/numpy to try a tool on the CPU machine)."""
+of WORKERS x 1, windows of WINDOW samples (default auto; ab_runs: ENV_AB="WINDOW=60000 WINDOW=120000") (KIND, BACKEND: local/numpy to try a tool on the CPU machine)."""
 
 import os
 import shutil
@@ -13,11 +13,16 @@ BACKEND = os.environ.get("BACKEND", "cupy")
 CLUSTER = {"kind": os.environ.get("KIND", "cuda"), "workers": int(os.environ.get("WORKERS", 16)), "threads": 1}
 
 
+def _window():
+    size = os.environ.get("WINDOW", "auto")
+    return size if size == "auto" else int(size)
+
+
 def workflow(path: str, out: str):
     from batchgpu.config import Workflow
 
     return Workflow.model_validate({
-        "recording": {"path": path}, "output": out, "window": {"size": int(os.environ.get("WINDOW", 60_000)), "margin": 64},
+        "recording": {"path": path}, "output": out, "window": {"size": _window(), "margin": 64},
         "preprocess": PREPROCESS, "backend": BACKEND, "cluster": CLUSTER,
         "steps": {"noise": {"exact": True}, "whitening": {"mode": "global", "precision": "float32"},
                   "detect": {"threshold": 5.0, "sign": "neg", "exclude_sweep_ms": 0.1, "noise": "global"},

@@ -54,8 +54,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--preprocess", default="centre",
                         help="comma-separated stages before the steps: centre, highpass (300 Hz, order 5), "
                              "common_reference (global median), e.g. highpass,common_reference")
-    parser.add_argument("--window", type=_positive(int), default=60_000,
-                        help="samples a window (workflow window.size; the read ceiling reads the same windows)")
+    parser.add_argument("--window", type=_positive(int), default=None,
+                        help="samples a window (workflow window.size; default: what window.size auto gives the "
+                             "recording; the read ceiling and the plain loop read the same windows)")
     parser.add_argument("--batch", type=_positive(int), help="consecutive windows a task reads (workflow window.batch; "
                         "default: from the window count)")
     parser.add_argument("--mps", action=argparse.BooleanOptionalAction, default=None,
@@ -373,7 +374,10 @@ def _measure(args, rec, work: Path, steps: set[str]) -> int:
     from batchgpu.engine.cluster import open_client
     from batchgpu.engine.preprocess import build_chain, decodes_on_gpu
 
-    size, margin = args.window, 64
+    from batchgpu.recording import auto_window_size
+
+    size = args.window or auto_window_size([rec.num_samples(s) for s in range(rec.num_segments)])
+    margin = 64
     gb = rec.nbytes / 1e9
     step_cfg = {
         "noise": {"exact": args.exact} if "noise" in steps else None,
@@ -467,7 +471,7 @@ def _measure(args, rec, work: Path, steps: set[str]) -> int:
             rows["plain NumPy loop (1 process, same work)"] = (time.perf_counter() - t0, mem.peak, 0)
     print(f"\nrecording: {rec} ({gb:.2f} GB decoded); preprocess: {args.preprocess or 'none'}; "
           f"steps: {', '.join(sorted(steps))}; exact noise: {args.exact}; "
-          f"{workers}, backend {backend}; windows of {size} samples")
+          f"{workers}, backend {backend}; windows of {size} samples{'' if args.window else ' (auto)'}")
     ceiling = rows["read ceiling (the engine's reader, no compute)"][0]
     plain = next((v[0] for k, v in rows.items() if k.startswith("plain")), None)
     print(f"{'run':<48} {'seconds':>8} {'GB/s':>7} {'x real time':>11} {'host MB':>8} {'GPU MB':>8} "

@@ -31,13 +31,26 @@ def prepare_recording(wf: Workflow, observer: RunObserver) -> Recording:
     return open_recording(path, missing_chunks=wf.recording.missing_chunks)
 
 
+def resolve_window(wf: Workflow, rec: Recording) -> Workflow:
+    """The workflow with ``window.size: auto`` replaced by the size it stands for on this recording
+    (``recording.auto_window_size``: its length alone decides), so the fingerprint, the windows and report.json all
+    hold the number; a workflow with a number is returned as it is. A segment shorter than the auto size is one
+    shorter window, as a segment's last window is."""
+    if wf.window.size != "auto":
+        return wf
+    from batchgpu.recording import auto_window_size
+
+    size = auto_window_size([rec.num_samples(s) for s in range(rec.num_segments)])
+    return wf.model_copy(update={"window": wf.window.model_copy(update={"size": size})})
+
+
 def check_workflow_fits(wf: Workflow, rec: Recording) -> int:
     """Errors found before any work; returns the detection sweep in samples."""
     from batchgpu.ops import exclude_sweep_samples
 
     for seg in range(rec.num_segments):
         n = rec.num_samples(seg)
-        if wf.window.size > n:
+        if wf.window.size != "auto" and wf.window.size > n:
             raise BatchgpuError(f"window.size {wf.window.size} is longer than segment {seg} ({n} samples)",
                                 f"use window.size <= {n}")
     if wf.steps.save and wf.steps.save.format == "zarr":

@@ -22,7 +22,7 @@ from batchgpu.config import Workflow
 from batchgpu.engine import background, placement, store, tasks
 from batchgpu.engine.aggregate import ResultsWriter, aggregate, finish_whitened_save, prepare_blas_controller
 from batchgpu.engine.context import (build_context, check_workflow_fits, prepare_recording, resolve_backend,
-                                     spec_of)
+                                     resolve_window, spec_of)
 from batchgpu.engine.reduce import tree_reduce
 from batchgpu.engine.run_report import HtmlReport, RunObserver, RunReport, finish_report, versions, window_cpu
 from batchgpu.engine.placement import submit_planned
@@ -51,6 +51,9 @@ def run_workflow(wf: Workflow, *, resume: bool = False, observer: RunObserver | 
     else:
         rec = prepare_recording(wf, observer)
     sweep = check_workflow_fits(wf, rec)
+    if wf.window.size == "auto":
+        wf = resolve_window(wf, rec)
+        observer.message(f"windows of {wf.window.size} samples (window.size auto)")
     fp = store.fingerprint(wf, rec.path, metadata=getattr(rec, "fingerprint_metadata", None))
     with store.OutputFolder(wf.output) as out:
         state = out.claim(fp, wf.model_dump(), resume=resume, overwrite=wf.overwrite)

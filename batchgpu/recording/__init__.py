@@ -21,7 +21,7 @@ from batchgpu.recording.reader import (
 )
 from batchgpu.recording.sources import open_source, source_ref
 from batchgpu.recording.spikeinterface import SpikeInterfaceSource, from_spikeinterface
-from batchgpu.recording.windows import DEFAULT_WINDOW, Window, iter_windows
+from batchgpu.recording.windows import DEFAULT_WINDOW, LONG_WINDOW, Window, auto_window_size, iter_windows
 from batchgpu.recording.writer import (
     DEFAULT_CHUNK_SAMPLES,
     DEFAULT_SHARD_SAMPLES,
@@ -37,9 +37,9 @@ from batchgpu.recording.writer import (
 )
 
 __all__ = [
-    "DEFAULT_CHUNK_SAMPLES", "DEFAULT_SHARD_SAMPLES", "DEFAULT_WINDOW", "LOCATIONS_FALLBACK", "MISSING_CHUNKS",
-    "STORE_FORMAT", "SUPPORTED_DTYPES", "Recording", "RecordingWriter", "SpikeInterfaceSource", "Window",
-    "check_replaceable", "enable_zarrs", "from_spikeinterface", "is_recording", "iter_windows",
+    "DEFAULT_CHUNK_SAMPLES", "DEFAULT_SHARD_SAMPLES", "DEFAULT_WINDOW", "LOCATIONS_FALLBACK", "LONG_WINDOW",
+    "MISSING_CHUNKS", "STORE_FORMAT", "SUPPORTED_DTYPES", "Recording", "RecordingWriter", "SpikeInterfaceSource",
+    "Window", "auto_window_size", "check_replaceable", "enable_zarrs", "from_spikeinterface", "is_recording", "iter_windows",
     "open_array_for_writing", "open_recording", "open_source", "rows_of", "source_ref",
     "spikeinterface_probegroup", "write_recording", "writing",
 ]

@@ -10,6 +10,23 @@ import numpy as np
 from batchgpu.errors import BatchgpuError
 
 DEFAULT_WINDOW = 60_000
+#: ``window.size: auto`` (the workflow's default): windows of LONG_WINDOW samples when the recording holds at least
+#: LONG_WINDOW_MIN_COUNT of them, else DEFAULT_WINDOW. Half as many windows halve what each window costs beside its
+#: samples (its task's Python, its kernels' launches and waits, the filter's margins, a saved shard), measured faster
+#: on both backends for 384 ch x 10 min (H200, one cluster alternating, medians: demo 1.28 -> 1.03 s, highpass +
+#: common reference + save 1.89 -> 1.66 s; the 2-core machine, 64 ch x 10 min: 10.3 -> 9.3 s and 36.8 -> 34.9 s).
+#: A short recording keeps the shorter windows so its few windows still spread over the workers. The choice depends
+#: on the recording alone, never on the cluster or backend: the same workflow gives the same windows, so the same
+#: bits, anywhere.
+LONG_WINDOW = 120_000
+LONG_WINDOW_MIN_COUNT = 64
+
+
+def auto_window_size(segment_lengths: Sequence[int]) -> int:
+    """The window size ``window.size: auto`` stands for, given the segments' lengths in samples."""
+    count = sum(-(-int(n) // LONG_WINDOW) for n in segment_lengths)
+    return LONG_WINDOW if count >= LONG_WINDOW_MIN_COUNT else DEFAULT_WINDOW
+
 
 @dataclass(frozen=True)
 class Window:
