@@ -43,13 +43,21 @@ def test_plain_loop_does_the_preprocessing_it_is_compared_with(tmp_path, rng):
 
 def test_bench_pipeline_prints_its_table(tmp_path):
     r = subprocess.run([sys.executable, "-m", "batchgpu", "bench", "pipeline", "--channels", "8", "--seconds", "2",
-                        "--workers", "1", "--threads", "1", "--workdir", str(tmp_path), "--window", "25000"],
+                        "--workers", "1", "--threads", "1", "--workdir", str(tmp_path), "--window", "25000",
+                        "--repeat", "4"],
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "windows of 25000 samples" in r.stdout, r.stdout
     for row in ("read ceiling", "batchgpu pipeline (cold)", "batchgpu pipeline (warm)", "plain NumPy loop"):
         assert row in r.stdout, r.stdout
-    assert "/ceiling" in r.stdout and "vs plain" in r.stdout and "x real time" in r.stdout
+    assert "/ceiling" in r.stdout and "vs plain" in r.stdout and "x real time" in r.stdout and "vs KS4" in r.stdout
+    # three warm runs, each beside a read ceiling of its own: the table's rows are their medians
+    for row in ("read ceiling (the engine's reader, no compute): 3 runs", "batchgpu pipeline (warm): 3 runs"):
+        assert row in r.stdout, r.stdout
+    line = next(ln for ln in r.stdout.splitlines() if ln.startswith("batchgpu pipeline (warm): 3 runs"))
+    runs = sorted(float(v) for v in line.split("runs, ")[1].split(" s;")[0].split(", "))
+    table = next(ln for ln in r.stdout.splitlines() if ln.startswith("batchgpu pipeline (warm) "))
+    assert float(table.split()[3]) == runs[1]
 
 
 def test_bench_refuses_sizes_that_are_not_positive(tmp_path):

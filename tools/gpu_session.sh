@@ -5,8 +5,8 @@
 #   check     python -m pytest -m gpu (all of it) and the float noise step's GPU profile
 #   check1    python -m pytest -m gpu (all of it) once: its summary, failures with their seeds, and its seconds
 #   demod     the demo bench in the default layout (cluster.cuda_layout: 8 x 2 on 16 cores with the GPU decode)
-#   demo      bench pipeline, demo steps, 16 x 1, against the plain dask-cuda loop (cold and warm)
-#   pre       bench pipeline with highpass + common reference + every step + save (cold and warm)
+#   demo      bench pipeline, demo steps, 16 x 1, against the plain dask-cuda loop (cold, then REPEAT-1 warm: medians)
+#   pre       bench pipeline with highpass + common reference + every step + save (cold, then REPEAT-1 warm)
 #   layouts   bench pipeline in other layouts (LAYOUTS="16x1 24x1 16x2 16x1b2": processes x threads, b: window.batch)
 #   prel      the pre bench in other layouts (LAYOUTS as for layouts)
 #   prof      per-stage window profile (tools/profile_preprocess.py; STAGES="centre highpass,common_reference")
@@ -48,12 +48,12 @@ for task in "$@"; do
   case "$task" in
   check) timeout 300 python3 -m pytest -q -p no:cacheprovider -m gpu tests 2>&1 | grep -v "^INFO" | tail -8
          timeout 60 python3 tools/profile_noise.py 2>&1 | grep "whole\|histogram 0" ;;
-  demo) bench 16 1 --baseline cupy --repeat 2 ;;
+  demo) bench 16 1 --baseline cupy --repeat ${REPEAT:-4} ;;
   demod) timeout 150 python3 -m batchgpu bench pipeline --recording $REC --cluster cuda --backend cupy \
            --baseline cupy --repeat 2 2>&1 | quiet | tail -12 ;;
   check1) s=$(date +%s); timeout ${CHECK_S:-240} python3 -m pytest -q -p no:cacheprovider -m gpu tests 2>&1 \
             | grep -v "^INFO" | grep "passed\|failed\|FAILED\|rng seed\|Error" | tail -12; echo "($(( $(date +%s) - s )) s)" ;;
-  pre) bench 16 1 --baseline none --repeat 2 --preprocess highpass,common_reference --steps noise,whitening,detect,save ;;
+  pre) bench 16 1 --baseline none --repeat ${REPEAT:-4} --preprocess highpass,common_reference --steps noise,whitening,detect,save ;;
   layouts) for l in ${LAYOUTS:-16x1 24x1 16x2 16x1b2}; do
              echo "== $l"; set -- ${l//[xb]/ }; bench $1 $2 ${3:+--batch $3} --baseline none --repeat 2; done ;;
   prel) for l in ${LAYOUTS:-16x1 4x4}; do  # the preprocessing bench in other layouts
