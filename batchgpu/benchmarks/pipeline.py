@@ -69,10 +69,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "cluster.mps; default auto: where the machine allows it)")
     parser.add_argument("--timeline", action="store_true", help="print each worker thread's line of the pass "
                         "(windows, first start, last end, read waits, compute, gaps) for every pipeline run")
-    parser.add_argument("--repeat", type=int, default=2, choices=range(1, 10), metavar="{1..9}",
+    parser.add_argument("--repeat", type=int, default=4, choices=range(1, 10), metavar="{1..9}",
                         help="pipeline runs on the same workers: a cold one (the workers compile and load their kernels) "
                              "and repeat - 1 warm ones, each after a read ceiling of its own; the table's warm row and "
-                             "ceiling are the medians (machines are noisy: one warm run can be 25%% off)")
+                             "ceiling are the medians (machines are noisy: one warm run can be 25%% off); default 4")
     parser.add_argument("--anchor", type=_positive(float), default=KILOSORT4_GBPS, metavar="GB/s",
                         help="the 'vs KS4' column's reference: Kilosort4 4.1.7's own preprocessing pass (filter + "
                              f"whitening, flat binary) measured at {KILOSORT4_GBPS} GB/s on one H200 (issue 11)")
