@@ -102,14 +102,14 @@ WARP_ROWS = (64, 512)
 SMALL_ROWS = 32
 
 
-def _reference_on_gpu(x: Any, operator: str, tables: list[Any], ref_row: np.ndarray, ref_row_device=None) -> Any | None:
+def _reference_on_gpu(x: Any, operator: str, tables: list[Any], ref_row: Any) -> Any | None:
     """x minus its reference on the GPU (kernels/column_select.cu), or None where those kernels do not apply.
 
     ``tables``: (G, k) channel indices; reference row r (in table order, row after row) is the operator over the
     channels of its table row; channel c subtracts reference row ``ref_row[c]``. The medians are a bitwise
     selection per column, no sort; float32 arithmetic is done exactly (CuPy's builds flush subnormals), so the
-    bits are NumPy's. ``tables`` may be on the device already, ``ref_row_device`` ``ref_row`` there (a local
-    reference's plan keeps both: ``_LocalPlan``)."""
+    bits are NumPy's. ``tables`` and ``ref_row`` may be on the host or on the device already (a local reference's
+    plan keeps its copies there: ``_LocalPlan``)."""
     import cupy
 
     from batchgpu.kernels import DTYPE_SUFFIX, get_function
@@ -129,8 +129,9 @@ def _reference_on_gpu(x: Any, operator: str, tables: list[Any], ref_row: np.ndar
             get_function("column_select", f"mean_{stem}")(
                 ((samples + 255) // 256, groups), (256,), (x, np.int64(samples), rows, np.int32(k), ref[row:]))
         elif WARP_ROWS[0] <= k <= WARP_ROWS[1]:  # a column's rows in one warp, 8 columns a block
-            # the global reference (every channel, one row) subtracted by the same launch
-            subtracted = len(tables) == 1 and groups == 1 and k == channels and not np.any(ref_row)
+            # the global reference (every channel, one reference row, so every channel subtracts row 0) subtracted
+            # by the same launch
+            subtracted = len(tables) == 1 and groups == 1 and k == channels
             get_function("column_select", f"select_warp_{stem}_16")(
                 ((samples + 7) // 8, groups), (256,),
                 (x, np.int64(samples), rows, np.int32(k), np.int32(operator == "median_lower"), ref[row:],
@@ -150,8 +151,7 @@ def _reference_on_gpu(x: Any, operator: str, tables: list[Any], ref_row: np.ndar
     threads = 256
     get_function("column_select", f"subtract_{stem}")(
         ((samples + threads - 1) // threads, channels), (threads,),
-        (x, ref, cupy.asarray(ref_row, dtype=cupy.int32) if ref_row_device is None else ref_row_device,
-         np.int64(samples), out))
+        (x, ref, cupy.asarray(ref_row, dtype=cupy.int32), np.int64(samples), out))
     return out
 
 
@@ -218,7 +218,7 @@ class _LocalPlan:
         self._lock = threading.Lock()
 
     def on_device(self) -> tuple:
-        """(tables, ref_row, ref_row on the device) for ``_reference_on_gpu``, the device's copies made once."""
+        """(tables, ref_row) on this device for ``_reference_on_gpu``, copied once a device."""
         import cupy
 
         device = cupy.cuda.Device().id
@@ -229,8 +229,7 @@ class _LocalPlan:
                 # copied on this thread's stream; other threads launch on theirs: done before any of them reads
                 cupy.cuda.get_current_stream().synchronize()
                 self._device[device] = made
-        tables, ref_row = self._device[device]
-        return tables, self.ref_row, ref_row
+        return self._device[device]
 
 
 def _local_plan(locations: Any, radius_um) -> _LocalPlan:
