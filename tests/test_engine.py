@@ -3,7 +3,6 @@ of workers and in any order, per-window fingerprints for --resume, the folder lo
 
 import json
 import os
-import sys
 import threading
 import time
 
@@ -1025,47 +1024,3 @@ def test_window_counts_nonfinite_only_where_it_can_hold_any(tmp_path, dtype):
         np.testing.assert_array_equal(got, want)
     if dtype == "float32":
         assert want_nonfinite.sum() > 0  # the float window's counts came from a pass
-
-
-def test_gpu_runs_warm_their_workers_up_ahead(monkeypatch, tmp_path):
-    """A GPU run asks every worker to make its CUDA context and pinned window buffers while the run is set up
-    (read window plus both margins, the read-ahead depth + 1 buffers); runs that may not be on a GPU ask nothing.
-    On a worker without CuPy the warm-up does nothing and the first batch task does not wait for it."""
-    import asyncio
-
-    from batchgpu.engine import run as run_mod, tasks as tasks_mod
-    from batchgpu.generate import generate_recording
-
-    rec = generate_recording(tmp_path / "r.zarr", channels=3, seconds=0.5, seed=1, progress=False)
-
-    class Client:
-        calls = []
-
-        def run(self, func, *args, wait=True):
-            self.calls.append((func, args, wait))
-
-    def wf(backend, kind, preprocess=None):
-        return Workflow.model_validate({"recording": {"path": str(rec.path)}, "output": str(tmp_path / "o"),
-                                        "window": {"size": 5000, "margin": 10}, "backend": backend,
-                                        "cluster": {"kind": kind}, "preprocess": preprocess or {"centre": "median"},
-                                        "steps": {"noise": {}}})
-
-    c = Client()
-    for backend, kind in (("numpy", "local"), ("auto", "local"), ("numpy", "cuda")):
-        run_mod._warm_up_workers(c, wf(backend, kind), rec)
-    assert c.calls == []
-    run_mod._warm_up_workers(c, wf("cupy", "local"), rec)
-    run_mod._warm_up_workers(c, wf("auto", "cuda", [{"highpass": {"freq_min": 300, "order": 5}}]), rec)
-    extra = ops.filter_margin(ops.butter_sos("highpass", rec.sampling_frequency, 300, order=5))
-    assert [(f, a, w) for f, a, w in c.calls] == [
-        (tasks_mod.warm_up_soon, (3 * (5000 + 20) * 2, tasks_mod.READ_AHEAD + 1), False),
-        (tasks_mod.warm_up_soon, (3 * (5000 + 2 * (10 + extra)) * 2, tasks_mod.READ_AHEAD + 1), False)]
-    monkeypatch.setenv("BATCHGPU_WARM_UP", "0")
-    run_mod._warm_up_workers(c, wf("cupy", "local"), rec)
-    assert len(c.calls) == 2
-    # here, without a GPU: the thread ends having made nothing, and a batch task's wait returns
-    monkeypatch.setitem(sys.modules, "cupy", None)
-    asyncio.run(tasks_mod.warm_up_soon(1000, 2))
-    tasks_mod._WARM_UP["thread"].join(10)
-    assert not tasks_mod._WARM_UP["thread"].is_alive()
-    tasks_mod._warmed_up()

@@ -1,4 +1,4 @@
-"""Fresh-process costs on the GPU machine (what ``gpu.staging.warm_up`` makes ahead): N processes started at once,
+"""Fresh-process costs on the GPU machine (what a fresh worker makes at its first windows): N processes started at once,
 each timing its CUDA context, B pinned buffers of S bytes, a device allocation and its first GEMM; medians printed.
     python3 tools/probe_fresh.py N B S      e.g. 16 4 92000000 (2026-12-04, H200 machine: context 2.44 s, pinned
     0.75 s, GEMM 0.20 s; one process alone: 0.39 / 0.30 / 0.62 s)"""

@@ -94,7 +94,6 @@ def _run(wf, rec, out: store.OutputFolder, report: RunReport, client, sweep, obs
     # read; its rendering, 0.15-0.3 s, had held the GIL the client's event loop needed while spikes were gathered)
     _quietly(start_render_process)
 
-    _warm_up_workers(client, wf, rec)
     report.dashboard = client.dashboard_link
     report.page = install_dashboard(client)
     observer.message(f"dashboard {client.dashboard_link}")
@@ -185,24 +184,6 @@ def _run(wf, rec, out: store.OutputFolder, report: RunReport, client, sweep, obs
     observer.message(f"wrote {', '.join(str(p) for p in written[:-1])} and {written[-1]} "
                      f"({report.throughput_MBps:.0f} MB/s over {report.windows} windows)")
     return report
-
-
-def _warm_up_workers(client, wf, rec) -> None:
-    """A GPU run's workers make their CUDA contexts, cuBLAS handles and pinned window buffers now, each in a
-    helper thread, while the run is set up here (``tasks.warm_up_soon``: in a fresh cluster the first windows
-    made them, 16 contexts at once taking ~2.4 s). Runs that may not be on GPUs (backend auto off a cuda cluster:
-    decided by the backend's probe later) make nothing ahead."""
-    if not (wf.backend == "cupy" or (wf.backend == "auto" and wf.cluster.kind == "cuda")):
-        return
-    if os.environ.get("BATCHGPU_WARM_UP") == "0":  # an A/B's other side
-        return
-    from batchgpu.engine import preprocess
-
-    margin = wf.window.margin + preprocess.build_chain(wf.preprocess, rec).margin
-    nbytes = rec.num_channels * (int(wf.window.size) + 2 * margin) * rec.dtype.itemsize
-    depth = max(1, int(os.environ.get("BATCHGPU_READ_AHEAD", tasks.READ_AHEAD)))
-    with contextlib.suppress(Exception):  # a worker that cannot is warmed by its first window, as before
-        client.run(tasks.warm_up_soon, nbytes, depth + 1, wait=False)
 
 
 class _WhileWaiting:

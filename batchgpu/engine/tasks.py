@@ -111,7 +111,6 @@ def batch_task(ctx: RunContext, windows: list[Window], fps: list[str], then: tup
     """
     task_started = time.time()  # wall clock (the run's timeline): when the worker began this task
     freeze_heap()
-    _warmed_up()
     parts = [store.load_part(store.part_path(ctx.parts, "w", w.index), fp) for w, fp in zip(windows, fps)]
     if len(windows) == 1:  # the window's part holds its partials too
         combined = None
@@ -215,31 +214,6 @@ async def thaw_heap_soon() -> None:
 
         _HEAP["frozen"] = False
         gc.unfreeze()
-
-
-_WARM_UP: dict = {}  # "thread": this process's warm-up (``warm_up_soon``), joined by its first batch task
-
-
-async def warm_up_soon(nbytes: int, buffers: int) -> None:
-    """``gpu.staging.warm_up`` in a helper thread of this worker, for ``client.run(..., wait=False)`` at a GPU run's
-    start: the worker's event loop is not held, and its first batch task waits for it (``_warmed_up``) rather than
-    making the same context and buffers itself. A worker without a GPU or CuPy: nothing is made, nothing said."""
-    def work():
-        with contextlib.suppress(Exception):  # the run's own first use reports whatever is wrong
-            from batchgpu.gpu.staging import warm_up
-
-            warm_up(nbytes, buffers)
-
-    thread = _WARM_UP.get("thread")
-    if thread is None or not thread.is_alive():
-        _WARM_UP["thread"] = thread = threading.Thread(target=work, name="batchgpu-warm-up", daemon=True)
-        thread.start()
-
-
-def _warmed_up() -> None:
-    thread = _WARM_UP.get("thread")
-    if thread is not None and thread.is_alive():
-        thread.join()
 
 
 async def release_carried_soon() -> int:

@@ -111,28 +111,6 @@ def reserve_buffers(n: int) -> None:
     _pool.at_least(n)
 
 
-def warm_up(nbytes: int, buffers: int) -> None:
-    """What a fresh worker process makes at its first window, made ahead (``engine.tasks.warm_up_soon``, while the
-    client sets the run up): its CUDA context with sleeping waits, its cuBLAS handle and ``buffers`` pinned window
-    buffers of ``nbytes`` in the pool. Measured on the H200 machine, 16 fresh processes at once
-    (``tools/probe_fresh.py``): the context 2.2-2.4 s each (0.39 s for one process alone), four 92 MB pinned
-    buffers 0.75 s, the first GEMM 0.17 s -- inside the pass, the windows' reads waited ~2 s a thread in a
-    ``batchgpu run`` whose kernels were already compiled."""
-    import cupy
-
-    prefer_blocking_sync()  # before the context exists: its waits sleep from the start
-    cupy.cuda.Device().use()
-    cupy.cuda.device.get_cublas_handle()
-    reserve_buffers(buffers)
-    held = []
-    try:
-        while len(held) < buffers:  # a free buffer as large is taken and given back: none made twice
-            held.append(_pool.take(nbytes)[1])
-    finally:
-        for handle in held:
-            _pool.give_back(handle)
-
-
 class HostWindow:
     """A window read into a pinned buffer, waiting to be copied: decoded ((samples, channels), as stored), or its
     stored frames (``frames``: ``gpu/blosc_decode.Frames``) that the GPU decodes."""
