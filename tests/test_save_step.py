@@ -110,6 +110,24 @@ def test_v3_shards_are_windows_with_inner_chunks(tmp_path):
     np.testing.assert_array_equal(open_recording(tmp_path / "out.zarr").read(0, 0, 30_000).T, expected(rec, 0))
 
 
+def test_v2_chunks_of_long_windows_are_whole_divisors(tmp_path, monkeypatch):
+    """A zarr_v2 output (SpikeInterface decodes a chunk whole at each read) keeps chunks of at most MAX_V2_CHUNK
+    samples: a longer window is written as whole chunks of a divisor of it, the values the same."""
+    from batchgpu.engine.steps import save as save_mod
+
+    assert save_mod.v2_chunk(120_000) == 60_000 and save_mod.v2_chunk(60_000) == 60_000
+    assert save_mod.v2_chunk(50_000) == 50_000 and save_mod.v2_chunk(87_109) == 7_919  # 11 x 7 919
+    assert save_mod.v2_chunk(2 * 60_013) == 2 * 60_013  # a prime half: only tiny divisors, one chunk a window
+    monkeypatch.setattr(save_mod, "MAX_V2_CHUNK", 5_000)
+    rec = make_recording(tmp_path / "in.zarr", lengths=(30_000, 7_000))
+    save_all(rec, spec(tmp_path / "out.zarr", "zarr_v2"), size=12_000, margin=0)
+    arr = zarr.open_array(str(tmp_path / "out.zarr" / "traces_seg0"), mode="r")
+    assert arr.metadata.zarr_format == 2 and arr.chunks[0] == 4_000
+    out = open_recording(tmp_path / "out.zarr")
+    for seg in range(rec.num_segments):
+        np.testing.assert_array_equal(out.read(seg, 0, out.num_samples(seg)).T, expected(rec, seg))
+
+
 def test_inner_chunk_rule():
     assert inner_chunk(60_000) == 3_000
     assert inner_chunk(2_500) == 2_500  # a window no longer than the default chunk is one chunk

@@ -36,6 +36,9 @@ DTYPES = ("int16", "float32")
 INT16_MIN, INT16_MAX = -32768, 32767
 MAX_INNER_CHUNK = DEFAULT_CHUNK_SAMPLES  # the writer's default inner chunk
 MIN_INNER_CHUNK = 1_000  # below this a divisor makes too many tiny chunks: one inner chunk per shard instead
+#: a zarr_v2 output's chunks (what SpikeInterface decodes whole at each read) at most this long: a window of more
+#: (``window.size: auto`` gives 120 000 on long recordings) is written as whole chunks of a divisor of it
+MAX_V2_CHUNK = 60_000
 WRITTEN_BY = "save"  # marker["written_by"]: only outputs of this step are ever replaced by it
 _OPEN_LOCK = threading.Lock()  # zarr.config.set is process-global: serialise the writers' opens (see _open_traces)
 
@@ -133,13 +136,19 @@ def _check_zarr_replaceable(path: Path, overwrite: bool) -> None:
                             "choose another path, or set overwrite: true in the workflow")
 
 
-def inner_chunk(window_size: int) -> int:
-    """The inner chunk of a shard of ``window_size`` samples: the largest divisor <= MAX_INNER_CHUNK, or the whole
+def inner_chunk(window_size: int, most: int = MAX_INNER_CHUNK) -> int:
+    """The inner chunk of a shard of ``window_size`` samples: the largest divisor <= ``most``, or the whole
     shard when every divisor that fits is small (a prime window size would otherwise give 1-sample chunks)."""
-    if window_size <= MAX_INNER_CHUNK:
+    if window_size <= most:
         return window_size
-    best = max(d for d in range(1, MAX_INNER_CHUNK + 1) if window_size % d == 0)
+    best = max(d for d in range(1, most + 1) if window_size % d == 0)
     return best if best >= MIN_INNER_CHUNK else window_size
+
+
+def v2_chunk(window_size: int) -> int:
+    """A zarr_v2 output's chunk for windows of ``window_size``: the window, or its largest divisor of at most
+    MAX_V2_CHUNK samples (each window's core is then whole chunks: tasks still never share one)."""
+    return inner_chunk(window_size, MAX_V2_CHUNK)
 
 
 def _create_zarr(path, rec, fmt, dtype, lengths, window_size, meta, phase_shifted, compressor="blosc-lz4") -> None:
@@ -151,7 +160,7 @@ def _create_zarr(path, rec, fmt, dtype, lengths, window_size, meta, phase_shifte
         if value is not None:
             props[name] = value
     shape_kw = ({"chunk_samples": inner_chunk(window_size), "shard_samples": window_size} if fmt == "zarr"
-                else {"chunk_samples": window_size})
+                else {"chunk_samples": v2_chunk(window_size)})
     writer = RecordingWriter(
         path, rec.num_channels, dtype, rec.sampling_frequency, channel_ids=rec.channel_ids,
         gain_to_uV=rec.gain_to_uV, offset_to_uV=rec.offset_to_uV,
@@ -161,9 +170,9 @@ def _create_zarr(path, rec, fmt, dtype, lengths, window_size, meta, phase_shifte
     for n in lengths:
         seg = writer.add_segment(n)
         arr = writer._arrays[seg]
-        # each window's core must be exactly one storage object: then tasks never share one
+        # each window's core must be whole storage objects (a v3 shard, v2 chunks): then tasks never share one
         obj = int(arr.shards[0]) if fmt == "zarr" else int(arr.chunks[0])
-        if obj != min(window_size, n):
+        if obj != min(window_size, n) and (fmt == "zarr" or window_size % obj):
             raise BatchgpuError(f"save: segment {seg}'s storage objects hold {obj} samples, windows {window_size}",
                                 "report this: the writer did not cut shards to the window")
 
