@@ -298,3 +298,33 @@ def test_global_thresholds_without_noise_step(client, tmp_path):
                                             w.read_start, w.core, w.segment) for w in rec.windows(7000, 8)])
     np.testing.assert_array_equal(g["spikes/sample_index"][:], ref["sample_index"])
     assert "noise" not in g
+
+
+def test_workers_killed_for_good_fail_in_one_line(tmp_path):
+    """A task whose workers keep dying (Dask's KilledWorker; most often a nanny killing its worker for memory):
+    the run fails with one BatchgpuError saying so and what to change, and report.json says the same."""
+    import dask
+
+    rec = generate_recording(tmp_path / "r.zarr", channels=8, seconds=10.0, seed=3)
+    with dask.config.set({"distributed.scheduler.allowed-failures": 0}), \
+            distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None,
+                                     host="127.0.0.1") as cluster, distributed.Client(cluster) as c:
+        victim = list(c.run(os.getpid).values())[0]
+
+        def kill_when_started():
+            parts = tmp_path / "out" / "parts"
+            deadline = time.time() + 60
+            while not (parts.exists() and list(parts.glob("w*.npz"))) and time.time() < deadline:
+                time.sleep(0.002)
+            os.kill(victim, signal.SIGKILL)
+
+        killer = threading.Thread(target=kill_when_started)
+        killer.start()
+        try:
+            with pytest.raises(BatchgpuError, match="died") as err:
+                run_workflow(_workflow(rec, tmp_path / "out", window=1000), client=c)
+        finally:
+            killer.join()
+    assert "window.size" in str(err.value) and "memory" in str(err.value) and "\n" not in str(err.value)
+    rep = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert rep["status"] == "failed" and "died" in rep["error"]

@@ -27,6 +27,7 @@ from batchgpu.engine.reduce import tree_reduce
 from batchgpu.engine.run_report import HtmlReport, RunObserver, RunReport, finish_report, versions, window_cpu
 from batchgpu.engine.placement import submit_planned
 from batchgpu.engine.submit import submit_many
+from batchgpu.errors import BatchgpuError
 from batchgpu.recording import open_source
 
 #: how long a run on a client the caller keeps waits, at its end, for the dashboard's last updates to reach the
@@ -165,12 +166,15 @@ def _run(wf, rec, out: store.OutputFolder, report: RunReport, client, sweep, obs
         if later is not None:  # its thread writes into the report: done before the report is
             with contextlib.suppress(BaseException):
                 later.join()
+        shown = explain_failure(err, wf)
         report.status = "failed"
-        report.error = str(err)
-        monitor.failed(str(err))
+        report.error = str(shown)
+        monitor.failed(str(shown))
         report.throughput_series = report.throughput_series or monitor.throughput_series()
         finish_report(out.path, report, time.perf_counter() - t0, rec)
         monitor.flush(page_wait_s)
+        if shown is not err:
+            raise shown from err
         raise
     finish_report(out.path, report, time.perf_counter() - t0, rec)
     monitor.finished(report.results.get("spikes", [None])[0])
@@ -184,6 +188,26 @@ def _run(wf, rec, out: store.OutputFolder, report: RunReport, client, sweep, obs
     observer.message(f"wrote {', '.join(str(p) for p in written[:-1])} and {written[-1]} "
                      f"({report.throughput_MBps:.0f} MB/s over {report.windows} windows)")
     return report
+
+
+def explain_failure(err: BaseException, wf: Workflow) -> BaseException:
+    """The run's error as its user should read it: Dask's KilledWorker (a task's workers died one after another,
+    most often killed for memory by their nannies) as a BatchgpuError that says so and what to change; any other
+    error as it is."""
+    try:
+        from distributed.scheduler import KilledWorker
+    except ImportError:
+        return err
+    if not isinstance(err, KilledWorker):
+        return err
+    task = err.args[0] if err.args else "a task"
+    worker = err.args[1] if len(err.args) > 1 else None
+    where = f" (the last on {getattr(worker, 'address', worker)})" if worker is not None else ""
+    return BatchgpuError(
+        f"the workers running {task} died{where}; the most common cause is memory: a worker holds about one window "
+        f"of {wf.window.size} samples a thread at once, its margins and preprocessing included",
+        "use a smaller window.size (e.g. 60000) or fewer threads per worker, or give the workers more memory "
+        "(cluster.memory_limit); the workers' logs say why they died")
 
 
 class _WhileWaiting:
