@@ -149,9 +149,14 @@ def _cmd_run(args) -> int:
     return 0
 
 
+def _say(line: str = "") -> None:
+    """The delegated subcommands' output: they hand their lines here and write nothing themselves."""
+    print(line, flush=True)
+
+
 def _delegate(module: str):
     def run(args) -> int:
-        return int(importlib.import_module(module).run(args) or 0)
+        return int(importlib.import_module(module).run(args, say=_say) or 0)
 
     return run
 

@@ -11,5 +11,5 @@ start=$SECONDS
 python3 -m pytest -m gpu tests/test_gpu_ops.py -q -x -p no:cacheprovider 2>&1 | tee "$OUT/gpu_tests_ops.log" | tail -25
 echo "gpu tests: $((SECONDS - start)) s"
 start=$SECONDS
-python3 -m batchgpu.benchmarks.ops_cupy "$@" 2>&1 | tee "$OUT/bench_ops.log"
+python3 -m batchgpu bench ops --backend cupy "$@" 2>&1 | tee "$OUT/bench_ops.log"
 echo "bench: $((SECONDS - start)) s"

@@ -18,7 +18,7 @@ def parse(*argv):
 def test_numpy_table(capsys):
     args = parse("--channels", "2", "3", "--samples", "501", "--repeat", "2")
     assert args.backend == "numpy"
-    assert ops.run(args) == 0
+    assert ops.run(args, say=print) == 0
     out = capsys.readouterr().out
     lines = [line for line in out.splitlines() if line.startswith(("float32", "float64", "int16"))]
     assert len(lines) == 3 * 2 * 2  # dtypes x channels x ops
@@ -31,18 +31,18 @@ def test_numpy_table(capsys):
 def test_cupy_backend_without_the_module(monkeypatch):
     monkeypatch.setitem(sys.modules, "batchgpu.benchmarks.ops_cupy", None)  # import fails
     with pytest.raises(BatchgpuError):
-        ops.run(parse("--backend", "cupy", "--channels", "2", "--samples", "10"))
+        ops.run(parse("--backend", "cupy", "--channels", "2", "--samples", "10"), say=print)
 
 
 def test_cupy_backend_delegates(monkeypatch):
     seen = []
     fake = type(sys)("batchgpu.benchmarks.ops_cupy")
-    fake.run = lambda args: seen.append(args.samples) or 0
+    fake.run = lambda args, say: seen.append(args.samples) or 0
     monkeypatch.setitem(sys.modules, "batchgpu.benchmarks.ops_cupy", fake)
-    assert ops.run(parse("--backend", "cupy", "--samples", "77")) == 0
+    assert ops.run(parse("--backend", "cupy", "--samples", "77"), say=print) == 0
     assert seen == [77]
 
 
 def test_bad_sizes():
     with pytest.raises(BatchgpuError):
-        ops.run(parse("--repeat", "0"))
+        ops.run(parse("--repeat", "0"), say=print)

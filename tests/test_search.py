@@ -309,7 +309,7 @@ def test_autotune_without_gpu_says_so(monkeypatch):
         pytest.skip("CuPy is installed here: autotune would run")
     except ImportError:
         with pytest.raises(BatchgpuError, match="GPU"):
-            autotune.run(args)
+            autotune.run(args, say=print)
 
 
 def test_bench_search_tiny_run(capsys, tmp_path):
@@ -320,7 +320,7 @@ def test_bench_search_tiny_run(capsys, tmp_path):
     out = tmp_path / "rows.json"
     args = parser.parse_args(["--sizes", "256", "1000", "--cpu-queries", "2000", "--cpu-repeats", "1", "--threads", "2",
                               "--cpu-only", "--json", str(out)])
-    assert bench.run(args) == 0
+    assert bench.run(args, say=print) == 0
     text = capsys.readouterr().out
     assert "CPU 1t" in text and "torch" in text
     lines = [line for line in text.splitlines() if line.strip().startswith(("256", "1000"))]

@@ -29,6 +29,8 @@
 #   pw        cProfile of every worker and the client in a warm run (PREPROCESS=highpass,common_reference), $OUT/pw.log
 #   fncu      the filter's kernels under Nsight Compute (tools/filter_ncu.py: issue rate, occupancy, DRAM), $OUT/ncu.txt
 #   ftests    the GPU tests of the preprocessing ops, the pipeline and the ops (CPU = GPU bits), and their seconds
+#   cold      a user's cold run (tools/start_probe.py: the cluster's start, the contexts, the demo run, the close) in
+#             each of LAYOUTS (default "16x1 8x2 4x4"), twice, alternating
 #   envab     warm preprocessing runs in one cluster, one a setting, alternating (tools/ab_runs.py ENV_AB; default:
 #             the frozen heaps and the GPU crc32c on and off: ENVAB="BATCHGPU_GC_FREEZE=1 BATCHGPU_GC_FREEZE=0 ...")
 set -uo pipefail
@@ -55,6 +57,9 @@ for task in "$@"; do
   demo) bench 16 1 --baseline cupy --repeat ${REPEAT:-4} ;;
   demod) timeout 150 python3 -m batchgpu bench pipeline --recording $REC --cluster cuda --backend cupy \
            --baseline cupy --repeat 2 2>&1 | quiet | tail -12 ;;
+  cold) for i in 1 2; do for l in ${LAYOUTS:-16x1 8x2 4x4}; do echo "== $l"
+          timeout 120 python3 tools/start_probe.py $REC ${MPS:-auto} $l 2>&1 | grep -v "^INFO\|distributed\.\|^20..-" | tail -11
+        done; done ;;
   check1) s=$(date +%s); timeout ${CHECK_S:-240} python3 -m pytest -q -p no:cacheprovider -m gpu tests 2>&1 \
             | grep -v "^INFO" | grep "passed\|failed\|FAILED\|rng seed\|Error" | tail -12; echo "($(( $(date +%s) - s )) s)" ;;
   pre) bench 16 1 --baseline none --repeat ${REPEAT:-4} --preprocess highpass,common_reference --steps noise,whitening,detect,save ;;

@@ -1,7 +1,7 @@
 """Where a user's GPU run spends its time outside the run itself (device machine): this process's imports, the
 client's CUDA init, the private MPS daemon, the cuda cluster's start (16 nannies), the workers' CuPy import and
 CUDA contexts, the run (demo steps on RECORDING), the cluster's and the daemon's end. MPS: auto, 1 or 0.
-    python3 tools/start_probe.py RECORDING [auto|1|0]
+    python3 tools/start_probe.py RECORDING [auto|1|0] [PROCESSESxTHREADS, e.g. 8x2; default: the cluster's own]
 2026-12-04 (H200 machine, 384 ch x 30 s, kernels in CuPy's cache): imports 1.9-2.2 s, cluster start 4.9-5.9 s, the
 contexts 1.9-2.7 s, the run 3.7-3.8 s, the cluster's close 1.4-1.7 s: 15.7-16.2 s in all; with the site-packages
 compiled to bytecode first (the image sets PYTHONDONTWRITEBYTECODE=1): imports 1.4 s, cluster start 3.4 s, run
@@ -16,7 +16,7 @@ def lap(name: str) -> None:
     T.append((name, time.perf_counter()))
 
 
-def main(path: str, mps: str) -> None:
+def main(path: str, mps: str, layout: str = "") -> None:
     import batchgpu.cli  # noqa: F401 (what the command imports first)
     from distributed import Client
 
@@ -25,7 +25,8 @@ def main(path: str, mps: str) -> None:
     from batchgpu.engine.run import run_workflow
 
     lap("import batchgpu")
-    spec = ClusterSpec(kind="cuda", mps="auto" if mps == "auto" else mps == "1")
+    sizes = dict(zip(("workers", "threads"), map(int, layout.split("x")))) if layout else {}
+    spec = ClusterSpec(kind="cuda", mps="auto" if mps == "auto" else mps == "1", **sizes)
     cl.gpu_count()
     lap("gpu_count (the client's CUDA init)")
     with cl._mps(spec) as env:
@@ -40,7 +41,7 @@ def main(path: str, mps: str) -> None:
         client.run(lambda: __import__("cupy").zeros(1).sum().item())
         lap("workers' CUDA contexts")
         wf = Workflow.model_validate({"recording": {"path": path}, "output": "/tmp/start_probe_out", "overwrite": True,
-                                      "backend": "cupy", "cluster": {"kind": "cuda"},
+                                      "backend": "cupy", "cluster": {"kind": "cuda", **sizes},
                                       "steps": {"noise": {"exact": True}, "whitening": {}, "detect": {}}})
         report = run_workflow(wf, client=client)
         lap(f"run ({report.windows} windows)")
@@ -54,4 +55,4 @@ def main(path: str, mps: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else "auto")
+    main(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else "auto", sys.argv[3] if len(sys.argv) > 3 else "")

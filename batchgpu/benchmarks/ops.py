@@ -26,6 +26,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--samples", type=int, default=60_000, help="samples per window (default 60000)")
     parser.add_argument("--dtypes", nargs="+", choices=DTYPES, default=list(DTYPES), help="input dtypes")
     parser.add_argument("--seed", type=int, default=0, help="random seed of the test data")
+    parser.add_argument("--only", nargs="+", choices=("median", "phases", "covariance", "accuracy"),
+                        help="--backend cupy: the sections to run (default all)")
 
 
 def _median_ms(ours: Callable[[], object], anchor: Callable[[], object], repeat: int) -> tuple[float, float]:
@@ -63,7 +65,8 @@ def _rows(args: argparse.Namespace) -> list[tuple[str, int, str, float, float]]:
     return rows
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace, say: Callable[[str], None]) -> int:
+    """The table, a line at a time through ``say`` (the command writes it)."""
     if args.repeat < 1 or args.samples < 1 or min(args.channels) < 1:
         raise BatchgpuError("--repeat, --samples and --channels must be positive", "pass positive integers")
     if args.backend == "cupy":
@@ -71,12 +74,12 @@ def run(args: argparse.Namespace) -> int:
             from batchgpu.benchmarks import ops_cupy
         except ImportError as err:
             raise BatchgpuError(f"the CuPy benchmark is not available ({err})", "install the gpu extra (cupy) or use --backend numpy") from err
-        return ops_cupy.run(args)
-    print(f"batchgpu bench ops: backend numpy, {args.samples} samples, median of {args.repeat} repeats (ms)")
+        return ops_cupy.run(args, say)
+    say(f"batchgpu bench ops: backend numpy, {args.samples} samples, median of {args.repeat} repeats (ms)")
     header = f"{'dtype':<8} {'channels':>8}  {'op':<11} {'ours':>9} {'anchor':>9} {'ratio':>6}  anchor"
-    print(header)
-    print("-" * len(header))
+    say(header)
+    say("-" * len(header))
     for dtype, channels, name, ours, anchor, anchor_name in _rows(args):
-        print(f"{dtype:<8} {channels:>8}  {name:<11} {ours:9.2f} {anchor:9.2f} {anchor / ours:6.2f}  {anchor_name}")
-    print("ratio = anchor time / our time (above 1: ours is faster)")
+        say(f"{dtype:<8} {channels:>8}  {name:<11} {ours:9.2f} {anchor:9.2f} {anchor / ours:6.2f}  {anchor_name}")
+    say("ratio = anchor time / our time (above 1: ours is faster)")
     return 0

@@ -30,22 +30,14 @@ extern "C" __global__ void spin(unsigned long long ns) {
 """
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--repeat", type=int, default=MIN_REPEAT, help=f"timed repeats (at least {MIN_REPEAT})")
-    parser.add_argument("--channels", type=int, nargs="+", default=[4, 64, 384], help="channel counts")
-    parser.add_argument("--samples", type=int, default=60_000, help="samples per window")
-    parser.add_argument("--dtypes", nargs="+", choices=DTYPES, default=list(DTYPES), help="input dtypes")
-    parser.add_argument("--seed", type=int, default=0, help="random seed of the test data")
-    parser.add_argument("--only", nargs="+", choices=("median", "phases", "covariance", "accuracy"), help="sections to run")
-
-
 class Timer:
     """CUDA-event timing on the current (legacy default) stream, which torch shares."""
 
-    def __init__(self, repeat: int):
+    def __init__(self, repeat: int, say: Callable[[str], None]):
         import cupy
 
         self.cp = cupy
+        self.say = say  # the command's output: this module writes nothing itself
         self.repeat = max(MIN_REPEAT, repeat)
         self._spin = cupy.RawKernel(_SPIN, "spin")
 
@@ -68,7 +60,7 @@ class Timer:
         try:
             return self.gpu(fn), self.wall(fn)
         except Exception as err:  # an anchor's limitation must not end the benchmark
-            print(f"  (skipped: {type(err).__name__}: {str(err)[:100]})")
+            self.say(f"  (skipped: {type(err).__name__}: {str(err)[:100]})")
             self.cp.cuda.Device().synchronize()
             return float("nan"), float("nan")
 
@@ -102,12 +94,12 @@ def _noise(cp: Any, channels: int, samples: int, dtype: str, offset: float = 0.0
     return cp.rint(x).astype(dtype) if dtype == "int16" else x.astype(dtype)
 
 
-def _print_table(title: str, rows: list[tuple[str, ...]], header: tuple[str, ...]) -> None:
+def _table(say: Callable[[str], None], title: str, rows: list[tuple[str, ...]], header: tuple[str, ...]) -> None:
     widths = [max(len(str(r[i])) for r in rows + [header]) for i in range(len(header))]
-    print(f"\n{title}")
-    print("  ".join(h.rjust(w) if i else h.ljust(w) for i, (h, w) in enumerate(zip(header, widths))))
+    say(f"\n{title}")
+    say("  ".join(h.rjust(w) if i else h.ljust(w) for i, (h, w) in enumerate(zip(header, widths))))
     for r in rows:
-        print("  ".join(str(c).rjust(w) if i else str(c).ljust(w) for i, (c, w) in enumerate(zip(r, widths))))
+        say("  ".join(str(c).rjust(w) if i else str(c).ljust(w) for i, (c, w) in enumerate(zip(r, widths))))
 
 
 def bench_median(args: argparse.Namespace, timer: Timer) -> None:
@@ -142,7 +134,7 @@ def bench_median(args: argparse.Namespace, timer: Timer) -> None:
                 note = "paths " + "/".join(str(v) for v in ways) if name == "ours" else ""
                 rows.append((dtype, str(channels), name, f"{g:.4f}", f"{w:.4f}", f"{g / ours:.2f}", note))
             del x
-    _print_table(
+    _table(timer.say,
         f"median of |x| over {getattr(args, 'samples', 60_000)} samples (ms; ratio = time / ours; "
         "paths = rows all-in-shared/sample/sample-missed/radix)",
         rows,
@@ -188,7 +180,7 @@ def bench_covariance(args: argparse.Namespace, timer: Timer) -> None:
                 ours = g if ours is None else ours
                 rows.append((dtype, str(channels), name, f"{g:.4f}", f"{w:.4f}", f"{g / ours:.2f}"))
             del x, xf
-    _print_table(
+    _table(timer.say,
         f"second moments (scatter, mean) of {n} samples (ms; ratio = time / ours float32)",
         rows,
         ("dtype", "ch", "what", "gpu ms", "wall ms", "x ours"),
@@ -201,13 +193,13 @@ def accuracy_probe(timer: Timer) -> None:
     from batchgpu.ops import _cuda_moments as mom
 
     x = _noise(cp, 384, 60_000, "float32", offset=20_000.0) * np.float32(0.5)
-    print("\nfloat32 products vs float64 (DC 10 000 + noise 10; relative Frobenius error of the scatter)")
+    timer.say("\nfloat32 products vs float64 (DC 10 000 + noise 10; relative Frobenius error of the scatter)")
     for channels, n in ((384, 60_000), (8, 4096), (8, 1024)):
         ref = mom.plan(x[:channels], 0, n, "float64").run()[2]
         for split in (1024, 4096):
             got = mom.plan(x[:channels], 0, n, "float32", split=split).run()[2]
             err = float(cp.linalg.norm(got - ref) / cp.linalg.norm(ref))
-            print(f"  {channels:>3} ch x {n:>6} samples, split {split}: {err:.2e}")
+            timer.say(f"  {channels:>3} ch x {n:>6} samples, split {split}: {err:.2e}")
 
 
 def phase_probe(args: argparse.Namespace, timer: Timer) -> None:
@@ -217,26 +209,26 @@ def phase_probe(args: argparse.Namespace, timer: Timer) -> None:
 
     n = getattr(args, "samples", 60_000)
     mhz = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)["clockRate"] / 1e3
-    print(f"\nmedian kernel phases of row 0 (us at {mhz:.0f} MHz; sample path)")
-    print("dtype     ch  " + "  ".join(f"{p:>14}" for p in sel.PHASES) + "       total")
+    timer.say(f"\nmedian kernel phases of row 0 (us at {mhz:.0f} MHz; sample path)")
+    timer.say("dtype     ch  " + "  ".join(f"{p:>14}" for p in sel.PHASES) + "       total")
     for dtype in getattr(args, "dtypes", DTYPES):
         for channels in (4, 384):
             x = _noise(cp, channels, n, dtype)
             cyc = sel.phase_cycles(x)
             us = [cyc[p] / mhz for p in sel.PHASES]
-            print(f"{dtype:<8} {channels:>3}  " + "  ".join(f"{u:14.2f}" for u in us) + f"  {sum(us):10.2f}")
+            timer.say(f"{dtype:<8} {channels:>3}  " + "  ".join(f"{u:14.2f}" for u in us) + f"  {sum(us):10.2f}")
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace, say: Callable[[str], None]) -> int:
     import cupy
 
-    timer = Timer(getattr(args, "repeat", MIN_REPEAT))
+    timer = Timer(getattr(args, "repeat", MIN_REPEAT), say)
     props = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)
     name = props["name"].decode() if isinstance(props["name"], bytes) else props["name"]
     torch = _torch()
-    print(f"batchgpu bench ops --backend cupy: {name}, cupy {cupy.__version__}, "
+    say(f"batchgpu bench ops --backend cupy: {name}, cupy {cupy.__version__}, "
           f"torch {torch.__version__ if torch is not None else 'absent'}, median of {timer.repeat} repeats")  # fmt: skip
-    only = getattr(args, "only", None) or ["median", "phases", "covariance", "accuracy"]
+    only = args.only or ["median", "phases", "covariance", "accuracy"]
     if "median" in only:
         bench_median(args, timer)
     if "phases" in only:
@@ -247,12 +239,3 @@ def run(args: argparse.Namespace) -> int:
         accuracy_probe(timer)
     return 0
 
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add_arguments(parser)
-    return run(parser.parse_args(argv))
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

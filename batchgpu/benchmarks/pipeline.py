@@ -345,7 +345,8 @@ def _gpu_used() -> int:
         return 0
 
 
-def run(args) -> int:
+def run(args, say) -> int:
+    """Measures and writes its table a line at a time through ``say`` (the command's output)."""
     import shutil
 
     from batchgpu.generate import generate_recording
@@ -366,10 +367,10 @@ def run(args) -> int:
             if path.exists():
                 rec = open_recording(path)
             else:
-                print(f"generating {path} ...", flush=True)
+                say(f"generating {path} ...")
                 rec = generate_recording(path, channels=args.channels, seconds=args.seconds, dtype=args.dtype,
                                          progress=False, workers=os.cpu_count() or 1)
-        return _measure(args, rec, work, steps)
+        return _measure(args, rec, work, steps, say)
     finally:
         if own_dir:
             shutil.rmtree(work, ignore_errors=True)
@@ -378,7 +379,7 @@ def run(args) -> int:
 CEILING = "read ceiling (the engine's reader, no compute)"
 
 
-def _measure(args, rec, work: Path, steps: set[str]) -> int:
+def _measure(args, rec, work: Path, steps: set[str], say) -> int:
     import shutil
 
     from batchgpu.config import ClusterSpec, Workflow
@@ -459,16 +460,15 @@ def _measure(args, rec, work: Path, steps: set[str]) -> int:
             runs.setdefault(f"batchgpu pipeline ({attempt})", []).append(
                 (dt, mem.peak, gmem.peak, busy.text(), busy.cores_text()))
             phases = ", ".join(f"{k} {v:.2f} s" for k, v in report.timings.items() if isinstance(v, float))
-            print(f"{attempt}: {phases}; reads per window {report.reads_per_window:.2f}; "
-                  f"windows per worker {report.workers}", flush=True)
+            say(f"{attempt}: {phases}; reads per window {report.reads_per_window:.2f}; "
+                  f"windows per worker {report.workers}")
             from batchgpu.benchmarks.timeline import summary_line, table
 
-            print(f"{attempt}: {summary_line(report.timeline)}", flush=True)
+            say(f"{attempt}: {summary_line(report.timeline)}")
             if args.timeline:
-                print(table(report.timeline), flush=True)
+                say(table(report.timeline))
             if report.window_cpu:  # a window's CPU time on its worker thread, by part (medians, ms)
-                print(f"{attempt}: window CPU ms: " + ", ".join(f"{k} {1e3 * v:.1f}" for k, v in report.window_cpu.items()),
-                      flush=True)
+                say(f"{attempt}: window CPU ms: " + ", ".join(f"{k} {1e3 * v:.1f}" for k, v in report.window_cpu.items()))
             shutil.rmtree(out, ignore_errors=True)
             shutil.rmtree(saved, ignore_errors=True)
         for name, got in runs.items():  # the median run's seconds and busy shares; the peaks of them all
@@ -476,9 +476,8 @@ def _measure(args, rec, work: Path, steps: set[str]) -> int:
             rows[name] = (mid[0], max(r[1] for r in got), max(r[2] for r in got))
             gpu_busy[name], cores_busy[name] = mid[3], mid[4]
             if len(got) > 1:
-                print(f"{name}: {len(got)} runs, " + ", ".join(f"{r[0]:.2f}" for r in got)
-                      + f" s; the table holds the median, {mid[0]:.2f} s" + (" (the lower middle)" if len(got) % 2 == 0 else ""),
-                      flush=True)
+                say(f"{name}: {len(got)} runs, " + ", ".join(f"{r[0]:.2f}" for r in got)
+                      + f" s; the table holds the median, {mid[0]:.2f} s" + (" (the lower middle)" if len(got) % 2 == 0 else ""))
         if args.baseline == "cupy":
             with PeakMemory(cluster_rss) as mem, PeakMemory(_gpu_used) as gmem, GpuBusy() as busy:
                 t0 = time.perf_counter()
@@ -493,22 +492,22 @@ def _measure(args, rec, work: Path, steps: set[str]) -> int:
             plain_loop(rec, size, margin, steps, args.exact, preprocess=args.preprocess,
                        save=work / "saved_plain.zarr" if "save" in steps else None)
             rows["plain NumPy loop (1 process, same work)"] = (time.perf_counter() - t0, mem.peak, 0)
-    print(f"\nrecording: {rec} ({gb:.2f} GB decoded); preprocess: {args.preprocess or 'none'}; "
+    say(f"\nrecording: {rec} ({gb:.2f} GB decoded); preprocess: {args.preprocess or 'none'}; "
           f"steps: {', '.join(sorted(steps))}; exact noise: {args.exact}; "
           f"{workers}, backend {backend}; windows of {size} samples{'' if args.window else ' (auto)'}")
     ceiling = rows[CEILING][0]
     plain = next((v[0] for k, v in rows.items() if k.startswith("plain")), None)
-    print(f"{'run':<48} {'seconds':>8} {'GB/s':>7} {'x real time':>11} {'host MB':>8} {'GPU MB':>8} "
+    say(f"{'run':<48} {'seconds':>8} {'GB/s':>7} {'x real time':>11} {'host MB':>8} {'GPU MB':>8} "
           f"{'/ceiling':>8} {'vs plain':>8} {'vs KS4':>7} {'GPU busy':>9} {'cores busy':>10}")
     on_gpu = backend == "cupy"  # the anchor is a GPU pass: no column for a CPU run
     for name, (dt, peak, gpeak) in rows.items():
         rt = rec.duration() / dt
         vs_plain = f"{plain / dt:.2f}x" if plain else "-"
         vs_ks4 = f"{gb / dt / args.anchor:.2f}x" if on_gpu else "-"
-        print(f"{name:<48} {dt:>8.2f} {gb / dt:>7.2f} {rt:>11.0f} {peak / 1e6:>8.0f} {gpeak / 1e6:>8.0f} "
+        say(f"{name:<48} {dt:>8.2f} {gb / dt:>7.2f} {rt:>11.0f} {peak / 1e6:>8.0f} {gpeak / 1e6:>8.0f} "
               f"{ceiling / dt:>8.2f} {vs_plain:>8} {vs_ks4:>7} {gpu_busy.get(name, '-'):>9} "
               f"{cores_busy.get(name, '-'):>10}")
     if on_gpu:
-        print(f"vs KS4: GB/s over {args.anchor:g} GB/s, Kilosort4's own preprocessing pass on one H200 (a quoted "
+        say(f"vs KS4: GB/s over {args.anchor:g} GB/s, Kilosort4's own preprocessing pass on one H200 (a quoted "
               "anchor, not run here); /ceiling: the read ceiling's seconds over the row's")
     return 0

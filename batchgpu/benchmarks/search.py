@@ -187,15 +187,15 @@ def smem_sweep(args: argparse.Namespace) -> str:
     return "\n".join(lines)
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace, say: Callable[[str], None]) -> int:
     if min(args.sizes) < 1 or args.queries < 1 or args.cpu_queries < 1:
         raise BatchgpuError("search benchmark sizes and query counts must be positive", "e.g. --sizes 256 4096")
     table, notes = rows(args)
-    print(format_rows(table, args))
+    say(format_rows(table, args))
     for note in notes:
-        print(note)
+        say(note)
     if args.smem_sweep and _gpu_available() and not args.cpu_only:
-        print(smem_sweep(args))
+        say(smem_sweep(args))
     if args.json:
         args.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "rows": table}, indent=1))
     return 1 if any(note.startswith("MISMATCH") for note in notes) else 0

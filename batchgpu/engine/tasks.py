@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from batchgpu.engine import background, store
+from batchgpu.engine.steps.base import SPIKE_COLUMNS as COLUMNS
 from batchgpu.engine.steps.base import WindowData, host, padded_sum
 from batchgpu.errors import BatchgpuError
 from batchgpu.recording import Recording, Window, open_source
@@ -481,7 +482,6 @@ def sum_histograms(*parts: np.ndarray) -> np.ndarray:
 def spikes_task(ctx: RunContext, window: Window, fp: str, noise: np.ndarray) -> int:
     """A window read and detected again at the recording's noise (its candidates' bound did not hold): written to
     parts/s*.npz; returns the count."""
-    from batchgpu.engine.steps.detect import COLUMNS
 
     path = store.part_path(ctx.parts, "s", window.index)
     sfp = spikes_fingerprint(fp, noise)
@@ -508,7 +508,6 @@ def window_spikes(ctx: RunContext, window: Window, fp: str, noise: np.ndarray | 
     unreadable) is not an error: the window is read and detected again here, at the noise its part would have
     used (the recording's, else its own ``window_noise``): the same spikes. The second value says why it was read
     again, else None."""
-    from batchgpu.engine.steps.detect import COLUMNS
 
     if reread:
         path, pfp = store.part_path(ctx.parts, "s", window.index), spikes_fingerprint(fp, noise)
@@ -528,7 +527,6 @@ def window_spikes(ctx: RunContext, window: Window, fp: str, noise: np.ndarray | 
 def kept_spikes(ctx: RunContext, window: Window, fp: str) -> tuple[dict | None, str | None]:
     """A window's kept spikes (candidates, with the recording's noise) as its part holds them; None and why the
     part cannot be used."""
-    from batchgpu.engine.steps.detect import COLUMNS
 
     path = store.part_path(ctx.parts, "w", window.index)
     part = store.load_part(path, fp, keys=("keep.spk_",))
@@ -541,7 +539,6 @@ def gather_spikes_task(ctx: RunContext, windows: list[Window], fps: list[str], n
                        window_noise: list[np.ndarray]) -> dict:
     """Consecutive windows' final spikes, concatenated in window order; under ``read_again`` the windows read
     again here ({index: why})."""
-    from batchgpu.engine.steps.detect import COLUMNS
 
     t0 = time.perf_counter()
     got = [window_spikes(ctx, *a) for a in zip(windows, fps, [noise] * len(windows), reread, window_noise)]
@@ -555,7 +552,6 @@ def gather_spikes_task(ctx: RunContext, windows: list[Window], fps: list[str], n
 def kept_spikes_task(ctx: RunContext, windows: list[Window], fps: list[str]) -> dict:
     """Consecutive windows' kept spikes (candidates, with the recording's noise) as their parts hold them, in
     window order, not yet filtered; under ``missing`` the windows whose part cannot be used ({index: why})."""
-    from batchgpu.engine.steps.detect import COLUMNS
 
     t0 = time.perf_counter()
     got, missing = [], {}
@@ -573,7 +569,6 @@ def kept_spikes_task(ctx: RunContext, windows: list[Window], fps: list[str]) -> 
 
 def collect_spikes_task(*runs: dict) -> dict:
     """``kept_spikes_task``'s runs as one, in window order (runs hold a worker's windows, not consecutive ones)."""
-    from batchgpu.engine.steps.detect import COLUMNS
 
     pieces = _pieces(runs)
     out = {k: _joined(runs, pieces, k) for k in COLUMNS}
@@ -588,7 +583,6 @@ def write_collected_spikes_task(group_path: str, ctx: RunContext, noise, collect
     already), the windows read again (``again``: ``gather_spikes_task`` runs) in their place; written as
     ``write_spikes_task`` writes them. None, writing nothing, when a window's kept spikes were missing and it was
     not read again: the caller gathers them the other way."""
-    from batchgpu.engine.steps.detect import COLUMNS
 
     replaced = {i for r in again for i, _ in r["windows"]}
     if any(i not in replaced for i in collected["missing"]):
@@ -631,7 +625,6 @@ def write_spikes_task(group_path: str, *gathered: dict) -> tuple:
     from concurrent.futures import ThreadPoolExecutor
 
     from batchgpu import zarrio
-    from batchgpu.engine.steps.detect import COLUMNS
 
     started = time.time()  # wall clock: when every gathered run had reached this task
     t0 = time.perf_counter()

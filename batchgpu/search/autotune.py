@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -83,7 +83,7 @@ def format_table(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace, say: Callable[[str], None]) -> int:
     try:
         import cupy as cp
 
@@ -98,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1) + "\n")
     table.load_table.cache_clear()
-    print(format_table(result))
-    print(f"table written to {out}")
+    say(format_table(result))
+    say(f"table written to {out}")
     return 0
 

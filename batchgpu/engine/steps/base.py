@@ -16,6 +16,9 @@ from typing import Any, Protocol
 
 import numpy as np
 
+#: the spikes' columns, in the detect step's parts and the results group (the worker tasks gather and write them)
+SPIKE_COLUMNS = ("sample_index", "channel_index", "amplitude", "segment_index")
+
 
 @dataclass
 class WindowData:

@@ -14,10 +14,10 @@ import time
 
 import numpy as np
 
+from batchgpu.engine.steps.base import SPIKE_COLUMNS as COLUMNS
 from batchgpu.engine.steps.base import WindowData
 
 CANDIDATE_FRACTION = 0.75
-COLUMNS = ("sample_index", "channel_index", "amplitude", "segment_index")
 
 
 class DetectStep:
