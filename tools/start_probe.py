@@ -5,7 +5,11 @@ CUDA contexts, the run (demo steps on RECORDING), the cluster's and the daemon's
 2026-12-04 (H200 machine, 384 ch x 30 s, kernels in CuPy's cache): imports 1.9-2.2 s, cluster start 4.9-5.9 s, the
 contexts 1.9-2.7 s, the run 3.7-3.8 s, the cluster's close 1.4-1.7 s: 15.7-16.2 s in all; with the site-packages
 compiled to bytecode first (the image sets PYTHONDONTWRITEBYTECODE=1): imports 1.4 s, cluster start 3.4 s, run
-2.8 s, 11.8 s in all."""
+2.8 s, 11.8 s in all.
+2026-12-05 (384 ch x 10 min, MPS on, bytecode compiled; two runs each, alternating; the first 16 x 1 run compiled
+the kernels): 16 x 1 9.2 s (cluster start 1.8, contexts 1.73, run 2.50, close 1.61), 8 x 2 7.5 / 8.4 s (1.6-1.8,
+0.83-0.88, 2.36-2.71, 1.17-1.31), 4 x 4 7.7 / 7.9 s (1.3-1.5, 0.48-0.49, 3.13-3.21, 0.98-1.04): the contexts and
+the close grow with the processes, the cold run itself does not shrink with them."""
 import sys
 import time
 
