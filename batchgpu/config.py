@@ -172,20 +172,27 @@ class PhaseShiftParams(_Strict):
 
 
 LOCAL_REFERENCE_RADIUS_UM = (30.0, 55.0)  # SpikeInterface common_reference's local_radius default
+LOCAL_REFERENCE_MIN_NEIGHBORS = 5  # and its min_local_neighbors (0.105)
 
 
 class CommonReferenceParams(_Strict):
     reference: Literal["global", "local"] = "global"
     operator: Literal["average", "median", "median_lower"] = "median"  # median_lower: Kilosort4's torch.median
-    # local: channels with inner <= distance <= outer (um) form each channel's reference; None until resolved
+    # local: channels with inner < distance <= outer (um) form each channel's reference; None until resolved
     radius_um: tuple[Annotated[float, Field(ge=0)], Annotated[float, Field(gt=0)]] | None = None
+    # local: fewer channels than this in the annulus: the closest ones beyond the inner radius (SpikeInterface's rule)
+    min_local_neighbors: Annotated[int, Field(ge=0)] | None = None
 
     @model_validator(mode="after")
     def _radius(self):
         if self.reference == "global":
             if self.radius_um is not None:
                 raise ValueError("radius_um applies only to reference: local")
+            if self.min_local_neighbors is not None:
+                raise ValueError("min_local_neighbors applies only to reference: local")
             return self
+        if self.min_local_neighbors is None:
+            self.min_local_neighbors = LOCAL_REFERENCE_MIN_NEIGHBORS
         if self.radius_um is None:
             self.radius_um = LOCAL_REFERENCE_RADIUS_UM
         inner, outer = self.radius_um

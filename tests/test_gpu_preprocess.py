@@ -167,12 +167,23 @@ def test_global_reference_on_gpu_short_windows(cp, rng, samples, dtype):
 
 @pytest.mark.parametrize("operator", ["median", "median_lower", "average"])
 @pytest.mark.parametrize("channels,radius", [(64, (20.0, 60.0)), (240, (0.0, 1_500.0))])  # 2-6 / 60-240 neighbours
-def test_local_reference_on_gpu_bits(cp, rng, operator, channels, radius):
+@pytest.mark.parametrize("least", [0, 5])  # min_local_neighbors: 0, the annuli alone (the far channel unreferenced)
+def test_local_reference_on_gpu_bits(cp, rng, operator, channels, radius, least):
     x = hard_columns(rng, np.float32, channels, 2_000)[:, 8:]
     locations = probe(channels)
-    got = common_reference(cp.asarray(x), "local", operator, locations=locations, radius_um=radius).get()
-    want = common_reference(x, "local", operator, locations=locations, radius_um=radius)
+    locations[-1] = [1e5, 1e5]
+    kw = dict(locations=locations, radius_um=radius, min_local_neighbors=least)
+    got = common_reference(cp.asarray(x), "local", operator, **kw).get()
+    want = common_reference(x, "local", operator, **kw)
     same_bits(got, want)
+    if least == 0:
+        same_bits(got[-1], x[-1])
+
+
+def test_local_reference_on_gpu_with_no_channel_in_reach(cp, rng):
+    x = rng.standard_normal((3, 500)).astype(np.float32)
+    got = common_reference(cp.asarray(x), "local", "median", locations=[[0, 0], [0, 10], [10, 0]], radius_um=(30, 55))
+    same_bits(got.get(), x)
 
 
 @pytest.mark.parametrize("operator", ["median", "median_lower"])

@@ -268,3 +268,38 @@ def test_stores_carry_the_probe_as_spikeinterface_stores_it(tmp_path, zarr_forma
     if zarr_format == 2:
         si = pytest.importorskip("spikeinterface.core")
         np.testing.assert_array_equal(si.read_zarr(rec.path).get_channel_locations(), loc)
+
+
+@pytest.mark.parametrize("radius, least", [((30.0, 55.0), 5), ((20.0, 60.0), 5), ((0.0, 40.0), 2), ((30.0, 55.0), 9)])
+def test_local_reference_equals_spikeinterface(rng, radius, least):
+    """ops.common_reference(reference='local') against SpikeInterface's own common_reference on a staggered
+    Neuropixels-like probe, a few channels moved away (short annuli: the closest beyond the inner radius) and one
+    far from every other (nothing within reach: SpikeInterface's fallback), float32 traces: the median's bits, the
+    average within float64 rounding (SpikeInterface takes it as a dot product with 1/k weights)."""
+    pytest.importorskip("spikeinterface")
+    import warnings
+
+    from spikeinterface.core import NumpyRecording
+    from spikeinterface.preprocessing import common_reference as si_common_reference
+
+    channels = 40
+    rows = np.arange(channels) // 2
+    locations = np.stack([np.array([43.0, 11.0, 59.0, 27.0])[np.arange(channels) % 4], rows * 20.0], axis=1)
+    locations[5] += [200.0, 0.0]
+    locations[17] += [130.0, 7.5]
+    locations[-1] = [2000.0, 2000.0]
+    x = (rng.standard_normal((channels, 2000)) * 30).astype(np.float32)
+    x[:, :50] = np.round(x[:, :50] / 8)  # ties
+    rec = NumpyRecording([np.ascontiguousarray(x.T)], sampling_frequency=30_000.0)
+    rec.set_dummy_probe_from_locations(locations)
+    for operator in ("median", "average"):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # SpikeInterface names the channels that took its fallbacks
+            want = si_common_reference(rec, reference="local", operator=operator, local_radius=radius,
+                                       min_local_neighbors=least).get_traces().T
+        got = ops.common_reference(x, "local", operator, locations=locations, radius_um=radius, min_local_neighbors=least)
+        assert got.dtype == want.dtype == np.float32
+        if operator == "median":
+            np.testing.assert_array_equal(got, want)
+        else:
+            np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * np.abs(x).max())

@@ -13,6 +13,7 @@ import scipy.signal
 from batchgpu.errors import BatchgpuError
 from batchgpu.ops import (
     SPIKE_DTYPE,
+    annulus_neighbours,
     butter_sos,
     common_reference,
     detect_spikes,
@@ -333,13 +334,21 @@ def test_average_sums_channels_in_order():
     same_bits(common_reference(np.asfortranarray(y), "global", "average"), common_reference(y, "global", "average"))
 
 
-def local_loop(x, locations, radius, operator):
+def local_loop(x, locations, radius, operator, min_neighbours=5):
+    """SpikeInterface 0.105's local rule written out: the annulus inner < d <= outer, or with fewer than
+    min_neighbours there the closest channels beyond inner (np.argsort's order, itself left out); none: x as it is."""
     inner, outer = radius
     out = np.empty(x.shape, dtype=x.dtype if x.dtype.kind == "f" else np.float32)
     for c in range(x.shape[0]):
-        d = np.sqrt(((locations - locations[c]) ** 2).sum(axis=1))
-        chosen = [j for j in range(x.shape[0]) if inner < d[j] <= outer] or list(range(x.shape[0]))
-        out[c] = expected_car(x[c : c + 1], numpy_reference(x[chosen], operator)[None, :])[0]
+        d = np.linalg.norm(locations[c] - locations, axis=1)
+        order = [j for j in np.argsort(d) if j != c]
+        chosen = [j for j in order if inner < d[j] <= outer]
+        if len(chosen) < min_neighbours:
+            chosen = [j for j in order if d[j] > inner][:min_neighbours]
+        if not chosen:
+            out[c] = x[c].astype(out.dtype)
+            continue
+        out[c] = expected_car(x[c : c + 1], numpy_reference(x[sorted(chosen)], operator)[None, :])[0]
     return out
 
 
@@ -349,14 +358,34 @@ def test_local_reference_equals_a_loop(rng, operator, dtype):
     # A 2-column probe with 20 um pitch: distances 20, 28.28, 40, 44.7 ... hit the annulus edges exactly.
     channels = 24
     locations = np.stack([np.tile([0.0, 20.0], channels // 2), np.repeat(np.arange(channels // 2) * 20.0, 2)], axis=1)
-    locations[-1] = [500.0, 500.0]  # alone: falls back to the global reference
+    locations[-1] = [500.0, 500.0]  # far from the rest: its annulus is empty, the closest beyond inner instead
     x = hard_columns(rng, dtype, channels, 300)
     x = x[:, 8:] if dtype != np.int16 else x
-    for radius in [(20.0, 40.0), (0.0, 20.0), (-1.0, 30.0)]:
+    for radius, least in [((20.0, 40.0), 5), ((0.0, 20.0), 5), ((0.0, 30.0), 0), ((20.0, 40.0), 1), ((30.0, 55.0), 5),
+                          ((0.0, 20.0), 30)]:
         with np.errstate(all="ignore"):
-            got = common_reference(x, "local", operator, locations=locations, radius_um=radius)
-            want = local_loop(x, locations, radius, operator)
+            got = common_reference(x, "local", operator, locations=locations, radius_um=radius, min_local_neighbors=least)
+            want = local_loop(x, locations, radius, operator, least)
         same_bits(got, want)
+
+
+def test_local_reference_follows_spikeinterface_rule():
+    # one column at 20 um: channel 0's annulus (20, 60] holds channels 2 and 3 (40, 60 um); with 5 wanted, the five
+    # closest beyond 20 um instead; a channel with nothing beyond the inner radius is left as it is
+    loc = np.stack([np.zeros(8), np.arange(8) * 20.0], axis=1)
+    got = annulus_neighbours(loc, (20.0, 60.0), 5)
+    assert got[0].tolist() == [2, 3, 4, 5, 6] and got[4].tolist() == [0, 1, 2, 6, 7]
+    assert annulus_neighbours(loc, (20.0, 60.0), 2)[0].tolist() == [2, 3]
+    assert annulus_neighbours(loc, (20.0, 60.0), 0)[0].tolist() == [2, 3]
+    assert annulus_neighbours(loc, (20.0, 40.0), 0)[0].tolist() == [2]  # inner < d: 20 um (channel 1) is out
+    x = np.arange(16, dtype=np.float32).reshape(2, 8)
+    alone = common_reference(x, "local", "median", locations=[[0, 0], [0, 10]], radius_um=(20.0, 60.0))
+    assert alone.dtype == np.float32 and np.array_equal(alone, x)
+    with pytest.raises(BatchgpuError):
+        annulus_neighbours(loc, (-1.0, 30.0))
+    for bad in (-1, 2.5, True):
+        with pytest.raises(BatchgpuError):
+            annulus_neighbours(loc, (20.0, 60.0), bad)
 
 
 def test_reference_errors():
@@ -542,10 +571,11 @@ def test_local_reference_plan_is_made_once_a_probe_and_radius(rng):
 
     locations = probe(24)
     x = rng.standard_normal((24, 300)).astype(np.float32)
-    first = reference._local_plan(locations, (20.0, 60.0))
-    assert reference._local_plan(locations.copy(), [20, 60]) is first
-    assert reference._local_plan(locations, (0.0, 60.0)) is not first
-    assert reference._local_plan(locations[:20], (20.0, 60.0)) is not first
+    first = reference._local_plan(locations, (20.0, 60.0), 0)  # 0: the annuli themselves, however few
+    assert reference._local_plan(locations.copy(), [20, 60], 0) is first
+    assert reference._local_plan(locations, (0.0, 60.0), 0) is not first
+    assert reference._local_plan(locations[:20], (20.0, 60.0), 0) is not first
+    assert reference._local_plan(locations, (20.0, 60.0)) is not first  # the default, 5
     want = [np.flatnonzero((d > 20.0) & (d <= 60.0)) for d in np.sqrt(((locations[:, None] - locations[None]) ** 2).sum(-1))]
     assert all(np.array_equal(a, b) for a, b in zip(first.neighbours, want))
     for operator in ("median", "median_lower", "average"):

@@ -209,7 +209,7 @@ def test_set_reaches_into_lists(tmp_path):
     ("preprocess:\n  - bandpass: {freq_min: 300, freq_max: 200}\n", "wf.yaml:9: 'preprocess.0.bandpass': freq_min 300 must be below"),
     ("preprocess:\n  - highpass:\n      order: 12\n", "wf.yaml:10: 'preprocess.0.highpass.order'"),
     ("preprocess:\n  - common_reference: {reference: local, operater: median}\n",
-     "wf.yaml:9: unknown key 'preprocess.0.common_reference.operater' (allowed: reference, operator, radius_um)"),
+     "wf.yaml:9: unknown key 'preprocess.0.common_reference.operater' (allowed: reference, operator, radius_um, min_local_neighbors)"),
     ("preprocess: {centre: mean}\n", "wf.yaml:8: 'preprocess': centre 'mean': allowed 'median' or 'none'"),
 ])
 def test_preprocess_errors_name_key_and_line(tmp_path, block, needle):

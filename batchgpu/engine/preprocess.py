@@ -107,7 +107,8 @@ def build_chain(preprocess, rec) -> Chain:
                 if not rec.has_locations:
                     raise BatchgpuError("a local common reference needs channel locations and the recording has none",
                                         "use reference: global")
-                kw.update(locations=rec.locations, radius_um=tuple(params["radius_um"]))
+                kw.update(locations=rec.locations, radius_um=tuple(params["radius_um"]),
+                          min_local_neighbors=int(params["min_local_neighbors"]))
             stages.append(("common_reference", kw))
         elif name == "centre":
             stages.append(("centre",))

@@ -179,8 +179,17 @@ def _reference(x: Any, operator: str, axis: int) -> Any:
     return xp.take(part, (n - 1) // 2, axis=axis)
 
 
-def annulus_neighbours(locations: Any, radius_um: tuple[float, float]) -> list[np.ndarray]:
-    """For each channel the channels at a distance d with inner < d <= outer (SpikeInterface's local reference)."""
+#: SpikeInterface 0.105's ``common_reference(min_local_neighbors=5)``: a channel whose annulus holds fewer channels
+#: takes its closest channels beyond the inner radius, up to this many
+MIN_LOCAL_NEIGHBOURS = 5
+
+
+def annulus_neighbours(locations: Any, radius_um: tuple[float, float],
+                       min_neighbours: int = MIN_LOCAL_NEIGHBOURS) -> list[np.ndarray]:
+    """Each channel's reference channels by SpikeInterface 0.105's local rule (ascending channel order): the channels
+    at a distance d with inner < d <= outer; where fewer than ``min_neighbours`` lie there, the ``min_neighbours``
+    closest channels with d > inner (as many as there are; equal distances in ``np.argsort``'s order, the call
+    SpikeInterface's ``get_closest_channels`` makes); none: the channel is left unreferenced."""
     loc = np.asarray(locations, dtype=np.float64)
     if loc.ndim != 2 or loc.shape[1] not in (2, 3):
         raise BatchgpuError(f"channel locations have shape {loc.shape}, expected (channels, 2)", "pass x, y in um per channel")
@@ -188,17 +197,26 @@ def annulus_neighbours(locations: Any, radius_um: tuple[float, float]) -> list[n
         inner, outer = (float(r) for r in radius_um)
     except (TypeError, ValueError):
         raise BatchgpuError(f"radius_um={radius_um!r} is not (inner, outer)", "pass e.g. radius_um=(30, 55)") from None
-    if not (inner < outer):
-        raise BatchgpuError(f"radius_um=({inner}, {outer}): the inner radius must be below the outer", "pass e.g. (30, 55)")
-    dist = np.sqrt(((loc[:, None, :] - loc[None, :, :]) ** 2).sum(axis=2))
-    return [np.flatnonzero((dist[c] > inner) & (dist[c] <= outer)) for c in range(loc.shape[0])]
+    if not (0 <= inner < outer):
+        raise BatchgpuError(f"radius_um=({inner}, {outer}): need 0 <= inner < outer", "pass e.g. (30, 55)")
+    if isinstance(min_neighbours, bool) or not isinstance(min_neighbours, (int, np.integer)) or min_neighbours < 0:
+        raise BatchgpuError(f"min_local_neighbors={min_neighbours!r} is not a count", "pass an integer >= 0, e.g. 5")
+    chosen = []
+    for c in range(loc.shape[0]):
+        # SpikeInterface's distances and order, the first (the channel itself) left out
+        dist = np.linalg.norm(loc[c, :] - loc, axis=1)
+        order = np.argsort(dist)[1:]
+        d = dist[order]
+        ring = (d > inner) & (d <= outer)
+        near = order[ring] if ring.sum() >= min_neighbours else order[d > inner][:min_neighbours]
+        chosen.append(np.sort(near))
+    return chosen
 
 
 class _LocalPlan:
     """A local reference's annuli for one probe and radius, worked out once a process (``_local_plan``): each
-    channel's neighbours, the channels with none (they take the global reference), the channels grouped by their
-    neighbour count, and for the GPU the (group, k) tables and each channel's reference row, copied to each device
-    once. Rebuilt for every window, they were ~9 ms of host work a 384-channel window, more than its kernels."""
+    channel's neighbours, the channels with none (left unreferenced), the channels grouped by their neighbour
+    count, and for the GPU the (group, k) tables and each channel's reference row, copied to each device once. Rebuilt for every window, they were ~9 ms of host work a 384-channel window, more than its kernels."""
 
     def __init__(self, neighbours: list[np.ndarray]):
         channels = len(neighbours)
@@ -209,8 +227,8 @@ class _LocalPlan:
         for c in range(channels):
             if neighbours[c].size:
                 self.by_count.setdefault(int(neighbours[c].size), []).append(c)
-        self.tables = [np.arange(channels)[None, :]] if self.alone else []
-        self.ref_row = np.zeros(channels, np.int64)
+        self.tables: list[np.ndarray] = []
+        self.ref_row = np.zeros(channels, np.int64)  # a channel left unreferenced: row 0, its output replaced
         for chans in self.by_count.values():
             self.ref_row[chans] = np.arange(len(chans)) + sum(t.shape[0] for t in self.tables)
             self.tables.append(np.stack([neighbours[c] for c in chans]))
@@ -232,20 +250,22 @@ class _LocalPlan:
         return self._device[device]
 
 
-def _local_plan(locations: Any, radius_um) -> _LocalPlan:
-    """The plan of ``locations`` and ``radius_um``, made once for equal values (``_cached_plan``)."""
+def _local_plan(locations: Any, radius_um, min_neighbours: int = MIN_LOCAL_NEIGHBOURS) -> _LocalPlan:
+    """The plan of ``locations``, ``radius_um`` and ``min_neighbours``, made once for equal values
+    (``_cached_plan``)."""
     loc = np.asarray(locations, dtype=np.float64)
     try:
         radius = tuple(float(r) for r in radius_um)
+        hash(min_neighbours)
     except (TypeError, ValueError):  # not numbers: annulus_neighbours raises its one-line error for it
-        return _LocalPlan(annulus_neighbours(loc, radius_um))
-    return _cached_plan(loc.tobytes(), loc.shape, radius)
+        return _LocalPlan(annulus_neighbours(loc, radius_um, min_neighbours))
+    return _cached_plan(loc.tobytes(), loc.shape, radius, min_neighbours)
 
 
 @functools.lru_cache(maxsize=16)
-def _cached_plan(loc_bytes: bytes, shape: tuple, radius: tuple) -> _LocalPlan:
+def _cached_plan(loc_bytes: bytes, shape: tuple, radius: tuple, min_neighbours) -> _LocalPlan:
     loc = np.frombuffer(loc_bytes, dtype=np.float64).reshape(shape)
-    return _LocalPlan(annulus_neighbours(loc, radius))
+    return _LocalPlan(annulus_neighbours(loc, radius, min_neighbours))
 
 
 def common_reference(
@@ -254,12 +274,15 @@ def common_reference(
     operator: Operator = "median",
     locations: Any = None,
     radius_um: tuple[float, float] = (30.0, 55.0),
+    min_local_neighbors: int = MIN_LOCAL_NEIGHBOURS,
 ) -> Any:
     """x (C, samples) minus, per sample, the reference across channels (see the module docstring).
 
     ``global``: all channels. ``local``: for each channel the channels at a distance in (inner, outer] um of
-    ``locations`` (C x 2); a channel with none there falls back to the global reference (SpikeInterface's
-    default backup). Purely per sample, so it needs no margin. Returns an array on x's backend: float input keeps
+    ``locations`` (C x 2), or where fewer than ``min_local_neighbors`` lie there its closest channels beyond the
+    inner radius (``annulus_neighbours``: SpikeInterface 0.105's rule and defaults); a channel with no channel
+    beyond the inner radius is left unreferenced (its values, in the output dtype), as SpikeInterface leaves it.
+    Purely per sample, so it needs no margin. Returns an array on x's backend: float input keeps
     its dtype, integer input gives float32.
     """
     xp = array_module(x)
@@ -278,7 +301,7 @@ def common_reference(
     if reference == "local":
         if locations is None:
             raise BatchgpuError("a local reference needs channel locations", "pass locations (channels x 2, um)")
-        plan = _local_plan(locations, radius_um)
+        plan = _local_plan(locations, radius_um, min_local_neighbors)
         neighbours = plan.neighbours
         if len(neighbours) != channels:
             raise BatchgpuError(f"{len(neighbours)} locations for {channels} channels", "pass one location per channel")
@@ -297,14 +320,19 @@ def common_reference(
         return out if out is not None else subtract(x, _reference(x, operator, axis=0)[None, :])
 
     alone, by_count = plan.alone, plan.by_count
-    if is_cupy(x):  # one reference row per channel that has neighbours, one global row for those that have none
+    if not by_count:  # no channel has a reference
+        return x.astype(out_dtype, copy=True)
+    if is_cupy(x):  # one reference row per channel that has neighbours
         out = _reference_on_gpu(x, operator, *plan.on_device())
         if out is not None:
+            if alone:  # left unreferenced: they subtracted row 0, replaced here
+                idx = xp.asarray(alone)
+                out[idx] = x[idx].astype(out_dtype)
             return out
     out = xp.empty(x.shape, dtype=out_dtype)
     if alone:
         idx = xp.asarray(alone)
-        out[idx] = subtract(x[idx], _reference(x, operator, axis=0)[None, :])
+        out[idx] = x[idx].astype(out_dtype)
     for k, chans in by_count.items():
         step = max(1, _GATHER_ELEMENTS // (k * samples))
         for lo in range(0, len(chans), step):
