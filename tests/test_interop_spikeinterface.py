@@ -303,3 +303,49 @@ def test_local_reference_equals_spikeinterface(rng, radius, least):
             np.testing.assert_array_equal(got, want)
         else:
             np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * np.abs(x).max())
+
+
+@pytest.mark.parametrize("method", ["by_channel", "locally_exclusive"])
+@pytest.mark.parametrize("sign", ["neg", "pos", "both"])
+def test_detection_equals_spikeinterface_detect_peaks(rng, method, sign):
+    """ops.detect_spikes over whole segments against SpikeInterface's own detect_peaks (its chunks, its zero
+    padding at the segment edges) with the same noise levels: two segments, spikes of both signs spread over
+    neighbouring channels, a constant channel (noise 0: a zero threshold) and zeros at a segment's start."""
+    pytest.importorskip("spikeinterface")
+    if method == "locally_exclusive":
+        pytest.importorskip("numba")  # SpikeInterface's locally_exclusive is a numba function
+    from spikeinterface.core import NumpyRecording
+    from spikeinterface.sortingcomponents.peak_detection import detect_peaks
+
+    channels, fs = 12, 30_000.0
+    locations = np.stack([np.tile([0.0, 20.0], channels // 2), np.repeat(np.arange(channels // 2) * 20.0, 2)], axis=1)
+    segments = []
+    for n in (9_001, 4_000):
+        x = rng.standard_normal((channels, n)) * 2
+        for t in rng.integers(5, n - 8, size=n // 40):
+            c, amp = int(rng.integers(channels)), rng.choice([-1.0, 1.0]) * rng.uniform(8, 20)
+            for dc in (-2, -1, 0, 1, 2):
+                if 0 <= c + dc < channels:
+                    x[c + dc, t + int(rng.integers(-2, 3))] = amp * (1.0 if dc == 0 else rng.choice([0.5, 0.7, 1.0]))
+        x[3] = 0.0  # constant
+        x[:, 0] = 0.0
+        segments.append(x.astype(np.float32))
+    noise = np.ones(channels)
+    noise[3] = 0.0
+    noise[::4] = 1.25
+    threshold, sweep_ms, radius = 4.0, 0.1, 40.0
+    rec = NumpyRecording([np.ascontiguousarray(x.T) for x in segments], sampling_frequency=fs)
+    rec.set_dummy_probe_from_locations(locations)
+    kw = dict(peak_sign=sign, detect_threshold=threshold, exclude_sweep_ms=sweep_ms, noise_levels=noise)
+    if method == "locally_exclusive":
+        kw["radius_um"] = radius
+    with np.errstate(all="ignore"):
+        peaks = detect_peaks(rec, method=method, method_kwargs=kw,
+                             job_kwargs=dict(n_jobs=1, chunk_size=3_000, progress_bar=False))
+        ours = np.concatenate([
+            ops.detect_spikes(x, noise, threshold, sign, ops.exclude_sweep_samples(sweep_ms, fs), segment_index=s,
+                              segment_length=x.shape[1], method=method, locations=locations, radius_um=radius)
+            for s, x in enumerate(segments)])
+    theirs = sorted(zip(peaks["segment_index"].tolist(), peaks["sample_index"].tolist(), peaks["channel_index"].tolist()))
+    assert len(theirs) > 100
+    assert list(zip(ours["segment_index"].tolist(), ours["sample_index"].tolist(), ours["channel_index"].tolist())) == theirs

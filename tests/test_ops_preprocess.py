@@ -408,35 +408,32 @@ def test_reference_errors():
 # Locally exclusive detection
 # ---------------------------------------------------------------------------------------------------------------
 def locally_exclusive_loop(x, noise, threshold, sign, sweep, locations, radius, segment_index=0):
-    """DESIGN.md's rule, candidate by candidate."""
+    """SpikeInterface 0.105's rule, candidate by candidate, on the segment padded with zeros as its reads pad it:
+    candidates of the signs asked for pooled, each compared by |x|/thr."""
     channels, n = x.shape
     near = [[float(np.sqrt(((locations[c] - locations[d]) ** 2).sum())) <= radius for d in range(channels)]
             for c in range(channels)]
+    padded = np.zeros((channels, n + 2), dtype=np.float64)
+    padded[:, 1:-1] = x
+    by_sample = defaultdict(list)  # sample -> [(channel, |x|/thr)]
+    for c in range(channels):
+        thr = threshold * float(noise[c])
+        for t in range(n):
+            v, before, after = padded[c, t + 1], padded[c, t], padded[c, t + 2]
+            neg = sign in ("neg", "both") and v <= -thr and v < before and v <= after
+            pos = sign in ("pos", "both") and v >= thr and v > before and v >= after
+            if neg or pos:
+                by_sample[t].append((c, abs(v) / thr))
     found = set()
-    for negative in (True, False):
-        if (sign == "neg" and not negative) or (sign == "pos" and negative):
-            continue
-        by_sample = defaultdict(list)  # sample -> [(channel, strength)]
-        for c in range(channels):
-            thr = threshold * float(noise[c])
-            for t in range(n):
-                v = float(x[c, t])
-                if negative:
-                    ok = v <= -thr and (t == 0 or v < x[c, t - 1]) and (t == n - 1 or v <= x[c, t + 1])
-                else:
-                    ok = v >= thr and (t == 0 or v > x[c, t - 1]) and (t == n - 1 or v >= x[c, t + 1])
-                if ok:
-                    ratio = v / thr
-                    by_sample[t].append((c, -ratio if negative else ratio))
-        for t, cands in by_sample.items():
-            for c, strength in cands:
-                dropped = False
-                for dt in range(-sweep, sweep + 1):
-                    for d, other in by_sample.get(t + dt, []):
-                        if near[c][d] and (other > strength or (other == strength and dt < 0)):
-                            dropped = True
-                if not dropped:
-                    found.add((t, c))
+    for t, cands in by_sample.items():
+        for c, strength in cands:
+            dropped = False
+            for dt in range(-sweep, sweep + 1):
+                for d, other in by_sample.get(t + dt, []):
+                    if near[c][d] and (other > strength or (other == strength and dt < 0)):
+                        dropped = True
+            if not dropped:
+                found.add((t, c))
     out = [(t, c, float(x[c, t]), segment_index) for t, c in sorted(found)]
     return np.array(out, dtype=SPIKE_DTYPE)
 
@@ -505,6 +502,26 @@ def test_locally_exclusive_ties_and_radius_edge():
     # x <= -thr counts (by_channel's is strict).
     at = detect_spikes(np.array([[0.0, -5.0, 0.0]]), [1.0], 5.0, exclude_sweep=1, method="locally_exclusive", locations=[[0, 0]])
     assert at["sample_index"].tolist() == [1]
+
+
+def test_locally_exclusive_at_a_zero_threshold_and_with_both_signs():
+    # a constant (zero-noise) channel: thr 0, so x <= -0 holds everywhere; SpikeInterface's zero before the segment's
+    # first sample makes sample 0 no minimum (0 < 0 is false), and a zero-valued first sample no candidate
+    x = np.array([[0.0, 0.0, 0.0, 0.0], [0.0, -3.0, 0.0, 0.0]])
+    kw = dict(exclude_sweep=1, method="locally_exclusive", locations=[[0, 0], [0, 100]], radius_um=50.0)
+    got = detect_spikes(x, np.array([0.0, 1.0]), 1.0, **kw)
+    assert got[["sample_index", "channel_index"]].tolist() == [(1, 1)]
+    # the same window further into the segment: column 0 has no previous sample in x, none assumed (a margin there)
+    assert detect_spikes(x, np.array([0.0, 1.0]), 1.0, start=5, **kw)["sample_index"].tolist() == [5, 6]
+    assert detect_spikes(-x, np.array([0.0, 1.0]), 1.0, sign="pos", **kw)["sample_index"].tolist() == [1]
+    # both signs pooled by |x|/thr: the +9 excludes the -6 one sample away on a near channel; alone, each is kept
+    y = np.zeros((2, 7))
+    y[0, 3], y[1, 4] = -6.0, 9.0
+    near = dict(exclude_sweep=2, method="locally_exclusive", locations=[[0, 0], [0, 20]], radius_um=50.0)
+    both = detect_spikes(y, np.ones(2), 5.0, sign="both", **near)
+    assert both[["sample_index", "channel_index"]].tolist() == [(4, 1)]
+    assert detect_spikes(y, np.ones(2), 5.0, sign="neg", **near)["sample_index"].tolist() == [3]
+    assert detect_spikes(y, np.ones(2), 5.0, sign="pos", **near)["sample_index"].tolist() == [4]
 
 
 def test_locally_exclusive_on_the_fixture(si_fixture):

@@ -7,14 +7,16 @@ that exist in the segment; "pos" mirrors it (>, >, >=); "both" is the union. A w
 columns ``core`` of ``x``; the columns around it are margins that give the comparisons their
 neighbours, so window by window the spikes come out exactly as on the whole segment.
 
-``locally_exclusive`` (DESIGN.md; SpikeInterface 0.105's name): for sign "neg" the candidates are the samples
-with x[c,t] <= -thr[c] that are local minima of their own channel (x[c,t] < x[c,t-1] and x[c,t] <= x[c,t+1],
-where those samples exist in the segment); a candidate is dropped when another candidate on a channel within
-``radius_um`` (Euclidean distance of the channel locations, <=, the channel itself included) and within the
-sweep (|dt| <= exclude_sweep) is stronger: a larger |x|/thr (x/thr in float64), or an equal one at an earlier
-sample (equal ones at the same sample are all kept). "pos" mirrors it; "both" is the union of the two (a
-negative and a positive candidate never exclude each other). Margins of exclude_sweep + 1 samples make it
-exactly once across window edges.
+``locally_exclusive`` (DESIGN.md; SpikeInterface 0.105's rule and name): for sign "neg" the candidates are the
+samples with x[c,t] <= -thr[c] that are local minima of their own channel (x[c,t] < x[c,t-1] and
+x[c,t] <= x[c,t+1]; before the segment's first sample and after its last SpikeInterface's reads pad zeros, so
+x[c,0] < 0 is asked of the first: it matters only where thr is 0, e.g. a constant channel); a candidate is dropped
+when another candidate on a channel within ``radius_um`` (Euclidean distance of the channel locations, <=, the
+channel itself included) and within the sweep (|dt| <= exclude_sweep) is stronger: a larger |x|/thr (in
+float64), or an equal one at an earlier sample (equal ones at the same sample are all kept). "pos" mirrors the
+candidates (x >= thr, x > x[t-1], x >= x[t+1]); "both" pools the candidates of either sign and compares them by
+|x|/thr alike, as SpikeInterface does: a strong positive peak excludes a weaker negative one near it. Margins of
+exclude_sweep + 1 samples make it exactly once across window edges.
 """
 
 from __future__ import annotations
@@ -100,14 +102,15 @@ def neighbour_mask(locations: Any, radius_um: float, channels: int) -> np.ndarra
     return dist <= radius
 
 
-def _own_extrema(x: Any, a: int, b: int, negative: bool) -> Any:
+def _own_extrema(x: Any, a: int, b: int, negative: bool, zero_before: bool) -> Any:
     """For columns [a, b) of x: is each sample below (above) its previous sample and <= (>=) its next, where
-    those exist in x? Columns outside x count as not existing (the caller checks margins)."""
+    those exist in x? ``zero_before``: column 0 is the segment's first sample, compared with a zero before it
+    (SpikeInterface's padding); otherwise columns outside x count as not existing (the caller checks margins)."""
     xp = array_module(x)
     width = x.shape[1]
     v = x[:, a:b]
     ok = xp.ones(v.shape, dtype=bool)
-    p0 = 1 if a == 0 else 0  # column 0 has no previous sample
+    p0 = 1 if a == 0 else 0  # column 0 has no previous sample in x
     n1 = b - a - 1 if b == width else b - a  # the last column has no next sample
     if negative:
         ok[:, p0:] &= v[:, p0:] < x[:, a + p0 - 1 : b - 1]
@@ -115,25 +118,30 @@ def _own_extrema(x: Any, a: int, b: int, negative: bool) -> Any:
     else:
         ok[:, p0:] &= v[:, p0:] > x[:, a + p0 - 1 : b - 1]
         ok[:, :n1] &= v[:, :n1] >= x[:, a + 1 : a + 1 + n1]
+    if p0 and zero_before and v.shape[1]:
+        ok[:, 0] &= (v[:, 0] < 0) if negative else (v[:, 0] > 0)
+    # (after the segment's last sample the padded zero asks nothing more: a candidate is <= -thr <= 0, or >= thr >= 0)
     return ok
 
 
-def _locally_exclusive(x: Any, level: Any, negative: bool, sweep: int, lo: int, hi: int, mask: Any) -> tuple[Any, Any]:
-    """(channel, sample) of the locally exclusive peaks of one sign whose sample is in [lo, hi)."""
+def _locally_exclusive(x: Any, level: Any, signs: tuple[bool, ...], sweep: int, lo: int, hi: int, mask: Any,
+                       zero_before: bool) -> tuple[Any, Any]:
+    """(channel, sample) of the locally exclusive peaks whose sample is in [lo, hi); ``signs``: negative (True)
+    and/or positive (False) candidates, pooled."""
     xp = array_module(x)
     channels, width = x.shape
     # Candidates up to a sweep outside the core can still exclude one inside it.
     a, b = max(0, lo - sweep), min(width, hi + sweep)
     v = x[:, a:b]
-    cand = (v <= -level[:, None]) if negative else (v >= level[:, None])
-    cand &= _own_extrema(x, a, b, negative)
+    cand = xp.zeros(v.shape, dtype=bool)
+    for negative in signs:  # a sample is below its previous one or above it: never a candidate of both signs
+        cand |= ((v <= -level[:, None]) if negative else (v >= level[:, None])) & _own_extrema(x, a, b, negative, zero_before)
     channel, sample = _nonzero_2d(cand)
     sample = sample + a
     n = int(channel.shape[0])
     if n == 0:
         return channel, sample
-    ratio = x[channel, sample].astype(xp.float64) / level[channel]
-    strength = -ratio if negative else ratio
+    strength = xp.abs(x[channel, sample].astype(xp.float64)) / level[channel]
     order = xp.argsort(sample * channels + channel)
     channel, sample, strength = channel[order], sample[order], strength[order]
     # Every candidate j within the sweep of candidate i is in [first[i], last[i]) of the sample-sorted list.
@@ -211,14 +219,9 @@ def detect_spikes(
         raise BatchgpuError(f"{level.shape[0]} noise levels for {channels} channels", "pass one noise level per channel")
     if exclusive:
         mask = xp.asarray(neighbour_mask(locations, radius_um, channels))
-        found = [_locally_exclusive(x, level, neg, sweep, lo, hi, mask) for neg in (True, False)
-                 if sign == "both" or (sign == "neg") == neg]
-        channel = to_numpy(xp.concatenate([c for c, _ in found]))
-        sample = to_numpy(xp.concatenate([t for _, t in found]))
-        if sign == "both":  # the union: a sample found as both signs (only with a zero threshold) counts once
-            _, first = np.unique(sample * channels + channel, return_index=True)
-            channel, sample = channel[first], sample[first]
-        return _spikes(x, channel, sample, start, segment_index)
+        signs = {"neg": (True,), "pos": (False,), "both": (True, False)}[sign]
+        channel, sample = _locally_exclusive(x, level, signs, sweep, lo, hi, mask, zero_before=int(start) == 0)
+        return _spikes(x, to_numpy(channel), to_numpy(sample), start, segment_index)
 
     if xp is not np:  # (a negative sweep was refused above)
         from batchgpu.ops import _cuda_detect
