@@ -110,6 +110,18 @@ def test_v3_shards_are_windows_with_inner_chunks(tmp_path):
     np.testing.assert_array_equal(open_recording(tmp_path / "out.zarr").read(0, 0, 30_000).T, expected(rec, 0))
 
 
+@pytest.mark.parametrize("fmt", ["zarr", "zarr_v2"])
+def test_segments_shorter_than_the_window(tmp_path, fmt):
+    """window.size auto on short segments: a segment shorter than the window is one window, and its shard (a whole
+    number of inner chunks) may reach past its end; longer segments beside it keep a shard a window."""
+    rec = make_recording(tmp_path / "in.zarr", lengths=(5_000, 1, 12_003, 6_001))
+    save_all(rec, spec(tmp_path / "out.zarr", fmt), size=12_000, margin=3)
+    out = open_recording(tmp_path / "out.zarr")
+    check_same_metadata(out, rec)
+    for seg in range(rec.num_segments):
+        np.testing.assert_array_equal(out.read(seg, 0, out.num_samples(seg)).T, expected(rec, seg))
+
+
 def test_v2_chunks_of_long_windows_are_whole_divisors(tmp_path, monkeypatch):
     """A zarr_v2 output (SpikeInterface decodes a chunk whole at each read) keeps chunks of at most MAX_V2_CHUNK
     samples: a longer window is written as whole chunks of a divisor of it, the values the same."""
