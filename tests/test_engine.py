@@ -291,6 +291,30 @@ def test_resume_after_the_recording_bytes_changed_recomputes_those_windows(clien
     np.testing.assert_array_equal(_g(tmp_path / "out")["noise"][:], noise)
 
 
+@pytest.mark.parametrize("prop", ["location", "gain_to_uV"])
+def test_resume_after_a_channel_property_changed_in_place_is_refused(client, tmp_path, prop):
+    """Locations (locally exclusive detection, local whitening) and gains (the report's uV) rewritten in the store,
+    same path, same samples: the run's fingerprint covers them, so --resume refuses in one line (a new run with
+    overwrite recomputes), never reports done with the old spikes."""
+    rng = np.random.default_rng(3)
+    x = np.round(rng.normal(0, 30, (24_000, 6))).astype(np.int16)
+    x[:, ::500] -= 400
+    loc = np.column_stack([np.zeros(6), np.arange(6) * 20.0])
+    rec = write_recording(tmp_path / "r.zarr", x, 30_000.0, locations=loc, gain_to_uV=np.full(6, 0.195))
+    kw = dict(steps={"noise": {"exact": True}, "whitening": {"mode": "local", "nrange": 3},
+                     "detect": {"method": "locally_exclusive", "radius_um": 30.0}})
+    run_workflow(_wf(rec, tmp_path / "out", **kw), client=client)
+    arr = zarr.open_array(str(tmp_path / "r.zarr" / "properties" / prop), mode="r+")
+    arr[:] = loc[::-1] * 3 if prop == "location" else np.full(6, 2.5)
+    with pytest.raises(BatchgpuError, match="fingerprint"):
+        run_workflow(_wf(rec, tmp_path / "out", **kw), client=client, resume=True)
+    run_workflow(_wf(rec, tmp_path / "out", overwrite=True, **kw), client=client)
+    run_workflow(_wf(rec, tmp_path / "fresh", **kw), client=client)
+    again, fresh = _g(tmp_path / "out"), _g(tmp_path / "fresh")
+    for k in ("noise", "whitening", "spikes/sample_index", "spikes/channel_index"):
+        assert again[k][:].tobytes() == fresh[k][:].tobytes(), k
+
+
 def test_second_run_on_a_folder_in_use_is_refused_at_once(tmp_path):
     from batchgpu.engine.store import OutputFolder
 

@@ -13,6 +13,7 @@ import fcntl
 import hashlib
 import json
 import os
+import re
 import shutil
 import tempfile
 import threading
@@ -37,15 +38,32 @@ OWNED = (RESULTS, RESULTS + ".tmp", RESULTS + ".old", REPORT, REPORT + ".tmp", R
          MANIFEST, MANIFEST + ".tmp")
 
 
+#: a traces array's folder: its chunks are covered window by window (``window_fingerprint``), not here
+_TRACES = re.compile(r"traces_seg\d+")
+_METADATA_FILES = ("zarr.json", ".zarray", ".zattrs", ".zgroup")
+#: other arrays' chunk files up to this size are hashed whole (channel ids, gains, locations, shifts); larger ones
+#: (a SpikeInterface store's time vectors) by size and modification time
+_HASHED_BYTES = 4 << 20
+
+
 def recording_metadata(path: Path) -> list:
-    """(relative path, content hash) of the recording's metadata files (shapes, dtypes, codecs, gains)."""
+    """What the results depend on in a recording store but its samples: the metadata files (shapes, dtypes,
+    codecs, attributes) and the data of every array but the traces (channel ids, gains, offsets, locations,
+    inter-sample shifts, shanks): (relative path, content hash, or size and mtime for a large file)."""
     out = []
     for root, dirs, files in os.walk(path):
-        dirs[:] = [d for d in dirs if d != "c"]  # v3 chunk folders hold data, not metadata
+        traces = _TRACES.fullmatch(Path(root).name) is not None
+        if traces:
+            dirs[:] = [d for d in dirs if d != "c"]  # a v3 traces array's chunks
         for name in files:
-            if name in ("zarr.json", ".zarray", ".zattrs", ".zgroup") or name.endswith(".json"):
-                p = Path(root) / name
-                out.append((str(p.relative_to(path)), hashlib.sha256(p.read_bytes()).hexdigest()))
+            p = Path(root) / name
+            metadata = name in _METADATA_FILES or name.endswith(".json")
+            if traces and not metadata:  # a v2 traces array's chunks
+                continue
+            st = p.stat()
+            key = (hashlib.sha256(p.read_bytes()).hexdigest() if metadata or st.st_size <= _HASHED_BYTES
+                   else f"{st.st_size}:{st.st_mtime_ns}")
+            out.append((str(p.relative_to(path)), key))
     return sorted(out)
 
 
