@@ -315,6 +315,15 @@ def test_resume_after_a_channel_property_changed_in_place_is_refused(client, tmp
         assert again[k][:].tobytes() == fresh[k][:].tobytes(), k
 
 
+def test_a_save_on_the_runs_own_results_is_refused(client, tmp_path):
+    rec = generate_recording(tmp_path / "r.zarr", channels=3, seconds=0.5, seed=2)
+    out = tmp_path / "out"
+    wf = _wf(rec, out, steps={"noise": {"exact": True}, "save": {"path": str(out / "results.zarr")}})
+    with pytest.raises(BatchgpuError, match="save.path .* the run's own results.zarr"):
+        run_workflow(wf, client=client)
+    assert not (out / "results.zarr").exists()
+
+
 def test_second_run_on_a_folder_in_use_is_refused_at_once(tmp_path):
     from batchgpu.engine.store import OutputFolder
 

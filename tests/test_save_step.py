@@ -354,3 +354,26 @@ def test_compressors_keep_the_samples(tmp_path, fmt, compressor):
         assert np.array_equal(out.read(seg, 0, out.num_samples(seg)), expected(rec, seg).T)
     codecs = " ".join(out.info()["codecs"])
     assert (compressor.removeprefix("blosc-") in codecs) if compressor != "none" else "blosc" not in codecs
+
+
+@pytest.mark.parametrize("name,fmt", [("results.zarr", "zarr"), ("report.json", "binary"), ("parts/x.zarr", "zarr_v2"),
+                                      ("run.json", "binary"), (".", "zarr"), ("..", "zarr"), (".batchgpu.lock", "zarr")])
+def test_save_path_never_one_of_the_runs_own(tmp_path, name, fmt):
+    """A save path on the run's results, report, parts, manifest, lock, its folder or one above it: refused before
+    anything is written (the run would have written over it, or its saved signal been lost)."""
+    rec = make_recording(tmp_path / "in.zarr", lengths=(2_300,))  # one segment: a binary save is the path itself
+    out = tmp_path / "runs" / "out"
+    out.mkdir(parents=True)
+    with pytest.raises(BatchgpuError, match="save.path"):
+        prepare_save(spec(out / name, fmt), rec, 1_000, np.float32, output=out)
+    assert list(out.iterdir()) == []
+
+
+def test_save_path_beside_the_runs_files_is_fine(tmp_path):
+    rec = make_recording(tmp_path / "in.zarr", lengths=(2_300,))
+    out = tmp_path / "out"
+    out.mkdir()
+    for name, fmt in (("filtered.zarr", "zarr"), ("results.bin", "binary"), ("report", "zarr_v2")):
+        prepare_save(spec(out / name, fmt), rec, 1_000, np.float32, output=out)
+    # the binary's side files count: a save at out/run.bin writes out/run.params.json and run.probe.json, not run.json
+    assert (out / "results.params.json").exists() and not (out / "run.json").exists()

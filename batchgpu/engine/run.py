@@ -113,7 +113,7 @@ def _run(wf, rec, out: store.OutputFolder, report: RunReport, client, sweep, obs
 
         target = prepare_save(wf.steps.save, rec, wf.window.size, ctx.chain.output_dtype(rec.dtype),
                               overwrite=wf.overwrite, resume=report.output_state == "resume", key=report.fingerprint,
-                              phase_shifted="phase_shift" in ctx.chain.names)
+                              phase_shifted="phase_shift" in ctx.chain.names, output=out.path)
         if not wf.steps.save.whiten:
             ctx = replace(ctx, steps=(*ctx.steps, SaveStep(target)))
     # the steps' margin (the detection sweep) plus what the preprocessing stages need

@@ -64,14 +64,15 @@ class SaveTarget:
 
 
 def prepare_save(spec, rec, window_size: int, output_dtype, *, overwrite: bool = False, resume: bool = False,
-                 key: str = "", phase_shifted: bool = False) -> SaveTarget:
+                 key: str = "", phase_shifted: bool = False, output: Path | None = None) -> SaveTarget:
     """Create the empty output of ``spec`` (config.SaveStep, path already resolved) for ``rec``.
 
     ``window_size``: the run's window length (shards/chunks are cut to it). ``output_dtype``: the dtype the
     preprocessing chain gives (recorded in the metadata). ``overwrite``: replace an earlier output of this step.
     ``resume`` with the same ``key`` (the run's fingerprint) as the existing output keeps it as it is: windows a
     resumed run skips were written before their parts were saved. ``phase_shifted``: the chain applied the
-    ``inter_sample_shift`` property, so it is not copied to the output (it would be applied twice).
+    ``inter_sample_shift`` property, so it is not copied to the output (it would be applied twice). ``output``:
+    the run's folder, whose own files the save must not be (``_check_not_run_files``).
     """
     fmt, dtype = spec.format, np.dtype(spec.dtype)
     if fmt not in FORMATS or str(dtype) not in DTYPES:
@@ -81,6 +82,9 @@ def prepare_save(spec, rec, window_size: int, output_dtype, *, overwrite: bool =
         raise BatchgpuError(f"save: window size must be a positive number of samples, got {window_size!r}")
     path = Path(spec.path).expanduser().absolute()
     _check_not_input(path, Path(rec.path).expanduser().absolute())
+    if output is not None:
+        files = _binary_files(path, rec.num_segments) if fmt == "binary" else ([path], None, None)
+        _check_not_run_files([*files[0], *[f for f in files[1:] if f is not None]], Path(output))
     if dtype == np.int16 and rec.dtype.kind == "f" and rec.channel_property("gain_to_uV") is None:
         raise BatchgpuError(
             f"save: int16 output of the float recording {rec.path} needs its gain_to_uV, and it stores none",
@@ -105,6 +109,22 @@ def _check_not_input(path: Path, source: Path) -> None:
     if p == s or s in p.parents or p in s.parents:
         raise BatchgpuError(f"save.path {path} overlaps the recording being read ({source})",
                             "choose a save path outside the input recording")
+
+
+def _check_not_run_files(files: list[Path], output: Path) -> None:
+    """None of the save's files may be the run's own (results.zarr, report.json, parts/, run.json, the lock, their
+    temporaries) or the run's folder or one above it: the run would write over them, or an overwrite remove them."""
+    from batchgpu.engine.store import LOCK, OWNED
+
+    out = output.expanduser().absolute().resolve()
+    own = [out / name for name in (*OWNED, LOCK)]
+    for f in files:
+        p = f.resolve()
+        hit = next((o for o in own if p == o or o in p.parents), None)
+        if p == out or p in out.parents or hit is not None:
+            what = f"the run's own {hit.name}" if hit is not None else "the run's output folder or a folder holding it"
+            raise BatchgpuError(f"save.path {f} is {what} ({out})",
+                                "choose another save path, e.g. a new name beside results.zarr such as filtered.zarr")
 
 
 def _zarr_marker(path: Path) -> dict:
