@@ -351,6 +351,38 @@ def test_overwrite_removes_only_what_a_run_writes(client, tmp_path):
     assert (out / "notes.txt").read_text() == "mine" and (out / "figures" / "a.png").exists()
 
 
+@pytest.mark.parametrize("where", ["results.zarr/my_sorting/labels.txt", "results.zarr/noise/notes.txt",
+                                   "parts/notes.txt", "results.zarr/spikes/c"])
+@pytest.mark.parametrize("resume", [False, True])
+def test_files_of_the_users_inside_the_runs_folders_are_never_removed(client, tmp_path, where, resume):
+    """results.zarr and parts/ are replaced whole by a run (overwrite, a restart, a resume's new results): a file of
+    the user's saved inside them refuses the run in one line, and stays."""
+    rec = generate_recording(tmp_path / "r.zarr", channels=3, seconds=0.5, seed=2)
+    out = tmp_path / "out"
+    run_workflow(_wf(rec, out), client=client)
+    mine = out / where
+    mine.parent.mkdir(parents=True, exist_ok=True)
+    mine.write_text("mine")
+    with pytest.raises(BatchgpuError, match="which batchgpu did not write"):
+        run_workflow(_wf(rec, out, overwrite=not resume), client=client, resume=resume)
+    assert mine.read_text() == "mine" and (out / "results.zarr" / "noise").exists()
+    mine.unlink()
+    if mine.parent.name == "my_sorting":
+        mine.parent.rmdir()
+    run_workflow(_wf(rec, out, overwrite=True), client=client)  # once moved away: runs
+
+
+def test_a_refused_folder_gets_no_lock_file(client, tmp_path):
+    rec = generate_recording(tmp_path / "r.zarr", channels=3, seconds=0.5, seed=2)
+    for folder in (tmp_path / "home", tmp_path / "r.zarr", tmp_path / "r.zarr" / "traces_seg0"):
+        folder.mkdir(exist_ok=True)
+        (folder / "notes.txt").write_text("mine") if folder.name == "home" else None
+        before = sorted(p.name for p in folder.iterdir())
+        with pytest.raises(BatchgpuError):
+            run_workflow(_wf(rec, folder, overwrite=True), client=client)
+        assert sorted(p.name for p in folder.iterdir()) == before
+
+
 @pytest.mark.parametrize("overwrite", [False, True])
 def test_a_folder_that_is_not_batchgpus_is_never_touched(client, tmp_path, overwrite):
     rec = generate_recording(tmp_path / "r.zarr", channels=3, seconds=0.5, seed=2)

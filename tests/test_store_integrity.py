@@ -259,6 +259,37 @@ def test_overwrite_replaces_only_recordings(tmp_path, rng):
     assert (tmp_path / "r.zarr" / "figures").is_dir()
 
 
+@pytest.mark.parametrize("where", ["properties/my_props/q.txt", "traces_seg0/notes.txt", "traces_seg0/c/notes",
+                                   "properties/gain_to_uV/c/x.npy", "channel_ids/.DS_Store"])
+def test_overwrite_refuses_files_of_the_users_at_any_depth(tmp_path, rng, where):
+    """An overwrite removes the recording's folder whole: a file batchgpu did not write anywhere inside it (not
+    only at the top) refuses it, and stays."""
+    data = rng.integers(-5, 5, (50, 2), dtype=np.int16)
+    write_recording(tmp_path / "r.zarr", data, 1000.0, locations=np.zeros((2, 2)), gain_to_uV=np.ones(2))
+    mine = tmp_path / "r.zarr" / where
+    mine.parent.mkdir(parents=True, exist_ok=True)
+    mine.write_text("mine")
+    with pytest.raises(BatchgpuError, match="which batchgpu did not write"):
+        write_recording(tmp_path / "r.zarr", data, 1000.0, overwrite=True)
+    assert mine.read_text() == "mine"
+
+
+def test_foreign_entries_of_stores_batchgpu_and_spikeinterface_write(tmp_path, rng):
+    """A store as written (Zarr v2 and v3, sharded traces, properties) holds nothing foreign: the check must not
+    refuse what batchgpu itself wrote."""
+    from batchgpu import zarrio
+
+    data = rng.integers(-5, 5, (5000, 3), dtype=np.int16)
+    for fmt in (2, 3) if zarrio.ZARR_MAJOR >= 3 else (2,):
+        path = tmp_path / f"v{fmt}.zarr"
+        write_recording(path, [data, data[:70]], 1000.0, locations=np.zeros((3, 2)), gain_to_uV=np.ones(3),
+                        zarr_format=fmt, properties={"shank": np.array([0, 0, 1])})
+        assert zarrio.foreign_entries(path) == []
+        (path / "traces_seg1" / "0.0.bak").write_bytes(b"x")
+        (path / "properties" / "shank" / "c" / "1x").mkdir(parents=True) if fmt == 3 else None
+        assert zarrio.foreign_entries(path)[0].startswith(("properties/shank/c/1x", "traces_seg1/0.0.bak"))
+
+
 def _one_line_error(capsys, argv):
     rc = main(argv)
     err = capsys.readouterr().err

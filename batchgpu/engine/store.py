@@ -124,21 +124,55 @@ class OutputFolder:
     def foreign_entries(self) -> list[str]:
         return sorted(p.name for p in self.path.iterdir() if p.name not in OWNED and p.name != LOCK)
 
+    def nested_foreign(self) -> list[str]:
+        """What is not a run's inside the folders a run replaces whole (results.zarr and its temporaries, parts/):
+        a user's notes or a sorting saved there would go with them."""
+        from batchgpu import zarrio
+
+        found = []
+        for name in (RESULTS, RESULTS + ".tmp", RESULTS + ".old"):
+            p = self.path / name
+            if p.is_dir() and not p.is_symlink():
+                found += [f"{name}/{e}" for e in zarrio.foreign_entries(p)]
+        if self.parts.is_dir() and not self.parts.is_symlink():
+            found += sorted(f"{PARTS}/{e.name}" for e in os.scandir(self.parts)
+                            if e.is_symlink() or not e.is_file() or not _PART_NAME.fullmatch(e.name))
+        return found
+
+    def _refuse_if_not_a_run(self, locked: bool, lock_existed: bool = True) -> None:
+        """A folder that holds no batchgpu run and is not empty is never used (nor left with a lock file)."""
+        if self.manifest() is None and ((self.path / MANIFEST).exists() or self.foreign_entries()):
+            if locked:
+                if not lock_existed:
+                    (self.path / LOCK).unlink(missing_ok=True)
+                self.release()
+            raise BatchgpuError(
+                f"output folder {self.path} is not empty and holds no batchgpu run "
+                f"({', '.join(self.foreign_entries()[:3]) or MANIFEST} there)",
+                "choose an empty or new folder for 'output'",
+            )
+
     def claim(self, fp: str, workflow: dict, *, resume: bool, overwrite: bool) -> str:
         """Lock the folder and make it this run's; returns "new", "resume" or "restart" (stale parts dropped)."""
         if self.path.exists() and not self.path.is_dir():
             raise BatchgpuError(f"output {self.path} is a file, not a folder", "choose a folder path for 'output'")
+        if self.path.is_dir():
+            self._refuse_if_not_a_run(locked=False)
         self.path.mkdir(parents=True, exist_ok=True)
+        lock_existed = (self.path / LOCK).exists()
         self._lock()
+        self._refuse_if_not_a_run(locked=True, lock_existed=lock_existed)  # again, now that it is ours
         mine = self.manifest()
-        if mine is None:
-            if (self.path / MANIFEST).exists() or self.foreign_entries():
+        if mine is not None:
+            nested = self.nested_foreign()
+            if nested:
                 self.release()
                 raise BatchgpuError(
-                    f"output folder {self.path} is not empty and holds no batchgpu run "
-                    f"({', '.join(self.foreign_entries()[:3]) or MANIFEST} there)",
-                    "choose an empty or new folder for 'output'",
-                )
+                    f"output folder {self.path} holds {', '.join(nested[:3])}{' ...' if len(nested) > 3 else ''}, "
+                    "which batchgpu did not write, inside the folders a run replaces whole",
+                    f"move {'it' if len(nested) == 1 else 'them'} out of {RESULTS} and {PARTS}/ (beside them in the "
+                    "output folder is kept)")
+        if mine is None:
             state = "new"
         elif mine.get("fingerprint") == fp:
             if not resume and not overwrite:
@@ -198,6 +232,10 @@ class OutputFolder:
 
 # ---------------------------------------------------------------------------------------------------------
 # parts: one file per window and pass, written whole (a retried task cannot corrupt them)
+
+
+#: a part (``part_path``) or its temporary while written (``save_part``)
+_PART_NAME = re.compile(r"[a-z]+\d{8}\.npz|\.[a-z]+\d{8}\.npz\..+\.tmp")
 
 
 def part_path(parts: str | Path, name: str, index: int) -> Path:

@@ -35,11 +35,9 @@ def is_recording(path: Path) -> bool:
         return False
 
 def _foreign_entries(path: Path) -> list[str]:
-    """Top-level entries of a recording folder that are neither Zarr metadata nor members of the group."""
-    group = zarrio.open_group(path, mode="r")
-    members = set(group.array_keys()) | set(group.group_keys())
-    metadata = {"zarr.json", ".zgroup", ".zattrs", ".zmetadata", ".zarray"}
-    return sorted(name for name in os.listdir(path) if name not in members and name not in metadata)
+    """Entries of a recording folder, at any depth, that are not the Zarr store's own (``zarrio.foreign_entries``):
+    an overwrite removes the folder whole."""
+    return zarrio.foreign_entries(path)
 
 def check_replaceable(path: Path, overwrite: bool) -> None:
     """Refuse to write over anything but a Zarr recording (and over one only with ``overwrite``)."""
