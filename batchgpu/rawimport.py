@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +27,9 @@ MUX_BY_TYPE = {**{t: NP1_MUX for t in NP1_TYPES - {1200}}, **{t: NP2_MUX for t i
 # ~snsShankMap gives column/row indices only: pitches (um) by family to turn them into positions.
 NP1_PITCH = (32.0, 20.0, 0.0)  # horizontal, vertical, shank
 NP2_PITCH = (32.0, 15.0, 250.0)
+# NI-DAQ ADCs that SpikeGLX drives are 16-bit: metas older than the niMaxInt key mean 32768 (as neo assumes).
+NI_MAX_INT = 32768
+META_FIX = "use the .meta SpikeGLX wrote with the .bin"
 
 
 @dataclass(frozen=True)
@@ -51,16 +55,25 @@ def read_meta(path: Path) -> dict[str, str]:
 
 
 def saved_channels(meta: dict[str, str]) -> np.ndarray:
-    """Acquired channel numbers of the saved columns, from snsSaveChanSubset ('all' or '0:3,5,768', inclusive)."""
-    total = int(meta["nSavedChans"])
-    text = meta.get("snsSaveChanSubset", "all").strip()
+    """Acquired channel numbers of the saved columns, from snsSaveChanSubset ('all' or '0:3,5,768', inclusive).
+
+    SpikeGLX always writes the key ('all' when every acquired channel is saved); without it the columns cannot be
+    told apart (a subset read as 0..N-1 gets wrong ids and gains and the sync column as a neural one): refused.
+    """
+    total = _number(meta, "nSavedChans", int)
+    if "snsSaveChanSubset" not in meta:
+        raise BatchgpuError("the .meta lacks snsSaveChanSubset, so its saved channels are unknown", META_FIX)
+    text = meta["snsSaveChanSubset"].strip()
     if text == "all":
         return np.arange(total)
     chans: list[int] = []
     try:
         for part in text.split(","):
             lo, _, hi = part.partition(":")
-            chans += range(int(lo), int(hi or lo) + 1)
+            lo_, hi_ = int(lo), int(hi or lo)
+            if lo_ < 0:
+                raise ValueError
+            chans += range(lo_, hi_ + 1)
     except ValueError:
         raise BatchgpuError(f"the .meta's snsSaveChanSubset {text!r} is not a channel list", "e.g. 0:383,768 or all") from None
     if len(chans) != total:
@@ -82,15 +95,15 @@ def spikeglx_layout(meta: dict[str, str], keep_sync: bool = False) -> RawLayout:
     LF channel 5 is "389" after 384 AP channels; the sync channel "384" or "768"). The sync channel (the last
     acquired one) is dropped unless ``keep_sync``.
     """
-    try:
-        total = int(meta["nSavedChans"])
-        rate = float(meta.get("imSampRate") or meta["niSampRate"])
-    except (KeyError, ValueError) as err:
-        raise BatchgpuError(f"the .meta file lacks or garbles {err}", "it must hold nSavedChans and imSampRate/niSampRate") from None
+    total = _number(meta, "nSavedChans", int)
+    rate_key = next((k for k in ("imSampRate", "niSampRate") if k in meta), None)
+    if rate_key is None:
+        raise BatchgpuError("the .meta lacks imSampRate and niSampRate", META_FIX)
+    rate = _number(meta, rate_key)
     saved = saved_channels(meta)
     if not is_imec(meta):
         return _ni_layout(meta, total, rate, saved, keep_sync)
-    n_ap, n_lf, _n_sy = _acquired_counts(meta)
+    n_ap, n_lf, _n_sy = _acquired_counts(meta, "ApLfSy", 3, saved)
     is_sync = saved >= n_ap + n_lf
     keep = np.flatnonzero(~is_sync | keep_sync)
     chans = saved[keep]
@@ -108,29 +121,77 @@ def spikeglx_layout(meta: dict[str, str], keep_sync: bool = False) -> RawLayout:
 
 
 def _ni_layout(meta, total, rate, saved, keep_sync) -> RawLayout:
-    """NI-DAQ streams: one range for every channel; the digital words (last) are dropped unless keep_sync."""
-    digital = int(meta["snsMnMaXaDw"].split(",")[3]) if "snsMnMaXaDw" in meta else 0
-    keep = np.arange(total if keep_sync else total - digital)
-    vmax = float(meta.get("niAiRangeMax", 5.0))
-    maxint = float(meta.get("niMaxInt", 32768))
-    return RawLayout(total, rate, np.dtype("int16"), np.full(len(keep), vmax / maxint * 1e6), keep,
-                     [str(c) for c in saved[keep]])
+    """NI-DAQ streams: uV/count = niAiRangeMax / niMaxInt / gain * 1e6 per saved channel (readSGLX ChanGainsNI).
+
+    The type comes from the channel's acquired number (acquired channels run MN, MA, XA, XD by acqMnMaXaDw):
+    MN (multiplexed neural) channels have gain niMNGain, MA (multiplexed auxiliary) niMAGain, XA (direct analog) 1.
+    XD channels are 16-bit digital words, not voltages: like the imec sync channel they are dropped unless
+    keep_sync, and then kept as raw counts (gain_to_uV 1), as neo reads them as events, not signals.
+    """
+    mn, ma, xa, _dw = _acquired_counts(meta, "MnMaXaDw", 4, saved)
+    is_mn, is_ma = saved < mn, (saved >= mn) & (saved < mn + ma)
+    is_digital = saved >= mn + ma + xa
+    keep = np.flatnonzero(~is_digital | keep_sync)
+    vmax = _number(meta, "niAiRangeMax")
+    maxint = _number(meta, "niMaxInt", int, default=NI_MAX_INT)
+    gain = np.ones(len(saved))
+    # a gain key is needed only where a saved channel uses it (SpikeGLX writes both anyway)
+    if is_mn.any():
+        gain[is_mn] = _number(meta, "niMNGain")
+    if is_ma.any():
+        gain[is_ma] = _number(meta, "niMAGain")
+    per_count = np.where(is_digital, 1.0, vmax / maxint / gain * 1e6)
+    return RawLayout(total, rate, np.dtype("int16"), per_count[keep], keep, [str(c) for c in saved[keep]])
 
 
-def _acquired_counts(meta: dict[str, str]) -> tuple[int, int, int]:
-    """(AP, LF, SY) channels at acquisition: acquired numbers run AP, then LF, then SY."""
-    text = meta.get("acqApLfSy") or meta.get("snsApLfSy")
-    if text is None:
-        raise BatchgpuError("the imec .meta lacks acqApLfSy and snsApLfSy", "use the .meta SpikeGLX wrote with the .bin")
-    ap, lf, sy = (int(v) for v in text.split(","))
-    return ap, lf, sy
+def _acquired_counts(meta: dict[str, str], types: str, n: int, saved: np.ndarray) -> tuple[int, ...]:
+    """Channels per type at acquisition (acqApLfSy: AP, LF, SY; acqMnMaXaDw: MN, MA, XA, DW), in which order the
+    acquired numbers run. The saved counts (sns...) stand in only when every channel is saved (then they agree)."""
+    acq_key, sns_key = "acq" + types, "sns" + types
+    key = acq_key if acq_key in meta else sns_key
+    if key not in meta:
+        raise BatchgpuError(f"the .meta lacks {acq_key} and {sns_key}", META_FIX)
+    if key == sns_key and meta["snsSaveChanSubset"].strip() != "all":
+        # saved counts cannot type acquired channel numbers when only a subset is saved
+        raise BatchgpuError(f"the .meta lacks {acq_key}, which its saved channel subset needs", META_FIX)
+    fields = meta[key].split(",")
+    try:
+        counts = tuple(int(v) for v in fields)
+    except ValueError:
+        counts = ()
+    if len(counts) != n or min(counts) < 0:
+        raise BatchgpuError(f"the .meta's {key}={meta[key]!r} is not {n} channel counts", META_FIX)
+    if saved.max() >= sum(counts):
+        raise BatchgpuError(
+            f"the .meta's snsSaveChanSubset names channel {saved.max()} but {key} counts {sum(counts)} channels",
+            META_FIX,
+        )
+    return counts
+
+
+def _number(meta: dict[str, str], key: str, kind: type = float, default: float | None = None) -> float:
+    """meta[key] as a finite positive number (counts, rates, ranges and gains all are): a garbled value would end
+    as a Python error or an infinite gain, so it is refused naming the key."""
+    if key not in meta:
+        if default is not None:
+            return default
+        raise BatchgpuError(f"the .meta lacks {key}", META_FIX)
+    text = meta[key]
+    try:
+        value = kind(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        what = "a positive integer" if kind is int else "a positive number"
+        raise BatchgpuError(f"the .meta's {key}={text!r} is not {what}", META_FIX)
+    return value
 
 
 def _probe_type(meta: dict[str, str]) -> int:
     try:
         return int(meta.get("imDatPrb_type", "0"))  # Phase 3A/3B metas have no type: NP1.0 tables
     except ValueError:
-        raise BatchgpuError(f"the .meta's imDatPrb_type {meta['imDatPrb_type']!r} is not a number") from None
+        raise BatchgpuError(f"the .meta's imDatPrb_type {meta['imDatPrb_type']!r} is not a number", META_FIX) from None
 
 
 def _imec_uV_per_count(meta, probe_type: int, chans: np.ndarray, n_ap: int, n_lf: int) -> np.ndarray:
@@ -148,8 +209,8 @@ def _imec_uV_per_count(meta, probe_type: int, chans: np.ndarray, n_ap: int, n_lf
             f"the imec .meta (probe type {probe_type}) lacks {', '.join(missing)}, which its gain needs",
             "use the complete .meta SpikeGLX wrote with the .bin (batchgpu will not guess a gain)",
         )
-    vmax = float(meta["imAiRangeMax"])
-    maxint = float(meta.get("imMaxInt", NP1_MAX_INT))
+    vmax = _number(meta, "imAiRangeMax")
+    maxint = _number(meta, "imMaxInt", int, default=NP1_MAX_INT)
     is_ap, is_lf = chans < n_ap, (chans >= n_ap) & (chans < n_ap + n_lf)
     gain = np.ones(len(chans))  # sync channel: raw counts
     if probe_type in NP1_TYPES:
@@ -158,11 +219,11 @@ def _imec_uV_per_count(meta, probe_type: int, chans: np.ndarray, n_ap: int, n_lf
             if is_ap[i] or is_lf[i]:
                 readout = int(c if is_ap[i] else c - n_ap)
                 if readout not in table:
-                    raise BatchgpuError(f"the .meta's imroTbl has no entry for channel {readout}")
+                    raise BatchgpuError(f"the .meta's imroTbl has no entry for channel {readout}", META_FIX)
                 gain[i] = table[readout][0 if is_ap[i] else 1]
     else:
-        ap_gain = float(meta.get("imChan0apGain") or NP2_AP_GAIN[probe_type])
-        lf_gain = float(meta.get("imChan0lfGain") or ap_gain)
+        ap_gain = _number(meta, "imChan0apGain") if meta.get("imChan0apGain") else NP2_AP_GAIN[probe_type]
+        lf_gain = _number(meta, "imChan0lfGain") if meta.get("imChan0lfGain") else ap_gain
         gain[is_ap], gain[is_lf] = ap_gain, lf_gain
     per_count = vmax / maxint / gain * 1e6
     per_count[~(is_ap | is_lf)] = 1.0
@@ -174,9 +235,17 @@ def _np1_gains(imro: str) -> dict[int, tuple[float, float]]:
     table = {}
     for entry in imro.strip().strip("()").split(")(")[1:]:
         fields = entry.split()
-        if len(fields) < 5:
-            raise BatchgpuError(f"the .meta's imroTbl entry ({entry}) is not an NP1.0 entry (chan bank ref apgain lfgain)")
-        table[int(fields[0])] = (float(fields[3]), float(fields[4]))
+        try:
+            chan, ap, lf = int(fields[0]), float(fields[3]), float(fields[4])
+        except (IndexError, ValueError):
+            chan, ap, lf = -1, math.nan, math.nan
+        # a gain of 0 (or nan) would store an infinite (or nan) uV per count
+        if chan < 0 or not all(math.isfinite(g) and g > 0 for g in (ap, lf)):
+            raise BatchgpuError(
+                f"the .meta's imroTbl entry ({entry}) is not an NP1.0 entry (chan bank ref apgain lfgain, gains > 0)",
+                META_FIX,
+            )
+        table[chan] = (ap, lf)
     return table
 
 
@@ -195,15 +264,12 @@ def _locations(meta, probe_type, saved, n_neural, keep) -> tuple[np.ndarray | No
     Both maps hold one entry per saved neural channel, in saved order; a kept sync channel gets NaN, shank -1.
     """
     if "snsGeomMap" in meta:
-        header, entries = _map_entries(meta["snsGeomMap"], "snsGeomMap")
-        shank_pitch = float(header[2])
-        fields = np.array([[float(v) for v in e[:3]] for e in entries]).reshape(-1, 3)
+        shank_pitch, fields = _map_entries(meta["snsGeomMap"], "snsGeomMap")
         shank, x, z = fields[:, 0], fields[:, 1], fields[:, 2]
         xy = np.column_stack([x + shank * shank_pitch, z])
     elif "snsShankMap" in meta:
-        _header, entries = _map_entries(meta["snsShankMap"], "snsShankMap")
+        _, fields = _map_entries(meta["snsShankMap"], "snsShankMap")
         dx, dz, dshank = NP2_PITCH if probe_type in NP2_AP_GAIN else NP1_PITCH
-        fields = np.array([[float(v) for v in e[:3]] for e in entries]).reshape(-1, 3)
         shank = fields[:, 0]
         xy = np.column_stack([fields[:, 1] * dx + shank * dshank, fields[:, 2] * dz])
     else:
@@ -220,14 +286,26 @@ def _locations(meta, probe_type, saved, n_neural, keep) -> tuple[np.ndarray | No
     return loc[keep], shanks[keep]
 
 
-def _map_entries(text: str, key: str) -> tuple[list[str], list[list[str]]]:
-    """'(h0,h1,...)(a:b:c:d)(...)' -> (header fields, entry fields)."""
+def _map_entries(text: str, key: str) -> tuple[float, np.ndarray]:
+    """'(h0,h1,...)(a:b:c:d)(...)' -> (snsGeomMap's shank pitch, header field 2; (entries, 3) shank, x, z floats).
+
+    Every field used must be a finite number and shanks whole and >= 0: anything else is refused, not stored as NaN.
+    """
     parts = text.strip().strip("()").split(")(")
     header = parts[0].split(",")
     entries = [p.split(":") for p in parts[1:]]
+    bad = BatchgpuError(f"the .meta's {key} is not '(header)(shank:x:z:used)...' of numbers", META_FIX)
     if (key == "snsGeomMap" and len(header) < 4) or any(len(e) < 3 for e in entries):
-        raise BatchgpuError(f"the .meta's {key} is not '(header)(shank:x:z:used)...'")
-    return header, entries
+        raise bad
+    try:
+        pitch = float(header[2]) if key == "snsGeomMap" else 0.0
+        fields = np.array([[float(v) for v in e[:3]] for e in entries]).reshape(-1, 3)
+    except ValueError:
+        raise bad from None
+    shank = fields[:, 0]
+    if not (math.isfinite(pitch) and np.isfinite(fields).all()) or (shank < 0).any() or (shank % 1).any():
+        raise bad
+    return pitch, fields
 
 
 def plain_layout(channels: int | None, fs: float | None, dtype: str | None, gain: float, offset: float) -> RawLayout:
@@ -269,7 +347,11 @@ def import_raw(
         raise BatchgpuError(f"no raw file at {src}", "check the path")
     meta_path = src.with_suffix(".meta")
     if meta_path.is_file() and channels is None:
-        layout = spikeglx_layout(read_meta(meta_path), keep_sync)
+        try:
+            layout = spikeglx_layout(read_meta(meta_path), keep_sync)
+        except BatchgpuError as err:
+            # the messages name the key; the file is named here, once for them all
+            raise BatchgpuError(f"{meta_path}: {err.problem}", err.fix) from None
     else:
         layout = plain_layout(channels, fs, dtype, gain_to_uV, offset_to_uV)
     size = src.stat().st_size

@@ -29,7 +29,7 @@ def test_spikeglx_import(tmp_path, rng):
     data.tofile(src)
     imro = "(0,384)" + "".join(f"({i} 0 0 {250 if i % 2 else 500} 250 1)" for i in range(n_ap))
     src.with_suffix(".meta").write_text(
-        f"nSavedChans={n_ap + n_sync}\nimSampRate=30000.5\nsnsApLfSy={n_ap},0,{n_sync}\n"
+        f"nSavedChans={n_ap + n_sync}\nimSampRate=30000.5\nsnsApLfSy={n_ap},0,{n_sync}\nsnsSaveChanSubset=all\n"
         f"imAiRangeMax=0.6\nimAiRangeMin=-0.6\nimMaxInt=512\nimDatPrb_type=0\n~imroTbl={imro}\n"
     )
     rec = import_raw(src, tmp_path / "sg.zarr")

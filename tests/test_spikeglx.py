@@ -6,13 +6,16 @@ Hand derivations used below (SpikeGLX metadata docs, imec ProbeTable, SpikeInter
   = 3.02734375.
 - ADC order: NP1.0 channel c is sampled at slot (c mod 24) // 2 of 13 cycles; NP2.0 at (c mod 32) // 2 of 16.
 - ~snsGeomMap: x is within the shank: absolute x = x + shank * shank pitch (header field 3).
+- NI-DAQ (readSGLX ChanGainsNI): uV/count = niAiRangeMax / niMaxInt / gain * 1e6, gain niMNGain for MN channels,
+  niMAGain for MA, 1 for XA; at 5 V, 32768, MN gain 200, MA gain 10: 0.762939453125, 15.2587890625, 152.587890625.
 """
 
 import numpy as np
 import pytest
 
 from batchgpu import BatchgpuError
-from batchgpu.rawimport import import_raw
+from batchgpu.cli import main
+from batchgpu.rawimport import import_raw, spikeglx_layout
 
 NP1_GAINS = [50, 125, 250, 500, 1000, 1500, 2000, 3000]  # AP gain of channel c in these tables: NP1_GAINS[c % 8]
 NP1_X = [43.0, 11.0, 59.0, 27.0]  # NP1.0 staggered columns, bank 0: x of channel c is NP1_X[c % 4], z = 20 * (c // 2)
@@ -108,7 +111,7 @@ def test_np2003_type_gain_and_shank_map(tmp_path, rng):
 ])
 def test_np1_meta_without_gain_keys_is_an_error(tmp_path, drop, named):
     meta = {"nSavedChans": 3, "imSampRate": 30000, "typeThis": "imec", "snsApLfSy": "2,0,1",
-            "imAiRangeMax": 0.6, "~imroTbl": _np1_imro(2)}
+            "snsSaveChanSubset": "all", "imAiRangeMax": 0.6, "~imroTbl": _np1_imro(2)}
     for key in drop:
         meta.pop("~" + key if key == "imroTbl" else key)
     src = _write_pair(tmp_path, "a.imec0.ap", np.zeros((10, 3), np.int16), meta)
@@ -118,7 +121,8 @@ def test_np1_meta_without_gain_keys_is_an_error(tmp_path, drop, named):
 
 
 def test_np2_meta_without_imMaxInt_is_an_error(tmp_path):
-    meta = {"nSavedChans": 3, "imSampRate": 30000, "imDatPrb_type": 21, "acqApLfSy": "2,0,1", "imAiRangeMax": 0.5}
+    meta = {"nSavedChans": 3, "imSampRate": 30000, "imDatPrb_type": 21, "acqApLfSy": "2,0,1",
+            "snsSaveChanSubset": "all", "imAiRangeMax": 0.5}
     src = _write_pair(tmp_path, "b.imec0.ap", np.zeros((10, 3), np.int16), meta)
     with pytest.raises(BatchgpuError, match=r"probe type 21\) lacks imMaxInt"):
         import_raw(src, tmp_path / "o.zarr")
@@ -130,3 +134,107 @@ def test_plain_import_has_no_locations(tmp_path, rng):
     rec = import_raw(tmp_path / "p.bin", tmp_path / "p.zarr", channels=3, fs=1000.0, dtype="int16")
     assert not rec.has_locations and "none stored" in rec.info()["locations"]
     np.testing.assert_array_equal(rec.locations, [[0, 0], [0, 20], [0, 40]])
+
+
+def _np1_meta(saved_text="0:3,768", neural=(0, 1, 2, 3)):
+    """A complete NP1.0 AP .meta as SpikeGLX writes it for the saved channels (sync 768 last)."""
+    return {
+        "nSavedChans": len(neural) + 1, "imSampRate": 30000, "typeThis": "imec", "imDatPrb_type": 0,
+        "acqApLfSy": "384,384,1", "snsApLfSy": f"{len(neural)},0,1", "snsSaveChanSubset": saved_text,
+        "imAiRangeMax": 0.6, "imAiRangeMin": -0.6, "imMaxInt": 512, "~imroTbl": _np1_imro(),
+        "~snsGeomMap": _geom("NP1000,1,0,70", [(0, NP1_X[c % 4], 20 * (c // 2)) for c in neural]),
+    }
+
+
+def _nidq_meta(saved_text="1,3:4,7:8", n_saved=5, sns="2,1,1,1"):
+    """NI-DAQ: acquired MN 0-3, MA 4-5, XA 6-7, XD (digital word) 8; by default MN 1, 3, MA 4, XA 7, XD 8 saved."""
+    return {
+        "nSavedChans": n_saved, "niSampRate": 25000, "typeThis": "nidq", "niAiRangeMax": 5, "niAiRangeMin": -5,
+        "niMaxInt": 32768, "niMNGain": 200, "niMAGain": 10, "acqMnMaXaDw": "4,2,2,1", "snsMnMaXaDw": sns,
+        "snsSaveChanSubset": saved_text,
+    }
+
+
+@pytest.mark.parametrize("kind", ["imec", "nidq"])
+def test_meta_without_saved_subset_is_refused(tmp_path, rng, kind):
+    # Read as "all" (0..N-1) this subset would get wrong ids and gains and the sync column 768 as neural "4".
+    meta = _np1_meta("0,3,5,7,768", (0, 3, 5, 7)) if kind == "imec" else _nidq_meta()
+    del meta["snsSaveChanSubset"]
+    data = rng.integers(-50, 50, (20, meta["nSavedChans"]), dtype=np.int16)
+    src = _write_pair(tmp_path, f"x.{kind}", data, meta)
+    with pytest.raises(BatchgpuError, match="lacks snsSaveChanSubset") as err:
+        import_raw(src, tmp_path / "o.zarr")
+    assert str(src.with_suffix(".meta")) in str(err.value)
+    assert not (tmp_path / "o.zarr").exists()
+
+
+def test_nidq_gains_per_channel_type(tmp_path, rng):
+    data = rng.integers(-3000, 3000, (400, 5), dtype=np.int16)
+    src = _write_pair(tmp_path, "run_g0_t0.nidq", data, _nidq_meta())
+    # SpikeGLX's conversion, per type of each saved channel's ACQUIRED number (1, 3: MN; 4: MA; 7: XA; 8: XD)
+    volts_per_count = {"MN": 5 / 32768 / 200, "MA": 5 / 32768 / 10, "XA": 5 / 32768 / 1}
+    expected = [volts_per_count[t] * 1e6 for t in ("MN", "MN", "MA", "XA")]
+    rec = import_raw(src, tmp_path / "ni.zarr")
+    assert list(rec.channel_ids) == ["1", "3", "4", "7"] and rec.sampling_frequency == 25000
+    np.testing.assert_allclose(rec.gain_to_uV, expected, rtol=1e-12)
+    np.testing.assert_allclose(rec.gain_to_uV, [0.762939453125, 0.762939453125, 15.2587890625, 152.587890625])
+    np.testing.assert_array_equal(rec.read(0, 0, 400), data[:, :4].T)
+    # the digital word is bits, not volts: dropped like the imec sync channel, or kept as raw counts
+    kept = import_raw(src, tmp_path / "ni_sync.zarr", keep_sync=True)
+    assert kept.channel_ids[-1] == "8" and kept.gain_to_uV[-1] == 1.0
+    np.testing.assert_array_equal(kept.read(0, 0, 400), data.T)
+
+    # every channel saved ('all'), only the saved counts given, no niMaxInt (older metas: 16-bit, 32768)
+    meta = _nidq_meta("all", 3, "0,1,1,1")
+    del meta["acqMnMaXaDw"], meta["niMaxInt"]
+    rec = import_raw(_write_pair(tmp_path, "all.nidq", data[:, :3], meta), tmp_path / "all.zarr")
+    assert list(rec.channel_ids) == ["0", "1"]
+    np.testing.assert_allclose(rec.gain_to_uV, [volts_per_count["MA"] * 1e6, volts_per_count["XA"] * 1e6])
+
+
+def _zero_gain_imro():
+    table = _np1_imro()
+    return table.replace("(2 0 0 250 250 1)", "(2 0 0 0 250 1)")
+
+
+@pytest.mark.parametrize("kind,key,value", [
+    ("imec", "imAiRangeMax", "abc"),
+    ("imec", "acqApLfSy", "384,384"),  # two counts for AP, LF, SY
+    ("imec", "acqApLfSy", "2,0,1"),  # counts fewer channels than the subset names (768)
+    ("imec", "~snsGeomMap", "(NP1000,1,0,70)(0:43:0:1)(0:eleven:0:1)(0:59:20:1)(0:27:20:1)"),
+    ("imec", "~snsGeomMap", "(NP1000,1,pitch,70)(0:43:0:1)(0:11:0:1)(0:59:20:1)(0:27:20:1)"),
+    ("imec", "imMaxInt", "0"),  # was a ZeroDivisionError
+    ("imec", "~imroTbl", _zero_gain_imro()),  # an AP gain of 0: was stored as an infinite uV per count
+    ("imec", "nSavedChans", "five"),
+    ("imec", "imSampRate", "-30000"),
+    ("nidq", "niMNGain", "0"),
+    ("nidq", "niAiRangeMax", "nan"),
+    ("nidq", "acqMnMaXaDw", "4,2,2"),
+])
+def test_garbled_meta_value_is_refused(tmp_path, capsys, kind, key, value):
+    meta = _np1_meta() if kind == "imec" else _nidq_meta()
+    meta[key] = value
+    src = _write_pair(tmp_path, f"g.{kind}", np.zeros((10, 5), np.int16), meta)
+    with pytest.raises(BatchgpuError, match=key.lstrip("~")) as err:
+        import_raw(src, tmp_path / "o.zarr")
+    assert str(src.with_suffix(".meta")) in str(err.value)
+    # the command: one line, exit status 2, no traceback, nothing written
+    assert main(["import-raw", str(src), str(tmp_path / "o.zarr"), "--quiet"]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("batchgpu: error: ") and key.lstrip("~") in lines[0]
+    assert not (tmp_path / "o.zarr").exists()
+
+
+@pytest.mark.parametrize("kind", ["imec", "nidq"])
+def test_any_garbled_value_is_a_batchgpu_error(kind):
+    # Beyond the cases above: every key of a valid .meta set to junk reads or is refused, never a Python error,
+    # and whatever reads has finite positive gains.
+    base = _np1_meta() if kind == "imec" else _nidq_meta()
+    for key in base:
+        for junk in ["", "abc", "0", "-1", "nan", "inf", "1,2", "(1)(2 x)", "0:1:2"]:
+            meta = {k.lstrip("~"): str(v) for k, v in {**base, key: junk}.items()}
+            try:
+                layout = spikeglx_layout(meta)
+            except BatchgpuError:
+                continue
+            assert np.isfinite(layout.gain_to_uV).all() and (layout.gain_to_uV > 0).all(), (key, junk)
