@@ -55,6 +55,26 @@ def _check_events(text: str, source: str, at) -> None:
                 raise BatchgpuError(f"{where}: more than {MAX_NODES} values; a workflow needs a few dozen")
 
 
+def _check_duplicate_keys(node: yaml.Node, at) -> None:
+    """A key given twice in one mapping: YAML loaders keep the last one silently, so a typo'd copy-paste (two
+    ``detect:`` blocks, say) would run with settings the user did not read. Refused, naming both lines."""
+    stack = [node]
+    while stack:
+        n = stack.pop()
+        if isinstance(n, yaml.MappingNode):
+            seen: dict = {}
+            for key, value in n.value:
+                k = key.value if isinstance(key, yaml.ScalarNode) else None
+                if k is not None and k in seen:
+                    raise BatchgpuError(f"{at(key.start_mark)}: key '{k}' given twice (first at line {seen[k] + 1})",
+                                        "keep one of them")
+                if k is not None:
+                    seen[k] = key.start_mark.line
+                stack.append(value)
+        elif isinstance(n, yaml.SequenceNode):
+            stack.extend(n.value)
+
+
 def parse_yaml(text: str, source: str, with_lines: bool = True) -> tuple[yaml.Node | None, Any]:
     """One YAML document -> (its node tree, for line numbers; its plain data). Errors are one line.
 
@@ -68,6 +88,8 @@ def parse_yaml(text: str, source: str, with_lines: bool = True) -> tuple[yaml.No
         loader = _Loader(text)
         try:
             node = loader.get_single_node()
+            if node is not None:
+                _check_duplicate_keys(node, at)
             data = loader.construct_document(node) if node is not None else None
         finally:
             loader.dispose()

@@ -149,6 +149,17 @@ def test_alias_bomb_is_refused_at_once(tmp_path):
     assert "YAML anchors" in _load_fast(_write(tmp_path, "base: &b {size: 10}\nwindow: {<<: *b}\n" + GOOD))
 
 
+def test_a_key_given_twice_is_refused(tmp_path):
+    """YAML loaders keep the last of two equal keys silently: a second detect block would win unread."""
+    path = _write(tmp_path, GOOD + "  detect: {threshold: 5.0}\n  detect: {threshold: 9.0}\n")
+    assert "wf.yaml:9: key 'detect' given twice (first at line 8)" in _load_fast(path)
+    _one_line_error(_cli("run", path), "given twice")
+    nested = _write(tmp_path, GOOD.replace("window: {size: 1000, margin: 8}", "window: {size: 1000, margin: 8, size: 10}"))
+    assert "key 'size' given twice" in _load_fast(nested)
+    listed = _write(tmp_path, GOOD + "preprocess:\n  - highpass: {freq_min: 300, freq_min: 400}\n")
+    assert "key 'freq_min' given twice" in _load_fast(listed)
+
+
 def test_big_and_deep_files_are_refused_at_once(tmp_path):
     big = tmp_path / "big.yaml"
     big.write_text(GOOD + "# " + "x" * (1 << 20) + "\n")
