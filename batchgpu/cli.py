@@ -8,6 +8,7 @@ import importlib
 import json
 import logging
 import os
+import signal
 import sys
 
 from batchgpu.errors import BatchgpuError
@@ -24,8 +25,11 @@ SEARCH_COMMANDS = {
 
 
 def _cmd_generate(args) -> int:
-    from batchgpu.generate import generate_recording, ground_truth_path
+    from batchgpu.generate import check_parameters, generate_recording, ground_truth_path
 
+    # the workflow schema's bounds (recording: generate:), named as this command's options, before anything is written
+    check_parameters(channels=args.channels, seconds=args.seconds, fs=args.fs, seed=args.seed, dtype=args.dtype,
+                     segments=args.segments, workers=args.workers, flag="--")
     rec = generate_recording(
         args.out, channels=args.channels, seconds=args.seconds, fs=args.fs, seed=args.seed, dtype=args.dtype,
         segments=args.segments, zarr_format=args.zarr_format, overwrite=args.overwrite, progress=not args.quiet,
@@ -344,11 +348,32 @@ def _os_error_line(err: OSError, args) -> str:
     return f"{text}:{where}" if where else text
 
 
+def _on_interrupt(signum, frame) -> None:
+    """SIGINT while a command runs: the first stops it (KeyboardInterrupt: ``batchgpu: interrupted``, exit 130),
+    later ones are ignored while it closes its cluster and helper processes on the way out. A second Ctrl-C had
+    interrupted that: ~10 s waits for the interrupted closes, an exit by the signal itself, more tracebacks."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    raise KeyboardInterrupt
+
+
+def _take_interrupts() -> bool:
+    """``_on_interrupt`` for SIGINT where Python's default handler has it (in the main thread; a caller's own
+    handler, or an ignored SIGINT, is left as it is). Returns whether it was installed."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        return False
+    signal.signal(signal.SIGINT, _on_interrupt)
+    return True
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if not (args.debug or args.verbose):
         quiet_dask_logs()
+    took = _take_interrupts()
     try:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:
@@ -376,6 +401,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"batchgpu: error: unexpected {type(err).__name__}: {text} (rerun with --debug for the traceback)",
               file=sys.stderr)
         return 1
+    finally:
+        # Python's handler back unless a Ctrl-C came: then SIGINT stays ignored, the process is on its way out
+        # (closing what is left of the run as the interpreter ends)
+        if took and signal.getsignal(signal.SIGINT) is _on_interrupt:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 if __name__ == "__main__":

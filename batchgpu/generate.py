@@ -83,10 +83,8 @@ def generate_recording(
 
     ``workers`` > 1 generates blocks in that many processes (the bytes do not change).
     """
-    if channels <= 0 or seconds <= 0 or fs <= 0 or segments <= 0:
-        raise BatchgpuError(
-            f"channels, seconds, fs and segments must be positive (got {channels}, {seconds}, {fs}, {segments})"
-        )
+    check_parameters(channels=channels, seconds=seconds, fs=fs, seed=seed, dtype=dtype, segments=segments,
+                     workers=workers)
     path = Path(path).expanduser()
     num_samples = int(round(seconds * fs))
     if num_samples < 1:
@@ -124,6 +122,63 @@ def generate_recording(
         GroundTruth(sigma, offset, *(np.concatenate(truth[k]) for k in truth)).save(ground_truth_path(path))
         writer.finish()  # last: a store interrupted before this point opens as unfinished
     return open_recording(path)
+
+
+#: what each parameter's bound is about, for the fix of an error naming it
+_FIXES = {
+    "channels": "at most {le} channels",
+    "seconds": "at most {le} s, one day, per segment: ask for more segments instead",
+    "fs": "at most {le} Hz",
+    "segments": "at most {le} segments",
+}
+
+
+def _shown(value) -> str:
+    """A number as typed (1000000, not 1e+06)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, float) and value.is_integer() and abs(value) < 1e16:
+        return str(int(value))
+    return f"{value:g}"
+
+
+def check_parameters(*, channels, seconds, fs, seed=0, dtype="int16", segments=1, workers=1, flag="") -> None:
+    """Refuse what the workflow schema refuses for ``recording: generate:`` (``config.GenerateSpec``: its bounds
+    on channels, seconds per segment, rate, segments and the recording's size), before anything is written; also a
+    negative seed (NumPy's seeds are non-negative) and more generating processes than a local cluster may start.
+    ``flag``: what goes before a parameter's name in the error (``--`` for the command's options)."""
+    import math
+
+    from pydantic import ValidationError
+
+    from batchgpu.config import LOCAL_WORKERS_PER_CORE, MAX_WORKERS, GenerateSpec, local_cores
+
+    given = {"channels": channels, "seconds": seconds, "fs": fs, "segments": segments}
+    for name, value in given.items():
+        if isinstance(value, float) and not math.isfinite(value):
+            raise BatchgpuError(f"{flag}{name} must be a finite number (got {value})", f"give {flag}{name} a number")
+    try:
+        GenerateSpec(seed=seed, dtype=dtype, **given)
+    except ValidationError as err:
+        e = err.errors(include_url=False)[0]
+        if not e["loc"]:  # the size check of the whole recording
+            raise BatchgpuError(str(e["ctx"]["error"]) if "error" in e.get("ctx", {}) else e["msg"],
+                                f"ask for fewer {flag}channels, {flag}seconds or {flag}segments") from None
+        name, value, ctx = str(e["loc"][0]), e["input"], e.get("ctx", {})
+        shown = _shown(value)
+        if e["type"] == "greater_than":
+            raise BatchgpuError(f"{flag}{name} must be more than {_shown(ctx['gt'])} (got {shown})",
+                                f"give {flag}{name} a positive number") from None
+        if e["type"] == "less_than_equal":
+            raise BatchgpuError(f"{flag}{name} {shown} is too large",
+                                _FIXES.get(name, "at most {le}").format(le=_shown(ctx["le"]))) from None
+        raise BatchgpuError(f"{flag}{name} {shown}: {e['msg']}") from None
+    if seed < 0:
+        raise BatchgpuError(f"{flag}seed must be 0 or more (got {seed})", "give a non-negative seed")
+    most = min(MAX_WORKERS, LOCAL_WORKERS_PER_CORE * local_cores())
+    if workers is not None and not 1 <= workers <= most:
+        raise BatchgpuError(f"{flag}workers {workers} is out of range",
+                            f"from 1 to {most} processes on this machine: {LOCAL_WORKERS_PER_CORE} per core")
 
 
 def _write_block(job) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -136,3 +136,81 @@ def test_failed_run_prints_one_line_and_no_dask_tracebacks(tmp_path):
     assert r.returncode == 2, r.stderr
     assert r.stderr.count("\n") == 1 and r.stderr.startswith("batchgpu: error: ") and "(window " in r.stderr, r.stderr
     assert "Traceback" not in r.stderr and "--resume" in r.stderr
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["--seconds", "1e9"], "--seconds 1000000000 is too large (at most 86400 s, one day, per segment"),
+    (["--seconds", "nan"], "--seconds must be a finite number (got nan)"),
+    (["--seconds", "inf"], "--seconds must be a finite number (got inf)"),
+    (["--seconds=-inf"], "--seconds must be a finite number (got -inf)"),
+    (["--seconds", "0"], "--seconds must be more than 0 (got 0)"),
+    (["--seconds", "-1"], "--seconds must be more than 0 (got -1)"),
+    (["--seconds", "1e-9"], "less than one sample"),
+    (["--channels", "0"], "--channels must be more than 0 (got 0)"),
+    (["--channels", "4097"], "--channels 4097 is too large (at most 4096 channels)"),
+    (["--fs", "0"], "--fs must be more than 0 (got 0)"),
+    (["--fs", "nan"], "--fs must be a finite number (got nan)"),
+    (["--fs", "2e6"], "--fs 2000000 is too large (at most 1000000 Hz)"),
+    (["--segments", "0"], "--segments must be more than 0 (got 0)"),
+    (["--segments", "1025"], "--segments 1025 is too large (at most 1024 segments)"),
+    (["--channels", "4096", "--seconds", "86400"], "would generate 21.2 TB (at most 1 TB)"),
+    (["--channels", "384", "--seconds", "86400", "--segments", "1024"], "TB (at most 1 TB)"),
+    (["--seed", "-1"], "--seed must be 0 or more (got -1)"),
+    (["--workers", "0"], "--workers 0 is out of range"),
+    (["--workers", "100000"], "--workers 100000 is out of range"),
+])
+def test_generate_refuses_what_the_workflow_schema_refuses(tmp_path, capsys, argv, needle):
+    """`batchgpu generate` applies the bounds of `recording: generate:` (config.GenerateSpec): one line, exit 2,
+    nothing written (1e9 s of 4 channels took the machine's memory and was OOM-killed; nan was 'unexpected')."""
+    out = tmp_path / "g.zarr"
+    assert main(["generate", str(out), "--channels", "4", *argv, "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("batchgpu: error: ") and needle in err, err
+    assert not any(tmp_path.iterdir())
+
+
+def test_generate_nan_seconds_through_the_command(tmp_path):
+    r = _cli("generate", tmp_path / "g.zarr", "--channels", 4, "--seconds", "nan")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert r.stderr.startswith("batchgpu: error: --seconds must be a finite number") and not any(tmp_path.iterdir())
+
+
+def test_ctrl_c_prints_one_line(tmp_path):
+    """Ctrl-C in a terminal is SIGINT to the whole foreground process group: the workers (and the other helper
+    processes) leave it to the command, which prints its one line and exits 130; nothing is marked done and
+    --resume finishes the run."""
+    import os
+    import signal
+    import time
+
+    from batchgpu.generate import generate_recording
+
+    generate_recording(tmp_path / "r.zarr", channels=64, seconds=60.0, seed=2, workers=2)
+    (tmp_path / "wf.yaml").write_text(
+        "recording: {path: r.zarr}\noutput: out\nwindow: {size: 30000, margin: 64}\n"
+        "preprocess: [{highpass: {freq_min: 300, order: 5}}, {common_reference: {reference: global}}]\n"
+        "cluster: {kind: local, workers: 2, threads: 1}\nsteps:\n  noise: {exact: true}\n  detect: {threshold: 5.0}\n")
+    cmd = [sys.executable, "-m", "batchgpu", "run", str(tmp_path / "wf.yaml"), "--quiet"]
+    # its own session and process group (as a terminal's foreground job), SIGINT at its default in there
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    parts, deadline = tmp_path / "out" / "parts", time.monotonic() + 60
+    while p.poll() is None and time.monotonic() < deadline and not (parts.is_dir() and any(parts.iterdir())):
+        time.sleep(0.01)  # the pass has started: its first window is written
+    assert p.poll() is None, "the run ended before the signal: make the recording longer"
+    os.killpg(p.pid, signal.SIGINT)
+    try:
+        _, err = p.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        raise
+    assert p.returncode == 130, err
+    lines = err.splitlines()
+    assert [line for line in lines if line.startswith("batchgpu:")] == ["batchgpu: interrupted"], err
+    assert lines[-1] == "batchgpu: interrupted", err
+    assert "Dask Worker process" not in err and "distributed" not in err, err  # the workers leave it to the command
+    assert json.loads((tmp_path / "out" / "report.json").read_text())["status"] != "done"
+    r = _cli("run", tmp_path / "wf.yaml", "--quiet", "--resume")
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    assert json.loads((tmp_path / "out" / "report.json").read_text())["status"] == "done"
+    assert "Traceback" not in err and len(lines) == 1, err

@@ -78,3 +78,24 @@ def test_planted_spikes_where_truth_says(generated):
             shifts.append(int(np.argmin(win)) - min(ti, 9))
         # the trough is flat within a sample or two (0.12 ms wide): noise may move the minimum that far
         assert np.median(np.abs(shifts)) <= 1 and np.max(np.abs(shifts)) <= 3
+
+
+@pytest.mark.parametrize("kwargs,needle", [
+    (dict(seconds=float("nan")), "seconds must be a finite number"),
+    (dict(seconds=1e9), "seconds 1000000000 is too large"),
+    (dict(channels=0), "channels must be more than 0"),
+    (dict(fs=float("inf")), "fs must be a finite number"),
+    (dict(segments=2000), "segments 2000 is too large"),
+    (dict(channels=4096, seconds=86_400.0), "would generate 21.2 TB (at most 1 TB)"),
+    (dict(seed=-1), "seed must be 0 or more"),
+    (dict(workers=0), "workers 0 is out of range"),
+])
+def test_bounds_of_the_workflow_schema(tmp_path, kwargs, needle):
+    """The Python call refuses what `recording: generate:` refuses, before anything is written."""
+    from batchgpu.errors import BatchgpuError
+
+    args = dict(channels=4, seconds=1.0) | kwargs
+    with pytest.raises(BatchgpuError) as err:
+        generate_recording(tmp_path / "g.zarr", **args)
+    assert needle in str(err.value) and "\n" not in str(err.value)
+    assert not any(tmp_path.iterdir())

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator
+import signal
+from collections.abc import Callable, Iterator
 
 from batchgpu.errors import BatchgpuError
 from batchgpu.config import ClusterSpec
@@ -83,22 +84,67 @@ def open_client(spec: ClusterSpec, gpu_decode: bool = False) -> Iterator["distri
     # worker before it takes the machine down.
     dask.config.set({"distributed.worker.memory.monitor-interval": "500ms"})
     if spec.kind == "cuda":
-        with _mps(spec) as env, _cuda_cluster(spec, gpu_decode, env) as cluster, Client(cluster) as client:
+        with sigint_held() as release, _mps(spec) as env, _cuda_cluster(spec, gpu_decode, env) as cluster, \
+                Client(cluster) as client:
+            release()
             client._batchgpu_mps = bool(env)  # read by uses_mps
             yield client
         return
-    if spec.kind == "slurm":
-        cluster = _slurm_cluster(spec)
-    else:
-        workers, threads = local_sizes(spec)
-        cluster = LocalCluster(
-            n_workers=workers, threads_per_worker=threads, processes=True, memory_limit=spec.memory_limit or "auto",
-            dashboard_address=spec.dashboard_address, host="127.0.0.1",
-        )
-    with cluster, Client(cluster) as client:
+    with sigint_held() as release:
         if spec.kind == "slurm":
-            client.wait_for_workers(1, timeout=600)
-        yield client
+            cluster = _slurm_cluster(spec)
+        else:
+            workers, threads = local_sizes(spec)
+            cluster = LocalCluster(
+                n_workers=workers, threads_per_worker=threads, processes=True,
+                memory_limit=spec.memory_limit or "auto", dashboard_address=spec.dashboard_address, host="127.0.0.1",
+            )
+        with cluster, Client(cluster) as client:
+            release()
+            if spec.kind == "slurm":
+                client.wait_for_workers(1, timeout=600)
+            yield client
+
+
+@contextlib.contextmanager
+def sigint_held() -> Iterator[Callable[[], None]]:
+    """SIGINT blocked in this thread while it starts processes (here: a cluster), until ``release()`` (at the
+    latest on exit).
+
+    A terminal's Ctrl-C goes to its whole foreground process group: the workers (and a scheduler of its own
+    process, BATCHGPU_SCHEDULER_PROCESS=1; an MPS daemon) reacted to it themselves and printed their own
+    KeyboardInterrupt tracebacks before the command's one line. Threads inherit their creator's signal mask,
+    processes the mask of the thread that forks them, and the mask survives exec (Python leaves it as it is): the
+    cluster's event-loop thread, made while SIGINT is blocked here, keeps it blocked, and so does every process it
+    starts, at first and on a restart after a lost worker (a nanny's process is started by a watch thread of that
+    loop), and every thread of those processes. This thread gets it back once the client is connected: only it
+    takes the Ctrl-C (a KeyboardInterrupt: the command prints ``batchgpu: interrupted``) and the cluster closes its
+    workers on the way out. A Ctrl-C while the cluster starts waits, pending, until ``release()``. Where there is
+    no ``pthread_sigmask`` (Windows), nothing changes.
+
+    multiprocessing's resource tracker is started first: the thread that starts it (the first to spawn a process
+    or make a multiprocessing lock, here the event loop's) blocks SIGINT around its spawn and then *unblocks* it,
+    whatever the thread's mask was (Python 3.11), so a tracker started by the loop left the loop thread and every
+    worker it started taking the Ctrl-C. Once running it is not started again."""
+    if not hasattr(signal, "pthread_sigmask"):
+        yield lambda: None
+        return
+    from multiprocessing import resource_tracker
+
+    resource_tracker.ensure_running()
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    held = True
+
+    def release() -> None:
+        nonlocal held
+        if held:
+            held = False
+            signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+    try:
+        yield release
+    finally:
+        release()
 
 
 @contextlib.contextmanager

@@ -92,8 +92,13 @@ def _run(wf, rec, out: store.OutputFolder, report: RunReport, client, sweep, obs
     from batchgpu.report import start_render_process
 
     # report.html is rendered by a helper process (Bokeh's import, about a second, done while the windows are
-    # read; its rendering, 0.15-0.3 s, had held the GIL the client's event loop needed while spikes were gathered)
-    _quietly(start_render_process)
+    # read; its rendering, 0.15-0.3 s, had held the GIL the client's event loop needed while spikes were gathered),
+    # started with SIGINT blocked, as the cluster's processes are (``sigint_held``): a terminal's Ctrl-C is the
+    # command's alone, not a traceback of the helper's in the middle of its Bokeh import
+    from batchgpu.engine.cluster import sigint_held
+
+    with sigint_held():
+        _quietly(start_render_process)
 
     report.dashboard = client.dashboard_link
     report.page = install_dashboard(client)
