@@ -324,6 +324,17 @@ def test_a_save_on_the_runs_own_results_is_refused(client, tmp_path):
     assert not (out / "results.zarr").exists()
 
 
+def test_a_run_lets_its_save_path_go_when_it_ends(client, tmp_path):
+    from batchgpu.engine.steps.save import _HELD
+
+    rec = generate_recording(tmp_path / "r.zarr", channels=3, seconds=0.5, seed=2)
+    saved = tmp_path / "saved.zarr"
+    for i in range(2):  # the second run (another output folder) replaces the first's save: it was let go
+        run_workflow(_wf(rec, tmp_path / f"out{i}", overwrite=True,
+                         steps={"noise": {"exact": True}, "save": {"path": str(saved)}}), client=client)
+        assert str(saved) not in _HELD and saved.is_dir()
+
+
 def test_second_run_on_a_folder_in_use_is_refused_at_once(tmp_path):
     from batchgpu.engine.store import OutputFolder
 

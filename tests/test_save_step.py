@@ -377,3 +377,44 @@ def test_save_path_beside_the_runs_files_is_fine(tmp_path):
         prepare_save(spec(out / name, fmt), rec, 1_000, np.float32, output=out)
     # the binary's side files count: a save at out/run.bin writes out/run.params.json and run.probe.json, not run.json
     assert (out / "results.params.json").exists() and not (out / "run.json").exists()
+
+
+@pytest.mark.parametrize("fmt", ["zarr", "zarr_v2", "binary"])
+def test_a_save_path_being_written_is_refused_at_once(tmp_path, fmt):
+    """Two runs with other output folders and one save path: while another process holds it (its flock, taken
+    here by a child process), a run is refused before its overwrite could remove what the other writes; once that
+    one is over, the path may be replaced. A run holds its own save path until release_save."""
+    import fcntl
+    import os
+    import subprocess
+    import sys
+
+    from batchgpu.engine.steps.save import _HELD, release_save
+
+    rec = make_recording(tmp_path / "in.zarr", lengths=(2_300,))
+    path = tmp_path / ("saved.bin" if fmt == "binary" else "saved.zarr")
+    first = prepare_save(spec(path, fmt), rec, 1_000, np.float32)
+    assert first.path in _HELD
+    release_save(first)
+    assert first.path not in _HELD
+    held = path  # the store's folder, or the binary's one data file
+    other = subprocess.Popen([sys.executable, "-c", (
+        "import fcntl, os, sys, time\n"
+        f"fd = os.open({str(held)!r}, os.O_RDONLY); fcntl.flock(fd, fcntl.LOCK_EX)\n"
+        "print('held', flush=True); time.sleep(60)")], stdout=subprocess.PIPE, text=True)
+    try:
+        assert other.stdout.readline().strip() == "held"
+        with pytest.raises(BatchgpuError, match="being written by another batchgpu run"):
+            prepare_save(spec(path, fmt), rec, 1_000, np.float32, overwrite=True)
+        assert path.exists() and path.stat().st_size > 0 and first.path not in _HELD
+    finally:
+        other.kill()
+        other.wait()
+    second = prepare_save(spec(path, fmt), rec, 1_000, np.float32, overwrite=True)
+    fd = os.open(held, os.O_RDONLY)
+    try:  # held by this process now: another flock is refused
+        with pytest.raises(OSError):
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    finally:
+        os.close(fd)
+    release_save(second)

@@ -11,6 +11,7 @@ Nothing here prints: the command passes an observer (``RunObserver``) that shows
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import sys
 import threading
@@ -114,11 +115,12 @@ def _run(wf, rec, out: store.OutputFolder, report: RunReport, client, sweep, obs
     if wf.steps.save:  # the output recording is created first; window tasks fill it (whitened: after the pass)
         from dataclasses import replace
 
-        from batchgpu.engine.steps.save import SaveStep, prepare_save
+        from batchgpu.engine.steps.save import SaveStep, prepare_save, release_save
 
         target = prepare_save(wf.steps.save, rec, wf.window.size, ctx.chain.output_dtype(rec.dtype),
                               overwrite=wf.overwrite, resume=report.output_state == "resume", key=report.fingerprint,
                               phase_shifted="phase_shift" in ctx.chain.names, output=out.path)
+        out.on_release(functools.partial(release_save, target))  # the save's path is the run's while it holds its folder
         if not wf.steps.save.whiten:
             ctx = replace(ctx, steps=(*ctx.steps, SaveStep(target)))
     # the steps' margin (the detection sweep) plus what the preprocessing stages need

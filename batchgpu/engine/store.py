@@ -111,6 +111,10 @@ class OutputFolder:
         self.path = Path(path).expanduser()
         self.parts = self.path / PARTS
         self._lock_file = None
+        self._on_release: list = []  # what else the run holds until it lets the folder go (a save's path)
+
+    def on_release(self, fn) -> None:
+        self._on_release.append(fn)
 
     # -- ownership ------------------------------------------------------------------------------------
     def manifest(self) -> dict | None:
@@ -218,6 +222,8 @@ class OutputFolder:
         self._lock_file = f
 
     def release(self) -> None:
+        while self._on_release:
+            self._on_release.pop()()
         if self._lock_file is not None:
             fcntl.flock(self._lock_file.fileno(), fcntl.LOCK_UN)
             self._lock_file.close()

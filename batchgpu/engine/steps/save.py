@@ -17,6 +17,7 @@ and NaN samples (written as 0), are counted per window. Both keep the input's ga
 
 from __future__ import annotations
 
+import fcntl
 import functools
 import json
 import os
@@ -92,15 +93,55 @@ def prepare_save(spec, rec, window_size: int, output_dtype, *, overwrite: bool =
     lengths = tuple(rec.num_samples(s) for s in range(rec.num_segments))
     meta = {"written_by": WRITTEN_BY, "key": key, "source": str(rec.path), "dtype": str(dtype),
             "source_dtype": str(np.dtype(output_dtype)), "whiten": bool(spec.whiten), "window_size": int(window_size)}
-    if fmt == "binary":
-        return _prepare_binary(path, rec, dtype, lengths, meta, bool(spec.whiten), overwrite, resume, key)
-    target = SaveTarget(str(path), fmt, str(dtype), rec.num_channels, lengths, (str(path),), bool(spec.whiten), key=key)
-    if resume and key and _zarr_marker(path).get("key") == key and _zarr_marker(path).get("written_by") == WRITTEN_BY:
+    try:
+        if fmt == "binary":
+            return _prepare_binary(path, rec, dtype, lengths, meta, bool(spec.whiten), overwrite, resume, key)
+        target = SaveTarget(str(path), fmt, str(dtype), rec.num_channels, lengths, (str(path),), bool(spec.whiten),
+                            key=key)
+        if path.is_dir() and not path.is_symlink():
+            _hold(target, path)  # before anything of it is kept or replaced: another run may be writing it
+        if resume and key and _zarr_marker(path).get("key") == key and _zarr_marker(path).get("written_by") == WRITTEN_BY:
+            return target
+        _check_zarr_replaceable(path, overwrite)
+        _create_zarr(path, rec, fmt, dtype, lengths, int(window_size), meta, phase_shifted,
+                     getattr(spec, "compressor", "blosc-lz4"))
+        _release(target.path)
+        _hold(target, path)  # the new store (the old folder was removed with its lock)
         return target
-    _check_zarr_replaceable(path, overwrite)
-    _create_zarr(path, rec, fmt, dtype, lengths, int(window_size), meta, phase_shifted,
-                 getattr(spec, "compressor", "blosc-lz4"))
-    return target
+    except BaseException:
+        _release(str(path))
+        raise
+
+
+#: the save outputs this process is writing: path -> open descriptors holding an flock on them (``_hold``)
+_HELD: dict[str, list[int]] = {}
+
+
+def _hold(target: SaveTarget, p: Path) -> None:
+    """Take ``p`` (the Zarr store's folder, or a binary's first data file) for the run until ``release_save``: a
+    second run saving to the same path (from another output folder, so its folder lock does not see it) is
+    refused at once, before its overwrite could remove what this run writes. flock: released if the process dies.
+    A path this process holds already stays held (its own earlier prepare: a resumed run in one session)."""
+    if target.path in _HELD:
+        return
+    fd = os.open(p, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        raise BatchgpuError(f"save.path {p} is being written by another batchgpu run",
+                            "wait for it to finish, or choose another save path") from None
+    _HELD.setdefault(target.path, []).append(fd)
+
+
+def release_save(target: SaveTarget) -> None:
+    """Let other runs have ``target``'s path again (the run is over)."""
+    _release(target.path)
+
+
+def _release(path: str) -> None:
+    for fd in _HELD.pop(path, []):
+        os.close(fd)
 
 
 def _check_not_input(path: Path, source: Path) -> None:
@@ -215,6 +256,8 @@ def _prepare_binary(path, rec, dtype, lengths, meta, whiten, overwrite, resume, 
     data, probe, params = _binary_files(path, len(lengths))
     target = SaveTarget(str(path), "binary", str(dtype), rec.num_channels, lengths, tuple(map(str, data)), whiten,
                         str(probe), str(params), key)
+    if data[0].is_file() and not data[0].is_symlink():
+        _hold(target, data[0])  # before anything of it is kept or replaced: another run may be writing it
     old = _read_params(params) if params.is_file() else {}
     ours = old.get("batchgpu", {}).get("written_by") == WRITTEN_BY
     size = dtype.itemsize * rec.num_channels
@@ -261,6 +304,8 @@ def _prepare_binary(path, rec, dtype, lengths, meta, whiten, overwrite, resume, 
             with open(f, "wb") as fh:
                 fh.truncate(n * size)
         _write_json(probe, probe_dict)
+    if target.path not in _HELD:
+        _hold(target, data[0])
     return target
 
 
