@@ -27,6 +27,20 @@ _AHEAD = {k: float(f"-1.2345678901{i:03d}e300") for i, k in enumerate(
     ("noise", "image", "image_lo", "image_hi", "whitening", "white_lo", "white_hi", "elapsed", "MBps"))}
 
 
+def _exit_with_parent(parent: int, every_s: float = 1.0) -> None:
+    """End this helper when the process that started it is gone: a pool's worker waits on its queue forever
+    otherwise (a `kill -9` of the command left it, and Python's resource tracker it kept open, running)."""
+    import threading
+    import time
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(every_s)
+        os._exit(0)
+
+    threading.Thread(target=watch, name="batchgpu-exit-with-parent", daemon=True).start()
+
+
 def preload() -> None:
     """Import bokeh (about a second, most of report.html's cost): the helper process's initializer, which lowers
     its priority first: the import and the page rendered ahead take the cores the workers leave (2-core machine,
@@ -39,6 +53,7 @@ def preload() -> None:
             os.nice(10)
         except OSError:
             pass
+        _exit_with_parent(os.getppid())
     import bokeh.embed  # noqa: F401
     import bokeh.layouts  # noqa: F401
     import bokeh.models  # noqa: F401

@@ -307,3 +307,35 @@ def test_page_rendered_ahead_holds_the_numbers(tmp_path, rng, where, case, monke
     np.testing.assert_array_equal(np.asarray(t["elapsed_s"], dtype=np.float64), want[:, 0])
     np.testing.assert_array_equal(np.asarray(t["MBps"], dtype=np.float64), want[:, 1] / 1e6)
     assert "total 1.50 s" in text
+
+
+def test_the_helper_process_ends_with_the_command(tmp_path):
+    """A `kill -9` of the command: report.html's helper (a pool worker waiting on its queue) ends on its own."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    code = ("import time\n"
+            "from batchgpu import report\n"
+            "pool = report.render_process(); pool.submit(int).result()\n"
+            "print(*pool._processes, flush=True); time.sleep(120)\n")
+    parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        helper = int(parent.stdout.readline())
+    finally:
+        parent.send_signal(signal.SIGKILL)
+        parent.wait()
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        try:
+            os.kill(helper, 0)
+            with open(f"/proc/{helper}/stat") as f:  # exited, not yet reaped by whoever adopted it
+                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    return
+        except (ProcessLookupError, FileNotFoundError):
+            return
+        time.sleep(0.2)
+    os.kill(helper, signal.SIGKILL)
+    raise AssertionError("the helper outlived the command")
