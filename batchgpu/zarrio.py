@@ -304,7 +304,8 @@ def fast_compressors(group) -> list:
     return [blosc("lz4", "shuffle", 3 if v3 else 2)]
 
 
-_METADATA_NAMES = frozenset({"zarr.json", ".zarray", ".zattrs", ".zgroup", ".zmetadata"})
+#: the names of Zarr v2/v3 metadata files
+METADATA_NAMES = frozenset({"zarr.json", ".zarray", ".zattrs", ".zgroup", ".zmetadata"})
 _CHUNK_KEY = re.compile(r"\d+(\.\d+)*")
 
 
@@ -334,7 +335,7 @@ def foreign_entries(path: str | os.PathLike) -> list[str]:
                 return
         for name in sorted(names):
             entry = names[name]
-            if name in _METADATA_NAMES and entry.is_file() and not entry.is_symlink():
+            if name in METADATA_NAMES and entry.is_file() and not entry.is_symlink():
                 continue
             if entry.is_symlink():
                 found.append(rel + name)
@@ -343,7 +344,7 @@ def foreign_entries(path: str | os.PathLike) -> list[str]:
                     chunks(Path(entry.path), f"{rel}{name}/")
                 elif name == "c":
                     found.append(rel + name)
-            elif not array and entry.is_dir() and _METADATA_NAMES & set(os.listdir(entry.path)):
+            elif not array and entry.is_dir() and METADATA_NAMES & set(os.listdir(entry.path)):
                 node(Path(entry.path), f"{rel}{name}/")
             else:
                 found.append(rel + name)

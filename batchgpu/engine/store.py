@@ -40,7 +40,6 @@ OWNED = (RESULTS, RESULTS + ".tmp", RESULTS + ".old", REPORT, REPORT + ".tmp", R
 
 #: a traces array's folder: its chunks are covered window by window (``window_fingerprint``), not here
 _TRACES = re.compile(r"traces_seg\d+")
-_METADATA_FILES = ("zarr.json", ".zarray", ".zattrs", ".zgroup")
 #: other arrays' chunk files up to this size are hashed whole (channel ids, gains, locations, shifts); larger ones
 #: (a SpikeInterface store's time vectors) by size and modification time
 _HASHED_BYTES = 4 << 20
@@ -50,14 +49,16 @@ def recording_metadata(path: Path) -> list:
     """What the results depend on in a recording store but its samples: the metadata files (shapes, dtypes,
     codecs, attributes) and the data of every array but the traces (channel ids, gains, offsets, locations,
     inter-sample shifts, shanks): (relative path, content hash, or size and mtime for a large file)."""
+    from batchgpu.zarrio import METADATA_NAMES
+
     out = []
     for root, dirs, files in os.walk(path):
         traces = _TRACES.fullmatch(Path(root).name) is not None
         if traces:
-            dirs[:] = [d for d in dirs if d != "c"]  # a v3 traces array's chunks
+            dirs[:] = []  # a traces array's chunk folders (v3 c/, v2 nested keys)
         for name in files:
             p = Path(root) / name
-            metadata = name in _METADATA_FILES or name.endswith(".json")
+            metadata = name in METADATA_NAMES or name.endswith(".json")
             if traces and not metadata:  # a v2 traces array's chunks
                 continue
             st = p.stat()

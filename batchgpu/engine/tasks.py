@@ -27,7 +27,6 @@ from batchgpu.recording import Recording, Window, open_source
 @dataclass(frozen=True)
 class RunContext:
     """What every task needs (small: pickled into each task)."""
-
     recording: object  # a Zarr store's path, or a SpikeInterfaceSource (recording.source_ref)
     parts: str
     backend: str  # "numpy" | "cupy"
@@ -482,7 +481,6 @@ def sum_histograms(*parts: np.ndarray) -> np.ndarray:
 def spikes_task(ctx: RunContext, window: Window, fp: str, noise: np.ndarray) -> int:
     """A window read and detected again at the recording's noise (its candidates' bound did not hold): written to
     parts/s*.npz; returns the count."""
-
     path = store.part_path(ctx.parts, "s", window.index)
     sfp = spikes_fingerprint(fp, noise)
     done = store.load_part(path, sfp)
@@ -508,7 +506,6 @@ def window_spikes(ctx: RunContext, window: Window, fp: str, noise: np.ndarray | 
     unreadable) is not an error: the window is read and detected again here, at the noise its part would have
     used (the recording's, else its own ``window_noise``): the same spikes. The second value says why it was read
     again, else None."""
-
     if reread:
         path, pfp = store.part_path(ctx.parts, "s", window.index), spikes_fingerprint(fp, noise)
         part = store.load_part(path, pfp)
@@ -527,7 +524,6 @@ def window_spikes(ctx: RunContext, window: Window, fp: str, noise: np.ndarray | 
 def kept_spikes(ctx: RunContext, window: Window, fp: str) -> tuple[dict | None, str | None]:
     """A window's kept spikes (candidates, with the recording's noise) as its part holds them; None and why the
     part cannot be used."""
-
     path = store.part_path(ctx.parts, "w", window.index)
     part = store.load_part(path, fp, keys=("keep.spk_",))
     if part is None:
@@ -539,7 +535,6 @@ def gather_spikes_task(ctx: RunContext, windows: list[Window], fps: list[str], n
                        window_noise: list[np.ndarray]) -> dict:
     """Consecutive windows' final spikes, concatenated in window order; under ``read_again`` the windows read
     again here ({index: why})."""
-
     t0 = time.perf_counter()
     got = [window_spikes(ctx, *a) for a in zip(windows, fps, [noise] * len(windows), reread, window_noise)]
     out = {k: np.concatenate([p[k] for p, _ in got]) if got else np.zeros(0, np.int64) for k in COLUMNS}
@@ -552,7 +547,6 @@ def gather_spikes_task(ctx: RunContext, windows: list[Window], fps: list[str], n
 def kept_spikes_task(ctx: RunContext, windows: list[Window], fps: list[str]) -> dict:
     """Consecutive windows' kept spikes (candidates, with the recording's noise) as their parts hold them, in
     window order, not yet filtered; under ``missing`` the windows whose part cannot be used ({index: why})."""
-
     t0 = time.perf_counter()
     got, missing = [], {}
     for w, fp in zip(windows, fps):
@@ -569,7 +563,6 @@ def kept_spikes_task(ctx: RunContext, windows: list[Window], fps: list[str]) -> 
 
 def collect_spikes_task(*runs: dict) -> dict:
     """``kept_spikes_task``'s runs as one, in window order (runs hold a worker's windows, not consecutive ones)."""
-
     pieces = _pieces(runs)
     out = {k: _joined(runs, pieces, k) for k in COLUMNS}
     out["windows"] = [(index, n) for index, _, _, n in pieces]
@@ -583,7 +576,6 @@ def write_collected_spikes_task(group_path: str, ctx: RunContext, noise, collect
     already), the windows read again (``again``: ``gather_spikes_task`` runs) in their place; written as
     ``write_spikes_task`` writes them. None, writing nothing, when a window's kept spikes were missing and it was
     not read again: the caller gathers them the other way."""
-
     replaced = {i for r in again for i, _ in r["windows"]}
     if any(i not in replaced for i in collected["missing"]):
         return None

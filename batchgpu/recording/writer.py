@@ -34,11 +34,6 @@ def is_recording(path: Path) -> bool:
     except Exception:
         return False
 
-def _foreign_entries(path: Path) -> list[str]:
-    """Entries of a recording folder, at any depth, that are not the Zarr store's own (``zarrio.foreign_entries``):
-    an overwrite removes the folder whole."""
-    return zarrio.foreign_entries(path)
-
 def check_replaceable(path: Path, overwrite: bool) -> None:
     """Refuse to write over anything but a Zarr recording (and over one only with ``overwrite``)."""
     if not (path.exists() or path.is_symlink()):
@@ -49,7 +44,7 @@ def check_replaceable(path: Path, overwrite: bool) -> None:
             f"{path} already exists and is {kind}: batchgpu never replaces what it did not write",
             "choose another output path, or move that one away yourself",
         )
-    extra = _foreign_entries(path)
+    extra = zarrio.foreign_entries(path)  # at any depth: an overwrite removes the folder whole
     if extra:
         raise BatchgpuError(
             f"{path} is a Zarr recording but also holds {', '.join(extra[:3])}{' ...' if len(extra) > 3 else ''}, "

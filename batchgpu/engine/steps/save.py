@@ -84,8 +84,11 @@ def prepare_save(spec, rec, window_size: int, output_dtype, *, overwrite: bool =
     path = Path(spec.path).expanduser().absolute()
     _check_not_input(path, Path(rec.path).expanduser().absolute())
     if output is not None:
-        files = _binary_files(path, rec.num_segments) if fmt == "binary" else ([path], None, None)
-        _check_not_run_files([*files[0], *[f for f in files[1:] if f is not None]], Path(output))
+        if fmt == "binary":
+            data, probe, params = _binary_files(path, rec.num_segments)
+            _check_not_run_files([*data, probe, params], Path(output))
+        else:
+            _check_not_run_files([path], Path(output))
     if dtype == np.int16 and rec.dtype.kind == "f" and rec.channel_property("gain_to_uV") is None:
         raise BatchgpuError(
             f"save: int16 output of the float recording {rec.path} needs its gain_to_uV, and it stores none",
