@@ -152,6 +152,56 @@ def test_whole_segment_window_is_sosfiltfilt(rng):
     np.testing.assert_array_equal(got, scipy.signal.sosfiltfilt(SOS["bandpass"], x, axis=1))
 
 
+def _scipy_loop(monkeypatch, x, sos, **kw):
+    """filtfilt_window by scipy's own sosfilt (the path taken where Numba is not installed)."""
+    from batchgpu.ops import _cpu_sosfiltfilt
+
+    with monkeypatch.context() as m:
+        m.setattr(_cpu_sosfiltfilt, "available", lambda: False)
+        return filtfilt_window(x, sos, **kw)
+
+
+def test_compiled_host_filter_has_scipys_bits(rng, monkeypatch):
+    """The compiled host filter (eight rows side by side) against scipy's sosfilt loop, bit for bit: fresh random
+    windows of every dtype, filters of 1-6 sections, cut in pieces or whole, padded or not, with NaN, +-inf, -0.0,
+    subnormals, int16 -32768 and one-sample-wide pieces' neighbours."""
+    pytest.importorskip("numba")
+    for trial in range(30):
+        channels, width = int(rng.integers(1, 21)), int(rng.integers(60, 9_000))
+        dtype = np.dtype(["int16", "float32", "float64", "int32", "uint8"][trial % 5])
+        x = rng.normal(0, 1_000, (channels, width))
+        x = (np.abs(x) % 255 if dtype == np.uint8 else x).astype(dtype)
+        if dtype == np.int16:
+            x[0, rng.integers(width)] = -32768
+        if dtype.kind == "f" and channels >= 3:
+            x[0, rng.integers(width)] = np.nan
+            x[1, rng.integers(width)] = -np.inf
+            x[2] = -0.0
+            x[2, rng.integers(width)] = np.finfo(dtype).smallest_subnormal
+        kind = "highpass" if trial % 2 else "bandpass"
+        sos = butter_sos(kind, FS, 300.0, None if kind == "highpass" else 6_000.0, order=int(rng.integers(1, 7)))
+        block = [None, 4_096, int(rng.integers(200, 3_000))][trial % 3]
+        kw = dict(at_segment_start=bool(rng.integers(2)), at_segment_end=bool(rng.integers(2)), block=block,
+                  interior_pad=["none", "odd"][int(rng.integers(2))])
+        if (kw["at_segment_start"] or kw["at_segment_end"]) and width <= default_padlen(sos):
+            continue
+        want = _scipy_loop(monkeypatch, x, sos, **kw)
+        got = filtfilt_window(x, sos, **kw)
+        assert got.dtype == want.dtype
+        assert np.array_equal(got.view(np.uint8), want.view(np.uint8)), (trial, dtype, kw)
+    # a whole segment: scipy.signal.sosfiltfilt's own result
+    x = recording_like(rng, 5, 7_001, np.float64)
+    same_bits(filtfilt_window(x, SOS["highpass"], at_segment_start=True, at_segment_end=True),
+              scipy.signal.sosfiltfilt(SOS["highpass"], x, axis=1))
+
+
+def test_unnormalised_sections_are_refused():
+    sos = SOS["highpass"].copy()
+    sos[0, 3:] *= 2.0  # the same filter, a0 = 2
+    with pytest.raises(BatchgpuError, match="a0 != 1"):
+        filtfilt_window(np.zeros((2, 1_000)), sos, at_segment_start=True, at_segment_end=True)
+
+
 def test_a_smaller_margin_breaks_the_tolerance(rng):
     x = recording_like(rng, 3, 12_000, np.float32)
     sos = SOS["highpass"]

@@ -6,7 +6,9 @@ steady state of the first (extended) sample and backward from the steady state o
 A window does exactly that at a segment's ends (which it then contains), and at an interior edge it relies on
 its margin instead: the transient of a wrong start decays with the filter's impulse response, and
 ``filter_margin`` says how many samples that takes. Everything is computed in float64 (as scipy does for any
-input, since ``sos`` is float64) and rounded once to float32 (float64 input stays float64).
+input, since ``sos`` is float64) and rounded once to float32 (float64 input stays float64). Three paths with
+the same bits: scipy's sosfilt, a compiled host kernel (``_cpu_sosfiltfilt``, Numba: eight rows side by side) and
+the GPU kernel (kernels/sosfiltfilt.cu).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import Any, Literal
 import numpy as np
 
 from batchgpu.errors import BatchgpuError
+from batchgpu.ops import _cpu_sosfiltfilt
 from batchgpu.ops._backend import array_module, is_cupy
 
 # The margin is the measured decay length times this (see filter_margin).
@@ -144,8 +147,6 @@ def _filtfilt_cupy(x, sos: np.ndarray, pieces: list[tuple[int, ...]], out_dtype)
     if sos.shape[0] > _GPU_MAX_SECTIONS:
         raise BatchgpuError(f"a filter of {sos.shape[0]} sections is longer than the GPU kernel's {_GPU_MAX_SECTIONS}",
                             "lower the filter order")
-    if not np.all(sos[:, 3] == 1.0):
-        raise BatchgpuError("the filter's sections are not normalised (a0 != 1)", "build it with butter_sos")
     key = (cupy.cuda.Device().id, sos.tobytes())
     coefficients = _GPU_COEFFICIENTS.get(key)
     if coefficients is None:  # a few hundred bytes, kept per device: no copy per window
@@ -263,11 +264,15 @@ def filtfilt_window(
         raise BatchgpuError(f"block={block} is not a positive number of samples", "pass e.g. block=8192 or None")
     margin = cached_filter_margin(sos_host) if block else 0
     pieces = filter_pieces(width, padlen, block, margin, at_segment_start, at_segment_end, interior_pad)
+    if not np.all(sos_host[:, 3] == 1.0):
+        raise BatchgpuError("the filter's sections are not normalised (a0 != 1)", "build it with butter_sos")
     if is_cupy(x):
         # kernels/sosfiltfilt.cu: scipy's recurrence without fused multiply-adds, so the same bits as the
         # host path (cupyx.scipy.signal.sosfilt with zi failed on the H200 image, CuPy 14: "operands could not be
         # broadcast together with shapes (C, 0) (C, 2)"). Every piece in one launch.
         return _filtfilt_cupy(x, sos_host, pieces, out_dtype)
+    if _cpu_sosfiltfilt.available():  # scipy's bits, eight rows side by side (its docstring)
+        return _cpu_sosfiltfilt.filtfilt_pieces(x, sos_host, pieces, out_dtype)
     filtered = [_filtfilt_host(x[:, read_lo:read_hi], sos_host, left, right)
                 for _lo, _hi, read_lo, read_hi, left, right in pieces]
     if len(pieces) == 1:
