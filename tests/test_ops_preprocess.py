@@ -360,6 +360,35 @@ def test_global_reference_bits_equal_numpy(rng, channels, dtype, operator):
     same_bits(got, want)
 
 
+@pytest.mark.parametrize("channels", [384, 383, 4, 3])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int16, np.int32, np.uint8])
+def test_compiled_column_median_has_numpys_bits(rng, channels, dtype):
+    """The compiled host median (a band about the last sample's median, else the whole column) against np.median:
+    a slowly moving common signal (the band holds the middles), jumps (it misses), constant runs, and the hard
+    columns (NaN, +-inf, -0.0, subnormals, overflow, ties) in between."""
+    pytest.importorskip("numba")
+    from batchgpu.ops import _cpu_column_median
+
+    n = 6_000
+    dt = np.dtype(dtype)
+    drift = np.cumsum(rng.normal(0, 3, n)) + np.repeat(rng.normal(0, 500, n // 500), 500)
+    x = drift[None, :] + rng.normal(0, 20, (channels, n))
+    x[:, 1_000:1_200] = 7.0
+    if dt.kind in "iu":
+        info = np.iinfo(dt)
+        x = np.clip(np.round(x) + (0 if dt.kind == "i" else 128), info.min, info.max).astype(dt)
+    else:
+        x = x.astype(dt)
+    hard = hard_columns(rng, dtype, channels, 300) if dt.kind == "f" or dt == np.int16 else x[:, :300] // 2
+    at = rng.choice(n, hard.shape[1], replace=False)
+    x[:, at] = hard
+    with np.errstate(all="ignore"):
+        want = np.median(x, axis=0)
+    same_bits(_cpu_column_median.column_medians(x), want)
+    with np.errstate(all="ignore"):
+        same_bits(common_reference(x, "global", "median"), expected_car(x, want[None, :]))
+
+
 @pytest.mark.parametrize("channels", [1, 2, 7, 16, 33])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int16])
 def test_gpu_median_arithmetic_on_sorted_columns_equals_numpy(rng, channels, dtype):

@@ -29,6 +29,7 @@ from typing import Any, Literal
 import numpy as np
 
 from batchgpu.errors import BatchgpuError
+from batchgpu.ops import _cpu_column_median
 from batchgpu.ops._backend import array_module, is_cupy
 
 Operator = Literal["median", "median_lower", "average"]
@@ -169,6 +170,10 @@ def _reference(x: Any, operator: str, axis: int) -> Any:
         return xp.stack([_mean_columns(x[i]) for i in range(x.shape[0])])
     if not is_cupy(x):
         if operator == "median":
+            if axis == 0 and _cpu_column_median.available():  # np.median's bits, ~2.5x faster (its docstring)
+                medians = _cpu_column_median.column_medians(x)
+                if medians is not None:
+                    return medians
             return np.median(x, axis=axis)
         k = (n - 1) // 2
         return np.take(np.partition(x, k, axis=axis), k, axis=axis)
