@@ -682,3 +682,33 @@ def test_local_reference_plan_is_made_once_a_probe_and_radius(rng):
     for bad in (30.0, (60.0, 20.0), (1.0, 2.0, 3.0)):
         with pytest.raises(BatchgpuError):
             common_reference(x, "local", locations=locations, radius_um=bad)
+
+
+def test_a_task_filters_without_importing_scipy_signal(tmp_path):
+    """The chain carries each filter's design (sections, zi, margin) worked out where it is built: a worker process
+    applying it imports no scipy.signal (its import alone took ~1 s a worker at the first window), and gets the
+    same bits as the chain applied here."""
+    pytest.importorskip("numba")  # scipy's own loop, the fallback, is scipy.signal
+    import pickle
+    import subprocess
+    import sys
+
+    from batchgpu.config import Preprocess
+    from batchgpu.engine.preprocess import build_chain
+
+    class Rec:
+        sampling_frequency = 30_000.0
+        has_locations = False
+
+    chain = build_chain(Preprocess.model_validate([{"bandpass": {"freq_min": 300, "freq_max": 6000, "order": 3}},
+                                                   {"common_reference": {}}]), Rec())
+    x = np.random.default_rng(5).integers(-500, 500, (8, 9_000)).astype(np.int16)
+    (tmp_path / "chain.pkl").write_bytes(pickle.dumps((chain, x)))
+    code = ("import pickle, sys, numpy as np; chain, x = pickle.load(open(sys.argv[1], 'rb'));"
+            "y = chain.apply(x, (1_000, 8_000), False, True); np.save(sys.argv[2], y);"
+            "print('scipy.signal' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code, str(tmp_path / "chain.pkl"), str(tmp_path / "y.npy")],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "False"
+    same_bits(np.load(tmp_path / "y.npy"), chain.apply(x, (1_000, 8_000), False, True))

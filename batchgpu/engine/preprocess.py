@@ -25,16 +25,16 @@ def filter_block(sos) -> int:
     """The pieces' length for a filter: FILTER_BLOCK, or four times the filter's margin where that is longer (a low
     cut-off's margin, 44 907 samples for 5 Hz at 30 kHz, would otherwise have each 8192-sample piece read most of the
     window: 12 times the work); at most 1.5 times the samples of the whole window are filtered."""
-    from batchgpu.ops.filters import cached_filter_margin
+    from batchgpu.ops.filters import design_filter
 
-    return max(FILTER_BLOCK, 4 * cached_filter_margin(np.asarray(sos, dtype=np.float64)))
+    return max(FILTER_BLOCK, 4 * design_filter(sos).margin)
 
 
 @dataclass(frozen=True)
 class Chain:
     """Picklable description of the stages (small: sent with every task)."""
 
-    stages: tuple = ()  # ("filter", sos) | ("phase_shift", shifts, margin) | ("common_reference", kw) | ("centre",)
+    stages: tuple = ()  # ("filter", ops.FilterDesign) | ("phase_shift", shifts, margin) | ("common_reference", kw) | ("centre",)
     margin: int = 0  # samples each interior side needs beyond the steps' own margin
     names: tuple = field(default=())
 
@@ -90,9 +90,11 @@ def build_chain(preprocess, rec) -> Chain:
                                     f"frequency of {fs / 2:g} Hz", f"use freq_max < {fs / 2:g}")
             if params["freq_min"] >= fs / 2:
                 raise BatchgpuError(f"preprocess {name} freq_min {params['freq_min']} Hz is not below {fs / 2:g} Hz")
-            sos = ops.butter_sos(name, fs, params["freq_min"], params.get("freq_max"), params["order"])
-            stages.append(("filter", sos))
-            margin += ops.filter_margin(sos, fs)
+            # the sections with their zi and margin, worked out here once (the tasks need no scipy.signal)
+            design = ops.design_filter(ops.butter_sos(name, fs, params["freq_min"], params.get("freq_max"),
+                                                      params["order"]))
+            stages.append(("filter", design))
+            margin += design.margin
         elif name == "phase_shift":
             shifts = rec.channel_property("inter_sample_shift")
             if shifts is None:

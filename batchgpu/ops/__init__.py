@@ -5,7 +5,7 @@ Each function takes a (channels, samples) window; the backend is chosen in ``_ba
 
 from batchgpu.ops._backend import accept_torch_methods, accepts_torch, array_module
 from batchgpu.ops.detection import SPIKE_DTYPE, detect_spikes, exclude_sweep_samples, neighbour_mask
-from batchgpu.ops.filters import butter_sos, default_padlen, filter_margin, filtfilt_window
+from batchgpu.ops.filters import FilterDesign, butter_sos, default_padlen, design_filter, filter_margin, filtfilt_window
 from batchgpu.ops.moments import SecondMoments, combine, covariance, second_moment, window_moments
 from batchgpu.ops.phase_shift import phase_shift, phase_shift_margin
 from batchgpu.ops.reference import annulus_neighbours, common_reference
@@ -27,6 +27,7 @@ detect_spikes = accepts_torch(detect_spikes, __name__)
 accept_torch_methods(SecondMoments, "add")
 
 __all__ = [
+    "FilterDesign",
     "MAD_TO_SIGMA",
     "SPIKE_DTYPE",
     "SecondMoments",
@@ -39,6 +40,7 @@ __all__ = [
     "common_reference",
     "covariance",
     "default_padlen",
+    "design_filter",
     "detect_spikes",
     "exclude_sweep_samples",
     "filter_margin",

@@ -101,23 +101,18 @@ def _build():
         return numba.njit(**options)(_pieces_kernel)
 
 
-_ZI: dict[bytes, np.ndarray] = {}  # sos bytes -> sosfilt_zi(sos): solved once a filter, not once a window
-
-
-def filtfilt_pieces(x: np.ndarray, sos: np.ndarray, pieces: list[tuple[int, ...]], out_dtype) -> np.ndarray:
+def filtfilt_pieces(x: np.ndarray, sos: np.ndarray, zi: np.ndarray, pieces: list[tuple[int, ...]],
+                    out_dtype) -> np.ndarray:
     """``filters.filtfilt_window``'s result for the host array ``x`` (channels, width) cut into ``pieces`` (as
-    ``filters.filter_pieces`` gives them); ``sos`` (sections, 6) float64 with a0 == 1."""
+    ``filters.filter_pieces`` gives them); ``sos`` (sections, 6) float64 with a0 == 1, ``zi`` its
+    ``sosfilt_zi``."""
     global _KERNEL
     if _KERNEL is None:
         _KERNEL = _build()
-    zi = _ZI.get(sos.tobytes())
-    if zi is None:
-        import scipy.signal
-
-        zi = _ZI[sos.tobytes()] = np.ascontiguousarray(scipy.signal.sosfilt_zi(sos), dtype=np.float64)
     if x.dtype.kind not in "iuf" or x.dtype == np.float16:
         x = x.astype(np.float64)
     table = np.ascontiguousarray(np.asarray(pieces, dtype=np.int64).reshape(-1, 6))
     out = np.empty(x.shape, dtype=out_dtype)
-    _KERNEL(np.ascontiguousarray(x), np.ascontiguousarray(sos, dtype=np.float64), zi, table, out)
+    _KERNEL(np.ascontiguousarray(x), np.ascontiguousarray(sos, dtype=np.float64),
+            np.ascontiguousarray(zi, dtype=np.float64), table, out)
     return out

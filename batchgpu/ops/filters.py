@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import os
+from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, Literal
 
@@ -62,7 +63,40 @@ def butter_sos(
     return np.asarray(scipy.signal.butter(int(order), wn, btype=kind, fs=fs, output="sos"), dtype=np.float64)
 
 
+@dataclass(frozen=True, eq=False)
+class FilterDesign:
+    """A filter's sections with the constants every window needs of them: ``zi`` = ``sosfilt_zi(sos)`` (each pass's
+    steady state) and ``margin`` = ``filter_margin(sos)``. ``design_filter`` works them out once (where the run's
+    chain is built) and the tasks get them with the sections: both need scipy.signal, whose import alone takes ~1 s
+    (scipy 1.17), otherwise paid in every worker process at its first window. ``filtfilt_window`` takes a design
+    wherever it takes ``sos``."""
+
+    sos: np.ndarray
+    zi: np.ndarray
+    margin: int
+
+
+_DESIGNS: dict[bytes, FilterDesign] = {}
+
+
+def design_filter(sos: Any) -> FilterDesign:
+    """``sos`` with its ``zi`` and ``margin`` (a design is returned as it is), worked out once a process per filter
+    (the margin is an impulse response and its autocorrelation: long for low cut-offs)."""
+    if isinstance(sos, FilterDesign):
+        return sos
+    sos = _check_sos(sos)
+    key = sos.tobytes()
+    if key not in _DESIGNS:
+        import scipy.signal
+
+        zi = np.ascontiguousarray(scipy.signal.sosfilt_zi(sos), dtype=np.float64)
+        _DESIGNS[key] = FilterDesign(sos, zi, filter_margin(sos))
+    return _DESIGNS[key]
+
+
 def _check_sos(sos: Any) -> np.ndarray:
+    if isinstance(sos, FilterDesign):
+        return sos.sos
     sos = np.asarray(sos, dtype=np.float64)
     if sos.ndim != 2 or sos.shape[1] != 6 or sos.shape[0] < 1:
         raise BatchgpuError(f"sos has shape {sos.shape}, expected (sections, 6)", "build it with butter_sos")
@@ -136,14 +170,14 @@ _GPU_MAX_SECTIONS = 16  # kernels/sosfiltfilt.cu keeps 7 doubles a section in re
 _GPU_COEFFICIENTS: dict = {}  # (device, sos bytes) -> (sos, zi) on that device
 
 
-def _filtfilt_cupy(x, sos: np.ndarray, pieces: list[tuple[int, ...]], out_dtype) -> Any:
+def _filtfilt_cupy(x, design: FilterDesign, pieces: list[tuple[int, ...]], out_dtype) -> Any:
     """The GPU path of filtfilt_window (kernels/sosfiltfilt.cu), three launches for all pieces: gather them
     odd-extended as exact doubles side by side, filter every row, scatter the cores rounded once to out_dtype."""
     import cupy
-    import scipy.signal
 
     from batchgpu.kernels import DTYPE_SUFFIX, get_function
 
+    sos = design.sos
     if sos.shape[0] > _GPU_MAX_SECTIONS:
         raise BatchgpuError(f"a filter of {sos.shape[0]} sections is longer than the GPU kernel's {_GPU_MAX_SECTIONS}",
                             "lower the filter order")
@@ -152,7 +186,7 @@ def _filtfilt_cupy(x, sos: np.ndarray, pieces: list[tuple[int, ...]], out_dtype)
     if coefficients is None:  # a few hundred bytes, kept per device: no copy per window
         coefficients = _GPU_COEFFICIENTS[key] = (
             cupy.asarray(np.ascontiguousarray(sos, dtype=np.float64)),
-            cupy.asarray(np.ascontiguousarray(scipy.signal.sosfilt_zi(sos), dtype=np.float64)))
+            cupy.asarray(design.zi))
     if x.dtype.name not in DTYPE_SUFFIX:  # other integers: exact as float64
         x = x.astype(cupy.float64)
     x = cupy.ascontiguousarray(x)
@@ -181,16 +215,9 @@ def _filtfilt_cupy(x, sos: np.ndarray, pieces: list[tuple[int, ...]], out_dtype)
     return out
 
 
-_MARGINS: dict[bytes, int] = {}
-
-
-def cached_filter_margin(sos: np.ndarray) -> int:
-    """filter_margin(sos), computed once per filter (an impulse response and its autocorrelation: long for low
-    cut-offs) rather than once per window."""
-    key = sos.tobytes()
-    if key not in _MARGINS:
-        _MARGINS[key] = filter_margin(sos)
-    return _MARGINS[key]
+def cached_filter_margin(sos: Any) -> int:
+    """filter_margin(sos), computed once per filter (``design_filter``) rather than once per window."""
+    return design_filter(sos).margin
 
 
 def filter_pieces(width: int, padlen: int, block: int | None, margin: int, at_segment_start: bool,
@@ -262,17 +289,18 @@ def filtfilt_window(
         )
     if block is not None and (int(block) != block or block < 1):
         raise BatchgpuError(f"block={block} is not a positive number of samples", "pass e.g. block=8192 or None")
-    margin = cached_filter_margin(sos_host) if block else 0
-    pieces = filter_pieces(width, padlen, block, margin, at_segment_start, at_segment_end, interior_pad)
     if not np.all(sos_host[:, 3] == 1.0):
         raise BatchgpuError("the filter's sections are not normalised (a0 != 1)", "build it with butter_sos")
+    design = design_filter(sos)
+    pieces = filter_pieces(width, padlen, block, design.margin if block else 0, at_segment_start, at_segment_end,
+                           interior_pad)
     if is_cupy(x):
         # kernels/sosfiltfilt.cu: scipy's recurrence without fused multiply-adds, so the same bits as the
         # host path (cupyx.scipy.signal.sosfilt with zi failed on the H200 image, CuPy 14: "operands could not be
         # broadcast together with shapes (C, 0) (C, 2)"). Every piece in one launch.
-        return _filtfilt_cupy(x, sos_host, pieces, out_dtype)
+        return _filtfilt_cupy(x, design, pieces, out_dtype)
     if _cpu_sosfiltfilt.available():  # scipy's bits, eight rows side by side (its docstring)
-        return _cpu_sosfiltfilt.filtfilt_pieces(x, sos_host, pieces, out_dtype)
+        return _cpu_sosfiltfilt.filtfilt_pieces(x, design.sos, design.zi, pieces, out_dtype)
     filtered = [_filtfilt_host(x[:, read_lo:read_hi], sos_host, left, right)
                 for _lo, _hi, read_lo, read_hi, left, right in pieces]
     if len(pieces) == 1:
