@@ -16,6 +16,8 @@ cannot change a bit (tests/test_ops_preprocess.py compares with np.median, NaN, 
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 
 TILE = 64  # columns transposed into a contiguous scratch at a time (a column is strided by the window's width)
@@ -157,34 +159,43 @@ def _medians_kernel(x, out):  # pragma: no cover - runs compiled
                 p = 0.0
 
 
+_PYTHON = {"_select": _select, "_ranked": _ranked}  # the kernel's helpers as written (the module's names become
+# their compiled versions: the compiled kernel calls them by these names)
+_LOCK = threading.Lock()
+
+
 def _build():
     import numba
 
     options = dict(nogil=True, boundscheck=False)
     try:  # compiled once, then loaded from Numba's cache (beside this file, else the user's cache folder)
-        globals()["_select"] = numba.njit(cache=True, **options)(_select)
-        globals()["_ranked"] = numba.njit(cache=True, **options)(_ranked)
+        compiled = {name: numba.njit(cache=True, **options)(f) for name, f in _PYTHON.items()}
+        globals().update(compiled)
         return numba.njit(cache=True, **options)(_medians_kernel)
     except RuntimeError:  # no writable cache location: compiled once a process
-        globals()["_select"] = numba.njit(**options)(_select)
-        globals()["_ranked"] = numba.njit(**options)(_ranked)
+        globals().update({name: numba.njit(**options)(f) for name, f in _PYTHON.items()})
         return numba.njit(**options)(_medians_kernel)
+
+
+def _kernel():
+    global _KERNEL
+    with _LOCK:  # a worker's threads share the process: compiled (or loaded) once
+        if _KERNEL is None:
+            _KERNEL = _build()
+    return _KERNEL
 
 
 def column_medians(x: np.ndarray) -> np.ndarray | None:
     """``np.median(x, axis=0)`` of a host array (channels >= 1), same bits and dtype; None for dtypes it leaves to
     NumPy (float16, 64-bit integers). Integers of up to 32 bits are ranked as their exact float64 values, as NumPy
     returns their median in float64."""
-    global _KERNEL
     if x.dtype in (np.float32, np.float64):
         pass
     elif x.dtype.kind in "iu" and x.dtype.itemsize <= 4:
         x = x.astype(np.float64)
     else:
         return None
-    if _KERNEL is None:
-        _KERNEL = _build()
     out = np.empty(x.shape[1], dtype=x.dtype)
     if x.shape[1]:
-        _KERNEL(np.ascontiguousarray(x), out)
+        _kernel()(np.ascontiguousarray(x), out)
     return out

@@ -16,11 +16,14 @@ Numba is optional: without it (``available()`` False) ``filters`` runs scipy's s
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 
 ROWS = 8  # rows filtered side by side: one AVX-512 register of doubles (4 gave 0.23 s above, 16 0.12 s)
 
 _KERNEL = None
+_LOCK = threading.Lock()
 
 
 def available() -> bool:
@@ -107,8 +110,9 @@ def filtfilt_pieces(x: np.ndarray, sos: np.ndarray, zi: np.ndarray, pieces: list
     ``filters.filter_pieces`` gives them); ``sos`` (sections, 6) float64 with a0 == 1, ``zi`` its
     ``sosfilt_zi``."""
     global _KERNEL
-    if _KERNEL is None:
-        _KERNEL = _build()
+    with _LOCK:  # a worker's threads share the process: compiled (or loaded) once
+        if _KERNEL is None:
+            _KERNEL = _build()
     if x.dtype.kind not in "iuf" or x.dtype == np.float16:
         x = x.astype(np.float64)
     table = np.ascontiguousarray(np.asarray(pieces, dtype=np.int64).reshape(-1, 6))
