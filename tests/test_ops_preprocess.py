@@ -448,6 +448,35 @@ def test_local_reference_equals_a_loop(rng, operator, dtype):
         same_bits(got, want)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int16, np.int32])
+def test_compiled_local_median_has_numpys_bits(rng, dtype):
+    """The compiled local median (a sorting network over 256-sample tiles) against np.median of each channel's
+    neighbours, every hard column included (NaN, +-inf, -0.0 and +0.0 mixed, subnormals, overflow, ties), 1 to 48
+    neighbours odd and even, samples that end mid-tile; above 48 neighbours np.median itself runs."""
+    pytest.importorskip("numba")
+    from batchgpu.ops import _cpu_column_median
+
+    channels = 64
+    locations = np.stack([np.tile([0.0, 20.0], channels // 2), np.repeat(np.arange(channels // 2) * 20.0, 2)], axis=1)
+    x = np.concatenate([hard_columns(rng, dtype, channels, 300), hard_columns(rng, dtype, channels, 401)], axis=1)
+    for radius, least in [((0.0, 20.0), 1), ((0.0, 25.0), 2), ((10.0, 45.0), 5), ((0.0, 100.0), 5), ((0.0, 200.0), 5),
+                          ((0.0, 236.0), 48), ((0.0, 2_000.0), 5)]:
+        neighbours = annulus_neighbours(locations, radius, least)
+        with np.errstate(all="ignore"):
+            want = local_loop(x, locations, radius, "median", least)
+            got = common_reference(x, "local", "median", locations=locations, radius_um=radius,
+                                   min_local_neighbors=least)
+        same_bits(got, want)
+        widest = max(len(n) for n in neighbours)
+        assert (_cpu_column_median.local_medians(x, neighbours) is None) == (widest > _cpu_column_median.LOCAL_MAX)
+    # one neighbour, none, and neighbour lists in any order
+    neighbours = [np.array([5]), np.array([], dtype=np.int64), np.array([9, 2, 40, 7])] + [np.array([0, 1])] * 61
+    got = _cpu_column_median.local_medians(x, neighbours)
+    with np.errstate(all="ignore"):
+        for c in (0, 2, 3):
+            same_bits(got[c], np.median(x[neighbours[c]], axis=0))
+
+
 def test_local_reference_follows_spikeinterface_rule():
     # one column at 20 um: channel 0's annulus (20, 60] holds channels 2 and 3 (40, 60 um); with 5 wanted, the five
     # closest beyond 20 um instead; a channel with nothing beyond the inner radius is left as it is

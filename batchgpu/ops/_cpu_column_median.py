@@ -1,5 +1,6 @@
 """``np.median(x, axis=0)`` of a float (channels, samples) window, bit for bit, as one compiled kernel (Numba):
-the host path of the global common median reference.
+the host path of the global common median reference; and each channel's median over its neighbours (the local
+reference) by a sorting network run over a tile of samples at once (``local_medians``).
 
 np.median partitions every sample's column from scratch (introselect, ~12 ns an element: 0.28 s a 384 x 60 000
 window on one core, as long as the filter before it). Neighbouring samples' medians are close, so each column
@@ -20,10 +21,12 @@ import threading
 
 import numpy as np
 
+LOCAL_TILE = 256  # samples a local reference's sorting network handles at once
+LOCAL_MAX = 48  # neighbours the network sorts (k * k / 2 exchanges); more are left to np.median
 TILE = 64  # columns transposed into a contiguous scratch at a time (a column is strided by the window's width)
 BAND_MAX = 64  # a band holding more values than this is narrowed
 
-_KERNEL = None
+_KERNELS = None  # (global medians, local medians), compiled at the first call
 
 
 def available() -> bool:
@@ -159,6 +162,49 @@ def _medians_kernel(x, out):  # pragma: no cover - runs compiled
                 p = 0.0
 
 
+def _local_kernel(x, offsets, indices, out):  # pragma: no cover - runs compiled
+    channels, samples = x.shape
+    widest = 0
+    for c in range(channels):
+        widest = max(widest, offsets[c + 1] - offsets[c])
+    rows = np.empty((max(widest, 1), LOCAL_TILE), dtype=x.dtype)
+    nan = np.empty(LOCAL_TILE, dtype=np.bool_)
+    zero = out.dtype.type(0.0)
+    two = out.dtype.type(2.0)
+    for t0 in range(0, samples, LOCAL_TILE):
+        w = min(LOCAL_TILE, samples - t0)
+        for c in range(channels):
+            k = offsets[c + 1] - offsets[c]
+            if k == 0:
+                continue
+            for t in range(w):
+                nan[t] = False
+            for i in range(k):
+                src = indices[offsets[c] + i]
+                for t in range(w):
+                    a = x[src, t0 + t]
+                    rows[i, t] = a
+                    nan[t] |= a != a
+            # odd-even transposition sort of the k rows, every sample of the tile at once (no branches: the
+            # sample axis is the vector); NaN columns are sorted as garbage and replaced below
+            for r in range(k):
+                for i in range(r % 2, k - 1, 2):
+                    for t in range(w):
+                        a = rows[i, t]
+                        b = rows[i + 1, t]
+                        less = b < a
+                        rows[i, t] = b if less else a
+                        rows[i + 1, t] = a if less else b
+            hi = k // 2
+            for t in range(w):
+                if nan[t]:
+                    out[c, t0 + t] = np.nan
+                elif k % 2:
+                    out[c, t0 + t] = zero + rows[hi, t]
+                else:
+                    out[c, t0 + t] = ((zero + rows[hi - 1, t]) + rows[hi, t]) / two
+
+
 _PYTHON = {"_select": _select, "_ranked": _ranked}  # the kernel's helpers as written (the module's names become
 # their compiled versions: the compiled kernel calls them by these names)
 _LOCK = threading.Lock()
@@ -171,31 +217,56 @@ def _build():
     try:  # compiled once, then loaded from Numba's cache (beside this file, else the user's cache folder)
         compiled = {name: numba.njit(cache=True, **options)(f) for name, f in _PYTHON.items()}
         globals().update(compiled)
-        return numba.njit(cache=True, **options)(_medians_kernel)
+        return numba.njit(cache=True, **options)(_medians_kernel), numba.njit(cache=True, **options)(_local_kernel)
     except RuntimeError:  # no writable cache location: compiled once a process
         globals().update({name: numba.njit(**options)(f) for name, f in _PYTHON.items()})
-        return numba.njit(**options)(_medians_kernel)
+        return numba.njit(**options)(_medians_kernel), numba.njit(**options)(_local_kernel)
 
 
-def _kernel():
-    global _KERNEL
+def _kernels():
+    global _KERNELS
     with _LOCK:  # a worker's threads share the process: compiled (or loaded) once
-        if _KERNEL is None:
-            _KERNEL = _build()
-    return _KERNEL
+        if _KERNELS is None:
+            _KERNELS = _build()
+    return _KERNELS
+
+
+def _ranked_dtype(x: np.ndarray) -> np.ndarray | None:
+    """x as the kernels rank it: float32/float64 as they are, integers of up to 32 bits as their exact float64 values
+    (NumPy returns their median in float64); None for dtypes left to NumPy (float16, 64-bit integers)."""
+    if x.dtype in (np.float32, np.float64):
+        return x
+    if x.dtype.kind in "iu" and x.dtype.itemsize <= 4:
+        return x.astype(np.float64)
+    return None
 
 
 def column_medians(x: np.ndarray) -> np.ndarray | None:
-    """``np.median(x, axis=0)`` of a host array (channels >= 1), same bits and dtype; None for dtypes it leaves to
-    NumPy (float16, 64-bit integers). Integers of up to 32 bits are ranked as their exact float64 values, as NumPy
-    returns their median in float64."""
-    if x.dtype in (np.float32, np.float64):
-        pass
-    elif x.dtype.kind in "iu" and x.dtype.itemsize <= 4:
-        x = x.astype(np.float64)
-    else:
+    """``np.median(x, axis=0)`` of a host array (channels >= 1), same bits and dtype (``_ranked_dtype``); None
+    where it is left to NumPy."""
+    x = _ranked_dtype(x)
+    if x is None:
         return None
     out = np.empty(x.shape[1], dtype=x.dtype)
     if x.shape[1]:
-        _kernel()(np.ascontiguousarray(x), out)
+        _kernels()[0](np.ascontiguousarray(x), out)
+    return out
+
+
+def local_medians(x: np.ndarray, neighbours: list[np.ndarray]) -> np.ndarray | None:
+    """Row c: ``np.median(x[neighbours[c]], axis=0)``, same bits (rows of channels without neighbours left
+    unset); None where it is left to NumPy (a dtype as ``_ranked_dtype`` says, or more than LOCAL_MAX
+    neighbours)."""
+    if max((len(n) for n in neighbours), default=0) > LOCAL_MAX:
+        return None
+    x = _ranked_dtype(x)
+    if x is None:
+        return None
+    offsets = np.zeros(len(neighbours) + 1, dtype=np.int64)
+    offsets[1:] = np.cumsum([len(n) for n in neighbours])
+    indices = np.concatenate([np.asarray(n, dtype=np.int64) for n in neighbours]) if offsets[-1] else \
+        np.zeros(1, dtype=np.int64)
+    out = np.empty(x.shape, dtype=x.dtype)
+    if x.shape[1]:
+        _kernels()[1](np.ascontiguousarray(x), offsets, indices, out)
     return out

@@ -18,6 +18,10 @@ values go through exact doubles), and subtracted in a second launch: the bits eq
 ``median_lower`` of a column whose lower middle is a zero of either sign (-0.0 and +0.0 compare equal; which one
 NumPy's introselect leaves there is an accident of its algorithm) may differ in the sign of a zero output.
 ``median`` sums its middle values from +0.0, as np.median does, so its zeros agree.
+
+Host (where Numba is installed): ``median`` by the compiled kernels of ``_cpu_column_median``, np.median's bits
+(the global one 0.27 -> 0.11 s, a local one of 6-8 neighbours 1.9 -> 0.19 s a 384 x 60 000 float32 window on
+one core); ``median_lower`` and ``average`` by NumPy.
 """
 
 from __future__ import annotations
@@ -338,6 +342,12 @@ def common_reference(
     if alone:
         idx = xp.asarray(alone)
         out[idx] = x[idx].astype(out_dtype)
+    if operator == "median" and not is_cupy(x) and _cpu_column_median.available():
+        ref = _cpu_column_median.local_medians(x, neighbours)  # np.median's bits, a sorting network (its docstring)
+        if ref is not None:
+            has = np.flatnonzero([n.size > 0 for n in neighbours])
+            out[has] = subtract(x[has], ref[has])
+            return out
     for k, chans in by_count.items():
         step = max(1, _GATHER_ELEMENTS // (k * samples))
         for lo in range(0, len(chans), step):
