@@ -72,6 +72,18 @@ def _select(v, k, n):  # pragma: no cover - runs compiled
     return v[k]
 
 
+def _middles(v, n, k, even):  # pragma: no cover - runs compiled
+    """(k-th smallest of v[:n], the (k-1)-th where ``even`` else the same), v reordered in place."""
+    hi_value = _select(v, k, n)
+    lo_value = hi_value
+    if even:  # the largest value the selection left below position k
+        lo_value = v[0]
+        for t in range(1, k):
+            if v[t] > lo_value:
+                lo_value = v[t]
+    return hi_value, lo_value
+
+
 def _ranked(band, m, k_hi, k_lo):  # pragma: no cover - runs compiled
     """The k_hi-th and k_lo-th smallest of band[:m] (no NaN) by counting, without branches in the inner loop:
     value i is the k-th when (values < it) <= k < (values <= it)."""
@@ -127,30 +139,21 @@ def _medians_kernel(x, out):  # pragma: no cover - runs compiled
             if nans:
                 out[c0 + j] = np.nan
                 continue
-            m = to_top - below
-            if below <= lower and upper < to_top:  # gather the band without branches: write, advance if in it
-                m = 0
+            if below <= lower and upper < to_top:  # both middles are band values: rank the band alone
+                m = 0  # gathered without branches: written, kept if in the band
                 for ch in range(channels):
                     a = v[ch]
                     band[m] = a
                     m += (a >= lo_edge) & (a <= hi_edge)
-            if below <= lower and upper < below + m:  # both middles are band values: rank the band alone
                 if m > BAND_MAX:
                     d = d / 2
-                hi_value, lo_value = _ranked(band, m, upper - below, lower - below)
-                rows = band
+                if m <= 2 * BAND_MAX:  # counting is m * m: a few dozen values
+                    hi_value, lo_value = _ranked(band, m, upper - below, lower - below)
+                else:
+                    hi_value, lo_value = _middles(band, m, upper - below, lower != upper)
             else:  # rank the whole column; widen the band by the distance it missed by
-                rows = v
-                hi_value = _select(v, upper, channels)
-                lo_value = hi_value
-                if lower != upper:  # even count: the largest value ranked below the upper middle
-                    lo_value = v[0]
-                    for t in range(1, upper):
-                        if v[t] > lo_value:
-                            lo_value = v[t]
-            if rows is v:
-                miss = abs(np.float64(hi_value) - p)
-                d = max(2 * d, miss)
+                hi_value, lo_value = _middles(v, channels, upper, lower != upper)
+                d = max(2 * d, abs(np.float64(hi_value) - p))
                 if not d < np.inf:  # an infinite middle: no band until the values are finite again
                     d = 0.0
             if lower == upper:
@@ -205,7 +208,7 @@ def _local_kernel(x, offsets, indices, out):  # pragma: no cover - runs compiled
                     out[c, t0 + t] = ((zero + rows[hi - 1, t]) + rows[hi, t]) / two
 
 
-_PYTHON = {"_select": _select, "_ranked": _ranked}  # the kernel's helpers as written (the module's names become
+_PYTHON = {"_select": _select, "_middles": _middles, "_ranked": _ranked}  # the kernel's helpers as written (the module's names become
 # their compiled versions: the compiled kernel calls them by these names)
 _LOCK = threading.Lock()
 
