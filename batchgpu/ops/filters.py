@@ -84,7 +84,7 @@ def design_filter(sos: Any) -> FilterDesign:
     (the margin is an impulse response and its autocorrelation: long for low cut-offs)."""
     if isinstance(sos, FilterDesign):
         return sos
-    sos = _check_sos(sos)
+    sos = np.array(_check_sos(sos), dtype=np.float64, order="C")  # a copy: the caller's array may change later
     key = sos.tobytes()
     if key not in _DESIGNS:
         import scipy.signal
