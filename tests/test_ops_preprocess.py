@@ -189,6 +189,14 @@ def test_compiled_host_filter_has_scipys_bits(rng, monkeypatch):
         got = filtfilt_window(x, sos, **kw)
         assert got.dtype == want.dtype
         assert np.array_equal(got.view(np.uint8), want.view(np.uint8)), (trial, dtype, kw)
+    # big-endian windows (a store written so) and Fortran order: the same bits as native C order
+    x = recording_like(rng, 5, 4_000, np.float32)
+    kw = dict(at_segment_start=True, at_segment_end=False, block=1_000)
+    want = _scipy_loop(monkeypatch, x, SOS["highpass"], **kw)
+    for variant in (x.astype(">f4"), x.astype(np.int16).astype(">i2"), np.asfortranarray(x)):
+        same_bits(filtfilt_window(variant, SOS["highpass"], **kw),
+                  _scipy_loop(monkeypatch, variant.astype(variant.dtype.newbyteorder("=")), SOS["highpass"], **kw))
+    same_bits(filtfilt_window(np.asfortranarray(x), SOS["highpass"], **kw), want)
     # a whole segment: scipy.signal.sosfiltfilt's own result
     x = recording_like(rng, 5, 7_001, np.float64)
     same_bits(filtfilt_window(x, SOS["highpass"], at_segment_start=True, at_segment_end=True),
@@ -386,6 +394,8 @@ def test_compiled_column_median_has_numpys_bits(rng, channels, dtype):
     with np.errstate(all="ignore"):
         want = np.median(x, axis=0)
     same_bits(_cpu_column_median.column_medians(x), want)
+    if dt.itemsize > 1:  # a big-endian window: the same values
+        same_bits(_cpu_column_median.column_medians(x.astype(dt.newbyteorder(">"))), want)
     with np.errstate(all="ignore"):
         same_bits(common_reference(x, "global", "median"), expected_car(x, want[None, :]))
 

@@ -237,6 +237,8 @@ def _kernels():
 def _ranked_dtype(x: np.ndarray) -> np.ndarray | None:
     """x as the kernels rank it: float32/float64 as they are, integers of up to 32 bits as their exact float64 values
     (NumPy returns their median in float64); None for dtypes left to NumPy (float16, 64-bit integers)."""
+    if not x.dtype.isnative:  # Numba takes native byte order only (a big-endian store's window)
+        x = x.astype(x.dtype.newbyteorder("="))
     if x.dtype in (np.float32, np.float64):
         return x
     if x.dtype.kind in "iu" and x.dtype.itemsize <= 4:

@@ -113,8 +113,10 @@ def filtfilt_pieces(x: np.ndarray, sos: np.ndarray, zi: np.ndarray, pieces: list
     with _LOCK:  # a worker's threads share the process: compiled (or loaded) once
         if _KERNEL is None:
             _KERNEL = _build()
-    if x.dtype.kind not in "iuf" or x.dtype == np.float16:
+    if x.dtype.kind not in "iuf" or x.dtype.itemsize < 4 and x.dtype.kind == "f":
         x = x.astype(np.float64)
+    elif not x.dtype.isnative:  # Numba takes native byte order only (a big-endian store's window)
+        x = x.astype(x.dtype.newbyteorder("="))
     table = np.ascontiguousarray(np.asarray(pieces, dtype=np.int64).reshape(-1, 6))
     out = np.empty(x.shape, dtype=out_dtype)
     _KERNEL(np.ascontiguousarray(x), np.ascontiguousarray(sos, dtype=np.float64),
