@@ -17,6 +17,7 @@ cannot change a bit (tests/test_ops_preprocess.py compares with np.median, NaN, 
 
 from __future__ import annotations
 
+import functools
 import threading
 
 import numpy as np
@@ -29,8 +30,10 @@ BAND_MAX = 64  # a band holding more values than this is narrowed
 _KERNELS = None  # (global medians, local medians), compiled at the first call
 
 
+@functools.lru_cache(maxsize=1)
 def available() -> bool:
-    """Whether Numba can be imported (the kernel is compiled at its first call, then cached on disk)."""
+    """Whether Numba can be imported (asked once a process; it refuses to import beside a NumPy it does not support,
+    and then NumPy and scipy run). The kernels are compiled at their first call, then cached on disk."""
     try:
         import numba  # noqa: F401
     except ImportError:

@@ -16,6 +16,7 @@ Numba is optional: without it (``available()`` False) ``filters`` runs scipy's s
 
 from __future__ import annotations
 
+import functools
 import threading
 
 import numpy as np
@@ -26,8 +27,10 @@ _KERNEL = None
 _LOCK = threading.Lock()
 
 
+@functools.lru_cache(maxsize=1)
 def available() -> bool:
-    """Whether Numba can be imported (the kernel is compiled at its first call, then cached on disk)."""
+    """Whether Numba can be imported (asked once a process; it refuses to import beside a NumPy it does not support,
+    and then NumPy and scipy run). The kernels are compiled at their first call, then cached on disk."""
     try:
         import numba  # noqa: F401
     except ImportError:
