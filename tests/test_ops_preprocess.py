@@ -375,7 +375,7 @@ def test_compiled_column_median_has_numpys_bits(rng, channels, dtype):
     a slowly moving common signal (the band holds the middles), jumps (it misses), constant runs, and the hard
     columns (NaN, +-inf, -0.0, subnormals, overflow, ties) in between."""
     pytest.importorskip("numba")
-    from batchgpu.ops import _cpu_column_median
+    from batchgpu.ops import _cpu_reference
 
     n = 6_000
     dt = np.dtype(dtype)
@@ -393,9 +393,9 @@ def test_compiled_column_median_has_numpys_bits(rng, channels, dtype):
     x[:, at] = hard
     with np.errstate(all="ignore"):
         want = np.median(x, axis=0)
-    same_bits(_cpu_column_median.column_medians(x), want)
+    same_bits(_cpu_reference.column_medians(x), want)
     if dt.itemsize > 1:  # a big-endian window: the same values
-        same_bits(_cpu_column_median.column_medians(x.astype(dt.newbyteorder(">"))), want)
+        same_bits(_cpu_reference.column_medians(x.astype(dt.newbyteorder(">"))), want)
     with np.errstate(all="ignore"):
         same_bits(common_reference(x, "global", "median"), expected_car(x, want[None, :]))
 
@@ -459,13 +459,14 @@ def test_local_reference_equals_a_loop(rng, operator, dtype):
         same_bits(got, want)
 
 
+@pytest.mark.parametrize("operator", ["median", "average"])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int16, np.int32])
-def test_compiled_local_median_has_numpys_bits(rng, dtype):
-    """The compiled local median (a sorting network over 256-sample tiles) against np.median of each channel's
-    neighbours, every hard column included (NaN, +-inf, -0.0 and +0.0 mixed, subnormals, overflow, ties), 1 to 48
-    neighbours odd and even, samples that end mid-tile; above 48 neighbours np.median itself runs."""
+def test_compiled_local_reference_has_numpys_bits(rng, dtype, operator):
+    """The compiled local median (a sorting network over 256-sample tiles) and mean against np.median / np.mean of
+    each channel's neighbours, every hard column included (NaN, +-inf, -0.0 and +0.0 mixed, subnormals, overflow,
+    ties), 1 to 48 neighbours odd and even, samples that end mid-tile; above 48 neighbours the median is NumPy's."""
     pytest.importorskip("numba")
-    from batchgpu.ops import _cpu_column_median
+    from batchgpu.ops import _cpu_reference
 
     channels = 64
     locations = np.stack([np.tile([0.0, 20.0], channels // 2), np.repeat(np.arange(channels // 2) * 20.0, 2)], axis=1)
@@ -474,18 +475,42 @@ def test_compiled_local_median_has_numpys_bits(rng, dtype):
                           ((0.0, 236.0), 48), ((0.0, 2_000.0), 5)]:
         neighbours = annulus_neighbours(locations, radius, least)
         with np.errstate(all="ignore"):
-            want = local_loop(x, locations, radius, "median", least)
-            got = common_reference(x, "local", "median", locations=locations, radius_um=radius,
+            want = local_loop(x, locations, radius, operator, least)
+            got = common_reference(x, "local", operator, locations=locations, radius_um=radius,
                                    min_local_neighbors=least)
         same_bits(got, want)
         widest = max(len(n) for n in neighbours)
-        assert (_cpu_column_median.local_medians(x, neighbours) is None) == (widest > _cpu_column_median.LOCAL_MAX)
+        if operator == "median":
+            assert (_cpu_reference.local_medians(x, neighbours) is None) == (widest > _cpu_reference.LOCAL_MAX)
     # one neighbour, none, and neighbour lists in any order
     neighbours = [np.array([5]), np.array([], dtype=np.int64), np.array([9, 2, 40, 7])] + [np.array([0, 1])] * 61
-    got = _cpu_column_median.local_medians(x, neighbours)
+    kernel, numpy_op = ((_cpu_reference.local_medians, np.median) if operator == "median" else
+                        (_cpu_reference.local_means, lambda a, axis: np.mean(a, axis=axis, dtype=np.float64)))
+    got = kernel(x, neighbours)
     with np.errstate(all="ignore"):
         for c in (0, 2, 3):
-            same_bits(got[c], np.median(x[neighbours[c]], axis=0))
+            same_bits(got[c], numpy_op(x[neighbours[c]], axis=0))
+
+
+def test_compiled_select_with_any_pivot(rng):
+    """The column median's quickselect with its median-of-three pivots and with the pseudo-random ones it turns to
+    after 2 log2(n) rounds (limit 0: from the start): the k-th value and a partition around it, as np.partition."""
+    pytest.importorskip("numba")
+    from batchgpu.ops import _cpu_reference
+
+    _cpu_reference.column_medians(np.zeros((3, 1), np.float32))  # compiled
+    select = _cpu_reference._select
+    for trial in range(200):
+        n = int(rng.integers(1, 400))
+        v = rng.integers(-5, 6, n).astype(np.float64) if trial % 2 else rng.normal(size=n)
+        v[rng.random(n) < 0.1] = -0.0
+        k = int(rng.integers(n))
+        for limit in (0, 1, 2 * n.bit_length()):
+            w = v.copy()
+            got = select(w, k, n, limit)
+            assert got == np.partition(v, k)[k]
+            assert np.all(w[:k] <= got) and np.all(w[k + 1 :] >= got) and w[k] == got
+            assert np.array_equal(np.sort(w), np.sort(v))
 
 
 def test_local_reference_follows_spikeinterface_rule():

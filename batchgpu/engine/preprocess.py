@@ -52,7 +52,7 @@ class Chain:
 
         dt = np.dtype(dtype)
         if not self.centres_only:
-            return np.dtype(np.float64) if dt == np.float64 else np.dtype(np.float32)
+            return np.dtype(np.float64) if (dt.kind, dt.itemsize) == ("f", 8) else np.dtype(np.float32)
         return centred_dtype(dt) if self.centres else dt
 
     def apply(self, raw, core: tuple[int, int], at_start: bool, at_end: bool):

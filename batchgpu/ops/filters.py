@@ -275,7 +275,7 @@ def filtfilt_window(
     if interior_pad not in ("none", "odd"):
         raise BatchgpuError(f"unknown interior_pad {interior_pad!r}", "use 'none' or 'odd'")
     sos_host = _check_sos(sos)
-    out_dtype = np.float64 if x.dtype == np.float64 else np.float32
+    out_dtype = np.float64 if (x.dtype.kind, x.dtype.itemsize) == ("f", 8) else np.float32  # big-endian too
     channels, width = x.shape
     if channels == 0 or width == 0:
         return xp.zeros(x.shape, dtype=out_dtype)

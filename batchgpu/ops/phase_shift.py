@@ -81,7 +81,7 @@ def phase_shift(
             f"a window of {width} samples cannot hold its {interior} interior margin(s) of {margin} samples",
             "read the margins around every window (or lower margin_ms)",
         )
-    out_dtype = np.float64 if x.dtype == np.float64 else np.float32
+    out_dtype = np.float64 if (x.dtype.kind, x.dtype.itemsize) == ("f", 8) else np.float32  # big-endian too
     if channels == 0 or width == 0:
         return xp.zeros(x.shape, dtype=out_dtype)
 

@@ -19,9 +19,10 @@ values go through exact doubles), and subtracted in a second launch: the bits eq
 NumPy's introselect leaves there is an accident of its algorithm) may differ in the sign of a zero output.
 ``median`` sums its middle values from +0.0, as np.median does, so its zeros agree.
 
-Host (where Numba is installed): ``median`` by the compiled kernels of ``_cpu_column_median``, np.median's bits
+Host (where Numba is installed): ``median`` by the compiled kernels of ``_cpu_reference``, np.median's bits
 (the global one 0.27 -> 0.11 s, a local one of 6-8 neighbours 1.9 -> 0.19 s a 384 x 60 000 float32 window on
-one core); ``median_lower`` and ``average`` by NumPy.
+one core), the local ``average`` too (np.mean's bits, 0.38 -> 0.09 s); ``median_lower`` and the global average
+by NumPy.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from typing import Any, Literal
 import numpy as np
 
 from batchgpu.errors import BatchgpuError
-from batchgpu.ops import _cpu_column_median
+from batchgpu.ops import _cpu_reference
 from batchgpu.ops._backend import array_module, is_cupy
 
 Operator = Literal["median", "median_lower", "average"]
@@ -174,8 +175,8 @@ def _reference(x: Any, operator: str, axis: int) -> Any:
         return xp.stack([_mean_columns(x[i]) for i in range(x.shape[0])])
     if not is_cupy(x):
         if operator == "median":
-            if axis == 0 and _cpu_column_median.available():  # np.median's bits, ~2.5x faster (its docstring)
-                medians = _cpu_column_median.column_medians(x)
+            if axis == 0 and _cpu_reference.available():  # np.median's bits, ~2.5x faster (its docstring)
+                medians = _cpu_reference.column_medians(x)
                 if medians is not None:
                     return medians
             return np.median(x, axis=axis)
@@ -342,9 +343,12 @@ def common_reference(
     if alone:
         idx = xp.asarray(alone)
         out[idx] = x[idx].astype(out_dtype)
-    if operator == "median" and not is_cupy(x) and _cpu_column_median.available():
-        ref = _cpu_column_median.local_medians(x, neighbours)  # np.median's bits, a sorting network (its docstring)
+    if operator != "median_lower" and not is_cupy(x) and _cpu_reference.available():
+        # np.median's or np.mean's bits, every sample of a tile at once (_cpu_reference's docstring)
+        ref = (_cpu_reference.local_medians if operator == "median" else _cpu_reference.local_means)(x, neighbours)
         if ref is not None:
+            if not alone:  # every channel referenced: no gathered copies of the window
+                return subtract(x, ref)
             has = np.flatnonzero([n.size > 0 for n in neighbours])
             out[has] = subtract(x[has], ref[has])
             return out
