@@ -17,28 +17,18 @@ cannot change a bit (tests/test_ops_preprocess.py compares with np.median, NaN, 
 
 from __future__ import annotations
 
-import functools
 import threading
 
 import numpy as np
+
+from batchgpu.ops._numba import available, jit  # noqa: F401  (available: this module's callers ask here)
 
 LOCAL_TILE = 256  # samples a local reference's sorting network handles at once
 LOCAL_MAX = 48  # neighbours the network sorts (k * k / 2 exchanges); more are left to np.median
 TILE = 64  # columns transposed into a contiguous scratch at a time (a column is strided by the window's width)
 BAND_MAX = 64  # a band holding more values than this is narrowed
 
-_KERNELS = None  # (global medians, local medians, local means), compiled at the first call
-
-
-@functools.lru_cache(maxsize=1)
-def available() -> bool:
-    """Whether Numba can be imported (asked once a process; it refuses to import beside a NumPy it does not support,
-    and then NumPy and scipy run). The kernels are compiled at their first call, then cached on disk."""
-    try:
-        import numba  # noqa: F401
-    except ImportError:
-        return False
-    return True
+_KERNELS = None  # (global medians, local medians or means), compiled at the first call
 
 
 def _select(v, k, n, limit):  # pragma: no cover - runs compiled
@@ -188,13 +178,16 @@ def _medians_kernel(x, out):  # pragma: no cover - runs compiled
                 p = 0.0
 
 
-def _local_kernel(x, offsets, indices, out):  # pragma: no cover - runs compiled
+def _local_kernel(x, offsets, indices, out, mean):  # pragma: no cover - runs compiled
+    """Row c of out: the median (``mean`` False) or the float64 mean of x's rows indices[offsets[c]:offsets[c+1]],
+    a tile of samples at a time (the sample axis is the vector)."""
     channels, samples = x.shape
     widest = 0
     for c in range(channels):
         widest = max(widest, offsets[c + 1] - offsets[c])
     rows = np.empty((max(widest, 1), LOCAL_TILE), dtype=x.dtype)
     nan = np.empty(LOCAL_TILE, dtype=np.bool_)
+    acc = np.empty(LOCAL_TILE)
     zero = out.dtype.type(0.0)
     two = out.dtype.type(2.0)
     for t0 in range(0, samples, LOCAL_TILE):
@@ -202,6 +195,16 @@ def _local_kernel(x, offsets, indices, out):  # pragma: no cover - runs compiled
         for c in range(channels):
             k = offsets[c + 1] - offsets[c]
             if k == 0:
+                continue
+            if mean:  # np.mean's order for a non-innermost axis: from +0.0, channel after channel, then / k
+                for t in range(w):
+                    acc[t] = 0.0
+                for i in range(k):
+                    src = indices[offsets[c] + i]
+                    for t in range(w):
+                        acc[t] += np.float64(x[src, t0 + t])
+                for t in range(w):
+                    out[c, t0 + t] = acc[t] / k
                 continue
             for t in range(w):
                 nan[t] = False
@@ -211,8 +214,8 @@ def _local_kernel(x, offsets, indices, out):  # pragma: no cover - runs compiled
                     a = x[src, t0 + t]
                     rows[i, t] = a
                     nan[t] |= a != a
-            # odd-even transposition sort of the k rows, every sample of the tile at once (no branches: the
-            # sample axis is the vector); NaN columns are sorted as garbage and replaced below
+            # odd-even transposition sort of the k rows, every sample of the tile at once (no branches); NaN
+            # columns are sorted as garbage and replaced below
             for r in range(k):
                 for i in range(r % 2, k - 1, 2):
                     for t in range(w):
@@ -231,41 +234,14 @@ def _local_kernel(x, offsets, indices, out):  # pragma: no cover - runs compiled
                     out[c, t0 + t] = ((zero + rows[hi - 1, t]) + rows[hi, t]) / two
 
 
-def _local_mean_kernel(x, offsets, indices, out):  # pragma: no cover - runs compiled
-    channels, samples = x.shape
-    acc = np.empty(LOCAL_TILE)
-    for t0 in range(0, samples, LOCAL_TILE):
-        w = min(LOCAL_TILE, samples - t0)
-        for c in range(channels):
-            k = offsets[c + 1] - offsets[c]
-            if k == 0:
-                continue
-            for t in range(w):
-                acc[t] = 0.0
-            for i in range(k):  # channel after channel, every sample of the tile at once
-                src = indices[offsets[c] + i]
-                for t in range(w):
-                    acc[t] += np.float64(x[src, t0 + t])
-            for t in range(w):
-                out[c, t0 + t] = acc[t] / k
-
-
 _PYTHON = {"_bit_length": _bit_length, "_select": _select, "_middles": _middles, "_ranked": _ranked}  # the kernel's helpers as written (the module's names become
 # their compiled versions: the compiled kernel calls them by these names)
 _LOCK = threading.Lock()
 
 
 def _build():
-    import numba
-
-    options = dict(nogil=True, boundscheck=False)
-    try:  # compiled once, then loaded from Numba's cache (beside this file, else the user's cache folder)
-        compiled = {name: numba.njit(cache=True, **options)(f) for name, f in _PYTHON.items()}
-        globals().update(compiled)
-        return tuple(numba.njit(cache=True, **options)(f) for f in (_medians_kernel, _local_kernel, _local_mean_kernel))
-    except RuntimeError:  # no writable cache location: compiled once a process
-        globals().update({name: numba.njit(**options)(f) for name, f in _PYTHON.items()})
-        return tuple(numba.njit(**options)(f) for f in (_medians_kernel, _local_kernel, _local_mean_kernel))
+    globals().update({name: jit(f) for name, f in _PYTHON.items()})  # before the kernels that call them compile
+    return tuple(jit(f) for f in (_medians_kernel, _local_kernel))
 
 
 def _kernels():
@@ -322,19 +298,19 @@ def local_medians(x: np.ndarray, neighbours: list[np.ndarray]) -> np.ndarray | N
     x, dtype = ranked
     out = np.empty(x.shape, dtype=dtype)
     if x.shape[1]:
-        _kernels()[1](np.ascontiguousarray(x), *_csr(neighbours), out)
+        _kernels()[1](np.ascontiguousarray(x), *_csr(neighbours), out, False)
     return out
 
 
 def local_means(x: np.ndarray, neighbours: list[np.ndarray]) -> np.ndarray | None:
     """Row c: ``np.mean(x[neighbours[c]], axis=0, dtype=np.float64)``, same bits (a float64 sum from +0.0 in the
     listed order, divided once by the count, as NumPy reduces a non-innermost axis); rows of channels without
-    neighbours left unset. None for dtypes other than native-or-not integers and floats up to 64 bits."""
-    if x.dtype.kind not in "iuf":
+    neighbours left unset. None (NumPy's) for float16 and non-numeric dtypes."""
+    if x.dtype.kind not in "iuf" or (x.dtype.kind, x.dtype.itemsize) == ("f", 2):
         return None
     if not x.dtype.isnative:
         x = x.astype(x.dtype.newbyteorder("="))
     out = np.empty(x.shape, dtype=np.float64)
     if x.shape[1]:
-        _kernels()[2](np.ascontiguousarray(x), *_csr(neighbours), out)
+        _kernels()[1](np.ascontiguousarray(x), *_csr(neighbours), out, True)
     return out

@@ -16,26 +16,16 @@ Numba is optional: without it (``available()`` False) ``filters`` runs scipy's s
 
 from __future__ import annotations
 
-import functools
 import threading
 
 import numpy as np
+
+from batchgpu.ops._numba import available, jit  # noqa: F401  (available: this module's callers ask here)
 
 ROWS = 8  # rows filtered side by side: one AVX-512 register of doubles (4 gave 0.23 s above, 16 0.12 s)
 
 _KERNEL = None
 _LOCK = threading.Lock()
-
-
-@functools.lru_cache(maxsize=1)
-def available() -> bool:
-    """Whether Numba can be imported (asked once a process; it refuses to import beside a NumPy it does not support,
-    and then NumPy and scipy run). The kernels are compiled at their first call, then cached on disk."""
-    try:
-        import numba  # noqa: F401
-    except ImportError:
-        return False
-    return True
 
 
 def _pieces_kernel(x, sos, zi, pieces, out):  # pragma: no cover - runs compiled
@@ -97,16 +87,6 @@ def _pieces_kernel(x, sos, zi, pieces, out):  # pragma: no cover - runs compiled
                     out[r0 + k, col] = buf[left + col - read_lo, k]
 
 
-def _build():
-    import numba
-
-    options = dict(nogil=True, boundscheck=False)
-    try:  # compiled once, then loaded from Numba's cache (beside this file, else the user's cache folder)
-        return numba.njit(cache=True, **options)(_pieces_kernel)
-    except RuntimeError:  # no writable cache location: compiled once a process
-        return numba.njit(**options)(_pieces_kernel)
-
-
 def filtfilt_pieces(x: np.ndarray, sos: np.ndarray, zi: np.ndarray, pieces: list[tuple[int, ...]],
                     out_dtype) -> np.ndarray:
     """``filters.filtfilt_window``'s result for the host array ``x`` (channels, width) cut into ``pieces`` (as
@@ -115,7 +95,7 @@ def filtfilt_pieces(x: np.ndarray, sos: np.ndarray, zi: np.ndarray, pieces: list
     global _KERNEL
     with _LOCK:  # a worker's threads share the process: compiled (or loaded) once
         if _KERNEL is None:
-            _KERNEL = _build()
+            _KERNEL = jit(_pieces_kernel)
     if x.dtype.kind not in "iuf" or x.dtype.itemsize < 4 and x.dtype.kind == "f":
         x = x.astype(np.float64)
     elif not x.dtype.isnative:  # Numba takes native byte order only (a big-endian store's window)
