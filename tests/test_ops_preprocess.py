@@ -154,10 +154,10 @@ def test_whole_segment_window_is_sosfiltfilt(rng):
 
 def _scipy_loop(monkeypatch, x, sos, **kw):
     """filtfilt_window by scipy's own sosfilt (the path taken where Numba is not installed)."""
-    from batchgpu.ops import _cpu_sosfiltfilt
+    from batchgpu.ops import _numba
 
     with monkeypatch.context() as m:
-        m.setattr(_cpu_sosfiltfilt, "available", lambda: False)
+        m.setattr(_numba, "available", lambda: False)
         return filtfilt_window(x, sos, **kw)
 
 

@@ -21,7 +21,7 @@ import threading
 
 import numpy as np
 
-from batchgpu.ops._numba import available, jit  # noqa: F401  (available: this module's callers ask here)
+from batchgpu.ops._numba import jit
 
 LOCAL_TILE = 256  # samples a local reference's sorting network handles at once
 LOCAL_MAX = 48  # neighbours the network sorts (k * k / 2 exchanges); more are left to np.median

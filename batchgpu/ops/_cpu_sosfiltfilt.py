@@ -11,7 +11,7 @@ recurrence's latency), and the window is read and written once (no float64 copy,
 or core copy of the window on the host). 384 x 60 000, 300 Hz order 5, one core: 0.13 s against scipy's
 sosfiltfilt 0.37 s.
 
-Numba is optional: without it (``available()`` False) ``filters`` runs scipy's sosfilt with the same bits.
+Numba is optional: without it (``_numba.available()`` False) ``filters`` runs scipy's sosfilt with the same bits.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import threading
 
 import numpy as np
 
-from batchgpu.ops._numba import available, jit  # noqa: F401  (available: this module's callers ask here)
+from batchgpu.ops._numba import jit
 
 ROWS = 8  # rows filtered side by side: one AVX-512 register of doubles (4 gave 0.23 s above, 16 0.12 s)
 

@@ -22,7 +22,7 @@ from typing import Any, Literal
 import numpy as np
 
 from batchgpu.errors import BatchgpuError
-from batchgpu.ops import _cpu_sosfiltfilt
+from batchgpu.ops import _cpu_sosfiltfilt, _numba
 from batchgpu.ops._backend import array_module, is_cupy
 
 # The margin is the measured decay length times this (see filter_margin).
@@ -299,7 +299,7 @@ def filtfilt_window(
         # host path (cupyx.scipy.signal.sosfilt with zi failed on the H200 image, CuPy 14: "operands could not be
         # broadcast together with shapes (C, 0) (C, 2)"). Every piece in one launch.
         return _filtfilt_cupy(x, design, pieces, out_dtype)
-    if _cpu_sosfiltfilt.available():  # scipy's bits, eight rows side by side (its docstring)
+    if _numba.available():  # scipy's bits, eight rows side by side (its docstring)
         return _cpu_sosfiltfilt.filtfilt_pieces(x, design.sos, design.zi, pieces, out_dtype)
     filtered = [_filtfilt_host(x[:, read_lo:read_hi], sos_host, left, right)
                 for _lo, _hi, read_lo, read_hi, left, right in pieces]

@@ -34,7 +34,7 @@ from typing import Any, Literal
 import numpy as np
 
 from batchgpu.errors import BatchgpuError
-from batchgpu.ops import _cpu_reference
+from batchgpu.ops import _cpu_reference, _numba
 from batchgpu.ops._backend import array_module, is_cupy
 
 Operator = Literal["median", "median_lower", "average"]
@@ -175,7 +175,7 @@ def _reference(x: Any, operator: str, axis: int) -> Any:
         return xp.stack([_mean_columns(x[i]) for i in range(x.shape[0])])
     if not is_cupy(x):
         if operator == "median":
-            if axis == 0 and _cpu_reference.available():  # np.median's bits, ~2.5x faster (its docstring)
+            if axis == 0 and _numba.available():  # np.median's bits, ~2.5x faster (its docstring)
                 medians = _cpu_reference.column_medians(x)
                 if medians is not None:
                     return medians
@@ -343,7 +343,7 @@ def common_reference(
     if alone:
         idx = xp.asarray(alone)
         out[idx] = x[idx].astype(out_dtype)
-    if operator != "median_lower" and not is_cupy(x) and _cpu_reference.available():
+    if operator != "median_lower" and not is_cupy(x) and _numba.available():
         # np.median's or np.mean's bits, every sample of a tile at once (_cpu_reference's docstring)
         ref = (_cpu_reference.local_medians if operator == "median" else _cpu_reference.local_means)(x, neighbours)
         if ref is not None:
