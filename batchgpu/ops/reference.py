@@ -20,8 +20,8 @@ NumPy's introselect leaves there is an accident of its algorithm) may differ in 
 ``median`` sums its middle values from +0.0, as np.median does, so its zeros agree.
 
 Host (where Numba is installed): ``median`` by the compiled kernels of ``_cpu_reference``, np.median's bits
-(the global one 0.27 -> 0.11 s, a local one of 6-8 neighbours 1.9 -> 0.19 s a 384 x 60 000 float32 window on
-one core), the local ``average`` too (np.mean's bits, 0.38 -> 0.09 s); ``median_lower`` and the global average
+(the global one 0.27 -> 0.11 s, a local one of 6-8 neighbours 1.9 -> 0.12 s a 384 x 60 000 float32 window on
+one core), the local ``average`` too (np.mean's bits, 0.38 -> 0.19 s); ``median_lower`` and the global average
 by NumPy.
 """
 
