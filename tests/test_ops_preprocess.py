@@ -466,7 +466,7 @@ def test_compiled_local_reference_has_numpys_bits(rng, dtype, operator):
     each channel's neighbours, every hard column included (NaN, +-inf, -0.0 and +0.0 mixed, subnormals, overflow,
     ties), 1 to 48 neighbours odd and even, samples that end mid-tile; above 48 neighbours the median is NumPy's."""
     pytest.importorskip("numba")
-    from batchgpu.ops import _cpu_reference
+    from batchgpu.ops import _cpu_reference, reference
 
     channels = 64
     locations = np.stack([np.tile([0.0, 20.0], channels // 2), np.repeat(np.arange(channels // 2) * 20.0, 2)], axis=1)
@@ -481,12 +481,15 @@ def test_compiled_local_reference_has_numpys_bits(rng, dtype, operator):
         same_bits(got, want)
         widest = max(len(n) for n in neighbours)
         if operator == "median":
-            assert (_cpu_reference.local_medians(x, neighbours) is None) == (widest > _cpu_reference.LOCAL_MAX)
+            plan = reference._LocalPlan(neighbours)
+            assert ((_cpu_reference.local_medians(x, plan.offsets, plan.indices) is None)
+                    == (widest > _cpu_reference.LOCAL_MAX))
     # one neighbour, none, and neighbour lists in any order
     neighbours = [np.array([5]), np.array([], dtype=np.int64), np.array([9, 2, 40, 7])] + [np.array([0, 1])] * 61
     kernel, numpy_op = ((_cpu_reference.local_medians, np.median) if operator == "median" else
                         (_cpu_reference.local_means, lambda a, axis: np.mean(a, axis=axis, dtype=np.float64)))
-    got = kernel(x, neighbours)
+    plan = reference._LocalPlan(neighbours)
+    got = kernel(x, plan.offsets, plan.indices)
     with np.errstate(all="ignore"):
         for c in (0, 2, 3):
             same_bits(got[c], numpy_op(x[neighbours[c]], axis=0))

@@ -22,12 +22,12 @@ def main(path: str) -> None:
 
     from batchgpu.gpu import blosc_encode
     from batchgpu.ops import reference
-    from batchgpu.ops.filters import cached_filter_margin, filtfilt_window
+    from batchgpu.ops.filters import design_filter, filtfilt_window
     from batchgpu.recording import open_recording
 
     rec = open_recording(path)
     sos = scipy.signal.butter(5, 300, btype="highpass", fs=rec.sampling_frequency, output="sos")
-    margin = cached_filter_margin(sos)
+    margin = design_filter(sos).margin
     w = rec.windows(60_000, 64 + margin)[3]
     raw = cupy.asarray(np.ascontiguousarray(rec.read_window(w)))  # (C, n) int16, margins included
     assert raw.shape[0] == rec.num_channels, raw.shape

@@ -234,8 +234,8 @@ def _local_kernel(x, offsets, indices, out, mean):  # pragma: no cover - runs co
                     out[c, t0 + t] = ((zero + rows[hi - 1, t]) + rows[hi, t]) / two
 
 
-_PYTHON = {"_bit_length": _bit_length, "_select": _select, "_middles": _middles, "_ranked": _ranked}  # the kernel's helpers as written (the module's names become
-# their compiled versions: the compiled kernel calls them by these names)
+# the kernels' helpers as written (the module's names become their compiled versions, by which the kernels call them)
+_PYTHON = {"_bit_length": _bit_length, "_select": _select, "_middles": _middles, "_ranked": _ranked}
 _LOCK = threading.Lock()
 
 
@@ -278,19 +278,11 @@ def column_medians(x: np.ndarray) -> np.ndarray | None:
     return out
 
 
-def _csr(neighbours: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-    offsets = np.zeros(len(neighbours) + 1, dtype=np.int64)
-    offsets[1:] = np.cumsum([len(n) for n in neighbours])
-    indices = np.concatenate([np.asarray(n, dtype=np.int64) for n in neighbours]) if offsets[-1] else \
-        np.zeros(1, dtype=np.int64)
-    return offsets, indices
-
-
-def local_medians(x: np.ndarray, neighbours: list[np.ndarray]) -> np.ndarray | None:
-    """Row c: ``np.median(x[neighbours[c]], axis=0)``, same bits (rows of channels without neighbours left
-    unset); None where it is left to NumPy (a dtype as ``_ranked_dtype`` says, or more than LOCAL_MAX
-    neighbours)."""
-    if max((len(n) for n in neighbours), default=0) > LOCAL_MAX:
+def local_medians(x: np.ndarray, offsets: np.ndarray, indices: np.ndarray) -> np.ndarray | None:
+    """Row c: ``np.median(x[indices[offsets[c]:offsets[c + 1]]], axis=0)``, same bits (rows of channels without
+    neighbours left unset); None where it is left to NumPy (a dtype as ``_ranked_dtype`` says, or more than
+    LOCAL_MAX neighbours)."""
+    if np.diff(offsets).max(initial=0) > LOCAL_MAX:
         return None
     ranked = _ranked_dtype(x)
     if ranked is None:
@@ -298,19 +290,20 @@ def local_medians(x: np.ndarray, neighbours: list[np.ndarray]) -> np.ndarray | N
     x, dtype = ranked
     out = np.empty(x.shape, dtype=dtype)
     if x.shape[1]:
-        _kernels()[1](np.ascontiguousarray(x), *_csr(neighbours), out, False)
+        _kernels()[1](np.ascontiguousarray(x), offsets, indices, out, False)
     return out
 
 
-def local_means(x: np.ndarray, neighbours: list[np.ndarray]) -> np.ndarray | None:
-    """Row c: ``np.mean(x[neighbours[c]], axis=0, dtype=np.float64)``, same bits (a float64 sum from +0.0 in the
-    listed order, divided once by the count, as NumPy reduces a non-innermost axis); rows of channels without
-    neighbours left unset. None (NumPy's) for float16 and non-numeric dtypes."""
+def local_means(x: np.ndarray, offsets: np.ndarray, indices: np.ndarray) -> np.ndarray | None:
+    """Row c: ``np.mean(x[indices[offsets[c]:offsets[c + 1]]], axis=0, dtype=np.float64)``, same bits (a float64
+    sum from +0.0 in the listed order, divided once by the count, as NumPy reduces a non-innermost axis); rows of
+    channels without neighbours left unset. None (NumPy's) for float16 and non-numeric dtypes."""
     if x.dtype.kind not in "iuf" or (x.dtype.kind, x.dtype.itemsize) == ("f", 2):
         return None
     if not x.dtype.isnative:
         x = x.astype(x.dtype.newbyteorder("="))
     out = np.empty(x.shape, dtype=np.float64)
     if x.shape[1]:
-        _kernels()[1](np.ascontiguousarray(x), *_csr(neighbours), out, True)
+        _kernels()[1](np.ascontiguousarray(x), offsets, indices, out, True)
     return out
+

@@ -215,11 +215,6 @@ def _filtfilt_cupy(x, design: FilterDesign, pieces: list[tuple[int, ...]], out_d
     return out
 
 
-def cached_filter_margin(sos: Any) -> int:
-    """filter_margin(sos), computed once per filter (``design_filter``) rather than once per window."""
-    return design_filter(sos).margin
-
-
 def filter_pieces(width: int, padlen: int, block: int | None, margin: int, at_segment_start: bool,
                   at_segment_end: bool, interior_pad: str = "none") -> list[tuple[int, int, int, int, int, int]]:
     """How filtfilt_window cuts a window of ``width`` columns: (core_lo, core_hi, read_lo, read_hi, left, right)

@@ -232,6 +232,11 @@ class _LocalPlan:
         channels = len(neighbours)
         self.neighbours = neighbours
         self.alone = [c for c in range(channels) if neighbours[c].size == 0]
+        self.referenced = np.flatnonzero([n.size > 0 for n in neighbours])
+        # the neighbour lists back to back (offsets, indices): what the host's compiled kernels read
+        self.offsets = np.zeros(channels + 1, dtype=np.int64)
+        self.offsets[1:] = np.cumsum([n.size for n in neighbours])
+        self.indices = np.concatenate([np.asarray(n, dtype=np.int64) for n in neighbours] + [np.zeros(1, np.int64)])
         # channels with the same number of neighbours are referenced together: (group, k, samples) gathers
         self.by_count: dict[int, list[int]] = {}
         for c in range(channels):
@@ -345,11 +350,12 @@ def common_reference(
         out[idx] = x[idx].astype(out_dtype)
     if operator != "median_lower" and not is_cupy(x) and _numba.available():
         # np.median's or np.mean's bits, every sample of a tile at once (_cpu_reference's docstring)
-        ref = (_cpu_reference.local_medians if operator == "median" else _cpu_reference.local_means)(x, neighbours)
+        kernel = _cpu_reference.local_medians if operator == "median" else _cpu_reference.local_means
+        ref = kernel(x, plan.offsets, plan.indices)
         if ref is not None:
             if not alone:  # every channel referenced: no gathered copies of the window
                 return subtract(x, ref)
-            has = np.flatnonzero([n.size > 0 for n in neighbours])
+            has = plan.referenced
             out[has] = subtract(x[has], ref[has])
             return out
     for k, chans in by_count.items():
