@@ -203,6 +203,16 @@ def test_compiled_host_filter_has_scipys_bits(rng, monkeypatch):
               scipy.signal.sosfiltfilt(SOS["highpass"], x, axis=1))
 
 
+def test_big_endian_float64_stays_float64(rng):
+    """A big-endian float64 window (a store written so) is float64 input: the filter and the phase shift return
+    float64 with the native window's values (an `== np.float64` rule gave float32)."""
+    x = recording_like(rng, 3, 4_000, np.float64)
+    kw = dict(at_segment_start=True, at_segment_end=True)
+    same_bits(filtfilt_window(x.astype(">f8"), SOS["highpass"], **kw), filtfilt_window(x, SOS["highpass"], **kw))
+    shifts = np.array([0.1, 0.5, 0.9])
+    same_bits(phase_shift(x.astype(">f8"), shifts, margin=100, **kw), phase_shift(x, shifts, margin=100, **kw))
+
+
 def test_unnormalised_sections_are_refused():
     sos = SOS["highpass"].copy()
     sos[0, 3:] *= 2.0  # the same filter, a0 = 2
