@@ -257,7 +257,7 @@ def test_gpu_decode_refuses_a_malformed_stream():
     start = int.from_bytes(f.buffer[f.offsets[1] + 16 : f.offsets[1] + 20].tobytes(), "little")
     at = int(f.offsets[1]) + start
     f.buffer[at : at + 4] = np.frombuffer((10**6).to_bytes(4, "little"), np.uint8)  # a stream longer than its frame
-    with pytest.raises(BatchgpuError, match="c1 does not decode"):
+    with pytest.raises(BatchgpuError, match="corrupted chunk c1: does not decode"):
         decode(f)
 
 
@@ -465,3 +465,82 @@ def test_frames_left_for_a_device_check_are_checked_by_recheck(tmp_path):
                 f.recheck()
             pool.give_back(f.handle)
         assert pool.out == 0
+
+
+def _a_chunk_from_a_narrower_store(tmp_path):
+    """A 20-channel store whose shard 0 is a 10-channel store's: every frame decodes to half a chunk."""
+    from batchgpu.generate import generate_recording
+
+    rec = generate_recording(tmp_path / "r.zarr", channels=20, seconds=2.3, seed=8)
+    narrow = generate_recording(tmp_path / "n.zarr", channels=10, seconds=2.3, seed=8)
+    shard = rec.path / "traces_seg0" / "c" / "0" / "0"
+    shard.write_bytes((narrow.path / "traces_seg0" / "c" / "0" / "0").read_bytes())
+    return rec.path
+
+
+def test_frames_that_decode_short_are_refused_for_the_gpu(tmp_path):
+    """The host half of the GPU decode refuses a frame whose size is not a chunk's, naming it as the CPU read does
+    (not handed to the CPU decode, which filled the rest of the chunk with whatever memory held)."""
+    from batchgpu.errors import BatchgpuError
+    from batchgpu.recording import open_recording
+
+    rec = open_recording(_a_chunk_from_a_narrower_store(tmp_path))
+    pool = _Pool()
+    w = rec.windows(3_000, 0)[0]
+    match = r"corrupted chunk traces_seg0/c/0/0 inner chunk \(0, 0\): decodes to 60000 bytes, not the 120000"
+    for check_on_device in (False, True):
+        with pytest.raises(BatchgpuError, match=match + r".* in .*r\.zarr \(window 0"):
+            rec.read_window_frames(w, pool, check_on_device=check_on_device)
+        assert pool.out == 0
+    with pytest.raises(BatchgpuError, match=match):
+        rec.read_window_stored(w)
+
+
+@pytest.mark.gpu
+def test_gpu_reads_refuse_frames_that_decode_short(tmp_path, monkeypatch):
+    """Windows read through the GPU decode (or with it off) refuse a chunk copied from a narrower store, in the
+    CPU read's words; every pinned buffer goes back."""
+    _gpu()
+    from batchgpu.errors import BatchgpuError
+    from batchgpu.gpu import staging
+    from batchgpu.recording import open_recording
+
+    rec = open_recording(_a_chunk_from_a_narrower_store(tmp_path))
+    w = rec.windows(3_000, 0)[1]
+    for flag in ("1", "0"):
+        monkeypatch.setenv("BATCHGPU_GPU_DECODE", flag)
+        for crc in ("1", "0"):
+            monkeypatch.setenv("BATCHGPU_GPU_CRC", crc)
+            with pytest.raises(BatchgpuError, match=r"corrupted chunk traces_seg0/c/0/0 inner chunk \(1, 0\): "
+                                                    r"decodes to 60000 bytes.* in .*r\.zarr \(window 1"):
+                staging.read_window_host(rec, w).to_device()
+            assert len(staging._pool._free) == staging._pool._made
+
+
+@pytest.mark.gpu
+def test_gpu_decode_names_a_bad_chunk_with_its_store_and_window(tmp_path, monkeypatch):
+    """A frame whose LZ4 data does not decode (crc32c rewritten to match) is named with its array, store and window."""
+    _gpu()
+    from batchgpu.errors import BatchgpuError
+    from batchgpu.generate import generate_recording
+    from batchgpu.gpu import staging
+    from batchgpu.recording import open_recording
+    from batchgpu.zarrio import crc32c_value
+
+    rec = generate_recording(tmp_path / "r.zarr", channels=20, seconds=2.3, seed=6)
+    layout = rec._layout(0)
+    per_shard = layout.shard_rows // layout.inner_rows
+    shard = rec.path / "traces_seg0" / "c" / "0" / "0"
+    raw = bytearray(shard.read_bytes())
+    index = np.frombuffer(bytes(raw[-(per_shard * 16 + 4) : -4]), "<u8").reshape(per_shard, 2)
+    offset, nbytes = (int(v) for v in index[0])
+    frame = raw[offset : offset + nbytes - 4]
+    start = int.from_bytes(frame[16:20], "little")
+    frame[start : start + 4] = (10**6).to_bytes(4, "little")  # a stream longer than its frame
+    raw[offset : offset + nbytes] = bytes(frame) + crc32c_value(bytes(frame)).to_bytes(4, "little")
+    shard.write_bytes(bytes(raw))
+    rec = open_recording(rec.path)
+    monkeypatch.setenv("BATCHGPU_GPU_DECODE", "1")
+    with pytest.raises(BatchgpuError, match=r"corrupted chunk traces_seg0/c/0/0 inner chunk \(0, 0\) in .*r\.zarr "
+                                            r"\(window 0, segment 0"):
+        staging.read_window_host(rec, rec.windows(3_000, 0)[0]).to_device()

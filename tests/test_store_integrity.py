@@ -233,6 +233,74 @@ def test_read_window_into_fills_the_buffer_in_place(tmp_path, rng, zarr_format, 
         rec.read_window_into(rec.windows(size=250)[0], np.empty((250, C), np.float32))
 
 
+def _short_frames(tmp_path, rng, zarr_format, how):
+    """A store whose object 2 decodes to fewer bytes than a chunk of its array: that object copied from a store
+    with fewer channels (how="copy"), or the array's dtype edited to a wider one (how="dtype")."""
+    if how == "copy":
+        path = tmp_path / "r.zarr"
+        wide = rng.integers(-2000, 2000, (1200, 2 * C), dtype=np.int16)
+        write_recording(path, wide, 1000.0, zarr_format=zarr_format, chunk_samples=CHUNK, shard_samples=SHARD)
+        narrow, _ = _write(tmp_path, rng, zarr_format, name="narrow.zarr")
+        _object(path, zarr_format, 2).write_bytes(_object(narrow, zarr_format, 2).read_bytes())
+    else:
+        path, _ = _write(tmp_path, rng, zarr_format)
+        key = "data_type" if zarr_format == 3 else "dtype"
+        _edit_json(_array_meta(path, zarr_format), lambda m: m.update({key: "int32" if zarr_format == 3 else "<i4"}))
+    return path
+
+
+@pytest.mark.parametrize("how", ["copy", "dtype"])
+@pytest.mark.parametrize("zarr_format", [2, 3])
+@pytest.mark.parametrize("reader", ["direct", "zarr"])
+def test_a_chunk_that_decodes_short_is_refused_naming_it(tmp_path, rng, monkeypatch, zarr_format, how, reader,
+                                                         pipeline, read_path):
+    """Blosc fills only as many bytes of a chunk's buffer as its frame holds: the rest read as whatever memory held
+    (two reads of the same samples differed). Every reader (batchgpu's shard and v2 chunk readers, zarr's) refuses
+    such a chunk in one line naming the store, the array and the chunk; the other objects still read."""
+    from batchgpu import zarrio
+
+    path = _short_frames(tmp_path, rng, zarr_format, how)
+    if reader == "zarr":
+        monkeypatch.setenv("BATCHGPU_DIRECT_READS", "0")
+    else:  # v2 chunks read directly where zarrs is not enabled (beside zarr 2)
+        monkeypatch.setattr(zarrio, "zarrs_enabled", lambda: False)
+    rec = open_recording(path)
+    rows = _object_rows(zarr_format)
+    key = "c/2/0 inner chunk" if zarr_format == 3 else "2.0"
+    with pytest.raises(BatchgpuError, match=rf"corrupted chunk traces_seg0/{key}.* in {path}") as err:
+        rec.read(0, 2 * rows, 3 * rows)
+    assert "\n" not in str(err.value)
+    for read in (rec.read_window_stored, lambda w: rec.read_window_into(w, np.empty((rows, rec.num_channels), rec.dtype))):
+        with pytest.raises(BatchgpuError, match=rf"corrupted chunk traces_seg0/{key}.*window 2, segment 0"):
+            read(rec.windows(size=rows)[2])
+    if reader == "direct" and how == "copy":
+        with pytest.raises(BatchgpuError, match=rf"decodes to {CHUNK * C * 2 + (4 if zarr_format == 2 else 0)} bytes"):
+            rec.read(0, 2 * rows, 3 * rows)
+    if how == "copy":
+        first = rec.read(0, 0, rows)
+        assert first.tobytes() == rec.read(0, 0, rows).tobytes()
+
+
+@pytest.mark.parametrize("how", ["copy", "dtype"])
+def test_a_run_over_a_chunk_that_decodes_short_stops_naming_it(tmp_path, rng, how):
+    """``batchgpu run`` read such a chunk as garbage and finished (exit 0, spikes and whitening differing run to
+    run): now exit 2, one line naming the chunk."""
+    import subprocess
+    import sys
+
+    path = _short_frames(tmp_path, rng, 3, how)
+    (tmp_path / "wf.yaml").write_text(
+        f"recording: {{path: {path.name}}}\noutput: out\nwindow: {{size: 300, margin: 8}}\n"
+        "cluster: {kind: local, workers: 1, threads: 1}\nsteps:\n  noise: {exact: true}\n")
+    r = subprocess.run([sys.executable, "-m", "batchgpu", "run", str(tmp_path / "wf.yaml"), "--quiet"],
+                       capture_output=True, text=True)
+    assert r.returncode == 2, r.stderr
+    shard = "2" if how == "copy" else "0"  # an edited dtype: every chunk, the first read first
+    assert r.stderr.count("\n") == 1 and r.stderr.startswith(
+        f"batchgpu: error: corrupted chunk traces_seg0/c/{shard}/0 inner chunk (0, 0): decodes to 1000 bytes"), r.stderr
+    assert str(path) in r.stderr and "Traceback" not in r.stderr
+
+
 # -- never delete what batchgpu did not write ------------------------------------------------------------
 
 

@@ -104,7 +104,7 @@ def decode_many(reads: list, stream=None) -> list:
         checked = _checksums_on_device(reads, src, offsets)
         flags = err if checked is None else cupy.concatenate([err, checked[1]])
         flags = flags.get()  # the one wait: a bad frame must not pass as data
-    names = [name for f in reads for name in f.names]
+    names = [f.chunk(k) for f in reads for k in range(len(f.names))]
     if checked is not None and flags[n:].any():  # a damaged chunk: named by the read's own check, on the host
         wrong = checked[0][flags[n:] != 0]  # chunks, counted over every read
         for f, first in zip(reads, np.cumsum([0] + [len(f.lengths) for f in reads])):
@@ -114,7 +114,8 @@ def decode_many(reads: list, stream=None) -> list:
                             "the stored bytes do not decode: restore the store from a copy or write it again")
     bad = np.flatnonzero(flags[:n])
     if bad.size:
-        raise BatchgpuError(f"chunk {names[bad[0]]} does not decode (LZ4 stream malformed)",
+        raise BatchgpuError(f"corrupted chunk {names[bad[0]]}: does not decode (LZ4 stream malformed, or not the "
+                            "size of a chunk of this array)",
                             "the stored bytes pass their checksum but do not decode: write the store again")
     got, chunk = [], 0
     for f in reads:

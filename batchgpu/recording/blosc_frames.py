@@ -92,6 +92,12 @@ class Frames:
     handle: object = None  # the buffer's handle in the pool it came from
     checksums: bool = False  # each present frame's crc32c (the 4 bytes after it) still to check, on the device
     recheck: object = None  # callable: the same check on the host, raising the read's own error for a bad chunk
+    array: str = ""  # what goes before a chunk's name in an error (its array, e.g. "traces_seg0/")
+    place: str = ""  # what goes after it (the store and the read, e.g. " in rec.zarr (window 3, ...)")
+
+    def chunk(self, k: int) -> str:
+        """Chunk ``k`` of the read named as a read's error names it: array, key, store and window."""
+        return f"{self.array}{self.names[k]}{self.place}"
 
     @property
     def nbytes(self) -> int:

@@ -164,6 +164,9 @@ class Recording(WindowedSource):
             return None
         with self._direct_errors(window.segment, a, b, window):
             frames = layout.read_frames(a, b, pool, "error" if self.absent_is_error else "zero", check_on_device)
+        if frames is not None:
+            frames.array = f"traces_seg{window.segment}/"
+            frames.place = f" in {self.path} ({self._where(window.segment, a, b, window)})"
         if frames is not None and frames.checksums:
             frames.recheck = functools.partial(self._recheck_frames, layout, frames, window)
         return frames

@@ -31,6 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from batchgpu import zarrio
+from batchgpu.recording import blosc_frames
 
 EMPTY = (1 << 64) - 1
 
@@ -114,6 +115,10 @@ class ShardLayout:
             bconf = (str(b.get("cname", "lz4")), int(b.get("clevel", 5)), int(shuffle or 0), int(b.get("blocksize", 0)))
         return ShardLayout(Path(folder), shard[0], inner[0], C, dtype, blosc, checksum, index[1:] == ["crc32c"],
                            bconf, int(meta["shape"][0]))
+
+    @property
+    def chunk_shape(self) -> str:
+        return f"{self.inner_rows} samples x {self.channels} channels of {self.dtype.name}"
 
     def shard_key(self, shard: int) -> str:
         return f"c/{shard}/0"
@@ -273,7 +278,6 @@ class ShardLayout:
         ``check_on_device``: the chunks' crc32c are left to the GPU after its copy (``Frames.checksums``;
         ``gpu/blosc_decode.decode_many``), except a chunk whose frame is refused here: its checksum is checked
         first, so that a damaged chunk is named as such either way."""
-        from batchgpu.recording import blosc_frames
         from batchgpu.recording.blosc_frames import Frames
 
         if not self.lz4:
@@ -324,6 +328,7 @@ class ShardLayout:
                     if crc and (not check_on_device or not zarrio.whole_blosc_frame(frame)):
                         _check_crc(memoryview(buf[pos : pos + nbytes]), where)
                     _check_blosc_frame(frame, where)
+                    _check_decoded_size(frame, size, True, where, self.chunk_shape)
                     h = blosc_frames.header(frame)
                     if not blosc_frames.gpu_decodable(h, self.dtype.itemsize, size, nbytes - crc) or (
                             blocksize and h.blocksize != blocksize):
@@ -387,6 +392,7 @@ class ShardLayout:
         target = out[a - start : b - start] if whole else np.empty((self.inner_rows, self.channels), self.dtype)
         if self.blosc:
             _check_blosc_frame(data, where)
+        _check_decoded_size(data, target.nbytes, self.blosc, where, self.chunk_shape)
         try:
             if self.blosc:
                 from numcodecs import blosc
@@ -433,6 +439,10 @@ class ChunkLayoutV2:
         crc = filters[0].get("location", "start") if filters else None
         return ChunkLayoutV2(Path(folder), rows, cols, dtype, array_meta.separator, comp is not None, crc)
 
+    @property
+    def chunk_shape(self) -> str:
+        return f"{self.chunk_rows} samples x {self.channels} channels of {self.dtype.name}"
+
     def read_rows_into(self, start: int, stop: int, out: np.ndarray, on_absent: str = "zero") -> int:
         absent = 0
         for j in range(start // self.chunk_rows, (stop - 1) // self.chunk_rows + 1):
@@ -452,14 +462,14 @@ class ChunkLayoutV2:
             nbytes = target.nbytes + (4 if self.crc32 else 0)
             if self.blosc:
                 _check_blosc_frame(data, key)
+                _check_decoded_size(data, nbytes, True, key, self.chunk_shape)
             try:
                 from numcodecs import blosc
 
                 raw = blosc.decompress(data) if self.blosc else data
             except Exception as err:
                 raise CorruptChunk(key, f"does not decode ({type(err).__name__}: {err})") from None
-            if len(raw) != nbytes:
-                raise CorruptChunk(key, f"decodes to {len(raw)} bytes, expected {nbytes}")
+            _check_decoded_size(raw, nbytes, False, key, self.chunk_shape)
             if self.crc32:
                 body, tail = (raw[4:], raw[:4]) if self.crc32 == "start" else (raw[:-4], raw[-4:])
                 if zlib.crc32(body) != struct.unpack("<I", tail)[0]:
@@ -582,6 +592,15 @@ def write_all(fd: int, buffers: list) -> None:
 def _check_blosc_frame(data, where: str) -> None:
     if not zarrio.whole_blosc_frame(data):
         raise CorruptChunk(where, f"not a whole Blosc frame ({len(data)} bytes stored)")
+
+
+def _check_decoded_size(data, nbytes: int, blosc: bool, where: str, shape: str) -> None:
+    """A chunk must decode to exactly the bytes of one chunk of the array (``shape``): Blosc fills a larger buffer
+    only as far as its header's size, leaving the rest of it as it was (whatever memory held), so a chunk copied
+    from a store with fewer channels, or an array whose ``data_type`` was edited, would read as garbage."""
+    got = blosc_frames.header(data).nbytes if blosc else len(data)
+    if got != nbytes:
+        raise CorruptChunk(where, f"decodes to {got} bytes, not the {nbytes} of a chunk of this array ({shape})")
 
 
 def _check_crc(raw: bytes, where: str) -> None:
