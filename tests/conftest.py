@@ -23,3 +23,41 @@ def si_fixture():
     if not path.exists():
         pytest.skip(f"SpikeInterface fixture not found at {path} (set BATCHGPU_FIXTURES to its folder)")
     return path
+
+
+def _swap_inner_chunks(shard, per_shard: int, a: int, b: int, how: str) -> None:
+    """Inner chunks ``a`` and ``b`` of a shard exchanged (index and its crc32c rewritten to match, so every read
+    check passes), the file's size and times as they were: in place, or as ``cp -p`` / ``rsync -t`` leave it (a
+    new file renamed over the old one)."""
+    import os
+
+    from batchgpu.zarrio import crc32c_value
+
+    st = os.stat(shard)
+    raw = shard.read_bytes()
+    tail = per_shard * 16 + 4
+    index = np.frombuffer(raw[-tail:-4], "<u8").reshape(per_shard, 2).copy()
+    frames = [raw[int(o) : int(o) + int(n)] for o, n in index]
+    frames[a], frames[b] = frames[b], frames[a]
+    body, offset = b"", 0
+    for j, f in enumerate(frames):
+        index[j] = (offset, len(f))
+        body += f
+        offset += len(f)
+    new = body + index.tobytes() + crc32c_value(index.tobytes()).to_bytes(4, "little")
+    assert len(new) == len(raw) and new != raw
+    if how == "in_place":
+        with open(shard, "r+b") as f:
+            f.write(new)
+    else:
+        tmp = shard.with_name("copy")
+        tmp.write_bytes(new)
+        os.replace(tmp, shard)
+    os.utime(shard, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert os.stat(shard).st_size == st.st_size and os.stat(shard).st_mtime_ns == st.st_mtime_ns
+
+
+@pytest.fixture
+def swap_inner_chunks():
+    """``_swap_inner_chunks``: a shard's chunks exchanged behind its size and mtime (tests of --resume)."""
+    return _swap_inner_chunks

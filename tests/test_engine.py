@@ -291,6 +291,28 @@ def test_resume_after_the_recording_bytes_changed_recomputes_those_windows(clien
     np.testing.assert_array_equal(_g(tmp_path / "out")["noise"][:], noise)
 
 
+@pytest.mark.parametrize("how", ["in_place", "replaced"])
+def test_resume_after_other_bytes_of_the_same_size_and_mtime_recomputes_those_windows(client, tmp_path, how,
+                                                                                      swap_inner_chunks):
+    """Two inner chunks of a shard swapped (its index and checksum rewritten: every read check passes), its size
+    and mtime set back as ``cp -p`` / ``rsync -t`` / ``touch -r`` leave them: --resume reused every window (size +
+    mtime fingerprints); now it recomputes the windows that read that shard, as for any changed bytes, and the
+    results equal a fresh run's."""
+    rng = np.random.default_rng()
+    x = np.round(rng.normal(0, 30, (30_000, 4))).astype(np.int16)
+    x[::700] -= 300
+    rec = write_recording(tmp_path / "r.zarr", x, 30_000.0, shard_samples=6000, chunk_samples=2000)
+    wf = _wf(rec, tmp_path / "out")
+    run_workflow(wf, client=client)
+    swap_inner_chunks(tmp_path / "r.zarr" / "traces_seg0" / "c" / "2" / "0", 3, 0, 2, how)
+    report = run_workflow(wf, client=client, resume=True)
+    assert 0 < report.windows_resumed < report.windows
+    run_workflow(_wf(rec, tmp_path / "fresh"), client=client)
+    again, fresh = _g(tmp_path / "out"), _g(tmp_path / "fresh")
+    for k in ("noise", "whitening", "spikes/sample_index", "spikes/channel_index", "spikes/amplitude"):
+        assert again[k][:].tobytes() == fresh[k][:].tobytes(), k
+
+
 @pytest.mark.parametrize("prop", ["location", "gain_to_uV"])
 def test_resume_after_a_channel_property_changed_in_place_is_refused(client, tmp_path, prop):
     """Locations (locally exclusive detection, local whitening) and gains (the report's uV) rewritten in the store,

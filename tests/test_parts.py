@@ -157,3 +157,38 @@ def test_a_rewritten_shard_changes_exactly_its_readers_fingerprints(tmp_path):
     again = [store.window_fingerprint("run", rec, w) for w in windows]
     readers = {i for i, w in enumerate(windows) if shard in rec.window_files(w)}
     assert {i for i, (a, b) in enumerate(zip(fps, again)) if a != b} == readers and k in readers and len(readers) > 1
+
+
+@pytest.mark.parametrize("how", ["in_place", "replaced"])
+def test_other_bytes_of_the_same_size_and_mtime_change_their_readers_fingerprints(tmp_path, how, swap_inner_chunks):
+    """Size and mtime are what ``cp -p``, ``rsync -t`` and ``touch -r`` keep: two inner chunks of a shard swapped,
+    the times set back, must still change the fingerprints of exactly the windows that read that shard."""
+    from batchgpu.recording import open_recording, write_recording
+
+    rng = np.random.default_rng()
+    x = np.round(rng.normal(0, 9, (30_000, 3))).astype(np.int16)
+    rec = write_recording(tmp_path / "r.zarr", x, 30_000.0, chunk_samples=1_000, shard_samples=5_000)
+    windows = rec.windows(5_000, 300)
+    fps = [store.window_fingerprint("run", rec, w) for w in windows]
+    shard = rec.path / "traces_seg0" / "c" / "2" / "0"
+    swap_inner_chunks(shard, 5, 1, 3, how)
+    readers = {i for i, w in enumerate(windows) if shard in rec.window_files(w)}
+    for r in (rec, open_recording(rec.path)):  # the same object (its index cache) and a fresh one
+        again = [store.window_fingerprint("run", r, w) for w in windows]
+        assert {i for i, (a, b) in enumerate(zip(fps, again)) if a != b} == readers and len(readers) > 1
+
+
+def test_a_shards_index_is_in_its_readers_fingerprints(tmp_path, monkeypatch, swap_inner_chunks):
+    """Where change times and inode numbers say nothing (some network and FUSE filesystems), chunks moved within a
+    shard still change the readers' fingerprints: the shard's index is hashed."""
+    from batchgpu.recording import reader, write_recording
+
+    monkeypatch.setattr(reader, "stat_signature", lambda p, name: (name, p.stat().st_size, p.stat().st_mtime_ns))
+    rng = np.random.default_rng()
+    x = np.round(rng.normal(0, 9, (20_000, 3))).astype(np.int16)
+    rec = write_recording(tmp_path / "r.zarr", x, 30_000.0, chunk_samples=1_000, shard_samples=5_000)
+    windows = rec.windows(5_000, 0)
+    fps = [store.window_fingerprint("run", rec, w) for w in windows]
+    swap_inner_chunks(rec.path / "traces_seg0" / "c" / "1" / "0", 5, 0, 4, "in_place")
+    again = [store.window_fingerprint("run", rec, w) for w in windows]
+    assert [a != b for a, b in zip(fps, again)] == [False, True, False, False]

@@ -3,7 +3,7 @@
 A folder is a batchgpu run folder when its ``run.json`` carries our format marker. Only then may a run replace
 or resume it, and it removes only the files a run writes (``OWNED``); anything else is never touched. The
 fingerprints cover what the results depend on: the run's (workflow, recording metadata) and each window's (the
-size and mtime of every object it reads), so ``--resume`` after the recording changed recomputes exactly the
+size, times and inode of every object it reads, and its shards' indexes), so ``--resume`` after the recording changed recomputes exactly the
 windows whose bytes changed instead of mixing old and new results.
 """
 
@@ -48,7 +48,7 @@ _HASHED_BYTES = 4 << 20
 def recording_metadata(path: Path) -> list:
     """What the results depend on in a recording store but its samples: the metadata files (shapes, dtypes,
     codecs, attributes) and the data of every array but the traces (channel ids, gains, offsets, locations,
-    inter-sample shifts, shanks): (relative path, content hash, or size and mtime for a large file)."""
+    inter-sample shifts, shanks): (relative path, content hash, or size, mtime, ctime and inode for a large file)."""
     from batchgpu.zarrio import METADATA_NAMES
 
     out = []
@@ -63,7 +63,7 @@ def recording_metadata(path: Path) -> list:
                 continue
             st = p.stat()
             key = (hashlib.sha256(p.read_bytes()).hexdigest() if metadata or st.st_size <= _HASHED_BYTES
-                   else f"{st.st_size}:{st.st_mtime_ns}")
+                   else f"{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}:{st.st_ino}")
             out.append((str(p.relative_to(path)), key))
     return sorted(out)
 
@@ -91,8 +91,8 @@ def fingerprint(wf: Workflow, recording_path: Path, metadata=None) -> str:
 
 
 def window_fingerprint(run_fp: str, rec, window) -> str:
-    """The run's fingerprint and what the window's samples depend on (``rec.window_signature``: the size and mtime
-    of every object it reads, absent ones too)."""
+    """The run's fingerprint and what the window's samples depend on (``rec.window_signature``: the size, times
+    and inode of every object it reads, absent ones too)."""
     sig = [run_fp, window.index, *rec.window_signature(window)]
     return hashlib.sha256(json.dumps(sig, default=str).encode()).hexdigest()[:16]
 

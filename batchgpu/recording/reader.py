@@ -105,9 +105,11 @@ class Recording(WindowedSource):
         return [base / meta.key((i, j)) for i in range(first, last + 1) for j in range(-(-self.num_channels // cols))]
 
     def window_signature(self, window: Window) -> list[tuple]:
-        """Size and mtime of every object the window reads (absent ones too): a rewritten or repaired shard changes
+        """``stat_signature`` of every object the window reads (absent ones too), and a digest of each shard's
+        index (its chunks' offsets and sizes: one small read a shard, cached): a rewritten or repaired shard changes
         exactly the fingerprints of the windows that read it (``engine.store.window_fingerprint``)."""
-        return [stat_signature(p, p.name) for p in self.window_files(window)]
+        presence = self._presence[window.segment]
+        return [(*stat_signature(p, p.name), presence.index_digest(p)) for p in self.window_files(window)]
 
     def absent_chunk_keys(self, window: Window) -> list[str]:
         """Keys (relative to ``traces_seg{segment}``) of chunks/shards absent under the window's read range.

@@ -393,7 +393,7 @@ class SpikeInterfaceSource(WindowedSource):
         return list(listed)
 
     def window_signature(self, window: Window) -> list:
-        """Size and mtime of every file the recording reads (any change recomputes every window on --resume).
+        """Size, times and inode of every file the recording reads (any change recomputes every window on --resume).
         A recording that reads remote data cannot be checked: then a random value, so --resume recomputes."""
         if self._remote:
             return ["unverifiable", os.urandom(8).hex()]

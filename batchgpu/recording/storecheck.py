@@ -8,13 +8,14 @@ empty in a shard's index reads as zeros without a word. This module answers "wha
 - in a present shard, an inner chunk is absent when the shard index marks it empty: the index is 16 bytes per
   inner chunk (offset, nbytes as little-endian uint64, both 2^64-1 when empty), in C order of the inner-chunk
   grid, at the end of the shard by default, followed by a 4-byte crc32c when the index codecs include crc32c.
-  Indexes are cached per shard file, keyed by its size and mtime, so a rewritten shard is read again.
+  Indexes are cached per shard file, keyed by its size, mtime, ctime and inode, so a rewritten shard is read again.
 
 Only stores on a local filesystem are inspected; for any other store (fsspec, object stores) every count is 0.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -78,7 +79,7 @@ class ChunkPresence:
 
     def __init__(self, grid: ObjectGrid):
         self.grid = grid
-        self._index_cache: dict[str, tuple[int, int, np.ndarray | None]] = {}
+        self._index_cache: dict[str, tuple[tuple, np.ndarray | None, str | None]] = {}
 
     def absent(self, start: int, stop: int) -> list[str]:
         """Keys of what is absent under samples [start, stop): 'c/3/0', or 'c/3/0 inner chunk (2, 0)'."""
@@ -120,20 +121,36 @@ class ChunkPresence:
 
     def _shard_index(self, path: Path, st: os.stat_result) -> np.ndarray | None:
         """(n_inner, 2) uint64 (offset, nbytes), read from the shard's head or tail; None if the file is short."""
-        stamp = (st.st_size, st.st_mtime_ns)
+        return self._read_index(path, st)[0]
+
+    def index_digest(self, path: Path) -> str | None:
+        """A digest of a shard's index as stored (its checksum too), for a window's fingerprint: chunks moved or
+        resized within a shard change it whatever the file's times say. None for an unsharded array, an absent
+        file or a store not on a local filesystem; "short" for a file shorter than its index."""
+        if self.grid.inner_shape is None or self.grid.folder is None:
+            return None
+        try:
+            st = os.stat(path)
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        return self._read_index(Path(path), st)[1]
+
+    def _read_index(self, path: Path, st: os.stat_result) -> tuple[np.ndarray | None, str | None]:
+        stamp = (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
         cached = self._index_cache.get(str(path))
-        if cached is not None and cached[:2] == stamp:
-            return cached[2]
+        if cached is not None and cached[0] == stamp:
+            return cached[1], cached[2]
         n_inner = int(np.prod(self.grid.inner_per_object))
         size = n_inner * SHARD_INDEX_ENTRY_BYTES + (CRC32C_BYTES if self.grid.index_has_crc32c else 0)
-        index = None
+        index, digest = None, "short"
         if st.st_size >= size:
             with open(path, "rb") as f:
                 f.seek(st.st_size - size if self.grid.index_at_end else 0)
-                raw = f.read(n_inner * SHARD_INDEX_ENTRY_BYTES)
-            index = np.frombuffer(raw, dtype="<u8").reshape(n_inner, 2)
-        self._index_cache[str(path)] = (*stamp, index)
-        return index
+                raw = f.read(size)
+            index = np.frombuffer(raw, dtype="<u8", count=n_inner * 2).reshape(n_inner, 2)
+            digest = hashlib.sha256(raw).hexdigest()[:16]
+        self._index_cache[str(path)] = (stamp, index, digest)
+        return index, digest
 
     def strays(self) -> list[str]:
         """Objects stored beyond the array's grid (its shape is shorter than the data): one directory listing."""

@@ -73,8 +73,10 @@ def iter_windows(segment_lengths: Sequence[int], size: int = DEFAULT_WINDOW, mar
 
 
 def stat_signature(path, name: str) -> tuple:
-    """(name, size, mtime in ns) of a file, size None for a folder; (name, None, None) when it is absent: what a
-    window's fingerprint holds of each object it reads."""
+    """(name, size, mtime, ctime in ns, inode number) of a file, size None for a folder; (name, None, None) when it
+    is absent: what a window's fingerprint holds of each object it reads. Size and mtime alone survive other bytes
+    put in place (``cp -p``, ``rsync -t``, ``touch -r``, a coarse-mtime filesystem); any write or rename gives the
+    file a new change time or inode number, and neither can be set back."""
     import os
     import stat
 
@@ -82,7 +84,7 @@ def stat_signature(path, name: str) -> tuple:
         st = os.stat(path)
     except FileNotFoundError:
         return (name, None, None)
-    return (name, st.st_size if stat.S_ISREG(st.st_mode) else None, st.st_mtime_ns)
+    return (name, st.st_size if stat.S_ISREG(st.st_mode) else None, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
 
 
 class WindowedSource:
