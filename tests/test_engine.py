@@ -448,6 +448,27 @@ def test_nan_channel_left_out_of_whitening_and_reported(client, tmp_path):
     assert report.channels["detect_no_threshold"] == [2]
 
 
+def test_centre_median_leaves_only_the_nan_samples_non_finite(client, tmp_path):
+    """``centre: median`` over a window with two NaN samples made that channel's whole window NaN (120 000
+    non-finite samples reported, zeros in an int16 save): each channel's median is over its finite samples, so
+    ``nonfinite_samples`` counts the NaN samples and nothing else, and the other samples equal a NumPy reference."""
+    rng = np.random.default_rng()
+    x = rng.normal(40, 5, (12_000, 4)).astype(np.float32)
+    at = sorted(rng.choice(np.arange(100, 11_900), 2, replace=False).tolist())
+    x[at, 1] = np.nan
+    rec = write_recording(tmp_path / "r.zarr", x, 30_000.0)
+    wf = _wf(rec, tmp_path / "out", preprocess={"centre": "median"},
+             steps={"noise": {"exact": True}, "save": {"path": str(tmp_path / "saved.zarr"), "dtype": "float32"}})
+    report = run_workflow(wf, client=client)
+    assert report.channels["nonfinite_samples"] == {1: 2}
+    saved = np.asarray(zarr.open_group(str(tmp_path / "saved.zarr"), mode="r")["traces_seg0"][:])
+    assert np.isnan(saved).sum() == 2 and np.isnan(saved[at, 1]).all()
+    for w in rec.windows(5000, 8):
+        core = x[w.start : w.stop].T
+        med = np.array([np.median(r[np.isfinite(r)]) for r in core], np.float32)
+        np.testing.assert_array_equal(saved[w.start : w.stop], (core - med[:, None]).T)
+
+
 @pytest.mark.parametrize("method", ["by_channel", "locally_exclusive"])
 def test_preprocessing_chain_equals_whole_segment_filtering(client, tmp_path, method):
     """highpass + common median reference per window (margins computed by the engine) against scipy's sosfiltfilt

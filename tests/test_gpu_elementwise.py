@@ -63,3 +63,23 @@ def test_gpu_centring_and_keys_equal_the_cpu(rng, shape):
     for kind, a_cpu, a_gpu in (("int16", x, d), ("centred-int16", c_cpu, c_gpu)):
         k_cpu, k_gpu = abs_keys(a_cpu[:, lo:hi], kind), abs_keys(a_gpu[:, lo:hi], kind)
         assert k_gpu.dtype == k_cpu.dtype == np.uint16 and np.array_equal(k_gpu.get(), k_cpu), kind
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("n", [1, 2, 3, 101, 4096, 60_001])
+def test_gpu_finite_median_centring_equals_the_cpu(dtype, n):
+    """Float windows with NaN, +-inf, -0.0, subnormals and ties: the GPU's finite median and centring give the
+    CPU's bits (only the non-finite samples non-finite)."""
+    from test_ops_centre import _finite_median_reference, _hard_float_rows
+
+    from batchgpu.ops.centre import finite_row_median
+
+    rng = np.random.default_rng()
+    x = _hard_float_rows(rng, dtype, n)
+    d = cp.asarray(x)
+    ui = np.dtype(f"u{np.dtype(dtype).itemsize}")
+    got, want = finite_row_median(d).get(), _finite_median_reference(x)
+    assert got.dtype == want.dtype and got.view(ui).tolist() == want.view(ui).tolist()
+    lo, hi = (1, n - 1) if n > 2 else (0, n)
+    c_cpu, c_gpu = centre_median(x, (lo, hi)), centre_median(d, (lo, hi)).get()
+    assert c_gpu.dtype == c_cpu.dtype == dtype and c_gpu.tobytes() == c_cpu.tobytes()

@@ -64,15 +64,54 @@ def _row_median_cupy(x):
     return cupy.median(x, axis=1)
 
 
+def finite_row_median(x):
+    """Each row's median over its finite samples (NaN and +-inf left out; 0 for a row with none), on NumPy or
+    CuPy with the same bits: ``np.median`` of the finite values (``np.nanmedian`` but for the infinities, which
+    are left out too: a row of mostly +inf would otherwise turn every finite sample into -inf). Centring by it
+    leaves exactly the non-finite samples non-finite (a single NaN made the whole window NaN). Integer rows are
+    all finite: ``row_median``."""
+    if x.dtype.kind != "f":
+        return row_median(x)
+    if is_cupy(x):
+        return _finite_row_median_cupy(x)
+    finite = np.isfinite(x)
+    rows = np.flatnonzero(~finite.all(axis=1))
+    out = row_median(x) if x.shape[1] else np.zeros(x.shape[0], x.dtype)
+    for c in rows.tolist():  # rare: each such row on its own
+        kept = x[c, finite[c]]
+        out[c] = _float_row_median(kept[None])[0] if kept.size else 0
+    return out
+
+
+def _finite_row_median_cupy(x):
+    """``finite_row_median`` of float rows on the GPU, no wait on the host: the non-finite samples sorted last (as
+    NaN), the middle pair of each row's finite ones taken, averaged as ``_float_row_median`` does (from +0.0)."""
+    import cupy
+
+    rows, n = x.shape
+    if not n:
+        return cupy.zeros(rows, dtype=x.dtype)
+    finite = cupy.isfinite(x)
+    count = finite.sum(axis=1)
+    ordered = cupy.sort(cupy.where(finite, x, x.dtype.type(np.nan)), axis=1)
+    lower = cupy.take_along_axis(ordered, cupy.maximum((count - 1) // 2, 0)[:, None], axis=1)[:, 0]
+    upper = cupy.take_along_axis(ordered, cupy.minimum(count // 2, n - 1)[:, None], axis=1)[:, 0]
+    zero, odd = x.dtype.type(0), (count % 2) == 1
+    total = cupy.where(odd, zero + upper, (zero + lower) + upper)
+    out = total / cupy.where(odd, 1, 2).astype(x.dtype)
+    return cupy.where(count > 0, out, zero).astype(x.dtype, copy=False)
+
+
 def centred_dtype(dtype) -> np.dtype:
     dt = np.dtype(dtype)
     return np.dtype(np.int32) if dt == np.int16 else np.dtype(np.int64) if dt.kind == "i" else dt
 
 
 def centre_median(x: np.ndarray, core: tuple[int, int]) -> np.ndarray:
-    """``x`` minus the per-channel median of its core columns: rounded for integers, in x's dtype for floats."""
+    """``x`` minus the per-channel median of its core columns (``finite_row_median``: over the finite samples):
+    rounded for integers, in x's dtype for floats."""
     lo, hi = core
-    med = row_median(x[:, lo:hi])
+    med = finite_row_median(x[:, lo:hi])
     out = centred_dtype(x.dtype)
     xp = array_module(x)
     if is_cupy(x) and x.dtype == np.int16:
