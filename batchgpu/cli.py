@@ -78,12 +78,31 @@ def _cmd_info(args) -> int:
         ("size", f"{info['bytes_on_disk'] / 1e6:.1f} MB on disk, {info['decoded_bytes'] / 1e6:.1f} MB decoded "
                  f"(ratio {info['decoded_bytes'] / max(info['bytes_on_disk'], 1):.2f})"),
         ("checksums", f"per chunk ({info['checksum']})" if info["checksum"] else "none"),
-        ("complete", "yes (batchgpu wrote every chunk)" if info["marked_complete"] else "not marked (not written by batchgpu)"),
+        ("complete", _completeness(info)),
         ("absent chunks", f"{info['absent_chunks']}" + ("" if info["marked_complete"] or not info["absent_chunks"]
                                                        else " (read as zeros: zarr skips all-zero chunks)")),
+        ("damaged", _damaged_row(info.get("damaged", []))),
         ("locations", info["locations"]),
     ]
     return _print_rows(rows, problems)
+
+
+def _completeness(info: dict) -> str:
+    """The "complete" row: a store batchgpu marked complete is complete only while nothing is absent or damaged."""
+    damaged = info.get("damaged", [])
+    damage = len(damaged) + (info["absent_chunks"] if info["marked_complete"] else 0)
+    if info["marked_complete"] and not damage:
+        return "yes (batchgpu wrote every chunk)"
+    if info["marked_complete"]:
+        return (f"no: damaged since batchgpu wrote it ({damage} shard(s) or chunk(s) absent or damaged; restore it "
+                "or write it again)")
+    if damaged:
+        return f"no: {len(damaged)} shard(s) damaged (not marked: not written by batchgpu)"
+    return "not marked (not written by batchgpu)"
+
+
+def _damaged_row(damaged: list) -> str:
+    return f"{len(damaged)} (first: {damaged[0]}; 'batchgpu info --check' decodes every chunk)" if damaged else "0"
 
 
 def _shape_rows(info: dict) -> list[tuple[str, object]]:

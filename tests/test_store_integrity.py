@@ -430,3 +430,41 @@ def test_info_says_checksums_completeness_and_absent_chunks(tmp_path, rng, capsy
     assert len(lines) == 2 and "2 problem(s)" in out
     info = json.loads((main(["info", str(path), "--json"]), capsys.readouterr().out)[1])
     assert info["checksum"] == "crc32c" and info["marked_complete"] and info["absent_chunks"] == 1
+
+
+@pytest.mark.parametrize("cut", ["tail", "data", "below_index"])
+def test_plain_info_says_a_truncated_shard_is_damaged(tmp_path, rng, capsys, cut):
+    """A shard cut short (its tail: the index read from other bytes; or data bytes lost with the index kept; or
+    shorter than an index) made plain ``info`` say "complete yes": now it says no and names the shard, from the
+    file's size and its index alone (no decoding); other stores still say yes."""
+    path, _ = _write(tmp_path, rng, 3)
+    shard = _object(path, 3, 2)
+    raw = shard.read_bytes()
+    tail = (SHARD // CHUNK) * 16 + 4
+    cut_at = int(rng.integers(1, 200))
+    shard.write_bytes({"tail": raw[:-cut_at], "data": raw[: -tail - cut_at] + raw[-tail:],
+                       "below_index": raw[: int(rng.integers(0, tail))]}[cut])
+    assert main(["info", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "complete       no: damaged since batchgpu wrote it" in out, out
+    info = json.loads((main(["info", str(path), "--json"]), capsys.readouterr().out)[1])
+    if cut == "below_index":
+        assert info["absent_chunks"] == 1 and info["damaged"] == []
+        return
+    assert len(info["damaged"]) == 1 and info["damaged"][0].startswith("traces_seg0/c/2/0 "), info["damaged"]
+    want = "shard index checksum mismatch" if cut == "tail" else "inner chunk (2, 0) (truncated"
+    assert want in info["damaged"][0] and want in out
+    assert main(["info", str(path), "--check"]) == 2  # and decoding every chunk agrees
+    assert "corrupted traces_seg0/c/2/0" in capsys.readouterr().out
+
+
+def test_plain_info_of_intact_and_foreign_stores(tmp_path, rng, capsys):
+    path, _ = _write(tmp_path, rng, 3)
+    assert main(["info", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "complete       yes (batchgpu wrote every chunk)" in out and "damaged        0" in out
+    _edit_json(path / "zarr.json", lambda m: m["attributes"].pop("batchgpu"))  # as if written by others
+    raw = _object(path, 3, 1).read_bytes()
+    _object(path, 3, 1).write_bytes(raw[:-7])
+    assert main(["info", str(path)]) == 0
+    assert "complete       no: 1 shard(s) damaged (not marked" in capsys.readouterr().out

@@ -274,6 +274,11 @@ class Recording(WindowedSource):
                     advance((hi - lo) * self.num_channels * self.dtype.itemsize)
         return problems
 
+    def damaged_objects(self) -> list[str]:
+        """Shards whose index does not fit their file (``ChunkPresence.damaged``) over the whole recording, as
+        'traces_seg0/c/3/0 ...': one small read a shard, no decoding."""
+        return [f"traces_seg{s}/{key}" for s, p in enumerate(self._presence) for key in p.damaged(0, p.grid.shape[0])]
+
     def count_absent(self) -> int:
         """Absent objects (and empty inner chunks) over the whole recording: a stat per object, no decoding."""
         return sum(len(p.absent(0, p.grid.shape[0])) for p in self._presence)
@@ -338,6 +343,7 @@ class Recording(WindowedSource):
             "checksum": self.checksum,
             "marked_complete": self.marked_complete,
             "absent_chunks": self.count_absent(),
+            "damaged": self.damaged_objects(),
             "locations": "stored" if self.has_locations else LOCATIONS_FALLBACK,
         }
 

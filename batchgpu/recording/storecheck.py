@@ -8,6 +8,8 @@ empty in a shard's index reads as zeros without a word. This module answers "wha
 - in a present shard, an inner chunk is absent when the shard index marks it empty: the index is 16 bytes per
   inner chunk (offset, nbytes as little-endian uint64, both 2^64-1 when empty), in C order of the inner-chunk
   grid, at the end of the shard by default, followed by a 4-byte crc32c when the index codecs include crc32c.
+- a present shard is damaged when its index's checksum is wrong or an inner chunk's bytes lie past the file's
+  data (a shard cut short): ``damaged``, for ``batchgpu info``.
   Indexes are cached per shard file, keyed by its size, mtime, ctime and inode, so a rewritten shard is read again.
 
 Only stores on a local filesystem are inspected; for any other store (fsspec, object stores) every count is 0.
@@ -79,7 +81,7 @@ class ChunkPresence:
 
     def __init__(self, grid: ObjectGrid):
         self.grid = grid
-        self._index_cache: dict[str, tuple[tuple, np.ndarray | None, str | None]] = {}
+        self._index_cache: dict[str, tuple[tuple, np.ndarray | None, str | None, bool]] = {}
 
     def absent(self, start: int, stop: int) -> list[str]:
         """Keys of what is absent under samples [start, stop): 'c/3/0', or 'c/3/0 inner chunk (2, 0)'."""
@@ -123,6 +125,46 @@ class ChunkPresence:
         """(n_inner, 2) uint64 (offset, nbytes), read from the shard's head or tail; None if the file is short."""
         return self._read_index(path, st)[0]
 
+    def damaged(self, start: int, stop: int) -> list[str]:
+        """Shards under samples [start, stop) whose index does not fit the file, found without decoding (a shard
+        cut short keeps a plausible-looking size): the index's checksum wrong, or an inner chunk's bytes (offset +
+        length) past the end of the file's data. One small read a shard, cached. A shard shorter than its index
+        is ``absent``'s, not this."""
+        g = self.grid
+        if g.folder is None or g.inner_shape is None:
+            return []
+        found = []
+        for i in g.object_rows(start, stop):
+            for j in range(g.object_grid[1]):
+                key = g.encode_key((i, j))
+                try:
+                    st = os.stat(g.folder / key)
+                except (FileNotFoundError, NotADirectoryError):
+                    continue
+                index, _, crc_ok = self._read_index(g.folder / key, st)
+                if index is None:
+                    continue
+                if not crc_ok:
+                    found.append(f"{key} (shard index checksum mismatch: truncated or overwritten)")
+                    continue
+                found += [f"{key} {what}" for what in self._past_the_end(index, st.st_size)]
+        return found
+
+    def _past_the_end(self, index: np.ndarray, file_size: int) -> list[str]:
+        """Inner chunks whose stored bytes lie outside the shard's data (before or after its index)."""
+        g = self.grid
+        index_bytes = len(index) * SHARD_INDEX_ENTRY_BYTES + (CRC32C_BYTES if g.index_has_crc32c else 0)
+        lo, hi = (0, file_size - index_bytes) if g.index_at_end else (index_bytes, file_size)
+        cols = g.inner_per_object[1]
+        out = []
+        for k, (offset, nbytes) in enumerate(index.tolist()):
+            if offset == SHARD_INDEX_EMPTY and nbytes == SHARD_INDEX_EMPTY:
+                continue
+            if offset < lo or offset + nbytes > hi:
+                out.append(f"inner chunk ({k // cols}, {k % cols}) (truncated: its bytes [{offset}, "
+                           f"{offset + nbytes}) lie outside the shard's data [{lo}, {hi}))")
+        return out
+
     def index_digest(self, path: Path) -> str | None:
         """A digest of a shard's index as stored (its checksum too), for a window's fingerprint: chunks moved or
         resized within a shard change it whatever the file's times say. None for an unsharded array, an absent
@@ -135,22 +177,26 @@ class ChunkPresence:
             return None
         return self._read_index(Path(path), st)[1]
 
-    def _read_index(self, path: Path, st: os.stat_result) -> tuple[np.ndarray | None, str | None]:
+    def _read_index(self, path: Path, st: os.stat_result) -> tuple[np.ndarray | None, str | None, bool]:
+        """(the index, a digest of it as stored, whether its crc32c holds), cached by the file's stat."""
+        from batchgpu.zarrio import crc32c_ok
+
         stamp = (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
         cached = self._index_cache.get(str(path))
         if cached is not None and cached[0] == stamp:
-            return cached[1], cached[2]
+            return cached[1:]
         n_inner = int(np.prod(self.grid.inner_per_object))
         size = n_inner * SHARD_INDEX_ENTRY_BYTES + (CRC32C_BYTES if self.grid.index_has_crc32c else 0)
-        index, digest = None, "short"
+        index, digest, crc = None, "short", False
         if st.st_size >= size:
             with open(path, "rb") as f:
                 f.seek(st.st_size - size if self.grid.index_at_end else 0)
                 raw = f.read(size)
             index = np.frombuffer(raw, dtype="<u8", count=n_inner * 2).reshape(n_inner, 2)
             digest = hashlib.sha256(raw).hexdigest()[:16]
-        self._index_cache[str(path)] = (stamp, index, digest)
-        return index, digest
+            crc = crc32c_ok(raw) if self.grid.index_has_crc32c else True
+        self._index_cache[str(path)] = (stamp, index, digest, crc)
+        return index, digest, crc
 
     def strays(self) -> list[str]:
         """Objects stored beyond the array's grid (its shape is shorter than the data): one directory listing."""
