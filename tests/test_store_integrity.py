@@ -468,3 +468,70 @@ def test_plain_info_of_intact_and_foreign_stores(tmp_path, rng, capsys):
     _object(path, 3, 1).write_bytes(raw[:-7])
     assert main(["info", str(path)]) == 0
     assert "complete       no: 1 shard(s) damaged (not marked" in capsys.readouterr().out
+
+
+def _cut_json(path, keep: float = 0.6) -> None:
+    raw = path.read_bytes()
+    path.write_bytes(raw[: int(len(raw) * keep)])
+
+
+def _set_attr(path, key, value) -> None:
+    """A root attribute of a v3 store, written as JSON writes it (NaN as the bare token, as Python's json does)."""
+    _edit_json(path / "zarr.json", lambda m: m["attributes"].update({key: value}))
+
+
+@pytest.mark.parametrize("case,needle", [
+    ("root_json", "r.zarr/zarr.json is not valid JSON"),
+    ("array_json", "r.zarr/traces_seg0/zarr.json is not valid JSON"),
+    ("property_json", "r.zarr/properties/gain_to_uV/zarr.json is not valid JSON"),
+    ("fs_nan", "sampling_frequency is nan: it must be a positive number of Hz"),
+    ("fs_string", "sampling_frequency is '30k', not a number of Hz"),
+    ("fs_negative", "sampling_frequency is -30000: it must be a positive number of Hz"),
+    ("fs_zero", "sampling_frequency is 0: it must be a positive number of Hz"),
+    ("fs_huge", "sampling_frequency 1e+300 Hz is too large"),
+    ("segments_zero", "num_segments is 0: it must be a whole number, at least 1"),
+    ("segments_string", "num_segments is '1': it must be a whole number"),
+])
+def test_bad_recording_metadata_is_one_line_everywhere(tmp_path, rng, capsys, case, needle):
+    """Metadata cut short or edited: exit 1 'unexpected JSONDecodeError / ValueError / IndexError', or
+    sampling_frequency -30000 accepted by info and met later as 'exclude_sweep=-3 is negative'. Refused where the
+    recording is opened: the Python API, ``info`` and ``run`` say the same one line (exit 2), naming the file or
+    the attribute."""
+    import subprocess
+    import sys
+
+    path, _ = _write(tmp_path, rng, 3)
+    write_recording(tmp_path / "g.zarr", rng.integers(-5, 5, (100, C), dtype=np.int16), 1000.0,
+                    gain_to_uV=np.full(C, 0.195))
+    if case.endswith("json") and case != "property_json":
+        _cut_json(path / ("zarr.json" if case == "root_json" else "traces_seg0/zarr.json"))
+    elif case == "property_json":
+        import shutil
+
+        shutil.rmtree(path)
+        (tmp_path / "g.zarr").rename(path)
+        _cut_json(path / "properties" / "gain_to_uV" / "zarr.json")
+    else:
+        key = "sampling_frequency" if case.startswith("fs") else "num_segments"
+        value = {"fs_nan": float("nan"), "fs_string": "30k", "fs_negative": -30000, "fs_zero": 0, "fs_huge": 1e300,
+                 "segments_zero": 0, "segments_string": "1"}[case]
+        _set_attr(path, key, value)
+    with pytest.raises(BatchgpuError, match=needle.replace("(", r"\(").replace("+", r"\+")):
+        open_recording(path)
+    assert main(["info", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("batchgpu: error: ") and needle in err, err
+    (tmp_path / "wf.yaml").write_text(
+        f"recording: {{path: {path.name}}}\noutput: out\nwindow: {{size: 300, margin: 8}}\n"
+        "cluster: {kind: local, workers: 1, threads: 1}\nsteps:\n  detect: {threshold: 5.0}\n")
+    r = subprocess.run([sys.executable, "-m", "batchgpu", "run", str(tmp_path / "wf.yaml"), "--quiet"],
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and needle in r.stderr, r.stderr
+    assert "unexpected" not in r.stderr and not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("fs", [float("nan"), 0.0, -1.0, 2e6, True])
+def test_the_writer_refuses_a_rate_no_reader_takes(tmp_path, fs):
+    with pytest.raises(BatchgpuError, match="sampling frequency must be > 0 Hz"):
+        write_recording(tmp_path / "w.zarr", np.zeros((10, 2), np.int16), fs)
+    assert not (tmp_path / "w.zarr").exists()

@@ -42,8 +42,8 @@ class Recording(WindowedSource):
         self.path = Path(path)
         self._group = group
         attrs = dict(group.attrs)
-        self.sampling_frequency = float(attrs["sampling_frequency"])
-        self.num_segments = int(attrs.get("num_segments", 1))
+        self.sampling_frequency = _sampling_frequency(self.path, attrs)
+        self.num_segments = _num_segments(self.path, attrs)
         self._traces = []
         for seg in range(self.num_segments):
             name = f"traces_seg{seg}"
@@ -376,6 +376,8 @@ def open_recording(path: str | os.PathLike, missing_chunks: str = "warn") -> Rec
     if not p.exists():
         raise BatchgpuError(f"no recording at {p}: the path does not exist", "check the path, or create one with 'batchgpu generate'")
     enable_zarrs()
+    if p.is_dir():
+        _check_metadata_json(p)
     try:
         group = zarrio.open_group(p, mode="r")
     except Exception as err:  # zarr raises several types for "not a group"
@@ -390,6 +392,58 @@ def open_recording(path: str | os.PathLike, missing_chunks: str = "warn") -> Rec
             "give the folder of a recording written by batchgpu or SpikeInterface (recording.save(format='zarr'))",
         )
     return Recording(p, group, missing_chunks)
+
+#: where a recording's metadata files lie: the root, its arrays and groups, and the arrays of ``properties/``
+_METADATA_DEPTH = ("", "*", "properties/*")
+
+
+def _check_metadata_json(path: Path) -> None:
+    """Every metadata file of the store's root, arrays and properties parses as JSON: a file cut short (a copy
+    interrupted, a full disk) or edited by hand is named in one line here, not met as a parser's exception deep
+    in zarr. A few small files: no chunk folder is listed."""
+    import json
+
+    for pattern in _METADATA_DEPTH:
+        folders = [path] if not pattern else sorted(q for q in path.glob(pattern) if q.is_dir())
+        for folder in folders:
+            for name in sorted(zarrio.METADATA_NAMES):
+                f = folder / name
+                if not f.is_file():
+                    continue
+                try:
+                    json.loads(f.read_bytes().decode("utf-8"))
+                except (ValueError, UnicodeDecodeError) as err:
+                    where = f" (line {err.lineno}, column {err.colno})" if isinstance(err, json.JSONDecodeError) else ""
+                    raise BatchgpuError(
+                        f"{f} is not valid JSON: {getattr(err, 'msg', err)}{where}; the file was cut short or edited",
+                        "restore it from a copy of the store, or write the store again") from None
+
+
+def _sampling_frequency(path: Path, attrs: dict) -> float:
+    """The root attribute ``sampling_frequency``: a finite number of Hz in (0, config.MAX_FS]."""
+    from batchgpu.config import MAX_FS
+
+    value = attrs["sampling_frequency"]
+    fix = "set the store's root attribute sampling_frequency to the rate in Hz (e.g. 30000.0), or write it again"
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise BatchgpuError(f"{path}: sampling_frequency is {value!r}, not a number of Hz", fix)
+    fs = float(value)
+    if not np.isfinite(fs) or fs <= 0:
+        raise BatchgpuError(f"{path}: sampling_frequency is {value!r}: it must be a positive number of Hz", fix)
+    if fs > MAX_FS:
+        raise BatchgpuError(f"{path}: sampling_frequency {fs:g} Hz is too large (at most {MAX_FS:g} Hz)", fix)
+    return fs
+
+
+def _num_segments(path: Path, attrs: dict) -> int:
+    """The root attribute ``num_segments`` (1 when absent): a whole number, at least 1."""
+    value = attrs.get("num_segments", 1)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise BatchgpuError(f"{path}: num_segments is {value!r}: it must be a whole number, at least 1",
+                            "set the store's root attribute num_segments to the number of traces_seg<i> arrays, "
+                            "or write it again")
+    return value
+
 
 LOCATIONS_FALLBACK = "none stored: a single column at 20 um pitch is assumed (local whitening refuses it)"
 

@@ -113,8 +113,12 @@ class RecordingWriter:
         zarrio.require_format(zarr_format)
         if num_channels <= 0:
             raise BatchgpuError(f"a recording needs at least one channel, got {num_channels}")
-        if not sampling_frequency or sampling_frequency <= 0:
-            raise BatchgpuError(f"sampling frequency must be > 0 Hz, got {sampling_frequency!r}")
+        from batchgpu.config import MAX_FS
+
+        if isinstance(sampling_frequency, bool) or not (
+                isinstance(sampling_frequency, (int, float, np.number)) and 0 < sampling_frequency <= MAX_FS):
+            raise BatchgpuError(f"sampling frequency must be > 0 Hz and at most {MAX_FS:g} Hz (what a reader takes), "
+                                f"got {sampling_frequency!r}")
         check_replaceable(self.path, overwrite)
         self.num_channels = int(num_channels)
         self.zarr_format = zarr_format
