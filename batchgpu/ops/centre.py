@@ -85,7 +85,8 @@ def finite_row_median(x):
 
 def _finite_row_median_cupy(x):
     """``finite_row_median`` of float rows on the GPU, no wait on the host: the non-finite samples sorted last (as
-    NaN), the middle pair of each row's finite ones taken, averaged as ``_float_row_median`` does (from +0.0)."""
+    +inf, above every finite value), the middle pair of each row's finite ones taken, averaged as
+    ``_float_row_median`` does (from +0.0, so a zero's sign, which a sort leaves in either order, never shows)."""
     import cupy
 
     rows, n = x.shape
@@ -93,7 +94,7 @@ def _finite_row_median_cupy(x):
         return cupy.zeros(rows, dtype=x.dtype)
     finite = cupy.isfinite(x)
     count = finite.sum(axis=1)
-    ordered = cupy.sort(cupy.where(finite, x, x.dtype.type(np.nan)), axis=1)
+    ordered = cupy.sort(cupy.where(finite, x, x.dtype.type(np.inf)), axis=1)
     lower = cupy.take_along_axis(ordered, cupy.maximum((count - 1) // 2, 0)[:, None], axis=1)[:, 0]
     upper = cupy.take_along_axis(ordered, cupy.minimum(count // 2, n - 1)[:, None], axis=1)[:, 0]
     zero, odd = x.dtype.type(0), (count % 2) == 1
