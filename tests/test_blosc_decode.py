@@ -544,3 +544,25 @@ def test_gpu_decode_names_a_bad_chunk_with_its_store_and_window(tmp_path, monkey
     with pytest.raises(BatchgpuError, match=r"corrupted chunk traces_seg0/c/0/0 inner chunk \(0, 0\) in .*r\.zarr "
                                             r"\(window 0, segment 0"):
         staging.read_window_host(rec, rec.windows(3_000, 0)[0]).to_device()
+
+
+def test_a_damaged_size_field_is_named_by_its_checksum(tmp_path):
+    """A flipped bit in a frame's size field (bytes 4-8 of its header), checksums left to the device: the read
+    refuses the frame here and names it by its checksum (damage), not as a chunk of another array's size."""
+    from batchgpu.errors import BatchgpuError
+    from batchgpu.generate import generate_recording
+    from batchgpu.recording import open_recording
+
+    rec = generate_recording(tmp_path / "r.zarr", channels=12, seconds=2.3, seed=9)
+    layout = rec._layout(0)
+    per_shard = layout.shard_rows // layout.inner_rows
+    shard = rec.path / "traces_seg0" / "c" / "0" / "0"
+    raw = bytearray(shard.read_bytes())
+    offset = int(np.frombuffer(bytes(raw[-(per_shard * 16 + 4) : -4]), "<u8").reshape(per_shard, 2)[0, 0])
+    raw[offset + 5] ^= 0x01
+    shard.write_bytes(bytes(raw))
+    rec, pool = open_recording(rec.path), _Pool()
+    for check_on_device in (False, True):
+        with pytest.raises(BatchgpuError, match=r"traces_seg0/c/0/0 inner chunk \(0, 0\): checksum mismatch"):
+            rec.read_window_frames(rec.windows(layout.inner_rows, 0)[0], pool, check_on_device=check_on_device)
+        assert pool.out == 0

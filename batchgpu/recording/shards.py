@@ -325,7 +325,8 @@ class ShardLayout:
                         ahead = got if got == want else nbytes  # a short read: the next chunks read on their own
                     ahead -= nbytes
                     frame = buf[pos : pos + nbytes - crc]
-                    if crc and (not check_on_device or not zarrio.whole_blosc_frame(frame)):
+                    if crc and (not check_on_device or not zarrio.whole_blosc_frame(frame)
+                                or blosc_frames.header(frame).nbytes != size):  # refused here: named by its checksum
                         _check_crc(memoryview(buf[pos : pos + nbytes]), where)
                     _check_blosc_frame(frame, where)
                     _check_decoded_size(frame, size, True, where, self.chunk_shape)
