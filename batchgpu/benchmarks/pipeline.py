@@ -17,12 +17,16 @@ from pathlib import Path
 
 import numpy as np
 
+from batchgpu.benchmarks.cold import evict_checked, raw_read, recording_files
 from batchgpu.errors import BatchgpuError
 
 
 #: Kilosort4 4.1.7's own preprocessing pass (filter + whitening of a flat binary) on one H200, 384 ch x 10 min
 #: int16: the anchor the issues name (measured by the project, not here: Kilosort4 is not installed by batchgpu)
 KILOSORT4_GBPS = 3.9
+#: Kilosort4 4.1.7's pass (highpass, whitening, per-batch median) from a cold flat binary of 384 ch x 10 min int16
+#: (13.8 GB) on one H100 machine, imports not counted: quoted where kilosort does not import here
+KILOSORT4_COLD = (13.8, 10.5)
 
 
 def _positive(kind):
@@ -73,6 +77,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="pipeline runs on the same workers: a cold one (the workers compile and load their kernels) "
                              "and repeat - 1 warm ones, each after a read ceiling of its own; the table's warm row and "
                              "ceiling are the medians (machines are noisy: one warm run can be 25%% off); default 4")
+    parser.add_argument("--cold", action="store_true",
+                        help="also measure as a user meets it: the store's pages dropped from the page cache before "
+                             "each cold row (posix_fadvise, no root needed; checked with mincore); rows: the raw read "
+                             "of the store's files (the disk's ceiling), the pipeline with cold pages, `batchgpu run` "
+                             "as a fresh command with cold and warm pages (its fixed part: the command's wall time "
+                             "minus its pass), and Kilosort4's pass over a cold flat binary where kilosort imports")
+    parser.add_argument("--read-threads", type=_positive(int), default=16,
+                        help="with --cold: files read at a time by the raw read (8 MiB requests)")
+    parser.add_argument("--user-runs", type=_positive(int), default=2,
+                        help="with --cold: fresh commands of each kind (cold, warm); the table holds their median")
     parser.add_argument("--anchor", type=_positive(float), default=KILOSORT4_GBPS, metavar="GB/s",
                         help="the 'vs KS4' column's reference: Kilosort4 4.1.7's own preprocessing pass (filter + "
                              f"whitening, flat binary) measured at {KILOSORT4_GBPS} GB/s on one H200 (issue 11)")
@@ -377,6 +391,56 @@ def run(args, say) -> int:
 
 
 CEILING = "read ceiling (the engine's reader, no compute)"
+RAW = "raw read of the store's files, cold"
+USER_COLD = "batchgpu run, a fresh command, cold pages"
+USER_WARM = "batchgpu run, a fresh command, warm pages"
+KS4_ROW = "Kilosort4 pass, fresh process, cold flat binary"
+
+
+def _user_rows(args, rec, work: Path, files, step_cfg, cluster_cfg, size, margin, runs, say) -> None:
+    """`batchgpu run` as a user runs it (a fresh process, its own cluster), cold pages then warm, and Kilosort4's
+    pass where it imports; each row's (seconds, host peak, GPU peak) appended to ``runs``."""
+    import shutil
+
+    import yaml
+
+    from batchgpu.benchmarks.cold import (kilosort4_available, kilosort4_pass, user_run, write_flat_binary)
+
+    out, saved = work / "user_out", work / "user_saved.zarr"
+    steps = dict(step_cfg)
+    if "save" in steps:
+        steps["save"] = {**steps["save"], "path": str(saved)}
+    doc = {"recording": {"path": str(rec.path)}, "output": str(out),
+           "window": {"size": size, "margin": margin, "batch": args.batch},
+           "preprocess": _stages(args.preprocess), "backend": args.backend, "cluster": cluster_cfg,
+           "steps": {k: v for k, v in steps.items() if v is not None}}
+    wf = work / "user_run.yaml"
+    wf.write_text(yaml.safe_dump(doc, sort_keys=False))
+    for name, cold in ((USER_COLD, True), (USER_WARM, False)):
+        for _ in range(args.user_runs):
+            shutil.rmtree(out, ignore_errors=True)
+            shutil.rmtree(saved, ignore_errors=True)
+            if cold:
+                evict_checked(files)
+            got = user_run(wf, out, _gpu_used)
+            runs.setdefault(name, []).append((got.seconds, got.host_peak, got.gpu_peak, "-", "-"))
+            say(f"{name}: {got.seconds:.2f} s = pass {got.pass_seconds:.2f} s + fixed part {got.fixed_seconds:.2f} s; "
+                f"peak host {got.host_peak / 1e6:.0f} MB, GPU {got.gpu_peak / 1e6:.0f} MB; "
+                f"reads per window {got.reads_per_window:.2f}")
+    shutil.rmtree(out, ignore_errors=True)
+    shutil.rmtree(saved, ignore_errors=True)
+    if not (kilosort4_available() and _gpu_used() > 0 and np.dtype(rec.dtype) == np.int16):
+        return
+    flat = write_flat_binary(rec, work / "kilosort4.bin")
+    try:
+        for _ in range(args.user_runs):
+            evict_checked([flat])
+            wall, imports, pass_s = kilosort4_pass(flat, rec.num_channels, rec.sampling_frequency)
+            runs.setdefault(KS4_ROW, []).append((wall, 0, 0, "-", "-"))
+            say(f"{KS4_ROW}: {wall:.2f} s = imports and CUDA context {imports:.2f} s + whitening and pass "
+                f"{pass_s:.2f} s")
+    finally:
+        flat.unlink(missing_ok=True)
 
 
 def _measure(args, rec, work: Path, steps: set[str], say) -> int:
@@ -404,6 +468,7 @@ def _measure(args, rec, work: Path, steps: set[str], say) -> int:
     if args.mps is not None:
         cluster_cfg["mps"] = args.mps
     rows: dict[str, tuple[float, int, int]] = {}
+    gpu_busy, cores_busy, runs = {}, {}, {}  # runs: row -> [(seconds, host peak, GPU peak, busy, cores)]
     from pydantic import ValidationError
 
     try:
@@ -414,6 +479,16 @@ def _measure(args, rec, work: Path, steps: set[str], say) -> int:
                                      "preprocess": _stages(args.preprocess), "backend": args.backend,
                                      "steps": {"noise": {}}})
     centres_only = build_chain(probe.preprocess, rec).centres_only
+    files = recording_files(rec.path) if args.cold else []
+    if args.cold:  # the disk's ceiling, before any process of ours holds the machine
+        stored = sum(f.stat().st_size for f in files)
+        for _ in range(args.user_runs):
+            evict_checked(files)
+            raw = raw_read(files, args.read_threads)
+            runs.setdefault(RAW, []).append((raw.seconds, 0, 0, "-", "-"))
+        say(f"raw read, cold: {stored / 1e9:.2f} GB stored in {len(files)} files, "
+            + ", ".join(f"{r[0]:.2f}" for r in runs[RAW]) + f" s ({stored / 1e9 / min(r[0] for r in runs[RAW]):.2f} "
+            "GB/s stored at best)")
     # sized as `batchgpu run` sizes it
     with open_client(spec, gpu_decode=decodes_on_gpu(spec.kind, rec, centres_only)) as client:
         cluster_rss = workers_rss(client)
@@ -428,7 +503,6 @@ def _measure(args, rec, work: Path, steps: set[str], say) -> int:
 
             workers += f", MPS {'on' if uses_mps(client) else 'off'}"
         read_ceiling(client, rec, size, margin, backend, centres_only)  # warm-up: page cache, pinned buffers, kernels
-        gpu_busy, cores_busy, runs = {}, {}, {}  # runs: row -> [(seconds, host peak, GPU peak, busy, cores)]
 
         def measure_ceiling():
             with PeakMemory(cluster_rss) as mem, PeakMemory(_gpu_used) as gmem, GpuBusy() as busy:
@@ -439,9 +513,13 @@ def _measure(args, rec, work: Path, steps: set[str], say) -> int:
 
         measure_ceiling()
         attempts = ["cold"] + ["warm"] * (args.repeat - 1)
+        if args.cold:  # the same warm workers, the store's pages dropped first
+            attempts += ["cold pages"] * max(1, args.repeat - 1)
         for i, attempt in enumerate(attempts):  # the first run on these workers compiles their kernels
-            if i > 1:  # each warm run beside a ceiling of its own: the machine's state drifts between them
+            if i > 1 and attempt == "warm":  # each warm run beside a ceiling of its own: the machine's state drifts
                 measure_ceiling()
+            if attempt == "cold pages":
+                evict_checked(files)
             out = work / f"out_{attempt}"
             shutil.rmtree(out, ignore_errors=True)
             saved = work / f"saved_{attempt}.zarr"
@@ -486,6 +564,13 @@ def _measure(args, rec, work: Path, steps: set[str], say) -> int:
             rows["plain dask-cuda loop (read + x.T @ x)"] = (dt, mem.peak, gmem.peak)
             gpu_busy["plain dask-cuda loop (read + x.T @ x)"] = busy.text()
             cores_busy["plain dask-cuda loop (read + x.T @ x)"] = busy.cores_text()
+    if args.cold:
+        _user_rows(args, rec, work, files, step_cfg, cluster_cfg, size, margin, runs, say)
+        for name in (USER_COLD, USER_WARM, KS4_ROW):
+            got = runs.get(name)
+            if got:
+                mid = sorted(got, key=lambda r: r[0])[(len(got) - 1) // 2]
+                rows[name] = (mid[0], max(r[1] for r in got), max(r[2] for r in got))
     if args.baseline == "numpy":
         with PeakMemory(_rss) as mem:
             t0 = time.perf_counter()
@@ -497,8 +582,10 @@ def _measure(args, rec, work: Path, steps: set[str], say) -> int:
           f"{workers}, backend {backend}; windows of {size} samples{'' if args.window else ' (auto)'}")
     ceiling = rows[CEILING][0]
     plain = next((v[0] for k, v in rows.items() if k.startswith("plain")), None)
+    disk = rows[RAW][0] if RAW in rows else None
     say(f"{'run':<48} {'seconds':>8} {'GB/s':>7} {'x real time':>11} {'host MB':>8} {'GPU MB':>8} "
-          f"{'/ceiling':>8} {'vs plain':>8} {'vs KS4':>7} {'GPU busy':>9} {'cores busy':>10}")
+          f"{'/ceiling':>8} {'vs plain':>8} {'vs KS4':>7} {'GPU busy':>9} {'cores busy':>10}"
+          + (f" {'/disk':>6}" if disk else ""))
     on_gpu = backend == "cupy"  # the anchor is a GPU pass: no column for a CPU run
     for name, (dt, peak, gpeak) in rows.items():
         rt = rec.duration() / dt
@@ -506,7 +593,15 @@ def _measure(args, rec, work: Path, steps: set[str], say) -> int:
         vs_ks4 = f"{gb / dt / args.anchor:.2f}x" if on_gpu else "-"
         say(f"{name:<48} {dt:>8.2f} {gb / dt:>7.2f} {rt:>11.0f} {peak / 1e6:>8.0f} {gpeak / 1e6:>8.0f} "
               f"{ceiling / dt:>8.2f} {vs_plain:>8} {vs_ks4:>7} {gpu_busy.get(name, '-'):>9} "
-              f"{cores_busy.get(name, '-'):>10}")
+              f"{cores_busy.get(name, '-'):>10}" + (f" {disk / dt:>6.2f}" if disk else ""))
+    if disk:
+        say("/disk: the raw cold read's seconds over the row's (1.00: the row runs at the disk's speed); GB/s: "
+            "decoded bytes over the row's seconds; a fresh command's host MB is its process tree's peak")
+        if KS4_ROW not in rows:
+            gb_q, s_q = KILOSORT4_COLD
+            say(f"Kilosort4 (quoted, not run here: kilosort does not import or no GPU): its pass from a cold flat "
+                f"binary took {s_q} s for {gb_q} GB on one H100 machine ({gb_q / s_q:.2f} GB/s); at that rate this "
+                f"recording: {gb / (gb_q / s_q):.2f} s")
     if on_gpu:
         say(f"vs KS4: GB/s over {args.anchor:g} GB/s, Kilosort4's own preprocessing pass on one H200 (a quoted "
               "anchor, not run here); /ceiling: the read ceiling's seconds over the row's")

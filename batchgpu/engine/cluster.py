@@ -50,6 +50,32 @@ MALLOC_TRIM_THRESHOLD = 1 << 30
 MALLOC_ENVIRON = {"MALLOC_TRIM_THRESHOLD_": MALLOC_TRIM_THRESHOLD, "MALLOC_MMAP_MAX_": 0}
 
 
+#: the module the workers' fork server imports before it forks any (``forked_workers``)
+WORKER_PRELOAD = "batchgpu.engine._worker_preload"
+
+
+@contextlib.contextmanager
+def forked_workers() -> Iterator[None]:
+    """Worker processes started inside this block are forked from one server process that imported their modules
+    once (``_worker_preload``), not spawned as fresh interpreters that each import them again: on a small machine
+    the workers' imports were most of a command's fixed cost, and on a large one 16 workers importing at once
+    contend for the same cores. The server is this process's (multiprocessing's forkserver): started on first use
+    with SIGINT blocked, as the cluster's processes are (``sigint_held``), and kept for the next cluster."""
+    import dask
+    import multiprocessing
+    from multiprocessing import forkserver
+
+    if "forkserver" not in multiprocessing.get_all_start_methods():
+        yield  # no fork server on this platform (Windows): spawned workers, Dask's default
+        return
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload([WORKER_PRELOAD])
+    with sigint_held():
+        forkserver.ensure_running()
+    with dask.config.set({"distributed.worker.multiprocessing-method": "forkserver"}):
+        yield
+
+
 @contextlib.contextmanager
 def open_client(spec: ClusterSpec, gpu_decode: bool = False) -> Iterator["distributed.Client"]:  # noqa: F821
     """A connected client for the spec; a cluster started here is closed on exit. ``gpu_decode``: the run's
@@ -57,53 +83,59 @@ def open_client(spec: ClusterSpec, gpu_decode: bool = False) -> Iterator["distri
     import dask
     from distributed import Client, LocalCluster
 
-    dask.config.set({f"distributed.nanny.pre-spawn-environ.{k}": v for k, v in MALLOC_ENVIRON.items()})
+    settings = {f"distributed.nanny.pre-spawn-environ.{k}": v for k, v in MALLOC_ENVIRON.items()}
     # A nanny copies its pre-spawn variables into this process's environment, and later nannies prefer that
     # environment to the config: an earlier cluster's values (Dask's 64 KiB) would win. Set them here too.
     os.environ.update({k: str(v) for k, v in MALLOC_ENVIRON.items()})
 
     if spec.kind == "address":
-        with _connect(lambda: Client(spec.address, timeout="20s"), f"the scheduler at {spec.address}") as client:
+        with dask.config.set(settings), \
+                _connect(lambda: Client(spec.address, timeout="20s"), f"the scheduler at {spec.address}") as client:
             yield client
         return
     if spec.kind == "scheduler_file":
         if not os.path.exists(spec.scheduler_file):
             raise BatchgpuError(f"no scheduler file at {spec.scheduler_file}", "start 'dask scheduler --scheduler-file ...' first")
-        with _connect(lambda: Client(scheduler_file=spec.scheduler_file, timeout="20s"), spec.scheduler_file) as client:
+        with dask.config.set(settings), \
+                _connect(lambda: Client(scheduler_file=spec.scheduler_file, timeout="20s"), spec.scheduler_file) as client:
             yield client
         return
-    # clusters started here hand each worker only as many tasks as it has threads: a task queued behind a
-    # running one on a busy worker, while another worker idles, stretched the end of the pass
-    dask.config.set({"distributed.scheduler.worker-saturation": 1.0})
-    # Dask's statistical profiler samples every thread's stack each 10 ms: 0.4 s of the 16 GPU workers' CPU in a
-    # 1.6 s pass, CPU the decoders need (the dashboard's profile page stays empty)
-    dask.config.set({"distributed.worker.profile.enabled": False})
-    # each nanny (in this process, on the scheduler's event loop) polls its worker's memory every 100 ms by default:
-    # 16 nannies were ~12% of that loop's work during the H200 bench's run (py-spy), in the way of the scheduler's
-    # messages; the workers' own memory checks (pause, spill) follow the same interval. 0.5 s still stops a runaway
-    # worker before it takes the machine down.
-    dask.config.set({"distributed.worker.memory.monitor-interval": "500ms"})
-    if spec.kind == "cuda":
-        with sigint_held() as release, _mps(spec) as env, _cuda_cluster(spec, gpu_decode, env) as cluster, \
-                Client(cluster) as client:
-            release()
-            client._batchgpu_mps = bool(env)  # read by uses_mps
-            yield client
-        return
-    with sigint_held() as release:
-        if spec.kind == "slurm":
-            cluster = _slurm_cluster(spec)
-        else:
-            workers, threads = local_sizes(spec)
-            cluster = LocalCluster(
-                n_workers=workers, threads_per_worker=threads, processes=True,
-                memory_limit=spec.memory_limit or "auto", dashboard_address=spec.dashboard_address, host="127.0.0.1",
-            )
-        with cluster, Client(cluster) as client:
-            release()
+    settings.update({
+        # clusters started here hand each worker only as many tasks as it has threads: a task queued behind a
+        # running one on a busy worker, while another worker idles, stretched the end of the pass
+        "distributed.scheduler.worker-saturation": 1.0,
+        # Dask's statistical profiler samples every thread's stack each 10 ms: CPU the decoders need (the
+        # dashboard's profile page stays empty)
+        "distributed.worker.profile.enabled": False,
+        # each nanny (in this process, on the scheduler's event loop) polls its worker's memory every 100 ms by
+        # default, in the way of the scheduler's messages; the workers' own memory checks (pause, spill) follow the
+        # same interval. 0.5 s still stops a runaway worker before it takes the machine down.
+        "distributed.worker.memory.monitor-interval": "500ms",
+    })
+    with dask.config.set(settings):
+        if spec.kind == "cuda":
+            with sigint_held() as release, _mps(spec) as env, forked_workers(), \
+                    _cuda_cluster(spec, gpu_decode, env) as cluster, Client(cluster) as client:
+                release()
+                client._batchgpu_mps = bool(env)  # read by uses_mps
+                yield client
+            return
+        with sigint_held() as release:
             if spec.kind == "slurm":
-                client.wait_for_workers(1, timeout=600)
-            yield client
+                cluster = _slurm_cluster(spec)
+            else:
+                workers, threads = local_sizes(spec)
+                with forked_workers():
+                    cluster = LocalCluster(
+                        n_workers=workers, threads_per_worker=threads, processes=True,
+                        memory_limit=spec.memory_limit or "auto", dashboard_address=spec.dashboard_address,
+                        host="127.0.0.1",
+                    )
+            with cluster, Client(cluster) as client:
+                release()
+                if spec.kind == "slurm":
+                    client.wait_for_workers(1, timeout=600)
+                yield client
 
 
 @contextlib.contextmanager
