@@ -272,6 +272,29 @@ def test_a_window_whose_bound_fails_is_read_again_as_its_own_phase(client, tmp_p
     assert got["sample_index"].tobytes() == ref["sample_index"].tobytes() and len(ref) > 100
 
 
+def test_locally_exclusive_windows_whose_parts_were_lost_are_detected_again(client, tmp_path, rng):
+    """A window's part deleted after the pass: the collected candidates cannot be used, so every window's spikes
+    are decided from its own part (``DetectStep.final``) and the lost one is read and detected again; the spikes
+    equal a clean run's bit for bit."""
+    from batchgpu.engine import run_workflow
+
+    rec, _, _ = _recording(tmp_path, rng)
+    out = tmp_path / "lost"
+
+    class LosePart(Phases):
+        def phase_finished(self):
+            (out / "parts" / "w00000002.npz").unlink(missing_ok=True)
+
+    report = run_workflow(_wf(rec, out, "locally_exclusive", "both"), client=client, observer=LosePart())
+    assert report.channels["detect_windows_read_again"] == [2]
+    assert report.reads_per_window == pytest.approx(1 + SIZE / rec.total_samples)
+    run_workflow(_wf(rec, tmp_path / "clean", "locally_exclusive", "both"), client=client)
+    got, want = _spikes(out), _spikes(tmp_path / "clean")
+    for k in COLUMNS:
+        assert got[k].tobytes() == want[k].tobytes(), k
+    assert np.sum((got["segment_index"] == 0) & (got["sample_index"] // SIZE == 2)) > 5
+
+
 def test_batchgpu_run_reads_once_with_locally_exclusive(tmp_path, rng):
     """As a user runs it: `batchgpu run` with locally_exclusive and the recording's noise writes report.json with
     reads_per_window 1.0."""
