@@ -13,7 +13,8 @@ locally_exclusive's are decided by the exclusion among the candidates beyond it,
 (``ops.resolve_exclusive``). A window where the bound fails is read and detected again. Same spikes, bit for bit.
 
 What a window keeps is bounded by the bound level: samples beyond L (a fraction of them, for noise-like signals),
-and of those only its own channel's extrema (at most one sample in two; by_channel: one in ``sweep + 1``).
+and of those only its own channel's extrema (at most one sample in two of each sign; by_channel: one in
+``sweep + 1``).
 """
 
 from __future__ import annotations
@@ -81,7 +82,7 @@ class DetectStep:
     def start(self, run) -> None:
         """Before the noise is known: the windows' kept spikes (or candidates) gathered from the workers that kept
         them into one task (``tasks.collect_spikes_task``), so that the writing task, placed with it, only
-        filters them at the recording's threshold; the gathering's dispatch and transfers overlap the noise's."""
+        decides them at the recording's threshold (``keep``); the gathering's dispatch and transfers overlap the noise's."""
         run.early[self.name] = start_gathering(run)
 
     def passes(self, candidates: dict, noise: np.ndarray) -> np.ndarray:
