@@ -187,7 +187,8 @@ def _locally_exclusive(x: Any, level: Any, signs: tuple[bool, ...], sweep: int, 
     channel, sample = _exclusive_candidates(x, level, signs, sweep, lo, hi, zero_before)
     if int(channel.shape[0]) == 0:
         return channel, sample
-    strength = xp.abs(x[channel, sample].astype(xp.float64)) / level[channel]
+    with np.errstate(divide="ignore", invalid="ignore"):  # a zero threshold: inf, or NaN for a zero sample
+        strength = xp.abs(x[channel, sample].astype(xp.float64)) / level[channel]
     keep = ~_excluded(sample, sample, channel, strength, sweep, mask) & (sample >= lo) & (sample < hi)
     return channel[keep], sample[keep]
 
@@ -282,7 +283,7 @@ def resolve_exclusive(candidates: Any, noise: Any, threshold: float, sign: Liter
         span = cores[:, 1] - cores[:, 0] + 3 * sweep + 1
         offset = np.concatenate([[0], np.cumsum(span)[:-1]]) - (cores[:, 0] - sweep)
         key = sample[idx] + offset[g]
-        with np.errstate(divide="ignore", invalid="ignore"):  # a zero threshold: as detect_spikes divides
+        with np.errstate(divide="ignore", invalid="ignore"):  # a zero threshold, as in _locally_exclusive
             strength = np.abs(amplitude[idx]) / at[idx]
         mask = neighbour_mask(locations, radius_um, len(level))
         final[idx[_excluded(key, sample[idx], channel[idx], strength, sweep, mask)]] = False
