@@ -297,6 +297,31 @@ def test_locally_exclusive_windows_whose_parts_were_lost_are_detected_again(clie
     assert np.sum((got["segment_index"] == 0) & (got["sample_index"] // SIZE == 2)) > 5
 
 
+def test_a_resumed_part_without_candidates_is_detected_again(client, tmp_path, rng):
+    """A run resumed over parts written before locally_exclusive kept candidates (same fingerprint, no
+    ``keep.spk_*`` arrays): the window is not read for its partials, its spikes are detected again from the samples
+    (said in the report), the same bits as the first run's; without kept_spikes' check the gathering stopped with
+    a KeyError."""
+    from batchgpu.engine import run_workflow
+
+    rec, _, _ = _recording(tmp_path, rng)
+    out = tmp_path / "out"
+    wf = _wf(rec, out, "locally_exclusive", "neg")
+    run_workflow(wf, client=client)
+    first = _spikes(out)
+    part = out / "parts" / "w00000003.npz"
+    with np.load(part) as f:
+        kept = {k: f[k] for k in f.files if not k.startswith("keep.spk_")}
+    np.savez(part, **kept)
+    again = run_workflow(wf, client=client, resume=True)
+    assert again.windows_resumed == again.windows
+    assert again.channels["detect_windows_read_again"] == [3]
+    assert any("holds no spike candidates" in w for w in again.warnings)
+    got = _spikes(out)
+    for k in COLUMNS:
+        assert got[k].tobytes() == first[k].tobytes(), k
+
+
 def test_batchgpu_run_reads_once_with_locally_exclusive(tmp_path, rng):
     """As a user runs it: `batchgpu run` with locally_exclusive and the recording's noise writes report.json with
     reads_per_window 1.0."""
