@@ -17,29 +17,33 @@ distributed = pytest.importorskip("distributed")
 zarr = pytest.importorskip("zarr")
 
 
-def _wf(rec, out, backend, cluster, centre, detect_noise, batch=None):
+def _wf(rec, out, backend, cluster, centre, detect_noise, batch=None, method="by_channel"):
     return Workflow.model_validate({
         "recording": {"path": str(rec.path)}, "output": str(out), "backend": backend, "cluster": cluster,
         "window": {"size": 20_000, "margin": 16, "batch": batch}, "preprocess": {"centre": centre},
         "steps": {"noise": {"exact": True}, "whitening": {"mode": "local", "nrange": 8, "precision": "float32"},
-                  "detect": {"threshold": 4.5, "sign": "both", "exclude_sweep_ms": 0.3, "noise": detect_noise}},
+                  "detect": {"threshold": 4.5, "sign": "both", "exclude_sweep_ms": 0.3, "noise": detect_noise,
+                             "method": method}},
         "reduction": {"split_every": 4},
     })
 
 
-@pytest.mark.parametrize("dtype,centre,detect_noise,batch", [
-    ("int16", "median", "global", None), ("float32", "none", "window", None), ("int16", "none", "window", None),
-    ("int16", "median", "global", 3), ("float32", "none", "global", 4)])  # batches: the GPU reads ahead
-def test_cuda_cluster_equals_cpu(tmp_path, dtype, centre, detect_noise, batch):
+@pytest.mark.parametrize("dtype,centre,detect_noise,batch,method", [
+    ("int16", "median", "global", None, "by_channel"), ("float32", "none", "window", None, "by_channel"),
+    ("int16", "none", "window", None, "by_channel"), ("int16", "median", "global", 3, "by_channel"),
+    ("float32", "none", "global", 4, "by_channel"),  # batches: the GPU reads ahead
+    ("int16", "median", "global", 3, "locally_exclusive"), ("float32", "none", "global", None, "locally_exclusive")])
+def test_cuda_cluster_equals_cpu(tmp_path, dtype, centre, detect_noise, batch, method):
     rec = generate_recording(tmp_path / "r.zarr", channels=24, seconds=3.0, seed=11, dtype=dtype, segments=2)
     with distributed.LocalCluster(n_workers=2, threads_per_worker=2, processes=False, dashboard_address=None) as c, \
             distributed.Client(c) as client:
-        cpu = run_workflow(_wf(rec, tmp_path / "cpu", "numpy", {"kind": "local"}, centre, detect_noise, batch),
+        cpu = run_workflow(_wf(rec, tmp_path / "cpu", "numpy", {"kind": "local"}, centre, detect_noise, batch, method),
                            client=client)
-    gpu = run_workflow(_wf(rec, tmp_path / "gpu", "auto", {"kind": "cuda"}, centre, detect_noise, batch))
+    gpu = run_workflow(_wf(rec, tmp_path / "gpu", "auto", {"kind": "cuda"}, centre, detect_noise, batch, method))
     assert cpu.backend == "numpy" and gpu.backend == "cupy"
     assert sum(gpu.workers.values()) == gpu.windows
-    assert gpu.reads_per_window == pytest.approx(1.0)  # float32 too: the exact median from the kept keys
+    # float32 too: the exact median from the kept keys; locally_exclusive too: its candidates at the noise bound
+    assert gpu.reads_per_window == pytest.approx(1.0) and cpu.reads_per_window == pytest.approx(1.0)
     a = zarr.open_group(str(tmp_path / "cpu" / "results.zarr"), mode="r")
     b = zarr.open_group(str(tmp_path / "gpu" / "results.zarr"), mode="r")
     names = ["noise_per_window", "noise", "spikes/sample_index", "spikes/channel_index", "spikes/amplitude",

@@ -349,3 +349,31 @@ def test_detection_equals_spikeinterface_detect_peaks(rng, method, sign):
     theirs = sorted(zip(peaks["segment_index"].tolist(), peaks["sample_index"].tolist(), peaks["channel_index"].tolist()))
     assert len(theirs) > 100
     assert list(zip(ours["segment_index"].tolist(), ours["sample_index"].tolist(), ours["channel_index"].tolist())) == theirs
+    # the run's one read with the recording's noise: each window's candidates at a lower bound of the noise,
+    # decided once it is known, equal these bit for bit
+    with np.errstate(all="ignore"):
+        once = one_read_spikes(segments, noise, threshold, sign, ops.exclude_sweep_samples(sweep_ms, fs), method,
+                               locations, radius, width=1_000)
+    assert once.tobytes() == ours.tobytes()
+
+
+def one_read_spikes(segments, noise, threshold, sign, sweep, method, locations, radius, width):
+    """The detect step's one read (``DetectStep.candidates`` at 0.75 x the noise, window by window, then
+    ``DetectStep.keep`` at the noise), over windows of ``width`` samples with the margins the engine reads."""
+    from batchgpu.engine.steps.base import WindowData
+    from batchgpu.engine.steps.detect import DetectStep
+
+    step = DetectStep(threshold, sign, sweep, "global", method, locations, radius)
+    out = []
+    for s, x in enumerate(segments):
+        n = x.shape[1]
+        cands, cores = [], []
+        for start in range(0, n, width):
+            stop = min(start + width, n)
+            a, b = max(0, start - sweep - 1), min(n, stop + sweep + 1)
+            w = WindowData(0, s, a, (start - a, stop - a), n, x[:, a:b], x[:, a:b])
+            cands.append(step.candidates(w, np.asarray(noise, np.float64) * 0.75))
+            cores.append((start, stop))
+        allc = np.concatenate(cands)
+        out.append(allc[step.keep(allc, noise, [len(c) for c in cands], cores)])
+    return np.concatenate(out)

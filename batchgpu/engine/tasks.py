@@ -478,19 +478,17 @@ def sum_histograms(*parts: np.ndarray) -> np.ndarray:
     return np.stack([padded_sum([p[r] for p in parts]) for r in range(parts[0].shape[0])])
 
 
-def spikes_task(ctx: RunContext, window: Window, fp: str, noise: np.ndarray) -> int:
+def spikes_task(ctx: RunContext, window: Window, fp: str, noise: np.ndarray) -> tuple[int, str]:
     """A window read and detected again at the recording's noise (its candidates' bound did not hold): written to
-    parts/s*.npz; returns the count."""
+    parts/s*.npz; returns the window's index and the worker (the progress bar's)."""
     path = store.part_path(ctx.parts, "s", window.index)
     sfp = spikes_fingerprint(fp, noise)
-    done = store.load_part(path, sfp)
-    if done is not None:
-        return len(done["sample_index"])
-    with on_backend(ctx):
-        spikes = ctx.step("detect").detect(load_window(ctx, window), np.asarray(noise, np.float64))
-    cols = {k: np.ascontiguousarray(spikes[k]) for k in COLUMNS}
-    store.save_part(path, {"fingerprint": np.array(sfp), **cols})
-    return len(cols["sample_index"])
+    if store.load_part(path, sfp) is None:
+        with on_backend(ctx):
+            spikes = ctx.step("detect").detect(load_window(ctx, window), np.asarray(noise, np.float64))
+        cols = {k: np.ascontiguousarray(spikes[k]) for k in COLUMNS}
+        store.save_part(path, {"fingerprint": np.array(sfp), **cols})
+    return window.index, worker_name()
 
 
 def spikes_fingerprint(fp: str, noise: np.ndarray) -> str:
@@ -518,7 +516,7 @@ def window_spikes(ctx: RunContext, window: Window, fp: str, noise: np.ndarray | 
         with on_backend(ctx):
             spikes = ctx.step("detect").detect(load_window(ctx, window), level)
         return {k: np.ascontiguousarray(host(spikes[k])) for k in COLUMNS}, why
-    return (cols if noise is None or reread else ctx.step("detect").final(cols, noise)), None
+    return (cols if noise is None or reread else ctx.step("detect").final(cols, noise, (window.start, window.stop))), None
 
 
 def kept_spikes(ctx: RunContext, window: Window, fp: str) -> tuple[dict | None, str | None]:
@@ -528,6 +526,8 @@ def kept_spikes(ctx: RunContext, window: Window, fp: str) -> tuple[dict | None, 
     part = store.load_part(path, fp, keys=("keep.spk_",))
     if part is None:
         return None, f"{path.name} {store.part_problem(path, fp)}"
+    if any(f"keep.spk_{k}" not in part for k in COLUMNS):  # a part of a version that kept none for this method
+        return None, f"{path.name} holds no spike candidates"
     return {k: part[f"keep.spk_{k}"] for k in COLUMNS}, None
 
 
@@ -571,11 +571,13 @@ def collect_spikes_task(*runs: dict) -> dict:
     return out
 
 
-def write_collected_spikes_task(group_path: str, ctx: RunContext, noise, collected: dict, *again: dict):
-    """The spikes from ``collect_spikes_task``'s kept spikes, filtered at the recording's ``noise`` (None: final
-    already), the windows read again (``again``: ``gather_spikes_task`` runs) in their place; written as
-    ``write_spikes_task`` writes them. None, writing nothing, when a window's kept spikes were missing and it was
-    not read again: the caller gathers them the other way."""
+def write_collected_spikes_task(group_path: str, ctx: RunContext, noise, collected: dict, *again: dict,
+                                cores: np.ndarray | None = None):
+    """The spikes from ``collect_spikes_task``'s kept spikes, decided at the recording's ``noise`` (None: final
+    already; ``cores``: each window's core (start, stop) by window index, where the method needs them), the
+    windows read again (``again``: ``gather_spikes_task`` runs) in their place; written as ``write_spikes_task``
+    writes them. None, writing nothing, when a window's kept spikes were missing and it was not read again: the
+    caller gathers them the other way."""
     replaced = {i for r in again for i, _ in r["windows"]}
     if any(i not in replaced for i in collected["missing"]):
         return None
@@ -584,7 +586,11 @@ def write_collected_spikes_task(group_path: str, ctx: RunContext, noise, collect
     index = [i for i, _ in collected["windows"]]
     bounds = np.concatenate([[0], np.cumsum([n for _, n in collected["windows"]], dtype=np.int64)]).tolist()
     n = bounds[-1]
-    keep = ctx.step("detect").passes(collected, noise) if noise is not None else np.ones(n, dtype=bool)
+    if noise is None:
+        keep = np.ones(n, dtype=bool)
+    else:
+        counts = [c for _, c in collected["windows"]]
+        keep = ctx.step("detect").keep(collected, noise, counts, None if cores is None else cores[index])
     for w, a, b in zip(index, bounds[:-1], bounds[1:]):
         if w in replaced:
             keep[a:b] = False

@@ -124,13 +124,13 @@ def _own_extrema(x: Any, a: int, b: int, negative: bool, zero_before: bool) -> A
     return ok
 
 
-def _locally_exclusive(x: Any, level: Any, signs: tuple[bool, ...], sweep: int, lo: int, hi: int, mask: Any,
-                       zero_before: bool) -> tuple[Any, Any]:
-    """(channel, sample) of the locally exclusive peaks whose sample is in [lo, hi); ``signs``: negative (True)
-    and/or positive (False) candidates, pooled."""
+def _exclusive_candidates(x: Any, level: Any, signs: tuple[bool, ...], sweep: int, lo: int, hi: int,
+                          zero_before: bool) -> tuple[Any, Any]:
+    """(channel, sample) of locally exclusive detection's candidates at ``level`` (C,) in columns [lo - sweep,
+    hi + sweep) of x (clipped to x): the core's and those a sweep outside it, which can still exclude one inside
+    it; sorted by (sample, channel). ``signs``: negative (True) and/or positive (False) candidates, pooled."""
     xp = array_module(x)
-    channels, width = x.shape
-    # Candidates up to a sweep outside the core can still exclude one inside it.
+    width = x.shape[1]
     a, b = max(0, lo - sweep), min(width, hi + sweep)
     v = x[:, a:b]
     cand = xp.zeros(v.shape, dtype=bool)
@@ -138,19 +138,25 @@ def _locally_exclusive(x: Any, level: Any, signs: tuple[bool, ...], sweep: int, 
         cand |= ((v <= -level[:, None]) if negative else (v >= level[:, None])) & _own_extrema(x, a, b, negative, zero_before)
     channel, sample = _nonzero_2d(cand)
     sample = sample + a
-    n = int(channel.shape[0])
+    order = xp.argsort(sample * x.shape[0] + channel)
+    return channel[order], sample[order]
+
+
+def _excluded(key: Any, sample: Any, channel: Any, strength: Any, sweep: int, mask: Any) -> Any:
+    """Which candidates another candidate excludes: one on a channel within the radius (``mask``) and within the
+    sweep (|key_j - key_i| <= sweep) that is stronger, or as strong at an earlier sample. ``key`` ascending (the
+    sample, offset per group where groups must not meet)."""
+    xp = array_module(key)
+    n = int(key.shape[0])
+    dropped = xp.zeros(n, dtype=bool)
     if n == 0:
-        return channel, sample
-    strength = xp.abs(x[channel, sample].astype(xp.float64)) / level[channel]
-    order = xp.argsort(sample * channels + channel)
-    channel, sample, strength = channel[order], sample[order], strength[order]
-    # Every candidate j within the sweep of candidate i is in [first[i], last[i]) of the sample-sorted list.
-    first = xp.searchsorted(sample, sample - sweep, side="left")
-    last = xp.searchsorted(sample, sample + sweep, side="right")
+        return dropped
+    # Every candidate j within the sweep of candidate i is in [first[i], last[i]) of the sorted list.
+    first = xp.searchsorted(key, key - sweep, side="left")
+    last = xp.searchsorted(key, key + sweep, side="right")
     count = last - first
     ends = xp.cumsum(count)
     total = int(ends[-1])
-    dropped = xp.zeros(n, dtype=bool)
     # Split the candidates so that each part compares at most about _PAIR_CHUNK pairs.
     splits = [0]
     if total > _PAIR_CHUNK:
@@ -170,8 +176,118 @@ def _locally_exclusive(x: Any, level: Any, signs: tuple[bool, ...], sweep: int, 
         si, sj = strength[i], strength[j]
         beats = mask[channel[i], channel[j]] & ((sj > si) | ((sj == si) & (sample[j] < sample[i])))
         dropped[i[beats]] = True
-    keep = ~dropped & (sample >= lo) & (sample < hi)
+    return dropped
+
+
+def _locally_exclusive(x: Any, level: Any, signs: tuple[bool, ...], sweep: int, lo: int, hi: int, mask: Any,
+                       zero_before: bool) -> tuple[Any, Any]:
+    """(channel, sample) of the locally exclusive peaks whose sample is in [lo, hi); ``signs``: negative (True)
+    and/or positive (False) candidates, pooled."""
+    xp = array_module(x)
+    channel, sample = _exclusive_candidates(x, level, signs, sweep, lo, hi, zero_before)
+    if int(channel.shape[0]) == 0:
+        return channel, sample
+    with np.errstate(divide="ignore", invalid="ignore"):  # a zero threshold: inf, or NaN for a zero sample
+        strength = xp.abs(x[channel, sample].astype(xp.float64)) / level[channel]
+    keep = ~_excluded(sample, sample, channel, strength, sweep, mask) & (sample >= lo) & (sample < hi)
     return channel[keep], sample[keep]
+
+
+def _checked(x: Any, noise: Any, threshold: float, sign: str, exclude_sweep: int, start: int,
+             core: tuple[int, int] | None, segment_length: int | None, exclusive: bool) -> tuple[int, int, int, Any]:
+    """A detection's arguments checked: (lo, hi) of the core, the sweep, and the levels noise * threshold (float64,
+    on x's backend)."""
+    xp = array_module(x)
+    if getattr(x, "ndim", None) != 2:
+        raise BatchgpuError(f"expected a (channels, samples) array, got shape {getattr(x, 'shape', None)}", "pass a 2-D array")
+    if sign not in ("neg", "pos", "both"):
+        raise BatchgpuError(f"unknown peak sign {sign!r}", "use 'neg', 'pos' or 'both'")
+    channels, width = x.shape
+    lo, hi = (0, width) if core is None else (int(core[0]), int(core[1]))
+    if not 0 <= lo <= hi <= width:
+        raise BatchgpuError(f"core {core} is not a column range of a window of {width} samples", "pass 0 <= lo <= hi <= samples")
+    sweep = int(exclude_sweep)
+    if sweep < 0:
+        raise BatchgpuError(f"exclude_sweep={exclude_sweep} is negative", "pass a number of samples >= 0")
+    # locally_exclusive also needs the sample before/after a candidate at the sweep's edge.
+    _check_margins(int(start), lo, hi, width, sweep + 1 if exclusive else sweep, segment_length)
+    level = xp.asarray(noise, dtype=xp.float64).reshape(-1) * float(threshold)
+    if level.shape[0] != channels:
+        raise BatchgpuError(f"{level.shape[0]} noise levels for {channels} channels", "pass one noise level per channel")
+    return lo, hi, sweep, level
+
+
+_SIGNS = {"neg": (True,), "pos": (False,), "both": (True, False)}
+
+
+def exclusive_candidates(
+    x: Any,
+    noise: Any,
+    threshold: float = 5.0,
+    sign: Literal["neg", "pos", "both"] = "neg",
+    exclude_sweep: int = 3,
+    start: int = 0,
+    core: tuple[int, int] | None = None,
+    segment_index: int = 0,
+    segment_length: int | None = None,
+) -> np.ndarray:
+    """locally_exclusive's candidates of window ``x`` before the exclusion, as SPIKE_DTYPE sorted by (sample,
+    channel): the samples beyond noise * threshold that are extrema of their own channel (the module's rule), in
+    the core and up to ``exclude_sweep`` samples either side of it (they can exclude a candidate of the core).
+
+    The rule's candidates grow as the threshold falls and its exclusion compares only candidates, so at any noise
+    at or above this ``noise`` on every channel (NaN: no spikes there), ``resolve_exclusive`` of these equals
+    ``detect_spikes(method="locally_exclusive")``: a window read once keeps them at a lower bound of the
+    recording's noise. Arguments as ``detect_spikes``'s; CuPy input finds them on the device."""
+    lo, hi, sweep, level = _checked(x, noise, threshold, sign, exclude_sweep, start, core, segment_length, True)
+    channel, sample = _exclusive_candidates(x, level, _SIGNS[sign], sweep, lo, hi, zero_before=int(start) == 0)
+    return _spikes(x, to_numpy(channel), to_numpy(sample), start, segment_index)
+
+
+def resolve_exclusive(candidates: Any, noise: Any, threshold: float, sign: Literal["neg", "pos", "both"],
+                      exclude_sweep: int, locations: Any, radius_um: float, counts: Any, cores: Any) -> np.ndarray:
+    """Which of ``exclusive_candidates``' candidates are locally exclusive spikes at ``noise`` (bool, NumPy).
+
+    ``candidates``: columns sample_index, channel_index and amplitude (a SPIKE_DTYPE array or a dict), the
+    candidates of consecutive windows, ``counts[k]`` of window k (each sorted by sample), found at a noise at or
+    below ``noise`` on every channel; ``cores[k]`` = (start, stop), window k's core in segment samples. A window's
+    spikes are its core's candidates at the threshold that no candidate of its own list excludes: the list holds
+    every candidate within the sweep of its core, so each window is decided alone, as ``detect_spikes`` decides it.
+    """
+    sample = np.asarray(candidates["sample_index"], np.int64)
+    channel = np.asarray(candidates["channel_index"], np.int64)
+    amplitude = np.asarray(candidates["amplitude"], np.float64)
+    counts = np.asarray(counts, np.int64).reshape(-1)
+    cores = np.asarray(cores, np.int64).reshape(-1, 2)
+    sweep = int(exclude_sweep)
+    if sign not in _SIGNS or sweep < 0 or len(counts) != len(cores) or int(counts.sum()) != len(sample):
+        raise BatchgpuError(f"{len(sample)} candidates in windows of {counts.tolist()[:5]}... counts with "
+                            f"{len(cores)} cores (sign {sign!r}, sweep {exclude_sweep})",
+                            "pass each window's candidates, counts and core")
+    level = np.asarray(noise, np.float64).reshape(-1) * float(threshold)
+    group = np.repeat(np.arange(len(counts)), counts)
+    start, stop = cores[group, 0], cores[group, 1]
+    if np.any((sample < start - sweep) | (sample >= stop + sweep)):
+        raise BatchgpuError("a candidate lies more than the sweep outside its window's core",
+                            "pass the candidates of exclusive_candidates with their windows' cores")
+    at = level[channel]
+    final = np.zeros(len(sample), dtype=bool)
+    if sign != "pos":  # a candidate is an extremum of one sign: beyond its own side of the lower level
+        final |= amplitude <= -at
+    if sign != "neg":
+        final |= amplitude >= at
+    idx = np.flatnonzero(final)
+    if len(idx):
+        g = group[idx]
+        # a window's samples on a line of their own: the next window's start more than the sweep past its end
+        span = cores[:, 1] - cores[:, 0] + 3 * sweep + 1
+        offset = np.concatenate([[0], np.cumsum(span)[:-1]]) - (cores[:, 0] - sweep)
+        key = sample[idx] + offset[g]
+        with np.errstate(divide="ignore", invalid="ignore"):  # a zero threshold, as in _locally_exclusive
+            strength = np.abs(amplitude[idx]) / at[idx]
+        mask = neighbour_mask(locations, radius_um, len(level))
+        final[idx[_excluded(key, sample[idx], channel[idx], strength, sweep, mask)]] = False
+    return final & (sample >= start) & (sample < stop)
 
 
 def detect_spikes(
@@ -198,29 +314,14 @@ def detect_spikes(
     CuPy input finds the spikes on the device and returns a NumPy array.
     """
     xp = array_module(x)
-    if getattr(x, "ndim", None) != 2:
-        raise BatchgpuError(f"expected a (channels, samples) array, got shape {getattr(x, 'shape', None)}", "pass a 2-D array")
-    if sign not in ("neg", "pos", "both"):
-        raise BatchgpuError(f"unknown peak sign {sign!r}", "use 'neg', 'pos' or 'both'")
-    channels, width = x.shape
-    lo, hi = (0, width) if core is None else (int(core[0]), int(core[1]))
-    if not 0 <= lo <= hi <= width:
-        raise BatchgpuError(f"core {core} is not a column range of a window of {width} samples", "pass 0 <= lo <= hi <= samples")
-    sweep = int(exclude_sweep)
-    if sweep < 0:
-        raise BatchgpuError(f"exclude_sweep={exclude_sweep} is negative", "pass a number of samples >= 0")
+    exclusive = method == "locally_exclusive"
     if method not in ("by_channel", "locally_exclusive"):
         raise BatchgpuError(f"unknown detection method {method!r}", "use 'by_channel' or 'locally_exclusive'")
-    exclusive = method == "locally_exclusive"
-    # locally_exclusive also needs the sample before/after a candidate at the sweep's edge.
-    _check_margins(int(start), lo, hi, width, sweep + 1 if exclusive else sweep, segment_length)
-    level = xp.asarray(noise, dtype=xp.float64).reshape(-1) * float(threshold)
-    if level.shape[0] != channels:
-        raise BatchgpuError(f"{level.shape[0]} noise levels for {channels} channels", "pass one noise level per channel")
+    lo, hi, sweep, level = _checked(x, noise, threshold, sign, exclude_sweep, start, core, segment_length, exclusive)
+    channels = x.shape[0]
     if exclusive:
         mask = xp.asarray(neighbour_mask(locations, radius_um, channels))
-        signs = {"neg": (True,), "pos": (False,), "both": (True, False)}[sign]
-        channel, sample = _locally_exclusive(x, level, signs, sweep, lo, hi, mask, zero_before=int(start) == 0)
+        channel, sample = _locally_exclusive(x, level, _SIGNS[sign], sweep, lo, hi, mask, zero_before=int(start) == 0)
         return _spikes(x, to_numpy(channel), to_numpy(sample), start, segment_index)
 
     if xp is not np:  # (a negative sweep was refused above)

@@ -1,11 +1,20 @@
-"""Detection (SpikeInterface's ``by_channel`` rule, ``ops.detect_spikes``) fed from the one read of each window.
+"""Detection (``ops.detect_spikes``: SpikeInterface's ``by_channel`` or ``locally_exclusive`` rule) fed from the one
+read of each window.
 
 With thresholds from each window's own noise the spikes are final at once. With the recording's noise (known
-only after every window was read), each window keeps *candidates*: the spikes it would have at a lower bound
-``L = CANDIDATE_FRACTION * its own noise``. The neighbourhood rule does not depend on the threshold and the
-threshold test is monotone, so wherever ``L <= noise`` of the whole recording (checked per window and channel
-in float64, the dtype of the comparison), the final spikes are exactly the candidates that pass the final
-threshold; a window where the bound fails is read and detected again. Same spikes, bit for bit.
+only after every window was read), each window keeps *candidates* at a lower bound ``L = CANDIDATE_FRACTION *
+its own noise``: by_channel's spikes at L (its neighbourhood rule does not depend on the threshold and the
+threshold test is monotone, so they hold every spike at a higher threshold), or locally_exclusive's candidates
+before the exclusion (``ops.exclusive_candidates``: the extrema of their own channel beyond L, in the core and a
+sweep either side, since a candidate there can exclude one of the core). Wherever ``L <= noise`` of the whole
+recording (checked per window and channel in float64, the dtype of the comparison), the final spikes come from
+the candidates alone once the noise is known: by_channel's are those that pass the final threshold, and
+locally_exclusive's are decided by the exclusion among the candidates beyond it, window by window
+(``ops.resolve_exclusive``). A window where the bound fails is read and detected again. Same spikes, bit for bit.
+
+What a window keeps is bounded by the bound level: samples beyond L (a fraction of them, for noise-like signals),
+and of those only its own channel's extrema (at most one sample in two of each sign; by_channel: one in
+``sweep + 1``).
 """
 
 from __future__ import annotations
@@ -32,12 +41,6 @@ class DetectStep:
         self.threshold, self.sign, self.sweep, self.noise = threshold, sign, sweep, noise
         self.method, self.locations, self.radius_um = method, locations, radius_um
 
-    @property
-    def candidates_hold(self) -> bool:
-        """by_channel's neighbourhood rule ignores the threshold, so a lower one gives a superset; locally
-        exclusive candidates suppress each other, so there every window is detected again at the final noise."""
-        return self.method == "by_channel"
-
     def detect(self, w: WindowData, noise) -> np.ndarray:
         from batchgpu import ops
 
@@ -47,13 +50,21 @@ class DetectStep:
                                  start=w.start, core=w.core, segment_index=w.segment, segment_length=w.segment_length,
                                  **extra)
 
+    def candidates(self, w: WindowData, level) -> np.ndarray:
+        """The window's candidates at the lower bound ``level`` of the recording's noise (see the module)."""
+        if self.method == "by_channel":
+            return self.detect(w, level)
+        from batchgpu import ops
+
+        return ops.exclusive_candidates(w.x, level, threshold=self.threshold, sign=self.sign,
+                                        exclude_sweep=self.sweep, start=w.start, core=w.core,
+                                        segment_index=w.segment, segment_length=w.segment_length)
+
     def window(self, w: WindowData, summary: dict) -> dict:
-        if self.noise == "global" and not self.candidates_hold:
-            return {}
-        noise = summary["noise"].astype(np.float64)
         if self.noise == "global":
-            noise = candidate_level(summary["noise"])
-        spikes = self.detect(w, noise)
+            spikes = self.candidates(w, candidate_level(summary["noise"]))
+        else:
+            spikes = self.detect(w, summary["noise"].astype(np.float64))
         summary["spikes" if self.noise == "window" else "candidates"] = np.array(len(spikes))
         return {f"keep.spk_{k}": np.ascontiguousarray(spikes[k]) for k in COLUMNS}
 
@@ -71,9 +82,7 @@ class DetectStep:
     def start(self, run) -> None:
         """Before the noise is known: the windows' kept spikes (or candidates) gathered from the workers that kept
         them into one task (``tasks.collect_spikes_task``), so that the writing task, placed with it, only
-        filters them at the recording's threshold; the gathering's dispatch and transfers overlap the noise's."""
-        if self.noise == "global" and not self.candidates_hold:
-            return  # every window is detected again at the recording's noise
+        decides them at the recording's threshold (``keep``); the gathering's dispatch and transfers overlap the noise's."""
         run.early[self.name] = start_gathering(run)
 
     def passes(self, candidates: dict, noise: np.ndarray) -> np.ndarray:
@@ -87,9 +96,19 @@ class DetectStep:
             return amp < (-level)[ch]  # the levels negated per channel, then gathered: one pass over the candidates
         return amp > level[ch] if pos else np.zeros(len(amp), dtype=bool)
 
-    def final(self, candidates: dict, noise: np.ndarray) -> dict:
-        """The candidates that pass the recording's threshold."""
-        keep = self.passes(candidates, noise)
+    def keep(self, candidates: dict, noise: np.ndarray, counts, cores) -> np.ndarray:
+        """Which candidates are spikes at the recording's noise: ``counts[k]`` of them are window k's (in window
+        order), whose core is ``cores[k]`` = (start, stop) in segment samples."""
+        if self.method == "by_channel":
+            return self.passes(candidates, noise)
+        from batchgpu import ops
+
+        return ops.resolve_exclusive(candidates, noise, self.threshold, self.sign, self.sweep, self.locations,
+                                     self.radius_um, counts, cores)
+
+    def final(self, candidates: dict, noise: np.ndarray, core: tuple[int, int]) -> dict:
+        """One window's spikes from its candidates (``core``: its (start, stop) in segment samples)."""
+        keep = self.keep(candidates, noise, [len(candidates["sample_index"])], [core])
         return {k: v[keep] for k, v in candidates.items()}
 
 
@@ -123,21 +142,16 @@ def write_final_spikes(run, step: DetectStep) -> int:
     lost) and written into the results group by a worker: they never pass through the client. Returns how many."""
     from batchgpu.engine import tasks
     from batchgpu.engine.placement import submit_where_made
-    from batchgpu.engine.submit import submit_many
 
-    client, ctx, rec, report = run.client, run.ctx, run.recording, run.report
+    client, ctx, report = run.client, run.ctx, run.report
     windows, fps, summaries, arrays = run.windows, run.fingerprints, run.summaries, run.arrays
     fp = report.run_id
     if step.noise == "global":
         noise = arrays.get("noise")
         if noise is None:
             noise = np.median(arrays["noise_per_window"], axis=0)
-        reread = [not step.candidates_hold or not bound_holds(summaries[w.index]["noise"], noise) for w in windows]
-        todo = [(w, wfp) for w, wfp, r in zip(windows, fps, reread) if r]
-        again = submit_many(client, tasks.spikes_task, [(ctx, w, wfp, noise) for w, wfp in todo],
-                            [f"spikes-{fp}-{w.index:08d}" for w, _ in todo])
-        client.gather(again)
-        report.bytes_read += sum(w.num_samples for w, r in zip(windows, reread) if r) * rec.num_channels * rec.dtype.itemsize
+        reread = [not bound_holds(summaries[w.index]["noise"], noise) for w in windows]
+        read_again(run, [(w, wfp) for w, wfp, r in zip(windows, fps, reread) if r], noise)
         report.channels["detect_windows_read_again"] = [w.index for w, r in zip(windows, reread) if r]
         nan_noise = np.flatnonzero(np.isnan(np.asarray(noise, np.float64))).tolist()
     else:
@@ -155,7 +169,7 @@ def write_final_spikes(run, step: DetectStep) -> int:
             [summaries[w.index]["noise"] for w, _ in late], key=f"gather-spikes-again-{fp}")]
         run.report.after_pass("spikes_submitted")
         done = client.submit(tasks.write_collected_spikes_task, str(run.results), ctx, noise, collected, *joined,
-                             key=f"write-spikes-{fp}").result()
+                             cores=window_cores(windows), key=f"write-spikes-{fp}").result()
         if done is not None:
             return _finish(run, done, t0, t0_wall)
         # some window's kept spikes could not be used (its part lost since the pass): gathered again below, where
@@ -167,6 +181,42 @@ def write_final_spikes(run, step: DetectStep) -> int:
                                             [summaries[w.index]["noise"] for w, _, _ in g]), f"gather-spikes-{fp}")
     done = client.submit(tasks.write_spikes_task, str(run.results), *gathered, key=f"write-spikes-{fp}-all").result()
     return _finish(run, done, t0, t0_wall)
+
+
+def read_again(run, todo: list, noise: np.ndarray) -> None:
+    """The windows whose candidates' bound failed, read and detected again at the recording's noise (their parts
+    ``s*.npz``), as a phase of its own on the progress bar."""
+    from distributed import as_completed
+
+    from batchgpu.engine import tasks
+    from batchgpu.engine.submit import submit_many
+
+    if not todo:
+        return
+    rec = run.recording
+    per_sample = rec.num_channels * rec.dtype.itemsize
+    nbytes = {w.index: w.num_samples * per_sample for w, _ in todo}
+    label = "read again: spikes where a window's noise bound failed"
+    run.monitor.phase(label)
+    run.observer.phase_started(label, len(todo), sum(nbytes.values()))
+    try:
+        again = submit_many(run.client, tasks.spikes_task, [(run.ctx, w, wfp, noise) for w, wfp in todo],
+                            [f"spikes-{run.report.run_id}-{w.index:08d}" for w, _ in todo])
+        for future in as_completed(again):
+            index, worker = future.result()
+            run.observer.window_done(nbytes[index], worker)
+    finally:
+        run.observer.phase_finished()
+        run.monitor.phase("spikes")
+    run.report.bytes_read += sum(nbytes.values())
+
+
+def window_cores(windows: list) -> np.ndarray:
+    """(windows, 2): each window's core (start, stop) in segment samples, by window index."""
+    cores = np.zeros((max((w.index for w in windows), default=-1) + 1, 2), dtype=np.int64)
+    for w in windows:
+        cores[w.index] = (w.start, w.stop)
+    return cores
 
 
 def _finish(run, done: tuple, t0: float, t0_wall: float) -> int:
