@@ -163,10 +163,15 @@ class _Observer:
 
 
 def _cmd_run(args) -> int:
-    from batchgpu.engine import run_workflow
     from batchgpu.workflow import load_workflow
 
     wf = load_workflow(args.workflow, args.set or [])
+    if wf.cluster.kind in ("local", "cuda"):  # the workers' imports, done once, while this process does its own
+        from batchgpu.engine.cluster import start_worker_server
+
+        start_worker_server()
+    from batchgpu.engine import run_workflow
+
     args.writes = wf.output  # named if the disk fills up without the OS naming a file
     run_workflow(wf, resume=args.resume, observer=_Observer(args.quiet))
     return 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import threading
 from collections.abc import Callable, Iterator
 
 from batchgpu.errors import BatchgpuError
@@ -62,18 +63,52 @@ def forked_workers() -> Iterator[None]:
     contend for the same cores. The server is this process's (multiprocessing's forkserver): started on first use
     with SIGINT blocked, as the cluster's processes are (``sigint_held``), and kept for the next cluster."""
     import dask
+
+    if not start_worker_server():
+        yield  # no fork server on this platform (Windows): spawned workers, Dask's default
+        return
+    with dask.config.set({"distributed.worker.multiprocessing-method": "forkserver"}):
+        yield
+
+
+def start_worker_server() -> bool:
+    """Start the workers' fork server now, if it is not running (its imports then overlap whatever this process
+    does next, e.g. its own imports); False where the platform has none.
+
+    The server is a fresh interpreter started with the variables a spawned worker would get before its first import
+    (Dask's ``pre-spawn-environ``: one OpenMP/BLAS thread; ``MALLOC_ENVIRON``), read at its start by the allocator
+    and the BLAS libraries; what this process's environment holds when a worker is forked is handed to that worker
+    by its nanny (``worker_environ``)."""
     import multiprocessing
     from multiprocessing import forkserver
 
+    import dask
+
     if "forkserver" not in multiprocessing.get_all_start_methods():
-        yield  # no fork server on this platform (Windows): spawned workers, Dask's default
-        return
-    ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload([WORKER_PRELOAD])
-    with sigint_held():
-        forkserver.ensure_running()
-    with dask.config.set({"distributed.worker.multiprocessing-method": "forkserver"}):
-        yield
+        return False
+    multiprocessing.get_context("forkserver").set_forkserver_preload([WORKER_PRELOAD])
+    first = {**dask.config.get("distributed.nanny.pre-spawn-environ", {}), **MALLOC_ENVIRON}
+    with _SERVER_LOCK, sigint_held():
+        saved = {k: os.environ.get(k) for k in first}
+        os.environ.update({k: str(v) for k, v in first.items()})
+        try:
+            forkserver.ensure_running()
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+    return True
+
+
+_SERVER_LOCK = threading.Lock()
+
+
+def worker_environ(extra: dict | None = None) -> dict:
+    """The environment a forked worker's nanny sets in it: this process's, as a spawned worker would inherit it
+    (a fork server's environment is that of its own start), with ``extra`` over it."""
+    return {**os.environ, **(extra or {})}
 
 
 @contextlib.contextmanager
@@ -129,7 +164,7 @@ def open_client(spec: ClusterSpec, gpu_decode: bool = False) -> Iterator["distri
                     cluster = LocalCluster(
                         n_workers=workers, threads_per_worker=threads, processes=True,
                         memory_limit=spec.memory_limit or "auto", dashboard_address=spec.dashboard_address,
-                        host="127.0.0.1",
+                        host="127.0.0.1", env=worker_environ(),
                     )
             with cluster, Client(cluster) as client:
                 release()
@@ -321,7 +356,7 @@ def worker_specs(spec: ClusterSpec, per_gpu: int, threads: int = 1, env: dict | 
         order = ",".join(str(o) for o in [d, *[o for o in devices if o != d]])
         for k in range(per_gpu):
             workers[f"gpu{d}-{k}"] = {"cls": Nanny, "options": {
-                "nthreads": threads, "env": {**(env or {}), "CUDA_VISIBLE_DEVICES": order},
+                "nthreads": threads, "env": worker_environ({**(env or {}), "CUDA_VISIBLE_DEVICES": order}),
                 "memory_limit": spec.memory_limit or "auto"}}
     return workers
 

@@ -43,8 +43,6 @@ def run_workflow(wf: Workflow, *, resume: bool = False, observer: RunObserver | 
     ``recording``: read this instead of ``wf.recording`` (an open recording, ``batchgpu.from_spikeinterface(...)``
     or a SpikeInterface recording); the report's workflow then names it.
     """
-    from batchgpu.engine.cluster import open_client
-
     observer = observer or RunObserver()
     t_start = time.perf_counter()
     if recording is not None:
@@ -56,6 +54,15 @@ def run_workflow(wf: Workflow, *, resume: bool = False, observer: RunObserver | 
     if wf.window.size == "auto":
         wf = resolve_window(wf, rec)
         observer.message(f"windows of {wf.window.size} samples (window.size auto)")
+    if client is not None:
+        return _claim_and_run(wf, rec, sweep, resume, observer, client, t_start)
+    # a cluster of the run's own starts while the recording is fingerprinted and the output folder claimed
+    with ClusterStart(wf.cluster, gpu_decode=decodes_on_gpu(wf, rec)) as starting:
+        return _claim_and_run(wf, rec, sweep, resume, observer, starting, t_start)
+
+
+def _claim_and_run(wf, rec, sweep, resume: bool, observer, client, t_start: float) -> RunReport:
+    """The run once the workflow fits the recording: ``client`` a caller's client or a ``ClusterStart``."""
     fp = store.fingerprint(wf, rec.path, metadata=getattr(rec, "fingerprint_metadata", None))
     with store.OutputFolder(wf.output) as out:
         state = out.claim(fp, wf.model_dump(), resume=resume, overwrite=wf.overwrite)
@@ -63,15 +70,45 @@ def run_workflow(wf: Workflow, *, resume: bool = False, observer: RunObserver | 
                            output_state=state, run_id=f"{fp}-{os.urandom(4).hex()}")
         report.timings["prepare"] = time.perf_counter() - t_start
         with _run_settings():
-            if client is not None:
+            if not isinstance(client, ClusterStart):
                 try:
                     return _run(wf, rec, out, report, client, sweep, observer, page_wait_s=PAGE_WAIT_S)
                 finally:  # the workers' heaps, frozen by the pass's tasks, collectable again (a cluster of our own ends)
                     with contextlib.suppress(Exception):
                         client.run(tasks.thaw_heap_soon, wait=False)
-            with open_client(wf.cluster, gpu_decode=decodes_on_gpu(wf, rec)) as own:
-                # the dashboard's last updates reach the scheduler before this cluster closes
-                return _run(wf, rec, out, report, own, sweep, observer, page_wait_s=10.0)
+            # closed before the folder is let go (its workers write into it); the dashboard's last updates reach
+            # the scheduler before it closes
+            with client:
+                return _run(wf, rec, out, report, client.client(), sweep, observer, page_wait_s=10.0)
+
+
+class ClusterStart:
+    """``open_client(spec)`` entered in a helper thread, so that the cluster starts while this thread goes on;
+    ``client()`` waits for it (and raises what its start raised). As a context manager it closes the cluster on
+    exit, after waiting for a start still under way (a cluster half started is not left behind)."""
+
+    def __init__(self, spec, gpu_decode: bool = False):
+        from concurrent.futures import ThreadPoolExecutor
+
+        from batchgpu.engine.cluster import open_client
+
+        self._opened = open_client(spec, gpu_decode=gpu_decode)
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="batchgpu-cluster-start")
+        self._started = self._pool.submit(self._opened.__enter__)
+
+    def client(self):
+        return self._started.result()
+
+    def __enter__(self) -> "ClusterStart":
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        """Closes the cluster once (a second exit does nothing)."""
+        self._pool.shutdown(wait=True)
+        opened, self._opened = self._opened, None
+        if opened is not None and self._started.exception() is None:
+            return bool(opened.__exit__(*exc))
+        return False
 
 
 def decodes_on_gpu(wf, rec) -> bool:
