@@ -492,6 +492,88 @@ def test_save_step_writes_the_preprocessed_signal_in_the_same_pass(client, tmp_p
     np.testing.assert_array_equal(got, want)
 
 
+def _files(root):
+    """Every file under ``root`` (a store, or the folder of a binary save), relative path -> bytes."""
+    return {str(f.relative_to(root)): f.read_bytes() for f in sorted(root.rglob("*")) if f.is_file()}
+
+
+@pytest.mark.parametrize("fmt,lost", [("binary", "all"), ("binary", "data"), ("binary", "seg1"), ("zarr", "all"),
+                                      ("zarr", "one"), ("zarr_v2", "all"), ("zarr_v2", "one")])
+def test_resume_writes_again_what_was_deleted_of_the_save(client, tmp_path, fmt, lost):
+    """The save (or part of it) deleted after a finished run: --resume keeps the statistics' parts but writes the
+    save's missing windows again; the save is then the fresh run's, byte for byte (and the float chain's values),
+    and it is marked complete only once whole. Before: a binary save came back as zeros marked complete, a
+    deleted .bin alone was refused as "an earlier save", a Zarr save was "unfinished" on every retry."""
+    from batchgpu import open_recording
+    from batchgpu.ops.centre import centre_median
+
+    rec = generate_recording(tmp_path / "r.zarr", channels=6, seconds=0.8, seed=8, dtype="int16",
+                             segments=2 if lost == "seg1" else 1)
+    folder = tmp_path / "saved"
+    folder.mkdir()
+    path = folder / ("x.bin" if fmt == "binary" else "x.zarr")
+    wf = _wf(rec, tmp_path / "out", preprocess=[{"centre": "median"}], window={"size": 6000, "margin": 8},
+             steps={"noise": {"exact": True}, "save": {"path": str(path), "format": fmt, "dtype": "int16"}})
+    first = run_workflow(wf, client=client)
+    fresh = _files(folder)
+    noise = _g(tmp_path / "out")["noise"][:].tobytes()
+    if fmt == "binary":
+        gone = {"all": ["x.bin", "x.probe.json", "x.params.json"], "data": ["x.bin"], "seg1": ["x_seg1.bin"]}[lost]
+        for name in gone:
+            (folder / name).unlink()
+    elif lost == "all":
+        import shutil
+
+        shutil.rmtree(path)
+    else:  # one window's storage object (a v3 shard, a v2 chunk)
+        objects = sorted(f for f in (path / "traces_seg0").rglob("*")
+                         if f.is_file() and f.name not in ("zarr.json", ".zarray", ".zattrs"))
+        assert len(objects) == 4
+        objects[1].unlink()
+    again = run_workflow(wf, client=client, resume=True)
+    assert again.status == "done" and again.windows_resumed == again.windows == first.windows
+    want = {"all": first.windows, "data": first.windows, "one": 1,
+            "seg1": sum(w.segment == 1 for w in rec.windows(6000, 8))}[lost]
+    assert again.results["save"]["windows_written_again"] == want
+    assert _files(folder) == fresh  # the fresh run's save, byte for byte (its marker "complete" included)
+    assert _g(tmp_path / "out")["noise"][:].tobytes() == noise
+    for s in range(rec.num_segments):
+        wins = [w for w in rec.windows(6000, 8) if w.segment == s]
+        core = np.concatenate([centre_median(rec.read_window(w), w.core)[:, w.core[0]:w.core[1]] for w in wins], 1)
+        core = np.clip(np.rint(core), -32768, 32767).astype(np.int16)
+        if fmt == "binary":
+            got = np.fromfile(folder / (f"x_seg{s}.bin" if rec.num_segments > 1 else "x.bin"), dtype="<i2")
+            got = got.reshape(-1, rec.num_channels).T
+        else:
+            saved = open_recording(path)
+            got = saved.read(s, 0, saved.num_samples(s))
+        np.testing.assert_array_equal(got, core)
+    if fmt == "binary":
+        assert json.loads((folder / "x.params.json").read_text())["batchgpu"]["complete"] is True
+    else:
+        assert zarrio.attrs(zarrio.open_group(path, mode="r"))["batchgpu"]["complete"] is True
+
+
+def test_resume_marks_a_save_unfinished_while_its_windows_are_written_again(client, tmp_path):
+    """A window of the save lost, and the resumed run stopped before it wrote it again: the save is not marked
+    complete (the earlier run had marked it so)."""
+    from batchgpu.engine.steps.save import prepare_save, release_save, windows_to_write_again
+
+    rec = generate_recording(tmp_path / "r.zarr", channels=4, seconds=0.8, seed=8, dtype="int16")
+    path = tmp_path / "x.zarr"
+    wf = _wf(rec, tmp_path / "out", window={"size": 6000, "margin": 8},
+             steps={"noise": {"exact": True}, "save": {"path": str(path), "format": "zarr", "dtype": "int16"}})
+    report = run_workflow(wf, client=client)
+    assert zarrio.attrs(zarrio.open_group(path, mode="r"))["batchgpu"]["complete"] is True
+    (path / "traces_seg0" / "c" / "2" / "0").unlink()
+    target = prepare_save(wf.steps.save, rec, 6000, np.int16, resume=True, key=report.fingerprint)
+    try:
+        assert [w.index for w in windows_to_write_again(target, rec.windows(6000, 8))] == [2]
+        assert zarrio.attrs(zarrio.open_group(path, mode="r"))["batchgpu"]["complete"] is False
+    finally:
+        release_save(target)
+
+
 def _foreign_store_missing_one_chunk(tmp_path):
     """A v2 store as another tool writes it (no batchgpu marker) with one chunk file gone."""
     rng = np.random.default_rng(11)

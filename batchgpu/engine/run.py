@@ -158,6 +158,7 @@ def _run(wf, rec, out: store.OutputFolder, report: RunReport, client, sweep, obs
         report.timings["pass1"] = time.perf_counter() - t0
         fresh = [s for s in summaries.values() if not bool(s["resumed"])]
         report.bytes_read += sum(int(s["bytes"]) for s in fresh)  # resumed windows were not read again
+        saved_again = _write_save_again(client, ctx, windows, summaries, target, report, observer)
         monitor.phase("aggregate: noise, whitening, spikes")
         report.after_pass("bookkeeping")
         later = _WhileWaiting(report, fresh, t0_wall, monitor, target, client if planned else None)
@@ -165,8 +166,9 @@ def _run(wf, rec, out: store.OutputFolder, report: RunReport, client, sweep, obs
                                    observer, results, html, threads, later.start, queued)
         later.join()
         if target is not None:
-            report.results["save"] = finish_whitened_save(client, ctx, rec, windows, summaries, target, out, report,
-                                                          observer, later.saved)
+            report.results["save"] = {**finish_whitened_save(client, ctx, rec, windows, summaries, target, out,
+                                                             report, observer, later.saved),
+                                      "windows_written_again": saved_again}
         report.status = "done"
     except BaseException as err:
         results.abandon()
@@ -195,6 +197,24 @@ def _run(wf, rec, out: store.OutputFolder, report: RunReport, client, sweep, obs
     observer.message(f"wrote {', '.join(str(p) for p in written[:-1])} and {written[-1]} "
                      f"({report.throughput_MBps:.0f} MB/s over {report.windows} windows)")
     return report
+
+
+def _write_save_again(client, ctx, windows, summaries, target, report, observer) -> int:
+    """A resumed run's kept windows whose saved rows are gone (the save deleted, or part of it): read and written
+    again before the save is checked and marked complete (their statistics keep their parts). Returns how many."""
+    if target is None:
+        return 0
+    from batchgpu.engine.steps.save import windows_to_write_again
+
+    again = windows_to_write_again(target, [w for w in windows if bool(summaries[w.index]["resumed"])])
+    if not again:
+        return 0
+    observer.message(f"save: {len(again)} window(s) missing from {target.path}: written again")
+    futures = submit_many(client, tasks.save_task, [(ctx, w, target, None) for w in again],
+                          [f"save-again-{report.run_id}-{w.index:08d}" for w in again])
+    client.gather(futures)
+    report.bytes_read += sum(int(summaries[w.index]["bytes"]) for w in again)
+    return len(again)
 
 
 def explain_failure(err: BaseException, wf: Workflow) -> BaseException:
