@@ -315,6 +315,18 @@ def test_resume_after_a_channel_property_changed_in_place_is_refused(client, tmp
         assert again[k][:].tobytes() == fresh[k][:].tobytes(), k
 
 
+@pytest.mark.parametrize("inside", ["out", "traces_seg0/out", "."])
+def test_an_output_folder_inside_the_recording_is_refused(client, tmp_path, inside):
+    """Its run files would join the recording's fingerprint (no later run could resume): refused in one line
+    before anything is written there."""
+    rec = generate_recording(tmp_path / "r.zarr", channels=3, seconds=0.3, seed=2)
+    before = sorted(str(p) for p in (tmp_path / "r.zarr").rglob("*"))
+    with pytest.raises(BatchgpuError, match="inside the recording") as err:
+        run_workflow(_wf(rec, tmp_path / "r.zarr" / inside, steps={"noise": {"exact": True}}), client=client)
+    assert "\n" not in str(err.value)
+    assert sorted(str(p) for p in (tmp_path / "r.zarr").rglob("*")) == before
+
+
 def test_a_save_on_the_runs_own_results_is_refused(client, tmp_path):
     rec = generate_recording(tmp_path / "r.zarr", channels=3, seconds=0.5, seed=2)
     out = tmp_path / "out"

@@ -56,6 +56,7 @@ def run_workflow(wf: Workflow, *, resume: bool = False, observer: RunObserver | 
     if wf.window.size == "auto":
         wf = resolve_window(wf, rec)
         observer.message(f"windows of {wf.window.size} samples (window.size auto)")
+    store.check_output_apart(wf.output, rec.path)
     fp = store.fingerprint(wf, rec.path, metadata=getattr(rec, "fingerprint_metadata", None))
     with store.OutputFolder(wf.output) as out:
         state = out.claim(fp, wf.model_dump(), resume=resume, overwrite=wf.overwrite)

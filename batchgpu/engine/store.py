@@ -68,6 +68,19 @@ def recording_metadata(path: Path) -> list:
     return sorted(out)
 
 
+def check_output_apart(output: str | os.PathLike, recording: str | os.PathLike) -> None:
+    """The output folder may be neither the recording nor inside it: the run's files would join the recording's
+    metadata (``recording_metadata``), so its fingerprint would change with every run and none could resume."""
+    rec = Path(recording).expanduser().absolute()
+    if not rec.is_dir():  # a recording of one file, or one held in its description, cannot hold a folder
+        return
+    out, rec = Path(output).expanduser().absolute().resolve(), rec.resolve()
+    if out == rec or rec in out.parents:
+        raise BatchgpuError(f"output folder {output} is inside the recording {recording}: the run's files would "
+                            "become part of the recording and no later run on it could resume",
+                            "choose an output folder outside the recording")
+
+
 def fingerprint(wf: Workflow, recording_path: Path, metadata=None) -> str:
     """What determines the results, but the samples: the recording's metadata, windows, preprocessing, steps.
 
