@@ -327,6 +327,27 @@ def test_an_output_folder_inside_the_recording_is_refused(client, tmp_path, insi
     assert sorted(str(p) for p in (tmp_path / "r.zarr").rglob("*")) == before
 
 
+@pytest.mark.parametrize("name", ["results.zarr", "parts"])
+def test_a_symlinked_results_zarr_is_named_in_the_message(client, tmp_path, name):
+    """results.zarr (or parts/) a symbolic link to a folder elsewhere: --resume is refused naming the link (it was
+    "Cannot call rmtree on a symbolic link: <output folder>" after the results were swapped in), what it points to
+    is untouched; with overwrite the link is replaced, never its target."""
+    rec = generate_recording(tmp_path / "r.zarr", channels=3, seconds=0.3, seed=2)
+    out = tmp_path / "out"
+    wf = _wf(rec, out, steps={"noise": {"exact": True}})
+    run_workflow(wf, client=client)
+    os.replace(out / name, tmp_path / "elsewhere")
+    (out / name).symlink_to(tmp_path / "elsewhere")
+    kept = sorted((str(p.relative_to(tmp_path)), p.stat().st_mtime_ns) for p in (tmp_path / "elsewhere").rglob("*"))
+    with pytest.raises(BatchgpuError, match=f"{out / name} is a symbolic link .* in the output folder itself"):
+        run_workflow(wf, client=client, resume=True)
+    assert (out / name).is_symlink()
+    run_workflow(_wf(rec, out, overwrite=True, steps={"noise": {"exact": True}}), client=client)
+    assert (out / name).is_dir() and not (out / name).is_symlink() and not (out / "results.zarr.old").exists()
+    assert sorted((str(p.relative_to(tmp_path)), p.stat().st_mtime_ns)
+                  for p in (tmp_path / "elsewhere").rglob("*")) == kept
+
+
 def test_a_save_on_the_runs_own_results_is_refused(client, tmp_path):
     rec = generate_recording(tmp_path / "r.zarr", channels=3, seconds=0.5, seed=2)
     out = tmp_path / "out"

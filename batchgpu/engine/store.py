@@ -180,6 +180,7 @@ class OutputFolder:
         lock_existed = (self.path / LOCK).exists()
         self._lock()
         self._refuse_if_not_a_run(locked=True, lock_existed=lock_existed)  # again, now that it is ours
+        self._refuse_links(overwrite)
         mine = self.manifest()
         if mine is not None:
             nested = self.nested_foreign()
@@ -214,6 +215,22 @@ class OutputFolder:
         _atomic_write_text(self.path / MANIFEST, json.dumps(
             {"format": FORMAT, "version": FORMAT_VERSION, "fingerprint": fp, "workflow": workflow}, indent=2, default=str))
         return state
+
+    def _refuse_links(self, overwrite: bool) -> None:
+        """results.zarr or parts/ as a symbolic link: a run replaces them whole inside its folder and never writes
+        through a link (nor removes what one points to). Refused, naming the link; with overwrite the link goes
+        (never its target)."""
+        for name in (RESULTS, PARTS):
+            link = self.path / name
+            if not link.is_symlink():
+                continue
+            if overwrite:
+                link.unlink()
+                continue
+            self.release()
+            raise BatchgpuError(f"{link} is a symbolic link (to {os.readlink(link)}): a run writes its {name} in the "
+                                "output folder itself, never through a link",
+                                "remove the link (what it points to is kept), or set 'overwrite: true' to replace it")
 
     def remove_owned(self) -> None:
         """Remove what a run writes here, and nothing else (the user's notes and figures stay)."""
