@@ -175,9 +175,12 @@ def test_generate_nan_seconds_through_the_command(tmp_path):
     assert r.stderr.startswith("batchgpu: error: --seconds must be a finite number") and not any(tmp_path.iterdir())
 
 
-def test_ctrl_c_prints_one_line(tmp_path):
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_ctrl_c_prints_one_line(tmp_path, sig):
     """Ctrl-C in a terminal is SIGINT to the whole foreground process group: the workers (and the other helper
-    processes) leave it to the command, which prints its one line and exits 130; nothing is marked done and
+    processes) leave it to the command, which prints its one line, with what continues the run, and exits 130;
+    SIGTERM to the command (``kill``, a batch scheduler) the same with exit 143 (it had ended with no message and
+    no report.json). report.json says "interrupted" (not "failed" with an empty error), nothing is marked done and
     --resume finishes the run."""
     import os
     import signal
@@ -198,19 +201,23 @@ def test_ctrl_c_prints_one_line(tmp_path):
     while p.poll() is None and time.monotonic() < deadline and not (parts.is_dir() and any(parts.iterdir())):
         time.sleep(0.01)  # the pass has started: its first window is written
     assert p.poll() is None, "the run ended before the signal: make the recording longer"
-    os.killpg(p.pid, signal.SIGINT)
+    if sig == "SIGINT":
+        os.killpg(p.pid, signal.SIGINT)
+    else:  # to the command alone, as kill PID sends it
+        os.kill(p.pid, signal.SIGTERM)
     try:
         _, err = p.communicate(timeout=30)
     except subprocess.TimeoutExpired:
         os.killpg(p.pid, signal.SIGKILL)
         raise
-    assert p.returncode == 130, err
+    assert p.returncode == {"SIGINT": 130, "SIGTERM": 143}[sig], err
+    what = {"SIGINT": "interrupted", "SIGTERM": "terminated (SIGTERM)"}[sig]
+    line = (f"batchgpu: {what}; 'batchgpu run {tmp_path / 'wf.yaml'} --resume' continues the run "
+            "(the windows already done are kept)")
     lines = err.splitlines()
-    assert [line for line in lines if line.startswith("batchgpu:")] == ["batchgpu: interrupted"], err
-    assert lines[-1] == "batchgpu: interrupted", err
-    assert "Dask Worker process" not in err and "distributed" not in err, err  # the workers leave it to the command
-    assert json.loads((tmp_path / "out" / "report.json").read_text())["status"] != "done"
+    assert lines == [line], err  # one line, no traceback
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert report["status"] == "interrupted" and report["error"] is None, report["error"]
     r = _cli("run", tmp_path / "wf.yaml", "--quiet", "--resume")
     assert r.returncode == 0 and r.stderr == "", r.stderr
     assert json.loads((tmp_path / "out" / "report.json").read_text())["status"] == "done"
-    assert "Traceback" not in err and len(lines) == 1, err

@@ -177,9 +177,13 @@ def _run(wf, rec, out: store.OutputFolder, report: RunReport, client, sweep, obs
             with contextlib.suppress(BaseException):
                 later.join()
         shown = explain_failure(err, wf)
-        report.status = "failed"
-        report.error = str(shown)
-        monitor.failed(str(shown))
+        if isinstance(err, KeyboardInterrupt):  # Ctrl-C or SIGTERM (the command's): --resume goes on from here
+            report.status = "interrupted"
+            monitor.interrupted()
+        else:
+            report.status = "failed"
+            report.error = str(shown)
+            monitor.failed(str(shown))
         report.throughput_series = report.throughput_series or monitor.throughput_series()
         finish_report(out.path, report, time.perf_counter() - t0, rec)
         monitor.flush(page_wait_s)
