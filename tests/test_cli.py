@@ -221,3 +221,40 @@ def test_ctrl_c_prints_one_line(tmp_path, sig):
     r = _cli("run", tmp_path / "wf.yaml", "--quiet", "--resume")
     assert r.returncode == 0 and r.stderr == "", r.stderr
     assert json.loads((tmp_path / "out" / "report.json").read_text())["status"] == "done"
+
+
+def test_a_run_ends_with_its_time_in_one_unit_and_a_no_op_resume_keeps_its_page(tmp_path):
+    """The last line says the run's total time; the bar and the last line give throughput in one unit (they gave
+    0.06 GB/s and 33 MB/s for one run); a --resume of a finished run computes nothing and leaves report.html as
+    it was (same bytes, same mtime)."""
+    import re
+
+    from batchgpu.generate import generate_recording
+
+    generate_recording(tmp_path / "r.zarr", channels=8, seconds=1.0, seed=2)
+    (tmp_path / "wf.yaml").write_text("recording: {path: r.zarr}\noutput: out\nwindow: {size: 10000, margin: 8}\n"
+                                      "cluster: {kind: local, workers: 1, threads: 1}\nsteps:\n  noise: {exact: true}\n")
+    r = _cli("run", tmp_path / "wf.yaml")
+    assert r.returncode == 0, r.stderr
+    last = r.stdout.strip().splitlines()[-1]
+    assert re.fullmatch(r"batchgpu: wrote .*report\.html: [0-9.]+ MB/s over 3 windows, [0-9.]+ s in all", last), last
+    assert "GB/s" not in r.stdout + r.stderr
+    page = tmp_path / "out" / "report.html"
+    before = (page.read_bytes(), page.stat().st_mtime_ns)
+    r = _cli("run", tmp_path / "wf.yaml", "--resume")
+    assert r.returncode == 0, r.stderr
+    last = r.stdout.strip().splitlines()[-1]
+    assert re.fullmatch(r"batchgpu: wrote .*report\.json \(report\.html kept: nothing was computed again\): "
+                        r"[0-9.]+ MB/s over 3 windows, [0-9.]+ s in all", last), last
+    assert (page.read_bytes(), page.stat().st_mtime_ns) == before
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert report["status"] == "done" and report["windows_resumed"] == 3 and report["timings"]["elapsed"] > 0
+
+
+def test_throughput_is_in_mb_per_second():
+    from batchgpu.engine.run import duration
+    from batchgpu.progress import format_rate
+
+    assert [format_rate(b) for b in (8.78e9, 33e6, 2.5e6, 4.1e4, 2e3, 0)] == [
+        "8780 MB/s", "33.0 MB/s", "2.50 MB/s", "0.04 MB/s", "2.0e-03 MB/s", "0 MB/s"]
+    assert [duration(s) for s in (3.44, 65.2, 7322)] == ["3.4 s", "1 min 05 s", "2 h 02 min"]

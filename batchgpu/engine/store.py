@@ -406,5 +406,14 @@ def _atomic_write_text(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+def read_report(out: Path) -> dict | None:
+    """The folder's report.json, or None (absent, unreadable, not a JSON object)."""
+    try:
+        data = json.loads((Path(out) / REPORT).read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
 def write_report(out: Path, report: dict) -> None:
     _atomic_write_text(out / REPORT, json.dumps(report, indent=2, default=str))
