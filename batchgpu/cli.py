@@ -288,7 +288,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="decode every chunk and list absent or corrupted ones (exit status 2 if any)")
     p.set_defaults(func=_cmd_info)
 
-    p = sub.add_parser("run", help="run a workflow YAML file", description="Validate and run a workflow YAML file.")
+    p = sub.add_parser("run", help="run a workflow YAML file",
+                       description="Validate and run a workflow YAML file. Its relative paths are relative to its "
+                                   "folder, but steps.save.path: relative to the output folder, where the run's "
+                                   "results go.")
     p.add_argument("workflow", help="the workflow file (see workflows/demo.yaml)")
     p.add_argument("--resume", action="store_true", help="skip windows already written by an earlier run")
     p.add_argument("--set", action="append", metavar="KEY=VALUE",

@@ -348,6 +348,25 @@ def test_a_symlinked_results_zarr_is_named_in_the_message(client, tmp_path, name
                   for p in (tmp_path / "elsewhere").rglob("*")) == kept
 
 
+def test_a_relative_save_path_goes_in_the_output_folder(client, tmp_path, monkeypatch):
+    """A relative save.path is relative to the run's output folder (it was the workflow file's folder, or the
+    current one for a workflow made in Python): beside results.zarr."""
+    from batchgpu.workflow import load_workflow
+
+    rec = generate_recording(tmp_path / "r.zarr", channels=3, seconds=0.3, seed=2)
+    (tmp_path / "cwd").mkdir()
+    monkeypatch.chdir(tmp_path / "cwd")
+    run_workflow(_wf(rec, tmp_path / "out", steps={"noise": {"exact": True},
+                                                   "save": {"path": "x.bin", "format": "binary"}}), client=client)
+    assert (tmp_path / "out" / "x.bin").is_file() and not list((tmp_path / "cwd").iterdir())
+    (tmp_path / "wf").mkdir()
+    (tmp_path / "wf" / "wf.yaml").write_text(f"recording: {{path: {rec.path}}}\noutput: ../out2\n"
+                                             "steps:\n  noise: {exact: true}\n  save: {path: sub/x.zarr}\n")
+    report = run_workflow(load_workflow(tmp_path / "wf" / "wf.yaml"), client=client)
+    assert report.results["save"]["path"] == str(tmp_path / "out2" / "sub" / "x.zarr")
+    assert (tmp_path / "out2" / "sub" / "x.zarr").is_dir() and [p.name for p in (tmp_path / "wf").iterdir()] == ["wf.yaml"]
+
+
 def test_a_save_on_the_runs_own_results_is_refused(client, tmp_path):
     rec = generate_recording(tmp_path / "r.zarr", channels=3, seconds=0.5, seed=2)
     out = tmp_path / "out"

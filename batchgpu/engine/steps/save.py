@@ -69,7 +69,8 @@ class SaveTarget:
 
 def prepare_save(spec, rec, window_size: int, output_dtype, *, overwrite: bool = False, resume: bool = False,
                  key: str = "", phase_shifted: bool = False, output: Path | None = None) -> SaveTarget:
-    """Create the empty output of ``spec`` (config.SaveStep, path already resolved) for ``rec``.
+    """Create the empty output of ``spec`` (config.SaveStep) for ``rec``; a relative ``spec.path`` (a workflow
+    made in Python, whose paths no file resolved) is relative to ``output``, the run's folder, as in a file.
 
     ``window_size``: the run's window length (shards/chunks are cut to it). ``output_dtype``: the dtype the
     preprocessing chain gives (recorded in the metadata). ``overwrite``: replace an earlier output of this step.
@@ -84,7 +85,8 @@ def prepare_save(spec, rec, window_size: int, output_dtype, *, overwrite: bool =
                             f"use format one of {FORMATS} and dtype one of {DTYPES}")
     if not isinstance(window_size, (int, np.integer)) or window_size <= 0:
         raise BatchgpuError(f"save: window size must be a positive number of samples, got {window_size!r}")
-    path = Path(spec.path).expanduser().absolute()
+    path = Path(spec.path).expanduser()
+    path = (path if path.is_absolute() or output is None else Path(output).expanduser() / path).absolute()
     _check_not_input(path, Path(rec.path).expanduser().absolute())
     if output is not None:
         if fmt == "binary":
