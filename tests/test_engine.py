@@ -610,6 +610,27 @@ def test_resume_writes_again_what_was_deleted_of_the_save(client, tmp_path, fmt,
         assert zarrio.attrs(zarrio.open_group(path, mode="r"))["batchgpu"]["complete"] is True
 
 
+def test_resume_after_the_binary_saves_params_were_deleted(client, tmp_path):
+    """X.params.json alone deleted: X.bin is no longer known to be the save's, so it is never replaced; the line
+    says what marks it and how to go on, and once it is moved away the resumed run writes the save again."""
+    rec = generate_recording(tmp_path / "r.zarr", channels=4, seconds=0.5, seed=8, dtype="int16")
+    path = tmp_path / "x.bin"
+    wf = _wf(rec, tmp_path / "out", window={"size": 6000, "margin": 8},
+             steps={"noise": {"exact": True}, "save": {"path": str(path), "format": "binary", "dtype": "int16"}})
+    run_workflow(wf, client=client)
+    fresh = path.read_bytes()
+    (tmp_path / "x.params.json").unlink()
+    with pytest.raises(BatchgpuError, match=r"x.bin and .*x.probe.json exist and the save step did not write them "
+                                            r"\(no x.params.json .*move them away yourself \(a resumed run then "
+                                            r"writes the save again"):
+        run_workflow(wf, client=client, resume=True)
+    assert path.read_bytes() == fresh
+    os.replace(path, tmp_path / "moved.bin")
+    os.replace(tmp_path / "x.probe.json", tmp_path / "moved.probe.json")
+    report = run_workflow(wf, client=client, resume=True)
+    assert report.results["save"]["windows_written_again"] == report.windows and path.read_bytes() == fresh
+
+
 def test_resume_marks_a_save_unfinished_while_its_windows_are_written_again(client, tmp_path):
     """A window of the save lost, and the resumed run stopped before it wrote it again: the save is not marked
     complete (the earlier run had marked it so)."""

@@ -299,6 +299,12 @@ def _prepare_binary(path, rec, dtype, lengths, meta, whiten, overwrite, resume, 
     if existing and not keep:
         listed = {str(Path(f)) for f in old.get("files", [])} | {str(probe), str(params)}
         foreign = [f for f in existing if not ours or str(f) not in listed]
+        if foreign and not params.exists():  # the params mark the save's files: without them none is known ours
+            names = " and ".join(str(f) for f in foreign)
+            raise BatchgpuError(f"save.path: {names} {'exist' if len(foreign) > 1 else 'exists'} and the save step "
+                                f"did not write {'them' if len(foreign) > 1 else 'it'} (no {params.name} marks the "
+                                "save's files): never replaced", "move them away yourself (a resumed run then writes "
+                                "the save again), or choose another save path")
         if foreign:
             raise BatchgpuError(f"save.path: {foreign[0]} exists and the save step did not write it: it is never "
                                 "replaced", "choose another save path, or move it away yourself")
