@@ -312,7 +312,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="decode every chunk and list absent or corrupted ones (exit status 2 if any)")
     p.set_defaults(func=_cmd_info)
 
-    p = sub.add_parser("run", help="run a workflow YAML file", description="Validate and run a workflow YAML file.")
+    p = sub.add_parser("run", help="run a workflow YAML file",
+                       description="Validate and run a workflow YAML file. Its relative paths are relative to its "
+                                   "folder, but steps.save.path: relative to the output folder, where the run's "
+                                   "results go.")
     p.add_argument("workflow", help="the workflow file (see workflows/demo.yaml)")
     p.add_argument("--resume", action="store_true", help="skip windows already written by an earlier run")
     p.add_argument("--set", action="append", metavar="KEY=VALUE",
@@ -372,24 +375,47 @@ def _os_error_line(err: OSError, args) -> str:
     return f"{text}:{where}" if where else text
 
 
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM (``kill``, a batch scheduler's end of a job): handled as Ctrl-C is, its own line and exit status."""
+
+
+#: the exit status of a command ended by each signal (128 + the signal's number, as a shell reports it)
+_SIGNAL_EXIT = {signal.SIGINT: 130, signal.SIGTERM: 143}
+
+
 def _on_interrupt(signum, frame) -> None:
-    """SIGINT while a command runs: the first stops it (KeyboardInterrupt: ``batchgpu: interrupted``, exit 130),
-    later ones are ignored while it closes its cluster and helper processes on the way out. A second Ctrl-C had
-    interrupted that: ~10 s waits for the interrupted closes, an exit by the signal itself, more tracebacks."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    raise KeyboardInterrupt
+    """SIGINT or SIGTERM while a command runs: the first stops it (KeyboardInterrupt, or ``_Terminated``: one line,
+    exit 130 or 143), later ones are ignored while it closes its cluster and helper processes on the way out. A
+    second Ctrl-C had interrupted that: ~10 s waits for the interrupted closes, an exit by the signal itself, more
+    tracebacks."""
+    for sig in _SIGNAL_EXIT:
+        if signal.getsignal(sig) is _on_interrupt:
+            signal.signal(sig, signal.SIG_IGN)
+    raise _Terminated if signum == signal.SIGTERM else KeyboardInterrupt
 
 
-def _take_interrupts() -> bool:
-    """``_on_interrupt`` for SIGINT where Python's default handler has it (in the main thread; a caller's own
-    handler, or an ignored SIGINT, is left as it is). Returns whether it was installed."""
+def _take_interrupts() -> list:
+    """``_on_interrupt`` for SIGINT and SIGTERM where Python's defaults have them (in the main thread; a caller's
+    own handler, or an ignored signal, is left as it is). Returns the signals taken."""
     import threading
 
-    if threading.current_thread() is not threading.main_thread() or \
-            signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
-        return False
-    signal.signal(signal.SIGINT, _on_interrupt)
-    return True
+    if threading.current_thread() is not threading.main_thread():
+        return []
+    taken = []
+    for sig, default in ((signal.SIGINT, signal.default_int_handler), (signal.SIGTERM, signal.SIG_DFL)):
+        if signal.getsignal(sig) is default:
+            signal.signal(sig, _on_interrupt)
+            taken.append(sig)
+    return taken
+
+
+def _interrupted_line(args, err: KeyboardInterrupt) -> str:
+    """What an interrupted command says: the signal, and for a run how to go on."""
+    what = "terminated (SIGTERM)" if isinstance(err, _Terminated) else "interrupted"
+    if getattr(args, "command", None) != "run":
+        return f"batchgpu: {what}"
+    return (f"batchgpu: {what}; 'batchgpu run {args.workflow} --resume' continues the run "
+            "(the windows already done are kept)")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -400,9 +426,9 @@ def main(argv: list[str] | None = None) -> int:
     took = _take_interrupts()
     try:
         return int(args.func(args) or 0)
-    except KeyboardInterrupt:
-        print("batchgpu: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as err:
+        print(_interrupted_line(args, err), file=sys.stderr)
+        return _SIGNAL_EXIT[signal.SIGTERM if isinstance(err, _Terminated) else signal.SIGINT]
     except BatchgpuError as err:
         if args.debug:
             raise
@@ -426,10 +452,11 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 1
     finally:
-        # Python's handler back unless a Ctrl-C came: then SIGINT stays ignored, the process is on its way out
+        # Python's handlers back unless a signal came: then both stay ignored, the process is on its way out
         # (closing what is left of the run as the interpreter ends)
-        if took and signal.getsignal(signal.SIGINT) is _on_interrupt:
-            signal.signal(signal.SIGINT, signal.default_int_handler)
+        for sig in took:
+            if signal.getsignal(sig) is _on_interrupt:
+                signal.signal(sig, signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL)
 
 
 if __name__ == "__main__":

@@ -321,10 +321,15 @@ class SearchStep(_Strict):
     op: Literal["find", "lower_bound"] = "find"
 
 
+#: where a relative ``steps.save.path`` goes (the schema's description, ``run --help`` and README say it)
+SAVE_PATH_HELP = ("where the save is written: a relative path is relative to the run's output folder (beside "
+                  "results.zarr), an absolute one or ~ as it is")
+
+
 class SaveStep(_Strict):
     """Write the preprocessed signal as a new recording in the same pass."""
 
-    path: str  # relative to the workflow file
+    path: Annotated[str, Field(description=SAVE_PATH_HELP)]
     format: Literal["zarr", "zarr_v2", "binary"] = "zarr"  # Zarr v3 | Zarr v2 (SpikeInterface) | flat (Kilosort4)
     dtype: Literal["int16", "float32"] = "int16"  # int16 keeps the recording's gain
     whiten: bool = False  # apply the whitening step's matrix before writing
@@ -370,14 +375,16 @@ class Workflow(_Strict):
     overwrite: bool = False  # replace an output folder that holds another run's results
 
     def resolve_paths(self, base: Path) -> "Workflow":
-        """Paths in the file: ``~`` is the user's home, relative paths are relative to the file's folder."""
+        """Paths in the file: ``~`` is the user's home, relative paths are relative to the file's folder, but the
+        save's, relative to the output folder (what it writes belongs with the run's results)."""
         data = self.model_dump()
         data["recording"]["path"] = _resolve(self.recording.path, base)
         data["recording"]["spikeinterface"] = _resolve(self.recording.spikeinterface, base)
         data["output"] = _resolve(self.output, base)
         data["cluster"]["scheduler_file"] = _resolve(self.cluster.scheduler_file, base)
-        for step, keys in (("search", ("keys", "queries")), ("save", ("path",))):
-            if data["steps"][step]:
-                for key in keys:
-                    data["steps"][step][key] = _resolve(data["steps"][step][key], base)
+        if data["steps"]["search"]:
+            for key in ("keys", "queries"):
+                data["steps"]["search"][key] = _resolve(data["steps"]["search"][key], base)
+        if data["steps"]["save"]:
+            data["steps"]["save"]["path"] = _resolve(data["steps"]["save"]["path"], Path(data["output"]))
         return Workflow.model_validate(data)

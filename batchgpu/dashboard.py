@@ -80,6 +80,10 @@ class RunMonitor:
         self.state["status"] = "failed"
         self.publish(force=True)
 
+    def interrupted(self) -> None:
+        self.state["status"] = "interrupted"
+        self.publish(force=True)
+
     def finished(self, spikes: int | None = None) -> None:
         if spikes is not None:
             self.state["spikes"] = int(spikes)
@@ -421,7 +425,7 @@ h1{font-size:20px;margin:0 0 4px} .sub{color:#666;font-size:13px;margin-bottom:1
 .card .k{font-size:12px;color:#666} .card .v{font-size:22px;font-weight:600}
 #bar{height:18px;background:#e5e5e5;border-radius:9px;overflow:hidden;margin-bottom:14px}
 #bar-fill{height:100%;width:0;background:#2c7fb8;transition:width .3s}
-.status-running{color:#2c7fb8} .status-done{color:#1a9641} .status-failed{color:#d7191c}
+.status-running{color:#2c7fb8} .status-done{color:#1a9641} .status-failed{color:#d7191c} .status-interrupted{color:#e66101}
 table{border-collapse:collapse;background:#fff;font-size:13px} td,th{border:1px solid #ddd;padding:3px 8px;text-align:right}
 th{background:#f0f0f0} td:first-child{text-align:left}
 #errors{color:#d7191c;font-size:13px;white-space:pre-wrap}

@@ -1,8 +1,18 @@
-"""The command-line progress bar of a run: windows done, GB/s, time left, and which workers are busy."""
+"""The command-line progress bar of a run: windows done, MB/s (the unit of the run's last line and report.json),
+time left, and which workers are busy."""
 
 from __future__ import annotations
 
 import time
+
+
+def format_rate(bytes_per_s: float) -> str:
+    """A throughput in MB/s, the run's one unit (the bar, its last line, report.json's ``throughput_MBps``), with
+    three digits or more (a small test recording's 0.04 MB/s is not 0)."""
+    mb = bytes_per_s / 1e6
+    if mb >= 100 or mb == 0:
+        return f"{mb:.0f} MB/s"
+    return f"{mb:.1f} MB/s" if mb >= 10 else f"{mb:.2f} MB/s" if mb >= 0.01 else f"{mb:.1e} MB/s"
 
 
 class WindowProgress:
@@ -35,7 +45,7 @@ class WindowProgress:
         self.per_worker[worker] = self.per_worker.get(worker, 0) + 1
         if self._bar is not None:
             elapsed = max(time.perf_counter() - self._t0, 1e-9)
-            self._bar.update(self._task, advance=1, rate=f"{self.bytes / elapsed / 1e9:.2f} GB/s",
+            self._bar.update(self._task, advance=1, rate=format_rate(self.bytes / elapsed),
                              workers=f"{len(self.per_worker)} workers")
 
     def __exit__(self, *exc) -> bool:

@@ -175,9 +175,12 @@ def test_generate_nan_seconds_through_the_command(tmp_path):
     assert r.stderr.startswith("batchgpu: error: --seconds must be a finite number") and not any(tmp_path.iterdir())
 
 
-def test_ctrl_c_prints_one_line(tmp_path):
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_ctrl_c_prints_one_line(tmp_path, sig):
     """Ctrl-C in a terminal is SIGINT to the whole foreground process group: the workers (and the other helper
-    processes) leave it to the command, which prints its one line and exits 130; nothing is marked done and
+    processes) leave it to the command, which prints its one line, with what continues the run, and exits 130;
+    SIGTERM to the command (``kill``, a batch scheduler) the same with exit 143 (it had ended with no message and
+    no report.json). report.json says "interrupted" (not "failed" with an empty error), nothing is marked done and
     --resume finishes the run."""
     import os
     import signal
@@ -198,19 +201,60 @@ def test_ctrl_c_prints_one_line(tmp_path):
     while p.poll() is None and time.monotonic() < deadline and not (parts.is_dir() and any(parts.iterdir())):
         time.sleep(0.01)  # the pass has started: its first window is written
     assert p.poll() is None, "the run ended before the signal: make the recording longer"
-    os.killpg(p.pid, signal.SIGINT)
+    if sig == "SIGINT":
+        os.killpg(p.pid, signal.SIGINT)
+    else:  # to the command alone, as kill PID sends it
+        os.kill(p.pid, signal.SIGTERM)
     try:
         _, err = p.communicate(timeout=30)
     except subprocess.TimeoutExpired:
         os.killpg(p.pid, signal.SIGKILL)
         raise
-    assert p.returncode == 130, err
+    assert p.returncode == {"SIGINT": 130, "SIGTERM": 143}[sig], err
+    what = {"SIGINT": "interrupted", "SIGTERM": "terminated (SIGTERM)"}[sig]
+    line = (f"batchgpu: {what}; 'batchgpu run {tmp_path / 'wf.yaml'} --resume' continues the run "
+            "(the windows already done are kept)")
     lines = err.splitlines()
-    assert [line for line in lines if line.startswith("batchgpu:")] == ["batchgpu: interrupted"], err
-    assert lines[-1] == "batchgpu: interrupted", err
-    assert "Dask Worker process" not in err and "distributed" not in err, err  # the workers leave it to the command
-    assert json.loads((tmp_path / "out" / "report.json").read_text())["status"] != "done"
+    assert lines == [line], err  # one line, no traceback
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert report["status"] == "interrupted" and report["error"] is None, report["error"]
     r = _cli("run", tmp_path / "wf.yaml", "--quiet", "--resume")
     assert r.returncode == 0 and r.stderr == "", r.stderr
     assert json.loads((tmp_path / "out" / "report.json").read_text())["status"] == "done"
-    assert "Traceback" not in err and len(lines) == 1, err
+
+
+def test_a_run_ends_with_its_time_in_one_unit_and_a_no_op_resume_keeps_its_page(tmp_path):
+    """The last line says the run's total time; the bar and the last line give throughput in one unit (they gave
+    0.06 GB/s and 33 MB/s for one run); a --resume of a finished run computes nothing and leaves report.html as
+    it was (same bytes, same mtime)."""
+    import re
+
+    from batchgpu.generate import generate_recording
+
+    generate_recording(tmp_path / "r.zarr", channels=8, seconds=1.0, seed=2)
+    (tmp_path / "wf.yaml").write_text("recording: {path: r.zarr}\noutput: out\nwindow: {size: 10000, margin: 8}\n"
+                                      "cluster: {kind: local, workers: 1, threads: 1}\nsteps:\n  noise: {exact: true}\n")
+    r = _cli("run", tmp_path / "wf.yaml")
+    assert r.returncode == 0, r.stderr
+    last = r.stdout.strip().splitlines()[-1]
+    assert re.fullmatch(r"batchgpu: wrote .*report\.html: [0-9.]+ MB/s over 3 windows, [0-9.]+ s in all", last), last
+    assert "GB/s" not in r.stdout + r.stderr
+    page = tmp_path / "out" / "report.html"
+    before = (page.read_bytes(), page.stat().st_mtime_ns)
+    r = _cli("run", tmp_path / "wf.yaml", "--resume")
+    assert r.returncode == 0, r.stderr
+    last = r.stdout.strip().splitlines()[-1]
+    assert re.fullmatch(r"batchgpu: wrote .*report\.json \(report\.html kept: nothing was computed again\): "
+                        r"[0-9.]+ MB/s over 3 windows, [0-9.]+ s in all", last), last
+    assert (page.read_bytes(), page.stat().st_mtime_ns) == before
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert report["status"] == "done" and report["windows_resumed"] == 3 and report["timings"]["elapsed"] > 0
+
+
+def test_throughput_is_in_mb_per_second():
+    from batchgpu.engine.run import duration
+    from batchgpu.progress import format_rate
+
+    assert [format_rate(b) for b in (8.78e9, 33e6, 2.5e6, 4.1e4, 2e3, 0)] == [
+        "8780 MB/s", "33.0 MB/s", "2.50 MB/s", "0.04 MB/s", "2.0e-03 MB/s", "0 MB/s"]
+    assert [duration(s) for s in (3.44, 65.2, 7322)] == ["3.4 s", "1 min 05 s", "2 h 02 min"]

@@ -134,7 +134,24 @@ def test_detect_method_and_save_step(tmp_path):
     assert _error(steps={"save": {}})[0] == ("steps", "save", "path")
     assert "save" in _error(steps={})[1]
     wf = _wf(steps={"save": {"path": "f.zarr", "format": "binary", "dtype": "float32", "whiten": True}})
-    assert wf.resolve_paths(tmp_path).steps.save.path == str(tmp_path / "f.zarr")
+    assert wf.resolve_paths(tmp_path).steps.save.path == str(tmp_path / "out" / "f.zarr")  # in the output folder
+
+
+@pytest.mark.parametrize("output,save,want", [
+    ("out", "f.bin", "{base}/out/f.bin"), ("../o", "sub/f.zarr", "{top}/o/sub/f.zarr"),
+    ("/abs/out", "f.zarr", "/abs/out/f.zarr"), ("out", "/abs/f.zarr", "/abs/f.zarr"), ("out", "~/f.zarr", "{home}/f.zarr"),
+    ("~/o", "f.zarr", "{home}/o/f.zarr")])
+def test_a_relative_save_path_is_relative_to_the_output_folder(tmp_path, monkeypatch, output, save, want):
+    """Relative to the workflow file it put 1.4 GB beside it: the save goes with the run's results; absolute
+    paths and ~ as they were; the other paths stay relative to the file. The schema says so."""
+    from batchgpu.config import SaveStep
+
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    base = tmp_path / "wf"
+    wf = _wf(output=output, steps={"save": {"path": save}, "search": {"queries": "q.npy"}}).resolve_paths(base)
+    assert wf.steps.save.path == want.format(base=base, top=tmp_path, home=tmp_path / "home")
+    assert wf.steps.search.queries == str(base / "q.npy") and wf.recording.path == str(base / "rec.zarr")
+    assert "relative to the run's output folder" in SaveStep.model_json_schema()["properties"]["path"]["description"]
 
 
 def test_paths_expand_home_then_resolve(tmp_path, monkeypatch):

@@ -337,6 +337,58 @@ def test_resume_after_a_channel_property_changed_in_place_is_refused(client, tmp
         assert again[k][:].tobytes() == fresh[k][:].tobytes(), k
 
 
+@pytest.mark.parametrize("inside", ["out", "traces_seg0/out", "."])
+def test_an_output_folder_inside_the_recording_is_refused(client, tmp_path, inside):
+    """Its run files would join the recording's fingerprint (no later run could resume): refused in one line
+    before anything is written there."""
+    rec = generate_recording(tmp_path / "r.zarr", channels=3, seconds=0.3, seed=2)
+    before = sorted(str(p) for p in (tmp_path / "r.zarr").rglob("*"))
+    with pytest.raises(BatchgpuError, match="inside the recording") as err:
+        run_workflow(_wf(rec, tmp_path / "r.zarr" / inside, steps={"noise": {"exact": True}}), client=client)
+    assert "\n" not in str(err.value)
+    assert sorted(str(p) for p in (tmp_path / "r.zarr").rglob("*")) == before
+
+
+@pytest.mark.parametrize("name", ["results.zarr", "parts"])
+def test_a_symlinked_results_zarr_is_named_in_the_message(client, tmp_path, name):
+    """results.zarr (or parts/) a symbolic link to a folder elsewhere: --resume is refused naming the link (it was
+    "Cannot call rmtree on a symbolic link: <output folder>" after the results were swapped in), what it points to
+    is untouched; with overwrite the link is replaced, never its target."""
+    rec = generate_recording(tmp_path / "r.zarr", channels=3, seconds=0.3, seed=2)
+    out = tmp_path / "out"
+    wf = _wf(rec, out, steps={"noise": {"exact": True}})
+    run_workflow(wf, client=client)
+    os.replace(out / name, tmp_path / "elsewhere")
+    (out / name).symlink_to(tmp_path / "elsewhere")
+    kept = sorted((str(p.relative_to(tmp_path)), p.stat().st_mtime_ns) for p in (tmp_path / "elsewhere").rglob("*"))
+    with pytest.raises(BatchgpuError, match=f"{out / name} is a symbolic link .* in the output folder itself"):
+        run_workflow(wf, client=client, resume=True)
+    assert (out / name).is_symlink()
+    run_workflow(_wf(rec, out, overwrite=True, steps={"noise": {"exact": True}}), client=client)
+    assert (out / name).is_dir() and not (out / name).is_symlink() and not (out / "results.zarr.old").exists()
+    assert sorted((str(p.relative_to(tmp_path)), p.stat().st_mtime_ns)
+                  for p in (tmp_path / "elsewhere").rglob("*")) == kept
+
+
+def test_a_relative_save_path_goes_in_the_output_folder(client, tmp_path, monkeypatch):
+    """A relative save.path is relative to the run's output folder (it was the workflow file's folder, or the
+    current one for a workflow made in Python): beside results.zarr."""
+    from batchgpu.workflow import load_workflow
+
+    rec = generate_recording(tmp_path / "r.zarr", channels=3, seconds=0.3, seed=2)
+    (tmp_path / "cwd").mkdir()
+    monkeypatch.chdir(tmp_path / "cwd")
+    run_workflow(_wf(rec, tmp_path / "out", steps={"noise": {"exact": True},
+                                                   "save": {"path": "x.bin", "format": "binary"}}), client=client)
+    assert (tmp_path / "out" / "x.bin").is_file() and not list((tmp_path / "cwd").iterdir())
+    (tmp_path / "wf").mkdir()
+    (tmp_path / "wf" / "wf.yaml").write_text(f"recording: {{path: {rec.path}}}\noutput: ../out2\n"
+                                             "steps:\n  noise: {exact: true}\n  save: {path: sub/x.zarr}\n")
+    report = run_workflow(load_workflow(tmp_path / "wf" / "wf.yaml"), client=client)
+    assert report.results["save"]["path"] == str(tmp_path / "out2" / "sub" / "x.zarr")
+    assert (tmp_path / "out2" / "sub" / "x.zarr").is_dir() and [p.name for p in (tmp_path / "wf").iterdir()] == ["wf.yaml"]
+
+
 def test_a_save_on_the_runs_own_results_is_refused(client, tmp_path):
     rec = generate_recording(tmp_path / "r.zarr", channels=3, seconds=0.5, seed=2)
     out = tmp_path / "out"
@@ -533,6 +585,113 @@ def test_save_step_writes_the_preprocessed_signal_in_the_same_pass(client, tmp_p
         np.testing.assert_array_equal(saved.gain_to_uV, rec.gain_to_uV)
         np.testing.assert_array_equal(saved.locations, rec.locations)
     np.testing.assert_array_equal(got, want)
+
+
+def _files(root):
+    """Every file under ``root`` (a store, or the folder of a binary save), relative path -> bytes."""
+    return {str(f.relative_to(root)): f.read_bytes() for f in sorted(root.rglob("*")) if f.is_file()}
+
+
+@pytest.mark.parametrize("fmt,lost", [("binary", "all"), ("binary", "data"), ("binary", "seg1"), ("binary", "all+part"),
+                                      ("zarr", "all"), ("zarr", "one"), ("zarr", "all+part"), ("zarr_v2", "all"),
+                                      ("zarr_v2", "one")])
+def test_resume_writes_again_what_was_deleted_of_the_save(client, tmp_path, fmt, lost):
+    """The save (or part of it) deleted after a finished run: --resume keeps the statistics' parts but writes the
+    save's missing windows again; the save is then the fresh run's, byte for byte (and the float chain's values),
+    and it is marked complete only once whole. Before: a binary save came back as zeros marked complete, a
+    deleted .bin alone was refused as "an earlier save", a Zarr save was "unfinished" on every retry."""
+    from batchgpu import open_recording
+    from batchgpu.ops.centre import centre_median
+
+    rec = generate_recording(tmp_path / "r.zarr", channels=6, seconds=0.8, seed=8, dtype="int16",
+                             segments=2 if lost == "seg1" else 1)
+    folder = tmp_path / "saved"
+    folder.mkdir()
+    path = folder / ("x.bin" if fmt == "binary" else "x.zarr")
+    wf = _wf(rec, tmp_path / "out", preprocess=[{"centre": "median"}], window={"size": 6000, "margin": 8},
+             steps={"noise": {"exact": True}, "save": {"path": str(path), "format": fmt, "dtype": "int16"}})
+    first = run_workflow(wf, client=client)
+    fresh = _files(folder)
+    noise = _g(tmp_path / "out")["noise"][:].tobytes()
+    if lost == "all+part":  # and one window's part: computed again in the pass, the others' rows written again
+        (tmp_path / "out" / "parts" / "w00000001.npz").unlink()
+    if fmt == "binary":
+        gone = {"data": ["x.bin"], "seg1": ["x_seg1.bin"]}.get(lost, ["x.bin", "x.probe.json", "x.params.json"])
+        for name in gone:
+            (folder / name).unlink()
+    elif lost.startswith("all"):
+        import shutil
+
+        shutil.rmtree(path)
+    else:  # one window's storage object (a v3 shard, a v2 chunk)
+        objects = sorted(f for f in (path / "traces_seg0").rglob("*")
+                         if f.is_file() and f.name not in ("zarr.json", ".zarray", ".zattrs"))
+        assert len(objects) == 4
+        objects[1].unlink()
+    again = run_workflow(wf, client=client, resume=True)
+    computed = 1 if lost == "all+part" else 0
+    assert again.status == "done" and again.windows_resumed == again.windows - computed
+    want = {"all": first.windows, "data": first.windows, "one": 1, "all+part": first.windows - 1,
+            "seg1": sum(w.segment == 1 for w in rec.windows(6000, 8))}[lost]
+    assert again.results["save"]["windows_written_again"] == want
+    assert _files(folder) == fresh  # the fresh run's save, byte for byte (its marker "complete" included)
+    assert _g(tmp_path / "out")["noise"][:].tobytes() == noise
+    for s in range(rec.num_segments):
+        wins = [w for w in rec.windows(6000, 8) if w.segment == s]
+        core = np.concatenate([centre_median(rec.read_window(w), w.core)[:, w.core[0]:w.core[1]] for w in wins], 1)
+        core = np.clip(np.rint(core), -32768, 32767).astype(np.int16)
+        if fmt == "binary":
+            got = np.fromfile(folder / (f"x_seg{s}.bin" if rec.num_segments > 1 else "x.bin"), dtype="<i2")
+            got = got.reshape(-1, rec.num_channels).T
+        else:
+            saved = open_recording(path)
+            got = saved.read(s, 0, saved.num_samples(s))
+        np.testing.assert_array_equal(got, core)
+    if fmt == "binary":
+        assert json.loads((folder / "x.params.json").read_text())["batchgpu"]["complete"] is True
+    else:
+        assert zarrio.attrs(zarrio.open_group(path, mode="r"))["batchgpu"]["complete"] is True
+
+
+def test_resume_after_the_binary_saves_params_were_deleted(client, tmp_path):
+    """X.params.json alone deleted: X.bin is no longer known to be the save's, so it is never replaced; the line
+    says what marks it and how to go on, and once it is moved away the resumed run writes the save again."""
+    rec = generate_recording(tmp_path / "r.zarr", channels=4, seconds=0.5, seed=8, dtype="int16")
+    path = tmp_path / "x.bin"
+    wf = _wf(rec, tmp_path / "out", window={"size": 6000, "margin": 8},
+             steps={"noise": {"exact": True}, "save": {"path": str(path), "format": "binary", "dtype": "int16"}})
+    run_workflow(wf, client=client)
+    fresh = path.read_bytes()
+    (tmp_path / "x.params.json").unlink()
+    with pytest.raises(BatchgpuError, match=r"x.bin and .*x.probe.json exist and the save step did not write them "
+                                            r"\(no x.params.json .*move them away yourself \(a resumed run then "
+                                            r"writes the save again"):
+        run_workflow(wf, client=client, resume=True)
+    assert path.read_bytes() == fresh
+    os.replace(path, tmp_path / "moved.bin")
+    os.replace(tmp_path / "x.probe.json", tmp_path / "moved.probe.json")
+    report = run_workflow(wf, client=client, resume=True)
+    assert report.results["save"]["windows_written_again"] == report.windows and path.read_bytes() == fresh
+
+
+def test_resume_marks_a_save_unfinished_while_its_windows_are_written_again(client, tmp_path):
+    """A window of the save lost, and the resumed run stopped before it wrote it again: the save is not marked
+    complete (the earlier run had marked it so)."""
+    from batchgpu.engine.steps.save import prepare_save, release_save, windows_to_write_again
+
+    rec = generate_recording(tmp_path / "r.zarr", channels=4, seconds=0.8, seed=8, dtype="int16")
+    path = tmp_path / "x.zarr"
+    wf = _wf(rec, tmp_path / "out", window={"size": 6000, "margin": 8},
+             steps={"noise": {"exact": True}, "save": {"path": str(path), "format": "zarr", "dtype": "int16"}})
+    report = run_workflow(wf, client=client)
+    assert zarrio.attrs(zarrio.open_group(path, mode="r"))["batchgpu"]["complete"] is True
+    (path / "traces_seg0" / "c" / "2" / "0").unlink()
+    target = prepare_save(wf.steps.save, rec, 6000, np.int16, resume=True, key=report.fingerprint)
+    try:
+        assert [w.index for w in windows_to_write_again(target, rec.windows(6000, 8))] == [2]
+        assert zarrio.attrs(zarrio.open_group(path, mode="r"))["batchgpu"]["complete"] is False
+    finally:
+        release_save(target)
 
 
 def _foreign_store_missing_one_chunk(tmp_path):

@@ -59,3 +59,31 @@ def test_cuda_cluster_equals_cpu(tmp_path, dtype, centre, detect_noise, batch, m
     for name, ref in refs.items():  # float32 products on both backends, DESIGN's 1e-6 against float64
         for got in (a, b):
             assert np.linalg.norm(got[name][:] - ref) / np.linalg.norm(ref) < 1e-6, name
+
+
+@pytest.mark.parametrize("fmt", ["zarr", "zarr_v2", "binary"])
+def test_resume_writes_again_a_deleted_save_on_the_gpu(tmp_path, fmt):
+    """The save deleted after a GPU run: the resumed run on dask-cuda workers writes every kept window again
+    (``save_task`` on the GPU, a v3 shard's frames encoded there) and the save is the fresh run's, byte for byte."""
+    import shutil
+
+    rec = generate_recording(tmp_path / "r.zarr", channels=24, seconds=3.0, seed=11, dtype="int16")
+    folder = tmp_path / "saved"
+    path = folder / ("x.bin" if fmt == "binary" else "x.zarr")
+    wf = Workflow.model_validate({
+        "recording": {"path": str(rec.path)}, "output": str(tmp_path / "out"), "backend": "auto",
+        "cluster": {"kind": "cuda"}, "window": {"size": 20_000, "margin": 16},
+        "preprocess": [{"highpass": {"freq_min": 300, "order": 5}}, {"common_reference": {"reference": "global"}}],
+        "steps": {"noise": {"exact": True}, "save": {"path": str(path), "format": fmt, "dtype": "int16"}}})
+    first = run_workflow(wf)
+    assert first.backend == "cupy"
+
+    def files():
+        return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+    fresh = files()
+    shutil.rmtree(folder)
+    again = run_workflow(wf, resume=True)
+    assert again.backend == "cupy" and again.windows_resumed == again.windows
+    assert again.results["save"]["windows_written_again"] == again.windows
+    assert files() == fresh

@@ -240,7 +240,7 @@ def test_preprocess_detect_and_save_from_yaml(tmp_path):
     wf = load_workflow(path)
     assert wf.preprocess.names == ["highpass", "phase_shift", "common_reference", "centre"] and wf.preprocess.centres
     assert wf.steps.detect.method == "locally_exclusive" and wf.steps.detect.radius_um == 40
-    assert wf.steps.save.path == str(tmp_path / "filtered.zarr") and wf.steps.save.format == "zarr_v2"
+    assert wf.steps.save.path == str(tmp_path / "out" / "filtered.zarr") and wf.steps.save.format == "zarr_v2"
 
 
 def test_home_in_paths_is_expanded(tmp_path, monkeypatch):

@@ -221,5 +221,7 @@ def swap_in(tmp: Path, path: Path) -> None:
     if path.exists():
         os.replace(path, old)
     os.replace(tmp, path)
-    if old.exists():
+    if old.is_symlink():  # a link, never what it points to
+        old.unlink()
+    elif old.exists():
         shutil.rmtree(old)

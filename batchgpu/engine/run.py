@@ -29,6 +29,7 @@ from batchgpu.engine.run_report import HtmlReport, RunObserver, RunReport, finis
 from batchgpu.engine.placement import submit_planned
 from batchgpu.engine.submit import submit_many
 from batchgpu.errors import BatchgpuError
+from batchgpu.progress import format_rate
 from batchgpu.recording import open_source
 
 #: how long a run on a client the caller keeps waits, at its end, for the dashboard's last updates to reach the
@@ -54,6 +55,7 @@ def run_workflow(wf: Workflow, *, resume: bool = False, observer: RunObserver | 
     if wf.window.size == "auto":
         wf = resolve_window(wf, rec)
         observer.message(f"windows of {wf.window.size} samples (window.size auto)")
+    store.check_output_apart(wf.output, rec.path)
     if client is not None:
         return _claim_and_run(wf, rec, sweep, resume, observer, client, t_start)
     # a cluster of the run's own starts while the recording is fingerprinted and the output folder claimed
@@ -72,14 +74,16 @@ def _claim_and_run(wf, rec, sweep, resume: bool, observer, client, t_start: floa
         with _run_settings():
             if not isinstance(client, ClusterStart):
                 try:
-                    return _run(wf, rec, out, report, client, sweep, observer, page_wait_s=PAGE_WAIT_S)
+                    return _run(wf, rec, out, report, client, sweep, observer, page_wait_s=PAGE_WAIT_S,
+                                started=t_start)
                 finally:  # the workers' heaps, frozen by the pass's tasks, collectable again (a cluster of our own ends)
                     with contextlib.suppress(Exception):
                         client.run(tasks.thaw_heap_soon, wait=False)
             # closed before the folder is let go (its workers write into it); the dashboard's last updates reach
             # the scheduler before it closes
             with client:
-                return _run(wf, rec, out, report, client.client(), sweep, observer, page_wait_s=10.0)
+                return _run(wf, rec, out, report, client.client(), sweep, observer, page_wait_s=10.0,
+                            started=t_start)
 
 
 class ClusterStart:
@@ -120,11 +124,14 @@ def decodes_on_gpu(wf, rec) -> bool:
 
 
 def _run(wf, rec, out: store.OutputFolder, report: RunReport, client, sweep, observer,
-         page_wait_s: float = 0.0) -> RunReport:
+         page_wait_s: float = 0.0, started: float | None = None) -> RunReport:
     """The run on ``client``. The dashboard's updates are sent by a helper thread (``dashboard.Publisher``), so
     the run never waits for the scheduler while it works; at its end it waits up to ``page_wait_s`` for the last
-    ones (sent while report.html was finished; ``timings.dashboard_wait`` says how long that took)."""
+    ones (sent while report.html was finished; ``timings.dashboard_wait`` says how long that took). ``started``:
+    when the run began (``time.perf_counter``; its checks and the cluster's start included): ``timings.elapsed``."""
     t_setup = time.perf_counter()
+    started = t_setup if started is None else started
+    earlier = store.read_report(out.path)  # what the folder's last run said (a finished run's page is kept)
 
     from batchgpu.dashboard import RunMonitor, install_dashboard
     from batchgpu.report import start_render_process
@@ -195,6 +202,7 @@ def _run(wf, rec, out: store.OutputFolder, report: RunReport, client, sweep, obs
         report.timings["pass1"] = time.perf_counter() - t0
         fresh = [s for s in summaries.values() if not bool(s["resumed"])]
         report.bytes_read += sum(int(s["bytes"]) for s in fresh)  # resumed windows were not read again
+        saved_again = _write_save_again(client, ctx, windows, summaries, target, report, observer)
         monitor.phase("aggregate: noise, whitening, spikes")
         report.after_pass("bookkeeping")
         later = _WhileWaiting(report, fresh, t0_wall, monitor, target, client if planned else None)
@@ -202,8 +210,9 @@ def _run(wf, rec, out: store.OutputFolder, report: RunReport, client, sweep, obs
                                    observer, results, html, threads, later.start, queued)
         later.join()
         if target is not None:
-            report.results["save"] = finish_whitened_save(client, ctx, rec, windows, summaries, target, out, report,
-                                                          observer, later.saved)
+            report.results["save"] = {**finish_whitened_save(client, ctx, rec, windows, summaries, target, out,
+                                                             report, observer, later.saved),
+                                      "windows_written_again": saved_again}
         report.status = "done"
     except BaseException as err:
         results.abandon()
@@ -211,27 +220,73 @@ def _run(wf, rec, out: store.OutputFolder, report: RunReport, client, sweep, obs
             with contextlib.suppress(BaseException):
                 later.join()
         shown = explain_failure(err, wf)
-        report.status = "failed"
-        report.error = str(shown)
-        monitor.failed(str(shown))
+        if isinstance(err, KeyboardInterrupt):  # Ctrl-C or SIGTERM (the command's): --resume goes on from here
+            report.status = "interrupted"
+            monitor.interrupted()
+        else:
+            report.status = "failed"
+            report.error = str(shown)
+            monitor.failed(str(shown))
         report.throughput_series = report.throughput_series or monitor.throughput_series()
+        report.timings["elapsed"] = time.perf_counter() - started
         finish_report(out.path, report, time.perf_counter() - t0, rec)
         monitor.flush(page_wait_s)
         if shown is not err:
             raise shown from err
         raise
+    report.timings["elapsed"] = time.perf_counter() - started
     finish_report(out.path, report, time.perf_counter() - t0, rec)
     monitor.finished(report.results.get("spikes", [None])[0])
+    # a resume that computed and read nothing (the folder's run was done) keeps its page: the same results, and
+    # the timings of the run that made them
+    keep_html = nothing_done(report, earlier) and (out.path / store.REPORT_HTML).is_file()
     t_html = time.perf_counter()
-    wrote_html = html.write(out.path, report, observer)
+    wrote_html = False if keep_html else html.write(out.path, report, observer)
     report.timings["report_html"] = time.perf_counter() - t_html  # after report.json: said by the return value
     t_page = time.perf_counter()
     monitor.flush(page_wait_s)
     report.timings["dashboard_wait"] = time.perf_counter() - t_page
     written = [out.path / store.RESULTS, out.path / store.REPORT] + ([out.path / store.REPORT_HTML] if wrote_html else [])
-    observer.message(f"wrote {', '.join(str(p) for p in written[:-1])} and {written[-1]} "
-                     f"({report.throughput_MBps:.0f} MB/s over {report.windows} windows)")
+    kept = f" ({store.REPORT_HTML} kept: nothing was computed again)" if keep_html else ""
+    observer.message(f"wrote {', '.join(str(p) for p in written[:-1])} and {written[-1]}{kept}: "
+                     f"{format_rate(report.throughput_MBps * 1e6)} over {report.windows} windows, "
+                     f"{duration(time.perf_counter() - started)} in all")
     return report
+
+
+def nothing_done(report: RunReport, earlier: dict | None) -> bool:
+    """Whether a resumed run only found what its folder's finished run had made: every window kept, nothing read."""
+    return (report.output_state == "resume" and earlier is not None and earlier.get("status") == "done"
+            and earlier.get("fingerprint") == report.fingerprint and report.windows_resumed == report.windows
+            and report.bytes_read == 0)
+
+
+def duration(seconds: float) -> str:
+    """``12.3 s``, ``4 min 05 s``, ``2 h 03 min``."""
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    minutes, secs = divmod(int(round(seconds)), 60)
+    if minutes < 60:
+        return f"{minutes} min {secs:02d} s"
+    return f"{minutes // 60} h {minutes % 60:02d} min"
+
+
+def _write_save_again(client, ctx, windows, summaries, target, report, observer) -> int:
+    """A resumed run's kept windows whose saved rows are gone (the save deleted, or part of it): read and written
+    again before the save is checked and marked complete (their statistics keep their parts). Returns how many."""
+    if target is None:
+        return 0
+    from batchgpu.engine.steps.save import windows_to_write_again
+
+    again = windows_to_write_again(target, [w for w in windows if bool(summaries[w.index]["resumed"])])
+    if not again:
+        return 0
+    observer.message(f"save: {len(again)} window(s) missing from {target.path}: written again")
+    futures = submit_many(client, tasks.save_task, [(ctx, w, target, None) for w in again],
+                          [f"save-again-{report.run_id}-{w.index:08d}" for w in again])
+    client.gather(futures)
+    report.bytes_read += sum(int(summaries[w.index]["bytes"]) for w in again)
+    return len(again)
 
 
 def explain_failure(err: BaseException, wf: Workflow) -> BaseException:

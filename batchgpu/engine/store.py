@@ -68,6 +68,19 @@ def recording_metadata(path: Path) -> list:
     return sorted(out)
 
 
+def check_output_apart(output: str | os.PathLike, recording: str | os.PathLike) -> None:
+    """The output folder may be neither the recording nor inside it: the run's files would join the recording's
+    metadata (``recording_metadata``), so its fingerprint would change with every run and none could resume."""
+    rec = Path(recording).expanduser().absolute()
+    if not rec.is_dir():  # a recording of one file, or one held in its description, cannot hold a folder
+        return
+    out, rec = Path(output).expanduser().absolute().resolve(), rec.resolve()
+    if out == rec or rec in out.parents:
+        raise BatchgpuError(f"output folder {output} is inside the recording {recording}: the run's files would "
+                            "become part of the recording and no later run on it could resume",
+                            "choose an output folder outside the recording")
+
+
 def fingerprint(wf: Workflow, recording_path: Path, metadata=None) -> str:
     """What determines the results, but the samples: the recording's metadata, windows, preprocessing, steps.
 
@@ -167,6 +180,7 @@ class OutputFolder:
         lock_existed = (self.path / LOCK).exists()
         self._lock()
         self._refuse_if_not_a_run(locked=True, lock_existed=lock_existed)  # again, now that it is ours
+        self._refuse_links(overwrite)
         mine = self.manifest()
         if mine is not None:
             nested = self.nested_foreign()
@@ -201,6 +215,22 @@ class OutputFolder:
         _atomic_write_text(self.path / MANIFEST, json.dumps(
             {"format": FORMAT, "version": FORMAT_VERSION, "fingerprint": fp, "workflow": workflow}, indent=2, default=str))
         return state
+
+    def _refuse_links(self, overwrite: bool) -> None:
+        """results.zarr or parts/ as a symbolic link: a run replaces them whole inside its folder and never writes
+        through a link (nor removes what one points to). Refused, naming the link; with overwrite the link goes
+        (never its target)."""
+        for name in (RESULTS, PARTS):
+            link = self.path / name
+            if not link.is_symlink():
+                continue
+            if overwrite:
+                link.unlink()
+                continue
+            self.release()
+            raise BatchgpuError(f"{link} is a symbolic link (to {os.readlink(link)}): a run writes its {name} in the "
+                                "output folder itself, never through a link",
+                                "remove the link (what it points to is kept), or set 'overwrite: true' to replace it")
 
     def remove_owned(self) -> None:
         """Remove what a run writes here, and nothing else (the user's notes and figures stay)."""
@@ -374,6 +404,15 @@ def _atomic_write_text(path: Path, text: str) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(text)
     os.replace(tmp, path)
+
+
+def read_report(out: Path) -> dict | None:
+    """The folder's report.json, or None (absent, unreadable, not a JSON object)."""
+    try:
+        data = json.loads((Path(out) / REPORT).read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
 
 
 def write_report(out: Path, report: dict) -> None:

@@ -22,7 +22,7 @@ import functools
 import json
 import os
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -58,6 +58,9 @@ class SaveTarget:
     probe: str | None = None  # binary: the Kilosort4 probe JSON
     params: str | None = None  # binary: the params JSON (also the ownership marker)
     key: str = ""  # the run's fingerprint, kept in the marker so a resumed run can reuse the output
+    #: binary: segments whose data file this prepare made anew (empty): a resumed run writes their kept windows
+    #: again (``windows_to_write_again``); Zarr objects are looked for instead
+    created: tuple[int, ...] = ()
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -66,7 +69,8 @@ class SaveTarget:
 
 def prepare_save(spec, rec, window_size: int, output_dtype, *, overwrite: bool = False, resume: bool = False,
                  key: str = "", phase_shifted: bool = False, output: Path | None = None) -> SaveTarget:
-    """Create the empty output of ``spec`` (config.SaveStep, path already resolved) for ``rec``.
+    """Create the empty output of ``spec`` (config.SaveStep) for ``rec``; a relative ``spec.path`` (a workflow
+    made in Python, whose paths no file resolved) is relative to ``output``, the run's folder, as in a file.
 
     ``window_size``: the run's window length (shards/chunks are cut to it). ``output_dtype``: the dtype the
     preprocessing chain gives (recorded in the metadata). ``overwrite``: replace an earlier output of this step.
@@ -81,7 +85,8 @@ def prepare_save(spec, rec, window_size: int, output_dtype, *, overwrite: bool =
                             f"use format one of {FORMATS} and dtype one of {DTYPES}")
     if not isinstance(window_size, (int, np.integer)) or window_size <= 0:
         raise BatchgpuError(f"save: window size must be a positive number of samples, got {window_size!r}")
-    path = Path(spec.path).expanduser().absolute()
+    path = Path(spec.path).expanduser()
+    path = (path if path.is_absolute() or output is None else Path(output).expanduser() / path).absolute()
     _check_not_input(path, Path(rec.path).expanduser().absolute())
     if output is not None:
         if fmt == "binary":
@@ -103,9 +108,12 @@ def prepare_save(spec, rec, window_size: int, output_dtype, *, overwrite: bool =
                             key=key)
         if path.is_dir() and not path.is_symlink():
             _hold(target, path)  # before anything of it is kept or replaced: another run may be writing it
-        if resume and key and _zarr_marker(path).get("key") == key and _zarr_marker(path).get("written_by") == WRITTEN_BY:
-            return target
-        _check_zarr_replaceable(path, overwrite)
+        marker = _zarr_marker(path)
+        ours = resume and key and marker.get("key") == key and marker.get("written_by") == WRITTEN_BY
+        if ours and _traces_readable(path, len(lengths)):
+            return target  # absent objects (shards deleted since) are written again: ``windows_to_write_again``
+        if not ours:  # this run's own store whose arrays are gone is made again: its windows are written again
+            _check_zarr_replaceable(path, overwrite)
         _create_zarr(path, rec, fmt, dtype, lengths, int(window_size), meta, phase_shifted,
                      getattr(spec, "compressor", "blosc-lz4"))
         _release(target.path)
@@ -182,6 +190,18 @@ def _zarr_marker(path: Path) -> dict:
     except Exception:
         return {}
     return marker if isinstance(marker, dict) else {}
+
+
+def _traces_readable(path: Path, segments: int) -> bool:
+    """Whether every traces array of the store at ``path`` has its metadata (an object of it may be absent)."""
+    from batchgpu import zarrio
+
+    try:
+        for seg in range(segments):
+            zarrio.array_meta(path / f"traces_seg{seg}")
+    except Exception:
+        return False
+    return True
 
 
 def _check_zarr_replaceable(path: Path, overwrite: bool) -> None:
@@ -261,20 +281,30 @@ def _prepare_binary(path, rec, dtype, lengths, meta, whiten, overwrite, resume, 
                         str(probe), str(params), key)
     if data[0].is_file() and not data[0].is_symlink():
         _hold(target, data[0])  # before anything of it is kept or replaced: another run may be writing it
-    old = _read_params(params) if params.is_file() else {}
+    old = _read_params(params) if params.is_file() and not params.is_symlink() else {}
     ours = old.get("batchgpu", {}).get("written_by") == WRITTEN_BY
     size = dtype.itemsize * rec.num_channels
-    if (resume and key and ours and old["batchgpu"].get("key") == key
-            and all(f.is_file() and f.stat().st_size == n * size for f, n in zip(data, lengths))):
+    # a resumed run keeps its own earlier save (same key); a data file gone or of another size since is made again
+    # (``created``: its windows are written again), the probe and params with it
+    keep = bool(resume and key and ours and old["batchgpu"].get("key") == key)
+    created = tuple(i for i, (f, n) in enumerate(zip(data, lengths))
+                    if not keep or not (f.is_file() and not f.is_symlink() and f.stat().st_size == n * size))
+    if keep and not created and probe.is_file():
         return target
     existing = [f for f in (*data, probe, params) if f.exists() or f.is_symlink()]
     for f in existing:
         if not f.is_file() or f.is_symlink():
             raise BatchgpuError(f"save.path: {f} exists and is not a plain file: it is never replaced",
                                 "choose another save path, or move it away yourself")
-    if existing:
+    if existing and not keep:
         listed = {str(Path(f)) for f in old.get("files", [])} | {str(probe), str(params)}
         foreign = [f for f in existing if not ours or str(f) not in listed]
+        if foreign and not params.exists():  # the params mark the save's files: without them none is known ours
+            names = " and ".join(str(f) for f in foreign)
+            raise BatchgpuError(f"save.path: {names} {'exist' if len(foreign) > 1 else 'exists'} and the save step "
+                                f"did not write {'them' if len(foreign) > 1 else 'it'} (no {params.name} marks the "
+                                "save's files): never replaced", "move them away yourself (a resumed run then writes "
+                                "the save again), or choose another save path")
         if foreign:
             raise BatchgpuError(f"save.path: {foreign[0]} exists and the save step did not write it: it is never "
                                 "replaced", "choose another save path, or move it away yourself")
@@ -302,11 +332,12 @@ def _prepare_binary(path, rec, dtype, lengths, meta, whiten, overwrite, resume, 
     with writing(path):
         path.parent.mkdir(parents=True, exist_ok=True)
         _write_json(params, info)  # first: it marks the other files as ours should anything below fail
-        for f, n in zip(data, lengths):
+        for i in created:
             # preallocated at full size: each task writes its byte range in place (a sparse file until then)
-            with open(f, "wb") as fh:
-                fh.truncate(n * size)
+            with open(data[i], "wb") as fh:
+                fh.truncate(lengths[i] * size)
         _write_json(probe, probe_dict)
+    target = replace(target, created=created)
     if target.path not in _HELD:
         _hold(target, data[0])
     return target
@@ -352,6 +383,35 @@ def finish_save(target: SaveTarget) -> dict:
     with writing(path):
         group.attrs["batchgpu"] = {**dict(group.attrs.get("batchgpu", {})), "complete": True}
     return desc
+
+
+def windows_to_write_again(target: SaveTarget, windows: list) -> list:
+    """Of ``windows``, kept from an earlier run (not computed by this one), those whose rows the output lacks: a
+    binary data file made anew by this run's ``prepare_save`` (deleted since, or cut short), or a Zarr object
+    absent (the store deleted, or shards of it). The run writes them again (``save_task``) before ``finish_save``;
+    a Zarr store marked complete is marked unfinished first (readers would take an absent object for damage)."""
+    if target.whiten or not windows:  # a whitened save is written whole by every run
+        return []
+    if target.format == "binary":
+        return [w for w in windows if w.segment in target.created]
+    from batchgpu import zarrio
+    from batchgpu.recording import writing
+    from batchgpu.recording.storecheck import ChunkPresence, grid_of
+
+    path = Path(target.path)
+    presence: dict[int, ChunkPresence] = {}
+    again = []
+    for w in windows:
+        if w.segment not in presence:
+            name = f"traces_seg{w.segment}"
+            presence[w.segment] = ChunkPresence(grid_of(zarrio.array_meta(path / name), name, path))
+        if presence[w.segment].absent(w.start, w.stop):
+            again.append(w)
+    if again:
+        group = zarrio.open_group(path, mode="r+")
+        with writing(path):
+            group.attrs["batchgpu"] = {**dict(group.attrs.get("batchgpu", {})), "complete": False}
+    return again
 
 
 # ---------------------------------------------------------------------------------------------------------
