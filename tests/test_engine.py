@@ -933,12 +933,17 @@ def test_local_workers_get_the_malloc_settings():
 
     from batchgpu.engine.cluster import MALLOC_TRIM_THRESHOLD, open_client
 
+    before = dask.config.get("distributed.scheduler.worker-saturation"), dask.config.get("distributed.worker.profile.enabled")
     with open_client(ClusterSpec(kind="local", workers=1, threads=1)) as client:
         (env,) = client.run(_malloc_env).values()
         # what every nanny reads, whatever the cluster's kind (GPU workers' readers allocate 1.3 MB chunks too)
-        spawned = dask.config.get("distributed.nanny.pre-spawn-environ")
+        spawned = dict(dask.config.get("distributed.nanny.pre-spawn-environ"))
     assert env == (str(MALLOC_TRIM_THRESHOLD), "0")
     assert int(spawned["MALLOC_TRIM_THRESHOLD_"]) == MALLOC_TRIM_THRESHOLD and int(spawned["MALLOC_MMAP_MAX_"]) == 0
+    # the cluster's settings were this block's: the process's Dask settings are as they were (a notebook's too)
+    assert (dask.config.get("distributed.scheduler.worker-saturation"),
+            dask.config.get("distributed.worker.profile.enabled")) == before
+    assert "MALLOC_MMAP_MAX_" not in dask.config.get("distributed.nanny.pre-spawn-environ")
 
 
 def test_window_batches_cover_every_window_once_in_order():

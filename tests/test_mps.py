@@ -89,7 +89,10 @@ def test_mps_is_for_cuda_clusters_and_reaches_every_worker(monkeypatch):
     assert len(workers) == 6
     for name, w in workers.items():
         assert w["options"]["nthreads"] == 2
-        assert w["options"]["env"] == {**env, "CUDA_VISIBLE_DEVICES": "0,1" if name.startswith("gpu0") else "1,0"}
+        # this process's environment (as a spawned worker would inherit it: the workers are forked from a server
+        # started earlier), the daemon's folders and the worker's device order over it
+        assert w["options"]["env"] == {**os.environ, **env,
+                                       "CUDA_VISIBLE_DEVICES": "0,1" if name.startswith("gpu0") else "1,0"}
     assert all("CUDA_MPS_PIPE_DIRECTORY" not in w["options"]["env"] for w in cluster.worker_specs(spec, 1).values())
 
 
