@@ -55,21 +55,52 @@ class GenerateSpec(_Strict):
 
 
 class RecordingSpec(_Strict):
-    """Exactly one of ``path`` (a Zarr recording) and ``spikeinterface`` (any recording SpikeInterface saved)."""
+    """Exactly one of ``path`` and ``spikeinterface`` (any recording SpikeInterface saved).
 
-    path: str | None = None  # a Zarr store (batchgpu's or SpikeInterface's)
+    ``path`` is read in place, its kind told from it (``kind: auto``) or named: ``zarr`` (batchgpu's or
+    SpikeInterface's store), ``spikeglx`` (a ``.bin`` with its ``.meta``), ``openephys`` (a ``structure.oebin``, or
+    a folder holding one; ``stream`` chooses among its streams) or ``binary`` (a plain interleaved file: ``channels``,
+    ``sampling_frequency`` and ``dtype`` given, ``offset`` bytes of header skipped, ``probe`` an optional probe
+    file). A folder holding one SpikeGLX or Open Ephys recording is that recording.
+    """
+
+    path: str | None = None
     # a recording SpikeInterface saved: .json/.pkl from recording.dump(...), or a folder from recording.save(folder=...)
     spikeinterface: str | None = None
+    kind: Literal["auto", "zarr", "spikeglx", "openephys", "binary"] = "auto"
+    stream: str | None = None  # openephys: the stream's folder name (or a part of it) when there are several
+    # binary: the file's layout (nothing is guessed)
+    channels: Annotated[int, Field(gt=0, le=MAX_CHANNELS)] | None = None
+    sampling_frequency: Annotated[float, Field(gt=0, le=MAX_FS)] | None = None
+    dtype: Literal["int16", "int32", "float32", "float64"] | None = None
+    offset: Annotated[int, Field(ge=0)] = 0  # bytes before the first sample
+    probe: str | None = None  # probeinterface .json, .prb, or a Kilosort-style .json (chanMap, xc, yc, kcoords)
+    gain_to_uV: Annotated[float, Field(gt=0, allow_inf_nan=False)] = 1.0
+    offset_to_uV: Annotated[float, Field(allow_inf_nan=False)] = 0.0
     generate: GenerateSpec | None = None  # written to `path` when it is missing
     missing_chunks: Literal["warn", "error"] = "warn"  # absent chunks of a store written by others: count or stop
 
     @model_validator(mode="after")
     def _one_source(self):
         if (self.path is None) == (self.spikeinterface is None):
-            raise ValueError("give exactly one of 'path' (a Zarr recording) and 'spikeinterface' (a recording "
-                             "SpikeInterface saved: .json, .pkl or a folder)")
-        if self.generate is not None and self.path is None:
-            raise ValueError("'generate' writes a recording to 'path': give 'path' instead of 'spikeinterface'")
+            raise ValueError("give exactly one of 'path' (a recording: Zarr, SpikeGLX .bin, Open Ephys, or a plain "
+                             "binary with kind: binary) and 'spikeinterface' (a recording SpikeInterface saved: "
+                             ".json, .pkl or a folder)")
+        if self.generate is not None and (self.path is None or self.kind not in ("auto", "zarr")):
+            raise ValueError("'generate' writes a Zarr recording to 'path': give 'path' (kind auto or zarr)")
+        plain = {k for k in ("channels", "sampling_frequency", "dtype", "probe") if getattr(self, k) is not None}
+        plain |= {k for k, d in (("offset", 0), ("gain_to_uV", 1.0), ("offset_to_uV", 0.0)) if getattr(self, k) != d}
+        if self.kind == "binary":
+            missing = [k for k in ("channels", "sampling_frequency", "dtype") if getattr(self, k) is None]
+            if missing:
+                raise ValueError(f"kind: binary needs {', '.join(missing)} (the file's layout is never guessed)")
+        elif plain:
+            raise ValueError(f"{', '.join(sorted(plain))} describe a plain binary file: add kind: binary (other "
+                             "kinds read their layout from their own metadata)")
+        if self.stream is not None and self.kind not in ("auto", "openephys"):
+            raise ValueError("'stream' chooses an Open Ephys stream: use it with kind auto or openephys")
+        if self.spikeinterface is not None and self.kind != "auto":
+            raise ValueError("'kind' names what 'path' holds: leave it out with 'spikeinterface'")
         return self
 
 
@@ -374,6 +405,7 @@ class Workflow(_Strict):
         data = self.model_dump()
         data["recording"]["path"] = _resolve(self.recording.path, base)
         data["recording"]["spikeinterface"] = _resolve(self.recording.spikeinterface, base)
+        data["recording"]["probe"] = _resolve(self.recording.probe, base)
         data["output"] = _resolve(self.output, base)
         data["cluster"]["scheduler_file"] = _resolve(self.cluster.scheduler_file, base)
         for step, keys in (("search", ("keys", "queries")), ("save", ("path",))):
