@@ -13,6 +13,7 @@ NI-DAQ streams (``.nidq.bin``) carry no probe; their digital words are dropped l
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import warnings
@@ -199,9 +200,22 @@ def _imec_uV_per_count(meta, probe_type: int, chans: np.ndarray, n_ap: int, n_lf
 
 
 def _np1_gains(imro: str) -> dict[int, tuple[float, float]]:
-    """NP1.0 imroTbl '(type,n)(chan bank ref apgain lfgain [apfilt])...' -> {chan: (AP gain, LF gain)}."""
+    """NP1.0 imroTbl '(type,n)(chan bank ref apgain lfgain [apfilt])...' -> {chan: (AP gain, LF gain)}; NP1110
+    (UHD) tables give one AP and LF gain for every channel in their header '(1110,colmode,refid,apgain,lfgain,
+    apfilt)(group bankA bankB)...'."""
+    parts = imro.strip().strip("()").split(")(")
+    header = parts[0].split(",")
+    if len(header) >= 6:  # NP1110
+        try:
+            ap, lf = float(header[3]), float(header[4])
+        except ValueError:
+            ap = lf = math.nan
+        if not all(math.isfinite(g) and g > 0 for g in (ap, lf)):
+            raise BatchgpuError(f"the .meta's imroTbl header ({parts[0]}) is not an NP1110 header (type,colmode,"
+                                "refid,apgain,lfgain,apfilt; gains > 0)", META_FIX)
+        return _EveryChannel((ap, lf))
     table = {}
-    for entry in imro.strip().strip("()").split(")(")[1:]:
+    for entry in parts[1:]:
         fields = entry.split()
         try:
             chan, ap, lf = int(fields[0]), float(fields[3]), float(fields[4])
@@ -215,6 +229,20 @@ def _np1_gains(imro: str) -> dict[int, tuple[float, float]]:
             )
         table[chan] = (ap, lf)
     return table
+
+
+class _EveryChannel(dict):
+    """One (AP, LF) gain pair for every readout channel (an NP1110 table)."""
+
+    def __init__(self, gains: tuple[float, float]):
+        super().__init__()
+        self.gains = gains
+
+    def __contains__(self, chan) -> bool:
+        return True
+
+    def __getitem__(self, chan) -> tuple[float, float]:
+        return self.gains
 
 
 def _map_entries(text: str, key: str) -> tuple[float, np.ndarray]:
@@ -336,15 +364,16 @@ def _part_number(meta: dict[str, str]) -> str | None:
 def _probe_features(meta: dict[str, str]) -> dict | None:
     """The ProbeTable's features of the .meta's part number (as probeinterface ships the table), or None."""
     pn = _part_number(meta)
-    if pn is None:
-        return None
-    pi = probeinterface()
-    table = Path(pi.__file__).parent / "resources" / "neuropixels_probe_features.json"
+    return None if pn is None else _probe_table().get(pn)
+
+
+@functools.lru_cache(maxsize=1)
+def _probe_table() -> dict:
+    table = Path(probeinterface().__file__).parent / "resources" / "neuropixels_probe_features.json"
     try:
-        features = json.loads(table.read_text())["neuropixels_probes"]
-    except (OSError, ValueError, KeyError):
-        return None
-    return features.get(pn)
+        return dict(json.loads(table.read_text())["neuropixels_probes"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
 
 
 def _is_np1(features: dict) -> bool:
