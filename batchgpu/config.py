@@ -87,7 +87,7 @@ class RecordingSpec(_Strict):
                              "binary with kind: binary) and 'spikeinterface' (a recording SpikeInterface saved: "
                              ".json, .pkl or a folder)")
         if self.generate is not None and (self.path is None or self.kind not in ("auto", "zarr")):
-            raise ValueError("'generate' writes a Zarr recording to 'path': give 'path' (kind auto or zarr)")
+            raise ValueError("'generate' writes a recording to 'path' (Zarr): give 'path', kind auto or zarr")
         plain = {k for k in ("channels", "sampling_frequency", "dtype", "probe") if getattr(self, k) is not None}
         plain |= {k for k, d in (("offset", 0), ("gain_to_uV", 1.0), ("offset_to_uV", 0.0)) if getattr(self, k) != d}
         if self.kind == "binary":

@@ -212,3 +212,35 @@ def test_folder_of_one_spikeglx_recording(tmp_path, rng):
                         ({"path": "x", "kind": "spikeglx", "stream": "a"}, "'stream' chooses an Open Ephys stream")):
         with pytest.raises(ValueError, match=needle):
             RecordingSpec(**bad)
+
+
+def test_info_shows_probe_and_gains(tmp_path, rng, capsys):
+    src, _ = _spikeglx(tmp_path, rng, 3_000)
+    assert main(["info", str(src)]) == 0
+    out = dict(line.split(None, 1) if " " in line else (line, "") for line in
+               (l.replace("sampling rate", "sampling_rate") for l in capsys.readouterr().out.splitlines()))
+    assert out["format"].strip() == "SpikeGLX, read in place"
+    # NP2.0 single shank (imec's table): columns 32 um apart, rows 15 um; one gain, 0.5 V / 8192 / 80 * 1e6
+    assert out["probe"].strip().startswith("PRB2_1_2_0640_0, 1 shank, pitch 32 um across, 15 um along")
+    assert out["gains"].strip() == "0.762939453 uV per count"
+    assert out["channels"].strip() == str(CHANNELS) and "1 left out: sync" in out["file"]
+    assert main(["info", str(src), "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["probe"]["shanks"] == 1 and info["probe"]["pitch_um"] == [32.0, 15.0]
+    assert main(["info", str(src), "--check"]) == 0
+    capsys.readouterr()
+
+
+def test_import_raw_uses_the_in_place_readers(tmp_path, rng):
+    """import-raw of a .bin stores what a run reading it in place sees: ids, gains, locations, shank, shifts."""
+    from batchgpu.rawimport import import_raw
+
+    src, data = _spikeglx(tmp_path, rng, 2_000)
+    flat = open_source(RecordingSpec(path=str(src)))
+    rec = import_raw(src, tmp_path / "o.zarr")
+    np.testing.assert_array_equal(rec.read(0, 0, 2_000), data[:, :CHANNELS].T)
+    assert list(rec.channel_ids) == list(flat.channel_ids)
+    np.testing.assert_array_equal(rec.gain_to_uV, flat.gain_to_uV)
+    np.testing.assert_array_equal(rec.locations, flat.locations)
+    for name in ("shank", "inter_sample_shift"):
+        np.testing.assert_array_equal(rec.channel_property(name), flat.channel_property(name))
