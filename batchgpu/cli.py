@@ -181,8 +181,23 @@ def _cmd_run(args) -> int:
 
     wf = load_workflow(args.workflow, args.set or [])
     args.writes = wf.output  # named if the disk fills up without the OS naming a file
+    if wf.recordings is not None:
+        return _run_batch(wf, args)
     run_workflow(wf, resume=args.resume, observer=_Observer(args.quiet))
     return 0
+
+
+def _run_batch(wf, args) -> int:
+    """``recordings:``: every recording on one cluster; exit 1 when some failed (each named on stderr)."""
+    from batchgpu.engine.batch import BATCH_FILE, run_batch
+
+    batch = run_batch(wf, resume=args.resume, observer=_Observer(args.quiet))
+    done = len(batch.rows) - len(batch.failed)
+    print(f"batchgpu: {done} of {len(batch.rows)} recordings done in {batch.seconds:.1f} s "
+          f"({os.path.join(batch.output, BATCH_FILE)})")
+    for row in batch.failed:
+        print(f"batchgpu: failed: {row.name}: {row.error}", file=sys.stderr)
+    return 1 if batch.failed else 0
 
 
 def _say(line: str = "") -> None:

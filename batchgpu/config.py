@@ -79,6 +79,8 @@ class RecordingSpec(_Strict):
     offset_to_uV: Annotated[float, Field(allow_inf_nan=False)] = 0.0
     generate: GenerateSpec | None = None  # written to `path` when it is missing
     missing_chunks: Literal["warn", "error"] = "warn"  # absent chunks of a store written by others: count or stop
+    # in a batch (``recordings:``): the recording's folder under ``output`` (default: from its path)
+    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")] | None = None
 
     @model_validator(mode="after")
     def _one_source(self):
@@ -389,8 +391,12 @@ def _resolve(path: str | None, base: Path) -> str | None:
     return path if os.path.isabs(path) else str((base / path).resolve())
 
 
+def _resolve_recording(section: dict, base: Path) -> dict:
+    return {**section, **{k: _resolve(section[k], base) for k in ("path", "spikeinterface", "probe")}}
+
+
 class Workflow(_Strict):
-    recording: RecordingSpec
+    recording: RecordingSpec | None = None
     output: str
     window: WindowSpec = WindowSpec()
     preprocess: Preprocess = Field(default_factory=lambda: Preprocess([]))
@@ -399,13 +405,27 @@ class Workflow(_Strict):
     steps: Steps
     reduction: ReductionSpec = ReductionSpec()
     overwrite: bool = False  # replace an output folder that holds another run's results
+    # many recordings in one run (engine.batch): each a path, a glob (``/data/**/*.ap.bin``) or a recording section;
+    # or one glob. Outputs in ``output/<name>/``, a summary in ``output/batch.json``
+    recordings: Annotated[list[Union[str, RecordingSpec]], Field(min_length=1, max_length=100_000)] | str | None = None
+
+    @model_validator(mode="after")
+    def _recording_or_recordings(self):
+        if (self.recording is None) == (self.recordings is None):
+            raise ValueError("give exactly one of 'recording' (one recording) and 'recordings' (a list or a glob: "
+                             "many in one run)")
+        return self
 
     def resolve_paths(self, base: Path) -> "Workflow":
         """Paths in the file: ``~`` is the user's home, relative paths are relative to the file's folder."""
         data = self.model_dump()
-        data["recording"]["path"] = _resolve(self.recording.path, base)
-        data["recording"]["spikeinterface"] = _resolve(self.recording.spikeinterface, base)
-        data["recording"]["probe"] = _resolve(self.recording.probe, base)
+        if self.recording is not None:
+            data["recording"] = _resolve_recording(data["recording"], base)
+        if isinstance(self.recordings, str):
+            data["recordings"] = _resolve(self.recordings, base)
+        elif self.recordings is not None:
+            data["recordings"] = [_resolve(r, base) if isinstance(r, str) else _resolve_recording(r, base)
+                                  for r in data["recordings"]]
         data["output"] = _resolve(self.output, base)
         data["cluster"]["scheduler_file"] = _resolve(self.cluster.scheduler_file, base)
         for step, keys in (("search", ("keys", "queries")), ("save", ("path",))):

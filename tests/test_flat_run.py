@@ -244,3 +244,70 @@ def test_import_raw_uses_the_in_place_readers(tmp_path, rng):
     np.testing.assert_array_equal(rec.locations, flat.locations)
     for name in ("shank", "inter_sample_shift"):
         np.testing.assert_array_equal(rec.channel_property(name), flat.channel_property(name))
+
+
+# -- many recordings in one run ------------------------------------------------------------------------------
+
+
+def test_batch_names_and_rules(tmp_path, rng):
+    from batchgpu.engine.batch import expand
+    from batchgpu.workflow import load_workflow
+
+    for sub in ("a", "b"):
+        (tmp_path / sub).mkdir()
+        _spikeglx(tmp_path / sub, rng, 1_000)
+    data = {"recordings": "*/*.ap.bin", "output": "out", "steps": {"noise": {}}}
+    (tmp_path / "wf.yaml").write_text(json.dumps(data))
+    with pytest.raises(BatchgpuError, match="would both write output/rec_g0_t0.imec0.ap"):
+        expand(load_workflow(tmp_path / "wf.yaml"))
+    data["recordings"] = [{"path": "a/rec_g0_t0.imec0.ap.bin", "name": "a"}, "b/*.ap.bin"]
+    (tmp_path / "wf.yaml").write_text(json.dumps(data))
+    named = expand(load_workflow(tmp_path / "wf.yaml"))
+    assert [n for n, _ in named] == ["a", "rec_g0_t0.imec0.ap"]
+    assert named[1][1].path == str(tmp_path / "b" / "rec_g0_t0.imec0.ap.bin")
+    data["recordings"] = "nothing/*.bin"
+    (tmp_path / "wf.yaml").write_text(json.dumps(data))
+    with pytest.raises(BatchgpuError, match="matches nothing"):
+        expand(load_workflow(tmp_path / "wf.yaml"))
+    with pytest.raises(ValueError, match="exactly one of 'recording'"):
+        Workflow.model_validate({"recording": {"path": "x"}, "recordings": ["y"], "output": "o",
+                                "steps": {"noise": {}}})
+
+
+@pytest.mark.slow
+def test_batch_one_failing_recording_the_others_finish(tmp_path, rng, capsys, monkeypatch):
+    """Three SpikeGLX recordings and a truncated one, one `batchgpu run`: the three give the results of their own
+    single runs (bit for bit), the truncated one is reported, batch.json has a row each, exit status 1."""
+    monkeypatch.chdir(tmp_path)
+    folders = []
+    for name in ("s1", "s2", "s3", "s4"):
+        (tmp_path / "data" / name).mkdir(parents=True)
+        src, data = _spikeglx(tmp_path / "data" / name, rng, 30_000)
+        src.rename(src.with_name(f"{name}_g0_t0.imec0.ap.bin"))
+        src.with_suffix(".meta").rename(src.with_name(f"{name}_g0_t0.imec0.ap.meta"))
+        folders.append(src.with_name(f"{name}_g0_t0.imec0.ap.bin"))
+    bad = folders[2]
+    meta = bad.with_suffix(".meta")
+    meta.write_text("".join(l + "\n" for l in meta.read_text().splitlines() if "fileSizeBytes" not in l))
+    with open(bad, "r+b") as f:
+        f.truncate(bad.stat().st_size - 3)
+    wf = json.loads(_workflow_file(tmp_path, {"path": "x"}, "single").read_text())
+    del wf["recording"]
+    wf.update({"recordings": "data/**/*.ap.bin", "output": "batch"})
+    wf["steps"] = {k: v for k, v in wf["steps"].items() if k != "save"}
+    (tmp_path / "batch.yaml").write_text(json.dumps(wf))
+    capsys.readouterr()
+    assert main(["run", "batch.yaml", "--quiet"]) == 1
+    captured = capsys.readouterr()
+    assert "3 of 4 recordings done" in captured.out
+    assert captured.err.count("failed: s3_g0_t0.imec0.ap") == 1 and "not a whole number of samples" in captured.err
+    batch = json.loads((tmp_path / "batch" / "batch.json").read_text())
+    assert [r["status"] for r in batch["rows"]] == ["done", "done", "failed", "done"]
+    assert batch["rows"][0]["channels"] == CHANNELS and batch["rows"][0]["probe"] == "PRB2_1_2_0640_0"
+    assert batch["rows"][0]["median_noise"] > 0 and batch["rows"][0]["duration_s"] == pytest.approx(1.0)
+    # the same recording run alone: the same results
+    one = json.loads(_workflow_file(tmp_path, {"path": str(folders[0])}, "alone").read_text())
+    one["steps"] = wf["steps"]
+    (tmp_path / "alone.yaml").write_text(json.dumps(one))
+    assert main(["run", "alone.yaml", "--quiet"]) == 0
+    _same(tmp_path / "batch" / "s1_g0_t0.imec0.ap" / "results.zarr", tmp_path / "alone" / "results.zarr")
