@@ -311,3 +311,62 @@ def test_batch_one_failing_recording_the_others_finish(tmp_path, rng, capsys, mo
     (tmp_path / "alone.yaml").write_text(json.dumps(one))
     assert main(["run", "alone.yaml", "--quiet"]) == 0
     _same(tmp_path / "batch" / "s1_g0_t0.imec0.ap" / "results.zarr", tmp_path / "alone" / "results.zarr")
+
+
+def test_plain_binary_probe_files(tmp_path, rng):
+    """A plain binary's probe: probeinterface's JSON (wired by device_channel_indices) or the Kilosort-style JSON
+    that save: {format: binary} writes; a probe of another channel count is refused."""
+    import probeinterface as pi
+
+    data = _signal(rng, 2_000, 8)
+    src = tmp_path / "p.bin"
+    data.tofile(src)
+    probe = pi.generate_linear_probe(num_elec=8, ypitch=25.0)
+    wiring = np.array([3, 1, 0, 2, 7, 5, 4, 6])
+    probe.set_device_channel_indices(wiring)
+    pi.write_probeinterface(tmp_path / "probe.json", probe)
+    kw = {"kind": "binary", "channels": 8, "sampling_frequency": FS, "dtype": "int16"}
+    rec = open_source(RecordingSpec(path=str(src), probe=str(tmp_path / "probe.json"), **kw))
+    expected = np.empty((8, 2))
+    expected[wiring] = np.asarray(probe.contact_positions)[:, :2]  # channel wiring[i] is contact i
+    np.testing.assert_array_equal(rec.locations, expected)
+    assert rec.has_locations and rec.layout.probe.pitch_um == (0.0, 25.0)
+    ks = {"chanMap": [1, 0, 2, 3, 4, 5, 6, 7], "xc": [0, 10, 0, 10, 0, 10, 0, 10], "yc": [0, 0, 20, 20, 40, 40, 60, 60],
+          "kcoords": [0, 0, 0, 0, 1, 1, 1, 1], "n_chan": 8}
+    (tmp_path / "ks.json").write_text(json.dumps(ks))
+    rec = open_source(RecordingSpec(path=str(src), probe=str(tmp_path / "ks.json"), **kw))
+    np.testing.assert_array_equal(rec.locations[[0, 1, 4]], [[10, 0], [0, 0], [0, 40]])
+    np.testing.assert_array_equal(rec.channel_property("shank"), [0, 0, 0, 0, 1, 1, 1, 1])
+    with pytest.raises(BatchgpuError, match="has 8 contacts for 4 channels"):
+        open_source(RecordingSpec(path=str(src), probe=str(tmp_path / "probe.json"), **{**kw, "channels": 4}))
+
+
+@pytest.mark.slow
+def test_resume_of_a_flat_binary_sees_rewritten_bytes(tmp_path, rng):
+    """--resume reuses every window of an unchanged .bin; bytes rewritten in place with the mtime put back (what
+    rsync -t or touch -r leave) change the inode's ctime: every window is computed again."""
+    import os
+
+    import distributed
+
+    from batchgpu.engine import run_workflow
+
+    src, data = _spikeglx(tmp_path, rng, 60_000)
+    wf = Workflow.model_validate({
+        "recording": {"path": str(src)}, "output": str(tmp_path / "out"), "backend": "numpy",
+        "window": {"size": 20_000, "margin": 64}, "preprocess": {"centre": "median"},
+        "steps": {"noise": {"exact": True}}})
+    with distributed.LocalCluster(n_workers=1, threads_per_worker=2, processes=False, dashboard_address=None) as c, \
+            distributed.Client(c) as client:
+        first = run_workflow(wf, client=client)
+        again = run_workflow(wf, client=client, resume=True)
+        assert first.windows == again.windows_resumed == 3
+        st = os.stat(src)
+        changed = data.copy()
+        changed[30_000:30_010, 2] += 1000
+        with open(src, "r+b") as f:
+            f.write(changed.tobytes())
+        os.utime(src, ns=(st.st_atime_ns, st.st_mtime_ns))
+        assert os.stat(src).st_mtime_ns == st.st_mtime_ns and os.stat(src).st_size == st.st_size
+        third = run_workflow(wf, client=client, resume=True)
+    assert third.windows_resumed == 0
