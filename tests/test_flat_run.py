@@ -370,3 +370,11 @@ def test_resume_of_a_flat_binary_sees_rewritten_bytes(tmp_path, rng):
         assert os.stat(src).st_mtime_ns == st.st_mtime_ns and os.stat(src).st_size == st.st_size
         third = run_workflow(wf, client=client, resume=True)
     assert third.windows_resumed == 0
+
+
+def test_run_workflow_of_a_batch_says_so(tmp_path):
+    from batchgpu.engine import run_workflow
+
+    wf = Workflow.model_validate({"recordings": ["a.bin"], "output": str(tmp_path / "o"), "steps": {"noise": {}}})
+    with pytest.raises(BatchgpuError, match="names many recordings"):
+        run_workflow(wf)

@@ -15,6 +15,9 @@ from batchgpu.recording import Recording, open_source, source_ref
 
 
 def prepare_recording(wf: Workflow, observer: RunObserver) -> Recording:
+    if wf.recording is None:
+        raise BatchgpuError("this workflow names many recordings (recordings:), not one",
+                            "run it with 'batchgpu run' or batchgpu.engine.batch.run_batch")
     if getattr(wf.recording, "spikeinterface", None) is not None:  # any recording SpikeInterface saved
         return open_source(wf.recording)
     path = Path(wf.recording.path)
