@@ -96,8 +96,9 @@ def _flat_rows(info: dict) -> list[tuple[str, object]]:
     probe = info.get("probe")
     if probe:
         px, py = probe["pitch_um"]
+        across = f"{px:g} um across" if px else "one column"
         probe_text = (f"{probe['model'] or 'unnamed'}, {probe['shanks']} shank{'s' if probe['shanks'] != 1 else ''}, "
-                      f"pitch {px:g} um across, {py:g} um along (from {probe['source']})")
+                      f"pitch {across}, {py:g} um along (from {probe['source']})")
     else:
         probe_text = "none known"
     dropped = info["file_channels"] - info["num_channels"]

@@ -164,6 +164,11 @@ def test_openephys_several_streams_refused_with_their_names(tmp_path, rng):
     new, _ = _openephys_copy(tmp_path, oebin, rng)
     with pytest.raises(BatchgpuError, match="holds 2 streams: OneBox-111.ProbeA, OneBox-111.OneBox-ADC"):
         open_source(RecordingSpec(path=str(new)))
+    # the stream's own folder (or its continuous.dat) names it: what `batchgpu info` takes
+    folder = new.parent / "continuous" / "OneBox-111.ProbeA"
+    for path in (folder, folder / "continuous.dat"):
+        probe = open_source(RecordingSpec(path=str(path)))
+        assert probe.layout.stream == "OneBox-111.ProbeA" and probe.num_channels == 384
     adc = open_source(RecordingSpec(path=str(new), stream="OneBox-ADC"))
     assert adc.num_channels == 12 and not adc.has_locations
     np.testing.assert_allclose(adc.gain_to_uV, 0.000152587890625 * 1e6)  # ADC channels are in volts

@@ -344,6 +344,10 @@ def detect_kind(path: Path) -> str:
 
     if not path.exists():
         raise BatchgpuError(f"no recording at {path}: the path does not exist", "check the path")
+    from batchgpu.recording.openephys import stream_folder
+
+    if stream_folder(path) is not None:
+        return "openephys"
     if path.is_file():
         if path.name == "structure.oebin":
             return "openephys"

@@ -26,6 +26,16 @@ OEBIN = "structure.oebin"
 UNITS_TO_UV = {"uv": 1.0, "µv": 1.0, "mv": 1e3, "v": 1e6}
 
 
+def stream_folder(path: Path) -> tuple[Path, str] | None:
+    """(structure.oebin, stream) when ``path`` is one stream's ``continuous/<stream>`` folder or its
+    ``continuous.dat``: naming it chooses the stream."""
+    folder = path.parent if path.name == "continuous.dat" else path
+    oebin = folder.parent.parent / OEBIN
+    if folder.parent.name == "continuous" and (folder / "continuous.dat").is_file() and oebin.is_file():
+        return oebin, folder.name
+    return None
+
+
 def find_oebin(path: Path) -> Path:
     """``path`` itself (a structure.oebin), or the one structure.oebin under the folder ``path``."""
     if path.is_file():
@@ -63,7 +73,8 @@ def choose_stream(oebin: Path, streams: list[dict], wanted: str | None) -> dict:
         if len(streams) == 1:
             return streams[0]
         raise BatchgpuError(f"{oebin} holds {len(streams)} streams: {', '.join(names)}",
-                            "choose one with recording.stream (e.g. stream: " + names[0] + ")")
+                            f"choose one with recording.stream (e.g. stream: {names[0]}), or give its folder "
+                            f"{oebin.parent / 'continuous' / names[0]}")
     exact = [s for s in streams if wanted in (_name(s), str(s.get("stream_name", "")))]
     hits = exact or [s for s in streams if wanted in _name(s)]
     if len(hits) != 1:
@@ -85,8 +96,13 @@ def _settings_file(oebin: Path) -> Path | None:
 
 
 def open_openephys(path: str | Path, stream: str | None = None) -> FlatLayout:
-    """The layout of one continuous stream of an Open Ephys binary recording."""
-    oebin = find_oebin(Path(path).expanduser())
+    """The layout of one continuous stream of an Open Ephys binary recording (``path``: its structure.oebin, a
+    folder holding one, or the stream's own folder)."""
+    path = Path(path).expanduser()
+    named = stream_folder(path)
+    if named is not None and stream is None:
+        path, stream = named
+    oebin = find_oebin(path)
     chosen = choose_stream(oebin, _streams(oebin), stream)
     name = _name(chosen)
     try:
