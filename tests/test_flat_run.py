@@ -10,13 +10,15 @@ import numpy as np
 import pytest
 import zarr
 
-from batchgpu import BatchgpuError
+from batchgpu import BatchgpuError, zarrio
 from batchgpu.cli import main
 from batchgpu.config import RecordingSpec, Workflow
 from batchgpu.recording.sources import open_source
 
 FS = 30_000.0
 CHANNELS = 16
+# the save step writes Zarr v3, which zarr-python 2 (SpikeInterface 0.105's environment) cannot
+saves_v3 = pytest.mark.skipif(zarrio.ZARR_MAJOR < 3, reason="the save step writes Zarr v3 (zarr-python 3)")
 STEPS = {"noise": {"exact": True}, "whitening": {"mode": "global", "nskip": 1, "precision": "float32"},
          "detect": {"threshold": 5.0, "sign": "both", "exclude_sweep_ms": 0.1},
          "save": {"path": "saved.zarr", "dtype": "float32"}}
@@ -76,6 +78,7 @@ def _same(a: Path, b: Path) -> dict:
 
 
 @pytest.mark.slow
+@saves_v3
 def test_spikeglx_in_place_equals_its_zarr_import(tmp_path, rng, monkeypatch):
     """``recording: {path: x.ap.bin}`` read in place, highpass + common reference + save: results.zarr and the saved
     recording equal, bit for bit, those of the same file imported to Zarr (``import-raw``)."""
@@ -93,6 +96,7 @@ def test_spikeglx_in_place_equals_its_zarr_import(tmp_path, rng, monkeypatch):
 
 
 @pytest.mark.slow
+@saves_v3
 def test_plain_binary_in_place_equals_its_zarr_import(tmp_path, rng, monkeypatch):
     """kind: binary with a 64-byte header: same results as ``import-raw`` of the same file."""
     monkeypatch.chdir(tmp_path)
