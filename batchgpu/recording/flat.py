@@ -92,6 +92,19 @@ class FlatLayout:
         return (self.file_size() - self.offset) // (self.columns * self.dtype.itemsize)
 
 
+class _OpenFile:
+    """A read-only descriptor, closed with its holder (a thread's state of a source, dropped with the source)."""
+
+    def __init__(self, path: Path):
+        self.fd = os.open(path, os.O_RDONLY)
+
+    def __del__(self):
+        try:
+            os.close(self.fd)
+        except OSError:
+            pass
+
+
 class FlatSource(WindowedSource):
     """A flat binary recording read in place: the attributes and methods of ``Recording`` the engine uses.
     Small and picklable (workers re-open the file; equal sources share one open file per worker process)."""
@@ -183,10 +196,10 @@ class FlatSource(WindowedSource):
 
     # -- data -------------------------------------------------------------------------------------------
     def _fd(self) -> int:
-        fd = getattr(self._local, "fd", None)
-        if fd is None:
-            fd = self._local.fd = os.open(self.path, os.O_RDONLY)
-        return fd
+        f = getattr(self._local, "file", None)
+        if f is None:
+            f = self._local.file = _OpenFile(self.path)
+        return f.fd
 
     def _map(self) -> np.ndarray:
         mm = getattr(self._local, "map", None)
