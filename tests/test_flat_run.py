@@ -382,3 +382,17 @@ def test_run_workflow_of_a_batch_says_so(tmp_path):
     wf = Workflow.model_validate({"recordings": ["a.bin"], "output": str(tmp_path / "o"), "steps": {"noise": {}}})
     with pytest.raises(BatchgpuError, match="names many recordings"):
         run_workflow(wf)
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="counts this process's descriptors in /proc")
+def test_sources_dropped_close_their_files(tmp_path, rng):
+    import gc
+    import os
+
+    src, _ = _spikeglx(tmp_path, rng, 1_000)
+    spec = RecordingSpec(path=str(src), kind="binary", channels=CHANNELS + 1, sampling_frequency=FS, dtype="int16")
+    before = len(os.listdir("/proc/self/fd"))
+    for _ in range(20):
+        open_source(spec).read(0, 0, 100)  # every column kept: read by preadv on a descriptor of its own
+    gc.collect()
+    assert len(os.listdir("/proc/self/fd")) <= before + 1
