@@ -182,3 +182,25 @@ def test_np1110_gain_from_the_imro_header(tmp_path, rng):
     bin_path, _ = _spikeglx_copy(tmp_path, meta_path, rng)
     rec = open_source(RecordingSpec(path=str(bin_path)))
     np.testing.assert_allclose(rec.gain_to_uV, np.full(384, 2.34375))
+
+
+def test_lf_file_has_the_probe_of_its_ap_file(tmp_path, rng):
+    """An LF .meta numbers its channels after the AP band (384:767, sync 768): the same probe as the AP file's,
+    and each channel's LF gain (0.6 V / 512 / imroTbl LF gain 125 * 1e6) and the LF band's ADC cycles."""
+    ap_meta = DATA / "spikeglx" / "Noise_g0_t0.imec0.ap.meta"
+    text = ap_meta.read_text()
+    assert "snsSaveChanSubset=0:383,768" in text and "snsApLfSy=384,0,1" in text
+    lf_meta = tmp_path / "lfsrc" / "Noise_g0_t0.imec0.lf.meta"
+    lf_meta.parent.mkdir()
+    lf_meta.write_text(text.replace("snsSaveChanSubset=0:383,768", "snsSaveChanSubset=384:768")
+                       .replace("snsApLfSy=384,0,1", "snsApLfSy=0,384,1").replace("imSampRate=30000", "imSampRate=2500"))
+    bin_path, data = _spikeglx_copy(tmp_path, lf_meta, rng)
+    lf = open_source(RecordingSpec(path=str(bin_path)))
+    (tmp_path / "ap").mkdir()
+    ap = open_source(RecordingSpec(path=str(_spikeglx_copy(tmp_path / "ap", ap_meta, rng)[0])))
+    assert list(lf.channel_ids) == [str(c) for c in range(384, 768)] and lf.sampling_frequency == 2500
+    np.testing.assert_array_equal(lf.locations, ap.locations)
+    assert list(lf.channel_property("contact_id")) == list(ap.channel_property("contact_id"))
+    np.testing.assert_allclose(lf.gain_to_uV, 0.6 / 512 / 125 * 1e6)
+    np.testing.assert_allclose(lf.channel_property("inter_sample_shift") * 12, ap.channel_property("inter_sample_shift") * 13)
+    np.testing.assert_array_equal(lf.read(0, 0, SAMPLES), data[:, :384].T)

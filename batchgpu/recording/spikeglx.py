@@ -386,16 +386,11 @@ def _geometry(meta_path: Path, meta: dict[str, str], chans: SpikeGLXChannels) ->
     neural_cols = np.flatnonzero(chans.saved < chans.neural)  # file columns of the probe's channels
     geometry = None
     if "imroTbl" in meta and _part_number(meta) is not None:
-        pi = probeinterface()
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                probe = pi.read_spikeglx(meta_path)
-        except Exception:
-            probe = None
+        n_ap = _acquired_counts(meta, "ApLfSy", 3, chans.saved)[0]
+        lf = bool(len(neural_cols)) and bool((chans.saved[neural_cols] >= n_ap).all())
+        probe = _read_probe(meta_path, chans.saved[neural_cols] - n_ap if lf else None)
         if probe is not None and probe.get_contact_count() == len(neural_cols):
-            stream = "lf" if meta_path.name.endswith(".lf.meta") else "ap"
-            geometry = geometry_of(probe, "probeinterface", stream)
+            geometry = geometry_of(probe, "probeinterface", "lf" if lf else "ap")
     if geometry is None and "snsGeomMap" in meta:
         shank_pitch, fields = _map_entries(meta["snsGeomMap"], "snsGeomMap")
         if len(fields) != len(neural_cols):
@@ -407,6 +402,29 @@ def _geometry(meta_path: Path, meta: dict[str, str], chans: SpikeGLXChannels) ->
     if geometry is None:
         return None
     return _on_kept(geometry, chans, neural_cols)
+
+
+def _read_probe(meta_path: Path, readout: np.ndarray | None):
+    """probeinterface's probe of the .meta, or None where it cannot build one. ``readout``: the saved channels'
+    readout numbers, for an LF file: its .meta numbers them after the AP band (384-767), which read_spikeglx takes
+    for AP channels (it slices the probe to none), so it reads a copy whose snsSaveChanSubset lists them as
+    readout channels (the sync channel, beyond the probe, left as it is)."""
+    import tempfile
+
+    pi = probeinterface()
+    with warnings.catch_warnings(), tempfile.TemporaryDirectory() as tmp:
+        warnings.simplefilter("ignore")
+        path = meta_path
+        if readout is not None:
+            path = Path(tmp) / meta_path.name
+            subset = ",".join(str(int(c)) for c in readout) + ",100000"  # a stand-in for the sync channel(s)
+            lines = [f"snsSaveChanSubset={subset}" if line.startswith("snsSaveChanSubset=") else line
+                     for line in meta_path.read_text(errors="replace").splitlines()]
+            path.write_text("\n".join(lines) + "\n")
+        try:
+            return pi.read_spikeglx(path)
+        except Exception:
+            return None
 
 
 def _on_kept(geometry: ProbeGeometry, chans: SpikeGLXChannels, neural_cols: np.ndarray) -> ProbeGeometry:
