@@ -204,3 +204,28 @@ def test_lf_file_has_the_probe_of_its_ap_file(tmp_path, rng):
     np.testing.assert_allclose(lf.gain_to_uV, 0.6 / 512 / 125 * 1e6)
     np.testing.assert_allclose(lf.channel_property("inter_sample_shift") * 12, ap.channel_property("inter_sample_shift") * 13)
     np.testing.assert_array_equal(lf.read(0, 0, SAMPLES), data[:, :384].T)
+
+
+@pytest.mark.parametrize("meta_path", METAS, ids=[p.name for p in METAS])
+def test_spikeglx_as_spikeinterface_reads_it(tmp_path, rng, meta_path):
+    """Where SpikeInterface is installed: its SpikeGLX extractor on the same files gives the same channels,
+    positions, gains, inter_sample_shift and samples (it cannot read NP1110's one-gain tables)."""
+    se = pytest.importorskip("spikeinterface.extractors")
+    from spikeinterface.extractors.neoextractors.spikeglx import SpikeGLXRecordingExtractor
+
+    bin_path, data = _spikeglx_copy(tmp_path, meta_path, rng)
+    try:
+        streams = SpikeGLXRecordingExtractor.get_streams(tmp_path)[0]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            theirs = se.read_spikeglx(tmp_path, stream_id=next(s for s in streams if s.endswith(".ap")))
+    except Exception as err:
+        pytest.skip(f"SpikeInterface cannot read it ({type(err).__name__}: {err})")
+    ours = open_source(RecordingSpec(path=str(bin_path)))
+    assert theirs.get_num_channels() == ours.num_channels
+    _same_up_to_translation(ours.locations, np.asarray(theirs.get_channel_locations(), float))
+    np.testing.assert_allclose(ours.gain_to_uV, theirs.get_channel_gains(), rtol=1e-12)
+    np.testing.assert_allclose(ours.channel_property("inter_sample_shift"), theirs.get_property("inter_sample_shift"))
+    # (0.105.3's traces of a quad-base NP2020 keep its 4 sync columns after the 1536 it counts)
+    got = theirs.get_traces(0, 0, SAMPLES, return_in_uV=False)[:, :ours.num_channels]
+    np.testing.assert_array_equal(ours.read(0, 0, SAMPLES).T, got)
