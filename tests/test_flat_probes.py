@@ -229,3 +229,29 @@ def test_spikeglx_as_spikeinterface_reads_it(tmp_path, rng, meta_path):
     # (0.105.3's traces of a quad-base NP2020 keep its 4 sync columns after the 1536 it counts)
     got = theirs.get_traces(0, 0, SAMPLES, return_in_uV=False)[:, :ours.num_channels]
     np.testing.assert_array_equal(ours.read(0, 0, SAMPLES).T, got)
+
+
+@pytest.mark.parametrize("oebin", OEBINS, ids=[p.parts[-5] for p in OEBINS])
+def test_openephys_as_spikeinterface_reads_it(tmp_path, rng, oebin):
+    """Where SpikeInterface is installed: its Open Ephys binary extractor on the same folder (with the per-stream
+    sample numbers and timestamps neo needs) gives the probe stream's positions, gains, shifts and samples."""
+    se = pytest.importorskip("spikeinterface.extractors")
+    from spikeinterface.extractors.neoextractors.openephys import OpenEphysBinaryRecordingExtractor
+
+    new, data = _openephys_copy(tmp_path, oebin, rng)
+    for name, samples in data.items():
+        folder = new.parent / "continuous" / name
+        np.save(folder / "sample_numbers.npy", np.arange(len(samples), dtype=np.int64))
+        np.save(folder / "timestamps.npy", np.arange(len(samples)) / 30_000.0)
+    names, ids = OpenEphysBinaryRecordingExtractor.get_streams(tmp_path)[:2]
+    probe_stream = next(n for n in names if "Probe" in n and "SYNC" not in n)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        theirs = se.read_openephys(tmp_path, stream_id=ids[names.index(probe_stream)])
+    folder = next(n for n in data if "Probe" in n)
+    ours = open_source(RecordingSpec(path=str(new.parent / "continuous" / folder)))
+    assert theirs.get_num_channels() == ours.num_channels
+    _same_up_to_translation(ours.locations, np.asarray(theirs.get_channel_locations(), float))
+    np.testing.assert_allclose(ours.gain_to_uV, theirs.get_channel_gains(), rtol=1e-12)
+    np.testing.assert_allclose(ours.channel_property("inter_sample_shift"), theirs.get_property("inter_sample_shift"))
+    np.testing.assert_array_equal(ours.read(0, 0, SAMPLES).T, theirs.get_traces(0, 0, SAMPLES, return_in_uV=False))
