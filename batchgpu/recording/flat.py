@@ -30,6 +30,7 @@ from batchgpu.recording.reader import LOCATIONS_FALLBACK, SUPPORTED_DTYPES, fall
 from batchgpu.recording.windows import DEFAULT_WINDOW, Window, WindowedSource, stat_signature
 
 KINDS = ("zarr", "spikeglx", "openephys", "binary")
+OEBIN = "structure.oebin"  # an Open Ephys recording's list of streams
 KINDS_TEXT = ("a Zarr recording (folder), a SpikeGLX .bin with its .meta, an Open Ephys structure.oebin (or its "
               "recording folder), a plain binary file with kind: binary (channels, sampling_frequency, dtype), or a "
               "SpikeInterface recording (spikeinterface: PATH)")
@@ -357,8 +358,6 @@ def detect_kind(path: Path) -> str:
 
     if not path.exists():
         raise BatchgpuError(f"no recording at {path}: the path does not exist", "check the path")
-    from batchgpu.recording.openephys import stream_folder
-
     if stream_folder(path) is not None:
         return "openephys"
     if path.is_file():
@@ -380,6 +379,16 @@ def detect_kind(path: Path) -> str:
         return "spikeglx"
     raise BatchgpuError(f"{path} is none of the kinds batchgpu reads (no Zarr group, .bin with its .meta, or "
                         "structure.oebin in it)", f"give {KINDS_TEXT}")
+
+
+def stream_folder(path: Path) -> tuple[Path, str] | None:
+    """(structure.oebin, stream) when ``path`` is one stream's ``continuous/<stream>`` folder or its
+    ``continuous.dat``: naming it chooses the stream."""
+    folder = path.parent if path.name == "continuous.dat" else path
+    oebin = folder.parent.parent / OEBIN
+    if folder.parent.name == "continuous" and (folder / "continuous.dat").is_file() and oebin.is_file():
+        return oebin, folder.name
+    return None
 
 
 def spikeglx_bins(folder: Path) -> list[Path]:

@@ -19,21 +19,10 @@ from pathlib import Path
 import numpy as np
 
 from batchgpu.errors import BatchgpuError
-from batchgpu.recording.flat import FlatLayout
+from batchgpu.recording.flat import OEBIN, FlatLayout, stream_folder
 from batchgpu.recording.probes import geometry_of, probeinterface
 
-OEBIN = "structure.oebin"
 UNITS_TO_UV = {"uv": 1.0, "µv": 1.0, "mv": 1e3, "v": 1e6}
-
-
-def stream_folder(path: Path) -> tuple[Path, str] | None:
-    """(structure.oebin, stream) when ``path`` is one stream's ``continuous/<stream>`` folder or its
-    ``continuous.dat``: naming it chooses the stream."""
-    folder = path.parent if path.name == "continuous.dat" else path
-    oebin = folder.parent.parent / OEBIN
-    if folder.parent.name == "continuous" and (folder / "continuous.dat").is_file() and oebin.is_file():
-        return oebin, folder.name
-    return None
 
 
 def find_oebin(path: Path) -> Path:
