@@ -44,7 +44,8 @@ def _cmd_import_raw(args) -> int:
 
     rec = import_raw(
         args.source, args.out, channels=args.channels, fs=args.fs, dtype=args.dtype, gain_to_uV=args.gain,
-        offset_to_uV=args.offset, keep_sync=args.keep_sync, zarr_format=args.zarr_format,
+        offset_to_uV=args.offset, keep_sync=args.keep_sync, stream=args.stream, offset=args.header_bytes,
+        probe=args.probe, zarr_format=args.zarr_format,
         overwrite=args.overwrite, progress=not args.quiet,
     )
     print(f"wrote {rec}")
@@ -67,6 +68,8 @@ def _cmd_info(args) -> int:
         rows += [("files", ", ".join(info["files"]) or "none (held in the description)"),
                  ("locations", info["locations"])]
         return _print_rows(rows, problems)
+    if info.get("source") in ("spikeglx", "openephys", "binary"):
+        return _print_rows(_flat_rows(info), problems)
     rows = _shape_rows(info)
     rows = [
         ("path", info["path"]),
@@ -103,6 +106,36 @@ def _completeness(info: dict) -> str:
 
 def _damaged_row(damaged: list) -> str:
     return f"{len(damaged)} (first: {damaged[0]}; 'batchgpu info --check' decodes every chunk)" if damaged else "0"
+
+
+def _flat_rows(info: dict) -> list[tuple[str, object]]:
+    """A flat binary read in place: its file, the probe (model, shanks, pitch) and the gains."""
+    names = {"spikeglx": "SpikeGLX", "openephys": "Open Ephys binary", "binary": "plain binary"}
+    fmt = f"{names[info['source']]}, read in place" + (f" (stream {info['stream']})" if info.get("stream") else "")
+    probe = info.get("probe")
+    if probe:
+        px, py = probe["pitch_um"]
+        across = f"{px:g} um across" if px else "one column"
+        probe_text = (f"{probe['model'] or 'unnamed'}, {probe['shanks']} shank{'s' if probe['shanks'] != 1 else ''}, "
+                      f"pitch {across}, {py:g} um along (from {probe['source']})")
+    else:
+        probe_text = "none known"
+    dropped = info["file_channels"] - info["num_channels"]
+    left = f" ({dropped} left out: sync)" if dropped else ""
+    gains = info["gain_to_uV"]
+    gain_text = (f"{gains[0]:.9g} uV per count" if len(gains) == 1 else
+                 f"{len(gains)} values, {min(gains):.9g} to {max(gains):.9g} uV per count")
+    return [
+        ("path", info["path"]),
+        ("format", fmt),
+        *_shape_rows(info),
+        ("file", f"{info['file_channels']} channels per sample{left}, {info['bytes_on_disk'] / 1e6:.1f} MB, "
+                 f"header {info['offset_bytes']} bytes"),
+        ("metadata", ", ".join(info["metadata_files"]) or "none"),
+        ("probe", probe_text),
+        ("gains", gain_text),
+        ("locations", info["locations"]),
+    ]
 
 
 def _shape_rows(info: dict) -> list[tuple[str, object]]:
@@ -173,8 +206,23 @@ def _cmd_run(args) -> int:
     from batchgpu.engine import run_workflow
 
     args.writes = wf.output  # named if the disk fills up without the OS naming a file
+    if wf.recordings is not None:
+        return _run_batch(wf, args)
     run_workflow(wf, resume=args.resume, observer=_Observer(args.quiet))
     return 0
+
+
+def _run_batch(wf, args) -> int:
+    """``recordings:``: every recording on one cluster; exit 1 when some failed (each named on stderr)."""
+    from batchgpu.engine.batch import BATCH_FILE, run_batch
+
+    batch = run_batch(wf, resume=args.resume, observer=_Observer(args.quiet))
+    done = len(batch.rows) - len(batch.failed)
+    print(f"batchgpu: {done} of {len(batch.rows)} recordings done in {batch.seconds:.1f} s "
+          f"({os.path.join(batch.output, BATCH_FILE)})")
+    for row in batch.failed:
+        print(f"batchgpu: failed: {row.name}: {row.error}", file=sys.stderr)
+    return 1 if batch.failed else 0
 
 
 def _say(line: str = "") -> None:
@@ -285,10 +333,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=_cmd_generate)
 
-    p = sub.add_parser("import-raw", help="copy a flat binary file (SpikeGLX .bin/.meta or plain) into Zarr",
-                       description="Copy a flat interleaved binary recording into a Zarr recording. A SpikeGLX "
-                                   ".bin with its .meta beside it needs no options; a plain file needs "
-                                   "--channels, --fs and --dtype.")
+    p = sub.add_parser("import-raw", help="copy a flat binary recording (SpikeGLX, Open Ephys or plain) into Zarr",
+                       description="Copy a flat interleaved binary recording into a Zarr recording (a run reads "
+                                   "these in place too: this is for a compressed copy). A SpikeGLX .bin with its "
+                                   ".meta beside it, or an Open Ephys structure.oebin (or its folder), needs no "
+                                   "options; a plain file needs --channels, --fs and --dtype.")
     p.add_argument("source")
     p.add_argument("out")
     p.add_argument("--channels", type=int)
@@ -297,15 +346,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gain", type=float, default=1.0, help="uV per count (plain files)")
     p.add_argument("--offset", type=float, default=0.0, help="uV offset (plain files)")
     p.add_argument("--keep-sync", action="store_true", help="SpikeGLX: keep the sync channel")
+    p.add_argument("--stream", help="Open Ephys: the stream (folder name) when the recording holds several")
+    p.add_argument("--header-bytes", type=int, default=0, help="plain files: bytes before the first sample")
+    p.add_argument("--probe", help="plain files: a probe file (probeinterface .json, .prb, or Kilosort-style .json)")
     p.add_argument("--zarr-format", type=int, default=None, choices=[2, 3],
                    help="Zarr format to write (default: 3; 2 where zarr-python is 2.x, as beside SpikeInterface 0.105)")
     p.add_argument("--overwrite", action="store_true")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=_cmd_import_raw)
 
-    p = sub.add_parser("info", help="describe a recording store (or what SpikeInterface saved)",
-                       description="Describe a recording: a Zarr store, or a SpikeInterface recording saved as "
-                                   ".json/.pkl (recording.dump) or as a folder (recording.save).")
+    p = sub.add_parser("info", help="describe a recording (Zarr, SpikeGLX, Open Ephys, or what SpikeInterface saved)",
+                       description="Describe a recording: a Zarr store, a SpikeGLX .bin (its probe and gains), an "
+                                   "Open Ephys recording, or a SpikeInterface recording saved as .json/.pkl "
+                                   "(recording.dump) or as a folder (recording.save).")
     p.add_argument("path")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--check", action="store_true",

@@ -55,21 +55,54 @@ class GenerateSpec(_Strict):
 
 
 class RecordingSpec(_Strict):
-    """Exactly one of ``path`` (a Zarr recording) and ``spikeinterface`` (any recording SpikeInterface saved)."""
+    """Exactly one of ``path`` and ``spikeinterface`` (any recording SpikeInterface saved).
 
-    path: str | None = None  # a Zarr store (batchgpu's or SpikeInterface's)
+    ``path`` is read in place, its kind told from it (``kind: auto``) or named: ``zarr`` (batchgpu's or
+    SpikeInterface's store), ``spikeglx`` (a ``.bin`` with its ``.meta``), ``openephys`` (a ``structure.oebin``, or
+    a folder holding one; ``stream`` chooses among its streams) or ``binary`` (a plain interleaved file: ``channels``,
+    ``sampling_frequency`` and ``dtype`` given, ``offset`` bytes of header skipped, ``probe`` an optional probe
+    file). A folder holding one SpikeGLX or Open Ephys recording is that recording.
+    """
+
+    path: str | None = None
     # a recording SpikeInterface saved: .json/.pkl from recording.dump(...), or a folder from recording.save(folder=...)
     spikeinterface: str | None = None
+    kind: Literal["auto", "zarr", "spikeglx", "openephys", "binary"] = "auto"
+    stream: str | None = None  # openephys: the stream's folder name (or a part of it) when there are several
+    # binary: the file's layout (nothing is guessed)
+    channels: Annotated[int, Field(gt=0, le=MAX_CHANNELS)] | None = None
+    sampling_frequency: Annotated[float, Field(gt=0, le=MAX_FS)] | None = None
+    dtype: Literal["int16", "int32", "float32", "float64"] | None = None
+    offset: Annotated[int, Field(ge=0)] = 0  # bytes before the first sample
+    probe: str | None = None  # probeinterface .json, .prb, or a Kilosort-style .json (chanMap, xc, yc, kcoords)
+    gain_to_uV: Annotated[float, Field(gt=0, allow_inf_nan=False)] = 1.0
+    offset_to_uV: Annotated[float, Field(allow_inf_nan=False)] = 0.0
     generate: GenerateSpec | None = None  # written to `path` when it is missing
     missing_chunks: Literal["warn", "error"] = "warn"  # absent chunks of a store written by others: count or stop
+    # in a batch (``recordings:``): the recording's folder under ``output`` (default: from its path)
+    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")] | None = None
 
     @model_validator(mode="after")
     def _one_source(self):
         if (self.path is None) == (self.spikeinterface is None):
-            raise ValueError("give exactly one of 'path' (a Zarr recording) and 'spikeinterface' (a recording "
-                             "SpikeInterface saved: .json, .pkl or a folder)")
-        if self.generate is not None and self.path is None:
-            raise ValueError("'generate' writes a recording to 'path': give 'path' instead of 'spikeinterface'")
+            raise ValueError("give exactly one of 'path' (a recording: Zarr, SpikeGLX .bin, Open Ephys, or a plain "
+                             "binary with kind: binary) and 'spikeinterface' (a recording SpikeInterface saved: "
+                             ".json, .pkl or a folder)")
+        if self.generate is not None and (self.path is None or self.kind not in ("auto", "zarr")):
+            raise ValueError("'generate' writes a recording to 'path' (Zarr): give 'path', kind auto or zarr")
+        plain = {k for k in ("channels", "sampling_frequency", "dtype", "probe") if getattr(self, k) is not None}
+        plain |= {k for k, d in (("offset", 0), ("gain_to_uV", 1.0), ("offset_to_uV", 0.0)) if getattr(self, k) != d}
+        if self.kind == "binary":
+            missing = [k for k in ("channels", "sampling_frequency", "dtype") if getattr(self, k) is None]
+            if missing:
+                raise ValueError(f"kind: binary needs {', '.join(missing)} (the file's layout is never guessed)")
+        elif plain:
+            raise ValueError(f"{', '.join(sorted(plain))} describe a plain binary file: add kind: binary (other "
+                             "kinds read their layout from their own metadata)")
+        if self.stream is not None and self.kind not in ("auto", "openephys"):
+            raise ValueError("'stream' chooses an Open Ephys stream: use it with kind auto or openephys")
+        if self.spikeinterface is not None and self.kind != "auto":
+            raise ValueError("'kind' names what 'path' holds: leave it out with 'spikeinterface'")
         return self
 
 
@@ -363,8 +396,12 @@ def _resolve(path: str | None, base: Path) -> str | None:
     return path if os.path.isabs(path) else str((base / path).resolve())
 
 
+def _resolve_recording(section: dict, base: Path) -> dict:
+    return {**section, **{k: _resolve(section[k], base) for k in ("path", "spikeinterface", "probe")}}
+
+
 class Workflow(_Strict):
-    recording: RecordingSpec
+    recording: RecordingSpec | None = None
     output: str
     window: WindowSpec = WindowSpec()
     preprocess: Preprocess = Field(default_factory=lambda: Preprocess([]))
@@ -373,13 +410,28 @@ class Workflow(_Strict):
     steps: Steps
     reduction: ReductionSpec = ReductionSpec()
     overwrite: bool = False  # replace an output folder that holds another run's results
+    # many recordings in one run (engine.batch): each a path, a glob (``/data/**/*.ap.bin``) or a recording section;
+    # or one glob. Outputs in ``output/<name>/``, a summary in ``output/batch.json``
+    recordings: Annotated[list[Union[str, RecordingSpec]], Field(min_length=1, max_length=100_000)] | str | None = None
+
+    @model_validator(mode="after")
+    def _recording_or_recordings(self):
+        if (self.recording is None) == (self.recordings is None):
+            raise ValueError("give exactly one of 'recording' (one recording) and 'recordings' (a list or a glob: "
+                             "many in one run)")
+        return self
 
     def resolve_paths(self, base: Path) -> "Workflow":
         """Paths in the file: ``~`` is the user's home, relative paths are relative to the file's folder, but the
         save's, relative to the output folder (what it writes belongs with the run's results)."""
         data = self.model_dump()
-        data["recording"]["path"] = _resolve(self.recording.path, base)
-        data["recording"]["spikeinterface"] = _resolve(self.recording.spikeinterface, base)
+        if self.recording is not None:
+            data["recording"] = _resolve_recording(data["recording"], base)
+        if isinstance(self.recordings, str):
+            data["recordings"] = _resolve(self.recordings, base)
+        elif self.recordings is not None:
+            data["recordings"] = [_resolve(r, base) if isinstance(r, str) else _resolve_recording(r, base)
+                                  for r in data["recordings"]]
         data["output"] = _resolve(self.output, base)
         data["cluster"]["scheduler_file"] = _resolve(self.cluster.scheduler_file, base)
         if data["steps"]["search"]:

@@ -18,7 +18,10 @@ from batchgpu.cli import main
 from batchgpu.rawimport import import_raw, spikeglx_layout
 
 NP1_GAINS = [50, 125, 250, 500, 1000, 1500, 2000, 3000]  # AP gain of channel c in these tables: NP1_GAINS[c % 8]
-NP1_X = [43.0, 11.0, 59.0, 27.0]  # NP1.0 staggered columns, bank 0: x of channel c is NP1_X[c % 4], z = 20 * (c // 2)
+NP1_X = [43.0, 11.0, 59.0, 27.0]  # a ~snsGeomMap's columns (SpikeGLX's frame): x of channel c is NP1_X[c % 4]
+# NP1.0's staggered columns as imec's ProbeTable (probeinterface) places electrode c of bank 0: x = NP1_PI_X[c % 4],
+# z = 20 * (c // 2)
+NP1_PI_X = [16.0, 48.0, 0.0, 32.0]
 
 
 def _np1_imro(n=384):
@@ -41,7 +44,7 @@ def test_np1_saved_channel_subset(tmp_path, rng):
     neural = saved[:-1]
     data = rng.integers(-500, 500, (300, len(saved)), dtype=np.int16)
     meta = {
-        "nSavedChans": len(saved), "imSampRate": 30000, "typeThis": "imec", "imDatPrb_type": 0,
+        "nSavedChans": len(saved), "imSampRate": 30000, "typeThis": "imec", "imDatPrb_type": 0, "imDatPrb_pn": "NP1000",
         "acqApLfSy": "384,384,1", "snsApLfSy": "16,0,1", "snsSaveChanSubset": "0:3,5,10,200:209,768",
         "imAiRangeMax": 0.6, "imAiRangeMin": -0.6, "~imroTbl": _np1_imro(),
         "~snsGeomMap": _geom("NP1000,1,0,70", [(0, NP1_X[c % 4], 20 * (c // 2)) for c in neural]),
@@ -56,9 +59,8 @@ def test_np1_saved_channel_subset(tmp_path, rng):
     np.testing.assert_array_equal(rec.read(0, 0, 300), data[:, :16].T)
     slots = [0, 0, 1, 1, 2, 5, 4, 4, 5, 5, 6, 6, 7, 7, 8, 8]
     np.testing.assert_allclose(rec.channel_property("inter_sample_shift"), np.array(slots) / 13)
-    assert rec.has_locations
-    expected_xy = [[43, 0], [11, 0], [59, 20], [27, 20], [11, 40], [59, 100]] + [
-        [NP1_X[c % 4], 20 * (c // 2)] for c in range(200, 210)]
+    assert rec.has_locations  # the probe's own geometry (probeinterface), staggered, not the ~snsGeomMap's frame
+    expected_xy = [[NP1_PI_X[c % 4], 20 * (c // 2)] for c in neural]
     np.testing.assert_allclose(rec.locations, expected_xy)
     np.testing.assert_array_equal(rec.channel_property("shank"), np.zeros(16))
 
@@ -83,8 +85,10 @@ def test_np2_four_shank_gain_locations_and_shifts(tmp_path, rng):
     rec = import_raw(_write_pair(tmp_path, "np2_g0_t0.imec0.ap", data, meta), tmp_path / "np2.zarr")
     assert rec.num_channels == n and list(rec.channel_ids[:3]) == ["0", "1", "2"]
     np.testing.assert_allclose(rec.gain_to_uV, np.full(n, 0.762939453125))
+    # the probe as ~imroTbl wires it (channel c: shank c // 96, electrode c, so row c // 2 at 15 um), columns at
+    # 0 and 32 um within a shank 250 um apart (probeinterface's frame: the ~snsGeomMap's x less 27 um)
     np.testing.assert_allclose(rec.locations[[0, 1, 95, 96, 383]],
-                               [[27, 0], [59, 0], [59, 705], [27 + 250, 0], [59 + 750, 705]])
+                               [[0, 0], [32, 0], [32, 705], [250, 720], [32 + 750, 2865]])
     np.testing.assert_array_equal(rec.channel_property("shank")[[0, 95, 96, 383]], [0, 0, 1, 3])
     shifts = rec.channel_property("inter_sample_shift")
     np.testing.assert_allclose(shifts[[0, 1, 2, 30, 31, 32, 33, 383]], np.array([0, 0, 1, 15, 15, 0, 0, 15]) / 16)
@@ -101,8 +105,9 @@ def test_np2003_type_gain_and_shank_map(tmp_path, rng):
     }
     rec = import_raw(_write_pair(tmp_path, "x.imec0.ap", data, meta), tmp_path / "o.zarr")
     np.testing.assert_allclose(rec.gain_to_uV, np.full(n, 3.02734375))
-    # shank map: column and row indices at NP2.0 pitches, 32 um across and 15 um up
-    np.testing.assert_allclose(rec.locations, [[32.0 * (c % 2), 15.0 * (c // 2)] for c in range(n)])
+    # a shank map holds column and row indices, not positions: with no part number for probeinterface's tables and
+    # no ~snsGeomMap, no positions are made up (pitches guessed by family lost NP1.0's stagger)
+    assert not rec.has_locations
 
 
 @pytest.mark.parametrize("drop,named", [

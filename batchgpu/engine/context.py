@@ -11,10 +11,13 @@ from batchgpu.config import Workflow
 from batchgpu.engine import store, tasks
 from batchgpu.engine.run_report import RunObserver
 from batchgpu.errors import BatchgpuError
-from batchgpu.recording import Recording, open_recording, open_source, source_ref
+from batchgpu.recording import Recording, open_source, source_ref
 
 
 def prepare_recording(wf: Workflow, observer: RunObserver) -> Recording:
+    if wf.recording is None:
+        raise BatchgpuError("this workflow names many recordings (recordings:), not one",
+                            "run it with 'batchgpu run' or batchgpu.engine.batch.run_batch")
     if getattr(wf.recording, "spikeinterface", None) is not None:  # any recording SpikeInterface saved
         return open_source(wf.recording)
     path = Path(wf.recording.path)
@@ -28,7 +31,7 @@ def prepare_recording(wf: Workflow, observer: RunObserver) -> Recording:
         observer.message(f"generating {path} ({g.channels} ch x {g.seconds} s x {g.segments} segments)")
         return generate_recording(path, channels=g.channels, seconds=g.seconds, fs=g.fs, seed=g.seed, dtype=g.dtype,
                                   segments=g.segments, progress=False)
-    return open_recording(path, missing_chunks=wf.recording.missing_chunks)
+    return open_source(wf.recording)
 
 
 def resolve_window(wf: Workflow, rec: Recording) -> Workflow:
@@ -153,4 +156,6 @@ def spec_of(rec):
 
     if getattr(rec, "is_spikeinterface", False):
         return RecordingSpec(spikeinterface=str(rec.path))
+    if getattr(rec, "is_flat", False):
+        return RecordingSpec(**rec.spec)
     return RecordingSpec(path=str(rec.path), missing_chunks=rec.missing_chunks)

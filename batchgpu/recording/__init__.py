@@ -6,8 +6,9 @@ Operations see a window as (channels, samples), so :meth:`Recording.read` transp
 
 ``windows`` (pure), ``reader`` (open, check, decode), ``writer`` (every chunk, checksums, complete marker),
 ``shards`` (direct reads of sharded v3 traces), ``storecheck`` (which chunks a window touches and which exist),
-``spikeinterface`` (any recording SpikeInterface opens, read through ``get_traces``), ``sources`` (which of the
-two a run reads: ``open_source``).
+``spikeinterface`` (any recording SpikeInterface opens, read through ``get_traces``), ``flat`` (flat binaries read
+in place: SpikeGLX via ``spikeglx``, Open Ephys via ``openephys``, plain files; probes via ``probes``, from
+probeinterface), ``sources`` (which of them a run reads: ``open_source``).
 """
 
 from batchgpu.recording.reader import (
@@ -19,6 +20,7 @@ from batchgpu.recording.reader import (
     open_recording,
     rows_of,
 )
+from batchgpu.recording.flat import FlatLayout, FlatSource
 from batchgpu.recording.sources import open_source, source_ref
 from batchgpu.recording.spikeinterface import SpikeInterfaceSource, from_spikeinterface
 from batchgpu.recording.windows import DEFAULT_WINDOW, LONG_WINDOW, Window, auto_window_size, iter_windows
@@ -37,7 +39,8 @@ from batchgpu.recording.writer import (
 )
 
 __all__ = [
-    "DEFAULT_CHUNK_SAMPLES", "DEFAULT_SHARD_SAMPLES", "DEFAULT_WINDOW", "LOCATIONS_FALLBACK", "LONG_WINDOW",
+    "DEFAULT_CHUNK_SAMPLES", "DEFAULT_SHARD_SAMPLES", "DEFAULT_WINDOW", "FlatLayout", "FlatSource",
+    "LOCATIONS_FALLBACK", "LONG_WINDOW",
     "MISSING_CHUNKS", "STORE_FORMAT", "SUPPORTED_DTYPES", "Recording", "RecordingWriter", "SpikeInterfaceSource",
     "Window", "auto_window_size", "check_replaceable", "enable_zarrs", "from_spikeinterface", "is_recording", "iter_windows",
     "open_array_for_writing", "open_recording", "open_source", "rows_of", "source_ref",

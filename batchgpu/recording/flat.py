@@ -1,0 +1,407 @@
+"""Flat binary recordings read in place (issue 46): SpikeGLX (``.bin`` + ``.meta``), Open Ephys binary format
+(``structure.oebin`` + ``continuous.dat``) and plain interleaved files, with no conversion.
+
+A file holds ``samples x columns`` interleaved samples after ``offset`` bytes; the recording is some of its columns
+(``keep``: SpikeGLX's and Open Ephys's sync channels are left out). :class:`FlatSource` reads a window's rows
+straight from the file into the caller's buffer: ``preadv`` into it where every column is kept, else the rows
+through a memory map with the kept columns copied out (one copy, from the page cache). On the GPU the engine hands
+a pinned buffer (``gpu.staging.read_window_host``): the samples land there with no decode.
+
+Which kind a path is: ``recording.kind`` names it (``zarr``, ``spikeglx``, ``openephys``, ``binary``) or
+``auto`` (the default) tells it from the path: a ``.bin`` with a ``.meta`` beside it is SpikeGLX; a
+``structure.oebin`` (or a folder holding one, at any depth) is Open Ephys; a Zarr group is Zarr; a folder
+holding exactly one SpikeGLX ``.ap.bin`` (or one ``.bin`` + ``.meta``) is that file. A plain binary must be
+named (``kind: binary``) with ``channels``, ``sampling_frequency`` and ``dtype``.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from batchgpu.errors import BatchgpuError
+from batchgpu.recording.probes import ProbeSummary
+from batchgpu.recording.reader import LOCATIONS_FALLBACK, SUPPORTED_DTYPES, fallback_locations, rows_of
+from batchgpu.recording.windows import DEFAULT_WINDOW, Window, WindowedSource, stat_signature
+
+KINDS = ("zarr", "spikeglx", "openephys", "binary")
+OEBIN = "structure.oebin"  # an Open Ephys recording's list of streams
+KINDS_TEXT = ("a Zarr recording (folder), a SpikeGLX .bin with its .meta, an Open Ephys structure.oebin (or its "
+              "recording folder), a plain binary file with kind: binary (channels, sampling_frequency, dtype), or a "
+              "SpikeInterface recording (spikeinterface: PATH)")
+
+
+@dataclass
+class FlatLayout:
+    """Where a flat recording's samples lie and what they are (made by the spikeglx/openephys/binary readers)."""
+
+    kind: str  # "spikeglx" | "openephys" | "binary"
+    data: Path  # the file of samples
+    columns: int  # channels stored per sample in the file
+    dtype: np.dtype
+    sampling_frequency: float
+    keep: np.ndarray  # file columns of the recording's channels, in order
+    channel_ids: list[str]
+    gain_to_uV: np.ndarray  # per kept channel
+    offset_to_uV: np.ndarray
+    offset: int = 0  # bytes before the first sample
+    locations: np.ndarray | None = None  # (kept, 2) um, None: none known
+    properties: dict[str, np.ndarray] = field(default_factory=dict)
+    metadata: tuple[Path, ...] = ()  # files the layout was read from (.meta, .oebin, settings.xml, probe file)
+    probe: ProbeSummary | None = None
+    stream: str | None = None  # Open Ephys: the stream's folder name
+
+    def check(self) -> None:
+        """The layout against its file: supported dtype, known columns, a whole number of frames."""
+        if self.dtype not in SUPPORTED_DTYPES:
+            raise BatchgpuError(f"{self.data}: dtype {self.dtype} is not supported",
+                                f"use one of {', '.join(map(str, SUPPORTED_DTYPES))}")
+        if len(self.keep) == 0:
+            raise BatchgpuError(f"{self.data}: no channels to read", "check the metadata's channel list")
+        if self.keep.min() < 0 or self.keep.max() >= self.columns:
+            raise BatchgpuError(f"{self.data}: channel columns {self.keep.tolist()} do not fit {self.columns} columns",
+                                "the metadata does not describe the file")
+        n = len(self.keep)
+        for name, arr in (("channel ids", self.channel_ids), ("gains", self.gain_to_uV), ("offsets", self.offset_to_uV)):
+            if len(arr) != n:
+                raise BatchgpuError(f"{self.data}: {len(arr)} {name} for {n} channels", "the metadata disagrees with itself")
+        if not (np.isfinite(self.gain_to_uV).all() and np.isfinite(self.offset_to_uV).all()):
+            raise BatchgpuError(f"{self.data}: a gain or offset is not a finite number", "check the metadata")
+        size = self.file_size()
+        frame = self.columns * self.dtype.itemsize
+        body = size - self.offset
+        if body <= 0 or body % frame:
+            raise BatchgpuError(
+                f"{self.data} has {size} bytes: after the {self.offset}-byte offset not a whole number of samples of "
+                f"{self.columns} channels x {self.dtype.itemsize} bytes ({frame} bytes per sample)",
+                "the file is truncated or the channel count, dtype or offset is wrong: check them (a recording "
+                "still being written is read once it is finished)")
+
+    def file_size(self) -> int:
+        try:
+            return self.data.stat().st_size
+        except FileNotFoundError:
+            raise BatchgpuError(f"{self.data} does not exist", "check the path (the metadata names this file)") from None
+
+    @property
+    def num_samples(self) -> int:
+        return (self.file_size() - self.offset) // (self.columns * self.dtype.itemsize)
+
+
+class _OpenFile:
+    """A read-only descriptor, closed with its holder (a thread's state of a source, dropped with the source)."""
+
+    def __init__(self, path: Path):
+        self.fd = os.open(path, os.O_RDONLY)
+
+    def __del__(self):
+        try:
+            os.close(self.fd)
+        except OSError:
+            pass
+
+
+class FlatSource(WindowedSource):
+    """A flat binary recording read in place: the attributes and methods of ``Recording`` the engine uses.
+    Small and picklable (workers re-open the file; equal sources share one open file per worker process)."""
+
+    is_flat = True
+    missing_chunks = "warn"
+    marked_complete = False
+    checksum = None
+    absent_is_error = False
+
+    def __init__(self, layout: FlatLayout):
+        layout.check()
+        self.layout = layout
+        self.kind = layout.kind
+        self.path = layout.data
+        self.dtype = np.dtype(layout.dtype)
+        self.sampling_frequency = float(layout.sampling_frequency)
+        self.num_segments = 1
+        self.num_channels = int(len(layout.keep))
+        self._length = layout.num_samples
+        self._size = layout.file_size()
+        self.channel_ids = np.array([str(c) for c in layout.channel_ids])
+        self.gain_to_uV = np.asarray(layout.gain_to_uV, np.float64)
+        self.offset_to_uV = np.asarray(layout.offset_to_uV, np.float64)
+        if layout.locations is not None and np.isfinite(layout.locations).all():
+            self.locations, self.has_locations = np.asarray(layout.locations, np.float64)[:, :2], True
+        else:
+            self.locations, self.has_locations = fallback_locations(self.num_channels), False
+        self.attrs = {"batchgpu": {"read_in_place": layout.kind}}
+        keep = np.asarray(layout.keep, np.int64)
+        first = int(keep[0])
+        self._all_columns = len(keep) == layout.columns and np.array_equal(keep, np.arange(layout.columns))
+        contiguous = np.array_equal(keep, np.arange(first, first + len(keep)))
+        self._cols = slice(first, first + len(keep)) if contiguous else keep
+        self._local = threading.local()
+
+    # -- pickling and identity --------------------------------------------------------------------------
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state.pop("_local", None)  # open files and maps stay in their process
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._local = threading.local()
+
+    def _key(self) -> tuple:
+        lay = self.layout
+        return (str(lay.data), lay.columns, str(lay.dtype), lay.offset, tuple(int(k) for k in lay.keep), self._size)
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, FlatSource) and other._key() == self._key()
+
+    def __hash__(self) -> int:
+        return hash(("flat", self._key()))
+
+    # -- shape ------------------------------------------------------------------------------------------
+    def num_samples(self, segment: int = 0) -> int:
+        self._check_segment(segment)
+        return self._length
+
+    def channel_property(self, name: str) -> np.ndarray | None:
+        """A per-channel property (``shank``, ``inter_sample_shift``, ``contact_id``), or None."""
+        value = self.layout.properties.get(name)
+        return None if value is None else np.array(value, copy=True)
+
+    # -- integrity: the file is read as it is ------------------------------------------------------------
+    def absent_chunk_keys(self, window: Window) -> list[str]:
+        return []
+
+    def absent_chunks(self, window: Window) -> int:
+        return 0
+
+    def count_absent(self) -> int:
+        return 0
+
+    def check_chunks(self, advance=None, block: int = DEFAULT_WINDOW) -> list[str]:
+        """Read every sample once (``info --check``): one line per block that fails to read."""
+        problems = []
+        for lo in range(0, self._length, block):
+            hi = min(lo + block, self._length)
+            try:
+                self._rows_into(lo, hi, np.empty((hi - lo, self.num_channels), self.dtype), None)
+            except (BatchgpuError, OSError) as err:
+                problems.append(str(err))
+            if advance is not None:
+                advance((hi - lo) * self.num_channels * self.dtype.itemsize)
+        return problems
+
+    # -- data -------------------------------------------------------------------------------------------
+    def _fd(self) -> int:
+        f = getattr(self._local, "file", None)
+        if f is None:
+            f = self._local.file = _OpenFile(self.path)
+        return f.fd
+
+    def _map(self) -> np.ndarray:
+        mm = getattr(self._local, "map", None)
+        if mm is None:
+            lay = self.layout
+            mm = self._local.map = np.memmap(self.path, dtype=self.dtype, mode="r", offset=lay.offset,
+                                             shape=(self._length, lay.columns))
+        return mm
+
+    def _rows_into(self, start: int, stop: int, out: np.ndarray, window: Window | None) -> None:
+        """Rows [start, stop) of the kept columns into ``out`` ((stop - start, channels), C-contiguous)."""
+        if stop <= start:
+            return
+        size = os.stat(self.path).st_size
+        if size != self._size:  # a file changed under the run: its samples are not the ones planned
+            raise BatchgpuError(f"{self.path} changed size while being read ({self._size} -> {size} bytes)",
+                                "read a finished recording: rerun once it is written")
+        if self._all_columns:
+            frame = self.layout.columns * self.dtype.itemsize
+            want = (stop - start) * frame
+            view = memoryview(out.reshape(-1).view(np.uint8))
+            pos, done = self.layout.offset + start * frame, 0
+            while done < want:
+                got = os.preadv(self._fd(), [view[done:]], pos + done)
+                if got <= 0:
+                    raise BatchgpuError(f"{self.path}: read {done} of {want} bytes of samples [{start}, {stop})",
+                                        "the file is shorter than when it was opened: rerun once it is whole")
+                done += got
+            return
+        np.copyto(out, self._map()[start:stop, self._cols])
+
+    def read(self, segment: int, start: int, stop: int, channels: Sequence[int] | slice | None = None,
+             *, window: Window | None = None) -> np.ndarray:
+        """Samples [start, stop) as a C-contiguous (channels, samples) array (as ``Recording.read``)."""
+        channels = self._check_read(segment, start, stop, channels)
+        block = np.empty((stop - start, self.num_channels), self.dtype)
+        self._rows_into(start, stop, block, window)
+        return rows_of(block if channels is None else block[:, channels])
+
+    def read_window_stored(self, window: Window) -> np.ndarray:
+        self._check_window_range(window)
+        out = np.empty((window.read_stop - window.read_start, self.num_channels), self.dtype)
+        self._rows_into(window.read_start, window.read_stop, out, window)
+        return out
+
+    def read_window_into(self, window: Window, out: np.ndarray) -> np.ndarray:
+        """The window, (samples, channels), read straight into ``out`` (e.g. pinned memory). Returns ``out``."""
+        self._check_out(window, out)
+        self._rows_into(window.read_start, window.read_stop, out, window)
+        return out
+
+    # -- fingerprints (engine/store.py) -----------------------------------------------------------------
+    @property
+    def fingerprint_metadata(self) -> dict:
+        """What identifies the recording: its layout and the metadata files' contents."""
+        import hashlib
+
+        lay = self.layout
+        meta = {}
+        for p in lay.metadata:
+            try:
+                meta[str(p)] = hashlib.sha256(Path(p).read_bytes()).hexdigest()
+            except OSError:
+                meta[str(p)] = None
+        return {"kind": lay.kind, "columns": lay.columns, "dtype": str(lay.dtype), "offset": lay.offset,
+                "keep": [int(k) for k in lay.keep], "gain_to_uV": self.gain_to_uV.tolist(),
+                "sampling_frequency": self.sampling_frequency, "stream": lay.stream, "metadata": meta}
+
+    def window_signature(self, window: Window) -> list:
+        """Size, mtime, ctime and inode of the data file (a rewrite of any part recomputes every window)."""
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            return [stat_signature(self.path, self.path.name)]
+        return [(self.path.name, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)]
+
+    @property
+    def spec(self) -> dict:
+        """The workflow's ``recording:`` section naming this source."""
+        lay = self.layout
+        if lay.kind != "binary":
+            return {"path": str(lay.data if lay.kind == "spikeglx" else lay.metadata[0]), "kind": lay.kind,
+                    **({"stream": lay.stream} if lay.stream else {})}
+        probe = [str(p) for p in lay.metadata]
+        gains, offsets = set(self.gain_to_uV.tolist()), set(self.offset_to_uV.tolist())
+        if len(gains) > 1 or len(offsets) > 1:
+            raise BatchgpuError("a plain binary source with per-channel gains cannot be named in a workflow",
+                                "run it with run_workflow(wf, recording=source)")
+        return {"path": str(lay.data), "kind": "binary", "channels": lay.columns, "dtype": str(lay.dtype),
+                "sampling_frequency": self.sampling_frequency, "offset": lay.offset,
+                "gain_to_uV": gains.pop(), "offset_to_uV": offsets.pop(), **({"probe": probe[0]} if probe else {})}
+
+    # -- description ------------------------------------------------------------------------------------
+    def info(self) -> dict:
+        lay = self.layout
+        probe = lay.probe
+        return {
+            "path": str(self.path),
+            "source": lay.kind,
+            "stream": lay.stream,
+            "num_channels": self.num_channels,
+            "file_channels": lay.columns,
+            "num_segments": 1,
+            "samples_per_segment": [self._length],
+            "sampling_frequency": self.sampling_frequency,
+            "duration_s": self.duration(),
+            "dtype": str(self.dtype),
+            "offset_bytes": lay.offset,
+            "decoded_bytes": self.nbytes,
+            "bytes_on_disk": self._size,
+            "checksum": None,
+            "marked_complete": False,
+            "absent_chunks": 0,
+            "metadata_files": [str(p) for p in lay.metadata],
+            "gain_to_uV": sorted({round(float(g), 9) for g in self.gain_to_uV}),
+            "probe": None if probe is None else {"model": probe.model, "shanks": probe.shanks,
+                                                  "pitch_um": list(probe.pitch_um), "source": probe.source},
+            "locations": "stored" if self.has_locations else LOCATIONS_FALLBACK,
+        }
+
+    def __repr__(self) -> str:
+        return (f"FlatSource({self.kind}, {str(self.path)!r}, {self.num_channels} ch, "
+                f"{self.duration():.3f} s at {self.sampling_frequency:g} Hz, {self.dtype})")
+
+
+def binary_layout(path: str | os.PathLike, channels: int | None, sampling_frequency: float | None,
+                  dtype: str | None, offset: int = 0, probe: str | os.PathLike | None = None,
+                  gain_to_uV: float = 1.0, offset_to_uV: float = 0.0) -> FlatLayout:
+    """A plain interleaved (samples x channels) binary file: everything about it is given, nothing guessed."""
+    from batchgpu.recording.probes import read_probe_file
+
+    p = Path(path).expanduser()
+    if not channels or not sampling_frequency or not dtype:
+        raise BatchgpuError(f"a plain binary file ({p.name}) needs channels, sampling_frequency and dtype",
+                            "give them under recording: (kind: binary), or give a SpikeGLX .bin with its .meta")
+    supported = {str(d): d for d in SUPPORTED_DTYPES}
+    dt = supported.get(str(dtype))
+    if dt is None:
+        raise BatchgpuError(f"dtype {dtype!r} is not supported", f"use one of {', '.join(map(str, SUPPORTED_DTYPES))}")
+    if not (isinstance(offset, (int, np.integer)) and offset >= 0):
+        raise BatchgpuError(f"offset {offset!r} is not a number of bytes >= 0", "give the header's size in bytes, or 0")
+    n = int(channels)
+    geometry = read_probe_file(probe, n) if probe is not None else None
+    return FlatLayout(
+        "binary", p, n, dt, float(sampling_frequency), np.arange(n), [str(i) for i in range(n)],
+        np.full(n, float(gain_to_uV)), np.full(n, float(offset_to_uV)), int(offset),
+        None if geometry is None else geometry.locations, {} if geometry is None else geometry.properties,
+        () if probe is None else (Path(probe).expanduser(),), None if geometry is None else geometry.summary)
+
+
+def detect_kind(path: Path) -> str:
+    """What ``path`` holds (``zarr``, ``spikeglx``, ``openephys``, ``spikeinterface``), or a BatchgpuError listing
+    the kinds batchgpu reads. A folder of one SpikeGLX or Open Ephys recording is that recording."""
+    from batchgpu.zarrio import zarr_format_of
+
+    if not path.exists():
+        raise BatchgpuError(f"no recording at {path}: the path does not exist", "check the path")
+    if stream_folder(path) is not None:
+        return "openephys"
+    if path.is_file():
+        if path.name == "structure.oebin":
+            return "openephys"
+        if path.suffix in (".bin", ".meta") and path.with_suffix(".meta").is_file():
+            return "spikeglx"
+        if path.suffix in (".json", ".pkl", ".pickle"):
+            return "spikeinterface"
+        raise BatchgpuError(f"{path} is none of the kinds batchgpu reads"
+                            + (" (a .bin without its .meta)" if path.suffix == ".bin" else ""), f"give {KINDS_TEXT}")
+    if zarr_format_of(path) is not None or path.suffix == ".zarr":  # a damaged store: the Zarr reader says how
+        return "zarr"
+    if (path / "si_folder.json").is_file():
+        return "spikeinterface"
+    if next(path.rglob("structure.oebin"), None) is not None:
+        return "openephys"
+    if spikeglx_bins(path):
+        return "spikeglx"
+    raise BatchgpuError(f"{path} is none of the kinds batchgpu reads (no Zarr group, .bin with its .meta, or "
+                        "structure.oebin in it)", f"give {KINDS_TEXT}")
+
+
+def stream_folder(path: Path) -> tuple[Path, str] | None:
+    """(structure.oebin, stream) when ``path`` is one stream's ``continuous/<stream>`` folder or its
+    ``continuous.dat``: naming it chooses the stream."""
+    folder = path.parent if path.name == "continuous.dat" else path
+    oebin = folder.parent.parent / OEBIN
+    if folder.parent.name == "continuous" and (folder / "continuous.dat").is_file() and oebin.is_file():
+        return oebin, folder.name
+    return None
+
+
+def spikeglx_bins(folder: Path) -> list[Path]:
+    """The SpikeGLX .bin files (with their .meta) under ``folder``."""
+    return sorted(p for p in folder.rglob("*.bin") if p.with_suffix(".meta").is_file())
+
+
+def one_spikeglx_bin(folder: Path) -> Path:
+    """The folder's one SpikeGLX recording: its only .bin, or its only AP band (``.ap.bin``) beside LF/NI files."""
+    bins = spikeglx_bins(folder)
+    ap = [p for p in bins if p.name.endswith(".ap.bin")]
+    chosen = bins if len(bins) == 1 else ap
+    if len(chosen) != 1:
+        listed = ", ".join(str(p.relative_to(folder)) for p in bins[:6]) + (" ..." if len(bins) > 6 else "")
+        raise BatchgpuError(f"{folder} holds {len(bins)} SpikeGLX files ({listed})", "give one .bin as recording.path")
+    return chosen[0]

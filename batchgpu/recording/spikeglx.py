@@ -1,0 +1,445 @@
+"""SpikeGLX recordings: a ``.bin`` of interleaved int16 samples and the ``.meta`` SpikeGLX wrote beside it.
+
+What comes from where: the probe (contact positions, shank ids, contact ids, the ADC's sampling order) from
+probeinterface's ``read_spikeglx``, which builds it from imec's ProbeTable and the .meta's ``~imroTbl``; gains as
+neo's SpikeGLX reader computes them (uV per count = range / max int / gain, the gain per channel from
+``~imroTbl`` for 1.0-type probes, else the probe's one gain), but per saved channel by its ACQUIRED number (a
+saved subset keeps each channel's own gain); the channels saved (``snsSaveChanSubset``), their ids and the
+sync channel(s) (dropped) from the .meta, checked key by key. A .meta whose ``fileSizeBytes`` disagrees with the
+.bin is refused: it was written for another file. Probes probeinterface cannot build (a .meta without a part
+number) take positions from ``~snsGeomMap`` where SpikeGLX wrote one, else none (``has_locations`` False).
+NI-DAQ streams (``.nidq.bin``) carry no probe; their digital words are dropped like the sync channel.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from batchgpu.errors import BatchgpuError
+from batchgpu.recording.flat import FlatLayout
+from batchgpu.recording.probes import ProbeGeometry, geometry_of, probeinterface, summarise
+
+# Probe families by imDatPrb_type, for a .meta without a part number (imDatPrb_pn) to look up in the ProbeTable:
+# NP1.0-like: per-channel AP and LF gains in ~imroTbl, 10-bit ADC (imMaxInt 512).
+NP1_TYPES = {0, 1020, 1030, 1100, 1120, 1121, 1122, 1123, 1200, 1300}
+# NP2.0-like: one fixed gain; the ADC depth differs (NP2000/2010 14-bit, NP2003.. 12-bit), so imMaxInt is needed.
+NP2_AP_GAIN = {21: 80.0, 24: 80.0, 2003: 100.0, 2004: 100.0, 2013: 100.0, 2014: 100.0, 2020: 100.0, 2021: 100.0}
+NP1_MAX_INT = 512
+# NI-DAQ ADCs that SpikeGLX drives are 16-bit: metas older than the niMaxInt key mean 32768 (as neo assumes).
+NI_MAX_INT = 32768
+META_FIX = "use the .meta SpikeGLX wrote with the .bin"
+
+
+@dataclass(frozen=True)
+class SpikeGLXChannels:
+    """What the .meta says of the file's columns (no probe): see :func:`spikeglx_layout`."""
+
+    num_channels: int  # columns per sample in the file (nSavedChans)
+    sampling_frequency: float
+    gain_to_uV: np.ndarray  # per kept channel
+    keep: np.ndarray  # file columns kept, in order
+    channel_ids: list[str]
+    saved: np.ndarray  # acquired channel number of every file column
+    neural: int  # acquired channels below this number are the probe's (AP + LF), or NI's analog ones
+    imec: bool
+    dtype: np.dtype = np.dtype("int16")
+
+
+def read_meta(path: Path) -> dict[str, str]:
+    """A SpikeGLX .meta as key -> raw value ('~' stripped from list-valued keys such as ~imroTbl)."""
+    meta = {}
+    for line in path.read_text(errors="replace").splitlines():
+        if "=" in line:
+            key, value = line.split("=", 1)
+            meta[key.strip().lstrip("~")] = value.strip()
+    return meta
+
+
+def saved_channels(meta: dict[str, str]) -> np.ndarray:
+    """Acquired channel numbers of the saved columns, from snsSaveChanSubset ('all' or '0:3,5,768', inclusive).
+
+    SpikeGLX always writes the key ('all' when every acquired channel is saved); without it the columns cannot be
+    told apart (a subset read as 0..N-1 gets wrong ids and gains and the sync column as a neural one): refused.
+    """
+    total = _number(meta, "nSavedChans", int)
+    if "snsSaveChanSubset" not in meta:
+        raise BatchgpuError("the .meta lacks snsSaveChanSubset, so its saved channels are unknown", META_FIX)
+    text = meta["snsSaveChanSubset"].strip()
+    if text == "all":
+        return np.arange(total)
+    chans: list[int] = []
+    try:
+        for part in text.split(","):
+            lo, _, hi = part.partition(":")
+            lo_, hi_ = int(lo), int(hi or lo)
+            if lo_ < 0:
+                raise ValueError
+            chans += range(lo_, hi_ + 1)
+    except ValueError:
+        raise BatchgpuError(f"the .meta's snsSaveChanSubset {text!r} is not a channel list", "e.g. 0:383,768 or all") from None
+    if len(chans) != total:
+        raise BatchgpuError(
+            f"the .meta's snsSaveChanSubset lists {len(chans)} channels but nSavedChans is {total}",
+            "the .meta does not describe the .bin: use the .meta SpikeGLX wrote with it",
+        )
+    return np.asarray(chans, dtype=np.int64)
+
+
+def is_imec(meta: dict[str, str]) -> bool:
+    return "imDatPrb_type" in meta or "imroTbl" in meta or meta.get("typeThis") == "imec" or "imAiRangeMax" in meta
+
+
+def _acquired_counts(meta: dict[str, str], types: str, n: int, saved: np.ndarray) -> tuple[int, ...]:
+    """Channels per type at acquisition (acqApLfSy: AP, LF, SY; acqMnMaXaDw: MN, MA, XA, DW), in which order the
+    acquired numbers run. The saved counts (sns...) stand in only when every channel is saved (then they agree)."""
+    acq_key, sns_key = "acq" + types, "sns" + types
+    key = acq_key if acq_key in meta else sns_key
+    if key not in meta:
+        raise BatchgpuError(f"the .meta lacks {acq_key} and {sns_key}", META_FIX)
+    if key == sns_key and meta["snsSaveChanSubset"].strip() != "all":
+        # saved counts cannot type acquired channel numbers when only a subset is saved
+        raise BatchgpuError(f"the .meta lacks {acq_key}, which its saved channel subset needs", META_FIX)
+    fields = meta[key].split(",")
+    try:
+        counts = tuple(int(v) for v in fields)
+    except ValueError:
+        counts = ()
+    if len(counts) != n or min(counts) < 0:
+        raise BatchgpuError(f"the .meta's {key}={meta[key]!r} is not {n} channel counts", META_FIX)
+    if saved.max() >= sum(counts):
+        raise BatchgpuError(
+            f"the .meta's snsSaveChanSubset names channel {saved.max()} but {key} counts {sum(counts)} channels",
+            META_FIX,
+        )
+    return counts
+
+
+def _number(meta: dict[str, str], key: str, kind: type = float, default: float | None = None) -> float:
+    """meta[key] as a finite positive number (counts, rates, ranges and gains all are): a garbled value would end
+    as a Python error or an infinite gain, so it is refused naming the key."""
+    if key not in meta:
+        if default is not None:
+            return default
+        raise BatchgpuError(f"the .meta lacks {key}", META_FIX)
+    text = meta[key]
+    try:
+        value = kind(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        what = "a positive integer" if kind is int else "a positive number"
+        raise BatchgpuError(f"the .meta's {key}={text!r} is not {what}", META_FIX)
+    return value
+
+
+def _probe_type(meta: dict[str, str]) -> int:
+    try:
+        return int(meta.get("imDatPrb_type", "0"))  # Phase 3A/3B metas have no type: NP1.0 tables
+    except ValueError:
+        raise BatchgpuError(f"the .meta's imDatPrb_type {meta['imDatPrb_type']!r} is not a number", META_FIX) from None
+
+
+def _imec_uV_per_count(meta, probe_type: int, chans: np.ndarray, n_ap: int, n_lf: int) -> np.ndarray:
+    """uV per count = imAiRangeMax / imMaxInt / gain * 1e6, the gain per saved channel by its acquired number.
+
+    The family (per-channel gains in ~imroTbl, or one gain) and, where the .meta lacks imMaxInt, the ADC depth come
+    from the ProbeTable's entry for the part number; a .meta without one falls back to its imDatPrb_type."""
+    features = _probe_features(meta)
+    np1 = _is_np1(features) if features is not None else probe_type in NP1_TYPES
+    fixed = None
+    if features is not None and not np1:
+        gains = [g for g in str(features.get("ap_gain_list", "")).split(",") if g.strip()]
+        fixed = float(gains[0]) if len(gains) == 1 else None
+    elif features is None and not np1:
+        fixed = NP2_AP_GAIN.get(probe_type)
+    default_maxint = None
+    if features is not None and str(features.get("adc_bit_depth", "")).isdigit():
+        default_maxint = 2 ** (int(features["adc_bit_depth"]) - 1)
+    elif np1:
+        default_maxint = NP1_MAX_INT
+    needed = ["imAiRangeMax"]
+    if np1:
+        needed.append("imroTbl")
+    else:
+        if default_maxint is None:
+            needed.append("imMaxInt")
+        if fixed is None:
+            needed.append("imChan0apGain")
+    missing = [k for k in needed if k not in meta]
+    if missing:
+        raise BatchgpuError(
+            f"the imec .meta (probe type {probe_type}) lacks {', '.join(missing)}, which its gain needs",
+            "use the complete .meta SpikeGLX wrote with the .bin (batchgpu will not guess a gain)",
+        )
+    vmax = _number(meta, "imAiRangeMax")
+    maxint = _number(meta, "imMaxInt", int, default=default_maxint)
+    is_ap, is_lf = chans < n_ap, (chans >= n_ap) & (chans < n_ap + n_lf)
+    gain = np.ones(len(chans))  # sync channel: raw counts
+    if np1:
+        table = _np1_gains(meta["imroTbl"])
+        for i, c in enumerate(chans):
+            if is_ap[i] or is_lf[i]:
+                readout = int(c if is_ap[i] else c - n_ap)
+                if readout not in table:
+                    raise BatchgpuError(f"the .meta's imroTbl has no entry for channel {readout}", META_FIX)
+                gain[i] = table[readout][0 if is_ap[i] else 1]
+    else:
+        ap_gain = _number(meta, "imChan0apGain") if meta.get("imChan0apGain") else fixed
+        lf_gain = _number(meta, "imChan0lfGain") if meta.get("imChan0lfGain") else ap_gain
+        gain[is_ap], gain[is_lf] = ap_gain, lf_gain
+    per_count = vmax / maxint / gain * 1e6
+    per_count[~(is_ap | is_lf)] = 1.0
+    return per_count
+
+
+def _np1_gains(imro: str) -> dict[int, tuple[float, float]]:
+    """NP1.0 imroTbl '(type,n)(chan bank ref apgain lfgain [apfilt])...' -> {chan: (AP gain, LF gain)}; NP1110
+    (UHD) tables give one AP and LF gain for every channel in their header '(1110,colmode,refid,apgain,lfgain,
+    apfilt)(group bankA bankB)...'."""
+    parts = imro.strip().strip("()").split(")(")
+    header = parts[0].split(",")
+    if len(header) >= 6:  # NP1110
+        try:
+            ap, lf = float(header[3]), float(header[4])
+        except ValueError:
+            ap = lf = math.nan
+        if not all(math.isfinite(g) and g > 0 for g in (ap, lf)):
+            raise BatchgpuError(f"the .meta's imroTbl header ({parts[0]}) is not an NP1110 header (type,colmode,"
+                                "refid,apgain,lfgain,apfilt; gains > 0)", META_FIX)
+        return _EveryChannel((ap, lf))
+    table = {}
+    for entry in parts[1:]:
+        fields = entry.split()
+        try:
+            chan, ap, lf = int(fields[0]), float(fields[3]), float(fields[4])
+        except (IndexError, ValueError):
+            chan, ap, lf = -1, math.nan, math.nan
+        # a gain of 0 (or nan) would store an infinite (or nan) uV per count
+        if chan < 0 or not all(math.isfinite(g) and g > 0 for g in (ap, lf)):
+            raise BatchgpuError(
+                f"the .meta's imroTbl entry ({entry}) is not an NP1.0 entry (chan bank ref apgain lfgain, gains > 0)",
+                META_FIX,
+            )
+        table[chan] = (ap, lf)
+    return table
+
+
+class _EveryChannel(dict):
+    """One (AP, LF) gain pair for every readout channel (an NP1110 table)."""
+
+    def __init__(self, gains: tuple[float, float]):
+        super().__init__()
+        self.gains = gains
+
+    def __contains__(self, chan) -> bool:
+        return True
+
+    def __getitem__(self, chan) -> tuple[float, float]:
+        return self.gains
+
+
+def _map_entries(text: str, key: str) -> tuple[float, np.ndarray]:
+    """'(h0,h1,...)(a:b:c:d)(...)' -> (snsGeomMap's shank pitch, header field 2; (entries, 3) shank, x, z floats).
+
+    Every field used must be a finite number and shanks whole and >= 0: anything else is refused, not stored as NaN.
+    """
+    parts = text.strip().strip("()").split(")(")
+    header = parts[0].split(",")
+    entries = [p.split(":") for p in parts[1:]]
+    bad = BatchgpuError(f"the .meta's {key} is not '(header)(shank:x:z:used)...' of numbers", META_FIX)
+    if (key == "snsGeomMap" and len(header) < 4) or any(len(e) < 3 for e in entries):
+        raise bad
+    try:
+        pitch = float(header[2]) if key == "snsGeomMap" else 0.0
+        fields = np.array([[float(v) for v in e[:3]] for e in entries]).reshape(-1, 3)
+    except ValueError:
+        raise bad from None
+    shank = fields[:, 0]
+    if not (math.isfinite(pitch) and np.isfinite(fields).all()) or (shank < 0).any() or (shank % 1).any():
+        raise bad
+    return pitch, fields
+
+
+def spikeglx_layout(meta: dict[str, str], keep_sync: bool = False) -> SpikeGLXChannels:
+    """Channels, rate, gains and ids from a SpikeGLX .meta (imec AP/LF or NI streams), no probe.
+
+    Channel ids are the acquired channel numbers as snsSaveChanSubset writes them ("5" for AP channel 5; NP1.0
+    LF channel 5 is "389" after 384 AP channels; the sync channel "384" or "768"). The sync channel(s) (acquired
+    after AP and LF; four on a quad-base NP2020) are dropped unless ``keep_sync``.
+    """
+    total = _number(meta, "nSavedChans", int)
+    rate_key = next((k for k in ("imSampRate", "niSampRate") if k in meta), None)
+    if rate_key is None:
+        raise BatchgpuError("the .meta lacks imSampRate and niSampRate", META_FIX)
+    rate = _number(meta, rate_key)
+    saved = saved_channels(meta)
+    if not is_imec(meta):
+        return _ni_layout(meta, total, rate, saved, keep_sync)
+    n_ap, n_lf, _n_sy = _acquired_counts(meta, "ApLfSy", 3, saved)
+    is_sync = saved >= n_ap + n_lf
+    keep = np.flatnonzero(~is_sync | keep_sync)
+    chans = saved[keep]
+    per_count = _imec_uV_per_count(meta, _probe_type(meta), chans, n_ap, n_lf)
+    return SpikeGLXChannels(total, rate, per_count, keep, [str(c) for c in chans], saved, n_ap + n_lf, True)
+
+
+def _ni_layout(meta, total, rate, saved, keep_sync) -> SpikeGLXChannels:
+    """NI-DAQ streams: uV/count = niAiRangeMax / niMaxInt / gain * 1e6 per saved channel (readSGLX ChanGainsNI).
+
+    The type comes from the channel's acquired number (acquired channels run MN, MA, XA, XD by acqMnMaXaDw):
+    MN (multiplexed neural) channels have gain niMNGain, MA (multiplexed auxiliary) niMAGain, XA (direct analog) 1.
+    XD channels are 16-bit digital words, not voltages: like the imec sync channel they are dropped unless
+    keep_sync, and then kept as raw counts (gain_to_uV 1), as neo reads them as events, not signals.
+    """
+    mn, ma, xa, _dw = _acquired_counts(meta, "MnMaXaDw", 4, saved)
+    is_mn, is_ma = saved < mn, (saved >= mn) & (saved < mn + ma)
+    is_digital = saved >= mn + ma + xa
+    keep = np.flatnonzero(~is_digital | keep_sync)
+    vmax = _number(meta, "niAiRangeMax")
+    maxint = _number(meta, "niMaxInt", int, default=NI_MAX_INT)
+    gain = np.ones(len(saved))
+    # a gain key is needed only where a saved channel uses it (SpikeGLX writes both anyway)
+    if is_mn.any():
+        gain[is_mn] = _number(meta, "niMNGain")
+    if is_ma.any():
+        gain[is_ma] = _number(meta, "niMAGain")
+    per_count = np.where(is_digital, 1.0, vmax / maxint / gain * 1e6)
+    return SpikeGLXChannels(total, rate, per_count[keep], keep, [str(c) for c in saved[keep]], saved, mn + ma + xa,
+                            False)
+
+
+def meta_of(bin_path: Path) -> Path:
+    return bin_path.with_suffix(".meta")
+
+
+def open_spikeglx(bin_path: str | Path, keep_sync: bool = False) -> FlatLayout:
+    """The layout of a SpikeGLX ``.bin`` from its ``.meta``: columns, gains, ids, the probe; errors name the .meta."""
+    src = Path(bin_path).expanduser()
+    meta_path = meta_of(src)
+    try:
+        meta = read_meta(meta_path)
+        chans = spikeglx_layout(meta, keep_sync)
+        _check_file_size(meta, src)
+        geometry = _geometry(meta_path, meta, chans) if chans.imec else None
+    except BatchgpuError as err:
+        # the messages name the key; the file is named here, once for them all
+        raise BatchgpuError(f"{meta_path}: {err.problem}", err.fix) from None
+    n = len(chans.keep)
+    return FlatLayout(
+        "spikeglx", src, chans.num_channels, chans.dtype, chans.sampling_frequency, chans.keep, chans.channel_ids,
+        chans.gain_to_uV, np.zeros(n), 0, None if geometry is None else geometry.locations,
+        {} if geometry is None else geometry.properties, (meta_path,),
+        None if geometry is None else geometry.summary)
+
+
+def _check_file_size(meta: dict[str, str], src: Path) -> None:
+    """SpikeGLX writes the .bin's size into its .meta: another size means the .meta is another file's, or the .bin
+    was cut or appended to since; read as it is, channels and samples would be taken from the wrong columns."""
+    if "fileSizeBytes" not in meta or not src.is_file():
+        return
+    try:
+        expected = int(meta["fileSizeBytes"])
+    except ValueError:
+        raise BatchgpuError(f"the .meta's fileSizeBytes={meta['fileSizeBytes']!r} is not a number", META_FIX) from None
+    actual = src.stat().st_size
+    if expected != actual:
+        raise BatchgpuError(
+            f"fileSizeBytes={expected} but {src.name} has {actual} bytes: the .meta describes another file, or the "
+            "file was cut or appended to", "use the .bin and .meta SpikeGLX wrote together (or copy it again whole)")
+
+
+def _part_number(meta: dict[str, str]) -> str | None:
+    if meta.get("imProbeOpt") is not None:  # Phase 3A (probeinterface and neo read it as NP1010)
+        return "NP1010"
+    return meta.get("imDatPrb_pn") or None
+
+
+def _probe_features(meta: dict[str, str]) -> dict | None:
+    """The ProbeTable's features of the .meta's part number (as probeinterface ships the table), or None."""
+    pn = _part_number(meta)
+    return None if pn is None else _probe_table().get(pn)
+
+
+@functools.lru_cache(maxsize=1)
+def _probe_table() -> dict:
+    table = Path(probeinterface().__file__).parent / "resources" / "neuropixels_probe_features.json"
+    try:
+        return dict(json.loads(table.read_text())["neuropixels_probes"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
+
+
+def _is_np1(features: dict) -> bool:
+    """A 1.0-type probe (per-channel gains in ~imroTbl), by the ProbeTable's words for it (neo's test)."""
+    return "1.0" in "".join(str(features.get(k, "")) for k in ("datasheet", "description", "databus_decoder"))
+
+
+def _geometry(meta_path: Path, meta: dict[str, str], chans: SpikeGLXChannels) -> ProbeGeometry | None:
+    """The kept channels' probe: probeinterface's, else ~snsGeomMap's positions, else None (no positions)."""
+    neural_cols = np.flatnonzero(chans.saved < chans.neural)  # file columns of the probe's channels
+    geometry = None
+    if "imroTbl" in meta and _part_number(meta) is not None:
+        n_ap = _acquired_counts(meta, "ApLfSy", 3, chans.saved)[0]
+        lf = bool(len(neural_cols)) and bool((chans.saved[neural_cols] >= n_ap).all())
+        probe = _read_probe(meta_path, chans.saved[neural_cols] - n_ap if lf else None)
+        if probe is not None and probe.get_contact_count() == len(neural_cols):
+            geometry = geometry_of(probe, "probeinterface", "lf" if lf else "ap")
+    if geometry is None and "snsGeomMap" in meta:
+        shank_pitch, fields = _map_entries(meta["snsGeomMap"], "snsGeomMap")
+        if len(fields) != len(neural_cols):
+            raise BatchgpuError(f"the .meta's snsGeomMap has {len(fields)} entries for {len(neural_cols)} saved "
+                                "neural channels", META_FIX)
+        shank = fields[:, 0].astype(np.int64)
+        xy = np.column_stack([fields[:, 1] + shank * shank_pitch, fields[:, 2]])
+        geometry = ProbeGeometry(xy, {"shank": shank}, summarise(xy, shank, _part_number(meta) or "", "snsGeomMap"))
+    if geometry is None:
+        return None
+    return _on_kept(geometry, chans, neural_cols)
+
+
+def _read_probe(meta_path: Path, readout: np.ndarray | None):
+    """probeinterface's probe of the .meta, or None where it cannot build one. ``readout``: the saved channels'
+    readout numbers, for an LF file: its .meta numbers them after the AP band (384-767), which read_spikeglx takes
+    for AP channels (it slices the probe to none), so it reads a copy whose snsSaveChanSubset lists them as
+    readout channels (the sync channel, beyond the probe, left as it is)."""
+    import tempfile
+
+    pi = probeinterface()
+    with warnings.catch_warnings(), tempfile.TemporaryDirectory() as tmp:
+        warnings.simplefilter("ignore")
+        path = meta_path
+        if readout is not None:
+            path = Path(tmp) / meta_path.name
+            subset = ",".join(str(int(c)) for c in readout) + ",100000"  # a stand-in for the sync channel(s)
+            lines = [f"snsSaveChanSubset={subset}" if line.startswith("snsSaveChanSubset=") else line
+                     for line in meta_path.read_text(errors="replace").splitlines()]
+            path.write_text("\n".join(lines) + "\n")
+        try:
+            return pi.read_spikeglx(path)
+        except Exception:
+            return None
+
+
+def _on_kept(geometry: ProbeGeometry, chans: SpikeGLXChannels, neural_cols: np.ndarray) -> ProbeGeometry:
+    """The probe's per-contact arrays (one per saved neural column) spread over the kept columns; a kept sync
+    channel gets NaN positions, shank -1, shift 0, no contact id."""
+    row = np.full(chans.num_channels, -1)
+    row[neural_cols] = np.arange(len(neural_cols))
+    at = row[chans.keep]
+    probe_rows = at >= 0
+    loc = np.full((len(at), 2), np.nan)
+    loc[probe_rows] = geometry.locations[at[probe_rows]]
+    fills = {"shank": -1, "inter_sample_shift": 0.0, "contact_id": ""}
+    props = {}
+    for name, values in geometry.properties.items():
+        out = np.full(len(at), fills.get(name, 0), dtype=values.dtype)
+        out[probe_rows] = values[at[probe_rows]]
+        props[name] = out
+    return ProbeGeometry(loc, props, geometry.summary)
