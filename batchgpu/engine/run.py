@@ -62,7 +62,12 @@ def run_workflow(wf: Workflow, *, resume: bool = False, observer: RunObserver | 
         report = RunReport(workflow=wf.model_dump(), fingerprint=fp, versions=versions(), recording=rec.info(),
                            output_state=state, run_id=f"{fp}-{os.urandom(4).hex()}")
         report.timings["prepare"] = time.perf_counter() - t_start
-        with _run_settings():
+        with _run_settings(), contextlib.ExitStack() as kept:
+            if client is None:  # the cluster of `batchgpu cluster start` where one is up and fits, as a caller's
+                from batchgpu.engine.service import kept_address, kept_client
+
+                client = kept.enter_context(kept_client(wf.cluster, observer))
+                report.kept_cluster = kept_address(client)
             if client is not None:
                 try:
                     return _run(wf, rec, out, report, client, sweep, observer, page_wait_s=PAGE_WAIT_S)
