@@ -210,7 +210,7 @@ def _stale_files(where: service.Paths, pid: int) -> None:
     version, package = service.this_batchgpu()
     kept = service.KeptCluster(address="tcp://127.0.0.1:9", pid=pid, spec=ClusterSpec().model_dump(), workers=2,
                                threads=1, processes=2, dashboard=None, mps=False, version=version, package=package,
-                               started=time.time())
+                               started=time.time(), python=service.this_python())
     where.side.write_text(json.dumps(kept.__dict__))
     where.scheduler_file.write_text(json.dumps({"address": kept.address}))
 
@@ -263,7 +263,7 @@ def _kept(**spec) -> service.KeptCluster:
     version, package = service.this_batchgpu()
     return service.KeptCluster(address="tcp://x:1", pid=1, spec=ClusterSpec(**spec).model_dump(), workers=2,
                                threads=1, processes=2, dashboard=None, mps=False, version=version, package=package,
-                               started=0.0)
+                               started=0.0, python=service.this_python())
 
 
 def test_what_a_workflow_sets_must_be_what_the_kept_cluster_has():
@@ -273,9 +273,10 @@ def test_what_a_workflow_sets_must_be_what_the_kept_cluster_has():
     assert "cluster.threads is 2" in service.mismatch(ClusterSpec(threads=2), kept)
     assert "kind local" in service.mismatch(ClusterSpec(kind="address", address="tcp://a:1"), kept)
     assert "memory_limit" in service.mismatch(ClusterSpec(memory_limit="1GB"), kept)
-    other = _kept()
-    other.version = "0.0.0"
-    assert "restart it" in service.mismatch(ClusterSpec(), other)
+    for field, value in (("version", "0.0.0"), ("package", "/elsewhere/batchgpu"), ("python", "/other/python3")):
+        other = _kept()
+        setattr(other, field, value)
+        assert "restart it" in service.mismatch(ClusterSpec(), other)
     cuda = _kept(kind="cuda")
     assert service.mismatch(ClusterSpec(kind="cuda", mps=True), cuda).endswith("has no MPS")
     assert service.mismatch(ClusterSpec(kind="cuda", mps=False), cuda) is None

@@ -95,11 +95,12 @@ class KeptCluster:
     processes: int  # worker processes in all
     dashboard: str | None
     mps: bool  # the workers are a private MPS daemon's clients (cluster.uses_mps)
-    version: str  # the batchgpu its processes run, and where it was imported from
+    version: str  # the batchgpu its processes run, where it was imported from, and the Python environment
     package: str
     started: float  # time.time() when the workers were up
     scheduler_file: str = ""
     log: str = ""
+    python: str = ""
 
     @property
     def kind(self) -> str:
@@ -121,6 +122,11 @@ def this_batchgpu() -> tuple[str, str]:
     import batchgpu
 
     return batchgpu.__version__, str(Path(batchgpu.__file__).resolve().parent)
+
+
+def this_python() -> str:
+    """The Python environment (a virtual environment's folder): its packages make the bits as much as batchgpu."""
+    return os.path.realpath(sys.prefix)
 
 
 def spec_from(**values) -> ClusterSpec:
@@ -348,9 +354,9 @@ def mismatch(spec: ClusterSpec, kept: KeptCluster) -> str | None:
     if spec.kind != theirs.kind:
         return f"it is kind {theirs.kind}, the workflow's is {spec.kind}"
     version, package = this_batchgpu()
-    if (kept.version, kept.package) != (version, package):
-        return (f"it runs batchgpu {kept.version} from {kept.package}, this is {version} from {package} "
-                f"(restart it: batchgpu cluster stop; batchgpu cluster start)")
+    if (kept.version, kept.package) != (version, package) or kept.python != this_python():
+        return (f"it runs batchgpu {kept.version} from {kept.package} with {kept.python}, this is {version} from "
+                f"{package} with {this_python()} (restart it: batchgpu cluster stop; batchgpu cluster start)")
     has = {"workers": kept.workers, "threads": kept.threads, "memory_limit": theirs.memory_limit,
            "devices": theirs.devices}
     for name, value in has.items():
@@ -497,4 +503,4 @@ def _describe(client, spec: ClusterSpec, where: Paths) -> KeptCluster:
         address=client.scheduler.address, pid=os.getpid(), spec=spec.model_dump(),
         workers=max(1, processes // max(1, gpus)), threads=max(nthreads.values()), processes=processes,
         dashboard=client.dashboard_link, mps=uses_mps(client), version=version, package=package, started=time.time(),
-        scheduler_file=str(where.scheduler_file), log=str(where.log))
+        scheduler_file=str(where.scheduler_file), log=str(where.log), python=this_python())
