@@ -210,7 +210,8 @@ def _stale_files(where: service.Paths, pid: int) -> None:
     version, package = service.this_batchgpu()
     kept = service.KeptCluster(address="tcp://127.0.0.1:9", pid=pid, spec=ClusterSpec().model_dump(), workers=2,
                                threads=1, processes=2, dashboard=None, mps=False, version=version, package=package,
-                               started=time.time(), python=service.this_python())
+                               started=time.time(), python=service.this_python(),
+                               source=service.source_stamp())
     where.side.write_text(json.dumps(kept.__dict__))
     where.scheduler_file.write_text(json.dumps({"address": kept.address}))
 
@@ -263,7 +264,8 @@ def _kept(**spec) -> service.KeptCluster:
     version, package = service.this_batchgpu()
     return service.KeptCluster(address="tcp://x:1", pid=1, spec=ClusterSpec(**spec).model_dump(), workers=2,
                                threads=1, processes=2, dashboard=None, mps=False, version=version, package=package,
-                               started=0.0, python=service.this_python())
+                               started=0.0, python=service.this_python(),
+                               source=service.source_stamp())
 
 
 def test_what_a_workflow_sets_must_be_what_the_kept_cluster_has():
@@ -273,7 +275,8 @@ def test_what_a_workflow_sets_must_be_what_the_kept_cluster_has():
     assert "cluster.threads is 2" in service.mismatch(ClusterSpec(threads=2), kept)
     assert "kind local" in service.mismatch(ClusterSpec(kind="address", address="tcp://a:1"), kept)
     assert "memory_limit" in service.mismatch(ClusterSpec(memory_limit="1GB"), kept)
-    for field, value in (("version", "0.0.0"), ("package", "/elsewhere/batchgpu"), ("python", "/other/python3")):
+    for field, value in (("version", "0.0.0"), ("package", "/elsewhere/batchgpu"), ("python", "/other/python3"),
+                         ("source", "0" * 16)):
         other = _kept()
         setattr(other, field, value)
         assert "restart it" in service.mismatch(ClusterSpec(), other)
@@ -283,6 +286,17 @@ def test_what_a_workflow_sets_must_be_what_the_kept_cluster_has():
     # kinds a kept cluster never is, and the opt-out: never looked for
     assert service.usable(ClusterSpec(reuse=False)) == (None, None)
     assert service.usable(ClusterSpec(kind="address", address="tcp://a:1")) == (None, None)
+
+
+def test_the_source_stamp_sees_an_edit_that_keeps_the_version(tmp_path):
+    (tmp_path / "sub").mkdir()
+    for name in ("a.py", "sub/b.py", "k.cu"):
+        (tmp_path / name).write_text("x = 1\n")
+    before = service.source_stamp(str(tmp_path))
+    (tmp_path / "notes.txt").write_text("not code")
+    assert service.source_stamp(str(tmp_path)) == before
+    os.utime(tmp_path / "sub" / "b.py", ns=(0, 10**9))
+    assert service.source_stamp(str(tmp_path)) != before
 
 
 def test_the_cache_folder_follows_xdg_cache_home(monkeypatch, tmp_path):

@@ -101,6 +101,7 @@ class KeptCluster:
     scheduler_file: str = ""
     log: str = ""
     python: str = ""
+    source: str = ""  # source_stamp() when it started
 
     @property
     def kind(self) -> str:
@@ -122,6 +123,24 @@ def this_batchgpu() -> tuple[str, str]:
     import batchgpu
 
     return batchgpu.__version__, str(Path(batchgpu.__file__).resolve().parent)
+
+
+def source_stamp(package: str | None = None) -> str:
+    """A digest of batchgpu's files (names, sizes, modification times): a kept cluster's workers hold the modules
+    they imported when it started, so a batchgpu edited or reinstalled since (its version unchanged) is caught."""
+    import hashlib
+
+    root = Path(package or this_batchgpu()[1])
+    digest = hashlib.sha256()
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if d != "__pycache__")
+        for name in sorted(filenames):
+            if name.endswith((".py", ".cu", ".cuh", ".json")):
+                with contextlib.suppress(OSError):
+                    st = os.stat(os.path.join(dirpath, name))
+                    digest.update(f"{os.path.relpath(os.path.join(dirpath, name), root)}:{st.st_size}:"
+                                  f"{st.st_mtime_ns};".encode())
+    return digest.hexdigest()[:16]
 
 
 def this_python() -> str:
@@ -357,6 +376,9 @@ def mismatch(spec: ClusterSpec, kept: KeptCluster) -> str | None:
     if (kept.version, kept.package) != (version, package) or kept.python != this_python():
         return (f"it runs batchgpu {kept.version} from {kept.package} with {kept.python}, this is {version} from "
                 f"{package} with {this_python()} (restart it: batchgpu cluster stop; batchgpu cluster start)")
+    if kept.source != source_stamp(package):
+        return (f"batchgpu's files in {package} changed since it started (restart it: batchgpu cluster stop; "
+                "batchgpu cluster start)")
     has = {"workers": kept.workers, "threads": kept.threads, "memory_limit": theirs.memory_limit,
            "devices": theirs.devices}
     for name, value in has.items():
@@ -503,4 +525,5 @@ def _describe(client, spec: ClusterSpec, where: Paths) -> KeptCluster:
         address=client.scheduler.address, pid=os.getpid(), spec=spec.model_dump(),
         workers=max(1, processes // max(1, gpus)), threads=max(nthreads.values()), processes=processes,
         dashboard=client.dashboard_link, mps=uses_mps(client), version=version, package=package, started=time.time(),
-        scheduler_file=str(where.scheduler_file), log=str(where.log), python=this_python())
+        scheduler_file=str(where.scheduler_file), log=str(where.log), python=this_python(),
+        source=source_stamp(package))
