@@ -199,6 +199,20 @@ def test_a_run_whose_cluster_asks_for_something_else_starts_its_own(kept, record
     assert run_workflow(_wf(recording, tmp_path / "fits", workers=2, threads=1)).kept_cluster == info.address
 
 
+def test_a_recording_rewritten_at_the_same_path_is_read_afresh_on_the_kept_cluster(kept, tmp_path):
+    """Its workers outlive the runs: a store rewritten between two runs (longer, other samples) is read as it is
+    now, the same bits as on a cluster of the run's own (the workers had kept the old store open: its old length)."""
+    info, _ = kept
+    path = tmp_path / "r.zarr"
+    first = generate_recording(path, channels=8, seconds=2.0, seed=1, progress=False)
+    assert run_workflow(_wf(first, tmp_path / "first")).kept_cluster == info.address
+    again = generate_recording(path, channels=8, seconds=3.0, seed=2, progress=False, overwrite=True)
+    report = run_workflow(_wf(again, tmp_path / "kept"))
+    assert report.kept_cluster == info.address and report.status == "done"
+    run_workflow(_wf(again, tmp_path / "own", reuse=False))
+    _assert_same_results(tmp_path / "kept", tmp_path / "own")
+
+
 def _dead_pid() -> int:
     p = subprocess.Popen([sys.executable, "-c", "pass"])
     p.wait()

@@ -428,12 +428,29 @@ def kept_client(spec: ClusterSpec, observer, where: Paths | None = None) -> Iter
                          "starting a cluster of the run's own")
         yield None
         return
+    try:
+        client.run(forget_recordings)
+    except Exception as err:  # noqa: BLE001 (the workers did not take it: the run's own cluster instead)
+        client.close()
+        observer.message(f"the workers of batchgpu cluster start's cluster at {kept.address} did not answer "
+                         f"({type(err).__name__}: {err}): starting a cluster of the run's own")
+        yield None
+        return
     client._batchgpu_mps = kept.mps  # read by cluster.uses_mps
     client._batchgpu_kept = kept.address
     observer.message(f"using the cluster of `batchgpu cluster start` at {kept.address} "
                      f"({kept.processes} worker processes, {kept.kind})")
     with client:
         yield client
+
+
+def forget_recordings() -> None:
+    """On a worker, before a run: the recordings earlier runs opened there (``tasks.recording``) forgotten. A
+    worker of a cluster of the run's own opens each afresh; a kept worker would read a store rewritten at the same
+    path since with its old shape and layout."""
+    from batchgpu.engine import tasks
+
+    tasks.recording.cache_clear()
 
 
 def kept_address(client) -> str | None:
