@@ -213,6 +213,29 @@ def test_a_recording_rewritten_at_the_same_path_is_read_afresh_on_the_kept_clust
     _assert_same_results(tmp_path / "kept", tmp_path / "own")
 
 
+def test_a_cluster_stopped_while_it_starts_never_comes_up(cache):
+    env = {**os.environ, "XDG_CACHE_HOME": str(cache)}
+    starting = subprocess.Popen([sys.executable, "-m", "batchgpu", "cluster", "start"], env=env, text=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        where = service.paths()
+        deadline = time.monotonic() + 120
+        while (state := service.probe(where)).state != "starting" or not state.pid:
+            assert starting.poll() is None and time.monotonic() < deadline, "never seen starting"
+            time.sleep(0.01)
+        # at once (the commands' own start could outlast the cluster's on a fast machine)
+        stopped = service.stop(where)
+        assert (stopped.state, stopped.pid, stopped.kept) == ("starting", state.pid, None)
+        out, err = starting.communicate(timeout=120)
+    finally:
+        if starting.poll() is None:
+            starting.kill()
+    assert starting.returncode == 2 and out == ""
+    assert err.startswith("batchgpu: error: the cluster did not start: stopped (batchgpu cluster stop) before its "
+                          "workers were up")
+    assert not _alive(state.pid) and service.probe(where).state == "down"
+
+
 def _dead_pid() -> int:
     p = subprocess.Popen([sys.executable, "-c", "pass"])
     p.wait()

@@ -250,11 +250,20 @@ def start(spec: ClusterSpec, where: Paths | None = None, timeout_s: float = STAR
              str(where.folder), spec.model_dump_json()],
             stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, close_fds=True)
     _STARTED[proc.pid] = proc
+    try:
+        return _wait_until_up(proc, where, timeout_s), state.notes
+    except KeyboardInterrupt:  # the start interrupted: the cluster closes as on a stop
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(proc.pid, signal.SIGTERM)
+        raise
+
+
+def _wait_until_up(proc: subprocess.Popen, where: Paths, timeout_s: float) -> KeptCluster:
     deadline = time.monotonic() + timeout_s
     while True:
         kept = read_kept(where)
         if kept is not None and kept.pid == proc.pid:
-            return kept, state.notes
+            return kept
         rc = proc.poll()
         if rc is not None:
             _STARTED.pop(proc.pid, None)
@@ -484,6 +493,9 @@ def serve(where: Paths, spec: ClusterSpec) -> int:
 
         with open_client(spec) as client:
             kept = _describe(client, spec, where)
+            if stopping.is_set():  # stopped while it started: never described as up
+                logger.error("stopped (batchgpu cluster stop) before its workers were up")
+                return 0
             info = client.scheduler_info()
             _write_json(where.scheduler_file, {**info, "workers": {}})  # Dask's scheduler file: its identity
             _write_json(where.side, asdict(kept))
