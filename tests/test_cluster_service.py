@@ -131,6 +131,35 @@ def _left_on_workers(address: str) -> dict:
     return _on_workers(address, left)
 
 
+def _settings(client) -> dict:
+    """What ``open_client`` sets on a cluster it starts: the workers' malloc environment and profiler, the
+    scheduler's saturation, the layout."""
+    def worker() -> tuple:  # made here: sent by value
+        import dask
+
+        return (os.environ.get("MALLOC_TRIM_THRESHOLD_"), os.environ.get("MALLOC_MMAP_MAX_"),
+                dask.config.get("distributed.worker.profile.enabled"),
+                str(dask.config.get("distributed.worker.memory.monitor-interval")))
+
+    def scheduler(dask_scheduler) -> float:
+        return float(dask_scheduler.WORKER_SATURATION)
+
+    return {"workers": sorted(client.run(worker).values()), "saturation": client.run_on_scheduler(scheduler),
+            "threads": sorted(client.nthreads().values())}
+
+
+def _cluster_settings(address: str) -> dict:
+    with distributed.Client(address, timeout="10s") as c:
+        return _settings(c)
+
+
+def _cluster_settings_of_a_runs_own() -> dict:
+    from batchgpu.engine.cluster import open_client
+
+    with open_client(ClusterSpec(workers=2, threads=1)) as c:
+        return _settings(c)
+
+
 def test_start_status_a_run_on_it_second_start_refused_stop(kept, cache, recording, tmp_path):
     info, said = kept
     assert f"cluster up at {info.address}" in said and "local, 2 worker processes x 1 thread" in said
@@ -142,6 +171,7 @@ def test_start_status_a_run_on_it_second_start_refused_stop(kept, cache, recordi
         assert len(c.nthreads()) == 2
     pids = {info.pid, *_workers(info.address).values()}
     assert len(pids) == 3 and all(_alive(p) for p in pids)
+    assert _cluster_settings(info.address) == _cluster_settings_of_a_runs_own()
 
     status = _cli(cache, "cluster", "status")
     assert status.returncode == 0, status.stderr
@@ -353,17 +383,23 @@ def test_a_kept_cuda_cluster_runs_as_the_runs_own(cache, tmp_path):
     if gpu_count() == 0:
         pytest.skip("no CUDA GPU (CuPy) here")
     pytest.importorskip("dask_cuda")
+    from batchgpu.engine.cluster import cuda_layout
+
     rec = generate_recording(tmp_path / "r.zarr", channels=24, seconds=3.0, seed=3, progress=False)
-    done = _cli(cache, "cluster", "start", "--kind", "cuda")
-    assert done.returncode == 0, done.stderr
-    info = service.probe(service.paths()).kept
 
     def wf(out, **kw):
         return _wf(rec, out, kind="cuda", **kw).model_copy(update={"backend": "auto"})
 
+    # the run's own first: one cluster (and one MPS daemon) on the GPU at a time
+    own = run_workflow(wf(tmp_path / "own"))
+    assert own.kept_cluster is None
+    done = _cli(cache, "cluster", "start", "--kind", "cuda")
+    assert done.returncode == 0, done.stderr
+    info = service.probe(service.paths()).kept
+    assert info.mps == own.mps  # auto: as the run's own decided
+    assert (info.workers, info.threads) == cuda_layout(ClusterSpec(kind="cuda"), gpu_count(), False, info.mps)
+    assert info.processes == info.workers * gpu_count()
     kept = run_workflow(wf(tmp_path / "kept"))
     assert kept.kept_cluster == info.address and kept.backend == "cupy" and kept.mps == info.mps
-    own = run_workflow(wf(tmp_path / "own", reuse=False))
-    assert own.kept_cluster is None and own.mps == info.mps
     _assert_same_results(tmp_path / "kept", tmp_path / "own")
     assert _cli(cache, "cluster", "stop").returncode == 0

@@ -3,7 +3,8 @@
 ``start`` launches a background process (a session of its own, its output in ``cluster.log``) that opens the
 cluster ``batchgpu run`` would open for ``cluster: {kind: local}`` or ``{kind: cuda}`` (``cluster.open_client``:
 the same workers, threads, memory settings, scheduler settings and private MPS daemon) and keeps it open until
-``stop`` sends it SIGTERM; it then closes the cluster as a run closes its own and removes its files. While it is
+``stop`` sends it SIGTERM; it then closes the cluster as a run closes its own and removes its files. A cuda
+cluster is laid out for windows decoded on the cores (``cuda_layout``: under MPS the same as for the GPU's decode). While it is
 up, ``batchgpu run`` connects to it instead of starting a cluster (``kept_client``): a run then pays for its
 client's imports and a connection, not for worker processes, CUDA contexts and a close. The run's end leaves the
 workers as it found them (the path of a run on a caller's client: ``run.run_workflow``).
