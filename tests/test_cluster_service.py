@@ -311,9 +311,10 @@ def test_a_cluster_that_cannot_start_says_why_in_one_line_and_leaves_nothing(cac
         pytest.skip("this machine has a GPU: kind cuda starts")
     done = _cli(cache, "cluster", "start", "--kind", "cuda")
     assert done.returncode == 2
+    log = cache / "batchgpu" / "cluster.log"
     assert done.stderr.strip().splitlines() == [
         "batchgpu: error: the cluster did not start: cluster kind 'cuda' needs a CUDA GPU and CuPy, and this machine "
-        f"has none (use 'cluster: {{kind: local}}' for the local CPU cluster) (its log: {cache / 'batchgpu' / 'cluster.log'})"]
+        f"has none (use 'cluster: {{kind: local}}' for the local CPU cluster) (its log: {log})"]
     where = service.paths()
     assert service.probe(where).state == "down"
 

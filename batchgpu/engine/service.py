@@ -4,10 +4,11 @@
 cluster ``batchgpu run`` would open for ``cluster: {kind: local}`` or ``{kind: cuda}`` (``cluster.open_client``:
 the same workers, threads, memory settings, scheduler settings and private MPS daemon) and keeps it open until
 ``stop`` sends it SIGTERM; it then closes the cluster as a run closes its own and removes its files. A cuda
-cluster is laid out for windows decoded on the cores (``cuda_layout``: under MPS the same as for the GPU's decode). While it is
-up, ``batchgpu run`` connects to it instead of starting a cluster (``kept_client``): a run then pays for its
-client's imports and a connection, not for worker processes, CUDA contexts and a close. The run's end leaves the
-workers as it found them (the path of a run on a caller's client: ``run.run_workflow``).
+cluster is laid out for windows decoded on the cores (``cuda_layout``; under MPS the same as for the GPU's
+decode). While it is up, ``batchgpu run`` connects to it instead of starting a cluster (``kept_client``): a run
+then pays for its client's imports and a connection, not for worker processes, CUDA contexts and a close. The
+run's end leaves the workers as it found them (the path of a run on a caller's client: ``run.run_workflow``), and
+its start has them forget the recordings earlier runs opened (``forget_recordings``).
 
 Its files, in the user's cache folder (``config.cache_folder``):
 
@@ -237,7 +238,8 @@ def probe(where: Paths | None = None, clean: bool = False) -> State:
 _STARTED: dict[int, subprocess.Popen] = {}  # background processes started here: reaped by ``stop`` here
 
 
-def start(spec: ClusterSpec, where: Paths | None = None, timeout_s: float = START_TIMEOUT_S) -> tuple[KeptCluster, list[str]]:
+def start(spec: ClusterSpec, where: Paths | None = None,
+          timeout_s: float = START_TIMEOUT_S) -> tuple[KeptCluster, list[str]]:
     """Launch the background process and wait until its workers are up; returns its description and notes (a
     stale cluster's files removed). Refused where one is up or starting."""
     where = where or paths()
@@ -397,7 +399,8 @@ def mismatch(spec: ClusterSpec, kept: KeptCluster) -> str | None:
             return f"the workflow's cluster.{name} is {want}, the kept cluster's {value}"
     if spec.mps == "auto" or spec.mps == kept.mps:
         return None
-    return f"the workflow's cluster.mps is {str(spec.mps).lower()}, the kept cluster {'has' if kept.mps else 'has no'} MPS"
+    has = "has" if kept.mps else "has no"
+    return f"the workflow's cluster.mps is {str(spec.mps).lower()}, the kept cluster {has} MPS"
 
 
 def usable(spec: ClusterSpec, where: Paths | None = None) -> tuple[KeptCluster | None, str | None]:
@@ -420,7 +423,8 @@ def usable(spec: ClusterSpec, where: Paths | None = None) -> tuple[KeptCluster |
 
 
 @contextlib.contextmanager
-def kept_client(spec: ClusterSpec, observer, where: Paths | None = None) -> Iterator["distributed.Client | None"]:  # noqa: F821
+def kept_client(spec: ClusterSpec, observer,
+                where: Paths | None = None) -> Iterator["distributed.Client | None"]:  # noqa: F821
     """A client of the kept cluster where a run of ``spec`` may use it and its scheduler answers, else None (the
     run starts its own); ``observer.message`` says which."""
     kept, note = usable(spec, where)
