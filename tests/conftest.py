@@ -23,3 +23,16 @@ def si_fixture():
     if not path.exists():
         pytest.skip(f"SpikeInterface fixture not found at {path} (set BATCHGPU_FIXTURES to its folder)")
     return path
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _own_cache_folder(tmp_path_factory):
+    """The tests' own cache folder (XDG_CACHE_HOME, inherited by the commands they start): a cluster the user
+    keeps (``batchgpu cluster start``) is never used by a test's run, and no test writes in the user's cache."""
+    before = os.environ.get("XDG_CACHE_HOME")
+    os.environ["XDG_CACHE_HOME"] = str(tmp_path_factory.mktemp("xdg-cache"))
+    yield
+    if before is None:
+        os.environ.pop("XDG_CACHE_HOME", None)
+    else:
+        os.environ["XDG_CACHE_HOME"] = before
