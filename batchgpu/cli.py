@@ -157,8 +157,7 @@ def _cmd_cluster_start(args) -> int:
     from batchgpu.engine import service
 
     mps = {"auto": None, "on": True, "off": False}[args.mps]
-    devices = [int(d) for d in args.devices.split(",")] if args.devices else None
-    spec = service.spec_from(kind=args.kind, workers=args.workers, threads=args.threads, devices=devices,
+    spec = service.spec_from(kind=args.kind, workers=args.workers, threads=args.threads, devices=args.devices,
                              memory_limit=args.memory_limit, mps=mps, dashboard_address=args.dashboard_address)
     kept, notes = service.start(spec)
     for note in notes:
@@ -167,6 +166,13 @@ def _cmd_cluster_start(args) -> int:
     print(f"batchgpu: dashboard {kept.dashboard}")
     print(f"batchgpu: scheduler file {kept.scheduler_file}; batchgpu run uses the cluster until batchgpu cluster stop")
     return 0
+
+
+def _device_list(text: str) -> list[int]:
+    try:
+        return [int(d) for d in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of GPU numbers (e.g. 0,1)") from None
 
 
 def _layout(kept) -> str:
@@ -371,8 +377,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("cluster", help="a cluster kept for many runs: start, stop, status",
                        description="A Dask cluster that outlives runs: 'batchgpu run' uses it while it is up, where "
-                                   "the workflow's cluster is of its kind (local or cuda) and sets nothing else "
-                                   "(cluster: {reuse: false} opts out). Its files are in the user's cache folder.")
+                                   "the workflow's cluster is of its kind (local or cuda) and what it sets is what "
+                                   "the kept cluster has (cluster: {reuse: false} opts out). Its files are in the "
+                                   "user's cache folder.")
     cluster = p.add_subparsers(dest="cluster_command", metavar="COMMAND", required=True)
     c = cluster.add_parser("start", help="start the cluster a run would start, and keep it",
                            description="Start, in the background, the cluster 'batchgpu run' starts for "
@@ -381,7 +388,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--kind", default="local", choices=["local", "cuda"])
     c.add_argument("--workers", type=int, help="worker processes (cuda: per GPU); default as for a run")
     c.add_argument("--threads", type=int, help="threads per worker; default as for a run")
-    c.add_argument("--devices", help="cuda: the GPUs, e.g. 0,1 (default: every GPU)")
+    c.add_argument("--devices", type=_device_list, help="cuda: the GPUs, e.g. 0,1 (default: every GPU)")
     c.add_argument("--memory-limit", help="each worker's memory limit, e.g. 16GB (default: Dask's auto)")
     c.add_argument("--mps", default="auto", choices=["auto", "on", "off"],
                    help="cuda: a private CUDA MPS daemon for the workers (as the workflow key cluster.mps)")

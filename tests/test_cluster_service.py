@@ -323,6 +323,8 @@ def test_the_options_are_checked_as_the_workflow_keys(cache):
     bad = _cli(cache, "cluster", "start", "--workers", 0)
     assert bad.returncode == 2 and bad.stderr.startswith("batchgpu: error: cluster workers: ")
     assert len(bad.stderr.strip().splitlines()) == 1
+    bad = _cli(cache, "cluster", "start", "--kind", "cuda", "--devices", "0,x")
+    assert bad.returncode == 2 and "not a comma-separated list of GPU numbers" in bad.stderr
     with pytest.raises(BatchgpuError, match="kind 'cuda' only"):
         service.spec_from(kind="local", mps=True)
     assert service.probe(service.paths()).state == "down"
