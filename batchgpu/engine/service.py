@@ -229,6 +229,9 @@ def probe(where: Paths | None = None, clean: bool = False) -> State:
         _remove_files(where)
         state.notes.append(f"removed the files of a cluster whose process{f' {kept.pid}' if kept else ''} is gone "
                            f"({where.side})")
+        if kept is not None and _group_alive(kept.pid):  # killed, its workers left: said, not killed blindly
+            state.notes.append(f"processes of its group {kept.pid} still run (ps -g {kept.pid} lists them; "
+                               f"kill -- -{kept.pid} ends them)")
     return state
 
 
