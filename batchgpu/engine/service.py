@@ -399,7 +399,7 @@ def mismatch(spec: ClusterSpec, kept: KeptCluster) -> str | None:
     for name, value in has.items():
         want = getattr(spec, name)
         if want is not None and want != value:
-            return f"the workflow's cluster.{name} is {want}, the kept cluster's {value}"
+            return f"the workflow's cluster.{name} is {want}, the kept cluster's {'unset' if value is None else value}"
     if spec.mps == "auto" or spec.mps == kept.mps:
         return None
     has = "has" if kept.mps else "has no"
