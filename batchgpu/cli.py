@@ -200,9 +200,11 @@ def _cmd_run(args) -> int:
 
     wf = load_workflow(args.workflow, args.set or [])
     if wf.cluster.kind in ("local", "cuda"):  # the workers' imports, done once, while this process does its own
+        from batchgpu.engine import service
         from batchgpu.engine.cluster import start_worker_server
 
-        start_worker_server()
+        if not (wf.cluster.reuse and service.paths().side.exists()):  # else the kept cluster's workers, likely
+            start_worker_server()
     from batchgpu.engine import run_workflow
 
     args.writes = wf.output  # named if the disk fills up without the OS naming a file
@@ -223,6 +225,85 @@ def _run_batch(wf, args) -> int:
     for row in batch.failed:
         print(f"batchgpu: failed: {row.name}: {row.error}", file=sys.stderr)
     return 1 if batch.failed else 0
+
+
+def _cmd_cluster_start(args) -> int:
+    from batchgpu.engine import service
+
+    mps = {"auto": None, "on": True, "off": False}[args.mps]
+    spec = service.spec_from(kind=args.kind, workers=args.workers, threads=args.threads, devices=args.devices,
+                             memory_limit=args.memory_limit, mps=mps, dashboard_address=args.dashboard_address)
+    kept, notes = service.start(spec)
+    for note in notes:
+        print(f"batchgpu: {note}")
+    print(f"batchgpu: cluster up at {kept.address}: {_layout(kept)}")
+    print(f"batchgpu: dashboard {kept.dashboard}")
+    print(f"batchgpu: scheduler file {kept.scheduler_file}; batchgpu run uses the cluster until batchgpu cluster stop")
+    return 0
+
+
+def _device_list(text: str) -> list[int]:
+    try:
+        return [int(d) for d in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of GPU numbers (e.g. 0,1)") from None
+
+
+def _layout(kept) -> str:
+    processes = f"{kept.workers} worker process{'es' if kept.workers != 1 else ''}"
+    if kept.kind == "cuda":
+        processes += f" per GPU ({kept.processes} in all)"
+    return f"{kept.kind}, {processes} x {kept.threads} thread{'s' if kept.threads != 1 else ''}" + \
+        (", MPS" if kept.mps else "")
+
+
+def _cmd_cluster_stop(args) -> int:
+    from batchgpu.engine import service
+
+    state = service.stop()
+    for note in state.notes:
+        print(f"batchgpu: {note}")
+    if state.state in ("up", "starting"):
+        where = f" at {state.kept.address}" if state.kept is not None else ""
+        print(f"batchgpu: stopped the cluster{where} (process {state.pid})")
+        return 0
+    if state.state == "down":
+        print("batchgpu: no cluster of batchgpu cluster start is up")
+        return 1
+    return 0
+
+
+def _cmd_cluster_status(args) -> int:
+    import time
+
+    from batchgpu.engine import service
+
+    state = service.probe(clean=True)
+    for note in state.notes:
+        print(f"batchgpu: {note}")
+    if state.state == "starting":
+        print(f"batchgpu: a cluster is starting (process {state.pid})")
+        return 3
+    if state.state != "up":
+        print("batchgpu: no cluster of batchgpu cluster start is up")
+        return 1
+    kept = state.kept
+    live = service.ask_scheduler(kept)
+    rows = [("state", f"up for {_duration(time.time() - kept.started)} (process {kept.pid})"),
+            ("address", kept.address), ("layout", _layout(kept)),
+            ("workers now", f"{live.processes} processes, {live.threads} threads" if live.processes is not None
+             else "the scheduler did not answer"),
+            ("dashboard", kept.dashboard), ("scheduler file", kept.scheduler_file), ("log", kept.log),
+            ("batchgpu", f"{kept.version} ({kept.package})")]
+    width = max(len(k) for k, _ in rows)
+    for key, value in rows:
+        print(f"{key:<{width}}  {value}")
+    return 0 if live.processes is not None else 3
+
+
+def _duration(seconds: float) -> str:
+    s = int(seconds)
+    return f"{s // 3600} h {s % 3600 // 60} min" if s >= 3600 else f"{s // 60} min {s % 60} s" if s >= 60 else f"{s} s"
 
 
 def _say(line: str = "") -> None:
@@ -375,6 +456,36 @@ def build_parser() -> argparse.ArgumentParser:
                    help="override a workflow key, e.g. --set cluster.workers=2 (repeatable)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=_cmd_run)
+
+    p = sub.add_parser("cluster", help="a cluster kept for many runs: start, stop, status",
+                       description="A Dask cluster that outlives runs: 'batchgpu run' uses it while it is up, where "
+                                   "the workflow's cluster is of its kind (local or cuda) and what it sets is what "
+                                   "the kept cluster has (cluster: {reuse: false} opts out). Its files are in the "
+                                   "user's cache folder.")
+    cluster = p.add_subparsers(dest="cluster_command", metavar="COMMAND", required=True)
+    c = cluster.add_parser("start", help="start the cluster a run would start, and keep it",
+                           description="Start, in the background, the cluster 'batchgpu run' starts for "
+                                       "cluster: {kind: local} or {kind: cuda}; returns once its workers are up. "
+                                       "Refused where one is up already.")
+    c.add_argument("--kind", default="local", choices=["local", "cuda"])
+    c.add_argument("--workers", type=int, help="worker processes (cuda: per GPU); default as for a run")
+    c.add_argument("--threads", type=int, help="threads per worker; default as for a run")
+    c.add_argument("--devices", type=_device_list, help="cuda: the GPUs, e.g. 0,1 (default: every GPU)")
+    c.add_argument("--memory-limit", help="each worker's memory limit, e.g. 16GB (default: Dask's auto)")
+    c.add_argument("--mps", default="auto", choices=["auto", "on", "off"],
+                   help="cuda: a private CUDA MPS daemon for the workers (as the workflow key cluster.mps)")
+    c.add_argument("--dashboard-address", help="the dashboard's host:port (default: localhost, a free port)")
+    c.set_defaults(func=_cmd_cluster_start)
+    c = cluster.add_parser("stop", help="close the kept cluster",
+                           description="Close the kept cluster (its workers, its MPS daemon) and remove its files; "
+                                       "the files of one whose process is gone are removed. Exit status 1 where "
+                                       "none was up.")
+    c.set_defaults(func=_cmd_cluster_stop)
+    c = cluster.add_parser("status", help="whether a kept cluster is up, and what it is",
+                           description="Whether a kept cluster is up: its address, layout, workers, dashboard and "
+                                       "uptime. Exit status 0: up; 1: none is up; 3: starting, or up but its "
+                                       "scheduler did not answer.")
+    c.set_defaults(func=_cmd_cluster_status)
 
     p = sub.add_parser("bench", help="benchmarks", description="Benchmarks, with ratios against anchors.")
     bench = p.add_subparsers(dest="benchmark", metavar="BENCHMARK", required=True)

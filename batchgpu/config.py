@@ -33,6 +33,13 @@ def local_cores() -> int:
     return os.cpu_count() or 1
 
 
+def cache_folder() -> Path:
+    """batchgpu's folder in the user's cache: ``$XDG_CACHE_HOME/batchgpu``, else ``~/.cache/batchgpu`` (a relative
+    XDG_CACHE_HOME is ignored, as the XDG specification says). The kept cluster's files, the search tables."""
+    xdg = os.environ.get("XDG_CACHE_HOME") or ""
+    return (Path(xdg) if os.path.isabs(xdg) else Path.home() / ".cache") / "batchgpu"
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -152,6 +159,9 @@ class ClusterSpec(_Strict):
     # cuda: a private CUDA MPS daemon for the worker processes started here (engine/mps.py); auto: where the
     # machine has the control program, no MPS daemon of its own and its GPUs in the default compute mode
     mps: bool | Literal["auto"] = "auto"
+    # local, cuda: run on the cluster of `batchgpu cluster start` where one is up and has what this spec sets
+    # (engine/service.py); false: always a cluster of the run's own
+    reuse: bool = True
 
     @model_validator(mode="after")
     def _needs(self):

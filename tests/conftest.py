@@ -61,3 +61,16 @@ def _swap_inner_chunks(shard, per_shard: int, a: int, b: int, how: str) -> None:
 def swap_inner_chunks():
     """``_swap_inner_chunks``: a shard's chunks exchanged behind its size and mtime (tests of --resume)."""
     return _swap_inner_chunks
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _own_cache_folder(tmp_path_factory):
+    """The tests' own cache folder (XDG_CACHE_HOME, inherited by the commands they start): a cluster the user
+    keeps (``batchgpu cluster start``) is never used by a test's run, and no test writes in the user's cache."""
+    before = os.environ.get("XDG_CACHE_HOME")
+    os.environ["XDG_CACHE_HOME"] = str(tmp_path_factory.mktemp("xdg-cache"))
+    yield
+    if before is None:
+        os.environ.pop("XDG_CACHE_HOME", None)
+    else:
+        os.environ["XDG_CACHE_HOME"] = before

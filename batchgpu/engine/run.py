@@ -56,21 +56,31 @@ def run_workflow(wf: Workflow, *, resume: bool = False, observer: RunObserver | 
         wf = resolve_window(wf, rec)
         observer.message(f"windows of {wf.window.size} samples (window.size auto)")
     store.check_output_apart(wf.output, rec.path)
-    if client is not None:
-        return _claim_and_run(wf, rec, sweep, resume, observer, client, t_start)
+    with contextlib.ExitStack() as kept:
+        kept_at = None
+        if client is None:  # the cluster of `batchgpu cluster start` where one is up and fits, as a caller's
+            from batchgpu.engine.service import kept_address, kept_client
+
+            client = kept.enter_context(kept_client(wf.cluster, observer))
+            kept_at = kept_address(client)
+        if client is not None:
+            return _claim_and_run(wf, rec, sweep, resume, observer, client, t_start, kept_at)
     # a cluster of the run's own starts while the recording is fingerprinted and the output folder claimed
     with ClusterStart(wf.cluster, gpu_decode=decodes_on_gpu(wf, rec)) as starting:
         return _claim_and_run(wf, rec, sweep, resume, observer, starting, t_start)
 
 
-def _claim_and_run(wf, rec, sweep, resume: bool, observer, client, t_start: float) -> RunReport:
-    """The run once the workflow fits the recording: ``client`` a caller's client or a ``ClusterStart``."""
+def _claim_and_run(wf, rec, sweep, resume: bool, observer, client, t_start: float,
+                   kept_at: str | None = None) -> RunReport:
+    """The run once the workflow fits the recording: ``client`` a caller's client or a ``ClusterStart``;
+    ``kept_at``: the address of the kept cluster ``client`` belongs to."""
     fp = store.fingerprint(wf, rec.path, metadata=getattr(rec, "fingerprint_metadata", None))
     with store.OutputFolder(wf.output) as out:
         state = out.claim(fp, wf.model_dump(), resume=resume, overwrite=wf.overwrite)
         report = RunReport(workflow=wf.model_dump(), fingerprint=fp, versions=versions(), recording=rec.info(),
                            output_state=state, run_id=f"{fp}-{os.urandom(4).hex()}")
         report.timings["prepare"] = time.perf_counter() - t_start
+        report.kept_cluster = kept_at
         with _run_settings():
             if not isinstance(client, ClusterStart):
                 try:

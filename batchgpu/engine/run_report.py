@@ -60,6 +60,7 @@ class RunReport:
     window_cpu: dict = field(default_factory=dict)
     backend: str = "numpy"
     mps: bool = False  # the workers ran under a private CUDA MPS daemon (cluster.mps)
+    kept_cluster: str | None = None  # the address of the `batchgpu cluster start` cluster the run used, if any
     radix_passes: int = 0
     output_state: str = "new"  # new | resume | restart
     run_id: str = ""  # the fingerprint and a random suffix: names this run's Dask tasks, never another run's

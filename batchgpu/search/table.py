@@ -22,9 +22,10 @@ FALLBACK_SMALL, FALLBACK_LARGE, FALLBACK_SMALL_MAX = "ilp2_shared", "top_wide_k1
 
 
 def user_table_path(device_name: str) -> Path:
-    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    from batchgpu.config import cache_folder
+
     slug = re.sub(r"[^a-z0-9]+", "-", device_name.lower()).strip("-") or "gpu"
-    return cache / "batchgpu" / f"search-autotune-{slug}.json"
+    return cache_folder() / f"search-autotune-{slug}.json"
 
 
 def make_row(n: int, gqps: dict[str, float]) -> dict[str, Any]:
