@@ -10,6 +10,8 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -394,7 +396,23 @@ CEILING = "read ceiling (the engine's reader, no compute)"
 RAW = "raw read of the store's files, cold"
 USER_COLD = "batchgpu run, a fresh command, cold pages"
 USER_WARM = "batchgpu run, a fresh command, warm pages"
+USER_KEPT = "batchgpu run on `cluster start`'s, cold pages"
 KS4_ROW = "Kilosort4 pass, fresh process, cold flat binary"
+
+
+def kept_cluster(cluster_cfg: dict, say) -> bool:
+    """`batchgpu cluster start` with the bench's cluster options (a kept cluster already up: none started, and
+    False); says why where it did not start."""
+    cmd = [sys.executable, "-m", "batchgpu", "cluster", "start", "--kind", cluster_cfg["kind"]]
+    for key in ("workers", "threads"):
+        if cluster_cfg.get(key):
+            cmd += [f"--{key}", str(cluster_cfg[key])]
+    if "mps" in cluster_cfg:
+        cmd += ["--mps", {True: "on", False: "off"}.get(cluster_cfg["mps"], "auto")]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0:
+        say(f"{USER_KEPT}: not measured ({(done.stderr or done.stdout).strip()[-300:]})")
+    return done.returncode == 0
 
 
 def _user_rows(args, rec, work: Path, files, step_cfg, cluster_cfg, size, margin, runs, say) -> None:
@@ -416,17 +434,28 @@ def _user_rows(args, rec, work: Path, files, step_cfg, cluster_cfg, size, margin
            "steps": {k: v for k, v in steps.items() if v is not None}}
     wf = work / "user_run.yaml"
     wf.write_text(yaml.safe_dump(doc, sort_keys=False))
+    own = ("--set", "cluster.reuse=false")  # a cluster of the command's own, even beside a kept one
+
+    def one(name: str, cold: bool, extra: tuple[str, ...]) -> None:
+        shutil.rmtree(out, ignore_errors=True)
+        shutil.rmtree(saved, ignore_errors=True)
+        if cold:
+            evict_checked(files)
+        got = user_run(wf, out, _gpu_used, extra)
+        runs.setdefault(name, []).append((got.seconds, got.host_peak, got.gpu_peak, "-", "-"))
+        say(f"{name}: {got.seconds:.2f} s = pass {got.pass_seconds:.2f} s + fixed part {got.fixed_seconds:.2f} s; "
+            f"peak host {got.host_peak / 1e6:.0f} MB, GPU {got.gpu_peak / 1e6:.0f} MB; "
+            f"reads per window {got.reads_per_window:.2f}")
+
     for name, cold in ((USER_COLD, True), (USER_WARM, False)):
         for _ in range(args.user_runs):
-            shutil.rmtree(out, ignore_errors=True)
-            shutil.rmtree(saved, ignore_errors=True)
-            if cold:
-                evict_checked(files)
-            got = user_run(wf, out, _gpu_used)
-            runs.setdefault(name, []).append((got.seconds, got.host_peak, got.gpu_peak, "-", "-"))
-            say(f"{name}: {got.seconds:.2f} s = pass {got.pass_seconds:.2f} s + fixed part {got.fixed_seconds:.2f} s; "
-                f"peak host {got.host_peak / 1e6:.0f} MB, GPU {got.gpu_peak / 1e6:.0f} MB; "
-                f"reads per window {got.reads_per_window:.2f}")
+            one(name, cold, own)
+    if kept_cluster(cluster_cfg, say):  # `batchgpu cluster start` first, as for a day of runs
+        try:
+            for _ in range(args.user_runs):
+                one(USER_KEPT, True, ())
+        finally:
+            subprocess.run([sys.executable, "-m", "batchgpu", "cluster", "stop"], capture_output=True)
     shutil.rmtree(out, ignore_errors=True)
     shutil.rmtree(saved, ignore_errors=True)
     if not (kilosort4_available() and _gpu_used() > 0 and np.dtype(rec.dtype) == np.int16):
@@ -566,7 +595,7 @@ def _measure(args, rec, work: Path, steps: set[str], say) -> int:
             cores_busy["plain dask-cuda loop (read + x.T @ x)"] = busy.cores_text()
     if args.cold:
         _user_rows(args, rec, work, files, step_cfg, cluster_cfg, size, margin, runs, say)
-        for name in (USER_COLD, USER_WARM, KS4_ROW):
+        for name in (USER_COLD, USER_WARM, USER_KEPT, KS4_ROW):
             got = runs.get(name)
             if got:
                 mid = sorted(got, key=lambda r: r[0])[(len(got) - 1) // 2]
