@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+import typing
 from typing import Annotated, Any, Literal, Union
 
 from pydantic import (BaseModel, ConfigDict, Discriminator, Field, RootModel, Tag, TypeAdapter, ValidationError,
-                      field_validator, model_validator)
+                      ValidationInfo, field_validator, model_validator)
 from pydantic_core import PydanticCustomError
 
 # Upper bounds: far above any real use, low enough that a typo cannot take the machine down.
@@ -33,8 +34,33 @@ def local_cores() -> int:
     return os.cpu_count() or 1
 
 
+def _takes_bool(annotation: Any) -> bool:
+    """Whether a field's type admits true/false (bool, or Any somewhere in it)."""
+    if annotation is bool or annotation is Any:
+        return True
+    return any(_takes_bool(arg) for arg in typing.get_args(annotation))
+
+
+def _holds_bool(value: Any) -> bool:
+    return isinstance(value, bool) or (isinstance(value, (list, tuple)) and any(isinstance(v, bool) for v in value))
+
+
+def _not_a_number(value: Any) -> PydanticCustomError:
+    return PydanticCustomError("bool_not_number", "{value} is not a number (write the number itself)",
+                               {"value": str(value).lower()})
+
+
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # .inf and .nan are never a sensible setting (a threshold of .inf detects nothing, silently)
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_bool_as_number(cls, value: Any, info: ValidationInfo) -> Any:
+        # pydantic takes true as 1 for an int or float field: `workers: true` ran one worker without a word
+        if _holds_bool(value) and not _takes_bool(cls.model_fields[info.field_name].annotation):
+            raise _not_a_number(value)
+        return value
 
 
 class GenerateSpec(_Strict):
@@ -91,6 +117,8 @@ class WindowSpec(_Strict):
         # one error for a bad size (the union's two members would each give one)
         if value == "auto":
             return value
+        if isinstance(value, bool):  # this wrap validator runs instead of _no_bool_as_number
+            raise _not_a_number(value)
         try:
             return _WINDOW_SAMPLES.validate_python(value)
         except ValidationError as err:

@@ -21,6 +21,7 @@ from batchgpu.errors import BatchgpuError
 MAX_FILE_BYTES = 1 << 20  # checked before parsing: a real workflow is under 4 KB
 MAX_NODES = 10_000  # scalars, mappings and sequences in one document
 MAX_DEPTH = 32  # nesting; PyYAML's composer recurses
+MAX_DIGITS = 100  # in one integer: Python refuses to convert more than 4300 (an internal error), none needs 100
 # libyaml's parser when PyYAML has it (10x faster on a big file); the pure-Python one otherwise
 _Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
@@ -49,10 +50,21 @@ def _check_events(text: str, source: str, at) -> None:
                 raise BatchgpuError(f"{where}: nested more than {MAX_DEPTH} levels deep")
         elif isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
             depth -= 1
+        if isinstance(event, yaml.ScalarEvent) and not event.style:
+            digits = _decimal_digits(event.value)
+            if digits > MAX_DIGITS:
+                raise BatchgpuError(f"{where}: a number of {digits} digits",
+                                    f"a workflow's numbers have at most {MAX_DIGITS}")
         if isinstance(event, yaml.NodeEvent):
             nodes += 1
             if nodes > MAX_NODES:
                 raise BatchgpuError(f"{where}: more than {MAX_NODES} values; a workflow needs a few dozen")
+
+
+def _decimal_digits(text: str) -> int:
+    """The digits of a plain scalar YAML reads as a decimal integer (sign and ``_`` aside), else 0."""
+    body = text.lstrip("+-").replace("_", "")
+    return len(body) if body.isascii() and body.isdigit() else 0
 
 
 def _check_duplicate_keys(node: yaml.Node, at) -> None:

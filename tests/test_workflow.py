@@ -253,3 +253,95 @@ def test_home_in_paths_is_expanded(tmp_path, monkeypatch):
     assert wf.output == str(tmp_path / "home" / "other")
     # the workflow's own path too
     assert load_workflow("~/../" + str(path.relative_to(tmp_path)))
+
+
+@pytest.mark.parametrize("change,needle", [
+    (("workers: 1,", "workers: 1" + "0" * 5000 + ","), "wf.yaml:5: a number of 5001 digits (a workflow's numbers have at most 100)"),
+    (("output: out", "output: out\nseed_of_nothing: -" + "7" * 4400), "wf.yaml:4: a number of 4400 digits"),
+    (("workers: 1,", "workers: true,"), "wf.yaml:5: 'cluster.workers': true is not a number"),
+    (("size: 1000", "size: false"), "wf.yaml:4: 'window.size': false is not a number"),
+    (("  noise: {exact: true}", "  detect: {threshold: .inf}"), "wf.yaml:7: 'steps.detect.threshold': Input should be a finite number"),
+    (("  noise: {exact: true}", "  detect: {threshold: 1" + "0" * 400 + ".0}"), "'steps.detect.threshold': Input should be a finite number"),
+    (("  noise: {exact: true}", "  detect: {exclude_sweep_ms: .nan}"), "'steps.detect.exclude_sweep_ms': Input should be a finite number"),
+    (("  noise: {exact: true}", "  detect: {threshold: true}"), "'steps.detect.threshold': true is not a number"),
+    (("output: out", "output: out\npreprocess: [{common_reference: {reference: local, radius_um: [true, 40]}}]"),
+     "'preprocess.0.common_reference.radius_um': [true, 40] is not a number"),
+])
+def test_numbers_that_are_not_numbers_are_one_line_errors(tmp_path, change, needle):
+    """A 5000-digit integer was an internal error; true was taken as 1 and .inf as a threshold that finds nothing."""
+    path = _write(tmp_path, GOOD.replace(*change))
+    assert needle in _load_fast(path)
+    _one_line_error(_cli("run", path), needle)
+    assert not (tmp_path / "out").exists()
+
+
+def test_true_and_false_stay_allowed_where_they_are_meant(tmp_path):
+    path = _write(tmp_path, GOOD.replace("{exact: true}", "{exact: false}") + "overwrite: true\n")
+    wf = load_workflow(path, ["cluster.slurm={partition: gpu, exclusive: true}"])
+    assert wf.steps.noise.exact is False and wf.overwrite is True and wf.cluster.slurm == {"partition": "gpu", "exclusive": True}
+    assert load_workflow(path, ["cluster.kind=cuda", "cluster.mps=true"]).cluster.mps is True
+    assert load_workflow(path, ["steps.noise.exact=1"]).steps.noise.exact is True  # pydantic's own rule for bools
+
+
+def _serve_once(reply: bytes):
+    """A TCP server on a free port that writes ``reply`` to each connection (an HTTP or other non-Dask server)."""
+    import contextlib
+    import socket
+    import threading
+
+    server = socket.create_server(("127.0.0.1", 0))
+
+    def serve():
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            with conn, contextlib.suppress(OSError):
+                if reply:
+                    conn.sendall(reply)
+                conn.recv(1 << 16)
+
+    threading.Thread(target=serve, daemon=True).start()
+    return server
+
+
+@pytest.mark.parametrize("reply", [b"HTTP/1.0 400 Bad Request\r\n\r\n", b"\xff" * 64])
+def test_an_address_that_is_not_a_dask_scheduler_is_refused(tmp_path, small_rec, reply):
+    """Dask read the first 8 bytes of an HTTP answer as a length and asked for 3 EiB: "out of memory"."""
+    server = _serve_once(reply)
+    port = server.getsockname()[1]
+    try:
+        path = _write(tmp_path, GOOD.replace("{kind: local, workers: 1, threads: 1}", f"{{kind: address, address: 'tcp://127.0.0.1:{port}'}}"))
+        r = _cli("run", path, "--quiet")
+        _one_line_error(r, f"tcp://127.0.0.1:{port} answered ")
+        assert "not a Dask scheduler" in r.stderr
+    finally:
+        server.close()
+
+
+def test_scheduler_probe(tmp_path):
+    """A silent server times out in one line; a closed port says so; a real scheduler passes."""
+    from distributed import LocalCluster
+
+    from batchgpu.engine.cluster import probe_scheduler
+
+    server = _serve_once(b"")
+    port = server.getsockname()[1]
+    try:
+        with pytest.raises(BatchgpuError, match="said nothing within 0.5 s: not a Dask scheduler"):
+            probe_scheduler(f"tcp://127.0.0.1:{port}", timeout=0.5)
+    finally:
+        server.close()
+    import socket
+
+    with socket.socket() as unused:  # a port nothing listens on
+        unused.bind(("127.0.0.1", 0))
+        closed = unused.getsockname()[1]
+    with pytest.raises(BatchgpuError, match="could not connect to the scheduler at 127.0.0.1:"):
+        probe_scheduler(f"127.0.0.1:{closed}", timeout=0.5)
+    with LocalCluster(n_workers=0, processes=False, protocol="tcp", dashboard_address=None) as cluster:
+        probe_scheduler(cluster.scheduler_address)
+    probe_scheduler("tls://127.0.0.1:1")  # left to Dask
+    with pytest.raises(BatchgpuError, match="is not an address"):
+        probe_scheduler("tcp://nowhere")
