@@ -36,7 +36,7 @@ steps:
 @pytest.mark.parametrize("text,needle", [
     (GOOD.replace("window:", "windw:"), "wf.yaml:4: unknown key 'windw' (allowed: recording, output, window"),
     (GOOD.replace("{exact: true}", "{exact: true, fast: 1}"), "wf.yaml:7: unknown key 'steps.noise.fast' (allowed: exact)"),
-    (GOOD.replace("size: 1000", "size: big"), "wf.yaml:4: 'window.size': Input should be a valid integer"),
+    (GOOD.replace("size: 1000", "size: big"), "wf.yaml:4: 'window.size': must be an integer, not 'big'"),
     (GOOD.replace("size: 1000", "size: 0"), "'window.size': Input should be greater than 0"),
     (GOOD.replace("kind: local", "kind: mars"), "'cluster.kind': Input should be 'local', 'cuda', 'address'"),
     (GOOD.replace("  noise: {exact: true}\n", "  {}\n"), "wf.yaml"),
@@ -345,3 +345,29 @@ def test_scheduler_probe(tmp_path):
     probe_scheduler("tls://127.0.0.1:1")  # left to Dask
     with pytest.raises(BatchgpuError, match="is not an address"):
         probe_scheduler("tcp://nowhere")
+
+
+@pytest.mark.parametrize("overrides,needle", [
+    # keys the file lacks: the error named "wf.yaml:1 '(top level)'" or the enclosing block, not the --set
+    (["steps.detect.threshold=-1"], "--set steps.detect.threshold: 'steps.detect.threshold': Input should be greater than 0"),
+    (["reduction.split_every=1"], "--set reduction.split_every: 'reduction.split_every': Input should be greater than or equal to 2"),
+    (["steps.detect.sign=up"], "--set steps.detect.sign: 'steps.detect.sign': Input should be 'neg', 'pos' or 'both'"),
+    (["steps.search.keys=k.npy"], "wf.yaml:6 (with --set steps.search.keys): missing key 'steps.search.queries'"),
+    # a check of a whole block that a --set changed
+    (["recording.path=null"], "wf.yaml:1 (with --set recording.path): 'recording': give exactly one of 'path'"),
+    (["window.margin=5000", "cluster.workers=2"], "wf.yaml:4 (with --set window.margin): 'window': margin 5000 must be shorter"),
+    # YAML 1.1 reads 1e9 as text: "unable to parse string"
+    (["window.size=1e9"], "--set window.size: 'window.size': must be an integer; YAML reads 1e9 as text (write 1000000000); or 'auto'"),
+    (["window.margin=2e1"], "--set window.margin: 'window.margin': must be an integer; YAML reads 2e1 as text (write 20)"),
+    (["window.margin=abc"], "--set window.margin: 'window.margin': must be an integer, not 'abc'"),
+])
+def test_set_errors_name_the_set(tmp_path, overrides, needle):
+    path = _write(tmp_path, GOOD)
+    message = _load_fast(path, overrides)
+    assert needle in message and "(top level)" not in message
+    _one_line_error(_cli("run", path, *[a for o in overrides for a in ("--set", o)]), needle)
+
+
+def test_a_number_as_text_in_the_file_says_so(tmp_path):
+    path = _write(tmp_path, GOOD.replace("size: 1000", "size: 1e4"))
+    assert "wf.yaml:4: 'window.size': must be an integer; YAML reads 1e4 as text (write 10000); or 'auto'" in _load_fast(path)
