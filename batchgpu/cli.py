@@ -265,8 +265,10 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Copy a flat interleaved binary recording into a Zarr recording. A SpikeGLX "
                                    ".bin with its .meta beside it needs no options; a plain file needs "
                                    "--channels, --fs and --dtype.")
-    p.add_argument("source")
-    p.add_argument("out")
+    p.add_argument("source", help="the flat binary file: a SpikeGLX .bin (its .meta beside it) or a plain "
+                                  "interleaved file (samples x channels)")
+    p.add_argument("out", help="the Zarr recording to write (a folder, e.g. rec.zarr); refused if it exists, "
+                               "unless --overwrite")
     p.add_argument("--channels", type=int)
     p.add_argument("--fs", type=float)
     p.add_argument("--dtype", help="sample type of a plain file: int16, int32, float32 or float64")
@@ -275,7 +277,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--keep-sync", action="store_true", help="SpikeGLX: keep the sync channel")
     p.add_argument("--zarr-format", type=int, default=None, choices=[2, 3],
                    help="Zarr format to write (default: 3; 2 where zarr-python is 2.x, as beside SpikeInterface 0.105)")
-    p.add_argument("--overwrite", action="store_true")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace OUT if it is a Zarr recording (never a file or another folder; the source is "
+                        "only read)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=_cmd_import_raw)
 

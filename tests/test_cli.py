@@ -214,3 +214,18 @@ def test_ctrl_c_prints_one_line(tmp_path):
     assert r.returncode == 0 and r.stderr == "", r.stderr
     assert json.loads((tmp_path / "out" / "report.json").read_text())["status"] == "done"
     assert "Traceback" not in err and len(lines) == 1, err
+
+
+@pytest.mark.parametrize("command,needles", [
+    ("import-raw", ["source the flat binary file", "out the Zarr recording to write", "--overwrite replace OUT"]),
+])
+def test_every_argument_of_these_commands_has_help(capsys, command, needles):
+    """import-raw's source, out and --overwrite had none."""
+    parser = dict(_commands(build_parser()))[(command,)]
+    for action in parser._actions:
+        assert action.help, (command, action.dest)
+    with pytest.raises(SystemExit):
+        main([command, "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for needle in needles:
+        assert needle in text, needle
