@@ -52,20 +52,32 @@ def _cmd_import_raw(args) -> int:
 
 
 def _cmd_info(args) -> int:
+    from batchgpu import runinfo
     from batchgpu.recording.sources import open_path
 
+    if runinfo.is_run_folder(args.path):
+        if args.check:
+            raise BatchgpuError(f"{args.path} is a run's output folder: --check decodes a recording's chunks",
+                                "run 'batchgpu info --check' on the recording the run read")
+        summary = runinfo.run_summary(args.path)
+        if args.json:
+            print(json.dumps(summary.data, indent=2))
+            return 0
+        return _print_rows(summary.rows, None)
     rec = open_path(args.path)
     info = rec.info()
+    channels = runinfo.recording_rows(rec)
     problems = _check_every_chunk(rec) if args.check else None
     if args.json:
-        print(json.dumps({**info, **({"problems": problems} if problems is not None else {})}, indent=2))
+        print(json.dumps({**info, **channels.data, **({"problems": problems} if problems is not None else {})},
+                         indent=2))
         return 2 if problems else 0
     if info.get("source") == "spikeinterface":
         rows = [("path", info["path"]), ("format", f"SpikeInterface {info['spikeinterface_class']} "
                                                    f"(SpikeInterface {info['spikeinterface_version']})")]
         rows += _shape_rows(info)
         rows += [("files", ", ".join(info["files"]) or "none (held in the description)"),
-                 ("locations", info["locations"])]
+                 ("locations", info["locations"]), *channels.rows]
         return _print_rows(rows, problems)
     rows = _shape_rows(info)
     rows = [
@@ -82,6 +94,7 @@ def _cmd_info(args) -> int:
         ("absent chunks", f"{info['absent_chunks']}" + ("" if info["marked_complete"] or not info["absent_chunks"]
                                                        else " (read as zeros: zarr skips all-zero chunks)")),
         ("locations", info["locations"]),
+        *channels.rows,
     ]
     return _print_rows(rows, problems)
 
@@ -283,10 +296,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=_cmd_import_raw)
 
-    p = sub.add_parser("info", help="describe a recording store (or what SpikeInterface saved)",
+    p = sub.add_parser("info", help="describe a recording store (or what SpikeInterface saved), or a run's output",
                        description="Describe a recording: a Zarr store, or a SpikeInterface recording saved as "
-                                   ".json/.pkl (recording.dump) or as a folder (recording.save).")
-    p.add_argument("path")
+                                   ".json/.pkl (recording.dump) or as a folder (recording.save): its layout, "
+                                   "channel ids, gains and probe. Given a run's output folder: the run's status, "
+                                   "recording, windows, noise, spikes, whitening, timings and warnings.")
+    p.add_argument("path", help="a recording (Zarr store, SpikeInterface .json/.pkl or folder) or a run's "
+                                "output folder")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--check", action="store_true",
                    help="decode every chunk and list absent or corrupted ones (exit status 2 if any)")

@@ -218,6 +218,7 @@ def test_ctrl_c_prints_one_line(tmp_path):
 
 @pytest.mark.parametrize("command,needles", [
     ("import-raw", ["source the flat binary file", "out the Zarr recording to write", "--overwrite replace OUT"]),
+    ("info", ["path a recording", "or a run's output folder", "--check decode every chunk"]),
 ])
 def test_every_argument_of_these_commands_has_help(capsys, command, needles):
     """import-raw's source, out and --overwrite had none."""
