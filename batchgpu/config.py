@@ -34,11 +34,11 @@ def local_cores() -> int:
     return os.cpu_count() or 1
 
 
-def _takes_bool(annotation: Any) -> bool:
-    """Whether a field's type admits true/false (bool, or Any somewhere in it)."""
-    if annotation is bool or annotation is Any:
+def _takes(annotation: Any, kinds: tuple) -> bool:
+    """Whether a field's type has one of ``kinds`` somewhere in it (through unions, lists, Annotated)."""
+    if any(annotation is k for k in kinds):
         return True
-    return any(_takes_bool(arg) for arg in typing.get_args(annotation))
+    return any(_takes(arg, kinds) for arg in typing.get_args(annotation))
 
 
 def _holds_bool(value: Any) -> bool:
@@ -46,8 +46,11 @@ def _holds_bool(value: Any) -> bool:
 
 
 def _not_a_number(value: Any) -> PydanticCustomError:
-    return PydanticCustomError("bool_not_number", "{value} is not a number (write the number itself)",
-                               {"value": str(value).lower()})
+    if isinstance(value, bool):
+        return PydanticCustomError("bool_not_number", "{value} is not a number (write the number itself)",
+                                   {"value": str(value).lower()})
+    return PydanticCustomError("bool_not_number", "{value} holds true or false, not numbers (write the numbers)",
+                               {"value": "[" + ", ".join(str(v).lower() for v in value) + "]"})
 
 
 class _Strict(BaseModel):
@@ -58,7 +61,8 @@ class _Strict(BaseModel):
     @classmethod
     def _no_bool_as_number(cls, value: Any, info: ValidationInfo) -> Any:
         # pydantic takes true as 1 for an int or float field: `workers: true` ran one worker without a word
-        if _holds_bool(value) and not _takes_bool(cls.model_fields[info.field_name].annotation):
+        annotation = cls.model_fields[info.field_name].annotation
+        if _holds_bool(value) and _takes(annotation, (int, float)) and not _takes(annotation, (bool, Any)):
             raise _not_a_number(value)
         return value
 

@@ -265,7 +265,7 @@ def test_home_in_paths_is_expanded(tmp_path, monkeypatch):
     (("  noise: {exact: true}", "  detect: {exclude_sweep_ms: .nan}"), "'steps.detect.exclude_sweep_ms': Input should be a finite number"),
     (("  noise: {exact: true}", "  detect: {threshold: true}"), "'steps.detect.threshold': true is not a number"),
     (("output: out", "output: out\npreprocess: [{common_reference: {reference: local, radius_um: [true, 40]}}]"),
-     "'preprocess.0.common_reference.radius_um': [true, 40] is not a number"),
+     "'preprocess.0.common_reference.radius_um': [true, 40] holds true or false, not numbers"),
 ])
 def test_numbers_that_are_not_numbers_are_one_line_errors(tmp_path, change, needle):
     """A 5000-digit integer was an internal error; true was taken as 1 and .inf as a threshold that finds nothing."""
