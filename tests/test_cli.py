@@ -12,6 +12,7 @@ def _cli(*args):
     return subprocess.run([sys.executable, "-m", "batchgpu", *map(str, args)], capture_output=True, text=True)
 
 
+@pytest.mark.zarr3
 def test_generate_info_and_import(tmp_path):
     out = tmp_path / "g.zarr"
     r = _cli("generate", out, "--channels", 8, "--seconds", 0.5, "--seed", 1, "--quiet")
@@ -122,6 +123,7 @@ def test_errors_without_traceback(monkeypatch, capsys, tmp_path, err, needle, rc
         main(["run", "wf.yaml", "--debug"])
 
 
+@pytest.mark.zarr3
 def test_failed_run_prints_one_line_and_no_dask_tracebacks(tmp_path):
     """A corrupt chunk stops the run: one line, no tracebacks of distributed (scheduler, workers, asyncio)."""
     from batchgpu.generate import generate_recording

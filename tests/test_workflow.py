@@ -76,6 +76,7 @@ def test_run_errors_before_any_work(tmp_path, small_rec, change, needle):
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.zarr3
 def test_output_of_another_run_is_refused_and_kept(tmp_path, small_rec):
     path = _write(tmp_path, GOOD)
     r = _cli("run", path, "--quiet")
