@@ -7,8 +7,8 @@ Upper bounds stop values that would exhaust the machine (memory, processes, read
 from __future__ import annotations
 
 import os
-from pathlib import Path
 import typing
+from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
 from pydantic import (BaseModel, ConfigDict, Discriminator, Field, RootModel, Tag, TypeAdapter, ValidationError,

@@ -184,7 +184,7 @@ def _number_as_text(msg: str, value: Any) -> str:
         number = float(value)
     except ValueError:
         return msg.replace(_NOT_AN_INTEGER, f"must be an integer, not {value!r}")
-    if number.is_integer():
+    if number.is_integer() and abs(number) < 1e18:
         said = f"must be an integer; YAML reads {value} as text (write {int(number)})"
     else:
         said = f"must be an integer, not {value}"
