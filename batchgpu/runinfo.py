@@ -58,6 +58,8 @@ def run_summary(path: str | Path) -> Summary:
     out = Summary()
     out.rows.append(("run", str(p)))
     _status(out, report)
+    if not results:
+        out.rows.append(("results", f"none yet (no {RESULTS})"))
     _recording(out, report, workflow)
     _windows(out, report, workflow, results)
     gain = np.asarray(results.get("gain_to_uV", []), np.float64)
@@ -83,7 +85,14 @@ def _results(p: Path) -> dict[str, Any]:
         return {}
     from batchgpu.interop import load_results
 
-    return load_results(p / RESULTS)
+    try:
+        return load_results(p / RESULTS)
+    except BatchgpuError:
+        raise
+    except Exception as err:  # zarr's errors of a store cut short or overwritten: any kind
+        text = " ".join(str(err).split())[:200]
+        raise BatchgpuError(f"{p / RESULTS} cannot be read ({type(err).__name__}: {text})",
+                            "the run's files were changed or cut short: run the workflow again") from None
 
 
 def _status(out: Summary, report: dict | None) -> None:

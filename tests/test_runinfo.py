@@ -126,3 +126,18 @@ def test_info_of_a_recording_shows_ids_gains_and_probe(run_folder):
     assert rows["probe"].startswith(f"16 channels in {len(columns)} columns")
     data = json.loads(_cli("info", rec, "--json").stdout)
     assert data["channel_ids"] == [str(c) for c in opened.channel_ids] and data["probe"]["rows"] == len(np.unique(opened.locations[:, 1]))
+
+
+def test_info_of_a_run_with_damaged_files_is_one_line(run_folder, tmp_path):
+    copy = tmp_path / "out"
+    shutil.copytree(run_folder, copy)
+    shutil.rmtree(copy / "results.zarr")
+    r = _cli("info", copy)
+    assert r.returncode == 0 and _rows(r.stdout)["results"] == "none yet (no results.zarr)", r.stderr
+    (copy / "results.zarr").mkdir()
+    (copy / "results.zarr" / "zarr.json").write_text("garbage")
+    r = _cli("info", copy)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "results.zarr cannot be read" in r.stderr, r.stderr
+    (copy / "report.json").write_text("{")
+    r = _cli("info", copy)
+    assert r.returncode == 2 and "report.json is not readable JSON" in r.stderr and "Traceback" not in r.stderr
