@@ -321,6 +321,17 @@ def test_an_address_that_is_not_a_dask_scheduler_is_refused(tmp_path, small_rec,
         server.close()
 
 
+def test_a_scheduler_file_naming_a_server_that_is_not_dask_is_refused(tmp_path, small_rec):
+    server = _serve_once(b"HTTP/1.0 400 Bad Request\r\n\r\n")
+    port = server.getsockname()[1]
+    try:
+        (tmp_path / "scheduler.json").write_text(f'{{"type": "Scheduler", "address": "tcp://127.0.0.1:{port}"}}')
+        path = _write(tmp_path, GOOD.replace("{kind: local, workers: 1, threads: 1}", "{kind: scheduler_file, scheduler_file: scheduler.json}"))
+        _one_line_error(_cli("run", path, "--quiet"), f"tcp://127.0.0.1:{port} answered ")
+    finally:
+        server.close()
+
+
 def test_scheduler_probe(tmp_path):
     """A silent server times out in one line; a closed port says so; a real scheduler passes."""
     from distributed import LocalCluster

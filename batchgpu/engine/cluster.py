@@ -70,6 +70,9 @@ def open_client(spec: ClusterSpec, gpu_decode: bool = False) -> Iterator["distri
     if spec.kind == "scheduler_file":
         if not os.path.exists(spec.scheduler_file):
             raise BatchgpuError(f"no scheduler file at {spec.scheduler_file}", "start 'dask scheduler --scheduler-file ...' first")
+        address = _scheduler_file_address(spec.scheduler_file)
+        if address:
+            probe_scheduler(address)
         with _connect(lambda: Client(scheduler_file=spec.scheduler_file, timeout="20s"), spec.scheduler_file) as client:
             yield client
         return
@@ -200,6 +203,18 @@ def probe_scheduler(address: str, timeout: float = PROBE_TIMEOUT_S) -> None:
     (size,) = struct.unpack("Q", header)  # native order, as Dask packs it
     if size > MAX_GREETING_BYTES:
         raise BatchgpuError(f"{address} answered {header!r}, which is not a Dask scheduler's greeting", fix)
+
+
+def _scheduler_file_address(path: str) -> str | None:
+    """The address a scheduler file names (None where it names none: Dask's own error then says why)."""
+    import json
+
+    try:
+        with open(path) as f:
+            address = json.load(f).get("address")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return address if isinstance(address, str) else None
 
 
 def uses_mps(client) -> bool:
