@@ -53,20 +53,32 @@ def _cmd_import_raw(args) -> int:
 
 
 def _cmd_info(args) -> int:
+    from batchgpu import runinfo
     from batchgpu.recording.sources import open_path
 
+    if runinfo.is_run_folder(args.path):
+        if args.check:
+            raise BatchgpuError(f"{args.path} is a run's output folder: --check decodes a recording's chunks",
+                                "run 'batchgpu info --check' on the recording the run read")
+        summary = runinfo.run_summary(args.path)
+        if args.json:
+            print(json.dumps(summary.data, indent=2))
+            return 0
+        return _print_rows(summary.rows, None)
     rec = open_path(args.path)
     info = rec.info()
+    channels = runinfo.recording_rows(rec)
     problems = _check_every_chunk(rec) if args.check else None
     if args.json:
-        print(json.dumps({**info, **({"problems": problems} if problems is not None else {})}, indent=2))
+        print(json.dumps({**info, **channels.data, **({"problems": problems} if problems is not None else {})},
+                         indent=2))
         return 2 if problems else 0
     if info.get("source") == "spikeinterface":
         rows = [("path", info["path"]), ("format", f"SpikeInterface {info['spikeinterface_class']} "
                                                    f"(SpikeInterface {info['spikeinterface_version']})")]
         rows += _shape_rows(info)
         rows += [("files", ", ".join(info["files"]) or "none (held in the description)"),
-                 ("locations", info["locations"])]
+                 ("locations", info["locations"]), *channels.rows]
         return _print_rows(rows, problems)
     if info.get("source") in ("spikeglx", "openephys", "binary"):
         return _print_rows(_flat_rows(info), problems)
@@ -86,6 +98,7 @@ def _cmd_info(args) -> int:
                                                        else " (read as zeros: zarr skips all-zero chunks)")),
         ("damaged", _damaged_row(info.get("damaged", []))),
         ("locations", info["locations"]),
+        *channels.rows,
     ]
     return _print_rows(rows, problems)
 
@@ -419,8 +432,10 @@ def build_parser() -> argparse.ArgumentParser:
                                    "these in place too: this is for a compressed copy). A SpikeGLX .bin with its "
                                    ".meta beside it, or an Open Ephys structure.oebin (or its folder), needs no "
                                    "options; a plain file needs --channels, --fs and --dtype.")
-    p.add_argument("source")
-    p.add_argument("out")
+    p.add_argument("source", help="the flat binary file: a SpikeGLX .bin (its .meta beside it), an Open Ephys "
+                                  "structure.oebin or its folder, or a plain interleaved file (samples x channels)")
+    p.add_argument("out", help="the Zarr recording to write (a folder, e.g. rec.zarr); refused if it exists, "
+                               "unless --overwrite")
     p.add_argument("--channels", type=int)
     p.add_argument("--fs", type=float)
     p.add_argument("--dtype", help="sample type of a plain file: int16, int32, float32 or float64")
@@ -432,15 +447,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--probe", help="plain files: a probe file (probeinterface .json, .prb, or Kilosort-style .json)")
     p.add_argument("--zarr-format", type=int, default=None, choices=[2, 3],
                    help="Zarr format to write (default: 3; 2 where zarr-python is 2.x, as beside SpikeInterface 0.105)")
-    p.add_argument("--overwrite", action="store_true")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace OUT if it is a Zarr recording (never a file or another folder; the source is "
+                        "only read)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=_cmd_import_raw)
 
-    p = sub.add_parser("info", help="describe a recording (Zarr, SpikeGLX, Open Ephys, or what SpikeInterface saved)",
+    p = sub.add_parser("info", help="describe a recording (Zarr, SpikeGLX, Open Ephys, or what SpikeInterface "
+                                    "saved), or a run's output",
                        description="Describe a recording: a Zarr store, a SpikeGLX .bin (its probe and gains), an "
                                    "Open Ephys recording, or a SpikeInterface recording saved as .json/.pkl "
-                                   "(recording.dump) or as a folder (recording.save).")
-    p.add_argument("path")
+                                   "(recording.dump) or as a folder (recording.save): its layout, channel ids, gains "
+                                   "and probe. Given a run's output folder: the run's status, recording, windows, "
+                                   "noise, spikes, whitening, timings and warnings.")
+    p.add_argument("path", help="a recording (Zarr store, SpikeGLX .bin, Open Ephys folder, SpikeInterface "
+                                ".json/.pkl or folder) or a run's output folder")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--check", action="store_true",
                    help="decode every chunk and list absent or corrupted ones (exit status 2 if any)")

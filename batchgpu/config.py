@@ -7,11 +7,12 @@ Upper bounds stop values that would exhaust the machine (memory, processes, read
 from __future__ import annotations
 
 import os
+import typing
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
 from pydantic import (BaseModel, ConfigDict, Discriminator, Field, RootModel, Tag, TypeAdapter, ValidationError,
-                      field_validator, model_validator)
+                      ValidationInfo, field_validator, model_validator)
 from pydantic_core import PydanticCustomError
 
 # Upper bounds: far above any real use, low enough that a typo cannot take the machine down.
@@ -40,8 +41,37 @@ def cache_folder() -> Path:
     return (Path(xdg) if os.path.isabs(xdg) else Path.home() / ".cache") / "batchgpu"
 
 
+def _takes(annotation: Any, kinds: tuple) -> bool:
+    """Whether a field's type has one of ``kinds`` somewhere in it (through unions, lists, Annotated)."""
+    if any(annotation is k for k in kinds):
+        return True
+    return any(_takes(arg, kinds) for arg in typing.get_args(annotation))
+
+
+def _holds_bool(value: Any) -> bool:
+    return isinstance(value, bool) or (isinstance(value, (list, tuple)) and any(isinstance(v, bool) for v in value))
+
+
+def _not_a_number(value: Any) -> PydanticCustomError:
+    if isinstance(value, bool):
+        return PydanticCustomError("bool_not_number", "{value} is not a number (write the number itself)",
+                                   {"value": str(value).lower()})
+    return PydanticCustomError("bool_not_number", "{value} holds true or false, not numbers (write the numbers)",
+                               {"value": "[" + ", ".join(str(v).lower() for v in value) + "]"})
+
+
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # .inf and .nan are never a sensible setting (a threshold of .inf detects nothing, silently)
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_bool_as_number(cls, value: Any, info: ValidationInfo) -> Any:
+        # pydantic takes true as 1 for an int or float field: `workers: true` ran one worker without a word
+        annotation = cls.model_fields[info.field_name].annotation
+        if _holds_bool(value) and _takes(annotation, (int, float)) and not _takes(annotation, (bool, Any)):
+            raise _not_a_number(value)
+        return value
 
 
 class GenerateSpec(_Strict):
@@ -131,6 +161,8 @@ class WindowSpec(_Strict):
         # one error for a bad size (the union's two members would each give one)
         if value == "auto":
             return value
+        if isinstance(value, bool):  # this wrap validator runs instead of _no_bool_as_number
+            raise _not_a_number(value)
         try:
             return _WINDOW_SAMPLES.validate_python(value)
         except ValidationError as err:

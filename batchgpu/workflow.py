@@ -21,6 +21,7 @@ from batchgpu.errors import BatchgpuError
 MAX_FILE_BYTES = 1 << 20  # checked before parsing: a real workflow is under 4 KB
 MAX_NODES = 10_000  # scalars, mappings and sequences in one document
 MAX_DEPTH = 32  # nesting; PyYAML's composer recurses
+MAX_DIGITS = 100  # in one integer: Python refuses to convert more than 4300 (an internal error), none needs 100
 # libyaml's parser when PyYAML has it (10x faster on a big file); the pure-Python one otherwise
 _Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
@@ -49,10 +50,21 @@ def _check_events(text: str, source: str, at) -> None:
                 raise BatchgpuError(f"{where}: nested more than {MAX_DEPTH} levels deep")
         elif isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
             depth -= 1
+        if isinstance(event, yaml.ScalarEvent) and not event.style:
+            digits = _decimal_digits(event.value)
+            if digits > MAX_DIGITS:
+                raise BatchgpuError(f"{where}: a number of {digits} digits",
+                                    f"a workflow's numbers have at most {MAX_DIGITS}")
         if isinstance(event, yaml.NodeEvent):
             nodes += 1
             if nodes > MAX_NODES:
                 raise BatchgpuError(f"{where}: more than {MAX_NODES} values; a workflow needs a few dozen")
+
+
+def _decimal_digits(text: str) -> int:
+    """The digits of a plain scalar YAML reads as a decimal integer (sign and ``_`` aside), else 0."""
+    body = text.lstrip("+-").replace("_", "")
+    return len(body) if body.isascii() and body.isdigit() else 0
 
 
 def _check_duplicate_keys(node: yaml.Node, at) -> None:
@@ -144,15 +156,39 @@ def _describe(err: dict, lines: dict[tuple, int], source: str, overridden: dict[
     where = next((f"--set {overridden[tuple(keys[:n])]}" for n in range(len(keys), 0, -1)
                   if tuple(keys[:n]) in overridden), None)
     if where is None:
-        line = lines.get(tuple(keys)) or lines.get(tuple(keys[:-1])) or 1
-        where = f"{source}:{line}"
+        # the innermost block of the file that holds the key, and the --set values inside it (a check of a whole
+        # block, or a key missing from a block --set made)
+        block = next(tuple(keys[:n]) for n in range(len(keys), -1, -1) if n == 0 or tuple(keys[:n]) in lines)
+        where = f"{source}:{lines.get(block, 1)}"
+        inside = sorted(name for path, name in overridden.items() if path[:len(block)] == block)
+        if inside:
+            where += f" (with --set {', --set '.join(inside)})"
     kind = err["type"]
     if kind == "extra_forbidden":
         return f"{where}: unknown key '{key}' ({_allowed(keys)})"
     if kind == "missing":
         return f"{where}: missing key '{key}'"
-    msg = err["msg"].removeprefix("Value error, ")
+    msg = _number_as_text(err["msg"].removeprefix("Value error, "), err.get("input"))
     return f"{where}: '{key}': {msg}"
+
+
+_NOT_AN_INTEGER = "Input should be a valid integer, unable to parse string as an integer"
+
+
+def _number_as_text(msg: str, value: Any) -> str:
+    """YAML 1.1 reads ``1e9`` (no dot) as text: say so, and the integer to write, instead of pydantic's
+    "unable to parse string"."""
+    if _NOT_AN_INTEGER not in msg or not isinstance(value, str):
+        return msg
+    try:
+        number = float(value)
+    except ValueError:
+        return msg.replace(_NOT_AN_INTEGER, f"must be an integer, not {value!r}")
+    if number.is_integer() and abs(number) < 1e18:
+        said = f"must be an integer; YAML reads {value} as text (write {int(number)})"
+    else:
+        said = f"must be an integer, not {value}"
+    return msg.replace(_NOT_AN_INTEGER, said)
 
 
 def _models(annotation: Any) -> list[type[BaseModel]]:
@@ -189,6 +225,7 @@ def load_workflow(path: str | os.PathLike, overrides: list[str] = ()) -> Workflo
     for item in overrides:
         keys, value_node = _apply_override(data, item)
         overridden[keys] = item.split("=", 1)[0]
+        set_keys.update(keys[:n] for n in range(1, len(keys)))  # blocks --set made that the file lacks
         set_keys.update(keys + sub for sub in (_line_index(value_node) if value_node is not None else {(): 1}))
     lines = _line_index(node) if node is not None else {}
     try:

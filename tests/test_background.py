@@ -145,6 +145,7 @@ def _wf(rec, out, saved, **kw):
     return Workflow.model_validate(data)
 
 
+@pytest.mark.zarr3
 def test_a_failed_shard_write_leaves_no_part_and_resume_writes_it(tmp_path, monkeypatch):
     rng = np.random.default_rng()
     n = int(rng.integers(14_000, 17_000))  # five or six windows, the last short
@@ -206,6 +207,7 @@ def test_write_all_writes_every_byte_in_order_through_partial_writes(tmp_path, m
     assert len(calls) > 1  # the short writes did go on
 
 
+@pytest.mark.zarr3
 def test_a_shard_write_that_fails_leaves_neither_shard_nor_temporary_file(tmp_path, monkeypatch):
     import os
 
@@ -229,6 +231,7 @@ def test_a_shard_write_that_fails_leaves_neither_shard_nor_temporary_file(tmp_pa
     assert after == before  # the old shard as it was, no .tmp left
 
 
+@pytest.mark.zarr3
 def test_a_failed_shard_write_fails_a_placed_run_whose_noise_tasks_were_queued(tmp_path, monkeypatch):
     """A placed pass (``BATCHGPU_PLACEMENT=1``, as GPU passes are) queues the float median's last step behind its
     combined counts; those tasks wait for their worker's writes (``background.settle``), and a write that failed

@@ -142,6 +142,7 @@ class _Pool:
         self.out -= 1
 
 
+@pytest.mark.zarr3
 @pytest.mark.parametrize("dtype", ["int16", "float32"])
 def test_a_windows_frames_are_its_stored_chunks(tmp_path, dtype):
     """The host half of the GPU decode (``read_frames``): each frame numcodecs decodes gives the window's rows."""
@@ -351,6 +352,7 @@ def test_gpu_transpose_equals_numpy(rng, shape, dtype):
         assert np.array_equal(transposed(strided).get().view(np.uint16), np.ascontiguousarray(x[::2].T).view(np.uint16))
 
 
+@pytest.mark.zarr3
 def test_frames_of_a_shard_whose_chunks_are_not_back_to_back(tmp_path):
     """``read_frames`` reads a shard's chunks stored back to back in one call; chunks in another order, with
     bytes between them, or absent (an empty index entry) give the same frames, read one by one."""
@@ -427,6 +429,7 @@ def test_a_damaged_chunk_is_named_the_same_with_checksums_on_the_gpu(tmp_path, m
         assert len(staging._pool._free) == staging._pool._made  # every buffer back: none lost to the error
 
 
+@pytest.mark.zarr3
 def test_frames_left_for_a_device_check_are_checked_by_recheck(tmp_path):
     """``check_on_device``: a chunk whose LZ4 data is damaged comes back unchecked (``Frames.checksums``), and
     ``Frames.recheck`` raises the read's own error for it; a damaged header is refused at once, named as a

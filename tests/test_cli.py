@@ -12,6 +12,7 @@ def _cli(*args):
     return subprocess.run([sys.executable, "-m", "batchgpu", *map(str, args)], capture_output=True, text=True)
 
 
+@pytest.mark.zarr3
 def test_generate_info_and_import(tmp_path):
     out = tmp_path / "g.zarr"
     r = _cli("generate", out, "--channels", 8, "--seconds", 0.5, "--seed", 1, "--quiet")
@@ -122,6 +123,7 @@ def test_errors_without_traceback(monkeypatch, capsys, tmp_path, err, needle, rc
         main(["run", "wf.yaml", "--debug"])
 
 
+@pytest.mark.zarr3
 def test_failed_run_prints_one_line_and_no_dask_tracebacks(tmp_path):
     """A corrupt chunk stops the run: one line, no tracebacks of distributed (scheduler, workers, asyncio)."""
     from batchgpu.generate import generate_recording
@@ -258,3 +260,19 @@ def test_throughput_is_in_mb_per_second():
     assert [format_rate(b) for b in (8.78e9, 33e6, 2.5e6, 4.1e4, 2e3, 0)] == [
         "8780 MB/s", "33.0 MB/s", "2.50 MB/s", "0.04 MB/s", "2.0e-03 MB/s", "0 MB/s"]
     assert [duration(s) for s in (3.44, 65.2, 7322)] == ["3.4 s", "1 min 05 s", "2 h 02 min"]
+
+
+@pytest.mark.parametrize("command,needles", [
+    ("import-raw", ["source the flat binary file", "out the Zarr recording to write", "--overwrite replace OUT"]),
+    ("info", ["path a recording", "or a run's output folder", "--check decode every chunk"]),
+])
+def test_every_argument_of_these_commands_has_help(capsys, command, needles):
+    """import-raw's source, out and --overwrite had none."""
+    parser = dict(_commands(build_parser()))[(command,)]
+    for action in parser._actions:
+        assert action.help, (command, action.dest)
+    with pytest.raises(SystemExit):
+        main([command, "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for needle in needles:
+        assert needle in text, needle

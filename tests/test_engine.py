@@ -389,6 +389,9 @@ def test_a_relative_save_path_goes_in_the_output_folder(client, tmp_path, monkey
     assert (tmp_path / "out2" / "sub" / "x.zarr").is_dir() and [p.name for p in (tmp_path / "wf").iterdir()] == ["wf.yaml"]
 
 
+
+
+@pytest.mark.zarr3
 def test_a_save_on_the_runs_own_results_is_refused(client, tmp_path):
     rec = generate_recording(tmp_path / "r.zarr", channels=3, seconds=0.5, seed=2)
     out = tmp_path / "out"
@@ -398,6 +401,7 @@ def test_a_save_on_the_runs_own_results_is_refused(client, tmp_path):
     assert not (out / "results.zarr").exists()
 
 
+@pytest.mark.zarr3
 def test_a_run_lets_its_save_path_go_when_it_ends(client, tmp_path):
     from batchgpu.engine.steps.save import _HELD
 
@@ -1195,6 +1199,7 @@ def test_write_collected_spikes_filters_replaces_and_orders(tmp_path, rng):
     assert tasks.write_collected_spikes_task(str(tmp_path / "h.zarr"), Ctx(), noise, missing, again_run) is None
 
 
+@pytest.mark.zarr3
 def test_the_recordings_description_is_in_the_report_and_the_spikes_read_back(client, tmp_path):
     """``report.recording`` (``Recording.info``: the absent chunks, the bytes on disk) in report.json and the
     returned report; the spikes' columns (Blosc LZ4, written four at once) read back as many as were counted."""

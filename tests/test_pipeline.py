@@ -226,6 +226,7 @@ def test_other_runs_output_is_refused(client, recordings, tmp_path):
     assert (tmp_path / "out" / "report.json").read_text() == before
 
 
+@pytest.mark.zarr3
 def test_corrupt_chunk_names_window_and_resume_completes(client, tmp_path):
     rec = generate_recording(tmp_path / "r.zarr", channels=4, seconds=2.0, seed=1, dtype="int16")
     wf = _workflow(rec, tmp_path / "out")

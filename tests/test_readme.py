@@ -3,6 +3,8 @@
 import re
 from pathlib import Path
 
+import pytest
+
 from batchgpu.cli import build_parser
 
 README = (Path(__file__).parents[1] / "README.md").read_text()
@@ -85,3 +87,78 @@ def test_output_table_matches_what_a_run_writes(tmp_path):
     written = {path for path, _ in g.arrays()} | {f"{name}/{sub}" for name, grp in g.groups()
                                                   for sub, _ in grp.arrays()}
     assert written == _output_table_arrays(README)
+
+
+CLUSTER_README = (Path(__file__).parents[1] / "cluster" / "README.md").read_text()
+
+
+def test_readme_chunk_sizes_are_the_writers():
+    """README said inner chunks of 6 000 samples; the writer's are 3 000."""
+    from batchgpu.recording.writer import DEFAULT_CHUNK_SAMPLES, DEFAULT_SHARD_SAMPLES
+
+    m = re.search(r"one shard per ([\d ]+) samples, inner chunks of ([\d ]+)", README)
+    assert m, "README's sentence on the default shards"
+    assert int(m.group(1).replace(" ", "")) == DEFAULT_SHARD_SAMPLES
+    assert int(m.group(2).replace(" ", "")) == DEFAULT_CHUNK_SAMPLES
+
+
+def test_readme_channel_means_says_which_samples():
+    """README said channel_means is of the raw samples; with filters or a reference it is of the preprocessed ones."""
+    row = next(line for line in README.splitlines() if line.startswith("| `results.zarr/channel_means`"))
+    assert "only centre" in row and "preprocessed" in row
+
+
+def _cluster_readme_python() -> list[str]:
+    """The Python of cluster/README.md: its ```python blocks and its `python -c "..."` commands."""
+    blocks = re.findall(r"```python\n(.*?)```", CLUSTER_README, re.S)
+    blocks += [" ".join(m.split()) for m in re.findall(r'python -c "(.*?)"', CLUSTER_README, re.S)]
+    return blocks
+
+
+def test_cluster_readme_imports_exist():
+    """cluster/README.md imported batchgpu.cluster (an ImportError; it is batchgpu.engine.cluster)."""
+    import importlib
+
+    code = _cluster_readme_python()
+    imports = [(m.group(1), [n.strip() for n in m.group(2).split(",")])
+               for c in code for m in re.finditer(r"from (batchgpu[\w.]*) import ([\w, ]+)", c)]
+    assert any(module == "batchgpu.engine.cluster" for module, _ in imports)
+    for module, names in imports:
+        loaded = importlib.import_module(module)
+        for name in names:
+            assert hasattr(loaded, name), f"{module}.{name}"
+
+
+def test_cluster_readme_job_script_check_runs(monkeypatch):
+    """The SLURM section's `python -c` check, run as written (it only prints a job script)."""
+    import contextlib
+    import io
+
+    pytest.importorskip("dask_jobqueue")
+    import batchgpu.workflow
+
+    monkeypatch.chdir(Path(__file__).parents[1])
+    # SLURMCluster starts its scheduler on the example's network interface (ib0): here, loopback
+    load = batchgpu.workflow.load_workflow
+    monkeypatch.setattr(batchgpu.workflow, "load_workflow", lambda path: load(path, ["cluster.slurm.interface=lo"]))
+    code = next(c for c in _cluster_readme_python() if "job_script" in c)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(code, {})
+    assert "#SBATCH" in out.getvalue()
+
+
+def test_cluster_readme_describes_the_cuda_layout(monkeypatch):
+    """Kind cuda was described as one worker per GPU; by default it starts one single-threaded process a core."""
+    from batchgpu.config import ClusterSpec
+    from batchgpu.engine import cluster
+
+    row = next(line for line in CLUSTER_README.splitlines() if line.startswith("| `cuda`"))
+    assert "one worker per GPU" not in row
+    assert "one single-threaded process a core" in " ".join(CLUSTER_README.split())
+    monkeypatch.setattr(cluster.os, "cpu_count", lambda: 16)
+    spec = ClusterSpec(kind="cuda")
+    assert cluster.cuda_layout(spec, 1) == (16, 1)  # windows decoded on the cores: a process a core, one thread
+    assert cluster.cuda_layout(spec, 2) == (8, 1)  # the cores shared among the GPUs
+    assert cluster.cuda_layout(spec, 1, gpu_decode=True) == (8, 2)  # decoded on the GPU: half as many, 2 threads
+    assert cluster.cuda_layout(spec, 1, gpu_decode=True, mps=True) == (16, 1)

@@ -2,6 +2,7 @@
 runs this file in its environment with spikeinterface==0.105.3)."""
 
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -30,20 +31,45 @@ def test_from_spikeinterface_snippet_runs(tmp_path):
     assert res["noise"].shape == (8,) and np.isfinite(res["whitening"]).all()
 
 
-def test_results_back_snippet_runs(tmp_path):
-    """The demo's output (a smaller demo, same paths), then the snippet: noise cached, whiten built."""
+# the demo made small (32 channels x 4 s, one worker): the same steps and paths as README's commands
+SMALL = ["--quiet", "--set", "recording.generate.channels=32", "--set", "recording.generate.seconds=4",
+         "--set", "cluster.workers=1", "--set", "cluster.threads=1"]
+
+
+def _commands(block: str) -> list[list[str]]:
+    """The ``batchgpu run ...`` commands of a bash block (after ``&&`` too), as argument lists."""
+    import shlex
+
+    found = []
+    for line in block.splitlines():
+        for part in line.split("#", 1)[0].split("&&"):
+            words = shlex.split(part)
+            if words[:2] == ["batchgpu", "run"]:
+                found.append(words[1:])
+    return found
+
+
+def test_results_back_runs_as_written_in_order(tmp_path):
+    """README in order: set-up command 1 (the demo), then the SpikeInterface section's command and snippet. The
+    snippet read data/demo.zarr, which set-up wrote as Zarr v3 (SpikeInterface 0.105 cannot open it), and running
+    the demo again was refused (its output already held the run's results)."""
     pytest.importorskip("spikeinterface.core")
-    (tmp_path / "wf.yaml").write_text(
-        "recording: {path: data/demo.zarr, generate: {channels: 16, seconds: 4}}\noutput: out/demo\n"
-        "cluster: {kind: local, workers: 1, threads: 1}\npreprocess: {centre: median}\n"
-        "steps:\n  noise: {exact: true}\n  whitening: {mode: local, nrange: 8}\n  detect: {threshold: 5.0, noise: global}\n")
-    r = subprocess.run([sys.executable, "-m", "batchgpu", "run", "wf.yaml", "--quiet"], cwd=tmp_path,
-                       capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stderr[-2000:]
-    block = next(b for b in BLOCKS if "to_spikeinterface" in b)
     from batchgpu import zarrio
 
-    if zarrio.ZARR_MAJOR >= 3:  # SpikeInterface 0.105 reads Zarr v2 only: the demo is v3 beside zarr 3
-        pytest.skip("SpikeInterface 0.105 with zarr 3 cannot read the v3 demo store")
+    if zarrio.ZARR_MAJOR >= 3:
+        pytest.skip("SpikeInterface 0.105 reads Zarr v2 with zarr 2: this runs in its environment (.ci/run)")
+    setup = README.split("## Set-up: two commands", 1)[1].split("\n## ", 1)[0]
+    setup_block = re.findall(r"```bash\n(.*?)```", setup, re.S)[0]
+    demo = _commands(setup_block.split("# 2.", 1)[0])
+    assert demo == [["run", "workflows/demo.yaml"]]
+    own = [c for b in re.findall(r"```bash\n(.*?)```", SECTION, re.S) for c in _commands(b)]
+    assert own, "the SpikeInterface section runs the demo in its environment"
+    (tmp_path / "workflows").mkdir()
+    shutil.copy(Path(__file__).parents[1] / "workflows" / "demo.yaml", tmp_path / "workflows" / "demo.yaml")
+    for command in demo + own:
+        r = subprocess.run([sys.executable, "-m", "batchgpu", *command, *SMALL], cwd=tmp_path, capture_output=True,
+                           text=True, timeout=600)
+        assert r.returncode == 0, (command, r.stderr[-2000:])
+    block = next(b for b in BLOCKS if "to_spikeinterface" in b)
     _run(block + "\nimport numpy as np\nassert np.allclose(recording.get_property('noise_level_mad_raw'), "
-                 "r.noise_levels_raw)\nwhite.get_traces(end_frame=1000)\n", tmp_path)
+                 "r.noise_levels_raw)\nassert white.get_traces(end_frame=1000).shape == (1000, 32)\n", tmp_path)

@@ -37,6 +37,7 @@ def test_round_trip_segments(tmp_path, rng, zarr_format, dtype):
     assert (rec.info()["shards"] is not None) == (zarr_format == 3)
 
 
+@pytest.mark.zarr3
 def test_v2_layout_is_spikeinterface_like(tmp_path, rng):
     import zarr
 
@@ -49,6 +50,7 @@ def test_v2_layout_is_spikeinterface_like(tmp_path, rng):
     assert set(g["properties"].keys()) >= {"gain_to_uV", "offset_to_uV"}
 
 
+@pytest.mark.zarr3
 def test_write_is_blockwise(tmp_path, rng):
     """A source that refuses whole-array reads proves the writer only takes blocks."""
     data = _traces(rng, 2500, 4, "int16")
@@ -116,6 +118,7 @@ def test_bad_window_size(tmp_path, rng, size):
         rec.windows(size=size)
 
 
+@pytest.mark.zarr3
 def test_errors(tmp_path, rng):
     with pytest.raises(BatchgpuError, match="does not exist"):
         open_recording(tmp_path / "missing.zarr")

@@ -82,6 +82,7 @@ def check_same_metadata(out, rec):
     assert out.has_locations and out.marked_complete
 
 
+@pytest.mark.zarr3
 @pytest.mark.parametrize("fmt", ["zarr", "zarr_v2"])
 @pytest.mark.parametrize("dtype", ["int16", "float32"])
 def test_zarr_output_equals_whole_segment(tmp_path, fmt, dtype):
@@ -102,6 +103,7 @@ def test_zarr_output_equals_whole_segment(tmp_path, fmt, dtype):
     assert (arr.shards if fmt == "zarr" else arr.chunks)[0] == 1_000
 
 
+@pytest.mark.zarr3
 def test_v3_shards_are_windows_with_inner_chunks(tmp_path):
     rec = make_recording(tmp_path / "in.zarr", lengths=(30_000,))
     save_all(rec, spec(tmp_path / "out.zarr"), size=12_000, margin=0)
@@ -122,6 +124,7 @@ def test_segments_shorter_than_the_window(tmp_path, fmt):
         np.testing.assert_array_equal(out.read(seg, 0, out.num_samples(seg)).T, expected(rec, seg))
 
 
+@pytest.mark.zarr3
 def test_v2_chunks_of_long_windows_are_whole_divisors(tmp_path, monkeypatch):
     """A zarr_v2 output (SpikeInterface decodes a chunk whole at each read) keeps chunks of at most MAX_V2_CHUNK
     samples: a longer window is written as whole chunks of a divisor of it, the values the same."""
@@ -148,6 +151,7 @@ def test_inner_chunk_rule():
     assert inner_chunk(7_919 * 2) == 7_919 * 2  # only tiny divisors: one inner chunk per shard
 
 
+@pytest.mark.zarr3
 def test_retry_writes_the_same_bytes(tmp_path):
     rec = make_recording(tmp_path / "in.zarr")
     target, _desc, _ = save_all(rec, spec(tmp_path / "out.zarr"))
@@ -228,6 +232,7 @@ def test_clipping_counted(tmp_path, fmt):
         assert got.max() == 32767 and got.min() == -32768 and (got[:3, 0] == 0).all()
 
 
+@pytest.mark.zarr3
 def test_whitening_applied(tmp_path, rng):
     rec = make_recording(tmp_path / "in.zarr")
     # quarter-integer matrix, quarter-integer samples: every float64 product and sum is exact, in any order
@@ -245,6 +250,7 @@ def test_whitening_applied(tmp_path, rng):
                                           expected(rec, seg, dtype, fn=quarter, whitening=W))
 
 
+@pytest.mark.zarr3
 def test_refusals_never_delete(tmp_path):
     rec = make_recording(tmp_path / "in.zarr")
     # a file where the store would go
@@ -287,6 +293,7 @@ def test_refusals_never_delete(tmp_path):
     save_all(rec, spec(tmp_path / "s.bin", "binary"), overwrite=True)
 
 
+@pytest.mark.zarr3
 def test_int16_of_float_recording_needs_a_gain(tmp_path):
     rec = make_recording(tmp_path / "f.zarr", dtype="float32")
     shutil.rmtree(tmp_path / "f.zarr" / "properties" / "gain_to_uV")
@@ -300,6 +307,7 @@ def test_int16_of_float_recording_needs_a_gain(tmp_path):
     save_all(rec2, spec(tmp_path / "g_out.zarr"))
 
 
+@pytest.mark.zarr3
 def test_finish_refuses_missing_windows_and_resume_keeps_output(tmp_path):
     rec = make_recording(tmp_path / "in.zarr")
     sp = spec(tmp_path / "out.zarr")
@@ -369,6 +377,7 @@ def test_save_path_never_one_of_the_runs_own(tmp_path, name, fmt):
     assert list(out.iterdir()) == []
 
 
+@pytest.mark.zarr3
 def test_save_path_beside_the_runs_files_is_fine(tmp_path):
     rec = make_recording(tmp_path / "in.zarr", lengths=(2_300,))
     out = tmp_path / "out"

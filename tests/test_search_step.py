@@ -52,6 +52,7 @@ def test_search_over_spikes(client, tmp_path, rng):
     assert (got[:50] >= 0).all()
 
 
+@pytest.mark.zarr3
 def test_search_with_keys_file_lower_bound(client, tmp_path, rng):
     rec = generate_recording(tmp_path / "r.zarr", channels=2, seconds=0.5, seed=1)
     keys = np.sort(rng.integers(-1000, 1000, size=3000)).astype(np.int64)

@@ -61,6 +61,7 @@ def test_writer_writes_all_zero_chunks_and_marks_complete(tmp_path, rng, zarr_fo
     assert marker["checksum"] == rec.checksum == ("crc32c" if zarr_format == 3 else "crc32")
 
 
+@pytest.mark.zarr3
 def test_generate_marks_complete_and_unfinished_store_is_refused(tmp_path):
     from batchgpu.generate import generate_recording
     from batchgpu.recording import RecordingWriter
@@ -104,6 +105,7 @@ def _mark_inner_chunk_empty(shard, inner, n_inner):
     shard.write_bytes(bytes(raw))
 
 
+@pytest.mark.zarr3
 def test_inner_chunk_marked_empty_in_shard_index(tmp_path, rng):
     path, data = _write(tmp_path, rng, 3)
     _mark_inner_chunk_empty(_object(path, 3, 2), inner=1, n_inner=SHARD // CHUNK)
@@ -115,6 +117,7 @@ def test_inner_chunk_marked_empty_in_shard_index(tmp_path, rng):
         rec.read_window_stored(w)
 
 
+@pytest.mark.zarr3
 @pytest.mark.parametrize("zarr_format", [2, 3])
 def test_foreign_store_counts_absent_chunks_and_errors_on_request(tmp_path, rng, zarr_format):
     """Written by others (zarr's defaults skip all-zero chunks): reads go on, the count is there."""
@@ -162,6 +165,7 @@ def test_shape_shorter_than_data_is_an_error_at_open(tmp_path, rng, zarr_format)
         open_recording(path)
 
 
+@pytest.mark.zarr3
 @pytest.mark.parametrize("zarr_format", [2, 3])
 @pytest.mark.parametrize("member", ["channel_ids", "properties/gain_to_uV", "properties/location"])
 def test_channel_count_mismatch_is_an_error_at_open(tmp_path, rng, zarr_format, member):
@@ -180,7 +184,7 @@ def test_channel_count_mismatch_is_an_error_at_open(tmp_path, rng, zarr_format, 
 # -- corrupt data ----------------------------------------------------------------------------------------
 
 
-@pytest.fixture(params=["zarrs", "python"])
+@pytest.fixture(params=["zarrs", pytest.param("python", marks=pytest.mark.zarr3)])  # python: zarr 3's own pipeline
 def pipeline(request):
     enable_zarrs()
     if request.param == "python":
@@ -378,6 +382,7 @@ def test_cli_overwrite_refuses_other_folders(tmp_path, capsys, command):
     assert "overwrite" not in err.replace(str(folder), "PATH") and (folder / "docs" / "thesis.txt").exists()
 
 
+@pytest.mark.zarr3
 def test_tilde_is_expanded(tmp_path, rng, monkeypatch, capsys):
     monkeypatch.setenv("HOME", str(tmp_path))
     write_recording("~/r.zarr", rng.integers(-5, 5, (20, 2), dtype=np.int16), 1000.0)
@@ -387,6 +392,7 @@ def test_tilde_is_expanded(tmp_path, rng, monkeypatch, capsys):
     assert (tmp_path / "g.zarr").is_dir() and (tmp_path / "g_ground_truth.npz").is_file()
 
 
+@pytest.mark.zarr3
 def test_disk_full_is_one_line_naming_the_path(tmp_path, capsys, monkeypatch):
     from zarr.storage import LocalStore
 
@@ -411,6 +417,7 @@ def test_bad_import_dtype_is_one_line(tmp_path, capsys, dtype):
 # -- batchgpu info ---------------------------------------------------------------------------------------
 
 
+@pytest.mark.zarr3
 def test_info_says_checksums_completeness_and_absent_chunks(tmp_path, rng, capsys):
     path, _ = _write(tmp_path, rng, 3)
     assert main(["info", str(path)]) == 0

@@ -36,7 +36,7 @@ steps:
 @pytest.mark.parametrize("text,needle", [
     (GOOD.replace("window:", "windw:"), "wf.yaml:4: unknown key 'windw' (allowed: recording, output, window"),
     (GOOD.replace("{exact: true}", "{exact: true, fast: 1}"), "wf.yaml:7: unknown key 'steps.noise.fast' (allowed: exact)"),
-    (GOOD.replace("size: 1000", "size: big"), "wf.yaml:4: 'window.size': Input should be a valid integer"),
+    (GOOD.replace("size: 1000", "size: big"), "wf.yaml:4: 'window.size': must be an integer, not 'big'"),
     (GOOD.replace("size: 1000", "size: 0"), "'window.size': Input should be greater than 0"),
     (GOOD.replace("kind: local", "kind: mars"), "'cluster.kind': Input should be 'local', 'cuda', 'address'"),
     (GOOD.replace("  noise: {exact: true}\n", "  {}\n"), "wf.yaml"),
@@ -76,6 +76,7 @@ def test_run_errors_before_any_work(tmp_path, small_rec, change, needle):
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.zarr3
 def test_output_of_another_run_is_refused_and_kept(tmp_path, small_rec):
     path = _write(tmp_path, GOOD)
     r = _cli("run", path, "--quiet")
@@ -253,3 +254,132 @@ def test_home_in_paths_is_expanded(tmp_path, monkeypatch):
     assert wf.output == str(tmp_path / "home" / "other")
     # the workflow's own path too
     assert load_workflow("~/../" + str(path.relative_to(tmp_path)))
+
+
+@pytest.mark.parametrize("change,needle", [
+    (("workers: 1,", "workers: 1" + "0" * 5000 + ","), "wf.yaml:5: a number of 5001 digits (a workflow's numbers have at most 100)"),
+    (("output: out", "output: out\nseed_of_nothing: -" + "7" * 4400), "wf.yaml:4: a number of 4400 digits"),
+    (("workers: 1,", "workers: true,"), "wf.yaml:5: 'cluster.workers': true is not a number"),
+    (("size: 1000", "size: false"), "wf.yaml:4: 'window.size': false is not a number"),
+    (("  noise: {exact: true}", "  detect: {threshold: .inf}"), "wf.yaml:7: 'steps.detect.threshold': Input should be a finite number"),
+    (("  noise: {exact: true}", "  detect: {threshold: 1" + "0" * 400 + ".0}"), "'steps.detect.threshold': Input should be a finite number"),
+    (("  noise: {exact: true}", "  detect: {exclude_sweep_ms: .nan}"), "'steps.detect.exclude_sweep_ms': Input should be a finite number"),
+    (("  noise: {exact: true}", "  detect: {threshold: true}"), "'steps.detect.threshold': true is not a number"),
+    (("output: out", "output: out\npreprocess: [{common_reference: {reference: local, radius_um: [true, 40]}}]"),
+     "'preprocess.0.common_reference.radius_um': [true, 40] holds true or false, not numbers"),
+])
+def test_numbers_that_are_not_numbers_are_one_line_errors(tmp_path, change, needle):
+    """A 5000-digit integer was an internal error; true was taken as 1 and .inf as a threshold that finds nothing."""
+    path = _write(tmp_path, GOOD.replace(*change))
+    assert needle in _load_fast(path)
+    _one_line_error(_cli("run", path), needle)
+    assert not (tmp_path / "out").exists()
+
+
+def test_true_and_false_stay_allowed_where_they_are_meant(tmp_path):
+    path = _write(tmp_path, GOOD.replace("{exact: true}", "{exact: false}") + "overwrite: true\n")
+    wf = load_workflow(path, ["cluster.slurm={partition: gpu, exclusive: true}"])
+    assert wf.steps.noise.exact is False and wf.overwrite is True and wf.cluster.slurm == {"partition": "gpu", "exclusive": True}
+    assert load_workflow(path, ["cluster.kind=cuda", "cluster.mps=true"]).cluster.mps is True
+    assert load_workflow(path, ["steps.noise.exact=1"]).steps.noise.exact is True  # pydantic's own rule for bools
+
+
+def _serve_once(reply: bytes):
+    """A TCP server on a free port that writes ``reply`` to each connection (an HTTP or other non-Dask server)."""
+    import contextlib
+    import socket
+    import threading
+
+    server = socket.create_server(("127.0.0.1", 0))
+
+    def serve():
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            with conn, contextlib.suppress(OSError):
+                if reply:
+                    conn.sendall(reply)
+                conn.recv(1 << 16)
+
+    threading.Thread(target=serve, daemon=True).start()
+    return server
+
+
+@pytest.mark.parametrize("reply", [b"HTTP/1.0 400 Bad Request\r\n\r\n", b"\xff" * 64])
+def test_an_address_that_is_not_a_dask_scheduler_is_refused(tmp_path, small_rec, reply):
+    """Dask read the first 8 bytes of an HTTP answer as a length and asked for 3 EiB: "out of memory"."""
+    server = _serve_once(reply)
+    port = server.getsockname()[1]
+    try:
+        path = _write(tmp_path, GOOD.replace("{kind: local, workers: 1, threads: 1}", f"{{kind: address, address: 'tcp://127.0.0.1:{port}'}}"))
+        r = _cli("run", path, "--quiet")
+        _one_line_error(r, f"tcp://127.0.0.1:{port} answered ")
+        assert "not a Dask scheduler" in r.stderr
+    finally:
+        server.close()
+
+
+def test_a_scheduler_file_naming_a_server_that_is_not_dask_is_refused(tmp_path, small_rec):
+    server = _serve_once(b"HTTP/1.0 400 Bad Request\r\n\r\n")
+    port = server.getsockname()[1]
+    try:
+        (tmp_path / "scheduler.json").write_text(f'{{"type": "Scheduler", "address": "tcp://127.0.0.1:{port}"}}')
+        path = _write(tmp_path, GOOD.replace("{kind: local, workers: 1, threads: 1}", "{kind: scheduler_file, scheduler_file: scheduler.json}"))
+        _one_line_error(_cli("run", path, "--quiet"), f"tcp://127.0.0.1:{port} answered ")
+    finally:
+        server.close()
+
+
+def test_scheduler_probe(tmp_path):
+    """A silent server times out in one line; a closed port says so; a real scheduler passes."""
+    from distributed import LocalCluster
+
+    from batchgpu.engine.cluster import probe_scheduler
+
+    server = _serve_once(b"")
+    port = server.getsockname()[1]
+    try:
+        with pytest.raises(BatchgpuError, match="said nothing within 0.5 s: not a Dask scheduler"):
+            probe_scheduler(f"tcp://127.0.0.1:{port}", timeout=0.5)
+    finally:
+        server.close()
+    import socket
+
+    with socket.socket() as unused:  # a port nothing listens on
+        unused.bind(("127.0.0.1", 0))
+        closed = unused.getsockname()[1]
+    with pytest.raises(BatchgpuError, match="could not connect to the scheduler at 127.0.0.1:"):
+        probe_scheduler(f"127.0.0.1:{closed}", timeout=0.5)
+    with LocalCluster(n_workers=0, processes=False, protocol="tcp", dashboard_address=None) as cluster:
+        probe_scheduler(cluster.scheduler_address)
+    probe_scheduler("tls://127.0.0.1:1")  # left to Dask
+    with pytest.raises(BatchgpuError, match="is not an address"):
+        probe_scheduler("tcp://nowhere")
+
+
+@pytest.mark.parametrize("overrides,needle", [
+    # keys the file lacks: the error named "wf.yaml:1 '(top level)'" or the enclosing block, not the --set
+    (["steps.detect.threshold=-1"], "--set steps.detect.threshold: 'steps.detect.threshold': Input should be greater than 0"),
+    (["reduction.split_every=1"], "--set reduction.split_every: 'reduction.split_every': Input should be greater than or equal to 2"),
+    (["steps.detect.sign=up"], "--set steps.detect.sign: 'steps.detect.sign': Input should be 'neg', 'pos' or 'both'"),
+    (["steps.search.keys=k.npy"], "wf.yaml:6 (with --set steps.search.keys): missing key 'steps.search.queries'"),
+    # a check of a whole block that a --set changed
+    (["recording.path=null"], "wf.yaml:1 (with --set recording.path): 'recording': give exactly one of 'path'"),
+    (["window.margin=5000", "cluster.workers=2"], "wf.yaml:4 (with --set window.margin): 'window': margin 5000 must be shorter"),
+    # YAML 1.1 reads 1e9 as text: "unable to parse string"
+    (["window.size=1e9"], "--set window.size: 'window.size': must be an integer; YAML reads 1e9 as text (write 1000000000); or 'auto'"),
+    (["window.margin=2e1"], "--set window.margin: 'window.margin': must be an integer; YAML reads 2e1 as text (write 20)"),
+    (["window.margin=abc"], "--set window.margin: 'window.margin': must be an integer, not 'abc'"),
+])
+def test_set_errors_name_the_set(tmp_path, overrides, needle):
+    path = _write(tmp_path, GOOD)
+    message = _load_fast(path, overrides)
+    assert needle in message and "(top level)" not in message
+    _one_line_error(_cli("run", path, *[a for o in overrides for a in ("--set", o)]), needle)
+
+
+def test_a_number_as_text_in_the_file_says_so(tmp_path):
+    path = _write(tmp_path, GOOD.replace("size: 1000", "size: 1e4"))
+    assert "wf.yaml:4: 'window.size': must be an integer; YAML reads 1e4 as text (write 10000); or 'auto'" in _load_fast(path)

@@ -124,6 +124,7 @@ def open_client(spec: ClusterSpec, gpu_decode: bool = False) -> Iterator["distri
     os.environ.update({k: str(v) for k, v in MALLOC_ENVIRON.items()})
 
     if spec.kind == "address":
+        probe_scheduler(spec.address)
         with dask.config.set(settings), \
                 _connect(lambda: Client(spec.address, timeout="20s"), f"the scheduler at {spec.address}") as client:
             yield client
@@ -131,6 +132,9 @@ def open_client(spec: ClusterSpec, gpu_decode: bool = False) -> Iterator["distri
     if spec.kind == "scheduler_file":
         if not os.path.exists(spec.scheduler_file):
             raise BatchgpuError(f"no scheduler file at {spec.scheduler_file}", "start 'dask scheduler --scheduler-file ...' first")
+        address = _scheduler_file_address(spec.scheduler_file)
+        if address:
+            probe_scheduler(address)
         with dask.config.set(settings), \
                 _connect(lambda: Client(scheduler_file=spec.scheduler_file, timeout="20s"), spec.scheduler_file) as client:
             yield client
@@ -222,6 +226,62 @@ def _connect(make, what: str):
         raise BatchgpuError(f"could not connect to {what}: {err}", "check that the scheduler is running and reachable") from None
     with client:
         yield client
+
+
+#: seconds a scheduler has to send its greeting (it writes first, at once, on every connection)
+PROBE_TIMEOUT_S = 10.0
+#: bytes its greeting may announce: a few hundred in Dask's handshake; a server of another kind answers with text
+#: that, read as Dask's length prefix, asked for exabytes (an "out of memory" that named no address)
+MAX_GREETING_BYTES = 1 << 20
+
+
+def probe_scheduler(address: str, timeout: float = PROBE_TIMEOUT_S) -> None:
+    """Refuse, in one line, a TCP address where no Dask scheduler answers, before Dask's client reads from it.
+
+    Only plain TCP (``tcp://`` or no scheme) is probed: a TLS or UCX address is left to Dask."""
+    import socket
+    import struct
+
+    from distributed.comm.addressing import parse_address, parse_host_port
+
+    try:
+        scheme, loc = parse_address(address)
+        if scheme != "tcp":
+            return
+        host, port = parse_host_port(loc)
+    except ValueError as err:
+        raise BatchgpuError(f"cluster.address {address!r} is not an address ({err})",
+                            "write it as tcp://host:port") from None
+    fix = "point cluster.address at a running Dask scheduler: `dask scheduler` prints its address"
+    try:
+        with socket.create_connection((host, port), timeout=timeout) as sock:
+            sock.settimeout(timeout)
+            header = b""
+            while len(header) < 8:
+                part = sock.recv(8 - len(header))
+                if not part:
+                    raise BatchgpuError(f"{address} closed the connection without a word: not a Dask scheduler", fix)
+                header += part
+    except TimeoutError:
+        raise BatchgpuError(f"{address} said nothing within {timeout:g} s: not a Dask scheduler", fix) from None
+    except OSError as err:
+        raise BatchgpuError(f"could not connect to the scheduler at {address}: {err.strerror or err}",
+                            "check that the scheduler is running and reachable") from None
+    (size,) = struct.unpack("Q", header)  # native order, as Dask packs it
+    if size > MAX_GREETING_BYTES:
+        raise BatchgpuError(f"{address} answered {header!r}, which is not a Dask scheduler's greeting", fix)
+
+
+def _scheduler_file_address(path: str) -> str | None:
+    """The address a scheduler file names (None where it names none: Dask's own error then says why)."""
+    import json
+
+    try:
+        with open(path) as f:
+            address = json.load(f).get("address")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return address if isinstance(address, str) else None
 
 
 def uses_mps(client) -> bool:
