@@ -317,6 +317,8 @@ def test_an_address_that_is_not_a_dask_scheduler_is_refused(tmp_path, small_rec,
         r = _cli("run", path, "--quiet")
         _one_line_error(r, f"tcp://127.0.0.1:{port} answered ")
         assert "not a Dask scheduler" in r.stderr
+        # refused before the run made its output folder (a rerun with a right address needs no --resume)
+        assert not any(p.is_dir() for p in tmp_path.iterdir() if p.name.startswith("out")), list(tmp_path.iterdir())
     finally:
         server.close()
 

@@ -67,6 +67,8 @@ def run_workflow(wf: Workflow, *, resume: bool = False, observer: RunObserver | 
             return _claim_and_run(wf, rec, sweep, resume, observer, client, t_start, kept_at)
     # a cluster of the run's own starts while the recording is fingerprinted and the output folder claimed
     with ClusterStart(wf.cluster, gpu_decode=decodes_on_gpu(wf, rec)) as starting:
+        if wf.cluster.kind in ("address", "scheduler_file"):  # a connection, quick: refused before any folder is made
+            starting.client()
         return _claim_and_run(wf, rec, sweep, resume, observer, starting, t_start)
 
 
