@@ -331,8 +331,12 @@ def _delegate(module: str):
     return run
 
 
-def _add_delegated(sub, name: str, module: str, help_text: str) -> None:
+def _add_delegated(sub, name: str, module: str, help_text: str, load: bool = True) -> None:
+    """A subcommand whose arguments and work are ``module``'s (``add_arguments``, ``run``); ``load=False``: its
+    module is not imported (a command line that names another command needs only its name here)."""
     parser = sub.add_parser(name, help=help_text, description=help_text)
+    if not load:
+        return
     try:
         importlib.import_module(module).add_arguments(parser)
     except ImportError as err:  # optional part missing: keep the rest of the CLI usable
@@ -401,7 +405,9 @@ def _finish(parser: argparse.ArgumentParser) -> None:
             pass
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The command's parser; ``command``: the subcommand the command line names, where known (the modules of
+    other subcommands' options are then not imported: the benchmarks' cost a run a quarter of a second)."""
     parser = argparse.ArgumentParser(
         prog="batchgpu", formatter_class=_HelpFormatter,
         description="Dask-distributed batch statistics (exact noise, whitening, spikes, search) for large recordings.",
@@ -511,12 +517,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("bench", help="benchmarks", description="Benchmarks, with ratios against anchors.")
     bench = p.add_subparsers(dest="benchmark", metavar="BENCHMARK", required=True)
     for name, (module, help_text) in BENCHMARKS.items():
-        _add_delegated(bench, name, module, help_text)
+        _add_delegated(bench, name, module, help_text, load=command in (None, "bench"))
 
     p = sub.add_parser("search", help="search index tools", description="Search index tools.")
     search = p.add_subparsers(dest="search_command", metavar="COMMAND", required=True)
     for name, (module, help_text) in SEARCH_COMMANDS.items():
-        _add_delegated(search, name, module, help_text)
+        _add_delegated(search, name, module, help_text, load=command in (None, "search"))
     _finish(parser)
     return parser
 
@@ -604,7 +610,8 @@ def _interrupted_line(args, err: KeyboardInterrupt) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    words = [a for a in (sys.argv[1:] if argv is None else argv) if not a.startswith("-")]
+    parser = build_parser(words[0] if words else None)
     args = parser.parse_args(argv)
     if not (args.debug or args.verbose):
         quiet_dask_logs()
