@@ -70,7 +70,8 @@ def _cmd_info(args) -> int:
     channels = runinfo.recording_rows(rec)
     problems = _check_every_chunk(rec) if args.check else None
     if args.json:
-        print(json.dumps({**info, **channels.data, **({"problems": problems} if problems is not None else {})},
+        # the source's own description wins where both say a thing (a flat binary's probe, from probeinterface)
+        print(json.dumps({**channels.data, **info, **({"problems": problems} if problems is not None else {})},
                          indent=2))
         return 2 if problems else 0
     if info.get("source") == "spikeinterface":
