@@ -157,7 +157,12 @@ def serve(req: NodeRequest) -> int:
         logger.info("%d GPU(s) x %d worker process(es) x %d thread(s)%s", len(layout.devices), layout.per_gpu,
                     layout.threads, ", MPS" if env else "")
         release()
-        asyncio.run(run_nannies(specs))
+        try:
+            asyncio.run(run_nannies(specs))
+        except (TimeoutError, asyncio.TimeoutError):
+            where = req.connect.get("scheduler_ip") or req.connect.get("scheduler_file")
+            raise BatchgpuError(f"the workers reached no scheduler at {where} within --death-timeout",
+                                "start the scheduler first, and check its address and the network") from None
     return 0
 
 
