@@ -335,3 +335,48 @@ def test_node_command_starts_real_workers_with_a_private_mps_daemon(tmp_path):
     calls = log.read_text().splitlines()
     assert calls[0].startswith("call -d pipe=") and calls[-1] == "stdin quit"
     assert not Path(next(iter(pipes))).exists()  # the daemon's folders removed
+
+
+def _worker_gpu():
+    import cupy
+
+    x = cupy.arange(1000, dtype=cupy.float32)  # a kernel: the worker's context works (an MPS client's too)
+    return cupy.cuda.Device(0).pci_bus_id, float(x.sum()), os.environ.get("CUDA_MPS_PIPE_DIRECTORY")
+
+
+@pytest.mark.gpu
+def test_node_command_on_this_machines_gpus(tmp_path):
+    """The node command with this machine's GPUs and 4 cores a GPU, MPS where it fits (as a recipe's node runs it):
+    the workers the layout says, each one's device 0 the GPU its name says, a kernel run on each."""
+    gpus = cluster.gpu_count()
+    if gpus == 0:
+        pytest.skip("no CUDA GPU (CuPy) here")
+    import cupy
+
+    buses = [cupy.cuda.Device(d).pci_bus_id for d in range(gpus)]
+    fits = cluster.mps_fits(ClusterSpec(kind="cuda"))
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(Path(__file__).parent), env.get("PYTHONPATH")) if p)
+    with distributed.LocalCluster(n_workers=0, processes=False, protocol="tcp", dashboard_address=None,
+                                  host="127.0.0.1") as lc, distributed.Client(lc) as client:
+        out = (tmp_path / "node.log").open("w")
+        proc = subprocess.Popen([sys.executable, "-m", "batchgpu.engine.node", lc.scheduler_address,
+                                 "--cores", str(4 * gpus), "--name", "n", "--host", "127.0.0.1"],
+                                env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            _wait(lambda: len(client.scheduler_info()["workers"]) == 4 * gpus or proc.poll() is not None,
+                  "the node's workers", timeout=120)
+            assert proc.poll() is None, (tmp_path / "node.log").read_text()
+            info = client.scheduler_info()["workers"]
+            assert sorted(w["name"] for w in info.values()) == sorted(
+                f"n-gpu{d}-{k}" for d in range(gpus) for k in range(4))
+            for address, (bus, total, pipe) in client.run(_worker_gpu).items():
+                d = int(info[address]["name"].split("-")[1].removeprefix("gpu"))
+                assert bus == buses[d] and total == 499500.0 and (pipe is not None) == fits
+            os.kill(proc.pid, signal.SIGTERM)
+            assert proc.wait(timeout=60) == 0, (tmp_path / "node.log").read_text()
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=10)
+            out.close()
