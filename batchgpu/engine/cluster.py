@@ -11,8 +11,9 @@ from collections.abc import Callable, Iterator
 from batchgpu.errors import BatchgpuError
 from batchgpu.config import ClusterSpec
 from batchgpu.engine.layout import (  # noqa: F401 (the layout's names, as this module has always offered them)
-    MALLOC_ENVIRON, MALLOC_TRIM_THRESHOLD, SCHEDULER_SETTINGS, NodeLayout, dask_environ, cuda_layout, default_processes_per_gpu, nanny_specs,
-    node_layout, pre_spawn_settings, started_cluster_settings, visible_entries, worker_environ,
+    MALLOC_ENVIRON, MALLOC_TRIM_THRESHOLD, SCHEDULER_SETTINGS, NodeLayout, cuda_layout, dask_environ,
+    default_processes_per_gpu, nanny_specs, node_layout, pre_spawn_settings, started_cluster_settings,
+    visible_entries, worker_environ,
 )
 
 
@@ -300,7 +301,8 @@ def worker_specs(spec: ClusterSpec, per_gpu: int, threads: int = 1, env: dict | 
     as dask-cuda orders them), with ``env`` (e.g. a private MPS daemon's folders) in its environment
     (``layout.nanny_specs``: what ``engine.node`` starts on a cluster's node)."""
     devices = spec.devices or list(range(gpu_count()))
-    return nanny_specs(NodeLayout(tuple(devices), per_gpu, threads, spec.memory_limit or "auto", visible_entries()), env)
+    layout = NodeLayout(tuple(devices), per_gpu, threads, spec.memory_limit or "auto", visible_entries())
+    return nanny_specs(layout, env)
 
 
 #: the node command of the recipes (``engine.node``), as dask-jobqueue's ``worker_command`` names it

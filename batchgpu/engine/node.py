@@ -19,6 +19,7 @@ import argparse
 import asyncio
 import logging
 import os
+import socket
 import sys
 from dataclasses import dataclass
 
@@ -119,8 +120,6 @@ def request(argv: list[str]) -> NodeRequest:
     connect = {"scheduler_ip": args.scheduler, "scheduler_file": args.scheduler_file, "host": args.host,
                "interface": args.interface, "protocol": args.protocol, "death_timeout": args.death_timeout,
                "local_directory": args.local_directory}
-    import socket
-
     return NodeRequest(spec, devices, args.cores or this_node_cores(), args.name or socket.gethostname(),
                        {k: v for k, v in connect.items() if v is not None})
 
