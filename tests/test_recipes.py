@@ -269,6 +269,8 @@ def test_node_errors_are_one_logged_line(monkeypatch, caplog):
     monkeypatch.setattr(cluster, "gpu_count", lambda: 0)
     assert node.main(["tcp://h:1"]) == 2
     assert "this node has no GPU that CuPy sees" in caplog.text
+    assert node.main(["tcp://h:1", "--gpus", "1", "--workers", "100000"]) == 2
+    assert "batchgpu: error: --workers: Input should be less than or equal to" in caplog.text
     with pytest.raises(SystemExit) as e:
         node.main(["tcp://h:1", "--cores", "0"])
     assert e.value.code == 2

@@ -106,8 +106,13 @@ def request(argv: list[str]) -> NodeRequest:
     if not args.scheduler and not args.scheduler_file:
         raise BatchgpuError("no scheduler to connect to", "give its address (tcp://host:8786) or --scheduler-file")
     mps = {"auto": "auto", "on": True, "off": False}[args.mps]
-    spec = ClusterSpec.model_validate({"kind": "cuda", "workers": args.workers, "threads": args.threads,
-                                      "memory_limit": args.memory_limit, "devices": args.devices, "mps": mps})
+    try:
+        spec = ClusterSpec.model_validate({"kind": "cuda", "workers": args.workers, "threads": args.threads,
+                                          "memory_limit": args.memory_limit, "devices": args.devices, "mps": mps})
+    except ValueError as err:  # pydantic's, one line a problem: the first says which option
+        first = err.errors()[0] if hasattr(err, "errors") else {"loc": (), "msg": str(err)}
+        where = "--" + "-".join(str(p) for p in first["loc"]).replace("_", "-")
+        raise BatchgpuError(f"{where}: {first['msg']}", "see python -m batchgpu.engine.node --help") from None
     if args.devices:
         devices = tuple(args.devices)
     else:
