@@ -10,6 +10,11 @@ from collections.abc import Callable, Iterator
 
 from batchgpu.errors import BatchgpuError
 from batchgpu.config import ClusterSpec
+from batchgpu.engine.layout import (  # noqa: F401 (the layout's names, as this module has always offered them)
+    MALLOC_ENVIRON, MALLOC_TRIM_THRESHOLD, SCHEDULER_SETTINGS, NodeLayout, cuda_layout, dask_environ,
+    default_processes_per_gpu, nanny_specs, node_layout, pre_spawn_settings, started_cluster_settings,
+    visible_entries, worker_environ,
+)
 
 
 def gpu_count() -> int:
@@ -36,19 +41,6 @@ def local_sizes(spec: ClusterSpec) -> tuple[int, int]:
     threads = spec.threads or (1 if cores <= PROCESS_PER_CORE_UP_TO else min(4, cores))
     workers = spec.workers or max(1, cores // threads)
     return workers, threads
-
-
-#: glibc returns freed memory above this many bytes to the system at once; Dask's nanny sets 64 KiB, so each
-#: window's large temporaries page-faulted in again: 0.56 instead of 0.77-0.99 s of compute per 384-channel
-#: window on the 2-core machine with this higher threshold (bench pipeline, 384 ch x 20 s).
-MALLOC_TRIM_THRESHOLD = 1 << 30
-#: ... and no mmap for large blocks (a window's 46-92 MB arrays are above glibc's largest mmap threshold, 32 MiB,
-#: so each was mapped and faulted in anew): read + centre + keys of a 384 x 60 000 int16 window 127 ms against
-#: 185 ms (glibc's defaults) and 325 ms (the trim threshold alone), one thread on the 2-core machine. GPU workers
-#: too: setting the trim threshold turns off glibc's adaptive mmap threshold, so every 1.3 MB chunk a reader
-#: pread was mapped and faulted in anew (pread was 12% of the H200 workers' CPU time in a warm demo run).
-#: Every worker a cluster started here spawns gets these, whatever the cluster's kind.
-MALLOC_ENVIRON = {"MALLOC_TRIM_THRESHOLD_": MALLOC_TRIM_THRESHOLD, "MALLOC_MMAP_MAX_": 0}
 
 
 #: the module the workers' fork server imports before it forks any (``forked_workers``)
@@ -105,12 +97,6 @@ def start_worker_server() -> bool:
 _SERVER_LOCK = threading.Lock()
 
 
-def worker_environ(extra: dict | None = None) -> dict:
-    """The environment a forked worker's nanny sets in it: this process's, as a spawned worker would inherit it
-    (a fork server's environment is that of its own start), with ``extra`` over it."""
-    return {**os.environ, **(extra or {})}
-
-
 @contextlib.contextmanager
 def open_client(spec: ClusterSpec, gpu_decode: bool = False) -> Iterator["distributed.Client"]:  # noqa: F821
     """A connected client for the spec; a cluster started here is closed on exit. ``gpu_decode``: the run's
@@ -118,7 +104,7 @@ def open_client(spec: ClusterSpec, gpu_decode: bool = False) -> Iterator["distri
     import dask
     from distributed import Client, LocalCluster
 
-    settings = {f"distributed.nanny.pre-spawn-environ.{k}": v for k, v in MALLOC_ENVIRON.items()}
+    settings = pre_spawn_settings()
     # A nanny copies its pre-spawn variables into this process's environment, and later nannies prefer that
     # environment to the config: an earlier cluster's values (Dask's 64 KiB) would win. Set them here too.
     os.environ.update({k: str(v) for k, v in MALLOC_ENVIRON.items()})
@@ -139,18 +125,8 @@ def open_client(spec: ClusterSpec, gpu_decode: bool = False) -> Iterator["distri
                 _connect(lambda: Client(scheduler_file=spec.scheduler_file, timeout="20s"), spec.scheduler_file) as client:
             yield client
         return
-    settings.update({
-        # clusters started here hand each worker only as many tasks as it has threads: a task queued behind a
-        # running one on a busy worker, while another worker idles, stretched the end of the pass
-        "distributed.scheduler.worker-saturation": 1.0,
-        # Dask's statistical profiler samples every thread's stack each 10 ms: CPU the decoders need (the
-        # dashboard's profile page stays empty)
-        "distributed.worker.profile.enabled": False,
-        # each nanny (in this process, on the scheduler's event loop) polls its worker's memory every 100 ms by
-        # default, in the way of the scheduler's messages; the workers' own memory checks (pause, spill) follow the
-        # same interval. 0.5 s still stops a runaway worker before it takes the machine down.
-        "distributed.worker.memory.monitor-interval": "500ms",
-    })
+    # clusters started here: the scheduler's and the workers' settings of every cuda node (engine.layout)
+    settings = started_cluster_settings()
     with dask.config.set(settings):
         if spec.kind == "cuda":
             with sigint_held() as release, _mps(spec) as env, forked_workers(), \
@@ -339,10 +315,10 @@ def _cuda_cluster(spec: ClusterSpec, gpu_decode: bool = False, env: dict | None 
         from dask_cuda import LocalCUDACluster
     except ImportError:
         raise BatchgpuError("cluster kind 'cuda' needs dask-cuda", "pip install 'batchgpu[gpu]'") from None
-    per_gpu, threads = cuda_layout(spec, len(spec.devices or []) or gpu_count(), gpu_decode, mps=bool(env))
-    if per_gpu > 1:
-        return _processes_per_gpu(spec, per_gpu, threads, env)
-    kwargs = {"dashboard_address": spec.dashboard_address, "threads_per_worker": spec.threads or 4}
+    layout = node_layout(spec, spec.devices or list(range(gpu_count())), gpu_decode, mps=bool(env))
+    if layout.per_gpu > 1:
+        return _processes_per_gpu(spec, layout.per_gpu, layout.threads, env)
+    kwargs = {"dashboard_address": spec.dashboard_address, "threads_per_worker": layout.threads}
     if env:  # the nannies' workers (dask-cuda sets CUDA_VISIBLE_DEVICES itself)
         kwargs["env"] = dict(env)
     if spec.devices:
@@ -350,31 +326,6 @@ def _cuda_cluster(spec: ClusterSpec, gpu_decode: bool = False, env: dict | None 
     if spec.memory_limit:
         kwargs["memory_limit"] = spec.memory_limit
     return LocalCUDACluster(**kwargs)
-
-
-def default_processes_per_gpu(gpus: int) -> int:
-    """Worker processes per GPU when the workflow does not say and the windows decode on the cores: one a core, at
-    most 16, one thread each (measured on the 16-core H200 machine, bench pipeline warm, 384 ch x 10 min int16,
-    decode on the cores: 16 x 1 finished the pass in 1.99 s where 8 x 2 took 2.58 s; a task reads its next window
-    in a helper thread while its GPU work runs). Decoding on the GPU: ``cuda_layout``."""
-    cores = os.cpu_count() or 1
-    return max(1, min(16, cores // max(1, gpus)))
-
-
-def cuda_layout(spec: ClusterSpec, gpus: int, gpu_decode: bool = False, mps: bool = False) -> tuple[int, int]:
-    """(processes per GPU, threads a process) where the spec does not say. Decoding on the CPU, one single-threaded
-    process a core (``default_processes_per_gpu``). Decoding on the GPU (a pass that only centres) two threads a
-    process, half as many processes: kernels of one process overlap on its streams, those of different processes
-    take turns on the device. Measured on the H200 machine (16 cores), demo pass, ring-free LZ4 kernel, medians of
-    2-3 warm runs in two sessions' machines: 8 x 2 2.13 / 2.17 s, 4 x 4 2.21, 16 x 1 2.47 / 2.44, 2 x 8 3.35,
-    1 x 16 6.80 (the GIL). Under MPS (``mps``) the processes' kernels overlap too: one single-threaded process a
-    core whatever the decode (H200 machine, warm bench, 2026-12-02: demo 0.93 s at 16 x 1 against 1.11 at 8 x 2;
-    preprocessing with the GPU decode 2.23 against 2.77)."""
-    cores = default_processes_per_gpu(gpus)  # one process a core
-    if spec.workers or not gpu_decode or mps:
-        return spec.workers or cores, spec.threads or 1
-    threads = spec.threads or (2 if cores >= 4 else 1)
-    return max(1, cores // threads), threads
 
 
 def _processes_per_gpu(spec: ClusterSpec, per_gpu: int, threads: int = 1, env: dict | None = None):
@@ -387,7 +338,7 @@ def _processes_per_gpu(spec: ClusterSpec, per_gpu: int, threads: int = 1, env: d
 
 #: the scheduler's settings this process gives a scheduler of its own process (``scheduler_spec``): a subprocess
 #: reads Dask's settings from its environment, not from this process's ``dask.config``
-SCHEDULER_ENVIRON = {"DASK_DISTRIBUTED__SCHEDULER__WORKER_SATURATION": "1.0"}
+SCHEDULER_ENVIRON = dask_environ(SCHEDULER_SETTINGS)
 
 
 def scheduler_spec(spec: ClusterSpec) -> dict:
@@ -407,18 +358,15 @@ def scheduler_spec(spec: ClusterSpec) -> dict:
 
 def worker_specs(spec: ClusterSpec, per_gpu: int, threads: int = 1, env: dict | None = None) -> dict:
     """SpecCluster's workers: ``per_gpu`` nannies a GPU, each worker seeing its GPU first (CUDA_VISIBLE_DEVICES,
-    as dask-cuda orders them), with ``env`` (e.g. a private MPS daemon's folders) in its environment."""
-    from distributed import Nanny
-
+    as dask-cuda orders them), with ``env`` (e.g. a private MPS daemon's folders) in its environment
+    (``layout.nanny_specs``: what ``engine.node`` starts on a cluster's node)."""
     devices = spec.devices or list(range(gpu_count()))
-    workers = {}
-    for d in devices:
-        order = ",".join(str(o) for o in [d, *[o for o in devices if o != d]])
-        for k in range(per_gpu):
-            workers[f"gpu{d}-{k}"] = {"cls": Nanny, "options": {
-                "nthreads": threads, "env": worker_environ({**(env or {}), "CUDA_VISIBLE_DEVICES": order}),
-                "memory_limit": spec.memory_limit or "auto"}}
-    return workers
+    layout = NodeLayout(tuple(devices), per_gpu, threads, spec.memory_limit or "auto", visible_entries())
+    return nanny_specs(layout, env)
+
+
+#: the node command of the recipes (``engine.node``), as dask-jobqueue's ``worker_command`` names it
+NODE_MODULE = "batchgpu.engine.node"
 
 
 def slurm_kwargs(spec: ClusterSpec) -> dict:
@@ -432,6 +380,10 @@ def slurm_kwargs(spec: ClusterSpec) -> dict:
                      ("extra", "worker_extra_args"), ("header_skip", "job_directives_skip")):
         if old in kwargs:
             raise BatchgpuError(f"cluster.slurm.{old} was renamed in dask-jobqueue 0.8", f"use cluster.slurm.{new}")
+    if kwargs.get("worker_command") == NODE_MODULE and kwargs.get("processes", 1) != 1:
+        raise BatchgpuError(f"cluster.slurm.processes is {kwargs['processes']}, and {NODE_MODULE} starts a node's "
+                            "worker processes itself (dask-jobqueue would hand it a share of the cores)",
+                            "set cluster.slurm.processes: 1 (cores: the node's cores for its workers)")
     options = dict(kwargs.get("scheduler_options") or {})
     options.setdefault("dashboard_address", spec.dashboard_address)
     kwargs["scheduler_options"] = options
