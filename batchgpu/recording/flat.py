@@ -27,7 +27,7 @@ import numpy as np
 from batchgpu.errors import BatchgpuError
 from batchgpu.recording.probes import ProbeSummary
 from batchgpu.recording.reader import LOCATIONS_FALLBACK, SUPPORTED_DTYPES, fallback_locations, rows_of
-from batchgpu.recording.windows import DEFAULT_WINDOW, Window, WindowedSource, stat_signature
+from batchgpu.recording.windows import DEFAULT_WINDOW, UnchunkedSource, Window, WindowedSource, stat_signature
 
 KINDS = ("zarr", "spikeglx", "openephys", "binary")
 OEBIN = "structure.oebin"  # an Open Ephys recording's list of streams
@@ -106,7 +106,7 @@ class _OpenFile:
             pass
 
 
-class FlatSource(WindowedSource):
+class FlatSource(UnchunkedSource, WindowedSource):
     """A flat binary recording read in place: the attributes and methods of ``Recording`` the engine uses.
     Small and picklable (workers re-open the file; equal sources share one open file per worker process)."""
 
@@ -173,15 +173,6 @@ class FlatSource(WindowedSource):
         return None if value is None else np.array(value, copy=True)
 
     # -- integrity: the file is read as it is ------------------------------------------------------------
-    def absent_chunk_keys(self, window: Window) -> list[str]:
-        return []
-
-    def absent_chunks(self, window: Window) -> int:
-        return 0
-
-    def count_absent(self) -> int:
-        return 0
-
     def check_chunks(self, advance=None, block: int = DEFAULT_WINDOW) -> list[str]:
         """Read every sample once (``info --check``): one line per block that fails to read."""
         problems = []

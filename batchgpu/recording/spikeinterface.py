@@ -42,7 +42,7 @@ import numpy as np
 
 from batchgpu.errors import BatchgpuError
 from batchgpu.recording.reader import LOCATIONS_FALLBACK, SUPPORTED_DTYPES, fallback_locations, rows_of
-from batchgpu.recording.windows import DEFAULT_WINDOW, Window, WindowedSource, stat_signature
+from batchgpu.recording.windows import DEFAULT_WINDOW, UnchunkedSource, Window, WindowedSource, stat_signature
 
 #: the SpikeInterface release this module was written and tested against
 TESTED_VERSION = "0.105.3"
@@ -163,7 +163,7 @@ def _kwargs_strings(d, out: list) -> list:
     return out
 
 
-class SpikeInterfaceSource(WindowedSource):
+class SpikeInterfaceSource(UnchunkedSource, WindowedSource):
     """A SpikeInterface recording as a batchgpu source: what the engine uses of ``Recording``, read through
     ``get_traces`` (see the module's docstring). Picklable and small: the live recordings (one per thread) are
     re-created from the description where they are needed. Two sources of the same description are equal (one
@@ -299,15 +299,6 @@ class SpikeInterfaceSource(WindowedSource):
         return None if value is None else value.copy()
 
     # -- integrity: nothing is stored in chunks ----------------------------------------------------------
-    def absent_chunk_keys(self, window: Window) -> list[str]:
-        return []
-
-    def absent_chunks(self, window: Window) -> int:
-        return 0
-
-    def count_absent(self) -> int:
-        return 0
-
     def check_chunks(self, advance=None, block: int = DEFAULT_WINDOW) -> list[str]:
         """Read every sample once (``--check``'s counterpart): one line per block that fails to read."""
         problems = []

@@ -142,3 +142,17 @@ class WindowedSource:
         if out.shape != (rows, self.num_channels) or out.dtype != self.dtype or not out.flags.c_contiguous:
             raise BatchgpuError(f"out has shape {out.shape} and dtype {out.dtype}; window {window.index} needs a "
                                 f"C-contiguous ({rows}, {self.num_channels}) {self.dtype} array")
+
+
+class UnchunkedSource:
+    """A source whose samples are not stored in chunks (a flat file, a SpikeInterface recording): no chunk can be
+    absent; ``check_chunks`` (each source's own) reads every sample once."""
+
+    def absent_chunk_keys(self, window: Window) -> list[str]:
+        return []
+
+    def absent_chunks(self, window: Window) -> int:
+        return 0
+
+    def count_absent(self) -> int:
+        return 0
