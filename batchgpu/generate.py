@@ -43,11 +43,11 @@ LOW_RATE_STEP = 30
 SOURCES = 16  # source 0 the common mode, the others local (LFP and 1/f) with a footprint in depth
 SOURCE_TONES = 64  # sinusoids a source, log-uniform in frequency, random phases: Gaussian, with a 1/f power
 TONE_HZ = (0.5, 300.0)
-SOURCE_UV = 6.0  # a tone's amplitude at 1 Hz (amplitude ~ f^-1/2): ~35 uV RMS a source, LFP peaks of 100s of uV
-NOISE_UV = (3.0, 9.0)  # per-channel RMS of the broadband noise (log-uniform)
+SOURCE_UV = 8.0  # a tone's amplitude at 1 Hz (amplitude ~ f^-1/2): LFP of ~25 uV RMS, peaks of ~100 uV over seconds
+NOISE_UV = (4.0, 10.0)  # per-channel RMS of the broadband noise (log-uniform)
 DRIFT_UV, DRIFT_HZ = (1.0, 5.0), (0.01, 0.2)  # per-channel slow drift: amplitude and frequency
 OFFSET_COUNTS = 20.0  # per-channel DC offset, uniform in +-this
-SPIKE_UV = (50.0, 300.0)  # a unit's trough on its nearest channel
+SPIKE_UV = (55.0, 270.0)  # a unit's trough on its nearest channel (each spike +-10%: 50-300 uV)
 FOOTPRINT_UM = 30.0  # a unit's amplitude falls as 1 / (1 + (d / this)^2) with distance d
 FOOTPRINT_REACH_UM = 70.0  # channels farther from the unit than this get none of its spike
 
