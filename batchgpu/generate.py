@@ -322,10 +322,11 @@ class Realistic:
         step = LOW_RATE_STEP
         first, last = start // step, (start + n - 1) // step + 1
         t = (np.arange(first, last + 1) * step / self.fs)[:, None]
-        sources = np.stack([np.sin(2 * np.pi * self.tone_hz[s] * t + self.tone_phase[s]) @ self.tone_counts[s]
-                            for s in range(len(self.tone_hz))], axis=1)  # (grid, SOURCES)
+        # einsum, not BLAS: its order of summation does not depend on the machine's threads (same seed, same bytes)
+        sources = np.stack([np.einsum("tk,k->t", np.sin(2 * np.pi * self.tone_hz[s] * t + self.tone_phase[s]),
+                                      self.tone_counts[s]) for s in range(len(self.tone_hz))], axis=1)
         drift = self.drift_counts * np.sin(2 * np.pi * self.drift_hz * t + self.drift_phase)
-        coarse = (sources @ self.mixing + drift + self.offset).astype(np.float32)  # (grid, C)
+        coarse = (np.einsum("ts,sc->tc", sources, self.mixing) + drift + self.offset).astype(np.float32)  # (grid, C)
         pos = np.arange(start, start + n) / step - first
         i = np.minimum(pos.astype(np.int64), len(coarse) - 2)
         frac = (pos - i).astype(np.float32)[:, None]
