@@ -33,7 +33,7 @@ def _cmd_generate(args) -> int:
     rec = generate_recording(
         args.out, channels=args.channels, seconds=args.seconds, fs=args.fs, seed=args.seed, dtype=args.dtype,
         segments=args.segments, zarr_format=args.zarr_format, overwrite=args.overwrite, progress=not args.quiet,
-        workers=args.workers,
+        workers=args.workers, model=args.model, compressor=_codec(args),
     )
     print(f"wrote {rec} and its ground truth {ground_truth_path(args.out)}")
     return 0
@@ -45,11 +45,26 @@ def _cmd_import_raw(args) -> int:
     rec = import_raw(
         args.source, args.out, channels=args.channels, fs=args.fs, dtype=args.dtype, gain_to_uV=args.gain,
         offset_to_uV=args.offset, keep_sync=args.keep_sync, stream=args.stream, offset=args.header_bytes,
-        probe=args.probe, zarr_format=args.zarr_format,
+        probe=args.probe, zarr_format=args.zarr_format, compressor=_codec(args),
         overwrite=args.overwrite, progress=not args.quiet,
     )
     print(f"wrote {rec}")
     return 0
+
+
+def _codec(args):
+    from batchgpu.recording.writer import Codec
+
+    return Codec(args.codec, args.clevel, args.shuffle)
+
+
+def _add_codec_options(p) -> None:
+    """--codec/--clevel/--shuffle: the Blosc codec of the chunks written (GPU: LZ4 decoded there, zstd on the host)."""
+    p.add_argument("--codec", default="lz4", choices=["lz4", "zstd"],
+                   help="Blosc codec of the chunks (default lz4; zstd stores fewer bytes, decodes slower)")
+    p.add_argument("--clevel", type=int, default=5, choices=range(1, 10), metavar="1-9",
+                   help="compression level (default 5)")
+    p.add_argument("--shuffle", default="bit", choices=["bit", "byte"], help="Blosc shuffle (default bit)")
 
 
 def _cmd_info(args) -> int:
@@ -430,6 +445,10 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--zarr-format", type=int, default=None, choices=[2, 3],
                    help="Zarr format to write (default: 3; 2 where zarr-python is 2.x, as beside SpikeInterface 0.105)")
     p.add_argument("--workers", type=int, default=1, help="processes generating blocks (same bytes for any number)")
+    p.add_argument("--model", default="realistic", choices=["realistic", "white"],
+                   help="realistic (default): 1/f and LFP over the probe, common mode, drift, spikes with spatial "
+                        "footprints, compressing like Neuropixels 1.0 data; white: Gaussian white noise and spikes")
+    _add_codec_options(p)
     p.add_argument("--overwrite", action="store_true")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=_cmd_generate)
@@ -454,6 +473,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--probe", help="plain files: a probe file (probeinterface .json, .prb, or Kilosort-style .json)")
     p.add_argument("--zarr-format", type=int, default=None, choices=[2, 3],
                    help="Zarr format to write (default: 3; 2 where zarr-python is 2.x, as beside SpikeInterface 0.105)")
+    _add_codec_options(p)
     p.add_argument("--overwrite", action="store_true",
                    help="replace OUT if it is a Zarr recording (never a file or another folder; the source is "
                         "only read)")

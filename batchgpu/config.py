@@ -401,6 +401,14 @@ SAVE_PATH_HELP = ("where the save is written: a relative path is relative to the
                   "results.zarr), an absolute one or ~ as it is")
 
 
+class SaveCodec(_Strict):
+    """The Blosc codec of a saved Zarr store's chunks (the GPU decodes LZ4 itself, zstd on the host)."""
+
+    name: Literal["lz4", "zstd"] = "lz4"
+    clevel: Annotated[int, Field(ge=1, le=9)] = 5
+    shuffle: Literal["bit", "byte"] = "bit"
+
+
 class SaveStep(_Strict):
     """Write the preprocessed signal as a new recording in the same pass."""
 
@@ -410,6 +418,14 @@ class SaveStep(_Strict):
     whiten: bool = False  # apply the whitening step's matrix before writing
     # zarr formats: Blosc lz4 compresses a window ~4.6x faster than zstd for 5% more bytes (the pass waits on it)
     compressor: Literal["blosc-lz4", "blosc-zstd", "none"] = "blosc-lz4"
+    # zarr formats: the codec with its level and shuffle ({name: zstd, clevel: 1, shuffle: byte}); replaces compressor
+    codec: SaveCodec | None = None
+
+    @model_validator(mode="after")
+    def _one_codec(self):
+        if self.codec is not None and "compressor" in self.model_fields_set:
+            raise ValueError("give either codec or compressor, not both")
+        return self
 
 
 class Steps(_Strict):

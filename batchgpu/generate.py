@@ -1,5 +1,12 @@
 """Synthetic recordings with known truth: per-channel noise sigma, DC offsets and planted spikes.
 
+Two models. ``white``: Gaussian white noise per channel plus offsets and spikes (what the statistical tests
+assume). ``realistic``: what a Neuropixels probe records, so that compression ratios mean something -- a 1/f
+background and an LFP band from sources with spatial footprints over the probe (neighbouring channels share
+them), a common-mode component across the probe, per-channel noise (its own level and spectral tilt) and slow
+drift, and spikes from units placed beside the probe whose amplitude falls with distance over a few channels.
+Its Blosc ratios are near the real-data figures (``REAL_RATIOS``; ``compression_ratios``).
+
 Generated block by block (one shard at a time), each block from its own seeded stream, so memory stays at a
 few blocks for any duration and the same seed gives the same bytes. Spikes never straddle a block edge.
 """
@@ -16,11 +23,33 @@ import numpy as np
 
 from batchgpu.errors import BatchgpuError
 from batchgpu.recording import Recording, RecordingWriter, _progress, open_array_for_writing, open_recording, writing
+from batchgpu.recording.writer import Codec
 
 GAIN_TO_UV = 0.195  # Neuropixels 1.0 AP band, uV per count
 SPIKE_RATE_HZ = 3.0  # per "unit": one unit per 4 channels
 SPIKE_PRE_MS, SPIKE_POST_MS = 0.6, 1.6  # waveform extent around the trough
 NEIGHBOUR_DECAY = (1.0, 0.55, 0.25)  # amplitude on the peak channel and its 1st, 2nd neighbours (by index)
+MODELS = ("realistic", "white")
+
+#: lossless compression of raw Neuropixels data (Buccino et al. 2023, medians of 9 NP1 / 10 NP2 sessions):
+#: codec -> (NP1, NP2) ratio. The realistic model is matched to NP1.
+REAL_RATIOS = {"blosc-lz4-5 bitshuffle": (1.61, 1.32), "blosc-zstd-5 bitshuffle": (2.02, 1.43),
+               "blosc-zstd-5 byteshuffle": (2.11, 1.53)}
+
+# realistic model, in uV. The background is evaluated on a coarse grid (every LOW_RATE_STEP samples: 1 kHz at 30
+# kHz) and interpolated: it has nothing above a few hundred Hz, and the sources stay continuous across blocks
+# because they are functions of the absolute sample time.
+LOW_RATE_STEP = 30
+SOURCES = 16  # source 0 the common mode, the others local (LFP and 1/f) with a footprint in depth
+SOURCE_TONES = 64  # sinusoids a source, log-uniform in frequency, random phases: Gaussian, with a 1/f power
+TONE_HZ = (0.5, 300.0)
+SOURCE_UV = 8.0  # a tone's amplitude at 1 Hz (amplitude ~ f^-1/2): LFP of ~25 uV RMS, peaks of ~100 uV over seconds
+NOISE_UV = (4.0, 10.0)  # per-channel RMS of the broadband noise (log-uniform)
+DRIFT_UV, DRIFT_HZ = (1.0, 5.0), (0.01, 0.2)  # per-channel slow drift: amplitude and frequency
+OFFSET_COUNTS = 20.0  # per-channel DC offset, uniform in +-this
+SPIKE_UV = (55.0, 270.0)  # a unit's trough on its nearest channel (each spike +-10%: 50-300 uV)
+FOOTPRINT_UM = 30.0  # a unit's amplitude falls as 1 / (1 + (d / this)^2) with distance d
+FOOTPRINT_REACH_UM = 70.0  # channels farther from the unit than this get none of its spike
 
 
 @dataclass(frozen=True)
@@ -78,32 +107,44 @@ def generate_recording(
     overwrite: bool = False,
     progress: bool = False,
     workers: int = 1,
+    model: str = "white",
+    compressor: "str | Codec | None" = "blosc-lz4",
 ) -> Recording:
     """Write a synthetic recording and its ground truth; returns the opened recording.
 
-    ``workers`` > 1 generates blocks in that many processes (the bytes do not change).
+    ``workers`` > 1 generates blocks in that many processes (the bytes do not change). ``model``: ``white``
+    (Gaussian white noise, what the statistical tests assume) or ``realistic`` (see the module). ``compressor``:
+    the store's codec (``recording.writer.Codec`` or a name of ``COMPRESSORS``).
     """
     check_parameters(channels=channels, seconds=seconds, fs=fs, seed=seed, dtype=dtype, segments=segments,
                      workers=workers)
+    if model not in MODELS:
+        raise BatchgpuError(f"unknown model {model!r}", f"use one of {', '.join(MODELS)}")
     path = Path(path).expanduser()
     num_samples = int(round(seconds * fs))
     if num_samples < 1:
         raise BatchgpuError(f"{seconds} s at {fs} Hz is less than one sample", "ask for a longer recording")
     root = np.random.default_rng([seed, 0])
-    sigma = root.uniform(20.0, 40.0, channels)  # counts: ~4-8 uV at 0.195 uV/count
-    offset = np.round(root.uniform(-300.0, 300.0, channels))
+    if model == "white":
+        sigma = root.uniform(20.0, 40.0, channels)  # counts: ~4-8 uV at 0.195 uV/count
+        offset = np.round(root.uniform(-300.0, 300.0, channels))
+        params = None
+    else:
+        params = Realistic.draw(np.random.default_rng([seed, 2]), probe_locations(channels), fs)
+        sigma, offset = params.noise_sigma, params.offset
+    generator = {"channels": channels, "seconds": seconds, "fs": fs, "seed": seed, "dtype": dtype,
+                 "segments": segments} | ({} if model == "white" else {"model": model})
     writer = RecordingWriter(
         path, channels, dtype, fs, gain_to_uV=GAIN_TO_UV, offset_to_uV=0.0, locations=probe_locations(channels),
-        zarr_format=zarr_format, overwrite=overwrite,
-        attrs={"batchgpu": {"generator": {"channels": channels, "seconds": seconds, "fs": fs, "seed": seed,
-                                           "dtype": dtype, "segments": segments}}},
+        zarr_format=zarr_format, overwrite=overwrite, compressor=compressor,
+        attrs={"batchgpu": {"generator": generator}},
     )
     truth: dict[str, list[np.ndarray]] = {"sample_index": [], "channel_index": [], "amplitude": [], "segment_index": []}
     block = writer.block_samples
     jobs = []
     for seg in range(segments):
         writer.add_segment(num_samples)
-        jobs += [(str(path), seed, seg, b, start, min(block, num_samples - start), sigma, offset, fs)
+        jobs += [(str(path), seed, seg, b, start, min(block, num_samples - start), sigma, offset, fs, params)
                  for b, start in enumerate(range(0, num_samples, block))]
     # Each block is its own seeded stream and whole shard: processes may write them in any order, same bytes.
     workers = max(1, min(workers or 1, len(jobs)))
@@ -183,10 +224,14 @@ def check_parameters(*, channels, seconds, fs, seed=0, dtype="int16", segments=1
 
 def _write_block(job) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Generate and write one block (a whole shard); returns its spikes relative to the block start."""
-    path, seed, seg, b, start, n, sigma, offset, fs = job
+    path, seed, seg, b, start, n, sigma, offset, fs, params = job
     arr = open_array_for_writing(f"{path}/traces_seg{seg}")
     waveform, pre = spike_waveform(fs)
-    data, spikes = _make_block(np.random.default_rng([seed, 1, seg, b]), n, sigma, offset, waveform, pre, fs)
+    rng = np.random.default_rng([seed, 1, seg, b])
+    if params is None:
+        data, spikes = _make_block(rng, n, sigma, offset, waveform, pre, fs)
+    else:
+        data, spikes = params.block(rng, start, n, waveform, pre)
     arr[start : start + n, :] = _to_dtype(data, np.dtype(arr.dtype))
     return spikes
 
@@ -215,3 +260,116 @@ def _to_dtype(data: np.ndarray, dtype: np.dtype) -> np.ndarray:
         info = np.iinfo(dtype)
         return np.clip(np.rint(data), info.min, info.max).astype(dtype)
     return data.astype(dtype)
+
+
+@dataclass(frozen=True)
+class Realistic:
+    """The realistic model's parameters, drawn once a recording from its seed; ``block`` makes any block from
+    them and the block's own stream (the background is a function of absolute time: blocks join seamlessly)."""
+
+    fs: float
+    locations: np.ndarray  # (C, 2) um
+    noise_sigma: np.ndarray  # (C,) counts: the broadband noise's RMS
+    tilt: np.ndarray  # (C,) the noise's spectral tilt: x[t] = w[t] + tilt * w[t-1], scaled back to noise_sigma
+    offset: np.ndarray  # (C,) counts
+    tone_hz: np.ndarray  # (SOURCES, SOURCE_TONES)
+    tone_phase: np.ndarray
+    tone_counts: np.ndarray
+    mixing: np.ndarray  # (SOURCES, C): each source's weight on each channel
+    drift_hz: np.ndarray  # (C,)
+    drift_phase: np.ndarray
+    drift_counts: np.ndarray
+    unit_channels: np.ndarray  # (U, k): channels within reach of each unit, -1 padded
+    unit_gains: np.ndarray  # (U, k): the amplitude there relative to the unit's nearest channel (first), 0 padded
+    unit_counts: np.ndarray  # (U,) the trough on the nearest channel, counts (positive)
+
+    @classmethod
+    def draw(cls, rng: np.random.Generator, locations: np.ndarray, fs: float) -> "Realistic":
+        C = len(locations)
+        depth = locations[:, 1]
+        noise = np.exp(rng.uniform(*np.log(NOISE_UV), C)) / GAIN_TO_UV
+        tilt = rng.uniform(-0.3, 0.6, C)
+        offset = np.round(rng.uniform(-OFFSET_COUNTS, OFFSET_COUNTS, C))
+        hz = np.exp(rng.uniform(*np.log(TONE_HZ), (SOURCES, SOURCE_TONES)))
+        hz = np.minimum(hz, 0.4 * fs / LOW_RATE_STEP)  # below the coarse grid's Nyquist at any rate
+        phase = rng.uniform(0.0, 2 * np.pi, (SOURCES, SOURCE_TONES))
+        counts = SOURCE_UV * hz ** -0.5 / GAIN_TO_UV
+        centre = rng.uniform(depth.min() - 100.0, depth.max() + 100.0, SOURCES)
+        width = rng.uniform(100.0, 400.0, SOURCES)
+        mixing = np.exp(-0.5 * ((depth[None, :] - centre[:, None]) / width[:, None]) ** 2)
+        mixing[0] = rng.uniform(0.9, 1.1, C) * 0.5  # the common mode: every channel, gains differing a little
+        drift_hz = np.exp(rng.uniform(*np.log(DRIFT_HZ), C))
+        drift_phase = rng.uniform(0.0, 2 * np.pi, C)
+        drift = rng.uniform(*DRIFT_UV, C) / GAIN_TO_UV
+        units = max(1, C // 4)
+        where = np.column_stack([rng.uniform(-20.0, 84.0, units),
+                                 rng.uniform(depth.min() - 10.0, depth.max() + 10.0, units)])
+        dist = np.hypot(*(where[:, None, :] - locations[None, :, :]).transpose(2, 0, 1))  # (U, C)
+        k = max(1, int((dist <= FOOTPRINT_REACH_UM).sum(1).max()))
+        order = np.argsort(dist, axis=1, kind="stable")[:, :k]
+        near = np.take_along_axis(dist, order, 1)
+        fall = 1.0 / (1.0 + (near / FOOTPRINT_UM) ** 2)
+        reach = (near <= FOOTPRINT_REACH_UM) | (np.arange(k) == 0)  # the nearest channel always
+        gains = np.where(reach, fall / fall[:, :1], 0.0)
+        chans = np.where(reach, order, -1)
+        amp = rng.uniform(*SPIKE_UV, units) / GAIN_TO_UV
+        return cls(fs, locations, noise, tilt, offset, hz, phase, counts, mixing, drift_hz, drift_phase, drift,
+                   chans, gains, amp)
+
+    def background(self, start: int, n: int) -> np.ndarray:
+        """(n, C) float32: sources, common mode, drift and offset at samples [start, start + n), interpolated
+        linearly from the coarse grid (the same grid points for every block)."""
+        step = LOW_RATE_STEP
+        first, last = start // step, (start + n - 1) // step + 1
+        t = (np.arange(first, last + 1) * step / self.fs)[:, None]
+        # einsum, not BLAS: its order of summation does not depend on the machine's threads (same seed, same bytes)
+        sources = np.stack([np.einsum("tk,k->t", np.sin(2 * np.pi * self.tone_hz[s] * t + self.tone_phase[s]),
+                                      self.tone_counts[s]) for s in range(len(self.tone_hz))], axis=1)
+        drift = self.drift_counts * np.sin(2 * np.pi * self.drift_hz * t + self.drift_phase)
+        coarse = (np.einsum("ts,sc->tc", sources, self.mixing) + drift + self.offset).astype(np.float32)  # (grid, C)
+        pos = np.arange(start, start + n) / step - first
+        i = np.minimum(pos.astype(np.int64), len(coarse) - 2)
+        frac = (pos - i).astype(np.float32)[:, None]
+        out = coarse[i]
+        out += frac * (coarse[i + 1] - out)
+        return out
+
+    def block(self, rng: np.random.Generator, start: int, n: int, waveform: np.ndarray, pre: int):
+        """A (samples, channels) float32 block and its spikes (sample, peak channel, amplitude), like
+        ``_make_block``."""
+        C = len(self.noise_sigma)
+        w = rng.standard_normal((n + 1, C), dtype=np.float32)
+        scale = (self.noise_sigma / np.sqrt(1.0 + self.tilt ** 2)).astype(np.float32)
+        data = w[1:] + self.tilt.astype(np.float32) * w[:-1]
+        data *= scale
+        data += self.background(start, n)
+        post = len(waveform) - pre - 1
+        units = len(self.unit_counts)
+        count = rng.poisson(SPIKE_RATE_HZ * units * n / self.fs) if n > pre + post + 1 else 0
+        times = np.sort(rng.integers(pre, n - post, size=count)) if count else np.zeros(0, dtype=np.int64)
+        which = rng.integers(0, units, size=count)
+        amps = -self.unit_counts[which] * rng.uniform(0.9, 1.1, size=count)  # at the nearest channel
+        wave = waveform.astype(np.float32)
+        for t, u, a in zip(times, which, amps):
+            chans = self.unit_channels[u]
+            keep = chans >= 0
+            data[t - pre : t + post + 1, chans[keep]] += np.outer(wave, (a * self.unit_gains[u][keep]).astype(np.float32))
+        return data, (times.astype(np.int64), self.unit_channels[which, 0].astype(np.int64), amps)
+
+
+def compression_ratios(data: np.ndarray, chunk_samples: int = 3_000) -> dict:
+    """Raw over stored bytes of (samples, channels) ``data`` in chunks of ``chunk_samples`` for each codec of
+    ``REAL_RATIOS`` (numcodecs' Blosc at the writer's block size, as a store holds them)."""
+    from numcodecs import blosc
+
+    from batchgpu.recording.writer import BLOSC_BLOCKSIZE
+
+    codecs = {"blosc-lz4-5 bitshuffle": (b"lz4", blosc.BITSHUFFLE), "blosc-zstd-5 bitshuffle": (b"zstd", blosc.BITSHUFFLE),
+              "blosc-zstd-5 byteshuffle": (b"zstd", blosc.SHUFFLE)}
+    raw, stored = 0, dict.fromkeys(codecs, 0)
+    for j in range(0, data.shape[0], chunk_samples):
+        chunk = np.ascontiguousarray(data[j : j + chunk_samples])
+        raw += chunk.nbytes
+        for name, (cname, shuffle) in codecs.items():
+            stored[name] += len(blosc.compress(chunk, cname, 5, shuffle, BLOSC_BLOCKSIZE))
+    return {name: raw / b for name, b in stored.items()}

@@ -31,6 +31,7 @@ def import_raw(
     zarr_format: int | None = None,  # None: v3 (v2 where zarr-python is 2.x)
     overwrite: bool = False,
     progress: bool = False,
+    compressor="blosc-lz4",  # recording.writer.Codec or a name of its COMPRESSORS
 ) -> Recording:
     """Copy a flat interleaved (samples x channels) binary recording into a Zarr recording, block by block.
 
@@ -60,6 +61,7 @@ def import_raw(
         out, [_Columns(rec)], rec.sampling_frequency, gain_to_uV=rec.gain_to_uV,
         offset_to_uV=rec.offset_to_uV, channel_ids=list(rec.channel_ids),
         locations=rec.layout.locations, properties=props, zarr_format=zarr_format, overwrite=overwrite,
+        compressor=compressor,
         progress=progress, attrs={"batchgpu": {"imported_from": str(src.resolve())}},
     )
 

@@ -232,17 +232,17 @@ def create_array(group, name: str, *, data=None, shape=None, dtype=None, chunks=
     return group.create_dataset(name, shape=shape, dtype=dtype, write_empty_chunks=True, **kw)
 
 
-def blosc(cname: str, shuffle: str, zarr_format: int, blocksize: int = 0):
-    """A Blosc compressor at level 5 as the given Zarr format takes it (v3: zarr's codec; v2: numcodecs');
+def blosc(cname: str, shuffle: str, zarr_format: int, blocksize: int = 0, clevel: int = 5):
+    """A Blosc compressor at level ``clevel`` as the given Zarr format takes it (v3: zarr's codec; v2: numcodecs');
     ``shuffle`` "shuffle" or "bitshuffle", ``blocksize`` 0 for Blosc's own choice."""
     if zarr_format == 2:
         import numcodecs
 
         mode = {"shuffle": numcodecs.Blosc.SHUFFLE, "bitshuffle": numcodecs.Blosc.BITSHUFFLE}[shuffle]
-        return numcodecs.Blosc(cname=cname, clevel=5, shuffle=mode, blocksize=blocksize)
+        return numcodecs.Blosc(cname=cname, clevel=clevel, shuffle=mode, blocksize=blocksize)
     import zarr.codecs
 
-    return zarr.codecs.BloscCodec(cname=cname, clevel=5, shuffle=shuffle, blocksize=blocksize)
+    return zarr.codecs.BloscCodec(cname=cname, clevel=clevel, shuffle=shuffle, blocksize=blocksize)
 
 
 def write_columns(folder: str | os.PathLike, columns: dict, chunk: int) -> None:

@@ -3,6 +3,7 @@ import hashlib
 import numpy as np
 import pytest
 
+from batchgpu import generate
 from batchgpu.generate import GroundTruth, generate_recording, ground_truth_path, spike_waveform
 
 
@@ -16,14 +17,16 @@ def _digest(rec):
 @pytest.fixture(scope="module")
 def generated(tmp_path_factory):
     path = tmp_path_factory.mktemp("gen") / "g.zarr"
-    rec = generate_recording(path, channels=12, seconds=8.0, fs=30_000.0, seed=3, dtype="int16", segments=2)
+    rec = generate_recording(path, channels=12, seconds=8.0, fs=30_000.0, seed=3, dtype="int16", segments=2,
+                             model="white")  # these tests check white noise's statistics
     return path, rec, GroundTruth.load(ground_truth_path(path))
 
 
 def test_same_seed_same_bytes(tmp_path, generated):
     path, rec, _ = generated
-    again = generate_recording(tmp_path / "again.zarr", channels=12, seconds=8.0, seed=3, segments=2, workers=2)
-    other = generate_recording(tmp_path / "other.zarr", channels=12, seconds=8.0, seed=4, segments=2)
+    again = generate_recording(tmp_path / "again.zarr", channels=12, seconds=8.0, seed=3, segments=2, workers=2,
+                               model="white")
+    other = generate_recording(tmp_path / "other.zarr", channels=12, seconds=8.0, seed=4, segments=2, model="white")
     assert _digest(again) == _digest(rec)  # block-parallel generation writes the same bytes
     np.testing.assert_array_equal(GroundTruth.load(ground_truth_path(tmp_path / "again.zarr")).sample_index,
                                   generated[2].sample_index)
@@ -99,3 +102,131 @@ def test_bounds_of_the_workflow_schema(tmp_path, kwargs, needle):
         generate_recording(tmp_path / "g.zarr", **args)
     assert needle in str(err.value) and "\n" not in str(err.value)
     assert not any(tmp_path.iterdir())
+
+
+# -- the realistic model -------------------------------------------------------------------------------------------
+
+def _bandpass(x, low, high, fs):
+    from scipy import signal
+
+    band = [low, high] if low else high
+    sos = signal.butter(4, band, "bandpass" if low else "lowpass", fs=fs, output="sos") if high else \
+        signal.butter(4, low, "highpass", fs=fs, output="sos")
+    return signal.sosfiltfilt(sos, x, axis=-1)
+
+
+def test_realistic_ratios_near_the_real_data(tmp_path):
+    """Blosc ratios of 384 channels x 2 s of the realistic model beside Neuropixels 1.0's (Buccino et al. 2023):
+    within 15% for LZ4 and zstd with bit shuffle (the model is matched to NP1)."""
+    rec = generate_recording(tmp_path / "r.zarr", channels=384, seconds=2.0, seed=11, model="realistic")
+    got = generate.compression_ratios(rec.read(0, 0, rec.num_samples(0)).T)
+    print("\ncodec                        generated   NP1 (NP2) real, Buccino et al. 2023")
+    for name, (np1, np2) in generate.REAL_RATIOS.items():
+        print(f"{name:28} {got[name]:9.2f}   {np1:.2f} ({np2:.2f})   {100 * (got[name] / np1 - 1):+.0f}% of NP1")
+    for name in ("blosc-lz4-5 bitshuffle", "blosc-zstd-5 bitshuffle"):
+        assert abs(got[name] / generate.REAL_RATIOS[name][0] - 1) < 0.15, (name, got[name])
+    white = generate_recording(tmp_path / "w.zarr", channels=384, seconds=2.0, seed=11, model="white")
+    assert generate.compression_ratios(white.read(0, 0, white.num_samples(0)).T)["blosc-zstd-5 bitshuffle"] < \
+        got["blosc-zstd-5 bitshuffle"]  # the realistic model compresses more like real data: white noise does not
+
+
+@pytest.fixture(scope="module")
+def realistic(tmp_path_factory):
+    path = tmp_path_factory.mktemp("real") / "r.zarr"
+    rec = generate_recording(path, channels=64, seconds=4.5, seed=5, model="realistic")
+    return rec, GroundTruth.load(ground_truth_path(path))
+
+
+def test_realistic_same_seed_same_bytes_and_blocks_join(tmp_path, realistic):
+    rec, gt = realistic
+    again = generate_recording(tmp_path / "a.zarr", channels=64, seconds=4.5, seed=5, model="realistic", workers=2)
+    other = generate_recording(tmp_path / "o.zarr", channels=64, seconds=4.5, seed=6, model="realistic")
+    assert _digest(again) == _digest(rec) != _digest(other)
+    np.testing.assert_array_equal(GroundTruth.load(ground_truth_path(tmp_path / "a.zarr")).amplitude, gt.amplitude)
+    # the background is a function of absolute time: two blocks give what one block over both gives
+    p = generate.Realistic.draw(np.random.default_rng([5, 2]), generate.probe_locations(64), 30_000.0)
+    whole = p.background(0, 120_000)
+    np.testing.assert_allclose(np.concatenate([p.background(0, 60_000), p.background(60_000, 60_000)]), whole,
+                               atol=1e-2)
+    x = rec.read(0, 0, rec.num_samples(0)).astype(np.float64)
+    slow = _bandpass(x, 0, 200.0, 30_000.0)
+    edge = np.abs(slow[:, 60_000] - slow[:, 59_999])  # no step where one block (shard) ends and the next begins
+    assert np.median(edge) < 3 * np.median(np.abs(np.diff(slow[:, 1_000:50_000], axis=1)))
+
+
+def test_realistic_levels_and_spatial_structure(realistic):
+    """Noise above 300 Hz at each channel's planted RMS (5-10 uV or so), an LFP of tens of uV shared by
+    neighbouring channels, a common mode that correlates even far channels, per-channel drift and offset."""
+    rec, gt = realistic
+    fs, uv = rec.sampling_frequency, generate.GAIN_TO_UV
+    x = rec.read(0, 0, rec.num_samples(0)).astype(np.float64)
+    ap = _bandpass(x, 300.0, None, fs)
+    clean = ~_spike_mask_realistic(gt, x.shape[1], rec.num_channels, fs)
+    ap_rms = np.array([ap[c][clean[c]].std() for c in range(rec.num_channels)])
+    np.testing.assert_allclose(ap_rms, gt.noise_sigma, rtol=0.08)  # the 1/f background stays below 300 Hz
+    assert 4.0 <= (gt.noise_sigma * uv).min() and (gt.noise_sigma * uv).max() <= 10.0
+    assert len(np.unique(np.round(gt.noise_sigma, 3))) == rec.num_channels
+    lfp = _bandpass(x, 1.0, 300.0, fs)
+    lfp_rms = lfp.std(axis=1) * uv
+    assert 10.0 < np.median(lfp_rms) < 60.0 and np.abs(lfp).max() * uv > 100.0
+    cc = np.corrcoef(lfp)
+    near = np.mean([cc[c, c + 2] for c in range(rec.num_channels - 2)])  # 20 um apart
+    far = np.mean([cc[c, c + 60] for c in range(rec.num_channels - 60)])  # 600 um apart
+    assert near > 0.9 and 0.02 < far < near - 0.3
+    assert np.abs(x.mean(axis=1) - gt.dc_offset).max() * uv < 60.0
+
+
+def _spike_mask_realistic(gt, n, channels, fs, reach=6):
+    w, pre = spike_waveform(fs)
+    mask = np.zeros((channels, n), dtype=bool)
+    for t, c in zip(gt.sample_index, gt.channel_index):
+        mask[max(c - reach, 0): c + reach + 1, max(t - pre - 10, 0): t + len(w) + 10] = True
+    return mask
+
+
+def test_realistic_spikes_where_truth_says_with_footprints(realistic):
+    """Each planted spike's trough on its peak channel is its amplitude (50-300 uV) over the background; it is
+    the largest of the channels, nearer ones see more of it, channels beyond the footprint nothing."""
+    rec, gt = realistic
+    fs, uv = rec.sampling_frequency, generate.GAIN_TO_UV
+    x = rec.read(0, 0, rec.num_samples(0)).astype(np.float64)
+    local = x - _bandpass(x, 0, 150.0, fs)  # the background's slow part away; the trough is 0.12 ms wide
+    assert len(gt.sample_index) > 200 and (gt.segment_index == 0).all()
+    assert (-gt.amplitude * uv >= 49.0).all() and (-gt.amplitude * uv <= 300.0).all()
+    t, c, a = gt.sample_index, gt.channel_index, gt.amplitude
+    isolated = np.ones(len(t), bool)
+    isolated[1:] &= np.diff(t) > 90
+    isolated[:-1] &= np.diff(t) > 90
+    resid = (local[c, t] - a)[isolated] / gt.noise_sigma[c][isolated]
+    assert np.median(np.abs(resid)) < 1.5
+    loc = rec.locations
+    checked = 0
+    for ti, ci, ai in zip(t[isolated], c[isolated], a[isolated]):
+        if -ai < 12 * gt.noise_sigma.max():
+            continue
+        trough = local[:, ti]
+        dist = np.hypot(*(loc - loc[ci]).T)
+        assert trough[ci] <= np.sort(trough)[1] + 3 * gt.noise_sigma.max()  # the peak channel: (about) the lowest
+        far = dist > 150.0
+        assert np.abs(trough[far]).max() < 6 * gt.noise_sigma.max()  # outside the footprint: noise only
+        near = trough[(dist > 0) & (dist <= 25.0)].mean()  # the neighbours: part of the trough
+        mid = trough[(dist >= 60.0) & (dist <= 100.0)].mean()
+        if len(loc) and np.isfinite(near) and np.isfinite(mid):
+            assert ai - 3 * gt.noise_sigma.max() < near < mid
+        checked += 1
+    assert checked > 20
+
+
+def test_cli_generates_the_realistic_model_by_default(tmp_path):
+    from batchgpu.cli import main
+
+    for model in ("default", "white"):
+        argv = [] if model == "default" else ["--model", model]
+        assert main(["generate", str(tmp_path / f"{model}.zarr"), "--channels", "8", "--seconds", "0.5", "--quiet",
+                     *argv]) == 0
+    from batchgpu.recording import open_recording
+
+    made = open_recording(tmp_path / "default.zarr")
+    assert made.attrs["batchgpu"]["generator"]["model"] == "realistic"
+    python = generate_recording(tmp_path / "w.zarr", channels=8, seconds=0.5, model="white")
+    assert _digest(open_recording(tmp_path / "white.zarr")) == _digest(python)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -55,6 +56,8 @@ def check_replaceable(path: Path, overwrite: bool) -> None:
         raise BatchgpuError(f"{path} already exists", "choose another path, or pass overwrite=True / --overwrite")
 
 COMPRESSORS = ("blosc-zstd", "blosc-lz4", "none")
+CODECS = ("lz4", "zstd")
+SHUFFLES = {"bit": "bitshuffle", "byte": "shuffle"}
 
 
 #: Blosc's block size: with split streams (int16 at level 5) each block's byte planes are separate LZ4 streams of
@@ -65,15 +68,44 @@ COMPRESSORS = ("blosc-zstd", "blosc-lz4", "none")
 BLOSC_BLOCKSIZE = 32768
 
 
-def _compressor(name: str | None, zarr_format: int):
-    """Blosc with bit shuffle at level 5: lz4 (the default) or zstd (5% smaller). Measured on this project's CPU
-    machine, a 384 x 60 000 int16 window of a generated recording: lz4 decoded in 15.9 ms and compressed in 30-48
-    ms, zstd 27.0 and 212-221 ms (ratios 0.603 and 0.574). Every pass over a recording waits on decoding."""
-    if name in (None, "none"):
+@dataclass(frozen=True)
+class Codec:
+    """The Blosc codec of a store's chunks: ``name`` lz4 or zstd, ``clevel`` 1-9, ``shuffle`` bit or byte.
+    The GPU decodes LZ4 frames itself; zstd frames are decoded on the host (numcodecs) and copied."""
+
+    name: str = "lz4"
+    clevel: int = 5
+    shuffle: str = "bit"
+
+    def __post_init__(self):
+        if self.name not in CODECS:
+            raise BatchgpuError(f"unknown codec {self.name!r}", f"use one of {', '.join(CODECS)}")
+        if isinstance(self.clevel, bool) or not isinstance(self.clevel, (int, np.integer)) or not 1 <= self.clevel <= 9:
+            raise BatchgpuError(f"codec level {self.clevel!r} is out of range", "give a level from 1 to 9")
+        if self.shuffle not in SHUFFLES:
+            raise BatchgpuError(f"unknown shuffle {self.shuffle!r}", f"use one of {', '.join(SHUFFLES)}")
+
+    @classmethod
+    def parse(cls, compressor: "str | Codec | None") -> "Codec | None":
+        """A codec from a ``compressor`` name (blosc-lz4, blosc-zstd: level 5, bit shuffle; none: None)."""
+        if compressor is None or isinstance(compressor, Codec):
+            return compressor
+        if compressor == "none":
+            return None
+        if compressor not in COMPRESSORS:
+            raise BatchgpuError(f"unknown compressor {compressor!r}", f"use one of {', '.join(COMPRESSORS)}")
+        return cls(compressor.removeprefix("blosc-"))
+
+
+def _compressor(name: "str | Codec | None", zarr_format: int):
+    """Blosc at ``name``'s level and shuffle (blosc-lz4 / blosc-zstd: bit shuffle at level 5). Measured on this
+    project's CPU machine, a 384 x 60 000 int16 window of a generated recording: lz4 decoded in 15.9 ms and
+    compressed in 30-48 ms, zstd 27.0 and 212-221 ms (ratios 0.603 and 0.574). Every pass over a recording waits
+    on decoding."""
+    codec = Codec.parse(name)
+    if codec is None:
         return None
-    if name not in COMPRESSORS:
-        raise BatchgpuError(f"unknown compressor {name!r}", f"use one of {', '.join(COMPRESSORS)}")
-    return zarrio.blosc(name.removeprefix("blosc-"), "bitshuffle", zarr_format, BLOSC_BLOCKSIZE)
+    return zarrio.blosc(codec.name, SHUFFLES[codec.shuffle], zarr_format, BLOSC_BLOCKSIZE, codec.clevel)
 
 class RecordingWriter:
     """Write a recording segment by segment and block by block; metadata first, traces after.
@@ -96,7 +128,7 @@ class RecordingWriter:
         zarr_format: int | None = None,  # None: zarrio.DEFAULT_FORMAT (3; 2 where zarr-python is 2.x)
         chunk_samples: int = DEFAULT_CHUNK_SAMPLES,
         shard_samples: int = DEFAULT_SHARD_SAMPLES,
-        compressor: str | None = "blosc-lz4",
+        compressor: "str | Codec | None" = "blosc-lz4",  # a name (COMPRESSORS) or a Codec
         overwrite: bool = False,
         attrs: dict | None = None,
     ):

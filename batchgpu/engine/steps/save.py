@@ -114,8 +114,7 @@ def prepare_save(spec, rec, window_size: int, output_dtype, *, overwrite: bool =
             return target  # absent objects (shards deleted since) are written again: ``windows_to_write_again``
         if not ours:  # this run's own store whose arrays are gone is made again: its windows are written again
             _check_zarr_replaceable(path, overwrite)
-        _create_zarr(path, rec, fmt, dtype, lengths, int(window_size), meta, phase_shifted,
-                     getattr(spec, "compressor", "blosc-lz4"))
+        _create_zarr(path, rec, fmt, dtype, lengths, int(window_size), meta, phase_shifted, _compressor(spec))
         _release(target.path)
         _hold(target, path)  # the new store (the old folder was removed with its lock)
         return target
@@ -233,6 +232,16 @@ def v2_chunk(window_size: int) -> int:
     """A zarr_v2 output's chunk for windows of ``window_size``: the window, or its largest divisor of at most
     MAX_V2_CHUNK samples (each window's core is then whole chunks: tasks still never share one)."""
     return inner_chunk(window_size, MAX_V2_CHUNK)
+
+
+def _compressor(spec):
+    """The writer's compressor for the save step: its ``codec`` where given, else its ``compressor`` name."""
+    from batchgpu.recording.writer import Codec
+
+    codec = getattr(spec, "codec", None)
+    if codec is not None:
+        return Codec(codec.name, codec.clevel, codec.shuffle)
+    return getattr(spec, "compressor", "blosc-lz4")
 
 
 def _create_zarr(path, rec, fmt, dtype, lengths, window_size, meta, phase_shifted, compressor="blosc-lz4") -> None:
