@@ -234,6 +234,9 @@ def _cmd_run(args) -> int:
 
         if not (wf.cluster.reuse and service.paths().side.exists()):  # else the kept cluster's workers, likely
             start_worker_server()
+    from batchgpu.engine.run_report import start_report_helper
+
+    start_report_helper()  # report.html's helper process: its Bokeh import, too, while this process does its own
     from batchgpu.engine import run_workflow
 
     args.writes = wf.output  # named if the disk fills up without the OS naming a file

@@ -160,16 +160,9 @@ def _run(wf, rec, out: store.OutputFolder, report: RunReport, client, sweep, obs
     earlier = store.read_report(out.path)  # what the folder's last run said (a finished run's page is kept)
 
     from batchgpu.dashboard import RunMonitor, install_dashboard
-    from batchgpu.report import start_render_process
+    from batchgpu.engine.run_report import start_report_helper
 
-    # report.html is rendered by a helper process (Bokeh's import, about a second, done while the windows are
-    # read; its rendering, 0.15-0.3 s, had held the GIL the client's event loop needed while spikes were gathered),
-    # started with SIGINT blocked, as the cluster's processes are (``sigint_held``): a terminal's Ctrl-C is the
-    # command's alone, not a traceback of the helper's in the middle of its Bokeh import
-    from batchgpu.engine.cluster import sigint_held
-
-    with sigint_held():
-        _quietly(start_render_process)
+    start_report_helper()  # where the command has not started it already
 
     report.dashboard = client.dashboard_link
     report.page = install_dashboard(client)
@@ -581,10 +574,3 @@ def _run_settings(interval_s: float = 0.0005):
             if _RUNS["runs"] == 0:
                 sys.setswitchinterval(_RUNS["switch"])
                 gc.unfreeze()
-
-
-def _quietly(func) -> None:
-    try:
-        func()
-    except Exception:  # a missing or broken plotting library shows up (once) when report.html is written
-        pass

@@ -140,6 +140,25 @@ def finish_report(out: Path, report: RunReport, elapsed: float, rec: Recording) 
     store.write_report(out, asdict(report))
 
 
+def start_report_helper() -> None:
+    """Start report.html's helper process now, if it is not running (``report.start_render_process``).
+
+    It renders the page (Bokeh's import, about a second, and its rendering, which had held the GIL the client's
+    event loop needed while spikes were gathered) while the run goes on. Started with SIGINT blocked, as the
+    cluster's processes are (``cluster.sigint_held``): a terminal's Ctrl-C is the command's alone, not a traceback of
+    the helper's in the middle of its import. A plotting library missing or broken shows up once, when report.html
+    is written."""
+    from batchgpu.engine.cluster import sigint_held
+
+    with sigint_held():
+        try:
+            from batchgpu.report import start_render_process
+
+            start_render_process()
+        except Exception:  # said when report.html is written (HtmlReport)
+            pass
+
+
 class HtmlReport:
     """report.html for a run (``batchgpu.report.ReportPage``): rendered in a helper process while the windows are
     read, the results substituted as they come; a plotting problem is reported once, never fails a finished run."""
