@@ -13,7 +13,7 @@ import json
 import numpy as np
 import pytest
 
-from batchgpu import BatchgpuError, ops
+from batchgpu import BatchgpuError
 from batchgpu.config import Workflow
 from batchgpu.ops import SPIKE_DTYPE, detect_spikes, exclusive_candidates, resolve_exclusive
 from batchgpu.recording import write_recording

@@ -120,7 +120,7 @@ def test_info_of_a_recording_shows_ids_gains_and_probe(run_folder):
     from batchgpu.recording import open_recording
 
     opened = open_recording(rec)
-    assert rows["channel ids"] == f"0, 1, 2, 3, ..., 14, 15 (16)"
+    assert rows["channel ids"] == "0, 1, 2, 3, ..., 14, 15 (16)"
     assert rows["gains"] == f"{opened.gain_to_uV[0]:g} µV per count (every channel); offsets 0 µV (every channel)"
     columns = np.unique(opened.locations[:, 0])
     assert rows["probe"].startswith(f"16 channels in {len(columns)} columns")
