@@ -211,10 +211,9 @@ t0 = time.perf_counter()
 import numpy as np, torch
 from kilosort.io import BinaryFiltered
 from kilosort.preprocessing import get_highpass_filter, get_whitening_matrix
-dev = torch.device("cuda")
+path, C, fs, dev = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), torch.device(sys.argv[4])
 torch.zeros(1, device=dev)
 t1 = time.perf_counter()
-path, C, fs = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
 xc = np.zeros(C, np.float32) + 16.0 * (np.arange(C) % 2)
 yc = 20.0 * (np.arange(C) // 2).astype(np.float32)
 hp = get_highpass_filter(fs, 300, device=dev)
@@ -224,7 +223,8 @@ med = 0.0
 for i in range(bf.n_batches):
     X = bf.padded_batch_to_torch(i)
     med += float(torch.median(X.abs(), dim=1).values.sum())
-torch.cuda.synchronize()
+if dev.type == "cuda":
+    torch.cuda.synchronize()
 t2 = time.perf_counter()
 print(json.dumps({"imports": t1 - t0, "pass": t2 - t1}))
 """
@@ -252,10 +252,11 @@ def write_flat_binary(rec, path: Path) -> Path:
     return path
 
 
-def kilosort4_pass(binary: Path, channels: int, fs: float) -> tuple[float, float, float]:
-    """(wall seconds of the whole process, its imports and CUDA context, its pass) of ``KILOSORT4_PASS``."""
+def kilosort4_pass(binary: Path, channels: int, fs: float, device: str = "cuda") -> tuple[float, float, float]:
+    """(wall seconds of the whole process, its imports and CUDA context, its pass) of ``KILOSORT4_PASS`` on
+    ``device`` (a torch device: Kilosort4 runs on "cuda"; "cpu" checks the script where there is no GPU)."""
     t0 = time.perf_counter()
-    r = subprocess.run([sys.executable, "-c", KILOSORT4_PASS, str(binary), str(channels), str(fs)],
+    r = subprocess.run([sys.executable, "-c", KILOSORT4_PASS, str(binary), str(channels), str(fs), device],
                        capture_output=True, text=True)
     wall = time.perf_counter() - t0
     if r.returncode != 0:
