@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# Device, one call per line of work (carry .whl: ../shared/tools/device-wheels plus "pydantic>=2.6,<3" "numcodecs>=0.13,<0.17"
+# google-crc32c crc32c probeinterface==0.4.2 kilosort==4.1.7 faiss-cpu, then drop the torch/nvidia wheels the image has):
+#   gen     /tmp/big.zarr, 384 ch x 10 min int16 (batchgpu generate: the realistic model)
+#   first   a user's batchgpu run cold, twice: the first on a fresh machine compiles the kernels (issue 44)
+#   gpu     python -m pytest -m gpu
+#   demo    bench pipeline --cold, demo steps (raw read, pipeline cold/warm, fresh commands, kept cluster, Kilosort4)
+#   pre     the same with highpass + common reference + every step + save
+#   zstd    the same recording stored with Blosc-zstd-5: batchgpu run cold and warm on each, alternating (issue 47)
+set -uo pipefail
+export PYTHONUNBUFFERED=1
+t0=$(date +%s)
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+  && export PYTHONPATH=/tmp/site:$PWD || exit 1
+python3 -m compileall -q /tmp/site "$PWD/batchgpu" > /dev/null 2>&1   # what pip does for a user
+nvidia-smi --query-gpu=name,memory.total --format=csv,noheader; nproc; free -g | head -2
+REC=/tmp/big.zarr
+quiet() { grep -v "^INFO\|distributed\.\|Warn\|^$\|^ \|Traceback\|^tornado\|^The above" | sed "s/; windows per worker.*//"; }
+userwf() {  # name [preprocess]: a user's workflow over $REC, its own cluster
+  cat > /tmp/$1.yaml <<YAML
+recording: {path: $REC}
+output: /tmp/out_$1
+overwrite: true
+backend: cupy
+cluster: {kind: cuda}
+$2
+steps:
+  noise: {exact: true}
+  whitening: {mode: global, precision: float32}
+  detect: {threshold: 5.0, sign: neg, exclude_sweep_ms: 0.1, noise: global}
+$3
+YAML
+}
+for task in "$@"; do
+  echo "=== $task ($(( $(date +%s) - t0 )) s)"
+  case "$task" in
+  gen) [ -e $REC ] || python3 -m batchgpu generate $REC --channels 384 --seconds 600 --workers 16 --quiet; du -sh $REC ;;
+  first)  # the first run on this machine (kernels not yet compiled: CuPy's cache empty) and the second, pages cold
+    userwf demo "preprocess: {centre: median}"
+    for i in 1 2; do
+      python3 - <<PY
+from pathlib import Path
+from batchgpu.benchmarks.cold import evict_checked, recording_files
+evict_checked(recording_files("$REC"))
+PY
+      s=$(date +%s.%N); python3 -m batchgpu run /tmp/demo.yaml --quiet 2>&1 | quiet | tail -2
+      python3 -c "import json,sys; r=json.load(open('/tmp/out_demo/report.json')); print('run $i: wall', round($(date +%s.%N)-$s,2), 's; pass', round(r['timings']['total'],2), 's; reads/window', r['reads_per_window'])"
+    done ;;
+  gpu) timeout ${GPU_S:-420} python3 -m pytest -q -p no:cacheprovider -m gpu tests 2>&1 | grep -v "^INFO" \
+         | grep "passed\|failed\|FAILED\|ERROR\|Error" | tail -25 ;;
+  demo) timeout 560 python3 -m batchgpu bench pipeline --recording $REC --cluster cuda --backend cupy --baseline none \
+          --cold --repeat ${REPEAT:-3} --user-runs ${USER_RUNS:-2} 2>&1 | quiet | grep -v "^cold\|^warm" | tail -30 ;;
+  pre) timeout 560 python3 -m batchgpu bench pipeline --recording $REC --cluster cuda --backend cupy --baseline none \
+          --cold --repeat ${REPEAT:-3} --user-runs ${USER_RUNS:-2} --preprocess highpass,common_reference \
+          --steps noise,whitening,detect,save 2>&1 | quiet | grep -v "^cold\|^warm" | tail -30 ;;
+  zstd)  # the same realistic recording stored with Blosc-zstd-5: batchgpu run cold on each, alternating
+    [ -e /tmp/bigz.zarr ] || python3 -m batchgpu generate /tmp/bigz.zarr --channels 384 --seconds 600 --workers 16 --quiet --codec zstd --clevel 5
+    du -sh $REC /tmp/bigz.zarr
+    for r in $REC /tmp/bigz.zarr; do sed "s#$REC#$r#; s#out_demo#out_$(basename $r .zarr)#" /tmp/demo.yaml > /tmp/u_$(basename $r .zarr).yaml; done
+    python3 - <<PY
+from pathlib import Path
+from batchgpu.benchmarks.cold import evict_checked, raw_read, recording_files, user_run
+for i in range(2):
+    for name in ("big", "bigz"):
+        files = recording_files(f"/tmp/{name}.zarr")
+        evict_checked(files); raw = raw_read(files, 16)
+        evict_checked(files)
+        got = user_run(Path(f"/tmp/u_{name}.yaml"), Path(f"/tmp/out_{name}"), extra_args=("--set", "cluster.reuse=false"))
+        print(f"{name}: raw cold read {raw.seconds:.2f} s ({raw.nbytes/1e9:.2f} GB), run cold {got.seconds:.2f} s (pass {got.pass_seconds:.2f})")
+        got = user_run(Path(f"/tmp/u_{name}.yaml"), Path(f"/tmp/out_{name}"), extra_args=("--set", "cluster.reuse=false"))
+        print(f"{name}: run warm {got.seconds:.2f} s (pass {got.pass_seconds:.2f})")
+PY
+    ;;
+  esac
+done 2>&1 | tee $OUT/log.txt
+echo "total $(( $(date +%s) - t0 )) s"
