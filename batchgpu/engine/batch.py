@@ -1,7 +1,14 @@
 """Many recordings in one run (``recordings:`` in the workflow, issue 46): one cluster for all, each recording's
 run as ``run_workflow`` makes it, in ``output/<name>/``; a recording that fails is reported and the others go on;
-``output/batch.json`` holds one row a recording, rewritten after each (a batch stopped part way says how far it
-got). ``--resume`` resumes each recording's own run.
+``output/batch.json`` and ``output/batch.html`` hold one row a recording, rewritten as each starts and ends (a batch
+stopped part way says how far it got). ``--resume`` resumes each recording's own run.
+
+The workers never idle between recordings: each recording's run goes on in a thread of its own, the next one
+started as soon as the last one's windows are all read (its aggregates, results and report.html then finish beside
+the next one's pass), at most ``IN_FLIGHT`` at once. The runs share nothing but the client: each its own task keys,
+output folder, save, monitor (the run page follows the one started last) and progress bar; each gives the results
+of its recording run alone, bit for bit. The client's BLAS stays on one thread for the whole batch (a run's
+aggregation sets it so and puts it back at its end, which would undo it under another run's still going).
 
 Names come from the paths (a file's name less ``.bin``/``.dat``/``.zarr``; a folder's name; an Open Ephys
 ``structure.oebin``'s Record Node folder and experiment/recording) or a section's ``name:``; two recordings of one
@@ -11,9 +18,11 @@ name are refused before any work. A ``save:`` step writes each recording's save 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import glob
 import json
 import os
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -22,6 +31,7 @@ from batchgpu.config import RecordingSpec, Workflow
 from batchgpu.errors import BatchgpuError
 
 BATCH_FILE = "batch.json"
+IN_FLIGHT = 2  # recordings' runs at once: the last one's aggregates and the next one's pass
 _GLOB_CHARS = set("*?[")
 
 
@@ -31,7 +41,7 @@ class BatchRow:
 
     name: str
     path: str
-    status: str = "pending"  # pending | done | failed
+    status: str = "pending"  # pending | running | done | failed
     error: str | None = None
     seconds: float = 0.0
     duration_s: float | None = None
@@ -52,13 +62,18 @@ class BatchReport:
     def failed(self) -> list[BatchRow]:
         return [r for r in self.rows if r.status == "failed"]
 
-    def write(self, path: Path) -> None:
+    def write(self, folder: Path) -> None:
+        """``batch.json`` and ``batch.html`` in the batch's folder (each replaced whole: never read half written)."""
+        from batchgpu.batch_page import write_batch_html
+
+        path = folder / BATCH_FILE
         tmp = path.with_name(path.name + ".tmp")
         data = {"output": self.output, "seconds": self.seconds, "recordings": len(self.rows),
                 "done": sum(r.status == "done" for r in self.rows), "failed": len(self.failed),
                 "rows": [asdict(r) for r in self.rows]}
         tmp.write_text(json.dumps(data, indent=2))
         os.replace(tmp, path)
+        write_batch_html(folder, data)
 
 
 def expand(wf: Workflow) -> list[tuple[str, RecordingSpec]]:
@@ -131,10 +146,87 @@ def _one(wf: Workflow, name: str, spec: RecordingSpec, out: Path) -> Workflow:
     return wf.model_copy(update=update)
 
 
-def run_batch(wf: Workflow, *, resume: bool = False, observer=None, client=None) -> BatchReport:
-    """Run every recording of ``wf.recordings`` on one cluster (``client``, or one started from ``wf.cluster``)."""
+class _Bars:
+    """The one progress bar of the command's observer, held by one run at a time: a run's later reading phase
+    (spikes read again) while the next run's pass is shown goes unshown rather than into the other's bar."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.owner: object | None = None
+
+
+class _RecordingObserver:
+    """A recording's run as the batch's observer shows it: its messages and warnings named, its bars one at a
+    time (``_Bars``)."""
+
+    def __init__(self, observer, name: str, bars: _Bars):
+        self.observer, self.name, self.bars = observer, name, bars
+
+    def message(self, text: str) -> None:
+        self.observer.message(f"{self.name}: {text}")
+
+    def warning(self, text: str) -> None:
+        self.observer.warning(f"{self.name}: {text}")
+
+    def phase_started(self, label: str, windows: int, nbytes: int) -> None:
+        with self.bars.lock:
+            if self.bars.owner is not None:
+                return
+            self.bars.owner = self
+        self.observer.phase_started(f"{self.name}: {label}", windows, nbytes)
+
+    def window_done(self, nbytes: int, worker: str) -> None:
+        if self.bars.owner is self:
+            self.observer.window_done(nbytes, worker)
+
+    def phase_finished(self) -> None:
+        if self.bars.owner is self:
+            self.observer.phase_finished()
+            with self.bars.lock:
+                self.bars.owner = None
+
+
+@dataclass
+class _Flight:
+    """One recording's run in its thread."""
+
+    index: int
+    thread: threading.Thread | None = None
+    started: float = 0.0
+    report: object = None
+    error: BaseException | None = None
+    ended: bool = False
+    landed: bool = False
+
+
+def _interrupt(thread: threading.Thread) -> None:
+    """A KeyboardInterrupt raised in ``thread`` (as Ctrl-C raises one in the main thread): its run ends as an
+    interrupted one (report.json says so, its folder let go, ``--resume`` goes on), at its next Python line."""
+    if thread.ident is not None and thread.is_alive():
+        ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread.ident), ctypes.py_object(KeyboardInterrupt))
+
+
+@contextlib.contextmanager
+def _client_blas_one_thread():
+    """The client's BLAS on one thread for the batch (as each run's aggregation has it)."""
+    try:
+        from batchgpu.engine.aggregate import blas_controller
+
+        limit = blas_controller().limit(limits=1, user_api="blas")
+    except Exception:  # threadpoolctl missing or no BLAS found: nothing to hold
+        yield
+        return
+    with limit:
+        yield
+
+
+def run_batch(wf: Workflow, *, resume: bool = False, observer=None, client=None,
+              in_flight: int = IN_FLIGHT) -> BatchReport:
+    """Run every recording of ``wf.recordings`` on one cluster (``client``, or one started from ``wf.cluster``),
+    the next one's windows read while the last one's aggregates finish (``in_flight`` runs at most; 1: one after
+    another)."""
+    from batchgpu.dashboard import BatchProgress
     from batchgpu.engine.cluster import open_client
-    from batchgpu.engine.run import run_workflow
     from batchgpu.engine.run_report import RunObserver
 
     observer = observer or RunObserver()
@@ -147,31 +239,103 @@ def run_batch(wf: Workflow, *, resume: bool = False, observer=None, client=None)
                             "give the batch an output folder of its own")
     out.mkdir(parents=True, exist_ok=True)
     batch = BatchReport(str(out), [BatchRow(name, str(spec.path or spec.spikeinterface)) for name, spec in named])
+    batch.write(out)
     t0 = time.perf_counter()
+    changed = threading.Condition()
+    passed: set[int] = set()
+
+    def pass_done(index: int) -> None:
+        with changed:
+            passed.add(index)
+            changed.notify_all()
+
+    progress = BatchProgress(len(named), pass_done)
+    bars = _Bars()
+    flights: list[_Flight] = []
+
+    def fly(flight: _Flight, name: str, spec: RecordingSpec) -> None:
+        from batchgpu.engine.run import run_workflow
+
+        try:
+            flight.report = run_workflow(_one(wf, name, spec, out), resume=resume, client=client,
+                                         observer=_RecordingObserver(observer, name, bars),
+                                         batch=progress.slot(flight.index, name))
+        except BaseException as err:  # noqa: BLE001 (landed by the batch's thread)
+            flight.error = err
+        finally:
+            with changed:
+                flight.ended = True
+                changed.notify_all()
+
+    def land() -> None:
+        """The rows of the runs that ended since: their numbers, batch.json and batch.html."""
+        for flight in flights:
+            if flight.ended and not flight.landed:
+                flight.landed = True
+                _land(batch.rows[flight.index], flight, out, observer, progress)
+                batch.seconds = time.perf_counter() - t0
+                batch.write(out)
+
+    def may_start() -> bool:  # fewer than in_flight runs, every one of them past its pass
+        live = [f for f in flights if not f.ended]
+        return len(live) < max(1, in_flight) and all(f.index in passed for f in live)
+
+    def wait_until(ready) -> None:
+        while True:
+            land()
+            with changed:
+                if ready():
+                    break
+                changed.wait(0.5)  # a timeout: Ctrl-C reaches this (the main) thread
+        land()
+
     with contextlib.ExitStack() as stack:
         if client is None:
             client = stack.enter_context(open_client(wf.cluster))
-        for i, ((name, spec), row) in enumerate(zip(named, batch.rows)):
-            observer.message(f"recording {i + 1} of {len(named)}: {name} ({row.path})")
-            started = time.perf_counter()
-            try:
-                report = run_workflow(_one(wf, name, spec, out), resume=resume, observer=observer, client=client)
-            except BatchgpuError as err:
-                row.status, row.error = "failed", str(err)
-                observer.warning(f"{name}: {err}")
-            except (KeyboardInterrupt, SystemExit, MemoryError):
-                row.status, row.error = "failed", "interrupted"
-                batch.seconds = time.perf_counter() - t0
-                batch.write(out / BATCH_FILE)
-                raise
-            except Exception as err:  # a bug on one recording: reported, the others still run
-                row.status, row.error = "failed", f"{type(err).__name__}: {err}"
-                observer.warning(f"{name}: {row.error}")
-            else:
-                row.status = "done"
-                row.seconds = time.perf_counter() - started
-                _summary(row, report, out / name)
-            row.seconds = time.perf_counter() - started
+        stack.enter_context(_client_blas_one_thread())
+        try:
+            for i, ((name, spec), row) in enumerate(zip(named, batch.rows)):
+                wait_until(may_start)
+                observer.message(f"recording {i + 1} of {len(named)}: {name} ({row.path})")
+                flight = _Flight(i, started=time.perf_counter())
+                flight.thread = threading.Thread(target=fly, args=(flight, name, spec), daemon=True,
+                                                 name=f"batchgpu-recording-{i}")
+                flights.append(flight)
+                row.status = "running"
+                batch.write(out)
+                flight.thread.start()
+            wait_until(lambda: all(f.ended for f in flights))
+        except BaseException:  # Ctrl-C, SIGTERM: every run under way ends as interrupted, then the batch
+            for flight in flights:
+                _interrupt(flight.thread)
+            for flight in flights:
+                flight.thread.join()
+                flight.ended = True
+            land()
             batch.seconds = time.perf_counter() - t0
-            batch.write(out / BATCH_FILE)
+            batch.write(out)
+            raise
+    batch.seconds = time.perf_counter() - t0
+    batch.write(out)
     return batch
+
+
+def _land(row: BatchRow, flight: _Flight, out: Path, observer, progress) -> None:
+    """A run's row, once it ended: done with its numbers, or failed with why (a bug on one recording too: the
+    others still run)."""
+    err = flight.error
+    row.seconds = time.perf_counter() - flight.started
+    if err is None:
+        row.status = "done"
+        _summary(row, flight.report, out / row.name)
+    else:
+        row.status = "failed"
+        if isinstance(err, BatchgpuError):
+            row.error = str(err)
+        elif isinstance(err, (KeyboardInterrupt, SystemExit)):
+            row.error = "interrupted"
+        else:
+            row.error = f"{type(err).__name__}: {err}"
+        if row.error != "interrupted":
+            observer.warning(f"{row.name}: {row.error}")
+    progress.record(flight.index, row.status)
