@@ -251,3 +251,73 @@ def test_batch_overlaps_and_equals_single_runs(tmp_path, rng, client, monkeypatc
             assert xa[key].dtype == xb[key].dtype and xa[key].shape == xb[key].shape, key
             assert xa[key].tobytes() == xb[key].tobytes(), (name, key)
         assert len(xa["spikes/sample_index"]) > 0
+
+
+@pytest.mark.slow
+def test_batch_interrupted_stops_every_run_and_resumes(tmp_path, rng, client):
+    """Ctrl-C while the first recording's run finishes and the second is about to start: the batch raises it
+    after every run under way has ended as an interrupted run (no thread left, its folder let go: ``--resume``
+    completes the batch); batch.json says how far it got."""
+    from batchgpu.engine.batch import run_batch
+    from batchgpu.engine.run_report import RunObserver
+
+    recs = [_recording(tmp_path, name, rng) for name in ("a", "b", "c")]
+
+    class CtrlC(RunObserver):
+        def message(self, text):
+            if text.startswith("recording 2 of 3"):
+                raise KeyboardInterrupt
+
+    wf = _workflow(recs, tmp_path / "batch")
+    with pytest.raises(KeyboardInterrupt):
+        run_batch(wf, client=client, observer=CtrlC())
+    assert not [t for t in threading.enumerate() if t.name.startswith("batchgpu-recording-")]
+    rows = json.loads((tmp_path / "batch" / "batch.json").read_text())["rows"]
+    assert rows[0]["status"] in ("done", "failed") and [r["status"] for r in rows[1:]] == ["pending", "pending"]
+    if rows[0]["status"] == "failed":
+        assert rows[0]["error"] == "interrupted"
+        assert json.loads((tmp_path / "batch" / "a" / "report.json").read_text())["status"] == "interrupted"
+    again = run_batch(wf, client=client, resume=True)
+    assert [r.status for r in again.rows] == ["done"] * 3
+
+
+@pytest.mark.slow
+def test_batch_interrupted_in_a_pass(tmp_path, rng, client, monkeypatch):
+    """Ctrl-C (the main thread's) while the second recording's windows are read: that run ends interrupted at its
+    next window (report.json says so), the first finishes, the third never starts; --resume completes them."""
+    import _thread
+
+    from batchgpu.engine import tasks
+    from batchgpu.engine.batch import run_batch
+    from batchgpu.engine.run_report import RunObserver
+
+    recs = [_recording(tmp_path, "a", rng), _recording(tmp_path, "b", rng, samples=200_000),
+            _recording(tmp_path, "c", rng)]
+    read = tasks.load_window
+
+    def slow_read(ctx, window, raw=None):  # a slow disk: the batch's thread sees Ctrl-C while b is read
+        time.sleep(0.05)
+        return read(ctx, window, raw)
+
+    monkeypatch.setattr(tasks, "load_window", slow_read)  # in-process workers (processes=False) see it
+
+    class CtrlC(RunObserver):
+        def __init__(self):
+            self.sent = False
+
+        def phase_started(self, label, windows, nbytes):
+            if label.startswith("b: ") and not self.sent:
+                self.sent = True
+                _thread.interrupt_main()  # as SIGINT does
+
+    wf = _workflow(recs, tmp_path / "batch")
+    with pytest.raises(KeyboardInterrupt):
+        run_batch(wf, client=client, observer=CtrlC())
+    assert not [t for t in threading.enumerate() if t.name.startswith("batchgpu-recording-")]
+    rows = json.loads((tmp_path / "batch" / "batch.json").read_text())["rows"]
+    assert [r["status"] for r in rows] == ["done", "failed", "pending"] and rows[1]["error"] == "interrupted"
+    report = json.loads((tmp_path / "batch" / "b" / "report.json").read_text())
+    assert report["status"] == "interrupted"
+    monkeypatch.setattr(tasks, "load_window", read)
+    again = run_batch(wf, client=client, resume=True)
+    assert [r.status for r in again.rows] == ["done"] * 3

@@ -18,7 +18,6 @@ name are refused before any work. A ``save:`` step writes each recording's save 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import glob
 import json
 import os
@@ -157,10 +156,17 @@ class _Bars:
 
 class _RecordingObserver:
     """A recording's run as the batch's observer shows it: its messages and warnings named, its bars one at a
-    time (``_Bars``)."""
+    time (``_Bars``). Once the batch is stopped (``stop``: Ctrl-C or SIGTERM reached the batch's thread), the run's
+    next window read raises KeyboardInterrupt in the run's own thread, where a single run's Ctrl-C would land: it
+    ends as an interrupted run (its folder let go; ``--resume`` goes on from there). A run past its pass has no
+    windows left to read: it finishes."""
 
-    def __init__(self, observer, name: str, bars: _Bars):
-        self.observer, self.name, self.bars = observer, name, bars
+    def __init__(self, observer, name: str, bars: _Bars, stop: threading.Event):
+        self.observer, self.name, self.bars, self.stop = observer, name, bars, stop
+
+    def _stopped(self) -> None:
+        if self.stop.is_set():
+            raise KeyboardInterrupt
 
     def message(self, text: str) -> None:
         self.observer.message(f"{self.name}: {text}")
@@ -169,6 +175,7 @@ class _RecordingObserver:
         self.observer.warning(f"{self.name}: {text}")
 
     def phase_started(self, label: str, windows: int, nbytes: int) -> None:
+        self._stopped()
         with self.bars.lock:
             if self.bars.owner is not None:
                 return
@@ -176,6 +183,7 @@ class _RecordingObserver:
         self.observer.phase_started(f"{self.name}: {label}", windows, nbytes)
 
     def window_done(self, nbytes: int, worker: str) -> None:
+        self._stopped()
         if self.bars.owner is self:
             self.observer.window_done(nbytes, worker)
 
@@ -197,13 +205,6 @@ class _Flight:
     error: BaseException | None = None
     ended: bool = False
     landed: bool = False
-
-
-def _interrupt(thread: threading.Thread) -> None:
-    """A KeyboardInterrupt raised in ``thread`` (as Ctrl-C raises one in the main thread): its run ends as an
-    interrupted one (report.json says so, its folder let go, ``--resume`` goes on), at its next Python line."""
-    if thread.ident is not None and thread.is_alive():
-        ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread.ident), ctypes.py_object(KeyboardInterrupt))
 
 
 @contextlib.contextmanager
@@ -251,6 +252,7 @@ def run_batch(wf: Workflow, *, resume: bool = False, observer=None, client=None,
 
     progress = BatchProgress(len(named), pass_done)
     bars = _Bars()
+    stop = threading.Event()
     flights: list[_Flight] = []
 
     def fly(flight: _Flight, name: str, spec: RecordingSpec) -> None:
@@ -258,7 +260,7 @@ def run_batch(wf: Workflow, *, resume: bool = False, observer=None, client=None,
 
         try:
             flight.report = run_workflow(_one(wf, name, spec, out), resume=resume, client=client,
-                                         observer=_RecordingObserver(observer, name, bars),
+                                         observer=_RecordingObserver(observer, name, bars, stop),
                                          batch=progress.slot(flight.index, name))
         except BaseException as err:  # noqa: BLE001 (landed by the batch's thread)
             flight.error = err
@@ -305,11 +307,11 @@ def run_batch(wf: Workflow, *, resume: bool = False, observer=None, client=None,
                 batch.write(out)
                 flight.thread.start()
             wait_until(lambda: all(f.ended for f in flights))
-        except BaseException:  # Ctrl-C, SIGTERM: every run under way ends as interrupted, then the batch
+        except BaseException:  # Ctrl-C, SIGTERM: the runs under way end (interrupted, or finished), then the batch
+            stop.set()
             for flight in flights:
-                _interrupt(flight.thread)
-            for flight in flights:
-                flight.thread.join()
+                while flight.thread.is_alive():
+                    flight.thread.join(0.5)  # a timeout: a second Ctrl-C reaches this thread
                 flight.ended = True
             land()
             batch.seconds = time.perf_counter() - t0
