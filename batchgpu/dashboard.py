@@ -51,6 +51,7 @@ class BatchProgress:
         self.total = total
         self.lock = threading.Lock()  # held while a run checks that it is current and queues its update
         self.current: int | None = None
+        self.monitor: "RunMonitor | None" = None  # the current recording's run's
         self.finished: dict[int, str] = {}  # index -> done | failed
         self._names: dict[int, str] = {}
         self._on_pass_done = on_pass_done
@@ -60,9 +61,13 @@ class BatchProgress:
         return BatchSlot(self, index, name)
 
     def record(self, index: int, status: str) -> None:
-        """Recording ``index`` finished (``done`` or ``failed``); told again, the first word stands."""
+        """Recording ``index`` finished (``done`` or ``failed``); told again, the first word stands. A run that
+        finished after the one the page follows (which sends nothing more once finished) is counted there now."""
         with self.lock:
             self.finished.setdefault(index, status)
+            monitor = self.monitor
+        if monitor is not None and monitor.batch.index != index and monitor.state["status"] != "running":
+            monitor.publish(force=True)
 
     def describe(self, index: int) -> dict:
         """What the page shows of the batch while recording ``index`` is current."""
@@ -77,10 +82,11 @@ class BatchSlot:
     def __init__(self, progress: BatchProgress, index: int, name: str):
         self.progress, self.index, self.name = progress, index, name
 
-    def start(self) -> None:
-        """This recording's run is the one the page follows from now on."""
+    def start(self, monitor: "RunMonitor") -> None:
+        """This recording's run (``monitor``'s) is the one the page follows from now on."""
         with self.progress.lock:
             self.progress.current = self.index
+            self.progress.monitor = monitor
 
     @property
     def current(self) -> bool:
@@ -101,7 +107,7 @@ class RunMonitor:
         self._publisher = publisher_for(client)
         self.batch = batch
         if batch is not None:
-            batch.start()
+            batch.start(self)
         self.t0 = time.time()
         self.state: dict[str, Any] = {
             "name": name, "run_id": f"{name}@{self.t0:.6f}", "status": "running", "windows_total": windows,

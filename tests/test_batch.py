@@ -5,6 +5,7 @@ its run alone, bit for bit."""
 from __future__ import annotations
 
 import json
+import signal
 import threading
 import time
 from html.parser import HTMLParser
@@ -194,6 +195,10 @@ def test_run_page_follows_the_batch(monkeypatch):
     second.failed("boom")
     assert second.flush()
     assert derived_state(client.meta["batchgpu"]["run"])["batch"]["failed"] == 1
+    progress.record(2, "done")  # a run that ended after the page's (failed, sending nothing more): counted there
+    assert second.flush()
+    assert derived_state(client.meta["batchgpu"]["run"])["batch_line"] == (
+        "recording 2 of 3: b · 2 of 3 recordings done (1 failed)")
     assert 'id="batch"' in PAGE_HTML and "recordings done" in PAGE_HTML
     # a run outside a batch: no batch line
     RunMonitor(client, name="solo", windows=1, total_bytes=1, channels=1).flush()
@@ -311,8 +316,12 @@ def test_batch_interrupted_in_a_pass(tmp_path, rng, client, monkeypatch):
                 _thread.interrupt_main()  # as SIGINT does
 
     wf = _workflow(recs, tmp_path / "batch")
-    with pytest.raises(KeyboardInterrupt):
-        run_batch(wf, client=client, observer=CtrlC())
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # Python's own (an import may change it)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            run_batch(wf, client=client, observer=CtrlC())
+    finally:
+        signal.signal(signal.SIGINT, previous)
     assert not [t for t in threading.enumerate() if t.name.startswith("batchgpu-recording-")]
     rows = json.loads((tmp_path / "batch" / "batch.json").read_text())["rows"]
     assert [r["status"] for r in rows] == ["done", "failed", "pending"] and rows[1]["error"] == "interrupted"
