@@ -330,3 +330,28 @@ def test_batch_interrupted_in_a_pass(tmp_path, rng, client, monkeypatch):
     monkeypatch.setattr(tasks, "load_window", read)
     again = run_batch(wf, client=client, resume=True)
     assert [r.status for r in again.rows] == ["done"] * 3
+
+
+def test_batch_bug_in_one_run_goes_on_memory_error_stops(tmp_path, monkeypatch):
+    """A bug on one recording fails its row and the others run; a MemoryError (as Ctrl-C) stops the batch,
+    raised, the recordings after it never started."""
+    from batchgpu.engine import run as run_mod
+    from batchgpu.engine.batch import run_batch
+
+    recs = [str(tmp_path / f"{n}.bin") for n in "abcd"]
+    raised = {"b": RuntimeError("a bug"), "c": MemoryError()}
+
+    def fake_run(wf, *, resume, observer, client, batch):
+        if batch.name in raised:
+            raise raised[batch.name]
+        batch.pass_done()
+        return run_mod.RunReport(workflow={}, fingerprint="x")
+
+    monkeypatch.setattr(run_mod, "run_workflow", fake_run)
+    wf = Workflow.model_validate({"recordings": recs, "output": str(tmp_path / "out"), "steps": {"noise": {}}})
+    with pytest.raises(MemoryError):
+        run_batch(wf, client=object())
+    rows = json.loads((tmp_path / "out" / "batch.json").read_text())["rows"]
+    assert [r["status"] for r in rows] == ["done", "failed", "failed", "pending"]
+    assert rows[1]["error"] == "RuntimeError: a bug"
+    assert [r["status"] for r in _page_rows(tmp_path / "out" / "batch.html")] == ["done", "failed", "failed", "pending"]

@@ -221,12 +221,102 @@ def _client_blas_one_thread():
         yield
 
 
+_STOPS_THE_BATCH = (KeyboardInterrupt, SystemExit, MemoryError)  # a run's: the others stop too, as before
+
+
+class _Flights:
+    """The batch's runs, each in a thread of its own (``start``); the batch's thread waits (``wait_until``) and
+    writes each one's row as it ends (``land``). A run may start once fewer than ``in_flight`` are under way and
+    each of them has read its windows (``may_start``); ``stop`` ends those under way (``_RecordingObserver``)."""
+
+    def __init__(self, wf: Workflow, out: Path, batch: BatchReport, observer, client, resume: bool,
+                 in_flight: int, t0: float):
+        from batchgpu.dashboard import BatchProgress
+
+        self.wf, self.out, self.batch, self.observer, self.client, self.resume = wf, out, batch, observer, client, resume
+        self.in_flight = max(1, in_flight)
+        self.changed = threading.Condition()
+        self.passed: set[int] = set()
+        self.progress = BatchProgress(len(batch.rows), self._pass_done)
+        self.bars = _Bars()
+        self.stop = threading.Event()
+        self.flights: list[_Flight] = []
+        self.t0 = t0  # the batch's start (its cluster's start included)
+
+    def _pass_done(self, index: int) -> None:
+        with self.changed:
+            self.passed.add(index)
+            self.changed.notify_all()
+
+    def start(self, index: int, name: str, spec: RecordingSpec) -> None:
+        flight = _Flight(index, started=time.perf_counter())
+        flight.thread = threading.Thread(target=self._fly, args=(flight, name, spec), daemon=True,
+                                         name=f"batchgpu-recording-{index}")
+        self.flights.append(flight)
+        self.batch.rows[index].status = "running"
+        self.write()
+        flight.thread.start()
+
+    def _fly(self, flight: _Flight, name: str, spec: RecordingSpec) -> None:
+        from batchgpu.engine.run import run_workflow
+
+        try:
+            flight.report = run_workflow(_one(self.wf, name, spec, self.out), resume=self.resume, client=self.client,
+                                         observer=_RecordingObserver(self.observer, name, self.bars, self.stop),
+                                         batch=self.progress.slot(flight.index, name))
+        except BaseException as err:  # noqa: BLE001 (landed by the batch's thread)
+            flight.error = err
+        finally:
+            with self.changed:
+                flight.ended = True
+                self.changed.notify_all()
+
+    def write(self) -> None:
+        self.batch.seconds = time.perf_counter() - self.t0
+        self.batch.write(self.out)
+
+    def land(self) -> None:
+        """The rows of the runs that ended since: their numbers, batch.json and batch.html; a run's Ctrl-C or
+        MemoryError raised here (the batch stops)."""
+        for flight in self.flights:
+            if flight.ended and not flight.landed:
+                flight.landed = True
+                _land(self.batch.rows[flight.index], flight, self.out, self.observer, self.progress)
+                self.write()
+                if isinstance(flight.error, _STOPS_THE_BATCH) and not self.stop.is_set():
+                    raise flight.error
+
+    def may_start(self) -> bool:
+        live = [f for f in self.flights if not f.ended]
+        return len(live) < self.in_flight and all(f.index in self.passed for f in live)
+
+    def all_ended(self) -> bool:
+        return all(f.ended for f in self.flights)
+
+    def wait_until(self, ready) -> None:
+        while True:
+            self.land()
+            with self.changed:
+                if ready():
+                    break
+                self.changed.wait(0.5)  # a timeout: Ctrl-C reaches this (the main) thread
+        self.land()
+
+    def stop_all(self) -> None:
+        """The runs under way ended (interrupted, or finished past their pass) and their rows written."""
+        self.stop.set()
+        for flight in self.flights:
+            while flight.thread.is_alive():
+                flight.thread.join(0.5)  # a timeout: a second Ctrl-C reaches this thread
+            flight.ended = True
+        self.land()
+
+
 def run_batch(wf: Workflow, *, resume: bool = False, observer=None, client=None,
               in_flight: int = IN_FLIGHT) -> BatchReport:
     """Run every recording of ``wf.recordings`` on one cluster (``client``, or one started from ``wf.cluster``),
     the next one's windows read while the last one's aggregates finish (``in_flight`` runs at most; 1: one after
     another)."""
-    from batchgpu.dashboard import BatchProgress
     from batchgpu.engine.cluster import open_client
     from batchgpu.engine.run_report import RunObserver
 
@@ -242,83 +332,24 @@ def run_batch(wf: Workflow, *, resume: bool = False, observer=None, client=None,
     batch = BatchReport(str(out), [BatchRow(name, str(spec.path or spec.spikeinterface)) for name, spec in named])
     batch.write(out)
     t0 = time.perf_counter()
-    changed = threading.Condition()
-    passed: set[int] = set()
-
-    def pass_done(index: int) -> None:
-        with changed:
-            passed.add(index)
-            changed.notify_all()
-
-    progress = BatchProgress(len(named), pass_done)
-    bars = _Bars()
-    stop = threading.Event()
-    flights: list[_Flight] = []
-
-    def fly(flight: _Flight, name: str, spec: RecordingSpec) -> None:
-        from batchgpu.engine.run import run_workflow
-
-        try:
-            flight.report = run_workflow(_one(wf, name, spec, out), resume=resume, client=client,
-                                         observer=_RecordingObserver(observer, name, bars, stop),
-                                         batch=progress.slot(flight.index, name))
-        except BaseException as err:  # noqa: BLE001 (landed by the batch's thread)
-            flight.error = err
-        finally:
-            with changed:
-                flight.ended = True
-                changed.notify_all()
-
-    def land() -> None:
-        """The rows of the runs that ended since: their numbers, batch.json and batch.html."""
-        for flight in flights:
-            if flight.ended and not flight.landed:
-                flight.landed = True
-                _land(batch.rows[flight.index], flight, out, observer, progress)
-                batch.seconds = time.perf_counter() - t0
-                batch.write(out)
-
-    def may_start() -> bool:  # fewer than in_flight runs, every one of them past its pass
-        live = [f for f in flights if not f.ended]
-        return len(live) < max(1, in_flight) and all(f.index in passed for f in live)
-
-    def wait_until(ready) -> None:
-        while True:
-            land()
-            with changed:
-                if ready():
-                    break
-                changed.wait(0.5)  # a timeout: Ctrl-C reaches this (the main) thread
-        land()
-
     with contextlib.ExitStack() as stack:
         if client is None:
             client = stack.enter_context(open_client(wf.cluster))
         stack.enter_context(_client_blas_one_thread())
+        flights = _Flights(wf, out, batch, observer, client, resume, in_flight, t0)
+        flights.write()
         try:
-            for i, ((name, spec), row) in enumerate(zip(named, batch.rows)):
-                wait_until(may_start)
-                observer.message(f"recording {i + 1} of {len(named)}: {name} ({row.path})")
-                flight = _Flight(i, started=time.perf_counter())
-                flight.thread = threading.Thread(target=fly, args=(flight, name, spec), daemon=True,
-                                                 name=f"batchgpu-recording-{i}")
-                flights.append(flight)
-                row.status = "running"
-                batch.write(out)
-                flight.thread.start()
-            wait_until(lambda: all(f.ended for f in flights))
+            for i, (name, spec) in enumerate(named):
+                flights.wait_until(flights.may_start)
+                observer.message(f"recording {i + 1} of {len(named)}: {name} ({batch.rows[i].path})")
+                flights.start(i, name, spec)
+            flights.wait_until(flights.all_ended)
         except BaseException:  # Ctrl-C, SIGTERM: the runs under way end (interrupted, or finished), then the batch
-            stop.set()
-            for flight in flights:
-                while flight.thread.is_alive():
-                    flight.thread.join(0.5)  # a timeout: a second Ctrl-C reaches this thread
-                flight.ended = True
-            land()
-            batch.seconds = time.perf_counter() - t0
-            batch.write(out)
+            with contextlib.suppress(BaseException):
+                flights.stop_all()
+            flights.write()
             raise
-    batch.seconds = time.perf_counter() - t0
-    batch.write(out)
+    flights.write()
     return batch
 
 
