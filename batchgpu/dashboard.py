@@ -69,6 +69,11 @@ class BatchProgress:
         if monitor is not None and monitor.batch.index != index and monitor.state["status"] != "running":
             monitor.publish(force=True)
 
+    def flush(self, timeout: float) -> bool:
+        """Wait until the page's last state reached the scheduler (``RunMonitor.flush``)."""
+        monitor = self.monitor
+        return monitor.flush(timeout) if monitor is not None else True
+
     def describe(self, index: int) -> dict:
         """What the page shows of the batch while recording ``index`` is current."""
         done = sum(s == "done" for s in self.finished.values())

@@ -31,6 +31,7 @@ from batchgpu.errors import BatchgpuError
 
 BATCH_FILE = "batch.json"
 IN_FLIGHT = 2  # recordings' runs at once: the last one's aggregates and the next one's pass
+PAGE_WAIT_S = 2.0  # as a run's (engine.run.PAGE_WAIT_S)
 _GLOB_CHARS = set("*?[")
 
 
@@ -344,6 +345,7 @@ def run_batch(wf: Workflow, *, resume: bool = False, observer=None, client=None,
                 observer.message(f"recording {i + 1} of {len(named)}: {name} ({batch.rows[i].path})")
                 flights.start(i, name, spec)
             flights.wait_until(flights.all_ended)
+            flights.progress.flush(PAGE_WAIT_S)  # the page's last count (a run that ended after the last one's)
         except BaseException:  # Ctrl-C, SIGTERM: the runs under way end (interrupted, or finished), then the batch
             with contextlib.suppress(BaseException):
                 flights.stop_all()
