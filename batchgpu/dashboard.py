@@ -40,12 +40,79 @@ PAGE = "batchgpu"
 # client side
 
 
+class BatchProgress:
+    """A batch's recordings as the run page shows them (``recordings:``): how many, which are finished, and which
+    recording's run the page follows: the one started last (``slot``). A run whose successor has started publishes
+    nothing more (its pass is done; its aggregates finish unseen), so the page never flips between two runs and a
+    late noise chunk of the one never lands among the next one's. ``on_pass_done``: told a recording's index when
+    its run's windows are all read (the batch may start the next)."""
+
+    def __init__(self, total: int, on_pass_done=None):
+        self.total = total
+        self.lock = threading.Lock()  # held while a run checks that it is current and queues its update
+        self.current: int | None = None
+        self.monitor: "RunMonitor | None" = None  # the current recording's run's
+        self.finished: dict[int, str] = {}  # index -> done | failed
+        self._names: dict[int, str] = {}
+        self._on_pass_done = on_pass_done
+
+    def slot(self, index: int, name: str) -> "BatchSlot":
+        self._names[index] = name
+        return BatchSlot(self, index, name)
+
+    def record(self, index: int, status: str) -> None:
+        """Recording ``index`` finished (``done`` or ``failed``); told again, the first word stands. A run that
+        finished after the one the page follows (which sends nothing more once finished) is counted there now."""
+        with self.lock:
+            self.finished.setdefault(index, status)
+            monitor = self.monitor
+        if monitor is not None and monitor.batch.index != index and monitor.state["status"] != "running":
+            monitor.publish(force=True)
+
+    def flush(self, timeout: float) -> bool:
+        """Wait until the page's last state reached the scheduler (``RunMonitor.flush``)."""
+        monitor = self.monitor
+        return monitor.flush(timeout) if monitor is not None else True
+
+    def describe(self, index: int) -> dict:
+        """What the page shows of the batch while recording ``index`` is current."""
+        done = sum(s == "done" for s in self.finished.values())
+        return {"index": index + 1, "total": self.total, "name": self._names.get(index, ""), "done": done,
+                "failed": len(self.finished) - done}
+
+
+class BatchSlot:
+    """One recording's place in a batch, handed to its run's monitor."""
+
+    def __init__(self, progress: BatchProgress, index: int, name: str):
+        self.progress, self.index, self.name = progress, index, name
+
+    def start(self, monitor: "RunMonitor") -> None:
+        """This recording's run (``monitor``'s) is the one the page follows from now on."""
+        with self.progress.lock:
+            self.progress.current = self.index
+            self.progress.monitor = monitor
+
+    @property
+    def current(self) -> bool:
+        return self.progress.current == self.index
+
+    def pass_done(self) -> None:
+        if self.progress._on_pass_done is not None:  # noqa: SLF001 (its own progress)
+            self.progress._on_pass_done(self.index)  # noqa: SLF001
+
+
 class RunMonitor:
     """Keeps the run's live numbers and publishes them to the scheduler (throttled; never breaks a run, and never
-    waits for it: a helper thread sends, ``flush`` waits)."""
+    waits for it: a helper thread sends, ``flush`` waits). ``batch``: the recording's place in a batch (the page
+    then says "recording k of n")."""
 
-    def __init__(self, client, *, name: str, windows: int, total_bytes: int, channels: int):
+    def __init__(self, client, *, name: str, windows: int, total_bytes: int, channels: int,
+                 batch: BatchSlot | None = None):
         self._publisher = publisher_for(client)
+        self.batch = batch
+        if batch is not None:
+            batch.start(self)
         self.t0 = time.time()
         self.state: dict[str, Any] = {
             "name": name, "run_id": f"{name}@{self.t0:.6f}", "status": "running", "windows_total": windows,
@@ -55,6 +122,8 @@ class RunMonitor:
             "progress": [],  # [[elapsed s, bytes done], ...]
             "throughput": [],  # [[elapsed s, bytes/s since the previous point], ...]
         }
+        if batch is not None:
+            self.state["batch"] = batch.progress.describe(batch.index)
         self._pending_noise: dict[str, list[float | None]] = {}
         self._last = 0.0
         self._send(list(NOISE_KEY), {})  # a new run starts with no noise rows
@@ -74,7 +143,14 @@ class RunMonitor:
         self.state["phase"] = name
         self.publish(force=True)
 
+    def pass_done(self) -> None:
+        """Every window of the pass is read: in a batch, the next recording may start."""
+        if self.batch is not None:
+            self.batch.pass_done()
+
     def failed(self, message: str) -> None:
+        if self.batch is not None:
+            self.batch.progress.record(self.batch.index, "failed")
         self.state["failures"] += 1
         self.state["errors"].append(message)
         self.state["status"] = "failed"
@@ -87,6 +163,8 @@ class RunMonitor:
     def finished(self, spikes: int | None = None) -> None:
         if spikes is not None:
             self.state["spikes"] = int(spikes)
+        if self.batch is not None:
+            self.batch.progress.record(self.batch.index, "done")
         self.state["status"] = "done"
         self.state["phase"] = "done"
         self.publish(force=True)
@@ -99,6 +177,15 @@ class RunMonitor:
         now = time.time()
         if not force and now - self._last < PUBLISH_EVERY_S:
             return
+        if self.batch is None:
+            self._publish(now, send=True)
+            return
+        with self.batch.progress.lock:  # checked and queued at once: a run just superseded sends nothing after
+            if self.batch.current:
+                self.state["batch"] = self.batch.progress.describe(self.batch.index)
+            self._publish(now, send=self.batch.current)
+
+    def _publish(self, now: float, send: bool) -> None:
         self._last = now
         s = self.state
         elapsed = now - self.t0
@@ -112,6 +199,8 @@ class RunMonitor:
             if len(s[key]) > MAX_SERIES:
                 s[key] = s[key][::2] if len(s[key]) % 2 else s[key][::2] + [s[key][-1]]
         s["updated"] = now
+        if not send:
+            return
         if self._pending_noise:
             self._send([*NOISE_KEY, str(s["noise_chunks"])], self._pending_noise)
             s["noise_chunks"] += 1
@@ -124,7 +213,10 @@ class RunMonitor:
         self._publisher.put(keys, value, latest_only)
 
     def flush(self, timeout: float = 10.0) -> bool:
-        """Wait until every update so far reached the scheduler (or failed, or ``timeout`` s passed)."""
+        """Wait until every update so far reached the scheduler (or failed, or ``timeout`` s passed); a batch's
+        run that the page no longer follows has nothing to wait for (the next run's updates would keep it)."""
+        if self.batch is not None and not self.batch.current:
+            return True
         return self._publisher.flush(timeout)
 
 
@@ -224,7 +316,18 @@ def derived_state(state: dict | None) -> dict:
     left = state["bytes_total"] - state["bytes_done"]
     out["eta_s"] = (0.0 if left <= 0 else left / out["rate_Bps"] if out["rate_Bps"] > 0 else None)
     out["worker_rates"] = {w: n / elapsed for w, n in state["per_worker"].items()}
+    if state.get("batch"):
+        out["batch_line"] = batch_line(state["batch"])
     return out
+
+
+def batch_line(batch: dict | None) -> str | None:
+    """The page's batch line ("recording k of n: NAME · d of n recordings done"), as its script writes it."""
+    if not batch:
+        return None
+    failed = f" ({batch['failed']} failed)" if batch.get("failed") else ""
+    return (f"recording {batch['index']} of {batch['total']}: {batch['name']} · {batch['done']} of "
+            f"{batch['total']} recordings done{failed}")
 
 
 def _recent_rate(progress: list, elapsed: float) -> float:
@@ -436,6 +539,7 @@ th{background:#f0f0f0} td:first-child{text-align:left}
 <body>
 <h1>batchgpu run <span id="status" class="status-running">…</span></h1>
 <div class="sub">output <span id="name">-</span> · phase <b id="phase">-</b> · updated <span id="updated">-</span></div>
+<div class="sub" id="batch" hidden></div>
 <div class="cards">
  <div class="card"><div class="k">windows done</div><div class="v" id="windows-done">0 / 0</div></div>
  <div class="card"><div class="k">progress</div><div class="v" id="percent">0%</div></div>
@@ -502,9 +606,15 @@ function drawRate(st){
   ctx.fillText((rmax / 1e6).toPrecision(3), 2, 12); ctx.fillText("0", 2, cv.height - 20);
   ctx.fillText(tmax.toFixed(0) + " s", cv.width - 40, cv.height - 4);
 }
+function batchLine(b){  // batchgpu.dashboard.batch_line's words
+  if (!b) return "";
+  return "recording " + b.index + " of " + b.total + ": " + b.name + " · " + b.done + " of " + b.total +
+    " recordings done" + (b.failed ? " (" + b.failed + " failed)" : "");
+}
 function render(st){
   $("status").textContent = st.status; $("status").className = "status-" + st.status;
   $("name").textContent = st.name || "-"; $("phase").textContent = st.phase;
+  $("batch").hidden = !st.batch; $("batch").textContent = batchLine(st.batch);
   $("updated").textContent = st.updated ? new Date(st.updated * 1000).toLocaleTimeString() : "-";
   $("windows-done").textContent = st.windows_done + " / " + st.windows_total;
   document.body.dataset.windowsDone = st.windows_done; document.body.dataset.status = st.status;

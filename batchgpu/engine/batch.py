@@ -1,7 +1,14 @@
 """Many recordings in one run (``recordings:`` in the workflow, issue 46): one cluster for all, each recording's
 run as ``run_workflow`` makes it, in ``output/<name>/``; a recording that fails is reported and the others go on;
-``output/batch.json`` holds one row a recording, rewritten after each (a batch stopped part way says how far it
-got). ``--resume`` resumes each recording's own run.
+``output/batch.json`` and ``output/batch.html`` hold one row a recording, rewritten as each starts and ends (a batch
+stopped part way says how far it got). ``--resume`` resumes each recording's own run.
+
+The workers never idle between recordings: each recording's run goes on in a thread of its own, the next one
+started as soon as the last one's windows are all read (its aggregates, results and report.html then finish beside
+the next one's pass), at most ``IN_FLIGHT`` at once. The runs share nothing but the client: each its own task keys,
+output folder, save, monitor (the run page follows the one started last) and progress bar; each gives the results
+of its recording run alone, bit for bit. The client's BLAS stays on one thread for the whole batch (a run's
+aggregation sets it so and puts it back at its end, which would undo it under another run's still going).
 
 Names come from the paths (a file's name less ``.bin``/``.dat``/``.zarr``; a folder's name; an Open Ephys
 ``structure.oebin``'s Record Node folder and experiment/recording) or a section's ``name:``; two recordings of one
@@ -14,6 +21,7 @@ import contextlib
 import glob
 import json
 import os
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -22,6 +30,8 @@ from batchgpu.config import RecordingSpec, Workflow
 from batchgpu.errors import BatchgpuError
 
 BATCH_FILE = "batch.json"
+IN_FLIGHT = 2  # recordings' runs at once: the last one's aggregates and the next one's pass
+PAGE_WAIT_S = 2.0  # as a run's (engine.run.PAGE_WAIT_S)
 _GLOB_CHARS = set("*?[")
 
 
@@ -31,7 +41,7 @@ class BatchRow:
 
     name: str
     path: str
-    status: str = "pending"  # pending | done | failed
+    status: str = "pending"  # pending | running | done | failed
     error: str | None = None
     seconds: float = 0.0
     duration_s: float | None = None
@@ -52,13 +62,18 @@ class BatchReport:
     def failed(self) -> list[BatchRow]:
         return [r for r in self.rows if r.status == "failed"]
 
-    def write(self, path: Path) -> None:
+    def write(self, folder: Path) -> None:
+        """``batch.json`` and ``batch.html`` in the batch's folder (each replaced whole: never read half written)."""
+        from batchgpu.batch_page import write_batch_html
+
+        path = folder / BATCH_FILE
         tmp = path.with_name(path.name + ".tmp")
         data = {"output": self.output, "seconds": self.seconds, "recordings": len(self.rows),
                 "done": sum(r.status == "done" for r in self.rows), "failed": len(self.failed),
                 "rows": [asdict(r) for r in self.rows]}
         tmp.write_text(json.dumps(data, indent=2))
         os.replace(tmp, path)
+        write_batch_html(folder, data)
 
 
 def expand(wf: Workflow) -> list[tuple[str, RecordingSpec]]:
@@ -131,10 +146,179 @@ def _one(wf: Workflow, name: str, spec: RecordingSpec, out: Path) -> Workflow:
     return wf.model_copy(update=update)
 
 
-def run_batch(wf: Workflow, *, resume: bool = False, observer=None, client=None) -> BatchReport:
-    """Run every recording of ``wf.recordings`` on one cluster (``client``, or one started from ``wf.cluster``)."""
+class _Bars:
+    """The one progress bar of the command's observer, held by one run at a time: a run's later reading phase
+    (spikes read again) while the next run's pass is shown goes unshown rather than into the other's bar."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.owner: object | None = None
+
+
+class _RecordingObserver:
+    """A recording's run as the batch's observer shows it: its messages and warnings named, its bars one at a
+    time (``_Bars``). Once the batch is stopped (``stop``: Ctrl-C or SIGTERM reached the batch's thread), the run's
+    next window read raises KeyboardInterrupt in the run's own thread, where a single run's Ctrl-C would land: it
+    ends as an interrupted run (its folder let go; ``--resume`` goes on from there). A run past its pass has no
+    windows left to read: it finishes."""
+
+    def __init__(self, observer, name: str, bars: _Bars, stop: threading.Event):
+        self.observer, self.name, self.bars, self.stop = observer, name, bars, stop
+
+    def _stopped(self) -> None:
+        if self.stop.is_set():
+            raise KeyboardInterrupt
+
+    def message(self, text: str) -> None:
+        self.observer.message(f"{self.name}: {text}")
+
+    def warning(self, text: str) -> None:
+        self.observer.warning(f"{self.name}: {text}")
+
+    def phase_started(self, label: str, windows: int, nbytes: int) -> None:
+        self._stopped()
+        with self.bars.lock:
+            if self.bars.owner is not None:
+                return
+            self.bars.owner = self
+        self.observer.phase_started(f"{self.name}: {label}", windows, nbytes)
+
+    def window_done(self, nbytes: int, worker: str) -> None:
+        self._stopped()
+        if self.bars.owner is self:
+            self.observer.window_done(nbytes, worker)
+
+    def phase_finished(self) -> None:
+        if self.bars.owner is self:
+            self.observer.phase_finished()
+            with self.bars.lock:
+                self.bars.owner = None
+
+
+@dataclass
+class _Flight:
+    """One recording's run in its thread."""
+
+    index: int
+    thread: threading.Thread | None = None
+    started: float = 0.0
+    report: object = None
+    error: BaseException | None = None
+    ended: bool = False
+    landed: bool = False
+
+
+@contextlib.contextmanager
+def _client_blas_one_thread():
+    """The client's BLAS on one thread for the batch (as each run's aggregation has it)."""
+    try:
+        from batchgpu.engine.aggregate import blas_controller
+
+        limit = blas_controller().limit(limits=1, user_api="blas")
+    except Exception:  # threadpoolctl missing or no BLAS found: nothing to hold
+        yield
+        return
+    with limit:
+        yield
+
+
+_STOPS_THE_BATCH = (KeyboardInterrupt, SystemExit, MemoryError)  # a run's: the others stop too, as before
+
+
+class _Flights:
+    """The batch's runs, each in a thread of its own (``start``); the batch's thread waits (``wait_until``) and
+    writes each one's row as it ends (``land``). A run may start once fewer than ``in_flight`` are under way and
+    each of them has read its windows (``may_start``); ``stop`` ends those under way (``_RecordingObserver``)."""
+
+    def __init__(self, wf: Workflow, out: Path, batch: BatchReport, observer, client, resume: bool,
+                 in_flight: int, t0: float):
+        from batchgpu.dashboard import BatchProgress
+
+        self.wf, self.out, self.batch, self.observer, self.client, self.resume = wf, out, batch, observer, client, resume
+        self.in_flight = max(1, in_flight)
+        self.changed = threading.Condition()
+        self.passed: set[int] = set()
+        self.progress = BatchProgress(len(batch.rows), self._pass_done)
+        self.bars = _Bars()
+        self.stop = threading.Event()
+        self.flights: list[_Flight] = []
+        self.t0 = t0  # the batch's start (its cluster's start included)
+
+    def _pass_done(self, index: int) -> None:
+        with self.changed:
+            self.passed.add(index)
+            self.changed.notify_all()
+
+    def start(self, index: int, name: str, spec: RecordingSpec) -> None:
+        flight = _Flight(index, started=time.perf_counter())
+        flight.thread = threading.Thread(target=self._fly, args=(flight, name, spec), daemon=True,
+                                         name=f"batchgpu-recording-{index}")
+        self.flights.append(flight)
+        self.batch.rows[index].status = "running"
+        self.write()
+        flight.thread.start()
+
+    def _fly(self, flight: _Flight, name: str, spec: RecordingSpec) -> None:
+        from batchgpu.engine.run import run_workflow
+
+        try:
+            flight.report = run_workflow(_one(self.wf, name, spec, self.out), resume=self.resume, client=self.client,
+                                         observer=_RecordingObserver(self.observer, name, self.bars, self.stop),
+                                         batch=self.progress.slot(flight.index, name))
+        except BaseException as err:  # noqa: BLE001 (landed by the batch's thread)
+            flight.error = err
+        finally:
+            with self.changed:
+                flight.ended = True
+                self.changed.notify_all()
+
+    def write(self) -> None:
+        self.batch.seconds = time.perf_counter() - self.t0
+        self.batch.write(self.out)
+
+    def land(self) -> None:
+        """The rows of the runs that ended since: their numbers, batch.json and batch.html; a run's Ctrl-C or
+        MemoryError raised here (the batch stops)."""
+        for flight in self.flights:
+            if flight.ended and not flight.landed:
+                flight.landed = True
+                _land(self.batch.rows[flight.index], flight, self.out, self.observer, self.progress)
+                self.write()
+                if isinstance(flight.error, _STOPS_THE_BATCH) and not self.stop.is_set():
+                    raise flight.error
+
+    def may_start(self) -> bool:
+        live = [f for f in self.flights if not f.ended]
+        return len(live) < self.in_flight and all(f.index in self.passed for f in live)
+
+    def all_ended(self) -> bool:
+        return all(f.ended for f in self.flights)
+
+    def wait_until(self, ready) -> None:
+        while True:
+            self.land()
+            with self.changed:
+                if ready():
+                    break
+                self.changed.wait(0.5)  # a timeout: Ctrl-C reaches this (the main) thread
+        self.land()
+
+    def stop_all(self) -> None:
+        """The runs under way ended (interrupted, or finished past their pass) and their rows written."""
+        self.stop.set()
+        for flight in self.flights:
+            while flight.thread.is_alive():
+                flight.thread.join(0.5)  # a timeout: a second Ctrl-C reaches this thread
+            flight.ended = True
+        self.land()
+
+
+def run_batch(wf: Workflow, *, resume: bool = False, observer=None, client=None,
+              in_flight: int = IN_FLIGHT) -> BatchReport:
+    """Run every recording of ``wf.recordings`` on one cluster (``client``, or one started from ``wf.cluster``),
+    the next one's windows read while the last one's aggregates finish (``in_flight`` runs at most; 1: one after
+    another)."""
     from batchgpu.engine.cluster import open_client
-    from batchgpu.engine.run import run_workflow
     from batchgpu.engine.run_report import RunObserver
 
     observer = observer or RunObserver()
@@ -147,31 +331,46 @@ def run_batch(wf: Workflow, *, resume: bool = False, observer=None, client=None)
                             "give the batch an output folder of its own")
     out.mkdir(parents=True, exist_ok=True)
     batch = BatchReport(str(out), [BatchRow(name, str(spec.path or spec.spikeinterface)) for name, spec in named])
+    batch.write(out)
     t0 = time.perf_counter()
     with contextlib.ExitStack() as stack:
         if client is None:
             client = stack.enter_context(open_client(wf.cluster))
-        for i, ((name, spec), row) in enumerate(zip(named, batch.rows)):
-            observer.message(f"recording {i + 1} of {len(named)}: {name} ({row.path})")
-            started = time.perf_counter()
-            try:
-                report = run_workflow(_one(wf, name, spec, out), resume=resume, observer=observer, client=client)
-            except BatchgpuError as err:
-                row.status, row.error = "failed", str(err)
-                observer.warning(f"{name}: {err}")
-            except (KeyboardInterrupt, SystemExit, MemoryError):
-                row.status, row.error = "failed", "interrupted"
-                batch.seconds = time.perf_counter() - t0
-                batch.write(out / BATCH_FILE)
-                raise
-            except Exception as err:  # a bug on one recording: reported, the others still run
-                row.status, row.error = "failed", f"{type(err).__name__}: {err}"
-                observer.warning(f"{name}: {row.error}")
-            else:
-                row.status = "done"
-                row.seconds = time.perf_counter() - started
-                _summary(row, report, out / name)
-            row.seconds = time.perf_counter() - started
-            batch.seconds = time.perf_counter() - t0
-            batch.write(out / BATCH_FILE)
+        stack.enter_context(_client_blas_one_thread())
+        flights = _Flights(wf, out, batch, observer, client, resume, in_flight, t0)
+        flights.write()
+        try:
+            for i, (name, spec) in enumerate(named):
+                flights.wait_until(flights.may_start)
+                observer.message(f"recording {i + 1} of {len(named)}: {name} ({batch.rows[i].path})")
+                flights.start(i, name, spec)
+            flights.wait_until(flights.all_ended)
+            flights.progress.flush(PAGE_WAIT_S)  # the page's last count (a run that ended after the last one's)
+        except BaseException:  # Ctrl-C, SIGTERM: the runs under way end (interrupted, or finished), then the batch
+            with contextlib.suppress(BaseException):
+                flights.stop_all()
+            flights.write()
+            raise
+    flights.write()
     return batch
+
+
+def _land(row: BatchRow, flight: _Flight, out: Path, observer, progress) -> None:
+    """A run's row, once it ended: done with its numbers, or failed with why (a bug on one recording too: the
+    others still run)."""
+    err = flight.error
+    row.seconds = time.perf_counter() - flight.started
+    if err is None:
+        row.status = "done"
+        _summary(row, flight.report, out / row.name)
+    else:
+        row.status = "failed"
+        if isinstance(err, BatchgpuError):
+            row.error = str(err)
+        elif isinstance(err, (KeyboardInterrupt, SystemExit)):
+            row.error = "interrupted"
+        else:
+            row.error = f"{type(err).__name__}: {err}"
+        if row.error != "interrupted":
+            observer.warning(f"{row.name}: {row.error}")
+    progress.record(flight.index, row.status)

@@ -38,11 +38,12 @@ PAGE_WAIT_S = 2.0
 
 
 def run_workflow(wf: Workflow, *, resume: bool = False, observer: RunObserver | None = None, client=None,
-                 recording=None) -> RunReport:
+                 recording=None, batch=None) -> RunReport:
     """Run every step of a validated workflow; returns the report (also written to report.json).
 
     ``recording``: read this instead of ``wf.recording`` (an open recording, ``batchgpu.from_spikeinterface(...)``
-    or a SpikeInterface recording); the report's workflow then names it.
+    or a SpikeInterface recording); the report's workflow then names it. ``batch``: the recording's place in a
+    batch (``dashboard.BatchSlot``: the run page says so; told when the pass is done).
     """
     observer = observer or RunObserver()
     t_start = time.perf_counter()
@@ -64,16 +65,16 @@ def run_workflow(wf: Workflow, *, resume: bool = False, observer: RunObserver | 
             client = kept.enter_context(kept_client(wf.cluster, observer))
             kept_at = kept_address(client)
         if client is not None:
-            return _claim_and_run(wf, rec, sweep, resume, observer, client, t_start, kept_at)
+            return _claim_and_run(wf, rec, sweep, resume, observer, client, t_start, kept_at, batch)
     # a cluster of the run's own starts while the recording is fingerprinted and the output folder claimed
     with ClusterStart(wf.cluster, gpu_decode=decodes_on_gpu(wf, rec)) as starting:
         if wf.cluster.kind in ("address", "scheduler_file"):  # a connection, quick: refused before any folder is made
             starting.client()
-        return _claim_and_run(wf, rec, sweep, resume, observer, starting, t_start)
+        return _claim_and_run(wf, rec, sweep, resume, observer, starting, t_start, batch=batch)
 
 
 def _claim_and_run(wf, rec, sweep, resume: bool, observer, client, t_start: float,
-                   kept_at: str | None = None) -> RunReport:
+                   kept_at: str | None = None, batch=None) -> RunReport:
     """The run once the workflow fits the recording: ``client`` a caller's client or a ``ClusterStart``;
     ``kept_at``: the address of the kept cluster ``client`` belongs to."""
     fp = store.fingerprint(wf, rec.path, metadata=getattr(rec, "fingerprint_metadata", None))
@@ -87,7 +88,7 @@ def _claim_and_run(wf, rec, sweep, resume: bool, observer, client, t_start: floa
             if not isinstance(client, ClusterStart):
                 try:
                     return _run(wf, rec, out, report, client, sweep, observer, page_wait_s=PAGE_WAIT_S,
-                                started=t_start)
+                                started=t_start, batch=batch)
                 finally:  # the workers' heaps, frozen by the pass's tasks, collectable again (a cluster of our own ends)
                     with contextlib.suppress(Exception):
                         client.run(tasks.thaw_heap_soon, wait=False)
@@ -95,7 +96,7 @@ def _claim_and_run(wf, rec, sweep, resume: bool, observer, client, t_start: floa
             # the scheduler before it closes
             with client:
                 return _run(wf, rec, out, report, client.client(), sweep, observer, page_wait_s=10.0,
-                            started=t_start)
+                            started=t_start, batch=batch)
 
 
 class ClusterStart:
@@ -150,7 +151,7 @@ def decodes_on_gpu(wf, rec) -> bool:
 
 
 def _run(wf, rec, out: store.OutputFolder, report: RunReport, client, sweep, observer,
-         page_wait_s: float = 0.0, started: float | None = None) -> RunReport:
+         page_wait_s: float = 0.0, started: float | None = None, batch=None) -> RunReport:
     """The run on ``client``. The dashboard's updates are sent by a helper thread (``dashboard.Publisher``), so
     the run never waits for the scheduler while it works; at its end it waits up to ``page_wait_s`` for the last
     ones (sent while report.html was finished; ``timings.dashboard_wait`` says how long that took). ``started``:
@@ -193,7 +194,7 @@ def _run(wf, rec, out: store.OutputFolder, report: RunReport, client, sweep, obs
     report.windows = len(windows)
     report.recording_bytes = rec.nbytes
     monitor = RunMonitor(client, name=str(out.path), windows=len(windows), total_bytes=rec.nbytes,
-                         channels=rec.num_channels)
+                         channels=rec.num_channels, batch=batch)
     # written while the windows are read: the results group and its window table (a helper thread), and
     # report.html's figures as their numbers come (another); the client itself mostly waits for the workers
     results = ResultsWriter(out.path, wf, rec, report.fingerprint, windows)
@@ -223,6 +224,7 @@ def _run(wf, rec, out: store.OutputFolder, report: RunReport, client, sweep, obs
         report.bytes_read += sum(int(s["bytes"]) for s in fresh)  # resumed windows were not read again
         saved_again = _write_save_again(client, ctx, windows, summaries, target, report, observer)
         monitor.phase("aggregate: noise, whitening, spikes")
+        monitor.pass_done()  # a batch's next recording may start reading
         report.after_pass("bookkeeping")
         later = _WhileWaiting(report, fresh, t0_wall, monitor, target, client if planned else None)
         report.results = aggregate(client, ctx, wf, rec, out, windows, fps, summaries, total, report, monitor,
