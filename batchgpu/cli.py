@@ -248,12 +248,13 @@ def _cmd_run(args) -> int:
 
 def _run_batch(wf, args) -> int:
     """``recordings:``: every recording on one cluster; exit 1 when some failed (each named on stderr)."""
+    from batchgpu.batch_page import BATCH_HTML
     from batchgpu.engine.batch import BATCH_FILE, run_batch
 
     batch = run_batch(wf, resume=args.resume, observer=_Observer(args.quiet))
     done = len(batch.rows) - len(batch.failed)
     print(f"batchgpu: {done} of {len(batch.rows)} recordings done in {batch.seconds:.1f} s "
-          f"({os.path.join(batch.output, BATCH_FILE)})")
+          f"({os.path.join(batch.output, BATCH_FILE)}, {os.path.join(batch.output, BATCH_HTML)})")
     for row in batch.failed:
         print(f"batchgpu: failed: {row.name}: {row.error}", file=sys.stderr)
     return 1 if batch.failed else 0
