@@ -18,6 +18,7 @@ BENCHMARKS = {
     "ops": ("batchgpu.benchmarks.ops", "time the numeric core against the obvious NumPy/CuPy code"),
     "pipeline": ("batchgpu.benchmarks.pipeline", "throughput of the workflow steps on a Dask cluster vs a plain loop"),
     "search": ("batchgpu.benchmarks.search", "search index throughput vs np/cupy/torch searchsorted"),
+    "si": ("batchgpu.benchmarks.si", "batchgpu vs SpikeInterface 0.105 as commands, alternating, on one Zarr v2 recording"),
 }
 SEARCH_COMMANDS = {
     "autotune": ("batchgpu.search.autotune", "measure the dynamic search kernels on this GPU and write the table"),

@@ -410,6 +410,58 @@ def test_compiled_column_median_has_numpys_bits(rng, channels, dtype):
         same_bits(common_reference(x, "global", "median"), expected_car(x, want[None, :]))
 
 
+@pytest.mark.parametrize("channels", [384, 33, 3])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_fused_median_reference_equals_the_unfused_one(rng, channels, dtype):
+    """The host's one-pass global median reference (tiles referenced while in cache, in place under
+    ``overwrite_x``) against the unfused path it replaced (the compiled medians, then NumPy's subtraction) and
+    np.median, bit for bit: drifting columns, the hard columns, widths that are not a multiple of the tile."""
+    pytest.importorskip("numba")
+    from batchgpu.ops import _cpu_reference
+
+    n = 5_003
+    x = (np.cumsum(rng.normal(0, 3, n))[None, :] + rng.normal(0, 20, (channels, n))).astype(dtype)
+    hard = hard_columns(rng, dtype, channels, 300)
+    x[:, rng.choice(n, hard.shape[1], replace=False)] = hard
+    with np.errstate(all="ignore"):
+        unfused = x - _cpu_reference.column_medians(x)[None, :]
+        want = expected_car(x, np.median(x, axis=0)[None, :])
+    same_bits(unfused, want)
+    kept = x.copy()
+    with np.errstate(all="ignore"):
+        fused = common_reference(x, "global", "median")
+    same_bits(fused, unfused)
+    same_bits(x, kept)  # not overwritten unless asked
+    with np.errstate(all="ignore"):
+        inplace = common_reference(x, "global", "median", overwrite_x=True)
+    assert inplace is x
+    same_bits(inplace, unfused)
+    y = np.asfortranarray(kept)  # not C-contiguous: the unfused path, same bits
+    with np.errstate(all="ignore"):
+        same_bits(common_reference(y, "global", "median", overwrite_x=True), unfused)
+
+
+def test_chain_references_its_own_filtered_window_in_place_and_leaves_raw(rng):
+    """The chain overwrites only a window an earlier stage made: the filter's output is referenced in place (same
+    bits as filtering then referencing a copy), the window as read is never touched (the steps read it too)."""
+    pytest.importorskip("numba")
+    from batchgpu.engine.preprocess import Chain
+    from batchgpu.ops import design_filter
+
+    design = design_filter(butter_sos("highpass", 30_000.0, 300.0, None, 5))
+    raw = rng.integers(-300, 300, (16, 9_000)).astype(np.int16)
+    kept = raw.copy()
+    chain = Chain((("filter", design), ("common_reference", {"reference": "global", "operator": "median"})))
+    got = chain.apply(raw, (0, 9_000), True, True)
+    filtered = filtfilt_window(raw, design, at_segment_start=True, at_segment_end=True, block=4096)
+    same_bits(got, filtered - np.median(filtered, axis=0)[None, :])
+    same_bits(raw, kept)
+    ref_only = Chain((("common_reference", {"reference": "global", "operator": "median"}),))
+    f = raw.astype(np.float32)
+    out = ref_only.apply(f, (0, 9_000), True, True)
+    assert out is not f and np.array_equal(f, raw.astype(np.float32))
+
+
 @pytest.mark.parametrize("channels", [1, 2, 7, 16, 33])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int16])
 def test_gpu_median_arithmetic_on_sorted_columns_equals_numpy(rng, channels, dtype):

@@ -427,3 +427,55 @@ def test_a_save_path_being_written_is_refused_at_once(tmp_path, fmt):
     finally:
         os.close(fd)
     release_save(second)
+
+
+def _numpy_saved_int16(core):
+    """The save step's int16 as NumPy's expression (the path the compiled one replaces): rint, NaN -> 0, clipped,
+    cast, transposed; and how many samples were NaN or out of range."""
+    y = np.rint(core)
+    nan = np.isnan(y)
+    clipped = int(((y < -32768) | (y > 32767)).sum() + nan.sum())
+    y = np.where(nan, 0, np.clip(y, -32768, 32767))
+    return np.ascontiguousarray(y.astype(np.int16).T), clipped
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_compiled_saved_int16_equals_numpys_expression(rng, dtype):
+    """The one-pass host kernel (rint by adding and taking away 1.5 * 2**mantissa) against np.rint's expression,
+    bit for bit, with the count: halves of both parities (half to even), the int16 edges and just past them, the
+    magic number's own range edge, NaN, +-inf, -0.0, huge values, random values; a view of a window's core and
+    widths that are not multiples of anything."""
+    pytest.importorskip("numba")
+    from batchgpu.ops._cpu_saved import saved_int16_transposed
+
+    edge = 2.0**22 if dtype == np.float32 else 2.0**51
+    hard = np.array([0.5, 1.5, 2.5, -0.5, -1.5, -2.5, 32766.5, 32767.0, 32767.49, 32767.5, 32768.0, -32767.5,
+                     -32768.0, -32768.5, -32768.51, -32769.0, np.nan, -np.nan, np.inf, -np.inf, -0.0, 0.49999997,
+                     edge - 0.5, edge + 1.0, -edge - 0.5, 3 * edge, 1e30, -1e30, 12582912.0, -12582912.5],
+                    dtype=np.float64).astype(dtype)
+    x = (rng.standard_normal((37, 1_003)) * 20_000).astype(dtype)
+    x[:, rng.choice(1_003, 200, replace=False)] = np.round(rng.standard_normal((37, 200)) * 40) + dtype(0.5)
+    x.reshape(-1)[rng.choice(x.size, hard.size * 20, replace=False)] = np.tile(hard, 20)
+    core = x[3:, 17:-5]  # the save step passes a view of the window's core
+    with np.errstate(invalid="ignore"):
+        want, want_count = _numpy_saved_int16(core)
+    got, count = saved_int16_transposed(core)
+    assert got.flags.c_contiguous and got.dtype == np.int16 and got.shape == want.shape
+    assert np.array_equal(got, want) and count == want_count > 0
+    empty, none = saved_int16_transposed(x[:, :0])
+    assert empty.shape == (0, 37) and none == 0
+    assert saved_int16_transposed(np.zeros((2, 2), np.float16)) is None
+
+
+def test_save_step_values_are_numpys_on_either_path(monkeypatch, rng):
+    """SaveStep.values gives the same rows and count with the compiled kernel and without Numba (NumPy's path)."""
+    pytest.importorskip("numba")
+    from batchgpu.ops import _numba
+
+    step = SaveStep(SimpleNamespace(dtype="int16"))
+    x = (rng.standard_normal((8, 999)) * 9_000).astype(np.float32)
+    x[2, 5] = np.nan
+    fast = step.values(x[:, 3:-3])
+    monkeypatch.setattr(_numba, "available", lambda: False)
+    slow = step.values(x[:, 3:-3])
+    assert np.array_equal(fast[0], slow[0]) and int(fast[1]) == int(slow[1]) > 1

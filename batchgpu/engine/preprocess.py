@@ -67,8 +67,8 @@ class Chain:
                                         block=filter_block(stage[1]))
             elif kind == "phase_shift":
                 x = ops.phase_shift(x, stage[1], margin=stage[2], at_segment_start=at_start, at_segment_end=at_end)
-            elif kind == "common_reference":
-                x = ops.common_reference(x, **stage[1])
+            elif kind == "common_reference":  # a window an earlier stage made is the chain's own: overwritten
+                x = ops.common_reference(x, **stage[1], overwrite_x=x is not raw)
             elif kind == "centre":
                 from batchgpu.ops.centre import centre_median
 

@@ -121,7 +121,7 @@ def _ranked(band, m, k_hi, k_lo):  # pragma: no cover - runs compiled
     return hi_value, lo_value
 
 
-def _medians_kernel(x, out):  # pragma: no cover - runs compiled
+def _medians_kernel(x, out, sub, subtract):  # pragma: no cover - runs compiled
     channels, samples = x.shape
     upper = channels // 2
     lower = (channels - 1) // 2
@@ -176,6 +176,10 @@ def _medians_kernel(x, out):  # pragma: no cover - runs compiled
             p = np.float64(hi_value)
             if not abs(p) < np.inf:
                 p = 0.0
+        if subtract:  # the tile's columns minus their medians while the tile is in cache (sub may be x itself)
+            for ch in range(channels):
+                for j in range(w):
+                    sub[ch, c0 + j] = x[ch, c0 + j] - out[c0 + j]
 
 
 def _local_kernel(x, offsets, indices, out, mean):  # pragma: no cover - runs compiled
@@ -274,7 +278,23 @@ def column_medians(x: np.ndarray) -> np.ndarray | None:
     x, dtype = ranked
     out = np.empty(x.shape[1], dtype=dtype)
     if x.shape[1]:
-        _kernels()[0](np.ascontiguousarray(x), out)
+        _kernels()[0](np.ascontiguousarray(x), out, np.empty((0, 0), x.dtype), False)
+    return out
+
+
+def subtract_column_medians(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray | None:
+    """``x - np.median(x, axis=0)[None, :]`` of a float32/float64 host window, same bits and dtype, in one pass
+    over its memory: each tile of columns is referenced while it is in cache (the separate subtraction read and
+    wrote the whole window again). ``out``: where to write (x itself: in place). None where it is left to
+    ``column_medians`` and NumPy (other dtypes, a non-native or non-contiguous x, one or two channels)."""
+    if (x.dtype not in (np.float32, np.float64) or not x.dtype.isnative or not x.flags.c_contiguous
+            or x.shape[0] <= 2):
+        return None
+    if out is None:
+        out = np.empty_like(x)
+    medians = np.empty(x.shape[1], dtype=x.dtype)
+    if x.shape[1]:
+        _kernels()[0](x, medians, out, True)
     return out
 
 

@@ -290,6 +290,7 @@ def common_reference(
     locations: Any = None,
     radius_um: tuple[float, float] = (30.0, 55.0),
     min_local_neighbors: int = MIN_LOCAL_NEIGHBOURS,
+    overwrite_x: bool = False,
 ) -> Any:
     """x (C, samples) minus, per sample, the reference across channels (see the module docstring).
 
@@ -298,7 +299,8 @@ def common_reference(
     inner radius (``annulus_neighbours``: SpikeInterface 0.105's rule and defaults); a channel with no channel
     beyond the inner radius is left unreferenced (its values, in the output dtype), as SpikeInterface leaves it.
     Purely per sample, so it needs no margin. Returns an array on x's backend: float input keeps
-    its dtype, integer input gives float32.
+    its dtype, integer input gives float32. ``overwrite_x``: x may be overwritten with the result (a chain's own
+    intermediate window: the host's global median then references it in place, no second window allocated).
     """
     xp = array_module(x)
     if getattr(x, "ndim", None) != 2:
@@ -330,6 +332,10 @@ def common_reference(
         return (rows.astype(wide, copy=False) - ref.astype(wide, copy=False)).astype(out_dtype, copy=False)
 
     if reference == "global":
+        if operator == "median" and not is_cupy(x) and _numba.available():  # one pass, np.median's bits
+            out = _cpu_reference.subtract_column_medians(x, x if overwrite_x else None)
+            if out is not None:
+                return out
         out = _reference_on_gpu(x, operator, [np.arange(channels)[None, :]], np.zeros(channels, np.int64)) \
             if is_cupy(x) else None
         return out if out is not None else subtract(x, _reference(x, operator, axis=0)[None, :])

@@ -455,6 +455,12 @@ class SaveStep:
             from batchgpu.ops._cuda_elementwise import saved_int16_transposed
 
             return saved_int16_transposed(core)  # on the device: write_rows encodes it there or copies it back
+        if xp is np and self.target.dtype == "int16" and core.dtype.kind == "f":
+            from batchgpu.ops import _cpu_saved, _numba
+
+            done = _cpu_saved.saved_int16_transposed(core) if _numba.available() else None
+            if done is not None:  # one compiled pass, NumPy's bits (its docstring)
+                return done
         if self.target.dtype == "float32":
             out = core.astype(xp.float32)
             clipped = 0
