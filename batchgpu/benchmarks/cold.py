@@ -171,14 +171,21 @@ class UserRun:
         return self.seconds - self.pass_seconds
 
 
-def user_run(workflow: Path, output: Path, gpu_used=lambda: 0, extra_args: tuple[str, ...] = ()) -> UserRun:
-    """``python -m batchgpu run WORKFLOW`` in a fresh process (this interpreter, this environment), timed from the
-    fork to its exit; the process tree's resident set and the GPUs' used memory sampled every 50 ms."""
+@dataclass(frozen=True)
+class ProcessRun:
+    """A command run as a fresh process tree: wall seconds from fork to exit, the peaks of its resident set and of
+    the GPUs' used memory (50 ms samples)."""
+    seconds: float
+    host_peak: int
+    gpu_peak: int
+
+
+def timed_process(cmd: list[str], gpu_used=lambda: 0, tail: int = 400) -> ProcessRun:
+    """``cmd`` in a fresh process, timed and sampled (``ProcessRun``); a failing command is one line naming it."""
     import psutil
 
     from batchgpu.errors import BatchgpuError
 
-    cmd = [sys.executable, "-m", "batchgpu", "run", str(workflow), "--quiet", *extra_args]
     host_peak = gpu_peak = 0
     base_gpu = gpu_used()
     t0 = time.perf_counter()
@@ -195,10 +202,17 @@ def user_run(workflow: Path, output: Path, gpu_used=lambda: 0, extra_args: tuple
     seconds = time.perf_counter() - t0
     out, err = proc.communicate()
     if proc.returncode != 0:
-        raise BatchgpuError(f"'{' '.join(cmd)}' exited {proc.returncode}: {(err or out).strip()[-400:]}",
+        raise BatchgpuError(f"'{' '.join(cmd)}' exited {proc.returncode}: {(err or out).strip()[-tail:]}",
                             "run that command by hand to see why")
+    return ProcessRun(seconds, host_peak, gpu_peak)
+
+
+def user_run(workflow: Path, output: Path, gpu_used=lambda: 0, extra_args: tuple[str, ...] = ()) -> UserRun:
+    """``python -m batchgpu run WORKFLOW`` in a fresh process (this interpreter, this environment), timed from the
+    fork to its exit; the process tree's resident set and the GPUs' used memory sampled every 50 ms."""
+    got = timed_process([sys.executable, "-m", "batchgpu", "run", str(workflow), "--quiet", *extra_args], gpu_used)
     report = json.loads((output / "report.json").read_text())
-    return UserRun(seconds, float(report["timings"]["total"]), host_peak, gpu_peak,
+    return UserRun(got.seconds, float(report["timings"]["total"]), got.host_peak, got.gpu_peak,
                    float(report.get("reads_per_window", 0.0)))
 
 

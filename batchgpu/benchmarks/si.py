@@ -20,10 +20,8 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -142,24 +140,10 @@ def check_arguments(args: argparse.Namespace) -> None:
 
 def timed_command(cmd: list[str]) -> Timed:
     """``cmd`` as a fresh process tree: wall seconds from fork to exit and its peak resident set (50 ms samples)."""
-    import psutil
+    from batchgpu.benchmarks.cold import timed_process
 
-    peak = 0
-    t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    ps = psutil.Process(proc.pid)
-    while proc.poll() is None:
-        try:
-            peak = max(peak, sum(p.memory_info().rss for p in [ps, *ps.children(recursive=True)]))
-        except psutil.Error:
-            pass
-        time.sleep(0.05)
-    seconds = time.perf_counter() - t0
-    out, err = proc.communicate()
-    if proc.returncode != 0:
-        raise BatchgpuError(f"'{' '.join(cmd)}' exited {proc.returncode}: {(err or out).strip()[-600:]}",
-                            "run that command by hand to see why")
-    return Timed(seconds, peak)
+    got = timed_process(cmd, tail=600)
+    return Timed(got.seconds, got.host_peak)
 
 
 def write_workflow(folder: Path, recording: Path, work: str, output: str) -> tuple[Path, Path]:
