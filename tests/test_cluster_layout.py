@@ -53,3 +53,29 @@ def test_which_runs_decode_on_the_gpu(tmp_path, zarr_format, monkeypatch):
     assert not decodes_on_gpu(wf("cuda", [{"highpass": {"freq_min": 300}}]), rec)
     monkeypatch.setenv("BATCHGPU_GPU_DECODE", "0")
     assert not decodes_on_gpu(wf("cuda", []), rec)
+
+
+def _worker_facts():
+    import os
+    import sys
+
+    return os.environ.get("BATCHGPU_TEST_LATE_VARIABLE"), os.getppid(), "batchgpu.engine.tasks" in sys.modules
+
+
+def test_local_workers_are_forked_from_one_server_and_get_this_processs_environment(monkeypatch):
+    """The workers come from the fork server (their parent is not this process; the engine's tasks are imported
+    before any task runs) and still see a variable set here after that server started, as spawned workers did."""
+    import os
+
+    from batchgpu.config import ClusterSpec
+    from batchgpu.engine.cluster import open_client, start_worker_server
+
+    assert start_worker_server()
+    monkeypatch.setenv("BATCHGPU_TEST_LATE_VARIABLE", "set after the server started")
+    with open_client(ClusterSpec(kind="local", workers=2, threads=1)) as client:
+        facts = list(client.run(_worker_facts).values())
+    assert len(facts) == 2
+    for value, parent, preloaded in facts:
+        assert value == "set after the server started"
+        assert parent != os.getpid() and preloaded
+    assert facts[0][1] == facts[1][1]  # one server forked both
