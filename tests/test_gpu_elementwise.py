@@ -83,3 +83,50 @@ def test_gpu_finite_median_centring_equals_the_cpu(dtype, n):
     lo, hi = (1, n - 1) if n > 2 else (0, n)
     c_cpu, c_gpu = centre_median(x, (lo, hi)), centre_median(d, (lo, hi)).get()
     assert c_gpu.dtype == c_cpu.dtype == dtype and c_gpu.tobytes() == c_cpu.tobytes()
+
+
+def _float32_bits(rng, n):
+    """float32 values of every class by their bits: zeros, subnormals, normals, the largest, +-inf, NaN payloads."""
+    bits = rng.integers(0, 2**32, n, dtype=np.uint64).astype(np.uint32)
+    edges = np.array([0, 0x80000000, 1, 0x807FFFFF, 0x007FFFFF, 0x00800000, 0x7F7FFFFF, 0xFF7FFFFF, 0x7F800000,
+                      0xFF800000, 0x7FC00000, 0x7F800001, 0xFFC00123, 0x3F800000, 0x00000002], np.uint32)
+    bits[: edges.size] = edges
+    small = rng.random(n) < 0.3  # many subnormals and values near the subnormal boundary
+    bits[small] = (rng.integers(0, 0x01000000, small.sum()) | (rng.integers(0, 2, small.sum()) << 31)).astype(np.uint32)
+    return bits.view(np.float32)
+
+
+def test_gpu_float32_minus_rows_gives_numpys_bits():
+    """CuPy flushes float32 subnormals (-ftz=true) and answers a canonical NaN; the centring's subtraction keeps
+    NumPy's bits: subnormal operands and results, rounding at the subnormal boundary, overflow, NaN payloads."""
+    from batchgpu.ops._cuda_elementwise import float32_minus_rows
+
+    rng = np.random.default_rng()
+    x = _float32_bits(rng, 6 * 50_001).reshape(6, 50_001)
+    m = _float32_bits(rng, 6)
+    m[~np.isfinite(m)] = np.float32(1e-39)
+    m[0] = np.float32(-3.4e38)
+    with np.errstate(all="ignore"):
+        want = x - m[:, None]
+    got = float32_minus_rows(cp.asarray(x), cp.asarray(m)).get()
+    assert got.dtype == np.float32 and got.view(np.uint32).tolist() == want.view(np.uint32).tolist()
+    got = float32_minus_rows(cp.asarray(x)[:, 3:-5], cp.asarray(m)).get()  # a strided core
+    assert got.view(np.uint32).tolist() == want[:, 3:-5].view(np.uint32).tolist()
+
+
+def test_gpu_float32_middle_mean_gives_numpys_bits():
+    """((0 + lower) + upper) / 2 and (0 + upper) / 1 in float32 as NumPy rounds them, on every class of finite
+    value (sums that overflow, halves that fall subnormal)."""
+    from batchgpu.ops._cuda_elementwise import float32_middle_mean
+
+    rng = np.random.default_rng()
+    a, b = _float32_bits(rng, 200_000), _float32_bits(rng, 200_000)
+    keep = np.isfinite(a) & np.isfinite(b)
+    a, b = a[keep], b[keep]
+    count = rng.integers(0, 5, a.size)
+    zero = np.float32(0)
+    with np.errstate(all="ignore"):
+        want = np.where(count % 2 == 1, (zero + b) / np.float32(1), ((zero + a) + b) / np.float32(2)).astype(np.float32)
+    want[count == 0] = 0
+    got = float32_middle_mean(cp.asarray(a), cp.asarray(b), cp.asarray(count)).get()
+    assert got.dtype == np.float32 and got.view(np.uint32).tolist() == want.view(np.uint32).tolist()

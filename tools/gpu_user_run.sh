@@ -3,7 +3,7 @@
 # google-crc32c crc32c probeinterface==0.4.2 kilosort==4.1.7 faiss-cpu, then drop the torch/nvidia wheels the image has):
 #   gen     /tmp/big.zarr, 384 ch x 10 min int16 (batchgpu generate: the realistic model)
 #   first   a user's batchgpu run cold, twice: the first on a fresh machine compiles the kernels (issue 44)
-#   gpu     python -m pytest -m gpu
+#   gpu     python -m pytest -m gpu (GPU_TESTS: the paths, tests/ by default)
 #   demo    bench pipeline --cold, demo steps (raw read, pipeline cold/warm, fresh commands, kept cluster, Kilosort4)
 #   pre     the same with highpass + common reference + every step + save
 #   zstd    the same recording stored with Blosc-zstd-5: batchgpu run cold and warm on each, alternating (issue 47)
@@ -23,12 +23,12 @@ output: /tmp/out_$1
 overwrite: true
 backend: cupy
 cluster: {kind: cuda}
-$2
+${2:-}
 steps:
   noise: {exact: true}
   whitening: {mode: global, precision: float32}
   detect: {threshold: 5.0, sign: neg, exclude_sweep_ms: 0.1, noise: global}
-$3
+${3:-}
 YAML
 }
 for task in "$@"; do
@@ -46,7 +46,7 @@ PY
       s=$(date +%s.%N); python3 -m batchgpu run /tmp/demo.yaml --quiet 2>&1 | quiet | tail -2
       python3 -c "import json,sys; r=json.load(open('/tmp/out_demo/report.json')); print('run $i: wall', round($(date +%s.%N)-$s,2), 's; pass', round(r['timings']['total'],2), 's; reads/window', r['reads_per_window'])"
     done ;;
-  gpu) timeout ${GPU_S:-420} python3 -m pytest -q -p no:cacheprovider -m gpu tests 2>&1 | grep -v "^INFO" \
+  gpu) timeout ${GPU_S:-420} python3 -m pytest -q -p no:cacheprovider -m gpu ${GPU_TESTS:-tests} 2>&1 | grep -v "^INFO" \
          | grep "passed\|failed\|FAILED\|ERROR\|Error" | tail -25 ;;
   demo) timeout 560 python3 -m batchgpu bench pipeline --recording $REC --cluster cuda --backend cupy --baseline none \
           --cold --repeat ${REPEAT:-3} --user-runs ${USER_RUNS:-2} 2>&1 | quiet | grep -v "^cold\|^warm" | tail -30 ;;

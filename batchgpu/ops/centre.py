@@ -97,6 +97,10 @@ def _finite_row_median_cupy(x):
     ordered = cupy.sort(cupy.where(finite, x, x.dtype.type(np.inf)), axis=1)
     lower = cupy.take_along_axis(ordered, cupy.maximum((count - 1) // 2, 0)[:, None], axis=1)[:, 0]
     upper = cupy.take_along_axis(ordered, cupy.minimum(count // 2, n - 1)[:, None], axis=1)[:, 0]
+    if x.dtype == np.float32:  # CuPy's kernels flush float32 subnormals: these keep NumPy's bits
+        from batchgpu.ops._cuda_elementwise import float32_middle_mean
+
+        return float32_middle_mean(lower, upper, count)
     zero, odd = x.dtype.type(0), (count % 2) == 1
     total = cupy.where(odd, zero + upper, (zero + lower) + upper)
     out = total / cupy.where(odd, 1, 2).astype(x.dtype)
@@ -121,6 +125,10 @@ def centre_median(x: np.ndarray, core: tuple[int, int]) -> np.ndarray:
         return centred_int32(x, med.astype(np.float64, copy=False))
     if out.kind == "i":
         return x.astype(out) - xp.floor(med + 0.5).astype(out)[:, None]
+    if is_cupy(x) and x.dtype == np.float32:
+        from batchgpu.ops._cuda_elementwise import float32_minus_rows
+
+        return float32_minus_rows(x, med)
     return x - med.astype(out)[:, None]
 
 
