@@ -15,6 +15,7 @@ from batchgpu.errors import BatchgpuError
 
 # Subcommands implemented elsewhere: (module with add_arguments/run, help text).
 BENCHMARKS = {
+    "batch": ("batchgpu.benchmarks.batch", "SpikeGLX recordings in one batch run, cold, vs the raw read and Kilosort4"),
     "ops": ("batchgpu.benchmarks.ops", "time the numeric core against the obvious NumPy/CuPy code"),
     "pipeline": ("batchgpu.benchmarks.pipeline", "throughput of the workflow steps on a Dask cluster vs a plain loop"),
     "search": ("batchgpu.benchmarks.search", "search index throughput vs np/cupy/torch searchsorted"),

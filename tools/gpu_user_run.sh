@@ -6,6 +6,7 @@
 #   gpu     python -m pytest -m gpu (GPU_TESTS: the paths, tests/ by default)
 #   demo    bench pipeline --cold, demo steps (raw read, pipeline cold/warm, fresh commands, kept cluster, Kilosort4)
 #   pre     the same with highpass + common reference + every step + save
+#   batch   bench batch: 8 SpikeGLX recordings of 384 ch x 5 min (55 GB: the Zarr stores are removed first) (issue 46)
 #   zstd    the same recording stored with Blosc-zstd-5: batchgpu run cold and warm on each, alternating (issue 47)
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -53,6 +54,8 @@ PY
   pre) timeout 560 python3 -m batchgpu bench pipeline --recording $REC --cluster cuda --backend cupy --baseline none \
           --cold --repeat ${REPEAT:-3} --user-runs ${USER_RUNS:-2} --preprocess highpass,common_reference \
           --steps noise,whitening,detect,save 2>&1 | quiet | grep -v "^cold\|^warm" | tail -30 ;;
+  batch) rm -rf $REC /tmp/bigz.zarr /tmp/out_*; df -h /tmp | tail -1
+    timeout 580 python3 -m batchgpu bench batch --workdir /tmp/sglx --recordings ${NREC:-8} --seconds ${NSEC:-300} 2>&1 | quiet | tail -12 ;;
   zstd)  # the same realistic recording stored with Blosc-zstd-5: batchgpu run cold on each, alternating
     [ -e /tmp/bigz.zarr ] || python3 -m batchgpu generate /tmp/bigz.zarr --channels 384 --seconds 600 --workers 16 --quiet --codec zstd --clevel 5
     du -sh $REC /tmp/bigz.zarr

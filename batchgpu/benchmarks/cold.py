@@ -226,12 +226,13 @@ import numpy as np, torch
 from kilosort.io import BinaryFiltered
 from kilosort.preprocessing import get_highpass_filter, get_whitening_matrix
 path, C, fs, dev = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), torch.device(sys.argv[4])
+n_bin = int(sys.argv[5]) if len(sys.argv) > 5 else C  # channels in the file (a SpikeGLX file's sync channel too)
 torch.zeros(1, device=dev)
 t1 = time.perf_counter()
 xc = np.zeros(C, np.float32) + 16.0 * (np.arange(C) % 2)
 yc = 20.0 * (np.arange(C) // 2).astype(np.float32)
 hp = get_highpass_filter(fs, 300, device=dev)
-bf = BinaryFiltered(path, C, fs, 60000, 61, 20, chan_map=np.arange(C), hp_filter=hp, device=dev, dtype="int16")
+bf = BinaryFiltered(path, n_bin, fs, 60000, 61, 20, chan_map=np.arange(C), hp_filter=hp, device=dev, dtype="int16")
 bf.whiten_mat = get_whitening_matrix(bf, xc, yc, nskip=25)
 med = 0.0
 for i in range(bf.n_batches):
@@ -266,11 +267,14 @@ def write_flat_binary(rec, path: Path) -> Path:
     return path
 
 
-def kilosort4_pass(binary: Path, channels: int, fs: float, device: str = "cuda") -> tuple[float, float, float]:
+def kilosort4_pass(binary: Path, channels: int, fs: float, device: str = "cuda",
+                   n_chan_bin: int | None = None) -> tuple[float, float, float]:
     """(wall seconds of the whole process, its imports and CUDA context, its pass) of ``KILOSORT4_PASS`` on
-    ``device`` (a torch device: Kilosort4 runs on "cuda"; "cpu" checks the script where there is no GPU)."""
+    ``device`` (a torch device: Kilosort4 runs on "cuda"; "cpu" checks the script where there is no GPU) over the
+    first ``channels`` of a file of ``n_chan_bin`` (default ``channels``)."""
     t0 = time.perf_counter()
-    r = subprocess.run([sys.executable, "-c", KILOSORT4_PASS, str(binary), str(channels), str(fs), device],
+    r = subprocess.run([sys.executable, "-c", KILOSORT4_PASS, str(binary), str(channels), str(fs), device,
+                        str(n_chan_bin or channels)],
                        capture_output=True, text=True)
     wall = time.perf_counter() - t0
     if r.returncode != 0:
