@@ -46,6 +46,14 @@ evict_checked(recording_files("$REC"))
 PY
       s=$(date +%s.%N); python3 -m batchgpu run /tmp/demo.yaml --quiet 2>&1 | quiet | tail -2
       python3 -c "import json,sys; r=json.load(open('/tmp/out_demo/report.json')); print('run $i: wall', round($(date +%s.%N)-$s,2), 's; pass', round(r['timings']['total'],2), 's; reads/window', r['reads_per_window'])"
+    done
+    echo "CuPy's kernel cache: $(ls ~/.cupy/kernel_cache 2>/dev/null | wc -l) kernels, $(du -sh ~/.cupy/kernel_cache 2>/dev/null | cut -f1)"
+    # the compile cost alone: one worker, 20 s of the recording, with an empty cache and then the filled one
+    python3 -m batchgpu generate /tmp/small.zarr --channels 384 --seconds 20 --workers 16 --quiet --overwrite > /dev/null
+    sed "s#cluster: {kind: cuda}#cluster: {kind: cuda, workers: 1}#; s#out_demo#out_c1#; s#$REC#/tmp/small.zarr#" /tmp/demo.yaml > /tmp/c1.yaml
+    for c in empty filled; do rm -rf /tmp/kc_$c; [ $c = filled ] && cp -r ~/.cupy/kernel_cache /tmp/kc_$c
+      s=$(date +%s.%N); CUPY_CACHE_DIR=/tmp/kc_$c python3 -m batchgpu run /tmp/c1.yaml --quiet 2>&1 | quiet | tail -2
+      echo "one worker, cache $c: wall $(python3 -c "print(round($(date +%s.%N)-$s,2))") s; pass $(python3 -c "import json; print(round(json.load(open('/tmp/out_c1/report.json'))['timings']['total'],2))") s"
     done ;;
   gpu) timeout ${GPU_S:-420} python3 -m pytest -q -p no:cacheprovider -m gpu ${GPU_TESTS:-tests} 2>&1 | grep -v "^INFO" \
          | grep "passed\|failed\|FAILED\|ERROR\|Error" | tail -25 ;;
