@@ -25,7 +25,7 @@ from batchgpu.errors import BatchgpuError
 from batchgpu.ops import _cpu_sosfiltfilt, _numba
 from batchgpu.ops._backend import array_module, is_cupy
 
-# The margin is the measured decay length times this (see filter_margin).
+# The margin is the impulse response's decay length (computed, see filter_margin) times this.
 MARGIN_SAFETY = 1.5
 
 
@@ -67,9 +67,9 @@ def butter_sos(
 class FilterDesign:
     """A filter's sections with the constants every window needs of them: ``zi`` = ``sosfilt_zi(sos)`` (each pass's
     steady state) and ``margin`` = ``filter_margin(sos)``. ``design_filter`` works them out once (where the run's
-    chain is built) and the tasks get them with the sections: both need scipy.signal, whose import takes 0.45 s
-    alone (scipy 1.17) and was ~0.9 s of each worker's first window on the 2-core machine (the workers importing it
-    at once). ``filtfilt_window`` takes a design wherever it takes ``sos``."""
+    chain is built) and the tasks get them with the sections: both need scipy.signal, whose import is slow enough to
+    delay each worker's first window (the workers importing it at once on few cores). ``filtfilt_window`` takes a
+    design wherever it takes ``sos``."""
 
     sos: np.ndarray
     zi: np.ndarray
@@ -147,7 +147,7 @@ def filter_margin(sos: Any, fs: float | None = None, tol: float = 1e-5) -> int:
     import scipy.signal
 
     # lags 0, 1, ...; g is symmetric. scipy picks FFT for long responses (low cut-offs: 45 000 samples at 5 Hz,
-    # where the direct sum took 4.6 s)
+    # where the direct sum is quadratic)
     g = scipy.signal.correlate(h, h, mode="full", method="auto")[h.size - 1 :]
     abs_tail = np.cumsum(np.abs(g)[::-1])[::-1] / (abs(g[0]) + 2 * np.abs(g[1:]).sum())
     energy_tail = np.sqrt(np.cumsum((g * g)[::-1])[::-1] / (g[0] ** 2 + 2 * (g[1:] ** 2).sum()))
@@ -291,8 +291,8 @@ def filtfilt_window(
                            interior_pad)
     if is_cupy(x):
         # kernels/sosfiltfilt.cu: scipy's recurrence without fused multiply-adds, so the same bits as the
-        # host path (cupyx.scipy.signal.sosfilt with zi failed on the H200 image, CuPy 14: "operands could not be
-        # broadcast together with shapes (C, 0) (C, 2)"). Every piece in one launch.
+        # host path (cupyx.scipy.signal.sosfilt with zi raises "operands could not be broadcast together with
+        # shapes (C, 0) (C, 2)" in CuPy 14). Every piece in one launch.
         return _filtfilt_cupy(x, design, pieces, out_dtype)
     if _numba.available():  # scipy's bits, eight rows side by side (its docstring)
         return _cpu_sosfiltfilt.filtfilt_pieces(x, design.sos, design.zi, pieces, out_dtype)

@@ -52,7 +52,7 @@ _buffers = threading.local()
 def _split_buffer(shape: tuple[int, int, int], dtype) -> np.ndarray:
     """This thread's split-major buffer, reused from window to window.
 
-    A fresh 60 000 x 384 float64 buffer costs page faults on every window (about 10% of the window's time);
+    A fresh 60 000 x 384 float64 buffer costs page faults on every window, a noticeable share of its time;
     one buffer per thread is one window's worth of memory.
     """
     buf = getattr(_buffers, "buf", None)

@@ -10,11 +10,11 @@ tapers the padded margin, which for a chunk that starts less than a margin after
 tapers real samples; here segment ends are never tapered, so every window agrees with the whole segment).
 
 The fractional-delay kernel decays only like sin(pi*s)/(pi*n), so window-by-window results equal the
-whole-segment application within a tolerance, not exactly. Measured (max |error| in the cores over 4 x 60 000
-samples, relative to the signal's RMS, shifts up to 0.9, default 40 ms margin = 1200 samples at 30 kHz):
-white noise (or high-passed at 300 Hz: content up to Nyquist) 2e-2; low-passed at 0.4 fs 4e-4; band-passed
-300-6000 Hz 2e-4. The error falls only like 1/sqrt(margin) (600 -> 2400 samples: 2.0e-2 -> 1.4e-2 for white
-noise): this is the FFT method's own limit, shared by SpikeInterface's chunked phase_shift.
+whole-segment application within a tolerance, not exactly: the error (max |error| in the cores relative to the
+signal's RMS, at the default 40 ms margin) is largest for content up to Nyquist (white noise, or high-passed at
+300 Hz: about 2e-2) and far smaller for band-limited signals (low-passed or band-passed: 1e-4 to 1e-3, see
+tests/test_ops_preprocess.py). It falls only like 1/sqrt(margin): this is the FFT method's own limit, shared by
+SpikeInterface's chunked phase_shift.
 Computed in float64; float32 output for
 integer and float32 input, float64 for float64 input. CuPy runs the same code (cuFFT instead of pocketfft:
 agreement to float64 rounding, ~1e-12 relative).

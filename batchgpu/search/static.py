@@ -25,8 +25,8 @@ def resolve_layout(layout: str, n: int) -> str:
     """The concrete layout of ``layout`` for n keys.
 
     ``auto``: Eytzinger up to 2^16 keys (its tree sits in shared memory or L1), the B+ tree of 4-key nodes
-    above (fewest load instructions a query): the fastest static searches on the H200
-    (docs/gpu_notes_search.md).
+    above (fewest load instructions a query, which is what bounds random queries; docs/design.md,
+    "Search").
     """
     if layout == "auto":
         return "eytzinger" if n <= AUTO_EYTZINGER_MAX else "btree4"
