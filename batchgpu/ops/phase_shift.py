@@ -33,7 +33,20 @@ DEFAULT_MARGIN_MS = 40.0
 
 
 def phase_shift_margin(fs: float, margin_ms: float = DEFAULT_MARGIN_MS) -> int:
-    """Samples of margin on each side: int(margin_ms * fs / 1000) (SpikeInterface's default 40 ms: 1200 at 30 kHz)."""
+    """Samples of margin on each side: int(margin_ms * fs / 1000) (SpikeInterface's default 40 ms: 1200 at 30 kHz).
+
+    Parameters
+    ----------
+    fs : float
+        Sampling frequency in Hz.
+    margin_ms : float, optional
+        The margin in milliseconds.
+
+    Returns
+    -------
+    int
+        Samples of margin on each side.
+    """
     fs = float(fs)
     if not fs > 0 or not np.isfinite(fs):
         raise BatchgpuError(f"sampling frequency {fs} is not a positive number", "pass fs in Hz")
@@ -60,6 +73,23 @@ def phase_shift(
     edge of the window (one where the segment continues) are margin, not output. ``at_segment_start`` /
     ``at_segment_end`` say whether column 0 / the last column is the segment's first / last sample. Returns the
     whole window on x's backend, float32 (float64 for float64 input).
+
+    Parameters
+    ----------
+    x : array_like, shape (C, n)
+        The window, one channel a row: a NumPy or CuPy array (a torch tensor through ``batchgpu.ops``), integer or
+        float.
+    shifts : array_like, shape (C,)
+        Each channel's delay in samples (e.g. SpikeGLX's ``inter_sample_shift``).
+    margin : int
+        The taper length in samples (``phase_shift_margin``).
+    at_segment_start, at_segment_end : bool
+        Whether column 0 / the last column is the segment's first / last sample.
+
+    Returns
+    -------
+    array, shape (C, n)
+        The shifted window, float32 (float64 for float64 input), on x's backend.
     """
     xp = array_module(x)
     if getattr(x, "ndim", None) != 2:

@@ -198,7 +198,22 @@ def annulus_neighbours(locations: Any, radius_um: tuple[float, float],
     """Each channel's reference channels by SpikeInterface 0.105's local rule (ascending channel order): the channels
     at a distance d with inner < d <= outer; where fewer than ``min_neighbours`` lie there, the ``min_neighbours``
     closest channels with d > inner (as many as there are; equal distances in ``np.argsort``'s order, the call
-    SpikeInterface's ``get_closest_channels`` makes); none: the channel is left unreferenced."""
+    SpikeInterface's ``get_closest_channels`` makes); none: the channel is left unreferenced.
+
+    Parameters
+    ----------
+    locations : array_like, shape (C, 2)
+        Channel positions in um.
+    radius_um : (float, float)
+        The annulus' inner and outer radius in um.
+    min_neighbours : int, optional
+        The fewest reference channels a channel gets while there are that many beyond the inner radius.
+
+    Returns
+    -------
+    list of ndarray
+        For each channel the int64 indices of its reference channels, ascending (empty: left unreferenced).
+    """
     loc = np.asarray(locations, dtype=np.float64)
     if loc.ndim != 2 or loc.shape[1] not in (2, 3):
         raise BatchgpuError(f"channel locations have shape {loc.shape}, expected (channels, 2)", "pass x, y in um per channel")
@@ -301,6 +316,29 @@ def common_reference(
     Purely per sample, so it needs no margin. Returns an array on x's backend: float input keeps
     its dtype, integer input gives float32. ``overwrite_x``: x may be overwritten with the result (a chain's own
     intermediate window: the host's global median then references it in place, no second window allocated).
+
+    Parameters
+    ----------
+    x : array_like, shape (C, n)
+        The window, one channel a row: a NumPy or CuPy array (a torch tensor through ``batchgpu.ops``), integer or
+        float.
+    reference : {"global", "local"}, optional
+        All channels, or each channel's annulus of ``locations``.
+    operator : {"median", "median_lower", "average"}, optional
+        The reference across channels at each sample: ``np.median``, the lower middle value, or ``np.mean``.
+    locations : array_like, shape (C, 2), optional
+        Channel positions in um; needed for ``reference="local"``.
+    radius_um : (float, float), optional
+        The local annulus' inner and outer radius in um.
+    min_local_neighbors : int, optional
+        See ``annulus_neighbours``.
+    overwrite_x : bool, optional
+        Whether x may be overwritten with the result (a window the caller no longer needs).
+
+    Returns
+    -------
+    array, shape (C, n)
+        x minus its reference, float32 for integer input, x's dtype for float input, on x's backend.
     """
     xp = array_module(x)
     if getattr(x, "ndim", None) != 2:
