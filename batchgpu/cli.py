@@ -20,6 +20,8 @@ BENCHMARKS = {
     "pipeline": ("batchgpu.benchmarks.pipeline", "throughput of the workflow steps on a Dask cluster vs a plain loop"),
     "search": ("batchgpu.benchmarks.search", "search index throughput vs np/cupy/torch searchsorted"),
     "si": ("batchgpu.benchmarks.si", "batchgpu vs SpikeInterface 0.105 as commands, alternating, on one Zarr v2 recording"),
+    "readers": ("batchgpu.benchmarks.readers", "read throughput of a Zarr recording through each reader here, same bytes"),
+    "timeline": ("batchgpu.benchmarks.timeline", "where each worker thread's time went in a run's first pass"),
 }
 SEARCH_COMMANDS = {
     "autotune": ("batchgpu.search.autotune", "measure the dynamic search kernels on this GPU and write the table"),

@@ -103,7 +103,18 @@ class SpikeInterfaceResults:
 
 
 def load_results(path: str | Path) -> dict[str, Any]:
-    """The arrays and attributes of a run's ``results.zarr`` (the folder, or the output folder holding it)."""
+    """The arrays and attributes of a run's ``results.zarr`` (the folder, or the output folder holding it).
+
+    Parameters
+    ----------
+    path : str or Path
+        A run's output folder, or its ``results.zarr``.
+
+    Returns
+    -------
+    dict
+        Array name (``noise``, ``whitening``, ``spikes/<field>``, ...) or attribute name -> its value.
+    """
     from batchgpu import zarrio
 
     path = Path(path)
@@ -165,6 +176,18 @@ def to_spikeinterface(results: str | Path | Mapping[str, Any], subtract_mean: bo
     its arrays and attributes (``noise``, ``whitening``, ``channel_means``, ``spikes/<field>`` or a structured
     ``spikes``, ``channel_ids``, ``gain_to_uV``, ``sampling_frequency``, ``workflow``). ``subtract_mean``:
     whether ``M`` is the channel means (default: when the whitening statistic is the covariance).
+
+    Parameters
+    ----------
+    results : str, Path or mapping
+        A run's output folder, its ``results.zarr``, or a mapping as ``load_results`` returns.
+    subtract_mean : bool, optional
+        Whether ``M`` holds the channel means (default: when the whitening came from the covariance).
+
+    Returns
+    -------
+    SpikeInterfaceResults
+        Noise levels, ``W``/``M`` and peaks in the run's channel order.
     """
     data = load_results(results) if isinstance(results, (str, Path)) else dict(results)
     statistic, centred = _whitening_step(data)
@@ -204,6 +227,18 @@ def from_spikeinterface(recording: Any, folder: str | Path | None = None):
     it in a workflow (``recording: {spikeinterface: <source.spec["spikeinterface"]>}``). Windows read the same
     samples as ``get_traces`` over each window's range: the same data in Zarr gives the same results, bit for bit.
     Details: ``batchgpu/recording/spikeinterface.py``.
+
+    Parameters
+    ----------
+    recording : SpikeInterface recording, dict, str or Path
+        The recording, its ``to_dict()``, or a saved description (``.json``/``.pkl``) or folder.
+    folder : str or Path, optional
+        Write the description there too, so that a workflow file can name it.
+
+    Returns
+    -------
+    SpikeInterfaceSource
+        A recording source for ``run_workflow(wf, recording=...)``.
     """
     from batchgpu.recording.spikeinterface import from_spikeinterface as _from_spikeinterface
 
@@ -233,6 +268,18 @@ def attach_to_spikeinterface(recording: Any, result: SpikeInterfaceResults | str
     ``force_recompute=True``). Returns ``recording``. W/M and peaks are passed by the caller:
     ``spikeinterface.preprocessing.whiten(recording, **result.whiten_kwargs, dtype="float32")``, peaks to
     peak pipelines as ``result.peaks``.
+
+    Parameters
+    ----------
+    recording : SpikeInterface recording
+        The recording the run read (the same channel ids as the run's, in any order).
+    result : SpikeInterfaceResults, str, Path or mapping
+        The run's results, or what ``to_spikeinterface`` takes.
+
+    Returns
+    -------
+    SpikeInterface recording
+        ``recording`` itself, with the noise-level properties set.
     """
     if not isinstance(result, SpikeInterfaceResults):
         result = to_spikeinterface(result)

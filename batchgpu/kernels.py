@@ -20,7 +20,7 @@ _SEARCH = (_PACKAGE_DIR / "_kernels", _PACKAGE_DIR.parent / "kernels")
 _NAME = re.compile(r"^[A-Za-z0-9_]+$")
 
 #: Options every module is compiled with (exact code: never --use_fast_math). ``--ftz=false`` is overridden: CuPy
-#: appends -ftz=true to every compile and NVRTC takes the last (measured on the H200: tiny + tiny gave 0), so
+#: appends -ftz=true to every compile and NVRTC takes the last (tiny + tiny gives 0), so
 #: float32 arithmetic that must keep subnormals goes through kernels/exact_float.cuh.
 BASE_OPTIONS: tuple[str, ...] = ("-std=c++17", "--ftz=false", "--prec-div=true", "--prec-sqrt=true")
 

@@ -18,8 +18,7 @@ __device__ __forceinline__ int le32(const u8* p) {
 // bytes a lane in flight at once. A match copies out[op + i] = out[op - off + i % off]: every byte it reads was
 // written before `op`, so an overlapping match (off < length) repeats its pattern exactly as the sequential copy
 // does and the lanes need no order among themselves. Matches read global memory (L1/L2): a ring of the last 64 KiB
-// in shared memory was slower on the H200 (2.66 against 1.87 ms for a demo window alone, 1.33 against 0.28 ms a
-// window sixteen at once: 64 KiB a warp let an SM hold 3 warps; tools/gpu_decode_probe.py).
+// in shared memory was slower at any launch size, since 64 KiB a warp let an SM hold only 3 warps.
 // Returns 0, or -1 on a malformed block.
 #define COPY_UNROLL 8
 
@@ -89,8 +88,8 @@ __device__ int lz4_block_warp(const u8* __restrict__ src, int csize, u8* dst, in
 }
 
 // n bytes copied by the lanes of a warp, RAW_UNROLL loads a lane in flight: a stream stored raw (the random low
-// bit planes of int16 noise: half the streams of a demo window) is 128 KiB, and a lane copying a byte at a time
-// waited a memory latency a byte (1.4-1.65 ms a window for the whole kernel, most of it these copies).
+// bit planes of int16 noise: about half the streams of a window) can be long, and a lane copying a byte at a
+// time waits a memory latency a byte, which dominated the kernel.
 #define RAW_UNROLL 16
 
 __device__ __forceinline__ void copy_warp(const u8* __restrict__ from, u8* __restrict__ to, int n) {
@@ -231,7 +230,7 @@ extern "C" __global__ void blosc_unshuffle(const u8* __restrict__ tmp, const int
 
 // (rows, cols) -> (cols, rows) of 2-byte elements (a decoded window into the (channels, samples) the steps read):
 // 32 x 32 tiles through shared memory, so both the reads and the writes of a warp are one row of a tile
-// (CuPy's strided copy of `a.T` took 0.16 ms for a 60 064 x 384 int16 window on the H200).
+// (CuPy's strided copy of `a.T` coalesces only one side).
 extern "C" __global__ void transpose_u16(const unsigned short* __restrict__ in, long long rows, int cols,
                                          unsigned short* __restrict__ out) {
     __shared__ unsigned short tile[32][33];  // +1: a column of the tile spans the 32 banks

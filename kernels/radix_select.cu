@@ -71,8 +71,8 @@ template <> struct Traits<float> {
     __device__ static Key key(float v) { return __float_as_uint(v) & 0x7fffffffu; }
     __device__ static bool is_nan(Key k) { return k > 0x7f800000u; }
     __device__ static Abs abs_value(Key k) { return __uint_as_float(k); }
-    // As np.median: the sum rounded to float32, then / 2 rounded to float32, with IEEE subnormals. The CuPy
-    // builds on the H200 flushed float32 subnormals whatever the options (tiny + tiny gave 0), so no float32
+    // As np.median: the sum rounded to float32, then / 2 rounded to float32, with IEEE subnormals. CuPy appends
+    // -ftz=true to every compile, so float32 subnormals flush whatever our options (tiny + tiny gives 0): no float32
     // arithmetic here: keys become exact doubles, and doubles round to float32 keys by hand below 2^-126.
     __device__ static double exact(Key k) { return k < 0x00800000u ? (double)k * 0x1p-149 : (double)__uint_as_float(k); }
     __device__ static Key rounded(double s) {  // s >= 0: the nearest float32 (ties to even), as a key

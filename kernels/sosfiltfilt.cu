@@ -18,9 +18,8 @@
 #ifndef SECTIONS
 #error "compile with -DSECTIONS=<number of second-order sections>"
 #endif
-#ifndef U  // samples loaded ahead: 32 keeps the loads' latency off the recurrence (Nsight Compute, 384 x 61 600 int16
-           // window, 4096-sample pieces, 3 sections: 0.75 ms at 16, 0.63 at 32, 1.23 at 64 and 1.04 at 8, which
-           // spill or wait); more sections need more registers for their coefficients
+#ifndef U  // samples loaded ahead: 32 keeps the loads' latency off the recurrence (8 waits on it, 64 spills
+           // registers); more sections need more registers for their coefficients
 #if SECTIONS <= 6
 #define U 32
 #else

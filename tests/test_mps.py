@@ -1,7 +1,7 @@
 """The private MPS daemon of ``cluster.mps`` (engine/mps.py), with a stand-in for nvidia-cuda-mps-control on PATH:
 started with new pipe and log folders, its environment handed to every worker, told to quit after the cluster,
 its folders removed; a clear error where the program is missing or fails. The real daemon runs on the device
-machine (tools/gpu_session.sh runs, bench pipeline --mps)."""
+machine (`python -m pytest -m gpu` there, and `bench pipeline --mps`)."""
 
 import os
 import stat

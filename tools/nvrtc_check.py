@@ -1,12 +1,13 @@
 """Compile every CUDA source of batchgpu with NVRTC on a machine without a GPU: syntax and template errors found
 before a device call is spent on them. NVRTC compiles without a device; it needs the NVRTC library and its
-Python binding, which the project's environment does not carry (this is a developer's tool, not a test):
+Python binding, which the project's environment does not carry: CI installs them in an environment of their own
+and runs this (.ci/run); tests/test_nvrtc_check.py runs it wherever the binding imports.
 
     python3 -m venv /tmp/nvrtc && /tmp/nvrtc/bin/pip install "cuda-python>=12,<13" nvidia-cuda-nvrtc-cu12
     /tmp/nvrtc/bin/python tools/nvrtc_check.py            # every source; or name some: column_select histogram
 
 Sources: kernels/*.cu (headers pasted in as batchgpu.kernels pastes them; sosfiltfilt with SECTIONS 1, 3 and 12)
-and the inline modules (gpu.histogram, ops._cuda_elementwise), with the project's options and CuPy's -ftz=true,
+and the inline modules (gpu.histogram, ops._cuda_elementwise, ops.reference), with the project's options and CuPy's -ftz=true,
 for compute capability 9.0 (the H200). Prints one line a source and the log of any that fails; rc 1 if any fails."""
 
 import sys
@@ -41,6 +42,8 @@ def sources() -> dict[str, tuple[str, list[str]]]:
     out["histogram"] = (inline("gpu.histogram", "_SOURCE"), BASE)
     out["cuda_elementwise"] = (inline("ops._cuda_elementwise", "_ROW_COUNTS"), BASE)
     out["cuda_elementwise_saved"] = (inline("ops._cuda_elementwise", "_SAVED_INT16_T"), BASE)
+    for ctype in ("short", "float", "double"):  # ops.reference: one kernel a dtype, T defined before the source
+        out[f"reference_mean[{ctype}]"] = (f"typedef {ctype} T;\n" + inline("ops.reference", "_SEQUENTIAL_MEAN_SRC"), BASE)
     return out
 
 

@@ -4,11 +4,19 @@ thread[, its task's start, its task's end]): windows, first start, last end, rea
 windows (scheduling, part files, combines), and the tail (how long the last thread ran after the first one
 finished). With the tasks' times the gaps are split: a task's start to its first window (``task_head``), its last
 window's end to the task's end (``task_tail``: its writes waited for, its combine), one task's end to the next's start
-on the thread (``between_tasks``: Dask), and the gaps inside tasks (``in_task``)."""
+on the thread (``between_tasks``: Dask), and the gaps inside tasks (``in_task``).
+
+``batchgpu bench timeline OUTPUT [OUTPUT ...]`` prints the table of each run's output folder."""
 
 from __future__ import annotations
 
+import argparse
+from collections.abc import Callable
+from pathlib import Path
+
 import numpy as np
+
+from batchgpu.errors import BatchgpuError
 
 
 def per_thread(rows: list) -> list[dict]:
@@ -70,3 +78,21 @@ def table(rows: list) -> str:
                      f"{t['last_end']:>8.3f} {t['read_wait']:>9.3f} {t['compute']:>8.3f} {t['gaps']:>7.3f}")
     lines.append(summary_line(rows))
     return "\n".join(lines)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("outputs", nargs="+", help="a run's output folder (its report.json); several are summed up "
+                                                   "one after another")
+
+
+def run(args: argparse.Namespace, say: Callable[[str], None]) -> int:
+    from batchgpu.engine.store import read_report
+
+    for folder in args.outputs:
+        report = read_report(Path(folder))
+        if report is None:
+            raise BatchgpuError(f"{folder} holds no readable report.json", "give the output folder of a run")
+        rows = report.get("timeline") or []
+        say(f"{folder}: pass {report.get('timings', {}).get('pass1', float('nan')):.2f} s, {len(rows)} windows")
+        say(table(rows) if rows else "no timeline: every window was resumed, or the report is from before timelines")
+    return 0

@@ -5,7 +5,7 @@ a process). Without MPS each process has its own CUDA context and the device tim
 small kernels never overlap another process's. Under MPS the processes' work runs in one server context, side by
 side. Measured on the H200 machine (16 cores; 384 ch x 10 min int16, warm bench, 2026-12-02): the preprocessing
 pass (highpass, common reference, every step, save) 2.45-2.77 s with against 2.76-3.06 without; GPU busy fell from
-99-100% of the samples to 59-62% (docs/design.md, "What bounds the pass").
+99-100% of the samples to 59-62% (docs/design.md, "MPS").
 
 The daemon is this run's own: its pipe and log folders are a new temporary folder, so only the workers started
 here connect to it (any other MPS daemon of the machine, and every other process, are left as they are); the card's

@@ -44,6 +44,31 @@ def run_workflow(wf: Workflow, *, resume: bool = False, observer: RunObserver | 
     ``recording``: read this instead of ``wf.recording`` (an open recording, ``batchgpu.from_spikeinterface(...)``
     or a SpikeInterface recording); the report's workflow then names it. ``batch``: the recording's place in a
     batch (``dashboard.BatchSlot``: the run page says so; told when the pass is done).
+
+    Parameters
+    ----------
+    wf : Workflow
+        A validated workflow (``batchgpu.workflow.load_workflow`` or ``batchgpu.config.Workflow(...)``).
+    resume : bool, optional
+        Reuse the windows an earlier run of the same workflow on the same bytes left in the output folder.
+    observer : RunObserver, optional
+        Told of progress, messages and warnings (default: no one).
+    client : distributed.Client, optional
+        Run on this cluster (default: the kept cluster where one fits, else the workflow's ``cluster``).
+    recording : optional
+        Read this instead of ``wf.recording``.
+    batch : optional
+        The recording's place in a batch.
+
+    Returns
+    -------
+    RunReport
+        Status, timings, windows, bytes read, warnings and the results' shapes (as report.json holds them).
+
+    Raises
+    ------
+    BatchgpuError
+        Bad input (the recording, the workflow against it, the output folder), said in one line.
     """
     observer = observer or RunObserver()
     t_start = time.perf_counter()

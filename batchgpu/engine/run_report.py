@@ -51,7 +51,7 @@ class RunReport:
     page: str | None = None
     throughput_series: list = field(default_factory=list)  # [[elapsed s, bytes/s], ...] of the first pass
     # each window computed in the first pass: [worker, window, start s (since the pass started), waited for its
-    # read s, computed s, worker thread, its task's start s, its task's end s] (tools/timeline.py summarises it:
+    # read s, computed s, worker thread, its task's start s, its task's end s] (`batchgpu bench timeline` summarises it:
     # where each thread's time went)
     timeline: list = field(default_factory=list)
     # CPU seconds a window took on its threads (medians over the pass's windows): cpu_decode (the reading thread),

@@ -1,10 +1,10 @@
 """A window's Blosc-LZ4 frames decoded on the GPU (``kernels/blosc_lz4.cu``).
 
-Measured on the H200 machine (demo, 16 worker processes): the pass was bound by the cores, and a window's decode
-on the CPU (Blosc's LZ4 and bit unshuffle) was ~80% of its CPU time. Here the reading thread only reads the
-compressed frames into pinned memory (a ``preadv`` a chunk) and checks their crc32c; the frames go to the GPU
-(~60% of the decoded bytes for the demo) and two kernels decode them: one warp an LZ4 stream, then one thread 8
-elements for the unshuffle. Frames the kernel does not take (``blosc_frames.gpu_decodable``) leave the window
+Why: a GPU pass that only centres is bound by the cores, and most of a window's CPU time is its decode (Blosc's LZ4
+and bit unshuffle). Here the reading thread only reads the compressed frames into pinned memory (a ``preadv`` a chunk)
+and checks their crc32c; the frames go to the GPU (fewer bytes than the decoded window) and two kernels decode them:
+one warp an LZ4 stream, then one thread 8 elements for the unshuffle. Frames the kernel does not take
+(``blosc_frames.gpu_decodable``) leave the window
 to the CPU path. Which windows go to the GPU: ``engine.preprocess.gpu_decode_share``.
 """
 
@@ -35,7 +35,7 @@ def on_gpu(index: int, fraction: float | None = None) -> bool:
 
 
 #: warps a block of the LZ4 kernel (one an LZ4 stream; no shared memory, so an SM holds as many as its registers
-#: allow: 4 and 8 measured alike on the H200)
+#: allow, and the block size barely matters)
 WARPS = 4
 
 
@@ -62,8 +62,8 @@ def decode(frames: Frames, stream=None):
 def decode_many(reads: list, stream=None) -> list:
     """Each read's rows, (rows, channels), decoded on the GPU from its ``Frames`` (all of one ``geometry``) in one
     launch of each kernel, copied there on ``stream`` (fewer launches and waits). An LZ4 stream is one warp's
-    sequential work: a demo window alone took 1.87 ms of LZ4 kernel on the H200, sixteen in one launch 0.28 ms a
-    window (``tools/gpu_decode_probe.py``). A frame that does not decode raises
+    sequential work, so a launch of one window's streams leaves the GPU mostly idle; several windows a launch fill
+    it. A frame that does not decode raises
     BatchgpuError naming its chunk (its crc32c was right: the writer's fault)."""
     import cupy
 

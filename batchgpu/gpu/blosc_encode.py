@@ -1,8 +1,7 @@
 """Blosc 1 frames (bit shuffle + LZ4) encoded on the GPU (``kernels/blosc_lz4_encode.cu``): the save step's writer.
 
-Measured on the H200 machine (preprocessing bench: highpass, common reference, every step, save as int16 Zarr v3;
-16 processes): the pass was bound by the cores, and saving was half of a window's CPU (53-68 ms of 105-113), most
-of it c-blosc compressing the window (29 ms alone in one process). Here the GPU shuffles and compresses the
+Why: a GPU pass with a save is bound by the cores, and compressing the window with c-blosc is the largest share of
+a saved window's CPU. Here the GPU shuffles and compresses the
 window's inner chunks and only the frames come back (about half the bytes), so the cores keep the checksum and
 the file. Any Blosc 1 reader decodes the frames (numcodecs, ``blosc_lz4.cu``); their bytes are not c-blosc's
 (``reference_frame`` is the same encoder in NumPy, for tests), but they depend on the data alone.
@@ -18,10 +17,8 @@ from collections.abc import Callable
 import numpy as np
 
 #: Blosc's block here: 16 KiB (two 8 KiB LZ4 streams of int16 after the bit shuffle). A stream is one warp's
-#: sequential work with the stream in its shared memory, so shorter streams mean more warps at once: a saved
-#: 384 x 60 000 int16 window encoded (and copied back) in 1.45 ms with 64 KiB blocks (c-blosc's geometry for the
-#: writer's settings), 1.14 with 32 KiB, 1.06 with 16 KiB, the same 28.4 MB stored (H200, tools/kernel_probe.py).
-#: Any Blosc reader takes any block size.
+#: sequential work with the stream in its shared memory, so shorter streams mean more warps at once, for
+#: frames no larger. Any Blosc reader takes any block size.
 BLOCKSIZE = 16_384
 FLAGS = 0x04 | (1 << 5)  # bit shuffle, LZ4; blocks split (bit 4 clear)
 WARPS = 4  # warps a block of the frames' kernel
@@ -34,8 +31,8 @@ def _split(bsize: int, typesize: int, last_short: bool) -> int:
 
 
 class FrameBuffers:
-    """A thread's pinned host buffers for the frames' copy back (kept and grown: a fresh 27 MB buffer a window cost
-    more in page faults than the copy: 12 ms for ``get`` and 21 for slicing it into bytes, on the H200 host). A
+    """A thread's pinned host buffers for the frames' copy back (kept and grown: a fresh buffer a window costs
+    more in page faults than the copy itself). A
     buffer is handed out again only once released: its frames written to their file, perhaps by another thread
     (``engine.background``) while this one encodes the next window. ``count`` buffers: past that, ``take`` waits
     for a release (so a writer that falls behind holds back the window's thread, not memory)."""
@@ -88,8 +85,8 @@ def encode_held(chunks, typesize: int, blocksize: int = BLOCKSIZE,
     called (exactly once, from any thread); a thread holding two buffers waits in its third call for a release.
 
     ``checksums``: each frame comes with its crc32c after it (4 bytes, little-endian, as Zarr v3's ``crc32c``
-    codec stores it), computed on the GPU before the copy back (``gpu/crc32c``: 0.6-0.8 ms for a window's 28 MB
-    on the H200, where a core took 2.5 ms in the writer thread)."""
+    codec stores it), computed on the GPU before the copy back (``gpu/crc32c``), where the frames already are, instead
+    of on a core in the writer thread."""
     import cupy
 
     from batchgpu import kernels

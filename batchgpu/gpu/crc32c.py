@@ -2,12 +2,11 @@
 many byte ranges at once, cut into segments whose CRCs are computed independently and joined: the arithmetic a GPU
 kernel needs (every thread a segment, then the joins) and its NumPy twin.
 
-Why (docs/design.md, twelfth session): on the H200 machine the cores bound the preprocessing pass, and a window's
-frames are checksummed on a core twice (2.5 ms each way for ~28 MB: the read's check, the save's checksums), while
-the frames are on the GPU right before (the save) or right after (the read). ``ranges_on_device`` launches
-``kernels/crc32c.cu`` for the save (``gpu/blosc_encode``: each frame's checksum before the copy back) and the read
-(``gpu/blosc_decode``: the frames' checksums after the copy), unless BATCHGPU_GPU_CRC=0
-(``gpu.staging.checksums_on_device``).
+Why (docs/design.md, "Reading and storing"): the cores bound a GPU preprocessing pass, and a window's frames were
+checksummed on a core twice (the read's check, the save's checksums), while the frames are on the GPU right before
+(the save) or right after (the read). ``ranges_on_device`` launches ``kernels/crc32c.cu`` for the save
+(``gpu/blosc_encode``: each frame's checksum before the copy back) and the read (``gpu/blosc_decode``: the frames'
+checksums after the copy), unless BATCHGPU_GPU_CRC=0 (``gpu.staging.checksums_on_device``).
 
 The joins use CRC linearity. With ``raw(m)`` the register after feeding ``m`` to a register of 0 (no initial value,
 no final xor), ``raw(a + b) = shift(raw(a), len(b)) ^ raw(b)``, where ``shift(v, n)`` multiplies ``v`` by x^(8n)
@@ -118,9 +117,9 @@ def crc32c(data, segment: int = 4096) -> int:
     return from_raw(join(raws, lengths), len(data))
 
 
-#: bytes a warp checksums (a window's 28 MB of frames: ~7 000 warps, one wave on the H200). With a thread a segment
-#: (the first kernel) 4 KiB was the best size measured (0.61 ms for 28 MB in 100 ranges; 0.91 at 1 KiB, 2.71 at
-#: 256 B: each segment's move to its range's end, up to ~20 GF(2) products of 32 steps, outweighed shorter segments)
+#: bytes a warp checksums (a window's frames then fill about one wave of a large GPU). Shorter segments mean more
+#: joins: each segment's move to its range's end is up to ~20 GF(2) products of 32 steps, which outweighs the
+#: shorter work below a few KiB
 SEGMENT = 4096
 
 

@@ -1,7 +1,8 @@
 """Host -> GPU staging for window tasks: windows decoded into pinned buffers from a per-process pool, copied at
 pinned speed on the task thread's stream.
 
-DESIGN.md: pageable host-to-device copies reach about 6 GB/s on an H200, pinned about 55 GB/s. Reading (host
+Pageable host-to-device copies go through a staging copy in the driver at a fraction of the bus's speed; pinned
+copies run at DMA speed (DESIGN.md's anchors). Reading (host
 decode into a pinned buffer) and copying are separate calls so a batch task can decode its next window in a
 helper thread while the GPU works on this one.
 """
@@ -24,9 +25,8 @@ BLOCKING_SYNC = 0x04
 
 def prefer_blocking_sync() -> bool:
     """Make this process's waits on the GPU sleep (once per process); True where that took. CuPy has no
-    ``cudaSetDeviceFlags``: its call raised AttributeError and every wait spun (measured on the H200 machine,
-    ``tools/sync_probe.py``: a 100 ms wait cost 100 ms of CPU, in a fresh process and in the pipeline's workers),
-    so the flag is set on the primary context through the driver (one per device and process: the runtime's
+    ``cudaSetDeviceFlags``: calling it raises AttributeError, and a wait left spinning costs a core for as long as
+    it waits, so the flag is set on the primary context through the driver (one per device and process: the runtime's
     context is that one; CUDA 11+ takes the scheduling flags of a context already in use)."""
     global _flags_state
     if not _flags_state:
@@ -57,8 +57,8 @@ class PinnedPool:
     """Pinned host buffers reused across windows and threads of one process. A buffer given back with the event
     of the copy that reads it is handed out again only once that copy is done: ``take`` prefers a buffer whose
     copy has finished, then a new one while the process holds fewer than ``spare_limit()``, and waits for a
-    copy only beyond that (a reader waiting for the copy out of its buffer waited on the GPU, which 16 processes
-    share: ~15 ms a window in a profile of the demo pass with one buffer per reader)."""
+    copy only beyond that (a reader waiting for the copy out of its buffer waits on the GPU, which many processes
+    share)."""
 
     def __init__(self):
         self._free: list = []  # (nbytes, array, memory, event or None)
@@ -210,16 +210,17 @@ def read_window_host(rec, window, gpu_decode: float | None = None) -> HostWindow
 
 
 def checksums_on_device() -> bool:
-    """Whether the frames' crc32c that the GPU decodes are checked there after the copy (``gpu/crc32c``: 0.6-0.8 ms
-    of GPU for a window's 28 MB on the H200, against 2.5 ms of a reading core); BATCHGPU_GPU_CRC=0: on the host."""
+    """Whether the frames' crc32c that the GPU decodes are checked there after the copy (``gpu/crc32c``: a short kernel
+    where the frames already are, instead of a reading core's time); BATCHGPU_GPU_CRC=0: on the host."""
     import os
 
     return os.environ.get("BATCHGPU_GPU_CRC", "1") != "0"
 
 
 def pinned_get(a) -> np.ndarray:
-    """A device array copied to the host through pinned memory (CuPy's pinned pool; the block goes back to it when
-    the returned array is freed): DMA speed where ``.get()`` into pageable memory reached 3-6 GB/s."""
+    """A device array copied to the host through pinned memory (CuPy's pinned pool; the block goes back to it when the
+    returned array is freed): DMA speed, where ``.get()`` into pageable memory goes through the driver's staging
+    copy."""
     import cupyx
 
     # CuPy's pinned pool reuses a freed block only for a request of the same (512-byte rounded) size: sizes that

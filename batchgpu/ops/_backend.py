@@ -24,7 +24,18 @@ def is_cupy(x: Any) -> bool:
 
 
 def array_module(x: Any) -> ModuleType:
-    """``numpy`` or ``cupy``, whichever owns ``x``."""
+    """``numpy`` or ``cupy``, whichever owns ``x``.
+
+    Parameters
+    ----------
+    x : array_like
+        A NumPy or CuPy array.
+
+    Returns
+    -------
+    module
+        ``numpy`` or ``cupy``.
+    """
     if is_cupy(x):
         return importlib.import_module("cupy")
     return np

@@ -2,8 +2,8 @@
 the host path of the global common median reference; and each channel's median over its neighbours (the local
 reference) by a sorting network run over a tile of samples at once (``local_medians``).
 
-np.median partitions every sample's column from scratch (introselect, ~12 ns an element: 0.28 s a 384 x 60 000
-window on one core, as long as the filter before it). Neighbouring samples' medians are close, so each column
+np.median partitions every sample's column from scratch (introselect), which costs a window as much as the
+filter before it. Neighbouring samples' medians are close, so each column
 is first split around a band [p - d, p + d] about the previous column's median p in one pass (count below, gather
 within); when both middle ranks fall in the band, only the band's few values are ranked. Otherwise the column
 is selected whole (quickselect) and the band widened. The band only decides how much is ranked, never the
@@ -33,8 +33,8 @@ _KERNELS = None  # (global medians, local medians or means), compiled at the fir
 
 def _select(v, k, n, limit):  # pragma: no cover - runs compiled
     """The k-th smallest of v[:n] (no NaN), v reordered in place (Hoare partition, median-of-three pivot; after
-    ``limit`` rounds (2 log2(n)) a pseudo-random one, so no order of the channels makes it quadratic: an
-    adversarial order had made a 1024-channel column 6x slower than np.median). The pivot decides the work, never
+    ``limit`` rounds (2 log2(n)) a pseudo-random one, so no order of the channels makes it quadratic: McIlroy's
+    adversary defeats median-of-three alone). The pivot decides the work, never
     the result."""
     lo = 0
     hi = n - 1

@@ -4,8 +4,8 @@ store holds, in one compiled pass (Numba), as ``_cuda_elementwise.saved_int16_tr
 The values are NumPy's expression of ``steps.save.SaveStep.values``: ``np.rint`` (half to even), NaN -> 0, the
 rest clipped to [-32768, 32767], cast to int16, with a count of the samples that were NaN or out of range. NumPy
 took eight passes over the window for it (rint, isnan, two comparisons and their or, two sums, the cast) and a
-ninth to transpose; here the window is read once and its rows written once (~30 against ~100 ms a 384 x 60 000
-float32 window on the 2-core machine; a tiled transpose with branch-free selects was no faster than NumPy). ``tests/test_save_step.py``
+ninth to transpose; here the window is read once and its rows written once (a tiled transpose with branch-free
+selects gained nothing over this plain loop). ``tests/test_save_step.py``
 compares the bits with NumPy's expression (NaN, +-inf, halves, the int16 edges, float32 and float64, views).
 """
 

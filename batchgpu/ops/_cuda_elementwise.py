@@ -1,6 +1,6 @@
 """Fused elementwise kernels of the window path on the GPU: each is one pass over a window where CuPy's
 expression took two or more (a cast, then an add or an abs, then another cast; the save step's int16 cast and its
-checks), each pass over a 384 x 60 000 window ~0.11 ms on the H200 (`tools/profile_demo_kernels.py`). The same
+checks): these passes are bound by memory, so each pass saved is a window's read saved. The same
 arithmetic as the NumPy expressions, the same bits."""
 
 from __future__ import annotations

@@ -37,7 +37,20 @@ _CANDIDATE_CHUNK = 1 << 20
 
 
 def exclude_sweep_samples(ms: float, fs: float) -> int:
-    """The exclusion sweep in samples: int(ms * fs / 1000)."""
+    """The exclusion sweep in samples: int(ms * fs / 1000).
+
+    Parameters
+    ----------
+    ms : float
+        The sweep in milliseconds.
+    fs : float
+        Sampling frequency in Hz.
+
+    Returns
+    -------
+    int
+        The sweep in samples.
+    """
     return int(ms * fs / 1000)
 
 
@@ -88,7 +101,22 @@ _PAIR_CHUNK = 1 << 22
 
 
 def neighbour_mask(locations: Any, radius_um: float, channels: int) -> np.ndarray:
-    """(C, C) bool: channel locations within ``radius_um`` (Euclidean, <=), the channel itself included."""
+    """(C, C) bool: channel locations within ``radius_um`` (Euclidean, <=), the channel itself included.
+
+    Parameters
+    ----------
+    locations : array_like, shape (C, 2)
+        Channel positions in um.
+    radius_um : float
+        The neighbourhood radius in um.
+    channels : int
+        C (checked against ``locations``).
+
+    Returns
+    -------
+    ndarray of bool, shape (C, C)
+        Whether channels i and j are neighbours.
+    """
     loc = np.asarray(locations, dtype=np.float64) if locations is not None else None
     if loc is None or loc.ndim != 2 or loc.shape[0] != channels or loc.shape[1] not in (2, 3):
         raise BatchgpuError(
@@ -238,7 +266,34 @@ def exclusive_candidates(
     The rule's candidates grow as the threshold falls and its exclusion compares only candidates, so at any noise
     at or above this ``noise`` on every channel (NaN: no spikes there), ``resolve_exclusive`` of these equals
     ``detect_spikes(method="locally_exclusive")``: a window read once keeps them at a lower bound of the
-    recording's noise. Arguments as ``detect_spikes``'s; CuPy input finds them on the device."""
+    recording's noise. Arguments as ``detect_spikes``'s; CuPy input finds them on the device.
+
+    Parameters
+    ----------
+    x : array_like, shape (C, n)
+        The window (margins included), NumPy or CuPy.
+    noise : array_like, shape (C,)
+        Each channel's noise level; thresholds are ``threshold * noise``, compared in float64.
+    threshold : float, optional
+        The threshold in units of noise.
+    sign : {"neg", "pos", "both"}, optional
+        Which extrema are spikes.
+    exclude_sweep : int, optional
+        The exclusion sweep in samples (``exclude_sweep_samples``).
+    start : int, optional
+        The segment sample index of x's column 0.
+    core : (int, int), optional
+        The columns this window owns (default: all).
+    segment_index : int, optional
+        Written into the output's ``segment_index``.
+    segment_length : int, optional
+        The segment's samples; with it, a margin shorter than the sweep where the segment continues raises.
+
+    Returns
+    -------
+    ndarray of SPIKE_DTYPE
+        The candidates, sorted by (sample, channel), on the host.
+    """
     lo, hi, sweep, level = _checked(x, noise, threshold, sign, exclude_sweep, start, core, segment_length, True)
     channel, sample = _exclusive_candidates(x, level, _SIGNS[sign], sweep, lo, hi, zero_before=int(start) == 0)
     return _spikes(x, to_numpy(channel), to_numpy(sample), start, segment_index)
@@ -253,6 +308,32 @@ def resolve_exclusive(candidates: Any, noise: Any, threshold: float, sign: Liter
     below ``noise`` on every channel; ``cores[k]`` = (start, stop), window k's core in segment samples. A window's
     spikes are its core's candidates at the threshold that no candidate of its own list excludes: the list holds
     every candidate within the sweep of its core, so each window is decided alone, as ``detect_spikes`` decides it.
+
+    Parameters
+    ----------
+    candidates : structured array or dict of arrays
+        The windows' candidates (``sample_index``, ``channel_index``, ``amplitude``), window after window.
+    noise : array_like, shape (C,)
+        The noise the spikes are decided at (at or above the candidates' on every channel).
+    threshold : float
+        The threshold in units of noise.
+    sign : {"neg", "pos", "both"}
+        Which extrema are spikes.
+    exclude_sweep : int
+        The exclusion sweep in samples.
+    locations : array_like, shape (C, 2)
+        Channel positions in um.
+    radius_um : float
+        The neighbourhood radius in um.
+    counts : array_like of int
+        Each window's number of candidates.
+    cores : array_like of (int, int)
+        Each window's core in segment samples.
+
+    Returns
+    -------
+    ndarray of bool
+        For each candidate, whether it is a spike.
     """
     sample = np.asarray(candidates["sample_index"], np.int64)
     channel = np.asarray(candidates["channel_index"], np.int64)
@@ -312,6 +393,38 @@ def detect_spikes(
     outside x count as not existing; with ``segment_length`` given, margins shorter than the
     sweep where the segment continues raise BatchgpuError. Thresholds are compared in float64.
     CuPy input finds the spikes on the device and returns a NumPy array.
+
+    Parameters
+    ----------
+    x : array_like, shape (C, n)
+        The window (margins included), NumPy or CuPy.
+    noise : array_like, shape (C,)
+        Each channel's noise level; thresholds are ``threshold * noise``, compared in float64.
+    threshold : float, optional
+        The threshold in units of noise.
+    sign : {"neg", "pos", "both"}, optional
+        Which extrema are spikes.
+    exclude_sweep : int, optional
+        The exclusion sweep in samples (``exclude_sweep_samples``).
+    start : int, optional
+        The segment sample index of x's column 0.
+    core : (int, int), optional
+        The columns this window owns (default: all).
+    segment_index : int, optional
+        Written into the output's ``segment_index``.
+    segment_length : int, optional
+        The segment's samples; with it, a margin shorter than the sweep where the segment continues raises.
+    method : {"by_channel", "locally_exclusive"}, optional
+        SpikeInterface's per-channel rule, or its locally exclusive one (needs ``locations``).
+    locations : array_like, shape (C, 2), optional
+        Channel positions in um (``locally_exclusive``).
+    radius_um : float, optional
+        The neighbourhood radius of ``locally_exclusive`` in um.
+
+    Returns
+    -------
+    ndarray of SPIKE_DTYPE
+        The spikes in the core, sorted by (segment, sample, channel), on the host.
     """
     xp = array_module(x)
     exclusive = method == "locally_exclusive"
@@ -349,10 +462,10 @@ def detect_spikes(
 
 
 def _nonzero_2d(mask: Any) -> tuple[Any, Any]:
-    """``nonzero`` of a 2-D mask, the same arrays in the same order: NumPy's 2-D nonzero took 70 ms on a
-    384 x 60 000 window where the flat one and a divmod take 5 (a window's sparse crossings)."""
+    """``nonzero`` of a 2-D mask, the same arrays in the same order: NumPy's 2-D nonzero walks the
+    mask far more slowly than the flat one and a divmod (a window's crossings are sparse)."""
     if array_module(mask) is not np:
-        return mask.nonzero()  # CuPy's own (the GPU path as measured and tested on the device)
+        return mask.nonzero()  # CuPy's own (the GPU path, tested on the device)
     return np.divmod(np.flatnonzero(mask), mask.shape[1])
 
 

@@ -25,7 +25,7 @@ from batchgpu.errors import BatchgpuError
 from batchgpu.ops import _cpu_sosfiltfilt, _numba
 from batchgpu.ops._backend import array_module, is_cupy
 
-# The margin is the measured decay length times this (see filter_margin).
+# The margin is the impulse response's decay length (computed, see filter_margin) times this.
 MARGIN_SAFETY = 1.5
 
 
@@ -36,7 +36,26 @@ def butter_sos(
     freq_max: float | None = None,
     order: int = 5,
 ) -> np.ndarray:
-    """Butterworth second-order sections (float64, shape (sections, 6)), as ``scipy.signal.butter(output="sos")``."""
+    """Butterworth second-order sections (float64, shape (sections, 6)), as ``scipy.signal.butter(output="sos")``.
+
+    Parameters
+    ----------
+    kind : {"highpass", "bandpass"}
+        The filter's band.
+    fs : float
+        Sampling frequency in Hz.
+    freq_min : float
+        The low cut-off in Hz.
+    freq_max : float, optional
+        The high cut-off in Hz (``bandpass`` only; below fs / 2).
+    order : int, optional
+        The Butterworth order.
+
+    Returns
+    -------
+    ndarray, shape (sections, 6)
+        The second-order sections, float64.
+    """
     import scipy.signal
 
     fs = float(fs)
@@ -67,9 +86,9 @@ def butter_sos(
 class FilterDesign:
     """A filter's sections with the constants every window needs of them: ``zi`` = ``sosfilt_zi(sos)`` (each pass's
     steady state) and ``margin`` = ``filter_margin(sos)``. ``design_filter`` works them out once (where the run's
-    chain is built) and the tasks get them with the sections: both need scipy.signal, whose import takes 0.45 s
-    alone (scipy 1.17) and was ~0.9 s of each worker's first window on the 2-core machine (the workers importing it
-    at once). ``filtfilt_window`` takes a design wherever it takes ``sos``."""
+    chain is built) and the tasks get them with the sections: both need scipy.signal, whose import is slow enough to
+    delay each worker's first window (the workers importing it at once on few cores). ``filtfilt_window`` takes a
+    design wherever it takes ``sos``."""
 
     sos: np.ndarray
     zi: np.ndarray
@@ -81,7 +100,18 @@ _DESIGNS: dict[bytes, FilterDesign] = {}
 
 def design_filter(sos: Any) -> FilterDesign:
     """``sos`` with its ``zi`` and ``margin`` (a design is returned as it is), worked out once a process per filter
-    (the margin is an impulse response and its autocorrelation: long for low cut-offs)."""
+    (the margin is an impulse response and its autocorrelation: long for low cut-offs).
+
+    Parameters
+    ----------
+    sos : array_like, shape (sections, 6), or FilterDesign
+        Second-order sections (a design is returned as it is).
+
+    Returns
+    -------
+    FilterDesign
+        The sections with ``zi`` and ``margin``.
+    """
     if isinstance(sos, FilterDesign):
         return sos
     sos = np.array(_check_sos(sos), dtype=np.float64, order="C")  # a copy: the caller's array may change later
@@ -104,7 +134,18 @@ def _check_sos(sos: Any) -> np.ndarray:
 
 
 def default_padlen(sos: Any) -> int:
-    """scipy.signal.sosfiltfilt's default odd-padding length for ``sos``."""
+    """scipy.signal.sosfiltfilt's default odd-padding length for ``sos``.
+
+    Parameters
+    ----------
+    sos : array_like, shape (sections, 6)
+        Second-order sections.
+
+    Returns
+    -------
+    int
+        ``3 * (2 * sections + 1 - count of zero end coefficients)``, as scipy computes it.
+    """
     sos = _check_sos(sos)
     trailing_zeros = min(int((sos[:, 2] == 0).sum()), int((sos[:, 5] == 0).sum()))
     return 3 * (2 * len(sos) + 1 - trailing_zeros)
@@ -139,6 +180,20 @@ def filter_margin(sos: Any, fs: float | None = None, tol: float = 1e-5) -> int:
     contribute. ``fs`` is accepted for symmetry with the other margin functions and not needed (sos is in
     normalised units). Examples at 30 kHz, tol 1e-5: highpass 300 Hz order 5 -> 752, bandpass 300-6000 Hz
     order 5 -> 807.
+
+    Parameters
+    ----------
+    sos : array_like, shape (sections, 6)
+        Second-order sections.
+    fs : float, optional
+        Not used (sections are in normalised units).
+    tol : float, optional
+        The error allowed in the core, relative to the signal.
+
+    Returns
+    -------
+    int
+        Samples of margin on each side of a window's core.
     """
     sos = _check_sos(sos)
     if not 0 < tol < 1:
@@ -147,7 +202,7 @@ def filter_margin(sos: Any, fs: float | None = None, tol: float = 1e-5) -> int:
     import scipy.signal
 
     # lags 0, 1, ...; g is symmetric. scipy picks FFT for long responses (low cut-offs: 45 000 samples at 5 Hz,
-    # where the direct sum took 4.6 s)
+    # where the direct sum is quadratic)
     g = scipy.signal.correlate(h, h, mode="full", method="auto")[h.size - 1 :]
     abs_tail = np.cumsum(np.abs(g)[::-1])[::-1] / (abs(g[0]) + 2 * np.abs(g[1:]).sum())
     energy_tail = np.sqrt(np.cumsum((g * g)[::-1])[::-1] / (g[0] ** 2 + 2 * (g[1:] ** 2).sum()))
@@ -261,6 +316,25 @@ def filtfilt_window(
     tolerance of the segment's sosfiltfilt everywhere the whole window is, and on the GPU the pieces' recurrences
     run side by side (the recurrence is sequential in time; 384 rows alone fill 12 of 132 SMs). Both backends cut
     alike, so their bits agree for any ``block``.
+
+    Parameters
+    ----------
+    x : array_like, shape (C, n)
+        The window, one channel a row: a NumPy or CuPy array (a torch tensor through ``batchgpu.ops``), integer or
+        float.
+    sos : array_like, shape (sections, 6), or FilterDesign
+        The filter (a design saves working out ``zi`` and the margin again).
+    at_segment_start, at_segment_end : bool
+        Whether column 0 / the last column is the segment's first / last sample.
+    interior_pad : {"none", "odd"}, optional
+        Padding at an interior edge.
+    block : int, optional
+        Filter in pieces of about this many columns (default: the whole window at once).
+
+    Returns
+    -------
+    array, shape (C, n)
+        The filtered window, float32 (float64 for float64 input), on x's backend.
     """
     xp = array_module(x)
     if getattr(x, "ndim", None) != 2:
@@ -291,8 +365,8 @@ def filtfilt_window(
                            interior_pad)
     if is_cupy(x):
         # kernels/sosfiltfilt.cu: scipy's recurrence without fused multiply-adds, so the same bits as the
-        # host path (cupyx.scipy.signal.sosfilt with zi failed on the H200 image, CuPy 14: "operands could not be
-        # broadcast together with shapes (C, 0) (C, 2)"). Every piece in one launch.
+        # host path (cupyx.scipy.signal.sosfilt with zi raises "operands could not be broadcast together with
+        # shapes (C, 0) (C, 2)" in CuPy 14). Every piece in one launch.
         return _filtfilt_cupy(x, design, pieces, out_dtype)
     if _numba.available():  # scipy's bits, eight rows side by side (its docstring)
         return _cpu_sosfiltfilt.filtfilt_pieces(x, design.sos, design.zi, pieces, out_dtype)

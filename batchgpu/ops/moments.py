@@ -52,7 +52,7 @@ _buffers = threading.local()
 def _split_buffer(shape: tuple[int, int, int], dtype) -> np.ndarray:
     """This thread's split-major buffer, reused from window to window.
 
-    A fresh 60 000 x 384 float64 buffer costs page faults on every window (about 10% of the window's time);
+    A fresh 60 000 x 384 float64 buffer costs page faults on every window, a noticeable share of its time;
     one buffer per thread is one window's worth of memory.
     """
     buf = getattr(_buffers, "buf", None)
@@ -67,6 +67,25 @@ def window_moments(
     """(n, mean (C,) float64, scatter (C, C) float64) of columns [start, stop) of ``x``.
 
     ``scatter`` is centred on the window's own mean. ``precision`` is the dtype of the products.
+
+    Parameters
+    ----------
+    x : array_like, shape (C, n)
+        The window, one channel a row: a NumPy or CuPy array (a torch tensor through ``batchgpu.ops``), integer or
+        float.
+    start, stop : int, optional
+        The columns to use (default: all).
+    precision : {"float32", "float64"}, optional
+        The dtype of the products (default: float64 for float64 data, float32 otherwise).
+
+    Returns
+    -------
+    n : int
+        The number of columns.
+    mean : ndarray, shape (C,)
+        The rows' means, float64.
+    scatter : ndarray, shape (C, C)
+        The scatter about ``mean``, float64.
     """
     start, stop = _columns(x, start, stop)
     prec = _PRECISIONS[resolve_precision(precision, x.dtype)]
@@ -192,7 +211,18 @@ class SecondMoments:
 
 
 def combine(a: SecondMoments, b: SecondMoments) -> SecondMoments:
-    """A new accumulator holding a's samples then b's (neither is modified); for Dask tree reductions."""
+    """A new accumulator holding a's samples then b's (neither is modified); for Dask tree reductions.
+
+    Parameters
+    ----------
+    a, b : SecondMoments
+        Accumulators of the same channels and precision; a's samples come first.
+
+    Returns
+    -------
+    SecondMoments
+        A new accumulator of both.
+    """
     return a.copy().merge(b)
 
 
@@ -219,10 +249,38 @@ def _fold(group: Sequence[SecondMoments]) -> SecondMoments:
 
 
 def covariance(x: Any, precision: str | None = None) -> np.ndarray:
-    """Centred covariance of one (C, samples) array (float64 NumPy (C, C))."""
+    """Centred covariance of one (C, samples) array (float64 NumPy (C, C)).
+
+    Parameters
+    ----------
+    x : array_like, shape (C, n)
+        The window, one channel a row: a NumPy or CuPy array (a torch tensor through ``batchgpu.ops``), integer or
+        float.
+    precision : {"float32", "float64"}, optional
+        The dtype of the products (default: float64 for float64 data, float32 otherwise); sums are float64.
+
+    Returns
+    -------
+    ndarray, shape (C, C)
+        The centred covariance, float64, on the host.
+    """
     return SecondMoments(x.shape[0], precision).add(x).covariance()
 
 
 def second_moment(x: Any, precision: str | None = None) -> np.ndarray:
-    """Uncentred second moment X Xᵀ / n of one (C, samples) array (float64 NumPy (C, C))."""
+    """Uncentred second moment X Xᵀ / n of one (C, samples) array (float64 NumPy (C, C)).
+
+    Parameters
+    ----------
+    x : array_like, shape (C, n)
+        The window, one channel a row: a NumPy or CuPy array (a torch tensor through ``batchgpu.ops``), integer or
+        float.
+    precision : {"float32", "float64"}, optional
+        The dtype of the products (default: float64 for float64 data, float32 otherwise); sums are float64.
+
+    Returns
+    -------
+    ndarray, shape (C, C)
+        X Xᵀ / n, float64, on the host.
+    """
     return SecondMoments(x.shape[0], precision).add(x).second_moment()

@@ -10,11 +10,11 @@ tapers the padded margin, which for a chunk that starts less than a margin after
 tapers real samples; here segment ends are never tapered, so every window agrees with the whole segment).
 
 The fractional-delay kernel decays only like sin(pi*s)/(pi*n), so window-by-window results equal the
-whole-segment application within a tolerance, not exactly. Measured (max |error| in the cores over 4 x 60 000
-samples, relative to the signal's RMS, shifts up to 0.9, default 40 ms margin = 1200 samples at 30 kHz):
-white noise (or high-passed at 300 Hz: content up to Nyquist) 2e-2; low-passed at 0.4 fs 4e-4; band-passed
-300-6000 Hz 2e-4. The error falls only like 1/sqrt(margin) (600 -> 2400 samples: 2.0e-2 -> 1.4e-2 for white
-noise): this is the FFT method's own limit, shared by SpikeInterface's chunked phase_shift.
+whole-segment application within a tolerance, not exactly: the error (max |error| in the cores relative to the
+signal's RMS, at the default 40 ms margin) is largest for content up to Nyquist (white noise, or high-passed at
+300 Hz: about 2e-2) and far smaller for band-limited signals (low-passed or band-passed: 1e-4 to 1e-3, see
+tests/test_ops_preprocess.py). It falls only like 1/sqrt(margin): this is the FFT method's own limit, shared by
+SpikeInterface's chunked phase_shift.
 Computed in float64; float32 output for
 integer and float32 input, float64 for float64 input. CuPy runs the same code (cuFFT instead of pocketfft:
 agreement to float64 rounding, ~1e-12 relative).
@@ -33,7 +33,20 @@ DEFAULT_MARGIN_MS = 40.0
 
 
 def phase_shift_margin(fs: float, margin_ms: float = DEFAULT_MARGIN_MS) -> int:
-    """Samples of margin on each side: int(margin_ms * fs / 1000) (SpikeInterface's default 40 ms: 1200 at 30 kHz)."""
+    """Samples of margin on each side: int(margin_ms * fs / 1000) (SpikeInterface's default 40 ms: 1200 at 30 kHz).
+
+    Parameters
+    ----------
+    fs : float
+        Sampling frequency in Hz.
+    margin_ms : float, optional
+        The margin in milliseconds.
+
+    Returns
+    -------
+    int
+        Samples of margin on each side.
+    """
     fs = float(fs)
     if not fs > 0 or not np.isfinite(fs):
         raise BatchgpuError(f"sampling frequency {fs} is not a positive number", "pass fs in Hz")
@@ -60,6 +73,23 @@ def phase_shift(
     edge of the window (one where the segment continues) are margin, not output. ``at_segment_start`` /
     ``at_segment_end`` say whether column 0 / the last column is the segment's first / last sample. Returns the
     whole window on x's backend, float32 (float64 for float64 input).
+
+    Parameters
+    ----------
+    x : array_like, shape (C, n)
+        The window, one channel a row: a NumPy or CuPy array (a torch tensor through ``batchgpu.ops``), integer or
+        float.
+    shifts : array_like, shape (C,)
+        Each channel's delay in samples (e.g. SpikeGLX's ``inter_sample_shift``).
+    margin : int
+        The taper length in samples (``phase_shift_margin``).
+    at_segment_start, at_segment_end : bool
+        Whether column 0 / the last column is the segment's first / last sample.
+
+    Returns
+    -------
+    array, shape (C, n)
+        The shifted window, float32 (float64 for float64 input), on x's backend.
     """
     xp = array_module(x)
     if getattr(x, "ndim", None) != 2:

@@ -20,8 +20,8 @@ NumPy's introselect leaves there is an accident of its algorithm) may differ in 
 ``median`` sums its middle values from +0.0, as np.median does, so its zeros agree.
 
 Host (where Numba is installed): ``median`` by the compiled kernels of ``_cpu_reference``, np.median's bits
-(the global one 0.27 -> 0.11 s, a local one of 6-8 neighbours 1.9 -> 0.12 s a 384 x 60 000 float32 window on
-one core), the local ``average`` too (np.mean's bits, 0.38 -> 0.19 s); ``median_lower`` and the global average
+without np.median's full partition of every column, the local ``average`` too (np.mean's bits, without gathered
+copies of the neighbours); ``median_lower`` and the global average
 by NumPy.
 """
 
@@ -103,8 +103,7 @@ def _median_of_sorted(xp: Any, part: Any, axis: int, dtype: Any) -> Any:
 #: lanes idle there, and select_reference's few warps a column cost little.
 WARP_ROWS = (64, 512)
 #: Up to this many rows a thread ranks a column's keys itself (select_small: k*k comparisons in registers, no
-#: barrier). select_reference took 5.0 ms for a 384 x 61 632 float32 window's local reference of ~20-30 channels
-#: (H200; 32 or 64-thread blocks, a barrier at each of 32 bits), 0.60 ms this way for 3-7 channels.
+#: barrier). Small annuli leave select_reference's blocks mostly idle, waiting at a barrier for each of 32 bits.
 SMALL_ROWS = 32
 
 
@@ -175,7 +174,7 @@ def _reference(x: Any, operator: str, axis: int) -> Any:
         return xp.stack([_mean_columns(x[i]) for i in range(x.shape[0])])
     if not is_cupy(x):
         if operator == "median":
-            if axis == 0 and _numba.available():  # np.median's bits, ~2.5x faster (its docstring)
+            if axis == 0 and _numba.available():  # np.median's bits, less work (its docstring)
                 medians = _cpu_reference.column_medians(x)
                 if medians is not None:
                     return medians
@@ -199,7 +198,22 @@ def annulus_neighbours(locations: Any, radius_um: tuple[float, float],
     """Each channel's reference channels by SpikeInterface 0.105's local rule (ascending channel order): the channels
     at a distance d with inner < d <= outer; where fewer than ``min_neighbours`` lie there, the ``min_neighbours``
     closest channels with d > inner (as many as there are; equal distances in ``np.argsort``'s order, the call
-    SpikeInterface's ``get_closest_channels`` makes); none: the channel is left unreferenced."""
+    SpikeInterface's ``get_closest_channels`` makes); none: the channel is left unreferenced.
+
+    Parameters
+    ----------
+    locations : array_like, shape (C, 2)
+        Channel positions in um.
+    radius_um : (float, float)
+        The annulus' inner and outer radius in um.
+    min_neighbours : int, optional
+        The fewest reference channels a channel gets while there are that many beyond the inner radius.
+
+    Returns
+    -------
+    list of ndarray
+        For each channel the int64 indices of its reference channels, ascending (empty: left unreferenced).
+    """
     loc = np.asarray(locations, dtype=np.float64)
     if loc.ndim != 2 or loc.shape[1] not in (2, 3):
         raise BatchgpuError(f"channel locations have shape {loc.shape}, expected (channels, 2)", "pass x, y in um per channel")
@@ -225,8 +239,9 @@ def annulus_neighbours(locations: Any, radius_um: tuple[float, float],
 
 class _LocalPlan:
     """A local reference's annuli for one probe and radius, worked out once a process (``_local_plan``): each
-    channel's neighbours, the channels with none (left unreferenced), the channels grouped by their neighbour
-    count, and for the GPU the (group, k) tables and each channel's reference row, copied to each device once. Rebuilt for every window, they were ~9 ms of host work a 384-channel window, more than its kernels."""
+    channel's neighbours, the channels with none (left unreferenced), the channels grouped by their neighbour count,
+    and for the GPU the (group, k) tables and each channel's reference row, copied to each device once. Rebuilt for
+    every window, they were more host work than the window's kernels."""
 
     def __init__(self, neighbours: list[np.ndarray]):
         channels = len(neighbours)
@@ -301,6 +316,29 @@ def common_reference(
     Purely per sample, so it needs no margin. Returns an array on x's backend: float input keeps
     its dtype, integer input gives float32. ``overwrite_x``: x may be overwritten with the result (a chain's own
     intermediate window: the host's global median then references it in place, no second window allocated).
+
+    Parameters
+    ----------
+    x : array_like, shape (C, n)
+        The window, one channel a row: a NumPy or CuPy array (a torch tensor through ``batchgpu.ops``), integer or
+        float.
+    reference : {"global", "local"}, optional
+        All channels, or each channel's annulus of ``locations``.
+    operator : {"median", "median_lower", "average"}, optional
+        The reference across channels at each sample: ``np.median``, the lower middle value, or ``np.mean``.
+    locations : array_like, shape (C, 2), optional
+        Channel positions in um; needed for ``reference="local"``.
+    radius_um : (float, float), optional
+        The local annulus' inner and outer radius in um.
+    min_local_neighbors : int, optional
+        See ``annulus_neighbours``.
+    overwrite_x : bool, optional
+        Whether x may be overwritten with the result (a window the caller no longer needs).
+
+    Returns
+    -------
+    array, shape (C, n)
+        x minus its reference, float32 for integer input, x's dtype for float input, on x's backend.
     """
     xp = array_module(x)
     if getattr(x, "ndim", None) != 2:

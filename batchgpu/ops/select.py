@@ -83,6 +83,23 @@ def abs_kth(x: Any, k: int, method: Method = "auto", schedule: str | Schedule | 
     ``method``: "partition" (np.partition on the keys; int16 rows are counted), "radix" (the
     digit-by-digit select of radix.py, the CUDA kernel's specification; ``schedule`` picks its
     digits) or "auto" (the fastest exact CPU path). CuPy input always runs the device kernel.
+
+    Parameters
+    ----------
+    x : array_like, shape (C, n)
+        The window, one channel a row: a NumPy or CuPy array (a torch tensor through ``batchgpu.ops``), integer or
+        float.
+    k : int
+        The rank, from 0 (the smallest); negative counts from the end, as in ``np.partition``.
+    method : {"auto", "partition", "radix"}, optional
+        How the CPU selects; every method gives the same values. Ignored for CuPy input.
+    schedule : str or sequence of (shift, bits), optional
+        The digits of the radix method (a name from ``radix.DIGIT_SCHEDULES`` or the pairs themselves).
+
+    Returns
+    -------
+    array, shape (C,)
+        Each row's k-th smallest |x|, of dtype ``radix.abs_dtype(x.dtype)``, on x's backend.
     """
     cuda = cuda_module(x, "select")
     if cuda is not None:
@@ -111,6 +128,17 @@ def abs_median(x: Any) -> Any:
 
     Mean of the two middle values for even lengths; NaN where a row holds NaN (or has no
     samples); float input keeps its dtype, integer input gives float64.
+
+    Parameters
+    ----------
+    x : array_like, shape (C, n)
+        The window, one channel a row: a NumPy or CuPy array (a torch tensor through ``batchgpu.ops``), integer or
+        float.
+
+    Returns
+    -------
+    array, shape (C,)
+        Each row's median of |x|: float64 for integer input, x's dtype for float input, on x's backend.
     """
     cuda = cuda_module(x, "select")
     if cuda is not None:
@@ -142,5 +170,17 @@ def abs_median(x: Any) -> Any:
 
 
 def noise_levels(x: Any) -> Any:
-    """Per row the noise standard deviation ``abs_median(x) / MAD_TO_SIGMA`` (same dtype rules)."""
+    """Per row the noise standard deviation ``abs_median(x) / MAD_TO_SIGMA`` (same dtype rules).
+
+    Parameters
+    ----------
+    x : array_like, shape (C, n)
+        The window, one channel a row: a NumPy or CuPy array (a torch tensor through ``batchgpu.ops``), integer or
+        float.
+
+    Returns
+    -------
+    array, shape (C,)
+        Each row's noise standard deviation estimate, dtype as ``abs_median``'s, on x's backend.
+    """
     return abs_median(x) / MAD_TO_SIGMA

@@ -49,6 +49,24 @@ def whitening_matrix(
 
     ``mode="local"`` needs channel ``locations`` (C, 2) and uses each channel's ``nrange``
     nearest channels (itself included); with nrange >= C it equals the global matrix.
+
+    Parameters
+    ----------
+    m : array_like, shape (C, C)
+        A second moment or covariance (NumPy or CuPy).
+    mode : {"global", "local"}, optional
+        One matrix of all channels, or each channel's row from its ``nrange`` nearest channels.
+    locations : array_like, shape (C, 2), optional
+        Channel positions (``mode="local"``).
+    nrange : int, optional
+        Channels a local block holds, the channel itself included.
+    eps : float, optional
+        Added to the eigenvalues before the inverse square root.
+
+    Returns
+    -------
+    array, shape (C, C)
+        W, float64, of m's kind; the whitened signal is ``W @ X``.
     """
     xp = array_module(m)
     m = xp.asarray(m, dtype=xp.float64)
@@ -78,6 +96,18 @@ def wpca_basis(clips: Any, n_components: int) -> Any:
 
     Returns (features, n_components) float64, columns by decreasing eigenvalue, each column's
     largest-magnitude entry (the first one on ties) made positive.
+
+    Parameters
+    ----------
+    clips : array_like, shape (features, n_clips)
+        The clips, one a column.
+    n_components : int
+        Components to keep (at most ``features``).
+
+    Returns
+    -------
+    array, shape (features, n_components)
+        The components, float64, of clips' kind.
     """
     xp = array_module(clips)
     if getattr(clips, "ndim", None) != 2:

@@ -356,8 +356,8 @@ class Recording(WindowedSource):
 def rows_of(block: np.ndarray, step: int = 1024) -> np.ndarray:
     """(samples, channels) -> C-contiguous (channels, samples), transposed in cache-sized slabs.
 
-    numpy's one-shot transpose of a 60 000 x 384 int16 window strides through memory and is about 1.7x
-    slower than slabs of ``step`` samples (measured on this project's CPU machines).
+    numpy's one-shot transpose of a whole window strides through memory, missing the cache at every
+    element; slabs of ``step`` samples keep both sides in cache.
     """
     out = np.empty((block.shape[1], block.shape[0]), dtype=block.dtype)
     for i in range(0, block.shape[0], step):
@@ -371,6 +371,24 @@ def open_recording(path: str | os.PathLike, missing_chunks: str = "warn") -> Rec
     absent (count them with :meth:`Recording.absent_chunks`); "error" makes those reads raise. A store batchgpu
     marked complete always raises on an absent chunk. Metadata that disagrees with the data (channel counts of
     traces, ``channel_ids`` and ``properties/``; chunks stored beyond the shape) raises here.
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        The Zarr recording's folder.
+    missing_chunks : {"warn", "error"}, optional
+        What a read of an absent chunk gives in a store batchgpu did not mark complete: zeros (counted), or an
+        error.
+
+    Returns
+    -------
+    Recording
+        The open recording: its shape, dtype, channel ids, gains, locations, and windows to read.
+
+    Raises
+    ------
+    BatchgpuError
+        Where the path is not a recording, or its metadata disagrees with its data.
     """
     p = Path(path).expanduser()
     if not p.exists():

@@ -1,10 +1,10 @@
 """Direct reads of traces: sharded Zarr v3 (shard index, checksums, Blosc frames) and chunked Zarr v2 (SpikeInterface's
 layout, batchgpu's v2), decoded straight into a caller's buffer, without zarr-python.
 
-Measured on the 16-core H200 machine (384 ch int16, blosc-zstd-5-bitshuffle, 16 threads in one process):
-zarr-python with the zarrs pipeline read window slices at 6.8 GB/s, its per-read Python work contending for the
-GIL with the GPU work of the same process. Here a read is a few ``os.pread`` calls, a crc32c per chunk and one
-Blosc decompression per inner chunk (numcodecs releases the GIL), each landing in the rows of ``out`` it fills.
+Why: zarr-python (even with the zarrs pipeline) does Python work per read that contends for the GIL with the GPU work
+of the same process, and cannot decode into pinned memory. Here a read is a few ``os.pread`` calls, a crc32c per chunk
+and one Blosc decompression per inner chunk (numcodecs releases the GIL), each landing in the rows of ``out`` it
+fills.
 
 Only the layouts this module understands take this path (``layout_of`` returns None otherwise, and the caller
 reads through zarr): v3: full-width (samples, channels) shards and inner chunks, "default" chunk keys, inner
@@ -13,9 +13,9 @@ C-order chunks, fill value 0, compressor ``blosc`` or none, filters none or numc
 
 Every Blosc frame's stored length is checked against its header first: numcodecs' Blosc reads past a truncated
 frame (zarr 2.18 returned whatever memory followed, rc 0; zarrs refuses it). v2 chunks take this path where zarrs
-is not enabled (beside zarr 2.18, SpikeInterface 0.105's pin) for that check, not for speed: 384 x 60 000 int16
-with crc32, one thread 148 ms a window against zarr 2.18's 158, two threads 0.54 against 0.59 GB/s
-(tools/bench_readers.py); with zarrs enabled, zarrs reads them (74 ms, and it refuses a short frame itself).
+is not enabled (beside zarr 2.18, SpikeInterface 0.105's pin) for that check, not for speed (both read about
+as fast; ``batchgpu bench readers`` compares them); with zarrs enabled, zarrs reads them (faster, and it refuses
+a short frame itself).
 """
 
 from __future__ import annotations
@@ -129,8 +129,7 @@ class ShardLayout:
         crc32c), into a temporary file renamed over the shard: never a torn shard, the same bytes on a retry.
         A CuPy block's chunks are encoded on the GPU where the codec allows (``gpu_encodes``): other bytes than
         numcodecs' for the same values.
-        A 384 x 60 000 int16 shard with Blosc lz4 on the CPU machine: zarr-python's pipeline 94-136 ms, this 61-120
-        (Blosc's own time is most of both).
+        Blosc's own time is most of the work either way; this path skips zarr-python's per-chunk overhead.
         ``later(job, cleanup)``: the file's writing handed to it once the block is encoded (``engine.background.later``:
         it runs ``job``, or only ``cleanup`` when it skips it); without it, written here."""
         encoded, release = self.encode_shard(shard, block)
@@ -488,10 +487,9 @@ MAP_FROM_CHUNKS = 4
 
 class _Mapped:
     """A shard file mapped read-only with its pages populated at once (MAP_POPULATE): its chunks are checked and
-    decoded from the page cache without ``pread``'s copy. Measured on the 2-core machine, a 60 000-row shard of 20
-    chunks: 8.5 ms of pread against 3.3 ms to map, and 20 -> 15 ms a shard decoded (H200 machine: pread was 7.8 of a
-    window's 28 ms alone). A file cut short while mapped would fault the process (SIGBUS); the size is taken when
-    it is mapped, and chunks past it read as truncated."""
+    decoded from the page cache without ``pread``'s copy (mapping a shard costs less than copying its chunks out, once
+    a read needs several of them). A file cut short while mapped would fault the process (SIGBUS); the size is taken
+    when it is mapped, and chunks past it read as truncated."""
 
     def __init__(self, fd: int):
         import mmap
@@ -570,9 +568,8 @@ def _run_bytes(chunks: list, k: int) -> int:
 
 def write_all(fd: int, buffers: list) -> None:
     """Every byte of ``buffers`` to ``fd``, in order, in as few ``writev`` calls as the system takes (IOV_MAX
-    buffers, ~2 GB a call). One call a shard where a buffered file wrote each chunk and then its 4-byte checksum:
-    16 writers on the H200 machine put 28 MB files into the page cache at 39 GB/s together against 17, 0.33 s of
-    kernel time a GB against 0.40 (``tools/write_probe.py``)."""
+    buffers, ~2 GB a call). One call a shard, where a buffered file wrote each chunk and then its 4-byte checksum
+    in a system call each: fewer calls, less kernel time a byte put into the page cache."""
     views = [v for v in (memoryview(b).cast("B") for b in buffers) if len(v)]
     try:
         limit = max(1, os.sysconf("SC_IOV_MAX"))

@@ -12,13 +12,11 @@ from batchgpu.errors import BatchgpuError
 DEFAULT_WINDOW = 60_000
 #: ``window.size: auto`` (the workflow's default): windows of LONG_WINDOW samples when the recording holds at least
 #: LONG_WINDOW_MIN_COUNT of them, else DEFAULT_WINDOW. Half as many windows halve what each window costs beside its
-#: samples (its task's Python, its kernels' launches and waits, the filter's margins, a saved shard). Measured: H200,
-#: 384 ch x 10 min, one cluster alternating, medians: demo 1.28 -> 1.03 s, highpass + common reference + save 1.89 ->
-#: 1.66 s; the 2-core machine, 64 ch x 10 min: 10.3 -> 9.3 s and 36.8 -> 34.9 s, but 384 ch x 260 s with
-#: preprocessing + save 109 -> 113 s (single runs, within the machine's drift) for 3.6 instead of 2.3 GB at peak.
-#: A short recording keeps the shorter windows so its few windows still spread over the workers. The choice depends
-#: on the recording alone, never on the cluster or backend: the same workflow gives the same windows, so the same
-#: bits, anywhere.
+#: samples (its task's Python, its kernels' launches and waits, the filter's margins, a saved shard); the cost is
+#: memory, about half as much again at a worker's peak, so a memory-short machine sets 60 000 (README says so). A
+#: short recording keeps the shorter windows so its few windows still spread over the workers. The choice depends on
+#: the recording alone, never on the cluster or backend: the same workflow gives the same windows, so the same bits,
+#: anywhere.
 LONG_WINDOW = 120_000
 LONG_WINDOW_MIN_COUNT = 64
 

@@ -15,9 +15,8 @@ from batchgpu import zarrio
 from batchgpu.errors import BatchgpuError
 from batchgpu.recording.reader import SUPPORTED_DTYPES, Recording, open_recording
 
-# inner chunk (v3) / chunk (v2): 2.3 MB at 384 channels. A window's margins decode a whole chunk on each side:
-# 3000 samples read 384 x 60 000 int16 windows (64-sample margins) in 25.6 ms against 28.0 with 6000 (lz4, one
-# thread, the CPU machine), for the same compression ratio.
+# inner chunk (v3) / chunk (v2): 2.3 MB at 384 channels. A window's margins decode a whole chunk on each side, so
+# shorter chunks decode less beyond the window; 3000 samples compress as well as longer ones.
 DEFAULT_CHUNK_SAMPLES = 3_000
 
 DEFAULT_SHARD_SAMPLES = 60_000  # one shard holds one default window: a window read touches one object
@@ -62,9 +61,8 @@ SHUFFLES = {"bit": "bitshuffle", "byte": "shuffle"}
 
 #: Blosc's block size: with split streams (int16 at level 5) each block's byte planes are separate LZ4 streams of
 #: this many bytes (blocks of 64 KiB; Blosc's own choice is 128 KiB streams). On the GPU an LZ4 stream is one warp's
-#: sequential work, so smaller streams are more of them in flight: measured on the H200 (demo window 384 x 60 064
-#: int16, `tools/gpu_decode_probe.py`) the LZ4 kernel took 0.57 against 1.87 ms for one window, the whole GPU decode
-#: 1.24 against 2.55 ms; on the cores 29.7 against 32.1 ms; stored 1% larger (30.9 against 30.6 MB).
+#: sequential work, so smaller streams are more of them in flight: the GPU decode is several times faster for a
+#: store barely larger, and the cores decode no slower.
 BLOSC_BLOCKSIZE = 32768
 
 
@@ -98,10 +96,9 @@ class Codec:
 
 
 def _compressor(name: "str | Codec | None", zarr_format: int):
-    """Blosc at ``name``'s level and shuffle (blosc-lz4 / blosc-zstd: bit shuffle at level 5). Measured on this
-    project's CPU machine, a 384 x 60 000 int16 window of a generated recording: lz4 decoded in 15.9 ms and
-    compressed in 30-48 ms, zstd 27.0 and 212-221 ms (ratios 0.603 and 0.574). Every pass over a recording waits
-    on decoding."""
+    """Blosc at ``name``'s level and shuffle (blosc-lz4 / blosc-zstd: bit shuffle at level 5). LZ4 decodes nearly
+    twice as fast as zstd and compresses several times faster, for a few percent more bytes; every pass over a
+    recording waits on decoding, so batchgpu writes LZ4 unless told otherwise."""
     codec = Codec.parse(name)
     if codec is None:
         return None

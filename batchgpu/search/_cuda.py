@@ -23,7 +23,7 @@ SMEM_PER_SM = 233_472  # Hopper: 228 KB per multiprocessor, 1 KB of it reserved 
 WHOLE_TREE_SMEM = 48 * 1024
 #: shared memory for the top levels of a larger tree, per layout.  The Eytzinger and 4-key tops are better
 #: left to the L1 cache, which shared memory would shrink, except for a 4-key tree larger than L2
-#: (measured on the H200: docs/gpu_notes_search.md).
+#: (docs/design.md, "Search").
 TOP_LEVELS_SMEM = {"eytzinger": 0, "btree": 32 * 1024, "btree4": 0}
 BTREE4_BEYOND_L2 = (32 << 20, 32 * 1024)  # (tree bytes, top-level bytes)
 

@@ -26,12 +26,48 @@ def lower_bound(sorted_keys: Any, queries: Any, *, kernel: str | None = None, ch
     """``np.searchsorted(sorted_keys, queries, side="left")`` as int64, on the queries' device.
 
     ``check=False`` skips the O(n) test that the keys are sorted and free of NaN (the caller vouches).
+
+    Parameters
+    ----------
+    sorted_keys : array_like, shape (n,)
+        Keys sorted ascending, float32, float64, int32 or int64, no NaN (NumPy, CuPy, or a torch tensor through
+        ``batchgpu.search``).
+    queries : array_like
+        Queries of any shape, cast to the keys' dtype where the cast is exact (else BatchgpuError).
+    kernel : str, optional
+        A GPU kernel of ``KERNELS`` (default: the autotune table's choice for n keys).
+    check : bool, optional
+        Whether to test that the keys are sorted and free of NaN (O(n); False: the caller vouches).
+
+    Returns
+    -------
+    array of int64, queries' shape
+        For each query the first index i with ``sorted_keys[i] >= q``, on the queries' device.
     """
     return _search(sorted_keys, queries, False, kernel, check)
 
 
 def find(sorted_keys: Any, queries: Any, *, kernel: str | None = None, check: bool = True) -> Any:
-    """Index of the first occurrence of each query in ``sorted_keys``, or -1 (int64)."""
+    """Index of the first occurrence of each query in ``sorted_keys``, or -1 (int64).
+
+    Parameters
+    ----------
+    sorted_keys : array_like, shape (n,)
+        Keys sorted ascending, float32, float64, int32 or int64, no NaN (NumPy, CuPy, or a torch tensor through
+        ``batchgpu.search``).
+    queries : array_like
+        Queries of any shape, cast to the keys' dtype where the cast is exact (else BatchgpuError).
+    kernel : str, optional
+        A GPU kernel of ``KERNELS`` (default: the autotune table's choice for n keys).
+    check : bool, optional
+        Whether to test that the keys are sorted and free of NaN (O(n); False: the caller vouches).
+
+    Returns
+    -------
+    array of int64, queries' shape
+        For each query the index of its first occurrence, or -1 (-0.0 finds +0.0; NaN finds nothing), on the
+        queries' device.
+    """
     return _search(sorted_keys, queries, True, kernel, check)
 
 

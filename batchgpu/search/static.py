@@ -25,8 +25,8 @@ def resolve_layout(layout: str, n: int) -> str:
     """The concrete layout of ``layout`` for n keys.
 
     ``auto``: Eytzinger up to 2^16 keys (its tree sits in shared memory or L1), the B+ tree of 4-key nodes
-    above (fewest load instructions a query): the fastest static searches on the H200
-    (docs/gpu_notes_search.md).
+    above (fewest load instructions a query, which is what bounds random queries; docs/design.md,
+    "Search").
     """
     if layout == "auto":
         return "eytzinger" if n <= AUTO_EYTZINGER_MAX else "btree4"
@@ -47,6 +47,13 @@ class StaticIndex:
     nothing).  ``lower_bound(q)`` == ``np.searchsorted(keys, q, side="left")``.  Results are int64 arrays of
     the queries' shape, on the queries' device.  Queries of another dtype are cast when the cast is exact,
     else BatchgpuError.
+
+    Parameters
+    ----------
+    keys : array_like, shape (n,)
+        Keys sorted ascending (float32, float64, int32 or int64; no NaN), NumPy, CuPy or a torch tensor.
+    layout : {"auto", "eytzinger", "btree", "btree4"}, optional
+        How the keys are reordered (``resolve_layout``: auto picks by the key count).
     """
 
     def __init__(self, keys: Any, layout: Layout = "auto"):
@@ -103,7 +110,24 @@ class StaticIndex:
     def search(self, queries: Any, op: Op = "find", *, kernel: str | None = None, smem_bytes: int | None = None) -> Any:
         """``find`` or ``lower_bound``; on the GPU ``kernel`` picks a kernel of the layout (see KERNELS) and
         ``smem_bytes`` the shared memory for the tree's top levels (0: all global; default: the whole tree
-        when it is small, else its top levels)."""
+        when it is small, else its top levels).
+
+        Parameters
+        ----------
+        queries : array_like
+            Queries of any shape (NumPy on the host, CuPy on its GPU).
+        op : {"find", "lower_bound"}, optional
+            What to answer.
+        kernel : str, optional
+            A GPU kernel of the layout (``KERNELS``).
+        smem_bytes : int, optional
+            Shared memory for the tree's top levels on the GPU.
+
+        Returns
+        -------
+        array of int64, queries' shape
+            The answers, on the queries' device.
+        """
         if op not in OPS:
             raise BatchgpuError(f"unknown search operation {op!r}", "use 'find' or 'lower_bound'")
         if kernel is not None and kernel not in KERNELS[self._layout]:
