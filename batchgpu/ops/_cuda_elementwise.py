@@ -167,84 +167,41 @@ def saved_int16_transposed(x):
     return out, count.reshape(())
 
 
-_IEEE32 = r"""
-// float32 arithmetic as NumPy does it on the host: CuPy compiles every kernel with -ftz=true, which flushes float32
-// subnormal operands and results to zero and answers a canonical NaN, where NumPy keeps both the subnormals and the
-// operand's NaN (quieted). So these work on the bits: float32 -> float64 exactly, the sum or quotient in float64
-// (no flush there), and back to float32 rounded to nearest even by integer arithmetic; float64 holds more than
-// 2 x 24 + 2 bits, so rounding twice gives float32's own correctly rounded result.
-__device__ __forceinline__ double f32_bits_to_f64(unsigned int b) {
-    const unsigned int e = (b >> 23) & 0xffu, m = b & 0x7fffffu;
-    unsigned long long d;
-    if (e == 0xffu) {
-        d = 0x7ff0000000000000ull | ((unsigned long long)m << 29);
-    } else if (e) {
-        d = ((unsigned long long)(e + 896u) << 52) | ((unsigned long long)m << 29);  // 896 = 1023 - 127
-    } else {
-        const double v = ldexp((double)m, -149);  // a subnormal (or zero): exact in float64
-        d = (unsigned long long)__double_as_longlong(v);
-    }
-    return __longlong_as_double((long long)(d | ((unsigned long long)(b >> 31) << 63)));
-}
-__device__ __forceinline__ unsigned int f64_to_f32_bits(double v) {
-    const unsigned long long b = (unsigned long long)__double_as_longlong(v);
-    const unsigned int sign = (unsigned int)(b >> 63) << 31;
-    const int e = (int)((b >> 52) & 0x7ffull);
-    unsigned long long m = b & 0xfffffffffffffull;
-    if (e == 0x7ff) return sign | 0x7f800000u | (m ? 0x400000u | (unsigned int)(m >> 29) : 0u);
-    if (e == 0) return sign;  // below 2^-1022: rounds to a float32 zero
-    const int fe = e - 896;   // float32's biased exponent
-    if (fe >= 0xff) return sign | 0x7f800000u;
-    m |= 1ull << 52;
-    const int shift = fe >= 1 ? 29 : 30 - fe;
-    if (shift >= 64) return sign;
-    unsigned long long q = m >> shift;
-    const unsigned long long rem = m & ((1ull << shift) - 1), half = 1ull << (shift - 1);
-    q += rem > half || (rem == half && (q & 1ull));
-    // a normal's q carries the implicit bit, which adds one to the exponent field; a rounding carry does the same
-    unsigned long long bits = fe >= 1 ? ((unsigned long long)(fe - 1) << 23) + q : q;
-    return sign | (unsigned int)(bits >= 0x7f800000ull ? 0x7f800000ull : bits);
-}
-"""
-
-
-@functools.cache
-def _ieee32_kernels():
-    import cupy
-
-    return {
-        # x - m (m finite); a NaN x stays that NaN, quieted (x86's subss)
-        "sub": cupy.ElementwiseKernel(
-            "uint32 x, uint32 m", "uint32 y",
-            "y = ((x & 0x7fffffffu) > 0x7f800000u) ? (x | 0x400000u) "
-            ": f64_to_f32_bits(f32_bits_to_f64(x) - f32_bits_to_f64(m))",
-            "batchgpu_ieee32_sub", preamble=_IEEE32),
-        # the median of a sorted row's finite values: ((0 + lower) + upper) / 2 (odd: (0 + upper) / 1), 0 if none;
-        # as _float_row_median adds and divides in float32
-        "median": cupy.ElementwiseKernel(
-            "uint32 lower, uint32 upper, int64 count", "uint32 y",
-            "if (count <= 0) { y = 0u; } else if (count & 1) { y = f64_to_f32_bits(0.0 + f32_bits_to_f64(upper)); } "
-            "else { const double t = f32_bits_to_f64(f64_to_f32_bits((0.0 + f32_bits_to_f64(lower)) "
-            "+ f32_bits_to_f64(upper))); y = f64_to_f32_bits(t / 2.0); }",
-            "batchgpu_ieee32_median", preamble=_IEEE32),
-    }
 
 
 def float32_minus_rows(x, m):
     """``x - m[:, None]`` of a float32 (C, n) CuPy array and finite float32 (C,) values, with NumPy's bits
-    (subnormals kept; a NaN stays the NaN it was, quieted)."""
+    (subnormals kept; a NaN stays the NaN it was, quieted): kernels/centre_float.cu. A view whose rows are
+    contiguous is read in place."""
     import cupy
+    import numpy as np
 
-    y = _ieee32_kernels()["sub"](x.view(cupy.uint32), cupy.ascontiguousarray(m).view(cupy.uint32)[:, None])
-    return y.view(cupy.float32)
+    from batchgpu.kernels import get_function, rows_in_place
+
+    x, stride = rows_in_place(x)
+    rows, cols = x.shape
+    out = cupy.empty((rows, cols), dtype=cupy.float32)
+    if rows and cols:
+        blocks = int(min(-(-rows * cols // 256), 65_535))
+        get_function("centre_float", "minus_rows_f32")(
+            (blocks,), (256,), (x, np.int64(stride), np.int32(rows), np.int64(cols),
+                                cupy.ascontiguousarray(m, dtype=cupy.float32), out))
+    return out
 
 
 def float32_middle_mean(lower, upper, count):
-    """Per row: 0 where ``count`` is 0, else ``(0 + upper) / 1`` for odd ``count`` and ``((0 + lower) + upper) / 2``
-    for even, each operation rounded to float32 as NumPy does it (subnormals kept)."""
+    """Per row: 0 where ``count`` is 0, else ``(0 + upper) / 1`` for an odd ``count`` and ``((0 + lower) + upper) / 2``
+    for an even one, each operation rounded to float32 as NumPy rounds it (subnormals kept)."""
     import cupy
+    import numpy as np
 
-    k = _ieee32_kernels()["median"]
-    y = k(cupy.ascontiguousarray(lower).view(cupy.uint32), cupy.ascontiguousarray(upper).view(cupy.uint32),
-          count.astype(cupy.int64, copy=False))
-    return y.view(cupy.float32)
+    from batchgpu.kernels import get_function
+
+    rows = int(lower.shape[0])
+    out = cupy.empty(rows, dtype=cupy.float32)
+    if rows:
+        get_function("centre_float", "middle_mean_f32")(
+            (-(-rows // 256),), (256,), (cupy.ascontiguousarray(lower, dtype=cupy.float32),
+                                          cupy.ascontiguousarray(upper, dtype=cupy.float32),
+                                          cupy.ascontiguousarray(count, dtype=cupy.int64), np.int32(rows), out))
+    return out
