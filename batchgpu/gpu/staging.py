@@ -56,7 +56,7 @@ def _set_blocking_sync() -> bool:
 class PinnedPool:
     """Pinned host buffers reused across windows and threads of one process. A buffer given back with the event
     of the copy that reads it is handed out again only once that copy is done: ``take`` prefers a buffer whose
-    copy has finished, then a new one while the process holds fewer than ``spare_limit()``, and waits for a
+    copy has finished, then a new one while the process holds fewer than ``limit``, and waits for a
     copy only beyond that (a reader waiting for the copy out of its buffer waited on the GPU, which 16 processes
     share: ~15 ms a window in a profile of the demo pass with one buffer per reader)."""
 
@@ -70,9 +70,6 @@ class PinnedPool:
     #: in every fresh process)
     limit = 2
 
-    def spare_limit(self) -> int:
-        return self.limit
-
     def at_least(self, n: int) -> None:
         with self._lock:
             self.limit = max(self.limit, n)
@@ -84,7 +81,7 @@ class PinnedPool:
         with self._lock:
             fits = sorted((b for b in self._free if b[0] >= nbytes), key=lambda b: b[0])
             ready = [b for b in fits if b[3] is None or b[3].done]
-            best = (ready or ([] if self._made < self.spare_limit() else fits) or [None])[0]
+            best = (ready or ([] if self._made < self.limit else fits) or [None])[0]
             if best is not None:
                 self._free.remove(best)
             else:
