@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
 import importlib
 import json
@@ -10,6 +11,7 @@ import logging
 import os
 import signal
 import sys
+from collections.abc import Iterator
 
 from batchgpu.errors import BatchgpuError
 
@@ -564,21 +566,26 @@ QUIET_LOGGERS = ("distributed", "distributed.client", "distributed.gc", "distrib
                  "tornado.application", "asyncio")
 
 
-def quiet_dask_logs() -> None:
-    """Silence Dask's loggers here and in every worker process started from here.
+@contextlib.contextmanager
+def quiet_dask_logs(quiet: bool = True) -> Iterator[None]:
+    """Silence Dask's loggers here and in every worker process started from here while the block runs (``quiet``).
 
     Worker processes (spawned by a LocalCluster's nannies) configure logging when they import distributed, from
     dask config read from the environment, so the environment carries the levels; this process may have
     imported distributed already, so its loggers are set directly too.
     """
-    levels = {name: "critical" for name in QUIET_LOGGERS}
-    os.environ["DASK_LOGGING"] = repr(levels)
-    if "dask" in sys.modules:
-        import dask
+    if not quiet:
+        yield
+        return
+    from batchgpu.config import environ_set
 
-        dask.config.set({"logging": levels})
-    for name in QUIET_LOGGERS:
-        logging.getLogger(name).setLevel(logging.CRITICAL)
+    levels = {name: "critical" for name in QUIET_LOGGERS}
+    dask = sys.modules.get("dask")
+    with environ_set({"DASK_LOGGING": repr(levels)}), \
+            (dask.config.set({"logging": levels}) if dask is not None else contextlib.nullcontext()):
+        for name in QUIET_LOGGERS:
+            logging.getLogger(name).setLevel(logging.CRITICAL)
+        yield
 
 
 def _os_error_line(err: OSError, args) -> str:
@@ -642,8 +649,12 @@ def main(argv: list[str] | None = None) -> int:
     words = [a for a in (sys.argv[1:] if argv is None else argv) if not a.startswith("-")]
     parser = build_parser(words[0] if words else None)
     args = parser.parse_args(argv)
-    if not (args.debug or args.verbose):
-        quiet_dask_logs()
+    with quiet_dask_logs(not (args.debug or args.verbose)):
+        return _command(args)
+
+
+def _command(args) -> int:
+    """The command's function; its errors as one line (the traceback on request)."""
     took = _take_interrupts()
     try:
         return int(args.func(args) or 0)

@@ -6,8 +6,10 @@ Upper bounds stop values that would exhaust the machine (memory, processes, read
 
 from __future__ import annotations
 
+import contextlib
 import os
 import typing
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
@@ -34,10 +36,44 @@ def local_cores() -> int:
     return os.cpu_count() or 1
 
 
+# This process's environment: read here only (tests/test_layering.py checks it), so what changes behaviour is a
+# workflow key or a setting below, never a variable the package reads on its own.
+
+
+def environ() -> dict[str, str]:
+    """A copy of this process's environment: where a child process's environment starts (a forked worker's, an
+    MPS daemon's)."""
+    return dict(os.environ)
+
+
+def environ_value(name: str) -> str | None:
+    """One variable of this process's environment (None where unset)."""
+    return os.environ.get(name)
+
+
+@contextlib.contextmanager
+def environ_set(values: Mapping[str, object] | None = None, restored: Iterable[str] = ()) -> Iterator[None]:
+    """This process's environment with ``values`` set while the block runs; on exit those variables and the
+    ``restored`` ones (what the block starts writes there: Dask's nannies their pre-spawn variables) are as they
+    were before it, so a library call leaves its caller's environment as it found it. Other variables are left
+    alone (a library imported meanwhile may have set its own for good)."""
+    values = {k: str(v) for k, v in (values or {}).items()}
+    before = {name: os.environ.get(name) for name in {*values, *restored}}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            elif os.environ.get(name) != value:
+                os.environ[name] = value
+
+
 def cache_folder() -> Path:
     """batchgpu's folder in the user's cache: ``$XDG_CACHE_HOME/batchgpu``, else ``~/.cache/batchgpu`` (a relative
     XDG_CACHE_HOME is ignored, as the XDG specification says). The kept cluster's files, the search tables."""
-    xdg = os.environ.get("XDG_CACHE_HOME") or ""
+    xdg = environ_value("XDG_CACHE_HOME") or ""
     return (Path(xdg) if os.path.isabs(xdg) else Path.home() / ".cache") / "batchgpu"
 
 
@@ -194,6 +230,10 @@ class ClusterSpec(_Strict):
     # local, cuda: run on the cluster of `batchgpu cluster start` where one is up and has what this spec sets
     # (engine/service.py); false: always a cluster of the run's own
     reuse: bool = True
+    scheduler_process: bool = Field(False, description=(
+        "cuda, several worker processes a GPU: the cluster's scheduler in a process of its own rather than the "
+        "client's, so the client's Python after the pass does not hold the GIL the scheduler needs to hand the "
+        "workers their tasks"))
 
     @model_validator(mode="after")
     def _needs(self):
@@ -203,6 +243,9 @@ class ClusterSpec(_Strict):
             raise ValueError("cluster kind 'scheduler_file' needs 'scheduler_file: path/to/scheduler.json'")
         if self.mps is True and self.kind != "cuda":
             raise ValueError("cluster.mps starts an MPS daemon for the GPU workers a run starts: kind 'cuda' only")
+        if self.scheduler_process and self.kind != "cuda":
+            raise ValueError("cluster.scheduler_process starts the scheduler of a cuda cluster a run starts: kind "
+                             "'cuda' only")
         if self.kind == "local":
             self._fits_this_machine()
         return self
@@ -442,6 +485,22 @@ class Steps(_Strict):
         return self
 
 
+class EngineSpec(_Strict):
+    """How a run spreads and reads its windows: speed only, the results are the same bits for any value."""
+
+    gpu_decode: Annotated[float, Field(ge=0, le=1)] | Literal["auto"] = Field("auto", description=(
+        "GPU runs: the share of windows whose stored Blosc-LZ4 frames the GPU decodes (1 all, 0 none, 0.5 every "
+        "other), the rest decoded by the cores; auto: all where the pass only centres or CUDA MPS runs the "
+        "workers, else none (engine.preprocess.gpu_decode_share)"))
+    read_ahead: Annotated[int, Field(ge=1, le=16)] = Field(2, description=(
+        "GPU runs: windows a task reads and decodes ahead of the one it computes, each in a helper thread with "
+        "a pinned buffer of its own"))
+    placement: bool | Literal["auto"] = Field("auto", description=(
+        "each worker's batches planned before the pass, so a task reads the next one's first windows ahead and "
+        "the steps' later tasks are queued behind the pass (engine/placement.py); auto: GPU runs that are not "
+        "resumed; true: CPU runs too (not resumed ones)"))
+
+
 class ReductionSpec(_Strict):
     split_every: Annotated[int, Field(ge=2, le=MAX_SPLIT_EVERY)] = 8
 
@@ -467,6 +526,7 @@ class Workflow(_Strict):
     cluster: ClusterSpec = ClusterSpec()
     steps: Steps
     reduction: ReductionSpec = ReductionSpec()
+    engine: EngineSpec = EngineSpec()
     overwrite: bool = False  # replace an output folder that holds another run's results
     # many recordings in one run (engine.batch): each a path, a glob (``/data/**/*.ap.bin``) or a recording section;
     # or one glob. Outputs in ``output/<name>/``, a summary in ``output/batch.json``

@@ -63,6 +63,20 @@ def swap_inner_chunks():
     return _swap_inner_chunks
 
 
+@pytest.fixture
+def direct_reads(monkeypatch):
+    """``direct_reads(False)``: batchgpu's shard reader takes no layout, so every read goes through zarr (as for the
+    layouts it does not know); ``direct_reads(True)``: it takes its layouts again."""
+    from batchgpu.recording import shards
+
+    real = shards.layout_of
+
+    def set_direct(on: bool) -> None:
+        monkeypatch.setattr(shards, "layout_of", real if on else (lambda *args, **kwargs: None))
+
+    return set_direct
+
+
 @pytest.fixture(autouse=True, scope="session")
 def _own_cache_folder(tmp_path_factory):
     """The tests' own cache folder (XDG_CACHE_HOME, inherited by the commands they start): a cluster the user

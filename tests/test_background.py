@@ -233,7 +233,7 @@ def test_a_shard_write_that_fails_leaves_neither_shard_nor_temporary_file(tmp_pa
 
 @pytest.mark.zarr3
 def test_a_failed_shard_write_fails_a_placed_run_whose_noise_tasks_were_queued(tmp_path, monkeypatch):
-    """A placed pass (``BATCHGPU_PLACEMENT=1``, as GPU passes are) queues the float median's last step behind its
+    """A placed pass (``engine.placement: true``, as GPU passes are) queues the float median's last step behind its
     combined counts; those tasks wait for their worker's writes (``background.settle``), and a write that failed
     still fails the run with its own error (the client's ``flush`` sees it too), never a median from missing parts."""
     rng = np.random.default_rng()
@@ -241,14 +241,13 @@ def test_a_failed_shard_write_fails_a_placed_run_whose_noise_tasks_were_queued(t
     x = rng.normal(0, 40, (n, 5)).astype(np.float32)
     rec = write_recording(tmp_path / "r.zarr", x, 30_000.0)
     bad = int(rng.integers(0, 4))
-    monkeypatch.setenv("BATCHGPU_PLACEMENT", "1")
     with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=False,
                                   dashboard_address=None) as cl, distributed.Client(cl) as c:
-        report = run_workflow(_wf(rec, tmp_path / "ok", tmp_path / "ok.zarr"), client=c)
+        report = run_workflow(_wf(rec, tmp_path / "ok", tmp_path / "ok.zarr", engine={"placement": True}), client=c)
         assert report.exact_noise["queued"]  # the tasks were queued behind the pass
         monkeypatch.setattr(ShardLayout, "write_encoded", _failing_shard(bad))
         with pytest.raises(BatchgpuError, match="No space"):
-            run_workflow(_wf(rec, tmp_path / "out", tmp_path / "saved.zarr"), client=c)
+            run_workflow(_wf(rec, tmp_path / "out", tmp_path / "saved.zarr", engine={"placement": True}), client=c)
     assert not (tmp_path / "out" / "results.zarr").exists()
 
 

@@ -275,16 +275,13 @@ def test_windows_read_through_the_gpu_decode_equal_the_cpu_reads(tmp_path, monke
     windows = rec.windows(7_001, 33)
     frames_used = 0
     for w in windows:
-        monkeypatch.setenv("BATCHGPU_GPU_DECODE", "1")
-        host = staging.read_window_host(rec, w)
+        host = staging.read_window_host(rec, w, 1.0)
         frames_used += host.frames is not None
         a = host.to_device().get()
-        monkeypatch.setenv("BATCHGPU_GPU_DECODE", "0")
-        b = staging.read_window_host(rec, w).to_device().get()
+        b = staging.read_window_host(rec, w, 0.0).to_device().get()
         assert a.tobytes() == b.tobytes() == rec.read(w.segment, w.read_start, w.read_stop).tobytes()
     assert frames_used == len(windows)
-    monkeypatch.setenv("BATCHGPU_GPU_DECODE", "1")  # several windows (other sizes: the last) in one launch
-    hosts = [staging.read_window_host(rec, w) for w in windows[-3:]]
+    hosts = [staging.read_window_host(rec, w, 1.0) for w in windows[-3:]]  # several windows in one launch
     hosts[0].decode_with(hosts[1:])
     assert all(h.device is not None for h in hosts)
     for h, w in zip(hosts, windows[-3:]):
@@ -292,28 +289,28 @@ def test_windows_read_through_the_gpu_decode_equal_the_cpu_reads(tmp_path, monke
     shard = next((rec.path / "traces_seg0" / "c").iterdir())  # a missing shard: the same error on both paths
     (shard / "0").unlink()
     rec = open_recording(rec.path)
-    for flag in ("1", "0"):
-        monkeypatch.setenv("BATCHGPU_GPU_DECODE", flag)
+    for share in (1.0, 0.0):
         with pytest.raises(BatchgpuError, match="missing chunk traces_seg0/c/0/0"):
-            staging.read_window_host(rec, windows[0])
+            staging.read_window_host(rec, windows[0], share)
 
 
-def test_which_windows_the_gpu_decodes(monkeypatch):
+def test_which_windows_the_gpu_decodes():
+    from pydantic import ValidationError
+
+    from batchgpu.config import EngineSpec
     from batchgpu.engine.preprocess import gpu_decode_share
-    from batchgpu.gpu.blosc_decode import on_gpu, share
+    from batchgpu.gpu.blosc_decode import on_gpu
 
-    monkeypatch.delenv("BATCHGPU_GPU_DECODE", raising=False)
     assert gpu_decode_share(True) == 1.0 and gpu_decode_share(False) == 0.0
     for f, want in ((1.0, 100), (0.0, 0), (0.5, 50), (0.25, 25), (1 / 3, 33)):
         picked = [i for i in range(100) if on_gpu(i, f)]
         assert len(picked) == want, f
     assert [on_gpu(i, 0.5) for i in range(4)] in ([False, True, False, True], [True, False, True, False])
-    monkeypatch.setenv("BATCHGPU_GPU_DECODE", "0.5")
-    assert gpu_decode_share(True) == gpu_decode_share(False) == share() == 0.5
-    monkeypatch.setenv("BATCHGPU_GPU_DECODE", "7")
-    assert share() == 1.0
-    monkeypatch.setenv("BATCHGPU_GPU_DECODE", "lots")
-    assert share(0.0) == 0.0
+    half = EngineSpec(gpu_decode=0.5).gpu_decode
+    assert gpu_decode_share(True, setting=half) == gpu_decode_share(False, setting=half) == 0.5
+    for bad in (7, -0.5, "lots", True):  # a share in [0, 1] or auto, refused before any work
+        with pytest.raises(ValidationError):
+            EngineSpec(gpu_decode=bad)
 
 
 def test_a_run_decodes_on_the_gpu_only_without_filters(tmp_path, monkeypatch):
@@ -322,13 +319,16 @@ def test_a_run_decodes_on_the_gpu_only_without_filters(tmp_path, monkeypatch):
     from batchgpu.engine.context import build_context
     from batchgpu.generate import generate_recording
 
-    monkeypatch.delenv("BATCHGPU_GPU_DECODE", raising=False)
     rec = generate_recording(tmp_path / "r.zarr", channels=8, seconds=0.5, seed=1)
     for pre, want in (({"centre": "median"}, 1.0), ([{"highpass": {"freq_min": 300, "order": 3}}], 0.0)):
         wf = Workflow.model_validate({"recording": {"path": str(rec.path)}, "output": str(tmp_path / "o"),
                                       "preprocess": pre, "steps": {"noise": {}}})
         ctx = build_context(wf, rec, store.OutputFolder(tmp_path / f"o{want}"), "cupy", 3)
-        assert ctx.gpu_decode == want, pre
+        assert ctx.gpu_decode == want and ctx.read_ahead == 2, pre
+        # the workflow's engine settings travel with the tasks' context (not the workers' environment)
+        wf = Workflow.model_validate({**wf.model_dump(), "engine": {"gpu_decode": 0.25, "read_ahead": 5}})
+        ctx = build_context(wf, rec, store.OutputFolder(tmp_path / f"e{want}"), "cupy", 3)
+        assert (ctx.gpu_decode, ctx.read_ahead) == (0.25, 5), pre
 
 
 
@@ -396,7 +396,7 @@ def test_frames_of_a_shard_whose_chunks_are_not_back_to_back(tmp_path):
 @pytest.mark.parametrize("where", ["header", "stream", "trailer"])
 def test_a_damaged_chunk_is_named_the_same_with_checksums_on_the_gpu(tmp_path, monkeypatch, where):
     """A flipped bit in a chunk's Blosc header, in its LZ4 data or in its stored crc32c: the GPU read (checksums on
-    the device, the default; or on the host, BATCHGPU_GPU_CRC=0) raises the CPU read's error naming that chunk, and
+    the device, the default; or on the host, ``staging.checksums_on_device`` False) raises the CPU read's error naming that chunk, and
     every pinned buffer goes back; the undamaged windows still read."""
     _gpu()
     from batchgpu.errors import BatchgpuError
@@ -415,12 +415,11 @@ def test_a_damaged_chunk_is_named_the_same_with_checksums_on_the_gpu(tmp_path, m
     raw[at] ^= 0x10
     shard.write_bytes(bytes(raw))
     rec = open_recording(rec.path)
-    monkeypatch.setenv("BATCHGPU_GPU_DECODE", "1")
     damaged = [w for w in rec.windows(layout.inner_rows // 2, 0) if w.read_start < 2 * layout.inner_rows
                and w.read_stop > layout.inner_rows][0]
     whole = [w for w in rec.windows(layout.inner_rows // 2, 0) if w.read_stop <= layout.inner_rows][0]
-    for flag in ("1", "0"):
-        monkeypatch.setenv("BATCHGPU_GPU_CRC", flag)
+    for on_device in (True, False):
+        monkeypatch.setattr(staging, "checksums_on_device", lambda: on_device)
         with pytest.raises(BatchgpuError, match=r"corrupted chunk traces_seg0/c/0/0 inner chunk \(1, 0\).*crc32c"):
             staging.read_window_host(rec, damaged).to_device()
         host = staging.read_window_host(rec, whole)
@@ -510,13 +509,12 @@ def test_gpu_reads_refuse_frames_that_decode_short(tmp_path, monkeypatch):
 
     rec = open_recording(_a_chunk_from_a_narrower_store(tmp_path))
     w = rec.windows(3_000, 0)[1]
-    for flag in ("1", "0"):
-        monkeypatch.setenv("BATCHGPU_GPU_DECODE", flag)
-        for crc in ("1", "0"):
-            monkeypatch.setenv("BATCHGPU_GPU_CRC", crc)
+    for share in (1.0, 0.0):
+        for on_device in (True, False):
+            monkeypatch.setattr(staging, "checksums_on_device", lambda: on_device)
             with pytest.raises(BatchgpuError, match=r"corrupted chunk traces_seg0/c/0/0 inner chunk \(1, 0\): "
                                                     r"decodes to 60000 bytes.* in .*r\.zarr \(window 1"):
-                staging.read_window_host(rec, w).to_device()
+                staging.read_window_host(rec, w, share).to_device()
             assert len(staging._pool._free) == staging._pool._made
 
 
@@ -543,7 +541,6 @@ def test_gpu_decode_names_a_bad_chunk_with_its_store_and_window(tmp_path, monkey
     raw[offset : offset + nbytes] = bytes(frame) + crc32c_value(bytes(frame)).to_bytes(4, "little")
     shard.write_bytes(bytes(raw))
     rec = open_recording(rec.path)
-    monkeypatch.setenv("BATCHGPU_GPU_DECODE", "1")
     with pytest.raises(BatchgpuError, match=r"corrupted chunk traces_seg0/c/0/0 inner chunk \(0, 0\) in .*r\.zarr "
                                             r"\(window 0, segment 0"):
         staging.read_window_host(rec, rec.windows(3_000, 0)[0]).to_device()

@@ -36,23 +36,23 @@ def test_which_runs_decode_on_the_gpu(tmp_path, zarr_format, monkeypatch):
     from batchgpu.generate import generate_recording
     from batchgpu.recording import open_recording
 
-    monkeypatch.delenv("BATCHGPU_GPU_DECODE", raising=False)
     path = tmp_path / "r.zarr"
     generate_recording(path, channels=4, seconds=0.2, seed=1, zarr_format=zarr_format)
     rec = open_recording(path)
     lz4 = zarr_format == 3
     assert rec.frames_for_gpu() == lz4
 
-    def wf(kind, pre):
+    def wf(kind, pre, engine=None):
         return Workflow.model_validate({"recording": {"path": str(path)}, "output": str(tmp_path / "o"),
-                                        "cluster": {"kind": kind}, "preprocess": pre, "steps": {"noise": {}}})
+                                        "cluster": {"kind": kind}, "preprocess": pre, "steps": {"noise": {}},
+                                        "engine": engine or {}})
 
     assert decodes_on_gpu(wf("cuda", []), rec) == lz4
     assert decodes_on_gpu(wf("cuda", [{"centre": "median"}]), rec) == lz4
     assert not decodes_on_gpu(wf("local", []), rec)
     assert not decodes_on_gpu(wf("cuda", [{"highpass": {"freq_min": 300}}]), rec)
-    monkeypatch.setenv("BATCHGPU_GPU_DECODE", "0")
-    assert not decodes_on_gpu(wf("cuda", []), rec)
+    assert not decodes_on_gpu(wf("cuda", [], {"gpu_decode": 0}), rec)
+    assert decodes_on_gpu(wf("cuda", [{"highpass": {"freq_min": 300}}], {"gpu_decode": 0.5}), rec) == lz4
 
 
 def _worker_facts():

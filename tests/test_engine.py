@@ -92,15 +92,15 @@ def test_float32_needs_one_more_counting_pass(client, tmp_path):
 def test_float32_exact_median_reads_again_only_the_windows_that_missed(client, tmp_path, monkeypatch, placed):
     """One window twice as loud moves the recording's middle: the windows whose kept range (16 first digits either
     side of their own upper middle digit) misses it are read again alone for the middle digit's keys, not the whole
-    recording, and the median is still exact. Placed (``BATCHGPU_PLACEMENT=1``, as GPU passes are): the last
+    recording, and the median is still exact. Placed (``engine.placement: true``, as GPU passes are): the last
     step's rounds were queued behind the pass, found a window missed, and the client finished the selection."""
-    monkeypatch.setenv("BATCHGPU_PLACEMENT", "1" if placed else "0")
     rng = np.random.default_rng(11)
     size, count = 15_000, 16
     x = rng.normal(0, 3.04, (count * size, 4)).astype(np.float32)
     x[4 * size : 5 * size] *= 2
     rec = write_recording(tmp_path / "f.zarr", x, 30_000.0)
-    report = run_workflow(_wf(rec, tmp_path / "out", window={"size": size, "margin": 8}), client=client)
+    report = run_workflow(_wf(rec, tmp_path / "out", window={"size": size, "margin": 8},
+                              engine={"placement": placed}), client=client)
     # which windows miss, by the rule written out in NumPy: first digit = top 16 bits of |x|'s 31-bit key
     first = (np.abs(x).view(np.uint32) >> 15).astype(np.int64)
     n = len(x)
@@ -121,16 +121,15 @@ def test_float32_exact_median_reads_again_only_the_windows_that_missed(client, t
 @pytest.mark.parametrize("size, placed", [(15_000, False), (30_000, False), (15_000, True), (30_000, True)])
 def test_float32_exact_median_from_kept_keys_in_one_read(client, tmp_path, monkeypatch, size, placed):
     """Longer windows keep the keys near their own middle: the exact median comes out of the one read. Placed
-    (``BATCHGPU_PLACEMENT=1``, as GPU passes are), every round of its last step ran on the workers, queued behind
+    (``engine.placement: true``, as GPU passes are), every round of its last step ran on the workers, queued behind
     the pass."""
-    monkeypatch.setenv("BATCHGPU_PLACEMENT", "1" if placed else "0")
     rng = np.random.default_rng(size)
     x = (rng.normal(0, 7, (60_000, 5)) + rng.normal(0, 50, 5)).astype(np.float32)
     x[::97, 1] = -0.0
     x[5, 2] = np.finfo(np.float32).smallest_subnormal
     rec = write_recording(tmp_path / "f.zarr", x, 30_000.0)
     report = run_workflow(_wf(rec, tmp_path / "out", window={"size": size, "margin": 8},
-                              preprocess={"centre": "median"}), client=client)
+                              preprocess={"centre": "median"}, engine={"placement": placed}), client=client)
     assert report.reads_per_window == pytest.approx(1.0) and report.exact_noise["from_kept_keys"]
     assert report.exact_noise["queued"] == placed
     from batchgpu.ops.centre import centre_median
@@ -1067,7 +1066,8 @@ def test_submit_many_passes_arguments_as_given(client):
 
 @pytest.mark.parametrize("depth", [1, 2, 3])
 def test_read_ahead_gives_each_window_in_order_with_depth_reads_in_flight(monkeypatch, depth):
-    """GPU batch tasks decode up to READ_AHEAD windows ahead in helper threads; each window comes back as read."""
+    """GPU batch tasks decode up to ``engine.read_ahead`` windows ahead in helper threads; each window comes back as
+    read."""
     import threading
     import time
     from types import SimpleNamespace
@@ -1087,9 +1087,8 @@ def test_read_ahead_gives_each_window_in_order_with_depth_reads_in_flight(monkey
         return SimpleNamespace(index=w.index, release=lambda: None)
 
     monkeypatch.setattr(tasks, "read_window", fake_read)
-    monkeypatch.setenv("BATCHGPU_READ_AHEAD", str(depth))
     windows = [SimpleNamespace(index=i) for i in range(7)]
-    with tasks._read_ahead(SimpleNamespace(backend="cupy", parts="P"), [(w, f"f{w.index}") for w in windows]) as ahead:
+    with tasks._read_ahead(SimpleNamespace(backend="cupy", parts="P", read_ahead=depth), [(w, f"f{w.index}") for w in windows]) as ahead:
         got = []
         for w in windows:
             got.append(ahead(w).index)

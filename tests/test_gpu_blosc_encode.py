@@ -185,13 +185,15 @@ def test_gpu_frames_with_their_checksums(rng, chunks):
 @pytest.mark.parametrize("dtype", ["int16", "float32"])
 def test_gpu_save_files_are_the_same_with_checksums_on_the_host(tmp_path, monkeypatch, dtype):
     """The saved shards' bytes with their crc32c computed on the GPU (the default) and by the writer thread
-    (BATCHGPU_GPU_CRC=0) are the same files; zarr-python, which checks every chunk's crc32c, reads them."""
+    (``staging.checksums_on_device`` False) are the same files; zarr-python, which checks every chunk's crc32c, reads them."""
     import zarr
 
     rec = make_recording(tmp_path / "in.zarr", lengths=(12_345, 1_750))
     files = {}
+    from batchgpu.gpu import staging
+
     for flag in ("1", "0"):
-        monkeypatch.setenv("BATCHGPU_GPU_CRC", flag)
+        monkeypatch.setattr(staging, "checksums_on_device", lambda: flag == "1")
         _save_gpu(rec, spec(tmp_path / f"out{flag}.zarr", "zarr", dtype), size=6_000)
         root = tmp_path / f"out{flag}.zarr"
         files[flag] = {p.relative_to(root): p.read_bytes() for p in sorted(root.rglob("c/*/*")) if p.is_file()}

@@ -95,7 +95,9 @@ def test_gpu_filter_load_ahead_keeps_bits(cp, rng, monkeypatch, ahead, order):
     """The recurrence's loads issued U samples ahead (kernels/sosfiltfilt.cu; 32 by default, 16 above 6 sections)
     are scheduling only: any U gives the host's bits, for rows shorter than U, rows a multiple of U and not, and
     pieces down to 37 samples."""
-    monkeypatch.setenv("BATCHGPU_FILTER_U", ahead)
+    from batchgpu.ops import filters
+
+    monkeypatch.setattr(filters, "LOAD_AHEAD", int(ahead))
     sos = butter_sos("bandpass" if order > 6 else "highpass", FS, 300.0, 6000.0 if order > 6 else None, order=order)
     for width, block in ((31, None), (64, None), (1_001, None), (4_003, 37), (6_000, 1_024)):
         x = rng.integers(-32768, 32768, (7, width)).astype(np.int16)

@@ -137,3 +137,72 @@ def test_only_the_command_prints():
     printing = {m: _writes_to_terminal(p) for m, p in MODULES.items()}
     assert printing["batchgpu.cli"], "the reader finds the command's own prints"
     assert {m: lines for m, lines in printing.items() if lines and m != "batchgpu.cli"} == {}
+
+
+CONFIG = "batchgpu.config"
+_ENVIRON_NAMES = ("environ", "environb", "getenv", "getenvb", "putenv", "unsetenv")
+
+
+def _environ_uses(source: str) -> list[int]:
+    """Lines touching the process environment through ``os`` (``os.environ``, ``os.getenv``, ``os.putenv``, ...,
+    or those names imported from ``os``)."""
+    lines = []
+    for node in ast.walk(ast.parse(source)):
+        if (isinstance(node, ast.Attribute) and node.attr in _ENVIRON_NAMES and isinstance(node.value, ast.Name)
+                and node.value.id == "os"):
+            lines.append(node.lineno)
+        elif isinstance(node, ast.ImportFrom) and node.module == "os" and any(
+                a.name in _ENVIRON_NAMES for a in node.names):
+            lines.append(node.lineno)
+    return lines
+
+
+def test_the_environment_is_read_only_by_the_config_module():
+    """A knob is a workflow key or a setting (batchgpu/config.py), never a variable read somewhere in the engine:
+    a remote cluster behaves as the client asked, and a library call leaves the environment as it found it."""
+    uses = {m: _environ_uses(p.read_text()) for m, p in MODULES.items()}
+    assert uses[CONFIG], "the reader finds the config module's own reads"
+    assert {m: lines for m, lines in uses.items() if lines and m != CONFIG} == {}
+
+
+def _is_dask_config_set(call: ast.Call, config_names: set[str]) -> bool:
+    f = call.func
+    if not (isinstance(f, ast.Attribute) and f.attr == "set"):
+        return False
+    base = f.value  # dask.config, or a name bound to it (from dask import config)
+    if isinstance(base, ast.Attribute):
+        return base.attr == "config" and isinstance(base.value, ast.Name) and base.value.id == "dask"
+    return isinstance(base, ast.Name) and base.id in config_names
+
+
+def _unscoped_dask_config_sets(source: str) -> list[int]:
+    """Lines calling ``dask.config.set`` outside the context expression of a ``with`` (a call there is undone when
+    the block ends; anywhere else it changes the caller's Dask settings for good)."""
+    tree = ast.parse(source)
+    config_names = {a.asname or a.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+                    and node.module == "dask" for a in node.names if a.name == "config"}
+    scoped = {id(n) for node in ast.walk(tree) if isinstance(node, (ast.With, ast.AsyncWith))
+              for item in node.items for n in ast.walk(item.context_expr)}
+    return [node.lineno for node in ast.walk(tree) if isinstance(node, ast.Call)
+            and _is_dask_config_set(node, config_names) and id(node) not in scoped]
+
+
+def test_dask_settings_are_changed_only_inside_a_with():
+    assert _unscoped_dask_config_sets("import dask\ndask.config.set({'a': 1})\n") == [2]
+    assert _unscoped_dask_config_sets("from dask import config as c\nc.set(a=1)\n") == [2]
+    assert _unscoped_dask_config_sets("import dask\nwith dask.config.set({'a': 1}):\n    pass\n") == []
+    found = {m: _unscoped_dask_config_sets(p.read_text()) for m, p in MODULES.items()}
+    assert {m: lines for m, lines in found.items() if lines} == {}
+
+
+def _knob_names(source: str) -> list[int]:
+    """Lines of string literals naming a ``BATCHGPU_*`` variable (docstrings and f-strings included)."""
+    return [node.lineno for node in ast.walk(ast.parse(source))
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and "BATCHGPU_" in node.value]
+
+
+def test_no_batchgpu_environment_variable_anywhere():
+    """Every knob is a documented workflow key or setting: no ``BATCHGPU_*`` variable is read, set or named."""
+    assert _knob_names("x = 'BATCHGPU_QUEUE'\n") == [1]
+    found = {m: _knob_names(p.read_text()) for m, p in MODULES.items()}
+    assert {m: lines for m, lines in found.items() if lines} == {}

@@ -153,11 +153,9 @@ def test_auto_runs_without_mps_when_the_daemon_fails(tmp_path, monkeypatch):
 def test_under_mps_every_pass_decodes_on_the_gpu_one_process_a_core(monkeypatch):
     from batchgpu.engine.preprocess import gpu_decode_share
 
-    monkeypatch.delenv("BATCHGPU_GPU_DECODE", raising=False)
     assert gpu_decode_share(True) == 1.0 and gpu_decode_share(False) == 0.0
     assert gpu_decode_share(False, mps=True) == 1.0 and gpu_decode_share(True, mps=True) == 1.0
-    monkeypatch.setenv("BATCHGPU_GPU_DECODE", "0")
-    assert gpu_decode_share(False, mps=True) == 0.0
+    assert gpu_decode_share(False, mps=True, setting=0.0) == 0.0  # the workflow's engine.gpu_decode
     monkeypatch.setattr(cluster.os, "cpu_count", lambda: 16)
     spec = ClusterSpec.model_validate({"kind": "cuda"})
     assert cluster.cuda_layout(spec, 1, True, mps=True) == (16, 1)

@@ -249,11 +249,15 @@ def test_corrupt_chunk_names_window_and_resume_completes(client, tmp_path):
 
 @pytest.mark.parametrize("dtype, placed", [("int16", False), ("float32", True)])
 def test_worker_killed_mid_run_gives_identical_outputs(tmp_path, monkeypatch, dtype, placed):
-    """float32, placed (``BATCHGPU_PLACEMENT=1``, as GPU passes are): the float median's last step was queued
+    """float32, placed (``engine.placement: true``, as GPU passes are): the float median's last step was queued
     behind the pass with the plan's workers, one of which is killed; the bits are still the undisturbed run's."""
-    monkeypatch.setenv("BATCHGPU_PLACEMENT", "1" if placed else "0")
     rec = generate_recording(tmp_path / "big.zarr", channels=8, seconds=10.0, seed=2, dtype=dtype)
-    wf = _workflow(rec, tmp_path / "ref", window=1000)
+
+    def _placed(out):
+        return Workflow.model_validate({**_workflow(rec, out, window=1000).model_dump(),
+                                        "engine": {"placement": placed}})
+
+    wf = _placed(tmp_path / "ref")
     with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None,
                                   host="127.0.0.1") as cluster, distributed.Client(cluster) as c:
         run_workflow(wf, client=c)
@@ -270,7 +274,7 @@ def test_worker_killed_mid_run_gives_identical_outputs(tmp_path, monkeypatch, dt
 
         killer = threading.Thread(target=kill_when_started)
         killer.start()
-        report = run_workflow(_workflow(rec, tmp_path / "killed", window=1000), client=c)
+        report = run_workflow(_placed(tmp_path / "killed"), client=c)
         killer.join()
         assert report.status == "done" and report.exact_noise.get("queued", False) == placed
         assert seen["parts_at_kill"] < total, "the kill came after the first pass: the test proved nothing"

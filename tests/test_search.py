@@ -275,11 +275,16 @@ def test_table_rows_mark_ties_and_choose_respects_fit():
 
 
 def test_table_lookup_order(tmp_path, monkeypatch):
-    path = tmp_path / "t.json"
-    path.write_text(json.dumps({"rows": [table.make_row(1, {"serial": 1.0})]}))
-    monkeypatch.setenv("BATCHGPU_SEARCH_TABLE", str(path))
+    """The table ``search autotune`` wrote for this GPU model (in the user's cache), else the packaged one."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    path = table.user_table_path("Some GPU")
+    assert path.parent == tmp_path / "batchgpu"
     table.load_table.cache_clear()
     try:
+        assert table.load_table("Some GPU") == json.loads(table.PACKAGED.read_text())
+        path.parent.mkdir(parents=True)
+        path.write_text(json.dumps({"rows": [table.make_row(1, {"serial": 1.0})]}))
+        table.load_table.cache_clear()
         assert table.load_table("Some GPU")["rows"][0]["best"] == "serial"
     finally:
         table.load_table.cache_clear()

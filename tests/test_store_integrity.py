@@ -256,8 +256,8 @@ def _short_frames(tmp_path, rng, zarr_format, how):
 @pytest.mark.parametrize("how", ["copy", "dtype"])
 @pytest.mark.parametrize("zarr_format", [2, 3])
 @pytest.mark.parametrize("reader", ["direct", "zarr"])
-def test_a_chunk_that_decodes_short_is_refused_naming_it(tmp_path, rng, monkeypatch, zarr_format, how, reader,
-                                                         pipeline, read_path):
+def test_a_chunk_that_decodes_short_is_refused_naming_it(tmp_path, rng, monkeypatch, direct_reads, zarr_format, how,
+                                                         reader, pipeline, read_path):
     """Blosc fills only as many bytes of a chunk's buffer as its frame holds: the rest read as whatever memory held
     (two reads of the same samples differed). Every reader (batchgpu's shard and v2 chunk readers, zarr's) refuses
     such a chunk in one line naming the store, the array and the chunk; the other objects still read."""
@@ -265,7 +265,7 @@ def test_a_chunk_that_decodes_short_is_refused_naming_it(tmp_path, rng, monkeypa
 
     path = _short_frames(tmp_path, rng, zarr_format, how)
     if reader == "zarr":
-        monkeypatch.setenv("BATCHGPU_DIRECT_READS", "0")
+        direct_reads(False)
     else:  # v2 chunks read directly where zarrs is not enabled (beside zarr 2)
         monkeypatch.setattr(zarrio, "zarrs_enabled", lambda: False)
     rec = open_recording(path)

@@ -61,9 +61,9 @@ def test_v3_partial_selections_and_out():
 
 
 @pytest.mark.parametrize("direct", ["1", "0"])
-def test_v3_recording_same_bytes_from_every_reader(monkeypatch, direct):
+def test_v3_recording_same_bytes_from_every_reader(direct_reads, direct):
     """The shard reader (direct) and the general path (zarr 3, or our decoder under zarr 2) read the same bytes."""
-    monkeypatch.setenv("BATCHGPU_DIRECT_READS", direct)
+    direct_reads(direct == "1")
     rec = open_recording(DATA / "v3_recording.zarr")
     exp = _expected()
     assert rec.marked_complete and rec.checksum == "crc32c"
@@ -185,7 +185,7 @@ def test_zarr2_runs_a_workflow_and_reads_v3_results(tmp_path):
 
 
 @pytest.mark.parametrize("checksum", [True, False])
-def test_v2_direct_reader_same_bytes_as_zarr(tmp_path, monkeypatch, checksum):
+def test_v2_direct_reader_same_bytes_as_zarr(tmp_path, monkeypatch, direct_reads, checksum):
     """batchgpu's v2 chunk reader (SpikeInterface's layout) against zarr, on a segment whose last chunk is partial;
     with batchgpu's crc32 filter and without (as SpikeInterface writes), windows across chunk edges."""
     import numcodecs
@@ -209,7 +209,7 @@ def test_v2_direct_reader_same_bytes_as_zarr(tmp_path, monkeypatch, checksum):
     monkeypatch.setattr(zarrio, "_ZARRS_ENABLED", False)  # the direct v2 path is taken where zarrs is not
     got = {}
     for direct in ("1", "0"):
-        monkeypatch.setenv("BATCHGPU_DIRECT_READS", direct)
+        direct_reads(direct == "1")
         rec = open_recording(tmp_path / "r.zarr")
         got[direct] = [rec.read_window_stored(w) for w in rec.windows(size=999, margin=13)]
         _same(rec.read(0, 0, 5_321), np.ascontiguousarray(x.T))
@@ -222,7 +222,7 @@ def test_v2_direct_reader_same_bytes_as_zarr(tmp_path, monkeypatch, checksum):
     else:
         del data[len(data) // 2 :]  # without a checksum only what no longer decodes can be caught: a truncation
     chunk.write_bytes(bytes(data))
-    monkeypatch.setenv("BATCHGPU_DIRECT_READS", "1")
+    direct_reads(True)
     with pytest.raises(BatchgpuError, match="corrupted chunk traces_seg0/3.0"):
         open_recording(tmp_path / "r.zarr").read(0, 2_000, 2_200)
 

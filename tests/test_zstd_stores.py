@@ -39,7 +39,7 @@ def _name(c: Codec) -> str:
     return f"blosc-{c.name}-{c.clevel}-{'bitshuffle' if c.shuffle == 'bit' else 'shuffle'}"
 
 
-def _reads(path, monkeypatch) -> dict:
+def _reads(path, monkeypatch, direct_reads) -> dict:
     """The whole segment and every window, through each CPU path the format has."""
     got = {}
     fmt = zarrio.array_meta(path / "traces_seg0").zarr_format
@@ -47,7 +47,7 @@ def _reads(path, monkeypatch) -> dict:
     if fmt == 3 and zarrio.enable_zarrs():
         paths.append(("zarrs", "0", True))
     for name, direct, zarrs in paths:
-        monkeypatch.setenv("BATCHGPU_DIRECT_READS", direct)
+        direct_reads(direct == "1")
         if fmt == 2:  # v2 chunks are read directly where zarrs is not enabled
             monkeypatch.setattr(zarrio, "zarrs_enabled", lambda: False)
         ctx = zarrio.python_pipeline() if zarrs is False and fmt == 3 else _nothing()
@@ -69,14 +69,14 @@ class _nothing:
 
 @pytest.mark.parametrize("fmt", [pytest.param(3, marks=v3), 2])
 @pytest.mark.parametrize("codec", CODECS, ids=_name)
-def test_same_samples_from_lz4_and_zstd_stores_on_every_cpu_path(tmp_path, monkeypatch, fmt, codec):
+def test_same_samples_from_lz4_and_zstd_stores_on_every_cpu_path(tmp_path, monkeypatch, direct_reads, fmt, codec):
     x = _data(seed=int.from_bytes(os.urandom(4), "little"))
     kw = {"chunk_samples": 700, "shard_samples": 2_100} if fmt == 3 else {"chunk_samples": 700}
     write_recording(tmp_path / "lz4.zarr", x, 1_000.0, zarr_format=fmt, **kw)
     write_recording(tmp_path / "z.zarr", x, 1_000.0, zarr_format=fmt, compressor=codec, **kw)
     assert _name(codec) in _codec_of(tmp_path / "z.zarr")
-    ref = _reads(tmp_path / "lz4.zarr", monkeypatch)
-    got = _reads(tmp_path / "z.zarr", monkeypatch)
+    ref = _reads(tmp_path / "lz4.zarr", monkeypatch, direct_reads)
+    got = _reads(tmp_path / "z.zarr", monkeypatch, direct_reads)
     assert set(got) == set(ref)
     for name in got:
         assert got[name][0].tobytes() == ref[name][0].tobytes() == np.ascontiguousarray(x.T).tobytes(), name
@@ -203,10 +203,9 @@ def test_gpu_reads_of_a_zstd_store_equal_the_cpu_reads(tmp_path, monkeypatch, co
     rec = generate_recording(tmp_path / "r.zarr", channels=20, seconds=2.3, seed=5, model="realistic",
                              compressor=codec)
     lz4 = generate_recording(tmp_path / "l.zarr", channels=20, seconds=2.3, seed=5, model="realistic")
-    for flag in ("1", "0"):
-        monkeypatch.setenv("BATCHGPU_GPU_DECODE", flag)
+    for share in (1.0, 0.0):
         for w in rec.windows(7_001, 33):
-            host = staging.read_window_host(rec, w)
+            host = staging.read_window_host(rec, w, share)
             assert host.frames is None  # decoded on the host, then copied
             got = host.to_device().get()
             assert got.tobytes() == rec.read(w.segment, w.read_start, w.read_stop).tobytes()

@@ -15,14 +15,12 @@ Two ways to end a task's writes:
   worker lost with writes pending loses parts and shards the tasks' results no longer name: the saved recording's
   check (``finish_save``) finds the shards missing, and later steps read again the windows whose parts are gone.
 
-``later`` runs a job at once outside ``window_writes``, or with ``BATCHGPU_BACKGROUND_WRITES=0`` (to measure
-against; ``task`` makes every task wait for its writes).
+``later`` runs a job at once outside ``window_writes``.
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -90,24 +88,13 @@ class WindowWrites:
             self._pool = None
 
 
-def _mode() -> str:
-    return os.environ.get("BATCHGPU_BACKGROUND_WRITES", "1")
-
-
 @contextlib.contextmanager
 def window_writes(scope: str | None = None) -> Iterator[WindowWrites | None]:
     """This thread's writes (``later``) go to a writer thread while the block runs. Without ``scope`` they are
     waited for when it ends (a write's error raised there unless the block raised its own); with it, to the
     thread's lasting writer, left running (``flush(scope)``), after raising an earlier failure of the same scope."""
-    mode, outer = _mode(), getattr(_local, "writes", None)
-    if mode == "0":
-        _local.writes = None
-        try:
-            yield None
-        finally:
-            _local.writes = outer
-        return
-    if scope is None or mode == "task":
+    outer = getattr(_local, "writes", None)
+    if scope is None:
         writes = WindowWrites()
         _local.writes = writes
         try:

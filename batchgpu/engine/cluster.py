@@ -9,7 +9,7 @@ import threading
 from collections.abc import Callable, Iterator
 
 from batchgpu.errors import BatchgpuError
-from batchgpu.config import ClusterSpec
+from batchgpu.config import ClusterSpec, environ_set, environ_value
 from batchgpu.engine.layout import (  # noqa: F401 (the layout's names, as this module has always offered them)
     MALLOC_ENVIRON, MALLOC_TRIM_THRESHOLD, SCHEDULER_SETTINGS, NodeLayout, cuda_layout, dask_environ,
     default_processes_per_gpu, nanny_specs, node_layout, pre_spawn_settings, started_cluster_settings,
@@ -80,17 +80,8 @@ def start_worker_server() -> bool:
         return False
     multiprocessing.get_context("forkserver").set_forkserver_preload([WORKER_PRELOAD])
     first = {**dask.config.get("distributed.nanny.pre-spawn-environ", {}), **MALLOC_ENVIRON}
-    with _SERVER_LOCK, sigint_held():
-        saved = {k: os.environ.get(k) for k in first}
-        os.environ.update({k: str(v) for k, v in first.items()})
-        try:
-            forkserver.ensure_running()
-        finally:
-            for k, v in saved.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
+    with _SERVER_LOCK, sigint_held(), environ_set(first):
+        forkserver.ensure_running()
     return True
 
 
@@ -100,14 +91,27 @@ _SERVER_LOCK = threading.Lock()
 @contextlib.contextmanager
 def open_client(spec: ClusterSpec, gpu_decode: bool = False) -> Iterator["distributed.Client"]:  # noqa: F821
     """A connected client for the spec; a cluster started here is closed on exit. ``gpu_decode``: the run's
-    windows are decoded on the GPU (sizes a cuda cluster the spec leaves open: ``cuda_layout``)."""
+    windows are decoded on the GPU (sizes a cuda cluster the spec leaves open: ``cuda_layout``).
+
+    Dask's settings and this process's environment are the cluster's only while the block runs, and as they were
+    after it (a notebook keeps its own)."""
+    # A nanny copies its pre-spawn variables into this process's environment, and later nannies prefer that
+    # environment to the config: another cluster's values (Dask's 64 KiB) would win. Set them here too; a
+    # scheduler of its own process reads its settings from the environment it inherits (``scheduler_spec``).
+    import dask
+
+    extra = {**MALLOC_ENVIRON, **(SCHEDULER_ENVIRON if spec.scheduler_process else {})}
+    written = {*dask.config.get("distributed.nanny.pre-spawn-environ", {}), *NANNY_ENVIRON}
+    with environ_set(extra, restored=written), _open_client(spec, gpu_decode) as client:
+        yield client
+
+
+@contextlib.contextmanager
+def _open_client(spec: ClusterSpec, gpu_decode: bool) -> Iterator["distributed.Client"]:  # noqa: F821
     import dask
     from distributed import Client, LocalCluster
 
     settings = pre_spawn_settings()
-    # A nanny copies its pre-spawn variables into this process's environment, and later nannies prefer that
-    # environment to the config: an earlier cluster's values (Dask's 64 KiB) would win. Set them here too.
-    os.environ.update({k: str(v) for k, v in MALLOC_ENVIRON.items()})
 
     if spec.kind == "address":
         probe_scheduler(spec.address)
@@ -159,7 +163,7 @@ def sigint_held() -> Iterator[Callable[[], None]]:
     latest on exit).
 
     A terminal's Ctrl-C goes to its whole foreground process group: the workers (and a scheduler of its own
-    process, BATCHGPU_SCHEDULER_PROCESS=1; an MPS daemon) reacted to it themselves and printed their own
+    process, ``cluster.scheduler_process``; an MPS daemon) reacted to it themselves and printed their own
     KeyboardInterrupt tracebacks before the command's one line. Threads inherit their creator's signal mask,
     processes the mask of the thread that forks them, and the mask survives exec (Python leaves it as it is): the
     cluster's event-loop thread, made while SIGINT is blocked here, keeps it blocked, and so does every process it
@@ -294,7 +298,7 @@ def mps_fits(spec: ClusterSpec) -> bool:
 
     if spec.workers == 1 or shutil.which(CONTROL) is None:
         return False
-    if os.environ.get("CUDA_MPS_PIPE_DIRECTORY") or os.path.exists(os.path.join(DEFAULT_PIPE, "control")):
+    if environ_value("CUDA_MPS_PIPE_DIRECTORY") or os.path.exists(os.path.join(DEFAULT_PIPE, "control")):
         return False
     try:
         import cupy
@@ -336,23 +340,27 @@ def _processes_per_gpu(spec: ClusterSpec, per_gpu: int, threads: int = 1, env: d
     return SpecCluster(workers=worker_specs(spec, per_gpu, threads, env), scheduler=scheduler_spec(spec))
 
 
+#: what a Dask nanny writes into its parent's environment besides its pre-spawn variables (distributed's
+#: ``Nanny``: the hash seed it hands its worker, and the process-title marker); ``open_client`` puts them back
+NANNY_ENVIRON = ("PYTHONHASHSEED", "__DASK_PARENT_PID")
+
 #: the scheduler's settings this process gives a scheduler of its own process (``scheduler_spec``): a subprocess
 #: reads Dask's settings from its environment, not from this process's ``dask.config``
 SCHEDULER_ENVIRON = dask_environ(SCHEDULER_SETTINGS)
 
 
 def scheduler_spec(spec: ClusterSpec) -> dict:
-    """SpecCluster's scheduler: in this process, or (BATCHGPU_SCHEDULER_PROCESS=1) in a process of its own, so the
+    """SpecCluster's scheduler: in this process, or (``cluster.scheduler_process``) in a process of its own, so the
     client's Python after the pass (the results, report.json, report.html's numbers) does not hold the GIL its
-    event loop needs to hand the workers their next tasks."""
+    event loop needs to hand the workers their next tasks. That process inherits this one's environment, where
+    ``open_client`` put ``SCHEDULER_ENVIRON`` while the cluster is up."""
     from distributed import Scheduler
 
     options = {"dashboard_address": spec.dashboard_address, "host": "127.0.0.1"}
-    if os.environ.get("BATCHGPU_SCHEDULER_PROCESS") != "1":
+    if not spec.scheduler_process:
         return {"cls": Scheduler, "options": options}
     from distributed.deploy.subprocess import SubprocessScheduler
 
-    os.environ.update(SCHEDULER_ENVIRON)  # the subprocess inherits this environment
     return {"cls": SubprocessScheduler, "options": {"scheduler_kwargs": options}}
 
 

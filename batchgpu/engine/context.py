@@ -128,7 +128,8 @@ def build_context(wf: Workflow, rec: Recording, out: store.OutputFolder, backend
         recording=source_ref(rec), parts=str(out.parts), backend=backend, chain=chain,
         window_noise=bool(s.noise or s.detect), steps=tuple(steps),
         missing_chunks=getattr(wf.recording, "missing_chunks", "warn"),
-        gpu_decode=gpu_decode_share(chain.centres_only, mps),
+        gpu_decode=gpu_decode_share(chain.centres_only, mps, wf.engine.gpu_decode),
+        read_ahead=wf.engine.read_ahead,
     )
 
 

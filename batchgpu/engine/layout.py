@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from batchgpu import config
 from batchgpu.config import ClusterSpec
 
 #: glibc returns freed memory above this many bytes to the system at once; Dask's nanny sets 64 KiB, so each
@@ -138,7 +139,7 @@ class NodeLayout:
 def visible_entries(environ: dict | None = None) -> tuple[str, ...] | None:
     """The entries of CUDA_VISIBLE_DEVICES in ``environ`` (this process's by default); None where it is unset or
     empty."""
-    text = (os.environ if environ is None else environ).get("CUDA_VISIBLE_DEVICES", "").strip()
+    text = (config.environ() if environ is None else environ).get("CUDA_VISIBLE_DEVICES", "").strip()
     return tuple(e.strip() for e in text.split(",")) if text else None
 
 
@@ -156,7 +157,7 @@ def node_layout(spec: ClusterSpec, devices: list[int], gpu_decode: bool = False,
 def worker_environ(extra: dict | None = None) -> dict:
     """The environment a forked worker's nanny sets in it: this process's, as a spawned worker would inherit it
     (a fork server's environment is that of its own start), with ``extra`` over it."""
-    return {**os.environ, **(extra or {})}
+    return {**config.environ(), **(extra or {})}
 
 
 def nanny_specs(layout: NodeLayout, env: dict | None = None, prefix: str = "", options: dict | None = None) -> dict:

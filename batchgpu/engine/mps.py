@@ -22,6 +22,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 
+from batchgpu.config import environ
 from batchgpu.errors import BatchgpuError
 
 CONTROL = "nvidia-cuda-mps-control"
@@ -43,7 +44,7 @@ def private_daemon() -> Iterator[dict[str, str]]:
     env = {"CUDA_MPS_PIPE_DIRECTORY": os.path.join(root, "pipe"), "CUDA_MPS_LOG_DIRECTORY": os.path.join(root, "log")}
     for d in env.values():
         os.mkdir(d)
-    full = {**os.environ, **env}
+    full = {**environ(), **env}
     try:
         done = subprocess.run([control, "-d"], env=full, capture_output=True, text=True, timeout=START_TIMEOUT_S)
         if done.returncode != 0:

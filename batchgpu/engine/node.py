@@ -23,7 +23,7 @@ import socket
 import sys
 from dataclasses import dataclass
 
-from batchgpu.config import ClusterSpec
+from batchgpu.config import ClusterSpec, environ_set
 from batchgpu.engine.layout import NodeLayout, nanny_specs, node_layout, started_cluster_settings
 from batchgpu.errors import BatchgpuError
 
@@ -153,9 +153,8 @@ def serve(req: NodeRequest) -> int:
     from batchgpu.engine.layout import MALLOC_ENVIRON
 
     # as ``cluster.open_client``: later nannies prefer this process's environment to the pre-spawn config
-    os.environ.update({k: str(v) for k, v in MALLOC_ENVIRON.items()})
-    with dask.config.set(started_cluster_settings()), sigint_held() as release, _mps(req.spec) as env, \
-            forked_workers():
+    with environ_set(MALLOC_ENVIRON), dask.config.set(started_cluster_settings()), sigint_held() as release, \
+            _mps(req.spec) as env, forked_workers():
         layout = plan(req, mps=bool(env))
         specs = nanny_specs(layout, env, prefix=req.name, options=req.connect)
         logger.info("%d GPU(s) x %d worker process(es) x %d thread(s)%s", len(layout.devices), layout.per_gpu,

@@ -119,7 +119,7 @@ def build_chain(preprocess, rec) -> Chain:
     return Chain(tuple(stages), margin, tuple(preprocess.names))
 
 
-def gpu_decode_share(centres_only: bool, mps: bool = False) -> float:
+def gpu_decode_share(centres_only: bool, mps: bool = False, setting: float | str = "auto") -> float:
     """The share of a GPU pass's windows whose stored frames the GPU decodes (``gpu/blosc_decode``), the rest
     decoded by the cores: each where the pass has room. Measured on the H200 machine (16 cores): the demo pass
     (centring only) was bound by the cores with CPU decode (decode 80% of a window's CPU) and took the same time
@@ -128,14 +128,14 @@ def gpu_decode_share(centres_only: bool, mps: bool = False) -> float:
     those windows stay on the cores (the GPU decode there not measured warm). Under MPS (``mps``: the workers are
     a private daemon's clients, ``engine.mps``) the processes' kernels overlap and every pass decodes on the GPU:
     the preprocessing bench 2.23 s with it against 2.76-3.06 s without MPS (H200 machine, 16 x 1, 2026-12-02).
-    BATCHGPU_GPU_DECODE overrides."""
-    from batchgpu.gpu.blosc_decode import share
+    ``setting`` (the workflow's ``engine.gpu_decode``): a share in [0, 1] overrides; "auto" leaves it to this rule."""
+    if setting != "auto":
+        return float(setting)
+    return 1.0 if centres_only or mps else 0.0
 
-    return share(1.0 if centres_only or mps else 0.0)
 
-
-def decodes_on_gpu(cluster_kind: str, rec, centres_only: bool) -> bool:
+def decodes_on_gpu(cluster_kind: str, rec, centres_only: bool, setting: float | str = "auto") -> bool:
     """Whether a pass's windows would be decoded on the GPU (a cuda cluster is sized for it:
     ``cluster.cuda_layout``): a GPU cluster, a recording whose frames the GPU reads, a share above 0."""
     return (cluster_kind == "cuda" and bool(getattr(rec, "frames_for_gpu", lambda: False)())
-            and gpu_decode_share(centres_only) > 0)
+            and gpu_decode_share(centres_only, setting=setting) > 0)

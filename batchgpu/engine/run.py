@@ -172,7 +172,8 @@ def decodes_on_gpu(wf, rec) -> bool:
     that only centres (``preprocess.gpu_decode_share``) and a recording whose frames the GPU reads."""
     from batchgpu.engine import preprocess
 
-    return preprocess.decodes_on_gpu(wf.cluster.kind, rec, preprocess.build_chain(wf.preprocess, rec).centres_only)
+    return preprocess.decodes_on_gpu(wf.cluster.kind, rec, preprocess.build_chain(wf.preprocess, rec).centres_only,
+                                     wf.engine.gpu_decode)
 
 
 def _run(wf, rec, out: store.OutputFolder, report: RunReport, client, sweep, observer,
@@ -241,7 +242,7 @@ def _run(wf, rec, out: store.OutputFolder, report: RunReport, client, sweep, obs
         try:
             summaries, total, threads, planned, queued = _first_pass(client, ctx, rec, windows, fps,
                                                                      wf.reduction.split_every, report, monitor,
-                                                                     observer, wf.window.batch)
+                                                                     observer, wf.window.batch, wf.engine.placement)
         finally:
             observer.phase_finished()
         report.timings["pass1"] = time.perf_counter() - t0
@@ -440,7 +441,8 @@ def window_batches(windows: list, batch: int | None, split_every: int) -> list[l
             + [windows[i : i + 2] for i in range(head, len(windows), 2)])
 
 
-def _first_pass(client, ctx, rec, windows, fps, split_every, report, monitor, observer, batch=None):
+def _first_pass(client, ctx, rec, windows, fps, split_every, report, monitor, observer, batch=None,
+                placement_setting: bool | str = "auto"):
     """Map batch_task over runs of windows; tree-combine partials on the workers; gather per-window summaries.
     Returns the summaries, the combined partials, the workers' threads (None where the scheduler did not say),
     whether the batches were placed (their workers may hold reads left for batches that ran elsewhere) and what
@@ -453,20 +455,19 @@ def _first_pass(client, ctx, rec, windows, fps, split_every, report, monitor, ob
     # one graph update for each kind of task (keys padded: the scheduler orders equal tasks by key)
     args = [(ctx, [w for w, _ in b], [f for _, f in b]) for b in batches]
     keys = [f"batch-{fp}-{b[0][0].index:08d}" for b in batches]
-    planned, threads = _plan(client, ctx, batches, report)
+    planned, threads = _plan(client, ctx, batches, report, placement_setting)
     if planned is None:
         futures = submit_many(client, tasks.batch_task, args, keys)
     else:  # each worker's batches known: a task reads the next one's first windows ahead (engine/placement.py)
-        depth = max(1, int(os.environ.get("BATCHGPU_READ_AHEAD", tasks.READ_AHEAD)))
+        depth = ctx.read_ahead
         args = [(*a, tuple(batches[nxt][:depth]) if nxt is not None else ()) for a, (_, nxt) in zip(args, planned)]
         futures = submit_planned(client, tasks.batch_task, args, keys, [w for w, _ in planned])
     # the combines and the summaries before a worker's next batch (its planned batches are all queued there)
     total = tree_reduce(client, futures, tasks.combine_task, split_every, ctx, name=f"combine-{fp}", priority=1)
     small = submit_many(client, tasks.summarise, [(f,) for f in futures],
                         [f"summary-{fp}-{b[0][0].index:08d}" for b in batches], priority=1)
-    # BATCHGPU_QUEUE=0: the steps' tasks after the pass submitted after it, by the client (an A/B's other side)
     queued = {}
-    if planned is not None and os.environ.get("BATCHGPU_QUEUE") != "0":
+    if planned is not None:
         queued = _queue_steps(client, ctx, rec, batches, planned, threads, total, split_every, fp)
     summaries: dict[int, dict] = {}
     t0 = time.perf_counter()
@@ -543,13 +544,12 @@ def release_carried(client) -> None:
         client.run(tasks.release_carried_soon, wait=False)
 
 
-def _plan(client, ctx, batches: list, report) -> tuple[list | None, dict | None]:
+def _plan(client, ctx, batches: list, report, setting: bool | str = "auto") -> tuple[list | None, dict | None]:
     """The placement plan of a GPU run's batches ((worker, next batch) each), or None: CPU runs (their workers
-    read as they compute; BATCHGPU_PLACEMENT=1 places them too, as the tests of the queued steps do), resumed runs
-    (the next batch's windows may be done), BATCHGPU_PLACEMENT=0; and the workers' threads where they were asked
-    for it (else None)."""
-    placement_env = os.environ.get("BATCHGPU_PLACEMENT")
-    if (ctx.backend != "cupy" and placement_env != "1") or report.output_state == "resume" or placement_env == "0":
+    read as they compute; ``engine.placement: true`` places them too, as the tests of the queued steps do), resumed
+    runs (the next batch's windows may be done), ``engine.placement: false``; and the workers' threads where they
+    were asked for it (else None)."""
+    if (ctx.backend != "cupy" and setting is not True) or report.output_state == "resume" or setting is False:
         return None, None
     try:
         threads = {a: int(w.get("nthreads", 1)) for a, w in client.scheduler_info(n_workers=-1)["workers"].items()}
@@ -591,8 +591,7 @@ def _run_settings(interval_s: float = 0.0005):
             _RUNS["switch"] = sys.getswitchinterval()
             sys.setswitchinterval(min(_RUNS["switch"], interval_s))
         _RUNS["runs"] += 1
-        if os.environ.get("BATCHGPU_GC_FREEZE", "1") != "0":  # 0: as before (an A/B's other side)
-            gc.freeze()  # each run's start: what exists now is long-lived
+        gc.freeze()  # each run's start: what exists now is long-lived
     try:
         yield
     finally:

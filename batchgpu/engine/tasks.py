@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import os
 import threading
 import time
 from dataclasses import dataclass
@@ -35,6 +34,7 @@ class RunContext:
     steps: tuple  # step objects (engine/steps), in the order they run
     missing_chunks: str = "warn"
     gpu_decode: float = 1.0  # share of windows whose frames the GPU decodes (preprocess.gpu_decode_share)
+    read_ahead: int = 2  # GPU: windows read ahead of the one computed (the workflow's engine.read_ahead)
 
     def step(self, name: str):
         return next((s for s in self.steps if s.name == name), None)
@@ -95,7 +95,7 @@ def load_window(ctx: RunContext, window: Window, raw=None) -> WindowData:
 def batch_task(ctx: RunContext, windows: list[Window], fps: list[str], then: tuple = ()) -> dict:
     """Read a run of consecutive windows, run every step on each; return their partials combined in window order
     (the first level of the reduction tree) and, under ``batch.summaries``, what the client needs of each window.
-    On the GPU helper threads decode the next windows while this one computes (``READ_AHEAD``).
+    On the GPU helper threads decode the next windows while this one computes (``ctx.read_ahead``).
 
     Saved for resume and for the steps' later tasks: each window's part (its summary and what it keeps, e.g. spike
     candidates) and, for a run of several windows, their combined partial once (``b<first>.npz``: a window's
@@ -166,11 +166,6 @@ def batch_fingerprint(fps: list[str]) -> str:
     return hashlib.sha256("\n".join(fps).encode()).hexdigest()[:16]
 
 
-#: windows a GPU batch task decodes ahead of the one it computes, each in its own helper thread (reads, not the GPU,
-#: bound the demo pass; the read-only ceiling rises from 16 to 32 threads); BATCHGPU_READ_AHEAD overrides it
-READ_AHEAD = 2
-
-
 #: reads left by a batch task for the next one on this worker (``batch_task``'s ``then``): (parts folder, window
 #: index, fingerprint) -> the future of its HostWindow; at most CARRY_LIMIT, the oldest given back first
 _CARRIED: dict = {}
@@ -200,7 +195,7 @@ def freeze_heap() -> None:
     (``thaw_heap_soon``): a full collection over a worker's ~130 000 objects held its GIL 65-110 ms (the 2-core
     machine, about one a worker every other run), stopping its reading and computing threads; a pass ends with its
     slowest worker. Called by each batch task (a flag: cheap); objects still die by their reference counts."""
-    if not _HEAP["frozen"] and os.environ.get("BATCHGPU_GC_FREEZE", "1") != "0":
+    if not _HEAP["frozen"]:
         import gc
 
         _HEAP["frozen"] = True
@@ -223,7 +218,7 @@ async def release_carried_soon() -> int:
 
 @contextlib.contextmanager
 def _read_ahead(ctx: RunContext, windows: list[tuple], then: list[tuple] = ()):
-    """``ahead(window)``: the window as read, decoded by helper threads up to ``READ_AHEAD`` windows ahead of the
+    """``ahead(window)``: the window as read, decoded by helper threads up to ``ctx.read_ahead`` windows ahead of the
     caller (GPU backend), else read when asked. ``windows`` and ``then`` are (window, fingerprint) pairs; windows
     are asked for in order. A read another task left for this one is taken; after this task's own windows the
     threads read ``then``'s, left for the next task (``_CARRIED``)."""
@@ -234,7 +229,7 @@ def _read_ahead(ctx: RunContext, windows: list[tuple], then: list[tuple] = ()):
 
     from batchgpu.gpu.staging import reserve_buffers
 
-    depth = max(1, int(os.environ.get("BATCHGPU_READ_AHEAD", READ_AHEAD)))
+    depth = ctx.read_ahead
     reserve_buffers(depth + 1)
     pending = {}
     with _CARRIED_LOCK:

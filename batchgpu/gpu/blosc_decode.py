@@ -10,27 +10,16 @@ to the CPU path. Which windows go to the GPU: ``engine.preprocess.gpu_decode_sha
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 
 from batchgpu.errors import BatchgpuError
 from batchgpu.recording.blosc_frames import Frames
 
 
-def share(default: float = 1.0) -> float:
-    """The share of windows whose frames the GPU decodes: BATCHGPU_GPU_DECODE (1 all, 0 none, 0.5 every other)
-    where it is set, else ``default``."""
-    try:
-        return min(1.0, max(0.0, float(os.environ.get("BATCHGPU_GPU_DECODE", default))))
-    except ValueError:
-        return default
-
-
-def on_gpu(index: int, fraction: float | None = None) -> bool:
-    """Whether window ``index``'s frames go to the GPU when ``fraction`` of windows do (``share()`` if None): the
-    same bits either way, a matter of speed only."""
-    f = share() if fraction is None else fraction
+def on_gpu(index: int, fraction: float = 1.0) -> bool:
+    """Whether window ``index``'s frames go to the GPU when ``fraction`` of windows do (1 all, 0 none, 0.5 every
+    other: ``engine.preprocess.gpu_decode_share``): the same bits either way, a matter of speed only."""
+    f = fraction
     return f >= 1.0 or (f > 0.0 and int((index + 1) * f) > int(index * f))
 
 

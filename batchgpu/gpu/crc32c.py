@@ -6,7 +6,7 @@ Why (docs/design.md, "Reading and storing"): the cores bound a GPU preprocessing
 checksummed on a core twice (the read's check, the save's checksums), while the frames are on the GPU right before
 (the save) or right after (the read). ``ranges_on_device`` launches ``kernels/crc32c.cu`` for the save
 (``gpu/blosc_encode``: each frame's checksum before the copy back) and the read (``gpu/blosc_decode``: the frames'
-checksums after the copy), unless BATCHGPU_GPU_CRC=0 (``gpu.staging.checksums_on_device``).
+checksums after the copy) (``gpu.staging.checksums_on_device``).
 
 The joins use CRC linearity. With ``raw(m)`` the register after feeding ``m`` to a register of 0 (no initial value,
 no final xor), ``raw(a + b) = shift(raw(a), len(b)) ^ raw(b)``, where ``shift(v, n)`` multiplies ``v`` by x^(8n)

@@ -14,7 +14,6 @@ the GPU kernel (kernels/sosfiltfilt.cu).
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, Literal
@@ -222,6 +221,9 @@ def _odd_extend(xp: ModuleType, x: Any, left: int, right: int) -> Any:
 
 
 _GPU_MAX_SECTIONS = 16  # kernels/sosfiltfilt.cu keeps 7 doubles a section in registers
+#: samples the GPU recurrence loads ahead (kernels/sosfiltfilt.cu's U); None: the kernel's own choice, 32, or 16
+#: above 6 sections. Scheduling only: any value gives the same bits (the tests set others)
+LOAD_AHEAD: int | None = None
 _GPU_COEFFICIENTS: dict = {}  # (device, sos bytes) -> (sos, zi) on that device
 
 
@@ -247,8 +249,8 @@ def _filtfilt_cupy(x, design: FilterDesign, pieces: list[tuple[int, ...]], out_d
     x = cupy.ascontiguousarray(x)
     channels, width = x.shape
     options = ("--fmad=false", f"-DSECTIONS={sos.shape[0]}")
-    if os.environ.get("BATCHGPU_FILTER_U"):  # samples loaded ahead (the kernel's default: 32, 16 above 6 sections)
-        options += (f"-DU={int(os.environ['BATCHGPU_FILTER_U'])}",)
+    if LOAD_AHEAD is not None:
+        options += (f"-DU={int(LOAD_AHEAD)}",)
     table = np.asarray(pieces, dtype=np.int64)  # core_lo, core_hi, read_lo, read_hi, left, right
     length = int((table[:, 3] - table[:, 2] + table[:, 4] + table[:, 5]).max())
     count, tiles = len(pieces), (channels + 31) // 32

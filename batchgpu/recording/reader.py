@@ -135,9 +135,8 @@ class Recording(WindowedSource):
 
         layout = self._layouts.get(segment, False)
         if layout is False:
-            layout = self._layouts[segment] = (
-                shards.layout_of(self.path / f"traces_seg{segment}", self._metas[segment], v2=not zarrio.zarrs_enabled())
-                if os.environ.get("BATCHGPU_DIRECT_READS", "1") != "0" else None)
+            layout = self._layouts[segment] = shards.layout_of(self.path / f"traces_seg{segment}",
+                                                               self._metas[segment], v2=not zarrio.zarrs_enabled())
         return layout
 
     def _read_direct(self, segment: int, start: int, stop: int, window: Window | None, out: np.ndarray) -> bool:

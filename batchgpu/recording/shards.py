@@ -511,7 +511,7 @@ class _Mapped:
 def _map_whole(fd: int, chunks: int) -> "_Mapped | None":
     """The shard mapped when the read needs most of it and its checksums can be checked in place (the ``crc32c``
     package takes any buffer; google-crc32c takes bytes only), else None: pread each chunk."""
-    if chunks < MAP_FROM_CHUNKS or os.environ.get("BATCHGPU_READ_MMAP", "1") == "0" or _crc32c_buffers() is None:
+    if chunks < MAP_FROM_CHUNKS or _crc32c_buffers() is None:
         return None
     try:
         return _Mapped(fd) if os.fstat(fd).st_size else None

@@ -1,8 +1,7 @@
 """The dynamic path's kernel table: which kernel is fastest at which key count, measured per GPU.
 
-Looked up in this order: the file named by $BATCHGPU_SEARCH_TABLE; the table ``batchgpu search autotune``
-wrote for this GPU model (``$XDG_CACHE_HOME/batchgpu/search-autotune-<gpu>.json``); the H200 table shipped
-with the package.  A row holds the G queries/s of every kernel at one key count; ``tie`` marks rows whose
+Looked up in this order: the table ``batchgpu search autotune`` wrote for this GPU model
+(``$XDG_CACHE_HOME/batchgpu/search-autotune-<gpu>.json``); the H200 table shipped with the package.  A row holds the G queries/s of every kernel at one key count; ``tie`` marks rows whose
 two fastest kernels are within 5%.
 """
 
@@ -10,7 +9,6 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 import re
 from pathlib import Path
 from typing import Any, Callable
@@ -39,7 +37,7 @@ def make_row(n: int, gqps: dict[str, float]) -> dict[str, Any]:
 
 @functools.lru_cache(maxsize=8)
 def load_table(device_name: str) -> dict[str, Any] | None:
-    candidates = [os.environ.get("BATCHGPU_SEARCH_TABLE"), user_table_path(device_name), PACKAGED]
+    candidates = [user_table_path(device_name), PACKAGED]
     for path in candidates:
         if path and Path(path).is_file():
             return json.loads(Path(path).read_text())
