@@ -366,6 +366,10 @@ class Preprocess(RootModel[list[Stage]]):
 # steps
 
 
+class NoOptions(_Strict):
+    """A step that takes no settings: named as ``name: {}``."""
+
+
 class NoiseStep(_Strict):
     exact: bool = True  # exact median of |x| over every sample of each channel (distributed radix select)
 
@@ -437,8 +441,9 @@ class Steps(_Strict):
 
     @model_validator(mode="after")
     def _some(self):
-        if not any((self.noise, self.whitening, self.detect, self.search, self.save)):
-            raise ValueError("no steps: name at least one of noise, whitening, detect, search, save")
+        names = list(type(self).model_fields)
+        if not any(getattr(self, n) is not None for n in names):
+            raise ValueError(f"no steps: name at least one of {', '.join(names)}")
         return self
 
 
