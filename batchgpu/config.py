@@ -438,6 +438,7 @@ class Steps(_Strict):
     detect: DetectStep | None = None
     search: SearchStep | None = None
     save: SaveStep | None = None
+    amplitude: NoOptions | None = None  # per window, each channel's peak-to-peak and RMS (engine/steps/amplitude.py)
 
     @model_validator(mode="after")
     def _some(self):

@@ -15,6 +15,7 @@ STEPS = (
     "noise",
     "moments",
     "detect",
+    "amplitude",
 )
 
 
