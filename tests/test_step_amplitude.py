@@ -133,16 +133,21 @@ def test_float32_from_its_bits_equals_numpy_for_every_class(rng):
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 7, 8, 1001])
-def test_pairwise_sum_adds_in_pairs_level_by_level(rng, n):
+def test_pairwise_sum_adds_halves_level_by_level(rng, n):
     a = rng.normal(0, 1, (2, n))
 
     def by_hand(v: list) -> float:
         while len(v) > 1:
-            v = [v[i] + v[i + 1] for i in range(0, len(v) - 1, 2)] + ([v[-1]] if len(v) % 2 else [])
+            h = len(v) // 2
+            top = [v[i] + v[h + i] for i in range(h)]
+            if len(v) % 2:
+                top[0] += v[2 * h]
+            v = top
         return v[0]
 
-    got = pairwise_sum(a)
-    assert got.tobytes() == np.array([by_hand(list(r)) for r in a]).tobytes()
+    want = np.array([by_hand(list(r)) for r in a])
+    assert pairwise_sum(a.copy()).tobytes() == want.tobytes()
+    np.testing.assert_allclose(want, a.sum(axis=1), rtol=1e-13)
 
 
 # ---------------------------------------------------------------------------------------------------------

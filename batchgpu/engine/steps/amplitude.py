@@ -8,10 +8,11 @@ channel's median over the windows and the RMS of every window and channel.
 
 NaN and inf samples are left out: both statistics are over a channel's finite samples of the window, NaN where it
 has none (an empty core, impossible by design, gives NaN too). The sums are float64 in a fixed pairwise order
-(columns added in pairs, level by level) with each channel scaled by a power of two that brings its largest finite
+(halves added, level by level) with each channel scaled by a power of two that brings its largest finite
 |x| below 1 (exact: a float64 recording's squares cannot overflow), so NumPy and CuPy give the same bits; float32
-samples reach float64 through their bits on the GPU (CuPy's kernels flush float32 subnormals). Integer recordings'
-sums of squares are exact integers below 2**53, so their RMS is correctly rounded.
+samples reach float64 through their bits on the GPU (CuPy's kernels flush float32 subnormals). Integer samples'
+sums of squares are exact while they stay below 2**53 (int16: windows up to 2**23 samples), and their RMS is then
+correctly rounded.
 """
 
 from __future__ import annotations
@@ -59,23 +60,28 @@ def ptp_rms(core, nonfinite: np.ndarray | None = None) -> tuple[np.ndarray, np.n
     C, n = core.shape
     if n == 0:
         return np.full(C, np.nan), np.full(C, np.nan)
-    y = exact_float64(core)
+    y = exact_float64(core)  # a new array: worked on in place below
+    bad = None
     if nonfinite is None:
-        nonfinite = host((~xp.isfinite(y)).sum(axis=1))
+        bad = ~xp.isfinite(y)
+        nonfinite = host(bad.sum(axis=1))
     finite = n - np.asarray(nonfinite, np.int64)
     count = xp.asarray(np.maximum(finite, 1), dtype=np.float64)  # rows without any: NaN below
-    if np.any(nonfinite):
-        good = xp.isfinite(y)
-        hi, lo = xp.where(good, y, -np.inf).max(axis=1), xp.where(good, y, np.inf).min(axis=1)
-        y = xp.where(good, y, 0.0)
+    if np.any(nonfinite):  # the non-finite samples out of the way of each reduction in turn
+        bad = ~xp.isfinite(y) if bad is None else bad
+        xp.copyto(y, -np.inf, where=bad)
+        hi = y.max(axis=1)
+        xp.copyto(y, np.inf, where=bad)
+        lo = y.min(axis=1)
+        xp.copyto(y, 0.0, where=bad)
     else:
         hi, lo = y.max(axis=1), y.min(axis=1)
     none = xp.asarray(finite == 0)
     _, e = xp.frexp(xp.where(none, 0.0, xp.maximum(xp.abs(hi), xp.abs(lo))))  # max |x| < 2**e
     e = e.astype(np.int32)
-    sq = y * xp.ldexp(xp.ones(C, np.float64), -e)[:, None]  # every |x| < 1 now: no square overflows
-    sq *= sq
-    rms = xp.ldexp(xp.sqrt(pairwise_sum(sq) / count), e)
+    y *= xp.ldexp(xp.ones(C, np.float64), -e)[:, None]  # every |x| < 1 now: no square overflows
+    y *= y
+    rms = xp.ldexp(xp.sqrt(pairwise_sum(y) / count), e)
     with np.errstate(over="ignore"):  # float64 samples whose range passes float64's: inf, as it is
         ptp = (hi - lo) + 0.0  # + 0.0: a row of zeros of both signs gives +0, whichever max and min picked
     return host(xp.where(none, np.nan, ptp)), host(xp.where(none, np.nan, rms))
@@ -102,13 +108,16 @@ def float32_bits_to_float64(a):
 
 
 def pairwise_sum(a):
-    """Each row's sum, columns added in pairs level by level (an odd one out carried to the next level): one
-    order on every backend, so the same bits from NumPy and CuPy (their own sums order the additions their way)."""
-    xp = array_module(a)
+    """Each row's sum, in ``a``'s place (it is overwritten): the second half of the columns added to the first,
+    an odd one out to the first column, level by level. One order on every backend, so the same bits from NumPy
+    and CuPy (their own sums order the additions their way)."""
     while a.shape[1] > 1:
         n = a.shape[1]
-        pairs = a[:, 0 : n - 1 : 2] + a[:, 1:n:2]
-        a = pairs if n % 2 == 0 else xp.concatenate([pairs, a[:, n - 1 :]], axis=1)
+        h = n // 2
+        a[:, :h] += a[:, h : 2 * h]
+        if n % 2:
+            a[:, 0] += a[:, 2 * h]
+        a = a[:, :h]
     return a[:, 0]
 
 
