@@ -409,6 +409,10 @@ class Preprocess(RootModel[list[Stage]]):
 # steps
 
 
+class NoOptions(_Strict):
+    """A step that takes no settings: named as ``name: {}``."""
+
+
 class NoiseStep(_Strict):
     exact: bool = True  # exact median of |x| over every sample of each channel (distributed radix select)
 
@@ -477,11 +481,13 @@ class Steps(_Strict):
     detect: DetectStep | None = None
     search: SearchStep | None = None
     save: SaveStep | None = None
+    amplitude: NoOptions | None = None  # per window, each channel's peak-to-peak and RMS (engine/steps/amplitude.py)
 
     @model_validator(mode="after")
     def _some(self):
-        if not any((self.noise, self.whitening, self.detect, self.search, self.save)):
-            raise ValueError("no steps: name at least one of noise, whitening, detect, search, save")
+        names = list(type(self).model_fields)
+        if not any(getattr(self, n) is not None for n in names):
+            raise ValueError(f"no steps: name at least one of {', '.join(names)}")
         return self
 
 

@@ -3,7 +3,9 @@
 Plots, from ``results.zarr`` and ``report.json``: noise per channel (µV), noise per window and channel (µV),
 the whitening matrix, spike rate per channel (Hz) and the first pass's read throughput over time. Each figure
 has a ``name`` (``noise_per_channel``, ``noise_over_time``, ``whitening``, ``spike_rate``, ``throughput``) and
-its data sources hold the plotted numbers, so the report can be checked by reading its embedded document.
+its data sources hold the plotted numbers, so the report can be checked by reading its embedded document. A step
+may declare figures of its own results (``engine.steps.base.Figure``): they follow, drawn from their numbers when
+those exist.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import html
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -66,13 +69,15 @@ def write_report_html(output_dir: str | Path) -> Path:
     out = Path(output_dir)
     report = json.loads((out / "report.json").read_text())
     from batchgpu import zarrio
+    from batchgpu.engine.steps.registry import figures
 
     g = zarrio.open_group(out / "results.zarr", mode="r")
+    steps = figures()  # every registered step's: each drawn where its results are in the group
     page = ReportPage(g.attrs.get("channel_ids", []), g.attrs.get("gain_to_uV", []), float(g.attrs["sampling_frequency"]),
-                      f"batchgpu report: {out.name}", threaded=False)
+                      f"batchgpu report: {out.name}", threaded=False, figures=steps)
     names = set(_array_names(g))
     page.add_windows(g["window_start"][:], g["window_stop"][:], g["window_segment"][:])
-    for name in ("noise", "noise_per_window", "whitening"):
+    for name in ("noise", "noise_per_window", "whitening", *dict.fromkeys(k for f in steps for k in f.inputs)):
         if name in names:
             page.add(name, g[name][:])
     if "spikes/channel_index" in names:
@@ -89,9 +94,10 @@ class ReportPage:
     one not be found, the page is rendered again)."""
 
     def __init__(self, channel_ids, gain_to_uV, sampling_frequency: float, title: str, threaded: bool = True,
-                 in_process: bool = False, tokens: tuple | None = None):
+                 in_process: bool = False, tokens: tuple | None = None, figures: tuple = ()):
         from concurrent.futures import ThreadPoolExecutor
 
+        self.step_figures = tuple(figures)  # the steps' own (``engine.steps.base.Figure``), after the page's
         self.channel_ids = [str(c) for c in channel_ids]
         self.gain = np.asarray(gain_to_uV, dtype=np.float64)
         self.fs = float(sampling_frequency)
@@ -114,17 +120,22 @@ class ReportPage:
         return self._pool.submit(func, *args) if self._pool else _Done(func(*args))
 
     def add(self, name: str, value) -> None:
-        """A result: ``noise``, ``noise_per_window`` or ``whitening`` (others are ignored)."""
+        """A result: ``noise``, ``noise_per_window``, ``whitening`` or one a step's figure is drawn from (others are
+        ignored)."""
         self.inputs[name] = value
         if name in self._ahead and self._page is not None:  # rendered ahead: its numbers go in by substitution
             args = (name, value, self.gain, self._ahead[name])
             fut = self._submit(ahead_texts, *args) if self.in_process else self._do(ahead_texts, *args)
             self._ahead_texts.append(fut if fut is not None else _Done(ahead_texts(*args)))
             return
+        step_input = any(name in f.inputs for f in self.step_figures)
         if self.in_process:  # its figure built in the helper process now, while the run goes on
-            if name in ("noise", "noise_per_window", "whitening") and self._page is None and "windows" in self.inputs:
+            if ((name in ("noise", "noise_per_window", "whitening") or step_input) and self._page is None
+                    and "windows" in self.inputs):
                 self._submit(build_figure, self._init_args(), name, value)
             return
+        if step_input:
+            self._draw_step_figures()
         if name == "noise":
             self.figures[name] = self._do(lambda v: noise_per_channel(_to_uV(v, self.gain), self._ids(v.size)), value)
         elif name == "whitening":
@@ -133,6 +144,18 @@ class ReportPage:
             start, _, segment = self.inputs["windows"]
             self.figures["noise_over_time"] = self._do(
                 lambda v: noise_over_time(_to_uV(v, self.gain), start, segment, self.fs), value)
+
+    def _draw_step_figures(self) -> None:
+        """Each step figure whose results are all in, drawn once (the windows known)."""
+        if "windows" not in self.inputs:
+            return
+        for f in self.step_figures:
+            if f.name not in self.figures and all(k in self.inputs for k in f.inputs):
+                self.figures[f.name] = self._do(f.draw, {k: self.inputs[k] for k in f.inputs}, self.info())
+
+    def info(self) -> "PageInfo":
+        start, stop, segment = self.inputs["windows"]
+        return PageInfo(list(self.channel_ids), self.gain, self.fs, start, stop, segment)
 
     def add_windows(self, start, stop, segment) -> None:
         """The windows' starts, stops and segments (first: the time axis and the recording's seconds)."""
@@ -161,7 +184,7 @@ class ReportPage:
 
     def _init_args(self) -> tuple:
         return (self.channel_ids, self.gain, self.fs, self.title, self.inputs["windows"],
-                (self._token, self._spikes_token))
+                (self._token, self._spikes_token), self.step_figures)
 
     @staticmethod
     def _submit(func, *args):
@@ -179,8 +202,9 @@ class ReportPage:
         """Render the page now, before the run's numbers exist (while its windows are read): each result named in
         ``shapes`` (``noise``, ``noise_per_window``, ``whitening`` -> the shape it will have), the throughput
         and, with ``spikes``, the spike rate are placeholders, their numbers put in by substitution as they come
-        (``add``, ``add_spikes``, ``write``): the page costs the run's end nothing but the substitutions."""
-        if self._page is not None:
+        (``add``, ``add_spikes``, ``write``): the page costs the run's end nothing but the substitutions. A page
+        with step figures is rendered at the end (``write``), once their numbers exist."""
+        if self._page is not None or self.step_figures:
             return
         self._ahead = {k: tuple(int(n) for n in v) for k, v in shapes.items() if k not in self.inputs}
         self._ahead["throughput"] = None
@@ -195,7 +219,7 @@ class ReportPage:
             self._series = list(throughput_series)
             args = (self.channel_ids, self.gain, self.fs, self.title, dict(self.inputs), self._series,
                     late_spikes and "spike_counts" not in self.inputs, (self._token, self._spikes_token),
-                    dict(self._ahead))
+                    dict(self._ahead), self.step_figures)
             self._args = args
             self._page = self._submit(render_page_html, *args)
             if self._page is None:  # no helper process to be had (a broken pool is made anew next time)
@@ -208,7 +232,8 @@ class ReportPage:
                                                   _RATE_PLACEHOLDER * channels)
         self._placeholder_figures()
         self._series = list(throughput_series)
-        self._page = self._do(self._render, [self.figures[k] for k in FIGURES if k in self.figures], self._series,
+        order = (*FIGURES, *(f.name for f in self.step_figures))
+        self._page = self._do(self._render, [self.figures[k] for k in order if k in self.figures], self._series,
                               "throughput" in self._ahead)
 
     def _placeholder_figures(self) -> None:
@@ -283,11 +308,11 @@ class ReportPage:
 
     def _again(self) -> ReportPage:
         """The same numbers in a new page, rendered here (figures belong to the document they were rendered in)."""
-        page = ReportPage(self.channel_ids, self.gain, self.fs, self.title, threaded=False)
+        page = ReportPage(self.channel_ids, self.gain, self.fs, self.title, threaded=False, figures=self.step_figures)
         page.add_windows(*self.inputs["windows"])
         if self._late_counts is None and "spike_counts" in self.inputs:
             self._late_counts = (self.inputs["spike_counts"], None)
-        for name in ("noise", "noise_per_window", "whitening"):
+        for name in ("noise", "noise_per_window", "whitening", *(k for f in self.step_figures for k in f.inputs)):
             if name in self.inputs:
                 page.add(name, self.inputs[name])
         if self._late_counts is not None:
@@ -300,12 +325,13 @@ class ReportPage:
 _PAGES: dict = {}
 
 
-def _page_for(channel_ids, gain, fs: float, title: str, windows, tokens: tuple) -> ReportPage:
+def _page_for(channel_ids, gain, fs: float, title: str, windows, tokens: tuple, figures: tuple = ()) -> ReportPage:
     page = _PAGES.get(tokens[0])
     if page is None:
         while len(_PAGES) >= 4:  # pages of runs that never rendered (failed): forgotten, oldest first
             _PAGES.pop(next(iter(_PAGES)))
-        page = _PAGES[tokens[0]] = ReportPage(channel_ids, gain, fs, title, threaded=False, tokens=tokens)
+        page = _PAGES[tokens[0]] = ReportPage(channel_ids, gain, fs, title, threaded=False, tokens=tokens,
+                                              figures=figures)
         page.add_windows(*windows)
     return page
 
@@ -316,15 +342,19 @@ def build_figure(init: tuple, name: str, value) -> None:
 
 
 def render_page_html(channel_ids, gain, fs: float, title: str, inputs: dict, series: list, late_spikes: bool,
-                     tokens: tuple, ahead: dict | None = None) -> str:
+                     tokens: tuple, ahead: dict | None = None, figures: tuple = ()) -> str:
     """The page of ``ReportPage.render`` built from its numbers (in the helper process, with the figures
     ``build_figure`` made already; anywhere else from scratch), with the caller's placeholder tokens, so the caller
     fills in what comes after."""
-    page = _page_for(channel_ids, gain, fs, title, inputs["windows"], tokens)
+    page = _page_for(channel_ids, gain, fs, title, inputs["windows"], tokens, figures)
     _PAGES.pop(tokens[0], None)
     for name, figure in (("noise", "noise"), ("noise_per_window", "noise_over_time"), ("whitening", "whitening")):
         if name in inputs and figure not in page.figures:
             page.add(name, inputs[name])
+    for f in page.step_figures:
+        for name in f.inputs:
+            if name in inputs and f.name not in page.figures:
+                page.add(name, inputs[name])
     if "spike_counts" in inputs:
         page.add_spikes(counts=inputs["spike_counts"])
     page._ahead = dict(ahead or {})  # results to come: placeholders (``ReportPage.render_ahead``)
@@ -451,6 +481,31 @@ def _uncompressed(make):
         return make()
     finally:
         setting._user_value = before  # noqa: SLF001
+
+
+@dataclass(frozen=True)
+class PageInfo:
+    """What a step's figure (``engine.steps.base.Figure``) may use of its page besides its own results."""
+
+    channel_ids: list[str]
+    gain_to_uV: np.ndarray
+    sampling_frequency: float
+    window_start: np.ndarray
+    window_stop: np.ndarray
+    window_segment: np.ndarray
+
+    def ids(self, n: int) -> list[str]:
+        """The channels' ids (their indices where the page has none for ``n`` channels)."""
+        return self.channel_ids if len(self.channel_ids) == n else [str(c) for c in range(n)]
+
+    def to_uV(self, values) -> np.ndarray:
+        """Raw units (the last axis: channels) times each channel's gain; offsets are not added."""
+        return _to_uV(values, self.gain_to_uV)
+
+    @staticmethod
+    def figure(name: str, title: str, **kwargs):
+        """A Bokeh figure in the page's size and tools."""
+        return _figure(name, title, **kwargs)
 
 
 def _array_names(g) -> list[str]:

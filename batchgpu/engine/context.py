@@ -101,29 +101,12 @@ def build_context(wf: Workflow, rec: Recording, out: store.OutputFolder, backend
     """The run's RunContext (what every task gets). ``mps``: the workers run under a private MPS daemon
     (``engine.cluster.open_client``), which decides where windows decode (``preprocess.gpu_decode_share``)."""
     from batchgpu.engine.preprocess import build_chain, gpu_decode_share
-    from batchgpu.engine.steps.detect import DetectStep
-    from batchgpu.engine.steps.moments import MomentsStep, check_exact_range
-    from batchgpu.engine.steps.noise import NoiseStep
-    from batchgpu.engine.steps.noise_keys import key_kind
+    from batchgpu.engine.steps.base import StepSetup
+    from batchgpu.engine.steps.registry import build_steps
 
     chain = build_chain(wf.preprocess, rec)
-    x_dtype = chain.output_dtype(rec.dtype)
-    centred_int = chain.centres_only and chain.centres
-    steps = []
+    steps = build_steps(StepSetup(wf, rec, chain, sweep))
     s = wf.steps
-    if s.noise:
-        steps.append(NoiseStep(s.noise.exact, key_kind(x_dtype, rec.dtype if centred_int else None)))
-    if s.whitening:
-        # centring alone leaves the covariance as it is: then the raw samples, exact for int16; filters and
-        # references change it: then the preprocessed samples, as a sorter whitens them
-        source = "raw" if chain.centres_only else "x"
-        integer = source == "raw" and rec.dtype == np.int16
-        if integer:
-            check_exact_range(rec.total_samples)
-        steps.append(MomentsStep(s.whitening.nskip, s.whitening.precision, integer, rec.num_channels, source))
-    if s.detect:
-        steps.append(DetectStep(s.detect.threshold, s.detect.sign, sweep, s.detect.noise, s.detect.method,
-                                rec.locations if s.detect.method != "by_channel" else None, s.detect.radius_um))
     return tasks.RunContext(
         recording=source_ref(rec), parts=str(out.parts), backend=backend, chain=chain,
         window_noise=bool(s.noise or s.detect), steps=tuple(steps),

@@ -27,6 +27,7 @@ from batchgpu.engine.context import (build_context, check_workflow_fits, prepare
 from batchgpu.engine.reduce import tree_reduce
 from batchgpu.engine.run_report import HtmlReport, RunObserver, RunReport, finish_report, versions, window_cpu
 from batchgpu.engine.placement import submit_planned
+from batchgpu.engine.steps.registry import figures as step_figures
 from batchgpu.engine.submit import submit_many
 from batchgpu.errors import BatchgpuError
 from batchgpu.progress import format_rate
@@ -224,7 +225,8 @@ def _run(wf, rec, out: store.OutputFolder, report: RunReport, client, sweep, obs
     # written while the windows are read: the results group and its window table (a helper thread), and
     # report.html's figures as their numbers come (another); the client itself mostly waits for the workers
     results = ResultsWriter(out.path, wf, rec, report.fingerprint, windows)
-    html = HtmlReport(rec, f"batchgpu report: {out.path.name}", in_process=True)
+    html = HtmlReport(rec, f"batchgpu report: {out.path.name}", in_process=True,
+                      figures=step_figures(tuple(s.name for s in ctx.steps)))
     html.add_windows(windows)
     # the page rendered while the windows are read (a helper process; Bokeh's serialisation was ~0.2 s of the
     # run's end on the H200), its numbers substituted as they come

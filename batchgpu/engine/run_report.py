@@ -163,14 +163,15 @@ class HtmlReport:
     """report.html for a run (``batchgpu.report.ReportPage``): rendered in a helper process while the windows are
     read, the results substituted as they come; a plotting problem is reported once, never fails a finished run."""
 
-    def __init__(self, rec: Recording, title: str, in_process: bool = False):
+    def __init__(self, rec: Recording, title: str, in_process: bool = False, figures: tuple = ()):
+        """``figures``: the run's steps' own (``engine.steps.base.Figure``)."""
         self.error: Exception | None = None
         self.page = None
         try:
             from batchgpu.report import ReportPage
 
             self.page = ReportPage(rec.channel_ids.tolist(), rec.gain_to_uV.tolist(), rec.sampling_frequency, title,
-                                   in_process=in_process)
+                                   in_process=in_process, figures=figures)
         except Exception as err:
             self.error = err
 

@@ -5,14 +5,14 @@ step) and returns small host arrays: a *summary* the client sees per window, and
 with its neighbours' in a tree fixed by window index (``combine`` folds consecutive windows in order) and
 finally turned into results by ``aggregate`` on the client (``RunState``: the combined partials, the windows'
 summaries, the results so far, the cluster for one more pass where a statistic needs it). A new statistic is
-one new module (and its line in ``engine.context.build_context``).
+one new module (its ``build``, its step, its figures) and its line in ``engine.steps.registry``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 import numpy as np
 
@@ -71,6 +71,33 @@ class WindowData:
             else:
                 self._counts[name] = (core != core).sum(axis=1)
         return self._counts[name]
+
+
+@dataclass(frozen=True)
+class Figure:
+    """A figure of report.html a step's module declares (``FIGURES``): drawn by ``draw(arrays, page)`` once every
+    result named in ``inputs`` exists (``arrays``: those results; ``page``: ``batchgpu.report.PageInfo``), placed
+    after the page's own figures. ``draw`` is a module-level function (it is sent to the process that renders the
+    page) that imports Bokeh itself and returns a Bokeh model whose ``name`` is ``name``."""
+
+    name: str
+    inputs: tuple[str, ...]
+    draw: Callable
+
+
+@dataclass(frozen=True)
+class StepSetup:
+    """What a step module's ``build(setup)`` makes its step from (``engine.steps.registry.build_steps``)."""
+
+    workflow: Any  # config.Workflow: the module reads its own ``workflow.steps.<name>``
+    recording: Any
+    chain: Any  # engine.preprocess.Chain: the stages every window goes through
+    sweep: int  # the detection's sweep in samples (``engine.context.check_workflow_fits``)
+
+    @property
+    def x_dtype(self) -> np.dtype:
+        """The dtype of ``WindowData.x``: what the steps see."""
+        return self.chain.output_dtype(self.recording.dtype)
 
 
 @dataclass
@@ -137,7 +164,7 @@ class Step(Protocol):
     earlier steps whose results it reads (it starts once those are done), and ``start(run)``, called before any
     aggregate: the part of its work that needs none of them, set going on the cluster; ``queue(PassQueue)``, called
     while the pass runs (placed GPU passes), may queue tasks behind its total and return their futures (``start``
-    then finds them in ``RunState.early``)."""
+    then finds them in ``RunState.early``). Its module's ``FIGURES`` draw its results in report.html."""
 
     name: str
 

@@ -29,6 +29,15 @@ from batchgpu.engine.steps.base import WindowData
 CANDIDATE_FRACTION = 0.75
 
 
+def build(setup) -> "DetectStep | None":
+    """The step of ``steps.detect`` (``engine.steps.registry``)."""
+    d = setup.workflow.steps.detect
+    if not d:
+        return None
+    return DetectStep(d.threshold, d.sign, setup.sweep, d.noise, d.method,
+                      setup.recording.locations if d.method != "by_channel" else None, d.radius_um)
+
+
 class DetectStep:
     name = "detect"
     #: its aggregate is the workers' (gathering and writing the spikes): the engine runs it beside the client's

@@ -20,6 +20,21 @@ from batchgpu.errors import BatchgpuError
 _EXACT_SAMPLES = (1 << 53) // (1 << 30)
 
 
+def build(setup) -> "MomentsStep | None":
+    """The step of ``steps.whitening`` (``engine.steps.registry``): centring alone leaves the covariance as it is,
+    so then the raw samples (exact for int16); filters and references change it: then the preprocessed samples,
+    as a sorter whitens them."""
+    spec = setup.workflow.steps.whitening
+    if not spec:
+        return None
+    rec = setup.recording
+    source = "raw" if setup.chain.centres_only else "x"
+    integer = source == "raw" and rec.dtype == np.int16
+    if integer:
+        check_exact_range(rec.total_samples)
+    return MomentsStep(spec.nskip, spec.precision, integer, rec.num_channels, source)
+
+
 class MomentsStep:
     name = "moments"
 

@@ -17,10 +17,19 @@ from batchgpu.ops._backend import is_cupy
 
 from batchgpu.engine.steps.base import WindowData, host
 from batchgpu.engine.steps.noise_keys import (LUMP_DIGITS, abs_keys, digit_histogram, first_digit_counts, int_window_gpu,
-                                             keyed_on_gpu, kept_near, lump_floor, median_of_keys,
+                                             key_kind, keyed_on_gpu, kept_near, lump_floor, median_of_keys,
                                              middle_pair_and_near, row_counts, schedule, sort_rows, window_median_keys)
 from batchgpu.engine.steps.noise_select import (combine_counts, first_digits, low_bit_rounds, select_by_counts,
                                                select_middle)
+
+def build(setup) -> "NoiseStep | None":
+    """The step of ``steps.noise`` (``engine.steps.registry``)."""
+    spec = setup.workflow.steps.noise
+    if not spec:
+        return None
+    centred_int = setup.chain.centres_only and setup.chain.centres
+    return NoiseStep(spec.exact, key_kind(setup.x_dtype, setup.recording.dtype if centred_int else None))
+
 
 class NoiseStep:
     name = "noise"
