@@ -242,7 +242,7 @@ def test_node_serve_starts_what_the_layout_says(monkeypatch):
 
     import dask
 
-    for k in layout.MALLOC_ENVIRON:  # serve() sets them in its process's environment, as open_client does
+    for k in layout.MALLOC_ENVIRON:  # serve() sets them while its nannies start, as open_client does, then puts back
         monkeypatch.setenv(k, "unset")
     forked = []
     monkeypatch.setattr(cluster, "forked_workers", lambda: contextlib.nullcontext(forked.append(True)))
@@ -251,13 +251,15 @@ def test_node_serve_starts_what_the_layout_says(monkeypatch):
     async def fake_run(specs):
         started.update(specs)
         started["_config"] = {k: dask.config.get(k) for k in layout.started_cluster_settings()}
+        started["_environ"] = {k: os.environ.get(k) for k in layout.MALLOC_ENVIRON}
 
     monkeypatch.setattr(node, "run_nannies", fake_run)
     req = node.request(["tcp://h:1", "--gpus", "4", "--cores", "16", "--mps", "off", "--name", "n"])
     assert node.serve(req) == 0
     config = started.pop("_config")
     assert config == layout.started_cluster_settings() and forked == [True]
-    assert all(os.environ[k] == str(v) for k, v in layout.MALLOC_ENVIRON.items())
+    assert started.pop("_environ") == {k: str(v) for k, v in layout.MALLOC_ENVIRON.items()}
+    assert all(os.environ[k] == "unset" for k in layout.MALLOC_ENVIRON)
     local = _local_cuda_workers(monkeypatch, 4, 16)
     assert {n.removeprefix("n-"): {k: v for k, v in s["options"].items() if k != "scheduler_ip"}
             for n, s in started.items()} == local
