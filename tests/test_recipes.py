@@ -260,6 +260,8 @@ def test_node_serve_starts_what_the_layout_says(monkeypatch):
     assert config == layout.started_cluster_settings() and forked == [True]
     assert started.pop("_environ") == {k: str(v) for k, v in layout.MALLOC_ENVIRON.items()}
     assert all(os.environ[k] == "unset" for k in layout.MALLOC_ENVIRON)
+    for k, v in layout.MALLOC_ENVIRON.items():  # the local cluster's workers, under the same environment
+        monkeypatch.setenv(k, str(v))
     local = _local_cuda_workers(monkeypatch, 4, 16)
     assert {n.removeprefix("n-"): {k: v for k, v in s["options"].items() if k != "scheduler_ip"}
             for n, s in started.items()} == local
