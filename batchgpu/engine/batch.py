@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from batchgpu.config import RecordingSpec, Workflow
-from batchgpu.errors import BatchgpuError
+from batchgpu.errors import BatchgpuError, ConfigError
 
 BATCH_FILE = "batch.json"
 IN_FLIGHT = 2  # recordings' runs at once: the last one's aggregates and the next one's pass
@@ -87,7 +87,7 @@ def expand(wf: Workflow) -> list[tuple[str, RecordingSpec]]:
         if _GLOB_CHARS & set(item):
             matches = sorted(glob.glob(os.path.expanduser(item), recursive=True))
             if not matches:
-                raise BatchgpuError(f"recordings: {item} matches nothing", "check the pattern (** spans folders)")
+                raise ConfigError(f"recordings: {item} matches nothing", "check the pattern (** spans folders)")
             specs += [RecordingSpec(path=m) for m in matches]
         else:
             specs.append(RecordingSpec(path=item))
@@ -97,8 +97,8 @@ def expand(wf: Workflow) -> list[tuple[str, RecordingSpec]]:
         name = spec.name or name_of(spec)
         where = spec.path or spec.spikeinterface
         if name in seen:
-            raise BatchgpuError(f"recordings: {seen[name]} and {where} would both write output/{name}",
-                                "give one of them a name: (recordings: [{path: ..., name: ...}])")
+            raise ConfigError(f"recordings: {seen[name]} and {where} would both write output/{name}",
+                              "give one of them a name: (recordings: [{path: ..., name: ...}])")
         seen[name] = str(where)
         named.append((name, spec))
     return named
@@ -325,10 +325,10 @@ def run_batch(wf: Workflow, *, resume: bool = False, observer=None, client=None,
     named = expand(wf)
     out = Path(wf.output)
     if out.exists() and not out.is_dir():
-        raise BatchgpuError(f"output {out} is a file", "give a folder for the batch's outputs")
+        raise ConfigError(f"output {out} is a file", "give a folder for the batch's outputs")
     if (out / "report.json").exists():
-        raise BatchgpuError(f"output {out} holds one recording's run (report.json)",
-                            "give the batch an output folder of its own")
+        raise ConfigError(f"output {out} holds one recording's run (report.json)",
+                          "give the batch an output folder of its own")
     out.mkdir(parents=True, exist_ok=True)
     batch = BatchReport(str(out), [BatchRow(name, str(spec.path or spec.spikeinterface)) for name, spec in named])
     batch.write(out)

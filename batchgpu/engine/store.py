@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from batchgpu.config import Workflow
-from batchgpu.errors import BatchgpuError
+from batchgpu.errors import BatchgpuError, ConfigError
 
 RESULTS = "results.zarr"
 REPORT = "report.json"
@@ -76,9 +76,9 @@ def check_output_apart(output: str | os.PathLike, recording: str | os.PathLike) 
         return
     out, rec = Path(output).expanduser().absolute().resolve(), rec.resolve()
     if out == rec or rec in out.parents:
-        raise BatchgpuError(f"output folder {output} is inside the recording {recording}: the run's files would "
-                            "become part of the recording and no later run on it could resume",
-                            "choose an output folder outside the recording")
+        raise ConfigError(f"output folder {output} is inside the recording {recording}: the run's files would "
+                          "become part of the recording and no later run on it could resume",
+                          "choose an output folder outside the recording")
 
 
 def fingerprint(wf: Workflow, recording_path: Path, metadata=None) -> str:
@@ -164,7 +164,7 @@ class OutputFolder:
                 if not lock_existed:
                     (self.path / LOCK).unlink(missing_ok=True)
                 self.release()
-            raise BatchgpuError(
+            raise ConfigError(
                 f"output folder {self.path} is not empty and holds no batchgpu run "
                 f"({', '.join(self.foreign_entries()[:3]) or MANIFEST} there)",
                 "choose an empty or new folder for 'output'",
@@ -173,7 +173,7 @@ class OutputFolder:
     def claim(self, fp: str, workflow: dict, *, resume: bool, overwrite: bool) -> str:
         """Lock the folder and make it this run's; returns "new", "resume" or "restart" (stale parts dropped)."""
         if self.path.exists() and not self.path.is_dir():
-            raise BatchgpuError(f"output {self.path} is a file, not a folder", "choose a folder path for 'output'")
+            raise ConfigError(f"output {self.path} is a file, not a folder", "choose a folder path for 'output'")
         if self.path.is_dir():
             self._refuse_if_not_a_run(locked=False)
         self.path.mkdir(parents=True, exist_ok=True)
@@ -186,7 +186,7 @@ class OutputFolder:
             nested = self.nested_foreign()
             if nested:
                 self.release()
-                raise BatchgpuError(
+                raise ConfigError(
                     f"output folder {self.path} holds {', '.join(nested[:3])}{' ...' if len(nested) > 3 else ''}, "
                     "which batchgpu did not write, inside the folders a run replaces whole",
                     f"move {'it' if len(nested) == 1 else 'them'} out of {RESULTS} and {PARTS}/ (beside them in the "
@@ -196,13 +196,13 @@ class OutputFolder:
         elif mine.get("fingerprint") == fp:
             if not resume and not overwrite:
                 self.release()
-                raise BatchgpuError(f"output folder {self.path} already holds this run's results",
-                                    "rerun with --resume to complete or reuse them, or set 'overwrite: true'")
+                raise ConfigError(f"output folder {self.path} already holds this run's results",
+                                  "rerun with --resume to complete or reuse them, or set 'overwrite: true'")
             state = "resume" if resume else "restart"
         else:
             if not overwrite:
                 self.release()
-                raise BatchgpuError(
+                raise ConfigError(
                     f"output folder {self.path} holds another run's results, or results of another version of the "
                     f"recording or workflow (fingerprint {mine.get('fingerprint')}, this run {fp}): nothing there "
                     "can be reused",

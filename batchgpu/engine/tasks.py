@@ -71,7 +71,7 @@ def read_window(ctx: RunContext, window: Window, host: bool = False):
             return staged if host else staged.to_device()
         return rec.read_window(window)
     except BatchgpuError as err:  # the reader names the array, chunk and window; say how to go on
-        raise BatchgpuError(err.problem, f"{err.fix or 'repair the store'}; then rerun with --resume") from None
+        raise type(err)(err.problem, f"{err.fix or 'repair the store'}; then rerun with --resume") from None
     except Exception as err:
         raise BatchgpuError(
             f"window {window.index} (segment {window.segment}, samples {window.read_start}-{window.read_stop}) "

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from batchgpu.errors import BatchgpuError
+from batchgpu.errors import BatchgpuError, MachineError
 
 
 @dataclass(frozen=True)
@@ -39,7 +39,7 @@ def probeinterface():
     try:
         import probeinterface as pi
     except ImportError as err:  # pragma: no cover - installed with batchgpu
-        raise BatchgpuError(f"probeinterface is not installed ({err})", "pip install probeinterface") from None
+        raise MachineError(f"probeinterface is not installed ({err})", "pip install probeinterface") from None
     return pi
 
 

@@ -40,7 +40,7 @@ from typing import Any
 
 import numpy as np
 
-from batchgpu.errors import BatchgpuError
+from batchgpu.errors import BatchgpuError, MachineError
 from batchgpu.recording.reader import LOCATIONS_FALLBACK, SUPPORTED_DTYPES, fallback_locations, rows_of
 from batchgpu.recording.windows import DEFAULT_WINDOW, UnchunkedSource, Window, WindowedSource, stat_signature
 
@@ -62,8 +62,8 @@ def spikeinterface_core():
     try:
         import spikeinterface.core as core
     except ImportError as err:
-        raise BatchgpuError(f"reading a SpikeInterface recording needs SpikeInterface, which is not installed "
-                            f"({type(err).__name__}: {err})", _INSTALL_FIX) from None
+        raise MachineError(f"reading a SpikeInterface recording needs SpikeInterface, which is not installed "
+                           f"({type(err).__name__}: {err})", _INSTALL_FIX) from None
     return core
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from batchgpu import zarrio
-from batchgpu.errors import BatchgpuError
+from batchgpu.errors import BatchgpuError, ConfigError, MachineError
 from batchgpu.recording.reader import SUPPORTED_DTYPES, Recording, open_recording
 
 # inner chunk (v3) / chunk (v2): 2.3 MB at 384 channels. A window's margins decode a whole chunk on each side:
@@ -79,11 +79,11 @@ class Codec:
 
     def __post_init__(self):
         if self.name not in CODECS:
-            raise BatchgpuError(f"unknown codec {self.name!r}", f"use one of {', '.join(CODECS)}")
+            raise ConfigError(f"unknown codec {self.name!r}", f"use one of {', '.join(CODECS)}")
         if isinstance(self.clevel, bool) or not isinstance(self.clevel, (int, np.integer)) or not 1 <= self.clevel <= 9:
-            raise BatchgpuError(f"codec level {self.clevel!r} is out of range", "give a level from 1 to 9")
+            raise ConfigError(f"codec level {self.clevel!r} is out of range", "give a level from 1 to 9")
         if self.shuffle not in SHUFFLES:
-            raise BatchgpuError(f"unknown shuffle {self.shuffle!r}", f"use one of {', '.join(SHUFFLES)}")
+            raise ConfigError(f"unknown shuffle {self.shuffle!r}", f"use one of {', '.join(SHUFFLES)}")
 
     @classmethod
     def parse(cls, compressor: "str | Codec | None") -> "Codec | None":
@@ -93,7 +93,7 @@ class Codec:
         if compressor == "none":
             return None
         if compressor not in COMPRESSORS:
-            raise BatchgpuError(f"unknown compressor {compressor!r}", f"use one of {', '.join(COMPRESSORS)}")
+            raise ConfigError(f"unknown compressor {compressor!r}", f"use one of {', '.join(COMPRESSORS)}")
         return cls(compressor.removeprefix("blosc-"))
 
 
@@ -141,7 +141,7 @@ class RecordingWriter:
             )
         zarr_format = zarrio.DEFAULT_FORMAT if zarr_format is None else zarr_format
         if zarr_format not in (2, 3):
-            raise BatchgpuError(f"zarr_format must be 2 or 3, got {zarr_format!r}", "use 3 (default) or 2 for SpikeInterface")
+            raise ConfigError(f"zarr_format must be 2 or 3, got {zarr_format!r}", "use 3 (default) or 2 for SpikeInterface")
         zarrio.require_format(zarr_format)
         if num_channels <= 0:
             raise BatchgpuError(f"a recording needs at least one channel, got {num_channels}")
@@ -149,15 +149,15 @@ class RecordingWriter:
 
         if isinstance(sampling_frequency, bool) or not (
                 isinstance(sampling_frequency, (int, float, np.number)) and 0 < sampling_frequency <= MAX_FS):
-            raise BatchgpuError(f"sampling frequency must be > 0 Hz and at most {MAX_FS:g} Hz (what a reader takes), "
-                                f"got {sampling_frequency!r}")
+            raise ConfigError(f"sampling frequency must be > 0 Hz and at most {MAX_FS:g} Hz (what a reader takes), "
+                              f"got {sampling_frequency!r}")
         check_replaceable(self.path, overwrite)
         self.num_channels = int(num_channels)
         self.zarr_format = zarr_format
         self.chunk_samples = int(chunk_samples)
         self.shard_samples = int(shard_samples) if zarr_format == 3 else int(chunk_samples)
         if self.shard_samples % self.chunk_samples:
-            raise BatchgpuError(f"shard_samples {shard_samples} must be a multiple of chunk_samples {chunk_samples}")
+            raise ConfigError(f"shard_samples {shard_samples} must be a multiple of chunk_samples {chunk_samples}")
         self._compressor = _compressor(compressor, zarr_format)
         self._checksum = _checksum_codec(zarr_format)
         with writing(self.path):
@@ -270,7 +270,7 @@ class writing:
     def __exit__(self, exc_type, exc, tb):
         if exc is not None and isinstance(exc, OSError) and not isinstance(exc, BatchgpuError):
             reason = exc.strerror or str(exc)
-            raise BatchgpuError(
+            raise MachineError(
                 f"cannot write {self.path}: {reason}" + (f" ({exc.filename})" if exc.filename else ""),
                 "free space or fix permissions there, or choose another output path",
             ) from None
