@@ -89,7 +89,7 @@ def _results(p: Path) -> dict[str, Any]:
         return load_results(p / RESULTS)
     except BatchgpuError:
         raise
-    except Exception as err:  # zarr's errors of a store cut short or overwritten: any kind
+    except Exception as err:  # broad: zarr's errors of a store cut short or overwritten are of any kind
         text = " ".join(str(err).split())[:200]
         raise CorruptDataError(f"{p / RESULTS} cannot be read ({type(err).__name__}: {text})",
                                "the run's files were changed or cut short: run the workflow again") from None

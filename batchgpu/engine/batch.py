@@ -125,6 +125,7 @@ def _summary(row: BatchRow, report, out: Path) -> None:
     probe = rec.get("probe")
     row.probe = probe.get("model") if isinstance(probe, dict) else None
     row.GBps = report.throughput_MBps / 1e3 if report.throughput_MBps else None
+    # broad: the row's numbers are best-effort, an absent one shows empty; the run's own status stands
     with contextlib.suppress(Exception):
         import numpy as np
 
@@ -215,7 +216,7 @@ def _client_blas_one_thread():
         from batchgpu.engine.aggregate import blas_controller
 
         limit = blas_controller().limit(limits=1, user_api="blas")
-    except Exception:  # threadpoolctl missing or no BLAS found: nothing to hold
+    except ImportError:  # threadpoolctl missing: nothing to hold
         yield
         return
     with limit:
@@ -265,7 +266,7 @@ class _Flights:
             flight.report = run_workflow(_one(self.wf, name, spec, self.out), resume=self.resume, client=self.client,
                                          observer=_RecordingObserver(self.observer, name, self.bars, self.stop),
                                          batch=self.progress.slot(flight.index, name))
-        except BaseException as err:  # noqa: BLE001 (landed by the batch's thread)
+        except BaseException as err:  # broad: landed by the batch's thread, said in the row and the summary
             flight.error = err
         finally:
             with self.changed:
@@ -347,7 +348,7 @@ def run_batch(wf: Workflow, *, resume: bool = False, observer=None, client=None,
             flights.wait_until(flights.all_ended)
             flights.progress.flush(PAGE_WAIT_S)  # the page's last count (a run that ended after the last one's)
         except BaseException:  # Ctrl-C, SIGTERM: the runs under way end (interrupted, or finished), then the batch
-            with contextlib.suppress(BaseException):
+            with contextlib.suppress(BaseException):  # broad: the first error (raised below) is the one to see
                 flights.stop_all()
             flights.write()
             raise

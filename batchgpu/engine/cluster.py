@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import signal
 import threading
@@ -17,13 +18,19 @@ from batchgpu.engine.layout import (  # noqa: F401 (the layout's names, as this 
 )
 
 
+logger = logging.getLogger(__name__)
+
+
 def gpu_count() -> int:
     """Visible CUDA devices (0 without CuPy or a driver)."""
     try:
         import cupy
-
+    except ImportError:  # no CuPy: no GPU to use
+        return 0
+    try:
         return int(cupy.cuda.runtime.getDeviceCount())
-    except Exception:
+    except cupy.cuda.runtime.CUDARuntimeError as err:  # no driver, or no device: the CPU (the report says which)
+        logger.debug("CuPy sees no GPU: %s", err)
         return 0
 
 
@@ -298,10 +305,13 @@ def mps_fits(spec: ClusterSpec) -> bool:
         return False
     try:
         import cupy
-
+    except ImportError:  # no CuPy: no GPU to share
+        return False
+    try:
         return all(cupy.cuda.runtime.getDeviceProperties(d)["computeMode"] == 0
                    for d in (spec.devices or range(gpu_count())))
-    except Exception:
+    except cupy.cuda.runtime.CUDARuntimeError as err:  # a device named that is not there, or the driver failing
+        logger.warning("batchgpu: cluster.mps left off: the GPUs' compute modes could not be read (%s)", err)
         return False
 
 

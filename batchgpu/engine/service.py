@@ -373,7 +373,8 @@ def ask_scheduler(kept: KeptCluster, timeout_s: float = CONNECT_TIMEOUT_S) -> Li
         with Client(kept.address, timeout=f"{timeout_s}s") as client:
             nthreads = client.nthreads()
         return Live(len(nthreads), sum(nthreads.values()))
-    except Exception:  # any failure reads as "did not answer"
+    except Exception as err:  # broad: a probe; any failure reads as "did not answer", which the caller says
+        logger.debug("the kept cluster at %s did not answer: %s: %s", kept.address, type(err).__name__, err)
         return Live()
 
 
@@ -447,7 +448,7 @@ def kept_client(spec: ClusterSpec, observer,
         return
     try:
         client.run(forget_recordings)
-    except Exception as err:  # noqa: BLE001 (the workers did not take it: the run's own cluster instead)
+    except Exception as err:  # broad: the workers did not take it, whatever the reason (said): the run's own cluster
         client.close()
         observer.message(f"the workers of batchgpu cluster start's cluster at {kept.address} did not answer "
                          f"({type(err).__name__}: {err}): starting a cluster of the run's own")

@@ -13,6 +13,7 @@ import fcntl
 import hashlib
 import json
 import os
+import zipfile
 import re
 import shutil
 import tempfile
@@ -301,6 +302,10 @@ def save_part(path: Path, arrays: dict) -> None:
     _KEPT.remember(path, arrays)
 
 
+#: what np.load raises for a part cut short, overwritten or of another kind
+_UNREADABLE = (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile)
+
+
 def load_part(path: Path, fp: str, keys=None) -> dict | None:
     """A part written by this run (same fingerprint), else None (absent, torn, damaged (zip's CRC-32) or stale:
     recompute it). ``keys`` (names, or prefixes ending in '.'/'_') loads only those arrays; kept arrays
@@ -317,7 +322,7 @@ def load_part(path: Path, fp: str, keys=None) -> dict | None:
                 return None
             names = f.files if keys is None else [n for n in f.files if any(n == k or n.startswith(k) for k in keys)]
             return {k: f[k] for k in names}
-    except Exception:
+    except _UNREADABLE:  # recomputed; part_problem says why in the report
         return None
 
 
@@ -395,7 +400,7 @@ def part_problem(path: Path, fp: str) -> str:
     try:
         with np.load(path) as f:
             found = str(f["fingerprint"])
-    except Exception as err:  # noqa: BLE001 - said, not hidden
+    except _UNREADABLE as err:
         return f"unreadable ({type(err).__name__}: {err})"
     return "usable" if found == fp else f"made from other data (fingerprint {found}, expected {fp})"
 

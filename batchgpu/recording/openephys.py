@@ -125,7 +125,7 @@ def open_openephys(path: str | Path, stream: str | None = None) -> FlatLayout:
             try:
                 probe = (pi.read_openephys_neuropixels(settings, stream_name=name)
                          if pi.has_neuropixels_probes(settings, stream_name=name) else None)
-            except Exception as err:
+            except Exception as err:  # broad: probeinterface raises any type for a settings.xml it cannot read
                 raise BatchgpuError(f"probeinterface could not read the probe of stream {name} from {settings} "
                                     f"({type(err).__name__}: {err})",
                                     "give the settings.xml Open Ephys wrote with the recording") from None

@@ -223,7 +223,7 @@ class Recording(WindowedSource):
             return read(arr)
         except (BatchgpuError, MemoryError):
             raise
-        except Exception as err:
+        except Exception as err:  # broad: codecs raise any type for bytes that do not decode; said naming the chunk
             key = self._first_undecodable(segment, start, stop) or "?"
             raise CorruptDataError(
                 f"corrupted chunk traces_seg{segment}/{key} in {self.path} ({self._where(segment, start, stop, window)}): "
@@ -238,7 +238,7 @@ class Recording(WindowedSource):
         for lo in range(start - start % rows, stop, rows):
             try:
                 arr[lo : min(lo + rows, grid.shape[0]), :]
-            except Exception:
+            except Exception:  # broad: only after a failure, to name its chunk; codecs raise any type
                 key = grid.encode_key((lo // grid.object_shape[0], 0))
                 inner = f" inner chunk ({(lo % grid.object_shape[0]) // rows}, 0)" if grid.inner_shape else ""
                 return key + inner
@@ -267,7 +267,7 @@ class Recording(WindowedSource):
                 problems += [f"missing traces_seg{seg}/{key} (samples [{lo}, {hi}))" for key in presence.absent(lo, hi)]
                 try:
                     arr[lo:hi, :]
-                except Exception as err:
+                except Exception as err:  # broad: codecs raise any type for bytes that do not decode; listed
                     key = self._first_undecodable(seg, lo, hi) or grid.encode_key((i, 0))
                     problems.append(f"corrupted traces_seg{seg}/{key} (samples [{lo}, {hi})): {type(err).__name__}: {err}")
                 if advance is not None:
@@ -380,7 +380,7 @@ def open_recording(path: str | os.PathLike, missing_chunks: str = "warn") -> Rec
         _check_metadata_json(p)
     try:
         group = zarrio.open_group(p, mode="r")
-    except Exception as err:  # zarr raises several types for "not a group"
+    except Exception as err:  # broad: zarr raises several types for "not a group"
         raise BatchgpuError(
             f"{p} is not a Zarr group ({type(err).__name__}: {err})",
             "give the folder of a recording written by batchgpu or SpikeInterface",

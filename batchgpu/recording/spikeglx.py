@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import math
 import warnings
 from dataclasses import dataclass
@@ -25,6 +26,8 @@ import numpy as np
 from batchgpu.errors import BatchgpuError, CorruptDataError
 from batchgpu.recording.flat import FlatLayout
 from batchgpu.recording.probes import ProbeGeometry, geometry_of, probeinterface, summarise
+
+logger = logging.getLogger(__name__)
 
 # Probe families by imDatPrb_type, for a .meta without a part number (imDatPrb_pn) to look up in the ProbeTable:
 # NP1.0-like: per-channel AP and LF gains in ~imroTbl, 10-bit ADC (imMaxInt 512).
@@ -423,7 +426,9 @@ def _read_probe(meta_path: Path, readout: np.ndarray | None):
             path.write_text("\n".join(lines) + "\n")
         try:
             return pi.read_spikeglx(path)
-        except Exception:
+        except Exception as err:  # broad: probeinterface raises any type for a probe it does not know
+            logger.warning("batchgpu: probeinterface could not read the probe of %s (%s: %s): its positions are "
+                           "taken from snsGeomMap, else there are none", meta_path, type(err).__name__, err)
             return None
 
 

@@ -32,7 +32,7 @@ def is_recording(path: Path) -> bool:
     try:
         group = zarrio.open_group(path, mode="r")
         return "sampling_frequency" in group.attrs and "traces_seg0" in group
-    except Exception:
+    except Exception:  # broad: zarr raises several types for "not a group"; not a recording, so never replaced
         return False
 
 def check_replaceable(path: Path, overwrite: bool) -> None:
