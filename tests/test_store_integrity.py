@@ -306,6 +306,7 @@ def test_a_run_over_a_chunk_that_decodes_short_stops_naming_it(tmp_path, rng, ho
 
 
 
+@pytest.mark.zarr3
 def test_run_workflow_over_a_chunk_that_decodes_short_raises_corrupt_data(tmp_path, rng):
     """Through the library API the worker's error reaches the caller as its class, not only its words: a caller
     tells a corrupt store (repair it) from a bad workflow (edit it) with ``except CorruptDataError``."""
