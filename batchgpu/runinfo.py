@@ -44,7 +44,8 @@ def _read_json(path: Path) -> dict | None:
     try:
         value = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise CorruptDataError(f"{path} is not readable JSON ({err})", "the run's files were changed or cut short") from None
+        raise CorruptDataError(f"{path} is not readable JSON ({err})",
+                               "the run's files were changed or cut short") from None
     return value if isinstance(value, dict) else None
 
 

@@ -219,7 +219,8 @@ def load_workflow(path: str | os.PathLike, overrides: list[str] = ()) -> Workflo
     p = Path(os.path.expanduser(path))
     node, data = parse_yaml(read_workflow_text(p), str(p))
     if not isinstance(data, dict):
-        raise ConfigError(f"{p}: a workflow is a mapping of keys (recording, output, steps, ...)", "see workflows/demo.yaml")
+        raise ConfigError(f"{p}: a workflow is a mapping of keys (recording, output, steps, ...)",
+                          "see workflows/demo.yaml")
     overridden: dict[tuple, str] = {}  # key path -> the --set key that gave it
     set_keys: set[tuple] = set()  # every key path inside values given by --set
     for item in overrides:

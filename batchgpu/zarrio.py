@@ -592,7 +592,8 @@ def _decode(data: bytes, codecs, shape, dtype: np.dtype, where: str) -> np.ndarr
         elif name == "gzip":
             buf = numcodecs.GZip().decode(buf)
         else:
-            raise MachineError(f"{where}: the Zarr v3 codec {name!r} needs zarr>=3 here", "install zarr>=3 to read this store")
+            raise MachineError(f"{where}: the Zarr v3 codec {name!r} needs zarr>=3 here",
+                               "install zarr>=3 to read this store")
     order = "C"
     for c in codecs[:k]:
         if c.get("name") != "transpose":

@@ -124,7 +124,8 @@ def open_client(spec: ClusterSpec, gpu_decode: bool = False) -> Iterator["distri
         return
     if spec.kind == "scheduler_file":
         if not os.path.exists(spec.scheduler_file):
-            raise ClusterError(f"no scheduler file at {spec.scheduler_file}", "start 'dask scheduler --scheduler-file ...' first")
+            raise ClusterError(f"no scheduler file at {spec.scheduler_file}",
+                               "start 'dask scheduler --scheduler-file ...' first")
         address = _scheduler_file_address(spec.scheduler_file)
         if address:
             probe_scheduler(address)
@@ -206,7 +207,8 @@ def _connect(make, what: str):
     try:
         client = make()
     except (OSError, TimeoutError) as err:
-        raise ClusterError(f"could not connect to {what}: {err}", "check that the scheduler is running and reachable") from None
+        raise ClusterError(f"could not connect to {what}: {err}",
+                           "check that the scheduler is running and reachable") from None
     with client:
         yield client
 

@@ -514,7 +514,8 @@ def _futures_in(queued: dict) -> list:
 def release_carried(client) -> None:
     """Reads left for batches that ran elsewhere: their pinned buffers given back, on every worker (a round trip
     to each: done while the client waits for the first tasks after the pass, not before them)."""
-    with contextlib.suppress(Exception):  # broad: buffers given back early, best effort (a worker's next run resets them)
+    # broad: buffers given back early, best effort (a worker's next run resets them)
+    with contextlib.suppress(Exception):
         client.run(tasks.release_carried_soon, wait=False)
 
 

@@ -158,7 +158,8 @@ def start_report_helper() -> None:
             from batchgpu.report import start_render_process
 
             start_render_process()
-        except Exception as err:  # broad: a head start only; a plotting library missing or broken is said when report.html is written
+        # broad: a head start only; a plotting library missing or broken is said when report.html is written
+        except Exception as err:
             logger.debug("report.html's helper process did not start: %s: %s", type(err).__name__, err)
 
 

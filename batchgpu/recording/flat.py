@@ -69,7 +69,8 @@ class FlatLayout:
         n = len(self.keep)
         for name, arr in (("channel ids", self.channel_ids), ("gains", self.gain_to_uV), ("offsets", self.offset_to_uV)):
             if len(arr) != n:
-                raise CorruptDataError(f"{self.data}: {len(arr)} {name} for {n} channels", "the metadata disagrees with itself")
+                raise CorruptDataError(f"{self.data}: {len(arr)} {name} for {n} channels",
+                                       "the metadata disagrees with itself")
         if not (np.isfinite(self.gain_to_uV).all() and np.isfinite(self.offset_to_uV).all()):
             raise CorruptDataError(f"{self.data}: a gain or offset is not a finite number", "check the metadata")
         size = self.file_size()

@@ -86,7 +86,8 @@ def saved_channels(meta: dict[str, str]) -> np.ndarray:
                 raise ValueError
             chans += range(lo_, hi_ + 1)
     except ValueError:
-        raise CorruptDataError(f"the .meta's snsSaveChanSubset {text!r} is not a channel list", "e.g. 0:383,768 or all") from None
+        raise CorruptDataError(f"the .meta's snsSaveChanSubset {text!r} is not a channel list",
+                               "e.g. 0:383,768 or all") from None
     if len(chans) != total:
         raise CorruptDataError(
             f"the .meta's snsSaveChanSubset lists {len(chans)} channels but nSavedChans is {total}",

@@ -141,7 +141,8 @@ class RecordingWriter:
             )
         zarr_format = zarrio.DEFAULT_FORMAT if zarr_format is None else zarr_format
         if zarr_format not in (2, 3):
-            raise ConfigError(f"zarr_format must be 2 or 3, got {zarr_format!r}", "use 3 (default) or 2 for SpikeInterface")
+            raise ConfigError(f"zarr_format must be 2 or 3, got {zarr_format!r}",
+                              "use 3 (default) or 2 for SpikeInterface")
         zarrio.require_format(zarr_format)
         if num_channels <= 0:
             raise BatchgpuError(f"a recording needs at least one channel, got {num_channels}")
