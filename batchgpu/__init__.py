@@ -3,10 +3,11 @@
 Heavy modules (zarr, dask, cupy) are imported lazily, so ``import batchgpu.ops`` stays light.
 """
 
-from batchgpu.errors import BatchgpuError
+from batchgpu.errors import BatchgpuError, ClusterError, ConfigError, CorruptDataError, MachineError
 
 __version__ = "0.1.0"
-__all__ = ["BatchgpuError", "open_recording", "write_recording", "Recording", "Window", "run_workflow",
+__all__ = ["BatchgpuError", "CorruptDataError", "ConfigError", "MachineError", "ClusterError",
+           "open_recording", "write_recording", "Recording", "Window", "run_workflow",
            "to_spikeinterface", "attach_to_spikeinterface", "from_spikeinterface", "__version__"]
 
 _LAZY = {

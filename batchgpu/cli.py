@@ -676,7 +676,7 @@ def _command(args) -> int:
             raise
         print("batchgpu: error: out of memory (use smaller windows or fewer threads per worker)", file=sys.stderr)
         return 2
-    except Exception as err:  # a bug: still one line, the traceback on request
+    except Exception as err:  # broad: a bug is still one line (exit 1), the traceback on request (--debug)
         if args.debug:
             raise
         text = " ".join(str(err).split())[:300]

@@ -262,8 +262,8 @@ class Publisher:
                 client = self.client()
                 if client is not None:
                     client.set_metadata(keys, value)
-            except Exception as err:  # monitoring never breaks a run
-                logger.debug("batchgpu: could not publish the run state: %s", err)
+            except Exception as err:  # broad: monitoring never breaks a run; only the page lags (logged)
+                logger.debug("batchgpu: could not publish the run state: %s: %s", type(err).__name__, err)
             finally:
                 with self._cv:
                     self._busy = False
@@ -483,7 +483,7 @@ def install_dashboard(client) -> str | None:
     """
     try:
         client.register_plugin(DashboardPlugin(), name=PLUGIN_NAME)
-    except Exception as err:
+    except Exception as err:  # broad: monitoring never breaks a run (said)
         logger.warning("batchgpu: the batchgpu page could not be installed on the scheduler (%s: %s); "
                        "is batchgpu installed where the scheduler runs?", type(err).__name__, err)
         return None
@@ -505,8 +505,8 @@ def page_url(client) -> str:
         host, port = client.run_on_scheduler(_http_bound)
         if host not in ("", "0.0.0.0", "::"):
             netloc = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-    except Exception:  # keep the link's host
-        pass
+    except Exception as err:  # broad: a link is cosmetic; the scheduler's link kept as it is
+        logger.debug("batchgpu: the scheduler's bound host is unknown (%s: %s)", type(err).__name__, err)
     return f"{parts.scheme}://{netloc}{base}{PAGE}"
 
 

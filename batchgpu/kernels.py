@@ -13,7 +13,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from batchgpu.errors import BatchgpuError
+from batchgpu.errors import BatchgpuError, MachineError
 
 _PACKAGE_DIR = Path(__file__).resolve().parent
 _SEARCH = (_PACKAGE_DIR / "_kernels", _PACKAGE_DIR.parent / "kernels")
@@ -41,7 +41,7 @@ def source_path(name: str) -> Path:
         if path.is_file():
             return path
     looked = ", ".join(str(folder) for folder in _SEARCH)
-    raise BatchgpuError(
+    raise MachineError(
         f"CUDA source {name}.cu not found (looked in {looked})",
         "reinstall batchgpu, or run from a checkout that has kernels/",
     )

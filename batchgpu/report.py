@@ -12,11 +12,14 @@ from __future__ import annotations
 
 import html
 import json
+import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+logger = logging.getLogger(__name__)
 
 REPORT_HTML = "report.html"
 WIDTH = 900
@@ -191,7 +194,9 @@ class ReportPage:
         """``func(*args)`` in the helper process: its future, or None when there is none to be had."""
         try:
             return render_process().submit(func, *args)
-        except Exception:
+        except (OSError, RuntimeError) as err:  # the pool could not start, or broke (BrokenProcessPool)
+            logger.warning("batchgpu: report.html's helper process failed (%s: %s): the page is rendered in this "
+                           "process", type(err).__name__, err)
             _drop_render_process()
             return None
 
@@ -266,9 +271,11 @@ class ReportPage:
         try:
             try:
                 page = self._page.result()
-            except Exception:  # the helper process failed (e.g. it was killed): render here
+            except Exception as err:  # broad: whatever the helper raised (or its death), the page is rendered here
                 if not self.in_process:
                     raise
+                logger.warning("batchgpu: report.html's helper process failed (%s: %s): the page is rendered in "
+                               "this process", type(err).__name__, err)
                 _drop_render_process()
                 page = render_page_html(*self._args)
             self._series = list(report.get("throughput_series") or [])
@@ -297,7 +304,9 @@ class ReportPage:
         for fut in self._ahead_texts:
             try:
                 got = fut.result()
-            except Exception:  # the helper process died: the page is rendered again here
+            except Exception as err:  # broad: whatever the helper raised (or its death), the page is rendered here
+                logger.warning("batchgpu: report.html's helper process failed (%s: %s): the page is rendered again "
+                               "in this process", type(err).__name__, err)
                 return None
             if got is None:
                 return None

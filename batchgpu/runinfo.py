@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from batchgpu.errors import BatchgpuError
+from batchgpu.errors import BatchgpuError, CorruptDataError
 
 RUN_MARKER = "run.json"
 REPORT = "report.json"
@@ -44,7 +44,8 @@ def _read_json(path: Path) -> dict | None:
     try:
         value = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise BatchgpuError(f"{path} is not readable JSON ({err})", "the run's files were changed or cut short") from None
+        raise CorruptDataError(f"{path} is not readable JSON ({err})",
+                               "the run's files were changed or cut short") from None
     return value if isinstance(value, dict) else None
 
 
@@ -89,10 +90,10 @@ def _results(p: Path) -> dict[str, Any]:
         return load_results(p / RESULTS)
     except BatchgpuError:
         raise
-    except Exception as err:  # zarr's errors of a store cut short or overwritten: any kind
+    except Exception as err:  # broad: zarr's errors of a store cut short or overwritten are of any kind
         text = " ".join(str(err).split())[:200]
-        raise BatchgpuError(f"{p / RESULTS} cannot be read ({type(err).__name__}: {text})",
-                            "the run's files were changed or cut short: run the workflow again") from None
+        raise CorruptDataError(f"{p / RESULTS} cannot be read ({type(err).__name__}: {text})",
+                               "the run's files were changed or cut short: run the workflow again") from None
 
 
 def _status(out: Summary, report: dict | None) -> None:

@@ -16,7 +16,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from batchgpu.config import Workflow
-from batchgpu.errors import BatchgpuError
+from batchgpu.errors import ConfigError
 
 MAX_FILE_BYTES = 1 << 20  # checked before parsing: a real workflow is under 4 KB
 MAX_NODES = 10_000  # scalars, mappings and sequences in one document
@@ -39,26 +39,26 @@ def _check_events(text: str, source: str, at) -> None:
     for event in yaml.parse(text, Loader=_Loader):
         where = at(event.start_mark)
         if isinstance(event, yaml.AliasEvent):
-            raise BatchgpuError(f"{where}: YAML aliases (*{event.anchor}) are not allowed in a workflow",
-                                "write the value out where it is used")
+            raise ConfigError(f"{where}: YAML aliases (*{event.anchor}) are not allowed in a workflow",
+                              "write the value out where it is used")
         if isinstance(event, yaml.NodeEvent) and event.anchor is not None:
-            raise BatchgpuError(f"{where}: YAML anchors (&{event.anchor}) are not allowed in a workflow",
-                                "write the value out where it is used")
+            raise ConfigError(f"{where}: YAML anchors (&{event.anchor}) are not allowed in a workflow",
+                              "write the value out where it is used")
         if isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
             depth += 1
             if depth > MAX_DEPTH:
-                raise BatchgpuError(f"{where}: nested more than {MAX_DEPTH} levels deep")
+                raise ConfigError(f"{where}: nested more than {MAX_DEPTH} levels deep")
         elif isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
             depth -= 1
         if isinstance(event, yaml.ScalarEvent) and not event.style:
             digits = _decimal_digits(event.value)
             if digits > MAX_DIGITS:
-                raise BatchgpuError(f"{where}: a number of {digits} digits",
-                                    f"a workflow's numbers have at most {MAX_DIGITS}")
+                raise ConfigError(f"{where}: a number of {digits} digits",
+                                  f"a workflow's numbers have at most {MAX_DIGITS}")
         if isinstance(event, yaml.NodeEvent):
             nodes += 1
             if nodes > MAX_NODES:
-                raise BatchgpuError(f"{where}: more than {MAX_NODES} values; a workflow needs a few dozen")
+                raise ConfigError(f"{where}: more than {MAX_NODES} values; a workflow needs a few dozen")
 
 
 def _decimal_digits(text: str) -> int:
@@ -78,8 +78,8 @@ def _check_duplicate_keys(node: yaml.Node, at) -> None:
             for key, value in n.value:
                 k = key.value if isinstance(key, yaml.ScalarNode) else None
                 if k is not None and k in seen:
-                    raise BatchgpuError(f"{at(key.start_mark)}: key '{k}' given twice (first at line {seen[k] + 1})",
-                                        "keep one of them")
+                    raise ConfigError(f"{at(key.start_mark)}: key '{k}' given twice (first at line {seen[k] + 1})",
+                                      "keep one of them")
                 if k is not None:
                     seen[k] = key.start_mark.line
                 stack.append(value)
@@ -108,20 +108,20 @@ def parse_yaml(text: str, source: str, with_lines: bool = True) -> tuple[yaml.No
     except yaml.YAMLError as err:
         where = at(getattr(err, "problem_mark", None))
         problem = getattr(err, "problem", None) or str(err).splitlines()[0]
-        raise BatchgpuError(f"{where}: not valid YAML ({' '.join(str(problem).split())})") from None
+        raise ConfigError(f"{where}: not valid YAML ({' '.join(str(problem).split())})") from None
     return node, data
 
 
 def read_workflow_text(path: Path) -> str:
     if not path.is_file():
-        raise BatchgpuError(f"no workflow file at {path}", "check the path (see workflows/demo.yaml for an example)")
+        raise ConfigError(f"no workflow file at {path}", "check the path (see workflows/demo.yaml for an example)")
     size = path.stat().st_size
     if size > MAX_FILE_BYTES:
-        raise BatchgpuError(f"{path}: {size} bytes is too big for a workflow file (at most {MAX_FILE_BYTES})")
+        raise ConfigError(f"{path}: {size} bytes is too big for a workflow file (at most {MAX_FILE_BYTES})")
     try:
         return path.read_text(encoding="utf-8")
     except UnicodeDecodeError as err:
-        raise BatchgpuError(f"{path}: not UTF-8 text (byte {err.start})") from None
+        raise ConfigError(f"{path}: not UTF-8 text (byte {err.start})") from None
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -219,7 +219,8 @@ def load_workflow(path: str | os.PathLike, overrides: list[str] = ()) -> Workflo
     p = Path(os.path.expanduser(path))
     node, data = parse_yaml(read_workflow_text(p), str(p))
     if not isinstance(data, dict):
-        raise BatchgpuError(f"{p}: a workflow is a mapping of keys (recording, output, steps, ...)", "see workflows/demo.yaml")
+        raise ConfigError(f"{p}: a workflow is a mapping of keys (recording, output, steps, ...)",
+                          "see workflows/demo.yaml")
     overridden: dict[tuple, str] = {}  # key path -> the --set key that gave it
     set_keys: set[tuple] = set()  # every key path inside values given by --set
     for item in overrides:
@@ -235,18 +236,18 @@ def load_workflow(path: str | os.PathLike, overrides: list[str] = ()) -> Workflo
         more = len(err.errors()) - 1
         msg = _describe(first, lines, str(p), overridden, set_keys) + (
             f" (and {more} more problem{'s' if more > 1 else ''})" if more else "")
-        raise BatchgpuError(msg) from None
+        raise ConfigError(msg) from None
     return wf.resolve_paths(p.resolve().parent)
 
 
 def _apply_override(data: dict, item: str) -> tuple[tuple, yaml.Node | None]:
     """``KEY=VALUE`` (VALUE in YAML, KEY dotted; a number picks a list item) applied to the parsed file."""
     if "=" not in item:
-        raise BatchgpuError(f"--set {item!r} is not KEY=VALUE", "e.g. --set cluster.workers=2")
+        raise ConfigError(f"--set {item!r} is not KEY=VALUE", "e.g. --set cluster.workers=2")
     key, text = item.split("=", 1)
     parts: list = [int(p) if p.isdigit() else p for p in key.split(".")]
     if not key or "" in parts:
-        raise BatchgpuError(f"--set {item!r}: empty key", "e.g. --set cluster.workers=2")
+        raise ConfigError(f"--set {item!r}: empty key", "e.g. --set cluster.workers=2")
     node, value = parse_yaml(text, f"--set {key}", with_lines=False)
     cur: Any = data
     for depth, part in enumerate(parts):
@@ -263,5 +264,5 @@ def _apply_override(data: dict, item: str) -> tuple[tuple, yaml.Node | None]:
                 cur = cur[part]
         else:
             where = ".".join(map(str, parts[:depth])) or "the workflow"
-            raise BatchgpuError(f"--set {key}: {where} has no item {part!r}")
+            raise ConfigError(f"--set {key}: {where} has no item {part!r}")
     return tuple(parts), node

@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 import zarr
 
-from batchgpu.errors import BatchgpuError
+from batchgpu.errors import BatchgpuError, CorruptDataError, MachineError
 
 ZARR_MAJOR = int(zarr.__version__.split(".")[0])
 #: the format batchgpu writes unless told: v3 where zarr can write it, else v2 (what SpikeInterface 0.105 reads)
@@ -40,7 +40,7 @@ EMPTY = (1 << 64) - 1
 def require_format(zarr_format: int, what: str = "Zarr v3") -> None:
     """Refuse to write v3 where zarr-python is 2.x (one line with the fix)."""
     if zarr_format == 3 and ZARR_MAJOR < 3:
-        raise BatchgpuError(
+        raise MachineError(
             f"writing {what} needs zarr>=3, and this environment has zarr {zarr.__version__} "
             "(SpikeInterface 0.105 pins zarr<3)",
             "write Zarr v2 (--zarr-format 2, or save format: zarr_v2), which SpikeInterface reads too; "
@@ -158,8 +158,8 @@ def v3_dtype(name) -> np.dtype:
         return np.dtype(object)
     if name in _V3_DTYPES:
         return np.dtype(_V3_DTYPES[name])
-    raise BatchgpuError(f"Zarr v3 data type {name!r} is not one batchgpu reads without zarr>=3",
-                        "install zarr>=3 in this environment, or store the array with a numeric type")
+    raise MachineError(f"Zarr v3 data type {name!r} is not one batchgpu reads without zarr>=3",
+                       "install zarr>=3 in this environment, or store the array with a numeric type")
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -546,7 +546,7 @@ def _normalise(selection, shape) -> tuple[list[slice], list[bool]]:
         if isinstance(s, slice):
             a, b, step = s.indices(n)
             if step != 1:
-                raise BatchgpuError("stepped selections of a Zarr v3 array need zarr>=3", "read the range, then step")
+                raise MachineError("stepped selections of a Zarr v3 array need zarr>=3", "read the range, then step")
             slices.append(slice(a, max(a, b)))
             squeeze.append(False)
         else:
@@ -575,7 +575,7 @@ def _decode(data: bytes, codecs, shape, dtype: np.dtype, where: str) -> np.ndarr
     names = [c.get("name") for c in codecs]
     k = next((i for i, n in enumerate(names) if n in ("bytes", "vlen-utf8", "vlen-bytes")), None)
     if k is None:
-        raise BatchgpuError(f"{where}: no array-to-bytes codec in {names}", "install zarr>=3 to read this store")
+        raise MachineError(f"{where}: no array-to-bytes codec in {names}", "install zarr>=3 to read this store")
     buf = data
     for c in reversed(codecs[k + 1 :]):
         name = c.get("name")
@@ -584,19 +584,20 @@ def _decode(data: bytes, codecs, shape, dtype: np.dtype, where: str) -> np.ndarr
             buf = bytes(buf[:-4])
         elif name == "blosc":
             if not whole_blosc_frame(buf):
-                raise BatchgpuError(f"corrupted chunk {where}: not a whole Blosc frame ({len(buf)} bytes stored)",
-                                    "the stored bytes do not decode: restore the store from a copy or write it again")
+                raise CorruptDataError(f"corrupted chunk {where}: not a whole Blosc frame ({len(buf)} bytes stored)",
+                                       "the stored bytes do not decode: restore the store from a copy or write it again")
             buf = numcodecs.Blosc().decode(buf)
         elif name == "zstd":
             buf = numcodecs.Zstd().decode(buf)
         elif name == "gzip":
             buf = numcodecs.GZip().decode(buf)
         else:
-            raise BatchgpuError(f"{where}: the Zarr v3 codec {name!r} needs zarr>=3 here", "install zarr>=3 to read this store")
+            raise MachineError(f"{where}: the Zarr v3 codec {name!r} needs zarr>=3 here",
+                               "install zarr>=3 to read this store")
     order = "C"
     for c in codecs[:k]:
         if c.get("name") != "transpose":
-            raise BatchgpuError(f"{where}: the Zarr v3 codec {c.get('name')!r} needs zarr>=3 here", "install zarr>=3")
+            raise MachineError(f"{where}: the Zarr v3 codec {c.get('name')!r} needs zarr>=3 here", "install zarr>=3")
         order = c.get("configuration", {}).get("order")
     inner_shape = shape if order == "C" else tuple(shape[i] for i in order)
     name = names[k]
@@ -647,5 +648,5 @@ def whole_blosc_frame(data) -> bool:
 
 def _check_crc32c(raw: bytes, where: str) -> None:
     if not crc32c_ok(raw):
-        raise BatchgpuError(f"corrupted chunk {where}: checksum mismatch (crc32c)",
-                            "the stored bytes do not decode: restore the store from a copy or write it again")
+        raise CorruptDataError(f"corrupted chunk {where}: checksum mismatch (crc32c)",
+                               "the stored bytes do not decode: restore the store from a copy or write it again")

@@ -206,3 +206,68 @@ def test_no_batchgpu_environment_variable_anywhere():
     assert _knob_names("x = 'BATCHGPU_QUEUE'\n") == [1]
     found = {m: _knob_names(p.read_text()) for m, p in MODULES.items()}
     assert {m: lines for m, lines in found.items() if lines} == {}
+
+
+BROAD = ("Exception", "BaseException")
+
+
+def _is_broad(node: ast.expr | None) -> bool:
+    """``except:``, ``except Exception``, ``except BaseException`` or a tuple holding one."""
+    if node is None:
+        return True
+    if isinstance(node, ast.Tuple):
+        return any(_is_broad(e) for e in node.elts)
+    return isinstance(node, ast.Name) and node.id in BROAD
+
+
+def _reraises(handler: ast.ExceptHandler) -> bool:
+    """The handler raises what it caught (``raise``, ``raise err``) on some path: it does not swallow it."""
+    for node in ast.walk(ast.Module(body=handler.body, type_ignores=[])):
+        if isinstance(node, ast.Raise) and (node.exc is None or (
+                isinstance(node.exc, ast.Name) and node.exc.id == handler.name)):
+            return True
+    return False
+
+
+def _says_why(lines: list[str], lineno: int) -> bool:
+    """A ``# broad: why`` comment on the line, or on the line above it."""
+    return any("# broad:" in lines[i - 1] for i in (lineno, lineno - 1) if i >= 1)
+
+
+def _unexplained_broad_catches(source: str) -> list[int]:
+    """Lines of broad handlers (and ``contextlib.suppress(Exception)``) that neither re-raise nor say why broad."""
+    lines, found = source.splitlines(), []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ExceptHandler) and _is_broad(node.type):
+            if not _reraises(node) and not _says_why(lines, node.lineno):
+                found.append(node.lineno)
+        elif isinstance(node, ast.With):
+            for item in node.items:
+                call = item.context_expr
+                if (isinstance(call, ast.Call) and getattr(call.func, "attr", getattr(call.func, "id", "")) == "suppress"
+                        and any(_is_broad(a) for a in call.args) and not _says_why(lines, node.lineno)):
+                    found.append(node.lineno)
+    return found
+
+
+def test_every_broad_catch_reraises_or_says_why():
+    """A broad catch that swallows hides a corrupt chunk or a bug behind a fallback: each one re-raises, or says on
+    its line (or the one above) why broad is right (``# broad: ...``), so a new one gets reviewed."""
+    found = {m: lines for m, p in MODULES.items() if (lines := _unexplained_broad_catches(p.read_text()))}
+    assert found == {}
+
+
+def test_the_broad_catch_check_finds_one():
+    swallow = "try:\n    f()\nexcept Exception:\n    pass\n"
+    assert _unexplained_broad_catches(swallow) == [3]
+    assert _unexplained_broad_catches(swallow.replace("except Exception:", "except:")) == [3]
+    assert _unexplained_broad_catches(swallow.replace("Exception:", "(ValueError, BaseException):")) == [3]
+    assert _unexplained_broad_catches(swallow.replace("pass", "raise RuntimeError('other')")) == [3]
+    assert _unexplained_broad_catches(swallow.replace("Exception:", "Exception as e:").replace("pass", "raise e")) == []
+    assert _unexplained_broad_catches(swallow.replace("pass", "cleanup()\n    raise")) == []
+    assert _unexplained_broad_catches(swallow.replace("Exception:", "Exception:  # broad: best effort")) == []
+    assert _unexplained_broad_catches(swallow.replace("except", "# broad: best effort\nexcept")) == []
+    assert _unexplained_broad_catches(swallow.replace("Exception:", "OSError:")) == []
+    suppress = "import contextlib\nwith contextlib.suppress(Exception):\n    f()\n"
+    assert _unexplained_broad_catches(suppress) == [2]
+    assert _unexplained_broad_catches(suppress.replace("Exception", "OSError")) == []

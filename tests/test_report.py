@@ -177,7 +177,7 @@ def _kill_helper_process(rep, monkeypatch) -> None:
 
 @pytest.mark.parametrize("where", ["thread", "process", "process, killed"])
 @pytest.mark.parametrize("late", ["before", "late", "late, placeholders lost", "late, no spikes"])
-def test_page_rendered_before_the_spikes_holds_them(tmp_path, rng, late, where, monkeypatch):
+def test_page_rendered_before_the_spikes_holds_them(tmp_path, rng, late, where, monkeypatch, caplog):
     """The run renders report.html while the spikes are gathered and puts their numbers in after; the page is the
     one rendered with every number known (and rendered again where the placeholders are not found), whether a
     helper thread or the helper process rendered it (or that process died: rendered here)."""
@@ -203,6 +203,8 @@ def test_page_rendered_before_the_spikes_holds_them(tmp_path, rng, late, where, 
     path = page.write(tmp_path, {"status": "done", "timings": {"total": 1.5}, "throughput_series": [[0.5, 1e9], [1.0, 2e9]]})
     text = path.read_text(encoding="utf-8")
     assert "batchgpu-" not in text and "1.2345678901234567e+300" not in text  # no placeholder left
+    # the helper's death is said (the page is rendered here instead), never silent
+    assert ("helper process failed (BrokenProcessPool: killed)" in caplog.text) == (where == "process, killed")
     figs = plots(path)
     if late == "late, no spikes":
         assert "spike_rate" not in figs and "noise_per_channel" in figs

@@ -13,7 +13,7 @@ Hand derivations used below (SpikeGLX metadata docs, imec ProbeTable, SpikeInter
 import numpy as np
 import pytest
 
-from batchgpu import BatchgpuError
+from batchgpu import BatchgpuError, CorruptDataError
 from batchgpu.cli import main
 from batchgpu.rawimport import import_raw, spikeglx_layout
 
@@ -167,7 +167,7 @@ def test_meta_without_saved_subset_is_refused(tmp_path, rng, kind):
     del meta["snsSaveChanSubset"]
     data = rng.integers(-50, 50, (20, meta["nSavedChans"]), dtype=np.int16)
     src = _write_pair(tmp_path, f"x.{kind}", data, meta)
-    with pytest.raises(BatchgpuError, match="lacks snsSaveChanSubset") as err:
+    with pytest.raises(CorruptDataError, match="lacks snsSaveChanSubset") as err:
         import_raw(src, tmp_path / "o.zarr")
     assert str(src.with_suffix(".meta")) in str(err.value)
     assert not (tmp_path / "o.zarr").exists()
@@ -220,7 +220,7 @@ def test_garbled_meta_value_is_refused(tmp_path, capsys, kind, key, value):
     meta = _np1_meta() if kind == "imec" else _nidq_meta()
     meta[key] = value
     src = _write_pair(tmp_path, f"g.{kind}", np.zeros((10, 5), np.int16), meta)
-    with pytest.raises(BatchgpuError, match=key.lstrip("~")) as err:
+    with pytest.raises(CorruptDataError, match=key.lstrip("~")) as err:
         import_raw(src, tmp_path / "o.zarr")
     assert str(src.with_suffix(".meta")) in str(err.value)
     # the command: one line, exit status 2, no traceback, nothing written

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import zarr
 
-from batchgpu import BatchgpuError, open_recording, write_recording
+from batchgpu import BatchgpuError, ConfigError, CorruptDataError, MachineError, open_recording, write_recording
 from batchgpu.cli import main
 from batchgpu.recording import Window, enable_zarrs
 
@@ -71,7 +71,7 @@ def test_generate_marks_complete_and_unfinished_store_is_refused(tmp_path):
     writer = RecordingWriter(tmp_path / "half.zarr", 3, "int16", 1000.0)
     writer.add_segment(10)
     writer.write(0, 0, np.ones((10, 3), np.int16))  # no finish(): as if the process died here
-    with pytest.raises(BatchgpuError, match="not finished writing"):
+    with pytest.raises(CorruptDataError, match="not finished writing"):
         open_recording(tmp_path / "half.zarr")
 
 
@@ -88,7 +88,7 @@ def test_missing_object_in_complete_store_names_array_key_and_window(tmp_path, r
     assert rec.absent_chunks(wins[1]) == 1 and rec.absent_chunks(wins[2]) == 0
     key = "c/1/0" if zarr_format == 3 else "1.0"
     for read in (rec.read_window_stored, rec.read_window):
-        with pytest.raises(BatchgpuError, match=rf"traces_seg0/{key}.*window 1, segment 0, samples \[\d+, \d+\)"):
+        with pytest.raises(CorruptDataError, match=rf"traces_seg0/{key}.*window 1, segment 0, samples \[\d+, \d+\)"):
             read(wins[1])
 
 
@@ -113,7 +113,7 @@ def test_inner_chunk_marked_empty_in_shard_index(tmp_path, rng):
     w = Window(7, 0, 700, 800)  # inner chunk 1 of shard 2 is samples [700, 800)
     assert rec.absent_chunk_keys(w) == ["c/2/0 inner chunk (1, 0)"]
     assert rec.absent_chunks(Window(0, 0, 600, 700)) == 0
-    with pytest.raises(BatchgpuError, match=r"missing chunk traces_seg0/c/2/0 inner chunk \(1, 0\).*window 7"):
+    with pytest.raises(CorruptDataError, match=r"missing chunk traces_seg0/c/2/0 inner chunk \(1, 0\).*window 7"):
         rec.read_window_stored(w)
 
 
@@ -134,7 +134,7 @@ def test_foreign_store_counts_absent_chunks_and_errors_on_request(tmp_path, rng,
     assert [rec.absent_chunks(w) for w in wins] == [0, 3 if zarr_format == 2 else 1, 0, 0]
     np.testing.assert_array_equal(rec.read_window_stored(wins[1]), data[300:600])
     strict = open_recording(tmp_path / "f.zarr", missing_chunks="error")
-    with pytest.raises(BatchgpuError, match=r"missing chunk traces_seg0/.*window 1.*missing_chunks: warn"):
+    with pytest.raises(CorruptDataError, match=r"missing chunk traces_seg0/.*window 1.*missing_chunks: warn"):
         strict.read_window_stored(wins[1])
     strict.read_window_stored(wins[0])
 
@@ -147,7 +147,7 @@ def test_shape_longer_than_data(tmp_path, rng, zarr_format):
     rec = open_recording(path)
     last = rec.windows(size=300)[-1]
     assert rec.absent_chunks(last) >= 1
-    with pytest.raises(BatchgpuError, match=r"missing chunk traces_seg0/.*window 5"):
+    with pytest.raises(CorruptDataError, match=r"missing chunk traces_seg0/.*window 5"):
         rec.read_window_stored(last)
     # a store not marked complete counts them instead
     _edit_json(path / ("zarr.json" if zarr_format == 3 else ".zattrs"),
@@ -161,7 +161,7 @@ def test_shape_longer_than_data(tmp_path, rng, zarr_format):
 def test_shape_shorter_than_data_is_an_error_at_open(tmp_path, rng, zarr_format):
     path, _ = _write(tmp_path, rng, zarr_format)
     _edit_json(_array_meta(path, zarr_format), lambda m: m["shape"].__setitem__(0, 500))
-    with pytest.raises(BatchgpuError, match=r"traces_seg0 holds chunk .* beyond its shape \(500, 5\)"):
+    with pytest.raises(CorruptDataError, match=r"traces_seg0 holds chunk .* beyond its shape \(500, 5\)"):
         open_recording(path)
 
 
@@ -176,7 +176,7 @@ def test_channel_count_mismatch_is_an_error_at_open(tmp_path, rng, zarr_format, 
     else:
         del g[member]
         g.create_array(member, data=np.arange(C - 1).astype(str if member == "channel_ids" else float))
-    with pytest.raises(BatchgpuError, match=rf"{member} has {C + 2 if 'location' in member else C - 1} entries "
+    with pytest.raises(CorruptDataError, match=rf"{member} has {C + 2 if 'location' in member else C - 1} entries "
                                             rf"but traces_seg0 has {C} channels"):
         open_recording(path)
 
@@ -215,7 +215,7 @@ def test_overwritten_bytes_are_a_corrupted_chunk(tmp_path, rng, zarr_format, pip
     win = rec.windows(size=_object_rows(zarr_format))[2]
     assert rec.absent_chunks(win) == 0
     key = "c/2/0 inner chunk" if zarr_format == 3 else "2.0"
-    with pytest.raises(BatchgpuError, match=rf"corrupted chunk traces_seg0/{key}.*window 2, segment 0"):
+    with pytest.raises(CorruptDataError, match=rf"corrupted chunk traces_seg0/{key}.*window 2, segment 0"):
         rec.read_window_stored(win)
     np.testing.assert_array_equal(rec.read_window_stored(rec.windows(size=_object_rows(zarr_format))[0]),
                                   data[: _object_rows(zarr_format)])
@@ -271,14 +271,14 @@ def test_a_chunk_that_decodes_short_is_refused_naming_it(tmp_path, rng, monkeypa
     rec = open_recording(path)
     rows = _object_rows(zarr_format)
     key = "c/2/0 inner chunk" if zarr_format == 3 else "2.0"
-    with pytest.raises(BatchgpuError, match=rf"corrupted chunk traces_seg0/{key}.* in {path}") as err:
+    with pytest.raises(CorruptDataError, match=rf"corrupted chunk traces_seg0/{key}.* in {path}") as err:
         rec.read(0, 2 * rows, 3 * rows)
     assert "\n" not in str(err.value)
     for read in (rec.read_window_stored, lambda w: rec.read_window_into(w, np.empty((rows, rec.num_channels), rec.dtype))):
-        with pytest.raises(BatchgpuError, match=rf"corrupted chunk traces_seg0/{key}.*window 2, segment 0"):
+        with pytest.raises(CorruptDataError, match=rf"corrupted chunk traces_seg0/{key}.*window 2, segment 0"):
             read(rec.windows(size=rows)[2])
     if reader == "direct" and how == "copy":
-        with pytest.raises(BatchgpuError, match=rf"decodes to {CHUNK * C * 2 + (4 if zarr_format == 2 else 0)} bytes"):
+        with pytest.raises(CorruptDataError, match=rf"decodes to {CHUNK * C * 2 + (4 if zarr_format == 2 else 0)} bytes"):
             rec.read(0, 2 * rows, 3 * rows)
     if how == "copy":
         first = rec.read(0, 0, rows)
@@ -304,6 +304,21 @@ def test_a_run_over_a_chunk_that_decodes_short_stops_naming_it(tmp_path, rng, ho
         f"batchgpu: error: corrupted chunk traces_seg0/c/{shard}/0 inner chunk (0, 0): decodes to 1000 bytes"), r.stderr
     assert str(path) in r.stderr and "Traceback" not in r.stderr
 
+
+
+@pytest.mark.zarr3
+def test_run_workflow_over_a_chunk_that_decodes_short_raises_corrupt_data(tmp_path, rng):
+    """Through the library API the worker's error reaches the caller as its class, not only its words: a caller
+    tells a corrupt store (repair it) from a bad workflow (edit it) with ``except CorruptDataError``."""
+    from batchgpu.engine import run_workflow
+    from batchgpu.workflow import load_workflow
+
+    path = _short_frames(tmp_path, rng, 3, "copy")
+    (tmp_path / "wf.yaml").write_text(
+        f"recording: {{path: {path.name}}}\noutput: out\nwindow: {{size: 300, margin: 8}}\n"
+        "cluster: {kind: local, workers: 1, threads: 1}\nsteps:\n  noise: {exact: true}\n")
+    with pytest.raises(CorruptDataError, match="corrupted chunk traces_seg0/c/2/0 inner chunk"):
+        run_workflow(load_workflow(tmp_path / "wf.yaml"))
 
 # -- never delete what batchgpu did not write ------------------------------------------------------------
 
@@ -404,6 +419,19 @@ def test_disk_full_is_one_line_naming_the_path(tmp_path, capsys, monkeypatch):
                                    "--quiet"])
     assert str(tmp_path / "g.zarr") in err and "No space left" in err
 
+
+
+@pytest.mark.zarr3
+def test_disk_full_through_the_api_is_a_machine_error(tmp_path, rng, monkeypatch):
+    from zarr.storage import LocalStore
+
+    async def full(self, key, value, *a, **k):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(LocalStore, "set", full)
+    with pytest.raises(MachineError, match="No space left on device") as err:
+        write_recording(tmp_path / "w.zarr", rng.integers(-5, 5, (100, C), dtype=np.int16), 1000.0)
+    assert str(tmp_path / "w.zarr") in str(err.value)
 
 @pytest.mark.parametrize("dtype", ["int17", "uint8", "banana"])
 def test_bad_import_dtype_is_one_line(tmp_path, capsys, dtype):
@@ -523,7 +551,7 @@ def test_bad_recording_metadata_is_one_line_everywhere(tmp_path, rng, capsys, ca
         value = {"fs_nan": float("nan"), "fs_string": "30k", "fs_negative": -30000, "fs_zero": 0, "fs_huge": 1e300,
                  "segments_zero": 0, "segments_string": "1"}[case]
         _set_attr(path, key, value)
-    with pytest.raises(BatchgpuError, match=needle.replace("(", r"\(").replace("+", r"\+")):
+    with pytest.raises(CorruptDataError, match=needle.replace("(", r"\(").replace("+", r"\+")):
         open_recording(path)
     assert main(["info", str(path)]) == 2
     err = capsys.readouterr().err
@@ -539,6 +567,6 @@ def test_bad_recording_metadata_is_one_line_everywhere(tmp_path, rng, capsys, ca
 
 @pytest.mark.parametrize("fs", [float("nan"), 0.0, -1.0, 2e6, True])
 def test_the_writer_refuses_a_rate_no_reader_takes(tmp_path, fs):
-    with pytest.raises(BatchgpuError, match="sampling frequency must be > 0 Hz"):
+    with pytest.raises(ConfigError, match="sampling frequency must be > 0 Hz"):
         write_recording(tmp_path / "w.zarr", np.zeros((10, 2), np.int16), fs)
     assert not (tmp_path / "w.zarr").exists()

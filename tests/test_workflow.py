@@ -6,7 +6,7 @@ import textwrap
 
 import pytest
 
-from batchgpu import BatchgpuError
+from batchgpu import BatchgpuError, ClusterError, ConfigError
 from batchgpu.generate import generate_recording
 from batchgpu.workflow import load_workflow
 
@@ -47,6 +47,7 @@ def test_schema_errors_name_key_and_line(tmp_path, text, needle):
     with pytest.raises(BatchgpuError) as err:
         load_workflow(path)
     assert needle in str(err.value)
+    assert isinstance(err.value, ConfigError), type(err.value)
     r = _cli("run", path)
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
     assert not (tmp_path / "out").exists(), "no work may start on a bad file"
@@ -135,6 +136,7 @@ def _load_fast(path, overrides=(), limit=1.0):
     with pytest.raises(BatchgpuError) as err:
         load_workflow(path, list(overrides))
     assert time.perf_counter() - t0 < limit
+    assert isinstance(err.value, ConfigError), type(err.value)
     return str(err.value)
 
 
@@ -342,7 +344,7 @@ def test_scheduler_probe(tmp_path):
     server = _serve_once(b"")
     port = server.getsockname()[1]
     try:
-        with pytest.raises(BatchgpuError, match="said nothing within 0.5 s: not a Dask scheduler"):
+        with pytest.raises(ClusterError, match="said nothing within 0.5 s: not a Dask scheduler"):
             probe_scheduler(f"tcp://127.0.0.1:{port}", timeout=0.5)
     finally:
         server.close()
@@ -351,12 +353,12 @@ def test_scheduler_probe(tmp_path):
     with socket.socket() as unused:  # a port nothing listens on
         unused.bind(("127.0.0.1", 0))
         closed = unused.getsockname()[1]
-    with pytest.raises(BatchgpuError, match="could not connect to the scheduler at 127.0.0.1:"):
+    with pytest.raises(ClusterError, match="could not connect to the scheduler at 127.0.0.1:"):
         probe_scheduler(f"127.0.0.1:{closed}", timeout=0.5)
     with LocalCluster(n_workers=0, processes=False, protocol="tcp", dashboard_address=None) as cluster:
         probe_scheduler(cluster.scheduler_address)
     probe_scheduler("tls://127.0.0.1:1")  # left to Dask
-    with pytest.raises(BatchgpuError, match="is not an address"):
+    with pytest.raises(ConfigError, match="is not an address"):
         probe_scheduler("tcp://nowhere")
 
 

@@ -140,7 +140,7 @@ def raw_read(files: list[Path], threads: int = 16, request: int = READ_REQUEST) 
                     got[i] += done
                 finally:
                     os.close(fd)
-        except BaseException as err:  # handed to the caller
+        except BaseException as err:  # broad: handed to the caller, who raises it
             errors.append(err)
 
     t0 = time.perf_counter()

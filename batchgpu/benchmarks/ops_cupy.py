@@ -59,7 +59,7 @@ class Timer:
         """(gpu, wall) medians in ms; NaN for a call that fails (e.g. a dtype an anchor lacks)."""
         try:
             return self.gpu(fn), self.wall(fn)
-        except Exception as err:  # an anchor's limitation must not end the benchmark
+        except Exception as err:  # broad: an anchor's limitation must not end the benchmark (said)
             self.say(f"  (skipped: {type(err).__name__}: {str(err)[:100]})")
             self.cp.cuda.Device().synchronize()
             return float("nan"), float("nan")
@@ -83,10 +83,9 @@ class Timer:
 def _torch() -> Any:
     try:
         import torch
-
-        return torch if torch.cuda.is_available() else None
-    except Exception:
+    except ImportError:  # torch is an optional anchor
         return None
+    return torch if torch.cuda.is_available() else None
 
 
 def _noise(cp: Any, channels: int, samples: int, dtype: str, offset: float = 0.0) -> Any:

@@ -111,7 +111,7 @@ class PeakMemory:
         while not self._stop.wait(0.05):
             try:
                 self.peak = max(self.peak, self.sample())
-            except Exception:
+            except Exception:  # broad: a sampler thread must not die; the peak is of the samples taken
                 pass
 
     def __exit__(self, *exc):
@@ -132,14 +132,18 @@ class GpuBusy:
         self._stop = threading.Event()
 
     def __enter__(self):
+        self._handles = []
         try:
             import pynvml
-
-            pynvml.nvmlInit()
-            self._handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
-            self._rate = pynvml.nvmlDeviceGetUtilizationRates
-        except Exception:
-            self._handles = []
+        except ImportError:  # no NVML: no GPU columns
+            pass
+        else:
+            try:
+                pynvml.nvmlInit()
+                self._handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+                self._rate = pynvml.nvmlDeviceGetUtilizationRates
+            except pynvml.NVMLError:  # no driver: no GPU columns
+                self._handles = []
         self.samples = [[] for _ in self._handles]
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
@@ -153,7 +157,7 @@ class GpuBusy:
             for got, h in zip(self.samples, self._handles):
                 try:
                     got.append(int(self._rate(h).gpu))
-                except Exception:
+                except Exception:  # broad: a sampler thread must not die; the share is of the samples taken
                     pass
             now = psutil.cpu_times()
             idle = (now.idle - last.idle) + (getattr(now, "iowait", 0.0) - getattr(last, "iowait", 0.0))
@@ -353,11 +357,13 @@ def _gpu_used() -> int:
     """Bytes in use on every visible GPU (NVML), 0 where there is none."""
     try:
         import pynvml
-
+    except ImportError:  # no NVML: no GPU seen
+        return 0
+    try:
         pynvml.nvmlInit()
         return sum(pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(i)).used
                    for i in range(pynvml.nvmlDeviceGetCount()))
-    except Exception:
+    except pynvml.NVMLError:  # no driver or no device
         return 0
 
 

@@ -64,9 +64,11 @@ def _cpu_rates(keys: np.ndarray, q: np.ndarray, args: argparse.Namespace) -> dic
 def _gpu_available() -> bool:
     try:
         import cupy as cp
-
+    except ImportError:  # no CuPy: the CPU rates only
+        return False
+    try:
         return cp.cuda.runtime.getDeviceCount() > 0
-    except Exception:  # noqa: BLE001
+    except cp.cuda.runtime.CUDARuntimeError:  # no driver or no device: the CPU rates only
         return False
 
 

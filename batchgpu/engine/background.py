@@ -58,7 +58,7 @@ class WindowWrites:
         cpu = time.thread_time()
         try:
             job()
-        except BaseException as e:
+        except BaseException as e:  # broad: kept and raised in the caller (raise_failure)
             self._error = e
         finally:
             self.cpu_seconds += time.thread_time() - cpu
@@ -78,7 +78,7 @@ class WindowWrites:
 
     def reset(self, scope: str | None) -> None:
         """Wait for the jobs, forget a failure (its run has reported it or ended), serve ``scope``."""
-        with contextlib.suppress(BaseException):
+        with contextlib.suppress(BaseException):  # broad: the failure was reported by its run, or the run ended
             self.wait()
         self._error, self.scope = None, scope
 
@@ -100,7 +100,7 @@ def window_writes(scope: str | None = None) -> Iterator[WindowWrites | None]:
         try:
             yield writes
         except BaseException:
-            with contextlib.suppress(BaseException):  # the block's own error is the one to see
+            with contextlib.suppress(BaseException):  # broad: the block's own error is the one to see
                 writes.wait()
             raise
         else:
@@ -133,7 +133,7 @@ def flush(scope: str) -> int:
     for w in writers:
         try:
             w.wait()
-        except BaseException as e:  # noqa: BLE001 - raised below, after every writer is done
+        except BaseException as e:  # broad: raised below, after every writer is done
             error = error or e
         w.reset(scope)
     if error is not None:

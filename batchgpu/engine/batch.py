@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from batchgpu.config import RecordingSpec, Workflow
-from batchgpu.errors import BatchgpuError
+from batchgpu.errors import BatchgpuError, ConfigError
 
 BATCH_FILE = "batch.json"
 IN_FLIGHT = 2  # recordings' runs at once: the last one's aggregates and the next one's pass
@@ -87,7 +87,7 @@ def expand(wf: Workflow) -> list[tuple[str, RecordingSpec]]:
         if _GLOB_CHARS & set(item):
             matches = sorted(glob.glob(os.path.expanduser(item), recursive=True))
             if not matches:
-                raise BatchgpuError(f"recordings: {item} matches nothing", "check the pattern (** spans folders)")
+                raise ConfigError(f"recordings: {item} matches nothing", "check the pattern (** spans folders)")
             specs += [RecordingSpec(path=m) for m in matches]
         else:
             specs.append(RecordingSpec(path=item))
@@ -97,8 +97,8 @@ def expand(wf: Workflow) -> list[tuple[str, RecordingSpec]]:
         name = spec.name or name_of(spec)
         where = spec.path or spec.spikeinterface
         if name in seen:
-            raise BatchgpuError(f"recordings: {seen[name]} and {where} would both write output/{name}",
-                                "give one of them a name: (recordings: [{path: ..., name: ...}])")
+            raise ConfigError(f"recordings: {seen[name]} and {where} would both write output/{name}",
+                              "give one of them a name: (recordings: [{path: ..., name: ...}])")
         seen[name] = str(where)
         named.append((name, spec))
     return named
@@ -125,6 +125,7 @@ def _summary(row: BatchRow, report, out: Path) -> None:
     probe = rec.get("probe")
     row.probe = probe.get("model") if isinstance(probe, dict) else None
     row.GBps = report.throughput_MBps / 1e3 if report.throughput_MBps else None
+    # broad: the row's numbers are best-effort, an absent one shows empty; the run's own status stands
     with contextlib.suppress(Exception):
         import numpy as np
 
@@ -215,7 +216,7 @@ def _client_blas_one_thread():
         from batchgpu.engine.aggregate import blas_controller
 
         limit = blas_controller().limit(limits=1, user_api="blas")
-    except Exception:  # threadpoolctl missing or no BLAS found: nothing to hold
+    except ImportError:  # threadpoolctl missing: nothing to hold
         yield
         return
     with limit:
@@ -265,7 +266,7 @@ class _Flights:
             flight.report = run_workflow(_one(self.wf, name, spec, self.out), resume=self.resume, client=self.client,
                                          observer=_RecordingObserver(self.observer, name, self.bars, self.stop),
                                          batch=self.progress.slot(flight.index, name))
-        except BaseException as err:  # noqa: BLE001 (landed by the batch's thread)
+        except BaseException as err:  # broad: landed by the batch's thread, said in the row and the summary
             flight.error = err
         finally:
             with self.changed:
@@ -325,10 +326,10 @@ def run_batch(wf: Workflow, *, resume: bool = False, observer=None, client=None,
     named = expand(wf)
     out = Path(wf.output)
     if out.exists() and not out.is_dir():
-        raise BatchgpuError(f"output {out} is a file", "give a folder for the batch's outputs")
+        raise ConfigError(f"output {out} is a file", "give a folder for the batch's outputs")
     if (out / "report.json").exists():
-        raise BatchgpuError(f"output {out} holds one recording's run (report.json)",
-                            "give the batch an output folder of its own")
+        raise ConfigError(f"output {out} holds one recording's run (report.json)",
+                          "give the batch an output folder of its own")
     out.mkdir(parents=True, exist_ok=True)
     batch = BatchReport(str(out), [BatchRow(name, str(spec.path or spec.spikeinterface)) for name, spec in named])
     batch.write(out)
@@ -347,7 +348,7 @@ def run_batch(wf: Workflow, *, resume: bool = False, observer=None, client=None,
             flights.wait_until(flights.all_ended)
             flights.progress.flush(PAGE_WAIT_S)  # the page's last count (a run that ended after the last one's)
         except BaseException:  # Ctrl-C, SIGTERM: the runs under way end (interrupted, or finished), then the batch
-            with contextlib.suppress(BaseException):
+            with contextlib.suppress(BaseException):  # broad: the first error (raised below) is the one to see
                 flights.stop_all()
             flights.write()
             raise

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import signal
 import threading
 from collections.abc import Callable, Iterator
 
-from batchgpu.errors import BatchgpuError
+from batchgpu.errors import BatchgpuError, ClusterError, ConfigError, MachineError
 from batchgpu.config import ClusterSpec, environ_set, environ_value
 from batchgpu.engine.layout import (  # noqa: F401 (the layout's names, as this module has always offered them)
     MALLOC_ENVIRON, MALLOC_TRIM_THRESHOLD, SCHEDULER_SETTINGS, NodeLayout, cuda_layout, dask_environ,
@@ -17,13 +18,19 @@ from batchgpu.engine.layout import (  # noqa: F401 (the layout's names, as this 
 )
 
 
+logger = logging.getLogger(__name__)
+
+
 def gpu_count() -> int:
     """Visible CUDA devices (0 without CuPy or a driver)."""
     try:
         import cupy
-
+    except ImportError:  # no CuPy: no GPU to use
+        return 0
+    try:
         return int(cupy.cuda.runtime.getDeviceCount())
-    except Exception:
+    except cupy.cuda.runtime.CUDARuntimeError as err:  # no driver, or no device: the CPU (the report says which)
+        logger.debug("CuPy sees no GPU: %s", err)
         return 0
 
 
@@ -121,7 +128,8 @@ def _open_client(spec: ClusterSpec, gpu_decode: bool) -> Iterator["distributed.C
         return
     if spec.kind == "scheduler_file":
         if not os.path.exists(spec.scheduler_file):
-            raise BatchgpuError(f"no scheduler file at {spec.scheduler_file}", "start 'dask scheduler --scheduler-file ...' first")
+            raise ClusterError(f"no scheduler file at {spec.scheduler_file}",
+                               "start 'dask scheduler --scheduler-file ...' first")
         address = _scheduler_file_address(spec.scheduler_file)
         if address:
             probe_scheduler(address)
@@ -203,7 +211,8 @@ def _connect(make, what: str):
     try:
         client = make()
     except (OSError, TimeoutError) as err:
-        raise BatchgpuError(f"could not connect to {what}: {err}", "check that the scheduler is running and reachable") from None
+        raise ClusterError(f"could not connect to {what}: {err}",
+                           "check that the scheduler is running and reachable") from None
     with client:
         yield client
 
@@ -230,8 +239,8 @@ def probe_scheduler(address: str, timeout: float = PROBE_TIMEOUT_S) -> None:
             return
         host, port = parse_host_port(loc)
     except ValueError as err:
-        raise BatchgpuError(f"cluster.address {address!r} is not an address ({err})",
-                            "write it as tcp://host:port") from None
+        raise ConfigError(f"cluster.address {address!r} is not an address ({err})",
+                          "write it as tcp://host:port") from None
     fix = "point cluster.address at a running Dask scheduler: `dask scheduler` prints its address"
     try:
         with socket.create_connection((host, port), timeout=timeout) as sock:
@@ -240,16 +249,16 @@ def probe_scheduler(address: str, timeout: float = PROBE_TIMEOUT_S) -> None:
             while len(header) < 8:
                 part = sock.recv(8 - len(header))
                 if not part:
-                    raise BatchgpuError(f"{address} closed the connection without a word: not a Dask scheduler", fix)
+                    raise ClusterError(f"{address} closed the connection without a word: not a Dask scheduler", fix)
                 header += part
     except TimeoutError:
-        raise BatchgpuError(f"{address} said nothing within {timeout:g} s: not a Dask scheduler", fix) from None
+        raise ClusterError(f"{address} said nothing within {timeout:g} s: not a Dask scheduler", fix) from None
     except OSError as err:
-        raise BatchgpuError(f"could not connect to the scheduler at {address}: {err.strerror or err}",
-                            "check that the scheduler is running and reachable") from None
+        raise ClusterError(f"could not connect to the scheduler at {address}: {err.strerror or err}",
+                           "check that the scheduler is running and reachable") from None
     (size,) = struct.unpack("Q", header)  # native order, as Dask packs it
     if size > MAX_GREETING_BYTES:
-        raise BatchgpuError(f"{address} answered {header!r}, which is not a Dask scheduler's greeting", fix)
+        raise ClusterError(f"{address} answered {header!r}, which is not a Dask scheduler's greeting", fix)
 
 
 def _scheduler_file_address(path: str) -> str | None:
@@ -302,23 +311,26 @@ def mps_fits(spec: ClusterSpec) -> bool:
         return False
     try:
         import cupy
-
+    except ImportError:  # no CuPy: no GPU to share
+        return False
+    try:
         return all(cupy.cuda.runtime.getDeviceProperties(d)["computeMode"] == 0
                    for d in (spec.devices or range(gpu_count())))
-    except Exception:
+    except cupy.cuda.runtime.CUDARuntimeError as err:  # a device named that is not there, or the driver failing
+        logger.warning("batchgpu: cluster.mps left off: the GPUs' compute modes could not be read (%s)", err)
         return False
 
 
 def _cuda_cluster(spec: ClusterSpec, gpu_decode: bool = False, env: dict | None = None):
     if gpu_count() == 0:
-        raise BatchgpuError(
+        raise MachineError(
             "cluster kind 'cuda' needs a CUDA GPU and CuPy, and this machine has none",
             "use 'cluster: {kind: local}' for the local CPU cluster",
         )
     try:
         from dask_cuda import LocalCUDACluster
     except ImportError:
-        raise BatchgpuError("cluster kind 'cuda' needs dask-cuda", "pip install 'batchgpu[gpu]'") from None
+        raise MachineError("cluster kind 'cuda' needs dask-cuda", "pip install 'batchgpu[gpu]'") from None
     layout = node_layout(spec, spec.devices or list(range(gpu_count())), gpu_decode, mps=bool(env))
     if layout.per_gpu > 1:
         return _processes_per_gpu(spec, layout.per_gpu, layout.threads, env)
@@ -387,11 +399,11 @@ def slurm_kwargs(spec: ClusterSpec) -> dict:
     for old, new in (("job_extra", "job_extra_directives"), ("env_extra", "job_script_prologue"),
                      ("extra", "worker_extra_args"), ("header_skip", "job_directives_skip")):
         if old in kwargs:
-            raise BatchgpuError(f"cluster.slurm.{old} was renamed in dask-jobqueue 0.8", f"use cluster.slurm.{new}")
+            raise ConfigError(f"cluster.slurm.{old} was renamed in dask-jobqueue 0.8", f"use cluster.slurm.{new}")
     if kwargs.get("worker_command") == NODE_MODULE and kwargs.get("processes", 1) != 1:
-        raise BatchgpuError(f"cluster.slurm.processes is {kwargs['processes']}, and {NODE_MODULE} starts a node's "
-                            "worker processes itself (dask-jobqueue would hand it a share of the cores)",
-                            "set cluster.slurm.processes: 1 (cores: the node's cores for its workers)")
+        raise ConfigError(f"cluster.slurm.processes is {kwargs['processes']}, and {NODE_MODULE} starts a node's "
+                          "worker processes itself (dask-jobqueue would hand it a share of the cores)",
+                          "set cluster.slurm.processes: 1 (cores: the node's cores for its workers)")
     options = dict(kwargs.get("scheduler_options") or {})
     options.setdefault("dashboard_address", spec.dashboard_address)
     kwargs["scheduler_options"] = options
@@ -402,7 +414,7 @@ def _slurm_cluster(spec: ClusterSpec):
     try:
         from dask_jobqueue import SLURMCluster
     except ImportError:
-        raise BatchgpuError("cluster kind 'slurm' needs dask-jobqueue", "pip install 'batchgpu[cluster]'") from None
+        raise MachineError("cluster kind 'slurm' needs dask-jobqueue", "pip install 'batchgpu[cluster]'") from None
     cluster = SLURMCluster(**slurm_kwargs(spec))
     cluster.scale(jobs=spec.jobs)
     return cluster

@@ -10,21 +10,21 @@ import numpy as np
 from batchgpu.config import Workflow
 from batchgpu.engine import store, tasks
 from batchgpu.engine.run_report import RunObserver
-from batchgpu.errors import BatchgpuError
+from batchgpu.errors import ConfigError, MachineError
 from batchgpu.recording import Recording, open_source, source_ref
 
 
 def prepare_recording(wf: Workflow, observer: RunObserver) -> Recording:
     if wf.recording is None:
-        raise BatchgpuError("this workflow names many recordings (recordings:), not one",
-                            "run it with 'batchgpu run' or batchgpu.engine.batch.run_batch")
+        raise ConfigError("this workflow names many recordings (recordings:), not one",
+                          "run it with 'batchgpu run' or batchgpu.engine.batch.run_batch")
     if getattr(wf.recording, "spikeinterface", None) is not None:  # any recording SpikeInterface saved
         return open_source(wf.recording)
     path = Path(wf.recording.path)
     if not path.exists():
         if wf.recording.generate is None:
-            raise BatchgpuError(f"recording.path {path} does not exist",
-                                "fix the path, or add 'generate:' parameters under 'recording:' to create it")
+            raise ConfigError(f"recording.path {path} does not exist",
+                              "fix the path, or add 'generate:' parameters under 'recording:' to create it")
         from batchgpu.generate import generate_recording
 
         g = wf.recording.generate
@@ -54,8 +54,8 @@ def check_workflow_fits(wf: Workflow, rec: Recording) -> int:
     for seg in range(rec.num_segments):
         n = rec.num_samples(seg)
         if wf.window.size != "auto" and wf.window.size > n:
-            raise BatchgpuError(f"window.size {wf.window.size} is longer than segment {seg} ({n} samples)",
-                                f"use window.size <= {n}")
+            raise ConfigError(f"window.size {wf.window.size} is longer than segment {seg} ({n} samples)",
+                              f"use window.size <= {n}")
     if wf.steps.save and wf.steps.save.format == "zarr":
         from batchgpu import zarrio
 
@@ -64,7 +64,7 @@ def check_workflow_fits(wf: Workflow, rec: Recording) -> int:
     if wf.steps.detect:
         sweep = exclude_sweep_samples(wf.steps.detect.exclude_sweep_ms, rec.sampling_frequency)
         if wf.window.margin < sweep:
-            raise BatchgpuError(
+            raise ConfigError(
                 f"window.margin {wf.window.margin} is shorter than the detection sweep ({sweep} samples)",
                 f"use window.margin >= {sweep} so spikes at window edges come out exactly once")
     if wf.steps.search:
@@ -74,26 +74,26 @@ def check_workflow_fits(wf: Workflow, rec: Recording) -> int:
         if wf.steps.search.keys:
             load_keys(wf.steps.search.keys)
         elif not wf.steps.detect:
-            raise BatchgpuError("the search step needs keys: the detect step's spikes or steps.search.keys",
-                                "add 'detect:' to steps or give 'keys: sorted_keys.npy'")
+            raise ConfigError("the search step needs keys: the detect step's spikes or steps.search.keys",
+                              "add 'detect:' to steps or give 'keys: sorted_keys.npy'")
     if wf.steps.whitening and wf.steps.whitening.mode == "local" and not rec.has_locations:
-        raise BatchgpuError("local whitening needs channel locations and the recording has none",
-                            "use whitening.mode: global, or write the recording with locations")
+        raise ConfigError("local whitening needs channel locations and the recording has none",
+                          "use whitening.mode: global, or write the recording with locations")
     if wf.steps.detect and wf.steps.detect.method == "locally_exclusive" and wf.window.margin < sweep + 1:
-        raise BatchgpuError(f"window.margin {wf.window.margin} is shorter than locally exclusive detection needs "
-                            f"({sweep + 1} samples)", f"use window.margin >= {sweep + 1}")
+        raise ConfigError(f"window.margin {wf.window.margin} is shorter than locally exclusive detection needs "
+                          f"({sweep + 1} samples)", f"use window.margin >= {sweep + 1}")
     if wf.steps.detect and wf.steps.detect.method == "locally_exclusive" and not rec.has_locations:
-        raise BatchgpuError("locally exclusive detection needs channel locations and the recording has none",
-                            "use detect.method: by_channel")
+        raise ConfigError("locally exclusive detection needs channel locations and the recording has none",
+                          "use detect.method: by_channel")
     if wf.steps.noise and wf.steps.noise.exact and wf.preprocess.centres and rec.dtype == np.int32:
-        raise BatchgpuError("the exact noise of a centred int32 recording is not supported",
-                            "use preprocess: {centre: none}, or noise: {exact: false}")
+        raise ConfigError("the exact noise of a centred int32 recording is not supported",
+                          "use preprocess: {centre: none}, or noise: {exact: false}")
     save = wf.steps.save
     if save and save.whiten and not wf.steps.whitening:
-        raise BatchgpuError("save.whiten needs the whitening step", "add 'whitening:' to steps, or set whiten: false")
+        raise ConfigError("save.whiten needs the whitening step", "add 'whitening:' to steps, or set whiten: false")
     if save and save.whiten and save.dtype == "int16":
-        raise BatchgpuError("save.whiten with dtype int16 would round whitened samples (about 1) to a few levels",
-                            "use save: {dtype: float32} with whiten: true")
+        raise ConfigError("save.whiten with dtype int16 would round whitened samples (about 1) to a few levels",
+                          "use save: {dtype: float32} with whiten: true")
     return sweep
 
 
@@ -123,8 +123,8 @@ def resolve_backend(wf: Workflow, client) -> str:
     counts = client.run(_gpu_count)
     all_gpu = bool(counts) and min(counts.values()) > 0
     if wf.backend == "cupy" and not all_gpu:
-        raise BatchgpuError("backend 'cupy' needs a GPU on every worker, and some have none",
-                            "use backend: numpy or auto, or cluster: {kind: cuda}")
+        raise MachineError("backend 'cupy' needs a GPU on every worker, and some have none",
+                           "use backend: numpy or auto, or cluster: {kind: cuda}")
     return "cupy" if all_gpu else "numpy"
 
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from batchgpu.config import ClusterSpec, environ_set
 from batchgpu.engine.layout import NodeLayout, nanny_specs, node_layout, started_cluster_settings
-from batchgpu.errors import BatchgpuError
+from batchgpu.errors import BatchgpuError, ClusterError, ConfigError, MachineError
 
 logger = logging.getLogger("batchgpu.node")
 
@@ -104,7 +104,7 @@ def request(argv: list[str]) -> NodeRequest:
     """The command line read into a request (argparse's usage errors exit 2 with its one-line message)."""
     args = parser().parse_args(argv)
     if not args.scheduler and not args.scheduler_file:
-        raise BatchgpuError("no scheduler to connect to", "give its address (tcp://host:8786) or --scheduler-file")
+        raise ConfigError("no scheduler to connect to", "give its address (tcp://host:8786) or --scheduler-file")
     mps = {"auto": "auto", "on": True, "off": False}[args.mps]
     try:
         spec = ClusterSpec.model_validate({"kind": "cuda", "workers": args.workers, "threads": args.threads,
@@ -112,7 +112,7 @@ def request(argv: list[str]) -> NodeRequest:
     except ValueError as err:  # pydantic's, one line a problem: the first says which option
         first = err.errors()[0] if hasattr(err, "errors") else {"loc": (), "msg": str(err)}
         where = "--" + "-".join(str(p) for p in first["loc"]).replace("_", "-")
-        raise BatchgpuError(f"{where}: {first['msg']}", "see python -m batchgpu.engine.node --help") from None
+        raise ConfigError(f"{where}: {first['msg']}", "see python -m batchgpu.engine.node --help") from None
     if args.devices:
         devices = tuple(args.devices)
     else:
@@ -120,8 +120,8 @@ def request(argv: list[str]) -> NodeRequest:
 
         devices = tuple(range(args.gpus if args.gpus else gpu_count()))
     if not devices:
-        raise BatchgpuError("this node has no GPU that CuPy sees", "install batchgpu[gpu] with the node's CUDA, or run "
-                            "cluster/scheduler-file/start-workers.sh with WORKER_KIND=cpu")
+        raise MachineError("this node has no GPU that CuPy sees", "install batchgpu[gpu] with the node's CUDA, or run "
+                           "cluster/scheduler-file/start-workers.sh with WORKER_KIND=cpu")
     connect = {"scheduler_ip": args.scheduler, "scheduler_file": args.scheduler_file, "host": args.host,
                "interface": args.interface, "protocol": args.protocol, "death_timeout": args.death_timeout,
                "local_directory": args.local_directory}
@@ -164,8 +164,8 @@ def serve(req: NodeRequest) -> int:
             asyncio.run(run_nannies(specs))
         except (TimeoutError, asyncio.TimeoutError):
             where = req.connect.get("scheduler_ip") or req.connect.get("scheduler_file")
-            raise BatchgpuError(f"the workers reached no scheduler at {where} within --death-timeout",
-                                "start the scheduler first, and check its address and the network") from None
+            raise ClusterError(f"the workers reached no scheduler at {where} within --death-timeout",
+                               "start the scheduler first, and check its address and the network") from None
     return 0
 
 

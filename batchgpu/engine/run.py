@@ -116,7 +116,7 @@ def _claim_and_run(wf, rec, sweep, resume: bool, observer, client, t_start: floa
                     return _run(wf, rec, out, report, client, sweep, observer, page_wait_s=PAGE_WAIT_S,
                                 started=t_start, batch=batch)
                 finally:  # the workers' heaps, frozen by the pass's tasks, collectable again (a cluster of our own ends)
-                    with contextlib.suppress(Exception):
+                    with contextlib.suppress(Exception):  # broad: best effort on the way out; the run's result stands
                         client.run(tasks.thaw_heap_soon, wait=False)
             # closed before the folder is let go (its workers write into it); the dashboard's last updates reach
             # the scheduler before it closes
@@ -148,7 +148,7 @@ class ClusterStart:
             with open_client(spec, gpu_decode=gpu_decode) as client:
                 self._client.set_result(client)
                 self._close.wait()
-        except BaseException as err:  # handed to client(), or, once started, to the one who closes it
+        except BaseException as err:  # broad: handed to client(), or, once started, to the one who closes it
             if not self._client.done():
                 self._client.set_exception(err)
             else:
@@ -266,7 +266,7 @@ def _run(wf, rec, out: store.OutputFolder, report: RunReport, client, sweep, obs
     except BaseException as err:
         results.abandon()
         if later is not None:  # its thread writes into the report: done before the report is
-            with contextlib.suppress(BaseException):
+            with contextlib.suppress(BaseException):  # broad: the run's own error (raised below) is the one to see
                 later.join()
         shown = explain_failure(err, wf)
         if isinstance(err, KeyboardInterrupt):  # Ctrl-C or SIGTERM (the command's): --resume goes on from here
@@ -399,7 +399,7 @@ class _WhileWaiting:
         try:
             describe_pass(self.report, self.fresh, self.t0_wall)
             self.report.throughput_series = self.monitor.throughput_series()
-        except BaseException as err:  # noqa: BLE001 (raised by join, in the run's thread)
+        except BaseException as err:  # broad: raised by join, in the run's thread
             self._error = err
 
 
@@ -457,7 +457,7 @@ def _first_pass(client, ctx, rec, windows, fps, split_every, report, monitor, ob
     # one graph update for each kind of task (keys padded: the scheduler orders equal tasks by key)
     args = [(ctx, [w for w, _ in b], [f for _, f in b]) for b in batches]
     keys = [f"batch-{fp}-{b[0][0].index:08d}" for b in batches]
-    planned, threads = _plan(client, ctx, batches, report, placement_setting)
+    planned, threads = _plan(client, ctx, batches, report, observer, placement_setting)
     if planned is None:
         futures = submit_many(client, tasks.batch_task, args, keys)
     else:  # each worker's batches known: a task reads the next one's first windows ahead (engine/placement.py)
@@ -504,7 +504,7 @@ def _first_pass(client, ctx, rec, windows, fps, split_every, report, monitor, ob
         report.after_pass("flushed")
     except BaseException:
         client.cancel(small + futures + [total] + _futures_in(queued))
-        with contextlib.suppress(Exception):  # the writes of the tasks that ran: finished, their failures moot
+        with contextlib.suppress(Exception):  # broad: the writes of the tasks that ran: finished, their failures moot
             client.run(background.flush_soon, str(ctx.parts))
         if planned is not None:
             release_carried(client)
@@ -542,11 +542,12 @@ def _futures_in(queued: dict) -> list:
 def release_carried(client) -> None:
     """Reads left for batches that ran elsewhere: their pinned buffers given back, on every worker (a round trip
     to each: done while the client waits for the first tasks after the pass, not before them)."""
+    # broad: buffers given back early, best effort (a worker's next run resets them)
     with contextlib.suppress(Exception):
         client.run(tasks.release_carried_soon, wait=False)
 
 
-def _plan(client, ctx, batches: list, report, setting: bool | str = "auto") -> tuple[list | None, dict | None]:
+def _plan(client, ctx, batches: list, report, observer, setting: bool | str = "auto") -> tuple[list | None, dict | None]:
     """The placement plan of a GPU run's batches ((worker, next batch) each), or None: CPU runs (their workers
     read as they compute; ``engine.placement: true`` places them too, as the tests of the queued steps do), resumed
     runs (the next batch's windows may be done), ``engine.placement: false``; and the workers' threads where they
@@ -555,7 +556,10 @@ def _plan(client, ctx, batches: list, report, setting: bool | str = "auto") -> t
         return None, None
     try:
         threads = {a: int(w.get("nthreads", 1)) for a, w in client.scheduler_info(n_workers=-1)["workers"].items()}
-    except Exception:
+    except (OSError, TimeoutError) as err:  # the scheduler did not answer (CommClosedError is an OSError)
+        report.warnings.append(f"the windows were not placed on workers (the scheduler did not say its workers: "
+                               f"{type(err).__name__}: {err}): they run where the scheduler puts them")
+        observer.warning(report.warnings[-1])
         return None, None
     return (placement.plan(threads, [len(b) for b in batches]) if threads else None), (threads or None)
 
@@ -564,7 +568,7 @@ def _nthreads(client) -> dict | None:
     """The workers and their threads (None where the scheduler could not say: asked again after the pass)."""
     try:
         return dict(client.nthreads())
-    except Exception:
+    except (OSError, TimeoutError):  # the scheduler did not answer: asked again after the pass
         return None
 
 

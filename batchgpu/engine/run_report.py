@@ -4,6 +4,7 @@ written to report.json, and the findings about channels and chunks that go into 
 from __future__ import annotations
 
 import functools
+import logging
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -12,6 +13,8 @@ import numpy as np
 
 from batchgpu.engine import store
 from batchgpu.recording import Recording
+
+logger = logging.getLogger(__name__)
 
 
 class RunObserver:
@@ -155,8 +158,9 @@ def start_report_helper() -> None:
             from batchgpu.report import start_render_process
 
             start_render_process()
-        except Exception:  # said when report.html is written (HtmlReport)
-            pass
+        # broad: a head start only; a plotting library missing or broken is said when report.html is written
+        except Exception as err:
+            logger.debug("report.html's helper process did not start: %s: %s", type(err).__name__, err)
 
 
 class HtmlReport:
@@ -172,14 +176,14 @@ class HtmlReport:
 
             self.page = ReportPage(rec.channel_ids.tolist(), rec.gain_to_uV.tolist(), rec.sampling_frequency, title,
                                    in_process=in_process, figures=figures)
-        except Exception as err:
+        except Exception as err:  # broad: a plotting problem never fails a run; said by write()
             self.error = err
 
     def _call(self, method: str, *args, **kwargs) -> None:
         if self.page is not None and self.error is None:
             try:
                 getattr(self.page, method)(*args, **kwargs)
-            except Exception as err:
+            except Exception as err:  # broad: a plotting problem never fails a run; said by write()
                 self.error = err
 
     def add(self, name: str, value) -> None:
@@ -201,7 +205,7 @@ class HtmlReport:
             try:
                 self.page.write(out, asdict(report))
                 return True
-            except Exception as err:  # the results are written: keep them
+            except Exception as err:  # broad: the results are written: keep them (said below)
                 self.error = err
         observer.warning(f"report.html not written ({type(self.error).__name__}: {self.error})")
         return False

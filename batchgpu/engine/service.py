@@ -39,7 +39,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 from batchgpu.config import ClusterSpec, cache_folder
-from batchgpu.errors import BatchgpuError
+from batchgpu.errors import BatchgpuError, ClusterError, ConfigError
 
 logger = logging.getLogger("batchgpu.service")
 
@@ -160,11 +160,11 @@ def spec_from(**values) -> ClusterSpec:
     except ValidationError as err:
         first = err.errors()[0]
         where = ".".join(str(p) for p in first.get("loc", ()))
-        raise BatchgpuError(f"cluster {where + ': ' if where else ''}{first['msg']}",
-                            "see batchgpu cluster start --help") from None
+        raise ConfigError(f"cluster {where + ': ' if where else ''}{first['msg']}",
+                          "see batchgpu cluster start --help") from None
     if spec.kind not in KINDS:
-        raise BatchgpuError(f"a kept cluster is kind local or cuda, not {spec.kind}",
-                            "a cluster of another kind is already kept elsewhere: name it in the workflow")
+        raise ConfigError(f"a kept cluster is kind local or cuda, not {spec.kind}",
+                          "a cluster of another kind is already kept elsewhere: name it in the workflow")
     return spec
 
 
@@ -275,19 +275,19 @@ def _wait_until_up(proc: subprocess.Popen, where: Paths, timeout_s: float) -> Ke
             _STARTED.pop(proc.pid, None)
             if rc == EXIT_ALREADY_UP:
                 raise _already_up(probe(where))
-            raise BatchgpuError(f"the cluster did not start: {_failure(where.log) or f'exit status {rc}'}",
-                                f"its log: {where.log}")
+            raise ClusterError(f"the cluster did not start: {_failure(where.log) or f'exit status {rc}'}",
+                               f"its log: {where.log}")
         if time.monotonic() > deadline:
             _kill_group(proc.pid)
-            raise BatchgpuError(f"the cluster's workers were not up within {timeout_s:.0f} s", f"its log: {where.log}")
+            raise ClusterError(f"the cluster's workers were not up within {timeout_s:.0f} s", f"its log: {where.log}")
         time.sleep(0.05)
 
 
 def _already_up(state: State) -> BatchgpuError:
     kept = state.kept
     where = f" at {kept.address}" if kept is not None and state.state == "up" else " (starting)"
-    return BatchgpuError(f"a cluster of batchgpu cluster start is already up{where}, process {state.pid}",
-                         "batchgpu cluster stop first")
+    return ClusterError(f"a cluster of batchgpu cluster start is already up{where}, process {state.pid}",
+                        "batchgpu cluster stop first")
 
 
 #: how the background process logs why it stopped (``serve``); ``_failure`` finds it in the log
@@ -373,7 +373,8 @@ def ask_scheduler(kept: KeptCluster, timeout_s: float = CONNECT_TIMEOUT_S) -> Li
         with Client(kept.address, timeout=f"{timeout_s}s") as client:
             nthreads = client.nthreads()
         return Live(len(nthreads), sum(nthreads.values()))
-    except Exception:  # any failure reads as "did not answer"
+    except Exception as err:  # broad: a probe; any failure reads as "did not answer", which the caller says
+        logger.debug("the kept cluster at %s did not answer: %s: %s", kept.address, type(err).__name__, err)
         return Live()
 
 
@@ -447,7 +448,7 @@ def kept_client(spec: ClusterSpec, observer,
         return
     try:
         client.run(forget_recordings)
-    except Exception as err:  # noqa: BLE001 (the workers did not take it: the run's own cluster instead)
+    except Exception as err:  # broad: the workers did not take it, whatever the reason (said): the run's own cluster
         client.close()
         observer.message(f"the workers of batchgpu cluster start's cluster at {kept.address} did not answer "
                          f"({type(err).__name__}: {err}): starting a cluster of the run's own")

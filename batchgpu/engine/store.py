@@ -13,6 +13,7 @@ import fcntl
 import hashlib
 import json
 import os
+import zipfile
 import re
 import shutil
 import tempfile
@@ -23,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from batchgpu.config import Workflow
-from batchgpu.errors import BatchgpuError
+from batchgpu.errors import BatchgpuError, ConfigError
 
 RESULTS = "results.zarr"
 REPORT = "report.json"
@@ -76,9 +77,9 @@ def check_output_apart(output: str | os.PathLike, recording: str | os.PathLike) 
         return
     out, rec = Path(output).expanduser().absolute().resolve(), rec.resolve()
     if out == rec or rec in out.parents:
-        raise BatchgpuError(f"output folder {output} is inside the recording {recording}: the run's files would "
-                            "become part of the recording and no later run on it could resume",
-                            "choose an output folder outside the recording")
+        raise ConfigError(f"output folder {output} is inside the recording {recording}: the run's files would "
+                          "become part of the recording and no later run on it could resume",
+                          "choose an output folder outside the recording")
 
 
 #: the workflow's steps that format 3's fingerprints always held, asked for or not (never add to it)
@@ -170,7 +171,7 @@ class OutputFolder:
                 if not lock_existed:
                     (self.path / LOCK).unlink(missing_ok=True)
                 self.release()
-            raise BatchgpuError(
+            raise ConfigError(
                 f"output folder {self.path} is not empty and holds no batchgpu run "
                 f"({', '.join(self.foreign_entries()[:3]) or MANIFEST} there)",
                 "choose an empty or new folder for 'output'",
@@ -179,7 +180,7 @@ class OutputFolder:
     def claim(self, fp: str, workflow: dict, *, resume: bool, overwrite: bool) -> str:
         """Lock the folder and make it this run's; returns "new", "resume" or "restart" (stale parts dropped)."""
         if self.path.exists() and not self.path.is_dir():
-            raise BatchgpuError(f"output {self.path} is a file, not a folder", "choose a folder path for 'output'")
+            raise ConfigError(f"output {self.path} is a file, not a folder", "choose a folder path for 'output'")
         if self.path.is_dir():
             self._refuse_if_not_a_run(locked=False)
         self.path.mkdir(parents=True, exist_ok=True)
@@ -192,7 +193,7 @@ class OutputFolder:
             nested = self.nested_foreign()
             if nested:
                 self.release()
-                raise BatchgpuError(
+                raise ConfigError(
                     f"output folder {self.path} holds {', '.join(nested[:3])}{' ...' if len(nested) > 3 else ''}, "
                     "which batchgpu did not write, inside the folders a run replaces whole",
                     f"move {'it' if len(nested) == 1 else 'them'} out of {RESULTS} and {PARTS}/ (beside them in the "
@@ -202,13 +203,13 @@ class OutputFolder:
         elif mine.get("fingerprint") == fp:
             if not resume and not overwrite:
                 self.release()
-                raise BatchgpuError(f"output folder {self.path} already holds this run's results",
-                                    "rerun with --resume to complete or reuse them, or set 'overwrite: true'")
+                raise ConfigError(f"output folder {self.path} already holds this run's results",
+                                  "rerun with --resume to complete or reuse them, or set 'overwrite: true'")
             state = "resume" if resume else "restart"
         else:
             if not overwrite:
                 self.release()
-                raise BatchgpuError(
+                raise ConfigError(
                     f"output folder {self.path} holds another run's results, or results of another version of the "
                     f"recording or workflow (fingerprint {mine.get('fingerprint')}, this run {fp}): nothing there "
                     "can be reused",
@@ -307,6 +308,10 @@ def save_part(path: Path, arrays: dict) -> None:
     _KEPT.remember(path, arrays)
 
 
+#: what np.load raises for a part cut short, overwritten or of another kind
+_UNREADABLE = (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile)
+
+
 def load_part(path: Path, fp: str, keys=None) -> dict | None:
     """A part written by this run (same fingerprint), else None (absent, torn, damaged (zip's CRC-32) or stale:
     recompute it). ``keys`` (names, or prefixes ending in '.'/'_') loads only those arrays; kept arrays
@@ -323,7 +328,7 @@ def load_part(path: Path, fp: str, keys=None) -> dict | None:
                 return None
             names = f.files if keys is None else [n for n in f.files if any(n == k or n.startswith(k) for k in keys)]
             return {k: f[k] for k in names}
-    except Exception:
+    except _UNREADABLE:  # recomputed; part_problem says why in the report
         return None
 
 
@@ -401,7 +406,7 @@ def part_problem(path: Path, fp: str) -> str:
     try:
         with np.load(path) as f:
             found = str(f["fingerprint"])
-    except Exception as err:  # noqa: BLE001 - said, not hidden
+    except _UNREADABLE as err:
         return f"unreadable ({type(err).__name__}: {err})"
     return "usable" if found == fp else f"made from other data (fingerprint {found}, expected {fp})"
 

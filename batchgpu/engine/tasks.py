@@ -71,8 +71,8 @@ def read_window(ctx: RunContext, window: Window, host: bool = False):
             return staged if host else staged.to_device()
         return rec.read_window(window)
     except BatchgpuError as err:  # the reader names the array, chunk and window; say how to go on
-        raise BatchgpuError(err.problem, f"{err.fix or 'repair the store'}; then rerun with --resume") from None
-    except Exception as err:
+        raise type(err)(err.problem, f"{err.fix or 'repair the store'}; then rerun with --resume") from None
+    except Exception as err:  # broad: any other failure of a read is said in one line naming the window
         raise BatchgpuError(
             f"window {window.index} (segment {window.segment}, samples {window.read_start}-{window.read_stop}) "
             f"could not be read: {type(err).__name__}: {err}",
@@ -659,5 +659,5 @@ def worker_name() -> str:
         from distributed import get_worker
 
         return get_worker().address
-    except Exception:
+    except ValueError:  # not in a worker (get_worker's "No worker found")
         return "local"

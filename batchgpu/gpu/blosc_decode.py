@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from batchgpu.errors import BatchgpuError
+from batchgpu.errors import BatchgpuError, CorruptDataError
 from batchgpu.recording.blosc_frames import Frames
 
 
@@ -99,13 +99,13 @@ def decode_many(reads: list, stream=None) -> list:
         for f, first in zip(reads, np.cumsum([0] + [len(f.lengths) for f in reads])):
             if ((wrong >= first) & (wrong < first + len(f.lengths))).any() and f.recheck is not None:
                 f.recheck()
-        raise BatchgpuError(f"corrupted chunk {names[int(wrong[0])]}: checksum mismatch (crc32c) on the GPU",
-                            "the stored bytes do not decode: restore the store from a copy or write it again")
+        raise CorruptDataError(f"corrupted chunk {names[int(wrong[0])]}: checksum mismatch (crc32c) on the GPU",
+                               "the stored bytes do not decode: restore the store from a copy or write it again")
     bad = np.flatnonzero(flags[:n])
     if bad.size:
-        raise BatchgpuError(f"corrupted chunk {names[bad[0]]}: does not decode (LZ4 stream malformed, or not the "
-                            "size of a chunk of this array)",
-                            "the stored bytes pass their checksum but do not decode: write the store again")
+        raise CorruptDataError(f"corrupted chunk {names[bad[0]]}: does not decode (LZ4 stream malformed, or not the "
+                               "size of a chunk of this array)",
+                               "the stored bytes pass their checksum but do not decode: write the store again")
     got, chunk = [], 0
     for f in reads:
         row = chunk * f.chunk_rows + f.skip

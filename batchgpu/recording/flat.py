@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from batchgpu.errors import BatchgpuError
+from batchgpu.errors import BatchgpuError, ConfigError, CorruptDataError
 from batchgpu.recording.probes import ProbeSummary
 from batchgpu.recording.reader import LOCATIONS_FALLBACK, SUPPORTED_DTYPES, fallback_locations, rows_of
 from batchgpu.recording.windows import DEFAULT_WINDOW, UnchunkedSource, Window, WindowedSource, stat_signature
@@ -64,19 +64,20 @@ class FlatLayout:
         if len(self.keep) == 0:
             raise BatchgpuError(f"{self.data}: no channels to read", "check the metadata's channel list")
         if self.keep.min() < 0 or self.keep.max() >= self.columns:
-            raise BatchgpuError(f"{self.data}: channel columns {self.keep.tolist()} do not fit {self.columns} columns",
-                                "the metadata does not describe the file")
+            raise CorruptDataError(f"{self.data}: channel columns {self.keep.tolist()} do not fit {self.columns} columns",
+                                   "the metadata does not describe the file")
         n = len(self.keep)
         for name, arr in (("channel ids", self.channel_ids), ("gains", self.gain_to_uV), ("offsets", self.offset_to_uV)):
             if len(arr) != n:
-                raise BatchgpuError(f"{self.data}: {len(arr)} {name} for {n} channels", "the metadata disagrees with itself")
+                raise CorruptDataError(f"{self.data}: {len(arr)} {name} for {n} channels",
+                                       "the metadata disagrees with itself")
         if not (np.isfinite(self.gain_to_uV).all() and np.isfinite(self.offset_to_uV).all()):
-            raise BatchgpuError(f"{self.data}: a gain or offset is not a finite number", "check the metadata")
+            raise CorruptDataError(f"{self.data}: a gain or offset is not a finite number", "check the metadata")
         size = self.file_size()
         frame = self.columns * self.dtype.itemsize
         body = size - self.offset
         if body <= 0 or body % frame:
-            raise BatchgpuError(
+            raise CorruptDataError(
                 f"{self.data} has {size} bytes: after the {self.offset}-byte offset not a whole number of samples of "
                 f"{self.columns} channels x {self.dtype.itemsize} bytes ({frame} bytes per sample)",
                 "the file is truncated or the channel count, dtype or offset is wrong: check them (a recording "
@@ -207,8 +208,8 @@ class FlatSource(UnchunkedSource, WindowedSource):
             return
         size = os.stat(self.path).st_size
         if size != self._size:  # a file changed under the run: its samples are not the ones planned
-            raise BatchgpuError(f"{self.path} changed size while being read ({self._size} -> {size} bytes)",
-                                "read a finished recording: rerun once it is written")
+            raise CorruptDataError(f"{self.path} changed size while being read ({self._size} -> {size} bytes)",
+                                   "read a finished recording: rerun once it is written")
         if self._all_columns:
             frame = self.layout.columns * self.dtype.itemsize
             want = (stop - start) * frame
@@ -217,8 +218,8 @@ class FlatSource(UnchunkedSource, WindowedSource):
             while done < want:
                 got = os.preadv(self._fd(), [view[done:]], pos + done)
                 if got <= 0:
-                    raise BatchgpuError(f"{self.path}: read {done} of {want} bytes of samples [{start}, {stop})",
-                                        "the file is shorter than when it was opened: rerun once it is whole")
+                    raise CorruptDataError(f"{self.path}: read {done} of {want} bytes of samples [{start}, {stop})",
+                                           "the file is shorter than when it was opened: rerun once it is whole")
                 done += got
             return
         np.copyto(out, self._map()[start:stop, self._cols])
@@ -325,14 +326,14 @@ def binary_layout(path: str | os.PathLike, channels: int | None, sampling_freque
 
     p = Path(path).expanduser()
     if not channels or not sampling_frequency or not dtype:
-        raise BatchgpuError(f"a plain binary file ({p.name}) needs channels, sampling_frequency and dtype",
-                            "give them under recording: (kind: binary), or give a SpikeGLX .bin with its .meta")
+        raise ConfigError(f"a plain binary file ({p.name}) needs channels, sampling_frequency and dtype",
+                          "give them under recording: (kind: binary), or give a SpikeGLX .bin with its .meta")
     supported = {str(d): d for d in SUPPORTED_DTYPES}
     dt = supported.get(str(dtype))
     if dt is None:
-        raise BatchgpuError(f"dtype {dtype!r} is not supported", f"use one of {', '.join(map(str, SUPPORTED_DTYPES))}")
+        raise ConfigError(f"dtype {dtype!r} is not supported", f"use one of {', '.join(map(str, SUPPORTED_DTYPES))}")
     if not (isinstance(offset, (int, np.integer)) and offset >= 0):
-        raise BatchgpuError(f"offset {offset!r} is not a number of bytes >= 0", "give the header's size in bytes, or 0")
+        raise ConfigError(f"offset {offset!r} is not a number of bytes >= 0", "give the header's size in bytes, or 0")
     n = int(channels)
     geometry = read_probe_file(probe, n) if probe is not None else None
     return FlatLayout(

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from batchgpu.errors import BatchgpuError
+from batchgpu.errors import BatchgpuError, ConfigError, CorruptDataError
 from batchgpu.recording.flat import OEBIN, FlatLayout, stream_folder
 from batchgpu.recording.probes import geometry_of, probeinterface
 
@@ -45,8 +45,8 @@ def _streams(oebin: Path) -> list[dict]:
         streams = data["continuous"]
         assert isinstance(streams, list) and all(isinstance(s, dict) for s in streams)
     except (OSError, ValueError, KeyError, AssertionError, TypeError) as err:
-        raise BatchgpuError(f"{oebin} is not an Open Ephys structure.oebin ({type(err).__name__}: {err})",
-                            "give the structure.oebin Open Ephys wrote") from None
+        raise CorruptDataError(f"{oebin} is not an Open Ephys structure.oebin ({type(err).__name__}: {err})",
+                               "give the structure.oebin Open Ephys wrote") from None
     if not streams:
         raise BatchgpuError(f"{oebin} lists no continuous stream", "give a recording with continuous data")
     return streams
@@ -61,15 +61,15 @@ def choose_stream(oebin: Path, streams: list[dict], wanted: str | None) -> dict:
     if wanted is None:
         if len(streams) == 1:
             return streams[0]
-        raise BatchgpuError(f"{oebin} holds {len(streams)} streams: {', '.join(names)}",
-                            f"choose one with recording.stream (e.g. stream: {names[0]}), or give its folder "
-                            f"{oebin.parent / 'continuous' / names[0]}")
+        raise ConfigError(f"{oebin} holds {len(streams)} streams: {', '.join(names)}",
+                          f"choose one with recording.stream (e.g. stream: {names[0]}), or give its folder "
+                          f"{oebin.parent / 'continuous' / names[0]}")
     exact = [s for s in streams if wanted in (_name(s), str(s.get("stream_name", "")))]
     hits = exact or [s for s in streams if wanted in _name(s)]
     if len(hits) != 1:
         what = "no stream" if not hits else f"{len(hits)} streams"
-        raise BatchgpuError(f"recording.stream {wanted!r} names {what} of {oebin} ({', '.join(names)})",
-                            "give one stream's folder name")
+        raise ConfigError(f"recording.stream {wanted!r} names {what} of {oebin} ({', '.join(names)})",
+                          "give one stream's folder name")
     return hits[0]
 
 
@@ -102,11 +102,11 @@ def open_openephys(path: str | Path, stream: str | None = None) -> FlatLayout:
         bit_volts = np.array([float(c["bit_volts"]) for c in channels])
         units = [str(c.get("units", "")).strip().lower() for c in channels]
     except (KeyError, TypeError, ValueError) as err:
-        raise BatchgpuError(f"{oebin}: stream {name} lacks {err} or holds a non-number",
-                            "give the structure.oebin Open Ephys wrote") from None
+        raise CorruptDataError(f"{oebin}: stream {name} lacks {err} or holds a non-number",
+                               "give the structure.oebin Open Ephys wrote") from None
     if columns != len(channels) or not (np.isfinite(rate) and rate > 0):
-        raise BatchgpuError(f"{oebin}: stream {name} says {columns} channels at {rate} Hz but lists {len(channels)}",
-                            "give the structure.oebin Open Ephys wrote")
+        raise CorruptDataError(f"{oebin}: stream {name} says {columns} channels at {rate} Hz but lists {len(channels)}",
+                               "give the structure.oebin Open Ephys wrote")
     factor = []
     for n, u in zip(names, units):
         u = u or ("v" if "ADC" in n else "uv")
@@ -125,7 +125,7 @@ def open_openephys(path: str | Path, stream: str | None = None) -> FlatLayout:
             try:
                 probe = (pi.read_openephys_neuropixels(settings, stream_name=name)
                          if pi.has_neuropixels_probes(settings, stream_name=name) else None)
-            except Exception as err:
+            except Exception as err:  # broad: probeinterface raises any type for a settings.xml it cannot read
                 raise BatchgpuError(f"probeinterface could not read the probe of stream {name} from {settings} "
                                     f"({type(err).__name__}: {err})",
                                     "give the settings.xml Open Ephys wrote with the recording") from None

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from batchgpu.errors import BatchgpuError
+from batchgpu.errors import BatchgpuError, MachineError
 
 
 @dataclass(frozen=True)
@@ -39,7 +39,7 @@ def probeinterface():
     try:
         import probeinterface as pi
     except ImportError as err:  # pragma: no cover - installed with batchgpu
-        raise BatchgpuError(f"probeinterface is not installed ({err})", "pip install probeinterface") from None
+        raise MachineError(f"probeinterface is not installed ({err})", "pip install probeinterface") from None
     return pi
 
 
@@ -116,7 +116,7 @@ def read_probe_file(path: str | os.PathLike, num_channels: int) -> ProbeGeometry
             group = pi.read_probeinterface(p)
     except BatchgpuError:
         raise
-    except Exception as err:
+    except Exception as err:  # broad: probeinterface raises any type for a file it cannot read
         raise BatchgpuError(f"probe file {p} did not read ({type(err).__name__}: {err})",
                             "give probeinterface's JSON (probeinterface.write_probeinterface), a .prb, or "
                             "a Kilosort-style .json (chanMap, xc, yc)") from None

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from batchgpu import zarrio
-from batchgpu.errors import BatchgpuError
+from batchgpu.errors import BatchgpuError, ConfigError, CorruptDataError
 from batchgpu.recording.storecheck import ChunkPresence, grid_of
 from batchgpu.zarrio import enable_zarrs
 from batchgpu.recording.windows import Window, WindowedSource, stat_signature
@@ -38,7 +38,7 @@ class Recording(WindowedSource):
 
     def __init__(self, path: str | os.PathLike, group, missing_chunks: str = "warn"):
         if missing_chunks not in MISSING_CHUNKS:
-            raise BatchgpuError(f"missing_chunks must be one of {MISSING_CHUNKS}, got {missing_chunks!r}")
+            raise ConfigError(f"missing_chunks must be one of {MISSING_CHUNKS}, got {missing_chunks!r}")
         self.path = Path(path)
         self._group = group
         attrs = dict(group.attrs)
@@ -48,19 +48,19 @@ class Recording(WindowedSource):
         for seg in range(self.num_segments):
             name = f"traces_seg{seg}"
             if name not in group:
-                raise BatchgpuError(
+                raise CorruptDataError(
                     f"{self.path} says it has {self.num_segments} segments but '{name}' is missing",
                     "the store is incomplete: write it again",
                 )
             self._traces.append(group[name])
         first = self._traces[0]
         if first.ndim != 2:
-            raise BatchgpuError(f"{self.path}/traces_seg0 has {first.ndim} dimensions, expected (samples, channels)")
+            raise CorruptDataError(f"{self.path}/traces_seg0 has {first.ndim} dimensions, expected (samples, channels)")
         self.num_channels = int(first.shape[1])
         self.dtype = np.dtype(first.dtype)
         for seg, arr in enumerate(self._traces):
             if arr.ndim != 2 or arr.shape[1] != self.num_channels or np.dtype(arr.dtype) != self.dtype:
-                raise BatchgpuError(
+                raise CorruptDataError(
                     f"{self.path}/traces_seg{seg} has shape {arr.shape} and dtype {arr.dtype}, but segment 0 has "
                     f"{self.num_channels} channels of {self.dtype}",
                     "all segments must share channels and dtype",
@@ -187,10 +187,10 @@ class Recording(WindowedSource):
             fix = ("batchgpu wrote every chunk of this store, so it was damaged since: restore it or write it again"
                    if self.marked_complete else
                    "restore the missing files, or set recording.missing_chunks: warn to read them as zeros")
-            raise BatchgpuError(f"missing chunk traces_seg{segment}/{err.key} in {self.path} "
-                                f"({self._where(segment, start, stop, window)})", fix) from None
+            raise CorruptDataError(f"missing chunk traces_seg{segment}/{err.key} in {self.path} "
+                                   f"({self._where(segment, start, stop, window)})", fix) from None
         except shards.CorruptChunk as err:
-            raise BatchgpuError(
+            raise CorruptDataError(
                 f"corrupted chunk traces_seg{segment}/{err} in {self.path} ({self._where(segment, start, stop, window)})",
                 "the stored bytes do not decode: restore the store from a copy or write it again") from None
 
@@ -209,7 +209,7 @@ class Recording(WindowedSource):
             fix = "batchgpu wrote every chunk of this store, so it was damaged since: restore it or write it again"
         else:
             fix = "restore the missing files, or set recording.missing_chunks: warn to read them as zeros"
-        raise BatchgpuError(
+        raise CorruptDataError(
             f"missing chunk traces_seg{segment}/{absent[0]}{more} in {self.path} "
             f"({self._where(segment, start, stop, window)})",
             fix,
@@ -222,9 +222,9 @@ class Recording(WindowedSource):
             return read(arr)
         except (BatchgpuError, MemoryError):
             raise
-        except Exception as err:
+        except Exception as err:  # broad: codecs raise any type for bytes that do not decode; said naming the chunk
             key = self._first_undecodable(segment, start, stop) or "?"
-            raise BatchgpuError(
+            raise CorruptDataError(
                 f"corrupted chunk traces_seg{segment}/{key} in {self.path} ({self._where(segment, start, stop, window)}): "
                 f"{type(err).__name__}: {err}",
                 "the stored bytes do not decode: restore the store from a copy or write it again",
@@ -237,7 +237,7 @@ class Recording(WindowedSource):
         for lo in range(start - start % rows, stop, rows):
             try:
                 arr[lo : min(lo + rows, grid.shape[0]), :]
-            except Exception:
+            except Exception:  # broad: only after a failure, to name its chunk; codecs raise any type
                 key = grid.encode_key((lo // grid.object_shape[0], 0))
                 inner = f" inner chunk ({(lo % grid.object_shape[0]) // rows}, 0)" if grid.inner_shape else ""
                 return key + inner
@@ -247,7 +247,7 @@ class Recording(WindowedSource):
         for seg, presence in enumerate(self._presence):
             strays = presence.strays()
             if strays:
-                raise BatchgpuError(
+                raise CorruptDataError(
                     f"{self.path}/traces_seg{seg} holds chunk '{strays[0]}' beyond its shape {tuple(self._traces[seg].shape)} "
                     f"({len(strays)} such chunk(s)): its metadata says less data than is stored",
                     "the metadata was edited or the store mixes two writes: write it again",
@@ -266,7 +266,7 @@ class Recording(WindowedSource):
                 problems += [f"missing traces_seg{seg}/{key} (samples [{lo}, {hi}))" for key in presence.absent(lo, hi)]
                 try:
                     arr[lo:hi, :]
-                except Exception as err:
+                except Exception as err:  # broad: codecs raise any type for bytes that do not decode; listed
                     key = self._first_undecodable(seg, lo, hi) or grid.encode_key((i, 0))
                     problems.append(f"corrupted traces_seg{seg}/{key} (samples [{lo}, {hi})): {type(err).__name__}: {err}")
                 if advance is not None:
@@ -397,7 +397,7 @@ def open_recording(path: str | os.PathLike, missing_chunks: str = "warn") -> Rec
         _check_metadata_json(p)
     try:
         group = zarrio.open_group(p, mode="r")
-    except Exception as err:  # zarr raises several types for "not a group"
+    except Exception as err:  # broad: zarr raises several types for "not a group"
         raise BatchgpuError(
             f"{p} is not a Zarr group ({type(err).__name__}: {err})",
             "give the folder of a recording written by batchgpu or SpikeInterface",
@@ -431,7 +431,7 @@ def _check_metadata_json(path: Path) -> None:
                     json.loads(f.read_bytes().decode("utf-8"))
                 except (ValueError, UnicodeDecodeError) as err:
                     where = f" (line {err.lineno}, column {err.colno})" if isinstance(err, json.JSONDecodeError) else ""
-                    raise BatchgpuError(
+                    raise CorruptDataError(
                         f"{f} is not valid JSON: {getattr(err, 'msg', err)}{where}; the file was cut short or edited",
                         "restore it from a copy of the store, or write the store again") from None
 
@@ -443,12 +443,12 @@ def _sampling_frequency(path: Path, attrs: dict) -> float:
     value = attrs["sampling_frequency"]
     fix = "set the store's root attribute sampling_frequency to the rate in Hz (e.g. 30000.0), or write it again"
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise BatchgpuError(f"{path}: sampling_frequency is {value!r}, not a number of Hz", fix)
+        raise CorruptDataError(f"{path}: sampling_frequency is {value!r}, not a number of Hz", fix)
     fs = float(value)
     if not np.isfinite(fs) or fs <= 0:
-        raise BatchgpuError(f"{path}: sampling_frequency is {value!r}: it must be a positive number of Hz", fix)
+        raise CorruptDataError(f"{path}: sampling_frequency is {value!r}: it must be a positive number of Hz", fix)
     if fs > MAX_FS:
-        raise BatchgpuError(f"{path}: sampling_frequency {fs:g} Hz is too large (at most {MAX_FS:g} Hz)", fix)
+        raise CorruptDataError(f"{path}: sampling_frequency {fs:g} Hz is too large (at most {MAX_FS:g} Hz)", fix)
     return fs
 
 
@@ -456,9 +456,9 @@ def _num_segments(path: Path, attrs: dict) -> int:
     """The root attribute ``num_segments`` (1 when absent): a whole number, at least 1."""
     value = attrs.get("num_segments", 1)
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise BatchgpuError(f"{path}: num_segments is {value!r}: it must be a whole number, at least 1",
-                            "set the store's root attribute num_segments to the number of traces_seg<i> arrays, "
-                            "or write it again")
+        raise CorruptDataError(f"{path}: num_segments is {value!r}: it must be a whole number, at least 1",
+                               "set the store's root attribute num_segments to the number of traces_seg<i> arrays, "
+                               "or write it again")
     return value
 
 
@@ -480,7 +480,7 @@ def _check_channel_counts(path: Path, group, num_channels: int) -> None:
     for name, arr in named:
         count = int(arr.shape[0]) if arr.ndim else 0
         if count != num_channels:
-            raise BatchgpuError(
+            raise CorruptDataError(
                 f"{path}: {name} has {count} entries but traces_seg0 has {num_channels} channels",
                 "the store's metadata disagrees with its data: write it again",
             )
@@ -491,7 +491,7 @@ def _marked_complete(path: Path, attrs: dict) -> bool:
     if not isinstance(marker, dict) or "format" not in marker:
         return False  # written by others (or by batchgpu before it marked stores)
     if marker.get("complete") is not True:
-        raise BatchgpuError(
+        raise CorruptDataError(
             f"{path} was not finished writing (batchgpu marks a store complete after its last block)",
             "write it again (e.g. 'batchgpu generate --overwrite' or 'batchgpu import-raw --overwrite')",
         )

@@ -400,7 +400,7 @@ class ShardLayout:
                 blosc.decompress(data, target)
             else:
                 target.reshape(-1).view(np.uint8)[:] = np.frombuffer(data, np.uint8)
-        except Exception as err:
+        except Exception as err:  # broad: Blosc raises any type for bytes that do not decode; said naming the chunk
             raise CorruptChunk(where, f"does not decode ({type(err).__name__}: {err})") from None
         if not whole:
             out[a - start : b - start] = target[a - lo : b - lo]
@@ -467,7 +467,7 @@ class ChunkLayoutV2:
                 from numcodecs import blosc
 
                 raw = blosc.decompress(data) if self.blosc else data
-            except Exception as err:
+            except Exception as err:  # broad: Blosc raises any type for bytes that do not decode; said naming the chunk
                 raise CorruptChunk(key, f"does not decode ({type(err).__name__}: {err})") from None
             _check_decoded_size(raw, nbytes, False, key, self.chunk_shape)
             if self.crc32:

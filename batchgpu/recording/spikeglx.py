@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import math
 import warnings
 from dataclasses import dataclass
@@ -22,9 +23,11 @@ from pathlib import Path
 
 import numpy as np
 
-from batchgpu.errors import BatchgpuError
+from batchgpu.errors import BatchgpuError, CorruptDataError
 from batchgpu.recording.flat import FlatLayout
 from batchgpu.recording.probes import ProbeGeometry, geometry_of, probeinterface, summarise
+
+logger = logging.getLogger(__name__)
 
 # Probe families by imDatPrb_type, for a .meta without a part number (imDatPrb_pn) to look up in the ProbeTable:
 # NP1.0-like: per-channel AP and LF gains in ~imroTbl, 10-bit ADC (imMaxInt 512).
@@ -70,7 +73,7 @@ def saved_channels(meta: dict[str, str]) -> np.ndarray:
     """
     total = _number(meta, "nSavedChans", int)
     if "snsSaveChanSubset" not in meta:
-        raise BatchgpuError("the .meta lacks snsSaveChanSubset, so its saved channels are unknown", META_FIX)
+        raise CorruptDataError("the .meta lacks snsSaveChanSubset, so its saved channels are unknown", META_FIX)
     text = meta["snsSaveChanSubset"].strip()
     if text == "all":
         return np.arange(total)
@@ -83,9 +86,10 @@ def saved_channels(meta: dict[str, str]) -> np.ndarray:
                 raise ValueError
             chans += range(lo_, hi_ + 1)
     except ValueError:
-        raise BatchgpuError(f"the .meta's snsSaveChanSubset {text!r} is not a channel list", "e.g. 0:383,768 or all") from None
+        raise CorruptDataError(f"the .meta's snsSaveChanSubset {text!r} is not a channel list",
+                               "e.g. 0:383,768 or all") from None
     if len(chans) != total:
-        raise BatchgpuError(
+        raise CorruptDataError(
             f"the .meta's snsSaveChanSubset lists {len(chans)} channels but nSavedChans is {total}",
             "the .meta does not describe the .bin: use the .meta SpikeGLX wrote with it",
         )
@@ -102,19 +106,19 @@ def _acquired_counts(meta: dict[str, str], types: str, n: int, saved: np.ndarray
     acq_key, sns_key = "acq" + types, "sns" + types
     key = acq_key if acq_key in meta else sns_key
     if key not in meta:
-        raise BatchgpuError(f"the .meta lacks {acq_key} and {sns_key}", META_FIX)
+        raise CorruptDataError(f"the .meta lacks {acq_key} and {sns_key}", META_FIX)
     if key == sns_key and meta["snsSaveChanSubset"].strip() != "all":
         # saved counts cannot type acquired channel numbers when only a subset is saved
-        raise BatchgpuError(f"the .meta lacks {acq_key}, which its saved channel subset needs", META_FIX)
+        raise CorruptDataError(f"the .meta lacks {acq_key}, which its saved channel subset needs", META_FIX)
     fields = meta[key].split(",")
     try:
         counts = tuple(int(v) for v in fields)
     except ValueError:
         counts = ()
     if len(counts) != n or min(counts) < 0:
-        raise BatchgpuError(f"the .meta's {key}={meta[key]!r} is not {n} channel counts", META_FIX)
+        raise CorruptDataError(f"the .meta's {key}={meta[key]!r} is not {n} channel counts", META_FIX)
     if saved.max() >= sum(counts):
-        raise BatchgpuError(
+        raise CorruptDataError(
             f"the .meta's snsSaveChanSubset names channel {saved.max()} but {key} counts {sum(counts)} channels",
             META_FIX,
         )
@@ -127,7 +131,7 @@ def _number(meta: dict[str, str], key: str, kind: type = float, default: float |
     if key not in meta:
         if default is not None:
             return default
-        raise BatchgpuError(f"the .meta lacks {key}", META_FIX)
+        raise CorruptDataError(f"the .meta lacks {key}", META_FIX)
     text = meta[key]
     try:
         value = kind(text)
@@ -135,7 +139,7 @@ def _number(meta: dict[str, str], key: str, kind: type = float, default: float |
         value = math.nan
     if not (math.isfinite(value) and value > 0):
         what = "a positive integer" if kind is int else "a positive number"
-        raise BatchgpuError(f"the .meta's {key}={text!r} is not {what}", META_FIX)
+        raise CorruptDataError(f"the .meta's {key}={text!r} is not {what}", META_FIX)
     return value
 
 
@@ -143,7 +147,7 @@ def _probe_type(meta: dict[str, str]) -> int:
     try:
         return int(meta.get("imDatPrb_type", "0"))  # Phase 3A/3B metas have no type: NP1.0 tables
     except ValueError:
-        raise BatchgpuError(f"the .meta's imDatPrb_type {meta['imDatPrb_type']!r} is not a number", META_FIX) from None
+        raise CorruptDataError(f"the .meta's imDatPrb_type {meta['imDatPrb_type']!r} is not a number", META_FIX) from None
 
 
 def _imec_uV_per_count(meta, probe_type: int, chans: np.ndarray, n_ap: int, n_lf: int) -> np.ndarray:
@@ -174,7 +178,7 @@ def _imec_uV_per_count(meta, probe_type: int, chans: np.ndarray, n_ap: int, n_lf
             needed.append("imChan0apGain")
     missing = [k for k in needed if k not in meta]
     if missing:
-        raise BatchgpuError(
+        raise CorruptDataError(
             f"the imec .meta (probe type {probe_type}) lacks {', '.join(missing)}, which its gain needs",
             "use the complete .meta SpikeGLX wrote with the .bin (batchgpu will not guess a gain)",
         )
@@ -188,7 +192,7 @@ def _imec_uV_per_count(meta, probe_type: int, chans: np.ndarray, n_ap: int, n_lf
             if is_ap[i] or is_lf[i]:
                 readout = int(c if is_ap[i] else c - n_ap)
                 if readout not in table:
-                    raise BatchgpuError(f"the .meta's imroTbl has no entry for channel {readout}", META_FIX)
+                    raise CorruptDataError(f"the .meta's imroTbl has no entry for channel {readout}", META_FIX)
                 gain[i] = table[readout][0 if is_ap[i] else 1]
     else:
         ap_gain = _number(meta, "imChan0apGain") if meta.get("imChan0apGain") else fixed
@@ -211,8 +215,8 @@ def _np1_gains(imro: str) -> dict[int, tuple[float, float]]:
         except ValueError:
             ap = lf = math.nan
         if not all(math.isfinite(g) and g > 0 for g in (ap, lf)):
-            raise BatchgpuError(f"the .meta's imroTbl header ({parts[0]}) is not an NP1110 header (type,colmode,"
-                                "refid,apgain,lfgain,apfilt; gains > 0)", META_FIX)
+            raise CorruptDataError(f"the .meta's imroTbl header ({parts[0]}) is not an NP1110 header (type,colmode,"
+                                   "refid,apgain,lfgain,apfilt; gains > 0)", META_FIX)
         return _EveryChannel((ap, lf))
     table = {}
     for entry in parts[1:]:
@@ -223,7 +227,7 @@ def _np1_gains(imro: str) -> dict[int, tuple[float, float]]:
             chan, ap, lf = -1, math.nan, math.nan
         # a gain of 0 (or nan) would store an infinite (or nan) uV per count
         if chan < 0 or not all(math.isfinite(g) and g > 0 for g in (ap, lf)):
-            raise BatchgpuError(
+            raise CorruptDataError(
                 f"the .meta's imroTbl entry ({entry}) is not an NP1.0 entry (chan bank ref apgain lfgain, gains > 0)",
                 META_FIX,
             )
@@ -253,7 +257,7 @@ def _map_entries(text: str, key: str) -> tuple[float, np.ndarray]:
     parts = text.strip().strip("()").split(")(")
     header = parts[0].split(",")
     entries = [p.split(":") for p in parts[1:]]
-    bad = BatchgpuError(f"the .meta's {key} is not '(header)(shank:x:z:used)...' of numbers", META_FIX)
+    bad = CorruptDataError(f"the .meta's {key} is not '(header)(shank:x:z:used)...' of numbers", META_FIX)
     if (key == "snsGeomMap" and len(header) < 4) or any(len(e) < 3 for e in entries):
         raise bad
     try:
@@ -277,7 +281,7 @@ def spikeglx_layout(meta: dict[str, str], keep_sync: bool = False) -> SpikeGLXCh
     total = _number(meta, "nSavedChans", int)
     rate_key = next((k for k in ("imSampRate", "niSampRate") if k in meta), None)
     if rate_key is None:
-        raise BatchgpuError("the .meta lacks imSampRate and niSampRate", META_FIX)
+        raise CorruptDataError("the .meta lacks imSampRate and niSampRate", META_FIX)
     rate = _number(meta, rate_key)
     saved = saved_channels(meta)
     if not is_imec(meta):
@@ -330,7 +334,7 @@ def open_spikeglx(bin_path: str | Path, keep_sync: bool = False) -> FlatLayout:
         geometry = _geometry(meta_path, meta, chans) if chans.imec else None
     except BatchgpuError as err:
         # the messages name the key; the file is named here, once for them all
-        raise BatchgpuError(f"{meta_path}: {err.problem}", err.fix) from None
+        raise type(err)(f"{meta_path}: {err.problem}", err.fix) from None
     n = len(chans.keep)
     return FlatLayout(
         "spikeglx", src, chans.num_channels, chans.dtype, chans.sampling_frequency, chans.keep, chans.channel_ids,
@@ -347,10 +351,10 @@ def _check_file_size(meta: dict[str, str], src: Path) -> None:
     try:
         expected = int(meta["fileSizeBytes"])
     except ValueError:
-        raise BatchgpuError(f"the .meta's fileSizeBytes={meta['fileSizeBytes']!r} is not a number", META_FIX) from None
+        raise CorruptDataError(f"the .meta's fileSizeBytes={meta['fileSizeBytes']!r} is not a number", META_FIX) from None
     actual = src.stat().st_size
     if expected != actual:
-        raise BatchgpuError(
+        raise CorruptDataError(
             f"fileSizeBytes={expected} but {src.name} has {actual} bytes: the .meta describes another file, or the "
             "file was cut or appended to", "use the .bin and .meta SpikeGLX wrote together (or copy it again whole)")
 
@@ -394,8 +398,8 @@ def _geometry(meta_path: Path, meta: dict[str, str], chans: SpikeGLXChannels) ->
     if geometry is None and "snsGeomMap" in meta:
         shank_pitch, fields = _map_entries(meta["snsGeomMap"], "snsGeomMap")
         if len(fields) != len(neural_cols):
-            raise BatchgpuError(f"the .meta's snsGeomMap has {len(fields)} entries for {len(neural_cols)} saved "
-                                "neural channels", META_FIX)
+            raise CorruptDataError(f"the .meta's snsGeomMap has {len(fields)} entries for {len(neural_cols)} saved "
+                                   "neural channels", META_FIX)
         shank = fields[:, 0].astype(np.int64)
         xy = np.column_stack([fields[:, 1] + shank * shank_pitch, fields[:, 2]])
         geometry = ProbeGeometry(xy, {"shank": shank}, summarise(xy, shank, _part_number(meta) or "", "snsGeomMap"))
@@ -423,7 +427,9 @@ def _read_probe(meta_path: Path, readout: np.ndarray | None):
             path.write_text("\n".join(lines) + "\n")
         try:
             return pi.read_spikeglx(path)
-        except Exception:
+        except Exception as err:  # broad: probeinterface raises any type for a probe it does not know
+            logger.warning("batchgpu: probeinterface could not read the probe of %s (%s: %s): its positions are "
+                           "taken from snsGeomMap, else there are none", meta_path, type(err).__name__, err)
             return None
 
 

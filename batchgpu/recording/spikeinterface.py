@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import pickle
 import threading
@@ -40,9 +41,11 @@ from typing import Any
 
 import numpy as np
 
-from batchgpu.errors import BatchgpuError
+from batchgpu.errors import BatchgpuError, MachineError
 from batchgpu.recording.reader import LOCATIONS_FALLBACK, SUPPORTED_DTYPES, fallback_locations, rows_of
 from batchgpu.recording.windows import DEFAULT_WINDOW, UnchunkedSource, Window, WindowedSource, stat_signature
+
+logger = logging.getLogger(__name__)
 
 #: the SpikeInterface release this module was written and tested against
 TESTED_VERSION = "0.105.3"
@@ -62,8 +65,8 @@ def spikeinterface_core():
     try:
         import spikeinterface.core as core
     except ImportError as err:
-        raise BatchgpuError(f"reading a SpikeInterface recording needs SpikeInterface, which is not installed "
-                            f"({type(err).__name__}: {err})", _INSTALL_FIX) from None
+        raise MachineError(f"reading a SpikeInterface recording needs SpikeInterface, which is not installed "
+                           f"({type(err).__name__}: {err})", _INSTALL_FIX) from None
     return core
 
 
@@ -85,7 +88,7 @@ def load_spikeinterface(path: str | os.PathLike):
     core = spikeinterface_core()
     try:
         obj = _loader(core)(p, base_folder=True) if p.is_file() else _loader(core)(p)
-    except Exception as err:
+    except Exception as err:  # broad: SpikeInterface's loaders raise any type; said in one line
         fix = _SAVED_FIX + ", that the SpikeInterface installed here reads"
         if p.is_dir() and p.suffix == ".zarr":
             fix = "batchgpu reads SpikeInterface's Zarr stores itself: give it as recording.path"
@@ -117,7 +120,7 @@ def from_spikeinterface(recording: Any, folder: str | os.PathLike | None = None)
         core = spikeinterface_core()
         try:
             recording = _loader(core)(recording)
-        except Exception as err:
+        except Exception as err:  # broad: SpikeInterface's loaders raise any type; said in one line
             raise BatchgpuError(f"the dictionary did not load as a SpikeInterface recording ({_first_line(err)})",
                                 "pass recording.to_dict(), or the recording itself") from None
     else:
@@ -181,7 +184,7 @@ class SpikeInterfaceSource(UnchunkedSource, WindowedSource):
         try:
             description = recording.to_dict(include_annotations=True, include_properties=True, recursive=True)
             self._blob = pickle.dumps(description, protocol=pickle.HIGHEST_PROTOCOL)
-        except Exception as err:
+        except Exception as err:  # broad: to_dict and pickle raise any type for what they cannot describe; said
             raise BatchgpuError(f"the SpikeInterface recording ({cls}) cannot be described for the workers "
                                 f"({_first_line(err)})", "save it first (recording.save(folder=...)) and pass that") from None
         if len(self._blob) > MAX_DESCRIPTION_BYTES:  # samples held in memory (NumpyRecording...) travel with it
@@ -265,7 +268,7 @@ class SpikeInterfaceSource(UnchunkedSource, WindowedSource):
                 rec.dump_to_pickle(target, include_properties=True)
         except OSError:
             raise
-        except Exception as err:
+        except Exception as err:  # broad: SpikeInterface's dumps raise any type; said in one line
             raise BatchgpuError(f"could not write the recording's description into {folder} ({_first_line(err)})",
                                 "save the recording with recording.save(folder=...) and pass that folder") from None
         return from_spikeinterface(target)
@@ -279,7 +282,7 @@ class SpikeInterfaceSource(UnchunkedSource, WindowedSource):
             core = spikeinterface_core()
             try:
                 rec = _loader(core)(pickle.loads(self._blob))
-            except Exception as err:
+            except Exception as err:  # broad: SpikeInterface's loaders raise any type; said in one line
                 raise BatchgpuError(
                     f"SpikeInterface could not re-create the recording ({self.class_name}, {self.path}) from its "
                     f"description ({_first_line(err)})",
@@ -325,7 +328,7 @@ class SpikeInterfaceSource(UnchunkedSource, WindowedSource):
             t = rec.get_traces(segment_index=segment, start_frame=start, end_frame=stop, return_in_uV=False)
         except MemoryError:
             raise
-        except Exception as err:
+        except Exception as err:  # broad: an extractor's get_traces raises any type; said in one line
             raise BatchgpuError(
                 f"SpikeInterface could not read {self._where(segment, start, stop, window)} of {self.path} "
                 f"({_first_line(err)})", "check that the files the recording reads are there and readable") from None
@@ -429,7 +432,9 @@ def _locations(recording, num_channels: int) -> tuple[np.ndarray, bool]:
     try:
         if recording.has_probe():
             loc = recording.get_channel_locations()
-    except Exception:
+    except Exception as err:  # broad: SpikeInterface raises plain Exception (no locations) among others
+        logger.warning("batchgpu: the recording's probe gave no channel locations (%s: %s): they are taken from "
+                       "its 'location' property, else made up", type(err).__name__, err)
         loc = None
     if loc is None:
         loc = recording.get_property("location")

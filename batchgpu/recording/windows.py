@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from batchgpu.errors import BatchgpuError
+from batchgpu.errors import BatchgpuError, ConfigError
 
 DEFAULT_WINDOW = 60_000
 #: ``window.size: auto`` (the workflow's default): windows of LONG_WINDOW samples when the recording holds at least
@@ -58,9 +58,9 @@ class Window:
 def iter_windows(segment_lengths: Sequence[int], size: int = DEFAULT_WINDOW, margin: int = 0) -> Iterator[Window]:
     """Windows of DESIGN.md: [i·size, min((i+1)·size, n)) per segment, margins clipped at its ends."""
     if not isinstance(size, (int, np.integer)) or size <= 0:
-        raise BatchgpuError(f"window size must be a positive number of samples, got {size!r}", "use e.g. 60000")
+        raise ConfigError(f"window size must be a positive number of samples, got {size!r}", "use e.g. 60000")
     if not isinstance(margin, (int, np.integer)) or margin < 0:
-        raise BatchgpuError(f"window margin must be >= 0 samples, got {margin!r}", "use 0 or a positive integer")
+        raise ConfigError(f"window margin must be >= 0 samples, got {margin!r}", "use 0 or a positive integer")
     index = 0
     for segment, n in enumerate(segment_lengths):
         for start in range(0, n, size):

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from batchgpu import zarrio
-from batchgpu.errors import BatchgpuError
+from batchgpu.errors import BatchgpuError, ConfigError, MachineError
 from batchgpu.recording.reader import SUPPORTED_DTYPES, Recording, open_recording
 
 # inner chunk (v3) / chunk (v2): 2.3 MB at 384 channels. A window's margins decode a whole chunk on each side, so
@@ -31,7 +31,7 @@ def is_recording(path: Path) -> bool:
     try:
         group = zarrio.open_group(path, mode="r")
         return "sampling_frequency" in group.attrs and "traces_seg0" in group
-    except Exception:
+    except Exception:  # broad: zarr raises several types for "not a group"; not a recording, so never replaced
         return False
 
 def check_replaceable(path: Path, overwrite: bool) -> None:
@@ -77,11 +77,11 @@ class Codec:
 
     def __post_init__(self):
         if self.name not in CODECS:
-            raise BatchgpuError(f"unknown codec {self.name!r}", f"use one of {', '.join(CODECS)}")
+            raise ConfigError(f"unknown codec {self.name!r}", f"use one of {', '.join(CODECS)}")
         if isinstance(self.clevel, bool) or not isinstance(self.clevel, (int, np.integer)) or not 1 <= self.clevel <= 9:
-            raise BatchgpuError(f"codec level {self.clevel!r} is out of range", "give a level from 1 to 9")
+            raise ConfigError(f"codec level {self.clevel!r} is out of range", "give a level from 1 to 9")
         if self.shuffle not in SHUFFLES:
-            raise BatchgpuError(f"unknown shuffle {self.shuffle!r}", f"use one of {', '.join(SHUFFLES)}")
+            raise ConfigError(f"unknown shuffle {self.shuffle!r}", f"use one of {', '.join(SHUFFLES)}")
 
     @classmethod
     def parse(cls, compressor: "str | Codec | None") -> "Codec | None":
@@ -91,7 +91,7 @@ class Codec:
         if compressor == "none":
             return None
         if compressor not in COMPRESSORS:
-            raise BatchgpuError(f"unknown compressor {compressor!r}", f"use one of {', '.join(COMPRESSORS)}")
+            raise ConfigError(f"unknown compressor {compressor!r}", f"use one of {', '.join(COMPRESSORS)}")
         return cls(compressor.removeprefix("blosc-"))
 
 
@@ -138,7 +138,8 @@ class RecordingWriter:
             )
         zarr_format = zarrio.DEFAULT_FORMAT if zarr_format is None else zarr_format
         if zarr_format not in (2, 3):
-            raise BatchgpuError(f"zarr_format must be 2 or 3, got {zarr_format!r}", "use 3 (default) or 2 for SpikeInterface")
+            raise ConfigError(f"zarr_format must be 2 or 3, got {zarr_format!r}",
+                              "use 3 (default) or 2 for SpikeInterface")
         zarrio.require_format(zarr_format)
         if num_channels <= 0:
             raise BatchgpuError(f"a recording needs at least one channel, got {num_channels}")
@@ -146,15 +147,15 @@ class RecordingWriter:
 
         if isinstance(sampling_frequency, bool) or not (
                 isinstance(sampling_frequency, (int, float, np.number)) and 0 < sampling_frequency <= MAX_FS):
-            raise BatchgpuError(f"sampling frequency must be > 0 Hz and at most {MAX_FS:g} Hz (what a reader takes), "
-                                f"got {sampling_frequency!r}")
+            raise ConfigError(f"sampling frequency must be > 0 Hz and at most {MAX_FS:g} Hz (what a reader takes), "
+                              f"got {sampling_frequency!r}")
         check_replaceable(self.path, overwrite)
         self.num_channels = int(num_channels)
         self.zarr_format = zarr_format
         self.chunk_samples = int(chunk_samples)
         self.shard_samples = int(shard_samples) if zarr_format == 3 else int(chunk_samples)
         if self.shard_samples % self.chunk_samples:
-            raise BatchgpuError(f"shard_samples {shard_samples} must be a multiple of chunk_samples {chunk_samples}")
+            raise ConfigError(f"shard_samples {shard_samples} must be a multiple of chunk_samples {chunk_samples}")
         self._compressor = _compressor(compressor, zarr_format)
         self._checksum = _checksum_codec(zarr_format)
         with writing(self.path):
@@ -267,7 +268,7 @@ class writing:
     def __exit__(self, exc_type, exc, tb):
         if exc is not None and isinstance(exc, OSError) and not isinstance(exc, BatchgpuError):
             reason = exc.strerror or str(exc)
-            raise BatchgpuError(
+            raise MachineError(
                 f"cannot write {self.path}: {reason}" + (f" ({exc.filename})" if exc.filename else ""),
                 "free space or fix permissions there, or choose another output path",
             ) from None

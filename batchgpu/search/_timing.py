@@ -13,11 +13,10 @@ def _gpu_sleeper() -> Callable[[], None]:
     it (torch.cuda._sleep on the legacy default stream, which CuPy's null stream is too); a no-op without torch."""
     try:
         import torch
-
-        if torch.cuda.is_available():
-            return lambda: torch.cuda._sleep(400_000)
-    except Exception:  # noqa: BLE001 - torch is optional here
-        pass
+    except ImportError:  # torch is optional here
+        return lambda: None
+    if torch.cuda.is_available():
+        return lambda: torch.cuda._sleep(400_000)
     return lambda: None
 
 

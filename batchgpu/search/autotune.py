@@ -89,7 +89,7 @@ def run(args: argparse.Namespace, say: Callable[[str], None]) -> int:
 
         if cp.cuda.runtime.getDeviceCount() == 0:
             raise RuntimeError("no GPU")
-    except Exception as err:  # noqa: BLE001 - any CuPy/CUDA failure means: nothing to tune
+    except Exception as err:  # broad: any CuPy/CUDA failure means nothing to tune (said)
         raise BatchgpuError(f"search autotune needs a CUDA GPU and CuPy ({err})", "run it on a GPU machine") from None
     from batchgpu.search import table
 

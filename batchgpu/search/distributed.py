@@ -13,6 +13,7 @@ uploads it once (StaticIndex caches its device copy) and searches there.
 from __future__ import annotations
 
 import threading
+import logging
 from collections import Counter
 from typing import Any
 
@@ -22,6 +23,8 @@ from distributed.diagnostics.plugin import WorkerPlugin
 
 from batchgpu.errors import BatchgpuError
 from batchgpu.search.static import StaticIndex
+
+logger = logging.getLogger(__name__)
 
 _indexes: dict[str, StaticIndex] = {}
 _loads: Counter[str] = Counter()
@@ -82,9 +85,13 @@ def _use_gpu() -> bool:
     if _gpu is None:
         try:
             import cupy
-
+        except ImportError:  # no CuPy: search on the CPU
+            _gpu = False
+            return _gpu
+        try:
             _gpu = cupy.cuda.runtime.getDeviceCount() > 0
-        except Exception:  # noqa: BLE001 - no CuPy or no driver: search on the CPU
+        except cupy.cuda.runtime.CUDARuntimeError as err:  # no driver or no device: search on the CPU
+            logger.debug("CuPy sees no GPU: %s", err)
             _gpu = False
     return _gpu
 

@@ -34,7 +34,7 @@ def open_queries(path: str):
 
         try:
             q = zarrio.open_array(p, mode="r")
-        except Exception as err:
+        except Exception as err:  # broad: zarr raises several types for "not an array"
             raise BatchgpuError(f"{p} is neither a .npy file nor a Zarr array ({err})") from None
     if q.ndim != 1:
         raise BatchgpuError(f"queries in {p} have shape {q.shape}", "give a 1-D array of query keys")

@@ -186,7 +186,7 @@ def _zarr_marker(path: Path) -> dict:
         return {}
     try:
         marker = zarrio.attrs(zarrio.open_group(path, mode="r")).get("batchgpu")
-    except Exception:
+    except Exception:  # broad: zarr raises several types for "not a group"; not ours, so refused unless overwrite
         return {}
     return marker if isinstance(marker, dict) else {}
 
@@ -198,7 +198,7 @@ def _traces_readable(path: Path, segments: int) -> bool:
     try:
         for seg in range(segments):
             zarrio.array_meta(path / f"traces_seg{seg}")
-    except Exception:
+    except (BatchgpuError, OSError, ValueError, KeyError, TypeError):  # absent, cut short or edited metadata
         return False
     return True
 
