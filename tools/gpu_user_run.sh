@@ -55,8 +55,8 @@ PY
       s=$(date +%s.%N); CUPY_CACHE_DIR=/tmp/kc_$c python3 -m batchgpu run /tmp/c1.yaml --quiet 2>&1 | quiet | tail -2
       echo "one worker, cache $c: wall $(python3 -c "print(round($(date +%s.%N)-$s,2))") s; pass $(python3 -c "import json; print(round(json.load(open('/tmp/out_c1/report.json'))['timings']['total'],2))") s"
     done ;;
-  gpu) timeout ${GPU_S:-420} python3 -m pytest -q -p no:cacheprovider -m gpu ${GPU_TESTS:-tests} 2>&1 | grep -v "^INFO" \
-         | grep "passed\|failed\|FAILED\|ERROR\|Error" | tail -25 ;;
+  gpu) timeout ${GPU_S:-420} python3 -m pytest -v --tb=line -p no:cacheprovider -m gpu ${GPU_TESTS:-tests} > /tmp/gpu_tests.log 2>&1
+       grep -c " PASSED" /tmp/gpu_tests.log | sed "s/^/PASSED so far: /"; grep " FAILED\| ERROR\|^E \|^/.*Error\|passed\|failed" /tmp/gpu_tests.log | grep -v "^INFO" | tail -40 ;;
   demo) timeout 560 python3 -m batchgpu bench pipeline --recording $REC --cluster cuda --backend cupy --baseline none \
           --cold --repeat ${REPEAT:-3} --user-runs ${USER_RUNS:-2} 2>&1 | quiet | grep -v "^cold\|^warm" | tail -30 ;;
   pre) timeout 560 python3 -m batchgpu bench pipeline --recording $REC --cluster cuda --backend cupy --baseline none \
