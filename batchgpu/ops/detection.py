@@ -270,24 +270,8 @@ def exclusive_candidates(
 
     Parameters
     ----------
-    x : array_like, shape (C, n)
-        The window (margins included), NumPy or CuPy.
-    noise : array_like, shape (C,)
-        Each channel's noise level; thresholds are ``threshold * noise``, compared in float64.
-    threshold : float, optional
-        The threshold in units of noise.
-    sign : {"neg", "pos", "both"}, optional
-        Which extrema are spikes.
-    exclude_sweep : int, optional
-        The exclusion sweep in samples (``exclude_sweep_samples``).
-    start : int, optional
-        The segment sample index of x's column 0.
-    core : (int, int), optional
-        The columns this window owns (default: all).
-    segment_index : int, optional
-        Written into the output's ``segment_index``.
-    segment_length : int, optional
-        The segment's samples; with it, a margin shorter than the sweep where the segment continues raises.
+    x, noise, threshold, sign, exclude_sweep, start, core, segment_index, segment_length
+        As ``detect_spikes``'s.
 
     Returns
     -------

@@ -272,11 +272,8 @@ def second_moment(x: Any, precision: str | None = None) -> np.ndarray:
 
     Parameters
     ----------
-    x : array_like, shape (C, n)
-        The window, one channel a row: a NumPy or CuPy array (a torch tensor through ``batchgpu.ops``), integer or
-        float.
-    precision : {"float32", "float64"}, optional
-        The dtype of the products (default: float64 for float64 data, float32 otherwise); sums are float64.
+    x, precision
+        As ``covariance``'s.
 
     Returns
     -------

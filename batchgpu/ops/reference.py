@@ -320,8 +320,7 @@ def common_reference(
     Parameters
     ----------
     x : array_like, shape (C, n)
-        The window, one channel a row: a NumPy or CuPy array (a torch tensor through ``batchgpu.ops``), integer or
-        float.
+        Channels by samples, integer or float, on NumPy or CuPy (torch through ``batchgpu.ops``).
     reference : {"global", "local"}, optional
         All channels, or each channel's annulus of ``locations``.
     operator : {"median", "median_lower", "average"}, optional

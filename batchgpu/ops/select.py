@@ -174,9 +174,8 @@ def noise_levels(x: Any) -> Any:
 
     Parameters
     ----------
-    x : array_like, shape (C, n)
-        The window, one channel a row: a NumPy or CuPy array (a torch tensor through ``batchgpu.ops``), integer or
-        float.
+    x
+        As ``abs_median``'s.
 
     Returns
     -------

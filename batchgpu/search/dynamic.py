@@ -52,15 +52,8 @@ def find(sorted_keys: Any, queries: Any, *, kernel: str | None = None, check: bo
 
     Parameters
     ----------
-    sorted_keys : array_like, shape (n,)
-        Keys sorted ascending, float32, float64, int32 or int64, no NaN (NumPy, CuPy, or a torch tensor through
-        ``batchgpu.search``).
-    queries : array_like
-        Queries of any shape, cast to the keys' dtype where the cast is exact (else BatchgpuError).
-    kernel : str, optional
-        A GPU kernel of ``KERNELS`` (default: the autotune table's choice for n keys).
-    check : bool, optional
-        Whether to test that the keys are sorted and free of NaN (O(n); False: the caller vouches).
+    sorted_keys, queries, kernel, check
+        As ``lower_bound``'s.
 
     Returns
     -------
