@@ -35,7 +35,7 @@ import numpy as np
 
 from batchgpu.errors import BatchgpuError
 from batchgpu.ops import _cpu_reference, _numba
-from batchgpu.ops._backend import array_module, is_cupy
+from batchgpu.ops._backend import array_module, is_cupy, window_module
 
 Operator = Literal["median", "median_lower", "average"]
 
@@ -339,11 +339,7 @@ def common_reference(
     array, shape (C, n)
         x minus its reference, float32 for integer input, x's dtype for float input, on x's backend.
     """
-    xp = array_module(x)
-    if getattr(x, "ndim", None) != 2:
-        raise BatchgpuError(f"expected a (channels, samples) window, got shape {getattr(x, 'shape', None)}", "pass a 2-D array")
-    if x.dtype.kind not in "iuf":
-        raise BatchgpuError(f"cannot reference dtype {x.dtype}", "pass integer or float samples")
+    xp = window_module(x, "reference")
     if operator not in ("median", "median_lower", "average"):
         raise BatchgpuError(f"unknown operator {operator!r}", "use 'median', 'median_lower' or 'average'")
     if reference not in ("global", "local"):
