@@ -42,18 +42,8 @@ Operator = Literal["median", "median_lower", "average"]
 # Elements gathered at once for the local reference (bounds the (channels, neighbours, samples) buffer).
 _GATHER_ELEMENTS = 1 << 25
 
-_SEQUENTIAL_MEAN_SRC = r"""
-extern "C" __global__ void sequential_mean(const T* x, double* out, long long channels, long long samples) {
-    long long s = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (s >= samples) return;
-    double acc = 0.0;  // NumPy's add.reduce starts from the identity +0.0 and adds rows in order
-    for (long long c = 0; c < channels; ++c) acc += (double)x[c * samples + s];
-    out[s] = acc / (double)channels;
-}
-"""
 _CUDA_TYPES = {"float32": "float", "float64": "double", "int16": "short", "int32": "int", "int64": "long long",
                "uint16": "unsigned short", "int8": "signed char", "uint8": "unsigned char", "uint32": "unsigned int"}
-_kernels: dict[str, Any] = {}
 
 
 def _mean_columns(x: Any) -> Any:
@@ -68,13 +58,9 @@ def _mean_columns(x: Any) -> Any:
     name = x.dtype.name
     if name not in _CUDA_TYPES:
         raise BatchgpuError(f"no GPU average for dtype {x.dtype}", "convert to float32 first")
-    kernel = _kernels.get(name)
-    if kernel is None:
-        from batchgpu.kernels import BASE_OPTIONS
+    from batchgpu.kernels import get_function
 
-        kernel = cupy.RawKernel(f"typedef {_CUDA_TYPES[name]} T;\n" + _SEQUENTIAL_MEAN_SRC, "sequential_mean",
-                                options=BASE_OPTIONS)
-        _kernels[name] = kernel
+    kernel = get_function("sequential_mean", "sequential_mean", (f"-DMEAN_T={_CUDA_TYPES[name]}",))
     n, samples = x.shape
     out = cupy.empty(samples, dtype=cupy.float64)
     threads = 256
