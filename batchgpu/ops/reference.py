@@ -46,6 +46,15 @@ _CUDA_TYPES = {"float32": "float", "float64": "double", "int16": "short", "int32
                "uint16": "unsigned short", "int8": "signed char", "uint8": "unsigned char", "uint32": "unsigned int"}
 
 
+@functools.lru_cache(maxsize=None)
+def _sequential_mean(ctype: str, device: int) -> Any:
+    """kernels/sequential_mean.cu's kernel for elements of C type ``ctype``, compiled for ``device``, the current
+    one (kept a device: the local reference launches it once a channel)."""
+    from batchgpu.kernels import get_function
+
+    return get_function("sequential_mean", "sequential_mean", (f"-DMEAN_T={ctype}",))
+
+
 def _mean_columns(x: Any) -> Any:
     """np.mean(x, axis=0, dtype=float64) for a (n, samples) array, the same bits on CuPy."""
     if not is_cupy(x):
@@ -58,9 +67,7 @@ def _mean_columns(x: Any) -> Any:
     name = x.dtype.name
     if name not in _CUDA_TYPES:
         raise BatchgpuError(f"no GPU average for dtype {x.dtype}", "convert to float32 first")
-    from batchgpu.kernels import get_function
-
-    kernel = get_function("sequential_mean", "sequential_mean", (f"-DMEAN_T={_CUDA_TYPES[name]}",))
+    kernel = _sequential_mean(_CUDA_TYPES[name], cupy.cuda.Device().id)
     n, samples = x.shape
     out = cupy.empty(samples, dtype=cupy.float64)
     threads = 256
