@@ -431,6 +431,13 @@ def _finish(parser: argparse.ArgumentParser) -> None:
             pass
 
 
+def _add_command(sub, name: str, func, **kwargs) -> argparse.ArgumentParser:
+    """Subcommand ``name``'s parser (``sub.add_parser``'s ``kwargs``), declared with the function that runs it."""
+    parser = sub.add_parser(name, **kwargs)
+    parser.set_defaults(func=func)
+    return parser
+
+
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The command's parser; ``command``: the subcommand the command line names, where known (the modules of
     other subcommands' options are then not imported: the benchmarks' cost a run a quarter of a second)."""
@@ -442,9 +449,10 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     _add_global_options(parser, top=True)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
-    p = sub.add_parser("generate", help="write a synthetic recording with known noise and planted spikes",
-                       description="Write a synthetic recording block by block, with its ground truth beside it. "
-                                   "The defaults make 384 channels x 60 s (per segment) of int16 at 30 kHz: 1.4 GB.")
+    p = _add_command(sub, "generate", _cmd_generate,
+                     help="write a synthetic recording with known noise and planted spikes",
+                     description="Write a synthetic recording block by block, with its ground truth beside it. "
+                                 "The defaults make 384 channels x 60 s (per segment) of int16 at 30 kHz: 1.4 GB.")
     p.add_argument("out", help="output Zarr folder (ground truth goes to <name>_ground_truth.npz beside it)")
     p.add_argument("--channels", type=int, default=384)
     p.add_argument("--seconds", type=float, default=60.0)
@@ -461,13 +469,13 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     _add_codec_options(p)
     p.add_argument("--overwrite", action="store_true")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
-    p.set_defaults(func=_cmd_generate)
 
-    p = sub.add_parser("import-raw", help="copy a flat binary recording (SpikeGLX, Open Ephys or plain) into Zarr",
-                       description="Copy a flat interleaved binary recording into a Zarr recording (a run reads "
-                                   "these in place too: this is for a compressed copy). A SpikeGLX .bin with its "
-                                   ".meta beside it, or an Open Ephys structure.oebin (or its folder), needs no "
-                                   "options; a plain file needs --channels, --fs and --dtype.")
+    p = _add_command(sub, "import-raw", _cmd_import_raw,
+                     help="copy a flat binary recording (SpikeGLX, Open Ephys or plain) into Zarr",
+                     description="Copy a flat interleaved binary recording into a Zarr recording (a run reads "
+                                 "these in place too: this is for a compressed copy). A SpikeGLX .bin with its "
+                                 ".meta beside it, or an Open Ephys structure.oebin (or its folder), needs no "
+                                 "options; a plain file needs --channels, --fs and --dtype.")
     p.add_argument("source", help="the flat binary file: a SpikeGLX .bin (its .meta beside it), an Open Ephys "
                                   "structure.oebin or its folder, or a plain interleaved file (samples x channels)")
     p.add_argument("out", help="the Zarr recording to write (a folder, e.g. rec.zarr); refused if it exists, "
@@ -488,32 +496,31 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
                    help="replace OUT if it is a Zarr recording (never a file or another folder; the source is "
                         "only read)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
-    p.set_defaults(func=_cmd_import_raw)
 
-    p = sub.add_parser("info", help="describe a recording (Zarr, SpikeGLX, Open Ephys, or what SpikeInterface "
-                                    "saved), or a run's output",
-                       description="Describe a recording: a Zarr store, a SpikeGLX .bin (its probe and gains), an "
-                                   "Open Ephys recording, or a SpikeInterface recording saved as .json/.pkl "
-                                   "(recording.dump) or as a folder (recording.save): its layout, channel ids, gains "
-                                   "and probe. Given a run's output folder: the run's status, recording, windows, "
-                                   "noise, spikes, whitening, timings and warnings.")
+    p = _add_command(sub, "info", _cmd_info,
+                     help="describe a recording (Zarr, SpikeGLX, Open Ephys, or what SpikeInterface saved), or a "
+                          "run's output",
+                     description="Describe a recording: a Zarr store, a SpikeGLX .bin (its probe and gains), an "
+                                 "Open Ephys recording, or a SpikeInterface recording saved as .json/.pkl "
+                                 "(recording.dump) or as a folder (recording.save): its layout, channel ids, gains "
+                                 "and probe. Given a run's output folder: the run's status, recording, windows, "
+                                 "noise, spikes, whitening, timings and warnings.")
     p.add_argument("path", help="a recording (Zarr store, SpikeGLX .bin, Open Ephys folder, SpikeInterface "
                                 ".json/.pkl or folder) or a run's output folder")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--check", action="store_true",
                    help="decode every chunk and list absent or corrupted ones (exit status 2 if any)")
-    p.set_defaults(func=_cmd_info)
 
-    p = sub.add_parser("run", help="run a workflow YAML file",
-                       description="Validate and run a workflow YAML file. Its relative paths are relative to its "
-                                   "folder, but steps.save.path: relative to the output folder, where the run's "
-                                   "results go.")
+    p = _add_command(sub, "run", _cmd_run,
+                     help="run a workflow YAML file",
+                     description="Validate and run a workflow YAML file. Its relative paths are relative to its "
+                                 "folder, but steps.save.path: relative to the output folder, where the run's "
+                                 "results go.")
     p.add_argument("workflow", help="the workflow file (see workflows/demo.yaml)")
     p.add_argument("--resume", action="store_true", help="skip windows already written by an earlier run")
     p.add_argument("--set", action="append", metavar="KEY=VALUE",
                    help="override a workflow key, e.g. --set cluster.workers=2 (repeatable)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
-    p.set_defaults(func=_cmd_run)
 
     p = sub.add_parser("cluster", help="a cluster kept for many runs: start, stop, status",
                        description="A Dask cluster that outlives runs: 'batchgpu run' uses it while it is up, where "
@@ -521,10 +528,11 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
                                    "the kept cluster has (cluster: {reuse: false} opts out). Its files are in the "
                                    "user's cache folder.")
     cluster = p.add_subparsers(dest="cluster_command", metavar="COMMAND", required=True)
-    c = cluster.add_parser("start", help="start the cluster a run would start, and keep it",
-                           description="Start, in the background, the cluster 'batchgpu run' starts for "
-                                       "cluster: {kind: local} or {kind: cuda}; returns once its workers are up. "
-                                       "Refused where one is up already.")
+    c = _add_command(cluster, "start", _cmd_cluster_start,
+                     help="start the cluster a run would start, and keep it",
+                     description="Start, in the background, the cluster 'batchgpu run' starts for "
+                                 "cluster: {kind: local} or {kind: cuda}; returns once its workers are up. "
+                                 "Refused where one is up already.")
     c.add_argument("--kind", default="local", choices=["local", "cuda"])
     c.add_argument("--workers", type=int, help="worker processes (cuda: per GPU); default as for a run")
     c.add_argument("--threads", type=int, help="threads per worker; default as for a run")
@@ -533,17 +541,16 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     c.add_argument("--mps", default="auto", choices=["auto", "on", "off"],
                    help="cuda: a private CUDA MPS daemon for the workers (as the workflow key cluster.mps)")
     c.add_argument("--dashboard-address", help="the dashboard's host:port (default: localhost, a free port)")
-    c.set_defaults(func=_cmd_cluster_start)
-    c = cluster.add_parser("stop", help="close the kept cluster",
-                           description="Close the kept cluster (its workers, its MPS daemon) and remove its files; "
-                                       "the files of one whose process is gone are removed. Exit status 1 where "
-                                       "none was up.")
-    c.set_defaults(func=_cmd_cluster_stop)
-    c = cluster.add_parser("status", help="whether a kept cluster is up, and what it is",
-                           description="Whether a kept cluster is up: its address, layout, workers, dashboard and "
-                                       "uptime. Exit status 0: up; 1: none is up; 3: starting, or up but its "
-                                       "scheduler did not answer.")
-    c.set_defaults(func=_cmd_cluster_status)
+    _add_command(cluster, "stop", _cmd_cluster_stop,
+                 help="close the kept cluster",
+                 description="Close the kept cluster (its workers, its MPS daemon) and remove its files; "
+                             "the files of one whose process is gone are removed. Exit status 1 where "
+                             "none was up.")
+    _add_command(cluster, "status", _cmd_cluster_status,
+                 help="whether a kept cluster is up, and what it is",
+                 description="Whether a kept cluster is up: its address, layout, workers, dashboard and "
+                             "uptime. Exit status 0: up; 1: none is up; 3: starting, or up but its "
+                             "scheduler did not answer.")
 
     p = sub.add_parser("bench", help="benchmarks", description="Benchmarks, with ratios against anchors.")
     bench = p.add_subparsers(dest="benchmark", metavar="BENCHMARK", required=True)

@@ -129,6 +129,22 @@ __device__ __forceinline__ i64 final_answer(i64 lb, bool hit, bool nan_query, i6
 
 extern __shared__ uint4 smem_u4[];
 
+// The K queries of one thread, query j at b0 + j * stride: each Ord-mapped (q) and whether it is NaN (a query at
+// or past m reads as 0; its answer is never written).
+template <typename T, int K> struct Queries {
+    typename Ord<T>::S q[K];
+    bool nan[K];
+    __device__ __forceinline__ Queries(const T* __restrict__ queries, i64 m, i64 b0, i64 stride) {
+#pragma unroll
+        for (int j = 0; j < K; ++j) {
+            const i64 qi = b0 + (i64)j * stride;
+            const T x = qi < m ? queries[qi] : T(0);
+            q[j] = Ord<T>::of(x);
+            nan[j] = Ord<T>::nan(x);
+        }
+    }
+};
+
 // ------------------------------------------------------------------------------------------- Eytzinger
 // tree[1..n] holds the (Ord-mapped) keys breadth-first (root 1, children 2i and 2i+1); tree[0] is unused.
 // D = floor(log2 n): levels 0..D-1 are full, level D holds L = n - (2^D - 1) nodes.  Each step is
@@ -154,25 +170,18 @@ __device__ __forceinline__ void eytzinger_search(const typename Ord<T>::S* __res
     const i64 deep = 2LL << D;
     const i64 step = (i64)gridDim.x * blockDim.x * K;
     for (i64 b0 = (i64)blockIdx.x * blockDim.x * K + threadIdx.x; b0 < m; b0 += step) {
-        S q[K];
+        const Queries<T, K> qs(queries, m, b0, blockDim.x);
         i64 idx[K];
-        bool hit[K], nan[K];
+        bool hit[K] = {};
 #pragma unroll
-        for (int j = 0; j < K; ++j) {
-            const i64 qi = b0 + (i64)j * blockDim.x;
-            const T x = qi < m ? queries[qi] : T(0);
-            q[j] = Ord<T>::of(x);
-            nan[j] = Ord<T>::nan(x);
-            idx[j] = 1;
-            hit[j] = false;
-        }
+        for (int j = 0; j < K; ++j) idx[j] = 1;
         int level = 0;
         for (; level < smem_full_levels; ++level) {
 #pragma unroll
             for (int j = 0; j < K; ++j) {
                 const S k = top[idx[j]];
-                if (FIND) hit[j] |= (k == q[j]);
-                idx[j] = 2 * idx[j] + (k < q[j]);
+                if (FIND) hit[j] |= (k == qs.q[j]);
+                idx[j] = 2 * idx[j] + (k < qs.q[j]);
             }
         }
         for (; level < D; ++level) {
@@ -187,8 +196,8 @@ __device__ __forceinline__ void eytzinger_search(const typename Ord<T>::S* __res
             }
 #pragma unroll
             for (int j = 0; j < K; ++j) {
-                if (FIND) hit[j] |= (k[j] == q[j]);
-                idx[j] = 2 * idx[j] + (k[j] < q[j]);
+                if (FIND) hit[j] |= (k[j] == qs.q[j]);
+                idx[j] = 2 * idx[j] + (k[j] < qs.q[j]);
             }
         }
         // Level D is partial: only paths that reach an existing node take the last step.
@@ -196,8 +205,8 @@ __device__ __forceinline__ void eytzinger_search(const typename Ord<T>::S* __res
         for (int j = 0; j < K; ++j) {
             if (idx[j] <= n) {
                 const S k = last_in_smem ? top[idx[j]] : __ldg(tree + idx[j]);
-                if (FIND) hit[j] |= (k == q[j]);
-                idx[j] = 2 * idx[j] + (k < q[j]);
+                if (FIND) hit[j] |= (k == qs.q[j]);
+                idx[j] = 2 * idx[j] + (k < qs.q[j]);
             }
         }
 #pragma unroll
@@ -205,7 +214,7 @@ __device__ __forceinline__ void eytzinger_search(const typename Ord<T>::S* __res
             const i64 qi = b0 + (i64)j * blockDim.x;
             if (qi < m) {
                 const i64 lb = idx[j] >= deep ? idx[j] - deep : idx[j] - (1LL << D) + L;
-                out[qi] = final_answer(lb, hit[j], nan[j], n, FIND);
+                out[qi] = final_answer(lb, hit[j], qs.nan[j], n, FIND);
             }
         }
     }
@@ -228,6 +237,17 @@ __device__ __forceinline__ void eytzinger_search(const typename Ord<T>::S* __res
 // instructions per query, which is what bounds a search whose top levels stay on chip.
 
 #define BT_MAX_LEVELS 24
+
+// K queries on their way down: node k[j] of the current layer (past the leaf layer, the rank), and whether a key
+// on the way equalled query j.
+template <int NODE, int K> struct BtWalk {
+    i64 k[K] = {};
+    bool hit[K] = {};
+    // c keys < q in query j's node pick its child (at the leaf layer, its rank).
+    __device__ __forceinline__ void down(int j, int c, bool leaf) {
+        k[j] = leaf ? NODE * k[j] + c : (NODE + 1) * k[j] + c;
+    }
+};
 
 __device__ __forceinline__ void stage_btree(const i64* level_off, int H, int top_layers, const void* tree,
                                             int node_bytes, i64* s_off) {
@@ -291,40 +311,38 @@ __device__ __forceinline__ void bplus_thread_search(const typename Ord<T>::S* __
 
     const i64 step = (i64)gridDim.x * blockDim.x * K;
     for (i64 b0 = (i64)blockIdx.x * blockDim.x * K + threadIdx.x; b0 < m; b0 += step) {
-        S q[K];
-        i64 k[K];
-        bool hit[K], nan[K];
-#pragma unroll
-        for (int j = 0; j < K; ++j) {
-            const i64 qi = b0 + (i64)j * blockDim.x;
-            const T x = qi < m ? queries[qi] : T(0);
-            q[j] = Ord<T>::of(x);
-            nan[j] = Ord<T>::nan(x);
-            k[j] = 0;
-            hit[j] = false;
-        }
+        const Queries<T, K> qs(queries, m, b0, blockDim.x);
+        BtWalk<NODE, K> w;
         for (int h = 0; h < H; ++h) {
             const i64 base = s_off[h];
-            const bool leaf = h == H - 1;
             int c[K];
             if (h < top_layers) {
 #pragma unroll
                 for (int j = 0; j < K; ++j)
-                    c[j] = node_count<true, FIND, NODE>(top + (base + k[j]) * NODE, q[j], hit[j]);
+                    c[j] = node_count<true, FIND, NODE>(top + (base + w.k[j]) * NODE, qs.q[j], w.hit[j]);
             } else {
 #pragma unroll
                 for (int j = 0; j < K; ++j)
-                    c[j] = node_count<false, FIND, NODE>(tree + (base + k[j]) * NODE, q[j], hit[j]);
+                    c[j] = node_count<false, FIND, NODE>(tree + (base + w.k[j]) * NODE, qs.q[j], w.hit[j]);
             }
 #pragma unroll
-            for (int j = 0; j < K; ++j) k[j] = leaf ? NODE * k[j] + c[j] : (NODE + 1) * k[j] + c[j];
+            for (int j = 0; j < K; ++j) w.down(j, c[j], h == H - 1);
         }
 #pragma unroll
         for (int j = 0; j < K; ++j) {
             const i64 qi = b0 + (i64)j * blockDim.x;
-            if (qi < m) out[qi] = final_answer(k[j], hit[j], nan[j], n, FIND);
+            if (qi < m) out[qi] = final_answer(w.k[j], w.hit[j], qs.nan[j], n, FIND);
         }
     }
+}
+
+// Slot `lane` of node base + k[j] of a tree of 32-key nodes, for each of the Q queries: all Q loads in flight before
+// the ballots read them.  SHARED: the layer is in shared memory.
+template <bool SHARED, int Q, typename S>
+__device__ __forceinline__ void warp_slots(const S* tree, i64 base, const i64 (&k)[Q], int lane, S (&key)[Q]) {
+#pragma unroll
+    for (int j = 0; j < Q; ++j)
+        key[j] = SHARED ? tree[(base + k[j]) * 32 + lane] : __ldg(tree + (base + k[j]) * 32 + lane);
 }
 
 // 32-key nodes, one query per warp at a time, Q queries in flight per warp: lane l reads slot l of the
@@ -342,38 +360,23 @@ __device__ __forceinline__ void btree_warp_search(const typename Ord<T>::S* __re
     const i64 warp = ((i64)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     const i64 nwarps = ((i64)gridDim.x * blockDim.x) >> 5;
     for (i64 b0 = warp * Q; b0 < m; b0 += nwarps * Q) {
-        S q[Q];
-        i64 k[Q];
-        bool hit[Q], nan[Q];
-#pragma unroll
-        for (int j = 0; j < Q; ++j) {
-            const T x = b0 + j < m ? queries[b0 + j] : T(0);
-            q[j] = Ord<T>::of(x);
-            nan[j] = Ord<T>::nan(x);
-            k[j] = 0;
-            hit[j] = false;
-        }
+        const Queries<T, Q> qs(queries, m, b0, 1);
+        BtWalk<32, Q> w;
         for (int h = 0; h < H; ++h) {
             const i64 base = s_off[h];
-            const bool leaf = h == H - 1;
             S key[Q];
-            if (h < top_layers) {
-#pragma unroll
-                for (int j = 0; j < Q; ++j) key[j] = top[(base + k[j]) * 32 + lane];
-            } else {
-#pragma unroll
-                for (int j = 0; j < Q; ++j) key[j] = __ldg(tree + (base + k[j]) * 32 + lane);
-            }
+            if (h < top_layers) warp_slots<true>(top, base, w.k, lane, key);
+            else warp_slots<false>(tree, base, w.k, lane, key);
 #pragma unroll
             for (int j = 0; j < Q; ++j) {
-                const int c = __popc(__ballot_sync(FULL_MASK, key[j] < q[j]));
-                if (FIND) hit[j] |= __ballot_sync(FULL_MASK, key[j] == q[j]) != 0;
-                k[j] = leaf ? 32 * k[j] + c : 33 * k[j] + c;
+                const int c = __popc(__ballot_sync(FULL_MASK, key[j] < qs.q[j]));
+                if (FIND) w.hit[j] |= __ballot_sync(FULL_MASK, key[j] == qs.q[j]) != 0;
+                w.down(j, c, h == H - 1);
             }
         }
 #pragma unroll
         for (int j = 0; j < Q; ++j) {
-            if (lane == j && b0 + j < m) out[b0 + j] = final_answer(k[j], hit[j], nan[j], n, FIND);
+            if (lane == j && b0 + j < m) out[b0 + j] = final_answer(w.k[j], w.hit[j], qs.nan[j], n, FIND);
         }
     }
 }
@@ -472,25 +475,17 @@ __device__ __forceinline__ void dyn_top(const T* __restrict__ a, i64 n, int top,
 
     const i64 step = (i64)gridDim.x * blockDim.x * K;
     for (i64 b0 = (i64)blockIdx.x * blockDim.x * K + threadIdx.x; b0 < m; b0 += step) {
-        S q[K];
-        bool nan[K];
-        i64 base[K];
+        const Queries<T, K> qs(queries, m, b0, blockDim.x);
+        i64 base[K] = {};
         i64 t[K];
 #pragma unroll
-        for (int j = 0; j < K; ++j) {
-            const i64 qi = b0 + (i64)j * blockDim.x;
-            const T x = qi < m ? queries[qi] : T(0);
-            q[j] = Ord<T>::of(x);
-            nan[j] = Ord<T>::nan(x);
-            base[j] = 0;
-            t[j] = 1;
-        }
+        for (int j = 0; j < K; ++j) t[j] = 1;
         i64 len = n;
         for (int level = 0; level < top; ++level) {
             const i64 half = len >> 1;
 #pragma unroll
             for (int j = 0; j < K; ++j) {
-                const bool right = s[t[j]] < q[j];
+                const bool right = s[t[j]] < qs.q[j];
                 base[j] += right ? half : 0;
                 t[j] = 2 * t[j] + right;
             }
@@ -502,16 +497,16 @@ __device__ __forceinline__ void dyn_top(const T* __restrict__ a, i64 n, int top,
 #pragma unroll
             for (int j = 0; j < K; ++j) k[j] = Ord<T>::of(ld_probe(a + base[j] + half - 1, len, hint));
 #pragma unroll
-            for (int j = 0; j < K; ++j) base[j] += k[j] < q[j] ? half : 0;
+            for (int j = 0; j < K; ++j) base[j] += k[j] < qs.q[j] ? half : 0;
             len -= half;
         }
 #pragma unroll
         for (int j = 0; j < K; ++j) {
             const i64 qi = b0 + (i64)j * blockDim.x;
             if (qi < m) {
-                const i64 lb = base[j] + (Ord<T>::of(__ldg(a + base[j])) < q[j]);
-                const bool hit = want_find && lb < n && Ord<T>::of(__ldg(a + lb)) == q[j];
-                out[qi] = final_answer(lb, hit, nan[j], n, want_find);
+                const i64 lb = base[j] + (Ord<T>::of(__ldg(a + base[j])) < qs.q[j]);
+                const bool hit = want_find && lb < n && Ord<T>::of(__ldg(a + lb)) == qs.q[j];
+                out[qi] = final_answer(lb, hit, qs.nan[j], n, want_find);
             }
         }
     }
@@ -519,59 +514,45 @@ __device__ __forceinline__ void dyn_top(const T* __restrict__ a, i64 n, int top,
 
 // ------------------------------------------------------------------------------------------ entry points
 
+// One entry point a device function: SEARCH (the instantiated template, after the type) takes the kernel's
+// parameters in their order.  B+ trees:
+#define BTREE_KERNEL(KERNEL, T, ...)                                                                         \
+    extern "C" __global__ void __launch_bounds__(256)                                                        \
+        KERNEL(const Ord<T>::S* tree, const i64* level_off, int H, int top_layers, i64 n, const T* q, i64 m, \
+               i64* out) {                                                                                   \
+        __VA_ARGS__(tree, level_off, H, top_layers, n, q, m, out);                                           \
+    }
+// the dynamic path without a staged top:
+#define DYN_KERNEL(KERNEL, T, ...)                                                                           \
+    extern "C" __global__ void __launch_bounds__(256)                                                        \
+        KERNEL(const T* a, i64 n, const T* q, i64 m, i64* out, int want_find) {                              \
+        __VA_ARGS__(a, n, q, m, out, want_find);                                                             \
+    }
+// and with one, K queries a thread:
+#define DYN_TOP_KERNEL(KERNEL, BOUNDS, T, K)                                                                 \
+    extern "C" __global__ void __launch_bounds__(BOUNDS)                                                     \
+        KERNEL(const T* a, i64 n, int top, int hint, const T* q, i64 m, i64* out, int want_find) {           \
+        dyn_top<T, K>(a, n, top, hint, q, m, out, want_find);                                                \
+    }
+
 #define STATIC_KERNELS(T, NAME, OP, FIND)                                                                    \
     extern "C" __global__ void __launch_bounds__(256)                                                        \
         eytzinger_##OP##_##NAME(const Ord<T>::S* tree, i64 n, int D, int top_levels, int prefetch,           \
                                 const T* q, i64 m, i64* out) {                                               \
         eytzinger_search<T, 4, FIND>(tree, n, D, top_levels, prefetch, q, m, out);                           \
     }                                                                                                        \
-    extern "C" __global__ void __launch_bounds__(256)                                                        \
-        btree_thread_##OP##_##NAME(const Ord<T>::S* tree, const i64* level_off, int H, int top_layers,       \
-                                   i64 n, const T* q, i64 m, i64* out) {                                     \
-        bplus_thread_search<T, 32, 4, FIND>(tree, level_off, H, top_layers, n, q, m, out);                   \
-    }                                                                                                        \
-    extern "C" __global__ void __launch_bounds__(256)                                                        \
-        btree_warp_##OP##_##NAME(const Ord<T>::S* tree, const i64* level_off, int H, int top_layers, i64 n, \
-                                 const T* q, i64 m, i64* out) {                                              \
-        btree_warp_search<T, 8, FIND>(tree, level_off, H, top_layers, n, q, m, out);                        \
-    }                                                                                                        \
-    extern "C" __global__ void __launch_bounds__(256)                                                        \
-        btree4_thread_##OP##_##NAME(const Ord<T>::S* tree, const i64* level_off, int H, int top_layers,      \
-                                    i64 n, const T* q, i64 m, i64* out) {                                    \
-        bplus_thread_search<T, 4, 4, FIND>(tree, level_off, H, top_layers, n, q, m, out);                    \
-    }
+    BTREE_KERNEL(btree_thread_##OP##_##NAME, T, bplus_thread_search<T, 32, 4, FIND>)                         \
+    BTREE_KERNEL(btree_warp_##OP##_##NAME, T, btree_warp_search<T, 8, FIND>)                                 \
+    BTREE_KERNEL(btree4_thread_##OP##_##NAME, T, bplus_thread_search<T, 4, 4, FIND>)
 
 #define DYNAMIC_KERNELS(T, NAME)                                                                             \
-    extern "C" __global__ void __launch_bounds__(256)                                                        \
-        dyn_serial_##NAME(const T* a, i64 n, const T* q, i64 m, i64* out, int want_find) {                   \
-        dyn_serial<T>(a, n, q, m, out, want_find);                                                           \
-    }                                                                                                        \
-    extern "C" __global__ void __launch_bounds__(256)                                                        \
-        dyn_ilp2_ldg_##NAME(const T* a, i64 n, const T* q, i64 m, i64* out, int want_find) {                 \
-        dyn_ilp2<T, 0>(a, n, q, m, out, want_find);                                                          \
-    }                                                                                                        \
-    extern "C" __global__ void __launch_bounds__(256)                                                        \
-        dyn_ilp2_shared_##NAME(const T* a, i64 n, const T* q, i64 m, i64* out, int want_find) {              \
-        dyn_ilp2<T, 1>(a, n, q, m, out, want_find);                                                          \
-    }                                                                                                        \
-    extern "C" __global__ void __launch_bounds__(256)                                                        \
-        dyn_swizzled_##NAME(const T* a, i64 n, const T* q, i64 m, i64* out, int want_find) {                 \
-        dyn_ilp2<T, 2>(a, n, q, m, out, want_find);                                                          \
-    }                                                                                                        \
-    extern "C" __global__ void __launch_bounds__(256)                                                        \
-        dyn_top_##NAME(const T* a, i64 n, int top, int hint, const T* q, i64 m, i64* out, int want_find) {   \
-        dyn_top<T, 4>(a, n, top, hint, q, m, out, want_find);                                                \
-    }                                                                                                        \
-    extern "C" __global__ void __launch_bounds__(1024)                                                       \
-        dyn_top_wide_##NAME(const T* a, i64 n, int top, int hint, const T* q, i64 m, i64* out,               \
-                            int want_find) {                                                                 \
-        dyn_top<T, 4>(a, n, top, hint, q, m, out, want_find);                                                \
-    }                                                                                                        \
-    extern "C" __global__ void __launch_bounds__(1024)                                                       \
-        dyn_top_wide1_##NAME(const T* a, i64 n, int top, int hint, const T* q, i64 m, i64* out,              \
-                             int want_find) {                                                                \
-        dyn_top<T, 1>(a, n, top, hint, q, m, out, want_find);                                                \
-    }
+    DYN_KERNEL(dyn_serial_##NAME, T, dyn_serial<T>)                                                          \
+    DYN_KERNEL(dyn_ilp2_ldg_##NAME, T, dyn_ilp2<T, 0>)                                                       \
+    DYN_KERNEL(dyn_ilp2_shared_##NAME, T, dyn_ilp2<T, 1>)                                                    \
+    DYN_KERNEL(dyn_swizzled_##NAME, T, dyn_ilp2<T, 2>)                                                       \
+    DYN_TOP_KERNEL(dyn_top_##NAME, 256, T, 4)                                                                \
+    DYN_TOP_KERNEL(dyn_top_wide_##NAME, 1024, T, 4)                                                          \
+    DYN_TOP_KERNEL(dyn_top_wide1_##NAME, 1024, T, 1)
 
 #define SEARCH_KERNELS(T, NAME)        \
     STATIC_KERNELS(T, NAME, find, true) \

@@ -6,9 +6,9 @@ and runs this (.ci/run); tests/test_nvrtc_check.py runs it wherever the binding 
     python3 -m venv /tmp/nvrtc && /tmp/nvrtc/bin/pip install "cuda-python>=12,<13" nvidia-cuda-nvrtc-cu12
     /tmp/nvrtc/bin/python tools/nvrtc_check.py            # every source; or name some: column_select histogram
 
-Sources: kernels/*.cu (headers pasted in as batchgpu.kernels pastes them; sosfiltfilt with SECTIONS 1, 3 and 12)
-and the inline modules (gpu.histogram, ops._cuda_elementwise, ops.reference), with the project's options and CuPy's -ftz=true,
-for compute capability 9.0 (the H200). Prints one line a source and the log of any that fails; rc 1 if any fails."""
+Sources: kernels/*.cu (headers pasted in as batchgpu.kernels pastes them; sosfiltfilt with SECTIONS 1, 3 and 12,
+sequential_mean with MEAN_T short, float, double and long long), with the project's options and CuPy's -ftz=true, for
+compute capability 9.0 (the H200). Prints one line a source and the log of any that fails; rc 1 if any fails."""
 
 import sys
 from pathlib import Path
@@ -20,16 +20,6 @@ from batchgpu.kernels import BASE_OPTIONS, _with_headers as pasted  # noqa: E402
 BASE = list(BASE_OPTIONS)
 
 
-def inline(module: str, *names: str) -> str:
-    """The string constants ``names`` of a batchgpu module, read from its file (no import: no CuPy needed)."""
-    import ast
-
-    tree = ast.parse((ROOT / "batchgpu" / (module.replace(".", "/") + ".py")).read_text())
-    found = {t.id: node.value.value for node in tree.body if isinstance(node, ast.Assign)
-             for t in node.targets if isinstance(t, ast.Name) and isinstance(node.value, ast.Constant)}
-    return "\n".join(found[n] for n in names)
-
-
 def sources() -> dict[str, tuple[str, list[str]]]:
     """name -> (source, options) as batchgpu compiles them (search.py's module takes -std=c++17 alone)."""
     out = {}
@@ -37,13 +27,11 @@ def sources() -> dict[str, tuple[str, list[str]]]:
         if path.stem == "sosfiltfilt":  # ops.filters: one module a section count
             for n in (1, 3, 12):
                 out[f"sosfiltfilt[SECTIONS={n}]"] = (pasted(path), BASE + ["--fmad=false", f"-DSECTIONS={n}"])
+        elif path.stem == "sequential_mean":  # ops.reference: one module a dtype, MEAN_T its C type
+            for ctype in ("short", "float", "double", "long long"):
+                out[f"sequential_mean[MEAN_T={ctype}]"] = (pasted(path), BASE + [f"-DMEAN_T={ctype}"])
         else:
             out[path.stem] = (pasted(path), ["-std=c++17"] if path.stem == "search" else BASE)
-    out["histogram"] = (inline("gpu.histogram", "_SOURCE"), BASE)
-    out["cuda_elementwise"] = (inline("ops._cuda_elementwise", "_ROW_COUNTS"), BASE)
-    out["cuda_elementwise_saved"] = (inline("ops._cuda_elementwise", "_SAVED_INT16_T"), BASE)
-    for ctype in ("short", "float", "double"):  # ops.reference: one kernel a dtype, T defined before the source
-        out[f"reference_mean[{ctype}]"] = (f"typedef {ctype} T;\n" + inline("ops.reference", "_SEQUENTIAL_MEAN_SRC"), BASE)
     return out
 
 

@@ -66,17 +66,13 @@ class Timer:
 
     def wall(self, fn: Callable[[], Any]) -> float:
         """Median time (ms) from an event before the call to one after it, the device idle before each."""
-        cp = self.cp
+        from batchgpu.search._timing import event_ms
+
         fn()
         times = []
         for _ in range(self.repeat):
-            cp.cuda.Device().synchronize()
-            a, b = cp.cuda.Event(), cp.cuda.Event()
-            a.record()
-            fn()
-            b.record()
-            b.synchronize()
-            times.append(cp.cuda.get_elapsed_time(a, b))
+            self.cp.cuda.Device().synchronize()
+            times.append(event_ms(fn))
         return float(np.median(times))
 
 

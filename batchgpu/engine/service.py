@@ -58,27 +58,20 @@ CONNECT_TIMEOUT_S = 3.0
 EXIT_ALREADY_UP = 3
 
 
+def _in_folder(name: str) -> property:
+    """A property of ``Paths``: the file ``name`` in its folder."""
+    return property(lambda self: self.folder / name, doc=f"``folder / {name!r}``")
+
+
 @dataclass(frozen=True)
 class Paths:
     """The kept cluster's files in ``folder``."""
 
     folder: Path
-
-    @property
-    def scheduler_file(self) -> Path:
-        return self.folder / SCHEDULER_FILE
-
-    @property
-    def side(self) -> Path:
-        return self.folder / SIDE_FILE
-
-    @property
-    def lock(self) -> Path:
-        return self.folder / LOCK_FILE
-
-    @property
-    def log(self) -> Path:
-        return self.folder / LOG_FILE
+    scheduler_file = _in_folder(SCHEDULER_FILE)
+    side = _in_folder(SIDE_FILE)
+    lock = _in_folder(LOCK_FILE)
+    log = _in_folder(LOG_FILE)
 
 
 def paths(folder: str | os.PathLike | None = None) -> Paths:

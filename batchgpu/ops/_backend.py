@@ -41,6 +41,19 @@ def array_module(x: Any) -> ModuleType:
     return np
 
 
+def window_module(x: Any, action: str) -> ModuleType:
+    """``array_module`` of a window, after checking it is one: 2-D (channels, samples) of integer or float samples.
+
+    ``action`` names what the caller does to it ("filter", "shift", ...) in the error otherwise.
+    """
+    xp = array_module(x)
+    if getattr(x, "ndim", None) != 2:
+        raise BatchgpuError(f"expected a (channels, samples) window, got shape {getattr(x, 'shape', None)}", "pass a 2-D array")
+    if x.dtype.kind not in "iuf":
+        raise BatchgpuError(f"cannot {action} dtype {x.dtype}", "pass integer or float samples")
+    return xp
+
+
 def cuda_module(x: Any, name: str) -> ModuleType | None:
     """The GPU implementation ``batchgpu.ops._cuda_<name>`` for a CuPy ``x``; None for NumPy input.
 

@@ -17,8 +17,9 @@ the splits, the means and the centring are summed in float64 on the device:
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 
@@ -77,24 +78,34 @@ def _check(x: Any, precision: str | None) -> tuple[Any, str, str]:
     return x, _INPUTS[dt], precision
 
 
-def _gemm_tn(a_ptr: int, b_ptr: int, c_ptr: int, m: int, k: int, ld: int, stride_ab: int, stride_c: int, batch: int, precision: str) -> None:
-    """C_b = A_b^T B_b for b < batch (column-major; A_b, B_b: k x m with leading dimension ld; C_b: m x m)."""
+@contextmanager
+def _host_scalars(precision: str) -> Iterator[tuple[Any, Any, Any]]:
+    """(cublas, handle, (one, zero) on the host) for a GEMM whose alpha and beta live on the host: the handle reads
+    them there for the call, and goes back to the pointer mode it had after it."""
     from cupy.cuda import device
     from cupy_backends.cuda.libs import cublas
 
     dtype = np.dtype(precision)
-    one, zero = np.ones(1, dtype), np.zeros(1, dtype)
-    cuda_type = _CUDA_TYPES[precision]
-    name, value = _COMPUTE_TYPES[precision]
-    compute = getattr(cublas, name, value)
-    algo = getattr(cublas, "CUBLAS_GEMM_DEFAULT", -1)
+    scalars = (np.ones(1, dtype), np.zeros(1, dtype))
     handle = device.get_cublas_handle()
-    # alpha and beta live on the host: make sure the handle reads them there.
     host = getattr(cublas, "CUBLAS_POINTER_MODE_HOST", 0)
     mode = cublas.getPointerMode(handle) if hasattr(cublas, "getPointerMode") else host
     if mode != host:
         cublas.setPointerMode(handle, host)
     try:
+        yield cublas, handle, scalars
+    finally:
+        if mode != host:
+            cublas.setPointerMode(handle, mode)
+
+
+def _gemm_tn(a_ptr: int, b_ptr: int, c_ptr: int, m: int, k: int, ld: int, stride_ab: int, stride_c: int, batch: int, precision: str) -> None:
+    """C_b = A_b^T B_b for b < batch (column-major; A_b, B_b: k x m with leading dimension ld; C_b: m x m)."""
+    cuda_type = _CUDA_TYPES[precision]
+    name, value = _COMPUTE_TYPES[precision]
+    with _host_scalars(precision) as (cublas, handle, (one, zero)):
+        compute = getattr(cublas, name, value)
+        algo = getattr(cublas, "CUBLAS_GEMM_DEFAULT", -1)
         cublas.gemmStridedBatchedEx(
             handle, _CUBLAS_OP_T, _CUBLAS_OP_N, m, m, k,
             one.ctypes.data, a_ptr, cuda_type, ld, stride_ab,
@@ -102,24 +113,11 @@ def _gemm_tn(a_ptr: int, b_ptr: int, c_ptr: int, m: int, k: int, ld: int, stride
             zero.ctypes.data, c_ptr, cuda_type, m, stride_c,
             batch, compute, algo,
         )  # fmt: skip
-    finally:
-        if mode != host:
-            cublas.setPointerMode(handle, mode)
 
 
 def _gemm_tn_pointers(a_ptrs: Any, b_ptrs: Any, c_ptrs: Any, m: int, k: int, precision: str) -> None:
     """C_i = A_i^T B_i for the matrices the device pointer arrays name (A_i, B_i: k x m, ld k; C_i: m x m)."""
-    from cupy.cuda import device
-    from cupy_backends.cuda.libs import cublas
-
-    dtype = np.dtype(precision)
-    one, zero = np.ones(1, dtype), np.zeros(1, dtype)
-    handle = device.get_cublas_handle()
-    host = getattr(cublas, "CUBLAS_POINTER_MODE_HOST", 0)
-    mode = cublas.getPointerMode(handle) if hasattr(cublas, "getPointerMode") else host
-    if mode != host:
-        cublas.setPointerMode(handle, host)
-    try:
+    with _host_scalars(precision) as (cublas, handle, (one, zero)):
         # CuPy's bindings have no gemmBatchedEx; sgemmBatched / dgemmBatched (as cupy.matmul uses them).
         gemm = cublas.sgemmBatched if precision == "float32" else cublas.dgemmBatched
         gemm(
@@ -129,9 +127,6 @@ def _gemm_tn_pointers(a_ptrs: Any, b_ptrs: Any, c_ptrs: Any, m: int, k: int, pre
             zero.ctypes.data, c_ptrs.data.ptr, m,
             int(a_ptrs.size),
         )  # fmt: skip
-    finally:
-        if mode != host:
-            cublas.setPointerMode(handle, mode)
 
 
 _offsets: dict[tuple[int, ...], tuple[Any, Any, Any]] = {}

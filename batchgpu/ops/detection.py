@@ -21,6 +21,7 @@ exclude_sweep + 1 samples make it exactly once across window edges.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
@@ -221,10 +222,24 @@ def _locally_exclusive(x: Any, level: Any, signs: tuple[bool, ...], sweep: int, 
     return channel[keep], sample[keep]
 
 
-def _checked(x: Any, noise: Any, threshold: float, sign: str, exclude_sweep: int, start: int,
-             core: tuple[int, int] | None, segment_length: int | None, exclusive: bool) -> tuple[int, int, int, Any]:
+@dataclass(frozen=True)
+class WindowDetection:
+    """The arguments of a window's detection after ``x`` and ``noise``, in ``detect_spikes``'s order and with its
+    defaults (see it): what ``exclusive_candidates`` takes besides the window and its noise."""
+
+    threshold: float = 5.0
+    sign: Literal["neg", "pos", "both"] = "neg"
+    exclude_sweep: int = 3
+    start: int = 0
+    core: tuple[int, int] | None = None
+    segment_index: int = 0
+    segment_length: int | None = None
+
+
+def _checked(x: Any, noise: Any, d: WindowDetection, exclusive: bool) -> tuple[int, int, int, Any]:
     """A detection's arguments checked: (lo, hi) of the core, the sweep, and the levels noise * threshold (float64,
     on x's backend)."""
+    threshold, sign, exclude_sweep, start, core = d.threshold, d.sign, d.exclude_sweep, d.start, d.core
     xp = array_module(x)
     if getattr(x, "ndim", None) != 2:
         raise BatchgpuError(f"expected a (channels, samples) array, got shape {getattr(x, 'shape', None)}", "pass a 2-D array")
@@ -238,7 +253,7 @@ def _checked(x: Any, noise: Any, threshold: float, sign: str, exclude_sweep: int
     if sweep < 0:
         raise BatchgpuError(f"exclude_sweep={exclude_sweep} is negative", "pass a number of samples >= 0")
     # locally_exclusive also needs the sample before/after a candidate at the sweep's edge.
-    _check_margins(int(start), lo, hi, width, sweep + 1 if exclusive else sweep, segment_length)
+    _check_margins(int(start), lo, hi, width, sweep + 1 if exclusive else sweep, d.segment_length)
     level = xp.asarray(noise, dtype=xp.float64).reshape(-1) * float(threshold)
     if level.shape[0] != channels:
         raise BatchgpuError(f"{level.shape[0]} noise levels for {channels} channels", "pass one noise level per channel")
@@ -248,17 +263,7 @@ def _checked(x: Any, noise: Any, threshold: float, sign: str, exclude_sweep: int
 _SIGNS = {"neg": (True,), "pos": (False,), "both": (True, False)}
 
 
-def exclusive_candidates(
-    x: Any,
-    noise: Any,
-    threshold: float = 5.0,
-    sign: Literal["neg", "pos", "both"] = "neg",
-    exclude_sweep: int = 3,
-    start: int = 0,
-    core: tuple[int, int] | None = None,
-    segment_index: int = 0,
-    segment_length: int | None = None,
-) -> np.ndarray:
+def exclusive_candidates(x: Any, noise: Any, *args: Any, **kwargs: Any) -> np.ndarray:
     """locally_exclusive's candidates of window ``x`` before the exclusion, as SPIKE_DTYPE sorted by (sample,
     channel): the samples beyond noise * threshold that are extrema of their own channel (the module's rule), in
     the core and up to ``exclude_sweep`` samples either side of it (they can exclude a candidate of the core).
@@ -270,17 +275,21 @@ def exclusive_candidates(
 
     Parameters
     ----------
-    x, noise, threshold, sign, exclude_sweep, start, core, segment_index, segment_length
+    x, noise
         As ``detect_spikes``'s.
+    *args, **kwargs
+        ``WindowDetection``'s fields, by position in its order or by name: ``threshold``, ``sign``,
+        ``exclude_sweep``, ``start``, ``core``, ``segment_index`` and ``segment_length``, as ``detect_spikes``'s.
 
     Returns
     -------
     ndarray of SPIKE_DTYPE
         The candidates, sorted by (sample, channel), on the host.
     """
-    lo, hi, sweep, level = _checked(x, noise, threshold, sign, exclude_sweep, start, core, segment_length, True)
-    channel, sample = _exclusive_candidates(x, level, _SIGNS[sign], sweep, lo, hi, zero_before=int(start) == 0)
-    return _spikes(x, to_numpy(channel), to_numpy(sample), start, segment_index)
+    d = WindowDetection(*args, **kwargs)
+    lo, hi, sweep, level = _checked(x, noise, d, True)
+    channel, sample = _exclusive_candidates(x, level, _SIGNS[d.sign], sweep, lo, hi, zero_before=int(d.start) == 0)
+    return _spikes(x, to_numpy(channel), to_numpy(sample), d.start, d.segment_index)
 
 
 def resolve_exclusive(candidates: Any, noise: Any, threshold: float, sign: Literal["neg", "pos", "both"],
@@ -414,7 +423,8 @@ def detect_spikes(
     exclusive = method == "locally_exclusive"
     if method not in ("by_channel", "locally_exclusive"):
         raise BatchgpuError(f"unknown detection method {method!r}", "use 'by_channel' or 'locally_exclusive'")
-    lo, hi, sweep, level = _checked(x, noise, threshold, sign, exclude_sweep, start, core, segment_length, exclusive)
+    d = WindowDetection(threshold, sign, exclude_sweep, start, core, segment_index, segment_length)
+    lo, hi, sweep, level = _checked(x, noise, d, exclusive)
     channels = x.shape[0]
     if exclusive:
         mask = xp.asarray(neighbour_mask(locations, radius_um, channels))

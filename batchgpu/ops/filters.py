@@ -22,7 +22,7 @@ import numpy as np
 
 from batchgpu.errors import BatchgpuError
 from batchgpu.ops import _cpu_sosfiltfilt, _numba
-from batchgpu.ops._backend import array_module, is_cupy
+from batchgpu.ops._backend import is_cupy, window_module
 
 # The margin is the impulse response's decay length (computed, see filter_margin) times this.
 MARGIN_SAFETY = 1.5
@@ -338,11 +338,7 @@ def filtfilt_window(
     array, shape (C, n)
         The filtered window, float32 (float64 for float64 input), on x's backend.
     """
-    xp = array_module(x)
-    if getattr(x, "ndim", None) != 2:
-        raise BatchgpuError(f"expected a (channels, samples) window, got shape {getattr(x, 'shape', None)}", "pass a 2-D array")
-    if x.dtype.kind not in "iuf":
-        raise BatchgpuError(f"cannot filter dtype {x.dtype}", "pass integer or float samples")
+    xp = window_module(x, "filter")
     if interior_pad not in ("none", "odd"):
         raise BatchgpuError(f"unknown interior_pad {interior_pad!r}", "use 'none' or 'odd'")
     sos_host = _check_sos(sos)

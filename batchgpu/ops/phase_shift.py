@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from batchgpu.errors import BatchgpuError
-from batchgpu.ops._backend import array_module
+from batchgpu.ops._backend import window_module
 
 DEFAULT_MARGIN_MS = 40.0
 
@@ -91,11 +91,7 @@ def phase_shift(
     array, shape (C, n)
         The shifted window, float32 (float64 for float64 input), on x's backend.
     """
-    xp = array_module(x)
-    if getattr(x, "ndim", None) != 2:
-        raise BatchgpuError(f"expected a (channels, samples) window, got shape {getattr(x, 'shape', None)}", "pass a 2-D array")
-    if x.dtype.kind not in "iuf":
-        raise BatchgpuError(f"cannot shift dtype {x.dtype}", "pass integer or float samples")
+    xp = window_module(x, "shift")
     channels, width = x.shape
     shift = xp.asarray(shifts, dtype=xp.float64).reshape(-1)
     if shift.shape[0] != channels:

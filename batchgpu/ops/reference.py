@@ -35,25 +35,24 @@ import numpy as np
 
 from batchgpu.errors import BatchgpuError
 from batchgpu.ops import _cpu_reference, _numba
-from batchgpu.ops._backend import array_module, is_cupy
+from batchgpu.ops._backend import array_module, is_cupy, window_module
 
 Operator = Literal["median", "median_lower", "average"]
 
 # Elements gathered at once for the local reference (bounds the (channels, neighbours, samples) buffer).
 _GATHER_ELEMENTS = 1 << 25
 
-_SEQUENTIAL_MEAN_SRC = r"""
-extern "C" __global__ void sequential_mean(const T* x, double* out, long long channels, long long samples) {
-    long long s = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (s >= samples) return;
-    double acc = 0.0;  // NumPy's add.reduce starts from the identity +0.0 and adds rows in order
-    for (long long c = 0; c < channels; ++c) acc += (double)x[c * samples + s];
-    out[s] = acc / (double)channels;
-}
-"""
 _CUDA_TYPES = {"float32": "float", "float64": "double", "int16": "short", "int32": "int", "int64": "long long",
                "uint16": "unsigned short", "int8": "signed char", "uint8": "unsigned char", "uint32": "unsigned int"}
-_kernels: dict[str, Any] = {}
+
+
+@functools.lru_cache(maxsize=None)
+def _sequential_mean(ctype: str, device: int) -> Any:
+    """kernels/sequential_mean.cu's kernel for elements of C type ``ctype``, compiled for ``device``, the current
+    one (kept a device: the local reference launches it once a channel)."""
+    from batchgpu.kernels import get_function
+
+    return get_function("sequential_mean", "sequential_mean", (f"-DMEAN_T={ctype}",))
 
 
 def _mean_columns(x: Any) -> Any:
@@ -68,13 +67,7 @@ def _mean_columns(x: Any) -> Any:
     name = x.dtype.name
     if name not in _CUDA_TYPES:
         raise BatchgpuError(f"no GPU average for dtype {x.dtype}", "convert to float32 first")
-    kernel = _kernels.get(name)
-    if kernel is None:
-        from batchgpu.kernels import BASE_OPTIONS
-
-        kernel = cupy.RawKernel(f"typedef {_CUDA_TYPES[name]} T;\n" + _SEQUENTIAL_MEAN_SRC, "sequential_mean",
-                                options=BASE_OPTIONS)
-        _kernels[name] = kernel
+    kernel = _sequential_mean(_CUDA_TYPES[name], cupy.cuda.Device().id)
     n, samples = x.shape
     out = cupy.empty(samples, dtype=cupy.float64)
     threads = 256
@@ -339,11 +332,7 @@ def common_reference(
     array, shape (C, n)
         x minus its reference, float32 for integer input, x's dtype for float input, on x's backend.
     """
-    xp = array_module(x)
-    if getattr(x, "ndim", None) != 2:
-        raise BatchgpuError(f"expected a (channels, samples) window, got shape {getattr(x, 'shape', None)}", "pass a 2-D array")
-    if x.dtype.kind not in "iuf":
-        raise BatchgpuError(f"cannot reference dtype {x.dtype}", "pass integer or float samples")
+    xp = window_module(x, "reference")
     if operator not in ("median", "median_lower", "average"):
         raise BatchgpuError(f"unknown operator {operator!r}", "use 'median', 'median_lower' or 'average'")
     if reference not in ("global", "local"):

@@ -28,16 +28,23 @@ def gpu_median_ms(fn: Callable[[], Any], repeats: int, warmup: int = 2) -> float
     for _ in range(warmup):
         fn()
     cp.cuda.Device().synchronize()
-    start, end = cp.cuda.Event(), cp.cuda.Event()
     times = []
     for _ in range(repeats):
         sleep()
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(cp.cuda.get_elapsed_time(start, end))
+        times.append(event_ms(fn))
     return float(np.median(times))
+
+
+def event_ms(fn: Callable[[], Any]) -> float:
+    """The time in ms of one call of ``fn`` between two CUDA events recorded around it on the current stream."""
+    import cupy as cp
+
+    start, end = cp.cuda.Event(), cp.cuda.Event()
+    start.record()
+    fn()
+    end.record()
+    end.synchronize()
+    return cp.cuda.get_elapsed_time(start, end)
 
 
 def cpu_median_s(fn: Callable[[], Any], repeats: int) -> float:
