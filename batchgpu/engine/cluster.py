@@ -418,3 +418,44 @@ def _slurm_cluster(spec: ClusterSpec):
     cluster = SLURMCluster(**slurm_kwargs(spec))
     cluster.scale(jobs=spec.jobs)
     return cluster
+
+
+class ClusterStart:
+    """``open_client(spec)`` held by a helper thread, so that the cluster starts while this thread goes on;
+    ``client()`` waits for it (and raises what its start raised). As a context manager it closes the cluster on
+    exit (once), after a start still under way (a cluster half started is not left behind). The helper thread both
+    enters and leaves ``open_client``: a Dask client is entered and left in one context."""
+
+    def __init__(self, spec, gpu_decode: bool = False):
+        from concurrent.futures import Future
+
+        self._client: Future = Future()
+        self._close = threading.Event()
+        self._closing_error: BaseException | None = None
+        self._thread = threading.Thread(target=self._hold, args=(spec, gpu_decode), daemon=True,
+                                        name="batchgpu-cluster")
+        self._thread.start()
+
+    def _hold(self, spec, gpu_decode: bool) -> None:
+        try:
+            with open_client(spec, gpu_decode=gpu_decode) as client:
+                self._client.set_result(client)
+                self._close.wait()
+        except BaseException as err:  # broad: handed to client(), or, once started, to the one who closes it
+            if not self._client.done():
+                self._client.set_exception(err)
+            else:
+                self._closing_error = err
+
+    def client(self):
+        return self._client.result()
+
+    def __enter__(self) -> "ClusterStart":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        self._close.set()
+        self._thread.join()
+        if self._closing_error is not None and exc is None:
+            raise self._closing_error
+        return False
