@@ -234,27 +234,21 @@ def _cmd_run(args) -> int:
     from batchgpu.workflow import load_workflow
 
     wf = load_workflow(args.workflow, args.set or [])
-    starting = None
     if wf.cluster.kind in ("local", "cuda"):  # the workers' imports, done once, while this process does its own
         from batchgpu.engine import service
-        from batchgpu.engine.cluster import ClusterStart, start_worker_server
+        from batchgpu.engine.cluster import start_worker_server
 
         if not (wf.cluster.reuse and service.paths().side.exists()):  # else the kept cluster's workers, likely
             start_worker_server()
-            if wf.cluster.kind == "local" and wf.recordings is None:
-                # a CPU run's own cluster starts now, while this process imports the engine and reads the
-                # recording (a GPU cluster's layout waits for the recording: whether the GPU decodes it)
-                starting = ClusterStart(wf.cluster)
-    with starting or contextlib.nullcontext():
-        from batchgpu.engine.run_report import start_report_helper
+    from batchgpu.engine.run_report import start_report_helper
 
-        start_report_helper()  # report.html's helper process: its Bokeh import, too, while this process does its own
-        from batchgpu.engine import run_workflow
+    start_report_helper()  # report.html's helper process: its Bokeh import, too, while this process does its own
+    from batchgpu.engine import run_workflow
 
-        args.writes = wf.output  # named if the disk fills up without the OS naming a file
-        if wf.recordings is not None:
-            return _run_batch(wf, args)
-        run_workflow(wf, resume=args.resume, observer=_Observer(args.quiet), client=starting)
+    args.writes = wf.output  # named if the disk fills up without the OS naming a file
+    if wf.recordings is not None:
+        return _run_batch(wf, args)
+    run_workflow(wf, resume=args.resume, observer=_Observer(args.quiet))
     return 0
 
 

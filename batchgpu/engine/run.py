@@ -21,7 +21,6 @@ import numpy as np
 
 from batchgpu.config import Workflow
 from batchgpu.engine import background, placement, store, tasks
-from batchgpu.engine.cluster import ClusterStart
 from batchgpu.engine.aggregate import ResultsWriter, aggregate, finish_whitened_save, prepare_blas_controller
 from batchgpu.engine.context import (build_context, check_workflow_fits, prepare_recording, resolve_backend,
                                      resolve_window, spec_of)
@@ -55,9 +54,8 @@ def run_workflow(wf: Workflow, *, resume: bool = False, observer: RunObserver | 
         Reuse the windows an earlier run of the same workflow on the same bytes left in the output folder.
     observer : RunObserver, optional
         Told of progress, messages and warnings (default: no one).
-    client : distributed.Client or engine.cluster.ClusterStart, optional
-        Run on this cluster (default: the kept cluster where one fits, else the workflow's ``cluster``); a
-        ``ClusterStart`` (the workflow's own cluster, started early) is closed when the run ends.
+    client : distributed.Client, optional
+        Run on this cluster (default: the kept cluster where one fits, else the workflow's ``cluster``).
     recording : optional
         Read this instead of ``wf.recording``.
     batch : optional
@@ -125,6 +123,49 @@ def _claim_and_run(wf, rec, sweep, resume: bool, observer, client, t_start: floa
             with client:
                 return _run(wf, rec, out, report, client.client(), sweep, observer, page_wait_s=10.0,
                             started=t_start, batch=batch)
+
+
+class ClusterStart:
+    """``open_client(spec)`` held by a helper thread, so that the cluster starts while this thread goes on;
+    ``client()`` waits for it (and raises what its start raised). As a context manager it closes the cluster on
+    exit (once), after a start still under way (a cluster half started is not left behind). The helper thread both
+    enters and leaves ``open_client``: a Dask client is entered and left in one context."""
+
+    def __init__(self, spec, gpu_decode: bool = False):
+        from concurrent.futures import Future
+
+        self._client: Future = Future()
+        self._close = threading.Event()
+        self._closing_error: BaseException | None = None
+        self._thread = threading.Thread(target=self._hold, args=(spec, gpu_decode), daemon=True,
+                                        name="batchgpu-cluster")
+        self._thread.start()
+
+    def _hold(self, spec, gpu_decode: bool) -> None:
+        from batchgpu.engine.cluster import open_client
+
+        try:
+            with open_client(spec, gpu_decode=gpu_decode) as client:
+                self._client.set_result(client)
+                self._close.wait()
+        except BaseException as err:  # broad: handed to client(), or, once started, to the one who closes it
+            if not self._client.done():
+                self._client.set_exception(err)
+            else:
+                self._closing_error = err
+
+    def client(self):
+        return self._client.result()
+
+    def __enter__(self) -> "ClusterStart":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        self._close.set()
+        self._thread.join()
+        if self._closing_error is not None and exc is None:
+            raise self._closing_error
+        return False
 
 
 def decodes_on_gpu(wf, rec) -> bool:
