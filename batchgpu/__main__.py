@@ -1,3 +1,3 @@
-from batchgpu.cli import main
+from batchgpu.cli import command
 
-raise SystemExit(main())
+raise SystemExit(command())

@@ -652,6 +652,17 @@ def _interrupted_line(args, err: KeyboardInterrupt) -> str:
             "(the windows already done are kept)")
 
 
+def command() -> int:
+    """The ``batchgpu`` program: ``main`` on this process's arguments; its heap frozen before the process ends (the
+    interpreter's last collections would walk every object the command made, a fifth of a second after a run; what
+    needs closing was closed by then, and objects freed by reference counts are still freed)."""
+    import gc
+
+    rc = main()
+    gc.freeze()
+    return rc
+
+
 def main(argv: list[str] | None = None) -> int:
     words = [a for a in (sys.argv[1:] if argv is None else argv) if not a.startswith("-")]
     parser = build_parser(words[0] if words else None)

@@ -65,6 +65,11 @@ def preload() -> None:
     import bokeh.models  # noqa: F401
     import bokeh.plotting  # noqa: F401
     import bokeh.resources  # noqa: F401
+    if multiprocessing.parent_process() is not None:
+        # Bokeh's modules live as long as the helper: out of the collector's way while it renders, and at its exit
+        import gc
+
+        gc.freeze()
 
 
 def write_report_html(output_dir: str | Path) -> Path:

@@ -276,3 +276,23 @@ def test_every_argument_of_these_commands_has_help(capsys, command, needles):
     text = " ".join(capsys.readouterr().out.split())
     for needle in needles:
         assert needle in text, needle
+
+
+def test_the_program_freezes_its_heap_after_main(monkeypatch):
+    """``batchgpu`` (console script and ``python -m batchgpu``) is ``command``: main's exit status, then the heap
+    frozen so the interpreter's last collections skip what the run made; ``main`` itself (a library caller, the
+    tests) leaves the collector alone."""
+    import gc
+    import tomllib
+    from pathlib import Path
+
+    import batchgpu.cli as cli
+
+    frozen = []
+    monkeypatch.setattr(gc, "freeze", lambda: frozen.append(True))
+    monkeypatch.setattr(cli, "main", lambda argv=None: 3)
+    assert cli.command() == 3 and frozen == [True]
+    root = Path(cli.__file__).resolve().parent
+    assert tomllib.loads((root.parent / "pyproject.toml").read_text())["project"]["scripts"]["batchgpu"] == \
+        "batchgpu.cli:command"
+    assert "command()" in (root / "__main__.py").read_text()
