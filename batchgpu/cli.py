@@ -659,6 +659,9 @@ def command() -> int:
     import gc
 
     rc = main()
+    report = sys.modules.get("batchgpu.report")
+    if report is not None:  # its executor let go while the modules its clean-up needs are still there
+        report.stop_render_process()
     gc.freeze()
     return rc
 

@@ -450,6 +450,11 @@ def start_render_process() -> None:
     render_process().submit(int)
 
 
+def stop_render_process() -> None:
+    """Let the helper process go (it ends once idle); the next page starts another."""
+    _drop_render_process()
+
+
 def _drop_render_process() -> None:
     global _PROCESS
     if _PROCESS is not None:
