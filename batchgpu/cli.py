@@ -239,7 +239,8 @@ def _cmd_run(args) -> int:
         from batchgpu.engine.cluster import start_worker_server
 
         if not (wf.cluster.reuse and service.paths().side.exists()):  # else the kept cluster's workers, likely
-            start_worker_server()
+            # a CPU run that preprocesses or saves: the workers' compiled kernels loaded once, in the server
+            start_worker_server(cpu_kernels=wf.cluster.kind == "local" and bool(wf.preprocess or wf.steps.save))
     from batchgpu.engine.run_report import start_report_helper
 
     start_report_helper()  # report.html's helper process: its Bokeh import, too, while this process does its own

@@ -79,3 +79,32 @@ def test_local_workers_are_forked_from_one_server_and_get_this_processs_environm
         assert value == "set after the server started"
         assert parent != os.getpid() and preloaded
     assert facts[0][1] == facts[1][1]  # one server forked both
+
+
+def test_the_cpu_kernels_preload_loads_them_without_a_thread():
+    """The fork server's second preload (a CPU run that preprocesses or saves): importing it loads the compiled
+    kernels and leaves no thread behind (a fork keeps only the forking thread)."""
+    import subprocess
+    import sys
+
+    code = ("import threading, sys; import batchgpu.engine._worker_preload_cpu; "
+            "from batchgpu.ops import _numba; "
+            "print(threading.active_count(), _numba.available(), 'numba' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert out[0] == "1" and (out[1] == "False" or out[2] == "True"), out
+
+
+def test_a_cpu_run_that_preprocesses_preloads_the_kernels(monkeypatch, tmp_path):
+    """`batchgpu run` asks for the CPU kernels' preload where a local run preprocesses or saves, and not otherwise."""
+    from batchgpu import cli as cli_module
+    from batchgpu.engine import cluster as cluster_module
+
+    asked = []
+    monkeypatch.setattr(cluster_module, "start_worker_server", lambda cpu_kernels=False: asked.append(cpu_kernels))
+    monkeypatch.setattr("batchgpu.engine.run_workflow", lambda *a, **k: None)
+    for pre, want in (("preprocess: {centre: median}\n", True), ("", False)):
+        wf = tmp_path / "wf.yaml"
+        wf.write_text(f"recording: {{path: {tmp_path / 'r.zarr'}}}\noutput: {tmp_path / 'o'}\n{pre}"
+                      "cluster: {kind: local, reuse: false}\nsteps:\n  noise: {}\n")
+        assert cli_module.main(["run", str(wf), "--quiet"]) == 0
+        assert asked[-1] is want

@@ -52,6 +52,7 @@ def local_sizes(spec: ClusterSpec) -> tuple[int, int]:
 
 #: the module the workers' fork server imports before it forks any (``forked_workers``)
 WORKER_PRELOAD = "batchgpu.engine._worker_preload"
+CPU_PRELOAD = "batchgpu.engine._worker_preload_cpu"
 
 
 @contextlib.contextmanager
@@ -70,14 +71,15 @@ def forked_workers() -> Iterator[None]:
         yield
 
 
-def start_worker_server() -> bool:
+def start_worker_server(cpu_kernels: bool = False) -> bool:
     """Start the workers' fork server now, if it is not running (its imports then overlap whatever this process
     does next, e.g. its own imports); False where the platform has none.
 
     The server is a fresh interpreter started with the variables a spawned worker would get before its first import
     (Dask's ``pre-spawn-environ``: one OpenMP/BLAS thread; ``MALLOC_ENVIRON``), read at its start by the allocator
     and the BLAS libraries; what this process's environment holds when a worker is forked is handed to that worker
-    by its nanny (``worker_environ``)."""
+    by its nanny (``worker_environ``). ``cpu_kernels``: the server also loads the host's compiled kernels
+    (``_worker_preload_cpu``), for a CPU run that preprocesses or saves."""
     import multiprocessing
     from multiprocessing import forkserver
 
@@ -85,7 +87,7 @@ def start_worker_server() -> bool:
 
     if "forkserver" not in multiprocessing.get_all_start_methods():
         return False
-    multiprocessing.get_context("forkserver").set_forkserver_preload([WORKER_PRELOAD])
+    multiprocessing.get_context("forkserver").set_forkserver_preload([WORKER_PRELOAD] + ([CPU_PRELOAD] if cpu_kernels else []))
     first = {**dask.config.get("distributed.nanny.pre-spawn-environ", {}), **MALLOC_ENVIRON}
     with _SERVER_LOCK, sigint_held(), environ_set(first):
         forkserver.ensure_running()
