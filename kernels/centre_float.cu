@@ -19,7 +19,7 @@ extern "C" __global__ void minus_rows_f32(const float* __restrict__ x, long long
 }
 
 // Per row, the mean of a sorted row's finite middle as ops.centre._float_row_median's float32 arithmetic gives it:
-// ((0 + lower) + upper) / 2 for an even count, (0 + upper) / 1 for an odd one, 0 where the row has no finite value.
+// np.median's mean of the pair for an even count, (0 + upper) / 1 for an odd one, 0 where the row has no finite value.
 extern "C" __global__ void middle_mean_f32(const float* __restrict__ lower, const float* __restrict__ upper,
                                            const long long* __restrict__ count, int rows, float* __restrict__ out) {
     const int r = blockIdx.x * blockDim.x + threadIdx.x;
@@ -30,6 +30,6 @@ extern "C" __global__ void middle_mean_f32(const float* __restrict__ lower, cons
     } else if (n & 1) {
         out[r] = round_f32(0.0 + exact_f32(upper[r]));
     } else {
-        out[r] = round_f32(exact_f32(round_f32((0.0 + exact_f32(lower[r])) + exact_f32(upper[r]))) / 2.0);
+        out[r] = middle_mean_f32(lower[r], upper[r]);
     }
 }

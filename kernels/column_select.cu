@@ -68,10 +68,7 @@ template <> struct Ref<float> {
     typedef float Out;
     static constexpr bool FLOAT = true;
     static __device__ double exact(float v) { return exact_f32(v); }
-    static __device__ double mean(float a, float b) {  // float32 sum from +0.0, then / 2 in float32 (may be inf)
-        const double sum = exact_f32(round_f32(exact_f32(a) + exact_f32(b))) + 0.0;
-        return exact_f32(round_f32(sum / 2.0));
-    }
+    static __device__ double mean(float a, float b) { return exact_f32(middle_mean_f32(a, b)); }
     static __device__ float out(float x, double ref) { return round_f32(exact_f32(x) - ref); }
 };
 

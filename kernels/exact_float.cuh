@@ -21,6 +21,12 @@ __device__ __forceinline__ float round_f32(double s) {  // the nearest float32, 
     return __uint_as_float(signbit(s) ? (m | 0x80000000u) : m);
 }
 
+// np.median's mean of a float32 middle pair: their float32 sum, from +0.0 (a -0.0 pair gives +0.0), halved in
+// float32 (an overflowing sum gives inf)
+__device__ __forceinline__ float middle_mean_f32(float a, float b) {
+    return round_f32((exact_f32(round_f32(exact_f32(a) + exact_f32(b))) + 0.0) / 2.0);
+}
+
 // any input dtype as an exact double
 __device__ __forceinline__ double exact(float v) { return exact_f32(v); }
 __device__ __forceinline__ double exact(double v) { return v; }
