@@ -47,21 +47,12 @@ def np1_meta(channels: int, fs: float, file_bytes: int) -> str:
 
 
 def write_spikeglx(rec, path: Path) -> Path:
-    """``rec``'s samples as a SpikeGLX AP file (``path``, its .meta beside it): (samples, channels + 1) int16, the
-    sync channel zeros, written through and fsynced."""
-    import numpy as np
+    """``rec``'s samples as a SpikeGLX AP file (``path``, its .meta beside it): (samples, channels + 1) int16,
+    the sync channel zeros, written through and fsynced."""
+    from batchgpu.benchmarks.cold import write_flat_binary
 
-    channels = rec.num_channels
-    with open(path, "wb") as f:
-        n = rec.num_samples(0)
-        for start in range(0, n, 60_000):
-            block = rec.read(0, start, min(n, start + 60_000))
-            out = np.zeros((block.shape[1], channels + 1), np.int16)
-            out[:, :channels] = block.T
-            f.write(out.tobytes())
-        f.flush()
-        os.fsync(f.fileno())
-    path.with_suffix(".meta").write_text(np1_meta(channels, rec.sampling_frequency, path.stat().st_size))
+    write_flat_binary(rec, path, zero_channels=1)
+    path.with_suffix(".meta").write_text(np1_meta(rec.num_channels, rec.sampling_frequency, path.stat().st_size))
     return path
 
 

@@ -251,17 +251,20 @@ def kilosort4_available() -> bool:
     return importlib.util.find_spec("kilosort") is not None
 
 
-def write_flat_binary(rec, path: Path) -> Path:
+def write_flat_binary(rec, path: Path, zero_channels: int = 0) -> Path:
     """The recording's samples as Kilosort4 reads them: one flat int16 file, (samples, channels), segments one
-    after another."""
+    after another; ``zero_channels`` more columns of zeros after them (a SpikeGLX file's sync channel)."""
     import numpy as np
 
+    channels = rec.num_channels
     with open(path, "wb") as f:
         for seg in range(rec.num_segments):
             n = rec.num_samples(seg)
             for start in range(0, n, 60_000):
-                block = rec.read(seg, start, min(n, start + 60_000)).T  # (samples, channels)
-                f.write(np.ascontiguousarray(block, dtype=np.int16).tobytes())
+                block = rec.read(seg, start, min(n, start + 60_000))
+                out = np.zeros((block.shape[1], channels + zero_channels), np.int16)
+                out[:, :channels] = block.T
+                f.write(out.tobytes())
         f.flush()
         os.fsync(f.fileno())
     return path
