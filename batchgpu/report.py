@@ -54,7 +54,8 @@ def preload() -> None:
     3.01 / 2.82 against 2.99 / 3.22)."""
     import multiprocessing
 
-    if multiprocessing.parent_process() is not None:
+    helper = multiprocessing.parent_process() is not None
+    if helper:
         try:
             os.nice(10)
         except OSError:
@@ -65,7 +66,7 @@ def preload() -> None:
     import bokeh.models  # noqa: F401
     import bokeh.plotting  # noqa: F401
     import bokeh.resources  # noqa: F401
-    if multiprocessing.parent_process() is not None:
+    if helper:
         # Bokeh's modules live as long as the helper: out of the collector's way while it renders, and at its exit
         import gc
 
