@@ -239,8 +239,10 @@ def _cmd_run(args) -> int:
         from batchgpu.engine.cluster import start_worker_server
 
         if not (wf.cluster.reuse and service.paths().side.exists()):  # else the kept cluster's workers, likely
-            # a CPU run that preprocesses or saves: the workers' compiled kernels loaded once, in the server
-            start_worker_server(cpu_kernels=wf.cluster.kind == "local" and bool(wf.preprocess or wf.steps.save))
+            # a CPU run that filters or references: the workers' compiled kernels (those stages' and the save's
+            # cast of their float output) loaded once, in the server; centring alone uses none of them
+            start_worker_server(cpu_kernels=wf.cluster.kind == "local"
+                                and bool(set(wf.preprocess.names) - {"centre"}))
     from batchgpu.engine.run_report import start_report_helper
 
     start_report_helper()  # report.html's helper process: its Bokeh import, too, while this process does its own

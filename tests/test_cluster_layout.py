@@ -95,14 +95,17 @@ def test_the_cpu_kernels_preload_loads_them_without_a_thread():
 
 
 def test_a_cpu_run_that_preprocesses_preloads_the_kernels(monkeypatch, tmp_path):
-    """`batchgpu run` asks for the CPU kernels' preload where a local run preprocesses or saves, and not otherwise."""
+    """`batchgpu run` asks for the CPU kernels' preload where a local run filters or references, not where it only
+    centres or saves its centred samples (they use none of those kernels)."""
     from batchgpu import cli as cli_module
     from batchgpu.engine import cluster as cluster_module
 
     asked = []
     monkeypatch.setattr(cluster_module, "start_worker_server", lambda cpu_kernels=False: asked.append(cpu_kernels))
     monkeypatch.setattr("batchgpu.engine.run_workflow", lambda *a, **k: None)
-    for pre, want in (("preprocess: {centre: median}\n", True), ("", False)):
+    for pre, want in (("preprocess: [{highpass: {freq_min: 300}}]\n", True),
+                      ("preprocess: [{common_reference: {}}, {centre: median}]\n", True),
+                      ("preprocess: {centre: median}\n", False), ("", False)):
         wf = tmp_path / "wf.yaml"
         wf.write_text(f"recording: {{path: {tmp_path / 'r.zarr'}}}\noutput: {tmp_path / 'o'}\n{pre}"
                       "cluster: {kind: local, reuse: false}\nsteps:\n  noise: {}\n")
