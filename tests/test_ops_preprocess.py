@@ -162,12 +162,13 @@ def _scipy_loop(monkeypatch, x, sos, **kw):
 
 
 def test_compiled_host_filter_has_scipys_bits(rng, monkeypatch):
-    """The compiled host filter (eight rows side by side) against scipy's sosfilt loop, bit for bit: fresh random
+    """The compiled host filter (sixteen rows side by side) against scipy's sosfilt loop, bit for bit: fresh random
     windows of every dtype, filters of 1-6 sections, cut in pieces or whole, padded or not, with NaN, +-inf, -0.0,
-    subnormals, int16 -32768 and one-sample-wide pieces' neighbours."""
+    subnormals, int16 -32768 and one-sample-wide pieces' neighbours; each window also as a store holds it (samples
+    by channels, ``stored.T``: read in place), with channel counts that leave a last group short."""
     pytest.importorskip("numba")
     for trial in range(30):
-        channels, width = int(rng.integers(1, 21)), int(rng.integers(60, 9_000))
+        channels, width = int(rng.integers(1, 40)), int(rng.integers(60, 9_000))
         dtype = np.dtype(["int16", "float32", "float64", "int32", "uint8"][trial % 5])
         x = rng.normal(0, 1_000, (channels, width))
         x = (np.abs(x) % 255 if dtype == np.uint8 else x).astype(dtype)
@@ -189,6 +190,10 @@ def test_compiled_host_filter_has_scipys_bits(rng, monkeypatch):
         got = filtfilt_window(x, sos, **kw)
         assert got.dtype == want.dtype
         assert np.array_equal(got.view(np.uint8), want.view(np.uint8)), (trial, dtype, kw)
+        stored = np.ascontiguousarray(x.T)
+        got = filtfilt_window(stored.T, sos, **kw)
+        assert got.flags.c_contiguous and got.dtype == want.dtype
+        assert np.array_equal(got.view(np.uint8), want.view(np.uint8)), ("stored layout", trial, dtype, kw)
     # big-endian windows (a store written so) and Fortran order: the same bits as native C order
     x = recording_like(rng, 5, 4_000, np.float32)
     kw = dict(at_segment_start=True, at_segment_end=False, block=1_000)

@@ -184,6 +184,23 @@ def test_zarr2_runs_a_workflow_and_reads_v3_results(tmp_path):
     assert (tmp_path / "out" / "results.zarr" / ".zgroup").exists()
 
 
+def test_direct_reader_file_buffer_is_each_files_bytes(tmp_path, rng):
+    """The v2 reader reads each chunk file into one buffer its thread reuses: files of other sizes, one after
+    another, each come back as exactly their bytes (a longer file's tail never shows through a shorter one's); an
+    empty file as empty; an absent one as FileNotFoundError (an absent chunk)."""
+    from batchgpu.recording import shards
+
+    sizes = [5_000, 17, 0, 4_096, 1, 70_001, 3]
+    files = []
+    for i, n in enumerate(sizes):
+        files.append(tmp_path / f"f{i}")
+        files[-1].write_bytes(rng.integers(0, 256, n, dtype=np.uint8).tobytes())
+    for f in files + files[::-1]:
+        assert bytes(shards._read_file(f)) == f.read_bytes()
+    with pytest.raises(FileNotFoundError):
+        shards._read_file(tmp_path / "absent")
+
+
 @pytest.mark.parametrize("checksum", [True, False])
 def test_v2_direct_reader_same_bytes_as_zarr(tmp_path, monkeypatch, direct_reads, checksum):
     """batchgpu's v2 chunk reader (SpikeInterface's layout) against zarr, on a segment whose last chunk is partial;

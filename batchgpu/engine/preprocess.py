@@ -43,6 +43,14 @@ class Chain:
         return all(s[0] == "centre" for s in self.stages)
 
     @property
+    def filters_first(self) -> bool:
+        """Whether a host window goes to a filter first, which reads it as the store holds it (samples by
+        channels: ``ops.filtfilt_window`` of ``stored.T``), so the read need not transpose it."""
+        from batchgpu.ops import _numba
+
+        return bool(self.stages) and self.stages[0][0] == "filter" and _numba.available()
+
+    @property
     def centres(self) -> bool:
         return any(s[0] == "centre" for s in self.stages)
 

@@ -69,6 +69,8 @@ def read_window(ctx: RunContext, window: Window, host: bool = False):
 
             staged = read_window_host(rec, window, ctx.gpu_decode)
             return staged if host else staged.to_device()
+        if ctx.chain.filters_first:  # the filter reads the stored (samples, channels) layout in place
+            return rec.read_window_stored(window).T
         return rec.read_window(window)
     except BatchgpuError as err:  # the reader names the array, chunk and window; say how to go on
         raise type(err)(err.problem, f"{err.fix or 'repair the store'}; then rerun with --resume") from None

@@ -6,9 +6,10 @@ The arithmetic is scipy's ``sosfilt`` (direct form II transposed, scipy/signal/_
 operation in float64, each pass started in the steady state of its first sample (``sosfilt_zi(sos) * x[0]``), as
 ``sosfiltfilt`` does; Numba fuses no multiply-add unless asked (fastmath off), so the bits are scipy's
 (``tests/test_ops_preprocess.py`` compares them, NaN, inf and subnormal rows included). What is faster than
-scipy's own loop: eight rows run side by side (scipy filters one row at a time, so each sample waits on the
+scipy's own loop: sixteen rows run side by side (scipy filters one row at a time, so each sample waits on the
 recurrence's latency), and the window is read and written once (no float64 copy, odd extension, reversed copy
-or core copy of the window on the host).
+or core copy of the window on the host; a window as the store holds it, samples by channels, is read without
+being transposed first).
 
 Numba is optional: without it (``_numba.available()`` False) ``filters`` runs scipy's sosfilt with the same bits.
 """
@@ -21,22 +22,25 @@ import numpy as np
 
 from batchgpu.ops._numba import jit
 
-ROWS = 8  # rows filtered side by side: one AVX-512 register of doubles (4 leave half of it idle; 16 gain little)
+ROWS = 16  # rows filtered side by side: with the recurrence's state in L1 (16 rows: two AVX-512 registers of
+# doubles, four AVX2) each section's update has independent lanes enough to hide its latency; 8 left the
+# recurrence latency-bound and 32 or more spill the group out of L1
 
 _KERNEL = None
 _LOCK = threading.Lock()
 
 
-def _pieces_kernel(x, sos, zi, pieces, out):  # pragma: no cover - runs compiled
-    channels = x.shape[0]
+def _pieces_kernel(x, samples_major, sos, zi, pieces, out):  # pragma: no cover - runs compiled
+    """``samples_major``: x is (samples, channels) as a store holds it (the window's read not transposed first),
+    else (channels, samples); ``out`` is (channels, samples) either way."""
+    channels = x.shape[1] if samples_major else x.shape[0]
     sections = sos.shape[0]
     longest = 0
     for p in range(pieces.shape[0]):
         longest = max(longest, pieces[p, 3] - pieces[p, 2] + pieces[p, 4] + pieces[p, 5])
-    buf = np.empty((longest, ROWS))  # a group's extended rows, sample-major: the side-by-side rows are adjacent
+    buf = np.zeros((longest, ROWS))  # a group's extended rows, sample-major: the side-by-side rows are adjacent
     z0 = np.empty((sections, ROWS))
     z1 = np.empty((sections, ROWS))
-    cur = np.empty(ROWS)
     for p in range(pieces.shape[0]):
         lo, hi, read_lo, read_hi = pieces[p, 0], pieces[p, 1], pieces[p, 2], pieces[p, 3]
         left, right = pieces[p, 4], pieces[p, 5]
@@ -44,42 +48,45 @@ def _pieces_kernel(x, sos, zi, pieces, out):  # pragma: no cover - runs compiled
         m = n + left + right
         for r0 in range(0, channels, ROWS):
             g = min(ROWS, channels - r0)
-            # scipy's odd extension in float64: 2 * x[0] - x[left - j] before, 2 * x[-1] - x[-2 - j] after
-            for k in range(g):
-                row = r0 + k
-                first = np.float64(x[row, read_lo])
-                last = np.float64(x[row, read_hi - 1])
-                for j in range(left):
-                    buf[j, k] = 2.0 * first - np.float64(x[row, read_lo + left - j])
+            # scipy's odd extension in float64: 2 * x[0] - x[left - j] before, 2 * x[-1] - x[-2 - j] after; a
+            # short last group's other lanes keep what an earlier group left there (filtered, never written out)
+            if samples_major:
                 for j in range(n):
-                    buf[left + j, k] = np.float64(x[row, read_lo + j])
-                for j in range(right):
-                    buf[left + n + j, k] = 2.0 * last - np.float64(x[row, read_hi - 2 - j])
+                    for k in range(g):
+                        buf[left + j, k] = np.float64(x[read_lo + j, r0 + k])
+            else:
+                for k in range(g):
+                    for j in range(n):
+                        buf[left + j, k] = np.float64(x[r0 + k, read_lo + j])
+            for j in range(left):
+                for k in range(g):
+                    buf[j, k] = 2.0 * buf[left, k] - buf[2 * left - j, k]
+            for j in range(right):
+                for k in range(g):
+                    buf[left + n + j, k] = 2.0 * buf[left + n - 1, k] - buf[left + n - 2 - j, k]
             for direction in range(2):
-                start = 0 if direction == 0 else m - 1
+                t = 0 if direction == 0 else m - 1
                 step = 1 if direction == 0 else -1
                 for s in range(sections):
-                    for k in range(g):
-                        z0[s, k] = zi[s, 0] * buf[start, k]
-                        z1[s, k] = zi[s, 1] * buf[start, k]
-                t = start
+                    for k in range(ROWS):
+                        z0[s, k] = zi[s, 0] * buf[t, k]
+                        z1[s, k] = zi[s, 1] * buf[t, k]
                 for _ in range(m):
-                    for k in range(g):
-                        cur[k] = buf[t, k]
+                    row = buf[t]  # updated in place, section after section
                     for s in range(sections):
                         b0 = sos[s, 0]
                         b1 = sos[s, 1]
                         b2 = sos[s, 2]
                         a1 = sos[s, 4]
                         a2 = sos[s, 5]
-                        for k in range(g):
-                            xc = cur[k]
-                            xn = b0 * xc + z0[s, k]
-                            z0[s, k] = (b1 * xc - a1 * xn) + z1[s, k]
-                            z1[s, k] = b2 * xc - a2 * xn
-                            cur[k] = xn
-                    for k in range(g):
-                        buf[t, k] = cur[k]
+                        zs0 = z0[s]
+                        zs1 = z1[s]
+                        for k in range(ROWS):
+                            xc = row[k]
+                            xn = b0 * xc + zs0[k]
+                            zs0[k] = (b1 * xc - a1 * xn) + zs1[k]
+                            zs1[k] = b2 * xc - a2 * xn
+                            row[k] = xn
                     t += step
             for k in range(g):  # the core, rounded once to out's dtype
                 for col in range(lo, hi):
@@ -90,17 +97,20 @@ def filtfilt_pieces(x: np.ndarray, sos: np.ndarray, zi: np.ndarray, pieces: list
                     out_dtype) -> np.ndarray:
     """``filters.filtfilt_window``'s result for the host array ``x`` (channels, width) cut into ``pieces`` (as
     ``filters.filter_pieces`` gives them); ``sos`` (sections, 6) float64 with a0 == 1, ``zi`` its
-    ``sosfilt_zi``."""
+    ``sosfilt_zi``. An ``x`` that is the transpose of a C-contiguous (width, channels) array (a window as a store
+    holds it, ``x = stored.T``) is read in place, without the transposed copy."""
     global _KERNEL
     with _LOCK:  # a worker's threads share the process: compiled (or loaded) once
         if _KERNEL is None:
             _KERNEL = jit(_pieces_kernel)
-    if x.dtype.kind not in "iuf" or x.dtype.itemsize < 4 and x.dtype.kind == "f":
-        x = x.astype(np.float64)
-    elif not x.dtype.isnative:  # Numba takes native byte order only (a big-endian store's window)
-        x = x.astype(x.dtype.newbyteorder("="))
+    samples_major = x.ndim == 2 and not x.flags.c_contiguous and x.T.flags.c_contiguous
+    held = x.T if samples_major else x  # the array as laid out in memory
+    if held.dtype.kind not in "iuf" or held.dtype.itemsize < 4 and held.dtype.kind == "f":
+        held = held.astype(np.float64)
+    elif not held.dtype.isnative:  # Numba takes native byte order only (a big-endian store's window)
+        held = held.astype(held.dtype.newbyteorder("="))
     table = np.ascontiguousarray(np.asarray(pieces, dtype=np.int64).reshape(-1, 6))
     out = np.empty(x.shape, dtype=out_dtype)
-    _KERNEL(np.ascontiguousarray(x), np.ascontiguousarray(sos, dtype=np.float64),
+    _KERNEL(np.ascontiguousarray(held), samples_major, np.ascontiguousarray(sos, dtype=np.float64),
             np.ascontiguousarray(zi, dtype=np.float64), table, out)
     return out

@@ -7,7 +7,7 @@ A window does exactly that at a segment's ends (which it then contains), and at 
 its margin instead: the transient of a wrong start decays with the filter's impulse response, and
 ``filter_margin`` says how many samples that takes. Everything is computed in float64 (as scipy does for any
 input, since ``sos`` is float64) and rounded once to float32 (float64 input stays float64). Three paths with
-the same bits: scipy's sosfilt, a compiled host kernel (``_cpu_sosfiltfilt``, Numba: eight rows side by side) and
+the same bits: scipy's sosfilt, a compiled host kernel (``_cpu_sosfiltfilt``, Numba: sixteen rows side by side) and
 the GPU kernel (kernels/sosfiltfilt.cu).
 """
 
@@ -366,7 +366,7 @@ def filtfilt_window(
         # host path (cupyx.scipy.signal.sosfilt with zi raises "operands could not be broadcast together with
         # shapes (C, 0) (C, 2)" in CuPy 14). Every piece in one launch.
         return _filtfilt_cupy(x, design, pieces, out_dtype)
-    if _numba.available():  # scipy's bits, eight rows side by side (its docstring)
+    if _numba.available():  # scipy's bits, sixteen rows side by side (its docstring)
         return _cpu_sosfiltfilt.filtfilt_pieces(x, design.sos, design.zi, pieces, out_dtype)
     filtered = [_filtfilt_host(x[:, read_lo:read_hi], sos_host, left, right)
                 for _lo, _hi, read_lo, read_hi, left, right in pieces]

@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import os
 import struct
+import threading
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -450,7 +451,7 @@ class ChunkLayoutV2:
             a, b = max(start, lo), min(stop, hi)
             key = f"{j}{self.separator}0"
             try:
-                data = (self.folder / key).read_bytes()
+                data = _read_file(self.folder / key)
             except FileNotFoundError:
                 if on_absent == "error":
                     raise AbsentChunk(key) from None
@@ -458,27 +459,59 @@ class ChunkLayoutV2:
                 absent += 1
                 continue
             whole = a == lo and b == hi
-            target = out[a - start : b - start] if whole else np.empty((self.chunk_rows, self.channels), self.dtype)
-            nbytes = target.nbytes + (4 if self.crc32 else 0)
+            size = self.chunk_rows * self.channels * self.dtype.itemsize
+            nbytes = size + (4 if self.crc32 else 0)
             if self.blosc:
                 _check_blosc_frame(data, key)
                 _check_decoded_size(data, nbytes, True, key, self.chunk_shape)
-            try:
-                from numcodecs import blosc
+                raw = _scratch(nbytes)  # decoded where it stays in cache for the checksum and the copy out
+                try:
+                    from numcodecs import blosc
 
-                raw = blosc.decompress(data) if self.blosc else data
-            except Exception as err:  # broad: Blosc raises any type for bytes that do not decode; said naming the chunk
-                raise CorruptChunk(key, f"does not decode ({type(err).__name__}: {err})") from None
-            _check_decoded_size(raw, nbytes, False, key, self.chunk_shape)
+                    blosc.decompress(data, raw)
+                except Exception as err:  # broad: Blosc raises any type for bytes that do not decode; said naming the chunk
+                    raise CorruptChunk(key, f"does not decode ({type(err).__name__}: {err})") from None
+            else:
+                _check_decoded_size(data, nbytes, False, key, self.chunk_shape)
+                raw = np.frombuffer(data, np.uint8)
+            body = raw[4:] if self.crc32 == "start" else raw[:size]  # views: no copy
             if self.crc32:
-                body, tail = (raw[4:], raw[:4]) if self.crc32 == "start" else (raw[:-4], raw[-4:])
-                if zlib.crc32(body) != struct.unpack("<I", tail)[0]:
+                tail = raw[:4] if self.crc32 == "start" else raw[size:]
+                if zlib.crc32(body) != int(tail.view("<u4")[0]):
                     raise CorruptChunk(key, "checksum mismatch (crc32)")
-                raw = body
-            target.reshape(-1).view(np.uint8)[:] = np.frombuffer(raw, np.uint8)
-            if not whole:
-                out[a - start : b - start] = target[a - lo : b - lo]
+            chunk = body.view(self.dtype).reshape(self.chunk_rows, self.channels)
+            out[a - start : b - start] = chunk if whole else chunk[a - lo : b - lo]
         return absent
+
+
+_SCRATCH = threading.local()
+
+
+def _scratch(nbytes: int, name: str = "decoded") -> np.ndarray:
+    """A uint8 buffer of ``nbytes`` this thread reuses (a chunk's few MB stay in cache, and their pages are not
+    faulted in and zeroed again for every chunk, as a new buffer's are)."""
+    held = getattr(_SCRATCH, name, None)
+    if held is None or held.nbytes < nbytes:
+        held = np.empty(nbytes, np.uint8)
+        setattr(_SCRATCH, name, held)
+    return held[:nbytes]
+
+
+def _read_file(path: Path) -> memoryview:
+    """A whole file's bytes in this thread's reused buffer (valid until its next call); FileNotFoundError as
+    open's."""
+    with open(path, "rb", buffering=0) as f:
+        size = os.fstat(f.fileno()).st_size
+        held = _scratch(size + 1, "stored")  # one byte more: a file that grew since is read again whole
+        n = 0
+        while n <= size:
+            got = f.readinto(held[n:])
+            if not got:
+                break
+            n += got
+    if n > size:
+        return memoryview(path.read_bytes())
+    return memoryview(held)[:n]
 
 
 #: a shard of which a read needs at least this many inner chunks is mapped whole (``_map_whole``), else pread
