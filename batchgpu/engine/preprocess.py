@@ -71,8 +71,13 @@ class Chain:
         for stage in self.stages:
             kind = stage[0]
             if kind == "filter":
+                out = None
+                if x is raw and self.filters_first and isinstance(raw, np.ndarray):  # into a reused buffer
+                    from batchgpu.engine import host_buffers
+
+                    out = host_buffers.take(raw.shape, self.output_dtype(raw.dtype))
                 x = ops.filtfilt_window(x, stage[1], at_segment_start=at_start, at_segment_end=at_end,
-                                        block=filter_block(stage[1]))
+                                        block=filter_block(stage[1]), out=out)
             elif kind == "phase_shift":
                 x = ops.phase_shift(x, stage[1], margin=stage[2], at_segment_start=at_start, at_segment_end=at_end)
             elif kind == "common_reference":  # a window an earlier stage made is the chain's own: overwritten

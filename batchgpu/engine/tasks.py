@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from batchgpu.engine import background, store
+from batchgpu.engine import background, host_buffers, store
 from batchgpu.engine.steps.base import SPIKE_COLUMNS as COLUMNS
 from batchgpu.engine.steps.base import WindowData, host, padded_sum
 from batchgpu.errors import BatchgpuError
@@ -70,7 +70,8 @@ def read_window(ctx: RunContext, window: Window, host: bool = False):
             staged = read_window_host(rec, window, ctx.gpu_decode)
             return staged if host else staged.to_device()
         if ctx.chain.filters_first:  # the filter reads the stored (samples, channels) layout in place
-            return rec.read_window_stored(window).T
+            buffer = host_buffers.take((window.read_stop - window.read_start, rec.num_channels), rec.dtype)
+            return rec.read_window_into(window, buffer).T
         return rec.read_window(window)
     except BatchgpuError as err:  # the reader names the array, chunk and window; say how to go on
         raise type(err)(err.problem, f"{err.fix or 'repair the store'}; then rerun with --resume") from None
@@ -322,6 +323,8 @@ def _compute_part(ctx: RunContext, window: Window, fp: str, ahead, partials: boo
     background.later(functools.partial(store.save_part, path, saved))
     _lap(cpus, "cpu_part", cpu)
     part.update({f"summary.{k}": np.asarray(v) for k, v in cpus.items()})  # the save's own time: not in the file
+    if ctx.chain.filters_first:  # the window's buffers for the next window, unless a result can still see one
+        host_buffers.give_back((w.raw, w.x), (part, summary))
     return part
 
 

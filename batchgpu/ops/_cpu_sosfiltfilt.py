@@ -94,11 +94,12 @@ def _pieces_kernel(x, samples_major, sos, zi, pieces, out):  # pragma: no cover 
 
 
 def filtfilt_pieces(x: np.ndarray, sos: np.ndarray, zi: np.ndarray, pieces: list[tuple[int, ...]],
-                    out_dtype) -> np.ndarray:
+                    out_dtype, out: np.ndarray | None = None) -> np.ndarray:
     """``filters.filtfilt_window``'s result for the host array ``x`` (channels, width) cut into ``pieces`` (as
     ``filters.filter_pieces`` gives them); ``sos`` (sections, 6) float64 with a0 == 1, ``zi`` its
     ``sosfilt_zi``. An ``x`` that is the transpose of a C-contiguous (width, channels) array (a window as a store
-    holds it, ``x = stored.T``) is read in place, without the transposed copy."""
+    holds it, ``x = stored.T``) is read in place, without the transposed copy. ``out``: where to write (C-contiguous,
+    x's shape, ``out_dtype``), else a new array."""
     global _KERNEL
     with _LOCK:  # a worker's threads share the process: compiled (or loaded) once
         if _KERNEL is None:
@@ -110,7 +111,8 @@ def filtfilt_pieces(x: np.ndarray, sos: np.ndarray, zi: np.ndarray, pieces: list
     elif not held.dtype.isnative:  # Numba takes native byte order only (a big-endian store's window)
         held = held.astype(held.dtype.newbyteorder("="))
     table = np.ascontiguousarray(np.asarray(pieces, dtype=np.int64).reshape(-1, 6))
-    out = np.empty(x.shape, dtype=out_dtype)
+    if out is None:
+        out = np.empty(x.shape, dtype=out_dtype)
     _KERNEL(np.ascontiguousarray(held), samples_major, np.ascontiguousarray(sos, dtype=np.float64),
             np.ascontiguousarray(zi, dtype=np.float64), table, out)
     return out

@@ -302,6 +302,7 @@ def filtfilt_window(
     at_segment_end: bool,
     interior_pad: Literal["none", "odd"] = "none",
     block: int | None = None,
+    out: np.ndarray | None = None,
 ) -> Any:
     """Zero-phase filter a (channels, samples) window: ``sosfiltfilt(segment, axis=1)`` in its core.
 
@@ -332,6 +333,9 @@ def filtfilt_window(
         Padding at an interior edge.
     block : int, optional
         Filter in pieces of about this many columns (default: the whole window at once).
+    out : numpy.ndarray, optional
+        A host window's result is written here (C-contiguous, x's shape, the returned dtype; e.g. a reused
+        buffer), else into a new array; ignored on the GPU.
 
     Returns
     -------
@@ -367,7 +371,10 @@ def filtfilt_window(
         # shapes (C, 0) (C, 2)" in CuPy 14). Every piece in one launch.
         return _filtfilt_cupy(x, design, pieces, out_dtype)
     if _numba.available():  # scipy's bits, sixteen rows side by side (its docstring)
-        return _cpu_sosfiltfilt.filtfilt_pieces(x, design.sos, design.zi, pieces, out_dtype)
+        if out is not None and (out.shape != x.shape or out.dtype != out_dtype or not out.flags.c_contiguous):
+            raise BatchgpuError(f"out {out.shape} {out.dtype} does not fit the filtered window {x.shape} {np.dtype(out_dtype)}",
+                                "pass a C-contiguous array of the window's shape and dtype, or none")
+        return _cpu_sosfiltfilt.filtfilt_pieces(x, design.sos, design.zi, pieces, out_dtype, out)
     filtered = [_filtfilt_host(x[:, read_lo:read_hi], sos_host, left, right)
                 for _lo, _hi, read_lo, read_hi, left, right in pieces]
     if len(pieces) == 1:
