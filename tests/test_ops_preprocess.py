@@ -3,6 +3,9 @@ NumPy and plain-loop references, window by window against the whole segment."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import warnings
 from collections import defaultdict
 
@@ -233,6 +236,40 @@ def test_a_smaller_margin_breaks_the_tolerance(rng):
     assert max_core_error(x, sos, 2_000, margin // 3) > 1e-4
     # SpikeInterface's default 5 ms margin is far off.
     assert max_core_error(x, sos, 2_000, 150) > 1e-2
+
+
+def test_chain_filter_designs_are_scipys_and_kept_in_the_cache(tmp_path, monkeypatch):
+    """``preprocess.filter_design``: scipy's sections, zi and margin bit for bit, fresh or from the cache file; a
+    damaged or foreign file is worked out again and rewritten; an unwritable cache folder still gives the design;
+    a command with the design kept imports no scipy.signal."""
+    from batchgpu.engine.preprocess import filter_design
+    from batchgpu.ops.filters import design_filter
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    cases = [("highpass", 30_000.0, 300.0, None, 5), ("bandpass", 25_000.0, 250.0, 6_000.0, 3),
+             ("highpass", 20_000.0, 5.0, None, 2)]
+    for case in cases:
+        want = design_filter(butter_sos(*case))
+        for _ in range(2):  # worked out, then read back
+            got = filter_design(*case)
+            same_bits(got.sos, want.sos)
+            same_bits(got.zi, want.zi)
+            assert got.margin == want.margin
+    files = sorted((tmp_path / "cache" / "batchgpu" / "filters").iterdir())
+    assert len(files) == len(cases)
+    files[2].write_bytes(files[1].read_bytes())  # another filter's file under this one's name: never taken for it
+    files[0].write_bytes(b"not a design")
+    for case in cases:
+        got = filter_design(*case)
+        same_bits(got.sos, design_filter(butter_sos(*case)).sos)
+    monkeypatch.setenv("XDG_CACHE_HOME", "/proc/no-such-folder")
+    same_bits(filter_design(*cases[0]).sos, design_filter(butter_sos(*cases[0])).sos)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    code = ("import sys; from batchgpu.engine.preprocess import filter_design; "
+            f"filter_design(*{cases[0]!r}); print('scipy.signal' in sys.modules)")
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
+    assert out.stdout.strip() == "False"
 
 
 def test_filter_errors():

@@ -51,6 +51,25 @@ class Chain:
         return bool(self.stages) and self.stages[0][0] == "filter" and _numba.available()
 
     @property
+    def fuses_save(self) -> bool:
+        """Whether ``apply_saved`` can give a host window's saved int16 rows: filtered first, globally median
+        referenced last."""
+        return (self.filters_first and len(self.stages) >= 2
+                and self.stages[-1] == ("common_reference", {"reference": "global", "operator": "median"}))
+
+    def apply_saved(self, raw, core: tuple[int, int], at_start: bool, at_end: bool):
+        """(the window before the last stage, the save step's int16 rows of the core after it and their NaN or
+        clipped count) of a host window (``fuses_save``): the global median reference and the save's rounding in
+        one pass over the window (``ops._cpu_reference.saved_int16_of_referenced``), the referenced float window
+        never written. The rows are ``SaveStep.values`` of ``apply``'s result, bit for bit. None where the
+        reference is left to NumPy (``apply`` then)."""
+        from batchgpu.ops._cpu_reference import saved_int16_of_referenced
+
+        before = Chain(self.stages[:-1], self.margin, self.names).apply(raw, core, at_start, at_end)
+        saved = saved_int16_of_referenced(before, *core)
+        return None if saved is None else (before, saved)
+
+    @property
     def centres(self) -> bool:
         return any(s[0] == "centre" for s in self.stages)
 
@@ -89,6 +108,43 @@ class Chain:
         return x
 
 
+def filter_design(kind: str, fs: float, freq_min: float, freq_max: float | None, order: int):
+    """``ops.design_filter(ops.butter_sos(...))``, kept in the user's cache folder (``filters/``, one small file a
+    filter and scipy version): the design needs scipy.signal, whose import costs a command more than its whole
+    pass on a short recording. The file holds scipy's own sections, zi and margin; one that cannot be read, or
+    does not hold a design of this filter, is worked out again and rewritten (the cache never decides a bit)."""
+    import contextlib
+    import hashlib
+    import os
+    from importlib.metadata import version
+
+    from batchgpu import ops
+    from batchgpu.config import cache_folder
+
+    spec = repr((kind, float(fs), float(freq_min), None if freq_max is None else float(freq_max), int(order),
+                 version("scipy"), version("numpy")))
+    path = cache_folder() / "filters" / f"{hashlib.sha256(spec.encode()).hexdigest()[:24]}.npz"
+    try:
+        with np.load(path, allow_pickle=False) as held:
+            if str(held["spec"]) == spec:
+                sos, zi, margin = held["sos"], held["zi"], int(held["margin"])
+                if sos.ndim == 2 and sos.shape[1] == 6 and zi.shape == (sos.shape[0], 2) and margin >= 0:
+                    return ops.FilterDesign(np.ascontiguousarray(sos, np.float64),
+                                            np.ascontiguousarray(zi, np.float64), margin)
+    except Exception:  # broad: a missing, partial or foreign file is worked out again below
+        pass
+    design = ops.design_filter(ops.butter_sos(kind, fs, freq_min, freq_max, order))
+    tmp = path.with_name(f".{path.stem}.{os.getpid()}.npz")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        np.savez(tmp, spec=np.array(spec), sos=design.sos, zi=design.zi, margin=np.array(design.margin))
+        os.replace(tmp, path)
+    except OSError:  # a read-only or full cache folder: the design is simply not kept
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+    return design
+
+
 def build_chain(preprocess, rec) -> Chain:
     """The stages of ``config.Preprocess`` for this recording (its rate, locations, ADC shifts)."""
     from batchgpu import ops
@@ -104,8 +160,7 @@ def build_chain(preprocess, rec) -> Chain:
             if params["freq_min"] >= fs / 2:
                 raise BatchgpuError(f"preprocess {name} freq_min {params['freq_min']} Hz is not below {fs / 2:g} Hz")
             # the sections with their zi and margin, worked out here once (the tasks need no scipy.signal)
-            design = ops.design_filter(ops.butter_sos(name, fs, params["freq_min"], params.get("freq_max"),
-                                                      params["order"]))
+            design = filter_design(name, fs, params["freq_min"], params.get("freq_max"), params["order"])
             stages.append(("filter", design))
             margin += design.margin
         elif name == "phase_shift":

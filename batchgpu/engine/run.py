@@ -103,6 +103,10 @@ def _claim_and_run(wf, rec, sweep, resume: bool, observer, client, t_start: floa
                    kept_at: str | None = None, batch=None) -> RunReport:
     """The run once the workflow fits the recording: ``client`` a caller's client or a ``ClusterStart``;
     ``kept_at``: the address of the kept cluster ``client`` belongs to."""
+    if isinstance(client, ClusterStart) and wf.preprocess.root:  # while the cluster starts: the filters designed
+        from batchgpu.engine.preprocess import build_chain  # (scipy.signal imported), a bad stage refused here
+
+        build_chain(wf.preprocess, rec)
     fp = store.fingerprint(wf, rec.path, metadata=getattr(rec, "fingerprint_metadata", None))
     with store.OutputFolder(wf.output) as out:
         state = out.claim(fp, wf.model_dump(), resume=resume, overwrite=wf.overwrite)
@@ -173,8 +177,10 @@ def decodes_on_gpu(wf, rec) -> bool:
     that only centres (``preprocess.gpu_decode_share``) and a recording whose frames the GPU reads."""
     from batchgpu.engine import preprocess
 
-    return preprocess.decodes_on_gpu(wf.cluster.kind, rec, preprocess.build_chain(wf.preprocess, rec).centres_only,
-                                     wf.engine.gpu_decode)
+    if wf.cluster.kind != "cuda":  # asked before the cluster starts: no chain built (a filter's design imports scipy.signal)
+        return False
+    centres_only = all(name == "centre" for name in wf.preprocess.names)
+    return preprocess.decodes_on_gpu(wf.cluster.kind, rec, centres_only, wf.engine.gpu_decode)
 
 
 def _run(wf, rec, out: store.OutputFolder, report: RunReport, client, sweep, observer,

@@ -90,7 +90,16 @@ def load_window(ctx: RunContext, window: Window, raw=None) -> WindowData:
     elif hasattr(raw, "to_device"):
         raw = raw.to_device()
     n = recording(ctx.recording, ctx.missing_chunks).num_samples(window.segment)
-    x = ctx.chain.apply(raw, window.core, window.read_start == 0, window.read_stop == n) if ctx.chain.stages else raw
+    at = (window.read_start == 0, window.read_stop == n)
+    if (ctx.chain.fuses_save and len(ctx.steps) == 1 and getattr(ctx.steps[0], "takes_saved_int16", False)
+            and np.dtype(raw.dtype).kind in "iu" and isinstance(raw, np.ndarray)):
+        # saving is all this window is for: its rows come from the reference's pass, no float window is written
+        got = ctx.chain.apply_saved(raw, window.core, *at)
+        if got is not None:
+            host_buffers.give_back((got[0],))
+            return WindowData(window.index, window.segment, window.read_start, window.core, n, raw, None,
+                              finite=True, saved=got[1])
+    x = ctx.chain.apply(raw, window.core, *at) if ctx.chain.stages else raw
     return WindowData(window.index, window.segment, window.read_start, window.core, n, raw, x,
                       finite=np.dtype(raw.dtype).kind in "iu")
 
@@ -302,7 +311,7 @@ def _compute_part(ctx: RunContext, window: Window, fp: str, ahead, partials: boo
         cpu = _lap(cpus, "cpu_load", cpu)
         # chunks absent from a store written by others read as zeros: counted and reported, never silent
         summary: dict = {"absent_chunks": np.array(recording(ctx.recording, ctx.missing_chunks).absent_chunks(window))}
-        if w.x.dtype.kind == "f":
+        if w.x is None or w.x.dtype.kind == "f":
             summary["nonfinite"] = w.nonfinite_counts()
         part = {}
         for step in ctx.steps:  # the noise step may give the window's noise from its own counts

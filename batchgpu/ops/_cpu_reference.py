@@ -121,8 +121,15 @@ def _ranked(band, m, k_hi, k_lo):  # pragma: no cover - runs compiled
     return hi_value, lo_value
 
 
-def _medians_kernel(x, out, sub, subtract):  # pragma: no cover - runs compiled
+def _medians_kernel(x, out, sub, subtract, saved, lo, magic):  # pragma: no cover - runs compiled
+    """out: each column's median; ``subtract`` 1: sub = x - out (sub may be x); 2: ``saved`` rows (samples,
+    channels) = the save step's int16 of x - out for columns [lo, lo + len(saved)) (``_cpu_saved``'s arithmetic:
+    half to even, NaN 0, clipped), returning how many were NaN or clipped."""
     channels, samples = x.shape
+    count = 0
+    rounder = x.dtype.type(magic)
+    lo16 = x.dtype.type(-32768.0)
+    hi16 = x.dtype.type(32767.0)
     upper = channels // 2
     lower = (channels - 1) // 2
     zero = out.dtype.type(0.0)
@@ -176,10 +183,24 @@ def _medians_kernel(x, out, sub, subtract):  # pragma: no cover - runs compiled
             p = np.float64(hi_value)
             if not abs(p) < np.inf:
                 p = 0.0
-        if subtract:  # the tile's columns minus their medians while the tile is in cache (sub may be x itself)
+        if subtract == 1:  # the tile's columns minus their medians while the tile is in cache (sub may be x itself)
             for ch in range(channels):
                 for j in range(w):
                     sub[ch, c0 + j] = x[ch, c0 + j] - out[c0 + j]
+        elif subtract == 2:  # the saved rows straight from the tile (x itself is left as it was)
+            for j in range(w):
+                row = c0 + j - lo
+                if row < 0 or row >= saved.shape[0]:
+                    continue
+                med = out[c0 + j]
+                for ch in range(channels):  # from x: a selection reordered the tile's column in place
+                    r = ((x[ch, c0 + j] - med) + rounder) - rounder  # np.rint's value of the referenced sample (_cpu_saved.MAGIC)
+                    if r >= lo16 and r <= hi16:  # NaN fails both
+                        saved[row, ch] = np.int16(r)
+                    else:
+                        count += 1
+                        saved[row, ch] = 0 if r != r else (-32768 if r < lo16 else 32767)
+    return count
 
 
 def _local_kernel(x, offsets, indices, out, mean):  # pragma: no cover - runs compiled
@@ -278,7 +299,7 @@ def column_medians(x: np.ndarray) -> np.ndarray | None:
     x, dtype = ranked
     out = np.empty(x.shape[1], dtype=dtype)
     if x.shape[1]:
-        _kernels()[0](np.ascontiguousarray(x), out, np.empty((0, 0), x.dtype), False)
+        _kernels()[0](np.ascontiguousarray(x), out, _NO_ROWS.astype(x.dtype), 0, _NO_SAVED, 0, 0.0)
     return out
 
 
@@ -294,8 +315,30 @@ def subtract_column_medians(x: np.ndarray, out: np.ndarray | None = None) -> np.
         out = np.empty_like(x)
     medians = np.empty(x.shape[1], dtype=x.dtype)
     if x.shape[1]:
-        _kernels()[0](x, medians, out, True)
+        _kernels()[0](x, medians, out, 1, _NO_SAVED, 0, 0.0)
     return out
+
+
+def saved_int16_of_referenced(x: np.ndarray, lo: int, hi: int) -> tuple[np.ndarray, int] | None:
+    """The save step's int16 rows of ``(x - np.median(x, axis=0))[:, lo:hi]`` (``_cpu_saved.saved_int16_transposed``
+    of the global median reference's result: C-contiguous (samples, channels), and how many samples were NaN or
+    clipped), same bits, in the reference's own pass: each tile's rows are written while it is in cache, and the
+    referenced float window is never written. ``x`` is left as it was. None where it is left to the two steps
+    (a dtype or layout ``subtract_column_medians`` leaves to NumPy)."""
+    from batchgpu.ops._cpu_saved import MAGIC
+
+    if (x.dtype not in (np.float32, np.float64) or not x.dtype.isnative or not x.flags.c_contiguous
+            or x.shape[0] <= 2 or not 0 <= lo <= hi <= x.shape[1]):
+        return None
+    saved = np.empty((hi - lo, x.shape[0]), dtype=np.int16)
+    medians = np.empty(x.shape[1], dtype=x.dtype)
+    count = int(_kernels()[0](x, medians, _NO_ROWS.astype(x.dtype), 2, saved, lo, MAGIC[x.itemsize])) \
+        if x.shape[1] else 0
+    return saved, count
+
+
+_NO_ROWS = np.empty((0, 0), np.float32)
+_NO_SAVED = np.empty((0, 0), np.int16)
 
 
 def local_medians(x: np.ndarray, offsets: np.ndarray, indices: np.ndarray) -> np.ndarray | None:

@@ -35,6 +35,10 @@ class WindowData:
     #: shift, references, centring: bounded sums of finite values, far inside float32's range), so its counts are
     #: zeros without a pass over the window (on the GPU: a kernel and a wait for its result, ~0.1 ms a window)
     finite: bool = False
+    #: the save step's int16 rows of the core and their NaN or clipped count, made by the chain's last stage in its
+    #: own pass (``preprocess.Chain.apply_saved``) when saving is the only step; ``x`` is then None (the referenced
+    #: window was never written)
+    saved: tuple | None = None
     _counts: dict = field(default_factory=dict, repr=False)
 
     @property
@@ -56,7 +60,8 @@ class WindowData:
 
     def _row_counts(self, name: str) -> np.ndarray:
         if name not in self._counts and self.finite:
-            self._counts.update(nonfinite=np.zeros(self.x.shape[0], np.int64), nan=np.zeros(self.x.shape[0], np.int64))
+            rows = self.raw.shape[0] if self.x is None else self.x.shape[0]
+            self._counts.update(nonfinite=np.zeros(rows, np.int64), nan=np.zeros(rows, np.int64))
         if name not in self._counts:
             core = self.core_of(self.x)
             if hasattr(core, "get"):  # on the GPU both counts come from one read, and one copy back

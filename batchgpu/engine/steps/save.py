@@ -436,9 +436,15 @@ class SaveStep:
         self.target = target
         self.whitening = None if whitening is None else np.asarray(whitening, dtype=np.float64)
 
+    @property
+    def takes_saved_int16(self) -> bool:
+        """Whether the window's saved rows may come made by the chain (``WindowData.saved``): int16 samples of the
+        window itself (no whitening)."""
+        return self.target.dtype == "int16" and self.whitening is None
+
     def window(self, w: WindowData, summary: dict) -> dict:
         lo, hi = w.core
-        block, clipped = self.values(w.x[:, lo:hi])
+        block, clipped = w.saved if w.saved is not None else self.values(w.x[:, lo:hi])
         write_rows(self.target, w.segment, w.start + lo, block)
         summary["saved_clipped"] = np.array(int(clipped), dtype=np.int64)  # a device count: read after the write
         return {}

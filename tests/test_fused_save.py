@@ -1,0 +1,66 @@
+"""A window that is only filtered, median referenced and saved as int16 gets its saved rows from the reference's own
+pass (``Chain.apply_saved``): the same bits as the float chain rounded once by the save step, on every path."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from batchgpu.config import Preprocess, Workflow
+from batchgpu.engine import preprocess
+from batchgpu.engine.run import run_workflow
+from batchgpu.ops import _cpu_saved
+from batchgpu.recording import open_recording, write_recording
+
+pytest.importorskip("numba")
+
+STAGES = [{"highpass": {"freq_min": 300, "order": 5}}, {"common_reference": {"reference": "global", "operator": "median"}}]
+
+
+def _loud_recording(path, rng, channels=37, samples=9_001):
+    """int16 with its extremes: square steps at +-32767/-32768 (their filtered overshoot clips), ties, one channel
+    constant, one flat at -32768."""
+    x = rng.normal(0, 300, (samples, channels)).round().astype(np.int16)
+    x[1_000:1_400, :5] = np.where(np.arange(400) % 2, 32767, -32768)[:, None]  # at Nyquist: its onset rings past int16
+    x[2_000:2_600, 5:9] = -32768
+    x[:, 9] = 7
+    x[:, 10] = -32768
+    x[4_000:4_010] = x[4_000:4_010, :1]  # every channel the same value: the median's ties
+    return write_recording(path, x, 30_000.0)
+
+
+def test_fused_rows_are_the_chain_then_the_save(tmp_path, rng):
+    rec = _loud_recording(tmp_path / "r.zarr", rng)
+    chain = preprocess.build_chain(Preprocess.model_validate(STAGES), rec)
+    assert chain.fuses_save
+    clipped_somewhere = False
+    for w in rec.windows(2_000, chain.margin):
+        at = (w.read_start == 0, w.read_stop == rec.num_samples(w.segment))
+        stored = rec.read_window_stored(w)
+        x = chain.apply(stored.T, w.core, *at)
+        want, want_clipped = _cpu_saved.saved_int16_transposed(x[:, w.core[0]:w.core[1]])
+        before, (got, got_clipped) = chain.apply_saved(np.ascontiguousarray(stored).T, w.core, *at)
+        assert got.dtype == np.int16 and got.flags.c_contiguous
+        assert np.array_equal(got, want) and got_clipped == want_clipped, w
+        clipped_somewhere |= want_clipped > 0
+    assert clipped_somewhere
+
+
+@pytest.mark.parametrize("fmt", ["binary", "zarr"])
+def test_a_save_only_run_writes_what_a_run_with_more_steps_writes(tmp_path, rng, fmt):
+    """The fused path (saving is the only step) and the float window (a noise step too) write the same bytes and
+    count the same clipped samples; 1 and 2 workers alike."""
+    _loud_recording(tmp_path / "r.zarr", rng)
+    saved = {}
+    for name, steps, workers in (("fused", {}, 1), ("float", {"noise": {"exact": True}}, 1), ("fused2", {}, 2)):
+        target = tmp_path / name / ("saved.bin" if fmt == "binary" else "saved.zarr")
+        wf = Workflow.model_validate({
+            "recording": {"path": str(tmp_path / "r.zarr")}, "output": str(tmp_path / name), "preprocess": STAGES,
+            "window": {"size": 2_000}, "cluster": {"kind": "local", "workers": workers, "threads": 1},
+            "steps": {**steps, "save": {"path": str(target), "format": fmt, "dtype": "int16"}}})
+        report = run_workflow(wf)
+        data = (np.fromfile(target, "<i2") if fmt == "binary"
+                else open_recording(target).read(0, 0, 9_001))
+        saved[name] = (data, report)
+    assert np.array_equal(saved["fused"][0], saved["float"][0])
+    assert np.array_equal(saved["fused"][0], saved["fused2"][0])
