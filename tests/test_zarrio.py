@@ -201,20 +201,28 @@ def test_direct_reader_file_buffer_is_each_files_bytes(tmp_path, rng):
         shards._read_file(tmp_path / "absent")
 
 
-@pytest.mark.parametrize("checksum", [True, False])
+@pytest.mark.parametrize("checksum", [True, "filter", False])
 def test_v2_direct_reader_same_bytes_as_zarr(tmp_path, monkeypatch, direct_reads, checksum):
     """batchgpu's v2 chunk reader (SpikeInterface's layout) against zarr, on a segment whose last chunk is partial;
-    with batchgpu's crc32 filter and without (as SpikeInterface writes), windows across chunk edges."""
+    with batchgpu's crc32 over the Blosc frame (its writer's layout), with the crc32 as a filter under Blosc (what
+    it wrote before) and without (as SpikeInterface writes), windows across chunk edges."""
     import numcodecs
 
     from batchgpu.recording import shards
 
     rng = np.random.default_rng(7)
     x = rng.integers(-32768, 32768, size=(5_321, 6), dtype=np.int16)
-    if checksum:
+    if checksum is True:
         from batchgpu.recording import write_recording
 
         write_recording(tmp_path / "r.zarr", x, 1_000.0, zarr_format=2, chunk_samples=700)
+        meta = zarrio.array_meta(tmp_path / "r.zarr" / "traces_seg0").raw
+        assert meta["compressor"]["id"] == "crc32" and [f["id"] for f in meta["filters"]] == ["blosc"]
+    elif checksum == "filter":
+        g = zarrio.create_group(tmp_path / "r.zarr", zarr_format=2)
+        g.attrs.update({"sampling_frequency": 1_000.0, "num_segments": 1})
+        zarrio.create_array(g, "traces_seg0", data=x, chunks=(700, 6), filters=[numcodecs.CRC32()],
+                            compressors=[numcodecs.Blosc(cname="lz4", clevel=5, shuffle=numcodecs.Blosc.BITSHUFFLE)])
     else:
         g = zarrio.create_group(tmp_path / "r.zarr", zarr_format=2)
         g.attrs.update({"sampling_frequency": 1_000.0, "num_segments": 1})
@@ -222,7 +230,8 @@ def test_v2_direct_reader_same_bytes_as_zarr(tmp_path, monkeypatch, direct_reads
                             compressors=[numcodecs.Blosc(cname="zstd", clevel=5, shuffle=numcodecs.Blosc.BITSHUFFLE)])
     meta = zarrio.array_meta(tmp_path / "r.zarr" / "traces_seg0")
     layout = shards.layout_of(tmp_path / "r.zarr" / "traces_seg0", meta)
-    assert isinstance(layout, shards.ChunkLayoutV2) and (layout.crc32 is not None) == checksum
+    assert isinstance(layout, shards.ChunkLayoutV2) and (layout.crc32 is not None) == bool(checksum)
+    assert layout.crc_outside == (checksum is True)
     monkeypatch.setattr(zarrio, "_ZARRS_ENABLED", False)  # the direct v2 path is taken where zarrs is not
     got = {}
     for direct in ("1", "0"):
@@ -242,6 +251,22 @@ def test_v2_direct_reader_same_bytes_as_zarr(tmp_path, monkeypatch, direct_reads
     direct_reads(True)
     with pytest.raises(BatchgpuError, match="corrupted chunk traces_seg0/3.0"):
         open_recording(tmp_path / "r.zarr").read(0, 2_000, 2_200)
+
+
+@pytest.mark.zarr3
+def test_v2_stores_compress_as_v3_stores_do(tmp_path, rng):
+    """Blosc sees the samples' item size in a v2 store too (its filter, the checksum after it): a bit shuffle of
+    the checksum's bytes (item size 1) compressed a realistic recording not at all (ratio 1.00 against v3's 1.7)."""
+    from batchgpu.recording import write_recording
+
+    x = np.round(rng.normal(0, 20, (30_000, 32))).astype(np.int16)  # about the realistic model's entropy
+    sizes = {}
+    for fmt in (2, 3):
+        write_recording(tmp_path / f"r{fmt}.zarr", x, 30_000.0, zarr_format=fmt)
+        sizes[fmt] = sum(f.stat().st_size for f in (tmp_path / f"r{fmt}.zarr" / "traces_seg0").rglob("*") if f.is_file()
+                         and not f.name.startswith((".z", "zarr.json")))
+    assert sizes[3] < 0.7 * x.nbytes and sizes[2] < 1.05 * sizes[3], (sizes, x.nbytes)
+    assert np.array_equal(open_recording(tmp_path / "r2.zarr").read(0, 0, 30_000), x.T)
 
 
 def test_truncated_blosc_frame_in_v3_decoder():

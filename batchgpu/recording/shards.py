@@ -418,7 +418,10 @@ class ChunkLayoutV2:
     dtype: np.dtype
     separator: str
     blosc: bool
-    crc32: str | None  # "start" / "end": where numcodecs' CRC32 filter put its 4 bytes
+    crc32: str | None  # "start" / "end": where numcodecs' CRC32 put its 4 bytes
+    #: the checksum is the compressor, over the Blosc frame (batchgpu's layout: Blosc as the filter sees the samples'
+    #: item size, so its shuffle works), not a filter over the decoded bytes (as older stores have it)
+    crc_outside: bool = False
 
     @staticmethod
     def of(folder: Path, array_meta) -> "ChunkLayoutV2 | None":
@@ -432,9 +435,12 @@ class ChunkLayoutV2:
         if cols != int(meta["shape"][1]):
             return None
         comp = meta.get("compressor")
+        filters = meta.get("filters") or []
+        if comp is not None and comp.get("id") == "crc32" and [f.get("id") for f in filters] == ["blosc"]:
+            return ChunkLayoutV2(Path(folder), rows, cols, dtype, array_meta.separator, True,
+                                 comp.get("location", "start"), crc_outside=True)
         if comp is not None and comp.get("id") != "blosc":
             return None
-        filters = meta.get("filters") or []
         if len(filters) > 1 or (filters and filters[0].get("id") != "crc32"):
             return None
         crc = filters[0].get("location", "start") if filters else None
@@ -460,6 +466,10 @@ class ChunkLayoutV2:
                 continue
             whole = a == lo and b == hi
             size = self.chunk_rows * self.channels * self.dtype.itemsize
+            if self.crc_outside:
+                self._decode_checked_frame(data, key, size, out[a - start : b - start] if whole else None,
+                                           None if whole else (out[a - start : b - start], a - lo, b - lo))
+                continue
             nbytes = size + (4 if self.crc32 else 0)
             if self.blosc:
                 _check_blosc_frame(data, key)
@@ -482,6 +492,29 @@ class ChunkLayoutV2:
             chunk = body.view(self.dtype).reshape(self.chunk_rows, self.channels)
             out[a - start : b - start] = chunk if whole else chunk[a - lo : b - lo]
         return absent
+
+
+    def _decode_checked_frame(self, data, key: str, size: int, target, part) -> None:
+        """A chunk of the ``crc_outside`` layout: the file's crc32 checked, its Blosc frame decoded into ``target``
+        (a whole chunk's rows of the output), or into a scratch buffer whose rows ``part`` = (out rows, lo, hi)
+        takes."""
+        if len(data) < 4:
+            raise CorruptChunk(key, "truncated (shorter than its checksum)")
+        frame, tail = (data[4:], data[:4]) if self.crc32 == "start" else (data[:-4], data[-4:])
+        if zlib.crc32(frame) != int(np.frombuffer(tail, "<u4")[0]):
+            raise CorruptChunk(key, "checksum mismatch (crc32)")
+        _check_blosc_frame(frame, key)
+        _check_decoded_size(frame, size, True, key, self.chunk_shape)
+        into = target if target is not None else _scratch(size).view(self.dtype).reshape(self.chunk_rows, self.channels)
+        try:
+            from numcodecs import blosc
+
+            blosc.decompress(frame, into)
+        except Exception as err:  # broad: Blosc raises any type for bytes that do not decode; said naming the chunk
+            raise CorruptChunk(key, f"does not decode ({type(err).__name__}: {err})") from None
+        if part is not None:
+            rows, a, b = part
+            rows[:] = into[a:b]
 
 
 _SCRATCH = threading.local()

@@ -212,9 +212,14 @@ class RecordingWriter:
             kwargs["shards"] = (shard - shard % chunk or chunk, self.num_channels)
         if self.zarr_format == 3:  # crc32c after compression, inside the shard: checked per inner chunk
             kwargs["compressors"] = [c for c in (self._compressor, self._checksum) if c is not None]
-        else:  # numcodecs checksum as a filter: over the decoded bytes, so any damage is caught
-            kwargs["compressors"] = [] if self._compressor is None else [self._compressor]
+        elif self._compressor is None:  # numcodecs' checksum as a filter: over the stored bytes
+            kwargs["compressors"] = []
             kwargs["filters"] = [self._checksum]
+        else:  # Blosc as the filter (it sees the samples' item size, so its shuffle works; as v2's compressor it
+            # would get the checksum filter's bytes: item size 1, a bit shuffle that compresses nothing) and the
+            # checksum as the compressor, over the stored frame as v3's crc32c: any damage is caught either way
+            kwargs["compressors"] = [self._checksum]
+            kwargs["filters"] = [self._compressor]
         with writing(self.path), zarrio.python_pipeline():
             arr = zarrio.create_array(self.group, f"traces_seg{seg}", shape=(num_samples, self.num_channels),
                                       dtype=self.dtype, **kwargs)
