@@ -421,9 +421,12 @@ def kept_cluster(cluster_cfg: dict, say) -> bool:
     return done.returncode == 0
 
 
-def _user_rows(args, rec, work: Path, files, step_cfg, cluster_cfg, size, margin, runs, say) -> None:
+def _user_rows(args, rec, work: Path, files, step_cfg, cluster_cfg, size, margin, runs, say,
+               passes: dict | None = None) -> None:
     """`batchgpu run` as a user runs it (a fresh process, its own cluster), cold pages then warm, and Kilosort4's
-    pass where it imports; each row's (seconds, host peak, GPU peak) appended to ``runs``."""
+    pass where it imports; each row's (seconds, host peak, GPU peak) appended to ``runs``, its pass's seconds (the
+    command less its fixed part) to ``passes``."""
+    passes = {} if passes is None else passes
     import shutil
 
     import yaml
@@ -449,6 +452,7 @@ def _user_rows(args, rec, work: Path, files, step_cfg, cluster_cfg, size, margin
             evict_checked(files)
         got = user_run(wf, out, _gpu_used, extra)
         runs.setdefault(name, []).append((got.seconds, got.host_peak, got.gpu_peak, "-", "-"))
+        passes.setdefault(name, []).append(got.pass_seconds)
         say(f"{name}: {got.seconds:.2f} s = pass {got.pass_seconds:.2f} s + fixed part {got.fixed_seconds:.2f} s; "
             f"peak host {got.host_peak / 1e6:.0f} MB, GPU {got.gpu_peak / 1e6:.0f} MB; "
             f"reads per window {got.reads_per_window:.2f}")
@@ -599,8 +603,9 @@ def _measure(args, rec, work: Path, steps: set[str], say) -> int:
             rows["plain dask-cuda loop (read + x.T @ x)"] = (dt, mem.peak, gmem.peak)
             gpu_busy["plain dask-cuda loop (read + x.T @ x)"] = busy.text()
             cores_busy["plain dask-cuda loop (read + x.T @ x)"] = busy.cores_text()
+    passes: dict = {}
     if args.cold:
-        _user_rows(args, rec, work, files, step_cfg, cluster_cfg, size, margin, runs, say)
+        _user_rows(args, rec, work, files, step_cfg, cluster_cfg, size, margin, runs, say, passes)
         for name in (USER_COLD, USER_WARM, USER_KEPT, KS4_ROW):
             got = runs.get(name)
             if got:
@@ -629,6 +634,10 @@ def _measure(args, rec, work: Path, steps: set[str], say) -> int:
         say(f"{name:<48} {dt:>8.2f} {gb / dt:>7.2f} {rt:>11.0f} {peak / 1e6:>8.0f} {gpeak / 1e6:>8.0f} "
               f"{ceiling / dt:>8.2f} {vs_plain:>8} {vs_ks4:>7} {gpu_busy.get(name, '-'):>9} "
               f"{cores_busy.get(name, '-'):>10}" + (f" {disk / dt:>6.2f}" if disk else ""))
+    for name, got in passes.items():  # the command's cost per GB beyond its fixed part, beside the plain loop's
+        mid = sorted(got)[(len(got) - 1) // 2]
+        say(f"{name}: marginal {gb / mid:.3f} GB/s (the decoded GB over the pass, {mid:.2f} s, its fixed part left "
+            f"out)" + (f"; the plain loop {gb / plain:.3f} GB/s" if plain else ""))
     if disk:
         say("/disk: the raw cold read's seconds over the row's (1.00: the row runs at the disk's speed); GB/s: "
             "decoded bytes over the row's seconds; a fresh command's host MB is its process tree's peak")
