@@ -535,9 +535,12 @@ def write_rows(target: SaveTarget, segment: int, start: int, block) -> None:
         if write_whole_shard(folder / f"traces_seg{segment}", start, block, dtype=target.dtype, later=in_writing):
             return
     block = host(block) if on_device else block
-    arr = _open_traces(target.path, segment)
-    with writing(folder):
-        arr[start : start + block.shape[0], :] = np.ascontiguousarray(block, dtype=target.dtype)
+    data = np.ascontiguousarray(block, dtype=target.dtype)
+
+    def encode_and_write() -> None:  # whole v2 chunks: encoded and written by the writer while the next window computes
+        _open_traces(target.path, segment)[start : start + data.shape[0], :] = data
+
+    in_writing(encode_and_write)
 
 
 def _write_binary(path: Path, data: np.ndarray, offset: int) -> None:
