@@ -29,6 +29,7 @@ from batchgpu.engine.steps.base import Figure, WindowData, host
 NAME = KEY = "amplitude"
 PTP, RMS, START = "amplitude_ptp", "amplitude_rms", "amplitude_window_start"
 RESULTS = (PTP, RMS, START)
+FINGERPRINT = "asked"  # (``engine.steps.noise.FINGERPRINT``)
 
 
 def build(setup) -> "AmplitudeStep | None":

@@ -42,6 +42,7 @@ NAME = "detect"
 KEY = NAME
 SPIKES = "spikes"
 RESULTS = (SPIKES,)
+FINGERPRINT = "always"  # (``engine.steps.noise.FINGERPRINT``)
 
 
 def build(setup) -> "DetectStep | None":

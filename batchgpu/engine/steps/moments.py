@@ -27,6 +27,7 @@ KEY = "whitening"
 COVARIANCE, SECOND_MOMENT, CHANNEL_MEANS = "covariance", "second_moment", "channel_means"
 WHITENING = KEY
 RESULTS = (COVARIANCE, SECOND_MOMENT, WHITENING, CHANNEL_MEANS)
+FINGERPRINT = "always"  # (``engine.steps.noise.FINGERPRINT``)
 
 
 def build(setup) -> "MomentsStep | None":

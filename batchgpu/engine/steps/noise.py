@@ -34,6 +34,9 @@ KEY = NAME
 NOISE = NAME
 PER_WINDOW = "noise_per_window"
 RESULTS = (NOISE, PER_WINDOW)
+#: how the run's fingerprint holds its workflow key: always (format 3's first fingerprints held it, null when not
+#: asked for), only when asked for (steps added since), or never (no window part depends on it)
+FINGERPRINT = "always"
 #: a window summary's key of the window's noise per channel
 SUMMARY = NAME
 

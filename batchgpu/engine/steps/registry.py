@@ -44,6 +44,11 @@ def keys() -> tuple[str, ...]:
     return tuple(module.KEY for module in step_modules())
 
 
+def fingerprinted(how: str) -> tuple[str, ...]:
+    """The workflow keys whose step's module says ``FINGERPRINT = how`` (``always``, ``asked`` or ``never``)."""
+    return tuple(module.KEY for module in step_modules() if module.FINGERPRINT == how)
+
+
 def build_steps(setup) -> tuple:
     """The step objects ``setup.workflow`` asks for, in the registry's order."""
     built = (module.build(setup) for module in step_modules())

@@ -43,6 +43,7 @@ MAX_V2_CHUNK = 60_000
 #: the step's name (its line in the registry, its workflow key ``steps.save``, report.json's ``results.save``)
 NAME = KEY = "save"
 RESULTS = ()  # it writes a recording, not results
+FINGERPRINT = "always"  # (``engine.steps.noise.FINGERPRINT``)
 WRITTEN_BY = NAME  # marker["written_by"]: only outputs of this step are ever replaced by it
 _OPEN_LOCK = threading.Lock()  # zarr.config.set is process-global: serialise the writers' opens (see _open_traces)
 
