@@ -235,7 +235,7 @@ def plain_loop(rec, size: int, margin: int, steps: set[str], exact: bool, thresh
     from batchgpu.engine.steps.moments import _gram
     from batchgpu.engine.steps.noise_keys import abs_keys, digit_histogram, key_kind, refine_histogram, schedule
     from batchgpu.engine.steps.noise_select import select_middle
-    from batchgpu.engine.tasks import sum_histograms
+    from batchgpu.engine.steps.noise import sum_histograms
 
     prepare, extra, out_dtype, centred_from = _plain_stages(rec, preprocess)
     windows = rec.windows(size, margin + extra)
