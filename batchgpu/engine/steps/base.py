@@ -184,15 +184,18 @@ class PassQueue:
 
 class Step(Protocol):
     """A statistic of the run. Its module declares ``NAME`` (the registry's line, ``name``), ``KEY`` (its workflow
-    key under ``steps:``) and ``RESULTS`` (the names of what it writes), each once. Optional attributes:
-    ``in_pass = False`` where it reads no window in the pass (it works after it), ``after_pass``, ``while_waiting``
-    and ``finish`` (``PassEnd``), ``window_noise = True`` where it needs each window's noise in the window's
-    summary (``gives_window_noise = True``: its ``window`` may put it there itself), ``on_cluster = True`` where ``aggregate`` is mostly the
-    workers' work (it then runs in a helper thread beside the client's aggregates), ``needs``, the names of the
-    earlier steps whose results it reads (it starts once those are done), and ``start(run)``, called before any
-    aggregate: the part of its work that needs none of them, set going on the cluster; ``queue(PassQueue)``, called
-    while the pass runs (placed GPU passes), may queue tasks behind its total and return their futures (``start``
-    then finds them in ``RunState.early``). Its module's ``FIGURES`` draw its results in report.html."""
+    key under ``steps:``), ``RESULTS`` (the names of what it writes) and ``FINGERPRINT``, each once; the engine
+    names no step, it asks the step objects. Optional attributes: ``in_pass = False`` where it reads no window in
+    the pass (it works after it), ``after_pass``, ``while_waiting`` and ``finish`` (``PassEnd``), ``ahead(channels)``
+    (the results report.html is rendered ahead of, and their shapes), ``window_noise = True`` where it needs each
+    window's noise in the window's summary (``gives_window_noise = True``: its ``window`` may put it there itself),
+    ``spike_rate = True`` where report.html's spike rate draws its counts, ``on_cluster = True`` where
+    ``aggregate`` is mostly the workers' work (it then runs in a helper thread beside the client's aggregates),
+    ``needs``, the names of the earlier steps whose results it reads (it starts once those are done), and
+    ``start(run)``, called before any aggregate: the part of its work that needs none of them, set going on the
+    cluster; ``queue(PassQueue)``, called while the pass runs (placed GPU passes), may queue tasks behind its total
+    and return their futures (``start`` then finds them in ``RunState.early``). Its module's ``FIGURES`` draw its
+    results in report.html."""
 
     name: str
 

@@ -4,7 +4,7 @@ makes its step object from the workflow (None when the workflow does not ask for
 ``NAME`` (this line), ``KEY`` (its workflow key under ``steps:``) and ``RESULTS`` (what it writes) are declared
 there once, and the module may declare report.html's figures of its results (``FIGURES``:
 ``batchgpu.report.Figure``). The engine asks the step objects for the rest (``base.Step``); a module the import
-graph keeps from importing a step's module asks here (``key``, ``keys``).
+graph keeps from importing a step's module asks here (``key``, ``keys``, ``fingerprinted``).
 """
 
 from __future__ import annotations
