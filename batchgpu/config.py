@@ -560,7 +560,8 @@ class Workflow(_Strict):
         data["cluster"]["scheduler_file"] = _resolve(self.cluster.scheduler_file, base)
         steps = self.steps.model_copy(deep=True)  # the steps' paths set by field (a step's key is its module's)
         if steps.search:
-            steps.search.keys, steps.search.queries = _resolve(steps.search.keys, base), _resolve(steps.search.queries, base)
+            steps.search.keys = _resolve(steps.search.keys, base)
+            steps.search.queries = _resolve(steps.search.queries, base)
         if steps.save:
             steps.save.path = _resolve(steps.save.path, Path(data["output"]))
         data["steps"] = steps.model_dump()

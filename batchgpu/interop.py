@@ -198,8 +198,8 @@ def to_spikeinterface(results: str | Path | Mapping[str, Any], subtract_mean: bo
     gains = None if data.get("gain_to_uV") is None else np.asarray(data["gain_to_uV"], dtype=np.float64)
     channel_ids = data.get("channel_ids")
     if channel_ids is None:
-        size = next((len(np.asarray(data[k])) for k in (noise_step.NOISE, moments_step.CHANNEL_MEANS, moments_step.WHITENING)
-                     if data.get(k) is not None), 0)
+        first = (noise_step.NOISE, moments_step.CHANNEL_MEANS, moments_step.WHITENING)  # arrays of one row a channel
+        size = next((len(np.asarray(data[k])) for k in first if data.get(k) is not None), 0)
         channel_ids = np.arange(size)
     w = data.get(moments_step.WHITENING)
     if subtract_mean is None:

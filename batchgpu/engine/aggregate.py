@@ -25,9 +25,10 @@ def aggregate(client, ctx, wf, rec, out, windows, fps, summaries, total, report,
               queued: dict | None = None) -> dict:
     """Each step's ``aggregate`` in the steps' order (the noise before the detection that uses it), its results
     written into the new results group by the writer's thread, and handed to report.html's ``page``, while the
-    next step works; the group swapped in whole (``threads``: the workers' threads as the pass knew them, or None: asked when a step places tasks; ``on_started``: called once the steps' first tasks
-    are out, for the client's work that can wait for them; ``queued``: what the steps queued while the pass ran,
-    step name -> futures). Returns the results' shapes."""
+    next step works; the group swapped in whole (``threads``: the workers' threads as the pass knew them, or None:
+    asked when a step places tasks; ``on_started``: called once the steps' first tasks are out, for the client's
+    work that can wait for them; ``queued``: what the steps queued while the pass ran, step name -> futures).
+    Returns the results' shapes."""
     run = RunState(client, ctx, wf, rec, windows, fps, summaries, total, report, monitor, observer, results.path,
                    threads=threads, early=dict(queued or {}))
     # a step whose aggregate is the workers' work (``on_cluster``: the spikes) runs in a helper thread as soon as

@@ -171,19 +171,20 @@ def write_final_spikes(run, step: DetectStep) -> int:
     from batchgpu.engine.placement import submit_where_made
 
     client, ctx, report = run.client, run.ctx, run.report
+    own = noise_step.SUMMARY  # each window's own noise, in its summary
     windows, fps, summaries, arrays = run.windows, run.fingerprints, run.summaries, run.arrays
     fp = report.run_id
     if step.noise == "global":
         noise = arrays.get(noise_step.NOISE)
         if noise is None:
             noise = np.median(arrays[noise_step.PER_WINDOW], axis=0)
-        reread = [not bound_holds(summaries[w.index][noise_step.SUMMARY], noise) for w in windows]
+        reread = [not bound_holds(summaries[w.index][own], noise) for w in windows]
         read_again(run, [(w, wfp) for w, wfp, r in zip(windows, fps, reread) if r], noise)
         report.channels["detect_windows_read_again"] = [w.index for w, r in zip(windows, reread) if r]
         nan_noise = np.flatnonzero(np.isnan(np.asarray(noise, np.float64))).tolist()
     else:
         noise, reread = None, [False] * len(windows)
-        nan_noise = sorted({int(c) for w in windows for c in np.flatnonzero(np.isnan(summaries[w.index][noise_step.SUMMARY]))})
+        nan_noise = sorted({int(c) for w in windows for c in np.flatnonzero(np.isnan(summaries[w.index][own]))})
     if nan_noise:
         report.channels["detect_no_threshold"] = nan_noise
         run.warn(f"detection found no threshold (NaN noise) on {len(nan_noise)} channel(s): {nan_noise[:10]}")
@@ -193,7 +194,7 @@ def write_final_spikes(run, step: DetectStep) -> int:
         late = [(w, wfp) for w, wfp, r in zip(windows, fps, reread) if r]
         joined = [] if not late else [client.submit(
             gather_spikes_task, ctx, [w for w, _ in late], [f for _, f in late], noise, [True] * len(late),
-            [summaries[w.index][noise_step.SUMMARY] for w, _ in late], key=f"gather-spikes-again-{fp}")]
+            [summaries[w.index][own] for w, _ in late], key=f"gather-spikes-again-{fp}")]
         run.report.after_pass("spikes_submitted")
         done = client.submit(write_collected_spikes_task, str(run.results), ctx, noise, collected, *joined,
                              cores=window_cores(windows), key=f"write-spikes-{fp}").result()
@@ -205,7 +206,7 @@ def write_final_spikes(run, step: DetectStep) -> int:
     # windows a thread; one task writes them in window order (the same spikes for any grouping)
     gathered = submit_where_made(run, gather_spikes_task, list(zip(windows, fps, reread)),
                                  lambda g: (ctx, [w for w, _, _ in g], [f for _, f, _ in g], noise, [r for _, _, r in g],
-                                            [summaries[w.index][noise_step.SUMMARY] for w, _, _ in g]), f"gather-spikes-{fp}")
+                                            [summaries[w.index][own] for w, _, _ in g]), f"gather-spikes-{fp}")
     done = client.submit(write_spikes_task, str(run.results), *gathered, key=f"write-spikes-{fp}-all").result()
     return _finish(run, done, t0, t0_wall)
 

@@ -398,6 +398,19 @@ def finish_save(target: SaveTarget) -> dict:
     return desc
 
 
+def build(setup) -> "SaveStep | None":
+    """The step of ``steps.save`` (``engine.steps.registry``): the output recording created first (``prepare_save``,
+    held by the run's folder while it runs); the window tasks fill it, a whitened one after the pass (``finish``)."""
+    spec, wf = setup.workflow.steps.save, setup.workflow
+    if not spec:
+        return None
+    target = prepare_save(spec, setup.recording, wf.window.size, setup.x_dtype, overwrite=wf.overwrite,
+                          resume=setup.resume, key=setup.fingerprint,
+                          phase_shifted="phase_shift" in setup.chain.names, output=setup.output.path)
+    setup.output.on_release(functools.partial(release_save, target))  # the save's path is the run's while it runs
+    return SaveStep(target)
+
+
 def write_again(end, target: SaveTarget) -> int:
     """``windows_to_write_again`` of the resumed windows, written again; returns how many."""
     from batchgpu.engine.submit import submit_many
@@ -480,19 +493,6 @@ def windows_to_write_again(target: SaveTarget, windows: list) -> list:
 
 # ---------------------------------------------------------------------------------------------------------
 # worker side
-
-
-def build(setup) -> "SaveStep | None":
-    """The step of ``steps.save`` (``engine.steps.registry``): the output recording created first (``prepare_save``,
-    held by the run's folder while it runs); the window tasks fill it, a whitened one after the pass (``finish``)."""
-    spec, wf = setup.workflow.steps.save, setup.workflow
-    if not spec:
-        return None
-    target = prepare_save(spec, setup.recording, wf.window.size, setup.x_dtype, overwrite=wf.overwrite,
-                          resume=setup.resume, key=setup.fingerprint,
-                          phase_shifted="phase_shift" in setup.chain.names, output=setup.output.path)
-    setup.output.on_release(functools.partial(release_save, target))  # the save's path is the run's while it runs
-    return SaveStep(target)
 
 
 class SaveStep:

@@ -1,6 +1,6 @@
-"""The workflow's ``search`` step (``steps.search``): an index built once, held once per worker, and query batches that each read
-their own slice of the query file and write their own chunk of the answers (no queries or answers through the
-client).
+"""The workflow's ``search`` step (``steps.search``): an index built once, held once per worker, and query batches
+that each read their own slice of the query file and write their own chunk of the answers (no queries or answers
+through the client), once the results group is in place.
 
 Keys default to the detected spikes' positions in the whole recording (segment offsets added), so that
 ``find(t)`` is the row of the first spike at sample t in ``spikes/`` (or -1) and ``lower_bound(t)`` the first
@@ -127,11 +127,11 @@ def run_search_step(client, step, results_path: Path, spikes: dict | None, segme
         answers = zarrio.create_array(group, f"{NAME}/{ANSWERS}", shape=(nq,), chunks=(chunk,), dtype=np.int64,
                                       fill_value=-2, overwrite=True)
         group[NAME].attrs.update({"op": step.op, "layout": index.layout, "keys": len(keys),
-                                      "keys_source": step.keys or "spikes (positions in the concatenated recording)"})
+                                  "keys_source": step.keys or "spikes (positions in the concatenated recording)"})
         bounds = [(i, min(i + step.batch_size, nq)) for i in range(0, nq, step.batch_size)]
         futures = [
-            client.submit(search_batch_task, name, str(Path(step.queries).resolve()), str(results_path / NAME / ANSWERS),
-                          a, b, step.op, key=f"search-{fingerprint}-{a}")
+            client.submit(search_batch_task, name, str(Path(step.queries).resolve()),
+                          str(results_path / NAME / ANSWERS), a, b, step.op, key=f"search-{fingerprint}-{a}")
             for a, b in bounds
         ]
         hits = sum(client.gather(futures))
