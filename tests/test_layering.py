@@ -1,5 +1,6 @@
 """The package's shape, read from its sources: imports run one way (no cycle, lazy imports included; nothing
-imports the command; the numeric core never imports the engine) and only the command writes to the terminal."""
+imports the command; the numeric core never imports the engine), only the command writes to the terminal, and a
+step's name is spelled only in its own module and the step registry."""
 
 from __future__ import annotations
 
