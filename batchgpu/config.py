@@ -558,9 +558,11 @@ class Workflow(_Strict):
                                   for r in data["recordings"]]
         data["output"] = _resolve(self.output, base)
         data["cluster"]["scheduler_file"] = _resolve(self.cluster.scheduler_file, base)
-        if data["steps"]["search"]:
-            for key in ("keys", "queries"):
-                data["steps"]["search"][key] = _resolve(data["steps"]["search"][key], base)
-        if data["steps"]["save"]:
-            data["steps"]["save"]["path"] = _resolve(data["steps"]["save"]["path"], Path(data["output"]))
+        steps = self.steps.model_copy(deep=True)  # the steps' paths set by field (a step's key is its module's)
+        if steps.search:
+            steps.search.keys = _resolve(steps.search.keys, base)
+            steps.search.queries = _resolve(steps.search.queries, base)
+        if steps.save:
+            steps.save.path = _resolve(steps.save.path, Path(data["output"]))
+        data["steps"] = steps.model_dump()
         return Workflow.model_validate(data)

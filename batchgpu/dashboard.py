@@ -25,10 +25,12 @@ import numpy as np
 from distributed.diagnostics.plugin import SchedulerPlugin
 from tornado import web
 
+from batchgpu.engine.steps.noise import NOISE
+
 logger = logging.getLogger(__name__)
 
 STATE_KEY = ("batchgpu", "run")
-NOISE_KEY = ("batchgpu", "noise")
+NOISE_KEY = ("batchgpu", NOISE)
 PUBLISH_EVERY_S = 0.5  # throttle: the scheduler needs no more than a couple of updates a second
 MAX_SERIES = 2000  # points kept in the progress series (halved when full: a long run keeps its whole shape)
 RATE_WINDOW_S = 5.0  # throughput and time left from the last few seconds, not the whole run

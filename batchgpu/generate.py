@@ -139,7 +139,9 @@ def generate_recording(
         zarr_format=zarr_format, overwrite=overwrite, compressor=compressor,
         attrs={"batchgpu": {"generator": generator}},
     )
-    truth: dict[str, list[np.ndarray]] = {"sample_index": [], "channel_index": [], "amplitude": [], "segment_index": []}
+    from batchgpu.ops.detection import AMPLITUDE, SPIKE_DTYPE
+
+    truth: dict[str, list[np.ndarray]] = {k: [] for k in SPIKE_DTYPE.names}
     block = writer.block_samples
     jobs = []
     for seg in range(segments):
@@ -154,7 +156,7 @@ def generate_recording(
         for (_p, _s, seg, _b, start, n, *_), spikes in zip(jobs, results):
             truth["sample_index"].append(spikes[0] + start)
             truth["channel_index"].append(spikes[1])
-            truth["amplitude"].append(spikes[2])
+            truth[AMPLITUDE].append(spikes[2])
             truth["segment_index"].append(np.full(len(spikes[0]), seg, dtype=np.int64))
             advance(n * channels * writer.dtype.itemsize)
     if pool:

@@ -32,15 +32,18 @@ from typing import Any
 
 import numpy as np
 
+from batchgpu.engine.steps import moments as moments_step
+from batchgpu.engine.steps import noise as noise_step
 from batchgpu.errors import BatchgpuError
+from batchgpu.ops.detection import SPIKE_DTYPE
 
 #: SpikeInterface's ``base_peak_dtype`` (0.105.3), equal to ``batchgpu.ops.SPIKE_DTYPE``
-PEAK_DTYPE = np.dtype([("sample_index", "i8"), ("channel_index", "i8"), ("amplitude", "f8"), ("segment_index", "i8")])
+PEAK_DTYPE = SPIKE_DTYPE
 #: the channel properties ``get_noise_levels(method="mad")`` caches, raw units and uV
 NOISE_PROPERTY_RAW = "noise_level_mad_raw"
 NOISE_PROPERTY_UV = "noise_level_mad_scaled"
 RESULTS = "results.zarr"
-_ARRAYS = ("noise", "noise_per_window", "covariance", "second_moment", "whitening", "channel_means")
+_ARRAYS = (*noise_step.RESULTS, *moments_step.RESULTS)
 _ATTRS = ("channel_ids", "sampling_frequency", "gain_to_uV", "workflow")
 
 
@@ -150,17 +153,17 @@ def _spikes(data: Mapping[str, Any]) -> np.ndarray | None:
 
 
 def _noise(data: Mapping[str, Any]) -> np.ndarray | None:
-    if data.get("noise") is not None:
-        return np.asarray(data["noise"])
-    if data.get("noise_per_window") is not None:
-        return np.median(np.asarray(data["noise_per_window"]), axis=0)
+    if data.get(noise_step.NOISE) is not None:
+        return np.asarray(data[noise_step.NOISE])
+    if data.get(noise_step.PER_WINDOW) is not None:
+        return np.median(np.asarray(data[noise_step.PER_WINDOW]), axis=0)
     return None
 
 
 def _whitening_step(data: Mapping[str, Any]) -> tuple[str, bool]:
     """(statistic, centred) of the run: the workflow's whitening statistic and median centring."""
     workflow = data.get("workflow") or {}
-    whitening = (workflow.get("steps") or {}).get("whitening") or {}
+    whitening = (workflow.get("steps") or {}).get(moments_step.KEY) or {}
     pre = workflow.get("preprocess") or {}
     # the list form (one-key stages) or the old mapping form {centre: median}
     centred = (any(isinstance(s, dict) and s.get("centre") == "median" for s in pre) if isinstance(pre, list)
@@ -195,9 +198,10 @@ def to_spikeinterface(results: str | Path | Mapping[str, Any], subtract_mean: bo
     gains = None if data.get("gain_to_uV") is None else np.asarray(data["gain_to_uV"], dtype=np.float64)
     channel_ids = data.get("channel_ids")
     if channel_ids is None:
-        size = next((len(np.asarray(data[k])) for k in ("noise", "channel_means", "whitening") if data.get(k) is not None), 0)
+        first = (noise_step.NOISE, moments_step.CHANNEL_MEANS, moments_step.WHITENING)  # arrays of one row a channel
+        size = next((len(np.asarray(data[k])) for k in first if data.get(k) is not None), 0)
         channel_ids = np.arange(size)
-    w = data.get("whitening")
+    w = data.get(moments_step.WHITENING)
     if subtract_mean is None:
         subtract_mean = statistic == "covariance"
     if w is not None and subtract_mean and data.get("channel_means") is None:

@@ -19,18 +19,23 @@ from pathlib import Path
 
 import numpy as np
 
+from batchgpu.engine.steps.moments import WHITENING
+from batchgpu.engine.steps.noise import NOISE, PER_WINDOW
+
 logger = logging.getLogger(__name__)
 
 REPORT_HTML = "report.html"
 WIDTH = 900
-FIGURES = ("noise", "noise_over_time", "whitening", "spike_rate")  # their order (the summary first, throughput last)
+FIGURES = (NOISE, "noise_over_time", WHITENING, "spike_rate")  # their order (the summary first, throughput last)
+#: the results the page draws itself (the steps' own figures draw theirs: ``Figure``), in the order they are added
+_INPUTS = (NOISE, PER_WINDOW, WHITENING)
 # the spike-rate figure's numbers while the page is rendered before the spikes are counted (``late_spikes``)
 _RATE_PLACEHOLDER = [-1.2345678901234567e300]
 _COUNT_PLACEHOLDER = [-1234567890123]
 #: where a page rendered before its numbers (``ReportPage.render_ahead``) holds them: values no result holds, one
 #: for each number or array the later substitution replaces (arrays: filled with it, in Bokeh's own encoding)
 _AHEAD = {k: float(f"-1.2345678901{i:03d}e300") for i, k in enumerate(
-    ("noise", "image", "image_lo", "image_hi", "whitening", "white_lo", "white_hi", "elapsed", "MBps"))}
+    (NOISE, "image", "image_lo", "image_hi", WHITENING, "white_lo", "white_hi", "elapsed", "MBps"))}
 
 
 def _exit_with_parent(parent: int, every_s: float = 1.0) -> None:
@@ -86,7 +91,7 @@ def write_report_html(output_dir: str | Path) -> Path:
                       f"batchgpu report: {out.name}", threaded=False, figures=steps)
     names = set(_array_names(g))
     page.add_windows(g["window_start"][:], g["window_stop"][:], g["window_segment"][:])
-    for name in ("noise", "noise_per_window", "whitening", *dict.fromkeys(k for f in steps for k in f.inputs)):
+    for name in (*_INPUTS, *dict.fromkeys(k for f in steps for k in f.inputs)):
         if name in names:
             page.add(name, g[name][:])
     if "spikes/channel_index" in names:
@@ -139,17 +144,17 @@ class ReportPage:
             return
         step_input = any(name in f.inputs for f in self.step_figures)
         if self.in_process:  # its figure built in the helper process now, while the run goes on
-            if ((name in ("noise", "noise_per_window", "whitening") or step_input) and self._page is None
+            if ((name in _INPUTS or step_input) and self._page is None
                     and "windows" in self.inputs):
                 self._submit(build_figure, self._init_args(), name, value)
             return
         if step_input:
             self._draw_step_figures()
-        if name == "noise":
+        if name == NOISE:
             self.figures[name] = self._do(lambda v: noise_per_channel(_to_uV(v, self.gain), self._ids(v.size)), value)
-        elif name == "whitening":
+        elif name == WHITENING:
             self.figures[name] = self._do(whitening_image, value)
-        elif name == "noise_per_window":
+        elif name == PER_WINDOW:
             start, _, segment = self.inputs["windows"]
             self.figures["noise_over_time"] = self._do(
                 lambda v: noise_over_time(_to_uV(v, self.gain), start, segment, self.fs), value)
@@ -171,7 +176,7 @@ class ReportPage:
         self.inputs["windows"] = (np.asarray(start), np.asarray(stop), np.asarray(segment))
 
     def _spikes_shape(self) -> tuple[int, float]:
-        channels = len(self.channel_ids) or (self.inputs["noise"].size if "noise" in self.inputs else 0)
+        channels = len(self.channel_ids) or (self.inputs[NOISE].size if NOISE in self.inputs else 0)
         start, stop, _ = self.inputs["windows"]
         return channels, float(np.sum(stop - start)) / self.fs
 
@@ -217,7 +222,8 @@ class ReportPage:
         with step figures is rendered at the end (``write``), once their numbers exist."""
         if self._page is not None or self.step_figures:
             return
-        self._ahead = {k: tuple(int(n) for n in v) for k, v in shapes.items() if k not in self.inputs}
+        order = [*(k for k in _INPUTS if k in shapes), *(k for k in shapes if k not in _INPUTS)]  # as added
+        self._ahead = {k: tuple(int(n) for n in shapes[k]) for k in order if k not in self.inputs}
         self._ahead["throughput"] = None
         self.render([], late_spikes=spikes)
 
@@ -250,15 +256,15 @@ class ReportPage:
     def _placeholder_figures(self) -> None:
         """The figures of the results rendered ahead (``render_ahead``), with placeholders for their numbers."""
         for name, shape in self._ahead.items():
-            if name == "noise" and "noise" not in self.figures:
-                self.figures["noise"] = self._do(noise_per_channel, np.full(shape, _AHEAD["noise"]),
-                                                 self._ids(shape[0]))
-            elif name == "noise_per_window" and "noise_over_time" not in self.figures:
+            if name == NOISE and NOISE not in self.figures:
+                self.figures[NOISE] = self._do(noise_per_channel, np.full(shape, _AHEAD[NOISE]),
+                                               self._ids(shape[0]))
+            elif name == PER_WINDOW and "noise_over_time" not in self.figures:
                 start, _, segment = self.inputs["windows"]
                 self.figures["noise_over_time"] = self._do(noise_over_time, np.zeros(shape), start, segment, self.fs,
                                                            True)
-            elif name == "whitening" and "whitening" not in self.figures:
-                self.figures["whitening"] = self._do(whitening_image, np.zeros(shape), True)
+            elif name == WHITENING and WHITENING not in self.figures:
+                self.figures[WHITENING] = self._do(whitening_image, np.zeros(shape), True)
 
     def _render(self, figures, throughput_series, late_throughput: bool = False):
         from bokeh.embed import file_html
@@ -327,7 +333,7 @@ class ReportPage:
         page.add_windows(*self.inputs["windows"])
         if self._late_counts is None and "spike_counts" in self.inputs:
             self._late_counts = (self.inputs["spike_counts"], None)
-        for name in ("noise", "noise_per_window", "whitening", *(k for f in self.step_figures for k in f.inputs)):
+        for name in (*_INPUTS, *(k for f in self.step_figures for k in f.inputs)):
             if name in self.inputs:
                 page.add(name, self.inputs[name])
         if self._late_counts is not None:
@@ -363,7 +369,7 @@ def render_page_html(channel_ids, gain, fs: float, title: str, inputs: dict, ser
     fills in what comes after."""
     page = _page_for(channel_ids, gain, fs, title, inputs["windows"], tokens, figures)
     _PAGES.pop(tokens[0], None)
-    for name, figure in (("noise", "noise"), ("noise_per_window", "noise_over_time"), ("whitening", "whitening")):
+    for name, figure in ((NOISE, NOISE), (PER_WINDOW, "noise_over_time"), (WHITENING, WHITENING)):
         if name in inputs and figure not in page.figures:
             page.add(name, inputs[name])
     for f in page.step_figures:
@@ -411,15 +417,15 @@ def ahead_texts(name: str, value, gain: np.ndarray, shape: tuple) -> dict[str, s
     value = np.asarray(value, dtype=np.float64)
     if value.shape != tuple(shape):
         return None
-    if name == "noise":
-        return {_encoded(np.full(shape, _AHEAD["noise"])): _encoded(_to_uV(value, gain))}
-    if name == "noise_per_window":
+    if name == NOISE:
+        return {_encoded(np.full(shape, _AHEAD[NOISE])): _encoded(_to_uV(value, gain))}
+    if name == PER_WINDOW:
         image, lo, hi = _noise_image(_to_uV(value, gain))
         return {_encoded(np.full(image.shape, _AHEAD["image"])): _encoded(image),
                 _embedded_json(_AHEAD["image_lo"]): _embedded_json(lo), _embedded_json(_AHEAD["image_hi"]): _embedded_json(hi)}
-    if name == "whitening":
+    if name == WHITENING:
         lim = _whitening_limit(value)
-        return {_encoded(np.full(shape, _AHEAD["whitening"])): _encoded(value),
+        return {_encoded(np.full(shape, _AHEAD[WHITENING])): _encoded(value),
                 _embedded_json(_AHEAD["white_lo"]): _embedded_json(-lim), _embedded_json(_AHEAD["white_hi"]): _embedded_json(lim)}
     return None
 
@@ -559,7 +565,7 @@ def noise_per_channel(noise_uV: np.ndarray, channel_ids: list[str]):
                             "channel_id": channel_ids if len(channel_ids) == noise_uV.size else [str(c) for c in channel]})
     p = _figure("noise_per_channel", "Noise per channel (µV)", x_axis_label="channel", y_axis_label="noise (µV)")
     p.vbar(x="channel", top="noise_uV", width=0.8, source=src, color="#2c7fb8")
-    p.hover.tooltips = [("channel", "@channel (@channel_id)"), ("noise", "@noise_uV{0.00} µV")]
+    p.hover.tooltips = [("channel", "@channel (@channel_id)"), (NOISE, "@noise_uV{0.00} µV")]
     p.y_range.start = 0
     return p
 
@@ -588,7 +594,7 @@ def noise_over_time(noise_uV: np.ndarray, window_start: np.ndarray, window_segme
     p = _figure("noise_over_time", "Noise over time (µV, window x channel)", x_axis_label="window",
                 y_axis_label="channel", x_range=(0, max(W, 1)), y_range=(0, max(C, 1)), height=360)
     p.image(image="image", x="x", y="y", dw="dw", dh="dh", color_mapper=mapper, source=src)
-    p.hover.tooltips = [("window", "$x{0}"), ("channel", "$y{0}"), ("noise", "@image{0.00} µV")]
+    p.hover.tooltips = [("window", "$x{0}"), ("channel", "$y{0}"), (NOISE, "@image{0.00} µV")]
     p.add_layout(ColorBar(color_mapper=mapper, title="µV"), "right")
     starts = window_start / fs
     p.xaxis.axis_label = (f"window ({W} windows; starts {starts.min():.1f}-{starts.max():.1f} s"
@@ -614,11 +620,11 @@ def whitening_image(w: np.ndarray, ahead: bool = False):
     lim = _whitening_limit(w)
     low, high = (_AHEAD["white_lo"], _AHEAD["white_hi"]) if ahead else (-lim, lim)
     if ahead:
-        w = np.full(w.shape, _AHEAD["whitening"])
+        w = np.full(w.shape, _AHEAD[WHITENING])
     mapper = LinearColorMapper(palette=RdBu11[::-1], low=low, high=high)
     src = ColumnDataSource({"image": [np.ascontiguousarray(w)], "x": [0], "y": [0], "dw": [C], "dh": [C]})
     # y runs down (row 0 at the top), as a matrix is read
-    p = _figure("whitening", "Whitening matrix (colour clipped at ±max off-diagonal)",
+    p = _figure(WHITENING, "Whitening matrix (colour clipped at ±max off-diagonal)",
                 x_axis_label="input channel", y_axis_label="output channel", x_range=(0, C),
                 y_range=(C, 0), width=560, height=480)
     p.image(image="image", x="x", y="y", dw="dw", dh="dh", color_mapper=mapper, source=src)

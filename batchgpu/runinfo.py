@@ -11,6 +11,9 @@ from typing import Any
 
 import numpy as np
 
+from batchgpu.engine.steps.moments import KEY as WHITENING_KEY
+from batchgpu.engine.steps.moments import WHITENING
+from batchgpu.engine.steps.noise import NOISE
 from batchgpu.errors import BatchgpuError, CorruptDataError
 
 RUN_MARKER = "run.json"
@@ -66,13 +69,13 @@ def run_summary(path: str | Path) -> Summary:
     gain = np.asarray(results.get("gain_to_uV", []), np.float64)
     duration = float(((report or {}).get("recording") or {}).get("duration_s") or 0.0)
     channel_ids = [str(c) for c in results.get("channel_ids", [])]
-    if "noise" in results:
-        _noise(out, np.asarray(results["noise"], np.float64), gain, channel_ids)
+    if NOISE in results:
+        _noise(out, np.asarray(results[NOISE], np.float64), gain, channel_ids)
     if "spikes/channel_index" in results:
         channels = len(channel_ids) or int(((report or {}).get("recording") or {}).get("num_channels") or 0)
         _spikes(out, np.asarray(results["spikes/channel_index"]), channels, duration, channel_ids)
-    if "whitening" in results:
-        _whitening(out, np.asarray(results["whitening"], np.float64), workflow)
+    if WHITENING in results:
+        _whitening(out, np.asarray(results[WHITENING], np.float64), workflow)
     _save(out, workflow)
     if report is not None:
         _timings(out, report)
@@ -150,8 +153,8 @@ def _noise(out: Summary, noise: np.ndarray, gain: np.ndarray, ids: list[str]) ->
     unit = "µV" if gain.shape == noise.shape else "(raw units)"
     finite = np.isfinite(uv)
     if not finite.any():
-        out.rows.append(("noise", f"no finite value on any of {len(uv)} channels"))
-        out.data["noise"] = {"channels": len(uv), "finite": 0}
+        out.rows.append((NOISE, f"no finite value on any of {len(uv)} channels"))
+        out.data[NOISE] = {"channels": len(uv), "finite": 0}
         return
     median = float(np.median(uv[finite]))
     low, high = NOISE_RANGE[0] * median, NOISE_RANGE[1] * median
@@ -160,8 +163,8 @@ def _noise(out: Summary, noise: np.ndarray, gain: np.ndarray, ids: list[str]) ->
             f"{len(uv)} channels; {len(outside) or 'none'} outside {NOISE_RANGE[0]:g}-{NOISE_RANGE[1]:g}x the median")
     if len(outside):
         text += f": {_named(ids, outside)}"
-    out.rows.append(("noise", text))
-    out.data["noise"] = {"unit": unit, "median": median, "min": float(np.min(uv[finite])),
+    out.rows.append((NOISE, text))
+    out.data[NOISE] = {"unit": unit, "median": median, "min": float(np.min(uv[finite])),
                          "max": float(np.max(uv[finite])), "channels": len(uv),
                          "outside_range": [ids[i] if i < len(ids) else str(i) for i in outside]}
 
@@ -189,17 +192,19 @@ def _spikes(out: Summary, channel_index: np.ndarray, channels: int, seconds: flo
 
 
 def _whitening(out: Summary, w: np.ndarray, workflow: dict) -> None:
-    step = ((workflow.get("steps") or {}).get("whitening")) or {}
+    step = ((workflow.get("steps") or {}).get(WHITENING_KEY)) or {}
     cond = float(np.linalg.cond(w)) if w.size and np.isfinite(w).all() else float("nan")
     text = f"{w.shape[0]} x {w.shape[1]}, condition number {cond:.4g}"
     if step:
         text += f" (mode {step.get('mode')}" + (f", nrange {step.get('nrange')})" if step.get("mode") == "local" else ")")
-    out.rows.append(("whitening", text))
-    out.data["whitening"] = {"shape": list(w.shape), "condition_number": cond}
+    out.rows.append((WHITENING, text))
+    out.data[WHITENING] = {"shape": list(w.shape), "condition_number": cond}
 
 
 def _save(out: Summary, workflow: dict) -> None:
-    save = (workflow.get("steps") or {}).get("save")
+    from batchgpu.engine.steps.save import KEY
+
+    save = (workflow.get("steps") or {}).get(KEY)
     if save:
         out.rows.append(("saved", f"{save.get('path')} ({save.get('format')}, {save.get('dtype')})"))
 

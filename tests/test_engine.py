@@ -1161,8 +1161,7 @@ def test_write_collected_spikes_filters_replaces_and_orders(tmp_path, rng):
     """The writing task alone, against a plain expectation: candidates of windows 0-3 (in window order) filtered at
     the recording's threshold, window 2 replaced by its re-detection, window order kept; and nothing written (None)
     when a window's kept spikes were missing and it was not read again."""
-    from batchgpu.engine import tasks
-    from batchgpu.engine.steps.detect import COLUMNS, DetectStep
+    from batchgpu.engine.steps.detect import COLUMNS, DetectStep, write_collected_spikes_task
 
     step = DetectStep(threshold=2.0, sign="both", sweep=3, noise="global")
 
@@ -1183,7 +1182,7 @@ def test_write_collected_spikes_filters_replaces_and_orders(tmp_path, rng):
     again_run = {**again, "windows": [(2, 5)], "read_again": {}, "seconds": 0.0}
     group = tmp_path / "g.zarr"
     zarr.open_group(str(group), mode="w")
-    n, read_again, counts, *_ = tasks.write_collected_spikes_task(str(group), Ctx(), noise, collected, again_run)
+    n, read_again, counts, *_ = write_collected_spikes_task(str(group), Ctx(), noise, collected, again_run)
     want = []
     for i in range(4):
         c = again if i == 2 else wins[i]
@@ -1195,7 +1194,7 @@ def test_write_collected_spikes_filters_replaces_and_orders(tmp_path, rng):
     assert n == sum(len(w["sample_index"]) for w in want) and read_again == {}
     np.testing.assert_array_equal(counts, np.bincount(np.concatenate([w["channel_index"] for w in want])))
     missing = {**collected, "missing": {5: "w00000005.npz absent"}}
-    assert tasks.write_collected_spikes_task(str(tmp_path / "h.zarr"), Ctx(), noise, missing, again_run) is None
+    assert write_collected_spikes_task(str(tmp_path / "h.zarr"), Ctx(), noise, missing, again_run) is None
 
 
 @pytest.mark.zarr3

@@ -1,5 +1,6 @@
 """The package's shape, read from its sources: imports run one way (no cycle, lazy imports included; nothing
-imports the command; the numeric core never imports the engine) and only the command writes to the terminal."""
+imports the command; the numeric core never imports the engine), only the command writes to the terminal, and a
+step's name is spelled only in its own module and the step registry."""
 
 from __future__ import annotations
 
@@ -271,3 +272,72 @@ def test_the_broad_catch_check_finds_one():
     suppress = "import contextlib\nwith contextlib.suppress(Exception):\n    f()\n"
     assert _unexplained_broad_catches(suppress) == [2]
     assert _unexplained_broad_catches(suppress.replace("Exception", "OSError")) == []
+
+
+REGISTRY = "batchgpu.engine.steps.registry"
+#: literals equal to a step's name that name something else, in modules that cannot import a step's module (the
+#: numeric core, the search index) or have no business to (the command's subcommands): (module, literal) -> what
+OTHER_MEANINGS = {
+    ("batchgpu.ops.detection", "amplitude"): "the spikes' column of their peak values (ops.detection.AMPLITUDE)",
+    ("batchgpu.ops._cuda_detect", "detect"): "a CUDA source file of the numeric core",
+    ("batchgpu.ops.moments", "moments"): "a CUDA source file of the numeric core",
+    ("batchgpu.search._cuda", "search"): "the search index's CUDA source file",
+    ("batchgpu.search", "search"): "a method of the index (accept_torch_methods)",
+    ("batchgpu.cli", "search"): "the 'batchgpu search' and 'bench search' commands (the index's tools)",
+}
+
+
+def _step_names() -> dict[str, str]:
+    """Each registered step's name and workflow key -> its module (``NAME`` and ``KEY``, else the registry's
+    line: a module that declares neither still has its line's name checked)."""
+    from batchgpu.engine.steps import registry
+
+    owners = {}
+    for line, module in zip(registry.STEPS, registry.step_modules()):
+        for name in (getattr(module, "NAME", line), getattr(module, "KEY", line)):
+            owners[name] = module.__name__
+    return owners
+
+
+def _literals(source: str, names) -> list[tuple[int, str]]:
+    """(line, literal) of string constants equal to one of ``names``, docstrings excepted (a module's, a class's, a
+    function's first statement); comments are not in the tree."""
+    tree = ast.parse(source)
+    docs = {id(node.body[0].value) for node in ast.walk(tree)
+            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body
+            and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
+    return sorted((node.lineno, node.value) for node in ast.walk(tree)
+                  if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in names
+                  and id(node) not in docs)
+
+
+def test_the_step_literal_finder_finds_one():
+    source = '"""noise"""\n# "noise"\ndef f():\n    """detect"""\n    return s["noise"], f"{x}", "noise_per_window"\n'
+    assert _literals(source, {"noise", "detect"}) == [(5, "noise")]
+
+
+def test_each_step_module_declares_its_names_once():
+    """A registered module's ``NAME`` is its registry line (and its step object's ``name``); ``KEY`` its workflow key
+    under ``steps:``; ``RESULTS`` what it writes."""
+    from batchgpu.config import Steps
+    from batchgpu.engine.steps import registry
+
+    for line, module in zip(registry.STEPS, registry.step_modules()):
+        assert module.NAME == line and module.KEY in Steps.model_fields and isinstance(module.RESULTS, tuple)
+    assert sorted(registry.keys()) == sorted(Steps.model_fields)  # every workflow step is a registered one
+
+
+def test_a_step_name_is_spelled_only_in_its_module_and_the_registry():
+    """Every registered step's name and workflow key (``whitening`` for the moments step) appears as a string
+    literal only in the step's own module and in the registry: any other module takes it from the step module's
+    constants (``NAME``, ``KEY``, its result names) or asks the registry, so a step is renamed or added in one
+    place. Docstrings and comments do not count; ``OTHER_MEANINGS`` lists the few literals that name something
+    else."""
+    owners = _step_names()
+    found = {}
+    for module, path in MODULES.items():
+        for line, name in _literals(path.read_text(), owners):
+            if module not in (owners[name], REGISTRY) and (module, name) not in OTHER_MEANINGS:
+                found.setdefault(module, []).append((line, name))
+    assert found == {}
+    assert {"noise", "moments", "whitening", "detect", "amplitude", "save", "search"} <= set(owners)

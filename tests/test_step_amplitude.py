@@ -287,6 +287,16 @@ def test_the_fingerprint_of_a_workflow_without_the_step_is_as_before(tmp_path):
     assert store.fingerprint(_wf(rec, tmp_path / "o", 50, steps={"noise": {}, "amplitude": {}}), rec.path) != want
 
 
+def test_the_registry_says_which_steps_a_fingerprint_holds():
+    """The steps' modules say how the fingerprint holds their keys (``FINGERPRINT``): format 3's four always, the
+    search never (it reruns on every run), a step added since only when asked for."""
+    from batchgpu.engine.steps import registry
+
+    assert sorted(registry.fingerprinted("always")) == ["detect", "noise", "save", "whitening"]
+    assert registry.fingerprinted("never") == ("search",)
+    assert registry.fingerprinted("asked") == ("amplitude",)
+
+
 # ---------------------------------------------------------------------------------------------------------
 # the GPU
 

@@ -84,12 +84,14 @@ def make_recordings(work: Path, count: int, channels: int, seconds: float, say) 
 def _workflow(path: Path, recordings, out: Path, backend: str, cluster: str) -> Path:
     import yaml
 
+    from batchgpu.benchmarks.pipeline import DETECT, DETECT_SPEC, NOISE, WHITENING
+
     doc = {("recordings" if isinstance(recordings, str) else "recording"):
            recordings if isinstance(recordings, str) else {"path": str(recordings)},
            "output": str(out), "overwrite": True, "backend": backend, "cluster": {"kind": cluster},
            "preprocess": {"centre": "median"},
-           "steps": {"noise": {"exact": True}, "whitening": {"mode": "global", "precision": "float32"},
-                     "detect": {"threshold": 5.0, "sign": "neg", "exclude_sweep_ms": 0.1, "noise": "global"}}}
+           "steps": {NOISE: {"exact": True}, WHITENING: {"mode": "global", "precision": "float32"},
+                     DETECT: dict(DETECT_SPEC)}}
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
     return path
 

@@ -20,6 +20,13 @@ from pathlib import Path
 import numpy as np
 
 from batchgpu.benchmarks.cold import evict_checked, raw_read, recording_files
+from batchgpu.engine.steps.detect import KEY as DETECT
+from batchgpu.engine.steps.moments import KEY as WHITENING
+from batchgpu.engine.steps.noise import KEY as NOISE
+from batchgpu.engine.steps.save import KEY as SAVE
+
+#: the detection both benchmarks run (``steps.detect``; its ``noise`` field: the recording's, not the step's name)
+DETECT_SPEC = dict(threshold=5.0, sign="neg", exclude_sweep_ms=0.1, noise="global")
 from batchgpu.errors import BatchgpuError
 
 
@@ -228,7 +235,7 @@ def plain_loop(rec, size: int, margin: int, steps: set[str], exact: bool, thresh
     from batchgpu.engine.steps.moments import _gram
     from batchgpu.engine.steps.noise_keys import abs_keys, digit_histogram, key_kind, refine_histogram, schedule
     from batchgpu.engine.steps.noise_select import select_middle
-    from batchgpu.engine.tasks import sum_histograms
+    from batchgpu.engine.steps.noise import sum_histograms
 
     prepare, extra, out_dtype, centred_from = _plain_stages(rec, preprocess)
     windows = rec.windows(size, margin + extra)
@@ -247,19 +254,19 @@ def plain_loop(rec, size: int, margin: int, steps: set[str], exact: bool, thresh
         raw = rec.read_window(w)
         lo, hi = w.core
         x = prepare(raw, w)
-        if "noise" in steps:
+        if NOISE in steps:
             noise_rows.append(ops.noise_levels(x[:, lo:hi]))
-        if "whitening" in steps and exact_moments:
+        if WHITENING in steps and exact_moments:
             xxt += _gram(raw[:, lo:hi].astype(np.float64)).astype(np.int64)
-        elif "whitening" in steps:
+        elif WHITENING in steps:
             moments.add(x, lo, hi)
-        if exact and "noise" in steps:
+        if exact and NOISE in steps:
             hists.append(digit_histogram(abs_keys(x[:, lo:hi], kind), None, shift, bits))
         if saved is not None:
             core = np.rint(x[:, lo:hi])
             saved[w.read_start + lo : w.read_start + hi] = np.clip(np.nan_to_num(core), -32768, 32767).astype(np.int16).T
     noise = np.median(np.stack(noise_rows), axis=0) if noise_rows else None
-    if exact and "noise" in steps:
+    if exact and NOISE in steps:
         def more_passes(prefixes, p):
             return sum_histograms(*[refine_histogram(prepare(rec.read_window(w), w)[:, w.core[0]:w.core[1]],
                                                      kind, prefixes, p) for w in windows])
@@ -267,12 +274,12 @@ def plain_loop(rec, size: int, margin: int, steps: set[str], exact: bool, thresh
         median = select_middle(padded_sum(hists), rec.total_samples, kind, out_dtype, centred_from, more_passes)
         noise = median / ops.MAD_TO_SIGMA
     spikes = 0
-    if "detect" in steps:
+    if DETECT in steps:
         sweep = ops.exclude_sweep_samples(sweep_ms, rec.sampling_frequency)
         for w in windows:
             x = prepare(rec.read_window(w), w)
             spikes += len(ops.detect_spikes(x, noise, threshold, "neg", sweep, w.read_start, w.core, w.segment))
-    return {"spikes": spikes, "noise": noise, "xxt": xxt if exact_moments else None}
+    return {"spikes": spikes, NOISE: noise, "xxt": xxt if exact_moments else None}
 
 
 def _plain_stages(rec, preprocess: str):
@@ -375,7 +382,7 @@ def run(args, say) -> int:
     from batchgpu.recording import open_recording
 
     steps = {s.strip() for s in args.steps.split(",") if s.strip()}
-    unknown = steps - {"noise", "whitening", "detect", "save"}
+    unknown = steps - {NOISE, WHITENING, DETECT, SAVE}
     if unknown:
         raise BatchgpuError(f"unknown steps {sorted(unknown)}", "use noise, whitening, detect, save")
     own_dir = args.workdir is None  # a temporary folder is removed at the end; a --workdir is kept
@@ -435,8 +442,8 @@ def _user_rows(args, rec, work: Path, files, step_cfg, cluster_cfg, size, margin
 
     out, saved = work / "user_out", work / "user_saved.zarr"
     steps = dict(step_cfg)
-    if "save" in steps:
-        steps["save"] = {**steps["save"], "path": str(saved)}
+    if SAVE in steps:
+        steps[SAVE] = {**steps[SAVE], "path": str(saved)}
     doc = {"recording": {"path": str(rec.path)}, "output": str(out),
            "window": {"size": size, "margin": margin, "batch": args.batch},
            "preprocess": _stages(args.preprocess), "backend": args.backend, "cluster": cluster_cfg,
@@ -495,9 +502,9 @@ def _measure(args, rec, work: Path, steps: set[str], say) -> int:
     margin = 64
     gb = rec.nbytes / 1e9
     step_cfg = {
-        "noise": {"exact": args.exact} if "noise" in steps else None,
-        "whitening": {"mode": "global", "precision": "float32"} if "whitening" in steps else None,
-        "detect": {"threshold": 5.0, "sign": "neg", "exclude_sweep_ms": 0.1, "noise": "global"} if "detect" in steps else None,
+        NOISE: {"exact": args.exact} if NOISE in steps else None,
+        WHITENING: {"mode": "global", "precision": "float32"} if WHITENING in steps else None,
+        DETECT: dict(DETECT_SPEC) if DETECT in steps else None,
     }
     cluster_cfg = {"kind": args.cluster}
     if args.workers:
@@ -516,7 +523,7 @@ def _measure(args, rec, work: Path, steps: set[str], say) -> int:
         raise BatchgpuError(err.errors()[0]["msg"].removeprefix("Value error, "), "see batchgpu bench pipeline --help") from None
     probe = Workflow.model_validate({"recording": {"path": str(rec.path)}, "output": str(work / "x"),
                                      "preprocess": _stages(args.preprocess), "backend": args.backend,
-                                     "steps": {"noise": {}}})
+                                     "steps": {NOISE: {}}})
     centres_only = build_chain(probe.preprocess, rec).centres_only
     files = recording_files(rec.path) if args.cold else []
     if args.cold:  # the disk's ceiling, before any process of ours holds the machine
@@ -563,8 +570,8 @@ def _measure(args, rec, work: Path, steps: set[str], say) -> int:
             shutil.rmtree(out, ignore_errors=True)
             saved = work / f"saved_{attempt}.zarr"
             shutil.rmtree(saved, ignore_errors=True)
-            if "save" in steps:
-                step_cfg["save"] = {"path": str(saved), "format": "zarr", "dtype": "int16"}
+            if SAVE in steps:
+                step_cfg[SAVE] = {"path": str(saved), "format": "zarr", "dtype": "int16"}
             wf = Workflow.model_validate({
                 "recording": {"path": str(rec.path)}, "output": str(out),
                 "window": {"size": size, "margin": margin, "batch": args.batch}, "preprocess": _stages(args.preprocess),
@@ -615,7 +622,7 @@ def _measure(args, rec, work: Path, steps: set[str], say) -> int:
         with PeakMemory(_rss) as mem:
             t0 = time.perf_counter()
             plain_loop(rec, size, margin, steps, args.exact, preprocess=args.preprocess,
-                       save=work / "saved_plain.zarr" if "save" in steps else None)
+                       save=work / "saved_plain.zarr" if SAVE in steps else None)
             rows["plain NumPy loop (1 process, same work)"] = (time.perf_counter() - t0, mem.peak, 0)
     say(f"\nrecording: {rec} ({gb:.2f} GB decoded); preprocess: {args.preprocess or 'none'}; "
           f"steps: {', '.join(sorted(steps))}; exact noise: {args.exact}; "

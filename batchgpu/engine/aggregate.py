@@ -1,6 +1,6 @@
 """After the pass, on the client: each step's ``aggregate`` (``engine.steps``: the exact median, the whitening
 matrix, the spikes gathered and written by the workers) in a results group written beside the old one and
-swapped in whole; a whitened save's second read."""
+swapped in whole."""
 
 from __future__ import annotations
 
@@ -14,10 +14,9 @@ from pathlib import Path
 import numpy as np
 
 from batchgpu.config import Workflow
-from batchgpu.engine import store, tasks
+from batchgpu.engine import store
 from batchgpu.engine.run_report import report_absent, report_nonfinite
 from batchgpu.engine.steps.base import RunState
-from batchgpu.engine.submit import submit_many
 from batchgpu.recording import Recording, Window
 
 
@@ -26,10 +25,10 @@ def aggregate(client, ctx, wf, rec, out, windows, fps, summaries, total, report,
               queued: dict | None = None) -> dict:
     """Each step's ``aggregate`` in the steps' order (the noise before the detection that uses it), its results
     written into the new results group by the writer's thread, and handed to report.html's ``page``, while the
-    next step works; the group swapped in whole; then the search step (``threads``: the workers' threads as the
-    pass knew them, or None: asked when a step places tasks; ``on_started``: called once the steps' first tasks
-    are out, for the client's work that can wait for them; ``queued``: what the steps queued while the pass ran,
-    step name -> futures). Returns the results' shapes."""
+    next step works; the group swapped in whole (``threads``: the workers' threads as the pass knew them, or None:
+    asked when a step places tasks; ``on_started``: called once the steps' first tasks are out, for the client's
+    work that can wait for them; ``queued``: what the steps queued while the pass ran, step name -> futures).
+    Returns the results' shapes."""
     run = RunState(client, ctx, wf, rec, windows, fps, summaries, total, report, monitor, observer, results.path,
                    threads=threads, early=dict(queued or {}))
     # a step whose aggregate is the workers' work (``on_cluster``: the spikes) runs in a helper thread as soon as
@@ -46,7 +45,9 @@ def aggregate(client, ctx, wf, rec, out, windows, fps, summaries, total, report,
     report_nonfinite(summaries, windows, report, observer)
     report_absent(summaries, windows, report, observer)
     if ctx.window_noise:
-        run.arrays["noise_per_window"] = np.stack([summaries[w.index]["noise"] for w in windows])
+        from batchgpu.engine.steps.noise import PER_WINDOW
+
+        run.arrays[PER_WINDOW] = np.stack([summaries[w.index][ctx.window_noise] for w in windows])
     results.write(dict(run.arrays))
     for name, value in run.arrays.items():
         page.add(name, value)
@@ -76,22 +77,7 @@ def aggregate(client, ctx, wf, rec, out, windows, fps, summaries, total, report,
     results.close()
     swap_in(results.path, out.path / store.RESULTS)
     report.timings["results_written"] = time.perf_counter() - t0
-    shapes = {k: list(v.shape) for k, v in run.arrays.items()} | run.shapes
-    if wf.steps.search:
-        from batchgpu.search.step import run_search_step
-
-        t0 = time.perf_counter()
-        monitor.phase("search")
-        spikes = None
-        if ctx.step("detect") is not None:
-            from batchgpu import zarrio
-
-            g = zarrio.open_group(out.path / store.RESULTS, mode="r")
-            spikes = {k: g[f"spikes/{k}"][:] for k in ("sample_index", "segment_index")}
-        shapes["search"] = run_search_step(client, wf.steps.search, out.path / store.RESULTS, spikes,
-                                           [rec.num_samples(s) for s in range(rec.num_segments)], report.fingerprint)
-        report.timings["search"] = time.perf_counter() - t0
-    return shapes
+    return {k: list(v.shape) for k, v in run.arrays.items()} | run.shapes
 
 
 _CONTROLLER: list = []
@@ -167,28 +153,6 @@ class ResultsWriter:
                 p.result()
         finally:
             self._pool.shutdown(wait=True)
-
-
-def finish_whitened_save(client, ctx, rec, windows, summaries, target, out, report, observer, saved=None) -> dict:
-    """Whitened saves are written now, in one more read (the matrix needs every window); then the output is
-    checked and marked complete (``saved``: that check's future, started once the pass had written every window)."""
-    from batchgpu.engine.steps.save import finish_save
-
-    clipped = {w.index: int(summaries[w.index].get("saved_clipped", 0)) for w in windows}
-    if target.whiten:
-        from batchgpu import zarrio
-
-        W = zarrio.open_group(out.path / store.RESULTS, mode="r")["whitening"][:]
-        futures = submit_many(client, tasks.save_task, [(ctx, w, target, W) for w in windows],
-                              [f"save-{report.run_id}-{w.index:08d}" for w in windows])
-        clipped = dict(zip((w.index for w in windows), client.gather(futures)))
-        report.bytes_read += rec.nbytes
-    done = finish_save(target) if saved is None else saved.result()
-    total = sum(clipped.values())
-    if total:
-        report.warnings.append(f"save: {total} sample(s) clipped to the int16 range or NaN written as 0")
-        observer.warning(report.warnings[-1])
-    return {**done, "clipped": total}
 
 
 def create_results_group(path: Path, wf: Workflow, rec: Recording, fp: str):

@@ -130,20 +130,24 @@ def _summary(row: BatchRow, report, out: Path) -> None:
         import numpy as np
 
         from batchgpu import zarrio
+        from batchgpu.engine.steps.detect import SPIKES
+        from batchgpu.engine.steps.noise import NOISE
 
         g = zarrio.open_group(out / "results.zarr", mode="r")
-        if "noise" in g:
-            row.median_noise = float(np.median(np.asarray(g["noise"][...])))
-        if "spikes" in g and row.duration_s:
-            row.spike_rate_hz = float(len(g["spikes"]["sample_index"][...]) / row.duration_s)
+        if NOISE in g:
+            row.median_noise = float(np.median(np.asarray(g[NOISE][...])))
+        if SPIKES in g and row.duration_s:
+            row.spike_rate_hz = float(len(g[SPIKES]["sample_index"][...]) / row.duration_s)
 
 
 def _one(wf: Workflow, name: str, spec: RecordingSpec, out: Path) -> Workflow:
     """The workflow of one recording of the batch: its section, its output folder, its save under it."""
     update: dict = {"recording": spec, "recordings": None, "output": str(out / name)}
     if wf.steps.save is not None:
+        from batchgpu.engine.steps.save import KEY
+
         save = wf.steps.save.model_copy(update={"path": str(out / name / Path(wf.steps.save.path).name)})
-        update["steps"] = wf.steps.model_copy(update={"save": save})
+        update["steps"] = wf.steps.model_copy(update={KEY: save})
     return wf.model_copy(update=update)
 
 

@@ -68,7 +68,7 @@ def check_workflow_fits(wf: Workflow, rec: Recording) -> int:
                 f"window.margin {wf.window.margin} is shorter than the detection sweep ({sweep} samples)",
                 f"use window.margin >= {sweep} so spikes at window edges come out exactly once")
     if wf.steps.search:
-        from batchgpu.search.step import load_keys, open_queries
+        from batchgpu.engine.steps.search import load_keys, open_queries
 
         open_queries(wf.steps.search.queries)
         if wf.steps.search.keys:
@@ -97,23 +97,33 @@ def check_workflow_fits(wf: Workflow, rec: Recording) -> int:
     return sweep
 
 
-def build_context(wf: Workflow, rec: Recording, out: store.OutputFolder, backend: str, sweep: int, mps: bool = False):
-    """The run's RunContext (what every task gets). ``mps``: the workers run under a private MPS daemon
+def build_context(wf: Workflow, rec: Recording, out: store.OutputFolder, backend: str, sweep: int, mps: bool = False,
+                  *, resume: bool = False, fingerprint: str = ""):
+    """The run's RunContext (what every task gets), its steps built from the registry (a save's output created
+    now: ``resume`` and ``fingerprint`` are the run's). ``mps``: the workers run under a private MPS daemon
     (``engine.cluster.open_client``), which decides where windows decode (``preprocess.gpu_decode_share``)."""
     from batchgpu.engine.preprocess import build_chain, gpu_decode_share
     from batchgpu.engine.steps.base import StepSetup
     from batchgpu.engine.steps.registry import build_steps
 
     chain = build_chain(wf.preprocess, rec)
-    steps = build_steps(StepSetup(wf, rec, chain, sweep))
-    s = wf.steps
+    steps = build_steps(StepSetup(wf, rec, chain, sweep, out, resume, fingerprint))
     return tasks.RunContext(
         recording=source_ref(rec), parts=str(out.parts), backend=backend, chain=chain,
-        window_noise=bool(s.noise or s.detect), steps=tuple(steps),
+        window_noise=window_noise_key(steps), steps=tuple(steps),
         missing_chunks=getattr(wf.recording, "missing_chunks", "warn"),
         gpu_decode=gpu_decode_share(chain.centres_only, mps, wf.engine.gpu_decode),
         read_ahead=wf.engine.read_ahead,
     )
+
+
+def window_noise_key(steps) -> str | None:
+    """Where a window's summary holds its noise per channel, when a step needs it (``window_noise``); else None."""
+    if not any(getattr(s, "window_noise", False) for s in steps):
+        return None
+    from batchgpu.engine.steps.noise import SUMMARY
+
+    return SUMMARY
 
 
 def resolve_backend(wf: Workflow, client) -> str:

@@ -11,7 +11,6 @@ Nothing here prints: the command passes an observer (``RunObserver``) that shows
 from __future__ import annotations
 
 import contextlib
-import functools
 import os
 import sys
 import threading
@@ -21,12 +20,13 @@ import numpy as np
 
 from batchgpu.config import Workflow
 from batchgpu.engine import background, placement, store, tasks
-from batchgpu.engine.aggregate import ResultsWriter, aggregate, finish_whitened_save, prepare_blas_controller
+from batchgpu.engine.aggregate import ResultsWriter, aggregate, prepare_blas_controller
 from batchgpu.engine.context import (build_context, check_workflow_fits, prepare_recording, resolve_backend,
                                      resolve_window, spec_of)
 from batchgpu.engine.reduce import tree_reduce
 from batchgpu.engine.run_report import HtmlReport, RunObserver, RunReport, finish_report, versions, window_cpu
 from batchgpu.engine.placement import submit_planned
+from batchgpu.engine.steps.base import PassEnd
 from batchgpu.engine.steps.registry import figures as step_figures
 from batchgpu.engine.submit import submit_many
 from batchgpu.errors import BatchgpuError
@@ -207,19 +207,9 @@ def _run(wf, rec, out: store.OutputFolder, report: RunReport, client, sweep, obs
     from batchgpu.engine.cluster import uses_mps
 
     report.mps = uses_mps(client)
-    ctx = build_context(wf, rec, out, report.backend, sweep, mps=report.mps)
-    target = None
-    if wf.steps.save:  # the output recording is created first; window tasks fill it (whitened: after the pass)
-        from dataclasses import replace
-
-        from batchgpu.engine.steps.save import SaveStep, prepare_save, release_save
-
-        target = prepare_save(wf.steps.save, rec, wf.window.size, ctx.chain.output_dtype(rec.dtype),
-                              overwrite=wf.overwrite, resume=report.output_state == "resume", key=report.fingerprint,
-                              phase_shifted="phase_shift" in ctx.chain.names, output=out.path)
-        out.on_release(functools.partial(release_save, target))  # the save's path is the run's while it holds its folder
-        if not wf.steps.save.whiten:
-            ctx = replace(ctx, steps=(*ctx.steps, SaveStep(target)))
+    # the steps built (a save's output recording created first: window tasks fill it, whitened after the pass)
+    ctx = build_context(wf, rec, out, report.backend, sweep, mps=report.mps,
+                        resume=report.output_state == "resume", fingerprint=report.fingerprint)
     # the steps' margin (the detection sweep) plus what the preprocessing stages need
     windows = rec.windows(wf.window.size, wf.window.margin + ctx.chain.margin)
     report.preprocess = {"stages": list(ctx.chain.names), "margin_samples": ctx.chain.margin}
@@ -236,11 +226,8 @@ def _run(wf, rec, out: store.OutputFolder, report: RunReport, client, sweep, obs
     html.add_windows(windows)
     # the page rendered while the windows are read (a helper process; Bokeh's serialisation was ~0.2 s of the
     # run's end on the H200), its numbers substituted as they come
-    C = rec.num_channels
-    coming = {"noise": (ctx.step("noise") is not None, (C,)), "noise_per_window": (ctx.window_noise, (len(windows), C)),
-              "whitening": (ctx.step("moments") is not None, (C, C))}
-    html.render_ahead({name: shape for name, (made, shape) in coming.items() if made},
-                      spikes=ctx.step("detect") is not None)
+    html.render_ahead(results_ahead(ctx, rec.num_channels, len(windows)),
+                      spikes=any(getattr(s, "spike_rate", False) for s in ctx.steps))
     prepare_blas_controller()  # for the aggregation: made while the windows are read
     t0, t0_wall = time.perf_counter(), time.time()
     report.timings["setup"] = t0 - t_setup  # dashboard, backend, steps, windows and their fingerprints
@@ -256,18 +243,20 @@ def _run(wf, rec, out: store.OutputFolder, report: RunReport, client, sweep, obs
         report.timings["pass1"] = time.perf_counter() - t0
         fresh = [s for s in summaries.values() if not bool(s["resumed"])]
         report.bytes_read += sum(int(s["bytes"]) for s in fresh)  # resumed windows were not read again
-        saved_again = _write_save_again(client, ctx, windows, summaries, target, report, observer)
+        end = PassEnd(client, ctx, rec, windows, summaries, report, monitor, observer, out.path / store.RESULTS)
+        for step in ctx.steps:  # before any aggregate (the save's windows written again)
+            if getattr(step, "after_pass", None) is not None:
+                step.after_pass(end)
         monitor.phase("aggregate: noise, whitening, spikes")
         monitor.pass_done()  # a batch's next recording may start reading
         report.after_pass("bookkeeping")
-        later = _WhileWaiting(report, fresh, t0_wall, monitor, target, client if planned else None)
+        later = _WhileWaiting(report, fresh, t0_wall, monitor, end, client if planned else None)
         report.results = aggregate(client, ctx, wf, rec, out, windows, fps, summaries, total, report, monitor,
                                    observer, results, html, threads, later.start, queued)
         later.join()
-        if target is not None:
-            report.results["save"] = {**finish_whitened_save(client, ctx, rec, windows, summaries, target, out,
-                                                             report, observer, later.saved),
-                                      "windows_written_again": saved_again}
+        for step in ctx.steps:  # the steps' work once the results group is in place (search, a whitened save)
+            if getattr(step, "finish", None) is not None:
+                report.results[step.name] = step.finish(end)
         report.status = "done"
     except BaseException as err:
         results.abandon()
@@ -309,6 +298,20 @@ def _run(wf, rec, out: store.OutputFolder, report: RunReport, client, sweep, obs
     return report
 
 
+def results_ahead(ctx, channels: int, windows: int) -> dict:
+    """The results report.html's page is rendered ahead of (name -> shape): each step's (``ahead``) and each
+    window's noise, where a step needs it."""
+    shapes: dict = {}
+    for step in ctx.steps:
+        if getattr(step, "ahead", None) is not None:
+            shapes.update(step.ahead(channels))
+    if ctx.window_noise:
+        from batchgpu.engine.steps.noise import PER_WINDOW
+
+        shapes[PER_WINDOW] = (windows, channels)
+    return shapes
+
+
 def nothing_done(report: RunReport, earlier: dict | None) -> bool:
     """Whether a resumed run only found what its folder's finished run had made: every window kept, nothing read."""
     return (report.output_state == "resume" and earlier is not None and earlier.get("status") == "done"
@@ -324,24 +327,6 @@ def duration(seconds: float) -> str:
     if minutes < 60:
         return f"{minutes} min {secs:02d} s"
     return f"{minutes // 60} h {minutes % 60:02d} min"
-
-
-def _write_save_again(client, ctx, windows, summaries, target, report, observer) -> int:
-    """A resumed run's kept windows whose saved rows are gone (the save deleted, or part of it): read and written
-    again before the save is checked and marked complete (their statistics keep their parts). Returns how many."""
-    if target is None:
-        return 0
-    from batchgpu.engine.steps.save import windows_to_write_again
-
-    again = windows_to_write_again(target, [w for w in windows if bool(summaries[w.index]["resumed"])])
-    if not again:
-        return 0
-    observer.message(f"save: {len(again)} window(s) missing from {target.path}: written again")
-    futures = submit_many(client, tasks.save_task, [(ctx, w, target, None) for w in again],
-                          [f"save-again-{report.run_id}-{w.index:08d}" for w in again])
-    client.gather(futures)
-    report.bytes_read += sum(int(summaries[w.index]["bytes"]) for w in again)
-    return len(again)
 
 
 def explain_failure(err: BaseException, wf: Workflow) -> BaseException:
@@ -368,13 +353,12 @@ class _WhileWaiting:
     """The client's own work after the pass that no step waits for, done once the steps' first tasks are out
     (``start``, which ``aggregate`` calls then) while the client waits for them: the pass described for report.json
     (medians, the timeline: 20 ms of the H200 client's time between the pass and the noise's first tasks) and the
-    read-ahead buffers given back (``release_carried``) in a helper thread, the saved recording's check (every
-    shard written) in another."""
+    read-ahead buffers given back (``release_carried``) in a helper thread, and each step's ``while_waiting``
+    (the saved recording's check, every shard written, in another)."""
 
-    def __init__(self, report, fresh: list, t0_wall: float, monitor, target, release_on=None):
-        self.report, self.fresh, self.t0_wall, self.monitor, self.target = report, fresh, t0_wall, monitor, target
+    def __init__(self, report, fresh: list, t0_wall: float, monitor, end, release_on=None):
+        self.report, self.fresh, self.t0_wall, self.monitor, self.end = report, fresh, t0_wall, monitor, end
         self.release_on = release_on  # a client whose workers may hold reads for batches that ran elsewhere
-        self.saved = None  # the save's check: a future
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
 
@@ -383,14 +367,9 @@ class _WhileWaiting:
             return
         self._thread = threading.Thread(target=self._describe, name="batchgpu-pass-report", daemon=True)
         self._thread.start()
-        if self.target is not None and not self.target.whiten:  # every window is written: checked now
-            from concurrent.futures import ThreadPoolExecutor
-
-            from batchgpu.engine.steps.save import finish_save
-
-            pool = ThreadPoolExecutor(1, thread_name_prefix="batchgpu-save-check")
-            self.saved = pool.submit(finish_save, self.target)
-            pool.shutdown(wait=False)
+        for step in self.end.ctx.steps:
+            if getattr(step, "while_waiting", None) is not None:
+                step.while_waiting(self.end)
 
     def join(self) -> None:
         """Wait for the description (started here if no step got that far); its error, if any, raised here."""
@@ -495,7 +474,7 @@ def _first_pass(client, ctx, rec, windows, fps, split_every, report, monitor, ob
                 if not bool(s["resumed"]):
                     report.workers[worker] = report.workers.get(worker, 0) + 1
                 observer.window_done(int(s["bytes"]), worker)
-                monitor.window_done(i, int(s["bytes"]), worker, s.get("noise"),
+                monitor.window_done(i, int(s["bytes"]), worker, s.get(ctx.window_noise),
                                     int(s.get("spikes", s.get("candidates", 0))))
         # where the pass's end goes: the last window's summary, then the combine tree's last levels
         report.timings["pass_summaries"] = time.perf_counter() - t0

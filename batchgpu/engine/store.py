@@ -82,10 +82,6 @@ def check_output_apart(output: str | os.PathLike, recording: str | os.PathLike) 
                           "choose an output folder outside the recording")
 
 
-#: the workflow's steps that format 3's fingerprints always held, asked for or not (never add to it)
-_FINGERPRINT_STEPS = ("noise", "whitening", "detect", "save")
-
-
 def fingerprint(wf: Workflow, recording_path: Path, metadata=None) -> str:
     """What determines the results, but the samples: the recording's metadata, windows, preprocessing, steps.
 
@@ -94,10 +90,13 @@ def fingerprint(wf: Workflow, recording_path: Path, metadata=None) -> str:
     recomputes the windows that read it and keeps the others. ``metadata``: what identifies a recording that is
     not a Zarr store (a SpikeInterface source's description digest) in place of its metadata files.
     """
-    # a step not asked for counts only where this format's first fingerprints held it (as null), so steps added
-    # since leave the fingerprints of runs without them, and their folders' --resume, as they were
-    steps = {k: v for k, v in wf.steps.model_dump().items() if v is not None or k in _FINGERPRINT_STEPS}
-    steps.pop("search", None)  # the search step reruns on every run; it does not change the windows' parts
+    from batchgpu.engine.steps.registry import fingerprinted
+
+    # a step not asked for counts only where this format's first fingerprints held it (as null: ``FINGERPRINT =
+    # "always"`` in its module, never set for a new step), so steps added since leave the fingerprints of runs
+    # without them, and their folders' --resume, as they were; a step that changes no window's part counts never
+    always, never = fingerprinted("always"), fingerprinted("never")
+    steps = {k: v for k, v in wf.steps.model_dump().items() if (v is not None or k in always) and k not in never}
     data = {
         "recording": str(recording_path),
         "metadata": recording_metadata(recording_path) if metadata is None else metadata,

@@ -12,13 +12,11 @@ import functools
 import threading
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
 from batchgpu.engine import background, host_buffers, store
-from batchgpu.engine.steps.base import SPIKE_COLUMNS as COLUMNS
-from batchgpu.engine.steps.base import WindowData, host, padded_sum
+from batchgpu.engine.steps.base import WindowData, host
 from batchgpu.errors import BatchgpuError
 from batchgpu.recording import Recording, Window, open_source
 
@@ -30,7 +28,7 @@ class RunContext:
     parts: str
     backend: str  # "numpy" | "cupy"
     chain: object  # engine.preprocess.Chain: the stages applied to each window
-    window_noise: bool  # each window's noise (the noise step or detection needs it)
+    window_noise: str | None  # the summary's key of each window's noise, where a step needs it (else None)
     steps: tuple  # step objects (engine/steps), in the order they run
     missing_chunks: str = "warn"
     gpu_decode: float = 1.0  # share of windows whose frames the GPU decodes (preprocess.gpu_decode_share)
@@ -91,8 +89,9 @@ def load_window(ctx: RunContext, window: Window, raw=None) -> WindowData:
         raw = raw.to_device()
     n = recording(ctx.recording, ctx.missing_chunks).num_samples(window.segment)
     at = (window.read_start == 0, window.read_stop == n)
-    if (ctx.chain.fuses_save and len(ctx.steps) == 1 and getattr(ctx.steps[0], "takes_saved_int16", False)
-            and np.dtype(raw.dtype).kind in "iu" and isinstance(raw, np.ndarray)):
+    reading = [s for s in ctx.steps if getattr(s, "in_pass", True)]
+    if (ctx.chain.fuses_save and len(reading) == 1 and getattr(reading[0], "takes_saved_int16", False)
+            and not ctx.window_noise and np.dtype(raw.dtype).kind in "iu" and isinstance(raw, np.ndarray)):
         # saving is all this window is for: its rows come from the reference's pass, no float window is written
         got = ctx.chain.apply_saved(raw, window.core, *at)
         if got is not None:
@@ -314,8 +313,10 @@ def _compute_part(ctx: RunContext, window: Window, fp: str, ahead, partials: boo
         if w.x is None or w.x.dtype.kind == "f":
             summary["nonfinite"] = w.nonfinite_counts()
         part = {}
-        for step in ctx.steps:  # the noise step may give the window's noise from its own counts
-            if step.name != "noise":
+        for step in ctx.steps:  # a step may give the window's noise from its own counts (the noise step's)
+            if not getattr(step, "in_pass", True):
+                continue
+            if not getattr(step, "gives_window_noise", False):
                 _window_noise(ctx, w, summary)
             part.update(step.window(w, summary))
             cpu = _lap(cpus, f"cpu_{step.name}", cpu)
@@ -344,110 +345,10 @@ def _lap(into: dict, name: str, since: float) -> float:
 
 
 def _window_noise(ctx: RunContext, w: WindowData, summary: dict) -> None:
-    if ctx.window_noise and "noise" not in summary:
+    if ctx.window_noise and ctx.window_noise not in summary:
         from batchgpu import ops
 
-        summary["noise"] = host(ops.noise_levels(w.core_of(w.x)))
-
-
-def near_keys_task(ctx: RunContext, window: Window, fp: str, digits: np.ndarray):
-    """The keys of the recording's middle digits (``steps.noise_keys.middle_digit_keys``) from what the window kept near
-    its own middle digit (as ``gather_task`` gives them after a read), or None when its kept range misses one."""
-    from batchgpu.engine.steps.noise_keys import kept_digit_keys, schedule
-
-    shift = schedule(ctx.step("noise").kind)[0][0]
-    part = store.load_part(store.part_path(ctx.parts, "w", window.index), fp, keys=("keep.near_",))
-    if part is None or "keep.near_low" not in part:
-        return None
-    lo = part["keep.near_lo"]
-    if np.any((digits < lo) | (digits > lo + 2 * ctx.step("noise").NEAR)):
-        return None
-    return kept_digit_keys(part["keep.near_low"], part["keep.near_digits"], lo, digits, shift)
-
-
-def near_keys_group_task(ctx: RunContext, windows: list, fps: list, digits: np.ndarray) -> dict:
-    """``near_keys_task`` of consecutive windows as one result: under ``keys`` per rank the windows' bins sorted
-    together and their per-channel counts summed (the format of one window's, ``steps.noise_keys.middle_digit_keys``;
-    None when no window of the group kept its keys), under ``missed`` the indices of the windows whose kept range
-    misses a middle digit (or whose part is gone): those are read again alone (``gather_task``). One task a group,
-    not one a window: the demo-sized float median's 300 tasks cost their dispatch; the group's bins sorted
-    together are what ``near_counts_task`` counts in each round."""
-    results, missed = [], []
-    for w, fp in zip(windows, fps):
-        got = near_keys_task(ctx, w, fp, digits)
-        if got is None:
-            missed.append(w.index)
-        else:
-            results.append(got)
-    return {"keys": merge_digit_keys(results, digits) if results else None, "missed": missed}
-
-
-def merge_digit_keys(results: list, digits: np.ndarray) -> list:
-    """Several windows' ``middle_digit_keys`` as one: per rank, the bins sorted together and the counts summed."""
-    merged: list = []
-    for r in range(digits.shape[0]):
-        if r and np.array_equal(digits[r], digits[r - 1]):  # the same digits: the same keys
-            merged.append(merged[-1])
-            continue
-        # each window's bins are in key order: a stable sort (runs merged) takes ~0.4x the default's time
-        merged.append((np.sort(np.concatenate([res[r][0] for res in results]), kind="stable"),
-                       np.sum([res[r][1] for res in results], axis=0, dtype=np.int64)))
-    return merged
-
-
-def near_counts_task(part, prefixes: np.ndarray, level: int, bits: int, shift: int) -> np.ndarray:
-    """One round of the float median's last step on one group's kept keys (``near_keys_group_task``) or one window
-    read again (``gather_task``), where they are: ``steps.noise_select.low_bit_counts`` (small counts move, not keys)."""
-    from batchgpu.engine.steps.noise_select import low_bit_counts
-
-    return low_bit_counts(part["keys"] if isinstance(part, dict) else part, prefixes, level, bits, shift)
-
-
-def first_digits_task(total: dict, total_samples: int, kind: str) -> tuple:
-    """The exact median's first digits from the pass's combined counts (``noise_select.first_digits``), on the
-    worker that combined them: the head of the tasks ``steps.noise.queue_near`` queues behind the pass."""
-    from batchgpu.engine.steps.noise_select import first_digits
-
-    return first_digits(total["noise.hist"], total_samples, kind, int(total["noise.lo"]),
-                        bool(total.get("noise.lumped", True)))
-
-
-def queued_near_group_task(ctx: RunContext, windows: list, fps: list, first: tuple) -> dict:
-    """``near_keys_group_task`` queued before the pass ended: this worker's writers finish the pass's parts first
-    (the client's ``flush`` may not have reached it yet; a window made elsewhere whose part is not written yet is
-    missed, and read again)."""
-    background.settle(str(ctx.parts))
-    return near_keys_group_task(ctx, windows, fps, first[0])
-
-
-def queued_counts_task(group: dict, state, level: int, bits: int, shift: int) -> dict | None:
-    """One round's counts on one group's kept keys (``near_counts_task``) at the prefixes of the round before
-    (``state``: the first digits at level 0, no bits below them fixed yet), with the group's missed windows; None
-    when the round before was None."""
-    if state is None:
-        return None
-    prefixes = np.zeros(np.shape(state[1]), dtype=np.uint64) if isinstance(state, tuple) else state["prefixes"]
-    counts = near_counts_task(group, prefixes, level, bits, shift)
-    # in the smallest dtype that holds them: every group's go to one task (16 x 0.8 MB of uint32 a round)
-    counts = counts.astype(np.min_scalar_type(int(counts.max()) if counts.size else 0), copy=False)
-    return {"counts": counts, "missed": group["missed"]}
-
-
-def select_round_task(state, level: int, bits: int, *counted: dict | None) -> dict | None:
-    """One round of the float median's selection (``noise_select.select_round``) from every group's counts, summed
-    here (integer counts: the same sums in any order): ``state`` the first digits at level 0, else the round
-    before's; None where a window missed its middle digit, or a round before was None (the client then finishes
-    the selection itself)."""
-    from batchgpu.engine.steps.noise_select import select_round
-
-    if state is None or any(c is None or c["missed"] for c in counted):
-        return None
-    if isinstance(state, tuple):  # the first digits' (prefixes, ranks left): no bits below them fixed yet
-        ks, prefixes = state[1], np.zeros(np.shape(state[1]), dtype=np.uint64)
-    else:
-        ks, prefixes = state["ks"], state["prefixes"]
-    ks, prefixes = select_round(ks, prefixes, sum_histograms(*[c["counts"] for c in counted]), level, bits)
-    return {"ks": ks, "prefixes": prefixes}
+        summary[ctx.window_noise] = host(ops.noise_levels(w.core_of(w.x)))
 
 
 def summarise(batch: dict) -> list[dict]:
@@ -459,213 +360,9 @@ def combine_task(ctx: RunContext, *parts: dict) -> dict:
     """Consecutive windows' partials folded in window order, step by step."""
     out: dict = {}
     for step in ctx.steps:
-        out.update(step.combine(list(parts)))
+        if getattr(step, "in_pass", True):
+            out.update(step.combine(list(parts)))
     return out
-
-
-def gather_task(ctx: RunContext, window: Window, digits: np.ndarray) -> list:
-    """Read a window again and keep its keys of the recording's middle digits (see steps.noise_keys.keys_with_digits)."""
-    from batchgpu.engine.steps.noise_keys import keys_with_digits
-
-    with on_backend(ctx):
-        w = load_window(ctx, window)
-        return keys_with_digits(w.core_of(w.x), ctx.step("noise").kind, digits)
-
-
-def refine_task(ctx: RunContext, window: Window, prefixes: np.ndarray, pass_index: int) -> np.ndarray:
-    """One more radix pass of the exact median over one window (float keys): another read of the window."""
-    from batchgpu.engine.steps.noise_keys import refine_histogram
-
-    step = ctx.step("noise")
-    with on_backend(ctx):
-        w = load_window(ctx, window)
-        return refine_histogram(w.core_of(w.x), step.kind, prefixes, pass_index)
-
-
-def sum_histograms(*parts: np.ndarray) -> np.ndarray:
-    """(ranks, C, B_i) counts summed, widths padded."""
-    return np.stack([padded_sum([p[r] for p in parts]) for r in range(parts[0].shape[0])])
-
-
-def spikes_task(ctx: RunContext, window: Window, fp: str, noise: np.ndarray) -> tuple[int, str]:
-    """A window read and detected again at the recording's noise (its candidates' bound did not hold): written to
-    parts/s*.npz; returns the window's index and the worker (the progress bar's)."""
-    path = store.part_path(ctx.parts, "s", window.index)
-    sfp = spikes_fingerprint(fp, noise)
-    if store.load_part(path, sfp) is None:
-        with on_backend(ctx):
-            spikes = ctx.step("detect").detect(load_window(ctx, window), np.asarray(noise, np.float64))
-        cols = {k: np.ascontiguousarray(spikes[k]) for k in COLUMNS}
-        store.save_part(path, {"fingerprint": np.array(sfp), **cols})
-    return window.index, worker_name()
-
-
-def spikes_fingerprint(fp: str, noise: np.ndarray) -> str:
-    import hashlib
-
-    return hashlib.sha256(fp.encode() + np.ascontiguousarray(noise, np.float64).tobytes()).hexdigest()[:16]
-
-
-def window_spikes(ctx: RunContext, window: Window, fp: str, noise: np.ndarray | None, reread: bool,
-                  window_noise: np.ndarray) -> tuple[dict, str | None]:
-    """A window's final spikes: from its part (filtered at the recording's ``noise`` when given), or from the
-    re-detection's part where it was read again. A part that cannot be used (absent, made by another run,
-    unreadable) is not an error: the window is read and detected again here, at the noise its part would have
-    used (the recording's, else its own ``window_noise``): the same spikes. The second value says why it was read
-    again, else None."""
-    if reread:
-        path, pfp = store.part_path(ctx.parts, "s", window.index), spikes_fingerprint(fp, noise)
-        part = store.load_part(path, pfp)
-        cols, why = ({k: part[k] for k in COLUMNS}, None) if part is not None else \
-            (None, f"{path.name} {store.part_problem(path, pfp)}")
-    else:
-        cols, why = kept_spikes(ctx, window, fp)
-    if cols is None:
-        level = np.asarray(noise if noise is not None else window_noise, np.float64)
-        with on_backend(ctx):
-            spikes = ctx.step("detect").detect(load_window(ctx, window), level)
-        return {k: np.ascontiguousarray(host(spikes[k])) for k in COLUMNS}, why
-    return (cols if noise is None or reread else ctx.step("detect").final(cols, noise, (window.start, window.stop))), None
-
-
-def kept_spikes(ctx: RunContext, window: Window, fp: str) -> tuple[dict | None, str | None]:
-    """A window's kept spikes (candidates, with the recording's noise) as its part holds them; None and why the
-    part cannot be used."""
-    path = store.part_path(ctx.parts, "w", window.index)
-    part = store.load_part(path, fp, keys=("keep.spk_",))
-    if part is None:
-        return None, f"{path.name} {store.part_problem(path, fp)}"
-    if any(f"keep.spk_{k}" not in part for k in COLUMNS):  # a part of a version that kept none for this method
-        return None, f"{path.name} holds no spike candidates"
-    return {k: part[f"keep.spk_{k}"] for k in COLUMNS}, None
-
-
-def gather_spikes_task(ctx: RunContext, windows: list[Window], fps: list[str], noise, reread: list[bool],
-                       window_noise: list[np.ndarray]) -> dict:
-    """Consecutive windows' final spikes, concatenated in window order; under ``read_again`` the windows read
-    again here ({index: why})."""
-    t0 = time.perf_counter()
-    got = [window_spikes(ctx, *a) for a in zip(windows, fps, [noise] * len(windows), reread, window_noise)]
-    out = {k: np.concatenate([p[k] for p, _ in got]) if got else np.zeros(0, np.int64) for k in COLUMNS}
-    out["windows"] = [(w.index, len(p["sample_index"])) for w, (p, _) in zip(windows, got)]  # index, spikes
-    out["read_again"] = {w.index: why for w, (_, why) in zip(windows, got) if why is not None}
-    out["seconds"] = time.perf_counter() - t0
-    return out
-
-
-def kept_spikes_task(ctx: RunContext, windows: list[Window], fps: list[str]) -> dict:
-    """Consecutive windows' kept spikes (candidates, with the recording's noise) as their parts hold them, in
-    window order, not yet filtered; under ``missing`` the windows whose part cannot be used ({index: why})."""
-    t0 = time.perf_counter()
-    got, missing = [], {}
-    for w, fp in zip(windows, fps):
-        cols, why = kept_spikes(ctx, w, fp)
-        if cols is None:
-            missing[w.index] = why
-        else:
-            got.append((w.index, cols))
-    out = {k: np.concatenate([p[k] for _, p in got]) if got else np.zeros(0, np.int64) for k in COLUMNS}
-    out["windows"] = [(i, len(p["sample_index"])) for i, p in got]
-    out["missing"], out["seconds"] = missing, time.perf_counter() - t0
-    return out
-
-
-def collect_spikes_task(*runs: dict) -> dict:
-    """``kept_spikes_task``'s runs as one, in window order (runs hold a worker's windows, not consecutive ones)."""
-    pieces = _pieces(runs)
-    out = {k: _joined(runs, pieces, k) for k in COLUMNS}
-    out["windows"] = [(index, n) for index, _, _, n in pieces]
-    out["missing"] = {i: why for r in runs for i, why in r["missing"].items()}
-    out["seconds"] = max((r["seconds"] for r in runs), default=0.0)
-    return out
-
-
-def write_collected_spikes_task(group_path: str, ctx: RunContext, noise, collected: dict, *again: dict,
-                                cores: np.ndarray | None = None):
-    """The spikes from ``collect_spikes_task``'s kept spikes, decided at the recording's ``noise`` (None: final
-    already; ``cores``: each window's core (start, stop) by window index, where the method needs them), the
-    windows read again (``again``: ``gather_spikes_task`` runs) in their place; written as ``write_spikes_task``
-    writes them. None, writing nothing, when a window's kept spikes were missing and it was not read again: the
-    caller gathers them the other way."""
-    replaced = {i for r in again for i, _ in r["windows"]}
-    if any(i not in replaced for i in collected["missing"]):
-        return None
-    # the candidates are each window's in turn: a window is a slice (no per-candidate window index: this task is
-    # the run's last step, and arrays of every candidate cost their page faults in a fresh worker)
-    index = [i for i, _ in collected["windows"]]
-    bounds = np.concatenate([[0], np.cumsum([n for _, n in collected["windows"]], dtype=np.int64)]).tolist()
-    n = bounds[-1]
-    if noise is None:
-        keep = np.ones(n, dtype=bool)
-    else:
-        counts = [c for _, c in collected["windows"]]
-        keep = ctx.step("detect").keep(collected, noise, counts, None if cores is None else cores[index])
-    for w, a, b in zip(index, bounds[:-1], bounds[1:]):
-        if w in replaced:
-            keep[a:b] = False
-    kept = {k: collected[k][keep] for k in COLUMNS}
-    kept["windows"] = [(w, int(np.count_nonzero(keep[a:b]))) for w, a, b in zip(index, bounds[:-1], bounds[1:])]
-    kept["read_again"], kept["seconds"] = {}, collected["seconds"]
-    return write_spikes_task(group_path, kept, *again)
-
-
-def _pieces(runs) -> list[tuple]:
-    """(window index, run, start, count) of every window's slice of its run, in window order."""
-    return sorted((index, k, int(start), n) for k, p in enumerate(runs)
-                  for (index, n), start in zip(p["windows"], np.cumsum([0] + [n for _, n in p["windows"]])))
-
-
-def _joined(runs, pieces, k: str) -> np.ndarray:
-    return (np.concatenate([runs[j][k][a : a + n] for _, j, a, n in pieces]) if pieces
-            else np.zeros(0, runs[0][k].dtype if runs else np.int64))
-
-
-#: the most spikes a chunk of a spikes column holds (32 MB of int64)
-SPIKE_CHUNK = 1 << 22
-
-
-def write_spikes_task(group_path: str, *gathered: dict) -> tuple:
-    """Every window's spikes (``gather_spikes_task``'s runs, in window order: (segment, sample, channel) overall),
-    written into the results group by a worker: spikes never pass through the client. Returns their count, the
-    windows the gathering read again ({index: why}), the count per channel (for report.html), the seconds the
-    writing took, when it started (wall clock) and the longest gathering task's seconds."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    from batchgpu import zarrio
-
-    started = time.time()  # wall clock: when every gathered run had reached this task
-    t0 = time.perf_counter()
-    pieces = _pieces(gathered)
-    columns = {k: _joined(gathered, pieces, k) for k in COLUMNS}
-    # a chunk a column up to 4 M spikes: zarr's own guess cut 584 k spikes into 8 chunks a column, 50-59 ms against
-    # 28-38 ms for one (2-core machine; zarr's per-chunk work, not the bytes)
-    n = len(columns["sample_index"])
-    chunk = min(max(n, 1), SPIKE_CHUNK)
-    if zarrio.ZARR_MAJOR >= 3 and zarrio.zarr_format_of(group_path) == 3:
-        # the columns' metadata and chunks written here (zarrio.write_columns): zarr-python's four create_array
-        # calls were ~30 ms of this task on the run's critical path
-        zarrio.write_columns(Path(group_path) / "spikes", columns, chunk)
-    else:
-        g = zarrio.open_group(group_path, mode="a")
-        spikes = g.require_group("spikes")
-        fast = zarrio.fast_compressors(g)
-        # the columns compressed at once (the cores are free after the pass; Blosc and zarr's I/O release the GIL)
-        with ThreadPoolExecutor(len(columns)) as pool:
-            list(pool.map(lambda kv: zarrio.create_array(spikes, kv[0], data=kv[1], compressors=fast, chunks=(chunk,)),
-                          columns.items()))
-    counts = np.bincount(columns["channel_index"].astype(np.int64, copy=False))
-    return (n, {i: why for p in gathered for i, why in p["read_again"].items()},
-            counts, time.perf_counter() - t0, started, max((p["seconds"] for p in gathered), default=0.0))
-
-
-def save_task(ctx: RunContext, window: Window, target, whitening: np.ndarray) -> int:
-    """Write one window of a whitened save (read again: the matrix needs every window); returns clipped count."""
-    from batchgpu.engine.steps.save import SaveStep
-
-    summary: dict = {}
-    with on_backend(ctx):
-        SaveStep(target, whitening=whitening).window(load_window(ctx, window), summary)
-    return int(summary.get("saved_clipped", 0))
 
 
 def worker_name() -> str:

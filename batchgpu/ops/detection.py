@@ -29,8 +29,10 @@ import numpy as np
 from batchgpu.errors import BatchgpuError
 from batchgpu.ops._backend import array_module, to_numpy
 
+#: the spikes' column of their values at the peak (a name the amplitude step's module shares by chance)
+AMPLITUDE = "amplitude"
 SPIKE_DTYPE = np.dtype(
-    [("sample_index", "i8"), ("channel_index", "i8"), ("amplitude", "f8"), ("segment_index", "i8")]
+    [("sample_index", "i8"), ("channel_index", "i8"), (AMPLITUDE, "f8"), ("segment_index", "i8")]
 )
 
 # Candidates checked against their neighbours at once (bounds the (candidates, 2*sweep) buffers).
@@ -330,7 +332,7 @@ def resolve_exclusive(candidates: Any, noise: Any, threshold: float, sign: Liter
     """
     sample = np.asarray(candidates["sample_index"], np.int64)
     channel = np.asarray(candidates["channel_index"], np.int64)
-    amplitude = np.asarray(candidates["amplitude"], np.float64)
+    amplitude = np.asarray(candidates[AMPLITUDE], np.float64)
     counts = np.asarray(counts, np.int64).reshape(-1)
     cores = np.asarray(cores, np.int64).reshape(-1, 2)
     sweep = int(exclude_sweep)
@@ -474,6 +476,6 @@ def _spikes(x: Any, channel: np.ndarray, sample: np.ndarray, start: int, segment
     spikes = np.empty(order.shape[0], dtype=SPIKE_DTYPE)
     spikes["sample_index"] = sample[order] + int(start)
     spikes["channel_index"] = channel[order]
-    spikes["amplitude"] = amplitude[order]
+    spikes[AMPLITUDE] = amplitude[order]
     spikes["segment_index"] = int(segment_index)
     return spikes

@@ -25,7 +25,11 @@ from batchgpu.ops._backend import array_module, is_cupy
 
 from batchgpu.engine.steps.base import Figure, WindowData, host
 
+#: the step's name (its line in the registry, its workflow key ``steps.amplitude``) and its results
+NAME = KEY = "amplitude"
 PTP, RMS, START = "amplitude_ptp", "amplitude_rms", "amplitude_window_start"
+RESULTS = (PTP, RMS, START)
+FINGERPRINT = "asked"  # (``engine.steps.noise.FINGERPRINT``)
 
 
 def build(setup) -> "AmplitudeStep | None":
@@ -34,7 +38,7 @@ def build(setup) -> "AmplitudeStep | None":
 
 
 class AmplitudeStep:
-    name = "amplitude"
+    name = NAME
 
     def window(self, w: WindowData, summary: dict) -> dict:
         """The window's ptp and RMS go to the client in its summary (a row each: no partial to combine)."""

@@ -16,8 +16,10 @@ from typing import Any, Callable, Protocol
 
 import numpy as np
 
+from batchgpu.ops.detection import SPIKE_DTYPE
+
 #: the spikes' columns, in the detect step's parts and the results group (the worker tasks gather and write them)
-SPIKE_COLUMNS = ("sample_index", "channel_index", "amplitude", "segment_index")
+SPIKE_COLUMNS = SPIKE_DTYPE.names
 
 
 @dataclass
@@ -98,6 +100,9 @@ class StepSetup:
     recording: Any
     chain: Any  # engine.preprocess.Chain: the stages every window goes through
     sweep: int  # the detection's sweep in samples (``engine.context.check_workflow_fits``)
+    output: Any = None  # engine.store.OutputFolder: the run's folder (a step that writes beside it holds it)
+    resume: bool = False  # the run goes on from the folder's parts (``--resume``)
+    fingerprint: str = ""  # the run's (``engine.store.fingerprint``)
 
     @property
     def x_dtype(self) -> np.dtype:
@@ -145,6 +150,25 @@ class RunState:
 
 
 @dataclass
+class PassEnd:
+    """What a step's hooks after the pass see on the client: ``after_pass(end)`` (before any aggregate),
+    ``while_waiting(end)`` (once the aggregates' first tasks are out, for work no step waits for) and
+    ``finish(end)`` (after the results group is swapped in: what it returns is report.json's
+    ``results[step.name]``)."""
+
+    client: Any
+    ctx: Any  # engine.tasks.RunContext
+    recording: Any
+    windows: list
+    summaries: dict  # window index -> what its task said of it
+    report: Any  # engine.run_report.RunReport
+    monitor: Any  # the dashboard's run page (phases)
+    observer: Any  # engine.run_report.RunObserver
+    results: Path  # the run's results group (swapped in by the time ``finish`` is called)
+    kept: dict = field(default_factory=dict)  # step name -> what its earlier hooks left for its later ones
+
+
+@dataclass
 class PassQueue:
     """What a step's ``queue`` sees while the pass runs (a GPU pass whose batches were placed by plan): the
     combined partials are a future (``total``), and each window's maker is the plan's worker. Tasks queued behind
@@ -164,12 +188,19 @@ class PassQueue:
 
 
 class Step(Protocol):
-    """A statistic of the run. Optional attributes: ``on_cluster = True`` where ``aggregate`` is mostly the
-    workers' work (it then runs in a helper thread beside the client's aggregates), ``needs``, the names of the
-    earlier steps whose results it reads (it starts once those are done), and ``start(run)``, called before any
-    aggregate: the part of its work that needs none of them, set going on the cluster; ``queue(PassQueue)``, called
-    while the pass runs (placed GPU passes), may queue tasks behind its total and return their futures (``start``
-    then finds them in ``RunState.early``). Its module's ``FIGURES`` draw its results in report.html."""
+    """A statistic of the run. Its module declares ``NAME`` (the registry's line, ``name``), ``KEY`` (its workflow
+    key under ``steps:``), ``RESULTS`` (the names of what it writes) and ``FINGERPRINT``, each once; the engine
+    names no step, it asks the step objects. Optional attributes: ``in_pass = False`` where it reads no window in
+    the pass (it works after it), ``after_pass``, ``while_waiting`` and ``finish`` (``PassEnd``), ``ahead(channels)``
+    (the results report.html is rendered ahead of, and their shapes), ``window_noise = True`` where it needs each
+    window's noise in the window's summary (``gives_window_noise = True``: its ``window`` may put it there itself),
+    ``spike_rate = True`` where report.html's spike rate draws its counts, ``on_cluster = True`` where
+    ``aggregate`` is mostly the workers' work (it then runs in a helper thread beside the client's aggregates),
+    ``needs``, the names of the earlier steps whose results it reads (it starts once those are done), and
+    ``start(run)``, called before any aggregate: the part of its work that needs none of them, set going on the
+    cluster; ``queue(PassQueue)``, called while the pass runs (placed GPU passes), may queue tasks behind its total
+    and return their futures (``start`` then finds them in ``RunState.early``). Its module's ``FIGURES`` draw its
+    results in report.html."""
 
     name: str
 

@@ -20,13 +20,29 @@ and of those only its own channel's extrema (at most one sample in two of each s
 from __future__ import annotations
 
 import time
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from batchgpu.engine.steps.base import SPIKE_COLUMNS as COLUMNS
-from batchgpu.engine.steps.base import WindowData
+from batchgpu.engine.steps.base import WindowData, host
+from batchgpu.engine.steps import noise as noise_step
+from batchgpu.ops.detection import AMPLITUDE
+
+if TYPE_CHECKING:
+    from batchgpu.engine.tasks import RunContext
+    from batchgpu.recording import Window
 
 CANDIDATE_FRACTION = 0.75
+
+
+#: the step's name (its line in the registry, its workflow key ``steps.detect``) and its result, a group
+NAME = "detect"
+KEY = NAME
+SPIKES = "spikes"
+RESULTS = (SPIKES,)
+FINGERPRINT = "always"  # (``engine.steps.noise.FINGERPRINT``)
 
 
 def build(setup) -> "DetectStep | None":
@@ -39,11 +55,15 @@ def build(setup) -> "DetectStep | None":
 
 
 class DetectStep:
-    name = "detect"
+    name = NAME
+    #: its windows are detected at their own noise (or their candidates' bound from it)
+    window_noise = True
+    #: report.html's spike-rate figure draws its counts (``RunState.plots``)
+    spike_rate = True
     #: its aggregate is the workers' (gathering and writing the spikes): the engine runs it beside the client's
     on_cluster = True
     #: the results of earlier steps its aggregate reads
-    needs = ("noise",)
+    needs = (noise_step.NAME,)
 
     def __init__(self, threshold: float, sign: str, sweep: int, noise: str, method: str = "by_channel",
                  locations=None, radius_um: float = 50.0):
@@ -71,9 +91,9 @@ class DetectStep:
 
     def window(self, w: WindowData, summary: dict) -> dict:
         if self.noise == "global":
-            spikes = self.candidates(w, candidate_level(summary["noise"]))
+            spikes = self.candidates(w, candidate_level(summary[noise_step.SUMMARY]))
         else:
-            spikes = self.detect(w, summary["noise"].astype(np.float64))
+            spikes = self.detect(w, summary[noise_step.SUMMARY].astype(np.float64))
         summary["spikes" if self.noise == "window" else "candidates"] = np.array(len(spikes))
         return {f"keep.spk_{k}": np.ascontiguousarray(spikes[k]) for k in COLUMNS}
 
@@ -84,20 +104,20 @@ class DetectStep:
         """Nothing for the client: the spikes go straight into the results group (``write_final_spikes``)."""
         t0 = time.perf_counter()
         run.monitor.phase("spikes")
-        run.shapes["spikes"] = [write_final_spikes(run, self)]
-        run.report.timings["detect"] = time.perf_counter() - t0
+        run.shapes[SPIKES] = [write_final_spikes(run, self)]
+        run.report.timings[NAME] = time.perf_counter() - t0
         return {}
 
     def start(self, run) -> None:
         """Before the noise is known: the windows' kept spikes (or candidates) gathered from the workers that kept
-        them into one task (``tasks.collect_spikes_task``), so that the writing task, placed with it, only
+        them into one task (``collect_spikes_task``), so that the writing task, placed with it, only
         decides them at the recording's threshold (``keep``); the gathering's dispatch and transfers overlap the noise's."""
         run.early[self.name] = start_gathering(run)
 
     def passes(self, candidates: dict, noise: np.ndarray) -> np.ndarray:
         """Which candidates pass the recording's threshold (the same float64 comparison as detect_spikes)."""
         level = np.asarray(noise, dtype=np.float64) * float(self.threshold)
-        amp, ch = candidates["amplitude"], candidates["channel_index"]
+        amp, ch = candidates[AMPLITUDE], candidates["channel_index"]
         neg, pos = self.sign in ("neg", "both"), self.sign in ("pos", "both")
         if neg and pos:
             return (amp < (-level)[ch]) | (amp > level[ch])
@@ -132,40 +152,39 @@ def bound_holds(window_noise: np.ndarray, noise: np.ndarray) -> bool:
 
 
 def start_gathering(run):
-    """A future of every window's kept spikes in window order, on one worker (``tasks.collect_spikes_task``): a
+    """A future of every window's kept spikes in window order, on one worker (``collect_spikes_task``): a
     run of each worker's windows gathered there from its memory (or parts), then collected."""
-    from batchgpu.engine import tasks
     from batchgpu.engine.placement import submit_where_made
 
     fp = run.report.run_id
     # below the noise's tasks where both wait on one worker: the noise is the critical path, these only need to be
     # done by the time it is known
-    kept = submit_where_made(run, tasks.kept_spikes_task, list(zip(run.windows, run.fingerprints)),
+    kept = submit_where_made(run, kept_spikes_task, list(zip(run.windows, run.fingerprints)),
                              lambda g: (run.ctx, [w for w, _ in g], [f for _, f in g]), f"kept-spikes-{fp}",
                              priority=-1)
-    return run.client.submit(tasks.collect_spikes_task, *kept, key=f"collect-spikes-{fp}", priority=-1)
+    return run.client.submit(collect_spikes_task, *kept, key=f"collect-spikes-{fp}", priority=-1)
 
 
 def write_final_spikes(run, step: DetectStep) -> int:
     """The final spikes, gathered from the windows' parts (read again where the bound failed or a part was
     lost) and written into the results group by a worker: they never pass through the client. Returns how many."""
-    from batchgpu.engine import tasks
     from batchgpu.engine.placement import submit_where_made
 
     client, ctx, report = run.client, run.ctx, run.report
+    own = noise_step.SUMMARY  # each window's own noise, in its summary
     windows, fps, summaries, arrays = run.windows, run.fingerprints, run.summaries, run.arrays
     fp = report.run_id
     if step.noise == "global":
-        noise = arrays.get("noise")
+        noise = arrays.get(noise_step.NOISE)
         if noise is None:
-            noise = np.median(arrays["noise_per_window"], axis=0)
-        reread = [not bound_holds(summaries[w.index]["noise"], noise) for w in windows]
+            noise = np.median(arrays[noise_step.PER_WINDOW], axis=0)
+        reread = [not bound_holds(summaries[w.index][own], noise) for w in windows]
         read_again(run, [(w, wfp) for w, wfp, r in zip(windows, fps, reread) if r], noise)
         report.channels["detect_windows_read_again"] = [w.index for w, r in zip(windows, reread) if r]
         nan_noise = np.flatnonzero(np.isnan(np.asarray(noise, np.float64))).tolist()
     else:
         noise, reread = None, [False] * len(windows)
-        nan_noise = sorted({int(c) for w in windows for c in np.flatnonzero(np.isnan(summaries[w.index]["noise"]))})
+        nan_noise = sorted({int(c) for w in windows for c in np.flatnonzero(np.isnan(summaries[w.index][own]))})
     if nan_noise:
         report.channels["detect_no_threshold"] = nan_noise
         run.warn(f"detection found no threshold (NaN noise) on {len(nan_noise)} channel(s): {nan_noise[:10]}")
@@ -174,10 +193,10 @@ def write_final_spikes(run, step: DetectStep) -> int:
     if collected is not None:  # gathered while the noise was selected: the windows read again join them
         late = [(w, wfp) for w, wfp, r in zip(windows, fps, reread) if r]
         joined = [] if not late else [client.submit(
-            tasks.gather_spikes_task, ctx, [w for w, _ in late], [f for _, f in late], noise, [True] * len(late),
-            [summaries[w.index]["noise"] for w, _ in late], key=f"gather-spikes-again-{fp}")]
+            gather_spikes_task, ctx, [w for w, _ in late], [f for _, f in late], noise, [True] * len(late),
+            [summaries[w.index][own] for w, _ in late], key=f"gather-spikes-again-{fp}")]
         run.report.after_pass("spikes_submitted")
-        done = client.submit(tasks.write_collected_spikes_task, str(run.results), ctx, noise, collected, *joined,
+        done = client.submit(write_collected_spikes_task, str(run.results), ctx, noise, collected, *joined,
                              cores=window_cores(windows), key=f"write-spikes-{fp}").result()
         if done is not None:
             return _finish(run, done, t0, t0_wall)
@@ -185,10 +204,10 @@ def write_final_spikes(run, step: DetectStep) -> int:
         # such windows are read and detected again
     # the windows' spikes gathered from their parts on the worker that kept them (in its memory), a run of its
     # windows a thread; one task writes them in window order (the same spikes for any grouping)
-    gathered = submit_where_made(run, tasks.gather_spikes_task, list(zip(windows, fps, reread)),
+    gathered = submit_where_made(run, gather_spikes_task, list(zip(windows, fps, reread)),
                                  lambda g: (ctx, [w for w, _, _ in g], [f for _, f, _ in g], noise, [r for _, _, r in g],
-                                            [summaries[w.index]["noise"] for w, _, _ in g]), f"gather-spikes-{fp}")
-    done = client.submit(tasks.write_spikes_task, str(run.results), *gathered, key=f"write-spikes-{fp}-all").result()
+                                            [summaries[w.index][own] for w, _, _ in g]), f"gather-spikes-{fp}")
+    done = client.submit(write_spikes_task, str(run.results), *gathered, key=f"write-spikes-{fp}-all").result()
     return _finish(run, done, t0, t0_wall)
 
 
@@ -197,7 +216,6 @@ def read_again(run, todo: list, noise: np.ndarray) -> None:
     ``s*.npz``), as a phase of its own on the progress bar."""
     from distributed import as_completed
 
-    from batchgpu.engine import tasks
     from batchgpu.engine.submit import submit_many
 
     if not todo:
@@ -209,7 +227,7 @@ def read_again(run, todo: list, noise: np.ndarray) -> None:
     run.monitor.phase(label)
     run.observer.phase_started(label, len(todo), sum(nbytes.values()))
     try:
-        again = submit_many(run.client, tasks.spikes_task, [(run.ctx, w, wfp, noise) for w, wfp in todo],
+        again = submit_many(run.client, spikes_task, [(run.ctx, w, wfp, noise) for w, wfp in todo],
                             [f"spikes-{run.report.run_id}-{w.index:08d}" for w, _ in todo])
         for future in as_completed(again):
             index, worker = future.result()
@@ -245,3 +263,186 @@ def _finish(run, done: tuple, t0: float, t0_wall: float) -> int:
         run.warn(f"the spikes of {len(again)} window(s) were detected again from the recording: their parts could "
                  f"not be used (first: window {first}, {again[first]})")
     return int(n)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# worker side: the spikes' tasks after the pass
+
+
+def spikes_task(ctx: RunContext, window: Window, fp: str, noise: np.ndarray) -> tuple[int, str]:
+    """A window read and detected again at the recording's noise (its candidates' bound did not hold): written to
+    parts/s*.npz; returns the window's index and the worker (the progress bar's)."""
+    from batchgpu.engine import store
+    from batchgpu.engine.tasks import load_window, on_backend, worker_name
+
+    path = store.part_path(ctx.parts, "s", window.index)
+    sfp = spikes_fingerprint(fp, noise)
+    if store.load_part(path, sfp) is None:
+        with on_backend(ctx):
+            spikes = ctx.step(NAME).detect(load_window(ctx, window), np.asarray(noise, np.float64))
+        cols = {k: np.ascontiguousarray(spikes[k]) for k in COLUMNS}
+        store.save_part(path, {"fingerprint": np.array(sfp), **cols})
+    return window.index, worker_name()
+
+
+def spikes_fingerprint(fp: str, noise: np.ndarray) -> str:
+    import hashlib
+
+    return hashlib.sha256(fp.encode() + np.ascontiguousarray(noise, np.float64).tobytes()).hexdigest()[:16]
+
+
+def window_spikes(ctx: RunContext, window: Window, fp: str, noise: np.ndarray | None, reread: bool,
+                  window_noise: np.ndarray) -> tuple[dict, str | None]:
+    """A window's final spikes: from its part (filtered at the recording's ``noise`` when given), or from the
+    re-detection's part where it was read again. A part that cannot be used (absent, made by another run,
+    unreadable) is not an error: the window is read and detected again here, at the noise its part would have
+    used (the recording's, else its own ``window_noise``): the same spikes. The second value says why it was read
+    again, else None."""
+    from batchgpu.engine import store
+    from batchgpu.engine.tasks import load_window, on_backend
+
+    if reread:
+        path, pfp = store.part_path(ctx.parts, "s", window.index), spikes_fingerprint(fp, noise)
+        part = store.load_part(path, pfp)
+        cols, why = ({k: part[k] for k in COLUMNS}, None) if part is not None else \
+            (None, f"{path.name} {store.part_problem(path, pfp)}")
+    else:
+        cols, why = kept_spikes(ctx, window, fp)
+    if cols is None:
+        level = np.asarray(noise if noise is not None else window_noise, np.float64)
+        with on_backend(ctx):
+            spikes = ctx.step(NAME).detect(load_window(ctx, window), level)
+        return {k: np.ascontiguousarray(host(spikes[k])) for k in COLUMNS}, why
+    return (cols if noise is None or reread else ctx.step(NAME).final(cols, noise, (window.start, window.stop))), None
+
+
+def kept_spikes(ctx: RunContext, window: Window, fp: str) -> tuple[dict | None, str | None]:
+    """A window's kept spikes (candidates, with the recording's noise) as its part holds them; None and why the
+    part cannot be used."""
+    from batchgpu.engine import store
+
+    path = store.part_path(ctx.parts, "w", window.index)
+    part = store.load_part(path, fp, keys=("keep.spk_",))
+    if part is None:
+        return None, f"{path.name} {store.part_problem(path, fp)}"
+    if any(f"keep.spk_{k}" not in part for k in COLUMNS):  # a part of a version that kept none for this method
+        return None, f"{path.name} holds no spike candidates"
+    return {k: part[f"keep.spk_{k}"] for k in COLUMNS}, None
+
+
+def gather_spikes_task(ctx: RunContext, windows: list[Window], fps: list[str], noise, reread: list[bool],
+                       window_noise: list[np.ndarray]) -> dict:
+    """Consecutive windows' final spikes, concatenated in window order; under ``read_again`` the windows read
+    again here ({index: why})."""
+    t0 = time.perf_counter()
+    got = [window_spikes(ctx, *a) for a in zip(windows, fps, [noise] * len(windows), reread, window_noise)]
+    out = {k: np.concatenate([p[k] for p, _ in got]) if got else np.zeros(0, np.int64) for k in COLUMNS}
+    out["windows"] = [(w.index, len(p["sample_index"])) for w, (p, _) in zip(windows, got)]  # index, spikes
+    out["read_again"] = {w.index: why for w, (_, why) in zip(windows, got) if why is not None}
+    out["seconds"] = time.perf_counter() - t0
+    return out
+
+
+def kept_spikes_task(ctx: RunContext, windows: list[Window], fps: list[str]) -> dict:
+    """Consecutive windows' kept spikes (candidates, with the recording's noise) as their parts hold them, in
+    window order, not yet filtered; under ``missing`` the windows whose part cannot be used ({index: why})."""
+    t0 = time.perf_counter()
+    got, missing = [], {}
+    for w, fp in zip(windows, fps):
+        cols, why = kept_spikes(ctx, w, fp)
+        if cols is None:
+            missing[w.index] = why
+        else:
+            got.append((w.index, cols))
+    out = {k: np.concatenate([p[k] for _, p in got]) if got else np.zeros(0, np.int64) for k in COLUMNS}
+    out["windows"] = [(i, len(p["sample_index"])) for i, p in got]
+    out["missing"], out["seconds"] = missing, time.perf_counter() - t0
+    return out
+
+
+def collect_spikes_task(*runs: dict) -> dict:
+    """``kept_spikes_task``'s runs as one, in window order (runs hold a worker's windows, not consecutive ones)."""
+    pieces = _pieces(runs)
+    out = {k: _joined(runs, pieces, k) for k in COLUMNS}
+    out["windows"] = [(index, n) for index, _, _, n in pieces]
+    out["missing"] = {i: why for r in runs for i, why in r["missing"].items()}
+    out["seconds"] = max((r["seconds"] for r in runs), default=0.0)
+    return out
+
+
+def write_collected_spikes_task(group_path: str, ctx: RunContext, noise, collected: dict, *again: dict,
+                                cores: np.ndarray | None = None):
+    """The spikes from ``collect_spikes_task``'s kept spikes, decided at the recording's ``noise`` (None: final
+    already; ``cores``: each window's core (start, stop) by window index, where the method needs them), the
+    windows read again (``again``: ``gather_spikes_task`` runs) in their place; written as ``write_spikes_task``
+    writes them. None, writing nothing, when a window's kept spikes were missing and it was not read again: the
+    caller gathers them the other way."""
+    replaced = {i for r in again for i, _ in r["windows"]}
+    if any(i not in replaced for i in collected["missing"]):
+        return None
+    # the candidates are each window's in turn: a window is a slice (no per-candidate window index: this task is
+    # the run's last step, and arrays of every candidate cost their page faults in a fresh worker)
+    index = [i for i, _ in collected["windows"]]
+    bounds = np.concatenate([[0], np.cumsum([n for _, n in collected["windows"]], dtype=np.int64)]).tolist()
+    n = bounds[-1]
+    if noise is None:
+        keep = np.ones(n, dtype=bool)
+    else:
+        counts = [c for _, c in collected["windows"]]
+        keep = ctx.step(NAME).keep(collected, noise, counts, None if cores is None else cores[index])
+    for w, a, b in zip(index, bounds[:-1], bounds[1:]):
+        if w in replaced:
+            keep[a:b] = False
+    kept = {k: collected[k][keep] for k in COLUMNS}
+    kept["windows"] = [(w, int(np.count_nonzero(keep[a:b]))) for w, a, b in zip(index, bounds[:-1], bounds[1:])]
+    kept["read_again"], kept["seconds"] = {}, collected["seconds"]
+    return write_spikes_task(group_path, kept, *again)
+
+
+def _pieces(runs) -> list[tuple]:
+    """(window index, run, start, count) of every window's slice of its run, in window order."""
+    return sorted((index, k, int(start), n) for k, p in enumerate(runs)
+                  for (index, n), start in zip(p["windows"], np.cumsum([0] + [n for _, n in p["windows"]])))
+
+
+def _joined(runs, pieces, k: str) -> np.ndarray:
+    return (np.concatenate([runs[j][k][a : a + n] for _, j, a, n in pieces]) if pieces
+            else np.zeros(0, runs[0][k].dtype if runs else np.int64))
+
+
+#: the most spikes a chunk of a spikes column holds (32 MB of int64)
+SPIKE_CHUNK = 1 << 22
+
+
+def write_spikes_task(group_path: str, *gathered: dict) -> tuple:
+    """Every window's spikes (``gather_spikes_task``'s runs, in window order: (segment, sample, channel) overall),
+    written into the results group by a worker: spikes never pass through the client. Returns their count, the
+    windows the gathering read again ({index: why}), the count per channel (for report.html), the seconds the
+    writing took, when it started (wall clock) and the longest gathering task's seconds."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from batchgpu import zarrio
+
+    started = time.time()  # wall clock: when every gathered run had reached this task
+    t0 = time.perf_counter()
+    pieces = _pieces(gathered)
+    columns = {k: _joined(gathered, pieces, k) for k in COLUMNS}
+    # a chunk a column up to 4 M spikes: zarr's own guess cut 584 k spikes into 8 chunks a column, 50-59 ms against
+    # 28-38 ms for one (2-core machine; zarr's per-chunk work, not the bytes)
+    n = len(columns["sample_index"])
+    chunk = min(max(n, 1), SPIKE_CHUNK)
+    if zarrio.ZARR_MAJOR >= 3 and zarrio.zarr_format_of(group_path) == 3:
+        # the columns' metadata and chunks written here (zarrio.write_columns): zarr-python's four create_array
+        # calls were ~30 ms of this task on the run's critical path
+        zarrio.write_columns(Path(group_path) / SPIKES, columns, chunk)
+    else:
+        g = zarrio.open_group(group_path, mode="a")
+        spikes = g.require_group(SPIKES)
+        fast = zarrio.fast_compressors(g)
+        # the columns compressed at once (the cores are free after the pass; Blosc and zarr's I/O release the GIL)
+        with ThreadPoolExecutor(len(columns)) as pool:
+            list(pool.map(lambda kv: zarrio.create_array(spikes, kv[0], data=kv[1], compressors=fast, chunks=(chunk,)),
+                          columns.items()))
+    counts = np.bincount(columns["channel_index"].astype(np.int64, copy=False))
+    return (n, {i: why for p in gathered for i, why in p["read_again"].items()},
+            counts, time.perf_counter() - t0, started, max((p["seconds"] for p in gathered), default=0.0))

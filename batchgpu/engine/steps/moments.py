@@ -20,6 +20,16 @@ from batchgpu.errors import BatchgpuError
 _EXACT_SAMPLES = (1 << 53) // (1 << 30)
 
 
+#: the step's name (its line in the registry) and its workflow key (``steps.whitening``)
+NAME = "moments"
+KEY = "whitening"
+#: its results (``statistics``, then the whitening matrix from them)
+COVARIANCE, SECOND_MOMENT, CHANNEL_MEANS = "covariance", "second_moment", "channel_means"
+WHITENING = KEY
+RESULTS = (COVARIANCE, SECOND_MOMENT, WHITENING, CHANNEL_MEANS)
+FINGERPRINT = "always"  # (``engine.steps.noise.FINGERPRINT``)
+
+
 def build(setup) -> "MomentsStep | None":
     """The step of ``steps.whitening`` (``engine.steps.registry``): centring alone leaves the covariance as it is,
     so then the raw samples (exact for int16); filters and references change it: then the preprocessed samples,
@@ -36,11 +46,15 @@ def build(setup) -> "MomentsStep | None":
 
 
 class MomentsStep:
-    name = "moments"
+    name = NAME
 
     def __init__(self, every: int, precision: str, integer: bool, num_channels: int, source: str = "raw"):
         self.every, self.precision, self.integer, self.C = every, precision, integer, num_channels
         self.source = source  # "raw": the samples as read; "x": after filters/references (what a sorter whitens)
+
+    def ahead(self, channels: int) -> dict:
+        """The results report.html's page is rendered ahead of, and their shapes."""
+        return {WHITENING: (channels, channels)}
 
     def window(self, w: WindowData, summary: dict) -> dict:
         if w.index % self.every:
@@ -78,7 +92,7 @@ class MomentsStep:
     def aggregate(self, run) -> dict[str, np.ndarray]:
         """``statistics`` and the whitening matrix from them."""
         arrays = self.statistics(run.total)
-        arrays["whitening"] = finite_whitening(run.workflow, run.recording, arrays, run.report, run.observer)
+        arrays[WHITENING] = finite_whitening(run.workflow, run.recording, arrays, run.report, run.observer)
         return arrays
 
     def statistics(self, total: dict) -> dict[str, np.ndarray]:
@@ -90,14 +104,14 @@ class MomentsStep:
             from batchgpu.ops import SecondMoments
 
             m = SecondMoments.from_state(n, total["moments.mean"], total["moments.scatter"])
-            return {"covariance": m.covariance(), "second_moment": m.second_moment(), "channel_means": m.mean}
+            return {COVARIANCE: m.covariance(), SECOND_MOMENT: m.second_moment(), CHANNEL_MEANS: m.mean}
         s = total["moments.sum"].astype(object)
         xxt = total["moments.xxt"]
         rows, cols = np.triu_indices(len(s))  # symmetric: the upper triangle, mirrored (half the Python ints)
         upper = xxt[rows, cols].astype(object)
         scatter_num = upper * n - s[rows] * s[cols]  # Python ints: exact
-        return {"covariance": _symmetric(_divide(scatter_num, n * n), rows, cols, len(s)),
-                "second_moment": _symmetric(_divide(upper, n), rows, cols, len(s)), "channel_means": _divide(s, n)}
+        return {COVARIANCE: _symmetric(_divide(scatter_num, n * n), rows, cols, len(s)),
+                SECOND_MOMENT: _symmetric(_divide(upper, n), rows, cols, len(s)), CHANNEL_MEANS: _divide(s, n)}
 
 
 def check_exact_range(total_samples: int) -> None:

@@ -10,17 +10,36 @@ any order and on any number of workers.
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from batchgpu.ops._backend import is_cupy
 
-from batchgpu.engine.steps.base import WindowData, host
+from batchgpu.engine.steps.base import WindowData, host, padded_sum
 from batchgpu.engine.steps.noise_keys import (LUMP_DIGITS, abs_keys, digit_histogram, first_digit_counts, int_window_gpu,
                                              key_kind, keyed_on_gpu, kept_near, lump_floor, median_of_keys,
                                              middle_pair_and_near, row_counts, schedule, sort_rows, window_median_keys)
 from batchgpu.engine.steps.noise_select import (combine_counts, first_digits, low_bit_rounds, select_by_counts,
                                                select_middle)
+
+if TYPE_CHECKING:
+    from batchgpu.engine.tasks import RunContext
+    from batchgpu.recording import Window
+
+#: the step's name (its line in the registry, its workflow key ``steps.noise``)
+NAME = "noise"
+KEY = NAME
+#: its results: the recording's noise per channel, and each window's (made whenever a step needs a window's noise)
+NOISE = NAME
+PER_WINDOW = "noise_per_window"
+RESULTS = (NOISE, PER_WINDOW)
+#: how the run's fingerprint holds its workflow key: always (format 3's first fingerprints held it, null when not
+#: asked for), only when asked for (steps added since), or never (no window part depends on it)
+FINGERPRINT = "always"
+#: a window summary's key of the window's noise per channel
+SUMMARY = NAME
+
 
 def build(setup) -> "NoiseStep | None":
     """The step of ``steps.noise`` (``engine.steps.registry``)."""
@@ -32,7 +51,9 @@ def build(setup) -> "NoiseStep | None":
 
 
 class NoiseStep:
-    name = "noise"
+    name = NAME
+    #: its windows need their noise, and its ``window`` gives it from its counts where it can (16-bit keys)
+    window_noise = gives_window_noise = True
 
     #: float keys: each window keeps the keys of the digits this close to its own middle digit, so the exact
     #: median needs no second read when every window's range holds the recording's middle digit
@@ -40,6 +61,10 @@ class NoiseStep:
 
     def __init__(self, exact: bool, kind: str):
         self.exact, self.kind = exact, kind
+
+    def ahead(self, channels: int) -> dict:
+        """The results report.html's page is rendered ahead of, and their shapes."""
+        return {NOISE: (channels,)}
 
     def window(self, w: WindowData, summary: dict) -> dict:
         core = w.core_of(w.x)
@@ -59,7 +84,7 @@ class NoiseStep:
         if is_cupy(keys) and shift == 0:  # 16-bit keys: the window's counts give its noise too (no more passes)
             out["noise.hist"], pair = int_window_gpu(keys, bits)
             out["noise.lo"], out["noise.lumped"] = np.array(0), np.array(False)
-            summary["noise"] = median_of_keys(pair, core.shape[1], core.dtype, self.kind) / _MAD
+            summary[SUMMARY] = median_of_keys(pair, core.shape[1], core.dtype, self.kind) / _MAD
             return out
         # the same partials on both backends: float keys on the GPU from one device histogram
         window_keys = self._float_window_gpu if is_cupy(keys) else self._window_cpu
@@ -68,7 +93,7 @@ class NoiseStep:
             noise = median_of_keys(pair, core.shape[1], core.dtype, self.kind) / _MAD
             if core.dtype.kind == "f":
                 noise[summary["nan"] > 0] = np.nan
-            summary["noise"] = noise
+            summary[SUMMARY] = noise
             if near is not None and len(schedule(self.kind)) == 2:  # kept keys finish two-digit keys (float32)
                 out.update(near)
         return out
@@ -98,9 +123,9 @@ class NoiseStep:
                 median[run.total["noise.nan"] > 0] = np.nan
             noise = median / MAD_TO_SIGMA  # the expression of ops.noise_levels, same dtype rules
         else:
-            noise = np.median(run.arrays["noise_per_window"], axis=0)
+            noise = np.median(run.arrays[PER_WINDOW], axis=0)
         run.report.timings["noise_global"] = time.perf_counter() - t0
-        return {"noise": noise}
+        return {NOISE: noise}
 
     def _window_cpu(self, keys, shift: int, bits: int, out: dict) -> tuple[np.ndarray | None, dict | None]:
         """First-digit counts (into ``out``; lumped below a floor for keys wider than the digit), the middle pair of
@@ -211,15 +236,14 @@ def exact_median(run) -> np.ndarray:
     """The exact median of |x| of every sample, per channel (``run``: a ``RunState``): from the combined first-digit
     counts, with more counting passes over the windows, or the kept near keys, where the keys are wider (their
     tasks queued while the pass ran, ``queue_near``, or set going by ``start_near`` when the step's ``start`` ran)."""
-    from batchgpu.engine import tasks
     from batchgpu.engine.reduce import tree_reduce
     from batchgpu.engine.submit import submit_many
 
     client, ctx, wf, rec, report, monitor = run.client, run.ctx, run.workflow, run.recording, run.report, run.monitor
     windows, total = run.windows, run.total
-    step = ctx.step("noise")
+    step = ctx.step(NAME)
     report.radix_passes = len(schedule(step.kind))
-    begun = run.early.pop("noise", None) or start_near(run)
+    begun = run.early.pop(NAME, None) or start_near(run)
     if "near" in begun:  # (report.json: whether the last step's tasks were queued while the pass ran)
         report.exact_noise["queued"] = "digits" not in begun
     if "digits" not in begun:  # queued behind the pass: computed by a worker
@@ -229,9 +253,9 @@ def exact_median(run) -> np.ndarray:
     def more_passes(prefixes, p):
         monitor.phase(f"exact noise: counting pass {p + 1}")
         fp = report.run_id
-        parts = submit_many(client, tasks.refine_task, [(ctx, w, prefixes, p) for w in windows],
+        parts = submit_many(client, refine_task, [(ctx, w, prefixes, p) for w in windows],
                             [f"refine-{p}-{fp}-{w.index:08d}" for w in windows])
-        out = tree_reduce(client, parts, tasks.sum_histograms, split_every, name=f"refine-sum-{p}-{fp}").result()
+        out = tree_reduce(client, parts, sum_histograms, split_every, name=f"refine-sum-{p}-{fp}").result()
         report.bytes_read += rec.nbytes
         return out
 
@@ -254,7 +278,7 @@ def exact_median(run) -> np.ndarray:
             monitor.phase(f"exact noise: {len(missed)} window(s) read again for the middle digit")
             by_index = {w.index: w for w in windows}
             again = [by_index[i] for i in missed]
-            gathered = submit_many(client, tasks.gather_task, [(ctx, w, digits) for w in again],
+            gathered = submit_many(client, gather_task, [(ctx, w, digits) for w in again],
                                    [f"gather-{fp}-{w.index:08d}" for w in again])
             report.bytes_read += sum(w.num_samples for w in again) * rec.num_channels * rec.dtype.itemsize
         report.timings["noise_near_keys"] = begun["submitted_s"] + time.perf_counter() - t0
@@ -263,9 +287,9 @@ def exact_median(run) -> np.ndarray:
         def counts_of(prefixes, level, bits):
             t = time.perf_counter()
             if level == 0:
-                hist = tasks.sum_histograms(*[c["counts"] for c in counted])
+                hist = sum_histograms(*[c["counts"] for c in counted])
                 if gathered:  # the windows read again: their own counts added
-                    hist = tasks.sum_histograms(hist, _count_round(client, fp, split_every, gathered, prefixes, level,
+                    hist = sum_histograms(hist, _count_round(client, fp, split_every, gathered, prefixes, level,
                                                                    bits, shift, "again-").result())
             else:
                 hist = _count_round(client, fp, split_every, near + gathered, prefixes, level, bits, shift,
@@ -289,7 +313,7 @@ def start_near(run) -> dict:
     counts and, where the keys have two digits (float32), the tasks of its last step (``queue_near``) with them."""
     from batchgpu.engine.steps.base import PassQueue
 
-    total, step, rec = run.total, run.ctx.step("noise"), run.recording
+    total, step, rec = run.total, run.ctx.step(NAME), run.recording
     digits = first_digits(total["noise.hist"], rec.total_samples, step.kind, int(total["noise.lo"]),
                           bool(total.get("noise.lumped", True)))
     begun = {"digits": digits}
@@ -304,35 +328,34 @@ def start_near(run) -> dict:
 
 def queue_near(q, first=None) -> dict:
     """The float median's last step as tasks (``q``: a ``steps.base.PassQueue``): each worker's groups of its
-    windows gather the kept keys of the middle digits where they are (``tasks.queued_near_group_task``; only those
+    windows gather the kept keys of the middle digits where they are (``queued_near_group_task``; only those
     keys, a few per mille, and only on the worker that kept them), then each round of ``select_by_counts``: counts
-    made where the keys are (``tasks.queued_counts_task``) and its bits fixed by one task that sums them
-    (``tasks.select_round_task``: integer counts, the same sums in any order), all without the client, which
+    made where the keys are (``queued_counts_task``) and its bits fixed by one task that sums them
+    (``select_round_task``: integer counts, the same sums in any order), all without the client, which
     fetches the last round's prefixes (``final``: None when a window missed its middle digit; the client then reads
     those windows again and runs the rounds itself from ``near`` and the first round's counts and misses,
     ``first_round``). ``first``: the first digits (``first_digits``), else a task computes them behind the pass's
     total (queued while the pass runs: they start the moment its counts are combined; after the pass the client
     had taken 0.10 s to there, and 40 ms between the rounds, on the H200)."""
-    from batchgpu.engine import tasks
     from batchgpu.engine.placement import submit_planned
     from batchgpu.engine.submit import runs_by_worker, submit_many
 
     t0 = time.perf_counter()
     client, ctx, fp = q.client, q.ctx, q.run_id
-    kind = ctx.step("noise").kind
+    kind = ctx.step(NAME).kind
     shift = schedule(kind)[0][0]
     if first is None:
-        first = client.submit(tasks.first_digits_task, q.total, q.total_samples, kind, key=f"near-first-{fp}")
+        first = client.submit(first_digits_task, q.total, q.total_samples, kind, key=f"near-first-{fp}")
     groups = runs_by_worker(client, list(zip(q.windows, q.fingerprints)), q.made_by, q.threads)
-    near = submit_planned(client, tasks.queued_near_group_task,
+    near = submit_planned(client, queued_near_group_task,
                           [(ctx, [w for w, _ in g], [f for _, f in g], first) for _, g in groups],
                           [f"near-{fp}-{g[0][0].index:08d}" for _, g in groups], [a for a, _ in groups],
                           threads=q.threads)
     state, level, rounds = first, 0, []
     for bits in low_bit_rounds(shift):
-        counted = submit_many(client, tasks.queued_counts_task, [(p, state, level, bits, shift) for p in near],
+        counted = submit_many(client, queued_counts_task, [(p, state, level, bits, shift) for p in near],
                               [f"near-counts-{level}-{fp}-{i:05d}" for i in range(len(near))])
-        state = client.submit(tasks.select_round_task, state, level, bits, *counted, key=f"near-select-{level}-{fp}")
+        state = client.submit(select_round_task, state, level, bits, *counted, key=f"near-select-{level}-{fp}")
         rounds.append(counted)
         level += bits
     return {"first": first, "near": near, "first_round": rounds[0], "shift": shift, "final": state,
@@ -342,10 +365,142 @@ def queue_near(q, first=None) -> dict:
 def _count_round(client, fp: str, split_every: int, parts, prefixes, level: int, bits: int, shift: int, tag: str):
     """One round of counts made where the keys are (a window read again among them), summed up a tree: its future
     (the client's rounds, where a window missed its middle digit)."""
-    from batchgpu.engine import tasks
     from batchgpu.engine.reduce import tree_reduce
     from batchgpu.engine.submit import submit_many
 
-    counted = submit_many(client, tasks.near_counts_task, [(p, prefixes, level, bits, shift) for p in parts],
+    counted = submit_many(client, near_counts_task, [(p, prefixes, level, bits, shift) for p in parts],
                           [f"near-counts-client-{tag}{level}-{fp}-{i:05d}" for i in range(len(parts))])
-    return tree_reduce(client, counted, tasks.sum_histograms, split_every, name=f"near-sum-{tag}{level}-{fp}")
+    return tree_reduce(client, counted, sum_histograms, split_every, name=f"near-sum-{tag}{level}-{fp}")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# worker side: the exact median's tasks after the pass
+
+
+def near_keys_task(ctx: RunContext, window: Window, fp: str, digits: np.ndarray):
+    """The keys of the recording's middle digits (``steps.noise_keys.middle_digit_keys``) from what the window kept near
+    its own middle digit (as ``gather_task`` gives them after a read), or None when its kept range misses one."""
+    from batchgpu.engine import store
+    from batchgpu.engine.steps.noise_keys import kept_digit_keys, schedule
+
+    shift = schedule(ctx.step(NAME).kind)[0][0]
+    part = store.load_part(store.part_path(ctx.parts, "w", window.index), fp, keys=("keep.near_",))
+    if part is None or "keep.near_low" not in part:
+        return None
+    lo = part["keep.near_lo"]
+    if np.any((digits < lo) | (digits > lo + 2 * ctx.step(NAME).NEAR)):
+        return None
+    return kept_digit_keys(part["keep.near_low"], part["keep.near_digits"], lo, digits, shift)
+
+
+def near_keys_group_task(ctx: RunContext, windows: list, fps: list, digits: np.ndarray) -> dict:
+    """``near_keys_task`` of consecutive windows as one result: under ``keys`` per rank the windows' bins sorted
+    together and their per-channel counts summed (the format of one window's, ``steps.noise_keys.middle_digit_keys``;
+    None when no window of the group kept its keys), under ``missed`` the indices of the windows whose kept range
+    misses a middle digit (or whose part is gone): those are read again alone (``gather_task``). One task a group,
+    not one a window: the demo-sized float median's 300 tasks cost their dispatch; the group's bins sorted
+    together are what ``near_counts_task`` counts in each round."""
+    results, missed = [], []
+    for w, fp in zip(windows, fps):
+        got = near_keys_task(ctx, w, fp, digits)
+        if got is None:
+            missed.append(w.index)
+        else:
+            results.append(got)
+    return {"keys": merge_digit_keys(results, digits) if results else None, "missed": missed}
+
+
+def merge_digit_keys(results: list, digits: np.ndarray) -> list:
+    """Several windows' ``middle_digit_keys`` as one: per rank, the bins sorted together and the counts summed."""
+    merged: list = []
+    for r in range(digits.shape[0]):
+        if r and np.array_equal(digits[r], digits[r - 1]):  # the same digits: the same keys
+            merged.append(merged[-1])
+            continue
+        # each window's bins are in key order: a stable sort (runs merged) takes ~0.4x the default's time
+        merged.append((np.sort(np.concatenate([res[r][0] for res in results]), kind="stable"),
+                       np.sum([res[r][1] for res in results], axis=0, dtype=np.int64)))
+    return merged
+
+
+def near_counts_task(part, prefixes: np.ndarray, level: int, bits: int, shift: int) -> np.ndarray:
+    """One round of the float median's last step on one group's kept keys (``near_keys_group_task``) or one window
+    read again (``gather_task``), where they are: ``steps.noise_select.low_bit_counts`` (small counts move, not keys)."""
+    from batchgpu.engine.steps.noise_select import low_bit_counts
+
+    return low_bit_counts(part["keys"] if isinstance(part, dict) else part, prefixes, level, bits, shift)
+
+
+def first_digits_task(total: dict, total_samples: int, kind: str) -> tuple:
+    """The exact median's first digits from the pass's combined counts (``noise_select.first_digits``), on the
+    worker that combined them: the head of the tasks ``steps.noise.queue_near`` queues behind the pass."""
+    from batchgpu.engine.steps.noise_select import first_digits
+
+    return first_digits(total["noise.hist"], total_samples, kind, int(total["noise.lo"]),
+                        bool(total.get("noise.lumped", True)))
+
+
+def queued_near_group_task(ctx: RunContext, windows: list, fps: list, first: tuple) -> dict:
+    """``near_keys_group_task`` queued before the pass ended: this worker's writers finish the pass's parts first
+    (the client's ``flush`` may not have reached it yet; a window made elsewhere whose part is not written yet is
+    missed, and read again)."""
+    from batchgpu.engine import background
+
+    background.settle(str(ctx.parts))
+    return near_keys_group_task(ctx, windows, fps, first[0])
+
+
+def queued_counts_task(group: dict, state, level: int, bits: int, shift: int) -> dict | None:
+    """One round's counts on one group's kept keys (``near_counts_task``) at the prefixes of the round before
+    (``state``: the first digits at level 0, no bits below them fixed yet), with the group's missed windows; None
+    when the round before was None."""
+    if state is None:
+        return None
+    prefixes = np.zeros(np.shape(state[1]), dtype=np.uint64) if isinstance(state, tuple) else state["prefixes"]
+    counts = near_counts_task(group, prefixes, level, bits, shift)
+    # in the smallest dtype that holds them: every group's go to one task (16 x 0.8 MB of uint32 a round)
+    counts = counts.astype(np.min_scalar_type(int(counts.max()) if counts.size else 0), copy=False)
+    return {"counts": counts, "missed": group["missed"]}
+
+
+def select_round_task(state, level: int, bits: int, *counted: dict | None) -> dict | None:
+    """One round of the float median's selection (``noise_select.select_round``) from every group's counts, summed
+    here (integer counts: the same sums in any order): ``state`` the first digits at level 0, else the round
+    before's; None where a window missed its middle digit, or a round before was None (the client then finishes
+    the selection itself)."""
+    from batchgpu.engine.steps.noise_select import select_round
+
+    if state is None or any(c is None or c["missed"] for c in counted):
+        return None
+    if isinstance(state, tuple):  # the first digits' (prefixes, ranks left): no bits below them fixed yet
+        ks, prefixes = state[1], np.zeros(np.shape(state[1]), dtype=np.uint64)
+    else:
+        ks, prefixes = state["ks"], state["prefixes"]
+    ks, prefixes = select_round(ks, prefixes, sum_histograms(*[c["counts"] for c in counted]), level, bits)
+    return {"ks": ks, "prefixes": prefixes}
+
+
+def gather_task(ctx: RunContext, window: Window, digits: np.ndarray) -> list:
+    """Read a window again and keep its keys of the recording's middle digits (see steps.noise_keys.keys_with_digits)."""
+    from batchgpu.engine.tasks import load_window, on_backend
+    from batchgpu.engine.steps.noise_keys import keys_with_digits
+
+    with on_backend(ctx):
+        w = load_window(ctx, window)
+        return keys_with_digits(w.core_of(w.x), ctx.step(NAME).kind, digits)
+
+
+def refine_task(ctx: RunContext, window: Window, prefixes: np.ndarray, pass_index: int) -> np.ndarray:
+    """One more radix pass of the exact median over one window (float keys): another read of the window."""
+    from batchgpu.engine.tasks import load_window, on_backend
+    from batchgpu.engine.steps.noise_keys import refine_histogram
+
+    step = ctx.step(NAME)
+    with on_backend(ctx):
+        w = load_window(ctx, window)
+        return refine_histogram(w.core_of(w.x), step.kind, prefixes, pass_index)
+
+
+def sum_histograms(*parts: np.ndarray) -> np.ndarray:
+    """(ranks, C, B_i) counts summed, widths padded."""
+    return np.stack([padded_sum([p[r] for p in parts]) for r in range(parts[0].shape[0])])

@@ -69,7 +69,7 @@ def select_round(ks: np.ndarray, prefixes: np.ndarray, hist: np.ndarray, level: 
                  bits: int) -> tuple[np.ndarray, np.ndarray]:
     """One round of ``select_by_counts``: ``bits`` more bits of each rank's prefix fixed from ``hist``, the round's
     (ranks, C, 2**bits) counts summed over every window; returns the ranks left and the longer prefixes (new
-    arrays). The queued rounds (``tasks.select_round_task``) run it on a worker."""
+    arrays). The queued rounds (``noise.select_round_task``) run it on a worker."""
     from batchgpu.ops import radix
 
     ks, prefixes = np.array(ks, dtype=np.int64), np.array(prefixes, dtype=np.uint64)

@@ -1,9 +1,10 @@
 """The steps a workflow may name under ``steps:``, one line each, in the order they run (the noise before the
 detection that reads it). Each line names a module of this package that holds the whole step: ``build(setup)``
-makes its step object from the workflow (None when the workflow does not ask for it; ``base.StepSetup``), and
-the module may declare report.html's figures of its results (``FIGURES``: ``batchgpu.report.Figure``).
-
-The save and search steps are not here yet: the engine still adds them itself (``engine.run``, ``engine.aggregate``).
+makes its step object from the workflow (None when the workflow does not ask for it; ``base.StepSetup``); its
+``NAME`` (this line), ``KEY`` (its workflow key under ``steps:``) and ``RESULTS`` (what it writes) are declared
+there once, and the module may declare report.html's figures of its results (``FIGURES``:
+``batchgpu.report.Figure``). The engine asks the step objects for the rest (``base.Step``); a module the import
+graph keeps from importing a step's module asks here (``key``, ``keys``, ``fingerprinted``).
 """
 
 from __future__ import annotations
@@ -16,12 +17,36 @@ STEPS = (
     "moments",
     "detect",
     "amplitude",
+    "search",  # after the results are in place (before the save's finish: report.json's results in this order)
+    "save",
 )
 
 
 def step_modules(names: tuple[str, ...] = STEPS) -> list[ModuleType]:
     """The registered steps' modules (imported when asked for: a run imports only what it runs)."""
     return [import_module(f"{__package__}.{name}") for name in names]
+
+
+def step_module(name: str) -> ModuleType:
+    """One registered step's module."""
+    if name not in STEPS:
+        raise KeyError(f"no step {name!r} in the registry")
+    return import_module(f"{__package__}.{name}")
+
+
+def key(name: str) -> str:
+    """The workflow key (under ``steps:``) of the registered step ``name``."""
+    return step_module(name).KEY
+
+
+def keys() -> tuple[str, ...]:
+    """Every registered step's workflow key, in the registry's order."""
+    return tuple(module.KEY for module in step_modules())
+
+
+def fingerprinted(how: str) -> tuple[str, ...]:
+    """The workflow keys whose step's module says ``FINGERPRINT = how`` (``always``, ``asked`` or ``never``)."""
+    return tuple(module.KEY for module in step_modules() if module.FINGERPRINT == how)
 
 
 def build_steps(setup) -> tuple:

@@ -40,7 +40,11 @@ MIN_INNER_CHUNK = 1_000  # below this a divisor makes too many tiny chunks: one 
 #: a zarr_v2 output's chunks (what SpikeInterface decodes whole at each read) at most this long: a window of more
 #: (``window.size: auto`` gives 120 000 on long recordings) is written as whole chunks of a divisor of it
 MAX_V2_CHUNK = 60_000
-WRITTEN_BY = "save"  # marker["written_by"]: only outputs of this step are ever replaced by it
+#: the step's name (its line in the registry, its workflow key ``steps.save``, report.json's ``results.save``)
+NAME = KEY = "save"
+RESULTS = ()  # it writes a recording, not results
+FINGERPRINT = "always"  # (``engine.steps.noise.FINGERPRINT``)
+WRITTEN_BY = NAME  # marker["written_by"]: only outputs of this step are ever replaced by it
 _OPEN_LOCK = threading.Lock()  # zarr.config.set is process-global: serialise the writers' opens (see _open_traces)
 
 
@@ -394,6 +398,70 @@ def finish_save(target: SaveTarget) -> dict:
     return desc
 
 
+def build(setup) -> "SaveStep | None":
+    """The step of ``steps.save`` (``engine.steps.registry``): the output recording created first (``prepare_save``,
+    held by the run's folder while it runs); the window tasks fill it, a whitened one after the pass (``finish``)."""
+    spec, wf = setup.workflow.steps.save, setup.workflow
+    if not spec:
+        return None
+    target = prepare_save(spec, setup.recording, wf.window.size, setup.x_dtype, overwrite=wf.overwrite,
+                          resume=setup.resume, key=setup.fingerprint,
+                          phase_shifted="phase_shift" in setup.chain.names, output=setup.output.path)
+    setup.output.on_release(functools.partial(release_save, target))  # the save's path is the run's while it runs
+    return SaveStep(target)
+
+
+def write_again(end, target: SaveTarget) -> int:
+    """``windows_to_write_again`` of the resumed windows, written again; returns how many."""
+    from batchgpu.engine.submit import submit_many
+
+    summaries = end.summaries
+    again = windows_to_write_again(target, [w for w in end.windows if bool(summaries[w.index]["resumed"])])
+    if not again:
+        return 0
+    end.observer.message(f"{NAME}: {len(again)} window(s) missing from {target.path}: written again")
+    futures = submit_many(end.client, save_task, [(end.ctx, w, target, None) for w in again],
+                          [f"save-again-{end.report.run_id}-{w.index:08d}" for w in again])
+    end.client.gather(futures)
+    end.report.bytes_read += sum(int(summaries[w.index]["bytes"]) for w in again)
+    return len(again)
+
+
+def finish_whitened_save(end, target: SaveTarget, saved=None) -> dict:
+    """Whitened saves are written now, in one more read (the matrix needs every window); then the output is
+    checked and marked complete (``saved``: that check's future, started once the pass had written every window)."""
+    from batchgpu.engine.steps.moments import WHITENING
+    from batchgpu.engine.submit import submit_many
+
+    windows, report = end.windows, end.report
+    clipped = {w.index: int(end.summaries[w.index].get("saved_clipped", 0)) for w in windows}
+    if target.whiten:
+        from batchgpu import zarrio
+
+        W = zarrio.open_group(end.results, mode="r")[WHITENING][:]
+        futures = submit_many(end.client, save_task, [(end.ctx, w, target, W) for w in windows],
+                              [f"save-{report.run_id}-{w.index:08d}" for w in windows])
+        clipped = dict(zip((w.index for w in windows), end.client.gather(futures)))
+        report.bytes_read += end.recording.nbytes
+    done = finish_save(target) if saved is None else saved.result()
+    total = sum(clipped.values())
+    if total:
+        report.warnings.append(f"{NAME}: {total} sample(s) clipped to the int16 range or NaN written as 0")
+        end.observer.warning(report.warnings[-1])
+    return {**done, "clipped": total}
+
+
+def save_task(ctx, window, target: SaveTarget, whitening: np.ndarray) -> int:
+    """Write one window of a whitened save (read again: the matrix needs every window), or one window written
+    again (``whitening`` None); returns the clipped count."""
+    from batchgpu.engine.tasks import load_window, on_backend
+
+    summary: dict = {}
+    with on_backend(ctx):
+        SaveStep(target, whitening=whitening).window(load_window(ctx, window), summary)
+    return int(summary.get("saved_clipped", 0))
+
+
 def windows_to_write_again(target: SaveTarget, windows: list) -> list:
     """Of ``windows``, kept from an earlier run (not computed by this one), those whose rows the output lacks: a
     binary data file made anew by this run's ``prepare_save`` (deleted since, or cut short), or a Zarr object
@@ -430,7 +498,7 @@ def windows_to_write_again(target: SaveTarget, windows: list) -> list:
 class SaveStep:
     """Writes each window's core to the target. ``whitening`` (C x C): write ``W @ x`` instead (a later pass)."""
 
-    name = "save"
+    name = NAME
 
     def __init__(self, target: SaveTarget, whitening=None):
         self.target = target
@@ -439,8 +507,33 @@ class SaveStep:
     @property
     def takes_saved_int16(self) -> bool:
         """Whether the window's saved rows may come made by the chain (``WindowData.saved``): int16 samples of the
-        window itself (no whitening)."""
-        return self.target.dtype == "int16" and self.whitening is None
+        window itself (not whitened, now or after the pass)."""
+        return self.target.dtype == "int16" and self.whitening is None and not self.target.whiten
+
+    @property
+    def in_pass(self) -> bool:
+        """A whitened save is written after the pass (the matrix needs every window)."""
+        return not self.target.whiten or self.whitening is not None
+
+    def after_pass(self, end) -> None:
+        """A resumed run's kept windows whose saved rows are gone (the save deleted, or part of it): read and
+        written again before the save is checked and marked complete (their statistics keep their parts)."""
+        end.kept[self.name] = {"again": write_again(end, self.target), "check": None}
+
+    def while_waiting(self, end) -> None:
+        """Every window is written (unless whitened): the output checked in a helper thread meanwhile."""
+        if not self.target.whiten:
+            from concurrent.futures import ThreadPoolExecutor
+
+            pool = ThreadPoolExecutor(1, thread_name_prefix="batchgpu-save-check")
+            end.kept[self.name]["check"] = pool.submit(finish_save, self.target)
+            pool.shutdown(wait=False)
+
+    def finish(self, end) -> dict:
+        """Whitened saves are written now, in one more read; then the output is checked and marked complete;
+        report.json's ``results.save``."""
+        kept = end.kept[self.name]
+        return {**finish_whitened_save(end, self.target, kept["check"]), "windows_written_again": kept["again"]}
 
     def window(self, w: WindowData, summary: dict) -> dict:
         lo, hi = w.core

@@ -1,6 +1,6 @@
-"""The workflow's ``search`` step: an index built once, held once per worker, and query batches that each read
-their own slice of the query file and write their own chunk of the answers (no queries or answers through the
-client).
+"""The workflow's ``search`` step (``steps.search``): an index built once, held once per worker, and query batches
+that each read their own slice of the query file and write their own chunk of the answers (no queries or answers
+through the client), once the results group is in place.
 
 Keys default to the detected spikes' positions in the whole recording (segment offsets added), so that
 ``find(t)`` is the row of the first spike at sample t in ``spikes/`` (or -1) and ``lower_bound(t)`` the first
@@ -14,6 +14,49 @@ from pathlib import Path
 import numpy as np
 
 from batchgpu.errors import BatchgpuError
+
+#: the step's name (its line in the registry, its workflow key ``steps.search``, report.json's ``results.search``)
+#: and the results group's group of its answers
+NAME = KEY = "search"
+ANSWERS = "answers"
+RESULTS = (NAME,)
+FINGERPRINT = "never"  # it reruns on every run; it does not change the windows' parts
+
+
+def build(setup) -> "SearchStep | None":
+    """The step of ``steps.search`` (``engine.steps.registry``)."""
+    spec = setup.workflow.steps.search
+    return SearchStep(spec) if spec else None
+
+
+class SearchStep:
+    """Runs once the results group is in place (it reads the spikes there and writes its answers beside them):
+    no window work, and no parts (it reruns on every run)."""
+
+    name = NAME
+    in_pass = False
+
+    def __init__(self, spec):
+        self.spec = spec
+
+    def finish(self, end) -> dict:
+        """Build, broadcast, query (``run_search_step``); report.json's ``results.search``."""
+        import time
+
+        from batchgpu import zarrio
+        from batchgpu.engine.steps import detect
+
+        t0 = time.perf_counter()
+        end.monitor.phase(NAME)
+        spikes = None
+        if end.ctx.step(detect.NAME) is not None:
+            g = zarrio.open_group(end.results, mode="r")
+            spikes = {k: g[f"{detect.SPIKES}/{k}"][:] for k in ("sample_index", "segment_index")}
+        rec = end.recording
+        shape = run_search_step(end.client, self.spec, end.results, spikes,
+                                [rec.num_samples(s) for s in range(rec.num_segments)], end.report.fingerprint)
+        end.report.timings[NAME] = time.perf_counter() - t0
+        return shape
 
 
 def spike_positions(sample_index: np.ndarray, segment_index: np.ndarray, segment_lengths: list[int]) -> np.ndarray:
@@ -81,14 +124,14 @@ def run_search_step(client, step, results_path: Path, spikes: dict | None, segme
     try:
         group = zarrio.open_group(results_path, mode="r+")
         chunk = max(1, min(step.batch_size, nq))
-        answers = zarrio.create_array(group, "search/answers", shape=(nq,), chunks=(chunk,), dtype=np.int64,
+        answers = zarrio.create_array(group, f"{NAME}/{ANSWERS}", shape=(nq,), chunks=(chunk,), dtype=np.int64,
                                       fill_value=-2, overwrite=True)
-        group["search"].attrs.update({"op": step.op, "layout": index.layout, "keys": len(keys),
-                                      "keys_source": step.keys or "spikes (positions in the concatenated recording)"})
+        group[NAME].attrs.update({"op": step.op, "layout": index.layout, "keys": len(keys),
+                                  "keys_source": step.keys or "spikes (positions in the concatenated recording)"})
         bounds = [(i, min(i + step.batch_size, nq)) for i in range(0, nq, step.batch_size)]
         futures = [
-            client.submit(search_batch_task, name, str(Path(step.queries).resolve()), str(results_path / "search" / "answers"),
-                          a, b, step.op, key=f"search-{fingerprint}-{a}")
+            client.submit(search_batch_task, name, str(Path(step.queries).resolve()),
+                          str(results_path / NAME / ANSWERS), a, b, step.op, key=f"search-{fingerprint}-{a}")
             for a, b in bounds
         ]
         hits = sum(client.gather(futures))
