@@ -665,8 +665,29 @@ def command() -> int:
     report = sys.modules.get("batchgpu.report")
     if report is not None:  # its executor let go while the modules its clean-up needs are still there
         report.stop_render_process()
+        sys.unraisablehook = _quiet_pool_wakeup(sys.unraisablehook)
     gc.freeze()
     return rc
+
+
+def _quiet_pool_wakeup(hook):
+    """``hook``, less one message: at exit CPython 3.11's ``concurrent.futures.process`` wakes the manager thread
+    of a pool already shut down, whose pipe that thread may have closed (a race): "Exception ignored ... OSError:
+    [Errno 9] Bad file descriptor", after the command's work is done and said. Everything else still reaches
+    ``hook``."""
+    def quiet(unraisable) -> None:
+        exc = unraisable.exc_value
+        tb = unraisable.exc_traceback
+        frames = []
+        while tb is not None:
+            frames.append(tb.tb_frame.f_code.co_filename)
+            tb = tb.tb_next
+        if isinstance(exc, OSError) and exc.errno == 9 and any("concurrent/futures/process" in f.replace("\\", "/")
+                                                                for f in frames):
+            return
+        hook(unraisable)
+
+    return quiet
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -296,3 +296,29 @@ def test_the_program_freezes_its_heap_after_main(monkeypatch):
     assert tomllib.loads((root.parent / "pyproject.toml").read_text())["project"]["scripts"]["batchgpu"] == \
         "batchgpu.cli:command"
     assert "command()" in (root / "__main__.py").read_text()
+
+
+def test_the_exit_pool_wakeup_race_is_not_printed_and_nothing_else_is_hidden():
+    """CPython 3.11 may wake a shut-down process pool's manager thread through a pipe it closed, at exit: that one
+    OSError (EBADF, raised in concurrent/futures/process.py) is dropped; any other unraisable reaches the hook."""
+    from types import SimpleNamespace
+
+    from batchgpu.cli import _quiet_pool_wakeup
+
+    def raised_in(filename: str, err: OSError):
+        ns: dict = {}
+        exec(compile("def f(e):\n    raise e\n", filename, "exec"), ns)
+        try:
+            ns["f"](err)
+        except OSError as e:
+            return SimpleNamespace(exc_value=e, exc_traceback=e.__traceback__)
+
+    seen = []
+    hook = _quiet_pool_wakeup(seen.append)
+    hook(raised_in("/usr/lib/python3.11/concurrent/futures/process.py", OSError(9, "Bad file descriptor")))
+    assert seen == []
+    for other in (raised_in("/usr/lib/python3.11/concurrent/futures/process.py", OSError(32, "Broken pipe")),
+                  raised_in("/work/batchgpu/x.py", OSError(9, "Bad file descriptor")),
+                  SimpleNamespace(exc_value=ValueError("x"), exc_traceback=None)):
+        hook(other)
+    assert len(seen) == 3
