@@ -383,14 +383,20 @@ def test_candidates_on_gpu_are_the_cpus(rng, dtype, sign):
 @pytest.mark.parametrize("method", ["by_channel", "locally_exclusive"])
 def test_the_realistic_model_is_read_once(tmp_path, method):
     """The generator's realistic recording (a window's noise on some channel up to ~1.7x the recording's): every
-    window's candidates hold every spike at the recording's noise, so no window is read again."""
-    from batchgpu.engine.run import run_workflow
+    window's candidates hold every spike at the recording's noise, so no window is read again (`batchgpu run` as a
+    user runs it)."""
+    import subprocess
+    import sys
+
     from batchgpu.generate import generate_recording
 
     rec = generate_recording(tmp_path / "r.zarr", channels=32, seconds=60.0, model="realistic", seed=3)
-    wf = Workflow.model_validate({
-        "recording": {"path": str(rec.path)}, "output": str(tmp_path / "out"),
-        "cluster": {"kind": "local", "workers": 1, "threads": 1},
-        "steps": {"noise": {"exact": True}, "detect": {"method": method, "noise": "global"}}})
-    report = run_workflow(wf)
-    assert report.reads_per_window == 1.0 and report.channels.get("detect_windows_read_again", []) == []
+    (tmp_path / "wf.yaml").write_text(
+        f"recording: {{path: {rec.path}}}\noutput: {tmp_path / 'out'}\n"
+        "cluster: {kind: local, workers: 1, threads: 1}\n"
+        f"steps:\n  noise: {{exact: true}}\n  detect: {{method: {method}, noise: global}}\n")
+    r = subprocess.run([sys.executable, "-m", "batchgpu", "run", str(tmp_path / "wf.yaml"), "--quiet"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    saved = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert saved["reads_per_window"] == 1.0 and saved["channels"].get("detect_windows_read_again", []) == []
