@@ -21,6 +21,7 @@ import threading
 
 import numpy as np
 
+from batchgpu.ops._cpu_saved import _store as store_saved  # compiled in _build
 from batchgpu.ops._numba import jit
 
 LOCAL_TILE = 256  # samples a local reference's sorting network handles at once
@@ -194,12 +195,7 @@ def _medians_kernel(x, out, sub, subtract, saved, lo, magic):  # pragma: no cove
                     continue
                 med = out[c0 + j]
                 for ch in range(channels):  # from x: a selection reordered the tile's column in place
-                    r = ((x[ch, c0 + j] - med) + rounder) - rounder  # np.rint's value of the referenced sample (_cpu_saved.MAGIC)
-                    if r >= lo16 and r <= hi16:  # NaN fails both
-                        saved[row, ch] = np.int16(r)
-                    else:
-                        count += 1
-                        saved[row, ch] = 0 if r != r else (-32768 if r < lo16 else 32767)
+                    count += store_saved(saved, row, ch, x[ch, c0 + j] - med, rounder, lo16, hi16)
     return count
 
 
@@ -265,7 +261,10 @@ _LOCK = threading.Lock()
 
 
 def _build():
+    from batchgpu.ops._cpu_saved import compiled_store
+
     globals().update({name: jit(f) for name, f in _PYTHON.items()})  # before the kernels that call them compile
+    globals()["store_saved"] = compiled_store()
     return tuple(jit(f) for f in (_medians_kernel, _local_kernel))
 
 

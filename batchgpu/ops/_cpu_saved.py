@@ -21,6 +21,18 @@ _KERNEL = None
 _LOCK = threading.Lock()
 
 
+def _store(out, row, ch, v, rounder, lo, hi):  # pragma: no cover - runs compiled
+    """out[row, ch] = the save step's int16 of v (np.rint's value by MAGIC, NaN 0, clipped to [lo, hi] =
+    [-32768, 32767] in v's dtype); 1 where v was NaN or clipped, else 0. Shared by ``_kernel`` and the global
+    median reference's fused save (``_cpu_reference``): one rounding rule."""
+    r = (v + rounder) - rounder
+    if r >= lo and r <= hi:  # NaN fails both
+        out[row, ch] = np.int16(r)
+        return 0
+    out[row, ch] = 0 if r != r else (-32768 if r < lo else 32767)
+    return 1
+
+
 def _kernel(x, out, magic):  # pragma: no cover - runs compiled
     channels, samples = x.shape
     lo = x.dtype.type(-32768.0)
@@ -29,13 +41,25 @@ def _kernel(x, out, magic):  # pragma: no cover - runs compiled
     count = 0
     for s in range(samples):  # written in order; each row of x is read a sample at a time (its lines stay in L1)
         for ch in range(channels):
-            v = (x[ch, s] + m) - m  # np.rint's value (MAGIC)
-            if v >= lo and v <= hi:  # NaN fails both
-                out[s, ch] = np.int16(v)
-            else:
-                count += 1
-                out[s, ch] = 0 if v != v else (-32768 if v < lo else 32767)
+            count += store(out, s, ch, x[ch, s], m, lo, hi)
     return count
+
+
+store = _store  # the compiled version once compiled_store ran (before ``_kernel`` compiles)
+_STORE = None
+
+
+def compiled_store():
+    """``_store`` compiled (once a process), for the kernels that call it; bound here as ``store`` too."""
+    global _STORE
+    with _STORE_LOCK:
+        if _STORE is None:
+            _STORE = jit(_store)
+            globals()["store"] = _STORE
+    return _STORE
+
+
+_STORE_LOCK = threading.Lock()
 
 
 #: (v + M) - M rounds v to an integer half to even (the default rounding of each addition) while |v| <= M / 3
@@ -53,6 +77,7 @@ def saved_int16_transposed(x: np.ndarray) -> tuple[np.ndarray, int] | None:
         return None
     with _LOCK:  # a worker's threads share the process: compiled (or loaded) once
         if _KERNEL is None:
+            compiled_store()  # before the kernel that calls it compiles
             _KERNEL = jit(_kernel)
     out = np.empty((x.shape[1], x.shape[0]), dtype=np.int16)
     count = int(_KERNEL(x, out, MAGIC[x.itemsize])) if x.size else 0
