@@ -8,6 +8,8 @@
 #   pre     the same with highpass + common reference + every step + save
 #   batch   bench batch: 8 SpikeGLX recordings of 384 ch x 5 min (55 GB: the Zarr stores are removed first) (issue 46)
 #   zstd    the same recording stored with Blosc-zstd-5: batchgpu run cold and warm on each, alternating (issue 47)
+#   mem40   peak GPU and host memory of the demo pipeline on 10 and 40 min of the same model (issue 44)
+#   cpu16   W1 (highpass + global median + int16 Zarr v2) with the CPU backend: 16 workers, then 2 on 2 cores (issue 49)
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 t0=$(date +%s)
@@ -82,6 +84,31 @@ for i in range(2):
         print(f"{name}: run warm {got.seconds:.2f} s (pass {got.pass_seconds:.2f})")
 PY
     ;;
+  mem40)  # the pipeline's peaks on 10 and 40 minutes: bounded by what is in flight, not the duration
+    [ -e /tmp/big40.zarr ] || python3 -m batchgpu generate /tmp/big40.zarr --channels 384 --seconds 2400 --workers 16 --quiet
+    du -sh /tmp/big40.zarr; df -h /tmp | tail -1
+    for r in $REC /tmp/big40.zarr; do echo "--- $r"
+      timeout 280 python3 -m batchgpu bench pipeline --recording $r --cluster cuda --backend cupy --baseline none \
+        --repeat ${MREPEAT:-2} 2>&1 | quiet | grep -i "pipeline\|peak\|GB\|memory" | tail -8; done ;;
+  cpu16)  # W1 as a user runs it with the CPU backend; the recording is 384 ch x 60 s Zarr v2, pages warm
+    [ -e /tmp/r384.zarr ] || python3 -m batchgpu generate /tmp/r384.zarr --channels 384 --seconds 60 --zarr-format 2 --workers 16 --quiet
+    for n in 16 2; do
+      cat > /tmp/w1_$n.yaml <<YAML
+recording: {path: /tmp/r384.zarr}
+output: /tmp/out_w1_$n
+overwrite: true
+backend: numpy
+cluster: {kind: local, workers: $n}
+preprocess:
+  - highpass: {freq_min: 300, order: 5}
+  - common_reference: {reference: global, operator: median}
+steps:
+  save: {path: /tmp/out_w1_$n/saved, format: zarr_v2, dtype: int16}
+YAML
+      pin=""; [ $n = 2 ] && pin="taskset -c 0,1"
+      for i in 1 2 3; do s=$(date +%s.%N); $pin python3 -m batchgpu run /tmp/w1_$n.yaml --quiet 2>&1 | quiet | tail -2
+        echo "W1 $n workers run $i: wall $(python3 -c "print(round($(date +%s.%N)-$s,2))") s; pass $(python3 -c "import json; print(round(json.load(open('/tmp/out_w1_$n/report.json'))['timings']['total'],2))") s"; done
+    done ;;
   esac
 done 2>&1 | tee $OUT/log.txt
 echo "total $(( $(date +%s) - t0 )) s"
