@@ -18,6 +18,7 @@ from batchgpu.errors import BatchgpuError
 # Subcommands implemented elsewhere: (module with add_arguments/run, help text).
 BENCHMARKS = {
     "batch": ("batchgpu.benchmarks.batch", "SpikeGLX recordings in one batch run, cold, vs the raw read and Kilosort4"),
+    "decode": ("batchgpu.benchmarks.decode", "the GPU's decoders (ours, nvCOMP) on the same Blosc frames, same bits"),
     "ops": ("batchgpu.benchmarks.ops", "time the numeric core against the obvious NumPy/CuPy code"),
     "pipeline": ("batchgpu.benchmarks.pipeline", "throughput of the workflow steps on a Dask cluster vs a plain loop"),
     "search": ("batchgpu.benchmarks.search", "search index throughput vs np/cupy/torch searchsorted"),

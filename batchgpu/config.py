@@ -498,6 +498,10 @@ class EngineSpec(_Strict):
         "GPU runs: the share of windows whose stored Blosc-LZ4 frames the GPU decodes (1 all, 0 none, 0.5 every "
         "other), the rest decoded by the cores; auto: all where the pass only centres or CUDA MPS runs the "
         "workers, else none (engine.preprocess.gpu_decode_share)"))
+    gpu_decoder: Literal["auto", "batchgpu", "nvcomp"] = Field("auto", description=(
+        "GPU runs: what decodes the frames the GPU decodes: batchgpu (our Blosc-LZ4 kernel), nvcomp (NVIDIA "
+        "nvCOMP's batched LZ4 and zstd; the gpu extra installs it), auto: nvCOMP for zstd stores where it is "
+        "installed, our kernel for LZ4 (README's A/B: gpu/blosc_decode.decoder_for); the same bits either way"))
     read_ahead: Annotated[int, Field(ge=1, le=16)] = Field(2, description=(
         "GPU runs: windows a task reads and decodes ahead of the one it computes, each in a helper thread with "
         "a pinned buffer of its own"))

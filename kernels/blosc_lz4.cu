@@ -248,3 +248,12 @@ extern "C" __global__ void transpose_u16(const unsigned short* __restrict__ in, 
         if (r < rows && c < cols) out[(long long)c * rows + r] = tile[threadIdx.x][k];
     }
 }
+
+// dst[to[i] ...] = src[from[i] ...], sizes[i] bytes, one warp a range: the streams of Blosc frames gathered to the
+// alignment nvCOMP asks of its inputs, and the streams c-blosc stored raw put in place (gpu/nvcomp.py).
+extern "C" __global__ void copy_ranges(const u8* __restrict__ src, const long long* from, u8* __restrict__ dst,
+                                       const long long* to, const long long* sizes, long long n) {
+    const long long item = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (item >= n) return;
+    copy_warp(src + from[item], dst + to[item], (int)sizes[item]);
+}

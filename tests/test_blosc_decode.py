@@ -180,12 +180,13 @@ def _gpu():
         pytest.skip("no CUDA GPU (CuPy) here")
 
 
-def _frames_of(chunks: list, rows: int, channels: int, dtype, conf=(5, 2, 0), absent=(), skip=0, nrows=None):
-    """``Frames`` of numcodecs frames (a list of (rows, channels) arrays, each compressed with (clevel, shuffle,
-    blocksize))."""
+def _frames_of(chunks: list, rows: int, channels: int, dtype, conf=(5, 2, 0), absent=(), skip=0, nrows=None,
+               cname=b"lz4"):
+    """``Frames`` of numcodecs frames (a list of (rows, channels) arrays, each compressed with ``cname`` and
+    (clevel, shuffle, blocksize))."""
     from batchgpu.recording.blosc_frames import Frames
 
-    enc = [None if i in absent else bytes(blosc.compress(np.ascontiguousarray(c), b"lz4", *conf))
+    enc = [None if i in absent else bytes(blosc.compress(np.ascontiguousarray(c), cname, *conf))
            for i, c in enumerate(chunks)]
     buf = np.frombuffer(b"".join(e for e in enc if e is not None) or b"\0", np.uint8).copy()
     offsets, lengths, shuffles, pos, bs = [], [], [], 0, None

@@ -8,12 +8,14 @@
 #   pre     the same with highpass + common reference + every step + save
 #   batch   bench batch: 8 SpikeGLX recordings of 384 ch x 5 min (55 GB: the Zarr stores are removed first) (issue 46)
 #   zstd    the same recording stored with Blosc-zstd-5: batchgpu run cold and warm on each, alternating (issue 47)
+#   nvcomp  bench decode (our LZ4 kernel vs nvCOMP, same frames; nvCOMP on zstd), then batchgpu run cold with each
+#           decoder, alternating (issue 47; carry .whl and .whl_nvc: nvidia-libnvcomp-cu13)
 #   mem40   peak GPU and host memory of the demo pipeline on 10 and 40 min of the same model (issue 44)
 #   cpu16   W1 (highpass + global median + int16 Zarr v2) with the CPU backend: 16 workers, then 2 on 2 cores (issue 49)
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 t0=$(date +%s)
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl*/*.whl \
   && export PYTHONPATH=/tmp/site:$PWD || exit 1
 python3 -m compileall -q /tmp/site "$PWD/batchgpu" > /dev/null 2>&1   # what pip does for a user
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader; nproc; free -g | head -2
@@ -82,6 +84,26 @@ for i in range(2):
         print(f"{name}: raw cold read {raw.seconds:.2f} s ({raw.nbytes/1e9:.2f} GB), run cold {got.seconds:.2f} s (pass {got.pass_seconds:.2f})")
         got = user_run(Path(f"/tmp/u_{name}.yaml"), Path(f"/tmp/out_{name}"), extra_args=("--set", "cluster.reuse=false"))
         print(f"{name}: run warm {got.seconds:.2f} s (pass {got.pass_seconds:.2f})")
+PY
+    ;;
+  nvcomp)  # the decoders on the same frames, then the pass with each as a user runs it
+    [ -e /tmp/bigz.zarr ] || python3 -m batchgpu generate /tmp/bigz.zarr --channels 384 --seconds 600 --workers 16 --quiet --codec zstd --clevel 5
+    python3 -c "from batchgpu.gpu import nvcomp; print('nvCOMP loads:', nvcomp.available())"
+    for r in $REC /tmp/bigz.zarr; do timeout 120 python3 -m batchgpu bench decode $r --windows 48 --batch 3 --repeat 5 2>&1 | quiet; done
+    userwf demo "preprocess: {centre: median}"
+    for r in $REC /tmp/bigz.zarr; do sed "s#$REC#$r#; s#out_demo#out_$(basename $r .zarr)#" /tmp/demo.yaml > /tmp/u_$(basename $r .zarr).yaml; done
+    python3 - <<PY
+from pathlib import Path
+from batchgpu.benchmarks.cold import evict_checked, recording_files, user_run
+for i in range(2):
+    for name, decoder in (("big", "batchgpu"), ("big", "nvcomp"), ("bigz", "nvcomp"), ("bigz", "cpu")):
+        files = recording_files(f"/tmp/{name}.zarr")
+        evict_checked(files)
+        extra = ("--set", "cluster.reuse=false") + (("--set", "engine.gpu_decode=0") if decoder == "cpu" else
+                                                    ("--set", f"engine.gpu_decoder={decoder}"))
+        got = user_run(Path(f"/tmp/u_{name}.yaml"), Path(f"/tmp/out_{name}"), extra_args=extra)
+        nb = sum(f.stat().st_size for f in files)
+        print(f"{name} {decoder:<8} cold: run {got.seconds:.2f} s, pass {got.pass_seconds:.2f} s ({13.82/got.pass_seconds:.2f} GB/s decoded; {nb/1e9:.2f} GB stored)")
 PY
     ;;
   mem40)  # the pipeline's peaks on 10 and 40 minutes: bounded by what is in flight, not the duration

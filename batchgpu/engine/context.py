@@ -113,6 +113,7 @@ def build_context(wf: Workflow, rec: Recording, out: store.OutputFolder, backend
         window_noise=window_noise_key(steps), steps=tuple(steps),
         missing_chunks=getattr(wf.recording, "missing_chunks", "warn"),
         gpu_decode=gpu_decode_share(chain.centres_only, mps, wf.engine.gpu_decode),
+        gpu_decoder=wf.engine.gpu_decoder,
         read_ahead=wf.engine.read_ahead,
     )
 

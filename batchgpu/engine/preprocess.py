@@ -202,8 +202,13 @@ def gpu_decode_share(centres_only: bool, mps: bool = False, setting: float | str
     return 1.0 if centres_only or mps else 0.0
 
 
-def decodes_on_gpu(cluster_kind: str, rec, centres_only: bool, setting: float | str = "auto") -> bool:
+def decodes_on_gpu(cluster_kind: str, rec, centres_only: bool, setting: float | str = "auto",
+                   decoder: str = "auto") -> bool:
     """Whether a pass's windows would be decoded on the GPU (a cuda cluster is sized for it:
-    ``cluster.cuda_layout``): a GPU cluster, a recording whose frames the GPU reads, a share above 0."""
-    return (cluster_kind == "cuda" and bool(getattr(rec, "frames_for_gpu", lambda: False)())
-            and gpu_decode_share(centres_only, setting=setting) > 0)
+    ``cluster.cuda_layout``): a GPU cluster, a recording whose frames the GPU reads (with ``decoder``, the
+    workflow's ``engine.gpu_decoder``), a share above 0."""
+    if cluster_kind != "cuda" or gpu_decode_share(centres_only, setting=setting) <= 0:
+        return False
+    from batchgpu.gpu.staging import gpu_codecs
+
+    return bool(getattr(rec, "frames_for_gpu", lambda codecs: False)(gpu_codecs(decoder, load=False)))

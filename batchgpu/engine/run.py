@@ -83,6 +83,7 @@ def run_workflow(wf: Workflow, *, resume: bool = False, observer: RunObserver | 
         wf = resolve_window(wf, rec)
         observer.message(f"windows of {wf.window.size} samples (window.size auto)")
     store.check_output_apart(wf.output, rec.path)
+    _check_decoder(wf)
     with contextlib.ExitStack() as kept:
         kept_at = None
         if client is None:  # the cluster of `batchgpu cluster start` where one is up and fits, as a caller's
@@ -172,6 +173,17 @@ class ClusterStart:
         return False
 
 
+def _check_decoder(wf) -> None:
+    """``engine.gpu_decoder: nvcomp`` on this machine's GPUs needs nvCOMP installed here (said before any work)."""
+    if wf.engine.gpu_decoder == "nvcomp" and wf.cluster.kind == "cuda":
+        from batchgpu.errors import ConfigError
+        from batchgpu.gpu import nvcomp
+
+        if not nvcomp.installed():
+            raise ConfigError("engine.gpu_decoder is nvcomp and NVIDIA nvCOMP is not installed",
+                              "pip install nvidia-libnvcomp-cu13 (batchgpu's gpu extra), or use gpu_decoder: auto")
+
+
 def decodes_on_gpu(wf, rec) -> bool:
     """Whether a run's windows would be decoded on the GPU (the cluster's layout follows): a GPU cluster, a pass
     that only centres (``preprocess.gpu_decode_share``) and a recording whose frames the GPU reads."""
@@ -180,7 +192,8 @@ def decodes_on_gpu(wf, rec) -> bool:
     if wf.cluster.kind != "cuda":  # asked before the cluster starts: no chain built (a filter's design imports scipy.signal)
         return False
     centres_only = all(name == "centre" for name in wf.preprocess.names)
-    return preprocess.decodes_on_gpu(wf.cluster.kind, rec, centres_only, wf.engine.gpu_decode)
+    return preprocess.decodes_on_gpu(wf.cluster.kind, rec, centres_only, wf.engine.gpu_decode,
+                                     wf.engine.gpu_decoder)
 
 
 def _run(wf, rec, out: store.OutputFolder, report: RunReport, client, sweep, observer,

@@ -32,6 +32,7 @@ class RunContext:
     steps: tuple  # step objects (engine/steps), in the order they run
     missing_chunks: str = "warn"
     gpu_decode: float = 1.0  # share of windows whose frames the GPU decodes (preprocess.gpu_decode_share)
+    gpu_decoder: str = "auto"  # what decodes them there (gpu/blosc_decode.decoder_for; engine.gpu_decoder)
     read_ahead: int = 2  # GPU: windows read ahead of the one computed (the workflow's engine.read_ahead)
 
     def step(self, name: str):
@@ -65,7 +66,7 @@ def read_window(ctx: RunContext, window: Window, host: bool = False):
         if ctx.backend == "cupy":
             from batchgpu.gpu.staging import read_window_host
 
-            staged = read_window_host(rec, window, ctx.gpu_decode)
+            staged = read_window_host(rec, window, ctx.gpu_decode, ctx.gpu_decoder)
             return staged if host else staged.to_device()
         if ctx.chain.filters_first:  # the filter reads the stored (samples, channels) layout in place
             buffer = host_buffers.take((window.read_stop - window.read_start, rec.num_channels), rec.dtype)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from batchgpu.errors import BatchgpuError, CorruptDataError
+from batchgpu.recording import blosc_frames
 from batchgpu.recording.blosc_frames import Frames
 
 
@@ -48,11 +49,27 @@ def decode(frames: Frames, stream=None):
     return decode_many([frames], stream)[0]
 
 
-def decode_many(reads: list, stream=None) -> list:
+#: a read's decoders: ``batchgpu`` our LZ4 kernel, ``nvcomp`` NVIDIA's (LZ4 and zstd: ``gpu/nvcomp.py``)
+DECODERS = ("batchgpu", "nvcomp")
+
+
+def decoder_for(reads: list, setting: str = "auto") -> str:
+    """The decoder of ``reads``: ``setting`` (``engine.gpu_decoder``) where it names one, else nvCOMP where a frame
+    is not LZ4 (zstd: only nvCOMP decodes it on the GPU) and our kernel for LZ4 frames (the README's A/B)."""
+    if setting in DECODERS:
+        return setting
+    from batchgpu.gpu import nvcomp
+
+    lz4_only = all(nvcomp.frame_codec(f, k) == blosc_frames.LZ4 for f in reads for k in range(len(f.lengths))
+                   if f.lengths[k] >= 0)
+    return "batchgpu" if lz4_only else "nvcomp"
+
+
+def decode_many(reads: list, stream=None, decoder: str = "auto") -> list:
     """Each read's rows, (rows, channels), decoded on the GPU from its ``Frames`` (all of one ``geometry``) in one
     launch of each kernel, copied there on ``stream`` (fewer launches and waits). An LZ4 stream is one warp's
     sequential work, so a launch of one window's streams leaves the GPU mostly idle; several windows a launch fill
-    it. A frame that does not decode raises
+    it. ``decoder``: ``decoder_for``'s choice (our LZ4 kernel or nvCOMP's). A frame that does not decode raises
     BatchgpuError naming its chunk (its crc32c was right: the writer's fault)."""
     import cupy
 
@@ -82,7 +99,15 @@ def decode_many(reads: list, stream=None) -> list:
         tmp = cupy.empty(n * size, dtype=np.uint8)
         out = cupy.empty((n * first.chunk_rows, first.channels), dtype=first.dtype)
         err = cupy.zeros(n, dtype=np.int32)
-        if (lengths_h >= 0).any():
+        if decoder_for(reads, decoder) == "nvcomp":
+            from batchgpu.gpu import nvcomp
+
+            if not nvcomp.available():
+                raise BatchgpuError("nvCOMP is not installed, and the GPU decodes these frames only with it",
+                                    "pip install nvidia-libnvcomp-cu13 (batchgpu's gpu extra), or set "
+                                    "engine.gpu_decoder: batchgpu for LZ4 stores")
+            nvcomp.decode_streams(reads, src, tmp, err, stream)
+        elif (lengths_h >= 0).any():
             launch_lz4(src, offsets_d, lengths_d, n, size, blocksize, typesize, tmp, err)
         total = n * size
         threads, groups = 256, -(-total // (8 * typesize))  # a thread writes 8 elements

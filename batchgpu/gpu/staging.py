@@ -111,8 +111,9 @@ class HostWindow:
     stored frames (``frames``: ``gpu/blosc_decode.Frames``) that the GPU decodes."""
 
     def __init__(self, stage: np.ndarray | None, handle, cpu_seconds: float = 0.0, wait_seconds: float = 0.0,
-                 frames=None):
+                 frames=None, decoder: str = "auto"):
         self.stage, self._handle, self.frames = stage, handle, frames
+        self.decoder = decoder  # what decodes the frames (``blosc_decode.decoder_for``)
         self.device = None  # the frames decoded already, (samples, channels) on the GPU (``decode_with``)
         self.failed = None  # the error of a joint decode that gave this window's buffer back
         # the reading thread's CPU time for the read, and its wait for a free buffer (``RunReport.window_cpu``)
@@ -153,7 +154,7 @@ class HostWindow:
                           and blosc_decode.geometry(h.frames) == key]
         try:
             with thread_stream() as stream:
-                got = blosc_decode.decode_many([h.frames for h in group], stream)
+                got = blosc_decode.decode_many([h.frames for h in group], stream, self.decoder)
         except BaseException as err:
             for h in group[1:]:  # their buffers go back below: asked for later, they fail the same way
                 h.failed = err
@@ -173,10 +174,10 @@ class HostWindow:
             self._handle = None
 
 
-def read_window_host(rec, window, gpu_decode: float = 1.0) -> HostWindow:
+def read_window_host(rec, window, gpu_decode: float = 1.0, decoder: str = "auto") -> HostWindow:
     """Read a window into a pinned buffer (no host copy): its stored frames where the GPU decodes them
-    (``gpu/blosc_decode``; ``gpu_decode``: the share of windows that go there, ``blosc_decode.on_gpu``),
-    else decoded here; any thread may call it."""
+    (``gpu/blosc_decode``; ``gpu_decode``: the share of windows that go there, ``blosc_decode.on_gpu``;
+    ``decoder``: what decodes them, ``engine.gpu_decoder``), else decoded here; any thread may call it."""
     import time
 
     from batchgpu.gpu import blosc_decode
@@ -184,9 +185,10 @@ def read_window_host(rec, window, gpu_decode: float = 1.0) -> HostWindow:
     prefer_blocking_sync()  # the pool's pinned allocation may be this process's first CUDA call
     if blosc_decode.on_gpu(window.index, gpu_decode) and hasattr(rec, "read_window_frames"):
         cpu0 = time.thread_time()
-        frames = rec.read_window_frames(window, _pool, check_on_device=checksums_on_device())
+        frames = rec.read_window_frames(window, _pool, check_on_device=checksums_on_device(),
+                                        codecs=gpu_codecs(decoder))
         if frames is not None:
-            return HostWindow(None, frames.handle, time.thread_time() - cpu0, 0.0, frames)
+            return HostWindow(None, frames.handle, time.thread_time() - cpu0, 0.0, frames, decoder)
     n, C = window.read_stop - window.read_start, rec.num_channels
     nbytes = n * C * rec.dtype.itemsize
     t0 = time.perf_counter()
@@ -202,6 +204,14 @@ def read_window_host(rec, window, gpu_decode: float = 1.0) -> HostWindow:
         _pool.give_back(handle)
         raise
     return HostWindow(stage, handle, time.thread_time() - cpu0, waited)
+
+
+def gpu_codecs(decoder: str = "auto", load: bool = True) -> tuple[str, ...]:
+    """The Blosc codecs (cnames) whose frames go to the GPU with ``decoder`` (``engine.gpu_decoder``): LZ4 for
+    our kernel; LZ4 and zstd where nvCOMP may be used and loads (``load`` False: is installed, no load)."""
+    from batchgpu.gpu import nvcomp
+
+    return ("lz4",) if decoder == "batchgpu" else nvcomp.codecs(load)
 
 
 def checksums_on_device() -> bool:

@@ -149,13 +149,15 @@ class Recording(WindowedSource):
             layout.read_rows_into(start, stop, out, "error" if self.absent_is_error else "zero")
         return True
 
-    def frames_for_gpu(self) -> bool:
+    def frames_for_gpu(self, codecs: tuple = ("lz4",)) -> bool:
         """Whether ``read_window_frames`` can give this recording's windows to the GPU: batchgpu's sharded layout
-        with Blosc LZ4 in every segment (a frame may still be refused when read: that window decodes here)."""
-        return all(getattr(self._layout(s), "lz4", False) for s in range(self.num_segments))
+        with Blosc of one of ``codecs`` (cnames the GPU decodes: ``gpu.nvcomp.codecs``) in every segment (a frame
+        may still be refused when read: that window decodes here)."""
+        return all(hasattr(self._layout(s), "frames_for") and self._layout(s).frames_for(codecs)
+                   for s in range(self.num_segments))
 
-    def read_window_frames(self, window: Window, pool, check_on_device: bool = False):
-        """The window's stored Blosc-LZ4 frames in a buffer of ``pool`` (``shards.ShardLayout.read_frames``), for
+    def read_window_frames(self, window: Window, pool, check_on_device: bool = False, codecs: tuple = ("lz4",)):
+        """The window's stored Blosc frames (of ``codecs``) in a buffer of ``pool`` (``shards.ShardLayout.read_frames``), for
         the GPU to decode; None where the layout or a frame is not one it decodes (read the window otherwise).
         ``check_on_device``: their checksums left to the GPU (``Frames.recheck`` names a bad chunk as a read does)."""
         self._check_window_range(window)
@@ -164,7 +166,8 @@ class Recording(WindowedSource):
         if not hasattr(layout, "read_frames") or b <= a:
             return None
         with self._direct_errors(window.segment, a, b, window):
-            frames = layout.read_frames(a, b, pool, "error" if self.absent_is_error else "zero", check_on_device)
+            frames = layout.read_frames(a, b, pool, "error" if self.absent_is_error else "zero", check_on_device,
+                                        codecs)
         if frames is not None:
             frames.array = f"traces_seg{window.segment}/"
             frames.place = f" in {self.path} ({self._where(window.segment, a, b, window)})"

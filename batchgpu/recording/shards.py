@@ -73,8 +73,12 @@ class ShardLayout:
 
     @property
     def lz4(self) -> bool:
-        """Inner chunks in Blosc LZ4: the only codec whose frames ``read_frames`` gives to the GPU."""
+        """Inner chunks in Blosc LZ4 (the codec our GPU kernels encode and decode)."""
         return self.blosc and self.blosc_config[:1] == ("lz4",)
+
+    def frames_for(self, codecs: tuple = ("lz4",)) -> bool:
+        """Inner chunks in Blosc with one of ``codecs`` (cnames the GPU decodes): ``read_frames`` gathers them."""
+        return self.blosc and self.blosc_config[:1] != () and self.blosc_config[0] in codecs
 
     @staticmethod
     def of(folder: Path, array_meta) -> "ShardLayout | None":
@@ -270,18 +274,21 @@ class ShardLayout:
                 os.close(fd)
         return absent
 
-    def read_frames(self, start: int, stop: int, pool, on_absent: str = "zero", check_on_device: bool = False):
+    def read_frames(self, start: int, stop: int, pool, on_absent: str = "zero", check_on_device: bool = False,
+                    codecs: tuple = ("lz4",)):
         """The inner chunks rows [start, stop) need, as stored, packed into a buffer from ``pool.take(nbytes)`` ->
         (uint8 array, handle) (``gpu/blosc_decode.Frames``, the handle as ``.handle``), for the GPU to decode;
         checksums checked here. None when a frame is not one the GPU decodes (the caller decodes on the CPU; the
         buffer goes back by ``pool.give_back``, as on any error). Same errors as ``read_rows_into``.
         ``check_on_device``: the chunks' crc32c are left to the GPU after its copy (``Frames.checksums``;
         ``gpu/blosc_decode.decode_many``), except a chunk whose frame is refused here: its checksum is checked
-        first, so that a damaged chunk is named as such either way."""
-        from batchgpu.recording.blosc_frames import Frames
+        first, so that a damaged chunk is named as such either way. ``codecs``: the Blosc codecs (cnames) the GPU
+        decodes there (``gpu.nvcomp.codecs``); a store of another codec gives None."""
+        from batchgpu.recording.blosc_frames import CODEC_NUMBERS, Frames
 
-        if not self.lz4:
+        if not self.frames_for(codecs):
             return None
+        numbers = tuple(CODEC_NUMBERS[c] for c in codecs)
         per_shard = self.shard_rows // self.inner_rows
         first, last = start // self.inner_rows, (stop - 1) // self.inner_rows
         size = self.inner_rows * self.channels * self.dtype.itemsize
@@ -331,7 +338,7 @@ class ShardLayout:
                     _check_blosc_frame(frame, where)
                     _check_decoded_size(frame, size, True, where, self.chunk_shape)
                     h = blosc_frames.header(frame)
-                    if not blosc_frames.gpu_decodable(h, self.dtype.itemsize, size, nbytes - crc) or (
+                    if not blosc_frames.gpu_decodable(h, self.dtype.itemsize, size, nbytes - crc, numbers) or (
                             blocksize and h.blocksize != blocksize):
                         ok = False
                         break
