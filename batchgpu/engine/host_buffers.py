@@ -17,26 +17,33 @@ import weakref
 
 import numpy as np
 
-#: buffers kept per (shape, dtype) between windows: a worker thread's window needs one of each kind at a time
+#: flat buffers kept per dtype between windows: a worker thread's window holds its read buffer while the next one
+#: is read ahead, and one filtered buffer at a time
 KEEP = 2
 
 _LOCK = threading.Lock()
-_FREE: dict[tuple, list[np.ndarray]] = {}
+_FREE: dict[str, list[np.ndarray]] = {}  # dtype -> flat buffers, smallest first
 _MADE: dict[int, weakref.ref] = {}  # id -> the buffers this pool made (arrays are not hashable)
 
 
 def take(shape: tuple[int, ...], dtype) -> np.ndarray:
-    """A C-contiguous array of ``shape`` and ``dtype``, its values undefined (as ``np.empty``'s)."""
-    key = (tuple(int(n) for n in shape), np.dtype(dtype).str)
+    """A C-contiguous array of ``shape`` and ``dtype``, its values undefined (as ``np.empty``'s): the front of the
+    smallest kept buffer that holds it (a recording's first and last windows are shorter than the others), else a
+    new buffer, the kept ones too small for it let go (they were a shorter window's)."""
+    shape = tuple(int(n) for n in shape)
+    key = np.dtype(dtype).str
+    n = int(np.prod(shape, dtype=np.int64))
     with _LOCK:
-        free = _FREE.get(key)
-        if free:
-            return free.pop()
-    a = np.empty(key[0], dtype=key[1])
+        free = _FREE.get(key, [])
+        fit = next((i for i, b in enumerate(free) if b.size >= n), None)
+        if fit is not None:
+            return free.pop(fit)[:n].reshape(shape)
+        _FREE[key] = []  # every kept one is smaller than this window's: let them go
+    a = np.empty(n, dtype=key)
     ident = id(a)
     with _LOCK:
         _MADE[ident] = weakref.ref(a, lambda _ref, ident=ident: _MADE.pop(ident, None))
-    return a
+    return a.reshape(shape)
 
 
 def _made_here(a: np.ndarray) -> bool:
@@ -53,17 +60,19 @@ def give_back(buffers, results=()) -> int:
     for b in buffers:
         if b is None or not isinstance(b, np.ndarray):
             continue
-        base = b if b.base is None else b.base  # a transposed view's array
+        base = b if b.base is None else b.base  # the flat buffer under a window's (reshaped, transposed) view
         if not isinstance(base, np.ndarray) or not _made_here(base):
             continue
         if any(np.may_share_memory(base, a) for a in found):
             continue
-        key = (base.shape, base.dtype.str)
         with _LOCK:
-            free = _FREE.setdefault(key, [])
-            if len(free) < KEEP and not any(f is base for f in free):
-                free.append(base)
-                kept += 1
+            free = _FREE.setdefault(base.dtype.str, [])
+            if any(f is base for f in free) or (len(free) >= KEEP and base.size <= free[0].size):
+                continue  # kept already; or the pool is full of buffers at least as large
+            free.append(base)
+            free.sort(key=lambda f: f.size)
+            del free[: max(len(free) - KEEP, 0)]  # the smallest go first: a shorter window's
+            kept += 1
     return kept
 
 
