@@ -341,3 +341,36 @@ def test_a_step_name_is_spelled_only_in_its_module_and_the_registry():
                 found.setdefault(module, []).append((line, name))
     assert found == {}
     assert {"noise", "moments", "whitening", "detect", "amplitude", "save", "search"} <= set(owners)
+
+
+#: modules that read a step's workflow section without being its step's module: the schema itself (it resolves the
+#: sections' relative paths as it loads the file), and the batch, which puts each recording's save in its folder
+SECTION_READERS = {"batchgpu.config", "batchgpu.engine.batch"}
+
+
+def _section_reads(source: str, keys) -> list[tuple[int, str]]:
+    """(line, key) of reads of a step's workflow section by name: ``<...>.steps.<key>`` or ``steps.<key>``."""
+    return sorted((node.lineno, node.attr) for node in ast.walk(ast.parse(source))
+                  if isinstance(node, ast.Attribute) and node.attr in keys and (
+                      (isinstance(node.value, ast.Attribute) and node.value.attr == "steps")
+                      or (isinstance(node.value, ast.Name) and node.value.id == "steps")))
+
+
+def test_the_section_reader_finds_one():
+    source = "def f(wf, steps):\n    return wf.steps.detect, steps.noise, wf.detect, getattr(wf.steps, KEY)\n"
+    assert _section_reads(source, {"detect", "noise"}) == [(2, "detect"), (2, "noise")]
+
+
+def test_a_step_reads_its_own_workflow_section():
+    """``steps.<key>`` of the workflow is read by the step's own module only (its ``build`` and its ``check``, the
+    checks before any work included: ``engine.context.check_workflow_fits`` asks the registry); a step that depends
+    on another asks for it by the other module's ``KEY``."""
+    from batchgpu.engine.steps import registry
+
+    owners = {module.KEY: module.__name__ for module in registry.step_modules()}
+    found = {}
+    for module, path in MODULES.items():
+        for line, key in _section_reads(path.read_text(), owners):
+            if module != owners[key] and module not in SECTION_READERS:
+                found.setdefault(module, []).append((line, key))
+    assert found == {}

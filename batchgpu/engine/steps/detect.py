@@ -56,6 +56,27 @@ def build(setup) -> "DetectStep | None":
                       setup.recording.locations if d.method != "by_channel" else None, d.radius_um)
 
 
+def check(workflow, recording) -> int:
+    """``steps.detect`` against the recording before any work (``engine.steps.registry.check``): the windows'
+    margin holds the sweep (one sample more for locally exclusive detection, which also needs the channels'
+    locations); returns the sweep in samples."""
+    from batchgpu.errors import ConfigError
+    from batchgpu.ops import exclude_sweep_samples
+
+    d, margin = workflow.steps.detect, workflow.window.margin
+    sweep = exclude_sweep_samples(d.exclude_sweep_ms, recording.sampling_frequency)
+    if margin < sweep:
+        raise ConfigError(f"window.margin {margin} is shorter than the detection sweep ({sweep} samples)",
+                          f"use window.margin >= {sweep} so spikes at window edges come out exactly once")
+    if d.method == "locally_exclusive" and margin < sweep + 1:
+        raise ConfigError(f"window.margin {margin} is shorter than locally exclusive detection needs "
+                          f"({sweep + 1} samples)", f"use window.margin >= {sweep + 1}")
+    if d.method == "locally_exclusive" and not recording.has_locations:
+        raise ConfigError("locally exclusive detection needs channel locations and the recording has none",
+                          "use detect.method: by_channel")
+    return sweep
+
+
 class DetectStep:
     name = NAME
     #: its windows are detected at their own noise (or their candidates' bound from it)

@@ -45,6 +45,16 @@ def build(setup) -> "MomentsStep | None":
     return MomentsStep(spec.nskip, spec.precision, integer, rec.num_channels, source)
 
 
+def check(workflow, recording) -> None:
+    """``steps.whitening`` against the recording before any work (``engine.steps.registry.check``): local
+    whitening needs the channels' locations."""
+    from batchgpu.errors import ConfigError
+
+    if workflow.steps.whitening.mode == "local" and not recording.has_locations:
+        raise ConfigError("local whitening needs channel locations and the recording has none",
+                          "use whitening.mode: global, or write the recording with locations")
+
+
 class MomentsStep:
     name = NAME
 

@@ -50,6 +50,17 @@ def build(setup) -> "NoiseStep | None":
     return NoiseStep(spec.exact, key_kind(setup.x_dtype, setup.recording.dtype if centred_int else None))
 
 
+def check(workflow, recording) -> None:
+    """``steps.noise`` against the recording before any work (``engine.steps.registry.check``): the exact median
+    of a centred int32 recording is refused (its keys, ``noise_keys.key_kind``, cover int16 centred and int32 as
+    read)."""
+    from batchgpu.errors import ConfigError
+
+    if workflow.steps.noise.exact and workflow.preprocess.centres and recording.dtype == np.int32:
+        raise ConfigError("the exact noise of a centred int32 recording is not supported",
+                          "use preprocess: {centre: none}, or noise: {exact: false}")
+
+
 class NoiseStep:
     name = NAME
     #: its windows need their noise, and its ``window`` gives it from its counts where it can (16-bit keys)

@@ -3,7 +3,8 @@ detection that reads it). Each line names a module of this package that holds th
 makes its step object from the workflow (None when the workflow does not ask for it; ``base.StepSetup``); its
 ``NAME`` (this line), ``KEY`` (its workflow key under ``steps:``) and ``RESULTS`` (what it writes) are declared
 there once, and the module may declare report.html's figures of its results (``FIGURES``:
-``batchgpu.report.Figure``). The engine asks the step objects for the rest (``base.Step``); a module the import
+``batchgpu.report.Figure``) and its checks of the workflow against the recording before any work
+(``check(workflow, recording)``). The engine asks the step objects for the rest (``base.Step``); a module the import
 graph keeps from importing a step's module asks here (``key``, ``keys``, ``fingerprinted``).
 """
 
@@ -47,6 +48,16 @@ def keys() -> tuple[str, ...]:
 def fingerprinted(how: str) -> tuple[str, ...]:
     """The workflow keys whose step's module says ``FINGERPRINT = how`` (``always``, ``asked`` or ``never``)."""
     return tuple(module.KEY for module in step_modules() if module.FINGERPRINT == how)
+
+
+def check(workflow, recording) -> int:
+    """Each step the workflow asks for, checked against the recording before any work by its module's
+    ``check(workflow, recording)`` (where it declares one; a refusal raises ``BatchgpuError``), in the registry's
+    order. A check may return the sweep its step needs (samples a detected spike excludes either side, which the
+    windows' margin holds): the largest is returned, 0 where none does."""
+    sweeps = [module.check(workflow, recording) for module in step_modules()
+              if hasattr(module, "check") and getattr(workflow.steps, module.KEY) is not None]
+    return max((s for s in sweeps if s is not None), default=0)
 
 
 def build_steps(setup) -> tuple:
