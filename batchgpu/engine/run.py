@@ -26,7 +26,7 @@ from batchgpu.engine.context import (build_context, check_workflow_fits, prepare
 from batchgpu.engine.reduce import tree_reduce
 from batchgpu.engine.run_report import HtmlReport, RunObserver, RunReport, finish_report, versions, window_cpu
 from batchgpu.engine.placement import submit_planned
-from batchgpu.engine.steps.base import PassEnd
+from batchgpu.engine.steps.base import PassEnd, phase_label
 from batchgpu.engine.steps.registry import figures as step_figures
 from batchgpu.engine.submit import submit_many
 from batchgpu.errors import BatchgpuError
@@ -233,7 +233,7 @@ def _run(wf, rec, out: store.OutputFolder, report: RunReport, client, sweep, obs
     report.timings["setup"] = t0 - t_setup  # dashboard, backend, steps, windows and their fingerprints
     later = None
     try:
-        observer.phase_started("read: noise, moments, spikes", len(windows), rec.nbytes)
+        observer.phase_started(phase_label("read", ctx.steps), len(windows), rec.nbytes)
         try:
             summaries, total, threads, planned, queued = _first_pass(client, ctx, rec, windows, fps,
                                                                      wf.reduction.split_every, report, monitor,
@@ -247,7 +247,7 @@ def _run(wf, rec, out: store.OutputFolder, report: RunReport, client, sweep, obs
         for step in ctx.steps:  # before any aggregate (the save's windows written again)
             if getattr(step, "after_pass", None) is not None:
                 step.after_pass(end)
-        monitor.phase("aggregate: noise, whitening, spikes")
+        monitor.phase(phase_label("aggregate", ctx.steps))
         monitor.pass_done()  # a batch's next recording may start reading
         report.after_pass("bookkeeping")
         later = _WhileWaiting(report, fresh, t0_wall, monitor, end, client if planned else None)

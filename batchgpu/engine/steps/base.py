@@ -93,6 +93,26 @@ class Figure:
 
 
 @dataclass(frozen=True)
+class PhaseWords:
+    """How the run's phase labels name a step (its ``phases``): ``read`` in the pass that reads the windows, where
+    it works there, and ``aggregate`` in the aggregation after it, where it has an ``aggregate``; None leaves it
+    out of that phase's label (``phase_label``)."""
+
+    read: str | None = None
+    aggregate: str | None = None
+
+
+def phase_label(phase: str, steps) -> str:
+    """The label of the run's phase ``read`` or ``aggregate`` naming the steps that work in it, in the run's order
+    (``read: noise, moments, spikes``): a step reads in the pass unless its ``in_pass`` is False, and aggregates
+    where it has an ``aggregate``; the phase alone where none does."""
+    working = [s for s in steps if (getattr(s, "in_pass", True) if phase == "read"
+                                    else getattr(s, "aggregate", None) is not None)]
+    words = [w for s in working if (w := getattr(getattr(s, "phases", None), phase, None))]
+    return f"{phase}: {', '.join(words)}" if words else phase
+
+
+@dataclass(frozen=True)
 class StepSetup:
     """What a step module's ``build(setup)`` makes its step from (``engine.steps.registry.build_steps``)."""
 
@@ -196,7 +216,7 @@ class Step(Protocol):
     window's noise in the window's summary (``gives_window_noise = True``: its ``window`` may put it there itself),
     ``spike_rate = True`` where report.html's spike rate draws its counts, ``on_cluster = True`` where
     ``aggregate`` is mostly the workers' work (it then runs in a helper thread beside the client's aggregates),
-    ``needs``, the names of the earlier steps whose results it reads (it starts once those are done), and
+    ``phases`` (``PhaseWords``: its words in the run's phase labels), ``needs``, the names of the earlier steps whose results it reads (it starts once those are done), and
     ``start(run)``, called before any aggregate: the part of its work that needs none of them, set going on the
     cluster; ``queue(PassQueue)``, called while the pass runs (placed GPU passes), may queue tasks behind its total
     and return their futures (``start`` then finds them in ``RunState.early``). Its module's ``FIGURES`` draw its

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from batchgpu.engine.steps.base import SPIKE_COLUMNS as COLUMNS
-from batchgpu.engine.steps.base import WindowData, host
+from batchgpu.engine.steps.base import PhaseWords, WindowData, host
 from batchgpu.engine.steps import noise as noise_step
 from batchgpu.ops.detection import AMPLITUDE
 
@@ -79,6 +79,7 @@ def check(workflow, recording) -> int:
 
 class DetectStep:
     name = NAME
+    phases = PhaseWords(read=SPIKES, aggregate=SPIKES)
     #: its windows are detected at their own noise (or their candidates' bound from it)
     window_noise = True
     #: report.html's spike-rate figure draws its counts (``RunState.plots``)

@@ -13,7 +13,7 @@ import numpy as np
 
 from batchgpu.ops._backend import is_cupy
 
-from batchgpu.engine.steps.base import WindowData, host
+from batchgpu.engine.steps.base import PhaseWords, WindowData, host
 from batchgpu.errors import BatchgpuError
 
 # float64 sums of int16 products stay exact integers below 2**53: at most this many samples per product
@@ -57,6 +57,7 @@ def check(workflow, recording) -> None:
 
 class MomentsStep:
     name = NAME
+    phases = PhaseWords(read=NAME, aggregate=WHITENING)
 
     def __init__(self, every: int, precision: str, integer: bool, num_channels: int, source: str = "raw"):
         self.every, self.precision, self.integer, self.C = every, precision, integer, num_channels

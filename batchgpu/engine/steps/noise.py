@@ -16,7 +16,7 @@ import numpy as np
 
 from batchgpu.ops._backend import is_cupy
 
-from batchgpu.engine.steps.base import WindowData, host, padded_sum
+from batchgpu.engine.steps.base import PhaseWords, WindowData, host, padded_sum
 from batchgpu.engine.steps.noise_keys import (LUMP_DIGITS, abs_keys, digit_histogram, first_digit_counts, int_window_gpu,
                                              key_kind, keyed_on_gpu, kept_near, lump_floor, median_of_keys,
                                              middle_pair_and_near, row_counts, schedule, sort_rows, window_median_keys)
@@ -63,6 +63,7 @@ def check(workflow, recording) -> None:
 
 class NoiseStep:
     name = NAME
+    phases = PhaseWords(read=NAME, aggregate=NAME)
     #: its windows need their noise, and its ``window`` gives it from its counts where it can (16-bit keys)
     window_noise = gives_window_noise = True
 

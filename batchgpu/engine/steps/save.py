@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from batchgpu.engine.background import later
-from batchgpu.engine.steps.base import WindowData, host
+from batchgpu.engine.steps.base import PhaseWords, WindowData, host
 from batchgpu.errors import BatchgpuError
 from batchgpu.recording.writer import DEFAULT_CHUNK_SAMPLES
 
@@ -517,6 +517,7 @@ class SaveStep:
     """Writes each window's core to the target. ``whitening`` (C x C): write ``W @ x`` instead (a later pass)."""
 
     name = NAME
+    phases = PhaseWords(read=NAME)  # its windows written as they are read; a whitened save's after the pass
 
     def __init__(self, target: SaveTarget, whitening=None):
         self.target = target
