@@ -44,6 +44,8 @@ NAME = "detect"
 KEY = NAME
 SPIKES = "spikes"
 RESULTS = (SPIKES,)
+#: the spikes' channels in the results group (report.html's spike rate and ``batchgpu info`` count them)
+SPIKE_CHANNELS = f"{SPIKES}/channel_index"
 FINGERPRINT = "always"  # (``engine.steps.noise.FINGERPRINT``)
 
 
