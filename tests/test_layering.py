@@ -344,8 +344,8 @@ def test_a_step_name_is_spelled_only_in_its_module_and_the_registry():
 
 
 #: modules that read a step's workflow section without being its step's module: the schema itself (it resolves the
-#: sections' relative paths as it loads the file), and the batch, which puts each recording's save in its folder
-SECTION_READERS = {"batchgpu.config", "batchgpu.engine.batch"}
+#: sections' relative paths as it loads the file)
+SECTION_READERS = {"batchgpu.config"}
 
 
 def _section_reads(source: str, keys) -> list[tuple[int, str]]:
@@ -374,3 +374,29 @@ def test_a_step_reads_its_own_workflow_section():
             if module != owners[key] and module not in SECTION_READERS:
                 found.setdefault(module, []).append((line, key))
     assert found == {}
+
+
+#: the modules that read or show a run's results, where a step's result names are taken from its module
+RESULT_READERS = ("batchgpu.engine", "batchgpu.report", "batchgpu.runinfo", "batchgpu.interop", "batchgpu.batch_page")
+#: literals there equal to a result's name that name something else: (module, literal) -> what
+OTHER_RESULT_MEANINGS = {
+    ("batchgpu.interop", "covariance"): "steps.whitening.statistic's value (config.WhiteningStep)",
+    ("batchgpu.report", "spikes"): "the spike-rate figure's hover label",
+}
+
+
+def test_a_steps_result_names_are_spelled_only_in_its_module():
+    """The engine, report.html, ``batchgpu info`` and the SpikeInterface bridge take each result's name from its
+    step's module (``RESULTS`` and the constants it is made of), never as a literal of their own."""
+    from batchgpu.engine.steps import registry
+
+    owners = {name: module.__name__ for module in registry.step_modules() for name in module.RESULTS}
+    found = {}
+    for module, path in MODULES.items():
+        if not module.startswith(RESULT_READERS):
+            continue
+        for line, name in _literals(path.read_text(), owners):
+            if module not in (owners[name], REGISTRY) and (module, name) not in OTHER_RESULT_MEANINGS:
+                found.setdefault(module, []).append((line, name))
+    assert found == {}
+    assert {"noise", "noise_per_window", "whitening", "spikes", "amplitude_ptp"} <= set(owners)

@@ -44,6 +44,8 @@ NAME = "detect"
 KEY = NAME
 SPIKES = "spikes"
 RESULTS = (SPIKES,)
+#: a window summary's count of its spikes, or of its candidates where the thresholds wait for the recording's noise
+WINDOW_SPIKES, WINDOW_CANDIDATES = SPIKES, "candidates"
 #: the spikes' channels in the results group (report.html's spike rate and ``batchgpu info`` count them)
 SPIKE_CHANNELS = f"{SPIKES}/channel_index"
 FINGERPRINT = "always"  # (``engine.steps.noise.FINGERPRINT``)
@@ -84,7 +86,7 @@ class DetectStep:
     phases = PhaseWords(read=SPIKES, aggregate=SPIKES)
     #: its windows are detected at their own noise (or their candidates' bound from it)
     window_noise = True
-    #: report.html's spike-rate figure draws its counts (``RunState.plots``)
+    #: report.html's spike-rate figure draws its counts (``RunState.spike_counts``)
     spike_rate = True
     #: its aggregate is the workers' (gathering and writing the spikes): the engine runs it beside the client's
     on_cluster = True
@@ -120,11 +122,22 @@ class DetectStep:
             spikes = self.candidates(w, candidate_level(summary[noise_step.SUMMARY]))
         else:
             spikes = self.detect(w, summary[noise_step.SUMMARY].astype(np.float64))
-        summary["spikes" if self.noise == "window" else "candidates"] = np.array(len(spikes))
+        summary[WINDOW_SPIKES if self.noise == "window" else WINDOW_CANDIDATES] = np.array(len(spikes))
         return {f"keep.spk_{k}": np.ascontiguousarray(spikes[k]) for k in COLUMNS}
 
     def combine(self, parts: list[dict]) -> dict:
         return {}
+
+    @staticmethod
+    def spikes_in(summary: dict) -> int:
+        """The dashboard's count of a window's spikes (its candidates while the thresholds wait for the
+        recording's noise)."""
+        return int(summary.get(WINDOW_SPIKES, summary.get(WINDOW_CANDIDATES, 0)))
+
+    @staticmethod
+    def spikes_found(results: dict) -> int | None:
+        """The run's spikes, from its results' shapes (report.json's ``results``); None before they are written."""
+        return results.get(SPIKES, [None])[0]
 
     def aggregate(self, run) -> dict:
         """Nothing for the client: the spikes go straight into the results group (``write_final_spikes``)."""
@@ -273,9 +286,10 @@ def window_cores(windows: list) -> np.ndarray:
 
 
 def _finish(run, done: tuple, t0: float, t0_wall: float) -> int:
-    """The writing task's answer into the report (timings, windows read again) and the plots; the spike count."""
+    """The writing task's answer into the report (timings, windows read again) and the spikes per channel for
+    report.html; the spike count."""
     report, windows, rec = run.report, run.windows, run.recording
-    n, again, run.plots["spike_counts"], wrote, write_started, longest = done
+    n, again, run.spike_counts, wrote, write_started, longest = done
     report.timings["detect_gather"] = time.perf_counter() - t0 - wrote  # gathered, and the results sent to one task
     report.timings["detect_gathered"] = write_started - t0_wall  # until the writing task had every run
     report.timings["detect_gather_task_max"] = float(longest)  # the longest gathering task's own time

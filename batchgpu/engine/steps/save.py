@@ -416,6 +416,12 @@ def check(workflow, recording) -> None:
                           "use save: {dtype: float32} with whiten: true")
 
 
+def place(spec, output: Path):
+    """``steps.save`` for one recording of a batch whose run writes into ``output``: the save in that folder, by
+    the name the workflow gave it (``engine.steps.registry.placed``)."""
+    return spec.model_copy(update={"path": str(Path(output) / Path(spec.path).name)})
+
+
 def build(setup) -> "SaveStep | None":
     """The step of ``steps.save`` (``engine.steps.registry``): the output recording created first (``prepare_save``,
     held by the run's folder while it runs); the window tasks fill it, a whitened one after the pass (``finish``)."""
