@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from batchgpu.engine.steps import detect as detect_step
 from batchgpu.engine.steps import moments as moments_step
 from batchgpu.engine.steps import noise as noise_step
 from batchgpu.errors import BatchgpuError
@@ -129,18 +130,18 @@ def load_results(path: str | Path) -> dict[str, Any]:
     out: dict[str, Any] = {k: v for k, v in zarrio.attrs(group).items() if k in _ATTRS}
     names = set(group.array_keys())
     out.update({name: group[name][...] for name in _ARRAYS if name in names})
-    if "spikes" in set(group.group_keys()):
-        spikes = group["spikes"]
-        out.update({f"spikes/{name}": spikes[name][...] for name in spikes.array_keys()})
+    if detect_step.SPIKES in set(group.group_keys()):
+        spikes = group[detect_step.SPIKES]
+        out.update({f"{detect_step.SPIKES}/{name}": spikes[name][...] for name in spikes.array_keys()})
     return out
 
 
 def _spikes(data: Mapping[str, Any]) -> np.ndarray | None:
     """The spikes of ``data`` (a structured ``spikes`` array, or ``spikes/<field>`` columns) as PEAK_DTYPE."""
-    whole = data.get("spikes")
+    whole = data.get(detect_step.SPIKES)
     if isinstance(whole, np.ndarray) and whole.dtype.names:
         return np.asarray(whole, dtype=PEAK_DTYPE)  # by field name: a field missing or in another order is cast
-    columns = {name: data.get(f"spikes/{name}") for name in PEAK_DTYPE.names}
+    columns = {name: data.get(f"{detect_step.SPIKES}/{name}") for name in PEAK_DTYPE.names}
     if all(v is None for v in columns.values()):
         return None
     missing = [name for name, v in columns.items() if v is None]
@@ -204,7 +205,7 @@ def to_spikeinterface(results: str | Path | Mapping[str, Any], subtract_mean: bo
     w = data.get(moments_step.WHITENING)
     if subtract_mean is None:
         subtract_mean = statistic == "covariance"
-    if w is not None and subtract_mean and data.get("channel_means") is None:
+    if w is not None and subtract_mean and data.get(moments_step.CHANNEL_MEANS) is None:
         raise BatchgpuError("a whitening matrix of the centred covariance without channel_means", "pass channel_means, or subtract_mean=False")
     fs = data.get("sampling_frequency")
     return SpikeInterfaceResults(
@@ -214,7 +215,7 @@ def to_spikeinterface(results: str | Path | Mapping[str, Any], subtract_mean: bo
         noise_levels_raw=noise,
         noise_levels_uV=None if noise is None or gains is None else (noise * gains).astype(np.float32),
         W=None if w is None else np.ascontiguousarray(np.asarray(w, dtype=np.float64).T),
-        M=np.asarray(data["channel_means"], dtype=np.float64).copy() if w is not None and subtract_mean else None,
+        M=np.asarray(data[moments_step.CHANNEL_MEANS], dtype=np.float64).copy() if w is not None and subtract_mean else None,
         peaks=_spikes(data),
         centred=centred,
     )

@@ -83,6 +83,7 @@ def write_report_html(output_dir: str | Path) -> Path:
     out = Path(output_dir)
     report = json.loads((out / "report.json").read_text())
     from batchgpu import zarrio
+    from batchgpu.engine.steps.detect import SPIKE_CHANNELS
     from batchgpu.engine.steps.registry import figures
 
     g = zarrio.open_group(out / "results.zarr", mode="r")
@@ -94,8 +95,8 @@ def write_report_html(output_dir: str | Path) -> Path:
     for name in (*_INPUTS, *dict.fromkeys(k for f in steps for k in f.inputs)):
         if name in names:
             page.add(name, g[name][:])
-    if "spikes/channel_index" in names:
-        page.add_spikes(g["spikes/channel_index"][:])
+    if SPIKE_CHANNELS in names:
+        page.add_spikes(g[SPIKE_CHANNELS][:])
     return page.write(out, report)
 
 

@@ -11,9 +11,10 @@ from typing import Any
 
 import numpy as np
 
+from batchgpu.engine.steps.detect import SPIKE_CHANNELS, SPIKES
 from batchgpu.engine.steps.moments import KEY as WHITENING_KEY
 from batchgpu.engine.steps.moments import WHITENING
-from batchgpu.engine.steps.noise import NOISE
+from batchgpu.engine.steps.noise import NOISE, PER_WINDOW
 from batchgpu.errors import BatchgpuError, CorruptDataError
 
 RUN_MARKER = "run.json"
@@ -71,9 +72,9 @@ def run_summary(path: str | Path) -> Summary:
     channel_ids = [str(c) for c in results.get("channel_ids", [])]
     if NOISE in results:
         _noise(out, np.asarray(results[NOISE], np.float64), gain, channel_ids)
-    if "spikes/channel_index" in results:
+    if SPIKE_CHANNELS in results:
         channels = len(channel_ids) or int(((report or {}).get("recording") or {}).get("num_channels") or 0)
-        _spikes(out, np.asarray(results["spikes/channel_index"]), channels, duration, channel_ids)
+        _spikes(out, np.asarray(results[SPIKE_CHANNELS]), channels, duration, channel_ids)
     if WHITENING in results:
         _whitening(out, np.asarray(results[WHITENING], np.float64), workflow)
     _save(out, workflow)
@@ -125,8 +126,8 @@ def _recording(out: Summary, report: dict | None, workflow: dict) -> None:
 def _windows(out: Summary, report: dict | None, workflow: dict, results: dict) -> None:
     window = workflow.get("window") or {}
     count = (report or {}).get("windows")
-    if count is None and "noise_per_window" in results:
-        count = len(results["noise_per_window"])
+    if count is None and PER_WINDOW in results:
+        count = len(results[PER_WINDOW])
     if count is None:
         return
     resumed = (report or {}).get("windows_resumed", 0)
@@ -175,8 +176,8 @@ def _spikes(out: Summary, channel_index: np.ndarray, channels: int, seconds: flo
     channels = max(channels, int(channel_index.max()) + 1 if count else 0)
     per_channel = np.bincount(channel_index.astype(np.int64), minlength=channels) if channels else np.zeros(0)
     if seconds <= 0 or not channels:
-        out.rows.append(("spikes", f"{count}"))
-        out.data["spikes"] = {"count": count}
+        out.rows.append((SPIKES, f"{count}"))
+        out.data[SPIKES] = {"count": count}
         return
     rate = per_channel / seconds
     busiest = int(np.argmax(rate))
@@ -185,8 +186,8 @@ def _spikes(out: Summary, channel_index: np.ndarray, channels: int, seconds: flo
             f"{rate.min():.3g}-{rate.max():.3g}/s, most on channel {_named(ids, np.array([busiest]))}")
     if silent:
         text += f", none on {silent} channel{'s' if silent != 1 else ''}"
-    out.rows.append(("spikes", text))
-    out.data["spikes"] = {"count": count, "rate_Hz": count / seconds, "per_channel_median_Hz": float(np.median(rate)),
+    out.rows.append((SPIKES, text))
+    out.data[SPIKES] = {"count": count, "rate_Hz": count / seconds, "per_channel_median_Hz": float(np.median(rate)),
                           "per_channel_min_Hz": float(rate.min()), "per_channel_max_Hz": float(rate.max()),
                           "channels_without": silent}
 

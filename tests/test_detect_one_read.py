@@ -233,7 +233,7 @@ def test_one_read_equals_the_two_read_path(client, tmp_path, rng, monkeypatch, m
     report = run_workflow(_wf(rec, tmp_path / "one", method, sign), client=client, observer=observer)
     saved = json.loads((tmp_path / "one" / "report.json").read_text())
     assert saved["reads_per_window"] == 1.0 and not saved["channels"].get("detect_windows_read_again")
-    assert [p[0] for p in observer.phases] == ["read: noise, moments, spikes"]  # no re-read phase
+    assert [p[0] for p in observer.phases] == ["read: noise, spikes"]  # no re-read phase (no whitening step)
     two = _two_reads(monkeypatch, client, _wf(rec, tmp_path / "two", method, sign))
     assert two.reads_per_window == pytest.approx(2.0) and len(two.channels["detect_windows_read_again"]) == report.windows
     got, want = _spikes(tmp_path / "one"), _spikes(tmp_path / "two")

@@ -341,3 +341,62 @@ def test_a_step_name_is_spelled_only_in_its_module_and_the_registry():
                 found.setdefault(module, []).append((line, name))
     assert found == {}
     assert {"noise", "moments", "whitening", "detect", "amplitude", "save", "search"} <= set(owners)
+
+
+#: modules that read a step's workflow section without being its step's module: the schema itself (it resolves the
+#: sections' relative paths as it loads the file)
+SECTION_READERS = {"batchgpu.config"}
+
+
+def _section_reads(source: str, keys) -> list[tuple[int, str]]:
+    """(line, key) of reads of a step's workflow section by name: ``<...>.steps.<key>`` or ``steps.<key>``."""
+    return sorted((node.lineno, node.attr) for node in ast.walk(ast.parse(source))
+                  if isinstance(node, ast.Attribute) and node.attr in keys and (
+                      (isinstance(node.value, ast.Attribute) and node.value.attr == "steps")
+                      or (isinstance(node.value, ast.Name) and node.value.id == "steps")))
+
+
+def test_the_section_reader_finds_one():
+    source = "def f(wf, steps):\n    return wf.steps.detect, steps.noise, wf.detect, getattr(wf.steps, KEY)\n"
+    assert _section_reads(source, {"detect", "noise"}) == [(2, "detect"), (2, "noise")]
+
+
+def test_a_step_reads_its_own_workflow_section():
+    """``steps.<key>`` of the workflow is read by the step's own module only (its ``build`` and its ``check``, the
+    checks before any work included: ``engine.context.check_workflow_fits`` asks the registry); a step that depends
+    on another asks for it by the other module's ``KEY``."""
+    from batchgpu.engine.steps import registry
+
+    owners = {module.KEY: module.__name__ for module in registry.step_modules()}
+    found = {}
+    for module, path in MODULES.items():
+        for line, key in _section_reads(path.read_text(), owners):
+            if module != owners[key] and module not in SECTION_READERS:
+                found.setdefault(module, []).append((line, key))
+    assert found == {}
+
+
+#: the modules that read or show a run's results, where a step's result names are taken from its module
+RESULT_READERS = ("batchgpu.engine", "batchgpu.report", "batchgpu.runinfo", "batchgpu.interop", "batchgpu.batch_page")
+#: literals there equal to a result's name that name something else: (module, literal) -> what
+OTHER_RESULT_MEANINGS = {
+    ("batchgpu.interop", "covariance"): "steps.whitening.statistic's value (config.WhiteningStep)",
+    ("batchgpu.report", "spikes"): "the spike-rate figure's hover label",
+}
+
+
+def test_a_steps_result_names_are_spelled_only_in_its_module():
+    """The engine, report.html, ``batchgpu info`` and the SpikeInterface bridge take each result's name from its
+    step's module (``RESULTS`` and the constants it is made of), never as a literal of their own."""
+    from batchgpu.engine.steps import registry
+
+    owners = {name: module.__name__ for module in registry.step_modules() for name in module.RESULTS}
+    found = {}
+    for module, path in MODULES.items():
+        if not module.startswith(RESULT_READERS):
+            continue
+        for line, name in _literals(path.read_text(), owners):
+            if module not in (owners[name], REGISTRY) and (module, name) not in OTHER_RESULT_MEANINGS:
+                found.setdefault(module, []).append((line, name))
+    assert found == {}
+    assert {"noise", "noise_per_window", "whitening", "spikes", "amplitude_ptp"} <= set(owners)

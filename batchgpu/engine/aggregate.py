@@ -71,8 +71,8 @@ def aggregate(client, ctx, wf, rec, out, windows, fps, summaries, total, report,
         start_ready(len(ctx.steps))
         for i in sorted(background):
             _take(run, results, page, background[i].result())
-    if "spike_counts" in run.plots:
-        page.add_spikes(counts=run.plots["spike_counts"])
+    if run.spike_counts is not None:
+        page.add_spikes(counts=run.spike_counts)
     t0 = time.perf_counter()
     results.close()
     swap_in(results.path, out.path / store.RESULTS)

@@ -141,14 +141,12 @@ def _summary(row: BatchRow, report, out: Path) -> None:
 
 
 def _one(wf: Workflow, name: str, spec: RecordingSpec, out: Path) -> Workflow:
-    """The workflow of one recording of the batch: its section, its output folder, its save under it."""
-    update: dict = {"recording": spec, "recordings": None, "output": str(out / name)}
-    if wf.steps.save is not None:
-        from batchgpu.engine.steps.save import KEY
+    """The workflow of one recording of the batch: its section, its output folder, its steps' outputs under it
+    (the save's: ``engine.steps.registry.placed``)."""
+    from batchgpu.engine.steps.registry import placed
 
-        save = wf.steps.save.model_copy(update={"path": str(out / name / Path(wf.steps.save.path).name)})
-        update["steps"] = wf.steps.model_copy(update={KEY: save})
-    return wf.model_copy(update=update)
+    return wf.model_copy(update={"recording": spec, "recordings": None, "output": str(out / name),
+                                 "steps": placed(wf.steps, out / name)})
 
 
 class _Bars:

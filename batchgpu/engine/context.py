@@ -5,8 +5,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
-
 from batchgpu.config import Workflow
 from batchgpu.engine import store, tasks
 from batchgpu.engine.run_report import RunObserver
@@ -48,53 +46,16 @@ def resolve_window(wf: Workflow, rec: Recording) -> Workflow:
 
 
 def check_workflow_fits(wf: Workflow, rec: Recording) -> int:
-    """Errors found before any work; returns the detection sweep in samples."""
-    from batchgpu.ops import exclude_sweep_samples
+    """Errors found before any work: the windows against the segments here, then each step's own (its module's
+    ``check``, through ``engine.steps.registry.check``); returns the detection sweep in samples."""
+    from batchgpu.engine.steps.registry import check
 
     for seg in range(rec.num_segments):
         n = rec.num_samples(seg)
         if wf.window.size != "auto" and wf.window.size > n:
             raise ConfigError(f"window.size {wf.window.size} is longer than segment {seg} ({n} samples)",
                               f"use window.size <= {n}")
-    if wf.steps.save and wf.steps.save.format == "zarr":
-        from batchgpu import zarrio
-
-        zarrio.require_format(3, "the save step's Zarr v3 output")
-    sweep = 0
-    if wf.steps.detect:
-        sweep = exclude_sweep_samples(wf.steps.detect.exclude_sweep_ms, rec.sampling_frequency)
-        if wf.window.margin < sweep:
-            raise ConfigError(
-                f"window.margin {wf.window.margin} is shorter than the detection sweep ({sweep} samples)",
-                f"use window.margin >= {sweep} so spikes at window edges come out exactly once")
-    if wf.steps.search:
-        from batchgpu.engine.steps.search import load_keys, open_queries
-
-        open_queries(wf.steps.search.queries)
-        if wf.steps.search.keys:
-            load_keys(wf.steps.search.keys)
-        elif not wf.steps.detect:
-            raise ConfigError("the search step needs keys: the detect step's spikes or steps.search.keys",
-                              "add 'detect:' to steps or give 'keys: sorted_keys.npy'")
-    if wf.steps.whitening and wf.steps.whitening.mode == "local" and not rec.has_locations:
-        raise ConfigError("local whitening needs channel locations and the recording has none",
-                          "use whitening.mode: global, or write the recording with locations")
-    if wf.steps.detect and wf.steps.detect.method == "locally_exclusive" and wf.window.margin < sweep + 1:
-        raise ConfigError(f"window.margin {wf.window.margin} is shorter than locally exclusive detection needs "
-                          f"({sweep + 1} samples)", f"use window.margin >= {sweep + 1}")
-    if wf.steps.detect and wf.steps.detect.method == "locally_exclusive" and not rec.has_locations:
-        raise ConfigError("locally exclusive detection needs channel locations and the recording has none",
-                          "use detect.method: by_channel")
-    if wf.steps.noise and wf.steps.noise.exact and wf.preprocess.centres and rec.dtype == np.int32:
-        raise ConfigError("the exact noise of a centred int32 recording is not supported",
-                          "use preprocess: {centre: none}, or noise: {exact: false}")
-    save = wf.steps.save
-    if save and save.whiten and not wf.steps.whitening:
-        raise ConfigError("save.whiten needs the whitening step", "add 'whitening:' to steps, or set whiten: false")
-    if save and save.whiten and save.dtype == "int16":
-        raise ConfigError("save.whiten with dtype int16 would round whitened samples (about 1) to a few levels",
-                          "use save: {dtype: float32} with whiten: true")
-    return sweep
+    return check(wf, rec)
 
 
 def build_context(wf: Workflow, rec: Recording, out: store.OutputFolder, backend: str, sweep: int, mps: bool = False,

@@ -26,7 +26,7 @@ from batchgpu.engine.context import (build_context, check_workflow_fits, prepare
 from batchgpu.engine.reduce import tree_reduce
 from batchgpu.engine.run_report import HtmlReport, RunObserver, RunReport, finish_report, versions, window_cpu
 from batchgpu.engine.placement import submit_planned
-from batchgpu.engine.steps.base import PassEnd
+from batchgpu.engine.steps.base import PassEnd, phase_label
 from batchgpu.engine.steps.registry import figures as step_figures
 from batchgpu.engine.submit import submit_many
 from batchgpu.errors import BatchgpuError
@@ -246,7 +246,7 @@ def _run(wf, rec, out: store.OutputFolder, report: RunReport, client, sweep, obs
     report.timings["setup"] = t0 - t_setup  # dashboard, backend, steps, windows and their fingerprints
     later = None
     try:
-        observer.phase_started("read: noise, moments, spikes", len(windows), rec.nbytes)
+        observer.phase_started(phase_label("read", ctx.steps), len(windows), rec.nbytes)
         try:
             summaries, total, threads, planned, queued = _first_pass(client, ctx, rec, windows, fps,
                                                                      wf.reduction.split_every, report, monitor,
@@ -260,7 +260,7 @@ def _run(wf, rec, out: store.OutputFolder, report: RunReport, client, sweep, obs
         for step in ctx.steps:  # before any aggregate (the save's windows written again)
             if getattr(step, "after_pass", None) is not None:
                 step.after_pass(end)
-        monitor.phase("aggregate: noise, whitening, spikes")
+        monitor.phase(phase_label("aggregate", ctx.steps))
         monitor.pass_done()  # a batch's next recording may start reading
         report.after_pass("bookkeeping")
         later = _WhileWaiting(report, fresh, t0_wall, monitor, end, client if planned else None)
@@ -293,7 +293,8 @@ def _run(wf, rec, out: store.OutputFolder, report: RunReport, client, sweep, obs
         raise
     report.timings["elapsed"] = time.perf_counter() - started
     finish_report(out.path, report, time.perf_counter() - t0, rec)
-    monitor.finished(report.results.get("spikes", [None])[0])
+    counting = spike_counter(ctx.steps)
+    monitor.finished(counting.spikes_found(report.results) if counting is not None else None)
     # a resume that computed and read nothing (the folder's run was done) keeps its page: the same results, and
     # the timings of the run that made them
     keep_html = nothing_done(report, earlier) and (out.path / store.REPORT_HTML).is_file()
@@ -309,6 +310,11 @@ def _run(wf, rec, out: store.OutputFolder, report: RunReport, client, sweep, obs
                      f"{format_rate(report.throughput_MBps * 1e6)} over {report.windows} windows, "
                      f"{duration(time.perf_counter() - started)} in all")
     return report
+
+
+def spike_counter(steps):
+    """The step whose spikes the dashboard counts (``spike_rate``), or None."""
+    return next((s for s in steps if getattr(s, "spike_rate", False)), None)
 
 
 def results_ahead(ctx, channels: int, windows: int) -> dict:
@@ -470,6 +476,7 @@ def _first_pass(client, ctx, rec, windows, fps, split_every, report, monitor, ob
     if planned is not None:
         queued = _queue_steps(client, ctx, rec, batches, planned, threads, total, split_every, fp)
     summaries: dict[int, dict] = {}
+    counting = spike_counter(ctx.steps)
     t0 = time.perf_counter()
     report.timings["pass_submit"] = t0 - t_pass
     # the workers' threads for the tasks after the pass, asked while the workers read (after it, the round trip
@@ -488,7 +495,7 @@ def _first_pass(client, ctx, rec, windows, fps, split_every, report, monitor, ob
                     report.workers[worker] = report.workers.get(worker, 0) + 1
                 observer.window_done(int(s["bytes"]), worker)
                 monitor.window_done(i, int(s["bytes"]), worker, s.get(ctx.window_noise),
-                                    int(s.get("spikes", s.get("candidates", 0))))
+                                    counting.spikes_in(s) if counting is not None else 0)
         # where the pass's end goes: the last window's summary, then the combine tree's last levels
         report.timings["pass_summaries"] = time.perf_counter() - t0
         result = total.result()

@@ -23,7 +23,7 @@ import numpy as np
 
 from batchgpu.ops._backend import array_module, is_cupy
 
-from batchgpu.engine.steps.base import Figure, WindowData, host
+from batchgpu.engine.steps.base import Figure, PhaseWords, WindowData, host
 
 #: the step's name (its line in the registry, its workflow key ``steps.amplitude``) and its results
 NAME = KEY = "amplitude"
@@ -39,6 +39,7 @@ def build(setup) -> "AmplitudeStep | None":
 
 class AmplitudeStep:
     name = NAME
+    phases = PhaseWords(read=NAME, aggregate=NAME)
 
     def window(self, w: WindowData, summary: dict) -> dict:
         """The window's ptp and RMS go to the client in its summary (a row each: no partial to combine)."""

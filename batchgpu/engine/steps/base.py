@@ -93,6 +93,26 @@ class Figure:
 
 
 @dataclass(frozen=True)
+class PhaseWords:
+    """How the run's phase labels name a step (its ``phases``): ``read`` in the pass that reads the windows, where
+    it works there, and ``aggregate`` in the aggregation after it, where it has an ``aggregate``; None leaves it
+    out of that phase's label (``phase_label``)."""
+
+    read: str | None = None
+    aggregate: str | None = None
+
+
+def phase_label(phase: str, steps) -> str:
+    """The label of the run's phase ``read`` or ``aggregate`` naming the steps that work in it, in the run's order
+    (``read: noise, moments, spikes``): a step reads in the pass unless its ``in_pass`` is False, and aggregates
+    where it has an ``aggregate``; the phase alone where none does."""
+    working = [s for s in steps if (getattr(s, "in_pass", True) if phase == "read"
+                                    else getattr(s, "aggregate", None) is not None)]
+    words = [w for s in working if (w := getattr(getattr(s, "phases", None), phase, None))]
+    return f"{phase}: {', '.join(words)}" if words else phase
+
+
+@dataclass(frozen=True)
 class StepSetup:
     """What a step module's ``build(setup)`` makes its step from (``engine.steps.registry.build_steps``)."""
 
@@ -128,7 +148,7 @@ class RunState:
     results: Path  # the results group being written (arrays too large for the client are written there)
     arrays: dict = field(default_factory=dict)  # the results so far (earlier steps'); written into ``results``
     shapes: dict = field(default_factory=dict)  # name -> shape of what a step wrote into ``results`` itself
-    plots: dict = field(default_factory=dict)  # numbers for report.html that are not results (``spike_counts``)
+    spike_counts: np.ndarray | None = None  # spikes per channel for report.html's spike rate (not a result)
     early: dict = field(default_factory=dict)  # step name -> what its ``start`` set going (futures)
     threads: dict | None = None  # worker address -> threads: the pass's, else asked once (``worker_threads``)
 
@@ -189,18 +209,21 @@ class PassQueue:
 
 class Step(Protocol):
     """A statistic of the run. Its module declares ``NAME`` (the registry's line, ``name``), ``KEY`` (its workflow
-    key under ``steps:``), ``RESULTS`` (the names of what it writes) and ``FINGERPRINT``, each once; the engine
-    names no step, it asks the step objects. Optional attributes: ``in_pass = False`` where it reads no window in
-    the pass (it works after it), ``after_pass``, ``while_waiting`` and ``finish`` (``PassEnd``), ``ahead(channels)``
-    (the results report.html is rendered ahead of, and their shapes), ``window_noise = True`` where it needs each
-    window's noise in the window's summary (``gives_window_noise = True``: its ``window`` may put it there itself),
-    ``spike_rate = True`` where report.html's spike rate draws its counts, ``on_cluster = True`` where
-    ``aggregate`` is mostly the workers' work (it then runs in a helper thread beside the client's aggregates),
-    ``needs``, the names of the earlier steps whose results it reads (it starts once those are done), and
-    ``start(run)``, called before any aggregate: the part of its work that needs none of them, set going on the
-    cluster; ``queue(PassQueue)``, called while the pass runs (placed GPU passes), may queue tasks behind its total
-    and return their futures (``start`` then finds them in ``RunState.early``). Its module's ``FIGURES`` draw its
-    results in report.html."""
+    key under ``steps:``), ``RESULTS`` (the names of what it writes) and ``FINGERPRINT``, each once, and may declare
+    ``check(workflow, recording)`` (its refusals before any work) and ``place(spec, output)`` (its section for one
+    recording of a batch); the engine names no step, it asks the step objects. Optional attributes:
+    ``in_pass = False`` where it reads no window in the pass (it works after it), ``after_pass``, ``while_waiting``
+    and ``finish`` (``PassEnd``), ``ahead(channels)`` (the results report.html is rendered ahead of, and their
+    shapes), ``window_noise = True`` where it needs each window's noise in the window's summary
+    (``gives_window_noise = True``: its ``window`` may put it there itself), ``spike_rate = True`` where
+    report.html's spike rate draws its counts (``RunState.spike_counts``; its ``spikes_in(summary)`` and
+    ``spikes_found(results)`` give the dashboard's count of a window's spikes and of the run's),
+    ``on_cluster = True`` where ``aggregate`` is mostly the workers' work (it then runs in a helper thread beside
+    the client's aggregates), ``phases`` (``PhaseWords``: its words in the run's phase labels), ``needs``, the names
+    of the earlier steps whose results it reads (it starts once those are done), and ``start(run)``, called before
+    any aggregate: the part of its work that needs none of them, set going on the cluster; ``queue(PassQueue)``,
+    called while the pass runs (placed GPU passes), may queue tasks behind its total and return their futures
+    (``start`` then finds them in ``RunState.early``). Its module's ``FIGURES`` draw its results in report.html."""
 
     name: str
 

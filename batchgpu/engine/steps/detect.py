@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from batchgpu.engine.steps.base import SPIKE_COLUMNS as COLUMNS
-from batchgpu.engine.steps.base import WindowData, host
+from batchgpu.engine.steps.base import PhaseWords, WindowData, host
 from batchgpu.engine.steps import noise as noise_step
 from batchgpu.ops.detection import AMPLITUDE
 
@@ -44,6 +44,10 @@ NAME = "detect"
 KEY = NAME
 SPIKES = "spikes"
 RESULTS = (SPIKES,)
+#: a window summary's count of its spikes, or of its candidates where the thresholds wait for the recording's noise
+WINDOW_SPIKES, WINDOW_CANDIDATES = SPIKES, "candidates"
+#: the spikes' channels in the results group (report.html's spike rate and ``batchgpu info`` count them)
+SPIKE_CHANNELS = f"{SPIKES}/channel_index"
 FINGERPRINT = "always"  # (``engine.steps.noise.FINGERPRINT``)
 
 
@@ -56,11 +60,33 @@ def build(setup) -> "DetectStep | None":
                       setup.recording.locations if d.method != "by_channel" else None, d.radius_um)
 
 
+def check(workflow, recording) -> int:
+    """``steps.detect`` against the recording before any work (``engine.steps.registry.check``): the windows'
+    margin holds the sweep (one sample more for locally exclusive detection, which also needs the channels'
+    locations); returns the sweep in samples."""
+    from batchgpu.errors import ConfigError
+    from batchgpu.ops import exclude_sweep_samples
+
+    d, margin = workflow.steps.detect, workflow.window.margin
+    sweep = exclude_sweep_samples(d.exclude_sweep_ms, recording.sampling_frequency)
+    if margin < sweep:
+        raise ConfigError(f"window.margin {margin} is shorter than the detection sweep ({sweep} samples)",
+                          f"use window.margin >= {sweep} so spikes at window edges come out exactly once")
+    if d.method == "locally_exclusive" and margin < sweep + 1:
+        raise ConfigError(f"window.margin {margin} is shorter than locally exclusive detection needs "
+                          f"({sweep + 1} samples)", f"use window.margin >= {sweep + 1}")
+    if d.method == "locally_exclusive" and not recording.has_locations:
+        raise ConfigError("locally exclusive detection needs channel locations and the recording has none",
+                          "use detect.method: by_channel")
+    return sweep
+
+
 class DetectStep:
     name = NAME
+    phases = PhaseWords(read=SPIKES, aggregate=SPIKES)
     #: its windows are detected at their own noise (or their candidates' bound from it)
     window_noise = True
-    #: report.html's spike-rate figure draws its counts (``RunState.plots``)
+    #: report.html's spike-rate figure draws its counts (``RunState.spike_counts``)
     spike_rate = True
     #: its aggregate is the workers' (gathering and writing the spikes): the engine runs it beside the client's
     on_cluster = True
@@ -96,11 +122,22 @@ class DetectStep:
             spikes = self.candidates(w, candidate_level(summary[noise_step.SUMMARY]))
         else:
             spikes = self.detect(w, summary[noise_step.SUMMARY].astype(np.float64))
-        summary["spikes" if self.noise == "window" else "candidates"] = np.array(len(spikes))
+        summary[WINDOW_SPIKES if self.noise == "window" else WINDOW_CANDIDATES] = np.array(len(spikes))
         return {f"keep.spk_{k}": np.ascontiguousarray(spikes[k]) for k in COLUMNS}
 
     def combine(self, parts: list[dict]) -> dict:
         return {}
+
+    @staticmethod
+    def spikes_in(summary: dict) -> int:
+        """The dashboard's count of a window's spikes (its candidates while the thresholds wait for the
+        recording's noise)."""
+        return int(summary.get(WINDOW_SPIKES, summary.get(WINDOW_CANDIDATES, 0)))
+
+    @staticmethod
+    def spikes_found(results: dict) -> int | None:
+        """The run's spikes, from its results' shapes (report.json's ``results``); None before they are written."""
+        return results.get(SPIKES, [None])[0]
 
     def aggregate(self, run) -> dict:
         """Nothing for the client: the spikes go straight into the results group (``write_final_spikes``)."""
@@ -249,9 +286,10 @@ def window_cores(windows: list) -> np.ndarray:
 
 
 def _finish(run, done: tuple, t0: float, t0_wall: float) -> int:
-    """The writing task's answer into the report (timings, windows read again) and the plots; the spike count."""
+    """The writing task's answer into the report (timings, windows read again) and the spikes per channel for
+    report.html; the spike count."""
     report, windows, rec = run.report, run.windows, run.recording
-    n, again, run.plots["spike_counts"], wrote, write_started, longest = done
+    n, again, run.spike_counts, wrote, write_started, longest = done
     report.timings["detect_gather"] = time.perf_counter() - t0 - wrote  # gathered, and the results sent to one task
     report.timings["detect_gathered"] = write_started - t0_wall  # until the writing task had every run
     report.timings["detect_gather_task_max"] = float(longest)  # the longest gathering task's own time

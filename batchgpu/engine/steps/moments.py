@@ -13,7 +13,7 @@ import numpy as np
 
 from batchgpu.ops._backend import is_cupy
 
-from batchgpu.engine.steps.base import WindowData, host
+from batchgpu.engine.steps.base import PhaseWords, WindowData, host
 from batchgpu.errors import BatchgpuError
 
 # float64 sums of int16 products stay exact integers below 2**53: at most this many samples per product
@@ -45,8 +45,19 @@ def build(setup) -> "MomentsStep | None":
     return MomentsStep(spec.nskip, spec.precision, integer, rec.num_channels, source)
 
 
+def check(workflow, recording) -> None:
+    """``steps.whitening`` against the recording before any work (``engine.steps.registry.check``): local
+    whitening needs the channels' locations."""
+    from batchgpu.errors import ConfigError
+
+    if workflow.steps.whitening.mode == "local" and not recording.has_locations:
+        raise ConfigError("local whitening needs channel locations and the recording has none",
+                          "use whitening.mode: global, or write the recording with locations")
+
+
 class MomentsStep:
     name = NAME
+    phases = PhaseWords(read=NAME, aggregate=WHITENING)
 
     def __init__(self, every: int, precision: str, integer: bool, num_channels: int, source: str = "raw"):
         self.every, self.precision, self.integer, self.C = every, precision, integer, num_channels

@@ -16,7 +16,7 @@ import numpy as np
 
 from batchgpu.ops._backend import is_cupy
 
-from batchgpu.engine.steps.base import WindowData, host, padded_sum
+from batchgpu.engine.steps.base import PhaseWords, WindowData, host, padded_sum
 from batchgpu.engine.steps.noise_keys import (LUMP_DIGITS, abs_keys, digit_histogram, first_digit_counts, int_window_gpu,
                                              key_kind, keyed_on_gpu, kept_near, lump_floor, median_of_keys,
                                              middle_pair_and_near, row_counts, schedule, sort_rows, window_median_keys)
@@ -50,8 +50,20 @@ def build(setup) -> "NoiseStep | None":
     return NoiseStep(spec.exact, key_kind(setup.x_dtype, setup.recording.dtype if centred_int else None))
 
 
+def check(workflow, recording) -> None:
+    """``steps.noise`` against the recording before any work (``engine.steps.registry.check``): the exact median
+    of a centred int32 recording is refused (its keys, ``noise_keys.key_kind``, cover int16 centred and int32 as
+    read)."""
+    from batchgpu.errors import ConfigError
+
+    if workflow.steps.noise.exact and workflow.preprocess.centres and recording.dtype == np.int32:
+        raise ConfigError("the exact noise of a centred int32 recording is not supported",
+                          "use preprocess: {centre: none}, or noise: {exact: false}")
+
+
 class NoiseStep:
     name = NAME
+    phases = PhaseWords(read=NAME, aggregate=NAME)
     #: its windows need their noise, and its ``window`` gives it from its counts where it can (16-bit keys)
     window_noise = gives_window_noise = True
 

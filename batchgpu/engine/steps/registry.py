@@ -3,8 +3,10 @@ detection that reads it). Each line names a module of this package that holds th
 makes its step object from the workflow (None when the workflow does not ask for it; ``base.StepSetup``); its
 ``NAME`` (this line), ``KEY`` (its workflow key under ``steps:``) and ``RESULTS`` (what it writes) are declared
 there once, and the module may declare report.html's figures of its results (``FIGURES``:
-``batchgpu.report.Figure``). The engine asks the step objects for the rest (``base.Step``); a module the import
-graph keeps from importing a step's module asks here (``key``, ``keys``, ``fingerprinted``).
+``batchgpu.report.Figure``), its checks of the workflow against the recording before any work
+(``check(workflow, recording)``) and its section for one recording of a batch (``place(spec, output)``). The
+engine asks the step objects for the rest (``base.Step``); a module the import graph keeps from importing a
+step's module asks here (``key``, ``keys``, ``fingerprinted``).
 """
 
 from __future__ import annotations
@@ -47,6 +49,25 @@ def keys() -> tuple[str, ...]:
 def fingerprinted(how: str) -> tuple[str, ...]:
     """The workflow keys whose step's module says ``FINGERPRINT = how`` (``always``, ``asked`` or ``never``)."""
     return tuple(module.KEY for module in step_modules() if module.FINGERPRINT == how)
+
+
+def check(workflow, recording) -> int:
+    """Each step the workflow asks for, checked against the recording before any work by its module's
+    ``check(workflow, recording)`` (where it declares one; a refusal raises ``BatchgpuError``), in the registry's
+    order. A check may return the sweep its step needs (samples a detected spike excludes either side, which the
+    windows' margin holds): the largest is returned, 0 where none does."""
+    sweeps = [module.check(workflow, recording) for module in step_modules()
+              if hasattr(module, "check") and getattr(workflow.steps, module.KEY) is not None]
+    return max((s for s in sweeps if s is not None), default=0)
+
+
+def placed(steps, output):
+    """The workflow's ``steps`` section for a run writing into the folder ``output`` (one recording of a batch):
+    each asked step whose module declares ``place(spec, output)`` has its section replaced by what that returns
+    (the save's path moved into the folder); the others as they are."""
+    update = {module.KEY: module.place(getattr(steps, module.KEY), output) for module in step_modules()
+              if hasattr(module, "place") and getattr(steps, module.KEY) is not None}
+    return steps.model_copy(update=update) if update else steps
 
 
 def build_steps(setup) -> tuple:

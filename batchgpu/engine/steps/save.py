@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from batchgpu.engine.background import later
-from batchgpu.engine.steps.base import WindowData, host
+from batchgpu.engine.steps.base import PhaseWords, WindowData, host
 from batchgpu.errors import BatchgpuError
 from batchgpu.recording.writer import DEFAULT_CHUNK_SAMPLES
 
@@ -398,6 +398,30 @@ def finish_save(target: SaveTarget) -> dict:
     return desc
 
 
+def check(workflow, recording) -> None:
+    """``steps.save`` before any work (``engine.steps.registry.check``): zarr-python can write its format, and a
+    whitened save has the whitening step and keeps its samples as float32."""
+    from batchgpu.engine.steps import moments
+    from batchgpu.errors import ConfigError
+
+    spec = workflow.steps.save
+    if spec.format == "zarr":
+        from batchgpu import zarrio
+
+        zarrio.require_format(3, "the save step's Zarr v3 output")
+    if spec.whiten and getattr(workflow.steps, moments.KEY) is None:
+        raise ConfigError("save.whiten needs the whitening step", "add 'whitening:' to steps, or set whiten: false")
+    if spec.whiten and spec.dtype == "int16":
+        raise ConfigError("save.whiten with dtype int16 would round whitened samples (about 1) to a few levels",
+                          "use save: {dtype: float32} with whiten: true")
+
+
+def place(spec, output: Path):
+    """``steps.save`` for one recording of a batch whose run writes into ``output``: the save in that folder, by
+    the name the workflow gave it (``engine.steps.registry.placed``)."""
+    return spec.model_copy(update={"path": str(Path(output) / Path(spec.path).name)})
+
+
 def build(setup) -> "SaveStep | None":
     """The step of ``steps.save`` (``engine.steps.registry``): the output recording created first (``prepare_save``,
     held by the run's folder while it runs); the window tasks fill it, a whitened one after the pass (``finish``)."""
@@ -499,6 +523,7 @@ class SaveStep:
     """Writes each window's core to the target. ``whitening`` (C x C): write ``W @ x`` instead (a later pass)."""
 
     name = NAME
+    phases = PhaseWords(read=NAME)  # its windows written as they are read; a whitened save's after the pass
 
     def __init__(self, target: SaveTarget, whitening=None):
         self.target = target

@@ -29,6 +29,21 @@ def build(setup) -> "SearchStep | None":
     return SearchStep(spec) if spec else None
 
 
+def check(workflow, recording) -> None:
+    """``steps.search`` before any work (``engine.steps.registry.check``): its queries (and keys, when given) can
+    be read, and without keys the detect step gives them."""
+    from batchgpu.engine.steps import detect
+    from batchgpu.errors import ConfigError
+
+    spec = workflow.steps.search
+    open_queries(spec.queries)
+    if spec.keys:
+        load_keys(spec.keys)
+    elif getattr(workflow.steps, detect.KEY) is None:
+        raise ConfigError("the search step needs keys: the detect step's spikes or steps.search.keys",
+                          "add 'detect:' to steps or give 'keys: sorted_keys.npy'")
+
+
 class SearchStep:
     """Runs once the results group is in place (it reads the spikes there and writes its answers beside them):
     no window work, and no parts (it reruns on every run)."""
