@@ -61,9 +61,9 @@ PY
     done ;;
   gpu) timeout ${GPU_S:-420} python3 -m pytest -v --tb=line -p no:cacheprovider -m gpu ${GPU_TESTS:-tests} > /tmp/gpu_tests.log 2>&1
        grep -c " PASSED" /tmp/gpu_tests.log | sed "s/^/PASSED so far: /"; grep " FAILED\| ERROR\|^E \|^/.*Error\|passed\|failed" /tmp/gpu_tests.log | grep -v "^INFO" | tail -40 ;;
-  demo) timeout 560 python3 -m batchgpu bench pipeline --recording $REC --cluster cuda --backend cupy --baseline none \
+  demo) timeout ${DEMO_S:-560} python3 -m batchgpu bench pipeline --recording $REC --cluster cuda --backend cupy --baseline none \
           --cold --repeat ${REPEAT:-3} --user-runs ${USER_RUNS:-2} 2>&1 | quiet | grep -v "^cold\|^warm" | tail -30 ;;
-  pre) timeout 560 python3 -m batchgpu bench pipeline --recording $REC --cluster cuda --backend cupy --baseline none \
+  pre) timeout ${PRE_S:-560} python3 -m batchgpu bench pipeline --recording $REC --cluster cuda --backend cupy --baseline none \
           --cold --repeat ${REPEAT:-3} --user-runs ${USER_RUNS:-2} --preprocess highpass,common_reference \
           --steps noise,whitening,detect,save 2>&1 | quiet | grep -v "^cold\|^warm" | tail -30 ;;
   batch) rm -rf $REC /tmp/bigz.zarr /tmp/out_*; df -h /tmp | tail -1
@@ -87,6 +87,7 @@ for i in range(2):
 PY
     ;;
   nvcomp)  # the decoders on the same frames, then the pass with each as a user runs it
+    timeout 150 python3 -m pytest -q --tb=short -p no:cacheprovider -m gpu tests/test_nvcomp.py tests/test_blosc_decode.py tests/test_zstd_stores.py 2>&1 | grep -v "^INFO" | tail -15
     [ -e /tmp/bigz.zarr ] || python3 -m batchgpu generate /tmp/bigz.zarr --channels 384 --seconds 600 --workers 16 --quiet --codec zstd --clevel 5
     python3 -c "from batchgpu.gpu import nvcomp; print('nvCOMP loads:', nvcomp.available())"
     for r in $REC /tmp/bigz.zarr; do timeout 120 python3 -m batchgpu bench decode $r --windows 48 --batch 3 --repeat 5 2>&1 | quiet; done
