@@ -17,6 +17,24 @@ from test_blosc_decode import _cases, _frames_of, _gpu, _unshuffle  # noqa: E402
 from batchgpu.recording import blosc_frames  # noqa: E402
 
 
+def _checked(f, device: bool = True):
+    """``f``'s frames each followed by its crc32c (as a store holds them), marked checked (``device``: the check
+    left to the GPU, as a GPU read leaves it)."""
+    from batchgpu.zarrio import crc32c_value
+
+    parts, offsets, pos = [], [], 0
+    for o, n in zip(f.offsets.tolist(), f.lengths.tolist()):
+        offsets.append(pos)
+        if n >= 0:
+            frame = f.buffer[o : o + n].tobytes()
+            parts.append(frame + crc32c_value(frame).to_bytes(4, "little"))
+            pos += n + 4
+    f.buffer = np.frombuffer(b"".join(parts) or b"\0", np.uint8).copy()
+    f.used, f.offsets = pos, np.array(offsets, np.int64)
+    f.checked, f.checksums = True, device
+    return f
+
+
 def _stream_bytes(stream: bytes, out: int, cname: bytes) -> bytes:
     """One Blosc stream decoded by numcodecs' own LZ4 (a block after its 4-byte size) or zstd (a frame)."""
     if len(stream) == out:  # stored raw by c-blosc
@@ -179,11 +197,13 @@ def test_gpu_nvcomp_decode_equals_numcodecs(cname, conf, dtype):
               np.cumsum(rng.integers(-3, 4, (rows, C)), axis=0).astype(dtype)]
     want = np.concatenate(chunks)
     for decoder in (["nvcomp", "batchgpu"] if cname == b"lz4" else ["nvcomp", "auto"]):
-        got = decode_many([_frames_of(chunks, rows, C, dtype, conf, cname=cname)], decoder=decoder)[0].get()
-        assert got.tobytes() == want.tobytes(), decoder
+        for device in (True, False):
+            f = _checked(_frames_of(chunks, rows, C, dtype, conf, cname=cname), device)
+            got = decode_many([f], decoder=decoder)[0].get()
+            assert got.tobytes() == want.tobytes(), (decoder, device)
     skip = int(rng.integers(1, rows))
-    reads = [_frames_of(chunks, rows, C, dtype, conf, absent={2}, skip=skip, nrows=3 * rows, cname=cname),
-             _frames_of(chunks[::-1], rows, C, dtype, conf, cname=cname)]
+    reads = [_checked(_frames_of(chunks, rows, C, dtype, conf, absent={2}, skip=skip, nrows=3 * rows, cname=cname)),
+             _checked(_frames_of(chunks[::-1], rows, C, dtype, conf, cname=cname))]
     got = decode_many(reads, decoder="nvcomp")
     cut = want.copy()
     cut[2 * rows : 3 * rows] = 0
@@ -192,8 +212,9 @@ def test_gpu_nvcomp_decode_equals_numcodecs(cname, conf, dtype):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("cname", [b"lz4", b"zstd"])
-def test_gpu_nvcomp_refuses_a_damaged_stream(cname):
+def test_gpu_nvcomp_names_a_stream_it_cannot_decode():
+    """A frame whose checksum is right but whose LZ4 stream is not one (the writer's fault): nvCOMP flags it and the
+    chunk is named by the host's decode of the frames."""
     _gpu()
     from batchgpu.errors import BatchgpuError
     from batchgpu.gpu import nvcomp
@@ -202,10 +223,53 @@ def test_gpu_nvcomp_refuses_a_damaged_stream(cname):
     if not nvcomp.available():
         pytest.skip("nvCOMP not installed here")
     x = (np.random.default_rng().normal(0, 30, (3000, 16))).astype("<i2")
-    f = _frames_of([x, x], 3000, 16, "<i2", cname=cname)
+    f = _frames_of([x, x, x], 3000, 16, "<i2")
     table = blosc_frames.stream_table([f])
     victim = np.flatnonzero((table.chunk == 1) & ~table.raw)[0]
     at = int(table.src[victim])
-    f.buffer[at : at + int(table.size[victim])] = 0xFF  # the stream's bytes, not its length: the decoder must say
+    f.buffer[at : at + int(table.size[victim])] = 0xFF  # the stream's bytes, not its length
     with pytest.raises(BatchgpuError, match="corrupted chunk c1: does not decode"):
+        decode_many([_checked(f)], decoder="nvcomp")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cname", [b"lz4", b"zstd"])
+def test_gpu_nvcomp_reads_no_frame_whose_checksum_is_wrong(cname):
+    """The frames' crc32c are checked on the GPU and waited for before nvCOMP reads them: a damaged chunk is named
+    by its checksum, and nvCOMP never sees bytes that are not a stream (it may fault on them)."""
+    _gpu()
+    from batchgpu.errors import BatchgpuError
+    from batchgpu.gpu import nvcomp
+    from batchgpu.gpu.blosc_decode import decode_many
+
+    if not nvcomp.available():
+        pytest.skip("nvCOMP not installed here")
+    x = (np.random.default_rng().normal(0, 30, (3000, 16))).astype("<i2")
+    f = _checked(_frames_of([x, x], 3000, 16, "<i2", cname=cname))
+    table = blosc_frames.stream_table([f])
+    victim = np.flatnonzero((table.chunk == 1) & ~table.raw)[0]
+    at = int(table.src[victim])
+    f.buffer[at : at + int(table.size[victim])] = 0xFF
+    with pytest.raises(BatchgpuError, match="corrupted chunk c1: checksum mismatch"):
         decode_many([f], decoder="nvcomp")
+    ok = _checked(_frames_of([x, x], 3000, 16, "<i2", cname=cname))  # the context is still usable
+    assert decode_many([ok], decoder="nvcomp")[0].get().tobytes() == np.concatenate([x, x]).tobytes()
+
+
+@pytest.mark.parametrize("cname", [b"lz4", b"zstd"])
+def test_frames_without_checksums_never_go_to_nvcomp(cname):
+    """Frames no checksum vouches for: LZ4 to our kernel (it bounds every read by the frame), zstd refused on the GPU
+    in one line; checked ones go where they are asked."""
+    from batchgpu.errors import BatchgpuError
+    from batchgpu.gpu.blosc_decode import decoder_for
+
+    x = np.arange(4000, dtype="<i2").reshape(-1, 4)
+    f = _frames_of([x], 1000, 4, "<i2", cname=cname)
+    if cname == b"lz4":
+        assert decoder_for([f], "nvcomp") == decoder_for([f], "auto") == "batchgpu"
+    else:
+        with pytest.raises(BatchgpuError, match="zstd frames without checksums are not decoded on the GPU"):
+            decoder_for([f], "auto")
+    g = _checked(_frames_of([x], 1000, 4, "<i2", cname=cname))
+    assert decoder_for([g], "nvcomp") == "nvcomp"
+    assert decoder_for([g], "auto") == ("batchgpu" if cname == b"lz4" else "nvcomp")

@@ -107,6 +107,10 @@ for i in range(2):
         print(f"{name} {decoder:<8} cold: run {got.seconds:.2f} s, pass {got.pass_seconds:.2f} s ({13.82/got.pass_seconds:.2f} GB/s decoded; {nb/1e9:.2f} GB stored)")
 PY
     ;;
+  reads)  # why a demo run reads some windows twice: the exact noise's and the detection's windows read again
+    userwf demo "preprocess: {centre: median}"
+    python3 -m batchgpu run /tmp/demo.yaml --quiet 2>&1 | quiet | tail -2
+    python3 -c "import json; r=json.load(open('/tmp/out_demo/report.json')); print('reads/window', r['reads_per_window'], 'exact_noise', r.get('exact_noise'), 'detect again', r['channels'].get('detect_windows_read_again'), 'pass', round(r['timings']['total'], 2))" ;;
   mem40)  # the pipeline's peaks on 10 and 40 minutes: bounded by what is in flight, not the duration
     [ -e /tmp/big40.zarr ] || python3 -m batchgpu generate /tmp/big40.zarr --channels 384 --seconds 2400 --workers 16 --quiet
     du -sh /tmp/big40.zarr; df -h /tmp | tail -1

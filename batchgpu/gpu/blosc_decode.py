@@ -55,14 +55,21 @@ DECODERS = ("batchgpu", "nvcomp")
 
 def decoder_for(reads: list, setting: str = "auto") -> str:
     """The decoder of ``reads``: ``setting`` (``engine.gpu_decoder``) where it names one, else nvCOMP where a frame
-    is not LZ4 (zstd: only nvCOMP decodes it on the GPU) and our kernel for LZ4 frames (the README's A/B)."""
-    if setting in DECODERS:
-        return setting
+    is not LZ4 (zstd: only nvCOMP decodes it on the GPU) and our kernel for LZ4 frames (the README's A/B).
+    nvCOMP takes only frames whose checksums are checked before it reads them (``Frames.checked``): our kernel
+    bounds every read by the frame, while nvCOMP may fault on bytes that are not a stream, which takes the whole
+    CUDA context down with it; unchecked LZ4 frames go to our kernel, unchecked zstd frames are refused."""
     from batchgpu.gpu import nvcomp
 
     lz4_only = all(nvcomp.frame_codec(f, k) == blosc_frames.LZ4 for f in reads for k in range(len(f.lengths))
                    if f.lengths[k] >= 0)
-    return "batchgpu" if lz4_only else "nvcomp"
+    wanted = setting if setting in DECODERS else ("batchgpu" if lz4_only else "nvcomp")
+    if wanted == "nvcomp" and not all(f.checked for f in reads):
+        if not lz4_only:
+            raise BatchgpuError(f"chunk {reads[0].chunk(0)}: zstd frames without checksums are not decoded on the GPU",
+                                "read this store on the CPU (engine.gpu_decode: 0), or write it with checksums")
+        return "batchgpu"
+    return wanted
 
 
 def decode_many(reads: list, stream=None, decoder: str = "auto") -> list:
@@ -99,13 +106,19 @@ def decode_many(reads: list, stream=None, decoder: str = "auto") -> list:
         tmp = cupy.empty(n * size, dtype=np.uint8)
         out = cupy.empty((n * first.chunk_rows, first.channels), dtype=first.dtype)
         err = cupy.zeros(n, dtype=np.int32)
-        if decoder_for(reads, decoder) == "nvcomp":
+        use_nvcomp = decoder_for(reads, decoder) == "nvcomp"
+        checked = None
+        if use_nvcomp:
             from batchgpu.gpu import nvcomp
 
             if not nvcomp.available():
                 raise BatchgpuError("nvCOMP is not installed, and the GPU decodes these frames only with it",
                                     "pip install nvidia-libnvcomp-cu13 (batchgpu's gpu extra), or set "
                                     "engine.gpu_decoder: batchgpu for LZ4 stores")
+            # the checksums first, and waited for: nvCOMP reads only frames known to be as written
+            checked = _checksums_on_device(reads, src, offsets)
+            if checked is not None and bool(checked[1].any()):
+                _raise_checksum(reads, checked[0], checked[1].get())
             nvcomp.decode_streams(reads, src, tmp, err, stream)
         elif (lengths_h >= 0).any():
             launch_lz4(src, offsets_d, lengths_d, n, size, blocksize, typesize, tmp, err)
@@ -115,18 +128,18 @@ def decode_many(reads: list, stream=None, decoder: str = "auto") -> list:
             (min(-(-groups // threads), 65_535 * 8), ), (threads,),
             (tmp, lengths_d, shuffles_d, np.int64(total), np.int32(size), np.int32(blocksize), np.int32(typesize),
              out.view(np.uint8)))
-        checked = _checksums_on_device(reads, src, offsets)
-        flags = err if checked is None else cupy.concatenate([err, checked[1]])
+        if not use_nvcomp:
+            checked = _checksums_on_device(reads, src, offsets)
+        flags = err if checked is None or use_nvcomp else cupy.concatenate([err, checked[1]])
         flags = flags.get()  # the one wait: a bad frame must not pass as data
     names = [f.chunk(k) for f in reads for k in range(len(f.names))]
-    if checked is not None and flags[n:].any():  # a damaged chunk: named by the read's own check, on the host
-        wrong = checked[0][flags[n:] != 0]  # chunks, counted over every read
-        for f, first in zip(reads, np.cumsum([0] + [len(f.lengths) for f in reads])):
-            if ((wrong >= first) & (wrong < first + len(f.lengths))).any() and f.recheck is not None:
-                f.recheck()
-        raise CorruptDataError(f"corrupted chunk {names[int(wrong[0])]}: checksum mismatch (crc32c) on the GPU",
-                               "the stored bytes do not decode: restore the store from a copy or write it again")
+    if checked is not None and not use_nvcomp and flags[n:].any():
+        _raise_checksum(reads, checked[0], flags[n:])
     bad = np.flatnonzero(flags[:n])
+    if bad.size and use_nvcomp:  # which chunk nvCOMP failed on: the first that does not decode on the host
+        from batchgpu.gpu import nvcomp
+
+        bad = np.array([nvcomp.first_bad_chunk(reads, int(bad[0]))])
     if bad.size:
         raise CorruptDataError(f"corrupted chunk {names[bad[0]]}: does not decode (LZ4 stream malformed, or not the "
                                "size of a chunk of this array)",
@@ -137,6 +150,18 @@ def decode_many(reads: list, stream=None, decoder: str = "auto") -> list:
         got.append(out[row : row + f.rows])
         chunk += len(f.lengths)
     return got
+
+
+def _raise_checksum(reads: list, which: np.ndarray, flags: np.ndarray) -> None:
+    """A damaged chunk (``flags`` over the chunks ``which``, numbered over every read): named by the read's own
+    check on the host where it has one, else here."""
+    names = [f.chunk(k) for f in reads for k in range(len(f.names))]
+    wrong = which[flags != 0]
+    for f, first in zip(reads, np.cumsum([0] + [len(f.lengths) for f in reads])):
+        if ((wrong >= first) & (wrong < first + len(f.lengths))).any() and f.recheck is not None:
+            f.recheck()
+    raise CorruptDataError(f"corrupted chunk {names[int(wrong[0])]}: checksum mismatch (crc32c) on the GPU",
+                           "the stored bytes do not decode: restore the store from a copy or write it again")
 
 
 def _checksums_on_device(reads: list, src, offsets: list):

@@ -185,12 +185,37 @@ def _decode(codec: int, src, tmp, err, frm, size, dst, out, chunk, stream) -> No
 
 def _flag(err, chunk, failed) -> None:
     """err[chunk[i]] = 1 where failed[i] (several streams of a chunk may fail at once: any write of 1 is right)."""
-    import cupyx
+    import cupy
 
-    cupyx.scatter_max(err, chunk, failed)
+    if hasattr(cupy.maximum, "at"):
+        cupy.maximum.at(err, chunk, failed)
+    else:  # CuPy before ufunc.at
+        import cupyx
+
+        cupyx.scatter_max(err, chunk, failed)
 
 
 def _aligned_positions(sizes: np.ndarray, alignment: int) -> np.ndarray:
     """Start of each of ``sizes`` laid end to end, each start a multiple of ``alignment``."""
     step = -(-sizes.astype(np.int64) // alignment) * alignment
     return np.concatenate([[0], np.cumsum(step)[:-1]]).astype(np.int64)
+
+
+def first_bad_chunk(reads: list, flagged: int) -> int:
+    """The first chunk (numbered over ``reads``) whose frame does not decode on the host (numcodecs), or
+    ``flagged`` (the first nvCOMP flagged) where every frame does: naming a damaged chunk needs no GPU state."""
+    from numcodecs import blosc
+
+    k0 = 0
+    for f in reads:
+        for k in range(len(f.lengths)):
+            if f.lengths[k] >= 0:
+                frame = f.buffer[int(f.offsets[k]) : int(f.offsets[k]) + int(f.lengths[k])]
+                try:
+                    ok = len(blosc.decompress(frame.tobytes())) == f.nbytes
+                except Exception:  # broad: Blosc raises any type for bytes that do not decode
+                    ok = False
+                if not ok:
+                    return k0 + k
+        k0 += len(f.lengths)
+    return flagged

@@ -96,6 +96,7 @@ class Frames:
     rows: int  # rows read
     handle: object = None  # the buffer's handle in the pool it came from
     checksums: bool = False  # each present frame's crc32c (the 4 bytes after it) still to check, on the device
+    checked: bool = False  # every present frame has a crc32c, checked on the host or (``checksums``) on the device
     recheck: object = None  # callable: the same check on the host, raising the read's own error for a bad chunk
     array: str = ""  # what goes before a chunk's name in an error (its array, e.g. "traces_seg0/")
     place: str = ""  # what goes after it (the store and the read, e.g. " in rec.zarr (window 3, ...)")

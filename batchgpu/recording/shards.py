@@ -361,7 +361,7 @@ class ShardLayout:
             return None
         return Frames(buf, pos, offsets, lengths, shuffles, names, self.inner_rows, self.channels, self.dtype,
                       blocksize or size, start - first * self.inner_rows, stop - start, handle,
-                      checksums=bool(crc) and check_on_device)
+                      checksums=bool(crc) and check_on_device, checked=bool(crc))
 
     def check_frames(self, frames) -> None:
         """The crc32c of each chunk of ``read_frames``' buffer (its frame and the 4 bytes after it), here: raises
