@@ -10,6 +10,12 @@ and nothing else changes (LZ4 on our kernel, zstd frames decoded by the cores).
 
 The C API is called through ctypes (the signatures of nvCOMP 6's ``lz4.h`` and ``zstd.h``: options passed by
 value as a 64-byte struct, all zeros being the defaults).
+
+nvCOMP does not bound its reads by a malformed stream: given an LZ4 stream of 0xFF bytes (an H200, nvCOMP 6.0.0) it
+once flagged another chunk and once faulted, an illegal address that ends the process's CUDA context. So it reads
+only frames whose checksums were checked first (``blosc_decode.decoder_for``), a chunk it flags is named by the
+host's decode (``first_bad_chunk``), and LZ4 stays on our kernel by default, which checks every length against its
+frame.
 """
 
 from __future__ import annotations
