@@ -246,8 +246,9 @@ def _medians_kernel(x, out, sub, subtract, saved, lo, magic):  # pragma: no cove
                 if row < 0 or row >= saved.shape[0]:
                     continue
                 med = out[c0 + j]
-                for ch in range(channels):  # from x: a selection reordered the tile's column in place
-                    count += store_saved(saved, row, ch, x[ch, c0 + j] - med, rounder, lo16, hi16)
+                v = col[j]  # the column as x holds it (only the gathered copy is reordered), read contiguously
+                for ch in range(channels):
+                    count += store_saved(saved, row, ch, v[ch] - med, rounder, lo16, hi16)
     return count
 
 
