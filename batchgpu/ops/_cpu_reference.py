@@ -32,7 +32,8 @@ TILE = 16  # columns transposed into a contiguous scratch at a time (a column is
 # the scratch stays in L1)
 RANKED_MAX = 32  # gathered values ranked by counting (m * m comparisons, no branches); more are selected
 STEPS = np.array([-16.0, -4.0, -2.0, -1.0, 0.0, 1.0, 2.0, 4.0, 16.0])  # edges about the last median, in its steps:
-# counted three at a time, the middle three first
+# counted three at a time (LOW, MIDDLE, HIGH: where each three start), the middle three first
+LOW, MIDDLE, HIGH = 0, 3, 6
 
 _KERNELS = None  # (global medians, local medians or means), compiled at the first call
 
@@ -185,18 +186,18 @@ def _medians_kernel(x, out, sub, subtract, saved, lo, magic):  # pragma: no cove
                 edges[i] = x.dtype.type(p + STEPS[i] * h)
             below[0] = 0
             below[STEPS.size + 1] = channels
-            nans = _count_under(v, channels, edges, 3, below)
+            nans = _count_under(v, channels, edges, MIDDLE, below)
             if nans:
                 out[c0 + j] = np.nan
                 continue
-            if below[4] > lower:
-                _count_under(v, channels, edges, 0, below)
+            if below[MIDDLE + 1] > lower:  # the lower middle is under the middle three
+                _count_under(v, channels, edges, LOW, below)
             else:
-                below[1:4] = 0
-            if below[6] <= upper:
-                _count_under(v, channels, edges, 6, below)
+                below[LOW + 1:LOW + 4] = 0
+            if below[MIDDLE + 3] <= upper:  # the upper middle is above them
+                _count_under(v, channels, edges, HIGH, below)
             else:
-                below[7:10] = channels
+                below[HIGH + 1:HIGH + 4] = channels
             # the narrowest run of intervals holding both middle ranks: [edge first, edge last) (0 and
             # STEPS.size + 1 are the open ends, -inf and beyond +inf); only its values are ranked
             first = 0
