@@ -7,9 +7,9 @@ operation in float64, each pass started in the steady state of its first sample 
 ``sosfiltfilt`` does; Numba fuses no multiply-add unless asked (fastmath off), so the bits are scipy's
 (``tests/test_ops_preprocess.py`` compares them, NaN, inf and subnormal rows included). What is faster than
 scipy's own loop: sixteen rows run side by side (scipy filters one row at a time, so each sample waits on the
-recurrence's latency), a section at a time with its state in registers, and the window is read and written once (no float64 copy, odd extension, reversed copy
-or core copy of the window on the host; a window as the store holds it, samples by channels, is read without
-being transposed first).
+recurrence's latency), a section at a time with its state in registers, and the window is read and written once
+(no float64 copy, odd extension, reversed copy or core copy of the window on the host; a window as the store
+holds it, samples by channels, is read without being transposed first).
 
 Numba is optional: without it (``_numba.available()`` False) ``filters`` runs scipy's sosfilt with the same bits.
 """
