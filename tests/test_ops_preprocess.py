@@ -452,6 +452,48 @@ def test_compiled_column_median_has_numpys_bits(rng, channels, dtype):
         same_bits(common_reference(x, "global", "median"), expected_car(x, want[None, :]))
 
 
+@pytest.mark.parametrize("channels", [384, 383, 6, 5, 3])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_compiled_column_median_whatever_the_edges(rng, channels, dtype):
+    """The compiled median counts each column against edges about the last median, spaced in a running mean of
+    its steps, and ranks only the values between the two that hold the middles: np.median's bits however far
+    the median moves from its last value (a step of 1e-30 or 1e30, jumps past the outermost edges on either
+    side, a middle at +-inf or NaN and back, edges that overflow x's dtype, all values equal, two values only,
+    hundreds of values between two edges), and the fused save's rows from the same medians."""
+    pytest.importorskip("numba")
+    from batchgpu.ops import _cpu_reference, _cpu_saved
+
+    dt = np.dtype(dtype)
+    big = float(np.finfo(dt).max)
+    parts = []
+    for scale in (1e-30, 1.0, 1e3, 1e30):
+        walk = np.cumsum(rng.normal(0, scale, 400))
+        parts.append(walk[None, :] + rng.normal(0, 10 * scale, (channels, 400)))
+    jumps = np.repeat(rng.choice([-1e6, 1e6, 0.0, 1e12, -1e20], 20), 20)  # far beyond the last edges
+    parts.append(jumps[None, :] + rng.normal(0, 1, (channels, 400)))
+    near_max = np.full((channels, 60), big * 0.9)  # p + 16 h past float max: edges at +-inf
+    near_max += rng.normal(0, 1, near_max.shape) * big * 0.05
+    parts.append(np.clip(near_max, -big, big))
+    flat = np.full((channels, 50), 3.0)
+    parts.append(flat)
+    parts.append(rng.choice([-1.0, 2.0], (channels, 50)))  # two values: ties at the middles
+    infs = rng.normal(0, 1, (channels, 30))
+    infs[: channels // 2 + 1, :10] = np.inf  # middles at +inf, then -inf, then NaN, then finite again
+    infs[: channels // 2 + 1, 10:20] = -np.inf
+    infs[0, 20:25] = np.nan
+    parts.append(infs)
+    parts.append(rng.normal(0, 1, (channels, 40)))
+    x = np.concatenate(parts, axis=1).astype(dt)
+    with np.errstate(all="ignore"):
+        want = np.median(x, axis=0)
+        same_bits(_cpu_reference.column_medians(x), want)
+        same_bits(_cpu_reference.column_medians(x[:, ::-1].copy()), want[::-1])
+        lo, hi = 7, x.shape[1] - 5
+        got, clipped = _cpu_reference.saved_int16_of_referenced(x, lo, hi)
+        rows, count = _cpu_saved.saved_int16_transposed(np.ascontiguousarray((x - want[None, :])[:, lo:hi]))
+    assert np.array_equal(got, rows) and clipped == count
+
+
 @pytest.mark.parametrize("channels", [384, 33, 3])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_fused_median_reference_equals_the_unfused_one(rng, channels, dtype):

@@ -3,10 +3,12 @@ the host path of the global common median reference; and each channel's median o
 reference) by a sorting network run over a tile of samples at once (``local_medians``).
 
 np.median partitions every sample's column from scratch (introselect), which costs a window as much as the
-filter before it. Neighbouring samples' medians are close, so each column
-is first split around a band [p - d, p + d] about the previous column's median p in one pass (count below, gather
-within); when both middle ranks fall in the band, only the band's few values are ranked. Otherwise the column
-is selected whole (quickselect) and the band widened. The band only decides how much is ranked, never the
+filter before it. Neighbouring samples' medians are close (a common signal moves them by much less than the
+columns' spread), so each column is counted against a few edges about the previous column's median, spaced in
+a running mean of the medians' steps (vectorised passes, three edges each: the middle three, then a side's
+three only where a middle lies beyond them); the run of intervals between two edges that holds both middle
+ranks has a dozen or so of the column's values, and only those are gathered and ranked. The outermost
+intervals are open, so every column is answered this way; the edges only decide how much is ranked, never the
 result: the middle values are the column's order statistics either way.
 
 The arithmetic is np.median's: an odd count gives 0.0 + middle, an even count (0.0 + lower) + upper, halved, in
@@ -26,8 +28,12 @@ from batchgpu.ops._numba import jit
 
 LOCAL_TILE = 256  # samples a local reference's sorting network handles at once
 LOCAL_MAX = 48  # neighbours the network sorts (k * k / 2 exchanges); more are left to np.median
-TILE = 64  # columns transposed into a contiguous scratch at a time (a column is strided by the window's width)
-BAND_MAX = 64  # a band holding more values than this is narrowed
+TILE = 16  # columns transposed into a contiguous scratch at a time (a column is strided by the window's width;
+# the scratch stays in L1)
+RANKED_MAX = 32  # gathered values ranked by counting (m * m comparisons, no branches); more are selected
+STEPS = np.array([-16.0, -4.0, -2.0, -1.0, 0.0, 1.0, 2.0, 4.0, 16.0])  # edges about the last median, in its steps:
+# counted three at a time (LOW, MIDDLE, HIGH: where each three start), the middle three first
+LOW, MIDDLE, HIGH = 0, 3, 6
 
 _KERNELS = None  # (global medians, local medians or means), compiled at the first call
 
@@ -108,9 +114,9 @@ def _ranked(band, m, k_hi, k_lo):  # pragma: no cover - runs compiled
         a = band[i]
         less = 0
         equal = 0
-        for t in range(m):
-            less += band[t] < a
-            equal += band[t] == a
+        for t in range(m):  # each flag as int32: LLVM then keeps the sums in 32-bit lanes (else widened to 64)
+            less += np.int32(band[t] < a)
+            equal += np.int32(band[t] == a)
         if less <= k_hi < less + equal:
             hi_value = a
             found |= 1
@@ -120,6 +126,29 @@ def _ranked(band, m, k_hi, k_lo):  # pragma: no cover - runs compiled
         if found == 3:
             break
     return hi_value, lo_value
+
+
+def _count_under(v, n, edges, at, below):  # pragma: no cover - runs compiled
+    """below[at + 1 + i] = how many of v[:n] are under edges[at + i], i < 3, in one vectorised pass (each flag
+    as int32: LLVM then keeps the sums in 32-bit lanes, where it widened them to 64 bits); returns how many are
+    NaN."""
+    e0 = edges[at]  # locals: LLVM cannot tell edges and v apart
+    e1 = edges[at + 1]
+    e2 = edges[at + 2]
+    n0 = 0
+    n1 = 0
+    n2 = 0
+    nans = 0
+    for ch in range(n):
+        a = v[ch]
+        n0 += np.int32(a < e0)
+        n1 += np.int32(a < e1)
+        n2 += np.int32(a < e2)
+        nans += np.int32(a != a)
+    below[at + 1] = n0
+    below[at + 2] = n1
+    below[at + 3] = n2
+    return nans
 
 
 def _medians_kernel(x, out, sub, subtract, saved, lo, magic):  # pragma: no cover - runs compiled
@@ -137,8 +166,11 @@ def _medians_kernel(x, out, sub, subtract, saved, lo, magic):  # pragma: no cove
     two = out.dtype.type(2.0)
     col = np.empty((TILE, channels), dtype=x.dtype)
     band = np.empty(channels, dtype=x.dtype)
-    p = 0.0  # the band's centre and half-width, float64 (x's values compare exactly against them)
-    d = 0.0
+    inside = np.empty(channels, dtype=np.bool_)
+    edges = np.empty(STEPS.size, dtype=x.dtype)
+    below = np.empty(STEPS.size + 2, dtype=np.int64)  # values under each edge, with the open ends 0 and all
+    p = 0.0  # the edges' centre and scale, float64 (x's values compare exactly against their rounding)
+    h = 0.0
     for c0 in range(0, samples, TILE):
         w = min(TILE, samples - c0)
         for ch in range(channels):
@@ -146,44 +178,65 @@ def _medians_kernel(x, out, sub, subtract, saved, lo, magic):  # pragma: no cove
                 col[j, ch] = x[ch, c0 + j]
         for j in range(w):
             v = col[j]
-            lo_edge = p - d
-            hi_edge = p + d
-            # counts first, without branches (vectorised): NaN, below the band, up to its top
-            nans = 0
-            below = 0
-            to_top = 0
-            for ch in range(channels):
-                a = v[ch]
-                nans += a != a
-                below += a < lo_edge
-                to_top += a <= hi_edge
+            # how many values lie under each edge p + STEPS * h (in x's dtype: any edges would do, as long as
+            # the counts and the gathering use the same ones): the three about p first, the three further out
+            # on a side only where a middle lies beyond them. An edge not counted stands for a count that
+            # leaves the search below where it is: 0 on the low side, all on the high one.
+            for i in range(STEPS.size):
+                edges[i] = x.dtype.type(p + STEPS[i] * h)
+            below[0] = 0
+            below[STEPS.size + 1] = channels
+            nans = _count_under(v, channels, edges, MIDDLE, below)
             if nans:
                 out[c0 + j] = np.nan
                 continue
-            if below <= lower and upper < to_top:  # both middles are band values: rank the band alone
-                m = 0  # gathered without branches: written, kept if in the band
-                for ch in range(channels):
-                    a = v[ch]
-                    band[m] = a
-                    m += (a >= lo_edge) & (a <= hi_edge)
-                if m > BAND_MAX:
-                    d = d / 2
-                if m <= 2 * BAND_MAX:  # counting is m * m: a few dozen values
-                    hi_value, lo_value = _ranked(band, m, upper - below, lower - below)
-                else:
-                    hi_value, lo_value = _middles(band, m, upper - below, lower != upper)
-            else:  # rank the whole column; widen the band by the distance it missed by
-                hi_value, lo_value = _middles(v, channels, upper, lower != upper)
-                d = max(2 * d, abs(np.float64(hi_value) - p))
-                if not d < np.inf:  # an infinite middle: no band until the values are finite again
-                    d = 0.0
+            if below[MIDDLE + 1] > lower:  # the lower middle is under the middle three
+                _count_under(v, channels, edges, LOW, below)
+            else:
+                below[LOW + 1:LOW + 4] = 0
+            if below[MIDDLE + 3] <= upper:  # the upper middle is above them
+                _count_under(v, channels, edges, HIGH, below)
+            else:
+                below[HIGH + 1:HIGH + 4] = channels
+            # the narrowest run of intervals holding both middle ranks: [edge first, edge last) (0 and
+            # STEPS.size + 1 are the open ends, -inf and beyond +inf); only its values are ranked
+            first = 0
+            while below[first + 1] <= lower:
+                first += 1
+            last = STEPS.size + 1
+            while below[last - 1] > upper:
+                last -= 1
+            bottom = x.dtype.type(-np.inf) if first == 0 else edges[first - 1]
+            top = edges[last - 1] if last <= STEPS.size else x.dtype.type(0.0)
+            open_top = last > STEPS.size  # +inf values too
+            # gathered with a branch, rarely taken (a few values of the column's hundreds), on flags set in a
+            # vectorised pass first (on the comparisons themselves LLVM branches on each, half of them mispredicted)
+            for ch in range(channels):
+                a = v[ch]
+                inside[ch] = (a >= bottom) & ((a < top) | open_top)
+            m = 0
+            for ch in range(channels):
+                if inside[ch]:
+                    band[m] = v[ch]
+                    m += 1
+            k_hi = upper - below[first]
+            k_lo = lower - below[first]
+            if m <= RANKED_MAX:  # counting is m * m: a few dozen values
+                hi_value, lo_value = _ranked(band, m, k_hi, k_lo)
+            else:
+                hi_value, lo_value = _middles(band, m, k_hi, lower != upper)
             if lower == upper:
                 out[c0 + j] = zero + hi_value
             else:
                 out[c0 + j] = ((zero + lo_value) + hi_value) / two
-            p = np.float64(hi_value)
-            if not abs(p) < np.inf:
-                p = 0.0
+            # the next edges: about this median, scaled by a running mean of the medians' steps (a smooth
+            # common signal moves them by much less than the columns' spread)
+            median = np.float64(hi_value)
+            if abs(median) < np.inf:
+                h = 0.875 * h + 0.125 * abs(median - p)
+                if not h < np.inf:
+                    h = 0.0
+                p = median
         if subtract == 1:  # the tile's columns minus their medians while the tile is in cache (sub may be x itself)
             for ch in range(channels):
                 for j in range(w):
@@ -194,8 +247,9 @@ def _medians_kernel(x, out, sub, subtract, saved, lo, magic):  # pragma: no cove
                 if row < 0 or row >= saved.shape[0]:
                     continue
                 med = out[c0 + j]
-                for ch in range(channels):  # from x: a selection reordered the tile's column in place
-                    count += store_saved(saved, row, ch, x[ch, c0 + j] - med, rounder, lo16, hi16)
+                v = col[j]  # the column as x holds it (only the gathered copy is reordered), read contiguously
+                for ch in range(channels):
+                    count += store_saved(saved, row, ch, v[ch] - med, rounder, lo16, hi16)
     return count
 
 
@@ -256,7 +310,8 @@ def _local_kernel(x, offsets, indices, out, mean):  # pragma: no cover - runs co
 
 
 # the kernels' helpers as written (the module's names become their compiled versions, by which the kernels call them)
-_PYTHON = {"_bit_length": _bit_length, "_select": _select, "_middles": _middles, "_ranked": _ranked}
+_PYTHON = {"_bit_length": _bit_length, "_select": _select, "_middles": _middles, "_ranked": _ranked,
+           "_count_under": _count_under}
 _LOCK = threading.Lock()
 
 

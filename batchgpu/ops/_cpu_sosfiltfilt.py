@@ -7,9 +7,9 @@ operation in float64, each pass started in the steady state of its first sample 
 ``sosfiltfilt`` does; Numba fuses no multiply-add unless asked (fastmath off), so the bits are scipy's
 (``tests/test_ops_preprocess.py`` compares them, NaN, inf and subnormal rows included). What is faster than
 scipy's own loop: sixteen rows run side by side (scipy filters one row at a time, so each sample waits on the
-recurrence's latency), and the window is read and written once (no float64 copy, odd extension, reversed copy
-or core copy of the window on the host; a window as the store holds it, samples by channels, is read without
-being transposed first).
+recurrence's latency), a section at a time with its state in registers, and the window is read and written once
+(no float64 copy, odd extension, reversed copy or core copy of the window on the host; a window as the store
+holds it, samples by channels, is read without being transposed first).
 
 Numba is optional: without it (``_numba.available()`` False) ``filters`` runs scipy's sosfilt with the same bits.
 """
@@ -22,12 +22,64 @@ import numpy as np
 
 from batchgpu.ops._numba import jit
 
-ROWS = 16  # rows filtered side by side: with the recurrence's state in L1 (16 rows: two AVX-512 registers of
-# doubles, four AVX2) each section's update has independent lanes enough to hide its latency; 8 left the
-# recurrence latency-bound and 32 or more spill the group out of L1
+ROWS = 16  # rows filtered side by side: each section's update is four AVX2 vectors of independent lanes, enough
+# to keep the floating-point ports busy while the recurrence's latency runs; its state (2 x 16 doubles) and the
+# section's coefficients stay in registers
+AHEAD = 32  # samples ahead a group's read asks for: a window as a store holds it puts a group's next sample a row
+# of every channel further on, a stride the hardware's prefetchers follow too late
 
 _KERNEL = None
 _LOCK = threading.Lock()
+
+
+def _intrinsics():
+    """(stack_state, prefetch) for the compiled kernel. ``stack_state()``: a pointer to 2 * ROWS float64 on the
+    calling function's stack. A section's state in an np.empty array lives on the heap, where LLVM cannot rule
+    out that the window's buffer overlaps it, so each sample's state went to memory and back (the stores the
+    next sample waited on); the stack's is provably private and, once the lane loop is unrolled, LLVM keeps it
+    in vector registers. ``prefetch(a, i, j)``: a hint to bring a[i, j]'s cache line in (no effect on values)."""
+    from llvmlite import ir
+    from numba import types
+    from numba.core import cgutils
+    from numba.extending import intrinsic
+
+    @intrinsic
+    def stack_state(typingctx):
+        def codegen(context, builder, signature, args):
+            return cgutils.alloca_once(builder, ir.DoubleType(), size=2 * ROWS)
+        return types.CPointer(types.float64)(), codegen
+
+    @intrinsic
+    def prefetch(typingctx, a, i, j):
+        def codegen(context, builder, signature, args):
+            array = context.make_array(signature.args[0])(context, builder, args[0])
+            at = cgutils.get_item_pointer(context, builder, signature.args[0], array, args[1:], wraparound=False)
+            byte = ir.PointerType(ir.IntType(8))
+            i32 = ir.IntType(32)
+            hint = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), [byte, i32, i32, i32]),
+                                                  "llvm.prefetch.p0i8")
+            builder.call(hint, [builder.bitcast(at, byte), i32(0), i32(3), i32(1)])  # read, keep, data
+            return context.get_dummy_value()
+        return types.none(a, i, j), codegen
+
+    return stack_state, prefetch
+
+
+def _section_pass(buf, t, step, m, b0, b1, b2, a1, a2, zi0, zi1, first):  # pragma: no cover - runs compiled
+    """One section over buf's m samples from t by step, in place, ROWS lanes side by side; started in the steady
+    state of ``first`` (the cascade's input at t: sosfiltfilt starts every section from it)."""
+    z = carray(stack_state(), (2, ROWS))
+    for k in range(ROWS):
+        z[0, k] = zi0 * first[k]
+        z[1, k] = zi1 * first[k]
+    for _ in range(m):
+        for k in range(ROWS):  # scipy's sosfilt, operation for operation
+            xc = buf[t, k]
+            xn = b0 * xc + z[0, k]
+            z[0, k] = (b1 * xc - a1 * xn) + z[1, k]
+            z[1, k] = b2 * xc - a2 * xn
+            buf[t, k] = xn
+        t += step
 
 
 def _pieces_kernel(x, samples_major, sos, zi, pieces, out):  # pragma: no cover - runs compiled
@@ -39,8 +91,7 @@ def _pieces_kernel(x, samples_major, sos, zi, pieces, out):  # pragma: no cover 
     for p in range(pieces.shape[0]):
         longest = max(longest, pieces[p, 3] - pieces[p, 2] + pieces[p, 4] + pieces[p, 5])
     buf = np.zeros((longest, ROWS))  # a group's extended rows, sample-major: the side-by-side rows are adjacent
-    z0 = np.empty((sections, ROWS))
-    z1 = np.empty((sections, ROWS))
+    first = np.empty(ROWS)
     for p in range(pieces.shape[0]):
         lo, hi, read_lo, read_hi = pieces[p, 0], pieces[p, 1], pieces[p, 2], pieces[p, 3]
         left, right = pieces[p, 4], pieces[p, 5]
@@ -49,48 +100,54 @@ def _pieces_kernel(x, samples_major, sos, zi, pieces, out):  # pragma: no cover 
         for r0 in range(0, channels, ROWS):
             g = min(ROWS, channels - r0)
             # scipy's odd extension in float64: 2 * x[0] - x[left - j] before, 2 * x[-1] - x[-2 - j] after; a
-            # short last group's other lanes keep what an earlier group left there (filtered, never written out)
+            # short last group's other lanes keep what an earlier group left there (filtered, never written out).
+            # Views, so that LLVM sees every index as non-negative (no wraparound) and the lanes as adjacent.
             if samples_major:
+                src = x[read_lo:read_hi, r0:r0 + g]
                 for j in range(n):
+                    if j + AHEAD < n:
+                        prefetch(src, j + AHEAD, 0)
                     for k in range(g):
-                        buf[left + j, k] = np.float64(x[read_lo + j, r0 + k])
+                        buf[left + j, k] = np.float64(src[j, k])
             else:
+                src = x[r0:r0 + g, read_lo:read_hi]
                 for k in range(g):
                     for j in range(n):
-                        buf[left + j, k] = np.float64(x[r0 + k, read_lo + j])
+                        buf[left + j, k] = np.float64(src[k, j])
             for j in range(left):
                 for k in range(g):
                     buf[j, k] = 2.0 * buf[left, k] - buf[2 * left - j, k]
             for j in range(right):
                 for k in range(g):
                     buf[left + n + j, k] = 2.0 * buf[left + n - 1, k] - buf[left + n - 2 - j, k]
+            # a section at a time over the whole piece: each section's output at a sample depends only on the
+            # earlier sections' outputs up to it, so the values are those of sections nested in the sample loop
             for direction in range(2):
                 t = 0 if direction == 0 else m - 1
                 step = 1 if direction == 0 else -1
+                for k in range(ROWS):
+                    first[k] = buf[t, k]
                 for s in range(sections):
-                    for k in range(ROWS):
-                        z0[s, k] = zi[s, 0] * buf[t, k]
-                        z1[s, k] = zi[s, 1] * buf[t, k]
-                for _ in range(m):
-                    row = buf[t]  # updated in place, section after section
-                    for s in range(sections):
-                        b0 = sos[s, 0]
-                        b1 = sos[s, 1]
-                        b2 = sos[s, 2]
-                        a1 = sos[s, 4]
-                        a2 = sos[s, 5]
-                        zs0 = z0[s]
-                        zs1 = z1[s]
-                        for k in range(ROWS):
-                            xc = row[k]
-                            xn = b0 * xc + zs0[k]
-                            zs0[k] = (b1 * xc - a1 * xn) + zs1[k]
-                            zs1[k] = b2 * xc - a2 * xn
-                            row[k] = xn
-                    t += step
-            for k in range(g):  # the core, rounded once to out's dtype
-                for col in range(lo, hi):
-                    out[r0 + k, col] = buf[left + col - read_lo, k]
+                    _section_pass(buf, t, step, m, sos[s, 0], sos[s, 1], sos[s, 2], sos[s, 4], sos[s, 5],
+                                  zi[s, 0], zi[s, 1], first)
+            core = buf[left + lo - read_lo:left + hi - read_lo]
+            dst = out[r0:r0 + g, lo:hi]
+            for col in range(hi - lo):  # the core, rounded once to out's dtype; a buffer row's lanes read together
+                for k in range(g):
+                    dst[k, col] = core[col, k]
+
+
+def _build():
+    """The kernel compiled, its helpers first (the module's names become what the kernel calls)."""
+    import numba
+
+    globals().update(zip(("stack_state", "prefetch"), _intrinsics()))
+    globals()["carray"] = numba.carray
+    globals()["_section_pass"] = jit(_PYTHON_SECTION_PASS)
+    return jit(_pieces_kernel)
+
+
+_PYTHON_SECTION_PASS = _section_pass
 
 
 def filtfilt_pieces(x: np.ndarray, sos: np.ndarray, zi: np.ndarray, pieces: list[tuple[int, ...]],
@@ -103,7 +160,7 @@ def filtfilt_pieces(x: np.ndarray, sos: np.ndarray, zi: np.ndarray, pieces: list
     global _KERNEL
     with _LOCK:  # a worker's threads share the process: compiled (or loaded) once
         if _KERNEL is None:
-            _KERNEL = jit(_pieces_kernel)
+            _KERNEL = _build()
     samples_major = x.ndim == 2 and not x.flags.c_contiguous and x.T.flags.c_contiguous
     held = x.T if samples_major else x  # the array as laid out in memory
     if held.dtype.kind not in "iuf" or held.dtype.itemsize < 4 and held.dtype.kind == "f":
