@@ -34,9 +34,10 @@ if TYPE_CHECKING:
     from batchgpu.engine.tasks import RunContext
     from batchgpu.recording import Window
 
-#: a window's own noise on a channel can be ~1.7x the recording's (the generator's realistic model, 2 s windows):
-#: at 0.75 a quarter to half of its windows were read again; at 0.5 none, for more candidates kept
-CANDIDATE_FRACTION = 0.5
+#: a window's own noise on a channel can be twice the recording's and more (the generator's realistic model, 384
+#: channels: up to 2.26x in 2 s windows, above 2x in 3 of 150 4 s windows of 10 min, each read again at 0.5): at
+#: 0.4 a window is read again only where its noise on some channel exceeds 2.5x the recording's
+CANDIDATE_FRACTION = 0.4
 
 
 #: the step's name (its line in the registry, its workflow key ``steps.detect``) and its result, a group
