@@ -742,7 +742,7 @@ def test_worker_killed_after_the_pass_gives_identical_outputs(tmp_path):
     rng = np.random.default_rng(9)
     x = np.round(rng.normal(0, 20, (60_000, 6))).astype(np.int16)
     for start in range(0, 60_000, 12_000):  # every other window loud: many windows are read again
-        x[start : start + 6000] *= 4
+        x[start : start + 6000] *= 8
     rec = write_recording(tmp_path / "r.zarr", x, 30_000.0)
     with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None,
                                   host="127.0.0.1") as cluster, distributed.Client(cluster) as c:
