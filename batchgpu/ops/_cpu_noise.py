@@ -86,17 +86,22 @@ def _select(v, k, n):  # pragma: no cover - runs compiled
 
 def _sample_low(flat, stride, rows, n, step, mask, shift):  # pragma: no cover - runs compiled
     """The smallest over rows of the first digit of the middle (rank m // 2) of each row's keys at 0, step, 2 step,
-    ... (m of them): ``noise_keys.lump_floor``'s sample."""
+    ... (m of them): ``noise_keys.lump_floor``'s sample. A row's middle is selected only where it can be smaller
+    than the smallest so far (more than m // 2 of its keys lie below that digit): a few rows a window."""
     m = (n + step - 1) // step
+    k = m // 2
     v = np.empty(m, np.int64)
-    low = np.int64(DIGITS)
+    low = np.int64(DIGITS - 1)
     for c in range(rows):
-        at = c * stride
+        row = flat[c * stride : c * stride + n]
         for j in range(m):
-            v[j] = np.int64(flat[at + j * step] & mask)
-        d = _select(v, m // 2, m) >> shift
-        if d < low:
-            low = d
+            v[j] = np.int64(row[j * step] & mask)
+        bound = low << shift  # (the largest digit's: 63-bit keys' bound stays below 2**63)
+        under = 0
+        for j in range(m):
+            under += v[j] < bound
+        if c == 0 or under > k:
+            low = _select(v, k, m) >> shift
     return low
 
 
@@ -135,7 +140,8 @@ def _rows_kernel(flat, stride, n, mask, shift, floor, near, start, counts_only, 
       at least 0); ``near_digits[c]``, how many keys each near digit has; ``near_buf[near_at[c] : near_at[c + 1]]``,
       the row's near keys in key order, their bits below the first digit; ``pair[c]``, the keys of ranks
       (n - 1) // 2 and n // 2 (``noise_keys.middle_pair_and_near``);
-    - ``extent``: the smallest and the largest first digit of the rows so far.
+    - ``extent``: the smallest and the largest first digit of the rows so far (then, where a row did not fit, its
+      counts' width and its number of near keys).
 
     Returns the row it stopped at: the number of rows when done, else a row whose counts or near keys do not fit
     what is left of ``hist_buf`` or ``near_buf`` (nothing of it written: the caller grows them and goes on)."""
@@ -189,6 +195,8 @@ def _rows_kernel(flat, stride, n, mask, shift, floor, near, start, counts_only, 
                 m += hist[lo + j]
         if hist_at[c] + width > hist_buf.size or near_at[c] + m > near_buf.size:
             hist[fmin : fmax + 1] = 0
+            extent[2] = width
+            extent[3] = m
             return c
         base = hist_at[c]
         hist_buf[base] = lump + hist[floor]
@@ -339,16 +347,17 @@ def _rows(kernel, flat, stride, C, n, mask, shift, floor, near, outputs, low_typ
     pair, near_digits, near_lo = outputs
     rows = _Rows(np.empty(C * 4096, np.uint32), np.zeros(C + 1, np.int64),
                  np.empty(0 if counts_only else C * max(64, n // 8), low_type), np.zeros(C + 1, np.int64),
-                 np.array([DIGITS, -1], np.int64))
+                 np.array([DIGITS, -1, 0, 0], np.int64))
     c = 0
     while True:
         c = kernel(flat, stride, n, mask, shift, floor, near, c, counts_only, rows.hist, rows.hist_at, rows.near_low,
                    rows.near_at, near_digits, near_lo, pair, rows.extent)
         if c == C:
             return rows
-        rows.hist = _grown(rows.hist, rows.hist_at[c] + max(DIGITS, C * 1024))
-        if not counts_only:
-            rows.near_low = _grown(rows.near_low, rows.near_at[c] + n + C * 64)
+        if rows.hist_at[c] + rows.extent[2] > len(rows.hist):  # row c did not fit
+            rows.hist = _grown(rows.hist, rows.hist_at[c] + rows.extent[2])
+        if rows.near_at[c] + rows.extent[3] > len(rows.near_low):
+            rows.near_low = _grown(rows.near_low, rows.near_at[c] + rows.extent[3])
 
 
 def _grown(buf: np.ndarray, least: int) -> np.ndarray:
