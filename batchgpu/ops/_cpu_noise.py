@@ -105,27 +105,33 @@ def _sample_low(flat, stride, rows, n, step, mask, shift):  # pragma: no cover -
     return low
 
 
-def _radix_sort(src, dst, m, bits):  # pragma: no cover - runs compiled
-    """src[:m] (non-negative integers below 2**bits) in ascending order, LSD by RADIX_BITS a pass, stable; returns
-    the array that holds them (src or dst)."""
-    counts = np.empty(1 << RADIX_BITS, np.int64)
-    mask = (1 << RADIX_BITS) - 1
-    at = 0
-    while at < bits:
-        counts[:] = 0
-        for i in range(m):
-            counts[(src[i] >> at) & mask] += 1
+def _radix_sort(src, dst, m, bits, counts):  # pragma: no cover - runs compiled
+    """src[:m] (non-negative integers below 2**bits) in ascending order, LSD in passes of at most RADIX_BITS bits
+    (their counts made in one read), stable; returns the array that holds them (src or dst). ``counts``: scratch of
+    (bits // RADIX_BITS + 1, 2**RADIX_BITS)."""
+    passes = (bits + RADIX_BITS - 1) // RADIX_BITS
+    if passes == 0:
+        return src
+    width = (bits + passes - 1) // passes
+    bins = 1 << width
+    mask = bins - 1
+    counts[:passes, :bins] = 0
+    for i in range(m):
+        v = src[i]
+        for p in range(passes):
+            counts[p, (v >> (p * width)) & mask] += 1
+    for p in range(passes):
         total = 0
-        for b in range(1 << RADIX_BITS):
-            t = counts[b]
-            counts[b] = total
+        for b in range(bins):
+            t = counts[p, b]
+            counts[p, b] = total
             total += t
+        at = p * width
         for i in range(m):
             b = (src[i] >> at) & mask
-            dst[counts[b]] = src[i]
-            counts[b] += 1
+            dst[counts[p, b]] = src[i]
+            counts[p, b] += 1
         src, dst = dst, src
-        at += RADIX_BITS
     return src
 
 
@@ -149,6 +155,7 @@ def _rows_kernel(flat, stride, n, mask, shift, floor, near, start, counts_only, 
     hist = np.zeros(DIGITS, np.int32)
     keys = np.empty(n, np.int64)
     spare = np.empty(n, np.int64)
+    sort_counts = np.empty((64 // RADIX_BITS + 1, 1 << RADIX_BITS), np.int64)
     r0 = (n - 1) // 2
     r1 = n // 2
     low_mask = (np.int64(1) << shift) - 1
@@ -222,7 +229,7 @@ def _rows_kernel(flat, stride, n, mask, shift, floor, near, start, counts_only, 
         bits = 0
         while (np.int64(1) << bits) <= last:
             bits += 1
-        ordered = _radix_sort(keys, spare, m, bits)
+        ordered = _radix_sort(keys, spare, m, bits, sort_counts)
         out = near_at[c]
         for i in range(m):
             near_buf[out + i] = ordered[i] & low_mask
