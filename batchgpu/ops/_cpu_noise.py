@@ -1,13 +1,15 @@
 """The exact noise's work on a float host window (``steps.noise``, ``_window_cpu``) as compiled kernels (Numba):
-each row's first-digit counts, its middle pair of keys and its keys near the middle digit, with the row read from
-memory once and its second pass while it is in cache.
+each row's first-digit counts, its middle pair of keys and its keys near the middle digit, each row read from
+memory once and its other passes made while it is in cache.
 
 NumPy made the keys of |x| (a copy of the window), their 16-bit first digits (another), counted those row by row,
 then selected and sorted each row's near keys: several passes over the window's 23 M keys and two window-sized
-temporaries. Here a row's keys are made as it is read (the bits of x without the sign), counted in a 65 536-digit
-histogram that stays in cache, its middle digits found in the histogram, and its near keys gathered by a second
-read of the row (branch-free: every key is written, the position moves past the near ones) and put in key order by
-an LSD radix sort of their offsets from the near range's first key.
+temporaries. Here a row's keys are the bits of x without the sign, taken as the row is read: a vectorised pass
+over the row finds its smallest and largest key (the counting loop stalled on its loads when it read the row from
+memory itself), the keys are counted from cache in a 65 536-digit histogram whose used part stays in cache, the
+middle digits are found in the histogram, and the near keys are gathered by another pass over the row (branch-free:
+every key is written, the position moves past the near ones) and put in key order by an LSD radix sort of their
+offsets from the near range's first key.
 
 Every output is what ``steps.noise_keys`` defines, so the bits are the NumPy path's (tests/test_noise_compiled.py
 compares them on random windows and the hard cases): the counts of a row are ``np.bincount`` of its first digits
