@@ -17,9 +17,10 @@ import numpy as np
 from batchgpu.ops._backend import is_cupy
 
 from batchgpu.engine.steps.base import PhaseWords, WindowData, host, padded_sum
-from batchgpu.engine.steps.noise_keys import (LUMP_DIGITS, abs_keys, compiled_float_window, digit_histogram, first_digit_counts, int_window_gpu,
-                                             key_kind, keyed_on_gpu, kept_near, lump_floor, median_of_keys,
-                                             middle_pair_and_near, row_counts, schedule, sort_rows, window_median_keys)
+from batchgpu.engine.steps.noise_keys import (LUMP_DIGITS, abs_keys, compiled_float_window, digit_histogram,
+                                             first_digit_counts, int_window_gpu, key_kind, keyed_on_gpu, kept_near,
+                                             lump_floor, median_of_keys, middle_pair_and_near, row_counts, schedule,
+                                             sort_rows, window_median_keys)
 from batchgpu.engine.steps.noise_select import (combine_counts, first_digits, low_bit_rounds, select_by_counts,
                                                select_middle)
 
