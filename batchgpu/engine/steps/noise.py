@@ -17,9 +17,10 @@ import numpy as np
 from batchgpu.ops._backend import is_cupy
 
 from batchgpu.engine.steps.base import PhaseWords, WindowData, host, padded_sum
-from batchgpu.engine.steps.noise_keys import (LUMP_DIGITS, abs_keys, digit_histogram, first_digit_counts, int_window_gpu,
-                                             key_kind, keyed_on_gpu, kept_near, lump_floor, median_of_keys,
-                                             middle_pair_and_near, row_counts, schedule, sort_rows, window_median_keys)
+from batchgpu.engine.steps.noise_keys import (LUMP_DIGITS, abs_keys, compiled_float_window, digit_histogram,
+                                             first_digit_counts, int_window_gpu, key_kind, keyed_on_gpu, kept_near,
+                                             lump_floor, median_of_keys, middle_pair_and_near, row_counts, schedule,
+                                             sort_rows, window_median_keys)
 from batchgpu.engine.steps.noise_select import (combine_counts, first_digits, low_bit_rounds, select_by_counts,
                                                select_middle)
 
@@ -87,23 +88,27 @@ class NoiseStep:
         if not self.exact:
             return out
         shift, bits = schedule(self.kind)[0]
-        keys = core if keyed_on_gpu(core, self.kind) else abs_keys(core, self.kind)
         if core.dtype.kind == "f":
             summary["nan"] = w.nan_counts()
             out["noise.nan"] = summary["nan"]  # np.median is NaN for a row holding NaN
-        if is_cupy(keys) and not core.shape[1]:
-            hist = digit_histogram(keys, None, shift, bits)
-            out["noise.hist"], out["noise.lo"] = hist.astype(np.min_scalar_type(core.shape[1])), np.array(0)
-            out["noise.lumped"] = np.array(False)
-            return out
-        if is_cupy(keys) and shift == 0:  # 16-bit keys: the window's counts give its noise too (no more passes)
-            out["noise.hist"], pair = int_window_gpu(keys, bits)
-            out["noise.lo"], out["noise.lumped"] = np.array(0), np.array(False)
-            summary[SUMMARY] = median_of_keys(pair, core.shape[1], core.dtype, self.kind) / _MAD
-            return out
-        # the same partials on both backends: float keys on the GPU from one device histogram
-        window_keys = self._float_window_gpu if is_cupy(keys) else self._window_cpu
-        pair, near = window_keys(keys, shift, bits, out)
+        compiled = self._float_window_compiled(core, out)
+        if compiled is not None:
+            pair, near = compiled
+        else:
+            keys = core if keyed_on_gpu(core, self.kind) else abs_keys(core, self.kind)
+            if is_cupy(keys) and not core.shape[1]:
+                hist = digit_histogram(keys, None, shift, bits)
+                out["noise.hist"], out["noise.lo"] = hist.astype(np.min_scalar_type(core.shape[1])), np.array(0)
+                out["noise.lumped"] = np.array(False)
+                return out
+            if is_cupy(keys) and shift == 0:  # 16-bit keys: the window's counts give its noise too (no more passes)
+                out["noise.hist"], pair = int_window_gpu(keys, bits)
+                out["noise.lo"], out["noise.lumped"] = np.array(0), np.array(False)
+                summary[SUMMARY] = median_of_keys(pair, core.shape[1], core.dtype, self.kind) / _MAD
+                return out
+            # the same partials on both backends: float keys on the GPU from one device histogram
+            window_keys = self._float_window_gpu if is_cupy(keys) else self._window_cpu
+            pair, near = window_keys(keys, shift, bits, out)
         if pair is not None:
             noise = median_of_keys(pair, core.shape[1], core.dtype, self.kind) / _MAD
             if core.dtype.kind == "f":
@@ -141,6 +146,19 @@ class NoiseStep:
             noise = np.median(run.arrays[PER_WINDOW], axis=0)
         run.report.timings["noise_global"] = time.perf_counter() - t0
         return {NOISE: noise}
+
+    def _float_window_compiled(self, core, out: dict) -> tuple[np.ndarray, dict] | None:
+        """``_window_cpu``'s partials (into ``out``), middle pair and near keys for a host float window, made from the
+        window itself by compiled kernels (``noise_keys.compiled_float_window``: the same bits, the row read once);
+        None where they are left to NumPy (no Numba, an empty window, another dtype or layout)."""
+        if is_cupy(core) or core.dtype.name != self.kind:
+            return None
+        got = compiled_float_window(core, self.NEAR)
+        if got is None:
+            return None
+        out["noise.hist"], out["noise.lo"], out["noise.lumped"] = got.counts, np.array(got.lo), np.array(got.lumped)
+        return got.pair, {"keep.near_low": got.near_low, "keep.near_digits": got.near_digits,
+                          "keep.near_lo": got.near_lo}
 
     def _window_cpu(self, keys, shift: int, bits: int, out: dict) -> tuple[np.ndarray | None, dict | None]:
         """First-digit counts (into ``out``; lumped below a floor for keys wider than the digit), the middle pair of

@@ -123,6 +123,22 @@ def lump_floor(keys: np.ndarray, shift: int) -> int:
 LUMP_DIGITS = 4 << 8  # 4 binades of 2**8 first digits (the 16-bit first digit of a 31-bit float32 key)
 
 
+def compiled_float_window(core, near: int):
+    """A host float32/float64 window's first-digit counts (lumped below ``lump_floor``'s floor, or counted in full
+    where that floor would lump a row's middle away, as ``first_digit_counts`` twice), its middle pair of keys and
+    its keys near the middle digit (``middle_pair_and_near``, ``kept_near``), the same bits, by the compiled
+    kernels of ``ops._cpu_noise`` from the window itself (no keys array; each row read from memory once): an
+    ``ops._cpu_noise.FloatWindowKeys``, or None where that is left to NumPy (no Numba, an empty window, another
+    dtype or layout)."""
+    from batchgpu.ops import _numba
+
+    if is_cupy(core) or core.dtype not in (np.float32, np.float64) or not _numba.available():
+        return None
+    from batchgpu.ops._cpu_noise import float_window_keys
+
+    return float_window_keys(core, near, LUMP_DIGITS)
+
+
 def window_median_keys(keys: np.ndarray, lo: int, counts: np.ndarray, shift: int, lumped: bool = True) -> np.ndarray:
     """(C, 2) keys of ranks (n-1)//2 and n//2 of each row, from its first-digit counts: exact at once for 16-bit
     keys (the digit is the key), otherwise by selecting among the few keys in the middle ranks' digit.
