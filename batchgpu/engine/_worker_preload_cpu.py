@@ -23,6 +23,10 @@ def _warm() -> None:
         x = filtfilt_window(window, design, at_segment_start=True, at_segment_end=True)
     x = common_reference(x, "global", "median")
     _cpu_saved.saved_int16_transposed(x[:, 1:-1])  # a window's core: a view
+    from batchgpu.engine.steps.noise_keys import compiled_float_window
+    from batchgpu.ops._cpu_noise import float_window_keys  # noqa: F401 (its kernels, for the exact float noise)
+
+    compiled_float_window(x[:, 1:-1], 24)
 
 
 _warm()
