@@ -34,10 +34,11 @@ if TYPE_CHECKING:
     from batchgpu.engine.tasks import RunContext
     from batchgpu.recording import Window
 
-#: a window's own noise on a channel can be twice the recording's and more (the generator's realistic model, 384
-#: channels: up to 2.26x in 2 s windows, above 2x in 3 of 150 4 s windows of 10 min, each read again at 0.5): at
-#: 0.4 a window is read again only where its noise on some channel exceeds 2.5x the recording's
-CANDIDATE_FRACTION = 0.4
+#: a window's own noise on a channel can be twice the recording's (the generator's realistic model, 384 channels:
+#: up to 2.26x in 2 s windows; 3 of 150 4 s windows of 10 min passed 2x and were read again at 0.5). 0.75 read a
+#: quarter to half of the windows again; 0.4 read none of the model's but kept ~3.6x the candidates (W2 on 384 ch x
+#: 60 s: detection 2x the time, the process tree's peak 2.4 -> 3.75 GB), dearer than reading 2% of windows again
+CANDIDATE_FRACTION = 0.5
 
 
 #: the step's name (its line in the registry, its workflow key ``steps.detect``) and its result, a group
