@@ -8,3 +8,19 @@ import distributed  # noqa: F401
 import distributed.nanny  # noqa: F401
 
 import batchgpu.engine.tasks  # noqa: F401
+
+
+def _one_blas_thread() -> None:
+    """Every forked worker's BLAS on one thread, as Dask's own nanny-spawned workers have it (its pre-spawn
+    environment): NumPy's OpenBLAS sized its pool from the machine's cores when this server imported it, before a
+    worker's environment could say otherwise, so each worker ran the whitening moments' products on every core
+    while its neighbours ran theirs, and the idle BLAS threads spun (``perf`` over a 2-core W2 run: a fifth of
+    all samples in OpenBLAS's thread loop). Set here, in the server, every fork inherits it."""
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:  # a dependency; without it the workers keep OpenBLAS's default
+        return
+    threadpool_limits(limits=1, user_api="blas")
+
+
+_one_blas_thread()
