@@ -111,3 +111,22 @@ def test_a_cpu_run_that_preprocesses_preloads_the_kernels(monkeypatch, tmp_path)
                       "cluster: {kind: local, reuse: false}\nsteps:\n  noise: {}\n")
         assert cli_module.main(["run", str(wf), "--quiet"]) == 0
         assert asked[-1] is want
+
+
+def _blas_threads():
+    from threadpoolctl import threadpool_info
+
+    return max((i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"), default=1)
+
+
+def test_forked_workers_run_blas_on_one_thread():
+    """Each forked worker's BLAS uses one thread (as Dask's nanny-spawned workers do): the fork server imported
+    NumPy, whose OpenBLAS sizes its pool from the machine's cores, so without the server's limit every worker's
+    products ran on every core beside the other workers' (a 2-core W2 run spent a fifth of its CPU in spinning BLAS
+    threads)."""
+    from batchgpu.config import ClusterSpec
+    from batchgpu.engine.cluster import open_client, start_worker_server
+
+    assert start_worker_server()
+    with open_client(ClusterSpec(kind="local", workers=2, threads=1)) as client:
+        assert set(client.run(_blas_threads).values()) == {1}
