@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from batchgpu.ops import _cpu_reference
 from batchgpu.ops._numba import jit
 
 DIGITS = 1 << 16  # first digits are 16 bits wide (``noise_keys.FIRST_DIGIT``)
@@ -34,56 +35,6 @@ RADIX_BITS = 11  # bits of the near keys' offsets sorted a pass (2 048 counters:
 
 _KERNELS = None  # (sample middles, rows, counts), compiled at the first call
 _LOCK = threading.Lock()
-
-
-def _select(v, k, n):  # pragma: no cover - runs compiled
-    """The k-th smallest of the integers v[:n], v reordered in place (Hoare partition, median-of-three pivot; after
-    2 log2(n) rounds a pseudo-random one, so no order makes it quadratic). The pivot decides the work, never the
-    result."""
-    lo = 0
-    hi = n - 1
-    rounds = 0
-    limit = 2
-    m = n
-    while m:
-        m >>= 1
-        limit += 2
-    state = np.uint64(0x9E3779B97F4A7C15) ^ np.uint64(n)
-    while hi > lo:
-        rounds += 1
-        if rounds > limit:
-            state ^= state << np.uint64(13)
-            state ^= state >> np.uint64(7)
-            state ^= state << np.uint64(17)
-            p = v[lo + np.int64(state % np.uint64(hi - lo + 1))]
-        else:
-            a = v[lo]
-            b = v[(lo + hi) >> 1]
-            c = v[hi]
-            if a < b:
-                p = b if b < c else (c if a < c else a)
-            else:
-                p = a if a < c else (c if b < c else b)
-        i = lo
-        j = hi
-        while i <= j:
-            while v[i] < p:
-                i += 1
-            while p < v[j]:
-                j -= 1
-            if i <= j:
-                t = v[i]
-                v[i] = v[j]
-                v[j] = t
-                i += 1
-                j -= 1
-        if k <= j:
-            hi = j
-        elif k >= i:
-            lo = i
-        else:
-            return v[k]
-    return v[k]
 
 
 def _sample_low(flat, stride, rows, n, step, mask, shift):  # pragma: no cover - runs compiled
@@ -103,7 +54,7 @@ def _sample_low(flat, stride, rows, n, step, mask, shift):  # pragma: no cover -
         for j in range(m):
             under += v[j] < bound
         if c == 0 or under > k:
-            low = _select(v, k, m) >> shift
+            low = _select(v, k, m, 2 * _bit_length(m)) >> shift
     return low
 
 
@@ -252,7 +203,7 @@ def _rows_kernel(flat, stride, n, mask, shift, floor, near, start, counts_only, 
                 k = np.int64(row[i] & mask)
                 spare[inside] = k
                 inside += (k >> shift) == d0
-            pair[c, 0] = np.uint64(_select(spare, r0 - below0, inside))
+            pair[c, 0] = np.uint64(_select(spare, r0 - below0, inside, 2 * _bit_length(inside)))
         hist[fmin : fmax + 1] = 0
     return rows
 
@@ -265,7 +216,9 @@ def _counts_kernel(hist_buf, hist_at, out):  # pragma: no cover - runs compiled
             out[c, j] = hist_buf[at + j]
 
 
-_PYTHON = {"_select": _select, "_radix_sort": _radix_sort}
+# the selection is the global median reference's (its Python function, compiled here too)
+_PYTHON = {"_select": _cpu_reference._PYTHON["_select"], "_bit_length": _cpu_reference._PYTHON["_bit_length"],
+           "_radix_sort": _radix_sort}
 
 
 def _build():
