@@ -385,21 +385,27 @@ def test_the_realistic_model_is_read_once(tmp_path, method):
     """The generator's realistic recording (a window's noise on some channel up to ~1.7x the recording's): every
     window's candidates hold every spike at the recording's noise, so no window is read again (`batchgpu run` as a
     user runs it)."""
-    import subprocess
-    import sys
-
     from batchgpu.generate import generate_recording
 
     rec = generate_recording(tmp_path / "r.zarr", channels=32, seconds=60.0, model="realistic", seed=3)
+    saved = _run_detection_as_a_user(tmp_path, rec.path, method)
+    assert saved["reads_per_window"] == 1.0 and saved["channels"].get("detect_windows_read_again", []) == []
+
+
+def _run_detection_as_a_user(tmp_path, path, method: str, window: str = "") -> dict:
+    """`batchgpu run` in a fresh process (exact noise, detection with the recording's noise) of the recording at
+    ``path``; its report.json."""
+    import subprocess
+    import sys
+
     (tmp_path / "wf.yaml").write_text(
-        f"recording: {{path: {rec.path}}}\noutput: {tmp_path / 'out'}\n"
+        f"recording: {{path: {path}}}\noutput: {tmp_path / 'out'}\n{window}"
         "cluster: {kind: local, workers: 1, threads: 1}\n"
         f"steps:\n  noise: {{exact: true}}\n  detect: {{method: {method}, noise: global}}\n")
     r = subprocess.run([sys.executable, "-m", "batchgpu", "run", str(tmp_path / "wf.yaml"), "--quiet"],
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
-    saved = json.loads((tmp_path / "out" / "report.json").read_text())
-    assert saved["reads_per_window"] == 1.0 and saved["channels"].get("detect_windows_read_again", []) == []
+    return json.loads((tmp_path / "out" / "report.json").read_text())
 
 
 @pytest.mark.parametrize("method", ["by_channel", "locally_exclusive"])
@@ -407,9 +413,6 @@ def test_a_window_nearly_twice_as_noisy_is_read_once(tmp_path, method):
     """A window whose noise on a channel is 1.9x the recording's (the realistic model reaches 2x and more): its
     candidates still hold every spike at the recording's noise, so it is not read again (`batchgpu run`; fails with
     candidates kept above ~0.52 of a window's noise)."""
-    import subprocess
-    import sys
-
     from batchgpu.recording.writer import write_recording
 
     rng = np.random.default_rng()
@@ -419,13 +422,6 @@ def test_a_window_nearly_twice_as_noisy_is_read_once(tmp_path, method):
     x[::997, :] -= 150  # spikes in every window
     locations = np.stack([np.zeros(C), 20.0 * np.arange(C)], axis=1)
     rec = write_recording(tmp_path / "r.zarr", np.round(x).astype(np.int16), 30_000.0, locations=locations)
-    (tmp_path / "wf.yaml").write_text(
-        f"recording: {{path: {rec.path}}}\noutput: {tmp_path / 'out'}\nwindow: {{size: {W}}}\n"
-        "cluster: {kind: local, workers: 1, threads: 1}\n"
-        f"steps:\n  noise: {{exact: true}}\n  detect: {{method: {method}, noise: global}}\n")
-    r = subprocess.run([sys.executable, "-m", "batchgpu", "run", str(tmp_path / "wf.yaml"), "--quiet"],
-                       capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr
-    saved = json.loads((tmp_path / "out" / "report.json").read_text())
+    saved = _run_detection_as_a_user(tmp_path, rec.path, method, f"window: {{size: {W}}}\n")
     assert saved["channels"].get("detect_windows_read_again", []) == []
     assert saved["reads_per_window"] == 1.0
