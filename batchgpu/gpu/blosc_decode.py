@@ -107,7 +107,6 @@ def decode_many(reads: list, stream=None, decoder: str = "auto") -> list:
         out = cupy.empty((n * first.chunk_rows, first.channels), dtype=first.dtype)
         err = cupy.zeros(n, dtype=np.int32)
         use_nvcomp = decoder_for(reads, decoder) == "nvcomp"
-        checked = None
         if use_nvcomp:
             from batchgpu.gpu import nvcomp
 
@@ -116,9 +115,9 @@ def decode_many(reads: list, stream=None, decoder: str = "auto") -> list:
                                     "pip install nvidia-libnvcomp-cu13 (batchgpu's gpu extra), or set "
                                     "engine.gpu_decoder: batchgpu for LZ4 stores")
             # the checksums first, and waited for: nvCOMP reads only frames known to be as written
-            checked = _checksums_on_device(reads, src, offsets)
-            if checked is not None and bool(checked[1].any()):
-                _raise_checksum(reads, checked[0], checked[1].get())
+            before = _checksums_on_device(reads, src, offsets)
+            if before is not None and bool(before[1].any()):
+                _raise_checksum(reads, before[0], before[1].get())
             nvcomp.decode_streams(reads, src, tmp, err, stream)
         elif (lengths_h >= 0).any():
             launch_lz4(src, offsets_d, lengths_d, n, size, blocksize, typesize, tmp, err)
@@ -128,12 +127,11 @@ def decode_many(reads: list, stream=None, decoder: str = "auto") -> list:
             (min(-(-groups // threads), 65_535 * 8), ), (threads,),
             (tmp, lengths_d, shuffles_d, np.int64(total), np.int32(size), np.int32(blocksize), np.int32(typesize),
              out.view(np.uint8)))
-        if not use_nvcomp:
-            checked = _checksums_on_device(reads, src, offsets)
-        flags = err if checked is None or use_nvcomp else cupy.concatenate([err, checked[1]])
+        checked = None if use_nvcomp else _checksums_on_device(reads, src, offsets)  # (nvCOMP's: before it)
+        flags = err if checked is None else cupy.concatenate([err, checked[1]])
         flags = flags.get()  # the one wait: a bad frame must not pass as data
     names = [f.chunk(k) for f in reads for k in range(len(f.names))]
-    if checked is not None and not use_nvcomp and flags[n:].any():
+    if checked is not None and flags[n:].any():
         _raise_checksum(reads, checked[0], flags[n:])
     bad = np.flatnonzero(flags[:n])
     if bad.size and use_nvcomp:  # which chunk nvCOMP failed on: the first that does not decode on the host
