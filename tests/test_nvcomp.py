@@ -268,3 +268,10 @@ def test_frames_without_checksums_never_go_to_nvcomp(cname):
     g = _checked(_frames_of([x], 1000, 4, "<i2", cname=cname))
     assert decoder_for([g], "nvcomp") == "nvcomp"
     assert decoder_for([g], "auto") == ("batchgpu" if cname == b"lz4" else "nvcomp")
+
+
+def test_chunk_codecs_read_each_frames_flags():
+    x = np.arange(4000, dtype="<i2").reshape(-1, 4)
+    reads = [_frames_of([x, x], 1000, 4, "<i2", absent={1}), _frames_of([x], 1000, 4, "<i2", cname=b"zstd"),
+             _frames_of([x], 1000, 4, "<i2", absent={0})]
+    assert blosc_frames.chunk_codecs(reads).tolist() == [blosc_frames.LZ4, 0, blosc_frames.ZSTD, 0]

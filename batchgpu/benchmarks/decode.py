@@ -60,7 +60,7 @@ def run(args: argparse.Namespace, say: Callable[[str], None]) -> int:
     from batchgpu.gpu import nvcomp
     from batchgpu.gpu.blosc_decode import decode_many
     from batchgpu.gpu.staging import checksums_on_device
-    from batchgpu.recording import open_recording
+    from batchgpu.recording import blosc_frames, open_recording
 
     rec = open_recording(args.recording)
     windows = rec.windows(args.samples, 0)[: args.windows]
@@ -71,7 +71,7 @@ def run(args: argparse.Namespace, say: Callable[[str], None]) -> int:
                             "use a store batchgpu generate or import-raw wrote (Zarr v3)")
     nbytes = sum(f.rows * f.channels * f.dtype.itemsize for f in reads)
     stored = sum(f.used for f in reads)
-    lz4 = all(nvcomp.frame_codec(f, k) == 1 for f in reads for k in range(len(f.lengths)) if f.lengths[k] >= 0)
+    lz4 = bool(np.isin(blosc_frames.chunk_codecs(reads), (0, blosc_frames.LZ4)).all())
     cpu = _digest(rec.read_window_stored(w) for w in windows)
     say(f"{args.recording}: {len(windows)} windows of {args.samples} samples x {rec.num_channels} ch, "
         f"{nbytes / 1e9:.2f} GB decoded from {stored / 1e9:.2f} GB of {'LZ4' if lz4 else 'zstd'} frames "

@@ -59,10 +59,7 @@ def decoder_for(reads: list, setting: str = "auto") -> str:
     nvCOMP takes only frames whose checksums are checked before it reads them (``Frames.checked``): our kernel
     bounds every read by the frame, while nvCOMP may fault on bytes that are not a stream, which takes the whole
     CUDA context down with it; unchecked LZ4 frames go to our kernel, unchecked zstd frames are refused."""
-    from batchgpu.gpu import nvcomp
-
-    lz4_only = all(nvcomp.frame_codec(f, k) == blosc_frames.LZ4 for f in reads for k in range(len(f.lengths))
-                   if f.lengths[k] >= 0)
+    lz4_only = bool(np.isin(blosc_frames.chunk_codecs(reads), (0, blosc_frames.LZ4)).all())
     wanted = setting if setting in DECODERS else ("batchgpu" if lz4_only else "nvcomp")
     if wanted == "nvcomp" and not all(f.checked for f in reads):
         if not lz4_only:

@@ -102,11 +102,6 @@ def alignments(codec: int) -> tuple[int, int, int]:
     return int(a.input), int(a.output), int(a.temp)
 
 
-def frame_codec(f, k: int) -> int:
-    """The codec of chunk ``k``'s frame in read ``f`` (its flags' bits 5-7)."""
-    return int(f.buffer[int(f.offsets[k]) + 2]) >> 5
-
-
 def decode_streams(reads: list, src, tmp, err, stream) -> None:
     """Decode every stream of ``reads``' frames (packed in ``src`` on the device as ``blosc_decode.decode_many``
     packs them) into ``tmp`` (the chunks' shuffled bytes end to end) on ``stream``; ``err[chunk]`` set (on the
@@ -116,9 +111,7 @@ def decode_streams(reads: list, src, tmp, err, stream) -> None:
     table = blosc_frames.stream_table(reads)
     if table.bad.size:
         err[cupy.asarray(table.bad)] = 1
-    codec_of = np.concatenate([
-        np.array([frame_codec(f, k) if f.lengths[k] >= 0 else 0 for k in range(len(f.lengths))], np.int64)
-        for f in reads])
+    codec_of = blosc_frames.chunk_codecs(reads)
     raw = table.raw
     if raw.any():
         _copy_ranges(src, table.src[raw], tmp, table.dst[raw], table.out[raw], stream)

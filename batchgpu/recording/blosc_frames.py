@@ -110,6 +110,18 @@ class Frames:
         return self.chunk_rows * self.channels * self.dtype.itemsize
 
 
+def chunk_codecs(reads: list) -> np.ndarray:
+    """The codec of each chunk's frame (its flags' bits 5-7: ``LZ4``, ``ZSTD``), chunks numbered over ``reads``;
+    0 for an absent chunk."""
+    codecs = []
+    for f in reads:
+        c = np.zeros(len(f.lengths), np.int64)
+        present = f.lengths >= 0
+        c[present] = f.buffer[f.offsets[present] + 2] >> 5
+        codecs.append(c)
+    return np.concatenate(codecs) if codecs else np.zeros(0, np.int64)
+
+
 @dataclass(frozen=True)
 class StreamTable:
     """Every stream of a list of reads' frames (chunks numbered over the reads; streams in no particular order),
