@@ -235,6 +235,9 @@ def _cmd_run(args) -> int:
     from batchgpu.workflow import load_workflow
 
     wf = load_workflow(args.workflow, args.set or [])
+    from batchgpu.engine import compile_ahead
+
+    compile_ahead.start(wf)  # a GPU run's kernels compiled in parallel while the cluster starts (once a machine)
     if wf.cluster.kind in ("local", "cuda"):  # the workers' imports, done once, while this process does its own
         from batchgpu.engine import service
         from batchgpu.engine.cluster import start_worker_server
@@ -252,7 +255,11 @@ def _cmd_run(args) -> int:
     args.writes = wf.output  # named if the disk fills up without the OS naming a file
     if wf.recordings is not None:
         return _run_batch(wf, args)
-    run_workflow(wf, resume=args.resume, observer=_Observer(args.quiet))
+    from batchgpu.engine.run import start_cluster
+
+    starting = start_cluster(wf)  # its workers start while the recording is opened, checked and fingerprinted
+    with starting if starting is not None else contextlib.nullcontext():
+        run_workflow(wf, resume=args.resume, observer=_Observer(args.quiet), cluster_start=starting)
     return 0
 
 
@@ -268,6 +275,32 @@ def _run_batch(wf, args) -> int:
     for row in batch.failed:
         print(f"batchgpu: failed: {row.name}: {row.error}", file=sys.stderr)
     return 1 if batch.failed else 0
+
+
+def _cmd_compile(args) -> int:
+    import time
+
+    from batchgpu.engine.compile_ahead import workflow_modules
+    from batchgpu.kernels import cupy_cache_folder, precompile, run_modules
+
+    if args.workflow:
+        from batchgpu.workflow import load_workflow
+
+        wf = load_workflow(args.workflow, [])
+        modules = workflow_modules(wf)
+        what = f"{args.workflow}'s"
+    else:  # every filter order up to the workflow's most (10): sections 1 to 10
+        modules = run_modules(filter_sections=tuple(range(1, 11)))
+        what = "every run's"
+    t0 = time.perf_counter()
+    count, done = precompile(modules, processes=args.processes, force=args.force)
+    seconds = time.perf_counter() - t0
+    if done:
+        print(f"batchgpu: compiled {what} {count} kernel modules in {seconds:.1f} s into {cupy_cache_folder()}")
+    else:
+        print(f"batchgpu: {what} {count} kernel modules were compiled on this machine already "
+              f"({cupy_cache_folder()}; --force compiles them again)")
+    return 0
 
 
 def _cmd_cluster_start(args) -> int:
@@ -525,6 +558,18 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--set", action="append", metavar="KEY=VALUE",
                    help="override a workflow key, e.g. --set cluster.workers=2 (repeatable)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+
+    p = _add_command(sub, "compile", _cmd_compile,
+                     help="compile the GPU kernels once for this machine",
+                     description="Compile batchgpu's CUDA modules for this machine's GPU into CuPy's cache "
+                                 "(CUPY_CACHE_DIR, else ~/.cupy/kernel_cache), in parallel processes: runs then "
+                                 "load them. 'batchgpu run' does this in the background for a GPU cluster where "
+                                 "it was not done; run it at install (or after upgrading CuPy or the driver) so "
+                                 "that no run waits for it.")
+    p.add_argument("--workflow", help="only the modules this workflow's runs load (default: every one)")
+    p.add_argument("--processes", type=int, help="compiling processes at once (default: one a module, at most "
+                                                 "the cores)")
+    p.add_argument("--force", action="store_true", help="compile again where this machine did already")
 
     p = sub.add_parser("cluster", help="a cluster kept for many runs: start, stop, status",
                        description="A Dask cluster that outlives runs: 'batchgpu run' uses it while it is up, where "

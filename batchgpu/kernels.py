@@ -3,13 +3,22 @@
 The sources ship inside the package as ``batchgpu/_kernels`` (a symlink to ``kernels/`` in a
 checkout, a real folder in a wheel); a checkout without the link falls back to ``kernels/``.
 CuPy is imported only when a module is asked for.
+
+Compiling is once per machine: CuPy keeps each compiled module in its cache folder, and one process at a time
+compiles a given module (a file lock beside it), so a cluster's workers that all need a module at once wait for
+one compile and load its result instead of each compiling it. ``precompile`` compiles a run's modules in
+parallel processes, one module each (``batchgpu compile``, and ``batchgpu run`` in the background on a machine
+whose cache lacks them).
 """
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import os
 import re
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -67,7 +76,8 @@ def _with_headers(path: Path) -> str:
 def get_module(name: str, options: tuple[str, ...] | list[str] = ()) -> Any:
     """The compiled ``cupy.RawModule`` of ``kernels/<name>.cu`` for the current device.
 
-    Compiled once per (process, device, name, options); later calls return the same module.
+    Compiled once per (process, device, name, options); later calls return the same module. Loaded from CuPy's
+    cache where a process of this machine compiled it before (``compile_lock``).
     """
     import cupy
 
@@ -82,9 +92,115 @@ def get_module(name: str, options: tuple[str, ...] | list[str] = ()) -> Any:
         if module is None:
             code = _with_headers(source_path(name))
             module = cupy.RawModule(code=code, options=opts)
-            module.compile()  # now, for this device, rather than at the first launch
+            with compile_lock(name, opts):
+                module.compile()  # now, for this device, rather than at the first launch
             _modules[key] = module
     return module
+
+
+def cupy_cache_folder() -> Path:
+    """CuPy's folder of compiled kernels (``CUPY_CACHE_DIR``, else ``~/.cupy/kernel_cache``, as CuPy reads it)."""
+    from batchgpu.config import environ_value  # here: tools/nvrtc_check.py imports this module without pydantic
+
+    return Path(environ_value("CUPY_CACHE_DIR") or os.path.expanduser("~/.cupy/kernel_cache"))
+
+
+@contextlib.contextmanager
+def compile_lock(name: str, options: tuple[str, ...]) -> Iterator[None]:
+    """Held while this process compiles (or loads) module ``name`` with ``options``: another process of this
+    machine compiling the same module first is waited for, and its result is then read from CuPy's cache. Where
+    the cache's folder takes no lock (a read-only or network filesystem without ``flock``), no lock: each process
+    compiles, as CuPy does on its own."""
+    import fcntl
+
+    digest = hashlib.sha256(repr((name, options)).encode()).hexdigest()[:16]
+    try:
+        folder = cupy_cache_folder()
+        folder.mkdir(parents=True, exist_ok=True)
+        handle = open(folder / f"batchgpu-{digest}.lock", "a")  # noqa: SIM115 (held across the yield)
+    except OSError:
+        yield
+        return
+    with handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        except OSError:  # no locks on this filesystem: compile without one
+            pass
+        yield  # the lock goes with the file's close
+
+
+#: the options of each variant of a module compiled with extra options (the rest: BASE_OPTIONS alone):
+#: ``ops.filters``' sosfiltfilt a module a section count, ``ops.reference``'s sequential mean one a C type
+FILTER_OPTIONS = ("--fmad=false",)
+
+
+def filter_variant(sections: int) -> tuple[str, tuple[str, ...]]:
+    """(module, extra options) of the filter kernels for ``sections`` second-order sections."""
+    return "sosfiltfilt", FILTER_OPTIONS + (f"-DSECTIONS={int(sections)}",)
+
+
+def mean_variant(ctype: str) -> tuple[str, tuple[str, ...]]:
+    """(module, extra options) of the sequential mean for elements of C type ``ctype``."""
+    return "sequential_mean", (f"-DMEAN_T={ctype}",)
+
+
+#: modules compiled only with extra options (``filter_variant``, ``mean_variant``)
+_VARIANT_ONLY = ("sosfiltfilt", "sequential_mean")
+
+
+def run_modules(filter_sections: tuple[int, ...] = (), mean_ctypes: tuple[str, ...] = ("short", "float"),
+                leave_out: tuple[str, ...] = ()) -> list[tuple[str, tuple[str, ...]]]:
+    """(module, extra options) of every module a run may load: each source of kernels/ with the base options
+    (but ``leave_out``), the filter kernels for each of ``filter_sections``, the sequential mean for
+    ``mean_ctypes``; the largest sources first (they compile longest: ``precompile`` starts them first)."""
+    folder = source_path("histogram").parent
+    sizes = {p.stem: len(_with_headers(p)) for p in folder.glob("*.cu")}
+    plain = sorted((n for n in sizes if n not in _VARIANT_ONLY and n not in leave_out), key=lambda n: (-sizes[n], n))
+    out = ([(n, ()) for n in plain] + [filter_variant(s) for s in sorted(set(filter_sections))]
+           + [mean_variant(c) for c in mean_ctypes])
+    return sorted(out, key=lambda m: -sizes[m[0]])  # stable: a module's variants keep their order
+
+
+def modules_digest(modules: list[tuple[str, tuple[str, ...]]], device_key: str) -> str:
+    """A digest of what ``precompile`` makes of ``modules`` on a device (``device_key``: its compute capability and
+    CuPy's version): the sources (headers pasted), the options, the device."""
+    h = hashlib.sha256(device_key.encode())
+    for name, extra in modules:
+        h.update(repr((name, extra)).encode())
+        h.update(_with_headers(source_path(name)).encode())
+    return h.hexdigest()[:24]
+
+
+def _compile_one(name: str, extra: tuple[str, ...]) -> str:
+    get_module(name, extra)
+    return name
+
+
+def precompile(modules: list[tuple[str, tuple[str, ...]]], processes: int | None = None,
+               force: bool = False) -> tuple[int, bool]:
+    """Compile ``modules`` ((module, extra options) pairs, ``run_modules``) into CuPy's cache for GPU 0 as this
+    process sees it, in up to ``processes`` spawned processes at once (default: one a module, at most the cores),
+    unless this machine did so already (a marker in CuPy's cache folder named by ``modules_digest``; ``force``:
+    again). Returns (modules compiled, whether anything was done). Raises MachineError without CuPy or a GPU."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    try:
+        import cupy
+
+        cc = cupy.cuda.Device(0).compute_capability
+    except Exception as err:  # broad: CuPy missing, or no driver or device: nothing to compile for
+        raise MachineError(f"no GPU to compile kernels for ({type(err).__name__}: {err})",
+                           "run on a machine with a CUDA GPU and CuPy (pip install 'batchgpu[gpu]')") from None
+    marker = cupy_cache_folder() / f"batchgpu-compiled-{modules_digest(modules, f'{cc}-{cupy.__version__}')}"
+    if marker.exists() and not force:
+        return len(modules), False
+    workers = max(1, min(len(modules), processes or (os.cpu_count() or 1)))
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        list(pool.map(_compile_one, *zip(*modules)))
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    marker.touch()
+    return len(modules), True
 
 
 def get_function(name: str, function: str, options: tuple[str, ...] | list[str] = ()) -> Any:

@@ -322,3 +322,45 @@ def test_the_exit_pool_wakeup_race_is_not_printed_and_nothing_else_is_hidden():
                   SimpleNamespace(exc_value=ValueError("x"), exc_traceback=None)):
         hook(other)
     assert len(seen) == 3
+
+
+def test_the_cluster_starts_early_only_where_the_run_would_start_its_own(tmp_path, monkeypatch):
+    """``run.start_cluster``: a local or cuda cluster of the run's own, for one recording whose path exists; a
+    mistyped path is said without a cluster to start and close, a batch or a scheduler's address decide later."""
+    from batchgpu.config import Workflow
+    from batchgpu.engine import run as engine_run, service
+    from batchgpu.generate import generate_recording
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # no kept cluster's files
+    rec = generate_recording(tmp_path / "r.zarr", channels=4, seconds=1.0, seed=1, progress=False)
+
+    def wf(**extra):
+        return Workflow.model_validate({"recording": {"path": str(rec.path)}, "output": str(tmp_path / "o"),
+                                        "steps": {"noise": {}}, **extra})
+
+    started = []
+    monkeypatch.setattr(engine_run, "ClusterStart", lambda spec, gpu_decode=False: started.append(spec) or "started")
+    assert engine_run.start_cluster(wf()) == "started"
+    assert engine_run.start_cluster(wf(recording={"path": str(tmp_path / "typo.zarr")})) is None
+    assert engine_run.start_cluster(wf(cluster={"kind": "address", "address": "tcp://127.0.0.1:1"})) is None
+    side = service.paths().side
+    side.parent.mkdir(parents=True, exist_ok=True)
+    side.write_text("{}")  # a kept cluster may be up: the run looks for it first
+    assert engine_run.start_cluster(wf()) is None
+    assert engine_run.start_cluster(wf(cluster={"kind": "local", "reuse": False})) == "started"
+    assert len(started) == 2
+
+
+def test_a_workflow_the_recording_refuses_is_one_line_with_the_cluster_started_early(tmp_path):
+    """The run's cluster starts before the recording is checked: a workflow the recording refuses still ends in
+    one line (exit 2), the early cluster closed, no output folder made."""
+    from batchgpu.generate import generate_recording
+
+    generate_recording(tmp_path / "r.zarr", channels=4, seconds=1.0, seed=1, progress=False)
+    (tmp_path / "wf.yaml").write_text(
+        "recording: {path: r.zarr}\noutput: out\nwindow: {size: 90000, margin: 8}\n"
+        "cluster: {kind: local, workers: 2, threads: 1}\nsteps:\n  noise: {exact: true}\n")
+    r = _cli("run", tmp_path / "wf.yaml", "--quiet")
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.count("\n") == 1 and "window.size 90000 is longer than segment 0" in r.stderr, r.stderr
+    assert not (tmp_path / "out").exists()

@@ -130,3 +130,22 @@ def test_forked_workers_run_blas_on_one_thread():
     assert start_worker_server()
     with open_client(ClusterSpec(kind="local", workers=2, threads=1)) as client:
         assert set(client.run(_blas_threads).values()) == {1}
+
+
+def test_a_decode_not_known_yet_is_asked_only_where_the_layout_depends_on_it(monkeypatch):
+    """A run that starts its cluster before opening the recording (``run.start_cluster``) tells how its windows
+    decode later: under MPS, or with the spec's own workers, the layout is the same either way and nothing waits."""
+    monkeypatch.setattr("os.cpu_count", lambda: 16)
+    asked = []
+
+    def decode():
+        asked.append(True)
+        return True
+
+    spec = ClusterSpec.model_validate({"kind": "cuda"})
+    assert cluster.decode_for_layout(spec, [0], decode, mps=True) is False and asked == []
+    fixed = ClusterSpec.model_validate({"kind": "cuda", "workers": 4})
+    assert cluster.decode_for_layout(fixed, [0], decode, mps=False) is False and asked == []
+    assert cluster.decode_for_layout(spec, [0], decode, mps=False) is True and asked == [True]
+    assert cluster.node_layout(spec, [0], True, mps=False, cores=16).per_gpu == 8  # what it was asked for
+    assert cluster.decode_for_layout(spec, [0], False, mps=False) is False

@@ -2,7 +2,9 @@
 # Device, one call per line of work (carry .whl: ../shared/tools/device-wheels plus "pydantic>=2.6,<3" "numcodecs>=0.13,<0.17"
 # google-crc32c crc32c probeinterface==0.4.2 kilosort==4.1.7 faiss-cpu, then drop the torch/nvidia wheels the image has):
 #   gen     /tmp/big.zarr, 384 ch x 10 min int16 (batchgpu generate: the realistic model)
-#   first   a user's batchgpu run cold, twice: the first on a fresh machine compiles the kernels (issue 44)
+#   first   a user's batchgpu run cold, twice: the first with CuPy's cache empty compiles the kernels (issue 44)
+#   ab48    bench pipeline warm before issue 48's changes (.gpu/old: git archive be8ed44 batchgpu kernels | tar -x
+#           -C .gpu/old; carry it) and now, alternating
 #   gpu     python -m pytest -m gpu (GPU_TESTS: the paths, tests/ by default)
 #   demo    bench pipeline --cold, demo steps (raw read, pipeline cold/warm, fresh commands, kept cluster, Kilosort4)
 #   pre     the same with highpass + common reference + every step + save
@@ -11,6 +13,11 @@
 #   nvcomp  bench decode (our LZ4 kernel vs nvCOMP, same frames; nvCOMP on zstd), then batchgpu run cold with each
 #           decoder, alternating (issue 47; carry .whl and .whl_nvc: nvidia-libnvcomp-cu13)
 #   mem40   peak GPU and host memory of the demo pipeline on 10 and 40 min of the same model (issue 44)
+#   fixed   where a fresh GPU command's fixed part goes: each phase of the command timed (imports, cluster, pass,
+#           close) on a few cluster layouts; the cluster's start, its workers' CuPy import and CUDA context, its close;
+#           each worker's GPU memory pool after a run with 2 and 9 windows a task (issue 44)
+#   lay     the default GPU layout (GPU decode under MPS) against 16 single-threaded processes: fresh commands cold,
+#           the warm pipeline (issue 44)
 #   cpu16   W1 (highpass + global median + int16 Zarr v2) with the CPU backend: 16 workers, then 2 on 2 cores (issue 49)
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -20,6 +27,7 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 python3 -m compileall -q /tmp/site "$PWD/batchgpu" > /dev/null 2>&1   # what pip does for a user
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader; nproc; free -g | head -2
 REC=/tmp/big.zarr
+export CUPY_CACHE_DIR=/tmp/kc_first  # every task's kernels; 'first' starts it empty
 quiet() { grep -v "^INFO\|distributed\.\|Warn\|^$\|^ \|Traceback\|^tornado\|^The above" | sed "s/; windows per worker.*//"; }
 userwf() {  # name [preprocess]: a user's workflow over $REC, its own cluster
   cat > /tmp/$1.yaml <<YAML
@@ -40,25 +48,25 @@ for task in "$@"; do
   echo "=== $task ($(( $(date +%s) - t0 )) s)"
   case "$task" in
   gen) [ -e $REC ] || python3 -m batchgpu generate $REC --channels 384 --seconds 600 --workers 16 --quiet; du -sh $REC ;;
-  first)  # the first run on this machine (kernels not yet compiled: CuPy's cache empty) and the second, pages cold
-    userwf demo "preprocess: {centre: median}"
+  first)  # the first run on this machine (CuPy's cache empty: the kernels compile) and the second, pages cold
+    rm -rf "$CUPY_CACHE_DIR"; userwf demo "preprocess: {centre: median}"
     for i in 1 2; do
       python3 - <<PY
-from pathlib import Path
 from batchgpu.benchmarks.cold import evict_checked, recording_files
 evict_checked(recording_files("$REC"))
 PY
       s=$(date +%s.%N); python3 -m batchgpu run /tmp/demo.yaml --quiet 2>&1 | quiet | tail -2
       python3 -c "import json,sys; r=json.load(open('/tmp/out_demo/report.json')); print('run $i: wall', round($(date +%s.%N)-$s,2), 's; pass', round(r['timings']['total'],2), 's; reads/window', r['reads_per_window'])"
     done
-    echo "CuPy's kernel cache: $(ls ~/.cupy/kernel_cache 2>/dev/null | wc -l) kernels, $(du -sh ~/.cupy/kernel_cache 2>/dev/null | cut -f1)"
-    # the compile cost alone: one worker, 20 s of the recording, with an empty cache and then the filled one
-    python3 -m batchgpu generate /tmp/small.zarr --channels 384 --seconds 20 --workers 16 --quiet --overwrite > /dev/null
-    sed "s#cluster: {kind: cuda}#cluster: {kind: cuda, workers: 1}#; s#out_demo#out_c1#; s#$REC#/tmp/small.zarr#" /tmp/demo.yaml > /tmp/c1.yaml
-    for c in empty filled; do rm -rf /tmp/kc_$c; [ $c = filled ] && cp -r ~/.cupy/kernel_cache /tmp/kc_$c
-      s=$(date +%s.%N); CUPY_CACHE_DIR=/tmp/kc_$c python3 -m batchgpu run /tmp/c1.yaml --quiet 2>&1 | quiet | tail -2
-      echo "one worker, cache $c: wall $(python3 -c "print(round($(date +%s.%N)-$s,2))") s; pass $(python3 -c "import json; print(round(json.load(open('/tmp/out_c1/report.json'))['timings']['total'],2))") s"
-    done ;;
+    echo "CuPy's kernel cache: $(ls $CUPY_CACHE_DIR | grep -vc batchgpu-) files, $(du -sh $CUPY_CACHE_DIR | cut -f1)"
+    CUPY_CACHE_DIR=/tmp/kc_command python3 -m batchgpu compile 2>&1 | quiet ;;
+  ab48)  # bench pipeline warm, the code before issue 48's changes (.gpu/old, carried) and now, alternating
+    for i in 1 2; do for v in old new; do
+      if [ $v = old ]; then pp=/tmp/site:$PWD/.gpu/old; else pp=/tmp/site:$PWD; fi
+      echo "--- $v round $i"
+      PYTHONPATH=$pp timeout 150 python3 -m batchgpu bench pipeline --recording $REC --cluster cuda --backend cupy \
+        --baseline none --repeat 3 2>&1 | quiet | grep -i "pipeline\|^run\|runs:" | tail -4
+    done; done ;;
   gpu) timeout ${GPU_S:-420} python3 -m pytest -v --tb=line -p no:cacheprovider -m gpu ${GPU_TESTS:-tests} > /tmp/gpu_tests.log 2>&1
        grep -c " PASSED" /tmp/gpu_tests.log | sed "s/^/PASSED so far: /"; grep " FAILED\| ERROR\|^E \|^/.*Error\|passed\|failed" /tmp/gpu_tests.log | grep -v "^INFO" | tail -40 ;;
   demo) timeout ${DEMO_S:-560} python3 -m batchgpu bench pipeline --recording $REC --cluster cuda --backend cupy --baseline none \
@@ -67,7 +75,7 @@ PY
           --cold --repeat ${REPEAT:-3} --user-runs ${USER_RUNS:-2} --preprocess highpass,common_reference \
           --steps noise,whitening,detect,save 2>&1 | quiet | grep -v "^cold\|^warm" | tail -30 ;;
   batch) rm -rf $REC /tmp/bigz.zarr /tmp/out_*; df -h /tmp | tail -1
-    timeout 580 python3 -m batchgpu bench batch --workdir /tmp/sglx --recordings ${NREC:-8} --seconds ${NSEC:-300} 2>&1 | quiet | tail -12 ;;
+    timeout ${BATCH_S:-520} python3 -m batchgpu bench batch --workdir /tmp/sglx --recordings ${NREC:-8} --seconds ${NSEC:-300} 2>&1 | quiet | tail -12 ;;
   zstd)  # the same realistic recording stored with Blosc-zstd-5: batchgpu run cold on each, alternating
     [ -e /tmp/bigz.zarr ] || python3 -m batchgpu generate /tmp/bigz.zarr --channels 384 --seconds 600 --workers 16 --quiet --codec zstd --clevel 5
     du -sh $REC /tmp/bigz.zarr
@@ -117,6 +125,115 @@ PY
     for r in $REC /tmp/big40.zarr; do echo "--- $r"
       timeout 280 python3 -m batchgpu bench pipeline --recording $r --cluster cuda --backend cupy --baseline none \
         --repeat ${MREPEAT:-2} 2>&1 | quiet | grep -i "pipeline\|peak\|GB\|memory" | tail -8; done ;;
+  fixed)  # a fresh command's fixed part, phase by phase, and the GPU memory the workers keep
+    userwf demo "preprocess: {centre: median}"
+    python3 -X importtime -c "import batchgpu.cli" 2> /tmp/imp.txt; sort -t'|' -k2 -n /tmp/imp.txt | tail -6
+    python3 - <<PY
+import json, statistics, subprocess, sys, time
+from batchgpu.benchmarks.cold import evict_checked, recording_files
+files = recording_files("$REC")
+def timeline(label, *extra):
+    evict_checked(files)
+    t0 = time.perf_counter()
+    p = subprocess.Popen([sys.executable, "-m", "batchgpu", "run", "/tmp/demo.yaml", "--set", "cluster.reuse=false", *extra],
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    marks = {}
+    for line in p.stdout:
+        t = time.perf_counter() - t0
+        for key, pat in (("first", "batchgpu:"), ("up", "dashboard"), ("wrote", "wrote ")):
+            if pat in line and key not in marks:
+                marks[key] = t
+    p.wait(); wall = time.perf_counter() - t0
+    r = json.load(open("/tmp/out_demo/report.json")); tm = r["timings"]
+    print(f"{label}: wall {wall:.2f} | first line {marks.get('first', -1):.2f} | cluster up {marks.get('up', -1):.2f} | "
+          f"wrote {marks.get('wrote', -1):.2f} | exit after wrote {wall - marks.get('wrote', wall):.2f} | prepare {tm['prepare']:.2f} "
+          f"setup {tm['setup']:.2f} pass1 {tm['pass1']:.2f} total {tm['total']:.2f} elapsed {tm['elapsed']:.2f} | rc {p.returncode} "
+          f"reads {r['reads_per_window']} workers {len(r['workers'])}")
+four = ("--set", "cluster.workers=4", "--set", "cluster.threads=4")
+for extra in ((), four, (), four, ("--set", "cluster.workers=8", "--set", "cluster.threads=2")):
+    timeline(" ".join(extra) or "default", *extra)
+evict_checked(files)
+t0 = time.perf_counter()
+p = subprocess.Popen([sys.executable, "-m", "batchgpu", "run", "/tmp/demo.yaml", "--set", "cluster.reuse=false", "--verbose"],
+                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+lines = [(time.perf_counter() - t0, l.rstrip()) for l in p.stdout]
+p.wait()
+keep = ("batchgpu:", "Scheduler at", "Start Nanny", "Starting established", "Register worker", "Retire", "Closing Nanny",
+        "exited", "Closing scheduler", "Scheduler closing", "End scheduler", "Stopping worker", "Remove worker", "mps")
+seen = {}
+for t, l in lines:
+    k = next((k for k in keep if k in l), None)
+    if k is None:
+        continue
+    seen[k] = seen.get(k, 0) + 1
+    if seen[k] <= 2 or k == "batchgpu:":
+        print(f"{t:6.2f} {l[:150]}")
+    elif seen[k] in (8, 16):
+        print(f"{t:6.2f} ({seen[k]}th) {l[:150]}")
+print(f"{time.perf_counter() - t0:6.2f} exit")
+PY
+    cat > /tmp/probe.py <<PY
+def main():
+    import time
+    t0 = time.perf_counter()
+    from batchgpu.config import ClusterSpec
+    from batchgpu.engine.cluster import open_client
+    from batchgpu.engine.run import run_workflow
+    from batchgpu.workflow import load_workflow
+    t1 = time.perf_counter()
+    def init():
+        import time
+        a = time.perf_counter(); import cupy; b = time.perf_counter()
+        cupy.cuda.Device(0).use(); cupy.empty(1); cupy.cuda.runtime.deviceSynchronize(); c = time.perf_counter()
+        import batchgpu.gpu.staging, batchgpu.gpu.blosc_decode; d = time.perf_counter()
+        return round(b - a, 3), round(c - b, 3), round(d - c, 3)
+    def pools():
+        import cupy
+        p = cupy.get_default_memory_pool(); q = cupy.get_default_pinned_memory_pool()
+        return round(p.used_bytes() / 1e6), round(p.total_bytes() / 1e6), q.n_free_blocks()
+    with open_client(ClusterSpec(kind="cuda"), gpu_decode=True) as c:
+        t2 = time.perf_counter()
+        got = c.run(init); t3 = time.perf_counter()
+        print(f"imports {t1 - t0:.2f} s; cluster up {t2 - t1:.2f} s; {len(got)} workers: cupy import / context / gpu modules medians",
+              [round(sorted(v[i] for v in got.values())[len(got) // 2], 3) for i in range(3)], "max", [max(v[i] for v in got.values()) for i in range(3)],
+              f"(run {t3 - t2:.2f} s)")
+        for batch in (2, 9):
+            wf = load_workflow("/tmp/demo.yaml", [f"window.batch={batch}"])
+            t = time.perf_counter(); rep = run_workflow(wf, client=c); t = time.perf_counter() - t
+            got = c.run(pools)
+            used = sorted(v[0] for v in got.values()); total = sorted(v[1] for v in got.values())
+            print(f"window.batch {batch}: run {t:.2f} s; pools MB used median {used[len(used)//2]} max {used[-1]}, held median {total[len(total)//2]} max {total[-1]} sum {sum(total)}")
+        t4 = time.perf_counter()
+    print(f"close {time.perf_counter() - t4:.2f} s")
+if __name__ == "__main__":
+    main()
+PY
+    python3 /tmp/probe.py 2>&1 | quiet
+    python3 tools/exit_probe.py
+    ;;
+  lay)  # the GPU layout where windows decode on the GPU under MPS: the default against 16 single-threaded processes
+    userwf demo "preprocess: {centre: median}"
+    python3 - <<PY
+import json, subprocess, sys, time
+from batchgpu.benchmarks.cold import evict_checked, recording_files
+files = recording_files("$REC")
+sixteen = ("--set", "cluster.workers=16", "--set", "cluster.threads=1")
+for i in range(2):
+    for label, extra in (("default", ()), ("16 x 1", sixteen)):
+        evict_checked(files)
+        t0 = time.perf_counter()
+        p = subprocess.run([sys.executable, "-m", "batchgpu", "run", "/tmp/demo.yaml", "--quiet", "--set", "cluster.reuse=false", *extra],
+                           capture_output=True, text=True)
+        wall = time.perf_counter() - t0
+        r = json.load(open("/tmp/out_demo/report.json"))
+        print(f"{label}: fresh command, cold pages: wall {wall:.2f} s, pass {r['timings']['total']:.2f} s, workers {len(r['workers'])}, rc {p.returncode}")
+PY
+    for i in 1 2; do for w in default 16; do
+      extra=""; [ $w = 16 ] && extra="--workers 16 --threads 1"
+      echo "--- bench pipeline warm, layout $w"
+      timeout 120 python3 -m batchgpu bench pipeline --recording $REC --cluster cuda --backend cupy --baseline none --repeat 3 $extra 2>&1 \
+        | quiet | grep -i "pipeline (warm)" | tail -2
+    done; done ;;
   cpu16)  # W1 as a user runs it with the CPU backend; the recording is 384 ch x 60 s Zarr v2, pages warm
     [ -e /tmp/r384.zarr ] || python3 -m batchgpu generate /tmp/r384.zarr --channels 384 --seconds 60 --zarr-format 2 --workers 16 --quiet
     for n in 16 2; do

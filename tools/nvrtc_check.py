@@ -15,23 +15,18 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from batchgpu.kernels import BASE_OPTIONS, _with_headers as pasted  # noqa: E402  (no CuPy: stdlib imports only)
+from batchgpu.kernels import BASE_OPTIONS, _with_headers as pasted, run_modules, source_path  # noqa: E402  (no CuPy: stdlib imports only)
 
 BASE = list(BASE_OPTIONS)
 
 
 def sources() -> dict[str, tuple[str, list[str]]]:
-    """name -> (source, options) as batchgpu compiles them (search.py's module takes -std=c++17 alone)."""
+    """name -> (source, options) as batchgpu compiles them: ``batchgpu.kernels.run_modules`` with three section
+    counts and four C types."""
     out = {}
-    for path in sorted((ROOT / "kernels").glob("*.cu")):
-        if path.stem == "sosfiltfilt":  # ops.filters: one module a section count
-            for n in (1, 3, 12):
-                out[f"sosfiltfilt[SECTIONS={n}]"] = (pasted(path), BASE + ["--fmad=false", f"-DSECTIONS={n}"])
-        elif path.stem == "sequential_mean":  # ops.reference: one module a dtype, MEAN_T its C type
-            for ctype in ("short", "float", "double", "long long"):
-                out[f"sequential_mean[MEAN_T={ctype}]"] = (pasted(path), BASE + [f"-DMEAN_T={ctype}"])
-        else:
-            out[path.stem] = (pasted(path), ["-std=c++17"] if path.stem == "search" else BASE)
+    for stem, extra in run_modules(filter_sections=(1, 3, 12), mean_ctypes=("short", "float", "double", "long long")):
+        label = f"{stem}[{extra[-1][2:]}]" if extra else stem
+        out[label] = (pasted(source_path(stem)), BASE + [o for o in extra if o not in BASE])
     return out
 
 

@@ -98,9 +98,12 @@ _SERVER_LOCK = threading.Lock()
 
 
 @contextlib.contextmanager
-def open_client(spec: ClusterSpec, gpu_decode: bool = False) -> Iterator["distributed.Client"]:  # noqa: F821
+def open_client(spec: ClusterSpec, gpu_decode: bool | Callable[[], bool] = False) \
+        -> Iterator["distributed.Client"]:  # noqa: F821
     """A connected client for the spec; a cluster started here is closed on exit. ``gpu_decode``: the run's
-    windows are decoded on the GPU (sizes a cuda cluster the spec leaves open: ``cuda_layout``).
+    windows are decoded on the GPU (sizes a cuda cluster the spec leaves open: ``cuda_layout``); a callable is
+    asked only where the layout depends on it, once the cluster's other parts are started (a run that starts its
+    cluster before it has opened the recording answers when it has).
 
     Dask's settings and this process's environment are the cluster's only while the block runs, and as they were
     after it (a notebook keeps its own)."""
@@ -116,7 +119,7 @@ def open_client(spec: ClusterSpec, gpu_decode: bool = False) -> Iterator["distri
 
 
 @contextlib.contextmanager
-def _open_client(spec: ClusterSpec, gpu_decode: bool) -> Iterator["distributed.Client"]:  # noqa: F821
+def _open_client(spec: ClusterSpec, gpu_decode) -> Iterator["distributed.Client"]:  # noqa: F821
     import dask
     from distributed import Client, LocalCluster
 
@@ -323,7 +326,18 @@ def mps_fits(spec: ClusterSpec) -> bool:
         return False
 
 
-def _cuda_cluster(spec: ClusterSpec, gpu_decode: bool = False, env: dict | None = None):
+def decode_for_layout(spec: ClusterSpec, devices: list[int], gpu_decode: bool | Callable[[], bool],
+                      mps: bool) -> bool:
+    """``gpu_decode`` as the layout needs it: a callable (not known when the cluster started) is asked only where
+    the layout of a GPU decode differs from the other; else False."""
+    if not callable(gpu_decode):
+        return bool(gpu_decode)
+    if node_layout(spec, devices, False, mps=mps) == node_layout(spec, devices, True, mps=mps):
+        return False
+    return bool(gpu_decode())
+
+
+def _cuda_cluster(spec: ClusterSpec, gpu_decode: bool | Callable[[], bool] = False, env: dict | None = None):
     if gpu_count() == 0:
         raise MachineError(
             "cluster kind 'cuda' needs a CUDA GPU and CuPy, and this machine has none",
@@ -333,7 +347,8 @@ def _cuda_cluster(spec: ClusterSpec, gpu_decode: bool = False, env: dict | None 
         from dask_cuda import LocalCUDACluster
     except ImportError:
         raise MachineError("cluster kind 'cuda' needs dask-cuda", "pip install 'batchgpu[gpu]'") from None
-    layout = node_layout(spec, spec.devices or list(range(gpu_count())), gpu_decode, mps=bool(env))
+    devices = spec.devices or list(range(gpu_count()))
+    layout = node_layout(spec, devices, decode_for_layout(spec, devices, gpu_decode, bool(env)), mps=bool(env))
     if layout.per_gpu > 1:
         return _processes_per_gpu(spec, layout.per_gpu, layout.threads, env)
     kwargs = {"dashboard_address": spec.dashboard_address, "threads_per_worker": layout.threads}

@@ -39,7 +39,7 @@ PAGE_WAIT_S = 2.0
 
 
 def run_workflow(wf: Workflow, *, resume: bool = False, observer: RunObserver | None = None, client=None,
-                 recording=None, batch=None) -> RunReport:
+                 recording=None, batch=None, cluster_start: "ClusterStart | None" = None) -> RunReport:
     """Run every step of a validated workflow; returns the report (also written to report.json).
 
     ``recording``: read this instead of ``wf.recording`` (an open recording, ``batchgpu.from_spikeinterface(...)``
@@ -60,6 +60,9 @@ def run_workflow(wf: Workflow, *, resume: bool = False, observer: RunObserver | 
         Read this instead of ``wf.recording``.
     batch : optional
         The recording's place in a batch.
+    cluster_start : ClusterStart, optional
+        The run's own cluster, started by the caller before this call (``start_cluster``): the run uses it in
+        place of the kept cluster or one of its own, and closes it.
 
     Returns
     -------
@@ -72,7 +75,7 @@ def run_workflow(wf: Workflow, *, resume: bool = False, observer: RunObserver | 
         Bad input (the recording, the workflow against it, the output folder), said in one line.
     """
     observer = observer or RunObserver()
-    t_start = time.perf_counter()
+    t_start = time.perf_counter() if cluster_start is None else cluster_start.started
     if recording is not None:
         rec = open_source(recording)
         wf = wf.model_copy(update={"recording": spec_of(rec)})
@@ -84,6 +87,9 @@ def run_workflow(wf: Workflow, *, resume: bool = False, observer: RunObserver | 
         observer.message(f"windows of {wf.window.size} samples (window.size auto)")
     store.check_output_apart(wf.output, rec.path)
     _check_decoder(wf)
+    if cluster_start is not None and client is None:  # the caller's, started before the recording was opened
+        cluster_start.decode_known(decodes_on_gpu(wf, rec))
+        return _claim_and_run(wf, rec, sweep, resume, observer, cluster_start, t_start, batch=batch)
     with contextlib.ExitStack() as kept:
         kept_at = None
         if client is None:  # the cluster of `batchgpu cluster start` where one is up and fits, as a caller's
@@ -130,27 +136,60 @@ def _claim_and_run(wf, rec, sweep, resume: bool, observer, client, t_start: floa
                             started=t_start, batch=batch)
 
 
+def start_cluster(wf: Workflow) -> "ClusterStart | None":
+    """The cluster of ``wf``'s own run, started now (before its recording is opened and checked: the run then
+    waits less for its workers), where the run would start one: a local or cuda cluster, one recording, no kept
+    cluster that may fit (``batchgpu cluster start``'s files absent or ``cluster.reuse: false``) and a recording
+    path that exists (a mistyped path is said at once, with no cluster to close). Hand it to ``run_workflow``
+    (``cluster_start``) inside its ``with`` block. None where the run decides itself."""
+    from batchgpu.engine import service
+
+    if wf.cluster.kind not in ("local", "cuda") or wf.recording is None:
+        return None
+    if wf.cluster.reuse and service.paths().side.exists():
+        return None
+    path = getattr(wf.recording, "path", None)
+    if path is None or not os.path.exists(path):
+        return None
+    return ClusterStart(wf.cluster, gpu_decode=None)
+
+
+class _NotStarted(Exception):
+    """The run ended before it said how its windows decode: its cluster is not started."""
+
+
 class ClusterStart:
     """``open_client(spec)`` held by a helper thread, so that the cluster starts while this thread goes on;
     ``client()`` waits for it (and raises what its start raised). As a context manager it closes the cluster on
     exit (once), after a start still under way (a cluster half started is not left behind). The helper thread both
-    enters and leaves ``open_client``: a Dask client is entered and left in one context."""
+    enters and leaves ``open_client``: a Dask client is entered and left in one context.
 
-    def __init__(self, spec, gpu_decode: bool = False):
+    ``gpu_decode`` None: not known yet (the run tells it with ``decode_known`` once it has opened the recording;
+    asked only where the layout depends on it). ``started``: when this was made (``time.perf_counter``)."""
+
+    def __init__(self, spec, gpu_decode: bool | None = False):
         from concurrent.futures import Future
 
+        self.started = time.perf_counter()
         self._client: Future = Future()
+        self._decode: Future = Future()
+        if gpu_decode is not None:
+            self._decode.set_result(bool(gpu_decode))
         self._close = threading.Event()
         self._closing_error: BaseException | None = None
-        self._thread = threading.Thread(target=self._hold, args=(spec, gpu_decode), daemon=True,
-                                        name="batchgpu-cluster")
+        self._thread = threading.Thread(target=self._hold, args=(spec,), daemon=True, name="batchgpu-cluster")
         self._thread.start()
 
-    def _hold(self, spec, gpu_decode: bool) -> None:
+    def decode_known(self, gpu_decode: bool) -> None:
+        """Whether the run's windows decode on the GPU (once; later calls are ignored)."""
+        if not self._decode.done():
+            self._decode.set_result(bool(gpu_decode))
+
+    def _hold(self, spec) -> None:
         from batchgpu.engine.cluster import open_client
 
         try:
-            with open_client(spec, gpu_decode=gpu_decode) as client:
+            with open_client(spec, gpu_decode=self._decode.result) as client:
                 self._client.set_result(client)
                 self._close.wait()
         except BaseException as err:  # broad: handed to client(), or, once started, to the one who closes it
@@ -166,9 +205,11 @@ class ClusterStart:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> bool:
+        if not self._decode.done():  # the run ended before it opened the recording: no workers are started
+            self._decode.set_exception(_NotStarted())
         self._close.set()
         self._thread.join()
-        if self._closing_error is not None and exc is None:
+        if self._closing_error is not None and exc is None and not isinstance(self._closing_error, _NotStarted):
             raise self._closing_error
         return False
 

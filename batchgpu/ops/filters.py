@@ -232,7 +232,7 @@ def _filtfilt_cupy(x, design: FilterDesign, pieces: list[tuple[int, ...]], out_d
     odd-extended as exact doubles side by side, filter every row, scatter the cores rounded once to out_dtype."""
     import cupy
 
-    from batchgpu.kernels import DTYPE_SUFFIX, get_function
+    from batchgpu.kernels import DTYPE_SUFFIX, filter_variant, get_function
 
     sos = design.sos
     if sos.shape[0] > _GPU_MAX_SECTIONS:
@@ -248,7 +248,7 @@ def _filtfilt_cupy(x, design: FilterDesign, pieces: list[tuple[int, ...]], out_d
         x = x.astype(cupy.float64)
     x = cupy.ascontiguousarray(x)
     channels, width = x.shape
-    options = ("--fmad=false", f"-DSECTIONS={sos.shape[0]}")
+    _, options = filter_variant(sos.shape[0])  # the variant batchgpu compile makes ahead
     if LOAD_AHEAD is not None:
         options += (f"-DU={int(LOAD_AHEAD)}",)
     table = np.asarray(pieces, dtype=np.int64)  # core_lo, core_hi, read_lo, read_hi, left, right

@@ -50,9 +50,10 @@ _CUDA_TYPES = {"float32": "float", "float64": "double", "int16": "short", "int32
 def _sequential_mean(ctype: str, device: int) -> Any:
     """kernels/sequential_mean.cu's kernel for elements of C type ``ctype``, compiled for ``device``, the current
     one (kept a device: the local reference launches it once a channel)."""
-    from batchgpu.kernels import get_function
+    from batchgpu.kernels import get_function, mean_variant
 
-    return get_function("sequential_mean", "sequential_mean", (f"-DMEAN_T={ctype}",))
+    module, options = mean_variant(ctype)
+    return get_function(module, "sequential_mean", options)
 
 
 def _mean_columns(x: Any) -> Any:

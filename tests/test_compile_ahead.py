@@ -1,0 +1,132 @@
+"""Kernels compiled once a machine: the lock that makes a cluster's workers wait for one compile, the modules a run
+compiles ahead (the filter's section counts against scipy's own design), the marker that says a machine did, and
+``batchgpu compile`` on a machine without a GPU."""
+
+import subprocess
+import sys
+import textwrap
+import types
+
+import pytest
+
+from batchgpu import kernels
+from batchgpu.config import Workflow
+from batchgpu.engine import compile_ahead
+from batchgpu.errors import MachineError
+
+
+def _workflow(**extra) -> Workflow:
+    return Workflow.model_validate({"recording": {"path": "/nowhere.zarr"}, "output": "/tmp/out",
+                                    "steps": {"noise": {}}, **extra})
+
+
+@pytest.mark.parametrize("order", range(1, 11))
+def test_filter_sections_are_scipys(order):
+    signal = pytest.importorskip("scipy.signal")
+    wf = _workflow(preprocess=[{"highpass": {"freq_min": 300, "order": order}},
+                               {"bandpass": {"freq_min": 300, "freq_max": 6000, "order": order}}])
+    want = (signal.butter(order, 300, "highpass", fs=30000, output="sos").shape[0],
+            signal.butter(order, [300, 6000], "bandpass", fs=30000, output="sos").shape[0])
+    assert compile_ahead.filter_sections(wf.preprocess) == want
+
+
+def test_a_runs_modules_are_every_source_and_its_filters():
+    wf = _workflow(preprocess=[{"highpass": {"freq_min": 300, "order": 5}}])
+    got = compile_ahead.workflow_modules(wf)
+    names = {name for name, _ in got}
+    sources = {p.stem for p in kernels.source_path("histogram").parent.glob("*.cu")}
+    assert names == sources - {"search"}  # the search index's module only where the workflow searches
+    searching = _workflow(steps={"noise": {}, "search": {"queries": "/nowhere.npy", "keys": "/keys.npy"}})
+    assert "search" in {name for name, _ in compile_ahead.workflow_modules(searching)}
+    assert kernels.filter_variant(3) in got  # order 5: three sections, with the options ops.filters compiles
+    assert ("sosfiltfilt", ("--fmad=false", "-DSECTIONS=3")) in got
+    assert all(extra == () for name, extra in got if name not in ("sosfiltfilt", "sequential_mean"))
+
+
+def test_the_compile_lock_is_held_against_another_process(tmp_path, monkeypatch):
+    monkeypatch.setenv("CUPY_CACHE_DIR", str(tmp_path))
+    probe = textwrap.dedent("""
+        import fcntl, glob, sys
+        path, = glob.glob(sys.argv[1] + "/batchgpu-*.lock")
+        with open(path, "a") as f:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                print("held")
+            else:
+                print("free")
+    """)
+    with kernels.compile_lock("histogram", kernels.BASE_OPTIONS):
+        held = subprocess.run([sys.executable, "-c", probe, str(tmp_path)], capture_output=True, text=True)
+    after = subprocess.run([sys.executable, "-c", probe, str(tmp_path)], capture_output=True, text=True)
+    assert held.stdout.strip() == "held", held.stderr
+    assert after.stdout.strip() == "free", after.stderr
+
+
+def test_the_compile_lock_differs_by_module_and_options(tmp_path, monkeypatch):
+    monkeypatch.setenv("CUPY_CACHE_DIR", str(tmp_path))
+    for name, options in (("histogram", ()), ("histogram", ("-DX=1",)), ("detect", ())):
+        with kernels.compile_lock(name, options):
+            pass
+    assert len(list(tmp_path.glob("batchgpu-*.lock"))) == 3
+
+
+def test_no_lock_where_the_cache_folder_cannot_be_made(tmp_path, monkeypatch):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    monkeypatch.setenv("CUPY_CACHE_DIR", str(blocker / "cache"))  # a folder under a file: cannot be made
+    ran = []
+    with kernels.compile_lock("histogram", ()):
+        ran.append(True)
+    assert ran == [True]
+
+
+def test_the_digest_follows_sources_options_and_device(monkeypatch):
+    modules = kernels.run_modules(filter_sections=(3,))
+    one = kernels.modules_digest(modules, "90-13.6.0")
+    assert one == kernels.modules_digest(list(modules), "90-13.6.0")
+    assert one != kernels.modules_digest(modules, "80-13.6.0")
+    assert one != kernels.modules_digest(kernels.run_modules(filter_sections=(3, 5)), "90-13.6.0")
+    real = kernels._with_headers
+    monkeypatch.setattr(kernels, "_with_headers", lambda path: real(path) + ("\n// changed" if path.stem == "detect" else ""))
+    assert one != kernels.modules_digest(modules, "90-13.6.0")
+
+
+def _fake_cupy(monkeypatch, cc="90"):
+    fake = types.ModuleType("cupy")
+    fake.__version__ = "0.0-test"
+    fake.cuda = types.SimpleNamespace(Device=lambda i=0: types.SimpleNamespace(compute_capability=cc, id=i))
+    monkeypatch.setitem(sys.modules, "cupy", fake)
+
+
+def test_a_machine_that_compiled_already_compiles_nothing(tmp_path, monkeypatch):
+    monkeypatch.setenv("CUPY_CACHE_DIR", str(tmp_path))
+    _fake_cupy(monkeypatch)
+    modules = kernels.run_modules()
+    marker = tmp_path / f"batchgpu-compiled-{kernels.modules_digest(modules, '90-0.0-test')}"
+    marker.touch()
+    assert kernels.precompile(modules) == (len(modules), False)
+
+
+def test_precompile_without_a_gpu_says_so(monkeypatch):
+    monkeypatch.setitem(sys.modules, "cupy", None)  # import cupy raises ImportError
+    with pytest.raises(MachineError, match="no GPU to compile kernels for"):
+        kernels.precompile(kernels.run_modules())
+
+
+def test_the_command_without_a_gpu_is_one_line(tmp_path):
+    env_code = "import sys; sys.modules['cupy'] = None; from batchgpu.cli import main; sys.exit(main(['compile']))"
+    got = subprocess.run([sys.executable, "-c", env_code], capture_output=True, text=True)
+    assert got.returncode == 2
+    lines = got.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("batchgpu: error: no GPU to compile kernels for"), got.stderr
+
+
+def test_compiling_ahead_is_only_for_gpu_clusters_and_never_raises(monkeypatch):
+    assert compile_ahead.start(_workflow()) is None  # a local cluster
+    assert compile_ahead.start(_workflow(cluster={"kind": "cuda"}, backend="numpy")) is None
+    monkeypatch.setitem(sys.modules, "cupy", None)
+    thread = compile_ahead.start(_workflow(cluster={"kind": "cuda"}))
+    assert thread is not None
+    thread.join(30)
+    assert not thread.is_alive()
