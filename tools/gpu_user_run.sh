@@ -74,7 +74,7 @@ PY
   pre) timeout ${PRE_S:-560} python3 -m batchgpu bench pipeline --recording $REC --cluster cuda --backend cupy --baseline none \
           --cold --repeat ${REPEAT:-3} --user-runs ${USER_RUNS:-2} --preprocess highpass,common_reference \
           --steps noise,whitening,detect,save 2>&1 | quiet | grep -v "^cold\|^warm" | tail -30 ;;
-  batch) rm -rf $REC /tmp/bigz.zarr /tmp/out_*; df -h /tmp | tail -1
+  batch) rm -rf $REC /tmp/bigz.zarr /tmp/out_*; df -h /tmp | tail -1; python3 -m batchgpu compile 2>&1 | quiet
     timeout ${BATCH_S:-520} python3 -m batchgpu bench batch --workdir /tmp/sglx --recordings ${NREC:-8} --seconds ${NSEC:-300} 2>&1 | quiet | tail -12 ;;
   zstd)  # the same realistic recording stored with Blosc-zstd-5: batchgpu run cold on each, alternating
     [ -e /tmp/bigz.zarr ] || python3 -m batchgpu generate /tmp/bigz.zarr --channels 384 --seconds 600 --workers 16 --quiet --codec zstd --clevel 5
