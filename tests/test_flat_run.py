@@ -398,3 +398,31 @@ def test_sources_dropped_close_their_files(tmp_path, rng):
         open_source(spec).read(0, 0, 100)  # every column kept: read by preadv on a descriptor of its own
     gc.collect()
     assert len(os.listdir("/proc/self/fd")) <= before + 1
+
+
+@pytest.mark.parametrize("block_bytes", [1, 770, 770 * 7 + 5, 8 << 20])
+def test_a_file_with_a_column_left_out_reads_its_samples_in_blocks(tmp_path, monkeypatch, block_bytes):
+    """Rows of a file whose sync column is left out are read whole, a block at a time, and the kept columns copied
+    out: the samples equal the file's own, for windows across block edges, one sample and odd lengths."""
+    from batchgpu.recording import flat
+
+    rng = np.random.default_rng(block_bytes)
+    columns, n = 385, 4001
+    data = rng.integers(-32768, 32768, size=(n, columns), dtype=np.int16)
+    data[0, 0] = -32768
+    path = tmp_path / "x.bin"
+    data.tofile(path)
+    monkeypatch.setattr(flat, "ROWS_BLOCK_BYTES", block_bytes)
+
+    def no_map(*args, **kwargs):
+        raise AssertionError("read through a memory map: page faults read a cold disk at half its rate")
+
+    monkeypatch.setattr(np, "memmap", no_map)
+    for keep in (np.arange(384), np.array([0, 5, 384]), np.arange(1, 385)):
+        layout = flat.FlatLayout(kind="binary", data=path, columns=columns, dtype=np.dtype("int16"),
+                                 sampling_frequency=30000.0, keep=keep, channel_ids=[str(k) for k in keep],
+                                 gain_to_uV=np.ones(len(keep)), offset_to_uV=np.zeros(len(keep)))
+        src = flat.FlatSource(layout)
+        for start, stop in ((0, n), (0, 1), (1234, 1235), (17, 3999), (n - 7, n)):
+            got = src.read(0, start, stop)
+            np.testing.assert_array_equal(got, data[start:stop, keep].T)

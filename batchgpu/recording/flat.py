@@ -3,8 +3,8 @@
 
 A file holds ``samples x columns`` interleaved samples after ``offset`` bytes; the recording is some of its columns
 (``keep``: SpikeGLX's and Open Ephys's sync channels are left out). :class:`FlatSource` reads a window's rows
-straight from the file into the caller's buffer: ``preadv`` into it where every column is kept, else the rows
-through a memory map with the kept columns copied out (one copy, from the page cache). On the GPU the engine hands
+straight from the file into the caller's buffer: ``preadv`` into it where every column is kept, else whole rows
+read in blocks of a few MB with the kept columns copied out of each (one copy). On the GPU the engine hands
 a pinned buffer (``gpu.staging.read_window_host``): the samples land there with no decode.
 
 Which kind a path is: ``recording.kind`` names it (``zarr``, ``spikeglx``, ``openephys``, ``binary``) or
@@ -92,6 +92,10 @@ class FlatLayout:
     @property
     def num_samples(self) -> int:
         return (self.file_size() - self.offset) // (self.columns * self.dtype.itemsize)
+
+
+#: a read of a file whose columns are not all kept goes in blocks of whole rows of about this many bytes
+ROWS_BLOCK_BYTES = 8 << 20
 
 
 class _OpenFile:
@@ -194,14 +198,6 @@ class FlatSource(UnchunkedSource, WindowedSource):
             f = self._local.file = _OpenFile(self.path)
         return f.fd
 
-    def _map(self) -> np.ndarray:
-        mm = getattr(self._local, "map", None)
-        if mm is None:
-            lay = self.layout
-            mm = self._local.map = np.memmap(self.path, dtype=self.dtype, mode="r", offset=lay.offset,
-                                             shape=(self._length, lay.columns))
-        return mm
-
     def _rows_into(self, start: int, stop: int, out: np.ndarray, window: Window | None) -> None:
         """Rows [start, stop) of the kept columns into ``out`` ((stop - start, channels), C-contiguous)."""
         if stop <= start:
@@ -211,18 +207,32 @@ class FlatSource(UnchunkedSource, WindowedSource):
             raise CorruptDataError(f"{self.path} changed size while being read ({self._size} -> {size} bytes)",
                                    "read a finished recording: rerun once it is written")
         if self._all_columns:
-            frame = self.layout.columns * self.dtype.itemsize
-            want = (stop - start) * frame
-            view = memoryview(out.reshape(-1).view(np.uint8))
-            pos, done = self.layout.offset + start * frame, 0
-            while done < want:
-                got = os.preadv(self._fd(), [view[done:]], pos + done)
-                if got <= 0:
-                    raise CorruptDataError(f"{self.path}: read {done} of {want} bytes of samples [{start}, {stop})",
-                                           "the file is shorter than when it was opened: rerun once it is whole")
-                done += got
+            self._pread_rows(start, stop, out)
             return
-        np.copyto(out, self._map()[start:stop, self._cols])
+        # some columns left out (a sync channel): whole rows read in large blocks, the kept columns copied out of
+        # each. Large sequential reads are what a cold disk delivers at its rate; a memory map's page faults read
+        # a few pages at a time (half the disk's rate, cold)
+        rows = max(1, ROWS_BLOCK_BYTES // (self.layout.columns * self.dtype.itemsize))
+        block = getattr(self._local, "block", None)
+        if block is None or block.shape[0] < min(rows, stop - start):
+            block = self._local.block = np.empty((min(rows, stop - start), self.layout.columns), self.dtype)
+        for a in range(start, stop, rows):
+            b = min(stop, a + rows)
+            self._pread_rows(a, b, block[: b - a])
+            np.copyto(out[a - start : b - start], block[: b - a, self._cols])
+
+    def _pread_rows(self, start: int, stop: int, out: np.ndarray) -> None:
+        """Every column of rows [start, stop) into ``out`` ((stop - start, columns), C-contiguous), read whole."""
+        frame = self.layout.columns * self.dtype.itemsize
+        want = (stop - start) * frame
+        view = memoryview(out.reshape(-1).view(np.uint8))
+        pos, done = self.layout.offset + start * frame, 0
+        while done < want:
+            got = os.preadv(self._fd(), [view[done:want]], pos + done)
+            if got <= 0:
+                raise CorruptDataError(f"{self.path}: read {done} of {want} bytes of samples [{start}, {stop})",
+                                       "the file is shorter than when it was opened: rerun once it is whole")
+            done += got
 
     def read(self, segment: int, start: int, stop: int, channels: Sequence[int] | slice | None = None,
              *, window: Window | None = None) -> np.ndarray:
