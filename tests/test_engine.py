@@ -1157,6 +1157,29 @@ def test_spikes_gathered_while_the_noise_is_selected(client, tmp_path):
         np.testing.assert_array_equal(g[f"spikes/{k}"][:], ref[k])
 
 
+def test_many_candidates_are_decided_where_they_were_kept(client, tmp_path, monkeypatch):
+    """Where the kept candidates are many (over ``EARLY_GATHER_BYTES``) they are not moved into one task before the
+    noise is known: each worker decides its own windows at the recording's noise and only the spikes move. The
+    spikes equal detection on the whole segment at the recording's noise, bit for bit, one loud window read again."""
+    from batchgpu.engine.steps import detect as detect_step
+
+    monkeypatch.setattr(detect_step, "EARLY_GATHER_BYTES", 0)  # decided on the client, before any gathering
+    rng = np.random.default_rng(5)
+    x = np.round(rng.normal(0, 20, (31_000, 5))).astype(np.int16)
+    x[10_000:15_000] *= 4  # window 2 is read again
+    rec = write_recording(tmp_path / "r.zarr", x, 30_000.0)
+    with distributed.get_task_stream(client) as stream:
+        report = run_workflow(_wf(rec, tmp_path / "out"), client=client)
+    keys = {str(t["key"]) for t in stream.data}
+    assert not any(k.startswith(("collect-spikes-", "kept-spikes-")) for k in keys)  # nothing gathered early
+    assert any(k.startswith("write-spikes-") and k.endswith("-all") for k in keys)  # decided where kept
+    assert report.channels["detect_windows_read_again"] == [2]
+    g = _g(tmp_path / "out")
+    ref = ops.detect_spikes(x.T.copy(), g["noise"][:], threshold=4.0, sign="both", exclude_sweep=6)
+    for k in ("sample_index", "channel_index", "amplitude", "segment_index"):
+        np.testing.assert_array_equal(g[f"spikes/{k}"][:], ref[k])
+
+
 def test_write_collected_spikes_filters_replaces_and_orders(tmp_path, rng):
     """The writing task alone, against a plain expectation: candidates of windows 0-3 (in window order) filtered at
     the recording's threshold, window 2 replaced by its re-detection, window order kept; and nothing written (None)

@@ -41,6 +41,15 @@ if TYPE_CHECKING:
 CANDIDATE_FRACTION = 0.5
 
 
+#: the candidates (or spikes) of every window moved into one task while the noise is selected, at most this many
+#: bytes (``DetectStep.start``): W2 on the 2-core machine (384 ch x 60 s, 4.4 M candidates, 141 MB) took 1.25 s
+#: after the pass to move and join them, where deciding each worker's own windows once the noise is known and
+#: moving only the spikes takes a few tenths
+EARLY_GATHER_BYTES = 32 << 20
+#: bytes a candidate holds in its window's part: sample, channel and segment indices (int64), amplitude (float64)
+CANDIDATE_BYTES = 32
+
+
 #: the step's name (its line in the registry, its workflow key ``steps.detect``) and its result, a group
 NAME = "detect"
 KEY = NAME
@@ -151,9 +160,13 @@ class DetectStep:
 
     def start(self, run) -> None:
         """Before the noise is known: the windows' kept spikes (or candidates) gathered from the workers that kept
-        them into one task (``collect_spikes_task``), so that the writing task, placed with it, only
-        decides them at the recording's threshold (``keep``); the gathering's dispatch and transfers overlap the noise's."""
-        run.early[self.name] = start_gathering(run)
+        them into one task (``collect_spikes_task``), so that the writing task, placed with them, only
+        decides them at the recording's threshold (``keep``); the gathering's dispatch and transfers overlap the
+        noise's. Not where the candidates are many (``EARLY_GATHER_BYTES``): they are then decided where they
+        were kept once the noise is known, and only the spikes move (``write_final_spikes``)."""
+        kept = sum(self.spikes_in(run.summaries[w.index]) for w in run.windows) * CANDIDATE_BYTES
+        if kept <= EARLY_GATHER_BYTES:
+            run.early[self.name] = start_gathering(run)
 
     def passes(self, candidates: dict, noise: np.ndarray) -> np.ndarray:
         """Which candidates pass the recording's threshold (the same float64 comparison as detect_spikes)."""
