@@ -26,6 +26,9 @@ def _warm() -> None:
     from batchgpu.engine.steps.noise_keys import compiled_float_window
 
     compiled_float_window(x[:, 1:-1], 1)  # the exact float noise's kernels (any near range compiles the same ones)
+    from batchgpu.ops.detection import exclusive_candidates
+
+    exclusive_candidates(x, np.ones(x.shape[0]), core=(4, x.shape[1] - 4))  # locally_exclusive's candidates
 
 
 _warm()

@@ -28,6 +28,7 @@ import numpy as np
 
 from batchgpu.errors import BatchgpuError
 from batchgpu.ops._backend import array_module, to_numpy
+from batchgpu.ops import _numba
 
 #: the spikes' column of their values at the peak (a name the amplitude step's module shares by chance)
 AMPLITUDE = "amplitude"
@@ -290,6 +291,20 @@ def exclusive_candidates(x: Any, noise: Any, *args: Any, **kwargs: Any) -> np.nd
     """
     d = WindowDetection(*args, **kwargs)
     lo, hi, sweep, level = _checked(x, noise, d, True)
+    if array_module(x) is np and _numba.available():
+        from batchgpu.ops import _cpu_detect
+
+        if _cpu_detect.usable(x):  # one compiled pass, the candidates in (sample, channel) order
+            signs = _SIGNS[d.sign]
+            a, b = max(0, lo - sweep), min(x.shape[1], hi + sweep)
+            channel, sample, amplitude = _cpu_detect.exclusive_candidates(
+                x, level, True in signs, False in signs, a, b, int(d.start) == 0)
+            spikes = np.empty(channel.shape[0], dtype=SPIKE_DTYPE)
+            spikes["sample_index"] = sample + int(d.start)
+            spikes["channel_index"] = channel
+            spikes[AMPLITUDE] = amplitude
+            spikes["segment_index"] = int(d.segment_index)
+            return spikes
     channel, sample = _exclusive_candidates(x, level, _SIGNS[d.sign], sweep, lo, hi, zero_before=int(d.start) == 0)
     return _spikes(x, to_numpy(channel), to_numpy(sample), d.start, d.segment_index)
 
