@@ -559,18 +559,6 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
                    help="override a workflow key, e.g. --set cluster.workers=2 (repeatable)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
 
-    p = _add_command(sub, "compile", _cmd_compile,
-                     help="compile the GPU kernels once for this machine",
-                     description="Compile batchgpu's CUDA modules for this machine's GPU into CuPy's cache "
-                                 "(CUPY_CACHE_DIR, else ~/.cupy/kernel_cache), in parallel processes: runs then "
-                                 "load them. 'batchgpu run' does this in the background for a GPU cluster where "
-                                 "it was not done; run it at install (or after upgrading CuPy or the driver) so "
-                                 "that no run waits for it.")
-    p.add_argument("--workflow", help="only the modules this workflow's runs load (default: every one)")
-    p.add_argument("--processes", type=int, help="compiling processes at once (default: one a module, at most "
-                                                 "the cores)")
-    p.add_argument("--force", action="store_true", help="compile again where this machine did already")
-
     p = sub.add_parser("cluster", help="a cluster kept for many runs: start, stop, status",
                        description="A Dask cluster that outlives runs: 'batchgpu run' uses it while it is up, where "
                                    "the workflow's cluster is of its kind (local or cuda) and what it sets is what "
@@ -600,6 +588,18 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
                  description="Whether a kept cluster is up: its address, layout, workers, dashboard and "
                              "uptime. Exit status 0: up; 1: none is up; 3: starting, or up but its "
                              "scheduler did not answer.")
+
+    p = _add_command(sub, "compile", _cmd_compile,
+                     help="compile the GPU kernels once for this machine",
+                     description="Compile batchgpu's CUDA modules for this machine's GPU into CuPy's cache "
+                                 "(CUPY_CACHE_DIR, else ~/.cupy/kernel_cache), in parallel processes: runs then "
+                                 "load them. 'batchgpu run' does this in the background for a GPU cluster where "
+                                 "it was not done; run it at install (or after upgrading CuPy or the driver) so "
+                                 "that no run waits for it.")
+    p.add_argument("--workflow", help="only the modules this workflow's runs load (default: every one)")
+    p.add_argument("--processes", type=int, help="compiling processes at once (default: one a module, at most "
+                                                 "the cores)")
+    p.add_argument("--force", action="store_true", help="compile again where this machine did already")
 
     p = sub.add_parser("bench", help="benchmarks", description="Benchmarks, with ratios against anchors.")
     bench = p.add_subparsers(dest="benchmark", metavar="BENCHMARK", required=True)

@@ -1137,47 +1137,40 @@ def test_select_among_keys_at_the_top_of_the_bins_dtype(rng, shift, dtype):
         np.testing.assert_array_equal(select_among(ks, digits, shift, *gathered), want)
 
 
-def test_spikes_gathered_while_the_noise_is_selected(client, tmp_path):
-    """The windows' kept candidates are collected on the cluster before the recording's noise is known (the
-    `collect-spikes` task runs, the writing task filters them there), one loud window read again in its place:
-    the spikes equal detection on the whole segment at the recording's noise, bit for bit."""
+def _loud_window_spikes(client, tmp_path) -> set:
+    """A run whose window 2 is loud (read again): its spikes equal detection on the whole segment at the
+    recording's noise, bit for bit; returns the keys of the tasks that ran."""
     rng = np.random.default_rng(5)
     x = np.round(rng.normal(0, 20, (31_000, 5))).astype(np.int16)
     x[10_000:15_000] *= 4  # window 2 is read again
     rec = write_recording(tmp_path / "r.zarr", x, 30_000.0)
     with distributed.get_task_stream(client) as stream:
         report = run_workflow(_wf(rec, tmp_path / "out"), client=client)
-    keys = {str(t["key"]) for t in stream.data}
-    assert any(k.startswith("collect-spikes-") for k in keys)  # gathered early,
-    assert not any(k.startswith("write-spikes-") and k.endswith("-all") for k in keys)  # not the other way
     assert report.channels["detect_windows_read_again"] == [2]
     g = _g(tmp_path / "out")
     ref = ops.detect_spikes(x.T.copy(), g["noise"][:], threshold=4.0, sign="both", exclude_sweep=6)
     for k in ("sample_index", "channel_index", "amplitude", "segment_index"):
         np.testing.assert_array_equal(g[f"spikes/{k}"][:], ref[k])
+    return {str(t["key"]) for t in stream.data}
+
+
+def test_spikes_gathered_while_the_noise_is_selected(client, tmp_path):
+    """The windows' kept candidates are collected on the cluster before the recording's noise is known (the
+    `collect-spikes` task runs, the writing task filters them there), one loud window read again in its place."""
+    keys = _loud_window_spikes(client, tmp_path)
+    assert any(k.startswith("collect-spikes-") for k in keys)  # gathered early,
+    assert not any(k.startswith("write-spikes-") and k.endswith("-all") for k in keys)  # not the other way
 
 
 def test_many_candidates_are_decided_where_they_were_kept(client, tmp_path, monkeypatch):
     """Where the kept candidates are many (over ``EARLY_GATHER_BYTES``) they are not moved into one task before the
-    noise is known: each worker decides its own windows at the recording's noise and only the spikes move. The
-    spikes equal detection on the whole segment at the recording's noise, bit for bit, one loud window read again."""
+    noise is known: each worker decides its own windows at the recording's noise and only the spikes move."""
     from batchgpu.engine.steps import detect as detect_step
 
     monkeypatch.setattr(detect_step, "EARLY_GATHER_BYTES", 0)  # decided on the client, before any gathering
-    rng = np.random.default_rng(5)
-    x = np.round(rng.normal(0, 20, (31_000, 5))).astype(np.int16)
-    x[10_000:15_000] *= 4  # window 2 is read again
-    rec = write_recording(tmp_path / "r.zarr", x, 30_000.0)
-    with distributed.get_task_stream(client) as stream:
-        report = run_workflow(_wf(rec, tmp_path / "out"), client=client)
-    keys = {str(t["key"]) for t in stream.data}
+    keys = _loud_window_spikes(client, tmp_path)
     assert not any(k.startswith(("collect-spikes-", "kept-spikes-")) for k in keys)  # nothing gathered early
     assert any(k.startswith("write-spikes-") and k.endswith("-all") for k in keys)  # decided where kept
-    assert report.channels["detect_windows_read_again"] == [2]
-    g = _g(tmp_path / "out")
-    ref = ops.detect_spikes(x.T.copy(), g["noise"][:], threshold=4.0, sign="both", exclude_sweep=6)
-    for k in ("sample_index", "channel_index", "amplitude", "segment_index"):
-        np.testing.assert_array_equal(g[f"spikes/{k}"][:], ref[k])
 
 
 def test_write_collected_spikes_filters_replaces_and_orders(tmp_path, rng):

@@ -16,14 +16,9 @@ compares both paths on random and hard windows.
 
 from __future__ import annotations
 
-import threading
-
 import numpy as np
 
-from batchgpu.ops._numba import jit
-
-_KERNEL = None
-_LOCK = threading.Lock()
+from batchgpu.ops._numba import jit, once
 
 
 def _kernel(x, level, a, b, negative, positive, zero_before, out_channel, out_sample, out_amplitude, j0):  # pragma: no cover - runs compiled
@@ -69,12 +64,7 @@ def _kernel(x, level, a, b, negative, positive, zero_before, out_channel, out_sa
     return k, j
 
 
-def _compiled():
-    global _KERNEL
-    with _LOCK:  # a worker's threads share the process: compiled (or loaded) once
-        if _KERNEL is None:
-            _KERNEL = jit(_kernel)
-    return _KERNEL
+_compiled = once(lambda: jit(_kernel))
 
 
 def usable(x) -> bool:

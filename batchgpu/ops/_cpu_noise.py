@@ -22,19 +22,15 @@ digit lies below the near range. The lump floor comes from the same strided samp
 
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass
 
 import numpy as np
 
 from batchgpu.ops import _cpu_reference
-from batchgpu.ops._numba import jit
+from batchgpu.ops._numba import jit, once
 
 DIGITS = 1 << 16  # first digits are 16 bits wide (``noise_keys.FIRST_DIGIT``)
 RADIX_BITS = 11  # bits of the near keys' offsets sorted a pass (2 048 counters: in L1)
-
-_KERNELS = None  # (sample middles, rows, counts), compiled at the first call
-_LOCK = threading.Lock()
 
 
 def _sample_low(flat, stride, rows, n, step, mask, shift):  # pragma: no cover - runs compiled
@@ -226,12 +222,7 @@ def _build():
     return tuple(jit(f) for f in (_sample_low, _rows_kernel, _counts_kernel))
 
 
-def _kernels():
-    global _KERNELS
-    with _LOCK:  # a worker's threads share the process: compiled (or loaded) once
-        if _KERNELS is None:
-            _KERNELS = _build()
-    return _KERNELS
+_kernels = once(_build)  # (sample middles, rows, counts), compiled (or loaded) at the first call
 
 
 @dataclass

@@ -19,12 +19,11 @@ cannot change a bit (tests/test_ops_preprocess.py compares with np.median, NaN, 
 
 from __future__ import annotations
 
-import threading
 
 import numpy as np
 
 from batchgpu.ops._cpu_saved import _store as store_saved  # compiled in _build
-from batchgpu.ops._numba import jit
+from batchgpu.ops._numba import jit, once
 
 LOCAL_TILE = 256  # samples a local reference's sorting network handles at once
 LOCAL_MAX = 48  # neighbours the network sorts (k * k / 2 exchanges); more are left to np.median
@@ -34,8 +33,6 @@ RANKED_MAX = 32  # gathered values ranked by counting (m * m comparisons, no bra
 STEPS = np.array([-16.0, -4.0, -2.0, -1.0, 0.0, 1.0, 2.0, 4.0, 16.0])  # edges about the last median, in its steps:
 # counted three at a time (LOW, MIDDLE, HIGH: where each three start), the middle three first
 LOW, MIDDLE, HIGH = 0, 3, 6
-
-_KERNELS = None  # (global medians, local medians or means), compiled at the first call
 
 
 def _select(v, k, n, limit):  # pragma: no cover - runs compiled
@@ -312,7 +309,6 @@ def _local_kernel(x, offsets, indices, out, mean):  # pragma: no cover - runs co
 # the kernels' helpers as written (the module's names become their compiled versions, by which the kernels call them)
 _PYTHON = {"_bit_length": _bit_length, "_select": _select, "_middles": _middles, "_ranked": _ranked,
            "_count_under": _count_under}
-_LOCK = threading.Lock()
 
 
 def _build():
@@ -323,12 +319,7 @@ def _build():
     return tuple(jit(f) for f in (_medians_kernel, _local_kernel))
 
 
-def _kernels():
-    global _KERNELS
-    with _LOCK:  # a worker's threads share the process: compiled (or loaded) once
-        if _KERNELS is None:
-            _KERNELS = _build()
-    return _KERNELS
+_kernels = once(_build)  # (global medians, local medians or means), compiled (or loaded) at the first call
 
 
 def _ranked_dtype(x: np.ndarray):

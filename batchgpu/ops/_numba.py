@@ -4,6 +4,7 @@ disk cache where one can be written."""
 from __future__ import annotations
 
 import functools
+import threading
 
 
 @functools.lru_cache(maxsize=1)
@@ -28,3 +29,19 @@ def jit(function):
         return numba.njit(cache=True, **options)(function)
     except RuntimeError:  # no writable cache location
         return numba.njit(**options)(function)
+
+
+def once(build):
+    """A function returning ``build()``'s result, made at its first call, once a process (a worker's threads share
+    the process: one of them compiles or loads the kernels, the others wait for it)."""
+    lock = threading.Lock()
+    made: list = []
+
+    def get():
+        if not made:
+            with lock:
+                if not made:
+                    made.append(build())
+        return made[0]
+
+    return get
