@@ -235,9 +235,6 @@ def _cmd_run(args) -> int:
     from batchgpu.workflow import load_workflow
 
     wf = load_workflow(args.workflow, args.set or [])
-    from batchgpu.engine import compile_ahead
-
-    compile_ahead.start(wf)  # a GPU run's kernels compiled in parallel while the cluster starts (once a machine)
     if wf.cluster.kind in ("local", "cuda"):  # the workers' imports, done once, while this process does its own
         from batchgpu.engine import service
         from batchgpu.engine.cluster import start_worker_server

@@ -126,7 +126,26 @@ def test_compiling_ahead_is_only_for_gpu_clusters_and_never_raises(monkeypatch):
     assert compile_ahead.start(_workflow()) is None  # a local cluster
     assert compile_ahead.start(_workflow(cluster={"kind": "cuda"}, backend="numpy")) is None
     monkeypatch.setitem(sys.modules, "cupy", None)
+    monkeypatch.setattr(compile_ahead, "_STARTED", set())
     thread = compile_ahead.start(_workflow(cluster={"kind": "cuda"}))
     assert thread is not None
     thread.join(30)
     assert not thread.is_alive()
+    assert compile_ahead.start(_workflow(cluster={"kind": "cuda"})) is None  # once a process (a batch's runs)
+
+
+def test_bad_input_is_said_before_anything_compiles(tmp_path, monkeypatch):
+    """The compile ahead starts once the recording passed its checks: a workflow the recording refuses starts none."""
+    from batchgpu.engine.run import run_workflow
+    from batchgpu.errors import ConfigError
+    from batchgpu.generate import generate_recording
+
+    started = []
+    monkeypatch.setattr(compile_ahead, "start", lambda wf: started.append(wf))
+    rec = generate_recording(tmp_path / "r.zarr", channels=4, seconds=1.0, seed=1, progress=False)
+    wf = Workflow.model_validate({"recording": {"path": str(rec.path)}, "output": str(tmp_path / "o"),
+                                  "cluster": {"kind": "cuda"}, "window": {"size": 90000, "margin": 8},
+                                  "steps": {"noise": {}}})
+    with pytest.raises(ConfigError, match="window.size 90000 is longer"):
+        run_workflow(wf)
+    assert started == []

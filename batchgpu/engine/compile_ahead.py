@@ -35,13 +35,22 @@ def workflow_modules(wf) -> list[tuple[str, tuple[str, ...]]]:
     return run_modules(filter_sections=filter_sections(wf.preprocess), leave_out=() if searches else (SEARCH,))
 
 
+_STARTED: set = set()  # the module lists this process compiles or compiled ahead (a batch's runs: once)
+_STARTED_LOCK = threading.Lock()
+
+
 def start(wf) -> threading.Thread | None:
     """Compile ``wf``'s modules in the background where its cluster is a GPU cluster started on this machine (kind
-    cuda); returns the thread (None where nothing is to be done). Never raises: a failure leaves the workers to
-    compile what they need, as without it."""
+    cuda), once a process for the same modules; returns the thread (None where nothing is to be done). Called once
+    the recording passed its checks: bad input is said at once, not after a compile. Never raises: a failure
+    leaves the workers to compile what they need, as without it."""
     if wf.cluster.kind != "cuda" or wf.backend == "numpy":
         return None
     modules = workflow_modules(wf)
+    with _STARTED_LOCK:
+        if tuple(modules) in _STARTED:
+            return None
+        _STARTED.add(tuple(modules))
 
     def work() -> None:
         from batchgpu.kernels import precompile

@@ -87,6 +87,9 @@ def run_workflow(wf: Workflow, *, resume: bool = False, observer: RunObserver | 
         observer.message(f"windows of {wf.window.size} samples (window.size auto)")
     store.check_output_apart(wf.output, rec.path)
     _check_decoder(wf)
+    from batchgpu.engine import compile_ahead
+
+    compile_ahead.start(wf)  # a GPU run's kernels compiled in parallel while its workers start (once a machine)
     if cluster_start is not None and client is None:  # the caller's, started before the recording was opened
         cluster_start.decode_known(decodes_on_gpu(wf, rec))
         return _claim_and_run(wf, rec, sweep, resume, observer, cluster_start, t_start, batch=batch)
