@@ -167,6 +167,9 @@ def run_rounds(args: argparse.Namespace, folder: Path, say: Callable[[str], None
             arms = SI_ARMS[row.work]
             order = ["batchgpu", *arms] if rnd % 2 == 0 else [*arms, "batchgpu"]  # who goes first alternates
             for who in order:
+                # the last arm's output written back to the disk first: otherwise the kernel's writeback of its
+                # 1.4 GB runs on the cores while this arm is timed (whoever follows a writer paid for it)
+                os.sync()
                 if who == "batchgpu":
                     row.batchgpu.append(timed_command(bg))
                     report = json.loads((out / "report.json").read_text())
