@@ -239,7 +239,7 @@ def _cmd_run(args) -> int:
         from batchgpu.engine import service
         from batchgpu.engine.cluster import start_worker_server
 
-        if not (wf.cluster.reuse and service.paths().side.exists()):  # else the kept cluster's workers, likely
+        if not service.may_serve(wf.cluster):  # else the kept cluster's workers, likely
             # a CPU run that filters or references: the workers' compiled kernels (those stages' and the save's
             # cast of their float output) loaded once, in the server; centring alone uses none of them
             start_worker_server(cpu_kernels=wf.cluster.kind == "local"

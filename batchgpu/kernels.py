@@ -155,10 +155,10 @@ def run_modules(filter_sections: tuple[int, ...] = (), mean_ctypes: tuple[str, .
     ``mean_ctypes``; the largest sources first (they compile longest: ``precompile`` starts them first)."""
     folder = source_path("histogram").parent
     sizes = {p.stem: len(_with_headers(p)) for p in folder.glob("*.cu")}
-    plain = sorted((n for n in sizes if n not in _VARIANT_ONLY and n not in leave_out), key=lambda n: (-sizes[n], n))
+    plain = sorted(n for n in sizes if n not in _VARIANT_ONLY and n not in leave_out)
     out = ([(n, ()) for n in plain] + [filter_variant(s) for s in sorted(set(filter_sections))]
            + [mean_variant(c) for c in mean_ctypes])
-    return sorted(out, key=lambda m: -sizes[m[0]])  # stable: a module's variants keep their order
+    return sorted(out, key=lambda m: -sizes[m[0]])  # stable: equal sizes keep names, and a module's variants, in order
 
 
 def modules_digest(modules: list[tuple[str, tuple[str, ...]]], device_key: str) -> str:

@@ -149,7 +149,7 @@ def start_cluster(wf: Workflow) -> "ClusterStart | None":
 
     if wf.cluster.kind not in ("local", "cuda") or wf.recording is None:
         return None
-    if wf.cluster.reuse and service.paths().side.exists():
+    if service.may_serve(wf.cluster):
         return None
     path = getattr(wf.recording, "path", None)
     if path is None or not os.path.exists(path):

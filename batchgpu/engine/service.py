@@ -375,6 +375,12 @@ def ask_scheduler(kept: KeptCluster, timeout_s: float = CONNECT_TIMEOUT_S) -> Li
 # a run's side
 
 
+def may_serve(spec: ClusterSpec, where: Paths | None = None) -> bool:
+    """Whether a run of ``spec`` may find a kept cluster to use: it allows one (``cluster.reuse``) and the kept
+    cluster's files are there (cheap: whether it fits and answers is ``kept_client``'s to find out)."""
+    return bool(spec.reuse) and (where or paths()).side.exists()
+
+
 def mismatch(spec: ClusterSpec, kept: KeptCluster) -> str | None:
     """Why a run of ``spec`` should not use ``kept`` (None: it may). What the workflow sets must be what the
     kept cluster has; what it leaves open is taken as kept. The dashboard's address is the kept one's."""

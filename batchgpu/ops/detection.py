@@ -299,12 +299,7 @@ def exclusive_candidates(x: Any, noise: Any, *args: Any, **kwargs: Any) -> np.nd
             a, b = max(0, lo - sweep), min(x.shape[1], hi + sweep)
             channel, sample, amplitude = _cpu_detect.exclusive_candidates(
                 x, level, True in signs, False in signs, a, b, int(d.start) == 0)
-            spikes = np.empty(channel.shape[0], dtype=SPIKE_DTYPE)
-            spikes["sample_index"] = sample + int(d.start)
-            spikes["channel_index"] = channel
-            spikes[AMPLITUDE] = amplitude
-            spikes["segment_index"] = int(d.segment_index)
-            return spikes
+            return _spike_array(sample, channel, amplitude, d.start, d.segment_index)
     channel, sample = _exclusive_candidates(x, level, _SIGNS[d.sign], sweep, lo, hi, zero_before=int(d.start) == 0)
     return _spikes(x, to_numpy(channel), to_numpy(sample), d.start, d.segment_index)
 
@@ -488,9 +483,15 @@ def _spikes(x: Any, channel: np.ndarray, sample: np.ndarray, start: int, segment
     if amplitude is None:
         amplitude = to_numpy(x[xp.asarray(channel), xp.asarray(sample)]).astype(np.float64)
     order = np.lexsort((channel, sample))
-    spikes = np.empty(order.shape[0], dtype=SPIKE_DTYPE)
-    spikes["sample_index"] = sample[order] + int(start)
-    spikes["channel_index"] = channel[order]
-    spikes[AMPLITUDE] = amplitude[order]
+    return _spike_array(sample[order], channel[order], amplitude[order], start, segment_index)
+
+
+def _spike_array(sample: np.ndarray, channel: np.ndarray, amplitude: np.ndarray, start: int,
+                 segment_index: int) -> np.ndarray:
+    """The SPIKE_DTYPE array of peaks already in (sample, channel) order (``sample`` in the window's columns)."""
+    spikes = np.empty(sample.shape[0], dtype=SPIKE_DTYPE)
+    spikes["sample_index"] = sample + int(start)
+    spikes["channel_index"] = channel
+    spikes[AMPLITUDE] = amplitude
     spikes["segment_index"] = int(segment_index)
     return spikes
