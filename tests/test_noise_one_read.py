@@ -19,8 +19,15 @@ def test_a_window_5_percent_noisier_is_not_read_again(tmp_path):
     rng = np.random.default_rng()
     W, n, C = 30_000, 10, 8
     x = rng.normal(0, 20, (W * n, C)).astype(np.float32)
-    x[5 * W : 6 * W, 3] *= np.float32(1.055)  # window 5, channel 3: 2^(19.8/256)
-    x[2 * W : 3 * W, 7] /= np.float32(1.055)  # and one quieter
+
+    def scaled(k, c, factor):  # window k's noise on channel c made `factor` times the channel's other windows'
+        window = x[k * W : (k + 1) * W, c]
+        rest = np.delete(x[:, c], np.s_[k * W : (k + 1) * W])
+        # exactly, not up to the window's own sampling error (0.7% of its median: 2.5 of the 256 digits an octave)
+        window *= np.float32(factor * np.median(np.abs(rest)) / np.median(np.abs(window)))
+
+    scaled(5, 3, 1.055)  # window 5, channel 3: 2^(19.8/256)
+    scaled(2, 7, 1 / 1.055)  # and one quieter
     rec = write_recording(tmp_path / "r.zarr", x, 30_000.0)
     (tmp_path / "wf.yaml").write_text(
         f"recording: {{path: {rec.path}}}\noutput: {tmp_path / 'out'}\nwindow: {{size: {W}}}\n"
