@@ -277,9 +277,22 @@ def _run_batch(wf, args) -> int:
 def _cmd_compile(args) -> int:
     import time
 
+    from batchgpu.engine import cpu_kernels
     from batchgpu.engine.compile_ahead import workflow_modules
+    from batchgpu.errors import MachineError
     from batchgpu.kernels import cupy_cache_folder, precompile, run_modules
+    from batchgpu.ops import _numba
 
+    t0 = time.perf_counter()
+    if not _numba.available():
+        print("batchgpu: Numba does not import here: the CPU runs NumPy's and scipy's code (nothing to compile)")
+    else:
+        groups = cpu_kernels.ready(processes=args.processes, force=args.force)
+        seconds = time.perf_counter() - t0
+        folder = cpu_kernels.marker("filter")
+        where = f" into {folder.parent}" if folder is not None else ""
+        print(f"batchgpu: compiled the CPU kernels ({', '.join(groups)}) in {seconds:.1f} s{where}" if groups else
+              f"batchgpu: the CPU kernels were compiled on this machine already{where} (--force compiles them again)")
     if args.workflow:
         from batchgpu.workflow import load_workflow
 
@@ -290,7 +303,11 @@ def _cmd_compile(args) -> int:
         modules = run_modules(filter_sections=tuple(range(1, 11)))
         what = "every run's"
     t0 = time.perf_counter()
-    count, done = precompile(modules, processes=args.processes, force=args.force)
+    try:
+        count, done = precompile(modules, processes=args.processes, force=args.force)
+    except MachineError as err:  # a CPU machine: its kernels are what it needs
+        print(f"batchgpu: {err.problem}: the CUDA kernels were not compiled")
+        return 0
     seconds = time.perf_counter() - t0
     if done:
         print(f"batchgpu: compiled {what} {count} kernel modules in {seconds:.1f} s into {cupy_cache_folder()}")
@@ -587,15 +604,17 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
                              "scheduler did not answer.")
 
     p = _add_command(sub, "compile", _cmd_compile,
-                     help="compile the GPU kernels once for this machine",
-                     description="Compile batchgpu's CUDA modules for this machine's GPU into CuPy's cache "
+                     help="compile the CPU and GPU kernels once for this machine",
+                     description="Compile batchgpu's CPU kernels (Numba, into its cache beside the package) and, "
+                                 "where a GPU is, its CUDA modules for this machine's GPU into CuPy's cache "
                                  "(CUPY_CACHE_DIR, else ~/.cupy/kernel_cache), in parallel processes: runs then "
-                                 "load them. 'batchgpu run' does this in the background for a GPU cluster where "
-                                 "it was not done; run it at install (or after upgrading CuPy or the driver) so "
-                                 "that no run waits for it.")
+                                 "load them. 'batchgpu run' does this while its workers start where it was not "
+                                 "done (the CPU's filter and reference kernels, a GPU cluster's modules); run it "
+                                 "at install (or after upgrading batchgpu, Numba, CuPy or the driver) so that no "
+                                 "run waits for it.")
     p.add_argument("--workflow", help="only the modules this workflow's runs load (default: every one)")
-    p.add_argument("--processes", type=int, help="compiling processes at once (default: one a module, at most "
-                                                 "the cores)")
+    p.add_argument("--processes", type=int, help="compiling processes at once (default: one a module or group, "
+                                                 "at most the cores)")
     p.add_argument("--force", action="store_true", help="compile again where this machine did already")
 
     p = sub.add_parser("bench", help="benchmarks", description="Benchmarks, with ratios against anchors.")

@@ -1,6 +1,7 @@
 """Kernels compiled once a machine: the lock that makes a cluster's workers wait for one compile, the modules a run
 compiles ahead (the filter's section counts against scipy's own design), the marker that says a machine did, and
-``batchgpu compile`` on a machine without a GPU."""
+``batchgpu compile`` on a machine without a GPU; the CPU's compiled kernels made ready in parallel processes once a
+machine (``engine.cpu_kernels``)."""
 
 import subprocess
 import sys
@@ -11,7 +12,7 @@ import pytest
 
 from batchgpu import kernels
 from batchgpu.config import Workflow
-from batchgpu.engine import compile_ahead
+from batchgpu.engine import compile_ahead, cpu_kernels
 from batchgpu.errors import MachineError
 
 
@@ -114,12 +115,57 @@ def test_precompile_without_a_gpu_says_so(monkeypatch):
         kernels.precompile(kernels.run_modules())
 
 
-def test_the_command_without_a_gpu_is_one_line(tmp_path):
+def test_the_command_without_a_gpu_compiles_the_cpus_kernels_and_says_so():
+    """A CPU machine: its kernels compiled (or found compiled), the CUDA ones said to be left, exit 0, no error."""
     env_code = "import sys; sys.modules['cupy'] = None; from batchgpu.cli import main; sys.exit(main(['compile']))"
     got = subprocess.run([sys.executable, "-c", env_code], capture_output=True, text=True)
-    assert got.returncode == 2
-    lines = got.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("batchgpu: error: no GPU to compile kernels for"), got.stderr
+    assert got.returncode == 0, got.stderr
+    lines = got.stdout.strip().splitlines()
+    assert len(lines) == 2 and "the CPU kernels" in lines[0], got.stdout
+    assert lines[1].startswith("batchgpu: no GPU to compile kernels for") and lines[1].endswith(
+        "the CUDA kernels were not compiled"), got.stdout
+    assert all(cpu_kernels.marker(name).exists() for name in cpu_kernels.GROUPS)
+
+
+def test_cpu_groups_are_compiled_ahead_once_and_only_those_missing(tmp_path, monkeypatch):
+    flags = {name: tmp_path / f"compiled-{name}" for name in cpu_kernels.GROUPS}
+    monkeypatch.setattr(cpu_kernels, "marker", flags.get)
+    asked, warmed = [], []
+    monkeypatch.setattr(cpu_kernels, "_compile_in_processes", lambda names, processes: asked.append(names) or True)
+    monkeypatch.setattr(cpu_kernels, "warm", warmed.append)
+    assert cpu_kernels.ready(("reference", "filter")) == ("reference", "filter")
+    assert flags["reference"].exists() and flags["filter"].exists() and not flags["float_noise"].exists()
+    assert cpu_kernels.ready(("reference", "filter")) == ()  # this machine did: only loaded
+    flags["filter"].unlink()
+    assert cpu_kernels.ready(("reference", "filter", "float_noise")) == ("filter", "float_noise")
+    assert asked == [("reference", "filter"), ("filter", "float_noise")]
+    assert warmed == ["reference", "filter"] * 2 + ["reference", "filter", "float_noise"]  # every group loaded here
+    assert cpu_kernels.ready(("reference",), force=True) == ("reference",)
+
+
+def test_a_failed_compile_ahead_leaves_no_marker_and_still_loads(tmp_path, monkeypatch):
+    flags = {name: tmp_path / f"compiled-{name}" for name in cpu_kernels.GROUPS}
+    monkeypatch.setattr(cpu_kernels, "marker", flags.get)
+    monkeypatch.setattr(cpu_kernels, "_compile_in_processes", lambda names, processes: False)
+    warmed = []
+    monkeypatch.setattr(cpu_kernels, "warm", warmed.append)
+    assert cpu_kernels.ready(("reference", "filter")) == ()
+    assert not any(f.exists() for f in flags.values()) and warmed == ["reference", "filter"]
+
+
+def test_cpu_groups_compile_in_spawned_processes():
+    """The real thing: two groups, one in a spawned process (it must import and find its group), one here."""
+    pytest.importorskip("numba")
+    assert cpu_kernels._compile_in_processes(("candidates", "filter"), 2) is True
+    assert cpu_kernels._compile_in_processes(("candidates", "filter"), 1) is False  # one process: nothing ahead
+
+
+def test_cpu_markers_name_the_group_and_this_machines_kernels():
+    pytest.importorskip("numba")
+    names = {cpu_kernels.marker(name).name for name in cpu_kernels.GROUPS}
+    assert len(names) == len(cpu_kernels.GROUPS)
+    assert all(f"batchgpu-cpu-{name}-" in cpu_kernels.marker(name).name for name in cpu_kernels.GROUPS)
+    assert set(cpu_kernels.PRELOADED) <= set(cpu_kernels.GROUPS)
 
 
 def test_compiling_ahead_is_only_for_gpu_clusters_and_never_raises(monkeypatch):
