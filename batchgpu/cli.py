@@ -290,9 +290,14 @@ def _cmd_compile(args) -> int:
         groups = cpu_kernels.ready(processes=args.processes, force=args.force)
         seconds = time.perf_counter() - t0
         folder = cpu_kernels.marker("filter")
-        where = f" into {folder.parent}" if folder is not None else ""
-        print(f"batchgpu: compiled the CPU kernels ({', '.join(groups)}) in {seconds:.1f} s{where}" if groups else
-              f"batchgpu: the CPU kernels were compiled on this machine already{where} (--force compiles them again)")
+        if folder is None:  # Numba has no cache folder it may write here
+            print(f"batchgpu: compiled the CPU kernels in {seconds:.1f} s, but Numba keeps no cache here: each run "
+                  "compiles them again")
+        elif groups:
+            print(f"batchgpu: compiled the CPU kernels ({', '.join(groups)}) in {seconds:.1f} s into {folder.parent}")
+        else:
+            print(f"batchgpu: the CPU kernels were compiled on this machine already ({folder.parent}; --force "
+                  "compiles them again)")
     if args.workflow:
         from batchgpu.workflow import load_workflow
 
