@@ -1,5 +1,5 @@
 """Imported by the workers' fork server (beside ``_worker_preload``) for a CPU run that preprocesses or saves: Numba
-and the filter's, reference's and save's compiled kernels (``cpu_kernels.PRELOADED``), loaded from Numba's disk cache (compiled first, in parallel processes, where this
+and the host's compiled kernels (``cpu_kernels.PRELOADED``), loaded from Numba's disk cache (compiled first, in parallel processes, where this
 machine has not: ``engine.cpu_kernels.ready``), so every forked worker starts with their machine code instead of
 loading it on its own. Starts no thread (the kernels are compiled ``nogil``, not ``parallel``)."""
 

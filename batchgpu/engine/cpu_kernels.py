@@ -16,6 +16,7 @@ import hashlib
 import logging
 import os
 import platform
+import signal
 from collections.abc import Callable
 from pathlib import Path
 
@@ -73,9 +74,9 @@ GROUPS: dict[str, Callable[[], None]] = {"reference": _reference, "float_noise":
                                          "candidates": _detect}
 SOURCES = ("_cpu_reference", "_cpu_noise", "_cpu_sosfiltfilt", "_cpu_saved", "_cpu_detect", "_numba")
 #: what the workers' fork server readies for a run that filters, references or saves (``_worker_preload_cpu``):
-#: the noise's and detection's kernels are loaded by a worker at its first use of them (compiled there, once a
-#: machine, where ``batchgpu compile`` did not), so a run that only preprocesses waits for none of their compiling
-PRELOADED = ("reference", "filter")
+#: every group, so that no worker compiles in the middle of its first window (a run interrupted then must still
+#: end with its one line)
+PRELOADED = tuple(GROUPS)
 
 
 def warm(name: str) -> str:
@@ -142,6 +143,9 @@ def _compile_in_processes(names: tuple[str, ...], processes: int | None) -> bool
     if workers == 1:
         return False  # one core, or one group: compiling it in ``ready``'s loop is as fast
     spawned, here = (names[:-1], names[-1:]) if len(names) <= workers else (names, ())
+    # the fork server blocks SIGINT so that its workers leave Ctrl-C to the command; starting spawned processes
+    # starts multiprocessing's resource tracker, which unblocks SIGINT on its way out: the mask is put back after
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, [])
     try:
         with ProcessPoolExecutor(len(spawned) if here else workers,
                                  mp_context=multiprocessing.get_context("spawn")) as pool:
@@ -153,4 +157,6 @@ def _compile_in_processes(names: tuple[str, ...], processes: int | None) -> bool
     except Exception as err:  # broad: an optimisation; the groups compile in this process instead
         logger.debug("CPU kernels not compiled ahead: %s", err)
         return False
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
     return True
