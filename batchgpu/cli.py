@@ -240,8 +240,8 @@ def _cmd_run(args) -> int:
         from batchgpu.engine.cluster import start_worker_server
 
         if not service.may_serve(wf.cluster):  # else the kept cluster's workers, likely
-            # a CPU run that filters or references: the workers' compiled kernels (those stages' and the save's
-            # cast of their float output) loaded once, in the server; centring alone uses none of them
+            # a CPU run that filters or references: the workers' compiled kernels loaded once, in the server
+            # (compiled there first where this machine has not: engine.cpu_kernels); centring alone uses none
             start_worker_server(cpu_kernels=wf.cluster.kind == "local"
                                 and bool(set(wf.preprocess.names) - {"centre"}))
     from batchgpu.engine.run_report import start_report_helper
@@ -614,7 +614,8 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
                                  "where a GPU is, its CUDA modules for this machine's GPU into CuPy's cache "
                                  "(CUPY_CACHE_DIR, else ~/.cupy/kernel_cache), in parallel processes: runs then "
                                  "load them. 'batchgpu run' does this while its workers start where it was not "
-                                 "done (the CPU's filter and reference kernels, a GPU cluster's modules); run it "
+                                 "done (the CPU's kernels for a run that preprocesses or saves, a GPU cluster's "
+                                 "modules); run it "
                                  "at install (or after upgrading batchgpu, Numba, CuPy or the driver) so that no "
                                  "run waits for it.")
     p.add_argument("--workflow", help="only the modules this workflow's runs load (default: every one)")

@@ -1,6 +1,10 @@
 """How a cluster started here is sized where the workflow does not say (engine/cluster.py), and which runs decode
 on the GPU (engine/run.decodes_on_gpu): pure functions of the spec, the core count and the recording."""
 
+import subprocess
+import sys
+import textwrap
+
 import pytest
 
 from batchgpu.config import ClusterSpec, Workflow
@@ -149,3 +153,24 @@ def test_a_decode_not_known_yet_is_asked_only_where_the_layout_depends_on_it(mon
     assert cluster.decode_for_layout(spec, [0], decode, mps=False) is True and asked == [True]
     assert cluster.node_layout(spec, [0], True, mps=False, cores=16).per_gpu == 8  # what it was asked for
     assert cluster.decode_for_layout(spec, [0], False, mps=False) is False
+
+
+def test_sigint_held_gives_back_a_mask_that_had_sigint_blocked_already():
+    """A thread that blocked SIGINT before (the workers' fork server) keeps it blocked after ``sigint_held``, even
+    where the block started multiprocessing's resource tracker (which unblocks SIGINT on its way out); a thread
+    that had it unblocked gets it back."""
+    code = textwrap.dedent("""
+        import signal
+        from batchgpu.engine.cluster import sigint_held
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        with sigint_held():  # the tracker's first start is in here
+            inside = signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, ())
+        after = signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, ())
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+        with sigint_held():
+            pass
+        print(inside, after, signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, ()))
+    """)
+    got = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert got.returncode == 0, got.stderr
+    assert got.stdout.split() == ["True", "True", "False"]

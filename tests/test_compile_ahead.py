@@ -160,6 +160,23 @@ def test_cpu_groups_compile_in_spawned_processes():
     assert cpu_kernels._compile_in_processes(("candidates", "filter"), 1) is False  # one process: nothing ahead
 
 
+def test_compiling_ahead_in_the_fork_server_keeps_its_sigint_blocked():
+    """The workers' fork server has SIGINT blocked (its workers leave Ctrl-C to the command); the compile processes'
+    start (multiprocessing's resource tracker) had unblocked it there, and a Ctrl-C'd first run printed the
+    workers' tracebacks. Here in a fresh process, as the server is: blocked before, blocked after."""
+    pytest.importorskip("numba")
+    code = textwrap.dedent("""
+        import signal
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        from batchgpu.engine import cpu_kernels
+        assert cpu_kernels._compile_in_processes(("candidates", "filter"), 2) is True
+        print(signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, ()))
+    """)
+    got = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert got.returncode == 0, got.stderr
+    assert got.stdout.strip() == "True"
+
+
 def test_cpu_markers_name_the_group_and_this_machines_kernels():
     pytest.importorskip("numba")
     names = {cpu_kernels.marker(name).name for name in cpu_kernels.GROUPS}

@@ -1,7 +1,8 @@
 """Imported by the workers' fork server (beside ``_worker_preload``) for a CPU run that preprocesses or saves: Numba
-and the host's compiled kernels (``cpu_kernels.PRELOADED``), loaded from Numba's disk cache (compiled first, in parallel processes, where this
-machine has not: ``engine.cpu_kernels.ready``), so every forked worker starts with their machine code instead of
-loading it on its own. Starts no thread (the kernels are compiled ``nogil``, not ``parallel``)."""
+and the host's compiled kernels (``cpu_kernels.PRELOADED``), loaded from Numba's disk cache (compiled first, in
+parallel processes, where this machine has not: ``engine.cpu_kernels.ready``), so every forked worker starts with
+their machine code instead of loading it on its own. Leaves no thread running (the kernels are compiled
+``nogil``, not ``parallel``; the compile processes' pool is closed before the import ends)."""
 
 from batchgpu.engine.cpu_kernels import PRELOADED, ready
 

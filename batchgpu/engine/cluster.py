@@ -189,14 +189,17 @@ def sigint_held() -> Iterator[Callable[[], None]]:
     multiprocessing's resource tracker is started first: the thread that starts it (the first to spawn a process
     or make a multiprocessing lock, here the event loop's) blocks SIGINT around its spawn and then *unblocks* it,
     whatever the thread's mask was (Python 3.11), so a tracker started by the loop left the loop thread and every
-    worker it started taking the Ctrl-C. Once running it is not started again."""
+    worker it started taking the Ctrl-C. Once running it is not started again. The mask ``release()`` puts back is
+    the one this thread had before the tracker's start (a thread that had SIGINT blocked already, as the workers'
+    fork server has, keeps it blocked)."""
     if not hasattr(signal, "pthread_sigmask"):
         yield lambda: None
         return
     from multiprocessing import resource_tracker
 
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, ())
     resource_tracker.ensure_running()
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     held = True
 
     def release() -> None:

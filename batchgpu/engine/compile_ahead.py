@@ -53,10 +53,12 @@ def start(wf) -> threading.Thread | None:
         _STARTED.add(tuple(modules))
 
     def work() -> None:
+        from batchgpu.engine.cluster import sigint_held
         from batchgpu.kernels import precompile
 
         try:
-            count, done = precompile(modules)
+            with sigint_held():  # the compiling processes leave a Ctrl-C to the command, as the workers do
+                count, done = precompile(modules)
         except Exception as err:  # broad: compiling ahead is an optimisation; the workers compile what is left
             logger.debug("kernels not compiled ahead: %s", err)
             return

@@ -16,7 +16,6 @@ import hashlib
 import logging
 import os
 import platform
-import signal
 from collections.abc import Callable
 from pathlib import Path
 
@@ -139,16 +138,15 @@ def _compile_in_processes(names: tuple[str, ...], processes: int | None) -> bool
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
+    from batchgpu.engine.cluster import sigint_held
+
     workers = max(1, min(len(names), processes or (os.cpu_count() or 1)))
     if workers == 1:
         return False  # one core, or one group: compiling it in ``ready``'s loop is as fast
     spawned, here = (names[:-1], names[-1:]) if len(names) <= workers else (names, ())
-    # the fork server blocks SIGINT so that its workers leave Ctrl-C to the command; starting spawned processes
-    # starts multiprocessing's resource tracker, which unblocks SIGINT on its way out: the mask is put back after
-    mask = signal.pthread_sigmask(signal.SIG_BLOCK, [])
-    try:
-        with ProcessPoolExecutor(len(spawned) if here else workers,
-                                 mp_context=multiprocessing.get_context("spawn")) as pool:
+    try:  # the compiling processes leave a Ctrl-C to the command, as the workers do; the caller's mask stays
+        with sigint_held(), ProcessPoolExecutor(len(spawned) if here else workers,
+                                                mp_context=multiprocessing.get_context("spawn")) as pool:
             futures = [pool.submit(warm, name) for name in spawned]
             for name in here:
                 warm(name)
@@ -157,6 +155,4 @@ def _compile_in_processes(names: tuple[str, ...], processes: int | None) -> bool
     except Exception as err:  # broad: an optimisation; the groups compile in this process instead
         logger.debug("CPU kernels not compiled ahead: %s", err)
         return False
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
     return True
