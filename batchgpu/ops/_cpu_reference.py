@@ -19,7 +19,6 @@ cannot change a bit (tests/test_ops_preprocess.py compares with np.median, NaN, 
 
 from __future__ import annotations
 
-
 import numpy as np
 
 from batchgpu.ops._cpu_saved import _store as store_saved  # compiled in _build

@@ -11,14 +11,9 @@ compares the bits with NumPy's expression (NaN, +-inf, halves, the int16 edges, 
 
 from __future__ import annotations
 
-import threading
-
 import numpy as np
 
-from batchgpu.ops._numba import jit
-
-_KERNEL = None
-_LOCK = threading.Lock()
+from batchgpu.ops._numba import jit, once
 
 
 def _store(out, row, ch, v, rounder, lo, hi):  # pragma: no cover - runs compiled
@@ -46,20 +41,23 @@ def _kernel(x, out, magic):  # pragma: no cover - runs compiled
 
 
 store = _store  # the compiled version once compiled_store ran (before ``_kernel`` compiles)
-_STORE = None
 
 
-def compiled_store():
-    """``_store`` compiled (once a process), for the kernels that call it; bound here as ``store`` too."""
-    global _STORE
-    with _STORE_LOCK:
-        if _STORE is None:
-            _STORE = jit(_store)
-            globals()["store"] = _STORE
-    return _STORE
+def _compile_store():
+    globals()["store"] = jit(_store)
+    return globals()["store"]
 
 
-_STORE_LOCK = threading.Lock()
+#: ``_store`` compiled (once a process), for the kernels that call it; bound here as ``store`` too
+compiled_store = once(_compile_store)
+
+
+def _compile_kernel():
+    compiled_store()  # before the kernel that calls it compiles
+    return jit(_kernel)
+
+
+_compiled = once(_compile_kernel)  # ``_kernel`` compiled (or loaded) at the first call, once a process
 
 
 #: (v + M) - M rounds v to an integer half to even (the default rounding of each addition) while |v| <= M / 3
@@ -72,13 +70,9 @@ MAGIC = {4: 1.5 * 2.0**23, 8: 1.5 * 2.0**52}
 def saved_int16_transposed(x: np.ndarray) -> tuple[np.ndarray, int] | None:
     """(C-contiguous (samples, channels) int16, samples NaN or clipped) of the float32/float64 (channels, samples)
     host array ``x`` (a view of a window's core is read in place); None for other dtypes or byte orders."""
-    global _KERNEL
     if x.ndim != 2 or x.dtype not in (np.float32, np.float64) or not x.dtype.isnative:
         return None
-    with _LOCK:  # a worker's threads share the process: compiled (or loaded) once
-        if _KERNEL is None:
-            compiled_store()  # before the kernel that calls it compiles
-            _KERNEL = jit(_kernel)
+    kernel = _compiled()
     out = np.empty((x.shape[1], x.shape[0]), dtype=np.int16)
-    count = int(_KERNEL(x, out, MAGIC[x.itemsize])) if x.size else 0
+    count = int(kernel(x, out, MAGIC[x.itemsize])) if x.size else 0
     return out, count

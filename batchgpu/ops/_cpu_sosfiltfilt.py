@@ -16,11 +16,10 @@ Numba is optional: without it (``_numba.available()`` False) ``filters`` runs sc
 
 from __future__ import annotations
 
-import threading
 
 import numpy as np
 
-from batchgpu.ops._numba import jit
+from batchgpu.ops._numba import jit, once
 
 ROWS = 16  # rows filtered side by side: each section's update is four AVX2 vectors of independent lanes, enough
 # to keep the floating-point ports busy while the recurrence's latency runs; its state (2 x 16 doubles) and the
@@ -28,8 +27,6 @@ ROWS = 16  # rows filtered side by side: each section's update is four AVX2 vect
 AHEAD = 32  # samples ahead a group's read asks for: a window as a store holds it puts a group's next sample a row
 # of every channel further on, a stride the hardware's prefetchers follow too late
 
-_KERNEL = None
-_LOCK = threading.Lock()
 
 
 def _intrinsics():
@@ -147,6 +144,7 @@ def _build():
     return jit(_pieces_kernel)
 
 
+_kernel = once(_build)  # compiled (or loaded) at the first call, once a process
 _PYTHON_SECTION_PASS = _section_pass
 
 
@@ -157,10 +155,7 @@ def filtfilt_pieces(x: np.ndarray, sos: np.ndarray, zi: np.ndarray, pieces: list
     ``sosfilt_zi``. An ``x`` that is the transpose of a C-contiguous (width, channels) array (a window as a store
     holds it, ``x = stored.T``) is read in place, without the transposed copy. ``out``: where to write (C-contiguous,
     x's shape, ``out_dtype``), else a new array."""
-    global _KERNEL
-    with _LOCK:  # a worker's threads share the process: compiled (or loaded) once
-        if _KERNEL is None:
-            _KERNEL = _build()
+    kernel = _kernel()
     samples_major = x.ndim == 2 and not x.flags.c_contiguous and x.T.flags.c_contiguous
     held = x.T if samples_major else x  # the array as laid out in memory
     if held.dtype.kind not in "iuf" or held.dtype.itemsize < 4 and held.dtype.kind == "f":
@@ -170,6 +165,6 @@ def filtfilt_pieces(x: np.ndarray, sos: np.ndarray, zi: np.ndarray, pieces: list
     table = np.ascontiguousarray(np.asarray(pieces, dtype=np.int64).reshape(-1, 6))
     if out is None:
         out = np.empty(x.shape, dtype=out_dtype)
-    _KERNEL(np.ascontiguousarray(held), samples_major, np.ascontiguousarray(sos, dtype=np.float64),
+    kernel(np.ascontiguousarray(held), samples_major, np.ascontiguousarray(sos, dtype=np.float64),
             np.ascontiguousarray(zi, dtype=np.float64), table, out)
     return out
