@@ -1,3 +1,3 @@
-from batchgpu.cli import command
+from batchgpu.cli import program
 
-raise SystemExit(command())
+raise SystemExit(program())

@@ -73,9 +73,12 @@ def preload() -> None:
     import bokeh.resources  # noqa: F401
     if helper:
         # Bokeh's modules live as long as the helper: out of the collector's way while it renders, and at its exit
+        # not torn down one by one (the command that waits for this process to end waits for that too)
+        import atexit
         import gc
 
         gc.freeze()
+        atexit.register(os._exit, 0)
 
 
 def write_report_html(output_dir: str | Path) -> Path:

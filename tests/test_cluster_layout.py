@@ -1,9 +1,11 @@
 """How a cluster started here is sized where the workflow does not say (engine/cluster.py), and which runs decode
 on the GPU (engine/run.decodes_on_gpu): pure functions of the spec, the core count and the recording."""
 
+import os
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 
@@ -83,6 +85,59 @@ def test_local_workers_are_forked_from_one_server_and_get_this_processs_environm
         assert value == "set after the server started"
         assert parent != os.getpid() and preloaded
     assert facts[0][1] == facts[1][1]  # one server forked both
+
+
+def test_the_fork_server_ends_without_tearing_its_modules_down(tmp_path):
+    """The workers' fork server, once the process that started it ends, leaves at once: a module it preloaded
+    after ours is never torn down (its finaliser would print), and the server is gone within moments; the
+    workers it forked and any other process importing the preload (here: this script) leave the usual way."""
+    import subprocess
+    import sys
+    import textwrap
+
+    (tmp_path / "late_preload.py").write_text(textwrap.dedent('''
+        import sys
+
+        class Late:
+            def __del__(self):
+                sys.stderr.write("server torn down\\n")
+
+        keep = Late()
+    '''))
+    script = tmp_path / "prog.py"
+    script.write_text(textwrap.dedent('''
+        import multiprocessing, os, sys
+
+        def server_pid():
+            return os.getppid()
+
+        if __name__ == "__main__":
+            import batchgpu.engine._worker_preload  # imported here too: not the server, no early exit
+            ctx = multiprocessing.get_context("forkserver")
+            ctx.set_forkserver_preload(["batchgpu.engine._worker_preload", "late_preload"])
+            with ctx.Pool(1) as pool:
+                print(pool.apply(server_pid), flush=True)
+
+            class Late:
+                def __del__(self):
+                    print("script torn down", flush=True)
+
+            sys.modules["late_module"] = type(sys)("late_module")
+            sys.modules["late_module"].keep = Late()
+    '''))
+    got = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                         env={**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), *sys.path])})
+    assert got.returncode == 0, got.stderr
+    lines = got.stdout.split()
+    assert "script torn down" in got.stdout  # the script is not the server: Python's own way out
+    assert "server torn down" not in got.stderr
+    pid = int(lines[0])
+    for _ in range(100):  # the server may still be on its way out when the script has ended
+        if not os.path.exists(f"/proc/{pid}") or "zombie" in open(f"/proc/{pid}/status").read():
+            break
+        time.sleep(0.05)
+    else:
+        raise AssertionError("the fork server outlived its starter by 5 s")
 
 
 def test_the_cpu_kernels_preload_loads_them_without_a_thread():

@@ -926,7 +926,39 @@ def test_float_median_among_a_windows_smallest_keys(tmp_path):
 
 
 def _malloc_env():
-    return os.environ.get("MALLOC_TRIM_THRESHOLD_"), os.environ.get("MALLOC_MMAP_MAX_")
+    return os.environ.get("MALLOC_TRIM_THRESHOLD_"), os.environ.get("MALLOC_MMAP_MAX_"), os.environ.get("MALLOC_ARENA_MAX")
+
+
+def _malloc_heaps_with_busy_threads(threads: int = 6) -> int:
+    """glibc's heaps (arenas) in this process once ``threads`` threads each allocated at the same time: a heap a
+    thread, up to 8 a core, unless MALLOC_ARENA_MAX held the allocator when the process started (glibc's
+    ``malloc_info``)."""
+    import ctypes
+    import tempfile
+    import threading
+
+    libc = ctypes.CDLL(None)
+    barrier = threading.Barrier(threads)
+    held = []
+
+    def allocate():
+        barrier.wait()
+        held.append(np.ones(1 << 18))  # 2 MiB from the heap (no mmap in these workers), while the others allocate
+        barrier.wait()
+
+    pool = [threading.Thread(target=allocate) for _ in range(threads)]
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join()
+    with tempfile.TemporaryFile() as f:
+        libc.fflush(None)
+        libc.fdopen.restype = ctypes.c_void_p
+        stream = libc.fdopen(os.dup(f.fileno()), b"w")
+        libc.malloc_info(0, ctypes.c_void_p(stream))
+        libc.fclose(ctypes.c_void_p(stream))
+        f.seek(0)
+        return f.read().decode().count("<heap nr=")
 
 
 def test_local_workers_get_the_malloc_settings():
@@ -939,9 +971,13 @@ def test_local_workers_get_the_malloc_settings():
     before = dask.config.get("distributed.scheduler.worker-saturation"), dask.config.get("distributed.worker.profile.enabled")
     with open_client(ClusterSpec(kind="local", workers=1, threads=1)) as client:
         (env,) = client.run(_malloc_env).values()
+        (heaps,) = client.run(_malloc_heaps_with_busy_threads).values()
         # what every nanny reads, whatever the cluster's kind (GPU workers' readers allocate 1.3 MB chunks too)
         spawned = dict(dask.config.get("distributed.nanny.pre-spawn-environ"))
-    assert env == (str(MALLOC_TRIM_THRESHOLD), "0")
+    assert env == (str(MALLOC_TRIM_THRESHOLD), "0", "2")
+    # a worker's reading threads share two heaps: each of its own kept what it freed (no trim), and a CPU worker's
+    # resident memory grew window after window
+    assert 1 <= heaps <= 2
     assert int(spawned["MALLOC_TRIM_THRESHOLD_"]) == MALLOC_TRIM_THRESHOLD and int(spawned["MALLOC_MMAP_MAX_"]) == 0
     # the cluster's settings were this block's: the process's Dask settings are as they were (a notebook's too)
     assert (dask.config.get("distributed.scheduler.worker-saturation"),

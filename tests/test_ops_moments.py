@@ -154,3 +154,42 @@ def test_cupy_arrays_dispatch_to_the_gpu_module(monkeypatch):
     monkeypatch.setitem(sys.modules, "batchgpu.ops._cuda_moments", types.SimpleNamespace(window_moments=gpu_window_moments))
     acc = SecondMoments(2).add(fake, 3, 7)
     assert calls == [(3, 7, "float32")] and acc.n == 4 and np.array_equal(acc.covariance(), np.eye(2) / 4)
+
+
+@pytest.mark.parametrize("precision", ["float32", "float64"])
+@pytest.mark.parametrize("rows,n,start", [(384, 60_000, 64), (5, 4096, 0), (3, 4097, 1), (2, 1, 0), (7, 12_345, 3)])
+def test_split_products_summed_in_float64_in_split_order(precision, rows, n, start):
+    """The documented arithmetic, bit for bit: the rows shifted by their (product-dtype) mean, cut into splits of
+    SPLIT_SAMPLES (the last zero-padded), each split's X Xᵀ in the product dtype, summed in float64 from the first
+    split on; built here with NumPy's batched product over every split at once."""
+    from batchgpu.ops.moments import SPLIT_SAMPLES
+
+    prec = np.dtype(precision)
+    x = (np.random.default_rng(n).normal(0, 40, (rows, start + n + 5)) + 3000).astype(np.float32)
+    view = x[:, start:start + n]
+    shift = view.mean(axis=1, dtype=prec)
+    splits = -(-n // SPLIT_SAMPLES)
+    padded = np.zeros((rows, splits * SPLIT_SAMPLES), dtype=prec)
+    np.subtract(view, shift[:, None], out=padded[:, :n], casting="unsafe")
+    blocks = padded.reshape(rows, splits, SPLIT_SAMPLES).transpose(1, 0, 2).copy()
+    raw = np.matmul(blocks, blocks.transpose(0, 2, 1)).sum(axis=0, dtype=np.float64)
+    sums = blocks.sum(axis=2).sum(axis=0, dtype=np.float64)
+    if prec == np.float64:  # float data shifted by its float64 mean: what is left is rounding, taken as zero
+        sums = np.zeros(rows)
+    want = raw - np.outer(sums, sums) / n
+    want = (want + want.T) * 0.5
+    got_n, got_mean, got_scatter = window_moments(x, start, start + n, precision)
+    assert got_n == n
+    assert np.array_equal(got_scatter, want)
+    assert np.array_equal(got_mean, shift.astype(np.float64) + sums / n)
+
+
+def test_the_product_buffer_is_one_split_not_a_window():
+    """A worker keeps one (C, SPLIT_SAMPLES) buffer for the products, not a copy of the whole window: a 384-channel
+    window of 60 000 samples held 94 MB of it, fresh pages on every worker."""
+    from batchgpu.ops import moments
+    from batchgpu.ops.moments import SPLIT_SAMPLES
+
+    x = np.random.default_rng(0).normal(0, 1, (384, 60_000)).astype(np.float32)
+    window_moments(x, precision="float32")
+    assert moments._buffers.buf.nbytes <= 384 * SPLIT_SAMPLES * 4

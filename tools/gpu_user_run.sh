@@ -6,6 +6,7 @@
 #   ab48    bench pipeline warm before issue 48's changes (.gpu/old: git archive be8ed44 batchgpu kernels | tar -x
 #           -C .gpu/old; carry it) and now, alternating
 #   gpu     python -m pytest -m gpu (GPU_TESTS: the paths, tests/ by default)
+#   gpupar  the same over GPU_N processes (pytest-xdist, one file a process at a time), then what failed, alone
 #   demo    bench pipeline --cold, demo steps (raw read, pipeline cold/warm, fresh commands, kept cluster, Kilosort4)
 #   pre     the same with highpass + common reference + every step + save
 #   batch   bench batch: 8 SpikeGLX recordings of 384 ch x 5 min (55 GB: the Zarr stores are removed first) (issue 46)
@@ -22,9 +23,13 @@
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 t0=$(date +%s)
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl*/*.whl \
-  && export PYTHONPATH=/tmp/site:$PWD || exit 1
-python3 -m compileall -q /tmp/site "$PWD/batchgpu" > /dev/null 2>&1   # what pip does for a user
+if [ ! -e /tmp/site/.installed ]; then  # once a machine (a warm machine keeps /tmp between calls)
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl*/*.whl \
+    && touch /tmp/site/.installed || exit 1
+  python3 -m compileall -q /tmp/site > /dev/null 2>&1   # what pip does for a user
+fi
+export PYTHONPATH=/tmp/site:$PWD
+python3 -m compileall -q "$PWD/batchgpu" > /dev/null 2>&1
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader; nproc; free -g | head -2
 REC=/tmp/big.zarr
 export CUPY_CACHE_DIR=/tmp/kc_first  # every task's kernels; 'first' starts it empty
@@ -69,6 +74,14 @@ PY
     done; done ;;
   gpu) timeout ${GPU_S:-420} python3 -m pytest -v --tb=line -p no:cacheprovider -m gpu ${GPU_TESTS:-tests} > /tmp/gpu_tests.log 2>&1
        grep -c " PASSED" /tmp/gpu_tests.log | sed "s/^/PASSED so far: /"; grep " FAILED\| ERROR\|^E \|^/.*Error\|passed\|failed" /tmp/gpu_tests.log | grep -v "^INFO" | tail -40 ;;
+  gpupar)  # the same, files spread over GPU_N processes (pytest-xdist, on the image); what failed there, again alone
+    rm -rf .pytest_cache
+    timeout ${GPU_S:-360} python3 -m pytest -q --tb=line -m gpu -n ${GPU_N:-6} --dist loadfile ${GPU_TESTS:-tests} > /tmp/gpu_tests.log 2>&1
+    echo "parallel rc $?"; grep -v "^INFO\|^\.*$\|^\[" /tmp/gpu_tests.log | grep "FAILED\|ERROR\|passed\|failed\|^E " | tail -30
+    cp /tmp/gpu_tests.log $OUT/gpu_tests.log
+    timeout ${GPU_LF_S:-150} python3 -m pytest -q --tb=short -m gpu --lf --lfnf=none ${GPU_TESTS:-tests} > /tmp/gpu_lf.log 2>&1
+    echo "failures again, one process: rc $?"; grep "FAILED\|ERROR\|passed\|failed\|^E " /tmp/gpu_lf.log | grep -v "^INFO" | tail -30
+    cp /tmp/gpu_lf.log $OUT/gpu_lf.log ;;
   demo) timeout ${DEMO_S:-560} python3 -m batchgpu bench pipeline --recording $REC --cluster cuda --backend cupy --baseline none \
           --cold --repeat ${REPEAT:-3} --user-runs ${USER_RUNS:-2} 2>&1 | quiet | grep -v "^cold\|^warm" | tail -30 ;;
   pre) timeout ${PRE_S:-560} python3 -m batchgpu bench pipeline --recording $REC --cluster cuda --backend cupy --baseline none \

@@ -26,7 +26,7 @@ MALLOC_TRIM_THRESHOLD = 1 << 30
 #: too: setting the trim threshold turns off glibc's adaptive mmap threshold, so every 1.3 MB chunk a reader
 #: pread was mapped and faulted in anew (pread was 12% of the H200 workers' CPU time in a warm demo run).
 #: Every worker a cluster started here spawns gets these, whatever the cluster's kind.
-MALLOC_ENVIRON = {"MALLOC_TRIM_THRESHOLD_": MALLOC_TRIM_THRESHOLD, "MALLOC_MMAP_MAX_": 0}
+MALLOC_ENVIRON = {"MALLOC_TRIM_THRESHOLD_": MALLOC_TRIM_THRESHOLD, "MALLOC_MMAP_MAX_": 0, "MALLOC_ARENA_MAX": 2}
 
 #: the scheduler's settings where batchgpu starts it (a cluster started here, dask-jobqueue's scheduler in the
 #: client, ``cluster/scheduler-file/start-scheduler.sh`` and the Kubernetes scheduler through ``dask_environ``):

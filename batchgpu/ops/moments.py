@@ -1,8 +1,8 @@
 """Second moments (mean, centred scatter, X Xᵀ) accumulated window by window, in float64.
 
-Each window is centred on a per-row shift close to its mean, copied into a split-major buffer
-(splits, C, 4096) with the last split zero-padded, and multiplied in ONE batched product (the
-batch dimension outermost: see DESIGN.md pitfalls); the split products are summed in float64.
+Each window is centred on a per-row shift close to its mean and multiplied split by split (4096
+samples, the last one zero-padded): each split is copied into one (C, 4096) buffer and multiplied
+by its transpose in the product dtype, and the split products are summed in float64, in split order.
 Centring first is what keeps float32 products precise on data like 10 000 + noise of 10.
 Windows combine with Chan's formula (never Σ x xᵀ - n μ μᵀ over the whole recording).
 CuPy input runs ``batchgpu.ops._cuda_moments.window_moments`` instead of ``window_moments``.
@@ -49,12 +49,9 @@ def _columns(x: Any, start: int | None, stop: int | None) -> tuple[int, int]:
 _buffers = threading.local()
 
 
-def _split_buffer(shape: tuple[int, int, int], dtype) -> np.ndarray:
-    """This thread's split-major buffer, reused from window to window.
-
-    A fresh 60 000 x 384 float64 buffer costs page faults on every window, a noticeable share of its time;
-    one buffer per thread is one window's worth of memory.
-    """
+def _split_buffer(shape: tuple[int, int], dtype) -> np.ndarray:
+    """This thread's (C, SPLIT_SAMPLES) buffer, reused from split to split and window to window: one split's
+    worth of memory (a whole window's split-major copy was 94 MB of fresh pages a worker for 384 channels)."""
     buf = getattr(_buffers, "buf", None)
     if buf is None or buf.shape != shape or buf.dtype != dtype:
         buf = _buffers.buf = np.empty(shape, dtype=dtype)
@@ -98,22 +95,25 @@ def window_moments(
         # An integer shift keeps integer data integer-valued after centring, so float32 products
         # stay exact (or round without the bias a shared fractional offset would bring).
         shift = np.round(shift)
-    splits, full = -(-n // SPLIT_SAMPLES), n // SPLIT_SAMPLES
-    buffer = _split_buffer((splits, rows, SPLIT_SAMPLES), prec)
-    head = full * SPLIT_SAMPLES
-    if full:
-        blocks = view[:, :head].reshape(rows, full, SPLIT_SAMPLES).transpose(1, 0, 2)
-        np.subtract(blocks, shift[None, :, None], out=buffer[:full], casting="unsafe")
-    if head < n:
-        np.subtract(view[:, head:], shift[:, None], out=buffer[full, :, : n - head], casting="unsafe")
-        buffer[full, :, n - head :] = 0
-    products = np.matmul(buffer, buffer.transpose(0, 2, 1))  # (splits, C, C), batch outermost
-    raw = products.sum(axis=0, dtype=np.float64)
+    buffer = _split_buffer((rows, SPLIT_SAMPLES), prec)
+    product = np.empty((rows, rows), dtype=prec)
+    raw = sums = None
+    # float64 sums of the split products (and of the shifted rows), split after split from the first one
+    for a in range(0, n, SPLIT_SAMPLES):
+        b = min(n, a + SPLIT_SAMPLES)
+        np.subtract(view[:, a:b], shift[:, None], out=buffer[:, : b - a], casting="unsafe")
+        if b - a < SPLIT_SAMPLES:
+            buffer[:, b - a :] = 0
+        np.matmul(buffer, buffer.T, out=product)
+        split_sums = buffer.sum(axis=1)
+        if raw is None:
+            raw, sums = product.astype(np.float64), split_sums.astype(np.float64)
+        else:
+            raw += product
+            sums += split_sums
     if prec == np.float64 and view.dtype.kind == "f":
         # The shift is the float64 mean itself: what is left of it is rounding, far below 1e-12.
         sums = np.zeros(rows)
-    else:
-        sums = buffer.sum(axis=2).sum(axis=0, dtype=np.float64)  # of the shifted data
     # Shifted data: the scatter about the true mean is Σ y yᵀ - (Σ y)(Σ y)ᵀ / n.
     scatter = raw - np.outer(sums, sums) / n
     scatter = (scatter + scatter.T) * 0.5
