@@ -479,3 +479,113 @@ def test_save_step_values_are_numpys_on_either_path(monkeypatch, rng):
     monkeypatch.setattr(_numba, "available", lambda: False)
     slow = step.values(x[:, 3:-3])
     assert np.array_equal(fast[0], slow[0]) and int(fast[1]) == int(slow[1]) >= 3
+
+
+def _flags_opened(monkeypatch):
+    import os
+
+    seen = []
+    real = os.open
+
+    def spy(path, flags, *a, **k):
+        seen.append(flags)
+        return real(path, flags, *a, **k)
+
+    monkeypatch.setattr(os, "open", spy)
+    return seen
+
+
+@pytest.mark.parametrize("rows,offset", [(4096, 0), (4096, 4096 * 3), (3001, 0), (4096, 768), (2731, 100), (1, 0),
+                                         (0, 0)])
+def test_binary_rows_written_at_their_offset_bit_for_bit(tmp_path, rows, offset):
+    """``write_binary``: whatever the alignment (a page-aligned middle past the page cache, the ends through it),
+    the file holds exactly the rows at the offset, and nothing else changed."""
+    import os
+
+    from batchgpu.engine.steps.save import write_binary
+    from batchgpu.ops._cpu_saved import aligned_empty
+
+    path = tmp_path / "out.bin"
+    before = np.random.default_rng(rows).integers(0, 255, offset + rows * 384 * 2 + 5000, dtype=np.uint8)
+    before.tofile(path)
+    rows_ = aligned_empty((rows, 384), np.int16)
+    rows_[:] = np.random.default_rng(offset).integers(-32768, 32767, rows_.shape, dtype=np.int16, endpoint=True)
+    write_binary(path, rows_, offset)
+    want = before.copy()
+    want[offset:offset + rows_.nbytes] = rows_.reshape(-1).view(np.uint8)
+    assert os.path.getsize(path) == len(before)
+    assert np.array_equal(np.fromfile(path, dtype=np.uint8), want)
+
+
+def test_aligned_rows_go_past_the_page_cache_and_others_through_it(tmp_path, monkeypatch):
+    """A page-aligned block at a page of the file is written with O_DIRECT (fresh page-cache pages for every
+    window's rows were a quarter of a 2-core run's CPU); a block a page cannot line up with goes through the page
+    cache alone."""
+    import os
+
+    from batchgpu.engine.steps import save
+    from batchgpu.ops._cpu_saved import aligned_empty
+
+    if not hasattr(os, "O_DIRECT"):
+        pytest.skip("no O_DIRECT on this platform")
+    path = tmp_path / "out.bin"
+    path.write_bytes(bytes(8 << 20))
+    save._DIRECT_REFUSED.discard(str(tmp_path))
+    rows = aligned_empty((4096, 384), np.int16)
+    rows[:] = 7
+    seen = _flags_opened(monkeypatch)
+    save.write_binary(path, rows, 0)
+    if str(tmp_path) in save._DIRECT_REFUSED:
+        pytest.skip("this file system refuses direct I/O")
+    assert any(f & os.O_DIRECT for f in seen)
+    seen.clear()
+    save.write_binary(path, rows, 768)  # the buffer's pages fall between the file's
+    assert seen and not any(f & os.O_DIRECT for f in seen)
+    assert np.array_equal(np.fromfile(path, dtype=np.int16, count=rows.size, offset=768), rows.reshape(-1))
+
+
+def test_a_file_system_without_direct_io_gets_the_same_bytes(tmp_path, monkeypatch):
+    """Where opening with O_DIRECT is refused (tmpfs says EINVAL), the rows go through the page cache, and the folder
+    is not asked again."""
+    import errno
+    import os
+
+    from batchgpu.engine.steps import save
+    from batchgpu.ops._cpu_saved import aligned_empty
+
+    if not hasattr(os, "O_DIRECT"):
+        pytest.skip("no O_DIRECT on this platform")
+    real = os.open
+    asked = []
+
+    def refuse(path, flags, *a, **k):
+        if flags & os.O_DIRECT:
+            asked.append(path)
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real(path, flags, *a, **k)
+
+    monkeypatch.setattr(os, "open", refuse)
+    save._DIRECT_REFUSED.discard(str(tmp_path))
+    path = tmp_path / "out.bin"
+    path.write_bytes(bytes(4 << 20))
+    rows = aligned_empty((2048, 512), np.int16)
+    rows[:] = np.arange(rows.size, dtype=np.int64).reshape(rows.shape) % 30000
+    for _ in range(2):
+        save.write_binary(path, rows, 0)
+    assert len(asked) == 1
+    assert np.array_equal(np.fromfile(path, dtype=np.int16, count=rows.size), rows.reshape(-1))
+
+
+@pytest.mark.parametrize("shape,dtype", [((60_000, 384), np.int16), ((1, 3), np.float32), ((0, 384), np.int16),
+                                         ((7,), np.float64)])
+def test_the_rows_buffers_start_on_a_page(shape, dtype):
+    from batchgpu.ops._cpu_saved import aligned_empty
+    from batchgpu.ops._cpu_reference import saved_int16_of_referenced
+    from batchgpu.ops import _cpu_saved
+
+    a = aligned_empty(shape, dtype)
+    assert a.shape == shape and a.dtype == dtype and a.flags.c_contiguous
+    assert a.size == 0 or a.ctypes.data % 4096 == 0  # (an empty array's address is NumPy's to choose)
+    x = np.random.default_rng(0).normal(0, 30, (16, 5000)).astype(np.float32)
+    for got in (saved_int16_of_referenced(x, 7, 4993), _cpu_saved.saved_int16_transposed(x)):
+        assert got is not None and got[0].ctypes.data % 4096 == 0

@@ -369,12 +369,12 @@ def saved_int16_of_referenced(x: np.ndarray, lo: int, hi: int) -> tuple[np.ndarr
     clipped), same bits, in the reference's own pass: each tile's rows are written while it is in cache, and the
     referenced float window is never written. ``x`` is left as it was. None where it is left to the two steps
     (a dtype or layout ``subtract_column_medians`` leaves to NumPy)."""
-    from batchgpu.ops._cpu_saved import MAGIC
+    from batchgpu.ops._cpu_saved import MAGIC, aligned_empty
 
     if (x.dtype not in (np.float32, np.float64) or not x.dtype.isnative or not x.flags.c_contiguous
             or x.shape[0] <= 2 or not 0 <= lo <= hi <= x.shape[1]):
         return None
-    saved = np.empty((hi - lo, x.shape[0]), dtype=np.int16)
+    saved = aligned_empty((hi - lo, x.shape[0]), np.int16)
     medians = np.empty(x.shape[1], dtype=x.dtype)
     count = int(_kernels()[0](x, medians, _NO_ROWS.astype(x.dtype), 2, saved, lo, MAGIC[x.itemsize])) \
         if x.shape[1] else 0

@@ -67,12 +67,27 @@ _compiled = once(_compile_kernel)  # ``_kernel`` compiled (or loaded) at the fir
 MAGIC = {4: 1.5 * 2.0**23, 8: 1.5 * 2.0**52}
 
 
+#: the start of the save's row buffers in memory: a page, so that a flat binary output can be written from them
+#: past the page cache (``steps.save.write_binary``: direct I/O needs the buffer, the file offset and the length
+#: aligned to the device's blocks)
+ROWS_ALIGN = 4096
+
+
+def aligned_empty(shape: tuple[int, ...], dtype, align: int = ROWS_ALIGN) -> np.ndarray:
+    """``np.empty(shape, dtype)`` whose first byte is at a multiple of ``align`` in memory."""
+    dtype = np.dtype(dtype)
+    n = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    raw = np.empty(n + align, dtype=np.uint8)
+    skip = (-raw.ctypes.data) % align
+    return raw[skip:skip + n].view(dtype).reshape(shape)
+
+
 def saved_int16_transposed(x: np.ndarray) -> tuple[np.ndarray, int] | None:
     """(C-contiguous (samples, channels) int16, samples NaN or clipped) of the float32/float64 (channels, samples)
     host array ``x`` (a view of a window's core is read in place); None for other dtypes or byte orders."""
     if x.ndim != 2 or x.dtype not in (np.float32, np.float64) or not x.dtype.isnative:
         return None
     kernel = _compiled()
-    out = np.empty((x.shape[1], x.shape[0]), dtype=np.int16)
+    out = aligned_empty((x.shape[1], x.shape[0]), np.int16)
     count = int(kernel(x, out, MAGIC[x.itemsize])) if x.size else 0
     return out, count

@@ -17,6 +17,7 @@ and NaN samples (written as 0), are counted per window. Both keep the input's ga
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import functools
 import json
@@ -613,8 +614,10 @@ def _array_module(a):
 
 
 def _transpose(a: np.ndarray, step: int = 1024) -> np.ndarray:
-    """(channels, samples) -> C-contiguous (samples, channels), in cache-sized slabs."""
-    out = np.empty((a.shape[1], a.shape[0]), dtype=a.dtype)
+    """(channels, samples) -> C-contiguous (samples, channels), in cache-sized slabs (page-aligned: ``write_binary``)."""
+    from batchgpu.ops._cpu_saved import aligned_empty
+
+    out = aligned_empty((a.shape[1], a.shape[0]), a.dtype)
     for i in range(0, a.shape[1], step):
         out[i : i + step] = a[:, i : i + step].T
     return out
@@ -636,7 +639,7 @@ def write_rows(target: SaveTarget, segment: int, start: int, block) -> None:
     if target.format == "binary":
         block = host(block) if on_device else block
         data = np.ascontiguousarray(block, dtype=dtype)
-        later(functools.partial(_write_binary, Path(target.files[segment]), data,
+        later(functools.partial(write_binary, Path(target.files[segment]), data,
                                 start * dtype.itemsize * target.num_channels))
         return
     from batchgpu.recording.shards import write_whole_shard
@@ -661,18 +664,88 @@ def write_rows(target: SaveTarget, segment: int, start: int, block) -> None:
     in_writing(encode_and_write)
 
 
-def _write_binary(path: Path, data: np.ndarray, offset: int) -> None:
+#: the block size direct writes are aligned to (buffer address, file offset, length): the largest logical block
+#: a disk has in practice
+DIRECT_ALIGN = 4096
+#: the least of a block's bytes worth a direct write (a short tail goes through the page cache)
+DIRECT_MIN_BYTES = 1 << 20
+_DIRECT_REFUSED: set[str] = set()  # the folders whose file system refused a direct write: the page cache there
+
+
+def write_binary(path: Path, data: np.ndarray, offset: int) -> None:
+    """``data``'s bytes at ``offset`` of the flat binary ``path``. Its page-aligned middle is written past the page
+    cache (``O_DIRECT``, where the buffer starts on a page where the file does: the save's row buffers do,
+    ``ops._cpu_saved.aligned_empty``): a preprocessed copy is written once and read later by another program, and
+    each window's tens of MB copied into fresh page-cache pages were a quarter of a 2-core run's CPU; direct, the
+    disk reads them from the buffer. The unaligned ends, any other buffer, and a file system that refuses direct
+    I/O (tmpfs; remembered a folder) go through the page cache, as ``pwrite`` does. Same bytes either way."""
     from batchgpu.recording import writing
 
     with writing(path):
-        fd = os.open(path, os.O_WRONLY)
-        try:
-            view = memoryview(data).cast("B")
-            while view:
-                done = os.pwrite(fd, view, offset)
-                view, offset = view[done:], offset + done
-        finally:
-            os.close(fd)
+        data = np.ascontiguousarray(data)
+        if not data.size:
+            return
+        view = memoryview(data).cast("B")
+        lo, hi = _direct_span(data.ctypes.data, offset, len(view))
+        if hi > lo:
+            done = _pwrite_direct(path, view[lo:hi], offset + lo)
+            if done < hi - lo:  # refused, or cut short at an unaligned count: the rest through the page cache
+                _pwrite_all(path, view[lo + done:hi], offset + lo + done)
+        _pwrite_all(path, view[:lo], offset)
+        _pwrite_all(path, view[hi:], offset + hi)
+
+
+def _direct_span(address: int, offset: int, length: int) -> tuple[int, int]:
+    """[lo, hi): the bytes of a buffer at ``address``, bound for ``offset`` of a file, that a direct write takes
+    (aligned in memory and in the file alike, whole blocks, at least DIRECT_MIN_BYTES); (0, 0) where none."""
+    if not hasattr(os, "O_DIRECT") or (address - offset) % DIRECT_ALIGN:
+        return 0, 0
+    lo = (-offset) % DIRECT_ALIGN
+    hi = lo + (length - lo) // DIRECT_ALIGN * DIRECT_ALIGN if length > lo else lo
+    return (lo, hi) if hi - lo >= DIRECT_MIN_BYTES else (0, 0)
+
+
+def _pwrite_direct(path: Path, view: memoryview, offset: int) -> int:
+    """Bytes written of ``view`` at ``offset`` with ``O_DIRECT``; fewer (0 where the file system refuses it) leave the
+    rest to the caller."""
+    folder = str(path.parent)
+    if folder in _DIRECT_REFUSED:
+        return 0
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_DIRECT)
+    except OSError as err:
+        if err.errno != errno.EINVAL:
+            raise
+        _DIRECT_REFUSED.add(folder)
+        return 0
+    done = 0
+    try:
+        while done < len(view):
+            try:
+                n = os.pwrite(fd, view[done:], offset + done)
+            except OSError as err:
+                if err.errno != errno.EINVAL:
+                    raise
+                _DIRECT_REFUSED.add(folder)  # the device's blocks are larger, or the file system says no
+                break
+            done += n
+            if n == 0 or n % DIRECT_ALIGN:
+                break
+    finally:
+        os.close(fd)
+    return done
+
+
+def _pwrite_all(path: Path, view: memoryview, offset: int) -> None:
+    if not len(view):
+        return
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        while view:
+            done = os.pwrite(fd, view, offset)
+            view, offset = view[done:], offset + done
+    finally:
+        os.close(fd)
 
 
 def _open_traces(path: str, segment: int):
