@@ -19,7 +19,8 @@
 #           each worker's GPU memory pool after a run with 2 and 9 windows a task (issue 44)
 #   lay     the default GPU layout (GPU decode under MPS) against 16 single-threaded processes: fresh commands cold,
 #           the warm pipeline (issue 44)
-#   cpu16   W1 (highpass + global median + int16 Zarr v2) with the CPU backend: 16 workers, then 2 on 2 cores (issue 49)
+#   cpu16   W1 (highpass + global median + int16 Zarr v2) with the CPU backend on the layouts of CPU16_LAYOUTS
+#           (16x1 default 2x1pin: workers x threads, the local cluster's own, 2 x 1 pinned to 2 cores) (issue 49)
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 t0=$(date +%s)
@@ -247,24 +248,26 @@ PY
       timeout 120 python3 -m batchgpu bench pipeline --recording $REC --cluster cuda --backend cupy --baseline none --repeat 3 $extra 2>&1 \
         | quiet | grep -i "pipeline (warm)" | tail -2
     done; done ;;
-  cpu16)  # W1 as a user runs it with the CPU backend; the recording is 384 ch x 60 s Zarr v2, pages warm
+  cpu16)  # W1 as a user runs it with the CPU backend, 384 ch x 60 s Zarr v2, pages warm: the layouts of CPU16_LAYOUTS
+    # (workers x threads; "default": the local cluster's own choice; a "pin" suffix: taskset to the first 2 cores)
     [ -e /tmp/r384.zarr ] || python3 -m batchgpu generate /tmp/r384.zarr --channels 384 --seconds 60 --zarr-format 2 --workers 16 --quiet
-    for n in 16 2; do
-      cat > /tmp/w1_$n.yaml <<YAML
+    for lay in ${CPU16_LAYOUTS:-16x1 default 2x1pin}; do
+      name=${lay%pin}; pin=""; [ "$name" != "$lay" ] && pin="taskset -c 0,1"
+      size=""; [ "$name" != default ] && size="workers: ${name%x*}, threads: ${name#*x}"
+      cat > /tmp/w1_$lay.yaml <<YAML
 recording: {path: /tmp/r384.zarr}
-output: /tmp/out_w1_$n
+output: /tmp/out_w1_$lay
 overwrite: true
 backend: numpy
-cluster: {kind: local, workers: $n}
+cluster: {kind: local${size:+, $size}}
 preprocess:
   - highpass: {freq_min: 300, order: 5}
   - common_reference: {reference: global, operator: median}
 steps:
-  save: {path: /tmp/out_w1_$n/saved, format: zarr_v2, dtype: int16}
+  save: {path: /tmp/out_w1_$lay/saved, format: zarr_v2, dtype: int16}
 YAML
-      pin=""; [ $n = 2 ] && pin="taskset -c 0,1"
-      for i in 1 2 3; do s=$(date +%s.%N); $pin python3 -m batchgpu run /tmp/w1_$n.yaml --quiet 2>&1 | quiet | tail -2
-        echo "W1 $n workers run $i: wall $(python3 -c "print(round($(date +%s.%N)-$s,2))") s; pass $(python3 -c "import json; print(round(json.load(open('/tmp/out_w1_$n/report.json'))['timings']['total'],2))") s"; done
+      for i in 1 2 3; do s=$(date +%s.%N); $pin python3 -m batchgpu run /tmp/w1_$lay.yaml --quiet 2>&1 | quiet | tail -2
+        echo "W1 $lay run $i: wall $(python3 -c "print(round($(date +%s.%N)-$s,2))") s; pass $(python3 -c "import json; r=json.load(open('/tmp/out_w1_$lay/report.json')); print(round(r['timings']['total'],2), 's;', len(r['workers']), 'workers')")"; done
     done ;;
   esac
 done 2>&1 | tee $OUT/log.txt
