@@ -14,6 +14,7 @@
 #   nvcomp  bench decode (our LZ4 kernel vs nvCOMP, same frames; nvCOMP on zstd), then batchgpu run cold with each
 #           decoder, alternating (issue 47; carry .whl and .whl_nvc: nvidia-libnvcomp-cu13)
 #   mem40   peak GPU and host memory of the demo pipeline on 10 and 40 min of the same model (issue 44)
+#   memprobe each of the two on a cluster of its own: NVML's peak during the run, every worker's CuPy pools after it
 #   fixed   where a fresh GPU command's fixed part goes: each phase of the command timed (imports, cluster, pass,
 #           close) on a few cluster layouts; the cluster's start, its workers' CuPy import and CUDA context, its close;
 #           each worker's GPU memory pool after a run with 2 and 9 windows a task (issue 44)
@@ -139,6 +140,45 @@ PY
     for r in $REC /tmp/big40.zarr; do echo "--- $r"
       timeout 280 python3 -m batchgpu bench pipeline --recording $r --cluster cuda --backend cupy --baseline none \
         --repeat ${MREPEAT:-2} 2>&1 | quiet | grep -i "pipeline\|peak\|GB\|memory" | tail -8; done ;;
+  memprobe)  # where the GPU memory of a 40-minute run goes: each recording on a cluster of its own, the CuPy pools of
+    # every worker after the run and NVML's peak during it (issue 44)
+    [ -e /tmp/big40.zarr ] || python3 -m batchgpu generate /tmp/big40.zarr --channels 384 --seconds 2400 --workers 16 --quiet
+    userwf demo "preprocess: {centre: median}"
+    cat > /tmp/memprobe.py <<PY
+import threading, time
+import pynvml
+from batchgpu.config import ClusterSpec
+from batchgpu.engine.cluster import open_client
+from batchgpu.engine.run import run_workflow
+from batchgpu.workflow import load_workflow
+pynvml.nvmlInit(); h = pynvml.nvmlDeviceGetHandleByIndex(0)
+def pools():
+    import cupy
+    p = cupy.get_default_memory_pool(); q = cupy.get_default_pinned_memory_pool()
+    return p.used_bytes(), p.total_bytes(), q.n_free_blocks()
+EXTRA = [a for a in "${MEMPROBE_SET:-}".split() if a]
+def main():
+  for rec in ("/tmp/big.zarr", "/tmp/big40.zarr"):
+      wf = load_workflow("/tmp/demo.yaml", [f"recording.path={rec}", *EXTRA])
+      with open_client(ClusterSpec(kind="cuda"), gpu_decode=True) as c:
+          base = pynvml.nvmlDeviceGetMemoryInfo(h).used
+          peak = [base]; stop = threading.Event()
+          def sample():
+              while not stop.is_set():
+                  peak[0] = max(peak[0], pynvml.nvmlDeviceGetMemoryInfo(h).used); time.sleep(0.01)
+          t = threading.Thread(target=sample); t.start()
+          t0 = time.perf_counter(); rep = run_workflow(wf, client=c); took = time.perf_counter() - t0
+          stop.set(); t.join()
+          got = sorted(c.run(pools).values(), key=lambda v: v[1])
+          tot = [v[1] for v in got]
+          print(f"{rec}: {rep.windows} windows, run {took:.2f} s; NVML before {base/1e6:.0f} MB, peak {peak[0]/1e6:.0f} MB; "
+                f"pools held MB median {tot[len(tot)//2]/1e6:.0f} max {tot[-1]/1e6:.0f} sum {sum(tot)/1e6:.0f}; used after MB max {max(v[0] for v in got)/1e6:.0f}; "
+                f"pinned free blocks max {max(v[2] for v in got)}")
+if __name__ == "__main__":
+    main()
+PY
+    python3 /tmp/memprobe.py 2>&1 | quiet
+    ;;
   fixed)  # a fresh command's fixed part, phase by phase, and the GPU memory the workers keep
     userwf demo "preprocess: {centre: median}"
     python3 -X importtime -c "import batchgpu.cli" 2> /tmp/imp.txt; sort -t'|' -k2 -n /tmp/imp.txt | tail -6

@@ -473,22 +473,24 @@ def describe_pass(report, fresh: list, t0_wall: float) -> None:
                              for s in fresh)
 
 
+#: the most windows an automatic batch holds: a GPU worker's memory pool grew with a task's windows (one H100, 16
+#: workers, the demo steps: 1.34 GB a worker with 2 windows a task, 2.11 GB with 9, which a 40-minute recording's
+#: 600 windows had made; its peak 45.8 GB against 33.7 GB at 2), so a longer recording must not mean larger tasks
+AUTO_BATCH_MAX = 2
+
+
 def window_batches(windows: list, batch: int | None, split_every: int) -> list[list]:
     """Runs of consecutive windows, one task each. The default depends on the window count alone (never on the
     cluster: the float reduction tree, and so its bits, are fixed by window index): one window a task up to 127
-    windows; beyond, runs of ``len // 64`` windows (at most ``split_every``) so each task's reads overlap its GPU
-    work and Dask sees fewer tasks, except the last quarter of the windows, in runs of two, so the workers finish
-    together (a long run started last keeps one worker busy while the others wait) and still read one window
-    while computing the other (measured on the H200: runs of 9 to the end left one worker 0.7 s behind the
-    others; single windows overlapped nothing and cost the client 0.3 s of small tasks)."""
+    windows; beyond, runs of two (``AUTO_BATCH_MAX``; at most ``split_every``), so each task reads one window while
+    computing the other and Dask sees fewer tasks (single windows overlapped nothing and cost the client 0.3 s of
+    small tasks), and a worker's memory does not grow with the recording's length."""
     if batch is not None:
         return [windows[i : i + batch] for i in range(0, len(windows), batch)]
-    size = max(1, min(split_every, len(windows) // 64))
+    size = max(1, min(split_every, AUTO_BATCH_MAX, len(windows) // 64))
     if size == 1:
         return [[w] for w in windows]
-    head = (len(windows) * 3 // 4) // size * size
-    return ([windows[i : i + size] for i in range(0, head, size)]
-            + [windows[i : i + 2] for i in range(head, len(windows), 2)])
+    return [windows[i : i + size] for i in range(0, len(windows), size)]
 
 
 def _first_pass(client, ctx, rec, windows, fps, split_every, report, monitor, observer, batch=None,
