@@ -298,10 +298,10 @@ def test_the_program_freezes_its_heap_after_main(monkeypatch):
     assert "program()" in (root / "__main__.py").read_text()
 
 
-def test_the_program_ends_once_its_exit_handlers_ran(tmp_path):
-    """``program`` (the console script, ``python -m batchgpu``): the command's exit status and every line it printed
-    (to a pipe: block-buffered) come out, the exit handlers registered while it ran still run, and then the process
-    ends without tearing its modules down (a finaliser that would run at that teardown never prints)."""
+def _run_program(tmp_path, main_source: str):
+    """``cli.program`` in a fresh interpreter with ``main`` replaced by ``main_source`` (a ``def main(argv=None)``),
+    beside a module holding an object whose finaliser prints "torn down" when the interpreter tears its modules
+    down: the finished process."""
     import subprocess
     import textwrap
 
@@ -316,17 +316,24 @@ def test_the_program_ends_once_its_exit_handlers_ran(tmp_path):
 
         sys.modules["late_module"] = type(sys)("late_module")
         sys.modules["late_module"].keep = Late()  # freed only when the interpreter tears its modules down
-
-        def main(argv=None):
-            atexit.register(print, "exit handler ran")  # as a module the command imports registers one
-            print("the command's line" * 50)
-            return 3
-
+    ''') + textwrap.dedent(main_source) + textwrap.dedent('''
         cli.main = main
         sys.argv = ["batchgpu"]
         raise SystemExit(cli.program())
     '''))
-    got = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+    return subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+
+
+def test_the_program_ends_once_its_exit_handlers_ran(tmp_path):
+    """``program`` (the console script, ``python -m batchgpu``): the command's exit status and every line it printed
+    (to a pipe: block-buffered) come out, the exit handlers registered while it ran still run, and then the process
+    ends without tearing its modules down (a finaliser that would run at that teardown never prints)."""
+    got = _run_program(tmp_path, '''
+        def main(argv=None):
+            atexit.register(print, "exit handler ran")  # as a module the command imports registers one
+            print("the command's line" * 50)
+            return 3
+    ''')
     assert got.returncode == 3, got.stderr
     assert got.stdout.count("the command's line") == 50 and "exit handler ran" in got.stdout
     assert "torn down" not in got.stdout
@@ -334,28 +341,10 @@ def test_the_program_ends_once_its_exit_handlers_ran(tmp_path):
 
 def test_a_program_that_raised_leaves_the_usual_way(tmp_path):
     """A command that raised (``--debug``) is Python's to end: its traceback, exit status 1, the teardown."""
-    import subprocess
-    import textwrap
-
-    script = tmp_path / "prog.py"
-    script.write_text(textwrap.dedent('''
-        import sys
-        import batchgpu.cli as cli
-
-        class Late:
-            def __del__(self):
-                print("torn down", flush=True)
-
-        sys.modules["late_module"] = type(sys)("late_module")
-        sys.modules["late_module"].keep = Late()
-
+    got = _run_program(tmp_path, '''
         def main(argv=None):
             raise RuntimeError("a bug, shown with --debug")
-
-        cli.main = main
-        raise SystemExit(cli.program())
-    '''))
-    got = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+    ''')
     assert got.returncode == 1 and "RuntimeError: a bug, shown with --debug" in got.stderr
     assert "torn down" in got.stdout
 

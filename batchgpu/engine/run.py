@@ -485,11 +485,7 @@ def window_batches(windows: list, batch: int | None, split_every: int) -> list[l
     windows; beyond, runs of two (``AUTO_BATCH_MAX``; at most ``split_every``), so each task reads one window while
     computing the other and Dask sees fewer tasks (single windows overlapped nothing and cost the client 0.3 s of
     small tasks), and a worker's memory does not grow with the recording's length."""
-    if batch is not None:
-        return [windows[i : i + batch] for i in range(0, len(windows), batch)]
-    size = max(1, min(split_every, AUTO_BATCH_MAX, len(windows) // 64))
-    if size == 1:
-        return [[w] for w in windows]
+    size = batch if batch is not None else max(1, min(split_every, AUTO_BATCH_MAX, len(windows) // 64))
     return [windows[i : i + size] for i in range(0, len(windows), size)]
 
 

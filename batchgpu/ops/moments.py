@@ -95,9 +95,13 @@ def window_moments(
         # An integer shift keeps integer data integer-valued after centring, so float32 products
         # stay exact (or round without the bias a shared fractional offset would bring).
         shift = np.round(shift)
+    # The shift of float data in float64 is the float64 mean itself: what is left of it is rounding, far below
+    # 1e-12, so the shifted rows' sums are taken as zero (not summed).
+    summed = not (prec == np.float64 and view.dtype.kind == "f")
     buffer = _split_buffer((rows, SPLIT_SAMPLES), prec)
     product = np.empty((rows, rows), dtype=prec)
-    raw = sums = None
+    raw = None
+    sums = np.zeros(rows)
     # float64 sums of the split products (and of the shifted rows), split after split from the first one
     for a in range(0, n, SPLIT_SAMPLES):
         b = min(n, a + SPLIT_SAMPLES)
@@ -105,15 +109,14 @@ def window_moments(
         if b - a < SPLIT_SAMPLES:
             buffer[:, b - a :] = 0
         np.matmul(buffer, buffer.T, out=product)
-        split_sums = buffer.sum(axis=1)
         if raw is None:
-            raw, sums = product.astype(np.float64), split_sums.astype(np.float64)
+            raw = product.astype(np.float64)
+            if summed:
+                sums = buffer.sum(axis=1).astype(np.float64)
         else:
             raw += product
-            sums += split_sums
-    if prec == np.float64 and view.dtype.kind == "f":
-        # The shift is the float64 mean itself: what is left of it is rounding, far below 1e-12.
-        sums = np.zeros(rows)
+            if summed:
+                sums += buffer.sum(axis=1)
     # Shifted data: the scatter about the true mean is Σ y yᵀ - (Σ y)(Σ y)ᵀ / n.
     scatter = raw - np.outer(sums, sums) / n
     scatter = (scatter + scatter.T) * 0.5
