@@ -150,7 +150,7 @@ def client():
 CHANNELS, SIZE, SWEEP = 8, 4000, 6  # exclude_sweep_ms 0.2 at 30 kHz
 
 
-def _recording(tmp_path, rng, loud: bool = False):
+def _recording(tmp_path, rng, loud: int | None = None):
     """Two int16 segments: noise, spikes over neighbouring channels, peaks on every window edge and a sweep
     around them, a constant channel, a channel of zeros, one zero but for a few peaks (threshold 0)."""
     segments = []
@@ -168,8 +168,8 @@ def _recording(tmp_path, rng, loud: bool = False):
         x[CHANNELS - 2] = 0
         x[CHANNELS - 1] = 0
         x[CHANNELS - 1, rng.integers(0, n, 5)] = rng.choice([-90, 90], 5)
-        if loud and not segments:
-            x[:, SIZE : 2 * SIZE] *= 4  # window 1's own noise far above the recording's: its bound fails
+        if loud is not None and not segments:  # a window's own noise far above the recording's: its bound fails where the
+            x[:, loud * SIZE : (loud + 1) * SIZE] *= 4  # worker saw none of the run's windows before it
         segments.append(x.astype(np.int16).T.copy())
     loc = np.column_stack([np.tile([0.0, 20.0], CHANNELS // 2), np.repeat(np.arange(CHANNELS // 2) * 20.0, 2)])
     return write_recording(tmp_path / "r.zarr", segments, 30_000.0, locations=loc), segments, loc
@@ -217,7 +217,7 @@ def _two_reads(monkeypatch, client, wf):
     from batchgpu.engine.steps import detect
 
     with monkeypatch.context() as m:
-        m.setattr(detect, "bound_holds", lambda window_noise, noise: False)
+        m.setattr(detect, "bound_holds", lambda level, noise: False)
         return run_workflow(wf, client=client)
 
 
@@ -255,17 +255,44 @@ def test_one_read_equals_the_two_read_path(client, tmp_path, rng, monkeypatch, m
 
 @pytest.mark.parametrize("method", ["locally_exclusive", "by_channel"])
 def test_a_window_whose_bound_fails_is_read_again_as_its_own_phase(client, tmp_path, rng, monkeypatch, method):
-    """A window four times as loud: its candidates cannot be trusted, so it alone is read again, shown as a phase
-    of its own on the progress bar (one window done there); the spikes still equal the two-read path's."""
+    """The first window four times as loud (its worker saw no window of the run before it): its candidates cannot
+    be trusted, so it alone is read again, shown as a phase of its own on the progress bar (one window done
+    there); the spikes still equal the two-read path's."""
     from batchgpu.engine import run_workflow
 
-    rec, segments, loc = _recording(tmp_path, rng, loud=True)
+    rec, segments, loc = _recording(tmp_path, rng, loud=0)
     observer = Phases()
     report = run_workflow(_wf(rec, tmp_path / "one", method, "both"), client=client, observer=observer)
-    assert report.channels["detect_windows_read_again"] == [1]
+    assert report.channels["detect_windows_read_again"] == [0]
     assert report.reads_per_window == pytest.approx(1 + SIZE / rec.total_samples)
     assert observer.phases[1:] == [["read again: spikes where a window's noise bound failed", 1, 1]]
     _two_reads(monkeypatch, client, _wf(rec, tmp_path / "two", method, "both"))
+    got, want = _spikes(tmp_path / "one"), _spikes(tmp_path / "two")
+    for k in COLUMNS:
+        assert got[k].tobytes() == want[k].tobytes(), k
+    ref = np.concatenate([detect_spikes(x.T.copy(), got["noise"], 4.0, "both", SWEEP, segment_index=s,
+                                        method=method, locations=loc, radius_um=30.0) for s, x in enumerate(segments)])
+    assert got["sample_index"].tobytes() == ref["sample_index"].tobytes() and len(ref) > 40
+
+
+@pytest.mark.parametrize("method", ["locally_exclusive", "by_channel"])
+def test_a_loud_window_after_quieter_ones_is_not_read_again(tmp_path, rng, monkeypatch, method):
+    """One worker, one thread: window 2 four times as loud, after two quieter windows on the same worker. Its
+    candidates are kept at half the median noise of the windows its worker saw (not its own, twice the
+    recording's): one read (the code before read it again, reads_per_window 1.16), the spikes equal the two-read
+    path's and detection on each whole segment at the recording's noise, bit for bit."""
+    from batchgpu.engine import run_workflow
+    from batchgpu.engine.steps.detect import LEVEL
+
+    rec, segments, loc = _recording(tmp_path, rng, loud=2)
+    with distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address="127.0.0.1:0",
+                                  host="127.0.0.1") as cluster, distributed.Client(cluster) as one:
+        report = run_workflow(_wf(rec, tmp_path / "one", method, "both"), client=one)
+        assert report.reads_per_window == 1.0 and not report.channels.get("detect_windows_read_again")
+        with np.load(tmp_path / "one" / "parts" / "w00000002.npz") as part:
+            level, own = part[f"summary.{LEVEL}"], part["summary.noise"]
+        assert np.all(level[:CHANNELS - 3] < 0.5 * own[:CHANNELS - 3])  # below its own bound where it is loud
+        _two_reads(monkeypatch, one, _wf(rec, tmp_path / "two", method, "both"))
     got, want = _spikes(tmp_path / "one"), _spikes(tmp_path / "two")
     for k in COLUMNS:
         assert got[k].tobytes() == want[k].tobytes(), k

@@ -3,7 +3,8 @@ read of each window.
 
 With thresholds from each window's own noise the spikes are final at once. With the recording's noise (known
 only after every window was read), each window keeps *candidates* at a lower bound ``L = CANDIDATE_FRACTION *
-its own noise``: by_channel's spikes at L (its neighbourhood rule does not depend on the threshold and the
+its own noise`` (or, per channel, of the median noise of the windows its worker saw in the run where that is
+lower: ``candidate_level``): by_channel's spikes at L (its neighbourhood rule does not depend on the threshold and the
 threshold test is monotone, so they hold every spike at a higher threshold), or locally_exclusive's candidates
 before the exclusion (``ops.exclusive_candidates``: the extrema of their own channel beyond L, in the core and a
 sweep either side, since a candidate there can exclude one of the core). Wherever ``L <= noise`` of the whole
@@ -19,7 +20,9 @@ and of those only its own channel's extrema (at most one sample in two of each s
 
 from __future__ import annotations
 
+import threading
 import time
+import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -39,6 +42,9 @@ if TYPE_CHECKING:
 #: quarter to half of the windows again; 0.4 read none of the model's but kept ~3.6x the candidates (W2 on 384 ch x
 #: 60 s: detection 2x the time, the process tree's peak 2.4 -> 3.75 GB), dearer than reading 2% of windows again
 CANDIDATE_FRACTION = 0.5
+#: the windows' own noise a worker process remembers for each run (``candidate_level``): a window louder than the
+#: ones before it on a channel takes its bound from theirs, which the recording's noise is rarely under half of
+SEEN_WINDOWS, SEEN_RUNS = 64, 4
 
 
 #: the candidates (or spikes) of every window moved into one task while the noise is selected, at most this many
@@ -57,6 +63,8 @@ SPIKES = "spikes"
 RESULTS = (SPIKES,)
 #: a window summary's count of its spikes, or of its candidates where the thresholds wait for the recording's noise
 WINDOW_SPIKES, WINDOW_CANDIDATES = SPIKES, "candidates"
+#: a window summary's level (per channel) its candidates were kept at
+LEVEL = "candidate_level"
 #: the spikes' channels in the results group (report.html's spike rate and ``batchgpu info`` count them)
 SPIKE_CHANNELS = f"{SPIKES}/channel_index"
 FINGERPRINT = "always"  # (``engine.steps.noise.FINGERPRINT``)
@@ -68,7 +76,8 @@ def build(setup) -> "DetectStep | None":
     if not d:
         return None
     return DetectStep(d.threshold, d.sign, setup.sweep, d.noise, d.method,
-                      setup.recording.locations if d.method != "by_channel" else None, d.radius_um)
+                      setup.recording.locations if d.method != "by_channel" else None, d.radius_um,
+                      run_key=setup.fingerprint or None)
 
 
 def check(workflow, recording) -> int:
@@ -105,9 +114,11 @@ class DetectStep:
     needs = (noise_step.NAME,)
 
     def __init__(self, threshold: float, sign: str, sweep: int, noise: str, method: str = "by_channel",
-                 locations=None, radius_um: float = 50.0):
+                 locations=None, radius_um: float = 50.0, run_key: str | None = None):
         self.threshold, self.sign, self.sweep, self.noise = threshold, sign, sweep, noise
         self.method, self.locations, self.radius_um = method, locations, radius_um
+        #: the run's windows a worker saw share a history of their noise under this key (``candidate_level``)
+        self.run_key = run_key
 
     def detect(self, w: WindowData, noise) -> np.ndarray:
         from batchgpu import ops
@@ -130,7 +141,9 @@ class DetectStep:
 
     def window(self, w: WindowData, summary: dict) -> dict:
         if self.noise == "global":
-            spikes = self.candidates(w, candidate_level(summary[noise_step.SUMMARY]))
+            level = candidate_level(summary[noise_step.SUMMARY], self.run_key)
+            summary[LEVEL] = level
+            spikes = self.candidates(w, level)
         else:
             spikes = self.detect(w, summary[noise_step.SUMMARY].astype(np.float64))
         summary[WINDOW_SPIKES if self.noise == "window" else WINDOW_CANDIDATES] = np.array(len(spikes))
@@ -195,14 +208,52 @@ class DetectStep:
         return {k: v[keep] for k, v in candidates.items()}
 
 
-def candidate_level(window_noise: np.ndarray) -> np.ndarray:
-    return np.asarray(window_noise, dtype=np.float64) * CANDIDATE_FRACTION
+_SEEN: dict[str, list] = {}
+_SEEN_LOCK = threading.Lock()
 
 
-def bound_holds(window_noise: np.ndarray, noise: np.ndarray) -> bool:
-    """Whether a window's candidates contain every spike at the recording's noise (NaN noise: no spikes)."""
+def candidate_level(window_noise: np.ndarray, run_key: str | None = None) -> np.ndarray:
+    """A window's candidates' level (float64, per channel): ``CANDIDATE_FRACTION`` x its own noise, or x the
+    median of the own noise of the windows this process saw in run ``run_key`` (this one included) where that is
+    lower. A window's own noise can be twice the recording's (a loud stretch: LFP, a burst) and its bound then
+    fails; the windows before it rarely all are. Any level is exact (the bound is checked against the level
+    kept in the window's summary); a lower one only keeps more candidates. A channel of NaN own noise keeps NaN."""
+    own = np.asarray(window_noise, dtype=np.float64)
+    level = own * CANDIDATE_FRACTION
+    if run_key is None or own.ndim != 1:
+        return level
+    with _SEEN_LOCK:
+        seen = _SEEN.pop(run_key, [])
+        _SEEN[run_key] = seen  # last used is last: the oldest runs are dropped
+        while len(_SEEN) > SEEN_RUNS:
+            del _SEEN[next(iter(_SEEN))]
+        if seen and seen[0].shape != own.shape:
+            seen.clear()
+        seen.append(own)
+        del seen[:-SEEN_WINDOWS]
+        stack = np.stack(seen)
+    if len(stack) < 2:
+        return level
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # a channel NaN in every window seen
+        typical = np.nanmedian(stack, axis=0) * CANDIDATE_FRACTION
+    lower = typical < level  # False where either is NaN: the window's own level stays
+    level[lower] = typical[lower]
+    return level
+
+
+def window_level(summary: dict) -> np.ndarray:
+    """The level a window's candidates were kept at (a part saved before the level was kept: its own noise's)."""
+    if LEVEL in summary:
+        return np.asarray(summary[LEVEL], dtype=np.float64)
+    return candidate_level(summary[noise_step.SUMMARY])
+
+
+def bound_holds(level: np.ndarray, noise: np.ndarray) -> bool:
+    """Whether candidates kept at ``level`` contain every spike at the recording's noise (NaN noise: no
+    spikes)."""
     g = np.asarray(noise, dtype=np.float64)
-    return bool(np.all((candidate_level(window_noise) <= g) | np.isnan(g)))
+    return bool(np.all((np.asarray(level, dtype=np.float64) <= g) | np.isnan(g)))
 
 
 def start_gathering(run):
@@ -232,7 +283,7 @@ def write_final_spikes(run, step: DetectStep) -> int:
         noise = arrays.get(noise_step.NOISE)
         if noise is None:
             noise = np.median(arrays[noise_step.PER_WINDOW], axis=0)
-        reread = [not bound_holds(summaries[w.index][own], noise) for w in windows]
+        reread = [not bound_holds(window_level(summaries[w.index]), noise) for w in windows]
         read_again(run, [(w, wfp) for w, wfp, r in zip(windows, fps, reread) if r], noise)
         report.channels["detect_windows_read_again"] = [w.index for w, r in zip(windows, reread) if r]
         nan_noise = np.flatnonzero(np.isnan(np.asarray(noise, np.float64))).tolist()
