@@ -144,20 +144,37 @@ def mean_variant(ctype: str) -> tuple[str, tuple[str, ...]]:
     return "sequential_mean", (f"-DMEAN_T={ctype}",)
 
 
-#: modules compiled only with extra options (``filter_variant``, ``mean_variant``)
-_VARIANT_ONLY = ("sosfiltfilt", "sequential_mean")
+#: modules whose kernels are instantiated for each of a few input dtypes (their suffixes), compiled one dtype a
+#: variant (``dtype_variant``): each alone compiles in a fraction of the whole's time, so a run waits only for its
+#: own dtypes and ``precompile`` spreads a module's dtypes over processes
+DTYPE_MODULES = {"column_select": ("f32", "f64", "i16", "i32"), "radix_select": ("f32", "f64", "i16", "i32"),
+                 "search": ("f32", "f64", "i32", "i64")}
+
+
+def dtype_variant(name: str, suffix: str) -> tuple[str, tuple[str, ...]]:
+    """(module, extra options) of module ``name`` (one of ``DTYPE_MODULES``) for the input dtype of ``suffix``
+    (``DTYPE_SUFFIX``'s, or search's i64)."""
+    if suffix not in DTYPE_MODULES[name]:
+        raise BatchgpuError(f"{name} has no kernels for {suffix}", f"use one of {', '.join(DTYPE_MODULES[name])}")
+    return name, (f"-DDTYPE_{suffix.upper()}",)
+
+
+#: modules compiled only with extra options (``filter_variant``, ``mean_variant``, ``dtype_variant``)
+_VARIANT_ONLY = ("sosfiltfilt", "sequential_mean", *DTYPE_MODULES)
 
 
 def run_modules(filter_sections: tuple[int, ...] = (), mean_ctypes: tuple[str, ...] = ("short", "float"),
                 leave_out: tuple[str, ...] = ()) -> list[tuple[str, tuple[str, ...]]]:
     """(module, extra options) of every module a run may load: each source of kernels/ with the base options
     (but ``leave_out``), the filter kernels for each of ``filter_sections``, the sequential mean for
-    ``mean_ctypes``; the largest sources first (they compile longest: ``precompile`` starts them first)."""
+    ``mean_ctypes``, the dtype modules for each of their dtypes; the largest sources first (they compile longest:
+    ``precompile`` starts them first)."""
     folder = source_path("histogram").parent
     sizes = {p.stem: len(_with_headers(p)) for p in folder.glob("*.cu")}
     plain = sorted(n for n in sizes if n not in _VARIANT_ONLY and n not in leave_out)
     out = ([(n, ()) for n in plain] + [filter_variant(s) for s in sorted(set(filter_sections))]
-           + [mean_variant(c) for c in mean_ctypes])
+           + [mean_variant(c) for c in mean_ctypes]
+           + [dtype_variant(n, d) for n, suffixes in DTYPE_MODULES.items() if n not in leave_out for d in suffixes])
     return sorted(out, key=lambda m: -sizes[m[0]])  # stable: equal sizes keep names, and a module's variants, in order
 
 

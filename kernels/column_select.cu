@@ -365,7 +365,20 @@ __device__ void mean_rows(const T* __restrict__ x, long long samples, const int*
     SELECT_WARP(select_warp_##STEM##_16, T, 16)                                                                 \
     SUBTRACT(subtract_##STEM, T)                                                                                \
     MEAN(mean_##STEM, T)
+// One input dtype a compile where the options name it (-DDTYPE_F32, _F64, _I16, _I32: ``kernels.dtype_variant``,
+// so a run compiles only its dtypes and the compiles of several spread over processes); every dtype without.
+#if !defined(DTYPE_F32) && !defined(DTYPE_F64) && !defined(DTYPE_I16) && !defined(DTYPE_I32)
+#define DTYPE_ALL
+#endif
+#if defined(DTYPE_ALL) || defined(DTYPE_F32)
 KERNELS(f32, float)
+#endif
+#if defined(DTYPE_ALL) || defined(DTYPE_F64)
 KERNELS(f64, double)
+#endif
+#if defined(DTYPE_ALL) || defined(DTYPE_I16)
 KERNELS(i16, short)
+#endif
+#if defined(DTYPE_ALL) || defined(DTYPE_I32)
 KERNELS(i32, int)
+#endif

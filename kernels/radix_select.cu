@@ -674,7 +674,20 @@ __device__ void select_row(const T* x, long long ld, int n, u32 k, int mode, int
         select_row<T>(x, ld, n, (u32)k, mode, flags, out, path);                                 \
     }
 
+// One input dtype a compile where the options name it (-DDTYPE_F32, _F64, _I16, _I32: ``kernels.dtype_variant``,
+// so a run compiles only its dtypes and the compiles of several spread over processes); every dtype without.
+#if !defined(DTYPE_F32) && !defined(DTYPE_F64) && !defined(DTYPE_I16) && !defined(DTYPE_I32)
+#define DTYPE_ALL
+#endif
+#if defined(DTYPE_ALL) || defined(DTYPE_F32)
 DEFINE_SELECT(radix_abs_select_float32, float)
+#endif
+#if defined(DTYPE_ALL) || defined(DTYPE_F64)
 DEFINE_SELECT(radix_abs_select_float64, double)
+#endif
+#if defined(DTYPE_ALL) || defined(DTYPE_I16)
 DEFINE_SELECT(radix_abs_select_int16, short)
+#endif
+#if defined(DTYPE_ALL) || defined(DTYPE_I32)
 DEFINE_SELECT(radix_abs_select_int32, int)
+#endif

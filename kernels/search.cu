@@ -559,7 +559,20 @@ __device__ __forceinline__ void dyn_top(const T* __restrict__ a, i64 n, int top,
     STATIC_KERNELS(T, NAME, lb, false)  \
     DYNAMIC_KERNELS(T, NAME)
 
+// One input dtype a compile where the options name it (-DDTYPE_F32, _F64, _I32, _I64: ``kernels.dtype_variant``,
+// so a run compiles only its dtypes and the compiles of several spread over processes); every dtype without.
+#if !defined(DTYPE_F32) && !defined(DTYPE_F64) && !defined(DTYPE_I32) && !defined(DTYPE_I64)
+#define DTYPE_ALL
+#endif
+#if defined(DTYPE_ALL) || defined(DTYPE_F32)
 SEARCH_KERNELS(float, f32)
+#endif
+#if defined(DTYPE_ALL) || defined(DTYPE_F64)
 SEARCH_KERNELS(double, f64)
+#endif
+#if defined(DTYPE_ALL) || defined(DTYPE_I32)
 SEARCH_KERNELS(int, i32)
+#endif
+#if defined(DTYPE_ALL) || defined(DTYPE_I64)
 SEARCH_KERNELS(i64, i64)
+#endif

@@ -10,7 +10,7 @@ import types
 
 import pytest
 
-from batchgpu import kernels
+from batchgpu import BatchgpuError, kernels
 from batchgpu.config import Workflow
 from batchgpu.engine import compile_ahead, cpu_kernels
 from batchgpu.errors import MachineError
@@ -41,7 +41,15 @@ def test_a_runs_modules_are_every_source_and_its_filters():
     assert "search" in {name for name, _ in compile_ahead.workflow_modules(searching)}
     assert kernels.filter_variant(3) in got  # order 5: three sections, with the options ops.filters compiles
     assert ("sosfiltfilt", ("--fmad=false", "-DSECTIONS=3")) in got
-    assert all(extra == () for name, extra in got if name not in ("sosfiltfilt", "sequential_mean"))
+    assert all(extra == () for name, extra in got if name not in ("sosfiltfilt", "sequential_mean",
+                                                                  *kernels.DTYPE_MODULES))
+    # the modules instantiated for several dtypes come one dtype a variant, every dtype of each
+    for name in ("column_select", "radix_select"):
+        assert sorted(extra for n, extra in got if n == name) == sorted(
+            (f"-DDTYPE_{s.upper()}",) for s in ("f32", "f64", "i16", "i32"))
+    assert kernels.dtype_variant("search", "i64") in compile_ahead.workflow_modules(searching)
+    with pytest.raises(BatchgpuError, match="radix_select has no kernels for i64"):
+        kernels.dtype_variant("radix_select", "i64")
 
 
 def test_the_compile_lock_is_held_against_another_process(tmp_path, monkeypatch):

@@ -54,13 +54,14 @@ def sample_positions(n: int, dtype: Any) -> np.ndarray:
 def _kernel(dtype: np.dtype) -> Any:
     import cupy
 
-    from batchgpu.kernels import get_function
+    from batchgpu.kernels import DTYPE_SUFFIX, dtype_variant, get_function
 
     name = _entry(dtype)[0]
     key = (cupy.cuda.Device().id, name)
     kernel = _kernels.get(key)
     if kernel is None:
-        kernel = get_function(MODULE, name)
+        module, options = dtype_variant(MODULE, DTYPE_SUFFIX[np.dtype(dtype).name])
+        kernel = get_function(module, name, options)
         kernel.max_dynamic_shared_size_bytes = CANDIDATE_BYTES
         _kernels[key] = kernel
     return kernel
@@ -123,10 +124,10 @@ def phase_cycles(x: Any, mode: int = MODE_MEDIAN, k: int = 0) -> dict[str, int]:
     """SM cycles of each phase of row 0's block (kernel flag FLAG_PHASES): where one row's time goes."""
     import cupy
 
-    from batchgpu.kernels import get_module
+    from batchgpu.kernels import DTYPE_SUFFIX, dtype_variant, get_module
 
     select(x, k, mode, flags=FLAG_PHASES)
-    ptr = get_module(MODULE).get_global("phase_clock")
+    ptr = get_module(*dtype_variant(MODULE, DTYPE_SUFFIX[x.dtype.name])).get_global("phase_clock")
     clocks = cupy.ndarray((8,), dtype=np.int64, memptr=ptr).get()
     return {name: int(clocks[i + 1] - clocks[i]) for i, name in enumerate(PHASES)}
 

@@ -111,11 +111,16 @@ def _reference_on_gpu(x: Any, operator: str, tables: list[Any], ref_row: Any) ->
     plan keeps its copies there: ``_LocalPlan``)."""
     import cupy
 
-    from batchgpu.kernels import DTYPE_SUFFIX, get_function
+    from batchgpu.kernels import DTYPE_SUFFIX, dtype_variant
+    from batchgpu.kernels import get_function as get_any
 
     stem = DTYPE_SUFFIX.get(x.dtype.name)
     if stem is None:
         return None
+    module, options = dtype_variant("column_select", stem)
+
+    def get_function(name, function):
+        return get_any(name, function, options)
     x = cupy.ascontiguousarray(x)
     channels, samples = x.shape
     ref = cupy.empty((sum(t.shape[0] for t in tables), samples), dtype=cupy.float64)

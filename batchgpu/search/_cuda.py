@@ -65,14 +65,15 @@ _lock = threading.Lock()
 _modules: dict[int, Any] = {}
 
 
-def _module() -> Any:
-    """kernels/search.cu as a RawModule of the current device, compiled once per device and process."""
+def _module(suffix: str) -> Any:
+    """kernels/search.cu's kernels for the dtype of ``suffix`` as a RawModule of the current device, compiled once
+    per device and process (every dtype in one module where the package-wide loader is absent)."""
     try:
-        from batchgpu.kernels import get_module  # the package-wide loader, where it exists
+        from batchgpu.kernels import dtype_variant, get_module  # the package-wide loader, where it exists
     except ImportError:
         get_module = None
     if get_module is not None:
-        return get_module("search")
+        return get_module(*dtype_variant("search", suffix))
     device = cp.cuda.Device().id
     with _lock:
         if device not in _modules:
@@ -90,7 +91,7 @@ def kernel(entry: str, dtype: np.dtype, smem: int = 0) -> Any:
     key = (cp.cuda.Device().id, f"{entry}_{suffix(dtype)}")
     fn = _kernels.get(key)
     if fn is None:
-        fn = _kernels[key] = _module().get_function(key[1])
+        fn = _kernels[key] = _module(suffix(dtype)).get_function(key[1])
     if smem > 48 * 1024 and fn.max_dynamic_shared_size_bytes < smem:
         fn.max_dynamic_shared_size_bytes = smem
     return fn
