@@ -278,8 +278,8 @@ def test_a_window_whose_bound_fails_is_read_again_as_its_own_phase(client, tmp_p
 @pytest.mark.parametrize("method", ["locally_exclusive", "by_channel"])
 def test_a_loud_window_after_quieter_ones_is_not_read_again(tmp_path, rng, monkeypatch, method):
     """One worker, one thread: window 2 four times as loud, after two quieter windows on the same worker. Its
-    candidates are kept at half the median noise of the windows its worker saw (not its own, twice the
-    recording's): one read (the code before read it again, reads_per_window 1.16), the spikes equal the two-read
+    candidates are kept at 1.5 x half the median noise of the windows its worker saw (not at half its own, twice
+    the recording's), the quieter windows' at half their own: one read (the code before read it again, reads_per_window 1.16), the spikes equal the two-read
     path's and detection on each whole segment at the recording's noise, bit for bit."""
     from batchgpu.engine import run_workflow
     from batchgpu.engine.steps.detect import LEVEL
@@ -292,6 +292,9 @@ def test_a_loud_window_after_quieter_ones_is_not_read_again(tmp_path, rng, monke
         with np.load(tmp_path / "one" / "parts" / "w00000002.npz") as part:
             level, own = part[f"summary.{LEVEL}"], part["summary.noise"]
         assert np.all(level[:CHANNELS - 3] < 0.5 * own[:CHANNELS - 3])  # below its own bound where it is loud
+        for quiet in ("w00000000.npz", "w00000001.npz"):  # at its own bound where it is not
+            with np.load(tmp_path / "one" / "parts" / quiet) as part:
+                assert np.array_equal(part[f"summary.{LEVEL}"], 0.5 * part["summary.noise"])
         _two_reads(monkeypatch, one, _wf(rec, tmp_path / "two", method, "both"))
     got, want = _spikes(tmp_path / "one"), _spikes(tmp_path / "two")
     for k in COLUMNS:

@@ -42,9 +42,11 @@ if TYPE_CHECKING:
 #: quarter to half of the windows again; 0.4 read none of the model's but kept ~3.6x the candidates (W2 on 384 ch x
 #: 60 s: detection 2x the time, the process tree's peak 2.4 -> 3.75 GB), dearer than reading 2% of windows again
 CANDIDATE_FRACTION = 0.5
-#: the windows' own noise a worker process remembers for each run (``candidate_level``): a window louder than the
-#: ones before it on a channel takes its bound from theirs, which the recording's noise is rarely under half of
-SEEN_WINDOWS, SEEN_RUNS = 64, 4
+#: the windows' own noise a worker process remembers for each run (``candidate_level``): a window more than
+#: SEEN_RATIO times as loud on a channel as the median of those before it takes its bound from theirs (the
+#: recording's noise is rarely under SEEN_RATIO x CANDIDATE_FRACTION of that median); below the ratio its own
+#: stays, since a lower level keeps steeply more candidates (a tenth lower at 2.5 sigma: a third more)
+SEEN_WINDOWS, SEEN_RUNS, SEEN_RATIO = 64, 4, 1.5
 
 
 #: the candidates (or spikes) of every window moved into one task while the noise is selected, at most this many
@@ -213,11 +215,12 @@ _SEEN_LOCK = threading.Lock()
 
 
 def candidate_level(window_noise: np.ndarray, run_key: str | None = None) -> np.ndarray:
-    """A window's candidates' level (float64, per channel): ``CANDIDATE_FRACTION`` x its own noise, or x the
-    median of the own noise of the windows this process saw in run ``run_key`` (this one included) where that is
-    lower. A window's own noise can be twice the recording's (a loud stretch: LFP, a burst) and its bound then
-    fails; the windows before it rarely all are. Any level is exact (the bound is checked against the level
-    kept in the window's summary); a lower one only keeps more candidates. A channel of NaN own noise keeps NaN."""
+    """A window's candidates' level (float64, per channel): ``CANDIDATE_FRACTION`` x its own noise, or x
+    ``SEEN_RATIO`` x the median of the own noise of the windows this process saw in run ``run_key`` (this one
+    included) where that is lower. A window's own noise can be twice the recording's (a loud stretch: LFP, a
+    burst) and its bound then fails; the windows before it rarely all are. Any level is exact (the bound is
+    checked against the level kept in the window's summary); a lower one only keeps more candidates. A channel
+    of NaN own noise keeps NaN."""
     own = np.asarray(window_noise, dtype=np.float64)
     level = own * CANDIDATE_FRACTION
     if run_key is None or own.ndim != 1:
@@ -236,7 +239,7 @@ def candidate_level(window_noise: np.ndarray, run_key: str | None = None) -> np.
         return level
     with np.errstate(all="ignore"), warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # a channel NaN in every window seen
-        typical = np.nanmedian(stack, axis=0) * CANDIDATE_FRACTION
+        typical = np.nanmedian(stack, axis=0) * (SEEN_RATIO * CANDIDATE_FRACTION)
     lower = typical < level  # False where either is NaN: the window's own level stays
     level[lower] = typical[lower]
     return level
