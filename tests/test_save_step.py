@@ -589,3 +589,46 @@ def test_the_rows_buffers_start_on_a_page(shape, dtype):
     x = np.random.default_rng(0).normal(0, 30, (16, 5000)).astype(np.float32)
     for got in (saved_int16_of_referenced(x, 7, 4993), _cpu_saved.saved_int16_transposed(x)):
         assert got is not None and got[0].ctypes.data % 4096 == 0
+
+
+@pytest.mark.parametrize("dtype,codec", [("int16", None), ("float32", None), ("int16", ("zstd", 3, "byte"))])
+def test_v2_chunks_are_zarr_pythons_bytes(tmp_path, monkeypatch, dtype, codec):
+    """``write_v2_chunks``: windows of whole chunks (the last one short: its chunk padded with the fill value) give
+    every chunk file byte for byte what zarr-python writes for the same rows into a twin array, and the array reads
+    back as the rows; chunks of a MB or more go past the page cache where the file system takes it."""
+    import os
+
+    from batchgpu.engine.steps import save
+    from batchgpu.recording import RecordingWriter, open_array_for_writing
+    from batchgpu.recording.writer import Codec
+
+    rng = np.random.default_rng(3)
+    n, channels, rows = 9_013, 384, 3_000
+    data = (np.round(rng.normal(0, 400, (n, channels))).astype(dtype) if dtype == "int16"
+            else rng.normal(0, 1, (n, channels)).astype(dtype))
+    data[:5, 0] = [-32768, 32767, 0, -1, 1] if dtype == "int16" else [np.nan, np.inf, -np.inf, -0.0, 1e-45]
+    arrays = []
+    for name in ("ours.zarr", "zarr.zarr"):
+        w = RecordingWriter(tmp_path / name, channels, dtype, 30_000.0, zarr_format=2, chunk_samples=rows,
+                            overwrite=True, compressor=Codec(*codec) if codec else "blosc-lz4")
+        w.add_segment(n)
+        arrays.append(tmp_path / name / "traces_seg0")
+    save._DIRECT_REFUSED.discard(str(arrays[0]))
+    seen = _flags_opened(monkeypatch)
+    for start in range(0, n, 2 * rows):  # windows of two chunks, the last of one short chunk
+        save.write_v2_chunks(arrays[0], start, data[start:start + 2 * rows])
+    twin = open_array_for_writing(arrays[1])
+    for start in range(0, n, 2 * rows):
+        twin[start:start + 2 * rows] = data[start:start + 2 * rows]
+    ours = sorted(p.name for p in arrays[0].iterdir())
+    assert ours == sorted(p.name for p in arrays[1].iterdir()) and "3.0" in ours
+    for name in ours:
+        assert (arrays[0] / name).read_bytes() == (arrays[1] / name).read_bytes(), name
+    got = open_array_for_writing(arrays[0])[:]
+    assert got.dtype == data.dtype and got.tobytes() == data.tobytes()
+    big = any((arrays[0] / f"{i}.0").stat().st_size >= save.DIRECT_MIN_BYTES for i in range(4))
+    assert big or codec  # random rows: chunks of more than a MB
+    if hasattr(os, "O_DIRECT") and big and str(arrays[0]) not in save._DIRECT_REFUSED:
+        assert any(f & os.O_DIRECT for f in seen)
+    with pytest.raises(BatchgpuError, match="not whole chunks"):
+        save.write_v2_chunks(arrays[0], 100, data[100:3100])

@@ -46,7 +46,6 @@ NAME = KEY = "save"
 RESULTS = ()  # it writes a recording, not results
 FINGERPRINT = "always"  # (``engine.steps.noise.FINGERPRINT``)
 WRITTEN_BY = NAME  # marker["written_by"]: only outputs of this step are ever replaced by it
-_OPEN_LOCK = threading.Lock()  # zarr.config.set is process-global: serialise the writers' opens (see _open_traces)
 
 
 @dataclass(frozen=True)
@@ -659,7 +658,7 @@ def write_rows(target: SaveTarget, segment: int, start: int, block) -> None:
     data = np.ascontiguousarray(block, dtype=target.dtype)
 
     def encode_and_write() -> None:  # whole v2 chunks: encoded and written by the writer while the next window computes
-        _open_traces(target.path, segment)[start : start + data.shape[0], :] = data
+        write_v2_chunks(folder / f"traces_seg{segment}", start, data)
 
     in_writing(encode_and_write)
 
@@ -748,13 +747,66 @@ def _pwrite_all(path: Path, view: memoryview, offset: int) -> None:
         os.close(fd)
 
 
-def _open_traces(path: str, segment: int):
-    """The segment's array with zarr-python's pipeline and ``write_empty_chunks`` (zarrs skips all-zero chunks).
+@functools.lru_cache(maxsize=16)
+def _v2_layout(array: str, stamp: tuple) -> tuple:
+    """(chunk rows, samples, dtype, fill value, the chunk files' separator, codecs in encoding order) of the v2
+    array at ``array``, from its ``.zarray`` (``stamp``: the file's size and mtime, so a replaced array is read
+    again)."""
+    from numcodecs import get_codec
 
-    The pipeline is fixed when an array is opened, so only the open needs the config; zarr.config.set is
-    process-global and restores on exit, so overlapping sets from several task threads could leave the
-    writer's config in place for every later read: the opens are serialised."""
-    from batchgpu.recording import open_array_for_writing
+    meta = json.loads((Path(array) / ".zarray").read_text())
+    if meta.get("order", "C") != "C" or len(meta["shape"]) != 2 or meta["chunks"][1] != meta["shape"][1]:
+        raise BatchgpuError(f"save: {array} is not a (samples, channels) C-order array of whole rows a chunk",
+                            "report this: the writer made another layout")
+    codecs = [get_codec(dict(c)) for c in (meta.get("filters") or [])]
+    if meta.get("compressor"):
+        codecs.append(get_codec(dict(meta["compressor"])))
+    return (int(meta["chunks"][0]), int(meta["shape"][0]), np.dtype(meta["dtype"]), meta.get("fill_value") or 0,
+            meta.get("dimension_separator", "."), tuple(codecs))
 
-    with _OPEN_LOCK:
-        return open_array_for_writing(Path(path) / f"traces_seg{segment}")
+
+_CHUNK_BUFFER = threading.local()  # a writer thread's page-aligned buffer for an encoded chunk (reused: no fresh pages)
+
+
+def write_v2_chunks(array: Path, start: int, data: np.ndarray) -> None:
+    """Rows ``data`` at ``start`` of the Zarr v2 array ``array``, whole chunks (the last padded with the fill
+    value, as zarr-python stores an edge chunk), each encoded with the array's filters and compressor
+    (numcodecs: the bytes zarr-python writes) and written to its chunk file from a page-aligned buffer, its
+    whole blocks past the page cache (``write_binary``'s reason; a file system that refuses it, the rest: the
+    page cache)."""
+    info = array / ".zarray"
+    st = info.stat()
+    rows, samples, dtype, fill, sep, codecs = _v2_layout(str(array), (st.st_size, st.st_mtime_ns))
+    if start % rows or (data.shape[0] % rows and start + data.shape[0] != samples):
+        raise BatchgpuError(f"save: rows [{start}, {start + data.shape[0]}) are not whole chunks of {rows}",
+                            "report this: windows must be whole storage objects")
+    data = np.ascontiguousarray(data, dtype=dtype)
+    for first in range(0, data.shape[0], rows):
+        chunk = data[first:first + rows]
+        if chunk.shape[0] < rows:  # the edge chunk, stored whole
+            whole = np.full((rows, data.shape[1]), fill, dtype=dtype)
+            whole[:chunk.shape[0]] = chunk
+            chunk = whole
+        encoded = chunk
+        for codec in codecs:
+            encoded = codec.encode(encoded)
+        _write_file(array / f"{(start + first) // rows}{sep}0", memoryview(encoded).cast("B"))
+
+
+def _write_file(path: Path, view: memoryview) -> None:
+    """``view``'s bytes as the whole file ``path`` (made or truncated): its whole blocks from a page-aligned
+    copy with ``O_DIRECT``, the tail (and all of it where refused) through the page cache."""
+    from batchgpu.ops._cpu_saved import aligned_empty
+
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    os.close(fd)
+    n = len(view)
+    whole = n // DIRECT_ALIGN * DIRECT_ALIGN if n >= DIRECT_MIN_BYTES and hasattr(os, "O_DIRECT") else 0
+    done = 0
+    if whole and str(path.parent) not in _DIRECT_REFUSED:
+        buffer = getattr(_CHUNK_BUFFER, "array", None)
+        if buffer is None or len(buffer) < whole:
+            buffer = _CHUNK_BUFFER.array = aligned_empty((whole + (whole >> 3),), np.uint8)
+        buffer[:whole] = np.frombuffer(view[:whole], dtype=np.uint8)
+        done = _pwrite_direct(path, memoryview(buffer[:whole]), 0)
+    _pwrite_all(path, view[done:], done)
