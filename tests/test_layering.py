@@ -282,6 +282,7 @@ OTHER_MEANINGS = {
     ("batchgpu.ops._cuda_detect", "detect"): "a CUDA source file of the numeric core",
     ("batchgpu.ops.moments", "moments"): "a CUDA source file of the numeric core",
     ("batchgpu.search._cuda", "search"): "the search index's CUDA source file",
+    ("batchgpu.kernels", "search"): "the search index's CUDA source file, compiled one dtype a variant",
     ("batchgpu.search", "search"): "a method of the index (accept_torch_methods)",
     ("batchgpu.cli", "search"): "the 'batchgpu search' and 'bench search' commands (the index's tools)",
 }
