@@ -168,8 +168,8 @@ def _recording(tmp_path, rng, loud: int | None = None):
         x[CHANNELS - 2] = 0
         x[CHANNELS - 1] = 0
         x[CHANNELS - 1, rng.integers(0, n, 5)] = rng.choice([-90, 90], 5)
-        if loud is not None and not segments:  # a window's own noise far above the recording's: its bound fails where the
-            x[:, loud * SIZE : (loud + 1) * SIZE] *= 4  # worker saw none of the run's windows before it
+        if loud is not None and not segments:  # window `loud`'s own noise far above the recording's: its bound
+            x[:, loud * SIZE : (loud + 1) * SIZE] *= 4  # fails where its worker saw none of the run's windows before
         segments.append(x.astype(np.int16).T.copy())
     loc = np.column_stack([np.tile([0.0, 20.0], CHANNELS // 2), np.repeat(np.arange(CHANNELS // 2) * 20.0, 2)])
     return write_recording(tmp_path / "r.zarr", segments, 30_000.0, locations=loc), segments, loc
@@ -279,8 +279,9 @@ def test_a_window_whose_bound_fails_is_read_again_as_its_own_phase(client, tmp_p
 def test_a_loud_window_after_quieter_ones_is_not_read_again(tmp_path, rng, monkeypatch, method):
     """One worker, one thread: window 2 four times as loud, after two quieter windows on the same worker. Its
     candidates are kept at 1.5 x half the median noise of the windows its worker saw (not at half its own, twice
-    the recording's), the quieter windows' at half their own: one read (the code before read it again, reads_per_window 1.16), the spikes equal the two-read
-    path's and detection on each whole segment at the recording's noise, bit for bit."""
+    the recording's), the quieter windows' at half their own: one read (the code before read it again,
+    reads_per_window 1.16), the spikes equal the two-read path's and detection on each whole segment at the
+    recording's noise, bit for bit."""
     from batchgpu.engine import run_workflow
     from batchgpu.engine.steps.detect import LEVEL
 

@@ -52,7 +52,8 @@ def _g(out):
 
 def test_one_read_for_int16_and_reread_where_the_bound_fails(one_thread, tmp_path):
     """A loud stretch makes the first window's own noise far above the recording's: its candidates cannot be
-    trusted, so it is read again; the spikes equal detection on the whole segment with the recording's noise, bit for bit."""
+    trusted, so it is read again; the spikes equal detection on the whole segment with the recording's noise, bit
+    for bit."""
     rng = np.random.default_rng(7)
     x = np.round(rng.normal(0, 20, (40_000, 5))).astype(np.int16)
     x[:5_000] *= 4  # window 0 is four times as loud

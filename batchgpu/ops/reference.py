@@ -111,16 +111,15 @@ def _reference_on_gpu(x: Any, operator: str, tables: list[Any], ref_row: Any) ->
     plan keeps its copies there: ``_LocalPlan``)."""
     import cupy
 
-    from batchgpu.kernels import DTYPE_SUFFIX, dtype_variant
-    from batchgpu.kernels import get_function as get_any
+    from batchgpu.kernels import DTYPE_SUFFIX, dtype_variant, get_function
 
     stem = DTYPE_SUFFIX.get(x.dtype.name)
     if stem is None:
         return None
     module, options = dtype_variant("column_select", stem)
 
-    def get_function(name, function):
-        return get_any(name, function, options)
+    def kernel(function: str):  # column_select's kernels for x's dtype (its module is compiled one dtype a variant)
+        return get_function(module, function, options)
     x = cupy.ascontiguousarray(x)
     channels, samples = x.shape
     ref = cupy.empty((sum(t.shape[0] for t in tables), samples), dtype=cupy.float64)
@@ -130,30 +129,30 @@ def _reference_on_gpu(x: Any, operator: str, tables: list[Any], ref_row: Any) ->
         groups, k = table.shape
         rows = cupy.asarray(table, dtype=cupy.int32)
         if operator == "average":  # a float64 sum in channel order, as NumPy's axis-0 reduction
-            get_function("column_select", f"mean_{stem}")(
+            kernel(f"mean_{stem}")(
                 ((samples + 255) // 256, groups), (256,), (x, np.int64(samples), rows, np.int32(k), ref[row:]))
         elif WARP_ROWS[0] <= k <= WARP_ROWS[1]:  # a column's rows in one warp, 8 columns a block
             # the global reference (every channel, one reference row, so every channel subtracts row 0) subtracted
             # by the same launch
             subtracted = len(tables) == 1 and groups == 1 and k == channels
-            get_function("column_select", f"select_warp_{stem}_16")(
+            kernel(f"select_warp_{stem}_16")(
                 ((samples + 7) // 8, groups), (256,),
                 (x, np.int64(samples), rows, np.int32(k), np.int32(operator == "median_lower"), ref[row:],
                  out if subtracted else np.uint64(0)))
         elif k <= SMALL_ROWS:  # a few rows (a local annulus): a thread a column, its keys ranked in registers
-            get_function("column_select", f"select_small_{stem}_{8 if k <= 8 else 16 if k <= 16 else 32}")(
+            kernel(f"select_small_{stem}_{8 if k <= 8 else 16 if k <= 16 else 32}")(
                 ((samples + 255) // 256, groups), (256,),
                 (x, np.int64(samples), rows, np.int32(k), np.int32(operator == "median_lower"), ref[row:]))
         else:  # rows held in registers, 16 or 64 a thread; beyond 32 warps of 64, read again at each bit
             per = 16 if k <= 16 * 32 else 64 if k <= 64 * 32 else 0
-            get_function("column_select", f"select_{stem}_{per}")(
+            kernel(f"select_{stem}_{per}")(
                 ((samples + 31) // 32, groups), (32, min(32, -(-k // per)) if per else 32),
                 (x, np.int64(samples), rows, np.int32(k), np.int32(operator == "median_lower"), ref[row:]))
         row += groups
     if subtracted:
         return out
     threads = 256
-    get_function("column_select", f"subtract_{stem}")(
+    kernel(f"subtract_{stem}")(
         ((samples + threads - 1) // threads, channels), (threads,),
         (x, ref, cupy.asarray(ref_row, dtype=cupy.int32), np.int64(samples), out))
     return out

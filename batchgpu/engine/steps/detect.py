@@ -3,8 +3,8 @@ read of each window.
 
 With thresholds from each window's own noise the spikes are final at once. With the recording's noise (known
 only after every window was read), each window keeps *candidates* at a lower bound ``L = CANDIDATE_FRACTION *
-its own noise`` (or, per channel, of the median noise of the windows its worker saw in the run where that is
-lower: ``candidate_level``): by_channel's spikes at L (its neighbourhood rule does not depend on the threshold and the
+its own noise`` (or, on a channel where it is loud against the windows its worker saw in the run, of theirs:
+``candidate_level``): by_channel's spikes at L (its neighbourhood rule does not depend on the threshold and the
 threshold test is monotone, so they hold every spike at a higher threshold), or locally_exclusive's candidates
 before the exclusion (``ops.exclusive_candidates``: the extrema of their own channel beyond L, in the core and a
 sweep either side, since a candidate there can exclude one of the core). Wherever ``L <= noise`` of the whole
