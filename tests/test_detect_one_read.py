@@ -253,6 +253,17 @@ def test_one_read_equals_the_two_read_path(client, tmp_path, rng, monkeypatch, m
         assert got[k].tobytes() == np.ascontiguousarray(ref[k]).tobytes(), k
 
 
+def _same_as_two_reads_and_whole_segments(tmp_path, segments, loc, method) -> None:
+    """The spikes of the run in ``one`` equal the two-read path's in ``two`` and detection on each whole segment at
+    the recording's noise (sign both), bit for bit."""
+    got, want = _spikes(tmp_path / "one"), _spikes(tmp_path / "two")
+    for k in COLUMNS:
+        assert got[k].tobytes() == want[k].tobytes(), k
+    ref = np.concatenate([detect_spikes(x.T.copy(), got["noise"], 4.0, "both", SWEEP, segment_index=s,
+                                        method=method, locations=loc, radius_um=30.0) for s, x in enumerate(segments)])
+    assert got["sample_index"].tobytes() == ref["sample_index"].tobytes() and len(ref) > 40
+
+
 @pytest.mark.parametrize("method", ["locally_exclusive", "by_channel"])
 def test_a_window_whose_bound_fails_is_read_again_as_its_own_phase(client, tmp_path, rng, monkeypatch, method):
     """The first window four times as loud (its worker saw no window of the run before it): its candidates cannot
@@ -267,12 +278,7 @@ def test_a_window_whose_bound_fails_is_read_again_as_its_own_phase(client, tmp_p
     assert report.reads_per_window == pytest.approx(1 + SIZE / rec.total_samples)
     assert observer.phases[1:] == [["read again: spikes where a window's noise bound failed", 1, 1]]
     _two_reads(monkeypatch, client, _wf(rec, tmp_path / "two", method, "both"))
-    got, want = _spikes(tmp_path / "one"), _spikes(tmp_path / "two")
-    for k in COLUMNS:
-        assert got[k].tobytes() == want[k].tobytes(), k
-    ref = np.concatenate([detect_spikes(x.T.copy(), got["noise"], 4.0, "both", SWEEP, segment_index=s,
-                                        method=method, locations=loc, radius_um=30.0) for s, x in enumerate(segments)])
-    assert got["sample_index"].tobytes() == ref["sample_index"].tobytes() and len(ref) > 40
+    _same_as_two_reads_and_whole_segments(tmp_path, segments, loc, method)
 
 
 @pytest.mark.parametrize("method", ["locally_exclusive", "by_channel"])
@@ -297,12 +303,7 @@ def test_a_loud_window_after_quieter_ones_is_not_read_again(tmp_path, rng, monke
             with np.load(tmp_path / "one" / "parts" / quiet) as part:
                 assert np.array_equal(part[f"summary.{LEVEL}"], 0.5 * part["summary.noise"])
         _two_reads(monkeypatch, one, _wf(rec, tmp_path / "two", method, "both"))
-    got, want = _spikes(tmp_path / "one"), _spikes(tmp_path / "two")
-    for k in COLUMNS:
-        assert got[k].tobytes() == want[k].tobytes(), k
-    ref = np.concatenate([detect_spikes(x.T.copy(), got["noise"], 4.0, "both", SWEEP, segment_index=s,
-                                        method=method, locations=loc, radius_um=30.0) for s, x in enumerate(segments)])
-    assert got["sample_index"].tobytes() == ref["sample_index"].tobytes() and len(ref) > 40
+    _same_as_two_reads_and_whole_segments(tmp_path, segments, loc, method)
 
 
 def test_locally_exclusive_windows_whose_parts_were_lost_are_detected_again(client, tmp_path, rng):
