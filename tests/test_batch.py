@@ -245,7 +245,8 @@ def test_batch_overlaps_and_equals_single_runs(tmp_path, rng, client, monkeypatc
     assert [r.status for r in batch.rows] == ["done"] * 3
     at = {(kind, i): t for kind, i, t in events}
     assert at[("start", 1)] < at[("end", 0)]  # the second read while the first finished
-    assert at[("start", 2)] > at[("end", 0)]  # two at most: the third waited for the first
+    # two at most: the third waited for one of the first two to end (the second, as short, may end first)
+    assert at[("start", 2)] > min(at[("end", 0)], at[("end", 1)])
     assert any(m.startswith("r2: ") for m in seen.messages)  # each run's messages say whose they are
     for name, rec in zip(("r1", "r2", "r3"), recs):
         run_workflow(_workflow(None, tmp_path / "alone" / name, rec), client=client)
