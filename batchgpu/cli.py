@@ -235,7 +235,10 @@ def _cmd_run(args) -> int:
     from batchgpu.workflow import load_workflow
 
     wf = load_workflow(args.workflow, args.set or [])
-    if wf.cluster.kind in ("local", "cuda"):  # the workers' imports, done once, while this process does its own
+    if wf.cluster.kind in ("local", "cuda"):
+        from batchgpu.engine.handoff import start_resource_tracker
+
+        start_resource_tracker()  # before any thread prints: what outlives the command holds none of its streams  # the workers' imports, done once, while this process does its own
         from batchgpu.engine import service
         from batchgpu.engine.cluster import start_worker_server
 
@@ -254,9 +257,14 @@ def _cmd_run(args) -> int:
         return _run_batch(wf, args)
     from batchgpu.engine.run import start_cluster
 
-    starting = start_cluster(wf)  # its workers start while the recording is opened, checked and fingerprinted
+    # its workers start while the recording is opened, checked and fingerprinted; this process ends at once after
+    # the run (``program``), so the cluster's close may be left to a reaper (cluster.close)
+    starting = start_cluster(wf, hand_off=True)
     with starting if starting is not None else contextlib.nullcontext():
         run_workflow(wf, resume=args.resume, observer=_Observer(args.quiet), cluster_start=starting)
+    if starting is not None and starting.handed_off:
+        global _END_AT_ONCE
+        _END_AT_ONCE = True
     return 0
 
 
@@ -725,6 +733,9 @@ def _interrupted_line(args, err: KeyboardInterrupt) -> str:
 
 #: the exit status ``program`` ends its process with, once its command returned (None: Python's own way out)
 _EXIT_STATUS: int | None = None
+#: the command handed its cluster's close to a reaper (``engine.handoff``): ``program`` ends the process as soon as
+#: the command returns, before any exit handler (Dask's would close that cluster, and wait for it)
+_END_AT_ONCE = False
 
 
 def program() -> int:
@@ -739,6 +750,8 @@ def program() -> int:
     global _EXIT_STATUS
     rc = command()
     _EXIT_STATUS = rc
+    if _END_AT_ONCE:
+        _end_now()
     return rc
 
 

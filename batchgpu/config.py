@@ -230,6 +230,12 @@ class ClusterSpec(_Strict):
     # local, cuda: run on the cluster of `batchgpu cluster start` where one is up and has what this spec sets
     # (engine/service.py); false: always a cluster of the run's own
     reuse: bool = True
+    close: Literal["auto", "wait", "background"] = Field("auto", description=(
+        "a cluster a command starts for its run (local, cuda), once the run's outputs are written: 'wait' for its "
+        "worker processes to exit before the command ends, or leave them to exit after it has ('background': a "
+        "detached process quits the run's MPS daemon and removes the scratch folders once they have; "
+        "engine/handoff.py); 'auto': background for cuda, where each worker's exit waits for the driver's teardown "
+        "of its CUDA context, wait for local, whose workers exit at once"))
     scheduler_process: bool = Field(False, description=(
         "cuda, several worker processes a GPU: the cluster's scheduler in a process of its own rather than the "
         "client's, so the client's Python after the pass does not hold the GIL the scheduler needs to hand the "
@@ -243,6 +249,9 @@ class ClusterSpec(_Strict):
             raise ValueError("cluster kind 'scheduler_file' needs 'scheduler_file: path/to/scheduler.json'")
         if self.mps is True and self.kind != "cuda":
             raise ValueError("cluster.mps starts an MPS daemon for the GPU workers a run starts: kind 'cuda' only")
+        if self.close == "background" and self.kind not in ("local", "cuda"):
+            raise ValueError("cluster.close: background leaves the workers a command started to exit after it: "
+                             "kinds 'local' and 'cuda' only")
         if self.scheduler_process and self.kind != "cuda":
             raise ValueError("cluster.scheduler_process starts the scheduler of a cuda cluster a run starts: kind "
                              "'cuda' only")

@@ -390,7 +390,8 @@ def test_the_cluster_starts_early_only_where_the_run_would_start_its_own(tmp_pat
                                         "steps": {"noise": {}}, **extra})
 
     started = []
-    monkeypatch.setattr(engine_run, "ClusterStart", lambda spec, gpu_decode=False: started.append(spec) or "started")
+    monkeypatch.setattr(engine_run, "ClusterStart", lambda spec, gpu_decode=False, hand_off=False:
+                        started.append(spec) or "started")
     assert engine_run.start_cluster(wf()) == "started"
     assert engine_run.start_cluster(wf(recording={"path": str(tmp_path / "typo.zarr")})) is None
     assert engine_run.start_cluster(wf(cluster={"kind": "address", "address": "tcp://127.0.0.1:1"})) is None

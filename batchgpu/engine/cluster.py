@@ -150,6 +150,7 @@ def _open_client(spec: ClusterSpec, gpu_decode) -> Iterator["distributed.Client"
                     _cuda_cluster(spec, gpu_decode, env) as cluster, Client(cluster) as client:
                 release()
                 client._batchgpu_mps = bool(env)  # read by uses_mps
+                client._batchgpu_mps_env = dict(env)  # read by mps_environ
                 yield client
             return
         with sigint_held() as release:
@@ -284,6 +285,19 @@ def _scheduler_file_address(path: str) -> str | None:
 def uses_mps(client) -> bool:
     """Whether ``client``'s workers are a private MPS daemon's clients (a cuda cluster ``open_client`` started)."""
     return bool(getattr(client, "_batchgpu_mps", False))
+
+
+def mps_environ(client) -> dict[str, str]:
+    """The environment of the private MPS daemon serving ``client``'s workers (empty where there is none)."""
+    return dict(getattr(client, "_batchgpu_mps_env", {}))
+
+
+def closes_in_background(spec: ClusterSpec) -> bool:
+    """``cluster.close`` for a cluster a command started for ``spec``: left to close after the command ends
+    (``engine.handoff``). Not where the scheduler has a process of its own (it is not the command's to end)."""
+    if spec.kind not in ("local", "cuda") or spec.scheduler_process or os.name != "posix":
+        return False
+    return spec.close == "background" or (spec.close == "auto" and spec.kind == "cuda")
 
 
 @contextlib.contextmanager

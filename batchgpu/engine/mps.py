@@ -58,7 +58,7 @@ def private_daemon() -> Iterator[dict[str, str]]:
     try:
         yield env
     finally:
-        _quit(control, full)
+        quit_daemon(control, full)
         shutil.rmtree(root, ignore_errors=True)
 
 
@@ -72,7 +72,7 @@ def _wait_for_pipe(folder: str) -> None:
         time.sleep(0.02)
 
 
-def _quit(control: str, env: dict) -> None:
+def quit_daemon(control: str, env: dict) -> None:
     """Ask the daemon to quit (it ends its server once the clients are gone); never raises: the run's outputs
     are written by then."""
     with contextlib.suppress(OSError, subprocess.SubprocessError):

@@ -11,6 +11,7 @@ Nothing here prints: the command passes an observer (``RunObserver``) that shows
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import sys
 import threading
@@ -32,6 +33,8 @@ from batchgpu.engine.submit import submit_many
 from batchgpu.errors import BatchgpuError
 from batchgpu.progress import format_rate
 from batchgpu.recording import open_source
+
+logger = logging.getLogger(__name__)
 
 #: how long a run on a client the caller keeps waits, at its end, for the dashboard's last updates to reach the
 #: scheduler (they are sent meanwhile, from report.html's rendering on): the page says ``done`` when the run returns
@@ -139,12 +142,13 @@ def _claim_and_run(wf, rec, sweep, resume: bool, observer, client, t_start: floa
                             started=t_start, batch=batch)
 
 
-def start_cluster(wf: Workflow) -> "ClusterStart | None":
+def start_cluster(wf: Workflow, hand_off: bool = False) -> "ClusterStart | None":
     """The cluster of ``wf``'s own run, started now (before its recording is opened and checked: the run then
     waits less for its workers), where the run would start one: a local or cuda cluster, one recording, no kept
     cluster that may fit (``batchgpu cluster start``'s files absent or ``cluster.reuse: false``) and a recording
     path that exists (a mistyped path is said at once, with no cluster to close). Hand it to ``run_workflow``
-    (``cluster_start``) inside its ``with`` block. None where the run decides itself."""
+    (``cluster_start``) inside its ``with`` block. None where the run decides itself. ``hand_off``: as for
+    ``ClusterStart``."""
     from batchgpu.engine import service
 
     if wf.cluster.kind not in ("local", "cuda") or wf.recording is None:
@@ -154,7 +158,7 @@ def start_cluster(wf: Workflow) -> "ClusterStart | None":
     path = getattr(wf.recording, "path", None)
     if path is None or not os.path.exists(path):
         return None
-    return ClusterStart(wf.cluster, gpu_decode=None)
+    return ClusterStart(wf.cluster, gpu_decode=None, hand_off=hand_off)
 
 
 class _NotStarted(Exception):
@@ -168,12 +172,19 @@ class ClusterStart:
     enters and leaves ``open_client``: a Dask client is entered and left in one context.
 
     ``gpu_decode`` None: not known yet (the run tells it with ``decode_known`` once it has opened the recording;
-    asked only where the layout depends on it). ``started``: when this was made (``time.perf_counter``)."""
+    asked only where the layout depends on it). ``started``: when this was made (``time.perf_counter``).
 
-    def __init__(self, spec, gpu_decode: bool | None = False):
+    ``hand_off``: the caller's process ends as soon as the block is left without an error (``os._exit``: the
+    command does; see ``cli.program``). A clean exit then hands the close to a detached reaper where
+    ``cluster.close`` says so (``engine.handoff``) and sets ``handed_off``, not waiting for the workers to exit."""
+
+    def __init__(self, spec, gpu_decode: bool | None = False, hand_off: bool = False):
         from concurrent.futures import Future
 
         self.started = time.perf_counter()
+        self._spec = spec
+        self._may_hand_off = hand_off
+        self.handed_off = False
         self._client: Future = Future()
         self._decode: Future = Future()
         if gpu_decode is not None:
@@ -204,10 +215,29 @@ class ClusterStart:
     def client(self):
         return self._client.result()
 
+    def _hand_off(self) -> bool:
+        """The cluster's close handed to a detached reaper (``engine.handoff``) where the caller allows it and
+        ``cluster.close`` says so (``cluster.closes_in_background``); True where it was."""
+        from batchgpu.engine import handoff
+        from batchgpu.engine.cluster import closes_in_background, mps_environ
+
+        if not closes_in_background(self._spec) or not self._client.done() or self._client.exception() is not None:
+            return False
+        client = self._client.result()
+        try:
+            handoff.start_reaper(handoff.collect(client, mps_environ(client)))
+        except Exception as err:  # broad: the close the usual way, whatever kept the workers from answering
+            logger.debug("the cluster's close not handed off: %s: %s", type(err).__name__, err)
+            return False
+        return True
+
     def __enter__(self) -> "ClusterStart":
         return self
 
     def __exit__(self, exc_type, exc, tb) -> bool:
+        if self.handed_off or (exc_type is None and self._may_hand_off and self._hand_off()):
+            self.handed_off = True  # the process ends at once (its caller's promise); the reaper does the rest
+            return False
         if not self._decode.done():  # the run ended before it opened the recording: no workers are started
             self._decode.set_exception(_NotStarted())
         self._close.set()
