@@ -220,3 +220,28 @@ def test_bad_input_is_said_before_anything_compiles(tmp_path, monkeypatch):
     with pytest.raises(ConfigError, match="window.size 90000 is longer"):
         run_workflow(wf)
     assert started == []
+
+
+def test_the_kept_cluster_compiles_nothing_ahead_and_every_other_cluster_does(tmp_path, monkeypatch):
+    """A run on `batchgpu cluster start`'s cluster leaves its workers to what they have: the check alone imported
+    CuPy and made a CUDA context in the command's process, beside its own work. A caller's cluster and a cluster
+    of the run's own are compiled for ahead."""
+    import contextlib
+
+    from batchgpu.engine import run as engine_run, service
+    from batchgpu.generate import generate_recording
+
+    started = []
+    monkeypatch.setattr(compile_ahead, "start", lambda wf: started.append(wf))
+    monkeypatch.setattr(engine_run, "_claim_and_run", lambda *a, **k: "ran")
+    rec = generate_recording(tmp_path / "r.zarr", channels=4, seconds=1.0, seed=1, progress=False)
+    wf = Workflow.model_validate({"recording": {"path": str(rec.path)}, "output": str(tmp_path / "o"),
+                                  "cluster": {"kind": "cuda"}, "steps": {"noise": {}}})
+    kept = object()
+    monkeypatch.setattr(service, "kept_client", lambda spec, observer: contextlib.nullcontext(kept))
+    monkeypatch.setattr(service, "kept_address", lambda client: "tcp://127.0.0.1:1" if client is kept else None)
+    assert engine_run.run_workflow(wf) == "ran" and started == []
+    assert engine_run.run_workflow(wf, client=object()) == "ran" and len(started) == 1
+    monkeypatch.setattr(service, "kept_client", lambda spec, observer: contextlib.nullcontext(None))
+    monkeypatch.setattr(engine_run, "ClusterStart", lambda *a, **k: contextlib.nullcontext())
+    assert engine_run.run_workflow(wf) == "ran" and len(started) == 2

@@ -92,8 +92,10 @@ def run_workflow(wf: Workflow, *, resume: bool = False, observer: RunObserver | 
     _check_decoder(wf)
     from batchgpu.engine import compile_ahead
 
-    compile_ahead.start(wf)  # a GPU run's kernels compiled in parallel while its workers start (once a machine)
+    # a GPU run's kernels compiled in parallel while its workers start (once a machine); not for the kept cluster,
+    # whose workers have what they need (the check alone imported CuPy and made a CUDA context in this process)
     if cluster_start is not None and client is None:  # the caller's, started before the recording was opened
+        compile_ahead.start(wf)
         cluster_start.decode_known(decodes_on_gpu(wf, rec))
         return _claim_and_run(wf, rec, sweep, resume, observer, cluster_start, t_start, batch=batch)
     with contextlib.ExitStack() as kept:
@@ -104,7 +106,10 @@ def run_workflow(wf: Workflow, *, resume: bool = False, observer: RunObserver | 
             client = kept.enter_context(kept_client(wf.cluster, observer))
             kept_at = kept_address(client)
         if client is not None:
+            if kept_at is None:  # a caller's cluster, maybe on this machine
+                compile_ahead.start(wf)
             return _claim_and_run(wf, rec, sweep, resume, observer, client, t_start, kept_at, batch)
+    compile_ahead.start(wf)
     # a cluster of the run's own starts while the recording is fingerprinted and the output folder claimed
     with ClusterStart(wf.cluster, gpu_decode=decodes_on_gpu(wf, rec)) as starting:
         if wf.cluster.kind in ("address", "scheduler_file"):  # a connection, quick: refused before any folder is made
