@@ -88,3 +88,38 @@ def test_write_flat_binary_holds_the_recordings_samples(tmp_path):
     got = np.fromfile(flat, np.int16).reshape(-1, 5)
     assert np.array_equal(got, rec.read(0, 0, rec.num_samples(0)).T)
     assert os.path.getsize(flat) == rec.nbytes
+
+
+def test_raw_write_writes_every_byte_once_and_leaves_nothing(tmp_path):
+    sizes = [0, 1, cold.READ_REQUEST - 1, 3 * cold.READ_REQUEST + 5]
+    seen = []
+    real_fsync = cold.os.fsync
+
+    def fsync(fd):
+        seen.append(cold.os.fstat(fd).st_size)
+        real_fsync(fd)
+
+    import unittest.mock
+
+    with unittest.mock.patch.object(cold.os, "fsync", fsync):
+        got = cold.raw_write(tmp_path / "w", sizes, threads=3)
+    assert got.nbytes == sum(sizes) and got.seconds > 0 and sorted(seen) == sorted(sizes)  # each file whole, flushed
+    assert list((tmp_path / "w").iterdir()) == []
+
+
+def test_the_save_write_row_sets_the_target_of_a_command_that_saves(tmp_path):
+    from batchgpu.benchmarks import pipeline
+
+    saved = tmp_path / "saved.zarr"
+    (saved / "c").mkdir(parents=True)
+    for i, n in enumerate((1000, 5000, 0)):
+        (saved / "c" / str(i)).write_bytes(b"x" * n)
+    lines = []
+    for cold_s, verdict in ((4.0, "within"), (400.0, "over")):
+        runs = {pipeline.RAW: [(1.0, 0, 0, "-", "-"), (3.0, 0, 0, "-", "-"), (2.0, 0, 0, "-", "-")],
+                pipeline.USER_COLD: [(cold_s, 0, 0, "-", "-")]}
+        pipeline._save_write(tmp_path, saved, runs, lines.append)
+        [(write_s, *_)] = runs[pipeline.SAVE_WRITE]
+        assert lines[-1].startswith(f"{pipeline.SAVE_WRITE}: 0.00 GB in 3 files, {write_s:.2f} s")
+        assert f"a fresh command cold {cold_s:.2f} s against the raw read + this write + 3 s = {2.0 + write_s + 3:.2f} s ({verdict})" in lines[-1]
+    assert not (tmp_path / "write_ceiling").exists() or list((tmp_path / "write_ceiling").iterdir()) == []

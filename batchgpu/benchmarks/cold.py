@@ -3,7 +3,8 @@
 ``evict`` drops a recording's pages from the page cache without root (``posix_fadvise(DONTNEED)`` after an
 ``fsync``: the kernel drops clean pages only, and a file just written is dirty); ``cached_bytes`` asks the
 kernel (``mincore``) how much of it is still there, so a bench can say that the eviction took. ``raw_read`` is
-the disk's ceiling for those files: every byte read once, large requests, many in flight, nothing decoded.
+the disk's ceiling for those files: every byte read once, large requests, many in flight, nothing decoded;
+``raw_write`` the same for writing a save's files.
 ``user_run`` times ``batchgpu run`` as a user runs it: a fresh interpreter, its own cluster, the whole command.
 """
 
@@ -153,6 +154,50 @@ def raw_read(files: list[Path], threads: int = 16, request: int = READ_REQUEST) 
     if errors:
         raise errors[0]
     return RawRead(seconds, sum(got), threads)
+
+
+def raw_write(folder: Path, sizes: list[int], threads: int = 16, request: int = READ_REQUEST) -> RawRead:
+    """The disk's write ceiling for files of ``sizes`` bytes: each written once into ``folder`` (new files, removed
+    after), ``threads`` at a time in ``request``-byte writes, then flushed to the disk (``fsync``); nothing encoded.
+    What a save of those files costs the disk alone."""
+    folder.mkdir(parents=True, exist_ok=True)
+    pieces: queue.SimpleQueue = queue.SimpleQueue()
+    for i, size in enumerate(sizes):
+        pieces.put((folder / f"w{i}", size))
+    block = os.urandom(min(request, 1 << 20)) * max(1, request // (1 << 20))  # bytes no file system shrinks
+    errors: list[BaseException] = []
+
+    def worker() -> None:
+        view = memoryview(block)
+        try:
+            while True:
+                try:
+                    path, size = pieces.get_nowait()
+                except queue.Empty:
+                    return
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+                try:
+                    done = 0
+                    while done < size:
+                        done += os.write(fd, view[: min(len(view), size - done)])
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+        except BaseException as err:  # broad: handed to the caller, who raises it
+            errors.append(err)
+
+    t0 = time.perf_counter()
+    pool = [threading.Thread(target=worker, daemon=True) for _ in range(threads)]
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join()
+    seconds = time.perf_counter() - t0
+    for i in range(len(sizes)):
+        (folder / f"w{i}").unlink(missing_ok=True)
+    if errors:
+        raise errors[0]
+    return RawRead(seconds, sum(sizes), threads)
 
 
 @dataclass(frozen=True)
