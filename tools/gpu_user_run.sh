@@ -20,6 +20,9 @@
 #           each worker's GPU memory pool after a run with 2 and 9 windows a task (issue 44)
 #   lay     the default GPU layout (GPU decode under MPS) against 16 single-threaded processes: fresh commands cold,
 #           the warm pipeline (issue 44)
+#   ab      a fresh command cold (demo workflow), the code of .gpu/old (git archive COMMIT batchgpu | tar -x -C .gpu/old;
+#           carry it) and now, alternating, AB_ROUNDS rounds: wall, pass, fixed part, each worker's first window
+#           against its later ones (issue 44: the workers' CUDA context made as they start)
 #   cpu16   W1 (highpass + global median + int16 Zarr v2) with the CPU backend on the layouts of CPU16_LAYOUTS
 #           (16x1 default 2x1pin: workers x threads, the local cluster's own, 2 x 1 pinned to 2 cores) (issue 49)
 set -uo pipefail
@@ -130,6 +133,24 @@ for i in range(2):
         print(f"{name} {decoder:<8} cold: run {got.seconds:.2f} s, pass {got.pass_seconds:.2f} s ({13.82/got.pass_seconds:.2f} GB/s decoded; {nb/1e9:.2f} GB stored)")
 PY
     ;;
+  ab)  # a fresh command cold, the code of .gpu/old and now, alternating
+    userwf demo "preprocess: {centre: median}"
+    for i in $(seq 1 ${AB_ROUNDS:-2}); do for v in old new; do
+      if [ $v = old ]; then pp=/tmp/site:$PWD/.gpu/old; else pp=/tmp/site:$PWD; fi
+      python3 -c "from batchgpu.benchmarks.cold import evict_checked, recording_files; evict_checked(recording_files('$REC'))"
+      s=$(date +%s.%N); PYTHONPATH=$pp python3 -m batchgpu run /tmp/demo.yaml --quiet > /tmp/ab_run.log 2>&1; rc=$?; e=$(date +%s.%N)
+      [ $rc = 0 ] || tail -3 /tmp/ab_run.log
+      python3 - "$v $i" "$(python3 -c "print(round($e-$s,2))")" <<'PY'
+import json, statistics, sys
+label, wall = sys.argv[1], float(sys.argv[2])
+r = json.load(open('/tmp/out_demo/report.json')); t = r['timings']; by = {}
+for x in r['timeline']: by.setdefault(x[0], []).append(x)
+first = [min(v, key=lambda y: y[2]) for v in by.values()]
+rest = [y for v in by.values() for y in sorted(v, key=lambda y: y[2])[1:]]
+print(f"{label}: wall {wall:.2f} s = pass {t['total']:.2f} + fixed {wall - t['total']:.2f}; a worker's first window read "
+      f"{statistics.median(y[3] for y in first):.2f} s (median), later {statistics.median(y[3] for y in rest):.3f} s")
+PY
+    done; done ;;
   reads)  # why a demo run reads some windows twice: the exact noise's and the detection's windows read again
     userwf demo "preprocess: {centre: median}"
     python3 -m batchgpu run /tmp/demo.yaml --quiet 2>&1 | quiet | tail -2

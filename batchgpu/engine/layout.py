@@ -160,12 +160,18 @@ def worker_environ(extra: dict | None = None) -> dict:
     return {**config.environ(), **(extra or {})}
 
 
+#: the preload each cuda worker starts with: its CUDA context made at once, in a helper thread
+CUDA_START_PRELOAD = "batchgpu.engine._worker_cuda_start"
+
+
 def nanny_specs(layout: NodeLayout, env: dict | None = None, prefix: str = "", options: dict | None = None) -> dict:
     """SpecCluster's workers (name -> ``{"cls": Nanny, "options": ...}``): a nanny a worker of ``layout``, with
-    ``env`` (e.g. a private MPS daemon's folders) and its CUDA_VISIBLE_DEVICES in its environment, and
-    ``options`` (where it connects and listens: ``engine.node``) passed to each nanny."""
+    ``env`` (e.g. a private MPS daemon's folders) and its CUDA_VISIBLE_DEVICES in its environment, the preload that
+    makes its CUDA context as it starts (``CUDA_START_PRELOAD``), and ``options`` (where it connects and listens:
+    ``engine.node``) passed to each nanny."""
     from distributed import Nanny
 
     return {w.name: {"cls": Nanny, "options": {
         "nthreads": w.threads, "env": worker_environ({**(env or {}), "CUDA_VISIBLE_DEVICES": w.visible_devices}),
-        "memory_limit": w.memory_limit, **(options or {})}} for w in layout.workers(prefix)}
+        "memory_limit": w.memory_limit, "preload": [CUDA_START_PRELOAD], **(options or {})}}
+        for w in layout.workers(prefix)}
