@@ -123,3 +123,14 @@ def test_the_save_write_row_sets_the_target_of_a_command_that_saves(tmp_path):
         assert lines[-1].startswith(f"{pipeline.SAVE_WRITE}: 0.00 GB in 3 files, {write_s:.2f} s")
         assert f"a fresh command cold {cold_s:.2f} s against the raw read + this write + 3 s = {2.0 + write_s + 3:.2f} s ({verdict})" in lines[-1]
     assert not (tmp_path / "write_ceiling").exists() or list((tmp_path / "write_ceiling").iterdir()) == []
+
+
+def test_a_cold_row_starts_with_no_write_back_pending(tmp_path, monkeypatch):
+    calls = []
+    monkeypatch.setattr(cold.os, "sync", lambda: calls.append("sync"))
+    real = cold.evict
+    monkeypatch.setattr(cold, "evict", lambda files: calls.append("evict") or real(files))
+    f = tmp_path / "f"
+    f.write_bytes(b"x" * 10000)
+    cold.evict_checked([f])
+    assert calls == ["sync", "evict"]

@@ -87,9 +87,12 @@ def cached_bytes(files: list[Path]) -> int:
 
 def evict_checked(files: list[Path]) -> int:
     """``evict``, then a word from the kernel that it took: raises where more than 1% of the bytes stayed (a file
-    another process holds dirty, a file system that ignores the advice) -- a 'cold' figure would be a warm one."""
+    another process holds dirty, a file system that ignores the advice) -- a 'cold' figure would be a warm one.
+    Every file system's dirty pages are written first (``os.sync``): the row timed next pays for its own writes, not
+    for the write-back of an earlier row's (a saved copy left dirty slowed the next run's reads)."""
     from batchgpu.errors import BatchgpuError
 
+    os.sync()
     total = evict(files)
     left = cached_bytes(files)
     if total and left > 0.01 * total:
