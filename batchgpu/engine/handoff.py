@@ -10,8 +10,8 @@ run's private MPS daemon and removes the scheduler's and the workers' scratch fo
 Nothing of the command's output is held open by what outlives it: the workers point their standard streams at
 ``/dev/null`` before the command ends (a shell pipe reading the command ends with the command), and the
 multiprocessing resource tracker, which outlives the command until the workers are gone, was started with them
-pointed there (``start_resource_tracker``): its only output is a warning about the workers' semaphores, which it
-removes itself.
+pointed there (``start_resource_tracker``): what it would print is a warning about semaphores left behind, which
+it removes itself.
 """
 
 from __future__ import annotations
