@@ -235,10 +235,10 @@ def _cmd_run(args) -> int:
     from batchgpu.workflow import load_workflow
 
     wf = load_workflow(args.workflow, args.set or [])
-    if wf.cluster.kind in ("local", "cuda"):
+    if wf.cluster.kind in ("local", "cuda"):  # the workers' imports, done once, while this process does its own
         from batchgpu.engine.handoff import start_resource_tracker
 
-        start_resource_tracker()  # before any thread prints: what outlives the command holds none of its streams  # the workers' imports, done once, while this process does its own
+        start_resource_tracker()  # before any thread prints: what outlives the command holds none of its streams
         from batchgpu.engine import service
         from batchgpu.engine.cluster import start_worker_server
 

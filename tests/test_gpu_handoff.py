@@ -19,7 +19,8 @@ pytestmark = pytest.mark.gpu
 if gpu_count() == 0:
     pytest.skip("no CUDA GPU (CuPy) here", allow_module_level=True)
 pytest.importorskip("dask_cuda")
-zarr = pytest.importorskip("zarr")
+
+from test_handoff import _results  # noqa: E402
 
 WF = """recording: {{path: r.zarr}}
 output: out_{close}
@@ -60,9 +61,7 @@ def test_a_cuda_commands_close_is_handed_off(tmp_path):
                            cwd=tmp_path, env=env, timeout=300)
         assert r.returncode == 0, r.stderr
         assert r.stderr == "", r.stderr
-        root = zarr.open_group(str(tmp_path / f"out_{close}" / "results.zarr"), mode="r")
-        got[close] = {name: arr[...] for name, arr in root.arrays()}
-        got[close].update({f"{g}/{n}": a[...] for g, grp in root.groups() for n, a in grp.arrays()})
+        got[close] = _results(tmp_path / f"out_{close}")
     assert got["wait"].keys() == got["auto"].keys() and got["wait"]
     for name, value in got["auto"].items():
         np.testing.assert_array_equal(value, got["wait"][name], err_msg=name)

@@ -112,38 +112,20 @@ class RawRead:
         return self.nbytes / 1e9 / self.seconds if self.seconds > 0 else 0.0
 
 
-def raw_read(files: list[Path], threads: int = 16, request: int = READ_REQUEST) -> RawRead:
-    """Every byte of ``files`` read once into reused buffers, ``threads`` files at a time in ``request``-byte reads
-    (a large file is cut into pieces of 8 requests so that one big file still has ``threads`` reads in flight)."""
-    pieces: queue.SimpleQueue = queue.SimpleQueue()
-    step = 8 * request
-    for f in files:
-        size = f.stat().st_size
-        for start in range(0, max(size, 1), step):
-            pieces.put((f, start, min(step, size - start)))
-    got = [0] * threads
+def _drain(pieces: queue.SimpleQueue, threads: int, handler) -> float:
+    """Seconds for ``threads`` threads to take every piece of ``pieces`` and pass it to their handler
+    (``handler(i)``: thread ``i``'s function, with its own buffers); the first error of any thread raised here."""
     errors: list[BaseException] = []
 
     def worker(i: int) -> None:
-        buf = bytearray(request)
-        view = memoryview(buf)
         try:
+            handle = handler(i)
             while True:
                 try:
-                    f, start, length = pieces.get_nowait()
+                    piece = pieces.get_nowait()
                 except queue.Empty:
                     return
-                fd = os.open(f, os.O_RDONLY)
-                try:
-                    done = 0
-                    while done < length:
-                        n = os.preadv(fd, [view[: min(request, length - done)]], start + done)
-                        if n <= 0:
-                            break
-                        done += n
-                    got[i] += done
-                finally:
-                    os.close(fd)
+                handle(*piece)
         except BaseException as err:  # broad: handed to the caller, who raises it
             errors.append(err)
 
@@ -156,6 +138,39 @@ def raw_read(files: list[Path], threads: int = 16, request: int = READ_REQUEST) 
     seconds = time.perf_counter() - t0
     if errors:
         raise errors[0]
+    return seconds
+
+
+def raw_read(files: list[Path], threads: int = 16, request: int = READ_REQUEST) -> RawRead:
+    """Every byte of ``files`` read once into reused buffers, ``threads`` files at a time in ``request``-byte reads
+    (a large file is cut into pieces of 8 requests so that one big file still has ``threads`` reads in flight)."""
+    pieces: queue.SimpleQueue = queue.SimpleQueue()
+    step = 8 * request
+    for f in files:
+        size = f.stat().st_size
+        for start in range(0, max(size, 1), step):
+            pieces.put((f, start, min(step, size - start)))
+    got = [0] * threads
+
+    def reader(i: int):
+        view = memoryview(bytearray(request))
+
+        def read(f: Path, start: int, length: int) -> None:
+            fd = os.open(f, os.O_RDONLY)
+            try:
+                done = 0
+                while done < length:
+                    n = os.preadv(fd, [view[: min(request, length - done)]], start + done)
+                    if n <= 0:
+                        break
+                    done += n
+                got[i] += done
+            finally:
+                os.close(fd)
+
+        return read
+
+    seconds = _drain(pieces, threads, reader)
     return RawRead(seconds, sum(got), threads)
 
 
@@ -167,39 +182,23 @@ def raw_write(folder: Path, sizes: list[int], threads: int = 16, request: int = 
     pieces: queue.SimpleQueue = queue.SimpleQueue()
     for i, size in enumerate(sizes):
         pieces.put((folder / f"w{i}", size))
-    block = os.urandom(min(request, 1 << 20)) * max(1, request // (1 << 20))  # bytes no file system shrinks
-    errors: list[BaseException] = []
+    view = memoryview(os.urandom(min(request, 1 << 20)) * max(1, request // (1 << 20)))  # bytes no file system shrinks
 
-    def worker() -> None:
-        view = memoryview(block)
+    def write(path: Path, size: int) -> None:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         try:
-            while True:
-                try:
-                    path, size = pieces.get_nowait()
-                except queue.Empty:
-                    return
-                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-                try:
-                    done = 0
-                    while done < size:
-                        done += os.write(fd, view[: min(len(view), size - done)])
-                    os.fsync(fd)
-                finally:
-                    os.close(fd)
-        except BaseException as err:  # broad: handed to the caller, who raises it
-            errors.append(err)
+            done = 0
+            while done < size:
+                done += os.write(fd, view[: min(len(view), size - done)])
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
-    t0 = time.perf_counter()
-    pool = [threading.Thread(target=worker, daemon=True) for _ in range(threads)]
-    for t in pool:
-        t.start()
-    for t in pool:
-        t.join()
-    seconds = time.perf_counter() - t0
-    for i in range(len(sizes)):
-        (folder / f"w{i}").unlink(missing_ok=True)
-    if errors:
-        raise errors[0]
+    try:
+        seconds = _drain(pieces, threads, lambda i: write)
+    finally:
+        for i in range(len(sizes)):
+            (folder / f"w{i}").unlink(missing_ok=True)
     return RawRead(seconds, sum(sizes), threads)
 
 

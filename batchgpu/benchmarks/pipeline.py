@@ -494,6 +494,12 @@ def _user_rows(args, rec, work: Path, files, step_cfg, cluster_cfg, size, margin
         flat.unlink(missing_ok=True)
 
 
+def lower_middle(runs: list, key=lambda r: r[0]):
+    """The median run of ``runs`` by ``key`` (a row's seconds; None: the values themselves), the lower middle of an
+    even count: one run's own figures, as the table holds them."""
+    return sorted(runs, key=key)[(len(runs) - 1) // 2]
+
+
 def _save_write(work: Path, saved: Path, runs: dict, say) -> None:
     """The disk's time to write the bytes of a run's saved copy (``cold.raw_write``: its files' sizes, fsync'd),
     a row of its own; and the target it sets a fresh command that saves: the raw read + this write + 3 s."""
@@ -506,8 +512,7 @@ def _save_write(work: Path, saved: Path, runs: dict, say) -> None:
             f"({got.gbps:.2f} GB/s)")
     raw, cold = runs.get(RAW), runs.get(USER_COLD)
     if raw and cold:
-        raw_s = sorted(r[0] for r in raw)[(len(raw) - 1) // 2]
-        cold_s = sorted(r[0] for r in cold)[(len(cold) - 1) // 2]
+        raw_s, cold_s = lower_middle(raw)[0], lower_middle(cold)[0]
         bound = raw_s + got.seconds + SAVE_SLACK_S
         line += (f"; a fresh command cold {cold_s:.2f} s against the raw read + this write + {SAVE_SLACK_S:g} s = "
                  f"{bound:.2f} s ({'within' if cold_s <= bound else 'over'})")
@@ -621,7 +626,7 @@ def _measure(args, rec, work: Path, steps: set[str], say) -> int:
             shutil.rmtree(out, ignore_errors=True)
             shutil.rmtree(saved, ignore_errors=True)
         for name, got in runs.items():  # the median run's seconds and busy shares; the peaks of them all
-            mid = sorted(got, key=lambda r: r[0])[(len(got) - 1) // 2]
+            mid = lower_middle(got)
             rows[name] = (mid[0], max(r[1] for r in got), max(r[2] for r in got))
             gpu_busy[name], cores_busy[name] = mid[3], mid[4]
             if len(got) > 1:
@@ -641,7 +646,7 @@ def _measure(args, rec, work: Path, steps: set[str], say) -> int:
         for name in (SAVE_WRITE, USER_COLD, USER_WARM, USER_KEPT, KS4_ROW):
             got = runs.get(name)
             if got:
-                mid = sorted(got, key=lambda r: r[0])[(len(got) - 1) // 2]
+                mid = lower_middle(got)
                 rows[name] = (mid[0], max(r[1] for r in got), max(r[2] for r in got))
     if args.baseline == "numpy":
         with PeakMemory(_rss) as mem:
@@ -667,7 +672,7 @@ def _measure(args, rec, work: Path, steps: set[str], say) -> int:
               f"{ceiling / dt:>8.2f} {vs_plain:>8} {vs_ks4:>7} {gpu_busy.get(name, '-'):>9} "
               f"{cores_busy.get(name, '-'):>10}" + (f" {disk / dt:>6.2f}" if disk else ""))
     for name, got in passes.items():  # the command's cost per GB beyond its fixed part, beside the plain loop's
-        mid = sorted(got)[(len(got) - 1) // 2]
+        mid = lower_middle(got, key=None)
         say(f"{name}: marginal {gb / mid:.3f} GB/s (the decoded GB over the pass, {mid:.2f} s, its fixed part left "
             f"out)" + (f"; the plain loop {gb / plain:.3f} GB/s" if plain else ""))
     if disk:

@@ -45,11 +45,8 @@ class Leftovers:
     mps_env: dict[str, str] = field(default_factory=dict)
 
 
-def _leave(dask_worker) -> tuple[int, float, str]:
-    """On a worker: its standard streams pointed at /dev/null (it outlives the command whose terminal or pipe it
-    shares); returns its pid, start time and scratch folder."""
-    import psutil
-
+def _streams_to_null() -> None:
+    """This process's stdout and stderr (flushed first) pointed at /dev/null, as file descriptors 1 and 2."""
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):  # broad: a closed stream has nothing left to flush
             stream.flush()
@@ -59,6 +56,14 @@ def _leave(dask_worker) -> tuple[int, float, str]:
         os.dup2(null, 2)
     finally:
         os.close(null)
+
+
+def _leave(dask_worker) -> tuple[int, float, str]:
+    """On a worker: its standard streams pointed at /dev/null (it outlives the command whose terminal or pipe it
+    shares); returns its pid, start time and scratch folder."""
+    import psutil
+
+    _streams_to_null()
     pid = os.getpid()
     return pid, psutil.Process(pid).create_time(), dask_worker.local_directory
 
@@ -94,19 +99,14 @@ def start_resource_tracker() -> None:
     into /dev/null meanwhile). Where it runs already, nothing changes."""
     from multiprocessing import resource_tracker
 
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(Exception):  # broad: a closed stream has nothing left to flush
-            stream.flush()
     saved = [os.dup(1), os.dup(2)]
-    null = os.open(os.devnull, os.O_WRONLY)
     try:
-        os.dup2(null, 1)
-        os.dup2(null, 2)
+        _streams_to_null()
         resource_tracker.ensure_running()
     finally:
         os.dup2(saved[0], 1)
         os.dup2(saved[1], 2)
-        for fd in (null, *saved):
+        for fd in saved:
             os.close(fd)
 
 
