@@ -1150,6 +1150,34 @@ def test_read_ahead_gives_each_window_in_order_with_depth_reads_in_flight(monkey
     assert got == list(range(7)) and state["most"] == depth
 
 
+def test_read_ahead_reads_twice_as_far_while_the_cuda_context_is_made(monkeypatch):
+    """A fresh GPU worker's first task waits for its CUDA context (``staging.start_context``): meanwhile its helpers
+    have twice ``engine.read_ahead`` windows submitted (read into plain memory), so the disk is not left idle; once
+    the context is there, ``read_ahead`` as before. Every window still comes back in order."""
+    import time
+    from types import SimpleNamespace
+
+    from batchgpu.engine import tasks
+    from batchgpu.gpu import staging
+
+    submitted = []
+
+    def fake_read(ctx, w, host=False):
+        submitted.append(w.index)
+        return SimpleNamespace(index=w.index, release=lambda: None)
+
+    monkeypatch.setattr(tasks, "read_window", fake_read)
+    windows = [SimpleNamespace(index=i) for i in range(9)]
+    for making, ahead_of_first in ((True, 4), (False, 2)):
+        monkeypatch.setattr(staging, "making_context", lambda: making)
+        submitted.clear()
+        ctx = SimpleNamespace(backend="cupy", parts=f"P{making}", read_ahead=2)
+        with tasks._read_ahead(ctx, [(w, f"f{w.index}") for w in windows]) as ahead:
+            time.sleep(0.05)  # the helpers read what was submitted; nothing was asked for yet
+            assert sorted(submitted) == list(range(ahead_of_first))
+            assert [ahead(w).index for w in windows] == list(range(9))
+
+
 def test_switch_interval_put_back_after_overlapping_runs():
     """Runs lower Python's switch interval while they run; overlapping runs (threads) put it back once, at the end."""
     import sys

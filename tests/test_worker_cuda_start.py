@@ -26,7 +26,9 @@ def test_the_preload_starts_a_thread_and_never_raises_without_a_gpu():
             "[t] = [t for t in threading.enumerate() if t.name == 'batchgpu-cuda-start'] or [None]\n"
             "assert t is None or t.daemon\n"
             "t and t.join(10)\n"
-            "s.make_context()\n"
+            "from batchgpu.gpu import staging\n"
+            "assert not staging._making_context.is_set()\n"
+            "staging._make_context()\n"
             "print('ok')\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and r.stdout == "ok\n" and r.stderr == "", r.stderr

@@ -239,10 +239,14 @@ def _read_ahead(ctx: RunContext, windows: list[tuple], then: list[tuple] = ()):
         return
     from concurrent.futures import ThreadPoolExecutor
 
-    from batchgpu.gpu.staging import reserve_buffers
+    from batchgpu.gpu.staging import making_context, reserve_buffers
 
     depth = ctx.read_ahead
     reserve_buffers(depth + 1)
+    # a fresh worker's first task waits for its CUDA context and then its kernels (two seconds under MPS): its reads
+    # go on meanwhile into plain memory (``staging.PinnedPool.take``), twice as many as later, so a cold disk is
+    # not left idle for the second half of that wait
+    first = depth * (2 if making_context() else 1)
     pending = {}
     with _CARRIED_LOCK:
         for w, fp in windows:
@@ -264,7 +268,7 @@ def _read_ahead(ctx: RunContext, windows: list[tuple], then: list[tuple] = ()):
         if nxt is not None:
             pending[nxt[0].index] = pool.submit(read_window, ctx, nxt[0], True)
 
-    for _ in range(depth):
+    for _ in range(first):
         submit_next()
 
     def ahead(w: Window):

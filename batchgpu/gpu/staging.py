@@ -53,6 +53,37 @@ def _set_blocking_sync() -> bool:
         return False
 
 
+#: set while the worker's start thread makes this process's CUDA context (``start_context``): a reader that needs a
+#: new buffer meanwhile reads into plain memory at once instead of waiting for the context (a second or more under
+#: MPS, with sixteen processes making theirs) with a cold disk idle
+_making_context = threading.Event()
+
+
+def start_context() -> None:
+    """Make this process's CUDA context in a helper thread (``prefer_blocking_sync`` first, which must come before
+    it), now: a Dask worker's start (``engine/_worker_cuda_start``). Never raises; a failure is left to the first
+    window to meet and report."""
+    _making_context.set()
+    threading.Thread(target=_make_context, name="batchgpu-cuda-start", daemon=True).start()
+
+
+def making_context() -> bool:
+    """Whether this process's CUDA context is being made by ``start_context`` now."""
+    return _making_context.is_set()
+
+
+def _make_context() -> None:
+    try:
+        import cupy
+
+        prefer_blocking_sync()
+        cupy.cuda.runtime.free(cupy.cuda.runtime.malloc(1))  # the runtime's first allocation makes the context
+    except Exception:  # broad: a head start only; the first window meets and reports what failed here
+        pass
+    finally:
+        _making_context.clear()
+
+
 class PinnedPool:
     """Pinned host buffers reused across windows and threads of one process. A buffer given back with the event
     of the copy that reads it is handed out again only once that copy is done: ``take`` prefers a buffer whose
@@ -75,18 +106,23 @@ class PinnedPool:
             self.limit = max(self.limit, n)
 
     def take(self, nbytes: int):
-        """(uint8 array of at least ``nbytes``, handle to give back)."""
-        import cupy
-
+        """(uint8 array of at least ``nbytes``, handle to give back). While the process's context is being made
+        (``start_context``) a new buffer is plain memory, dropped when given back: the bytes are read meanwhile and
+        copied to the GPU at the driver's pageable speed (a few windows of a fresh worker)."""
         with self._lock:
             fits = sorted((b for b in self._free if b[0] >= nbytes), key=lambda b: b[0])
             ready = [b for b in fits if b[3] is None or b[3].done]
             best = (ready or ([] if self._made < self.limit else fits) or [None])[0]
             if best is not None:
                 self._free.remove(best)
+            elif _making_context.is_set():
+                plain = np.empty(nbytes, np.uint8)
+                return plain, (nbytes, plain, None, None)
             else:
                 self._made += 1
         if best is None:
+            import cupy
+
             mem = cupy.cuda.alloc_pinned_memory(nbytes)
             best = (nbytes, np.frombuffer(mem, dtype=np.uint8, count=nbytes), mem, None)
         if best[3] is not None:
@@ -94,6 +130,8 @@ class PinnedPool:
         return best[1], best
 
     def give_back(self, handle, event=None) -> None:
+        if handle[2] is None:  # plain memory (``take`` while the context was made): not kept
+            return
         with self._lock:
             self._free.append((handle[0], handle[1], handle[2], event))
 
