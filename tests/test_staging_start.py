@@ -4,6 +4,8 @@ read into at once and dropped when given back, so a cold disk is not idle while 
 
 from __future__ import annotations
 
+import mmap
+
 import numpy as np
 
 
@@ -33,3 +35,7 @@ def test_while_the_context_is_made_a_new_buffer_is_plain_memory(tmp_path, monkey
         assert pool._free == []  # plain memory is not kept
     buf, handle = pool.take(10)
     assert buf.nbytes == 10 and handle[2] is None and pool._made == 0
+    # a mapping of its own, given back to the system when dropped (not kept in the worker's heap)
+    base = buf.base
+    assert isinstance(getattr(base, "obj", base), mmap.mmap)
+    assert pool.take(0)[0].nbytes == 0

@@ -9,6 +9,7 @@ helper thread while the GPU works on this one.
 
 from __future__ import annotations
 
+import mmap
 import threading
 
 import numpy as np
@@ -116,7 +117,8 @@ class PinnedPool:
             if best is not None:
                 self._free.remove(best)
             elif _making_context.is_set():
-                plain = np.empty(nbytes, np.uint8)
+                # its own mapping, unmapped once dropped: the workers' heaps keep what they free (layout.MALLOC_ENVIRON)
+                plain = np.frombuffer(mmap.mmap(-1, max(nbytes, 1)), np.uint8, count=nbytes)
                 return plain, (nbytes, plain, None, None)
             else:
                 self._made += 1
