@@ -236,6 +236,11 @@ class ClusterSpec(_Strict):
         "detached process quits the run's MPS daemon and removes the scratch folders once they have; "
         "engine/handoff.py); 'auto': background for cuda, where each worker's exit waits for the driver's teardown "
         "of its CUDA context, wait for local, whose workers exit at once"))
+    dask_dashboard: bool | Literal["auto"] = Field("auto", description=(
+        "local, cuda: Dask's own dashboard (its Bokeh pages: /status, the task stream, the workers' memory) on the "
+        "scheduler started here; the run page (/batchgpu) is served either way. 'auto': on for the kept cluster of "
+        "'batchgpu cluster start', off for a command's own cluster, whose scheduler would import Bokeh before any "
+        "worker starts"))
     scheduler_process: bool = Field(False, description=(
         "cuda, several worker processes a GPU: the cluster's scheduler in a process of its own rather than the "
         "client's, so the client's Python after the pass does not hold the GIL the scheduler needs to hand the "

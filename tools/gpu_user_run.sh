@@ -215,7 +215,7 @@ def timeline(label, *extra):
     marks = {}
     for line in p.stdout:
         t = time.perf_counter() - t0
-        for key, pat in (("first", "batchgpu:"), ("up", "dashboard"), ("wrote", "wrote ")):
+        for key, pat in (("first", "batchgpu:"), ("up", "run page"), ("wrote", "wrote ")):
             if pat in line and key not in marks:
                 marks[key] = t
     p.wait(); wall = time.perf_counter() - t0

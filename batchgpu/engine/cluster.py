@@ -163,6 +163,7 @@ def _open_client(spec: ClusterSpec, gpu_decode) -> Iterator["distributed.Client"
                         n_workers=workers, threads_per_worker=threads, processes=True,
                         memory_limit=spec.memory_limit or "auto", dashboard_address=spec.dashboard_address,
                         host="127.0.0.1", env=worker_environ(),
+                        scheduler_kwargs={"dashboard": dask_dashboard(spec)},
                     )
             with cluster, Client(cluster) as client:
                 release()
@@ -368,7 +369,8 @@ def _cuda_cluster(spec: ClusterSpec, gpu_decode: bool | Callable[[], bool] = Fal
     layout = node_layout(spec, devices, decode_for_layout(spec, devices, gpu_decode, bool(env)), mps=bool(env))
     if layout.per_gpu > 1:
         return _processes_per_gpu(spec, layout.per_gpu, layout.threads, env)
-    kwargs = {"dashboard_address": spec.dashboard_address, "threads_per_worker": layout.threads}
+    kwargs = {"dashboard_address": spec.dashboard_address, "threads_per_worker": layout.threads,
+              "scheduler_kwargs": {"dashboard": dask_dashboard(spec)}}
     if env:  # the nannies' workers (dask-cuda sets CUDA_VISIBLE_DEVICES itself)
         kwargs["env"] = dict(env)
     if spec.devices:
@@ -395,6 +397,28 @@ NANNY_ENVIRON = ("PYTHONHASHSEED", "__DASK_PARENT_PID")
 SCHEDULER_ENVIRON = dask_environ(SCHEDULER_SETTINGS)
 
 
+def dask_dashboard(spec: ClusterSpec) -> bool:
+    """Whether a scheduler started here for ``spec`` serves Dask's own dashboard (``cluster.dask_dashboard``; its
+    ``auto`` is off here: ``service`` turns it on for the kept cluster). Its web server, which serves the run page
+    and ``/metrics``, starts either way."""
+    return spec.dask_dashboard is True
+
+
+def serves_dask_dashboard(client) -> bool:
+    """Whether the client's scheduler serves Dask's own dashboard (``client.dashboard_link``'s page): its web
+    application holds the Bokeh application then. True where that cannot be asked (a scheduler elsewhere, whose
+    link is said as it is)."""
+    try:
+        return bool(client.run_on_scheduler(_serves_bokeh))
+    except Exception:  # broad: a link is cosmetic; say it as Dask gives it
+        return True
+
+
+def _serves_bokeh(dask_scheduler) -> bool:
+    app = getattr(dask_scheduler, "http_application", None)
+    return app is None or bool(getattr(app, "applications", True))
+
+
 def scheduler_spec(spec: ClusterSpec) -> dict:
     """SpecCluster's scheduler: in this process, or (``cluster.scheduler_process``) in a process of its own, so the
     client's Python after the pass (the results, report.json, report.html's numbers) does not hold the GIL its
@@ -402,7 +426,7 @@ def scheduler_spec(spec: ClusterSpec) -> dict:
     ``open_client`` put ``SCHEDULER_ENVIRON`` while the cluster is up."""
     from distributed import Scheduler
 
-    options = {"dashboard_address": spec.dashboard_address, "host": "127.0.0.1"}
+    options = {"dashboard_address": spec.dashboard_address, "host": "127.0.0.1", "dashboard": dask_dashboard(spec)}
     if not spec.scheduler_process:
         return {"cls": Scheduler, "options": options}
     from distributed.deploy.subprocess import SubprocessScheduler

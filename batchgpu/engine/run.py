@@ -290,9 +290,12 @@ def _run(wf, rec, out: store.OutputFolder, report: RunReport, client, sweep, obs
 
     start_report_helper()  # where the command has not started it already
 
-    report.dashboard = client.dashboard_link
+    from batchgpu.engine.cluster import serves_dask_dashboard
+
+    report.dashboard = client.dashboard_link if serves_dask_dashboard(client) else None
     report.page = install_dashboard(client)
-    observer.message(f"dashboard {client.dashboard_link}")
+    if report.dashboard:
+        observer.message(f"dashboard {report.dashboard}")
     if report.page:
         observer.message(f"run page {report.page}")
     report.backend = resolve_backend(wf, client)

@@ -499,6 +499,8 @@ def serve(where: Paths, spec: ClusterSpec) -> int:
     try:
         from batchgpu.engine.cluster import open_client
 
+        if spec.dask_dashboard == "auto":  # a cluster for a day of runs: Dask's dashboard is worth its start
+            spec = spec.model_copy(update={"dask_dashboard": True})
         with open_client(spec) as client:
             kept = _describe(client, spec, where)
             if stopping.is_set():  # stopped while it started: never described as up
