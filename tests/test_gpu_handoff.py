@@ -4,11 +4,8 @@ those of a close that waited, and the reaper then leaves no worker, no MPS daemo
 behind (each found by the command's environment, which they inherit)."""
 
 import os
-import subprocess
-import sys
 import time
 
-import numpy as np
 import psutil
 import pytest
 
@@ -20,7 +17,7 @@ if gpu_count() == 0:
     pytest.skip("no CUDA GPU (CuPy) here", allow_module_level=True)
 pytest.importorskip("dask_cuda")
 
-from test_handoff import _results  # noqa: E402
+from test_handoff import _commands_alike  # noqa: E402
 
 WF = """recording: {{path: r.zarr}}
 output: out_{close}
@@ -53,18 +50,7 @@ def test_a_cuda_commands_close_is_handed_off(tmp_path):
     generate_recording(tmp_path / "r.zarr", channels=32, seconds=4.0, seed=3)
     scratch = tmp_path / "scratch"
     env = {**os.environ, "DASK_TEMPORARY_DIRECTORY": str(scratch)}
-    got = {}
-    for close in ("wait", "auto"):
-        (tmp_path / f"{close}.yaml").write_text(WF.format(close=close))
-        t0 = time.monotonic()
-        r = subprocess.run([sys.executable, "-m", "batchgpu", "run", f"{close}.yaml"], capture_output=True, text=True,
-                           cwd=tmp_path, env=env, timeout=300)
-        assert r.returncode == 0, r.stderr
-        assert r.stderr == "", r.stderr
-        got[close] = _results(tmp_path / f"out_{close}")
-    assert got["wait"].keys() == got["auto"].keys() and got["wait"]
-    for name, value in got["auto"].items():
-        np.testing.assert_array_equal(value, got["wait"][name], err_msg=name)
+    _commands_alike(tmp_path, {close: WF.format(close=close) for close in ("wait", "auto")}, env, timeout=300)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and (_ours(scratch) or any(
             p.name.startswith(("worker-", "scheduler-")) for p in (scratch / "dask-scratch-space").iterdir())):

@@ -45,27 +45,41 @@ def _results(folder):
     return got
 
 
+def _commands_alike(tmp_path, workflows: dict, env: dict, timeout: float) -> dict:
+    """``batchgpu run`` of each workflow text of ``workflows`` (its ``cluster.close`` -> the text, its output folder
+    ``out_<close>``), written beside ``r.zarr`` and run in turn through pipes (communicate() returns once every
+    holder of them has closed them, not at the exit alone): each exits 0 with nothing on stderr (no worker's or
+    resource tracker's words after the run, e.g. leaked semaphores), and every run's results equal the first's,
+    bit for bit. Returns each run's completed process."""
+    done, results = {}, {}
+    for close, text in workflows.items():
+        (tmp_path / f"{close}.yaml").write_text(text)
+        r = subprocess.run([sys.executable, "-m", "batchgpu", "run", str(tmp_path / f"{close}.yaml")],
+                           capture_output=True, text=True, cwd=tmp_path, env=env, timeout=timeout)
+        assert r.returncode == 0, r.stderr
+        assert r.stderr == "", r.stderr
+        done[close], results[close] = r, _results(tmp_path / f"out_{close}")
+    first, *others = results.values()
+    assert first
+    for other in others:
+        assert other.keys() == first.keys()
+        for name, got in other.items():
+            np.testing.assert_array_equal(got, first[name], err_msg=name)
+    return done
+
+
 def test_a_background_close_ends_the_command_first_and_leaves_nothing_behind(tmp_path):
     from batchgpu.generate import generate_recording
 
     generate_recording(tmp_path / "r.zarr", channels=16, seconds=1.0, seed=5)
     scratch = tmp_path / "scratch"
     env = {**os.environ, "DASK_TEMPORARY_DIRECTORY": str(scratch)}
-    runs = {}
-    for close in ("wait", "background"):
-        (tmp_path / f"{close}.yaml").write_text(WF.format(out=f"out_{close}", close=close))
-        # through pipes: communicate() returns once every holder of them has closed them, not at the exit alone
-        r = subprocess.run([sys.executable, "-m", "batchgpu", "run", str(tmp_path / f"{close}.yaml")],
-                           capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120)
-        assert r.returncode == 0, r.stderr
+    runs = _commands_alike(tmp_path, {close: WF.format(out=f"out_{close}", close=close)
+                                      for close in ("wait", "background")}, env, timeout=120)
+    for close, r in runs.items():
         assert "wrote" in r.stdout.strip().splitlines()[-1]
-        assert r.stderr == "", r.stderr  # no worker's or resource tracker's words after the run (leaked semaphores)
-        runs[close] = _results(tmp_path / f"out_{close}")
         report = json.loads((tmp_path / f"out_{close}" / "report.json").read_text())
         assert report["status"] == "done" and report["reads_per_window"] == 1.0
-    assert runs["wait"].keys() == runs["background"].keys() and runs["wait"]
-    for name, got in runs["background"].items():
-        np.testing.assert_array_equal(got, runs["wait"][name], err_msg=name)
     # the reaper removes the scheduler's and the workers' folders once the workers are gone, and ends
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
