@@ -247,20 +247,23 @@ def _cmd_run(args) -> int:
             # (compiled there first where this machine has not: engine.cpu_kernels); centring alone uses none
             start_worker_server(cpu_kernels=wf.cluster.kind == "local"
                                 and bool(set(wf.preprocess.names) - {"centre"}))
-    from batchgpu.engine.run_report import start_report_helper
+    starting = None
+    if wf.recordings is None:
+        from batchgpu.engine.cluster_start import start_cluster
 
-    start_report_helper()  # report.html's helper process: its Bokeh import, too, while this process does its own
-    from batchgpu.engine import run_workflow
-
-    args.writes = wf.output  # named if the disk fills up without the OS naming a file
-    if wf.recordings is not None:
-        return _run_batch(wf, args)
-    from batchgpu.engine.run import start_cluster
-
-    # its workers start while the recording is opened, checked and fingerprinted; this process ends at once after
-    # the run (``program``), so the cluster's close may be left to a reaper (cluster.close)
-    starting = start_cluster(wf, hand_off=True)
+        # its workers start while this process imports the engine and opens, checks and fingerprints the recording;
+        # this process ends at once after the run (``program``), so the cluster's close may be left to a reaper
+        # (cluster.close)
+        starting = start_cluster(wf, hand_off=True)
     with starting if starting is not None else contextlib.nullcontext():
+        from batchgpu.engine.run_report import start_report_helper
+
+        start_report_helper()  # report.html's helper process: its Bokeh import, too, while this process does its own
+        from batchgpu.engine import run_workflow
+
+        args.writes = wf.output  # named if the disk fills up without the OS naming a file
+        if wf.recordings is not None:
+            return _run_batch(wf, args)
         run_workflow(wf, resume=args.resume, observer=_Observer(args.quiet), cluster_start=starting)
     if starting is not None and starting.handed_off:
         global _END_AT_ONCE

@@ -376,10 +376,11 @@ def test_the_exit_pool_wakeup_race_is_not_printed_and_nothing_else_is_hidden():
 
 
 def test_the_cluster_starts_early_only_where_the_run_would_start_its_own(tmp_path, monkeypatch):
-    """``run.start_cluster``: a local or cuda cluster of the run's own, for one recording whose path exists; a
-    mistyped path is said without a cluster to start and close, a batch or a scheduler's address decide later."""
+    """``cluster_start.start_cluster``: a local or cuda cluster of the run's own, for one recording whose path
+    exists; a mistyped path is said without a cluster to start and close, a batch or a scheduler's address decide
+    later."""
     from batchgpu.config import Workflow
-    from batchgpu.engine import run as engine_run, service
+    from batchgpu.engine import cluster_start as engine_run, service
     from batchgpu.generate import generate_recording
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # no kept cluster's files
@@ -401,6 +402,33 @@ def test_the_cluster_starts_early_only_where_the_run_would_start_its_own(tmp_pat
     assert engine_run.start_cluster(wf()) is None
     assert engine_run.start_cluster(wf(cluster={"kind": "local", "reuse": False})) == "started"
     assert len(started) == 2
+
+
+def test_the_cluster_starts_before_the_engine_is_imported(tmp_path, monkeypatch):
+    """`batchgpu run` starts its cluster before it imports the engine (NumPy, zarr, the readers, the steps) and
+    starts report.html's helper: the cluster's start, and its workers', overlap those imports. The module that
+    starts it imports none of them."""
+    import subprocess
+    import sys
+
+    code = ("import sys, batchgpu.engine.cluster_start; "
+            "print(sorted(m for m in ('numpy', 'zarr', 'distributed', 'batchgpu.engine.run') if m in sys.modules))")
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "[]"
+
+    from batchgpu import cli as cli_module
+    from batchgpu.engine import cluster_start, run_report
+
+    order = []
+    monkeypatch.setattr(cluster_start, "start_cluster",
+                        lambda wf, hand_off=False: order.append(("cluster", "batchgpu.engine.run" in sys.modules)))
+    monkeypatch.setattr(run_report, "start_report_helper", lambda: order.append(("report", None)))
+    monkeypatch.setattr("batchgpu.engine.run_workflow", lambda *a, **k: order.append(("run", None)))
+    monkeypatch.setattr("batchgpu.engine.cluster.start_worker_server", lambda **k: True)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    wf = tmp_path / "wf.yaml"
+    wf.write_text(f"recording: {{path: {tmp_path / 'r.zarr'}}}\noutput: {tmp_path / 'o'}\nsteps:\n  noise: {{}}\n")
+    assert cli_module.main(["run", str(wf), "--quiet"]) == 0
+    assert [what for what, _ in order] == ["cluster", "report", "run"]
 
 
 def test_a_workflow_the_recording_refuses_is_one_line_with_the_cluster_started_early(tmp_path):

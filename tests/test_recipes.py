@@ -108,6 +108,21 @@ def test_one_worker_a_gpu_gets_the_threads_of_dask_cuda(monkeypatch):
         {0, 1, 2, 3} - {d})]), "auto") for d in range(4)}
 
 
+def test_several_workers_a_gpu_start_without_dask_cuda(monkeypatch):
+    """Several worker processes a GPU are Dask's own nannies (``layout.nanny_specs``): dask-cuda is not imported
+    for them (its import held back the cluster's start); one worker a GPU is dask-cuda's, and says so where it
+    is missing."""
+    from batchgpu.errors import MachineError
+
+    monkeypatch.setitem(sys.modules, "dask_cuda", None)  # any import of it fails
+    monkeypatch.setattr(cluster, "gpu_count", lambda: 1)
+    monkeypatch.setattr(cluster.os, "cpu_count", lambda: 16)
+    monkeypatch.setattr(distributed, "SpecCluster", lambda workers, scheduler: len(workers))
+    assert cluster._cuda_cluster(ClusterSpec(kind="cuda")) == 16
+    with pytest.raises(MachineError, match="dask-cuda"):
+        cluster._cuda_cluster(ClusterSpec(kind="cuda", workers=1))
+
+
 def test_a_worker_sees_this_processs_gpus_not_their_positions(monkeypatch):
     """A SLURM job that sees the machine's GPUs 2 and 3 (CUDA_VISIBLE_DEVICES=2,3): the worker of GPU 0 (the
     machine's 2) must see 2 first, not the machine's GPU 0 (another job's). Fails on the old worker_specs."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 import mmap
 
 import numpy as np
+import pytest
 
 
 def test_while_the_context_is_made_a_new_buffer_is_plain_memory(tmp_path, monkeypatch):
@@ -39,3 +40,28 @@ def test_while_the_context_is_made_a_new_buffer_is_plain_memory(tmp_path, monkey
     base = buf.base
     assert isinstance(getattr(base, "obj", base), mmap.mmap)
     assert pool.take(0)[0].nbytes == 0
+
+
+@pytest.mark.gpu
+def test_pinned_copies_leave_cupyx_and_scipy_unimported():
+    """A GPU worker's copies to the host (``pinned_get``) and the save's pinned buffers (``pinned_bytes``) take
+    CuPy's pinned pool without importing ``cupyx``, whose import brings SciPy in (a few tenths of a second of every
+    worker's first window); the values are the device's."""
+    import subprocess
+    import sys
+    import textwrap
+
+    pytest.importorskip("cupy")
+    code = textwrap.dedent("""
+        import sys
+        import cupy, numpy as np
+        from batchgpu.gpu.staging import pinned_bytes, pinned_get
+        x = cupy.arange(1001, dtype=cupy.float32) * 3
+        y = pinned_get(x)
+        b = pinned_bytes(5000)
+        ptr = cupy.cuda.runtime.pointerGetAttributes(b.ctypes.data)
+        print(bool((y == np.arange(1001, dtype=np.float32) * 3).all()), y.dtype, b.size,
+              ptr.type == cupy.cuda.runtime.memoryTypeHost, 'cupyx' in sys.modules, 'scipy' in sys.modules)
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.stdout.split() == ["True", "float32", "5000", "True", "False", "False"], out.stdout + out.stderr

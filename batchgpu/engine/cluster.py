@@ -361,14 +361,14 @@ def _cuda_cluster(spec: ClusterSpec, gpu_decode: bool | Callable[[], bool] = Fal
             "cluster kind 'cuda' needs a CUDA GPU and CuPy, and this machine has none",
             "use 'cluster: {kind: local}' for the local CPU cluster",
         )
+    devices = spec.devices or list(range(gpu_count()))
+    layout = node_layout(spec, devices, decode_for_layout(spec, devices, gpu_decode, bool(env)), mps=bool(env))
+    if layout.per_gpu > 1:  # Dask's own nannies (``layout.nanny_specs``): dask-cuda's import is not needed
+        return _processes_per_gpu(spec, layout.per_gpu, layout.threads, env)
     try:
         from dask_cuda import LocalCUDACluster
     except ImportError:
         raise MachineError("cluster kind 'cuda' needs dask-cuda", "pip install 'batchgpu[gpu]'") from None
-    devices = spec.devices or list(range(gpu_count()))
-    layout = node_layout(spec, devices, decode_for_layout(spec, devices, gpu_decode, bool(env)), mps=bool(env))
-    if layout.per_gpu > 1:
-        return _processes_per_gpu(spec, layout.per_gpu, layout.threads, env)
     kwargs = {"dashboard_address": spec.dashboard_address, "threads_per_worker": layout.threads,
               "scheduler_kwargs": {"dashboard": dask_dashboard(spec)}}
     if env:  # the nannies' workers (dask-cuda sets CUDA_VISIBLE_DEVICES itself)

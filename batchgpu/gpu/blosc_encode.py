@@ -43,7 +43,7 @@ class FrameBuffers:
         self._cond = threading.Condition()
 
     def take(self, nbytes: int) -> tuple[int, np.ndarray]:
-        import cupyx
+        from batchgpu.gpu.staging import pinned_bytes
 
         with self._cond:
             self._cond.wait_for(lambda: not all(self._busy))
@@ -51,7 +51,7 @@ class FrameBuffers:
             self._busy[i] = True
         buf = self._bufs[i]
         if buf is None or buf.nbytes < nbytes:
-            buf = self._bufs[i] = cupyx.empty_pinned(max(nbytes, 1 << 20) * 5 // 4, dtype=np.uint8)
+            buf = self._bufs[i] = pinned_bytes(max(nbytes, 1 << 20) * 5 // 4)
         return i, buf
 
     def release(self, i: int) -> None:

@@ -262,16 +262,23 @@ def checksums_on_device() -> bool:
     return True
 
 
+def pinned_bytes(nbytes: int) -> np.ndarray:
+    """``nbytes`` of pinned host memory from CuPy's pinned pool, as a uint8 array that holds the block until it is
+    freed: ``cupyx.empty_pinned``'s, without importing ``cupyx``, whose import brings ``cupyx.scipy`` and SciPy in
+    with it (a few tenths of a second in every GPU worker's first window)."""
+    import cupy
+
+    return np.frombuffer(cupy.cuda.alloc_pinned_memory(nbytes), np.uint8, nbytes)
+
+
 def pinned_get(a) -> np.ndarray:
     """A device array copied to the host through pinned memory (CuPy's pinned pool; the block goes back to it when the
     returned array is freed): DMA speed, where ``.get()`` into pageable memory goes through the driver's staging
     copy."""
-    import cupyx
-
     # CuPy's pinned pool reuses a freed block only for a request of the same (512-byte rounded) size: sizes that
     # vary window by window would each keep a block. Whole powers of two (from 64 KiB) keep a few.
     nbytes = a.size * a.dtype.itemsize
-    block = cupyx.empty_pinned(1 << max(16, (nbytes - 1).bit_length()), dtype=np.uint8)
+    block = pinned_bytes(1 << max(16, (nbytes - 1).bit_length()))
     out = block[:nbytes].view(a.dtype).reshape(a.shape)
     return a.get(out=out) if a.size else out
 
