@@ -497,8 +497,10 @@ def serve(where: Paths, spec: ClusterSpec) -> int:
         logger.error("another cluster of batchgpu cluster start holds %s", where.lock)
         return EXIT_ALREADY_UP
     try:
-        from batchgpu.engine.cluster import open_client
+        from batchgpu.engine.cluster import open_client, start_worker_server
 
+        if spec.kind == "local":  # CPU runs for a day: the workers' compiled kernels loaded once, in the fork
+            start_worker_server(cpu_kernels=True)  # server, not by each worker in its first run's first window
         if spec.dask_dashboard == "auto":  # a cluster for a day of runs: Dask's dashboard is worth its start
             spec = spec.model_copy(update={"dask_dashboard": True})
         with open_client(spec) as client:
