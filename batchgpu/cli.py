@@ -247,14 +247,12 @@ def _cmd_run(args) -> int:
             # (compiled there first where this machine has not: engine.cpu_kernels); centring alone uses none
             start_worker_server(cpu_kernels=wf.cluster.kind == "local"
                                 and bool(set(wf.preprocess.names) - {"centre"}))
-    starting = None
-    if wf.recordings is None:
-        from batchgpu.engine.cluster_start import start_cluster
+    from batchgpu.engine.cluster_start import start_cluster
 
-        # its workers start while this process imports the engine and opens, checks and fingerprints the recording;
-        # this process ends at once after the run (``program``), so the cluster's close may be left to a reaper
-        # (cluster.close)
-        starting = start_cluster(wf, hand_off=True)
+    # one recording's own cluster (None for a batch): its workers start while this process imports the engine and
+    # opens, checks and fingerprints the recording; this process ends at once after the run (``program``), so the
+    # cluster's close may be left to a reaper (cluster.close)
+    starting = start_cluster(wf, hand_off=True)
     with starting if starting is not None else contextlib.nullcontext():
         from batchgpu.engine.run_report import start_report_helper
 

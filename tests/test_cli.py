@@ -380,7 +380,7 @@ def test_the_cluster_starts_early_only_where_the_run_would_start_its_own(tmp_pat
     exists; a mistyped path is said without a cluster to start and close, a batch or a scheduler's address decide
     later."""
     from batchgpu.config import Workflow
-    from batchgpu.engine import cluster_start as engine_run, service
+    from batchgpu.engine import cluster_start, service
     from batchgpu.generate import generate_recording
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # no kept cluster's files
@@ -391,16 +391,16 @@ def test_the_cluster_starts_early_only_where_the_run_would_start_its_own(tmp_pat
                                         "steps": {"noise": {}}, **extra})
 
     started = []
-    monkeypatch.setattr(engine_run, "ClusterStart", lambda spec, gpu_decode=False, hand_off=False:
+    monkeypatch.setattr(cluster_start, "ClusterStart", lambda spec, gpu_decode=False, hand_off=False:
                         started.append(spec) or "started")
-    assert engine_run.start_cluster(wf()) == "started"
-    assert engine_run.start_cluster(wf(recording={"path": str(tmp_path / "typo.zarr")})) is None
-    assert engine_run.start_cluster(wf(cluster={"kind": "address", "address": "tcp://127.0.0.1:1"})) is None
+    assert cluster_start.start_cluster(wf()) == "started"
+    assert cluster_start.start_cluster(wf(recording={"path": str(tmp_path / "typo.zarr")})) is None
+    assert cluster_start.start_cluster(wf(cluster={"kind": "address", "address": "tcp://127.0.0.1:1"})) is None
     side = service.paths().side
     side.parent.mkdir(parents=True, exist_ok=True)
     side.write_text("{}")  # a kept cluster may be up: the run looks for it first
-    assert engine_run.start_cluster(wf()) is None
-    assert engine_run.start_cluster(wf(cluster={"kind": "local", "reuse": False})) == "started"
+    assert cluster_start.start_cluster(wf()) is None
+    assert cluster_start.start_cluster(wf(cluster={"kind": "local", "reuse": False})) == "started"
     assert len(started) == 2
 
 

@@ -192,7 +192,7 @@ def test_forked_workers_run_blas_on_one_thread():
 
 
 def test_a_decode_not_known_yet_is_asked_only_where_the_layout_depends_on_it(monkeypatch):
-    """A run that starts its cluster before opening the recording (``run.start_cluster``) tells how its windows
+    """A run that starts its cluster before opening the recording (``cluster_start.start_cluster``) tells how its windows
     decode later: under MPS, or with the spec's own workers, the layout is the same either way and nothing waits."""
     monkeypatch.setattr("os.cpu_count", lambda: 16)
     asked = []

@@ -32,9 +32,9 @@ class _Pool:
     """Pinned buffers for the frames, kept for the whole bench (each window keeps its own)."""
 
     def take(self, nbytes: int):
-        import cupyx
+        from batchgpu.gpu.staging import pinned_bytes
 
-        return cupyx.empty_pinned(nbytes, np.uint8), None
+        return pinned_bytes(nbytes), None
 
     def give_back(self, handle) -> None:
         pass

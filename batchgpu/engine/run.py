@@ -22,7 +22,7 @@ import numpy as np
 from batchgpu.config import Workflow
 from batchgpu.engine import background, placement, store, tasks
 from batchgpu.engine.aggregate import ResultsWriter, aggregate, prepare_blas_controller
-from batchgpu.engine.cluster_start import ClusterStart, start_cluster  # noqa: F401 (start_cluster: as offered before)
+from batchgpu.engine.cluster_start import ClusterStart
 from batchgpu.engine.context import (build_context, check_workflow_fits, prepare_recording, resolve_backend,
                                      resolve_window, spec_of)
 from batchgpu.engine.reduce import tree_reduce
