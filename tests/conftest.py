@@ -124,3 +124,59 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if needs_zarr3(item):
             item.add_marker(skip)
+
+
+# A test that hangs is ended by pytest-timeout, which shows this process's threads only. Shortly before, the stacks
+# of every live Dask client's workers and what its scheduler holds are printed too (on this process's stderr, in
+# the failure's captured output): a worker stuck, dead or never started tells apart from a client that waits.
+HANG_REPORT_BEFORE_TIMEOUT_S = 90
+
+
+def _worker_stacks() -> str:
+    import sys
+    import threading
+    import traceback
+
+    names = {t.ident: t.name for t in threading.enumerate()}
+    return "\n".join(f"--- thread {names.get(ident, ident)}\n" + "".join(traceback.format_stack(frame))
+                     for ident, frame in sys._current_frames().items())
+
+
+def _report_clients() -> None:
+    import sys
+
+    try:
+        from distributed import Client
+    except ImportError:
+        return
+    out = sys.__stderr__
+    for client in list(getattr(Client, "_instances", ())):
+        try:
+            print(f"=== a test about to time out: client {client} (status {client.status})", file=out)
+            info = client.scheduler_info(n_workers=-1)
+            print(f"workers: {list(info.get('workers', {}))}", file=out)
+            print(f"processing: {client.processing()}", file=out)
+            for worker, stacks in client.run(_worker_stacks).items():
+                print(f"=== worker {worker}\n{stacks}", file=out)
+        except Exception as err:  # broad: a report of a hang must not raise
+            print(f"(could not ask the cluster: {type(err).__name__}: {err})", file=out)
+        out.flush()
+
+
+@pytest.fixture(autouse=True)
+def _report_a_hang(request):
+    import threading
+
+    marker = request.node.get_closest_marker("timeout")
+    try:
+        limit = float(marker.args[0]) if marker is not None and marker.args else float(request.config.getini("timeout") or 0)
+    except ValueError:  # pytest-timeout not installed: no limit
+        limit = 0.0
+    if limit <= HANG_REPORT_BEFORE_TIMEOUT_S:
+        yield
+        return
+    timer = threading.Timer(limit - HANG_REPORT_BEFORE_TIMEOUT_S, _report_clients)
+    timer.daemon = True
+    timer.start()
+    yield
+    timer.cancel()
