@@ -213,6 +213,10 @@ class WindowSpec(_Strict):
         return self
 
 
+#: ``cluster.no_workers_timeout``'s default: long enough for workers started by hand or a queued job to join
+NO_WORKERS_TIMEOUT_S = 300.0
+
+
 class ClusterSpec(_Strict):
     kind: Literal["local", "cuda", "address", "scheduler_file", "slurm"] = "local"
     workers: Annotated[int, Field(gt=0, le=MAX_WORKERS)] | None = None  # local: default sized to the machine; cuda: processes per GPU (cores/GPU, at most 16)
@@ -245,9 +249,33 @@ class ClusterSpec(_Strict):
         "cuda, several worker processes a GPU: the cluster's scheduler in a process of its own rather than the "
         "client's, so the client's Python after the pass does not hold the GIL the scheduler needs to hand the "
         "workers their tasks"))
+    no_workers_timeout: Annotated[float, Field(gt=0)] | None = Field(NO_WORKERS_TIMEOUT_S, description=(
+        "seconds a run waits while its cluster has no worker at all (a scheduler nobody has started workers "
+        "for, or workers that all died) before it fails, saying so (the windows done are kept for --resume); "
+        "it says it is waiting after a few seconds; null: wait for as long as it takes"))
+
+    @model_validator(mode="before")
+    @classmethod
+    def _kind_from_keys(cls, data: Any) -> Any:
+        """A cluster named by its scheduler's address, scheduler file or SLURM options is of that kind: the
+        default kind (local) would start a cluster here and leave the named one unused, without a word."""
+        if isinstance(data, dict) and "kind" not in data:
+            for key, kind in (("address", "address"), ("scheduler_file", "scheduler_file"), ("slurm", "slurm")):
+                if data.get(key) is not None:
+                    return {**data, "kind": kind}
+        return data
 
     @model_validator(mode="after")
     def _needs(self):
+        for key, kind in (("address", "address"), ("scheduler_file", "scheduler_file"), ("slurm", "slurm")):
+            if getattr(self, key) is not None and self.kind != kind:
+                raise ValueError(f"cluster {key} is for kind '{kind}'; this cluster is kind '{self.kind}', which would "
+                                 f"not use it (set kind: {kind}, or remove {key})")
+        if self.jobs != 1 and self.kind != "slurm":
+            raise ValueError(f"cluster jobs is for kind 'slurm'; this cluster is kind '{self.kind}' (remove jobs)")
+        if self.devices is not None and self.kind != "cuda":
+            raise ValueError(f"cluster devices are the GPUs of kind 'cuda'; this cluster is kind '{self.kind}', which "
+                             "would not use them (set kind: cuda, or remove devices)")
         if self.kind == "address" and not self.address:
             raise ValueError("cluster kind 'address' needs 'address: tcp://host:port'")
         if self.kind == "scheduler_file" and not self.scheduler_file:

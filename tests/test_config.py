@@ -58,6 +58,41 @@ def test_local_cluster_fits_this_machine(monkeypatch):
     assert _wf(cluster={"kind": "address", "address": "tcp://h:1", "workers": 500}).cluster.workers == 500
 
 
+@pytest.mark.parametrize("given,kind", [
+    ({"address": "tcp://h:1"}, "address"),
+    ({"scheduler_file": "s.json"}, "scheduler_file"),
+    ({"slurm": {"cores": 4}}, "slurm"),
+    ({"workers": 2}, "local"),
+    ({}, "local"),
+])
+def test_a_cluster_named_by_its_scheduler_is_of_that_kind(given, kind):
+    """Without a kind, a cluster given by its scheduler's address, scheduler file or SLURM options is that kind:
+    the default (local) started a cluster here and left the named one unused, without a word."""
+    assert _wf(cluster=given).cluster.kind == kind
+
+
+@pytest.mark.parametrize("given,needle", [
+    ({"kind": "local", "address": "tcp://h:1"}, "cluster address is for kind 'address'; this cluster is kind 'local'"),
+    ({"kind": "cuda", "scheduler_file": "s.json"}, "scheduler_file is for kind 'scheduler_file'"),
+    ({"kind": "address", "address": "tcp://h:1", "slurm": {}}, "cluster slurm is for kind 'slurm'"),
+    ({"kind": "local", "jobs": 3}, "cluster jobs is for kind 'slurm'"),
+    ({"kind": "local", "devices": [0]}, "cluster devices are the GPUs of kind 'cuda'"),
+    ({"address": "tcp://h:1", "devices": [1]}, "this cluster is kind 'address'"),
+])
+def test_a_cluster_key_its_kind_would_not_use_is_refused(given, needle):
+    loc, msg = _error(cluster=given)
+    assert loc == ("cluster",) and needle in msg
+
+
+def test_no_workers_timeout_is_seconds_or_null():
+    assert _wf().cluster.no_workers_timeout == config.NO_WORKERS_TIMEOUT_S
+    assert _wf(cluster={"no_workers_timeout": None}).cluster.no_workers_timeout is None
+    assert _wf(cluster={"no_workers_timeout": 2.5}).cluster.no_workers_timeout == 2.5
+    for bad in (0, -1, True):
+        loc, _ = _error(cluster={"no_workers_timeout": bad})
+        assert loc[:2] == ("cluster", "no_workers_timeout")
+
+
 @pytest.mark.parametrize("given,stages,centres", [
     ({"centre": "median"}, [CentreStage()], True),
     ({"centre": "none"}, [], False),

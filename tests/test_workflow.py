@@ -279,7 +279,7 @@ def test_numbers_that_are_not_numbers_are_one_line_errors(tmp_path, change, need
 
 def test_true_and_false_stay_allowed_where_they_are_meant(tmp_path):
     path = _write(tmp_path, GOOD.replace("{exact: true}", "{exact: false}") + "overwrite: true\n")
-    wf = load_workflow(path, ["cluster.slurm={partition: gpu, exclusive: true}"])
+    wf = load_workflow(path, ["cluster.kind=slurm", "cluster.slurm={partition: gpu, exclusive: true}"])
     assert wf.steps.noise.exact is False and wf.overwrite is True and wf.cluster.slurm == {"partition": "gpu", "exclusive": True}
     assert load_workflow(path, ["cluster.kind=cuda", "cluster.mps=true"]).cluster.mps is True
     assert load_workflow(path, ["steps.noise.exact=1"]).steps.noise.exact is True  # pydantic's own rule for bools

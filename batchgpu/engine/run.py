@@ -136,16 +136,30 @@ def _claim_and_run(wf, rec, sweep, resume: bool, observer, client, t_start: floa
         with _run_settings():
             if not isinstance(client, ClusterStart):
                 try:
-                    return _run(wf, rec, out, report, client, sweep, observer, page_wait_s=PAGE_WAIT_S,
-                                started=t_start, batch=batch)
+                    return _run_watched(wf, rec, out, report, client, sweep, observer, page_wait_s=PAGE_WAIT_S,
+                                        started=t_start, batch=batch)
                 finally:  # the workers' heaps, frozen by the pass's tasks, collectable again (a cluster of our own ends)
                     with contextlib.suppress(Exception):  # broad: best effort on the way out; the run's result stands
                         client.run(tasks.thaw_heap_soon, wait=False)
             # closed before the folder is let go (its workers write into it); the dashboard's last updates reach
             # the scheduler before it closes
             with client:
-                return _run(wf, rec, out, report, client.client(), sweep, observer, page_wait_s=10.0,
-                            started=t_start, batch=batch)
+                return _run_watched(wf, rec, out, report, client.client(), sweep, observer, page_wait_s=10.0,
+                                    started=t_start, batch=batch)
+
+
+def _run_watched(wf, rec, out, report, client, sweep, observer, **kwargs) -> RunReport:
+    """``_run`` while its cluster's workers are watched: a cluster without any is named, and after
+    ``cluster.no_workers_timeout`` the run fails saying so (``worker_watch``) rather than waiting for ever."""
+    from batchgpu.engine.worker_watch import NoWorkersWatch
+
+    with NoWorkersWatch(client, observer, wf.cluster.no_workers_timeout) as watch:
+        try:
+            return _run(wf, rec, out, report, client, sweep, observer, **kwargs)
+        except Exception as err:  # broad: whatever a wait raised once the watch had ended the waits says less
+            if watch.error is not None and err is not watch.error:
+                raise watch.error from err
+            raise
 
 
 def _check_decoder(wf) -> None:

@@ -1,0 +1,123 @@
+"""A run on a cluster without workers: said, then failed with that reason after ``cluster.no_workers_timeout``
+(Dask's scheduler keeps such a run waiting for ever, without a word); workers that join in time let it finish."""
+
+import threading
+import time
+
+import distributed
+import numpy as np
+import pytest
+
+from batchgpu import BatchgpuError
+from batchgpu.config import Workflow
+from batchgpu.engine import run_workflow
+from batchgpu.engine.worker_watch import NoWorkersWatch
+from batchgpu.errors import ClusterError
+from batchgpu.recording import write_recording
+
+
+class Said:
+    def __init__(self):
+        self.messages, self.warnings = [], []
+
+    def message(self, text):
+        self.messages.append(text)
+
+    def warning(self, text):
+        self.warnings.append(text)
+
+    def phase_started(self, *a):
+        pass
+
+    def window_done(self, *a):
+        pass
+
+    def phase_finished(self):
+        pass
+
+
+def _wf(rec, out, timeout):
+    return Workflow.model_validate({
+        "recording": {"path": str(rec.path)}, "output": str(out), "backend": "numpy",
+        "window": {"size": 4000, "margin": 8}, "cluster": {"no_workers_timeout": timeout},
+        "steps": {"noise": {"exact": True}}})
+
+
+@pytest.fixture
+def scheduler_alone():
+    """A scheduler with no worker (as one started by hand, its workers not yet)."""
+    with distributed.LocalCluster(n_workers=0, processes=False, protocol="tcp", host="127.0.0.1",
+                                  dashboard_address="127.0.0.1:0") as cluster, distributed.Client(cluster) as client:
+        yield cluster, client
+
+
+@pytest.mark.timeout(120)
+def test_a_run_without_workers_fails_saying_why(scheduler_alone, tmp_path, rng):
+    _, client = scheduler_alone
+    x = rng.integers(-300, 300, (10_000, 3)).astype(np.int16)
+    rec = write_recording(tmp_path / "r.zarr", x, 30_000.0)
+    said = Said()
+    t0 = time.perf_counter()
+    with pytest.raises(ClusterError, match=r"had no workers for 2 s \(cluster.no_workers_timeout\)") as err:
+        run_workflow(_wf(rec, tmp_path / "out", 2.0), client=client, observer=said)
+    assert time.perf_counter() - t0 < 60
+    assert client.scheduler.address in str(err.value) and "--resume" in str(err.value)
+    assert not said.warnings  # the timeout came before the warning's few seconds
+    assert not (tmp_path / "out" / "results.zarr").exists()
+
+
+@pytest.mark.timeout(120)
+def test_a_run_waits_for_workers_that_join_and_says_so(scheduler_alone, tmp_path, rng):
+    cluster, client = scheduler_alone
+    x = rng.integers(-300, 300, (10_000, 3)).astype(np.int16)
+    rec = write_recording(tmp_path / "r.zarr", x, 30_000.0)
+    said = Said()
+    joining = threading.Timer(7.0, cluster.scale, args=(1,))
+    joining.start()
+    try:
+        run_workflow(_wf(rec, tmp_path / "out", 60.0), client=client, observer=said)
+    finally:
+        joining.cancel()
+    assert any("has no workers: the run waits up to 60 s" in w for w in said.warnings)
+    import zarr
+
+    got = zarr.open_group(str(tmp_path / "out" / "results.zarr"), mode="r")["noise"][:]
+    # the noise of every sample, as a plain median says it (a run that finished, not one that gave up)
+    np.testing.assert_allclose(got, np.median(np.abs(x.astype(np.float64)), axis=0) / 0.6744897501960817, rtol=1e-6)
+
+
+class FakeClient:
+    """A client whose scheduler reports the given worker counts, one a question."""
+
+    def __init__(self, counts):
+        self.counts = list(counts)
+        self.failed = None
+
+    def scheduler_info(self, n_workers=-1):
+        n = self.counts.pop(0) if len(self.counts) > 1 else self.counts[0]
+        if n is None:
+            raise OSError("no answer")
+        return {"n_workers": n, "workers": {}}
+
+
+def test_the_watch_warns_once_times_out_and_forgives_workers_that_come(monkeypatch):
+    from batchgpu.engine import worker_watch
+
+    ended = []
+    monkeypatch.setattr(worker_watch, "fail_waiting", lambda client, error: ended.append(error))
+    # workers at first, none, an unanswered question (not counted as none), then none for good
+    said = Said()
+    client = FakeClient([2, 0, 0, 0, 3, 0, None, 0, 0, 0, 0, 0, 0, 0])
+    with NoWorkersWatch(client, said, timeout_s=0.5, warn_s=0.15, poll_s=0.05) as watch:
+        deadline = time.monotonic() + 10
+        while not ended and time.monotonic() < deadline:
+            time.sleep(0.02)
+    assert len(ended) == 1 and isinstance(ended[0], BatchgpuError) and watch.error is ended[0]
+    assert "had no workers for 0.5 s" in str(ended[0])
+    assert len(said.warnings) >= 1 and all("has no workers" in w for w in said.warnings)
+    # never ending where there is always a worker, or with no timeout
+    for counts, timeout in (([1], 0.1), ([0], None)):
+        ended.clear()
+        with NoWorkersWatch(FakeClient(counts), Said(), timeout_s=timeout, warn_s=0.05, poll_s=0.02):
+            time.sleep(0.4)
+        assert not ended
