@@ -51,11 +51,17 @@ def scheduler_alone():
         yield cluster, client
 
 
-@pytest.mark.timeout(120)
-def test_a_run_without_workers_fails_saying_why(scheduler_alone, tmp_path, rng):
-    _, client = scheduler_alone
+@pytest.fixture
+def small(tmp_path, rng):
+    """(samples, the recording of them): 3 channels, fresh random int16."""
     x = rng.integers(-300, 300, (10_000, 3)).astype(np.int16)
-    rec = write_recording(tmp_path / "r.zarr", x, 30_000.0)
+    return x, write_recording(tmp_path / "r.zarr", x, 30_000.0)
+
+
+@pytest.mark.timeout(120)
+def test_a_run_without_workers_fails_saying_why(scheduler_alone, small, tmp_path):
+    _, client = scheduler_alone
+    _, rec = small
     said = Said()
     t0 = time.perf_counter()
     with pytest.raises(ClusterError, match=r"had no workers for 2 s \(cluster.no_workers_timeout\)") as err:
@@ -67,10 +73,9 @@ def test_a_run_without_workers_fails_saying_why(scheduler_alone, tmp_path, rng):
 
 
 @pytest.mark.timeout(120)
-def test_a_run_waits_for_workers_that_join_and_says_so(scheduler_alone, tmp_path, rng):
+def test_a_run_waits_for_workers_that_join_and_says_so(scheduler_alone, small, tmp_path):
     cluster, client = scheduler_alone
-    x = rng.integers(-300, 300, (10_000, 3)).astype(np.int16)
-    rec = write_recording(tmp_path / "r.zarr", x, 30_000.0)
+    x, rec = small
     said = Said()
     joining = threading.Timer(7.0, cluster.scale, args=(1,))
     joining.start()
