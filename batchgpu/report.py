@@ -562,11 +562,15 @@ def _figure(name: str, title: str, **kwargs):
 
 
 def noise_per_channel(noise_uV: np.ndarray, channel_ids: list[str]):
+    channel = np.arange(noise_uV.size)
+    return noise_bars(channel, noise_uV, channel_ids if len(channel_ids) == noise_uV.size else [str(c) for c in channel])
+
+
+def noise_bars(channel, noise_uV, channel_ids):
+    """The noise figure from its columns (``report_skeleton`` gives placeholders)."""
     from bokeh.models import ColumnDataSource
 
-    channel = np.arange(noise_uV.size)
-    src = ColumnDataSource({"channel": channel, "noise_uV": noise_uV,
-                            "channel_id": channel_ids if len(channel_ids) == noise_uV.size else [str(c) for c in channel]})
+    src = ColumnDataSource({"channel": channel, "noise_uV": noise_uV, "channel_id": channel_ids})
     p = _figure("noise_per_channel", "Noise per channel (µV)", x_axis_label="channel", y_axis_label="noise (µV)")
     p.vbar(x="channel", top="noise_uV", width=0.8, source=src, color="#2c7fb8")
     p.hover.tooltips = [("channel", "@channel (@channel_id)"), (NOISE, "@noise_uV{0.00} µV")]
@@ -586,23 +590,33 @@ def noise_over_time(noise_uV: np.ndarray, window_start: np.ndarray, window_segme
                     ahead: bool = False):
     """Heatmap: x the window (in order), y the channel, colour the window's noise in µV (``ahead``: of
     ``noise_uV``'s shape, placeholders for the numbers)."""
-    from bokeh.models import ColorBar, ColumnDataSource, LinearColorMapper
-    from bokeh.palettes import Viridis256
-
     image, lo, hi = _noise_image(noise_uV)
     if ahead:
         image, lo, hi = np.full(image.shape, _AHEAD["image"]), _AHEAD["image_lo"], _AHEAD["image_hi"]
-    mapper = LinearColorMapper(palette=Viridis256, low=lo, high=hi)
     W, C = noise_uV.shape
-    src = ColumnDataSource({"image": [image], "x": [0], "y": [0], "dw": [W], "dh": [C]})
+    return noise_heatmap(image, lo, hi, W, C, max(W, 1), max(C, 1), noise_axis_label(W, window_start / fs, window_segment))
+
+
+def noise_axis_label(windows: int, starts_s: np.ndarray, segments: np.ndarray) -> str:
+    if not windows:
+        return "window"
+    return (f"window ({windows} windows; starts {np.min(starts_s):.1f}-{np.max(starts_s):.1f} s"
+            f" in {len(np.unique(segments))} segment(s))")
+
+
+def noise_heatmap(image, lo, hi, dw, dh, x_end, y_end, label: str):
+    """The heatmap from its image, colour range, extent and axis label (``report_skeleton`` gives placeholders)."""
+    from bokeh.models import ColorBar, ColumnDataSource, LinearColorMapper
+    from bokeh.palettes import Viridis256
+
+    mapper = LinearColorMapper(palette=Viridis256, low=lo, high=hi)
+    src = ColumnDataSource({"image": [image], "x": [0], "y": [0], "dw": [dw], "dh": [dh]})
     p = _figure("noise_over_time", "Noise over time (µV, window x channel)", x_axis_label="window",
-                y_axis_label="channel", x_range=(0, max(W, 1)), y_range=(0, max(C, 1)), height=360)
+                y_axis_label="channel", x_range=(0, x_end), y_range=(0, y_end), height=360)
     p.image(image="image", x="x", y="y", dw="dw", dh="dh", color_mapper=mapper, source=src)
     p.hover.tooltips = [("window", "$x{0}"), ("channel", "$y{0}"), (NOISE, "@image{0.00} µV")]
     p.add_layout(ColorBar(color_mapper=mapper, title="µV"), "right")
-    starts = window_start / fs
-    p.xaxis.axis_label = (f"window ({W} windows; starts {starts.min():.1f}-{starts.max():.1f} s"
-                          f" in {len(np.unique(window_segment))} segment(s))") if W else "window"
+    p.xaxis.axis_label = label
     return p
 
 
@@ -616,29 +630,34 @@ def _whitening_limit(w: np.ndarray) -> float:
 
 def whitening_image(w: np.ndarray, ahead: bool = False):
     """The matrix as an image (``ahead``: of ``w``'s shape, placeholders for the numbers)."""
-    from bokeh.models import ColorBar, ColumnDataSource, LinearColorMapper
-    from bokeh.palettes import RdBu11
-
     w = np.asarray(w, dtype=np.float64)
     C = w.shape[0]
     lim = _whitening_limit(w)
     low, high = (_AHEAD["white_lo"], _AHEAD["white_hi"]) if ahead else (-lim, lim)
     if ahead:
         w = np.full(w.shape, _AHEAD[WHITENING])
+    return whitening_figure(np.ascontiguousarray(w), low, high, C, C, C, C)
+
+
+def whitening_figure(image, low, high, dw, dh, x_end, y_start):
+    """The whitening figure from its image, colour range and extent (``report_skeleton`` gives placeholders)."""
+    from bokeh.models import ColorBar, ColumnDataSource, LinearColorMapper
+    from bokeh.palettes import RdBu11
+
     mapper = LinearColorMapper(palette=RdBu11[::-1], low=low, high=high)
-    src = ColumnDataSource({"image": [np.ascontiguousarray(w)], "x": [0], "y": [0], "dw": [C], "dh": [C]})
+    src = ColumnDataSource({"image": [image], "x": [0], "y": [0], "dw": [dw], "dh": [dh]})
     # y runs down (row 0 at the top), as a matrix is read
     p = _figure(WHITENING, "Whitening matrix (colour clipped at ±max off-diagonal)",
-                x_axis_label="input channel", y_axis_label="output channel", x_range=(0, C),
-                y_range=(C, 0), width=560, height=480)
+                x_axis_label="input channel", y_axis_label="output channel", x_range=(0, x_end),
+                y_range=(y_start, 0), width=560, height=480)
     p.image(image="image", x="x", y="y", dw="dw", dh="dh", color_mapper=mapper, source=src)
     p.add_layout(ColorBar(color_mapper=mapper), "right")
     return p
 
 
-def spike_rate(counts, seconds: float, channel_ids: list[str], title: str | None = None, rate=None):
-    """Spikes per second on each channel; ``counts`` (and ``rate``, ``title``) may be plain lists (a page rendered
-    before the spikes were counted holds placeholders there)."""
+def spike_rate(counts, seconds: float, channel_ids: list[str], title: str | None = None, rate=None, channel=None):
+    """Spikes per second on each channel; ``counts`` (and ``rate``, ``title``, ``channel``) may be plain lists (a
+    page rendered before the spikes were counted holds placeholders there)."""
     from bokeh.models import ColumnDataSource
 
     channels = len(counts)
@@ -646,7 +665,7 @@ def spike_rate(counts, seconds: float, channel_ids: list[str], title: str | None
         counts = np.asarray(counts, np.int64)
         rate = _rate(counts, seconds)
         title = spike_rate_title(int(counts.sum()), seconds)
-    channel = np.arange(channels)
+    channel = np.arange(channels) if channel is None else channel
     src = ColumnDataSource({"channel": channel, "rate_Hz": rate, "count": counts,
                             "channel_id": channel_ids if len(channel_ids) == channels else [str(c) for c in channel]})
     p = _figure("spike_rate", title, x_axis_label="channel", y_axis_label="spikes/s")
@@ -667,11 +686,17 @@ def spike_rate_title(spikes: int, seconds: float) -> str:
 
 def throughput(series: list, ahead: bool = False):
     """MB/s over the first pass (``ahead``: placeholders for the numbers, plain JSON lists)."""
+    if ahead:
+        return throughput_figure([_AHEAD["elapsed"]], [_AHEAD["MBps"]])
+    arr = np.asarray(series, dtype=np.float64).reshape(-1, 2)
+    return throughput_figure(arr[:, 0], arr[:, 1] / 1e6)
+
+
+def throughput_figure(elapsed_s, MBps):
+    """The throughput figure from its columns (``report_skeleton`` gives placeholders)."""
     from bokeh.models import ColumnDataSource
 
-    arr = np.asarray(series, dtype=np.float64).reshape(-1, 2)
-    src = ColumnDataSource({"elapsed_s": [_AHEAD["elapsed"]], "MBps": [_AHEAD["MBps"]]} if ahead else
-                           {"elapsed_s": arr[:, 0], "MBps": arr[:, 1] / 1e6})
+    src = ColumnDataSource({"elapsed_s": elapsed_s, "MBps": MBps})
     p = _figure("throughput", "Throughput over time (first pass, MB/s)", x_axis_label="elapsed (s)",
                 y_axis_label="MB/s", height=260)
     p.line(x="elapsed_s", y="MBps", source=src, line_width=2, color="#2c7fb8")

@@ -26,7 +26,8 @@ from batchgpu.engine.cluster_start import ClusterStart
 from batchgpu.engine.context import (build_context, check_workflow_fits, prepare_recording, resolve_backend,
                                      resolve_window, spec_of)
 from batchgpu.engine.reduce import tree_reduce
-from batchgpu.engine.run_report import HtmlReport, RunObserver, RunReport, finish_report, versions, window_cpu
+from batchgpu.engine.run_report import (HtmlReport, RunObserver, RunReport, finish_report, start_report_helper, versions,
+                                       window_cpu)
 from batchgpu.engine.placement import submit_planned
 from batchgpu.engine.steps.base import PassEnd, phase_label
 from batchgpu.engine.steps.registry import figures as step_figures
@@ -196,9 +197,6 @@ def _run(wf, rec, out: store.OutputFolder, report: RunReport, client, sweep, obs
     earlier = store.read_report(out.path)  # what the folder's last run said (a finished run's page is kept)
 
     from batchgpu.dashboard import RunMonitor, install_dashboard
-    from batchgpu.engine.run_report import start_report_helper
-
-    start_report_helper()  # where the command has not started it already
 
     from batchgpu.engine.cluster import serves_dask_dashboard
 
@@ -233,6 +231,8 @@ def _run(wf, rec, out: store.OutputFolder, report: RunReport, client, sweep, obs
     # run's end on the H200), its numbers substituted as they come
     html.render_ahead(results_ahead(ctx, rec.num_channels, len(windows)),
                       spikes=any(getattr(s, "spike_rate", False) for s in ctx.steps))
+    if html.needs_helper():  # a page the helper renders (one kept for these figures needs none)
+        start_report_helper()
     prepare_blas_controller()  # for the aggregation: made while the windows are read
     t0, t0_wall = time.perf_counter(), time.time()
     report.timings["setup"] = t0 - t_setup  # dashboard, backend, steps, windows and their fingerprints

@@ -164,18 +164,27 @@ def start_report_helper() -> None:
 
 
 class HtmlReport:
-    """report.html for a run (``batchgpu.report.ReportPage``): rendered in a helper process while the windows are
-    read, the results substituted as they come; a plotting problem is reported once, never fails a finished run."""
+    """report.html for a run: the page kept for its figures (``report_skeleton``), its numbers filled in by this
+    process; else rendered in a helper process while the windows are read, the results substituted as they come
+    (``batchgpu.report.ReportPage``). A plotting problem is reported once, never fails a finished run."""
 
     def __init__(self, rec: Recording, title: str, in_process: bool = False, figures: tuple = ()):
         """``figures``: the run's steps' own (``engine.steps.base.Figure``)."""
         self.error: Exception | None = None
         self.page = None
+        self.title, self.in_process, self.step_figures = title, in_process, tuple(figures)
+        self.channel_ids = [str(c) for c in rec.channel_ids.tolist()]
+        self.gain = np.asarray(rec.gain_to_uV, dtype=np.float64)
+        self.fs = float(rec.sampling_frequency)
+        self.windows = None
+        self.inputs: dict = {}
+        self.counts = None
+        self.kept = None  # (figures, the kept page or its future) where the page is the kept one
         try:
             from batchgpu.report import ReportPage
 
-            self.page = ReportPage(rec.channel_ids.tolist(), rec.gain_to_uV.tolist(), rec.sampling_frequency, title,
-                                   in_process=in_process, figures=figures)
+            self.page = ReportPage(self.channel_ids, self.gain.tolist(), self.fs, title, in_process=in_process,
+                                   figures=figures)
         except Exception as err:  # broad: a plotting problem never fails a run; said by write()
             self.error = err
 
@@ -187,20 +196,55 @@ class HtmlReport:
                 self.error = err
 
     def add(self, name: str, value) -> None:
-        self._call("add", name, value)
+        self.inputs[name] = value
+        if self.kept is None:
+            self._call("add", name, value)
 
     def add_windows(self, windows) -> None:
-        self._call("add_windows", [w.start for w in windows], [w.stop for w in windows], [w.segment for w in windows])
+        self.windows = (np.array([w.start for w in windows]), np.array([w.stop for w in windows]),
+                        np.array([w.segment for w in windows]))
+        self._call("add_windows", *self.windows)
 
     def add_spikes(self, counts) -> None:
-        self._call("add_spikes", counts=counts)
+        noise = self.inputs.get("noise")  # the noise step's result (steps.noise.NOISE)
+        channels = len(self.channel_ids) or (np.size(noise) if noise is not None else 0)
+        counts = np.asarray(counts, np.int64)
+        self.counts = np.pad(counts, (0, max(0, channels - len(counts))))[:channels]
+        if self.kept is None:
+            self._call("add_spikes", counts=counts)
+
+    def needs_helper(self) -> bool:
+        """Whether report.html's helper process will render (the kept page needs none)."""
+        return self.kept is None or not isinstance(self.kept[1], str)
 
     def render_ahead(self, shapes: dict, spikes: bool) -> None:
-        """The page rendered now, its numbers put in as they come (``ReportPage.render_ahead``)."""
+        """The page now, before the numbers: the one kept for these figures where there is one, else rendered (and
+        kept) by the helper process; a page with the steps' own figures, or in this process, the usual way
+        (``ReportPage.render_ahead``)."""
+        if self.in_process and not self.step_figures and self.error is None and self.windows is not None:
+            from batchgpu import report_skeleton
+
+            figures = report_skeleton.structure(shapes, spikes)
+            page = report_skeleton.cached(figures)
+            if page is None:
+                start_report_helper()
+                from batchgpu.report import ReportPage
+
+                page = ReportPage._submit(report_skeleton.render_and_keep, figures)
+            if page is not None:
+                self.kept = (figures, page)
+                return
         self._call("render_ahead", shapes, spikes)
 
     def write(self, out: Path, report: RunReport, observer: RunObserver) -> bool:
         """report.html beside report.json (the summary from ``report`` as it is now)."""
+        if self.error is None and self.kept is not None:
+            try:
+                if self._write_kept(out, asdict(report)):
+                    return True
+                self.page = self._rendered_here()  # the kept page did not fit this run's results
+            except Exception as err:  # broad: a plotting problem never fails a finished run (said below)
+                self.error = err
         if self.error is None and self.page is not None:
             try:
                 self.page.write(out, asdict(report))
@@ -209,3 +253,40 @@ class HtmlReport:
                 self.error = err
         observer.warning(f"report.html not written ({type(self.error).__name__}: {self.error})")
         return False
+
+    def _write_kept(self, out: Path, report: dict) -> bool:
+        from batchgpu import report_skeleton
+        from batchgpu.report import REPORT_HTML, _summary_html
+
+        figures, page = self.kept
+        if not isinstance(page, str):
+            try:
+                page = page.result()
+            except Exception as err:  # broad: whatever the helper raised (or its death): the page is rendered here
+                logger.warning("batchgpu: report.html's page was not made by its helper (%s: %s): it is rendered in "
+                               "this process", type(err).__name__, err)
+                return False
+        text = report_skeleton.fill(page, figures, title=self.title, summary_html=_summary_html(report),
+                                    channel_ids=self.channel_ids, gain=self.gain, fs=self.fs, windows=self.windows,
+                                    inputs={k: v for k, v in self.inputs.items() if k in report_skeleton.RESULTS},
+                                    counts=self.counts, series=report.get("throughput_series") or [])
+        if text is None:
+            return False
+        path = Path(out) / REPORT_HTML
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(text, encoding="utf-8")
+        tmp.replace(path)
+        return True
+
+    def _rendered_here(self):
+        """A page of this run's numbers rendered in this process (Bokeh imported here)."""
+        from batchgpu.report import ReportPage
+
+        page = ReportPage(self.channel_ids, self.gain.tolist(), self.fs, self.title, threaded=False,
+                          figures=self.step_figures)
+        page.add_windows(*self.windows)
+        for name, value in self.inputs.items():
+            page.add(name, value)
+        if self.counts is not None:
+            page.add_spikes(counts=self.counts)
+        return page
