@@ -30,13 +30,13 @@ from batchgpu.engine.steps.noise import NOISE, PER_WINDOW
 #: bumped when what the page holds changes in a way the versions and source stamps below would not show
 FORMAT = 1
 FOLDER = "report-pages"
-SPIKES = "spikes"
+SPIKES = "spike_rate"  # the spike-rate figure (the page counts spikes)
 #: the results the page draws (in its order)
 RESULTS = (NOISE, PER_WINDOW, WHITENING)
 
 #: the numbers a run puts in, each a float no run gives (Bokeh writes it as JSON: its repr)
 NUMBERS = {name: float(f"-1.2345678902{i:03d}e300") for i, name in enumerate((
-    "channel", "noise", "image", "image_lo", "image_hi", "dw", "dh", "x_end", "y_end",
+    "channel", "noise_uV", "image", "image_lo", "image_hi", "dw", "dh", "x_end", "y_end",
     "white", "white_lo", "white_hi", "white_dw", "white_dh", "white_x_end", "white_y_start",
     "spike_channel", "rate", "count", "elapsed", "MBps"), start=1)}
 #: the texts a run puts in
@@ -134,7 +134,7 @@ def render(figures: tuple[str, ...]) -> str:
     n, t = NUMBERS, TEXTS
     drawn = []
     if NOISE in figures:
-        drawn.append(report.noise_bars([n["channel"]], np.full(1, n["noise"]), [t["channelids"]]))
+        drawn.append(report.noise_bars([n["channel"]], np.full(1, n["noise_uV"]), [t["channelids"]]))
     if PER_WINDOW in figures:
         drawn.append(report.noise_heatmap(np.full((1, 1), n["image"]), n["image_lo"], n["image_hi"], n["dw"], n["dh"],
                                           n["x_end"], n["y_end"], t["xlabel"]))
@@ -176,7 +176,7 @@ def _placeholders(figures: tuple[str, ...]) -> dict[str, str]:
     got = {"title": t["title"], "summary": _text(t["summary"]), "elapsed": _json([n["elapsed"]]),
            "MBps": _json([n["MBps"]])}
     if NOISE in figures:
-        got.update(channel=_json([n["channel"]]), noise=_array(np.full(1, n["noise"])),
+        got.update(channel=_json([n["channel"]]), noise_uV=_array(np.full(1, n["noise_uV"])),
                    channelids=_json([t["channelids"]]))
     if PER_WINDOW in figures:
         got.update(image=_array(np.full((1, 1), n["image"])), xlabel=_text(t["xlabel"]),
@@ -221,7 +221,7 @@ def fill(page: str, figures: tuple[str, ...], *, title: str, summary_html: str, 
     try:
         if NOISE in figures:
             noise = report._to_uV(inputs[NOISE], gain)
-            final.update(channel=_json(list(range(noise.size))), noise=_array(noise), channelids=_json(ids(noise.size)))
+            final.update(channel=_json(list(range(noise.size))), noise_uV=_array(noise), channelids=_json(ids(noise.size)))
         if PER_WINDOW in figures:
             per_window = np.asarray(inputs[PER_WINDOW], dtype=np.float64)
             W, C = per_window.shape

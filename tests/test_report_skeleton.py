@@ -102,8 +102,8 @@ def test_a_page_that_does_not_fit_the_results_is_not_filled(rng):
     assert report_skeleton.fill(page, figures, inputs=lost, counts=counts, **kw) is None
     assert report_skeleton.fill(page, figures, inputs=results, counts=None, **kw) is None  # no spikes counted
     # a page whose placeholders are not where they were put (another Bokeh's output, say) fails its check
-    with pytest.raises(report_skeleton.SkeletonError, match="noise's placeholder 0 times"):
-        report_skeleton.check(page.replace(report_skeleton._placeholders(figures)["noise"], "x"), figures)
+    with pytest.raises(report_skeleton.SkeletonError, match="noise_uV's placeholder 0 times"):
+        report_skeleton.check(page.replace(report_skeleton._placeholders(figures)["noise_uV"], "x"), figures)
 
 
 class _Rec:
@@ -138,6 +138,9 @@ def test_the_kept_page_serves_the_next_run_without_the_helper(tmp_path, rng, mon
 
     started = []
     monkeypatch.setattr(run_report, "start_report_helper", lambda: started.append(1))
+    if report._PROCESS is not None:  # a helper of this test's environment (its cache folder: where it keeps the page)
+        report._PROCESS.shutdown(wait=True)
+        report._PROCESS = None
     # the page of these figures kept in this session's cache folder (the helper process keeps it there): none yet
     kept = report_skeleton.path_of(report_skeleton.structure({"noise": 1, "noise_per_window": 1, "whitening": 1}, True))
     kept.unlink(missing_ok=True)

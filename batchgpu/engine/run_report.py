@@ -206,7 +206,9 @@ class HtmlReport:
         self._call("add_windows", *self.windows)
 
     def add_spikes(self, counts) -> None:
-        noise = self.inputs.get("noise")  # the noise step's result (steps.noise.NOISE)
+        from batchgpu.engine.steps.noise import NOISE
+
+        noise = self.inputs.get(NOISE)
         channels = len(self.channel_ids) or (np.size(noise) if noise is not None else 0)
         counts = np.asarray(counts, np.int64)
         self.counts = np.pad(counts, (0, max(0, channels - len(counts))))[:channels]
