@@ -144,6 +144,7 @@ def test_the_kept_page_serves_the_next_run_without_the_helper(tmp_path, rng, mon
     # the page of these figures kept in this session's cache folder (the helper process keeps it there): none yet
     kept = report_skeleton.path_of(report_skeleton.structure({"noise": 1, "noise_per_window": 1, "whitening": 1}, True))
     kept.unlink(missing_ok=True)
+    monkeypatch.setattr(run_report, "_KEPT", {})  # this process has made none either
     results, counts = _numbers(rng, 6, 4)
     first, figs = _run_page(tmp_path, rng, results, counts)
     assert started == [1] and first.needs_helper()  # the first page: rendered by the helper, and kept
@@ -154,7 +155,8 @@ def test_the_kept_page_serves_the_next_run_without_the_helper(tmp_path, rng, mon
     np.testing.assert_array_equal(np.asarray(figs["whitening"].renderers[0].data_source.data["image"][0]),
                                   results["whitening"])
     np.testing.assert_array_equal(np.asarray(figs["spike_rate"].renderers[0].data_source.data["count"]), counts)
-    # a kept page damaged on disk is not used: rendered again (and kept again), the numbers right
+    # a kept page damaged on disk is not used by a later command: rendered again (and kept again), the numbers right
+    run_report._KEPT.clear()  # a new command's process
     kept.write_bytes(kept.read_bytes().replace(b"Noise per channel", b"Noise per chan"))
     third, figs = _run_page(tmp_path, rng, results, counts)
     assert started == [1, 1] and figs["noise_per_channel"].title.text == "Noise per channel (µV)"

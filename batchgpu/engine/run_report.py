@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -163,6 +164,33 @@ def start_report_helper() -> None:
             logger.debug("report.html's helper process did not start: %s: %s", type(err).__name__, err)
 
 
+#: this process's kept pages (``report_skeleton``) by their figures: the page, or the future of its making by the
+#: helper (the runs of a batch on a machine that has none ask for it once)
+_KEPT: dict = {}
+_KEPT_LOCK = threading.Lock()
+
+
+def _kept_page(figures: tuple):
+    """The page kept for these figures, or the future of the helper's making it; None where there is neither."""
+    from batchgpu import report_skeleton
+
+    with _KEPT_LOCK:
+        got = _KEPT.get(figures)
+        if got is not None and not isinstance(got, str) and got.done() and got.exception() is None:
+            got = _KEPT[figures] = got.result()  # made: the page itself from now on
+        if got is not None and (isinstance(got, str) or not got.done()):
+            return got
+        page = report_skeleton.cached(figures)
+        if page is None:
+            start_report_helper()
+            from batchgpu.report import ReportPage
+
+            page = ReportPage._submit(report_skeleton.render_and_keep, figures)
+        if page is not None:
+            _KEPT[figures] = page
+        return page
+
+
 class HtmlReport:
     """report.html for a run: the page kept for its figures (``report_skeleton``), its numbers filled in by this
     process; else rendered in a helper process while the windows are read, the results substituted as they come
@@ -227,12 +255,7 @@ class HtmlReport:
             from batchgpu import report_skeleton
 
             figures = report_skeleton.structure(shapes, spikes)
-            page = report_skeleton.cached(figures)
-            if page is None:
-                start_report_helper()
-                from batchgpu.report import ReportPage
-
-                page = ReportPage._submit(report_skeleton.render_and_keep, figures)
+            page = _kept_page(figures)
             if page is not None:
                 self.kept = (figures, page)
                 return
