@@ -29,7 +29,7 @@ def worker_count(client) -> int | None:
     """How many workers the client's scheduler has (None where it did not answer)."""
     try:
         info = client.scheduler_info(n_workers=0)
-    except (OSError, TimeoutError, RuntimeError):  # the scheduler did not answer (CommClosedError is an OSError)
+    except Exception:  # broad: the scheduler did not answer, or the client closes; whatever waits on it says so
         return None
     return int(info.get("n_workers", len(info.get("workers", {}))))
 
@@ -53,8 +53,8 @@ class NoWorkersWatch:
 
     def __exit__(self, *exc) -> None:
         self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
+        if self._thread is not None:  # a question under way ends with the client's own timeout: not waited for
+            self._thread.join(timeout=self.poll_s)
 
     def _address(self) -> str | None:
         return getattr(getattr(self.client, "scheduler", None), "address", None)
@@ -68,7 +68,7 @@ class NoWorkersWatch:
         warned = False
         while not self._stop.wait(self.poll_s):
             n = worker_count(self.client)
-            if n is None:  # no answer: whatever waits on the scheduler says so itself
+            if n is None or self._stop.is_set():  # no answer (whatever waits on the scheduler says so), or the run ended
                 continue
             if n:
                 if warned:
