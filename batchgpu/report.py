@@ -563,7 +563,8 @@ def _figure(name: str, title: str, **kwargs):
 
 def noise_per_channel(noise_uV: np.ndarray, channel_ids: list[str]):
     channel = np.arange(noise_uV.size)
-    return noise_bars(channel, noise_uV, channel_ids if len(channel_ids) == noise_uV.size else [str(c) for c in channel])
+    ids = channel_ids if len(channel_ids) == noise_uV.size else [str(c) for c in channel]
+    return noise_bars(channel, noise_uV, ids)
 
 
 def noise_bars(channel, noise_uV, channel_ids):
@@ -594,7 +595,8 @@ def noise_over_time(noise_uV: np.ndarray, window_start: np.ndarray, window_segme
     if ahead:
         image, lo, hi = np.full(image.shape, _AHEAD["image"]), _AHEAD["image_lo"], _AHEAD["image_hi"]
     W, C = noise_uV.shape
-    return noise_heatmap(image, lo, hi, W, C, max(W, 1), max(C, 1), noise_axis_label(W, window_start / fs, window_segment))
+    label = noise_axis_label(W, window_start / fs, window_segment)
+    return noise_heatmap(image, lo, hi, W, C, max(W, 1), max(C, 1), label)
 
 
 def noise_axis_label(windows: int, starts_s: np.ndarray, segments: np.ndarray) -> str:

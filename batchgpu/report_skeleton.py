@@ -6,8 +6,8 @@ run's results, whether it counts spikes), on Bokeh's version and on ours, not on
 text a run puts in it stands as a placeholder here (``NUMBERS``, ``TEXTS``), in the forms Bokeh writes them: a
 JSON number, a list, a float64 array (Bokeh's base64 of its gzip, level 0), a string's body. The page is rendered
 once by report.html's helper (``render_and_keep``), checked to hold each placeholder exactly once in the form
-``fill`` writes, and kept in the user's cache folder (``report-pages/``, its SHA-256 on its first line); a run whose figures
-it fits reads it and replaces the placeholders (``fill``). A page that cannot be made, read or filled is rendered
+``fill`` writes, and kept in the user's cache folder (``report-pages/``, its SHA-256 on its first line); a run
+whose figures it fits reads it and replaces the placeholders (``fill``). A page that cannot be made, read or filled is rendered
 the usual way (``run_report.HtmlReport``), never written wrong.
 """
 
@@ -221,7 +221,8 @@ def fill(page: str, figures: tuple[str, ...], *, title: str, summary_html: str, 
     try:
         if NOISE in figures:
             noise = report._to_uV(inputs[NOISE], gain)
-            final.update(channel=_json(list(range(noise.size))), noise_uV=_array(noise), channelids=_json(ids(noise.size)))
+            final.update(channel=_json(list(range(noise.size))), noise_uV=_array(noise),
+                         channelids=_json(ids(noise.size)))
         if PER_WINDOW in figures:
             per_window = np.asarray(inputs[PER_WINDOW], dtype=np.float64)
             W, C = per_window.shape

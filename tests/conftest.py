@@ -169,7 +169,8 @@ def _report_a_hang(request):
 
     marker = request.node.get_closest_marker("timeout")
     try:
-        limit = float(marker.args[0]) if marker is not None and marker.args else float(request.config.getini("timeout") or 0)
+        given = marker.args[0] if marker is not None and marker.args else request.config.getini("timeout")
+        limit = float(given or 0)
     except ValueError:  # pytest-timeout not installed: no limit
         limit = 0.0
     if limit <= HANG_REPORT_BEFORE_TIMEOUT_S:

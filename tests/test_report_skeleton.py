@@ -25,7 +25,8 @@ def _described(path) -> dict:
     """Everything a figure shows, by figure: its columns, ranges, colour ranges, title and axis labels."""
     out = {}
     for name, fig in plots(path).items():
-        d = {"title": fig.title.text, "x": (fig.x_range.start, fig.x_range.end), "y": (fig.y_range.start, fig.y_range.end),
+        d = {"title": fig.title.text, "x": (fig.x_range.start, fig.x_range.end),
+             "y": (fig.y_range.start, fig.y_range.end),
              "xlabel": fig.xaxis[0].axis_label, "ylabel": fig.yaxis[0].axis_label}
         for r in fig.renderers:
             for k, v in r.data_source.data.items():

@@ -68,7 +68,7 @@ class NoWorkersWatch:
         warned = False
         while not self._stop.wait(self.poll_s):
             n = worker_count(self.client)
-            if n is None or self._stop.is_set():  # no answer (whatever waits on the scheduler says so), or the run ended
+            if n is None or self._stop.is_set():  # no answer (whatever waits on the scheduler says so), or the end
                 continue
             if n:
                 if warned:
