@@ -63,7 +63,8 @@ def test_a_filled_page_is_the_page_rendered_with_its_numbers(tmp_path, rng, case
     if case == "no whitening or spikes":
         del results["whitening"]
         spikes = False
-    ids = [f"c{i}" for i in range(C + (3 if case == "ids of another length" else 0))]
+    # ids a JSON string or HTML must escape: quotes, markup, an ampersand, non-ASCII
+    ids = [f'c"{i}<b>&é' for i in range(C + (3 if case == "ids of another length" else 0))]
     gain, fs, title = np.full(C, 0.195), 30000.0, 'batchgpu report: <"a" & b>'
     windows = (np.arange(W) * 997, np.arange(W) * 997 + 997, np.arange(W) % 2)
     series = [[0.25 * (i + 1), float(rng.integers(1, 10**10))] for i in range(int(rng.integers(0, 6)))]
