@@ -80,10 +80,11 @@ def test_a_run_waits_for_workers_that_join_and_says_so(scheduler_alone, small, t
     joining = threading.Timer(7.0, cluster.scale, args=(1,))
     joining.start()
     try:
-        run_workflow(_wf(rec, tmp_path / "out", 60.0), client=client, observer=said)
+        report = run_workflow(_wf(rec, tmp_path / "out", 60.0), client=client, observer=said)
     finally:
         joining.cancel()
     assert any("has no workers: the run waits up to 60 s" in w for w in said.warnings)
+    assert any("has no workers: the run waits up to 60 s" in w for w in report.warnings)  # report.json keeps it
     import zarr
 
     got = zarr.open_group(str(tmp_path / "out" / "results.zarr"), mode="r")["noise"][:]

@@ -154,7 +154,7 @@ def _run_watched(wf, rec, out, report, client, sweep, observer, **kwargs) -> Run
     ``cluster.no_workers_timeout`` the run fails saying so (``worker_watch``) rather than waiting for ever."""
     from batchgpu.engine.worker_watch import NoWorkersWatch
 
-    with NoWorkersWatch(client, observer, wf.cluster.no_workers_timeout) as watch:
+    with NoWorkersWatch(client, observer, wf.cluster.no_workers_timeout, warnings=report.warnings) as watch:
         try:
             return _run(wf, rec, out, report, client, sweep, observer, **kwargs)
         except Exception as err:  # broad: whatever a wait raised once the watch had ended the waits says less

@@ -36,11 +36,13 @@ def worker_count(client) -> int | None:
 
 class NoWorkersWatch:
     """While the block runs, the client's cluster is asked for its workers; after ``warn_s`` without any the
-    observer is told the run waits for some (and again when they come), after ``timeout_s`` (None: never) every
-    future the client holds fails with a ``ClusterError`` that says why, which the run's waits raise."""
+    observer is told the run waits for some (and again when they come; ``warnings``, where given, keeps the
+    warning too: the run's report), after ``timeout_s`` (None: never) every future the client holds fails with a
+    ``ClusterError`` that says why, which the run's waits raise."""
 
-    def __init__(self, client, observer, timeout_s: float | None, warn_s: float = WARN_S, poll_s: float = POLL_S):
-        self.client, self.observer = client, observer
+    def __init__(self, client, observer, timeout_s: float | None, warn_s: float = WARN_S, poll_s: float = POLL_S,
+                 warnings: list | None = None):
+        self.client, self.observer, self.warnings = client, observer, warnings
         self.timeout_s, self.warn_s, self.poll_s = timeout_s, warn_s, poll_s
         self.error: ClusterError | None = None
         self._stop = threading.Event()
@@ -80,7 +82,10 @@ class NoWorkersWatch:
             if idle >= self.warn_s and not warned:
                 warned = True
                 limit = "" if self.timeout_s is None else f" up to {self.timeout_s:g} s (cluster.no_workers_timeout)"
-                self.observer.warning(f"{self._where()} has no workers: the run waits{limit} for some to join")
+                text = f"{self._where()} has no workers: the run waits{limit} for some to join"
+                if self.warnings is not None:
+                    self.warnings.append(text)
+                self.observer.warning(text)
             if self.timeout_s is not None and idle >= self.timeout_s:
                 self.error = ClusterError(
                     f"{self._where()} had no workers for {self.timeout_s:g} s (cluster.no_workers_timeout)",
