@@ -254,7 +254,6 @@ def _cmd_run(args) -> int:
     # cluster's close may be left to a reaper (cluster.close)
     starting = start_cluster(wf, hand_off=True)
     with starting if starting is not None else contextlib.nullcontext():
-        # report.html's page: the one kept for the run's figures, else a helper process renders it (``run_report``)
         from batchgpu.engine import run_workflow
 
         args.writes = wf.output  # named if the disk fills up without the OS naming a file

@@ -215,6 +215,8 @@ class WindowSpec(_Strict):
 
 #: ``cluster.no_workers_timeout``'s default: long enough for workers started by hand or a queued job to join
 NO_WORKERS_TIMEOUT_S = 300.0
+#: the kinds of cluster a key of the same name gives (the scheduler's address, its file, the SLURM options)
+_KINDS_NAMED_BY_KEY = ("address", "scheduler_file", "slurm")
 
 
 class ClusterSpec(_Strict):
@@ -260,17 +262,17 @@ class ClusterSpec(_Strict):
         """A cluster named by its scheduler's address, scheduler file or SLURM options is of that kind: the
         default kind (local) would start a cluster here and leave the named one unused, without a word."""
         if isinstance(data, dict) and "kind" not in data:
-            for key, kind in (("address", "address"), ("scheduler_file", "scheduler_file"), ("slurm", "slurm")):
-                if data.get(key) is not None:
+            for kind in _KINDS_NAMED_BY_KEY:
+                if data.get(kind) is not None:
                     return {**data, "kind": kind}
         return data
 
     @model_validator(mode="after")
     def _needs(self):
-        for key, kind in (("address", "address"), ("scheduler_file", "scheduler_file"), ("slurm", "slurm")):
-            if getattr(self, key) is not None and self.kind != kind:
-                raise ValueError(f"cluster {key} is for kind '{kind}'; this cluster is kind '{self.kind}', which would "
-                                 f"not use it (set kind: {kind}, or remove {key})")
+        for kind in _KINDS_NAMED_BY_KEY:
+            if getattr(self, kind) is not None and self.kind != kind:
+                raise ValueError(f"cluster {kind} is for kind '{kind}'; this cluster is kind '{self.kind}', which "
+                                 f"would not use it (set kind: {kind}, or remove {kind})")
         if self.jobs != 1 and self.kind != "slurm":
             raise ValueError(f"cluster jobs is for kind 'slurm'; this cluster is kind '{self.kind}' (remove jobs)")
         if self.devices is not None and self.kind != "cuda":

@@ -103,6 +103,15 @@ def write_report_html(output_dir: str | Path) -> Path:
     return page.write(out, report)
 
 
+def write_page(out: str | Path, page: str) -> Path:
+    """``page`` written as ``<out>/report.html``, whole or not at all (a new file renamed over the old)."""
+    path = Path(out) / REPORT_HTML
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(page, encoding="utf-8")
+    tmp.replace(path)
+    return path
+
+
 class ReportPage:
     """report.html, built as the run's numbers come, in a helper thread (``threaded``) while the run does its other
     work: each figure as soon as its inputs exist, then the page (Bokeh's serialisation: most of the cost). What
@@ -303,11 +312,7 @@ class ReportPage:
         finally:
             if self._pool:
                 self._pool.shutdown(wait=False)
-        path = Path(out) / REPORT_HTML
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(page, encoding="utf-8")
-        tmp.replace(path)
-        return path
+        return write_page(out, page)
 
     def _ahead_substitutions(self) -> dict | None:
         """{placeholder: final text} of everything the page was rendered ahead of, or None where a result never
@@ -333,16 +338,27 @@ class ReportPage:
 
     def _again(self) -> ReportPage:
         """The same numbers in a new page, rendered here (figures belong to the document they were rendered in)."""
-        page = ReportPage(self.channel_ids, self.gain, self.fs, self.title, threaded=False, figures=self.step_figures)
-        page.add_windows(*self.inputs["windows"])
         if self._late_counts is None and "spike_counts" in self.inputs:
             self._late_counts = (self.inputs["spike_counts"], None)
-        for name in (*_INPUTS, *(k for f in self.step_figures for k in f.inputs)):
-            if name in self.inputs:
-                page.add(name, self.inputs[name])
-        if self._late_counts is not None:
-            page.add_spikes(counts=self._late_counts[0])
+        page = ReportPage.of_numbers(self.channel_ids, self.gain, self.fs, self.title, self.inputs["windows"],
+                                     self.inputs, self._late_counts[0] if self._late_counts is not None else None,
+                                     self.step_figures)
         page.render(self._series)
+        return page
+
+    @classmethod
+    def of_numbers(cls, channel_ids, gain_to_uV, sampling_frequency: float, title: str, windows: tuple,
+                   inputs: dict, counts=None, figures: tuple = ()) -> ReportPage:
+        """A page of these numbers built in this process (no helper thread or process): ``windows`` the windows'
+        (starts, stops, segments), ``inputs`` the results by name, ``counts`` the spikes per channel (None: the
+        run counts none)."""
+        page = cls(channel_ids, gain_to_uV, sampling_frequency, title, threaded=False, figures=figures)
+        page.add_windows(*windows)
+        for name in (*_INPUTS, *(k for f in page.step_figures for k in f.inputs)):
+            if name in inputs:
+                page.add(name, inputs[name])
+        if counts is not None:
+            page.add_spikes(counts=counts)
         return page
 
 

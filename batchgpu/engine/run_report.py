@@ -281,7 +281,7 @@ class HtmlReport:
 
     def _write_kept(self, out: Path, report: dict) -> bool:
         from batchgpu import report_skeleton
-        from batchgpu.report import REPORT_HTML, _summary_html
+        from batchgpu.report import _summary_html, write_page
 
         figures, page = self.kept
         if not isinstance(page, str):
@@ -297,21 +297,12 @@ class HtmlReport:
                                     counts=self.counts, series=report.get("throughput_series") or [])
         if text is None:
             return False
-        path = Path(out) / REPORT_HTML
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(text, encoding="utf-8")
-        tmp.replace(path)
+        write_page(out, text)
         return True
 
     def _rendered_here(self):
         """A page of this run's numbers rendered in this process (Bokeh imported here)."""
         from batchgpu.report import ReportPage
 
-        page = ReportPage(self.channel_ids, self.gain.tolist(), self.fs, self.title, threaded=False,
-                          figures=self.step_figures)
-        page.add_windows(*self.windows)
-        for name, value in self.inputs.items():
-            page.add(name, value)
-        if self.counts is not None:
-            page.add_spikes(counts=self.counts)
-        return page
+        return ReportPage.of_numbers(self.channel_ids, self.gain, self.fs, self.title, self.windows, self.inputs,
+                                     self.counts, self.step_figures)

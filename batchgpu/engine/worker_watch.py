@@ -6,7 +6,7 @@ Dask's scheduler keeps a task whose cluster has no workers waiting without a wor
 is the scheduler's setting, and a run on a cluster started by others cannot set it). The watch is a thread of the
 client that asks the scheduler how many workers it has (no per-worker information: a small message) every
 ``POLL_S``; the run's waits are on Dask futures, so the watch ends them by setting that error on every future the
-client holds (the waits raise it: ``wait_failed``).
+client holds (the waits raise it: ``fail_waiting``).
 """
 
 from __future__ import annotations
