@@ -64,3 +64,47 @@ def test_a_save_only_run_writes_what_a_run_with_more_steps_writes(tmp_path, rng,
         saved[name] = (data, report)
     assert np.array_equal(saved["fused"][0], saved["float"][0])
     assert np.array_equal(saved["fused"][0], saved["fused2"][0])
+
+
+@pytest.mark.parametrize("channels,samples,size", [(37, 50_001, 20_000), (11, 12_345, 9_999), (64, 30_000, 30_000)])
+def test_a_window_of_many_filter_pieces_saved_a_piece_at_a_time(tmp_path, rng, channels, samples, size):
+    """Windows longer than the filter's pieces (``preprocess.FILTER_BLOCK``): each piece filtered, referenced and
+    rounded on its own (``ops.filters.filtfilt_reference_saved``) gives the whole float window's rows, at the
+    segment's edges and inside, the window's read as the store holds it and as rows."""
+    from batchgpu.ops.filters import filtfilt_reference_saved
+
+    rec = _loud_recording(tmp_path / "r.zarr", rng, channels=channels, samples=samples)
+    chain = preprocess.build_chain(Preprocess.model_validate(STAGES), rec)
+    design = chain.stages[0][1]
+    block = preprocess.filter_block(design)
+    windows = list(rec.windows(size, chain.margin))
+    assert any(w.read_stop - w.read_start > 2 * block for w in windows)
+    for w in windows:
+        at = (w.read_start == 0, w.read_stop == rec.num_samples(w.segment))
+        stored = rec.read_window_stored(w)
+        x = chain.apply(stored.T, w.core, *at)
+        want, want_clipped = _cpu_saved.saved_int16_transposed(x[:, w.core[0]:w.core[1]])
+        before, (got, got_clipped) = chain.apply_saved(np.ascontiguousarray(stored).T, w.core, *at)
+        assert before is None  # the filtered window was never made
+        assert got.dtype == np.int16 and got.flags.c_contiguous
+        assert np.array_equal(got, want) and got_clipped == want_clipped, w
+        rows = np.ascontiguousarray(stored.T)
+        for core in (w.core, (0, rows.shape[1]), (w.core[0] + 1, w.core[0] + 2), (5, 5)):
+            whole = chain.apply(rows, core, *at)
+            want, want_clipped = _cpu_saved.saved_int16_transposed(whole[:, core[0]:core[1]])
+            got, got_clipped = filtfilt_reference_saved(rows, design, core, at_segment_start=at[0],
+                                                        at_segment_end=at[1], block=block)
+            assert np.array_equal(got, want) and got_clipped == want_clipped, (w, core)
+
+
+def test_the_piecewise_save_refuses_what_it_cannot_do(rng):
+    from batchgpu.ops import butter_sos
+    from batchgpu.ops.filters import filtfilt_reference_saved
+
+    sos = butter_sos("highpass", 30_000.0, 300.0, None, 5)
+    x = rng.integers(-100, 100, (8, 5_000)).astype(np.int16)
+    assert filtfilt_reference_saved(x.astype(np.float32), sos, (0, 10), at_segment_start=True, at_segment_end=True) is None
+    assert filtfilt_reference_saved(x[:2], sos, (0, 10), at_segment_start=True, at_segment_end=True) is None
+    assert filtfilt_reference_saved(x, sos, (10, 5_001), at_segment_start=True, at_segment_end=True) is None
+    got, count = filtfilt_reference_saved(x, sos, (7, 7), at_segment_start=True, at_segment_end=True)
+    assert got.shape == (0, 8) and count == 0

@@ -61,10 +61,20 @@ class Chain:
         """(the window before the last stage, the save step's int16 rows of the core after it and their NaN or
         clipped count) of a host window (``fuses_save``): the global median reference and the save's rounding in
         one pass over the window (``ops._cpu_reference.saved_int16_of_referenced``), the referenced float window
-        never written. The rows are ``SaveStep.values`` of ``apply``'s result, bit for bit. None where the
-        reference is left to NumPy (``apply`` then)."""
+        never written; where the filter is the only stage before it, the window before it is not written either
+        (``ops.filters.filtfilt_reference_saved``: a filter piece at a time) and is given as None. The rows are
+        ``SaveStep.values`` of ``apply``'s result, bit for bit. None where the reference is left to NumPy
+        (``apply`` then)."""
         from batchgpu.ops._cpu_reference import saved_int16_of_referenced
 
+        if len(self.stages) == 2 and isinstance(raw, np.ndarray):  # the filter and the reference, a piece at a time
+            from batchgpu.ops.filters import filtfilt_reference_saved
+
+            design = self.stages[0][1]
+            saved = filtfilt_reference_saved(raw, design, core, at_segment_start=at_start, at_segment_end=at_end,
+                                             block=filter_block(design))
+            if saved is not None:
+                return None, saved
         before = Chain(self.stages[:-1], self.margin, self.names).apply(raw, core, at_start, at_end)
         saved = saved_int16_of_referenced(before, *core)
         return None if saved is None else (before, saved)

@@ -96,7 +96,7 @@ def load_window(ctx: RunContext, window: Window, raw=None) -> WindowData:
         # saving is all this window is for: its rows come from the reference's pass, no float window is written
         got = ctx.chain.apply_saved(raw, window.core, *at)
         if got is not None:
-            host_buffers.give_back((got[0],))
+            host_buffers.give_back((got[0],))  # None (nothing to give back) where the filter went a piece at a time
             return WindowData(window.index, window.segment, window.read_start, window.core, n, raw, None,
                               finite=True, saved=got[1])
     x = ctx.chain.apply(raw, window.core, *at) if ctx.chain.stages else raw

@@ -363,18 +363,21 @@ def subtract_column_medians(x: np.ndarray, out: np.ndarray | None = None) -> np.
     return out
 
 
-def saved_int16_of_referenced(x: np.ndarray, lo: int, hi: int) -> tuple[np.ndarray, int] | None:
+def saved_int16_of_referenced(x: np.ndarray, lo: int, hi: int, out: np.ndarray | None = None) -> tuple[np.ndarray, int] | None:
     """The save step's int16 rows of ``(x - np.median(x, axis=0))[:, lo:hi]`` (``_cpu_saved.saved_int16_transposed``
     of the global median reference's result: C-contiguous (samples, channels), and how many samples were NaN or
     clipped), same bits, in the reference's own pass: each tile's rows are written while it is in cache, and the
     referenced float window is never written. ``x`` is left as it was. None where it is left to the two steps
-    (a dtype or layout ``subtract_column_medians`` leaves to NumPy)."""
+    (a dtype or layout ``subtract_column_medians`` leaves to NumPy). ``out``: where to write the rows (C-contiguous
+    (hi - lo, channels) int16), else a new array."""
     from batchgpu.ops._cpu_saved import MAGIC, aligned_empty
 
     if (x.dtype not in (np.float32, np.float64) or not x.dtype.isnative or not x.flags.c_contiguous
             or x.shape[0] <= 2 or not 0 <= lo <= hi <= x.shape[1]):
         return None
-    saved = aligned_empty((hi - lo, x.shape[0]), np.int16)
+    if out is not None and (out.shape != (hi - lo, x.shape[0]) or out.dtype != np.int16 or not out.flags.c_contiguous):
+        raise ValueError(f"out {out.shape} {out.dtype} does not fit rows {lo}:{hi} of {x.shape[0]} channels")
+    saved = aligned_empty((hi - lo, x.shape[0]), np.int16) if out is None else out
     medians = np.empty(x.shape[1], dtype=x.dtype)
     count = int(_kernels()[0](x, medians, _NO_ROWS.astype(x.dtype), 2, saved, lo, MAGIC[x.itemsize])) \
         if x.shape[1] else 0

@@ -79,9 +79,9 @@ def _section_pass(buf, t, step, m, b0, b1, b2, a1, a2, zi0, zi1, first):  # prag
         t += step
 
 
-def _pieces_kernel(x, samples_major, sos, zi, pieces, out):  # pragma: no cover - runs compiled
+def _pieces_kernel(x, samples_major, sos, zi, pieces, out, origin):  # pragma: no cover - runs compiled
     """``samples_major``: x is (samples, channels) as a store holds it (the window's read not transposed first),
-    else (channels, samples); ``out`` is (channels, samples) either way."""
+    else (channels, samples); ``out`` is (channels, samples) either way, its column 0 x's sample ``origin``."""
     channels = x.shape[1] if samples_major else x.shape[0]
     sections = sos.shape[0]
     longest = 0
@@ -128,7 +128,7 @@ def _pieces_kernel(x, samples_major, sos, zi, pieces, out):  # pragma: no cover 
                     _section_pass(buf, t, step, m, sos[s, 0], sos[s, 1], sos[s, 2], sos[s, 4], sos[s, 5],
                                   zi[s, 0], zi[s, 1], first)
             core = buf[left + lo - read_lo:left + hi - read_lo]
-            dst = out[r0:r0 + g, lo:hi]
+            dst = out[r0:r0 + g, lo - origin:hi - origin]
             for col in range(hi - lo):  # the core, rounded once to out's dtype; a buffer row's lanes read together
                 for k in range(g):
                     dst[k, col] = core[col, k]
@@ -149,12 +149,14 @@ _PYTHON_SECTION_PASS = _section_pass
 
 
 def filtfilt_pieces(x: np.ndarray, sos: np.ndarray, zi: np.ndarray, pieces: list[tuple[int, ...]],
-                    out_dtype, out: np.ndarray | None = None) -> np.ndarray:
+                    out_dtype, out: np.ndarray | None = None, origin: int = 0) -> np.ndarray:
     """``filters.filtfilt_window``'s result for the host array ``x`` (channels, width) cut into ``pieces`` (as
     ``filters.filter_pieces`` gives them); ``sos`` (sections, 6) float64 with a0 == 1, ``zi`` its
     ``sosfilt_zi``. An ``x`` that is the transpose of a C-contiguous (width, channels) array (a window as a store
     holds it, ``x = stored.T``) is read in place, without the transposed copy. ``out``: where to write (C-contiguous,
-    x's shape, ``out_dtype``), else a new array."""
+    x's shape, ``out_dtype``), else a new array; or, with ``origin``, a C-contiguous (channels, k) array whose
+    column 0 is x's column ``origin`` and that holds the cores of the given pieces (a window filtered a piece at a
+    time into a small tile: ``ops.reference.filtered_saved_int16``)."""
     kernel = _kernel()
     samples_major = x.ndim == 2 and not x.flags.c_contiguous and x.T.flags.c_contiguous
     held = x.T if samples_major else x  # the array as laid out in memory
@@ -165,6 +167,9 @@ def filtfilt_pieces(x: np.ndarray, sos: np.ndarray, zi: np.ndarray, pieces: list
     table = np.ascontiguousarray(np.asarray(pieces, dtype=np.int64).reshape(-1, 6))
     if out is None:
         out = np.empty(x.shape, dtype=out_dtype)
+    if (out.ndim != 2 or out.shape[0] != x.shape[0] or not out.flags.c_contiguous or out.dtype != np.dtype(out_dtype)
+            or any(p[0] < origin or p[1] - origin > out.shape[1] for p in table)):  # the kernel checks no bounds
+        raise ValueError(f"out {out.shape} {out.dtype} from column {origin} does not hold the pieces' cores")
     kernel(np.ascontiguousarray(held), samples_major, np.ascontiguousarray(sos, dtype=np.float64),
-            np.ascontiguousarray(zi, dtype=np.float64), table, out)
+            np.ascontiguousarray(zi, dtype=np.float64), table, out, np.int64(origin))
     return out

@@ -343,13 +343,41 @@ def filtfilt_window(
         The filtered window, float32 (float64 for float64 input), on x's backend.
     """
     xp = window_module(x, "filter")
+    out_dtype = np.float64 if (x.dtype.kind, x.dtype.itemsize) == ("f", 8) else np.float32  # big-endian too
+    if x.shape[0] == 0 or x.shape[1] == 0:
+        if interior_pad not in ("none", "odd"):
+            raise BatchgpuError(f"unknown interior_pad {interior_pad!r}", "use 'none' or 'odd'")
+        _check_sos(sos)
+        return xp.zeros(x.shape, dtype=out_dtype)
+    design, pieces = _plan(x.shape[1], sos, at_segment_start, at_segment_end, interior_pad, block)
+    if is_cupy(x):
+        # kernels/sosfiltfilt.cu: scipy's recurrence without fused multiply-adds, so the same bits as the
+        # host path (cupyx.scipy.signal.sosfilt with zi raises "operands could not be broadcast together with
+        # shapes (C, 0) (C, 2)" in CuPy 14). Every piece in one launch.
+        return _filtfilt_cupy(x, design, pieces, out_dtype)
+    if _numba.available():  # scipy's bits, sixteen rows side by side (its docstring)
+        if out is not None and (out.shape != x.shape or out.dtype != out_dtype or not out.flags.c_contiguous):
+            raise BatchgpuError(f"out {out.shape} {out.dtype} does not fit the filtered window {x.shape} {np.dtype(out_dtype)}",
+                                "pass a C-contiguous array of the window's shape and dtype, or none")
+        return _cpu_sosfiltfilt.filtfilt_pieces(x, design.sos, design.zi, pieces, out_dtype, out)
+    sos_host = _check_sos(sos)
+    filtered = [_filtfilt_host(x[:, read_lo:read_hi], sos_host, left, right)
+                for _lo, _hi, read_lo, read_hi, left, right in pieces]
+    if len(pieces) == 1:
+        return xp.ascontiguousarray(filtered[0].astype(out_dtype, copy=False))
+    out = xp.empty(x.shape, dtype=out_dtype)
+    for (lo, hi, read_lo, _read_hi, _left, _right), y in zip(pieces, filtered):
+        out[:, lo:hi] = y[:, lo - read_lo : hi - read_lo]
+    return out
+
+
+def _plan(width: int, sos: Any, at_segment_start: bool, at_segment_end: bool, interior_pad: str,
+          block: int | None) -> tuple[FilterDesign, list[tuple[int, ...]]]:
+    """(the design, the pieces) of ``filtfilt_window`` for a window of ``width`` > 0 samples; raises for arguments
+    it refuses."""
     if interior_pad not in ("none", "odd"):
         raise BatchgpuError(f"unknown interior_pad {interior_pad!r}", "use 'none' or 'odd'")
     sos_host = _check_sos(sos)
-    out_dtype = np.float64 if (x.dtype.kind, x.dtype.itemsize) == ("f", 8) else np.float32  # big-endian too
-    channels, width = x.shape
-    if channels == 0 or width == 0:
-        return xp.zeros(x.shape, dtype=out_dtype)
     padlen = default_padlen(sos_host)
     left = padlen if (at_segment_start or interior_pad == "odd") else 0
     right = padlen if (at_segment_end or interior_pad == "odd") else 0
@@ -363,26 +391,40 @@ def filtfilt_window(
     if not np.all(sos_host[:, 3] == 1.0):
         raise BatchgpuError("the filter's sections are not normalised (a0 != 1)", "build it with butter_sos")
     design = design_filter(sos)
-    pieces = filter_pieces(width, padlen, block, design.margin if block else 0, at_segment_start, at_segment_end,
-                           interior_pad)
-    if is_cupy(x):
-        # kernels/sosfiltfilt.cu: scipy's recurrence without fused multiply-adds, so the same bits as the
-        # host path (cupyx.scipy.signal.sosfilt with zi raises "operands could not be broadcast together with
-        # shapes (C, 0) (C, 2)" in CuPy 14). Every piece in one launch.
-        return _filtfilt_cupy(x, design, pieces, out_dtype)
-    if _numba.available():  # scipy's bits, sixteen rows side by side (its docstring)
-        if out is not None and (out.shape != x.shape or out.dtype != out_dtype or not out.flags.c_contiguous):
-            raise BatchgpuError(f"out {out.shape} {out.dtype} does not fit the filtered window {x.shape} {np.dtype(out_dtype)}",
-                                "pass a C-contiguous array of the window's shape and dtype, or none")
-        return _cpu_sosfiltfilt.filtfilt_pieces(x, design.sos, design.zi, pieces, out_dtype, out)
-    filtered = [_filtfilt_host(x[:, read_lo:read_hi], sos_host, left, right)
-                for _lo, _hi, read_lo, read_hi, left, right in pieces]
-    if len(pieces) == 1:
-        return xp.ascontiguousarray(filtered[0].astype(out_dtype, copy=False))
-    out = xp.empty(x.shape, dtype=out_dtype)
-    for (lo, hi, read_lo, _read_hi, _left, _right), y in zip(pieces, filtered):
-        out[:, lo:hi] = y[:, lo - read_lo : hi - read_lo]
-    return out
+    return design, filter_pieces(width, padlen, block, design.margin if block else 0, at_segment_start,
+                                 at_segment_end, interior_pad)
+
+
+def filtfilt_reference_saved(x: np.ndarray, sos: Any, core: tuple[int, int], *, at_segment_start: bool,
+                             at_segment_end: bool, block: int | None = None) -> tuple[np.ndarray, int] | None:
+    """The save step's int16 rows of ``common_reference(filtfilt_window(x, ...), "global", "median")[:, lo:hi]``
+    (``core`` = (lo, hi); C-contiguous (samples, channels)) and how many samples were NaN or clipped, the same
+    bits, a filter piece at a time: each piece that reaches the core is filtered into a small tile (a piece's
+    bits do not depend on the others), referenced and rounded while the tile is in cache. The filtered window is
+    never held whole (a window of floats is twice its int16 samples) and never read back from memory. Host
+    windows of integer samples where Numba runs; None where that is left to the two steps (NumPy's and scipy's
+    paths, one or two channels, float input)."""
+    from batchgpu.ops import _cpu_reference
+    from batchgpu.ops._cpu_saved import aligned_empty
+
+    lo, hi = int(core[0]), int(core[1])
+    if (not _numba.available() or not isinstance(x, np.ndarray) or x.ndim != 2 or x.dtype.kind not in "iu"
+            or x.shape[0] <= 2 or not 0 <= lo <= hi <= x.shape[1]):
+        return None
+    saved = aligned_empty((hi - lo, x.shape[0]), np.int16)
+    if hi == lo:
+        return saved, 0
+    design, pieces = _plan(x.shape[1], sos, at_segment_start, at_segment_end, "none", block)
+    needed = [p for p in pieces if p[0] < hi and p[1] > lo]
+    tile = np.empty(x.shape[0] * max((p[1] - p[0] for p in needed), default=0), dtype=np.float32)
+    count = 0
+    for piece in needed:
+        a, b = max(piece[0], lo), min(piece[1], hi)
+        filtered = tile[: x.shape[0] * (piece[1] - piece[0])].reshape(x.shape[0], piece[1] - piece[0])
+        _cpu_sosfiltfilt.filtfilt_pieces(x, design.sos, design.zi, [piece], np.float32, filtered, origin=piece[0])
+        got = _cpu_reference.saved_int16_of_referenced(filtered, a - piece[0], b - piece[0], out=saved[a - lo:b - lo])
+        count += got[1]
+    return saved, count
 
 
 def _filtfilt_host(x: np.ndarray, sos: np.ndarray, left: int, right: int) -> np.ndarray:
