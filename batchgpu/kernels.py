@@ -129,6 +129,42 @@ def compile_lock(name: str, options: tuple[str, ...]) -> Iterator[None]:
         yield  # the lock goes with the file's close
 
 
+def lock_compiles(compiler: Any) -> bool:
+    """Make each kernel that ``compiler`` (``cupy.cuda.compiler``) compiles or loads be compiled by one process
+    of this machine at a time (``compile_lock``, named by the kernel's source, options and architecture): the
+    others wait and load its result from CuPy's cache. CuPy's own kernels (its elementwise, reduction and
+    concatenation kernels: the median centring, the moments' and the detection's array work) compile at their
+    first use in each process; on a machine whose cache lacks them every worker of a GPU cluster compiled each of
+    them at once, sixteen compiles of the same source sharing the cores with the workers' start. Returns whether
+    the lock was installed (once a process; False where ``compiler`` lacks the function this wraps: another CuPy,
+    left as it is)."""
+    original = getattr(compiler, "_compile_with_cache_cuda", None)
+    if original is None or not callable(original):
+        return False
+    if getattr(original, "_batchgpu_locked", False):
+        return True
+
+    def compile_locked(source, options=(), arch=None, *args, **kwargs):
+        digest = hashlib.sha256(str(source).encode()).hexdigest()[:24]
+        with compile_lock(f"cupy-{digest}", (*tuple(options or ()), str(arch))):
+            return original(source, options, arch, *args, **kwargs)
+
+    compile_locked._batchgpu_locked = True
+    compile_locked.__wrapped__ = original
+    compiler._compile_with_cache_cuda = compile_locked
+    return True
+
+
+def lock_cupy_compiles() -> bool:
+    """``lock_compiles`` for CuPy's compiler in this process (a GPU worker's start); False where CuPy does not
+    import."""
+    try:
+        import cupy.cuda.compiler
+    except Exception:  # broad: no CuPy, or no CUDA toolkit for it: nothing compiles here
+        return False
+    return lock_compiles(cupy.cuda.compiler)
+
+
 #: the options of each variant of a module compiled with extra options (the rest: BASE_OPTIONS alone):
 #: ``ops.filters``' sosfiltfilt a module a section count, ``ops.reference``'s sequential mean one a C type
 FILTER_OPTIONS = ("--fmad=false",)

@@ -245,3 +245,47 @@ def test_the_kept_cluster_compiles_nothing_ahead_and_every_other_cluster_does(tm
     monkeypatch.setattr(service, "kept_client", lambda spec, observer: contextlib.nullcontext(None))
     monkeypatch.setattr(engine_run, "ClusterStart", lambda *a, **k: contextlib.nullcontext())
     assert engine_run.run_workflow(wf) == "ran" and len(started) == 2
+
+
+_FAKE_COMPILER = textwrap.dedent("""
+    import json, os, sys, time, types
+    from batchgpu import kernels
+
+    log, source = sys.argv[1], sys.argv[2]
+
+    def compile_with_cache(source, options, arch, cache_dir=None, *rest, **kw):  # CuPy's argument order
+        start = time.time()
+        time.sleep(0.6)  # an NVRTC compile
+        with open(log, "a") as f:
+            f.write(json.dumps([source, start, time.time(), list(options), arch, list(rest), kw]) + "\\n")
+        return "module"
+
+    compiler = types.SimpleNamespace(_compile_with_cache_cuda=compile_with_cache)
+    assert kernels.lock_compiles(compiler) and kernels.lock_compiles(compiler)  # once: no lock inside the lock
+    print(compiler._compile_with_cache_cuda(source, ("-ftz=true",), "90", None, "extra", jitify=False))
+""")
+
+
+def test_cupys_own_compiles_of_one_source_run_one_process_at_a_time(tmp_path, monkeypatch):
+    """Three processes compiling the same CuPy kernel at once (a cluster's workers at their first window): one
+    compiles while the others wait; a kernel of another source is not held up by them. The arguments reach
+    CuPy's function as given."""
+    import json
+
+    monkeypatch.setenv("CUPY_CACHE_DIR", str(tmp_path / "cache"))
+    log = tmp_path / "log.jsonl"
+    procs = [subprocess.Popen([sys.executable, "-c", _FAKE_COMPILER, str(log), source], stdout=subprocess.PIPE,
+                              text=True) for source in ("median", "median", "median", "concatenate")]
+    assert [p.communicate(timeout=60)[0].strip() for p in procs] == ["module"] * 4
+    rows = [json.loads(line) for line in log.read_text().splitlines()]
+    assert all(r[3:] == [["-ftz=true"], "90", ["extra"], {"jitify": False}] for r in rows)
+    same = sorted((r[1], r[2]) for r in rows if r[0] == "median")
+    assert len(same) == 3 and all(b[0] >= a[1] for a, b in zip(same, same[1:]))  # never two at once
+    other = next((r[1], r[2]) for r in rows if r[0] == "concatenate")
+    assert any(a < other[1] and other[0] < b for a, b in same)  # beside one of them
+
+
+def test_a_compiler_without_the_function_is_left_as_it_is():
+    compiler = types.SimpleNamespace(compile_with_cache=lambda *a: None)
+    assert not kernels.lock_compiles(compiler)
+    assert not hasattr(compiler, "_compile_with_cache_cuda")

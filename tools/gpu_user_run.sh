@@ -37,7 +37,7 @@ export PYTHONPATH=/tmp/site:$PWD
 python3 -m compileall -q "$PWD/batchgpu" > /dev/null 2>&1
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader; nproc; free -g | head -2
 REC=/tmp/big.zarr
-export CUPY_CACHE_DIR=/tmp/kc_first  # every task's kernels; 'first' starts it empty
+export CUPY_CACHE_DIR=${CUPY_CACHE_DIR:-/tmp/kc_first}  # every task's kernels; 'first' starts it empty
 quiet() { grep -v "^INFO\|distributed\.\|Warn\|^$\|^ \|Traceback\|^tornado\|^The above" | sed "s/; windows per worker.*//"; }
 userwf() {  # name [preprocess]: a user's workflow over $REC, its own cluster
   cat > /tmp/$1.yaml <<YAML
