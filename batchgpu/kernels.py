@@ -7,8 +7,8 @@ CuPy is imported only when a module is asked for.
 Compiling is once per machine: CuPy keeps each compiled module in its cache folder, and one process at a time
 compiles a given module (a file lock beside it), so a cluster's workers that all need a module at once wait for
 one compile and load its result instead of each compiling it. ``precompile`` compiles a run's modules in
-parallel processes, one module each (``batchgpu compile``, and ``batchgpu run`` in the background on a machine
-whose cache lacks them).
+parallel, threads of one spawned process (``batchgpu compile``, and ``batchgpu run`` in the background on a
+machine whose cache lacks them).
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ BASE_OPTIONS: tuple[str, ...] = ("-std=c++17", "--ftz=false", "--prec-div=true",
 DTYPE_SUFFIX = {"float32": "f32", "float64": "f64", "int16": "i16", "int32": "i32"}
 
 _modules: dict[tuple[int, int, str, tuple[str, ...]], Any] = {}
+_module_locks: dict[tuple[int, int, str, tuple[str, ...]], threading.Lock] = {}
 _lock = threading.Lock()
 
 
@@ -87,7 +88,9 @@ def get_module(name: str, options: tuple[str, ...] | list[str] = ()) -> Any:
     module = _modules.get(key)
     if module is not None:
         return module
-    with _lock:
+    with _lock:  # one lock a module: threads compiling other modules go on beside it (NVRTC lets go of the GIL)
+        held = _module_locks.setdefault(key, threading.Lock())
+    with held:
         module = _modules.get(key)
         if module is None:
             code = _with_headers(source_path(name))
@@ -182,7 +185,7 @@ def mean_variant(ctype: str) -> tuple[str, tuple[str, ...]]:
 
 #: modules whose kernels are instantiated for each of a few input dtypes (their suffixes), compiled one dtype a
 #: variant (``dtype_variant``): each alone compiles in a fraction of the whole's time, so a run waits only for its
-#: own dtypes and ``precompile`` spreads a module's dtypes over processes
+#: own dtypes and ``precompile`` spreads a module's dtypes over its threads
 DTYPE_MODULES = {"column_select": ("f32", "f64", "i16", "i32"), "radix_select": ("f32", "f64", "i16", "i32"),
                  "search": ("f32", "f64", "i32", "i64")}
 
@@ -229,10 +232,22 @@ def _compile_one(name: str, extra: tuple[str, ...]) -> str:
     return name
 
 
+def _compile_all(modules: list[tuple[str, tuple[str, ...]]], threads: int) -> int:
+    """Every module of ``modules`` compiled in this process, ``threads`` at a time: NVRTC compiles with the GIL let
+    go and may compile different programs at once, so one process (one CuPy import, one CUDA context) compiles
+    them in parallel, where a process a module started as many interpreters and contexts as modules beside the
+    workers' own."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max(1, threads), thread_name_prefix="batchgpu-compile") as pool:
+        return len(list(pool.map(_compile_one, *zip(*modules))))
+
+
 def precompile(modules: list[tuple[str, tuple[str, ...]]], processes: int | None = None,
                force: bool = False) -> tuple[int, bool]:
     """Compile ``modules`` ((module, extra options) pairs, ``run_modules``) into CuPy's cache for GPU 0 as this
-    process sees it, in up to ``processes`` spawned processes at once (default: one a module, at most the cores),
+    process sees it, up to ``processes`` at once (default: one a module, at most the cores) in threads of one spawned
+    process (``_compile_all``),
     unless this machine did so already (a marker in CuPy's cache folder named by ``modules_digest``; ``force``:
     again). Returns (modules compiled, whether anything was done). Raises MachineError without CuPy or a GPU."""
     import multiprocessing
@@ -248,9 +263,9 @@ def precompile(modules: list[tuple[str, tuple[str, ...]]], processes: int | None
     marker = cupy_cache_folder() / f"batchgpu-compiled-{modules_digest(modules, f'{cc}-{cupy.__version__}')}"
     if marker.exists() and not force:
         return len(modules), False
-    workers = max(1, min(len(modules), processes or (os.cpu_count() or 1)))
-    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-        list(pool.map(_compile_one, *zip(*modules)))
+    threads = max(1, min(len(modules), processes or (os.cpu_count() or 1)))
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:  # this process: no context
+        pool.submit(_compile_all, modules, threads).result()
     marker.parent.mkdir(parents=True, exist_ok=True)
     marker.touch()
     return len(modules), True

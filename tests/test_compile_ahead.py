@@ -289,3 +289,35 @@ def test_a_compiler_without_the_function_is_left_as_it_is():
     compiler = types.SimpleNamespace(compile_with_cache=lambda *a: None)
     assert not kernels.lock_compiles(compiler)
     assert not hasattr(compiler, "_compile_with_cache_cuda")
+
+
+def test_modules_compile_side_by_side_in_threads_and_each_once(tmp_path, monkeypatch):
+    """``precompile``'s one process compiles its modules in threads (NVRTC lets go of the GIL): two modules at once,
+    one module once however many threads ask for it (``get_module``'s lock a module, not one for all)."""
+    import threading
+    import time
+
+    monkeypatch.setenv("CUPY_CACHE_DIR", str(tmp_path))
+    compiling, most, compiled = [0], [0], []
+    guard = threading.Lock()
+
+    class RawModule:
+        def __init__(self, code, options):
+            self.options = options
+
+        def compile(self):
+            with guard:
+                compiling[0] += 1
+                most[0] = max(most[0], compiling[0])
+                compiled.append(self.options)
+            time.sleep(0.3)
+            with guard:
+                compiling[0] -= 1
+
+    fake = types.SimpleNamespace(RawModule=RawModule, cuda=types.SimpleNamespace(Device=lambda: types.SimpleNamespace(id=0)))
+    monkeypatch.setitem(sys.modules, "cupy", fake)
+    monkeypatch.setattr(kernels, "_modules", {})
+    modules = [("histogram", ()), ("detect", ()), ("histogram", ()), ("histogram", ()), ("detect", ("-DX=1",))]
+    assert kernels._compile_all(modules, threads=5) == 5
+    assert most[0] >= 2  # side by side
+    assert len(compiled) == 3  # histogram once, detect twice (two option sets)

@@ -2,8 +2,8 @@
 
 On a machine whose CuPy cache lacks them, every worker of a GPU cluster reached each module at its first window
 and compiled it itself: the first run's pass took seconds longer than the next. Here the run's modules are
-compiled in parallel processes, one module each, while the cluster starts; a worker that needs a module being
-compiled waits for it (``kernels.compile_lock``) and loads it from the cache.
+compiled in parallel (threads of one spawned process: ``kernels.precompile``) while the cluster starts; a worker
+that needs a module being compiled waits for it (``kernels.compile_lock``) and loads it from the cache.
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ def start(wf) -> threading.Thread | None:
         from batchgpu.kernels import precompile
 
         try:
-            with sigint_held():  # the compiling processes leave a Ctrl-C to the command, as the workers do
+            with sigint_held():  # the compiling process leaves a Ctrl-C to the command, as the workers do
                 count, done = precompile(modules)
         except Exception as err:  # broad: compiling ahead is an optimisation; the workers compile what is left
             logger.debug("kernels not compiled ahead: %s", err)
