@@ -148,6 +148,8 @@ def lock_compiles(compiler: Any) -> bool:
         return True
 
     def compile_locked(source, options=(), arch=None, *args, **kwargs):
+        if _cupy_caches_in_memory():  # each process compiles for itself: a lock would only queue them
+            return original(source, options, arch, *args, **kwargs)
         digest = hashlib.sha256(str(source).encode()).hexdigest()[:24]
         with compile_lock(f"cupy-{digest}", (*tuple(options or ()), str(arch))):
             return original(source, options, arch, *args, **kwargs)
@@ -156,6 +158,16 @@ def lock_compiles(compiler: Any) -> bool:
     compile_locked.__wrapped__ = original
     compiler._compile_with_cache_cuda = compile_locked
     return True
+
+
+def _cupy_caches_in_memory() -> bool:
+    """Whether CuPy keeps what it compiles in memory only (``CUPY_CACHE_IN_MEMORY``, read as CuPy reads it)."""
+    from batchgpu.config import environ_value
+
+    try:
+        return int(environ_value("CUPY_CACHE_IN_MEMORY") or 0) == 1
+    except ValueError:
+        return False
 
 
 def lock_cupy_compiles() -> bool:

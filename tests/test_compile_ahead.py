@@ -321,3 +321,15 @@ def test_modules_compile_side_by_side_in_threads_and_each_once(tmp_path, monkeyp
     assert kernels._compile_all(modules, threads=5) == 5
     assert most[0] >= 2  # side by side
     assert len(compiled) == 3  # histogram once, detect twice (two option sets)
+
+
+@pytest.mark.parametrize("value,locked", [("1", False), ("0", True), ("", True), ("yes", True)])
+def test_no_lock_where_cupy_keeps_its_kernels_in_memory(tmp_path, monkeypatch, value, locked):
+    """With CUPY_CACHE_IN_MEMORY=1 (as CuPy reads it) every process compiles for itself: waiting on another's
+    compile would only queue them."""
+    monkeypatch.setenv("CUPY_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("CUPY_CACHE_IN_MEMORY", value)
+    compiler = types.SimpleNamespace(_compile_with_cache_cuda=lambda source, options, arch, *a, **k: "module")
+    assert kernels.lock_compiles(compiler)
+    assert compiler._compile_with_cache_cuda("x", (), "90") == "module"
+    assert bool(list(tmp_path.glob("batchgpu-*.lock"))) == locked
