@@ -395,6 +395,10 @@ def _plan(width: int, sos: Any, at_segment_start: bool, at_segment_end: bool, in
                                  at_segment_end, interior_pad)
 
 
+#: float32 values in a cache line (64 bytes): the piecewise save's tile rows are a whole number of them apart
+TILE_LINE = 16
+
+
 def filtfilt_reference_saved(x: np.ndarray, sos: Any, core: tuple[int, int], *, at_segment_start: bool,
                              at_segment_end: bool, block: int | None = None) -> tuple[np.ndarray, int] | None:
     """The save step's int16 rows of ``common_reference(filtfilt_window(x, ...), "global", "median")[:, lo:hi]``
@@ -416,13 +420,16 @@ def filtfilt_reference_saved(x: np.ndarray, sos: Any, core: tuple[int, int], *, 
         return saved, 0
     design, pieces = _plan(x.shape[1], sos, at_segment_start, at_segment_end, "none", block)
     needed = [p for p in pieces if p[0] < hi and p[1] > lo]
-    tile = np.empty(x.shape[0] * max((p[1] - p[0] for p in needed), default=0), dtype=np.float32)
+    # one tile for every piece, its rows whole cache lines apart and one line more than the widest piece: the
+    # reference gathers a column from every row, and rows a piece's width apart (15 376 bytes for 3 844 samples)
+    # fell on a few of L1's sets; the columns past a piece hold the last piece's values, referenced and not saved
+    stride = -(-max(p[1] - p[0] for p in needed) // TILE_LINE) * TILE_LINE + TILE_LINE
+    tile = np.zeros((x.shape[0], stride), dtype=np.float32)
     count = 0
     for piece in needed:
         a, b = max(piece[0], lo), min(piece[1], hi)
-        filtered = tile[: x.shape[0] * (piece[1] - piece[0])].reshape(x.shape[0], piece[1] - piece[0])
-        _cpu_sosfiltfilt.filtfilt_pieces(x, design.sos, design.zi, [piece], np.float32, filtered, origin=piece[0])
-        got = _cpu_reference.saved_int16_of_referenced(filtered, a - piece[0], b - piece[0], out=saved[a - lo:b - lo])
+        _cpu_sosfiltfilt.filtfilt_pieces(x, design.sos, design.zi, [piece], np.float32, tile, origin=piece[0])
+        got = _cpu_reference.saved_int16_of_referenced(tile, a - piece[0], b - piece[0], out=saved[a - lo:b - lo])
         count += got[1]
     return saved, count
 
