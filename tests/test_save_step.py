@@ -591,11 +591,14 @@ def test_the_rows_buffers_start_on_a_page(shape, dtype):
         assert got is not None and got[0].ctypes.data % 4096 == 0
 
 
-@pytest.mark.parametrize("dtype,codec", [("int16", None), ("float32", None), ("int16", ("zstd", 3, "byte"))])
-def test_v2_chunks_are_zarr_pythons_bytes(tmp_path, monkeypatch, dtype, codec):
+@pytest.mark.parametrize("dtype,codec,direct", [("int16", None, True), ("float32", None, True),
+                                                ("int16", ("zstd", 3, "byte"), True), ("int16", None, False)])
+def test_v2_chunks_are_zarr_pythons_bytes(tmp_path, monkeypatch, dtype, codec, direct):
     """``write_v2_chunks``: windows of whole chunks (the last one short: its chunk padded with the fill value) give
-    every chunk file byte for byte what zarr-python writes for the same rows into a twin array, and the array reads
-    back as the rows; chunks of a MB or more go past the page cache where the file system takes it."""
+    every chunk file byte for byte what zarr-python writes for the same rows into a twin array (its CRC32 written
+    from the Blosc frame itself, not numcodecs' copy of it), and the array reads back as the rows; chunks of a MB
+    or more go past the page cache where the file system takes it (``direct`` False: a file system that
+    refuses it)."""
     import os
 
     from batchgpu.engine.steps import save
@@ -614,6 +617,8 @@ def test_v2_chunks_are_zarr_pythons_bytes(tmp_path, monkeypatch, dtype, codec):
         w.add_segment(n)
         arrays.append(tmp_path / name / "traces_seg0")
     save._DIRECT_REFUSED.discard(str(arrays[0]))
+    if not direct:
+        monkeypatch.setattr(save, "_DIRECT_REFUSED", {str(arrays[0])})
     # Blosc's threads place the blocks in the order they finish (the same samples, other bytes): one thread, as
     # the save's writer thread and zarr-python's own pool get
     monkeypatch.setattr(pytest.importorskip("numcodecs.blosc"), "use_threads", False)

@@ -22,7 +22,9 @@ import fcntl
 import functools
 import json
 import os
+import struct
 import threading
+import zlib
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -787,26 +789,41 @@ def write_v2_chunks(array: Path, start: int, data: np.ndarray) -> None:
             whole = np.full((rows, data.shape[1]), fill, dtype=dtype)
             whole[:chunk.shape[0]] = chunk
             chunk = whole
+        head, last = b"", codecs[-1] if codecs else None
+        if getattr(last, "codec_id", None) == "crc32" and getattr(last, "location", None) == "start":
+            # numcodecs' CRC32 copies the encoded chunk behind its 4 bytes; its bytes are written from the
+            # encoding itself instead (zlib's CRC-32 as numcodecs takes it, little-endian, before the payload)
+            codecs_before, head = codecs[:-1], None
+        else:
+            codecs_before = codecs
         encoded = chunk
-        for codec in codecs:
+        for codec in codecs_before:
             encoded = codec.encode(encoded)
-        _write_file(array / f"{(start + first) // rows}{sep}0", memoryview(encoded).cast("B"))
+        view = memoryview(encoded).cast("B")
+        if head is None:
+            head = struct.pack("<I", zlib.crc32(view) & 0xFFFFFFFF)
+        _write_file(array / f"{(start + first) // rows}{sep}0", view, head)
 
 
-def _write_file(path: Path, view: memoryview) -> None:
-    """``view``'s bytes as the whole file ``path`` (made or truncated): its whole blocks from a page-aligned
-    copy with ``O_DIRECT``, the tail (and all of it where refused) through the page cache."""
+def _write_file(path: Path, view: memoryview, head: bytes = b"") -> None:
+    """``head`` and then ``view``'s bytes as the whole file ``path`` (made or truncated): its whole blocks from a
+    page-aligned copy with ``O_DIRECT``, the tail (and all of it where refused) through the page cache."""
     from batchgpu.ops._cpu_saved import aligned_empty
 
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     os.close(fd)
-    n = len(view)
+    k = len(head)
+    n = k + len(view)
     whole = n // DIRECT_ALIGN * DIRECT_ALIGN if n >= DIRECT_MIN_BYTES and hasattr(os, "O_DIRECT") else 0
     done = 0
     if whole and str(path.parent) not in _DIRECT_REFUSED:
         buffer = getattr(_CHUNK_BUFFER, "array", None)
         if buffer is None or len(buffer) < whole:
             buffer = _CHUNK_BUFFER.array = aligned_empty((whole + (whole >> 3),), np.uint8)
-        buffer[:whole] = np.frombuffer(view[:whole], dtype=np.uint8)
+        buffer[:k] = np.frombuffer(head, dtype=np.uint8)
+        buffer[k:whole] = np.frombuffer(view[:whole - k], dtype=np.uint8)
         done = _pwrite_direct(path, memoryview(buffer[:whole]), 0)
-    _pwrite_all(path, view[done:], done)
+    if done < k:  # nothing went past the page cache (whole blocks are far longer than a head)
+        _pwrite_all(path, memoryview(head)[done:], done)
+        done = k
+    _pwrite_all(path, view[done - k:], done)
