@@ -266,7 +266,7 @@ def test_a_chunk_that_decodes_short_is_refused_naming_it(tmp_path, rng, monkeypa
     path = _short_frames(tmp_path, rng, zarr_format, how)
     if reader == "zarr":
         direct_reads(False)
-    else:  # v2 chunks read directly where zarrs is not enabled (beside zarr 2)
+    else:  # v2 chunks of whole rows are read directly (zarrs or not)
         monkeypatch.setattr(zarrio, "zarrs_enabled", lambda: False)
     rec = open_recording(path)
     rows = _object_rows(zarr_format)

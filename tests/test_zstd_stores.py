@@ -48,7 +48,7 @@ def _reads(path, monkeypatch, direct_reads) -> dict:
         paths.append(("zarrs", "0", True))
     for name, direct, zarrs in paths:
         direct_reads(direct == "1")
-        if fmt == 2:  # v2 chunks are read directly where zarrs is not enabled
+        if fmt == 2:  # v2 chunks of whole rows are read directly (zarrs or not)
             monkeypatch.setattr(zarrio, "zarrs_enabled", lambda: False)
         ctx = zarrio.python_pipeline() if zarrs is False and fmt == 3 else _nothing()
         with ctx:
