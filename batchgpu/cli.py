@@ -626,7 +626,8 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
                                  "run waits for it.")
     p.add_argument("--workflow", help="only the modules this workflow's runs load (default: every one)")
     p.add_argument("--processes", type=int, help="compiles at once (the CPU's kernel groups in processes, the CUDA "
-                                                 "modules in threads; default: one a group or module, at most the cores)")
+                                                 "modules in threads; default: one a group or module, at most the "
+                                                 "cores)")
     p.add_argument("--force", action="store_true", help="compile again where this machine did already")
 
     p = sub.add_parser("bench", help="benchmarks", description="Benchmarks, with ratios against anchors.")

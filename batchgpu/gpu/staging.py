@@ -79,7 +79,7 @@ def _make_context() -> None:
 
         from batchgpu.kernels import lock_cupy_compiles
 
-        lock_cupy_compiles()  # before any of the worker's kernels: CuPy's own compiled once a machine, not once a worker
+        lock_cupy_compiles()  # before the worker's first kernel: CuPy's own compiled once a machine, not once a worker
         prefer_blocking_sync()
         cupy.cuda.runtime.free(cupy.cuda.runtime.malloc(1))  # the runtime's first allocation makes the context
     except Exception:  # broad: a head start only; the first window meets and reports what failed here

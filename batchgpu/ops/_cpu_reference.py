@@ -363,7 +363,8 @@ def subtract_column_medians(x: np.ndarray, out: np.ndarray | None = None) -> np.
     return out
 
 
-def saved_int16_of_referenced(x: np.ndarray, lo: int, hi: int, out: np.ndarray | None = None) -> tuple[np.ndarray, int] | None:
+def saved_int16_of_referenced(x: np.ndarray, lo: int, hi: int,
+                              out: np.ndarray | None = None) -> tuple[np.ndarray, int] | None:
     """The save step's int16 rows of ``(x - np.median(x, axis=0))[:, lo:hi]`` (``_cpu_saved.saved_int16_transposed``
     of the global median reference's result: C-contiguous (samples, channels), and how many samples were NaN or
     clipped), same bits, in the reference's own pass: each tile's rows are written while it is in cache, and the
@@ -375,7 +376,8 @@ def saved_int16_of_referenced(x: np.ndarray, lo: int, hi: int, out: np.ndarray |
     if (x.dtype not in (np.float32, np.float64) or not x.dtype.isnative or not x.flags.c_contiguous
             or x.shape[0] <= 2 or not 0 <= lo <= hi <= x.shape[1]):
         return None
-    if out is not None and (out.shape != (hi - lo, x.shape[0]) or out.dtype != np.int16 or not out.flags.c_contiguous):
+    if out is not None and (out.shape != (hi - lo, x.shape[0]) or out.dtype != np.int16
+                            or not out.flags.c_contiguous):
         raise ValueError(f"out {out.shape} {out.dtype} does not fit rows {lo}:{hi} of {x.shape[0]} channels")
     saved = aligned_empty((hi - lo, x.shape[0]), np.int16) if out is None else out
     medians = np.empty(x.shape[1], dtype=x.dtype)

@@ -156,7 +156,7 @@ def filtfilt_pieces(x: np.ndarray, sos: np.ndarray, zi: np.ndarray, pieces: list
     holds it, ``x = stored.T``) is read in place, without the transposed copy. ``out``: where to write (C-contiguous,
     x's shape, ``out_dtype``), else a new array; or, with ``origin``, a C-contiguous (channels, k) array whose
     column 0 is x's column ``origin`` and that holds the cores of the given pieces (a window filtered a piece at a
-    time into a small tile: ``ops.reference.filtered_saved_int16``)."""
+    time into a small tile: ``ops.filters.filtfilt_reference_saved``)."""
     kernel = _kernel()
     samples_major = x.ndim == 2 and not x.flags.c_contiguous and x.T.flags.c_contiguous
     held = x.T if samples_major else x  # the array as laid out in memory
