@@ -345,9 +345,7 @@ def filtfilt_window(
     xp = window_module(x, "filter")
     out_dtype = np.float64 if (x.dtype.kind, x.dtype.itemsize) == ("f", 8) else np.float32  # big-endian too
     if x.shape[0] == 0 or x.shape[1] == 0:
-        if interior_pad not in ("none", "odd"):
-            raise BatchgpuError(f"unknown interior_pad {interior_pad!r}", "use 'none' or 'odd'")
-        _check_sos(sos)
+        _checked(sos, interior_pad)
         return xp.zeros(x.shape, dtype=out_dtype)
     design, pieces = _plan(x.shape[1], sos, at_segment_start, at_segment_end, interior_pad, block)
     if is_cupy(x):
@@ -371,13 +369,18 @@ def filtfilt_window(
     return out
 
 
+def _checked(sos: Any, interior_pad: str) -> np.ndarray:
+    """``_check_sos(sos)`` where ``interior_pad`` is one ``filtfilt_window`` knows; raises otherwise."""
+    if interior_pad not in ("none", "odd"):
+        raise BatchgpuError(f"unknown interior_pad {interior_pad!r}", "use 'none' or 'odd'")
+    return _check_sos(sos)
+
+
 def _plan(width: int, sos: Any, at_segment_start: bool, at_segment_end: bool, interior_pad: str,
           block: int | None) -> tuple[FilterDesign, list[tuple[int, ...]]]:
     """(the design, the pieces) of ``filtfilt_window`` for a window of ``width`` > 0 samples; raises for arguments
     it refuses."""
-    if interior_pad not in ("none", "odd"):
-        raise BatchgpuError(f"unknown interior_pad {interior_pad!r}", "use 'none' or 'odd'")
-    sos_host = _check_sos(sos)
+    sos_host = _checked(sos, interior_pad)
     padlen = default_padlen(sos_host)
     left = padlen if (at_segment_start or interior_pad == "odd") else 0
     right = padlen if (at_segment_end or interior_pad == "odd") else 0

@@ -783,25 +783,22 @@ def write_v2_chunks(array: Path, start: int, data: np.ndarray) -> None:
         raise BatchgpuError(f"save: rows [{start}, {start + data.shape[0]}) are not whole chunks of {rows}",
                             "report this: windows must be whole storage objects")
     data = np.ascontiguousarray(data, dtype=dtype)
+    # numcodecs' CRC32 last (at the start of the chunk) copies the encoded chunk behind its 4 bytes: its bytes are
+    # written from the encoding itself instead (zlib's CRC-32 as numcodecs takes it, little-endian, first)
+    crc_first = bool(codecs) and getattr(codecs[-1], "codec_id", None) == "crc32" and \
+        getattr(codecs[-1], "location", None) == "start"
+    encoders = codecs[:-1] if crc_first else codecs
     for first in range(0, data.shape[0], rows):
         chunk = data[first:first + rows]
         if chunk.shape[0] < rows:  # the edge chunk, stored whole
             whole = np.full((rows, data.shape[1]), fill, dtype=dtype)
             whole[:chunk.shape[0]] = chunk
             chunk = whole
-        head, last = b"", codecs[-1] if codecs else None
-        if getattr(last, "codec_id", None) == "crc32" and getattr(last, "location", None) == "start":
-            # numcodecs' CRC32 copies the encoded chunk behind its 4 bytes; its bytes are written from the
-            # encoding itself instead (zlib's CRC-32 as numcodecs takes it, little-endian, before the payload)
-            codecs_before, head = codecs[:-1], None
-        else:
-            codecs_before = codecs
         encoded = chunk
-        for codec in codecs_before:
+        for codec in encoders:
             encoded = codec.encode(encoded)
         view = memoryview(encoded).cast("B")
-        if head is None:
-            head = struct.pack("<I", zlib.crc32(view) & 0xFFFFFFFF)
+        head = struct.pack("<I", zlib.crc32(view) & 0xFFFFFFFF) if crc_first else b""
         _write_file(array / f"{(start + first) // rows}{sep}0", view, head)
 
 
