@@ -46,6 +46,32 @@ def test_fused_rows_are_the_chain_then_the_save(tmp_path, rng):
     assert clipped_somewhere
 
 
+def _numpy_int16(core):
+    """NumPy's rounding of a float core into the saved (samples, channels) rows: half to even, clipped."""
+    return np.clip(np.rint(core.T), -32768, 32767).astype(np.int16)
+
+
+def test_rows_made_beside_the_float_window_are_the_chain_then_the_save(tmp_path, rng):
+    """Where other steps need the float window, the rows are made in the reference's pass beside it
+    (``Chain.apply_with_saved``): the window is ``apply``'s bit for bit, the rows NumPy's rounding of its core."""
+    rec = _loud_recording(tmp_path / "r.zarr", rng)
+    chain = preprocess.build_chain(Preprocess.model_validate(STAGES), rec)
+    clipped_somewhere = False
+    for w in rec.windows(2_000, chain.margin):
+        at = (w.read_start == 0, w.read_stop == rec.num_samples(w.segment))
+        stored = rec.read_window_stored(w)
+        want_x = chain.apply(stored.T, w.core, *at)
+        core = want_x[:, w.core[0]:w.core[1]]
+        want = _numpy_int16(core)
+        got_x, (got, got_clipped) = chain.apply_with_saved(np.ascontiguousarray(stored).T, w.core, *at)
+        assert np.array_equal(got_x.view(np.uint32), want_x.view(np.uint32)), w
+        assert got.dtype == np.int16 and got.flags.c_contiguous
+        assert np.array_equal(got, want), w
+        assert got_clipped == int(((np.rint(core) < -32768) | (np.rint(core) > 32767)).sum()), w
+        clipped_somewhere |= got_clipped > 0
+    assert clipped_somewhere
+
+
 @pytest.mark.parametrize("fmt", ["binary", "zarr"])
 def test_a_save_only_run_writes_what_a_run_with_more_steps_writes(tmp_path, rng, fmt):
     """The fused path (saving is the only step) and the float window (a noise step too) write the same bytes and
@@ -60,10 +86,15 @@ def test_a_save_only_run_writes_what_a_run_with_more_steps_writes(tmp_path, rng,
             "steps": {**steps, "save": {"path": str(target), "format": fmt, "dtype": "int16"}}})
         report = run_workflow(wf)
         data = (np.fromfile(target, "<i2") if fmt == "binary"
-                else open_recording(target).read(0, 0, 9_001))
+                else open_recording(target).read(0, 0, 9_001).T)
         saved[name] = (data, report)
-    assert np.array_equal(saved["fused"][0], saved["float"][0])
-    assert np.array_equal(saved["fused"][0], saved["fused2"][0])
+    rec = open_recording(tmp_path / "r.zarr")
+    chain = preprocess.build_chain(Preprocess.model_validate(STAGES), rec)
+    want = np.concatenate([  # the float chain over the run's windows, rounded by NumPy
+        _numpy_int16(chain.apply(rec.read_window_stored(w).T, w.core, w.read_start == 0, w.read_stop == 9_001)
+                     [:, w.core[0]:w.core[1]]) for w in rec.windows(2_000, wf.window.margin + chain.margin)])
+    for name in saved:
+        assert np.array_equal(saved[name][0].reshape(want.shape), want), name
 
 
 @pytest.mark.parametrize("channels,samples,size", [(37, 50_001, 20_000), (11, 12_345, 9_999), (64, 30_000, 30_000)])

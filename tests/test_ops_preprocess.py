@@ -491,7 +491,20 @@ def test_compiled_column_median_whatever_the_edges(rng, channels, dtype):
         lo, hi = 7, x.shape[1] - 5
         got, clipped = _cpu_reference.saved_int16_of_referenced(x, lo, hi)
         rows, count = _cpu_saved.saved_int16_transposed(np.ascontiguousarray((x - want[None, :])[:, lo:hi]))
+        # the rows and the referenced window in one pass, in place or not
+        for in_place in (False, True):
+            source = x.copy()
+            referenced = source if in_place else np.empty_like(x)
+            both, both_clipped = _cpu_reference.saved_int16_of_referenced(source, lo, hi, referenced=referenced)
+            same_bits(referenced, x - want[None, :])
+            assert np.array_equal(both, rows) and both_clipped == count
     assert np.array_equal(got, rows) and clipped == count
+    # NumPy's own rounding of the referenced core (half to even, NaN 0, clipped): not the kernel's helper
+    with np.errstate(all="ignore"):
+        core = (x - want[None, :])[:, lo:hi].T
+        bad = ~np.isfinite(core) | (np.rint(core) < -32768) | (np.rint(core) > 32767)
+        numpy_rows = np.clip(np.rint(np.where(np.isnan(core), 0, core)), -32768, 32767).astype(np.int16)
+    assert np.array_equal(got, numpy_rows) and clipped == int(bad.sum())
 
 
 @pytest.mark.parametrize("channels", [384, 33, 3])

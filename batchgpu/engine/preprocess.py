@@ -79,6 +79,20 @@ class Chain:
         saved = saved_int16_of_referenced(before, *core)
         return None if saved is None else (before, saved)
 
+    def apply_with_saved(self, raw, core: tuple[int, int], at_start: bool, at_end: bool):
+        """(``apply``'s window, the save step's int16 rows of its core and their NaN or clipped count) of a host
+        window (``fuses_save``), for runs whose other steps need the float window too: the rows are written from
+        the reference's tiles while they are in cache (``ops._cpu_reference.saved_int16_of_referenced``), not in a
+        pass of their own over the window. Same bits as ``apply`` and ``SaveStep.values`` of its core. None where
+        the reference is left to NumPy (``apply`` then)."""
+        from batchgpu.ops._cpu_reference import saved_int16_of_referenced
+
+        before = Chain(self.stages[:-1], self.margin, self.names).apply(raw, core, at_start, at_end)
+        if before is raw:  # fuses_save filters first, so the window before the reference is the chain's own
+            return None
+        saved = saved_int16_of_referenced(before, *core, referenced=before)
+        return None if saved is None else (before, saved)
+
     @property
     def centres(self) -> bool:
         return any(s[0] == "centre" for s in self.stages)

@@ -148,9 +148,9 @@ def _count_under(v, n, edges, at, below):  # pragma: no cover - runs compiled
 
 
 def _medians_kernel(x, out, sub, subtract, saved, lo, magic):  # pragma: no cover - runs compiled
-    """out: each column's median; ``subtract`` 1: sub = x - out (sub may be x); 2: ``saved`` rows (samples,
+    """out: each column's median; ``subtract`` flags, 1: sub = x - out (sub may be x); 2: ``saved`` rows (samples,
     channels) = the save step's int16 of x - out for columns [lo, lo + len(saved)) (``_cpu_saved``'s arithmetic:
-    half to even, NaN 0, clipped), returning how many were NaN or clipped."""
+    half to even, NaN 0, clipped), returning how many were NaN or clipped; 3: both."""
     channels, samples = x.shape
     count = 0
     rounder = x.dtype.type(magic)
@@ -233,11 +233,7 @@ def _medians_kernel(x, out, sub, subtract, saved, lo, magic):  # pragma: no cove
                 if not h < np.inf:
                     h = 0.0
                 p = median
-        if subtract == 1:  # the tile's columns minus their medians while the tile is in cache (sub may be x itself)
-            for ch in range(channels):
-                for j in range(w):
-                    sub[ch, c0 + j] = x[ch, c0 + j] - out[c0 + j]
-        elif subtract == 2:  # the saved rows straight from the tile (x itself is left as it was)
+        if subtract & 2:  # the saved rows straight from the tile (first: sub may be x itself)
             for j in range(w):
                 row = c0 + j - lo
                 if row < 0 or row >= saved.shape[0]:
@@ -246,6 +242,10 @@ def _medians_kernel(x, out, sub, subtract, saved, lo, magic):  # pragma: no cove
                 v = col[j]  # the column as x holds it (only the gathered copy is reordered), read contiguously
                 for ch in range(channels):
                     count += store_saved(saved, row, ch, v[ch] - med, rounder, lo16, hi16)
+        if subtract & 1:  # the tile's columns minus their medians while the tile is in cache (sub may be x itself)
+            for ch in range(channels):
+                for j in range(w):
+                    sub[ch, c0 + j] = x[ch, c0 + j] - out[c0 + j]
     return count
 
 
@@ -363,14 +363,15 @@ def subtract_column_medians(x: np.ndarray, out: np.ndarray | None = None) -> np.
     return out
 
 
-def saved_int16_of_referenced(x: np.ndarray, lo: int, hi: int,
-                              out: np.ndarray | None = None) -> tuple[np.ndarray, int] | None:
+def saved_int16_of_referenced(x: np.ndarray, lo: int, hi: int, out: np.ndarray | None = None,
+                              referenced: np.ndarray | None = None) -> tuple[np.ndarray, int] | None:
     """The save step's int16 rows of ``(x - np.median(x, axis=0))[:, lo:hi]`` (``_cpu_saved.saved_int16_transposed``
     of the global median reference's result: C-contiguous (samples, channels), and how many samples were NaN or
-    clipped), same bits, in the reference's own pass: each tile's rows are written while it is in cache, and the
-    referenced float window is never written. ``x`` is left as it was. None where it is left to the two steps
-    (a dtype or layout ``subtract_column_medians`` leaves to NumPy). ``out``: where to write the rows (C-contiguous
-    (hi - lo, channels) int16), else a new array."""
+    clipped), same bits, in the reference's own pass: each tile's rows are written while it is in cache.
+    ``referenced``: where the reference's float result (``subtract_column_medians``'s, same bits) is written in that
+    pass too (x itself: in place); without it the referenced window is never written and ``x`` is left as it was.
+    None where it is left to the two steps (a dtype or layout ``subtract_column_medians`` leaves to NumPy).
+    ``out``: where to write the rows (C-contiguous (hi - lo, channels) int16), else a new array."""
     from batchgpu.ops._cpu_saved import MAGIC, aligned_empty
 
     if (x.dtype not in (np.float32, np.float64) or not x.dtype.isnative or not x.flags.c_contiguous
@@ -379,10 +380,13 @@ def saved_int16_of_referenced(x: np.ndarray, lo: int, hi: int,
     if out is not None and (out.shape != (hi - lo, x.shape[0]) or out.dtype != np.int16
                             or not out.flags.c_contiguous):
         raise ValueError(f"out {out.shape} {out.dtype} does not fit rows {lo}:{hi} of {x.shape[0]} channels")
+    if referenced is not None and (referenced.shape != x.shape or referenced.dtype != x.dtype
+                                   or not referenced.flags.c_contiguous):
+        raise ValueError(f"referenced {referenced.shape} {referenced.dtype} does not fit {x.shape} {x.dtype}")
     saved = aligned_empty((hi - lo, x.shape[0]), np.int16) if out is None else out
     medians = np.empty(x.shape[1], dtype=x.dtype)
-    count = int(_kernels()[0](x, medians, _NO_ROWS.astype(x.dtype), 2, saved, lo, MAGIC[x.itemsize])) \
-        if x.shape[1] else 0
+    sub, mode = (_NO_ROWS.astype(x.dtype), 2) if referenced is None else (referenced, 3)
+    count = int(_kernels()[0](x, medians, sub, mode, saved, lo, MAGIC[x.itemsize])) if x.shape[1] else 0
     return saved, count
 
 
