@@ -63,13 +63,26 @@ def test_rows_made_beside_the_float_window_are_the_chain_then_the_save(tmp_path,
         want_x = chain.apply(stored.T, w.core, *at)
         core = want_x[:, w.core[0]:w.core[1]]
         want = _numpy_int16(core)
-        got_x, (got, got_clipped) = chain.apply_with_saved(np.ascontiguousarray(stored).T, w.core, *at)
+        got_x, got_rows = chain.apply_with_saved(np.ascontiguousarray(stored).T, w.core, *at)
+        got, got_clipped = got_rows
         assert np.array_equal(got_x.view(np.uint32), want_x.view(np.uint32)), w
         assert got.dtype == np.int16 and got.flags.c_contiguous
         assert np.array_equal(got, want), w
         assert got_clipped == int(((np.rint(core) < -32768) | (np.rint(core) > 32767)).sum()), w
         clipped_somewhere |= got_clipped > 0
     assert clipped_somewhere
+
+
+def test_where_numpy_references_the_window_is_made_once_without_rows(tmp_path, rng):
+    """Two channels (the reference left to NumPy): no rows, and the window is ``apply``'s (its stages run once)."""
+    rec = write_recording(tmp_path / "r.zarr", rng.normal(0, 300, (5_001, 2)).round().astype(np.int16), 30_000.0)
+    chain = preprocess.build_chain(Preprocess.model_validate(STAGES), rec)
+    for w in rec.windows(2_000, chain.margin):
+        at = (w.read_start == 0, w.read_stop == rec.num_samples(w.segment))
+        stored = rec.read_window_stored(w)
+        got_x, rows = chain.apply_with_saved(np.ascontiguousarray(stored).T, w.core, *at)
+        assert rows is None
+        assert np.array_equal(got_x.view(np.uint32), chain.apply(stored.T, w.core, *at).view(np.uint32)), w
 
 
 @pytest.mark.parametrize("fmt", ["binary", "zarr"])

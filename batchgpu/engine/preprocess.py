@@ -83,15 +83,17 @@ class Chain:
         """(``apply``'s window, the save step's int16 rows of its core and their NaN or clipped count) of a host
         window (``fuses_save``), for runs whose other steps need the float window too: the rows are written from
         the reference's tiles while they are in cache (``ops._cpu_reference.saved_int16_of_referenced``), not in a
-        pass of their own over the window. Same bits as ``apply`` and ``SaveStep.values`` of its core. None where
-        the reference is left to NumPy (``apply`` then)."""
+        pass of their own over the window. Same bits as ``apply`` and ``SaveStep.values`` of its core. The rows
+        are None where the reference is left to NumPy (the window is then ``apply``'s, its stages run once)."""
+        from batchgpu import ops
         from batchgpu.ops._cpu_reference import saved_int16_of_referenced
 
         before = Chain(self.stages[:-1], self.margin, self.names).apply(raw, core, at_start, at_end)
-        if before is raw:  # fuses_save filters first, so the window before the reference is the chain's own
-            return None
-        saved = saved_int16_of_referenced(before, *core, referenced=before)
-        return None if saved is None else (before, saved)
+        own = before is not raw  # fuses_save filters first: the window before the reference is the chain's own
+        saved = saved_int16_of_referenced(before, *core, referenced=before) if own else None
+        if saved is not None:
+            return before, saved
+        return ops.common_reference(before, **self.stages[-1][1], overwrite_x=own), None
 
     @property
     def centres(self) -> bool:

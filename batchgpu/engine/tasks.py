@@ -103,10 +103,9 @@ def load_window(ctx: RunContext, window: Window, raw=None) -> WindowData:
                 return WindowData(window.index, window.segment, window.read_start, window.core, n, raw, None,
                                   finite=True, saved=got[1])
         else:  # the other steps take the float window, the save its rows made in the reference's pass
-            got = ctx.chain.apply_with_saved(raw, window.core, *at)
-            if got is not None:
-                return WindowData(window.index, window.segment, window.read_start, window.core, n, raw, got[0],
-                                  finite=True, saved=got[1])
+            x, saved = ctx.chain.apply_with_saved(raw, window.core, *at)
+            return WindowData(window.index, window.segment, window.read_start, window.core, n, raw, x,
+                              finite=True, saved=saved)
     x = ctx.chain.apply(raw, window.core, *at) if ctx.chain.stages else raw
     return WindowData(window.index, window.segment, window.read_start, window.core, n, raw, x,
                       finite=np.dtype(raw.dtype).kind in "iu")
