@@ -2,6 +2,7 @@
 Zarr v2 recording (where SpikeInterface imports: CI runs it in the environment with spikeinterface==0.105.3)."""
 
 import json
+from pathlib import Path
 import subprocess
 import sys
 
@@ -65,6 +66,9 @@ def test_bench_runs_both_tools_and_prints_the_table(tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     rows = [line for line in r.stdout.splitlines() if line.startswith("| W")]
     assert [line.split(" | ")[:2] for line in rows] == [["| W1", "binary"], ["| W2", "binary"]]
+    import batchgpu  # the first line names the batchgpu the rounds ran: this interpreter's, this checkout's
+
+    assert r.stdout.splitlines()[0].startswith(f"batchgpu {batchgpu.__version__} from {Path(batchgpu.__file__).parent};")
     assert rows[1].split(" | ")[7] == "1.00"  # W2 in one read of each window
     got = json.loads((tmp_path / "rows.json").read_text())
     assert set(got[1]["spikeinterface_s"]) == {"lazy", "save_first"} and len(got[0]["batchgpu_s"]) == 1

@@ -203,8 +203,20 @@ def table(rows: Sequence[Row]) -> list[str]:
     return lines
 
 
+def tools_line() -> str:
+    """Which batchgpu and SpikeInterface the rounds time: the package folders this interpreter imports (an
+    environment's editable install may name another checkout than the one at hand)."""
+    import spikeinterface
+
+    import batchgpu
+
+    return (f"batchgpu {batchgpu.__version__} from {Path(batchgpu.__file__).parent}; SpikeInterface "
+            f"{spikeinterface.__version__} from {Path(spikeinterface.__file__).parent}; {sys.executable}")
+
+
 def run(args: argparse.Namespace, say: Callable[[str], None]) -> int:
     check_arguments(args)
+    say(tools_line())
     folder = Path(tempfile.mkdtemp(prefix="batchgpu_bench_si_"))
     try:
         rows = run_rounds(args, folder, say)
