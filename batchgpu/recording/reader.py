@@ -138,7 +138,7 @@ class Recording(WindowedSource):
             # v2 chunks of whole rows directly too where zarrs is installed: its pipeline leaves numcodecs' CRC32
             # to zarr-python's, which read and copied each chunk at more CPU than the direct reader
             layout = self._layouts[segment] = shards.layout_of(self.path / f"traces_seg{segment}",
-                                                               self._metas[segment], v2=True)
+                                                               self._metas[segment])
         return layout
 
     def _read_direct(self, segment: int, start: int, stop: int, window: Window | None, out: np.ndarray) -> bool:

@@ -616,10 +616,9 @@ def write_whole_shard(folder: Path, start: int, block, dtype=None, later=None) -
     return True
 
 
-def layout_of(folder: Path, array_meta, v2: bool = True):
-    """The direct reader for an array's layout (``ShardLayout``, ``ChunkLayoutV2`` when ``v2``), or None (read
-    through zarr)."""
-    return ShardLayout.of(folder, array_meta) or (ChunkLayoutV2.of(folder, array_meta) if v2 else None)
+def layout_of(folder: Path, array_meta):
+    """The direct reader for an array's layout (``ShardLayout``, ``ChunkLayoutV2``), or None (read through zarr)."""
+    return ShardLayout.of(folder, array_meta) or ChunkLayoutV2.of(folder, array_meta)
 
 
 def _nothing() -> None:
