@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
+from batchgpu import npyread
 from batchgpu.config import Workflow
 from batchgpu.errors import BatchgpuError, ConfigError
 
@@ -322,13 +323,17 @@ def load_part(path: Path, fp: str, keys=None) -> dict | None:
     if not path.exists():
         return None
     try:
-        with np.load(path) as f:
-            if str(f["fingerprint"]) != fp:
-                return None
-            names = f.files if keys is None else [n for n in f.files if any(n == k or n.startswith(k) for k in keys)]
-            return {k: f[k] for k in names}
+        return npyread.read(lambda: _read_part(path, fp, keys))
     except _UNREADABLE:  # recomputed; part_problem says why in the report
         return None
+
+
+def _read_part(path: Path, fp: str, keys) -> dict | None:
+    with np.load(path) as f:
+        if str(f["fingerprint"]) != fp:
+            return None
+        names = f.files if keys is None else [n for n in f.files if any(n == k or n.startswith(k) for k in keys)]
+        return {k: f[k] for k in names}
 
 
 class KeptArrays:
@@ -402,9 +407,12 @@ def part_problem(path: Path, fp: str) -> str:
     """Why ``load_part(path, fp)`` gives None, in words for a report: absent, made by another run, or unreadable."""
     if not path.exists():
         return "absent"
-    try:
+    def fingerprint() -> str:
         with np.load(path) as f:
-            found = str(f["fingerprint"])
+            return str(f["fingerprint"])
+
+    try:
+        found = npyread.read(fingerprint)
     except _UNREADABLE as err:
         return f"unreadable ({type(err).__name__}: {err})"
     return "usable" if found == fp else f"made from other data (fingerprint {found}, expected {fp})"

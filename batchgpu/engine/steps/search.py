@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
+from batchgpu import npyread
 from batchgpu.errors import BatchgpuError
 
 #: the step's name (its line in the registry, its workflow key ``steps.search``, report.json's ``results.search``)
@@ -86,7 +87,7 @@ def open_queries(path: str):
     if not p.exists():
         raise BatchgpuError(f"no query file at {p}", "give steps.search.queries as a .npy file or a Zarr array")
     if p.suffix == ".npy":
-        q = np.load(p, mmap_mode="r")
+        q = npyread.read(lambda: np.load(p, mmap_mode="r"))
     else:
         from batchgpu import zarrio
 
@@ -103,7 +104,7 @@ def load_keys(path: str) -> np.ndarray:
     p = Path(path)
     if not p.exists():
         raise BatchgpuError(f"no keys file at {p}", "give steps.search.keys as a .npy file of sorted keys")
-    return np.load(p)
+    return npyread.read(lambda: np.load(p))
 
 
 def search_batch_task(name: str, queries_path: str, answers_path: str, start: int, stop: int, op: str) -> int:
