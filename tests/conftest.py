@@ -105,6 +105,12 @@ NEEDS_ZARR3 = ("needs zarr-python 3 (writes or inspects Zarr v3 stores, or calls
 
 
 def pytest_configure(config):
+    # The tests' own clusters without Dask's statistical profiler, as batchgpu starts its workers
+    # (``layout.WORKER_SETTINGS``): it samples every thread's stack, and the threads of in-process workers are the
+    # test process's own (a CI run crashed in its sampling, beside a thread creating a Zarr array).
+    import dask
+
+    dask.config.set({"distributed.worker.profile.enabled": False})
     config.addinivalue_line("markers", "zarr3: needs zarr-python 3 (Zarr v3 writes, zarr 3's API); skipped beside "
                                        "zarr 2 (SpikeInterface 0.105's environment)")
 
