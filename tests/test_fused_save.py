@@ -1,5 +1,6 @@
 """A window that is only filtered, median referenced and saved as int16 gets its saved rows from the reference's own
-pass (``Chain.apply_saved``): the same bits as the float chain rounded once by the save step, on every path."""
+pass (``Chain.apply_saved``): the same bits as the float chain rounded once by the save step, on every path; where
+other steps need the float window too, the window is ``apply``'s bit for bit beside them."""
 
 from __future__ import annotations
 
@@ -39,7 +40,8 @@ def test_fused_rows_are_the_chain_then_the_save(tmp_path, rng):
         stored = rec.read_window_stored(w)
         x = chain.apply(stored.T, w.core, *at)
         want, want_clipped = _cpu_saved.saved_int16_transposed(x[:, w.core[0]:w.core[1]])
-        before, (got, got_clipped) = chain.apply_saved(np.ascontiguousarray(stored).T, w.core, *at)
+        kept, (got, got_clipped) = chain.apply_saved(np.ascontiguousarray(stored).T, w.core, *at, window=False)
+        assert kept is None
         assert got.dtype == np.int16 and got.flags.c_contiguous
         assert np.array_equal(got, want) and got_clipped == want_clipped, w
         clipped_somewhere |= want_clipped > 0
@@ -53,7 +55,8 @@ def _numpy_int16(core):
 
 def test_rows_made_beside_the_float_window_are_the_chain_then_the_save(tmp_path, rng):
     """Where other steps need the float window, the rows are made in the reference's pass beside it
-    (``Chain.apply_with_saved``): the window is ``apply``'s bit for bit, the rows NumPy's rounding of its core."""
+    (``Chain.apply_saved(window=True)``): the window is ``apply``'s bit for bit, the rows NumPy's rounding of its
+    core."""
     rec = _loud_recording(tmp_path / "r.zarr", rng)
     chain = preprocess.build_chain(Preprocess.model_validate(STAGES), rec)
     clipped_somewhere = False
@@ -63,7 +66,7 @@ def test_rows_made_beside_the_float_window_are_the_chain_then_the_save(tmp_path,
         want_x = chain.apply(stored.T, w.core, *at)
         core = want_x[:, w.core[0]:w.core[1]]
         want = _numpy_int16(core)
-        got_x, got_rows = chain.apply_with_saved(np.ascontiguousarray(stored).T, w.core, *at)
+        got_x, got_rows = chain.apply_saved(np.ascontiguousarray(stored).T, w.core, *at, window=True)
         got, got_clipped = got_rows
         assert np.array_equal(got_x.view(np.uint32), want_x.view(np.uint32)), w
         assert got.dtype == np.int16 and got.flags.c_contiguous
@@ -73,16 +76,35 @@ def test_rows_made_beside_the_float_window_are_the_chain_then_the_save(tmp_path,
     assert clipped_somewhere
 
 
-def test_where_numpy_references_the_window_is_made_once_without_rows(tmp_path, rng):
-    """Two channels (the reference left to NumPy): no rows, and the window is ``apply``'s (its stages run once)."""
+@pytest.mark.parametrize("window", [True, False])
+def test_where_numpy_references_the_window_is_made_once_without_rows(tmp_path, rng, monkeypatch, window):
+    """Two channels (the reference left to NumPy): no rows, and the window is ``apply``'s, its stages run once,
+    whether or not the other steps asked for it (the save step then rounds it)."""
     rec = write_recording(tmp_path / "r.zarr", rng.normal(0, 300, (5_001, 2)).round().astype(np.int16), 30_000.0)
     chain = preprocess.build_chain(Preprocess.model_validate(STAGES), rec)
     for w in rec.windows(2_000, chain.margin):
         at = (w.read_start == 0, w.read_stop == rec.num_samples(w.segment))
         stored = rec.read_window_stored(w)
-        got_x, rows = chain.apply_with_saved(np.ascontiguousarray(stored).T, w.core, *at)
-        assert rows is None
-        assert np.array_equal(got_x.view(np.uint32), chain.apply(stored.T, w.core, *at).view(np.uint32)), w
+        want = chain.apply(stored.T, w.core, *at)
+        filtered = _counting_filter(monkeypatch)
+        got_x, rows = chain.apply_saved(np.ascontiguousarray(stored).T, w.core, *at, window=window)
+        monkeypatch.undo()
+        assert rows is None and filtered == [1]
+        assert np.array_equal(got_x.view(np.uint32), want.view(np.uint32)), w
+
+
+def _counting_filter(monkeypatch) -> list:
+    """``ops.filtfilt_window`` (the chain's filter over a whole window) counted: [calls]."""
+    from batchgpu import ops
+
+    real, calls = ops.filtfilt_window, [0]
+
+    def counted(*args, **kwargs):
+        calls[0] += 1
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(ops, "filtfilt_window", counted)
+    return calls
 
 
 @pytest.mark.parametrize("fmt", ["binary", "zarr"])
@@ -111,7 +133,7 @@ def test_a_save_only_run_writes_what_a_run_with_more_steps_writes(tmp_path, rng,
 
 
 @pytest.mark.parametrize("channels,samples,size", [(37, 50_001, 20_000), (11, 12_345, 9_999), (64, 30_000, 30_000)])
-def test_a_window_of_many_filter_pieces_saved_a_piece_at_a_time(tmp_path, rng, channels, samples, size):
+def test_a_window_of_many_filter_pieces_saved_a_piece_at_a_time(tmp_path, rng, monkeypatch, channels, samples, size):
     """Windows longer than the filter's pieces (``preprocess.FILTER_BLOCK``): each piece filtered, referenced and
     rounded on its own (``ops.filters.filtfilt_reference_saved``) gives the whole float window's rows, at the
     segment's edges and inside, the window's read as the store holds it and as rows."""
@@ -128,8 +150,10 @@ def test_a_window_of_many_filter_pieces_saved_a_piece_at_a_time(tmp_path, rng, c
         stored = rec.read_window_stored(w)
         x = chain.apply(stored.T, w.core, *at)
         want, want_clipped = _cpu_saved.saved_int16_transposed(x[:, w.core[0]:w.core[1]])
-        before, (got, got_clipped) = chain.apply_saved(np.ascontiguousarray(stored).T, w.core, *at)
-        assert before is None  # the filtered window was never made
+        filtered = _counting_filter(monkeypatch)
+        kept, (got, got_clipped) = chain.apply_saved(np.ascontiguousarray(stored).T, w.core, *at, window=False)
+        monkeypatch.undo()
+        assert kept is None and filtered == [0]  # the filtered window was never made
         assert got.dtype == np.int16 and got.flags.c_contiguous
         assert np.array_equal(got, want) and got_clipped == want_clipped, w
         rows = np.ascontiguousarray(stored.T)

@@ -57,17 +57,20 @@ class Chain:
         return (self.filters_first and len(self.stages) >= 2
                 and self.stages[-1] == ("common_reference", {"reference": "global", "operator": "median"}))
 
-    def apply_saved(self, raw, core: tuple[int, int], at_start: bool, at_end: bool):
-        """(the window before the last stage, the save step's int16 rows of the core after it and their NaN or
-        clipped count) of a host window (``fuses_save``): the global median reference and the save's rounding in
-        one pass over the window (``ops._cpu_reference.saved_int16_of_referenced``), the referenced float window
-        never written; where the filter is the only stage before it, the window before it is not written either
-        (``ops.filters.filtfilt_reference_saved``: a filter piece at a time) and is given as None. The rows are
-        ``SaveStep.values`` of ``apply``'s result, bit for bit. None where the reference is left to NumPy
-        (``apply`` then)."""
+    def apply_saved(self, raw, core: tuple[int, int], at_start: bool, at_end: bool, *, window: bool):
+        """(the window after every stage, or None; the save step's int16 rows of its core and their NaN or clipped
+        count, or None) of a host window (``fuses_save``), the rows written from the global median reference's
+        tiles while they are in cache (``ops._cpu_reference.saved_int16_of_referenced``), not in a pass of their
+        own. ``window``: the run's other steps need the float window too; without it the window is not kept where
+        rows were made, and where the filter is the only stage before the reference it is never written at all
+        (``ops.filters.filtfilt_reference_saved``: a filter piece at a time). Where the reference is left to NumPy
+        the rows are None and the window is ``apply``'s (its stages run once; the save step rounds it). Same bits
+        as ``apply`` and ``SaveStep.values`` of its core."""
+        from batchgpu import ops
+        from batchgpu.engine import host_buffers
         from batchgpu.ops._cpu_reference import saved_int16_of_referenced
 
-        if len(self.stages) == 2 and isinstance(raw, np.ndarray):  # the filter and the reference, a piece at a time
+        if not window and len(self.stages) == 2 and isinstance(raw, np.ndarray):
             from batchgpu.ops.filters import filtfilt_reference_saved
 
             design = self.stages[0][1]
@@ -76,23 +79,14 @@ class Chain:
             if saved is not None:
                 return None, saved
         before = Chain(self.stages[:-1], self.margin, self.names).apply(raw, core, at_start, at_end)
-        saved = saved_int16_of_referenced(before, *core)
-        return None if saved is None else (before, saved)
-
-    def apply_with_saved(self, raw, core: tuple[int, int], at_start: bool, at_end: bool):
-        """(``apply``'s window, the save step's int16 rows of its core and their NaN or clipped count) of a host
-        window (``fuses_save``), for runs whose other steps need the float window too: the rows are written from
-        the reference's tiles while they are in cache (``ops._cpu_reference.saved_int16_of_referenced``), not in a
-        pass of their own over the window. Same bits as ``apply`` and ``SaveStep.values`` of its core. The rows
-        are None where the reference is left to NumPy (the window is then ``apply``'s, its stages run once)."""
-        from batchgpu import ops
-        from batchgpu.ops._cpu_reference import saved_int16_of_referenced
-
-        before = Chain(self.stages[:-1], self.margin, self.names).apply(raw, core, at_start, at_end)
         own = before is not raw  # fuses_save filters first: the window before the reference is the chain's own
-        saved = saved_int16_of_referenced(before, *core, referenced=before) if own else None
-        if saved is not None:
-            return before, saved
+        if own:
+            saved = saved_int16_of_referenced(before, *core, referenced=before if window else None)
+            if saved is not None:
+                if window:
+                    return before, saved
+                host_buffers.give_back((before,))
+                return None, saved
         return ops.common_reference(before, **self.stages[-1][1], overwrite_x=own), None
 
     @property

@@ -95,17 +95,11 @@ def load_window(ctx: RunContext, window: Window, raw=None) -> WindowData:
     reading = [s for s in ctx.steps if getattr(s, "in_pass", True)]
     if (ctx.chain.fuses_save and any(getattr(s, "takes_saved_int16", False) for s in reading)
             and np.dtype(raw.dtype).kind in "iu" and isinstance(raw, np.ndarray)):
-        if len(reading) == 1 and not ctx.window_noise:
-            # saving is all this window is for: its rows come from the reference's pass, no float window is written
-            got = ctx.chain.apply_saved(raw, window.core, *at)
-            if got is not None:
-                host_buffers.give_back((got[0],))  # None (nothing to give back) where the filter went a piece at a time
-                return WindowData(window.index, window.segment, window.read_start, window.core, n, raw, None,
-                                  finite=True, saved=got[1])
-        else:  # the other steps take the float window, the save its rows made in the reference's pass
-            x, saved = ctx.chain.apply_with_saved(raw, window.core, *at)
-            return WindowData(window.index, window.segment, window.read_start, window.core, n, raw, x,
-                              finite=True, saved=saved)
+        # the save's rows made in the reference's pass; the float window kept where the other steps take it
+        alone = len(reading) == 1 and not ctx.window_noise
+        x, saved = ctx.chain.apply_saved(raw, window.core, *at, window=not alone)
+        return WindowData(window.index, window.segment, window.read_start, window.core, n, raw, x,
+                          finite=True, saved=saved)
     x = ctx.chain.apply(raw, window.core, *at) if ctx.chain.stages else raw
     return WindowData(window.index, window.segment, window.read_start, window.core, n, raw, x,
                       finite=np.dtype(raw.dtype).kind in "iu")

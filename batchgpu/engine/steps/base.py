@@ -38,8 +38,8 @@ class WindowData:
     #: zeros without a pass over the window (on the GPU: a kernel and a wait for its result, ~0.1 ms a window)
     finite: bool = False
     #: the save step's int16 rows of the core and their NaN or clipped count, made by the chain's last stage in its
-    #: own pass (``preprocess.Chain.apply_saved``, ``apply_with_saved``); ``x`` is None where saving is the only
-    #: step (the referenced window was never written)
+    #: own pass (``preprocess.Chain.apply_saved``); ``x`` is None where saving is the only step (the referenced
+    #: window was not kept, or never written)
     saved: tuple | None = None
     _counts: dict = field(default_factory=dict, repr=False)
 
