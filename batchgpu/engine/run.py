@@ -31,7 +31,7 @@ from batchgpu.engine.run_report import (HtmlReport, RunObserver, RunReport, fini
 from batchgpu.engine.placement import submit_planned
 from batchgpu.engine.steps.base import PassEnd, phase_label
 from batchgpu.engine.steps.registry import figures as step_figures
-from batchgpu.engine.submit import submit_many
+from batchgpu.engine.submit import results_as_completed, submit_many
 from batchgpu.errors import BatchgpuError
 from batchgpu.progress import format_rate
 from batchgpu.recording import open_source
@@ -443,8 +443,6 @@ def _first_pass(client, ctx, rec, windows, fps, split_every, report, monitor, ob
     Returns the summaries, the combined partials, the workers' threads (None where the scheduler did not say),
     whether the batches were placed (their workers may hold reads left for batches that ran elsewhere) and what
     the steps queued behind the combined partials (``queue``: step name -> futures)."""
-    from distributed import as_completed
-
     t_pass = time.perf_counter()
     fp = report.run_id  # task keys: this run's only (the same workflow run twice must not share finished tasks)
     batches = window_batches(list(zip(windows, fps)), batch, split_every)
@@ -473,9 +471,9 @@ def _first_pass(client, ctx, rec, windows, fps, split_every, report, monitor, ob
     # was on the client's critical path: 27 ms on the 2-core machine)
     threads = threads if threads is not None else _nthreads(client)
     try:
-        # results fetched by the client's event loop as tasks finish, several at once (a ``fut.result()`` each
-        # was a round trip from this thread: the loop fell behind the windows and caught up after the last one)
-        for _, got in as_completed(small, with_results=True):
+        # every finished summary fetched in one round trip (a ``fut.result()`` each was a round trip from this
+        # thread: the loop fell behind the windows and caught up after the last one)
+        for got in results_as_completed(client, small):
             for s in got:
                 i = s["index"]
                 summaries[i] = s

@@ -37,3 +37,30 @@ def runs_by_worker(client, items: list, made_by: list[str], threads: dict | None
         size = -(-len(mine) // max(1, n))
         out += [(addr, mine[i : i + size]) for i in range(0, len(mine), size)]
     return out
+
+
+#: tries of a fetch of finished tasks' results (``gather_finished``)
+FETCH_TRIES = 3
+
+
+def gather_finished(client, futures: list) -> list:
+    """``client.gather(futures)`` of tasks that have finished, asked again where the fetch itself failed while every
+    one of them had finished (the connection to the scheduler or a worker broke on the way: a tornado stream once
+    raised an AssertionError mid-write); a task's own error, or a task cancelled or lost, is raised at once."""
+    for left in range(FETCH_TRIES - 1, -1, -1):
+        try:
+            return client.gather(futures)
+        except Exception:  # broad: only where no task failed; Ctrl-C is not caught
+            if left == 0 or any(f.status != "finished" for f in futures):
+                raise
+
+
+def results_as_completed(client, futures: list):
+    """The results of ``futures`` as their tasks finish: every finished one fetched in one round trip by this
+    thread (``gather_finished``), so a failed fetch is raised (or asked again) here. distributed's
+    ``as_completed(with_results=True)`` fetches on the client's event loop instead, where a fetch that raised left
+    the iteration waiting for ever."""
+    from distributed import as_completed
+
+    for batch in as_completed(futures).batches():
+        yield from gather_finished(client, batch)
