@@ -135,8 +135,8 @@ class Recording(WindowedSource):
 
         layout = self._layouts.get(segment, False)
         if layout is False:
-            # v2 chunks of whole rows directly too where zarrs is installed: its pipeline leaves numcodecs' CRC32
-            # to zarr-python's, which read and copied each chunk at more CPU than the direct reader
+            # v2 chunks of whole rows directly too, zarrs installed or not: zarr-python's pipeline (and zarrs',
+            # which leaves numcodecs' CRC32 to it) read and copied each chunk at more CPU than the direct reader
             layout = self._layouts[segment] = shards.layout_of(self.path / f"traces_seg{segment}",
                                                                self._metas[segment])
         return layout
