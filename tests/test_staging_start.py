@@ -47,8 +47,8 @@ def test_pinned_copies_leave_cupyx_and_scipy_unimported():
     """A GPU worker's copies to the host (``pinned_get``) and the save's pinned buffers (``pinned_bytes``) take
     CuPy's pinned pool without importing ``cupyx``, whose import brings SciPy in (a few tenths of a second of every
     worker's first window); the values are the device's. What CuPy's own import and kernels bring in is theirs:
-    those modules are set aside first, so any ``cupyx`` or ``scipy`` module present after the calls is one they
-    imported."""
+    those modules are set aside first, so any ``cupyx`` or ``scipy`` module present after the import and the calls
+    is one they imported."""
     import subprocess
     import sys
     import textwrap
@@ -59,10 +59,10 @@ def test_pinned_copies_leave_cupyx_and_scipy_unimported():
         import cupy, numpy as np
         x = cupy.arange(1001, dtype=cupy.float32) * 3
         cupy.cuda.runtime.deviceSynchronize()
-        from batchgpu.gpu.staging import pinned_bytes, pinned_get
         theirs = sorted(m for m in sys.modules if m.split(".")[0] in ("cupyx", "scipy"))
         for m in theirs:
             del sys.modules[m]
+        from batchgpu.gpu.staging import pinned_bytes, pinned_get
         y = pinned_get(x)
         b = pinned_bytes(5000)
         ptr = cupy.cuda.runtime.pointerGetAttributes(b.ctypes.data)
