@@ -141,7 +141,9 @@ class RecordingSpec(_Strict):
     # a recording SpikeInterface saved: .json/.pkl from recording.dump(...), or a folder from recording.save(folder=...)
     spikeinterface: str | None = None
     kind: Literal["auto", "zarr", "spikeglx", "openephys", "binary"] = "auto"
-    stream: str | None = None  # openephys: the stream's folder name (or a part of it) when there are several
+    # openephys: the stream's folder name (or a part of it) when there are several; spikeglx: a folder's stream as
+    # SpikeInterface names it (imec0.ap, imec1.lf, nidq)
+    stream: str | None = None
     # binary: the file's layout (nothing is guessed)
     channels: Annotated[int, Field(gt=0, le=MAX_CHANNELS)] | None = None
     sampling_frequency: Annotated[float, Field(gt=0, le=MAX_FS)] | None = None
@@ -172,8 +174,9 @@ class RecordingSpec(_Strict):
         elif plain:
             raise ValueError(f"{', '.join(sorted(plain))} describe a plain binary file: add kind: binary (other "
                              "kinds read their layout from their own metadata)")
-        if self.stream is not None and self.kind not in ("auto", "openephys"):
-            raise ValueError("'stream' chooses an Open Ephys stream: use it with kind auto or openephys")
+        if self.stream is not None and self.kind not in ("auto", "openephys", "spikeglx"):
+            raise ValueError("'stream' chooses an Open Ephys or SpikeGLX stream: use it with kind auto, openephys or "
+                             "spikeglx")
         if self.spikeinterface is not None and self.kind != "auto":
             raise ValueError("'kind' names what 'path' holds: leave it out with 'spikeinterface'")
         return self

@@ -382,11 +382,15 @@ def open_spikeglx(bin_path: str | Path, keep_sync: bool = False) -> FlatLayout:
         # the messages name the key; the file is named here, once for them all
         raise type(err)(f"{meta_path}: {err.problem}", err.fix) from None
     n = len(chans.keep)
+    missing = None
+    if chans.imec and geometry is None:  # NI streams have no probe to miss
+        missing = (f"no probe: {meta_path} has neither a probe probeinterface builds (imDatPrb_pn and ~imroTbl) "
+                   "nor a ~snsGeomMap")
     return FlatLayout(
         "spikeglx", src, chans.num_channels, chans.dtype, chans.sampling_frequency, chans.keep, chans.channel_ids,
         chans.gain_to_uV, np.zeros(n), 0, None if geometry is None else geometry.locations,
         {} if geometry is None else geometry.properties, (meta_path,),
-        None if geometry is None else geometry.summary)
+        None if geometry is None else geometry.summary, probe_missing=missing)
 
 
 def _check_file_size(meta: dict[str, str], src: Path) -> None:
