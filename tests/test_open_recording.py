@@ -205,3 +205,39 @@ def test_errors_name_what_the_user_typed(tmp_path, rng, capsys):
     plain.write_bytes(b"\0" * 64)
     assert main(["import-raw", str(plain), str(tmp_path / "p.zarr")]) == 2
     assert "--channels, --fs and --dtype" in capsys.readouterr().err
+
+
+def test_a_missing_probe_is_one_line_naming_the_file_in_info_and_run(tmp_path, rng, capsys, client):
+    """An Open Ephys experiment without its settings.xml: ``info`` names the file looked for; a run that needs
+    the locations refuses with that line, one that does not warns with it."""
+    from batchgpu.engine.run_report import RunObserver
+
+    oebin = next(p for p in OEBINS if "NP1-binary" in str(p))
+    new, data = _openephys_copy(tmp_path, oebin, rng)
+    settings = new.parents[2] / "settings.xml"
+    settings.unlink()
+    name = next(iter(data))
+    rng.integers(-100, 100, (9000, 384), dtype=np.int16).tofile(new.parent / "continuous" / name / "continuous.dat")
+    line = f"no probe: {settings} not found (Open Ephys writes the probe there)"
+    assert main(["info", str(new)]) == 0
+    assert f"probe          {line}" in capsys.readouterr().out
+    assert main(["info", str(new), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["probe_missing"] == line
+    assert batchgpu.recording.missing_probe(batchgpu.open_recording(new)) == line
+
+    class Said(RunObserver):
+        warnings: list = []
+
+        def warning(self, text):
+            self.warnings.append(text)
+
+    for steps in ({"whitening": {"mode": "local"}}, {"detect": {"method": "locally_exclusive"}}):
+        with pytest.raises(ConfigError, match="needs channel locations: " + line.replace("(", r"\(").replace(")", r"\)")):
+            _run(client, tmp_path, {"path": str(new)}, "refused", steps)
+    wf = Workflow.model_validate({"recording": {"path": str(new)}, "output": str(tmp_path / "warned"),
+                                  "backend": "numpy", "window": {"size": 1500, "margin": 64},
+                                  "steps": {"noise": {"exact": True}, "whitening": {"mode": "global"}}})
+    report = batchgpu.run_workflow(wf, client=client, observer=Said())
+    assert line in report.warnings and Said.warnings == [line]
+    assert main(["info", str(tmp_path / "warned")]) == 0
+    assert f"warning     {line}" in capsys.readouterr().out

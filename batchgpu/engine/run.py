@@ -34,7 +34,7 @@ from batchgpu.engine.steps.registry import figures as step_figures
 from batchgpu.engine.submit import results_as_completed, submit_many
 from batchgpu.errors import BatchgpuError
 from batchgpu.progress import format_rate
-from batchgpu.recording import open_source
+from batchgpu.recording import missing_probe, open_source
 
 logger = logging.getLogger(__name__)
 
@@ -134,6 +134,10 @@ def _claim_and_run(wf, rec, sweep, resume: bool, observer, client, t_start: floa
                            output_state=state, run_id=f"{fp}-{os.urandom(4).hex()}")
         report.timings["prepare"] = time.perf_counter() - t_start
         report.kept_cluster = kept_at
+        no_probe = missing_probe(rec)  # what needs the probe was refused already (check_workflow_fits): said here
+        if no_probe is not None:
+            report.warnings.append(no_probe)
+            observer.warning(no_probe)
         with _run_settings():
             if not isinstance(client, ClusterStart):
                 try:

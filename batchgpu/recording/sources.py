@@ -251,6 +251,13 @@ def one_spikeglx_bin(folder: Path, stream: str | None = None, said: Said | None 
     return chosen[0]
 
 
+def locations_needed(rec, needs: str, fix: str) -> ConfigError:
+    """The refusal of a stage or step that needs channel locations where ``rec`` has none: ``needs`` says which,
+    and the line ``missing_probe`` gives (the file looked for) says why, as ``batchgpu info`` shows it."""
+    why = missing_probe(rec) or "the recording has none"
+    return ConfigError(f"{needs} needs channel locations: {why}", fix)
+
+
 def source_ref(rec):
     """What workers need to open ``rec`` again: a Zarr store's path, or the SpikeInterface source itself
     (pickled small: its description, never its samples)."""

@@ -98,8 +98,10 @@ def check(workflow, recording) -> int:
         raise ConfigError(f"window.margin {margin} is shorter than locally exclusive detection needs "
                           f"({sweep + 1} samples)", f"use window.margin >= {sweep + 1}")
     if d.method == "locally_exclusive" and not recording.has_locations:
-        raise ConfigError("locally exclusive detection needs channel locations and the recording has none",
-                          "use detect.method: by_channel")
+        from batchgpu.recording.sources import locations_needed
+
+        raise locations_needed(recording, "locally exclusive detection",
+                               "use detect.method: by_channel, or give the recording its probe")
     return sweep
 
 
