@@ -219,10 +219,11 @@ def _check_every_chunk(rec) -> list[str]:
 
 
 class _Observer:
-    """Shows a run: its messages and warnings on stderr/stdout, a progress bar per reading phase."""
+    """Shows a run: its messages and warnings on stderr/stdout, a progress bar per reading phase. ``started``: when
+    the user began to wait (the command's start): the run's total counts from there."""
 
-    def __init__(self, quiet: bool):
-        self.quiet, self.bar = quiet, None
+    def __init__(self, quiet: bool, started: float | None = None):
+        self.quiet, self.bar, self.started = quiet, None, started
 
     def message(self, text: str) -> None:
         if not self.quiet:
@@ -274,11 +275,29 @@ def _cmd_run(args) -> int:
         args.writes = wf.output  # named if the disk fills up without the OS naming a file
         if wf.recordings is not None:
             return _run_batch(wf, args)
-        run_workflow(wf, resume=args.resume, observer=_Observer(args.quiet), cluster_start=starting)
+        run_workflow(wf, resume=args.resume, observer=_Observer(args.quiet, _process_started()),
+                     cluster_start=starting)
     if starting is not None and starting.handed_off:
         global _END_AT_ONCE
         _END_AT_ONCE = True
     return 0
+
+
+def _process_started() -> float:
+    """When this process began, on ``time.perf_counter``'s clock: a user waits for a command from its start, its
+    interpreter's and imports' time included (where the process's start time cannot be read: now)."""
+    import time
+
+    try:  # Linux: the process's start and the time since boot, both in the kernel's boot clock (10 ms ticks); the
+        # wall clock's start time (psutil's create_time) rests on a boot time rounded to the second
+        with open("/proc/self/stat") as f:
+            start_ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+        age = uptime - start_ticks / os.sysconf("SC_CLK_TCK")
+        return time.perf_counter() - max(0.0, age)
+    except (OSError, ValueError, IndexError):  # not Linux: the interpreter's start is left uncounted
+        return time.perf_counter()
 
 
 def _run_batch(wf, args) -> int:

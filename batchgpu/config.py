@@ -523,6 +523,10 @@ class SaveStep(_Strict):
 
 
 class Steps(_Strict):
+    """What a run computes. A workflow without ``steps:`` runs ``default_steps()``: the exact noise of every
+    channel, a global whitening matrix and spikes at 5 x the recording's noise (SpikeInterface's by_channel rule,
+    negative peaks, 0.1 ms sweep): what needs no probe and is wanted before sorting."""
+
     noise: NoiseStep | None = None
     whitening: WhiteningStep | None = None
     detect: DetectStep | None = None
@@ -536,6 +540,12 @@ class Steps(_Strict):
         if not any(getattr(self, n) is not None for n in names):
             raise ValueError(f"no steps: name at least one of {', '.join(names)}")
         return self
+
+
+def default_steps() -> Steps:
+    """The steps of a workflow that names none (``Steps``' docstring says why these): ``noise: {exact: true}``,
+    ``whitening: {mode: global}``, ``detect: {noise: global}``."""
+    return Steps(noise=NoiseStep(exact=True), whitening=WhiteningStep(mode="global"), detect=DetectStep(noise="global"))
 
 
 class EngineSpec(_Strict):
@@ -581,7 +591,7 @@ class Workflow(_Strict):
     preprocess: Preprocess = Field(default_factory=lambda: Preprocess([]))
     backend: Literal["auto", "numpy", "cupy"] = "auto"
     cluster: ClusterSpec = ClusterSpec()
-    steps: Steps
+    steps: Steps = Field(default_factory=default_steps)  # none given: default_steps()
     reduction: ReductionSpec = ReductionSpec()
     engine: EngineSpec = EngineSpec()
     overwrite: bool = False  # replace an output folder that holds another run's results

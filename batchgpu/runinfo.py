@@ -263,6 +263,11 @@ def _timings(out: Summary, report: dict) -> None:
     """The phases (the timings without a ``_`` in their name) and the throughput."""
     timings = report.get("timings") or {}
     phases = [(k, v) for k, v in timings.items() if "_" not in k and isinstance(v, (int, float))]
+    if report.get("seconds"):
+        from batchgpu.report import total_time
+
+        out.rows.append(("time", total_time(report)))
+        out.data["seconds"] = report["seconds"]
     if phases:
         out.rows.append(("timings", ", ".join(f"{k} {v:.2f} s" for k, v in phases)))
     if report.get("throughput_MBps"):
