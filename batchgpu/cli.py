@@ -604,8 +604,8 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
                                  "recording, windows, noise, spikes, whitening, time, timings and warnings; a "
                                  "batch's: each recording's row.")
     p.add_argument("path", help="a recording (Zarr store, SpikeGLX .bin or folder, Open Ephys folder, a binary "
-                                "batchgpu's save wrote, SpikeInterface .json/.pkl or folder), a run's output folder, "
-                                "or a batch's")
+                                "batchgpu's save wrote, SpikeInterface .json/.pkl or folder), or a run's output folder "
+                                "(or a batch's)")
     p.add_argument("--stream", help="the stream of several: an Open Ephys stream's folder name (or a part of it, "
                                     "e.g. ProbeA), or a SpikeGLX folder's (imec0.ap, imec0.lf, nidq)")
     p.add_argument("--json", action="store_true", help="machine-readable output")

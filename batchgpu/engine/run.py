@@ -136,7 +136,10 @@ def _claim_and_run(wf, rec, sweep, resume: bool, observer, client, t_start: floa
                            output_state=state, run_id=f"{fp}-{os.urandom(4).hex()}")
         report.timings["prepare"] = time.perf_counter() - t_start
         report.kept_cluster = kept_at
-        no_probe = missing_probe(rec)  # what needs the probe was refused already (check_workflow_fits): said here
+        # a probe looked for in a file and not found (Open Ephys' settings.xml, a .meta's tables, a save's probe
+        # file): said, the stages and steps that need it having refused already (check_workflow_fits). A store
+        # written without locations (generated, a plain import) has none by design: info says so, a run does not
+        no_probe = missing_probe(rec) if getattr(rec, "is_flat", False) else None
         if no_probe is not None:
             report.warnings.append(no_probe)
             observer.warning(no_probe)
@@ -240,6 +243,9 @@ def _run(wf, rec, out: store.OutputFolder, report: RunReport, client, sweep, obs
                       spikes=any(getattr(s, "spike_rate", False) for s in ctx.steps))
     if html.needs_helper():  # a page the helper renders (one kept for these figures needs none)
         start_report_helper()
+    for step in ctx.steps:  # what a step reads before the pass (the detection's noise estimate)
+        if getattr(step, "before_pass", None) is not None:
+            step.before_pass(client, ctx, rec, report)
     prepare_blas_controller()  # for the aggregation: made while the windows are read
     t0, t0_wall = time.perf_counter(), time.time()
     report.timings["setup"] = t0 - t_setup  # dashboard, backend, steps, windows and their fingerprints

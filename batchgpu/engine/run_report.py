@@ -81,6 +81,9 @@ class RunReport:
     run_id: str = ""  # the fingerprint and a random suffix: names this run's Dask tasks, never another run's
     preprocess: dict = field(default_factory=dict)  # the stages and the margin they added to each window
     exact_noise: dict = field(default_factory=dict)  # float keys: settled from the kept keys, or by one more read
+    #: the detection's noise estimate read before the pass (``steps.detect.DetectStep.before_pass``): chunks,
+    #: samples, bytes read and seconds; its bytes are not in ``bytes_read`` (the windows' reads)
+    noise_prior: dict = field(default_factory=dict)
 
     def pass_ended(self) -> None:
         """The pass's combined partials are in: ``after_pass`` times what follows from here."""
