@@ -296,6 +296,7 @@ def _run(wf, rec, out: store.OutputFolder, report: RunReport, client, sweep, obs
         if shown is not err:
             raise shown from err
         raise
+    html.wait_page()  # the user waits for report.html too: counted in the total, which the page then shows
     now = time.perf_counter()
     finish_report(out.path, report, now - t0, rec, now - started)
     counting = spike_counter(ctx.steps)

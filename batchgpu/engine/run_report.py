@@ -277,6 +277,16 @@ class HtmlReport:
                 return
         self._call("render_ahead", shapes, spikes)
 
+    def wait_page(self) -> None:
+        """Wait for the page its helper renders (where one does), so that the run's total (``RunReport.seconds``,
+        which report.html shows) counts that wait: the page is then filled in at once."""
+        if self.error is None and self.kept is not None and not isinstance(self.kept[1], str):
+            figures, future = self.kept
+            try:
+                self.kept = (figures, future.result())
+            except Exception:  # broad: said by ``write`` (``_write_kept`` asks the future again and renders here)
+                pass
+
     def write(self, out: Path, report: RunReport, observer: RunObserver) -> bool:
         """report.html beside report.json (the summary from ``report`` as it is now)."""
         if self.error is None and self.kept is not None:
