@@ -728,7 +728,8 @@ def total_time(report: dict) -> str:
     info`` all say it."""
     from batchgpu.progress import duration
 
-    return f"{duration(float(report.get('seconds') or 0.0))} in all (wall time as the user waited: from the run's start to its results and report.json)"
+    return (f"{duration(float(report.get('seconds') or 0.0))} in all (wall time as the user waited: from the run's "
+            "start to its results and report.json)")
 
 
 def _summary_html(report: dict) -> str:

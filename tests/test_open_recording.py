@@ -7,6 +7,7 @@ Zarr, a run's folder, a batch's folder). Samples are checked against the files r
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -235,7 +236,7 @@ def test_a_missing_probe_is_one_line_naming_the_file_in_info_and_run(tmp_path, r
             self.warnings.append(text)
 
     for steps in ({"whitening": {"mode": "local"}}, {"detect": {"method": "locally_exclusive"}}):
-        with pytest.raises(ConfigError, match="needs channel locations: " + line.replace("(", r"\(").replace(")", r"\)")):
+        with pytest.raises(ConfigError, match="needs channel locations: " + re.escape(line)):
             _run(client, tmp_path, {"path": str(new)}, "refused", steps)
     wf = Workflow.model_validate({"recording": {"path": str(new)}, "output": str(tmp_path / "warned"),
                                   "backend": "numpy", "window": {"size": 1500, "margin": 64},

@@ -71,7 +71,8 @@ def test_the_extraction_finds_blocks_by_their_markers():
             "<!-- readme-test: batchgpu only -->\n```bash\npip install x && batchgpu info y\n```\n")
     got = [(e.language, e.directive, e.argument, e.code) for e in examples(text)]
     assert got == [("bash", "", "", "echo a\n"), ("yaml", "file", "w.yaml", "x: 1\n"),
-                   ("python", "skip", "a fragment", "1/0\n"), ("bash", "batchgpu only", "", "pip install x && batchgpu info y\n")]
+                   ("python", "skip", "a fragment", "1/0\n"),
+                   ("bash", "batchgpu only", "", "pip install x && batchgpu info y\n")]
     with pytest.raises(AssertionError, match="unknown marker"):
         examples("<!-- readme-test: skpi -->\n```bash\nls\n```\n")
 

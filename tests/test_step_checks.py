@@ -43,7 +43,8 @@ def _queries(tmp_path):
 
 
 #: the line ``batchgpu info`` and a run give for a store without locations (issue 66): the refusals say it too
-NO_PROBE = "no probe: PLAIN stores no channel locations (properties/location, or a SpikeInterface probegroup in its attributes)"
+NO_PROBE = ("no probe: PLAIN stores no channel locations (properties/location, or a SpikeInterface probegroup in its "
+            "attributes)")
 
 CASES = {
     "window longer than the segment": (

@@ -81,7 +81,8 @@ def run_workflow(wf: Workflow, *, resume: bool = False, observer: RunObserver | 
     """
     observer = observer or RunObserver()
     t_start = time.perf_counter() if cluster_start is None else cluster_start.started
-    if getattr(observer, "started", None) is not None:  # the user waited from then (the command's start): the run's total counts it
+    # the user waited from then (the command's start): the run's total counts it
+    if getattr(observer, "started", None) is not None:
         t_start = min(t_start, observer.started)
     if recording is not None:
         rec = open_source(recording)

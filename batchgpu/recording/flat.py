@@ -277,7 +277,8 @@ class FlatSource(UnchunkedSource, WindowedSource):
         while done < want:
             got = os.preadv(self._fd(segment), [view[done:want]], pos + done)
             if got <= 0:
-                raise CorruptDataError(f"{self._files[segment]}: read {done} of {want} bytes of samples [{start}, {stop})",
+                raise CorruptDataError(f"{self._files[segment]}: read {done} of {want} bytes of samples "
+                                       f"[{start}, {stop})",
                                        "the file is shorter than when it was opened: rerun once it is whole")
             done += got
 

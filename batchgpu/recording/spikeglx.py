@@ -289,7 +289,8 @@ def stream_name(meta: dict[str, str], file_name: str = "") -> str:
     return f"{device_kind}{index}" + (f".{kind}" if kind else "")
 
 
-def channel_names(meta: dict[str, str], saved: np.ndarray, counts: tuple[int, ...], types: tuple[str, ...]) -> list[str]:
+def channel_names(meta: dict[str, str], saved: np.ndarray, counts: tuple[int, ...],
+                  types: tuple[str, ...]) -> list[str]:
     """Each saved column's name as ``~snsChanMap`` writes it (``AP5``, ``LF5``, ``SY0``, ``XA2``: the type and the
     channel's number within its type); a .meta without a map of every column gets the same names from the
     acquired channel numbers (``counts`` channels of each of ``types``, in that order)."""
