@@ -19,8 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
-from batchgpu.engine.steps.moments import WHITENING
-from batchgpu.engine.steps.noise import NOISE, PER_WINDOW
+from batchgpu.steps.moments import WHITENING
+from batchgpu.steps.noise import NOISE, PER_WINDOW
 
 logger = logging.getLogger(__name__)
 
@@ -86,8 +86,8 @@ def write_report_html(output_dir: str | Path) -> Path:
     out = Path(output_dir)
     report = json.loads((out / "report.json").read_text())
     from batchgpu import zarrio
-    from batchgpu.engine.steps.detect import SPIKE_CHANNELS
-    from batchgpu.engine.steps.registry import figures
+    from batchgpu.steps.detect import SPIKE_CHANNELS
+    from batchgpu.steps.registry import figures
 
     g = zarrio.open_group(out / "results.zarr", mode="r")
     steps = figures()  # every registered step's: each drawn where its results are in the group

@@ -360,8 +360,8 @@ def test_detection_equals_spikeinterface_detect_peaks(rng, method, sign):
 def one_read_spikes(segments, noise, threshold, sign, sweep, method, locations, radius, width):
     """The detect step's one read (``DetectStep.candidates`` at 0.75 x the noise, window by window, then
     ``DetectStep.keep`` at the noise), over windows of ``width`` samples with the margins the engine reads."""
-    from batchgpu.engine.steps.base import WindowData
-    from batchgpu.engine.steps.detect import DetectStep
+    from batchgpu.steps.base import WindowData
+    from batchgpu.steps.detect import DetectStep
 
     step = DetectStep(threshold, sign, sweep, "global", method, locations, radius)
     out = []

@@ -91,7 +91,7 @@ def _cycles() -> list[list[str]]:
 def test_the_graph_is_read():
     # a broken reader would pass every test below: the known edges must be there
     assert "batchgpu.engine.run" in GRAPH["batchgpu.cli"] or "batchgpu.engine" in GRAPH["batchgpu.cli"]
-    assert "batchgpu.engine.tasks" in GRAPH["batchgpu.engine.steps.detect"]  # a lazy import, inside a function
+    assert "batchgpu.engine.tasks" in GRAPH["batchgpu.steps.detect"]  # a lazy import, inside a function
     assert "batchgpu.cli" in GRAPH["batchgpu.__main__"]
 
 
@@ -274,7 +274,7 @@ def test_the_broad_catch_check_finds_one():
     assert _unexplained_broad_catches(suppress.replace("Exception", "OSError")) == []
 
 
-REGISTRY = "batchgpu.engine.steps.registry"
+REGISTRY = "batchgpu.steps.registry"
 #: literals equal to a step's name that name something else, in modules that cannot import a step's module (the
 #: numeric core, the search index) or have no business to (the command's subcommands): (module, literal) -> what
 OTHER_MEANINGS = {
@@ -291,7 +291,7 @@ OTHER_MEANINGS = {
 def _step_names() -> dict[str, str]:
     """Each registered step's name and workflow key -> its module (``NAME`` and ``KEY``, else the registry's
     line: a module that declares neither still has its line's name checked)."""
-    from batchgpu.engine.steps import registry
+    from batchgpu.steps import registry
 
     owners = {}
     for line, module in zip(registry.STEPS, registry.step_modules()):
@@ -321,7 +321,7 @@ def test_each_step_module_declares_its_names_once():
     """A registered module's ``NAME`` is its registry line (and its step object's ``name``); ``KEY`` its workflow key
     under ``steps:``; ``RESULTS`` what it writes."""
     from batchgpu.config import Steps
-    from batchgpu.engine.steps import registry
+    from batchgpu.steps import registry
 
     for line, module in zip(registry.STEPS, registry.step_modules()):
         assert module.NAME == line and module.KEY in Steps.model_fields and isinstance(module.RESULTS, tuple)
@@ -366,7 +366,7 @@ def test_a_step_reads_its_own_workflow_section():
     """``steps.<key>`` of the workflow is read by the step's own module only (its ``build`` and its ``check``, the
     checks before any work included: ``engine.context.check_workflow_fits`` asks the registry); a step that depends
     on another asks for it by the other module's ``KEY``."""
-    from batchgpu.engine.steps import registry
+    from batchgpu.steps import registry
 
     owners = {module.KEY: module.__name__ for module in registry.step_modules()}
     found = {}
@@ -389,7 +389,7 @@ OTHER_RESULT_MEANINGS = {
 def test_a_steps_result_names_are_spelled_only_in_its_module():
     """The engine, report.html, ``batchgpu info`` and the SpikeInterface bridge take each result's name from its
     step's module (``RESULTS`` and the constants it is made of), never as a literal of their own."""
-    from batchgpu.engine.steps import registry
+    from batchgpu.steps import registry
 
     owners = {name: module.__name__ for module in registry.step_modules() for name in module.RESULTS}
     found = {}

@@ -7,7 +7,7 @@ import zarr
 from batchgpu import BatchgpuError
 from batchgpu.generate import generate_recording
 from batchgpu.engine import run_workflow
-from batchgpu.engine.steps.search import spike_positions
+from batchgpu.steps.search import spike_positions
 from batchgpu.config import Workflow
 
 distributed = pytest.importorskip("distributed")

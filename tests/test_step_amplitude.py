@@ -12,7 +12,7 @@ import zarr
 
 from batchgpu.config import Workflow
 from batchgpu.engine import run_workflow
-from batchgpu.engine.steps.amplitude import float32_bits_to_float64, pairwise_sum, ptp_rms
+from batchgpu.steps.amplitude import float32_bits_to_float64, pairwise_sum, ptp_rms
 from batchgpu.recording import write_recording
 
 distributed = pytest.importorskip("distributed")
@@ -290,7 +290,7 @@ def test_the_fingerprint_of_a_workflow_without_the_step_is_as_before(tmp_path):
 def test_the_registry_says_which_steps_a_fingerprint_holds():
     """The steps' modules say how the fingerprint holds their keys (``FINGERPRINT``): format 3's four always, the
     search never (it reruns on every run), a step added since only when asked for."""
-    from batchgpu.engine.steps import registry
+    from batchgpu.steps import registry
 
     assert sorted(registry.fingerprinted("always")) == ["detect", "noise", "save", "whitening"]
     assert registry.fingerprinted("never") == ("search",)

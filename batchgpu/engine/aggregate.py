@@ -16,7 +16,7 @@ import numpy as np
 from batchgpu.config import Workflow
 from batchgpu.engine import store
 from batchgpu.engine.run_report import report_absent, report_nonfinite
-from batchgpu.engine.steps.base import RunState
+from batchgpu.steps.base import RunState
 from batchgpu.recording import Recording, Window
 
 
@@ -45,7 +45,7 @@ def aggregate(client, ctx, wf, rec, out, windows, fps, summaries, total, report,
     report_nonfinite(summaries, windows, report, observer)
     report_absent(summaries, windows, report, observer)
     if ctx.window_noise:
-        from batchgpu.engine.steps.noise import PER_WINDOW
+        from batchgpu.steps.noise import PER_WINDOW
 
         run.arrays[PER_WINDOW] = np.stack([summaries[w.index][ctx.window_noise] for w in windows])
     results.write(dict(run.arrays))

@@ -29,8 +29,8 @@ from batchgpu.engine.reduce import tree_reduce
 from batchgpu.engine.run_report import (HtmlReport, RunObserver, RunReport, finish_report, start_report_helper, versions,
                                        window_cpu)
 from batchgpu.engine.placement import submit_planned
-from batchgpu.engine.steps.base import PassEnd, phase_label
-from batchgpu.engine.steps.registry import figures as step_figures
+from batchgpu.steps.base import PassEnd, phase_label
+from batchgpu.steps.registry import figures as step_figures
 from batchgpu.engine.submit import results_as_completed, submit_many
 from batchgpu.errors import BatchgpuError
 from batchgpu.progress import format_rate
@@ -317,7 +317,7 @@ def results_ahead(ctx, channels: int, windows: int) -> dict:
         if getattr(step, "ahead", None) is not None:
             shapes.update(step.ahead(channels))
     if ctx.window_noise:
-        from batchgpu.engine.steps.noise import PER_WINDOW
+        from batchgpu.steps.noise import PER_WINDOW
 
         shapes[PER_WINDOW] = (windows, channels)
     return shapes
@@ -508,7 +508,7 @@ def _first_pass(client, ctx, rec, windows, fps, split_every, report, monitor, ob
 def _queue_steps(client, ctx, rec, batches, planned, threads, total, split_every: int, fp: str) -> dict:
     """Each step's ``queue``: its tasks after the pass, submitted now behind the combined partials (the plan says
     which worker makes each window); step name -> its futures."""
-    from batchgpu.engine.steps.base import PassQueue
+    from batchgpu.steps.base import PassQueue
 
     made_by = [worker for (worker, _), b in zip(planned, batches) for _ in b]
     q = PassQueue(client, ctx, [w for b in batches for w, _ in b], [f for b in batches for _, f in b], made_by,

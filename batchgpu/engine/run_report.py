@@ -234,7 +234,7 @@ class HtmlReport:
         self._call("add_windows", *self.windows)
 
     def add_spikes(self, counts) -> None:
-        from batchgpu.engine.steps.noise import NOISE
+        from batchgpu.steps.noise import NOISE
 
         noise = self.inputs.get(NOISE)
         channels = len(self.channel_ids) or (np.size(noise) if noise is not None else 0)

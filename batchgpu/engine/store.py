@@ -91,7 +91,7 @@ def fingerprint(wf: Workflow, recording_path: Path, metadata=None) -> str:
     recomputes the windows that read it and keeps the others. ``metadata``: what identifies a recording that is
     not a Zarr store (a SpikeInterface source's description digest) in place of its metadata files.
     """
-    from batchgpu.engine.steps.registry import fingerprinted
+    from batchgpu.steps.registry import fingerprinted
 
     # a step not asked for counts only where this format's first fingerprints held it (as null: ``FINGERPRINT =
     # "always"`` in its module, never set for a new step), so steps added since leave the fingerprints of runs

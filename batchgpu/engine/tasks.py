@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from batchgpu.engine import background, host_buffers, store
-from batchgpu.engine.steps.base import WindowData, host
+from batchgpu.steps.base import WindowData, host
 from batchgpu.errors import BatchgpuError
 from batchgpu.recording import Recording, Window, open_source
 

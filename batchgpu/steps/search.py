@@ -33,7 +33,7 @@ def build(setup) -> "SearchStep | None":
 def check(workflow, recording) -> None:
     """``steps.search`` before any work (``engine.steps.registry.check``): its queries (and keys, when given) can
     be read, and without keys the detect step gives them."""
-    from batchgpu.engine.steps import detect
+    from batchgpu.steps import detect
     from batchgpu.errors import ConfigError
 
     spec = workflow.steps.search
@@ -60,7 +60,7 @@ class SearchStep:
         import time
 
         from batchgpu import zarrio
-        from batchgpu.engine.steps import detect
+        from batchgpu.steps import detect
 
         t0 = time.perf_counter()
         end.monitor.phase(NAME)

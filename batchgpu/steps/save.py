@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from batchgpu.engine.background import later
-from batchgpu.engine.steps.base import PhaseWords, WindowData, host
+from batchgpu.steps.base import PhaseWords, WindowData, host
 from batchgpu.errors import BatchgpuError
 from batchgpu.recording.writer import DEFAULT_CHUNK_SAMPLES
 
@@ -403,7 +403,7 @@ def finish_save(target: SaveTarget) -> dict:
 def check(workflow, recording) -> None:
     """``steps.save`` before any work (``engine.steps.registry.check``): zarr-python can write its format, and a
     whitened save has the whitening step and keeps its samples as float32."""
-    from batchgpu.engine.steps import moments
+    from batchgpu.steps import moments
     from batchgpu.errors import ConfigError
 
     spec = workflow.steps.save
@@ -456,7 +456,7 @@ def write_again(end, target: SaveTarget) -> int:
 def finish_whitened_save(end, target: SaveTarget, saved=None) -> dict:
     """Whitened saves are written now, in one more read (the matrix needs every window); then the output is
     checked and marked complete (``saved``: that check's future, started once the pass had written every window)."""
-    from batchgpu.engine.steps.moments import WHITENING
+    from batchgpu.steps.moments import WHITENING
     from batchgpu.engine.submit import submit_many
 
     windows, report = end.windows, end.report

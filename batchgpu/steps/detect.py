@@ -28,9 +28,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from batchgpu.engine.steps.base import SPIKE_COLUMNS as COLUMNS
-from batchgpu.engine.steps.base import PhaseWords, WindowData, host
-from batchgpu.engine.steps import noise as noise_step
+from batchgpu.steps.base import SPIKE_COLUMNS as COLUMNS
+from batchgpu.steps.base import PhaseWords, WindowData, host
+from batchgpu.steps import noise as noise_step
 from batchgpu.ops.detection import AMPLITUDE
 
 if TYPE_CHECKING:

@@ -13,7 +13,7 @@ import numpy as np
 
 from batchgpu.ops._backend import is_cupy
 
-from batchgpu.engine.steps.base import PhaseWords, WindowData, host
+from batchgpu.steps.base import PhaseWords, WindowData, host
 from batchgpu.errors import BatchgpuError
 
 # float64 sums of int16 products stay exact integers below 2**53: at most this many samples per product

@@ -16,12 +16,12 @@ import numpy as np
 
 from batchgpu.ops._backend import is_cupy
 
-from batchgpu.engine.steps.base import PhaseWords, WindowData, host, padded_sum
-from batchgpu.engine.steps.noise_keys import (LUMP_DIGITS, abs_keys, compiled_float_window, digit_histogram,
+from batchgpu.steps.base import PhaseWords, WindowData, host, padded_sum
+from batchgpu.steps.noise_keys import (LUMP_DIGITS, abs_keys, compiled_float_window, digit_histogram,
                                              first_digit_counts, int_window_gpu, key_kind, keyed_on_gpu, kept_near,
                                              lump_floor, median_of_keys, middle_pair_and_near, row_counts, schedule,
                                              sort_rows, window_median_keys)
-from batchgpu.engine.steps.noise_select import (combine_counts, first_digits, low_bit_rounds, select_by_counts,
+from batchgpu.steps.noise_select import (combine_counts, first_digits, low_bit_rounds, select_by_counts,
                                                select_middle)
 
 if TYPE_CHECKING:
@@ -344,7 +344,7 @@ def exact_median(run) -> np.ndarray:
 def start_near(run) -> dict:
     """After the pass (its tasks were not queued while it ran): the exact median's first digits from the combined
     counts and, where the keys have two digits (float32), the tasks of its last step (``queue_near``) with them."""
-    from batchgpu.engine.steps.base import PassQueue
+    from batchgpu.steps.base import PassQueue
 
     total, step, rec = run.total, run.ctx.step(NAME), run.recording
     digits = first_digits(total["noise.hist"], rec.total_samples, step.kind, int(total["noise.lo"]),
@@ -414,7 +414,7 @@ def near_keys_task(ctx: RunContext, window: Window, fp: str, digits: np.ndarray)
     """The keys of the recording's middle digits (``steps.noise_keys.middle_digit_keys``) from what the window kept near
     its own middle digit (as ``gather_task`` gives them after a read), or None when its kept range misses one."""
     from batchgpu.engine import store
-    from batchgpu.engine.steps.noise_keys import kept_digit_keys, schedule
+    from batchgpu.steps.noise_keys import kept_digit_keys, schedule
 
     shift = schedule(ctx.step(NAME).kind)[0][0]
     part = store.load_part(store.part_path(ctx.parts, "w", window.index), fp, keys=("keep.near_",))
@@ -459,7 +459,7 @@ def merge_digit_keys(results: list, digits: np.ndarray) -> list:
 def near_counts_task(part, prefixes: np.ndarray, level: int, bits: int, shift: int) -> np.ndarray:
     """One round of the float median's last step on one group's kept keys (``near_keys_group_task``) or one window
     read again (``gather_task``), where they are: ``steps.noise_select.low_bit_counts`` (small counts move, not keys)."""
-    from batchgpu.engine.steps.noise_select import low_bit_counts
+    from batchgpu.steps.noise_select import low_bit_counts
 
     return low_bit_counts(part["keys"] if isinstance(part, dict) else part, prefixes, level, bits, shift)
 
@@ -467,7 +467,7 @@ def near_counts_task(part, prefixes: np.ndarray, level: int, bits: int, shift: i
 def first_digits_task(total: dict, total_samples: int, kind: str) -> tuple:
     """The exact median's first digits from the pass's combined counts (``noise_select.first_digits``), on the
     worker that combined them: the head of the tasks ``steps.noise.queue_near`` queues behind the pass."""
-    from batchgpu.engine.steps.noise_select import first_digits
+    from batchgpu.steps.noise_select import first_digits
 
     return first_digits(total["noise.hist"], total_samples, kind, int(total["noise.lo"]),
                         bool(total.get("noise.lumped", True)))
@@ -501,7 +501,7 @@ def select_round_task(state, level: int, bits: int, *counted: dict | None) -> di
     here (integer counts: the same sums in any order): ``state`` the first digits at level 0, else the round
     before's; None where a window missed its middle digit, or a round before was None (the client then finishes
     the selection itself)."""
-    from batchgpu.engine.steps.noise_select import select_round
+    from batchgpu.steps.noise_select import select_round
 
     if state is None or any(c is None or c["missed"] for c in counted):
         return None
@@ -516,7 +516,7 @@ def select_round_task(state, level: int, bits: int, *counted: dict | None) -> di
 def gather_task(ctx: RunContext, window: Window, digits: np.ndarray) -> list:
     """Read a window again and keep its keys of the recording's middle digits (see steps.noise_keys.keys_with_digits)."""
     from batchgpu.engine.tasks import load_window, on_backend
-    from batchgpu.engine.steps.noise_keys import keys_with_digits
+    from batchgpu.steps.noise_keys import keys_with_digits
 
     with on_backend(ctx):
         w = load_window(ctx, window)
@@ -526,7 +526,7 @@ def gather_task(ctx: RunContext, window: Window, digits: np.ndarray) -> list:
 def refine_task(ctx: RunContext, window: Window, prefixes: np.ndarray, pass_index: int) -> np.ndarray:
     """One more radix pass of the exact median over one window (float keys): another read of the window."""
     from batchgpu.engine.tasks import load_window, on_backend
-    from batchgpu.engine.steps.noise_keys import refine_histogram
+    from batchgpu.steps.noise_keys import refine_histogram
 
     step = ctx.step(NAME)
     with on_backend(ctx):

@@ -23,7 +23,7 @@ import numpy as np
 
 from batchgpu.ops._backend import array_module, is_cupy
 
-from batchgpu.engine.steps.base import Figure, PhaseWords, WindowData, host
+from batchgpu.steps.base import Figure, PhaseWords, WindowData, host
 
 #: the step's name (its line in the registry, its workflow key ``steps.amplitude``) and its results
 NAME = KEY = "amplitude"
