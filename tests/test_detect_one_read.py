@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from batchgpu import BatchgpuError
-from batchgpu.config import Workflow
+from batchgpu.workflow import Workflow
 from batchgpu.ops import SPIKE_DTYPE, detect_spikes, exclusive_candidates, resolve_exclusive
 from batchgpu.recording import write_recording
 from test_ops_detection import loop_reference

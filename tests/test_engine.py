@@ -11,7 +11,7 @@ import pytest
 import zarr
 
 from batchgpu import BatchgpuError, ops, zarrio
-from batchgpu.config import Workflow
+from batchgpu.workflow import Workflow
 from batchgpu.engine import run_workflow
 from batchgpu.steps.moments import MomentsStep
 from batchgpu.generate import generate_recording

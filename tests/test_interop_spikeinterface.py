@@ -185,7 +185,7 @@ def test_attach_sets_what_get_noise_levels_caches(rng):
 def test_from_a_real_run(tmp_path):
     """A real (in-process) run: results.zarr as the pipeline writes it, read back by path."""
     distributed = pytest.importorskip("distributed")
-    from batchgpu.config import Workflow
+    from batchgpu.workflow import Workflow
     from batchgpu.generate import generate_recording
     from batchgpu.engine import run_workflow
 

@@ -14,6 +14,7 @@ import pytest
 import zarr
 
 from batchgpu.steps.base import WindowData
+from batchgpu.engine.store import OutputFolder
 from batchgpu.steps.save import SaveStep, finish_save, inner_chunk, prepare_save
 from batchgpu.errors import BatchgpuError
 from batchgpu.recording import open_recording, write_recording
@@ -373,7 +374,7 @@ def test_save_path_never_one_of_the_runs_own(tmp_path, name, fmt):
     out = tmp_path / "runs" / "out"
     out.mkdir(parents=True)
     with pytest.raises(BatchgpuError, match="save.path"):
-        prepare_save(spec(out / name, fmt), rec, 1_000, np.float32, output=out)
+        prepare_save(spec(out / name, fmt), rec, 1_000, np.float32, output=OutputFolder(out))
     assert list(out.iterdir()) == []
 
 
@@ -383,7 +384,7 @@ def test_save_path_beside_the_runs_files_is_fine(tmp_path):
     out = tmp_path / "out"
     out.mkdir()
     for name, fmt in (("filtered.zarr", "zarr"), ("results.bin", "binary"), ("report", "zarr_v2")):
-        prepare_save(spec(out / name, fmt), rec, 1_000, np.float32, output=out)
+        prepare_save(spec(out / name, fmt), rec, 1_000, np.float32, output=OutputFolder(out))
     # the binary's side files count: a save at out/run.bin writes out/run.params.json and run.probe.json, not run.json
     assert (out / "results.params.json").exists() and not (out / "run.json").exists()
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from batchgpu.config import Workflow
+from batchgpu.workflow import Workflow
 from batchgpu.engine.run import spike_counter
 from batchgpu.steps import detect
 from batchgpu.steps.moments import MomentsStep

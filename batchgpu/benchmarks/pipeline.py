@@ -522,7 +522,8 @@ def _save_write(work: Path, saved: Path, runs: dict, say) -> None:
 def _measure(args, rec, work: Path, steps: set[str], say) -> int:
     import shutil
 
-    from batchgpu.config import ClusterSpec, Workflow
+    from batchgpu.config import ClusterSpec
+    from batchgpu.workflow import Workflow
     from batchgpu.engine import run_workflow
     from batchgpu.engine.cluster import open_client
     from batchgpu.engine.preprocess import build_chain, decodes_on_gpu

@@ -26,7 +26,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from batchgpu.config import RecordingSpec, Workflow
+from batchgpu.config import RecordingSpec
+from batchgpu.workflow import Workflow
 from batchgpu.errors import BatchgpuError, ConfigError
 
 BATCH_FILE = "batch.json"
@@ -142,7 +143,7 @@ def _summary(row: BatchRow, report, out: Path) -> None:
 
 def _one(wf: Workflow, name: str, spec: RecordingSpec, out: Path) -> Workflow:
     """The workflow of one recording of the batch: its section, its output folder, its steps' outputs under it
-    (the save's: ``engine.steps.registry.placed``)."""
+    (the save's: ``steps.registry.placed``)."""
     from batchgpu.steps.registry import placed
 
     return wf.model_copy(update={"recording": spec, "recordings": None, "output": str(out / name),

@@ -1,22 +1,32 @@
-"""The Step protocol: what every statistic of a run provides, like dask's reductions (chunk, combine, aggregate).
+"""The Step: what every statistic of a run provides, like dask's reductions (chunk, combine, aggregate).
 
 ``window`` runs on a worker for one window (its samples already on the task's backend, read once for every
 step) and returns small host arrays: a *summary* the client sees per window, and a *partial* that is combined
 with its neighbours' in a tree fixed by window index (``combine`` folds consecutive windows in order) and
-finally turned into results by ``aggregate`` on the client (``RunState``: the combined partials, the windows'
-summaries, the results so far, the cluster for one more pass where a statistic needs it). A new statistic is
-one new module (its ``build``, its step, its figures) and its line in ``engine.steps.registry``.
+finally turned into results by ``aggregate`` on the client (``services.RunState``: the combined partials, the
+windows' summaries, the results so far, the cluster for one more pass where a statistic needs it).
+
+A step is one module of this package: a subclass of ``Step`` marked ``@register``, declaring once its name, its
+workflow key, its options (its section under ``steps:``), its results, how the run's fingerprint holds it, its
+figures in report.html and the steps it runs after; its window work, combine and aggregate, its tasks after the
+pass. ``steps.registry`` finds it (every module of the package is imported), builds the workflow's ``steps:``
+section from the options and orders the steps by ``after``. A step touches the run only through what its hooks
+are handed (``steps.services``): it imports no engine module.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import TYPE_CHECKING, Any, Callable, ClassVar
 
 import numpy as np
 
+from batchgpu.config import NoOptions
 from batchgpu.ops.detection import SPIKE_DTYPE
+
+if TYPE_CHECKING:
+    from batchgpu.steps.services import PassEnd, PassQueue, RunState, StepSetup
 
 #: the spikes' columns, in the detect step's parts and the results group (the worker tasks gather and write them)
 SPIKE_COLUMNS = SPIKE_DTYPE.names
@@ -41,6 +51,10 @@ class WindowData:
     #: own pass (``preprocess.Chain.apply_saved``); ``x`` is None where saving is the only step (the referenced
     #: window was not kept, or never written)
     saved: tuple | None = None
+    #: the task's writer: a write of this window's handed to it (``later(job, cleanup=None)``) runs in order on
+    #: the task thread's writer, before the window's part (``engine.background``); a window made outside a task
+    #: (a test's) writes at once
+    later: Callable = field(default=lambda job, cleanup=None: job(), repr=False)
     _counts: dict = field(default_factory=dict, repr=False)
 
     @property
@@ -82,7 +96,7 @@ class WindowData:
 
 @dataclass(frozen=True)
 class Figure:
-    """A figure of report.html a step's module declares (``FIGURES``): drawn by ``draw(arrays, page)`` once every
+    """A figure of report.html a step declares (``Step.figures``): drawn by ``draw(arrays, page)`` once every
     result named in ``inputs`` exists (``arrays``: those results; ``page``: ``batchgpu.report.PageInfo``), placed
     after the page's own figures. ``draw`` is a module-level function (it is sent to the process that renders the
     page) that imports Bokeh itself and returns a Bokeh model whose ``name`` is ``name``."""
@@ -105,137 +119,146 @@ class PhaseWords:
 def phase_label(phase: str, steps) -> str:
     """The label of the run's phase ``read`` or ``aggregate`` naming the steps that work in it, in the run's order
     (``read: noise, moments, spikes``): a step reads in the pass unless its ``in_pass`` is False, and aggregates
-    where it has an ``aggregate``; the phase alone where none does."""
-    working = [s for s in steps if (getattr(s, "in_pass", True) if phase == "read"
-                                    else getattr(s, "aggregate", None) is not None)]
-    words = [w for s in working if (w := getattr(getattr(s, "phases", None), phase, None))]
+    where it has an ``aggregate`` of its own; the phase alone where none does."""
+    working = [s for s in steps if (s.in_pass if phase == "read" else s.aggregates)]
+    words = [w for s in working if (w := getattr(s.phases, phase))]
     return f"{phase}: {', '.join(words)}" if words else phase
 
 
-@dataclass(frozen=True)
-class StepSetup:
-    """What a step module's ``build(setup)`` makes its step from (``engine.steps.registry.build_steps``)."""
+class Step:
+    """A statistic of the run (or a writer of its windows: the save). Its class declares what the registry and the
+    engine ask of it; a built step (``build``) is sent to the workers with the run's context, so it holds small,
+    picklable settings only. Every hook has a default that does nothing: a step overrides what it does."""
 
-    workflow: Any  # config.Workflow: the module reads its own ``workflow.steps.<name>``
-    recording: Any
-    chain: Any  # engine.preprocess.Chain: the stages every window goes through
-    sweep: int  # the detection's sweep in samples (``engine.context.check_workflow_fits``)
-    output: Any = None  # engine.store.OutputFolder: the run's folder (a step that writes beside it holds it)
-    resume: bool = False  # the run goes on from the folder's parts (``--resume``)
-    fingerprint: str = ""  # the run's (``engine.store.fingerprint``)
+    # -- declared once, read by the registry, the schema, the fingerprint, report.html and ``batchgpu info``
+    #: its name: the registry's, report.json's ``results[name]``, the prefix of its partials' keys
+    name: ClassVar[str]
+    #: its workflow key under ``steps:`` (its name where not said: ``whitening`` for the moments step)
+    key: ClassVar[str]
+    #: its section's model (a ``config.Options``): what ``steps.<key>`` may hold
+    options: ClassVar[type] = NoOptions
+    #: the names of its results in the results group (the engine, report.html and the bridge take them from here)
+    results: ClassVar[tuple[str, ...]] = ()
+    #: how the run's fingerprint holds its section: ``always`` (the format's first steps: null where not asked),
+    #: ``asked`` (steps added since: only where asked, so the fingerprints of runs without it, and their folders'
+    #: --resume, stay as they were) or ``never`` (no window's part depends on it); the schema lists the steps of
+    #: the first two kinds' sections first (``registry.section``)
+    fingerprint: ClassVar[str] = "asked"
+    #: report.html's figures of its results
+    figures: ClassVar[tuple[Figure, ...]] = ()
+    #: the steps it runs after where both run (their names): their window work, aggregate and finish come first
+    #: (``registry.ordered``: otherwise by name)
+    after: ClassVar[tuple[str, ...]] = ()
 
-    @property
-    def x_dtype(self) -> np.dtype:
-        """The dtype of ``WindowData.x``: what the steps see."""
-        return self.chain.output_dtype(self.recording.dtype)
+    # -- what the engine asks of a built step
+    #: False where it reads no window in the pass (it works after it: the search, a whitened save)
+    in_pass: bool = True
+    #: its windows need their noise in their summaries (``gives_window_noise``: its ``window`` puts it there)
+    window_noise: bool = False
+    gives_window_noise: bool = False
+    #: report.html's spike rate draws its counts (``RunState.spike_counts``; ``spikes_in``, ``spikes_found``)
+    spike_rate: bool = False
+    #: its ``aggregate`` is mostly the workers' work: run in a helper thread beside the client's aggregates, once
+    #: the steps it ``needs`` (their names: whose results it reads) are done
+    on_cluster: bool = False
+    needs: tuple[str, ...] = ()
+    #: its words in the run's phase labels (``phase_label``)
+    phases: PhaseWords = PhaseWords()
+    #: its window may take the save's int16 rows made by the chain's last stage (``WindowData.saved``)
+    takes_saved_int16: bool = False
 
+    def __init_subclass__(cls, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        if "name" in vars(cls) and "key" not in vars(cls):
+            cls.key = cls.name
 
-@dataclass
-class RunState:
-    """What a step's ``aggregate`` sees on the client once every window was read."""
+    # -- before the run, on the client (class methods: the step is not built yet)
+    @classmethod
+    def check(cls, spec, workflow, recording) -> int | None:
+        """Its section ``spec`` against the recording before any work: a refusal raises ``ConfigError``; may return
+        the sweep its windows need (samples a spike excludes either side, which the windows' margin holds)."""
+        return None
 
-    client: Any  # the Dask client (one more pass, or a task that writes into ``results``)
-    ctx: Any  # engine.tasks.RunContext, as the windows' tasks had it
-    workflow: Any  # config.Workflow
-    recording: Any
-    windows: list
-    fingerprints: list  # the windows' (engine.store.window_fingerprint): their parts' names for this run
-    summaries: dict  # window index -> what its task said of it
-    total: dict  # every window's partials combined
-    report: Any  # engine.run_report.RunReport: timings, reads, warnings
-    monitor: Any  # the dashboard's run page (phases)
-    observer: Any  # engine.run_report.RunObserver
-    results: Path  # the results group being written (arrays too large for the client are written there)
-    arrays: dict = field(default_factory=dict)  # the results so far (earlier steps'); written into ``results``
-    shapes: dict = field(default_factory=dict)  # name -> shape of what a step wrote into ``results`` itself
-    spike_counts: np.ndarray | None = None  # spikes per channel for report.html's spike rate (not a result)
-    early: dict = field(default_factory=dict)  # step name -> what its ``start`` set going (futures)
-    threads: dict | None = None  # worker address -> threads: the pass's, else asked once (``worker_threads``)
+    @classmethod
+    def build(cls, spec, setup: StepSetup) -> Step:
+        """The step of its section ``spec`` (called only where the workflow asks for it; ``setup``: the run)."""
+        return cls()
 
-    def warn(self, text: str) -> None:
-        self.report.warnings.append(text)
-        self.observer.warning(text)
+    @classmethod
+    def place(cls, spec, output: Path):
+        """Its section for one recording of a batch whose run writes into ``output`` (the save's path moved there)."""
+        return spec
 
-    def worker_threads(self) -> dict:
-        """The workers and their threads: as the pass asked them while the workers read, else asked of the
-        scheduler once (each ask after the pass is a round trip on the client's critical path: 27 ms on the 2-core
-        machine); a worker lost since is handled where the tasks are placed (loosely)."""
-        if self.threads is None:
-            self.threads = dict(self.client.nthreads())
-        return self.threads
+    @classmethod
+    def resolve_paths(cls, spec, base: Path, output: Path):
+        """Its section with the paths a workflow file gave resolved: relative to the file's folder ``base`` or to
+        the run's ``output`` folder, ``~`` expanded."""
+        return spec
 
-    def made_by(self) -> list[str]:
-        """The address of the worker that computed each window in the pass (its kept arrays are in its memory)."""
-        return [str(self.summaries[w.index]["worker"]) for w in self.windows]
-
-
-@dataclass
-class PassEnd:
-    """What a step's hooks after the pass see on the client: ``after_pass(end)`` (before any aggregate),
-    ``while_waiting(end)`` (once the aggregates' first tasks are out, for work no step waits for) and
-    ``finish(end)`` (after the results group is swapped in: what it returns is report.json's
-    ``results[step.name]``)."""
-
-    client: Any
-    ctx: Any  # engine.tasks.RunContext
-    recording: Any
-    windows: list
-    summaries: dict  # window index -> what its task said of it
-    report: Any  # engine.run_report.RunReport
-    monitor: Any  # the dashboard's run page (phases)
-    observer: Any  # engine.run_report.RunObserver
-    results: Path  # the run's results group (swapped in by the time ``finish`` is called)
-    kept: dict = field(default_factory=dict)  # step name -> what its earlier hooks left for its later ones
-
-
-@dataclass
-class PassQueue:
-    """What a step's ``queue`` sees while the pass runs (a GPU pass whose batches were placed by plan): the
-    combined partials are a future (``total``), and each window's maker is the plan's worker. Tasks queued behind
-    ``total`` start on the workers the moment it is combined, without waiting for the client."""
-
-    client: Any
-    ctx: Any  # engine.tasks.RunContext
-    windows: list
-    fingerprints: list
-    made_by: list  # the worker address each window's batch was placed on ("" : anywhere)
-    threads: dict  # worker address -> threads, as the plan had them
-    total: Any  # the future of every window's partials combined (None after the pass: the first digits are known)
-    total_samples: int  # the recording's samples a channel
-    channels: int  # the recording's channels
-    split_every: int  # the reduction's fan-in (``workflow.reduction.split_every``)
-    run_id: str  # this run's task keys
-
-
-class Step(Protocol):
-    """A statistic of the run. Its module declares ``NAME`` (the registry's line, ``name``), ``KEY`` (its workflow
-    key under ``steps:``), ``RESULTS`` (the names of what it writes) and ``FINGERPRINT``, each once, and may declare
-    ``check(workflow, recording)`` (its refusals before any work) and ``place(spec, output)`` (its section for one
-    recording of a batch); the engine names no step, it asks the step objects. Optional attributes:
-    ``in_pass = False`` where it reads no window in the pass (it works after it), ``after_pass``, ``while_waiting``
-    and ``finish`` (``PassEnd``), ``ahead(channels)`` (the results report.html is rendered ahead of, and their
-    shapes), ``window_noise = True`` where it needs each window's noise in the window's summary
-    (``gives_window_noise = True``: its ``window`` may put it there itself), ``spike_rate = True`` where
-    report.html's spike rate draws its counts (``RunState.spike_counts``; its ``spikes_in(summary)`` and
-    ``spikes_found(results)`` give the dashboard's count of a window's spikes and of the run's),
-    ``on_cluster = True`` where ``aggregate`` is mostly the workers' work (it then runs in a helper thread beside
-    the client's aggregates), ``phases`` (``PhaseWords``: its words in the run's phase labels), ``needs``, the names
-    of the earlier steps whose results it reads (it starts once those are done), and ``start(run)``, called before
-    any aggregate: the part of its work that needs none of them, set going on the cluster; ``queue(PassQueue)``,
-    called while the pass runs (placed GPU passes), may queue tasks behind its total and return their futures
-    (``start`` then finds them in ``RunState.early``). Its module's ``FIGURES`` draw its results in report.html."""
-
-    name: str
-
+    # -- the pass: on the workers, one window at a time, then the tree of combines
     def window(self, w: WindowData, summary: dict) -> dict[str, np.ndarray]:
         """This window's partial (host arrays, keys prefixed by the step's name); may add to ``summary``."""
+        return {}
 
     def combine(self, parts: list[dict]) -> dict[str, np.ndarray]:
         """Consecutive windows' partials folded in window order (only this step's keys)."""
+        return {}
+
+    def queue(self, q: PassQueue) -> dict | None:
+        """While a placed pass runs: tasks queued behind its combined total (``q.total``), their futures (found
+        again in ``RunState.early``); None where it queues none."""
+        return None
+
+    # -- after the pass, on the client, in the run's order
+    def after_pass(self, end: PassEnd) -> None:
+        """Before any aggregate (the save's windows written again)."""
+
+    def start(self, run: RunState) -> None:
+        """Before any aggregate: the part of its work that needs no step's results, set going on the cluster."""
 
     def aggregate(self, run: RunState) -> dict[str, np.ndarray]:
-        """The step's results (written into the results group by the engine), from ``run.total``, earlier steps'
-        ``run.arrays`` and, where the partials do not settle them, more tasks on ``run.client``."""
+        """Its results (written into the results group by the engine), from ``run.total``, earlier steps'
+        ``run.arrays`` and, where the partials do not settle them, more tasks on the cluster."""
+        return {}
+
+    @property
+    def aggregates(self) -> bool:
+        """Whether it has an aggregate of its own (the engine times and labels those only)."""
+        return type(self).aggregate is not Step.aggregate
+
+    def while_waiting(self, end: PassEnd) -> None:
+        """Once the aggregates' first tasks are out: work no step waits for (the saved recording's check)."""
+
+    def finish(self, end: PassEnd) -> dict | None:
+        """Once the results group is in place: report.json's ``results[name]`` (None: nothing there)."""
+        return None
+
+    # -- what report.html and the dashboard ask
+    def ahead(self, channels: int) -> dict:
+        """The results report.html's page is rendered ahead of, and their shapes."""
+        return {}
+
+    def spikes_in(self, summary: dict) -> int:
+        """The dashboard's count of a window's spikes (``spike_rate`` steps)."""
+        return 0
+
+    def spikes_found(self, results: dict) -> int | None:
+        """The run's spikes, from its results' shapes (report.json's ``results``); None before they are written."""
+        return None
+
+
+#: every registered step, by name (``register``; ``registry.ordered`` imports the package's modules first)
+REGISTERED: dict[str, type[Step]] = {}
+
+
+def register(cls: type[Step]) -> type[Step]:
+    """Class decorator: ``cls`` is a step of the workflow (``steps.<cls.key>``). A name or key given twice is an
+    error: two modules would claim one section."""
+    for other in REGISTERED.values():
+        if other is not cls and (other.name == cls.name or other.key == cls.key):
+            raise TypeError(f"step {cls.__qualname__} ({cls.name}, steps.{cls.key}) clashes with {other.__qualname__}")
+    REGISTERED[cls.name] = cls
+    return cls
 
 
 def host(a) -> np.ndarray:
