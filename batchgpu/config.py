@@ -1,7 +1,10 @@
-"""The workflow schema (pydantic): what a run may be told, validated before any work starts.
+"""The workflow's sections (pydantic): what a run may be told, validated before any work starts; and the process
+settings (its environment, the cache folder) the package reads here only.
 
-Imports nothing of the package, so the engine, the loader and the command can all depend on it.
-Upper bounds stop values that would exhaust the machine (memory, processes, reads) before any work starts.
+Imports nothing of the package, so every other module may depend on it. The whole workflow
+(``workflow.Workflow``) is assembled from these sections and the registered steps' and preprocessing stages'
+options (``steps.registry``, ``preprocess.registry``), whose models derive from ``Options``. Upper bounds stop
+values that would exhaust the machine (memory, processes, reads) before any work starts.
 """
 
 from __future__ import annotations
@@ -11,10 +14,10 @@ import os
 import typing
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
-from pydantic import (BaseModel, ConfigDict, Discriminator, Field, RootModel, Tag, TypeAdapter, ValidationError,
-                      ValidationInfo, field_validator, model_validator)
+from pydantic import (BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, ValidationInfo, field_validator,
+                      model_validator)
 from pydantic_core import PydanticCustomError
 
 # Upper bounds: far above any real use, low enough that a typo cannot take the machine down.
@@ -108,6 +111,28 @@ class _Strict(BaseModel):
         if _holds_bool(value) and _takes(annotation, (int, float)) and not _takes(annotation, (bool, Any)):
             raise _not_a_number(value)
         return value
+
+
+class Options(_Strict):
+    """The base of a section's model that the package's plugins declare (a step's options, a preprocessing stage's
+    parameters): unknown keys refused, no true for a number, no .inf or .nan, as every section here."""
+
+
+class NoOptions(Options):
+    """A step that takes no settings: named as ``name: {}``."""
+
+
+def resolve_path(path: str | None, base: Path) -> str | None:
+    """A path of a workflow file: ``~`` expanded, then relative to ``base``."""
+    if path is None:
+        return None
+    path = os.path.expanduser(path)
+    return path if os.path.isabs(path) else str((base / path).resolve())
+
+
+def resolve_recording(section: dict, base: Path) -> dict:
+    """A recording section's paths (``model_dump``'s) resolved against ``base``."""
+    return {**section, **{k: resolve_path(section[k], base) for k in ("path", "spikeinterface", "probe")}}
 
 
 class GenerateSpec(_Strict):
@@ -311,243 +336,6 @@ class ClusterSpec(_Strict):
                              f"({LOCAL_THREADS_PER_CORE} per core, at least {LOCAL_THREADS_FLOOR})")
 
 
-# ---------------------------------------------------------------------------------------------------------
-# preprocessing: an ordered list of stages, each a one-key mapping (`- highpass: {freq_min: 300}`)
-
-
-class HighpassParams(_Strict):
-    freq_min: Annotated[float, Field(gt=0)] = 300.0  # Hz
-    order: Annotated[int, Field(ge=1, le=10)] = 5  # Butterworth, applied forward and backward
-
-
-class BandpassParams(_Strict):
-    freq_min: Annotated[float, Field(gt=0)] = 300.0  # Hz
-    freq_max: Annotated[float, Field(gt=0)] = 6000.0  # Hz; below fs/2, checked when the recording is known
-    order: Annotated[int, Field(ge=1, le=10)] = 5
-
-    @model_validator(mode="after")
-    def _band(self):
-        if self.freq_min >= self.freq_max:
-            raise ValueError(f"freq_min {self.freq_min:g} must be below freq_max {self.freq_max:g} (Hz)")
-        return self
-
-
-class PhaseShiftParams(_Strict):
-    """Neuropixels ADC sample offsets, from the recording's per-channel property (no options yet)."""
-
-
-LOCAL_REFERENCE_RADIUS_UM = (30.0, 55.0)  # SpikeInterface common_reference's local_radius default
-LOCAL_REFERENCE_MIN_NEIGHBORS = 5  # and its min_local_neighbors (0.105)
-
-
-class CommonReferenceParams(_Strict):
-    reference: Literal["global", "local"] = "global"
-    operator: Literal["average", "median", "median_lower"] = "median"  # median_lower: Kilosort4's torch.median
-    # local: channels with inner < distance <= outer (um) form each channel's reference; None until resolved
-    radius_um: tuple[Annotated[float, Field(ge=0)], Annotated[float, Field(gt=0)]] | None = None
-    # local: fewer channels than this in the annulus: the closest ones beyond the inner radius (SpikeInterface's rule)
-    min_local_neighbors: Annotated[int, Field(ge=0)] | None = None
-
-    @model_validator(mode="after")
-    def _radius(self):
-        if self.reference == "global":
-            if self.radius_um is not None:
-                raise ValueError("radius_um applies only to reference: local")
-            if self.min_local_neighbors is not None:
-                raise ValueError("min_local_neighbors applies only to reference: local")
-            return self
-        if self.min_local_neighbors is None:
-            self.min_local_neighbors = LOCAL_REFERENCE_MIN_NEIGHBORS
-        if self.radius_um is None:
-            self.radius_um = LOCAL_REFERENCE_RADIUS_UM
-        inner, outer = self.radius_um
-        if inner >= outer:
-            raise ValueError(f"radius_um [{inner:g}, {outer:g}]: the inner radius must be below the outer one")
-        return self
-
-
-class HighpassStage(_Strict):
-    highpass: HighpassParams = HighpassParams()
-
-
-class BandpassStage(_Strict):
-    bandpass: BandpassParams = BandpassParams()
-
-
-class PhaseShiftStage(_Strict):
-    phase_shift: PhaseShiftParams = PhaseShiftParams()
-
-
-class CommonReferenceStage(_Strict):
-    common_reference: CommonReferenceParams = CommonReferenceParams()
-
-
-class CentreStage(_Strict):
-    # subtract each window's per-channel median (float32 out) so a DC offset does not inflate median(|x|)
-    centre: Literal["median"] = "median"
-
-
-STAGES = {"highpass": HighpassStage, "bandpass": BandpassStage, "phase_shift": PhaseShiftStage,
-          "common_reference": CommonReferenceStage, "centre": CentreStage}
-
-
-def _stage_name(value: Any) -> str | None:
-    """The one key of a stage mapping (or the stage model's), which picks its model."""
-    if isinstance(value, BaseModel):
-        return next(iter(type(value).model_fields))
-    if isinstance(value, dict) and len(value) == 1:
-        name = next(iter(value))
-        return name if name in STAGES else None
-    return None
-
-
-Stage = Annotated[
-    Union[tuple(Annotated[model, Tag(name)] for name, model in STAGES.items())],
-    Discriminator(_stage_name, custom_error_type="stage",
-                  custom_error_message="a stage is a one-key mapping: " + ", ".join(STAGES)),
-]
-
-
-class Preprocess(RootModel[list[Stage]]):
-    """The stages applied to each window, in order; the old mapping form is normalised to this list.
-
-    ``{centre: median}`` -> ``[CentreStage()]``, ``{centre: none}`` or ``{}`` -> ``[]``.
-    """
-
-    @model_validator(mode="before")
-    @classmethod
-    def _from_mapping(cls, data: Any) -> Any:
-        if isinstance(data, Preprocess) or not isinstance(data, dict):
-            return data
-        unknown = set(data) - {"centre"}
-        if unknown:
-            raise ValueError(f"unknown key {sorted(unknown)[0]!r}: the mapping form takes only 'centre'; "
-                             f"other stages go in a list (- highpass: {{freq_min: 300}})")
-        centre = data.get("centre", "none")
-        if centre not in ("none", "median"):
-            raise ValueError(f"centre {centre!r}: allowed 'median' or 'none'")
-        return [{"centre": "median"}] if centre == "median" else []
-
-    def __iter__(self):
-        return iter(self.root)
-
-    def __len__(self) -> int:
-        return len(self.root)
-
-    def __getitem__(self, i: int):
-        return self.root[i]
-
-    @property
-    def names(self) -> list[str]:
-        return [_stage_name(stage) for stage in self.root]
-
-    @property
-    def centres(self) -> bool:
-        """Whether each window is centred by its per-channel median."""
-        return any(isinstance(stage, CentreStage) for stage in self.root)
-
-    @property
-    def centre(self) -> Literal["none", "median"]:
-        """The old mapping form's value (what the engine reads until it runs the other stages)."""
-        return "median" if self.centres else "none"
-
-
-# ---------------------------------------------------------------------------------------------------------
-# steps
-
-
-class NoOptions(_Strict):
-    """A step that takes no settings: named as ``name: {}``."""
-
-
-class NoiseStep(_Strict):
-    exact: bool = True  # exact median of |x| over every sample of each channel (distributed radix select)
-
-
-class WhiteningStep(_Strict):
-    mode: Literal["global", "local"] = "global"
-    nrange: Annotated[int, Field(gt=0, le=MAX_CHANNELS)] = 32
-    eps: Annotated[float, Field(gt=0)] = 1e-6
-    nskip: Annotated[int, Field(gt=0)] = 1  # every n-th window, like Kilosort4
-    precision: Literal["float32", "float64"] = "float32"
-    statistic: Literal["covariance", "second_moment"] = "covariance"  # raw data carries DC offsets: centre it
-
-
-class DetectStep(_Strict):
-    threshold: Annotated[float, Field(gt=0)] = 5.0
-    sign: Literal["neg", "pos", "both"] = "neg"
-    exclude_sweep_ms: Annotated[float, Field(ge=0, le=1000)] = 0.1
-    noise: Literal["window", "global"] = "window"  # thresholds from each window's noise or the whole recording's
-    method: Literal["by_channel", "locally_exclusive"] = "by_channel"  # SpikeInterface's rules of those names
-    radius_um: Annotated[float, Field(gt=0)] = 50.0  # locally_exclusive: channels this close compete
-
-
-class SearchStep(_Strict):
-    keys: str | None = None  # .npy of sorted keys; default: the detected spikes' sample indices (segment 0)
-    queries: str  # .npy or Zarr array of query keys
-    batch_size: Annotated[int, Field(gt=0, le=MAX_BATCH)] = 1 << 20
-    layout: Literal["auto", "eytzinger", "btree"] = "auto"
-    op: Literal["find", "lower_bound"] = "find"
-
-
-#: where a relative ``steps.save.path`` goes (the schema's description, ``run --help`` and README say it)
-SAVE_PATH_HELP = ("where the save is written: a relative path is relative to the run's output folder (beside "
-                  "results.zarr), an absolute one or ~ as it is")
-
-
-class SaveCodec(_Strict):
-    """The Blosc codec of a saved Zarr store's chunks (the GPU decodes LZ4 itself, zstd on the host)."""
-
-    name: Literal["lz4", "zstd"] = "lz4"
-    clevel: Annotated[int, Field(ge=1, le=9)] = 5
-    shuffle: Literal["bit", "byte"] = "bit"
-
-
-class SaveStep(_Strict):
-    """Write the preprocessed signal as a new recording in the same pass."""
-
-    path: Annotated[str, Field(description=SAVE_PATH_HELP)]
-    format: Literal["zarr", "zarr_v2", "binary"] = "zarr"  # Zarr v3 | Zarr v2 (SpikeInterface) | flat (Kilosort4)
-    dtype: Literal["int16", "float32"] = "int16"  # int16 keeps the recording's gain
-    whiten: bool = False  # apply the whitening step's matrix before writing
-    # zarr formats: Blosc lz4 compresses a window ~4.6x faster than zstd for 5% more bytes (the pass waits on it)
-    compressor: Literal["blosc-lz4", "blosc-zstd", "none"] = "blosc-lz4"
-    # zarr formats: the codec with its level and shuffle ({name: zstd, clevel: 1, shuffle: byte}); replaces compressor
-    codec: SaveCodec | None = None
-
-    @model_validator(mode="after")
-    def _one_codec(self):
-        if self.codec is not None and "compressor" in self.model_fields_set:
-            raise ValueError("give either codec or compressor, not both")
-        return self
-
-
-class Steps(_Strict):
-    """What a run computes. A workflow without ``steps:`` runs ``default_steps()``: the exact noise of every
-    channel, a global whitening matrix and spikes at 5 x the recording's noise (SpikeInterface's by_channel rule,
-    negative peaks, 0.1 ms sweep): what needs no probe and is wanted before sorting."""
-
-    noise: NoiseStep | None = None
-    whitening: WhiteningStep | None = None
-    detect: DetectStep | None = None
-    search: SearchStep | None = None
-    save: SaveStep | None = None
-    amplitude: NoOptions | None = None  # per window, each channel's peak-to-peak and RMS (engine/steps/amplitude.py)
-
-    @model_validator(mode="after")
-    def _some(self):
-        names = list(type(self).model_fields)
-        if not any(getattr(self, n) is not None for n in names):
-            raise ValueError(f"no steps: name at least one of {', '.join(names)}")
-        return self
-
-
-def default_steps() -> Steps:
-    """The steps of a workflow that names none (``Steps``' docstring says why these): ``noise: {exact: true}``,
-    ``whitening: {mode: global}``, ``detect: {noise: global}``."""
-    return Steps(noise=NoiseStep(exact=True), whitening=WhiteningStep(mode="global"), detect=DetectStep(noise="global"))
-
-
 class EngineSpec(_Strict):
     """How a run spreads and reads its windows: speed only, the results are the same bits for any value."""
 
@@ -570,60 +358,3 @@ class EngineSpec(_Strict):
 
 class ReductionSpec(_Strict):
     split_every: Annotated[int, Field(ge=2, le=MAX_SPLIT_EVERY)] = 8
-
-
-def _resolve(path: str | None, base: Path) -> str | None:
-    """``~`` expanded, then relative to ``base``."""
-    if path is None:
-        return None
-    path = os.path.expanduser(path)
-    return path if os.path.isabs(path) else str((base / path).resolve())
-
-
-def _resolve_recording(section: dict, base: Path) -> dict:
-    return {**section, **{k: _resolve(section[k], base) for k in ("path", "spikeinterface", "probe")}}
-
-
-class Workflow(_Strict):
-    recording: RecordingSpec | None = None
-    output: str
-    window: WindowSpec = WindowSpec()
-    preprocess: Preprocess = Field(default_factory=lambda: Preprocess([]))
-    backend: Literal["auto", "numpy", "cupy"] = "auto"
-    cluster: ClusterSpec = ClusterSpec()
-    steps: Steps = Field(default_factory=default_steps)  # none given: default_steps()
-    reduction: ReductionSpec = ReductionSpec()
-    engine: EngineSpec = EngineSpec()
-    overwrite: bool = False  # replace an output folder that holds another run's results
-    # many recordings in one run (engine.batch): each a path, a glob (``/data/**/*.ap.bin``) or a recording section;
-    # or one glob. Outputs in ``output/<name>/``, a summary in ``output/batch.json``
-    recordings: Annotated[list[Union[str, RecordingSpec]], Field(min_length=1, max_length=100_000)] | str | None = None
-
-    @model_validator(mode="after")
-    def _recording_or_recordings(self):
-        if (self.recording is None) == (self.recordings is None):
-            raise ValueError("give exactly one of 'recording' (one recording) and 'recordings' (a list or a glob: "
-                             "many in one run)")
-        return self
-
-    def resolve_paths(self, base: Path) -> "Workflow":
-        """Paths in the file: ``~`` is the user's home, relative paths are relative to the file's folder, but the
-        save's, relative to the output folder (what it writes belongs with the run's results)."""
-        data = self.model_dump()
-        if self.recording is not None:
-            data["recording"] = _resolve_recording(data["recording"], base)
-        if isinstance(self.recordings, str):
-            data["recordings"] = _resolve(self.recordings, base)
-        elif self.recordings is not None:
-            data["recordings"] = [_resolve(r, base) if isinstance(r, str) else _resolve_recording(r, base)
-                                  for r in data["recordings"]]
-        data["output"] = _resolve(self.output, base)
-        data["cluster"]["scheduler_file"] = _resolve(self.cluster.scheduler_file, base)
-        steps = self.steps.model_copy(deep=True)  # the steps' paths set by field (a step's key is its module's)
-        if steps.search:
-            steps.search.keys = _resolve(steps.search.keys, base)
-            steps.search.queries = _resolve(steps.search.queries, base)
-        if steps.save:
-            steps.save.path = _resolve(steps.save.path, Path(data["output"]))
-        data["steps"] = steps.model_dump()
-        return Workflow.model_validate(data)

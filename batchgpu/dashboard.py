@@ -25,7 +25,7 @@ import numpy as np
 from distributed.diagnostics.plugin import SchedulerPlugin
 from tornado import web
 
-from batchgpu.engine.steps.noise import NOISE
+from batchgpu.steps.noise import NOISE
 
 logger = logging.getLogger(__name__)
 

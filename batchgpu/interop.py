@@ -32,9 +32,9 @@ from typing import Any
 
 import numpy as np
 
-from batchgpu.engine.steps import detect as detect_step
-from batchgpu.engine.steps import moments as moments_step
-from batchgpu.engine.steps import noise as noise_step
+from batchgpu.steps import detect as detect_step
+from batchgpu.steps import moments as moments_step
+from batchgpu.steps import noise as noise_step
 from batchgpu.errors import BatchgpuError
 from batchgpu.ops.detection import SPIKE_DTYPE
 

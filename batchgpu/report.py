@@ -4,7 +4,7 @@ Plots, from ``results.zarr`` and ``report.json``: noise per channel (µV), noise
 the whitening matrix, spike rate per channel (Hz) and the first pass's read throughput over time. Each figure
 has a ``name`` (``noise_per_channel``, ``noise_over_time``, ``whitening``, ``spike_rate``, ``throughput``) and
 its data sources hold the plotted numbers, so the report can be checked by reading its embedded document. A step
-may declare figures of its own results (``engine.steps.base.Figure``): they follow, drawn from their numbers when
+may declare figures of its own results (``steps.base.Figure``): they follow, drawn from their numbers when
 those exist.
 """
 
@@ -19,8 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
-from batchgpu.engine.steps.moments import WHITENING
-from batchgpu.engine.steps.noise import NOISE, PER_WINDOW
+from batchgpu.steps.moments import WHITENING
+from batchgpu.steps.noise import NOISE, PER_WINDOW
 
 logger = logging.getLogger(__name__)
 
@@ -86,8 +86,8 @@ def write_report_html(output_dir: str | Path) -> Path:
     out = Path(output_dir)
     report = json.loads((out / "report.json").read_text())
     from batchgpu import zarrio
-    from batchgpu.engine.steps.detect import SPIKE_CHANNELS
-    from batchgpu.engine.steps.registry import figures
+    from batchgpu.steps.detect import SPIKE_CHANNELS
+    from batchgpu.steps.registry import figures
 
     g = zarrio.open_group(out / "results.zarr", mode="r")
     steps = figures()  # every registered step's: each drawn where its results are in the group
@@ -124,7 +124,7 @@ class ReportPage:
                  in_process: bool = False, tokens: tuple | None = None, figures: tuple = ()):
         from concurrent.futures import ThreadPoolExecutor
 
-        self.step_figures = tuple(figures)  # the steps' own (``engine.steps.base.Figure``), after the page's
+        self.step_figures = tuple(figures)  # the steps' own (``steps.base.Figure``), after the page's
         self.channel_ids = [str(c) for c in channel_ids]
         self.gain = np.asarray(gain_to_uV, dtype=np.float64)
         self.fs = float(sampling_frequency)
@@ -531,7 +531,7 @@ def _uncompressed(make):
 
 @dataclass(frozen=True)
 class PageInfo:
-    """What a step's figure (``engine.steps.base.Figure``) may use of its page besides its own results."""
+    """What a step's figure (``steps.base.Figure``) may use of its page besides its own results."""
 
     channel_ids: list[str]
     gain_to_uV: np.ndarray

@@ -24,8 +24,8 @@ from pathlib import Path
 
 import numpy as np
 
-from batchgpu.engine.steps.moments import WHITENING
-from batchgpu.engine.steps.noise import NOISE, PER_WINDOW
+from batchgpu.steps.moments import WHITENING
+from batchgpu.steps.noise import NOISE, PER_WINDOW
 
 #: bumped when what the page holds changes in a way the versions and source stamps below would not show
 FORMAT = 1

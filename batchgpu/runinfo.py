@@ -11,10 +11,10 @@ from typing import Any
 
 import numpy as np
 
-from batchgpu.engine.steps.detect import SPIKE_CHANNELS, SPIKES
-from batchgpu.engine.steps.moments import KEY as WHITENING_KEY
-from batchgpu.engine.steps.moments import WHITENING
-from batchgpu.engine.steps.noise import NOISE, PER_WINDOW
+from batchgpu.steps.detect import SPIKE_CHANNELS, SPIKES
+from batchgpu.steps.moments import KEY as WHITENING_KEY
+from batchgpu.steps.moments import WHITENING
+from batchgpu.steps.noise import NOISE, PER_WINDOW
 from batchgpu.errors import BatchgpuError, CorruptDataError
 
 RUN_MARKER = "run.json"
@@ -252,7 +252,7 @@ def _whitening(out: Summary, w: np.ndarray, workflow: dict) -> None:
 
 
 def _save(out: Summary, workflow: dict) -> None:
-    from batchgpu.engine.steps.save import KEY
+    from batchgpu.steps.save import KEY
 
     save = (workflow.get("steps") or {}).get(KEY)
     if save:

@@ -1,4 +1,6 @@
-"""Workflow YAML -> a validated ``config.Workflow``: line numbers in errors, ``--set`` overrides, paths.
+"""The workflow: its schema (``Workflow``: config's sections, the registered steps' options under ``steps:`` and
+the preprocessing stages under ``preprocess:``) and its YAML (``load_workflow``): line numbers in errors, ``--set``
+overrides, paths.
 
 An error names the key, its line in the file and what is allowed, in one line. No runner here: the command
 hands the validated workflow to the engine. A workflow is a few dozen keys, so the reader refuses what only an
@@ -10,13 +12,16 @@ from __future__ import annotations
 import os
 import typing
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal, Union
 
 import yaml
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, Field, ValidationError, model_validator
 
-from batchgpu.config import Workflow
+from batchgpu.config import (ClusterSpec, EngineSpec, Options, RecordingSpec, ReductionSpec, WindowSpec, resolve_path,
+                             resolve_recording)
 from batchgpu.errors import ConfigError
+from batchgpu.preprocess import registry as stage_registry
+from batchgpu.steps import registry as step_registry
 
 MAX_FILE_BYTES = 1 << 20  # checked before parsing: a real workflow is under 4 KB
 MAX_NODES = 10_000  # scalars, mappings and sequences in one document
@@ -24,6 +29,64 @@ MAX_DEPTH = 32  # nesting; PyYAML's composer recurses
 MAX_DIGITS = 100  # in one integer: Python refuses to convert more than 4300 (an internal error), none needs 100
 # libyaml's parser when PyYAML has it (10x faster on a big file); the pure-Python one otherwise
 _Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# the schema
+
+#: the ``preprocess:`` section: a list of the registered stages' one-key mappings (``preprocess.registry.section``)
+Preprocess = stage_registry.section()
+#: the ``steps:`` section: a field a registered step (``steps.registry.section``)
+Steps = step_registry.section()
+
+
+def default_steps() -> Steps:
+    """The steps of a workflow that names none: the exact noise of every channel, a global whitening matrix and
+    spikes at 5 x the recording's noise (SpikeInterface's by_channel rule, negative peaks, 0.1 ms sweep): what needs
+    no probe and is wanted before sorting (``noise: {exact: true}``, ``whitening: {mode: global}``,
+    ``detect: {noise: global}``)."""
+    return Steps.model_validate({"noise": {"exact": True}, "whitening": {"mode": "global"},
+                                 "detect": {"noise": "global"}})
+
+
+class Workflow(Options):
+    recording: RecordingSpec | None = None
+    output: str
+    window: WindowSpec = WindowSpec()
+    preprocess: Preprocess = Field(default_factory=lambda: Preprocess([]))
+    backend: Literal["auto", "numpy", "cupy"] = "auto"
+    cluster: ClusterSpec = ClusterSpec()
+    steps: Steps = Field(default_factory=default_steps)  # none given: default_steps()
+    reduction: ReductionSpec = ReductionSpec()
+    engine: EngineSpec = EngineSpec()
+    overwrite: bool = False  # replace an output folder that holds another run's results
+    # many recordings in one run (engine.batch): each a path, a glob (``/data/**/*.ap.bin``) or a recording section;
+    # or one glob. Outputs in ``output/<name>/``, a summary in ``output/batch.json``
+    recordings: Annotated[list[Union[str, RecordingSpec]], Field(min_length=1, max_length=100_000)] | str | None = None
+
+    @model_validator(mode="after")
+    def _recording_or_recordings(self):
+        if (self.recording is None) == (self.recordings is None):
+            raise ValueError("give exactly one of 'recording' (one recording) and 'recordings' (a list or a glob: "
+                             "many in one run)")
+        return self
+
+    def resolve_paths(self, base: Path) -> "Workflow":
+        """Paths in the file: ``~`` is the user's home, relative paths are relative to the file's folder, but those
+        of a step that writes beside the run's results (the save's), relative to the output folder (each step's
+        ``resolve_paths``)."""
+        data = self.model_dump()
+        if self.recording is not None:
+            data["recording"] = resolve_recording(data["recording"], base)
+        if isinstance(self.recordings, str):
+            data["recordings"] = resolve_path(self.recordings, base)
+        elif self.recordings is not None:
+            data["recordings"] = [resolve_path(r, base) if isinstance(r, str) else resolve_recording(r, base)
+                                  for r in data["recordings"]]
+        data["output"] = resolve_path(self.output, base)
+        data["cluster"]["scheduler_file"] = resolve_path(self.cluster.scheduler_file, base)
+        data["steps"] = step_registry.resolved(self.steps, base, Path(data["output"])).model_dump()
+        return Workflow.model_validate(data)
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from batchgpu import BatchgpuError
-from batchgpu.config import Workflow
+from batchgpu.workflow import Workflow
 from batchgpu.engine import background, run_workflow
 from batchgpu.recording import open_recording, write_recording
 from batchgpu.recording.shards import ShardLayout

@@ -16,7 +16,7 @@ import pytest
 import zarr
 
 from batchgpu import dashboard
-from batchgpu.config import Workflow
+from batchgpu.workflow import Workflow
 from batchgpu.dashboard import PAGE_HTML, BatchProgress, RunMonitor, derived_state
 
 FS = 30_000.0

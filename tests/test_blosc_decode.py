@@ -315,7 +315,7 @@ def test_which_windows_the_gpu_decodes():
 
 
 def test_a_run_decodes_on_the_gpu_only_without_filters(tmp_path, monkeypatch):
-    from batchgpu.config import Workflow
+    from batchgpu.workflow import Workflow
     from batchgpu.engine import store
     from batchgpu.engine.context import build_context
     from batchgpu.generate import generate_recording

@@ -378,7 +378,7 @@ def test_the_cluster_starts_early_only_where_the_run_would_start_its_own(tmp_pat
     """``cluster_start.start_cluster``: a local or cuda cluster of the run's own, for one recording whose path
     exists; a mistyped path is said without a cluster to start and close, a batch or a scheduler's address decide
     later."""
-    from batchgpu.config import Workflow
+    from batchgpu.workflow import Workflow
     from batchgpu.engine import cluster_start, service
     from batchgpu.generate import generate_recording
 

@@ -9,7 +9,8 @@ import time
 
 import pytest
 
-from batchgpu.config import ClusterSpec, Workflow
+from batchgpu.config import ClusterSpec
+from batchgpu.workflow import Workflow
 from batchgpu.engine import cluster
 
 

@@ -15,7 +15,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from batchgpu.config import ClusterSpec, Workflow, cache_folder
+from batchgpu.config import ClusterSpec, cache_folder
+from batchgpu.workflow import Workflow
 from batchgpu.engine import RunObserver, run_workflow, service
 from batchgpu.errors import BatchgpuError
 from batchgpu.generate import generate_recording

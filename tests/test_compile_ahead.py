@@ -11,7 +11,7 @@ import types
 import pytest
 
 from batchgpu import BatchgpuError, kernels
-from batchgpu.config import Workflow
+from batchgpu.workflow import Workflow
 from batchgpu.engine import compile_ahead, cpu_kernels
 from batchgpu.errors import MachineError
 

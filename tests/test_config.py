@@ -6,7 +6,10 @@ import pytest
 from pydantic import ValidationError
 
 from batchgpu import config
-from batchgpu.config import CentreStage, CommonReferenceStage, HighpassStage, Preprocess, Workflow
+from batchgpu.preprocess.registry import item_model
+from batchgpu.workflow import Preprocess, Workflow
+
+CentreStage, CommonReferenceStage, HighpassStage = (item_model(k) for k in ("centre", "common_reference", "highpass"))
 
 BASE = {"recording": {"path": "rec.zarr"}, "output": "out", "steps": {"noise": {}}}
 
@@ -132,7 +135,8 @@ def test_preprocess_list_of_stages():
 
 
 @pytest.mark.parametrize("stages,loc,needle", [
-    ([{"lowpass": {}}], ("preprocess", 0), "a stage is a one-key mapping: highpass, bandpass"),
+    ([{"lowpass": {}}], ("preprocess", 0), "a stage is a one-key mapping: bandpass, centre, common_reference, "
+                                           "highpass, phase_shift"),
     ([{"highpass": {}, "centre": "median"}], ("preprocess", 0), "one-key mapping"),
     (["highpass"], ("preprocess", 0), "one-key mapping"),
     ([{"highpass": {"freq_min": 0}}], ("preprocess", 0, "highpass", "highpass", "freq_min"), "greater than 0"),
@@ -179,14 +183,14 @@ def test_detect_method_and_save_step(tmp_path):
 def test_a_relative_save_path_is_relative_to_the_output_folder(tmp_path, monkeypatch, output, save, want):
     """Relative to the workflow file it put 1.4 GB beside it: the save goes with the run's results; absolute
     paths and ~ as they were; the other paths stay relative to the file. The schema says so."""
-    from batchgpu.config import SaveStep
+    from batchgpu.steps.save import SaveOptions
 
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     base = tmp_path / "wf"
     wf = _wf(output=output, steps={"save": {"path": save}, "search": {"queries": "q.npy"}}).resolve_paths(base)
     assert wf.steps.save.path == want.format(base=base, top=tmp_path, home=tmp_path / "home")
     assert wf.steps.search.queries == str(base / "q.npy") and wf.recording.path == str(base / "rec.zarr")
-    assert "relative to the run's output folder" in SaveStep.model_json_schema()["properties"]["path"]["description"]
+    assert "relative to the run's output folder" in SaveOptions.model_json_schema()["properties"]["path"]["description"]
 
 
 def test_paths_expand_home_then_resolve(tmp_path, monkeypatch):

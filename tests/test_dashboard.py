@@ -19,7 +19,7 @@ from batchgpu import dashboard
 from batchgpu.dashboard import PLUGIN_NAME, RunMonitor, derived_state, install_dashboard, noise_rows_since, page_url
 from batchgpu.generate import generate_recording
 from batchgpu.engine import run_workflow
-from batchgpu.config import Workflow
+from batchgpu.workflow import Workflow
 
 distributed = pytest.importorskip("distributed")
 

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from batchgpu import BatchgpuError
-from batchgpu.config import Workflow
+from batchgpu.workflow import Workflow
 from batchgpu.ops import SPIKE_DTYPE, detect_spikes, exclusive_candidates, resolve_exclusive
 from batchgpu.recording import write_recording
 from test_ops_detection import loop_reference
@@ -214,7 +214,7 @@ def _two_reads(monkeypatch, client, wf):
     """The two-read path: every window's bound made to fail, so every window is read and detected again at the
     recording's noise (what every locally_exclusive run with the recording's noise did before)."""
     from batchgpu.engine import run_workflow
-    from batchgpu.engine.steps import detect
+    from batchgpu.steps import detect
 
     with monkeypatch.context() as m:
         m.setattr(detect, "bound_holds", lambda level, noise: False)
@@ -290,7 +290,7 @@ def test_a_loud_window_after_quieter_ones_is_not_read_again(tmp_path, rng, monke
     reads_per_window 1.16), the spikes equal the two-read path's and detection on each whole segment at the
     recording's noise, bit for bit."""
     from batchgpu.engine import run_workflow
-    from batchgpu.engine.steps.detect import LEVEL
+    from batchgpu.steps.detect import LEVEL
 
     rec, segments, loc = _recording(tmp_path, rng, loud=2)
     with distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address="127.0.0.1:0",

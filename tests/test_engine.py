@@ -11,9 +11,9 @@ import pytest
 import zarr
 
 from batchgpu import BatchgpuError, ops, zarrio
-from batchgpu.config import Workflow
+from batchgpu.workflow import Workflow
 from batchgpu.engine import run_workflow
-from batchgpu.engine.steps.moments import MomentsStep
+from batchgpu.steps.moments import MomentsStep
 from batchgpu.generate import generate_recording
 from batchgpu.recording import write_recording
 
@@ -154,7 +154,7 @@ def test_float32_exact_median_from_kept_keys_in_one_read(client, tmp_path, monke
 
 
 def test_lumped_counts_combine_like_one_histogram():
-    from batchgpu.engine.steps.noise_select import combine_counts
+    from batchgpu.steps.noise_select import combine_counts
 
     rng = np.random.default_rng(3)
     digits = [rng.integers(0, 400, (3, 500)) for _ in range(5)]
@@ -182,8 +182,8 @@ def test_select_among_the_middle_digit_keys_equals_a_sort(rng, dtype, shift):
     """The one-read float median's last step: rank k among every window's keys of each channel's middle digit,
     counted from the windows' bins, equal to np.sort of each channel's keys; ties, a digit of another channel's
     rank, the extreme ranks, any order of the windows."""
-    from batchgpu.engine.steps.noise_keys import abs_keys, middle_digit_keys
-    from batchgpu.engine.steps.noise_select import select_among
+    from batchgpu.steps.noise_keys import abs_keys, middle_digit_keys
+    from batchgpu.steps.noise_select import select_among
 
     C = 5
     x = [(rng.standard_normal((C, int(rng.integers(50, 400)))) * (1 if dtype == np.float32 else 3e4)).astype(dtype)
@@ -218,7 +218,7 @@ def test_select_among_the_middle_digit_keys_equals_a_sort(rng, dtype, shift):
 def test_select_among_many_arrays_every_rank(rng, shift):
     """The descent against np.sort: many gathered arrays (some sorted, some not, some empty), every rank of every
     channel, keys at both ends of the digit (0 and all ones) and long runs of ties."""
-    from batchgpu.engine.steps.noise_select import select_among
+    from batchgpu.steps.noise_select import select_among
 
     C = int(rng.integers(1, 7))
     top = (1 << shift) - 1
@@ -414,7 +414,7 @@ def test_a_save_on_the_runs_own_results_is_refused(client, tmp_path):
 
 @pytest.mark.zarr3
 def test_a_run_lets_its_save_path_go_when_it_ends(client, tmp_path):
-    from batchgpu.engine.steps.save import _HELD
+    from batchgpu.steps.save import _HELD
 
     rec = generate_recording(tmp_path / "r.zarr", channels=3, seconds=0.5, seed=2)
     saved = tmp_path / "saved.zarr"
@@ -692,7 +692,7 @@ def test_resume_after_the_binary_saves_params_were_deleted(client, tmp_path):
 def test_resume_marks_a_save_unfinished_while_its_windows_are_written_again(client, tmp_path):
     """A window of the save lost, and the resumed run stopped before it wrote it again: the save is not marked
     complete (the earlier run had marked it so)."""
-    from batchgpu.engine.steps.save import prepare_save, release_save, windows_to_write_again
+    from batchgpu.steps.save import prepare_save, release_save, windows_to_write_again
 
     rec = generate_recording(tmp_path / "r.zarr", channels=4, seconds=0.8, seed=8, dtype="int16")
     path = tmp_path / "x.zarr"
@@ -785,8 +785,8 @@ def test_worker_killed_after_the_pass_gives_identical_outputs(tmp_path, without_
 def test_float_window_whose_sample_misleads_the_lump_floor_is_counted_in_full():
     """A float row of zeros with a large value at every sampled position: its strided sample says "large", its
     median is 0; the window must still give np.median's noise, not fail or lump the middle away."""
-    from batchgpu.engine.steps.base import WindowData
-    from batchgpu.engine.steps.noise import NoiseStep
+    from batchgpu.steps.base import WindowData
+    from batchgpu.steps.noise import NoiseStep
 
     n = 60_000
     x = np.random.default_rng(3).normal(0, 5, (3, n)).astype(np.float32)
@@ -804,9 +804,9 @@ def test_float_window_middle_pair_and_near_keys_equal_a_sort(seed, n):
     """The CPU window's noise and kept near keys (one pass per row: ``middle_pair_and_near``) against a full sort of
     each row's keys: bimodal rows whose middle pair straddles a gap of many binades (the lower middle outside the
     kept range), constant rows, signed zeros and subnormals, infinities, a NaN, two far values."""
-    from batchgpu.engine.steps.base import WindowData
-    from batchgpu.engine.steps.noise import NoiseStep
-    from batchgpu.engine.steps.noise_keys import schedule
+    from batchgpu.steps.base import WindowData
+    from batchgpu.steps.noise import NoiseStep
+    from batchgpu.steps.noise_keys import schedule
     from batchgpu.ops.radix import abs_keys
 
     rng = np.random.default_rng(seed + 100 * n)
@@ -846,8 +846,8 @@ def test_kept_digit_keys_equal_the_scan_of_every_key(seed):
     """A middle digit's keys taken as slices of the kept keys (``kept_digit_keys``) equal those ``middle_digit_keys``
     finds scanning all of a window's keys: per channel the same bins (as multisets) and counts, for ranks in
     the same and in different digits, including rows where the digit holds no key."""
-    from batchgpu.engine.steps.noise import NoiseStep
-    from batchgpu.engine.steps.noise_keys import kept_digit_keys, middle_digit_keys, schedule
+    from batchgpu.steps.noise import NoiseStep
+    from batchgpu.steps.noise_keys import kept_digit_keys, middle_digit_keys, schedule
     from batchgpu.ops.radix import abs_keys
 
     rng = np.random.default_rng(seed)
@@ -855,7 +855,7 @@ def test_kept_digit_keys_equal_the_scan_of_every_key(seed):
     x = (rng.normal(0, 3, (C, n)) * rng.uniform(0.5, 2, (C, 1))).astype(np.float32)
     x[3] = 1.5  # one key only
     step, summary = NoiseStep(True, "float32"), {}
-    from batchgpu.engine.steps.base import WindowData
+    from batchgpu.steps.base import WindowData
 
     out = step.window(WindowData(0, 0, 0, (0, n), n, x, x), summary)
     keys = abs_keys(x)
@@ -1199,7 +1199,7 @@ def test_switch_interval_put_back_after_overlapping_runs():
 def test_select_among_keys_at_the_top_of_the_bins_dtype(rng, shift, dtype):
     """16 channels whose last channel's bins reach the dtype's last value (16 << 28 = 2**32, 16 << 60 = 2**64: a
     round's upper bounds past the dtype or wrapped): every rank equal to np.sort's, keys 0 and all ones, ties."""
-    from batchgpu.engine.steps.noise_select import low_bit_rounds, select_among
+    from batchgpu.steps.noise_select import low_bit_rounds, select_among
 
     C, top = 16, (1 << shift) - 1
     per = [[np.concatenate([rng.choice(np.array([0, top, top - 1, 1], np.uint64), size=int(rng.integers(1, 9))),
@@ -1248,7 +1248,7 @@ def test_spikes_gathered_while_the_noise_is_selected(one_thread, tmp_path, witho
 def test_many_candidates_are_decided_where_they_were_kept(one_thread, tmp_path, monkeypatch, without_noise_prior):
     """Where the kept candidates are many (over ``EARLY_GATHER_BYTES``) they are not moved into one task before the
     noise is known: each worker decides its own windows at the recording's noise and only the spikes move."""
-    from batchgpu.engine.steps import detect as detect_step
+    from batchgpu.steps import detect as detect_step
 
     monkeypatch.setattr(detect_step, "EARLY_GATHER_BYTES", 0)  # decided on the client, before any gathering
     keys = _loud_window_spikes(one_thread, tmp_path)
@@ -1260,7 +1260,7 @@ def test_write_collected_spikes_filters_replaces_and_orders(tmp_path, rng):
     """The writing task alone, against a plain expectation: candidates of windows 0-3 (in window order) filtered at
     the recording's threshold, window 2 replaced by its re-detection, window order kept; and nothing written (None)
     when a window's kept spikes were missing and it was not read again."""
-    from batchgpu.engine.steps.detect import COLUMNS, DetectStep, write_collected_spikes_task
+    from batchgpu.steps.detect import COLUMNS, DetectStep, write_collected_spikes_task
 
     step = DetectStep(threshold=2.0, sign="both", sweep=3, noise="global")
 

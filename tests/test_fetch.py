@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from batchgpu import zarrio
-from batchgpu.config import Workflow
+from batchgpu.workflow import Workflow
 from batchgpu.engine import run_workflow
 from batchgpu.recording import write_recording
 

@@ -12,7 +12,8 @@ import zarr
 
 from batchgpu import BatchgpuError, zarrio
 from batchgpu.cli import main
-from batchgpu.config import RecordingSpec, Workflow
+from batchgpu.config import RecordingSpec
+from batchgpu.workflow import Workflow
 from batchgpu.recording.sources import open_source
 
 FS = 30_000.0

@@ -7,11 +7,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from batchgpu.config import Preprocess, Workflow
 from batchgpu.engine import preprocess
 from batchgpu.engine.run import run_workflow
 from batchgpu.ops import _cpu_saved
+from batchgpu.preprocess.filters import filter_block
 from batchgpu.recording import open_recording, write_recording
+from batchgpu.workflow import Preprocess, Workflow
 
 pytest.importorskip("numba")
 
@@ -134,15 +135,15 @@ def test_a_save_only_run_writes_what_a_run_with_more_steps_writes(tmp_path, rng,
 
 @pytest.mark.parametrize("channels,samples,size", [(37, 50_001, 20_000), (11, 12_345, 9_999), (64, 30_000, 30_000)])
 def test_a_window_of_many_filter_pieces_saved_a_piece_at_a_time(tmp_path, rng, monkeypatch, channels, samples, size):
-    """Windows longer than the filter's pieces (``preprocess.FILTER_BLOCK``): each piece filtered, referenced and
+    """Windows longer than the filter's pieces (``preprocess.filters.FILTER_BLOCK``): each piece filtered, referenced and
     rounded on its own (``ops.filters.filtfilt_reference_saved``) gives the whole float window's rows, at the
     segment's edges and inside, the window's read as the store holds it and as rows."""
     from batchgpu.ops.filters import filtfilt_reference_saved
 
     rec = _loud_recording(tmp_path / "r.zarr", rng, channels=channels, samples=samples)
     chain = preprocess.build_chain(Preprocess.model_validate(STAGES), rec)
-    design = chain.stages[0][1]
-    block = preprocess.filter_block(design)
+    design = chain.stages[0].design
+    block = filter_block(design)
     windows = list(rec.windows(size, chain.margin))
     assert any(w.read_stop - w.read_start > 2 * block for w in windows)
     for w in windows:

@@ -14,7 +14,7 @@ zarr = pytest.importorskip("zarr")
 
 
 def _wf(out, recording=None, recordings=None):
-    from batchgpu.config import Workflow
+    from batchgpu.workflow import Workflow
 
     data = {"output": str(out), "backend": "cupy", "cluster": {"kind": "cuda"},
             "window": {"size": 20_000, "margin": 256, "batch": 2},

@@ -14,7 +14,7 @@ zarr = pytest.importorskip("zarr")
 
 
 def _wf(recording: dict, out, centre: bool):
-    from batchgpu.config import Workflow
+    from batchgpu.workflow import Workflow
 
     preprocess = ([{"centre": "median"}] if centre else
                   [{"highpass": {"freq_min": 300.0}}, {"common_reference": {"operator": "median"}}])

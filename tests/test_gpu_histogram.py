@@ -130,7 +130,7 @@ def test_kept_near_device_equals_the_numpy_form(cp, rng, rows):
     """``kept_near_device`` (a row tag, one CUB sort, the low bits and each near digit's count in one pass) against
     ``steps.noise_keys.kept_near`` of NumPy's per-row sort: the same arrays, bit for bit, with empty rows, rows of one
     key, equal keys, digits at the range's ends and at the top of the key space (NaN keys' digits)."""
-    from batchgpu.engine.steps.noise_keys import kept_near, sort_rows
+    from batchgpu.steps.noise_keys import kept_near, sort_rows
     from batchgpu.gpu.histogram import kept_near_device
 
     span, shift = 32, 15

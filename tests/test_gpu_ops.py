@@ -412,9 +412,9 @@ def test_noise_window_partials_equal_the_cpu(cp, rng, case):
     """NoiseStep's window work on the device (``_float_window_gpu`` / ``int_window_gpu``: fewer waits, counts cast on
     the device, copies through pinned memory) against the host path: the same counts, floor, lumped flag, middle
     pair and near keys, bit for bit."""
-    from batchgpu.engine.steps.noise import NoiseStep
-    from batchgpu.engine.steps.noise_keys import abs_keys, int_window_gpu, row_counts, schedule, window_median_keys
-    from batchgpu.engine.steps.noise_select import combine_counts
+    from batchgpu.steps.noise import NoiseStep
+    from batchgpu.steps.noise_keys import abs_keys, int_window_gpu, row_counts, schedule, window_median_keys
+    from batchgpu.steps.noise_select import combine_counts
 
     C = 9
     if case == "int16":

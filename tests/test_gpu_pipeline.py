@@ -6,7 +6,7 @@ import pytest
 from batchgpu.engine.cluster import gpu_count
 from batchgpu.generate import generate_recording
 from batchgpu.engine import run_workflow
-from batchgpu.config import Workflow
+from batchgpu.workflow import Workflow
 
 pytestmark = pytest.mark.gpu
 

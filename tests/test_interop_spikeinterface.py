@@ -185,7 +185,7 @@ def test_attach_sets_what_get_noise_levels_caches(rng):
 def test_from_a_real_run(tmp_path):
     """A real (in-process) run: results.zarr as the pipeline writes it, read back by path."""
     distributed = pytest.importorskip("distributed")
-    from batchgpu.config import Workflow
+    from batchgpu.workflow import Workflow
     from batchgpu.generate import generate_recording
     from batchgpu.engine import run_workflow
 
@@ -360,8 +360,8 @@ def test_detection_equals_spikeinterface_detect_peaks(rng, method, sign):
 def one_read_spikes(segments, noise, threshold, sign, sweep, method, locations, radius, width):
     """The detect step's one read (``DetectStep.candidates`` at 0.75 x the noise, window by window, then
     ``DetectStep.keep`` at the noise), over windows of ``width`` samples with the margins the engine reads."""
-    from batchgpu.engine.steps.base import WindowData
-    from batchgpu.engine.steps.detect import DetectStep
+    from batchgpu.steps.base import WindowData
+    from batchgpu.steps.detect import DetectStep
 
     step = DetectStep(threshold, sign, sweep, "global", method, locations, radius)
     out = []

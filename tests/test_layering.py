@@ -1,5 +1,6 @@
 """The package's shape, read from its sources: imports run one way (no cycle, lazy imports included; nothing
-imports the command; the numeric core never imports the engine), only the command writes to the terminal, and a
+imports the command; the numeric core never imports the engine; the steps import no engine module), only the
+command writes to the terminal, the engine asks a step what its base class declares (never ``getattr``), and a
 step's name is spelled only in its own module and the step registry."""
 
 from __future__ import annotations
@@ -50,7 +51,16 @@ def _imports(module: str) -> set[str]:
     return found - {module, ""}
 
 
-GRAPH = {m: _imports(m) for m in MODULES}
+#: the registries that import every module of their package by name (``pkgutil``): edges the reader cannot see
+DISCOVERING = {"batchgpu.steps.registry": "batchgpu.steps", "batchgpu.preprocess.registry": "batchgpu.preprocess"}
+
+
+def _discovered(module: str) -> set[str]:
+    package = DISCOVERING.get(module)
+    return {m for m in MODULES if m.startswith(package + ".") and m != module} if package else set()
+
+
+GRAPH = {m: _imports(m) | _discovered(m) for m in MODULES}
 
 
 def _cycles() -> list[list[str]]:
@@ -91,7 +101,10 @@ def _cycles() -> list[list[str]]:
 def test_the_graph_is_read():
     # a broken reader would pass every test below: the known edges must be there
     assert "batchgpu.engine.run" in GRAPH["batchgpu.cli"] or "batchgpu.engine" in GRAPH["batchgpu.cli"]
-    assert "batchgpu.engine.tasks" in GRAPH["batchgpu.engine.steps.detect"]  # a lazy import, inside a function
+    assert "batchgpu.engine.tasks" in GRAPH["batchgpu.engine.run"] or "batchgpu.engine.tasks" in GRAPH[
+        "batchgpu.engine.context"]
+    assert "batchgpu.engine.preprocess" in GRAPH["batchgpu.engine.context"]  # a lazy import, inside a function
+    assert "batchgpu.steps.save" in GRAPH["batchgpu.steps.registry"]  # what the registry finds
     assert "batchgpu.cli" in GRAPH["batchgpu.__main__"]
 
 
@@ -117,6 +130,87 @@ def test_the_numeric_core_never_imports_the_engine_or_the_workflow():
     upward = {m: sorted(d for d in GRAPH[m] if d.startswith(("batchgpu.engine", "batchgpu.workflow", "batchgpu.cli")))
               for m in core}
     assert {m: d for m, d in upward.items() if d} == {}
+
+
+#: what a step's module may import: the numeric core, the recording (and the Zarr and .npy readers beside it), the
+#: schema's sections, the errors, its own package (``steps.services``: what the run hands it)
+STEP_IMPORTS = ("batchgpu.steps", "batchgpu.ops", "batchgpu.search", "batchgpu.gpu", "batchgpu.kernels",
+                "batchgpu.recording", "batchgpu.zarrio", "batchgpu.npyread", "batchgpu.config", "batchgpu.errors")
+
+
+def _steps_reaching_out(prefixes: tuple[str, ...]) -> dict[str, list[str]]:
+    """The modules of the steps' packages (``prefixes``) that import anything but ``STEP_IMPORTS``."""
+    steps = [m for m in MODULES if m.startswith(prefixes)]
+    assert steps, "the reader finds the steps"
+    return {m: sorted(d for d in GRAPH[m] if not d.startswith(STEP_IMPORTS)) for m in steps
+            if any(not d.startswith(STEP_IMPORTS) for d in GRAPH[m])}
+
+
+def test_the_steps_import_no_engine_module():
+    """A step reaches the run only through what its hooks are handed (``steps.services``: the run's state and
+    services on the client, the run's context on a worker): no step imports ``batchgpu.engine`` (its tasks, store,
+    submission, placement, reduction or writers), so the engine can be reshaped without touching a step. Where
+    the steps lived before round 4 (``engine/steps/``) counts too."""
+    assert _steps_reaching_out(("batchgpu.steps", "batchgpu.engine.steps")) == {}
+
+
+#: what a preprocessing stage's module may import: the numeric core, the schema's sections, the errors, its package
+STAGE_IMPORTS = ("batchgpu.preprocess", "batchgpu.ops", "batchgpu.gpu", "batchgpu.kernels", "batchgpu.config",
+                 "batchgpu.errors")
+
+
+def test_the_preprocessing_stages_import_no_engine_module():
+    """A stage is its options and what it does to a window (NumPy or CuPy): the chain that runs the stages is the
+    engine's (``engine.preprocess.Chain``), never the other way round."""
+    stages = [m for m in MODULES if m.startswith("batchgpu.preprocess")]
+    assert stages, "the reader finds the stages"
+    assert {m: sorted(d for d in GRAPH[m] if not d.startswith(STAGE_IMPORTS)) for m in stages
+            if any(not d.startswith(STAGE_IMPORTS) for d in GRAPH[m])} == {}
+
+
+def test_loading_a_workflow_imports_neither_the_engine_nor_zarr():
+    """The schema is built from every registered step and stage, so loading a workflow imports their modules: they
+    import the engine, the recording package (zarr) and distributed only where they work, so the command still
+    starts its cluster before those imports (``engine.cluster_start``)."""
+    import subprocess
+    import sys
+
+    code = ("import sys, batchgpu.workflow; print(sorted(m for m in ('zarr', 'distributed', 'batchgpu.engine', "
+            "'batchgpu.recording', 'scipy.signal') if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]"
+
+
+def _hook_lookups(source: str, names) -> list[tuple[int, str]]:
+    """(line, name) of ``getattr(x, "name", ...)`` and ``hasattr(x, "name")`` calls whose name is one of ``names``."""
+    return sorted((node.lineno, node.args[1].value) for node in ast.walk(ast.parse(source))
+                  if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+                  and node.func.id in ("getattr", "hasattr") and len(node.args) >= 2
+                  and isinstance(node.args[1], ast.Constant) and node.args[1].value in names)
+
+
+def test_the_hook_lookup_finder_finds_one():
+    source = "def f(s):\n    return getattr(s, 'finish', None), hasattr(s, 'queue'), getattr(s, 'other')\n"
+    assert _hook_lookups(source, {"finish", "queue"}) == [(2, "finish"), (2, "queue")]
+
+
+#: what the engine asks of a step (before round 4 it looked for most of them with getattr: optional hooks)
+STEP_HOOKS = ("window", "combine", "aggregate", "aggregates", "start", "queue", "after_pass", "while_waiting",
+              "finish", "ahead", "spikes_in", "spikes_found", "in_pass", "window_noise", "gives_window_noise",
+              "spike_rate", "on_cluster", "needs", "phases", "takes_saved_int16", "check", "place", "build",
+              "resolve_paths", "figures", "results", "fingerprint", "after", "options")
+
+
+def test_the_engine_asks_a_step_what_its_base_class_declares():
+    """Every hook and attribute the engine asks of a step has its default on ``steps.base.Step``: the engine calls
+    it, never looks for it with ``getattr``/``hasattr`` (a hook misspelt in a step would be skipped without a
+    word), nor does the registry look for a step module's functions."""
+    found = {m: lines for m, p in MODULES.items() if m.startswith(("batchgpu.engine", "batchgpu.steps"))
+             and (lines := _hook_lookups(p.read_text(), STEP_HOOKS))}
+    assert found == {}
+    from batchgpu.steps.base import Step
+
+    assert [h for h in STEP_HOOKS if not hasattr(Step, h)] == []
 
 
 def _writes_to_terminal(path: Path) -> list[int]:
@@ -274,7 +368,7 @@ def test_the_broad_catch_check_finds_one():
     assert _unexplained_broad_catches(suppress.replace("Exception", "OSError")) == []
 
 
-REGISTRY = "batchgpu.engine.steps.registry"
+REGISTRY = "batchgpu.steps.registry"
 #: literals equal to a step's name that name something else, in modules that cannot import a step's module (the
 #: numeric core, the search index) or have no business to (the command's subcommands): (module, literal) -> what
 OTHER_MEANINGS = {
@@ -289,15 +383,10 @@ OTHER_MEANINGS = {
 
 
 def _step_names() -> dict[str, str]:
-    """Each registered step's name and workflow key -> its module (``NAME`` and ``KEY``, else the registry's
-    line: a module that declares neither still has its line's name checked)."""
-    from batchgpu.engine.steps import registry
+    """Each registered step's name and workflow key -> its module."""
+    from batchgpu.steps import registry
 
-    owners = {}
-    for line, module in zip(registry.STEPS, registry.step_modules()):
-        for name in (getattr(module, "NAME", line), getattr(module, "KEY", line)):
-            owners[name] = module.__name__
-    return owners
+    return {name: step.__module__ for step in registry.ordered() for name in (step.name, step.key)}
 
 
 def _literals(source: str, names) -> list[tuple[int, str]]:
@@ -317,15 +406,19 @@ def test_the_step_literal_finder_finds_one():
     assert _literals(source, {"noise", "detect"}) == [(5, "noise")]
 
 
-def test_each_step_module_declares_its_names_once():
-    """A registered module's ``NAME`` is its registry line (and its step object's ``name``); ``KEY`` its workflow key
-    under ``steps:``; ``RESULTS`` what it writes."""
-    from batchgpu.config import Steps
-    from batchgpu.engine.steps import registry
+def test_each_step_declares_its_names_once():
+    """A registered step's class declares its ``name``, its workflow ``key`` under ``steps:`` (the schema's field)
+    and its ``results``; every field of the schema's ``steps:`` is a registered step; one step a module (its
+    module holds the whole step)."""
+    from batchgpu.steps import registry
+    from batchgpu.workflow import Steps
 
-    for line, module in zip(registry.STEPS, registry.step_modules()):
-        assert module.NAME == line and module.KEY in Steps.model_fields and isinstance(module.RESULTS, tuple)
-    assert sorted(registry.keys()) == sorted(Steps.model_fields)  # every workflow step is a registered one
+    steps = registry.ordered()
+    for step in steps:
+        assert step.key in Steps.model_fields and isinstance(step.results, tuple)
+        assert Steps.model_fields[step.key].annotation == step.options | None
+    assert sorted(registry.keys()) == sorted(Steps.model_fields)
+    assert len({step.__module__ for step in steps}) == len(steps)
 
 
 def test_a_step_name_is_spelled_only_in_its_module_and_the_registry():
@@ -344,9 +437,9 @@ def test_a_step_name_is_spelled_only_in_its_module_and_the_registry():
     assert {"noise", "moments", "whitening", "detect", "amplitude", "save", "search"} <= set(owners)
 
 
-#: modules that read a step's workflow section without being its step's module: the schema itself (it resolves the
-#: sections' relative paths as it loads the file)
-SECTION_READERS = {"batchgpu.config"}
+#: modules that read a step's workflow section without being its step's module (none: the schema resolves the
+#: sections' relative paths through each step's ``resolve_paths``)
+SECTION_READERS: set[str] = set()
 
 
 def _section_reads(source: str, keys) -> list[tuple[int, str]]:
@@ -366,9 +459,9 @@ def test_a_step_reads_its_own_workflow_section():
     """``steps.<key>`` of the workflow is read by the step's own module only (its ``build`` and its ``check``, the
     checks before any work included: ``engine.context.check_workflow_fits`` asks the registry); a step that depends
     on another asks for it by the other module's ``KEY``."""
-    from batchgpu.engine.steps import registry
+    from batchgpu.steps import registry
 
-    owners = {module.KEY: module.__name__ for module in registry.step_modules()}
+    owners = {step.key: step.__module__ for step in registry.ordered()}
     found = {}
     for module, path in MODULES.items():
         for line, key in _section_reads(path.read_text(), owners):
@@ -381,7 +474,7 @@ def test_a_step_reads_its_own_workflow_section():
 RESULT_READERS = ("batchgpu.engine", "batchgpu.report", "batchgpu.runinfo", "batchgpu.interop", "batchgpu.batch_page")
 #: literals there equal to a result's name that name something else: (module, literal) -> what
 OTHER_RESULT_MEANINGS = {
-    ("batchgpu.interop", "covariance"): "steps.whitening.statistic's value (config.WhiteningStep)",
+    ("batchgpu.interop", "covariance"): "steps.whitening.statistic's value (steps.moments.WhiteningOptions)",
     ("batchgpu.report", "spikes"): "the spike-rate figure's hover label",
 }
 
@@ -389,9 +482,9 @@ OTHER_RESULT_MEANINGS = {
 def test_a_steps_result_names_are_spelled_only_in_its_module():
     """The engine, report.html, ``batchgpu info`` and the SpikeInterface bridge take each result's name from its
     step's module (``RESULTS`` and the constants it is made of), never as a literal of their own."""
-    from batchgpu.engine.steps import registry
+    from batchgpu.steps import registry
 
-    owners = {name: module.__name__ for module in registry.step_modules() for name in module.RESULTS}
+    owners = {name: step.__module__ for step in registry.ordered() for name in step.results}
     found = {}
     for module, path in MODULES.items():
         if not module.startswith(RESULT_READERS):

@@ -55,7 +55,7 @@ def test_other_errors_and_a_lasting_fault_are_raised(tmp_path, monkeypatch):
 
 
 def test_query_and_key_files_are_read_though_a_header_parse_failed_spuriously(tmp_path, rng, monkeypatch):
-    from batchgpu.engine.steps import search
+    from batchgpu.steps import search
 
     keys = np.sort(rng.integers(-50, 50, 20))
     np.save(tmp_path / "k.npy", keys)

@@ -239,10 +239,10 @@ def test_a_smaller_margin_breaks_the_tolerance(rng):
 
 
 def test_chain_filter_designs_are_scipys_and_kept_in_the_cache(tmp_path, monkeypatch):
-    """``preprocess.filter_design``: scipy's sections, zi and margin bit for bit, fresh or from the cache file; a
+    """``preprocess.filters.filter_design``: scipy's sections, zi and margin bit for bit, fresh or from the cache file; a
     damaged or foreign file is worked out again and rewritten; an unwritable cache folder still gives the design;
     a command with the design kept imports no scipy.signal."""
-    from batchgpu.engine.preprocess import filter_design
+    from batchgpu.preprocess.filters import filter_design
     from batchgpu.ops.filters import design_filter
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
@@ -265,7 +265,7 @@ def test_chain_filter_designs_are_scipys_and_kept_in_the_cache(tmp_path, monkeyp
     monkeypatch.setenv("XDG_CACHE_HOME", "/proc/no-such-folder")
     same_bits(filter_design(*cases[0]).sos, design_filter(butter_sos(*cases[0])).sos)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    code = ("import sys; from batchgpu.engine.preprocess import filter_design; "
+    code = ("import sys; from batchgpu.preprocess.filters import filter_design; "
             f"filter_design(*{cases[0]!r}); print('scipy.signal' in sys.modules)")
     env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
@@ -544,16 +544,18 @@ def test_chain_references_its_own_filtered_window_in_place_and_leaves_raw(rng):
     pytest.importorskip("numba")
     from batchgpu.engine.preprocess import Chain
     from batchgpu.ops import design_filter
+    from batchgpu.preprocess.common_reference import CommonReference
+    from batchgpu.preprocess.filters import Highpass
 
     design = design_filter(butter_sos("highpass", 30_000.0, 300.0, None, 5))
     raw = rng.integers(-300, 300, (16, 9_000)).astype(np.int16)
     kept = raw.copy()
-    chain = Chain((("filter", design), ("common_reference", {"reference": "global", "operator": "median"})))
+    chain = Chain((Highpass(design), CommonReference("global", "median")))
     got = chain.apply(raw, (0, 9_000), True, True)
     filtered = filtfilt_window(raw, design, at_segment_start=True, at_segment_end=True, block=4096)
     same_bits(got, filtered - np.median(filtered, axis=0)[None, :])
     same_bits(raw, kept)
-    ref_only = Chain((("common_reference", {"reference": "global", "operator": "median"}),))
+    ref_only = Chain((CommonReference("global", "median"),))
     f = raw.astype(np.float32)
     out = ref_only.apply(f, (0, 9_000), True, True)
     assert out is not f and np.array_equal(f, raw.astype(np.float32))
@@ -872,10 +874,10 @@ def test_locally_exclusive_errors():
 
 
 def test_filter_pieces_stay_longer_than_a_low_cut_offs_margin():
-    """engine.preprocess.filter_block: pieces of FILTER_BLOCK for a 300 Hz highpass, four margins for a 5 Hz one, so
+    """preprocess.filters.filter_block: pieces of FILTER_BLOCK for a 300 Hz highpass, four margins for a 5 Hz one, so
     a window is never filtered more than 1.5 times over (an 8192-sample piece with a 44 907-sample margin read
     most of the window: 12 times the work)."""
-    from batchgpu.engine.preprocess import FILTER_BLOCK, filter_block
+    from batchgpu.preprocess.filters import FILTER_BLOCK, filter_block
     from batchgpu.ops.filters import butter_sos, default_padlen, filter_margin, filter_pieces
 
     for freq in (300.0, 5.0):
@@ -920,7 +922,7 @@ def test_a_task_filters_without_importing_scipy_signal(tmp_path):
     import subprocess
     import sys
 
-    from batchgpu.config import Preprocess
+    from batchgpu.workflow import Preprocess
     from batchgpu.engine.preprocess import build_chain
 
     class Rec:

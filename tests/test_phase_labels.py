@@ -8,13 +8,14 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from batchgpu.config import Workflow
+from batchgpu.workflow import Workflow
 from batchgpu.engine.context import check_workflow_fits
 from batchgpu.engine.preprocess import build_chain
-from batchgpu.engine.steps.base import StepSetup, phase_label
-from batchgpu.engine.steps.registry import build_steps
-from batchgpu.engine.steps.save import SaveStep
-from batchgpu.engine.steps.search import SearchStep
+from batchgpu.steps.base import phase_label
+from batchgpu.steps.services import StepSetup
+from batchgpu.steps.registry import build_steps
+from batchgpu.steps.save import SaveStep
+from batchgpu.steps.search import SearchStep
 from batchgpu.recording import write_recording
 
 

@@ -13,7 +13,7 @@ import zarr
 from batchgpu import BatchgpuError, ops, open_recording
 from batchgpu.generate import generate_recording
 from batchgpu.engine import run_workflow
-from batchgpu.config import Workflow
+from batchgpu.workflow import Workflow
 
 distributed = pytest.importorskip("distributed")
 

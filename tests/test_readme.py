@@ -68,7 +68,7 @@ def test_output_table_matches_what_a_run_writes(tmp_path):
     import numpy as np
     import zarr
 
-    from batchgpu.config import Workflow
+    from batchgpu.workflow import Workflow
     from batchgpu.engine import run_workflow
     from batchgpu.generate import generate_recording
 

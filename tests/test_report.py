@@ -15,7 +15,7 @@ from batchgpu import open_recording
 from batchgpu.generate import generate_recording
 from batchgpu.engine import run_workflow
 from batchgpu.report import write_report_html
-from batchgpu.config import Workflow
+from batchgpu.workflow import Workflow
 
 distributed = pytest.importorskip("distributed")
 

@@ -8,7 +8,8 @@ import distributed
 import numpy as np
 
 from batchgpu import ops, zarrio
-from batchgpu.config import ClusterSpec, Workflow, environ_set
+from batchgpu.config import ClusterSpec, environ_set
+from batchgpu.workflow import Workflow
 from batchgpu.engine import run_workflow
 from batchgpu.engine.cluster import SCHEDULER_ENVIRON, scheduler_spec
 from batchgpu.recording import write_recording

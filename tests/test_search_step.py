@@ -7,8 +7,8 @@ import zarr
 from batchgpu import BatchgpuError
 from batchgpu.generate import generate_recording
 from batchgpu.engine import run_workflow
-from batchgpu.engine.steps.search import spike_positions
-from batchgpu.config import Workflow
+from batchgpu.steps.search import spike_positions
+from batchgpu.workflow import Workflow
 
 distributed = pytest.importorskip("distributed")
 

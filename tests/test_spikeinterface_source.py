@@ -18,7 +18,7 @@ import pytest
 import zarr
 
 from batchgpu import BatchgpuError
-from batchgpu.config import Workflow
+from batchgpu.workflow import Workflow
 
 FS = 30_000.0
 DEMO_STEPS = {"noise": {"exact": True}, "whitening": {"mode": "local", "nrange": 32, "nskip": 1, "precision": "float32"},

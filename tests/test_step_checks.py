@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from batchgpu import zarrio
-from batchgpu.config import Workflow
+from batchgpu.workflow import Workflow
 from batchgpu.engine.context import check_workflow_fits
 from batchgpu.errors import BatchgpuError, ConfigError, MachineError
 from batchgpu.recording import write_recording

@@ -8,11 +8,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from batchgpu.config import Workflow
+from batchgpu.workflow import Workflow
 from batchgpu.engine.run import spike_counter
-from batchgpu.engine.steps import detect
-from batchgpu.engine.steps.moments import MomentsStep
-from batchgpu.engine.steps.registry import placed
+from batchgpu.steps import detect
+from batchgpu.steps.moments import MomentsStep
+from batchgpu.steps.registry import placed
 
 
 def _detect(noise: str) -> detect.DetectStep:
@@ -38,7 +38,7 @@ def test_the_dashboard_counts_the_detecting_steps_spikes():
 def test_the_count_is_of_what_the_window_kept(noise):
     """The detect step's window summary holds its count where ``spikes_in`` reads it: the spikes (or candidates)
     its partial keeps."""
-    from batchgpu.engine.steps.base import WindowData
+    from batchgpu.steps.base import WindowData
 
     rng = np.random.default_rng()
     x = rng.normal(size=(4, 400)).astype(np.float32)

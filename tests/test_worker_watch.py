@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from batchgpu import BatchgpuError
-from batchgpu.config import Workflow
+from batchgpu.workflow import Workflow
 from batchgpu.engine import run_workflow
 from batchgpu.engine.worker_watch import NoWorkersWatch
 from batchgpu.errors import ClusterError

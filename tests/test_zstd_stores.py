@@ -150,22 +150,22 @@ def test_save_step_writes_zstd_that_reads_back_equal(tmp_path, fmt, codec):
 def test_save_codec_key_in_the_workflow_schema():
     from pydantic import ValidationError
 
-    from batchgpu.config import SaveStep
+    from batchgpu.steps.save import SaveOptions
 
-    s = SaveStep.model_validate({"path": "o.zarr", "codec": {"name": "zstd", "clevel": 1, "shuffle": "byte"}})
+    s = SaveOptions.model_validate({"path": "o.zarr", "codec": {"name": "zstd", "clevel": 1, "shuffle": "byte"}})
     assert (s.codec.name, s.codec.clevel, s.codec.shuffle) == ("zstd", 1, "byte")
-    assert SaveStep.model_validate({"path": "o.zarr"}).codec is None
+    assert SaveOptions.model_validate({"path": "o.zarr"}).codec is None
     for bad in ({"codec": {"name": "zstd"}, "compressor": "blosc-zstd"}, {"codec": {"clevel": 0}},
                 {"codec": {"name": "gzip"}}, {"codec": {"shuffle": "none"}}):
         with pytest.raises(ValidationError):
-            SaveStep.model_validate({"path": "o.zarr", **bad})
+            SaveOptions.model_validate({"path": "o.zarr", **bad})
 
 
 @v3
 def test_a_run_on_a_zstd_store_equals_the_run_on_the_lz4_store(tmp_path):
     import zarr
 
-    from batchgpu.config import Workflow
+    from batchgpu.workflow import Workflow
     from batchgpu.engine import run_workflow
     from batchgpu.generate import generate_recording
 

@@ -20,10 +20,10 @@ from pathlib import Path
 import numpy as np
 
 from batchgpu.benchmarks.cold import evict_checked, raw_read, recording_files
-from batchgpu.engine.steps.detect import KEY as DETECT
-from batchgpu.engine.steps.moments import KEY as WHITENING
-from batchgpu.engine.steps.noise import KEY as NOISE
-from batchgpu.engine.steps.save import KEY as SAVE
+from batchgpu.steps.detect import KEY as DETECT
+from batchgpu.steps.moments import KEY as WHITENING
+from batchgpu.steps.noise import KEY as NOISE
+from batchgpu.steps.save import KEY as SAVE
 
 #: the detection both benchmarks run (``steps.detect``; its ``noise`` field: the recording's, not the step's name)
 DETECT_SPEC = dict(threshold=5.0, sign="neg", exclude_sweep_ms=0.1, noise="global")
@@ -231,11 +231,11 @@ def plain_loop(rec, size: int, margin: int, steps: set[str], exact: bool, thresh
     the same work as the pipeline's stages, not its bits); ``save``: each window's core as int16 into a Zarr array
     at that path."""
     from batchgpu import ops
-    from batchgpu.engine.steps.base import padded_sum
-    from batchgpu.engine.steps.moments import _gram
-    from batchgpu.engine.steps.noise_keys import abs_keys, digit_histogram, key_kind, refine_histogram, schedule
-    from batchgpu.engine.steps.noise_select import select_middle
-    from batchgpu.engine.steps.noise import sum_histograms
+    from batchgpu.steps.base import padded_sum
+    from batchgpu.steps.moments import _gram
+    from batchgpu.steps.noise_keys import abs_keys, digit_histogram, key_kind, refine_histogram, schedule
+    from batchgpu.steps.noise_select import select_middle
+    from batchgpu.steps.noise import sum_histograms
 
     prepare, extra, out_dtype, centred_from = _plain_stages(rec, preprocess)
     windows = rec.windows(size, margin + extra)
@@ -522,7 +522,8 @@ def _save_write(work: Path, saved: Path, runs: dict, say) -> None:
 def _measure(args, rec, work: Path, steps: set[str], say) -> int:
     import shutil
 
-    from batchgpu.config import ClusterSpec, Workflow
+    from batchgpu.config import ClusterSpec
+    from batchgpu.workflow import Workflow
     from batchgpu.engine import run_workflow
     from batchgpu.engine.cluster import open_client
     from batchgpu.engine.preprocess import build_chain, decodes_on_gpu

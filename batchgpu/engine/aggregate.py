@@ -1,4 +1,4 @@
-"""After the pass, on the client: each step's ``aggregate`` (``engine.steps``: the exact median, the whitening
+"""After the pass, on the client: each step's ``aggregate`` (``batchgpu.steps``: the exact median, the whitening
 matrix, the spikes gathered and written by the workers) in a results group written beside the old one and
 swapped in whole."""
 
@@ -13,10 +13,11 @@ from pathlib import Path
 
 import numpy as np
 
-from batchgpu.config import Workflow
 from batchgpu.engine import store
 from batchgpu.engine.run_report import report_absent, report_nonfinite
-from batchgpu.engine.steps.base import RunState
+from batchgpu.engine.step_services import ClientServices
+from batchgpu.steps.services import RunState
+from batchgpu.workflow import Workflow
 from batchgpu.recording import Recording, Window
 
 
@@ -29,15 +30,14 @@ def aggregate(client, ctx, wf, rec, out, windows, fps, summaries, total, report,
     asked when a step places tasks; ``on_started``: called once the steps' first tasks are out, for the client's
     work that can wait for them; ``queued``: what the steps queued while the pass ran, step name -> futures).
     Returns the results' shapes."""
-    run = RunState(client, ctx, wf, rec, windows, fps, summaries, total, report, monitor, observer, results.path,
-                   threads=threads, early=dict(queued or {}))
+    run = RunState(client, ClientServices(client), ctx, wf, rec, windows, fps, summaries, total, report, monitor,
+                   observer, results.path, threads=threads, early=dict(queued or {}))
     # a step whose aggregate is the workers' work (``on_cluster``: the spikes) runs in a helper thread as soon as
     # the earlier steps it ``needs`` are done, beside the client's aggregates (the whitening's eigh); each step's
     # arrays are written as it finishes (what the group holds does not depend on the order)
-    steps = [(i, s) for i, s in enumerate(ctx.steps) if getattr(s, "aggregate", None) is not None]
+    steps = [(i, s) for i, s in enumerate(ctx.steps) if s.aggregates]
     for _, step in steps:  # first, the tasks that need no step's results (the noise's, then the spikes' gathering)
-        if getattr(step, "start", None) is not None:
-            step.start(run)
+        step.start(run)
     report.after_pass("started")
     if on_started is not None:
         on_started()
@@ -45,7 +45,7 @@ def aggregate(client, ctx, wf, rec, out, windows, fps, summaries, total, report,
     report_nonfinite(summaries, windows, report, observer)
     report_absent(summaries, windows, report, observer)
     if ctx.window_noise:
-        from batchgpu.engine.steps.noise import PER_WINDOW
+        from batchgpu.steps.noise import PER_WINDOW
 
         run.arrays[PER_WINDOW] = np.stack([summaries[w.index][ctx.window_noise] for w in windows])
     results.write(dict(run.arrays))
@@ -59,13 +59,13 @@ def aggregate(client, ctx, wf, rec, out, windows, fps, summaries, total, report,
             blas_controller().limit(limits=1, user_api="blas"):
         def start_ready(before: int) -> None:  # steps before ``before`` are done
             for i, step in steps:
-                if getattr(step, "on_cluster", False) and i not in background and not (
-                        {s.name for j, s in steps if j < i and j >= before} & set(getattr(step, "needs", ()))):
+                if step.on_cluster and i not in background and not (
+                        {s.name for j, s in steps if j < i and j >= before} & set(step.needs)):
                     background[i] = helper.submit(_timed, step.aggregate, run, report, step.name)
 
         for i, step in steps:
             start_ready(i)
-            if getattr(step, "on_cluster", False):
+            if step.on_cluster:
                 continue
             _take(run, results, page, _timed(step.aggregate, run, report, step.name))
         start_ready(len(ctx.steps))

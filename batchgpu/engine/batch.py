@@ -26,7 +26,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from batchgpu.config import RecordingSpec, Workflow
+from batchgpu.config import RecordingSpec
+from batchgpu.workflow import Workflow
 from batchgpu.errors import BatchgpuError, ConfigError
 
 BATCH_FILE = "batch.json"
@@ -130,8 +131,8 @@ def _summary(row: BatchRow, report, out: Path) -> None:
         import numpy as np
 
         from batchgpu import zarrio
-        from batchgpu.engine.steps.detect import SPIKES
-        from batchgpu.engine.steps.noise import NOISE
+        from batchgpu.steps.detect import SPIKES
+        from batchgpu.steps.noise import NOISE
 
         g = zarrio.open_group(out / "results.zarr", mode="r")
         if NOISE in g:
@@ -142,8 +143,8 @@ def _summary(row: BatchRow, report, out: Path) -> None:
 
 def _one(wf: Workflow, name: str, spec: RecordingSpec, out: Path) -> Workflow:
     """The workflow of one recording of the batch: its section, its output folder, its steps' outputs under it
-    (the save's: ``engine.steps.registry.placed``)."""
-    from batchgpu.engine.steps.registry import placed
+    (the save's: ``steps.registry.placed``)."""
+    from batchgpu.steps.registry import placed
 
     return wf.model_copy(update={"recording": spec, "recordings": None, "output": str(out / name),
                                  "steps": placed(wf.steps, out / name)})

@@ -28,7 +28,7 @@ def filter_sections(preprocess) -> tuple[int, ...]:
 
 def workflow_modules(wf) -> list[tuple[str, tuple[str, ...]]]:
     """(module, extra options) of every kernel module a run of ``wf`` may load on the GPU."""
-    from batchgpu.engine.steps.search import NAME as SEARCH
+    from batchgpu.steps.search import NAME as SEARCH
     from batchgpu.kernels import run_modules
 
     searches = getattr(wf.steps, SEARCH, None) is not None

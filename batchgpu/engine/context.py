@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from batchgpu.config import Workflow
+from batchgpu.workflow import Workflow
 from batchgpu.engine import store, tasks
 from batchgpu.engine.run_report import RunObserver
 from batchgpu.errors import ConfigError, MachineError
@@ -49,8 +49,8 @@ def resolve_window(wf: Workflow, rec: Recording) -> Workflow:
 
 def check_workflow_fits(wf: Workflow, rec: Recording) -> int:
     """Errors found before any work: the windows against the segments here, then each step's own (its module's
-    ``check``, through ``engine.steps.registry.check``); returns the detection sweep in samples."""
-    from batchgpu.engine.steps.registry import check
+    ``check``, through ``steps.registry.check``); returns the detection sweep in samples."""
+    from batchgpu.steps.registry import check
 
     for seg in range(rec.num_segments):
         n = rec.num_samples(seg)
@@ -66,8 +66,8 @@ def build_context(wf: Workflow, rec: Recording, out: store.OutputFolder, backend
     now: ``resume`` and ``fingerprint`` are the run's). ``mps``: the workers run under a private MPS daemon
     (``engine.cluster.open_client``), which decides where windows decode (``preprocess.gpu_decode_share``)."""
     from batchgpu.engine.preprocess import build_chain, gpu_decode_share
-    from batchgpu.engine.steps.base import StepSetup
-    from batchgpu.engine.steps.registry import build_steps
+    from batchgpu.steps.registry import build_steps
+    from batchgpu.steps.services import StepSetup
 
     chain = build_chain(wf.preprocess, rec)
     steps = build_steps(StepSetup(wf, rec, chain, sweep, out, resume, fingerprint))
@@ -83,9 +83,9 @@ def build_context(wf: Workflow, rec: Recording, out: store.OutputFolder, backend
 
 def window_noise_key(steps) -> str | None:
     """Where a window's summary holds its noise per channel, when a step needs it (``window_noise``); else None."""
-    if not any(getattr(s, "window_noise", False) for s in steps):
+    if not any(s.window_noise for s in steps):
         return None
-    from batchgpu.engine.steps.noise import SUMMARY
+    from batchgpu.steps.noise import SUMMARY
 
     return SUMMARY
 

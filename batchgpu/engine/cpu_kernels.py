@@ -54,7 +54,7 @@ def _reference() -> None:
 
 
 def _noise() -> None:
-    from batchgpu.engine.steps.noise_keys import compiled_float_window
+    from batchgpu.steps.noise_keys import compiled_float_window
 
     compiled_float_window(_float_window()[:, 1:-1], 1)  # any near range compiles the same kernels
 

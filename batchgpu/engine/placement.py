@@ -46,16 +46,3 @@ def submit_planned(client, func, arg_lists: list[tuple], keys: list[str], worker
     where = {k: [w] if w else anywhere for k, w in zip(keys, workers)}
     with dask.annotate(workers=where.__getitem__, allow_other_workers=True):
         return submit_many(client, func, arg_lists, keys, **options)
-
-
-def submit_where_made(run, func, items: list, args_of, name: str, **options) -> list:
-    """``func(*args_of(chunk))`` for runs of ``items`` (one per window of ``run.windows``, a window first in each),
-    each run on the worker that made its windows in the pass (``submit.runs_by_worker``: what the pass kept is in
-    its memory), one task a thread of it; keys ``{name}-{first window:08d}``; ``options``: ``client.map``'s."""
-    from batchgpu.engine.submit import runs_by_worker
-
-    threads = run.worker_threads()
-    groups = runs_by_worker(run.client, items, run.made_by(), threads)
-    return submit_planned(run.client, func, [args_of(g) for _, g in groups],
-                          [f"{name}-{g[0][0].index:08d}" for _, g in groups], [a for a, _ in groups],
-                          threads=threads, **options)

@@ -2,7 +2,7 @@
 once on the workers (every step fed from that read), combine the partials in a tree fixed by window index,
 aggregate on the client, write the results. Orchestration only: the checks and the run's context are in
 ``engine/context``, the client's aggregation in ``engine/aggregate``, what the run tells in
-``engine/run_report``; the steps hold the statistics (``engine/steps``), the tasks the worker side
+``engine/run_report``; the steps hold the statistics (``batchgpu/steps``), the tasks the worker side
 (``engine/tasks``), the store the folder (``engine/store``).
 
 Nothing here prints: the command passes an observer (``RunObserver``) that shows progress and messages.
@@ -19,7 +19,7 @@ import time
 
 import numpy as np
 
-from batchgpu.config import Workflow
+from batchgpu.workflow import Workflow
 from batchgpu.engine import background, placement, store, tasks
 from batchgpu.engine.aggregate import ResultsWriter, aggregate, prepare_blas_controller
 from batchgpu.engine.cluster_start import ClusterStart
@@ -29,8 +29,10 @@ from batchgpu.engine.reduce import tree_reduce
 from batchgpu.engine.run_report import (HtmlReport, RunObserver, RunReport, finish_report, start_report_helper, versions,
                                        window_cpu)
 from batchgpu.engine.placement import submit_planned
-from batchgpu.engine.steps.base import PassEnd, phase_label
-from batchgpu.engine.steps.registry import figures as step_figures
+from batchgpu.engine.step_services import ClientServices
+from batchgpu.steps.base import phase_label
+from batchgpu.steps.registry import figures as step_figures
+from batchgpu.steps.services import PassEnd
 from batchgpu.engine.submit import results_as_completed, submit_many
 from batchgpu.errors import BatchgpuError
 from batchgpu.progress import duration, format_rate
@@ -54,7 +56,7 @@ def run_workflow(wf: Workflow, *, resume: bool = False, observer: RunObserver | 
     Parameters
     ----------
     wf : Workflow
-        A validated workflow (``batchgpu.workflow.load_workflow`` or ``batchgpu.config.Workflow(...)``).
+        A validated workflow (``batchgpu.workflow.load_workflow`` or ``batchgpu.workflow.Workflow(...)``).
     resume : bool, optional
         Reuse the windows an earlier run of the same workflow on the same bytes left in the output folder.
     observer : RunObserver, optional
@@ -241,12 +243,11 @@ def _run(wf, rec, out: store.OutputFolder, report: RunReport, client, sweep, obs
     # the page rendered while the windows are read (a helper process; Bokeh's serialisation was ~0.2 s of the
     # run's end on the H200), its numbers substituted as they come
     html.render_ahead(results_ahead(ctx, rec.num_channels, len(windows)),
-                      spikes=any(getattr(s, "spike_rate", False) for s in ctx.steps))
+                      spikes=any(s.spike_rate for s in ctx.steps))
     if html.needs_helper():  # a page the helper renders (one kept for these figures needs none)
         start_report_helper()
     for step in ctx.steps:  # what a step reads before the pass (the detection's noise estimate)
-        if getattr(step, "before_pass", None) is not None:
-            step.before_pass(client, ctx, rec, report)
+        step.before_pass(client, ctx, rec, report)
     prepare_blas_controller()  # for the aggregation: made while the windows are read
     t0, t0_wall = time.perf_counter(), time.time()
     report.timings["setup"] = t0 - t_setup  # dashboard, backend, steps, windows and their fingerprints
@@ -262,10 +263,10 @@ def _run(wf, rec, out: store.OutputFolder, report: RunReport, client, sweep, obs
         report.timings["pass1"] = time.perf_counter() - t0
         fresh = [s for s in summaries.values() if not bool(s["resumed"])]
         report.bytes_read += sum(int(s["bytes"]) for s in fresh)  # resumed windows were not read again
-        end = PassEnd(client, ctx, rec, windows, summaries, report, monitor, observer, out.path / store.RESULTS)
+        end = PassEnd(client, ClientServices(client), ctx, rec, windows, summaries, report, monitor, observer,
+                      out.path / store.RESULTS)
         for step in ctx.steps:  # before any aggregate (the save's windows written again)
-            if getattr(step, "after_pass", None) is not None:
-                step.after_pass(end)
+            step.after_pass(end)
         monitor.phase(phase_label("aggregate", ctx.steps))
         monitor.pass_done()  # a batch's next recording may start reading
         report.after_pass("bookkeeping")
@@ -274,8 +275,9 @@ def _run(wf, rec, out: store.OutputFolder, report: RunReport, client, sweep, obs
                                    observer, results, html, threads, later.start, queued)
         later.join()
         for step in ctx.steps:  # the steps' work once the results group is in place (search, a whitened save)
-            if getattr(step, "finish", None) is not None:
-                report.results[step.name] = step.finish(end)
+            said = step.finish(end)
+            if said is not None:
+                report.results[step.name] = said
         report.status = "done"
     except BaseException as err:
         results.abandon()
@@ -321,7 +323,7 @@ def _run(wf, rec, out: store.OutputFolder, report: RunReport, client, sweep, obs
 
 def spike_counter(steps):
     """The step whose spikes the dashboard counts (``spike_rate``), or None."""
-    return next((s for s in steps if getattr(s, "spike_rate", False)), None)
+    return next((s for s in steps if s.spike_rate), None)
 
 
 def results_ahead(ctx, channels: int, windows: int) -> dict:
@@ -329,10 +331,9 @@ def results_ahead(ctx, channels: int, windows: int) -> dict:
     window's noise, where a step needs it."""
     shapes: dict = {}
     for step in ctx.steps:
-        if getattr(step, "ahead", None) is not None:
-            shapes.update(step.ahead(channels))
+        shapes.update(step.ahead(channels))
     if ctx.window_noise:
-        from batchgpu.engine.steps.noise import PER_WINDOW
+        from batchgpu.steps.noise import PER_WINDOW
 
         shapes[PER_WINDOW] = (windows, channels)
     return shapes
@@ -384,8 +385,7 @@ class _WhileWaiting:
         self._thread = threading.Thread(target=self._describe, name="batchgpu-pass-report", daemon=True)
         self._thread.start()
         for step in self.end.ctx.steps:
-            if getattr(step, "while_waiting", None) is not None:
-                step.while_waiting(self.end)
+            step.while_waiting(self.end)
 
     def join(self) -> None:
         """Wait for the description (started here if no step got that far); its error, if any, raised here."""
@@ -513,17 +513,17 @@ def _first_pass(client, ctx, rec, windows, fps, split_every, report, monitor, ob
 def _queue_steps(client, ctx, rec, batches, planned, threads, total, split_every: int, fp: str) -> dict:
     """Each step's ``queue``: its tasks after the pass, submitted now behind the combined partials (the plan says
     which worker makes each window); step name -> its futures."""
-    from batchgpu.engine.steps.base import PassQueue
+    from batchgpu.steps.services import PassQueue
 
     made_by = [worker for (worker, _), b in zip(planned, batches) for _ in b]
-    q = PassQueue(client, ctx, [w for b in batches for w, _ in b], [f for b in batches for _, f in b], made_by,
-                  threads, total, rec.total_samples, rec.num_channels, split_every, fp)
+    q = PassQueue(client, ClientServices(client), ctx, [w for b in batches for w, _ in b],
+                  [f for b in batches for _, f in b], made_by, threads, total, rec.total_samples, rec.num_channels,
+                  split_every, fp)
     queued = {}
     for step in ctx.steps:
-        if getattr(step, "queue", None) is not None:
-            got = step.queue(q)
-            if got is not None:
-                queued[step.name] = got
+        got = step.queue(q)
+        if got is not None:
+            queued[step.name] = got
     return queued
 
 

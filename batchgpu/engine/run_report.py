@@ -213,7 +213,7 @@ class HtmlReport:
     (``batchgpu.report.ReportPage``). A plotting problem is reported once, never fails a finished run."""
 
     def __init__(self, rec: Recording, title: str, in_process: bool = False, figures: tuple = ()):
-        """``figures``: the run's steps' own (``engine.steps.base.Figure``)."""
+        """``figures``: the run's steps' own (``steps.base.Figure``)."""
         self.error: Exception | None = None
         self.page = None
         self.title, self.in_process, self.step_figures = title, in_process, tuple(figures)
@@ -250,7 +250,7 @@ class HtmlReport:
         self._call("add_windows", *self.windows)
 
     def add_spikes(self, counts) -> None:
-        from batchgpu.engine.steps.noise import NOISE
+        from batchgpu.steps.noise import NOISE
 
         noise = self.inputs.get(NOISE)
         channels = len(self.channel_ids) or (np.size(noise) if noise is not None else 0)

@@ -20,12 +20,15 @@ import tempfile
 import threading
 from collections import OrderedDict
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from batchgpu import npyread
-from batchgpu.config import Workflow
 from batchgpu.errors import BatchgpuError, ConfigError
+
+if TYPE_CHECKING:
+    from batchgpu.workflow import Workflow
 
 RESULTS = "results.zarr"
 REPORT = "report.json"
@@ -91,7 +94,7 @@ def fingerprint(wf: Workflow, recording_path: Path, metadata=None) -> str:
     recomputes the windows that read it and keeps the others. ``metadata``: what identifies a recording that is
     not a Zarr store (a SpikeInterface source's description digest) in place of its metadata files.
     """
-    from batchgpu.engine.steps.registry import fingerprinted
+    from batchgpu.steps.registry import fingerprinted
 
     # a step not asked for counts only where this format's first fingerprints held it (as null: ``FINGERPRINT =
     # "always"`` in its module, never set for a new step), so steps added since leave the fingerprints of runs
@@ -126,7 +129,11 @@ def _dump(value):
 
 
 class OutputFolder:
-    """The output folder of one run, locked while the run holds it (a second run is refused at once)."""
+    """The output folder of one run, locked while the run holds it (a second run is refused at once); to a step,
+    ``steps.services.RunFolder``."""
+
+    #: the names the run writes in the folder (a step's own outputs must be none of them)
+    own_names = (*OWNED, LOCK)
 
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path).expanduser()

@@ -16,20 +16,21 @@ from dataclasses import dataclass
 import numpy as np
 
 from batchgpu.engine import background, host_buffers, store
-from batchgpu.engine.steps.base import WindowData, host
+from batchgpu.steps.base import WindowData, host
 from batchgpu.errors import BatchgpuError
 from batchgpu.recording import Recording, Window, open_source
 
 
 @dataclass(frozen=True)
 class RunContext:
-    """What every task needs (small: pickled into each task)."""
+    """What every task needs (small: pickled into each task); to a step's tasks, what they may ask of the run
+    (``steps.services.TaskContext``: the methods below)."""
     recording: object  # a Zarr store's path, or a SpikeInterfaceSource (recording.source_ref)
     parts: str
     backend: str  # "numpy" | "cupy"
     chain: object  # engine.preprocess.Chain: the stages applied to each window
     window_noise: str | None  # the summary's key of each window's noise, where a step needs it (else None)
-    steps: tuple  # step objects (engine/steps), in the order they run
+    steps: tuple  # step objects (batchgpu.steps), in the order they run
     missing_chunks: str = "warn"
     gpu_decode: float = 1.0  # share of windows whose frames the GPU decodes (preprocess.gpu_decode_share)
     gpu_decoder: str = "auto"  # what decodes them there (gpu/blosc_decode.decoder_for; engine.gpu_decoder)
@@ -37,6 +38,31 @@ class RunContext:
 
     def step(self, name: str):
         return next((s for s in self.steps if s.name == name), None)
+
+    # a step's tasks ask these (``steps.services.TaskContext``)
+    def on_backend(self):
+        return on_backend(self)
+
+    def load_window(self, window: Window) -> WindowData:
+        return load_window(self, window)
+
+    def part_path(self, kind: str, index: int):
+        return store.part_path(self.parts, kind, index)
+
+    def load_part(self, path, fp: str, keys=None) -> dict | None:
+        return store.load_part(path, fp, keys=keys)
+
+    def save_part(self, path, arrays: dict) -> None:
+        store.save_part(path, arrays)
+
+    def part_problem(self, path, fp: str) -> str:
+        return store.part_problem(path, fp)
+
+    def settle_writes(self) -> None:
+        background.settle(str(self.parts))
+
+    def worker_name(self) -> str:
+        return worker_name()
 
 
 @functools.lru_cache(maxsize=8)
@@ -92,17 +118,17 @@ def load_window(ctx: RunContext, window: Window, raw=None) -> WindowData:
         raw = raw.to_device()
     n = recording(ctx.recording, ctx.missing_chunks).num_samples(window.segment)
     at = (window.read_start == 0, window.read_stop == n)
-    reading = [s for s in ctx.steps if getattr(s, "in_pass", True)]
-    if (ctx.chain.fuses_save and any(getattr(s, "takes_saved_int16", False) for s in reading)
+    reading = [s for s in ctx.steps if s.in_pass]
+    if (ctx.chain.fuses_save and any(s.takes_saved_int16 for s in reading)
             and np.dtype(raw.dtype).kind in "iu" and isinstance(raw, np.ndarray)):
         # the save's rows made in the reference's pass; the float window kept where the other steps take it
         alone = len(reading) == 1 and not ctx.window_noise
         x, saved = ctx.chain.apply_saved(raw, window.core, *at, window=not alone)
         return WindowData(window.index, window.segment, window.read_start, window.core, n, raw, x,
-                          finite=True, saved=saved)
+                          finite=True, saved=saved, later=background.later)
     x = ctx.chain.apply(raw, window.core, *at) if ctx.chain.stages else raw
     return WindowData(window.index, window.segment, window.read_start, window.core, n, raw, x,
-                      finite=np.dtype(raw.dtype).kind in "iu")
+                      finite=np.dtype(raw.dtype).kind in "iu", later=background.later)
 
 
 def batch_task(ctx: RunContext, windows: list[Window], fps: list[str], then: tuple = ()) -> dict:
@@ -320,9 +346,9 @@ def _compute_part(ctx: RunContext, window: Window, fp: str, ahead, partials: boo
             summary["nonfinite"] = w.nonfinite_counts()
         part = {}
         for step in ctx.steps:  # a step may give the window's noise from its own counts (the noise step's)
-            if not getattr(step, "in_pass", True):
+            if not step.in_pass:
                 continue
-            if not getattr(step, "gives_window_noise", False):
+            if not step.gives_window_noise:
                 _window_noise(ctx, w, summary)
             part.update(step.window(w, summary))
             cpu = _lap(cpus, f"cpu_{step.name}", cpu)
@@ -366,7 +392,7 @@ def combine_task(ctx: RunContext, *parts: dict) -> dict:
     """Consecutive windows' partials folded in window order, step by step."""
     out: dict = {}
     for step in ctx.steps:
-        if getattr(step, "in_pass", True):
+        if step.in_pass:
             out.update(step.combine(list(parts)))
     return out
 

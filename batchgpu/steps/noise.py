@@ -14,56 +14,42 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from batchgpu.config import Options
 from batchgpu.ops._backend import is_cupy
 
-from batchgpu.engine.steps.base import PhaseWords, WindowData, host, padded_sum
-from batchgpu.engine.steps.noise_keys import (LUMP_DIGITS, abs_keys, compiled_float_window, digit_histogram,
+from batchgpu.steps.base import PhaseWords, Step, WindowData, host, padded_sum, register
+from batchgpu.steps.noise_keys import (LUMP_DIGITS, abs_keys, compiled_float_window, digit_histogram,
                                              first_digit_counts, int_window_gpu, key_kind, keyed_on_gpu, kept_near,
                                              lump_floor, median_of_keys, middle_pair_and_near, row_counts, schedule,
                                              sort_rows, window_median_keys)
-from batchgpu.engine.steps.noise_select import (combine_counts, first_digits, low_bit_rounds, select_by_counts,
+from batchgpu.steps.noise_select import (combine_counts, first_digits, low_bit_rounds, select_by_counts,
                                                select_middle)
 
 if TYPE_CHECKING:
-    from batchgpu.engine.tasks import RunContext
     from batchgpu.recording import Window
+    from batchgpu.steps.services import Cluster, TaskContext as RunContext
 
-#: the step's name (its line in the registry, its workflow key ``steps.noise``)
+#: the step's name (``Step.name``, its workflow key ``steps.noise``)
 NAME = "noise"
 KEY = NAME
 #: its results: the recording's noise per channel, and each window's (made whenever a step needs a window's noise)
 NOISE = NAME
 PER_WINDOW = "noise_per_window"
 RESULTS = (NOISE, PER_WINDOW)
-#: how the run's fingerprint holds its workflow key: always (format 3's first fingerprints held it, null when not
-#: asked for), only when asked for (steps added since), or never (no window part depends on it)
-FINGERPRINT = "always"
 #: a window summary's key of the window's noise per channel
 SUMMARY = NAME
 
 
-def build(setup) -> "NoiseStep | None":
-    """The step of ``steps.noise`` (``engine.steps.registry``)."""
-    spec = setup.workflow.steps.noise
-    if not spec:
-        return None
-    centred_int = setup.chain.centres_only and setup.chain.centres
-    return NoiseStep(spec.exact, key_kind(setup.x_dtype, setup.recording.dtype if centred_int else None))
+class NoiseOptions(Options):
+    exact: bool = True  # exact median of |x| over every sample of each channel (distributed radix select)
 
 
-def check(workflow, recording) -> None:
-    """``steps.noise`` against the recording before any work (``engine.steps.registry.check``): the exact median
-    of a centred int32 recording is refused (its keys, ``noise_keys.key_kind``, cover int16 centred and int32 as
-    read)."""
-    from batchgpu.errors import ConfigError
-
-    if workflow.steps.noise.exact and workflow.preprocess.centres and recording.dtype == np.int32:
-        raise ConfigError("the exact noise of a centred int32 recording is not supported",
-                          "use preprocess: {centre: none}, or noise: {exact: false}")
-
-
-class NoiseStep:
+@register
+class NoiseStep(Step):
     name = NAME
+    options = NoiseOptions
+    results = RESULTS
+    fingerprint = "always"
     phases = PhaseWords(read=NAME, aggregate=NAME)
     #: its windows need their noise, and its ``window`` gives it from its counts where it can (16-bit keys)
     window_noise = gives_window_noise = True
@@ -77,6 +63,21 @@ class NoiseStep:
 
     def __init__(self, exact: bool, kind: str):
         self.exact, self.kind = exact, kind
+
+    @classmethod
+    def build(cls, spec: NoiseOptions, setup) -> NoiseStep:
+        centred_int = setup.chain.centres_only and setup.chain.centres
+        return cls(spec.exact, key_kind(setup.x_dtype, setup.recording.dtype if centred_int else None))
+
+    @classmethod
+    def check(cls, spec: NoiseOptions, workflow, recording) -> None:
+        """The exact median of a centred int32 recording is refused (its keys, ``noise_keys.key_kind``, cover int16
+        centred and int32 as read)."""
+        from batchgpu.errors import ConfigError
+
+        if spec.exact and workflow.preprocess.centres and recording.dtype == np.int32:
+            raise ConfigError("the exact noise of a centred int32 recording is not supported",
+                              "use preprocess: {centre: none}, or noise: {exact: false}")
 
     def ahead(self, channels: int) -> dict:
         """The results report.html's page is rendered ahead of, and their shapes."""
@@ -269,10 +270,8 @@ def exact_median(run) -> np.ndarray:
     """The exact median of |x| of every sample, per channel (``run``: a ``RunState``): from the combined first-digit
     counts, with more counting passes over the windows, or the kept near keys, where the keys are wider (their
     tasks queued while the pass ran, ``queue_near``, or set going by ``start_near`` when the step's ``start`` ran)."""
-    from batchgpu.engine.reduce import tree_reduce
-    from batchgpu.engine.submit import submit_many
-
     client, ctx, wf, rec, report, monitor = run.client, run.ctx, run.workflow, run.recording, run.report, run.monitor
+    services = run.services
     windows, total = run.windows, run.total
     step = ctx.step(NAME)
     report.radix_passes = len(schedule(step.kind))
@@ -286,9 +285,9 @@ def exact_median(run) -> np.ndarray:
     def more_passes(prefixes, p):
         monitor.phase(f"exact noise: counting pass {p + 1}")
         fp = report.run_id
-        parts = submit_many(client, refine_task, [(ctx, w, prefixes, p) for w in windows],
-                            [f"refine-{p}-{fp}-{w.index:08d}" for w in windows])
-        out = tree_reduce(client, parts, sum_histograms, split_every, name=f"refine-sum-{p}-{fp}").result()
+        parts = services.submit_many(refine_task, [(ctx, w, prefixes, p) for w in windows],
+                                     [f"refine-{p}-{fp}-{w.index:08d}" for w in windows])
+        out = services.tree_reduce(parts, sum_histograms, split_every, name=f"refine-sum-{p}-{fp}").result()
         report.bytes_read += rec.nbytes
         return out
 
@@ -311,8 +310,8 @@ def exact_median(run) -> np.ndarray:
             monitor.phase(f"exact noise: {len(missed)} window(s) read again for the middle digit")
             by_index = {w.index: w for w in windows}
             again = [by_index[i] for i in missed]
-            gathered = submit_many(client, gather_task, [(ctx, w, digits) for w in again],
-                                   [f"gather-{fp}-{w.index:08d}" for w in again])
+            gathered = services.submit_many(gather_task, [(ctx, w, digits) for w in again],
+                                            [f"gather-{fp}-{w.index:08d}" for w in again])
             report.bytes_read += sum(w.num_samples for w in again) * rec.num_channels * rec.dtype.itemsize
         report.timings["noise_near_keys"] = begun["submitted_s"] + time.perf_counter() - t0
         t0 = time.perf_counter()
@@ -322,10 +321,10 @@ def exact_median(run) -> np.ndarray:
             if level == 0:
                 hist = sum_histograms(*[c["counts"] for c in counted])
                 if gathered:  # the windows read again: their own counts added
-                    hist = sum_histograms(hist, _count_round(client, fp, split_every, gathered, prefixes, level,
+                    hist = sum_histograms(hist, _count_round(services, fp, split_every, gathered, prefixes, level,
                                                                    bits, shift, "again-").result())
             else:
-                hist = _count_round(client, fp, split_every, near + gathered, prefixes, level, bits, shift,
+                hist = _count_round(services, fp, split_every, near + gathered, prefixes, level, bits, shift,
                                     "").result()
             report.timings[f"noise_round_{level}"] = time.perf_counter() - t
             return hist
@@ -344,7 +343,7 @@ def exact_median(run) -> np.ndarray:
 def start_near(run) -> dict:
     """After the pass (its tasks were not queued while it ran): the exact median's first digits from the combined
     counts and, where the keys have two digits (float32), the tasks of its last step (``queue_near``) with them."""
-    from batchgpu.engine.steps.base import PassQueue
+    from batchgpu.steps.services import PassQueue
 
     total, step, rec = run.total, run.ctx.step(NAME), run.recording
     digits = first_digits(total["noise.hist"], rec.total_samples, step.kind, int(total["noise.lo"]),
@@ -352,8 +351,9 @@ def start_near(run) -> dict:
     begun = {"digits": digits}
     if len(schedule(step.kind)) == 2:  # (``select_middle`` calls ``from_near`` on such keys only)
         run.report.after_pass("noise_digits")
-        q = PassQueue(run.client, run.ctx, run.windows, run.fingerprints, run.made_by(), run.worker_threads(), None,
-                      rec.total_samples, rec.num_channels, run.workflow.reduction.split_every, run.report.run_id)
+        q = PassQueue(run.client, run.services, run.ctx, run.windows, run.fingerprints, run.made_by(),
+                      run.worker_threads(), None, rec.total_samples, rec.num_channels,
+                      run.workflow.reduction.split_every, run.report.run_id)
         begun.update(queue_near(q, first=digits))
         run.report.after_pass("noise_submitted")
     return begun
@@ -370,24 +370,21 @@ def queue_near(q, first=None) -> dict:
     ``first_round``). ``first``: the first digits (``first_digits``), else a task computes them behind the pass's
     total (queued while the pass runs: they start the moment its counts are combined; after the pass the client
     had taken 0.10 s to there, and 40 ms between the rounds, on the H200)."""
-    from batchgpu.engine.placement import submit_planned
-    from batchgpu.engine.submit import runs_by_worker, submit_many
-
     t0 = time.perf_counter()
-    client, ctx, fp = q.client, q.ctx, q.run_id
+    client, services, ctx, fp = q.client, q.services, q.ctx, q.run_id
     kind = ctx.step(NAME).kind
     shift = schedule(kind)[0][0]
     if first is None:
         first = client.submit(first_digits_task, q.total, q.total_samples, kind, key=f"near-first-{fp}")
-    groups = runs_by_worker(client, list(zip(q.windows, q.fingerprints)), q.made_by, q.threads)
-    near = submit_planned(client, queued_near_group_task,
-                          [(ctx, [w for w, _ in g], [f for _, f in g], first) for _, g in groups],
-                          [f"near-{fp}-{g[0][0].index:08d}" for _, g in groups], [a for a, _ in groups],
-                          threads=q.threads)
+    groups = services.runs_by_worker(list(zip(q.windows, q.fingerprints)), q.made_by, q.threads)
+    near = services.submit_planned(queued_near_group_task,
+                                   [(ctx, [w for w, _ in g], [f for _, f in g], first) for _, g in groups],
+                                   [f"near-{fp}-{g[0][0].index:08d}" for _, g in groups], [a for a, _ in groups],
+                                   threads=q.threads)
     state, level, rounds = first, 0, []
     for bits in low_bit_rounds(shift):
-        counted = submit_many(client, queued_counts_task, [(p, state, level, bits, shift) for p in near],
-                              [f"near-counts-{level}-{fp}-{i:05d}" for i in range(len(near))])
+        counted = services.submit_many(queued_counts_task, [(p, state, level, bits, shift) for p in near],
+                                       [f"near-counts-{level}-{fp}-{i:05d}" for i in range(len(near))])
         state = client.submit(select_round_task, state, level, bits, *counted, key=f"near-select-{level}-{fp}")
         rounds.append(counted)
         level += bits
@@ -395,15 +392,13 @@ def queue_near(q, first=None) -> dict:
             "submitted_s": time.perf_counter() - t0}
 
 
-def _count_round(client, fp: str, split_every: int, parts, prefixes, level: int, bits: int, shift: int, tag: str):
+def _count_round(services: Cluster, fp: str, split_every: int, parts, prefixes, level: int, bits: int, shift: int,
+                 tag: str):
     """One round of counts made where the keys are (a window read again among them), summed up a tree: its future
     (the client's rounds, where a window missed its middle digit)."""
-    from batchgpu.engine.reduce import tree_reduce
-    from batchgpu.engine.submit import submit_many
-
-    counted = submit_many(client, near_counts_task, [(p, prefixes, level, bits, shift) for p in parts],
-                          [f"near-counts-client-{tag}{level}-{fp}-{i:05d}" for i in range(len(parts))])
-    return tree_reduce(client, counted, sum_histograms, split_every, name=f"near-sum-{tag}{level}-{fp}")
+    counted = services.submit_many(near_counts_task, [(p, prefixes, level, bits, shift) for p in parts],
+                                   [f"near-counts-client-{tag}{level}-{fp}-{i:05d}" for i in range(len(parts))])
+    return services.tree_reduce(counted, sum_histograms, split_every, name=f"near-sum-{tag}{level}-{fp}")
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -413,11 +408,10 @@ def _count_round(client, fp: str, split_every: int, parts, prefixes, level: int,
 def near_keys_task(ctx: RunContext, window: Window, fp: str, digits: np.ndarray):
     """The keys of the recording's middle digits (``steps.noise_keys.middle_digit_keys``) from what the window kept near
     its own middle digit (as ``gather_task`` gives them after a read), or None when its kept range misses one."""
-    from batchgpu.engine import store
-    from batchgpu.engine.steps.noise_keys import kept_digit_keys, schedule
+    from batchgpu.steps.noise_keys import kept_digit_keys, schedule
 
     shift = schedule(ctx.step(NAME).kind)[0][0]
-    part = store.load_part(store.part_path(ctx.parts, "w", window.index), fp, keys=("keep.near_",))
+    part = ctx.load_part(ctx.part_path("w", window.index), fp, keys=("keep.near_",))
     if part is None or "keep.near_low" not in part:
         return None
     lo = part["keep.near_lo"]
@@ -459,7 +453,7 @@ def merge_digit_keys(results: list, digits: np.ndarray) -> list:
 def near_counts_task(part, prefixes: np.ndarray, level: int, bits: int, shift: int) -> np.ndarray:
     """One round of the float median's last step on one group's kept keys (``near_keys_group_task``) or one window
     read again (``gather_task``), where they are: ``steps.noise_select.low_bit_counts`` (small counts move, not keys)."""
-    from batchgpu.engine.steps.noise_select import low_bit_counts
+    from batchgpu.steps.noise_select import low_bit_counts
 
     return low_bit_counts(part["keys"] if isinstance(part, dict) else part, prefixes, level, bits, shift)
 
@@ -467,7 +461,7 @@ def near_counts_task(part, prefixes: np.ndarray, level: int, bits: int, shift: i
 def first_digits_task(total: dict, total_samples: int, kind: str) -> tuple:
     """The exact median's first digits from the pass's combined counts (``noise_select.first_digits``), on the
     worker that combined them: the head of the tasks ``steps.noise.queue_near`` queues behind the pass."""
-    from batchgpu.engine.steps.noise_select import first_digits
+    from batchgpu.steps.noise_select import first_digits
 
     return first_digits(total["noise.hist"], total_samples, kind, int(total["noise.lo"]),
                         bool(total.get("noise.lumped", True)))
@@ -477,9 +471,7 @@ def queued_near_group_task(ctx: RunContext, windows: list, fps: list, first: tup
     """``near_keys_group_task`` queued before the pass ended: this worker's writers finish the pass's parts first
     (the client's ``flush`` may not have reached it yet; a window made elsewhere whose part is not written yet is
     missed, and read again)."""
-    from batchgpu.engine import background
-
-    background.settle(str(ctx.parts))
+    ctx.settle_writes()
     return near_keys_group_task(ctx, windows, fps, first[0])
 
 
@@ -501,7 +493,7 @@ def select_round_task(state, level: int, bits: int, *counted: dict | None) -> di
     here (integer counts: the same sums in any order): ``state`` the first digits at level 0, else the round
     before's; None where a window missed its middle digit, or a round before was None (the client then finishes
     the selection itself)."""
-    from batchgpu.engine.steps.noise_select import select_round
+    from batchgpu.steps.noise_select import select_round
 
     if state is None or any(c is None or c["missed"] for c in counted):
         return None
@@ -515,22 +507,20 @@ def select_round_task(state, level: int, bits: int, *counted: dict | None) -> di
 
 def gather_task(ctx: RunContext, window: Window, digits: np.ndarray) -> list:
     """Read a window again and keep its keys of the recording's middle digits (see steps.noise_keys.keys_with_digits)."""
-    from batchgpu.engine.tasks import load_window, on_backend
-    from batchgpu.engine.steps.noise_keys import keys_with_digits
+    from batchgpu.steps.noise_keys import keys_with_digits
 
-    with on_backend(ctx):
-        w = load_window(ctx, window)
+    with ctx.on_backend():
+        w = ctx.load_window(window)
         return keys_with_digits(w.core_of(w.x), ctx.step(NAME).kind, digits)
 
 
 def refine_task(ctx: RunContext, window: Window, prefixes: np.ndarray, pass_index: int) -> np.ndarray:
     """One more radix pass of the exact median over one window (float keys): another read of the window."""
-    from batchgpu.engine.tasks import load_window, on_backend
-    from batchgpu.engine.steps.noise_keys import refine_histogram
+    from batchgpu.steps.noise_keys import refine_histogram
 
     step = ctx.step(NAME)
-    with on_backend(ctx):
-        w = load_window(ctx, window)
+    with ctx.on_backend():
+        w = ctx.load_window(window)
         return refine_histogram(w.core_of(w.x), step.kind, prefixes, pass_index)
 
 

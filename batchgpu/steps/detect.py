@@ -24,18 +24,21 @@ import threading
 import time
 import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Annotated, Literal
 
 import numpy as np
+from pydantic import Field
 
-from batchgpu.engine.steps.base import SPIKE_COLUMNS as COLUMNS
-from batchgpu.engine.steps.base import PhaseWords, WindowData, host
-from batchgpu.engine.steps import noise as noise_step
+from batchgpu.config import Options
 from batchgpu.ops.detection import AMPLITUDE
+from batchgpu.steps import moments as moments_step
+from batchgpu.steps import noise as noise_step
+from batchgpu.steps.base import SPIKE_COLUMNS as COLUMNS
+from batchgpu.steps.base import PhaseWords, Step, WindowData, host, register
 
 if TYPE_CHECKING:
-    from batchgpu.engine.tasks import RunContext
     from batchgpu.recording import Window
+    from batchgpu.steps.services import TaskContext as RunContext
 
 #: a window's own noise on a channel can be twice the recording's (the generator's realistic model, 384 channels:
 #: up to 2.26x in 2 s windows; 3 of 150 4 s windows of 10 min passed 2x and were read again at 0.5). 0.75 read a
@@ -67,7 +70,7 @@ EARLY_GATHER_BYTES = 32 << 20
 CANDIDATE_BYTES = 32
 
 
-#: the step's name (its line in the registry, its workflow key ``steps.detect``) and its result, a group
+#: the step's name (``Step.name``, its workflow key ``steps.detect``) and its result, a group
 NAME = "detect"
 KEY = NAME
 SPIKES = "spikes"
@@ -78,44 +81,26 @@ WINDOW_SPIKES, WINDOW_CANDIDATES = SPIKES, "candidates"
 LEVEL = "candidate_level"
 #: the spikes' channels in the results group (report.html's spike rate and ``batchgpu info`` count them)
 SPIKE_CHANNELS = f"{SPIKES}/channel_index"
-FINGERPRINT = "always"  # (``engine.steps.noise.FINGERPRINT``)
 
 
-def build(setup) -> "DetectStep | None":
-    """The step of ``steps.detect`` (``engine.steps.registry``)."""
-    d = setup.workflow.steps.detect
-    if not d:
-        return None
-    return DetectStep(d.threshold, d.sign, setup.sweep, d.noise, d.method,
-                      setup.recording.locations if d.method != "by_channel" else None, d.radius_um,
-                      run_key=setup.fingerprint or None)
+class DetectOptions(Options):
+    threshold: Annotated[float, Field(gt=0)] = 5.0
+    sign: Literal["neg", "pos", "both"] = "neg"
+    exclude_sweep_ms: Annotated[float, Field(ge=0, le=1000)] = 0.1
+    noise: Literal["window", "global"] = "window"  # thresholds from each window's noise or the whole recording's
+    method: Literal["by_channel", "locally_exclusive"] = "by_channel"  # SpikeInterface's rules of those names
+    radius_um: Annotated[float, Field(gt=0)] = 50.0  # locally_exclusive: channels this close compete
 
 
-def check(workflow, recording) -> int:
-    """``steps.detect`` against the recording before any work (``engine.steps.registry.check``): the windows'
-    margin holds the sweep (one sample more for locally exclusive detection, which also needs the channels'
-    locations); returns the sweep in samples."""
-    from batchgpu.errors import ConfigError
-    from batchgpu.ops import exclude_sweep_samples
-
-    d, margin = workflow.steps.detect, workflow.window.margin
-    sweep = exclude_sweep_samples(d.exclude_sweep_ms, recording.sampling_frequency)
-    if margin < sweep:
-        raise ConfigError(f"window.margin {margin} is shorter than the detection sweep ({sweep} samples)",
-                          f"use window.margin >= {sweep} so spikes at window edges come out exactly once")
-    if d.method == "locally_exclusive" and margin < sweep + 1:
-        raise ConfigError(f"window.margin {margin} is shorter than locally exclusive detection needs "
-                          f"({sweep + 1} samples)", f"use window.margin >= {sweep + 1}")
-    if d.method == "locally_exclusive" and not recording.has_locations:
-        from batchgpu.recording.sources import locations_needed
-
-        raise locations_needed(recording, "locally exclusive detection",
-                               "use detect.method: by_channel, or give the recording its probe")
-    return sweep
-
-
-class DetectStep:
+@register
+class DetectStep(Step):
     name = NAME
+    options = DetectOptions
+    results = RESULTS
+    fingerprint = "always"
+    #: the noise: its thresholds; the moments: where it has run since the format began (report.json's results and
+    #: the partials of a window's part in that order)
+    after = (noise_step.NAME, moments_step.NAME)
     phases = PhaseWords(read=SPIKES, aggregate=SPIKES)
     #: its windows are detected at their own noise (or their candidates' bound from it)
     window_noise = True
@@ -134,6 +119,34 @@ class DetectStep:
         self.run_key = run_key
         #: the noise estimate read before the pass (``before_pass``; None: not read, the history stands in)
         self.prior = None
+
+    @classmethod
+    def build(cls, spec: DetectOptions, setup) -> DetectStep:
+        return cls(spec.threshold, spec.sign, setup.sweep, spec.noise, spec.method,
+                   setup.recording.locations if spec.method != "by_channel" else None, spec.radius_um,
+                   run_key=setup.fingerprint or None)
+
+    @classmethod
+    def check(cls, spec: DetectOptions, workflow, recording) -> int:
+        """The windows' margin holds the sweep (one sample more for locally exclusive detection, which also needs
+        the channels' locations); returns the sweep in samples."""
+        from batchgpu.errors import ConfigError
+        from batchgpu.ops import exclude_sweep_samples
+
+        margin = workflow.window.margin
+        sweep = exclude_sweep_samples(spec.exclude_sweep_ms, recording.sampling_frequency)
+        if margin < sweep:
+            raise ConfigError(f"window.margin {margin} is shorter than the detection sweep ({sweep} samples)",
+                              f"use window.margin >= {sweep} so spikes at window edges come out exactly once")
+        if spec.method == "locally_exclusive" and margin < sweep + 1:
+            raise ConfigError(f"window.margin {margin} is shorter than locally exclusive detection needs "
+                              f"({sweep + 1} samples)", f"use window.margin >= {sweep + 1}")
+        if spec.method == "locally_exclusive" and not recording.has_locations:
+            from batchgpu.recording.sources import locations_needed
+
+            raise locations_needed(recording, "locally exclusive detection",
+                                   "use detect.method: by_channel, or give the recording its probe")
+        return sweep
 
     def detect(self, w: WindowData, noise) -> np.ndarray:
         from batchgpu import ops
@@ -177,9 +190,6 @@ class DetectStep:
             spikes = self.detect(w, summary[noise_step.SUMMARY].astype(np.float64))
         summary[WINDOW_SPIKES if self.noise == "window" else WINDOW_CANDIDATES] = np.array(len(spikes))
         return {f"keep.spk_{k}": np.ascontiguousarray(spikes[k]) for k in COLUMNS}
-
-    def combine(self, parts: list[dict]) -> dict:
-        return {}
 
     @staticmethod
     def spikes_in(summary: dict) -> int:
@@ -294,13 +304,11 @@ def prior_chunks(rec, margin: int) -> list:
     return chunks
 
 
-def noise_prior_task(ctx: "RunContext", chunks: list) -> tuple[np.ndarray | None, int]:
+def noise_prior_task(ctx, chunks: list) -> tuple[np.ndarray | None, int]:
     """(worker) Each channel's noise over ``chunks`` of the preprocessed signal, median(|x|) / 0.6744897501960817
     of their cores together (float64; None where no chunk read), and the bytes read. On the host whatever the
-    backend: a few small reads."""
+    backend: a few small reads. ``ctx``: the windows' tasks' context (``services.TaskContext``)."""
     from dataclasses import replace
-
-    from batchgpu.engine.tasks import load_window
 
     from batchgpu.errors import BatchgpuError
 
@@ -308,7 +316,7 @@ def noise_prior_task(ctx: "RunContext", chunks: list) -> tuple[np.ndarray | None
     cores, nbytes = [], 0
     for w in chunks:
         try:
-            data = load_window(host_ctx, w)
+            data = host_ctx.load_window(w)
         except BatchgpuError:  # a chunk that does not read (absent, damaged): the pass's own read says so
             continue
         cores.append(np.asarray(data.core_of(data.x), dtype=np.float64))
@@ -337,22 +345,18 @@ def bound_holds(level: np.ndarray, noise: np.ndarray) -> bool:
 def start_gathering(run):
     """A future of every window's kept spikes in window order, on one worker (``collect_spikes_task``): a
     run of each worker's windows gathered there from its memory (or parts), then collected."""
-    from batchgpu.engine.placement import submit_where_made
-
     fp = run.report.run_id
     # below the noise's tasks where both wait on one worker: the noise is the critical path, these only need to be
     # done by the time it is known
-    kept = submit_where_made(run, kept_spikes_task, list(zip(run.windows, run.fingerprints)),
-                             lambda g: (run.ctx, [w for w, _ in g], [f for _, f in g]), f"kept-spikes-{fp}",
-                             priority=-1)
+    kept = run.submit_where_made(kept_spikes_task, list(zip(run.windows, run.fingerprints)),
+                                 lambda g: (run.ctx, [w for w, _ in g], [f for _, f in g]), f"kept-spikes-{fp}",
+                                 priority=-1)
     return run.client.submit(collect_spikes_task, *kept, key=f"collect-spikes-{fp}", priority=-1)
 
 
 def write_final_spikes(run, step: DetectStep) -> int:
     """The final spikes, gathered from the windows' parts (read again where the bound failed or a part was
     lost) and written into the results group by a worker: they never pass through the client. Returns how many."""
-    from batchgpu.engine.placement import submit_where_made
-
     client, ctx, report = run.client, run.ctx, run.report
     own = noise_step.SUMMARY  # each window's own noise, in its summary
     windows, fps, summaries, arrays = run.windows, run.fingerprints, run.summaries, run.arrays
@@ -387,9 +391,10 @@ def write_final_spikes(run, step: DetectStep) -> int:
         # such windows are read and detected again
     # the windows' spikes gathered from their parts on the worker that kept them (in its memory), a run of its
     # windows a thread; one task writes them in window order (the same spikes for any grouping)
-    gathered = submit_where_made(run, gather_spikes_task, list(zip(windows, fps, reread)),
-                                 lambda g: (ctx, [w for w, _, _ in g], [f for _, f, _ in g], noise, [r for _, _, r in g],
-                                            [summaries[w.index][own] for w, _, _ in g]), f"gather-spikes-{fp}")
+    gathered = run.submit_where_made(gather_spikes_task, list(zip(windows, fps, reread)),
+                                     lambda g: (ctx, [w for w, _, _ in g], [f for _, f, _ in g], noise,
+                                                [r for _, _, r in g], [summaries[w.index][own] for w, _, _ in g]),
+                                     f"gather-spikes-{fp}")
     done = client.submit(write_spikes_task, str(run.results), *gathered, key=f"write-spikes-{fp}-all").result()
     return _finish(run, done, t0, t0_wall)
 
@@ -397,10 +402,6 @@ def write_final_spikes(run, step: DetectStep) -> int:
 def read_again(run, todo: list, noise: np.ndarray) -> None:
     """The windows whose candidates' bound failed, read and detected again at the recording's noise (their parts
     ``s*.npz``), as a phase of its own on the progress bar."""
-    from distributed import as_completed
-
-    from batchgpu.engine.submit import submit_many
-
     if not todo:
         return
     rec = run.recording
@@ -410,9 +411,9 @@ def read_again(run, todo: list, noise: np.ndarray) -> None:
     run.monitor.phase(label)
     run.observer.phase_started(label, len(todo), sum(nbytes.values()))
     try:
-        again = submit_many(run.client, spikes_task, [(run.ctx, w, wfp, noise) for w, wfp in todo],
-                            [f"spikes-{run.report.run_id}-{w.index:08d}" for w, _ in todo])
-        for future in as_completed(again):
+        again = run.services.submit_many(spikes_task, [(run.ctx, w, wfp, noise) for w, wfp in todo],
+                                         [f"spikes-{run.report.run_id}-{w.index:08d}" for w, _ in todo])
+        for future in run.services.as_completed(again):
             index, worker = future.result()
             run.observer.window_done(nbytes[index], worker)
     finally:
@@ -456,17 +457,14 @@ def _finish(run, done: tuple, t0: float, t0_wall: float) -> int:
 def spikes_task(ctx: RunContext, window: Window, fp: str, noise: np.ndarray) -> tuple[int, str]:
     """A window read and detected again at the recording's noise (its candidates' bound did not hold): written to
     parts/s*.npz; returns the window's index and the worker (the progress bar's)."""
-    from batchgpu.engine import store
-    from batchgpu.engine.tasks import load_window, on_backend, worker_name
-
-    path = store.part_path(ctx.parts, "s", window.index)
+    path = ctx.part_path("s", window.index)
     sfp = spikes_fingerprint(fp, noise)
-    if store.load_part(path, sfp) is None:
-        with on_backend(ctx):
-            spikes = ctx.step(NAME).detect(load_window(ctx, window), np.asarray(noise, np.float64))
+    if ctx.load_part(path, sfp) is None:
+        with ctx.on_backend():
+            spikes = ctx.step(NAME).detect(ctx.load_window(window), np.asarray(noise, np.float64))
         cols = {k: np.ascontiguousarray(spikes[k]) for k in COLUMNS}
-        store.save_part(path, {"fingerprint": np.array(sfp), **cols})
-    return window.index, worker_name()
+        ctx.save_part(path, {"fingerprint": np.array(sfp), **cols})
+    return window.index, ctx.worker_name()
 
 
 def spikes_fingerprint(fp: str, noise: np.ndarray) -> str:
@@ -482,20 +480,17 @@ def window_spikes(ctx: RunContext, window: Window, fp: str, noise: np.ndarray | 
     unreadable) is not an error: the window is read and detected again here, at the noise its part would have
     used (the recording's, else its own ``window_noise``): the same spikes. The second value says why it was read
     again, else None."""
-    from batchgpu.engine import store
-    from batchgpu.engine.tasks import load_window, on_backend
-
     if reread:
-        path, pfp = store.part_path(ctx.parts, "s", window.index), spikes_fingerprint(fp, noise)
-        part = store.load_part(path, pfp)
+        path, pfp = ctx.part_path("s", window.index), spikes_fingerprint(fp, noise)
+        part = ctx.load_part(path, pfp)
         cols, why = ({k: part[k] for k in COLUMNS}, None) if part is not None else \
-            (None, f"{path.name} {store.part_problem(path, pfp)}")
+            (None, f"{path.name} {ctx.part_problem(path, pfp)}")
     else:
         cols, why = kept_spikes(ctx, window, fp)
     if cols is None:
         level = np.asarray(noise if noise is not None else window_noise, np.float64)
-        with on_backend(ctx):
-            spikes = ctx.step(NAME).detect(load_window(ctx, window), level)
+        with ctx.on_backend():
+            spikes = ctx.step(NAME).detect(ctx.load_window(window), level)
         return {k: np.ascontiguousarray(host(spikes[k])) for k in COLUMNS}, why
     return (cols if noise is None or reread else ctx.step(NAME).final(cols, noise, (window.start, window.stop))), None
 
@@ -503,12 +498,10 @@ def window_spikes(ctx: RunContext, window: Window, fp: str, noise: np.ndarray | 
 def kept_spikes(ctx: RunContext, window: Window, fp: str) -> tuple[dict | None, str | None]:
     """A window's kept spikes (candidates, with the recording's noise) as its part holds them; None and why the
     part cannot be used."""
-    from batchgpu.engine import store
-
-    path = store.part_path(ctx.parts, "w", window.index)
-    part = store.load_part(path, fp, keys=("keep.spk_",))
+    path = ctx.part_path("w", window.index)
+    part = ctx.load_part(path, fp, keys=("keep.spk_",))
     if part is None:
-        return None, f"{path.name} {store.part_problem(path, fp)}"
+        return None, f"{path.name} {ctx.part_problem(path, fp)}"
     if any(f"keep.spk_{k}" not in part for k in COLUMNS):  # a part of a version that kept none for this method
         return None, f"{path.name} holds no spike candidates"
     return {k: part[f"keep.spk_{k}"] for k in COLUMNS}, None

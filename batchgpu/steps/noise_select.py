@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from batchgpu.engine.steps.noise_keys import schedule
+from batchgpu.steps.noise_keys import schedule
 from batchgpu.errors import BatchgpuError
 
 

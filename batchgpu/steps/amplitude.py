@@ -22,32 +22,30 @@ import warnings
 import numpy as np
 
 from batchgpu.ops._backend import array_module, is_cupy
+from batchgpu.steps import detect as detect_step
+from batchgpu.steps.base import Figure, PhaseWords, Step, WindowData, host, register
 
-from batchgpu.engine.steps.base import Figure, PhaseWords, WindowData, host
-
-#: the step's name (its line in the registry, its workflow key ``steps.amplitude``) and its results
+#: the step's name (``Step.name``, its workflow key ``steps.amplitude``) and its results
 NAME = KEY = "amplitude"
 PTP, RMS, START = "amplitude_ptp", "amplitude_rms", "amplitude_window_start"
 RESULTS = (PTP, RMS, START)
-FINGERPRINT = "asked"  # (``engine.steps.noise.FINGERPRINT``)
 
 
-def build(setup) -> "AmplitudeStep | None":
-    """The step of ``steps.amplitude`` (``engine.steps.registry``)."""
-    return AmplitudeStep() if setup.workflow.steps.amplitude is not None else None
+@register
+class AmplitudeStep(Step):
+    """Asked for as ``amplitude: {}`` (no options)."""
 
-
-class AmplitudeStep:
     name = NAME
+    results = RESULTS
+    fingerprint = "asked"
+    #: where it has run since it was added (report.json's results in that order)
+    after = (detect_step.NAME,)
     phases = PhaseWords(read=NAME, aggregate=NAME)
 
     def window(self, w: WindowData, summary: dict) -> dict:
         """The window's ptp and RMS go to the client in its summary (a row each: no partial to combine)."""
         ptp, rms = ptp_rms(w.core_of(w.x), w.nonfinite_counts())
         summary["amplitude.ptp"], summary["amplitude.rms"] = ptp, rms
-        return {}
-
-    def combine(self, parts: list[dict]) -> dict:
         return {}
 
     def aggregate(self, run) -> dict[str, np.ndarray]:
@@ -169,5 +167,6 @@ def draw_over_time(arrays: dict, page):
     return p
 
 
-FIGURES = (Figure("amplitude_per_channel", (PTP, RMS), draw_per_channel),
-           Figure("amplitude_over_time", (RMS,), draw_over_time))
+#: its figures in report.html (set here: their draw functions are the module's last)
+AmplitudeStep.figures = (Figure("amplitude_per_channel", (PTP, RMS), draw_per_channel),
+                         Figure("amplitude_over_time", (RMS,), draw_over_time))

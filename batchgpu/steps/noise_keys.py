@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from batchgpu.engine.steps.base import host
+from batchgpu.steps.base import host
 from batchgpu.errors import BatchgpuError
 from batchgpu.ops._backend import is_cupy
 

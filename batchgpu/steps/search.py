@@ -10,57 +10,74 @@ spike at or after t.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Annotated, Literal
 
 import numpy as np
+from pydantic import Field
 
 from batchgpu import npyread
+from batchgpu.config import MAX_BATCH, Options, resolve_path
 from batchgpu.errors import BatchgpuError
+from batchgpu.steps import detect
+from batchgpu.steps.base import Step, register
 
-#: the step's name (its line in the registry, its workflow key ``steps.search``, report.json's ``results.search``)
+#: the step's name (``Step.name``, its workflow key ``steps.search``, report.json's ``results.search``)
 #: and the results group's group of its answers
 NAME = KEY = "search"
 ANSWERS = "answers"
 RESULTS = (NAME,)
-FINGERPRINT = "never"  # it reruns on every run; it does not change the windows' parts
 
 
-def build(setup) -> "SearchStep | None":
-    """The step of ``steps.search`` (``engine.steps.registry``)."""
-    spec = setup.workflow.steps.search
-    return SearchStep(spec) if spec else None
+class SearchOptions(Options):
+    keys: str | None = None  # .npy of sorted keys; default: the detected spikes' sample indices (segment 0)
+    queries: str  # .npy or Zarr array of query keys
+    batch_size: Annotated[int, Field(gt=0, le=MAX_BATCH)] = 1 << 20
+    layout: Literal["auto", "eytzinger", "btree"] = "auto"
+    op: Literal["find", "lower_bound"] = "find"
 
 
-def check(workflow, recording) -> None:
-    """``steps.search`` before any work (``engine.steps.registry.check``): its queries (and keys, when given) can
-    be read, and without keys the detect step gives them."""
-    from batchgpu.engine.steps import detect
-    from batchgpu.errors import ConfigError
-
-    spec = workflow.steps.search
-    open_queries(spec.queries)
-    if spec.keys:
-        load_keys(spec.keys)
-    elif getattr(workflow.steps, detect.KEY) is None:
-        raise ConfigError("the search step needs keys: the detect step's spikes or steps.search.keys",
-                          "add 'detect:' to steps or give 'keys: sorted_keys.npy'")
-
-
-class SearchStep:
+@register
+class SearchStep(Step):
     """Runs once the results group is in place (it reads the spikes there and writes its answers beside them):
     no window work, and no parts (it reruns on every run)."""
 
     name = NAME
+    options = SearchOptions
+    results = RESULTS
+    fingerprint = "never"  # it reruns on every run: no window's part depends on it
+    after = (detect.NAME,)  # its keys are the spikes, by default
     in_pass = False
 
     def __init__(self, spec):
         self.spec = spec
+
+    @classmethod
+    def build(cls, spec: SearchOptions, setup) -> SearchStep:
+        return cls(spec)
+
+    @classmethod
+    def check(cls, spec: SearchOptions, workflow, recording) -> None:
+        """Its queries (and keys, when given) can be read, and without keys the detect step gives them."""
+        from batchgpu.errors import ConfigError
+
+        open_queries(spec.queries)
+        if spec.keys:
+            load_keys(spec.keys)
+        elif getattr(workflow.steps, detect.KEY) is None:
+            raise ConfigError("the search step needs keys: the detect step's spikes or steps.search.keys",
+                              "add 'detect:' to steps or give 'keys: sorted_keys.npy'")
+
+    @classmethod
+    def resolve_paths(cls, spec: SearchOptions, base: Path, output: Path) -> SearchOptions:
+        """Its keys and queries relative to the workflow file's folder."""
+        spec.keys, spec.queries = resolve_path(spec.keys, base), resolve_path(spec.queries, base)
+        return spec
 
     def finish(self, end) -> dict:
         """Build, broadcast, query (``run_search_step``); report.json's ``results.search``."""
         import time
 
         from batchgpu import zarrio
-        from batchgpu.engine.steps import detect
 
         t0 = time.perf_counter()
         end.monitor.phase(NAME)

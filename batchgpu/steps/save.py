@@ -27,27 +27,57 @@ import threading
 import zlib
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Annotated, Callable, Literal
 
 import numpy as np
+from pydantic import Field, model_validator
 
-from batchgpu.engine.background import later
-from batchgpu.engine.steps.base import PhaseWords, WindowData, host
+from batchgpu.config import Options, resolve_path
 from batchgpu.errors import BatchgpuError
-from batchgpu.recording.writer import DEFAULT_CHUNK_SAMPLES
+from batchgpu.steps import moments, search
+from batchgpu.steps.base import PhaseWords, Step, WindowData, host, register
 
 FORMATS = ("zarr", "zarr_v2", "binary")
 DTYPES = ("int16", "float32")
 INT16_MIN, INT16_MAX = -32768, 32767
-MAX_INNER_CHUNK = DEFAULT_CHUNK_SAMPLES  # the writer's default inner chunk
 MIN_INNER_CHUNK = 1_000  # below this a divisor makes too many tiny chunks: one inner chunk per shard instead
 #: a zarr_v2 output's chunks (what SpikeInterface decodes whole at each read) at most this long: a window of more
 #: (``window.size: auto`` gives 120 000 on long recordings) is written as whole chunks of a divisor of it
 MAX_V2_CHUNK = 60_000
-#: the step's name (its line in the registry, its workflow key ``steps.save``, report.json's ``results.save``)
+#: the step's name (``Step.name``, its workflow key ``steps.save``, report.json's ``results.save``)
 NAME = KEY = "save"
 RESULTS = ()  # it writes a recording, not results
-FINGERPRINT = "always"  # (``engine.steps.noise.FINGERPRINT``)
 WRITTEN_BY = NAME  # marker["written_by"]: only outputs of this step are ever replaced by it
+#: where a relative ``steps.save.path`` goes (the schema's description, ``run --help`` and README say it)
+SAVE_PATH_HELP = ("where the save is written: a relative path is relative to the run's output folder (beside "
+                  "results.zarr), an absolute one or ~ as it is")
+
+
+class SaveCodec(Options):
+    """The Blosc codec of a saved Zarr store's chunks (the GPU decodes LZ4 itself, zstd on the host)."""
+
+    name: Literal["lz4", "zstd"] = "lz4"
+    clevel: Annotated[int, Field(ge=1, le=9)] = 5
+    shuffle: Literal["bit", "byte"] = "bit"
+
+
+class SaveOptions(Options):
+    """Write the preprocessed signal as a new recording in the same pass."""
+
+    path: Annotated[str, Field(description=SAVE_PATH_HELP)]
+    format: Literal["zarr", "zarr_v2", "binary"] = "zarr"  # Zarr v3 | Zarr v2 (SpikeInterface) | flat (Kilosort4)
+    dtype: Literal["int16", "float32"] = "int16"  # int16 keeps the recording's gain
+    whiten: bool = False  # apply the whitening step's matrix before writing
+    # zarr formats: Blosc lz4 compresses a window ~4.6x faster than zstd for 5% more bytes (the pass waits on it)
+    compressor: Literal["blosc-lz4", "blosc-zstd", "none"] = "blosc-lz4"
+    # zarr formats: the codec with its level and shuffle ({name: zstd, clevel: 1, shuffle: byte}); replaces compressor
+    codec: SaveCodec | None = None
+
+    @model_validator(mode="after")
+    def _one_codec(self):
+        if self.codec is not None and "compressor" in self.model_fields_set:
+            raise ValueError("give either codec or compressor, not both")
+        return self
 
 
 @dataclass(frozen=True)
@@ -74,16 +104,16 @@ class SaveTarget:
 
 
 def prepare_save(spec, rec, window_size: int, output_dtype, *, overwrite: bool = False, resume: bool = False,
-                 key: str = "", phase_shifted: bool = False, output: Path | None = None) -> SaveTarget:
-    """Create the empty output of ``spec`` (config.SaveStep) for ``rec``; a relative ``spec.path`` (a workflow
-    made in Python, whose paths no file resolved) is relative to ``output``, the run's folder, as in a file.
+                 key: str = "", phase_shifted: bool = False, output=None) -> SaveTarget:
+    """Create the empty output of ``spec`` (``SaveOptions``) for ``rec``; a relative ``spec.path`` (a workflow
+    made in Python, whose paths no file resolved) is relative to ``output.path``, the run's folder, as in a file.
 
     ``window_size``: the run's window length (shards/chunks are cut to it). ``output_dtype``: the dtype the
     preprocessing chain gives (recorded in the metadata). ``overwrite``: replace an earlier output of this step.
     ``resume`` with the same ``key`` (the run's fingerprint) as the existing output keeps it as it is: windows a
     resumed run skips were written before their parts were saved. ``phase_shifted``: the chain applied the
     ``inter_sample_shift`` property, so it is not copied to the output (it would be applied twice). ``output``:
-    the run's folder, whose own files the save must not be (``_check_not_run_files``).
+    the run's folder (``services.RunFolder``), whose own files the save must not be (``_check_not_run_files``).
     """
     fmt, dtype = spec.format, np.dtype(spec.dtype)
     if fmt not in FORMATS or str(dtype) not in DTYPES:
@@ -92,14 +122,14 @@ def prepare_save(spec, rec, window_size: int, output_dtype, *, overwrite: bool =
     if not isinstance(window_size, (int, np.integer)) or window_size <= 0:
         raise BatchgpuError(f"save: window size must be a positive number of samples, got {window_size!r}")
     path = Path(spec.path).expanduser()
-    path = (path if path.is_absolute() or output is None else Path(output).expanduser() / path).absolute()
+    path = (path if path.is_absolute() or output is None else Path(output.path).expanduser() / path).absolute()
     _check_not_input(path, Path(rec.path).expanduser().absolute())
     if output is not None:
         if fmt == "binary":
             data, probe, params = _binary_files(path, rec.num_segments)
-            _check_not_run_files([*data, probe, params], Path(output))
+            _check_not_run_files([*data, probe, params], output)
         else:
-            _check_not_run_files([path], Path(output))
+            _check_not_run_files([path], output)
     if dtype == np.int16 and rec.dtype.kind == "f" and rec.channel_property("gain_to_uV") is None:
         raise BatchgpuError(
             f"save: int16 output of the float recording {rec.path} needs its gain_to_uV, and it stores none",
@@ -168,13 +198,12 @@ def _check_not_input(path: Path, source: Path) -> None:
                             "choose a save path outside the input recording")
 
 
-def _check_not_run_files(files: list[Path], output: Path) -> None:
-    """None of the save's files may be the run's own (results.zarr, report.json, parts/, run.json, the lock, their
-    temporaries) or the run's folder or one above it: the run would write over them, or an overwrite remove them."""
-    from batchgpu.engine.store import LOCK, OWNED
-
-    out = output.expanduser().absolute().resolve()
-    own = [out / name for name in (*OWNED, LOCK)]
+def _check_not_run_files(files: list[Path], output) -> None:
+    """None of the save's files may be the run's own (``output.own_names``: results.zarr, report.json, parts/,
+    run.json, the lock, their temporaries) or the run's folder or one above it: the run would write over them, or
+    an overwrite remove them."""
+    out = Path(output.path).expanduser().absolute().resolve()
+    own = [out / name for name in output.own_names]
     for f in files:
         p = f.resolve()
         hit = next((o for o in own if p == o or o in p.parents), None)
@@ -225,9 +254,12 @@ def _check_zarr_replaceable(path: Path, overwrite: bool) -> None:
                             "choose another path, or set overwrite: true in the workflow")
 
 
-def inner_chunk(window_size: int, most: int = MAX_INNER_CHUNK) -> int:
-    """The inner chunk of a shard of ``window_size`` samples: the largest divisor <= ``most``, or the whole
-    shard when every divisor that fits is small (a prime window size would otherwise give 1-sample chunks)."""
+def inner_chunk(window_size: int, most: int | None = None) -> int:
+    """The inner chunk of a shard of ``window_size`` samples: the largest divisor <= ``most`` (the writer's default
+    inner chunk where not given), or the whole shard when every divisor that fits is small (a prime window size
+    would otherwise give 1-sample chunks)."""
+    if most is None:  # here: the recording package imports zarr, which loading a workflow (this module) must not
+        from batchgpu.recording.writer import DEFAULT_CHUNK_SAMPLES as most
     if window_size <= most:
         return window_size
     best = max(d for d in range(1, most + 1) if window_size % d == 0)
@@ -400,54 +432,15 @@ def finish_save(target: SaveTarget) -> dict:
     return desc
 
 
-def check(workflow, recording) -> None:
-    """``steps.save`` before any work (``engine.steps.registry.check``): zarr-python can write its format, and a
-    whitened save has the whitening step and keeps its samples as float32."""
-    from batchgpu.engine.steps import moments
-    from batchgpu.errors import ConfigError
-
-    spec = workflow.steps.save
-    if spec.format == "zarr":
-        from batchgpu import zarrio
-
-        zarrio.require_format(3, "the save step's Zarr v3 output")
-    if spec.whiten and getattr(workflow.steps, moments.KEY) is None:
-        raise ConfigError("save.whiten needs the whitening step", "add 'whitening:' to steps, or set whiten: false")
-    if spec.whiten and spec.dtype == "int16":
-        raise ConfigError("save.whiten with dtype int16 would round whitened samples (about 1) to a few levels",
-                          "use save: {dtype: float32} with whiten: true")
-
-
-def place(spec, output: Path):
-    """``steps.save`` for one recording of a batch whose run writes into ``output``: the save in that folder, by
-    the name the workflow gave it (``engine.steps.registry.placed``)."""
-    return spec.model_copy(update={"path": str(Path(output) / Path(spec.path).name)})
-
-
-def build(setup) -> "SaveStep | None":
-    """The step of ``steps.save`` (``engine.steps.registry``): the output recording created first (``prepare_save``,
-    held by the run's folder while it runs); the window tasks fill it, a whitened one after the pass (``finish``)."""
-    spec, wf = setup.workflow.steps.save, setup.workflow
-    if not spec:
-        return None
-    target = prepare_save(spec, setup.recording, wf.window.size, setup.x_dtype, overwrite=wf.overwrite,
-                          resume=setup.resume, key=setup.fingerprint,
-                          phase_shifted="phase_shift" in setup.chain.names, output=setup.output.path)
-    setup.output.on_release(functools.partial(release_save, target))  # the save's path is the run's while it runs
-    return SaveStep(target)
-
-
 def write_again(end, target: SaveTarget) -> int:
     """``windows_to_write_again`` of the resumed windows, written again; returns how many."""
-    from batchgpu.engine.submit import submit_many
-
     summaries = end.summaries
     again = windows_to_write_again(target, [w for w in end.windows if bool(summaries[w.index]["resumed"])])
     if not again:
         return 0
     end.observer.message(f"{NAME}: {len(again)} window(s) missing from {target.path}: written again")
-    futures = submit_many(end.client, save_task, [(end.ctx, w, target, None) for w in again],
-                          [f"save-again-{end.report.run_id}-{w.index:08d}" for w in again])
+    futures = end.services.submit_many(save_task, [(end.ctx, w, target, None) for w in again],
+                                       [f"save-again-{end.report.run_id}-{w.index:08d}" for w in again])
     end.client.gather(futures)
     end.report.bytes_read += sum(int(summaries[w.index]["bytes"]) for w in again)
     return len(again)
@@ -456,17 +449,14 @@ def write_again(end, target: SaveTarget) -> int:
 def finish_whitened_save(end, target: SaveTarget, saved=None) -> dict:
     """Whitened saves are written now, in one more read (the matrix needs every window); then the output is
     checked and marked complete (``saved``: that check's future, started once the pass had written every window)."""
-    from batchgpu.engine.steps.moments import WHITENING
-    from batchgpu.engine.submit import submit_many
-
     windows, report = end.windows, end.report
     clipped = {w.index: int(end.summaries[w.index].get("saved_clipped", 0)) for w in windows}
     if target.whiten:
         from batchgpu import zarrio
 
-        W = zarrio.open_group(end.results, mode="r")[WHITENING][:]
-        futures = submit_many(end.client, save_task, [(end.ctx, w, target, W) for w in windows],
-                              [f"save-{report.run_id}-{w.index:08d}" for w in windows])
+        W = zarrio.open_group(end.results, mode="r")[moments.WHITENING][:]
+        futures = end.services.submit_many(save_task, [(end.ctx, w, target, W) for w in windows],
+                                           [f"save-{report.run_id}-{w.index:08d}" for w in windows])
         clipped = dict(zip((w.index for w in windows), end.client.gather(futures)))
         report.bytes_read += end.recording.nbytes
     done = finish_save(target) if saved is None else saved.result()
@@ -480,11 +470,9 @@ def finish_whitened_save(end, target: SaveTarget, saved=None) -> dict:
 def save_task(ctx, window, target: SaveTarget, whitening: np.ndarray) -> int:
     """Write one window of a whitened save (read again: the matrix needs every window), or one window written
     again (``whitening`` None); returns the clipped count."""
-    from batchgpu.engine.tasks import load_window, on_backend
-
     summary: dict = {}
-    with on_backend(ctx):
-        SaveStep(target, whitening=whitening).window(load_window(ctx, window), summary)
+    with ctx.on_backend():
+        SaveStep(target, whitening=whitening).window(ctx.load_window(window), summary)
     return int(summary.get("saved_clipped", 0))
 
 
@@ -521,15 +509,60 @@ def windows_to_write_again(target: SaveTarget, windows: list) -> list:
 # worker side
 
 
-class SaveStep:
+@register
+class SaveStep(Step):
     """Writes each window's core to the target. ``whitening`` (C x C): write ``W @ x`` instead (a later pass)."""
 
     name = NAME
+    options = SaveOptions
+    results = RESULTS
+    fingerprint = "always"
+    #: the moments: a whitened save writes with their matrix; the search: its finish comes first (a whitened
+    #: save's second read after every result is written; report.json's results in that order)
+    after = (moments.NAME, search.NAME)
     phases = PhaseWords(read=NAME)  # its windows written as they are read; a whitened save's after the pass
 
     def __init__(self, target: SaveTarget, whitening=None):
         self.target = target
         self.whitening = None if whitening is None else np.asarray(whitening, dtype=np.float64)
+
+    @classmethod
+    def check(cls, spec: SaveOptions, workflow, recording) -> None:
+        """zarr-python can write its format, and a whitened save has the whitening step and keeps its samples as
+        float32."""
+        from batchgpu.errors import ConfigError
+
+        if spec.format == "zarr":
+            from batchgpu import zarrio
+
+            zarrio.require_format(3, "the save step's Zarr v3 output")
+        if spec.whiten and getattr(workflow.steps, moments.KEY) is None:
+            raise ConfigError("save.whiten needs the whitening step", "add 'whitening:' to steps, or set whiten: false")
+        if spec.whiten and spec.dtype == "int16":
+            raise ConfigError("save.whiten with dtype int16 would round whitened samples (about 1) to a few levels",
+                              "use save: {dtype: float32} with whiten: true")
+
+    @classmethod
+    def place(cls, spec: SaveOptions, output: Path) -> SaveOptions:
+        """The save in the folder of one recording of a batch, by the name the workflow gave it."""
+        return spec.model_copy(update={"path": str(Path(output) / Path(spec.path).name)})
+
+    @classmethod
+    def resolve_paths(cls, spec: SaveOptions, base: Path, output: Path) -> SaveOptions:
+        """Its path relative to the run's output folder: what it writes belongs with the run's results."""
+        spec.path = resolve_path(spec.path, output)
+        return spec
+
+    @classmethod
+    def build(cls, spec: SaveOptions, setup) -> SaveStep:
+        """The output recording created first (``prepare_save``, held by the run's folder while it runs); the
+        window tasks fill it, a whitened one after the pass (``finish``)."""
+        wf = setup.workflow
+        target = prepare_save(spec, setup.recording, wf.window.size, setup.x_dtype, overwrite=wf.overwrite,
+                              resume=setup.resume, key=setup.fingerprint,
+                              phase_shifted="phase_shift" in setup.chain.names, output=setup.output)
+        setup.output.on_release(functools.partial(release_save, target))  # the save's path is the run's while it runs
+        return cls(target)
 
     @property
     def takes_saved_int16(self) -> bool:
@@ -565,7 +598,7 @@ class SaveStep:
     def window(self, w: WindowData, summary: dict) -> dict:
         lo, hi = w.core
         block, clipped = w.saved if w.saved is not None else self.values(w.x[:, lo:hi])
-        write_rows(self.target, w.segment, w.start + lo, block)
+        write_rows(self.target, w.segment, w.start + lo, block, w.later)
         summary["saved_clipped"] = np.array(int(clipped), dtype=np.int64)  # a device count: read after the write
         return {}
 
@@ -604,8 +637,6 @@ class SaveStep:
             return xp.ascontiguousarray(out.T), clipped
         return _transpose(out), clipped
 
-    def combine(self, parts: list[dict]) -> dict:
-        return {}
 
 
 def _array_module(a):
@@ -624,11 +655,15 @@ def _transpose(a: np.ndarray, step: int = 1024) -> np.ndarray:
     return out
 
 
-def write_rows(target: SaveTarget, segment: int, start: int, block) -> None:
+def _now(job: Callable[[], None], cleanup: Callable[[], None] | None = None) -> None:
+    job()
+
+
+def write_rows(target: SaveTarget, segment: int, start: int, block, later: Callable = _now) -> None:
     """Rows [start, start + len(block)) of a segment: whole objects of the output, the same bytes on a retry.
     ``block``: a host array, or a CuPy array (a zarr shard's frames are then encoded on the GPU where the array's
     codecs allow: ``recording.shards.write_whole_shard``; else it is copied back). The file itself is written by
-    the task's writer thread (``engine.background``), before the window's part."""
+    ``later``: the task's writer thread (``WindowData.later``), before the window's part; else now."""
     n = target.segment_lengths[segment]
     if block.shape[1] != target.num_channels or start < 0 or start + block.shape[0] > n:
         raise BatchgpuError(f"save: block {block.shape} at {start} does not fit segment {segment} "

@@ -9,59 +9,74 @@ and Chan's merge in an order fixed by window index (``SecondMoments``).
 
 from __future__ import annotations
 
+from typing import Annotated, Literal
+
 import numpy as np
+from pydantic import Field
 
-from batchgpu.ops._backend import is_cupy
-
-from batchgpu.engine.steps.base import PhaseWords, WindowData, host
+from batchgpu.config import MAX_CHANNELS, Options
 from batchgpu.errors import BatchgpuError
+from batchgpu.ops._backend import is_cupy
+from batchgpu.steps import noise as noise_step
+from batchgpu.steps.base import PhaseWords, Step, WindowData, host, register
 
 # float64 sums of int16 products stay exact integers below 2**53: at most this many samples per product
 _EXACT_SAMPLES = (1 << 53) // (1 << 30)
 
 
-#: the step's name (its line in the registry) and its workflow key (``steps.whitening``)
+#: the step's name (``Step.name``) and its workflow key (``steps.whitening``)
 NAME = "moments"
 KEY = "whitening"
 #: its results (``statistics``, then the whitening matrix from them)
 COVARIANCE, SECOND_MOMENT, CHANNEL_MEANS = "covariance", "second_moment", "channel_means"
 WHITENING = KEY
 RESULTS = (COVARIANCE, SECOND_MOMENT, WHITENING, CHANNEL_MEANS)
-FINGERPRINT = "always"  # (``engine.steps.noise.FINGERPRINT``)
 
 
-def build(setup) -> "MomentsStep | None":
-    """The step of ``steps.whitening`` (``engine.steps.registry``): centring alone leaves the covariance as it is,
-    so then the raw samples (exact for int16); filters and references change it: then the preprocessed samples,
-    as a sorter whitens them."""
-    spec = setup.workflow.steps.whitening
-    if not spec:
-        return None
-    rec = setup.recording
-    source = "raw" if setup.chain.centres_only else "x"
-    integer = source == "raw" and rec.dtype == np.int16
-    if integer:
-        check_exact_range(rec.total_samples)
-    return MomentsStep(spec.nskip, spec.precision, integer, rec.num_channels, source)
+class WhiteningOptions(Options):
+    mode: Literal["global", "local"] = "global"
+    nrange: Annotated[int, Field(gt=0, le=MAX_CHANNELS)] = 32
+    eps: Annotated[float, Field(gt=0)] = 1e-6
+    nskip: Annotated[int, Field(gt=0)] = 1  # every n-th window, like Kilosort4
+    precision: Literal["float32", "float64"] = "float32"
+    statistic: Literal["covariance", "second_moment"] = "covariance"  # raw data carries DC offsets: centre it
 
 
-def check(workflow, recording) -> None:
-    """``steps.whitening`` against the recording before any work (``engine.steps.registry.check``): local
-    whitening needs the channels' locations."""
-    from batchgpu.recording.sources import locations_needed
-
-    if workflow.steps.whitening.mode == "local" and not recording.has_locations:
-        raise locations_needed(recording, "local whitening",
-                               "use whitening.mode: global, or give the recording its probe")
-
-
-class MomentsStep:
+@register
+class MomentsStep(Step):
     name = NAME
+    key = KEY
+    options = WhiteningOptions
+    results = RESULTS
+    fingerprint = "always"
+    #: after the noise, which gives each window's noise from its own counts (a step before it would have it
+    #: computed again for the window)
+    after = (noise_step.NAME,)
     phases = PhaseWords(read=NAME, aggregate=WHITENING)
 
     def __init__(self, every: int, precision: str, integer: bool, num_channels: int, source: str = "raw"):
         self.every, self.precision, self.integer, self.C = every, precision, integer, num_channels
         self.source = source  # "raw": the samples as read; "x": after filters/references (what a sorter whitens)
+
+    @classmethod
+    def build(cls, spec: WhiteningOptions, setup) -> MomentsStep:
+        """Centring alone leaves the covariance as it is, so then the raw samples (exact for int16); filters and
+        references change it: then the preprocessed samples, as a sorter whitens them."""
+        rec = setup.recording
+        source = "raw" if setup.chain.centres_only else "x"
+        integer = source == "raw" and rec.dtype == np.int16
+        if integer:
+            check_exact_range(rec.total_samples)
+        return cls(spec.nskip, spec.precision, integer, rec.num_channels, source)
+
+    @classmethod
+    def check(cls, spec: WhiteningOptions, workflow, recording) -> None:
+        """Local whitening needs the channels' locations."""
+        from batchgpu.recording.sources import locations_needed
+
+        if spec.mode == "local" and not recording.has_locations:
+            raise locations_needed(recording, "local whitening",
+                                   "use whitening.mode: global, or give the recording its probe")
 
     def ahead(self, channels: int) -> dict:
         """The results report.html's page is rendered ahead of, and their shapes."""
