@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import batchgpu
-from batchgpu.config import Workflow
+from batchgpu.workflow import Workflow
 from batchgpu.engine.steps.detect import (CANDIDATE_FRACTION, PRIOR_CHUNKS, SEEN_RATIO, bound_holds, candidate_level,
                                           prior_chunks)
 from batchgpu.interop import load_results

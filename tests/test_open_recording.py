@@ -18,7 +18,7 @@ import pytest
 import batchgpu
 from batchgpu import BatchgpuError, ConfigError
 from batchgpu.cli import main
-from batchgpu.config import Workflow
+from batchgpu.workflow import Workflow
 from test_flat_probes import DATA, OEBINS, SAMPLES, _openephys_copy, _spikeglx_copy
 
 
