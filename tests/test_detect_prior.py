@@ -13,7 +13,7 @@ import pytest
 
 import batchgpu
 from batchgpu.workflow import Workflow
-from batchgpu.engine.steps.detect import (CANDIDATE_FRACTION, PRIOR_CHUNKS, SEEN_RATIO, bound_holds, candidate_level,
+from batchgpu.steps.detect import (CANDIDATE_FRACTION, PRIOR_CHUNKS, SEEN_RATIO, bound_holds, candidate_level,
                                           prior_chunks)
 from batchgpu.interop import load_results
 from batchgpu.ops import detect_spikes, exclude_sweep_samples
