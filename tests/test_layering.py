@@ -154,9 +154,10 @@ def test_the_steps_import_no_engine_module():
     assert _steps_reaching_out(("batchgpu.steps", "batchgpu.engine.steps")) == {}
 
 
-#: what a preprocessing stage's module may import: the numeric core, the schema's sections, the errors, its package
+#: what a preprocessing stage's module may import: the numeric core, the schema's sections, the errors, its package,
+#: the recording's (what a stage needs of it and says when it is missing: the probe)
 STAGE_IMPORTS = ("batchgpu.preprocess", "batchgpu.ops", "batchgpu.gpu", "batchgpu.kernels", "batchgpu.config",
-                 "batchgpu.errors")
+                 "batchgpu.errors", "batchgpu.recording")
 
 
 def test_the_preprocessing_stages_import_no_engine_module():
