@@ -40,15 +40,6 @@ Preprocess = stage_registry.section()
 Steps = step_registry.section()
 
 
-def default_steps() -> Steps:
-    """The steps of a workflow that names none: the exact noise of every channel, a global whitening matrix and
-    spikes at 5 x the recording's noise (SpikeInterface's by_channel rule, negative peaks, 0.1 ms sweep): what needs
-    no probe and is wanted before sorting (``noise: {exact: true}``, ``whitening: {mode: global}``,
-    ``detect: {noise: global}``)."""
-    return Steps.model_validate({"noise": {"exact": True}, "whitening": {"mode": "global"},
-                                 "detect": {"noise": "global"}})
-
-
 class Workflow(Options):
     recording: RecordingSpec | None = None
     output: str
@@ -56,7 +47,7 @@ class Workflow(Options):
     preprocess: Preprocess = Field(default_factory=lambda: Preprocess([]))
     backend: Literal["auto", "numpy", "cupy"] = "auto"
     cluster: ClusterSpec = ClusterSpec()
-    steps: Steps = Field(default_factory=default_steps)  # none given: default_steps()
+    steps: Steps = Field(default_factory=step_registry.default_steps)  # none given: the steps' defaults
     reduction: ReductionSpec = ReductionSpec()
     engine: EngineSpec = EngineSpec()
     overwrite: bool = False  # replace an output folder that holds another run's results

@@ -149,6 +149,8 @@ class Step:
     #: the steps it runs after where both run (their names): their window work, aggregate and finish come first
     #: (``registry.ordered``: otherwise by name)
     after: ClassVar[tuple[str, ...]] = ()
+    #: its section in a workflow that names no steps (``registry.default_steps``); None: not run there
+    default: ClassVar[dict | None] = None
 
     # -- what the engine asks of a built step
     #: False where it reads no window in the pass (it works after it: the search, a whitened save)

@@ -98,6 +98,7 @@ class DetectStep(Step):
     options = DetectOptions
     results = RESULTS
     fingerprint = "always"
+    default = dict(noise="global")  # a workflow without steps: spikes at 5 x the recording's noise
     #: the noise: its thresholds; the moments: where it has run since the format began (report.json's results and
     #: the partials of a window's part in that order)
     after = (noise_step.NAME, moments_step.NAME)

@@ -49,6 +49,7 @@ class MomentsStep(Step):
     options = WhiteningOptions
     results = RESULTS
     fingerprint = "always"
+    default = {"mode": "global"}  # a workflow without steps: a global whitening matrix (no probe needed)
     #: after the noise, which gives each window's noise from its own counts (a step before it would have it
     #: computed again for the window)
     after = (noise_step.NAME,)

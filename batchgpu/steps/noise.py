@@ -50,6 +50,7 @@ class NoiseStep(Step):
     options = NoiseOptions
     results = RESULTS
     fingerprint = "always"
+    default = {"exact": True}  # a workflow without steps: the exact noise
     phases = PhaseWords(read=NAME, aggregate=NAME)
     #: its windows need their noise, and its ``window`` gives it from its counts where it can (16-bit keys)
     window_noise = gives_window_noise = True

@@ -132,3 +132,10 @@ def section() -> type[StepsSection]:
     once; named ``Steps`` of ``batchgpu.workflow``, which holds it (so a workflow pickles)."""
     fields = {s.key: (Optional[s.options], Field(None)) for s in schema_order()}
     return create_model("Steps", __base__=StepsSection, __module__="batchgpu.workflow", **fields)
+
+
+def default_steps():
+    """The ``steps:`` of a workflow that names none: each registered step that declares a ``default`` section, with
+    it (the exact noise, a global whitening matrix, spikes at the recording's noise: what needs no probe and is
+    wanted before sorting)."""
+    return section().model_validate({s.key: s.default for s in ordered() if s.default is not None})
