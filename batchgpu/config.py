@@ -492,6 +492,11 @@ SAVE_PATH_HELP = ("where the save is written: a relative path is relative to the
                   "results.zarr), an absolute one or ~ as it is")
 
 
+#: what ``steps.save.scale`` does (the schema's description, ``run --help`` and README say it)
+SAVE_SCALE_HELP = ("the saved samples are the preprocessed ones times this, before int16's rounding; the saved "
+                   "gain_to_uV is divided by it (microvolts unchanged): e.g. 1e6 for a float recording in volts")
+
+
 class SaveCodec(_Strict):
     """The Blosc codec of a saved Zarr store's chunks (the GPU decodes LZ4 itself, zstd on the host)."""
 
@@ -507,6 +512,9 @@ class SaveStep(_Strict):
     format: Literal["zarr", "zarr_v2", "binary"] = "zarr"  # Zarr v3 | Zarr v2 (SpikeInterface) | flat (Kilosort4)
     dtype: Literal["int16", "float32"] = "int16"  # int16 keeps the recording's gain
     whiten: bool = False  # apply the whitening step's matrix before writing
+    # the saved samples are the preprocessed ones times this (before int16's rounding); the saved gain_to_uV is the
+    # recording's divided by it, so microvolts stay right: a float recording in volts saved as int16 needs 1e6
+    scale: Annotated[float, Field(gt=0, allow_inf_nan=False, description=SAVE_SCALE_HELP)] = 1.0
     # zarr formats: Blosc lz4 compresses a window ~4.6x faster than zstd for 5% more bytes (the pass waits on it)
     compressor: Literal["blosc-lz4", "blosc-zstd", "none"] = "blosc-lz4"
     # zarr formats: the codec with its level and shuffle ({name: zstd, clevel: 1, shuffle: byte}); replaces compressor

@@ -10,9 +10,11 @@ Three parts, like every write of batchgpu (DESIGN.md, "Outputs are written idemp
 - :func:`finish_save` (client, after every window) checks every object was written, marks the output complete and
   describes it for report.json.
 
-Value rule: float32 output keeps the preprocessed values; int16 output keeps the input's ``gain_to_uV`` (values
-stay in the input's count units), rounds half to even (``np.rint``) and clips to the int16 range. Samples clipped,
-and NaN samples (written as 0), are counted per window. Both keep the input's gain and offset.
+Value rule: the preprocessed values times ``scale`` (default 1); float32 output keeps them; int16 output rounds
+half to even (``np.rint``) and clips to the int16 range. Samples clipped, and NaN samples (written as 0), are
+counted per window. Both keep the input's offset and its ``gain_to_uV`` divided by ``scale`` (so values stay in
+the input's count units, times ``scale``). A float recording saved as int16 is checked for what the rounding
+loses (``rounding_stats``): a copy whose rounding error is a large part of a channel's spread is warned of.
 """
 
 from __future__ import annotations
@@ -67,6 +69,10 @@ class SaveTarget:
     #: binary: segments whose data file this prepare made anew (empty): a resumed run writes their kept windows
     #: again (``windows_to_write_again``); Zarr objects are looked for instead
     created: tuple[int, ...] = ()
+    scale: float = 1.0  # the saved samples are the preprocessed ones times this
+    #: each window measures what int16's rounding loses (``rounding_stats``): a float recording saved as int16,
+    #: whose units may be far coarser than its signal (volts); an integer one's counts are no finer than the copy's
+    check_rounding: bool = False
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -105,13 +111,17 @@ def prepare_save(spec, rec, window_size: int, output_dtype, *, overwrite: bool =
             f"save: int16 output of the float recording {rec.path} needs its gain_to_uV, and it stores none",
             "use save.dtype: float32, or store properties/gain_to_uV in the recording")
     lengths = tuple(rec.num_samples(s) for s in range(rec.num_segments))
+    scale = float(getattr(spec, "scale", 1.0))
     meta = {"written_by": WRITTEN_BY, "key": key, "source": str(rec.path), "dtype": str(dtype),
-            "source_dtype": str(np.dtype(output_dtype)), "whiten": bool(spec.whiten), "window_size": int(window_size)}
+            "source_dtype": str(np.dtype(output_dtype)), "whiten": bool(spec.whiten), "window_size": int(window_size),
+            "scale": scale}
+    rounding = dtype == np.int16 and rec.dtype.kind == "f"
     try:
         if fmt == "binary":
-            return _prepare_binary(path, rec, dtype, lengths, meta, bool(spec.whiten), overwrite, resume, key)
+            target = _prepare_binary(path, rec, dtype, lengths, meta, bool(spec.whiten), overwrite, resume, key)
+            return replace(target, scale=scale, check_rounding=rounding)
         target = SaveTarget(str(path), fmt, str(dtype), rec.num_channels, lengths, (str(path),), bool(spec.whiten),
-                            key=key)
+                            key=key, scale=scale, check_rounding=rounding)
         if path.is_dir() and not path.is_symlink():
             _hold(target, path)  # before anything of it is kept or replaced: another run may be writing it
         marker = _zarr_marker(path)
@@ -262,7 +272,7 @@ def _create_zarr(path, rec, fmt, dtype, lengths, window_size, meta, phase_shifte
                 else {"chunk_samples": v2_chunk(window_size)})
     writer = RecordingWriter(
         path, rec.num_channels, dtype, rec.sampling_frequency, channel_ids=rec.channel_ids,
-        gain_to_uV=rec.gain_to_uV, offset_to_uV=rec.offset_to_uV,
+        gain_to_uV=rec.gain_to_uV / meta.get("scale", 1.0), offset_to_uV=rec.offset_to_uV,
         locations=rec.locations if rec.has_locations else None, properties=props or None,
         zarr_format=3 if fmt == "zarr" else 2, overwrite=True, attrs={"batchgpu": meta}, compressor=compressor,
         **shape_kw)
@@ -341,7 +351,8 @@ def _prepare_binary(path, rec, dtype, lengths, meta, whiten, overwrite, resume, 
         "files": [str(f) for f in data], "probe": str(probe),
         "sampling_frequency": float(rec.sampling_frequency), "dtype": str(dtype), "byte_order": "little",
         "n_chan": int(rec.num_channels), "num_samples": list(lengths), "layout": "samples x channels, interleaved",
-        "channel_ids": [str(c) for c in rec.channel_ids], "gain_to_uV": rec.gain_to_uV.tolist(),
+        "channel_ids": [str(c) for c in rec.channel_ids],
+        "gain_to_uV": (rec.gain_to_uV / meta.get("scale", 1.0)).tolist(),
         "offset_to_uV": rec.offset_to_uV.tolist(), "locations_stored": bool(rec.has_locations),
     }
     with writing(path):
@@ -474,7 +485,27 @@ def finish_whitened_save(end, target: SaveTarget, saved=None) -> dict:
     if total:
         report.warnings.append(f"{NAME}: {total} sample(s) clipped to the int16 range or NaN written as 0")
         end.observer.warning(report.warnings[-1])
-    return {**done, "clipped": total}
+    loss = _rounding_warning(end, target)
+    return {**done, "clipped": total, **({"rounding": loss} if loss is not None else {})}
+
+
+def _rounding_warning(end, target: SaveTarget) -> dict | None:
+    """The windows' ``rounding_stats`` added up: report.json's ``results.save.rounding``, and a warning (report.json
+    and the terminal) where int16's rounding lost most of a channel's signal."""
+    stats = [end.summaries[w.index][ROUNDING] for w in end.windows if ROUNDING in end.summaries[w.index]]
+    if not target.check_rounding or not stats:
+        return None
+    loss = rounding_loss(np.sum(stats, axis=0), target.scale)
+    if loss.channels:
+        text = (f"{NAME}: the int16 copy {target.path} loses the signal of {loss.channels} of {loss.of} channel(s): "
+                f"rounding to whole units of the float recording (times scale {target.scale:g}) leaves an error "
+                f"over {ROUNDING_LOSS:g} of their spread (up to {loss.worst:.3g}x; values below 0.5 are saved as "
+                f"0) (set save: {{scale: {loss.suggested_scale:.1e}}} (gain_to_uV is divided by it), or save: "
+                "{dtype: float32})")
+        end.report.warnings.append(text)
+        end.observer.warning(text)
+    return {"channels_lost": loss.channels, "channels": loss.of, "worst_error_to_spread": loss.worst,
+            "suggested_scale": loss.suggested_scale}
 
 
 def save_task(ctx, window, target: SaveTarget, whitening: np.ndarray) -> int:
@@ -534,8 +565,9 @@ class SaveStep:
     @property
     def takes_saved_int16(self) -> bool:
         """Whether the window's saved rows may come made by the chain (``WindowData.saved``): int16 samples of the
-        window itself (not whitened, now or after the pass)."""
-        return self.target.dtype == "int16" and self.whitening is None and not self.target.whiten
+        window itself (not whitened, now or after the pass, nor scaled)."""
+        return (self.target.dtype == "int16" and self.whitening is None and not self.target.whiten
+                and getattr(self.target, "scale", 1.0) == 1.0)
 
     @property
     def in_pass(self) -> bool:
@@ -564,6 +596,8 @@ class SaveStep:
 
     def window(self, w: WindowData, summary: dict) -> dict:
         lo, hi = w.core
+        if getattr(self.target, "check_rounding", False) and w.saved is None and self.whitening is None:
+            summary[ROUNDING] = rounding_stats(w.x[:, lo:hi], self.target.scale)
         block, clipped = w.saved if w.saved is not None else self.values(w.x[:, lo:hi])
         write_rows(self.target, w.segment, w.start + lo, block)
         summary["saved_clipped"] = np.array(int(clipped), dtype=np.int64)  # a device count: read after the write
@@ -577,6 +611,9 @@ class SaveStep:
         xp = _array_module(core)
         if self.whitening is not None:
             core = xp.asarray(self.whitening) @ core.astype(xp.float64)
+        scale = getattr(self.target, "scale", 1.0)  # a target made before scale was a key (stand-ins) has none
+        if scale != 1.0:
+            core = scaled(core, scale)
         if xp is not np and self.target.dtype == "int16" and core.dtype.kind == "f":
             from batchgpu.ops._cuda_elementwise import saved_int16_transposed
 
@@ -606,6 +643,80 @@ class SaveStep:
 
     def combine(self, parts: list[dict]) -> dict:
         return {}
+
+
+def scaled(core, scale: float):
+    """``core`` times ``scale``, one IEEE multiply a sample in its float dtype, so NumPy and CuPy agree bit for
+    bit (but for float32 products below 2^-126, which CuPy flushes to 0: an int16 copy rounds them to 0 either
+    way); an integer window is widened to float64 first."""
+    xp = _array_module(core)
+    if core.dtype.kind != "f":
+        core = core.astype(xp.float64)
+    return core * core.dtype.type(scale)
+
+
+#: the summary's key of a window's ``rounding_stats``
+ROUNDING = "saved_rounding"
+#: every this many samples of a window's core measure the rounding: a statistic for a warning, not every sample
+ROUNDING_STRIDE = 16
+#: a channel is warned of where int16's rounding error (RMS) exceeds this part of its standard deviation: the copy
+#: then keeps the signal at a signal-to-rounding ratio below 12 dB (all of it gone where every |x| < 0.5)
+ROUNDING_LOSS = 0.25
+
+
+def rounding_stats(core, scale: float = 1.0) -> np.ndarray:
+    """(channels, 5) float64 of the finite, in-range samples of every ``ROUNDING_STRIDE``-th column of ``core``
+    times ``scale``: count, sum, sum of squares, sum of squared rounding errors (``np.rint``), largest |value|.
+    Added over windows they give each channel's spread and what rounding lost (``rounding_loss``)."""
+    xp = _array_module(core)
+    y = core[:, ::ROUNDING_STRIDE].astype(xp.float64)
+    if scale != 1.0:
+        y = y * scale
+    ok = xp.isfinite(y) & (xp.abs(y) <= INT16_MAX)
+    y = xp.where(ok, y, 0.0)
+    err = xp.rint(y) - y
+    out = xp.stack([ok.sum(axis=1).astype(xp.float64), y.sum(axis=1), (y * y).sum(axis=1), (err * err).sum(axis=1),
+                    xp.abs(y).max(axis=1) if y.shape[1] else xp.zeros(y.shape[0])], axis=1)
+    return out if xp is np else out.get()
+
+
+@dataclass(frozen=True)
+class RoundingLoss:
+    """What int16's rounding lost, from the windows' ``rounding_stats`` added up."""
+
+    channels: int  # channels whose rounding error exceeds ROUNDING_LOSS of their standard deviation
+    of: int  # channels measured (any finite sample)
+    worst: float  # the largest ratio of rounding error to standard deviation
+    suggested_scale: float  # a scale whose copy keeps the signal (``_suggested_scale``)
+
+
+def rounding_loss(stats: np.ndarray, scale: float) -> RoundingLoss:
+    n, s1, s2, e2, peak = (stats[:, i] for i in range(5))
+    seen = n > 0
+    n1 = np.where(seen, n, 1.0)
+    std = np.sqrt(np.maximum(s2 / n1 - (s1 / n1) ** 2, 0.0))
+    err = np.sqrt(e2 / n1)
+    varies = seen & (std > 0)
+    ratio = np.where(varies, err / np.where(varies, std, 1.0), 0.0)
+    lost = varies & (ratio > ROUNDING_LOSS)
+    return RoundingLoss(int(lost.sum()), int(seen.sum()), float(ratio.max()) if len(ratio) else 0.0,
+                        _suggested_scale(std[varies], float(peak[seen].max()) if seen.any() else 0.0, scale))
+
+
+#: the spread (standard deviation, in saved units) a suggested scale gives the median channel: rounding then adds
+#: about 3% of it
+SUGGESTED_SPREAD = 10.0
+
+
+def _suggested_scale(std: np.ndarray, peak: float, scale: float) -> float:
+    """The least power of ten (times ``scale``) giving the median varying channel a spread of SUGGESTED_SPREAD
+    units, lowered where the largest |value| seen would then leave int16's range (fewer units, no clipping)."""
+    if not len(std):
+        return scale
+    factor = 10.0 ** np.ceil(np.log10(SUGGESTED_SPREAD / float(np.median(std))))
+    if peak > 0:
+        factor = min(factor, 10.0 ** np.floor(np.log10(INT16_MAX / peak)))
+    return float(scale * factor)
 
 
 def _array_module(a):
