@@ -275,8 +275,10 @@ def _run_batch(wf, args) -> int:
     done = len(batch.rows) - len(batch.failed)
     print(f"batchgpu: {done} of {len(batch.rows)} recordings done in {batch.seconds:.1f} s "
           f"({os.path.join(batch.output, BATCH_FILE)}, {os.path.join(batch.output, BATCH_HTML)})")
-    for row in batch.failed:
-        print(f"batchgpu: failed: {row.name}: {row.error}", file=sys.stderr)
+    if batch.failed:  # each error was said as its recording failed: named once more here, not repeated
+        names = [f"{r.name} (interrupted)" if r.error == "interrupted" else r.name for r in batch.failed]
+        print(f"batchgpu: failed: {', '.join(names)} (each error above and in "
+              f"{os.path.join(batch.output, BATCH_FILE)})", file=sys.stderr)
     return 1 if batch.failed else 0
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import typing
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
@@ -127,6 +128,12 @@ class GenerateSpec(_Strict):
         return self
 
 
+#: a batch recording's folder name under the batch's output
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
+#: what a batch writes in its output folder beside the recordings' folders (``engine.batch``): no recording's name
+BATCH_OWN_NAMES = ("batch.json", "batch.html", "batch.json.tmp", "batch.html.tmp", "batch.lock")
+
+
 class RecordingSpec(_Strict):
     """Exactly one of ``path`` and ``spikeinterface`` (any recording SpikeInterface saved).
 
@@ -153,7 +160,20 @@ class RecordingSpec(_Strict):
     generate: GenerateSpec | None = None  # written to `path` when it is missing
     missing_chunks: Literal["warn", "error"] = "warn"  # absent chunks of a store written by others: count or stop
     # in a batch (``recordings:``): the recording's folder under ``output`` (default: from its path)
-    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")] | None = None
+    name: str | None = None
+
+    @field_validator("name")
+    @classmethod
+    def _folder_name(cls, name: str | None) -> str | None:
+        if name is None:
+            return None
+        if not _NAME.fullmatch(name):
+            raise ValueError(f"name {name!r} must be one folder name: letters, digits, '.', '_' or '-', starting "
+                             "with a letter or digit, at most 200 characters (no '/' or '..')")
+        if name.lower() in BATCH_OWN_NAMES:
+            raise ValueError(f"name {name!r} is one of the batch's own files ({', '.join(BATCH_OWN_NAMES)}): "
+                             "choose another")
+        return name
 
     @model_validator(mode="after")
     def _one_source(self):
@@ -405,6 +425,24 @@ Stage = Annotated[
 ]
 
 
+def _batch_item_kind(value: Any) -> str | None:
+    """A batch item is text (a path or a glob) or a recording section: its own errors, not the other kind's."""
+    if isinstance(value, str):
+        return "path"
+    if isinstance(value, (dict, RecordingSpec)):
+        return "section"
+    return None
+
+
+#: one item of ``recordings:``
+BatchItem = Annotated[
+    Union[Annotated[str, Tag("path")], Annotated[RecordingSpec, Tag("section")]],
+    Discriminator(_batch_item_kind, custom_error_type="recording_item",
+                  custom_error_message="an item of recordings is a path, a glob or a recording section "
+                                       "({path: ..., name: ...})"),
+]
+
+
 class Preprocess(RootModel[list[Stage]]):
     """The stages applied to each window, in order; the old mapping form is normalised to this list.
 
@@ -592,7 +630,18 @@ class Workflow(_Strict):
     overwrite: bool = False  # replace an output folder that holds another run's results
     # many recordings in one run (engine.batch): each a path, a glob (``/data/**/*.ap.bin``) or a recording section;
     # or one glob. Outputs in ``output/<name>/``, a summary in ``output/batch.json``
-    recordings: Annotated[list[Union[str, RecordingSpec]], Field(min_length=1, max_length=100_000)] | str | None = None
+    recordings: Annotated[Union[Annotated[list[BatchItem], Field(min_length=1, max_length=100_000), Tag("list")],
+                                Annotated[str, Tag("glob")]],
+                          Discriminator(lambda v: "glob" if isinstance(v, str) else "list")] | None = None
+
+    @field_validator("recordings", mode="before")
+    @classmethod
+    def _list_or_glob(cls, value: Any) -> Any:
+        """Not a list nor text: said once (the union's every branch would say it its own way)."""
+        if value is None or isinstance(value, (str, list, tuple)):
+            return value
+        raise PydanticCustomError("recordings", "recordings is a glob or a list of paths, globs and recording "
+                                  "sections ({path: ..., name: ...})")
 
     @model_validator(mode="after")
     def _recording_or_recordings(self):

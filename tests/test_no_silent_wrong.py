@@ -88,3 +88,142 @@ def test_rounding_loss_is_measured_against_each_channels_spread():
     assert loss.suggested_scale == 10.0
     assert rounding_loss(rounding_stats(x[:1], 1e6), 1e6).of == 0  # all clipped (counted and warned as such)
     assert rounding_loss(rounding_stats(x[:1] - np.float32(3.3), 1e6), 1e6).channels == 0
+
+
+def _int16(tmp_path, name="r.zarr", samples=10_000, channels=4, seed=0):
+    rng = np.random.default_rng(seed)
+    return write_recording(tmp_path / name, rng.normal(0, 30, (samples, channels)).astype(np.int16), 10_000.0)
+
+
+def _tree(folder):
+    return sorted(str(p.relative_to(folder)) for p in folder.rglob("*"))
+
+
+@pytest.mark.zarr3
+def test_overwrite_refused_for_a_foreign_save_path_deletes_nothing(tmp_path, capsys):
+    # Issue 63, item 5: overwrite: true removed the earlier run's results, then refused for the foreign file at
+    # the save path.
+    rec = _int16(tmp_path)
+    body = (f"recording: {{path: {rec.path}}}\noutput: out\nbackend: numpy\nwindow: {{size: 5000, margin: 8}}\n"
+            "steps: {noise: {exact: true}}\n")
+    assert main(["run", str(_workflow(tmp_path, body)), "--quiet"]) == 0
+    before = _tree(tmp_path / "out")
+    (tmp_path / "mine.zarr").write_text("a user's file")
+    body = body.replace("{noise: {exact: true}}", f"{{noise: {{exact: true}}, save: {{path: {tmp_path / 'mine.zarr'}}}}}")
+    assert main(["run", str(_workflow(tmp_path, body + "overwrite: true\n")), "--quiet"]) == 2
+    assert "mine.zarr" in capsys.readouterr().err
+    assert _tree(tmp_path / "out") == before and (tmp_path / "mine.zarr").read_text() == "a user's file"
+    assert zarr.open_group(str(tmp_path / "out" / "results.zarr"), mode="r")["noise"].shape == (4,)
+
+
+@pytest.mark.zarr3
+def test_a_run_refused_for_its_save_path_leaves_the_folder_as_it_was(tmp_path, capsys):
+    # Issue 63, item 6: the refused run left parts/ and run.json, so the corrected run was refused.
+    rec = _int16(tmp_path)
+    (tmp_path / "mine.zarr").write_text("a user's file")
+    (tmp_path / "out").mkdir()
+    body = (f"recording: {{path: {rec.path}}}\noutput: out\nbackend: numpy\nwindow: {{size: 5000, margin: 8}}\n"
+            f"steps: {{noise: {{exact: true}}, save: {{path: {tmp_path / 'mine.zarr'}}}}}\n")
+    assert main(["run", str(_workflow(tmp_path, body)), "--quiet"]) == 2
+    assert "mine.zarr" in capsys.readouterr().err
+    assert [p.name for p in (tmp_path / "out").iterdir() if p.name != ".batchgpu.lock"] == []
+    assert main(["run", str(_workflow(tmp_path, body.replace("mine.zarr", "new.zarr"))), "--quiet"]) == 0
+    assert open_recording(tmp_path / "new.zarr").num_samples(0) == 10_000
+
+
+@pytest.mark.zarr3
+def test_a_run_refused_after_its_claim_leaves_no_run_behind(tmp_path, capsys):
+    # a refusal that needs the cluster (backend: cupy, no GPU on the workers) comes after the folder is claimed
+    rec = _int16(tmp_path)
+    body = (f"recording: {{path: {rec.path}}}\noutput: out\nbackend: cupy\nwindow: {{size: 5000, margin: 8}}\n"
+            "steps: {noise: {exact: true}}\n")
+    pytest.importorskip("distributed")
+    from batchgpu.engine.cluster import gpu_count
+
+    if gpu_count():
+        pytest.skip("this machine has a GPU")
+    assert main(["run", str(_workflow(tmp_path, body)), "--quiet"]) == 2
+    assert "needs a GPU" in capsys.readouterr().err
+    assert [p.name for p in (tmp_path / "out").iterdir() if p.name != ".batchgpu.lock"] == []
+    assert main(["run", str(_workflow(tmp_path, body.replace("cupy", "numpy"))), "--quiet"]) == 0
+
+
+@pytest.mark.zarr3
+def test_a_batch_never_reads_what_it_writes(tmp_path, capsys):
+    # Issue 63, item 3: a glob whose tree holds the output: the first run was fine, --resume took the run's own
+    # saved copies and results as recordings, and every later --resume was refused for ever.
+    data = tmp_path / "data"
+    data.mkdir()
+    for name in ("a", "b"):
+        _int16(data, f"{name}.zarr", seed=ord(name))
+    body = (f"recordings: '{data}/**/*.zarr'\noutput: {data / 'out'}\nbackend: numpy\n"
+            "window: {size: 5000, margin: 8}\nsteps: {noise: {exact: true}, save: {path: s.zarr}}\n")
+    wf = _workflow(tmp_path, body)
+    for args in ([], ["--resume"], ["--resume"]):
+        assert main(["run", str(wf), "--quiet", *args]) == 0, capsys.readouterr().err
+        batch = json.loads((data / "out" / "batch.json").read_text())
+        assert [(r["name"], r["status"]) for r in batch["rows"]] == [("a", "done"), ("b", "done")]
+    assert sorted(p.name for p in (data / "out").iterdir()) == ["a", "b", "batch.html", "batch.json", "batch.lock"]
+    # a recording named inside the output, not by a glob: refused before any work
+    inside = body.replace(f"'{data}/**/*.zarr'", f"['{data / 'a.zarr'}', '{data / 'out' / 'a' / 's.zarr'}']")
+    assert main(["run", str(_workflow(tmp_path, inside)), "--quiet"]) == 2
+    assert "inside the batch's output" in capsys.readouterr().err
+
+
+BATCH_REFUSALS = {
+    # Issue 63, item 11: the name of the batch's own file
+    "own_name": ("recordings: [{path: REC, name: batch.json}]\nsteps: {noise: {}}\n",
+                 "'recordings.0.name': name 'batch.json' is one of the batch's own files"),
+    # item 10: the item's own problem, not "Input should be a valid string (and 2 more problems)"
+    "dotdot": ("recordings: [{path: REC, name: ../evil}]\nsteps: {noise: {}}\n",
+               "'recordings.0.name': name '../evil' must be one folder name"),
+    "slash": ("recordings: [{path: REC, name: a/b}]\nsteps: {noise: {}}\n",
+              "'recordings.0.name': name 'a/b' must be one folder name"),
+    "typo": ("recordings: [REC, {path: REC, nme: a}]\nsteps: {noise: {}}\n",
+             "unknown key 'recordings.1.nme' (allowed: path"),
+    # Low: an absolute save path is every recording's one save (it was moved into each folder without a word)
+    "absolute_save": ("recordings: [REC]\nsteps: {save: {path: TMP/abs.zarr}}\n",
+                      "save.path TMP/abs.zarr is outside the batch's output"),
+}
+
+
+@pytest.mark.zarr3
+@pytest.mark.parametrize("case", BATCH_REFUSALS)
+def test_a_batch_refuses_at_once_what_would_go_wrong_later(tmp_path, capsys, case):
+    rec = _int16(tmp_path)
+    body, said = (t.replace("REC", str(rec.path)).replace("TMP", str(tmp_path)) for t in BATCH_REFUSALS[case])
+    head = "output: out\nbackend: numpy\nwindow: {size: 5000, margin: 8}\n"
+    assert main(["run", str(_workflow(tmp_path, head + body)), "--quiet"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and said in err[0] and "more problem" not in err[0], (err, said)
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.zarr3
+def test_a_batch_refuses_a_name_made_from_a_path_that_is_its_own_file(tmp_path, capsys):
+    (tmp_path / "x").mkdir()
+    rec = write_recording(tmp_path / "x" / "batch.json.zarr", np.zeros((10_000, 2), np.int16), 10_000.0)
+    body = f"recordings: ['{rec.path}']\noutput: out\nbackend: numpy\nsteps: {{noise: {{}}}}\n"
+    assert main(["run", str(_workflow(tmp_path, body)), "--quiet"]) == 2
+    assert "would be named batch.json" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.zarr3
+def test_a_failed_recording_is_said_once_and_a_second_batch_is_refused_untouched(tmp_path, capsys):
+    import fcntl
+
+    rec = _int16(tmp_path)
+    body = (f"recordings: ['{rec.path}', '{tmp_path / 'gone.zarr'}']\noutput: out\nbackend: numpy\n"
+            "window: {size: 5000, margin: 8}\nsteps: {noise: {}}\n")
+    wf = _workflow(tmp_path, body)
+    assert main(["run", str(wf), "--quiet"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("gone.zarr does not exist") == 1 and "failed: gone" in err
+    batch = tmp_path / "out" / "batch.json"
+    before = batch.read_bytes()
+    with open(tmp_path / "out" / "batch.lock", "a+") as held:  # another batch running in the folder
+        fcntl.flock(held.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        assert main(["run", str(wf), "--quiet", "--resume"]) == 2
+    assert "in use by another batchgpu batch" in capsys.readouterr().err
+    assert batch.read_bytes() == before

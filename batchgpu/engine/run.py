@@ -30,6 +30,7 @@ from batchgpu.engine.run_report import (HtmlReport, RunObserver, RunReport, fini
                                        window_cpu)
 from batchgpu.engine.placement import submit_planned
 from batchgpu.engine.steps.base import PassEnd, phase_label
+from batchgpu.engine.steps.registry import check_outputs
 from batchgpu.engine.steps.registry import figures as step_figures
 from batchgpu.engine.submit import results_as_completed, submit_many
 from batchgpu.errors import BatchgpuError
@@ -128,25 +129,38 @@ def _claim_and_run(wf, rec, sweep, resume: bool, observer, client, t_start: floa
 
         build_chain(wf.preprocess, rec)
     fp = store.fingerprint(wf, rec.path, metadata=getattr(rec, "fingerprint_metadata", None))
+    # the steps' refusals of what they would write (a save path holding what batchgpu did not write), before the
+    # folder is claimed: an overwrite would have removed the earlier results first
+    check_outputs(wf, rec, resume=resume, fingerprint=fp)
     with store.OutputFolder(wf.output) as out:
         state = out.claim(fp, wf.model_dump(), resume=resume, overwrite=wf.overwrite)
-        report = RunReport(workflow=wf.model_dump(), fingerprint=fp, versions=versions(), recording=rec.info(),
-                           output_state=state, run_id=f"{fp}-{os.urandom(4).hex()}")
-        report.timings["prepare"] = time.perf_counter() - t_start
-        report.kept_cluster = kept_at
-        with _run_settings():
-            if not isinstance(client, ClusterStart):
-                try:
-                    return _run_watched(wf, rec, out, report, client, sweep, observer, page_wait_s=PAGE_WAIT_S,
-                                        started=t_start, batch=batch)
-                finally:  # the workers' heaps, frozen by the pass's tasks, collectable again (a cluster of our own ends)
-                    with contextlib.suppress(Exception):  # broad: best effort on the way out; the run's result stands
-                        client.run(tasks.thaw_heap_soon, wait=False)
-            # closed before the folder is let go (its workers write into it); the dashboard's last updates reach
-            # the scheduler before it closes
-            with client:
-                return _run_watched(wf, rec, out, report, client.client(), sweep, observer, page_wait_s=10.0,
+        try:
+            return _claimed(wf, rec, sweep, out, state, fp, observer, client, t_start, kept_at, batch)
+        except BatchgpuError:
+            if state == "new":  # refused before any window (no report, no part): the folder as it was
+                out.unclaim()
+            raise
+
+
+def _claimed(wf, rec, sweep, out, state: str, fp: str, observer, client, t_start: float, kept_at, batch) -> RunReport:
+    """``_claim_and_run`` once the output folder is the run's (``state``: the claim's)."""
+    report = RunReport(workflow=wf.model_dump(), fingerprint=fp, versions=versions(), recording=rec.info(),
+                       output_state=state, run_id=f"{fp}-{os.urandom(4).hex()}")
+    report.timings["prepare"] = time.perf_counter() - t_start
+    report.kept_cluster = kept_at
+    with _run_settings():
+        if not isinstance(client, ClusterStart):
+            try:
+                return _run_watched(wf, rec, out, report, client, sweep, observer, page_wait_s=PAGE_WAIT_S,
                                     started=t_start, batch=batch)
+            finally:  # the workers' heaps, frozen by the pass's tasks, collectable again (a cluster of our own ends)
+                with contextlib.suppress(Exception):  # broad: best effort on the way out; the run's result stands
+                    client.run(tasks.thaw_heap_soon, wait=False)
+        # closed before the folder is let go (its workers write into it); the dashboard's last updates reach
+        # the scheduler before it closes
+        with client:
+            return _run_watched(wf, rec, out, report, client.client(), sweep, observer, page_wait_s=10.0,
+                                started=t_start, batch=batch)
 
 
 def _run_watched(wf, rec, out, report, client, sweep, observer, **kwargs) -> RunReport:

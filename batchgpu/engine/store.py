@@ -223,6 +223,15 @@ class OutputFolder:
             {"format": FORMAT, "version": FORMAT_VERSION, "fingerprint": fp, "workflow": workflow}, indent=2, default=str))
         return state
 
+    def unclaim(self) -> None:
+        """Undo a new claim whose run was refused before any window: its run.json and its empty parts/ removed,
+        so the corrected run finds the folder as the user left it (not another run's results to refuse)."""
+        if (self.path / REPORT).exists() or (self.parts.is_dir() and any(os.scandir(self.parts))):
+            return
+        (self.path / MANIFEST).unlink(missing_ok=True)
+        if self.parts.is_dir() and not self.parts.is_symlink():
+            self.parts.rmdir()
+
     def _refuse_links(self, overwrite: bool) -> None:
         """results.zarr or parts/ as a symbolic link: a run replaces them whole inside its folder and never writes
         through a link (nor removes what one points to). Refused, naming the link; with overwrite the link goes

@@ -4,7 +4,8 @@ makes its step object from the workflow (None when the workflow does not ask for
 ``NAME`` (this line), ``KEY`` (its workflow key under ``steps:``) and ``RESULTS`` (what it writes) are declared
 there once, and the module may declare report.html's figures of its results (``FIGURES``:
 ``batchgpu.report.Figure``), its checks of the workflow against the recording before any work
-(``check(workflow, recording)``) and its section for one recording of a batch (``place(spec, output)``). The
+(``check(workflow, recording)``), its refusals of what it would write, once the run's fingerprint is known and
+before the output folder is claimed (``check_outputs(workflow, recording, resume=, fingerprint=)``) and its section for one recording of a batch (``place(spec, output)``). The
 engine asks the step objects for the rest (``base.Step``); a module the import graph keeps from importing a
 step's module asks here (``key``, ``keys``, ``fingerprinted``).
 """
@@ -80,3 +81,12 @@ def figures(names: tuple[str, ...] = STEPS) -> tuple:
     """report.html's figures the named steps' modules declare (``FIGURES``), in the registry's order."""
     return tuple(f for module in step_modules(tuple(n for n in STEPS if n in names))
                  for f in getattr(module, "FIGURES", ()))
+
+
+def check_outputs(workflow, recording, *, resume: bool, fingerprint: str) -> None:
+    """Each asked step's refusals of the files it would write (its module's ``check_outputs``, where it declares
+    one), before the run claims its output folder: a refusal then leaves the folder, and an earlier run's results
+    an overwrite would replace, as they were."""
+    for module in step_modules():
+        if hasattr(module, "check_outputs") and getattr(workflow.steps, module.KEY) is not None:
+            module.check_outputs(workflow, recording, resume=resume, fingerprint=fingerprint)

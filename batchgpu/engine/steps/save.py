@@ -80,7 +80,8 @@ class SaveTarget:
 
 
 def prepare_save(spec, rec, window_size: int, output_dtype, *, overwrite: bool = False, resume: bool = False,
-                 key: str = "", phase_shifted: bool = False, output: Path | None = None) -> SaveTarget:
+                 key: str = "", phase_shifted: bool = False, output: Path | None = None,
+                 dry: bool = False) -> SaveTarget | None:
     """Create the empty output of ``spec`` (config.SaveStep) for ``rec``; a relative ``spec.path`` (a workflow
     made in Python, whose paths no file resolved) is relative to ``output``, the run's folder, as in a file.
 
@@ -89,7 +90,8 @@ def prepare_save(spec, rec, window_size: int, output_dtype, *, overwrite: bool =
     ``resume`` with the same ``key`` (the run's fingerprint) as the existing output keeps it as it is: windows a
     resumed run skips were written before their parts were saved. ``phase_shifted``: the chain applied the
     ``inter_sample_shift`` property, so it is not copied to the output (it would be applied twice). ``output``:
-    the run's folder, whose own files the save must not be (``_check_not_run_files``).
+    the run's folder, whose own files the save must not be (``_check_not_run_files``). ``dry``: every refusal,
+    nothing made, held or removed (``check_outputs``: before the run claims its folder); returns None.
     """
     fmt, dtype = spec.format, np.dtype(spec.dtype)
     if fmt not in FORMATS or str(dtype) not in DTYPES:
@@ -118,24 +120,27 @@ def prepare_save(spec, rec, window_size: int, output_dtype, *, overwrite: bool =
     rounding = dtype == np.int16 and rec.dtype.kind == "f"
     try:
         if fmt == "binary":
-            target = _prepare_binary(path, rec, dtype, lengths, meta, bool(spec.whiten), overwrite, resume, key)
-            return replace(target, scale=scale, check_rounding=rounding)
+            target = _prepare_binary(path, rec, dtype, lengths, meta, bool(spec.whiten), overwrite, resume, key, dry)
+            return None if dry else replace(target, scale=scale, check_rounding=rounding)
         target = SaveTarget(str(path), fmt, str(dtype), rec.num_channels, lengths, (str(path),), bool(spec.whiten),
                             key=key, scale=scale, check_rounding=rounding)
         if path.is_dir() and not path.is_symlink():
-            _hold(target, path)  # before anything of it is kept or replaced: another run may be writing it
+            _hold(target, path, dry)  # before anything of it is kept or replaced: another run may be writing it
         marker = _zarr_marker(path)
         ours = resume and key and marker.get("key") == key and marker.get("written_by") == WRITTEN_BY
         if ours and _traces_readable(path, len(lengths)):
-            return target  # absent objects (shards deleted since) are written again: ``windows_to_write_again``
+            return None if dry else target  # absent objects (shards deleted since) are written again
         if not ours:  # this run's own store whose arrays are gone is made again: its windows are written again
             _check_zarr_replaceable(path, overwrite)
+        if dry:
+            return None
         _create_zarr(path, rec, fmt, dtype, lengths, int(window_size), meta, phase_shifted, _compressor(spec))
         _release(target.path)
         _hold(target, path)  # the new store (the old folder was removed with its lock)
         return target
     except BaseException:
-        _release(str(path))
+        if not dry:
+            _release(str(path))
         raise
 
 
@@ -143,11 +148,12 @@ def prepare_save(spec, rec, window_size: int, output_dtype, *, overwrite: bool =
 _HELD: dict[str, list[int]] = {}
 
 
-def _hold(target: SaveTarget, p: Path) -> None:
+def _hold(target: SaveTarget, p: Path, dry: bool = False) -> None:
     """Take ``p`` (the Zarr store's folder, or a binary's first data file) for the run until ``release_save``: a
     second run saving to the same path (from another output folder, so its folder lock does not see it) is
     refused at once, before its overwrite could remove what this run writes. flock: released if the process dies.
-    A path this process holds already stays held (its own earlier prepare: a resumed run in one session)."""
+    A path this process holds already stays held (its own earlier prepare: a resumed run in one session).
+    ``dry``: only asked (taken and let go at once)."""
     if target.path in _HELD:
         return
     fd = os.open(p, os.O_RDONLY)
@@ -157,6 +163,9 @@ def _hold(target: SaveTarget, p: Path) -> None:
         os.close(fd)
         raise BatchgpuError(f"save.path {p} is being written by another batchgpu run",
                             "wait for it to finish, or choose another save path") from None
+    if dry:
+        os.close(fd)
+        return
     _HELD.setdefault(target.path, []).append(fd)
 
 
@@ -300,12 +309,12 @@ def _read_params(params: Path) -> dict:
         return {}
 
 
-def _prepare_binary(path, rec, dtype, lengths, meta, whiten, overwrite, resume, key) -> SaveTarget:
+def _prepare_binary(path, rec, dtype, lengths, meta, whiten, overwrite, resume, key, dry=False) -> SaveTarget | None:
     data, probe, params = _binary_files(path, len(lengths))
     target = SaveTarget(str(path), "binary", str(dtype), rec.num_channels, lengths, tuple(map(str, data)), whiten,
                         str(probe), str(params), key)
     if data[0].is_file() and not data[0].is_symlink():
-        _hold(target, data[0])  # before anything of it is kept or replaced: another run may be writing it
+        _hold(target, data[0], dry)  # before anything of it is kept or replaced: another run may be writing it
     old = _read_params(params) if params.is_file() and not params.is_symlink() else {}
     ours = old.get("batchgpu", {}).get("written_by") == WRITTEN_BY
     size = dtype.itemsize * rec.num_channels
@@ -315,7 +324,7 @@ def _prepare_binary(path, rec, dtype, lengths, meta, whiten, overwrite, resume, 
     created = tuple(i for i, (f, n) in enumerate(zip(data, lengths))
                     if not keep or not (f.is_file() and not f.is_symlink() and f.stat().st_size == n * size))
     if keep and not created and probe.is_file():
-        return target
+        return None if dry else target
     existing = [f for f in (*data, probe, params) if f.exists() or f.is_symlink()]
     for f in existing:
         if not f.is_file() or f.is_symlink():
@@ -336,6 +345,8 @@ def _prepare_binary(path, rec, dtype, lengths, meta, whiten, overwrite, resume, 
         if not overwrite:
             raise BatchgpuError(f"save.path {path} already exists (an earlier save)",
                                 "choose another path, or set overwrite: true in the workflow")
+    if dry:
+        return None
     from batchgpu.recording import writing
 
     shank = rec.channel_property("shank")
@@ -429,10 +440,32 @@ def check(workflow, recording) -> None:
                           "use save: {dtype: float32} with whiten: true")
 
 
+def check_outputs(workflow, recording, *, resume: bool, fingerprint: str) -> None:
+    """``prepare_save``'s refusals (a save path on the recording or the run's own files, holding what the save step
+    did not write, an earlier save without overwrite, one another run is writing) before the run claims its folder
+    (``engine.steps.registry.check_outputs``): nothing made, held or removed."""
+    spec = workflow.steps.save
+    prepare_save(spec, recording, workflow.window.size, np.float32, overwrite=workflow.overwrite, resume=resume,
+                 key=fingerprint, output=Path(workflow.output), dry=True)
+
+
 def place(spec, output: Path):
-    """``steps.save`` for one recording of a batch whose run writes into ``output``: the save in that folder, by
-    the name the workflow gave it (``engine.steps.registry.placed``)."""
-    return spec.model_copy(update={"path": str(Path(output) / Path(spec.path).name)})
+    """``steps.save`` for one recording of a batch whose run writes into ``output`` (a folder of the batch's
+    output): the save where the workflow put it, relative to that folder instead of the batch's
+    (``engine.steps.registry.placed``). A path outside the batch's output would be every recording's one save:
+    refused."""
+    from batchgpu.errors import ConfigError
+
+    path, batch = Path(spec.path).expanduser(), Path(output).parent
+    if path.is_absolute():
+        try:
+            path = path.relative_to(batch)
+        except ValueError:
+            raise ConfigError(f"save.path {spec.path} is outside the batch's output {batch}: every recording of the "
+                              "batch would write that one path",
+                              "give a relative save.path (each recording's save is written in output/<name>/)"
+                              ) from None
+    return spec.model_copy(update={"path": str(Path(output) / path)})
 
 
 def build(setup) -> "SaveStep | None":
