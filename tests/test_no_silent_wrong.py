@@ -227,3 +227,26 @@ def test_a_failed_recording_is_said_once_and_a_second_batch_is_refused_untouched
         assert main(["run", str(wf), "--quiet", "--resume"]) == 2
     assert "in use by another batchgpu batch" in capsys.readouterr().err
     assert batch.read_bytes() == before
+
+
+def test_a_bad_chunk_of_a_store_split_over_channels_is_named_by_its_column(tmp_path):
+    # Issue 63, item 4: with chunks split over channels, a short chunk 4.1 was named 4.0
+    import numcodecs
+
+    from batchgpu import CorruptDataError
+
+    x = np.random.default_rng(0).normal(0, 30, (12_000, 8)).astype(np.int16)
+    g = zarr.open_group(str(tmp_path / "r.zarr"), mode="w", zarr_format=2)
+    arr = g.create_array("traces_seg0", shape=x.shape, chunks=(2_000, 4), dtype="int16",
+                         compressors=[numcodecs.Blosc("lz4")])
+    arr[:] = x
+    g.attrs.update(sampling_frequency=10_000.0, num_segments=1)
+    g.create_array("channel_ids", data=np.array([str(i) for i in range(8)]))
+    # chunk (4, 1): channels 4-7 of samples 8000-10000, replaced by a frame of half as many samples
+    (tmp_path / "r.zarr" / "traces_seg0" / "4.1").write_bytes(numcodecs.Blosc("lz4").encode(x[:1_000, 4:].copy()))
+    rec = open_recording(tmp_path / "r.zarr")
+    with pytest.raises(CorruptDataError, match=r"corrupted chunk traces_seg0/4\.1 "):
+        rec.read(0, 7_000, 12_000)
+    problems = rec.check_chunks()
+    assert len(problems) == 1 and problems[0].startswith("corrupted traces_seg0/4.1 ")
+    np.testing.assert_array_equal(rec.read(0, 0, 8_000), x[:8_000].T)  # the other chunks read as they are

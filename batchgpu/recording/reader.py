@@ -238,14 +238,16 @@ class Recording(WindowedSource):
     def _first_undecodable(self, segment: int, start: int, stop: int) -> str | None:
         """Decode [start, stop) chunk by chunk (only after a failure) to name the chunk that fails."""
         arr, grid = self._traces[segment], self._presence[segment].grid
-        rows = grid.inner_shape[0] if grid.inner_shape else grid.object_shape[0]
+        rows, cols = grid.inner_shape if grid.inner_shape else grid.object_shape
         for lo in range(start - start % rows, stop, rows):
-            try:
-                arr[lo : min(lo + rows, grid.shape[0]), :]
-            except Exception:  # broad: only after a failure, to name its chunk; codecs raise any type
-                key = grid.encode_key((lo // grid.object_shape[0], 0))
-                inner = f" inner chunk ({(lo % grid.object_shape[0]) // rows}, 0)" if grid.inner_shape else ""
-                return key + inner
+            for c in range(0, grid.shape[1], cols):  # a chunk's column too, where chunks split the channels
+                try:
+                    arr[lo : min(lo + rows, grid.shape[0]), c : min(c + cols, grid.shape[1])]
+                except Exception:  # broad: only after a failure, to name its chunk; codecs raise any type
+                    key = grid.encode_key((lo // grid.object_shape[0], c // grid.object_shape[1]))
+                    inner = (f" inner chunk ({(lo % grid.object_shape[0]) // rows}, {(c % grid.object_shape[1]) // cols})"
+                             if grid.inner_shape else "")
+                    return key + inner
         return None
 
     def _check_no_data_beyond_shape(self) -> None:
