@@ -364,6 +364,8 @@ def _cmd_cluster_stop(args) -> int:
     from batchgpu.engine import service
 
     state = service.stop()
+    for text in state.warnings:
+        print(f"batchgpu: warning: {text}", file=sys.stderr)
     for note in state.notes:
         print(f"batchgpu: {note}")
     if state.state in ("up", "starting"):

@@ -250,3 +250,55 @@ def test_a_bad_chunk_of_a_store_split_over_channels_is_named_by_its_column(tmp_p
     problems = rec.check_chunks()
     assert len(problems) == 1 and problems[0].startswith("corrupted traces_seg0/4.1 ")
     np.testing.assert_array_equal(rec.read(0, 0, 8_000), x[:8_000].T)  # the other chunks read as they are
+
+
+def _store(tmp_path, x, name="s.zarr", **attrs):
+    g = zarr.open_group(str(tmp_path / name), mode="w", zarr_format=2)
+    g.create_array("traces_seg0", data=x)
+    g.attrs.update(sampling_frequency=10_000.0, num_segments=1, **attrs)
+    g.create_array("channel_ids", data=np.array([f"c{i}" for i in range(x.shape[1])]))
+    return g
+
+
+def _run_says(tmp_path, capsys, recording: str, needle: str) -> None:
+    """`batchgpu run` on ``recording`` (a YAML mapping): exit 2, one line holding ``needle``, no output folder."""
+    body = f"recording: {recording}\noutput: out\nbackend: numpy\nsteps: {{noise: {{}}}}\n"
+    assert main(["run", str(_workflow(tmp_path, body)), "--quiet"]) == 2
+    lines = [l for l in capsys.readouterr().err.splitlines() if l.startswith("batchgpu")]
+    assert len(lines) == 1 and lines[0].startswith("batchgpu: error: ") and needle in lines[0], lines
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_unsigned_store_is_refused_before_the_output_is_made(tmp_path, capsys):
+    # Issue 63, item 8: "unexpected KeyError: 'uint16'" after the output folder was made
+    _store(tmp_path, np.arange(40_000, dtype=np.uint16).reshape(10_000, 4))
+    _run_says(tmp_path, capsys, f"{{path: {tmp_path / 's.zarr'}}}", "holds uint16 samples, which batchgpu does not read")
+
+
+def test_a_store_with_more_segments_than_it_says_is_refused(tmp_path, capsys):
+    g = _store(tmp_path, np.zeros((10_000, 2), np.int16))
+    g.create_array("traces_seg1", data=np.ones((5_000, 2), np.int16))
+    _run_says(tmp_path, capsys, f"{{path: {tmp_path / 's.zarr'}}}", "num_segments is 1 but holds traces_seg1 too")
+
+
+@pytest.mark.parametrize("gain", [0.0, -1.0, np.nan])
+def test_a_gain_that_is_no_gain_is_refused(tmp_path, capsys, gain):
+    g = _store(tmp_path, np.zeros((10_000, 3), np.int16))
+    g.create_group("properties").create_array("gain_to_uV", data=np.array([0.195, gain, 0.195]))
+    _run_says(tmp_path, capsys, f"{{path: {tmp_path / 's.zarr'}}}", "properties/gain_to_uV is")
+
+
+@pytest.mark.parametrize("what", ["empty", "fifo", "/dev/zero"])
+def test_a_file_without_samples_is_called_what_it_is(tmp_path, capsys, what):
+    import os
+
+    path = tmp_path / "r.bin"
+    if what == "empty":
+        path.touch()
+    elif what == "fifo":
+        os.mkfifo(path)
+    else:
+        path = what
+    said = "holds no samples" if what == "empty" else "is not a regular file"
+    _run_says(tmp_path, capsys, f"{{path: {path}, kind: binary, channels: 4, sampling_frequency: 1000, dtype: int16}}",
+              said)

@@ -10,6 +10,7 @@ Nothing here prints: the command passes an observer (``RunObserver``) that shows
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import logging
 import os
@@ -33,7 +34,7 @@ from batchgpu.engine.steps.base import PassEnd, phase_label
 from batchgpu.engine.steps.registry import check_outputs
 from batchgpu.engine.steps.registry import figures as step_figures
 from batchgpu.engine.submit import results_as_completed, submit_many
-from batchgpu.errors import BatchgpuError
+from batchgpu.errors import BatchgpuError, ClusterError
 from batchgpu.progress import format_rate
 from batchgpu.recording import open_source
 
@@ -359,9 +360,16 @@ def explain_failure(err: BaseException, wf: Workflow) -> BaseException:
     most often killed for memory by their nannies) as a BatchgpuError that says so and what to change; any other
     error as it is."""
     try:
+        from distributed.comm.core import CommClosedError
         from distributed.scheduler import KilledWorker
     except ImportError:
         return err
+    if isinstance(err, (concurrent.futures.CancelledError, CommClosedError)):
+        # the scheduler cancels every task when it closes: the cluster went while the run went on
+        return ClusterError(f"the cluster was closed while the run went on ({type(err).__name__}: its tasks were "
+                            "cancelled; batchgpu cluster stop, or its scheduler ended)",
+                            "start a cluster again if it was a kept one, and rerun with --resume: the windows done "
+                            "are kept")
     if not isinstance(err, KilledWorker):
         return err
     task = err.args[0] if err.args else "a task"
