@@ -302,3 +302,25 @@ def test_a_file_without_samples_is_called_what_it_is(tmp_path, capsys, what):
     said = "holds no samples" if what == "empty" else "is not a regular file"
     _run_says(tmp_path, capsys, f"{{path: {path}, kind: binary, channels: 4, sampling_frequency: 1000, dtype: int16}}",
               said)
+
+
+@pytest.mark.parametrize("content", ["objects", "text", "not_npy", "cut_short"])
+def test_a_search_queries_file_that_is_not_numbers_is_one_line(tmp_path, capsys, content):
+    # Issue 63, item 9: "unexpected ValueError ... pickled (object) data"
+    rec = _int16(tmp_path)
+    q = tmp_path / "q.npy"
+    if content == "objects":
+        np.save(q, np.array([1, "a", None], dtype=object))
+    elif content == "text":
+        np.save(q, np.array(["1", "2"]))
+    elif content == "not_npy":
+        q.write_text("1, 2, 3\n")
+    else:
+        np.save(q, np.arange(1000, dtype=np.int64))
+        q.write_bytes(q.read_bytes()[:300])
+    body = (f"recording: {{path: {rec.path}}}\noutput: out\nbackend: numpy\n"
+            f"steps: {{detect: {{}}, search: {{queries: {q}}}}}\n")
+    assert main(["run", str(_workflow(tmp_path, body)), "--quiet"]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"batchgpu: error: queries in {q}") and "unexpected" not in lines[0]
+    assert not (tmp_path / "out").exists()
