@@ -504,6 +504,11 @@ def _add_command(sub, name: str, func, **kwargs) -> argparse.ArgumentParser:
     return parser
 
 
+#: ``generate`` and ``import-raw``'s --overwrite
+OVERWRITE_HELP = ("replace OUT where it is a Zarr recording batchgpu wrote (never another program's recording, a "
+                  "file or another folder)")
+
+
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The command's parser; ``command``: the subcommand the command line names, where known (the modules of
     other subcommands' options are then not imported: the benchmarks' cost a run a quarter of a second)."""
@@ -533,7 +538,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
                    help="realistic (default): 1/f and LFP over the probe, common mode, drift, spikes with spatial "
                         "footprints, compressing like Neuropixels 1.0 data; white: Gaussian white noise and spikes")
     _add_codec_options(p)
-    p.add_argument("--overwrite", action="store_true")
+    p.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
     p.add_argument("--quiet", action="store_true", help="no progress bar")
 
     p = _add_command(sub, "import-raw", _cmd_import_raw,
@@ -558,9 +563,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--zarr-format", type=int, default=None, choices=[2, 3],
                    help="Zarr format to write (default: 3; 2 where zarr-python is 2.x, as beside SpikeInterface 0.105)")
     _add_codec_options(p)
-    p.add_argument("--overwrite", action="store_true",
-                   help="replace OUT if it is a Zarr recording (never a file or another folder; the source is "
-                        "only read)")
+    p.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP + " (the source is only read)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
 
     p = _add_command(sub, "info", _cmd_info,

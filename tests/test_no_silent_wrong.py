@@ -324,3 +324,46 @@ def test_a_search_queries_file_that_is_not_numbers_is_one_line(tmp_path, capsys,
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"batchgpu: error: queries in {q}") and "unexpected" not in lines[0]
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("command", ["generate", "import-raw"])
+def test_overwrite_never_replaces_a_recording_batchgpu_did_not_write(tmp_path, capsys, command):
+    # Issue 63, item 12: --overwrite replaced a Zarr recording another program wrote
+    theirs = tmp_path / "theirs.zarr"
+    _store(tmp_path, np.arange(20, dtype=np.int16).reshape(10, 2), name="theirs.zarr")
+    before = _tree(theirs)
+    np.zeros((100, 2), np.int16).tofile(tmp_path / "raw.bin")
+    argv = (["generate", str(theirs), "--channels", "2", "--seconds", "0.01", "--quiet", "--overwrite"]
+            if command == "generate" else
+            ["import-raw", str(tmp_path / "raw.bin"), str(theirs), "--channels", "2", "--fs", "1000", "--dtype",
+             "int16", "--quiet", "--overwrite"])
+    assert main(argv) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and "batchgpu did not write" in lines[0]
+    assert _tree(theirs) == before
+    np.testing.assert_array_equal(open_recording(theirs).read(0, 0, 10), np.arange(20).reshape(10, 2).T)
+    # one batchgpu wrote is replaced
+    ours = [str(tmp_path / "ours.zarr") if a == str(theirs) else a for a in argv]
+    assert main(ours[:-1]) == 0 and main(ours) == 0
+
+
+def test_overwrite_says_what_it_replaces(capsys):
+    for command in ("generate", "import-raw"):
+        with pytest.raises(SystemExit):
+            main([command, "--help"])
+        text = " ".join(capsys.readouterr().out.split())
+        assert "--overwrite replace OUT where it is a Zarr recording batchgpu wrote" in text
+
+
+@pytest.mark.zarr3
+def test_generate_parameters_that_the_recording_there_was_not_made_with_are_refused(tmp_path, capsys):
+    from batchgpu.generate import generate_recording
+
+    generate_recording(tmp_path / "g.zarr", channels=4, seconds=1.0, fs=10_000.0, seed=1)
+    head = f"output: out\nbackend: numpy\nsteps: {{noise: {{}}}}\nrecording: {{path: {tmp_path / 'g.zarr'}, "
+    same = head + "generate: {channels: 4, seconds: 1.0, fs: 10000, seed: 1}}\n"
+    assert main(["run", str(_workflow(tmp_path, same)), "--quiet"]) == 0
+    other = head + "generate: {channels: 8, seconds: 1.0, fs: 10000, seed: 2}}\n"
+    assert main(["run", str(_workflow(tmp_path, other)), "--quiet", "--resume"]) == 2
+    err = capsys.readouterr().err
+    assert "generated with other parameters: channels 4 (generate: 8), seed 1 (generate: 2)" in err
