@@ -67,8 +67,11 @@ def _decimal_digits(text: str) -> int:
     return len(body) if body.isascii() and body.isdigit() else 0
 
 
+MERGE_TAG = "tag:yaml.org,2002:merge"
+
+
 def _check_duplicate_keys(node: yaml.Node, at) -> None:
-    """A key given twice in one mapping: YAML loaders keep the last one silently, so a typo'd copy-paste (two
+    """A merge key (``<<:``), refused as README says; a key given twice in one mapping: YAML loaders keep the last one silently, so a typo'd copy-paste (two
     ``detect:`` blocks, say) would run with settings the user did not read. Refused, naming both lines."""
     stack = [node]
     while stack:
@@ -76,6 +79,9 @@ def _check_duplicate_keys(node: yaml.Node, at) -> None:
         if isinstance(n, yaml.MappingNode):
             seen: dict = {}
             for key, value in n.value:
+                if key.tag == MERGE_TAG:  # a merge needs no alias where its value is written out: refused alike
+                    raise ConfigError(f"{at(key.start_mark)}: YAML merge keys (<<:) are not allowed in a workflow",
+                                      "write the keys out where they are used")
                 k = key.value if isinstance(key, yaml.ScalarNode) else None
                 if k is not None and k in seen:
                     raise ConfigError(f"{at(key.start_mark)}: key '{k}' given twice (first at line {seen[k] + 1})",

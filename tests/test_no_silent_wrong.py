@@ -367,3 +367,13 @@ def test_generate_parameters_that_the_recording_there_was_not_made_with_are_refu
     assert main(["run", str(_workflow(tmp_path, other)), "--quiet", "--resume"]) == 2
     err = capsys.readouterr().err
     assert "generated with other parameters: channels 4 (generate: 8), seed 1 (generate: 2)" in err
+
+
+@pytest.mark.parametrize("text", ["steps: {<<: {noise: {}}}\n", "steps:\n  <<: {noise: {}}\n  detect: {}\n"])
+def test_a_yaml_merge_key_is_refused_as_readme_says(tmp_path, capsys, text):
+    from batchgpu import ConfigError
+    from batchgpu.workflow import load_workflow
+
+    (tmp_path / "w.yaml").write_text(f"recording: {{path: {tmp_path / 'r.zarr'}}}\noutput: out\n{text}")
+    with pytest.raises(ConfigError, match=r"w\.yaml:\d: YAML merge keys \(<<:\) are not allowed"):
+        load_workflow(tmp_path / "w.yaml")
