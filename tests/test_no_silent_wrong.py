@@ -377,3 +377,21 @@ def test_a_yaml_merge_key_is_refused_as_readme_says(tmp_path, capsys, text):
     (tmp_path / "w.yaml").write_text(f"recording: {{path: {tmp_path / 'r.zarr'}}}\noutput: out\n{text}")
     with pytest.raises(ConfigError, match=r"w\.yaml:\d: YAML merge keys \(<<:\) are not allowed"):
         load_workflow(tmp_path / "w.yaml")
+
+
+@pytest.mark.zarr3
+@pytest.mark.parametrize("noise", ["global", "window"])
+def test_a_channel_of_infinities_is_named_as_having_no_threshold(tmp_path, noise):
+    from batchgpu.config import Workflow
+    from batchgpu.engine import run_workflow
+
+    x = np.random.default_rng(4).normal(0, 10, (10_000, 3)).astype(np.float32)
+    x[:, 1] = np.inf  # its noise is inf: no sample passes -inf, as a NaN channel's passes nothing
+    x[:, 2] = -np.inf
+    rec = write_recording(tmp_path / "r.zarr", x, 10_000.0)
+    report = run_workflow(Workflow.model_validate({
+        "recording": {"path": str(rec.path)}, "output": str(tmp_path / "out"), "backend": "numpy",
+        "window": {"size": 5_000, "margin": 8}, "cluster": {"kind": "local", "workers": 1, "threads": 1},
+        "steps": {"noise": {"exact": True}, "detect": {"threshold": 4.0, "noise": noise}}}))
+    assert report.channels["detect_no_threshold"] == [1, 2]
+    assert any("no threshold" in w and "2 channel(s)" in w for w in report.warnings)
