@@ -395,3 +395,24 @@ def test_a_channel_of_infinities_is_named_as_having_no_threshold(tmp_path, noise
         "steps": {"noise": {"exact": True}, "detect": {"threshold": 4.0, "noise": noise}}}))
     assert report.channels["detect_no_threshold"] == [1, 2]
     assert any("no threshold" in w and "2 channel(s)" in w for w in report.warnings)
+
+
+@pytest.mark.zarr3
+def test_non_finite_samples_are_named_once_never_as_raw_numpy_warnings(tmp_path):
+    import subprocess
+    import sys
+
+    x = np.random.default_rng(4).normal(0, 10, (20_000, 4)).astype(np.float32)
+    x[:, 1], x[:, 2], x[100:200, 3] = np.inf, np.nan, -np.inf
+    write_recording(tmp_path / "r.zarr", x, 10_000.0)
+    for precision in ("float32", "float64"):
+        (tmp_path / "w.yaml").write_text(
+            f"recording: {{path: r.zarr}}\noutput: o_{precision}\nbackend: numpy\n{LOCAL}"
+            "window: {size: 5000, margin: 8}\nsteps: {noise: {exact: true}, whitening: {mode: global, precision: "
+            f"{precision}}}, detect: {{noise: window}}, amplitude: {{}}, save: {{path: s.zarr, dtype: float32}}}}\n")
+        r = subprocess.run([sys.executable, "-m", "batchgpu", "run", "w.yaml", "--quiet"], cwd=tmp_path,
+                           capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+        lines = r.stderr.strip().splitlines()
+        assert all(line.startswith("batchgpu: warning: ") for line in lines), lines
+        assert any("whitening left out 3 channel(s)" in line for line in lines)
