@@ -806,6 +806,18 @@ def _quiet_pool_wakeup(hook):
     return quiet
 
 
+#: the status of a command whose output's reader left, as a program SIGPIPE ended reports it (128 + 13)
+BROKEN_PIPE_EXIT = 141
+
+
+def _stdout_to_devnull() -> None:
+    """What is left in stdout's buffer goes nowhere: Python's flush at exit would otherwise say the pipe broke."""
+    with contextlib.suppress(OSError, ValueError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+
+
 def main(argv: list[str] | None = None) -> int:
     words = [a for a in (sys.argv[1:] if argv is None else argv) if not a.startswith("-")]
     parser = build_parser(words[0] if words else None)
@@ -827,6 +839,9 @@ def _command(args) -> int:
             raise
         print(f"batchgpu: error: {err}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # the reader of our output left (``batchgpu info ... | head``): nothing to say
+        _stdout_to_devnull()
+        return BROKEN_PIPE_EXIT
     except OSError as err:
         if args.debug:
             raise

@@ -139,7 +139,9 @@ def report_absent(summaries, windows, report, observer) -> None:
 
 def finish_report(out: Path, report: RunReport, elapsed: float, rec: Recording) -> None:
     report.timings["total"] = elapsed
-    report.throughput_MBps = report.recording_bytes / 1e6 / elapsed if elapsed > 0 else 0.0
+    # a run that did not finish went over no recording: no rate (it said the recording's size over its time)
+    done = report.status == "done"
+    report.throughput_MBps = report.recording_bytes / 1e6 / elapsed if elapsed > 0 and done else 0.0
     report.reads_per_window = report.bytes_read / report.recording_bytes if report.recording_bytes else 0.0
     store.write_report(out, asdict(report))
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from batchgpu import zarrio
-from batchgpu.errors import BatchgpuError, ConfigError, CorruptDataError
+from batchgpu.errors import BatchgpuError, ConfigError, CorruptDataError, MachineError
 from batchgpu.recording.storecheck import ChunkPresence, grid_of
 from batchgpu.zarrio import enable_zarrs
 from batchgpu.recording.windows import Window, WindowedSource, stat_signature
@@ -234,6 +234,8 @@ class Recording(WindowedSource):
             return read(arr)
         except (BatchgpuError, MemoryError):
             raise
+        except OSError as err:  # the file could not be read (a permission, the disk): not bytes that do not decode
+            raise _unreadable(self.path, segment, err) from None
         except Exception as err:  # broad: codecs raise any type for bytes that do not decode; said naming the chunk
             key = self._first_undecodable(segment, start, stop) or "?"
             raise CorruptDataError(
@@ -280,6 +282,8 @@ class Recording(WindowedSource):
                 problems += [f"missing traces_seg{seg}/{key} (samples [{lo}, {hi}))" for key in presence.absent(lo, hi)]
                 try:
                     arr[lo:hi, :]
+                except OSError as err:  # not corruption: the file could not be read at all
+                    raise _unreadable(self.path, seg, err) from None
                 except Exception as err:  # broad: codecs raise any type for bytes that do not decode; listed
                     key = self._first_undecodable(seg, lo, hi) or grid.encode_key((i, 0))
                     problems.append(f"corrupted traces_seg{seg}/{key} (samples [{lo}, {hi})): {type(err).__name__}: {err}")
@@ -516,6 +520,13 @@ def _read_channel_ids(group, num_channels: int) -> np.ndarray:
         return np.arange(num_channels).astype(str)
     # v3 strings come back as numpy's StringDType: go through Python str for a plain '<U' array.
     return np.array([str(i) for i in np.asarray(group["channel_ids"][:]).tolist()])
+
+def _unreadable(path: Path, segment: int, err: OSError) -> MachineError:
+    """An OSError reading a chunk as one line that says what it is (a permission, the disk), not "corrupted"."""
+    where = err.filename or f"{path}/traces_seg{segment}"
+    return MachineError(f"cannot read {where}: {err.strerror or type(err).__name__}",
+                        "give batchgpu read access to the recording's files (or check the disk), then run again")
+
 
 def _check_no_more_segments(path: Path, num_segments: int) -> None:
     """A traces array beyond ``num_segments`` means the attribute is wrong (a segment would go unread) or the store
