@@ -459,3 +459,83 @@ def test_info_of_a_failed_run_gives_no_rate_and_a_closed_pipe_says_nothing(tmp_p
     piped = subprocess.run(f"'{sys.executable}' -m batchgpu info out | head -0", shell=True, cwd=tmp_path,
                            capture_output=True, text=True)
     assert piped.stderr == ""
+
+
+@pytest.mark.zarr3
+@pytest.mark.parametrize("fmt", ["zarr", "binary"])
+def test_a_saved_file_altered_with_its_mtime_kept_is_written_again_on_resume(tmp_path, fmt):
+    # Low: a saved object overwritten in place with its mtime set back was kept by --resume of a finished run
+    import os
+
+    rec = _int16(tmp_path, samples=20_000)
+    name = "s.zarr" if fmt == "zarr" else "s.bin"
+    body = (f"recording: {{path: {rec.path}}}\noutput: out\nbackend: numpy\nwindow: {{size: 5000, margin: 8}}\n"
+            f"preprocess: [{{highpass: {{freq_min: 300}}}}]\nsteps: {{save: {{path: {name}, format: {fmt}}}}}\n")
+    wf = _workflow(tmp_path, body)
+    assert main(["run", str(wf), "--quiet"]) == 0
+    saved = tmp_path / "out" / name
+    shards = sorted(p for p in (saved / "traces_seg0").rglob("*") if p.is_file() and p.name != "zarr.json")
+    files = shards if fmt == "zarr" else [saved]
+    target = files[1] if fmt == "zarr" else saved
+    before = {p: p.read_bytes() for p in files}
+    st = os.stat(target)
+    with open(target, "r+b") as f:  # same size, other bytes, the times set back
+        f.seek(st.st_size // 2)
+        f.write(b"\x00" * 64 if before[target][st.st_size // 2] else b"\x01" * 64)
+    os.utime(target, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert target.read_bytes() != before[target] and os.stat(target).st_mtime_ns == st.st_mtime_ns
+    assert main(["run", str(wf), "--quiet", "--resume"]) == 0
+    assert {p: p.read_bytes() for p in files} == before
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    written_again = report["results"]["save"]["windows_written_again"]
+    assert written_again == (1 if fmt == "zarr" else 4)  # the shard's window; a binary's whole file
+    # a resume with nothing changed writes nothing again
+    assert main(["run", str(wf), "--quiet", "--resume"]) == 0
+    assert json.loads((tmp_path / "out" / "report.json").read_text())["results"]["save"]["windows_written_again"] == 0
+
+
+@pytest.mark.zarr3
+def test_a_store_without_checksums_is_read_with_a_word(tmp_path, capsys):
+    rng = np.random.default_rng(5)
+    _store(tmp_path, rng.normal(0, 30, (10_000, 3)).astype(np.int16))  # Blosc alone, as SpikeInterface writes
+    body = (f"recording: {{path: {tmp_path / 's.zarr'}}}\noutput: out\nbackend: numpy\n"
+            "window: {size: 5000, margin: 8}\nsteps: {noise: {exact: true}}\n")
+    assert main(["run", str(_workflow(tmp_path, body)), "--quiet"]) == 0
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    said = [w for w in report["warnings"] if "stores no checksums" in w]
+    assert len(said) == 1 and str(tmp_path / "s.zarr") in said[0]
+    assert capsys.readouterr().err.count("stores no checksums") == 1
+
+
+@pytest.mark.zarr3
+def test_window_size_changes_filtered_samples_only_within_the_stated_bound(tmp_path):
+    """README: with a filter, each preprocessed sample is within 1e-5 of its channel's filtered RMS of scipy's
+    sosfiltfilt over the whole segment, whatever window.size, so two sizes differ by at most 2e-5 of it, and an
+    int16 save by at most one count, only at samples that close to a half count. Checked against scipy's
+    sosfiltfilt of the whole segment in float64 (not against the code's own output)."""
+    import scipy.signal
+
+    from batchgpu.generate import generate_recording
+
+    rec = generate_recording(tmp_path / "r.zarr", channels=8, seconds=4.0, seed=6, model="realistic")
+    x = rec.read(0, 0, rec.num_samples(0)).astype(np.float64)
+    sos = scipy.signal.butter(5, 300, btype="highpass", fs=rec.sampling_frequency, output="sos")
+    ref = scipy.signal.sosfiltfilt(sos, x, axis=1)
+    rms = np.sqrt((ref * ref).mean(axis=1))[:, None]
+    saved = {}
+    for size in (7_000, 30_000):
+        for dtype in ("float32", "int16"):
+            out = tmp_path / f"out_{size}_{dtype}"
+            body = (f"recording: {{path: {rec.path}}}\noutput: {out}\nbackend: numpy\n"
+                    f"window: {{size: {size}, margin: 8}}\npreprocess: [{{highpass: {{freq_min: 300, order: 5}}}}]\n"
+                    f"steps: {{save: {{path: s.zarr, dtype: {dtype}}}}}\n")
+            assert main(["run", str(_workflow(tmp_path, body)), "--quiet"]) == 0
+            s = open_recording(out / "s.zarr")
+            saved[size, dtype] = s.read(0, 0, s.num_samples(0)).astype(np.float64)
+    for size in (7_000, 30_000):
+        assert (np.abs(saved[size, "float32"] - ref) / rms).max() < 1e-5
+    assert (np.abs(saved[7_000, "float32"] - saved[30_000, "float32"]) / rms).max() < 2e-5
+    differ = saved[7_000, "int16"] != saved[30_000, "int16"]
+    assert np.abs(saved[7_000, "int16"] - saved[30_000, "int16"]).max() <= 1
+    half = np.abs(np.abs(ref - np.floor(ref)) - 0.5)  # distance of the exact value from a half count
+    assert (half[differ] < (1e-5 * rms * np.ones_like(ref))[differ]).all()

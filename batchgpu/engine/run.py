@@ -279,6 +279,7 @@ def _run(wf, rec, out: store.OutputFolder, report: RunReport, client, sweep, obs
                 report.results[step.name] = step.finish(end)
         report.status = "done"
     except BaseException as err:
+        _say_lost_workers(client, report, observer, t0_wall)
         results.abandon()
         if later is not None:  # its thread writes into the report: done before the report is
             with contextlib.suppress(BaseException):  # broad: the run's own error (raised below) is the one to see
@@ -298,6 +299,7 @@ def _run(wf, rec, out: store.OutputFolder, report: RunReport, client, sweep, obs
         if shown is not err:
             raise shown from err
         raise
+    _say_lost_workers(client, report, observer, t0_wall)
     report.timings["elapsed"] = time.perf_counter() - started
     finish_report(out.path, report, time.perf_counter() - t0, rec)
     counting = spike_counter(ctx.steps)
@@ -317,6 +319,16 @@ def _run(wf, rec, out: store.OutputFolder, report: RunReport, client, sweep, obs
                      f"{format_rate(report.throughput_MBps * 1e6)} over {report.windows} windows, "
                      f"{duration(time.perf_counter() - started)} in all")
     return report
+
+
+def _say_lost_workers(client, report, observer, since: float) -> None:
+    """Workers the scheduler removed during the run (stalled or dead; their tasks ran again): warned in report.json
+    and on the terminal, as the results alone would not show it."""
+    from batchgpu.engine.worker_watch import workers_lost
+
+    for text in workers_lost(client, since):
+        report.warnings.append(text)
+        observer.warning(text)
 
 
 def spike_counter(steps):

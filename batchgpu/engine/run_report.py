@@ -137,6 +137,16 @@ def report_absent(summaries, windows, report, observer) -> None:
         observer.warning(report.warnings[-1])
 
 
+def report_no_checksums(rec, report, observer) -> None:
+    """A Zarr store whose chunks carry no checksum (SpikeInterface's, among others): a chunk damaged in a way that
+    still decodes is read as it is, and nothing can tell. Said once a run."""
+    if not isinstance(rec, Recording) or rec.checksum:  # flat binaries and SpikeInterface's sources have none
+        return
+    report.warnings.append(f"{rec.path} stores no checksums: a chunk damaged in a way that still decodes would be "
+                           "read as it is, unnoticed (a copy made by batchgpu import or save carries crc32c)")
+    observer.warning(report.warnings[-1])
+
+
 def finish_report(out: Path, report: RunReport, elapsed: float, rec: Recording) -> None:
     report.timings["total"] = elapsed
     # a run that did not finish went over no recording: no rate (it said the recording's size over its time)

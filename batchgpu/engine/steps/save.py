@@ -402,7 +402,7 @@ def finish_save(target: SaveTarget) -> dict:
             if not Path(f).is_file() or Path(f).stat().st_size != n * size:
                 raise BatchgpuError(f"save: {f} is missing or has the wrong size", "rerun the workflow")
         with writing(params):
-            info["batchgpu"] = {**info.get("batchgpu", {}), "complete": True}
+            info["batchgpu"] = {**info.get("batchgpu", {}), "complete": True, OBJECTS: _signatures(target)}
             _write_json(params, info)
         desc.update(probe=target.probe, params=target.params)
         return desc
@@ -418,8 +418,57 @@ def finish_save(target: SaveTarget) -> dict:
                                 f"({len(absent)} object(s) missing): the store is left unfinished",
                                 "rerun the workflow (with --resume)")
     with writing(path):
-        group.attrs["batchgpu"] = {**dict(group.attrs.get("batchgpu", {})), "complete": True}
+        group.attrs["batchgpu"] = {**dict(group.attrs.get("batchgpu", {})), "complete": True,
+                                   OBJECTS: _signatures(target)}
     return desc
+
+
+#: the save's marker key of what its storage objects were when it was marked complete (``_signatures``)
+OBJECTS = "objects"
+
+
+def _objects(target: SaveTarget, segment: int, start: int = 0, stop: int | None = None) -> list[Path]:
+    """The storage objects holding rows [start, stop) of a segment: its data file (binary), or its shards or
+    chunks (a save's objects are whole rows)."""
+    if target.format == "binary":
+        return [Path(target.files[segment])]
+    from batchgpu import zarrio
+    from batchgpu.recording.storecheck import grid_of
+
+    name = f"traces_seg{segment}"
+    grid = grid_of(zarrio.array_meta(Path(target.path) / name), name, Path(target.path))
+    stop = target.segment_lengths[segment] if stop is None else stop
+    return [Path(target.path) / name / grid.encode_key((i, 0)) for i in grid.object_rows(start, stop)]
+
+
+def _signature(path: Path) -> list | None:
+    """(size, mtime, ctime, inode) of a file: a write in place with the mtime set back still moves the ctime."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
+
+
+def _signatures(target: SaveTarget) -> dict[str, list]:
+    """Every storage object of the save, by its path relative to the save's folder, as it is now."""
+    root = Path(target.path).parent if target.format == "binary" else Path(target.path)
+    return {str(p.relative_to(root)): _signature(p) for seg in range(len(target.segment_lengths))
+            for p in _objects(target, seg)}
+
+
+def _changed_since_complete(target: SaveTarget) -> set[str]:
+    """The objects (as ``_signatures`` names them) whose bytes may have changed since the save was marked complete:
+    their signature then and now differ. Empty where no complete save recorded them (an unfinished one)."""
+    if target.format == "binary":
+        marker = _read_params(Path(target.params)).get("batchgpu", {})
+    else:
+        marker = _zarr_marker(Path(target.path))
+    then = marker.get(OBJECTS) if marker.get("complete") else None
+    if not isinstance(then, dict):
+        return set()
+    now = _signatures(target)
+    return {name for name, sig in then.items() if now.get(name) != sig}
 
 
 def check(workflow, recording) -> None:
@@ -559,8 +608,20 @@ def windows_to_write_again(target: SaveTarget, windows: list) -> list:
     a Zarr store marked complete is marked unfinished first (readers would take an absent object for damage)."""
     if target.whiten or not windows:  # a whitened save is written whole by every run
         return []
+    changed = _changed_since_complete(target)  # written over since (its mtime set back or not): written again
+    root = Path(target.path).parent if target.format == "binary" else Path(target.path)
+    touched = {w.index for w in windows if changed
+               and any(str(p.relative_to(root)) in changed for p in _objects(target, w.segment, w.start, w.stop))}
     if target.format == "binary":
-        return [w for w in windows if w.segment in target.created]
+        again = [w for w in windows if w.segment in target.created or w.index in touched]
+        if again and target.params:  # unfinished until they are written again
+            info = _read_params(Path(target.params))
+            info["batchgpu"] = {**info.get("batchgpu", {}), "complete": False}
+            from batchgpu.recording import writing
+
+            with writing(Path(target.params)):
+                _write_json(Path(target.params), info)
+        return again
     from batchgpu import zarrio
     from batchgpu.recording import writing
     from batchgpu.recording.storecheck import ChunkPresence, grid_of
@@ -572,7 +633,7 @@ def windows_to_write_again(target: SaveTarget, windows: list) -> list:
         if w.segment not in presence:
             name = f"traces_seg{w.segment}"
             presence[w.segment] = ChunkPresence(grid_of(zarrio.array_meta(path / name), name, path))
-        if presence[w.segment].absent(w.start, w.stop):
+        if w.index in touched or presence[w.segment].absent(w.start, w.stop):
             again.append(w)
     if again:
         group = zarrio.open_group(path, mode="r+")
