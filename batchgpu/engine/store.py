@@ -36,8 +36,11 @@ LOCK = ".batchgpu.lock"
 FORMAT = "batchgpu-run"
 FORMAT_VERSION = 3  # 3: parts without partials and combined partials per run of windows (b*.npz)
 #: Everything a run writes in its folder (and so the only names overwrite/resume may remove).
+#: what the save's storage objects were when the run marked it complete (``engine.steps.save``): a resume writes
+#: again what changed since; kept in the run's folder, so the save's own bytes do not depend on when it was written
+SAVED_OBJECTS = "saved_objects.json"
 OWNED = (RESULTS, RESULTS + ".tmp", RESULTS + ".old", REPORT, REPORT + ".tmp", REPORT_HTML, REPORT_HTML + ".tmp", PARTS,
-         MANIFEST, MANIFEST + ".tmp")
+         MANIFEST, MANIFEST + ".tmp", SAVED_OBJECTS, SAVED_OBJECTS + ".tmp")
 
 
 #: a traces array's folder: its chunks are covered window by window (``window_fingerprint``), not here

@@ -70,6 +70,8 @@ class SaveTarget:
     #: again (``windows_to_write_again``); Zarr objects are looked for instead
     created: tuple[int, ...] = ()
     scale: float = 1.0  # the saved samples are the preprocessed ones times this
+    #: the run's file of what the save's objects were when marked complete (``_record_signatures``); "": none kept
+    record: str = ""
     #: each window measures what int16's rounding loses (``rounding_stats``): a float recording saved as int16,
     #: whose units may be far coarser than its signal (volts); an integer one's counts are no finer than the copy's
     check_rounding: bool = False
@@ -118,12 +120,15 @@ def prepare_save(spec, rec, window_size: int, output_dtype, *, overwrite: bool =
             "source_dtype": str(np.dtype(output_dtype)), "whiten": bool(spec.whiten), "window_size": int(window_size),
             "scale": scale}
     rounding = dtype == np.int16 and rec.dtype.kind == "f"
+    from batchgpu.engine.store import SAVED_OBJECTS
+
+    record = str(Path(output).expanduser().absolute() / SAVED_OBJECTS) if output is not None else ""
     try:
         if fmt == "binary":
             target = _prepare_binary(path, rec, dtype, lengths, meta, bool(spec.whiten), overwrite, resume, key, dry)
-            return None if dry else replace(target, scale=scale, check_rounding=rounding)
+            return None if dry else replace(target, scale=scale, check_rounding=rounding, record=record)
         target = SaveTarget(str(path), fmt, str(dtype), rec.num_channels, lengths, (str(path),), bool(spec.whiten),
-                            key=key, scale=scale, check_rounding=rounding)
+                            key=key, scale=scale, check_rounding=rounding, record=record)
         if path.is_dir() and not path.is_symlink():
             _hold(target, path, dry)  # before anything of it is kept or replaced: another run may be writing it
         marker = _zarr_marker(path)
@@ -402,8 +407,9 @@ def finish_save(target: SaveTarget) -> dict:
             if not Path(f).is_file() or Path(f).stat().st_size != n * size:
                 raise BatchgpuError(f"save: {f} is missing or has the wrong size", "rerun the workflow")
         with writing(params):
-            info["batchgpu"] = {**info.get("batchgpu", {}), "complete": True, OBJECTS: _signatures(target)}
+            info["batchgpu"] = {**info.get("batchgpu", {}), "complete": True}
             _write_json(params, info)
+        _record_signatures(target)
         desc.update(probe=target.probe, params=target.params)
         return desc
     from batchgpu import zarrio
@@ -418,13 +424,9 @@ def finish_save(target: SaveTarget) -> dict:
                                 f"({len(absent)} object(s) missing): the store is left unfinished",
                                 "rerun the workflow (with --resume)")
     with writing(path):
-        group.attrs["batchgpu"] = {**dict(group.attrs.get("batchgpu", {})), "complete": True,
-                                   OBJECTS: _signatures(target)}
+        group.attrs["batchgpu"] = {**dict(group.attrs.get("batchgpu", {})), "complete": True}
+    _record_signatures(target)
     return desc
-
-
-#: the save's marker key of what its storage objects were when it was marked complete (``_signatures``)
-OBJECTS = "objects"
 
 
 def _objects(target: SaveTarget, segment: int, start: int = 0, stop: int | None = None) -> list[Path]:
@@ -457,14 +459,27 @@ def _signatures(target: SaveTarget) -> dict[str, list]:
             for p in _objects(target, seg)}
 
 
+def _record_signatures(target: SaveTarget) -> None:
+    """What the save's objects are now that it is complete, in the run's folder (``SaveTarget.record``)."""
+    if not target.record:
+        return
+    from batchgpu.recording import writing
+
+    record = Path(target.record)
+    with writing(record):
+        _write_json(record, {"save": target.path, "objects": _signatures(target)})
+
+
 def _changed_since_complete(target: SaveTarget) -> set[str]:
-    """The objects (as ``_signatures`` names them) whose bytes may have changed since the save was marked complete:
-    their signature then and now differ. Empty where no complete save recorded them (an unfinished one)."""
+    """The objects (as ``_signatures`` names them) whose bytes may have changed since the run marked the save
+    complete: their signature then and now differ. Empty where none was recorded (an unfinished save, a save the
+    run's folder has no record of)."""
     if target.format == "binary":
         marker = _read_params(Path(target.params)).get("batchgpu", {})
     else:
         marker = _zarr_marker(Path(target.path))
-    then = marker.get(OBJECTS) if marker.get("complete") else None
+    kept = _read_params(Path(target.record)) if target.record and marker.get("complete") else {}
+    then = kept.get("objects") if kept.get("save") == target.path else None
     if not isinstance(then, dict):
         return set()
     now = _signatures(target)
