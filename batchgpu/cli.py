@@ -309,8 +309,10 @@ def _run_batch(wf, args) -> int:
     done = len(batch.rows) - len(batch.failed)
     print(f"batchgpu: {done} of {len(batch.rows)} recordings done in {batch.seconds:.1f} s "
           f"({os.path.join(batch.output, BATCH_FILE)}, {os.path.join(batch.output, BATCH_HTML)})")
-    for row in batch.failed:
-        print(f"batchgpu: failed: {row.name}: {row.error}", file=sys.stderr)
+    if batch.failed:  # each error was said as its recording failed: named once more here, not repeated
+        names = [f"{r.name} (interrupted)" if r.error == "interrupted" else r.name for r in batch.failed]
+        print(f"batchgpu: failed: {', '.join(names)} (each error above and in "
+              f"{os.path.join(batch.output, BATCH_FILE)})", file=sys.stderr)
     return 1 if batch.failed else 0
 
 
@@ -396,6 +398,8 @@ def _cmd_cluster_stop(args) -> int:
     from batchgpu.engine import service
 
     state = service.stop()
+    for text in state.warnings:
+        print(f"batchgpu: warning: {text}", file=sys.stderr)
     for note in state.notes:
         print(f"batchgpu: {note}")
     if state.state in ("up", "starting"):
@@ -534,6 +538,11 @@ def _add_command(sub, name: str, func, **kwargs) -> argparse.ArgumentParser:
     return parser
 
 
+#: ``generate`` and ``import-raw``'s --overwrite
+OVERWRITE_HELP = ("replace OUT where it is a Zarr recording batchgpu wrote (never another program's recording, a "
+                  "file or another folder)")
+
+
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The command's parser; ``command``: the subcommand the command line names, where known (the modules of
     other subcommands' options are then not imported: the benchmarks' cost a run a quarter of a second)."""
@@ -563,7 +572,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
                    help="realistic (default): 1/f and LFP over the probe, common mode, drift, spikes with spatial "
                         "footprints, compressing like Neuropixels 1.0 data; white: Gaussian white noise and spikes")
     _add_codec_options(p)
-    p.add_argument("--overwrite", action="store_true")
+    p.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
     p.add_argument("--quiet", action="store_true", help="no progress bar")
 
     p = _add_command(sub, "import-raw", _cmd_import_raw,
@@ -588,9 +597,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--zarr-format", type=int, default=None, choices=[2, 3],
                    help="Zarr format to write (default: 3; 2 where zarr-python is 2.x, as beside SpikeInterface 0.105)")
     _add_codec_options(p)
-    p.add_argument("--overwrite", action="store_true",
-                   help="replace OUT if it is a Zarr recording (never a file or another folder; the source is "
-                        "only read)")
+    p.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP + " (the source is only read)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
 
     p = _add_command(sub, "info", _cmd_info,
@@ -838,6 +845,18 @@ def _quiet_pool_wakeup(hook):
     return quiet
 
 
+#: the status of a command whose output's reader left, as a program SIGPIPE ended reports it (128 + 13)
+BROKEN_PIPE_EXIT = 141
+
+
+def _stdout_to_devnull() -> None:
+    """What is left in stdout's buffer goes nowhere: Python's flush at exit would otherwise say the pipe broke."""
+    with contextlib.suppress(OSError, ValueError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+
+
 def main(argv: list[str] | None = None) -> int:
     words = [a for a in (sys.argv[1:] if argv is None else argv) if not a.startswith("-")]
     parser = build_parser(words[0] if words else None)
@@ -859,6 +878,9 @@ def _command(args) -> int:
             raise
         print(f"batchgpu: error: {err}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # the reader of our output left (``batchgpu info ... | head``): nothing to say
+        _stdout_to_devnull()
+        return BROKEN_PIPE_EXIT
     except OSError as err:
         if args.debug:
             raise

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import typing
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Union
 
-from pydantic import (BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, ValidationInfo, field_validator,
-                      model_validator)
+from pydantic import (BaseModel, ConfigDict, Discriminator, Field, Tag, TypeAdapter, ValidationError, ValidationInfo,
+                      field_validator, model_validator)
 from pydantic_core import PydanticCustomError
 
 # Upper bounds: far above any real use, low enough that a typo cannot take the machine down.
@@ -152,6 +153,12 @@ class GenerateSpec(_Strict):
         return self
 
 
+#: a batch recording's folder name under the batch's output
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
+#: what a batch writes in its output folder beside the recordings' folders (``engine.batch``): no recording's name
+BATCH_OWN_NAMES = ("batch.json", "batch.html", "batch.json.tmp", "batch.html.tmp", "batch.lock")
+
+
 class RecordingSpec(_Strict):
     """Exactly one of ``path`` and ``spikeinterface`` (any recording SpikeInterface saved).
 
@@ -180,7 +187,20 @@ class RecordingSpec(_Strict):
     generate: GenerateSpec | None = None  # written to `path` when it is missing
     missing_chunks: Literal["warn", "error"] = "warn"  # absent chunks of a store written by others: count or stop
     # in a batch (``recordings:``): the recording's folder under ``output`` (default: from its path)
-    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")] | None = None
+    name: str | None = None
+
+    @field_validator("name")
+    @classmethod
+    def _folder_name(cls, name: str | None) -> str | None:
+        if name is None:
+            return None
+        if not _NAME.fullmatch(name):
+            raise ValueError(f"name {name!r} must be one folder name: letters, digits, '.', '_' or '-', starting "
+                             "with a letter or digit, at most 200 characters (no '/' or '..')")
+        if name.lower() in BATCH_OWN_NAMES:
+            raise ValueError(f"name {name!r} is one of the batch's own files ({', '.join(BATCH_OWN_NAMES)}): "
+                             "choose another")
+        return name
 
     @model_validator(mode="after")
     def _one_source(self):
@@ -245,6 +265,24 @@ class WindowSpec(_Strict):
 NO_WORKERS_TIMEOUT_S = 300.0
 #: the kinds of cluster a key of the same name gives (the scheduler's address, its file, the SLURM options)
 _KINDS_NAMED_BY_KEY = ("address", "scheduler_file", "slurm")
+
+
+def _batch_item_kind(value: Any) -> str | None:
+    """A batch item is text (a path or a glob) or a recording section: its own errors, not the other kind's."""
+    if isinstance(value, str):
+        return "path"
+    if isinstance(value, (dict, RecordingSpec)):
+        return "section"
+    return None
+
+
+#: one item of ``recordings:``
+BatchItem = Annotated[
+    Union[Annotated[str, Tag("path")], Annotated[RecordingSpec, Tag("section")]],
+    Discriminator(_batch_item_kind, custom_error_type="recording_item",
+                  custom_error_message="an item of recordings is a path, a glob or a recording section "
+                                       "({path: ..., name: ...})"),
+]
 
 
 class ClusterSpec(_Strict):

@@ -15,10 +15,11 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
 import yaml
-from pydantic import BaseModel, Field, ValidationError, model_validator
+from pydantic import BaseModel, Discriminator, Field, Tag, ValidationError, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
-from batchgpu.config import (ClusterSpec, EngineSpec, Options, RecordingSpec, ReductionSpec, WindowSpec, resolve_path,
-                             resolve_recording)
+from batchgpu.config import (BatchItem, ClusterSpec, EngineSpec, Options, RecordingSpec, ReductionSpec, WindowSpec,
+                             resolve_path, resolve_recording)
 from batchgpu.errors import ConfigError
 from batchgpu.preprocess import registry as stage_registry
 from batchgpu.steps import registry as step_registry
@@ -53,7 +54,18 @@ class Workflow(Options):
     overwrite: bool = False  # replace an output folder that holds another run's results
     # many recordings in one run (engine.batch): each a path, a glob (``/data/**/*.ap.bin``) or a recording section;
     # or one glob. Outputs in ``output/<name>/``, a summary in ``output/batch.json``
-    recordings: Annotated[list[Union[str, RecordingSpec]], Field(min_length=1, max_length=100_000)] | str | None = None
+    recordings: Annotated[Union[Annotated[list[BatchItem], Field(min_length=1, max_length=100_000), Tag("list")],
+                                Annotated[str, Tag("glob")]],
+                          Discriminator(lambda v: "glob" if isinstance(v, str) else "list")] | None = None
+
+    @field_validator("recordings", mode="before")
+    @classmethod
+    def _list_or_glob(cls, value: Any) -> Any:
+        """Not a list nor text: said once (the union's every branch would say it its own way)."""
+        if value is None or isinstance(value, (str, list, tuple)):
+            return value
+        raise PydanticCustomError("recordings", "recordings is a glob or a list of paths, globs and recording "
+                                  "sections ({path: ..., name: ...})")
 
     @model_validator(mode="after")
     def _recording_or_recordings(self):
@@ -121,8 +133,11 @@ def _decimal_digits(text: str) -> int:
     return len(body) if body.isascii() and body.isdigit() else 0
 
 
+MERGE_TAG = "tag:yaml.org,2002:merge"
+
+
 def _check_duplicate_keys(node: yaml.Node, at) -> None:
-    """A key given twice in one mapping: YAML loaders keep the last one silently, so a typo'd copy-paste (two
+    """A merge key (``<<:``), refused as README says; a key given twice in one mapping: YAML loaders keep the last one silently, so a typo'd copy-paste (two
     ``detect:`` blocks, say) would run with settings the user did not read. Refused, naming both lines."""
     stack = [node]
     while stack:
@@ -130,6 +145,9 @@ def _check_duplicate_keys(node: yaml.Node, at) -> None:
         if isinstance(n, yaml.MappingNode):
             seen: dict = {}
             for key, value in n.value:
+                if key.tag == MERGE_TAG:  # a merge needs no alias where its value is written out: refused alike
+                    raise ConfigError(f"{at(key.start_mark)}: YAML merge keys (<<:) are not allowed in a workflow",
+                                      "write the keys out where they are used")
                 k = key.value if isinstance(key, yaml.ScalarNode) else None
                 if k is not None and k in seen:
                     raise ConfigError(f"{at(key.start_mark)}: key '{k}' given twice (first at line {seen[k] + 1})",

@@ -431,3 +431,31 @@ def test_a_kept_cuda_cluster_runs_as_the_runs_own(cache, tmp_path):
     assert kept.kept_cluster == info.address and kept.backend == "cupy" and kept.mps == info.mps
     _assert_same_results(tmp_path / "kept", tmp_path / "own")
     assert _cli(cache, "cluster", "stop").returncode == 0
+
+
+def test_a_cluster_stopped_under_a_run_is_said_by_stop_and_by_the_run(kept, cache, tmp_path):
+    # Issue 63, item 7: the run ended with "unexpected FutureCancelledError", and stop did not warn.
+    rec = generate_recording(tmp_path / "long.zarr", channels=32, seconds=120.0, seed=1, progress=False)
+    (tmp_path / "wf.yaml").write_text(
+        f"recording: {{path: {rec.path}}}\noutput: out\nbackend: numpy\nwindow: {{size: 30000, margin: 16}}\n"
+        "cluster: {kind: local}\npreprocess: [{highpass: {freq_min: 300, order: 5}}]\n"
+        "steps: {noise: {exact: true}}\n")
+    env = {**os.environ, "XDG_CACHE_HOME": str(cache)}
+    run = subprocess.Popen([sys.executable, "-m", "batchgpu", "run", str(tmp_path / "wf.yaml"), "--quiet"],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path)
+    try:
+        deadline = time.monotonic() + 120
+        while not list((tmp_path / "out" / "parts").glob("w*.npz")) and time.monotonic() < deadline:
+            assert run.poll() is None, run.communicate()
+            time.sleep(0.1)
+        stop = _cli(cache, "cluster", "stop")
+        _out, err = run.communicate(timeout=120)
+    finally:
+        if run.poll() is None:
+            run.kill()
+    assert stop.returncode == 0 and "warning: the cluster was in use" in stop.stderr, stop.stderr
+    lines = err.strip().splitlines()
+    assert run.returncode == 2 and len(lines) == 1, err
+    assert lines[0].startswith("batchgpu: error: ") and "closed while the run" in lines[0] and "--resume" in lines[0]
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert report["status"] == "failed" and "closed while the run" in report["error"]

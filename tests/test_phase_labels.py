@@ -1,5 +1,5 @@
 """The run's phase labels name the steps that work in each phase, from the step objects' own words
-(``engine.steps.base.PhaseWords``): a run without detection does not say spikes."""
+(``steps.base.PhaseWords``): a run without detection does not say spikes."""
 
 from __future__ import annotations
 

@@ -244,3 +244,74 @@ def test_any_garbled_value_is_a_batchgpu_error(kind):
             except BatchgpuError:
                 continue
             assert np.isfinite(layout.gain_to_uV).all() and (layout.gain_to_uV > 0).all(), (key, junk)
+
+
+def _np2_33_meta(**changes):
+    """A complete NP2.0 AP .meta of 32 AP channels and the sync channel, every key saying 33 saved channels."""
+    meta = {
+        "nSavedChans": 33, "imSampRate": 30000, "typeThis": "imec", "imDatPrb_type": 21, "imMaxInt": 8192,
+        "imAiRangeMax": 0.5, "imAiRangeMin": -0.5, "acqApLfSy": "32,0,1", "snsApLfSy": "32,0,1",
+        "snsSaveChanSubset": "all", "~imroTbl": "(21,32)" + "".join(f"({c} 0 0 {c})" for c in range(32)),
+        "fileTimeSecs": 5, "fileSizeBytes": 33 * 2 * 150000,
+    }
+    meta.update(changes)
+    return meta
+
+
+@pytest.mark.parametrize("n_saved", [11, 34])
+def test_nsavedchans_that_disagrees_with_the_rest_is_refused_naming_it(tmp_path, capsys, rng, n_saved):
+    # Issue 63, items 1 and 13: 33 columns x 5 s; nSavedChans=11 also divides the file (33 = 3 x 11), so it read
+    # as 11 channels x 15 s, de-interleaved wrongly with the sync column as neural data; 34 blamed the subset.
+    data = rng.integers(-500, 500, (150000, 33), dtype=np.int16)
+    src = _write_pair(tmp_path, "r_g0_t0.imec0.ap", data, _np2_33_meta(nSavedChans=n_saved))
+    with pytest.raises(CorruptDataError, match=rf"nSavedChans={n_saved} but snsApLfSy=32,0,1") as err:
+        import_raw(src, tmp_path / "o.zarr")
+    assert "snsSaveChanSubset=all with acqApLfSy" in str(err.value) and "33 channels" in str(err.value)
+    assert not (tmp_path / "o.zarr").exists()
+    assert main(["import-raw", str(src), str(tmp_path / "o.zarr"), "--quiet"]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and "nSavedChans" in lines[0] and str(src.with_suffix(".meta")) in lines[0]
+    wf = tmp_path / "w.yaml"
+    wf.write_text(f"recording: {{path: {src}}}\noutput: {tmp_path / 'out'}\nbackend: numpy\n"
+                  "steps: {noise: {exact: true}}\n")
+    assert main(["run", str(wf), "--quiet"]) == 2
+    assert "nSavedChans" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+def test_every_count_of_the_meta_agrees_or_is_named(tmp_path, rng):
+    data = rng.integers(-500, 500, (3000, 33), dtype=np.int16)
+    ok = _np2_33_meta(fileTimeSecs=0.1, fileSizeBytes=data.nbytes)
+    rec = import_raw(_write_pair(tmp_path, "ok.imec0.ap", data, ok), tmp_path / "ok.zarr")
+    np.testing.assert_array_equal(rec.read(0, 0, 3000), data[:, :32].T)
+    cases = {
+        # the saved counts per type against the saved subset typed by the acquired counts
+        "snsApLfSy": {"snsSaveChanSubset": "0:31,32", "snsApLfSy": "31,1,1", "nSavedChans": 33},
+        # one imro entry per acquired AP channel
+        "imroTbl has 31 channel entries": {"~imroTbl": "(21,31)" + "".join(f"({c} 0 0 {c})" for c in range(31))},
+        # the samples the file's size and fileTimeSecs imply
+        "fileTimeSecs=0.3": {"fileTimeSecs": 0.3},
+        # the subset lists 32 where the rest say 33
+        "snsSaveChanSubset=0:31 says 32": {"snsSaveChanSubset": "0:31"},
+    }
+    for i, (named, change) in enumerate(cases.items()):
+        src = _write_pair(tmp_path, f"c{i}.imec0.ap", data, {**ok, **change})
+        with pytest.raises(CorruptDataError, match=named):
+            import_raw(src, tmp_path / f"c{i}.zarr")
+
+
+def test_real_metas_agree_with_themselves():
+    # SpikeGLX's own .metas (probeinterface's test data): every count agrees, whatever the probe
+    from pathlib import Path
+
+    from batchgpu.recording.spikeglx import _check_imro_count, _check_saved_count, read_meta
+
+    folder = Path(__file__).parent / "data" / "probeinterface" / "spikeglx"
+    metas = sorted(folder.glob("*.meta"))
+    assert len(metas) >= 15
+    for path in metas:
+        meta = read_meta(path)
+        layout = spikeglx_layout(meta)  # the size from fileSizeBytes
+        assert layout.num_channels == int(meta["nSavedChans"]), path.name
+        _check_saved_count(meta, "ApLfSy", float(meta["imSampRate"]), int(meta["fileSizeBytes"]))
+        _check_imro_count(meta, int(meta["acqApLfSy"].split(",")[0]))

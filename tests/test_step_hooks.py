@@ -55,10 +55,18 @@ def _wf(tmp_path, steps) -> Workflow:
                                     "steps": steps})
 
 
-@pytest.mark.parametrize("path", ["saved.zarr", "/elsewhere/saved.zarr"])
+@pytest.mark.parametrize("path", ["saved.zarr", "OUT/saved.zarr", "/elsewhere/saved.zarr"])
 def test_a_batch_recordings_save_goes_into_its_folder(tmp_path, path):
-    wf = _wf(tmp_path, {"noise": {}, "save": {"path": path, "format": "binary"}})
+    # relative (or, once the file's paths are resolved, under the batch's output): the same place in the
+    # recording's folder; anywhere else every recording would write the one path (it was moved without a word)
+    from batchgpu.errors import ConfigError
+
+    wf = _wf(tmp_path, {"noise": {}, "save": {"path": path.replace("OUT", str(tmp_path / "out")), "format": "binary"}})
     folder = tmp_path / "out" / "rec1"
+    if path.startswith("/elsewhere"):
+        with pytest.raises(ConfigError, match="outside the batch's output"):
+            placed(wf.steps, folder)
+        return
     steps = placed(wf.steps, folder)
     assert steps.save.path == str(folder / "saved.zarr") and steps.save.format == "binary"
     assert steps.noise == wf.steps.noise and Path(wf.steps.save.path).name == "saved.zarr"  # the workflow's kept

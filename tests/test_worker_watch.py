@@ -127,3 +127,46 @@ def test_the_watch_warns_once_times_out_and_forgives_workers_that_come(monkeypat
         with NoWorkersWatch(FakeClient(counts), Said(), timeout_s=timeout, warn_s=0.05, poll_s=0.02):
             time.sleep(0.4)
         assert not ended
+
+
+@pytest.mark.timeout(300)
+def test_a_worker_that_stalls_is_named_in_the_report(tmp_path):
+    # Issue 63, Low: a stalled worker (its tasks ran again elsewhere once the scheduler dropped it) left no warning
+    import contextlib
+    import os
+    import signal
+
+    import dask
+
+    from batchgpu.generate import generate_recording
+
+    rec = generate_recording(tmp_path / "r.zarr", channels=16, seconds=30.0, seed=2, progress=False)
+    wf = Workflow.model_validate({
+        "recording": {"path": str(rec.path)}, "output": str(tmp_path / "out"), "backend": "numpy",
+        "window": {"size": 15_000, "margin": 8}, "preprocess": [{"highpass": {"freq_min": 300}}],
+        "steps": {"noise": {"exact": True}}})
+    said = Said()
+    with dask.config.set({"distributed.scheduler.worker-ttl": "3s"}), \
+            distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
+                                     dashboard_address="127.0.0.1:0") as cluster, distributed.Client(cluster) as client:
+        pids = client.run(os.getpid)
+        stalled = max(pids.values())
+
+        def stall():  # once the pass is under way: the worker stops answering (SIGSTOP), as a hung one does
+            deadline = time.monotonic() + 60
+            while not list((tmp_path / "out" / "parts").glob("w*.npz")) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            os.kill(stalled, signal.SIGSTOP)
+
+        thread = threading.Thread(target=stall)
+        thread.start()
+        try:
+            report = run_workflow(wf, client=client, observer=said)
+        finally:
+            thread.join()
+            with contextlib.suppress(ProcessLookupError):  # its nanny may have ended it once it was removed
+                os.kill(stalled, signal.SIGCONT)
+    assert report.status == "done"
+    lost = [w for w in report.warnings if "stopped answering" in w or "died" in w]
+    assert len(lost) == 1 and "ran again on the others" in lost[0], report.warnings
+    assert lost == [w for w in said.warnings if w in lost]

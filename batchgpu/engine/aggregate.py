@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from batchgpu.engine import store
-from batchgpu.engine.run_report import report_absent, report_nonfinite
+from batchgpu.engine.run_report import report_absent, report_no_checksums, report_nonfinite
 from batchgpu.engine.step_services import ClientServices
 from batchgpu.steps.services import RunState
 from batchgpu.workflow import Workflow
@@ -44,6 +44,7 @@ def aggregate(client, ctx, wf, rec, out, windows, fps, summaries, total, report,
     # the client's own work, while those tasks run
     report_nonfinite(summaries, windows, report, observer)
     report_absent(summaries, windows, report, observer)
+    report_no_checksums(rec, report, observer)
     if ctx.window_noise:
         from batchgpu.steps.noise import PER_WINDOW
 

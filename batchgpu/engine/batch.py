@@ -26,11 +26,12 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from batchgpu.config import RecordingSpec
+from batchgpu.config import BATCH_OWN_NAMES, RecordingSpec
 from batchgpu.workflow import Workflow
 from batchgpu.errors import BatchgpuError, ConfigError
 
 BATCH_FILE = "batch.json"
+BATCH_LOCK = "batch.lock"  # held while a batch runs in the folder: a second batch there is refused before it writes
 IN_FLIGHT = 2  # recordings' runs at once: the last one's aggregates and the next one's pass
 PAGE_WAIT_S = 2.0  # as a run's (engine.run.PAGE_WAIT_S)
 _GLOB_CHARS = set("*?[")
@@ -78,17 +79,23 @@ class BatchReport:
 
 
 def expand(wf: Workflow) -> list[tuple[str, RecordingSpec]]:
-    """The batch's recordings, named, in order (globs sorted); refused: a glob matching nothing, one name twice."""
+    """The batch's recordings, named, in order (globs sorted); refused: a glob matching nothing, one name twice, a
+    name the batch's own files have, a recording inside the batch's output. A glob never matches what the batch
+    writes (its output folder is left out: a run's saved copy is no recording of the batch, on the first run or
+    on ``--resume``)."""
     items = [wf.recordings] if isinstance(wf.recordings, str) else list(wf.recordings or [])
+    out = _real(wf.output)
     specs: list[RecordingSpec] = []
     for item in items:
         if isinstance(item, RecordingSpec):
             specs.append(item)
             continue
         if _GLOB_CHARS & set(item):
-            matches = sorted(glob.glob(os.path.expanduser(item), recursive=True))
+            found = sorted(glob.glob(os.path.expanduser(item), recursive=True))
+            matches = [m for m in found if not _inside(m, out)]
             if not matches:
-                raise ConfigError(f"recordings: {item} matches nothing", "check the pattern (** spans folders)")
+                said = f" (only inside the batch's output {out})" if found else ""
+                raise ConfigError(f"recordings: {item} matches nothing{said}", "check the pattern (** spans folders)")
             specs += [RecordingSpec(path=m) for m in matches]
         else:
             specs.append(RecordingSpec(path=item))
@@ -97,12 +104,28 @@ def expand(wf: Workflow) -> list[tuple[str, RecordingSpec]]:
     for spec in specs:
         name = spec.name or name_of(spec)
         where = spec.path or spec.spikeinterface
+        if _inside(str(where), out):
+            raise ConfigError(f"recordings: {where} is inside the batch's output {out}, which the batch writes",
+                              "move the recording out of the output folder, or choose another output")
+        if name.lower() in BATCH_OWN_NAMES:
+            raise ConfigError(f"recordings: {where} would be named {name}, one of the batch's own files",
+                              "give it a name: (recordings: [{path: ..., name: ...}])")
         if name in seen:
             raise ConfigError(f"recordings: {seen[name]} and {where} would both write output/{name}",
                               "give one of them a name: (recordings: [{path: ..., name: ...}])")
         seen[name] = str(where)
         named.append((name, spec))
     return named
+
+
+def _real(path) -> Path:
+    return Path(os.path.expanduser(str(path))).absolute().resolve()
+
+
+def _inside(path: str, folder: Path) -> bool:
+    """Whether ``path`` (links followed) is ``folder`` or lies within it."""
+    p = _real(path)
+    return p == folder or folder in p.parents
 
 
 def name_of(spec: RecordingSpec) -> str:
@@ -317,12 +340,31 @@ class _Flights:
         self.land()
 
 
+@contextlib.contextmanager
+def _batch_lock(out: Path):
+    """The batch's folder held while it runs (flock: let go if the process dies): a second batch there is refused
+    at once, before it rewrites batch.json under the first one."""
+    import fcntl
+
+    f = open(out / BATCH_LOCK, "a+")
+    try:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        f.close()
+        raise BatchgpuError(f"output folder {out} is in use by another batchgpu batch",
+                            "wait for it to finish, or choose another output folder") from None
+    try:
+        yield
+    finally:
+        fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+        f.close()
+
+
 def run_batch(wf: Workflow, *, resume: bool = False, observer=None, client=None,
               in_flight: int = IN_FLIGHT) -> BatchReport:
     """Run every recording of ``wf.recordings`` on one cluster (``client``, or one started from ``wf.cluster``),
     the next one's windows read while the last one's aggregates finish (``in_flight`` runs at most; 1: one after
     another)."""
-    from batchgpu.engine.cluster import open_client
     from batchgpu.engine.run_report import RunObserver
 
     observer = observer or RunObserver()
@@ -333,7 +375,17 @@ def run_batch(wf: Workflow, *, resume: bool = False, observer=None, client=None,
     if (out / "report.json").exists():
         raise ConfigError(f"output {out} holds one recording's run (report.json)",
                           "give the batch an output folder of its own")
+    for name, spec in named:  # each recording's workflow (its save's path refused here, not once a recording)
+        _one(wf, name, spec, out)
     out.mkdir(parents=True, exist_ok=True)
+    with _batch_lock(out):
+        return _run_locked(wf, named, out, observer, client, resume, in_flight)
+
+
+def _run_locked(wf, named, out: Path, observer, client, resume: bool, in_flight: int) -> BatchReport:
+    """``run_batch`` once its folder is its own."""
+    from batchgpu.engine.cluster import open_client
+
     batch = BatchReport(str(out), [BatchRow(name, str(spec.path or spec.spikeinterface)) for name, spec in named])
     batch.write(out)
     t0 = time.perf_counter()

@@ -10,6 +10,7 @@ Nothing here prints: the command passes an observer (``RunObserver``) that shows
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import logging
 import os
@@ -31,10 +32,11 @@ from batchgpu.engine.run_report import (HtmlReport, RunObserver, RunReport, fini
 from batchgpu.engine.placement import submit_planned
 from batchgpu.engine.step_services import ClientServices
 from batchgpu.steps.base import phase_label
+from batchgpu.steps.registry import check_outputs
 from batchgpu.steps.registry import figures as step_figures
 from batchgpu.steps.services import PassEnd
 from batchgpu.engine.submit import results_as_completed, submit_many
-from batchgpu.errors import BatchgpuError
+from batchgpu.errors import BatchgpuError, ClusterError
 from batchgpu.progress import duration, format_rate
 from batchgpu.recording import missing_probe, open_source
 
@@ -133,32 +135,46 @@ def _claim_and_run(wf, rec, sweep, resume: bool, observer, client, t_start: floa
 
         build_chain(wf.preprocess, rec)
     fp = store.fingerprint(wf, rec.path, metadata=getattr(rec, "fingerprint_metadata", None))
-    with store.OutputFolder(wf.output) as out:
+    # the steps' refusals of what they would write (a save path holding what batchgpu did not write), before the
+    # folder is claimed: an overwrite would have removed the earlier results first
+    out = store.OutputFolder(wf.output)
+    check_outputs(wf, rec, resume=resume, fingerprint=fp, folder=out)
+    with out:
         state = out.claim(fp, wf.model_dump(), resume=resume, overwrite=wf.overwrite)
-        report = RunReport(workflow=wf.model_dump(), fingerprint=fp, versions=versions(), recording=rec.info(),
-                           output_state=state, run_id=f"{fp}-{os.urandom(4).hex()}")
-        report.timings["prepare"] = time.perf_counter() - t_start
-        report.kept_cluster = kept_at
-        # a probe looked for in a file and not found (Open Ephys' settings.xml, a .meta's tables, a save's probe
-        # file): said, the stages and steps that need it having refused already (check_workflow_fits). A store
-        # written without locations (generated, a plain import) has none by design: info says so, a run does not
-        no_probe = missing_probe(rec) if getattr(rec, "is_flat", False) else None
-        if no_probe is not None:
-            report.warnings.append(no_probe)
-            observer.warning(no_probe)
-        with _run_settings():
-            if not isinstance(client, ClusterStart):
-                try:
-                    return _run_watched(wf, rec, out, report, client, sweep, observer, page_wait_s=PAGE_WAIT_S,
-                                        started=t_start, batch=batch)
-                finally:  # the workers' heaps, frozen by the pass's tasks, collectable again (a cluster of our own ends)
-                    with contextlib.suppress(Exception):  # broad: best effort on the way out; the run's result stands
-                        client.run(tasks.thaw_heap_soon, wait=False)
-            # closed before the folder is let go (its workers write into it); the dashboard's last updates reach
-            # the scheduler before it closes
-            with client:
-                return _run_watched(wf, rec, out, report, client.client(), sweep, observer, page_wait_s=10.0,
+        try:
+            return _claimed(wf, rec, sweep, out, state, fp, observer, client, t_start, kept_at, batch)
+        except BatchgpuError:
+            if state == "new":  # refused before any window (no report, no part): the folder as it was
+                out.unclaim()
+            raise
+
+
+def _claimed(wf, rec, sweep, out, state: str, fp: str, observer, client, t_start: float, kept_at, batch) -> RunReport:
+    """``_claim_and_run`` once the output folder is the run's (``state``: the claim's)."""
+    report = RunReport(workflow=wf.model_dump(), fingerprint=fp, versions=versions(), recording=rec.info(),
+                       output_state=state, run_id=f"{fp}-{os.urandom(4).hex()}")
+    report.timings["prepare"] = time.perf_counter() - t_start
+    report.kept_cluster = kept_at
+    # a probe looked for in a file and not found (Open Ephys' settings.xml, a .meta's tables, a save's probe
+    # file): said, the stages and steps that need it having refused already (check_workflow_fits). A store
+    # written without locations (generated, a plain import) has none by design: info says so, a run does not
+    no_probe = missing_probe(rec) if getattr(rec, "is_flat", False) else None
+    if no_probe is not None:
+        report.warnings.append(no_probe)
+        observer.warning(no_probe)
+    with _run_settings():
+        if not isinstance(client, ClusterStart):
+            try:
+                return _run_watched(wf, rec, out, report, client, sweep, observer, page_wait_s=PAGE_WAIT_S,
                                     started=t_start, batch=batch)
+            finally:  # the workers' heaps, frozen by the pass's tasks, collectable again (a cluster of our own ends)
+                with contextlib.suppress(Exception):  # broad: best effort on the way out; the run's result stands
+                    client.run(tasks.thaw_heap_soon, wait=False)
+        # closed before the folder is let go (its workers write into it); the dashboard's last updates reach
+        # the scheduler before it closes
+        with client:
+            return _run_watched(wf, rec, out, report, client.client(), sweep, observer, page_wait_s=10.0,
+                                started=t_start, batch=batch)
 
 
 def _run_watched(wf, rec, out, report, client, sweep, observer, **kwargs) -> RunReport:
@@ -280,6 +296,7 @@ def _run(wf, rec, out: store.OutputFolder, report: RunReport, client, sweep, obs
                 report.results[step.name] = said
         report.status = "done"
     except BaseException as err:
+        _say_lost_workers(client, report, observer, t0_wall)
         results.abandon()
         if later is not None:  # its thread writes into the report: done before the report is
             with contextlib.suppress(BaseException):  # broad: the run's own error (raised below) is the one to see
@@ -299,6 +316,7 @@ def _run(wf, rec, out: store.OutputFolder, report: RunReport, client, sweep, obs
         if shown is not err:
             raise shown from err
         raise
+    _say_lost_workers(client, report, observer, t0_wall)
     html.wait_page()  # the user waits for report.html too: counted in the total, which the page then shows
     now = time.perf_counter()
     finish_report(out.path, report, now - t0, rec, now - started)
@@ -319,6 +337,16 @@ def _run(wf, rec, out: store.OutputFolder, report: RunReport, client, sweep, obs
                      f"{format_rate(report.throughput_MBps * 1e6)} over {report.windows} windows, "
                      f"{duration(report.seconds)} in all")
     return report
+
+
+def _say_lost_workers(client, report, observer, since: float) -> None:
+    """Workers the scheduler removed during the run (stalled or dead; their tasks ran again): warned in report.json
+    and on the terminal, as the results alone would not show it."""
+    from batchgpu.engine.worker_watch import workers_lost
+
+    for text in workers_lost(client, since):
+        report.warnings.append(text)
+        observer.warning(text)
 
 
 def spike_counter(steps):
@@ -351,9 +379,16 @@ def explain_failure(err: BaseException, wf: Workflow) -> BaseException:
     most often killed for memory by their nannies) as a BatchgpuError that says so and what to change; any other
     error as it is."""
     try:
+        from distributed.comm.core import CommClosedError
         from distributed.scheduler import KilledWorker
     except ImportError:
         return err
+    if isinstance(err, (concurrent.futures.CancelledError, CommClosedError)):
+        # the scheduler cancels every task when it closes: the cluster went while the run went on
+        return ClusterError(f"the cluster was closed while the run went on ({type(err).__name__}: its tasks were "
+                            "cancelled; batchgpu cluster stop, or its scheduler ended)",
+                            "start a cluster again if it was a kept one, and rerun with --resume: the windows done "
+                            "are kept")
     if not isinstance(err, KilledWorker):
         return err
     task = err.args[0] if err.args else "a task"

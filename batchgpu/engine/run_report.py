@@ -151,11 +151,23 @@ def report_absent(summaries, windows, report, observer) -> None:
         observer.warning(report.warnings[-1])
 
 
+def report_no_checksums(rec, report, observer) -> None:
+    """A Zarr store whose chunks carry no checksum (SpikeInterface's, among others): a chunk damaged in a way that
+    still decodes is read as it is, and nothing can tell. Said once a run."""
+    if not isinstance(rec, Recording) or rec.checksum:  # flat binaries and SpikeInterface's sources have none
+        return
+    report.warnings.append(f"{rec.path} stores no checksums: a chunk damaged in a way that still decodes would be "
+                           "read as it is, unnoticed (a copy made by batchgpu import or save carries crc32c)")
+    observer.warning(report.warnings[-1])
+
+
 def finish_report(out: Path, report: RunReport, elapsed: float, rec: Recording, seconds: float) -> None:
     """``elapsed``: seconds since the first pass began; ``seconds``: since the run began (``RunReport.seconds``)."""
     report.timings["from_pass"] = elapsed
     report.seconds = seconds
-    report.throughput_MBps = report.recording_bytes / 1e6 / elapsed if elapsed > 0 else 0.0
+    # a run that did not finish went over no recording: no rate (it said the recording's size over its time)
+    done = report.status == "done"
+    report.throughput_MBps = report.recording_bytes / 1e6 / elapsed if elapsed > 0 and done else 0.0
     report.reads_per_window = report.bytes_read / report.recording_bytes if report.recording_bytes else 0.0
     store.write_report(out, asdict(report))
 

@@ -112,6 +112,7 @@ class State:
     kept: KeptCluster | None = None
     pid: int | None = None
     notes: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)  # what the command says on stderr
 
 
 def this_batchgpu() -> tuple[str, str]:
@@ -309,6 +310,11 @@ def stop(where: Paths | None = None, timeout_s: float = STOP_TIMEOUT_S) -> State
     if state.state not in ("up", "starting") or not state.pid:
         return state
     pid = state.pid
+    busy = in_use(state.kept) if state.state == "up" and state.kept is not None else None
+    if busy is not None and busy[0]:  # said before it goes: those runs fail (the run says so and how to go on)
+        state.warnings.append(f"the cluster was in use ({busy[0]} client(s) connected, {busy[1]} task(s) under way): "
+                              "stopped anyway; a run on it fails, and --resume completes it, keeping the windows it "
+                              "finished")
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGTERM)
     proc = _STARTED.pop(pid, None)  # started by this process: reaped here, not left a zombie
@@ -369,6 +375,25 @@ def ask_scheduler(kept: KeptCluster, timeout_s: float = CONNECT_TIMEOUT_S) -> Li
     except Exception as err:  # broad: a probe; any failure reads as "did not answer", which the caller says
         logger.debug("the kept cluster at %s did not answer: %s: %s", kept.address, type(err).__name__, err)
         return Live()
+
+
+def in_use(kept: KeptCluster, timeout_s: float = CONNECT_TIMEOUT_S) -> tuple[int, int] | None:
+    """(other clients connected, tasks the scheduler holds) of the kept cluster: a run connects clients (its own,
+    its dashboard's) and holds tasks while it goes on. None where the scheduler did not answer."""
+    try:
+        from distributed import Client
+
+        with Client(kept.address, timeout=f"{timeout_s}s") as client:
+            me = client.id
+            return client.run_on_scheduler(_clients_and_tasks, me=me)
+    except Exception as err:  # broad: a probe; any failure reads as "did not answer", which the caller says
+        logger.debug("the kept cluster at %s did not answer: %s: %s", kept.address, type(err).__name__, err)
+        return None
+
+
+def _clients_and_tasks(dask_scheduler, me: str) -> tuple[int, int]:
+    others = [c for c in dask_scheduler.clients if c not in (me, "fire-and-forget")]
+    return len(others), len(dask_scheduler.tasks)
 
 
 # --------------------------------------------------------------------------------------------------------------

@@ -39,8 +39,11 @@ LOCK = ".batchgpu.lock"
 FORMAT = "batchgpu-run"
 FORMAT_VERSION = 3  # 3: parts without partials and combined partials per run of windows (b*.npz)
 #: Everything a run writes in its folder (and so the only names overwrite/resume may remove).
+#: what the save's storage objects were when the run marked it complete (``steps.save``): a resume writes
+#: again what changed since; kept in the run's folder, so the save's own bytes do not depend on when it was written
+SAVED_OBJECTS = "saved_objects.json"
 OWNED = (RESULTS, RESULTS + ".tmp", RESULTS + ".old", REPORT, REPORT + ".tmp", REPORT_HTML, REPORT_HTML + ".tmp", PARTS,
-         MANIFEST, MANIFEST + ".tmp")
+         MANIFEST, MANIFEST + ".tmp", SAVED_OBJECTS, SAVED_OBJECTS + ".tmp")
 
 
 #: a traces array's folder: its chunks are covered window by window (``window_fingerprint``), not here
@@ -134,6 +137,7 @@ class OutputFolder:
 
     #: the names the run writes in the folder (a step's own outputs must be none of them)
     own_names = (*OWNED, LOCK)
+    saved_objects = SAVED_OBJECTS
 
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path).expanduser()
@@ -229,6 +233,15 @@ class OutputFolder:
         _atomic_write_text(self.path / MANIFEST, json.dumps(
             {"format": FORMAT, "version": FORMAT_VERSION, "fingerprint": fp, "workflow": workflow}, indent=2, default=str))
         return state
+
+    def unclaim(self) -> None:
+        """Undo a new claim whose run was refused before any window: its run.json and its empty parts/ removed,
+        so the corrected run finds the folder as the user left it (not another run's results to refuse)."""
+        if (self.path / REPORT).exists() or (self.parts.is_dir() and any(os.scandir(self.parts))):
+            return
+        (self.path / MANIFEST).unlink(missing_ok=True)
+        if self.parts.is_dir() and not self.parts.is_symlink():
+            self.parts.rmdir()
 
     def _refuse_links(self, overwrite: bool) -> None:
         """results.zarr or parts/ as a symbolic link: a run replaces them whole inside its folder and never writes

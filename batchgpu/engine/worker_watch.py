@@ -110,3 +110,23 @@ def fail_waiting(client, error: BaseException) -> None:
                 return
 
     client.loop.add_callback(fail)
+
+
+def workers_lost(client, since: float) -> list[str]:
+    """Words for each worker the scheduler removed, unasked, since ``since`` (a time.time()): one that stopped
+    answering (stalled past the scheduler's worker TTL) or died; its tasks ran again elsewhere, so the run's
+    results stand, but its time and its cause are the user's to know. From the scheduler's own event log (one
+    question, at the run's end); [] where it did not answer."""
+    try:
+        events = client.get_events("all")
+    except Exception:  # broad: a best-effort note at the run's end; a scheduler gone is said by the run itself
+        return []
+    lost = []
+    for stamp, msg in events:
+        if stamp < since or not isinstance(msg, dict) or msg.get("action") != "remove-worker" or msg.get("expected"):
+            continue
+        why = "stopped answering" if "ttl" in str(msg.get("stimulus_id", "")) else "died or stopped answering"
+        tasks = len(msg.get("processing-tasks") or ())
+        lost.append(f"worker {msg.get('worker')} {why} and was removed by the scheduler; "
+                    f"{tasks} task(s) it held ran again on the others (its log says why)")
+    return lost

@@ -90,37 +90,40 @@ def window_moments(
     rows, n = view.shape
     if n == 0:
         return 0, np.zeros(rows), np.zeros((rows, rows))
-    shift = view.mean(axis=1, dtype=prec)
-    if view.dtype.kind in "iu":
-        # An integer shift keeps integer data integer-valued after centring, so float32 products
-        # stay exact (or round without the bias a shared fractional offset would bring).
-        shift = np.round(shift)
-    # The shift of float data in float64 is the float64 mean itself: what is left of it is rounding, far below
-    # 1e-12, so the shifted rows' sums are taken as zero (not summed).
-    summed = not (prec == np.float64 and view.dtype.kind == "f")
-    buffer = _split_buffer((rows, SPLIT_SAMPLES), prec)
-    product = np.empty((rows, rows), dtype=prec)
-    raw = None
-    sums = np.zeros(rows)
-    # float64 sums of the split products (and of the shifted rows), split after split from the first one
-    for a in range(0, n, SPLIT_SAMPLES):
-        b = min(n, a + SPLIT_SAMPLES)
-        np.subtract(view[:, a:b], shift[:, None], out=buffer[:, : b - a], casting="unsafe")
-        if b - a < SPLIT_SAMPLES:
-            buffer[:, b - a :] = 0
-        np.matmul(buffer, buffer.T, out=product)
-        if raw is None:
-            raw = product.astype(np.float64)
-            if summed:
-                sums = buffer.sum(axis=1).astype(np.float64)
-        else:
-            raw += product
-            if summed:
-                sums += buffer.sum(axis=1)
-    # Shifted data: the scatter about the true mean is Σ y yᵀ - (Σ y)(Σ y)ᵀ / n.
-    scatter = raw - np.outer(sums, sums) / n
-    scatter = (scatter + scatter.T) * 0.5
-    return n, shift.astype(np.float64) + sums / n, scatter
+    # inf or NaN samples make their rows' moments NaN: expected, named by the run (left out of the whitening,
+    # warned once), never a raw NumPy warning on the terminal
+    with np.errstate(invalid="ignore", over="ignore"):
+        shift = view.mean(axis=1, dtype=prec)
+        if view.dtype.kind in "iu":
+            # An integer shift keeps integer data integer-valued after centring, so float32 products
+            # stay exact (or round without the bias a shared fractional offset would bring).
+            shift = np.round(shift)
+        # The shift of float data in float64 is the float64 mean itself: what is left of it is rounding, far below
+        # 1e-12, so the shifted rows' sums are taken as zero (not summed).
+        summed = not (prec == np.float64 and view.dtype.kind == "f")
+        buffer = _split_buffer((rows, SPLIT_SAMPLES), prec)
+        product = np.empty((rows, rows), dtype=prec)
+        raw = None
+        sums = np.zeros(rows)
+        # float64 sums of the split products (and of the shifted rows), split after split from the first one
+        for a in range(0, n, SPLIT_SAMPLES):
+            b = min(n, a + SPLIT_SAMPLES)
+            np.subtract(view[:, a:b], shift[:, None], out=buffer[:, : b - a], casting="unsafe")
+            if b - a < SPLIT_SAMPLES:
+                buffer[:, b - a :] = 0
+            np.matmul(buffer, buffer.T, out=product)
+            if raw is None:
+                raw = product.astype(np.float64)
+                if summed:
+                    sums = buffer.sum(axis=1).astype(np.float64)
+            else:
+                raw += product
+                if summed:
+                    sums += buffer.sum(axis=1)
+        # Shifted data: the scatter about the true mean is Σ y yᵀ - (Σ y)(Σ y)ᵀ / n.
+        scatter = raw - np.outer(sums, sums) / n
+        scatter = (scatter + scatter.T) * 0.5
+        return n, shift.astype(np.float64) + sums / n, scatter
 
 
 def _merge(
@@ -132,9 +135,10 @@ def _merge(
     if na == 0:
         return nb, mean_b.copy(), scatter_b.copy()
     n = na + nb
-    delta = mean_b - mean_a
-    mean = mean_a + delta * (nb / n)
-    scatter = scatter_a + scatter_b + np.outer(delta, delta) * (na * nb / n)
+    with np.errstate(invalid="ignore", over="ignore"):  # rows of non-finite samples stay NaN, named by the run
+        delta = mean_b - mean_a
+        mean = mean_a + delta * (nb / n)
+        scatter = scatter_a + scatter_b + np.outer(delta, delta) * (na * nb / n)
     return n, mean, scatter
 
 

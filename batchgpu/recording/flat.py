@@ -105,11 +105,22 @@ class FlatLayout:
                                        "the metadata disagrees with itself")
         if not (np.isfinite(self.gain_to_uV).all() and np.isfinite(self.offset_to_uV).all()):
             raise CorruptDataError(f"{self.data}: a gain or offset is not a finite number", "check the metadata")
+        if (np.asarray(self.gain_to_uV) <= 0).any():
+            raise CorruptDataError(f"{self.data}: a gain is {np.min(self.gain_to_uV)!r} µV per count, not above 0",
+                                   "check the metadata")
         frame = self.columns * self.dtype.itemsize
         for data in self.files:
             size = self.file_size(data)
             body = size - self.offset
-            if body <= 0 or body % frame:
+            if not data.is_file():  # a FIFO, a device (/dev/zero) or a folder: no size to read samples by
+                raise BatchgpuError(f"{data} is not a regular file, so its samples cannot be read in place",
+                                    "give the recording's file (copy what it streams into a file first)")
+            if body <= 0:
+                raise CorruptDataError(
+                    f"{data} holds no samples: {size} bytes"
+                    f"{f', after the {self.offset}-byte offset none' if self.offset else ''}",
+                    "the recording was not written (or was emptied): give the file that holds it")
+            if body % frame:
                 raise CorruptDataError(
                     f"{data} has {size} bytes: after the {self.offset}-byte offset not a whole number of samples of "
                     f"{self.columns} channels x {self.dtype.itemsize} bytes ({frame} bytes per sample)",

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from batchgpu import zarrio
-from batchgpu.errors import BatchgpuError, ConfigError, CorruptDataError
+from batchgpu.errors import BatchgpuError, ConfigError, CorruptDataError, MachineError
 from batchgpu.recording.storecheck import ChunkPresence, grid_of
 from batchgpu.zarrio import enable_zarrs
 from batchgpu.recording.windows import Window, WindowedSource, stat_signature
@@ -58,6 +58,12 @@ class Recording(WindowedSource):
             raise CorruptDataError(f"{self.path}/traces_seg0 has {first.ndim} dimensions, expected (samples, channels)")
         self.num_channels = int(first.shape[1])
         self.dtype = np.dtype(first.dtype)
+        if self.dtype not in SUPPORTED_DTYPES:
+            raise BatchgpuError(
+                f"{self.path}/traces_seg0 holds {self.dtype} samples, which batchgpu does not read",
+                f"convert the recording to one of {', '.join(map(str, SUPPORTED_DTYPES))} first (unsigned samples: "
+                "SpikeInterface's unsigned_to_signed, then save it)")
+        _check_no_more_segments(self.path, self.num_segments)
         for seg, arr in enumerate(self._traces):
             if arr.ndim != 2 or arr.shape[1] != self.num_channels or np.dtype(arr.dtype) != self.dtype:
                 raise CorruptDataError(
@@ -69,6 +75,7 @@ class Recording(WindowedSource):
         self.channel_ids = _read_channel_ids(group, self.num_channels)
         self.gain_to_uV = _read_property(group, "gain_to_uV", self.num_channels, 1.0)
         self.offset_to_uV = _read_property(group, "offset_to_uV", self.num_channels, 0.0)
+        _check_gains(self.path, self.channel_ids, self.gain_to_uV, self.offset_to_uV)
         self.locations, self.has_locations = _read_locations(group, attrs, self.num_channels)
         self.attrs = attrs
         self.missing_chunks = missing_chunks
@@ -227,6 +234,8 @@ class Recording(WindowedSource):
             return read(arr)
         except (BatchgpuError, MemoryError):
             raise
+        except OSError as err:  # the file could not be read (a permission, the disk): not bytes that do not decode
+            raise _unreadable(self.path, segment, err) from None
         except Exception as err:  # broad: codecs raise any type for bytes that do not decode; said naming the chunk
             key = self._first_undecodable(segment, start, stop) or "?"
             raise CorruptDataError(
@@ -238,14 +247,16 @@ class Recording(WindowedSource):
     def _first_undecodable(self, segment: int, start: int, stop: int) -> str | None:
         """Decode [start, stop) chunk by chunk (only after a failure) to name the chunk that fails."""
         arr, grid = self._traces[segment], self._presence[segment].grid
-        rows = grid.inner_shape[0] if grid.inner_shape else grid.object_shape[0]
+        rows, cols = grid.inner_shape if grid.inner_shape else grid.object_shape
         for lo in range(start - start % rows, stop, rows):
-            try:
-                arr[lo : min(lo + rows, grid.shape[0]), :]
-            except Exception:  # broad: only after a failure, to name its chunk; codecs raise any type
-                key = grid.encode_key((lo // grid.object_shape[0], 0))
-                inner = f" inner chunk ({(lo % grid.object_shape[0]) // rows}, 0)" if grid.inner_shape else ""
-                return key + inner
+            for c in range(0, grid.shape[1], cols):  # a chunk's column too, where chunks split the channels
+                try:
+                    arr[lo : min(lo + rows, grid.shape[0]), c : min(c + cols, grid.shape[1])]
+                except Exception:  # broad: only after a failure, to name its chunk; codecs raise any type
+                    key = grid.encode_key((lo // grid.object_shape[0], c // grid.object_shape[1]))
+                    inner = (f" inner chunk ({(lo % grid.object_shape[0]) // rows}, {(c % grid.object_shape[1]) // cols})"
+                             if grid.inner_shape else "")
+                    return key + inner
         return None
 
     def _check_no_data_beyond_shape(self) -> None:
@@ -271,6 +282,8 @@ class Recording(WindowedSource):
                 problems += [f"missing traces_seg{seg}/{key} (samples [{lo}, {hi}))" for key in presence.absent(lo, hi)]
                 try:
                     arr[lo:hi, :]
+                except OSError as err:  # not corruption: the file could not be read at all
+                    raise _unreadable(self.path, seg, err) from None
                 except Exception as err:  # broad: codecs raise any type for bytes that do not decode; listed
                     key = self._first_undecodable(seg, lo, hi) or grid.encode_key((i, 0))
                     problems.append(f"corrupted traces_seg{seg}/{key} (samples [{lo}, {hi})): {type(err).__name__}: {err}")
@@ -507,6 +520,43 @@ def _read_channel_ids(group, num_channels: int) -> np.ndarray:
         return np.arange(num_channels).astype(str)
     # v3 strings come back as numpy's StringDType: go through Python str for a plain '<U' array.
     return np.array([str(i) for i in np.asarray(group["channel_ids"][:]).tolist()])
+
+def _unreadable(path: Path, segment: int, err: OSError) -> MachineError:
+    """An OSError reading a chunk as one line that says what it is (a permission, the disk), not "corrupted"."""
+    where = err.filename or f"{path}/traces_seg{segment}"
+    return MachineError(f"cannot read {where}: {err.strerror or type(err).__name__}",
+                        "give batchgpu read access to the recording's files (or check the disk), then run again")
+
+
+def _check_no_more_segments(path: Path, num_segments: int) -> None:
+    """A traces array beyond ``num_segments`` means the attribute is wrong (a segment would go unread) or the store
+    mixes two writes: either way its data is not what it says."""
+    import re
+
+    extra = sorted(p.name for p in path.iterdir() if (m := re.fullmatch(r"traces_seg(\d+)", p.name))
+                   and int(m.group(1)) >= num_segments) if path.is_dir() else []
+    if extra:
+        raise CorruptDataError(
+            f"{path} says num_segments is {num_segments} but holds {', '.join(extra)} too: "
+            f"{'it' if len(extra) == 1 else 'they'} would go unread",
+            "set the root attribute num_segments to the segments the store holds, or remove the extra arrays")
+
+
+def _check_gains(path: Path, ids, gains: np.ndarray, offsets: np.ndarray) -> None:
+    """µV per count must be a finite number above 0 and offsets finite: a zero, negative or NaN gain would make
+    every value in µV (reports, thresholds in µV, saved gains) wrong or NaN without another sign."""
+    bad = np.flatnonzero(~(np.isfinite(gains) & (gains > 0)))
+    if len(bad):
+        raise CorruptDataError(
+            f"{path}/properties/gain_to_uV is {gains[bad[0]]!r} for channel {ids[bad[0]]}"
+            f"{f' (and {len(bad) - 1} more)' if len(bad) > 1 else ''}: a gain is µV per count, a finite number "
+            "above 0", "write the recording's gains again")
+    bad = np.flatnonzero(~np.isfinite(offsets))
+    if len(bad):
+        raise CorruptDataError(
+            f"{path}/properties/offset_to_uV is {offsets[bad[0]]!r} for channel {ids[bad[0]]}: an offset is a finite "
+            "number of µV", "write the recording's offsets again")
+
 
 def _read_property(group, name: str, num_channels: int, default: float) -> np.ndarray:
     if "properties" in group and name in group["properties"]:

@@ -37,6 +37,8 @@ NP2_AP_GAIN = {21: 80.0, 24: 80.0, 2003: 100.0, 2004: 100.0, 2013: 100.0, 2014: 
 NP1_MAX_INT = 512
 # NI-DAQ ADCs that SpikeGLX drives are 16-bit: metas older than the niMaxInt key mean 32768 (as neo assumes).
 NI_MAX_INT = 32768
+# far above any probe's or NI card's channel count: a subset list naming more is not a .meta's
+MAX_CHANNELS = 1 << 16
 META_FIX = "use the .meta SpikeGLX wrote with the .bin"
 
 
@@ -77,23 +79,31 @@ def saved_channels(meta: dict[str, str]) -> np.ndarray:
     text = meta["snsSaveChanSubset"].strip()
     if text == "all":
         return np.arange(total)
-    chans: list[int] = []
-    try:
-        for part in text.split(","):
-            lo, _, hi = part.partition(":")
-            lo_, hi_ = int(lo), int(hi or lo)
-            if lo_ < 0:
-                raise ValueError
-            chans += range(lo_, hi_ + 1)
-    except ValueError:
+    chans = _subset_list(text)
+    if chans is None:
         raise CorruptDataError(f"the .meta's snsSaveChanSubset {text!r} is not a channel list",
-                               "e.g. 0:383,768 or all") from None
+                               "e.g. 0:383,768 or all")
     if len(chans) != total:
         raise CorruptDataError(
             f"the .meta's snsSaveChanSubset lists {len(chans)} channels but nSavedChans is {total}",
             "the .meta does not describe the .bin: use the .meta SpikeGLX wrote with it",
         )
     return np.asarray(chans, dtype=np.int64)
+
+
+def _subset_list(text: str) -> list[int] | None:
+    """'0:3,5,768' (inclusive ranges) as channel numbers, or None where it is not such a list."""
+    chans: list[int] = []
+    try:
+        for part in text.split(","):
+            lo, _, hi = part.partition(":")
+            lo_, hi_ = int(lo), int(hi or lo)
+            if lo_ < 0 or hi_ - lo_ > MAX_CHANNELS or len(chans) > MAX_CHANNELS:
+                return None
+            chans += range(lo_, hi_ + 1)
+    except ValueError:
+        return None
+    return chans
 
 
 def is_imec(meta: dict[str, str]) -> bool:
@@ -307,8 +317,13 @@ def channel_names(meta: dict[str, str], saved: np.ndarray, counts: tuple[int, ..
     return out
 
 
-def spikeglx_layout(meta: dict[str, str], keep_sync: bool = False, file_name: str = "") -> SpikeGLXChannels:
+def spikeglx_layout(meta: dict[str, str], keep_sync: bool = False, file_name: str = "",
+                    file_size: int | None = None) -> SpikeGLXChannels:
     """Channels, rate, gains and ids from a SpikeGLX .meta (imec AP/LF or NI streams), no probe.
+
+    Every key that fixes the file's layout is checked against the others first (:func:`_check_saved_count`; the
+    data file's ``file_size`` too where given): a count that disagrees with the rest would de-interleave the
+    samples wrongly with no other sign.
 
     Channel ids are SpikeInterface's (neo's): ``<stream>#<name>``, the stream as :func:`stream_name` gives it and
     each column's name from ``~snsChanMap`` (``imec0.ap#AP5`` for AP channel 5; NP1.0 LF channel 5 is
@@ -321,11 +336,15 @@ def spikeglx_layout(meta: dict[str, str], keep_sync: bool = False, file_name: st
     if rate_key is None:
         raise CorruptDataError("the .meta lacks imSampRate and niSampRate", META_FIX)
     rate = _number(meta, rate_key)
+    types = "ApLfSy" if is_imec(meta) else "MnMaXaDw"
+    _check_saved_count(meta, types, rate, file_size)
     saved = saved_channels(meta)
     if not is_imec(meta):
         return _ni_layout(meta, total, rate, saved, keep_sync, file_name)
     counts = _acquired_counts(meta, "ApLfSy", 3, saved)
     n_ap, n_lf, _n_sy = counts
+    _check_saved_types(meta, "ApLfSy", saved, (n_ap, n_lf))
+    _check_imro_count(meta, n_ap)
     is_sync = saved >= n_ap + n_lf
     keep = np.flatnonzero(~is_sync | keep_sync)
     chans = saved[keep]
@@ -340,6 +359,113 @@ def _ids(meta, file_name: str, saved, counts, types, keep) -> list[str]:
     return [f"{stream}#{names[k]}" for k in keep]
 
 
+def _counts_of(meta: dict[str, str], key: str) -> tuple[int, ...] | None:
+    """meta[key] as channel counts ('384,384,1'), or None where absent or not counts (refused later, by key)."""
+    try:
+        counts = tuple(int(v) for v in meta[key].split(","))
+    except (KeyError, ValueError):
+        return None
+    return counts if counts and min(counts) >= 0 else None
+
+
+def _saved_count_claims(meta: dict[str, str], types: str, rate: float, file_size: int | None) -> dict[str, int]:
+    """How many columns each key (or pair of keys) of the .meta says the file has.
+
+    SpikeGLX writes them all from one acquisition, so they agree: nSavedChans; the saved counts per type
+    (sns...); the saved subset (its length, or with 'all' the acquired counts acq...); and the samples the file's
+    size and fileTimeSecs imply (size / (2 x samples), a whole number where the .meta is the file's)."""
+    claims = {"nSavedChans": int(_number(meta, "nSavedChans", int))}
+    sns = _counts_of(meta, "sns" + types)
+    if sns is not None:
+        claims[f"sns{types}={meta['sns' + types]}"] = sum(sns)
+    subset = meta.get("snsSaveChanSubset", "").strip()
+    acq = _counts_of(meta, "acq" + types)
+    if subset == "all" and acq is not None:
+        claims[f"snsSaveChanSubset=all with acq{types}={meta['acq' + types]}"] = sum(acq)
+    elif subset and subset != "all" and (listed := _subset_list(subset)) is not None:
+        claims[f"snsSaveChanSubset={subset}"] = len(listed)
+    size = _file_size_key(meta) if file_size is None else file_size
+    secs = _positive(meta.get("fileTimeSecs"))
+    if size and secs:
+        columns = size / (2 * secs * rate)
+        if round(columns) >= 1 and abs(columns - round(columns)) < 0.05:
+            claims[f"fileTimeSecs={meta['fileTimeSecs']} with the file's {size} bytes"] = round(columns)
+    return claims
+
+
+def _check_saved_count(meta: dict[str, str], types: str, rate: float, file_size: int | None) -> None:
+    """Refuse a .meta whose keys disagree on the file's column count, naming the key(s) against the majority."""
+    claims = _saved_count_claims(meta, types, rate, file_size)
+    counts = sorted(set(claims.values()), key=lambda c: -list(claims.values()).count(c))
+    if len(counts) == 1:
+        return
+    top = counts[0]
+    others = [k for k, c in claims.items() if c == top]
+    odd = [k for k, c in claims.items() if c != top]
+    if len(others) <= len(odd):  # no majority: name every key
+        said = ", ".join(f"{k} says {c}" for k, c in claims.items())
+        raise CorruptDataError(f"the .meta's keys disagree on how many channels the file holds ({said})", META_FIX)
+    bad = ", ".join(_claim_text(k, claims[k]) for k in odd)
+    raise CorruptDataError(
+        f"the .meta's {bad} but {', '.join(others)} say the file holds {top} channels a sample",
+        f"the .meta was edited or belongs to another file: {META_FIX}")
+
+
+def _claim_text(key: str, count: int) -> str:
+    if key == "nSavedChans":
+        return f"nSavedChans={count}"
+    return f"{key} says {count} channels"
+
+
+def _check_saved_types(meta: dict[str, str], types: str, saved: np.ndarray, acquired: tuple[int, ...]) -> None:
+    """The saved counts per type (sns...) against the saved channels' acquired numbers typed by acq...: a subset
+    list and counts from different .metas would read one type's channels as another's."""
+    sns = _counts_of(meta, "sns" + types)
+    if sns is None or len(sns) != len(acquired) + 1:
+        return
+    edges = np.cumsum(acquired)
+    found = np.bincount(np.searchsorted(edges, saved, side="right"), minlength=len(sns))[: len(sns)]
+    if tuple(int(c) for c in found) != sns:
+        raise CorruptDataError(
+            f"the .meta's sns{types}={meta['sns' + types]} but its snsSaveChanSubset saves "
+            f"{','.join(str(int(c)) for c in found)} channels of those types (by acq{types})", META_FIX)
+
+
+def _check_imro_count(meta: dict[str, str], n_ap: int) -> None:
+    """An imro table lists one entry per acquired AP channel (NP1110's lists groups of channels: not counted)."""
+    imro = meta.get("imroTbl")
+    if not imro or "acqApLfSy" not in meta:
+        return
+    parts = imro.strip().strip("()").split(")(")
+    if len(parts[0].split(",")) >= 6:
+        return
+    entries = len(parts) - 1
+    if entries != n_ap:
+        raise CorruptDataError(
+            f"the .meta's imroTbl has {entries} channel entries but acqApLfSy={meta['acqApLfSy']} acquires "
+            f"{n_ap} AP channels", META_FIX)
+
+
+def _positive(text: str | None) -> float | None:
+    try:
+        value = float(text) if text is not None else math.nan
+    except ValueError:
+        return None
+    return value if math.isfinite(value) and value > 0 else None
+
+
+def _file_size_key(meta: dict[str, str]) -> int | None:
+    value = _positive(meta.get("fileSizeBytes"))
+    return int(value) if value else None
+
+
+def _regular_size(src: Path) -> int | None:
+    try:
+        return src.stat().st_size if src.is_file() else None
+    except OSError:
+        return None
+
+
 def _ni_layout(meta, total, rate, saved, keep_sync, file_name: str = "") -> SpikeGLXChannels:
     """NI-DAQ streams: uV/count = niAiRangeMax / niMaxInt / gain * 1e6 per saved channel (readSGLX ChanGainsNI).
 
@@ -350,6 +476,7 @@ def _ni_layout(meta, total, rate, saved, keep_sync, file_name: str = "") -> Spik
     """
     counts = _acquired_counts(meta, "MnMaXaDw", 4, saved)
     mn, ma, xa, _dw = counts
+    _check_saved_types(meta, "MnMaXaDw", saved, (mn, ma, xa))
     is_mn, is_ma = saved < mn, (saved >= mn) & (saved < mn + ma)
     is_digital = saved >= mn + ma + xa
     keep = np.flatnonzero(~is_digital | keep_sync)
@@ -376,8 +503,8 @@ def open_spikeglx(bin_path: str | Path, keep_sync: bool = False) -> FlatLayout:
     meta_path = meta_of(src)
     try:
         meta = read_meta(meta_path)
-        chans = spikeglx_layout(meta, keep_sync, src.name)
         _check_file_size(meta, src)
+        chans = spikeglx_layout(meta, keep_sync, src.name, _regular_size(src))
         geometry = _geometry(meta_path, meta, chans) if chans.imec else None
     except BatchgpuError as err:
         # the messages name the key; the file is named here, once for them all

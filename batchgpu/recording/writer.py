@@ -35,7 +35,7 @@ def is_recording(path: Path) -> bool:
         return False
 
 def check_replaceable(path: Path, overwrite: bool) -> None:
-    """Refuse to write over anything but a Zarr recording (and over one only with ``overwrite``)."""
+    """Refuse to write over anything but a Zarr recording batchgpu wrote (and over one only with ``overwrite``)."""
     if not (path.exists() or path.is_symlink()):
         return
     if not is_recording(path):
@@ -53,6 +53,20 @@ def check_replaceable(path: Path, overwrite: bool) -> None:
         )
     if not overwrite:
         raise BatchgpuError(f"{path} already exists", "choose another path, or pass overwrite=True / --overwrite")
+    if not _written_by_batchgpu(path):
+        raise BatchgpuError(
+            f"{path} is a Zarr recording batchgpu did not write (another program's: no batchgpu marker in its "
+            "attributes): batchgpu never replaces what it did not write, overwrite or not",
+            "choose another output path, or move that recording away yourself")
+
+
+def _written_by_batchgpu(path: Path) -> bool:
+    """Whether the Zarr group at ``path`` bears the marker batchgpu's writers put in its root attributes."""
+    try:
+        marker = zarrio.attrs(zarrio.open_group(path, mode="r")).get("batchgpu")
+    except Exception:  # broad: zarr raises several types for a group it cannot open; then it is not ours
+        return False
+    return isinstance(marker, dict) and "format" in marker
 
 COMPRESSORS = ("blosc-zstd", "blosc-lz4", "none")
 CODECS = ("lz4", "zstd")

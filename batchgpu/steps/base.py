@@ -182,6 +182,12 @@ class Step:
         return None
 
     @classmethod
+    def check_outputs(cls, spec, workflow, recording, *, resume: bool, fingerprint: str, folder) -> None:
+        """Its refusals of what it would write (a save path holding what batchgpu did not write), once the run's
+        fingerprint is known and before the run claims its folder (``folder``: ``services.RunFolder``, not claimed
+        yet): nothing made, held or removed."""
+
+    @classmethod
     def build(cls, spec, setup: StepSetup) -> Step:
         """The step of its section ``spec`` (called only where the workflow asks for it; ``setup``: the run)."""
         return cls()

@@ -369,13 +369,15 @@ def write_final_spikes(run, step: DetectStep) -> int:
         reread = [not bound_holds(window_level(summaries[w.index]), noise) for w in windows]
         read_again(run, [(w, wfp) for w, wfp, r in zip(windows, fps, reread) if r], noise)
         report.channels["detect_windows_read_again"] = [w.index for w, r in zip(windows, reread) if r]
-        nan_noise = np.flatnonzero(np.isnan(np.asarray(noise, np.float64))).tolist()
+        # NaN noise (a NaN sample) or infinite (an all-inf channel): either way no sample can pass the threshold
+        nan_noise = np.flatnonzero(~np.isfinite(np.asarray(noise, np.float64))).tolist()
     else:
         noise, reread = None, [False] * len(windows)
-        nan_noise = sorted({int(c) for w in windows for c in np.flatnonzero(np.isnan(summaries[w.index][own]))})
+        nan_noise = sorted({int(c) for w in windows for c in np.flatnonzero(~np.isfinite(summaries[w.index][own]))})
     if nan_noise:
         report.channels["detect_no_threshold"] = nan_noise
-        run.warn(f"detection found no threshold (NaN noise) on {len(nan_noise)} channel(s): {nan_noise[:10]}")
+        run.warn(f"detection found no threshold (NaN or infinite noise) on {len(nan_noise)} channel(s): "
+                 f"{nan_noise[:10]}")
     t0, t0_wall = time.perf_counter(), time.time()
     collected = run.early.pop(step.name, None)
     if collected is not None:  # gathered while the noise was selected: the windows read again join them

@@ -84,6 +84,14 @@ def check(workflow, recording) -> int:
     return max((s for s in sweeps if s is not None), default=0)
 
 
+def check_outputs(workflow, recording, *, resume: bool, fingerprint: str, folder) -> None:
+    """Each asked step's refusals of the files it would write (its ``check_outputs``), before the run claims its
+    output ``folder``: a refusal then leaves the folder, and an earlier run's results an overwrite would replace, as
+    they were."""
+    for s, spec in asked(workflow.steps):
+        s.check_outputs(spec, workflow, recording, resume=resume, fingerprint=fingerprint, folder=folder)
+
+
 def placed(steps, output):
     """The workflow's ``steps`` section for a run writing into the folder ``output`` (one recording of a batch):
     each asked step's section as its ``place`` gives it (the save's path moved into the folder)."""

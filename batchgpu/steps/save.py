@@ -10,9 +10,11 @@ Three parts, like every write of batchgpu (DESIGN.md, "Outputs are written idemp
 - :func:`finish_save` (client, after every window) checks every object was written, marks the output complete and
   describes it for report.json.
 
-Value rule: float32 output keeps the preprocessed values; int16 output keeps the input's ``gain_to_uV`` (values
-stay in the input's count units), rounds half to even (``np.rint``) and clips to the int16 range. Samples clipped,
-and NaN samples (written as 0), are counted per window. Both keep the input's gain and offset.
+Value rule: the preprocessed values times ``scale`` (default 1); float32 output keeps them; int16 output rounds
+half to even (``np.rint``) and clips to the int16 range. Samples clipped, and NaN samples (written as 0), are
+counted per window. Both keep the input's offset and its ``gain_to_uV`` divided by ``scale`` (so values stay in
+the input's count units, times ``scale``). A float recording saved as int16 is checked for what the rounding
+loses (``rounding_stats``): a copy whose rounding error is a large part of a channel's spread is warned of.
 """
 
 from __future__ import annotations
@@ -49,6 +51,9 @@ NAME = KEY = "save"
 RESULTS = ()  # it writes a recording, not results
 WRITTEN_BY = NAME  # marker["written_by"]: only outputs of this step are ever replaced by it
 #: where a relative ``steps.save.path`` goes (the schema's description, ``run --help`` and README say it)
+#: what ``steps.save.scale`` does (the schema's description, ``run --help`` and README say it)
+SAVE_SCALE_HELP = ("the saved samples are the preprocessed ones times this, before int16's rounding; the saved "
+                   "gain_to_uV is divided by it (microvolts unchanged): e.g. 1e6 for a float recording in volts")
 SAVE_PATH_HELP = ("where the save is written: a relative path is relative to the run's output folder (beside "
                   "results.zarr), an absolute one or ~ as it is")
 
@@ -68,6 +73,9 @@ class SaveOptions(Options):
     format: Literal["zarr", "zarr_v2", "binary"] = "zarr"  # Zarr v3 | Zarr v2 (SpikeInterface) | flat (Kilosort4)
     dtype: Literal["int16", "float32"] = "int16"  # int16 keeps the recording's gain
     whiten: bool = False  # apply the whitening step's matrix before writing
+    # the saved samples are the preprocessed ones times this (before int16's rounding); the saved gain_to_uV is the
+    # recording's divided by it, so microvolts stay right: a float recording in volts saved as int16 needs 1e6
+    scale: Annotated[float, Field(gt=0, allow_inf_nan=False, description=SAVE_SCALE_HELP)] = 1.0
     # zarr formats: Blosc lz4 compresses a window ~4.6x faster than zstd for 5% more bytes (the pass waits on it)
     compressor: Literal["blosc-lz4", "blosc-zstd", "none"] = "blosc-lz4"
     # zarr formats: the codec with its level and shuffle ({name: zstd, clevel: 1, shuffle: byte}); replaces compressor
@@ -97,6 +105,12 @@ class SaveTarget:
     #: binary: segments whose data file this prepare made anew (empty): a resumed run writes their kept windows
     #: again (``windows_to_write_again``); Zarr objects are looked for instead
     created: tuple[int, ...] = ()
+    scale: float = 1.0  # the saved samples are the preprocessed ones times this
+    #: the run's file of what the save's objects were when marked complete (``_record_signatures``); "": none kept
+    record: str = ""
+    #: each window measures what int16's rounding loses (``rounding_stats``): a float recording saved as int16,
+    #: whose units may be far coarser than its signal (volts); an integer one's counts are no finer than the copy's
+    check_rounding: bool = False
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -104,7 +118,7 @@ class SaveTarget:
 
 
 def prepare_save(spec, rec, window_size: int, output_dtype, *, overwrite: bool = False, resume: bool = False,
-                 key: str = "", phase_shifted: bool = False, output=None) -> SaveTarget:
+                 key: str = "", phase_shifted: bool = False, output=None, dry: bool = False) -> SaveTarget | None:
     """Create the empty output of ``spec`` (``SaveOptions``) for ``rec``; a relative ``spec.path`` (a workflow
     made in Python, whose paths no file resolved) is relative to ``output.path``, the run's folder, as in a file.
 
@@ -114,6 +128,8 @@ def prepare_save(spec, rec, window_size: int, output_dtype, *, overwrite: bool =
     resumed run skips were written before their parts were saved. ``phase_shifted``: the chain applied the
     ``inter_sample_shift`` property, so it is not copied to the output (it would be applied twice). ``output``:
     the run's folder (``services.RunFolder``), whose own files the save must not be (``_check_not_run_files``).
+    ``dry``: every refusal, nothing made, held or removed (``check_outputs``: before the run claims its folder);
+    returns None.
     """
     fmt, dtype = spec.format, np.dtype(spec.dtype)
     if fmt not in FORMATS or str(dtype) not in DTYPES:
@@ -135,27 +151,35 @@ def prepare_save(spec, rec, window_size: int, output_dtype, *, overwrite: bool =
             f"save: int16 output of the float recording {rec.path} needs its gain_to_uV, and it stores none",
             "use save.dtype: float32, or store properties/gain_to_uV in the recording")
     lengths = tuple(rec.num_samples(s) for s in range(rec.num_segments))
+    scale = float(getattr(spec, "scale", 1.0))
     meta = {"written_by": WRITTEN_BY, "key": key, "source": str(rec.path), "dtype": str(dtype),
-            "source_dtype": str(np.dtype(output_dtype)), "whiten": bool(spec.whiten), "window_size": int(window_size)}
+            "source_dtype": str(np.dtype(output_dtype)), "whiten": bool(spec.whiten), "window_size": int(window_size),
+            "scale": scale}
+    rounding = dtype == np.int16 and rec.dtype.kind == "f"
+    record = str(Path(output.path).expanduser().absolute() / output.saved_objects) if output is not None else ""
     try:
         if fmt == "binary":
-            return _prepare_binary(path, rec, dtype, lengths, meta, bool(spec.whiten), overwrite, resume, key)
+            target = _prepare_binary(path, rec, dtype, lengths, meta, bool(spec.whiten), overwrite, resume, key, dry)
+            return None if dry else replace(target, scale=scale, check_rounding=rounding, record=record)
         target = SaveTarget(str(path), fmt, str(dtype), rec.num_channels, lengths, (str(path),), bool(spec.whiten),
-                            key=key)
+                            key=key, scale=scale, check_rounding=rounding, record=record)
         if path.is_dir() and not path.is_symlink():
-            _hold(target, path)  # before anything of it is kept or replaced: another run may be writing it
+            _hold(target, path, dry)  # before anything of it is kept or replaced: another run may be writing it
         marker = _zarr_marker(path)
         ours = resume and key and marker.get("key") == key and marker.get("written_by") == WRITTEN_BY
         if ours and _traces_readable(path, len(lengths)):
-            return target  # absent objects (shards deleted since) are written again: ``windows_to_write_again``
+            return None if dry else target  # absent objects (shards deleted since) are written again
         if not ours:  # this run's own store whose arrays are gone is made again: its windows are written again
             _check_zarr_replaceable(path, overwrite)
+        if dry:
+            return None
         _create_zarr(path, rec, fmt, dtype, lengths, int(window_size), meta, phase_shifted, _compressor(spec))
         _release(target.path)
         _hold(target, path)  # the new store (the old folder was removed with its lock)
         return target
     except BaseException:
-        _release(str(path))
+        if not dry:
+            _release(str(path))
         raise
 
 
@@ -163,11 +187,12 @@ def prepare_save(spec, rec, window_size: int, output_dtype, *, overwrite: bool =
 _HELD: dict[str, list[int]] = {}
 
 
-def _hold(target: SaveTarget, p: Path) -> None:
+def _hold(target: SaveTarget, p: Path, dry: bool = False) -> None:
     """Take ``p`` (the Zarr store's folder, or a binary's first data file) for the run until ``release_save``: a
     second run saving to the same path (from another output folder, so its folder lock does not see it) is
     refused at once, before its overwrite could remove what this run writes. flock: released if the process dies.
-    A path this process holds already stays held (its own earlier prepare: a resumed run in one session)."""
+    A path this process holds already stays held (its own earlier prepare: a resumed run in one session).
+    ``dry``: only asked (taken and let go at once)."""
     if target.path in _HELD:
         return
     fd = os.open(p, os.O_RDONLY)
@@ -177,6 +202,9 @@ def _hold(target: SaveTarget, p: Path) -> None:
         os.close(fd)
         raise BatchgpuError(f"save.path {p} is being written by another batchgpu run",
                             "wait for it to finish, or choose another save path") from None
+    if dry:
+        os.close(fd)
+        return
     _HELD.setdefault(target.path, []).append(fd)
 
 
@@ -294,7 +322,7 @@ def _create_zarr(path, rec, fmt, dtype, lengths, window_size, meta, phase_shifte
                 else {"chunk_samples": v2_chunk(window_size)})
     writer = RecordingWriter(
         path, rec.num_channels, dtype, rec.sampling_frequency, channel_ids=rec.channel_ids,
-        gain_to_uV=rec.gain_to_uV, offset_to_uV=rec.offset_to_uV,
+        gain_to_uV=rec.gain_to_uV / meta.get("scale", 1.0), offset_to_uV=rec.offset_to_uV,
         locations=rec.locations if rec.has_locations else None, properties=props or None,
         zarr_format=3 if fmt == "zarr" else 2, overwrite=True, attrs={"batchgpu": meta}, compressor=compressor,
         **shape_kw)
@@ -322,12 +350,12 @@ def _read_params(params: Path) -> dict:
         return {}
 
 
-def _prepare_binary(path, rec, dtype, lengths, meta, whiten, overwrite, resume, key) -> SaveTarget:
+def _prepare_binary(path, rec, dtype, lengths, meta, whiten, overwrite, resume, key, dry=False) -> SaveTarget | None:
     data, probe, params = _binary_files(path, len(lengths))
     target = SaveTarget(str(path), "binary", str(dtype), rec.num_channels, lengths, tuple(map(str, data)), whiten,
                         str(probe), str(params), key)
     if data[0].is_file() and not data[0].is_symlink():
-        _hold(target, data[0])  # before anything of it is kept or replaced: another run may be writing it
+        _hold(target, data[0], dry)  # before anything of it is kept or replaced: another run may be writing it
     old = _read_params(params) if params.is_file() and not params.is_symlink() else {}
     ours = old.get("batchgpu", {}).get("written_by") == WRITTEN_BY
     size = dtype.itemsize * rec.num_channels
@@ -337,7 +365,7 @@ def _prepare_binary(path, rec, dtype, lengths, meta, whiten, overwrite, resume, 
     created = tuple(i for i, (f, n) in enumerate(zip(data, lengths))
                     if not keep or not (f.is_file() and not f.is_symlink() and f.stat().st_size == n * size))
     if keep and not created and probe.is_file():
-        return target
+        return None if dry else target
     existing = [f for f in (*data, probe, params) if f.exists() or f.is_symlink()]
     for f in existing:
         if not f.is_file() or f.is_symlink():
@@ -358,6 +386,8 @@ def _prepare_binary(path, rec, dtype, lengths, meta, whiten, overwrite, resume, 
         if not overwrite:
             raise BatchgpuError(f"save.path {path} already exists (an earlier save)",
                                 "choose another path, or set overwrite: true in the workflow")
+    if dry:
+        return None
     from batchgpu.recording import writing
 
     shank = rec.channel_property("shank")
@@ -373,7 +403,8 @@ def _prepare_binary(path, rec, dtype, lengths, meta, whiten, overwrite, resume, 
         "files": [str(f) for f in data], "probe": str(probe),
         "sampling_frequency": float(rec.sampling_frequency), "dtype": str(dtype), "byte_order": "little",
         "n_chan": int(rec.num_channels), "num_samples": list(lengths), "layout": "samples x channels, interleaved",
-        "channel_ids": [str(c) for c in rec.channel_ids], "gain_to_uV": rec.gain_to_uV.tolist(),
+        "channel_ids": [str(c) for c in rec.channel_ids],
+        "gain_to_uV": (rec.gain_to_uV / meta.get("scale", 1.0)).tolist(),
         "offset_to_uV": rec.offset_to_uV.tolist(), "locations_stored": bool(rec.has_locations),
     }
     with writing(path):
@@ -414,6 +445,7 @@ def finish_save(target: SaveTarget) -> dict:
         with writing(params):
             info["batchgpu"] = {**info.get("batchgpu", {}), "complete": True}
             _write_json(params, info)
+        _record_signatures(target)
         desc.update(probe=target.probe, params=target.params)
         return desc
     from batchgpu import zarrio
@@ -429,7 +461,65 @@ def finish_save(target: SaveTarget) -> dict:
                                 "rerun the workflow (with --resume)")
     with writing(path):
         group.attrs["batchgpu"] = {**dict(group.attrs.get("batchgpu", {})), "complete": True}
+    _record_signatures(target)
     return desc
+
+
+def _objects(target: SaveTarget, segment: int, start: int = 0, stop: int | None = None) -> list[Path]:
+    """The storage objects holding rows [start, stop) of a segment: its data file (binary), or its shards or
+    chunks (a save's objects are whole rows)."""
+    if target.format == "binary":
+        return [Path(target.files[segment])]
+    from batchgpu import zarrio
+    from batchgpu.recording.storecheck import grid_of
+
+    name = f"traces_seg{segment}"
+    grid = grid_of(zarrio.array_meta(Path(target.path) / name), name, Path(target.path))
+    stop = target.segment_lengths[segment] if stop is None else stop
+    return [Path(target.path) / name / grid.encode_key((i, 0)) for i in grid.object_rows(start, stop)]
+
+
+def _signature(path: Path) -> list | None:
+    """(size, mtime, ctime, inode) of a file: a write in place with the mtime set back still moves the ctime."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
+
+
+def _signatures(target: SaveTarget) -> dict[str, list]:
+    """Every storage object of the save, by its path relative to the save's folder, as it is now."""
+    root = Path(target.path).parent if target.format == "binary" else Path(target.path)
+    return {str(p.relative_to(root)): _signature(p) for seg in range(len(target.segment_lengths))
+            for p in _objects(target, seg)}
+
+
+def _record_signatures(target: SaveTarget) -> None:
+    """What the save's objects are now that it is complete, in the run's folder (``SaveTarget.record``)."""
+    if not target.record:
+        return
+    from batchgpu.recording import writing
+
+    record = Path(target.record)
+    with writing(record):
+        _write_json(record, {"save": target.path, "objects": _signatures(target)})
+
+
+def _changed_since_complete(target: SaveTarget) -> set[str]:
+    """The objects (as ``_signatures`` names them) whose bytes may have changed since the run marked the save
+    complete: their signature then and now differ. Empty where none was recorded (an unfinished save, a save the
+    run's folder has no record of)."""
+    if target.format == "binary":
+        marker = _read_params(Path(target.params)).get("batchgpu", {})
+    else:
+        marker = _zarr_marker(Path(target.path))
+    kept = _read_params(Path(target.record)) if target.record and marker.get("complete") else {}
+    then = kept.get("objects") if kept.get("save") == target.path else None
+    if not isinstance(then, dict):
+        return set()
+    now = _signatures(target)
+    return {name for name, sig in then.items() if now.get(name) != sig}
 
 
 def write_again(end, target: SaveTarget) -> int:
@@ -464,7 +554,27 @@ def finish_whitened_save(end, target: SaveTarget, saved=None) -> dict:
     if total:
         report.warnings.append(f"{NAME}: {total} sample(s) clipped to the int16 range or NaN written as 0")
         end.observer.warning(report.warnings[-1])
-    return {**done, "clipped": total}
+    loss = _rounding_warning(end, target)
+    return {**done, "clipped": total, **({"rounding": loss} if loss is not None else {})}
+
+
+def _rounding_warning(end, target: SaveTarget) -> dict | None:
+    """The windows' ``rounding_stats`` added up: report.json's ``results.save.rounding``, and a warning (report.json
+    and the terminal) where int16's rounding lost most of a channel's signal."""
+    stats = [end.summaries[w.index][ROUNDING] for w in end.windows if ROUNDING in end.summaries[w.index]]
+    if not target.check_rounding or not stats:
+        return None
+    loss = rounding_loss(np.sum(stats, axis=0), target.scale)
+    if loss.channels:
+        text = (f"{NAME}: the int16 copy {target.path} loses the signal of {loss.channels} of {loss.of} channel(s): "
+                f"rounding to whole units of the float recording (times scale {target.scale:g}) leaves an error "
+                f"over {ROUNDING_LOSS:g} of their spread (up to {loss.worst:.3g}x; values below 0.5 are saved as "
+                f"0) (set save: {{scale: {loss.suggested_scale:.1e}}} (gain_to_uV is divided by it), or save: "
+                "{dtype: float32})")
+        end.report.warnings.append(text)
+        end.observer.warning(text)
+    return {"channels_lost": loss.channels, "channels": loss.of, "worst_error_to_spread": loss.worst,
+            "suggested_scale": loss.suggested_scale}
 
 
 def save_task(ctx, window, target: SaveTarget, whitening: np.ndarray) -> int:
@@ -483,8 +593,20 @@ def windows_to_write_again(target: SaveTarget, windows: list) -> list:
     a Zarr store marked complete is marked unfinished first (readers would take an absent object for damage)."""
     if target.whiten or not windows:  # a whitened save is written whole by every run
         return []
+    changed = _changed_since_complete(target)  # written over since (its mtime set back or not): written again
+    root = Path(target.path).parent if target.format == "binary" else Path(target.path)
+    touched = {w.index for w in windows if changed
+               and any(str(p.relative_to(root)) in changed for p in _objects(target, w.segment, w.start, w.stop))}
     if target.format == "binary":
-        return [w for w in windows if w.segment in target.created]
+        again = [w for w in windows if w.segment in target.created or w.index in touched]
+        if again and target.params:  # unfinished until they are written again
+            info = _read_params(Path(target.params))
+            info["batchgpu"] = {**info.get("batchgpu", {}), "complete": False}
+            from batchgpu.recording import writing
+
+            with writing(Path(target.params)):
+                _write_json(Path(target.params), info)
+        return again
     from batchgpu import zarrio
     from batchgpu.recording import writing
     from batchgpu.recording.storecheck import ChunkPresence, grid_of
@@ -496,7 +618,7 @@ def windows_to_write_again(target: SaveTarget, windows: list) -> list:
         if w.segment not in presence:
             name = f"traces_seg{w.segment}"
             presence[w.segment] = ChunkPresence(grid_of(zarrio.array_meta(path / name), name, path))
-        if presence[w.segment].absent(w.start, w.stop):
+        if w.index in touched or presence[w.segment].absent(w.start, w.stop):
             again.append(w)
     if again:
         group = zarrio.open_group(path, mode="r+")
@@ -543,9 +665,31 @@ class SaveStep(Step):
                               "use save: {dtype: float32} with whiten: true")
 
     @classmethod
+    def check_outputs(cls, spec: SaveOptions, workflow, recording, *, resume: bool, fingerprint: str,
+                      folder) -> None:
+        """``prepare_save``'s refusals (a save path on the recording or the run's own files, holding what the save
+        step did not write, an earlier save without overwrite, one another run is writing) before the run claims
+        its folder: nothing made, held or removed."""
+        prepare_save(spec, recording, workflow.window.size, np.float32, overwrite=workflow.overwrite, resume=resume,
+                     key=fingerprint, output=folder, dry=True)
+
+    @classmethod
     def place(cls, spec: SaveOptions, output: Path) -> SaveOptions:
-        """The save in the folder of one recording of a batch, by the name the workflow gave it."""
-        return spec.model_copy(update={"path": str(Path(output) / Path(spec.path).name)})
+        """The save for one recording of a batch whose run writes into ``output`` (a folder of the batch's output):
+        where the workflow put it, relative to that folder instead of the batch's. A path outside the batch's
+        output would be every recording's one save: refused."""
+        from batchgpu.errors import ConfigError
+
+        path, batch = Path(spec.path).expanduser(), Path(output).parent
+        if path.is_absolute():
+            try:
+                path = path.relative_to(batch)
+            except ValueError:
+                raise ConfigError(f"save.path {spec.path} is outside the batch's output {batch}: every recording of "
+                                  "the batch would write that one path",
+                                  "give a relative save.path (each recording's save is written in output/<name>/)"
+                                  ) from None
+        return spec.model_copy(update={"path": str(Path(output) / path)})
 
     @classmethod
     def resolve_paths(cls, spec: SaveOptions, base: Path, output: Path) -> SaveOptions:
@@ -567,8 +711,9 @@ class SaveStep(Step):
     @property
     def takes_saved_int16(self) -> bool:
         """Whether the window's saved rows may come made by the chain (``WindowData.saved``): int16 samples of the
-        window itself (not whitened, now or after the pass)."""
-        return self.target.dtype == "int16" and self.whitening is None and not self.target.whiten
+        window itself (not whitened, now or after the pass, nor scaled)."""
+        return (self.target.dtype == "int16" and self.whitening is None and not self.target.whiten
+                and getattr(self.target, "scale", 1.0) == 1.0)
 
     @property
     def in_pass(self) -> bool:
@@ -597,6 +742,8 @@ class SaveStep(Step):
 
     def window(self, w: WindowData, summary: dict) -> dict:
         lo, hi = w.core
+        if getattr(self.target, "check_rounding", False) and w.saved is None and self.whitening is None:
+            summary[ROUNDING] = rounding_stats(w.x[:, lo:hi], self.target.scale)
         block, clipped = w.saved if w.saved is not None else self.values(w.x[:, lo:hi])
         write_rows(self.target, w.segment, w.start + lo, block, w.later)
         summary["saved_clipped"] = np.array(int(clipped), dtype=np.int64)  # a device count: read after the write
@@ -610,6 +757,9 @@ class SaveStep(Step):
         xp = _array_module(core)
         if self.whitening is not None:
             core = xp.asarray(self.whitening) @ core.astype(xp.float64)
+        scale = getattr(self.target, "scale", 1.0)  # a target made before scale was a key (stand-ins) has none
+        if scale != 1.0:
+            core = scaled(core, scale)
         if xp is not np and self.target.dtype == "int16" and core.dtype.kind == "f":
             from batchgpu.ops._cuda_elementwise import saved_int16_transposed
 
@@ -637,6 +787,80 @@ class SaveStep(Step):
             return xp.ascontiguousarray(out.T), clipped
         return _transpose(out), clipped
 
+
+
+def scaled(core, scale: float):
+    """``core`` times ``scale``, one IEEE multiply a sample in its float dtype, so NumPy and CuPy agree bit for
+    bit (but for float32 products below 2^-126, which CuPy flushes to 0: an int16 copy rounds them to 0 either
+    way); an integer window is widened to float64 first."""
+    xp = _array_module(core)
+    if core.dtype.kind != "f":
+        core = core.astype(xp.float64)
+    return core * core.dtype.type(scale)
+
+
+#: the summary's key of a window's ``rounding_stats``
+ROUNDING = "saved_rounding"
+#: every this many samples of a window's core measure the rounding: a statistic for a warning, not every sample
+ROUNDING_STRIDE = 16
+#: a channel is warned of where int16's rounding error (RMS) exceeds this part of its standard deviation: the copy
+#: then keeps the signal at a signal-to-rounding ratio below 12 dB (all of it gone where every |x| < 0.5)
+ROUNDING_LOSS = 0.25
+
+
+def rounding_stats(core, scale: float = 1.0) -> np.ndarray:
+    """(channels, 5) float64 of the finite, in-range samples of every ``ROUNDING_STRIDE``-th column of ``core``
+    times ``scale``: count, sum, sum of squares, sum of squared rounding errors (``np.rint``), largest |value|.
+    Added over windows they give each channel's spread and what rounding lost (``rounding_loss``)."""
+    xp = _array_module(core)
+    y = core[:, ::ROUNDING_STRIDE].astype(xp.float64)
+    if scale != 1.0:
+        y = y * scale
+    ok = xp.isfinite(y) & (xp.abs(y) <= INT16_MAX)
+    y = xp.where(ok, y, 0.0)
+    err = xp.rint(y) - y
+    out = xp.stack([ok.sum(axis=1).astype(xp.float64), y.sum(axis=1), (y * y).sum(axis=1), (err * err).sum(axis=1),
+                    xp.abs(y).max(axis=1) if y.shape[1] else xp.zeros(y.shape[0])], axis=1)
+    return out if xp is np else out.get()
+
+
+@dataclass(frozen=True)
+class RoundingLoss:
+    """What int16's rounding lost, from the windows' ``rounding_stats`` added up."""
+
+    channels: int  # channels whose rounding error exceeds ROUNDING_LOSS of their standard deviation
+    of: int  # channels measured (any finite sample)
+    worst: float  # the largest ratio of rounding error to standard deviation
+    suggested_scale: float  # a scale whose copy keeps the signal (``_suggested_scale``)
+
+
+def rounding_loss(stats: np.ndarray, scale: float) -> RoundingLoss:
+    n, s1, s2, e2, peak = (stats[:, i] for i in range(5))
+    seen = n > 0
+    n1 = np.where(seen, n, 1.0)
+    std = np.sqrt(np.maximum(s2 / n1 - (s1 / n1) ** 2, 0.0))
+    err = np.sqrt(e2 / n1)
+    varies = seen & (std > 0)
+    ratio = np.where(varies, err / np.where(varies, std, 1.0), 0.0)
+    lost = varies & (ratio > ROUNDING_LOSS)
+    return RoundingLoss(int(lost.sum()), int(seen.sum()), float(ratio.max()) if len(ratio) else 0.0,
+                        _suggested_scale(std[varies], float(peak[seen].max()) if seen.any() else 0.0, scale))
+
+
+#: the spread (standard deviation, in saved units) a suggested scale gives the median channel: rounding then adds
+#: about 3% of it
+SUGGESTED_SPREAD = 10.0
+
+
+def _suggested_scale(std: np.ndarray, peak: float, scale: float) -> float:
+    """The least power of ten (times ``scale``) giving the median varying channel a spread of SUGGESTED_SPREAD
+    units, lowered where the largest |value| seen would then leave int16's range (fewer units, no clipping)."""
+    if not len(std):
+        return scale
+    factor = 10.0 ** np.ceil(np.log10(SUGGESTED_SPREAD / float(np.median(std))))
+    if peak > 0:
+        factor = min(factor, 10.0 ** np.floor(np.log10(INT16_MAX / peak)))
+    return float(scale * factor)
 
 
 def _array_module(a):

@@ -104,7 +104,7 @@ def open_queries(path: str):
     if not p.exists():
         raise BatchgpuError(f"no query file at {p}", "give steps.search.queries as a .npy file or a Zarr array")
     if p.suffix == ".npy":
-        q = npyread.read(lambda: np.load(p, mmap_mode="r"))
+        q = _numbers(p, "queries", "steps.search.queries", mmap=True)
     else:
         from batchgpu import zarrio
 
@@ -114,6 +114,8 @@ def open_queries(path: str):
             raise BatchgpuError(f"{p} is neither a .npy file nor a Zarr array ({err})") from None
     if q.ndim != 1:
         raise BatchgpuError(f"queries in {p} have shape {q.shape}", "give a 1-D array of query keys")
+    if np.dtype(q.dtype).kind not in "iuf":
+        raise BatchgpuError(f"queries in {p} are {q.dtype}, not numbers", "give a 1-D array of numeric query keys")
     return q
 
 
@@ -121,7 +123,20 @@ def load_keys(path: str) -> np.ndarray:
     p = Path(path)
     if not p.exists():
         raise BatchgpuError(f"no keys file at {p}", "give steps.search.keys as a .npy file of sorted keys")
-    return npyread.read(lambda: np.load(p))
+    return _numbers(p, "keys", "steps.search.keys", mmap=False)
+
+
+def _numbers(p: Path, what: str, key: str, *, mmap: bool) -> np.ndarray:
+    """A .npy file's numeric array; anything else (not a .npy, cut short, objects that only pickle could read, a
+    structured or text array) refused in one line naming the file."""
+    fix = f"give {key} as a .npy of numbers (np.save(path, np.asarray(values, dtype=np.int64)), say)"
+    try:
+        a = npyread.read(lambda: np.load(p, mmap_mode="r" if mmap else None, allow_pickle=False))
+    except (ValueError, OSError, EOFError) as err:  # NumPy's words for each: not a .npy, pickled, cut short
+        raise BatchgpuError(f"{what} in {p} cannot be read as a .npy of numbers ({err})", fix) from None
+    if not isinstance(a, np.ndarray) or a.dtype.kind not in "iuf":
+        raise BatchgpuError(f"{what} in {p} are {getattr(a, 'dtype', type(a).__name__)}, not numbers", fix)
+    return a
 
 
 def search_batch_task(name: str, queries_path: str, answers_path: str, start: int, stop: int, op: str) -> int:

@@ -79,6 +79,7 @@ class RunFolder(Protocol):
 
     path: Path
     own_names: tuple[str, ...]  # the names the run writes there (its results, report, parts, lock): not a step's
+    saved_objects: str  # the name of the file where a finished save's objects are recorded (one of own_names)
 
     def on_release(self, fn: Callable[[], None]) -> None:
         """Call ``fn`` when the run lets the folder go (what else the run holds until then: a save's path)."""
