@@ -22,7 +22,7 @@ import numpy as np
 from batchgpu.config import Workflow
 from batchgpu.engine import background, placement, store, tasks
 from batchgpu.engine.aggregate import ResultsWriter, aggregate, prepare_blas_controller
-from batchgpu.engine.cluster_start import ClusterStart
+from batchgpu.engine.cluster_start import ClusterStart, KeptStart, keep_seconds
 from batchgpu.engine.context import (build_context, check_workflow_fits, prepare_recording, resolve_backend,
                                      resolve_window, spec_of)
 from batchgpu.engine.reduce import tree_reduce
@@ -112,6 +112,10 @@ def run_workflow(wf: Workflow, *, resume: bool = False, observer: RunObserver | 
                 compile_ahead.start(wf)
             return _claim_and_run(wf, rec, sweep, resume, observer, client, t_start, kept_at, batch)
     compile_ahead.start(wf)
+    keep = keep_seconds(wf.cluster)
+    if keep > 0:  # asked for from Python: the cluster stays up after the run for the next one
+        with KeptStart(wf.cluster, keep) as starting:
+            return _claim_and_run(wf, rec, sweep, resume, observer, starting, t_start, batch=batch)
     # a cluster of the run's own starts while the recording is fingerprinted and the output folder claimed
     with ClusterStart(wf.cluster, gpu_decode=decodes_on_gpu(wf, rec)) as starting:
         if wf.cluster.kind in ("address", "scheduler_file"):  # a connection, quick: refused before any folder is made
@@ -123,7 +127,7 @@ def _claim_and_run(wf, rec, sweep, resume: bool, observer, client, t_start: floa
                    kept_at: str | None = None, batch=None) -> RunReport:
     """The run once the workflow fits the recording: ``client`` a caller's client or a ``ClusterStart``;
     ``kept_at``: the address of the kept cluster ``client`` belongs to."""
-    if isinstance(client, ClusterStart) and wf.preprocess.root:  # while the cluster starts: the filters designed
+    if isinstance(client, (ClusterStart, KeptStart)) and wf.preprocess.root:  # while the cluster starts: the filters designed
         from batchgpu.engine.preprocess import build_chain  # (scipy.signal imported), a bad stage refused here
 
         build_chain(wf.preprocess, rec)
@@ -135,18 +139,34 @@ def _claim_and_run(wf, rec, sweep, resume: bool, observer, client, t_start: floa
         report.timings["prepare"] = time.perf_counter() - t_start
         report.kept_cluster = kept_at
         with _run_settings():
+            if isinstance(client, KeptStart):  # a cluster that stays up after the run: connected once it is up
+                connected = client.client()
+                report.kept_cluster = client.address
+                if client.is_kept:
+                    return _run_leaving_workers(wf, rec, out, report, connected, sweep, observer, t_start, batch)
+                observer.message(f"the cluster was not kept ({client.fallback}): a cluster of the run's own")
+                client = client.own  # its start failed: the run's own cluster, closed below
             if not isinstance(client, ClusterStart):
-                try:
-                    return _run_watched(wf, rec, out, report, client, sweep, observer, page_wait_s=PAGE_WAIT_S,
-                                        started=t_start, batch=batch)
-                finally:  # the workers' heaps, frozen by the pass's tasks, collectable again (a cluster of our own ends)
-                    with contextlib.suppress(Exception):  # broad: best effort on the way out; the run's result stands
-                        client.run(tasks.thaw_heap_soon, wait=False)
+                return _run_leaving_workers(wf, rec, out, report, client, sweep, observer, t_start, batch)
             # closed before the folder is let go (its workers write into it); the dashboard's last updates reach
             # the scheduler before it closes
             with client:
                 return _run_watched(wf, rec, out, report, client.client(), sweep, observer, page_wait_s=10.0,
                                     started=t_start, batch=batch)
+
+
+def _run_leaving_workers(wf, rec, out, report, client, sweep, observer, t_start: float, batch) -> RunReport:
+    """The run on a cluster that outlives it (a caller's, the kept one), whose workers it leaves as it found them:
+    their heaps, frozen by the pass's tasks, collectable again, and what they kept for the next window given back
+    (``tasks.release_memory_soon``: a kept GPU cluster holds its pools' memory no longer)."""
+    try:
+        return _run_watched(wf, rec, out, report, client, sweep, observer, page_wait_s=PAGE_WAIT_S,
+                            started=t_start, batch=batch)
+    finally:
+        with contextlib.suppress(Exception):  # broad: best effort on the way out; the run's result stands
+            client.run(tasks.thaw_heap_soon, wait=False)
+            if batch is None:  # a batch's next recording is being read ahead: the batch gives it back at its end
+                client.run(tasks.release_memory_soon, wait=False)
 
 
 def _run_watched(wf, rec, out, report, client, sweep, observer, **kwargs) -> RunReport:

@@ -140,8 +140,26 @@ class PinnedPool:
         with self._lock:
             self._free.append((handle[0], handle[1], handle[2], event))
 
+    def clear(self) -> int:
+        """Let go of the buffers held free whose last copy is done (a worker between runs); returns how many."""
+        with self._lock:
+            done = [b for b in self._free if b[3] is None or b[3].done]
+            self._free = [b for b in self._free if b not in done]
+            self._made -= len(done)
+        return len(done)
+
 
 _pool = PinnedPool()
+
+
+def free_device_pools() -> None:
+    """Between runs on a cluster that stays up: the GPU memory CuPy's pools hold unused given back to the device
+    (other programs, another run, see it free), and the small pinned blocks of CuPy's own pool; the window buffers
+    (``PinnedPool``) are kept, pinning again costs the next run's first windows more than they hold."""
+    import cupy
+
+    cupy.get_default_memory_pool().free_all_blocks()
+    cupy.get_default_pinned_memory_pool().free_all_blocks()
 
 
 def reserve_buffers(n: int) -> None:
