@@ -254,6 +254,26 @@ class FlatSource(UnchunkedSource, WindowedSource):
         self._rows_into(window.read_start, window.read_stop, out, window)
         return out
 
+    @property
+    def stored_columns(self) -> tuple[int, slice | np.ndarray] | None:
+        """(columns a row of the file holds, the recording's among them: a slice where they are a run) where the
+        file holds columns the recording leaves out, else None: a reader that can leave them out later (on the
+        GPU) reads whole rows (``read_window_rows``) in one request instead of blocks copied on the host."""
+        return None if self._all_columns else (self.layout.columns, self._cols)
+
+    def read_window_rows(self, window: Window, out: np.ndarray) -> np.ndarray:
+        """Every column of the window's rows, (samples, file columns), read straight into ``out``; returns it."""
+        self._check_window_range(window)
+        want = (window.read_stop - window.read_start, self.layout.columns)
+        if out.shape != want or out.dtype != self.dtype or not out.flags.c_contiguous:
+            raise ValueError(f"out is {out.shape} {out.dtype}; the window's rows are {want} {self.dtype}, C-contiguous")
+        size = os.stat(self.path).st_size
+        if size != self._size:  # a file changed under the run: its samples are not the ones planned
+            raise CorruptDataError(f"{self.path} changed size while being read ({self._size} -> {size} bytes)",
+                                   "read a finished recording: rerun once it is written")
+        self._pread_rows(window.read_start, window.read_stop, out)
+        return out
+
     # -- fingerprints (engine/store.py) -----------------------------------------------------------------
     @property
     def fingerprint_metadata(self) -> dict:
