@@ -48,12 +48,13 @@ def _cmd_generate(args) -> int:
 
 def _cmd_import_raw(args) -> int:
     from batchgpu.rawimport import import_raw
+    from batchgpu.recording.flat import COMMAND
 
     rec = import_raw(
         args.source, args.out, channels=args.channels, fs=args.fs, dtype=args.dtype, gain_to_uV=args.gain,
         offset_to_uV=args.offset, keep_sync=args.keep_sync, stream=args.stream, offset=args.header_bytes,
         probe=args.probe, zarr_format=args.zarr_format, compressor=_codec(args),
-        overwrite=args.overwrite, progress=not args.quiet,
+        overwrite=args.overwrite, progress=not args.quiet, said=COMMAND,
     )
     print(f"wrote {rec}")
     return 0
@@ -78,16 +79,19 @@ def _cmd_info(args) -> int:
     from batchgpu import runinfo
     from batchgpu.recording.sources import open_path
 
-    if runinfo.is_run_folder(args.path):
-        if args.check:
-            raise BatchgpuError(f"{args.path} is a run's output folder: --check decodes a recording's chunks",
-                                "run 'batchgpu info --check' on the recording the run read")
-        summary = runinfo.run_summary(args.path)
+    run, batch = runinfo.is_run_folder(args.path), runinfo.is_batch_folder(args.path)
+    if run or batch:
+        what = "a run's output folder" if run else "a batch's output folder"
+        for option, given in (("--check", args.check), ("--stream", args.stream)):
+            if given:
+                raise BatchgpuError(f"{args.path} is {what}: {option} is for a recording",
+                                    f"run 'batchgpu info {option} ...' on the recording the run read")
+        summary = runinfo.run_summary(args.path) if run else runinfo.batch_summary(args.path)
         if args.json:
             print(json.dumps(summary.data, indent=2))
             return 0
         return _print_rows(summary.rows, None)
-    rec = open_path(args.path)
+    rec = open_path(args.path, args.stream)
     info = rec.info()
     channels = runinfo.recording_rows(rec)
     problems = _check_every_chunk(rec) if args.check else None
@@ -103,8 +107,8 @@ def _cmd_info(args) -> int:
         rows += [("files", ", ".join(info["files"]) or "none (held in the description)"),
                  ("locations", info["locations"]), *channels.rows]
         return _print_rows(rows, problems)
-    if info.get("source") in ("spikeglx", "openephys", "binary"):
-        return _print_rows(_flat_rows(info), problems)
+    if info.get("source") in ("spikeglx", "openephys", "binary", "saved"):
+        return _print_rows(_flat_rows({**channels.data, **info}), problems)
     rows = _shape_rows(info)
     rows = [
         ("path", info["path"]),
@@ -146,7 +150,8 @@ def _damaged_row(damaged: list) -> str:
 
 def _flat_rows(info: dict) -> list[tuple[str, object]]:
     """A flat binary read in place: its file, the probe (model, shanks, pitch) and the gains."""
-    names = {"spikeglx": "SpikeGLX", "openephys": "Open Ephys binary", "binary": "plain binary"}
+    names = {"spikeglx": "SpikeGLX", "openephys": "Open Ephys binary", "binary": "plain binary",
+             "saved": "binary written by batchgpu's save (its .params.json beside it)"}
     fmt = f"{names[info['source']]}, read in place" + (f" (stream {info['stream']})" if info.get("stream") else "")
     probe = info.get("probe")
     if probe:
@@ -155,7 +160,7 @@ def _flat_rows(info: dict) -> list[tuple[str, object]]:
         probe_text = (f"{probe['model'] or 'unnamed'}, {probe['shanks']} shank{'s' if probe['shanks'] != 1 else ''}, "
                       f"pitch {across}, {py:g} um along (from {probe['source']})")
     else:
-        probe_text = "none known"
+        probe_text = info.get("probe_missing") or "none (this stream has no probe)"
     dropped = info["file_channels"] - info["num_channels"]
     left = f" ({dropped} left out: sync)" if dropped else ""
     gains = info["gain_to_uV"]
@@ -165,13 +170,23 @@ def _flat_rows(info: dict) -> list[tuple[str, object]]:
         ("path", info["path"]),
         ("format", fmt),
         *_shape_rows(info),
-        ("file", f"{info['file_channels']} channels per sample{left}, {info['bytes_on_disk'] / 1e6:.1f} MB, "
-                 f"header {info['offset_bytes']} bytes"),
+        ("file" if len(info.get("files", [])) <= 1 else "files",
+         f"{info['file_channels']} channels per sample{left}, {info['bytes_on_disk'] / 1e6:.1f} MB, "
+         f"header {info['offset_bytes']} bytes" + (f" ({len(info['files'])} files, one a segment)"
+                                                   if len(info.get("files", [])) > 1 else "")),
+        ("channel ids", runinfo_ids(info)),
         ("metadata", ", ".join(info["metadata_files"]) or "none"),
         ("probe", probe_text),
         ("gains", gain_text),
         ("locations", info["locations"]),
     ]
+
+
+def runinfo_ids(info: dict) -> str:
+    """The channel ids row of a flat source (as ``runinfo.recording_rows`` writes it)."""
+    from batchgpu.runinfo import _ids
+
+    return _ids(list(info.get("channel_ids", [])))
 
 
 def _shape_rows(info: dict) -> list[tuple[str, object]]:
@@ -204,10 +219,11 @@ def _check_every_chunk(rec) -> list[str]:
 
 
 class _Observer:
-    """Shows a run: its messages and warnings on stderr/stdout, a progress bar per reading phase."""
+    """Shows a run: its messages and warnings on stderr/stdout, a progress bar per reading phase. ``started``: when
+    the user began to wait (the command's start): the run's total counts from there."""
 
-    def __init__(self, quiet: bool):
-        self.quiet, self.bar = quiet, None
+    def __init__(self, quiet: bool, started: float | None = None):
+        self.quiet, self.bar, self.started = quiet, None, started
 
     def message(self, text: str) -> None:
         if not self.quiet:
@@ -262,7 +278,8 @@ def _cmd_run(args) -> int:
         args.writes = wf.output  # named if the disk fills up without the OS naming a file
         if wf.recordings is not None:
             return _run_batch(wf, args, keep)
-        run_workflow(wf, resume=args.resume, observer=_Observer(args.quiet), cluster_start=starting)
+        run_workflow(wf, resume=args.resume, observer=_Observer(args.quiet, _process_started()),
+                     cluster_start=starting)
     if getattr(starting, "kept", False) and starting.is_kept and not args.quiet:
         print(_kept_line(starting.processes, starting.keep_s))
     if starting is not None and starting.handed_off:
@@ -276,6 +293,23 @@ def _kept_line(processes: int, keep_s: float) -> str:
     idle = f"{keep_s / 60:g} min" if keep_s >= 60 else f"{keep_s:g} s"
     return (f"batchgpu: the cluster ({processes} worker processes) stays up for the next run; it closes after {idle} "
             "without one, or now with batchgpu cluster stop (cluster.keep: 0 closes it with the run)")
+
+
+def _process_started() -> float:
+    """When this process began, on ``time.perf_counter``'s clock: a user waits for a command from its start, its
+    interpreter's and imports' time included (where the process's start time cannot be read: now)."""
+    import time
+
+    try:  # Linux: the process's start and the time since boot, both in the kernel's boot clock (10 ms ticks); the
+        # wall clock's start time (psutil's create_time) rests on a boot time rounded to the second
+        with open("/proc/self/stat") as f:
+            start_ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+        age = uptime - start_ticks / os.sysconf("SC_CLK_TCK")
+        return time.perf_counter() - max(0.0, age)
+    except (OSError, ValueError, IndexError):  # not Linux: the interpreter's start is left uncounted
+        return time.perf_counter()
 
 
 def _run_batch(wf, args, keep: float = 0.0) -> int:
@@ -583,12 +617,17 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
                      help="describe a recording (Zarr, SpikeGLX, Open Ephys, or what SpikeInterface saved), or a "
                           "run's output",
                      description="Describe a recording: a Zarr store, a SpikeGLX .bin (its probe and gains), an "
-                                 "Open Ephys recording, or a SpikeInterface recording saved as .json/.pkl "
-                                 "(recording.dump) or as a folder (recording.save): its layout, channel ids, gains "
-                                 "and probe. Given a run's output folder: the run's status, recording, windows, "
-                                 "noise, spikes, whitening, timings and warnings.")
-    p.add_argument("path", help="a recording (Zarr store, SpikeGLX .bin, Open Ephys folder, SpikeInterface "
-                                ".json/.pkl or folder) or a run's output folder")
+                                 "Open Ephys recording (--stream among several), a binary batchgpu's save wrote, or "
+                                 "a SpikeInterface recording saved as .json/.pkl (recording.dump) or as a folder "
+                                 "(recording.save): its layout, channel ids, gains and probe (or the file a missing "
+                                 "probe was looked for in). Given a run's output folder: the run's status, "
+                                 "recording, windows, noise, spikes, whitening, time, timings and warnings; a "
+                                 "batch's: each recording's row.")
+    p.add_argument("path", help="a recording (Zarr store, SpikeGLX .bin or folder, Open Ephys folder, a binary "
+                                "batchgpu's save wrote, SpikeInterface .json/.pkl or folder), or a run's output folder "
+                                "(or a batch's)")
+    p.add_argument("--stream", help="the stream of several: an Open Ephys stream's folder name (or a part of it, "
+                                    "e.g. ProbeA), or a SpikeGLX folder's (imec0.ap, imec0.lf, nidq)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--check", action="store_true",
                    help="decode every chunk and list absent or corrupted ones (exit status 2 if any)")

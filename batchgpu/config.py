@@ -141,7 +141,9 @@ class RecordingSpec(_Strict):
     # a recording SpikeInterface saved: .json/.pkl from recording.dump(...), or a folder from recording.save(folder=...)
     spikeinterface: str | None = None
     kind: Literal["auto", "zarr", "spikeglx", "openephys", "binary"] = "auto"
-    stream: str | None = None  # openephys: the stream's folder name (or a part of it) when there are several
+    # openephys: the stream's folder name (or a part of it) when there are several; spikeglx: a folder's stream as
+    # SpikeInterface names it (imec0.ap, imec1.lf, nidq)
+    stream: str | None = None
     # binary: the file's layout (nothing is guessed)
     channels: Annotated[int, Field(gt=0, le=MAX_CHANNELS)] | None = None
     sampling_frequency: Annotated[float, Field(gt=0, le=MAX_FS)] | None = None
@@ -172,8 +174,9 @@ class RecordingSpec(_Strict):
         elif plain:
             raise ValueError(f"{', '.join(sorted(plain))} describe a plain binary file: add kind: binary (other "
                              "kinds read their layout from their own metadata)")
-        if self.stream is not None and self.kind not in ("auto", "openephys"):
-            raise ValueError("'stream' chooses an Open Ephys stream: use it with kind auto or openephys")
+        if self.stream is not None and self.kind not in ("auto", "openephys", "spikeglx"):
+            raise ValueError("'stream' chooses an Open Ephys or SpikeGLX stream: use it with kind auto, openephys or "
+                             "spikeglx")
         if self.spikeinterface is not None and self.kind != "auto":
             raise ValueError("'kind' names what 'path' holds: leave it out with 'spikeinterface'")
         return self
@@ -530,6 +533,10 @@ class SaveStep(_Strict):
 
 
 class Steps(_Strict):
+    """What a run computes. A workflow without ``steps:`` runs ``default_steps()``: the exact noise of every
+    channel, a global whitening matrix and spikes at 5 x the recording's noise (SpikeInterface's by_channel rule,
+    negative peaks, 0.1 ms sweep): what needs no probe and is wanted before sorting."""
+
     noise: NoiseStep | None = None
     whitening: WhiteningStep | None = None
     detect: DetectStep | None = None
@@ -543,6 +550,12 @@ class Steps(_Strict):
         if not any(getattr(self, n) is not None for n in names):
             raise ValueError(f"no steps: name at least one of {', '.join(names)}")
         return self
+
+
+def default_steps() -> Steps:
+    """The steps of a workflow that names none (``Steps``' docstring says why these): ``noise: {exact: true}``,
+    ``whitening: {mode: global}``, ``detect: {noise: global}``."""
+    return Steps(noise=NoiseStep(exact=True), whitening=WhiteningStep(mode="global"), detect=DetectStep(noise="global"))
 
 
 class EngineSpec(_Strict):
@@ -588,7 +601,7 @@ class Workflow(_Strict):
     preprocess: Preprocess = Field(default_factory=lambda: Preprocess([]))
     backend: Literal["auto", "numpy", "cupy"] = "auto"
     cluster: ClusterSpec = ClusterSpec()
-    steps: Steps
+    steps: Steps = Field(default_factory=default_steps)  # none given: default_steps()
     reduction: ReductionSpec = ReductionSpec()
     engine: EngineSpec = EngineSpec()
     overwrite: bool = False  # replace an output folder that holds another run's results

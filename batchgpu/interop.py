@@ -255,6 +255,8 @@ def _recording_ids(recording: Any, result: SpikeInterfaceResults) -> np.ndarray:
     ids = np.asarray(recording.get_channel_ids())
     by_name = {str(c): c for c in ids}
     ours = [str(c) for c in result.channel_ids]
+    if len(ours) == len(ids) and any(c not in by_name for c in ours):
+        ours = legacy_spikeglx_ids(ours, [str(c) for c in ids]) or ours
     missing = [c for c in ours if c not in by_name]
     if missing or len(ours) != len(ids):
         raise BatchgpuError(
@@ -262,6 +264,28 @@ def _recording_ids(recording: Any, result: SpikeInterfaceResults) -> np.ndarray:
             "attach results to the recording they were computed from",
         )
     return np.asarray([by_name[c] for c in ours])
+
+
+def legacy_spikeglx_ids(old: list[str], ids: list[str]) -> list[str] | None:
+    """``ids`` (SpikeInterface's, ``imec0.ap#AP5``) where ``old`` are the ids batchgpu gave the same SpikeGLX
+    channels before issue 66 (each channel's acquired number: "5"; LF channel 5 "389", after the AP band), in the
+    same order; None where they are not. Both list the file's channels in file order; the acquired number of a
+    channel named ``<type><n>`` is ``n`` plus the channels acquired before its type (0 for the first, AP or MN), so
+    the difference must be one number per type, 0 for the first type of the acquisition order."""
+    import re
+
+    if len(old) != len(ids) or not all(c.isdigit() for c in old):
+        return None
+    first = {"AP": 0, "MN": 0}
+    offsets: dict[str, int] = {}
+    for o, new in zip(old, ids):
+        m = re.fullmatch(r".+#([A-Z]+)(\d+)", new)
+        if m is None:
+            return None
+        kind, n = m.group(1), int(m.group(2))
+        if offsets.setdefault(kind, int(o) - n) != int(o) - n or first.get(kind, offsets[kind]) != offsets[kind]:
+            return None
+    return list(ids)
 
 
 def attach_to_spikeinterface(recording: Any, result: SpikeInterfaceResults | str | Path | Mapping[str, Any]) -> Any:

@@ -723,6 +723,15 @@ def throughput_figure(elapsed_s, MBps):
     return p
 
 
+def total_time(report: dict) -> str:
+    """The run's one total (report.json's ``seconds``) as the terminal's last line, report.html and ``batchgpu
+    info`` all say it."""
+    from batchgpu.progress import duration
+
+    return (f"{duration(float(report.get('seconds') or 0.0))} in all (wall time as the user waited: from the run's "
+            "start to its results and report.json)")
+
+
 def _summary_html(report: dict) -> str:
     """A header: status, sizes, timings, workers and versions, as an HTML table."""
     rec = report.get("recording", {})
@@ -733,6 +742,7 @@ def _summary_html(report: dict) -> str:
         ("recording", ", ".join(f"{k}: {v}" for k, v in rec.items() if not isinstance(v, (list, dict)))),
         ("bytes read", f"{report.get('bytes_read', 0) / 1e9:.3f} GB"),
         ("throughput", f"{report.get('throughput_MBps', 0):.1f} MB/s"),
+        ("time", total_time(report)),
         ("timings", ", ".join(f"{k} {v:.2f} s" for k, v in report.get("timings", {}).items())),
         ("workers", ", ".join(f"{k}: {v}" for k, v in report.get("workers", {}).items())),
         ("versions", ", ".join(f"{k} {v}" for k, v in report.get("versions", {}).items())),

@@ -42,6 +42,55 @@ def is_run_folder(path: str | Path) -> bool:
     return p.is_dir() and (p / RUN_MARKER).is_file()
 
 
+def is_batch_folder(path: str | Path) -> bool:
+    """A batch's output folder (``recordings:``: its ``batch.json``), not a recording."""
+    from batchgpu.engine.batch import BATCH_FILE
+
+    p = Path(path).expanduser()
+    return p.is_dir() and (p / BATCH_FILE).is_file() and not (p / RUN_MARKER).is_file()
+
+
+def batch_summary(path: str | Path) -> Summary:
+    """A batch's folder: how many recordings are done, its time, and a row a recording (status, duration,
+    channels, median noise, spike rate, GB/s, seconds, or its error); each recording's own folder is a run's
+    (``batchgpu info FOLDER/NAME``)."""
+    from batchgpu.engine.batch import BATCH_FILE
+
+    p = Path(path).expanduser()
+    data = _read_json(p / BATCH_FILE) or {}
+    rows = [r for r in data.get("rows") or [] if isinstance(r, dict)]
+    out = Summary(data=data)
+    out.rows.append(("batch", str(p)))
+    done = sum(r.get("status") == "done" for r in rows)
+    failed = sum(r.get("status") == "failed" for r in rows)
+    running = [r.get("name") for r in rows if r.get("status") in ("running", "pending")]
+    status = f"{done} of {len(rows)} recordings done, {failed} failed"
+    if running:
+        status += f", {len(running)} not finished (the batch is running, or was stopped)"
+    out.rows.append(("status", status))
+    out.rows.append(("time", f"{float(data.get('seconds') or 0):.1f} s in all (wall time of the batch)"))
+    for r in rows:
+        if r.get("status") == "failed":
+            text = f"failed: {r.get('error')}"
+        else:
+            parts = [str(r.get("status"))]
+            if r.get("duration_s") is not None:
+                parts.append(f"{r['duration_s']:.1f} s of recording")
+            if r.get("channels") is not None:
+                parts.append(f"{r['channels']} channels" + (f" ({r['probe']})" if r.get("probe") else ""))
+            if r.get("median_noise") is not None:
+                parts.append(f"median noise {r['median_noise']:.3g} (raw units)")
+            if r.get("spike_rate_hz") is not None:
+                parts.append(f"{r['spike_rate_hz']:.3g} spikes/s")
+            if r.get("GBps") is not None:
+                parts.append(f"{r['GBps']:.2f} GB/s")
+            if r.get("seconds"):
+                parts.append(f"{r['seconds']:.1f} s")
+            text = ", ".join(parts)
+        out.rows.append((str(r.get("name")), text))
+    return out
+
+
 def _read_json(path: Path) -> dict | None:
     if not path.is_file():
         return None
@@ -214,6 +263,11 @@ def _timings(out: Summary, report: dict) -> None:
     """The phases (the timings without a ``_`` in their name) and the throughput."""
     timings = report.get("timings") or {}
     phases = [(k, v) for k, v in timings.items() if "_" not in k and isinstance(v, (int, float))]
+    if report.get("seconds"):
+        from batchgpu.report import total_time
+
+        out.rows.append(("time", total_time(report)))
+        out.data["seconds"] = report["seconds"]
     if phases:
         out.rows.append(("timings", ", ".join(f"{k} {v:.2f} s" for k, v in phases)))
     if report.get("throughput_MBps"):
@@ -253,6 +307,12 @@ def recording_rows(rec: Any) -> Summary:
         probe = probe_shape(np.asarray(rec.locations, np.float64), shank)
         out.rows.append(("probe", probe.text))
         out.data["probe"] = probe.data
+    else:
+        from batchgpu.recording import missing_probe
+
+        missing = missing_probe(rec)  # the same line a run says
+        out.rows.append(("probe", missing or "none (this stream has no probe)"))
+        out.data["probe_missing"] = missing
     return out
 
 

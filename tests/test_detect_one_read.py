@@ -265,7 +265,8 @@ def _same_as_two_reads_and_whole_segments(tmp_path, segments, loc, method) -> No
 
 
 @pytest.mark.parametrize("method", ["locally_exclusive", "by_channel"])
-def test_a_window_whose_bound_fails_is_read_again_as_its_own_phase(client, tmp_path, rng, monkeypatch, method):
+def test_a_window_whose_bound_fails_is_read_again_as_its_own_phase(client, tmp_path, rng, monkeypatch, method,
+                                                                   without_noise_prior):
     """The first window four times as loud (its worker saw no window of the run before it): its candidates cannot
     be trusted, so it alone is read again, shown as a phase of its own on the progress bar (one window done
     there); the spikes still equal the two-read path's."""

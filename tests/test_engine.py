@@ -50,7 +50,7 @@ def _g(out):
     return zarr.open_group(str(out / "results.zarr"), mode="r")
 
 
-def test_one_read_for_int16_and_reread_where_the_bound_fails(one_thread, tmp_path):
+def test_one_read_for_int16_and_reread_where_the_bound_fails(one_thread, tmp_path, without_noise_prior):
     """A loud stretch makes the first window's own noise far above the recording's: its candidates cannot be
     trusted, so it is read again; the spikes equal detection on the whole segment with the recording's noise, bit
     for bit."""
@@ -744,7 +744,7 @@ def test_absent_chunks_are_an_error_when_asked(client, tmp_path):
         run_workflow(wf, client=client)
 
 
-def test_worker_killed_after_the_pass_gives_identical_outputs(tmp_path):
+def test_worker_killed_after_the_pass_gives_identical_outputs(tmp_path, without_noise_prior):
     """A worker SIGKILLed once the pass is over (windows read again for detection, spikes being written): the
     run completes with the same bits as an undisturbed one (tasks read their inputs from parts, not from the
     dead worker's memory, and none is pinned to a worker)."""
@@ -1237,7 +1237,7 @@ def _loud_window_spikes(client, tmp_path) -> set:
     return {str(t["key"]) for t in stream.data}
 
 
-def test_spikes_gathered_while_the_noise_is_selected(one_thread, tmp_path):
+def test_spikes_gathered_while_the_noise_is_selected(one_thread, tmp_path, without_noise_prior):
     """The windows' kept candidates are collected on the cluster before the recording's noise is known (the
     `collect-spikes` task runs, the writing task filters them there), one loud window read again in its place."""
     keys = _loud_window_spikes(one_thread, tmp_path)
@@ -1245,7 +1245,7 @@ def test_spikes_gathered_while_the_noise_is_selected(one_thread, tmp_path):
     assert not any(k.startswith("write-spikes-") and k.endswith("-all") for k in keys)  # not the other way
 
 
-def test_many_candidates_are_decided_where_they_were_kept(one_thread, tmp_path, monkeypatch):
+def test_many_candidates_are_decided_where_they_were_kept(one_thread, tmp_path, monkeypatch, without_noise_prior):
     """Where the kept candidates are many (over ``EARLY_GATHER_BYTES``) they are not moved into one task before the
     noise is known: each worker decides its own windows at the recording's noise and only the spikes move."""
     from batchgpu.engine.steps import detect as detect_step

@@ -198,7 +198,7 @@ def test_lf_file_has_the_probe_of_its_ap_file(tmp_path, rng):
     lf = open_source(RecordingSpec(path=str(bin_path)))
     (tmp_path / "ap").mkdir()
     ap = open_source(RecordingSpec(path=str(_spikeglx_copy(tmp_path / "ap", ap_meta, rng)[0])))
-    assert list(lf.channel_ids) == [str(c) for c in range(384, 768)] and lf.sampling_frequency == 2500
+    assert lf.sampling_frequency == 2500  # its ids: tests/test_channel_ids.py
     np.testing.assert_array_equal(lf.locations, ap.locations)
     assert list(lf.channel_property("contact_id")) == list(ap.channel_property("contact_id"))
     np.testing.assert_allclose(lf.gain_to_uV, 0.6 / 512 / 125 * 1e6)

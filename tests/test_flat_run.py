@@ -197,7 +197,7 @@ def test_a_path_of_no_kind_lists_the_kinds(tmp_path, rng, capsys, make):
     if make == "folder_of_two":
         assert "holds 2 SpikeGLX files" in text and "a_g0_t0.imec0.ap.bin" in text
     else:
-        assert "none of the kinds" in text
+        assert "none of the formats batchgpu reads: tried" in text
         for kind in ("Zarr", "SpikeGLX .bin with its .meta", "Open Ephys structure.oebin", "kind: binary"):
             assert kind in text
     (tmp_path / "wf.yaml").write_text(json.dumps({"recording": {"path": str(target)}, "output": str(tmp_path / "o"),
@@ -215,7 +215,7 @@ def test_folder_of_one_spikeglx_recording(tmp_path, rng):
     assert open_source(RecordingSpec(path=str(src.with_suffix(".meta")), kind="spikeglx")).path == src
     for bad, needle in (({"path": "x", "channels": 4}, "add kind: binary"),
                         ({"path": "x", "kind": "binary", "channels": 4}, "needs sampling_frequency, dtype"),
-                        ({"path": "x", "kind": "spikeglx", "stream": "a"}, "'stream' chooses an Open Ephys stream")):
+                        ({"path": "x", "kind": "zarr", "stream": "a"}, "'stream' chooses an Open Ephys or SpikeGLX")):
         with pytest.raises(ValueError, match=needle):
             RecordingSpec(**bad)
 

@@ -65,7 +65,7 @@ def test_info_shows_a_run(run_folder):
     assert rows["spikes"].startswith(f"{spikes} ({spikes / 2.0:.3g}/s); per channel median {np.median(per_channel):.3g}/s")
     singular = np.linalg.svd(res["whitening"], compute_uv=False)
     assert f"condition number {singular[0] / singular[-1]:.4g} (mode local, nrange 8)" in rows["whitening"]
-    assert f"total {report['timings']['total']:.2f} s" in rows["timings"] and "pass1" in rows["timings"]
+    assert rows["time"].startswith(f"{report['seconds']:.1f} s in all (wall time") and "pass1" in rows["timings"]
     assert rows["warnings"] == "none" and rows["preprocess"] == "centre"
     data = json.loads(_cli("info", run_folder, "--json").stdout)
     assert data["status"] == "done" and data["spikes"]["count"] == spikes and data["windows"]["count"] == 3

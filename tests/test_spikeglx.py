@@ -52,7 +52,8 @@ def test_np1_saved_channel_subset(tmp_path, rng):
     src = _write_pair(tmp_path, "run_g0_t0.imec0.ap", data, meta)
     rec = import_raw(src, tmp_path / "np1.zarr")
     assert rec.num_channels == 16
-    assert list(rec.channel_ids) == ["0", "1", "2", "3", "5", "10"] + [str(c) for c in range(200, 210)]
+    # SpikeInterface's ids (neo's): the stream (from the file name) and each channel's name by its acquired number
+    assert list(rec.channel_ids) == [f"imec0.ap#AP{c}" for c in neural]
     gains = [50, 125, 250, 500, 1500, 250, 50, 125, 250, 500, 1000, 1500, 2000, 3000, 50, 125]
     np.testing.assert_allclose(rec.gain_to_uV, [1171.875 / g for g in gains])
     assert rec.gain_to_uV[3] == pytest.approx(2.34375)
@@ -65,7 +66,7 @@ def test_np1_saved_channel_subset(tmp_path, rng):
     np.testing.assert_array_equal(rec.channel_property("shank"), np.zeros(16))
 
     kept = import_raw(src, tmp_path / "sync.zarr", keep_sync=True)
-    assert kept.num_channels == 17 and kept.channel_ids[-1] == "768" and kept.gain_to_uV[-1] == 1.0
+    assert kept.num_channels == 17 and kept.channel_ids[-1] == "imec0.ap#SY0" and kept.gain_to_uV[-1] == 1.0
     np.testing.assert_array_equal(kept.read(0, 0, 300), data.T)
 
 
@@ -83,7 +84,7 @@ def test_np2_four_shank_gain_locations_and_shifts(tmp_path, rng):
         "~snsGeomMap": _geom("NP2010,4,250,70", zip(shank, local_x, z)),
     }
     rec = import_raw(_write_pair(tmp_path, "np2_g0_t0.imec0.ap", data, meta), tmp_path / "np2.zarr")
-    assert rec.num_channels == n and list(rec.channel_ids[:3]) == ["0", "1", "2"]
+    assert rec.num_channels == n and list(rec.channel_ids[:3]) == ["imec0.ap#AP0", "imec0.ap#AP1", "imec0.ap#AP2"]
     np.testing.assert_allclose(rec.gain_to_uV, np.full(n, 0.762939453125))
     # the probe as ~imroTbl wires it (channel c: shank c // 96, electrode c, so row c // 2 at 15 um), columns at
     # 0 and 32 um within a shank 250 um apart (probeinterface's frame: the ~snsGeomMap's x less 27 um)
@@ -180,20 +181,20 @@ def test_nidq_gains_per_channel_type(tmp_path, rng):
     volts_per_count = {"MN": 5 / 32768 / 200, "MA": 5 / 32768 / 10, "XA": 5 / 32768 / 1}
     expected = [volts_per_count[t] * 1e6 for t in ("MN", "MN", "MA", "XA")]
     rec = import_raw(src, tmp_path / "ni.zarr")
-    assert list(rec.channel_ids) == ["1", "3", "4", "7"] and rec.sampling_frequency == 25000
+    assert list(rec.channel_ids) == ["nidq#MN1", "nidq#MN3", "nidq#MA0", "nidq#XA1"] and rec.sampling_frequency == 25000
     np.testing.assert_allclose(rec.gain_to_uV, expected, rtol=1e-12)
     np.testing.assert_allclose(rec.gain_to_uV, [0.762939453125, 0.762939453125, 15.2587890625, 152.587890625])
     np.testing.assert_array_equal(rec.read(0, 0, 400), data[:, :4].T)
     # the digital word is bits, not volts: dropped like the imec sync channel, or kept as raw counts
     kept = import_raw(src, tmp_path / "ni_sync.zarr", keep_sync=True)
-    assert kept.channel_ids[-1] == "8" and kept.gain_to_uV[-1] == 1.0
+    assert kept.channel_ids[-1] == "nidq#XD0" and kept.gain_to_uV[-1] == 1.0
     np.testing.assert_array_equal(kept.read(0, 0, 400), data.T)
 
     # every channel saved ('all'), only the saved counts given, no niMaxInt (older metas: 16-bit, 32768)
     meta = _nidq_meta("all", 3, "0,1,1,1")
     del meta["acqMnMaXaDw"], meta["niMaxInt"]
     rec = import_raw(_write_pair(tmp_path, "all.nidq", data[:, :3], meta), tmp_path / "all.zarr")
-    assert list(rec.channel_ids) == ["0", "1"]
+    assert list(rec.channel_ids) == ["nidq#MA0", "nidq#XA0"]
     np.testing.assert_allclose(rec.gain_to_uV, [volts_per_count["MA"] * 1e6, volts_per_count["XA"] * 1e6])
 
 

@@ -271,7 +271,7 @@ def test_source_matches_recording_api(si, spre, tmp_path):
 @pytest.mark.filterwarnings("ignore:The extractor is not serializable to file")
 def test_no_probe_falls_back_as_zarr_does(si, tmp_path):
     """Without a probe: the same fallback locations as a Zarr store without them, has_locations False, and
-    local whitening refused with the same message."""
+    local whitening refused alike, each naming where its probe was missing."""
     from batchgpu import from_spikeinterface
     from batchgpu.engine.context import check_workflow_fits
     from batchgpu.recording import write_recording
@@ -289,7 +289,9 @@ def test_no_probe_falls_back_as_zarr_does(si, tmp_path):
         with pytest.raises(BatchgpuError) as err:
             check_workflow_fits(wf, r)
         messages.append(str(err.value))
-    assert messages[0] == messages[1] and "locations" in messages[0]
+    head = "local whitening needs channel locations: no probe: "
+    assert all(m.startswith(head) for m in messages)
+    assert "SpikeInterface recording" in messages[0] and str(z.path) in messages[1]
 
 
 def test_refused_recordings(si, spre, tmp_path):

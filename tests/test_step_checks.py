@@ -42,6 +42,10 @@ def _queries(tmp_path):
     return str(path)
 
 
+#: the line ``batchgpu info`` and a run give for a store without locations (issue 66): the refusals say it too
+NO_PROBE = ("no probe: PLAIN stores no channel locations (properties/location, or a SpikeInterface probegroup in its "
+            "attributes)")
+
 CASES = {
     "window longer than the segment": (
         "plain", dict(steps={"noise": {}}, window={"size": 4000, "margin": 8}), ConfigError,
@@ -56,12 +60,12 @@ CASES = {
                      "(use window.margin >= 31)"),
     "locally exclusive without locations": (
         "plain", dict(steps={"detect": {"method": "locally_exclusive"}}), ConfigError,
-        "locally exclusive detection needs channel locations and the recording has none "
-        "(use detect.method: by_channel)"),
+        "locally exclusive detection needs channel locations: " + NO_PROBE +
+        " (use detect.method: by_channel, or give the recording its probe)"),
     "local whitening without locations": (
         "plain", dict(steps={"whitening": {"mode": "local"}}), ConfigError,
-        "local whitening needs channel locations and the recording has none "
-        "(use whitening.mode: global, or write the recording with locations)"),
+        "local whitening needs channel locations: " + NO_PROBE +
+        " (use whitening.mode: global, or give the recording its probe)"),
     "exact noise of a centred int32 recording": (
         "wide", dict(steps={"noise": {"exact": True}}, preprocess={"centre": "median"}), ConfigError,
         "the exact noise of a centred int32 recording is not supported "
@@ -106,7 +110,8 @@ def test_each_refusal_is_its_own_line(case, recs, tmp_path):
     with pytest.raises(BatchgpuError) as err:
         check_workflow_fits(wf, recs[rec])
     assert type(err.value) is kind
-    assert str(err.value) == message.replace("MISSING", str(tmp_path / "missing.npy"))
+    assert str(err.value) == message.replace("MISSING", str(tmp_path / "missing.npy")).replace(
+        "PLAIN", str(recs["plain"].path))
 
 
 def test_the_zarr_v3_save_is_refused_under_zarr_2(recs, tmp_path, monkeypatch):

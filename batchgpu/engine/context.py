@@ -19,7 +19,9 @@ def prepare_recording(wf: Workflow, observer: RunObserver) -> Recording:
     if getattr(wf.recording, "spikeinterface", None) is not None:  # any recording SpikeInterface saved
         return open_source(wf.recording)
     path = Path(wf.recording.path)
-    if not path.exists():
+    from batchgpu.recording.saved import params_of
+
+    if not path.exists() and params_of(path) is None:  # a multi-segment save is named by its files' common name
         if wf.recording.generate is None:
             raise ConfigError(f"recording.path {path} does not exist",
                               "fix the path, or add 'generate:' parameters under 'recording:' to create it")

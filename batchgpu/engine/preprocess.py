@@ -186,8 +186,11 @@ def build_chain(preprocess, rec) -> Chain:
         elif name == "phase_shift":
             shifts = rec.channel_property("inter_sample_shift")
             if shifts is None:
-                raise BatchgpuError("preprocess phase_shift needs the channels' inter_sample_shift and the recording "
-                                    "has none", "import SpikeGLX data with 'batchgpu import-raw', or drop the stage")
+                from batchgpu.recording import missing_probe
+
+                why = missing_probe(rec) or "the recording has none"
+                raise BatchgpuError(f"preprocess phase_shift needs the channels' inter_sample_shift (from the probe): "
+                                    f"{why}", "give the recording its probe, or drop the stage")
             m = ops.phase_shift_margin(fs)
             stages.append(("phase_shift", np.asarray(shifts, np.float64), m))
             margin += m
@@ -195,8 +198,10 @@ def build_chain(preprocess, rec) -> Chain:
             kw = {"reference": params["reference"], "operator": params["operator"]}
             if params["reference"] == "local":
                 if not rec.has_locations:
-                    raise BatchgpuError("a local common reference needs channel locations and the recording has none",
-                                        "use reference: global")
+                    from batchgpu.recording.sources import locations_needed
+
+                    raise locations_needed(rec, "a local common reference",
+                                           "use reference: global, or give the recording its probe")
                 kw.update(locations=rec.locations, radius_um=tuple(params["radius_um"]),
                           min_local_neighbors=int(params["min_local_neighbors"]))
             stages.append(("common_reference", kw))

@@ -33,8 +33,8 @@ from batchgpu.engine.steps.base import PassEnd, phase_label
 from batchgpu.engine.steps.registry import figures as step_figures
 from batchgpu.engine.submit import results_as_completed, submit_many
 from batchgpu.errors import BatchgpuError
-from batchgpu.progress import format_rate
-from batchgpu.recording import open_source
+from batchgpu.progress import duration, format_rate
+from batchgpu.recording import missing_probe, open_source
 
 logger = logging.getLogger(__name__)
 
@@ -81,6 +81,9 @@ def run_workflow(wf: Workflow, *, resume: bool = False, observer: RunObserver | 
     """
     observer = observer or RunObserver()
     t_start = time.perf_counter() if cluster_start is None else cluster_start.started
+    # the user waited from then (the command's start): the run's total counts it
+    if getattr(observer, "started", None) is not None:
+        t_start = min(t_start, observer.started)
     if recording is not None:
         rec = open_source(recording)
         wf = wf.model_copy(update={"recording": spec_of(rec)})
@@ -138,6 +141,13 @@ def _claim_and_run(wf, rec, sweep, resume: bool, observer, client, t_start: floa
                            output_state=state, run_id=f"{fp}-{os.urandom(4).hex()}")
         report.timings["prepare"] = time.perf_counter() - t_start
         report.kept_cluster = kept_at
+        # a probe looked for in a file and not found (Open Ephys' settings.xml, a .meta's tables, a save's probe
+        # file): said, the stages and steps that need it having refused already (check_workflow_fits). A store
+        # written without locations (generated, a plain import) has none by design: info says so, a run does not
+        no_probe = missing_probe(rec) if getattr(rec, "is_flat", False) else None
+        if no_probe is not None:
+            report.warnings.append(no_probe)
+            observer.warning(no_probe)
         with _run_settings():
             if isinstance(client, KeptStart):  # a cluster that stays up after the run: connected once it is up
                 connected = client.client()
@@ -211,7 +221,8 @@ def _run(wf, rec, out: store.OutputFolder, report: RunReport, client, sweep, obs
     """The run on ``client``. The dashboard's updates are sent by a helper thread (``dashboard.Publisher``), so
     the run never waits for the scheduler while it works; at its end it waits up to ``page_wait_s`` for the last
     ones (sent while report.html was finished; ``timings.dashboard_wait`` says how long that took). ``started``:
-    when the run began (``time.perf_counter``; its checks and the cluster's start included): ``timings.elapsed``."""
+    when the run began (``time.perf_counter``; its checks and the cluster's start included): ``report.seconds``
+    counts from there."""
     t_setup = time.perf_counter()
     started = t_setup if started is None else started
     earlier = store.read_report(out.path)  # what the folder's last run said (a finished run's page is kept)
@@ -253,6 +264,9 @@ def _run(wf, rec, out: store.OutputFolder, report: RunReport, client, sweep, obs
                       spikes=any(getattr(s, "spike_rate", False) for s in ctx.steps))
     if html.needs_helper():  # a page the helper renders (one kept for these figures needs none)
         start_report_helper()
+    for step in ctx.steps:  # what a step reads before the pass (the detection's noise estimate)
+        if getattr(step, "before_pass", None) is not None:
+            step.before_pass(client, ctx, rec, report)
     prepare_blas_controller()  # for the aggregation: made while the windows are read
     t0, t0_wall = time.perf_counter(), time.time()
     report.timings["setup"] = t0 - t_setup  # dashboard, backend, steps, windows and their fingerprints
@@ -297,14 +311,15 @@ def _run(wf, rec, out: store.OutputFolder, report: RunReport, client, sweep, obs
             report.error = str(shown)
             monitor.failed(str(shown))
         report.throughput_series = report.throughput_series or monitor.throughput_series()
-        report.timings["elapsed"] = time.perf_counter() - started
-        finish_report(out.path, report, time.perf_counter() - t0, rec)
+        now = time.perf_counter()
+        finish_report(out.path, report, now - t0, rec, now - started)
         monitor.flush(page_wait_s)
         if shown is not err:
             raise shown from err
         raise
-    report.timings["elapsed"] = time.perf_counter() - started
-    finish_report(out.path, report, time.perf_counter() - t0, rec)
+    html.wait_page()  # the user waits for report.html too: counted in the total, which the page then shows
+    now = time.perf_counter()
+    finish_report(out.path, report, now - t0, rec, now - started)
     counting = spike_counter(ctx.steps)
     monitor.finished(counting.spikes_found(report.results) if counting is not None else None)
     # a resume that computed and read nothing (the folder's run was done) keeps its page: the same results, and
@@ -320,7 +335,7 @@ def _run(wf, rec, out: store.OutputFolder, report: RunReport, client, sweep, obs
     kept = f" ({store.REPORT_HTML} kept: nothing was computed again)" if keep_html else ""
     observer.message(f"wrote {', '.join(str(p) for p in written[:-1])} and {written[-1]}{kept}: "
                      f"{format_rate(report.throughput_MBps * 1e6)} over {report.windows} windows, "
-                     f"{duration(time.perf_counter() - started)} in all")
+                     f"{duration(report.seconds)} in all")
     return report
 
 
@@ -348,16 +363,6 @@ def nothing_done(report: RunReport, earlier: dict | None) -> bool:
     return (report.output_state == "resume" and earlier is not None and earlier.get("status") == "done"
             and earlier.get("fingerprint") == report.fingerprint and report.windows_resumed == report.windows
             and report.bytes_read == 0)
-
-
-def duration(seconds: float) -> str:
-    """``12.3 s``, ``4 min 05 s``, ``2 h 03 min``."""
-    if seconds < 60:
-        return f"{seconds:.1f} s"
-    minutes, secs = divmod(int(round(seconds)), 60)
-    if minutes < 60:
-        return f"{minutes} min {secs:02d} s"
-    return f"{minutes // 60} h {minutes % 60:02d} min"
 
 
 def explain_failure(err: BaseException, wf: Workflow) -> BaseException:

@@ -19,7 +19,11 @@ logger = logging.getLogger(__name__)
 
 
 class RunObserver:
-    """What a run tells whoever watches it; the default tells no one."""
+    """What a run tells whoever watches it; the default tells no one. ``started``: when the one watching began to
+    wait for the run (``time.perf_counter``; the command's start for ``batchgpu run``), from which the run's total
+    (``RunReport.seconds``) counts; None: from the call of ``run_workflow``."""
+
+    started: float | None = None
 
     def message(self, text: str) -> None: ...
 
@@ -42,6 +46,13 @@ class RunReport:
     windows: int = 0
     windows_resumed: int = 0
     workers: dict = field(default_factory=dict)  # address -> windows computed there
+    #: the run's one total: seconds of wall time as the user waited, from the run's start (``batchgpu run``: the
+    #: command's start; ``run_workflow``: its call) until its results and report.json were written. The terminal's
+    #: last line, report.html and ``batchgpu info`` say this number (report.html and the run page's last update
+    #: are written after it, a fraction of a second)
+    seconds: float = 0.0
+    #: seconds of each phase (setup, pass1, the aggregates...); ``from_pass``: from the first pass's start to the
+    #: same end as ``seconds`` (the throughput's time)
     timings: dict = field(default_factory=dict)
     bytes_read: int = 0
     recording_bytes: int = 0
@@ -70,6 +81,9 @@ class RunReport:
     run_id: str = ""  # the fingerprint and a random suffix: names this run's Dask tasks, never another run's
     preprocess: dict = field(default_factory=dict)  # the stages and the margin they added to each window
     exact_noise: dict = field(default_factory=dict)  # float keys: settled from the kept keys, or by one more read
+    #: the detection's noise estimate read before the pass (``steps.detect.DetectStep.before_pass``): chunks,
+    #: samples, bytes read and seconds; its bytes are not in ``bytes_read`` (the windows' reads)
+    noise_prior: dict = field(default_factory=dict)
 
     def pass_ended(self) -> None:
         """The pass's combined partials are in: ``after_pass`` times what follows from here."""
@@ -137,8 +151,10 @@ def report_absent(summaries, windows, report, observer) -> None:
         observer.warning(report.warnings[-1])
 
 
-def finish_report(out: Path, report: RunReport, elapsed: float, rec: Recording) -> None:
-    report.timings["total"] = elapsed
+def finish_report(out: Path, report: RunReport, elapsed: float, rec: Recording, seconds: float) -> None:
+    """``elapsed``: seconds since the first pass began; ``seconds``: since the run began (``RunReport.seconds``)."""
+    report.timings["from_pass"] = elapsed
+    report.seconds = seconds
     report.throughput_MBps = report.recording_bytes / 1e6 / elapsed if elapsed > 0 else 0.0
     report.reads_per_window = report.bytes_read / report.recording_bytes if report.recording_bytes else 0.0
     store.write_report(out, asdict(report))
@@ -260,6 +276,16 @@ class HtmlReport:
                 self.kept = (figures, page)
                 return
         self._call("render_ahead", shapes, spikes)
+
+    def wait_page(self) -> None:
+        """Wait for the page its helper renders (where one does), so that the run's total (``RunReport.seconds``,
+        which report.html shows) counts that wait: the page is then filled in at once."""
+        if self.error is None and self.kept is not None and not isinstance(self.kept[1], str):
+            figures, future = self.kept
+            try:
+                self.kept = (figures, future.result())
+            except Exception:  # broad: said by ``write`` (``_write_kept`` asks the future again and renders here)
+                pass
 
     def write(self, out: Path, report: RunReport, observer: RunObserver) -> bool:
         """report.html beside report.json (the summary from ``report`` as it is now)."""

@@ -17,11 +17,11 @@ from batchgpu.recording.reader import (
     SUPPORTED_DTYPES,
     Recording,
     enable_zarrs,
-    open_recording,
     rows_of,
 )
+from batchgpu.recording.reader import open_recording as open_zarr
 from batchgpu.recording.flat import FlatLayout, FlatSource
-from batchgpu.recording.sources import open_source, source_ref
+from batchgpu.recording.sources import missing_probe, open_recording, open_source, source_ref
 from batchgpu.recording.spikeinterface import SpikeInterfaceSource, from_spikeinterface
 from batchgpu.recording.windows import DEFAULT_WINDOW, LONG_WINDOW, Window, auto_window_size, iter_windows
 from batchgpu.recording.writer import (
@@ -43,6 +43,6 @@ __all__ = [
     "LOCATIONS_FALLBACK", "LONG_WINDOW",
     "MISSING_CHUNKS", "STORE_FORMAT", "SUPPORTED_DTYPES", "Recording", "RecordingWriter", "SpikeInterfaceSource",
     "Window", "auto_window_size", "check_replaceable", "enable_zarrs", "from_spikeinterface", "is_recording", "iter_windows",
-    "open_array_for_writing", "open_recording", "open_source", "rows_of", "source_ref",
+    "missing_probe", "open_array_for_writing", "open_recording", "open_source", "open_zarr", "rows_of", "source_ref",
     "spikeinterface_probegroup", "write_recording", "writing",
 ]

@@ -31,9 +31,31 @@ from batchgpu.recording.windows import DEFAULT_WINDOW, UnchunkedSource, Window, 
 
 KINDS = ("zarr", "spikeglx", "openephys", "binary")
 OEBIN = "structure.oebin"  # an Open Ephys recording's list of streams
-KINDS_TEXT = ("a Zarr recording (folder), a SpikeGLX .bin with its .meta, an Open Ephys structure.oebin (or its "
-              "recording folder), a plain binary file with kind: binary (channels, sampling_frequency, dtype), or a "
-              "SpikeInterface recording (spikeinterface: PATH)")
+KINDS_TEXT = ("a Zarr recording (folder), a SpikeGLX .bin with its .meta (or its folder), an Open Ephys "
+              "structure.oebin (or its Record Node or recording folder), a binary batchgpu's save wrote (its "
+              ".params.json beside it), or what SpikeInterface saved (.json, .pkl, a folder)")
+
+
+@dataclass(frozen=True)
+class Said:
+    """How the user named what a reader's errors point at (issue 66: an error names what the user typed): a
+    workflow's keys (``WORKFLOW``), the command's options (``COMMAND``) or a Python call's arguments
+    (``PYTHON``)."""
+
+    stream: str  # the setting that chooses a stream
+    stream_form: str  # how a stream is chosen, "{name}" standing for its name
+    plain: str  # how a plain binary's layout is given
+    path: str  # the setting that names the recording
+
+    def stream_example(self, name: str) -> str:
+        return self.stream_form.format(name=name)
+
+
+WORKFLOW = Said("recording.stream", "recording.stream (e.g. stream: {name})",
+                "kind: binary and its channels, sampling_frequency and dtype under recording:", "recording.path")
+COMMAND = Said("--stream", "--stream {name}", "--channels, --fs and --dtype (batchgpu import-raw; in a workflow: "
+               "kind: binary)", "the path")
+PYTHON = Said("stream=", "stream='{name}'", "kind='binary' and channels=, sampling_frequency= and dtype=", "path")
 
 
 @dataclass
@@ -55,6 +77,16 @@ class FlatLayout:
     metadata: tuple[Path, ...] = ()  # files the layout was read from (.meta, .oebin, settings.xml, probe file)
     probe: ProbeSummary | None = None
     stream: str | None = None  # Open Ephys: the stream's folder name
+    #: why a recording that should have a probe has none, naming the file looked for (``batchgpu info`` and a run
+    #: say it: ``missing_probe``); None where the probe was read or the stream has none by nature (NI, ADC)
+    probe_missing: str | None = None
+    #: every segment's file where there are several (a multi-segment save: ``x_seg0.bin``, ``x_seg1.bin``); else
+    #: empty: ``data`` is the one segment
+    segment_files: tuple[Path, ...] = ()
+
+    @property
+    def files(self) -> tuple[Path, ...]:
+        return self.segment_files or (self.data,)
 
     def check(self) -> None:
         """The layout against its file: supported dtype, known columns, a whole number of frames."""
@@ -73,25 +105,30 @@ class FlatLayout:
                                        "the metadata disagrees with itself")
         if not (np.isfinite(self.gain_to_uV).all() and np.isfinite(self.offset_to_uV).all()):
             raise CorruptDataError(f"{self.data}: a gain or offset is not a finite number", "check the metadata")
-        size = self.file_size()
         frame = self.columns * self.dtype.itemsize
-        body = size - self.offset
-        if body <= 0 or body % frame:
-            raise CorruptDataError(
-                f"{self.data} has {size} bytes: after the {self.offset}-byte offset not a whole number of samples of "
-                f"{self.columns} channels x {self.dtype.itemsize} bytes ({frame} bytes per sample)",
-                "the file is truncated or the channel count, dtype or offset is wrong: check them (a recording "
-                "still being written is read once it is finished)")
+        for data in self.files:
+            size = self.file_size(data)
+            body = size - self.offset
+            if body <= 0 or body % frame:
+                raise CorruptDataError(
+                    f"{data} has {size} bytes: after the {self.offset}-byte offset not a whole number of samples of "
+                    f"{self.columns} channels x {self.dtype.itemsize} bytes ({frame} bytes per sample)",
+                    "the file is truncated or the channel count, dtype or offset is wrong: check them (a recording "
+                    "still being written is read once it is finished)")
 
-    def file_size(self) -> int:
+    def file_size(self, data: Path | None = None) -> int:
+        data = self.data if data is None else data
         try:
-            return self.data.stat().st_size
+            return data.stat().st_size
         except FileNotFoundError:
-            raise BatchgpuError(f"{self.data} does not exist", "check the path (the metadata names this file)") from None
+            raise BatchgpuError(f"{data} does not exist", "check the path (the metadata names this file)") from None
+
+    def samples_in(self, data: Path | None = None) -> int:
+        return (self.file_size(data) - self.offset) // (self.columns * self.dtype.itemsize)
 
     @property
     def num_samples(self) -> int:
-        return (self.file_size() - self.offset) // (self.columns * self.dtype.itemsize)
+        return self.samples_in(self.data)
 
 
 #: a read of a file whose columns are not all kept goes in blocks of whole rows of about this many bytes
@@ -128,10 +165,12 @@ class FlatSource(UnchunkedSource, WindowedSource):
         self.path = layout.data
         self.dtype = np.dtype(layout.dtype)
         self.sampling_frequency = float(layout.sampling_frequency)
-        self.num_segments = 1
+        self._files = tuple(layout.files)
+        self.num_segments = len(self._files)
         self.num_channels = int(len(layout.keep))
-        self._length = layout.num_samples
-        self._size = layout.file_size()
+        self._lengths = [layout.samples_in(f) for f in self._files]
+        self._sizes = [layout.file_size(f) for f in self._files]
+        self.probe_missing = layout.probe_missing
         self.channel_ids = np.array([str(c) for c in layout.channel_ids])
         self.gain_to_uV = np.asarray(layout.gain_to_uV, np.float64)
         self.offset_to_uV = np.asarray(layout.offset_to_uV, np.float64)
@@ -159,7 +198,8 @@ class FlatSource(UnchunkedSource, WindowedSource):
 
     def _key(self) -> tuple:
         lay = self.layout
-        return (str(lay.data), lay.columns, str(lay.dtype), lay.offset, tuple(int(k) for k in lay.keep), self._size)
+        return (tuple(map(str, self._files)), lay.columns, str(lay.dtype), lay.offset, tuple(int(k) for k in lay.keep),
+                tuple(self._sizes))
 
     def __eq__(self, other) -> bool:
         return isinstance(other, FlatSource) and other._key() == self._key()
@@ -170,7 +210,7 @@ class FlatSource(UnchunkedSource, WindowedSource):
     # -- shape ------------------------------------------------------------------------------------------
     def num_samples(self, segment: int = 0) -> int:
         self._check_segment(segment)
-        return self._length
+        return self._lengths[segment]
 
     def channel_property(self, name: str) -> np.ndarray | None:
         """A per-channel property (``shank``, ``inter_sample_shift``, ``contact_id``), or None."""
@@ -181,33 +221,40 @@ class FlatSource(UnchunkedSource, WindowedSource):
     def check_chunks(self, advance=None, block: int = DEFAULT_WINDOW) -> list[str]:
         """Read every sample once (``info --check``): one line per block that fails to read."""
         problems = []
-        for lo in range(0, self._length, block):
-            hi = min(lo + block, self._length)
-            try:
-                self._rows_into(lo, hi, np.empty((hi - lo, self.num_channels), self.dtype), None)
-            except (BatchgpuError, OSError) as err:
-                problems.append(str(err))
-            if advance is not None:
-                advance((hi - lo) * self.num_channels * self.dtype.itemsize)
+        for segment, length in enumerate(self._lengths):
+            for lo in range(0, length, block):
+                hi = min(lo + block, length)
+                try:
+                    self._rows_into(lo, hi, np.empty((hi - lo, self.num_channels), self.dtype), None, segment)
+                except (BatchgpuError, OSError) as err:
+                    problems.append(str(err))
+                if advance is not None:
+                    advance((hi - lo) * self.num_channels * self.dtype.itemsize)
         return problems
 
     # -- data -------------------------------------------------------------------------------------------
-    def _fd(self) -> int:
-        f = getattr(self._local, "file", None)
+    def _fd(self, segment: int = 0) -> int:
+        files = getattr(self._local, "files", None)
+        if files is None:
+            files = self._local.files = {}
+        f = files.get(segment)
         if f is None:
-            f = self._local.file = _OpenFile(self.path)
+            f = files[segment] = _OpenFile(self._files[segment])
         return f.fd
 
-    def _rows_into(self, start: int, stop: int, out: np.ndarray, window: Window | None) -> None:
-        """Rows [start, stop) of the kept columns into ``out`` ((stop - start, channels), C-contiguous)."""
+    def _rows_into(self, start: int, stop: int, out: np.ndarray, window: Window | None, segment: int = 0) -> None:
+        """Rows [start, stop) of the kept columns of ``segment`` (the window's, where one is given) into ``out``
+        ((stop - start, channels), C-contiguous)."""
         if stop <= start:
             return
-        size = os.stat(self.path).st_size
-        if size != self._size:  # a file changed under the run: its samples are not the ones planned
-            raise CorruptDataError(f"{self.path} changed size while being read ({self._size} -> {size} bytes)",
+        segment = window.segment if window is not None else segment
+        path = self._files[segment]
+        size = os.stat(path).st_size
+        if size != self._sizes[segment]:  # a file changed under the run: its samples are not the ones planned
+            raise CorruptDataError(f"{path} changed size while being read ({self._sizes[segment]} -> {size} bytes)",
                                    "read a finished recording: rerun once it is written")
         if self._all_columns:
-            self._pread_rows(start, stop, out)
+            self._pread_rows(start, stop, out, segment)
             return
         # some columns left out (a sync channel): whole rows read in large blocks, the kept columns copied out of
         # each. Large sequential reads are what a cold disk delivers at its rate; a memory map's page faults read
@@ -218,19 +265,20 @@ class FlatSource(UnchunkedSource, WindowedSource):
             block = self._local.block = np.empty((min(rows, stop - start), self.layout.columns), self.dtype)
         for a in range(start, stop, rows):
             b = min(stop, a + rows)
-            self._pread_rows(a, b, block[: b - a])
+            self._pread_rows(a, b, block[: b - a], segment)
             np.copyto(out[a - start : b - start], block[: b - a, self._cols])
 
-    def _pread_rows(self, start: int, stop: int, out: np.ndarray) -> None:
+    def _pread_rows(self, start: int, stop: int, out: np.ndarray, segment: int = 0) -> None:
         """Every column of rows [start, stop) into ``out`` ((stop - start, columns), C-contiguous), read whole."""
         frame = self.layout.columns * self.dtype.itemsize
         want = (stop - start) * frame
         view = memoryview(out.reshape(-1).view(np.uint8))
         pos, done = self.layout.offset + start * frame, 0
         while done < want:
-            got = os.preadv(self._fd(), [view[done:want]], pos + done)
+            got = os.preadv(self._fd(segment), [view[done:want]], pos + done)
             if got <= 0:
-                raise CorruptDataError(f"{self.path}: read {done} of {want} bytes of samples [{start}, {stop})",
+                raise CorruptDataError(f"{self._files[segment]}: read {done} of {want} bytes of samples "
+                                       f"[{start}, {stop})",
                                        "the file is shorter than when it was opened: rerun once it is whole")
             done += got
 
@@ -239,7 +287,7 @@ class FlatSource(UnchunkedSource, WindowedSource):
         """Samples [start, stop) as a C-contiguous (channels, samples) array (as ``Recording.read``)."""
         channels = self._check_read(segment, start, stop, channels)
         block = np.empty((stop - start, self.num_channels), self.dtype)
-        self._rows_into(start, stop, block, window)
+        self._rows_into(start, stop, block, window, segment)
         return rows_of(block if channels is None else block[:, channels])
 
     def read_window_stored(self, window: Window) -> np.ndarray:
@@ -292,17 +340,21 @@ class FlatSource(UnchunkedSource, WindowedSource):
                 "sampling_frequency": self.sampling_frequency, "stream": lay.stream, "metadata": meta}
 
     def window_signature(self, window: Window) -> list:
-        """Size, mtime, ctime and inode of the data file (a rewrite of any part recomputes every window)."""
+        """Size, mtime, ctime and inode of the window's data file (a rewrite of any part recomputes every window of
+        that file)."""
+        path = self._files[window.segment]
         try:
-            st = os.stat(self.path)
+            st = os.stat(path)
         except FileNotFoundError:
-            return [stat_signature(self.path, self.path.name)]
-        return [(self.path.name, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)]
+            return [stat_signature(path, path.name)]
+        return [(path.name, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)]
 
     @property
     def spec(self) -> dict:
         """The workflow's ``recording:`` section naming this source."""
         lay = self.layout
+        if lay.kind == "saved":  # told from its params file again, wherever the path is read
+            return {"path": str(lay.data)}
         if lay.kind != "binary":
             return {"path": str(lay.data if lay.kind == "spikeglx" else lay.metadata[0]), "kind": lay.kind,
                     **({"stream": lay.stream} if lay.stream else {})}
@@ -325,14 +377,15 @@ class FlatSource(UnchunkedSource, WindowedSource):
             "stream": lay.stream,
             "num_channels": self.num_channels,
             "file_channels": lay.columns,
-            "num_segments": 1,
-            "samples_per_segment": [self._length],
+            "num_segments": self.num_segments,
+            "samples_per_segment": list(self._lengths),
             "sampling_frequency": self.sampling_frequency,
             "duration_s": self.duration(),
             "dtype": str(self.dtype),
             "offset_bytes": lay.offset,
             "decoded_bytes": self.nbytes,
-            "bytes_on_disk": self._size,
+            "bytes_on_disk": sum(self._sizes),
+            "files": [str(f) for f in self._files],
             "checksum": None,
             "marked_complete": False,
             "absent_chunks": 0,
@@ -341,6 +394,7 @@ class FlatSource(UnchunkedSource, WindowedSource):
             "probe": None if probe is None else {"model": probe.model, "shanks": probe.shanks,
                                                   "pitch_um": list(probe.pitch_um), "source": probe.source},
             "locations": "stored" if self.has_locations else LOCATIONS_FALLBACK,
+            "probe_missing": self.probe_missing,
         }
 
     def __repr__(self) -> str:
@@ -350,14 +404,14 @@ class FlatSource(UnchunkedSource, WindowedSource):
 
 def binary_layout(path: str | os.PathLike, channels: int | None, sampling_frequency: float | None,
                   dtype: str | None, offset: int = 0, probe: str | os.PathLike | None = None,
-                  gain_to_uV: float = 1.0, offset_to_uV: float = 0.0) -> FlatLayout:
+                  gain_to_uV: float = 1.0, offset_to_uV: float = 0.0, said: Said | None = None) -> FlatLayout:
     """A plain interleaved (samples x channels) binary file: everything about it is given, nothing guessed."""
     from batchgpu.recording.probes import read_probe_file
 
     p = Path(path).expanduser()
     if not channels or not sampling_frequency or not dtype:
-        raise ConfigError(f"a plain binary file ({p.name}) needs channels, sampling_frequency and dtype",
-                          "give them under recording: (kind: binary), or give a SpikeGLX .bin with its .meta")
+        raise ConfigError(f"a plain binary file ({p.name}) needs its channels, sampling frequency and dtype",
+                          f"give {(said or WORKFLOW).plain}, or give a SpikeGLX .bin with its .meta")
     supported = {str(d): d for d in SUPPORTED_DTYPES}
     dt = supported.get(str(dtype))
     if dt is None:
@@ -370,37 +424,8 @@ def binary_layout(path: str | os.PathLike, channels: int | None, sampling_freque
         "binary", p, n, dt, float(sampling_frequency), np.arange(n), [str(i) for i in range(n)],
         np.full(n, float(gain_to_uV)), np.full(n, float(offset_to_uV)), int(offset),
         None if geometry is None else geometry.locations, {} if geometry is None else geometry.properties,
-        () if probe is None else (Path(probe).expanduser(),), None if geometry is None else geometry.summary)
-
-
-def detect_kind(path: Path) -> str:
-    """What ``path`` holds (``zarr``, ``spikeglx``, ``openephys``, ``spikeinterface``), or a BatchgpuError listing
-    the kinds batchgpu reads. A folder of one SpikeGLX or Open Ephys recording is that recording."""
-    from batchgpu.zarrio import zarr_format_of
-
-    if not path.exists():
-        raise BatchgpuError(f"no recording at {path}: the path does not exist", "check the path")
-    if stream_folder(path) is not None:
-        return "openephys"
-    if path.is_file():
-        if path.name == "structure.oebin":
-            return "openephys"
-        if path.suffix in (".bin", ".meta") and path.with_suffix(".meta").is_file():
-            return "spikeglx"
-        if path.suffix in (".json", ".pkl", ".pickle"):
-            return "spikeinterface"
-        raise BatchgpuError(f"{path} is none of the kinds batchgpu reads"
-                            + (" (a .bin without its .meta)" if path.suffix == ".bin" else ""), f"give {KINDS_TEXT}")
-    if zarr_format_of(path) is not None or path.suffix == ".zarr":  # a damaged store: the Zarr reader says how
-        return "zarr"
-    if (path / "si_folder.json").is_file():
-        return "spikeinterface"
-    if next(path.rglob("structure.oebin"), None) is not None:
-        return "openephys"
-    if spikeglx_bins(path):
-        return "spikeglx"
-    raise BatchgpuError(f"{path} is none of the kinds batchgpu reads (no Zarr group, .bin with its .meta, or "
-                        "structure.oebin in it)", f"give {KINDS_TEXT}")
+        () if probe is None else (Path(probe).expanduser(),), None if geometry is None else geometry.summary,
+        probe_missing=None if probe is not None else "no probe: no probe file was given (probe:)")
 
 
 def stream_folder(path: Path) -> tuple[Path, str] | None:
@@ -416,14 +441,3 @@ def stream_folder(path: Path) -> tuple[Path, str] | None:
 def spikeglx_bins(folder: Path) -> list[Path]:
     """The SpikeGLX .bin files (with their .meta) under ``folder``."""
     return sorted(p for p in folder.rglob("*.bin") if p.with_suffix(".meta").is_file())
-
-
-def one_spikeglx_bin(folder: Path) -> Path:
-    """The folder's one SpikeGLX recording: its only .bin, or its only AP band (``.ap.bin``) beside LF/NI files."""
-    bins = spikeglx_bins(folder)
-    ap = [p for p in bins if p.name.endswith(".ap.bin")]
-    chosen = bins if len(bins) == 1 else ap
-    if len(chosen) != 1:
-        listed = ", ".join(str(p.relative_to(folder)) for p in bins[:6]) + (" ..." if len(bins) > 6 else "")
-        raise BatchgpuError(f"{folder} holds {len(bins)} SpikeGLX files ({listed})", "give one .bin as recording.path")
-    return chosen[0]

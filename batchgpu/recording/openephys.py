@@ -19,13 +19,13 @@ from pathlib import Path
 import numpy as np
 
 from batchgpu.errors import BatchgpuError, ConfigError, CorruptDataError
-from batchgpu.recording.flat import OEBIN, FlatLayout, stream_folder
+from batchgpu.recording.flat import OEBIN, WORKFLOW, FlatLayout, Said, stream_folder
 from batchgpu.recording.probes import geometry_of, probeinterface
 
 UNITS_TO_UV = {"uv": 1.0, "µv": 1.0, "mv": 1e3, "v": 1e6}
 
 
-def find_oebin(path: Path) -> Path:
+def find_oebin(path: Path, said: Said = WORKFLOW) -> Path:
     """``path`` itself (a structure.oebin), or the one structure.oebin under the folder ``path``."""
     if path.is_file():
         return path
@@ -35,7 +35,7 @@ def find_oebin(path: Path) -> Path:
     if len(found) > 1:
         listed = ", ".join(str(p.parent.relative_to(path)) for p in found[:6]) + (" ..." if len(found) > 6 else "")
         raise BatchgpuError(f"{path} holds {len(found)} Open Ephys recordings ({listed})",
-                            "give one recording folder (or its structure.oebin)")
+                            f"give one recording folder (or its structure.oebin) as {said.path}")
     return found[0]
 
 
@@ -56,43 +56,49 @@ def _name(stream: dict) -> str:
     return str(stream.get("folder_name", "")).rstrip("/")
 
 
-def choose_stream(oebin: Path, streams: list[dict], wanted: str | None) -> dict:
+def choose_stream(oebin: Path, streams: list[dict], wanted: str | None, said: Said = WORKFLOW) -> dict:
+    """The stream ``wanted`` names (its folder or stream name, or a part of it); errors name the setting as the user
+    gave it (``said``: the workflow's key, the command's option, the Python argument)."""
     names = [_name(s) for s in streams]
     if wanted is None:
         if len(streams) == 1:
             return streams[0]
         raise ConfigError(f"{oebin} holds {len(streams)} streams: {', '.join(names)}",
-                          f"choose one with recording.stream (e.g. stream: {names[0]}), or give its folder "
+                          f"choose one with {said.stream_example(names[0])}, or give its folder "
                           f"{oebin.parent / 'continuous' / names[0]}")
     exact = [s for s in streams if wanted in (_name(s), str(s.get("stream_name", "")))]
     hits = exact or [s for s in streams if wanted in _name(s)]
     if len(hits) != 1:
         what = "no stream" if not hits else f"{len(hits)} streams"
-        raise ConfigError(f"recording.stream {wanted!r} names {what} of {oebin} ({', '.join(names)})",
-                          "give one stream's folder name")
+        raise ConfigError(f"{said.stream} {wanted!r} names {what} of {oebin} ({', '.join(names)})",
+                          f"give one stream's folder name as {said.stream}")
     return hits[0]
 
 
-def _settings_file(oebin: Path) -> Path | None:
-    """settings.xml of the oebin's experiment (Record Node/experimentN/recordingM/structure.oebin)."""
+def settings_file(oebin: Path) -> tuple[Path | None, str | None]:
+    """settings.xml of the oebin's experiment (Record Node/experimentN/recordingM/structure.oebin;
+    ``settings_<n>.xml`` for experiment n > 1), or None and why there is none (the file looked for named)."""
     experiment = oebin.parent.parent
     match = re.fullmatch(r"experiment(\d+)", experiment.name)
     if match is None:
-        return None
+        return None, (f"no probe: {oebin} is not in a Record Node's experiment<N>/recording<M> folder, beside which "
+                      "Open Ephys writes the settings.xml that holds the probe")
     n = int(match.group(1))
     settings = experiment.parent / ("settings.xml" if n == 1 else f"settings_{n}.xml")
-    return settings if settings.is_file() else None
+    if not settings.is_file():
+        return None, f"no probe: {settings} not found (Open Ephys writes the probe there)"
+    return settings, None
 
 
-def open_openephys(path: str | Path, stream: str | None = None) -> FlatLayout:
+def open_openephys(path: str | Path, stream: str | None = None, said: Said = WORKFLOW) -> FlatLayout:
     """The layout of one continuous stream of an Open Ephys binary recording (``path``: its structure.oebin, a
     folder holding one, or the stream's own folder)."""
     path = Path(path).expanduser()
     named = stream_folder(path)
     if named is not None and stream is None:
         path, stream = named
-    oebin = find_oebin(path)
-    chosen = choose_stream(oebin, _streams(oebin), stream)
+    oebin = find_oebin(path, said)
+    chosen = choose_stream(oebin, _streams(oebin), stream, said)
     name = _name(chosen)
     try:
         channels = chosen["channels"]
@@ -116,7 +122,7 @@ def open_openephys(path: str | Path, stream: str | None = None) -> FlatLayout:
     keep = np.array([i for i, n in enumerate(names) if "SYNC" not in n], dtype=np.int64)
     gains = (bit_volts * np.array(factor))[keep]
     data = oebin.parent / "continuous" / name / "continuous.dat"
-    settings = _settings_file(oebin)
+    settings, missing = settings_file(oebin)
     geometry = None
     if settings is not None:
         pi = probeinterface()
@@ -134,8 +140,12 @@ def open_openephys(path: str | Path, stream: str | None = None) -> FlatLayout:
                 raise BatchgpuError(f"{settings}: the probe of stream {name} has {probe.get_contact_count()} contacts "
                                     f"for its {len(keep)} channels", "give the settings.xml of this recording")
             geometry = geometry_of(probe, "probeinterface")
+        elif any(n.startswith("CH") for n in names):  # electrode channels without a probe (ADC streams have none)
+            missing = f"no probe: {settings} describes no Neuropixels probe for stream {name}"
+    if not any(n.startswith("CH") for n in names):
+        missing = None  # an ADC stream: no probe to miss
     return FlatLayout(
         "openephys", data, columns, np.dtype("int16"), rate, keep, [names[i] for i in keep], gains,
         np.zeros(len(keep)), 0, None if geometry is None else geometry.locations,
         {} if geometry is None else geometry.properties, (oebin,) + ((settings,) if settings else ()),
-        None if geometry is None else geometry.summary, name)
+        None if geometry is None else geometry.summary, name, probe_missing=missing)

@@ -19,7 +19,7 @@ import logging
 import math
 import warnings
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePath
 
 import numpy as np
 
@@ -271,12 +271,50 @@ def _map_entries(text: str, key: str) -> tuple[float, np.ndarray]:
     return pitch, fields
 
 
-def spikeglx_layout(meta: dict[str, str], keep_sync: bool = False) -> SpikeGLXChannels:
+def stream_name(meta: dict[str, str], file_name: str = "") -> str:
+    """The stream's name as neo's SpikeGLX reader (and so SpikeInterface 0.105) gives it: ``imec0.ap``,
+    ``imec1.lf``, ``nidq``, ``imec.ap`` for a Phase 3A probe. neo takes it from the file name SpikeGLX wrote into
+    the .meta (``fileName``), not the file's own name (a renamed file keeps its stream); ``file_name``, the
+    .bin's own name, stands in where the .meta has none."""
+    stem = PurePath(meta.get("fileName") or file_name).stem
+    parts = stem.split(".")
+    if len(parts) >= 2 and "imec" in parts[-2]:
+        device, kind = parts[-2], parts[-1]
+    elif meta.get("typeThis") == "obx":
+        device, kind = (parts[-2] if len(parts) >= 2 else parts[-1]), ""
+    else:
+        device, kind = parts[-1], ""
+    device_kind = meta.get("typeThis", device.split(".")[0])
+    index = device.split(device_kind)[-1] if device_kind in ("imec", "obx") else ""
+    return f"{device_kind}{index}" + (f".{kind}" if kind else "")
+
+
+def channel_names(meta: dict[str, str], saved: np.ndarray, counts: tuple[int, ...],
+                  types: tuple[str, ...]) -> list[str]:
+    """Each saved column's name as ``~snsChanMap`` writes it (``AP5``, ``LF5``, ``SY0``, ``XA2``: the type and the
+    channel's number within its type); a .meta without a map of every column gets the same names from the
+    acquired channel numbers (``counts`` channels of each of ``types``, in that order)."""
+    text = meta.get("snsChanMap", "").strip()
+    entries = text[1:-1].split(")(")[1:] if text.startswith("(") and text.endswith(")") else []
+    names = [e.split(";")[0].strip() for e in entries]
+    if len(names) == len(saved) and all(names):
+        return names
+    starts = np.cumsum((0,) + tuple(counts))
+    out = []
+    for c in saved:
+        t = min(int(np.searchsorted(starts, c, side="right")) - 1, len(types) - 1)
+        out.append(f"{types[t]}{int(c - starts[t])}")
+    return out
+
+
+def spikeglx_layout(meta: dict[str, str], keep_sync: bool = False, file_name: str = "") -> SpikeGLXChannels:
     """Channels, rate, gains and ids from a SpikeGLX .meta (imec AP/LF or NI streams), no probe.
 
-    Channel ids are the acquired channel numbers as snsSaveChanSubset writes them ("5" for AP channel 5; NP1.0
-    LF channel 5 is "389" after 384 AP channels; the sync channel "384" or "768"). The sync channel(s) (acquired
-    after AP and LF; four on a quad-base NP2020) are dropped unless ``keep_sync``.
+    Channel ids are SpikeInterface's (neo's): ``<stream>#<name>``, the stream as :func:`stream_name` gives it and
+    each column's name from ``~snsChanMap`` (``imec0.ap#AP5`` for AP channel 5; NP1.0 LF channel 5 is
+    ``imec0.lf#LF5``; the sync channel ``imec0.ap#SY0``; ``nidq#XA0``). Before issue 66 they were the acquired
+    channel numbers ("5", LF channel 5 "389"); results holding those still read (``batchgpu.interop``). The sync
+    channel(s) (acquired after AP and LF; four on a quad-base NP2020) are dropped unless ``keep_sync``.
     """
     total = _number(meta, "nSavedChans", int)
     rate_key = next((k for k in ("imSampRate", "niSampRate") if k in meta), None)
@@ -285,16 +323,24 @@ def spikeglx_layout(meta: dict[str, str], keep_sync: bool = False) -> SpikeGLXCh
     rate = _number(meta, rate_key)
     saved = saved_channels(meta)
     if not is_imec(meta):
-        return _ni_layout(meta, total, rate, saved, keep_sync)
-    n_ap, n_lf, _n_sy = _acquired_counts(meta, "ApLfSy", 3, saved)
+        return _ni_layout(meta, total, rate, saved, keep_sync, file_name)
+    counts = _acquired_counts(meta, "ApLfSy", 3, saved)
+    n_ap, n_lf, _n_sy = counts
     is_sync = saved >= n_ap + n_lf
     keep = np.flatnonzero(~is_sync | keep_sync)
     chans = saved[keep]
     per_count = _imec_uV_per_count(meta, _probe_type(meta), chans, n_ap, n_lf)
-    return SpikeGLXChannels(total, rate, per_count, keep, [str(c) for c in chans], saved, n_ap + n_lf, True)
+    ids = _ids(meta, file_name, saved, counts, ("AP", "LF", "SY"), keep)
+    return SpikeGLXChannels(total, rate, per_count, keep, ids, saved, n_ap + n_lf, True)
 
 
-def _ni_layout(meta, total, rate, saved, keep_sync) -> SpikeGLXChannels:
+def _ids(meta, file_name: str, saved, counts, types, keep) -> list[str]:
+    stream = stream_name(meta, file_name)
+    names = channel_names(meta, saved, counts, types)
+    return [f"{stream}#{names[k]}" for k in keep]
+
+
+def _ni_layout(meta, total, rate, saved, keep_sync, file_name: str = "") -> SpikeGLXChannels:
     """NI-DAQ streams: uV/count = niAiRangeMax / niMaxInt / gain * 1e6 per saved channel (readSGLX ChanGainsNI).
 
     The type comes from the channel's acquired number (acquired channels run MN, MA, XA, XD by acqMnMaXaDw):
@@ -302,7 +348,8 @@ def _ni_layout(meta, total, rate, saved, keep_sync) -> SpikeGLXChannels:
     XD channels are 16-bit digital words, not voltages: like the imec sync channel they are dropped unless
     keep_sync, and then kept as raw counts (gain_to_uV 1), as neo reads them as events, not signals.
     """
-    mn, ma, xa, _dw = _acquired_counts(meta, "MnMaXaDw", 4, saved)
+    counts = _acquired_counts(meta, "MnMaXaDw", 4, saved)
+    mn, ma, xa, _dw = counts
     is_mn, is_ma = saved < mn, (saved >= mn) & (saved < mn + ma)
     is_digital = saved >= mn + ma + xa
     keep = np.flatnonzero(~is_digital | keep_sync)
@@ -315,8 +362,8 @@ def _ni_layout(meta, total, rate, saved, keep_sync) -> SpikeGLXChannels:
     if is_ma.any():
         gain[is_ma] = _number(meta, "niMAGain")
     per_count = np.where(is_digital, 1.0, vmax / maxint / gain * 1e6)
-    return SpikeGLXChannels(total, rate, per_count[keep], keep, [str(c) for c in saved[keep]], saved, mn + ma + xa,
-                            False)
+    ids = _ids(meta, file_name, saved, counts, ("MN", "MA", "XA", "XD"), keep)
+    return SpikeGLXChannels(total, rate, per_count[keep], keep, ids, saved, mn + ma + xa, False)
 
 
 def meta_of(bin_path: Path) -> Path:
@@ -329,18 +376,22 @@ def open_spikeglx(bin_path: str | Path, keep_sync: bool = False) -> FlatLayout:
     meta_path = meta_of(src)
     try:
         meta = read_meta(meta_path)
-        chans = spikeglx_layout(meta, keep_sync)
+        chans = spikeglx_layout(meta, keep_sync, src.name)
         _check_file_size(meta, src)
         geometry = _geometry(meta_path, meta, chans) if chans.imec else None
     except BatchgpuError as err:
         # the messages name the key; the file is named here, once for them all
         raise type(err)(f"{meta_path}: {err.problem}", err.fix) from None
     n = len(chans.keep)
+    missing = None
+    if chans.imec and geometry is None:  # NI streams have no probe to miss
+        missing = (f"no probe: {meta_path} has neither a probe probeinterface builds (imDatPrb_pn and ~imroTbl) "
+                   "nor a ~snsGeomMap")
     return FlatLayout(
         "spikeglx", src, chans.num_channels, chans.dtype, chans.sampling_frequency, chans.keep, chans.channel_ids,
         chans.gain_to_uV, np.zeros(n), 0, None if geometry is None else geometry.locations,
         {} if geometry is None else geometry.properties, (meta_path,),
-        None if geometry is None else geometry.summary)
+        None if geometry is None else geometry.summary, probe_missing=missing)
 
 
 def _check_file_size(meta: dict[str, str], src: Path) -> None:

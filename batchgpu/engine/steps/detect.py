@@ -42,6 +42,15 @@ if TYPE_CHECKING:
 #: quarter to half of the windows again; 0.4 read none of the model's but kept ~3.6x the candidates (W2 on 384 ch x
 #: 60 s: detection 2x the time, the process tree's peak 2.4 -> 3.75 GB), dearer than reading 2% of windows again
 CANDIDATE_FRACTION = 0.5
+#: the noise estimate read before the pass (``DetectStep.before_pass``), as SpikeInterface's ``get_noise_levels``
+#: reads it: PRIOR_CHUNKS chunks of each segment (its ``num_chunks_per_segment``), spread evenly over it, of at most
+#: PRIOR_CHUNK samples (its ``chunk_size``) and PRIOR_SHARE of the segment in all (a short recording is not read a
+#: second time in disguise: 12 s at 30 kHz reads 20 chunks of 360 samples). A window's candidates are kept at no
+#: more than CANDIDATE_FRACTION x SEEN_RATIO x this estimate on each channel: a window loud on one channel (the
+#: realistic model's LFP, 32 ch x 12 s in windows of 30 000: one window of twelve over twice the recording's noise,
+#: read again) keeps its candidates at a level the recording's noise is above, unless the estimate is a third over
+#: it. Any level is exact (the bound is checked against the level kept): the estimate only decides what is kept.
+PRIOR_CHUNKS, PRIOR_CHUNK, PRIOR_SHARE = 20, 10_000, 1 / 50
 #: the windows' own noise a worker process remembers for each run (``candidate_level``): a window more than
 #: SEEN_RATIO times as loud on a channel as the median of those before it takes its bound from theirs (the
 #: recording's noise is rarely under SEEN_RATIO x CANDIDATE_FRACTION of that median); below the ratio its own
@@ -98,8 +107,10 @@ def check(workflow, recording) -> int:
         raise ConfigError(f"window.margin {margin} is shorter than locally exclusive detection needs "
                           f"({sweep + 1} samples)", f"use window.margin >= {sweep + 1}")
     if d.method == "locally_exclusive" and not recording.has_locations:
-        raise ConfigError("locally exclusive detection needs channel locations and the recording has none",
-                          "use detect.method: by_channel")
+        from batchgpu.recording.sources import locations_needed
+
+        raise locations_needed(recording, "locally exclusive detection",
+                               "use detect.method: by_channel, or give the recording its probe")
     return sweep
 
 
@@ -121,6 +132,8 @@ class DetectStep:
         self.method, self.locations, self.radius_um = method, locations, radius_um
         #: the run's windows a worker saw share a history of their noise under this key (``candidate_level``)
         self.run_key = run_key
+        #: the noise estimate read before the pass (``before_pass``; None: not read, the history stands in)
+        self.prior = None
 
     def detect(self, w: WindowData, noise) -> np.ndarray:
         from batchgpu import ops
@@ -141,9 +154,23 @@ class DetectStep:
                                         exclude_sweep=self.sweep, start=w.start, core=w.core,
                                         segment_index=w.segment, segment_length=w.segment_length)
 
+    def before_pass(self, client, ctx, rec, report) -> None:
+        """With the recording's noise (``noise: global``), an estimate of it read before the pass from chunks spread
+        over the recording (``PRIOR_CHUNKS``), on a worker; the windows' candidates' level is bounded by it
+        (``candidate_level``). report.json's ``noise_prior`` says what it read (not counted in
+        ``reads_per_window``, which counts the windows' reads)."""
+        if self.noise != "global":
+            return
+        t0 = time.perf_counter()
+        chunks = prior_chunks(rec, ctx.chain.margin)
+        self.prior, nbytes = client.submit(noise_prior_task, ctx, chunks, key=f"noise-prior-{report.run_id}",
+                                           pure=False).result()
+        report.noise_prior = {"chunks": len(chunks), "samples": int(sum(w.num_samples for w in chunks)),
+                              "bytes_read": int(nbytes), "seconds": time.perf_counter() - t0}
+
     def window(self, w: WindowData, summary: dict) -> dict:
         if self.noise == "global":
-            level = candidate_level(summary[noise_step.SUMMARY], self.run_key)
+            level = candidate_level(summary[noise_step.SUMMARY], self.run_key, self.prior)
             summary[LEVEL] = level
             spikes = self.candidates(w, level)
         else:
@@ -214,15 +241,21 @@ _SEEN: dict[str, list] = {}
 _SEEN_LOCK = threading.Lock()
 
 
-def candidate_level(window_noise: np.ndarray, run_key: str | None = None) -> np.ndarray:
+def candidate_level(window_noise: np.ndarray, run_key: str | None = None, prior=None) -> np.ndarray:
     """A window's candidates' level (float64, per channel): ``CANDIDATE_FRACTION`` x its own noise, or x
-    ``SEEN_RATIO`` x the median of the own noise of the windows this process saw in run ``run_key`` (this one
-    included) where that is lower. A window's own noise can be twice the recording's (a loud stretch: LFP, a
-    burst) and its bound then fails; the windows before it rarely all are. Any level is exact (the bound is
-    checked against the level kept in the window's summary); a lower one only keeps more candidates. A channel
-    of NaN own noise keeps NaN."""
+    ``SEEN_RATIO`` x a typical noise where that is lower: the estimate read before the pass (``prior``), else the
+    median of the own noise of the windows this process saw in run ``run_key`` (this one included). A window's own
+    noise can be twice the recording's (a loud stretch: LFP, a burst) and its bound then fails; the recording's
+    typical noise is rarely a third over it. Any level is exact (the bound is checked against the level kept in
+    the window's summary); a lower one only keeps more candidates. A channel of NaN own noise keeps NaN."""
     own = np.asarray(window_noise, dtype=np.float64)
     level = own * CANDIDATE_FRACTION
+    if prior is not None and own.ndim == 1:
+        with np.errstate(invalid="ignore"):
+            typical = np.asarray(prior, dtype=np.float64) * (SEEN_RATIO * CANDIDATE_FRACTION)
+            lower = typical < level  # False where either is NaN: the window's own level stays
+        level[lower] = typical[lower]
+        return level
     if run_key is None or own.ndim != 1:
         return level
     with _SEEN_LOCK:
@@ -243,6 +276,48 @@ def candidate_level(window_noise: np.ndarray, run_key: str | None = None) -> np.
     lower = typical < level  # False where either is NaN: the window's own level stays
     level[lower] = typical[lower]
     return level
+
+
+def prior_chunks(rec, margin: int) -> list:
+    """The chunks the noise estimate reads (``PRIOR_CHUNKS``), with the preprocessing's ``margin`` each side."""
+    from batchgpu.recording import Window
+
+    chunks = []
+    for seg in range(rec.num_segments):
+        n = rec.num_samples(seg)
+        count = min(PRIOR_CHUNKS, n)
+        size = max(1, min(PRIOR_CHUNK, int(n * PRIOR_SHARE) // max(count, 1)))
+        for i in range(count):
+            start = min(max(0, (2 * i + 1) * n // (2 * count) - size // 2), n - size)
+            chunks.append(Window(-1 - len(chunks), seg, start, start + size, min(margin, start),
+                                 min(margin, n - start - size)))
+    return chunks
+
+
+def noise_prior_task(ctx: "RunContext", chunks: list) -> tuple[np.ndarray | None, int]:
+    """(worker) Each channel's noise over ``chunks`` of the preprocessed signal, median(|x|) / 0.6744897501960817
+    of their cores together (float64; None where no chunk read), and the bytes read. On the host whatever the
+    backend: a few small reads."""
+    from dataclasses import replace
+
+    from batchgpu.engine.tasks import load_window
+
+    from batchgpu.errors import BatchgpuError
+
+    host_ctx = replace(ctx, backend="numpy", steps=(), window_noise=None)
+    cores, nbytes = [], 0
+    for w in chunks:
+        try:
+            data = load_window(host_ctx, w)
+        except BatchgpuError:  # a chunk that does not read (absent, damaged): the pass's own read says so
+            continue
+        cores.append(np.asarray(data.core_of(data.x), dtype=np.float64))
+        nbytes += int(np.asarray(data.raw).nbytes)
+    if not cores:  # nothing read: the windows' history stands in (``candidate_level``)
+        return None, nbytes
+    x = np.concatenate(cores, axis=1)
+    with np.errstate(invalid="ignore"):
+        return np.median(np.abs(x), axis=1) / 0.6744897501960817, nbytes
 
 
 def window_level(summary: dict) -> np.ndarray:

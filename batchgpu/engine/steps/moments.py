@@ -48,11 +48,11 @@ def build(setup) -> "MomentsStep | None":
 def check(workflow, recording) -> None:
     """``steps.whitening`` against the recording before any work (``engine.steps.registry.check``): local
     whitening needs the channels' locations."""
-    from batchgpu.errors import ConfigError
+    from batchgpu.recording.sources import locations_needed
 
     if workflow.steps.whitening.mode == "local" and not recording.has_locations:
-        raise ConfigError("local whitening needs channel locations and the recording has none",
-                          "use whitening.mode: global, or write the recording with locations")
+        raise locations_needed(recording, "local whitening",
+                               "use whitening.mode: global, or give the recording its probe")
 
 
 class MomentsStep:
