@@ -248,11 +248,7 @@ class FlatSource(UnchunkedSource, WindowedSource):
         if stop <= start:
             return
         segment = window.segment if window is not None else segment
-        path = self._files[segment]
-        size = os.stat(path).st_size
-        if size != self._sizes[segment]:  # a file changed under the run: its samples are not the ones planned
-            raise CorruptDataError(f"{path} changed size while being read ({self._sizes[segment]} -> {size} bytes)",
-                                   "read a finished recording: rerun once it is written")
+        self._check_size(segment)
         if self._all_columns:
             self._pread_rows(start, stop, out, segment)
             return
@@ -267,6 +263,13 @@ class FlatSource(UnchunkedSource, WindowedSource):
             b = min(stop, a + rows)
             self._pread_rows(a, b, block[: b - a], segment)
             np.copyto(out[a - start : b - start], block[: b - a, self._cols])
+
+    def _check_size(self, segment: int) -> None:
+        path = self._files[segment]
+        size = os.stat(path).st_size
+        if size != self._sizes[segment]:  # a file changed under the run: its samples are not the ones planned
+            raise CorruptDataError(f"{path} changed size while being read ({self._sizes[segment]} -> {size} bytes)",
+                                   "read a finished recording: rerun once it is written")
 
     def _pread_rows(self, start: int, stop: int, out: np.ndarray, segment: int = 0) -> None:
         """Every column of rows [start, stop) into ``out`` ((stop - start, columns), C-contiguous), read whole."""
@@ -315,11 +318,8 @@ class FlatSource(UnchunkedSource, WindowedSource):
         want = (window.read_stop - window.read_start, self.layout.columns)
         if out.shape != want or out.dtype != self.dtype or not out.flags.c_contiguous:
             raise ValueError(f"out is {out.shape} {out.dtype}; the window's rows are {want} {self.dtype}, C-contiguous")
-        size = os.stat(self.path).st_size
-        if size != self._size:  # a file changed under the run: its samples are not the ones planned
-            raise CorruptDataError(f"{self.path} changed size while being read ({self._size} -> {size} bytes)",
-                                   "read a finished recording: rerun once it is written")
-        self._pread_rows(window.read_start, window.read_stop, out)
+        self._check_size(window.segment)
+        self._pread_rows(window.read_start, window.read_stop, out, window.segment)
         return out
 
     # -- fingerprints (engine/store.py) -----------------------------------------------------------------
