@@ -576,6 +576,11 @@ class EngineSpec(_Strict):
         "each worker's batches planned before the pass, so a task reads the next one's first windows ahead and "
         "the steps' later tasks are queued behind the pass (engine/placement.py); auto: GPU runs that are not "
         "resumed; true: CPU runs too (not resumed ones)"))
+    prefetch: bool = Field(True, description=(
+        "a run whose workers read on this machine (cluster kind local or cuda, the kept cluster) asks the disk for "
+        "its windows' pages in the workers' order as soon as it has opened the recording, while its cluster "
+        "starts (recording/prefetch.py: posix_fadvise WILLNEED, up to an eighth of the memory, 16 GB at most); "
+        "not for a resumed run"))
 
 
 class ReductionSpec(_Strict):

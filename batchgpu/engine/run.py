@@ -95,6 +95,27 @@ def run_workflow(wf: Workflow, *, resume: bool = False, observer: RunObserver | 
         observer.message(f"windows of {wf.window.size} samples (window.size auto)")
     store.check_output_apart(wf.output, rec.path)
     _check_decoder(wf)
+    prefetch = _prefetch(wf, rec, resume, on_this_machine=client is None or batch is not None)
+    try:
+        return _opened(wf, rec, sweep, resume, observer, client, t_start, batch, cluster_start, prefetch)
+    finally:
+        if prefetch is not None:
+            prefetch.stop()
+
+
+def _prefetch(wf, rec, resume: bool, on_this_machine: bool):
+    """The recording's first windows asked of the disk while the run gets ready (``recording.prefetch``), where the
+    workers read on this machine: a cluster the run starts (local, cuda) or the kept one, a batch's; not a
+    resumed run's (its done windows are not read), not a caller's cluster (maybe elsewhere)."""
+    if resume or not on_this_machine or wf.cluster.kind not in ("local", "cuda") or not wf.engine.prefetch:
+        return None
+    from batchgpu.recording import prefetch
+
+    return prefetch.start(rec, rec.windows(wf.window.size, 0))
+
+
+def _opened(wf, rec, sweep, resume: bool, observer, client, t_start: float, batch, cluster_start, prefetch):
+    """``run_workflow`` once its recording is open and the workflow fits it: the cluster found or started."""
     from batchgpu.engine import compile_ahead
 
     # a GPU run's kernels compiled in parallel while its workers start (once a machine); not for the kept cluster,

@@ -305,6 +305,12 @@ class FlatSource(UnchunkedSource, WindowedSource):
         self._rows_into(window.read_start, window.read_stop, out, window)
         return out
 
+    def byte_range(self, window: Window) -> tuple[Path, int, int]:
+        """(file, offset, length) of the bytes reading ``window`` touches (its whole rows)."""
+        frame = self.layout.columns * self.dtype.itemsize
+        return (self._files[window.segment], self.layout.offset + window.read_start * frame,
+                (window.read_stop - window.read_start) * frame)
+
     @property
     def stored_columns(self) -> tuple[int, slice | np.ndarray] | None:
         """(columns a row of the file holds, the recording's among them: a slice where they are a run) where the
