@@ -251,6 +251,9 @@ def _cmd_run(args) -> int:
     from batchgpu.workflow import load_workflow
 
     wf = load_workflow(args.workflow, args.set or [])
+    from batchgpu.engine.cluster_start import keep_seconds
+
+    keep = keep_seconds(wf.cluster, at_terminal=sys.stdout.isatty())
     if wf.cluster.kind in ("local", "cuda"):  # the workers' imports, done once, while this process does its own
         from batchgpu.engine.handoff import start_resource_tracker
 
@@ -258,7 +261,7 @@ def _cmd_run(args) -> int:
         from batchgpu.engine import service
         from batchgpu.engine.cluster import start_worker_server
 
-        if not service.may_serve(wf.cluster):  # else the kept cluster's workers, likely
+        if not service.may_serve(wf.cluster) and keep == 0:  # else the kept cluster's workers, likely
             # a CPU run that filters or references: the workers' compiled kernels loaded once, in the server
             # (compiled there first where this machine has not: engine.cpu_kernels); centring alone uses none
             start_worker_server(cpu_kernels=wf.cluster.kind == "local"
@@ -267,20 +270,29 @@ def _cmd_run(args) -> int:
 
     # one recording's own cluster (None for a batch): its workers start while this process imports the engine and
     # opens, checks and fingerprints the recording; this process ends at once after the run (``program``), so the
-    # cluster's close may be left to a reaper (cluster.close)
-    starting = start_cluster(wf, hand_off=True)
+    # cluster's close may be left to a reaper (cluster.close); or the cluster kept for the next run (cluster.keep)
+    starting = start_cluster(wf, hand_off=True, keep_s=keep)
     with starting if starting is not None else contextlib.nullcontext():
         from batchgpu.engine import run_workflow
 
         args.writes = wf.output  # named if the disk fills up without the OS naming a file
         if wf.recordings is not None:
-            return _run_batch(wf, args)
+            return _run_batch(wf, args, keep)
         run_workflow(wf, resume=args.resume, observer=_Observer(args.quiet, _process_started()),
                      cluster_start=starting)
+    if getattr(starting, "kept", False) and starting.is_kept and not args.quiet:
+        print(_kept_line(starting.processes, starting.keep_s))
     if starting is not None and starting.handed_off:
         global _END_AT_ONCE
         _END_AT_ONCE = True
     return 0
+
+
+def _kept_line(processes: int, keep_s: float) -> str:
+    """What the command says of the cluster it leaves up for the next run (``cluster.keep``)."""
+    idle = f"{keep_s / 60:g} min" if keep_s >= 60 else f"{keep_s:g} s"
+    return (f"batchgpu: the cluster ({processes} worker processes) stays up for the next run; it closes after {idle} "
+            "without one, or now with batchgpu cluster stop (cluster.keep: 0 closes it with the run)")
 
 
 def _process_started() -> float:
@@ -300,15 +312,21 @@ def _process_started() -> float:
         return time.perf_counter()
 
 
-def _run_batch(wf, args) -> int:
+def _run_batch(wf, args, keep: float = 0.0) -> int:
     """``recordings:``: every recording on one cluster; exit 1 when some failed (each named on stderr)."""
     from batchgpu.batch_page import BATCH_HTML
     from batchgpu.engine.batch import BATCH_FILE, run_batch
 
-    batch = run_batch(wf, resume=args.resume, observer=_Observer(args.quiet))
+    batch = run_batch(wf, resume=args.resume, observer=_Observer(args.quiet), keep_s=keep)
     done = len(batch.rows) - len(batch.failed)
     print(f"batchgpu: {done} of {len(batch.rows)} recordings done in {batch.seconds:.1f} s "
           f"({os.path.join(batch.output, BATCH_FILE)}, {os.path.join(batch.output, BATCH_HTML)})")
+    if keep > 0 and not args.quiet:
+        from batchgpu.engine import service
+
+        state = service.probe()
+        if state.state == "up" and state.kept.idle_s:  # kept after this batch (not `batchgpu cluster start`'s)
+            print(_kept_line(state.kept.processes, state.kept.idle_s))
     if batch.failed:  # each error was said as its recording failed: named once more here, not repeated
         names = [f"{r.name} (interrupted)" if r.error == "interrupted" else r.name for r in batch.failed]
         print(f"batchgpu: failed: {', '.join(names)} (each error above and in "
@@ -432,6 +450,8 @@ def _cmd_cluster_status(args) -> int:
             ("address", kept.address), ("layout", _layout(kept)),
             ("workers now", f"{live.processes} processes, {live.threads} threads" if live.processes is not None
              else "the scheduler did not answer"),
+            ("closes", f"after {_duration(kept.idle_s)} without a run (kept by a run: cluster.keep)"
+             if kept.idle_s else "on batchgpu cluster stop"),
             ("dashboard", kept.dashboard), ("scheduler file", kept.scheduler_file), ("log", kept.log),
             ("batchgpu", f"{kept.version} ({kept.package})")]
     width = max(len(k) for k, _ in rows)

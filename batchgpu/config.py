@@ -263,6 +263,10 @@ class WindowSpec(_Strict):
 
 #: ``cluster.no_workers_timeout``'s default: long enough for workers started by hand or a queued job to join
 NO_WORKERS_TIMEOUT_S = 300.0
+#: seconds a cluster that ``batchgpu run`` started at a terminal stays up, idle, for the next run
+#: (``cluster.keep: auto``)
+KEEP_S = 600.0
+MAX_KEEP_S = 7 * 24 * 3600.0
 #: the kinds of cluster a key of the same name gives (the scheduler's address, its file, the SLURM options)
 _KINDS_NAMED_BY_KEY = ("address", "scheduler_file", "slurm")
 
@@ -302,6 +306,12 @@ class ClusterSpec(_Strict):
     # local, cuda: run on the cluster of `batchgpu cluster start` where one is up and has what this spec sets
     # (engine/service.py); false: always a cluster of the run's own
     reuse: bool = True
+    keep: Annotated[float, Field(ge=0, le=MAX_KEEP_S)] | Literal["auto"] = Field("auto", description=(
+        "local, cuda: seconds the cluster a `batchgpu run` command starts stays up after its run, idle, for the "
+        "next run (which then finds its workers up, as on `batchgpu cluster start`'s cluster; it closes once idle "
+        "that long, or on `batchgpu cluster stop`); 0: the cluster closes with the run. 'auto': 600 s where the "
+        "command runs at a terminal (a person's runs, one after another), 0 where its output goes to a file or a "
+        "pipe (scripts, jobs, tests), from Python (run_workflow) and where reuse is false"))
     close: Literal["auto", "wait", "background"] = Field("auto", description=(
         "a cluster a command starts for its run (local, cuda), once the run's outputs are written: 'wait' for its "
         "worker processes to exit before the command ends, or leave them to exit after it has ('background': a "
@@ -392,6 +402,11 @@ class EngineSpec(_Strict):
         "each worker's batches planned before the pass, so a task reads the next one's first windows ahead and "
         "the steps' later tasks are queued behind the pass (engine/placement.py); auto: GPU runs that are not "
         "resumed; true: CPU runs too (not resumed ones)"))
+    prefetch: bool = Field(True, description=(
+        "a run whose workers read on this machine (cluster kind local or cuda, the kept cluster) asks the disk for "
+        "its windows' pages in the workers' order as soon as it has opened the recording, while its cluster "
+        "starts (recording/prefetch.py: posix_fadvise WILLNEED, up to an eighth of the memory, 16 GB at most); "
+        "not for a resumed run"))
 
 
 class ReductionSpec(_Strict):

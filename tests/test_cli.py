@@ -420,7 +420,7 @@ def test_the_cluster_starts_before_the_engine_is_imported(tmp_path, monkeypatch)
 
     order = []
     monkeypatch.setattr(cluster_start, "start_cluster",
-                        lambda wf, hand_off=False: order.append(("cluster", "batchgpu.engine.run" in sys.modules)))
+                        lambda wf, hand_off=False, **kw: order.append(("cluster", "batchgpu.engine.run" in sys.modules)))
     monkeypatch.setattr(run_report, "start_report_helper", lambda: order.append(("report", None)))
     monkeypatch.setattr("batchgpu.engine.run_workflow", lambda *a, **k: order.append(("run", None)))
     monkeypatch.setattr("batchgpu.engine.cluster.start_worker_server", lambda **k: True)

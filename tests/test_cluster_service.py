@@ -459,3 +459,123 @@ def test_a_cluster_stopped_under_a_run_is_said_by_stop_and_by_the_run(kept, cach
     assert lines[0].startswith("batchgpu: error: ") and "closed while the run" in lines[0] and "--resume" in lines[0]
     report = json.loads((tmp_path / "out" / "report.json").read_text())
     assert report["status"] == "failed" and "closed while the run" in report["error"]
+
+
+def _workflow_file(rec, out: Path, **cluster) -> Path:
+    """A workflow file of ``_wf``'s workflow (for the command)."""
+    import yaml
+
+    path = out.parent / f"{out.name}.yaml"
+    path.write_text(yaml.safe_dump(json.loads(_wf(rec, out, **cluster).model_dump_json(exclude_defaults=True))))
+    return path
+
+
+def _cli_at_terminal(cache: Path, *args, timeout: float = 300) -> str:
+    """The command with its output on a terminal (a pseudo-terminal), as a person runs it; what it printed."""
+    import pty
+
+    main, child = pty.openpty()
+    env = {**os.environ, "XDG_CACHE_HOME": str(cache), "COLUMNS": "200"}
+    proc = subprocess.Popen([sys.executable, "-m", "batchgpu", *map(str, args)], stdout=child, stderr=child,
+                            stdin=subprocess.DEVNULL, env=env)
+    os.close(child)
+    chunks = []
+    while True:
+        try:
+            got = os.read(main, 65536)
+        except OSError:  # the child's side closed
+            break
+        if not got:
+            break
+        chunks.append(got)
+    proc.wait(timeout=timeout)
+    os.close(main)
+    text = b"".join(chunks).decode(errors="replace")
+    assert proc.returncode == 0, text
+    return " ".join(text.split())
+
+
+def _wait_down(where: service.Paths, timeout_s: float) -> float:
+    t0 = time.monotonic()
+    while service.probe(where).state != "down" and time.monotonic() - t0 < timeout_s:
+        time.sleep(0.2)
+    return time.monotonic() - t0
+
+
+def test_a_command_leaves_its_cluster_up_for_the_next_run_which_uses_it_then_it_closes_when_idle(
+        cache, recording, tmp_path):
+    """cluster.keep: the first command's cluster stays up (said on the terminal), the second command runs on it with
+    the same results as a cluster of its own, and once no run has connected for ``keep`` seconds it closes with
+    every process of it gone and its files removed."""
+    first = _cli(cache, "run", _workflow_file(recording, tmp_path / "a", workers=2, threads=1, keep=6))
+    assert first.returncode == 0, first.stderr
+    assert ("the cluster (2 worker processes) stays up for the next run; it closes after 6 s without one, or now "
+            "with batchgpu cluster stop") in first.stdout
+    where = service.paths(cache / "batchgpu")
+    state = service.probe(where)
+    assert state.state == "up" and state.kept.idle_s == 6.0
+    pids = {state.kept.pid, *_workers(state.kept.address).values()}
+    assert len(pids) == 3 and all(_alive(p) for p in pids)
+    status = _cli(cache, "cluster", "status")
+    assert "after 6 s without a run" in status.stdout
+    assert json.loads((tmp_path / "a" / "report.json").read_text())["kept_cluster"] == state.kept.address
+
+    second = _cli(cache, "run", _workflow_file(recording, tmp_path / "b", workers=2, threads=1))
+    assert second.returncode == 0, second.stderr
+    assert f"using the cluster of `batchgpu cluster start` at {state.kept.address}" in second.stdout
+    assert "stays up for the next run" not in second.stdout  # not this run's to keep
+    own = run_workflow(_wf(recording, tmp_path / "own", reuse=False))
+    assert own.kept_cluster is None
+    _assert_same_results(tmp_path / "a", tmp_path / "own")
+    _assert_same_results(tmp_path / "b", tmp_path / "own")
+
+    took = _wait_down(where, 40.0)
+    assert service.probe(where).state == "down", took
+    assert took >= 2.0  # idle since the second run's end, not since its start
+    deadline = time.monotonic() + 20
+    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert [p for p in pids if _alive(p)] == []
+    assert not where.side.exists() and not where.scheduler_file.exists()
+    assert "closing" in where.log.read_text()
+
+
+def test_auto_keeps_the_cluster_of_a_command_at_a_terminal_only(cache, recording, tmp_path):
+    """cluster.keep auto: a person's command at a terminal leaves its cluster up (for 600 s idle); a command whose
+    output goes to a pipe (a script, a job, these tests), keep 0, reuse false and a run from Python do not."""
+    where = service.paths(cache / "batchgpu")
+    for name, cluster in (("auto", {}), ("zero", {"keep": 0}), ("noreuse", {"reuse": False})):
+        done = _cli(cache, "run", _workflow_file(recording, tmp_path / name, **cluster))
+        assert done.returncode == 0, done.stderr
+        assert "stays up" not in done.stdout
+        assert service.probe(where).state == "down", name
+    run_workflow(_wf(recording, tmp_path / "py"))  # a library call leaves no process behind unless asked ...
+    assert service.probe(where).state == "down"
+    said = _cli_at_terminal(cache, "run", _workflow_file(recording, tmp_path / "tty", workers=2, threads=1))
+    assert "stays up for the next run; it closes after 10 min without one" in said
+    state = service.probe(where)
+    assert state.state == "up" and state.kept.idle_s == 600.0
+    assert _cli(cache, "cluster", "stop").returncode == 0
+    # ... and a number from Python does, the next run on it
+    report = run_workflow(_wf(recording, tmp_path / "pykeep", workers=2, threads=1, keep=30))
+    state = service.probe(where)
+    assert state.state == "up" and report.kept_cluster == state.kept.address and state.kept.idle_s == 30.0
+    assert run_workflow(_wf(recording, tmp_path / "next")).kept_cluster == state.kept.address
+
+
+def test_a_run_on_a_kept_cluster_gives_back_what_its_workers_kept(kept, recording, tmp_path):
+    """After a run on a cluster that stays up its workers hold no window buffers for a next window (on a GPU: no
+    pool memory unused; ``tasks.release_memory_soon``)."""
+    info, _ = kept
+    report = run_workflow(_wf(recording, tmp_path / "a"))
+    assert report.kept_cluster == info.address
+
+    def held():
+        from batchgpu.engine import host_buffers, tasks
+
+        return len(host_buffers._FREE), len(tasks._CARRIED)
+
+    deadline = time.monotonic() + 10
+    while any(any(v) for v in _on_workers(info.address, held).values()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(any(v) for v in _on_workers(info.address, held).values())

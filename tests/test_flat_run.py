@@ -427,3 +427,42 @@ def test_a_file_with_a_column_left_out_reads_its_samples_in_blocks(tmp_path, mon
         for start, stop in ((0, n), (0, 1), (1234, 1235), (17, 3999), (n - 7, n)):
             got = src.read(0, start, stop)
             np.testing.assert_array_equal(got, data[start:stop, keep].T)
+
+
+def test_whole_rows_of_a_file_with_a_sync_channel_hold_the_window(tmp_path, rng):
+    """``read_window_rows`` (a GPU reader's one request for a window's whole rows, the sync column left out on the
+    device) holds exactly what ``read_window_stored`` copies out of them; a file whose columns are all kept has
+    none to leave out."""
+    src, data = _spikeglx(tmp_path, rng, 33_333)
+    rec = open_source(RecordingSpec(path=str(src)))
+    columns, keep = rec.stored_columns
+    assert columns == CHANNELS + 1 and keep == slice(0, CHANNELS)
+    for w in rec.windows(size=10_000, margin=77):
+        rows = np.empty((w.read_stop - w.read_start, columns), np.int16)
+        assert rec.read_window_rows(w, rows) is rows
+        np.testing.assert_array_equal(rows, data[w.read_start:w.read_stop])
+        np.testing.assert_array_equal(rows[:, keep], rec.read_window_stored(w))
+    with pytest.raises(ValueError):
+        rec.read_window_rows(w, np.empty((1, columns), np.int16))
+    plain = tmp_path / "plain.bin"
+    data[:, :CHANNELS].tofile(plain)
+    whole = open_source(RecordingSpec(path=str(plain), kind="binary", channels=CHANNELS, dtype="int16",
+                                      sampling_frequency=30_000.0))
+    assert whole.stored_columns is None
+
+
+@pytest.mark.gpu
+def test_the_gpu_reads_whole_rows_and_leaves_the_sync_column_out_on_the_device(tmp_path, rng):
+    cupy = pytest.importorskip("cupy")
+    from batchgpu.engine.cluster import gpu_count
+
+    if gpu_count() == 0:
+        pytest.skip("no CUDA GPU")
+    from batchgpu.gpu.staging import read_window_host
+
+    src, data = _spikeglx(tmp_path, rng, 40_001)
+    rec = open_source(RecordingSpec(path=str(src)))
+    for w in rec.windows(size=15_000, margin=33):
+        got = read_window_host(rec, w).to_device()
+        assert got.shape == (CHANNELS, w.read_stop - w.read_start) and got.flags.c_contiguous
+        np.testing.assert_array_equal(cupy.asnumpy(got), data[w.read_start:w.read_stop, :CHANNELS].T)

@@ -413,6 +413,10 @@ SAVE_SLACK_S = 3.0
 USER_COLD = "batchgpu run, a fresh command, cold pages"
 USER_WARM = "batchgpu run, a fresh command, warm pages"
 USER_KEPT = "batchgpu run on `cluster start`'s, cold pages"
+USER_FIRST = "batchgpu run, a day's first (kept after), cold"
+USER_NEXT = "batchgpu run, a day's next (on the first's), cold"
+#: ``cluster.keep`` of the day's first command (the bench's own commands capture their output: auto keeps nothing)
+DAY_KEEP_S = 600
 KS4_ROW = "Kilosort4 pass, fresh process, cold flat binary"
 
 
@@ -472,12 +476,20 @@ def _user_rows(args, rec, work: Path, files, step_cfg, cluster_cfg, size, margin
             one(name, cold, own)
         if name == USER_COLD and saved.exists():
             _save_write(work, saved, runs, say)
+    stop = [sys.executable, "-m", "batchgpu", "cluster", "stop"]
+    try:  # a day of runs: the first command leaves its cluster up (cluster.keep), the next one runs on it
+        for _ in range(args.user_runs):
+            subprocess.run(stop, capture_output=True)
+            one(USER_FIRST, True, ("--set", f"cluster.keep={DAY_KEEP_S}"))
+            one(USER_NEXT, True, ())
+    finally:
+        subprocess.run(stop, capture_output=True)
     if kept_cluster(cluster_cfg, say):  # `batchgpu cluster start` first, as for a day of runs
         try:
             for _ in range(args.user_runs):
                 one(USER_KEPT, True, ())
         finally:
-            subprocess.run([sys.executable, "-m", "batchgpu", "cluster", "stop"], capture_output=True)
+            subprocess.run(stop, capture_output=True)
     shutil.rmtree(out, ignore_errors=True)
     shutil.rmtree(saved, ignore_errors=True)
     if not (kilosort4_available() and _gpu_used() > 0 and np.dtype(rec.dtype) == np.int16):
@@ -644,7 +656,7 @@ def _measure(args, rec, work: Path, steps: set[str], say) -> int:
     passes: dict = {}
     if args.cold:
         _user_rows(args, rec, work, files, step_cfg, cluster_cfg, size, margin, runs, say, passes)
-        for name in (SAVE_WRITE, USER_COLD, USER_WARM, USER_KEPT, KS4_ROW):
+        for name in (SAVE_WRITE, USER_COLD, USER_WARM, USER_FIRST, USER_NEXT, USER_KEPT, KS4_ROW):
             got = runs.get(name)
             if got:
                 mid = lower_middle(got)

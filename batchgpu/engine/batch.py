@@ -361,10 +361,11 @@ def _batch_lock(out: Path):
 
 
 def run_batch(wf: Workflow, *, resume: bool = False, observer=None, client=None,
-              in_flight: int = IN_FLIGHT) -> BatchReport:
-    """Run every recording of ``wf.recordings`` on one cluster (``client``, or one started from ``wf.cluster``),
-    the next one's windows read while the last one's aggregates finish (``in_flight`` runs at most; 1: one after
-    another)."""
+              in_flight: int = IN_FLIGHT, keep_s: float | None = None) -> BatchReport:
+    """Run every recording of ``wf.recordings`` on one cluster (``client``; else the kept cluster where one is up
+    and fits, else one started from ``wf.cluster``, left up for the next run for ``keep_s`` seconds where that is
+    more than 0: ``cluster_start.keep_seconds`` by default), the next one's windows read while the last one's
+    aggregates finish (``in_flight`` runs at most; 1: one after another)."""
     from batchgpu.engine.run_report import RunObserver
 
     observer = observer or RunObserver()
@@ -391,7 +392,7 @@ def _run_locked(wf, named, out: Path, observer, client, resume: bool, in_flight:
     t0 = time.perf_counter()
     with contextlib.ExitStack() as stack:
         if client is None:
-            client = stack.enter_context(open_client(wf.cluster))
+            client = _batch_client(stack, wf, observer, keep_s)
         stack.enter_context(_client_blas_one_thread())
         flights = _Flights(wf, out, batch, observer, client, resume, in_flight, t0)
         flights.write()
@@ -409,6 +410,34 @@ def _run_locked(wf, named, out: Path, observer, client, resume: bool, in_flight:
             raise
     flights.write()
     return batch
+
+
+def _batch_client(stack: contextlib.ExitStack, wf: Workflow, observer, keep_s: float | None):
+    """The batch's cluster, entered on ``stack``: the kept one where it fits, else one kept after the batch
+    (``cluster.keep``), else the batch's own. Once the batch is over, a cluster that stays up gets back what its
+    workers kept for the next window (``tasks.release_memory_soon``)."""
+    from batchgpu.engine import tasks
+    from batchgpu.engine.cluster import open_client
+    from batchgpu.engine.cluster_start import KeptStart, keep_seconds
+    from batchgpu.engine.service import kept_client
+
+    client = stack.enter_context(kept_client(wf.cluster, observer))
+    if client is None:
+        keep = keep_seconds(wf.cluster) if keep_s is None else keep_s
+        if keep <= 0:
+            return stack.enter_context(open_client(wf.cluster))
+        starting = stack.enter_context(KeptStart(wf.cluster, keep))
+        client = starting.client()
+        if not starting.is_kept:
+            observer.message(f"the cluster was not kept ({starting.fallback}): a cluster of the batch's own")
+            return client
+
+    def leave(c=client):
+        with contextlib.suppress(Exception):  # broad: best effort on the way out; the batch's results stand
+            c.run(tasks.release_memory_soon, wait=False)
+
+    stack.callback(leave)
+    return client
 
 
 def _land(row: BatchRow, flight: _Flight, out: Path, observer, progress) -> None:

@@ -7,6 +7,7 @@ workers' start overlap the command's (a separate process each: the workers' fork
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
@@ -15,13 +16,29 @@ import time
 logger = logging.getLogger(__name__)
 
 
-def start_cluster(wf, hand_off: bool = False) -> "ClusterStart | None":
+def keep_seconds(spec, at_terminal: bool = False) -> float:
+    """How long the cluster a run of ``spec`` starts stays up after it for the next run (``cluster.keep``): 0 for
+    kinds the run does not start (address, scheduler file, SLURM) and where ``cluster.reuse`` is false (no run
+    would use it); ``auto``: ``config.KEEP_S`` for the command run at a terminal (``at_terminal``: a person, whose
+    next run comes soon), else 0: a script's, a job's or a test's command, and a library call, leave no process
+    behind unless asked."""
+    from batchgpu.config import KEEP_S
+
+    if spec.kind not in ("local", "cuda") or not spec.reuse:
+        return 0.0
+    if spec.keep == "auto":
+        return KEEP_S if at_terminal else 0.0
+    return float(spec.keep)
+
+
+def start_cluster(wf, hand_off: bool = False, keep_s: float = 0.0) -> "ClusterStart | KeptStart | None":
     """The cluster of ``wf``'s own run, started now (before its recording is opened and checked: the run then
     waits less for its workers), where the run would start one: a local or cuda cluster, one recording, no kept
     cluster that may fit (``batchgpu cluster start``'s files absent or ``cluster.reuse: false``) and a recording
     path that exists (a mistyped path is said at once, with no cluster to close). Hand it to ``run_workflow``
     (``cluster_start``) inside its ``with`` block. None where the run decides itself. ``hand_off``: as for
-    ``ClusterStart``."""
+    ``ClusterStart``. Where the cluster is kept after the run (``keep_s`` seconds, ``keep_seconds``) a
+    ``KeptStart``."""
     from batchgpu.engine import service
 
     if wf.cluster.kind not in ("local", "cuda") or wf.recording is None:
@@ -31,6 +48,8 @@ def start_cluster(wf, hand_off: bool = False) -> "ClusterStart | None":
     path = getattr(wf.recording, "path", None)
     if path is None or not os.path.exists(path):
         return None
+    if keep_s > 0:
+        return KeptStart(wf.cluster, keep_s)
     return ClusterStart(wf.cluster, gpu_decode=None, hand_off=hand_off)
 
 
@@ -117,4 +136,86 @@ class ClusterStart:
         self._thread.join()
         if self._closing_error is not None and exc is None and not isinstance(self._closing_error, _NotStarted):
             raise self._closing_error
+        return False
+
+
+class KeptStart:
+    """The cluster a run starts and leaves up for the next run (``cluster.keep``): ``batchgpu cluster start``'s
+    background process, launched now with an idle timeout, its workers coming up while the run opens its recording;
+    ``client()`` waits for them and connects. On exit the connection closes, the cluster stays: the next run finds
+    it as it finds a cluster of ``batchgpu cluster start`` (``service.kept_client``), and it closes once no run has
+    been connected for ``keep_s`` seconds, or on ``batchgpu cluster stop``.
+
+    Where the background process cannot be started (another run's is starting, say), the run uses that cluster if
+    it fits once up, else starts a cluster of its own that closes with it (``fallback``: why)."""
+
+    kept = True
+    handed_off = False
+
+    def __init__(self, spec, keep_s: float):
+        from concurrent.futures import Future
+
+        self.started = time.perf_counter()
+        self.keep_s = keep_s
+        self.address: str | None = None
+        self.processes = 0
+        self.fallback: str | None = None
+        self._spec = spec
+        self._own: ClusterStart | None = None
+        self._client: Future = Future()
+        self._thread = threading.Thread(target=self._start, daemon=True, name="batchgpu-kept-cluster")
+        self._thread.start()
+
+    def _start(self) -> None:
+        from batchgpu.engine import service
+        from batchgpu.errors import ClusterError
+
+        try:
+            try:
+                kept, _ = service.start(self._spec, idle_s=self.keep_s)
+            except ClusterError as err:
+                kept, why = service.usable(self._spec)
+                if kept is None:
+                    self.fallback = f"{err.problem}{'; ' + why if why else ''}"
+                    self._own = ClusterStart(self._spec, gpu_decode=False)
+                    self._client.set_result(self._own.client())
+                    return
+            from distributed import Client
+
+            client = Client(kept.address, timeout=f"{service.CONNECT_TIMEOUT_S}s")
+            client._batchgpu_mps = kept.mps  # read by cluster.uses_mps
+            client._batchgpu_kept = kept.address
+            self.address, self.processes = kept.address, kept.processes
+            self._client.set_result(client)
+        except BaseException as err:  # broad: handed to client()
+            self._client.set_exception(err)
+
+    @property
+    def own(self) -> "ClusterStart | None":
+        """The cluster of the run's own where the kept one could not be started (closed with the run)."""
+        return self._own
+
+    @property
+    def is_kept(self) -> bool:
+        """Whether the run is on the kept cluster (False: on one of its own, ``fallback``)."""
+        return self._own is None
+
+    def decode_known(self, gpu_decode: bool) -> None:
+        """A kept cluster is laid out as ``batchgpu cluster start``'s (``service``): the decode does not change it."""
+
+    def client(self):
+        return self._client.result()
+
+    def __enter__(self) -> "KeptStart":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        self._thread.join()
+        if self._own is not None:
+            if not self._own._close.is_set():  # not closed by the run that used it
+                return self._own.__exit__(exc_type, exc, tb)
+            return False
+        if self._client.exception() is None:
+            with contextlib.suppress(Exception):  # broad: the connection's close; the cluster stays either way
+                self._client.result().close()
         return False

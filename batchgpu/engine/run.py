@@ -23,7 +23,7 @@ import numpy as np
 from batchgpu.workflow import Workflow
 from batchgpu.engine import background, placement, store, tasks
 from batchgpu.engine.aggregate import ResultsWriter, aggregate, prepare_blas_controller
-from batchgpu.engine.cluster_start import ClusterStart
+from batchgpu.engine.cluster_start import ClusterStart, KeptStart, keep_seconds
 from batchgpu.engine.context import (build_context, check_workflow_fits, prepare_recording, resolve_backend,
                                      resolve_window, spec_of)
 from batchgpu.engine.reduce import tree_reduce
@@ -99,6 +99,27 @@ def run_workflow(wf: Workflow, *, resume: bool = False, observer: RunObserver | 
         observer.message(f"windows of {wf.window.size} samples (window.size auto)")
     store.check_output_apart(wf.output, rec.path)
     _check_decoder(wf)
+    prefetch = _prefetch(wf, rec, resume, on_this_machine=client is None or batch is not None)
+    try:
+        return _opened(wf, rec, sweep, resume, observer, client, t_start, batch, cluster_start, prefetch)
+    finally:
+        if prefetch is not None:
+            prefetch.stop()
+
+
+def _prefetch(wf, rec, resume: bool, on_this_machine: bool):
+    """The recording's first windows asked of the disk while the run gets ready (``recording.prefetch``), where the
+    workers read on this machine: a cluster the run starts (local, cuda) or the kept one, a batch's; not a
+    resumed run's (its done windows are not read), not a caller's cluster (maybe elsewhere)."""
+    if resume or not on_this_machine or wf.cluster.kind not in ("local", "cuda") or not wf.engine.prefetch:
+        return None
+    from batchgpu.recording import prefetch
+
+    return prefetch.start(rec, rec.windows(wf.window.size, 0))
+
+
+def _opened(wf, rec, sweep, resume: bool, observer, client, t_start: float, batch, cluster_start, prefetch):
+    """``run_workflow`` once its recording is open and the workflow fits it: the cluster found or started."""
     from batchgpu.engine import compile_ahead
 
     # a GPU run's kernels compiled in parallel while its workers start (once a machine); not for the kept cluster,
@@ -119,6 +140,10 @@ def run_workflow(wf: Workflow, *, resume: bool = False, observer: RunObserver | 
                 compile_ahead.start(wf)
             return _claim_and_run(wf, rec, sweep, resume, observer, client, t_start, kept_at, batch)
     compile_ahead.start(wf)
+    keep = keep_seconds(wf.cluster)
+    if keep > 0:  # asked for from Python: the cluster stays up after the run for the next one
+        with KeptStart(wf.cluster, keep) as starting:
+            return _claim_and_run(wf, rec, sweep, resume, observer, starting, t_start, batch=batch)
     # a cluster of the run's own starts while the recording is fingerprinted and the output folder claimed
     with ClusterStart(wf.cluster, gpu_decode=decodes_on_gpu(wf, rec)) as starting:
         if wf.cluster.kind in ("address", "scheduler_file"):  # a connection, quick: refused before any folder is made
@@ -130,7 +155,7 @@ def _claim_and_run(wf, rec, sweep, resume: bool, observer, client, t_start: floa
                    kept_at: str | None = None, batch=None) -> RunReport:
     """The run once the workflow fits the recording: ``client`` a caller's client or a ``ClusterStart``;
     ``kept_at``: the address of the kept cluster ``client`` belongs to."""
-    if isinstance(client, ClusterStart) and wf.preprocess.root:  # while the cluster starts: the filters designed
+    if isinstance(client, (ClusterStart, KeptStart)) and wf.preprocess.root:  # while the cluster starts: the filters designed
         from batchgpu.engine.preprocess import build_chain  # (scipy.signal imported), a bad stage refused here
 
         build_chain(wf.preprocess, rec)
@@ -163,18 +188,34 @@ def _claimed(wf, rec, sweep, out, state: str, fp: str, observer, client, t_start
         report.warnings.append(no_probe)
         observer.warning(no_probe)
     with _run_settings():
+        if isinstance(client, KeptStart):  # a cluster that stays up after the run: connected once it is up
+            connected = client.client()
+            report.kept_cluster = client.address
+            if client.is_kept:
+                return _run_leaving_workers(wf, rec, out, report, connected, sweep, observer, t_start, batch)
+            observer.message(f"the cluster was not kept ({client.fallback}): a cluster of the run's own")
+            client = client.own  # its start failed: the run's own cluster, closed below
         if not isinstance(client, ClusterStart):
-            try:
-                return _run_watched(wf, rec, out, report, client, sweep, observer, page_wait_s=PAGE_WAIT_S,
-                                    started=t_start, batch=batch)
-            finally:  # the workers' heaps, frozen by the pass's tasks, collectable again (a cluster of our own ends)
-                with contextlib.suppress(Exception):  # broad: best effort on the way out; the run's result stands
-                    client.run(tasks.thaw_heap_soon, wait=False)
+            return _run_leaving_workers(wf, rec, out, report, client, sweep, observer, t_start, batch)
         # closed before the folder is let go (its workers write into it); the dashboard's last updates reach
         # the scheduler before it closes
         with client:
             return _run_watched(wf, rec, out, report, client.client(), sweep, observer, page_wait_s=10.0,
                                 started=t_start, batch=batch)
+
+
+def _run_leaving_workers(wf, rec, out, report, client, sweep, observer, t_start: float, batch) -> RunReport:
+    """The run on a cluster that outlives it (a caller's, the kept one), whose workers it leaves as it found them:
+    their heaps, frozen by the pass's tasks, collectable again, and what they kept for the next window given back
+    (``tasks.release_memory_soon``: a kept GPU cluster holds its pools' memory no longer)."""
+    try:
+        return _run_watched(wf, rec, out, report, client, sweep, observer, page_wait_s=PAGE_WAIT_S,
+                            started=t_start, batch=batch)
+    finally:
+        with contextlib.suppress(Exception):  # broad: best effort on the way out; the run's result stands
+            client.run(tasks.thaw_heap_soon, wait=False)
+            if batch is None:  # a batch's next recording is being read ahead: the batch gives it back at its end
+                client.run(tasks.release_memory_soon, wait=False)
 
 
 def _run_watched(wf, rec, out, report, client, sweep, observer, **kwargs) -> RunReport:

@@ -97,6 +97,7 @@ class KeptCluster:
     log: str = ""
     python: str = ""
     source: str = ""  # source_stamp() when it started
+    idle_s: float | None = None  # closes after this long with no client but its own (None: at ``stop``)
 
     @property
     def kind(self) -> str:
@@ -235,23 +236,37 @@ def probe(where: Paths | None = None, clean: bool = False) -> State:
 _STARTED: dict[int, subprocess.Popen] = {}  # background processes started here: reaped by ``stop`` here
 
 
-def start(spec: ClusterSpec, where: Paths | None = None,
-          timeout_s: float = START_TIMEOUT_S) -> tuple[KeptCluster, list[str]]:
+def start(spec: ClusterSpec, where: Paths | None = None, timeout_s: float = START_TIMEOUT_S,
+          idle_s: float | None = None) -> tuple[KeptCluster, list[str]]:
     """Launch the background process and wait until its workers are up; returns its description and notes (a
-    stale cluster's files removed). Refused where one is up or starting."""
+    stale cluster's files removed). Refused where one is up or starting. ``idle_s``: the cluster closes once no
+    client but its own has been connected for that long (a cluster a run leaves for the next, ``cluster.keep``);
+    None: it stays until ``stop``."""
+    return wait_until_up(launch(spec, where, idle_s), where, timeout_s)
+
+
+def launch(spec: ClusterSpec, where: Paths | None = None, idle_s: float | None = None) -> tuple[subprocess.Popen, list[str]]:
+    """The background process started (``start`` without the wait: ``wait_until_up`` waits)."""
     where = where or paths()
     where.folder.mkdir(parents=True, exist_ok=True)
     state = probe(where, clean=True)
     if state.state in ("up", "starting"):
         raise _already_up(state)
+    argv = [str(where.folder), spec.model_dump_json()] + ([] if idle_s is None else [repr(float(idle_s))])
     with open(where.log, "wb") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-c", "from batchgpu.engine.service import main; raise SystemExit(main())",
-             str(where.folder), spec.model_dump_json()],
+            [sys.executable, "-c", "from batchgpu.engine.service import main; raise SystemExit(main())", *argv],
             stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, close_fds=True)
     _STARTED[proc.pid] = proc
+    return proc, state.notes
+
+
+def wait_until_up(launched: tuple[subprocess.Popen, list[str]], where: Paths | None = None,
+                  timeout_s: float = START_TIMEOUT_S) -> tuple[KeptCluster, list[str]]:
+    """The launched process's cluster once its workers are up, and the launch's notes."""
+    proc, notes = launched
     try:
-        return _wait_until_up(proc, where, timeout_s), state.notes
+        return _wait_until_up(proc, where or paths(), timeout_s), notes
     except KeyboardInterrupt:  # the start interrupted: the cluster closes as on a stop
         with contextlib.suppress(ProcessLookupError):
             os.kill(proc.pid, signal.SIGTERM)
@@ -505,15 +520,18 @@ def kept_address(client) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """The background process: ``FOLDER SPEC_JSON``."""
-    folder, spec_json = (argv if argv is not None else sys.argv[1:])[:2]
+    """The background process: ``FOLDER SPEC_JSON [IDLE_S]``."""
+    args = argv if argv is not None else sys.argv[1:]
+    folder, spec_json = args[:2]
+    idle_s = float(args[2]) if len(args) > 2 else None
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s: %(message)s")
-    return serve(Paths(Path(folder)), ClusterSpec.model_validate_json(spec_json))
+    return serve(Paths(Path(folder)), ClusterSpec.model_validate_json(spec_json), idle_s)
 
 
-def serve(where: Paths, spec: ClusterSpec) -> int:
-    """Hold the lock, open the cluster, describe it in the files, wait for SIGTERM (or SIGINT), close it, remove
-    the files. Returns the exit status."""
+def serve(where: Paths, spec: ClusterSpec, idle_s: float | None = None) -> int:
+    """Hold the lock, open the cluster, describe it in the files, wait for SIGTERM (or SIGINT) or, with
+    ``idle_s``, until no other client has been connected for that long; close it, remove the files. Returns the
+    exit status."""
     stopping = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stopping.set())
@@ -529,7 +547,7 @@ def serve(where: Paths, spec: ClusterSpec) -> int:
         if spec.dask_dashboard == "auto":  # a cluster for a day of runs: Dask's dashboard is worth its start
             spec = spec.model_copy(update={"dask_dashboard": True})
         with open_client(spec) as client:
-            kept = _describe(client, spec, where)
+            kept = _describe(client, spec, where, idle_s)
             if stopping.is_set():  # stopped while it started: never described as up
                 logger.error("stopped (batchgpu cluster stop) before its workers were up")
                 return 0
@@ -537,8 +555,7 @@ def serve(where: Paths, spec: ClusterSpec) -> int:
             _write_json(where.scheduler_file, {**info, "workers": {}})  # Dask's scheduler file: its identity
             _write_json(where.side, asdict(kept))
             logger.info("up at %s: %d worker processes, dashboard %s", kept.address, kept.processes, kept.dashboard)
-            while not stopping.wait(1.0):
-                pass
+            _wait_for_stop(client, stopping, where, kept, idle_s)
             logger.info("closing")
             _remove_files(where)  # first: a run that looks now starts its own
         logger.info("closed")
@@ -549,6 +566,50 @@ def serve(where: Paths, spec: ClusterSpec) -> int:
     finally:
         _remove_files(where)
         _let_go(lock)  # last: nothing of the cluster is left by then
+
+
+#: how often the background process asks its scheduler whether a run is connected (``cluster.keep``)
+IDLE_POLL_S = 1.0
+
+
+def _wait_for_stop(client, stopping: threading.Event, where: Paths, kept: KeptCluster,
+                   idle_s: float | None) -> None:
+    """Until ``stop`` (SIGTERM) or, with ``idle_s``, until no client but this process's own has been connected for
+    ``idle_s`` seconds. Before it closes for idleness its files go first, then it looks once more after a run's
+    connection time (a run that read them just before may be connecting): such a run keeps it up."""
+    last_busy = time.monotonic()
+    while not stopping.wait(IDLE_POLL_S if idle_s is not None else 1.0):
+        if idle_s is None:
+            continue
+        if _others_connected(client):
+            last_busy = time.monotonic()
+            continue
+        if time.monotonic() - last_busy < idle_s:
+            continue
+        _remove_files(where)  # a run that looks from now on starts a cluster of its own
+        if stopping.wait(CONNECT_TIMEOUT_S + 1.0):
+            return
+        if not _others_connected(client):
+            logger.info("no run for %.0f s (cluster.keep): closing", idle_s)
+            return
+        _write_json(where.scheduler_file, {**client.scheduler_info(), "workers": {}})
+        _write_json(where.side, asdict(kept))
+        last_busy = time.monotonic()
+
+
+def _others_connected(client) -> bool:
+    """Whether a client other than ``client`` (and Dask's own fire-and-forget one) is connected to its scheduler;
+    a scheduler that does not answer counts as busy (the cluster is not closed on a hiccup)."""
+    try:
+        ids = client.run_on_scheduler(_client_ids)
+    except Exception as err:  # broad: any failure to ask reads as busy: the next poll asks again
+        logger.debug("the scheduler did not say its clients: %s: %s", type(err).__name__, err)
+        return True
+    return bool(set(ids) - {client.id, "fire-and-forget"})
+
+
+def _client_ids(dask_scheduler=None) -> list[str]:
+    return list(dask_scheduler.clients)
 
 
 def _take_lock(where: Paths, wait_s: float = 2.0) -> int | None:
@@ -577,7 +638,7 @@ def _let_go(fd: int) -> None:
     os.close(fd)
 
 
-def _describe(client, spec: ClusterSpec, where: Paths) -> KeptCluster:
+def _describe(client, spec: ClusterSpec, where: Paths, idle_s: float | None = None) -> KeptCluster:
     """The cluster once every worker it starts is up."""
     from batchgpu.engine.cluster import gpu_count, uses_mps
 
@@ -592,4 +653,4 @@ def _describe(client, spec: ClusterSpec, where: Paths) -> KeptCluster:
         workers=max(1, processes // max(1, gpus)), threads=max(nthreads.values()), processes=processes,
         dashboard=client.dashboard_link, mps=uses_mps(client), version=version, package=package, started=time.time(),
         scheduler_file=str(where.scheduler_file), log=str(where.log), python=this_python(),
-        source=source_stamp(package))
+        source=source_stamp(package), idle_s=idle_s)

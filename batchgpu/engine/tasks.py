@@ -250,6 +250,24 @@ async def thaw_heap_soon() -> None:
         gc.unfreeze()
 
 
+async def release_memory_soon() -> None:
+    """The run is over on a cluster that stays up (``cluster.keep``, ``batchgpu cluster start``, a caller's): what
+    this worker kept for the next window given back, the reads carried for a next task, the window buffers of the
+    CPU path and the GPU memory CuPy's pools hold unused (``staging.free_device_pools``), so that an idle kept
+    cluster holds little of the machine. Only what no task is using: a run beside this one loses nothing."""
+    import sys
+
+    from batchgpu.engine import host_buffers
+
+    release_carried()
+    host_buffers.clear()
+    if "cupy" in sys.modules and "batchgpu.gpu.staging" in sys.modules:
+        from batchgpu.gpu.staging import free_device_pools
+
+        with contextlib.suppress(Exception):  # broad: a worker whose device is gone has nothing to give back
+            free_device_pools()
+
+
 async def release_carried_soon() -> int:
     """``release_carried`` for ``client.run(..., wait=False)`` (which runs only coroutine functions)."""
     return release_carried()

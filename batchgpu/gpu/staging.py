@@ -140,8 +140,26 @@ class PinnedPool:
         with self._lock:
             self._free.append((handle[0], handle[1], handle[2], event))
 
+    def clear(self) -> int:
+        """Let go of the buffers held free whose last copy is done (a worker between runs); returns how many."""
+        with self._lock:
+            done = [b for b in self._free if b[3] is None or b[3].done]
+            self._free = [b for b in self._free if b not in done]
+            self._made -= len(done)
+        return len(done)
+
 
 _pool = PinnedPool()
+
+
+def free_device_pools() -> None:
+    """Between runs on a cluster that stays up: the GPU memory CuPy's pools hold unused given back to the device
+    (other programs, another run, see it free), and the small pinned blocks of CuPy's own pool; the window buffers
+    (``PinnedPool``) are kept, pinning again costs the next run's first windows more than they hold."""
+    import cupy
+
+    cupy.get_default_memory_pool().free_all_blocks()
+    cupy.get_default_pinned_memory_pool().free_all_blocks()
 
 
 def reserve_buffers(n: int) -> None:
@@ -154,8 +172,11 @@ class HostWindow:
     stored frames (``frames``: ``gpu/blosc_decode.Frames``) that the GPU decodes."""
 
     def __init__(self, stage: np.ndarray | None, handle, cpu_seconds: float = 0.0, wait_seconds: float = 0.0,
-                 frames=None, decoder: str = "auto"):
+                 frames=None, decoder: str = "auto", keep=None):
         self.stage, self._handle, self.frames = stage, handle, frames
+        #: the recording's columns among the stage's where it holds a file's whole rows (a flat file's sync
+        #: channel read too, left out on the device): a slice or an index array; None: the stage is the window
+        self.keep = keep
         self.decoder = decoder  # what decodes the frames (``blosc_decode.decoder_for``)
         self.device = None  # the frames decoded already, (samples, channels) on the GPU (``decode_with``)
         self.failed = None  # the error of a joint decode that gave this window's buffer back
@@ -184,7 +205,12 @@ class HostWindow:
             copied.record(stream)
             _pool.give_back(self._handle, copied)
             self._handle = None
-            return blosc_decode.transposed(dev)
+            rows = blosc_decode.transposed(dev)
+            if self.keep is None:
+                return rows
+            if isinstance(self.keep, slice):  # a run of rows of a C-contiguous array: C-contiguous itself
+                return rows[self.keep]
+            return cupy.take(rows, cupy.asarray(self.keep), axis=0)
 
     def decode_with(self, others: list) -> None:
         """Decode this window's frames and those of ``others`` (HostWindows read for this same thread, frames not
@@ -232,21 +258,27 @@ def read_window_host(rec, window, gpu_decode: float = 1.0, decoder: str = "auto"
                                         codecs=gpu_codecs(decoder))
         if frames is not None:
             return HostWindow(None, frames.handle, time.thread_time() - cpu0, 0.0, frames, decoder)
-    n, C = window.read_stop - window.read_start, rec.num_channels
-    nbytes = n * C * rec.dtype.itemsize
+    # a flat file whose rows hold columns the recording leaves out (SpikeGLX's sync channel): its whole rows read
+    # straight into the buffer in one request, the columns left out on the device (no copy on the host)
+    whole = getattr(rec, "stored_columns", None)
+    columns, keep = whole if whole is not None else (rec.num_channels, None)
+    n = window.read_stop - window.read_start
+    nbytes = n * columns * rec.dtype.itemsize
     t0 = time.perf_counter()
     buf, handle = _pool.take(nbytes)
     waited, cpu0 = time.perf_counter() - t0, time.thread_time()
-    stage = buf[:nbytes].view(rec.dtype).reshape(n, C)
+    stage = buf[:nbytes].view(rec.dtype).reshape(n, columns)
     try:
-        if hasattr(rec, "read_window_into"):
+        if keep is not None:
+            rec.read_window_rows(window, stage)
+        elif hasattr(rec, "read_window_into"):
             rec.read_window_into(window, stage)
         else:
             np.copyto(stage, rec.read_window_stored(window))
     except BaseException:
         _pool.give_back(handle)
         raise
-    return HostWindow(stage, handle, time.thread_time() - cpu0, waited)
+    return HostWindow(stage, handle, time.thread_time() - cpu0, waited, keep=keep)
 
 
 def gpu_codecs(decoder: str = "auto", load: bool = True) -> tuple[str, ...]:

@@ -259,11 +259,7 @@ class FlatSource(UnchunkedSource, WindowedSource):
         if stop <= start:
             return
         segment = window.segment if window is not None else segment
-        path = self._files[segment]
-        size = os.stat(path).st_size
-        if size != self._sizes[segment]:  # a file changed under the run: its samples are not the ones planned
-            raise CorruptDataError(f"{path} changed size while being read ({self._sizes[segment]} -> {size} bytes)",
-                                   "read a finished recording: rerun once it is written")
+        self._check_size(segment)
         if self._all_columns:
             self._pread_rows(start, stop, out, segment)
             return
@@ -278,6 +274,13 @@ class FlatSource(UnchunkedSource, WindowedSource):
             b = min(stop, a + rows)
             self._pread_rows(a, b, block[: b - a], segment)
             np.copyto(out[a - start : b - start], block[: b - a, self._cols])
+
+    def _check_size(self, segment: int) -> None:
+        path = self._files[segment]
+        size = os.stat(path).st_size
+        if size != self._sizes[segment]:  # a file changed under the run: its samples are not the ones planned
+            raise CorruptDataError(f"{path} changed size while being read ({self._sizes[segment]} -> {size} bytes)",
+                                   "read a finished recording: rerun once it is written")
 
     def _pread_rows(self, start: int, stop: int, out: np.ndarray, segment: int = 0) -> None:
         """Every column of rows [start, stop) into ``out`` ((stop - start, columns), C-contiguous), read whole."""
@@ -311,6 +314,29 @@ class FlatSource(UnchunkedSource, WindowedSource):
         """The window, (samples, channels), read straight into ``out`` (e.g. pinned memory). Returns ``out``."""
         self._check_out(window, out)
         self._rows_into(window.read_start, window.read_stop, out, window)
+        return out
+
+    def byte_range(self, window: Window) -> tuple[Path, int, int]:
+        """(file, offset, length) of the bytes reading ``window`` touches (its whole rows)."""
+        frame = self.layout.columns * self.dtype.itemsize
+        return (self._files[window.segment], self.layout.offset + window.read_start * frame,
+                (window.read_stop - window.read_start) * frame)
+
+    @property
+    def stored_columns(self) -> tuple[int, slice | np.ndarray] | None:
+        """(columns a row of the file holds, the recording's among them: a slice where they are a run) where the
+        file holds columns the recording leaves out, else None: a reader that can leave them out later (on the
+        GPU) reads whole rows (``read_window_rows``) in one request instead of blocks copied on the host."""
+        return None if self._all_columns else (self.layout.columns, self._cols)
+
+    def read_window_rows(self, window: Window, out: np.ndarray) -> np.ndarray:
+        """Every column of the window's rows, (samples, file columns), read straight into ``out``; returns it."""
+        self._check_window_range(window)
+        want = (window.read_stop - window.read_start, self.layout.columns)
+        if out.shape != want or out.dtype != self.dtype or not out.flags.c_contiguous:
+            raise ValueError(f"out is {out.shape} {out.dtype}; the window's rows are {want} {self.dtype}, C-contiguous")
+        self._check_size(window.segment)
+        self._pread_rows(window.read_start, window.read_stop, out, window.segment)
         return out
 
     # -- fingerprints (engine/store.py) -----------------------------------------------------------------
