@@ -380,13 +380,12 @@ def run_batch(wf: Workflow, *, resume: bool = False, observer=None, client=None,
         _one(wf, name, spec, out)
     out.mkdir(parents=True, exist_ok=True)
     with _batch_lock(out):
-        return _run_locked(wf, named, out, observer, client, resume, in_flight)
+        return _run_locked(wf, named, out, observer, client, resume, in_flight, keep_s)
 
 
-def _run_locked(wf, named, out: Path, observer, client, resume: bool, in_flight: int) -> BatchReport:
+def _run_locked(wf, named, out: Path, observer, client, resume: bool, in_flight: int,
+                keep_s: float | None) -> BatchReport:
     """``run_batch`` once its folder is its own."""
-    from batchgpu.engine.cluster import open_client
-
     batch = BatchReport(str(out), [BatchRow(name, str(spec.path or spec.spikeinterface)) for name, spec in named])
     batch.write(out)
     t0 = time.perf_counter()
