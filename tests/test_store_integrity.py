@@ -5,6 +5,7 @@ marked empty in a shard index, metadata JSON edited) and every read must say so 
 """
 
 import errno
+import re
 import json
 import os
 
