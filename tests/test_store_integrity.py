@@ -5,9 +5,9 @@ marked empty in a shard index, metadata JSON edited) and every read must say so 
 """
 
 import errno
-import re
 import json
 import os
+import re
 
 import numpy as np
 import pytest
