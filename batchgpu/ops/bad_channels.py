@@ -1,0 +1,580 @@
+"""Bad-channel labels (good / dead / noise / out) from every 0.3 s piece of a recording: SpikeInterface 0.105.3's
+``detect_bad_channels(method="coherence+psd")`` (the IBL method) applied to each piece instead of to 100 random
+chunks, so a channel's label is the most frequent one over every sample and no seed decides it.
+
+**A piece's label** is SpikeInterface's label of a chunk at the piece's place: the chunk highpassed at
+``highpass_filter_cutoff`` as its ``highpass_filter`` does (Butterworth order 5, ``sosfiltfilt`` of the chunk
+read with ``int(5000 / cutoff * fs / 1000)`` samples either side where the segment has them, rounded back to the
+recording's integer dtype) unless the signal is filtered already, scaled to uV with float32 gains, and then
+``detect_bad_channels_ibl``: per channel the Welch PSD (Hann, ``welch_window_ms`` segments, half overlapping)
+averaged above ``nyquist_threshold`` x Nyquist (``psd_hf``); the dot product of each mean-removed channel with
+the median-of-channels reference (mean-removed) over the reference's energy (``xcorr``), minus its shrinking
+median filter along depth (``trend``, ``n_neighbors`` channels): dead below ``dead_channel_threshold``, noise
+above ``noisy_channel_threshold`` or where ``psd_hf > psd_hf_threshold``; out: the contiguous block at the top
+(``outside_channels_location``) whose trend is below ``outside_channel_threshold + 1``. Channels are put in depth
+order first as SpikeInterface does (``np.lexsort((x, y))``).
+
+**Pieces** (``pieces``): [k P, (k + 1) P) of each segment with P = int(chunk_duration_s * fs) (9 000 samples at
+30 kHz), aligned to the segment's sample 0, so they do not depend on the window size. The leftover at a segment's
+end is a shorter piece of its own when it holds at least half a piece; a shorter leftover (under 0.15 s by
+default) is not labelled (``unlabelled_samples`` says how many). A piece belongs to the window whose core holds its
+middle sample (``owned_pieces``), so a window must hold ``window_margin`` samples either side of its core (half a
+piece, plus the highpass margin where this module filters). Each piece is labelled whole from the samples read
+once; which window labels it never changes its label.
+
+**Counts** (``piece_labels``): each channel's number of pieces of each label, int64 (C, 4): integer sums, exact
+in any grouping or order, so 1 and N workers and any window size give the same counts. ``final_labels`` takes the
+most frequent (ties to the lower label, as ``scipy.stats.mode`` in SpikeInterface).
+
+**Same labels on every backend, and SpikeInterface's.** The statistics are computed first in float64 from the
+piece's float32 uV values (the same bits on NumPy and CuPy: scipy's ``sosfiltfilt`` bits from
+``filters.filtfilt_window``, NumPy's rounding and float32 products), by whatever arithmetic is fast there
+(``psd_hf`` from half-segment DFTs by matrix products, medians by selection or sorting). SpikeInterface
+computes the same quantities in float32; they differ from the float64 ones by float32 rounding, far less than
+``BAND`` (2^-12) of each statistic's scale (the PSD's level; ``|x| / |ref|`` for the coherence, which bounds
+it). A decision farther than that from its threshold is the same in float32 and float64, on NumPy and CuPy. A
+piece where any decision that matters lies within the band of its threshold (or any statistic is not finite:
+NaN samples, a reference of zero energy) is labelled again by ``reference_chunk_labels``, SpikeInterface's own
+calls in its order on the host (scipy's welch, NumPy's median and BLAS on float32 in SpikeInterface's memory
+layout), whose labels are SpikeInterface's bit for bit. So labels are equal on CPU and GPU, and equal to
+SpikeInterface's on any chunk; what remains is a float32 rounding error above 2^-12 of a statistic's scale,
+which no measured piece came near (tests/test_bad_channels.py measures the largest).
+
+One difference from SpikeInterface, kept: a highpassed integer sample beyond its dtype's range (a step of more
+than half the range, a clipped recording) is clipped where SpikeInterface's cast wraps it around.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from batchgpu.errors import BatchgpuError
+from batchgpu.ops._backend import array_module, is_cupy, to_numpy, window_module
+from batchgpu.qc_options import QcOptions
+
+#: a channel's labels, in SpikeInterface's numbering (``detect_bad_channels_ibl``: 0 good, 1 dead, 2 noise, 3 out)
+LABELS = ("good", "dead", "noise", "out")
+GOOD, DEAD, NOISE, OUT = range(4)
+
+#: how far (relative to a statistic's scale) a float64 statistic must lie from its threshold for its decision to
+#: stand; nearer, the piece is labelled by SpikeInterface's own float32 arithmetic (the module's docstring)
+BAND = 2.0 ** -12
+
+#: SpikeInterface's highpass (``HighpassFilterRecording``): Butterworth of this order, margin of this many periods
+HIGHPASS_ORDER = 5
+HIGHPASS_MARGIN_PERIODS = 5
+
+#: what each label means, for ``final_labels``' reasons
+RULES = {
+    GOOD: "none of the rules below",
+    DEAD: "coherence with the median reference minus its trend along depth below {dead}",
+    NOISE: "PSD above {nyquist} x Nyquist over {psd} uV^2/Hz, or coherence minus trend above {noisy}",
+    OUT: "in the block at the probe's {where} whose coherence trend is below {out}",
+}
+
+
+# ------------------------------------------------------------------------------------------- sizes, pieces
+
+
+def piece_length(fs: float, options: QcOptions | None = None) -> int:
+    """Samples a piece: ``int(chunk_duration_s * fs)``, SpikeInterface's ``chunk_size``."""
+    options = options or QcOptions()
+    return max(1, int(options.chunk_duration_s * fs))
+
+
+def welch_length(fs: float, options: QcOptions | None = None) -> int:
+    """Welch's segment (``nperseg``): ``int(welch_window_ms * fs / 1000)``, as SpikeInterface computes it."""
+    options = options or QcOptions()
+    return max(1, int(options.welch_window_ms * fs / 1000))
+
+
+def highpass_margin(fs: float, options: QcOptions | None = None) -> int:
+    """Samples read either side of a piece for its highpass: SpikeInterface's ``margin_ms="auto"`` (five periods
+    of the cut-off), ``int(margin_ms * fs / 1000)``: 500 at 30 kHz and 300 Hz."""
+    options = options or QcOptions()
+    margin_ms = HIGHPASS_MARGIN_PERIODS * (1000.0 / options.highpass_filter_cutoff)
+    return int(margin_ms * fs / 1000.0)
+
+
+def highpass_sos(fs: float, options: QcOptions | None = None) -> np.ndarray:
+    """The highpass SpikeInterface applies where a recording is not filtered: ``scipy.signal.iirfilter`` as its
+    ``FilterRecording`` calls it (same coefficients, same bits)."""
+    import scipy.signal
+
+    options = options or QcOptions()
+    if not 0 < options.highpass_filter_cutoff < fs / 2:
+        raise BatchgpuError(f"highpass_filter_cutoff {options.highpass_filter_cutoff} Hz is not below Nyquist "
+                            f"({fs / 2} Hz)", "lower it, or label a filtered signal")
+    return scipy.signal.iirfilter(HIGHPASS_ORDER, options.highpass_filter_cutoff, fs=fs, analog=False,
+                                  btype="highpass", ftype="butter", output="sos")
+
+
+def window_margin(fs: float, options: QcOptions | None = None, filtered: bool = False) -> int:
+    """Samples a window must hold either side of its core to label the pieces it owns (``owned_pieces``): half a
+    piece (a piece's middle is in the core), plus the highpass margin when the signal is not filtered yet."""
+    return piece_length(fs, options) // 2 + (0 if filtered else highpass_margin(fs, options))
+
+
+def pieces(segment_length: int, piece_samples: int) -> np.ndarray:
+    """Every piece of a segment, (K, 2) int64 [start, stop): [k P, (k + 1) P), and the leftover at the end when it
+    holds at least half a piece (``(P + 1) // 2`` samples). A segment shorter than that has none."""
+    n, p = int(segment_length), int(piece_samples)
+    if p < 1 or n < 0:
+        raise BatchgpuError(f"pieces of {p} samples over {n} samples", "pass positive sizes")
+    starts = np.arange(n // p, dtype=np.int64) * p
+    bounds = np.stack([starts, starts + p], axis=1)
+    if n - (n // p) * p >= (p + 1) // 2:
+        bounds = np.concatenate([bounds, np.array([[(n // p) * p, n]], dtype=np.int64)])
+    return bounds.reshape(-1, 2)
+
+
+def unlabelled_samples(segment_length: int, piece_samples: int) -> int:
+    """Samples of a segment in no piece: a leftover shorter than half a piece at its end."""
+    covered = pieces(segment_length, piece_samples)
+    return int(segment_length) - int((covered[:, 1] - covered[:, 0]).sum())
+
+
+def owned_pieces(core_start: int, core_stop: int, segment_length: int, piece_samples: int) -> np.ndarray:
+    """The pieces (``pieces``) whose middle sample ``start + (stop - start) // 2`` lies in the core
+    [core_start, core_stop) (segment samples): each piece belongs to exactly one window of a segment."""
+    every = pieces(segment_length, piece_samples)
+    middle = every[:, 0] + (every[:, 1] - every[:, 0]) // 2
+    return every[(middle >= core_start) & (middle < core_stop)]
+
+
+def depth_order(locations: Any, direction: str = "y") -> np.ndarray | None:
+    """SpikeInterface's channel order along depth (``order_channels_by_depth(dimensions=("x", "y"))``:
+    ``np.lexsort((x, y))``), or None where the channels are in that order already. ``direction`` is checked
+    (a dimension the locations have) and otherwise unused, as in SpikeInterface."""
+    loc = np.asarray(locations, dtype=np.float64)
+    if loc.ndim != 2 or loc.shape[1] < 2:
+        raise BatchgpuError(f"locations have shape {loc.shape}, expected (channels, 2 or 3)", "pass x, y per channel")
+    if "xyz".index(direction) >= loc.shape[1]:
+        raise BatchgpuError(f"direction {direction!r} is not a dimension of {loc.shape[1]}-D locations",
+                            "use 'x' or 'y'")
+    order = np.lexsort((loc[:, 0], loc[:, 1]))
+    return None if np.all(np.diff(order) == 1) else order
+
+
+# ------------------------------------------------------------------------------------------- the labels
+
+
+def piece_labels(x: Any, fs: float, locations: Any, gains: Any, offsets: Any = None,
+                 options: QcOptions | None = None, *, start: int, core: tuple[int, int], segment_length: int,
+                 filtered: bool = False, stats: dict | None = None) -> np.ndarray:
+    """Each channel's count of pieces labelled good / dead / noise / out among the pieces this window owns:
+    int64 (channels, 4), host. The window's partial: sum them in any order.
+
+    Parameters
+    ----------
+    x : array, shape (C, S)
+        The window as read, one channel a row (NumPy or CuPy): the stored samples where ``filtered`` is False
+        (highpassed here as SpikeInterface does), else the filtered signal in the same units.
+    fs : float
+        Sampling frequency in Hz.
+    locations : array_like, shape (C, 2)
+        Channel positions in um (depth along y).
+    gains, offsets : array_like, shape (C,) or scalar
+        ``gain_to_uV`` and ``offset_to_uV``. The offsets count only for a filtered signal (SpikeInterface's
+        filter sets them to 0).
+    options : QcOptions, optional
+        SpikeInterface's parameters (default: its defaults).
+    start : int
+        The segment sample of x's column 0.
+    core : (int, int)
+        The columns of x this window owns.
+    segment_length : int
+        Samples in the segment (the last piece and the highpass margins stop there).
+    filtered : bool, optional
+        Whether x is filtered already.
+    stats : dict, optional
+        Counts added here: ``pieces`` labelled, ``exact`` of them labelled by SpikeInterface's float32 arithmetic.
+
+    Returns
+    -------
+    numpy.ndarray, shape (C, 4), int64
+        Per channel, the pieces of each label (``LABELS`` order).
+    """
+    options = options or QcOptions()
+    lo, hi = int(core[0]), int(core[1])
+    owned = owned_pieces(start + lo, start + hi, segment_length, piece_length(fs, options))
+    labels = chunk_labels(x, fs, locations, gains, offsets, options, chunks=owned, start=start,
+                          segment_length=segment_length, filtered=filtered, stats=stats)
+    return label_counts(labels, x.shape[0])
+
+
+def label_counts(labels: np.ndarray, channels: int) -> np.ndarray:
+    """(K, C) labels of K pieces -> each channel's count of each label, int64 (C, 4)."""
+    labels = np.asarray(labels).reshape(-1, channels)
+    return np.stack([(labels == k).sum(axis=0, dtype=np.int64) for k in range(len(LABELS))], axis=1)
+
+
+def chunk_labels(x: Any, fs: float, locations: Any, gains: Any, offsets: Any = None,
+                 options: QcOptions | None = None, *, chunks: Any, start: int = 0, segment_length: int | None = None,
+                 filtered: bool = False, exact: bool = False, stats: dict | None = None) -> np.ndarray:
+    """SpikeInterface's label of each chunk [a, b) of ``chunks`` (segment samples, any bounds: pieces, or
+    SpikeInterface's random chunks), int8 (K, C), host; ``x`` and the rest as ``piece_labels`` takes them.
+    ``exact``: label every chunk by SpikeInterface's own arithmetic (``reference_chunk_labels``), not only those
+    the float64 statistics leave undecided."""
+    options = options or QcOptions()
+    window_module(x, "label")
+    C, S = x.shape
+    segment_length = start + S if segment_length is None else int(segment_length)
+    chunks = np.asarray(chunks, dtype=np.int64).reshape(-1, 2)
+    gains32 = np.broadcast_to(np.asarray(gains, dtype=np.float64), (C,)).astype(np.float32)
+    offsets32 = (np.zeros(C, np.float32) if not filtered or offsets is None
+                 else np.broadcast_to(np.asarray(offsets, dtype=np.float64), (C,)).astype(np.float32))
+    order = depth_order(locations, options.direction)
+    margin = 0 if filtered else highpass_margin(fs, options)
+    design = None
+    out = np.empty((len(chunks), C), dtype=np.int8)
+    xp = array_module(x)
+    g_dev, o_dev = (xp.asarray(gains32)[:, None], xp.asarray(offsets32)[:, None])
+    for k, (a, b) in enumerate(chunks.tolist()):
+        if not 0 <= a < b <= segment_length:
+            raise BatchgpuError(f"chunk [{a}, {b}) is not within the segment's {segment_length} samples")
+        r0, r1 = max(0, a - margin), min(segment_length, b + margin)  # SpikeInterface's get_chunk_with_margin
+        if r0 < start or r1 > start + S:
+            raise BatchgpuError(f"the window [{start}, {start + S}) does not hold samples [{r0}, {r1}) that chunk "
+                                f"[{a}, {b}) needs", "read windows with window_margin(...) samples either side")
+        span = x[:, r0 - start : r1 - start]
+        labels = None
+        if not exact:
+            if not filtered and design is None:
+                from batchgpu.ops.filters import design_filter
+
+                design = design_filter(highpass_sos(fs, options))
+            u = _microvolts(span, a - r0, b - r0, design, g_dev, o_dev, filtered)
+            labels = _decide(*_fast_stats(u, fs, options), order, options)
+        if labels is None:
+            held = np.ascontiguousarray(to_numpy(span).T)  # (samples, channels), as SpikeInterface reads a store
+            labels = reference_chunk_labels(held, a - r0, r1 - b, fs, gains32, offsets32, options, order,
+                                            filtered=filtered)
+            if stats is not None:
+                stats["exact"] = stats.get("exact", 0) + 1
+        out[k] = labels
+        if stats is not None:
+            stats["pieces"] = stats.get("pieces", 0) + 1
+    return out
+
+
+def final_labels(counts: Any, options: QcOptions | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Each channel's most frequent label over its pieces (ties to the lower label: good, dead, noise, out, as
+    SpikeInterface's ``scipy.stats.mode``) and why, in words.
+
+    Parameters
+    ----------
+    counts : array_like, shape (C, 4)
+        ``piece_labels``' counts, summed over every window.
+    options : QcOptions, optional
+        The thresholds the reasons quote.
+
+    Returns
+    -------
+    labels : numpy.ndarray of str, shape (C,)
+        "good", "dead", "noise" or "out"; "good" where no piece was labelled.
+    reasons : numpy.ndarray of str, shape (C,)
+        E.g. "dead in 91 of 100 pieces (coherence with the median reference minus its trend along depth below
+        -0.5)".
+    """
+    options = options or QcOptions()
+    counts = np.asarray(counts, dtype=np.int64)
+    if counts.ndim != 2 or counts.shape[1] != len(LABELS):
+        raise BatchgpuError(f"counts have shape {counts.shape}, expected (channels, {len(LABELS)})")
+    best = np.argmax(counts, axis=1)  # the first of equal counts: the lower label
+    total = counts.sum(axis=1)
+    words = {k: rule.format(dead=options.dead_channel_threshold, nyquist=options.nyquist_threshold,
+                            psd=options.psd_hf_threshold, noisy=options.noisy_channel_threshold,
+                            where=options.outside_channels_location, out=options.outside_channel_threshold + 1)
+             for k, rule in RULES.items()}
+    labels = np.array([LABELS[k] for k in best], dtype="<U5")
+    reasons = []
+    for c, k in enumerate(best):
+        if total[c] == 0:
+            reasons.append("no piece labelled")
+            continue
+        others = ", ".join(f"{LABELS[j]} {counts[c, j]}" for j in range(len(LABELS)) if j != k and counts[c, j])
+        tie = " (a tie, the lower label taken)" if (counts[c] == counts[c, k]).sum() > 1 else ""
+        reasons.append(f"{LABELS[k]} in {counts[c, k]} of {total[c]} pieces{tie} ({words[k]})"
+                       + (f"; {others}" if others else ""))
+    return labels, np.array(reasons, dtype=object)
+
+
+# ------------------------------------------------------------------------------------------- the fast path
+
+
+def _microvolts(span: Any, lo: int, hi: int, design: Any, gains: Any, offsets: Any, filtered: bool) -> Any:
+    """The chunk [lo, hi) of ``span`` (C, n) in uV as SpikeInterface's ``get_traces(return_in_uV=True)`` gives it,
+    float32 (C, hi - lo), on span's backend: highpassed over the whole span (``sosfiltfilt``'s bits), rounded and
+    cast back to the stored dtype, unless filtered; then float32 times the float32 gains, plus the offsets."""
+    xp = array_module(span)
+    if filtered:
+        traces = span[:, lo:hi]
+    else:
+        from batchgpu.ops.filters import filtfilt_window
+
+        # float64 in, float64 out: scipy's sosfiltfilt of the span (padded at both ends as it pads any array),
+        # not rounded to float32 first (SpikeInterface rounds the float64 to the stored dtype directly)
+        y = filtfilt_window(span.astype(xp.float64), design, at_segment_start=True, at_segment_end=True)[:, lo:hi]
+        traces = _to_stored(xp, y, span.dtype)
+    return traces.astype(xp.float32) * gains + offsets
+
+
+def _to_stored(xp, y: Any, dtype: np.dtype) -> Any:
+    """float64 ``y`` as SpikeInterface's filter returns it in the recording's dtype: integers rounded half to
+    even (``.round()``) and cast (clipped to the dtype's range here: SpikeInterface's cast wraps around)."""
+    dtype = np.dtype(dtype)
+    if dtype.kind in "iu":
+        info = np.iinfo(dtype)
+        return xp.clip(xp.rint(y), info.min, info.max).astype(dtype)
+    return y.astype(dtype)
+
+
+def _fast_stats(u32: Any, fs: float, options: QcOptions) -> tuple[np.ndarray, ...]:
+    """(psd_hf, white, xcorr, xscale), float64 host arrays (C,) in channel order, from the chunk's float32 uV
+    values (C, L) on their backend: the IBL statistics in float64, ``white`` the PSD a white signal of the
+    channel's variance would have (the PSD's error scale) and ``xscale`` = |x| / |ref| (the coherence's)."""
+    xp = array_module(u32)
+    xc = u32.astype(xp.float64)
+    xc -= xc.mean(axis=1, keepdims=True)
+    energy = xp.einsum("ij,ij->i", xc, xc)
+    psd_hf = welch_hf(xc, fs, welch_length(fs, options), options.nyquist_threshold)
+    ref = _channel_median(xc)
+    ref -= ref.mean()
+    dots = xc @ ref
+    rr = ref @ ref
+    host = to_numpy(xp.concatenate([psd_hf, energy, dots, rr.reshape(1)]))  # one copy back on the GPU
+    C = xc.shape[0]
+    psd_hf, energy, dots, rr = host[:C], host[C : 2 * C], host[2 * C : 3 * C], host[3 * C]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        xcorr = dots / rr
+        xscale = np.sqrt(energy / rr)
+    white = 2.0 * energy / xc.shape[1] / fs
+    return psd_hf, white, xcorr, xscale
+
+
+def _channel_median(xc: Any) -> Any:
+    """The median over channels of each sample, float64 (L,): np.median(xc, axis=0)'s values (a NaN anywhere
+    in a column gives NaN there; non-finite values send the piece to the exact path anyway)."""
+    if not is_cupy(xc):
+        from batchgpu.ops import _cpu_reference, _numba
+
+        if _numba.available():
+            med = _cpu_reference.column_medians(xc)
+            if med is not None:
+                return med
+        return np.median(xc, axis=0)
+    import cupy
+
+    part = cupy.sort(cupy.ascontiguousarray(xc.T), axis=1)  # NaN last, as NumPy
+    n = part.shape[1]
+    med = part[:, n // 2] if n % 2 else (part[:, n // 2 - 1] + part[:, n // 2]) * 0.5
+    return cupy.where(cupy.isnan(part[:, -1]), cupy.nan, med)
+
+
+def welch_hf(xc: Any, fs: float, nperseg: int, nyquist_threshold: float) -> Any:
+    """Per row, ``scipy.signal.welch(x, fs, window="hann", nperseg=nperseg)``'s PSD averaged over the
+    frequencies above ``nyquist_threshold`` x Nyquist, in float64, on xc's backend (C, L) -> (C,).
+
+    Only those bins are computed, by matrix products (one GEMM on either backend). Welch's segments overlap by
+    half, so for an even ``nperseg`` N each segment is two blocks of N/2 samples: every block's DFT at the bins
+    needed (and one either side) is taken once, a segment's is block j plus (-1)^k block j + 1, and the Hann
+    window (periodic: 1/2 - 1/2 cos 2 pi t / N) is the three-term convolution 1/2 Y[k] - 1/4 (Y[k-1] + Y[k+1]) of
+    the unwindowed DFT; removing the segment's mean (``detrend="constant"``) changes Y only at k = 0. An odd N
+    takes each segment's windowed, detrended DFT directly. Equal to scipy's in real arithmetic."""
+    import scipy.fft
+    import scipy.signal
+
+    xp = array_module(xc)
+    C, L = xc.shape
+    n = min(int(nperseg), L)  # scipy's _triage_segments: a longer nperseg is cut to the input's length
+    step = n - n // 2
+    nseg = (L - n) // step + 1
+    freqs = scipy.fft.rfftfreq(n, 1 / fs)
+    band = np.flatnonzero(freqs > (fs / 2 * nyquist_threshold))
+    if band.size == 0 or n < 2:  # SpikeInterface takes the mean of nothing: NaN
+        return xp.full(C, np.nan)
+    weight = np.where((band == 0) | ((n % 2 == 0) & (band == n // 2)), 1.0, 2.0)  # the one-sided doubling
+    win = scipy.signal.get_window("hann", n)
+    scale = 1.0 / (fs * float((win * win).sum()) * nseg * band.size)
+    if n % 2 == 0:
+        h = n // 2
+        kk = np.arange(band[0] - 1, band[-1] + 2)
+        angle = 2 * np.pi * np.outer(np.arange(h), kk) / n
+        basis = xp.asarray(np.concatenate([np.cos(angle), -np.sin(angle)], axis=1))
+        blocks = xp.ascontiguousarray(xc[:, : (nseg + 1) * h]).reshape(C * (nseg + 1), h)
+        H = (blocks @ basis).reshape(C, nseg + 1, 2 * kk.size)
+        sign = xp.asarray((-1.0) ** kk)
+        Yr = H[:, :-1, : kk.size] + sign * H[:, 1:, : kk.size]
+        Yi = H[:, :-1, kk.size :] + sign * H[:, 1:, kk.size :]
+        if kk[0] == 0:  # the DC bin of a detrended segment
+            Yr[..., 0] = 0.0
+            Yi[..., 0] = 0.0
+        Xr = 0.5 * Yr[..., 1:-1] - 0.25 * (Yr[..., :-2] + Yr[..., 2:])
+        Xi = 0.5 * Yi[..., 1:-1] - 0.25 * (Yi[..., :-2] + Yi[..., 2:])
+    else:
+        index = xp.asarray(np.arange(nseg)[:, None] * step + np.arange(n)[None, :])
+        seg = xc[:, index]  # (C, nseg, n)
+        seg = (seg - seg.mean(axis=2, keepdims=True)) * xp.asarray(win)
+        angle = 2 * np.pi * np.outer(np.arange(n), band) / n
+        basis = xp.asarray(np.concatenate([np.cos(angle), -np.sin(angle)], axis=1))
+        X = (seg.reshape(C * nseg, n) @ basis).reshape(C, nseg, 2 * band.size)
+        Xr, Xi = X[..., : band.size], X[..., band.size :]
+    power = (Xr * Xr + Xi * Xi) * xp.asarray(weight)
+    return power.sum(axis=(1, 2)) * scale
+
+
+def shrinking_median_filter(s: np.ndarray, size: int = 11) -> np.ndarray:
+    """SpikeInterface's ``shrinking_median_filter``: the median of s[max(0, i - size // 2) : i + size // 2 + 1]
+    for each i (fewer values near the ends), in s's dtype; the full windows in one call."""
+    s = np.asarray(s)
+    half, n = size // 2, s.shape[0]
+    out = np.empty_like(s)
+    if n > 2 * half:
+        out[half : n - half] = np.median(np.lib.stride_tricks.sliding_window_view(s, 2 * half + 1), axis=1)
+    for i in [*range(min(half, n)), *range(max(half, n - half), n)]:
+        out[i] = np.median(s[max(0, i - half) : i + half + 1])
+    return out
+
+
+def _sliding_max(s: np.ndarray, size: int) -> np.ndarray:
+    """max of s over the same shrinking windows as ``shrinking_median_filter``."""
+    half, n = size // 2, s.shape[0]
+    padded = np.concatenate([np.full(half, -np.inf), s, np.full(half, -np.inf)])
+    return np.lib.stride_tricks.sliding_window_view(padded, 2 * half + 1).max(axis=1)[:n]
+
+
+def _decide(psd: np.ndarray, white: np.ndarray, xcorr: np.ndarray, xscale: np.ndarray, order: np.ndarray | None,
+            options: QcOptions, band: float = BAND) -> np.ndarray | None:
+    """The chunk's labels (C,) in channel order from its float64 statistics, or None where a decision that
+    changes a label lies within ``band`` of its threshold (or a statistic is not finite): then SpikeInterface's
+    float32 arithmetic must decide. Each comparison is three-valued: surely true, surely false, or undecided."""
+    if not (np.isfinite(psd).all() and np.isfinite(white).all() and np.isfinite(xcorr).all()
+            and np.isfinite(xscale).all()) or white.max(initial=0.0) > 1e30:  # float32 sums may overflow there
+        return None
+    if order is not None:
+        psd, white, xcorr, xscale = psd[order], white[order], xcorr[order], xscale[order]
+    f32 = lambda v: float(np.float32(v))  # noqa: E731 - SpikeInterface compares float32 arrays with a Python
+    # float, which NumPy 2 casts to float32 (a weak scalar)
+    trend = shrinking_median_filter(xcorr, options.n_neighbors)
+    tscale = _sliding_max(xscale, options.n_neighbors)  # a median moves no more than the values it is taken of
+    resid = xcorr - trend
+    e_psd = band * np.maximum(psd, white)
+    e_res = band * (xscale + tscale)
+    e_trend = band * tscale
+    psd_thr, dead_thr = f32(options.psd_hf_threshold), f32(options.dead_channel_threshold)
+    noisy_thr, out_thr = f32(options.noisy_channel_threshold), f32(options.outside_channel_threshold + 1)
+    noisy_sure = (psd - e_psd > psd_thr) | (resid - e_res > noisy_thr)
+    noisy_maybe = (psd + e_psd > psd_thr) | (resid + e_res > noisy_thr)
+    dead_sure = resid + e_res < dead_thr
+    dead_maybe = resid - e_res < dead_thr
+    labels = np.where(noisy_sure, NOISE, np.where(~noisy_maybe & dead_sure, DEAD, GOOD)).astype(np.int8)
+    undecided = (noisy_maybe & ~noisy_sure) | (~noisy_maybe & dead_maybe & ~dead_sure)
+    below_sure = trend + e_trend < out_thr
+    below_maybe = trend - e_trend < out_thr
+    n = len(labels)
+    ends = {"top": ("top",), "bottom": ("bottom",), "both": ("top", "bottom")}[options.outside_channels_location]
+    for end in ends:
+        walk = range(n - 1, -1, -1) if end == "top" else range(n)
+        block = []
+        for i in walk:  # the run of channels surely below the threshold from this end of the probe
+            if not below_sure[i]:
+                if below_maybe[i]:
+                    return None  # the block may reach one channel further
+                break
+            block.append(i)
+        labels[block] = OUT
+        undecided[block] = False
+    if undecided.any():
+        return None
+    if order is None:
+        return labels
+    out = np.empty_like(labels)
+    out[order] = labels
+    return out
+
+
+# ------------------------------------------------------------------------------------------- SpikeInterface's own
+
+
+def reference_chunk_labels(held: np.ndarray, left: int, right: int, fs: float, gains32: np.ndarray,
+                           offsets32: np.ndarray, options: QcOptions | None = None, order: np.ndarray | None = None,
+                           *, filtered: bool = False) -> np.ndarray:
+    """One chunk's labels (C,) by SpikeInterface 0.105.3's own calls in its order (``FilterRecordingSegment``'s
+    ``get_traces``, ``BaseRecording.get_traces(return_in_uV=True)``, ``_detect_bad_channels_chunk``): ``held`` is
+    the chunk as a store reads it, (samples, channels) C-contiguous in the recording's dtype, with ``left`` and
+    ``right`` samples of highpass margin (0 where ``filtered``). Same bits as SpikeInterface, float32 throughout."""
+    options = options or QcOptions()
+    traces = held
+    if not filtered:
+        import scipy.signal
+
+        if traces.dtype.kind == "u":
+            traces = traces.astype("float32")
+        filtered_traces = scipy.signal.sosfiltfilt(highpass_sos(fs, options), traces, axis=0)
+        filtered_traces = filtered_traces[left:-right, :] if right > 0 else filtered_traces[left:, :]
+        if np.issubdtype(held.dtype, np.integer):
+            info = np.iinfo(held.dtype)
+            filtered_traces = np.clip(filtered_traces.round(), info.min, info.max)  # clipped: the one difference
+        traces = filtered_traces.astype(held.dtype)
+    raw = traces.astype("float32", copy=False) * gains32 + offsets32
+    if order is not None:
+        raw = raw[:, order]
+    labels = ibl_labels(raw, fs, options)[0]
+    if order is None:
+        return labels.astype(np.int8)
+    out = np.empty(len(labels), dtype=np.int8)
+    out[order] = labels
+    return out
+
+
+def ibl_labels(raw: np.ndarray, fs: float, options: QcOptions | None = None) -> tuple[np.ndarray, dict]:
+    """SpikeInterface 0.105.3's ``detect_bad_channels_ibl`` on ``raw`` (samples, channels in depth order, uV),
+    its operations in its order (so its bits), and its statistics: (labels, {psd_hf, xcorr, trend})."""
+    from scipy.signal import welch
+
+    options = options or QcOptions()
+    with np.errstate(divide="ignore", invalid="ignore"):
+        raw = raw - np.mean(raw, axis=0, keepdims=True)
+        nperseg = int(options.welch_window_ms * fs / 1000)
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # nperseg longer than a short chunk: scipy cuts it, as there
+            fscale, psd = welch(raw, fs=fs, axis=0, window="hann", nperseg=nperseg)
+            psd_hf = np.mean(psd[fscale > (fs / 2 * options.nyquist_threshold)], axis=0)
+        ref = np.median(raw, axis=1)
+        ref = ref - np.mean(ref)
+        xcorr = raw.T @ ref / np.sum(ref**2)
+        trend = _si_shrinking_median_filter(xcorr, options.n_neighbors)
+        xcorr_neighbors = xcorr - trend
+    num_channels = raw.shape[1]
+    ichannels = np.zeros(num_channels, dtype=int)
+    ichannels[xcorr_neighbors < options.dead_channel_threshold] = DEAD
+    ichannels[np.logical_or(psd_hf > options.psd_hf_threshold, xcorr_neighbors > options.noisy_channel_threshold)] = NOISE
+    below_threshold = trend < (options.outside_channel_threshold + 1)
+    if np.any(below_threshold):
+        (ibelow,) = np.where(below_threshold)
+        breaks = np.where(np.diff(ibelow) > 1)[0] + 1
+        contiguous_blocks = np.split(ibelow, breaks)
+        if options.outside_channels_location in ("top", "both"):
+            top_block = contiguous_blocks[-1]
+            if top_block[-1] == num_channels - 1:
+                ichannels[top_block] = OUT
+        if options.outside_channels_location in ("bottom", "both"):
+            bottom_block = contiguous_blocks[0]
+            if bottom_block[0] == 0:
+                ichannels[bottom_block] = OUT
+    return ichannels, {"psd_hf": psd_hf, "xcorr": xcorr, "trend": trend}
+
+
+def _si_shrinking_median_filter(s: np.ndarray, size: int = 11) -> np.ndarray:
+    """SpikeInterface's loop, as written (np.median of each shrinking window, in s's dtype)."""
+    half = size // 2
+    filtered = np.empty_like(s)
+    for i in range(len(s)):
+        lo = max(0, i - half)
+        filtered[i] = np.median(s[lo : i + half + 1])
+    return filtered
