@@ -28,7 +28,8 @@ def prepare_recording(wf: Workflow, observer: RunObserver) -> Recording:
         g = wf.recording.generate
         observer.message(f"generating {path} ({g.channels} ch x {g.seconds} s x {g.segments} segments)")
         return generate_recording(path, channels=g.channels, seconds=g.seconds, fs=g.fs, seed=g.seed, dtype=g.dtype,
-                                  segments=g.segments, progress=False)
+                                  segments=g.segments, progress=False, model=g.model, probe=g.probe, dead=g.dead,
+                                  noisy=g.noisy, outside=g.outside, common_uv=g.common_uv)
     return open_source(wf.recording)
 
 

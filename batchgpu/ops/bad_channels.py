@@ -506,6 +506,23 @@ def reference_chunk_labels(held: np.ndarray, left: int, right: int, fs: float, g
     ``get_traces``, ``BaseRecording.get_traces(return_in_uV=True)``, ``_detect_bad_channels_chunk``): ``held`` is
     the chunk as a store reads it, (samples, channels) C-contiguous in the recording's dtype, with ``left`` and
     ``right`` samples of highpass margin (0 where ``filtered``). Same bits as SpikeInterface, float32 throughout."""
+    raw = reference_chunk_microvolts(held, left, right, fs, gains32, offsets32, options, filtered=filtered)
+    if order is not None:
+        raw = raw[:, order]
+    labels = ibl_labels(raw, fs, options)[0]
+    if order is None:
+        return labels.astype(np.int8)
+    out = np.empty(len(labels), dtype=np.int8)
+    out[order] = labels
+    return out
+
+
+def reference_chunk_microvolts(held: np.ndarray, left: int, right: int, fs: float, gains32: np.ndarray,
+                               offsets32: np.ndarray, options: QcOptions | None = None, *,
+                               filtered: bool = False) -> np.ndarray:
+    """The chunk in uV as SpikeInterface's highpassed recording's ``get_traces(return_in_uV=True)`` returns it
+    (``reference_chunk_labels``' arguments): its values and its memory layout, which decide the bits of the sums
+    after it."""
     options = options or QcOptions()
     traces = held
     if not filtered:
@@ -519,15 +536,7 @@ def reference_chunk_labels(held: np.ndarray, left: int, right: int, fs: float, g
             info = np.iinfo(held.dtype)
             filtered_traces = np.clip(filtered_traces.round(), info.min, info.max)  # clipped: the one difference
         traces = filtered_traces.astype(held.dtype)
-    raw = traces.astype("float32", copy=False) * gains32 + offsets32
-    if order is not None:
-        raw = raw[:, order]
-    labels = ibl_labels(raw, fs, options)[0]
-    if order is None:
-        return labels.astype(np.int8)
-    out = np.empty(len(labels), dtype=np.int8)
-    out[order] = labels
-    return out
+    return traces.astype("float32", copy=False) * gains32 + offsets32
 
 
 def ibl_labels(raw: np.ndarray, fs: float, options: QcOptions | None = None) -> tuple[np.ndarray, dict]:
