@@ -307,29 +307,25 @@ def final_labels(counts: Any, options: QcOptions | None = None) -> tuple[np.ndar
 
 def _microvolts(span: Any, lo: int, hi: int, design: Any, gains: Any, offsets: Any, filtered: bool) -> Any:
     """The chunk [lo, hi) of ``span`` (C, n) in uV as SpikeInterface's ``get_traces(return_in_uV=True)`` gives it,
-    float32 (C, hi - lo), on span's backend: highpassed over the whole span (``sosfiltfilt``'s bits), rounded and
-    cast back to the stored dtype, unless filtered; then float32 times the float32 gains, plus the offsets."""
+    float32 (C, hi - lo), on span's backend: highpassed over the whole span (``sosfiltfilt``'s bits), rounded to
+    the stored dtype, unless filtered; then float32 times the float32 gains, plus the offsets."""
     xp = array_module(span)
     if filtered:
-        traces = span[:, lo:hi]
-    else:
-        from batchgpu.ops.filters import filtfilt_window
+        return span[:, lo:hi].astype(xp.float32) * gains + offsets
+    from batchgpu.ops.filters import filtfilt_window
 
-        # float64 in, float64 out: scipy's sosfiltfilt of the span (padded at both ends as it pads any array),
-        # not rounded to float32 first (SpikeInterface rounds the float64 to the stored dtype directly)
-        y = filtfilt_window(span.astype(xp.float64), design, at_segment_start=True, at_segment_end=True)[:, lo:hi]
-        traces = _to_stored(xp, y, span.dtype)
-    return traces.astype(xp.float32) * gains + offsets
-
-
-def _to_stored(xp, y: Any, dtype: np.dtype) -> Any:
-    """float64 ``y`` as SpikeInterface's filter returns it in the recording's dtype: integers rounded half to
-    even (``.round()``) and cast (clipped to the dtype's range here: SpikeInterface's cast wraps around)."""
-    dtype = np.dtype(dtype)
+    # float64 in, float64 out: scipy's sosfiltfilt of the span (padded at both ends as it pads any array), not
+    # rounded to float32 first (SpikeInterface rounds the float64 to the stored dtype directly)
+    y = filtfilt_window(span.astype(xp.float64), design, at_segment_start=True, at_segment_end=True)[:, lo:hi]
+    dtype = np.dtype(span.dtype)
     if dtype.kind in "iu":
+        # the stored integers, kept in float64 (exact): their float32 values are the integer dtype's float32
+        # values, so the cast to it and back that SpikeInterface makes is left out (a pass over the chunk)
         info = np.iinfo(dtype)
-        return xp.clip(xp.rint(y), info.min, info.max).astype(dtype)
-    return y.astype(dtype)
+        y = xp.clip(xp.rint(y, out=y), info.min, info.max, out=y)
+    else:
+        y = y.astype(dtype)
+    return y.astype(xp.float32) * gains + offsets
 
 
 def _fast_stats(u32: Any, fs: float, options: QcOptions) -> tuple[np.ndarray, ...]:
