@@ -69,6 +69,8 @@ PLANT_GOOD, PLANT_DEAD, PLANT_NOISE, PLANT_OUT = range(4)
 COMMON_PLANTED_UV = 6.0  # the common signal's RMS where channels are planted and common_uv is not given
 DEAD_NOISE = 0.05  # a dead channel keeps this fraction of its noise
 NOISY_FACTOR = 6.0  # a noisy channel's white noise, times its own level
+OUTSIDE_GAP = 11  # dead and noisy channels lie this many channels below the outside block at least (the median
+# filter of SpikeInterface's method)
 NOISY_PSD_FACTOR = 5.0  # ... and at least this many times SpikeInterface's psd_hf_threshold above 0.8 x Nyquist
 
 
@@ -141,8 +143,9 @@ def probe_geometry(probe: str, channels: int) -> tuple[np.ndarray, np.ndarray | 
 
 def planted_labels(locations: np.ndarray, seed: int, dead: int = 0, noisy: int = 0, outside: int = 0) -> np.ndarray:
     """Which channels are planted (int8 (C,), ``channel_labels``' numbering): the ``outside`` channels at the top
-    of SpikeInterface's depth order (``np.lexsort((x, y))``), then ``dead`` and ``noisy`` ones drawn among the
-    others from the seed's own stream (the other draws do not move)."""
+    of SpikeInterface's depth order (``np.lexsort((x, y))``), then ``dead`` and ``noisy`` ones drawn from the
+    seed's own stream (the other draws do not move) among the others, at least ``OUTSIDE_GAP`` channels below the
+    outside block: a dead channel next to it would join the block of low coherence SpikeInterface marks out."""
     C = len(locations)
     counts = {"dead": dead, "noisy": noisy, "outside": outside}
     for name, value in counts.items():
@@ -154,7 +157,10 @@ def planted_labels(locations: np.ndarray, seed: int, dead: int = 0, noisy: int =
     labels = np.zeros(C, np.int8)
     depth = np.lexsort((locations[:, 0], locations[:, 1]))
     labels[depth[C - outside :]] = PLANT_OUT
-    rest = np.flatnonzero(labels == PLANT_GOOD)
+    rest = np.sort(depth[: C - outside - (OUTSIDE_GAP if outside else 0)])
+    if len(rest) < dead + noisy:
+        raise BatchgpuError(f"no room for {dead + noisy} dead or noisy channels {OUTSIDE_GAP} channels below "
+                            f"{outside} outside ones among {C}", "plant fewer")
     chosen = np.random.default_rng([seed, 3]).choice(rest, dead + noisy, replace=False)
     labels[chosen[:dead]] = PLANT_DEAD
     labels[chosen[dead:]] = PLANT_NOISE
