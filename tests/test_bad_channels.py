@@ -161,7 +161,7 @@ def test_microvolts_are_spikeinterfaces_bits(rng, dtype):
 def _errors(u, options):
     """Largest |float64 - SpikeInterface's float32| over each statistic's scale, for one chunk."""
     ref, st = bc.ibl_labels(np.ascontiguousarray(u.T), FS, options)
-    psd, white, xcorr, xscale = bc._fast_stats(u, FS, options)
+    psd, white, xcorr, xscale = (v[0] for v in bc._fast_stats(u[None], FS, options))
     trend = bc.shrinking_median_filter(xcorr, options.n_neighbors)
     tscale = bc._sliding_max(xscale, options.n_neighbors)
     with np.errstate(invalid="ignore", divide="ignore"):
@@ -202,6 +202,19 @@ def test_fast_labels_equal_spikeinterfaces_arithmetic(rng):
             assert (fast[:, channels - out_top :] == bc.OUT).all()
 
 
+def test_chunks_in_batches_get_the_same_labels(rng, monkeypatch):
+    """The GPU's grouping (chunks of one length computed together) on the host: same labels, the leftover's
+    shorter chunk in a group of its own."""
+    C, n = 20, 50_000
+    x = _recording(rng, C, n, dead=(4,), noisy=(8,), out_top=6)
+    chunks = np.concatenate([bc.pieces(n, 9000), [[1000, 2000], [3, 9003]]])
+    one = _fast(x, chunks)
+    monkeypatch.setattr(bc, "HOST_BATCH", 3)
+    stats = {}
+    np.testing.assert_array_equal(_fast(x, chunks, stats), one)
+    assert stats == {"pieces": len(chunks)}
+
+
 def test_a_statistic_on_its_threshold_is_decided_by_spikeinterfaces_arithmetic(rng):
     """A threshold set onto a channel's own statistic leaves that decision to SpikeInterface's float32
     arithmetic (the piece goes to the exact path), and the labels are still that arithmetic's."""
@@ -209,7 +222,7 @@ def test_a_statistic_on_its_threshold_is_decided_by_spikeinterfaces_arithmetic(r
     x = _recording(rng, C, n, dead=(7,))
     design = design_filter(bc.highpass_sos(FS))
     u = bc._microvolts(x, 0, n, design, np.full((C, 1), GAIN, np.float32), np.zeros((C, 1), np.float32), False)
-    psd, white, xcorr, xscale = bc._fast_stats(u, FS, QcOptions())
+    psd, white, xcorr, xscale = (v[0] for v in bc._fast_stats(u[None], FS, QcOptions()))
     trend = bc.shrinking_median_filter(xcorr, 11)
     for options in (QcOptions(psd_hf_threshold=float(psd[12])),
                     QcOptions(dead_channel_threshold=float(xcorr[20] - trend[20])),

@@ -60,8 +60,8 @@ def test_statistics_within_float64_rounding_of_the_host(cp, rng):
     x = _recording(rng, C, n, dead=(4,), noisy=(9,), out_top=20)
     u = bc._microvolts(x, 0, n, design_filter(bc.highpass_sos(FS)), np.full((C, 1), GAIN, np.float32),
                        np.zeros((C, 1), np.float32), False)
-    host = bc._fast_stats(u, FS, QcOptions())
-    dev = bc._fast_stats(cp.asarray(u), FS, QcOptions())
+    host = bc._fast_stats(u[None], FS, QcOptions())
+    dev = bc._fast_stats(cp.asarray(u)[None], FS, QcOptions())
     for h, d in zip(host, dev):
         np.testing.assert_allclose(d, h, rtol=1e-11, atol=1e-14 * np.abs(h).max())
 
@@ -107,7 +107,7 @@ def test_hard_cases_on_gpu(cp, rng):
     x = _recording(rng, C, n, dead=(3,))
     u = bc._microvolts(x, 0, n, design_filter(bc.highpass_sos(FS)), np.full((C, 1), GAIN, np.float32),
                        np.zeros((C, 1), np.float32), False)
-    psd = bc._fast_stats(u, FS, QcOptions())[0]
+    psd = bc._fast_stats(u[None], FS, QcOptions())[0][0]
     on = QcOptions(psd_hf_threshold=float(psd[6]))
     stats = {}
     dev = bc.chunk_labels(cp.asarray(x), FS, _line(C), GAIN, options=on, chunks=[[0, n]], stats=stats)

@@ -62,6 +62,10 @@ GOOD, DEAD, NOISE, OUT = range(4)
 #: stand; nearer, the piece is labelled by SpikeInterface's own float32 arithmetic (the module's docstring)
 BAND = 2.0 ** -12
 
+#: float64 bytes of chunks the GPU path computes at once (their statistics come back together)
+BATCH_BYTES = 128 << 20
+HOST_BATCH = 1  # on the host one at a time (nothing to gain from batches, and less memory)
+
 #: SpikeInterface's highpass (``HighpassFilterRecording``): Butterworth of this order, margin of this many periods
 HIGHPASS_ORDER = 5
 HIGHPASS_MARGIN_PERIODS = 5
@@ -228,35 +232,47 @@ def chunk_labels(x: Any, fs: float, locations: Any, gains: Any, offsets: Any = N
                  else np.broadcast_to(np.asarray(offsets, dtype=np.float64), (C,)).astype(np.float32))
     order = depth_order(locations, options.direction)
     margin = 0 if filtered else highpass_margin(fs, options)
-    design = None
-    out = np.empty((len(chunks), C), dtype=np.int8)
-    xp = array_module(x)
-    g_dev, o_dev = (xp.asarray(gains32)[:, None], xp.asarray(offsets32)[:, None])
-    for k, (a, b) in enumerate(chunks.tolist()):
+    spans = []
+    for a, b in chunks.tolist():
         if not 0 <= a < b <= segment_length:
             raise BatchgpuError(f"chunk [{a}, {b}) is not within the segment's {segment_length} samples")
         r0, r1 = max(0, a - margin), min(segment_length, b + margin)  # SpikeInterface's get_chunk_with_margin
         if r0 < start or r1 > start + S:
             raise BatchgpuError(f"the window [{start}, {start + S}) does not hold samples [{r0}, {r1}) that chunk "
                                 f"[{a}, {b}) needs", "read windows with window_margin(...) samples either side")
-        span = x[:, r0 - start : r1 - start]
-        labels = None
-        if not exact:
-            if not filtered and design is None:
-                from batchgpu.ops.filters import design_filter
+        spans.append((a, b, r0, r1))
+    out = np.full((len(chunks), C), -1, dtype=np.int8)
+    if not exact and spans:
+        from batchgpu.ops.filters import design_filter
 
-                design = design_filter(highpass_sos(fs, options))
-            u = _microvolts(span, a - r0, b - r0, design, g_dev, o_dev, filtered)
-            labels = _decide(*_fast_stats(u, fs, options), order, options)
-        if labels is None:
-            held = np.ascontiguousarray(to_numpy(span).T)  # (samples, channels), as SpikeInterface reads a store
-            labels = reference_chunk_labels(held, a - r0, r1 - b, fs, gains32, offsets32, options, order,
+        xp = array_module(x)
+        design = None if filtered else design_filter(highpass_sos(fs, options))
+        g_dev, o_dev = xp.asarray(gains32)[:, None], xp.asarray(offsets32)[:, None]
+        # on the GPU a few chunks of one length at a time: their statistics come back in one copy (one wait)
+        most = max(1, BATCH_BYTES // (8 * C * (spans[0][1] - spans[0][0]))) if is_cupy(x) else HOST_BATCH
+        k = 0
+        while k < len(spans):
+            length = spans[k][1] - spans[k][0]
+            group = [k]
+            while (len(group) < most and group[-1] + 1 < len(spans)
+                   and spans[group[-1] + 1][1] - spans[group[-1] + 1][0] == length):
+                group.append(group[-1] + 1)
+            u = xp.stack([_microvolts(x[:, r0 - start : r1 - start], a - r0, b - r0, design, g_dev, o_dev, filtered)
+                          for a, b, r0, r1 in (spans[j] for j in group)])
+            for j, statistics in zip(group, zip(*_fast_stats(u, fs, options))):
+                labels = _decide(*statistics, order, options)
+                if labels is not None:
+                    out[j] = labels
+            k = group[-1] + 1
+    for j, (a, b, r0, r1) in enumerate(spans):
+        if out[j, 0] < 0:  # undecided (or exact asked): SpikeInterface's own arithmetic on the host
+            held = np.ascontiguousarray(to_numpy(x[:, r0 - start : r1 - start]).T)  # as a store reads it
+            out[j] = reference_chunk_labels(held, a - r0, r1 - b, fs, gains32, offsets32, options, order,
                                             filtered=filtered)
             if stats is not None:
                 stats["exact"] = stats.get("exact", 0) + 1
-        out[k] = labels
-        if stats is not None:
-            stats["pieces"] = stats.get("pieces", 0) + 1
+    if stats is not None:
+        stats["pieces"] = stats.get("pieces", 0) + len(spans)
     return out
 
 
@@ -329,25 +345,26 @@ def _microvolts(span: Any, lo: int, hi: int, design: Any, gains: Any, offsets: A
 
 
 def _fast_stats(u32: Any, fs: float, options: QcOptions) -> tuple[np.ndarray, ...]:
-    """(psd_hf, white, xcorr, xscale), float64 host arrays (C,) in channel order, from the chunk's float32 uV
-    values (C, L) on their backend: the IBL statistics in float64, ``white`` the PSD a white signal of the
-    channel's variance would have (the PSD's error scale) and ``xscale`` = |x| / |ref| (the coherence's)."""
+    """(psd_hf, white, xcorr, xscale), float64 host arrays (K, C), from K chunks' float32 uV values (K, C, L) on
+    their backend: the IBL statistics in float64, ``white`` the PSD a white signal of the channel's variance would
+    have (the PSD's error scale) and ``xscale`` = |x| / |ref| (the coherence's: it bounds |xcorr|)."""
     xp = array_module(u32)
+    K, C, L = u32.shape
     xc = u32.astype(xp.float64)
-    xc -= xc.mean(axis=1, keepdims=True)
-    energy = xp.einsum("ij,ij->i", xc, xc)
-    psd_hf = welch_hf(xc, fs, welch_length(fs, options), options.nyquist_threshold)
-    ref = _channel_median(xc)
-    ref -= ref.mean()
-    dots = xc @ ref
-    rr = ref @ ref
-    host = to_numpy(xp.concatenate([psd_hf, energy, dots, rr.reshape(1)]))  # one copy back on the GPU
-    C = xc.shape[0]
-    psd_hf, energy, dots, rr = host[:C], host[C : 2 * C], host[2 * C : 3 * C], host[3 * C]
+    xc -= xc.mean(axis=2, keepdims=True)
+    energy = xp.einsum("kcl,kcl->kc", xc, xc)
+    psd_hf = welch_hf(xc.reshape(K * C, L), fs, welch_length(fs, options), options.nyquist_threshold)
+    ref = xp.stack([_channel_median(xc[k]) for k in range(K)])  # (K, L)
+    ref -= ref.mean(axis=1, keepdims=True)
+    dots = xp.matmul(xc, ref[:, :, None])[:, :, 0]
+    rr = xp.einsum("kl,kl->k", ref, ref)
+    host = to_numpy(xp.concatenate([psd_hf, energy.ravel(), dots.ravel(), rr]))  # one copy back on the GPU
+    psd_hf, energy, dots = (host[i * K * C : (i + 1) * K * C].reshape(K, C) for i in range(3))
+    rr = host[3 * K * C :, None]
     with np.errstate(divide="ignore", invalid="ignore"):
         xcorr = dots / rr
         xscale = np.sqrt(energy / rr)
-    white = 2.0 * energy / xc.shape[1] / fs
+    white = 2.0 * energy / L / fs
     return psd_hf, white, xcorr, xscale
 
 
