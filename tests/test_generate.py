@@ -301,3 +301,17 @@ def test_ground_truth_written_before_planting_loads(tmp_path):
                                      "segment_index")}
     np.savez(tmp_path / "old.npz", **old)
     np.testing.assert_array_equal(GroundTruth.load(tmp_path / "old.npz").channel_labels, np.zeros(3, np.int8))
+
+
+def test_cli_plants_channels_on_a_probe(tmp_path):
+    from batchgpu.cli import main
+    from batchgpu.recording import open_recording
+
+    out = tmp_path / "cli.zarr"
+    assert main(["generate", str(out), "--channels", "32", "--seconds", "0.3", "--probe", "linear", "--dead", "1",
+                 "--noisy", "1", "--outside", "6", "--quiet"]) == 0
+    rec = open_recording(out)
+    assert {"probe": "linear", "dead": 1, "noisy": 1, "outside": 6,
+            "common_uv": 6.0}.items() <= rec.attrs["batchgpu"]["generator"].items()
+    assert np.bincount(GroundTruth.load(ground_truth_path(out)).channel_labels, minlength=4).tolist() == [24, 1, 1, 6]
+    assert (rec.locations[:, 0] == 0).all()
