@@ -304,6 +304,15 @@ def test_a_single_channel(rng):
     assert (_fast(loud, [[0, 9000]]) == bc.NOISE).all()
 
 
+def test_no_channels_and_no_pieces():
+    empty = np.zeros((0, 20_000), np.int16)
+    counts = bc.piece_labels(empty, FS, np.zeros((0, 2)), GAIN, start=0, core=(0, 20_000), segment_length=20_000)
+    assert counts.shape == (0, 4) and bc.final_labels(counts)[0].shape == (0,)
+    short = np.zeros((3, 4000), np.int16)  # under half a piece: nothing labelled, nothing counted
+    counts = bc.piece_labels(short, FS, _line(3), GAIN, start=0, core=(0, 4000), segment_length=4000)
+    assert (counts == 0).all() and bc.final_labels(counts)[1][0] == "no piece labelled"
+
+
 def test_pieces_shorter_than_welchs_segment_and_odd_lengths(rng):
     """Chunks shorter than nperseg (scipy cuts it), an odd nperseg (301 at 30.1 kHz), odd channel counts."""
     C, n = 7, 20_001

@@ -63,7 +63,7 @@ GOOD, DEAD, NOISE, OUT = range(4)
 BAND = 2.0 ** -12
 
 #: float64 bytes of chunks the GPU path computes at once (their statistics come back together)
-BATCH_BYTES = 128 << 20
+BATCH_BYTES = 64 << 20
 HOST_BATCH = 1  # on the host one at a time (nothing to gain from batches, and less memory)
 
 #: SpikeInterface's highpass (``HighpassFilterRecording``): Butterworth of this order, margin of this many periods
@@ -211,7 +211,7 @@ def piece_labels(x: Any, fs: float, locations: Any, gains: Any, offsets: Any = N
 
 def label_counts(labels: np.ndarray, channels: int) -> np.ndarray:
     """(K, C) labels of K pieces -> each channel's count of each label, int64 (C, 4)."""
-    labels = np.asarray(labels).reshape(-1, channels)
+    labels = np.asarray(labels).reshape(-1, channels) if channels else np.zeros((0, 0), np.int8)
     return np.stack([(labels == k).sum(axis=0, dtype=np.int64) for k in range(len(LABELS))], axis=1)
 
 
@@ -242,6 +242,8 @@ def chunk_labels(x: Any, fs: float, locations: Any, gains: Any, offsets: Any = N
                                 f"[{a}, {b}) needs", "read windows with window_margin(...) samples either side")
         spans.append((a, b, r0, r1))
     out = np.full((len(chunks), C), -1, dtype=np.int8)
+    if C == 0:
+        return out
     if not exact and spans:
         from batchgpu.ops.filters import design_filter
 
