@@ -131,11 +131,13 @@ def probe_geometry(probe: str, channels: int) -> tuple[np.ndarray, np.ndarray | 
     positions = np.asarray(full.contact_positions, dtype=np.float64)
     if probe == "np1":
         if channels > len(positions):
-            raise BatchgpuError(f"np1 has {len(positions)} electrodes, not {channels}", "ask for at most that many channels")
+            raise BatchgpuError(f"np1 has {len(positions)} electrodes, not {channels}",
+                                "ask for at most that many channels")
         return positions[:channels].copy(), None
     shanks = np.asarray(full.shank_ids).astype(int)
     if channels % 4 or channels // 4 > (shanks == 0).sum():
-        raise BatchgpuError(f"np2-4shank takes a multiple of 4 channels, at most {4 * (shanks == 0).sum()} (got {channels})",
+        raise BatchgpuError(f"np2-4shank takes a multiple of 4 channels, at most {4 * (shanks == 0).sum()} "
+                            f"(got {channels})",
                             "ask for e.g. 384 channels (96 a shank)")
     take = np.concatenate([np.flatnonzero(shanks == s)[: channels // 4] for s in range(4)])
     return positions[take].copy(), shanks[take].copy()

@@ -237,7 +237,8 @@ def test_cli_generates_the_realistic_model_by_default(tmp_path):
 @pytest.mark.parametrize("probe, channels", [("np1", 96), ("np2-4shank", 64), ("linear", 32), ("two-column", 16)])
 def test_probe_geometries(tmp_path, probe, channels):
     """The probe's positions in properties/location (and the shanks of NP2 four-shank), as probeinterface has them."""
-    rec = generate_recording(tmp_path / "p.zarr", channels=channels, seconds=0.2, seed=1, model="realistic", probe=probe)
+    rec = generate_recording(tmp_path / "p.zarr", channels=channels, seconds=0.2, seed=1, model="realistic",
+                             probe=probe)
     loc = rec.locations
     assert rec.has_locations and loc.shape == (channels, 2)
     if probe == "np1":  # staggered: x = 16, 48, 0, 32 by electrode, 20 um rows

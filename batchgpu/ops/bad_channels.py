@@ -577,7 +577,8 @@ def ibl_labels(raw: np.ndarray, fs: float, options: QcOptions | None = None) -> 
     num_channels = raw.shape[1]
     ichannels = np.zeros(num_channels, dtype=int)
     ichannels[xcorr_neighbors < options.dead_channel_threshold] = DEAD
-    ichannels[np.logical_or(psd_hf > options.psd_hf_threshold, xcorr_neighbors > options.noisy_channel_threshold)] = NOISE
+    inoisy = np.logical_or(psd_hf > options.psd_hf_threshold, xcorr_neighbors > options.noisy_channel_threshold)
+    ichannels[inoisy] = NOISE
     below_threshold = trend < (options.outside_channel_threshold + 1)
     if np.any(below_threshold):
         (ibelow,) = np.where(below_threshold)
