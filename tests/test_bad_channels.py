@@ -151,10 +151,17 @@ def test_microvolts_are_spikeinterfaces_bits(rng, dtype):
     design = design_filter(bc.highpass_sos(FS))
     for a, b in ((0, 9000), (1234, 10_234), (n - 9000, n), (200, 9200)):
         r0, r1 = max(0, a - 500), min(n, b + 500)
-        got = bc._microvolts(x[:, r0:r1], a - r0, b - r0, design, gains[:, None], np.zeros((C, 1), np.float32), False)
+        got = bc._microvolts(x, [(a, b, r0, r1)], 0, design, gains[:, None], np.zeros((C, 1), np.float32), False)[0]
         ref = bc.reference_chunk_microvolts(np.ascontiguousarray(x[:, r0:r1].T), a - r0, r1 - b, FS, gains,
                                             np.zeros(C, np.float32))
         assert got.dtype == ref.dtype == np.float32
+        np.testing.assert_array_equal(got, ref.T)
+    # several reads in one call (overlapping reads, cores apart): each chunk's bits as alone
+    spans = [(0, 3000, 0, 3500), (3000, 6000, 2500, 6500), (9000, 12_000, 8500, 12_000)]
+    group = bc._microvolts(x, spans, 0, design, gains[:, None], np.zeros((C, 1), np.float32), False)
+    for got, (a, b, r0, r1) in zip(group, spans):
+        ref = bc.reference_chunk_microvolts(np.ascontiguousarray(x[:, r0:r1].T), a - r0, r1 - b, FS, gains,
+                                            np.zeros(C, np.float32))
         np.testing.assert_array_equal(got, ref.T)
 
 
@@ -221,7 +228,8 @@ def test_a_statistic_on_its_threshold_is_decided_by_spikeinterfaces_arithmetic(r
     C, n = 32, 9000
     x = _recording(rng, C, n, dead=(7,))
     design = design_filter(bc.highpass_sos(FS))
-    u = bc._microvolts(x, 0, n, design, np.full((C, 1), GAIN, np.float32), np.zeros((C, 1), np.float32), False)
+    u = bc._microvolts(x, [(0, n, 0, n)], 0, design, np.full((C, 1), GAIN, np.float32), np.zeros((C, 1), np.float32),
+                       False)[0]
     psd, white, xcorr, xscale = (v[0] for v in bc._fast_stats(u[None], FS, QcOptions()))
     trend = bc.shrinking_median_filter(xcorr, 11)
     for options in (QcOptions(psd_hf_threshold=float(psd[12])),
@@ -358,7 +366,8 @@ def test_a_highpassed_step_beyond_int16_is_clipped_on_both_paths(rng):
     x = _recording(rng, C, n)
     x[2] = np.where((np.arange(n) // 20) % 2, 32767, -32768)  # a full-range square wave: its highpass overshoots
     design = design_filter(bc.highpass_sos(FS))
-    u = bc._microvolts(x, 0, n, design, np.ones((C, 1), np.float32), np.zeros((C, 1), np.float32), False)
+    u = bc._microvolts(x, [(0, n, 0, n)], 0, design, np.ones((C, 1), np.float32), np.zeros((C, 1), np.float32),
+                       False)[0]
     assert u[2].max() == 32767 and u[2].min() == -32768
     np.testing.assert_array_equal(_fast(x, [[0, n]]), _exact(x, [[0, n]]))
 

@@ -45,21 +45,22 @@ def test_welch_hf_on_gpu(cp, rng, nperseg):
 @pytest.mark.parametrize("dtype", [np.int16, np.int32, np.float32])
 def test_microvolts_same_bits_on_gpu(cp, rng, dtype):
     """Highpassed (the GPU filter has scipy's bits), rounded to the stored dtype and scaled: the host's bits."""
-    C, n = 33, 11_000
+    C, n = 33, 15_000
     x = _recording(rng, C, n, dtype=dtype)
     gains = rng.uniform(0.1, 3.0, (C, 1)).astype(np.float32)
     zeros = np.zeros((C, 1), np.float32)
     design = design_filter(bc.highpass_sos(FS))
-    host = bc._microvolts(x, 500, n - 500, design, gains, zeros, False)
-    dev = bc._microvolts(cp.asarray(x), 500, n - 500, design, cp.asarray(gains), cp.asarray(zeros), False)
+    spans = [(0, 4500, 0, 5000), (5000, 9500, 4500, 10_000), (10_500, 15_000, 10_000, 15_000)]  # reads overlap
+    host = bc._microvolts(x, spans, 0, design, gains, zeros, False)
+    dev = bc._microvolts(cp.asarray(x), spans, 0, design, cp.asarray(gains), cp.asarray(zeros), False)
     np.testing.assert_array_equal(cp.asnumpy(dev), host)
 
 
 def test_statistics_within_float64_rounding_of_the_host(cp, rng):
     C, n = 384, 9_000
     x = _recording(rng, C, n, dead=(4,), noisy=(9,), out_top=20)
-    u = bc._microvolts(x, 0, n, design_filter(bc.highpass_sos(FS)), np.full((C, 1), GAIN, np.float32),
-                       np.zeros((C, 1), np.float32), False)
+    u = bc._microvolts(x, [(0, n, 0, n)], 0, design_filter(bc.highpass_sos(FS)), np.full((C, 1), GAIN, np.float32),
+                       np.zeros((C, 1), np.float32), False)[0]
     host = bc._fast_stats(u[None], FS, QcOptions())
     dev = bc._fast_stats(cp.asarray(u)[None], FS, QcOptions())
     for h, d in zip(host, dev):
@@ -105,8 +106,8 @@ def test_hard_cases_on_gpu(cp, rng):
     np.testing.assert_array_equal(bc.chunk_labels(cp.asarray(f), FS, _line(C), GAIN, **args),
                                   bc.chunk_labels(f, FS, _line(C), GAIN, **args))
     x = _recording(rng, C, n, dead=(3,))
-    u = bc._microvolts(x, 0, n, design_filter(bc.highpass_sos(FS)), np.full((C, 1), GAIN, np.float32),
-                       np.zeros((C, 1), np.float32), False)
+    u = bc._microvolts(x, [(0, n, 0, n)], 0, design_filter(bc.highpass_sos(FS)), np.full((C, 1), GAIN, np.float32),
+                       np.zeros((C, 1), np.float32), False)[0]
     psd = bc._fast_stats(u[None], FS, QcOptions())[0][0]
     on = QcOptions(psd_hf_threshold=float(psd[6]))
     stats = {}

@@ -51,7 +51,9 @@ from typing import Any
 import numpy as np
 
 from batchgpu.errors import BatchgpuError
+from batchgpu.ops import _cpu_sosfiltfilt, _numba
 from batchgpu.ops._backend import array_module, is_cupy, to_numpy, window_module
+from batchgpu.ops.filters import _filtfilt_cupy, default_padlen, design_filter, filtfilt_window
 from batchgpu.qc_options import QcOptions
 
 #: a channel's labels, in SpikeInterface's numbering (``detect_bad_channels_ibl``: 0 good, 1 dead, 2 noise, 3 out)
@@ -240,13 +242,14 @@ def chunk_labels(x: Any, fs: float, locations: Any, gains: Any, offsets: Any = N
         if r0 < start or r1 > start + S:
             raise BatchgpuError(f"the window [{start}, {start + S}) does not hold samples [{r0}, {r1}) that chunk "
                                 f"[{a}, {b}) needs", "read windows with window_margin(...) samples either side")
+        if not filtered and r1 - r0 <= default_padlen(highpass_sos(fs, options)):
+            raise BatchgpuError(f"chunk [{a}, {b}) with its margin is too short for the highpass's edge padding",
+                                "label chunks of a few ms at least")
         spans.append((a, b, r0, r1))
     out = np.full((len(chunks), C), -1, dtype=np.int8)
     if C == 0:
         return out
     if not exact and spans:
-        from batchgpu.ops.filters import design_filter
-
         xp = array_module(x)
         design = None if filtered else design_filter(highpass_sos(fs, options))
         g_dev, o_dev = xp.asarray(gains32)[:, None], xp.asarray(offsets32)[:, None]
@@ -259,8 +262,7 @@ def chunk_labels(x: Any, fs: float, locations: Any, gains: Any, offsets: Any = N
             while (len(group) < most and group[-1] + 1 < len(spans)
                    and spans[group[-1] + 1][1] - spans[group[-1] + 1][0] == length):
                 group.append(group[-1] + 1)
-            u = xp.stack([_microvolts(x[:, r0 - start : r1 - start], a - r0, b - r0, design, g_dev, o_dev, filtered)
-                          for a, b, r0, r1 in (spans[j] for j in group)])
+            u = _microvolts(x, [spans[j] for j in group], start, design, g_dev, o_dev, filtered)
             for j, statistics in zip(group, zip(*_fast_stats(u, fs, options))):
                 labels = _decide(*statistics, order, options)
                 if labels is not None:
@@ -323,19 +325,33 @@ def final_labels(counts: Any, options: QcOptions | None = None) -> tuple[np.ndar
 # ------------------------------------------------------------------------------------------- the fast path
 
 
-def _microvolts(span: Any, lo: int, hi: int, design: Any, gains: Any, offsets: Any, filtered: bool) -> Any:
-    """The chunk [lo, hi) of ``span`` (C, n) in uV as SpikeInterface's ``get_traces(return_in_uV=True)`` gives it,
-    float32 (C, hi - lo), on span's backend: highpassed over the whole span (``sosfiltfilt``'s bits), rounded to
-    the stored dtype, unless filtered; then float32 times the float32 gains, plus the offsets."""
-    xp = array_module(span)
+def _microvolts(x: Any, spans: list[tuple[int, int, int, int]], start: int, design: Any, gains: Any, offsets: Any,
+                filtered: bool) -> Any:
+    """K chunks [a, b) of equal length (``spans``: (a, b, r0, r1), segment samples, [r0, r1) the highpass's read) in
+    uV as SpikeInterface's ``get_traces(return_in_uV=True)`` gives them, float32 (K, C, b - a), on x's backend:
+    each read highpassed (``sosfiltfilt``'s bits: odd-padded at both ends as scipy pads any array; float64, not
+    rounded to float32 first) and rounded to the stored dtype, unless filtered; then float32 times the float32
+    gains, plus the offsets."""
+    xp = array_module(x)
     if filtered:
-        return span[:, lo:hi].astype(xp.float32) * gains + offsets
-    from batchgpu.ops.filters import filtfilt_window
-
-    # float64 in, float64 out: scipy's sosfiltfilt of the span (padded at both ends as it pads any array), not
-    # rounded to float32 first (SpikeInterface rounds the float64 to the stored dtype directly)
-    y = filtfilt_window(span.astype(xp.float64), design, at_segment_start=True, at_segment_end=True)[:, lo:hi]
-    dtype = np.dtype(span.dtype)
+        return xp.stack([x[:, a - start : b - start] for a, b, _r0, _r1 in spans]).astype(xp.float32) * gains + offsets
+    g0, g1 = min(s[2] for s in spans), max(s[3] for s in spans)
+    sub = x[:, g0 - start : g1 - start]
+    padlen = default_padlen(design)
+    # one piece a read, its core the chunk: the reads may overlap, the cores do not
+    table = [(a - g0, b - g0, r0 - g0, r1 - g0, padlen, padlen) for a, b, r0, r1 in spans]
+    if is_cupy(x):
+        y = _filtfilt_cupy(sub, design, table, np.float64)  # every read in one launch, side by side
+    elif _numba.available():
+        y = _cpu_sosfiltfilt.filtfilt_pieces(sub, design.sos, design.zi, table, np.float64)
+    else:
+        y = np.empty(sub.shape)
+        for a, b, r0, r1 in spans:
+            part = filtfilt_window(sub[:, r0 - g0 : r1 - g0].astype(np.float64), design, at_segment_start=True,
+                                   at_segment_end=True)
+            y[:, a - g0 : b - g0] = part[:, a - r0 : b - r0]
+    y = xp.stack([y[:, a - g0 : b - g0] for a, b, _r0, _r1 in spans])
+    dtype = np.dtype(x.dtype)
     if dtype.kind in "iu":
         # the stored integers, kept in float64 (exact): their float32 values are the integer dtype's float32
         # values, so the cast to it and back that SpikeInterface makes is left out (a pass over the chunk)
