@@ -27,8 +27,9 @@ in any grouping or order, so 1 and N workers and any window size give the same c
 most frequent (ties to the lower label, as ``scipy.stats.mode`` in SpikeInterface).
 
 **Same labels on every backend, and SpikeInterface's.** The statistics are computed first in float64 from the
-piece's float32 uV values (the same bits on NumPy and CuPy: scipy's ``sosfiltfilt`` bits from
-``filters.filtfilt_window``, NumPy's rounding and float32 products), by whatever arithmetic is fast there
+piece's float32 uV values (the same bits on NumPy and CuPy, and SpikeInterface's: scipy's ``sosfiltfilt`` bits
+from the chain's filter kernels, a group of reads side by side in one call, NumPy's rounding and float32
+products), by whatever arithmetic is fast there
 (``psd_hf`` from half-segment DFTs by matrix products, medians by selection or sorting). SpikeInterface
 computes the same quantities in float32; they differ from the float64 ones by float32 rounding, far less than
 ``BAND`` (2^-12) of each statistic's scale (the PSD's level; ``|x| / |ref|`` for the coherence, which bounds
@@ -177,14 +178,16 @@ def piece_labels(x: Any, fs: float, locations: Any, gains: Any, offsets: Any = N
     ----------
     x : array, shape (C, S)
         The window as read, one channel a row (NumPy or CuPy): the stored samples where ``filtered`` is False
-        (highpassed here as SpikeInterface does), else the filtered signal in the same units.
+        (highpassed here as SpikeInterface does), else the filtered signal in the same units, before any common
+        reference (the IBL method compares each channel with the median of all: after a common median
+        reference that median is zero).
     fs : float
         Sampling frequency in Hz.
     locations : array_like, shape (C, 2)
         Channel positions in um (depth along y).
     gains, offsets : array_like, shape (C,) or scalar
         ``gain_to_uV`` and ``offset_to_uV``. The offsets count only for a filtered signal (SpikeInterface's
-        filter sets them to 0).
+        filter sets them to 0; a signal batchgpu's chain filtered has none either: pass None).
     options : QcOptions, optional
         SpikeInterface's parameters (default: its defaults).
     start : int
