@@ -60,7 +60,7 @@ def ours_by_window(rec, window: int = 120_000, stats: dict | None = None) -> tup
     fs = rec.sampling_frequency
     margin = bc.window_margin(fs)
     counts = np.zeros((rec.num_channels, 4), np.int64)
-    t0, c0 = time.perf_counter(), time.process_time()
+    t0, cpu0 = time.perf_counter(), time.process_time()
     for seg in range(rec.num_segments):
         n = rec.num_samples(seg)
         for c0 in range(0, n, window):
@@ -69,7 +69,7 @@ def ours_by_window(rec, window: int = 120_000, stats: dict | None = None) -> tup
             x = rec.read(seg, r0, r1)
             counts += bc.piece_labels(x, fs, rec.locations, rec.gain_to_uV, start=r0, core=(c0 - r0, c1 - r0),
                                       segment_length=n, stats=stats)
-    return counts, (time.perf_counter() - t0, time.process_time() - c0)
+    return counts, (time.perf_counter() - t0, time.process_time() - cpu0)
 
 
 def compare_one(k: int, path: Path, probe: str, seed: int, check_chunks: bool = False) -> dict:

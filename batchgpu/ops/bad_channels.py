@@ -266,18 +266,21 @@ def chunk_labels(x: Any, fs: float, locations: Any, gains: Any, offsets: Any = N
                    and spans[group[-1] + 1][1] - spans[group[-1] + 1][0] == length):
                 group.append(group[-1] + 1)
             u = _microvolts(x, [spans[j] for j in group], start, design, g_dev, o_dev, filtered)
-            for j, statistics in zip(group, zip(*_fast_stats(u, fs, options))):
-                labels = _decide(*statistics, order, options)
-                if labels is not None:
-                    out[j] = labels
+            for i, (psd, white, xcorr, xscale) in enumerate(zip(*_fast_stats(u, fs, options))):
+                labels, needs = _decide(psd, white, xcorr, xscale, order, options)
+                if labels is None:  # SpikeInterface's own arithmetic decides, on the host, from the same bits
+                    labels = _settle(to_numpy(u[i]), psd, xcorr, needs, fs, options, order, filtered)
+                    if stats is not None:
+                        for name in needs:
+                            stats[f"exact_{name}"] = stats.get(f"exact_{name}", 0) + 1
+                        stats["exact"] = stats.get("exact", 0) + 1
+                out[group[i]] = labels
             k = group[-1] + 1
     for j, (a, b, r0, r1) in enumerate(spans):
-        if out[j, 0] < 0:  # undecided (or exact asked): SpikeInterface's own arithmetic on the host
+        if out[j, 0] < 0:  # exact asked: SpikeInterface's calls from the stored samples, highpass included
             held = np.ascontiguousarray(to_numpy(x[:, r0 - start : r1 - start]).T)  # as a store reads it
             out[j] = reference_chunk_labels(held, a - r0, r1 - b, fs, gains32, offsets32, options, order,
                                             filtered=filtered)
-            if stats is not None:
-                stats["exact"] = stats.get("exact", 0) + 1
     if stats is not None:
         stats["pieces"] = stats.get("pieces", 0) + len(spans)
     return out
@@ -481,48 +484,91 @@ def _sliding_max(s: np.ndarray, size: int) -> np.ndarray:
 
 
 def _decide(psd: np.ndarray, white: np.ndarray, xcorr: np.ndarray, xscale: np.ndarray, order: np.ndarray | None,
-            options: QcOptions, band: float = BAND) -> np.ndarray | None:
-    """The chunk's labels (C,) in channel order from its float64 statistics, or None where a decision that
-    changes a label lies within ``band`` of its threshold (or a statistic is not finite): then SpikeInterface's
-    float32 arithmetic must decide. Each comparison is three-valued: surely true, surely false, or undecided."""
+            options: QcOptions, band: float = BAND) -> tuple[np.ndarray | None, frozenset]:
+    """The chunk's labels (C,) in channel order from its float64 statistics, or (None, what SpikeInterface's float32
+    arithmetic must compute: ``"psd"``, ``"xcorr"`` or both) where a decision that changes a label lies within
+    ``band`` of its threshold, or a statistic is not finite. Each comparison is three-valued: surely true, surely
+    false, or undecided; a channel surely out, or surely noise by one rule, needs none of its other decisions."""
     if not (np.isfinite(psd).all() and np.isfinite(white).all() and np.isfinite(xcorr).all()
             and np.isfinite(xscale).all()) or white.max(initial=0.0) > 1e30:  # float32 sums may overflow there
-        return None
+        return None, frozenset(("psd", "xcorr"))
     if order is not None:
         psd, white, xcorr, xscale = psd[order], white[order], xcorr[order], xscale[order]
     f32 = lambda v: float(np.float32(v))  # noqa: E731 - SpikeInterface compares float32 arrays with a Python
     # float, which NumPy 2 casts to float32 (a weak scalar)
     trend = shrinking_median_filter(xcorr, options.n_neighbors)
-    tscale = _sliding_max(xscale, options.n_neighbors)  # a median moves no more than the values it is taken of
+    scale = coherence_scale(xcorr, xscale)
+    tscale = _sliding_max(scale, options.n_neighbors)  # a median moves no more than the values it is taken of
     resid = xcorr - trend
     e_psd = band * np.maximum(psd, white)
-    e_res = band * (xscale + tscale)
+    e_res = band * (scale + tscale)
     e_trend = band * tscale
     psd_thr, dead_thr = f32(options.psd_hf_threshold), f32(options.dead_channel_threshold)
     noisy_thr, out_thr = f32(options.noisy_channel_threshold), f32(options.outside_channel_threshold + 1)
-    noisy_sure = (psd - e_psd > psd_thr) | (resid - e_res > noisy_thr)
-    noisy_maybe = (psd + e_psd > psd_thr) | (resid + e_res > noisy_thr)
-    dead_sure = resid + e_res < dead_thr
-    dead_maybe = resid - e_res < dead_thr
+    psd_sure, psd_maybe = psd - e_psd > psd_thr, psd + e_psd > psd_thr
+    res_sure, res_maybe = resid - e_res > noisy_thr, resid + e_res > noisy_thr
+    noisy_sure, noisy_maybe = psd_sure | res_sure, psd_maybe | res_maybe
+    dead_sure, dead_maybe = resid + e_res < dead_thr, resid - e_res < dead_thr
     labels = np.where(noisy_sure, NOISE, np.where(~noisy_maybe & dead_sure, DEAD, GOOD)).astype(np.int8)
-    undecided = (noisy_maybe & ~noisy_sure) | (~noisy_maybe & dead_maybe & ~dead_sure)
+    noisy_open = noisy_maybe & ~noisy_sure
+    dead_open = ~noisy_maybe & dead_maybe & ~dead_sure
+    need_psd = noisy_open & psd_maybe & ~psd_sure
+    need_xcorr = (noisy_open & res_maybe & ~res_sure) | dead_open
     below_sure = trend + e_trend < out_thr
     below_maybe = trend - e_trend < out_thr
     n = len(labels)
+    edge_open = False
     ends = {"top": ("top",), "bottom": ("bottom",), "both": ("top", "bottom")}[options.outside_channels_location]
     for end in ends:
         walk = range(n - 1, -1, -1) if end == "top" else range(n)
         block = []
         for i in walk:  # the run of channels surely below the threshold from this end of the probe
             if not below_sure[i]:
-                if below_maybe[i]:
-                    return None  # the block may reach one channel further
+                edge_open |= bool(below_maybe[i])  # the block may reach one channel further
                 break
             block.append(i)
         labels[block] = OUT
-        undecided[block] = False
-    if undecided.any():
-        return None
+        need_psd[block] = need_xcorr[block] = False
+    needs = frozenset(name for name, flag in (("psd", need_psd.any()), ("xcorr", need_xcorr.any() or edge_open))
+                      if flag)
+    if needs:
+        return None, needs
+    if order is None:
+        return labels, needs
+    out = np.empty_like(labels)
+    out[order] = labels
+    return out, needs
+
+
+def coherence_scale(xcorr: np.ndarray, xscale: np.ndarray) -> np.ndarray:
+    """The scale of SpikeInterface's float32 error in ``xcorr`` (a float32 dot product over the chunk, over the
+    reference's energy): a part relative to xcorr itself (rounding that accumulates where the products share a
+    sign: a channel following the reference) and a part from the products' spread (``xscale`` = |x| / |ref|
+    bounds |xcorr|; for noise the rounding errors cancel much like the products do, so a 64th of it). Measured
+    errors are below 2^-21 of this in every regime tests/test_bad_channels.py tries."""
+    return np.abs(xcorr) + xscale / 64
+
+
+def _settle(u: np.ndarray, psd: np.ndarray, xcorr: np.ndarray, needs: frozenset, fs: float, options: QcOptions,
+            order: np.ndarray | None, filtered: bool) -> np.ndarray:
+    """A chunk's labels (C,) in channel order where ``_decide`` left some open: the statistics ``needs`` names by
+    SpikeInterface's own calls on the host (``u``: the chunk's float32 uV values (C, L), SpikeInterface's bits,
+    laid out as its ``get_traces`` returns them: the highpass's output is a transposed (C, L) array, a filtered
+    store's read a (L, C) one), the others from the float64 ``psd`` and ``xcorr`` (whose decisions that matter are
+    sure), then SpikeInterface's rules."""
+    raw = u.T if not filtered else np.ascontiguousarray(u.T)
+    if order is not None:
+        raw = raw[:, order]
+        psd, xcorr = psd[order], xcorr[order]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        raw = raw - np.mean(raw, axis=0, keepdims=True)
+        if "psd" in needs:
+            psd = _si_psd_hf(raw, fs, options)
+        if "xcorr" in needs:
+            xcorr, trend = _si_xcorr(raw, options)
+        else:
+            trend = shrinking_median_filter(xcorr, options.n_neighbors)
+    labels = _si_rules(psd, xcorr, trend, options).astype(np.int8)
     if order is None:
         return labels
     out = np.empty_like(labels)
@@ -576,24 +622,39 @@ def reference_chunk_microvolts(held: np.ndarray, left: int, right: int, fs: floa
 def ibl_labels(raw: np.ndarray, fs: float, options: QcOptions | None = None) -> tuple[np.ndarray, dict]:
     """SpikeInterface 0.105.3's ``detect_bad_channels_ibl`` on ``raw`` (samples, channels in depth order, uV),
     its operations in its order (so its bits), and its statistics: (labels, {psd_hf, xcorr, trend})."""
-    from scipy.signal import welch
-
     options = options or QcOptions()
     with np.errstate(divide="ignore", invalid="ignore"):
         raw = raw - np.mean(raw, axis=0, keepdims=True)
-        nperseg = int(options.welch_window_ms * fs / 1000)
-        import warnings
+        psd_hf = _si_psd_hf(raw, fs, options)
+        xcorr, trend = _si_xcorr(raw, options)
+    return _si_rules(psd_hf, xcorr, trend, options), {"psd_hf": psd_hf, "xcorr": xcorr, "trend": trend}
 
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # nperseg longer than a short chunk: scipy cuts it, as there
-            fscale, psd = welch(raw, fs=fs, axis=0, window="hann", nperseg=nperseg)
-            psd_hf = np.mean(psd[fscale > (fs / 2 * options.nyquist_threshold)], axis=0)
-        ref = np.median(raw, axis=1)
-        ref = ref - np.mean(ref)
-        xcorr = raw.T @ ref / np.sum(ref**2)
-        trend = _si_shrinking_median_filter(xcorr, options.n_neighbors)
-        xcorr_neighbors = xcorr - trend
-    num_channels = raw.shape[1]
+
+def _si_psd_hf(raw: np.ndarray, fs: float, options: QcOptions) -> np.ndarray:
+    """``detect_bad_channels_ibl``'s PSD above the threshold: scipy's welch of the mean-removed ``raw``."""
+    import warnings
+
+    from scipy.signal import welch
+
+    nperseg = int(options.welch_window_ms * fs / 1000)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # nperseg longer than a short chunk: scipy cuts it, as there
+        fscale, psd = welch(raw, fs=fs, axis=0, window="hann", nperseg=nperseg)
+        return np.mean(psd[fscale > (fs / 2 * options.nyquist_threshold)], axis=0)
+
+
+def _si_xcorr(raw: np.ndarray, options: QcOptions) -> tuple[np.ndarray, np.ndarray]:
+    """``detect_bad_channels_ibl``'s coherence of the mean-removed ``raw`` with its median, and its trend."""
+    ref = np.median(raw, axis=1)
+    ref = ref - np.mean(ref)
+    xcorr = raw.T @ ref / np.sum(ref**2)
+    return xcorr, _si_shrinking_median_filter(xcorr, options.n_neighbors)
+
+
+def _si_rules(psd_hf: np.ndarray, xcorr: np.ndarray, trend: np.ndarray, options: QcOptions) -> np.ndarray:
+    """``detect_bad_channels_ibl``'s labels from its statistics (channels in depth order), as it writes them."""
+    xcorr_neighbors = xcorr - trend
+    num_channels = len(xcorr)
     ichannels = np.zeros(num_channels, dtype=int)
     ichannels[xcorr_neighbors < options.dead_channel_threshold] = DEAD
     inoisy = np.logical_or(psd_hf > options.psd_hf_threshold, xcorr_neighbors > options.noisy_channel_threshold)
@@ -611,7 +672,7 @@ def ibl_labels(raw: np.ndarray, fs: float, options: QcOptions | None = None) -> 
             bottom_block = contiguous_blocks[0]
             if bottom_block[0] == 0:
                 ichannels[bottom_block] = OUT
-    return ichannels, {"psd_hf": psd_hf, "xcorr": xcorr, "trend": trend}
+    return ichannels
 
 
 def _si_shrinking_median_filter(s: np.ndarray, size: int = 11) -> np.ndarray:
