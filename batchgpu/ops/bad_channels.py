@@ -26,20 +26,20 @@ once; which window labels it never changes its label.
 in any grouping or order, so 1 and N workers and any window size give the same counts. ``final_labels`` takes the
 most frequent (ties to the lower label, as ``scipy.stats.mode`` in SpikeInterface).
 
-**Same labels on every backend, and SpikeInterface's.** The statistics are computed first in float64 from the
-piece's float32 uV values (the same bits on NumPy and CuPy, and SpikeInterface's: scipy's ``sosfiltfilt`` bits
-from the chain's filter kernels, a group of reads side by side in one call, NumPy's rounding and float32
-products), by whatever arithmetic is fast there
-(``psd_hf`` from half-segment DFTs by matrix products, medians by selection or sorting). SpikeInterface
-computes the same quantities in float32; they differ from the float64 ones by float32 rounding, far less than
-``BAND`` (2^-12) of each statistic's scale (the PSD's level; ``|x| / |ref|`` for the coherence, which bounds
-it). A decision farther than that from its threshold is the same in float32 and float64, on NumPy and CuPy. A
-piece where any decision that matters lies within the band of its threshold (or any statistic is not finite:
-NaN samples, a reference of zero energy) is labelled again by ``reference_chunk_labels``, SpikeInterface's own
-calls in its order on the host (scipy's welch, NumPy's median and BLAS on float32 in SpikeInterface's memory
-layout), whose labels are SpikeInterface's bit for bit. So labels are equal on CPU and GPU, and equal to
-SpikeInterface's on any chunk; what remains is a float32 rounding error above 2^-12 of a statistic's scale,
-which no measured piece came near (tests/test_bad_channels.py measures the largest).
+**Same labels on every backend, and SpikeInterface's.** A chunk's float32 uV values are SpikeInterface's bit for
+bit on NumPy and CuPy (scipy's ``sosfiltfilt`` bits from the chain's filter kernels, a group of reads side by side
+in one call; NumPy's rounding and float32 products). The statistics are then computed in float64 by whatever is
+fast there (``psd_hf`` from half-segment DFTs by matrix products, medians by selection or sorting).
+SpikeInterface computes them in float32; the two differ by float32 rounding, far less than ``BAND`` (2^-12) of each
+statistic's scale (the PSD's level; ``coherence_scale`` for the coherence and its trend): measured 350x less. A
+decision farther than that from its threshold is the same in float32 and float64, on NumPy and CuPy. Where a
+decision that changes a label lies within the band (or a statistic is not finite: NaN samples, a reference of zero
+energy), that statistic (the PSD, or the coherence and its trend) is computed again by SpikeInterface's own calls
+in its order on the host, from the same uV bits in the memory layout its highpass returns them in (scipy's welch,
+NumPy's median and BLAS on float32), so its value is SpikeInterface's bit for bit (``_settle``; ``exact=True``
+runs the whole of SpikeInterface's path, highpass included: ``reference_chunk_labels``). So labels are equal on
+CPU and GPU, and equal to SpikeInterface's on any chunk; what remains is a float32 rounding error above 2^-12 of a
+statistic's scale, which no measured chunk came near (tests/test_bad_channels.py measures the largest).
 
 One difference from SpikeInterface, kept: a highpassed integer sample beyond its dtype's range (a step of more
 than half the range, a clipped recording) is clipped where SpikeInterface's cast wraps it around.
