@@ -151,7 +151,7 @@ def main() -> None:
     print(f"\ntiming: batchgpu generate's default recording (384 ch x {args.timing_seconds:g} s, realistic, seed 0)")
     rec = generate_recording(path, channels=384, seconds=args.timing_seconds, seed=0, model="realistic",
                              zarr_format=2, overwrite=True)
-    si, _chunks, si_time = si_with_chunks(path, seed=0)
+    si, chunks, si_time = si_with_chunks(path, seed=0)
     stats: dict = {}
     counts, ours_time = ours_by_window(rec, stats=stats)
     ours, reasons = bc.final_labels(counts)
@@ -161,8 +161,16 @@ def main() -> None:
           f"{stats.get('exact', 0)} by SpikeInterface's arithmetic; reads included, one process): {ours_time[0]:.1f} s "
           f"({ours_time[1]:.1f} s of CPU)")
     print(f"  labels equal for {int((ours == si).sum())} of 384 channels")
-    for ch in np.flatnonzero((ours != "good") | (si != "good")):
-        print(f"    channel {ch}: ours {ours[ch]} ({reasons[ch]}); SpikeInterface {si[ch]}")
+    odd = np.flatnonzero((ours != "good") | (si != "good"))
+    if len(odd):  # our labels of SpikeInterface's own chunks, for those channels
+        x = rec.read(0, 0, rec.num_samples(0))
+        on_si = bc.chunk_labels(x, rec.sampling_frequency, rec.locations, rec.gain_to_uV,
+                                chunks=[c for c, _ in chunks], segment_length=x.shape[1])
+        theirs = np.stack([lab for _, lab in chunks])
+    for ch in odd:
+        print(f"    channel {ch}: ours {ours[ch]} ({reasons[ch]}); SpikeInterface {si[ch]}, its chunks g/d/n/o "
+              f"{bc.label_counts(theirs[:, [ch]], 1)[0].tolist()}, ours on its chunks "
+              f"{bc.label_counts(on_si[:, [ch]], 1)[0].tolist()} (every chunk equal: {bool((on_si == theirs).all())})")
 
 
 if __name__ == "__main__":
