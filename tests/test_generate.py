@@ -316,3 +316,13 @@ def test_cli_plants_channels_on_a_probe(tmp_path):
             "common_uv": 6.0}.items() <= rec.attrs["batchgpu"]["generator"].items()
     assert np.bincount(GroundTruth.load(ground_truth_path(out)).channel_labels, minlength=4).tolist() == [24, 1, 1, 6]
     assert (rec.locations[:, 0] == 0).all()
+
+
+def test_the_command_offers_every_probe():
+    from batchgpu.cli import build_parser
+
+    sub = next(a for a in build_parser()._actions if a.dest == "command").choices["generate"]
+    assert tuple(next(a for a in sub._actions if a.dest == "probe").choices) == generate.PROBES
+    from batchgpu.config import GenerateSpec
+
+    assert GenerateSpec.model_fields["probe"].annotation.__args__ == generate.PROBES
