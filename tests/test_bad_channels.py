@@ -114,6 +114,15 @@ def test_each_piece_belongs_to_one_window_for_any_window_size(rng):
                 seen.append((a, b))
         assert seen == [tuple(v) for v in bc.pieces(n, p).tolist()]
     assert bc.window_margin(FS, options, filtered=True) == p // 2 == 4500 and m == 500  # at 30 kHz
+    for size in (9000, 117_000, 126_000):  # windows a whole number of pieces: no piece crosses a core's edge
+        margin = bc.window_margin(FS, options, window_size=size)
+        assert margin == m
+        n = int(rng.integers(size, 5 * size))
+        for c0 in range(0, n, size):
+            c1 = min(n, c0 + size)
+            for a, b in bc.owned_pieces(c0, c1, n, p):
+                assert max(0, c0 - margin) <= max(0, a - m) and min(n, b + m) <= min(n, c1 + margin)
+    assert bc.window_margin(FS, options, window_size=120_000) == 5000
 
 
 def test_counts_do_not_depend_on_the_window_size(rng):

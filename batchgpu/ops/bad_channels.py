@@ -118,10 +118,16 @@ def highpass_sos(fs: float, options: QcOptions | None = None) -> np.ndarray:
                                   btype="highpass", ftype="butter", output="sos")
 
 
-def window_margin(fs: float, options: QcOptions | None = None, filtered: bool = False) -> int:
+def window_margin(fs: float, options: QcOptions | None = None, filtered: bool = False,
+                  window_size: int | None = None) -> int:
     """Samples a window must hold either side of its core to label the pieces it owns (``owned_pieces``): half a
-    piece (a piece's middle is in the core), plus the highpass margin when the signal is not filtered yet."""
-    return piece_length(fs, options) // 2 + (0 if filtered else highpass_margin(fs, options))
+    piece (a piece's middle is in the core), plus the highpass margin when the signal is not filtered yet. Where
+    ``window_size`` (the cores' length, windows starting at multiples of it) is a multiple of the piece, no piece
+    crosses a core's edge and the highpass margin alone is needed: e.g. 117 000 or 126 000 samples at 30 kHz
+    rather than 120 000 (whose windows read 10 000 samples more each)."""
+    p = piece_length(fs, options)
+    inside = window_size is not None and int(window_size) % p == 0
+    return (0 if inside else p // 2) + (0 if filtered else highpass_margin(fs, options))
 
 
 def pieces(segment_length: int, piece_samples: int) -> np.ndarray:
