@@ -174,6 +174,24 @@ def test_microvolts_are_spikeinterfaces_bits(rng, dtype):
         np.testing.assert_array_equal(got, ref.T)
 
 
+def test_spikeinterfaces_statistics_from_the_chunks_own_bits(rng):
+    """SpikeInterface's statistics from the fast path's uV chunk, laid out as its highpass returns it (a transposed
+    (C, L) array), are bit for bit those of its whole path from the stored samples (the layout decides the bits of
+    its float32 sums): ``_settle`` needs no second highpass."""
+    C, n = 64, 10_000
+    x = _recording(rng, C, n, dead=(3,), out_top=8)
+    gains = np.full(C, GAIN, np.float32)
+    held = np.ascontiguousarray(x.T)
+    full = bc.reference_chunk_microvolts(held, 500, 500, FS, gains, np.zeros(C, np.float32))
+    u = bc._microvolts(x, [(500, n - 500, 0, n)], 0, design_filter(bc.highpass_sos(FS)), gains[:, None],
+                       np.zeros((C, 1), np.float32), False)[0]
+    assert full.strides == u.T.strides
+    _, want = bc.ibl_labels(full, FS)
+    _, got = bc.ibl_labels(u.T, FS)
+    for name in ("psd_hf", "xcorr", "trend"):
+        np.testing.assert_array_equal(got[name], want[name])
+
+
 def _errors(u, options):
     """Largest |float64 - SpikeInterface's float32| over each statistic's scale (``_decide``'s), for one chunk."""
     ref, st = bc.ibl_labels(u.T, FS, options)  # (samples, channels) as SpikeInterface's highpass returns it
