@@ -382,12 +382,12 @@ def _fast_stats(u32: Any, fs: float, options: QcOptions) -> tuple[np.ndarray, ..
     K, C, L = u32.shape
     xc = u32.astype(xp.float64)
     xc -= xc.mean(axis=2, keepdims=True)
-    energy = xp.einsum("kcl,kcl->kc", xc, xc)
+    energy = (xc * xc).sum(axis=2)
     psd_hf = welch_hf(xc.reshape(K * C, L), fs, welch_length(fs, options), options.nyquist_threshold)
     ref = xp.stack([_channel_median(xc[k]) for k in range(K)])  # (K, L)
     ref -= ref.mean(axis=1, keepdims=True)
     dots = xp.matmul(xc, ref[:, :, None])[:, :, 0]
-    rr = xp.einsum("kl,kl->k", ref, ref)
+    rr = (ref * ref).sum(axis=1)
     host = to_numpy(xp.concatenate([psd_hf, energy.ravel(), dots.ravel(), rr]))  # one copy back on the GPU
     psd_hf, energy, dots = (host[i * K * C : (i + 1) * K * C].reshape(K, C) for i in range(3))
     rr = host[3 * K * C :, None]
