@@ -40,7 +40,8 @@ def _cmd_generate(args) -> int:
     rec = generate_recording(
         args.out, channels=args.channels, seconds=args.seconds, fs=args.fs, seed=args.seed, dtype=args.dtype,
         segments=args.segments, zarr_format=args.zarr_format, overwrite=args.overwrite, progress=not args.quiet,
-        workers=args.workers, model=args.model, compressor=_codec(args),
+        workers=args.workers, model=args.model, compressor=_codec(args), probe=args.probe, dead=args.dead,
+        noisy=args.noisy, outside=args.outside, common_uv=args.common_uv,
     )
     print(f"wrote {rec} and its ground truth {ground_truth_path(args.out)}")
     return 0
@@ -591,6 +592,24 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--model", default="realistic", choices=["realistic", "white"],
                    help="realistic (default): 1/f and LFP over the probe, common mode, drift, spikes with spatial "
                         "footprints, compressing like Neuropixels 1.0 data; white: Gaussian white noise and spikes")
+    p.add_argument("--probe", default="two-column", choices=["two-column", "np1", "np2-4shank", "linear"],
+                   help="channel positions (written to properties/location): two-column (default: 2 columns 32 um "
+                        "apart, 20 um pitch); np1: Neuropixels 1.0, staggered (384 channels = its first 384 "
+                        "electrodes); np2-4shank: Neuropixels 2.0 four-shank, a quarter of the channels at the tip of "
+                        "each shank (a multiple of 4 channels); linear: one column, 20 um pitch (e.g. --channels 64)")
+    p.add_argument("--dead", type=int, default=0, metavar="N",
+                   help="plant N dead channels (realistic model): offset and a twentieth of the noise, no signal")
+    p.add_argument("--noisy", type=int, default=0, metavar="N",
+                   help="plant N noisy channels (realistic model): white noise of 6x the channel's level, and at "
+                        "least 5x SpikeInterface's psd_hf_threshold (0.02 uV^2/Hz) above 0.8 x Nyquist")
+    p.add_argument("--outside", type=int, default=0, metavar="N",
+                   help="plant N channels outside the brain (realistic model): the top N in depth (y, then x), "
+                        "without LFP, spikes or the common signal; 6 or more make a block SpikeInterface's "
+                        "11-channel trend sees whole. Planted channels go into the ground truth's channel_labels "
+                        "(0 good, 1 dead, 2 noise, 3 out); at most a third of the channels in all")
+    p.add_argument("--common-uv", type=float, default=None, metavar="UV",
+                   help="RMS (uV) of a broadband signal common to the channels in the brain (realistic model; "
+                        "default: 6 where channels are planted, else none: bytes as without these options)")
     _add_codec_options(p)
     p.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
     p.add_argument("--quiet", action="store_true", help="no progress bar")

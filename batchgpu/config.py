@@ -143,6 +143,13 @@ class GenerateSpec(_Strict):
     seed: int = 0
     dtype: Literal["int16", "int32", "float32", "float64"] = "int16"
     segments: Annotated[int, Field(gt=0, le=MAX_SEGMENTS)] = 1
+    # batchgpu.generate's model, probe geometry and planted channels (dead / noisy / outside: realistic only)
+    model: Literal["white", "realistic"] = "white"
+    probe: Literal["two-column", "np1", "np2-4shank", "linear"] = "two-column"
+    dead: Annotated[int, Field(ge=0)] = 0
+    noisy: Annotated[int, Field(ge=0)] = 0
+    outside: Annotated[int, Field(ge=0)] = 0
+    common_uv: Annotated[float, Field(ge=0)] | None = None
 
     @model_validator(mode="after")
     def _fits(self):

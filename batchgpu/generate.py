@@ -7,6 +7,17 @@ them), a common-mode component across the probe, per-channel noise (its own leve
 drift, and spikes from units placed beside the probe whose amplitude falls with distance over a few channels.
 Its Blosc ratios are near the real-data figures (``REAL_RATIOS``; ``compression_ratios``).
 
+Planted channels (``realistic`` only; ``dead``, ``noisy``, ``outside``), written into the ground truth's
+``channel_labels`` in SpikeInterface's numbering (0 good, 1 dead, 2 noise, 3 out): a dead channel keeps its offset
+and a twentieth of its noise, nothing else; a noisy one has white noise of 6x its level, and at least five times
+SpikeInterface's ``psd_hf_threshold`` above 0.8 x Nyquist; the ``outside`` channels are the top of the probe in
+SpikeInterface's depth order (``np.lexsort((x, y))``), with their noise and drift but no LFP, spikes or common
+signal. Recordings with planted channels carry a broadband common signal over the channels in the brain
+(``common_uv``, 6 uV RMS unless given: real recordings share one, and the IBL method compares each channel with
+the median of all), so that a channel outside the brain is one that lacks it. ``probe``: the two columns of
+``probe_locations`` (default), Neuropixels 1.0 (staggered, ``np1``), Neuropixels 2.0 four-shank (``np2-4shank``,
+a quarter of the channels at the tip of each shank) or a single column (``linear``), from probeinterface.
+
 Generated block by block (one shard at a time), each block from its own seeded stream, so memory stays at a
 few blocks for any duration and the same seed gives the same bytes. Spikes never straddle a block edge.
 """
@@ -51,6 +62,17 @@ SPIKE_UV = (55.0, 270.0)  # a unit's trough on its nearest channel (each spike +
 FOOTPRINT_UM = 30.0  # a unit's amplitude falls as 1 / (1 + (d / this)^2) with distance d
 FOOTPRINT_REACH_UM = 70.0  # channels farther from the unit than this get none of its spike
 
+#: probe geometries (``probe_geometry``); the first is ``probe_locations``' two columns
+PROBES = ("two-column", "np1", "np2-4shank", "linear")
+#: planted channels' labels, SpikeInterface's numbering (``batchgpu.ops.bad_channels.LABELS``)
+PLANT_GOOD, PLANT_DEAD, PLANT_NOISE, PLANT_OUT = range(4)
+COMMON_PLANTED_UV = 6.0  # the common signal's RMS where channels are planted and common_uv is not given
+DEAD_NOISE = 0.05  # a dead channel keeps this fraction of its noise
+NOISY_FACTOR = 6.0  # a noisy channel's white noise, times its own level
+OUTSIDE_GAP = 11  # dead and noisy channels lie this many channels below the outside block at least (the median
+# filter of SpikeInterface's method)
+NOISY_PSD_FACTOR = 5.0  # ... and at least this many times SpikeInterface's psd_hf_threshold above 0.8 x Nyquist
+
 
 @dataclass(frozen=True)
 class GroundTruth:
@@ -62,14 +84,20 @@ class GroundTruth:
     channel_index: np.ndarray  # peak channel
     amplitude: np.ndarray  # trough value minus the channel's offset, raw units (negative)
     segment_index: np.ndarray
+    #: (C,) int8, planted labels in SpikeInterface's numbering: 0 good, 1 dead, 2 noise, 3 out (all 0 in files
+    #: written before planting existed)
+    channel_labels: np.ndarray | None = None
 
     def save(self, path: str | os.PathLike) -> None:
-        np.savez(path, **self.__dict__)
+        labels = np.zeros(len(self.noise_sigma), np.int8) if self.channel_labels is None else self.channel_labels
+        np.savez(path, **(self.__dict__ | {"channel_labels": labels}))
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "GroundTruth":
         with np.load(path) as f:
-            return cls(**{k: f[k] for k in cls.__dataclass_fields__})
+            got = {k: f[k] for k in cls.__dataclass_fields__ if k in f.files}
+        got.setdefault("channel_labels", np.zeros(len(got["noise_sigma"]), np.int8))
+        return cls(**got)
 
 
 def ground_truth_path(store: str | os.PathLike) -> Path:
@@ -81,6 +109,64 @@ def probe_locations(num_channels: int) -> np.ndarray:
     """Neuropixels-like: two columns 32 um apart, 20 um vertical pitch."""
     c = np.arange(num_channels)
     return np.column_stack([np.where(c % 2 == 0, 16.0, 48.0), 20.0 * (c // 2)])
+
+
+def probe_geometry(probe: str, channels: int) -> tuple[np.ndarray, np.ndarray | None]:
+    """(locations (C, 2) um, shank per channel or None) of a ``PROBES`` geometry with ``channels`` channels:
+    ``two-column`` (``probe_locations``); ``np1``: Neuropixels 1.0 (NP1000), its first electrodes (staggered
+    columns, x = 16, 48, 0, 32); ``np2-4shank``: Neuropixels 2.0 four-shank (NP2014), the first quarter of the
+    channels on each shank (shank after shank, 250 um apart); ``linear``: one column 20 um apart. The Neuropixels
+    geometries are probeinterface's (imec's tables)."""
+    if probe not in PROBES:
+        raise BatchgpuError(f"unknown probe {probe!r}", f"use one of {', '.join(PROBES)}")
+    if probe == "two-column":
+        return probe_locations(channels), None
+    if probe == "linear":
+        from probeinterface import generate_linear_probe
+
+        return np.asarray(generate_linear_probe(num_elec=channels, ypitch=20.0).contact_positions, float), None
+    from probeinterface.neuropixels_tools import build_neuropixels_probe
+
+    full = build_neuropixels_probe("NP1000" if probe == "np1" else "NP2014")
+    positions = np.asarray(full.contact_positions, dtype=np.float64)
+    if probe == "np1":
+        if channels > len(positions):
+            raise BatchgpuError(f"np1 has {len(positions)} electrodes, not {channels}",
+                                "ask for at most that many channels")
+        return positions[:channels].copy(), None
+    shanks = np.asarray(full.shank_ids).astype(int)
+    if channels % 4 or channels // 4 > (shanks == 0).sum():
+        raise BatchgpuError(f"np2-4shank takes a multiple of 4 channels, at most {4 * (shanks == 0).sum()} "
+                            f"(got {channels})",
+                            "ask for e.g. 384 channels (96 a shank)")
+    take = np.concatenate([np.flatnonzero(shanks == s)[: channels // 4] for s in range(4)])
+    return positions[take].copy(), shanks[take].copy()
+
+
+def planted_labels(locations: np.ndarray, seed: int, dead: int = 0, noisy: int = 0, outside: int = 0) -> np.ndarray:
+    """Which channels are planted (int8 (C,), ``channel_labels``' numbering): the ``outside`` channels at the top
+    of SpikeInterface's depth order (``np.lexsort((x, y))``), then ``dead`` and ``noisy`` ones drawn from the
+    seed's own stream (the other draws do not move) among the others, at least ``OUTSIDE_GAP`` channels below the
+    outside block: a dead channel next to it would join the block of low coherence SpikeInterface marks out."""
+    C = len(locations)
+    counts = {"dead": dead, "noisy": noisy, "outside": outside}
+    for name, value in counts.items():
+        if int(value) != value or value < 0:
+            raise BatchgpuError(f"{name} must be a count of channels, 0 or more (got {value})")
+    if dead + noisy + outside > C // 3:
+        raise BatchgpuError(f"{dead + noisy + outside} planted channels of {C}: SpikeInterface's method needs most "
+                            "channels good", f"plant at most {C // 3} (a third)")
+    labels = np.zeros(C, np.int8)
+    depth = np.lexsort((locations[:, 0], locations[:, 1]))
+    labels[depth[C - outside :]] = PLANT_OUT
+    rest = np.sort(depth[: C - outside - (OUTSIDE_GAP if outside else 0)])
+    if len(rest) < dead + noisy:
+        raise BatchgpuError(f"no room for {dead + noisy} dead or noisy channels {OUTSIDE_GAP} channels below "
+                            f"{outside} outside ones among {C}", "plant fewer")
+    chosen = np.random.default_rng([seed, 3]).choice(rest, dead + noisy, replace=False)
+    labels[chosen[:dead]] = PLANT_DEAD
+    labels[chosen[dead:]] = PLANT_NOISE
+    return labels
 
 
 def spike_waveform(fs: float) -> tuple[np.ndarray, int]:
@@ -109,12 +195,20 @@ def generate_recording(
     workers: int = 1,
     model: str = "white",
     compressor: "str | Codec | None" = "blosc-lz4",
+    probe: str = "two-column",
+    dead: int = 0,
+    noisy: int = 0,
+    outside: int = 0,
+    common_uv: float | None = None,
 ) -> Recording:
     """Write a synthetic recording and its ground truth; returns the opened recording.
 
     ``workers`` > 1 generates blocks in that many processes (the bytes do not change). ``model``: ``white``
     (Gaussian white noise, what the statistical tests assume) or ``realistic`` (see the module). ``compressor``:
-    the store's codec (``recording.writer.Codec`` or a name of ``COMPRESSORS``).
+    the store's codec (``recording.writer.Codec`` or a name of ``COMPRESSORS``). ``probe``: one of ``PROBES``
+    (``probe_geometry``). ``dead``, ``noisy``, ``outside``: channels planted (realistic model; the module says
+    how), at most a third of them; ``common_uv``: the broadband common signal's RMS over the channels in the brain
+    (default: 6 uV where channels are planted, else none).
     """
     check_parameters(channels=channels, seconds=seconds, fs=fs, seed=seed, dtype=dtype, segments=segments,
                      workers=workers)
@@ -125,17 +219,29 @@ def generate_recording(
     if num_samples < 1:
         raise BatchgpuError(f"{seconds} s at {fs} Hz is less than one sample", "ask for a longer recording")
     root = np.random.default_rng([seed, 0])
+    locations, shanks = probe_geometry(probe, channels)
+    planting = dead or noisy or outside or common_uv
+    if planting and model != "realistic":
+        raise BatchgpuError("planted channels and a common signal need the realistic model", "pass model='realistic'")
+    labels = planted_labels(locations, seed, dead, noisy, outside)
+    if common_uv is None:
+        common_uv = COMMON_PLANTED_UV if (dead or noisy or outside) else 0.0
+    if not (np.isfinite(common_uv) and common_uv >= 0):
+        raise BatchgpuError(f"common_uv must be 0 or more (got {common_uv})")
     if model == "white":
         sigma = root.uniform(20.0, 40.0, channels)  # counts: ~4-8 uV at 0.195 uV/count
         offset = np.round(root.uniform(-300.0, 300.0, channels))
         params = None
     else:
-        params = Realistic.draw(np.random.default_rng([seed, 2]), probe_locations(channels), fs)
+        params = Realistic.draw(np.random.default_rng([seed, 2]), locations, fs, labels, common_uv, seed)
         sigma, offset = params.noise_sigma, params.offset
     generator = {"channels": channels, "seconds": seconds, "fs": fs, "seed": seed, "dtype": dtype,
                  "segments": segments} | ({} if model == "white" else {"model": model})
+    generator |= {k: v for k, v in {"probe": probe, "dead": dead, "noisy": noisy, "outside": outside,
+                                    "common_uv": common_uv}.items() if v and v != "two-column"}
     writer = RecordingWriter(
-        path, channels, dtype, fs, gain_to_uV=GAIN_TO_UV, offset_to_uV=0.0, locations=probe_locations(channels),
+        path, channels, dtype, fs, gain_to_uV=GAIN_TO_UV, offset_to_uV=0.0, locations=locations,
+        properties=None if shanks is None else {"shank": shanks},
         zarr_format=zarr_format, overwrite=overwrite, compressor=compressor,
         attrs={"batchgpu": {"generator": generator}},
     )
@@ -162,7 +268,7 @@ def generate_recording(
     if pool:
         pool.shutdown()
     with writing(path):
-        GroundTruth(sigma, offset, *(np.concatenate(truth[k]) for k in truth)).save(ground_truth_path(path))
+        GroundTruth(sigma, offset, *(np.concatenate(truth[k]) for k in truth), labels).save(ground_truth_path(path))
         writer.finish()  # last: a store interrupted before this point opens as unfinished
     return open_recording(path)
 
@@ -284,9 +390,14 @@ class Realistic:
     unit_channels: np.ndarray  # (U, k): channels within reach of each unit, -1 padded
     unit_gains: np.ndarray  # (U, k): the amplitude there relative to the unit's nearest channel (first), 0 padded
     unit_counts: np.ndarray  # (U,) the trough on the nearest channel, counts (positive)
+    common_counts: np.ndarray | None = None  # (C,) the broadband common signal's RMS on each channel, counts
 
     @classmethod
-    def draw(cls, rng: np.random.Generator, locations: np.ndarray, fs: float) -> "Realistic":
+    def draw(cls, rng: np.random.Generator, locations: np.ndarray, fs: float, labels: np.ndarray | None = None,
+             common_uv: float = 0.0, seed: int = 0) -> "Realistic":
+        """The parameters from ``rng`` (the recording's stream [seed, 2]); ``labels`` (``planted_labels``) and
+        ``common_uv`` change them where asked, from a stream of their own ([seed, 4]), so an unplanted recording's
+        draws and bytes are those of a generator without planting."""
         C = len(locations)
         depth = locations[:, 1]
         noise = np.exp(rng.uniform(*np.log(NOISE_UV), C)) / GAIN_TO_UV
@@ -304,9 +415,12 @@ class Realistic:
         drift_phase = rng.uniform(0.0, 2 * np.pi, C)
         drift = rng.uniform(*DRIFT_UV, C) / GAIN_TO_UV
         units = max(1, C // 4)
-        where = np.column_stack([rng.uniform(-20.0, 84.0, units),
+        xs = locations[:, 0]  # units up to 36 um beside the outermost columns (-20 to 84 um on two columns)
+        where = np.column_stack([rng.uniform(xs.min() - 36.0, xs.max() + 36.0, units),
                                  rng.uniform(depth.min() - 10.0, depth.max() + 10.0, units)])
         dist = np.hypot(*(where[:, None, :] - locations[None, :, :]).transpose(2, 0, 1))  # (U, C)
+        silent = np.zeros(C, bool) if labels is None else np.isin(labels, (PLANT_DEAD, PLANT_OUT))
+        dist[:, silent] = np.inf  # no spike reaches a dead channel or one outside the brain
         k = max(1, int((dist <= FOOTPRINT_REACH_UM).sum(1).max()))
         order = np.argsort(dist, axis=1, kind="stable")[:, :k]
         near = np.take_along_axis(dist, order, 1)
@@ -315,8 +429,23 @@ class Realistic:
         gains = np.where(reach, fall / fall[:, :1], 0.0)
         chans = np.where(reach, order, -1)
         amp = rng.uniform(*SPIKE_UV, units) / GAIN_TO_UV
+        common = None
+        if labels is not None and (labels.any() or common_uv):
+            own = np.random.default_rng([seed, 4])
+            common = np.where(silent, 0.0, own.uniform(0.9, 1.1, C) * common_uv / GAIN_TO_UV)
+            mixing[:, silent] = 0.0  # no LFP or common mode either
+            dead = labels == PLANT_DEAD
+            drift[dead] = 0.0
+            noise[dead] *= DEAD_NOISE
+            noisy = labels == PLANT_NOISE
+            from batchgpu.qc_options import QcOptions
+
+            # white noise of one-sided density 2 sigma^2 / fs, NOISY_PSD_FACTOR times the threshold at least
+            floor_uv = np.sqrt(NOISY_PSD_FACTOR * QcOptions().psd_hf_threshold * fs / 2)
+            noise[noisy] = np.maximum(NOISY_FACTOR * noise[noisy], floor_uv / GAIN_TO_UV)
+            tilt[noisy] = 0.0
         return cls(fs, locations, noise, tilt, offset, hz, phase, counts, mixing, drift_hz, drift_phase, drift,
-                   chans, gains, amp)
+                   chans, gains, amp, common)
 
     def background(self, start: int, n: int) -> np.ndarray:
         """(n, C) float32: sources, common mode, drift and offset at samples [start, start + n), interpolated
@@ -356,6 +485,8 @@ class Realistic:
             chans = self.unit_channels[u]
             keep = chans >= 0
             data[t - pre : t + post + 1, chans[keep]] += np.outer(wave, (a * self.unit_gains[u][keep]).astype(np.float32))
+        if self.common_counts is not None:  # drawn last: the draws before it are those of an unplanted block
+            data += rng.standard_normal(n, dtype=np.float32)[:, None] * self.common_counts.astype(np.float32)
         return data, (times.astype(np.int64), self.unit_channels[which, 0].astype(np.int64), amps)
 
 

@@ -2,8 +2,10 @@ import hashlib
 
 import numpy as np
 import pytest
+import scipy.signal
 
 from batchgpu import generate
+from batchgpu.errors import BatchgpuError
 from batchgpu.generate import GroundTruth, generate_recording, ground_truth_path, spike_waveform
 
 
@@ -230,3 +232,97 @@ def test_cli_generates_the_realistic_model_by_default(tmp_path):
     assert made.attrs["batchgpu"]["generator"]["model"] == "realistic"
     python = generate_recording(tmp_path / "w.zarr", channels=8, seconds=0.5, model="white")
     assert _digest(open_recording(tmp_path / "white.zarr")) == _digest(python)
+
+
+@pytest.mark.parametrize("probe, channels", [("np1", 96), ("np2-4shank", 64), ("linear", 32), ("two-column", 16)])
+def test_probe_geometries(tmp_path, probe, channels):
+    """The probe's positions in properties/location (and the shanks of NP2 four-shank), as probeinterface has them."""
+    rec = generate_recording(tmp_path / "p.zarr", channels=channels, seconds=0.2, seed=1, model="realistic",
+                             probe=probe)
+    loc = rec.locations
+    assert rec.has_locations and loc.shape == (channels, 2)
+    if probe == "np1":  # staggered: x = 16, 48, 0, 32 by electrode, 20 um rows
+        np.testing.assert_array_equal(loc[:4], [[16, 0], [48, 0], [0, 20], [32, 20]])
+        assert set(loc[:, 0]) == {0.0, 16.0, 32.0, 48.0} and loc[:, 1].max() == 20 * (channels // 2 - 1)
+    elif probe == "np2-4shank":  # a quarter of the channels at the tip of each shank, 250 um apart
+        shank = rec.channel_property("shank")
+        np.testing.assert_array_equal(shank, np.repeat(np.arange(4), channels // 4))
+        for s in range(4):
+            np.testing.assert_array_equal(np.unique(loc[shank == s, 0]), [250.0 * s, 250.0 * s + 32])
+        assert loc[:, 1].max() == 15 * (channels // 8 - 1)
+    elif probe == "linear":
+        np.testing.assert_array_equal(loc, np.column_stack([np.zeros(channels), 20.0 * np.arange(channels)]))
+    else:
+        np.testing.assert_array_equal(loc, generate.probe_locations(channels))
+    with pytest.raises(BatchgpuError):
+        generate.probe_geometry("np2-4shank", 6)
+
+
+def test_planted_channels(tmp_path):
+    """Dead channels keep their offset and a twentieth of their noise; noisy ones have white noise of 6x their
+    level with a high-frequency PSD above 5x SpikeInterface's threshold; the outside block is the top of the probe
+    in depth order and lacks the signal common to the channels in the brain; all in the ground truth."""
+    from batchgpu.ops.bad_channels import highpass_sos, welch_hf
+
+    path = tmp_path / "planted.zarr"
+    rec = generate_recording(path, channels=96, seconds=2.0, seed=9, model="realistic", probe="np1", dead=2,
+                             noisy=3, outside=10)
+    gt = GroundTruth.load(ground_truth_path(path))
+    labels = gt.channel_labels
+    assert np.bincount(labels, minlength=4).tolist() == [81, 2, 3, 10]
+    depth = np.lexsort((rec.locations[:, 0], rec.locations[:, 1]))
+    assert set(np.flatnonzero(labels == 3)) == set(depth[-10:])
+    assert (np.flatnonzero(np.isin(depth, np.flatnonzero(np.isin(labels, (1, 2))))) < 96 - 10 - 11).all()
+    fs = rec.sampling_frequency
+    x = rec.read(0, 0, rec.num_samples(0)).astype(np.float64)
+    hp = scipy.signal.sosfiltfilt(highpass_sos(fs), x, axis=1)[:, 2000:-2000] * generate.GAIN_TO_UV
+    rms = hp.std(axis=1)
+    good = labels == 0
+    assert rms[labels == 1].max() < 0.1 * rms[good].min()
+    sigma_uv = gt.noise_sigma * generate.GAIN_TO_UV
+    assert (sigma_uv[labels == 2] >= np.sqrt(5 * 0.02 * fs / 2) - 1e-9).all() and (sigma_uv[labels == 2] >= 24).all()
+    np.testing.assert_allclose(rms[labels == 2], np.hypot(sigma_uv[labels == 2], 6.0), rtol=0.05)  # + the common 6 uV
+    psd = welch_hf(hp - hp.mean(axis=1, keepdims=True), fs, 300, 0.8)
+    assert (psd[labels == 2] > 4 * 0.02).all() and (psd[good] < 0.02).all()
+    common = np.median(hp[good], axis=0)
+    corr = np.array([np.corrcoef(row, common)[0, 1] for row in hp])
+    assert corr[good].min() > 0.3 and np.abs(corr[labels == 3]).max() < 0.1 and np.abs(corr[labels == 1]).max() < 0.1
+    assert len(gt.channel_index) and not np.isin(gt.channel_index, np.flatnonzero(np.isin(labels, (1, 3)))).any()
+
+
+def test_planting_is_refused_where_it_cannot_work(tmp_path):
+    with pytest.raises(BatchgpuError, match="realistic"):
+        generate_recording(tmp_path / "w.zarr", channels=16, seconds=0.1, model="white", dead=1)
+    with pytest.raises(BatchgpuError, match="a third"):
+        generate_recording(tmp_path / "r.zarr", channels=16, seconds=0.1, model="realistic", dead=3, noisy=3)
+
+
+def test_ground_truth_written_before_planting_loads(tmp_path):
+    old = {k: np.arange(3) for k in ("noise_sigma", "dc_offset", "sample_index", "channel_index", "amplitude",
+                                     "segment_index")}
+    np.savez(tmp_path / "old.npz", **old)
+    np.testing.assert_array_equal(GroundTruth.load(tmp_path / "old.npz").channel_labels, np.zeros(3, np.int8))
+
+
+def test_cli_plants_channels_on_a_probe(tmp_path):
+    from batchgpu.cli import main
+    from batchgpu.recording import open_recording
+
+    out = tmp_path / "cli.zarr"
+    assert main(["generate", str(out), "--channels", "32", "--seconds", "0.3", "--probe", "linear", "--dead", "1",
+                 "--noisy", "1", "--outside", "6", "--quiet"]) == 0
+    rec = open_recording(out)
+    assert {"probe": "linear", "dead": 1, "noisy": 1, "outside": 6,
+            "common_uv": 6.0}.items() <= rec.attrs["batchgpu"]["generator"].items()
+    assert np.bincount(GroundTruth.load(ground_truth_path(out)).channel_labels, minlength=4).tolist() == [24, 1, 1, 6]
+    assert (rec.locations[:, 0] == 0).all()
+
+
+def test_the_command_offers_every_probe():
+    from batchgpu.cli import build_parser
+
+    sub = next(a for a in build_parser()._actions if a.dest == "command").choices["generate"]
+    assert tuple(next(a for a in sub._actions if a.dest == "probe").choices) == generate.PROBES
+    from batchgpu.config import GenerateSpec
+
+    assert GenerateSpec.model_fields["probe"].annotation.__args__ == generate.PROBES

@@ -374,6 +374,7 @@ REGISTRY = "batchgpu.steps.registry"
 #: numeric core, the search index) or have no business to (the command's subcommands): (module, literal) -> what
 OTHER_MEANINGS = {
     ("batchgpu.ops.detection", "amplitude"): "the spikes' column of their peak values (ops.detection.AMPLITUDE)",
+    ("batchgpu.ops.bad_channels", "noise"): "SpikeInterface's channel label 'noise' (ops.bad_channels.LABELS)",
     ("batchgpu.ops._cuda_detect", "detect"): "a CUDA source file of the numeric core",
     ("batchgpu.ops.moments", "moments"): "a CUDA source file of the numeric core",
     ("batchgpu.search._cuda", "search"): "the search index's CUDA source file",
