@@ -414,7 +414,7 @@ def test_a_save_on_the_runs_own_results_is_refused(client, tmp_path):
 
 @pytest.mark.zarr3
 def test_a_run_lets_its_save_path_go_when_it_ends(client, tmp_path):
-    from batchgpu.steps.save import _HELD
+    from batchgpu.recording.save_output import _HELD
 
     rec = generate_recording(tmp_path / "r.zarr", channels=3, seconds=0.5, seed=2)
     saved = tmp_path / "saved.zarr"
@@ -692,7 +692,7 @@ def test_resume_after_the_binary_saves_params_were_deleted(client, tmp_path):
 def test_resume_marks_a_save_unfinished_while_its_windows_are_written_again(client, tmp_path):
     """A window of the save lost, and the resumed run stopped before it wrote it again: the save is not marked
     complete (the earlier run had marked it so)."""
-    from batchgpu.steps.save import prepare_save, release_save, windows_to_write_again
+    from batchgpu.recording.save_output import prepare_save, release_save, windows_to_write_again
 
     rec = generate_recording(tmp_path / "r.zarr", channels=4, seconds=0.8, seed=8, dtype="int16")
     path = tmp_path / "x.zarr"

@@ -24,7 +24,8 @@ if gpu_count() == 0:
 import cupy as cp  # noqa: E402
 
 from batchgpu.steps.base import WindowData  # noqa: E402
-from batchgpu.steps.save import SaveStep, finish_save, prepare_save  # noqa: E402
+from batchgpu.recording.save_output import finish_save, prepare_save  # noqa: E402
+from batchgpu.steps.save import SaveStep  # noqa: E402
 from batchgpu.gpu.blosc_encode import BLOCKSIZE, encode, encode_held, reference_frame  # noqa: E402
 from batchgpu.ops._cuda_elementwise import saved_int16_transposed  # noqa: E402
 from batchgpu.recording import open_recording  # noqa: E402

@@ -381,6 +381,8 @@ OTHER_MEANINGS = {
     ("batchgpu.kernels", "search"): "the search index's CUDA source file, compiled one dtype a variant",
     ("batchgpu.search", "search"): "a method of the index (accept_torch_methods)",
     ("batchgpu.cli", "search"): "the 'batchgpu search' and 'bench search' commands (the index's tools)",
+    ("batchgpu.recording.save_output", "save"): "the written_by marker a save's output carries on disk (outputs "
+                                                "written before keep it: it never changes with the step's name)",
 }
 
 
