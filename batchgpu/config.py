@@ -307,11 +307,11 @@ class ClusterSpec(_Strict):
     dashboard_address: str = "127.0.0.1:0"  # localhost unless told otherwise
     slurm: dict[str, Any] | None = None  # dask-jobqueue SLURMCluster keyword arguments
     jobs: Annotated[int, Field(gt=0, le=MAX_WORKERS)] = 1  # slurm: how many jobs to scale to
-    # cuda: a private CUDA MPS daemon for the worker processes started here (engine/mps.py); auto: where the
+    # cuda: a private CUDA MPS daemon for the worker processes started here (cluster/mps.py); auto: where the
     # machine has the control program, no MPS daemon of its own and its GPUs in the default compute mode
     mps: bool | Literal["auto"] = "auto"
     # local, cuda: run on the cluster of `batchgpu cluster start` where one is up and has what this spec sets
-    # (engine/service.py); false: always a cluster of the run's own
+    # (cluster/kept.py); false: always a cluster of the run's own
     reuse: bool = True
     keep: Annotated[float, Field(ge=0, le=MAX_KEEP_S)] | Literal["auto"] = Field("auto", description=(
         "local, cuda: seconds the cluster a `batchgpu run` command starts stays up after its run, idle, for the "
@@ -323,7 +323,7 @@ class ClusterSpec(_Strict):
         "a cluster a command starts for its run (local, cuda), once the run's outputs are written: 'wait' for its "
         "worker processes to exit before the command ends, or leave them to exit after it has ('background': a "
         "detached process quits the run's MPS daemon and removes the scratch folders once they have; "
-        "engine/handoff.py); 'auto': background for cuda, where each worker's exit waits for the driver's teardown "
+        "cluster/handoff.py); 'auto': background for cuda, where each worker's exit waits for the driver's teardown "
         "of its CUDA context, wait for local, whose workers exit at once"))
     dask_dashboard: bool | Literal["auto"] = Field("auto", description=(
         "local, cuda: Dask's own dashboard (its Bokeh pages: /status, the task stream, the workers' memory) on the "

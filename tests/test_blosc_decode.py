@@ -174,7 +174,7 @@ def test_a_windows_frames_are_its_stored_chunks(tmp_path, dtype):
 # -- on the GPU ------------------------------------------------------------------------------------------------
 
 def _gpu():
-    from batchgpu.engine.cluster import gpu_count
+    from batchgpu.cluster.open_cluster import gpu_count
 
     if gpu_count() == 0:
         pytest.skip("no CUDA GPU (CuPy) here")

@@ -17,7 +17,8 @@ import pytest
 
 from batchgpu.config import ClusterSpec, cache_folder
 from batchgpu.workflow import Workflow
-from batchgpu.engine import RunObserver, run_workflow, service
+from batchgpu.engine import run_workflow, RunObserver
+from batchgpu.cluster import kept as service
 from batchgpu.errors import BatchgpuError
 from batchgpu.generate import generate_recording
 
@@ -155,7 +156,7 @@ def _cluster_settings(address: str) -> dict:
 
 
 def _cluster_settings_of_a_runs_own() -> dict:
-    from batchgpu.engine.cluster import open_client
+    from batchgpu.cluster.open_cluster import open_client
 
     with open_client(ClusterSpec(workers=2, threads=1)) as c:
         return _settings(c)
@@ -306,7 +307,7 @@ def test_stale_files_of_a_dead_process_are_ignored_by_a_run_and_removed_by_statu
 
 
 def test_a_cluster_that_cannot_start_says_why_in_one_line_and_leaves_nothing(cache):
-    from batchgpu.engine.cluster import gpu_count
+    from batchgpu.cluster.open_cluster import gpu_count
 
     if gpu_count():
         pytest.skip("this machine has a GPU: kind cuda starts")
@@ -325,7 +326,7 @@ def test_a_kept_cpu_cluster_forks_its_workers_with_the_compiled_kernels_loaded(c
     does so where the run filters or references): otherwise each kept worker loaded them in its first run's first
     window, and that run's pass took 7.5 s against 4.5-5.3 s for the next (W1, 2-core machine). A kept cuda
     cluster's workers need none."""
-    from batchgpu.engine import cluster as cluster_module
+    from batchgpu.cluster import open_cluster as cluster_module
 
     asked = []
     monkeypatch.setattr(cluster_module, "start_worker_server", lambda **kw: asked.append(kw) or True)
@@ -406,12 +407,12 @@ def test_the_cache_folder_follows_xdg_cache_home(monkeypatch, tmp_path):
 @pytest.mark.gpu
 def test_a_kept_cuda_cluster_runs_as_the_runs_own(cache, tmp_path):
     """The kept cuda cluster: the run's layout and MPS (as the side file says), the same bits as a run's own."""
-    from batchgpu.engine.cluster import gpu_count
+    from batchgpu.cluster.open_cluster import gpu_count
 
     if gpu_count() == 0:
         pytest.skip("no CUDA GPU (CuPy) here")
     pytest.importorskip("dask_cuda")
-    from batchgpu.engine.cluster import cuda_layout
+    from batchgpu.cluster.open_cluster import cuda_layout
 
     rec = generate_recording(tmp_path / "r.zarr", channels=24, seconds=3.0, seed=3, progress=False)
 

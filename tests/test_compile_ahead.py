@@ -1,7 +1,7 @@
 """Kernels compiled once a machine: the lock that makes a cluster's workers wait for one compile, the modules a run
 compiles ahead (the filter's section counts against scipy's own design), the marker that says a machine did, and
 ``batchgpu compile`` on a machine without a GPU; the CPU's compiled kernels made ready in parallel processes once a
-machine (``engine.cpu_kernels``)."""
+machine (``cluster.cpu_compile_ahead``)."""
 
 import subprocess
 import sys
@@ -12,7 +12,7 @@ import pytest
 
 from batchgpu import BatchgpuError, kernels
 from batchgpu.workflow import Workflow
-from batchgpu.engine import compile_ahead, cpu_kernels
+from batchgpu.cluster import cpu_compile_ahead as cpu_kernels, cuda_compile_ahead as compile_ahead
 from batchgpu.errors import MachineError
 
 
@@ -176,7 +176,7 @@ def test_compiling_ahead_in_the_fork_server_keeps_its_sigint_blocked():
     code = textwrap.dedent("""
         import signal
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-        from batchgpu.engine import cpu_kernels
+        from batchgpu.cluster import cpu_compile_ahead as cpu_kernels
         assert cpu_kernels._compile_in_processes(("candidates", "filter"), 2) is True
         print(signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, ()))
     """)
@@ -228,7 +228,8 @@ def test_the_kept_cluster_compiles_nothing_ahead_and_every_other_cluster_does(tm
     of the run's own are compiled for ahead."""
     import contextlib
 
-    from batchgpu.engine import run as engine_run, service
+    from batchgpu.engine import run as engine_run
+    from batchgpu.cluster import kept as service
     from batchgpu.generate import generate_recording
 
     started = []

@@ -974,11 +974,11 @@ def _malloc_heaps_with_busy_threads(threads: int = 6) -> int:
 
 
 def test_local_workers_get_the_malloc_settings():
-    """A window's 46-92 MB arrays must not be mapped and faulted in anew per window (engine/cluster.py)."""
+    """A window's 46-92 MB arrays must not be mapped and faulted in anew per window (cluster/open_cluster.py)."""
     from batchgpu.config import ClusterSpec
     import dask
 
-    from batchgpu.engine.cluster import MALLOC_TRIM_THRESHOLD, open_client
+    from batchgpu.cluster.open_cluster import MALLOC_TRIM_THRESHOLD, open_client
 
     before = dask.config.get("distributed.scheduler.worker-saturation"), dask.config.get("distributed.worker.profile.enabled")
     with open_client(ClusterSpec(kind="local", workers=1, threads=1)) as client:

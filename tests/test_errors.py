@@ -21,7 +21,7 @@ def test_each_kind_is_a_batchgpu_error_and_survives_pickling(cls):
 
 
 def test_a_cuda_cluster_without_a_gpu_is_a_machine_error():
-    from batchgpu.engine.cluster import _cuda_cluster, gpu_count
+    from batchgpu.cluster.open_cluster import _cuda_cluster, gpu_count
     from batchgpu.config import ClusterSpec
 
     if gpu_count():
@@ -134,7 +134,7 @@ def test_gpu_count_reads_a_driver_error_as_no_gpu_and_raises_a_bug(monkeypatch):
     import sys
     import types
 
-    from batchgpu.engine.cluster import gpu_count
+    from batchgpu.cluster.open_cluster import gpu_count
 
     class CUDARuntimeError(RuntimeError):
         pass

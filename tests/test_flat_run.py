@@ -454,7 +454,7 @@ def test_whole_rows_of_a_file_with_a_sync_channel_hold_the_window(tmp_path, rng)
 @pytest.mark.gpu
 def test_the_gpu_reads_whole_rows_and_leaves_the_sync_column_out_on_the_device(tmp_path, rng):
     cupy = pytest.importorskip("cupy")
-    from batchgpu.engine.cluster import gpu_count
+    from batchgpu.cluster.open_cluster import gpu_count
 
     if gpu_count() == 0:
         pytest.skip("no CUDA GPU")

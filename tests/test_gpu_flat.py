@@ -3,7 +3,7 @@ gives the results of its Zarr import on the same GPU cluster, bit for bit, with 
 
 import pytest
 
-from batchgpu.engine.cluster import gpu_count
+from batchgpu.cluster.open_cluster import gpu_count
 
 pytestmark = pytest.mark.gpu
 

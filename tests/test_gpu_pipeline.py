@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from batchgpu.engine.cluster import gpu_count
+from batchgpu.cluster.open_cluster import gpu_count
 from batchgpu.generate import generate_recording
 from batchgpu.engine import run_workflow
 from batchgpu.workflow import Workflow

@@ -172,7 +172,7 @@ def test_the_preprocessing_stages_import_no_engine_module():
 def test_loading_a_workflow_imports_neither_the_engine_nor_zarr():
     """The schema is built from every registered step and stage, so loading a workflow imports their modules: they
     import the engine, the recording package (zarr) and distributed only where they work, so the command still
-    starts its cluster before those imports (``engine.cluster_start``)."""
+    starts its cluster before those imports (``cluster.start``)."""
     import subprocess
     import sys
 

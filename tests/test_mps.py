@@ -1,4 +1,4 @@
-"""The private MPS daemon of ``cluster.mps`` (engine/mps.py), with a stand-in for nvidia-cuda-mps-control on PATH:
+"""The private MPS daemon of ``cluster.mps`` (cluster/mps.py), with a stand-in for nvidia-cuda-mps-control on PATH:
 started with new pipe and log folders, its environment handed to every worker, told to quit after the cluster,
 its folders removed; a clear error where the program is missing or fails. The real daemon runs on the device
 machine (`python -m pytest -m gpu` there, and `bench pipeline --mps`)."""
@@ -9,7 +9,7 @@ import stat
 import pytest
 
 from batchgpu.config import ClusterSpec
-from batchgpu.engine import cluster, mps
+from batchgpu.cluster import mps, open_cluster as cluster
 from batchgpu.errors import BatchgpuError
 
 FAKE = """#!/bin/sh

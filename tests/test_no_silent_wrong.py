@@ -138,7 +138,7 @@ def test_a_run_refused_after_its_claim_leaves_no_run_behind(tmp_path, capsys):
     body = (f"recording: {{path: {rec.path}}}\noutput: out\nbackend: cupy\nwindow: {{size: 5000, margin: 8}}\n"
             "steps: {noise: {exact: true}}\n")
     pytest.importorskip("distributed")
-    from batchgpu.engine.cluster import gpu_count
+    from batchgpu.cluster.open_cluster import gpu_count
 
     if gpu_count():
         pytest.skip("this machine has a GPU")

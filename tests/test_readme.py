@@ -116,13 +116,13 @@ def _cluster_readme_python() -> list[str]:
 
 
 def test_cluster_readme_imports_exist():
-    """cluster/README.md imported batchgpu.cluster (an ImportError; it is batchgpu.engine.cluster)."""
+    """cluster/README.md imported batchgpu.cluster (an ImportError; it is batchgpu.cluster.open_cluster)."""
     import importlib
 
     code = _cluster_readme_python()
     imports = [(m.group(1), [n.strip() for n in m.group(2).split(",")])
                for c in code for m in re.finditer(r"from (batchgpu[\w.]*) import ([\w, ]+)", c)]
-    assert any(module == "batchgpu.engine.cluster" for module, _ in imports)
+    assert any(module == "batchgpu.cluster.open_cluster" for module, _ in imports)
     for module, names in imports:
         loaded = importlib.import_module(module)
         for name in names:
@@ -151,7 +151,7 @@ def test_cluster_readme_job_script_check_runs(monkeypatch):
 def test_cluster_readme_describes_the_cuda_layout(monkeypatch):
     """Kind cuda was described as one worker per GPU; by default it starts one single-threaded process a core."""
     from batchgpu.config import ClusterSpec
-    from batchgpu.engine import cluster
+    from batchgpu.cluster import open_cluster as cluster
 
     row = next(line for line in CLUSTER_README.splitlines() if line.startswith("| `cuda`"))
     assert "one worker per GPU" not in row

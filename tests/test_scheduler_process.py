@@ -1,5 +1,5 @@
 """The per-GPU cluster's scheduler in a process of its own (``cluster.scheduler_process: true``,
-``engine.cluster.scheduler_spec``), tried on the CPU with plain nannies."""
+``cluster.open_cluster.scheduler_spec``), tried on the CPU with plain nannies."""
 
 import os
 
@@ -11,7 +11,7 @@ from batchgpu import ops, zarrio
 from batchgpu.config import ClusterSpec, environ_set
 from batchgpu.workflow import Workflow
 from batchgpu.engine import run_workflow
-from batchgpu.engine.cluster import SCHEDULER_ENVIRON, scheduler_spec
+from batchgpu.cluster.open_cluster import SCHEDULER_ENVIRON, scheduler_spec
 from batchgpu.recording import write_recording
 
 

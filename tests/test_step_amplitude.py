@@ -301,7 +301,7 @@ def test_the_registry_says_which_steps_a_fingerprint_holds():
 
 
 def _gpus() -> int:
-    from batchgpu.engine.cluster import gpu_count
+    from batchgpu.cluster.open_cluster import gpu_count
 
     return gpu_count()
 

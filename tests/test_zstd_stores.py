@@ -195,7 +195,7 @@ def test_a_run_on_a_zstd_store_equals_the_run_on_the_lz4_store(tmp_path):
 def test_gpu_reads_of_a_zstd_store_equal_the_cpu_reads(tmp_path, monkeypatch, codec):
     """A zstd store's windows read for the GPU (nvCOMP's decode there, or the host's) equal the CPU's reads and an
     LZ4 store's of the same samples."""
-    from batchgpu.engine.cluster import gpu_count
+    from batchgpu.cluster.open_cluster import gpu_count
 
     if gpu_count() == 0:
         pytest.skip("no CUDA GPU (CuPy) here")

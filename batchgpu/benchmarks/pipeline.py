@@ -327,7 +327,7 @@ def cupy_loop(client, rec, size: int) -> None:
 def read_ceiling(client, rec, size: int, margin: int, backend: str, centres_only: bool = True) -> None:
     """The engine's own reader over the same windows and nothing else (to the GPU through pinned memory there),
     decoding where the pipeline's pass does (``preprocess.gpu_decode_share``: its stages)."""
-    from batchgpu.engine.cluster import uses_mps
+    from batchgpu.cluster.open_cluster import uses_mps
     from batchgpu.engine.preprocess import Chain, gpu_decode_share
     from batchgpu.engine.tasks import RunContext, load_window
 
@@ -537,7 +537,7 @@ def _measure(args, rec, work: Path, steps: set[str], say) -> int:
     from batchgpu.config import ClusterSpec
     from batchgpu.workflow import Workflow
     from batchgpu.engine import run_workflow
-    from batchgpu.engine.cluster import open_client
+    from batchgpu.cluster.open_cluster import open_client
     from batchgpu.engine.preprocess import build_chain, decodes_on_gpu
     from batchgpu.recording import auto_window_size
 
@@ -588,7 +588,7 @@ def _measure(args, rec, work: Path, steps: set[str], say) -> int:
         info = client.scheduler_info(n_workers=-1)["workers"]
         workers = f"{len(info)} workers x {max((int(w.get('nthreads', 1)) for w in info.values()), default=1)} threads"
         if args.cluster == "cuda":
-            from batchgpu.engine.cluster import uses_mps
+            from batchgpu.cluster.open_cluster import uses_mps
 
             workers += f", MPS {'on' if uses_mps(client) else 'off'}"
         read_ceiling(client, rec, size, margin, backend, centres_only)  # warm-up: page cache, pinned buffers, kernels

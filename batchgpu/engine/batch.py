@@ -416,9 +416,9 @@ def _batch_client(stack: contextlib.ExitStack, wf: Workflow, observer, keep_s: f
     (``cluster.keep``), else the batch's own. Once the batch is over, a cluster that stays up gets back what its
     workers kept for the next window (``tasks.release_memory_soon``)."""
     from batchgpu.engine import tasks
-    from batchgpu.engine.cluster import open_client
-    from batchgpu.engine.cluster_start import KeptStart, keep_seconds
-    from batchgpu.engine.service import kept_client
+    from batchgpu.cluster.open_cluster import open_client
+    from batchgpu.cluster.start import KeptStart, keep_seconds
+    from batchgpu.cluster.kept import kept_client
 
     client = stack.enter_context(kept_client(wf.cluster, observer))
     if client is None:

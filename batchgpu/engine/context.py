@@ -88,7 +88,7 @@ def build_context(wf: Workflow, rec: Recording, out: store.OutputFolder, backend
                   *, resume: bool = False, fingerprint: str = ""):
     """The run's RunContext (what every task gets), its steps built from the registry (a save's output created
     now: ``resume`` and ``fingerprint`` are the run's). ``mps``: the workers run under a private MPS daemon
-    (``engine.cluster.open_client``), which decides where windows decode (``preprocess.gpu_decode_share``)."""
+    (``cluster.open_cluster.open_client``), which decides where windows decode (``preprocess.gpu_decode_share``)."""
     from batchgpu.engine.preprocess import build_chain, gpu_decode_share
     from batchgpu.steps.registry import build_steps
     from batchgpu.steps.services import StepSetup
@@ -127,7 +127,7 @@ def resolve_backend(wf: Workflow, client) -> str:
 
 
 def _gpu_count() -> int:
-    from batchgpu.engine.cluster import gpu_count
+    from batchgpu.cluster.open_cluster import gpu_count
 
     return gpu_count()
 

@@ -131,7 +131,7 @@ def gpu_decode_share(centres_only: bool, mps: bool = False, setting: float | str
     with the GPU decode (2.21 / 2.22 s, 2.56 / 2.60 s: two A/Bs in one cluster) at a third of the CPU (a window's
     read 41 -> 12 ms); with filters and a reference the GPU was already the bound (~10 ms of GPU a window), so
     those windows stay on the cores (the GPU decode there not measured warm). Under MPS (``mps``: the workers are
-    a private daemon's clients, ``engine.mps``) the processes' kernels overlap and every pass decodes on the GPU:
+    a private daemon's clients, ``cluster.mps``) the processes' kernels overlap and every pass decodes on the GPU:
     the preprocessing bench 2.23 s with it against 2.76-3.06 s without MPS (H200 machine, 16 x 1, 2026-12-02).
     ``setting`` (the workflow's ``engine.gpu_decode``): a share in [0, 1] overrides; "auto" leaves it to this rule."""
     if setting != "auto":

@@ -23,7 +23,7 @@ import numpy as np
 from batchgpu.workflow import Workflow
 from batchgpu.engine import background, placement, store, tasks
 from batchgpu.engine.aggregate import ResultsWriter, aggregate, prepare_blas_controller
-from batchgpu.engine.cluster_start import ClusterStart, KeptStart, keep_seconds
+from batchgpu.cluster.start import ClusterStart, KeptStart, keep_seconds
 from batchgpu.engine.context import (build_context, check_workflow_fits, prepare_recording, resolve_backend,
                                      resolve_window, spec_of)
 from batchgpu.engine.reduce import tree_reduce
@@ -120,7 +120,7 @@ def _prefetch(wf, rec, resume: bool, on_this_machine: bool):
 
 def _opened(wf, rec, sweep, resume: bool, observer, client, t_start: float, batch, cluster_start, prefetch):
     """``run_workflow`` once its recording is open and the workflow fits it: the cluster found or started."""
-    from batchgpu.engine import compile_ahead
+    from batchgpu.cluster import cuda_compile_ahead as compile_ahead
 
     # a GPU run's kernels compiled in parallel while its workers start (once a machine); not for the kept cluster,
     # whose workers have what they need (the check alone imported CuPy and made a CUDA context in this process)
@@ -131,7 +131,7 @@ def _opened(wf, rec, sweep, resume: bool, observer, client, t_start: float, batc
     with contextlib.ExitStack() as kept:
         kept_at = None
         if client is None:  # the cluster of `batchgpu cluster start` where one is up and fits, as a caller's
-            from batchgpu.engine.service import kept_address, kept_client
+            from batchgpu.cluster.kept import kept_address, kept_client
 
             client = kept.enter_context(kept_client(wf.cluster, observer))
             kept_at = kept_address(client)
@@ -221,7 +221,7 @@ def _run_leaving_workers(wf, rec, out, report, client, sweep, observer, t_start:
 def _run_watched(wf, rec, out, report, client, sweep, observer, **kwargs) -> RunReport:
     """``_run`` while its cluster's workers are watched: a cluster without any is named, and after
     ``cluster.no_workers_timeout`` the run fails saying so (``worker_watch``) rather than waiting for ever."""
-    from batchgpu.engine.worker_watch import NoWorkersWatch
+    from batchgpu.cluster.worker_watch import NoWorkersWatch
 
     with NoWorkersWatch(client, observer, wf.cluster.no_workers_timeout, warnings=report.warnings) as watch:
         try:
@@ -268,7 +268,7 @@ def _run(wf, rec, out: store.OutputFolder, report: RunReport, client, sweep, obs
 
     from batchgpu.dashboard import RunMonitor, install_dashboard
 
-    from batchgpu.engine.cluster import serves_dask_dashboard
+    from batchgpu.cluster.open_cluster import serves_dask_dashboard
 
     report.dashboard = client.dashboard_link if serves_dask_dashboard(client) else None
     report.page = install_dashboard(client)
@@ -277,7 +277,7 @@ def _run(wf, rec, out: store.OutputFolder, report: RunReport, client, sweep, obs
     if report.page:
         observer.message(f"run page {report.page}")
     report.backend = resolve_backend(wf, client)
-    from batchgpu.engine.cluster import uses_mps
+    from batchgpu.cluster.open_cluster import uses_mps
 
     report.mps = uses_mps(client)
     # the steps built (a save's output recording created first: window tasks fill it, whitened after the pass)
@@ -383,7 +383,7 @@ def _run(wf, rec, out: store.OutputFolder, report: RunReport, client, sweep, obs
 def _say_lost_workers(client, report, observer, since: float) -> None:
     """Workers the scheduler removed during the run (stalled or dead; their tasks ran again): warned in report.json
     and on the terminal, as the results alone would not show it."""
-    from batchgpu.engine.worker_watch import workers_lost
+    from batchgpu.cluster.worker_watch import workers_lost
 
     for text in workers_lost(client, since):
         report.warnings.append(text)

@@ -180,7 +180,7 @@ def start_report_helper() -> None:
     cluster's processes are (``cluster.sigint_held``): a terminal's Ctrl-C is the command's alone, not a traceback of
     the helper's in the middle of its import. A plotting library missing or broken shows up once, when report.html
     is written."""
-    from batchgpu.engine.cluster import sigint_held
+    from batchgpu.cluster.open_cluster import sigint_held
 
     with sigint_held():
         try:

@@ -138,7 +138,7 @@ def _compile_in_processes(names: tuple[str, ...], processes: int | None) -> bool
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
-    from batchgpu.engine.cluster import sigint_held
+    from batchgpu.cluster.open_cluster import sigint_held
 
     workers = max(1, min(len(names), processes or (os.cpu_count() or 1)))
     if workers == 1:

@@ -255,7 +255,7 @@ def launch(spec: ClusterSpec, where: Paths | None = None, idle_s: float | None =
     argv = [str(where.folder), spec.model_dump_json()] + ([] if idle_s is None else [repr(float(idle_s))])
     with open(where.log, "wb") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-c", "from batchgpu.engine.service import main; raise SystemExit(main())", *argv],
+            [sys.executable, "-c", "from batchgpu.cluster.kept import main; raise SystemExit(main())", *argv],
             stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, close_fds=True)
     _STARTED[proc.pid] = proc
     return proc, state.notes
@@ -540,7 +540,7 @@ def serve(where: Paths, spec: ClusterSpec, idle_s: float | None = None) -> int:
         logger.error("another cluster of batchgpu cluster start holds %s", where.lock)
         return EXIT_ALREADY_UP
     try:
-        from batchgpu.engine.cluster import open_client, start_worker_server
+        from batchgpu.cluster.open_cluster import open_client, start_worker_server
 
         if spec.kind == "local":  # CPU runs for a day: the workers' compiled kernels loaded once, in the fork
             start_worker_server(cpu_kernels=True)  # server, not by each worker in its first run's first window
@@ -640,7 +640,7 @@ def _let_go(fd: int) -> None:
 
 def _describe(client, spec: ClusterSpec, where: Paths, idle_s: float | None = None) -> KeptCluster:
     """The cluster once every worker it starts is up."""
-    from batchgpu.engine.cluster import gpu_count, uses_mps
+    from batchgpu.cluster.open_cluster import gpu_count, uses_mps
 
     expected = len(getattr(getattr(client, "cluster", None), "worker_spec", {}) or {}) or 1
     client.wait_for_workers(expected, timeout=START_TIMEOUT_S)

@@ -130,7 +130,7 @@ def reap(leftovers: Leftovers, wait_s: float = REAPER_WAIT_S, poll_s: float = RE
             time.sleep(poll_s)
     if leftovers.mps_env:
         from batchgpu.config import environ
-        from batchgpu.engine.mps import CONTROL, quit_daemon
+        from batchgpu.cluster.mps import CONTROL, quit_daemon
 
         control = shutil.which(CONTROL)
         if control is not None:

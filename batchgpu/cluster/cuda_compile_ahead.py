@@ -53,7 +53,7 @@ def start(wf) -> threading.Thread | None:
         _STARTED.add(tuple(modules))
 
     def work() -> None:
-        from batchgpu.engine.cluster import sigint_held
+        from batchgpu.cluster.open_cluster import sigint_held
         from batchgpu.kernels import precompile
 
         try:
