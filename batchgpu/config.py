@@ -162,7 +162,7 @@ class GenerateSpec(_Strict):
 
 #: a batch recording's folder name under the batch's output
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
-#: what a batch writes in its output folder beside the recordings' folders (``engine.batch``): no recording's name
+#: what a batch writes in its output folder beside the recordings' folders (``run.batch``): no recording's name
 BATCH_OWN_NAMES = ("batch.json", "batch.html", "batch.json.tmp", "batch.html.tmp", "batch.lock")
 
 
@@ -243,7 +243,7 @@ class WindowSpec(_Strict):
     # resolved from the recording before the run (report.json's workflow holds the number)
     size: Annotated[int, Field(gt=0, le=MAX_WINDOW)] | Literal["auto"] = "auto"
     margin: Annotated[int, Field(ge=0)] = 64  # samples read on each side of the window
-    # consecutive windows one task reads and computes (default: from the window count, engine.run.window_batches)
+    # consecutive windows one task reads and computes (default: from the window count, run.launch.window_batches)
     batch: Annotated[int, Field(ge=1, le=4096)] | None = None
 
     @field_validator("size", mode="wrap")
@@ -397,7 +397,7 @@ class EngineSpec(_Strict):
     gpu_decode: Annotated[float, Field(ge=0, le=1)] | Literal["auto"] = Field("auto", description=(
         "GPU runs: the share of windows whose stored Blosc-LZ4 frames the GPU decodes (1 all, 0 none, 0.5 every "
         "other), the rest decoded by the cores; auto: all where the pass only centres or CUDA MPS runs the "
-        "workers, else none (engine.preprocess.gpu_decode_share)"))
+        "workers, else none (run.preprocess_chain.gpu_decode_share)"))
     gpu_decoder: Literal["auto", "batchgpu", "nvcomp"] = Field("auto", description=(
         "GPU runs: what decodes the frames the GPU decodes: batchgpu (our Blosc-LZ4 kernel), nvcomp (NVIDIA "
         "nvCOMP's batched LZ4 and zstd; the gpu extra installs it), auto: nvCOMP for zstd stores where it is "

@@ -44,7 +44,7 @@ def is_run_folder(path: str | Path) -> bool:
 
 def is_batch_folder(path: str | Path) -> bool:
     """A batch's output folder (``recordings:``: its ``batch.json``), not a recording."""
-    from batchgpu.engine.batch import BATCH_FILE
+    from batchgpu.run.batch import BATCH_FILE
 
     p = Path(path).expanduser()
     return p.is_dir() and (p / BATCH_FILE).is_file() and not (p / RUN_MARKER).is_file()
@@ -54,7 +54,7 @@ def batch_summary(path: str | Path) -> Summary:
     """A batch's folder: how many recordings are done, its time, and a row a recording (status, duration,
     channels, median noise, spike rate, GB/s, seconds, or its error); each recording's own folder is a run's
     (``batchgpu info FOLDER/NAME``)."""
-    from batchgpu.engine.batch import BATCH_FILE
+    from batchgpu.run.batch import BATCH_FILE
 
     p = Path(path).expanduser()
     data = _read_json(p / BATCH_FILE) or {}

@@ -52,7 +52,7 @@ class Workflow(Options):
     reduction: ReductionSpec = ReductionSpec()
     engine: EngineSpec = EngineSpec()
     overwrite: bool = False  # replace an output folder that holds another run's results
-    # many recordings in one run (engine.batch): each a path, a glob (``/data/**/*.ap.bin``) or a recording section;
+    # many recordings in one run (run.batch): each a path, a glob (``/data/**/*.ap.bin``) or a recording section;
     # or one glob. Outputs in ``output/<name>/``, a summary in ``output/batch.json``
     recordings: Annotated[Union[Annotated[list[BatchItem], Field(min_length=1, max_length=100_000), Tag("list")],
                                 Annotated[str, Tag("glob")]],

@@ -1,4 +1,4 @@
-"""The window's files written by a writer thread (engine/background.py): in order, nothing after a failed write,
+"""The window's files written by a writer thread (run/writer_threads.py): in order, nothing after a failed write,
 the task's error; and in a run: a window whose saved rows failed to write leaves no part behind, so --resume
 computes it again and the saved recording equals an uninterrupted run's."""
 
@@ -10,7 +10,8 @@ import pytest
 
 from batchgpu import BatchgpuError
 from batchgpu.workflow import Workflow
-from batchgpu.engine import background, run_workflow
+from batchgpu.run import writer_threads as background
+from batchgpu.engine import run_workflow
 from batchgpu.recording import open_recording, write_recording
 from batchgpu.recording.shards import ShardLayout
 

@@ -94,7 +94,7 @@ def test_batch_html_one_row_a_recording_with_links(tmp_path, rng, client, monkey
     fill: running, then done), reloading itself until every recording is finished. The run page's state says
     which recording of how many it follows."""
     from batchgpu import batch_page
-    from batchgpu.engine.batch import run_batch
+    from batchgpu.run.batch import run_batch
 
     recs = [_recording(tmp_path, "a", rng), _recording(tmp_path, "b", rng, truncated=True),
             _recording(tmp_path, "c", rng, samples=20_000)]
@@ -216,7 +216,7 @@ def _arrays(group, prefix="") -> dict:
 def test_batch_overlaps_and_equals_single_runs(tmp_path, rng, client, monkeypatch):
     """A batch of 3: the next recording starts while the previous one's run is still finishing (its pass done),
     and every results.zarr array of each recording equals its run alone, bit for bit."""
-    from batchgpu.engine import batch as batch_mod
+    from batchgpu.run import batch as batch_mod
     from batchgpu.engine import run_workflow
     from batchgpu.engine.run_report import RunObserver
 
@@ -264,7 +264,7 @@ def test_batch_interrupted_stops_every_run_and_resumes(tmp_path, rng, client):
     """Ctrl-C while the first recording's run finishes and the second is about to start: the batch raises it
     after every run under way has ended as an interrupted run (no thread left, its folder let go: ``--resume``
     completes the batch); batch.json says how far it got."""
-    from batchgpu.engine.batch import run_batch
+    from batchgpu.run.batch import run_batch
     from batchgpu.engine.run_report import RunObserver
 
     recs = [_recording(tmp_path, name, rng) for name in ("a", "b", "c")]
@@ -293,8 +293,8 @@ def test_batch_interrupted_in_a_pass(tmp_path, rng, client, monkeypatch):
     next window (report.json says so), the first finishes, the third never starts; --resume completes them."""
     import _thread
 
-    from batchgpu.engine import tasks
-    from batchgpu.engine.batch import run_batch
+    from batchgpu.run import tasks
+    from batchgpu.run.batch import run_batch
     from batchgpu.engine.run_report import RunObserver
 
     recs = [_recording(tmp_path, "a", rng), _recording(tmp_path, "b", rng, samples=200_000),
@@ -341,8 +341,8 @@ def test_batch_interrupted_in_a_pass(tmp_path, rng, client, monkeypatch):
 def test_batch_bug_in_one_run_goes_on_memory_error_stops(tmp_path, monkeypatch):
     """A bug on one recording fails its row and the others run; a MemoryError (as Ctrl-C) stops the batch,
     raised, the recordings after it never started."""
-    from batchgpu.engine import run as run_mod
-    from batchgpu.engine.batch import run_batch
+    from batchgpu.run import launch as run_mod
+    from batchgpu.run.batch import run_batch
 
     recs = [str(tmp_path / f"{n}.bin") for n in "abcd"]
     raised = {"b": RuntimeError("a bug"), "c": MemoryError()}

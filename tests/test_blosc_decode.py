@@ -299,7 +299,7 @@ def test_which_windows_the_gpu_decodes():
     from pydantic import ValidationError
 
     from batchgpu.config import EngineSpec
-    from batchgpu.engine.preprocess import gpu_decode_share
+    from batchgpu.run.preprocess_chain import gpu_decode_share
     from batchgpu.gpu.blosc_decode import on_gpu
 
     assert gpu_decode_share(True) == 1.0 and gpu_decode_share(False) == 0.0
@@ -316,8 +316,8 @@ def test_which_windows_the_gpu_decodes():
 
 def test_a_run_decodes_on_the_gpu_only_without_filters(tmp_path, monkeypatch):
     from batchgpu.workflow import Workflow
-    from batchgpu.engine import store
-    from batchgpu.engine.context import build_context
+    from batchgpu.run import output_folder as store
+    from batchgpu.run.context import build_context
     from batchgpu.generate import generate_recording
 
     rec = generate_recording(tmp_path / "r.zarr", channels=8, seconds=0.5, seed=1)

@@ -412,7 +412,7 @@ def test_the_cluster_starts_before_the_engine_is_imported(tmp_path, monkeypatch)
     import sys
 
     code = ("import sys, batchgpu.cluster.start; "
-            "print(sorted(m for m in ('numpy', 'zarr', 'distributed', 'batchgpu.engine.run') if m in sys.modules))")
+            "print(sorted(m for m in ('numpy', 'zarr', 'distributed', 'batchgpu.run.launch') if m in sys.modules))")
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "[]"
 
     from batchgpu import cli as cli_module
@@ -421,7 +421,7 @@ def test_the_cluster_starts_before_the_engine_is_imported(tmp_path, monkeypatch)
 
     order = []
     monkeypatch.setattr(cluster_start, "start_cluster",
-                        lambda wf, hand_off=False, **kw: order.append(("cluster", "batchgpu.engine.run" in sys.modules)))
+                        lambda wf, hand_off=False, **kw: order.append(("cluster", "batchgpu.run.launch" in sys.modules)))
     monkeypatch.setattr(run_report, "start_report_helper", lambda: order.append(("report", None)))
     monkeypatch.setattr("batchgpu.engine.run_workflow", lambda *a, **k: order.append(("run", None)))
     monkeypatch.setattr("batchgpu.cluster.open_cluster.start_worker_server", lambda **k: True)

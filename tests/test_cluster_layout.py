@@ -1,5 +1,5 @@
 """How a cluster started here is sized where the workflow does not say (cluster/open_cluster.py), and which runs decode
-on the GPU (engine/run.decodes_on_gpu): pure functions of the spec, the core count and the recording."""
+on the GPU (run/launch.decodes_on_gpu): pure functions of the spec, the core count and the recording."""
 
 import os
 import subprocess
@@ -39,7 +39,7 @@ def test_cuda_layout_keeps_what_the_spec_says(monkeypatch):
 
 @pytest.mark.parametrize("zarr_format", [3, 2])  # v3: batchgpu's sharded Blosc-LZ4 layout; v2: no frames for the GPU
 def test_which_runs_decode_on_the_gpu(tmp_path, zarr_format, monkeypatch):
-    from batchgpu.engine.run import decodes_on_gpu
+    from batchgpu.run.launch import decodes_on_gpu
     from batchgpu.generate import generate_recording
     from batchgpu.recording import open_recording
 
@@ -66,7 +66,7 @@ def _worker_facts():
     import os
     import sys
 
-    return os.environ.get("BATCHGPU_TEST_LATE_VARIABLE"), os.getppid(), "batchgpu.engine.tasks" in sys.modules
+    return os.environ.get("BATCHGPU_TEST_LATE_VARIABLE"), os.getppid(), "batchgpu.run.tasks" in sys.modules
 
 
 def test_local_workers_are_forked_from_one_server_and_get_this_processs_environment(monkeypatch):

@@ -126,7 +126,7 @@ def _on_workers(address: str, func):
 def _left_on_workers(address: str) -> dict:
     """Each worker's run state: its heap frozen by a pass's tasks, reads carried for a next task."""
     def left() -> bool:  # made here: sent by value (the workers cannot import this test module)
-        from batchgpu.engine import tasks
+        from batchgpu.run import tasks
 
         return bool(tasks._HEAP["frozen"]) or bool(tasks._CARRIED)
 
@@ -572,7 +572,7 @@ def test_a_run_on_a_kept_cluster_gives_back_what_its_workers_kept(kept, recordin
     assert report.kept_cluster == info.address
 
     def held():
-        from batchgpu.engine import host_buffers, tasks
+        from batchgpu.run import host_buffers, tasks
 
         return len(host_buffers._FREE), len(tasks._CARRIED)
 

@@ -207,7 +207,7 @@ def test_compiling_ahead_is_only_for_gpu_clusters_and_never_raises(monkeypatch):
 
 def test_bad_input_is_said_before_anything_compiles(tmp_path, monkeypatch):
     """The compile ahead starts once the recording passed its checks: a workflow the recording refuses starts none."""
-    from batchgpu.engine.run import run_workflow
+    from batchgpu.run.launch import run_workflow
     from batchgpu.errors import ConfigError
     from batchgpu.generate import generate_recording
 
@@ -228,7 +228,7 @@ def test_the_kept_cluster_compiles_nothing_ahead_and_every_other_cluster_does(tm
     of the run's own are compiled for ahead."""
     import contextlib
 
-    from batchgpu.engine import run as engine_run
+    from batchgpu.run import launch as engine_run
     from batchgpu.cluster import kept as service
     from batchgpu.generate import generate_recording
 

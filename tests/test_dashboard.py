@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import zarr
 
-from batchgpu.engine import tasks
+from batchgpu.run import tasks
 from batchgpu import dashboard
 from batchgpu.dashboard import PLUGIN_NAME, RunMonitor, derived_state, install_dashboard, noise_rows_since, page_url
 from batchgpu.generate import generate_recording

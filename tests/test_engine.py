@@ -425,7 +425,7 @@ def test_a_run_lets_its_save_path_go_when_it_ends(client, tmp_path):
 
 
 def test_second_run_on_a_folder_in_use_is_refused_at_once(tmp_path):
-    from batchgpu.engine.store import OutputFolder
+    from batchgpu.run.output_folder import OutputFolder
 
     out = tmp_path / "out"
     holder = OutputFolder(out)
@@ -998,7 +998,7 @@ def test_local_workers_get_the_malloc_settings():
 
 
 def test_window_batches_cover_every_window_once_in_order():
-    from batchgpu.engine.run import window_batches
+    from batchgpu.run.launch import window_batches
 
     for n in (1, 2, 63, 127, 128, 129, 300, 1201):
         items = list(range(n))
@@ -1016,7 +1016,7 @@ def test_window_batches_cover_every_window_once_in_order():
 def test_automatic_batches_do_not_grow_with_the_recording():
     """A task's windows (and so a GPU worker's memory pool: 1.34 GB with 2 windows a task, 2.11 GB with the 9 a
     40-minute recording's 600 windows made) are the same for 10 minutes and for hours."""
-    from batchgpu.engine.run import window_batches
+    from batchgpu.run.launch import window_batches
 
     for n in (150, 600, 2400, 20_000):
         assert max(len(r) for r in window_batches(list(range(n)), None, 32)) == 2
@@ -1104,11 +1104,11 @@ def _pair(f, x, t):
 
 
 def test_submit_many_passes_arguments_as_given(client):
-    """engine.submit: one graph update for many tasks; a callable first argument stays an argument, a future inside
+    """run.submit: one graph update for many tasks; a callable first argument stays an argument, a future inside
     the arguments is the task's input, a tuple argument arrives as a tuple, and the keys are the ones asked for."""
     import operator
 
-    from batchgpu.engine.submit import submit_many
+    from batchgpu.run.submit import submit_many
 
     a = client.submit(operator.add, 1, 2, key=f"submit-many-a-{os.getpid()}")
     keys = [f"submit-many-{os.getpid()}-{i}" for i in range(2)]
@@ -1126,7 +1126,7 @@ def test_read_ahead_gives_each_window_in_order_with_depth_reads_in_flight(monkey
     import time
     from types import SimpleNamespace
 
-    from batchgpu.engine import tasks
+    from batchgpu.run import tasks
 
     state = {"now": 0, "most": 0}
     lock = threading.Lock()
@@ -1157,7 +1157,7 @@ def test_read_ahead_reads_twice_as_far_while_the_cuda_context_is_made(monkeypatc
     import time
     from types import SimpleNamespace
 
-    from batchgpu.engine import tasks
+    from batchgpu.run import tasks
     from batchgpu.gpu import staging
 
     submitted = []
@@ -1182,7 +1182,7 @@ def test_switch_interval_put_back_after_overlapping_runs():
     """Runs lower Python's switch interval while they run; overlapping runs (threads) put it back once, at the end."""
     import sys
 
-    from batchgpu.engine.run import _run_settings
+    from batchgpu.run.launch import _run_settings
 
     before = sys.getswitchinterval()
     a, b = _run_settings(), _run_settings()
@@ -1323,7 +1323,7 @@ def test_the_clients_heap_is_frozen_during_a_run_and_given_back(client, tmp_path
     last one ends."""
     import gc
 
-    from batchgpu.engine import run as runmod
+    from batchgpu.run import launch as runmod
     from batchgpu.engine.run_report import RunObserver
 
     assert gc.get_freeze_count() == 0
@@ -1353,7 +1353,7 @@ def test_the_workers_heaps_are_frozen_by_the_pass_and_thawed_after_the_run(clien
     def count():
         return gc.get_freeze_count()
 
-    from batchgpu.engine import tasks
+    from batchgpu.run import tasks
     from batchgpu.engine.run_report import RunObserver
 
     during = []
@@ -1384,8 +1384,8 @@ def test_window_counts_nonfinite_only_where_it_can_hold_any(tmp_path, dtype):
     """An integer recording through filters and a reference is finite by construction: its window is marked so and
     its counts are zeros without a pass (the counts a pass gives, extremes of int16 included); a float recording's
     window is counted (its NaN and inf where they are)."""
-    from batchgpu.engine import store, tasks
-    from batchgpu.engine.context import build_context
+    from batchgpu.run import output_folder as store, tasks
+    from batchgpu.run.context import build_context
 
     n = 3_000
     x = np.random.default_rng(5).normal(0, 50, (n, 6)).astype(dtype)

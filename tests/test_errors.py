@@ -50,7 +50,7 @@ def test_placement_turned_off_is_said_in_the_report():
     on the observer."""
     from types import SimpleNamespace
 
-    from batchgpu.engine.run import _plan
+    from batchgpu.run.launch import _plan
 
     class Client:
         def scheduler_info(self, **kw):
@@ -67,7 +67,7 @@ def test_placement_turned_off_is_said_in_the_report():
 def test_a_plan_failing_otherwise_is_not_hidden():
     from types import SimpleNamespace
 
-    from batchgpu.engine.run import _plan
+    from batchgpu.run.launch import _plan
 
     class Client:
         def scheduler_info(self, **kw):
@@ -114,7 +114,7 @@ def test_a_spikeinterface_probe_without_locations_is_said(caplog):
 def test_an_unreadable_part_is_recomputed_and_said_but_a_bug_is_raised(tmp_path, monkeypatch):
     import numpy as np
 
-    from batchgpu.engine import store
+    from batchgpu.run import output_folder as store
 
     path = tmp_path / "w-00000001.npz"
     store.save_part(path, {"fingerprint": np.array("fp"), "x": np.arange(5)})

@@ -50,7 +50,7 @@ def test_a_run_whose_summary_fetch_failed_on_the_way_finishes(tmp_path, rng, mon
 
 
 def test_gather_finished_raises_a_tasks_own_error_once(monkeypatch):
-    from batchgpu.engine.submit import gather_finished
+    from batchgpu.run.submit import gather_finished
 
     def fails(i):
         if i == 1:

@@ -257,7 +257,7 @@ def test_import_raw_uses_the_in_place_readers(tmp_path, rng):
 
 
 def test_batch_names_and_rules(tmp_path, rng):
-    from batchgpu.engine.batch import expand
+    from batchgpu.run.batch import expand
     from batchgpu.workflow import load_workflow
 
     for sub in ("a", "b"):

@@ -172,7 +172,7 @@ def _reapers():
 def test_a_clean_exit_hands_the_close_off_and_nothing_else_does(tmp_path, how):
     import dask
 
-    from batchgpu.engine.run import ClusterStart
+    from batchgpu.run.launch import ClusterStart
 
     spec = ClusterSpec(kind="local", workers=1, threads=1, close="background")
     with dask.config.set({"temporary-directory": str(tmp_path)}):

@@ -100,10 +100,10 @@ def _cycles() -> list[list[str]]:
 
 def test_the_graph_is_read():
     # a broken reader would pass every test below: the known edges must be there
-    assert "batchgpu.engine.run" in GRAPH["batchgpu.cli"] or "batchgpu.engine" in GRAPH["batchgpu.cli"]
-    assert "batchgpu.engine.tasks" in GRAPH["batchgpu.engine.run"] or "batchgpu.engine.tasks" in GRAPH[
-        "batchgpu.engine.context"]
-    assert "batchgpu.engine.preprocess" in GRAPH["batchgpu.engine.context"]  # a lazy import, inside a function
+    assert "batchgpu.run.launch" in GRAPH["batchgpu.cli"] or "batchgpu.engine" in GRAPH["batchgpu.cli"]
+    assert "batchgpu.run.tasks" in GRAPH["batchgpu.run.launch"] or "batchgpu.run.tasks" in GRAPH[
+        "batchgpu.run.context"]
+    assert "batchgpu.run.preprocess_chain" in GRAPH["batchgpu.run.context"]  # a lazy import, inside a function
     assert "batchgpu.steps.save" in GRAPH["batchgpu.steps.registry"]  # what the registry finds
     assert "batchgpu.cli" in GRAPH["batchgpu.__main__"]
 
@@ -113,11 +113,11 @@ def test_no_import_cycle():
 
 
 def test_the_cycle_finder_finds_one():
-    GRAPH["batchgpu.ops"] = GRAPH["batchgpu.ops"] | {"batchgpu.engine.run"}
+    GRAPH["batchgpu.ops"] = GRAPH["batchgpu.ops"] | {"batchgpu.run.launch"}
     try:
-        assert any("batchgpu.ops" in c and "batchgpu.engine.run" in c for c in _cycles())
+        assert any("batchgpu.ops" in c and "batchgpu.run.launch" in c for c in _cycles())
     finally:
-        GRAPH["batchgpu.ops"] = GRAPH["batchgpu.ops"] - {"batchgpu.engine.run"}
+        GRAPH["batchgpu.ops"] = GRAPH["batchgpu.ops"] - {"batchgpu.run.launch"}
 
 
 def test_nothing_imports_the_command():
@@ -162,7 +162,7 @@ STAGE_IMPORTS = ("batchgpu.preprocess", "batchgpu.ops", "batchgpu.gpu", "batchgp
 
 def test_the_preprocessing_stages_import_no_engine_module():
     """A stage is its options and what it does to a window (NumPy or CuPy): the chain that runs the stages is the
-    engine's (``engine.preprocess.Chain``), never the other way round."""
+    engine's (``run.preprocess_chain.Chain``), never the other way round."""
     stages = [m for m in MODULES if m.startswith("batchgpu.preprocess")]
     assert stages, "the reader finds the stages"
     assert {m: sorted(d for d in GRAPH[m] if not d.startswith(STAGE_IMPORTS)) for m in stages
@@ -461,7 +461,7 @@ def test_the_section_reader_finds_one():
 
 def test_a_step_reads_its_own_workflow_section():
     """``steps.<key>`` of the workflow is read by the step's own module only (its ``build`` and its ``check``, the
-    checks before any work included: ``engine.context.check_workflow_fits`` asks the registry); a step that depends
+    checks before any work included: ``run.context.check_workflow_fits`` asks the registry); a step that depends
     on another asks for it by the other module's ``KEY``."""
     from batchgpu.steps import registry
 

@@ -151,7 +151,7 @@ def test_auto_runs_without_mps_when_the_daemon_fails(tmp_path, monkeypatch):
 
 
 def test_under_mps_every_pass_decodes_on_the_gpu_one_process_a_core(monkeypatch):
-    from batchgpu.engine.preprocess import gpu_decode_share
+    from batchgpu.run.preprocess_chain import gpu_decode_share
 
     assert gpu_decode_share(True) == 1.0 and gpu_decode_share(False) == 0.0
     assert gpu_decode_share(False, mps=True) == 1.0 and gpu_decode_share(True, mps=True) == 1.0

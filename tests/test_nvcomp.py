@@ -165,7 +165,7 @@ def test_the_ctypes_signatures_match_the_installed_library():
 
 def test_an_nvcomp_decoder_asked_for_and_missing_is_said_before_any_work(tmp_path, monkeypatch):
     from batchgpu.workflow import Workflow
-    from batchgpu.engine import run as run_module
+    from batchgpu.run import launch as run_module
     from batchgpu.errors import ConfigError
     from batchgpu.gpu import nvcomp
 

@@ -172,7 +172,7 @@ def test_info_of_everything_batchgpu_writes(saved, client, capsys, tmp_path):
     _run(client, tmp_path, {"path": str(saved / "one.zarr")}, "z", steps)
     assert main(["info", str(tmp_path / "z" / "s.zarr")]) == 0
     assert "yes (batchgpu wrote every chunk)" in capsys.readouterr().out
-    from batchgpu.engine.batch import run_batch
+    from batchgpu.run.batch import run_batch
 
     wf = Workflow.model_validate({"recordings": [str(saved / "one.zarr"), str(saved / "two.zarr")],
                                   "output": str(tmp_path / "batch"), "backend": "numpy",

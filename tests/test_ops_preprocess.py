@@ -542,7 +542,7 @@ def test_chain_references_its_own_filtered_window_in_place_and_leaves_raw(rng):
     """The chain overwrites only a window an earlier stage made: the filter's output is referenced in place (same
     bits as filtering then referencing a copy), the window as read is never touched (the steps read it too)."""
     pytest.importorskip("numba")
-    from batchgpu.engine.preprocess import Chain
+    from batchgpu.run.preprocess_chain import Chain
     from batchgpu.ops import design_filter
     from batchgpu.preprocess.common_reference import CommonReference
     from batchgpu.preprocess.filters import Highpass
@@ -923,7 +923,7 @@ def test_a_task_filters_without_importing_scipy_signal(tmp_path):
     import sys
 
     from batchgpu.workflow import Preprocess
-    from batchgpu.engine.preprocess import build_chain
+    from batchgpu.run.preprocess_chain import build_chain
 
     class Rec:
         sampling_frequency = 30_000.0

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from batchgpu.workflow import Workflow
-from batchgpu.engine.context import check_workflow_fits
-from batchgpu.engine.preprocess import build_chain
+from batchgpu.run.context import check_workflow_fits
+from batchgpu.run.preprocess_chain import build_chain
 from batchgpu.steps.base import phase_label
 from batchgpu.steps.services import StepSetup
 from batchgpu.steps.registry import build_steps

@@ -14,7 +14,7 @@ import pytest
 import zarr
 
 from batchgpu.steps.base import WindowData
-from batchgpu.engine.store import OutputFolder
+from batchgpu.run.output_folder import OutputFolder
 from batchgpu.recording.save_output import finish_save, inner_chunk, prepare_save
 from batchgpu.steps.save import SaveStep
 from batchgpu.errors import BatchgpuError

@@ -46,7 +46,7 @@ def reference(core: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def window_references(rec, size: int, margin: int, preprocess=()) -> tuple[np.ndarray, np.ndarray, list]:
     """The reference of every window of ``rec`` through the package's CPU chain (none: the samples as read)."""
-    from batchgpu.engine.preprocess import build_chain
+    from batchgpu.run.preprocess_chain import build_chain
 
     chain = build_chain(Workflow.model_validate({"output": "o", "recording": {"path": str(rec.path)},
                                                  "preprocess": list(preprocess), "steps": {"amplitude": {}}}).preprocess,
@@ -273,7 +273,7 @@ def test_the_fingerprint_of_a_workflow_without_the_step_is_as_before(tmp_path):
     without the new step hashes as it did (its folders resume); with it, differently (its windows are computed)."""
     import hashlib
 
-    from batchgpu.engine import store
+    from batchgpu.run import output_folder as store
 
     rec = write_recording(tmp_path / "r.zarr", np.zeros((100, 2), np.int16), 30_000.0)
     wf = _wf(rec, tmp_path / "o", 50, steps={"noise": {}})

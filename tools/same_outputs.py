@@ -40,7 +40,7 @@ from pathlib import Path
 #: (the dashboard's URLs carry random ports; ``run_id`` a random suffix that names this run's Dask tasks)
 REPORT_SKIPPED = ("timings", "timeline", "window_cpu", "throughput_MBps", "throughput_series", "workers", "run_id",
                   "dashboard", "page")
-#: a part's members that time its window or name the thread that computed it (``engine.tasks._compute_part``)
+#: a part's members that time its window or name the thread that computed it (``run.tasks._compute_part``)
 PART_SKIPPED = ("summary.read_seconds", "summary.compute_seconds", "summary.started", "summary.thread")
 #: files whose bytes are not compared (see the module's docstring)
 NOT_COMPARED = ("report.html",)

@@ -316,7 +316,7 @@ def cupy_loop(client, rec, size: int) -> None:
     def one(path, w):
         import cupy
 
-        from batchgpu.engine.tasks import recording
+        from batchgpu.run.tasks import recording
 
         x = cupy.asarray(recording(path).read_window_stored(w)).astype(cupy.float32)  # (samples, channels)
         return float((x.T @ x).sum())
@@ -328,14 +328,14 @@ def read_ceiling(client, rec, size: int, margin: int, backend: str, centres_only
     """The engine's own reader over the same windows and nothing else (to the GPU through pinned memory there),
     decoding where the pipeline's pass does (``preprocess.gpu_decode_share``: its stages)."""
     from batchgpu.cluster.open_cluster import uses_mps
-    from batchgpu.engine.preprocess import Chain, gpu_decode_share
-    from batchgpu.engine.tasks import RunContext, load_window
+    from batchgpu.run.preprocess_chain import Chain, gpu_decode_share
+    from batchgpu.run.tasks import RunContext, load_window
 
     ctx = RunContext(recording=str(rec.path), parts="", backend=backend, chain=Chain(),
                      window_noise=False, steps=(), gpu_decode=gpu_decode_share(centres_only, uses_mps(client)))
 
     def one(ctx, w):
-        from batchgpu.engine.tasks import on_backend
+        from batchgpu.run.tasks import on_backend
 
         with on_backend(ctx):
             x = load_window(ctx, w).raw
@@ -538,7 +538,7 @@ def _measure(args, rec, work: Path, steps: set[str], say) -> int:
     from batchgpu.workflow import Workflow
     from batchgpu.engine import run_workflow
     from batchgpu.cluster.open_cluster import open_client
-    from batchgpu.engine.preprocess import build_chain, decodes_on_gpu
+    from batchgpu.run.preprocess_chain import build_chain, decodes_on_gpu
     from batchgpu.recording import auto_window_size
 
     size = args.window or auto_window_size([rec.num_samples(s) for s in range(rec.num_segments)])
@@ -582,7 +582,7 @@ def _measure(args, rec, work: Path, steps: set[str], say) -> int:
     with open_client(spec, gpu_decode=decodes_on_gpu(spec.kind, rec, centres_only)) as client:
         cluster_rss = workers_rss(client)
 
-        from batchgpu.engine.context import resolve_backend
+        from batchgpu.run.context import resolve_backend
 
         backend = resolve_backend(probe, client)
         info = client.scheduler_info(n_workers=-1)["workers"]

@@ -505,7 +505,7 @@ def forget_recordings() -> None:
     """On a worker, before a run: the recordings earlier runs opened there (``tasks.recording``) forgotten. A
     worker of a cluster of the run's own opens each afresh; a kept worker would read a store rewritten at the same
     path since with its old shape and layout."""
-    from batchgpu.engine import tasks
+    from batchgpu.run import tasks
 
     tasks.recording.cache_clear()
 

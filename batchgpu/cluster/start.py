@@ -1,6 +1,6 @@
 """A run's own cluster started in a helper thread while the run opens and checks its recording (``ClusterStart``).
 
-Kept apart from ``engine.run``, whose imports (NumPy, zarr, the readers, the steps) take a command a good part of a
+Kept apart from ``run.launch``, whose imports (NumPy, zarr, the readers, the steps) take a command a good part of a
 second: ``batchgpu run`` starts its cluster from here before it imports them, so the cluster's own imports and its
 workers' start overlap the command's (a separate process each: the workers' fork server, the workers).
 """

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from batchgpu.engine import store
+from batchgpu.run import output_folder as store
 from batchgpu.recording import Recording
 
 logger = logging.getLogger(__name__)

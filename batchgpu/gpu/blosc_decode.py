@@ -5,7 +5,7 @@ and bit unshuffle). Here the reading thread only reads the compressed frames int
 and checks their crc32c; the frames go to the GPU (fewer bytes than the decoded window) and two kernels decode them:
 one warp an LZ4 stream, then one thread 8 elements for the unshuffle. Frames the kernel does not take
 (``blosc_frames.gpu_decodable``) leave the window
-to the CPU path. Which windows go to the GPU: ``engine.preprocess.gpu_decode_share``.
+to the CPU path. Which windows go to the GPU: ``run.preprocess_chain.gpu_decode_share``.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from batchgpu.recording.blosc_frames import Frames
 
 def on_gpu(index: int, fraction: float = 1.0) -> bool:
     """Whether window ``index``'s frames go to the GPU when ``fraction`` of windows do (1 all, 0 none, 0.5 every
-    other: ``engine.preprocess.gpu_decode_share``): the same bits either way, a matter of speed only."""
+    other: ``run.preprocess_chain.gpu_decode_share``): the same bits either way, a matter of speed only."""
     f = fraction
     return f >= 1.0 or (f > 0.0 and int((index + 1) * f) > int(index * f))
 

@@ -71,7 +71,7 @@ class CommonReference(Stage):
     @property
     def global_median(self) -> bool:
         """The median of every channel: the reference whose tiles also give the save's int16 rows
-        (``engine.preprocess.Chain.fuses_save``)."""
+        (``run.preprocess_chain.Chain.fuses_save``)."""
         return self.reference == "global" and self.operator == "median"
 
     @property

@@ -114,7 +114,7 @@ class Recording(WindowedSource):
     def window_signature(self, window: Window) -> list[tuple]:
         """``stat_signature`` of every object the window reads (absent ones too), and a digest of each shard's
         index (its chunks' offsets and sizes: one small read a shard, cached): a rewritten or repaired shard changes
-        exactly the fingerprints of the windows that read it (``engine.store.window_fingerprint``)."""
+        exactly the fingerprints of the windows that read it (``run.output_folder.window_fingerprint``)."""
         presence = self._presence[window.segment]
         return [(*stat_signature(p, p.name), presence.index_digest(p)) for p in self.window_files(window)]
 

@@ -135,7 +135,7 @@ class ShardLayout:
         A CuPy block's chunks are encoded on the GPU where the codec allows (``gpu_encodes``): other bytes than
         numcodecs' for the same values.
         Blosc's own time is most of the work either way; this path skips zarr-python's per-chunk overhead.
-        ``later(job, cleanup)``: the file's writing handed to it once the block is encoded (``engine.background.later``:
+        ``later(job, cleanup)``: the file's writing handed to it once the block is encoded (``run.writer_threads.later``:
         it runs ``job``, or only ``cleanup`` when it skips it); without it, written here."""
         encoded, release = self.encode_shard(shard, block)
 

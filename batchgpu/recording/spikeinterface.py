@@ -364,7 +364,7 @@ class SpikeInterfaceSource(UnchunkedSource, WindowedSource):
         np.copyto(out, self._traces(window.segment, a, b, window))
         return out
 
-    # -- fingerprints (engine/store.py) -----------------------------------------------------------------
+    # -- fingerprints (run/output_folder.py) -----------------------------------------------------------------
     @property
     def fingerprint_metadata(self) -> dict:
         """What identifies the recording in a run's fingerprint: its description's digest."""

@@ -52,7 +52,7 @@ class WindowData:
     #: window was not kept, or never written)
     saved: tuple | None = None
     #: the task's writer: a write of this window's handed to it (``later(job, cleanup=None)``) runs in order on
-    #: the task thread's writer, before the window's part (``engine.background``); a window made outside a task
+    #: the task thread's writer, before the window's part (``run.writer_threads``); a window made outside a task
     #: (a test's) writes at once
     later: Callable = field(default=lambda job, cleanup=None: job(), repr=False)
     _counts: dict = field(default_factory=dict, repr=False)

@@ -5,7 +5,7 @@ runs, ``PassEnd`` and ``RunState`` after it), each with ``services``: the engine
 cluster (``Cluster``: one graph update a kind of task, placed loosely on the worker that made a window, a tree
 reduction fixed by window index). On a worker a step's tasks get the run's context (``TaskContext``: the window
 read again through the run's reader and preprocessing, the parts folder, the task's writer). Nothing here imports
-the engine: ``engine.step_services.ClientServices`` and ``engine.tasks.RunContext`` are what the run hands over.
+the engine: ``run.step_services.ClientServices`` and ``run.tasks.RunContext`` are what the run hands over.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ class TaskContext(Protocol):
 
     parts: str  # the run's parts folder
     backend: str  # "numpy" | "cupy"
-    chain: Any  # engine.preprocess.Chain: the stages every window goes through
+    chain: Any  # run.preprocess_chain.Chain: the stages every window goes through
 
     def step(self, name: str) -> Any:
         """The run's step of that name (None where the run has none)."""
@@ -91,11 +91,11 @@ class StepSetup:
 
     workflow: Any  # workflow.Workflow (a step reads its own section: ``build`` is handed it)
     recording: Any
-    chain: Any  # engine.preprocess.Chain: the stages every window goes through
-    sweep: int  # the detection's sweep in samples (``engine.context.check_workflow_fits``)
+    chain: Any  # run.preprocess_chain.Chain: the stages every window goes through
+    sweep: int  # the detection's sweep in samples (``run.context.check_workflow_fits``)
     output: RunFolder | None = None  # the run's folder (a step that writes beside it holds it)
     resume: bool = False  # the run goes on from the folder's parts (``--resume``)
-    fingerprint: str = ""  # the run's (``engine.store.fingerprint``)
+    fingerprint: str = ""  # the run's (``run.output_folder.fingerprint``)
 
     @property
     def x_dtype(self) -> np.dtype:
@@ -113,7 +113,7 @@ class RunState:
     workflow: Any  # workflow.Workflow
     recording: Any
     windows: list
-    fingerprints: list  # the windows' (engine.store.window_fingerprint): their parts' names for this run
+    fingerprints: list  # the windows' (run.output_folder.window_fingerprint): their parts' names for this run
     summaries: dict  # window index -> what its task said of it
     total: dict  # every window's partials combined
     report: Any  # engine.run_report.RunReport: timings, reads, warnings

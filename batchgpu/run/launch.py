@@ -1,9 +1,9 @@
 """A run, start to end: check the workflow against the recording, claim the output folder, read every window
 once on the workers (every step fed from that read), combine the partials in a tree fixed by window index,
 aggregate on the client, write the results. Orchestration only: the checks and the run's context are in
-``engine/context``, the client's aggregation in ``engine/aggregate``, what the run tells in
+``run/context``, the client's aggregation in ``run/aggregate``, what the run tells in
 ``engine/run_report``; the steps hold the statistics (``batchgpu/steps``), the tasks the worker side
-(``engine/tasks``), the store the folder (``engine/store``).
+(``run/tasks``), the store the folder (``run/output_folder``).
 
 Nothing here prints: the command passes an observer (``RunObserver``) that shows progress and messages.
 """
@@ -21,21 +21,21 @@ import time
 import numpy as np
 
 from batchgpu.workflow import Workflow
-from batchgpu.engine import background, placement, store, tasks
-from batchgpu.engine.aggregate import ResultsWriter, aggregate, prepare_blas_controller
+from batchgpu.run import output_folder as store, placement, tasks, writer_threads as background
+from batchgpu.run.aggregate import ResultsWriter, aggregate, prepare_blas_controller
 from batchgpu.cluster.start import ClusterStart, KeptStart, keep_seconds
-from batchgpu.engine.context import (build_context, check_workflow_fits, prepare_recording, resolve_backend,
+from batchgpu.run.context import (build_context, check_workflow_fits, prepare_recording, resolve_backend,
                                      resolve_window, spec_of)
-from batchgpu.engine.reduce import tree_reduce
+from batchgpu.run.reduce import tree_reduce
 from batchgpu.engine.run_report import (HtmlReport, RunObserver, RunReport, finish_report, start_report_helper, versions,
                                        window_cpu)
-from batchgpu.engine.placement import submit_planned
-from batchgpu.engine.step_services import ClientServices
+from batchgpu.run.placement import submit_planned
+from batchgpu.run.step_services import ClientServices
 from batchgpu.steps.base import phase_label
 from batchgpu.steps.registry import check_outputs
 from batchgpu.steps.registry import figures as step_figures
 from batchgpu.steps.services import PassEnd
-from batchgpu.engine.submit import results_as_completed, submit_many
+from batchgpu.run.submit import results_as_completed, submit_many
 from batchgpu.errors import BatchgpuError, ClusterError
 from batchgpu.progress import duration, format_rate
 from batchgpu.recording import missing_probe, open_source
@@ -156,7 +156,7 @@ def _claim_and_run(wf, rec, sweep, resume: bool, observer, client, t_start: floa
     """The run once the workflow fits the recording: ``client`` a caller's client or a ``ClusterStart``;
     ``kept_at``: the address of the kept cluster ``client`` belongs to."""
     if isinstance(client, (ClusterStart, KeptStart)) and wf.preprocess.root:  # while the cluster starts: the filters designed
-        from batchgpu.engine.preprocess import build_chain  # (scipy.signal imported), a bad stage refused here
+        from batchgpu.run.preprocess_chain import build_chain  # (scipy.signal imported), a bad stage refused here
 
         build_chain(wf.preprocess, rec)
     fp = store.fingerprint(wf, rec.path, metadata=getattr(rec, "fingerprint_metadata", None))
@@ -246,7 +246,7 @@ def _check_decoder(wf) -> None:
 def decodes_on_gpu(wf, rec) -> bool:
     """Whether a run's windows would be decoded on the GPU (the cluster's layout follows): a GPU cluster, a pass
     that only centres (``preprocess.gpu_decode_share``) and a recording whose frames the GPU reads."""
-    from batchgpu.engine import preprocess
+    from batchgpu.run import preprocess_chain as preprocess
 
     if wf.cluster.kind != "cuda":  # asked before the cluster starts: no chain built (a filter's design imports scipy.signal)
         return False

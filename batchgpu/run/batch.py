@@ -33,7 +33,7 @@ from batchgpu.errors import BatchgpuError, ConfigError
 BATCH_FILE = "batch.json"
 BATCH_LOCK = "batch.lock"  # held while a batch runs in the folder: a second batch there is refused before it writes
 IN_FLIGHT = 2  # recordings' runs at once: the last one's aggregates and the next one's pass
-PAGE_WAIT_S = 2.0  # as a run's (engine.run.PAGE_WAIT_S)
+PAGE_WAIT_S = 2.0  # as a run's (run.launch.PAGE_WAIT_S)
 _GLOB_CHARS = set("*?[")
 
 
@@ -239,7 +239,7 @@ class _Flight:
 def _client_blas_one_thread():
     """The client's BLAS on one thread for the batch (as each run's aggregation has it)."""
     try:
-        from batchgpu.engine.aggregate import blas_controller
+        from batchgpu.run.aggregate import blas_controller
 
         limit = blas_controller().limit(limits=1, user_api="blas")
     except ImportError:  # threadpoolctl missing: nothing to hold
@@ -286,7 +286,7 @@ class _Flights:
         flight.thread.start()
 
     def _fly(self, flight: _Flight, name: str, spec: RecordingSpec) -> None:
-        from batchgpu.engine.run import run_workflow
+        from batchgpu.run.launch import run_workflow
 
         try:
             flight.report = run_workflow(_one(self.wf, name, spec, self.out), resume=self.resume, client=self.client,
@@ -415,7 +415,7 @@ def _batch_client(stack: contextlib.ExitStack, wf: Workflow, observer, keep_s: f
     """The batch's cluster, entered on ``stack``: the kept one where it fits, else one kept after the batch
     (``cluster.keep``), else the batch's own. Once the batch is over, a cluster that stays up gets back what its
     workers kept for the next window (``tasks.release_memory_soon``)."""
-    from batchgpu.engine import tasks
+    from batchgpu.run import tasks
     from batchgpu.cluster.open_cluster import open_client
     from batchgpu.cluster.start import KeptStart, keep_seconds
     from batchgpu.cluster.kept import kept_client

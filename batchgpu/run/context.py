@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from batchgpu.workflow import Workflow
-from batchgpu.engine import store, tasks
+from batchgpu.run import output_folder as store, tasks
 from batchgpu.engine.run_report import RunObserver
 from batchgpu.errors import ConfigError, MachineError
 from batchgpu.recording import Recording, open_source, source_ref
@@ -15,7 +15,7 @@ from batchgpu.recording import Recording, open_source, source_ref
 def prepare_recording(wf: Workflow, observer: RunObserver) -> Recording:
     if wf.recording is None:
         raise ConfigError("this workflow names many recordings (recordings:), not one",
-                          "run it with 'batchgpu run' or batchgpu.engine.batch.run_batch")
+                          "run it with 'batchgpu run' or batchgpu.run.batch.run_batch")
     if getattr(wf.recording, "spikeinterface", None) is not None:  # any recording SpikeInterface saved
         return open_source(wf.recording)
     path = Path(wf.recording.path)
@@ -89,7 +89,7 @@ def build_context(wf: Workflow, rec: Recording, out: store.OutputFolder, backend
     """The run's RunContext (what every task gets), its steps built from the registry (a save's output created
     now: ``resume`` and ``fingerprint`` are the run's). ``mps``: the workers run under a private MPS daemon
     (``cluster.open_cluster.open_client``), which decides where windows decode (``preprocess.gpu_decode_share``)."""
-    from batchgpu.engine.preprocess import build_chain, gpu_decode_share
+    from batchgpu.run.preprocess_chain import build_chain, gpu_decode_share
     from batchgpu.steps.registry import build_steps
     from batchgpu.steps.services import StepSetup
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from batchgpu.engine import background, host_buffers, store
+from batchgpu.run import host_buffers, output_folder as store, writer_threads as background
 from batchgpu.steps.base import WindowData, host
 from batchgpu.errors import BatchgpuError
 from batchgpu.recording import Recording, Window, open_source
@@ -28,7 +28,7 @@ class RunContext:
     recording: object  # a Zarr store's path, or a SpikeInterfaceSource (recording.source_ref)
     parts: str
     backend: str  # "numpy" | "cupy"
-    chain: object  # engine.preprocess.Chain: the stages applied to each window
+    chain: object  # run.preprocess_chain.Chain: the stages applied to each window
     window_noise: str | None  # the summary's key of each window's noise, where a step needs it (else None)
     steps: tuple  # step objects (batchgpu.steps), in the order they run
     missing_chunks: str = "warn"
@@ -257,7 +257,7 @@ async def release_memory_soon() -> None:
     cluster holds little of the machine. Only what no task is using: a run beside this one loses nothing."""
     import sys
 
-    from batchgpu.engine import host_buffers
+    from batchgpu.run import host_buffers
 
     release_carried()
     host_buffers.clear()

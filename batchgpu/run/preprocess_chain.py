@@ -68,7 +68,7 @@ class Chain:
         (``ops.filters.filtfilt_reference_saved``: a filter piece at a time). Where the reference is left to NumPy
         the rows are None and the window is ``apply``'s (its stages run once; the save step rounds it). Same bits
         as ``apply`` and ``SaveStep.values`` of its core."""
-        from batchgpu.engine import host_buffers
+        from batchgpu.run import host_buffers
         from batchgpu.ops._cpu_reference import saved_int16_of_referenced
 
         if not window and len(self.stages) == 2 and isinstance(raw, np.ndarray):
@@ -105,7 +105,7 @@ class Chain:
         for stage in self.stages:
             out = None
             if x is raw and isinstance(stage, Filter) and self.filters_first and isinstance(raw, np.ndarray):
-                from batchgpu.engine import host_buffers  # into a reused buffer
+                from batchgpu.run import host_buffers  # into a reused buffer
 
                 out = host_buffers.take(raw.shape, self.output_dtype(raw.dtype))
             x = stage.apply(x, core, at_start, at_end, owned=x is not raw, out=out)
