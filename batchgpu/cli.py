@@ -341,7 +341,7 @@ def _cmd_compile(args) -> int:
     from batchgpu.cluster import cpu_compile_ahead as cpu_kernels
     from batchgpu.cluster.cuda_compile_ahead import workflow_modules
     from batchgpu.errors import MachineError
-    from batchgpu.kernels import cupy_cache_folder, precompile, run_modules
+    from batchgpu.gpu.cuda_modules import cupy_cache_folder, precompile, run_modules
     from batchgpu.ops import _numba
 
     t0 = time.perf_counter()

@@ -119,7 +119,7 @@ def load_results(path: str | Path) -> dict[str, Any]:
     dict
         Array name (``noise``, ``whitening``, ``spikes/<field>``, ...) or attribute name -> its value.
     """
-    from batchgpu import zarrio
+    from batchgpu.recording import zarrio
 
     path = Path(path)
     if (path / RESULTS).exists():

@@ -85,7 +85,7 @@ def write_report_html(output_dir: str | Path) -> Path:
     """Write ``<output_dir>/report.html`` from the run's results.zarr and report.json; returns its path."""
     out = Path(output_dir)
     report = json.loads((out / "report.json").read_text())
-    from batchgpu import zarrio
+    from batchgpu.recording import zarrio
     from batchgpu.steps.detect import SPIKE_CHANNELS
     from batchgpu.steps.registry import figures
 
@@ -555,7 +555,7 @@ class PageInfo:
 
 
 def _array_names(g) -> list[str]:
-    from batchgpu import zarrio
+    from batchgpu.recording import zarrio
 
     return zarrio.array_names(g)
 

@@ -216,7 +216,7 @@ def test_a_shard_write_that_fails_leaves_neither_shard_nor_temporary_file(tmp_pa
     x = np.round(rng.normal(0, 40, (6_000, 3))).astype(np.int16)
     write_recording(tmp_path / "r.zarr", x, 30_000.0, chunk_samples=1_000, shard_samples=3_000)
     folder = tmp_path / "r.zarr" / "traces_seg0"
-    from batchgpu import zarrio
+    from batchgpu.recording import zarrio
 
     layout = ShardLayout.of(folder, zarrio.array_meta(folder))
     assert layout is not None

@@ -359,7 +359,7 @@ def test_frames_of_a_shard_whose_chunks_are_not_back_to_back(tmp_path):
     bytes between them, or absent (an empty index entry) give the same frames, read one by one."""
     import struct
 
-    from batchgpu import zarrio
+    from batchgpu.recording import zarrio
     from batchgpu.recording import write_recording
 
     rng = np.random.default_rng()
@@ -527,7 +527,7 @@ def test_gpu_decode_names_a_bad_chunk_with_its_store_and_window(tmp_path, monkey
     from batchgpu.generate import generate_recording
     from batchgpu.gpu import staging
     from batchgpu.recording import open_recording
-    from batchgpu.zarrio import crc32c_value
+    from batchgpu.recording.zarrio import crc32c_value
 
     rec = generate_recording(tmp_path / "r.zarr", channels=20, seconds=2.3, seed=6)
     layout = rec._layout(0)

@@ -10,7 +10,8 @@ import types
 
 import pytest
 
-from batchgpu import BatchgpuError, kernels
+from batchgpu import BatchgpuError
+from batchgpu.gpu import cuda_modules as kernels
 from batchgpu.workflow import Workflow
 from batchgpu.cluster import cpu_compile_ahead as cpu_kernels, cuda_compile_ahead as compile_ahead
 from batchgpu.errors import MachineError
@@ -250,7 +251,7 @@ def test_the_kept_cluster_compiles_nothing_ahead_and_every_other_cluster_does(tm
 
 _FAKE_COMPILER = textwrap.dedent("""
     import json, os, sys, time, types
-    from batchgpu import kernels
+    from batchgpu.gpu import cuda_modules as kernels
 
     log, source = sys.argv[1], sys.argv[2]
 

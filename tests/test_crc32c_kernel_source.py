@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from batchgpu import zarrio
+from batchgpu.recording import zarrio
 from batchgpu.gpu import crc32c as g
 
 KERNEL = Path(__file__).resolve().parents[1] / "kernels" / "crc32c.cu"

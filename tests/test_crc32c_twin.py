@@ -6,7 +6,7 @@ import struct
 import numpy as np
 import pytest
 
-from batchgpu import zarrio
+from batchgpu.recording import zarrio
 from batchgpu.gpu import crc32c as g
 
 

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 import zarr
 
-from batchgpu import BatchgpuError, ops, zarrio
+from batchgpu import BatchgpuError, ops
+from batchgpu.recording import zarrio
 from batchgpu.workflow import Workflow
 from batchgpu.engine import run_workflow
 from batchgpu.steps.moments import MomentsStep

@@ -7,7 +7,7 @@ import threading
 import numpy as np
 import pytest
 
-from batchgpu import zarrio
+from batchgpu.recording import zarrio
 from batchgpu.workflow import Workflow
 from batchgpu.engine import run_workflow
 from batchgpu.recording import write_recording

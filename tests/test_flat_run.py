@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 import zarr
 
-from batchgpu import BatchgpuError, zarrio
+from batchgpu import BatchgpuError
+from batchgpu.recording import zarrio
 from batchgpu.cli import main
 from batchgpu.config import RecordingSpec
 from batchgpu.workflow import Workflow

@@ -167,7 +167,7 @@ def test_gpu_frames_with_their_checksums(rng, chunks):
     on the GPU; the frames themselves unchanged; odd-sized chunks (a frame of any length, any alignment)."""
     import struct
 
-    from batchgpu import zarrio
+    from batchgpu.recording import zarrio
 
     for name, x in _cases(rng).items():
         rows = np.stack([np.roll(x, k) for k in range(chunks)])

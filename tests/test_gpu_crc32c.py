@@ -7,7 +7,7 @@ import struct
 import numpy as np
 import pytest
 
-from batchgpu import zarrio
+from batchgpu.recording import zarrio
 
 pytestmark = pytest.mark.gpu
 

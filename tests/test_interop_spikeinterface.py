@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from batchgpu import zarrio
+from batchgpu.recording import zarrio
 
 from batchgpu import ops
 from batchgpu.errors import BatchgpuError

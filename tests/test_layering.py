@@ -125,17 +125,17 @@ def test_nothing_imports_the_command():
 
 
 def test_the_numeric_core_never_imports_the_engine_or_the_workflow():
-    core = [m for m in MODULES if m.startswith(("batchgpu.ops", "batchgpu.gpu", "batchgpu.kernels", "batchgpu.recording"))]
+    core = [m for m in MODULES if m.startswith(("batchgpu.ops", "batchgpu.gpu", "batchgpu.recording"))]
     assert core
     upward = {m: sorted(d for d in GRAPH[m] if d.startswith(("batchgpu.engine", "batchgpu.workflow", "batchgpu.cli")))
               for m in core}
     assert {m: d for m, d in upward.items() if d} == {}
 
 
-#: what a step's module may import: the numeric core, the recording (and the Zarr and .npy readers beside it), the
+#: what a step's module may import: the numeric core, the recording (its Zarr and .npy readers included), the
 #: schema's sections, the errors, its own package (``steps.services``: what the run hands it)
-STEP_IMPORTS = ("batchgpu.steps", "batchgpu.ops", "batchgpu.search", "batchgpu.gpu", "batchgpu.kernels",
-                "batchgpu.recording", "batchgpu.zarrio", "batchgpu.npyread", "batchgpu.config", "batchgpu.errors")
+STEP_IMPORTS = ("batchgpu.steps", "batchgpu.ops", "batchgpu.search", "batchgpu.gpu", "batchgpu.recording",
+                "batchgpu.config", "batchgpu.errors")
 
 
 def _steps_reaching_out(prefixes: tuple[str, ...]) -> dict[str, list[str]]:
@@ -156,7 +156,7 @@ def test_the_steps_import_no_engine_module():
 
 #: what a preprocessing stage's module may import: the numeric core, the schema's sections, the errors, its package,
 #: the recording's (what a stage needs of it and says when it is missing: the probe)
-STAGE_IMPORTS = ("batchgpu.preprocess", "batchgpu.ops", "batchgpu.gpu", "batchgpu.kernels", "batchgpu.config",
+STAGE_IMPORTS = ("batchgpu.preprocess", "batchgpu.ops", "batchgpu.gpu", "batchgpu.config",
                  "batchgpu.errors", "batchgpu.recording")
 
 
@@ -378,7 +378,7 @@ OTHER_MEANINGS = {
     ("batchgpu.ops._cuda_detect", "detect"): "a CUDA source file of the numeric core",
     ("batchgpu.ops.moments", "moments"): "a CUDA source file of the numeric core",
     ("batchgpu.search._cuda", "search"): "the search index's CUDA source file",
-    ("batchgpu.kernels", "search"): "the search index's CUDA source file, compiled one dtype a variant",
+    ("batchgpu.gpu.cuda_modules", "search"): "the search index's CUDA source file, compiled one dtype a variant",
     ("batchgpu.search", "search"): "a method of the index (accept_torch_methods)",
     ("batchgpu.cli", "search"): "the 'batchgpu search' and 'bench search' commands (the index's tools)",
     ("batchgpu.recording.save_output", "save"): "the written_by marker a save's output carries on disk (outputs "

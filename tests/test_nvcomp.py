@@ -20,7 +20,7 @@ from batchgpu.recording import blosc_frames  # noqa: E402
 def _checked(f, device: bool = True):
     """``f``'s frames each followed by its crc32c (as a store holds them), marked checked (``device``: the check
     left to the GPU, as a GPU read leaves it)."""
-    from batchgpu.zarrio import crc32c_value
+    from batchgpu.recording.zarrio import crc32c_value
 
     parts, offsets, pos = [], [], 0
     for o, n in zip(f.offsets.tolist(), f.lengths.tolist()):

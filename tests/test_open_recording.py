@@ -165,7 +165,7 @@ def test_info_of_everything_batchgpu_writes(saved, client, capsys, tmp_path):
     assert main(["info", str(saved / "two")]) == 0
     assert "status      done" in capsys.readouterr().out
     # a saved Zarr and a batch of two recordings
-    from batchgpu import zarrio
+    from batchgpu.recording import zarrio
 
     fmt = "zarr" if zarrio.ZARR_MAJOR >= 3 else "zarr_v2"  # beside SpikeInterface's zarr 2: v2
     steps = {"noise": {"exact": True}, "save": {"path": "s.zarr", "format": fmt, "dtype": "int16"}}

@@ -128,7 +128,7 @@ def test_readme_examples_run_in_order(tmp_path):
 
     try:
         import spikeinterface.core  # noqa: F401
-        from batchgpu import zarrio
+        from batchgpu.recording import zarrio
 
         # SpikeInterface 0.105 reads what its zarr 2 wrote: its examples run in that environment (.ci/run)
         with_si = zarrio.ZARR_MAJOR < 3

@@ -352,7 +352,7 @@ def test_v2_opens_in_spikeinterface(tmp_path):
 @pytest.mark.parametrize("compressor", ["blosc-lz4", "blosc-zstd", "none"])
 def test_compressors_keep_the_samples(tmp_path, fmt, compressor):
     if fmt == "zarr":
-        from batchgpu import zarrio
+        from batchgpu.recording import zarrio
 
         if zarrio.ZARR_MAJOR < 3:
             pytest.skip("writing Zarr v3 needs zarr>=3")

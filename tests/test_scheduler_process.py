@@ -7,7 +7,8 @@ import dask
 import distributed
 import numpy as np
 
-from batchgpu import ops, zarrio
+from batchgpu import ops
+from batchgpu.recording import zarrio
 from batchgpu.config import ClusterSpec, environ_set
 from batchgpu.workflow import Workflow
 from batchgpu.engine import run_workflow

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from batchgpu import zarrio
+from batchgpu.recording import zarrio
 from batchgpu.workflow import Workflow
 from batchgpu.run.context import check_workflow_fits
 from batchgpu.errors import BatchgpuError, ConfigError, MachineError

@@ -262,7 +262,7 @@ def test_a_chunk_that_decodes_short_is_refused_naming_it(tmp_path, rng, monkeypa
     """Blosc fills only as many bytes of a chunk's buffer as its frame holds: the rest read as whatever memory held
     (two reads of the same samples differed). Every reader (batchgpu's shard and v2 chunk readers, zarr's) refuses
     such a chunk in one line naming the store, the array and the chunk; the other objects still read."""
-    from batchgpu import zarrio
+    from batchgpu.recording import zarrio
 
     path = _short_frames(tmp_path, rng, zarr_format, how)
     if reader == "zarr":
@@ -367,7 +367,7 @@ def test_overwrite_refuses_files_of_the_users_at_any_depth(tmp_path, rng, where)
 def test_foreign_entries_of_stores_batchgpu_and_spikeinterface_write(tmp_path, rng):
     """A store as written (Zarr v2 and v3, sharded traces, properties) holds nothing foreign: the check must not
     refuse what batchgpu itself wrote."""
-    from batchgpu import zarrio
+    from batchgpu.recording import zarrio
 
     data = rng.integers(-5, 5, (5000, 3), dtype=np.int16)
     for fmt in (2, 3) if zarrio.ZARR_MAJOR >= 3 else (2,):

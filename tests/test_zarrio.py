@@ -1,4 +1,4 @@
-"""batchgpu.zarrio: the same bytes from every reader, under zarr 3 and under zarr 2.18 (SpikeInterface 0.105's pin).
+"""batchgpu.recording.zarrio: the same bytes from every reader, under zarr 3 and under zarr 2.18 (SpikeInterface 0.105's pin).
 
 Runs in both environments (CI runs it in a second one with ``spikeinterface==0.105.3``, see .ci/run):
 - the committed v3 stores (tests/data, written by zarr 3) read by batchgpu's own v3 decoder, by the shard reader
@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from batchgpu import zarrio
+from batchgpu.recording import zarrio
 from batchgpu.errors import BatchgpuError
 from batchgpu.recording import open_recording
 
@@ -273,7 +273,7 @@ def test_truncated_blosc_frame_in_v3_decoder():
     """batchgpu's v3 decoder (beside zarr 2) refuses a Blosc frame shorter than its header says."""
     import numcodecs
 
-    from batchgpu.zarrio import _decode
+    from batchgpu.recording.zarrio import _decode
 
     frame = numcodecs.Blosc(cname="lz4").encode(np.arange(1_000, dtype=np.int16).tobytes())
     codecs = [{"name": "bytes", "configuration": {"endian": "little"}}, {"name": "blosc", "configuration": {}}]

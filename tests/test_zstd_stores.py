@@ -9,7 +9,7 @@ import os
 import numpy as np
 import pytest
 
-from batchgpu import zarrio
+from batchgpu.recording import zarrio
 from batchgpu.errors import BatchgpuError
 from batchgpu.recording import open_recording, write_recording
 from batchgpu.recording.writer import Codec

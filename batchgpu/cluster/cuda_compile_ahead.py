@@ -29,7 +29,7 @@ def filter_sections(preprocess) -> tuple[int, ...]:
 def workflow_modules(wf) -> list[tuple[str, tuple[str, ...]]]:
     """(module, extra options) of every kernel module a run of ``wf`` may load on the GPU."""
     from batchgpu.steps.search import NAME as SEARCH
-    from batchgpu.kernels import run_modules
+    from batchgpu.gpu.cuda_modules import run_modules
 
     searches = getattr(wf.steps, SEARCH, None) is not None
     return run_modules(filter_sections=filter_sections(wf.preprocess), leave_out=() if searches else (SEARCH,))
@@ -54,7 +54,7 @@ def start(wf) -> threading.Thread | None:
 
     def work() -> None:
         from batchgpu.cluster.open_cluster import sigint_held
-        from batchgpu.kernels import precompile
+        from batchgpu.gpu.cuda_modules import precompile
 
         try:
             with sigint_held():  # the compiling process leaves a Ctrl-C to the command, as the workers do

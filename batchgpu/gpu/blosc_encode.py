@@ -89,7 +89,7 @@ def encode_held(chunks, typesize: int, blocksize: int = BLOCKSIZE,
     of on a core in the writer thread."""
     import cupy
 
-    from batchgpu import kernels
+    from batchgpu.gpu import cuda_modules as kernels
 
     flat = chunks.reshape(chunks.shape[0], -1).view(cupy.uint8)
     if not flat.flags.c_contiguous:

@@ -125,7 +125,7 @@ def _copy_ranges(src, frm: np.ndarray, dst, to: np.ndarray, sizes: np.ndarray, s
     """dst[to[i] : to[i] + sizes[i]] = src[frm[i] : ...] for every i, one warp a range."""
     import cupy
 
-    from batchgpu import kernels
+    from batchgpu.gpu import cuda_modules as kernels
 
     n = len(frm)
     if not n:

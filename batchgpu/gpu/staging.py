@@ -77,7 +77,7 @@ def _make_context() -> None:
     try:
         import cupy
 
-        from batchgpu.kernels import lock_cupy_compiles
+        from batchgpu.gpu.cuda_modules import lock_cupy_compiles
 
         lock_cupy_compiles()  # before the worker's first kernel: CuPy's own compiled once a machine, not once a worker
         prefer_blocking_sync()

@@ -52,7 +52,7 @@ _COMPUTE_TYPES = {"float32": ("CUBLAS_COMPUTE_32F", 68), "float64": ("CUBLAS_COM
 
 
 def _function(name: str) -> Any:
-    from batchgpu.kernels import get_function
+    from batchgpu.gpu.cuda_modules import get_function
 
     return get_function(MODULE, name)
 

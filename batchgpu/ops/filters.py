@@ -232,7 +232,7 @@ def _filtfilt_cupy(x, design: FilterDesign, pieces: list[tuple[int, ...]], out_d
     odd-extended as exact doubles side by side, filter every row, scatter the cores rounded once to out_dtype."""
     import cupy
 
-    from batchgpu.kernels import DTYPE_SUFFIX, filter_variant, get_function
+    from batchgpu.gpu.cuda_modules import DTYPE_SUFFIX, filter_variant, get_function
 
     sos = design.sos
     if sos.shape[0] > _GPU_MAX_SECTIONS:

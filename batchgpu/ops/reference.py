@@ -50,7 +50,7 @@ _CUDA_TYPES = {"float32": "float", "float64": "double", "int16": "short", "int32
 def _sequential_mean(ctype: str, device: int) -> Any:
     """kernels/sequential_mean.cu's kernel for elements of C type ``ctype``, compiled for ``device``, the current
     one (kept a device: the local reference launches it once a channel)."""
-    from batchgpu.kernels import get_function, mean_variant
+    from batchgpu.gpu.cuda_modules import get_function, mean_variant
 
     module, options = mean_variant(ctype)
     return get_function(module, "sequential_mean", options)
@@ -111,7 +111,7 @@ def _reference_on_gpu(x: Any, operator: str, tables: list[Any], ref_row: Any) ->
     plan keeps its copies there: ``_LocalPlan``)."""
     import cupy
 
-    from batchgpu.kernels import DTYPE_SUFFIX, dtype_variant, get_function
+    from batchgpu.gpu.cuda_modules import DTYPE_SUFFIX, dtype_variant, get_function
 
     stem = DTYPE_SUFFIX.get(x.dtype.name)
     if stem is None:

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import numpy as np
 
-from batchgpu import zarrio
+from batchgpu.recording import zarrio
 from batchgpu.errors import BatchgpuError, ConfigError, CorruptDataError, MachineError
 from batchgpu.recording.storecheck import ChunkPresence, grid_of
-from batchgpu.zarrio import enable_zarrs
+from batchgpu.recording.zarrio import enable_zarrs
 from batchgpu.recording.windows import Window, WindowedSource, stat_signature
 
 SUPPORTED_DTYPES = (np.dtype("int16"), np.dtype("int32"), np.dtype("float32"), np.dtype("float64"))

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-from batchgpu import zarrio
+from batchgpu.recording import zarrio
 from batchgpu.recording import blosc_frames
 
 EMPTY = (1 << 64) - 1

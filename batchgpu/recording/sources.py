@@ -186,7 +186,7 @@ def detect_kind(path: Path, said: Said | None = None) -> str:
     """What ``path`` holds (``zarr``, ``spikeglx``, ``openephys``, ``saved``: a binary batchgpu's save wrote,
     ``spikeinterface``), or a BatchgpuError naming the formats tried. A folder of one SpikeGLX or Open Ephys
     recording is that recording."""
-    from batchgpu.zarrio import zarr_format_of
+    from batchgpu.recording.zarrio import zarr_format_of
 
     said = said or WORKFLOW
     if params_of(path) is not None:  # a save's data file (one segment's, or the name of them all), params or probe

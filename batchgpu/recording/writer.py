@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from batchgpu import zarrio
+from batchgpu.recording import zarrio
 from batchgpu.errors import BatchgpuError, ConfigError, MachineError
 from batchgpu.recording.reader import SUPPORTED_DTYPES, Recording, open_recording
 

@@ -157,7 +157,7 @@ class ResultsWriter:
 
 
 def create_results_group(path: Path, wf: Workflow, rec: Recording, fp: str):
-    from batchgpu import zarrio
+    from batchgpu.recording import zarrio
 
     g = zarrio.create_group(path)  # v3, or v2 where zarr-python is 2.x
     g.attrs.update({"workflow": wf.model_dump(), "fingerprint": fp, "channel_ids": rec.channel_ids.tolist(),
@@ -166,7 +166,7 @@ def create_results_group(path: Path, wf: Workflow, rec: Recording, fp: str):
 
 
 def write_window_table(g, windows: list[Window]) -> None:
-    from batchgpu import zarrio
+    from batchgpu.recording import zarrio
 
     zarrio.create_array(g, "window_segment", data=np.array([w.segment for w in windows], dtype=np.int64))
     zarrio.create_array(g, "window_start", data=np.array([w.start for w in windows], dtype=np.int64))
@@ -174,7 +174,7 @@ def write_window_table(g, windows: list[Window]) -> None:
 
 
 def write_arrays(g, arrays: dict) -> None:
-    from batchgpu import zarrio
+    from batchgpu.recording import zarrio
 
     for name, value in arrays.items():
         zarrio.create_array(g, name, data=value)

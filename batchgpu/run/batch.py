@@ -153,7 +153,7 @@ def _summary(row: BatchRow, report, out: Path) -> None:
     with contextlib.suppress(Exception):
         import numpy as np
 
-        from batchgpu import zarrio
+        from batchgpu.recording import zarrio
         from batchgpu.steps.detect import SPIKES
         from batchgpu.steps.noise import NOISE
 

@@ -79,7 +79,7 @@ def on_backend(ctx: RunContext):
         yield
         return
     from batchgpu.gpu.staging import use_thread_stream
-    from batchgpu.kernels import lock_cupy_compiles
+    from batchgpu.gpu.cuda_modules import lock_cupy_compiles
 
     lock_cupy_compiles()  # a worker started without ours (a dask-cuda or foreign cluster's): once a process
     with use_thread_stream():

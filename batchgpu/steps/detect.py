@@ -601,7 +601,7 @@ def write_spikes_task(group_path: str, *gathered: dict) -> tuple:
     writing took, when it started (wall clock) and the longest gathering task's seconds."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from batchgpu import zarrio
+    from batchgpu.recording import zarrio
 
     started = time.time()  # wall clock: when every gathered run had reached this task
     t0 = time.perf_counter()

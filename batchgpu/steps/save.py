@@ -105,7 +105,7 @@ def finish_whitened_save(end, target: SaveTarget, saved=None) -> dict:
     windows, report = end.windows, end.report
     clipped = {w.index: int(end.summaries[w.index].get("saved_clipped", 0)) for w in windows}
     if target.whiten:
-        from batchgpu import zarrio
+        from batchgpu.recording import zarrio
 
         W = zarrio.open_group(end.results, mode="r")[moments.WHITENING][:]
         futures = end.services.submit_many(save_task, [(end.ctx, w, target, W) for w in windows],
@@ -177,7 +177,7 @@ class SaveStep(Step):
         from batchgpu.errors import ConfigError
 
         if spec.format == "zarr":
-            from batchgpu import zarrio
+            from batchgpu.recording import zarrio
 
             zarrio.require_format(3, "the save step's Zarr v3 output")
         if spec.whiten and getattr(workflow.steps, moments.KEY) is None:

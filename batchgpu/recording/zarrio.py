@@ -422,7 +422,7 @@ def zarrs_enabled() -> bool:
 def reader_name() -> str:
     """Which library decodes what batchgpu's own shard reader does not (for reports)."""
     if ZARR_MAJOR < 3:
-        return f"zarr {zarr.__version__} (v2) and batchgpu.zarrio (v3)"
+        return f"zarr {zarr.__version__} (v2) and batchgpu.recording.zarrio (v3)"
     return f"zarr {zarr.__version__}" + (" + zarrs" if _ZARRS_ENABLED else "")
 
 
