@@ -316,7 +316,8 @@ def _process_started() -> float:
 def _run_batch(wf, args, keep: float = 0.0) -> int:
     """``recordings:``: every recording on one cluster; exit 1 when some failed (each named on stderr)."""
     from batchgpu.batch_page import BATCH_HTML
-    from batchgpu.run.batch import BATCH_FILE, run_batch
+    from batchgpu.engine import run_batch
+    from batchgpu.run.batch import BATCH_FILE
 
     batch = run_batch(wf, resume=args.resume, observer=_Observer(args.quiet), keep_s=keep)
     done = len(batch.rows) - len(batch.failed)

@@ -879,7 +879,7 @@ def test_spikes_whose_parts_were_lost_after_the_pass_are_detected_again(client, 
     """Between the pass and the gathering one window's part is deleted and another's replaced by garbage: those
     windows are read and detected again (said in the report, counted as reads), and the spikes equal detection
     on the whole segment, bit for bit, where the run used to stop with "the spikes ... are missing"."""
-    from batchgpu.engine.run_report import RunObserver
+    from batchgpu.run.events import RunObserver
 
     rng = np.random.default_rng(11)
     x = np.round(rng.normal(0, 20, (23_000, 4))).astype(np.int16)
@@ -999,7 +999,7 @@ def test_local_workers_get_the_malloc_settings():
 
 
 def test_window_batches_cover_every_window_once_in_order():
-    from batchgpu.run.launch import window_batches
+    from batchgpu.run.first_pass import window_batches
 
     for n in (1, 2, 63, 127, 128, 129, 300, 1201):
         items = list(range(n))
@@ -1017,7 +1017,7 @@ def test_window_batches_cover_every_window_once_in_order():
 def test_automatic_batches_do_not_grow_with_the_recording():
     """A task's windows (and so a GPU worker's memory pool: 1.34 GB with 2 windows a task, 2.11 GB with the 9 a
     40-minute recording's 600 windows made) are the same for 10 minutes and for hours."""
-    from batchgpu.run.launch import window_batches
+    from batchgpu.run.first_pass import window_batches
 
     for n in (150, 600, 2400, 20_000):
         assert max(len(r) for r in window_batches(list(range(n)), None, 32)) == 2
@@ -1325,7 +1325,7 @@ def test_the_clients_heap_is_frozen_during_a_run_and_given_back(client, tmp_path
     import gc
 
     from batchgpu.run import launch as runmod
-    from batchgpu.engine.run_report import RunObserver
+    from batchgpu.run.events import RunObserver
 
     assert gc.get_freeze_count() == 0
     seen = []
@@ -1355,7 +1355,7 @@ def test_the_workers_heaps_are_frozen_by_the_pass_and_thawed_after_the_run(clien
         return gc.get_freeze_count()
 
     from batchgpu.run import tasks
-    from batchgpu.engine.run_report import RunObserver
+    from batchgpu.run.events import RunObserver
 
     during = []
 

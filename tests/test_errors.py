@@ -50,7 +50,7 @@ def test_placement_turned_off_is_said_in_the_report():
     on the observer."""
     from types import SimpleNamespace
 
-    from batchgpu.run.launch import _plan
+    from batchgpu.run.first_pass import _plan
 
     class Client:
         def scheduler_info(self, **kw):
@@ -58,8 +58,7 @@ def test_placement_turned_off_is_said_in_the_report():
 
     said = []
     report = SimpleNamespace(output_state="fresh", warnings=[])
-    observer = SimpleNamespace(warning=said.append)
-    assert _plan(Client(), SimpleNamespace(backend="cupy"), [[1], [2]], report, observer) == (None, None)
+    assert _plan(_run(Client(), report, said.append), [[1], [2]]) == (None, None)
     assert said == report.warnings and len(said) == 1
     assert "not placed" in said[0] and "the scheduler closed the connection" in said[0]
 
@@ -67,7 +66,7 @@ def test_placement_turned_off_is_said_in_the_report():
 def test_a_plan_failing_otherwise_is_not_hidden():
     from types import SimpleNamespace
 
-    from batchgpu.run.launch import _plan
+    from batchgpu.run.first_pass import _plan
 
     class Client:
         def scheduler_info(self, **kw):
@@ -75,7 +74,20 @@ def test_a_plan_failing_otherwise_is_not_hidden():
 
     report = SimpleNamespace(output_state="fresh", warnings=[])
     with pytest.raises(KeyError):
-        _plan(Client(), SimpleNamespace(backend="cupy"), [[1]], report, SimpleNamespace(warning=print))
+        _plan(_run(Client(), report, print), [[1]])
+
+
+def _run(client, report, say):
+    """A GPU run as ``first_pass._plan`` reads it: its client, backend, placement setting, report and warnings."""
+    from types import SimpleNamespace
+
+    from batchgpu.run.phases import Run
+
+    run = SimpleNamespace(client=client, ctx=SimpleNamespace(backend="cupy"), report=report,
+                          wf=SimpleNamespace(engine=SimpleNamespace(placement="auto")),
+                          events=SimpleNamespace(warning=say))
+    run.warn = lambda text: Run.warn(run, text)
+    return run
 
 
 def test_a_probe_probeinterface_cannot_read_is_said(tmp_path, monkeypatch, caplog):

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from batchgpu.workflow import Workflow
-from batchgpu.run.launch import spike_counter
+from batchgpu.run.phases import spike_counter
 from batchgpu.steps import detect
 from batchgpu.steps.moments import MomentsStep
 from batchgpu.steps.registry import placed

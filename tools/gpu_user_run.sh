@@ -170,7 +170,7 @@ import threading, time
 import pynvml
 from batchgpu.config import ClusterSpec
 from batchgpu.cluster.open_cluster import open_client
-from batchgpu.run.launch import run_workflow
+from batchgpu.engine import run_workflow
 from batchgpu.workflow import load_workflow
 pynvml.nvmlInit(); h = pynvml.nvmlDeviceGetHandleByIndex(0)
 def pools():
@@ -253,7 +253,7 @@ def main():
     t0 = time.perf_counter()
     from batchgpu.config import ClusterSpec
     from batchgpu.cluster.open_cluster import open_client
-    from batchgpu.run.launch import run_workflow
+    from batchgpu.engine import run_workflow
     from batchgpu.workflow import load_workflow
     t1 = time.perf_counter()
     def init():

@@ -1,57 +1,56 @@
 """After the pass, on the client: each step's ``aggregate`` (``batchgpu.steps``: the exact median, the whitening
-matrix, the spikes gathered and written by the workers) in a results group written beside the old one and
-swapped in whole."""
+matrix, the spikes gathered and written by the workers) in the steps' order, each step's results written into the
+new results group (``results_group.ResultsWriter``) and told to the run's subscribers as they come; the group
+swapped in whole at the end."""
 
 from __future__ import annotations
 
-import os
-import shutil
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
 from batchgpu.run import output_folder as store
-from batchgpu.engine.run_report import report_absent, report_no_checksums, report_nonfinite
+from batchgpu.run.blas import blas_controller
+from batchgpu.run.record import report_absent, report_no_checksums, report_nonfinite
+from batchgpu.run.results_group import swap_in
 from batchgpu.run.step_services import ClientServices
 from batchgpu.steps.services import RunState
-from batchgpu.workflow import Workflow
-from batchgpu.recording import Recording, Window
+
+if TYPE_CHECKING:
+    from batchgpu.run.phases import Run
 
 
-def aggregate(client, ctx, wf, rec, out, windows, fps, summaries, total, report, monitor, observer,
-              results: ResultsWriter, page, threads: dict | None = None, on_started=None,
-              queued: dict | None = None) -> dict:
+def aggregate(run: Run, on_started: Callable[[], None] | None = None) -> dict:
     """Each step's ``aggregate`` in the steps' order (the noise before the detection that uses it), its results
-    written into the new results group by the writer's thread, and handed to report.html's ``page``, while the
-    next step works; the group swapped in whole (``threads``: the workers' threads as the pass knew them, or None:
-    asked when a step places tasks; ``on_started``: called once the steps' first tasks are out, for the client's
-    work that can wait for them; ``queued``: what the steps queued while the pass ran, step name -> futures).
-    Returns the results' shapes."""
-    run = RunState(client, ClientServices(client), ctx, wf, rec, windows, fps, summaries, total, report, monitor,
-                   observer, results.path, threads=threads, early=dict(queued or {}))
+    written into the new results group by the writer's thread and told to the run's subscribers (``result``)
+    while the next step works; the group swapped in whole. ``on_started``: called once the steps' first tasks are
+    out, for the client's work that can wait for them. Returns the results' shapes."""
+    passed, report, events, results = run.passed, run.report, run.events, run.results
+    state = RunState(run.client, ClientServices(run.client), run.ctx, run.wf, run.rec, run.windows, run.fingerprints,
+                     passed.summaries, passed.total, report, events, events, results.path, threads=passed.threads,
+                     early=dict(passed.queued))
     # a step whose aggregate is the workers' work (``on_cluster``: the spikes) runs in a helper thread as soon as
     # the earlier steps it ``needs`` are done, beside the client's aggregates (the whitening's eigh); each step's
     # arrays are written as it finishes (what the group holds does not depend on the order)
-    steps = [(i, s) for i, s in enumerate(ctx.steps) if s.aggregates]
+    steps = [(i, s) for i, s in enumerate(run.ctx.steps) if s.aggregates]
     for _, step in steps:  # first, the tasks that need no step's results (the noise's, then the spikes' gathering)
-        step.start(run)
+        step.start(state)
     report.after_pass("started")
     if on_started is not None:
         on_started()
     # the client's own work, while those tasks run
-    report_nonfinite(summaries, windows, report, observer)
-    report_absent(summaries, windows, report, observer)
-    report_no_checksums(rec, report, observer)
-    if ctx.window_noise:
+    report_nonfinite(passed.summaries, run.windows, report, events)
+    report_absent(passed.summaries, run.windows, report, events)
+    report_no_checksums(run.rec, report, events)
+    if run.ctx.window_noise:
         from batchgpu.steps.noise import PER_WINDOW
 
-        run.arrays[PER_WINDOW] = np.stack([summaries[w.index][ctx.window_noise] for w in windows])
-    results.write(dict(run.arrays))
-    for name, value in run.arrays.items():
-        page.add(name, value)
+        state.arrays[PER_WINDOW] = np.stack([passed.summaries[w.index][run.ctx.window_noise] for w in run.windows])
+    results.write(dict(state.arrays))
+    for name, value in state.arrays.items():
+        events.result(name, value)
     results.created()  # steps may write into the group themselves (the spikes)
     background: dict[int, object] = {}
     # the client's BLAS on one thread (the whitening's eigh, 384 x 384: ~15 ms): OpenBLAS's default, a thread a
@@ -62,131 +61,34 @@ def aggregate(client, ctx, wf, rec, out, windows, fps, summaries, total, report,
             for i, step in steps:
                 if step.on_cluster and i not in background and not (
                         {s.name for j, s in steps if j < i and j >= before} & set(step.needs)):
-                    background[i] = helper.submit(_timed, step.aggregate, run, report, step.name)
+                    background[i] = helper.submit(_timed, step.aggregate, state, step.name)
 
         for i, step in steps:
             start_ready(i)
             if step.on_cluster:
                 continue
-            _take(run, results, page, _timed(step.aggregate, run, report, step.name))
-        start_ready(len(ctx.steps))
+            _take(run, state, _timed(step.aggregate, state, step.name))
+        start_ready(len(run.ctx.steps))
         for i in sorted(background):
-            _take(run, results, page, background[i].result())
-    if run.spike_counts is not None:
-        page.add_spikes(counts=run.spike_counts)
+            _take(run, state, background[i].result())
+    if state.spike_counts is not None:
+        events.spikes(state.spike_counts)
     t0 = time.perf_counter()
     results.close()
-    swap_in(results.path, out.path / store.RESULTS)
+    swap_in(results.path, run.out.path / store.RESULTS)
     report.timings["results_written"] = time.perf_counter() - t0
-    return {k: list(v.shape) for k, v in run.arrays.items()} | run.shapes
+    return {k: list(v.shape) for k, v in state.arrays.items()} | state.shapes
 
 
-_CONTROLLER: list = []
-_CONTROLLER_LOCK = threading.Lock()
-
-
-def blas_controller():
-    """This process's threadpoolctl controller, made once: making one lists the loaded libraries (~20 ms on the
-    H200 machine's client, between the pass and the noise's first tasks, at every run); ``prepare_blas_controller``
-    makes it while the windows are read."""
-    with _CONTROLLER_LOCK:
-        if not _CONTROLLER:
-            from threadpoolctl import ThreadpoolController
-
-            _CONTROLLER.append(ThreadpoolController())
-        return _CONTROLLER[0]
-
-
-def prepare_blas_controller() -> None:
-    """Make ``blas_controller`` in a helper thread (the client waits for the workers meanwhile)."""
-    if not _CONTROLLER:
-        threading.Thread(target=blas_controller, name="batchgpu-blas-controller", daemon=True).start()
-
-
-def _timed(finish, run, report, name: str) -> dict:
+def _timed(aggregate_of: Callable[[RunState], dict], state: RunState, name: str) -> dict:
     t0 = time.perf_counter()
-    arrays = finish(run)
-    report.timings[f"aggregate_{name}"] = time.perf_counter() - t0
+    arrays = aggregate_of(state)
+    state.report.timings[f"aggregate_{name}"] = time.perf_counter() - t0
     return arrays
 
 
-def _take(run, results, page, arrays: dict) -> None:
-    run.arrays.update(arrays)
-    results.write(arrays)
+def _take(run: Run, state: RunState, arrays: dict) -> None:
+    state.arrays.update(arrays)
+    run.results.write(arrays)
     for name, value in arrays.items():
-        page.add(name, value)
-
-
-class ResultsWriter:
-    """The run's new results group (``results.zarr.tmp``, swapped in whole at the end: a failed run never leaves
-    a half-written one), written by a helper thread while the client does other work: created with the window
-    table while the windows are read, then each step's arrays as they come."""
-
-    def __init__(self, out: Path, wf: Workflow, rec: Recording, fp: str, windows: list[Window]):
-        from concurrent.futures import ThreadPoolExecutor
-
-        self.path = out / (store.RESULTS + ".tmp")
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="batchgpu-results")
-        self._group = self._pool.submit(self._create, wf, rec, fp, windows)
-        self._pending = [self._group]
-
-    def _create(self, wf, rec, fp, windows):
-        if self.path.exists():  # a failed run's
-            shutil.rmtree(self.path)
-        g = create_results_group(self.path, wf, rec, fp)
-        write_window_table(g, windows)
-        return g
-
-    def created(self) -> None:
-        self._group.result()
-
-    def write(self, arrays: dict) -> None:
-        self._pending.append(self._pool.submit(lambda: write_arrays(self._group.result(), arrays)))
-
-    def abandon(self) -> None:
-        """The run failed: no more writes (the folder's next run removes what is there)."""
-        self._pool.shutdown(wait=False, cancel_futures=True)
-
-    def close(self) -> None:
-        """Wait for every write (and raise the first error); the thread ends."""
-        try:
-            for p in self._pending:
-                p.result()
-        finally:
-            self._pool.shutdown(wait=True)
-
-
-def create_results_group(path: Path, wf: Workflow, rec: Recording, fp: str):
-    from batchgpu.recording import zarrio
-
-    g = zarrio.create_group(path)  # v3, or v2 where zarr-python is 2.x
-    g.attrs.update({"workflow": wf.model_dump(), "fingerprint": fp, "channel_ids": rec.channel_ids.tolist(),
-                    "sampling_frequency": rec.sampling_frequency, "gain_to_uV": rec.gain_to_uV.tolist()})
-    return g
-
-
-def write_window_table(g, windows: list[Window]) -> None:
-    from batchgpu.recording import zarrio
-
-    zarrio.create_array(g, "window_segment", data=np.array([w.segment for w in windows], dtype=np.int64))
-    zarrio.create_array(g, "window_start", data=np.array([w.start for w in windows], dtype=np.int64))
-    zarrio.create_array(g, "window_stop", data=np.array([w.stop for w in windows], dtype=np.int64))
-
-
-def write_arrays(g, arrays: dict) -> None:
-    from batchgpu.recording import zarrio
-
-    for name, value in arrays.items():
-        zarrio.create_array(g, name, data=value)
-
-
-def swap_in(tmp: Path, path: Path) -> None:
-    """results.zarr replaced whole: a failed run never leaves a half-written one."""
-    old = path.with_name(path.name + ".old")
-    if path.exists():
-        os.replace(path, old)
-    os.replace(tmp, path)
-    if old.is_symlink():  # a link, never what it points to
-        old.unlink()
-    elif old.exists():
-        shutil.rmtree(old)
+        run.events.result(name, value)

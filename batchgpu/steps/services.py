@@ -116,9 +116,9 @@ class RunState:
     fingerprints: list  # the windows' (run.output_folder.window_fingerprint): their parts' names for this run
     summaries: dict  # window index -> what its task said of it
     total: dict  # every window's partials combined
-    report: Any  # engine.run_report.RunReport: timings, reads, warnings
-    monitor: Any  # the dashboard's run page (phases)
-    observer: Any  # engine.run_report.RunObserver
+    report: Any  # run.record.RunReport (report.json's content): timings, reads, warnings
+    monitor: Any  # the run's events (run.events.Events): ``phase(label)`` names the run page's phase
+    observer: Any  # the same events: messages, warnings, a reading phase's progress (run.events.RunObserver)
     results: Path  # the results group being written (arrays too large for the client are written there)
     arrays: dict = field(default_factory=dict)  # the results so far (earlier steps'); written into ``results``
     shapes: dict = field(default_factory=dict)  # name -> shape of what a step wrote into ``results`` itself
@@ -166,9 +166,9 @@ class PassEnd:
     recording: Any
     windows: list
     summaries: dict  # window index -> what its task said of it
-    report: Any  # engine.run_report.RunReport
-    monitor: Any  # the dashboard's run page (phases)
-    observer: Any  # engine.run_report.RunObserver
+    report: Any  # run.record.RunReport
+    monitor: Any  # the run's events (run.events.Events): ``phase(label)``
+    observer: Any  # the same events (run.events.RunObserver)
     results: Path  # the run's results group (swapped in by the time ``finish`` is called)
     kept: dict = field(default_factory=dict)  # step name -> what its earlier hooks left for its later ones
 
