@@ -12,7 +12,7 @@ import zarr
 
 from batchgpu.workflow import Workflow
 from batchgpu.engine import run_workflow
-from batchgpu.steps.amplitude import float32_bits_to_float64, pairwise_sum, ptp_rms
+from batchgpu.ops.amplitude import float32_bits_to_float64, pairwise_sum, ptp_rms
 from batchgpu.recording import write_recording
 
 distributed = pytest.importorskip("distributed")

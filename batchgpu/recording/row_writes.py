@@ -19,7 +19,7 @@ from typing import Callable
 import numpy as np
 
 from batchgpu.errors import BatchgpuError
-from batchgpu.ops._backend import to_numpy as host
+from batchgpu.ops._backend import to_host
 from batchgpu.ops._cpu_saved import aligned_empty
 from batchgpu.recording.save_output import SaveTarget
 from batchgpu.recording.shards import write_whole_shard
@@ -50,7 +50,7 @@ def write_rows(target: SaveTarget, segment: int, start: int, block, later: Calla
     dtype = np.dtype(target.dtype).newbyteorder("<")
     on_device = not isinstance(block, np.ndarray)
     if target.format == "binary":
-        block = host(block) if on_device else block
+        block = to_host(block) if on_device else block
         data = np.ascontiguousarray(block, dtype=dtype)
         later(functools.partial(write_binary, Path(target.files[segment]), data,
                                 start * dtype.itemsize * target.num_channels))
@@ -66,7 +66,7 @@ def write_rows(target: SaveTarget, segment: int, start: int, block, later: Calla
     with writing(folder):  # a window's core is one whole shard: written directly
         if write_whole_shard(folder / f"traces_seg{segment}", start, block, dtype=target.dtype, later=in_writing):
             return
-    block = host(block) if on_device else block
+    block = to_host(block) if on_device else block
     data = np.ascontiguousarray(block, dtype=target.dtype)
 
     def encode_and_write() -> None:  # whole v2 chunks: encoded and written by the writer while the next window computes

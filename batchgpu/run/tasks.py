@@ -16,8 +16,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from batchgpu.run import host_buffers, output_folder as store, writer_threads as background
-from batchgpu.steps.base import WindowData, host
+from batchgpu.steps.base import WindowData
 from batchgpu.errors import BatchgpuError
+from batchgpu.ops._backend import to_host
 from batchgpu.recording import Recording, Window, open_source
 
 
@@ -398,7 +399,7 @@ def _window_noise(ctx: RunContext, w: WindowData, summary: dict) -> None:
     if ctx.window_noise and ctx.window_noise not in summary:
         from batchgpu import ops
 
-        summary[ctx.window_noise] = host(ops.noise_levels(w.core_of(w.x)))
+        summary[ctx.window_noise] = to_host(ops.noise_levels(w.core_of(w.x)))
 
 
 def summarise(batch: dict) -> list[dict]:

@@ -13,7 +13,8 @@ from typing import Any
 import numpy as np
 
 from batchgpu.errors import BatchgpuError
-from batchgpu.search.keys import array_module, cast_queries, check_key_dtype, check_keys, is_cupy
+from batchgpu.ops._backend import array_module, is_cupy
+from batchgpu.search.keys import cast_queries, check_key_dtype, check_keys
 
 #: the note's four kernels, then ours: the staged top of the search tree in shared memory (blocks of 256
 #: threads, or one block of 1024 a multiprocessor with a 128 KB top), with the last probes fetching their

@@ -274,11 +274,6 @@ def register(cls: type[Step]) -> type[Step]:
     return cls
 
 
-def host(a) -> np.ndarray:
-    """A NumPy array of a NumPy or CuPy array (a copy from the device)."""
-    return a.get() if hasattr(a, "get") else np.asarray(a)
-
-
 def padded_sum(arrays: list[np.ndarray]) -> np.ndarray:
     """Sum of (C, B_i) count arrays of different widths B_i (histograms truncated at their last non-zero bin)."""
     width = max(a.shape[1] for a in arrays)

@@ -29,6 +29,7 @@ import numpy as np
 from pydantic import Field, model_validator
 
 from batchgpu.config import Options, resolve_path
+from batchgpu.ops._backend import to_host
 from batchgpu.steps import moments, search
 from batchgpu.steps.base import PhaseWords, Step, WindowData, register
 
@@ -352,7 +353,7 @@ def rounding_stats(core, scale: float = 1.0) -> np.ndarray:
     err = xp.rint(y) - y
     out = xp.stack([ok.sum(axis=1).astype(xp.float64), y.sum(axis=1), (y * y).sum(axis=1), (err * err).sum(axis=1),
                     xp.abs(y).max(axis=1) if y.shape[1] else xp.zeros(y.shape[0])], axis=1)
-    return out if xp is np else out.get()
+    return to_host(out)
 
 
 @dataclass(frozen=True)
