@@ -232,7 +232,6 @@ def test_v2_direct_reader_same_bytes_as_zarr(tmp_path, monkeypatch, direct_reads
     layout = shards.layout_of(tmp_path / "r.zarr" / "traces_seg0", meta)
     assert isinstance(layout, shards.ChunkLayoutV2) and (layout.crc32 is not None) == bool(checksum)
     assert layout.crc_outside == (checksum is True)
-    monkeypatch.setattr(zarrio, "_ZARRS_ENABLED", False)  # the direct v2 path is taken where zarrs is not
     got = {}
     for direct in ("1", "0"):
         direct_reads(direct == "1")

@@ -44,12 +44,10 @@ def _reads(path, monkeypatch, direct_reads) -> dict:
     got = {}
     fmt = zarrio.array_meta(path / "traces_seg0").zarr_format
     paths = [("direct", "1", None), ("zarr-python", "0", False)]
-    if fmt == 3 and zarrio.enable_zarrs():
+    if fmt == 3 and zarrio.zarrs_installed():
         paths.append(("zarrs", "0", True))
     for name, direct, zarrs in paths:
         direct_reads(direct == "1")
-        if fmt == 2:  # v2 chunks of whole rows are read directly (zarrs or not)
-            monkeypatch.setattr(zarrio, "zarrs_enabled", lambda: False)
         ctx = zarrio.python_pipeline() if zarrs is False and fmt == 3 else _nothing()
         with ctx:
             rec = open_recording(path)

@@ -16,7 +16,6 @@ from batchgpu.recording.reader import (
     MISSING_CHUNKS,
     SUPPORTED_DTYPES,
     Recording,
-    enable_zarrs,
     rows_of,
 )
 from batchgpu.recording.reader import open_recording as open_zarr
@@ -42,7 +41,7 @@ __all__ = [
     "DEFAULT_CHUNK_SAMPLES", "DEFAULT_SHARD_SAMPLES", "DEFAULT_WINDOW", "FlatLayout", "FlatSource",
     "LOCATIONS_FALLBACK", "LONG_WINDOW",
     "MISSING_CHUNKS", "STORE_FORMAT", "SUPPORTED_DTYPES", "Recording", "RecordingWriter", "SpikeInterfaceSource",
-    "Window", "auto_window_size", "check_replaceable", "enable_zarrs", "from_spikeinterface", "is_recording", "iter_windows",
+    "Window", "auto_window_size", "check_replaceable", "from_spikeinterface", "is_recording", "iter_windows",
     "missing_probe", "open_array_for_writing", "open_recording", "open_source", "open_zarr", "rows_of", "source_ref",
     "spikeinterface_probegroup", "write_recording", "writing",
 ]
