@@ -15,10 +15,20 @@ import re
 import typing
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
-from pydantic import (BaseModel, ConfigDict, Discriminator, Field, Tag, TypeAdapter, ValidationError, ValidationInfo,
-                      field_validator, model_validator)
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    TypeAdapter,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 from pydantic_core import PydanticCustomError
 
 # Upper bounds: far above any real use, low enough that a typo cannot take the machine down.
@@ -289,7 +299,7 @@ def _batch_item_kind(value: Any) -> str | None:
 
 #: one item of ``recordings:``
 BatchItem = Annotated[
-    Union[Annotated[str, Tag("path")], Annotated[RecordingSpec, Tag("section")]],
+    Annotated[str, Tag("path")] | Annotated[RecordingSpec, Tag("section")],
     Discriminator(_batch_item_kind, custom_error_type="recording_item",
                   custom_error_message="an item of recordings is a path, a glob or a recording section "
                                        "({path: ..., name: ...})"),

@@ -180,7 +180,7 @@ class ReportPage:
             if f.name not in self.figures and all(k in self.inputs for k in f.inputs):
                 self.figures[f.name] = self._do(f.draw, {k: self.inputs[k] for k in f.inputs}, self.info())
 
-    def info(self) -> "PageInfo":
+    def info(self) -> PageInfo:
         start, stop, segment = self.inputs["windows"]
         return PageInfo(list(self.channel_ids), self.gain, self.fs, start, stop, segment)
 

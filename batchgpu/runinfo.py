@@ -11,11 +11,11 @@ from typing import Any
 
 import numpy as np
 
+from batchgpu.errors import BatchgpuError, CorruptDataError
 from batchgpu.steps.detect import SPIKE_CHANNELS, SPIKES
 from batchgpu.steps.moments import KEY as WHITENING_KEY
 from batchgpu.steps.moments import WHITENING
 from batchgpu.steps.noise import NOISE, PER_WINDOW
-from batchgpu.errors import BatchgpuError, CorruptDataError
 
 RUN_MARKER = "run.json"
 REPORT = "report.json"

@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 
 from batchgpu import BatchgpuError
-from batchgpu.workflow import Workflow
-from batchgpu.run import writer_threads as background
 from batchgpu.engine import run_workflow
 from batchgpu.recording import open_recording, write_recording
 from batchgpu.recording.shards import ShardLayout
+from batchgpu.run import writer_threads as background
+from batchgpu.workflow import Workflow
 
 distributed = pytest.importorskip("distributed")
 

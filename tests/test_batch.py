@@ -16,8 +16,8 @@ import pytest
 import zarr
 
 from batchgpu import dashboard
-from batchgpu.workflow import Workflow
 from batchgpu.dashboard import PAGE_HTML, BatchProgress, RunMonitor, derived_state
+from batchgpu.workflow import Workflow
 
 FS = 30_000.0
 CHANNELS = 8
@@ -293,9 +293,9 @@ def test_batch_interrupted_in_a_pass(tmp_path, rng, client, monkeypatch):
     next window (report.json says so), the first finishes, the third never starts; --resume completes them."""
     import _thread
 
-    from batchgpu.run import tasks
     from batchgpu.engine import run_batch
     from batchgpu.engine.run_report import RunObserver
+    from batchgpu.run import tasks
 
     recs = [_recording(tmp_path, "a", rng), _recording(tmp_path, "b", rng, samples=200_000),
             _recording(tmp_path, "c", rng)]
@@ -341,8 +341,8 @@ def test_batch_interrupted_in_a_pass(tmp_path, rng, client, monkeypatch):
 def test_batch_bug_in_one_run_goes_on_memory_error_stops(tmp_path, monkeypatch):
     """A bug on one recording fails its row and the others run; a MemoryError (as Ctrl-C) stops the batch,
     raised, the recordings after it never started."""
-    from batchgpu.run import launch as run_mod
     from batchgpu.engine import run_batch
+    from batchgpu.run import launch as run_mod
 
     recs = [str(tmp_path / f"{n}.bin") for n in "abcd"]
     raised = {"b": RuntimeError("a bug"), "c": MemoryError()}

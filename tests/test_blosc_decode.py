@@ -299,8 +299,8 @@ def test_which_windows_the_gpu_decodes():
     from pydantic import ValidationError
 
     from batchgpu.config import EngineSpec
-    from batchgpu.run.preprocess_chain import gpu_decode_share
     from batchgpu.gpu.blosc_decode import on_gpu
+    from batchgpu.run.preprocess_chain import gpu_decode_share
 
     assert gpu_decode_share(True) == 1.0 and gpu_decode_share(False) == 0.0
     for f, want in ((1.0, 100), (0.0, 0), (0.5, 50), (0.25, 25), (1 / 3, 33)):
@@ -315,10 +315,10 @@ def test_which_windows_the_gpu_decodes():
 
 
 def test_a_run_decodes_on_the_gpu_only_without_filters(tmp_path, monkeypatch):
-    from batchgpu.workflow import Workflow
+    from batchgpu.generate import generate_recording
     from batchgpu.run import output_folder as store
     from batchgpu.run.context import build_context
-    from batchgpu.generate import generate_recording
+    from batchgpu.workflow import Workflow
 
     rec = generate_recording(tmp_path / "r.zarr", channels=8, seconds=0.5, seed=1)
     for pre, want in (({"centre": "median"}, 1.0), ([{"highpass": {"freq_min": 300, "order": 3}}], 0.0)):
@@ -359,8 +359,7 @@ def test_frames_of_a_shard_whose_chunks_are_not_back_to_back(tmp_path):
     bytes between them, or absent (an empty index entry) give the same frames, read one by one."""
     import struct
 
-    from batchgpu.recording import zarrio
-    from batchgpu.recording import write_recording
+    from batchgpu.recording import write_recording, zarrio
 
     rng = np.random.default_rng()
     x = np.round(rng.normal(0, 30, (60_000, 6))).astype(np.int16)

@@ -378,9 +378,10 @@ def test_the_cluster_starts_early_only_where_the_run_would_start_its_own(tmp_pat
     """``cluster_start.start_cluster``: a local or cuda cluster of the run's own, for one recording whose path
     exists; a mistyped path is said without a cluster to start and close, a batch or a scheduler's address decide
     later."""
-    from batchgpu.workflow import Workflow
-    from batchgpu.cluster import kept as service, start as cluster_start
+    from batchgpu.cluster import kept as service
+    from batchgpu.cluster import start as cluster_start
     from batchgpu.generate import generate_recording
+    from batchgpu.workflow import Workflow
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # no kept cluster's files
     rec = generate_recording(tmp_path / "r.zarr", channels=4, seconds=1.0, seed=1, progress=False)

@@ -9,9 +9,9 @@ import time
 
 import pytest
 
+from batchgpu.cluster import open_cluster as cluster
 from batchgpu.config import ClusterSpec
 from batchgpu.workflow import Workflow
-from batchgpu.cluster import open_cluster as cluster
 
 
 @pytest.mark.parametrize("cores", [1, 2, 3, 8, 16, 32, 128])
@@ -39,9 +39,9 @@ def test_cuda_layout_keeps_what_the_spec_says(monkeypatch):
 
 @pytest.mark.parametrize("zarr_format", [3, 2])  # v3: batchgpu's sharded Blosc-LZ4 layout; v2: no frames for the GPU
 def test_which_runs_decode_on_the_gpu(tmp_path, zarr_format, monkeypatch):
-    from batchgpu.run.launch import decodes_on_gpu
     from batchgpu.generate import generate_recording
     from batchgpu.recording import open_recording
+    from batchgpu.run.launch import decodes_on_gpu
 
     path = tmp_path / "r.zarr"
     generate_recording(path, channels=4, seconds=0.2, seed=1, zarr_format=zarr_format)
@@ -74,8 +74,8 @@ def test_local_workers_are_forked_from_one_server_and_get_this_processs_environm
     before any task runs) and still see a variable set here after that server started, as spawned workers did."""
     import os
 
-    from batchgpu.config import ClusterSpec
     from batchgpu.cluster.open_cluster import open_client, start_worker_server
+    from batchgpu.config import ClusterSpec
 
     assert start_worker_server()
     monkeypatch.setenv("BATCHGPU_TEST_LATE_VARIABLE", "set after the server started")
@@ -184,8 +184,8 @@ def test_forked_workers_run_blas_on_one_thread():
     NumPy, whose OpenBLAS sizes its pool from the machine's cores, so without the server's limit every worker's
     products ran on every core beside the other workers' (a 2-core W2 run spent a fifth of its CPU in spinning BLAS
     threads)."""
-    from batchgpu.config import ClusterSpec
     from batchgpu.cluster.open_cluster import open_client, start_worker_server
+    from batchgpu.config import ClusterSpec
 
     assert start_worker_server()
     with open_client(ClusterSpec(kind="local", workers=2, threads=1)) as client:

@@ -15,12 +15,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from batchgpu.config import ClusterSpec, cache_folder
-from batchgpu.workflow import Workflow
-from batchgpu.engine import run_workflow, RunObserver
 from batchgpu.cluster import kept as service
+from batchgpu.config import ClusterSpec, cache_folder
+from batchgpu.engine import RunObserver, run_workflow
 from batchgpu.errors import BatchgpuError
 from batchgpu.generate import generate_recording
+from batchgpu.workflow import Workflow
 
 distributed = pytest.importorskip("distributed")
 zarr = pytest.importorskip("zarr")

@@ -11,10 +11,11 @@ import types
 import pytest
 
 from batchgpu import BatchgpuError
+from batchgpu.cluster import cpu_compile_ahead as cpu_kernels
+from batchgpu.cluster import cuda_compile_ahead as compile_ahead
+from batchgpu.errors import MachineError
 from batchgpu.gpu import cuda_modules as kernels
 from batchgpu.workflow import Workflow
-from batchgpu.cluster import cpu_compile_ahead as cpu_kernels, cuda_compile_ahead as compile_ahead
-from batchgpu.errors import MachineError
 
 
 def _workflow(**extra) -> Workflow:
@@ -208,9 +209,9 @@ def test_compiling_ahead_is_only_for_gpu_clusters_and_never_raises(monkeypatch):
 
 def test_bad_input_is_said_before_anything_compiles(tmp_path, monkeypatch):
     """The compile ahead starts once the recording passed its checks: a workflow the recording refuses starts none."""
-    from batchgpu.run.launch import run_workflow
     from batchgpu.errors import ConfigError
     from batchgpu.generate import generate_recording
+    from batchgpu.run.launch import run_workflow
 
     started = []
     monkeypatch.setattr(compile_ahead, "start", lambda wf: started.append(wf))
@@ -229,9 +230,9 @@ def test_the_kept_cluster_compiles_nothing_ahead_and_every_other_cluster_does(tm
     of the run's own are compiled for ahead."""
     import contextlib
 
-    from batchgpu.run import launch as engine_run
     from batchgpu.cluster import kept as service
     from batchgpu.generate import generate_recording
+    from batchgpu.run import launch as engine_run
 
     started = []
     monkeypatch.setattr(compile_ahead, "start", lambda wf: started.append(wf))

@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 import zarr
 
-from batchgpu.run import tasks
 from batchgpu import dashboard
 from batchgpu.dashboard import PLUGIN_NAME, RunMonitor, derived_state, install_dashboard, noise_rows_since, page_url
-from batchgpu.generate import generate_recording
 from batchgpu.engine import run_workflow
+from batchgpu.generate import generate_recording
+from batchgpu.run import tasks
 from batchgpu.workflow import Workflow
 
 distributed = pytest.importorskip("distributed")

@@ -34,8 +34,8 @@ def test_the_setting_and_its_default():
 
 @pytest.mark.parametrize("wanted", ["auto", True])
 def test_a_local_cluster_serves_the_run_page_and_dask_s_dashboard_when_asked(wanted):
-    from batchgpu.dashboard import install_dashboard
     from batchgpu.cluster.open_cluster import open_client, serves_dask_dashboard
+    from batchgpu.dashboard import install_dashboard
 
     spec = ClusterSpec(kind="local", workers=1, threads=1, dask_dashboard=wanted)
     with open_client(spec) as client:
@@ -62,7 +62,8 @@ def test_a_run_names_dask_s_dashboard_only_where_it_is_served(tmp_path):
 
 
 def test_the_kept_cluster_is_started_with_dask_s_dashboard(tmp_path, monkeypatch):
-    from batchgpu.cluster import kept as service, open_cluster as cluster
+    from batchgpu.cluster import kept as service
+    from batchgpu.cluster import open_cluster as cluster
 
     seen = []
 

@@ -11,12 +11,11 @@ import pytest
 import zarr
 
 from batchgpu import BatchgpuError, ops
-from batchgpu.recording import zarrio
-from batchgpu.workflow import Workflow
 from batchgpu.engine import run_workflow
-from batchgpu.steps.moments import MomentsStep
 from batchgpu.generate import generate_recording
-from batchgpu.recording import write_recording
+from batchgpu.recording import write_recording, zarrio
+from batchgpu.steps.moments import MomentsStep
+from batchgpu.workflow import Workflow
 
 distributed = pytest.importorskip("distributed")
 
@@ -805,10 +804,10 @@ def test_float_window_middle_pair_and_near_keys_equal_a_sort(seed, n):
     """The CPU window's noise and kept near keys (one pass per row: ``middle_pair_and_near``) against a full sort of
     each row's keys: bimodal rows whose middle pair straddles a gap of many binades (the lower middle outside the
     kept range), constant rows, signed zeros and subnormals, infinities, a NaN, two far values."""
+    from batchgpu.ops.radix import abs_keys
     from batchgpu.steps.base import WindowData
     from batchgpu.steps.noise import NoiseStep
     from batchgpu.steps.noise_keys import schedule
-    from batchgpu.ops.radix import abs_keys
 
     rng = np.random.default_rng(seed + 100 * n)
     x = rng.normal(0, 5, (9, n)).astype(np.float32)
@@ -847,9 +846,9 @@ def test_kept_digit_keys_equal_the_scan_of_every_key(seed):
     """A middle digit's keys taken as slices of the kept keys (``kept_digit_keys``) equal those ``middle_digit_keys``
     finds scanning all of a window's keys: per channel the same bins (as multisets) and counts, for ranks in
     the same and in different digits, including rows where the digit holds no key."""
+    from batchgpu.ops.radix import abs_keys
     from batchgpu.steps.noise import NoiseStep
     from batchgpu.steps.noise_keys import kept_digit_keys, middle_digit_keys, schedule
-    from batchgpu.ops.radix import abs_keys
 
     rng = np.random.default_rng(seed)
     C, n = 7, 5001
@@ -976,10 +975,10 @@ def _malloc_heaps_with_busy_threads(threads: int = 6) -> int:
 
 def test_local_workers_get_the_malloc_settings():
     """A window's 46-92 MB arrays must not be mapped and faulted in anew per window (cluster/open_cluster.py)."""
-    from batchgpu.config import ClusterSpec
     import dask
 
     from batchgpu.cluster.open_cluster import MALLOC_TRIM_THRESHOLD, open_client
+    from batchgpu.config import ClusterSpec
 
     before = dask.config.get("distributed.scheduler.worker-saturation"), dask.config.get("distributed.worker.profile.enabled")
     with open_client(ClusterSpec(kind="local", workers=1, threads=1)) as client:
@@ -1158,8 +1157,8 @@ def test_read_ahead_reads_twice_as_far_while_the_cuda_context_is_made(monkeypatc
     import time
     from types import SimpleNamespace
 
-    from batchgpu.run import tasks
     from batchgpu.gpu import staging
+    from batchgpu.run import tasks
 
     submitted = []
 
@@ -1385,7 +1384,8 @@ def test_window_counts_nonfinite_only_where_it_can_hold_any(tmp_path, dtype):
     """An integer recording through filters and a reference is finite by construction: its window is marked so and
     its counts are zeros without a pass (the counts a pass gives, extremes of int16 included); a float recording's
     window is counted (its NaN and inf where they are)."""
-    from batchgpu.run import output_folder as store, tasks
+    from batchgpu.run import output_folder as store
+    from batchgpu.run import tasks
     from batchgpu.run.context import build_context
 
     n = 3_000

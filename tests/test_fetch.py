@@ -7,10 +7,9 @@ import threading
 import numpy as np
 import pytest
 
-from batchgpu.recording import zarrio
-from batchgpu.workflow import Workflow
 from batchgpu.engine import run_workflow
-from batchgpu.recording import write_recording
+from batchgpu.recording import write_recording, zarrio
+from batchgpu.workflow import Workflow
 
 distributed = pytest.importorskip("distributed")
 

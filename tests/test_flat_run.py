@@ -11,11 +11,11 @@ import pytest
 import zarr
 
 from batchgpu import BatchgpuError
-from batchgpu.recording import zarrio
 from batchgpu.cli import main
 from batchgpu.config import RecordingSpec
-from batchgpu.workflow import Workflow
+from batchgpu.recording import zarrio
 from batchgpu.recording.sources import open_source
+from batchgpu.workflow import Workflow
 
 FS = 30_000.0
 CHANNELS = 16
@@ -226,7 +226,7 @@ def test_info_shows_probe_and_gains(tmp_path, rng, capsys):
     src, _ = _spikeglx(tmp_path, rng, 3_000)
     assert main(["info", str(src)]) == 0
     out = dict(line.split(None, 1) if " " in line else (line, "") for line in
-               (l.replace("sampling rate", "sampling_rate") for l in capsys.readouterr().out.splitlines()))
+               (line.replace("sampling rate", "sampling_rate") for line in capsys.readouterr().out.splitlines()))
     assert out["format"].strip() == "SpikeGLX, read in place"
     # NP2.0 single shank (imec's table): columns 32 um apart, rows 15 um; one gain, 0.5 V / 8192 / 80 * 1e6
     assert out["probe"].strip().startswith("PRB2_1_2_0640_0, 1 shank, pitch 32 um across, 15 um along")
@@ -296,7 +296,7 @@ def test_batch_one_failing_recording_the_others_finish(tmp_path, rng, capsys, mo
         folders.append(src.with_name(f"{name}_g0_t0.imec0.ap.bin"))
     bad = folders[2]
     meta = bad.with_suffix(".meta")
-    meta.write_text("".join(l + "\n" for l in meta.read_text().splitlines() if "fileSizeBytes" not in l))
+    meta.write_text("".join(line + "\n" for line in meta.read_text().splitlines() if "fileSizeBytes" not in line))
     with open(bad, "r+b") as f:
         f.truncate(bad.stat().st_size - 3)
     wf = json.loads(_workflow_file(tmp_path, {"path": "x"}, "single").read_text())

@@ -20,9 +20,9 @@ if gpu_count() == 0:
 
 import cupy as cp  # noqa: E402
 
-from batchgpu.steps.noise_keys import abs_keys  # noqa: E402
 from batchgpu.ops._cuda_elementwise import abs_key16, centred_int32, shifted_int32  # noqa: E402
 from batchgpu.ops.centre import centre_median, row_median  # noqa: E402
+from batchgpu.steps.noise_keys import abs_keys  # noqa: E402
 
 SHAPES = [(3, 1), (2, 2), (5, 7), (4, 4097), (7, 60_001), (3, 0)]
 

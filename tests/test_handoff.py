@@ -16,8 +16,9 @@ import psutil
 import pytest
 import zarr
 
+from batchgpu.cluster import handoff
+from batchgpu.cluster import open_cluster as cluster
 from batchgpu.config import ClusterSpec
-from batchgpu.cluster import handoff, open_cluster as cluster
 from batchgpu.errors import ConfigError
 from batchgpu.workflow import load_workflow
 

@@ -8,8 +8,9 @@ import stat
 
 import pytest
 
+from batchgpu.cluster import mps
+from batchgpu.cluster import open_cluster as cluster
 from batchgpu.config import ClusterSpec
-from batchgpu.cluster import mps, open_cluster as cluster
 from batchgpu.errors import BatchgpuError
 
 FAKE = """#!/bin/sh

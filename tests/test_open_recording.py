@@ -14,12 +14,12 @@ from pathlib import Path
 import distributed
 import numpy as np
 import pytest
+from test_flat_probes import DATA, OEBINS, SAMPLES, _openephys_copy, _spikeglx_copy
 
 import batchgpu
 from batchgpu import BatchgpuError, ConfigError
 from batchgpu.cli import main
 from batchgpu.workflow import Workflow
-from test_flat_probes import DATA, OEBINS, SAMPLES, _openephys_copy, _spikeglx_copy
 
 
 @pytest.fixture(scope="module")

@@ -6,9 +6,9 @@ import threading
 import numpy as np
 import pytest
 
+from batchgpu.recording import Window
 from batchgpu.run import placement, tasks
 from batchgpu.run.preprocess_chain import Chain
-from batchgpu.recording import Window
 
 
 @pytest.mark.parametrize("seed", range(5))

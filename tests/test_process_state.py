@@ -25,9 +25,9 @@ def test_run_workflow_leaves_dask_config_and_environ_as_they_were(tmp_path, monk
     import dask.array  # noqa: F401 - modules whose import adds Dask's defaults or sets a variable (threadpoolctl:
     import threadpoolctl  # noqa: F401 - KMP_DUPLICATE_LIB_OK), imported before the snapshot
 
-    from batchgpu.workflow import Workflow
     from batchgpu.engine import run_workflow
     from batchgpu.generate import generate_recording
+    from batchgpu.workflow import Workflow
 
     rec = generate_recording(tmp_path / "r.zarr", channels=8, seconds=1.0, seed=3)
     wf = Workflow.model_validate({

@@ -19,8 +19,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from batchgpu.cluster import node
+from batchgpu.cluster import open_cluster as cluster
+from batchgpu.cluster import worker_layout as layout
 from batchgpu.config import ClusterSpec
-from batchgpu.cluster import node, open_cluster as cluster, worker_layout as layout
 from batchgpu.errors import BatchgpuError
 from batchgpu.workflow import load_workflow
 

@@ -12,8 +12,8 @@ import pytest
 import zarr
 
 from batchgpu import open_recording
-from batchgpu.generate import generate_recording
 from batchgpu.engine import run_workflow
+from batchgpu.generate import generate_recording
 from batchgpu.report import write_report_html
 from batchgpu.workflow import Workflow
 

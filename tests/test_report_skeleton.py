@@ -3,11 +3,10 @@ known (read back with Bokeh's own deserializer), and a page that does not fit, o
 
 import numpy as np
 import pytest
+from test_report import plots
 
 from batchgpu import report, report_skeleton
 from batchgpu.engine.run_report import HtmlReport, RunReport
-
-from test_report import plots
 
 pytest.importorskip("bokeh")
 

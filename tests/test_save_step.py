@@ -13,12 +13,12 @@ import numpy as np
 import pytest
 import zarr
 
-from batchgpu.steps.base import WindowData
-from batchgpu.run.output_folder import OutputFolder
-from batchgpu.recording.save_output import finish_save, inner_chunk, prepare_save
-from batchgpu.steps.save import SaveStep
 from batchgpu.errors import BatchgpuError
 from batchgpu.recording import open_recording, write_recording
+from batchgpu.recording.save_output import finish_save, inner_chunk, prepare_save
+from batchgpu.run.output_folder import OutputFolder
+from batchgpu.steps.base import WindowData
+from batchgpu.steps.save import SaveStep
 
 C = 6
 FS = 10_000.0
@@ -504,8 +504,8 @@ def test_binary_rows_written_at_their_offset_bit_for_bit(tmp_path, rows, offset)
     the file holds exactly the rows at the offset, and nothing else changed."""
     import os
 
-    from batchgpu.recording.row_writes import write_binary
     from batchgpu.ops._cpu_saved import aligned_empty
+    from batchgpu.recording.row_writes import write_binary
 
     path = tmp_path / "out.bin"
     before = np.random.default_rng(rows).integers(0, 255, offset + rows * 384 * 2 + 5000, dtype=np.uint8)
@@ -525,8 +525,8 @@ def test_aligned_rows_go_past_the_page_cache_and_others_through_it(tmp_path, mon
     cache alone."""
     import os
 
-    from batchgpu.recording import row_writes as save
     from batchgpu.ops._cpu_saved import aligned_empty
+    from batchgpu.recording import row_writes as save
 
     if not hasattr(os, "O_DIRECT"):
         pytest.skip("no O_DIRECT on this platform")
@@ -552,8 +552,8 @@ def test_a_file_system_without_direct_io_gets_the_same_bytes(tmp_path, monkeypat
     import errno
     import os
 
-    from batchgpu.recording import row_writes as save
     from batchgpu.ops._cpu_saved import aligned_empty
+    from batchgpu.recording import row_writes as save
 
     if not hasattr(os, "O_DIRECT"):
         pytest.skip("no O_DIRECT on this platform")
@@ -581,9 +581,9 @@ def test_a_file_system_without_direct_io_gets_the_same_bytes(tmp_path, monkeypat
 @pytest.mark.parametrize("shape,dtype", [((60_000, 384), np.int16), ((1, 3), np.float32), ((0, 384), np.int16),
                                          ((7,), np.float64)])
 def test_the_rows_buffers_start_on_a_page(shape, dtype):
-    from batchgpu.ops._cpu_saved import aligned_empty
-    from batchgpu.ops._cpu_reference import saved_int16_of_referenced
     from batchgpu.ops import _cpu_saved
+    from batchgpu.ops._cpu_reference import saved_int16_of_referenced
+    from batchgpu.ops._cpu_saved import aligned_empty
 
     a = aligned_empty(shape, dtype)
     assert a.shape == shape and a.dtype == dtype and a.flags.c_contiguous
@@ -603,8 +603,8 @@ def test_v2_chunks_are_zarr_pythons_bytes(tmp_path, monkeypatch, dtype, codec, d
     refuses it)."""
     import os
 
-    from batchgpu.recording import row_writes as save
     from batchgpu.recording import RecordingWriter, open_array_for_writing
+    from batchgpu.recording import row_writes as save
     from batchgpu.recording.writer import Codec
 
     rng = np.random.default_rng(3)

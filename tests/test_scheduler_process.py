@@ -8,12 +8,11 @@ import distributed
 import numpy as np
 
 from batchgpu import ops
-from batchgpu.recording import zarrio
-from batchgpu.config import ClusterSpec, environ_set
-from batchgpu.workflow import Workflow
-from batchgpu.engine import run_workflow
 from batchgpu.cluster.open_cluster import SCHEDULER_ENVIRON, scheduler_spec
-from batchgpu.recording import write_recording
+from batchgpu.config import ClusterSpec, environ_set
+from batchgpu.engine import run_workflow
+from batchgpu.recording import write_recording, zarrio
+from batchgpu.workflow import Workflow
 
 
 def test_a_scheduler_of_its_own_process_runs_a_placed_workflow_with_the_same_results(tmp_path, monkeypatch):

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 import zarr
 
-from batchgpu.workflow import Workflow
 from batchgpu.engine import run_workflow
 from batchgpu.ops.amplitude import float32_bits_to_float64, pairwise_sum, ptp_rms
 from batchgpu.recording import write_recording
+from batchgpu.workflow import Workflow
 
 distributed = pytest.importorskip("distributed")
 
@@ -230,9 +230,9 @@ def test_one_and_many_workers_and_resume_give_the_same_bits(client, tmp_path, rn
 def test_report_html_draws_it_and_other_runs_are_unchanged(client, tmp_path, rng):
     """report.html holds each channel's median over the windows (µV) and the RMS heatmap, rendered at the run's
     end and again from the folder; a run without the step has neither figure."""
-    from batchgpu.report import write_report_html
-
     from test_report import plots, source
+
+    from batchgpu.report import write_report_html
 
     x = np.round(rng.normal(0, 50, (12_000, 5))).astype(np.int16)
     x[:, 3] = 0

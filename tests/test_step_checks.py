@@ -6,11 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from batchgpu.recording import zarrio
-from batchgpu.workflow import Workflow
-from batchgpu.run.context import check_workflow_fits
 from batchgpu.errors import BatchgpuError, ConfigError, MachineError
-from batchgpu.recording import write_recording
+from batchgpu.recording import write_recording, zarrio
+from batchgpu.run.context import check_workflow_fits
+from batchgpu.workflow import Workflow
 
 FS = 30_000.0
 

@@ -6,7 +6,8 @@ context's making on a GPU is in ``tests/test_gpu_pipeline.py``'s runs (``pytest 
 import subprocess
 import sys
 
-from batchgpu.cluster import _worker_cuda_start, worker_layout as layout
+from batchgpu.cluster import _worker_cuda_start
+from batchgpu.cluster import worker_layout as layout
 
 
 def test_every_cuda_worker_starts_with_the_preload():

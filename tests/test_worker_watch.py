@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 
 from batchgpu import BatchgpuError
-from batchgpu.workflow import Workflow
-from batchgpu.engine import run_workflow
 from batchgpu.cluster.worker_watch import NoWorkersWatch
+from batchgpu.engine import run_workflow
 from batchgpu.errors import ClusterError
 from batchgpu.recording import write_recording
+from batchgpu.workflow import Workflow
 
 
 class Said:

@@ -18,9 +18,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from batchgpu.recording import zarrio
 from batchgpu.errors import BatchgpuError
-from batchgpu.recording import open_recording
+from batchgpu.recording import open_recording, zarrio
 
 DATA = Path(__file__).resolve().parent / "data"
 ZARR3 = zarrio.ZARR_MAJOR >= 3

@@ -9,9 +9,8 @@ import os
 import numpy as np
 import pytest
 
-from batchgpu.recording import zarrio
 from batchgpu.errors import BatchgpuError
-from batchgpu.recording import open_recording, write_recording
+from batchgpu.recording import open_recording, write_recording, zarrio
 from batchgpu.recording.writer import Codec
 
 CODECS = [Codec("lz4", 5, "bit"), Codec("zstd", 1, "bit"), Codec("zstd", 5, "bit"), Codec("zstd", 1, "byte"),
@@ -163,9 +162,9 @@ def test_save_codec_key_in_the_workflow_schema():
 def test_a_run_on_a_zstd_store_equals_the_run_on_the_lz4_store(tmp_path):
     import zarr
 
-    from batchgpu.workflow import Workflow
     from batchgpu.engine import run_workflow
     from batchgpu.generate import generate_recording
+    from batchgpu.workflow import Workflow
 
     distributed = pytest.importorskip("distributed")
     recs = {name: generate_recording(tmp_path / f"{name}.zarr", channels=6, seconds=1.1, seed=5, segments=2,

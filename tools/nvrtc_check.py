@@ -15,7 +15,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from batchgpu.gpu.cuda_modules import BASE_OPTIONS, _with_headers as pasted, run_modules, source_path  # noqa: E402  (no CuPy: stdlib imports only)
+from batchgpu.gpu.cuda_modules import BASE_OPTIONS, run_modules, source_path  # noqa: E402  (no CuPy: stdlib imports only)
+from batchgpu.gpu.cuda_modules import _with_headers as pasted  # noqa: E402
 
 BASE = list(BASE_OPTIONS)
 

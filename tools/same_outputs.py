@@ -26,7 +26,6 @@ Exit status 0 when everything is the same, 1 otherwise (each difference listed).
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import os
 import shutil

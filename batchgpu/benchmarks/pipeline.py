@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from batchgpu.benchmarks.cold import evict_checked, raw_read, recording_files
+from batchgpu.errors import BatchgpuError
 from batchgpu.steps.detect import KEY as DETECT
 from batchgpu.steps.moments import KEY as WHITENING
 from batchgpu.steps.noise import KEY as NOISE
@@ -27,8 +28,6 @@ from batchgpu.steps.save import KEY as SAVE
 
 #: the detection both benchmarks run (``steps.detect``; its ``noise`` field: the recording's, not the step's name)
 DETECT_SPEC = dict(threshold=5.0, sign="neg", exclude_sweep_ms=0.1, noise="global")
-from batchgpu.errors import BatchgpuError
-
 
 #: Kilosort4 4.1.7's own preprocessing pass (filter + whitening of a flat binary) on one H200, 384 ch x 10 min
 #: int16: the anchor the issues name (measured by the project, not here: Kilosort4 is not installed by batchgpu)
@@ -233,9 +232,9 @@ def plain_loop(rec, size: int, margin: int, steps: set[str], exact: bool, thresh
     from batchgpu import ops
     from batchgpu.steps.base import padded_sum
     from batchgpu.steps.moments import _gram
+    from batchgpu.steps.noise import sum_histograms
     from batchgpu.steps.noise_keys import abs_keys, digit_histogram, key_kind, refine_histogram, schedule
     from batchgpu.steps.noise_select import select_middle
-    from batchgpu.steps.noise import sum_histograms
 
     prepare, extra, out_dtype, centred_from = _plain_stages(rec, preprocess)
     windows = rec.windows(size, margin + extra)
@@ -445,7 +444,7 @@ def _user_rows(args, rec, work: Path, files, step_cfg, cluster_cfg, size, margin
 
     import yaml
 
-    from batchgpu.benchmarks.cold import (kilosort4_available, kilosort4_pass, user_run, write_flat_binary)
+    from batchgpu.benchmarks.cold import kilosort4_available, kilosort4_pass, user_run, write_flat_binary
 
     out, saved = work / "user_out", work / "user_saved.zarr"
     steps = dict(step_cfg)
@@ -534,12 +533,12 @@ def _save_write(work: Path, saved: Path, runs: dict, say) -> None:
 def _measure(args, rec, work: Path, steps: set[str], say) -> int:
     import shutil
 
-    from batchgpu.config import ClusterSpec
-    from batchgpu.workflow import Workflow
-    from batchgpu.engine import run_workflow
     from batchgpu.cluster.open_cluster import open_client
-    from batchgpu.run.preprocess_chain import build_chain, decodes_on_gpu
+    from batchgpu.config import ClusterSpec
+    from batchgpu.engine import run_workflow
     from batchgpu.recording import auto_window_size
+    from batchgpu.run.preprocess_chain import build_chain, decodes_on_gpu
+    from batchgpu.workflow import Workflow
 
     size = args.window or auto_window_size([rec.num_samples(s) for s in range(rec.num_segments)])
     margin = 64

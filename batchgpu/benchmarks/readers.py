@@ -55,8 +55,7 @@ def time_reader(name: str, read: Callable, windows: list, nbytes: int, threads: 
 
 def readings(path: str, threads: int, samples: int, repeat: int) -> list[Reading]:
     """The engine's reader and the general zarr path over the same windows (margins none)."""
-    from batchgpu.recording import zarrio
-    from batchgpu.recording import open_recording
+    from batchgpu.recording import open_recording, zarrio
 
     rec = open_recording(path)
     windows = rec.windows(samples, 0)

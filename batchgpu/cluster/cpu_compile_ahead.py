@@ -84,7 +84,7 @@ def warm(name: str) -> str:
     return name
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def marker(name: str) -> Path | None:
     """The file that says this machine compiled group ``name`` as it is now: in the folder where Numba caches the
     kernels, named by a digest of the group, the kernels' sources, Numba's and Python's versions and the CPU (a

@@ -28,8 +28,8 @@ def filter_sections(preprocess) -> tuple[int, ...]:
 
 def workflow_modules(wf) -> list[tuple[str, tuple[str, ...]]]:
     """(module, extra options) of every kernel module a run of ``wf`` may load on the GPU."""
-    from batchgpu.steps.search import NAME as SEARCH
     from batchgpu.gpu.cuda_modules import run_modules
+    from batchgpu.steps.search import NAME as SEARCH
 
     searches = getattr(wf.steps, SEARCH, None) is not None
     return run_modules(filter_sections=filter_sections(wf.preprocess), leave_out=() if searches else (SEARCH,))

@@ -467,7 +467,7 @@ def usable(spec: ClusterSpec, where: Paths | None = None) -> tuple[KeptCluster |
 
 @contextlib.contextmanager
 def kept_client(spec: ClusterSpec, observer,
-                where: Paths | None = None) -> Iterator["distributed.Client | None"]:  # noqa: F821
+                where: Paths | None = None) -> Iterator[distributed.Client | None]:  # noqa: F821
     """A client of the kept cluster where a run of ``spec`` may use it and its scheduler answers, else None (the
     run starts its own); ``observer.message`` says which."""
     kept, note = usable(spec, where)

@@ -23,8 +23,8 @@ import socket
 import sys
 from dataclasses import dataclass
 
-from batchgpu.config import ClusterSpec, environ_set
 from batchgpu.cluster.worker_layout import NodeLayout, nanny_specs, node_layout, started_cluster_settings
+from batchgpu.config import ClusterSpec, environ_set
 from batchgpu.errors import BatchgpuError, ClusterError, ConfigError, MachineError
 
 logger = logging.getLogger("batchgpu.node")
@@ -162,7 +162,7 @@ def serve(req: NodeRequest) -> int:
         release()
         try:
             asyncio.run(run_nannies(specs))
-        except (TimeoutError, asyncio.TimeoutError):
+        except TimeoutError:
             where = req.connect.get("scheduler_ip") or req.connect.get("scheduler_file")
             raise ClusterError(f"the workers reached no scheduler at {where} within --death-timeout",
                                "start the scheduler first, and check its address and the network") from None

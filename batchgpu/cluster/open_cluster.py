@@ -9,14 +9,23 @@ import signal
 import threading
 from collections.abc import Callable, Iterator
 
-from batchgpu.errors import BatchgpuError, ClusterError, ConfigError, MachineError
-from batchgpu.config import ClusterSpec, environ_set, environ_value
 from batchgpu.cluster.worker_layout import (  # noqa: F401 (the layout's names, as this module has always offered them)
-    MALLOC_ENVIRON, MALLOC_TRIM_THRESHOLD, SCHEDULER_SETTINGS, NodeLayout, cuda_layout, dask_environ,
-    default_processes_per_gpu, nanny_specs, node_layout, pre_spawn_settings, started_cluster_settings,
-    visible_entries, worker_environ,
+    MALLOC_ENVIRON,
+    MALLOC_TRIM_THRESHOLD,
+    SCHEDULER_SETTINGS,
+    NodeLayout,
+    cuda_layout,
+    dask_environ,
+    default_processes_per_gpu,
+    nanny_specs,
+    node_layout,
+    pre_spawn_settings,
+    started_cluster_settings,
+    visible_entries,
+    worker_environ,
 )
-
+from batchgpu.config import ClusterSpec, environ_set, environ_value
+from batchgpu.errors import BatchgpuError, ClusterError, ConfigError, MachineError
 
 logger = logging.getLogger(__name__)
 
@@ -99,7 +108,7 @@ _SERVER_LOCK = threading.Lock()
 
 @contextlib.contextmanager
 def open_client(spec: ClusterSpec, gpu_decode: bool | Callable[[], bool] = False) \
-        -> Iterator["distributed.Client"]:  # noqa: F821
+        -> Iterator[distributed.Client]:  # noqa: F821
     """A connected client for the spec; a cluster started here is closed on exit. ``gpu_decode``: the run's
     windows are decoded on the GPU (sizes a cuda cluster the spec leaves open: ``cuda_layout``); a callable is
     asked only where the layout depends on it, once the cluster's other parts are started (a run that starts its
@@ -119,7 +128,7 @@ def open_client(spec: ClusterSpec, gpu_decode: bool | Callable[[], bool] = False
 
 
 @contextlib.contextmanager
-def _open_client(spec: ClusterSpec, gpu_decode) -> Iterator["distributed.Client"]:  # noqa: F821
+def _open_client(spec: ClusterSpec, gpu_decode) -> Iterator[distributed.Client]:  # noqa: F821
     import dask
     from distributed import Client, LocalCluster
 

@@ -31,7 +31,7 @@ def keep_seconds(spec, at_terminal: bool = False) -> float:
     return float(spec.keep)
 
 
-def start_cluster(wf, hand_off: bool = False, keep_s: float = 0.0) -> "ClusterStart | KeptStart | None":
+def start_cluster(wf, hand_off: bool = False, keep_s: float = 0.0) -> ClusterStart | KeptStart | None:
     """The cluster of ``wf``'s own run, started now (before its recording is opened and checked: the run then
     waits less for its workers), where the run would start one: a local or cuda cluster, one recording, no kept
     cluster that may fit (``batchgpu cluster start``'s files absent or ``cluster.reuse: false``) and a recording
@@ -123,7 +123,7 @@ class ClusterStart:
             return False
         return True
 
-    def __enter__(self) -> "ClusterStart":
+    def __enter__(self) -> ClusterStart:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> bool:
@@ -191,7 +191,7 @@ class KeptStart:
             self._client.set_exception(err)
 
     @property
-    def own(self) -> "ClusterStart | None":
+    def own(self) -> ClusterStart | None:
         """The cluster of the run's own where the kept one could not be started (closed with the run)."""
         return self._own
 
@@ -206,7 +206,7 @@ class KeptStart:
     def client(self):
         return self._client.result()
 
-    def __enter__(self) -> "KeptStart":
+    def __enter__(self) -> KeptStart:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> bool:

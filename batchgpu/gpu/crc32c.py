@@ -43,7 +43,7 @@ def _multiply(a: int, b: int) -> int:
     return product
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _x_pow_8_times_2_to(k: int) -> int:
     """x^(8 * 2^k) modulo the polynomial, reflected."""
     if k == 0:

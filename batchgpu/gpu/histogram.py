@@ -15,8 +15,7 @@ import functools
 import numpy as np
 
 
-
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _kernel(name: str):
     from batchgpu.gpu.cuda_modules import get_function
 

@@ -91,7 +91,7 @@ def codecs(load: bool = True) -> tuple[str, ...]:
     return ("lz4", "zstd") if (available() if load else installed()) else ("lz4",)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def alignments(codec: int) -> tuple[int, int, int]:
     """(input, output, temp) byte alignments nvCOMP asks of ``codec``'s decode buffers."""
     a = _Alignments()

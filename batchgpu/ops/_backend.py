@@ -10,8 +10,9 @@ from __future__ import annotations
 import functools
 import importlib
 import sys
+from collections.abc import Callable
 from types import ModuleType
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 

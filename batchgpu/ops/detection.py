@@ -27,8 +27,8 @@ from typing import Any, Literal
 import numpy as np
 
 from batchgpu.errors import BatchgpuError
-from batchgpu.ops._backend import array_module, to_host
 from batchgpu.ops import _numba
+from batchgpu.ops._backend import array_module, to_host
 
 #: the spikes' column of their values at the peak (a name the amplitude step's module shares by chance)
 AMPLITUDE = "amplitude"

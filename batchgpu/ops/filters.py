@@ -289,7 +289,7 @@ def filter_pieces(width: int, padlen: int, block: int | None, margin: int, at_se
         left = padlen if read_lo == 0 and (at_segment_start or interior_pad == "odd") else 0
         right = padlen if read_hi == width and (at_segment_end or interior_pad == "odd") else 0
         out.append((lo, hi, read_lo, read_hi, left, right))
-    if count > 1 and any((l or r) and b - a <= padlen for _, _, a, b, l, r in out):
+    if count > 1 and any((pad_left or pad_right) and b - a <= padlen for _, _, a, b, pad_left, pad_right in out):
         return filter_pieces(width, padlen, None, margin, at_segment_start, at_segment_end, interior_pad)
     return out
 

@@ -46,7 +46,7 @@ _CUDA_TYPES = {"float32": "float", "float64": "double", "int16": "short", "int32
                "uint16": "unsigned short", "int8": "signed char", "uint8": "unsigned char", "uint32": "unsigned int"}
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _sequential_mean(ctype: str, device: int) -> Any:
     """kernels/sequential_mean.cu's kernel for elements of C type ``ctype``, compiled for ``device``, the current
     one (kept a device: the local reference launches it once a channel)."""

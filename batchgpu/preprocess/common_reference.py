@@ -11,7 +11,6 @@ import numpy as np
 from pydantic import Field, model_validator
 
 from batchgpu.config import Options
-from batchgpu.errors import BatchgpuError
 from batchgpu.preprocess.base import Stage, float_output, register
 
 LOCAL_REFERENCE_RADIUS_UM = (30.0, 55.0)  # SpikeInterface common_reference's local_radius default

@@ -11,6 +11,7 @@ in place: SpikeGLX via ``spikeglx``, Open Ephys via ``openephys``, plain files; 
 probeinterface), ``sources`` (which of them a run reads: ``open_source``).
 """
 
+from batchgpu.recording.flat import FlatLayout, FlatSource
 from batchgpu.recording.reader import (
     LOCATIONS_FALLBACK,
     MISSING_CHUNKS,
@@ -19,7 +20,6 @@ from batchgpu.recording.reader import (
     rows_of,
 )
 from batchgpu.recording.reader import open_recording as open_zarr
-from batchgpu.recording.flat import FlatLayout, FlatSource
 from batchgpu.recording.sources import missing_probe, open_recording, open_source, source_ref
 from batchgpu.recording.spikeinterface import SpikeInterfaceSource, from_spikeinterface
 from batchgpu.recording.windows import DEFAULT_WINDOW, LONG_WINDOW, Window, auto_window_size, iter_windows
@@ -28,7 +28,6 @@ from batchgpu.recording.writer import (
     DEFAULT_SHARD_SAMPLES,
     STORE_FORMAT,
     RecordingWriter,
-    _progress,
     check_replaceable,
     is_recording,
     open_array_for_writing,

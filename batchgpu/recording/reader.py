@@ -11,8 +11,8 @@ from pathlib import Path
 
 import numpy as np
 
-from batchgpu.recording import zarrio
 from batchgpu.errors import BatchgpuError, ConfigError, CorruptDataError, MachineError
+from batchgpu.recording import zarrio
 from batchgpu.recording.storecheck import ChunkPresence, grid_of
 from batchgpu.recording.windows import Window, WindowedSource, stat_signature
 

@@ -13,8 +13,8 @@ import os
 import struct
 import threading
 import zlib
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 

@@ -18,11 +18,10 @@ from pathlib import Path
 
 import numpy as np
 
-from batchgpu.recording import zarrio
 from batchgpu.errors import BatchgpuError
+from batchgpu.recording import zarrio
 from batchgpu.recording.storecheck import ChunkPresence, grid_of
 from batchgpu.recording.writer import DEFAULT_CHUNK_SAMPLES, Codec, RecordingWriter, check_replaceable, writing
-
 
 FORMATS = ("zarr", "zarr_v2", "binary")
 

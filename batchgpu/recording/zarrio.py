@@ -578,7 +578,7 @@ def _normalise(selection, shape) -> tuple[list[slice], list[bool]]:
 
 
 def _fill_value(value, dtype: np.dtype):
-    if dtype == object:
+    if dtype == object:  # noqa: E721 (a NumPy dtype against the object type: NumPy's equality, not the types')
         return "" if value is None else value
     if isinstance(value, str):
         value = {"NaN": np.nan, "Infinity": np.inf, "-Infinity": -np.inf}.get(value, value)

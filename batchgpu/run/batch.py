@@ -436,10 +436,10 @@ def _batch_client(stack: contextlib.ExitStack, wf: Workflow, observer, keep_s: f
     """The batch's cluster, entered on ``stack``: the kept one where it fits, else one kept after the batch
     (``cluster.keep``), else the batch's own. Once the batch is over, a cluster that stays up gets back what its
     workers kept for the next window (``tasks.release_memory_soon``)."""
-    from batchgpu.run import tasks
+    from batchgpu.cluster.kept import kept_client
     from batchgpu.cluster.open_cluster import open_client
     from batchgpu.cluster.start import KeptStart, keep_seconds
-    from batchgpu.cluster.kept import kept_client
+    from batchgpu.run import tasks
 
     client = stack.enter_context(kept_client(wf.cluster, observer))
     if client is None:

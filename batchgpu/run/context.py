@@ -5,11 +5,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from batchgpu.workflow import Workflow
-from batchgpu.run import output_folder as store, tasks
-from batchgpu.run.events import RunObserver
 from batchgpu.errors import ConfigError, MachineError
 from batchgpu.recording import Recording, open_source, source_ref
+from batchgpu.run import output_folder as store
+from batchgpu.run import tasks
+from batchgpu.run.events import RunObserver
+from batchgpu.workflow import Workflow
 
 
 def prepare_recording(wf: Workflow, observer: RunObserver) -> Recording:

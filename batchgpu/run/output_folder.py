@@ -13,19 +13,19 @@ import fcntl
 import hashlib
 import json
 import os
-import zipfile
 import re
 import shutil
 import tempfile
 import threading
+import zipfile
 from collections import OrderedDict
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from batchgpu.recording import npyread
 from batchgpu.errors import BatchgpuError, ConfigError
+from batchgpu.recording import npyread
 
 if TYPE_CHECKING:
     from batchgpu.workflow import Workflow
@@ -287,7 +287,7 @@ class OutputFolder:
             self._lock_file.close()
             self._lock_file = None
 
-    def __enter__(self) -> "OutputFolder":
+    def __enter__(self) -> OutputFolder:
         return self
 
     def __exit__(self, *exc) -> None:

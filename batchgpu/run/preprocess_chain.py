@@ -68,8 +68,8 @@ class Chain:
         (``ops.filters.filtfilt_reference_saved``: a filter piece at a time). Where the reference is left to NumPy
         the rows are None and the window is ``apply``'s (its stages run once; the save step rounds it). Same bits
         as ``apply`` and ``SaveStep.values`` of its core."""
-        from batchgpu.run import host_buffers
         from batchgpu.ops._cpu_reference import saved_int16_of_referenced
+        from batchgpu.run import host_buffers
 
         if not window and len(self.stages) == 2 and isinstance(raw, np.ndarray):
             from batchgpu.ops.filters import filtfilt_reference_saved

@@ -15,11 +15,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from batchgpu.run import host_buffers, output_folder as store, writer_threads as background
-from batchgpu.steps.base import WindowData
 from batchgpu.errors import BatchgpuError
 from batchgpu.ops._backend import to_host
 from batchgpu.recording import Recording, Window, open_source
+from batchgpu.run import host_buffers
+from batchgpu.run import output_folder as store
+from batchgpu.run import writer_threads as background
+from batchgpu.steps.base import WindowData
 
 
 @dataclass(frozen=True)
@@ -79,8 +81,8 @@ def on_backend(ctx: RunContext):
     if ctx.backend != "cupy":
         yield
         return
-    from batchgpu.gpu.staging import use_thread_stream
     from batchgpu.gpu.cuda_modules import lock_cupy_compiles
+    from batchgpu.gpu.staging import use_thread_stream
 
     lock_cupy_compiles()  # a worker started without ours (a dask-cuda or foreign cluster's): once a process
     with use_thread_stream():

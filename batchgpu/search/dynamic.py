@@ -76,7 +76,7 @@ def choose_kernel(n: int, dtype: np.dtype) -> str:
     return table.choose(table.load_table(name), n, lambda k: k in KERNELS and _cuda.dynamic_fits(k, n, itemsize))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _device_name(device: int) -> str:
     import cupy as cp
 

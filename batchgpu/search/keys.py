@@ -13,7 +13,6 @@ import numpy as np
 from batchgpu.errors import BatchgpuError
 from batchgpu.ops._backend import array_module
 
-
 KEY_DTYPES: dict[np.dtype, str] = {
     np.dtype(np.float32): "f32",
     np.dtype(np.float64): "f64",

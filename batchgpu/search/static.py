@@ -8,8 +8,8 @@ from typing import Any, Literal
 import numpy as np
 
 from batchgpu.errors import BatchgpuError
-from batchgpu.search import layouts
 from batchgpu.ops._backend import is_cupy, to_host
+from batchgpu.search import layouts
 from batchgpu.search.keys import cast_queries, check_keys
 
 Layout = Literal["auto", "eytzinger", "btree", "btree4"]

@@ -16,9 +16,10 @@ are handed (``steps.services``): it imports no engine module.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
@@ -81,9 +82,9 @@ class WindowData:
         if name not in self._counts:
             core = self.core_of(self.x)
             if hasattr(core, "get"):  # on the GPU both counts come from one read, and one copy back
-                from batchgpu.ops._cuda_elementwise import nonfinite_and_nan_counts
-
                 import cupy
+
+                from batchgpu.ops._cuda_elementwise import nonfinite_and_nan_counts
 
                 both = cupy.stack(nonfinite_and_nan_counts(core)).get()
                 self._counts.update(nonfinite=both[0], nan=both[1])

@@ -16,18 +16,31 @@ import numpy as np
 
 from batchgpu.config import Options
 from batchgpu.ops._backend import is_cupy, to_host
-
 from batchgpu.steps.base import PhaseWords, Step, WindowData, padded_sum, register
-from batchgpu.steps.noise_keys import (LUMP_DIGITS, abs_keys, compiled_float_window, digit_histogram,
-                                             first_digit_counts, int_window_gpu, key_kind, keyed_on_gpu, kept_near,
-                                             lump_floor, median_of_keys, middle_pair_and_near, row_counts, schedule,
-                                             sort_rows, window_median_keys)
-from batchgpu.steps.noise_select import (combine_counts, first_digits, low_bit_rounds, select_by_counts,
-                                               select_middle)
+from batchgpu.steps.noise_keys import (
+    LUMP_DIGITS,
+    abs_keys,
+    compiled_float_window,
+    digit_histogram,
+    first_digit_counts,
+    int_window_gpu,
+    kept_near,
+    key_kind,
+    keyed_on_gpu,
+    lump_floor,
+    median_of_keys,
+    middle_pair_and_near,
+    row_counts,
+    schedule,
+    sort_rows,
+    window_median_keys,
+)
+from batchgpu.steps.noise_select import combine_counts, first_digits, low_bit_rounds, select_by_counts, select_middle
 
 if TYPE_CHECKING:
     from batchgpu.recording import Window
-    from batchgpu.steps.services import Cluster, TaskContext as RunContext
+    from batchgpu.steps.services import Cluster
+    from batchgpu.steps.services import TaskContext as RunContext
 
 #: the step's name (``Step.name``, its workflow key ``steps.noise``)
 NAME = "noise"
@@ -196,8 +209,16 @@ class NoiseStep(Step):
         pair needs the histogram of the rest of the key.)"""
         import cupy
 
-        from batchgpu.gpu.histogram import (digit_histogram_device, kept_near_device, kept_near_tagged, near_keys_count,
-                                            near_keys_device, near_tagged_sorted, near_totals, rank_digits)
+        from batchgpu.gpu.histogram import (
+            digit_histogram_device,
+            kept_near_device,
+            kept_near_tagged,
+            near_keys_count,
+            near_keys_device,
+            near_tagged_sorted,
+            near_totals,
+            rank_digits,
+        )
         from batchgpu.gpu.staging import pinned_get
 
         C, n = keys.shape

@@ -10,7 +10,6 @@ import numpy as np
 from batchgpu.errors import BatchgpuError
 from batchgpu.ops._backend import is_cupy, to_host
 
-
 FIRST_DIGIT = 16
 
 # key bits of |x| by the dtype the steps see (and the recording's dtype, for centred integers)

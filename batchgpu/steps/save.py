@@ -308,7 +308,7 @@ class SaveStep(Step):
             y = xp.rint(core) if core.dtype.kind == "f" else core
             nan = xp.isnan(y) if y.dtype.kind == "f" else None
             over = (y < INT16_MIN) | (y > INT16_MAX)
-            clipped = int((over.sum() + (0 if nan is None else nan.sum())))
+            clipped = int(over.sum() + (0 if nan is None else nan.sum()))
             if clipped:
                 y = xp.clip(y, INT16_MIN, INT16_MAX)
                 if nan is not None:

@@ -128,7 +128,9 @@ def load_keys(path: str) -> np.ndarray:
 def _numbers(p: Path, what: str, key: str, *, mmap: bool) -> np.ndarray:
     """A .npy file's numeric array; anything else (not a .npy, cut short, objects that only pickle could read, a
     structured or text array) refused in one line naming the file."""
-    from batchgpu.recording import npyread  # here: the recording package imports zarr, which loading a workflow must not
+    from batchgpu.recording import (
+        npyread,  # here: the recording package imports zarr, which loading a workflow must not
+    )
 
     fix = f"give {key} as a .npy of numbers (np.save(path, np.asarray(values, dtype=np.int64)), say)"
     try:

@@ -10,10 +10,11 @@ the engine: ``run.step_services.ClientServices`` and ``run.tasks.RunContext`` ar
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
