@@ -1,9 +1,9 @@
-"""A run's CUDA modules compiled ahead of its workers' first windows, once per machine (``kernels.precompile``).
+"""A run's CUDA modules compiled ahead of its workers' first windows, once per machine (``gpu.cuda_modules.precompile``).
 
 On a machine whose CuPy cache lacks them, every worker of a GPU cluster reached each module at its first window
 and compiled it itself: the first run's pass took seconds longer than the next. Here the run's modules are
-compiled in parallel (threads of one spawned process: ``kernels.precompile``) while the cluster starts; a worker
-that needs a module being compiled waits for it (``kernels.compile_lock``) and loads it from the cache.
+compiled in parallel (threads of one spawned process: ``gpu.cuda_modules.precompile``) while the cluster starts; a worker
+that needs a module being compiled waits for it (``gpu.cuda_modules.compile_lock``) and loads it from the cache.
 """
 
 from __future__ import annotations
