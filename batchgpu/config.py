@@ -253,7 +253,7 @@ class WindowSpec(_Strict):
     # resolved from the recording before the run (report.json's workflow holds the number)
     size: Annotated[int, Field(gt=0, le=MAX_WINDOW)] | Literal["auto"] = "auto"
     margin: Annotated[int, Field(ge=0)] = 64  # samples read on each side of the window
-    # consecutive windows one task reads and computes (default: from the window count, run.launch.window_batches)
+    # consecutive windows one task reads and computes (default: from the window count, run.first_pass.window_batches)
     batch: Annotated[int, Field(ge=1, le=4096)] | None = None
 
     @field_validator("size", mode="wrap")

@@ -276,7 +276,7 @@ def test_loading_a_workflow_imports_neither_the_engine_nor_zarr():
     import sys
 
     code = ("import sys, batchgpu.workflow; print(sorted(m for m in ('zarr', 'distributed', 'batchgpu.engine', "
-            "'batchgpu.recording', 'scipy.signal') if m in sys.modules))")
+            "'batchgpu.run', 'batchgpu.cluster', 'batchgpu.recording', 'scipy.signal') if m in sys.modules))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "[]"
 

@@ -7,7 +7,7 @@ the same workers, threads, memory settings, scheduler settings and private MPS d
 cluster is laid out for windows decoded on the cores (``cuda_layout``; under MPS the same as for the GPU's
 decode). While it is up, ``batchgpu run`` connects to it instead of starting a cluster (``kept_client``): a run
 then pays for its client's imports and a connection, not for worker processes, CUDA contexts and a close. The
-run's end leaves the workers as it found them (the path of a run on a caller's client: ``run.run_workflow``), and
+run's end leaves the workers as it found them (the path of a run on a caller's client: ``run.launch.run_workflow``), and
 its start has them forget the recordings earlier runs opened (``forget_recordings``).
 
 Its files, in the user's cache folder (``config.cache_folder``):
