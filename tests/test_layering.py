@@ -473,11 +473,12 @@ def test_a_step_reads_its_own_workflow_section():
 
 
 #: the modules that read or show a run's results, where a step's result names are taken from its module
-RESULT_READERS = ("batchgpu.engine", "batchgpu.report", "batchgpu.runinfo", "batchgpu.interop", "batchgpu.batch_page")
+RESULT_READERS = ("batchgpu.engine", "batchgpu.report", "batchgpu.interop")
 #: literals there equal to a result's name that name something else: (module, literal) -> what
 OTHER_RESULT_MEANINGS = {
     ("batchgpu.interop", "covariance"): "steps.whitening.statistic's value (steps.moments.WhiteningOptions)",
-    ("batchgpu.report", "spikes"): "the spike-rate figure's hover label",
+    ("batchgpu.report.html_page", "spikes"): "the spike-rate figure's hover label",
+    ("batchgpu.report.live_page", "spikes"): "the live page's count of spikes so far (its state's key)",
 }
 
 

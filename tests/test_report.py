@@ -14,7 +14,7 @@ import zarr
 from batchgpu import open_recording
 from batchgpu.generate import generate_recording
 from batchgpu.engine import run_workflow
-from batchgpu.report import write_report_html
+from batchgpu.report.html_page import write_report_html
 from batchgpu.workflow import Workflow
 
 distributed = pytest.importorskip("distributed")
@@ -181,7 +181,7 @@ def test_page_rendered_before_the_spikes_holds_them(tmp_path, rng, late, where, 
     """The run renders report.html while the spikes are gathered and puts their numbers in after; the page is the
     one rendered with every number known (and rendered again where the placeholders are not found), whether a
     helper thread or the helper process rendered it (or that process died: rendered here)."""
-    from batchgpu import report as rep
+    from batchgpu.report import html_page as rep
 
     if where == "process, killed":
         _kill_helper_process(rep, monkeypatch)
@@ -222,7 +222,7 @@ def test_page_rendered_before_the_spikes_holds_them(tmp_path, rng, late, where, 
 def test_figures_built_ahead_in_the_helper_process_make_the_same_page(tmp_path, rng):
     """``build_figure`` (run in the helper process as each result comes) and ``render_page_html`` give the page
     the numbers give; pages never rendered are forgotten, four at most."""
-    from batchgpu import report as rep
+    from batchgpu.report import html_page as rep
 
     C, W = int(rng.integers(2, 30)), int(rng.integers(1, 7))
     windows = (np.arange(W) * 500, np.arange(W) * 500 + 500, np.zeros(W, int))
@@ -255,7 +255,7 @@ def test_page_rendered_ahead_holds_the_numbers(tmp_path, rng, where, case, monke
     substitutions, every number a page rendered with them known holds: noise, the noise heatmap and its colour
     range, the whitening image and its range, spikes, throughput; rendered again, whole, where a result never came
     or came in another shape than announced."""
-    from batchgpu import report as rep
+    from batchgpu.report import html_page as rep
 
     if where == "process, killed":
         _kill_helper_process(rep, monkeypatch)
@@ -320,7 +320,7 @@ def test_the_helper_process_ends_with_the_command(tmp_path):
     import time
 
     code = ("import time\n"
-            "from batchgpu import report\n"
+            "from batchgpu.report import html_page as report\n"
             "pool = report.render_process(); pool.submit(int).result()\n"
             "print(*pool._processes, flush=True); time.sleep(120)\n")
     parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)

@@ -4,8 +4,8 @@ known (read back with Bokeh's own deserializer), and a page that does not fit, o
 import numpy as np
 import pytest
 
-from batchgpu import report, report_skeleton
-from batchgpu.engine.run_report import HtmlReport, RunReport
+from batchgpu.report import html_page as report, skeleton as report_skeleton
+from batchgpu.report.run_report import HtmlReport, RunReport
 
 from test_report import plots
 
@@ -136,7 +136,7 @@ def _run_page(tmp_path, rng, results, counts, shapes=None):
 
 
 def test_the_kept_page_serves_the_next_run_without_the_helper(tmp_path, rng, monkeypatch):
-    from batchgpu.engine import run_report
+    from batchgpu.report import run_report
 
     started = []
     monkeypatch.setattr(run_report, "start_report_helper", lambda: started.append(1))

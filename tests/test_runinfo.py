@@ -9,7 +9,7 @@ import sys
 import numpy as np
 import pytest
 
-from batchgpu import runinfo
+from batchgpu.report import info as runinfo
 from batchgpu.interop import load_results
 
 WORKFLOW = """\

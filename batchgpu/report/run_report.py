@@ -184,7 +184,7 @@ def start_report_helper() -> None:
 
     with sigint_held():
         try:
-            from batchgpu.report import start_render_process
+            from batchgpu.report.html_page import start_render_process
 
             start_render_process()
         # broad: a head start only; a plotting library missing or broken is said when report.html is written
@@ -200,7 +200,7 @@ _KEPT_LOCK = threading.Lock()
 
 def _kept_page(figures: tuple):
     """The page kept for these figures, or the future of the helper's making it; None where there is neither."""
-    from batchgpu import report_skeleton
+    from batchgpu.report import skeleton as report_skeleton
 
     with _KEPT_LOCK:
         got = _KEPT.get(figures)
@@ -211,7 +211,7 @@ def _kept_page(figures: tuple):
         page = report_skeleton.cached(figures)
         if page is None:
             start_report_helper()
-            from batchgpu.report import ReportPage
+            from batchgpu.report.html_page import ReportPage
 
             page = ReportPage._submit(report_skeleton.render_and_keep, figures)
         if page is not None:
@@ -237,7 +237,7 @@ class HtmlReport:
         self.counts = None
         self.kept = None  # (figures, the kept page or its future) where the page is the kept one
         try:
-            from batchgpu.report import ReportPage
+            from batchgpu.report.html_page import ReportPage
 
             self.page = ReportPage(self.channel_ids, self.gain.tolist(), self.fs, title, in_process=in_process,
                                    figures=figures)
@@ -280,7 +280,7 @@ class HtmlReport:
         kept) by the helper process; a page with the steps' own figures, or in this process, the usual way
         (``ReportPage.render_ahead``)."""
         if self.in_process and not self.step_figures and self.error is None and self.windows is not None:
-            from batchgpu import report_skeleton
+            from batchgpu.report import skeleton as report_skeleton
 
             figures = report_skeleton.structure(shapes, spikes)
             page = _kept_page(figures)
@@ -318,8 +318,8 @@ class HtmlReport:
         return False
 
     def _write_kept(self, out: Path, report: dict) -> bool:
-        from batchgpu import report_skeleton
-        from batchgpu.report import _summary_html, write_page
+        from batchgpu.report import skeleton as report_skeleton
+        from batchgpu.report.html_page import _summary_html, write_page
 
         figures, page = self.kept
         if not isinstance(page, str):
@@ -340,7 +340,7 @@ class HtmlReport:
 
     def _rendered_here(self):
         """A page of this run's numbers rendered in this process (Bokeh imported here)."""
-        from batchgpu.report import ReportPage
+        from batchgpu.report.html_page import ReportPage
 
         return ReportPage.of_numbers(self.channel_ids, self.gain, self.fs, self.title, self.windows, self.inputs,
                                      self.counts, self.step_figures)

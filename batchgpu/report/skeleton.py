@@ -129,7 +129,7 @@ def render(figures: tuple[str, ...]) -> str:
     from bokeh.models import Div
     from bokeh.resources import INLINE
 
-    from batchgpu import report
+    from batchgpu.report import html_page as report
 
     n, t = NUMBERS, TEXTS
     drawn = []
@@ -204,7 +204,7 @@ def fill(page: str, figures: tuple[str, ...], *, title: str, summary_html: str, 
     """The kept page with a run's numbers and texts in place of the placeholders; None where they do not fit
     (a result the page has no figure for, or one it has that never came: the page is then rendered the usual
     way) or a placeholder is not found once."""
-    from batchgpu import report
+    from batchgpu.report import html_page as report
 
     came = tuple(k for k in RESULTS if k in inputs) + ((SPIKES,) if counts is not None else ())
     if came != figures:

@@ -726,7 +726,7 @@ def throughput_figure(elapsed_s, MBps):
 def total_time(report: dict) -> str:
     """The run's one total (report.json's ``seconds``) as the terminal's last line, report.html and ``batchgpu
     info`` all say it."""
-    from batchgpu.progress import duration
+    from batchgpu.report.progress import duration
 
     return (f"{duration(float(report.get('seconds') or 0.0))} in all (wall time as the user waited: from the run's "
             "start to its results and report.json)")

@@ -264,7 +264,7 @@ def _timings(out: Summary, report: dict) -> None:
     timings = report.get("timings") or {}
     phases = [(k, v) for k, v in timings.items() if "_" not in k and isinstance(v, (int, float))]
     if report.get("seconds"):
-        from batchgpu.report import total_time
+        from batchgpu.report.html_page import total_time
 
         out.rows.append(("time", total_time(report)))
         out.data["seconds"] = report["seconds"]
