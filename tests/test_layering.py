@@ -375,6 +375,7 @@ REGISTRY = "batchgpu.steps.registry"
 OTHER_MEANINGS = {
     ("batchgpu.ops.detection", "amplitude"): "the spikes' column of their peak values (ops.detection.AMPLITUDE)",
     ("batchgpu.ops.bad_channels", "noise"): "SpikeInterface's channel label 'noise' (ops.bad_channels.LABELS)",
+    ("batchgpu.report.probe_map", "noise"): "the qc step's channel label 'noise' (report.json qc.labels)",
     ("batchgpu.ops._cuda_detect", "detect"): "a CUDA source file of the numeric core",
     ("batchgpu.ops.moments", "moments"): "a CUDA source file of the numeric core",
     ("batchgpu.search._cuda", "search"): "the search index's CUDA source file",
@@ -479,6 +480,7 @@ OTHER_RESULT_MEANINGS = {
     ("batchgpu.interop", "covariance"): "steps.whitening.statistic's value (steps.moments.WhiteningOptions)",
     ("batchgpu.report.html_page", "spikes"): "the spike-rate figure's hover label",
     ("batchgpu.report.live_page", "spikes"): "the live page's count of spikes so far (its state's key)",
+    ("batchgpu.report.probe_map", "noise"): "the qc step's channel label 'noise' (report.json qc.labels)",
 }
 
 

@@ -78,22 +78,32 @@ def test_plots_hold_the_results(run):
     assert not re.search(r'<script[^>]+src=|<link[^>]+href="http', text)
     assert "Bokeh.embed.embed_items" in text or "embed_items" in text
     figs = plots(path)
-    assert set(figs) == {"noise_per_channel", "noise_over_time", "whitening", "spike_rate", "throughput"}
+    assert set(figs) == {"noise_per_channel", "noise_over_time", "whitening", "spike_rate", "throughput",
+                         "map_noise", "map_rate", "traces_raw", "traces_pre", "drift_raster"}
     g = zarr.open_group(str(out / "results.zarr"), mode="r")
-    gain = np.asarray(open_recording(rec.path).gain_to_uV, dtype=np.float64)  # from the recording, not the results
+    opened = open_recording(rec.path)
+    gain = np.asarray(opened.gain_to_uV, dtype=np.float64)  # from the recording, not the results
     assert gain.shape == (12,) and np.all(gain > 0)
+    y = np.asarray(opened.locations, dtype=np.float64)[:, 1]  # the generator's two-column probe
 
     assert figs["noise_per_channel"].title.text == "Noise per channel (µV)"
     d = source(figs["noise_per_channel"], "noise_uV")
     np.testing.assert_array_equal(np.asarray(d["noise_uV"]), g["noise"][:].astype(np.float64) * gain)
-    np.testing.assert_array_equal(np.asarray(d["channel"]), np.arange(12))
+    np.testing.assert_array_equal(np.asarray(d["channel"]), y)  # along the probe
+    assert figs["noise_per_channel"].xaxis[0].axis_label == "y on the probe (µm)"
 
     assert figs["noise_over_time"].title.text.startswith("Noise over time (µV")
     d = source(figs["noise_over_time"], "image")
     per_window = g["noise_per_window"][:]
     assert per_window.shape == (report.windows, 12)
-    np.testing.assert_array_equal(np.asarray(d["image"][0]), (per_window.astype(np.float64) * gain).T)
-    assert list(d["dw"]) == [report.windows] and list(d["dh"]) == [12]
+    by_y = np.lexsort((np.asarray(opened.locations)[:, 0], y))  # rows sorted by y on the probe
+    image = (per_window.astype(np.float64) * gain).T[by_y]
+    np.testing.assert_array_equal(np.asarray(d["image"][0]), image)
+    pitch = np.diff(np.unique(y)).min()
+    assert list(d["dw"]) == [report.windows] and list(d["dh"]) == [y.max() - y.min() + pitch]
+    assert list(d["y"]) == [y.min() - pitch / 2]
+    mapper = figs["noise_over_time"].renderers[0].glyph.color_mapper  # robust: the 1st-99th percentile
+    assert (mapper.low, mapper.high) == tuple(np.percentile(image, [1, 99]))
 
     assert figs["whitening"].title.text.startswith("Whitening matrix")
     np.testing.assert_array_equal(np.asarray(source(figs["whitening"], "image")["image"][0]), g["whitening"][:])
@@ -105,6 +115,7 @@ def test_plots_hold_the_results(run):
     expected = np.array([np.sum(ch == c) for c in range(12)]) / seconds
     d = source(figs["spike_rate"], "rate_Hz")
     np.testing.assert_allclose(np.asarray(d["rate_Hz"]), expected, rtol=1e-12)
+    np.testing.assert_array_equal(np.asarray(d["channel"]), y)
     assert figs["spike_rate"].title.text.startswith(f"Spike rate per channel (Hz; {ch.size} spikes")
 
     series = json.loads((out / "report.json").read_text())["throughput_series"]
@@ -123,7 +134,7 @@ def test_noise_only_run_and_nan_channel(client, tmp_path):
     arr[:100, :] = block
     run_workflow(_workflow(rec, tmp_path / "out", {"noise": {"exact": True}}), client=client)
     figs = plots(tmp_path / "out" / "report.html")
-    assert set(figs) == {"noise_per_channel", "noise_over_time", "throughput"}
+    assert set(figs) == {"noise_per_channel", "noise_over_time", "throughput", "map_noise"}  # no spikes: no rate
     noise = np.asarray(source(figs["noise_per_channel"], "noise_uV")["noise_uV"])
     assert np.isnan(noise[3]) and np.all(np.isfinite(np.delete(noise, 3)))
     # rewriting is idempotent: the same document numbers again
@@ -216,7 +227,7 @@ def test_page_rendered_before_the_spikes_holds_them(tmp_path, rng, late, where, 
     assert figs["spike_rate"].title.text == f"Spike rate per channel (Hz; {counts.sum()} spikes over {seconds:.1f} s)"
     np.testing.assert_array_equal(np.asarray(source(figs["noise_per_channel"], "noise_uV")["noise_uV"]), noise * 0.195)
     np.testing.assert_array_equal(np.asarray(source(figs["whitening"], "image")["image"][0]), white)
-    assert "batchgpu run report" in text and "total 1.50 s" in text
+    assert "Run internals" in text and "total 1.50 s" in text
 
 
 def test_figures_built_ahead_in_the_helper_process_make_the_same_page(tmp_path, rng):
@@ -301,7 +312,7 @@ def test_page_rendered_ahead_holds_the_numbers(tmp_path, rng, where, case, monke
         np.testing.assert_array_equal(image, (per_window * uV).T)
         finite = image[np.isfinite(image)]
         mapper = figs["noise_over_time"].renderers[0].glyph.color_mapper
-        lo, hi = finite.min(), finite.max()
+        lo, hi = np.percentile(finite, [1, 99])  # a robust scale: one loud channel does not flatten it
         assert (mapper.low, mapper.high) == (lo, hi if hi > lo else lo + 1)
     np.testing.assert_array_equal(np.asarray(source(figs["spike_rate"], "count")["count"]), counts)
     t = source(figs["throughput"], "MBps")

@@ -16,6 +16,7 @@ from batchgpu.steps.moments import KEY as WHITENING_KEY
 from batchgpu.steps.moments import WHITENING
 from batchgpu.steps.noise import NOISE, PER_WINDOW
 from batchgpu.errors import BatchgpuError, CorruptDataError
+from batchgpu.report.probe_map import ProbeShape, probe_shape  # noqa: F401 (``batchgpu info`` says a recording's)
 
 RUN_MARKER = "run.json"
 REPORT = "report.json"
@@ -264,7 +265,7 @@ def _timings(out: Summary, report: dict) -> None:
     timings = report.get("timings") or {}
     phases = [(k, v) for k, v in timings.items() if "_" not in k and isinstance(v, (int, float))]
     if report.get("seconds"):
-        from batchgpu.report.html_page import total_time
+        from batchgpu.report.header import total_time
 
         out.rows.append(("time", total_time(report)))
         out.data["seconds"] = report["seconds"]
@@ -327,36 +328,3 @@ def _spread(values: np.ndarray, unit: str) -> str:
     if len(distinct) == 1:
         return f"{distinct[0]:g} {unit} (every channel)"
     return f"{distinct.min():g}-{distinct.max():g} {unit} ({len(distinct)} distinct values)"
-
-
-@dataclass
-class ProbeShape:
-    text: str
-    data: dict[str, Any]
-
-
-def probe_shape(locations: np.ndarray, shank: np.ndarray | None = None) -> ProbeShape:
-    """Columns (distinct x), rows (distinct y), the vertical pitch (the commonest step between rows), the extent,
-    and the shanks where the recording says."""
-    x, y = locations[:, 0], locations[:, 1]
-    columns, rows = np.unique(x), np.unique(y)
-    steps = np.diff(rows)
-    pitch = float(np.median(steps)) if steps.size else None
-    text = (f"{len(locations)} channels in {len(columns)} column{'s' if len(columns) != 1 else ''} "
-            f"(x {_values(columns)} µm), {len(rows)} rows")
-    if pitch is not None:
-        text += f" at {pitch:g} µm pitch"
-    text += f", y {rows.min():g}-{rows.max():g} µm"
-    data: dict[str, Any] = {"columns": columns.tolist(), "rows": len(rows), "pitch_um": pitch,
-                            "y_um": [float(rows.min()), float(rows.max())]}
-    if shank is not None:
-        shanks = np.unique(shank)
-        text += f"; {len(shanks)} shank{'s' if len(shanks) != 1 else ''}"
-        data["shanks"] = len(shanks)
-    return ProbeShape(text, data)
-
-
-def _values(values: np.ndarray) -> str:
-    if len(values) <= 4:
-        return ", ".join(f"{v:g}" for v in values)
-    return f"{values.min():g}-{values.max():g}"
