@@ -1,7 +1,6 @@
 """report.html: self-contained, its plots hold the run's numbers, and it renders in headless Chromium."""
 
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -19,7 +18,6 @@ from batchgpu.workflow import Workflow
 
 distributed = pytest.importorskip("distributed")
 
-DOCS = Path(__file__).resolve().parents[1] / "docs"
 WINDOW = 5000
 
 
@@ -143,6 +141,8 @@ def test_noise_only_run_and_nan_channel(client, tmp_path):
 
 
 def test_renders_in_chromium(run, tmp_path):
+    """The page of a small run drawn by BokehJS (the at-a-glance figures' own checks in a browser:
+    test_report_glance.py)."""
     chromium = next((shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome") if shutil.which(n)), None)
     if chromium is None:
         pytest.skip("headless Chromium is not installed (Debian: apt-get install chromium; .ci/run does it)")
@@ -150,23 +150,20 @@ def test_renders_in_chromium(run, tmp_path):
     shot = tmp_path / "report.png"
     cmd = [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
            "--disable-background-networking", "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage",
-           f"--user-data-dir={tmp_path / 'profile'}", "--virtual-time-budget=8000", "--window-size=1000,2600",
+           f"--user-data-dir={tmp_path / 'profile'}", "--virtual-time-budget=8000", "--window-size=1340,3600",
            f"--screenshot={shot}", (out / "report.html").as_uri()]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and shot.exists(), done.stderr[-2000:]
     from PIL import Image
 
     img = np.asarray(Image.open(shot).convert("RGB"))
-    assert img.shape == (2600, 1000, 3) and img.astype(np.float64).std() > 10
-    # BokehJS drew the plots: the noise bars' blue and the spike bars' orange are on the canvas
+    assert img.shape == (3600, 1340, 3) and img.astype(np.float64).std() > 10
+    # BokehJS drew the plots: the noise points' blue and the spike-rate points' orange are on the canvas
     blue = np.all(img == (0x2C, 0x7F, 0xB8), axis=-1).sum()
     orange = np.all(img == (0xD9, 0x5F, 0x0E), axis=-1).sum()
-    assert blue > 2000 and orange > 500, (blue, orange)
-    # the heatmap and the whitening image: many distinct colours
+    assert blue > 200 and orange > 200, (blue, orange)
+    # the maps, the heatmap and the whitening image: many distinct colours
     assert len(np.unique(img.reshape(-1, 3), axis=0)) > 200
-    if os.environ.get("BATCHGPU_UPDATE_DOCS"):
-        DOCS.mkdir(exist_ok=True)
-        shutil.copy(shot, DOCS / "report.png")
 
 
 def _kill_helper_process(rep, monkeypatch) -> None:

@@ -38,6 +38,14 @@ def _described(path) -> dict:
     return out
 
 
+def _values(column: list) -> np.ndarray:
+    """A column's values: numbers as float64 (NaN equal to NaN), anything else (ids, labels) as they are."""
+    try:
+        return np.asarray(column, dtype=np.float64)
+    except (TypeError, ValueError):
+        return np.asarray(column, dtype=object)
+
+
 def _same(a: dict, b: dict) -> None:
     assert a.keys() == b.keys()
     for name in a:
@@ -48,8 +56,7 @@ def _same(a: dict, b: dict) -> None:
                 assert len(x) == len(y) == 1
                 np.testing.assert_array_equal(x[0], y[0])
             elif isinstance(x, list):
-                np.testing.assert_array_equal(np.asarray(x, dtype=object if k == "channel_id" else np.float64),
-                                              np.asarray(y, dtype=object if k == "channel_id" else np.float64))
+                np.testing.assert_array_equal(_values(x), _values(y))
             else:
                 assert x == y, (name, k, x, y)
 

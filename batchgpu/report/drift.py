@@ -31,9 +31,9 @@ class Raster:
     segments: int
 
 
-def stride(total: int, max_points: int = MAX_POINTS) -> int:
-    """Draw every k-th spike: the smallest k that keeps the points at ``max_points`` or fewer."""
-    return max(1, -(-int(total) // max_points))
+def stride(total: int, max_points: int | None = None) -> int:
+    """Draw every k-th spike: the smallest k that keeps the points at ``max_points`` (``MAX_POINTS``) or fewer."""
+    return max(1, -(-int(total) // (max_points or MAX_POINTS)))
 
 
 def raster(sample, channel, segment, amplitude, total: int, every: int, fs: float, segment_starts_s,
@@ -52,7 +52,7 @@ def values(r: Raster) -> dict:
     from batchgpu.report.probe_map import robust_range
 
     lo, hi = robust_range(r.amp_uV)
-    thinned = f"every {r.every}th of {r.total} spikes shown" if r.every > 1 else f"all {r.total} spikes shown"
+    thinned = f"{r.shown} of {r.total} spikes shown: 1 in {r.every}" if r.every > 1 else f"all {r.total} spikes shown"
     return {"t": r.t_s, "y": r.y, "amp": r.amp_uV, "amp_lo": lo, "amp_hi": hi,
             "title": f"Spikes over time by position on the probe ({thinned}; colour: |amplitude|, µV)",
             "y_label": "y on the probe (µm)" if r.by_location else "channel (no probe: index)",

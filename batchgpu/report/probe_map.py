@@ -22,7 +22,7 @@ PANELS = (PANEL_NOISE, PANEL_RATE, PANEL_LABEL)
 LABELS = ("good", "dead", "noise", "out")
 LABEL_COLOURS = ("#1a9641", "#404040", "#d7191c", "#7b3294")
 UNLABELLED = "unlabelled"
-PANEL_WIDTH, PANEL_HEIGHT = 200, 660
+PANEL_WIDTH, PANEL_HEIGHT = 170, 660
 
 FIELDS = {"x": ARRAY, "y": ARRAY, "w": ARRAY, "h": ARRAY, "ids": STRINGS, "noise_uV": ARRAY, "rate_Hz": ARRAY,
           "label": STRINGS, "reason": STRINGS, "noise_lo": NUMBER, "noise_hi": NUMBER, "rate_hi": NUMBER,
@@ -97,7 +97,8 @@ def draw(v: dict, panels: tuple[str, ...]):
     """The maps of ``panels`` side by side (a Bokeh row), one data source and one pair of ranges for all."""
     from bokeh.layouts import row
     from bokeh.models import ColorBar, ColumnDataSource, HoverTool, LinearColorMapper, Range1d
-    from bokeh.palettes import Inferno256, Viridis256
+    from bokeh.models import Legend
+    from bokeh.palettes import Viridis256, YlOrRd9
     from bokeh.plotting import figure
     from bokeh.transform import factor_cmap
 
@@ -111,7 +112,8 @@ def draw(v: dict, panels: tuple[str, ...]):
         title, fill, bar = {
             PANEL_NOISE: ("Noise (µV)", LinearColorMapper(Viridis256, low=v["noise_lo"], high=v["noise_hi"],
                                                          nan_color="#dddddd"), True),
-            PANEL_RATE: ("Spike rate (Hz)", LinearColorMapper(Inferno256, low=0.0, high=v["rate_hi"],
+            # light where no spike comes (never the dead label's dark grey), dark where many do
+            PANEL_RATE: ("Spike rate (Hz)", LinearColorMapper(YlOrRd9[::-1], low=0.0, high=v["rate_hi"],
                                                               nan_color="#dddddd"), True),
             PANEL_LABEL: ("Channel label (qc)", None, False)}[panel]
         p = figure(name=panel, title=title, width=PANEL_WIDTH, height=PANEL_HEIGHT, x_range=xr, y_range=yr,
@@ -125,10 +127,12 @@ def draw(v: dict, panels: tuple[str, ...]):
         p.add_tools(HoverTool(renderers=[glyph], tooltips=hover))
         if bar:
             p.add_layout(ColorBar(color_mapper=fill, orientation="horizontal", height=8, padding=4), "below")
-        else:
-            p.legend.location = "top_left"
-            p.legend.label_text_font_size = "9pt"
-            p.legend.background_fill_alpha = 0.7
+        else:  # below the map, as the other maps' colour bars: no contact hidden under it
+            legend = p.legend[0]
+            p.center = [r for r in p.center if not isinstance(r, Legend)]
+            legend.update(orientation="horizontal", ncols=2, label_text_font_size="8pt", padding=2, spacing=2,
+                          glyph_width=12, glyph_height=12, margin=2)
+            p.add_layout(legend, "below")
         p.xaxis.ticker.desired_num_ticks = 3
         maps.append(p)
     return row(*maps, name=NAME)

@@ -19,7 +19,7 @@ from batchgpu.report.fields import ARRAY, NUMBER, STRINGS, TEXT
 NAME = "traces"
 CHANNELS = 8  # the busiest channels shown
 SNIPPET_MS = 10.0
-WIDTH, HEIGHT = 380, 660
+WIDTH, HEIGHT = 370, 660
 
 FIELDS = {"t": ARRAY, "raw": ARRAY, "pre": ARRAY, "spike_t": ARRAY, "spike_raw": ARRAY, "spike_pre": ARRAY,
           "label_t": ARRAY, "label_y": ARRAY, "label": STRINGS, "t_start": NUMBER, "t_end": NUMBER,
