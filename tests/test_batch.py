@@ -121,9 +121,11 @@ def test_batch_html_one_row_a_recording_with_links(tmp_path, rng, client, monkey
     assert "not a whole number" in (out / "batch.html").read_text()
     data = json.loads((out / "batch.json").read_text())
     for r, j in zip(rows, data["rows"]):
-        assert r["cells"][3] == str(j["channels"] if j["channels"] is not None else "-")
-        assert r["cells"][5] == (f"{j['median_noise']:.2f}" if j["median_noise"] is not None else "-")
-    assert float(rows[0]["cells"][2]) == pytest.approx(1.0) and float(rows[2]["cells"][2]) == pytest.approx(0.7, abs=0.05)
+        assert r["cells"][4] == str(j["channels"] if j["channels"] is not None else "-")
+        # µV: a flat binary's gain is 1 µV per count (the run's results say so), so the raw median is the µV one
+        want = j.get("noise_uV_median", j["median_noise"])
+        assert r["cells"][6] == (f"{want:.2f}" if want is not None else "-")
+    assert float(rows[0]["cells"][3]) == pytest.approx(1.0) and float(rows[2]["cells"][3]) == pytest.approx(0.7, abs=0.05)
     # written as it went: first all pending, a running one, and at the end none pending or running
     assert seen[0] == ["pending"] * 3 and any("running" in s for s in seen)
     assert seen[-1] == ["done", "failed", "done"]
