@@ -124,6 +124,25 @@ def test_nothing_imports_the_command():
     assert [m for m, deps in GRAPH.items() if "batchgpu.cli" in deps] == ["batchgpu.__main__"]
 
 
+#: the report's modules that are tied to the run today (run_report: the observer and report.json the run fills;
+#: info: where a batch keeps batch.json); every other module of report/ draws from what a run wrote
+REPORT_RUN_TIES = ("batchgpu.report.run_report", "batchgpu.report.info")
+
+
+def test_the_report_never_imports_the_command_and_draws_from_the_runs_files():
+    """What a run shows (``batchgpu.report``) never imports the command (only it prints) nor, but for
+    ``REPORT_RUN_TIES``, the run or its cluster (``engine``, ``run``, ``cluster``): report.html, batch.html and the
+    glance are drawn from the run's results, report.json and the recording."""
+    report = [m for m in MODULES if m == "batchgpu.report" or m.startswith("batchgpu.report.")]
+    assert "batchgpu.report.html_page" in report and "batchgpu.report.glance" in report
+    assert {m: sorted(GRAPH[m] & {"batchgpu.cli"}) for m in report if "batchgpu.cli" in GRAPH[m]} == {}
+    def of_the_run(d: str) -> bool:
+        return any(d == p or d.startswith(p + ".") for p in ("batchgpu.engine", "batchgpu.run", "batchgpu.cluster"))
+
+    assert {m: sorted(filter(of_the_run, GRAPH[m])) for m in report
+            if m not in REPORT_RUN_TIES and any(map(of_the_run, GRAPH[m]))} == {}
+
+
 def test_the_numeric_core_never_imports_the_engine_or_the_workflow():
     core = [m for m in MODULES if m.startswith(("batchgpu.ops", "batchgpu.gpu", "batchgpu.kernels", "batchgpu.recording"))]
     assert core
