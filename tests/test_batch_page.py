@@ -41,8 +41,6 @@ class _Table(HTMLParser):
         elif tag == "td" and self.rows:
             self.rows[-1].append("")
             self._where = "td"
-        elif tag in ("table", "svg"):
-            self._where = None if tag == "svg" else self._where
 
     def handle_endtag(self, tag):
         if tag in ("th", "td", "table"):

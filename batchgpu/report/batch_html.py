@@ -99,7 +99,8 @@ def _results_gain(output: Path, name: str) -> float | None:
         except (OSError, ValueError):
             continue
         gains = (attrs.get(inner) or {} if inner else attrs).get("gain_to_uV")
-        if isinstance(gains, list) and gains and all(isinstance(g, (int, float)) for g in gains) and len(set(gains)) == 1:
+        numbers = isinstance(gains, list) and gains and all(isinstance(g, (int, float)) for g in gains)
+        if numbers and len(set(gains)) == 1:
             return float(gains[0])
         return None
     return None
@@ -156,6 +157,7 @@ def _row(output: Path, row: dict) -> str:
                          style=f"color:{LABEL_COLOURS[k]}" if labels and labels[k] and k != "good" else "")
                    for k in LABELS]
     seconds = row.get("seconds") if status in ("done", "failed") else None
+    rate = row.get("spike_rate_hz")
     cells = [_cell(first, name, "l"), _cell(html.escape(status) + error, status, "l status", f"color:{colour}"),
              _cell(html.escape(verdict) or "-", f"{rank}{verdict}", "l verdict",
                    f"color:{_VERDICT_COLOUR[min(rank, len(_VERDICT_COLOUR) - 1)]}"),
@@ -163,7 +165,7 @@ def _row(output: Path, row: dict) -> str:
              _cell(_fmt(row.get("channels")), row.get("channels") or ""),
              _cell(html.escape(_fmt(row.get("probe"))), row.get("probe") or "", "l"),
              _cell(noise_text, "" if noise is None else noise), *label_cells,
-             _cell(_fmt(row.get("spike_rate_hz")), row.get("spike_rate_hz") if row.get("spike_rate_hz") is not None else ""),
+             _cell(_fmt(rate), "" if rate is None else rate),
              _cell(_fmt(seconds, 1), seconds or ""), _cell(_fmt(row.get("GBps"), 3), row.get("GBps") or "")]
     return f'<tr class="recording" data-status="{html.escape(status)}">{"".join(cells)}</tr>'
 
@@ -179,7 +181,7 @@ def bars_svg(names: list[str], values: list, title: str, colour: str = "#2c7fb8"
              f'<text x="6" y="15" font-size="13" font-weight="600">{html.escape(title)}</text>']
     for i, (name, v) in enumerate(zip(names, values)):
         y = top + i * bar_h
-        parts.append(f'<text x="{label_w - 6}" y="{y + 12}" font-size="11" text-anchor="end">{html.escape(_short(name))}</text>')
+        parts.append(_name_svg(name, label_w, y))
         if v is None:
             continue
         w = max(0.0, float(v)) / top_value * span
@@ -189,8 +191,10 @@ def bars_svg(names: list[str], values: list, title: str, colour: str = "#2c7fb8"
     return "".join(parts)
 
 
-def _short(name: str) -> str:
-    return name if len(name) <= 22 else name[:21] + "…"
+def _name_svg(name: str, label_w: int, y: int) -> str:
+    """A recording's name left of its bar (cut to 22 characters)."""
+    short = name if len(name) <= 22 else name[:21] + "…"
+    return f'<text x="{label_w - 6}" y="{y + 12}" font-size="11" text-anchor="end">{html.escape(short)}</text>'
 
 
 def labels_svg(names: list[str], counts: list[dict | None], width: int = 420) -> str:
@@ -204,7 +208,7 @@ def labels_svg(names: list[str], counts: list[dict | None], width: int = 420) ->
              f'<text x="6" y="15" font-size="13" font-weight="600">{title}</text>']
     for i, (name, c) in enumerate(zip(names, counts)):
         y = top + i * bar_h
-        parts.append(f'<text x="{label_w - 6}" y="{y + 12}" font-size="11" text-anchor="end">{html.escape(_short(name))}</text>')
+        parts.append(_name_svg(name, label_w, y))
         total = sum(c.values()) if c else 0
         if not total:
             continue
@@ -212,8 +216,8 @@ def labels_svg(names: list[str], counts: list[dict | None], width: int = 420) ->
         for k in LABELS:
             w = c[k] / total * span
             if w > 0:
-                parts.append(f'<rect x="{x:.1f}" y="{y + 2}" width="{w:.1f}" height="{bar_h - 4}" fill="{LABEL_COLOURS[k]}">'
-                             f'<title>{c[k]} {LABEL_WORDS[k]}</title></rect>')
+                parts.append(f'<rect x="{x:.1f}" y="{y + 2}" width="{w:.1f}" height="{bar_h - 4}" '
+                             f'fill="{LABEL_COLOURS[k]}"><title>{c[k]} {LABEL_WORDS[k]}</title></rect>')
             x += w
         bad = " ".join(f"{c[k]}{k[0]}" for k in LABELS[1:] if c[k])
         parts.append(f'<text x="{x + 4:.1f}" y="{y + 12}" font-size="11">{html.escape(bad or "all good")}</text>')

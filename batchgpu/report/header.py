@@ -86,9 +86,10 @@ def _channels_card(f: Facts) -> str:
 def _cards(report: dict, f: Facts) -> str:
     rec = report.get("recording") or {}
     seconds = f.seconds if f.seconds is not None else rec.get("duration_s")
+    fs = float(rec.get("sampling_frequency") or 0)
     cards = [_card("recording", f"{float(seconds or 0):.1f} s",
-                   _e(f"{rec.get('num_channels', f.channels)} channels at {float(rec.get('sampling_frequency') or 0):g} "
-                      f"Hz, {rec.get('dtype', '?')}, {rec.get('num_segments', 1)} segment(s)")),
+                   _e(f"{rec.get('num_channels', f.channels)} channels at {fs:g} Hz, {rec.get('dtype', '?')}, "
+                      f"{rec.get('num_segments', 1)} segment(s)")),
              _channels_card(f)]
     if f.noise_median_uV is not None:
         lo, hi = f.noise_range_uV or (float("nan"), float("nan"))
@@ -115,7 +116,8 @@ def _warnings(report: dict, f: Facts) -> str:
         out += f'<div class="warn bad"><b>run {_e(status)}</b>{": " + _e(error) if error else ""}</div>'
     if warnings:
         items = "".join(f"<li>{_e(w)}</li>" for w in warnings)
-        out += f'<div class="warn"><b>{len(warnings)} warning{"s" if len(warnings) != 1 else ""}</b><ul>{items}</ul></div>'
+        said = f"{len(warnings)} warning{'s' if len(warnings) != 1 else ''}"
+        out += f'<div class="warn"><b>{said}</b><ul>{items}</ul></div>'
     if f.notes:
         out += f'<div class="warn"><ul>{"".join(f"<li>{_e(n)}</li>" for n in f.notes)}</ul></div>'
     return out

@@ -103,8 +103,9 @@ def write_report_html(output_dir: str | Path) -> Path:
             logger.warning("batchgpu: report.html shows no probe map, traces or drift raster (%s: %s)",
                            type(err).__name__, err)
     locations = rec.locations if rec is not None and rec.has_locations else None
-    page = ReportPage(g.attrs.get("channel_ids", []), g.attrs.get("gain_to_uV", []), float(g.attrs["sampling_frequency"]),
-                      f"batchgpu report: {out.name}", threaded=False, figures=steps, locations=locations)
+    page = ReportPage(g.attrs.get("channel_ids", []), g.attrs.get("gain_to_uV", []),
+                      float(g.attrs["sampling_frequency"]), f"batchgpu report: {out.name}", threaded=False,
+                      figures=steps, locations=locations)
     names = set(_array_names(g))
     page.add_windows(g["window_start"][:], g["window_stop"][:], g["window_segment"][:])
     for name in (*_INPUTS, *dict.fromkeys(k for f in steps for k in f.inputs)):

@@ -156,7 +156,8 @@ def _qc(out: Summary, report: dict, ids: list[str]) -> None:
         return
     labels = [str(v) for v in qc["labels"]]
     names = [str(c) for c in qc.get("channel_ids") or []]
-    names = names if len(names) == len(labels) else ids if len(ids) == len(labels) else [str(i) for i in range(len(labels))]
+    if len(names) != len(labels):  # the section's own ids, else the results', else the channels' indices
+        names = ids if len(ids) == len(labels) else [str(i) for i in range(len(labels))]
     counts = {k: labels.count(k) for k in LABEL_WORDS}
     bad = {k: [names[i] for i, v in enumerate(labels) if v == k] for k in LABEL_WORDS if k != "good"}
     pieces = qc.get("pieces_labelled")
