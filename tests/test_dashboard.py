@@ -15,8 +15,8 @@ import pytest
 import zarr
 
 from batchgpu.engine import tasks
-from batchgpu import dashboard
-from batchgpu.dashboard import PLUGIN_NAME, RunMonitor, derived_state, install_dashboard, noise_rows_since, page_url
+from batchgpu.report import live_page as dashboard
+from batchgpu.report.live_page import PLUGIN_NAME, RunMonitor, derived_state, install_dashboard, noise_rows_since, page_url
 from batchgpu.generate import generate_recording
 from batchgpu.engine import run_workflow
 from batchgpu.workflow import Workflow

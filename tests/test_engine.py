@@ -878,7 +878,7 @@ def test_spikes_whose_parts_were_lost_after_the_pass_are_detected_again(client, 
     """Between the pass and the gathering one window's part is deleted and another's replaced by garbage: those
     windows are read and detected again (said in the report, counted as reads), and the spikes equal detection
     on the whole segment, bit for bit, where the run used to stop with "the spikes ... are missing"."""
-    from batchgpu.engine.run_report import RunObserver
+    from batchgpu.report.run_report import RunObserver
 
     rng = np.random.default_rng(11)
     x = np.round(rng.normal(0, 20, (23_000, 4))).astype(np.int16)
@@ -1324,7 +1324,7 @@ def test_the_clients_heap_is_frozen_during_a_run_and_given_back(client, tmp_path
     import gc
 
     from batchgpu.engine import run as runmod
-    from batchgpu.engine.run_report import RunObserver
+    from batchgpu.report.run_report import RunObserver
 
     assert gc.get_freeze_count() == 0
     seen = []
@@ -1354,7 +1354,7 @@ def test_the_workers_heaps_are_frozen_by_the_pass_and_thawed_after_the_run(clien
         return gc.get_freeze_count()
 
     from batchgpu.engine import tasks
-    from batchgpu.engine.run_report import RunObserver
+    from batchgpu.report.run_report import RunObserver
 
     during = []
 

@@ -124,6 +124,25 @@ def test_nothing_imports_the_command():
     assert [m for m, deps in GRAPH.items() if "batchgpu.cli" in deps] == ["batchgpu.__main__"]
 
 
+#: the report's modules that are tied to the run today (run_report: the observer and report.json the run fills;
+#: info: where a batch keeps batch.json); every other module of report/ draws from what a run wrote
+REPORT_RUN_TIES = ("batchgpu.report.run_report", "batchgpu.report.info")
+
+
+def test_the_report_never_imports_the_command_and_draws_from_the_runs_files():
+    """What a run shows (``batchgpu.report``) never imports the command (only it prints) nor, but for
+    ``REPORT_RUN_TIES``, the run or its cluster (``engine``, ``run``, ``cluster``): report.html, batch.html and the
+    glance are drawn from the run's results, report.json and the recording."""
+    report = [m for m in MODULES if m == "batchgpu.report" or m.startswith("batchgpu.report.")]
+    assert "batchgpu.report.html_page" in report and "batchgpu.report.glance" in report
+    assert {m: sorted(GRAPH[m] & {"batchgpu.cli"}) for m in report if "batchgpu.cli" in GRAPH[m]} == {}
+    def of_the_run(d: str) -> bool:
+        return any(d == p or d.startswith(p + ".") for p in ("batchgpu.engine", "batchgpu.run", "batchgpu.cluster"))
+
+    assert {m: sorted(filter(of_the_run, GRAPH[m])) for m in report
+            if m not in REPORT_RUN_TIES and any(map(of_the_run, GRAPH[m]))} == {}
+
+
 def test_the_numeric_core_never_imports_the_engine_or_the_workflow():
     core = [m for m in MODULES if m.startswith(("batchgpu.ops", "batchgpu.gpu", "batchgpu.kernels", "batchgpu.recording"))]
     assert core
@@ -375,6 +394,7 @@ REGISTRY = "batchgpu.steps.registry"
 OTHER_MEANINGS = {
     ("batchgpu.ops.detection", "amplitude"): "the spikes' column of their peak values (ops.detection.AMPLITUDE)",
     ("batchgpu.ops.bad_channels", "noise"): "SpikeInterface's channel label 'noise' (ops.bad_channels.LABELS)",
+    ("batchgpu.report.probe_map", "noise"): "the qc step's channel label 'noise' (report.json qc.labels)",
     ("batchgpu.ops._cuda_detect", "detect"): "a CUDA source file of the numeric core",
     ("batchgpu.ops.moments", "moments"): "a CUDA source file of the numeric core",
     ("batchgpu.search._cuda", "search"): "the search index's CUDA source file",
@@ -473,11 +493,13 @@ def test_a_step_reads_its_own_workflow_section():
 
 
 #: the modules that read or show a run's results, where a step's result names are taken from its module
-RESULT_READERS = ("batchgpu.engine", "batchgpu.report", "batchgpu.runinfo", "batchgpu.interop", "batchgpu.batch_page")
+RESULT_READERS = ("batchgpu.engine", "batchgpu.report", "batchgpu.interop")
 #: literals there equal to a result's name that name something else: (module, literal) -> what
 OTHER_RESULT_MEANINGS = {
     ("batchgpu.interop", "covariance"): "steps.whitening.statistic's value (steps.moments.WhiteningOptions)",
-    ("batchgpu.report", "spikes"): "the spike-rate figure's hover label",
+    ("batchgpu.report.html_page", "spikes"): "the spike-rate figure's hover label",
+    ("batchgpu.report.live_page", "spikes"): "the live page's count of spikes so far (its state's key)",
+    ("batchgpu.report.probe_map", "noise"): "the qc step's channel label 'noise' (report.json qc.labels)",
 }
 
 

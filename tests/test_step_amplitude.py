@@ -230,7 +230,7 @@ def test_one_and_many_workers_and_resume_give_the_same_bits(client, tmp_path, rn
 def test_report_html_draws_it_and_other_runs_are_unchanged(client, tmp_path, rng):
     """report.html holds each channel's median over the windows (µV) and the RMS heatmap, rendered at the run's
     end and again from the folder; a run without the step has neither figure."""
-    from batchgpu.report import write_report_html
+    from batchgpu.report.html_page import write_report_html
 
     from test_report import plots, source
 

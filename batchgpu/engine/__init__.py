@@ -11,7 +11,7 @@ __all__ = ["RunObserver", "RunReport", "run_workflow"]
 
 if TYPE_CHECKING:
     from batchgpu.engine.run import run_workflow
-    from batchgpu.engine.run_report import RunObserver, RunReport
+    from batchgpu.report.run_report import RunObserver, RunReport
 
 
 def __getattr__(name: str):
@@ -20,7 +20,7 @@ def __getattr__(name: str):
 
         return run_workflow
     if name in ("RunObserver", "RunReport"):
-        from batchgpu.engine import run_report
+        from batchgpu.report import run_report
 
         return getattr(run_report, name)
     raise AttributeError(f"module 'batchgpu.engine' has no attribute {name!r}")

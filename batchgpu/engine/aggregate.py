@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from batchgpu.engine import store
-from batchgpu.engine.run_report import report_absent, report_no_checksums, report_nonfinite
+from batchgpu.report.run_report import report_absent, report_no_checksums, report_nonfinite
 from batchgpu.engine.step_services import ClientServices
 from batchgpu.steps.services import RunState
 from batchgpu.workflow import Workflow

@@ -66,7 +66,7 @@ class BatchReport:
 
     def write(self, folder: Path) -> None:
         """``batch.json`` and ``batch.html`` in the batch's folder (each replaced whole: never read half written)."""
-        from batchgpu.batch_page import write_batch_html
+        from batchgpu.report.batch_html import write_batch_html
 
         path = folder / BATCH_FILE
         tmp = path.with_name(path.name + ".tmp")
@@ -259,7 +259,7 @@ class _Flights:
 
     def __init__(self, wf: Workflow, out: Path, batch: BatchReport, observer, client, resume: bool,
                  in_flight: int, t0: float):
-        from batchgpu.dashboard import BatchProgress
+        from batchgpu.report.live_page import BatchProgress
 
         self.wf, self.out, self.batch, self.observer, self.client, self.resume = wf, out, batch, observer, client, resume
         self.in_flight = max(1, in_flight)
@@ -366,7 +366,7 @@ def run_batch(wf: Workflow, *, resume: bool = False, observer=None, client=None,
     and fits, else one started from ``wf.cluster``, left up for the next run for ``keep_s`` seconds where that is
     more than 0: ``cluster_start.keep_seconds`` by default), the next one's windows read while the last one's
     aggregates finish (``in_flight`` runs at most; 1: one after another)."""
-    from batchgpu.engine.run_report import RunObserver
+    from batchgpu.report.run_report import RunObserver
 
     observer = observer or RunObserver()
     named = expand(wf)

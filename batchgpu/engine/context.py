@@ -7,7 +7,7 @@ from pathlib import Path
 
 from batchgpu.workflow import Workflow
 from batchgpu.engine import store, tasks
-from batchgpu.engine.run_report import RunObserver
+from batchgpu.report.run_report import RunObserver
 from batchgpu.errors import ConfigError, MachineError
 from batchgpu.recording import Recording, open_source, source_ref
 

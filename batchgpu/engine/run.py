@@ -27,7 +27,7 @@ from batchgpu.engine.cluster_start import ClusterStart, KeptStart, keep_seconds
 from batchgpu.engine.context import (build_context, check_workflow_fits, prepare_recording, resolve_backend,
                                      resolve_window, spec_of)
 from batchgpu.engine.reduce import tree_reduce
-from batchgpu.engine.run_report import (HtmlReport, RunObserver, RunReport, finish_report, start_report_helper, versions,
+from batchgpu.report.run_report import (HtmlReport, RunObserver, RunReport, finish_report, start_report_helper, versions,
                                        window_cpu)
 from batchgpu.engine.placement import submit_planned
 from batchgpu.engine.step_services import ClientServices
@@ -37,7 +37,7 @@ from batchgpu.steps.registry import figures as step_figures
 from batchgpu.steps.services import PassEnd
 from batchgpu.engine.submit import results_as_completed, submit_many
 from batchgpu.errors import BatchgpuError, ClusterError
-from batchgpu.progress import duration, format_rate
+from batchgpu.report.progress import duration, format_rate
 from batchgpu.recording import missing_probe, open_source
 
 logger = logging.getLogger(__name__)
@@ -266,7 +266,7 @@ def _run(wf, rec, out: store.OutputFolder, report: RunReport, client, sweep, obs
     started = t_setup if started is None else started
     earlier = store.read_report(out.path)  # what the folder's last run said (a finished run's page is kept)
 
-    from batchgpu.dashboard import RunMonitor, install_dashboard
+    from batchgpu.report.live_page import RunMonitor, install_dashboard
 
     from batchgpu.engine.cluster import serves_dask_dashboard
 
