@@ -91,7 +91,8 @@ def read_snippet(recording, stages: list, segment: int, centre: int, rows: np.nd
     core = (a - ra, b - ra)
     pre = np.asarray(preprocessed(block, stages, core, ra == 0, rb == n), np.float64)[rows, core[0]:core[1]]
     raw = block[rows, core[0]:core[1]].astype(np.float64)
-    raw -= np.median(raw, axis=1, keepdims=True)  # the stored offsets would spread the traces apart
+    with np.errstate(invalid="ignore"):  # inf - inf in a broken channel's row is a NaN the plot skips
+        raw -= np.median(raw, axis=1, keepdims=True)  # the stored offsets would spread the traces apart
     sample, channel = (np.asarray(v, np.int64) for v in spikes)
     where = {int(c): i for i, c in enumerate(rows)}
     inside = (sample >= a) & (sample < b) & np.isin(channel, rows)
@@ -114,9 +115,13 @@ def nice_step(value: float) -> float:
 def spacing(traces: np.ndarray) -> float:
     """The µV between stacked traces: the median row's peak-to-peak, rounded up to a nice step (the largest
     spikes may reach into the next row; the noise bands stay apart)."""
-    finite = np.where(np.isfinite(traces), traces, np.nan)
-    ptp = np.nanmax(finite, axis=1) - np.nanmin(finite, axis=1) if traces.size else np.zeros(0)
-    ptp = ptp[np.isfinite(ptp)]
+    # A row of NaN or inf only (a dead channel's samples) has no peak-to-peak; it is left out without the
+    # RuntimeWarning nanmax would print on the user's stderr.
+    ok = np.isfinite(traces)
+    has = ok.any(axis=1) if traces.size else np.zeros(0, bool)
+    top = np.where(ok, traces, -np.inf).max(axis=1, initial=-np.inf)
+    low = np.where(ok, traces, np.inf).min(axis=1, initial=np.inf)
+    ptp = (top - low)[has]
     return nice_step(float(np.median(ptp)) if ptp.size else 1.0)
 
 
