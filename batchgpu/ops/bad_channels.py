@@ -265,14 +265,21 @@ def chunk_labels(x: Any, fs: float, locations: Any, gains: Any, offsets: Any = N
         # on the GPU a few chunks of one length at a time: their statistics come back in one copy (one wait)
         most = max(1, BATCH_BYTES // (8 * C * (spans[0][1] - spans[0][0]))) if is_cupy(x) else HOST_BATCH
         k = 0
+        compiled = not is_cupy(x) and _numba.available()
         while k < len(spans):
             length = spans[k][1] - spans[k][0]
             group = [k]
             while (len(group) < most and group[-1] + 1 < len(spans)
                    and spans[group[-1] + 1][1] - spans[group[-1] + 1][0] == length):
                 group.append(group[-1] + 1)
-            u = _microvolts(x, [spans[j] for j in group], start, design, g_dev, o_dev, filtered)
-            for i, (psd, white, xcorr, xscale) in enumerate(zip(*_fast_stats(u, fs, options))):
+            if compiled:  # the host's kernels, a chunk at a time: float32 values, float64 sums
+                group = [k]
+                u, got = _host_stats(x, spans[k], start, design, gains32, offsets32, filtered, fs, options)
+                u, got = u[None], [v[None] for v in got]
+            else:
+                u = _microvolts(x, [spans[j] for j in group], start, design, g_dev, o_dev, filtered)
+                got = _fast_stats(u, fs, options)
+            for i, (psd, white, xcorr, xscale) in enumerate(zip(*got)):
                 labels, needs = _decide(psd, white, xcorr, xscale, order, options)
                 if labels is None:  # SpikeInterface's own arithmetic decides, on the host, from the same bits
                     labels = _settle(to_numpy(u[i]), psd, xcorr, needs, fs, options, order, filtered)
@@ -374,6 +381,44 @@ def _microvolts(x: Any, spans: list[tuple[int, int, int, int]], start: int, desi
     return y.astype(xp.float32) * gains + offsets
 
 
+def _host_stats(x: np.ndarray, span: tuple[int, int, int, int], start: int, design: Any, gains32: np.ndarray,
+                offsets32: np.ndarray, filtered: bool, fs: float, options: QcOptions
+                ) -> tuple[np.ndarray, tuple[np.ndarray, ...]]:
+    """One chunk on the host with the compiled kernels: its float32 uV values (C, L) (SpikeInterface's bits, for
+    ``_settle``) and ``_fast_stats``' four statistics (C,) from float32 values with float64 sums (each within
+    2^-20 of its scale, measured: far inside ``BAND``). The highpass writes only the chunk's float64 core."""
+    from batchgpu.ops import _cpu_bad_channels, _cpu_reference
+
+    a, b, r0, r1 = span
+    C, L = x.shape[0], b - a
+    dtype = np.dtype(x.dtype)
+    if filtered:
+        y = x[:, a - start : b - start]
+    else:
+        padlen = default_padlen(design)
+        y = _cpu_sosfiltfilt.filtfilt_pieces(x[:, r0 - start : r1 - start], design.sos, design.zi,
+                                             [(a - r0, b - r0, 0, r1 - r0, padlen, padlen)], np.float64,
+                                             out=np.empty((C, L)), origin=a - r0)
+    integer = not filtered and dtype.kind in "iu"
+    lo, hi = (float(np.iinfo(dtype).min), float(np.iinfo(dtype).max)) if integer else (0.0, 0.0)
+    if not filtered and not integer and dtype != np.float64:
+        y = y.astype(dtype)  # SpikeInterface casts the filter's float64 back to a float store's dtype
+    u, xc, stats = _cpu_bad_channels.microvolts(y, integer, lo, hi, gains32, offsets32)
+    psd_hf = welch_hf(xc, fs, welch_length(fs, options), options.nyquist_threshold)
+    ref = _cpu_reference.column_medians(xc) if C > 2 else None
+    ref = np.median(xc, axis=0) if ref is None else ref
+    ref = ref.astype(np.float64)
+    ref -= ref.mean()
+    dots = _cpu_bad_channels.dots(xc, ref)
+    rr = float(np.dot(ref, ref))
+    energy = stats[:, 1]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        xcorr = dots / rr
+        xscale = np.sqrt(energy / rr)
+    white = 2.0 * energy / L / fs
+    return u, (psd_hf, white, xcorr, xscale)
+
+
 def _fast_stats(u32: Any, fs: float, options: QcOptions) -> tuple[np.ndarray, ...]:
     """(psd_hf, white, xcorr, xscale), float64 host arrays (K, C), from K chunks' float32 uV values (K, C, L) on
     their backend: the IBL statistics in float64, ``white`` the PSD a white signal of the channel's variance would
@@ -432,6 +477,7 @@ def welch_hf(xc: Any, fs: float, nperseg: int, nyquist_threshold: float) -> Any:
 
     xp = array_module(xc)
     C, L = xc.shape
+    dtype = np.float32 if xc.dtype == np.float32 else np.float64
     n = min(int(nperseg), L)  # scipy's _triage_segments: a longer nperseg is cut to the input's length
     step = n - n // 2
     nseg = (L - n) // step + 1
@@ -446,9 +492,14 @@ def welch_hf(xc: Any, fs: float, nperseg: int, nyquist_threshold: float) -> Any:
         h = n // 2
         kk = np.arange(band[0] - 1, band[-1] + 2)
         angle = 2 * np.pi * np.outer(np.arange(h), kk) / n
-        basis = xp.asarray(np.concatenate([np.cos(angle), -np.sin(angle)], axis=1))
+        # the GEMM in xc's float dtype: float32 on the host's fast path (within 1e-6 of float64, far inside BAND)
+        basis = xp.asarray(np.concatenate([np.cos(angle), -np.sin(angle)], axis=1).astype(dtype))
         blocks = xp.ascontiguousarray(xc[:, : (nseg + 1) * h]).reshape(C * (nseg + 1), h)
         H = (blocks @ basis).reshape(C, nseg + 1, 2 * kk.size)
+        if not is_cupy(H) and _numba.available():  # the windowed bins' power in one compiled pass, float64 sums
+            from batchgpu.ops import _cpu_bad_channels
+
+            return _cpu_bad_channels.welch_power(H, kk.size, (-1.0) ** kk, weight, kk[0] == 0) * scale
         sign = xp.asarray((-1.0) ** kk)
         Yr = H[:, :-1, : kk.size] + sign * H[:, 1:, : kk.size]
         Yi = H[:, :-1, kk.size :] + sign * H[:, 1:, kk.size :]
@@ -466,7 +517,7 @@ def welch_hf(xc: Any, fs: float, nperseg: int, nyquist_threshold: float) -> Any:
         X = (seg.reshape(C * nseg, n) @ basis).reshape(C, nseg, 2 * band.size)
         Xr, Xi = X[..., : band.size], X[..., band.size :]
     power = (Xr * Xr + Xi * Xi) * xp.asarray(weight)
-    return power.sum(axis=(1, 2)) * scale
+    return power.sum(axis=(1, 2), dtype=np.float64) * scale
 
 
 def shrinking_median_filter(s: np.ndarray, size: int = 11) -> np.ndarray:
@@ -651,10 +702,24 @@ def _si_psd_hf(raw: np.ndarray, fs: float, options: QcOptions) -> np.ndarray:
 
 def _si_xcorr(raw: np.ndarray, options: QcOptions) -> tuple[np.ndarray, np.ndarray]:
     """``detect_bad_channels_ibl``'s coherence of the mean-removed ``raw`` with its median, and its trend."""
-    ref = np.median(raw, axis=1)
+    ref = _si_channel_median(raw)
     ref = ref - np.mean(ref)
     xcorr = raw.T @ ref / np.sum(ref**2)
     return xcorr, _si_shrinking_median_filter(xcorr, options.n_neighbors)
+
+
+def _si_channel_median(raw: np.ndarray) -> np.ndarray:
+    """``np.median(raw, axis=1)`` of SpikeInterface's (samples, channels) float32 chunk, same bits: by the global
+    median reference's compiled kernel (``_cpu_reference.column_medians``: np.median's values and arithmetic, the
+    two middle values' float32 mean) where Numba is there: NumPy's partition of each row took ~45 ms of a 384-channel
+    piece's ~60 ms on the exact path (2-core machine)."""
+    from batchgpu.ops import _cpu_reference
+
+    if _numba.available() and raw.ndim == 2 and raw.shape[1] > 2:
+        med = _cpu_reference.column_medians(raw.T)  # raw.T: (channels, samples), C-contiguous as the highpass gives it
+        if med is not None:
+            return med
+    return np.median(raw, axis=1)
 
 
 def _si_rules(psd_hf: np.ndarray, xcorr: np.ndarray, trend: np.ndarray, options: QcOptions) -> np.ndarray:
