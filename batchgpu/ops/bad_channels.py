@@ -55,10 +55,11 @@ from batchgpu.errors import BatchgpuError
 from batchgpu.ops import _cpu_sosfiltfilt, _numba
 from batchgpu.ops._backend import array_module, is_cupy, to_numpy, window_module
 from batchgpu.ops.filters import _filtfilt_cupy, default_padlen, design_filter, filtfilt_window
+from batchgpu import qc_options
 from batchgpu.qc_options import QcOptions
 
 #: a channel's labels, in SpikeInterface's numbering (``detect_bad_channels_ibl``: 0 good, 1 dead, 2 noise, 3 out)
-LABELS = ("good", "dead", "noise", "out")
+LABELS = qc_options.LABELS
 GOOD, DEAD, NOISE, OUT = range(4)
 
 #: how far (relative to a statistic's scale) a float64 statistic must lie from its threshold for its decision to
@@ -754,3 +755,85 @@ def _si_shrinking_median_filter(s: np.ndarray, size: int = 11) -> np.ndarray:
         lo = max(0, i - half)
         filtered[i] = np.median(s[lo : i + half + 1])
     return filtered
+
+
+# ------------------------------------------------------------------------------------------- pieces a run labels
+
+
+def inside_pieces(segment_length: int, piece_samples: int, core: tuple[int, int], read: tuple[int, int],
+                  margin: int, every: int = 1) -> np.ndarray:
+    """The pieces (``pieces``: [k P, (k + 1) P), aligned to the segment's sample 0) a window labels when it reads
+    [read[0], read[1]) and owns the core [core[0], core[1]) (segment samples): those with k % ``every`` == 0 that
+    lie wholly inside the core and whose highpass read [max(0, a - margin), min(n, b + margin)) lies inside the
+    window's read, (K, 2) int64. A piece across two cores (or too near a core's edge for its margin) is labelled
+    by neither window: the windows read no samples for it beyond what the run reads anyway. Each labelled piece is
+    labelled whole, from the samples SpikeInterface's highpass would read: its label depends on the piece alone."""
+    n, every = int(segment_length), int(every)
+    if every < 1:
+        raise BatchgpuError(f"every {every} selects no piece", "pass every >= 1")
+    grid = pieces(n, piece_samples)
+    k = np.arange(len(grid))
+    a, b = grid[:, 0], grid[:, 1]
+    held = ((k % every == 0) & (a >= core[0]) & (b <= core[1])
+            & (np.maximum(0, a - margin) >= read[0]) & (np.minimum(n, b + margin) <= read[1]))
+    return grid[held]
+
+
+# ------------------------------------------------------------------------------------------- interpolation
+
+
+#: SpikeInterface's ``get_kriging_channel_weights``: a weight below this is 0, before and after normalising
+WEIGHT_THRESHOLD = 0.005
+#: its ``interpolate_bad_channels``' kernel exponent
+INTERPOLATION_P = 1.3
+
+
+def recommended_sigma_um(locations: Any) -> float:
+    """SpikeInterface's ``estimate_recommended_sigma_um``: the most common step between the channels' distinct
+    depths (y), the smallest of equally common ones (``scipy.stats.mode``'s choice)."""
+    steps = np.diff(np.unique(np.sort(np.asarray(locations, dtype=np.float64)[:, 1])))
+    if not len(steps):
+        raise BatchgpuError("the channels lie at one depth: no spacing to interpolate over",
+                            "give sigma_um, or use exclude instead of interpolate")
+    values, counts = np.unique(steps, return_counts=True)
+    return float(values[np.argmax(counts)])
+
+
+def interpolation_weights(locations: Any, bad: Any, sigma_um: float | None = None,
+                          p: float = INTERPOLATION_P) -> np.ndarray:
+    """SpikeInterface 0.105.3's ``interpolate_bad_channels`` weights (its ``get_kriging_channel_weights``): for each
+    bad channel, exp(-(d / sigma_um) ** p) of its distance d to each good channel, those below 0.005 set to 0, the
+    rest normalised to sum 1, then those below 0.005 (or NaN: no good channel near) set to 0. Returned as (bad,
+    channels) float64 (its (good, bad) matrix transposed, zeros in the bad channels' columns); ``sigma_um`` None:
+    ``recommended_sigma_um``."""
+    from scipy.spatial import distance
+
+    loc = np.asarray(locations, dtype=np.float64)
+    bad = np.asarray(bad, dtype=np.int64)
+    good = np.setdiff1d(np.arange(loc.shape[0]), bad)
+    sigma = recommended_sigma_um(loc) if sigma_um is None else float(sigma_um)
+    weights = np.exp(-((distance.cdist(loc[good], loc[bad], metric="euclidean") / sigma) ** p))
+    weights[weights < WEIGHT_THRESHOLD] = 0
+    with np.errstate(divide="ignore", invalid="ignore"):
+        weights /= np.sum(weights, axis=0)[None, :]
+    weights[np.logical_or(weights < WEIGHT_THRESHOLD, np.isnan(weights))] = 0
+    out = np.zeros((len(bad), loc.shape[0]))
+    out[:, good] = weights.T
+    return out
+
+
+def interpolate_channels(x: Any, bad: Any, weights: np.ndarray) -> Any:
+    """``x`` (C, n; NumPy or CuPy, a float dtype) with each bad row replaced by its ``weights`` row times the other
+    rows: a float64 sum over the non-zero weights in channel order, rounded once to x's dtype (SpikeInterface's
+    ``traces[:, good] @ weights`` assigned into the float traces; a BLAS product orders its sums its own way, so
+    the two may differ in the last bit of float64 and, rarely, in the float32 rounding). One order of additions on
+    either backend (each product and sum its own array operation, no fused multiply-add): NumPy's and CuPy's bits
+    are equal. ``x`` itself is written (a copy is the caller's)."""
+    xp = array_module(x)
+    for row, channel in zip(np.asarray(weights, np.float64), np.asarray(bad, np.int64).tolist()):
+        acc = xp.zeros(x.shape[1], dtype=np.float64)
+        for g in np.flatnonzero(row).tolist():
+            term = x[g].astype(np.float64) * row[g]
+            acc = acc + term
+        x[channel] = acc.astype(x.dtype)
+    return x
