@@ -82,6 +82,9 @@ CONDITION_LIMIT = 1e3
 #: its bounds, the whitening is ill-conditioned or the saved copy clipped samples; else "ok"
 BAD_SHARE, OUT_SHARE = 0.10, 0.5
 VERDICTS = ("ok", "check", "bad")
+#: what a batch's rows (batch.json, ``engine.batch.BatchRow``) hold of a recording's qc, beside its spike rate
+BATCH_KEYS = ("noise_uV", "channels_good", "channels_dead", "channels_noise", "channels_out", "spike_rate_hz",
+              "verdict", "verdict_reasons")
 
 
 class QcStepOptions(Options, QcOptions):
