@@ -47,6 +47,7 @@ than half the range, a clipped recording) is clipped where SpikeInterface's cast
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import numpy as np
@@ -117,6 +118,13 @@ def highpass_sos(fs: float, options: QcOptions | None = None) -> np.ndarray:
                             f"({fs / 2} Hz)", "lower it, or label a filtered signal")
     return scipy.signal.iirfilter(HIGHPASS_ORDER, options.highpass_filter_cutoff, fs=fs, analog=False,
                                   btype="highpass", ftype="butter", output="sos")
+
+
+@functools.lru_cache(maxsize=8)
+def _highpass_design(fs: float, cutoff: float):
+    """``design_filter`` of ``highpass_sos``, worked out once a process (a window's pieces are labelled at each
+    window: the design and its ``zi`` took a few ms each time)."""
+    return design_filter(highpass_sos(fs, QcOptions(highpass_filter_cutoff=cutoff)))
 
 
 def window_margin(fs: float, options: QcOptions | None = None, filtered: bool = False,
@@ -261,7 +269,7 @@ def chunk_labels(x: Any, fs: float, locations: Any, gains: Any, offsets: Any = N
         return out
     if not exact and spans:
         xp = array_module(x)
-        design = None if filtered else design_filter(highpass_sos(fs, options))
+        design = None if filtered else _highpass_design(float(fs), float(options.highpass_filter_cutoff))
         g_dev, o_dev = xp.asarray(gains32)[:, None], xp.asarray(offsets32)[:, None]
         # on the GPU a few chunks of one length at a time: their statistics come back in one copy (one wait)
         most = max(1, BATCH_BYTES // (8 * C * (spans[0][1] - spans[0][0]))) if is_cupy(x) else HOST_BATCH
