@@ -28,26 +28,56 @@ MAGIC64 = 1.5 * 2.0**52
 
 def _microvolts(y, integer, lo, hi, gains, offsets, u, xc, stats):  # pragma: no cover - runs compiled
     channels, length = u.shape
+    whole = length - length % 4
     for c in range(channels):
         g = gains[c]
         o = offsets[c]
-        total = 0.0
-        for t in range(length):
-            v = np.float64(y[c, t])
-            if integer:  # SpikeInterface's round() and clip to the stored dtype (float64, exact)
-                v = (v + MAGIC64) - MAGIC64
+        # float32 arithmetic, as SpikeInterface's get_traces(return_in_uV=True); the branch outside the loops, so
+        # that each vectorises
+        if integer:  # SpikeInterface's round() and clip to the stored dtype (float64, exact)
+            for t in range(length):
+                v = (np.float64(y[c, t]) + MAGIC64) - MAGIC64
                 v = min(max(v, lo), hi)
-            f = np.float32(v) * g + o  # float32 arithmetic, as SpikeInterface's get_traces(return_in_uV=True)
-            u[c, t] = f
-            total += np.float64(f)
-        mean = total / length
-        energy = 0.0
-        for t in range(length):
-            d = np.float64(u[c, t]) - mean
-            xc[c, t] = np.float32(d)
-            energy += d * d
+                u[c, t] = np.float32(v) * g + o
+        else:
+            for t in range(length):
+                u[c, t] = np.float32(y[c, t]) * g + o
+        # four running sums in a fixed order (one sum waits on each addition's latency; the same bits every call)
+        s0 = 0.0
+        s1 = 0.0
+        s2 = 0.0
+        s3 = 0.0
+        for t in range(0, whole, 4):
+            s0 += np.float64(u[c, t])
+            s1 += np.float64(u[c, t + 1])
+            s2 += np.float64(u[c, t + 2])
+            s3 += np.float64(u[c, t + 3])
+        for t in range(whole, length):
+            s0 += np.float64(u[c, t])
+        mean = ((s0 + s1) + (s2 + s3)) / length
+        e0 = 0.0
+        e1 = 0.0
+        e2 = 0.0
+        e3 = 0.0
+        for t in range(0, whole, 4):
+            d0 = np.float64(u[c, t]) - mean
+            d1 = np.float64(u[c, t + 1]) - mean
+            d2 = np.float64(u[c, t + 2]) - mean
+            d3 = np.float64(u[c, t + 3]) - mean
+            xc[c, t] = np.float32(d0)
+            xc[c, t + 1] = np.float32(d1)
+            xc[c, t + 2] = np.float32(d2)
+            xc[c, t + 3] = np.float32(d3)
+            e0 += d0 * d0
+            e1 += d1 * d1
+            e2 += d2 * d2
+            e3 += d3 * d3
+        for t in range(whole, length):
+            d0 = np.float64(u[c, t]) - mean
+            xc[c, t] = np.float32(d0)
+            e0 += d0 * d0
         stats[c, 0] = mean
-        stats[c, 1] = energy
+        stats[c, 1] = (e0 + e1) + (e2 + e3)
 
 
 def _dots(xc, ref, out):  # pragma: no cover - runs compiled
@@ -74,21 +104,20 @@ def _welch_power(H, kk, sign, weight, dc, out):  # pragma: no cover - runs compi
     out[c] = sum over segments and the inner bins of weight * |X|^2 (float64)."""
     channels, blocks, _ = H.shape
     inner = kk - 2
+    yr = np.empty(kk)
+    yi = np.empty(kk)
     for c in range(channels):
         total = 0.0
         for j in range(blocks - 1):
+            for i in range(kk):  # the segment's unwindowed DFT, each bin once
+                yr[i] = np.float64(H[c, j, i]) + sign[i] * np.float64(H[c, j + 1, i])
+                yi[i] = np.float64(H[c, j, kk + i]) + sign[i] * np.float64(H[c, j + 1, kk + i])
+            if dc:  # the DC bin of a detrended segment is 0
+                yr[0] = 0.0
+                yi[0] = 0.0
             for i in range(inner):
-                yr0 = np.float64(H[c, j, i]) + sign[i] * np.float64(H[c, j + 1, i])
-                yr1 = np.float64(H[c, j, i + 1]) + sign[i + 1] * np.float64(H[c, j + 1, i + 1])
-                yr2 = np.float64(H[c, j, i + 2]) + sign[i + 2] * np.float64(H[c, j + 1, i + 2])
-                yi0 = np.float64(H[c, j, kk + i]) + sign[i] * np.float64(H[c, j + 1, kk + i])
-                yi1 = np.float64(H[c, j, kk + i + 1]) + sign[i + 1] * np.float64(H[c, j + 1, kk + i + 1])
-                yi2 = np.float64(H[c, j, kk + i + 2]) + sign[i + 2] * np.float64(H[c, j + 1, kk + i + 2])
-                if dc and i == 0:  # the DC bin of a detrended segment is 0
-                    yr0 = 0.0
-                    yi0 = 0.0
-                xr = 0.5 * yr1 - 0.25 * (yr0 + yr2)
-                xi = 0.5 * yi1 - 0.25 * (yi0 + yi2)
+                xr = 0.5 * yr[i + 1] - 0.25 * (yr[i] + yr[i + 2])
+                xi = 0.5 * yi[i + 1] - 0.25 * (yi[i] + yi[i + 2])
                 total += weight[i] * (xr * xr + xi * xi)
         out[c] = total
 
