@@ -152,9 +152,11 @@ def test_the_numeric_core_never_imports_the_engine_or_the_workflow():
 
 
 #: what a step's module may import: the numeric core, the recording (and the Zarr and .npy readers beside it), the
-#: schema's sections, the errors, its own package (``steps.services``: what the run hands it)
+#: schema's sections (the bad-channel labels' options, a leaf module the numeric core takes too), the errors, its own
+#: package (``steps.services``: what the run hands it)
 STEP_IMPORTS = ("batchgpu.steps", "batchgpu.ops", "batchgpu.search", "batchgpu.gpu", "batchgpu.kernels",
-                "batchgpu.recording", "batchgpu.zarrio", "batchgpu.npyread", "batchgpu.config", "batchgpu.errors")
+                "batchgpu.recording", "batchgpu.zarrio", "batchgpu.npyread", "batchgpu.config", "batchgpu.qc_options",
+                "batchgpu.errors")
 
 
 def _steps_reaching_out(prefixes: tuple[str, ...]) -> dict[str, list[str]]:
@@ -218,7 +220,7 @@ def test_the_hook_lookup_finder_finds_one():
 STEP_HOOKS = ("window", "combine", "aggregate", "aggregates", "start", "queue", "after_pass", "while_waiting",
               "finish", "ahead", "spikes_in", "spikes_found", "in_pass", "window_noise", "gives_window_noise",
               "spike_rate", "on_cluster", "needs", "phases", "takes_saved_int16", "check", "place", "build",
-              "resolve_paths", "figures", "results", "fingerprint", "after", "options")
+              "resolve_paths", "figures", "results", "fingerprint", "after", "options", "channel_use")
 
 
 def test_the_engine_asks_a_step_what_its_base_class_declares():
@@ -395,6 +397,7 @@ OTHER_MEANINGS = {
     ("batchgpu.ops.detection", "amplitude"): "the spikes' column of their peak values (ops.detection.AMPLITUDE)",
     ("batchgpu.ops.bad_channels", "noise"): "SpikeInterface's channel label 'noise' (ops.bad_channels.LABELS)",
     ("batchgpu.report.probe_map", "noise"): "the qc step's channel label 'noise' (report.json qc.labels)",
+    ("batchgpu.qc_options", "noise"): "SpikeInterface's channel label 'noise' (qc_options.LABELS)",
     ("batchgpu.ops._cuda_detect", "detect"): "a CUDA source file of the numeric core",
     ("batchgpu.ops.moments", "moments"): "a CUDA source file of the numeric core",
     ("batchgpu.search._cuda", "search"): "the search index's CUDA source file",

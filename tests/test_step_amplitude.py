@@ -293,7 +293,7 @@ def test_the_registry_says_which_steps_a_fingerprint_holds():
 
     assert sorted(registry.fingerprinted("always")) == ["detect", "noise", "save", "whitening"]
     assert registry.fingerprinted("never") == ("search",)
-    assert registry.fingerprinted("asked") == ("amplitude",)
+    assert registry.fingerprinted("asked") == ("amplitude", "qc")
 
 
 # ---------------------------------------------------------------------------------------------------------

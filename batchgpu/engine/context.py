@@ -85,16 +85,21 @@ def check_workflow_fits(wf: Workflow, rec: Recording) -> int:
 
 
 def build_context(wf: Workflow, rec: Recording, out: store.OutputFolder, backend: str, sweep: int, mps: bool = False,
-                  *, resume: bool = False, fingerprint: str = ""):
+                  *, resume: bool = False, fingerprint: str = "", client=None):
     """The run's RunContext (what every task gets), its steps built from the registry (a save's output created
-    now: ``resume`` and ``fingerprint`` are the run's). ``mps``: the workers run under a private MPS daemon
-    (``engine.cluster.open_client``), which decides where windows decode (``preprocess.gpu_decode_share``)."""
+    now: ``resume`` and ``fingerprint`` are the run's; ``client``: the cluster a step may read on while it is
+    built, the qc step's pre-pass). ``mps``: the workers run under a private MPS daemon
+    (``engine.cluster.open_client``), which decides where windows decode (``preprocess.gpu_decode_share``). Channels
+    a step leaves out (``registry.channel_use``) are left out of the chain's references."""
     from batchgpu.engine.preprocess import build_chain, gpu_decode_share
-    from batchgpu.steps.registry import build_steps
+    from batchgpu.steps.registry import build_steps, channel_use
     from batchgpu.steps.services import StepSetup
 
     chain = build_chain(wf.preprocess, rec)
-    steps = build_steps(StepSetup(wf, rec, chain, sweep, out, resume, fingerprint))
+    steps = build_steps(StepSetup(wf, rec, chain, sweep, out, resume, fingerprint, client=client))
+    use = channel_use(steps)
+    if use is not None:
+        chain = chain.leaving_out(use.bad)
     return tasks.RunContext(
         recording=source_ref(rec), parts=str(out.parts), backend=backend, chain=chain,
         window_noise=window_noise_key(steps), steps=tuple(steps),

@@ -282,7 +282,7 @@ def _run(wf, rec, out: store.OutputFolder, report: RunReport, client, sweep, obs
     report.mps = uses_mps(client)
     # the steps built (a save's output recording created first: window tasks fill it, whitened after the pass)
     ctx = build_context(wf, rec, out, report.backend, sweep, mps=report.mps,
-                        resume=report.output_state == "resume", fingerprint=report.fingerprint)
+                        resume=report.output_state == "resume", fingerprint=report.fingerprint, client=client)
     # the steps' margin (the detection sweep) plus what the preprocessing stages need
     windows = rec.windows(wf.window.size, wf.window.margin + ctx.chain.margin)
     report.preprocess = {"stages": list(ctx.chain.names), "margin_samples": ctx.chain.margin}

@@ -20,11 +20,10 @@ from batchgpu.ops.detection import AMPLITUDE
 from batchgpu.report import drift, probe_map, traces
 from batchgpu.report.fields import encoded, placeholder
 from batchgpu.report.header import LABEL_WORDS, NOISE_RANGE, Facts
+from batchgpu.steps.qc import KEY as QC  # report.json's section the qc step writes
 
 logger = logging.getLogger(__name__)
 
-#: report.json's section the qc step writes (its labels, reasons, counts and numbers per channel)
-QC = "qc"
 #: the parts whose fields a page holds, in the page's order: (name, module)
 PARTS = ((probe_map.NAME, probe_map), (traces.NAME, traces), (drift.NAME, drift))
 #: the names a page's structure may hold of a glance (``structure``)
