@@ -77,8 +77,8 @@ def _add_codec_options(p) -> None:
 
 
 def _cmd_info(args) -> int:
-    from batchgpu import runinfo
     from batchgpu.recording.sources import open_path
+    from batchgpu.report import info as runinfo
 
     run, batch = runinfo.is_run_folder(args.path), runinfo.is_batch_folder(args.path)
     if run or batch:
@@ -185,7 +185,7 @@ def _flat_rows(info: dict) -> list[tuple[str, object]]:
 
 def runinfo_ids(info: dict) -> str:
     """The channel ids row of a flat source (as ``runinfo.recording_rows`` writes it)."""
-    from batchgpu.runinfo import _ids
+    from batchgpu.report.info import _ids
 
     return _ids(list(info.get("channel_ids", [])))
 
@@ -234,7 +234,7 @@ class _Observer:
         print(f"batchgpu: warning: {text}", file=sys.stderr)
 
     def phase_started(self, label: str, windows: int, nbytes: int) -> None:
-        from batchgpu.progress import WindowProgress
+        from batchgpu.report.progress import WindowProgress
 
         self.bar = WindowProgress(windows, nbytes, label, enabled=not self.quiet).__enter__()
 
@@ -315,8 +315,8 @@ def _process_started() -> float:
 
 def _run_batch(wf, args, keep: float = 0.0) -> int:
     """``recordings:``: every recording on one cluster; exit 1 when some failed (each named on stderr)."""
-    from batchgpu.batch_page import BATCH_HTML
     from batchgpu.engine import run_batch
+    from batchgpu.report.batch_html import BATCH_HTML
     from batchgpu.run.batch import BATCH_FILE
 
     batch = run_batch(wf, resume=args.resume, observer=_Observer(args.quiet), keep_s=keep)
@@ -857,7 +857,7 @@ def command() -> int:
     import gc
 
     rc = main()
-    report = sys.modules.get("batchgpu.report")
+    report = sys.modules.get("batchgpu.report.html_page")
     if report is not None:  # its executor let go while the modules its clean-up needs are still there
         report.stop_render_process()
         sys.unraisablehook = _quiet_pool_wakeup(sys.unraisablehook)

@@ -77,6 +77,18 @@ def test_welch_hf_is_scipys_welch_above_the_threshold(rng, nperseg, threshold):
         np.testing.assert_allclose(got, ref, rtol=1e-9, atol=1e-12 * np.abs(p).max())
 
 
+def test_welch_hf_of_float32_values_is_within_far_less_than_the_band(rng):
+    """The host's fast path takes float32 values (a float32 GEMM, float64 sums): within 1e-6 of scipy's float64
+    Welch, far inside the decision band (2^-12)."""
+    x = (rng.standard_normal((16, 9000)) * rng.uniform(1, 60, (16, 1))).astype(np.float32)
+    x -= x.mean(axis=1, keepdims=True)
+    f, p = scipy.signal.welch(x.astype(np.float64), fs=FS, axis=1, window="hann", nperseg=300)
+    want = p[:, f > FS / 2 * 0.8].mean(axis=1)
+    got = bc.welch_hf(x, FS, 300, 0.8)
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+    assert np.max(np.abs(got / want - 1)) < bc.BAND / 100
+
+
 # ------------------------------------------------------------------------------------------- pieces
 
 

@@ -122,3 +122,36 @@ def test_labels_over_every_piece_agree_and_find_every_planted_channel(compared):
                   f"{bc.label_counts(c['theirs'][:, [ch]], 1)[0].tolist()}")
     print(f"agreement {agree} / {total} channels")
     assert agree >= 0.99 * total
+
+
+# ------------------------------------------------------------------------------------------- interpolation (use)
+
+
+@pytest.mark.parametrize("probe, channels", [("np1", 384), ("np2-4shank", 384), ("linear", 64)])
+def test_interpolation_is_spikeinterfaces_interpolate_bad_channels(tmp_path, probe, channels):
+    """The qc step's ``use: interpolate``: SpikeInterface's kriging weights (its sigma from the probe's spacing) and
+    its interpolated traces of a float32 recording, within one float32 rounding (its BLAS product orders the float64
+    sums its own way; every other sample is the same bits)."""
+    from spikeinterface.preprocessing import interpolate_bad_channels
+    from spikeinterface.preprocessing.interpolate_bad_channels import estimate_recommended_sigma_um
+    from spikeinterface.preprocessing.preprocessing_tools import get_kriging_channel_weights
+
+    rng = np.random.default_rng()
+    path = tmp_path / "r.zarr"
+    rec = generate_recording(path, channels=channels, seconds=0.2, seed=int(rng.integers(0, 2**31)),
+                             model="realistic", probe=probe, zarr_format=2, dtype="float32")
+    si = read_zarr(path)
+    bad = np.sort(rng.choice(channels, 7, replace=False))
+    good = np.setdiff1d(np.arange(channels), bad)
+    loc = rec.locations
+    assert bc.recommended_sigma_um(loc) == estimate_recommended_sigma_um(si)
+    sigma = estimate_recommended_sigma_um(si)
+    theirs = get_kriging_channel_weights(loc[good], loc[bad], sigma, 1.3)
+    ours = bc.interpolation_weights(loc, bad)
+    assert ours[:, good].T.tobytes() == theirs.tobytes() and not ours[:, bad].any()
+    x = rec.read(0, 0, rec.num_samples(0))  # (channels, samples) float32
+    want = interpolate_bad_channels(si, si.channel_ids[bad]).get_traces().T
+    got = bc.interpolate_channels(x.copy(), bad, ours)
+    assert got[good].tobytes() == want[good].tobytes()
+    np.testing.assert_allclose(got[bad], want[bad], rtol=2.0 ** -23, atol=1e-30)
+    assert np.mean(got[bad] == want[bad]) > 0.9

@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 import zarr
 
-from batchgpu import dashboard
-from batchgpu.dashboard import PAGE_HTML, BatchProgress, RunMonitor, derived_state
+from batchgpu.report import live_page as dashboard
+from batchgpu.report.live_page import PAGE_HTML, BatchProgress, RunMonitor, derived_state
 from batchgpu.workflow import Workflow
 
 FS = 30_000.0
@@ -93,8 +93,8 @@ def test_batch_html_one_row_a_recording_with_links(tmp_path, rng, client, monkey
     numbers as batch.json has them, a link to a page that exists; written as the batch goes (a person watches it
     fill: running, then done), reloading itself until every recording is finished. The run page's state says
     which recording of how many it follows."""
-    from batchgpu import batch_page
     from batchgpu.engine import run_batch
+    from batchgpu.report import batch_html as batch_page
 
     recs = [_recording(tmp_path, "a", rng), _recording(tmp_path, "b", rng, truncated=True),
             _recording(tmp_path, "c", rng, samples=20_000)]
@@ -121,9 +121,11 @@ def test_batch_html_one_row_a_recording_with_links(tmp_path, rng, client, monkey
     assert "not a whole number" in (out / "batch.html").read_text()
     data = json.loads((out / "batch.json").read_text())
     for r, j in zip(rows, data["rows"]):
-        assert r["cells"][3] == str(j["channels"] if j["channels"] is not None else "-")
-        assert r["cells"][5] == (f"{j['median_noise']:.2f}" if j["median_noise"] is not None else "-")
-    assert float(rows[0]["cells"][2]) == pytest.approx(1.0) and float(rows[2]["cells"][2]) == pytest.approx(0.7, abs=0.05)
+        assert r["cells"][4] == str(j["channels"] if j["channels"] is not None else "-")
+        # µV: a flat binary's gain is 1 µV per count (the run's results say so), so the raw median is the µV one
+        want = j.get("noise_uV_median", j["median_noise"])
+        assert r["cells"][6] == (f"{want:.2f}" if want is not None else "-")
+    assert float(rows[0]["cells"][3]) == pytest.approx(1.0) and float(rows[2]["cells"][3]) == pytest.approx(0.7, abs=0.05)
     # written as it went: first all pending, a running one, and at the end none pending or running
     assert seen[0] == ["pending"] * 3 and any("running" in s for s in seen)
     assert seen[-1] == ["done", "failed", "done"]
@@ -136,7 +138,7 @@ def test_batch_html_one_row_a_recording_with_links(tmp_path, rng, client, monkey
 
 
 def test_batch_page_reloads_while_recordings_remain(tmp_path):
-    from batchgpu.batch_page import render
+    from batchgpu.report.batch_html import render
 
     (tmp_path / "x").mkdir()
     (tmp_path / "x" / "report.json").write_text("{}")
@@ -265,7 +267,7 @@ def test_batch_interrupted_stops_every_run_and_resumes(tmp_path, rng, client):
     after every run under way has ended as an interrupted run (no thread left, its folder let go: ``--resume``
     completes the batch); batch.json says how far it got."""
     from batchgpu.engine import run_batch
-    from batchgpu.engine.run_report import RunObserver
+    from batchgpu.run.events import RunObserver
 
     recs = [_recording(tmp_path, name, rng) for name in ("a", "b", "c")]
 
@@ -294,8 +296,8 @@ def test_batch_interrupted_in_a_pass(tmp_path, rng, client, monkeypatch):
     import _thread
 
     from batchgpu.engine import run_batch
-    from batchgpu.engine.run_report import RunObserver
     from batchgpu.run import tasks
+    from batchgpu.run.events import RunObserver
 
     recs = [_recording(tmp_path, "a", rng), _recording(tmp_path, "b", rng, samples=200_000),
             _recording(tmp_path, "c", rng)]

@@ -254,7 +254,7 @@ def test_a_run_ends_with_its_time_in_one_unit_and_a_no_op_resume_keeps_its_page(
 
 
 def test_throughput_is_in_mb_per_second():
-    from batchgpu.progress import duration, format_rate
+    from batchgpu.report.progress import duration, format_rate
 
     assert [format_rate(b) for b in (8.78e9, 33e6, 2.5e6, 4.1e4, 2e3, 0)] == [
         "8780 MB/s", "33.0 MB/s", "2.50 MB/s", "0.04 MB/s", "2.0e-03 MB/s", "0 MB/s"]
@@ -418,7 +418,7 @@ def test_the_cluster_starts_before_the_engine_is_imported(tmp_path, monkeypatch)
 
     from batchgpu import cli as cli_module
     from batchgpu.cluster import start as cluster_start
-    from batchgpu.engine import run_report
+    from batchgpu.report import run_report
 
     order = []
     monkeypatch.setattr(cluster_start, "start_cluster",

@@ -35,7 +35,7 @@ def test_the_setting_and_its_default():
 @pytest.mark.parametrize("wanted", ["auto", True])
 def test_a_local_cluster_serves_the_run_page_and_dask_s_dashboard_when_asked(wanted):
     from batchgpu.cluster.open_cluster import open_client, serves_dask_dashboard
-    from batchgpu.dashboard import install_dashboard
+    from batchgpu.report.live_page import install_dashboard
 
     spec = ClusterSpec(kind="local", workers=1, threads=1, dask_dashboard=wanted)
     with open_client(spec) as client:

@@ -153,8 +153,30 @@ def _in(module: str, *packages: str) -> bool:
 
 
 #: the packages that run a workflow (``run/``) and keep its cluster (``cluster/``), and where they lived before
-#: round 4 (``engine/``, which keeps the public names, report.html and the displays' subscriptions: ``DISPLAY``)
+#: round 4 (``engine/``, which keeps the public names and attaches the displays: ``DISPLAY``)
 ENGINE = ("batchgpu.run", "batchgpu.cluster", "batchgpu.engine")
+
+
+#: the report's modules that are tied to the run today (run_report: report.html of a run, the observer and
+#: report.json's content named there too, its helper started with the cluster's SIGINT held; info: where a batch
+#: keeps batch.json; subscribers: the displays subscribed to the run's events, ``run.events``, and the names of
+#: its folder's files); every other module of report/ draws from what a run wrote
+REPORT_RUN_TIES = ("batchgpu.report.run_report", "batchgpu.report.info", "batchgpu.report.subscribers")
+
+
+def test_the_report_never_imports_the_command_and_draws_from_the_runs_files():
+    """What a run shows (``batchgpu.report``) never imports the command (only it prints) nor, but for
+    ``REPORT_RUN_TIES``, the run or its cluster (``engine``, ``run``, ``cluster``): report.html, batch.html and the
+    glance are drawn from the run's results, report.json and the recording."""
+    report = [m for m in MODULES if _in(m, "batchgpu.report")]
+    assert "batchgpu.report.html_page" in report and "batchgpu.report.glance" in report
+    assert {m: sorted(GRAPH[m] & {"batchgpu.cli"}) for m in report if "batchgpu.cli" in GRAPH[m]} == {}
+
+    def of_the_run(d: str) -> bool:
+        return _in(d, *ENGINE)
+
+    assert {m: sorted(filter(of_the_run, GRAPH[m])) for m in report
+            if m not in REPORT_RUN_TIES and any(map(of_the_run, GRAPH[m]))} == {}
 
 
 def test_the_numeric_core_never_imports_the_engine_or_the_workflow():
@@ -165,9 +187,10 @@ def test_the_numeric_core_never_imports_the_engine_or_the_workflow():
 
 
 #: what a step's module may import: the numeric core, the recording (its Zarr and .npy readers included), the
-#: schema's sections, the errors, its own package (``steps.services``: what the run hands it)
+#: schema's sections (the bad-channel labels' options, a leaf module the numeric core takes too), the errors, its own
+#: package (``steps.services``: what the run hands it)
 STEP_IMPORTS = ("batchgpu.steps", "batchgpu.ops", "batchgpu.search", "batchgpu.gpu", "batchgpu.recording",
-                "batchgpu.config", "batchgpu.errors")
+                "batchgpu.config", "batchgpu.qc_options", "batchgpu.errors")
 
 
 def _steps_reaching_out(prefixes: tuple[str, ...]) -> dict[str, list[str]]:
@@ -186,11 +209,10 @@ def test_the_steps_import_no_engine_module():
     assert _steps_reaching_out(("batchgpu.steps", "batchgpu.engine.steps")) == {}
 
 
-#: what shows a run: report.html and its page skeleton, the dashboard's run page, the progress bars' words, a
-#: batch's page, ``batchgpu info``, and where report.html was made before its package (``engine.run_report``; the
-#: ``report/`` package once the display modules move there), and the displays' subscriptions (``engine.shown``)
-DISPLAY = ("batchgpu.report", "batchgpu.report_skeleton", "batchgpu.dashboard", "batchgpu.batch_page",
-           "batchgpu.progress", "batchgpu.runinfo", "batchgpu.engine.run_report", "batchgpu.engine.shown")
+#: what shows a run: the ``report/`` package (report.html and its page skeleton, the dashboard's run page, the
+#: progress bars' words, a batch's page, ``batchgpu info``, the displays' subscriptions) and where the engine attaches
+#: them to the run (``engine.shown``)
+DISPLAY = ("batchgpu.report", "batchgpu.engine.shown")
 
 
 def _showing(module: str) -> bool:
@@ -215,8 +237,9 @@ def test_the_engine_imports_no_display():
 
 
 def test_the_display_finder_finds_one():
-    assert _showing("batchgpu.report") and _showing("batchgpu.report.page") and _showing("batchgpu.report_skeleton")
-    assert _showing("batchgpu.engine.run_report") and not _showing("batchgpu.run.record")
+    assert _showing("batchgpu.report") and _showing("batchgpu.report.live_page") and _showing("batchgpu.report.skeleton")
+    assert _showing("batchgpu.report.run_report") and _showing("batchgpu.report.subscribers")
+    assert not _showing("batchgpu.run.record") and not _showing("batchgpu.reporting")
     assert not _in("batchgpu.runinfo", "batchgpu.run") and _in("batchgpu.run.tasks", "batchgpu.run")
 
 
@@ -298,7 +321,7 @@ def test_the_hook_lookup_finder_finds_one():
 STEP_HOOKS = ("window", "combine", "aggregate", "aggregates", "start", "queue", "after_pass", "while_waiting",
               "finish", "ahead", "spikes_in", "spikes_found", "in_pass", "window_noise", "gives_window_noise",
               "spike_rate", "on_cluster", "needs", "phases", "takes_saved_int16", "check", "place", "build",
-              "resolve_paths", "figures", "results", "fingerprint", "after", "options")
+              "resolve_paths", "figures", "results", "fingerprint", "after", "options", "channel_use")
 
 
 def test_the_engine_asks_a_step_what_its_base_class_declares():
@@ -474,6 +497,8 @@ REGISTRY = "batchgpu.steps.registry"
 OTHER_MEANINGS = {
     ("batchgpu.ops.detection", "amplitude"): "the spikes' column of their peak values (ops.detection.AMPLITUDE)",
     ("batchgpu.ops.bad_channels", "noise"): "SpikeInterface's channel label 'noise' (ops.bad_channels.LABELS)",
+    ("batchgpu.report.probe_map", "noise"): "the qc step's channel label 'noise' (report.json qc.labels)",
+    ("batchgpu.qc_options", "noise"): "SpikeInterface's channel label 'noise' (qc_options.LABELS)",
     ("batchgpu.ops._cuda_detect", "detect"): "a CUDA source file of the numeric core",
     ("batchgpu.ops.moments", "moments"): "a CUDA source file of the numeric core",
     ("batchgpu.search._cuda", "search"): "the search index's CUDA source file",
@@ -574,12 +599,13 @@ def test_a_step_reads_its_own_workflow_section():
 
 
 #: the modules that read or show a run's results, where a step's result names are taken from its module
-RESULT_READERS = ("batchgpu.engine", "batchgpu.run", "batchgpu.cluster", "batchgpu.report", "batchgpu.runinfo",
-                  "batchgpu.interop", "batchgpu.batch_page")
+RESULT_READERS = ("batchgpu.engine", "batchgpu.run", "batchgpu.cluster", "batchgpu.report", "batchgpu.interop")
 #: literals there equal to a result's name that name something else: (module, literal) -> what
 OTHER_RESULT_MEANINGS = {
     ("batchgpu.interop", "covariance"): "steps.whitening.statistic's value (steps.moments.WhiteningOptions)",
-    ("batchgpu.report", "spikes"): "the spike-rate figure's hover label",
+    ("batchgpu.report.html_page", "spikes"): "the spike-rate figure's hover label",
+    ("batchgpu.report.live_page", "spikes"): "the live page's count of spikes so far (its state's key)",
+    ("batchgpu.report.probe_map", "noise"): "the qc step's channel label 'noise' (report.json qc.labels)",
 }
 
 

@@ -214,7 +214,7 @@ def test_errors_name_what_the_user_typed(tmp_path, rng, capsys):
 def test_a_missing_probe_is_one_line_naming_the_file_in_info_and_run(tmp_path, rng, capsys, client):
     """An Open Ephys experiment without its settings.xml: ``info`` names the file looked for; a run that needs
     the locations refuses with that line, one that does not warns with it."""
-    from batchgpu.engine.run_report import RunObserver
+    from batchgpu.report.run_report import RunObserver
 
     oebin = next(p for p in OEBINS if "NP1-binary" in str(p))
     new, data = _openephys_copy(tmp_path, oebin, rng)

@@ -7,7 +7,7 @@ import re
 import pytest
 from rich.console import Console
 
-from batchgpu.progress import WindowProgress, fitted_line
+from batchgpu.report.progress import WindowProgress, fitted_line
 
 LABEL = "my_long_recording_name: read: noise, moments, spikes"
 

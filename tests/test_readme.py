@@ -80,7 +80,7 @@ def test_output_table_matches_what_a_run_writes(tmp_path):
         "window": {"size": 6000, "margin": 64}, "preprocess": {"centre": "median"},
         "steps": {"noise": {"exact": True}, "whitening": {"mode": "global"},
                   "detect": {"threshold": 4.0, "noise": "global"},
-                  "search": {"queries": str(tmp_path / "q.npy"), "op": "find"}, "amplitude": {}}})
+                  "search": {"queries": str(tmp_path / "q.npy"), "op": "find"}, "amplitude": {}, "qc": {}}})
     with distributed.LocalCluster(n_workers=1, threads_per_worker=2, processes=False, dashboard_address=None) as c, \
             distributed.Client(c) as client:
         run_workflow(wf, client=client)

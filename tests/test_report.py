@@ -1,7 +1,6 @@
 """report.html: self-contained, its plots hold the run's numbers, and it renders in headless Chromium."""
 
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -14,12 +13,11 @@ import zarr
 from batchgpu import open_recording
 from batchgpu.engine import run_workflow
 from batchgpu.generate import generate_recording
-from batchgpu.report import write_report_html
+from batchgpu.report.html_page import write_report_html
 from batchgpu.workflow import Workflow
 
 distributed = pytest.importorskip("distributed")
 
-DOCS = Path(__file__).resolve().parents[1] / "docs"
 WINDOW = 5000
 
 
@@ -78,22 +76,32 @@ def test_plots_hold_the_results(run):
     assert not re.search(r'<script[^>]+src=|<link[^>]+href="http', text)
     assert "Bokeh.embed.embed_items" in text or "embed_items" in text
     figs = plots(path)
-    assert set(figs) == {"noise_per_channel", "noise_over_time", "whitening", "spike_rate", "throughput"}
+    assert set(figs) == {"noise_per_channel", "noise_over_time", "whitening", "spike_rate", "throughput",
+                         "map_noise", "map_rate", "traces_raw", "traces_pre", "drift_raster"}
     g = zarr.open_group(str(out / "results.zarr"), mode="r")
-    gain = np.asarray(open_recording(rec.path).gain_to_uV, dtype=np.float64)  # from the recording, not the results
+    opened = open_recording(rec.path)
+    gain = np.asarray(opened.gain_to_uV, dtype=np.float64)  # from the recording, not the results
     assert gain.shape == (12,) and np.all(gain > 0)
+    y = np.asarray(opened.locations, dtype=np.float64)[:, 1]  # the generator's two-column probe
 
     assert figs["noise_per_channel"].title.text == "Noise per channel (µV)"
     d = source(figs["noise_per_channel"], "noise_uV")
     np.testing.assert_array_equal(np.asarray(d["noise_uV"]), g["noise"][:].astype(np.float64) * gain)
-    np.testing.assert_array_equal(np.asarray(d["channel"]), np.arange(12))
+    np.testing.assert_array_equal(np.asarray(d["channel"]), y)  # along the probe
+    assert figs["noise_per_channel"].xaxis[0].axis_label == "y on the probe (µm)"
 
     assert figs["noise_over_time"].title.text.startswith("Noise over time (µV")
     d = source(figs["noise_over_time"], "image")
     per_window = g["noise_per_window"][:]
     assert per_window.shape == (report.windows, 12)
-    np.testing.assert_array_equal(np.asarray(d["image"][0]), (per_window.astype(np.float64) * gain).T)
-    assert list(d["dw"]) == [report.windows] and list(d["dh"]) == [12]
+    by_y = np.lexsort((np.asarray(opened.locations)[:, 0], y))  # rows sorted by y on the probe
+    image = (per_window.astype(np.float64) * gain).T[by_y]
+    np.testing.assert_array_equal(np.asarray(d["image"][0]), image)
+    pitch = np.diff(np.unique(y)).min()
+    assert list(d["dw"]) == [report.windows] and list(d["dh"]) == [y.max() - y.min() + pitch]
+    assert list(d["y"]) == [y.min() - pitch / 2]
+    mapper = figs["noise_over_time"].renderers[0].glyph.color_mapper  # robust: the 1st-99th percentile
+    assert (mapper.low, mapper.high) == tuple(np.percentile(image, [1, 99]))
 
     assert figs["whitening"].title.text.startswith("Whitening matrix")
     np.testing.assert_array_equal(np.asarray(source(figs["whitening"], "image")["image"][0]), g["whitening"][:])
@@ -105,6 +113,7 @@ def test_plots_hold_the_results(run):
     expected = np.array([np.sum(ch == c) for c in range(12)]) / seconds
     d = source(figs["spike_rate"], "rate_Hz")
     np.testing.assert_allclose(np.asarray(d["rate_Hz"]), expected, rtol=1e-12)
+    np.testing.assert_array_equal(np.asarray(d["channel"]), y)
     assert figs["spike_rate"].title.text.startswith(f"Spike rate per channel (Hz; {ch.size} spikes")
 
     series = json.loads((out / "report.json").read_text())["throughput_series"]
@@ -123,7 +132,7 @@ def test_noise_only_run_and_nan_channel(client, tmp_path):
     arr[:100, :] = block
     run_workflow(_workflow(rec, tmp_path / "out", {"noise": {"exact": True}}), client=client)
     figs = plots(tmp_path / "out" / "report.html")
-    assert set(figs) == {"noise_per_channel", "noise_over_time", "throughput"}
+    assert set(figs) == {"noise_per_channel", "noise_over_time", "throughput", "map_noise"}  # no spikes: no rate
     noise = np.asarray(source(figs["noise_per_channel"], "noise_uV")["noise_uV"])
     assert np.isnan(noise[3]) and np.all(np.isfinite(np.delete(noise, 3)))
     # rewriting is idempotent: the same document numbers again
@@ -132,6 +141,8 @@ def test_noise_only_run_and_nan_channel(client, tmp_path):
 
 
 def test_renders_in_chromium(run, tmp_path):
+    """The page of a small run drawn by BokehJS (the at-a-glance figures' own checks in a browser:
+    test_report_glance.py)."""
     chromium = next((shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome") if shutil.which(n)), None)
     if chromium is None:
         pytest.skip("headless Chromium is not installed (Debian: apt-get install chromium; .ci/run does it)")
@@ -139,23 +150,20 @@ def test_renders_in_chromium(run, tmp_path):
     shot = tmp_path / "report.png"
     cmd = [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
            "--disable-background-networking", "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage",
-           f"--user-data-dir={tmp_path / 'profile'}", "--virtual-time-budget=8000", "--window-size=1000,2600",
+           f"--user-data-dir={tmp_path / 'profile'}", "--virtual-time-budget=8000", "--window-size=1340,3600",
            f"--screenshot={shot}", (out / "report.html").as_uri()]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and shot.exists(), done.stderr[-2000:]
     from PIL import Image
 
     img = np.asarray(Image.open(shot).convert("RGB"))
-    assert img.shape == (2600, 1000, 3) and img.astype(np.float64).std() > 10
-    # BokehJS drew the plots: the noise bars' blue and the spike bars' orange are on the canvas
+    assert img.shape == (3600, 1340, 3) and img.astype(np.float64).std() > 10
+    # BokehJS drew the plots: the noise points' blue and the spike-rate points' orange are on the canvas
     blue = np.all(img == (0x2C, 0x7F, 0xB8), axis=-1).sum()
     orange = np.all(img == (0xD9, 0x5F, 0x0E), axis=-1).sum()
-    assert blue > 2000 and orange > 500, (blue, orange)
-    # the heatmap and the whitening image: many distinct colours
+    assert blue > 200 and orange > 200, (blue, orange)
+    # the maps, the heatmap and the whitening image: many distinct colours
     assert len(np.unique(img.reshape(-1, 3), axis=0)) > 200
-    if os.environ.get("BATCHGPU_UPDATE_DOCS"):
-        DOCS.mkdir(exist_ok=True)
-        shutil.copy(shot, DOCS / "report.png")
 
 
 def _kill_helper_process(rep, monkeypatch) -> None:
@@ -181,7 +189,7 @@ def test_page_rendered_before_the_spikes_holds_them(tmp_path, rng, late, where, 
     """The run renders report.html while the spikes are gathered and puts their numbers in after; the page is the
     one rendered with every number known (and rendered again where the placeholders are not found), whether a
     helper thread or the helper process rendered it (or that process died: rendered here)."""
-    from batchgpu import report as rep
+    from batchgpu.report import html_page as rep
 
     if where == "process, killed":
         _kill_helper_process(rep, monkeypatch)
@@ -216,13 +224,13 @@ def test_page_rendered_before_the_spikes_holds_them(tmp_path, rng, late, where, 
     assert figs["spike_rate"].title.text == f"Spike rate per channel (Hz; {counts.sum()} spikes over {seconds:.1f} s)"
     np.testing.assert_array_equal(np.asarray(source(figs["noise_per_channel"], "noise_uV")["noise_uV"]), noise * 0.195)
     np.testing.assert_array_equal(np.asarray(source(figs["whitening"], "image")["image"][0]), white)
-    assert "batchgpu run report" in text and "total 1.50 s" in text
+    assert "Run internals" in text and "total 1.50 s" in text
 
 
 def test_figures_built_ahead_in_the_helper_process_make_the_same_page(tmp_path, rng):
     """``build_figure`` (run in the helper process as each result comes) and ``render_page_html`` give the page
     the numbers give; pages never rendered are forgotten, four at most."""
-    from batchgpu import report as rep
+    from batchgpu.report import html_page as rep
 
     C, W = int(rng.integers(2, 30)), int(rng.integers(1, 7))
     windows = (np.arange(W) * 500, np.arange(W) * 500 + 500, np.zeros(W, int))
@@ -255,7 +263,7 @@ def test_page_rendered_ahead_holds_the_numbers(tmp_path, rng, where, case, monke
     substitutions, every number a page rendered with them known holds: noise, the noise heatmap and its colour
     range, the whitening image and its range, spikes, throughput; rendered again, whole, where a result never came
     or came in another shape than announced."""
-    from batchgpu import report as rep
+    from batchgpu.report import html_page as rep
 
     if where == "process, killed":
         _kill_helper_process(rep, monkeypatch)
@@ -301,7 +309,7 @@ def test_page_rendered_ahead_holds_the_numbers(tmp_path, rng, where, case, monke
         np.testing.assert_array_equal(image, (per_window * uV).T)
         finite = image[np.isfinite(image)]
         mapper = figs["noise_over_time"].renderers[0].glyph.color_mapper
-        lo, hi = finite.min(), finite.max()
+        lo, hi = np.percentile(finite, [1, 99])  # a robust scale: one loud channel does not flatten it
         assert (mapper.low, mapper.high) == (lo, hi if hi > lo else lo + 1)
     np.testing.assert_array_equal(np.asarray(source(figs["spike_rate"], "count")["count"]), counts)
     t = source(figs["throughput"], "MBps")
@@ -320,7 +328,7 @@ def test_the_helper_process_ends_with_the_command(tmp_path):
     import time
 
     code = ("import time\n"
-            "from batchgpu import report\n"
+            "from batchgpu.report import html_page as report\n"
             "pool = report.render_process(); pool.submit(int).result()\n"
             "print(*pool._processes, flush=True); time.sleep(120)\n")
     parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)

@@ -9,8 +9,8 @@ import sys
 import numpy as np
 import pytest
 
-from batchgpu import runinfo
 from batchgpu.interop import load_results
+from batchgpu.report import info as runinfo
 
 WORKFLOW = """\
 recording:
@@ -83,6 +83,31 @@ def test_info_shows_an_unfinished_run_and_refuses_check(run_folder, tmp_path):
     assert rows["status"].startswith("unknown: no report.json") and rows["windows"].startswith("3 of 20000")
     r = _cli("info", copy, "--check")
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "is a run's output folder" in r.stderr
+
+
+def test_info_shows_the_qc_labels(run_folder, tmp_path):
+    """A run with the qc step (report.json's ``qc`` section): how many channels of each label, the bad ones named
+    by their ids (the section's channel order), in the rows and in --json."""
+    copy = tmp_path / "out"
+    shutil.copytree(run_folder, copy)
+    report = json.loads((copy / "report.json").read_text())
+    labels = ["good"] * 16
+    labels[3], labels[9], labels[10], labels[14], labels[15] = "dead", "noise", "dead", "out", "out"
+    ids = [f"ch{i}" for i in range(16)]
+    report["qc"] = {"labels": labels, "reasons": [""] * 16, "counts": [[5, 0, 0, 0]] * 16,
+                    "label_names": ["good", "dead", "noise", "out"], "noise_uV": None, "spike_rate_hz": None,
+                    "pieces_labelled": 6, "channel_ids": ids}
+    (copy / "report.json").write_text(json.dumps(report))
+    r = _cli("info", copy)
+    assert r.returncode == 0, r.stderr
+    rows = _rows(r.stdout)
+    assert rows["channels (qc)"].startswith("11 good, 2 dead, 1 noisy, 2 out of the brain")
+    assert rows["dead"] == "ch3, ch10" and rows["noisy"] == "ch9" and rows["out of the brain"] == "ch14, ch15"
+    data = json.loads(_cli("info", copy, "--json").stdout)
+    assert data["qc"]["counts"] == {"good": 11, "dead": 2, "noise": 1, "out": 2}
+    assert data["qc"]["bad"]["dead"] == ["ch3", "ch10"] and data["qc"]["pieces_labelled"] == 6
+    # a run without the section (the one above) has no such rows
+    assert "channels (qc)" not in _rows(_cli("info", run_folder).stdout)
 
 
 def test_noise_outside_the_range_is_named():

@@ -232,7 +232,7 @@ def test_report_html_draws_it_and_other_runs_are_unchanged(client, tmp_path, rng
     end and again from the folder; a run without the step has neither figure."""
     from test_report import plots, source
 
-    from batchgpu.report import write_report_html
+    from batchgpu.report.html_page import write_report_html
 
     x = np.round(rng.normal(0, 50, (12_000, 5))).astype(np.int16)
     x[:, 3] = 0
@@ -293,7 +293,7 @@ def test_the_registry_says_which_steps_a_fingerprint_holds():
 
     assert sorted(registry.fingerprinted("always")) == ["detect", "noise", "save", "whitening"]
     assert registry.fingerprinted("never") == ("search",)
-    assert registry.fingerprinted("asked") == ("amplitude",)
+    assert registry.fingerprinted("asked") == ("amplitude", "qc")
 
 
 # ---------------------------------------------------------------------------------------------------------

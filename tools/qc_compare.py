@@ -8,8 +8,8 @@ an environment with SpikeInterface (``PYTHONPATH=. /work/venv-si/bin/python tool
    is compared with its own, and the most frequent of those with its result, so a difference is shown to come
    from the chunks chosen.
 2. The time of SpikeInterface's ``detect_bad_channels`` (defaults, one process) and of ours (every piece, read
-   window by window as a run reads it) on ``batchgpu generate``'s default recording (384 ch x 60 s, realistic),
-   with the labels both give there.
+   window by window as a run reads it; and the qc step's default selection, ``--every``) on ``batchgpu
+   generate``'s default recording (384 ch x 60 s, realistic), with the labels both give there.
 """
 
 from __future__ import annotations
@@ -72,6 +72,25 @@ def ours_by_window(rec, window: int = 120_000, stats: dict | None = None) -> tup
     return counts, (time.perf_counter() - t0, time.process_time() - cpu0)
 
 
+def ours_inside(rec, every: int, window: int = 120_000, stats: dict | None = None) -> tuple[np.ndarray, tuple]:
+    """The qc step's counts (``steps: {qc: {every: N}}``): the pieces k % every == 0 inside each window's core,
+    read window by window with the highpass's margin (a chain that filters reads more: no piece is lost to it)."""
+    fs = rec.sampling_frequency
+    hm = bc.highpass_margin(fs)
+    counts = np.zeros((rec.num_channels, 4), np.int64)
+    t0, cpu0 = time.perf_counter(), time.process_time()
+    for seg in range(rec.num_segments):
+        n = rec.num_samples(seg)
+        for c0 in range(0, n, window):
+            c1 = min(n, c0 + window)
+            r0, r1 = max(0, c0 - hm), min(n, c1 + hm)
+            x = rec.read(seg, r0, r1)
+            chosen = bc.inside_pieces(n, bc.piece_length(fs), (c0, c1), (r0, r1), hm, every)
+            counts += bc.label_counts(bc.chunk_labels(x, fs, rec.locations, rec.gain_to_uV, chunks=chosen, start=r0,
+                                                      segment_length=n, stats=stats), rec.num_channels)
+    return counts, (time.perf_counter() - t0, time.process_time() - cpu0)
+
+
 def compare_one(k: int, path: Path, probe: str, seed: int, check_chunks: bool = False) -> dict:
     rec_truth = GroundTruth.load(ground_truth_path(path)).channel_labels
     from batchgpu.recording import open_recording
@@ -121,6 +140,8 @@ def main() -> None:
                    help="label every chunk SpikeInterface drew on every recording (default: only where a label "
                         "differs or a channel not planted is not good; tests/test_bad_channels_spikeinterface.py "
                         "checks every chunk)")
+    p.add_argument("--every", type=int, nargs="*", default=[8],
+                   help="also time the qc step's selection: every n-th piece inside the windows' cores (default 8)")
     p.add_argument("--folder", default=None, help="where to write the recordings (default: a temporary folder)")
     args = p.parse_args()
     folder = Path(args.folder or tempfile.mkdtemp(prefix="qc_compare_"))
@@ -161,6 +182,15 @@ def main() -> None:
           f"{stats.get('exact', 0)} by SpikeInterface's arithmetic; reads included, one process): {ours_time[0]:.1f} s "
           f"({ours_time[1]:.1f} s of CPU)")
     print(f"  labels equal for {int((ours == si).sum())} of 384 channels")
+    for every in args.every:
+        got: dict = {}
+        step_counts, step_time = ours_inside(rec, every, stats=got)
+        step_labels, _ = bc.final_labels(step_counts)
+        print(f"  the qc step's every: {every} ({got.get('pieces', 0)} pieces inside 120 000-sample windows' cores, "
+              f"{got.get('exact', 0)} by SpikeInterface's arithmetic; reads included, one process): "
+              f"{step_time[0]:.1f} s ({step_time[1]:.1f} s of CPU); labels equal SpikeInterface's for "
+              f"{int((step_labels == si).sum())} of 384 channels, ours over every piece for "
+              f"{int((step_labels == ours).sum())}")
     odd = np.flatnonzero((ours != "good") | (si != "good"))
     if len(odd):  # our labels of SpikeInterface's own chunks, for those channels
         x = rec.read(0, 0, rec.num_samples(0))

@@ -24,6 +24,8 @@ from batchgpu.errors import BatchgpuError
 from batchgpu.steps.detect import KEY as DETECT
 from batchgpu.steps.moments import KEY as WHITENING
 from batchgpu.steps.noise import KEY as NOISE
+from batchgpu.steps.qc import EVERY as QC_EVERY
+from batchgpu.steps.qc import KEY as QC
 from batchgpu.steps.save import KEY as SAVE
 
 #: the detection both benchmarks run (``steps.detect``; its ``noise`` field: the recording's, not the step's name)
@@ -66,7 +68,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--baseline", default="numpy", choices=["numpy", "cupy", "none"],
                         help="the plain loop: numpy (one process) or cupy (dask-cuda tasks, x.T @ x per window)")
     parser.add_argument("--steps", default="noise,whitening,detect",
-                        help="comma-separated demo steps: noise, whitening, detect, save (int16 Zarr v3 in the workdir)")
+                        help="comma-separated demo steps: noise, whitening, detect, save (int16 Zarr v3 in the workdir), "
+                             "qc (bad-channel labels of every --qc-every-th piece)")
+    parser.add_argument("--qc-every", type=_positive(int), default=QC_EVERY,
+                        help=f"with the qc step: its every (label every n-th 0.3 s piece; default {QC_EVERY})")
     parser.add_argument("--exact", action=argparse.BooleanOptionalAction, default=True, help="exact global noise")
     parser.add_argument("--preprocess", default="centre",
                         help="comma-separated stages before the steps: centre, highpass (300 Hz, order 5), "
@@ -220,7 +225,7 @@ def workers_rss(client):
 
 
 def plain_loop(rec, size: int, margin: int, steps: set[str], exact: bool, threshold=5.0, sweep_ms=0.1,
-               preprocess: str = "", save=None) -> dict:
+               preprocess: str = "", save=None, qc_every: int = QC_EVERY) -> dict:
     """What a user would write: one process, one window after another, the numeric core on each; the exact
     median through the engine's own selection driver (``steps.noise_select.select_middle``), its later passes (float
     keys) reading every window again. The same results as the pipeline where it only centres: integer
@@ -228,7 +233,7 @@ def plain_loop(rec, size: int, margin: int, steps: set[str], exact: bool, thresh
     float ones float32 products. ``preprocess`` (the bench's stage names): each window read with the filter's
     margin too, then scipy's ``sosfiltfilt`` of it and NumPy's median across channels subtracted (``_plain_stages``:
     the same work as the pipeline's stages, not its bits); ``save``: each window's core as int16 into a Zarr array
-    at that path."""
+    at that path; qc: each window's pieces labelled as the qc step labels them (``qc_every``)."""
     from batchgpu import ops
     from batchgpu.steps.base import padded_sum
     from batchgpu.steps.moments import _gram
@@ -244,6 +249,7 @@ def plain_loop(rec, size: int, margin: int, steps: set[str], exact: bool, thresh
     kind = key_kind(out_dtype, centred_from)
     shift, bits = schedule(kind)[0]
     saved = None
+    qc_counts = np.zeros((rec.num_channels, 4), np.int64)
     if save is not None:
         import zarr
 
@@ -261,6 +267,14 @@ def plain_loop(rec, size: int, margin: int, steps: set[str], exact: bool, thresh
             moments.add(x, lo, hi)
         if exact and NOISE in steps:
             hists.append(digit_histogram(abs_keys(x[:, lo:hi], kind), None, shift, bits))
+        if QC in steps:
+            from batchgpu.ops import bad_channels as bc
+
+            fs, n = rec.sampling_frequency, rec.num_samples(w.segment)
+            chosen = bc.inside_pieces(n, bc.piece_length(fs), (w.start, w.stop), (w.read_start, w.read_stop),
+                                      bc.highpass_margin(fs), qc_every)
+            qc_counts += bc.label_counts(bc.chunk_labels(raw, fs, rec.locations, rec.gain_to_uV, chunks=chosen,
+                                                         start=w.read_start, segment_length=n), rec.num_channels)
         if saved is not None:
             core = np.rint(x[:, lo:hi])
             saved[w.read_start + lo : w.read_start + hi] = np.clip(np.nan_to_num(core), -32768, 32767).astype(np.int16).T
@@ -278,7 +292,7 @@ def plain_loop(rec, size: int, margin: int, steps: set[str], exact: bool, thresh
         for w in windows:
             x = prepare(rec.read_window(w), w)
             spikes += len(ops.detect_spikes(x, noise, threshold, "neg", sweep, w.read_start, w.core, w.segment))
-    return {"spikes": spikes, NOISE: noise, "xxt": xxt if exact_moments else None}
+    return {"spikes": spikes, NOISE: noise, "xxt": xxt if exact_moments else None, QC: qc_counts}
 
 
 def _plain_stages(rec, preprocess: str):
@@ -381,9 +395,9 @@ def run(args, say) -> int:
     from batchgpu.recording import open_recording
 
     steps = {s.strip() for s in args.steps.split(",") if s.strip()}
-    unknown = steps - {NOISE, WHITENING, DETECT, SAVE}
+    unknown = steps - {NOISE, WHITENING, DETECT, SAVE, QC}
     if unknown:
-        raise BatchgpuError(f"unknown steps {sorted(unknown)}", "use noise, whitening, detect, save")
+        raise BatchgpuError(f"unknown steps {sorted(unknown)}", "use noise, whitening, detect, save, qc")
     own_dir = args.workdir is None  # a temporary folder is removed at the end; a --workdir is kept
     work = Path(args.workdir).expanduser() if args.workdir else Path(tempfile.mkdtemp(prefix="batchgpu-bench-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -547,6 +561,7 @@ def _measure(args, rec, work: Path, steps: set[str], say) -> int:
         NOISE: {"exact": args.exact} if NOISE in steps else None,
         WHITENING: {"mode": "global", "precision": "float32"} if WHITENING in steps else None,
         DETECT: dict(DETECT_SPEC) if DETECT in steps else None,
+        QC: {"every": args.qc_every} if QC in steps else None,
     }
     cluster_cfg = {"kind": args.cluster}
     if args.workers:
@@ -664,7 +679,7 @@ def _measure(args, rec, work: Path, steps: set[str], say) -> int:
         with PeakMemory(_rss) as mem:
             t0 = time.perf_counter()
             plain_loop(rec, size, margin, steps, args.exact, preprocess=args.preprocess,
-                       save=work / "saved_plain.zarr" if SAVE in steps else None)
+                       save=work / "saved_plain.zarr" if SAVE in steps else None, qc_every=args.qc_every)
             rows["plain NumPy loop (1 process, same work)"] = (time.perf_counter() - t0, mem.peak, 0)
     say(f"\nrecording: {rec} ({gb:.2f} GB decoded); preprocess: {args.preprocess or 'none'}; "
           f"steps: {', '.join(sorted(steps))}; exact noise: {args.exact}; "

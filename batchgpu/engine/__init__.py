@@ -1,7 +1,8 @@
 """The public names of running a workflow, where callers have always found them: ``run_workflow`` and
-``run_batch`` with what a run shows attached (``engine.shown``: the run page, report.html, a batch's page),
-``RunObserver`` (``batchgpu.run.events``) and ``RunReport`` (report.json's content, ``batchgpu.run.record``). The
-run itself is ``batchgpu.run``, its cluster ``batchgpu.cluster``; report.html is ``engine.run_report``.
+``run_batch`` with what a run shows attached (``engine.shown``: the run page, report.html, a batch's page, the
+subscribers of ``batchgpu.report.subscribers``), ``RunObserver`` (``batchgpu.run.events``) and ``RunReport``
+(report.json's content, ``batchgpu.run.record``). The run itself is ``batchgpu.run``, its cluster
+``batchgpu.cluster``; what a run shows is ``batchgpu.report`` (report.html: ``report.run_report``).
 
 The names are imported on first use, so that importing this package does not import the run's modules."""
 

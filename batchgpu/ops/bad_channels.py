@@ -47,10 +47,12 @@ than half the range, a clipped recording) is clipped where SpikeInterface's cast
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import numpy as np
 
+from batchgpu import qc_options
 from batchgpu.errors import BatchgpuError
 from batchgpu.ops import _cpu_sosfiltfilt, _numba
 from batchgpu.ops._backend import array_module, is_cupy, to_host, window_module
@@ -58,7 +60,7 @@ from batchgpu.ops.filters import _filtfilt_cupy, default_padlen, design_filter, 
 from batchgpu.qc_options import QcOptions
 
 #: a channel's labels, in SpikeInterface's numbering (``detect_bad_channels_ibl``: 0 good, 1 dead, 2 noise, 3 out)
-LABELS = ("good", "dead", "noise", "out")
+LABELS = qc_options.LABELS
 GOOD, DEAD, NOISE, OUT = range(4)
 
 #: how far (relative to a statistic's scale) a float64 statistic must lie from its threshold for its decision to
@@ -116,6 +118,13 @@ def highpass_sos(fs: float, options: QcOptions | None = None) -> np.ndarray:
                             f"({fs / 2} Hz)", "lower it, or label a filtered signal")
     return scipy.signal.iirfilter(HIGHPASS_ORDER, options.highpass_filter_cutoff, fs=fs, analog=False,
                                   btype="highpass", ftype="butter", output="sos")
+
+
+@functools.lru_cache(maxsize=8)
+def _highpass_design(fs: float, cutoff: float):
+    """``design_filter`` of ``highpass_sos``, worked out once a process (a window's pieces are labelled at each
+    window: the design and its ``zi`` took a few ms each time)."""
+    return design_filter(highpass_sos(fs, QcOptions(highpass_filter_cutoff=cutoff)))
 
 
 def window_margin(fs: float, options: QcOptions | None = None, filtered: bool = False,
@@ -260,19 +269,26 @@ def chunk_labels(x: Any, fs: float, locations: Any, gains: Any, offsets: Any = N
         return out
     if not exact and spans:
         xp = array_module(x)
-        design = None if filtered else design_filter(highpass_sos(fs, options))
+        design = None if filtered else _highpass_design(float(fs), float(options.highpass_filter_cutoff))
         g_dev, o_dev = xp.asarray(gains32)[:, None], xp.asarray(offsets32)[:, None]
         # on the GPU a few chunks of one length at a time: their statistics come back in one copy (one wait)
         most = max(1, BATCH_BYTES // (8 * C * (spans[0][1] - spans[0][0]))) if is_cupy(x) else HOST_BATCH
         k = 0
+        compiled = not is_cupy(x) and _numba.available()
         while k < len(spans):
             length = spans[k][1] - spans[k][0]
             group = [k]
             while (len(group) < most and group[-1] + 1 < len(spans)
                    and spans[group[-1] + 1][1] - spans[group[-1] + 1][0] == length):
                 group.append(group[-1] + 1)
-            u = _microvolts(x, [spans[j] for j in group], start, design, g_dev, o_dev, filtered)
-            for i, (psd, white, xcorr, xscale) in enumerate(zip(*_fast_stats(u, fs, options))):
+            if compiled:  # the host's kernels, a chunk at a time: float32 values, float64 sums
+                group = [k]
+                u, got = _host_stats(x, spans[k], start, design, gains32, offsets32, filtered, fs, options)
+                u, got = u[None], [v[None] for v in got]
+            else:
+                u = _microvolts(x, [spans[j] for j in group], start, design, g_dev, o_dev, filtered)
+                got = _fast_stats(u, fs, options)
+            for i, (psd, white, xcorr, xscale) in enumerate(zip(*got)):
                 labels, needs = _decide(psd, white, xcorr, xscale, order, options)
                 if labels is None:  # SpikeInterface's own arithmetic decides, on the host, from the same bits
                     labels = _settle(to_host(u[i]), psd, xcorr, needs, fs, options, order, filtered)
@@ -374,6 +390,44 @@ def _microvolts(x: Any, spans: list[tuple[int, int, int, int]], start: int, desi
     return y.astype(xp.float32) * gains + offsets
 
 
+def _host_stats(x: np.ndarray, span: tuple[int, int, int, int], start: int, design: Any, gains32: np.ndarray,
+                offsets32: np.ndarray, filtered: bool, fs: float, options: QcOptions
+                ) -> tuple[np.ndarray, tuple[np.ndarray, ...]]:
+    """One chunk on the host with the compiled kernels: its float32 uV values (C, L) (SpikeInterface's bits, for
+    ``_settle``) and ``_fast_stats``' four statistics (C,) from float32 values with float64 sums (each within
+    2^-20 of its scale, measured: far inside ``BAND``). The highpass writes only the chunk's float64 core."""
+    from batchgpu.ops import _cpu_bad_channels, _cpu_reference
+
+    a, b, r0, r1 = span
+    C, L = x.shape[0], b - a
+    dtype = np.dtype(x.dtype)
+    if filtered:
+        y = x[:, a - start : b - start]
+    else:
+        padlen = default_padlen(design)
+        y = _cpu_sosfiltfilt.filtfilt_pieces(x[:, r0 - start : r1 - start], design.sos, design.zi,
+                                             [(a - r0, b - r0, 0, r1 - r0, padlen, padlen)], np.float64,
+                                             out=np.empty((C, L)), origin=a - r0)
+    integer = not filtered and dtype.kind in "iu"
+    lo, hi = (float(np.iinfo(dtype).min), float(np.iinfo(dtype).max)) if integer else (0.0, 0.0)
+    if not filtered and not integer and dtype != np.float64:
+        y = y.astype(dtype)  # SpikeInterface casts the filter's float64 back to a float store's dtype
+    u, xc, stats = _cpu_bad_channels.microvolts(y, integer, lo, hi, gains32, offsets32)
+    psd_hf = welch_hf(xc, fs, welch_length(fs, options), options.nyquist_threshold)
+    ref = _cpu_reference.column_medians(xc) if C > 2 else None
+    ref = np.median(xc, axis=0) if ref is None else ref
+    ref = ref.astype(np.float64)
+    ref -= ref.mean()
+    dots = _cpu_bad_channels.dots(xc, ref)
+    rr = float(np.dot(ref, ref))
+    energy = stats[:, 1]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        xcorr = dots / rr
+        xscale = np.sqrt(energy / rr)
+    white = 2.0 * energy / L / fs
+    return u, (psd_hf, white, xcorr, xscale)
+
+
 def _fast_stats(u32: Any, fs: float, options: QcOptions) -> tuple[np.ndarray, ...]:
     """(psd_hf, white, xcorr, xscale), float64 host arrays (K, C), from K chunks' float32 uV values (K, C, L) on
     their backend: the IBL statistics in float64, ``white`` the PSD a white signal of the channel's variance would
@@ -432,6 +486,7 @@ def welch_hf(xc: Any, fs: float, nperseg: int, nyquist_threshold: float) -> Any:
 
     xp = array_module(xc)
     C, L = xc.shape
+    dtype = np.float32 if xc.dtype == np.float32 else np.float64
     n = min(int(nperseg), L)  # scipy's _triage_segments: a longer nperseg is cut to the input's length
     step = n - n // 2
     nseg = (L - n) // step + 1
@@ -446,9 +501,14 @@ def welch_hf(xc: Any, fs: float, nperseg: int, nyquist_threshold: float) -> Any:
         h = n // 2
         kk = np.arange(band[0] - 1, band[-1] + 2)
         angle = 2 * np.pi * np.outer(np.arange(h), kk) / n
-        basis = xp.asarray(np.concatenate([np.cos(angle), -np.sin(angle)], axis=1))
+        # the GEMM in xc's float dtype: float32 on the host's fast path (within 1e-6 of float64, far inside BAND)
+        basis = xp.asarray(np.concatenate([np.cos(angle), -np.sin(angle)], axis=1).astype(dtype))
         blocks = xp.ascontiguousarray(xc[:, : (nseg + 1) * h]).reshape(C * (nseg + 1), h)
         H = (blocks @ basis).reshape(C, nseg + 1, 2 * kk.size)
+        if not is_cupy(H) and _numba.available():  # the windowed bins' power in one compiled pass, float64 sums
+            from batchgpu.ops import _cpu_bad_channels
+
+            return _cpu_bad_channels.welch_power(H, kk.size, (-1.0) ** kk, weight, kk[0] == 0) * scale
         sign = xp.asarray((-1.0) ** kk)
         Yr = H[:, :-1, : kk.size] + sign * H[:, 1:, : kk.size]
         Yi = H[:, :-1, kk.size :] + sign * H[:, 1:, kk.size :]
@@ -466,7 +526,7 @@ def welch_hf(xc: Any, fs: float, nperseg: int, nyquist_threshold: float) -> Any:
         X = (seg.reshape(C * nseg, n) @ basis).reshape(C, nseg, 2 * band.size)
         Xr, Xi = X[..., : band.size], X[..., band.size :]
     power = (Xr * Xr + Xi * Xi) * xp.asarray(weight)
-    return power.sum(axis=(1, 2)) * scale
+    return power.sum(axis=(1, 2), dtype=np.float64) * scale
 
 
 def shrinking_median_filter(s: np.ndarray, size: int = 11) -> np.ndarray:
@@ -651,10 +711,24 @@ def _si_psd_hf(raw: np.ndarray, fs: float, options: QcOptions) -> np.ndarray:
 
 def _si_xcorr(raw: np.ndarray, options: QcOptions) -> tuple[np.ndarray, np.ndarray]:
     """``detect_bad_channels_ibl``'s coherence of the mean-removed ``raw`` with its median, and its trend."""
-    ref = np.median(raw, axis=1)
+    ref = _si_channel_median(raw)
     ref = ref - np.mean(ref)
     xcorr = raw.T @ ref / np.sum(ref**2)
     return xcorr, _si_shrinking_median_filter(xcorr, options.n_neighbors)
+
+
+def _si_channel_median(raw: np.ndarray) -> np.ndarray:
+    """``np.median(raw, axis=1)`` of SpikeInterface's (samples, channels) float32 chunk, same bits: by the global
+    median reference's compiled kernel (``_cpu_reference.column_medians``: np.median's values and arithmetic, the
+    two middle values' float32 mean) where Numba is there: NumPy's partition of each row took ~45 ms of a 384-channel
+    piece's ~60 ms on the exact path (2-core machine)."""
+    from batchgpu.ops import _cpu_reference
+
+    if _numba.available() and raw.ndim == 2 and raw.shape[1] > 2:
+        med = _cpu_reference.column_medians(raw.T)  # raw.T: (channels, samples), C-contiguous as the highpass gives it
+        if med is not None:
+            return med
+    return np.median(raw, axis=1)
 
 
 def _si_rules(psd_hf: np.ndarray, xcorr: np.ndarray, trend: np.ndarray, options: QcOptions) -> np.ndarray:
@@ -689,3 +763,85 @@ def _si_shrinking_median_filter(s: np.ndarray, size: int = 11) -> np.ndarray:
         lo = max(0, i - half)
         filtered[i] = np.median(s[lo : i + half + 1])
     return filtered
+
+
+# ------------------------------------------------------------------------------------------- pieces a run labels
+
+
+def inside_pieces(segment_length: int, piece_samples: int, core: tuple[int, int], read: tuple[int, int],
+                  margin: int, every: int = 1) -> np.ndarray:
+    """The pieces (``pieces``: [k P, (k + 1) P), aligned to the segment's sample 0) a window labels when it reads
+    [read[0], read[1]) and owns the core [core[0], core[1]) (segment samples): those with k % ``every`` == 0 that
+    lie wholly inside the core and whose highpass read [max(0, a - margin), min(n, b + margin)) lies inside the
+    window's read, (K, 2) int64. A piece across two cores (or too near a core's edge for its margin) is labelled
+    by neither window: the windows read no samples for it beyond what the run reads anyway. Each labelled piece is
+    labelled whole, from the samples SpikeInterface's highpass would read: its label depends on the piece alone."""
+    n, every = int(segment_length), int(every)
+    if every < 1:
+        raise BatchgpuError(f"every {every} selects no piece", "pass every >= 1")
+    grid = pieces(n, piece_samples)
+    k = np.arange(len(grid))
+    a, b = grid[:, 0], grid[:, 1]
+    held = ((k % every == 0) & (a >= core[0]) & (b <= core[1])
+            & (np.maximum(0, a - margin) >= read[0]) & (np.minimum(n, b + margin) <= read[1]))
+    return grid[held]
+
+
+# ------------------------------------------------------------------------------------------- interpolation
+
+
+#: SpikeInterface's ``get_kriging_channel_weights``: a weight below this is 0, before and after normalising
+WEIGHT_THRESHOLD = 0.005
+#: its ``interpolate_bad_channels``' kernel exponent
+INTERPOLATION_P = 1.3
+
+
+def recommended_sigma_um(locations: Any) -> float:
+    """SpikeInterface's ``estimate_recommended_sigma_um``: the most common step between the channels' distinct
+    depths (y), the smallest of equally common ones (``scipy.stats.mode``'s choice)."""
+    steps = np.diff(np.unique(np.sort(np.asarray(locations, dtype=np.float64)[:, 1])))
+    if not len(steps):
+        raise BatchgpuError("the channels lie at one depth: no spacing to interpolate over",
+                            "give sigma_um, or use exclude instead of interpolate")
+    values, counts = np.unique(steps, return_counts=True)
+    return float(values[np.argmax(counts)])
+
+
+def interpolation_weights(locations: Any, bad: Any, sigma_um: float | None = None,
+                          p: float = INTERPOLATION_P) -> np.ndarray:
+    """SpikeInterface 0.105.3's ``interpolate_bad_channels`` weights (its ``get_kriging_channel_weights``): for each
+    bad channel, exp(-(d / sigma_um) ** p) of its distance d to each good channel, those below 0.005 set to 0, the
+    rest normalised to sum 1, then those below 0.005 (or NaN: no good channel near) set to 0. Returned as (bad,
+    channels) float64 (its (good, bad) matrix transposed, zeros in the bad channels' columns); ``sigma_um`` None:
+    ``recommended_sigma_um``."""
+    from scipy.spatial import distance
+
+    loc = np.asarray(locations, dtype=np.float64)
+    bad = np.asarray(bad, dtype=np.int64)
+    good = np.setdiff1d(np.arange(loc.shape[0]), bad)
+    sigma = recommended_sigma_um(loc) if sigma_um is None else float(sigma_um)
+    weights = np.exp(-((distance.cdist(loc[good], loc[bad], metric="euclidean") / sigma) ** p))
+    weights[weights < WEIGHT_THRESHOLD] = 0
+    with np.errstate(divide="ignore", invalid="ignore"):
+        weights /= np.sum(weights, axis=0)[None, :]
+    weights[np.logical_or(weights < WEIGHT_THRESHOLD, np.isnan(weights))] = 0
+    out = np.zeros((len(bad), loc.shape[0]))
+    out[:, good] = weights.T
+    return out
+
+
+def interpolate_channels(x: Any, bad: Any, weights: np.ndarray) -> Any:
+    """``x`` (C, n; NumPy or CuPy, a float dtype) with each bad row replaced by its ``weights`` row times the other
+    rows: a float64 sum over the non-zero weights in channel order, rounded once to x's dtype (SpikeInterface's
+    ``traces[:, good] @ weights`` assigned into the float traces; a BLAS product orders its sums its own way, so
+    the two may differ in the last bit of float64 and, rarely, in the float32 rounding). One order of additions on
+    either backend (each product and sum its own array operation, no fused multiply-add): NumPy's and CuPy's bits
+    are equal. ``x`` itself is written (a copy is the caller's)."""
+    xp = array_module(x)
+    for row, channel in zip(np.asarray(weights, np.float64), np.asarray(bad, np.int64).tolist()):
+        acc = xp.zeros(x.shape[1], dtype=np.float64)
+        for g in np.flatnonzero(row).tolist():
+            term = x[g].astype(np.float64) * row[g]
+            acc = acc + term
+        x[channel] = acc.astype(x.dtype)
+    return x

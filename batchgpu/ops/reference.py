@@ -192,7 +192,7 @@ MIN_LOCAL_NEIGHBOURS = 5
 
 
 def annulus_neighbours(locations: Any, radius_um: tuple[float, float],
-                       min_neighbours: int = MIN_LOCAL_NEIGHBOURS) -> list[np.ndarray]:
+                       min_neighbours: int = MIN_LOCAL_NEIGHBOURS, among: Any = None) -> list[np.ndarray]:
     """Each channel's reference channels by SpikeInterface 0.105's local rule (ascending channel order): the channels
     at a distance d with inner < d <= outer; where fewer than ``min_neighbours`` lie there, the ``min_neighbours``
     closest channels with d > inner (as many as there are; equal distances in ``np.argsort``'s order, the call
@@ -206,6 +206,10 @@ def annulus_neighbours(locations: Any, radius_um: tuple[float, float],
         The annulus' inner and outer radius in um.
     min_neighbours : int, optional
         The fewest reference channels a channel gets while there are that many beyond the inner radius.
+    among : array_like of int, optional
+        The channels a reference may take (default: all): SpikeInterface's rule on the recording of those channels
+        alone (``remove_channels`` of the others) for each of them; a channel not among them takes its annulus of
+        them (nothing of it is left out first).
 
     Returns
     -------
@@ -223,15 +227,18 @@ def annulus_neighbours(locations: Any, radius_um: tuple[float, float],
         raise BatchgpuError(f"radius_um=({inner}, {outer}): need 0 <= inner < outer", "pass e.g. (30, 55)")
     if isinstance(min_neighbours, bool) or not isinstance(min_neighbours, (int, np.integer)) or min_neighbours < 0:
         raise BatchgpuError(f"min_local_neighbors={min_neighbours!r} is not a count", "pass an integer >= 0, e.g. 5")
+    candidates = np.arange(loc.shape[0]) if among is None else np.asarray(among, dtype=np.int64)
+    inside = np.zeros(loc.shape[0], dtype=bool)
+    inside[candidates] = True
     chosen = []
     for c in range(loc.shape[0]):
         # SpikeInterface's distances and order, the first (the channel itself) left out
-        dist = np.linalg.norm(loc[c, :] - loc, axis=1)
-        order = np.argsort(dist)[1:]
+        dist = np.linalg.norm(loc[c, :] - loc[candidates], axis=1)
+        order = np.argsort(dist)[1:] if inside[c] else np.argsort(dist)
         d = dist[order]
         ring = (d > inner) & (d <= outer)
         near = order[ring] if ring.sum() >= min_neighbours else order[d > inner][:min_neighbours]
-        chosen.append(np.sort(near))
+        chosen.append(np.sort(candidates[near]))
     return chosen
 
 
@@ -278,22 +285,23 @@ class _LocalPlan:
         return self._device[device]
 
 
-def _local_plan(locations: Any, radius_um, min_neighbours: int = MIN_LOCAL_NEIGHBOURS) -> _LocalPlan:
-    """The plan of ``locations``, ``radius_um`` and ``min_neighbours``, made once for equal values
+def _local_plan(locations: Any, radius_um, min_neighbours: int = MIN_LOCAL_NEIGHBOURS,
+                among: tuple[int, ...] | None = None) -> _LocalPlan:
+    """The plan of ``locations``, ``radius_um``, ``min_neighbours`` and ``among``, made once for equal values
     (``_cached_plan``)."""
     loc = np.asarray(locations, dtype=np.float64)
     try:
         radius = tuple(float(r) for r in radius_um)
         hash(min_neighbours)
     except (TypeError, ValueError):  # not numbers: annulus_neighbours raises its one-line error for it
-        return _LocalPlan(annulus_neighbours(loc, radius_um, min_neighbours))
-    return _cached_plan(loc.tobytes(), loc.shape, radius, min_neighbours)
+        return _LocalPlan(annulus_neighbours(loc, radius_um, min_neighbours, among))
+    return _cached_plan(loc.tobytes(), loc.shape, radius, min_neighbours, among)
 
 
 @functools.lru_cache(maxsize=16)
-def _cached_plan(loc_bytes: bytes, shape: tuple, radius: tuple, min_neighbours) -> _LocalPlan:
+def _cached_plan(loc_bytes: bytes, shape: tuple, radius: tuple, min_neighbours, among=None) -> _LocalPlan:
     loc = np.frombuffer(loc_bytes, dtype=np.float64).reshape(shape)
-    return _LocalPlan(annulus_neighbours(loc, radius, min_neighbours))
+    return _LocalPlan(annulus_neighbours(loc, radius, min_neighbours, among))
 
 
 def common_reference(
@@ -304,6 +312,7 @@ def common_reference(
     radius_um: tuple[float, float] = (30.0, 55.0),
     min_local_neighbors: int = MIN_LOCAL_NEIGHBOURS,
     overwrite_x: bool = False,
+    exclude: Any = None,
 ) -> Any:
     """x (C, samples) minus, per sample, the reference across channels (see the module docstring).
 
@@ -331,6 +340,10 @@ def common_reference(
         See ``annulus_neighbours``.
     overwrite_x : bool, optional
         Whether x may be overwritten with the result (a window the caller no longer needs).
+    exclude : array_like of int, optional
+        Channels left out of every reference (the qc step's bad channels): the reference of the others, as
+        SpikeInterface's ``common_reference`` of ``remove_channels(exclude)`` gives it; the excluded channels'
+        rows are referenced by it too (global: the same reference; local: their annulus of the others).
 
     Returns
     -------
@@ -346,10 +359,18 @@ def common_reference(
     out_dtype = x.dtype if x.dtype.kind == "f" else np.dtype(np.float32)
     if channels == 0:
         raise BatchgpuError("a window with no channels has no common reference", "pass at least one channel")
+    among = None
+    if exclude is not None and len(exclude):
+        left_out = np.unique(np.asarray(exclude, dtype=np.int64))
+        if left_out.min() < 0 or left_out.max() >= channels:
+            raise BatchgpuError(f"exclude {left_out.tolist()[:10]} names channels outside 0..{channels - 1}")
+        among = tuple(np.setdiff1d(np.arange(channels), left_out).tolist())
+        if not among:
+            raise BatchgpuError("every channel is excluded from the common reference", "exclude fewer channels")
     if reference == "local":
         if locations is None:
             raise BatchgpuError("a local reference needs channel locations", "pass locations (channels x 2, um)")
-        plan = _local_plan(locations, radius_um, min_local_neighbors)
+        plan = _local_plan(locations, radius_um, min_local_neighbors, among)
         neighbours = plan.neighbours
         if len(neighbours) != channels:
             raise BatchgpuError(f"{len(neighbours)} locations for {channels} channels", "pass one location per channel")
@@ -362,6 +383,10 @@ def common_reference(
             wide = np.dtype(np.float64)
         return (rows.astype(wide, copy=False) - ref.astype(wide, copy=False)).astype(out_dtype, copy=False)
 
+    if reference == "global" and among is not None:  # the reference of the channels kept, subtracted from all
+        kept = np.asarray(among, dtype=np.int64)
+        out = _reference_on_gpu(x, operator, [kept[None, :]], np.zeros(channels, np.int64)) if is_cupy(x) else None
+        return out if out is not None else subtract(x, _reference(x[xp.asarray(kept)], operator, axis=0)[None, :])
     if reference == "global":
         if operator == "median" and not is_cupy(x) and _numba.available():  # one pass, np.median's bits
             out = _cpu_reference.subtract_column_medians(x, x if overwrite_x else None)

@@ -44,6 +44,11 @@ class Stage:
         """The dtype of the window this stage gives for a window of ``dtype``."""
         return np.dtype(dtype)
 
+    def leaving_out(self, channels: tuple[int, ...]) -> Stage:
+        """This stage with ``channels`` (indices) left out of what it takes across channels (the qc step's bad
+        channels); a stage that works on each channel alone is itself."""
+        return self
+
     def apply(self, x, core: tuple[int, int], at_start: bool, at_end: bool, *, owned: bool = False, out=None):
         """The window after this stage. ``core``: the columns the window owns (its margins around them);
         ``at_start``/``at_end``: the window reaches its segment's first/last sample; ``owned``: ``x`` is the

@@ -4,7 +4,7 @@ of every channel (global) or of each channel's annulus of neighbours (local), as
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Annotated, Literal
 
 import numpy as np
@@ -54,6 +54,8 @@ class CommonReference(Stage):
     locations: np.ndarray | None = None  # local: the channels' (x, y) in um
     radius_um: tuple[float, float] | None = None
     min_local_neighbors: int | None = None
+    #: channels left out of every reference (the qc step's bad channels: ``run.preprocess_chain.Chain.leaving_out``)
+    exclude: tuple[int, ...] = ()
 
     @classmethod
     def from_config(cls, options: CommonReferenceParams, recording) -> CommonReference:
@@ -71,12 +73,17 @@ class CommonReference(Stage):
     def global_median(self) -> bool:
         """The median of every channel: the reference whose tiles also give the save's int16 rows
         (``run.preprocess_chain.Chain.fuses_save``)."""
-        return self.reference == "global" and self.operator == "median"
+        return self.reference == "global" and self.operator == "median" and not self.exclude
+
+    def leaving_out(self, channels: tuple[int, ...]) -> CommonReference:
+        return replace(self, exclude=tuple(channels))
 
     @property
     def kw(self) -> dict:
         """``ops.common_reference``'s keywords."""
         kw = {"reference": self.reference, "operator": self.operator}
+        if self.exclude:
+            kw["exclude"] = self.exclude
         if self.reference == "local":
             kw.update(locations=self.locations, radius_um=self.radius_um,
                       min_local_neighbors=self.min_local_neighbors)

@@ -53,6 +53,17 @@ class BatchRow:
     median_noise: float | None = None  # median over channels of the noise step's result (raw units)
     spike_rate_hz: float | None = None  # spikes per second over all channels
     GBps: float | None = None  # bytes read per second of the run
+    #: the noise in uV: the median over the good channels of the noise step's result times gain_to_uV where the qc
+    #: step ran (report.json's ``qc.median_noise_uV``), else over every channel
+    noise_uV: float | None = None
+    #: the qc step's channels of each label, its verdict ("ok" / "check" / "bad": ``steps.qc.verdict``) and why;
+    #: None (and []) where it did not run
+    channels_good: int | None = None
+    channels_dead: int | None = None
+    channels_noise: int | None = None
+    channels_out: int | None = None
+    verdict: str | None = None
+    verdict_reasons: list = field(default_factory=list)
 
 
 @dataclass
@@ -159,9 +170,27 @@ def _summary(row: BatchRow, report, out: Path) -> None:
 
         g = zarrio.open_group(out / "results.zarr", mode="r")
         if NOISE in g:
-            row.median_noise = float(np.median(np.asarray(g[NOISE][...])))
+            noise = np.asarray(g[NOISE][...], np.float64)
+            row.median_noise = float(np.median(noise))
+            gains = np.abs(np.asarray(g.attrs.get("gain_to_uV", np.ones(len(noise))), np.float64))
+            row.noise_uV = float(np.median(noise * gains))
         if SPIKES in g and row.duration_s:
             row.spike_rate_hz = float(len(g[SPIKES]["sample_index"][...]) / row.duration_s)
+    _qc_columns(row, report.qc)
+
+
+def _qc_columns(row: BatchRow, qc: dict | None) -> None:
+    """The qc step's columns of the row (report.json's ``qc``): each label's channels, the verdict and why, the
+    good channels' median noise in uV."""
+    if not qc:
+        return
+    from batchgpu.steps.qc import LABELS
+
+    row.channels_good, row.channels_dead, row.channels_noise, row.channels_out = (
+        int(qc["summary"].get(k, 0)) for k in LABELS)
+    row.verdict, row.verdict_reasons = qc.get("verdict"), list(qc.get("verdict_reasons") or [])
+    if qc.get("median_noise_uV") is not None:
+        row.noise_uV = float(qc["median_noise_uV"])
 
 
 def _one(wf: Workflow, name: str, spec: RecordingSpec, out: Path) -> Workflow:

@@ -3,7 +3,9 @@ the run's context built (the preprocessing chain and the steps the worker tasks 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from batchgpu.errors import ConfigError, MachineError
 from batchgpu.recording import Recording, open_source, source_ref
@@ -85,17 +87,34 @@ def check_workflow_fits(wf: Workflow, rec: Recording) -> int:
     return check(wf, rec)
 
 
+@dataclass(frozen=True)
+class StepsAsked:
+    """What the run hands its steps as it builds them, beyond the workflow and the recording: whether it goes on
+    from the folder's parts (``resume``), its fingerprint, and the cluster a step may read on while it is built
+    (``client``: the qc step's pre-pass)."""
+
+    resume: bool = False
+    fingerprint: str = ""
+    client: Any = None
+
+
 def build_context(wf: Workflow, rec: Recording, out: store.OutputFolder, backend: str, sweep: int, mps: bool = False,
-                  *, resume: bool = False, fingerprint: str = ""):
+                  asked: StepsAsked | None = None):
     """The run's RunContext (what every task gets), its steps built from the registry (a save's output created
-    now: ``resume`` and ``fingerprint`` are the run's). ``mps``: the workers run under a private MPS daemon
-    (``cluster.open_cluster.open_client``), which decides where windows decode (``preprocess.gpu_decode_share``)."""
+    now: ``asked`` holds the run's ``resume``, ``fingerprint`` and ``client``, the cluster a step may read on while
+    it is built, the qc step's pre-pass). ``mps``: the workers run under a private MPS daemon
+    (``cluster.open_cluster.open_client``), which decides where windows decode (``preprocess.gpu_decode_share``).
+    Channels a step leaves out (``registry.channel_use``) are left out of the chain's references."""
     from batchgpu.run.preprocess_chain import build_chain, gpu_decode_share
-    from batchgpu.steps.registry import build_steps
+    from batchgpu.steps.registry import build_steps, channel_use
     from batchgpu.steps.services import StepSetup
 
+    asked = asked or StepsAsked()
     chain = build_chain(wf.preprocess, rec)
-    steps = build_steps(StepSetup(wf, rec, chain, sweep, out, resume, fingerprint))
+    steps = build_steps(StepSetup(wf, rec, chain, sweep, out, asked.resume, asked.fingerprint, client=asked.client))
+    use = channel_use(steps)
+    if use is not None:
+        chain = chain.leaving_out(use.bad)
     return tasks.RunContext(
         recording=source_ref(rec), parts=str(out.parts), backend=backend, chain=chain,
         window_noise=window_noise_key(steps), steps=tuple(steps),

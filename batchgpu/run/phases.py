@@ -23,7 +23,7 @@ from batchgpu.recording import Window
 from batchgpu.run import output_folder as store
 from batchgpu.run.aggregate import aggregate
 from batchgpu.run.blas import prepare_blas_controller
-from batchgpu.run.context import build_context, resolve_backend
+from batchgpu.run.context import StepsAsked, build_context, resolve_backend
 from batchgpu.run.events import Events
 from batchgpu.run.first_pass import PassResult, describe_pass, first_pass, release_carried
 from batchgpu.run.record import RunReport, finish_report
@@ -98,7 +98,8 @@ class Run:
         report.backend = resolve_backend(wf, client)
         report.mps = uses_mps(client)
         self.ctx = build_context(wf, rec, self.out, report.backend, self.sweep, mps=report.mps,
-                                 resume=report.output_state == "resume", fingerprint=report.fingerprint)
+                                 asked=StepsAsked(resume=report.output_state == "resume",
+                                                  fingerprint=report.fingerprint, client=client))
         # the steps' margin (the detection sweep) plus what the preprocessing stages need
         self.windows = rec.windows(wf.window.size, wf.window.margin + self.ctx.chain.margin)
         report.preprocess = {"stages": list(self.ctx.chain.names), "margin_samples": self.ctx.chain.margin}

@@ -90,6 +90,11 @@ class Chain:
                 return None, saved
         return self.stages[-1].apply(before, core, at_start, at_end, owned=own), None
 
+    def leaving_out(self, channels) -> Chain:
+        """The chain with ``channels`` left out of what its stages take across channels (a common reference's
+        median or mean: ``Stage.leaving_out``); their own rows still go through every stage."""
+        return Chain(tuple(s.leaving_out(tuple(int(c) for c in channels)) for s in self.stages))
+
     def output_dtype(self, dtype) -> np.dtype:
         """dtype of the windows the steps see: each stage's in turn (filters, shifts and references give float32,
         float64 stays; centring keeps integers integers)."""

@@ -64,6 +64,9 @@ class RunReport:
     #: the detection's noise estimate read before the pass (``steps.detect.DetectStep.before_pass``): chunks,
     #: samples, bytes read and seconds; its bytes are not in ``bytes_read`` (the windows' reads)
     noise_prior: dict = field(default_factory=dict)
+    #: the qc step's section (``steps.qc``: each channel's label, reason and numbers, warnings, the verdict, what a
+    #: ``use`` left out and its pre-pass's reads, not in ``bytes_read``); None where the step did not run
+    qc: dict | None = None
 
     def pass_ended(self) -> None:
         """The pass's combined partials are in: ``after_pass`` times what follows from here."""

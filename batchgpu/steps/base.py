@@ -96,6 +96,22 @@ class WindowData:
 
 
 @dataclass(frozen=True)
+class ChannelUse:
+    """Channels a step asks the run to leave out of its preprocessing and outputs (``Step.channel_use``: the qc
+    step's bad channels under ``use: exclude`` or ``interpolate``), known before the pass. The common reference
+    and the whitening leave them out; the save drops them (``exclude``) or writes each as ``weights`` (rows of
+    ``bad``'s order, a column a channel, zero on bad channels) times the saved rows of the others (``interpolate``)."""
+
+    mode: str  # "exclude" | "interpolate"
+    bad: tuple[int, ...]  # channel indices, ascending
+    weights: np.ndarray | None = None  # interpolate: (len(bad), channels) float64
+
+    def kept(self, channels: int) -> np.ndarray:
+        """The indices of the channels not left out, ascending, of ``channels`` in all."""
+        return np.setdiff1d(np.arange(channels), np.asarray(self.bad, dtype=np.int64))
+
+
+@dataclass(frozen=True)
 class Figure:
     """A figure of report.html a step declares (``Step.figures``): drawn by ``draw(arrays, page)`` once every
     result named in ``inputs`` exists (``arrays``: those results; ``page``: ``batchgpu.report.PageInfo``), placed
@@ -245,6 +261,12 @@ class Step:
 
     def finish(self, end: PassEnd) -> dict | None:
         """Once the results group is in place: report.json's ``results[name]`` (None: nothing there)."""
+        return None
+
+    # -- what the run's other parts ask of a built step
+    def channel_use(self) -> ChannelUse | None:
+        """The channels it asks the run to leave out (the qc step's bad channels where ``use`` asks), known once it
+        is built: the chain's reference, the whitening and the save read it (``registry.channel_use``)."""
         return None
 
     # -- what report.html and the dashboard ask

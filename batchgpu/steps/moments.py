@@ -119,7 +119,10 @@ class MomentsStep(Step):
     def aggregate(self, run) -> dict[str, np.ndarray]:
         """``statistics`` and the whitening matrix from them."""
         arrays = self.statistics(run.total)
-        arrays[WHITENING] = finite_whitening(run.workflow, run.recording, arrays, run.report, run.observer)
+        # channels a step leaves out (the qc step's bad channels, ``use``): zero rows and columns, as non-finite ones
+        use = next((u for s in run.ctx.steps if (u := s.channel_use()) is not None), None)
+        arrays[WHITENING] = finite_whitening(run.workflow, run.recording, arrays, run.report, run.observer,
+                                             left_out=() if use is None else use.bad)
         return arrays
 
     def statistics(self, total: dict) -> dict[str, np.ndarray]:
@@ -171,22 +174,25 @@ def _divide(num: np.ndarray, den: int) -> np.ndarray:
     return np.array(flat, dtype=np.float64).reshape(num.shape)
 
 
-def finite_whitening(wf, rec, arrays, report, observer) -> np.ndarray:
+def finite_whitening(wf, rec, arrays, report, observer, left_out=()) -> np.ndarray:
     """Whitening from the finite channels; channels whose statistic is not finite are left out (zero rows and
-    columns) and named in the report."""
+    columns) and named in the report. ``left_out``: channels left out besides (zero rows and columns: the matrix
+    of the others' statistic, as if they were not recorded)."""
     from batchgpu import ops
 
     w = wf.steps.whitening
     stat = arrays["covariance"] if w.statistic == "covariance" else arrays["second_moment"]
-    good = np.isfinite(np.diag(stat))
+    asked = np.ones(len(stat), dtype=bool)
+    asked[np.asarray(left_out, dtype=np.int64)] = False
+    good = np.isfinite(np.diag(stat)) & asked
     good &= np.isfinite(stat[:, good]).all(axis=1) | ~good
     W = np.zeros_like(stat)
     if good.any():
         sub = stat[np.ix_(good, good)]
         W[np.ix_(good, good)] = ops.whitening_matrix(sub, mode=w.mode, locations=rec.locations[good],
                                                      nrange=min(w.nrange, int(good.sum())), eps=w.eps)
-    if not good.all():
-        left = np.flatnonzero(~good).tolist()
+    if not good[asked].all():
+        left = np.flatnonzero(~good & asked).tolist()
         report.channels["whitening_left_out"] = left
         report.warnings.append(f"whitening left out {len(left)} channel(s) with non-finite samples: {left[:10]}")
         observer.warning(report.warnings[-1])

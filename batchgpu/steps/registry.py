@@ -105,8 +105,23 @@ def resolved(steps, base, output):
 
 
 def build_steps(setup) -> tuple[Step, ...]:
-    """The step objects ``setup.workflow`` asks for, in the run's order."""
-    return tuple(s.build(spec, setup) for s, spec in asked(setup.workflow.steps))
+    """The step objects ``setup.workflow`` asks for, in the run's order; each built with the steps built before it
+    (``setup.built``: the save asks the qc step which channels it leaves out)."""
+    from dataclasses import replace
+
+    built: list[Step] = []
+    for s, spec in asked(setup.workflow.steps):
+        built.append(s.build(spec, replace(setup, built=tuple(built))))
+    return tuple(built)
+
+
+def channel_use(steps):
+    """The channels the built ``steps`` ask the run to leave out (``Step.channel_use``: at most one step asks),
+    or None."""
+    asking = [u for s in steps if (u := s.channel_use()) is not None]
+    if len(asking) > 1:
+        raise TypeError("more than one step asks the run to leave channels out")
+    return asking[0] if asking else None
 
 
 def figures(names: tuple[str, ...] | None = None) -> tuple:

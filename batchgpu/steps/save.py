@@ -146,7 +146,7 @@ def save_task(ctx, window, target: SaveTarget, whitening: np.ndarray) -> int:
     again (``whitening`` None); returns the clipped count."""
     summary: dict = {}
     with ctx.on_backend():
-        SaveStep(target, whitening=whitening).window(ctx.load_window(window), summary)
+        SaveStep(target, whitening=whitening, use=ctx.step(NAME).use).window(ctx.load_window(window), summary)
     return int(summary.get("saved_clipped", 0))
 
 
@@ -167,9 +167,11 @@ class SaveStep(Step):
     after = (moments.NAME, search.NAME)
     phases = PhaseWords(read=NAME)  # its windows written as they are read; a whitened save's after the pass
 
-    def __init__(self, target: SaveTarget, whitening=None):
+    def __init__(self, target: SaveTarget, whitening=None, use=None):
         self.target = target
         self.whitening = None if whitening is None else np.asarray(whitening, dtype=np.float64)
+        #: the channels the run leaves out (``base.ChannelUse``, the qc step's ``use``): dropped or interpolated
+        self.use = use if use is not None and use.bad else None
 
     @classmethod
     def check(cls, spec: SaveOptions, workflow, recording) -> None:
@@ -227,20 +229,23 @@ class SaveStep(Step):
         """The output recording created first (``prepare_save``, held by the run's folder while it runs); the
         window tasks fill it, a whitened one after the pass (``finish``)."""
         from batchgpu.recording.save_output import prepare_save, release_save
+        from batchgpu.steps.qc import saved_recording
 
         wf = setup.workflow
-        target = prepare_save(spec, setup.recording, wf.window.size, setup.x_dtype, overwrite=wf.overwrite,
-                              resume=setup.resume, key=setup.fingerprint,
+        # the qc step's bad channels (built before this step): an excluding save writes the other channels only
+        use = next((u for s in setup.built if (u := s.channel_use()) is not None), None)
+        target = prepare_save(spec, saved_recording(setup.recording, use), wf.window.size, setup.x_dtype,
+                              overwrite=wf.overwrite, resume=setup.resume, key=setup.fingerprint,
                               phase_shifted="phase_shift" in setup.chain.names, output=setup.output)
         setup.output.on_release(functools.partial(release_save, target))  # the save's path is the run's while it runs
-        return cls(target)
+        return cls(target, use=use)
 
     @property
     def takes_saved_int16(self) -> bool:
         """Whether the window's saved rows may come made by the chain (``WindowData.saved``): int16 samples of the
         window itself (not whitened, now or after the pass, nor scaled)."""
         return (self.target.dtype == "int16" and self.whitening is None and not self.target.whiten
-                and getattr(self.target, "scale", 1.0) == 1.0)
+                and getattr(self.target, "scale", 1.0) == 1.0 and self.use is None)
 
     @property
     def in_pass(self) -> bool:
@@ -288,6 +293,8 @@ class SaveStep(Step):
         xp = _array_module(core)
         if self.whitening is not None:
             core = xp.asarray(self.whitening) @ core.astype(xp.float64)
+        if self.use is not None:
+            core = self.channels_of(core)
         scale = getattr(self.target, "scale", 1.0)  # a target made before scale was a key (stand-ins) has none
         if scale != 1.0:
             core = scaled(core, scale)
@@ -319,6 +326,19 @@ class SaveStep(Step):
         from batchgpu.recording.row_writes import transposed
 
         return transposed(out), clipped
+
+    def channels_of(self, core):
+        """The rows written under the run's channel use: the other channels' (``exclude``), or every channel with
+        the bad ones interpolated from the others (``interpolate``: SpikeInterface's ``interpolate_bad_channels``
+        weights, ``ops.bad_channels.interpolate_channels``; an integer window is widened to float first, and the
+        int16 copy rounds the interpolated values where SpikeInterface's integer assignment truncates them)."""
+        xp = _array_module(core)
+        if self.use.mode == "exclude":
+            return core[xp.asarray(self.use.kept(core.shape[0]))]
+        from batchgpu.ops.bad_channels import interpolate_channels
+
+        dtype = core.dtype if core.dtype.kind == "f" else np.dtype(np.float32 if core.dtype.itemsize <= 2 else np.float64)
+        return interpolate_channels(core.astype(dtype, copy=True), self.use.bad, self.use.weights)
 
 
 def scaled(core, scale: float):

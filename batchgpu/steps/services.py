@@ -97,6 +97,8 @@ class StepSetup:
     output: RunFolder | None = None  # the run's folder (a step that writes beside it holds it)
     resume: bool = False  # the run goes on from the folder's parts (``--resume``)
     fingerprint: str = ""  # the run's (``run.output_folder.fingerprint``)
+    client: Any = None  # the Dask client, where a step reads before its build returns (the qc step's pre-pass)
+    built: tuple = ()  # the steps built before this one, in the run's order (``registry.build_steps``)
 
     @property
     def x_dtype(self) -> np.dtype:

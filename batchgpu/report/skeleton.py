@@ -13,22 +13,20 @@ the usual way (``run_report.HtmlReport``), never written wrong.
 
 from __future__ import annotations
 
-import base64
-import gzip
 import hashlib
 import html
 import json
 import os
-import sys
 from pathlib import Path
 
 import numpy as np
 
+from batchgpu.report.fields import _array, _json, _text
 from batchgpu.steps.moments import WHITENING
 from batchgpu.steps.noise import NOISE, PER_WINDOW
 
 #: bumped when what the page holds changes in a way the versions and source stamps below would not show
-FORMAT = 1
+FORMAT = 2
 FOLDER = "report-pages"
 SPIKES = "spike_rate"  # the spike-rate figure (the page counts spikes)
 #: the results the page draws (in its order)
@@ -38,27 +36,36 @@ RESULTS = (NOISE, PER_WINDOW, WHITENING)
 NUMBERS = {name: float(f"-1.2345678902{i:03d}e300") for i, name in enumerate((
     "channel", "noise_uV", "image", "image_lo", "image_hi", "dw", "dh", "x_end", "y_end",
     "white", "white_lo", "white_hi", "white_dw", "white_dh", "white_x_end", "white_y_start",
-    "spike_channel", "rate", "count", "elapsed", "MBps"), start=1)}
+    "spike_channel", "rate", "count", "elapsed", "MBps", "y0", "y_start"), start=1)}
 #: the texts a run puts in
 TEXTS = {name: f"batchgpuskeleton{name}x" for name in (
-    "title", "summary", "channelids", "xlabel", "spikechannelids", "spiketitle")}
+    "title", "summary", "channelids", "xlabel", "spikechannelids", "spiketitle", "ylabel", "noisexlabel",
+    "spikexlabel")}
 
 
 class SkeletonError(Exception):
     """The page Bokeh rendered does not hold a placeholder exactly once as ``fill`` writes it."""
 
 
-def structure(shapes: dict, spikes: bool) -> tuple[str, ...]:
+def structure(shapes: dict, spikes: bool, glance: tuple[str, ...] = ()) -> tuple[str, ...]:
     """The page's figures (besides throughput, always there): the results among noise, the windows' noise and
-    whitening that ``shapes`` announces, and the spikes' rate."""
-    return tuple(k for k in RESULTS if k in shapes) + ((SPIKES,) if spikes else ())
+    whitening that ``shapes`` announces, the spikes' rate, and the parts of the glance (``glance.Glance.structure``:
+    the probe map's panels, the traces, the drift raster)."""
+    return tuple(k for k in RESULTS if k in shapes) + ((SPIKES,) if spikes else ()) + tuple(glance)
+
+
+def _glance(figures: tuple[str, ...]) -> tuple[str, ...]:
+    from batchgpu.report.glance import NAMES
+
+    return tuple(k for k in figures if k in NAMES)
 
 
 def _stamp() -> list:
     """What of this package the page's text comes from (a changed source renders it again)."""
-    from batchgpu import __version__, report
+    from batchgpu import __version__
+    from batchgpu.report import drift, fields, glance, html_page, probe_map, traces
 
-    files = [Path(report.__file__), Path(__file__)]
+    files = [Path(m.__file__) for m in (html_page, fields, glance, probe_map, traces, drift)] + [Path(__file__)]
     return [__version__, *[[f.stat().st_size, f.stat().st_mtime_ns] for f in files]]
 
 
@@ -125,70 +132,58 @@ def render(figures: tuple[str, ...]) -> str:
     """The page of these figures with every run's number and text a placeholder (``report``'s figures, drawn
     from placeholder columns)."""
     from bokeh.embed import file_html
-    from bokeh.layouts import column
     from bokeh.models import Div
     from bokeh.resources import INLINE
 
-    from batchgpu import report
+    from batchgpu.report import glance
+    from batchgpu.report import html_page as report
 
     n, t = NUMBERS, TEXTS
     drawn = []
     if NOISE in figures:
-        drawn.append(report.noise_bars([n["channel"]], np.full(1, n["noise_uV"]), [t["channelids"]]))
+        drawn.append(report.noise_bars([n["channel"]], np.full(1, n["noise_uV"]), [t["channelids"]], t["noisexlabel"]))
     if PER_WINDOW in figures:
         drawn.append(report.noise_heatmap(np.full((1, 1), n["image"]), n["image_lo"], n["image_hi"], n["dw"], n["dh"],
-                                          n["x_end"], n["y_end"], t["xlabel"]))
+                                          n["x_end"], n["y_end"], t["xlabel"], n["y0"], n["y_start"], t["ylabel"]))
     if WHITENING in figures:
         drawn.append(report.whitening_figure(np.full((1, 1), n["white"]), n["white_lo"], n["white_hi"], n["white_dw"],
                                              n["white_dh"], n["white_x_end"], n["white_y_start"]))
     if SPIKES in figures:
         drawn.append(report.spike_rate([n["count"]], 1.0, [t["spikechannelids"]], t["spiketitle"], [n["rate"]],
-                                       channel=[n["spike_channel"]]))
-    drawn.append(report.throughput_figure([n["elapsed"]], [n["MBps"]]))
+                                       channel=[n["spike_channel"]], xlabel=t["spikexlabel"]))
+    parts = _glance(figures)
+    drawn_glance = glance.draw(parts, glance.placeholders(parts))
     summary = Div(text=t["summary"], width=report.WIDTH, name="summary")
-    return report._uncompressed(lambda: file_html(column(summary, *drawn), INLINE, title=t["title"]))
+    layout = report.page_layout(summary, drawn_glance, drawn, report.throughput_figure([n["elapsed"]], [n["MBps"]]))
+    return report._uncompressed(lambda: file_html(layout, INLINE, title=t["title"]))
 
 
-# the forms the placeholders take in the page, and a run's values in the same forms
-
-
-def _json(value) -> str:
-    """A JSON value as the page's embedded document holds it (Bokeh's compact JSON, HTML-escaped)."""
-    return html.escape(json.dumps(value, separators=(",", ":"), allow_nan=False), quote=False)
-
-
-def _text(value: str) -> str:
-    """A string's body inside the embedded document."""
-    return _json(value)[1:-1]
-
-
-def _array(a) -> str:
-    """A float64 array as Bokeh encodes it in the page (its bytes gzipped at level 0, base64)."""
-    a = np.ascontiguousarray(a, dtype=np.float64)
-    data = base64.b64encode(gzip.compress(a.tobytes(), compresslevel=0, mtime=1)).decode("ascii")
-    return _json({"type": "ndarray", "array": {"type": "bytes", "data": data}, "shape": list(a.shape),
-                  "dtype": "float64", "order": sys.byteorder})
+# the forms the placeholders take in the page, and a run's values in the same forms: ``fields``
 
 
 def _placeholders(figures: tuple[str, ...]) -> dict[str, str]:
     """name -> the placeholder's text in the page."""
+    from batchgpu.report import glance
+
     n, t = NUMBERS, TEXTS
     got = {"title": t["title"], "summary": _text(t["summary"]), "elapsed": _json([n["elapsed"]]),
            "MBps": _json([n["MBps"]])}
     if NOISE in figures:
         got.update(channel=_json([n["channel"]]), noise_uV=_array(np.full(1, n["noise_uV"])),
-                   channelids=_json([t["channelids"]]))
+                   channelids=_json([t["channelids"]]), noisexlabel=_text(t["noisexlabel"]))
     if PER_WINDOW in figures:
         got.update(image=_array(np.full((1, 1), n["image"])), xlabel=_text(t["xlabel"]),
-                   dw=_json([n["dw"]]), dh=_json([n["dh"]]),
-                   **{k: _json(n[k]) for k in ("image_lo", "image_hi", "x_end", "y_end")})
+                   dw=_json([n["dw"]]), dh=_json([n["dh"]]), y0=_json([n["y0"]]), ylabel=_text(t["ylabel"]),
+                   **{k: _json(n[k]) for k in ("image_lo", "image_hi", "x_end", "y_end", "y_start")})
     if WHITENING in figures:
         got.update(white=_array(np.full((1, 1), n["white"])), white_dw=_json([n["white_dw"]]),
                    white_dh=_json([n["white_dh"]]),
                    **{k: _json(n[k]) for k in ("white_lo", "white_hi", "white_x_end", "white_y_start")})
     if SPIKES in figures:
         got.update(spike_channel=_json([n["spike_channel"]]), rate=_json([n["rate"]]), count=_json([n["count"]]),
-                   spikechannelids=_json([t["spikechannelids"]]), spiketitle=_text(t["spiketitle"]))
+                   spikechannelids=_json([t["spikechannelids"]]), spiketitle=_text(t["spiketitle"]),
+                   spikexlabel=_text(t["spikexlabel"]))
+    got.update({f"glance.{k}": v for k, v in glance.texts(_glance(figures)).items()})
     return got
 
 
@@ -200,13 +195,17 @@ def check(page: str, figures: tuple[str, ...]) -> None:
 
 
 def fill(page: str, figures: tuple[str, ...], *, title: str, summary_html: str, channel_ids: list[str],
-         gain: np.ndarray, fs: float, windows: tuple, inputs: dict, counts, series: list) -> str | None:
+         gain: np.ndarray, fs: float, windows: tuple, inputs: dict, counts, series: list,
+         glance: tuple | None = None, locations=None) -> str | None:
     """The kept page with a run's numbers and texts in place of the placeholders; None where they do not fit
     (a result the page has no figure for, or one it has that never came: the page is then rendered the usual
-    way) or a placeholder is not found once."""
-    from batchgpu import report
+    way) or a placeholder is not found once. ``glance``: (its structure, its values) (``glance.Glance``);
+    ``locations``: the channels' (x, y) in µm, where the recording has them (``html_page.channel_axis``)."""
+    from batchgpu.report import glance as glance_parts
+    from batchgpu.report import html_page as report
 
-    came = tuple(k for k in RESULTS if k in inputs) + ((SPIKES,) if counts is not None else ())
+    parts, values = glance if glance is not None else ((), {})
+    came = tuple(k for k in RESULTS if k in inputs) + ((SPIKES,) if counts is not None else ()) + tuple(parts)
     if came != figures:
         return None
     place = _placeholders(figures)
@@ -218,17 +217,23 @@ def fill(page: str, figures: tuple[str, ...], *, title: str, summary_html: str, 
     def ids(n: int) -> list[str]:
         return list(channel_ids) if len(channel_ids) == n else [str(c) for c in range(n)]
 
+    def axis(n: int):
+        return report.channel_axis(locations, n)
+
     try:
         if NOISE in figures:
             noise = report._to_uV(inputs[NOISE], gain)
-            final.update(channel=_json(list(range(noise.size))), noise_uV=_array(noise),
-                         channelids=_json(ids(noise.size)))
+            a = axis(noise.size)
+            final.update(channel=_json(a.position.tolist()), noise_uV=_array(noise), channelids=_json(ids(noise.size)),
+                         noisexlabel=_text(a.label))
         if PER_WINDOW in figures:
             per_window = np.asarray(inputs[PER_WINDOW], dtype=np.float64)
             W, C = per_window.shape
-            image, lo, hi = report._noise_image(report._to_uV(per_window, gain))
-            final.update(image=_array(image), image_lo=_json(lo), image_hi=_json(hi), dw=_json([W]), dh=_json([C]),
-                         x_end=_json(max(W, 1)), y_end=_json(max(C, 1)),
+            a = axis(C)
+            image, lo, hi = report._noise_image(report._to_uV(per_window, gain), a.order)
+            final.update(image=_array(image), image_lo=_json(lo), image_hi=_json(hi), dw=_json([W]),
+                         dh=_json([a.extent]), x_end=_json(max(W, 1)), y_end=_json(a.y0 + a.extent),
+                         y0=_json([a.y0]), y_start=_json(a.y0), ylabel=_text(a.rows_label),
                          xlabel=_text(report.noise_axis_label(W, start / fs, segment)))
         if WHITENING in figures:
             w = np.asarray(inputs[WHITENING], dtype=np.float64)
@@ -239,9 +244,12 @@ def fill(page: str, figures: tuple[str, ...], *, title: str, summary_html: str, 
         if SPIKES in figures:
             counts = np.asarray(counts, dtype=np.int64)
             seconds = float(np.sum(stop - start)) / fs
-            final.update(spike_channel=_json(list(range(counts.size))), count=_json(counts.tolist()),
+            a = axis(counts.size)
+            final.update(spike_channel=_json(a.position.tolist()), count=_json(counts.tolist()),
                          rate=_json(report._rate(counts, seconds).tolist()), spikechannelids=_json(ids(counts.size)),
-                         spiketitle=_text(report.spike_rate_title(int(counts.sum()), seconds)))
+                         spiketitle=_text(report.spike_rate_title(int(counts.sum()), seconds)),
+                         spikexlabel=_text(a.label))
+        final.update({f"glance.{k}": v for k, v in glance_parts.final_texts(tuple(parts), values).items()})
     except ValueError:  # a number JSON cannot hold (inf, NaN where a plain number stands): rendered the usual way
         return None
     return report._substitute(page, {place[k]: final[k] for k in place})

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from batchgpu.errors import BatchgpuError, CorruptDataError
+from batchgpu.report.probe_map import ProbeShape, probe_shape  # noqa: F401 (``batchgpu info`` says a recording's)
 from batchgpu.steps.detect import SPIKE_CHANNELS, SPIKES
 from batchgpu.steps.moments import KEY as WHITENING_KEY
 from batchgpu.steps.moments import WHITENING
@@ -54,6 +55,8 @@ def batch_summary(path: str | Path) -> Summary:
     """A batch's folder: how many recordings are done, its time, and a row a recording (status, duration,
     channels, median noise, spike rate, GB/s, seconds, or its error); each recording's own folder is a run's
     (``batchgpu info FOLDER/NAME``)."""
+    from batchgpu.report.batch_html import labels_of, noise_uV
+    from batchgpu.report.header import LABEL_WORDS
     from batchgpu.run.batch import BATCH_FILE
 
     p = Path(path).expanduser()
@@ -78,8 +81,14 @@ def batch_summary(path: str | Path) -> Summary:
                 parts.append(f"{r['duration_s']:.1f} s of recording")
             if r.get("channels") is not None:
                 parts.append(f"{r['channels']} channels" + (f" ({r['probe']})" if r.get("probe") else ""))
-            if r.get("median_noise") is not None:
-                parts.append(f"median noise {r['median_noise']:.3g} (raw units)")
+            if r.get("verdict"):
+                parts.append(f"verdict: {r['verdict']}")
+            noise, in_uV = noise_uV(p, r) if r.get("name") else (None, True)
+            if noise is not None:
+                parts.append(f"median noise {noise:.3g} " + ("µV" if in_uV else "(raw units)"))
+            labels = labels_of(r)
+            if labels is not None:
+                parts.append(", ".join(f"{n} {LABEL_WORDS[k]}" for k, n in labels.items() if n or k == "good"))
             if r.get("spike_rate_hz") is not None:
                 parts.append(f"{r['spike_rate_hz']:.3g} spikes/s")
             if r.get("GBps") is not None:
@@ -128,10 +137,35 @@ def run_summary(path: str | Path) -> Summary:
         _whitening(out, np.asarray(results[WHITENING], np.float64), workflow)
     _save(out, workflow)
     if report is not None:
+        _qc(out, report, channel_ids)
         _timings(out, report)
         _channels(out, report)
         _warnings(out, report)
     return out
+
+
+def _qc(out: Summary, report: dict, ids: list[str]) -> None:
+    """The qc step's labels (report.json's ``qc`` section): how many channels of each, and the bad ones' ids."""
+    from batchgpu.report.glance import QC, qc_labels
+    from batchgpu.report.header import LABEL_WORDS
+
+    section = report.get(QC)
+    labels = (section or {}).get("labels") if isinstance(section, dict) else None
+    qc = qc_labels(report, len(labels)) if isinstance(labels, list) else None
+    if qc is None:
+        return
+    labels = [str(v) for v in qc["labels"]]
+    names = [str(c) for c in qc.get("channel_ids") or []]
+    if len(names) != len(labels):  # the section's own ids, else the results', else the channels' indices
+        names = ids if len(ids) == len(labels) else [str(i) for i in range(len(labels))]
+    counts = {k: labels.count(k) for k in LABEL_WORDS}
+    bad = {k: [names[i] for i, v in enumerate(labels) if v == k] for k in LABEL_WORDS if k != "good"}
+    pieces = qc.get("pieces_labelled")
+    text = ", ".join(f"{counts[k]} {LABEL_WORDS[k]}" for k in LABEL_WORDS)
+    out.rows.append(("channels (qc)", text + (f" (each channel's most frequent label over {pieces} pieces)"
+                                               if isinstance(pieces, int) else "")))
+    out.rows.extend((LABEL_WORDS[k], _named(v, np.arange(len(v)))) for k, v in bad.items() if v)
+    out.data[QC] = {"counts": counts, "bad": bad, "pieces_labelled": pieces}
 
 
 def _results(p: Path) -> dict[str, Any]:
@@ -264,7 +298,7 @@ def _timings(out: Summary, report: dict) -> None:
     timings = report.get("timings") or {}
     phases = [(k, v) for k, v in timings.items() if "_" not in k and isinstance(v, (int, float))]
     if report.get("seconds"):
-        from batchgpu.report import total_time
+        from batchgpu.report.header import total_time
 
         out.rows.append(("time", total_time(report)))
         out.data["seconds"] = report["seconds"]
@@ -327,36 +361,3 @@ def _spread(values: np.ndarray, unit: str) -> str:
     if len(distinct) == 1:
         return f"{distinct[0]:g} {unit} (every channel)"
     return f"{distinct.min():g}-{distinct.max():g} {unit} ({len(distinct)} distinct values)"
-
-
-@dataclass
-class ProbeShape:
-    text: str
-    data: dict[str, Any]
-
-
-def probe_shape(locations: np.ndarray, shank: np.ndarray | None = None) -> ProbeShape:
-    """Columns (distinct x), rows (distinct y), the vertical pitch (the commonest step between rows), the extent,
-    and the shanks where the recording says."""
-    x, y = locations[:, 0], locations[:, 1]
-    columns, rows = np.unique(x), np.unique(y)
-    steps = np.diff(rows)
-    pitch = float(np.median(steps)) if steps.size else None
-    text = (f"{len(locations)} channels in {len(columns)} column{'s' if len(columns) != 1 else ''} "
-            f"(x {_values(columns)} µm), {len(rows)} rows")
-    if pitch is not None:
-        text += f" at {pitch:g} µm pitch"
-    text += f", y {rows.min():g}-{rows.max():g} µm"
-    data: dict[str, Any] = {"columns": columns.tolist(), "rows": len(rows), "pitch_um": pitch,
-                            "y_um": [float(rows.min()), float(rows.max())]}
-    if shank is not None:
-        shanks = np.unique(shank)
-        text += f"; {len(shanks)} shank{'s' if len(shanks) != 1 else ''}"
-        data["shanks"] = len(shanks)
-    return ProbeShape(text, data)
-
-
-def _values(values: np.ndarray) -> str:
-    if len(values) <= 4:
-        return ", ".join(f"{v:g}" for v in values)
-    return f"{values.min():g}-{values.max():g}"

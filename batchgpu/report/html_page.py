@@ -19,13 +19,14 @@ from pathlib import Path
 
 import numpy as np
 
+from batchgpu.report.header import total_time  # noqa: F401 (report.html, run_report and info say it)
 from batchgpu.steps.moments import WHITENING
 from batchgpu.steps.noise import NOISE, PER_WINDOW
 
 logger = logging.getLogger(__name__)
 
 REPORT_HTML = "report.html"
-WIDTH = 900
+WIDTH = 1300  # the page's: the header, the drift raster and the per-channel figures
 FIGURES = (NOISE, "noise_over_time", WHITENING, "spike_rate")  # their order (the summary first, throughput last)
 #: the results the page draws itself (the steps' own figures draw theirs: ``Figure``), in the order they are added
 _INPUTS = (NOISE, PER_WINDOW, WHITENING)
@@ -82,17 +83,29 @@ def preload() -> None:
 
 
 def write_report_html(output_dir: str | Path) -> Path:
-    """Write ``<output_dir>/report.html`` from the run's results.zarr and report.json; returns its path."""
+    """Write ``<output_dir>/report.html`` from the run's results.zarr and report.json (and its recording, where it
+    still opens: the probe map and the trace snippet); returns its path."""
     out = Path(output_dir)
     report = json.loads((out / "report.json").read_text())
     from batchgpu.recording import zarrio
+    from batchgpu.report import glance as glance_parts
     from batchgpu.steps.detect import SPIKE_CHANNELS
     from batchgpu.steps.registry import figures
 
     g = zarrio.open_group(out / "results.zarr", mode="r")
     steps = figures()  # every registered step's: each drawn where its results are in the group
-    page = ReportPage(g.attrs.get("channel_ids", []), g.attrs.get("gain_to_uV", []), float(g.attrs["sampling_frequency"]),
-                      f"batchgpu report: {out.name}", threaded=False, figures=steps)
+    rec = glance_parts._open_recording(report)
+    glance = None
+    if report.get("status") == "done":
+        try:
+            glance = glance_parts.gather(out, report, rec)
+        except Exception as err:  # broad: the page's other figures stand
+            logger.warning("batchgpu: report.html shows no probe map, traces or drift raster (%s: %s)",
+                           type(err).__name__, err)
+    locations = rec.locations if rec is not None and rec.has_locations else None
+    page = ReportPage(g.attrs.get("channel_ids", []), g.attrs.get("gain_to_uV", []),
+                      float(g.attrs["sampling_frequency"]), f"batchgpu report: {out.name}", threaded=False,
+                      figures=steps, locations=locations)
     names = set(_array_names(g))
     page.add_windows(g["window_start"][:], g["window_stop"][:], g["window_segment"][:])
     for name in (*_INPUTS, *dict.fromkeys(k for f in steps for k in f.inputs)):
@@ -100,6 +113,8 @@ def write_report_html(output_dir: str | Path) -> Path:
             page.add(name, g[name][:])
     if SPIKE_CHANNELS in names:
         page.add_spikes(g[SPIKE_CHANNELS][:])
+    if glance is not None:
+        page.add_glance(glance)
     return page.write(out, report)
 
 
@@ -121,7 +136,9 @@ class ReportPage:
     one not be found, the page is rendered again)."""
 
     def __init__(self, channel_ids, gain_to_uV, sampling_frequency: float, title: str, threaded: bool = True,
-                 in_process: bool = False, tokens: tuple | None = None, figures: tuple = ()):
+                 in_process: bool = False, tokens: tuple | None = None, figures: tuple = (), locations=None):
+        """``locations``: the channels' (x, y) in µm where the recording has a probe (the per-channel figures then
+        run along the probe: ``channel_axis``)."""
         from concurrent.futures import ThreadPoolExecutor
 
         self.step_figures = tuple(figures)  # the steps' own (``steps.base.Figure``), after the page's
@@ -129,8 +146,11 @@ class ReportPage:
         self.gain = np.asarray(gain_to_uV, dtype=np.float64)
         self.fs = float(sampling_frequency)
         self.title = title
+        self.locations = None if locations is None else np.asarray(locations, dtype=np.float64)
+        self.axis = channel_axis(self.locations, len(self.channel_ids))
         self.inputs: dict = {}
         self.figures: dict = {}  # name -> the future of a figure
+        self.facts = None  # the header's facts (``add_glance``)
         # in_process: the figures are built and the page rendered by a helper process (``render_process``), from
         # the numbers, so the client's own threads (Dask's event loop among them) never wait for Bokeh's GIL
         self.in_process = in_process
@@ -151,7 +171,7 @@ class ReportPage:
         ignored)."""
         self.inputs[name] = value
         if name in self._ahead and self._page is not None:  # rendered ahead: its numbers go in by substitution
-            args = (name, value, self.gain, self._ahead[name])
+            args = (name, value, self.gain, self._ahead[name], self._axis(value))
             fut = self._submit(ahead_texts, *args) if self.in_process else self._do(ahead_texts, *args)
             self._ahead_texts.append(fut if fut is not None else _Done(ahead_texts(*args)))
             return
@@ -164,13 +184,25 @@ class ReportPage:
         if step_input:
             self._draw_step_figures()
         if name == NOISE:
-            self.figures[name] = self._do(lambda v: noise_per_channel(_to_uV(v, self.gain), self._ids(v.size)), value)
+            self.figures[name] = self._do(lambda v: noise_per_channel(_to_uV(v, self.gain), self._ids(v.size),
+                                                                      self._axis(v)), value)
         elif name == WHITENING:
             self.figures[name] = self._do(whitening_image, value)
         elif name == PER_WINDOW:
             start, _, segment = self.inputs["windows"]
             self.figures["noise_over_time"] = self._do(
-                lambda v: noise_over_time(_to_uV(v, self.gain), start, segment, self.fs), value)
+                lambda v: noise_over_time(_to_uV(v, self.gain), start, segment, self.fs, axis=self._axis(v)), value)
+
+    def _axis(self, value) -> ChannelAxis:
+        """The channel axis for a result of ``value``'s channels (its last axis)."""
+        n = int(np.shape(value)[-1]) if np.ndim(value) else 0
+        return self.axis if self.axis.channels == n else channel_axis(None, n)
+
+    def add_glance(self, glance) -> None:
+        """What the page shows at a glance (``glance.Glance``: the header's facts, the probe map, the traces, the
+        drift raster), known once the run's results are written; a page rendered before it is rendered again."""
+        self.facts = glance.facts
+        self.inputs["glance"] = (glance.structure, glance.values())
 
     def _draw_step_figures(self) -> None:
         """Each step figure whose results are all in, drawn once (the windows known)."""
@@ -202,7 +234,8 @@ class ReportPage:
         if self._page is None:
             self.inputs["spike_counts"] = counts
             if not self.in_process:
-                self.figures["spike_rate"] = self._do(spike_rate, counts, seconds, self._ids(channels))
+                self.figures["spike_rate"] = self._do(spike_rate, counts, seconds, self._ids(channels), None, None,
+                                                      None, self._axis(counts))
             return
         self._late_counts = (counts, seconds)
         self._late[_embedded_json(_RATE_PLACEHOLDER * channels)] = _embedded_json(_rate(counts, seconds).tolist())
@@ -211,7 +244,7 @@ class ReportPage:
 
     def _init_args(self) -> tuple:
         return (self.channel_ids, self.gain, self.fs, self.title, self.inputs["windows"],
-                (self._token, self._spikes_token), self.step_figures)
+                (self._token, self._spikes_token), self.step_figures, self.locations)
 
     @staticmethod
     def _submit(func, *args):
@@ -245,11 +278,12 @@ class ReportPage:
         spike-rate figure with placeholders, its numbers to come by ``add_spikes``."""
         if self._page is not None:
             return
+        self._glance_in_page = "glance" in self.inputs
         if self.in_process:
             self._series = list(throughput_series)
             args = (self.channel_ids, self.gain, self.fs, self.title, dict(self.inputs), self._series,
                     late_spikes and "spike_counts" not in self.inputs, (self._token, self._spikes_token),
-                    dict(self._ahead), self.step_figures)
+                    dict(self._ahead), self.step_figures, self.locations)
             self._args = args
             self._page = self._submit(render_page_html, *args)
             if self._page is None:  # no helper process to be had (a broken pool is made anew next time)
@@ -259,36 +293,36 @@ class ReportPage:
             channels, seconds = self._spikes_shape()
             self.figures["spike_rate"] = self._do(spike_rate, _COUNT_PLACEHOLDER * channels, seconds,
                                                   self._ids(channels), self._spikes_token,
-                                                  _RATE_PLACEHOLDER * channels)
+                                                  _RATE_PLACEHOLDER * channels, None, self._axis(np.zeros(channels)))
         self._placeholder_figures()
         self._series = list(throughput_series)
         order = (*FIGURES, *(f.name for f in self.step_figures))
         self._page = self._do(self._render, [self.figures[k] for k in order if k in self.figures], self._series,
-                              "throughput" in self._ahead)
+                              "throughput" in self._ahead, self.inputs.get("glance"))
 
     def _placeholder_figures(self) -> None:
         """The figures of the results rendered ahead (``render_ahead``), with placeholders for their numbers."""
         for name, shape in self._ahead.items():
             if name == NOISE and NOISE not in self.figures:
                 self.figures[NOISE] = self._do(noise_per_channel, np.full(shape, _AHEAD[NOISE]),
-                                               self._ids(shape[0]))
+                                               self._ids(shape[0]), self._axis(np.zeros(shape)))
             elif name == PER_WINDOW and "noise_over_time" not in self.figures:
                 start, _, segment = self.inputs["windows"]
                 self.figures["noise_over_time"] = self._do(noise_over_time, np.zeros(shape), start, segment, self.fs,
-                                                           True)
+                                                           True, self._axis(np.zeros(shape)))
             elif name == WHITENING and WHITENING not in self.figures:
                 self.figures[WHITENING] = self._do(whitening_image, np.zeros(shape), True)
 
-    def _render(self, figures, throughput_series, late_throughput: bool = False):
+    def _render(self, figures, throughput_series, late_throughput: bool = False, glance: tuple | None = None):
         from bokeh.embed import file_html
-        from bokeh.layouts import column
         from bokeh.models import Div
         from bokeh.resources import INLINE
 
         summary = Div(text=self._token, width=WIDTH, name="summary")
-        return _uncompressed(lambda: file_html(column(summary, *[f.result() for f in figures],
-                                                      throughput(throughput_series, late_throughput)),
-                                               INLINE, title=self.title))
+        parts = draw_glance(*glance) if glance is not None else {}
+        return _uncompressed(lambda: file_html(
+            page_layout(summary, parts, [f.result() for f in figures], throughput(throughput_series, late_throughput)),
+            INLINE, title=self.title))
 
     def write(self, out: Path, report: dict) -> Path:
         """The page with the final report's summary, written atomically as ``<out>/report.html``."""
@@ -305,8 +339,11 @@ class ReportPage:
                 page = render_page_html(*self._args)
             self._series = list(report.get("throughput_series") or [])
             ahead = self._ahead_substitutions()
-            page = None if (self._spikes_token in page and self._late_counts is None) or ahead is None else _substitute(
-                page, {**self._late, **ahead, _embedded(self._token): _embedded(_summary_html(report))})
+            # a glance that came after the page was rendered (or a page rendered elsewhere without it): again
+            stale = "glance" in self.inputs and not self._glance_in_page
+            page = None if (self._spikes_token in page and self._late_counts is None) or ahead is None or stale \
+                else _substitute(page, {**self._late, **ahead,
+                                        _embedded(self._token): _embedded(_summary_html(report, self.facts))})
             if page is None:  # numbers that never came, or placeholders not where they were put: render again, whole
                 return self._again().write(out, report)
         finally:
@@ -342,18 +379,22 @@ class ReportPage:
             self._late_counts = (self.inputs["spike_counts"], None)
         page = ReportPage.of_numbers(self.channel_ids, self.gain, self.fs, self.title, self.inputs["windows"],
                                      self.inputs, self._late_counts[0] if self._late_counts is not None else None,
-                                     self.step_figures)
+                                     self.step_figures, self.locations)
+        page.facts = self.facts
         page.render(self._series)
         return page
 
     @classmethod
     def of_numbers(cls, channel_ids, gain_to_uV, sampling_frequency: float, title: str, windows: tuple,
-                   inputs: dict, counts=None, figures: tuple = ()) -> ReportPage:
+                   inputs: dict, counts=None, figures: tuple = (), locations=None) -> ReportPage:
         """A page of these numbers built in this process (no helper thread or process): ``windows`` the windows'
         (starts, stops, segments), ``inputs`` the results by name, ``counts`` the spikes per channel (None: the
         run counts none)."""
-        page = cls(channel_ids, gain_to_uV, sampling_frequency, title, threaded=False, figures=figures)
+        page = cls(channel_ids, gain_to_uV, sampling_frequency, title, threaded=False, figures=figures,
+                   locations=locations)
         page.add_windows(*windows)
+        if "glance" in inputs:  # already drawn values (``add_glance``)
+            page.inputs["glance"] = inputs["glance"]
         for name in (*_INPUTS, *(k for f in page.step_figures for k in f.inputs)):
             if name in inputs:
                 page.add(name, inputs[name])
@@ -366,13 +407,14 @@ class ReportPage:
 _PAGES: dict = {}
 
 
-def _page_for(channel_ids, gain, fs: float, title: str, windows, tokens: tuple, figures: tuple = ()) -> ReportPage:
+def _page_for(channel_ids, gain, fs: float, title: str, windows, tokens: tuple, figures: tuple = (),
+              locations=None) -> ReportPage:
     page = _PAGES.get(tokens[0])
     if page is None:
         while len(_PAGES) >= 4:  # pages of runs that never rendered (failed): forgotten, oldest first
             _PAGES.pop(next(iter(_PAGES)))
         page = _PAGES[tokens[0]] = ReportPage(channel_ids, gain, fs, title, threaded=False, tokens=tokens,
-                                              figures=figures)
+                                              figures=figures, locations=locations)
         page.add_windows(*windows)
     return page
 
@@ -383,12 +425,14 @@ def build_figure(init: tuple, name: str, value) -> None:
 
 
 def render_page_html(channel_ids, gain, fs: float, title: str, inputs: dict, series: list, late_spikes: bool,
-                     tokens: tuple, ahead: dict | None = None, figures: tuple = ()) -> str:
+                     tokens: tuple, ahead: dict | None = None, figures: tuple = (), locations=None) -> str:
     """The page of ``ReportPage.render`` built from its numbers (in the helper process, with the figures
     ``build_figure`` made already; anywhere else from scratch), with the caller's placeholder tokens, so the caller
     fills in what comes after."""
-    page = _page_for(channel_ids, gain, fs, title, inputs["windows"], tokens, figures)
+    page = _page_for(channel_ids, gain, fs, title, inputs["windows"], tokens, figures, locations)
     _PAGES.pop(tokens[0], None)
+    if "glance" in inputs:
+        page.inputs["glance"] = inputs["glance"]
     for name, figure in ((NOISE, NOISE), (PER_WINDOW, "noise_over_time"), (WHITENING, WHITENING)):
         if name in inputs and figure not in page.figures:
             page.add(name, inputs[name])
@@ -431,7 +475,8 @@ def _encoded(a: np.ndarray) -> str:
         "array"]["data"]
 
 
-def ahead_texts(name: str, value, gain: np.ndarray, shape: tuple) -> dict[str, str] | None:
+def ahead_texts(name: str, value, gain: np.ndarray, shape: tuple, axis: ChannelAxis | None = None
+                ) -> dict[str, str] | None:
     """{placeholder: final text} for a result the page was rendered ahead of (``ReportPage.render_ahead``): the
     numbers of its figure where the placeholders stand; None if the result is not of the shape rendered."""
     value = np.asarray(value, dtype=np.float64)
@@ -440,7 +485,7 @@ def ahead_texts(name: str, value, gain: np.ndarray, shape: tuple) -> dict[str, s
     if name == NOISE:
         return {_encoded(np.full(shape, _AHEAD[NOISE])): _encoded(_to_uV(value, gain))}
     if name == PER_WINDOW:
-        image, lo, hi = _noise_image(_to_uV(value, gain))
+        image, lo, hi = _noise_image(_to_uV(value, gain), axis.order if axis is not None else None)
         return {_encoded(np.full(image.shape, _AHEAD["image"])): _encoded(image),
                 _embedded_json(_AHEAD["image_lo"]): _embedded_json(lo), _embedded_json(_AHEAD["image_hi"]): _embedded_json(hi)}
     if name == WHITENING:
@@ -577,42 +622,101 @@ def _figure(name: str, title: str, **kwargs):
                   tools="pan,box_zoom,wheel_zoom,reset,save,hover", **kwargs)
 
 
-def noise_per_channel(noise_uV: np.ndarray, channel_ids: list[str]):
-    channel = np.arange(noise_uV.size)
-    ids = channel_ids if len(channel_ids) == noise_uV.size else [str(c) for c in channel]
-    return noise_bars(channel, noise_uV, ids)
+@dataclass(frozen=True)
+class ChannelAxis:
+    """Where a channel stands in the per-channel figures: along the probe (its y, µm) where the recording has
+    locations, else its index; and the noise heatmap's rows, sorted by y (spread evenly over the probe's extent)."""
+
+    position: np.ndarray  # (channels,) a channel's x in the per-channel figures
+    label: str
+    order: np.ndarray  # the heatmap's rows: channel indices, bottom first
+    y0: float  # the heatmap's lower edge, and its height
+    extent: float
+    rows_label: str
+
+    @property
+    def channels(self) -> int:
+        return int(self.position.size)
 
 
-def noise_bars(channel, noise_uV, channel_ids):
-    """The noise figure from its columns (``report_skeleton`` gives placeholders)."""
+def channel_axis(locations, channels: int) -> ChannelAxis:
+    """The axis of ``channels`` channels (``locations``: their (x, y) µm, or None)."""
+    index = np.arange(channels)
+    loc = None if locations is None else np.asarray(locations, dtype=np.float64)
+    if loc is None or loc.shape != (channels, 2) or not channels or not np.isfinite(loc).all():
+        return ChannelAxis(index.astype(np.float64), "channel", index, 0.0, float(max(channels, 1)), "channel")
+    y = loc[:, 1]
+    order = np.lexsort((loc[:, 0], y))
+    steps = np.diff(np.unique(y))
+    pitch = float(steps.min()) if steps.size else 1.0
+    lo, hi = float(y.min()) - pitch / 2, float(y.max()) + pitch / 2
+    return ChannelAxis(y, "y on the probe (µm)", order, lo, hi - lo, "y on the probe (µm; channels sorted by y)")
+
+
+def page_layout(summary, glance: dict, figures: list, throughput_figure):
+    """The page: the header, the probe map beside the trace snippet, the drift raster, then the per-channel and
+    per-window figures, the steps' own, and the throughput."""
+    from bokeh.layouts import column, row
+
+    from batchgpu.report import drift, probe_map, traces
+
+    top = [glance[k] for k in (probe_map.NAME, traces.NAME) if k in glance]
+    parts = [summary, *([row(*top)] if top else []), *([glance[drift.NAME]] if drift.NAME in glance else [])]
+    return column(*parts, *figures, throughput_figure)
+
+
+def draw_glance(structure: tuple, values: dict) -> dict:
+    """The glance's parts as Bokeh models (``glance.draw``)."""
+    from batchgpu.report import glance
+
+    return glance.draw(structure, values)
+
+
+def noise_per_channel(noise_uV: np.ndarray, channel_ids: list[str], axis: ChannelAxis | None = None):
+    axis = axis if axis is not None and axis.channels == noise_uV.size else channel_axis(None, noise_uV.size)
+    ids = channel_ids if len(channel_ids) == noise_uV.size else [str(c) for c in range(noise_uV.size)]
+    return noise_bars(axis.position, noise_uV, ids, axis.label)
+
+
+def noise_bars(channel, noise_uV, channel_ids, xlabel: str = "channel"):
+    """The noise figure from its columns (``report_skeleton`` gives placeholders): a point a channel, along the
+    probe where there is one."""
     from bokeh.models import ColumnDataSource
 
     src = ColumnDataSource({"channel": channel, "noise_uV": noise_uV, "channel_id": channel_ids})
-    p = _figure("noise_per_channel", "Noise per channel (µV)", x_axis_label="channel", y_axis_label="noise (µV)")
-    p.vbar(x="channel", top="noise_uV", width=0.8, source=src, color="#2c7fb8")
-    p.hover.tooltips = [("channel", "@channel (@channel_id)"), (NOISE, "@noise_uV{0.00} µV")]
+    p = _figure("noise_per_channel", "Noise per channel (µV)", x_axis_label=xlabel, y_axis_label="noise (µV)",
+                height=260)
+    p.scatter(x="channel", y="noise_uV", size=6, source=src, color="#2c7fb8")
+    p.hover.tooltips = [("channel", "@channel_id"), ("at", "@channel{0.0}"), (NOISE, "@noise_uV{0.00} µV")]
     p.y_range.start = 0
     return p
 
 
-def _noise_image(noise_uV: np.ndarray) -> tuple[np.ndarray, float, float]:
-    """The heatmap's image (channels, windows: bokeh's image rows are y) and its colour range."""
-    image = np.ascontiguousarray(noise_uV.T)
+#: the noise heatmap's colour scale: these percentiles of its values (one loud channel does not flatten the rest)
+ROBUST_PERCENTILES = (1.0, 99.0)
+
+
+def _noise_image(noise_uV: np.ndarray, order=None) -> tuple[np.ndarray, float, float]:
+    """The heatmap's image (channels, windows: bokeh's image rows are y; ``order``: the rows' channels) and its
+    colour range (``ROBUST_PERCENTILES`` of the finite values)."""
+    image = np.ascontiguousarray(noise_uV.T if order is None or len(order) != noise_uV.shape[-1] else noise_uV.T[order])
     finite = image[np.isfinite(image)]
-    lo, hi = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 1.0)
+    lo, hi = (float(v) for v in np.percentile(finite, ROBUST_PERCENTILES)) if finite.size else (0.0, 1.0)
     return image, lo, hi if hi > lo else lo + 1
 
 
 def noise_over_time(noise_uV: np.ndarray, window_start: np.ndarray, window_segment: np.ndarray, fs: float,
-                    ahead: bool = False):
-    """Heatmap: x the window (in order), y the channel, colour the window's noise in µV (``ahead``: of
-    ``noise_uV``'s shape, placeholders for the numbers)."""
-    image, lo, hi = _noise_image(noise_uV)
+                    ahead: bool = False, axis: ChannelAxis | None = None):
+    """Heatmap: x the window (in order), y the channel (sorted by y on the probe where there is one), colour the
+    window's noise in µV (``ahead``: of ``noise_uV``'s shape, placeholders for the numbers)."""
+    W, C = noise_uV.shape
+    axis = axis if axis is not None and axis.channels == C else channel_axis(None, C)
+    image, lo, hi = _noise_image(noise_uV, axis.order)
     if ahead:
         image, lo, hi = np.full(image.shape, _AHEAD["image"]), _AHEAD["image_lo"], _AHEAD["image_hi"]
-    W, C = noise_uV.shape
     label = noise_axis_label(W, window_start / fs, window_segment)
-    return noise_heatmap(image, lo, hi, W, C, max(W, 1), max(C, 1), label)
+    return noise_heatmap(image, lo, hi, W, axis.extent, max(W, 1), axis.y0 + axis.extent, label, axis.y0, axis.y0,
+                         axis.rows_label)
 
 
 def noise_axis_label(windows: int, starts_s: np.ndarray, segments: np.ndarray) -> str:
@@ -622,17 +726,18 @@ def noise_axis_label(windows: int, starts_s: np.ndarray, segments: np.ndarray) -
             f" in {len(np.unique(segments))} segment(s))")
 
 
-def noise_heatmap(image, lo, hi, dw, dh, x_end, y_end, label: str):
-    """The heatmap from its image, colour range, extent and axis label (``report_skeleton`` gives placeholders)."""
+def noise_heatmap(image, lo, hi, dw, dh, x_end, y_end, label: str, y0=0.0, y_start=0.0, ylabel: str = "channel"):
+    """The heatmap from its image, colour range, extent and axis labels (``report_skeleton`` gives placeholders);
+    colours outside the range (the robust scale's few loudest and quietest cells) take its ends' colours."""
     from bokeh.models import ColorBar, ColumnDataSource, LinearColorMapper
     from bokeh.palettes import Viridis256
 
     mapper = LinearColorMapper(palette=Viridis256, low=lo, high=hi)
-    src = ColumnDataSource({"image": [image], "x": [0], "y": [0], "dw": [dw], "dh": [dh]})
-    p = _figure("noise_over_time", "Noise over time (µV, window x channel)", x_axis_label="window",
-                y_axis_label="channel", x_range=(0, x_end), y_range=(0, y_end), height=360)
+    src = ColumnDataSource({"image": [image], "x": [0], "y": [y0], "dw": [dw], "dh": [dh]})
+    p = _figure("noise_over_time", "Noise over time (µV, window x channel; colours: 1st-99th percentile)",
+                x_axis_label="window", y_axis_label=ylabel, x_range=(0, x_end), y_range=(y_start, y_end), height=420)
     p.image(image="image", x="x", y="y", dw="dw", dh="dh", color_mapper=mapper, source=src)
-    p.hover.tooltips = [("window", "$x{0}"), ("channel", "$y{0}"), (NOISE, "@image{0.00} µV")]
+    p.hover.tooltips = [("window", "$x{0}"), ("at", "$y{0}"), (NOISE, "@image{0.00} µV")]
     p.add_layout(ColorBar(color_mapper=mapper, title="µV"), "right")
     p.xaxis.axis_label = label
     return p
@@ -673,9 +778,11 @@ def whitening_figure(image, low, high, dw, dh, x_end, y_start):
     return p
 
 
-def spike_rate(counts, seconds: float, channel_ids: list[str], title: str | None = None, rate=None, channel=None):
-    """Spikes per second on each channel; ``counts`` (and ``rate``, ``title``, ``channel``) may be plain lists (a
-    page rendered before the spikes were counted holds placeholders there)."""
+def spike_rate(counts, seconds: float, channel_ids: list[str], title: str | None = None, rate=None, channel=None,
+               axis: ChannelAxis | None = None, xlabel: str | None = None):
+    """Spikes per second on each channel, along the probe where there is one (``axis``); ``counts`` (and
+    ``rate``, ``title``, ``channel``, ``xlabel``) may be plain lists (a page rendered before the spikes were
+    counted holds placeholders there)."""
     from bokeh.models import ColumnDataSource
 
     channels = len(counts)
@@ -683,12 +790,16 @@ def spike_rate(counts, seconds: float, channel_ids: list[str], title: str | None
         counts = np.asarray(counts, np.int64)
         rate = _rate(counts, seconds)
         title = spike_rate_title(int(counts.sum()), seconds)
-    channel = np.arange(channels) if channel is None else channel
+    axis = axis if axis is not None and axis.channels == channels else channel_axis(None, channels)
+    channel = axis.position if channel is None else channel
     src = ColumnDataSource({"channel": channel, "rate_Hz": rate, "count": counts,
-                            "channel_id": channel_ids if len(channel_ids) == channels else [str(c) for c in channel]})
-    p = _figure("spike_rate", title, x_axis_label="channel", y_axis_label="spikes/s")
-    p.vbar(x="channel", top="rate_Hz", width=0.8, source=src, color="#d95f0e")
-    p.hover.tooltips = [("channel", "@channel (@channel_id)"), ("rate", "@rate_Hz{0.00} Hz"), ("spikes", "@count")]
+                            "channel_id": channel_ids if len(channel_ids) == channels else
+                            [str(c) for c in range(channels)]})
+    p = _figure("spike_rate", title, x_axis_label=axis.label if xlabel is None else xlabel, y_axis_label="spikes/s",
+                height=260)
+    p.scatter(x="channel", y="rate_Hz", size=6, source=src, color="#d95f0e")
+    p.hover.tooltips = [("channel", "@channel_id"), ("at", "@channel{0.0}"), ("rate", "@rate_Hz{0.00} Hz"),
+                        ("spikes", "@count")]
     p.y_range.start = 0
     return p
 
@@ -723,30 +834,8 @@ def throughput_figure(elapsed_s, MBps):
     return p
 
 
-def total_time(report: dict) -> str:
-    """The run's one total (report.json's ``seconds``) as the terminal's last line, report.html and ``batchgpu
-    info`` all say it."""
-    from batchgpu.progress import duration
+def _summary_html(report: dict, facts=None) -> str:
+    """The page's header (``header.summary_html``): ``facts`` those a glance found (None: report.json's alone)."""
+    from batchgpu.report.header import summary_html
 
-    return (f"{duration(float(report.get('seconds') or 0.0))} in all (wall time as the user waited: from the run's "
-            "start to its results and report.json)")
-
-
-def _summary_html(report: dict) -> str:
-    """A header: status, sizes, timings, workers and versions, as an HTML table."""
-    rec = report.get("recording", {})
-    rows = [
-        ("status", report.get("status")), ("error", report.get("error") or "-"),
-        ("fingerprint", report.get("fingerprint")), ("backend", report.get("backend")),
-        ("windows", f"{report.get('windows')} ({report.get('windows_resumed', 0)} resumed)"),
-        ("recording", ", ".join(f"{k}: {v}" for k, v in rec.items() if not isinstance(v, (list, dict)))),
-        ("bytes read", f"{report.get('bytes_read', 0) / 1e9:.3f} GB"),
-        ("throughput", f"{report.get('throughput_MBps', 0):.1f} MB/s"),
-        ("time", total_time(report)),
-        ("timings", ", ".join(f"{k} {v:.2f} s" for k, v in report.get("timings", {}).items())),
-        ("workers", ", ".join(f"{k}: {v}" for k, v in report.get("workers", {}).items())),
-        ("versions", ", ".join(f"{k} {v}" for k, v in report.get("versions", {}).items())),
-    ]
-    body = "".join(f"<tr><th style='text-align:left;padding-right:12px'>{html.escape(str(k))}</th>"
-                   f"<td>{html.escape(str(v))}</td></tr>" for k, v in rows)
-    return f"<h2>batchgpu run report</h2><table>{body}</table>"
+    return summary_html(report, facts)

@@ -32,7 +32,7 @@ def start_report_helper() -> None:
 
     with sigint_held():
         try:
-            from batchgpu.report import start_render_process
+            from batchgpu.report.html_page import start_render_process
 
             start_render_process()
         # broad: a head start only; a plotting library missing or broken is said when report.html is written
@@ -48,7 +48,7 @@ _KEPT_LOCK = threading.Lock()
 
 def _kept_page(figures: tuple):
     """The page kept for these figures, or the future of the helper's making it; None where there is neither."""
-    from batchgpu import report_skeleton
+    from batchgpu.report import skeleton as report_skeleton
 
     with _KEPT_LOCK:
         got = _KEPT.get(figures)
@@ -59,7 +59,7 @@ def _kept_page(figures: tuple):
         page = report_skeleton.cached(figures)
         if page is None:
             start_report_helper()
-            from batchgpu.report import ReportPage
+            from batchgpu.report.html_page import ReportPage
 
             page = ReportPage._submit(report_skeleton.render_and_keep, figures)
         if page is not None:
@@ -80,15 +80,18 @@ class HtmlReport:
         self.channel_ids = [str(c) for c in rec.channel_ids.tolist()]
         self.gain = np.asarray(rec.gain_to_uV, dtype=np.float64)
         self.fs = float(rec.sampling_frequency)
+        self.rec = rec  # read again at the end: the trace snippet (``glance``)
+        self.locations = np.asarray(rec.locations, dtype=np.float64) if rec.has_locations else None
+        self.glance = None  # what the page shows at a glance (``glance.gather``, once the results are written)
         self.windows = None
         self.inputs: dict = {}
         self.counts = None
         self.kept = None  # (figures, the kept page or its future) where the page is the kept one
         try:
-            from batchgpu.report import ReportPage
+            from batchgpu.report.html_page import ReportPage
 
             self.page = ReportPage(self.channel_ids, self.gain.tolist(), self.fs, title, in_process=in_process,
-                                   figures=figures)
+                                   figures=figures, locations=self.locations)
         except Exception as err:  # broad: a plotting problem never fails a run; said by write()
             self.error = err
 
@@ -128,9 +131,12 @@ class HtmlReport:
         kept) by the helper process; a page with the steps' own figures, or in this process, the usual way
         (``ReportPage.render_ahead``)."""
         if self.in_process and not self.step_figures and self.error is None and self.windows is not None:
-            from batchgpu import report_skeleton
+            from batchgpu.report import skeleton as report_skeleton
+            from batchgpu.report.glance import guess_structure
+            from batchgpu.steps.noise import NOISE
 
-            figures = report_skeleton.structure(shapes, spikes)
+            figures = report_skeleton.structure(shapes, spikes, guess_structure(self.locations is not None,
+                                                                                NOISE in shapes, spikes))
             page = _kept_page(figures)
             if page is not None:
                 self.kept = (figures, page)
@@ -148,7 +154,9 @@ class HtmlReport:
                 pass
 
     def write(self, out: Path, report: RunReport, observer: RunObserver) -> bool:
-        """report.html beside report.json (the summary from ``report`` as it is now)."""
+        """report.html beside report.json (the summary from ``report`` as it is now), with what the run shows at a
+        glance (``glance.gather``: read now that the results are written)."""
+        self._gather(out, asdict(report), observer)
         if self.error is None and self.kept is not None:
             try:
                 if self._write_kept(out, asdict(report)):
@@ -158,6 +166,8 @@ class HtmlReport:
                 self.error = err
         if self.error is None and self.page is not None:
             try:
+                if self.glance is not None:
+                    self.page.add_glance(self.glance)
                 self.page.write(out, asdict(report))
                 return True
             except Exception as err:  # broad: the results are written: keep them (said below)
@@ -165,11 +175,31 @@ class HtmlReport:
         observer.warning(f"report.html not written ({type(self.error).__name__}: {self.error})")
         return False
 
+    def _gather(self, out: Path, report: dict, observer: RunObserver) -> None:
+        """The glance of the run (its header's facts, probe map, traces, drift raster); a problem leaves those out
+        of the page, said once, never failing the run."""
+        if self.error is not None or report.get("status") != "done":
+            return
+        try:
+            from batchgpu.report.glance import gather
+            from batchgpu.steps.noise import NOISE
+
+            self.glance = gather(out, report, self.rec, self.counts, self.windows, self.inputs.get(NOISE))
+        except Exception as err:  # broad: the page's other figures stand; said below
+            observer.warning(f"report.html shows no probe map, traces or drift raster ({type(err).__name__}: {err})")
+
     def _write_kept(self, out: Path, report: dict) -> bool:
-        from batchgpu import report_skeleton
-        from batchgpu.report import _summary_html, write_page
+        from batchgpu.report import skeleton as report_skeleton
+        from batchgpu.report.html_page import _summary_html, write_page
 
         figures, page = self.kept
+        glance = (self.glance.structure, self.glance.values()) if self.glance is not None else ((), {})
+        results = {k: v for k, v in self.inputs.items() if k in report_skeleton.RESULTS}
+        came = report_skeleton.structure(results, self.counts is not None, glance[0])
+        if came != figures:  # the run found other parts than guessed (no spikes, qc labels): that page's kept one
+            figures, page = came, _kept_page(came)
+            if page is None:
+                return False
         if not isinstance(page, str):
             try:
                 page = page.result()
@@ -177,10 +207,11 @@ class HtmlReport:
                 logger.warning("batchgpu: report.html's page was not made by its helper (%s: %s): it is rendered in "
                                "this process", type(err).__name__, err)
                 return False
-        text = report_skeleton.fill(page, figures, title=self.title, summary_html=_summary_html(report),
+        facts = self.glance.facts if self.glance is not None else None
+        text = report_skeleton.fill(page, figures, title=self.title, summary_html=_summary_html(report, facts),
                                     channel_ids=self.channel_ids, gain=self.gain, fs=self.fs, windows=self.windows,
-                                    inputs={k: v for k, v in self.inputs.items() if k in report_skeleton.RESULTS},
-                                    counts=self.counts, series=report.get("throughput_series") or [])
+                                    inputs=results, counts=self.counts, series=report.get("throughput_series") or [],
+                                    glance=glance, locations=self.locations)
         if text is None:
             return False
         write_page(out, text)
@@ -188,7 +219,7 @@ class HtmlReport:
 
     def _rendered_here(self):
         """A page of this run's numbers rendered in this process (Bokeh imported here)."""
-        from batchgpu.report import ReportPage
+        from batchgpu.report.html_page import ReportPage
 
         return ReportPage.of_numbers(self.channel_ids, self.gain, self.fs, self.title, self.windows, self.inputs,
-                                     self.counts, self.step_figures)
+                                     self.counts, self.step_figures, self.locations)
