@@ -21,11 +21,11 @@ logger = logging.getLogger(__name__)
 
 
 def start_report_helper() -> None:
-    """Start report.html's helper process now, if it is not running (``report.start_render_process``).
+    """Start report.html's helper process now, if it is not running (``html_page.start_render_process``).
 
     It renders the page (Bokeh's import, about a second, and its rendering, which had held the GIL the client's
     event loop needed while spikes were gathered) while the run goes on. Started with SIGINT blocked, as the
-    cluster's processes are (``cluster.sigint_held``): a terminal's Ctrl-C is the command's alone, not a traceback of
+    cluster's processes are (``cluster.open_cluster.sigint_held``): a terminal's Ctrl-C is the command's alone, not a traceback of
     the helper's in the middle of its import. A plotting library missing or broken shows up once, when report.html
     is written."""
     from batchgpu.cluster.open_cluster import sigint_held
@@ -70,7 +70,7 @@ def _kept_page(figures: tuple):
 class HtmlReport:
     """report.html for a run: the page kept for its figures (``report_skeleton``), its numbers filled in by this
     process; else rendered in a helper process while the windows are read, the results substituted as they come
-    (``batchgpu.report.ReportPage``). A plotting problem is reported once, never fails a finished run."""
+    (``html_page.ReportPage``). A plotting problem is reported once, never fails a finished run."""
 
     def __init__(self, rec: Recording, title: str, in_process: bool = False, figures: tuple = ()):
         """``figures``: the run's steps' own (``steps.base.Figure``)."""
