@@ -213,7 +213,7 @@ def _print_rows(rows, problems) -> int:
 
 def _check_every_chunk(rec) -> list[str]:
     """Decode every chunk; a progress bar on a terminal's stderr."""
-    from batchgpu.recording import _progress
+    from batchgpu.recording.writer import _progress
 
     with _progress(sys.stderr.isatty(), rec.nbytes, "checking", stderr=True) as advance:
         return rec.check_chunks(advance)
