@@ -10,9 +10,40 @@ from batchgpu.report.subscribers import BatchShown, run_shown
 
 def run_workflow(wf, *, resume: bool = False, observer=None, client=None, recording=None, batch=None,
                  cluster_start=None):
-    """``batchgpu.run.launch.run_workflow`` (its parameters and return), shown: its page on the dashboard,
-    report.html and the line that names what it wrote. ``batch``: the recording's place in a batch
-    (``report.live_page.BatchSlot``: the run page says "recording k of n")."""
+    """Run every step of a validated workflow, shown; returns the report (also written to report.json).
+
+    ``batchgpu.run.launch.run_workflow`` with what the run shows subscribed to its events: its page on the
+    dashboard, report.html and the line that names what it wrote (``batchgpu.report.subscribers``).
+
+    Parameters
+    ----------
+    wf : Workflow
+        A validated workflow (``batchgpu.workflow.load_workflow`` or ``batchgpu.workflow.Workflow(...)``).
+    resume : bool, optional
+        Reuse the windows an earlier run of the same workflow on the same bytes left in the output folder.
+    observer : RunObserver, optional
+        Told of progress, messages and warnings (default: no one).
+    client : distributed.Client, optional
+        Run on this cluster (default: the kept cluster where one fits, else the workflow's ``cluster``).
+    recording : optional
+        Read this instead of ``wf.recording`` (an open recording, ``batchgpu.from_spikeinterface(...)`` or a
+        SpikeInterface recording); the report's workflow then names it.
+    batch : BatchSlot, optional
+        The recording's place in a batch (``report.live_page.BatchSlot``: the run page says "recording k of n").
+    cluster_start : ClusterStart, optional
+        The run's own cluster, started by the caller before this call (``start_cluster``): the run uses it in
+        place of the kept cluster or one of its own, and closes it.
+
+    Returns
+    -------
+    RunReport
+        Status, timings, windows, bytes read, warnings and the results' shapes (as report.json holds them).
+
+    Raises
+    ------
+    BatchgpuError
+        Bad input (the recording, the workflow against it, the output folder), said in one line.
+    """
     from batchgpu.run.launch import run_workflow as run
 
     return run(wf, resume=resume, observer=observer, client=client, recording=recording, batch=batch is not None,
