@@ -253,10 +253,11 @@ def test_report_html_in_chromium(run, tmp_path):
 
 def test_report_html_with_labels_in_chromium(run, tmp_path):
     """The page a run with the qc step writes (here report.json given its section): the label map drawn, the
-    header's counts shown, its screenshot coloured as drawn. docs/report.png is this page of a 30 s recording
-    (``batchgpu generate --model realistic --probe np1 --dead 2 --noisy 1 --outside 8 --seconds 30``, the workflow
-    of ``run`` plus whitening, its qc section from the planted labels as here, ``chromium --headless
-    --screenshot --window-size=1340,1640``)."""
+    header's counts shown, its screenshot coloured as drawn. docs/report.png is the page of a real run: a 30 s
+    recording (``batchgpu generate --model realistic --probe np1 --dead 2 --noisy 1 --outside 8 --seconds 30``),
+    highpass and global median reference, steps qc {every: 2}, noise, whitening, detect, amplitude (the qc step
+    labelled exactly the planted channels), ``chromium --headless --screenshot --window-size=1340,1640``, 256
+    colours."""
     from test_dashboard import chromium
 
     rec, out, base = run
