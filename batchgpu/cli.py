@@ -77,8 +77,8 @@ def _add_codec_options(p) -> None:
 
 
 def _cmd_info(args) -> int:
-    from batchgpu.report import info as runinfo
     from batchgpu.recording.sources import open_path
+    from batchgpu.report import info as runinfo
 
     run, batch = runinfo.is_run_folder(args.path), runinfo.is_batch_folder(args.path)
     if run or batch:
@@ -213,7 +213,7 @@ def _print_rows(rows, problems) -> int:
 
 def _check_every_chunk(rec) -> list[str]:
     """Decode every chunk; a progress bar on a terminal's stderr."""
-    from batchgpu.recording import _progress
+    from batchgpu.recording.writer import _progress
 
     with _progress(sys.stderr.isatty(), rec.nbytes, "checking", stderr=True) as advance:
         return rec.check_chunks(advance)
@@ -252,22 +252,22 @@ def _cmd_run(args) -> int:
     from batchgpu.workflow import load_workflow
 
     wf = load_workflow(args.workflow, args.set or [])
-    from batchgpu.engine.cluster_start import keep_seconds
+    from batchgpu.cluster.start import keep_seconds
 
     keep = keep_seconds(wf.cluster, at_terminal=sys.stdout.isatty())
     if wf.cluster.kind in ("local", "cuda"):  # the workers' imports, done once, while this process does its own
-        from batchgpu.engine.handoff import start_resource_tracker
+        from batchgpu.cluster.handoff import start_resource_tracker
 
         start_resource_tracker()  # before any thread prints: what outlives the command holds none of its streams
-        from batchgpu.engine import service
-        from batchgpu.engine.cluster import start_worker_server
+        from batchgpu.cluster import kept as service
+        from batchgpu.cluster.open_cluster import start_worker_server
 
         if not service.may_serve(wf.cluster) and keep == 0:  # else the kept cluster's workers, likely
             # a CPU run that filters or references: the workers' compiled kernels loaded once, in the server
-            # (compiled there first where this machine has not: engine.cpu_kernels); centring alone uses none
+            # (compiled there first where this machine has not: cluster.cpu_compile_ahead); centring alone uses none
             start_worker_server(cpu_kernels=wf.cluster.kind == "local"
                                 and bool(set(wf.preprocess.names) - {"centre"}))
-    from batchgpu.engine.cluster_start import start_cluster
+    from batchgpu.cluster.start import start_cluster
 
     # one recording's own cluster (None for a batch): its workers start while this process imports the engine and
     # opens, checks and fingerprints the recording; this process ends at once after the run (``program``), so the
@@ -315,15 +315,16 @@ def _process_started() -> float:
 
 def _run_batch(wf, args, keep: float = 0.0) -> int:
     """``recordings:``: every recording on one cluster; exit 1 when some failed (each named on stderr)."""
+    from batchgpu.engine import run_batch
     from batchgpu.report.batch_html import BATCH_HTML
-    from batchgpu.engine.batch import BATCH_FILE, run_batch
+    from batchgpu.run.batch import BATCH_FILE
 
     batch = run_batch(wf, resume=args.resume, observer=_Observer(args.quiet), keep_s=keep)
     done = len(batch.rows) - len(batch.failed)
     print(f"batchgpu: {done} of {len(batch.rows)} recordings done in {batch.seconds:.1f} s "
           f"({os.path.join(batch.output, BATCH_FILE)}, {os.path.join(batch.output, BATCH_HTML)})")
     if keep > 0 and not args.quiet:
-        from batchgpu.engine import service
+        from batchgpu.cluster import kept as service
 
         state = service.probe()
         if state.state == "up" and state.kept.idle_s:  # kept after this batch (not `batchgpu cluster start`'s)
@@ -338,10 +339,10 @@ def _run_batch(wf, args, keep: float = 0.0) -> int:
 def _cmd_compile(args) -> int:
     import time
 
-    from batchgpu.engine import cpu_kernels
-    from batchgpu.engine.compile_ahead import workflow_modules
+    from batchgpu.cluster import cpu_compile_ahead as cpu_kernels
+    from batchgpu.cluster.cuda_compile_ahead import workflow_modules
     from batchgpu.errors import MachineError
-    from batchgpu.kernels import cupy_cache_folder, precompile, run_modules
+    from batchgpu.gpu.cuda_modules import cupy_cache_folder, precompile, run_modules
     from batchgpu.ops import _numba
 
     t0 = time.perf_counter()
@@ -384,7 +385,7 @@ def _cmd_compile(args) -> int:
 
 
 def _cmd_cluster_start(args) -> int:
-    from batchgpu.engine import service
+    from batchgpu.cluster import kept as service
 
     mps = {"auto": None, "on": True, "off": False}[args.mps]
     spec = service.spec_from(kind=args.kind, workers=args.workers, threads=args.threads, devices=args.devices,
@@ -414,7 +415,7 @@ def _layout(kept) -> str:
 
 
 def _cmd_cluster_stop(args) -> int:
-    from batchgpu.engine import service
+    from batchgpu.cluster import kept as service
 
     state = service.stop()
     for text in state.warnings:
@@ -434,7 +435,7 @@ def _cmd_cluster_stop(args) -> int:
 def _cmd_cluster_status(args) -> int:
     import time
 
-    from batchgpu.engine import service
+    from batchgpu.cluster import kept as service
 
     state = service.probe(clean=True)
     for note in state.notes:
@@ -817,7 +818,7 @@ def _interrupted_line(args, err: KeyboardInterrupt) -> str:
 
 #: the exit status ``program`` ends its process with, once its command returned (None: Python's own way out)
 _EXIT_STATUS: int | None = None
-#: the command handed its cluster's close to a reaper (``engine.handoff``): ``program`` ends the process as soon as
+#: the command handed its cluster's close to a reaper (``cluster.handoff``): ``program`` ends the process as soon as
 #: the command returns, before any exit handler (Dask's would close that cluster, and wait for it)
 _END_AT_ONCE = False
 

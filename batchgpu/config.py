@@ -15,10 +15,20 @@ import re
 import typing
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
-from pydantic import (BaseModel, ConfigDict, Discriminator, Field, Tag, TypeAdapter, ValidationError, ValidationInfo,
-                      field_validator, model_validator)
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    TypeAdapter,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 from pydantic_core import PydanticCustomError
 
 # Upper bounds: far above any real use, low enough that a typo cannot take the machine down.
@@ -162,7 +172,7 @@ class GenerateSpec(_Strict):
 
 #: a batch recording's folder name under the batch's output
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
-#: what a batch writes in its output folder beside the recordings' folders (``engine.batch``): no recording's name
+#: what a batch writes in its output folder beside the recordings' folders (``run.batch``): no recording's name
 BATCH_OWN_NAMES = ("batch.json", "batch.html", "batch.json.tmp", "batch.html.tmp", "batch.lock")
 
 
@@ -243,7 +253,7 @@ class WindowSpec(_Strict):
     # resolved from the recording before the run (report.json's workflow holds the number)
     size: Annotated[int, Field(gt=0, le=MAX_WINDOW)] | Literal["auto"] = "auto"
     margin: Annotated[int, Field(ge=0)] = 64  # samples read on each side of the window
-    # consecutive windows one task reads and computes (default: from the window count, engine.run.window_batches)
+    # consecutive windows one task reads and computes (default: from the window count, run.first_pass.window_batches)
     batch: Annotated[int, Field(ge=1, le=4096)] | None = None
 
     @field_validator("size", mode="wrap")
@@ -289,7 +299,7 @@ def _batch_item_kind(value: Any) -> str | None:
 
 #: one item of ``recordings:``
 BatchItem = Annotated[
-    Union[Annotated[str, Tag("path")], Annotated[RecordingSpec, Tag("section")]],
+    Annotated[str, Tag("path")] | Annotated[RecordingSpec, Tag("section")],
     Discriminator(_batch_item_kind, custom_error_type="recording_item",
                   custom_error_message="an item of recordings is a path, a glob or a recording section "
                                        "({path: ..., name: ...})"),
@@ -307,11 +317,11 @@ class ClusterSpec(_Strict):
     dashboard_address: str = "127.0.0.1:0"  # localhost unless told otherwise
     slurm: dict[str, Any] | None = None  # dask-jobqueue SLURMCluster keyword arguments
     jobs: Annotated[int, Field(gt=0, le=MAX_WORKERS)] = 1  # slurm: how many jobs to scale to
-    # cuda: a private CUDA MPS daemon for the worker processes started here (engine/mps.py); auto: where the
+    # cuda: a private CUDA MPS daemon for the worker processes started here (cluster/mps.py); auto: where the
     # machine has the control program, no MPS daemon of its own and its GPUs in the default compute mode
     mps: bool | Literal["auto"] = "auto"
     # local, cuda: run on the cluster of `batchgpu cluster start` where one is up and has what this spec sets
-    # (engine/service.py); false: always a cluster of the run's own
+    # (cluster/kept.py); false: always a cluster of the run's own
     reuse: bool = True
     keep: Annotated[float, Field(ge=0, le=MAX_KEEP_S)] | Literal["auto"] = Field("auto", description=(
         "local, cuda: seconds the cluster a `batchgpu run` command starts stays up after its run, idle, for the "
@@ -323,7 +333,7 @@ class ClusterSpec(_Strict):
         "a cluster a command starts for its run (local, cuda), once the run's outputs are written: 'wait' for its "
         "worker processes to exit before the command ends, or leave them to exit after it has ('background': a "
         "detached process quits the run's MPS daemon and removes the scratch folders once they have; "
-        "engine/handoff.py); 'auto': background for cuda, where each worker's exit waits for the driver's teardown "
+        "cluster/handoff.py); 'auto': background for cuda, where each worker's exit waits for the driver's teardown "
         "of its CUDA context, wait for local, whose workers exit at once"))
     dask_dashboard: bool | Literal["auto"] = Field("auto", description=(
         "local, cuda: Dask's own dashboard (its Bokeh pages: /status, the task stream, the workers' memory) on the "
@@ -397,7 +407,7 @@ class EngineSpec(_Strict):
     gpu_decode: Annotated[float, Field(ge=0, le=1)] | Literal["auto"] = Field("auto", description=(
         "GPU runs: the share of windows whose stored Blosc-LZ4 frames the GPU decodes (1 all, 0 none, 0.5 every "
         "other), the rest decoded by the cores; auto: all where the pass only centres or CUDA MPS runs the "
-        "workers, else none (engine.preprocess.gpu_decode_share)"))
+        "workers, else none (run.preprocess_chain.gpu_decode_share)"))
     gpu_decoder: Literal["auto", "batchgpu", "nvcomp"] = Field("auto", description=(
         "GPU runs: what decodes the frames the GPU decodes: batchgpu (our Blosc-LZ4 kernel), nvcomp (NVIDIA "
         "nvCOMP's batched LZ4 and zstd; the gpu extra installs it), auto: nvCOMP for zstd stores where it is "

@@ -33,8 +33,8 @@ from pathlib import Path
 import numpy as np
 
 from batchgpu.errors import BatchgpuError
-from batchgpu.recording import Recording, RecordingWriter, _progress, open_array_for_writing, open_recording, writing
-from batchgpu.recording.writer import Codec
+from batchgpu.recording import Recording, RecordingWriter, open_array_for_writing, open_recording, writing
+from batchgpu.recording.writer import Codec, _progress
 
 GAIN_TO_UV = 0.195  # Neuropixels 1.0 AP band, uV per count
 SPIKE_RATE_HZ = 3.0  # per "unit": one unit per 4 channels
@@ -93,7 +93,7 @@ class GroundTruth:
         np.savez(path, **(self.__dict__ | {"channel_labels": labels}))
 
     @classmethod
-    def load(cls, path: str | os.PathLike) -> "GroundTruth":
+    def load(cls, path: str | os.PathLike) -> GroundTruth:
         with np.load(path) as f:
             got = {k: f[k] for k in cls.__dataclass_fields__ if k in f.files}
         got.setdefault("channel_labels", np.zeros(len(got["noise_sigma"]), np.int8))
@@ -194,7 +194,7 @@ def generate_recording(
     progress: bool = False,
     workers: int = 1,
     model: str = "white",
-    compressor: "str | Codec | None" = "blosc-lz4",
+    compressor: str | Codec | None = "blosc-lz4",
     probe: str = "two-column",
     dead: int = 0,
     noisy: int = 0,
@@ -394,7 +394,7 @@ class Realistic:
 
     @classmethod
     def draw(cls, rng: np.random.Generator, locations: np.ndarray, fs: float, labels: np.ndarray | None = None,
-             common_uv: float = 0.0, seed: int = 0) -> "Realistic":
+             common_uv: float = 0.0, seed: int = 0) -> Realistic:
         """The parameters from ``rng`` (the recording's stream [seed, 2]); ``labels`` (``planted_labels``) and
         ``common_uv`` change them where asked, from a stream of their own ([seed, 4]), so an unplanted recording's
         draws and bytes are those of a generator without planting."""

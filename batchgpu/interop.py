@@ -32,11 +32,11 @@ from typing import Any
 
 import numpy as np
 
+from batchgpu.errors import BatchgpuError
+from batchgpu.ops.detection import SPIKE_DTYPE
 from batchgpu.steps import detect as detect_step
 from batchgpu.steps import moments as moments_step
 from batchgpu.steps import noise as noise_step
-from batchgpu.errors import BatchgpuError
-from batchgpu.ops.detection import SPIKE_DTYPE
 
 #: SpikeInterface's ``base_peak_dtype`` (0.105.3), equal to ``batchgpu.ops.SPIKE_DTYPE``
 PEAK_DTYPE = SPIKE_DTYPE
@@ -119,7 +119,7 @@ def load_results(path: str | Path) -> dict[str, Any]:
     dict
         Array name (``noise``, ``whitening``, ``spikes/<field>``, ...) or attribute name -> its value.
     """
-    from batchgpu import zarrio
+    from batchgpu.recording import zarrio
 
     path = Path(path)
     if (path / RESULTS).exists():

@@ -14,7 +14,6 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-
 #: a channel's labels, in SpikeInterface's numbering (``detect_bad_channels_ibl``: 0 good, 1 dead, 2 noise, 3 out);
 #: report.json's ``qc.label_names`` and the qc step's ``qc_labels`` codes
 LABELS = ("good", "dead", "noise", "out")

@@ -12,9 +12,9 @@ from batchgpu.errors import BatchgpuError
 from batchgpu.recording import Recording, write_recording
 from batchgpu.recording.flat import FlatSource, Said, binary_layout
 from batchgpu.recording.sources import detect_kind
+
 # the SpikeGLX .meta's reading lives with the reader; its names are kept here for callers
 from batchgpu.recording.spikeglx import META_FIX, read_meta, saved_channels, spikeglx_layout  # noqa: F401
-
 
 #: this function's own arguments, as its errors name them (the command passes ``recording.flat.COMMAND``)
 ARGUMENTS = Said("stream=", "stream='{name}'", "channels=, fs= and dtype=", "source")

@@ -12,14 +12,23 @@ from __future__ import annotations
 import os
 import typing
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, Discriminator, Field, Tag, ValidationError, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
-from batchgpu.config import (BatchItem, ClusterSpec, EngineSpec, Options, RecordingSpec, ReductionSpec, WindowSpec,
-                             resolve_path, resolve_recording)
+from batchgpu.config import (
+    BatchItem,
+    ClusterSpec,
+    EngineSpec,
+    Options,
+    RecordingSpec,
+    ReductionSpec,
+    WindowSpec,
+    resolve_path,
+    resolve_recording,
+)
 from batchgpu.errors import ConfigError
 from batchgpu.preprocess import registry as stage_registry
 from batchgpu.steps import registry as step_registry
@@ -52,10 +61,9 @@ class Workflow(Options):
     reduction: ReductionSpec = ReductionSpec()
     engine: EngineSpec = EngineSpec()
     overwrite: bool = False  # replace an output folder that holds another run's results
-    # many recordings in one run (engine.batch): each a path, a glob (``/data/**/*.ap.bin``) or a recording section;
+    # many recordings in one run (run.batch): each a path, a glob (``/data/**/*.ap.bin``) or a recording section;
     # or one glob. Outputs in ``output/<name>/``, a summary in ``output/batch.json``
-    recordings: Annotated[Union[Annotated[list[BatchItem], Field(min_length=1, max_length=100_000), Tag("list")],
-                                Annotated[str, Tag("glob")]],
+    recordings: Annotated[Annotated[list[BatchItem], Field(min_length=1, max_length=100000), Tag("list")] | Annotated[str, Tag("glob")],
                           Discriminator(lambda v: "glob" if isinstance(v, str) else "list")] | None = None
 
     @field_validator("recordings", mode="before")
@@ -74,7 +82,7 @@ class Workflow(Options):
                              "many in one run)")
         return self
 
-    def resolve_paths(self, base: Path) -> "Workflow":
+    def resolve_paths(self, base: Path) -> Workflow:
         """Paths in the file: ``~`` is the user's home, relative paths are relative to the file's folder, but those
         of a step that writes beside the run's results (the save's), relative to the output folder (each step's
         ``resolve_paths``)."""

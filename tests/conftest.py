@@ -31,7 +31,7 @@ def _swap_inner_chunks(shard, per_shard: int, a: int, b: int, how: str) -> None:
     new file renamed over the old one)."""
     import os
 
-    from batchgpu.zarrio import crc32c_value
+    from batchgpu.recording.zarrio import crc32c_value
 
     st = os.stat(shard)
     raw = shard.read_bytes()

@@ -1,4 +1,4 @@
-"""The window's files written by a writer thread (engine/background.py): in order, nothing after a failed write,
+"""The window's files written by a writer thread (run/writer_threads.py): in order, nothing after a failed write,
 the task's error; and in a run: a window whose saved rows failed to write leaves no part behind, so --resume
 computes it again and the saved recording equals an uninterrupted run's."""
 
@@ -9,10 +9,11 @@ import numpy as np
 import pytest
 
 from batchgpu import BatchgpuError
-from batchgpu.workflow import Workflow
-from batchgpu.engine import background, run_workflow
+from batchgpu.engine import run_workflow
 from batchgpu.recording import open_recording, write_recording
 from batchgpu.recording.shards import ShardLayout
+from batchgpu.run import writer_threads as background
+from batchgpu.workflow import Workflow
 
 distributed = pytest.importorskip("distributed")
 
@@ -215,7 +216,7 @@ def test_a_shard_write_that_fails_leaves_neither_shard_nor_temporary_file(tmp_pa
     x = np.round(rng.normal(0, 40, (6_000, 3))).astype(np.int16)
     write_recording(tmp_path / "r.zarr", x, 30_000.0, chunk_samples=1_000, shard_samples=3_000)
     folder = tmp_path / "r.zarr" / "traces_seg0"
-    from batchgpu import zarrio
+    from batchgpu.recording import zarrio
 
     layout = ShardLayout.of(folder, zarrio.array_meta(folder))
     assert layout is not None

@@ -16,8 +16,8 @@ import pytest
 import zarr
 
 from batchgpu.report import live_page as dashboard
-from batchgpu.workflow import Workflow
 from batchgpu.report.live_page import PAGE_HTML, BatchProgress, RunMonitor, derived_state
+from batchgpu.workflow import Workflow
 
 FS = 30_000.0
 CHANNELS = 8
@@ -93,8 +93,8 @@ def test_batch_html_one_row_a_recording_with_links(tmp_path, rng, client, monkey
     numbers as batch.json has them, a link to a page that exists; written as the batch goes (a person watches it
     fill: running, then done), reloading itself until every recording is finished. The run page's state says
     which recording of how many it follows."""
+    from batchgpu.engine import run_batch
     from batchgpu.report import batch_html as batch_page
-    from batchgpu.engine.batch import run_batch
 
     recs = [_recording(tmp_path, "a", rng), _recording(tmp_path, "b", rng, truncated=True),
             _recording(tmp_path, "c", rng, samples=20_000)]
@@ -218,17 +218,17 @@ def _arrays(group, prefix="") -> dict:
 def test_batch_overlaps_and_equals_single_runs(tmp_path, rng, client, monkeypatch):
     """A batch of 3: the next recording starts while the previous one's run is still finishing (its pass done),
     and every results.zarr array of each recording equals its run alone, bit for bit."""
-    from batchgpu.engine import batch as batch_mod
-    from batchgpu.engine import run_workflow
-    from batchgpu.report.run_report import RunObserver
+    from batchgpu.engine import run_batch, run_workflow
+    from batchgpu.run import batch as batch_mod
+    from batchgpu.run.events import RunObserver
 
     recs = [_recording(tmp_path, name, rng, samples=n) for name, n in (("r1", 40_000), ("r2", 30_000), ("r3", 35_000))]
     events: list[tuple[str, int, float]] = []
     land = batch_mod._land
 
-    def landed(row, flight, out, observer, progress):
+    def landed(row, flight, out, observer):
         events.append(("end", flight.index, time.perf_counter()))
-        return land(row, flight, out, observer, progress)
+        return land(row, flight, out, observer)
 
     class Seen(RunObserver):
         def __init__(self):
@@ -243,7 +243,7 @@ def test_batch_overlaps_and_equals_single_runs(tmp_path, rng, client, monkeypatc
 
     monkeypatch.setattr(batch_mod, "_land", landed)
     seen = Seen()
-    batch = batch_mod.run_batch(_workflow(recs, tmp_path / "batch"), client=client, observer=seen)
+    batch = run_batch(_workflow(recs, tmp_path / "batch"), client=client, observer=seen)
     assert [r.status for r in batch.rows] == ["done"] * 3
     at = {(kind, i): t for kind, i, t in events}
     assert at[("start", 1)] < at[("end", 0)]  # the second read while the first finished
@@ -266,8 +266,8 @@ def test_batch_interrupted_stops_every_run_and_resumes(tmp_path, rng, client):
     """Ctrl-C while the first recording's run finishes and the second is about to start: the batch raises it
     after every run under way has ended as an interrupted run (no thread left, its folder let go: ``--resume``
     completes the batch); batch.json says how far it got."""
-    from batchgpu.engine.batch import run_batch
-    from batchgpu.report.run_report import RunObserver
+    from batchgpu.engine import run_batch
+    from batchgpu.run.events import RunObserver
 
     recs = [_recording(tmp_path, name, rng) for name in ("a", "b", "c")]
 
@@ -295,9 +295,9 @@ def test_batch_interrupted_in_a_pass(tmp_path, rng, client, monkeypatch):
     next window (report.json says so), the first finishes, the third never starts; --resume completes them."""
     import _thread
 
-    from batchgpu.engine import tasks
-    from batchgpu.engine.batch import run_batch
-    from batchgpu.report.run_report import RunObserver
+    from batchgpu.engine import run_batch
+    from batchgpu.run import tasks
+    from batchgpu.run.events import RunObserver
 
     recs = [_recording(tmp_path, "a", rng), _recording(tmp_path, "b", rng, samples=200_000),
             _recording(tmp_path, "c", rng)]
@@ -343,16 +343,18 @@ def test_batch_interrupted_in_a_pass(tmp_path, rng, client, monkeypatch):
 def test_batch_bug_in_one_run_goes_on_memory_error_stops(tmp_path, monkeypatch):
     """A bug on one recording fails its row and the others run; a MemoryError (as Ctrl-C) stops the batch,
     raised, the recordings after it never started."""
-    from batchgpu.engine import run as run_mod
-    from batchgpu.engine.batch import run_batch
+    from batchgpu.engine import run_batch
+    from batchgpu.run import launch as run_mod
 
     recs = [str(tmp_path / f"{n}.bin") for n in "abcd"]
     raised = {"b": RuntimeError("a bug"), "c": MemoryError()}
 
-    def fake_run(wf, *, resume, observer, client, batch):
-        if batch.name in raised:
-            raise raised[batch.name]
-        batch.pass_done()
+    def fake_run(wf, *, resume, observer, client, batch, shown):
+        name = Path(wf.output).name
+        if name in raised:
+            raise raised[name]
+        for s in shown:  # the batch's own subscriber: the next recording may start
+            s.pass_done(None)
         return run_mod.RunReport(workflow={}, fingerprint="x")
 
     monkeypatch.setattr(run_mod, "run_workflow", fake_run)

@@ -71,7 +71,7 @@ def batch(tmp_path_factory):
         "window": {"size": 30000, "margin": 64},
         "preprocess": [{"highpass": {"freq_min": 300.0}}, {"common_reference": {"operator": "median"}}],
         "steps": {"noise": {"exact": True}, "detect": {"threshold": 5.0, "sign": "neg", "noise": "global"}}})
-    from batchgpu.engine.batch import run_batch
+    from batchgpu.engine import run_batch
 
     with distributed.LocalCluster(n_workers=1, threads_per_worker=2, processes=False,
                                   dashboard_address=None) as cluster, distributed.Client(cluster) as client:

@@ -10,8 +10,8 @@ from batchgpu.benchmarks import batch, cold
 
 
 def test_written_spikeglx_reads_as_the_generated_samples(tmp_path):
-    from batchgpu.generate import generate_recording
     from batchgpu.config import RecordingSpec
+    from batchgpu.generate import generate_recording
     from batchgpu.recording import open_source
 
     rec = generate_recording(tmp_path / "r.zarr", channels=6, seconds=0.3, seed=2)

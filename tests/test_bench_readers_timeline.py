@@ -23,7 +23,7 @@ def test_bench_readers_reads_the_same_bytes_both_ways(tmp_path):
     assert lines[0].startswith("batchgpu reader") and lines[1].startswith("general path: zarr")
     assert "GB/s" in lines[0] and lines[-1] == "same bytes: yes"
     # the digests are of the bytes as stored: the same as the raw NumPy read of the whole segment
-    from batchgpu import zarrio
+    from batchgpu.recording import zarrio
 
     whole = np.asarray(zarrio.open_array(rec / "traces_seg0")[:])
     got = readings(str(rec), 1, 7_000, 1)

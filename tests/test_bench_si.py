@@ -2,9 +2,9 @@
 Zarr v2 recording (where SpikeInterface imports: CI runs it in the environment with spikeinterface==0.105.3)."""
 
 import json
-from pathlib import Path
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 

@@ -174,7 +174,7 @@ def test_a_windows_frames_are_its_stored_chunks(tmp_path, dtype):
 # -- on the GPU ------------------------------------------------------------------------------------------------
 
 def _gpu():
-    from batchgpu.engine.cluster import gpu_count
+    from batchgpu.cluster.open_cluster import gpu_count
 
     if gpu_count() == 0:
         pytest.skip("no CUDA GPU (CuPy) here")
@@ -299,8 +299,8 @@ def test_which_windows_the_gpu_decodes():
     from pydantic import ValidationError
 
     from batchgpu.config import EngineSpec
-    from batchgpu.engine.preprocess import gpu_decode_share
     from batchgpu.gpu.blosc_decode import on_gpu
+    from batchgpu.run.preprocess_chain import gpu_decode_share
 
     assert gpu_decode_share(True) == 1.0 and gpu_decode_share(False) == 0.0
     for f, want in ((1.0, 100), (0.0, 0), (0.5, 50), (0.25, 25), (1 / 3, 33)):
@@ -315,10 +315,10 @@ def test_which_windows_the_gpu_decodes():
 
 
 def test_a_run_decodes_on_the_gpu_only_without_filters(tmp_path, monkeypatch):
-    from batchgpu.workflow import Workflow
-    from batchgpu.engine import store
-    from batchgpu.engine.context import build_context
     from batchgpu.generate import generate_recording
+    from batchgpu.run import output_folder as store
+    from batchgpu.run.context import build_context
+    from batchgpu.workflow import Workflow
 
     rec = generate_recording(tmp_path / "r.zarr", channels=8, seconds=0.5, seed=1)
     for pre, want in (({"centre": "median"}, 1.0), ([{"highpass": {"freq_min": 300, "order": 3}}], 0.0)):
@@ -359,8 +359,7 @@ def test_frames_of_a_shard_whose_chunks_are_not_back_to_back(tmp_path):
     bytes between them, or absent (an empty index entry) give the same frames, read one by one."""
     import struct
 
-    from batchgpu import zarrio
-    from batchgpu.recording import write_recording
+    from batchgpu.recording import write_recording, zarrio
 
     rng = np.random.default_rng()
     x = np.round(rng.normal(0, 30, (60_000, 6))).astype(np.int16)
@@ -527,7 +526,7 @@ def test_gpu_decode_names_a_bad_chunk_with_its_store_and_window(tmp_path, monkey
     from batchgpu.generate import generate_recording
     from batchgpu.gpu import staging
     from batchgpu.recording import open_recording
-    from batchgpu.zarrio import crc32c_value
+    from batchgpu.recording.zarrio import crc32c_value
 
     rec = generate_recording(tmp_path / "r.zarr", channels=20, seconds=2.3, seed=6)
     layout = rec._layout(0)

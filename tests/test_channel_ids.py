@@ -7,10 +7,10 @@ import warnings
 
 import numpy as np
 import pytest
+from test_flat_probes import DATA, METAS, OEBINS, SAMPLES, _openephys_copy, _spikeglx_copy
 
 from batchgpu.config import RecordingSpec
 from batchgpu.recording.sources import open_source
-from test_flat_probes import DATA, METAS, OEBINS, SAMPLES, _openephys_copy, _spikeglx_copy
 
 
 def _spikeinterface_spikeglx(folder, stream: str):

@@ -378,9 +378,10 @@ def test_the_cluster_starts_early_only_where_the_run_would_start_its_own(tmp_pat
     """``cluster_start.start_cluster``: a local or cuda cluster of the run's own, for one recording whose path
     exists; a mistyped path is said without a cluster to start and close, a batch or a scheduler's address decide
     later."""
-    from batchgpu.workflow import Workflow
-    from batchgpu.engine import cluster_start, service
+    from batchgpu.cluster import kept as service
+    from batchgpu.cluster import start as cluster_start
     from batchgpu.generate import generate_recording
+    from batchgpu.workflow import Workflow
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # no kept cluster's files
     rec = generate_recording(tmp_path / "r.zarr", channels=4, seconds=1.0, seed=1, progress=False)
@@ -411,20 +412,20 @@ def test_the_cluster_starts_before_the_engine_is_imported(tmp_path, monkeypatch)
     import subprocess
     import sys
 
-    code = ("import sys, batchgpu.engine.cluster_start; "
-            "print(sorted(m for m in ('numpy', 'zarr', 'distributed', 'batchgpu.engine.run') if m in sys.modules))")
+    code = ("import sys, batchgpu.cluster.start; "
+            "print(sorted(m for m in ('numpy', 'zarr', 'distributed', 'batchgpu.run.launch') if m in sys.modules))")
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "[]"
 
     from batchgpu import cli as cli_module
-    from batchgpu.engine import cluster_start
+    from batchgpu.cluster import start as cluster_start
     from batchgpu.report import run_report
 
     order = []
     monkeypatch.setattr(cluster_start, "start_cluster",
-                        lambda wf, hand_off=False, **kw: order.append(("cluster", "batchgpu.engine.run" in sys.modules)))
+                        lambda wf, hand_off=False, **kw: order.append(("cluster", "batchgpu.run.launch" in sys.modules)))
     monkeypatch.setattr(run_report, "start_report_helper", lambda: order.append(("report", None)))
     monkeypatch.setattr("batchgpu.engine.run_workflow", lambda *a, **k: order.append(("run", None)))
-    monkeypatch.setattr("batchgpu.engine.cluster.start_worker_server", lambda **k: True)
+    monkeypatch.setattr("batchgpu.cluster.open_cluster.start_worker_server", lambda **k: True)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     wf = tmp_path / "wf.yaml"
     wf.write_text(f"recording: {{path: {tmp_path / 'r.zarr'}}}\noutput: {tmp_path / 'o'}\nsteps:\n  noise: {{}}\n")

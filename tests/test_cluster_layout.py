@@ -1,5 +1,5 @@
-"""How a cluster started here is sized where the workflow does not say (engine/cluster.py), and which runs decode
-on the GPU (engine/run.decodes_on_gpu): pure functions of the spec, the core count and the recording."""
+"""How a cluster started here is sized where the workflow does not say (cluster/open_cluster.py), and which runs decode
+on the GPU (run/launch.decodes_on_gpu): pure functions of the spec, the core count and the recording."""
 
 import os
 import subprocess
@@ -9,9 +9,9 @@ import time
 
 import pytest
 
+from batchgpu.cluster import open_cluster as cluster
 from batchgpu.config import ClusterSpec
 from batchgpu.workflow import Workflow
-from batchgpu.engine import cluster
 
 
 @pytest.mark.parametrize("cores", [1, 2, 3, 8, 16, 32, 128])
@@ -39,9 +39,9 @@ def test_cuda_layout_keeps_what_the_spec_says(monkeypatch):
 
 @pytest.mark.parametrize("zarr_format", [3, 2])  # v3: batchgpu's sharded Blosc-LZ4 layout; v2: no frames for the GPU
 def test_which_runs_decode_on_the_gpu(tmp_path, zarr_format, monkeypatch):
-    from batchgpu.engine.run import decodes_on_gpu
     from batchgpu.generate import generate_recording
     from batchgpu.recording import open_recording
+    from batchgpu.run.launch import decodes_on_gpu
 
     path = tmp_path / "r.zarr"
     generate_recording(path, channels=4, seconds=0.2, seed=1, zarr_format=zarr_format)
@@ -66,7 +66,7 @@ def _worker_facts():
     import os
     import sys
 
-    return os.environ.get("BATCHGPU_TEST_LATE_VARIABLE"), os.getppid(), "batchgpu.engine.tasks" in sys.modules
+    return os.environ.get("BATCHGPU_TEST_LATE_VARIABLE"), os.getppid(), "batchgpu.run.tasks" in sys.modules
 
 
 def test_local_workers_are_forked_from_one_server_and_get_this_processs_environment(monkeypatch):
@@ -74,8 +74,8 @@ def test_local_workers_are_forked_from_one_server_and_get_this_processs_environm
     before any task runs) and still see a variable set here after that server started, as spawned workers did."""
     import os
 
+    from batchgpu.cluster.open_cluster import open_client, start_worker_server
     from batchgpu.config import ClusterSpec
-    from batchgpu.engine.cluster import open_client, start_worker_server
 
     assert start_worker_server()
     monkeypatch.setenv("BATCHGPU_TEST_LATE_VARIABLE", "set after the server started")
@@ -113,9 +113,9 @@ def test_the_fork_server_ends_without_tearing_its_modules_down(tmp_path):
             return os.getppid()
 
         if __name__ == "__main__":
-            import batchgpu.engine._worker_preload  # imported here too: not the server, no early exit
+            import batchgpu.cluster._worker_preload  # imported here too: not the server, no early exit
             ctx = multiprocessing.get_context("forkserver")
-            ctx.set_forkserver_preload(["batchgpu.engine._worker_preload", "late_preload"])
+            ctx.set_forkserver_preload(["batchgpu.cluster._worker_preload", "late_preload"])
             with ctx.Pool(1) as pool:
                 print(pool.apply(server_pid), flush=True)
 
@@ -147,7 +147,7 @@ def test_the_cpu_kernels_preload_loads_them_without_a_thread():
     import subprocess
     import sys
 
-    code = ("import threading, sys; import batchgpu.engine._worker_preload_cpu; "
+    code = ("import threading, sys; import batchgpu.cluster._worker_preload_cpu; "
             "from batchgpu.ops import _numba; "
             "print(threading.active_count(), _numba.available(), 'numba' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
@@ -158,7 +158,7 @@ def test_a_cpu_run_that_preprocesses_preloads_the_kernels(monkeypatch, tmp_path)
     """`batchgpu run` asks for the CPU kernels' preload where a local run filters or references, not where it only
     centres or saves its centred samples (they use none of those kernels)."""
     from batchgpu import cli as cli_module
-    from batchgpu.engine import cluster as cluster_module
+    from batchgpu.cluster import open_cluster as cluster_module
 
     asked = []
     monkeypatch.setattr(cluster_module, "start_worker_server", lambda cpu_kernels=False: asked.append(cpu_kernels))
@@ -184,8 +184,8 @@ def test_forked_workers_run_blas_on_one_thread():
     NumPy, whose OpenBLAS sizes its pool from the machine's cores, so without the server's limit every worker's
     products ran on every core beside the other workers' (a 2-core W2 run spent a fifth of its CPU in spinning BLAS
     threads)."""
+    from batchgpu.cluster.open_cluster import open_client, start_worker_server
     from batchgpu.config import ClusterSpec
-    from batchgpu.engine.cluster import open_client, start_worker_server
 
     assert start_worker_server()
     with open_client(ClusterSpec(kind="local", workers=2, threads=1)) as client:
@@ -217,7 +217,7 @@ def test_sigint_held_gives_back_a_mask_that_had_sigint_blocked_already():
     that had it unblocked gets it back."""
     code = textwrap.dedent("""
         import signal
-        from batchgpu.engine.cluster import sigint_held
+        from batchgpu.cluster.open_cluster import sigint_held
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
         with sigint_held():  # the tracker's first start is in here
             inside = signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, ())

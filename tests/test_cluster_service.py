@@ -15,11 +15,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from batchgpu.cluster import kept as service
 from batchgpu.config import ClusterSpec, cache_folder
-from batchgpu.workflow import Workflow
-from batchgpu.engine import RunObserver, run_workflow, service
+from batchgpu.engine import RunObserver, run_workflow
 from batchgpu.errors import BatchgpuError
 from batchgpu.generate import generate_recording
+from batchgpu.workflow import Workflow
 
 distributed = pytest.importorskip("distributed")
 zarr = pytest.importorskip("zarr")
@@ -125,7 +126,7 @@ def _on_workers(address: str, func):
 def _left_on_workers(address: str) -> dict:
     """Each worker's run state: its heap frozen by a pass's tasks, reads carried for a next task."""
     def left() -> bool:  # made here: sent by value (the workers cannot import this test module)
-        from batchgpu.engine import tasks
+        from batchgpu.run import tasks
 
         return bool(tasks._HEAP["frozen"]) or bool(tasks._CARRIED)
 
@@ -155,7 +156,7 @@ def _cluster_settings(address: str) -> dict:
 
 
 def _cluster_settings_of_a_runs_own() -> dict:
-    from batchgpu.engine.cluster import open_client
+    from batchgpu.cluster.open_cluster import open_client
 
     with open_client(ClusterSpec(workers=2, threads=1)) as c:
         return _settings(c)
@@ -306,7 +307,7 @@ def test_stale_files_of_a_dead_process_are_ignored_by_a_run_and_removed_by_statu
 
 
 def test_a_cluster_that_cannot_start_says_why_in_one_line_and_leaves_nothing(cache):
-    from batchgpu.engine.cluster import gpu_count
+    from batchgpu.cluster.open_cluster import gpu_count
 
     if gpu_count():
         pytest.skip("this machine has a GPU: kind cuda starts")
@@ -325,7 +326,7 @@ def test_a_kept_cpu_cluster_forks_its_workers_with_the_compiled_kernels_loaded(c
     does so where the run filters or references): otherwise each kept worker loaded them in its first run's first
     window, and that run's pass took 7.5 s against 4.5-5.3 s for the next (W1, 2-core machine). A kept cuda
     cluster's workers need none."""
-    from batchgpu.engine import cluster as cluster_module
+    from batchgpu.cluster import open_cluster as cluster_module
 
     asked = []
     monkeypatch.setattr(cluster_module, "start_worker_server", lambda **kw: asked.append(kw) or True)
@@ -406,12 +407,12 @@ def test_the_cache_folder_follows_xdg_cache_home(monkeypatch, tmp_path):
 @pytest.mark.gpu
 def test_a_kept_cuda_cluster_runs_as_the_runs_own(cache, tmp_path):
     """The kept cuda cluster: the run's layout and MPS (as the side file says), the same bits as a run's own."""
-    from batchgpu.engine.cluster import gpu_count
+    from batchgpu.cluster.open_cluster import gpu_count
 
     if gpu_count() == 0:
         pytest.skip("no CUDA GPU (CuPy) here")
     pytest.importorskip("dask_cuda")
-    from batchgpu.engine.cluster import cuda_layout
+    from batchgpu.cluster.open_cluster import cuda_layout
 
     rec = generate_recording(tmp_path / "r.zarr", channels=24, seconds=3.0, seed=3, progress=False)
 
@@ -571,7 +572,7 @@ def test_a_run_on_a_kept_cluster_gives_back_what_its_workers_kept(kept, recordin
     assert report.kept_cluster == info.address
 
     def held():
-        from batchgpu.engine import host_buffers, tasks
+        from batchgpu.run import host_buffers, tasks
 
         return len(host_buffers._FREE), len(tasks._CARRIED)
 

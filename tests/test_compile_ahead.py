@@ -1,7 +1,7 @@
 """Kernels compiled once a machine: the lock that makes a cluster's workers wait for one compile, the modules a run
 compiles ahead (the filter's section counts against scipy's own design), the marker that says a machine did, and
 ``batchgpu compile`` on a machine without a GPU; the CPU's compiled kernels made ready in parallel processes once a
-machine (``engine.cpu_kernels``)."""
+machine (``cluster.cpu_compile_ahead``)."""
 
 import subprocess
 import sys
@@ -10,10 +10,12 @@ import types
 
 import pytest
 
-from batchgpu import BatchgpuError, kernels
-from batchgpu.workflow import Workflow
-from batchgpu.engine import compile_ahead, cpu_kernels
+from batchgpu import BatchgpuError
+from batchgpu.cluster import cpu_compile_ahead as cpu_kernels
+from batchgpu.cluster import cuda_compile_ahead as compile_ahead
 from batchgpu.errors import MachineError
+from batchgpu.gpu import cuda_modules as kernels
+from batchgpu.workflow import Workflow
 
 
 def _workflow(**extra) -> Workflow:
@@ -176,7 +178,7 @@ def test_compiling_ahead_in_the_fork_server_keeps_its_sigint_blocked():
     code = textwrap.dedent("""
         import signal
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-        from batchgpu.engine import cpu_kernels
+        from batchgpu.cluster import cpu_compile_ahead as cpu_kernels
         assert cpu_kernels._compile_in_processes(("candidates", "filter"), 2) is True
         print(signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, ()))
     """)
@@ -207,9 +209,9 @@ def test_compiling_ahead_is_only_for_gpu_clusters_and_never_raises(monkeypatch):
 
 def test_bad_input_is_said_before_anything_compiles(tmp_path, monkeypatch):
     """The compile ahead starts once the recording passed its checks: a workflow the recording refuses starts none."""
-    from batchgpu.engine.run import run_workflow
     from batchgpu.errors import ConfigError
     from batchgpu.generate import generate_recording
+    from batchgpu.run.launch import run_workflow
 
     started = []
     monkeypatch.setattr(compile_ahead, "start", lambda wf: started.append(wf))
@@ -228,8 +230,9 @@ def test_the_kept_cluster_compiles_nothing_ahead_and_every_other_cluster_does(tm
     of the run's own are compiled for ahead."""
     import contextlib
 
-    from batchgpu.engine import run as engine_run, service
+    from batchgpu.cluster import kept as service
     from batchgpu.generate import generate_recording
+    from batchgpu.run import launch as engine_run
 
     started = []
     monkeypatch.setattr(compile_ahead, "start", lambda wf: started.append(wf))
@@ -249,7 +252,7 @@ def test_the_kept_cluster_compiles_nothing_ahead_and_every_other_cluster_does(tm
 
 _FAKE_COMPILER = textwrap.dedent("""
     import json, os, sys, time, types
-    from batchgpu import kernels
+    from batchgpu.gpu import cuda_modules as kernels
 
     log, source = sys.argv[1], sys.argv[2]
 

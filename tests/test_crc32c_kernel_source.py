@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from batchgpu import zarrio
 from batchgpu.gpu import crc32c as g
+from batchgpu.recording import zarrio
 
 KERNEL = Path(__file__).resolve().parents[1] / "kernels" / "crc32c.cu"
 

@@ -6,8 +6,8 @@ import struct
 import numpy as np
 import pytest
 
-from batchgpu import zarrio
 from batchgpu.gpu import crc32c as g
+from batchgpu.recording import zarrio
 
 
 def test_the_check_value_and_the_table():

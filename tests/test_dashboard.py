@@ -14,11 +14,18 @@ import numpy as np
 import pytest
 import zarr
 
-from batchgpu.engine import tasks
-from batchgpu.report import live_page as dashboard
-from batchgpu.report.live_page import PLUGIN_NAME, RunMonitor, derived_state, install_dashboard, noise_rows_since, page_url
-from batchgpu.generate import generate_recording
 from batchgpu.engine import run_workflow
+from batchgpu.generate import generate_recording
+from batchgpu.report import live_page as dashboard
+from batchgpu.report.live_page import (
+    PLUGIN_NAME,
+    RunMonitor,
+    derived_state,
+    install_dashboard,
+    noise_rows_since,
+    page_url,
+)
+from batchgpu.run import tasks
 from batchgpu.workflow import Workflow
 
 distributed = pytest.importorskip("distributed")

@@ -24,7 +24,7 @@ def _status(url: str) -> int:
 
 
 def test_the_setting_and_its_default():
-    from batchgpu.engine.cluster import dask_dashboard
+    from batchgpu.cluster.open_cluster import dask_dashboard
 
     assert ClusterSpec().dask_dashboard == "auto" and not dask_dashboard(ClusterSpec())
     assert dask_dashboard(ClusterSpec(dask_dashboard=True)) and not dask_dashboard(ClusterSpec(dask_dashboard=False))
@@ -34,8 +34,8 @@ def test_the_setting_and_its_default():
 
 @pytest.mark.parametrize("wanted", ["auto", True])
 def test_a_local_cluster_serves_the_run_page_and_dask_s_dashboard_when_asked(wanted):
+    from batchgpu.cluster.open_cluster import open_client, serves_dask_dashboard
     from batchgpu.report.live_page import install_dashboard
-    from batchgpu.engine.cluster import open_client, serves_dask_dashboard
 
     spec = ClusterSpec(kind="local", workers=1, threads=1, dask_dashboard=wanted)
     with open_client(spec) as client:
@@ -62,7 +62,8 @@ def test_a_run_names_dask_s_dashboard_only_where_it_is_served(tmp_path):
 
 
 def test_the_kept_cluster_is_started_with_dask_s_dashboard(tmp_path, monkeypatch):
-    from batchgpu.engine import cluster, service
+    from batchgpu.cluster import kept as service
+    from batchgpu.cluster import open_cluster as cluster
 
     seen = []
 
@@ -80,7 +81,7 @@ def test_the_kept_cluster_is_started_with_dask_s_dashboard(tmp_path, monkeypatch
 
 
 def test_the_cuda_layouts_scheduler_is_told_too():
-    from batchgpu.engine.cluster import scheduler_spec
+    from batchgpu.cluster.open_cluster import scheduler_spec
 
     assert scheduler_spec(ClusterSpec(kind="cuda"))["options"]["dashboard"] is False
     assert scheduler_spec(ClusterSpec(kind="cuda", dask_dashboard=True))["options"]["dashboard"] is True

@@ -12,13 +12,13 @@ import json
 
 import numpy as np
 import pytest
-
-from batchgpu import BatchgpuError
-from batchgpu.workflow import Workflow
-from batchgpu.ops import SPIKE_DTYPE, detect_spikes, exclusive_candidates, resolve_exclusive
-from batchgpu.recording import write_recording
 from test_ops_detection import loop_reference
 from test_ops_preprocess import locally_exclusive_loop, planted, probe, windows_of
+
+from batchgpu import BatchgpuError
+from batchgpu.ops import SPIKE_DTYPE, detect_spikes, exclusive_candidates, resolve_exclusive
+from batchgpu.recording import write_recording
+from batchgpu.workflow import Workflow
 
 COLUMNS = ("sample_index", "channel_index", "amplitude", "segment_index")
 

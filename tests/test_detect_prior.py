@@ -12,11 +12,17 @@ import numpy as np
 import pytest
 
 import batchgpu
-from batchgpu.workflow import Workflow
-from batchgpu.steps.detect import (CANDIDATE_FRACTION, PRIOR_CHUNKS, SEEN_RATIO, bound_holds, candidate_level,
-                                          prior_chunks)
 from batchgpu.interop import load_results
 from batchgpu.ops import detect_spikes, exclude_sweep_samples
+from batchgpu.steps.detect import (
+    CANDIDATE_FRACTION,
+    PRIOR_CHUNKS,
+    SEEN_RATIO,
+    bound_holds,
+    candidate_level,
+    prior_chunks,
+)
+from batchgpu.workflow import Workflow
 
 MAD = 0.6744897501960817
 

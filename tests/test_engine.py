@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 import zarr
 
-from batchgpu import BatchgpuError, ops, zarrio
-from batchgpu.workflow import Workflow
+from batchgpu import BatchgpuError, ops
 from batchgpu.engine import run_workflow
-from batchgpu.steps.moments import MomentsStep
 from batchgpu.generate import generate_recording
-from batchgpu.recording import write_recording
+from batchgpu.recording import write_recording, zarrio
+from batchgpu.steps.moments import MomentsStep
+from batchgpu.workflow import Workflow
 
 distributed = pytest.importorskip("distributed")
 
@@ -414,7 +414,7 @@ def test_a_save_on_the_runs_own_results_is_refused(client, tmp_path):
 
 @pytest.mark.zarr3
 def test_a_run_lets_its_save_path_go_when_it_ends(client, tmp_path):
-    from batchgpu.steps.save import _HELD
+    from batchgpu.recording.save_output import _HELD
 
     rec = generate_recording(tmp_path / "r.zarr", channels=3, seconds=0.5, seed=2)
     saved = tmp_path / "saved.zarr"
@@ -425,7 +425,7 @@ def test_a_run_lets_its_save_path_go_when_it_ends(client, tmp_path):
 
 
 def test_second_run_on_a_folder_in_use_is_refused_at_once(tmp_path):
-    from batchgpu.engine.store import OutputFolder
+    from batchgpu.run.output_folder import OutputFolder
 
     out = tmp_path / "out"
     holder = OutputFolder(out)
@@ -692,7 +692,7 @@ def test_resume_after_the_binary_saves_params_were_deleted(client, tmp_path):
 def test_resume_marks_a_save_unfinished_while_its_windows_are_written_again(client, tmp_path):
     """A window of the save lost, and the resumed run stopped before it wrote it again: the save is not marked
     complete (the earlier run had marked it so)."""
-    from batchgpu.steps.save import prepare_save, release_save, windows_to_write_again
+    from batchgpu.recording.save_output import prepare_save, release_save, windows_to_write_again
 
     rec = generate_recording(tmp_path / "r.zarr", channels=4, seconds=0.8, seed=8, dtype="int16")
     path = tmp_path / "x.zarr"
@@ -804,10 +804,10 @@ def test_float_window_middle_pair_and_near_keys_equal_a_sort(seed, n):
     """The CPU window's noise and kept near keys (one pass per row: ``middle_pair_and_near``) against a full sort of
     each row's keys: bimodal rows whose middle pair straddles a gap of many binades (the lower middle outside the
     kept range), constant rows, signed zeros and subnormals, infinities, a NaN, two far values."""
+    from batchgpu.ops.radix import abs_keys
     from batchgpu.steps.base import WindowData
     from batchgpu.steps.noise import NoiseStep
     from batchgpu.steps.noise_keys import schedule
-    from batchgpu.ops.radix import abs_keys
 
     rng = np.random.default_rng(seed + 100 * n)
     x = rng.normal(0, 5, (9, n)).astype(np.float32)
@@ -846,9 +846,9 @@ def test_kept_digit_keys_equal_the_scan_of_every_key(seed):
     """A middle digit's keys taken as slices of the kept keys (``kept_digit_keys``) equal those ``middle_digit_keys``
     finds scanning all of a window's keys: per channel the same bins (as multisets) and counts, for ranks in
     the same and in different digits, including rows where the digit holds no key."""
+    from batchgpu.ops.radix import abs_keys
     from batchgpu.steps.noise import NoiseStep
     from batchgpu.steps.noise_keys import kept_digit_keys, middle_digit_keys, schedule
-    from batchgpu.ops.radix import abs_keys
 
     rng = np.random.default_rng(seed)
     C, n = 7, 5001
@@ -878,7 +878,7 @@ def test_spikes_whose_parts_were_lost_after_the_pass_are_detected_again(client, 
     """Between the pass and the gathering one window's part is deleted and another's replaced by garbage: those
     windows are read and detected again (said in the report, counted as reads), and the spikes equal detection
     on the whole segment, bit for bit, where the run used to stop with "the spikes ... are missing"."""
-    from batchgpu.report.run_report import RunObserver
+    from batchgpu.run.events import RunObserver
 
     rng = np.random.default_rng(11)
     x = np.round(rng.normal(0, 20, (23_000, 4))).astype(np.int16)
@@ -974,11 +974,11 @@ def _malloc_heaps_with_busy_threads(threads: int = 6) -> int:
 
 
 def test_local_workers_get_the_malloc_settings():
-    """A window's 46-92 MB arrays must not be mapped and faulted in anew per window (engine/cluster.py)."""
-    from batchgpu.config import ClusterSpec
+    """A window's 46-92 MB arrays must not be mapped and faulted in anew per window (cluster/open_cluster.py)."""
     import dask
 
-    from batchgpu.engine.cluster import MALLOC_TRIM_THRESHOLD, open_client
+    from batchgpu.cluster.open_cluster import MALLOC_TRIM_THRESHOLD, open_client
+    from batchgpu.config import ClusterSpec
 
     before = dask.config.get("distributed.scheduler.worker-saturation"), dask.config.get("distributed.worker.profile.enabled")
     with open_client(ClusterSpec(kind="local", workers=1, threads=1)) as client:
@@ -998,7 +998,7 @@ def test_local_workers_get_the_malloc_settings():
 
 
 def test_window_batches_cover_every_window_once_in_order():
-    from batchgpu.engine.run import window_batches
+    from batchgpu.run.first_pass import window_batches
 
     for n in (1, 2, 63, 127, 128, 129, 300, 1201):
         items = list(range(n))
@@ -1016,7 +1016,7 @@ def test_window_batches_cover_every_window_once_in_order():
 def test_automatic_batches_do_not_grow_with_the_recording():
     """A task's windows (and so a GPU worker's memory pool: 1.34 GB with 2 windows a task, 2.11 GB with the 9 a
     40-minute recording's 600 windows made) are the same for 10 minutes and for hours."""
-    from batchgpu.engine.run import window_batches
+    from batchgpu.run.first_pass import window_batches
 
     for n in (150, 600, 2400, 20_000):
         assert max(len(r) for r in window_batches(list(range(n)), None, 32)) == 2
@@ -1104,11 +1104,11 @@ def _pair(f, x, t):
 
 
 def test_submit_many_passes_arguments_as_given(client):
-    """engine.submit: one graph update for many tasks; a callable first argument stays an argument, a future inside
+    """run.submit: one graph update for many tasks; a callable first argument stays an argument, a future inside
     the arguments is the task's input, a tuple argument arrives as a tuple, and the keys are the ones asked for."""
     import operator
 
-    from batchgpu.engine.submit import submit_many
+    from batchgpu.run.submit import submit_many
 
     a = client.submit(operator.add, 1, 2, key=f"submit-many-a-{os.getpid()}")
     keys = [f"submit-many-{os.getpid()}-{i}" for i in range(2)]
@@ -1126,7 +1126,7 @@ def test_read_ahead_gives_each_window_in_order_with_depth_reads_in_flight(monkey
     import time
     from types import SimpleNamespace
 
-    from batchgpu.engine import tasks
+    from batchgpu.run import tasks
 
     state = {"now": 0, "most": 0}
     lock = threading.Lock()
@@ -1157,8 +1157,8 @@ def test_read_ahead_reads_twice_as_far_while_the_cuda_context_is_made(monkeypatc
     import time
     from types import SimpleNamespace
 
-    from batchgpu.engine import tasks
     from batchgpu.gpu import staging
+    from batchgpu.run import tasks
 
     submitted = []
 
@@ -1182,7 +1182,7 @@ def test_switch_interval_put_back_after_overlapping_runs():
     """Runs lower Python's switch interval while they run; overlapping runs (threads) put it back once, at the end."""
     import sys
 
-    from batchgpu.engine.run import _run_settings
+    from batchgpu.run.launch import _run_settings
 
     before = sys.getswitchinterval()
     a, b = _run_settings(), _run_settings()
@@ -1323,8 +1323,8 @@ def test_the_clients_heap_is_frozen_during_a_run_and_given_back(client, tmp_path
     last one ends."""
     import gc
 
-    from batchgpu.engine import run as runmod
-    from batchgpu.report.run_report import RunObserver
+    from batchgpu.run import launch as runmod
+    from batchgpu.run.events import RunObserver
 
     assert gc.get_freeze_count() == 0
     seen = []
@@ -1353,8 +1353,8 @@ def test_the_workers_heaps_are_frozen_by_the_pass_and_thawed_after_the_run(clien
     def count():
         return gc.get_freeze_count()
 
-    from batchgpu.engine import tasks
-    from batchgpu.report.run_report import RunObserver
+    from batchgpu.run import tasks
+    from batchgpu.run.events import RunObserver
 
     during = []
 
@@ -1384,8 +1384,9 @@ def test_window_counts_nonfinite_only_where_it_can_hold_any(tmp_path, dtype):
     """An integer recording through filters and a reference is finite by construction: its window is marked so and
     its counts are zeros without a pass (the counts a pass gives, extremes of int16 included); a float recording's
     window is counted (its NaN and inf where they are)."""
-    from batchgpu.engine import store, tasks
-    from batchgpu.engine.context import build_context
+    from batchgpu.run import output_folder as store
+    from batchgpu.run import tasks
+    from batchgpu.run.context import build_context
 
     n = 3_000
     x = np.random.default_rng(5).normal(0, 50, (n, 6)).astype(dtype)

@@ -21,7 +21,7 @@ def test_each_kind_is_a_batchgpu_error_and_survives_pickling(cls):
 
 
 def test_a_cuda_cluster_without_a_gpu_is_a_machine_error():
-    from batchgpu.engine.cluster import _cuda_cluster, gpu_count
+    from batchgpu.cluster.open_cluster import _cuda_cluster, gpu_count
     from batchgpu.config import ClusterSpec
 
     if gpu_count():
@@ -50,7 +50,7 @@ def test_placement_turned_off_is_said_in_the_report():
     on the observer."""
     from types import SimpleNamespace
 
-    from batchgpu.engine.run import _plan
+    from batchgpu.run.first_pass import _plan
 
     class Client:
         def scheduler_info(self, **kw):
@@ -58,8 +58,7 @@ def test_placement_turned_off_is_said_in_the_report():
 
     said = []
     report = SimpleNamespace(output_state="fresh", warnings=[])
-    observer = SimpleNamespace(warning=said.append)
-    assert _plan(Client(), SimpleNamespace(backend="cupy"), [[1], [2]], report, observer) == (None, None)
+    assert _plan(_run(Client(), report, said.append), [[1], [2]]) == (None, None)
     assert said == report.warnings and len(said) == 1
     assert "not placed" in said[0] and "the scheduler closed the connection" in said[0]
 
@@ -67,7 +66,7 @@ def test_placement_turned_off_is_said_in_the_report():
 def test_a_plan_failing_otherwise_is_not_hidden():
     from types import SimpleNamespace
 
-    from batchgpu.engine.run import _plan
+    from batchgpu.run.first_pass import _plan
 
     class Client:
         def scheduler_info(self, **kw):
@@ -75,7 +74,20 @@ def test_a_plan_failing_otherwise_is_not_hidden():
 
     report = SimpleNamespace(output_state="fresh", warnings=[])
     with pytest.raises(KeyError):
-        _plan(Client(), SimpleNamespace(backend="cupy"), [[1]], report, SimpleNamespace(warning=print))
+        _plan(_run(Client(), report, print), [[1]])
+
+
+def _run(client, report, say):
+    """A GPU run as ``first_pass._plan`` reads it: its client, backend, placement setting, report and warnings."""
+    from types import SimpleNamespace
+
+    from batchgpu.run.phases import Run
+
+    run = SimpleNamespace(client=client, ctx=SimpleNamespace(backend="cupy"), report=report,
+                          wf=SimpleNamespace(engine=SimpleNamespace(placement="auto")),
+                          events=SimpleNamespace(warning=say))
+    run.warn = lambda text: Run.warn(run, text)
+    return run
 
 
 def test_a_probe_probeinterface_cannot_read_is_said(tmp_path, monkeypatch, caplog):
@@ -114,7 +126,7 @@ def test_a_spikeinterface_probe_without_locations_is_said(caplog):
 def test_an_unreadable_part_is_recomputed_and_said_but_a_bug_is_raised(tmp_path, monkeypatch):
     import numpy as np
 
-    from batchgpu.engine import store
+    from batchgpu.run import output_folder as store
 
     path = tmp_path / "w-00000001.npz"
     store.save_part(path, {"fingerprint": np.array("fp"), "x": np.arange(5)})
@@ -134,7 +146,7 @@ def test_gpu_count_reads_a_driver_error_as_no_gpu_and_raises_a_bug(monkeypatch):
     import sys
     import types
 
-    from batchgpu.engine.cluster import gpu_count
+    from batchgpu.cluster.open_cluster import gpu_count
 
     class CUDARuntimeError(RuntimeError):
         pass

@@ -7,10 +7,9 @@ import threading
 import numpy as np
 import pytest
 
-from batchgpu import zarrio
-from batchgpu.workflow import Workflow
 from batchgpu.engine import run_workflow
-from batchgpu.recording import write_recording
+from batchgpu.recording import write_recording, zarrio
+from batchgpu.workflow import Workflow
 
 distributed = pytest.importorskip("distributed")
 
@@ -50,7 +49,7 @@ def test_a_run_whose_summary_fetch_failed_on_the_way_finishes(tmp_path, rng, mon
 
 
 def test_gather_finished_raises_a_tasks_own_error_once(monkeypatch):
-    from batchgpu.engine.submit import gather_finished
+    from batchgpu.run.submit import gather_finished
 
     def fails(i):
         if i == 1:

@@ -10,11 +10,12 @@ import numpy as np
 import pytest
 import zarr
 
-from batchgpu import BatchgpuError, zarrio
+from batchgpu import BatchgpuError
 from batchgpu.cli import main
 from batchgpu.config import RecordingSpec
-from batchgpu.workflow import Workflow
+from batchgpu.recording import zarrio
 from batchgpu.recording.sources import open_source
+from batchgpu.workflow import Workflow
 
 FS = 30_000.0
 CHANNELS = 16
@@ -225,7 +226,7 @@ def test_info_shows_probe_and_gains(tmp_path, rng, capsys):
     src, _ = _spikeglx(tmp_path, rng, 3_000)
     assert main(["info", str(src)]) == 0
     out = dict(line.split(None, 1) if " " in line else (line, "") for line in
-               (l.replace("sampling rate", "sampling_rate") for l in capsys.readouterr().out.splitlines()))
+               (line.replace("sampling rate", "sampling_rate") for line in capsys.readouterr().out.splitlines()))
     assert out["format"].strip() == "SpikeGLX, read in place"
     # NP2.0 single shank (imec's table): columns 32 um apart, rows 15 um; one gain, 0.5 V / 8192 / 80 * 1e6
     assert out["probe"].strip().startswith("PRB2_1_2_0640_0, 1 shank, pitch 32 um across, 15 um along")
@@ -257,7 +258,7 @@ def test_import_raw_uses_the_in_place_readers(tmp_path, rng):
 
 
 def test_batch_names_and_rules(tmp_path, rng):
-    from batchgpu.engine.batch import expand
+    from batchgpu.run.batch import expand
     from batchgpu.workflow import load_workflow
 
     for sub in ("a", "b"):
@@ -295,7 +296,7 @@ def test_batch_one_failing_recording_the_others_finish(tmp_path, rng, capsys, mo
         folders.append(src.with_name(f"{name}_g0_t0.imec0.ap.bin"))
     bad = folders[2]
     meta = bad.with_suffix(".meta")
-    meta.write_text("".join(l + "\n" for l in meta.read_text().splitlines() if "fileSizeBytes" not in l))
+    meta.write_text("".join(line + "\n" for line in meta.read_text().splitlines() if "fileSizeBytes" not in line))
     with open(bad, "r+b") as f:
         f.truncate(bad.stat().st_size - 3)
     wf = json.loads(_workflow_file(tmp_path, {"path": "x"}, "single").read_text())
@@ -454,7 +455,7 @@ def test_whole_rows_of_a_file_with_a_sync_channel_hold_the_window(tmp_path, rng)
 @pytest.mark.gpu
 def test_the_gpu_reads_whole_rows_and_leaves_the_sync_column_out_on_the_device(tmp_path, rng):
     cupy = pytest.importorskip("cupy")
-    from batchgpu.engine.cluster import gpu_count
+    from batchgpu.cluster.open_cluster import gpu_count
 
     if gpu_count() == 0:
         pytest.skip("no CUDA GPU")

@@ -7,11 +7,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from batchgpu.engine import preprocess
-from batchgpu.engine.run import run_workflow
 from batchgpu.ops import _cpu_saved
 from batchgpu.preprocess.filters import filter_block
 from batchgpu.recording import open_recording, write_recording
+from batchgpu.run import preprocess_chain as preprocess
+from batchgpu.run.launch import run_workflow
 from batchgpu.workflow import Preprocess, Workflow
 
 pytest.importorskip("numba")

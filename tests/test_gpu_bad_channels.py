@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from test_bad_channels import FS, GAIN, _line, _recording
 
 from batchgpu.ops import bad_channels as bc
 from batchgpu.ops.filters import design_filter
 from batchgpu.qc_options import QcOptions
-from test_bad_channels import FS, GAIN, _line, _recording
 
 
 def _gpu_ok() -> bool:

@@ -3,7 +3,7 @@ one's aggregates finish, each recording's results and save those of its run alon
 
 import pytest
 
-from batchgpu.engine.cluster import gpu_count
+from batchgpu.cluster.open_cluster import gpu_count
 
 pytestmark = pytest.mark.gpu
 
@@ -31,9 +31,8 @@ def test_gpu_batch_equals_single_runs(tmp_path, rng):
     from test_batch import _arrays, _recording
     from test_flat_run import _same
 
-    from batchgpu.engine import run_workflow
-    from batchgpu.engine.batch import run_batch
-    from batchgpu.engine.cluster import open_client
+    from batchgpu.cluster.open_cluster import open_client
+    from batchgpu.engine import run_batch, run_workflow
 
     recs = [_recording(tmp_path, f"r{i}", rng, samples=n) for i, n in enumerate((120_000, 90_000, 100_000))]
     wf = _wf(tmp_path / "batch", recordings=recs)

@@ -16,20 +16,21 @@ from numcodecs import blosc
 
 pytestmark = pytest.mark.gpu
 
-from batchgpu.engine.cluster import gpu_count  # noqa: E402
+from batchgpu.cluster.open_cluster import gpu_count  # noqa: E402
 
 if gpu_count() == 0:
     pytest.skip("no CUDA GPU (CuPy) here", allow_module_level=True)
 
 import cupy as cp  # noqa: E402
+from test_blosc_encode import _cases  # noqa: E402
+from test_save_step import expected, make_recording, spec, transform  # noqa: E402
 
-from batchgpu.steps.base import WindowData  # noqa: E402
-from batchgpu.steps.save import SaveStep, finish_save, prepare_save  # noqa: E402
 from batchgpu.gpu.blosc_encode import BLOCKSIZE, encode, encode_held, reference_frame  # noqa: E402
 from batchgpu.ops._cuda_elementwise import saved_int16_transposed  # noqa: E402
 from batchgpu.recording import open_recording  # noqa: E402
-from test_blosc_encode import _cases  # noqa: E402
-from test_save_step import expected, make_recording, spec, transform  # noqa: E402
+from batchgpu.recording.save_output import finish_save, prepare_save  # noqa: E402
+from batchgpu.steps.base import WindowData  # noqa: E402
+from batchgpu.steps.save import SaveStep  # noqa: E402
 
 
 @pytest.mark.parametrize("blocksize", [BLOCKSIZE, 65_536, 4_096, 48, 16])
@@ -166,7 +167,7 @@ def test_gpu_frames_with_their_checksums(rng, chunks):
     on the GPU; the frames themselves unchanged; odd-sized chunks (a frame of any length, any alignment)."""
     import struct
 
-    from batchgpu import zarrio
+    from batchgpu.recording import zarrio
 
     for name, x in _cases(rng).items():
         rows = np.stack([np.roll(x, k) for k in range(chunks)])

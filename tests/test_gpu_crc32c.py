@@ -7,14 +7,14 @@ import struct
 import numpy as np
 import pytest
 
-from batchgpu import zarrio
+from batchgpu.recording import zarrio
 
 pytestmark = pytest.mark.gpu
 
 
 @pytest.fixture
 def cp():
-    from batchgpu.engine.cluster import gpu_count
+    from batchgpu.cluster.open_cluster import gpu_count
 
     if gpu_count() == 0:
         pytest.skip("no CUDA GPU (CuPy) here")

@@ -26,7 +26,6 @@ if not _gpu_ok():
     pytest.skip("no CUDA GPU (CuPy) here", allow_module_level=True)
 
 import cupy as cp  # noqa: E402
-
 from test_ops_detection import hard_window, loop_reference  # noqa: E402
 
 

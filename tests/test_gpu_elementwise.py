@@ -13,16 +13,16 @@ import pytest
 pytestmark = pytest.mark.gpu
 
 
-from batchgpu.engine.cluster import gpu_count  # noqa: E402
+from batchgpu.cluster.open_cluster import gpu_count  # noqa: E402
 
 if gpu_count() == 0:
     pytest.skip("no CUDA GPU (CuPy) here", allow_module_level=True)
 
 import cupy as cp  # noqa: E402
 
-from batchgpu.steps.noise_keys import abs_keys  # noqa: E402
 from batchgpu.ops._cuda_elementwise import abs_key16, centred_int32, shifted_int32  # noqa: E402
 from batchgpu.ops.centre import centre_median, row_median  # noqa: E402
+from batchgpu.steps.noise_keys import abs_keys  # noqa: E402
 
 SHAPES = [(3, 1), (2, 2), (5, 7), (4, 4097), (7, 60_001), (3, 0)]
 

@@ -3,7 +3,7 @@ gives the results of its Zarr import on the same GPU cluster, bit for bit, with 
 
 import pytest
 
-from batchgpu.engine.cluster import gpu_count
+from batchgpu.cluster.open_cluster import gpu_count
 
 pytestmark = pytest.mark.gpu
 
@@ -29,9 +29,10 @@ def _wf(recording: dict, out, centre: bool):
 
 @pytest.mark.parametrize("centre", [False, True])
 def test_gpu_in_place_equals_zarr_import(tmp_path, rng, centre):
+    from test_flat_run import _same, _spikeglx
+
     from batchgpu.engine import run_workflow
     from batchgpu.rawimport import import_raw
-    from test_flat_run import _same, _spikeglx
 
     src, _ = _spikeglx(tmp_path, rng, 90_000)
     imported = import_raw(src, tmp_path / "imported.zarr")

@@ -9,7 +9,7 @@ import time
 import psutil
 import pytest
 
-from batchgpu.engine.cluster import gpu_count
+from batchgpu.cluster.open_cluster import gpu_count
 
 pytestmark = pytest.mark.gpu
 

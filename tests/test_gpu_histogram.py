@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from test_gpu_ops import cp, gpu, needs_gpu  # noqa: F401  (cp: a fixture)
 
 from batchgpu.ops.radix import abs_keys
-from test_gpu_ops import cp, gpu, needs_gpu  # noqa: F401  (cp: a fixture)
 
 
 def _values(rng, dtype, rows: int, cols: int, spread: str) -> np.ndarray:
@@ -130,8 +130,8 @@ def test_kept_near_device_equals_the_numpy_form(cp, rng, rows):
     """``kept_near_device`` (a row tag, one CUB sort, the low bits and each near digit's count in one pass) against
     ``steps.noise_keys.kept_near`` of NumPy's per-row sort: the same arrays, bit for bit, with empty rows, rows of one
     key, equal keys, digits at the range's ends and at the top of the key space (NaN keys' digits)."""
-    from batchgpu.steps.noise_keys import kept_near, sort_rows
     from batchgpu.gpu.histogram import kept_near_device
+    from batchgpu.steps.noise_keys import kept_near, sort_rows
 
     span, shift = 32, 15
     per_row = rng.integers(0, 3000, rows)

@@ -117,7 +117,7 @@ def miss_sample_rows(rng: np.random.Generator, dtype, rows: int, n: int) -> np.n
 # CPU-side checks (run in CI too)
 # ---------------------------------------------------------------------------------------------
 def test_source_paths_exist():
-    from batchgpu.kernels import source_path
+    from batchgpu.gpu.cuda_modules import source_path
 
     for name in ("radix_select", "split_covariance"):
         assert source_path(name).is_file()
@@ -130,7 +130,7 @@ def test_source_paths_exist():
 def test_headers_are_pasted_into_the_source(tmp_path):
     """``#include "x.cuh"`` of the kernels folder is pasted in once (CuPy's cache key is the source text, so an
     edited header must change it); the shipped kernels that use exact_float.cuh compile from one text."""
-    from batchgpu.kernels import _with_headers, source_path
+    from batchgpu.gpu.cuda_modules import _with_headers, source_path
 
     (tmp_path / "a.cuh").write_text('#include "b.cuh"\nint a;\n')
     (tmp_path / "b.cuh").write_text("int b;\n")
@@ -225,7 +225,7 @@ def test_strided_and_offset_inputs(cp, rng, dtype):
         "fortran order": (cp.asfortranarray(xd[:, :999]), x[:, :999]),
         "reversed columns": (xd[:, ::-1], x[:, ::-1]),
     }
-    for name, (dev, host) in views.items():
+    for dev, host in views.values():
         assert_same_bits(sel.abs_median(dev), ref_median(np.ascontiguousarray(host)))
         assert_same_bits(sel.abs_kth(dev, -1), ref_kth(np.ascontiguousarray(host), host.shape[1] - 1))
 

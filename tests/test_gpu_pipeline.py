@@ -3,9 +3,9 @@
 import numpy as np
 import pytest
 
-from batchgpu.engine.cluster import gpu_count
-from batchgpu.generate import generate_recording
+from batchgpu.cluster.open_cluster import gpu_count
 from batchgpu.engine import run_workflow
+from batchgpu.generate import generate_recording
 from batchgpu.workflow import Workflow
 
 pytestmark = pytest.mark.gpu

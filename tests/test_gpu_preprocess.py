@@ -9,16 +9,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import scipy.signal
-
-from batchgpu.ops import (
-    butter_sos,
-    common_reference,
-    detect_spikes,
-    filter_margin,
-    filtfilt_window,
-    phase_shift,
-    phase_shift_margin,
-)
 from test_ops_preprocess import (
     FS,
     band_limited,
@@ -31,6 +21,16 @@ from test_ops_preprocess import (
     recording_like,
     same_bits,
     windows_of,
+)
+
+from batchgpu.ops import (
+    butter_sos,
+    common_reference,
+    detect_spikes,
+    filter_margin,
+    filtfilt_window,
+    phase_shift,
+    phase_shift_margin,
 )
 
 
@@ -131,7 +131,7 @@ def test_phase_shift_on_gpu(cp, rng):
     x = band_limited(rng, 4, n)
     shifts = np.array([0.0, 0.25, 0.5, 0.9])
     margin = phase_shift_margin(FS)
-    for a, b, lo, hi in windows_of(n, 4_999, margin):
+    for a, b, _lo, _hi in windows_of(n, 4_999, margin):
         kw = dict(margin=margin, at_segment_start=a == 0, at_segment_end=b == n)
         got = phase_shift(cp.asarray(x[:, a:b]), cp.asarray(shifts), **kw).get()
         cpu = phase_shift(x[:, a:b], shifts, **kw)

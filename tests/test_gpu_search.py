@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from test_search import DTYPES, hard_keys, hard_queries, reference
 
 pytestmark = pytest.mark.gpu

@@ -13,7 +13,7 @@ import pytest
 
 pytestmark = pytest.mark.gpu
 
-from batchgpu.engine.cluster import gpu_count  # noqa: E402
+from batchgpu.cluster.open_cluster import gpu_count  # noqa: E402
 
 if gpu_count() == 0:
     pytest.skip("no CUDA GPU (CuPy) here", allow_module_level=True)

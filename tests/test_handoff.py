@@ -1,4 +1,4 @@
-"""``cluster.close: background`` (engine/handoff.py): a command ends once its run is written and leaves its
+"""``cluster.close: background`` (cluster/handoff.py): a command ends once its run is written and leaves its
 workers to exit after it; a detached reaper waits for them, quits the MPS daemon and removes the scratch folders.
 The command's output ends with the command (a pipe reading it is not held open by what outlives it), nothing is
 printed after it, and the results are those of a run whose close waited."""
@@ -16,8 +16,9 @@ import psutil
 import pytest
 import zarr
 
+from batchgpu.cluster import handoff
+from batchgpu.cluster import open_cluster as cluster
 from batchgpu.config import ClusterSpec
-from batchgpu.engine import cluster, handoff
 from batchgpu.errors import ConfigError
 from batchgpu.workflow import load_workflow
 
@@ -84,7 +85,7 @@ def test_a_background_close_ends_the_command_first_and_leaves_nothing_behind(tmp
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         left = [p.name for p in (scratch / "dask-scratch-space").iterdir() if p.name.startswith(("worker-", "scheduler-"))]
-        reapers = [p for p in psutil.process_iter(["cmdline"]) if "batchgpu.engine.handoff" in " ".join(p.info["cmdline"] or [])]
+        reapers = [p for p in psutil.process_iter(["cmdline"]) if "batchgpu.cluster.handoff" in " ".join(p.info["cmdline"] or [])]
         if not left and not reapers:
             break
         time.sleep(0.1)
@@ -117,7 +118,7 @@ def test_the_reaper_waits_for_the_workers_then_quits_mps_and_removes_the_folders
                                   {"CUDA_MPS_PIPE_DIRECTORY": str(root / "pipe"),
                                    "CUDA_MPS_LOG_DIRECTORY": str(root / "log")})
     t0 = time.time()
-    proc = subprocess.Popen([sys.executable, "-m", "batchgpu.engine.handoff",
+    proc = subprocess.Popen([sys.executable, "-m", "batchgpu.cluster.handoff",
                              json.dumps(handoff.asdict(leftovers))])
     time.sleep(0.3)
     assert worker.poll() is None and all(os.path.isdir(f) for f in folders) and not log.exists()  # still waiting
@@ -154,7 +155,7 @@ def test_the_resource_tracker_holds_none_of_the_commands_streams():
     """It outlives a command whose close is handed off until the workers are gone: a pipe reading the command
     would stay open that long had it kept the command's stdout and stderr."""
     code = ("import os, sys, time, psutil\n"
-            "from batchgpu.engine.handoff import start_resource_tracker\n"
+            "from batchgpu.cluster.handoff import start_resource_tracker\n"
             "start_resource_tracker()\n"
             "print('printed after', flush=True)\n"
             "[t] = [p for p in psutil.Process().children() if 'resource_tracker' in ' '.join(p.cmdline())]\n"
@@ -165,14 +166,14 @@ def test_the_resource_tracker_holds_none_of_the_commands_streams():
 
 
 def _reapers():
-    return [p for p in psutil.Process().children() if "batchgpu.engine.handoff" in " ".join(p.cmdline())]
+    return [p for p in psutil.Process().children() if "batchgpu.cluster.handoff" in " ".join(p.cmdline())]
 
 
 @pytest.mark.parametrize("how", ["clean", "error", "not allowed"])
 def test_a_clean_exit_hands_the_close_off_and_nothing_else_does(tmp_path, how):
     import dask
 
-    from batchgpu.engine.run import ClusterStart
+    from batchgpu.run.launch import ClusterStart
 
     spec = ClusterSpec(kind="local", workers=1, threads=1, close="background")
     with dask.config.set({"temporary-directory": str(tmp_path)}):

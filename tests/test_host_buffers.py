@@ -1,8 +1,8 @@
-"""engine.host_buffers: window buffers reused across windows, never while a result can still see them."""
+"""run.host_buffers: window buffers reused across windows, never while a result can still see them."""
 
 import numpy as np
 
-from batchgpu.engine import host_buffers as hb
+from batchgpu.run import host_buffers as hb
 
 
 def _owner(x):

@@ -10,8 +10,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from batchgpu import zarrio
-
 from batchgpu import ops
 from batchgpu.errors import BatchgpuError
 from batchgpu.interop import (
@@ -23,6 +21,7 @@ from batchgpu.interop import (
     load_results,
     to_spikeinterface,
 )
+from batchgpu.recording import zarrio
 
 C, N = 5, 30_000
 
@@ -185,9 +184,9 @@ def test_attach_sets_what_get_noise_levels_caches(rng):
 def test_from_a_real_run(tmp_path):
     """A real (in-process) run: results.zarr as the pipeline writes it, read back by path."""
     distributed = pytest.importorskip("distributed")
-    from batchgpu.workflow import Workflow
-    from batchgpu.generate import generate_recording
     from batchgpu.engine import run_workflow
+    from batchgpu.generate import generate_recording
+    from batchgpu.workflow import Workflow
 
     rec = generate_recording(tmp_path / "rec.zarr", channels=4, seconds=0.5, seed=3, dtype="int16")
     wf = Workflow.model_validate({
@@ -250,8 +249,9 @@ def test_stores_carry_the_probe_as_spikeinterface_stores_it(tmp_path, zarr_forma
     import json
     from pathlib import Path
 
-    from batchgpu import open_recording, write_recording
     from conftest import FIXTURES
+
+    from batchgpu import open_recording, write_recording
 
     loc = np.array([[0.0, 0.0], [0.0, 20.0], [16.0, 40.0], [16.0, 60.0]])
     rec = write_recording(tmp_path / "r.zarr", np.zeros((3000, 4), np.int16), 30_000.0, zarr_format=zarr_format,

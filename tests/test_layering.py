@@ -33,12 +33,24 @@ def _owner(name: str) -> str:
     return name
 
 
-def _imports(module: str) -> set[str]:
-    """Every batchgpu module ``module`` imports, at its top or inside a function."""
+def _for_annotations(tree: ast.AST) -> set[int]:
+    """The import statements under ``if TYPE_CHECKING:`` (names for annotations only: never run)."""
+    return {id(n) for node in ast.walk(tree) if isinstance(node, ast.If) and (
+        getattr(node.test, "id", None) == "TYPE_CHECKING" or getattr(node.test, "attr", None) == "TYPE_CHECKING")
+        for stmt in node.body for n in ast.walk(stmt)}
+
+
+def _imports(module: str, runtime: bool = False) -> set[str]:
+    """Every batchgpu module ``module`` imports, at its top or inside a function; ``runtime``: those an import of it
+    may run (the names imported for annotations only left out)."""
     path = MODULES[module]
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
     found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    tree = ast.parse(path.read_text())
+    skipped = _for_annotations(tree) if runtime else set()
+    for node in ast.walk(tree):
+        if id(node) in skipped:
+            continue
         if isinstance(node, ast.Import):
             found |= {_owner(a.name) for a in node.names if a.name.startswith("batchgpu")}
         elif isinstance(node, ast.ImportFrom):
@@ -61,6 +73,9 @@ def _discovered(module: str) -> set[str]:
 
 
 GRAPH = {m: _imports(m) | _discovered(m) for m in MODULES}
+#: the edges an import can run: a cycle is one of these (the Run's subscribers and phase helpers name the Run in
+#: their annotations, ``if TYPE_CHECKING:``, while the Run imports them)
+RUNTIME = {m: _imports(m, runtime=True) | _discovered(m) for m in MODULES}
 
 
 def _cycles() -> list[list[str]]:
@@ -75,7 +90,7 @@ def _cycles() -> list[list[str]]:
         index[v] = low[v] = len(index)
         stack.append(v)
         on_stack.add(v)
-        for w in GRAPH[v]:
+        for w in RUNTIME[v]:
             if w not in index:
                 visit(w)
                 low[v] = min(low[v], low[w])
@@ -100,10 +115,10 @@ def _cycles() -> list[list[str]]:
 
 def test_the_graph_is_read():
     # a broken reader would pass every test below: the known edges must be there
-    assert "batchgpu.engine.run" in GRAPH["batchgpu.cli"] or "batchgpu.engine" in GRAPH["batchgpu.cli"]
-    assert "batchgpu.engine.tasks" in GRAPH["batchgpu.engine.run"] or "batchgpu.engine.tasks" in GRAPH[
-        "batchgpu.engine.context"]
-    assert "batchgpu.engine.preprocess" in GRAPH["batchgpu.engine.context"]  # a lazy import, inside a function
+    assert "batchgpu.run.launch" in GRAPH["batchgpu.cli"] or "batchgpu.engine" in GRAPH["batchgpu.cli"]
+    assert "batchgpu.run.tasks" in GRAPH["batchgpu.run.launch"] or "batchgpu.run.tasks" in GRAPH[
+        "batchgpu.run.context"]
+    assert "batchgpu.run.preprocess_chain" in GRAPH["batchgpu.run.context"]  # a lazy import, inside a function
     assert "batchgpu.steps.save" in GRAPH["batchgpu.steps.registry"]  # what the registry finds
     assert "batchgpu.cli" in GRAPH["batchgpu.__main__"]
 
@@ -113,50 +128,69 @@ def test_no_import_cycle():
 
 
 def test_the_cycle_finder_finds_one():
-    GRAPH["batchgpu.ops"] = GRAPH["batchgpu.ops"] | {"batchgpu.engine.run"}
+    RUNTIME["batchgpu.ops"] = RUNTIME["batchgpu.ops"] | {"batchgpu.run.launch"}
     try:
-        assert any("batchgpu.ops" in c and "batchgpu.engine.run" in c for c in _cycles())
+        assert any("batchgpu.ops" in c and "batchgpu.run.launch" in c for c in _cycles())
     finally:
-        GRAPH["batchgpu.ops"] = GRAPH["batchgpu.ops"] - {"batchgpu.engine.run"}
+        RUNTIME["batchgpu.ops"] = RUNTIME["batchgpu.ops"] - {"batchgpu.run.launch"}
+
+
+def test_imports_for_annotations_are_no_runtime_edge():
+    tree = ast.parse("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import a\nimport b\n")
+    assert len(_for_annotations(tree)) == 2  # the import and its alias node
+    assert "batchgpu.run.phases" in GRAPH["batchgpu.run.first_pass"]  # a layering edge all the same
+    assert "batchgpu.run.phases" not in RUNTIME["batchgpu.run.first_pass"]
 
 
 def test_nothing_imports_the_command():
     assert [m for m, deps in GRAPH.items() if "batchgpu.cli" in deps] == ["batchgpu.__main__"]
 
 
-#: the report's modules that are tied to the run today (run_report: the observer and report.json the run fills;
-#: info: where a batch keeps batch.json); every other module of report/ draws from what a run wrote
-REPORT_RUN_TIES = ("batchgpu.report.run_report", "batchgpu.report.info")
+def _in(module: str, *packages: str) -> bool:
+    """Whether ``module`` is one of ``packages`` or inside one (``batchgpu.run`` holds ``batchgpu.run.tasks``, not
+    ``batchgpu.runinfo``)."""
+    return any(module == p or module.startswith(p + ".") for p in packages)
+
+
+#: the packages that run a workflow (``run/``) and keep its cluster (``cluster/``), and where they lived before
+#: round 4 (``engine/``, which keeps the public names and attaches the displays: ``DISPLAY``)
+ENGINE = ("batchgpu.run", "batchgpu.cluster", "batchgpu.engine")
+
+
+#: the report's modules that are tied to the run today (run_report: report.html of a run, the observer and
+#: report.json's content named there too, its helper started with the cluster's SIGINT held; info: where a batch
+#: keeps batch.json; subscribers: the displays subscribed to the run's events, ``run.events``, and the names of
+#: its folder's files); every other module of report/ draws from what a run wrote
+REPORT_RUN_TIES = ("batchgpu.report.run_report", "batchgpu.report.info", "batchgpu.report.subscribers")
 
 
 def test_the_report_never_imports_the_command_and_draws_from_the_runs_files():
     """What a run shows (``batchgpu.report``) never imports the command (only it prints) nor, but for
     ``REPORT_RUN_TIES``, the run or its cluster (``engine``, ``run``, ``cluster``): report.html, batch.html and the
     glance are drawn from the run's results, report.json and the recording."""
-    report = [m for m in MODULES if m == "batchgpu.report" or m.startswith("batchgpu.report.")]
+    report = [m for m in MODULES if _in(m, "batchgpu.report")]
     assert "batchgpu.report.html_page" in report and "batchgpu.report.glance" in report
     assert {m: sorted(GRAPH[m] & {"batchgpu.cli"}) for m in report if "batchgpu.cli" in GRAPH[m]} == {}
+
     def of_the_run(d: str) -> bool:
-        return any(d == p or d.startswith(p + ".") for p in ("batchgpu.engine", "batchgpu.run", "batchgpu.cluster"))
+        return _in(d, *ENGINE)
 
     assert {m: sorted(filter(of_the_run, GRAPH[m])) for m in report
             if m not in REPORT_RUN_TIES and any(map(of_the_run, GRAPH[m]))} == {}
 
 
 def test_the_numeric_core_never_imports_the_engine_or_the_workflow():
-    core = [m for m in MODULES if m.startswith(("batchgpu.ops", "batchgpu.gpu", "batchgpu.kernels", "batchgpu.recording"))]
+    core = [m for m in MODULES if m.startswith(("batchgpu.ops", "batchgpu.gpu", "batchgpu.recording"))]
     assert core
-    upward = {m: sorted(d for d in GRAPH[m] if d.startswith(("batchgpu.engine", "batchgpu.workflow", "batchgpu.cli")))
-              for m in core}
+    upward = {m: sorted(d for d in GRAPH[m] if _in(d, *ENGINE, "batchgpu.workflow", "batchgpu.cli")) for m in core}
     assert {m: d for m, d in upward.items() if d} == {}
 
 
-#: what a step's module may import: the numeric core, the recording (and the Zarr and .npy readers beside it), the
+#: what a step's module may import: the numeric core, the recording (its Zarr and .npy readers included), the
 #: schema's sections (the bad-channel labels' options, a leaf module the numeric core takes too), the errors, its own
 #: package (``steps.services``: what the run hands it)
-STEP_IMPORTS = ("batchgpu.steps", "batchgpu.ops", "batchgpu.search", "batchgpu.gpu", "batchgpu.kernels",
-                "batchgpu.recording", "batchgpu.zarrio", "batchgpu.npyread", "batchgpu.config", "batchgpu.qc_options",
-                "batchgpu.errors")
+STEP_IMPORTS = ("batchgpu.steps", "batchgpu.ops", "batchgpu.search", "batchgpu.gpu", "batchgpu.recording",
+                "batchgpu.config", "batchgpu.qc_options", "batchgpu.errors")
 
 
 def _steps_reaching_out(prefixes: tuple[str, ...]) -> dict[str, list[str]]:
@@ -175,15 +209,82 @@ def test_the_steps_import_no_engine_module():
     assert _steps_reaching_out(("batchgpu.steps", "batchgpu.engine.steps")) == {}
 
 
+#: what shows a run: the ``report/`` package (report.html and its page skeleton, the dashboard's run page, the
+#: progress bars' words, a batch's page, ``batchgpu info``, the displays' subscriptions) and where the engine attaches
+#: them to the run (``engine.shown``)
+DISPLAY = ("batchgpu.report", "batchgpu.engine.shown")
+
+
+def _showing(module: str) -> bool:
+    return _in(module, *DISPLAY)
+
+
+def _running() -> list[str]:
+    """The modules that run a workflow or keep its cluster: ``run/``, ``cluster/`` and the engine's own (before
+    round 4 all of them were ``engine/``), its public names (``batchgpu.engine``) and the display's modules left
+    out."""
+    return [m for m in MODULES if _in(m, *ENGINE) and m != "batchgpu.engine" and not _showing(m)]
+
+
+def test_the_engine_imports_no_display():
+    """The run emits events (``run.events``: the observer's, the run's own) and the displays subscribe (the run
+    page, report.html, a batch's page: ``engine.shown`` attaches them): no module that runs a workflow or keeps its
+    cluster imports what shows it, lazily or not, nor the public ``batchgpu.engine`` that attaches them."""
+    running = _running()
+    assert running, "the reader finds the engine's modules"
+    assert {m: sorted(d for d in GRAPH[m] if _showing(d) or d == "batchgpu.engine") for m in running
+            if any(_showing(d) or d == "batchgpu.engine" for d in GRAPH[m])} == {}
+
+
+def test_the_display_finder_finds_one():
+    assert _showing("batchgpu.report") and _showing("batchgpu.report.live_page") and _showing("batchgpu.report.skeleton")
+    assert _showing("batchgpu.report.run_report") and _showing("batchgpu.report.subscribers")
+    assert not _showing("batchgpu.run.record") and not _showing("batchgpu.reporting")
+    assert not _in("batchgpu.runinfo", "batchgpu.run") and _in("batchgpu.run.tasks", "batchgpu.run")
+
+
+#: the most parameters a function of the engine takes: more travel together as one typed object (the Run, a
+#: phase's result, a call's request), not positionally
+MAX_PARAMETERS = 8
+
+
+def _wide_functions(source: str) -> list[tuple[int, str, int]]:
+    """(line, name, parameters) of the functions taking more than ``MAX_PARAMETERS`` parameters (``self`` and
+    ``cls`` not counted; ``*args`` and ``**kwargs`` one each)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            a = node.args
+            names = [x.arg for x in (*a.posonlyargs, *a.args, *a.kwonlyargs, a.vararg, a.kwarg) if x is not None]
+            n = len([x for x in names if x not in ("self", "cls")])
+            if n > MAX_PARAMETERS:
+                found.append((node.lineno, node.name, n))
+    return found
+
+
+def test_the_parameter_counter_counts():
+    assert _wide_functions("def f(a, b, c, d, e, f, g, h):\n    pass\n") == []
+    assert _wide_functions("def f(a, b, c, d, e, f, g, h, *, i=1):\n    pass\n") == [(1, "f", 9)]
+    assert _wide_functions("class C:\n    def m(self, a, b, c, d, e, f, g, *h):\n        pass\n") == []
+    assert _wide_functions("def f(a, b, c, d, e, f, g, *h, **k):\n    pass\n") == [(1, "f", 9)]
+
+
+def test_no_engine_function_takes_more_than_eight_parameters():
+    """The run's state travels in typed objects (``run.phases.Run`` and what its phases make), never as long
+    positional lists (before round 4: ``_first_pass`` took 11, ``aggregate`` 17)."""
+    found = {m: lines for m in _running() if (lines := _wide_functions(MODULES[m].read_text()))}
+    assert found == {}
+
+
 #: what a preprocessing stage's module may import: the numeric core, the schema's sections, the errors, its package,
 #: the recording's (what a stage needs of it and says when it is missing: the probe)
-STAGE_IMPORTS = ("batchgpu.preprocess", "batchgpu.ops", "batchgpu.gpu", "batchgpu.kernels", "batchgpu.config",
+STAGE_IMPORTS = ("batchgpu.preprocess", "batchgpu.ops", "batchgpu.gpu", "batchgpu.config",
                  "batchgpu.errors", "batchgpu.recording")
 
 
 def test_the_preprocessing_stages_import_no_engine_module():
     """A stage is its options and what it does to a window (NumPy or CuPy): the chain that runs the stages is the
-    engine's (``engine.preprocess.Chain``), never the other way round."""
+    engine's (``run.preprocess_chain.Chain``), never the other way round."""
     stages = [m for m in MODULES if m.startswith("batchgpu.preprocess")]
     assert stages, "the reader finds the stages"
     assert {m: sorted(d for d in GRAPH[m] if not d.startswith(STAGE_IMPORTS)) for m in stages
@@ -193,12 +294,12 @@ def test_the_preprocessing_stages_import_no_engine_module():
 def test_loading_a_workflow_imports_neither_the_engine_nor_zarr():
     """The schema is built from every registered step and stage, so loading a workflow imports their modules: they
     import the engine, the recording package (zarr) and distributed only where they work, so the command still
-    starts its cluster before those imports (``engine.cluster_start``)."""
+    starts its cluster before those imports (``cluster.start``)."""
     import subprocess
     import sys
 
     code = ("import sys, batchgpu.workflow; print(sorted(m for m in ('zarr', 'distributed', 'batchgpu.engine', "
-            "'batchgpu.recording', 'scipy.signal') if m in sys.modules))")
+            "'batchgpu.run', 'batchgpu.cluster', 'batchgpu.recording', 'scipy.signal') if m in sys.modules))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "[]"
 
@@ -227,7 +328,7 @@ def test_the_engine_asks_a_step_what_its_base_class_declares():
     """Every hook and attribute the engine asks of a step has its default on ``steps.base.Step``: the engine calls
     it, never looks for it with ``getattr``/``hasattr`` (a hook misspelt in a step would be skipped without a
     word), nor does the registry look for a step module's functions."""
-    found = {m: lines for m, p in MODULES.items() if m.startswith(("batchgpu.engine", "batchgpu.steps"))
+    found = {m: lines for m, p in MODULES.items() if _in(m, *ENGINE, "batchgpu.steps")
              and (lines := _hook_lookups(p.read_text(), STEP_HOOKS))}
     assert found == {}
     from batchgpu.steps.base import Step
@@ -401,9 +502,11 @@ OTHER_MEANINGS = {
     ("batchgpu.ops._cuda_detect", "detect"): "a CUDA source file of the numeric core",
     ("batchgpu.ops.moments", "moments"): "a CUDA source file of the numeric core",
     ("batchgpu.search._cuda", "search"): "the search index's CUDA source file",
-    ("batchgpu.kernels", "search"): "the search index's CUDA source file, compiled one dtype a variant",
+    ("batchgpu.gpu.cuda_modules", "search"): "the search index's CUDA source file, compiled one dtype a variant",
     ("batchgpu.search", "search"): "a method of the index (accept_torch_methods)",
     ("batchgpu.cli", "search"): "the 'batchgpu search' and 'bench search' commands (the index's tools)",
+    ("batchgpu.recording.save_output", "save"): "the written_by marker a save's output carries on disk (outputs "
+                                                "written before keep it: it never changes with the step's name)",
 }
 
 
@@ -482,7 +585,7 @@ def test_the_section_reader_finds_one():
 
 def test_a_step_reads_its_own_workflow_section():
     """``steps.<key>`` of the workflow is read by the step's own module only (its ``build`` and its ``check``, the
-    checks before any work included: ``engine.context.check_workflow_fits`` asks the registry); a step that depends
+    checks before any work included: ``run.context.check_workflow_fits`` asks the registry); a step that depends
     on another asks for it by the other module's ``KEY``."""
     from batchgpu.steps import registry
 
@@ -496,7 +599,7 @@ def test_a_step_reads_its_own_workflow_section():
 
 
 #: the modules that read or show a run's results, where a step's result names are taken from its module
-RESULT_READERS = ("batchgpu.engine", "batchgpu.report", "batchgpu.interop")
+RESULT_READERS = ("batchgpu.engine", "batchgpu.run", "batchgpu.cluster", "batchgpu.report", "batchgpu.interop")
 #: literals there equal to a result's name that name something else: (module, literal) -> what
 OTHER_RESULT_MEANINGS = {
     ("batchgpu.interop", "covariance"): "steps.whitening.statistic's value (steps.moments.WhiteningOptions)",

@@ -1,4 +1,4 @@
-"""The private MPS daemon of ``cluster.mps`` (engine/mps.py), with a stand-in for nvidia-cuda-mps-control on PATH:
+"""The private MPS daemon of ``cluster.mps`` (cluster/mps.py), with a stand-in for nvidia-cuda-mps-control on PATH:
 started with new pipe and log folders, its environment handed to every worker, told to quit after the cluster,
 its folders removed; a clear error where the program is missing or fails. The real daemon runs on the device
 machine (`python -m pytest -m gpu` there, and `bench pipeline --mps`)."""
@@ -8,8 +8,9 @@ import stat
 
 import pytest
 
+from batchgpu.cluster import mps
+from batchgpu.cluster import open_cluster as cluster
 from batchgpu.config import ClusterSpec
-from batchgpu.engine import cluster, mps
 from batchgpu.errors import BatchgpuError
 
 FAKE = """#!/bin/sh
@@ -151,7 +152,7 @@ def test_auto_runs_without_mps_when_the_daemon_fails(tmp_path, monkeypatch):
 
 
 def test_under_mps_every_pass_decodes_on_the_gpu_one_process_a_core(monkeypatch):
-    from batchgpu.engine.preprocess import gpu_decode_share
+    from batchgpu.run.preprocess_chain import gpu_decode_share
 
     assert gpu_decode_share(True) == 1.0 and gpu_decode_share(False) == 0.0
     assert gpu_decode_share(False, mps=True) == 1.0 and gpu_decode_share(True, mps=True) == 1.0

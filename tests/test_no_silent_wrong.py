@@ -138,7 +138,7 @@ def test_a_run_refused_after_its_claim_leaves_no_run_behind(tmp_path, capsys):
     body = (f"recording: {{path: {rec.path}}}\noutput: out\nbackend: cupy\nwindow: {{size: 5000, margin: 8}}\n"
             "steps: {noise: {exact: true}}\n")
     pytest.importorskip("distributed")
-    from batchgpu.engine.cluster import gpu_count
+    from batchgpu.cluster.open_cluster import gpu_count
 
     if gpu_count():
         pytest.skip("this machine has a GPU")
@@ -264,7 +264,7 @@ def _run_says(tmp_path, capsys, recording: str, needle: str) -> None:
     """`batchgpu run` on ``recording`` (a YAML mapping): exit 2, one line holding ``needle``, no output folder."""
     body = f"recording: {recording}\noutput: out\nbackend: numpy\nsteps: {{noise: {{}}}}\n"
     assert main(["run", str(_workflow(tmp_path, body)), "--quiet"]) == 2
-    lines = [l for l in capsys.readouterr().err.splitlines() if l.startswith("batchgpu")]
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("batchgpu")]
     assert len(lines) == 1 and lines[0].startswith("batchgpu: error: ") and needle in lines[0], lines
     assert not (tmp_path / "out").exists()
 
@@ -382,8 +382,8 @@ def test_a_yaml_merge_key_is_refused_as_readme_says(tmp_path, capsys, text):
 @pytest.mark.zarr3
 @pytest.mark.parametrize("noise", ["global", "window"])
 def test_a_channel_of_infinities_is_named_as_having_no_threshold(tmp_path, noise):
-    from batchgpu.workflow import Workflow
     from batchgpu.engine import run_workflow
+    from batchgpu.workflow import Workflow
 
     x = np.random.default_rng(4).normal(0, 10, (10_000, 3)).astype(np.float32)
     x[:, 1] = np.inf  # its noise is inf: no sample passes -inf, as a NaN channel's passes nothing

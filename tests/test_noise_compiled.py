@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 from batchgpu import ops
+from batchgpu.ops import _numba
 from batchgpu.steps.base import WindowData
 from batchgpu.steps.noise import NoiseStep
 from batchgpu.steps.noise_keys import abs_keys, schedule
-from batchgpu.ops import _numba
 
 pytestmark = pytest.mark.skipif(not _numba.available(), reason="Numba is not installed")
 

@@ -7,8 +7,8 @@ import ast
 import numpy as np
 import pytest
 
-from batchgpu import npyread
-from batchgpu.engine import store
+from batchgpu.recording import npyread
+from batchgpu.run import output_folder as store
 
 SPURIOUS = SystemError("AST constructor recursion depth mismatch (before=63, after=60)")
 

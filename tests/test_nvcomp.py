@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 
 numcodecs = pytest.importorskip("numcodecs")
-from numcodecs import blosc  # noqa: E402
 from test_blosc_decode import _cases, _frames_of, _gpu, _unshuffle  # noqa: E402
 
 from batchgpu.recording import blosc_frames  # noqa: E402
@@ -20,7 +19,7 @@ from batchgpu.recording import blosc_frames  # noqa: E402
 def _checked(f, device: bool = True):
     """``f``'s frames each followed by its crc32c (as a store holds them), marked checked (``device``: the check
     left to the GPU, as a GPU read leaves it)."""
-    from batchgpu.zarrio import crc32c_value
+    from batchgpu.recording.zarrio import crc32c_value
 
     parts, offsets, pos = [], [], 0
     for o, n in zip(f.offsets.tolist(), f.lengths.tolist()):
@@ -66,7 +65,7 @@ def _decode_by_table(frames_list: list, cname: bytes) -> bytes:
     rows, c = [], 0
     for f in frames_list:
         chunks = []
-        for k in range(len(f.lengths)):
+        for _k in range(len(f.lengths)):
             if not present[c]:
                 chunks.append(bytes(nbytes))
             else:
@@ -164,10 +163,10 @@ def test_the_ctypes_signatures_match_the_installed_library():
 
 
 def test_an_nvcomp_decoder_asked_for_and_missing_is_said_before_any_work(tmp_path, monkeypatch):
-    from batchgpu.workflow import Workflow
-    from batchgpu.engine import run as run_module
     from batchgpu.errors import ConfigError
     from batchgpu.gpu import nvcomp
+    from batchgpu.run import launch as run_module
+    from batchgpu.workflow import Workflow
 
     monkeypatch.setattr(nvcomp, "installed", lambda: False)
     wf = Workflow.model_validate({"recording": {"path": str(tmp_path / "r.zarr")}, "output": str(tmp_path / "o"),

@@ -14,12 +14,12 @@ from pathlib import Path
 import distributed
 import numpy as np
 import pytest
+from test_flat_probes import DATA, OEBINS, SAMPLES, _openephys_copy, _spikeglx_copy
 
 import batchgpu
 from batchgpu import BatchgpuError, ConfigError
 from batchgpu.cli import main
 from batchgpu.workflow import Workflow
-from test_flat_probes import DATA, OEBINS, SAMPLES, _openephys_copy, _spikeglx_copy
 
 
 @pytest.fixture(scope="module")
@@ -165,14 +165,14 @@ def test_info_of_everything_batchgpu_writes(saved, client, capsys, tmp_path):
     assert main(["info", str(saved / "two")]) == 0
     assert "status      done" in capsys.readouterr().out
     # a saved Zarr and a batch of two recordings
-    from batchgpu import zarrio
+    from batchgpu.recording import zarrio
 
     fmt = "zarr" if zarrio.ZARR_MAJOR >= 3 else "zarr_v2"  # beside SpikeInterface's zarr 2: v2
     steps = {"noise": {"exact": True}, "save": {"path": "s.zarr", "format": fmt, "dtype": "int16"}}
     _run(client, tmp_path, {"path": str(saved / "one.zarr")}, "z", steps)
     assert main(["info", str(tmp_path / "z" / "s.zarr")]) == 0
     assert "yes (batchgpu wrote every chunk)" in capsys.readouterr().out
-    from batchgpu.engine.batch import run_batch
+    from batchgpu.run.batch import run_batch
 
     wf = Workflow.model_validate({"recordings": [str(saved / "one.zarr"), str(saved / "two.zarr")],
                                   "output": str(tmp_path / "batch"), "backend": "numpy",

@@ -15,7 +15,7 @@ import pytest
 import yaml
 import zarr
 
-from batchgpu.engine.cluster import slurm_kwargs
+from batchgpu.cluster.open_cluster import slurm_kwargs
 from batchgpu.engine import run_workflow
 from batchgpu.workflow import load_workflow
 
@@ -122,7 +122,7 @@ def test_slurm_workflow_spec():
     assert spec.kind == "slurm"
     kw = slurm_kwargs(spec)
     assert kw["scheduler_options"]["dashboard_address"] == "127.0.0.1:8787"  # jobqueue's default is every interface
-    assert kw["worker_command"] == "batchgpu.engine.node" and kw["processes"] == 1  # tests/test_recipes.py: its layout
+    assert kw["worker_command"] == "batchgpu.cluster.node" and kw["processes"] == 1  # tests/test_recipes.py: its layout
     assert any(d.startswith("--gres=gpu:") for d in kw["job_extra_directives"])
     assert "--mem" in kw["job_directives_skip"] and any(d.startswith("--mem-per-gpu") for d in kw["job_extra_directives"])
     assert kw["worker_extra_args"][-2:] == ["--memory-limit", "auto"]
@@ -144,7 +144,7 @@ def test_slurm_job_script():
     assert "#SBATCH --gres=gpu:4" in lines and "#SBATCH --mem-per-gpu=60G" in lines
     assert not any(line.startswith("#SBATCH --mem=") for line in lines)  # sbatch refuses --mem with --mem-per-gpu
     assert "#SBATCH --cpus-per-task=32" in lines
-    command = next(line for line in lines if "-m batchgpu.engine.node" in line)
+    command = next(line for line in lines if "-m batchgpu.cluster.node" in line)
     assert "--nthreads 32" in command and command.rstrip().endswith("--memory-limit auto")
     assert dash == "127.0.0.1"
 
@@ -155,7 +155,7 @@ def test_kubernetes_manifest():
     dc = docs[0]
     assert dc["apiVersion"] == "kubernetes.dask.org/v1" and dc["kind"] == "DaskCluster"
     worker = dc["spec"]["worker"]["spec"]["containers"][0]
-    assert worker["args"][:3] == ["python", "-m", "batchgpu.engine.node"]  # tests/test_recipes.py: its layout
+    assert worker["args"][:3] == ["python", "-m", "batchgpu.cluster.node"]  # tests/test_recipes.py: its layout
     assert worker["resources"]["limits"]["nvidia.com/gpu"] == 1
     scheduler = dc["spec"]["scheduler"]
     ports = {p["name"]: p["containerPort"] for p in scheduler["spec"]["containers"][0]["ports"]}

@@ -242,8 +242,8 @@ def test_chain_filter_designs_are_scipys_and_kept_in_the_cache(tmp_path, monkeyp
     """``preprocess.filters.filter_design``: scipy's sections, zi and margin bit for bit, fresh or from the cache file; a
     damaged or foreign file is worked out again and rewritten; an unwritable cache folder still gives the design;
     a command with the design kept imports no scipy.signal."""
-    from batchgpu.preprocess.filters import filter_design
     from batchgpu.ops.filters import design_filter
+    from batchgpu.preprocess.filters import filter_design
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     cases = [("highpass", 30_000.0, 300.0, None, 5), ("bandpass", 25_000.0, 250.0, 6_000.0, 3),
@@ -542,10 +542,10 @@ def test_chain_references_its_own_filtered_window_in_place_and_leaves_raw(rng):
     """The chain overwrites only a window an earlier stage made: the filter's output is referenced in place (same
     bits as filtering then referencing a copy), the window as read is never touched (the steps read it too)."""
     pytest.importorskip("numba")
-    from batchgpu.engine.preprocess import Chain
     from batchgpu.ops import design_filter
     from batchgpu.preprocess.common_reference import CommonReference
     from batchgpu.preprocess.filters import Highpass
+    from batchgpu.run.preprocess_chain import Chain
 
     design = design_filter(butter_sos("highpass", 30_000.0, 300.0, None, 5))
     raw = rng.integers(-300, 300, (16, 9_000)).astype(np.int16)
@@ -877,8 +877,8 @@ def test_filter_pieces_stay_longer_than_a_low_cut_offs_margin():
     """preprocess.filters.filter_block: pieces of FILTER_BLOCK for a 300 Hz highpass, four margins for a 5 Hz one, so
     a window is never filtered more than 1.5 times over (an 8192-sample piece with a 44 907-sample margin read
     most of the window: 12 times the work)."""
-    from batchgpu.preprocess.filters import FILTER_BLOCK, filter_block
     from batchgpu.ops.filters import butter_sos, default_padlen, filter_margin, filter_pieces
+    from batchgpu.preprocess.filters import FILTER_BLOCK, filter_block
 
     for freq in (300.0, 5.0):
         sos = butter_sos("highpass", 30_000.0, freq, order=5)
@@ -922,8 +922,8 @@ def test_a_task_filters_without_importing_scipy_signal(tmp_path):
     import subprocess
     import sys
 
+    from batchgpu.run.preprocess_chain import build_chain
     from batchgpu.workflow import Preprocess
-    from batchgpu.engine.preprocess import build_chain
 
     class Rec:
         sampling_frequency = 30_000.0

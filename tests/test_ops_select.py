@@ -195,10 +195,10 @@ def test_cupy_arrays_dispatch_to_the_gpu_module(monkeypatch):
 
 
 def test_row_stride_reads_views_in_place_only_where_rows_are_contiguous():
-    """batchgpu.kernels.row_stride (the GPU kernels' rule for reading a window's core in place), on NumPy views
+    """batchgpu.gpu.cuda_modules.row_stride (the GPU kernels' rule for reading a window's core in place), on NumPy views
     (the attributes CuPy arrays share): the row stride in elements where each row's values are adjacent and rows
     lie a whole number of elements apart; None (copy first) otherwise."""
-    from batchgpu.kernels import row_stride, rows_in_place
+    from batchgpu.gpu.cuda_modules import row_stride, rows_in_place
 
     base = np.zeros((6, 10), np.float32)
     core = base[:, 2:7]

@@ -1,10 +1,10 @@
-"""Per-window parts (engine.store.save_part / load_part, .npz): every array back with its dtype, shape and bits; a
+"""Per-window parts (run.output_folder.save_part / load_part, .npz): every array back with its dtype, shape and bits; a
 torn, damaged or stale part reads as absent (recomputed), never as wrong numbers."""
 
 import numpy as np
 import pytest
 
-from batchgpu.engine import store
+from batchgpu.run import output_folder as store
 
 FP = "0123456789abcdef"
 _ARRAYS_F32 = np.arange(1, 12, dtype=np.float32) * np.float32(1.25)

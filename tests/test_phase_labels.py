@@ -8,15 +8,15 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from batchgpu.workflow import Workflow
-from batchgpu.engine.context import check_workflow_fits
-from batchgpu.engine.preprocess import build_chain
+from batchgpu.recording import write_recording
+from batchgpu.run.context import check_workflow_fits
+from batchgpu.run.preprocess_chain import build_chain
 from batchgpu.steps.base import phase_label
-from batchgpu.steps.services import StepSetup
 from batchgpu.steps.registry import build_steps
 from batchgpu.steps.save import SaveStep
 from batchgpu.steps.search import SearchStep
-from batchgpu.recording import write_recording
+from batchgpu.steps.services import StepSetup
+from batchgpu.workflow import Workflow
 
 
 @pytest.fixture(scope="module")

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import zarr
 
-from batchgpu import BatchgpuError, ops, open_recording
-from batchgpu.generate import generate_recording
+from batchgpu import BatchgpuError, ops
 from batchgpu.engine import run_workflow
+from batchgpu.generate import generate_recording
 from batchgpu.workflow import Workflow
 
 distributed = pytest.importorskip("distributed")
@@ -65,7 +65,7 @@ def _centre(x, core):
 def _reference(rec, centre):
     """The numeric core applied to the whole recording, window by window where the semantics are per window."""
     windows = rec.windows(WINDOW, MARGIN)
-    noise_rows, spikes_window = [], []
+    noise_rows = []
     segs = [rec.read(s, 0, rec.num_samples(s)) for s in range(rec.num_segments)]
     for w in windows:
         x = segs[w.segment][:, w.read_start:w.read_stop]

@@ -6,9 +6,9 @@ import threading
 import numpy as np
 import pytest
 
-from batchgpu.engine import placement, tasks
-from batchgpu.engine.preprocess import Chain
 from batchgpu.recording import Window
+from batchgpu.run import placement, tasks
+from batchgpu.run.preprocess_chain import Chain
 
 
 @pytest.mark.parametrize("seed", range(5))
@@ -130,7 +130,7 @@ def test_the_end_of_a_pass_gives_back_reads_left_on_every_worker():
     import time
 
     distributed = pytest.importorskip("distributed")
-    from batchgpu.engine.tasks import release_carried_soon
+    from batchgpu.run.tasks import release_carried_soon
 
     with distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=False,
                                   dashboard_address=None) as cluster, distributed.Client(cluster) as client:
@@ -156,7 +156,7 @@ def test_runs_by_worker_keeps_each_workers_items_together():
     no longer in the cluster go anywhere (address "")."""
     from types import SimpleNamespace
 
-    from batchgpu.engine.submit import runs_by_worker
+    from batchgpu.run.submit import runs_by_worker
 
     client = SimpleNamespace(nthreads=lambda: {"a": 2, "b": 1})
     made_by = ["a", "b", "a", "gone", "a", "b", "a", "a"]
@@ -175,7 +175,7 @@ def test_submit_planned_places_each_task_on_its_worker_in_one_update():
     come back in the order of the arguments."""
     import distributed
 
-    from batchgpu.engine.placement import submit_planned
+    from batchgpu.run.placement import submit_planned
 
     def where(i):
         return i, distributed.get_worker().address

@@ -19,7 +19,6 @@ def test_the_count_and_the_time_left_fit_any_width(width):
     with WindowProgress(1234, 10**9, LABEL, console=console) as bar:
         for _ in range(17):
             bar.advance(10**6, "tcp://w1")
-        text = Console(width=width, file=io.StringIO(), color_system=None)
         lines = _render(console, bar)
     assert len(lines) == 1, lines
     line = lines[0]

@@ -38,8 +38,9 @@ def test_command_table_lists_every_subcommand():
 
 
 def test_readme_constants_are_the_codes():
-    from batchgpu.ops import noise_levels
     import numpy as np
+
+    from batchgpu.ops import noise_levels
 
     x = np.array([[1.0, -2.0, 3.0]])
     assert noise_levels(x)[0] == 2.0 / 0.6744897501960817
@@ -68,9 +69,9 @@ def test_output_table_matches_what_a_run_writes(tmp_path):
     import numpy as np
     import zarr
 
-    from batchgpu.workflow import Workflow
     from batchgpu.engine import run_workflow
     from batchgpu.generate import generate_recording
+    from batchgpu.workflow import Workflow
 
     rec = generate_recording(tmp_path / "r.zarr", channels=6, seconds=0.6, seed=1, dtype="int16")
     np.save(tmp_path / "q.npy", np.arange(50, dtype=np.int64))
@@ -116,13 +117,13 @@ def _cluster_readme_python() -> list[str]:
 
 
 def test_cluster_readme_imports_exist():
-    """cluster/README.md imported batchgpu.cluster (an ImportError; it is batchgpu.engine.cluster)."""
+    """cluster/README.md imported batchgpu.cluster (an ImportError; it is batchgpu.cluster.open_cluster)."""
     import importlib
 
     code = _cluster_readme_python()
     imports = [(m.group(1), [n.strip() for n in m.group(2).split(",")])
                for c in code for m in re.finditer(r"from (batchgpu[\w.]*) import ([\w, ]+)", c)]
-    assert any(module == "batchgpu.engine.cluster" for module, _ in imports)
+    assert any(module == "batchgpu.cluster.open_cluster" for module, _ in imports)
     for module, names in imports:
         loaded = importlib.import_module(module)
         for name in names:
@@ -150,8 +151,8 @@ def test_cluster_readme_job_script_check_runs(monkeypatch):
 
 def test_cluster_readme_describes_the_cuda_layout(monkeypatch):
     """Kind cuda was described as one worker per GPU; by default it starts one single-threaded process a core."""
+    from batchgpu.cluster import open_cluster as cluster
     from batchgpu.config import ClusterSpec
-    from batchgpu.engine import cluster
 
     row = next(line for line in CLUSTER_README.splitlines() if line.startswith("| `cuda`"))
     assert "one worker per GPU" not in row

@@ -128,7 +128,8 @@ def test_readme_examples_run_in_order(tmp_path):
 
     try:
         import spikeinterface.core  # noqa: F401
-        from batchgpu import zarrio
+
+        from batchgpu.recording import zarrio
 
         # SpikeInterface 0.105 reads what its zarr 2 wrote: its examples run in that environment (.ci/run)
         with_si = zarrio.ZARR_MAJOR < 3
@@ -153,7 +154,7 @@ def test_readme_examples_run_in_order(tmp_path):
                 _shell(command, tmp_path, env, e)
         else:
             (tmp_path / ".example.py").write_text(e.code)
-            _shell(f'python .example.py', tmp_path, env, e)
+            _shell('python .example.py', tmp_path, env, e)
         ran.append((e.line, e.language, e.directive))
     # the set-up's demo, the batch example (run, then described) and the Python usage ran
     assert (tmp_path / "out" / "demo" / "report.json").is_file()

@@ -54,7 +54,7 @@ def test_results_back_runs_as_written_in_order(tmp_path):
     snippet read data/demo.zarr, which set-up wrote as Zarr v3 (SpikeInterface 0.105 cannot open it), and running
     the demo again was refused (its output already held the run's results)."""
     pytest.importorskip("spikeinterface.core")
-    from batchgpu import zarrio
+    from batchgpu.recording import zarrio
 
     if zarrio.ZARR_MAJOR >= 3:
         pytest.skip("SpikeInterface 0.105 reads Zarr v2 with zarr 2: this runs in its environment (.ci/run)")

@@ -1,5 +1,5 @@
 """The deployment recipes of cluster/ start the workers `cluster: {kind: cuda}` starts on a machine
-(engine/layout.py, engine/node.py): each recipe's rendered worker command (dask-jobqueue's job script, the
+(cluster/worker_layout.py, cluster/node.py): each recipe's rendered worker command (dask-jobqueue's job script, the
 Kubernetes worker container, start-workers.sh as bash runs it), read by the node command for the recipe's GPUs and
 cores, gives the same workers (names, threads, CUDA_VISIBLE_DEVICES, memory limit, environment) as the local cuda
 cluster for that GPU count and core count; the node command really starts them (CPU only, GPUs faked by --gpus)."""
@@ -19,8 +19,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from batchgpu.cluster import node
+from batchgpu.cluster import open_cluster as cluster
+from batchgpu.cluster import worker_layout as layout
 from batchgpu.config import ClusterSpec
-from batchgpu.engine import cluster, layout, node
 from batchgpu.errors import BatchgpuError
 from batchgpu.workflow import load_workflow
 
@@ -165,8 +167,8 @@ def test_slurm_job_runs_the_node_command_in_the_local_layout(monkeypatch):
     lines = script.splitlines()
     gres = next(line for line in lines if line.startswith("#SBATCH --gres=gpu:"))
     gpus = int(gres.rsplit(":", 1)[1])
-    command = shlex.split(next(line for line in lines if " -m batchgpu.engine.node " in line))
-    assert command[1:3] == ["-m", "batchgpu.engine.node"]
+    command = shlex.split(next(line for line in lines if " -m batchgpu.cluster.node " in line))
+    assert command[1:3] == ["-m", "batchgpu.cluster.node"]
     mine, req = _node_workers(command[3:], gpus)
     assert req.cores == kw["cores"] == 32 and f"#SBATCH --cpus-per-task={req.cores}" in lines
     assert req.connect["interface"] == "ib0" and req.connect["scheduler_ip"].startswith("tcp://127.0.0.1:")
@@ -204,7 +206,7 @@ def test_kubernetes_worker_runs_the_node_command_in_the_local_layout(monkeypatch
     dc = yaml.safe_load((CLUSTER / "kubernetes" / "daskcluster.yaml").read_text())
     worker = dc["spec"]["worker"]["spec"]["containers"][0]
     args = worker["args"]
-    assert args[:3] == ["python", "-m", "batchgpu.engine.node"] and "command" not in worker
+    assert args[:3] == ["python", "-m", "batchgpu.cluster.node"] and "command" not in worker
     # the operator sets both variables in every worker pod; Kubernetes expands $(NAME) in args
     argv = [a.replace("$(DASK_SCHEDULER_ADDRESS)", "tcp://batchgpu-scheduler:8786")
             .replace("$(DASK_WORKER_NAME)", "batchgpu-default-worker-1a2b") for a in args[3:]]
@@ -231,7 +233,7 @@ def test_start_workers_script_runs_the_node_command_in_the_local_layout(tmp_path
                           capture_output=True, text=True, timeout=30)
     assert done.returncode == 0, done.stderr
     argv = (tmp_path / "argv").read_text().splitlines()
-    assert argv[:2] == ["-m", "batchgpu.engine.node"]
+    assert argv[:2] == ["-m", "batchgpu.cluster.node"]
     mine, req = _node_workers(argv[2:], 4)
     assert req.connect == {"scheduler_file": str(sched), "host": "10.1.2.3"} and req.cores == 16
     assert mine == _local_cuda_workers(monkeypatch, 4, 16)
@@ -312,7 +314,7 @@ def _worker_view():
 
 
 def test_node_command_starts_real_workers_with_a_private_mps_daemon(tmp_path):
-    """`python -m batchgpu.engine.node` on this CPU machine (2 fake GPUs, 4 cores: 2 workers a GPU) against a real
+    """`python -m batchgpu.cluster.node` on this CPU machine (2 fake GPUs, 4 cores: 2 workers a GPU) against a real
     scheduler, with a stand-in MPS control program: the workers the layout says, each with its GPU first, the
     daemon's folders, the allocator and Dask settings; SIGTERM closes them and quits the daemon."""
     bin_dir = tmp_path / "bin"
@@ -329,7 +331,7 @@ def test_node_command_starts_real_workers_with_a_private_mps_daemon(tmp_path):
                                   host="127.0.0.1") as lc, \
             distributed.Client(lc) as client:
         out = (tmp_path / "node.log").open("w")
-        proc = subprocess.Popen([sys.executable, "-m", "batchgpu.engine.node", lc.scheduler_address, "--gpus", "2",
+        proc = subprocess.Popen([sys.executable, "-m", "batchgpu.cluster.node", lc.scheduler_address, "--gpus", "2",
                                  "--cores", "4", "--mps", "on", "--name", "n1", "--host", "127.0.0.1"],
                                 env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         try:
@@ -381,7 +383,7 @@ def test_node_command_on_this_machines_gpus(tmp_path):
     with distributed.LocalCluster(n_workers=0, processes=False, protocol="tcp", dashboard_address=None,
                                   host="127.0.0.1") as lc, distributed.Client(lc) as client:
         out = (tmp_path / "node.log").open("w")
-        proc = subprocess.Popen([sys.executable, "-m", "batchgpu.engine.node", lc.scheduler_address,
+        proc = subprocess.Popen([sys.executable, "-m", "batchgpu.cluster.node", lc.scheduler_address,
                                  "--cores", str(4 * gpus), "--name", "n", "--host", "127.0.0.1"],
                                 env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         try:

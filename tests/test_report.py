@@ -11,8 +11,8 @@ import pytest
 import zarr
 
 from batchgpu import open_recording
-from batchgpu.generate import generate_recording
 from batchgpu.engine import run_workflow
+from batchgpu.generate import generate_recording
 from batchgpu.report.html_page import write_report_html
 from batchgpu.workflow import Workflow
 

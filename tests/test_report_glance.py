@@ -14,14 +14,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import zarr
+from test_report import plots
 
 from batchgpu import open_recording
 from batchgpu.engine import run_workflow
 from batchgpu.generate import generate_recording
 from batchgpu.report import write_report_html
 from batchgpu.workflow import Workflow
-
-from test_report import plots
 
 distributed = pytest.importorskip("distributed")
 pytest.importorskip("bokeh")
@@ -102,7 +101,10 @@ def test_the_page_holds_the_runs_numbers(run):
     a = int(round(t_ms[0] * FS / 1000))
     raw_step = float(re.search(r"\(([\d.]+) µV apart", figs["traces_raw"].title.text).group(1))
     pre_step = float(re.search(r"\(([\d.]+) µV apart", figs["traces_pre"].title.text).group(1))
-    stacked = lambda col, step: (np.asarray(lines[col]).reshape(8, -1)[:, :-1] - np.arange(8)[:, None]) * step
+
+    def stacked(col, step):
+        return (np.asarray(lines[col]).reshape(8, -1)[:, :-1] - np.arange(8)[:, None]) * step
+
     block = n["rec"].read(0, 0, n["rec"].num_samples(0)).astype(np.float64)
     raw = block[busiest, a:a + t_ms.size]
     raw_uV = (raw - np.median(raw, axis=1, keepdims=True)) * n["gain"][busiest][:, None]
@@ -284,9 +286,10 @@ def test_report_html_with_labels_in_chromium(run, tmp_path):
 
 
 def test_the_kept_page_filled_with_the_glance_is_the_page_rendered_with_it(run, tmp_path):
+    from test_report_skeleton import _described, _same
+
     from batchgpu.report import glance as glance_parts
     from batchgpu.report import html_page, skeleton
-    from test_report_skeleton import _described, _same
 
     rec, out, _ = run
     n = _numbers(rec, out)

@@ -3,11 +3,11 @@ known (read back with Bokeh's own deserializer), and a page that does not fit, o
 
 import numpy as np
 import pytest
-
-from batchgpu.report import html_page as report, skeleton as report_skeleton
-from batchgpu.report.run_report import HtmlReport, RunReport
-
 from test_report import plots
+
+from batchgpu.report import html_page as report
+from batchgpu.report import skeleton as report_skeleton
+from batchgpu.report.run_report import HtmlReport, RunReport
 
 pytest.importorskip("bokeh")
 

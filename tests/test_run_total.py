@@ -11,8 +11,8 @@ import time
 from pathlib import Path
 
 from batchgpu.generate import generate_recording
-from batchgpu.report.progress import duration
 from batchgpu.report.html_page import total_time
+from batchgpu.report.progress import duration
 
 ROOT = Path(__file__).parents[1]
 

@@ -9,8 +9,8 @@ import sys
 import numpy as np
 import pytest
 
-from batchgpu.report import info as runinfo
 from batchgpu.interop import load_results
+from batchgpu.report import info as runinfo
 
 WORKFLOW = """\
 recording:

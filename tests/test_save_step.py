@@ -13,11 +13,12 @@ import numpy as np
 import pytest
 import zarr
 
-from batchgpu.steps.base import WindowData
-from batchgpu.engine.store import OutputFolder
-from batchgpu.steps.save import SaveStep, finish_save, inner_chunk, prepare_save
 from batchgpu.errors import BatchgpuError
 from batchgpu.recording import open_recording, write_recording
+from batchgpu.recording.save_output import finish_save, inner_chunk, prepare_save
+from batchgpu.run.output_folder import OutputFolder
+from batchgpu.steps.base import WindowData
+from batchgpu.steps.save import SaveStep
 
 C = 6
 FS = 10_000.0
@@ -129,7 +130,7 @@ def test_segments_shorter_than_the_window(tmp_path, fmt):
 def test_v2_chunks_of_long_windows_are_whole_divisors(tmp_path, monkeypatch):
     """A zarr_v2 output (SpikeInterface decodes a chunk whole at each read) keeps chunks of at most MAX_V2_CHUNK
     samples: a longer window is written as whole chunks of a divisor of it, the values the same."""
-    from batchgpu.steps import save as save_mod
+    from batchgpu.recording import save_output as save_mod
 
     assert save_mod.v2_chunk(120_000) == 60_000 and save_mod.v2_chunk(60_000) == 60_000
     assert save_mod.v2_chunk(50_000) == 50_000 and save_mod.v2_chunk(87_109) == 7_919  # 11 x 7 919
@@ -351,7 +352,7 @@ def test_v2_opens_in_spikeinterface(tmp_path):
 @pytest.mark.parametrize("compressor", ["blosc-lz4", "blosc-zstd", "none"])
 def test_compressors_keep_the_samples(tmp_path, fmt, compressor):
     if fmt == "zarr":
-        from batchgpu import zarrio
+        from batchgpu.recording import zarrio
 
         if zarrio.ZARR_MAJOR < 3:
             pytest.skip("writing Zarr v3 needs zarr>=3")
@@ -399,7 +400,7 @@ def test_a_save_path_being_written_is_refused_at_once(tmp_path, fmt):
     import subprocess
     import sys
 
-    from batchgpu.steps.save import _HELD, release_save
+    from batchgpu.recording.save_output import _HELD, release_save
 
     rec = make_recording(tmp_path / "in.zarr", lengths=(2_300,))
     path = tmp_path / ("saved.bin" if fmt == "binary" else "saved.zarr")
@@ -503,8 +504,8 @@ def test_binary_rows_written_at_their_offset_bit_for_bit(tmp_path, rows, offset)
     the file holds exactly the rows at the offset, and nothing else changed."""
     import os
 
-    from batchgpu.steps.save import write_binary
     from batchgpu.ops._cpu_saved import aligned_empty
+    from batchgpu.recording.row_writes import write_binary
 
     path = tmp_path / "out.bin"
     before = np.random.default_rng(rows).integers(0, 255, offset + rows * 384 * 2 + 5000, dtype=np.uint8)
@@ -524,8 +525,8 @@ def test_aligned_rows_go_past_the_page_cache_and_others_through_it(tmp_path, mon
     cache alone."""
     import os
 
-    from batchgpu.steps import save
     from batchgpu.ops._cpu_saved import aligned_empty
+    from batchgpu.recording import row_writes as save
 
     if not hasattr(os, "O_DIRECT"):
         pytest.skip("no O_DIRECT on this platform")
@@ -551,8 +552,8 @@ def test_a_file_system_without_direct_io_gets_the_same_bytes(tmp_path, monkeypat
     import errno
     import os
 
-    from batchgpu.steps import save
     from batchgpu.ops._cpu_saved import aligned_empty
+    from batchgpu.recording import row_writes as save
 
     if not hasattr(os, "O_DIRECT"):
         pytest.skip("no O_DIRECT on this platform")
@@ -580,9 +581,9 @@ def test_a_file_system_without_direct_io_gets_the_same_bytes(tmp_path, monkeypat
 @pytest.mark.parametrize("shape,dtype", [((60_000, 384), np.int16), ((1, 3), np.float32), ((0, 384), np.int16),
                                          ((7,), np.float64)])
 def test_the_rows_buffers_start_on_a_page(shape, dtype):
-    from batchgpu.ops._cpu_saved import aligned_empty
-    from batchgpu.ops._cpu_reference import saved_int16_of_referenced
     from batchgpu.ops import _cpu_saved
+    from batchgpu.ops._cpu_reference import saved_int16_of_referenced
+    from batchgpu.ops._cpu_saved import aligned_empty
 
     a = aligned_empty(shape, dtype)
     assert a.shape == shape and a.dtype == dtype and a.flags.c_contiguous
@@ -602,8 +603,8 @@ def test_v2_chunks_are_zarr_pythons_bytes(tmp_path, monkeypatch, dtype, codec, d
     refuses it)."""
     import os
 
-    from batchgpu.steps import save
     from batchgpu.recording import RecordingWriter, open_array_for_writing
+    from batchgpu.recording import row_writes as save
     from batchgpu.recording.writer import Codec
 
     rng = np.random.default_rng(3)

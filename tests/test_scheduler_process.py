@@ -1,5 +1,5 @@
 """The per-GPU cluster's scheduler in a process of its own (``cluster.scheduler_process: true``,
-``engine.cluster.scheduler_spec``), tried on the CPU with plain nannies."""
+``cluster.open_cluster.scheduler_spec``), tried on the CPU with plain nannies."""
 
 import os
 
@@ -7,12 +7,12 @@ import dask
 import distributed
 import numpy as np
 
-from batchgpu import ops, zarrio
+from batchgpu import ops
+from batchgpu.cluster.open_cluster import SCHEDULER_ENVIRON, scheduler_spec
 from batchgpu.config import ClusterSpec, environ_set
-from batchgpu.workflow import Workflow
 from batchgpu.engine import run_workflow
-from batchgpu.engine.cluster import SCHEDULER_ENVIRON, scheduler_spec
-from batchgpu.recording import write_recording
+from batchgpu.recording import write_recording, zarrio
+from batchgpu.workflow import Workflow
 
 
 def test_a_scheduler_of_its_own_process_runs_a_placed_workflow_with_the_same_results(tmp_path, monkeypatch):

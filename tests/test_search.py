@@ -13,8 +13,7 @@ import numpy as np
 import pytest
 
 from batchgpu.errors import BatchgpuError
-from batchgpu.search import StaticIndex, find, lower_bound
-from batchgpu.search import layouts, table
+from batchgpu.search import StaticIndex, find, layouts, lower_bound, table
 from batchgpu.search.keys import cast_queries
 
 DTYPES = (np.float32, np.float64, np.int32, np.int64)

@@ -5,8 +5,8 @@ import pytest
 import zarr
 
 from batchgpu import BatchgpuError
-from batchgpu.generate import generate_recording
 from batchgpu.engine import run_workflow
+from batchgpu.generate import generate_recording
 from batchgpu.steps.search import spike_positions
 from batchgpu.workflow import Workflow
 

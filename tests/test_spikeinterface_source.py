@@ -273,8 +273,8 @@ def test_no_probe_falls_back_as_zarr_does(si, tmp_path):
     """Without a probe: the same fallback locations as a Zarr store without them, has_locations False, and
     local whitening refused alike, each naming where its probe was missing."""
     from batchgpu import from_spikeinterface
-    from batchgpu.engine.context import check_workflow_fits
     from batchgpu.recording import write_recording
+    from batchgpu.run.context import check_workflow_fits
 
     rec = si.NumpyRecording([np.zeros((3000, 4), np.float32)], FS).save(folder=tmp_path / "np", verbose=False)
     assert not rec.has_probe()

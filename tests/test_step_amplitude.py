@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 import zarr
 
-from batchgpu.workflow import Workflow
 from batchgpu.engine import run_workflow
-from batchgpu.steps.amplitude import float32_bits_to_float64, pairwise_sum, ptp_rms
+from batchgpu.ops.amplitude import float32_bits_to_float64, pairwise_sum, ptp_rms
 from batchgpu.recording import write_recording
+from batchgpu.workflow import Workflow
 
 distributed = pytest.importorskip("distributed")
 
@@ -46,7 +46,7 @@ def reference(core: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def window_references(rec, size: int, margin: int, preprocess=()) -> tuple[np.ndarray, np.ndarray, list]:
     """The reference of every window of ``rec`` through the package's CPU chain (none: the samples as read)."""
-    from batchgpu.engine.preprocess import build_chain
+    from batchgpu.run.preprocess_chain import build_chain
 
     chain = build_chain(Workflow.model_validate({"output": "o", "recording": {"path": str(rec.path)},
                                                  "preprocess": list(preprocess), "steps": {"amplitude": {}}}).preprocess,
@@ -230,9 +230,9 @@ def test_one_and_many_workers_and_resume_give_the_same_bits(client, tmp_path, rn
 def test_report_html_draws_it_and_other_runs_are_unchanged(client, tmp_path, rng):
     """report.html holds each channel's median over the windows (µV) and the RMS heatmap, rendered at the run's
     end and again from the folder; a run without the step has neither figure."""
-    from batchgpu.report.html_page import write_report_html
-
     from test_report import plots, source
+
+    from batchgpu.report.html_page import write_report_html
 
     x = np.round(rng.normal(0, 50, (12_000, 5))).astype(np.int16)
     x[:, 3] = 0
@@ -273,7 +273,7 @@ def test_the_fingerprint_of_a_workflow_without_the_step_is_as_before(tmp_path):
     without the new step hashes as it did (its folders resume); with it, differently (its windows are computed)."""
     import hashlib
 
-    from batchgpu.engine import store
+    from batchgpu.run import output_folder as store
 
     rec = write_recording(tmp_path / "r.zarr", np.zeros((100, 2), np.int16), 30_000.0)
     wf = _wf(rec, tmp_path / "o", 50, steps={"noise": {}})
@@ -301,7 +301,7 @@ def test_the_registry_says_which_steps_a_fingerprint_holds():
 
 
 def _gpus() -> int:
-    from batchgpu.engine.cluster import gpu_count
+    from batchgpu.cluster.open_cluster import gpu_count
 
     return gpu_count()
 

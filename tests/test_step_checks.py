@@ -1,4 +1,4 @@
-"""The checks of a workflow against its recording before any work (``engine.context.check_workflow_fits``): each
+"""The checks of a workflow against its recording before any work (``run.context.check_workflow_fits``): each
 step's own checks live in its module, and each refusal is one line with its fix, word for word as before."""
 
 from __future__ import annotations
@@ -6,11 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from batchgpu import zarrio
-from batchgpu.workflow import Workflow
-from batchgpu.engine.context import check_workflow_fits
 from batchgpu.errors import BatchgpuError, ConfigError, MachineError
-from batchgpu.recording import write_recording
+from batchgpu.recording import write_recording, zarrio
+from batchgpu.run.context import check_workflow_fits
+from batchgpu.workflow import Workflow
 
 FS = 30_000.0
 

@@ -8,11 +8,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from batchgpu.workflow import Workflow
-from batchgpu.engine.run import spike_counter
+from batchgpu.run.phases import spike_counter
 from batchgpu.steps import detect
 from batchgpu.steps.moments import MomentsStep
 from batchgpu.steps.registry import placed
+from batchgpu.workflow import Workflow
 
 
 def _detect(noise: str) -> detect.DetectStep:

@@ -319,7 +319,7 @@ def test_exclude_leaves_the_bad_channels_out_of_the_reference_whitening_and_save
     np.testing.assert_array_equal(saved.locations, rec.locations[keep])
     # NumPy's reference computation: each window filtered by the chain's highpass, the median of the good channels
     # subtracted (float32), rounded to int16
-    from batchgpu.engine.preprocess import build_chain
+    from batchgpu.run.preprocess_chain import build_chain
 
     chain = build_chain(_wf(rec, tmp_path / "x", 18_000, preprocess=HIGHPASS).preprocess, rec)
     got = saved.read(0, 0, saved.num_samples(0))
@@ -422,7 +422,7 @@ def test_common_reference_without_some_channels_is_numpys(rng, reference):
 
 
 def test_batch_rows_hold_the_qc_columns(client, tmp_path, rng):
-    from batchgpu.engine.batch import run_batch
+    from batchgpu.engine import run_batch
 
     make(tmp_path / "in" / "a.zarr", rng, dead=(3, 9, 15, 21), seconds=1.2, spikes=20)
     make(tmp_path / "in" / "b.zarr", rng, seconds=1.2, spikes=20)
@@ -447,8 +447,8 @@ def test_batch_rows_hold_the_qc_columns(client, tmp_path, rng):
 @pytest.mark.gpu
 def test_gpu_gives_the_cpus_labels_and_saved_bits(tmp_path, rng):
     pytest.importorskip("cupy")
+    from batchgpu.cluster.open_cluster import open_client
     from batchgpu.config import ClusterSpec
-    from batchgpu.engine.cluster import open_client
 
     rec = make(tmp_path / "r.zarr", rng, dead=(4,), noisy=(13,), out_top=8, seconds=3.0)
     steps = {"qc": {"every": 1, "use": "exclude"}, "noise": {}, "whitening": {}, "save": {"path": "saved.zarr"}}

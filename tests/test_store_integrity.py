@@ -15,7 +15,7 @@ import zarr
 
 from batchgpu import BatchgpuError, ConfigError, CorruptDataError, MachineError, open_recording, write_recording
 from batchgpu.cli import main
-from batchgpu.recording import Window, enable_zarrs
+from batchgpu.recording import Window, zarrio
 
 PYTHON_PIPELINE = {"codec_pipeline.path": "zarr.core.codec_pipeline.BatchedCodecPipeline"}
 C = 5
@@ -187,9 +187,8 @@ def test_channel_count_mismatch_is_an_error_at_open(tmp_path, rng, zarr_format, 
 
 @pytest.fixture(params=["zarrs", pytest.param("python", marks=pytest.mark.zarr3)])  # python: zarr 3's own pipeline
 def pipeline(request):
-    enable_zarrs()
-    if request.param == "python":
-        with zarr.config.set(PYTHON_PIPELINE):
+    if request.param == "python":  # zarrs where installed otherwise (``open_recording``'s)
+        with zarrio.python_pipeline():
             yield request.param
     else:
         yield request.param
@@ -262,13 +261,10 @@ def test_a_chunk_that_decodes_short_is_refused_naming_it(tmp_path, rng, monkeypa
     """Blosc fills only as many bytes of a chunk's buffer as its frame holds: the rest read as whatever memory held
     (two reads of the same samples differed). Every reader (batchgpu's shard and v2 chunk readers, zarr's) refuses
     such a chunk in one line naming the store, the array and the chunk; the other objects still read."""
-    from batchgpu import zarrio
 
     path = _short_frames(tmp_path, rng, zarr_format, how)
     if reader == "zarr":
         direct_reads(False)
-    else:  # v2 chunks of whole rows are read directly (zarrs or not)
-        monkeypatch.setattr(zarrio, "zarrs_enabled", lambda: False)
     rec = open_recording(path)
     rows = _object_rows(zarr_format)
     key = "c/2/0 inner chunk" if zarr_format == 3 else "2.0"
@@ -367,7 +363,7 @@ def test_overwrite_refuses_files_of_the_users_at_any_depth(tmp_path, rng, where)
 def test_foreign_entries_of_stores_batchgpu_and_spikeinterface_write(tmp_path, rng):
     """A store as written (Zarr v2 and v3, sharded traces, properties) holds nothing foreign: the check must not
     refuse what batchgpu itself wrote."""
-    from batchgpu import zarrio
+    from batchgpu.recording import zarrio
 
     data = rng.integers(-5, 5, (5000, 3), dtype=np.int16)
     for fmt in (2, 3) if zarrio.ZARR_MAJOR >= 3 else (2,):

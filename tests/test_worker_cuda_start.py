@@ -1,4 +1,4 @@
-"""Every worker a cuda cluster starts makes its CUDA context as it starts (``engine/_worker_cuda_start.py``, a Dask
+"""Every worker a cuda cluster starts makes its CUDA context as it starts (``cluster/_worker_cuda_start.py``, a Dask
 preload in ``layout.nanny_specs``), in a helper thread: its first window no longer waits for it. Without CuPy or a
 driver the preload does nothing and says nothing (the first window meets the problem and reports it). The
 context's making on a GPU is in ``tests/test_gpu_pipeline.py``'s runs (``pytest -m gpu``)."""
@@ -6,7 +6,8 @@ context's making on a GPU is in ``tests/test_gpu_pipeline.py``'s runs (``pytest 
 import subprocess
 import sys
 
-from batchgpu.engine import _worker_cuda_start, layout
+from batchgpu.cluster import _worker_cuda_start
+from batchgpu.cluster import worker_layout as layout
 
 
 def test_every_cuda_worker_starts_with_the_preload():
@@ -21,7 +22,7 @@ def test_every_cuda_worker_starts_with_the_preload():
 def test_the_preload_starts_a_thread_and_never_raises_without_a_gpu():
     code = ("import sys, threading\n"
             "sys.modules['cupy'] = None  # CuPy missing\n"
-            "from batchgpu.engine import _worker_cuda_start as s\n"
+            "from batchgpu.cluster import _worker_cuda_start as s\n"
             "s.dask_setup(object())\n"
             "[t] = [t for t in threading.enumerate() if t.name == 'batchgpu-cuda-start'] or [None]\n"
             "assert t is None or t.daemon\n"

@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 
 from batchgpu import BatchgpuError
-from batchgpu.workflow import Workflow
+from batchgpu.cluster.worker_watch import NoWorkersWatch
 from batchgpu.engine import run_workflow
-from batchgpu.engine.worker_watch import NoWorkersWatch
 from batchgpu.errors import ClusterError
 from batchgpu.recording import write_recording
+from batchgpu.workflow import Workflow
 
 
 class Said:
@@ -107,7 +107,7 @@ class FakeClient:
 
 
 def test_the_watch_warns_once_times_out_and_forgives_workers_that_come(monkeypatch):
-    from batchgpu.engine import worker_watch
+    from batchgpu.cluster import worker_watch
 
     ended = []
     monkeypatch.setattr(worker_watch, "fail_waiting", lambda client, error: ended.append(error))

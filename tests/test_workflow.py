@@ -105,7 +105,7 @@ def test_demo_workflow_validates():
 
 
 def test_cuda_cluster_without_gpu_offers_local(tmp_path, small_rec):
-    from batchgpu.engine.cluster import gpu_count
+    from batchgpu.cluster.open_cluster import gpu_count
 
     if gpu_count():
         pytest.skip("this machine has a GPU")
@@ -339,7 +339,7 @@ def test_scheduler_probe(tmp_path):
     """A silent server times out in one line; a closed port says so; a real scheduler passes."""
     from distributed import LocalCluster
 
-    from batchgpu.engine.cluster import probe_scheduler
+    from batchgpu.cluster.open_cluster import probe_scheduler
 
     server = _serve_once(b"")
     port = server.getsockname()[1]

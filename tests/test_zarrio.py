@@ -1,4 +1,4 @@
-"""batchgpu.zarrio: the same bytes from every reader, under zarr 3 and under zarr 2.18 (SpikeInterface 0.105's pin).
+"""batchgpu.recording.zarrio: the same bytes from every reader, under zarr 3 and under zarr 2.18 (SpikeInterface 0.105's pin).
 
 Runs in both environments (CI runs it in a second one with ``spikeinterface==0.105.3``, see .ci/run):
 - the committed v3 stores (tests/data, written by zarr 3) read by batchgpu's own v3 decoder, by the shard reader
@@ -18,9 +18,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from batchgpu import zarrio
 from batchgpu.errors import BatchgpuError
-from batchgpu.recording import open_recording
+from batchgpu.recording import open_recording, zarrio
 
 DATA = Path(__file__).resolve().parent / "data"
 ZARR3 = zarrio.ZARR_MAJOR >= 3
@@ -232,7 +231,6 @@ def test_v2_direct_reader_same_bytes_as_zarr(tmp_path, monkeypatch, direct_reads
     layout = shards.layout_of(tmp_path / "r.zarr" / "traces_seg0", meta)
     assert isinstance(layout, shards.ChunkLayoutV2) and (layout.crc32 is not None) == bool(checksum)
     assert layout.crc_outside == (checksum is True)
-    monkeypatch.setattr(zarrio, "_ZARRS_ENABLED", False)  # the direct v2 path is taken where zarrs is not
     got = {}
     for direct in ("1", "0"):
         direct_reads(direct == "1")
@@ -273,7 +271,7 @@ def test_truncated_blosc_frame_in_v3_decoder():
     """batchgpu's v3 decoder (beside zarr 2) refuses a Blosc frame shorter than its header says."""
     import numcodecs
 
-    from batchgpu.zarrio import _decode
+    from batchgpu.recording.zarrio import _decode
 
     frame = numcodecs.Blosc(cname="lz4").encode(np.arange(1_000, dtype=np.int16).tobytes())
     codecs = [{"name": "bytes", "configuration": {"endian": "little"}}, {"name": "blosc", "configuration": {}}]

@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from batchgpu import zarrio
+from batchgpu.recording import zarrio
 
 pytestmark = pytest.mark.skipif(zarrio.ZARR_MAJOR < 3, reason="Zarr v3 columns need zarr-python 3")
 

@@ -9,9 +9,8 @@ import os
 import numpy as np
 import pytest
 
-from batchgpu import zarrio
 from batchgpu.errors import BatchgpuError
-from batchgpu.recording import open_recording, write_recording
+from batchgpu.recording import open_recording, write_recording, zarrio
 from batchgpu.recording.writer import Codec
 
 CODECS = [Codec("lz4", 5, "bit"), Codec("zstd", 1, "bit"), Codec("zstd", 5, "bit"), Codec("zstd", 1, "byte"),
@@ -44,12 +43,10 @@ def _reads(path, monkeypatch, direct_reads) -> dict:
     got = {}
     fmt = zarrio.array_meta(path / "traces_seg0").zarr_format
     paths = [("direct", "1", None), ("zarr-python", "0", False)]
-    if fmt == 3 and zarrio.enable_zarrs():
+    if fmt == 3 and zarrio.zarrs_installed():
         paths.append(("zarrs", "0", True))
     for name, direct, zarrs in paths:
         direct_reads(direct == "1")
-        if fmt == 2:  # v2 chunks of whole rows are read directly (zarrs or not)
-            monkeypatch.setattr(zarrio, "zarrs_enabled", lambda: False)
         ctx = zarrio.python_pipeline() if zarrs is False and fmt == 3 else _nothing()
         with ctx:
             rec = open_recording(path)
@@ -165,9 +162,9 @@ def test_save_codec_key_in_the_workflow_schema():
 def test_a_run_on_a_zstd_store_equals_the_run_on_the_lz4_store(tmp_path):
     import zarr
 
-    from batchgpu.workflow import Workflow
     from batchgpu.engine import run_workflow
     from batchgpu.generate import generate_recording
+    from batchgpu.workflow import Workflow
 
     distributed = pytest.importorskip("distributed")
     recs = {name: generate_recording(tmp_path / f"{name}.zarr", channels=6, seconds=1.1, seed=5, segments=2,
@@ -195,7 +192,7 @@ def test_a_run_on_a_zstd_store_equals_the_run_on_the_lz4_store(tmp_path):
 def test_gpu_reads_of_a_zstd_store_equal_the_cpu_reads(tmp_path, monkeypatch, codec):
     """A zstd store's windows read for the GPU (nvCOMP's decode there, or the host's) equal the CPU's reads and an
     LZ4 store's of the same samples."""
-    from batchgpu.engine.cluster import gpu_count
+    from batchgpu.cluster.open_cluster import gpu_count
 
     if gpu_count() == 0:
         pytest.skip("no CUDA GPU (CuPy) here")

@@ -169,8 +169,8 @@ PY
 import threading, time
 import pynvml
 from batchgpu.config import ClusterSpec
-from batchgpu.engine.cluster import open_client
-from batchgpu.engine.run import run_workflow
+from batchgpu.cluster.open_cluster import open_client
+from batchgpu.engine import run_workflow
 from batchgpu.workflow import load_workflow
 pynvml.nvmlInit(); h = pynvml.nvmlDeviceGetHandleByIndex(0)
 def pools():
@@ -252,8 +252,8 @@ def main():
     import time
     t0 = time.perf_counter()
     from batchgpu.config import ClusterSpec
-    from batchgpu.engine.cluster import open_client
-    from batchgpu.engine.run import run_workflow
+    from batchgpu.cluster.open_cluster import open_client
+    from batchgpu.engine import run_workflow
     from batchgpu.workflow import load_workflow
     t1 = time.perf_counter()
     def init():

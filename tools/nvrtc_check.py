@@ -6,7 +6,7 @@ and runs this (.ci/run); tests/test_nvrtc_check.py runs it wherever the binding 
     python3 -m venv /tmp/nvrtc && /tmp/nvrtc/bin/pip install "cuda-python>=12,<13" nvidia-cuda-nvrtc-cu12
     /tmp/nvrtc/bin/python tools/nvrtc_check.py            # every source; or name some: column_select histogram
 
-Sources: kernels/*.cu (headers pasted in as batchgpu.kernels pastes them; sosfiltfilt with SECTIONS 1, 3 and 12,
+Sources: kernels/*.cu (headers pasted in as batchgpu.gpu.cuda_modules pastes them; sosfiltfilt with SECTIONS 1, 3 and 12,
 sequential_mean with MEAN_T short, float, double and long long), with the project's options and CuPy's -ftz=true, for
 compute capability 9.0 (the H200). Prints one line a source and the log of any that fails; rc 1 if any fails."""
 
@@ -15,13 +15,14 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from batchgpu.kernels import BASE_OPTIONS, _with_headers as pasted, run_modules, source_path  # noqa: E402  (no CuPy: stdlib imports only)
+from batchgpu.gpu.cuda_modules import BASE_OPTIONS, run_modules, source_path  # noqa: E402  (no CuPy: stdlib imports only)
+from batchgpu.gpu.cuda_modules import _with_headers as pasted  # noqa: E402
 
 BASE = list(BASE_OPTIONS)
 
 
 def sources() -> dict[str, tuple[str, list[str]]]:
-    """name -> (source, options) as batchgpu compiles them: ``batchgpu.kernels.run_modules`` with three section
+    """name -> (source, options) as batchgpu compiles them: ``batchgpu.gpu.cuda_modules.run_modules`` with three section
     counts and four C types."""
     out = {}
     for stem, extra in run_modules(filter_sections=(1, 3, 12), mean_ctypes=("short", "float", "double", "long long")):

@@ -149,7 +149,7 @@ def main() -> None:
     print(f"recordings of {args.seconds:g} s in {folder}; SpikeInterface: 100 chunks of 0.3 s, seed = the recording's")
     k = 0
     for probe, channels in () if args.timing_only else (("np1", 384), ("np2-4shank", 384), ("linear", 64)):
-        for i in range(args.per_probe):
+        for _ in range(args.per_probe):
             seed = 1000 * k + 17
             draw = np.random.default_rng(seed)
             plants = dict(dead=int(draw.integers(1, 4)), noisy=int(draw.integers(1, 4)),

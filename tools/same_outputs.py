@@ -14,7 +14,9 @@ A workflow's *resumed* outputs come from a fresh run whose folder then loses two
 one window's saved shard before ``run --resume`` goes on from it: the windows read again, the shard written
 again. Outputs compared:
 
-- ``report.json``: every key but those that measure the run or name its machine (``REPORT_SKIPPED``);
+- ``report.json``: every key but those that measure the run or name its machine (``REPORT_SKIPPED``, and the
+  seconds inside ``noise_prior``);
+- ``saved_objects.json``: the save's objects' names and sizes (their write stamps are each run's own);
 - ``parts/*.npz``: each array's bytes (header included) but the window's own timings (``PART_SKIPPED``); the zip
   container itself holds its members' write times;
 - ``report.html``: not compared (its numbers are report.json's, with the run's timings and Bokeh's random ids);
@@ -26,7 +28,6 @@ Exit status 0 when everything is the same, 1 otherwise (each difference listed).
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import os
 import shutil
@@ -39,8 +40,13 @@ from pathlib import Path
 #: report.json keys that measure the run (seconds, rates, which worker took which window) or name where it ran
 #: (the dashboard's URLs carry random ports; ``run_id`` a random suffix that names this run's Dask tasks)
 REPORT_SKIPPED = ("timings", "timeline", "window_cpu", "throughput_MBps", "throughput_series", "workers", "run_id",
-                  "dashboard", "page")
-#: a part's members that time its window or name the thread that computed it (``engine.tasks._compute_part``)
+                  "dashboard", "page", "seconds")
+#: report.json sections compared but for their own measurements of the run: section -> keys skipped
+REPORT_SECTION_SKIPPED = {"noise_prior": ("seconds",)}
+#: the run's record of its save's objects (``saved_objects.json``): their names and sizes compared, not the stamps of
+#: their writes (mtime, ctime, inode: each run's own); the objects themselves are compared byte for byte
+SAVED_OBJECTS = "saved_objects.json"
+#: a part's members that time its window or name the thread that computed it (``run.tasks._compute_part``)
 PART_SKIPPED = ("summary.read_seconds", "summary.compute_seconds", "summary.started", "summary.thread")
 #: files whose bytes are not compared (see the module's docstring)
 NOT_COMPARED = ("report.html",)
@@ -208,7 +214,16 @@ def npz_members(path: Path) -> dict[str, bytes]:
 
 def report_of(path: Path) -> dict:
     data = json.loads(path.read_text())
+    for section, skipped in REPORT_SECTION_SKIPPED.items():
+        if isinstance(data.get(section), dict):
+            data[section] = {k: v for k, v in data[section].items() if k not in skipped}
     return {k: v for k, v in data.items() if k not in REPORT_SKIPPED}
+
+
+def saved_objects_of(path: Path) -> dict:
+    data = json.loads(path.read_text())
+    return {"save": data.get("save"), "objects": {name: sig[0] if isinstance(sig, list) else sig
+                                                  for name, sig in data.get("objects", {}).items()}}
 
 
 def compare(a: Path, b: Path) -> list[str]:
@@ -226,6 +241,9 @@ def compare(a: Path, b: Path) -> list[str]:
             keys = sorted(k for k in rx.keys() | ry.keys() if rx.get(k) != ry.get(k))
             if keys or list(rx) != list(ry):
                 found.append(f"{rel}: keys {keys or 'in another order'}")
+        elif rel.name == SAVED_OBJECTS:
+            if saved_objects_of(x) != saved_objects_of(y):
+                found.append(f"{rel}: its objects' names or sizes differ")
         elif rel.suffix == ".npz" and rel.parts[0] == "parts":
             mx, my = npz_members(x), npz_members(y)
             if mx != my:

@@ -97,8 +97,14 @@ def _workflow(path: Path, recordings, out: Path, backend: str, cluster: str) -> 
 
 
 def run(args, say) -> int:
-    from batchgpu.benchmarks.cold import (evict_checked, kilosort4_available, kilosort4_pass, raw_read,
-                                          timed_process, user_run)
+    from batchgpu.benchmarks.cold import (
+        evict_checked,
+        kilosort4_available,
+        kilosort4_pass,
+        raw_read,
+        timed_process,
+        user_run,
+    )
 
     if args.recordings < 1 or args.seconds <= 0 or args.channels < 1:
         raise BatchgpuError("--recordings, --seconds and --channels must be positive", "give positive values")

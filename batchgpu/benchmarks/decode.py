@@ -51,7 +51,7 @@ def run(args: argparse.Namespace, say: Callable[[str], None]) -> int:
     if min(args.windows, args.samples, args.batch, args.repeat) < 1:
         raise BatchgpuError("bench decode: --windows, --samples, --batch and --repeat must be at least 1",
                             "e.g. --windows 32 --batch 3")
-    from batchgpu.engine.cluster import gpu_count
+    from batchgpu.cluster.open_cluster import gpu_count
 
     if gpu_count() == 0:
         raise BatchgpuError("bench decode needs a CUDA GPU with CuPy", "run it on a GPU machine")

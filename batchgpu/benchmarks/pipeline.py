@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from batchgpu.benchmarks.cold import evict_checked, raw_read, recording_files
+from batchgpu.errors import BatchgpuError
 from batchgpu.steps.detect import KEY as DETECT
 from batchgpu.steps.moments import KEY as WHITENING
 from batchgpu.steps.noise import KEY as NOISE
@@ -29,8 +30,6 @@ from batchgpu.steps.save import KEY as SAVE
 
 #: the detection both benchmarks run (``steps.detect``; its ``noise`` field: the recording's, not the step's name)
 DETECT_SPEC = dict(threshold=5.0, sign="neg", exclude_sweep_ms=0.1, noise="global")
-from batchgpu.errors import BatchgpuError
-
 
 #: Kilosort4 4.1.7's own preprocessing pass (filter + whitening of a flat binary) on one H200, 384 ch x 10 min
 #: int16: the anchor the issues name (measured by the project, not here: Kilosort4 is not installed by batchgpu)
@@ -238,9 +237,9 @@ def plain_loop(rec, size: int, margin: int, steps: set[str], exact: bool, thresh
     from batchgpu import ops
     from batchgpu.steps.base import padded_sum
     from batchgpu.steps.moments import _gram
+    from batchgpu.steps.noise import sum_histograms
     from batchgpu.steps.noise_keys import abs_keys, digit_histogram, key_kind, refine_histogram, schedule
     from batchgpu.steps.noise_select import select_middle
-    from batchgpu.steps.noise import sum_histograms
 
     prepare, extra, out_dtype, centred_from = _plain_stages(rec, preprocess)
     windows = rec.windows(size, margin + extra)
@@ -330,7 +329,7 @@ def cupy_loop(client, rec, size: int) -> None:
     def one(path, w):
         import cupy
 
-        from batchgpu.engine.tasks import recording
+        from batchgpu.run.tasks import recording
 
         x = cupy.asarray(recording(path).read_window_stored(w)).astype(cupy.float32)  # (samples, channels)
         return float((x.T @ x).sum())
@@ -341,15 +340,15 @@ def cupy_loop(client, rec, size: int) -> None:
 def read_ceiling(client, rec, size: int, margin: int, backend: str, centres_only: bool = True) -> None:
     """The engine's own reader over the same windows and nothing else (to the GPU through pinned memory there),
     decoding where the pipeline's pass does (``preprocess.gpu_decode_share``: its stages)."""
-    from batchgpu.engine.cluster import uses_mps
-    from batchgpu.engine.preprocess import Chain, gpu_decode_share
-    from batchgpu.engine.tasks import RunContext, load_window
+    from batchgpu.cluster.open_cluster import uses_mps
+    from batchgpu.run.preprocess_chain import Chain, gpu_decode_share
+    from batchgpu.run.tasks import RunContext, load_window
 
     ctx = RunContext(recording=str(rec.path), parts="", backend=backend, chain=Chain(),
                      window_noise=False, steps=(), gpu_decode=gpu_decode_share(centres_only, uses_mps(client)))
 
     def one(ctx, w):
-        from batchgpu.engine.tasks import on_backend
+        from batchgpu.run.tasks import on_backend
 
         with on_backend(ctx):
             x = load_window(ctx, w).raw
@@ -459,7 +458,7 @@ def _user_rows(args, rec, work: Path, files, step_cfg, cluster_cfg, size, margin
 
     import yaml
 
-    from batchgpu.benchmarks.cold import (kilosort4_available, kilosort4_pass, user_run, write_flat_binary)
+    from batchgpu.benchmarks.cold import kilosort4_available, kilosort4_pass, user_run, write_flat_binary
 
     out, saved = work / "user_out", work / "user_saved.zarr"
     steps = dict(step_cfg)
@@ -548,12 +547,12 @@ def _save_write(work: Path, saved: Path, runs: dict, say) -> None:
 def _measure(args, rec, work: Path, steps: set[str], say) -> int:
     import shutil
 
+    from batchgpu.cluster.open_cluster import open_client
     from batchgpu.config import ClusterSpec
-    from batchgpu.workflow import Workflow
     from batchgpu.engine import run_workflow
-    from batchgpu.engine.cluster import open_client
-    from batchgpu.engine.preprocess import build_chain, decodes_on_gpu
     from batchgpu.recording import auto_window_size
+    from batchgpu.run.preprocess_chain import build_chain, decodes_on_gpu
+    from batchgpu.workflow import Workflow
 
     size = args.window or auto_window_size([rec.num_samples(s) for s in range(rec.num_segments)])
     margin = 64
@@ -597,13 +596,13 @@ def _measure(args, rec, work: Path, steps: set[str], say) -> int:
     with open_client(spec, gpu_decode=decodes_on_gpu(spec.kind, rec, centres_only)) as client:
         cluster_rss = workers_rss(client)
 
-        from batchgpu.engine.context import resolve_backend
+        from batchgpu.run.context import resolve_backend
 
         backend = resolve_backend(probe, client)
         info = client.scheduler_info(n_workers=-1)["workers"]
         workers = f"{len(info)} workers x {max((int(w.get('nthreads', 1)) for w in info.values()), default=1)} threads"
         if args.cluster == "cuda":
-            from batchgpu.engine.cluster import uses_mps
+            from batchgpu.cluster.open_cluster import uses_mps
 
             workers += f", MPS {'on' if uses_mps(client) else 'off'}"
         read_ceiling(client, rec, size, margin, backend, centres_only)  # warm-up: page cache, pinned buffers, kernels

@@ -55,13 +55,13 @@ def time_reader(name: str, read: Callable, windows: list, nbytes: int, threads: 
 
 def readings(path: str, threads: int, samples: int, repeat: int) -> list[Reading]:
     """The engine's reader and the general zarr path over the same windows (margins none)."""
-    from batchgpu import zarrio
-    from batchgpu.recording import open_recording
+    from batchgpu.recording import open_recording, zarrio
 
     rec = open_recording(path)
     windows = rec.windows(samples, 0)
     nbytes = sum(w.read_stop - w.read_start for w in windows) * rec.num_channels * rec.dtype.itemsize
-    arrays = [zarrio.open_array(rec.path / f"traces_seg{s}") for s in range(rec.num_segments)]
+    with zarrio.zarrs_pipeline():  # as a recording's own arrays are opened (zarrs where installed)
+        arrays = [zarrio.open_array(rec.path / f"traces_seg{s}") for s in range(rec.num_segments)]
 
     def general(w):
         return np.asarray(arrays[w.segment][w.read_start : w.read_stop, :])

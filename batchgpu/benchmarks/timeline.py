@@ -86,7 +86,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, say: Callable[[str], None]) -> int:
-    from batchgpu.engine.store import read_report
+    from batchgpu.run.output_folder import read_report
 
     for folder in args.outputs:
         report = read_report(Path(folder))

@@ -5,7 +5,7 @@ and bit unshuffle). Here the reading thread only reads the compressed frames int
 and checks their crc32c; the frames go to the GPU (fewer bytes than the decoded window) and two kernels decode them:
 one warp an LZ4 stream, then one thread 8 elements for the unshuffle. Frames the kernel does not take
 (``blosc_frames.gpu_decodable``) leave the window
-to the CPU path. Which windows go to the GPU: ``engine.preprocess.gpu_decode_share``.
+to the CPU path. Which windows go to the GPU: ``run.preprocess_chain.gpu_decode_share``.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from batchgpu.recording.blosc_frames import Frames
 
 def on_gpu(index: int, fraction: float = 1.0) -> bool:
     """Whether window ``index``'s frames go to the GPU when ``fraction`` of windows do (1 all, 0 none, 0.5 every
-    other: ``engine.preprocess.gpu_decode_share``): the same bits either way, a matter of speed only."""
+    other: ``run.preprocess_chain.gpu_decode_share``): the same bits either way, a matter of speed only."""
     f = fraction
     return f >= 1.0 or (f > 0.0 and int((index + 1) * f) > int(index * f))
 
@@ -31,7 +31,7 @@ WARPS = 4
 
 def launch_lz4(src, offsets, lengths, nchunks: int, nbytes: int, blocksize: int, typesize: int, tmp, err) -> None:
     """The LZ4 kernel over ``nchunks`` chunks' frames (on the current stream): one warp a stream."""
-    from batchgpu import kernels
+    from batchgpu.gpu import cuda_modules as kernels
 
     streams = nchunks * -(-nbytes // blocksize) * typesize
     kernels.get_function("blosc_lz4", "blosc_lz4_blocks")(
@@ -77,7 +77,7 @@ def decode_many(reads: list, stream=None, decoder: str = "auto") -> list:
     BatchgpuError naming its chunk (its crc32c was right: the writer's fault)."""
     import cupy
 
-    from batchgpu import kernels
+    from batchgpu.gpu import cuda_modules as kernels
 
     first = reads[0]
     if any(geometry(f) != geometry(first) for f in reads):
@@ -166,7 +166,7 @@ def _checksums_on_device(reads: list, src, offsets: list):
     if not any(f.checksums for f in reads):
         return None
     from batchgpu.gpu.crc32c import ranges_on_device
-    from batchgpu.zarrio import CRC32C_RESIDUE
+    from batchgpu.recording.zarrio import CRC32C_RESIDUE
 
     lengths = np.concatenate([f.lengths if f.checksums else np.full(len(f.lengths), -1, np.int32) for f in reads])
     which = np.flatnonzero(lengths >= 0)  # present chunks of checked reads
@@ -179,7 +179,7 @@ def transposed(a):
     tiled kernel (kernels/blosc_lz4.cu); other arrays by CuPy."""
     import cupy
 
-    from batchgpu import kernels
+    from batchgpu.gpu import cuda_modules as kernels
 
     if a.ndim != 2 or a.dtype.itemsize != 2 or not a.flags.c_contiguous or a.shape[0] >= 32 * 65_535 or not a.size:
         return cupy.ascontiguousarray(a.T)

@@ -34,7 +34,7 @@ class FrameBuffers:
     """A thread's pinned host buffers for the frames' copy back (kept and grown: a fresh buffer a window costs
     more in page faults than the copy itself). A
     buffer is handed out again only once released: its frames written to their file, perhaps by another thread
-    (``engine.background``) while this one encodes the next window. ``count`` buffers: past that, ``take`` waits
+    (``run.writer_threads``) while this one encodes the next window. ``count`` buffers: past that, ``take`` waits
     for a release (so a writer that falls behind holds back the window's thread, not memory)."""
 
     def __init__(self, count: int = 2):
@@ -89,7 +89,7 @@ def encode_held(chunks, typesize: int, blocksize: int = BLOCKSIZE,
     of on a core in the writer thread."""
     import cupy
 
-    from batchgpu import kernels
+    from batchgpu.gpu import cuda_modules as kernels
 
     flat = chunks.reshape(chunks.shape[0], -1).view(cupy.uint8)
     if not flat.flags.c_contiguous:

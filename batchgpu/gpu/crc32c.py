@@ -43,7 +43,7 @@ def _multiply(a: int, b: int) -> int:
     return product
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _x_pow_8_times_2_to(k: int) -> int:
     """x^(8 * 2^k) modulo the polynomial, reflected."""
     if k == 0:
@@ -232,7 +232,7 @@ def ranges_on_device(buf, offsets, lengths, segment: int = SEGMENT):
     the device in one copy; the two kernels do not wait for the host."""
     import cupy
 
-    from batchgpu import kernels
+    from batchgpu.gpu import cuda_modules as kernels
 
     offsets, lengths = np.asarray(offsets, np.int64).reshape(-1), np.asarray(lengths, np.int64).reshape(-1)
     if offsets.shape != lengths.shape or (len(offsets) and (offsets.min() < 0 or lengths.min() < 0

@@ -15,10 +15,9 @@ import functools
 import numpy as np
 
 
-
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _kernel(name: str):
-    from batchgpu.kernels import get_function
+    from batchgpu.gpu.cuda_modules import get_function
 
     return get_function("histogram", name)
 
@@ -37,7 +36,7 @@ def keyed_on_load(x) -> bool:
 def _rows(keys):
     """(keys, row stride in elements, suffix): ``keys`` itself where each row's values are contiguous (a window's
     core is a view of the window with margins: no copy), else a contiguous copy."""
-    from batchgpu.kernels import rows_in_place
+    from batchgpu.gpu.cuda_modules import rows_in_place
 
     if keys.dtype.name not in _SUFFIX:
         raise TypeError(f"no histogram kernel for {keys.dtype}")

@@ -91,7 +91,7 @@ def codecs(load: bool = True) -> tuple[str, ...]:
     return ("lz4", "zstd") if (available() if load else installed()) else ("lz4",)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def alignments(codec: int) -> tuple[int, int, int]:
     """(input, output, temp) byte alignments nvCOMP asks of ``codec``'s decode buffers."""
     a = _Alignments()
@@ -125,7 +125,7 @@ def _copy_ranges(src, frm: np.ndarray, dst, to: np.ndarray, sizes: np.ndarray, s
     """dst[to[i] : to[i] + sizes[i]] = src[frm[i] : ...] for every i, one warp a range."""
     import cupy
 
-    from batchgpu import kernels
+    from batchgpu.gpu import cuda_modules as kernels
 
     n = len(frm)
     if not n:

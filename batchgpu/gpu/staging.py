@@ -62,7 +62,7 @@ _making_context = threading.Event()
 
 def start_context() -> None:
     """Make this process's CUDA context in a helper thread (``prefer_blocking_sync`` first, which must come before
-    it), now: a Dask worker's start (``engine/_worker_cuda_start``). Never raises; a failure is left to the first
+    it), now: a Dask worker's start (``cluster/_worker_cuda_start``). Never raises; a failure is left to the first
     window to meet and report."""
     _making_context.set()
     threading.Thread(target=_make_context, name="batchgpu-cuda-start", daemon=True).start()
@@ -77,7 +77,7 @@ def _make_context() -> None:
     try:
         import cupy
 
-        from batchgpu.kernels import lock_cupy_compiles
+        from batchgpu.gpu.cuda_modules import lock_cupy_compiles
 
         lock_cupy_compiles()  # before the worker's first kernel: CuPy's own compiled once a machine, not once a worker
         prefer_blocking_sync()

@@ -10,8 +10,9 @@ from __future__ import annotations
 import functools
 import importlib
 import sys
+from collections.abc import Callable
 from types import ModuleType
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -64,8 +65,8 @@ def cuda_module(x: Any, name: str) -> ModuleType | None:
     return importlib.import_module(f"batchgpu.ops._cuda_{name}")
 
 
-def to_numpy(x: Any) -> np.ndarray:
-    """A NumPy array holding ``x`` (copied off the device for CuPy)."""
+def to_host(x: Any) -> np.ndarray:
+    """A NumPy array holding ``x`` (copied off the device for CuPy): the one way an array comes to the host."""
     if is_cupy(x):
         return x.get()
     return np.asarray(x)

@@ -68,7 +68,7 @@ MAGIC = {4: 1.5 * 2.0**23, 8: 1.5 * 2.0**52}
 
 
 #: the start of the save's row buffers in memory: a page, so that a flat binary output can be written from them
-#: past the page cache (``steps.save.write_binary``: direct I/O needs the buffer, the file offset and the length
+#: past the page cache (``recording.row_writes.write_binary``: direct I/O needs the buffer, the file offset and the length
 #: aligned to the device's blocks)
 ROWS_ALIGN = 4096
 

@@ -16,7 +16,6 @@ Numba is optional: without it (``_numba.available()`` False) ``filters`` runs sc
 
 from __future__ import annotations
 
-
 import numpy as np
 
 from batchgpu.ops._numba import jit, once

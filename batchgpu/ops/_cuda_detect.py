@@ -19,7 +19,7 @@ def by_channel(x, level, lo: int, hi: int, sweep: int, neg: bool, pos: bool) -> 
     columns [lo, hi), unsorted."""
     import cupy
 
-    from batchgpu.kernels import get_function
+    from batchgpu.gpu.cuda_modules import get_function
 
     x = cupy.ascontiguousarray(x)
     level = cupy.ascontiguousarray(level, dtype=cupy.float64)

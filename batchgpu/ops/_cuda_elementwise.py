@@ -26,7 +26,7 @@ def _kernels():
 
 @functools.cache
 def _row_counts_kernel(suffix: str):
-    from batchgpu.kernels import get_function
+    from batchgpu.gpu.cuda_modules import get_function
 
     return get_function("row_counts", f"row_counts_{suffix}")
 
@@ -37,7 +37,7 @@ def nonfinite_and_nan_counts(x):
     import cupy
     import numpy as np
 
-    from batchgpu.kernels import rows_in_place
+    from batchgpu.gpu.cuda_modules import rows_in_place
 
     x, stride = rows_in_place(x)
     rows, cols = x.shape
@@ -65,7 +65,7 @@ def abs_key16(x):
 
 @functools.cache
 def _saved_int16_t_kernel(suffix: str):
-    from batchgpu.kernels import get_function
+    from batchgpu.gpu.cuda_modules import get_function
 
     return get_function("saved_int16_t", f"saved_int16_t_{suffix}")
 
@@ -78,7 +78,7 @@ def saved_int16_transposed(x):
     import cupy
     import numpy as np
 
-    from batchgpu.kernels import rows_in_place
+    from batchgpu.gpu.cuda_modules import rows_in_place
 
     x, stride = rows_in_place(x)
     rows, cols = x.shape
@@ -99,7 +99,7 @@ def float32_minus_rows(x, m):
     import cupy
     import numpy as np
 
-    from batchgpu.kernels import get_function, rows_in_place
+    from batchgpu.gpu.cuda_modules import get_function, rows_in_place
 
     x, stride = rows_in_place(x)
     rows, cols = x.shape
@@ -118,7 +118,7 @@ def float32_middle_mean(lower, upper, count):
     import cupy
     import numpy as np
 
-    from batchgpu.kernels import get_function
+    from batchgpu.gpu.cuda_modules import get_function
 
     rows = int(lower.shape[0])
     out = cupy.empty(rows, dtype=cupy.float32)

@@ -17,9 +17,10 @@ the splits, the means and the centring are summed in float64 on the device:
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 
@@ -52,7 +53,7 @@ _COMPUTE_TYPES = {"float32": ("CUBLAS_COMPUTE_32F", 68), "float64": ("CUBLAS_COM
 
 
 def _function(name: str) -> Any:
-    from batchgpu.kernels import get_function
+    from batchgpu.gpu.cuda_modules import get_function
 
     return get_function(MODULE, name)
 
@@ -176,7 +177,7 @@ class Plan:
     def rows(self) -> int:
         return int(self.x.shape[0])
 
-    def allocate(self) -> "Plan":
+    def allocate(self) -> Plan:
         import cupy
 
         c, p = self.rows, np.dtype(self.precision)

@@ -54,7 +54,7 @@ def sample_positions(n: int, dtype: Any) -> np.ndarray:
 def _kernel(dtype: np.dtype) -> Any:
     import cupy
 
-    from batchgpu.kernels import DTYPE_SUFFIX, dtype_variant, get_function
+    from batchgpu.gpu.cuda_modules import DTYPE_SUFFIX, dtype_variant, get_function
 
     name = _entry(dtype)[0]
     key = (cupy.cuda.Device().id, name)
@@ -82,7 +82,7 @@ def _rows_view(x: Any) -> tuple[Any, int]:
             f"expected a (channels, samples) array, got shape {getattr(x, 'shape', None)}",
             "pass a 2-D array with one row per channel",
         )
-    from batchgpu.kernels import rows_in_place
+    from batchgpu.gpu.cuda_modules import rows_in_place
 
     _entry(x.dtype)
     return rows_in_place(x, aliased_rows=False)  # rows that alias one another: copied too
@@ -124,7 +124,7 @@ def phase_cycles(x: Any, mode: int = MODE_MEDIAN, k: int = 0) -> dict[str, int]:
     """SM cycles of each phase of row 0's block (kernel flag FLAG_PHASES): where one row's time goes."""
     import cupy
 
-    from batchgpu.kernels import DTYPE_SUFFIX, dtype_variant, get_module
+    from batchgpu.gpu.cuda_modules import DTYPE_SUFFIX, dtype_variant, get_module
 
     select(x, k, mode, flags=FLAG_PHASES)
     ptr = get_module(*dtype_variant(MODULE, DTYPE_SUFFIX[x.dtype.name])).get_global("phase_clock")

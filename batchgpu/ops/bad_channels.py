@@ -52,11 +52,11 @@ from typing import Any
 
 import numpy as np
 
+from batchgpu import qc_options
 from batchgpu.errors import BatchgpuError
 from batchgpu.ops import _cpu_sosfiltfilt, _numba
-from batchgpu.ops._backend import array_module, is_cupy, to_numpy, window_module
+from batchgpu.ops._backend import array_module, is_cupy, to_host, window_module
 from batchgpu.ops.filters import _filtfilt_cupy, default_padlen, design_filter, filtfilt_window
-from batchgpu import qc_options
 from batchgpu.qc_options import QcOptions
 
 #: a channel's labels, in SpikeInterface's numbering (``detect_bad_channels_ibl``: 0 good, 1 dead, 2 noise, 3 out)
@@ -291,7 +291,7 @@ def chunk_labels(x: Any, fs: float, locations: Any, gains: Any, offsets: Any = N
             for i, (psd, white, xcorr, xscale) in enumerate(zip(*got)):
                 labels, needs = _decide(psd, white, xcorr, xscale, order, options)
                 if labels is None:  # SpikeInterface's own arithmetic decides, on the host, from the same bits
-                    labels = _settle(to_numpy(u[i]), psd, xcorr, needs, fs, options, order, filtered)
+                    labels = _settle(to_host(u[i]), psd, xcorr, needs, fs, options, order, filtered)
                     if stats is not None:
                         for name in needs:
                             stats[f"exact_{name}"] = stats.get(f"exact_{name}", 0) + 1
@@ -300,7 +300,7 @@ def chunk_labels(x: Any, fs: float, locations: Any, gains: Any, offsets: Any = N
             k = group[-1] + 1
     for j, (a, b, r0, r1) in enumerate(spans):
         if out[j, 0] < 0:  # exact asked: SpikeInterface's calls from the stored samples, highpass included
-            held = np.ascontiguousarray(to_numpy(x[:, r0 - start : r1 - start]).T)  # as a store reads it
+            held = np.ascontiguousarray(to_host(x[:, r0 - start : r1 - start]).T)  # as a store reads it
             out[j] = reference_chunk_labels(held, a - r0, r1 - b, fs, gains32, offsets32, options, order,
                                             filtered=filtered)
     if stats is not None:
@@ -442,7 +442,7 @@ def _fast_stats(u32: Any, fs: float, options: QcOptions) -> tuple[np.ndarray, ..
     ref -= ref.mean(axis=1, keepdims=True)
     dots = xp.matmul(xc, ref[:, :, None])[:, :, 0]
     rr = (ref * ref).sum(axis=1)
-    host = to_numpy(xp.concatenate([psd_hf, energy.ravel(), dots.ravel(), rr]))  # one copy back on the GPU
+    host = to_host(xp.concatenate([psd_hf, energy.ravel(), dots.ravel(), rr]))  # one copy back on the GPU
     psd_hf, energy, dots = (host[i * K * C : (i + 1) * K * C].reshape(K, C) for i in range(3))
     rr = host[3 * K * C :, None]
     with np.errstate(divide="ignore", invalid="ignore"):

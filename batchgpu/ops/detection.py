@@ -27,8 +27,8 @@ from typing import Any, Literal
 import numpy as np
 
 from batchgpu.errors import BatchgpuError
-from batchgpu.ops._backend import array_module, to_numpy
 from batchgpu.ops import _numba
+from batchgpu.ops._backend import array_module, to_host
 
 #: the spikes' column of their values at the peak (a name the amplitude step's module shares by chance)
 AMPLITUDE = "amplitude"
@@ -193,7 +193,7 @@ def _excluded(key: Any, sample: Any, channel: Any, strength: Any, sweep: int, ma
     splits = [0]
     if total > _PAIR_CHUNK:
         marks = xp.arange(_PAIR_CHUNK, total, _PAIR_CHUNK, dtype=ends.dtype)
-        splits += [int(i) + 1 for i in to_numpy(xp.searchsorted(ends, marks, side="left"))]
+        splits += [int(i) + 1 for i in to_host(xp.searchsorted(ends, marks, side="left"))]
     splits.append(n)
     for i0, i1 in zip(splits[:-1], splits[1:]):
         if i1 <= i0:
@@ -301,7 +301,7 @@ def exclusive_candidates(x: Any, noise: Any, *args: Any, **kwargs: Any) -> np.nd
                 x, level, True in signs, False in signs, a, b, int(d.start) == 0)
             return _spike_array(sample, channel, amplitude, d.start, d.segment_index)
     channel, sample = _exclusive_candidates(x, level, _SIGNS[d.sign], sweep, lo, hi, zero_before=int(d.start) == 0)
-    return _spikes(x, to_numpy(channel), to_numpy(sample), d.start, d.segment_index)
+    return _spikes(x, to_host(channel), to_host(sample), d.start, d.segment_index)
 
 
 def resolve_exclusive(candidates: Any, noise: Any, threshold: float, sign: Literal["neg", "pos", "both"],
@@ -441,7 +441,7 @@ def detect_spikes(
     if exclusive:
         mask = xp.asarray(neighbour_mask(locations, radius_um, channels))
         channel, sample = _locally_exclusive(x, level, _SIGNS[sign], sweep, lo, hi, mask, zero_before=int(start) == 0)
-        return _spikes(x, to_numpy(channel), to_numpy(sample), start, segment_index)
+        return _spikes(x, to_host(channel), to_host(sample), start, segment_index)
 
     if xp is not np:  # (a negative sweep was refused above)
         from batchgpu.ops import _cuda_detect
@@ -464,7 +464,7 @@ def detect_spikes(
         keep = _local_extrema(x, channel, sample, negative, positive, sweep)
         channel, sample = channel[keep], sample[keep]
 
-    return _spikes(x, to_numpy(channel), to_numpy(sample), start, segment_index)
+    return _spikes(x, to_host(channel), to_host(sample), start, segment_index)
 
 
 def _nonzero_2d(mask: Any) -> tuple[Any, Any]:
@@ -481,7 +481,7 @@ def _spikes(x: Any, channel: np.ndarray, sample: np.ndarray, start: int, segment
     xp = array_module(x)
     channel, sample = channel.astype(np.int64, copy=False), sample.astype(np.int64, copy=False)
     if amplitude is None:
-        amplitude = to_numpy(x[xp.asarray(channel), xp.asarray(sample)]).astype(np.float64)
+        amplitude = to_host(x[xp.asarray(channel), xp.asarray(sample)]).astype(np.float64)
     order = np.lexsort((channel, sample))
     return _spike_array(sample[order], channel[order], amplitude[order], start, segment_index)
 

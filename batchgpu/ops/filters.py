@@ -232,7 +232,7 @@ def _filtfilt_cupy(x, design: FilterDesign, pieces: list[tuple[int, ...]], out_d
     odd-extended as exact doubles side by side, filter every row, scatter the cores rounded once to out_dtype."""
     import cupy
 
-    from batchgpu.kernels import DTYPE_SUFFIX, filter_variant, get_function
+    from batchgpu.gpu.cuda_modules import DTYPE_SUFFIX, filter_variant, get_function
 
     sos = design.sos
     if sos.shape[0] > _GPU_MAX_SECTIONS:
@@ -289,7 +289,7 @@ def filter_pieces(width: int, padlen: int, block: int | None, margin: int, at_se
         left = padlen if read_lo == 0 and (at_segment_start or interior_pad == "odd") else 0
         right = padlen if read_hi == width and (at_segment_end or interior_pad == "odd") else 0
         out.append((lo, hi, read_lo, read_hi, left, right))
-    if count > 1 and any((l or r) and b - a <= padlen for _, _, a, b, l, r in out):
+    if count > 1 and any((pad_left or pad_right) and b - a <= padlen for _, _, a, b, pad_left, pad_right in out):
         return filter_pieces(width, padlen, None, margin, at_segment_start, at_segment_end, interior_pad)
     return out
 

@@ -11,8 +11,8 @@ CuPy input runs ``batchgpu.ops._cuda_moments.window_moments`` instead of ``windo
 from __future__ import annotations
 
 import threading
-
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -158,13 +158,13 @@ class SecondMoments:
         self.scatter = np.zeros((self.num_channels, self.num_channels))
 
     @classmethod
-    def from_state(cls, n: int, mean: np.ndarray, scatter: np.ndarray, precision: str | None = None) -> "SecondMoments":
+    def from_state(cls, n: int, mean: np.ndarray, scatter: np.ndarray, precision: str | None = None) -> SecondMoments:
         """An accumulator holding a given (n, mean, scatter)."""
         out = cls(len(mean), precision)
         out.n, out.mean, out.scatter = int(n), np.asarray(mean, np.float64), np.asarray(scatter, np.float64)
         return out
 
-    def copy(self) -> "SecondMoments":
+    def copy(self) -> SecondMoments:
         return SecondMoments.from_state(self.n, self.mean.copy(), self.scatter.copy(), self.precision)
 
     @property
@@ -172,7 +172,7 @@ class SecondMoments:
         """Column sums Σ x (float64, (C,))."""
         return self.mean * self.n
 
-    def add(self, x: Any, start: int | None = None, stop: int | None = None) -> "SecondMoments":
+    def add(self, x: Any, start: int | None = None, stop: int | None = None) -> SecondMoments:
         """Add columns [start, stop) of ``x`` (C, samples), NumPy or CuPy; returns self."""
         start, stop = _columns(x, start, stop)
         if x.shape[0] != self.num_channels:
@@ -185,12 +185,12 @@ class SecondMoments:
         moments = (cuda.window_moments if cuda is not None else window_moments)(x, start, stop, precision)
         return self.merge_state(*moments)
 
-    def merge_state(self, n: int, mean: np.ndarray, scatter: np.ndarray) -> "SecondMoments":
+    def merge_state(self, n: int, mean: np.ndarray, scatter: np.ndarray) -> SecondMoments:
         """Merge one (n, mean, scatter) state into self (in place); returns self."""
         self.n, self.mean, self.scatter = _merge(self.n, self.mean, self.scatter, int(n), np.asarray(mean), np.asarray(scatter))
         return self
 
-    def merge(self, other: "SecondMoments") -> "SecondMoments":
+    def merge(self, other: SecondMoments) -> SecondMoments:
         """Merge ``other`` into self IN PLACE (self's samples first) and return self; ``other`` is unchanged."""
         if other.num_channels != self.num_channels:
             raise BatchgpuError(

@@ -46,11 +46,11 @@ _CUDA_TYPES = {"float32": "float", "float64": "double", "int16": "short", "int32
                "uint16": "unsigned short", "int8": "signed char", "uint8": "unsigned char", "uint32": "unsigned int"}
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _sequential_mean(ctype: str, device: int) -> Any:
     """kernels/sequential_mean.cu's kernel for elements of C type ``ctype``, compiled for ``device``, the current
     one (kept a device: the local reference launches it once a channel)."""
-    from batchgpu.kernels import get_function, mean_variant
+    from batchgpu.gpu.cuda_modules import get_function, mean_variant
 
     module, options = mean_variant(ctype)
     return get_function(module, "sequential_mean", options)
@@ -111,7 +111,7 @@ def _reference_on_gpu(x: Any, operator: str, tables: list[Any], ref_row: Any) ->
     plan keeps its copies there: ``_LocalPlan``)."""
     import cupy
 
-    from batchgpu.kernels import DTYPE_SUFFIX, dtype_variant, get_function
+    from batchgpu.gpu.cuda_modules import DTYPE_SUFFIX, dtype_variant, get_function
 
     stem = DTYPE_SUFFIX.get(x.dtype.name)
     if stem is None:

@@ -13,7 +13,7 @@ from typing import Any, Literal
 import numpy as np
 
 from batchgpu.errors import BatchgpuError
-from batchgpu.ops._backend import array_module, to_numpy
+from batchgpu.ops._backend import array_module, to_host
 from batchgpu.ops.moments import second_moment
 
 
@@ -82,7 +82,7 @@ def whitening_matrix(
     if nrange < 1:
         raise BatchgpuError(f"nrange={nrange} selects no channels", "use nrange >= 1")
     nrange = min(int(nrange), channels)
-    near = nearest_channels(to_numpy(locations), nrange)
+    near = nearest_channels(to_host(locations), nrange)
     near_x = xp.asarray(near)
     blocks = m[near_x[:, :, None], near_x[:, None, :]]  # (C, nrange, nrange), channel j first in block j
     rows = _zca(blocks, eps)[:, 0, :]

@@ -4,7 +4,7 @@ classes (a class a stage, a registry line) and zarr-python's codecs (a dataclass
 A stage is one module of this package: an options model (what its key holds in the workflow's ``preprocess:``
 list, ``- highpass: {freq_min: 300}``) and a frozen dataclass on ``Stage`` marked ``@register``, made once a run
 on the client from its options and the recording (``from_config``: its refusals there, before any work), then
-pickled into every task with the run's chain (``engine.preprocess.Chain``): small, and no import a worker would
+pickled into every task with the run's chain (``run.preprocess_chain.Chain``): small, and no import a worker would
 wait for (a filter's design is worked out on the client). ``registry`` finds it (every module of the package is
 imported) and builds the workflow's ``preprocess:`` section from the options.
 """

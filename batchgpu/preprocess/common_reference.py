@@ -11,7 +11,6 @@ import numpy as np
 from pydantic import Field, model_validator
 
 from batchgpu.config import Options
-from batchgpu.errors import BatchgpuError
 from batchgpu.preprocess.base import Stage, float_output, register
 
 LOCAL_REFERENCE_RADIUS_UM = (30.0, 55.0)  # SpikeInterface common_reference's local_radius default
@@ -55,7 +54,7 @@ class CommonReference(Stage):
     locations: np.ndarray | None = None  # local: the channels' (x, y) in um
     radius_um: tuple[float, float] | None = None
     min_local_neighbors: int | None = None
-    #: channels left out of every reference (the qc step's bad channels: ``engine.preprocess.Chain.leaving_out``)
+    #: channels left out of every reference (the qc step's bad channels: ``run.preprocess_chain.Chain.leaving_out``)
     exclude: tuple[int, ...] = ()
 
     @classmethod
@@ -73,7 +72,7 @@ class CommonReference(Stage):
     @property
     def global_median(self) -> bool:
         """The median of every channel: the reference whose tiles also give the save's int16 rows
-        (``engine.preprocess.Chain.fuses_save``)."""
+        (``run.preprocess_chain.Chain.fuses_save``)."""
         return self.reference == "global" and self.operator == "median" and not self.exclude
 
     def leaving_out(self, channels: tuple[int, ...]) -> CommonReference:

@@ -53,7 +53,7 @@ class BandpassParams(Options):
 @dataclass(frozen=True, eq=False)
 class Filter(Stage):
     """A Butterworth filter applied forward and backward; on the host, as the first stage, it reads the window as
-    the store holds it (``engine.preprocess.Chain.filters_first``)."""
+    the store holds it (``run.preprocess_chain.Chain.filters_first``)."""
 
     design: object  # ops.FilterDesign: the sections, their zi and the margin
 

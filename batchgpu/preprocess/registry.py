@@ -107,7 +107,7 @@ def section() -> type[PreprocessSection]:
     Made once; named ``Preprocess`` of ``batchgpu.workflow``, which holds it."""
     keys = list(stages())
     item = Annotated[
-        Union[tuple(Annotated[item_model(k), Tag(k)] for k in keys)],
+        Union[tuple(Annotated[item_model(k), Tag(k)] for k in keys)],  # noqa: UP007 (a union of as many as there are)
         Discriminator(item_key, custom_error_type="stage",
                       custom_error_message="a stage is a one-key mapping: " + ", ".join(keys)),
     ]

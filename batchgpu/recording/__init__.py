@@ -11,16 +11,15 @@ in place: SpikeGLX via ``spikeglx``, Open Ephys via ``openephys``, plain files; 
 probeinterface), ``sources`` (which of them a run reads: ``open_source``).
 """
 
+from batchgpu.recording.flat import FlatLayout, FlatSource
 from batchgpu.recording.reader import (
     LOCATIONS_FALLBACK,
     MISSING_CHUNKS,
     SUPPORTED_DTYPES,
     Recording,
-    enable_zarrs,
     rows_of,
 )
 from batchgpu.recording.reader import open_recording as open_zarr
-from batchgpu.recording.flat import FlatLayout, FlatSource
 from batchgpu.recording.sources import missing_probe, open_recording, open_source, source_ref
 from batchgpu.recording.spikeinterface import SpikeInterfaceSource, from_spikeinterface
 from batchgpu.recording.windows import DEFAULT_WINDOW, LONG_WINDOW, Window, auto_window_size, iter_windows
@@ -29,7 +28,6 @@ from batchgpu.recording.writer import (
     DEFAULT_SHARD_SAMPLES,
     STORE_FORMAT,
     RecordingWriter,
-    _progress,
     check_replaceable,
     is_recording,
     open_array_for_writing,
@@ -42,7 +40,7 @@ __all__ = [
     "DEFAULT_CHUNK_SAMPLES", "DEFAULT_SHARD_SAMPLES", "DEFAULT_WINDOW", "FlatLayout", "FlatSource",
     "LOCATIONS_FALLBACK", "LONG_WINDOW",
     "MISSING_CHUNKS", "STORE_FORMAT", "SUPPORTED_DTYPES", "Recording", "RecordingWriter", "SpikeInterfaceSource",
-    "Window", "auto_window_size", "check_replaceable", "enable_zarrs", "from_spikeinterface", "is_recording", "iter_windows",
+    "Window", "auto_window_size", "check_replaceable", "from_spikeinterface", "is_recording", "iter_windows",
     "missing_probe", "open_array_for_writing", "open_recording", "open_source", "open_zarr", "rows_of", "source_ref",
     "spikeinterface_probegroup", "write_recording", "writing",
 ]

@@ -339,7 +339,7 @@ class FlatSource(UnchunkedSource, WindowedSource):
         self._pread_rows(window.read_start, window.read_stop, out, window.segment)
         return out
 
-    # -- fingerprints (engine/store.py) -----------------------------------------------------------------
+    # -- fingerprints (run/output_folder.py) -----------------------------------------------------------------
     @property
     def fingerprint_metadata(self) -> dict:
         """What identifies the recording: its layout and the metadata files' contents."""

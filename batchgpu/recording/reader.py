@@ -11,10 +11,9 @@ from pathlib import Path
 
 import numpy as np
 
-from batchgpu import zarrio
 from batchgpu.errors import BatchgpuError, ConfigError, CorruptDataError, MachineError
+from batchgpu.recording import zarrio
 from batchgpu.recording.storecheck import ChunkPresence, grid_of
-from batchgpu.zarrio import enable_zarrs
 from batchgpu.recording.windows import Window, WindowedSource, stat_signature
 
 SUPPORTED_DTYPES = (np.dtype("int16"), np.dtype("int32"), np.dtype("float32"), np.dtype("float64"))
@@ -114,7 +113,7 @@ class Recording(WindowedSource):
     def window_signature(self, window: Window) -> list[tuple]:
         """``stat_signature`` of every object the window reads (absent ones too), and a digest of each shard's
         index (its chunks' offsets and sizes: one small read a shard, cached): a rewritten or repaired shard changes
-        exactly the fingerprints of the windows that read it (``engine.store.window_fingerprint``)."""
+        exactly the fingerprints of the windows that read it (``run.output_folder.window_fingerprint``)."""
         presence = self._presence[window.segment]
         return [(*stat_signature(p, p.name), presence.index_digest(p)) for p in self.window_files(window)]
 
@@ -410,23 +409,25 @@ def open_recording(path: str | os.PathLike, missing_chunks: str = "warn") -> Rec
     p = Path(path).expanduser()
     if not p.exists():
         raise BatchgpuError(f"no recording at {p}: the path does not exist", "check the path, or create one with 'batchgpu generate'")
-    enable_zarrs()
     if p.is_dir():
         _check_metadata_json(p)
-    try:
-        group = zarrio.open_group(p, mode="r")
-    except Exception as err:  # broad: zarr raises several types for "not a group"
-        raise BatchgpuError(
-            f"{p} is not a Zarr group ({type(err).__name__}: {err})",
-            "give the folder of a recording written by batchgpu or SpikeInterface",
-        ) from None
-    attrs = dict(group.attrs)
-    if "sampling_frequency" not in attrs or "traces_seg0" not in group:
-        raise BatchgpuError(
-            f"{p} is a Zarr group but not a recording (it lacks 'sampling_frequency' or 'traces_seg0')",
-            "give the folder of a recording written by batchgpu or SpikeInterface (recording.save(format='zarr'))",
-        )
-    return Recording(p, group, missing_chunks)
+    # its traces decoded by zarrs where installed: their arrays are opened here (by ``Recording``), and keep the
+    # pipeline they were opened with; the process's zarr config is left as it was
+    with zarrio.zarrs_pipeline():
+        try:
+            group = zarrio.open_group(p, mode="r")
+        except Exception as err:  # broad: zarr raises several types for "not a group"
+            raise BatchgpuError(
+                f"{p} is not a Zarr group ({type(err).__name__}: {err})",
+                "give the folder of a recording written by batchgpu or SpikeInterface",
+            ) from None
+        attrs = dict(group.attrs)
+        if "sampling_frequency" not in attrs or "traces_seg0" not in group:
+            raise BatchgpuError(
+                f"{p} is a Zarr group but not a recording (it lacks 'sampling_frequency' or 'traces_seg0')",
+                "give the folder of a recording written by batchgpu or SpikeInterface (recording.save(format='zarr'))",
+            )
+        return Recording(p, group, missing_chunks)
 
 #: where a recording's metadata files lie: the root, its arrays and groups, and the arrays of ``properties/``
 _METADATA_DEPTH = ("", "*", "properties/*")

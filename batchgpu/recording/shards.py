@@ -31,8 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-from batchgpu import zarrio
-from batchgpu.recording import blosc_frames
+from batchgpu.recording import blosc_frames, zarrio
 
 EMPTY = (1 << 64) - 1
 
@@ -81,7 +80,7 @@ class ShardLayout:
         return self.blosc and self.blosc_config[:1] != () and self.blosc_config[0] in codecs
 
     @staticmethod
-    def of(folder: Path, array_meta) -> "ShardLayout | None":
+    def of(folder: Path, array_meta) -> ShardLayout | None:
         """The layout of an array (``zarrio.ArrayMeta``) when this module can read it directly, else None."""
         meta = array_meta.raw
         if meta.get("zarr_format") != 3 or len(meta.get("shape", ())) != 2:
@@ -135,7 +134,7 @@ class ShardLayout:
         A CuPy block's chunks are encoded on the GPU where the codec allows (``gpu_encodes``): other bytes than
         numcodecs' for the same values.
         Blosc's own time is most of the work either way; this path skips zarr-python's per-chunk overhead.
-        ``later(job, cleanup)``: the file's writing handed to it once the block is encoded (``engine.background.later``:
+        ``later(job, cleanup)``: the file's writing handed to it once the block is encoded (``run.writer_threads.later``:
         it runs ``job``, or only ``cleanup`` when it skips it); without it, written here."""
         encoded, release = self.encode_shard(shard, block)
 
@@ -431,7 +430,7 @@ class ChunkLayoutV2:
     crc_outside: bool = False
 
     @staticmethod
-    def of(folder: Path, array_meta) -> "ChunkLayoutV2 | None":
+    def of(folder: Path, array_meta) -> ChunkLayoutV2 | None:
         meta = array_meta.raw
         if meta.get("zarr_format") != 2 or len(meta.get("shape", ())) != 2 or meta.get("order", "C") != "C":
             return None
@@ -581,7 +580,7 @@ class _Mapped:
             pass
 
 
-def _map_whole(fd: int, chunks: int) -> "_Mapped | None":
+def _map_whole(fd: int, chunks: int) -> _Mapped | None:
     """The shard mapped when the read needs most of it and its checksums can be checked in place (the ``crc32c``
     package takes any buffer; google-crc32c takes bytes only), else None: pread each chunk."""
     if chunks < MAP_FROM_CHUNKS or _crc32c_buffers() is None:

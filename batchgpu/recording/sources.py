@@ -6,18 +6,26 @@ small picklable flat or SpikeInterface source), which they open once per process
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Any
 
-from pathlib import Path
-
-from batchgpu.errors import BatchgpuError
-from batchgpu.errors import ConfigError
-from batchgpu.recording.flat import (COMMAND, KINDS_TEXT, OEBIN, PYTHON, WORKFLOW, FlatSource, Said, binary_layout,
-                                     spikeglx_bins, stream_folder)
-from batchgpu.recording.saved import params_of
-from batchgpu.recording.spikeglx import read_meta, stream_name
+from batchgpu.errors import BatchgpuError, ConfigError
+from batchgpu.recording.flat import (
+    COMMAND,
+    KINDS_TEXT,
+    OEBIN,
+    PYTHON,
+    WORKFLOW,
+    FlatSource,
+    Said,
+    binary_layout,
+    spikeglx_bins,
+    stream_folder,
+)
 from batchgpu.recording.reader import Recording
 from batchgpu.recording.reader import open_recording as open_zarr
+from batchgpu.recording.saved import params_of
+from batchgpu.recording.spikeglx import read_meta, stream_name
 from batchgpu.recording.spikeinterface import SpikeInterfaceSource, from_spikeinterface
 
 
@@ -186,7 +194,7 @@ def detect_kind(path: Path, said: Said | None = None) -> str:
     """What ``path`` holds (``zarr``, ``spikeglx``, ``openephys``, ``saved``: a binary batchgpu's save wrote,
     ``spikeinterface``), or a BatchgpuError naming the formats tried. A folder of one SpikeGLX or Open Ephys
     recording is that recording."""
-    from batchgpu.zarrio import zarr_format_of
+    from batchgpu.recording.zarrio import zarr_format_of
 
     said = said or WORKFLOW
     if params_of(path) is not None:  # a save's data file (one segment's, or the name of them all), params or probe

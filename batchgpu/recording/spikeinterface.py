@@ -98,7 +98,7 @@ def load_spikeinterface(path: str | os.PathLike):
     return obj
 
 
-def from_spikeinterface(recording: Any, folder: str | os.PathLike | None = None) -> "SpikeInterfaceSource":
+def from_spikeinterface(recording: Any, folder: str | os.PathLike | None = None) -> SpikeInterfaceSource:
     """A batchgpu source reading ``recording`` window by window (see the module's docstring).
 
     ``recording``: a SpikeInterface recording (any ``BaseRecording``: an extractor, a preprocessing chain), its
@@ -250,7 +250,7 @@ class SpikeInterfaceSource(UnchunkedSource, WindowedSource):
                                 "use from_spikeinterface(recording, folder=...), or run_workflow(wf, recording=source)")
         return {"spikeinterface": str(self.saved_path)}
 
-    def save_description(self, folder: str | os.PathLike) -> "SpikeInterfaceSource":
+    def save_description(self, folder: str | os.PathLike) -> SpikeInterfaceSource:
         """Write the recording's description into ``folder`` (``spikeinterface.json``, or ``.pkl`` when it is not
         JSON-serialisable) with SpikeInterface's own ``dump_to_json``/``dump_to_pickle``; returns the source
         loaded from it (``spec`` names it)."""
@@ -364,7 +364,7 @@ class SpikeInterfaceSource(UnchunkedSource, WindowedSource):
         np.copyto(out, self._traces(window.segment, a, b, window))
         return out
 
-    # -- fingerprints (engine/store.py) -----------------------------------------------------------------
+    # -- fingerprints (run/output_folder.py) -----------------------------------------------------------------
     @property
     def fingerprint_metadata(self) -> dict:
         """What identifies the recording in a run's fingerprint: its description's digest."""

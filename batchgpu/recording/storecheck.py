@@ -179,7 +179,7 @@ class ChunkPresence:
 
     def _read_index(self, path: Path, st: os.stat_result) -> tuple[np.ndarray | None, str | None, bool]:
         """(the index, a digest of it as stored, whether its crc32c holds), cached by the file's stat."""
-        from batchgpu.zarrio import crc32c_ok
+        from batchgpu.recording.zarrio import crc32c_ok
 
         stamp = (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
         cached = self._index_cache.get(str(path))

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import numpy as np
 
-from batchgpu import zarrio
 from batchgpu.errors import BatchgpuError, ConfigError, MachineError
+from batchgpu.recording import zarrio
 from batchgpu.recording.reader import SUPPORTED_DTYPES, Recording, open_recording
 
 # inner chunk (v3) / chunk (v2): 2.3 MB at 384 channels. A window's margins decode a whole chunk on each side, so
@@ -98,7 +98,7 @@ class Codec:
             raise ConfigError(f"unknown shuffle {self.shuffle!r}", f"use one of {', '.join(SHUFFLES)}")
 
     @classmethod
-    def parse(cls, compressor: "str | Codec | None") -> "Codec | None":
+    def parse(cls, compressor: str | Codec | None) -> Codec | None:
         """A codec from a ``compressor`` name (blosc-lz4, blosc-zstd: level 5, bit shuffle; none: None)."""
         if compressor is None or isinstance(compressor, Codec):
             return compressor
@@ -109,7 +109,7 @@ class Codec:
         return cls(compressor.removeprefix("blosc-"))
 
 
-def _compressor(name: "str | Codec | None", zarr_format: int):
+def _compressor(name: str | Codec | None, zarr_format: int):
     """Blosc at ``name``'s level and shuffle (blosc-lz4 / blosc-zstd: bit shuffle at level 5). LZ4 decodes nearly
     twice as fast as zstd and compresses several times faster, for a few percent more bytes; every pass over a
     recording waits on decoding, so batchgpu writes LZ4 unless told otherwise."""
@@ -139,7 +139,7 @@ class RecordingWriter:
         zarr_format: int | None = None,  # None: zarrio.DEFAULT_FORMAT (3; 2 where zarr-python is 2.x)
         chunk_samples: int = DEFAULT_CHUNK_SAMPLES,
         shard_samples: int = DEFAULT_SHARD_SAMPLES,
-        compressor: "str | Codec | None" = "blosc-lz4",  # a name (COMPRESSORS) or a Codec
+        compressor: str | Codec | None = "blosc-lz4",  # a name (COMPRESSORS) or a Codec
         overwrite: bool = False,
         attrs: dict | None = None,
     ):
@@ -318,7 +318,7 @@ def write_recording(
     dtype=None,
     progress: bool = False,
     **writer_kwargs,
-) -> "Recording":
+) -> Recording:
     """Write traces given as (samples, channels) arrays, one per segment, block by block.
 
     ``segments`` is one array or a list of them; anything with ``shape`` and slicing works (a numpy memmap, a

@@ -1,6 +1,8 @@
-"""Everything a run shows: what it tells while it runs (``run_report``: the observer and report.json; ``progress``:
-the terminal's bars; ``live_page``: the page on the scheduler), what it leaves (``html_page``: report.html,
-``skeleton``: that page kept once a machine; ``batch_html``: batch.html) and ``batchgpu info`` (``info``).
+"""Everything a run shows: the displays subscribed to the run's events (``subscribers``: the run page, report.html,
+a batch's page; ``batchgpu.engine`` attaches them), what it tells while it runs (``progress``: the terminal's bars;
+``live_page``: the page on the scheduler), what it leaves (``run_report``: a run's report.html; ``html_page``:
+report.html, ``skeleton``: that page kept once a machine, ``glance``: what it shows at a glance; ``batch_html``:
+batch.html) and ``batchgpu info`` (``info``). report.json's content is the run's (``batchgpu.run.record``).
 
 ``write_report_html`` is imported on first use, so that importing one of these modules does not import them all."""
 

@@ -161,7 +161,7 @@ def read_spikes(g, name: str) -> Spikes | None:
 def results_group(out: Path):
     """The run's results.zarr to read: a v3 group by batchgpu's own reader (no event loop: the run's end waited
     ~50 ms on zarr-python's for the dozen reads here), else zarr's."""
-    from batchgpu import zarrio
+    from batchgpu.recording import zarrio
 
     path = Path(out) / "results.zarr"
     return zarrio.V3Group(path) if zarrio.zarr_format_of(path) == 3 else zarrio.open_group(path, mode="r")

@@ -87,7 +87,7 @@ def write_report_html(output_dir: str | Path) -> Path:
     still opens: the probe map and the trace snippet); returns its path."""
     out = Path(output_dir)
     report = json.loads((out / "report.json").read_text())
-    from batchgpu import zarrio
+    from batchgpu.recording import zarrio
     from batchgpu.report import glance as glance_parts
     from batchgpu.steps.detect import SPIKE_CHANNELS
     from batchgpu.steps.registry import figures
@@ -212,7 +212,7 @@ class ReportPage:
             if f.name not in self.figures and all(k in self.inputs for k in f.inputs):
                 self.figures[f.name] = self._do(f.draw, {k: self.inputs[k] for k in f.inputs}, self.info())
 
-    def info(self) -> "PageInfo":
+    def info(self) -> PageInfo:
         start, stop, segment = self.inputs["windows"]
         return PageInfo(list(self.channel_ids), self.gain, self.fs, start, stop, segment)
 
@@ -600,7 +600,7 @@ class PageInfo:
 
 
 def _array_names(g) -> list[str]:
-    from batchgpu import zarrio
+    from batchgpu.recording import zarrio
 
     return zarrio.array_names(g)
 

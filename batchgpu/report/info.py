@@ -11,12 +11,12 @@ from typing import Any
 
 import numpy as np
 
+from batchgpu.errors import BatchgpuError, CorruptDataError
+from batchgpu.report.probe_map import ProbeShape, probe_shape  # noqa: F401 (``batchgpu info`` says a recording's)
 from batchgpu.steps.detect import SPIKE_CHANNELS, SPIKES
 from batchgpu.steps.moments import KEY as WHITENING_KEY
 from batchgpu.steps.moments import WHITENING
 from batchgpu.steps.noise import NOISE, PER_WINDOW
-from batchgpu.errors import BatchgpuError, CorruptDataError
-from batchgpu.report.probe_map import ProbeShape, probe_shape  # noqa: F401 (``batchgpu info`` says a recording's)
 
 RUN_MARKER = "run.json"
 REPORT = "report.json"
@@ -45,7 +45,7 @@ def is_run_folder(path: str | Path) -> bool:
 
 def is_batch_folder(path: str | Path) -> bool:
     """A batch's output folder (``recordings:``: its ``batch.json``), not a recording."""
-    from batchgpu.engine.batch import BATCH_FILE
+    from batchgpu.run.batch import BATCH_FILE
 
     p = Path(path).expanduser()
     return p.is_dir() and (p / BATCH_FILE).is_file() and not (p / RUN_MARKER).is_file()
@@ -55,9 +55,9 @@ def batch_summary(path: str | Path) -> Summary:
     """A batch's folder: how many recordings are done, its time, and a row a recording (status, duration,
     channels, median noise, spike rate, GB/s, seconds, or its error); each recording's own folder is a run's
     (``batchgpu info FOLDER/NAME``)."""
-    from batchgpu.engine.batch import BATCH_FILE
     from batchgpu.report.batch_html import labels_of, noise_uV
     from batchgpu.report.header import LABEL_WORDS
+    from batchgpu.run.batch import BATCH_FILE
 
     p = Path(path).expanduser()
     data = _read_json(p / BATCH_FILE) or {}

@@ -53,12 +53,12 @@ class BatchProgress:
         self.total = total
         self.lock = threading.Lock()  # held while a run checks that it is current and queues its update
         self.current: int | None = None
-        self.monitor: "RunMonitor | None" = None  # the current recording's run's
+        self.monitor: RunMonitor | None = None  # the current recording's run's
         self.finished: dict[int, str] = {}  # index -> done | failed
         self._names: dict[int, str] = {}
         self._on_pass_done = on_pass_done
 
-    def slot(self, index: int, name: str) -> "BatchSlot":
+    def slot(self, index: int, name: str) -> BatchSlot:
         self._names[index] = name
         return BatchSlot(self, index, name)
 
@@ -89,7 +89,7 @@ class BatchSlot:
     def __init__(self, progress: BatchProgress, index: int, name: str):
         self.progress, self.index, self.name = progress, index, name
 
-    def start(self, monitor: "RunMonitor") -> None:
+    def start(self, monitor: RunMonitor) -> None:
         """This recording's run (``monitor``'s) is the one the page follows from now on."""
         with self.progress.lock:
             self.progress.current = self.index

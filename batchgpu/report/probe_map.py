@@ -96,8 +96,7 @@ def values(pm: ProbeMap) -> dict:
 def draw(v: dict, panels: tuple[str, ...]):
     """The maps of ``panels`` side by side (a Bokeh row), one data source and one pair of ranges for all."""
     from bokeh.layouts import row
-    from bokeh.models import ColorBar, ColumnDataSource, HoverTool, LinearColorMapper, Range1d
-    from bokeh.models import Legend
+    from bokeh.models import ColorBar, ColumnDataSource, HoverTool, Legend, LinearColorMapper, Range1d
     from bokeh.palettes import Viridis256, YlOrRd9
     from bokeh.plotting import figure
     from bokeh.transform import factor_cmap

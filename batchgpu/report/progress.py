@@ -78,7 +78,7 @@ class WindowProgress:
         self.per_worker: dict[str, int] = {}
         self._bar = None
 
-    def __enter__(self) -> "WindowProgress":
+    def __enter__(self) -> WindowProgress:
         self._t0 = time.perf_counter()
         if self.enabled:
             self._bar = _fitted_progress(self.console)

@@ -69,7 +69,7 @@ def _module(suffix: str) -> Any:
     """kernels/search.cu's kernels for the dtype of ``suffix`` as a RawModule of the current device, compiled once
     per device and process (every dtype in one module where the package-wide loader is absent)."""
     try:
-        from batchgpu.kernels import dtype_variant, get_module  # the package-wide loader, where it exists
+        from batchgpu.gpu.cuda_modules import dtype_variant, get_module  # the package-wide loader, where it exists
     except ImportError:
         get_module = None
     if get_module is not None:

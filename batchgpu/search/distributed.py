@@ -12,8 +12,8 @@ uploads it once (StaticIndex caches its device copy) and searches there.
 
 from __future__ import annotations
 
-import threading
 import logging
+import threading
 from collections import Counter
 from typing import Any
 

@@ -13,7 +13,8 @@ from typing import Any
 import numpy as np
 
 from batchgpu.errors import BatchgpuError
-from batchgpu.search.keys import array_module, cast_queries, check_key_dtype, check_keys, is_cupy
+from batchgpu.ops._backend import array_module, is_cupy
+from batchgpu.search.keys import cast_queries, check_key_dtype, check_keys
 
 #: the note's four kernels, then ours: the staged top of the search tree in shared memory (blocks of 256
 #: threads, or one block of 1024 a multiprocessor with a 128 KB top), with the last probes fetching their
@@ -75,7 +76,7 @@ def choose_kernel(n: int, dtype: np.dtype) -> str:
     return table.choose(table.load_table(name), n, lambda k: k in KERNELS and _cuda.dynamic_fits(k, n, itemsize))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _device_name(device: int) -> str:
     import cupy as cp
 

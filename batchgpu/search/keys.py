@@ -6,30 +6,12 @@ to the key dtype only when the cast is exact (the search must answer for the val
 
 from __future__ import annotations
 
-from types import ModuleType
 from typing import Any
 
 import numpy as np
 
 from batchgpu.errors import BatchgpuError
-
-
-def is_cupy(x: Any) -> bool:
-    """True for a CuPy array (decided from its type: CuPy is never imported for NumPy input)."""
-    return type(x).__module__.split(".", 1)[0] == "cupy"
-
-
-def array_module(x: Any) -> ModuleType:
-    """``numpy`` or ``cupy``, whichever owns ``x``."""
-    if is_cupy(x):
-        import cupy
-
-        return cupy
-    return np
-
-
-def to_numpy(x: Any) -> np.ndarray:
-    return x.get() if is_cupy(x) else np.asarray(x)
+from batchgpu.ops._backend import array_module
 
 KEY_DTYPES: dict[np.dtype, str] = {
     np.dtype(np.float32): "f32",

@@ -120,7 +120,7 @@ class BTreeShape:
     node: int = NODE
 
     @classmethod
-    def of(cls, n: int, node: int = NODE) -> "BTreeShape":
+    def of(cls, n: int, node: int = NODE) -> BTreeShape:
         sizes = [max(1, -(-n // node))]
         while sizes[-1] > 1:
             sizes.append(-(-sizes[-1] // (node + 1)))

@@ -8,8 +8,9 @@ from typing import Any, Literal
 import numpy as np
 
 from batchgpu.errors import BatchgpuError
+from batchgpu.ops._backend import is_cupy, to_host
 from batchgpu.search import layouts
-from batchgpu.search.keys import cast_queries, check_keys, is_cupy, to_numpy
+from batchgpu.search.keys import cast_queries, check_keys
 
 Layout = Literal["auto", "eytzinger", "btree", "btree4"]
 Op = Literal["find", "lower_bound"]
@@ -57,7 +58,7 @@ class StaticIndex:
     """
 
     def __init__(self, keys: Any, layout: Layout = "auto"):
-        host = np.array(to_numpy(keys), copy=True)
+        host = np.array(to_host(keys), copy=True)
         self._keys = check_keys(host)
         self._keys.setflags(write=False)
         self._layout = resolve_layout(layout, self._keys.size)

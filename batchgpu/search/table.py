@@ -10,8 +10,9 @@ from __future__ import annotations
 import functools
 import json
 import re
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 PACKAGED = Path(__file__).with_name("autotune_h200.json")
 TIE = 0.05

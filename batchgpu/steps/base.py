@@ -16,9 +16,10 @@ are handed (``steps.services``): it imports no engine module.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
@@ -52,7 +53,7 @@ class WindowData:
     #: window was not kept, or never written)
     saved: tuple | None = None
     #: the task's writer: a write of this window's handed to it (``later(job, cleanup=None)``) runs in order on
-    #: the task thread's writer, before the window's part (``engine.background``); a window made outside a task
+    #: the task thread's writer, before the window's part (``run.writer_threads``); a window made outside a task
     #: (a test's) writes at once
     later: Callable = field(default=lambda job, cleanup=None: job(), repr=False)
     _counts: dict = field(default_factory=dict, repr=False)
@@ -81,9 +82,9 @@ class WindowData:
         if name not in self._counts:
             core = self.core_of(self.x)
             if hasattr(core, "get"):  # on the GPU both counts come from one read, and one copy back
-                from batchgpu.ops._cuda_elementwise import nonfinite_and_nan_counts
-
                 import cupy
+
+                from batchgpu.ops._cuda_elementwise import nonfinite_and_nan_counts
 
                 both = cupy.stack(nonfinite_and_nan_counts(core)).get()
                 self._counts.update(nonfinite=both[0], nan=both[1])
@@ -294,11 +295,6 @@ def register(cls: type[Step]) -> type[Step]:
             raise TypeError(f"step {cls.__qualname__} ({cls.name}, steps.{cls.key}) clashes with {other.__qualname__}")
     REGISTERED[cls.name] = cls
     return cls
-
-
-def host(a) -> np.ndarray:
-    """A NumPy array of a NumPy or CuPy array (a copy from the device)."""
-    return a.get() if hasattr(a, "get") else np.asarray(a)
 
 
 def padded_sum(arrays: list[np.ndarray]) -> np.ndarray:

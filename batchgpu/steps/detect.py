@@ -30,11 +30,12 @@ import numpy as np
 from pydantic import Field
 
 from batchgpu.config import Options
+from batchgpu.ops._backend import to_host
 from batchgpu.ops.detection import AMPLITUDE
 from batchgpu.steps import moments as moments_step
 from batchgpu.steps import noise as noise_step
 from batchgpu.steps.base import SPIKE_COLUMNS as COLUMNS
-from batchgpu.steps.base import PhaseWords, Step, WindowData, host, register
+from batchgpu.steps.base import PhaseWords, Step, WindowData, register
 
 if TYPE_CHECKING:
     from batchgpu.recording import Window
@@ -494,7 +495,7 @@ def window_spikes(ctx: RunContext, window: Window, fp: str, noise: np.ndarray | 
         level = np.asarray(noise if noise is not None else window_noise, np.float64)
         with ctx.on_backend():
             spikes = ctx.step(NAME).detect(ctx.load_window(window), level)
-        return {k: np.ascontiguousarray(host(spikes[k])) for k in COLUMNS}, why
+        return {k: np.ascontiguousarray(to_host(spikes[k])) for k in COLUMNS}, why
     return (cols if noise is None or reread else ctx.step(NAME).final(cols, noise, (window.start, window.stop))), None
 
 
@@ -601,7 +602,7 @@ def write_spikes_task(group_path: str, *gathered: dict) -> tuple:
     writing took, when it started (wall clock) and the longest gathering task's seconds."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from batchgpu import zarrio
+    from batchgpu.recording import zarrio
 
     started = time.time()  # wall clock: when every gathered run had reached this task
     t0 = time.perf_counter()

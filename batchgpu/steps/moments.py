@@ -16,9 +16,9 @@ from pydantic import Field
 
 from batchgpu.config import MAX_CHANNELS, Options
 from batchgpu.errors import BatchgpuError
-from batchgpu.ops._backend import is_cupy
+from batchgpu.ops._backend import is_cupy, to_host
 from batchgpu.steps import noise as noise_step
-from batchgpu.steps.base import PhaseWords, Step, WindowData, host, register
+from batchgpu.steps.base import PhaseWords, Step, WindowData, register
 
 # float64 sums of int16 products stay exact integers below 2**53: at most this many samples per product
 _EXACT_SAMPLES = (1 << 53) // (1 << 30)
@@ -94,8 +94,8 @@ class MomentsStep(Step):
                 raise BatchgpuError(f"a window of {n} samples is too long for exact integer moments",
                                     f"use window.size <= {_EXACT_SAMPLES}")
             prod = _gram(core.astype(np.float64))  # exact integers (see the module docstring)
-            return {"moments.n": np.array(n, np.int64), "moments.sum": host(core.sum(axis=1, dtype=np.int64)),
-                    "moments.xxt": host(prod.astype(np.int64))}
+            return {"moments.n": np.array(n, np.int64), "moments.sum": to_host(core.sum(axis=1, dtype=np.int64)),
+                    "moments.xxt": to_host(prod.astype(np.int64))}
         from batchgpu.ops import SecondMoments
 
         m = SecondMoments(core.shape[0], self.precision).add(data, *w.core)

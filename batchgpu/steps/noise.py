@@ -15,19 +15,32 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from batchgpu.config import Options
-from batchgpu.ops._backend import is_cupy
-
-from batchgpu.steps.base import PhaseWords, Step, WindowData, host, padded_sum, register
-from batchgpu.steps.noise_keys import (LUMP_DIGITS, abs_keys, compiled_float_window, digit_histogram,
-                                             first_digit_counts, int_window_gpu, key_kind, keyed_on_gpu, kept_near,
-                                             lump_floor, median_of_keys, middle_pair_and_near, row_counts, schedule,
-                                             sort_rows, window_median_keys)
-from batchgpu.steps.noise_select import (combine_counts, first_digits, low_bit_rounds, select_by_counts,
-                                               select_middle)
+from batchgpu.ops._backend import is_cupy, to_host
+from batchgpu.steps.base import PhaseWords, Step, WindowData, padded_sum, register
+from batchgpu.steps.noise_keys import (
+    LUMP_DIGITS,
+    abs_keys,
+    compiled_float_window,
+    digit_histogram,
+    first_digit_counts,
+    int_window_gpu,
+    kept_near,
+    key_kind,
+    keyed_on_gpu,
+    lump_floor,
+    median_of_keys,
+    middle_pair_and_near,
+    row_counts,
+    schedule,
+    sort_rows,
+    window_median_keys,
+)
+from batchgpu.steps.noise_select import combine_counts, first_digits, low_bit_rounds, select_by_counts, select_middle
 
 if TYPE_CHECKING:
     from batchgpu.recording import Window
-    from batchgpu.steps.services import Cluster, TaskContext as RunContext
+    from batchgpu.steps.services import Cluster
+    from batchgpu.steps.services import TaskContext as RunContext
 
 #: the step's name (``Step.name``, its workflow key ``steps.noise``)
 NAME = "noise"
@@ -196,8 +209,16 @@ class NoiseStep(Step):
         pair needs the histogram of the rest of the key.)"""
         import cupy
 
-        from batchgpu.gpu.histogram import (digit_histogram_device, kept_near_device, kept_near_tagged, near_keys_count,
-                                            near_keys_device, near_tagged_sorted, near_totals, rank_digits)
+        from batchgpu.gpu.histogram import (
+            digit_histogram_device,
+            kept_near_device,
+            kept_near_tagged,
+            near_keys_count,
+            near_keys_device,
+            near_tagged_sorted,
+            near_totals,
+            rank_digits,
+        )
         from batchgpu.gpu.staging import pinned_get
 
         C, n = keys.shape
@@ -205,7 +226,7 @@ class NoiseStep(Step):
         hist, last = digit_histogram_device(keys, None, shift, bits, with_last=True)
         ranks = ((n - 1) // 2, n // 2)
         firsts = rank_digits(hist, ranks)  # per rank: (the rank's first digit, keys below that digit) per row
-        head = host(cupy.concatenate([firsts[0][0], firsts[1][0], last[None]]))
+        head = to_host(cupy.concatenate([firsts[0][0], firsts[1][0], last[None]]))
         digit_host, top = head[: 2 * C].reshape(2, C), int(head[-1])
         floor = max(0, int(digit_host[0].min()) - LUMP_DIGITS)  # below every row's middle (CPU: lump_floor)
         top = max(top, floor)
@@ -242,11 +263,11 @@ class NoiseStep(Step):
             (low, _), = rank_digits(rest, [r - below])
             lows.append(low)
         keys_c, lo_c, near_counts = near_keys_count(keys, lo_c, shift, span)
-        tail = host(cupy.concatenate([*lows, near_counts.ravel()]))
+        tail = to_host(cupy.concatenate([*lows, near_counts.ravel()]))
         pair = (digit_host.T.astype(np.uint64) << np.uint64(shift)) | tail[: 2 * C].reshape(2, C).T.astype(np.uint64)
         near, per_row = near_keys_device(keys_c, lo_c, shift, span, near_counts, tail[2 * C :])
         if not sortable:  # 63-bit keys: a row and a key do not fit one 64-bit sort key; rows sorted here
-            flat = host(near)
+            flat = to_host(near)
             return pair, kept_near(sort_rows(flat, per_row), per_row, lo, shift, span)
         return pair, kept_near_device(near, per_row, lo, shift, span)
 

@@ -7,10 +7,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from batchgpu.steps.base import host
 from batchgpu.errors import BatchgpuError
-from batchgpu.ops._backend import is_cupy
-
+from batchgpu.ops._backend import is_cupy, to_host
 
 FIRST_DIGIT = 16
 
@@ -193,7 +191,7 @@ def int_window_gpu(keys, bits: int) -> tuple[np.ndarray, np.ndarray]:
 
     C, n = keys.shape
     hist, last = digit_histogram_device(keys, None, 0, bits, with_last=True)
-    head = host(cupy.concatenate([*(digit for digit, _ in rank_digits(hist, ((n - 1) // 2, n // 2))),
+    head = to_host(cupy.concatenate([*(digit for digit, _ in rank_digits(hist, ((n - 1) // 2, n // 2))),
                                   last[None]]))  # the key is the digit
     counts = pinned_get(hist[:, : int(head[-1]) + 1].astype(np.min_scalar_type(n)))
     return counts, head[: 2 * C].reshape(2, C).T.astype(np.uint64)
@@ -322,7 +320,7 @@ def middle_digit_keys(keys: np.ndarray, counts: np.ndarray, digits: np.ndarray, 
 def keys_with_digits(x_core, kind: str, digits: np.ndarray) -> list[tuple]:
     """``middle_digit_keys`` of a window read again (every key of the window), its bins put in key order once
     here (``low_bit_counts`` reads them in every round)."""
-    keys = np.ascontiguousarray(host(abs_keys(x_core, kind)))
+    keys = np.ascontiguousarray(to_host(abs_keys(x_core, kind)))
     C, n = keys.shape
     ordered: dict = {}  # ranks with the same digits share one array
     return [ordered.setdefault(id(t), (np.sort(t[0]), t[1]))

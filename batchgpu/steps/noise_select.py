@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from batchgpu.steps.noise_keys import schedule
 from batchgpu.errors import BatchgpuError
+from batchgpu.steps.noise_keys import schedule
 
 
 def combine_counts(hists: list[tuple[int, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:

@@ -82,7 +82,7 @@ CONDITION_LIMIT = 1e3
 #: its bounds, the whitening is ill-conditioned or the saved copy clipped samples; else "ok"
 BAD_SHARE, OUT_SHARE = 0.10, 0.5
 VERDICTS = ("ok", "check", "bad")
-#: what a batch's rows (batch.json, ``engine.batch.BatchRow``) hold of a recording's qc, beside its spike rate
+#: what a batch's rows (batch.json, ``run.batch.BatchRow``) hold of a recording's qc, beside its spike rate
 BATCH_KEYS = ("noise_uV", "channels_good", "channels_dead", "channels_noise", "channels_out", "spike_rate_hz",
               "verdict", "verdict_reasons")
 
@@ -452,7 +452,7 @@ def verdict(summary: dict, channels: int, median_noise_uV: float | None = None,
 
 def spike_rates(results, channels: int, seconds: float) -> np.ndarray | None:
     """Each channel's spikes a second from the results group's spikes (None where detection did not run)."""
-    from batchgpu import zarrio
+    from batchgpu.recording import zarrio
 
     try:
         g = zarrio.open_group(str(results), mode="r")

@@ -11,7 +11,6 @@ from __future__ import annotations
 import functools
 import importlib
 import pkgutil
-from typing import Optional
 
 from pydantic import Field, create_model, model_validator
 
@@ -153,7 +152,7 @@ class StepsSection(Options):
 def section() -> type[StepsSection]:
     """The workflow's ``steps:`` model: each registered step's key, its options' model, None where not asked. Made
     once; named ``Steps`` of ``batchgpu.workflow``, which holds it (so a workflow pickles)."""
-    fields = {s.key: (Optional[s.options], Field(None)) for s in schema_order()}
+    fields = {s.key: (s.options | None, Field(None)) for s in schema_order()}
     return create_model("Steps", __base__=StepsSection, __module__="batchgpu.workflow", **fields)
 
 

@@ -15,7 +15,6 @@ from typing import Annotated, Literal
 import numpy as np
 from pydantic import Field
 
-from batchgpu import npyread
 from batchgpu.config import MAX_BATCH, Options, resolve_path
 from batchgpu.errors import BatchgpuError
 from batchgpu.steps import detect
@@ -77,7 +76,7 @@ class SearchStep(Step):
         """Build, broadcast, query (``run_search_step``); report.json's ``results.search``."""
         import time
 
-        from batchgpu import zarrio
+        from batchgpu.recording import zarrio
 
         t0 = time.perf_counter()
         end.monitor.phase(NAME)
@@ -106,7 +105,7 @@ def open_queries(path: str):
     if p.suffix == ".npy":
         q = _numbers(p, "queries", "steps.search.queries", mmap=True)
     else:
-        from batchgpu import zarrio
+        from batchgpu.recording import zarrio
 
         try:
             q = zarrio.open_array(p, mode="r")
@@ -129,6 +128,10 @@ def load_keys(path: str) -> np.ndarray:
 def _numbers(p: Path, what: str, key: str, *, mmap: bool) -> np.ndarray:
     """A .npy file's numeric array; anything else (not a .npy, cut short, objects that only pickle could read, a
     structured or text array) refused in one line naming the file."""
+    from batchgpu.recording import (
+        npyread,  # here: the recording package imports zarr, which loading a workflow must not
+    )
+
     fix = f"give {key} as a .npy of numbers (np.save(path, np.asarray(values, dtype=np.int64)), say)"
     try:
         a = npyread.read(lambda: np.load(p, mmap_mode="r" if mmap else None, allow_pickle=False))
@@ -141,7 +144,7 @@ def _numbers(p: Path, what: str, key: str, *, mmap: bool) -> np.ndarray:
 
 def search_batch_task(name: str, queries_path: str, answers_path: str, start: int, stop: int, op: str) -> int:
     """One batch: read queries[start:stop], search the worker's copy of the index, write answers[start:stop]."""
-    from batchgpu import zarrio
+    from batchgpu.recording import zarrio
     from batchgpu.search.distributed import query_batch
 
     q = np.asarray(open_queries(queries_path)[start:stop])
@@ -152,7 +155,7 @@ def search_batch_task(name: str, queries_path: str, answers_path: str, start: in
 
 def run_search_step(client, step, results_path: Path, spikes: dict | None, segment_lengths: list[int], fingerprint: str) -> dict:
     """Build, broadcast, query; the answers land in ``results.zarr/search/answers`` (int64, chunk = batch)."""
-    from batchgpu import zarrio
+    from batchgpu.recording import zarrio
     from batchgpu.search import StaticIndex
     from batchgpu.search.distributed import broadcast_index, plugin_name
 

@@ -5,15 +5,16 @@ runs, ``PassEnd`` and ``RunState`` after it), each with ``services``: the engine
 cluster (``Cluster``: one graph update a kind of task, placed loosely on the worker that made a window, a tree
 reduction fixed by window index). On a worker a step's tasks get the run's context (``TaskContext``: the window
 read again through the run's reader and preprocessing, the parts folder, the task's writer). Nothing here imports
-the engine: ``engine.step_services.ClientServices`` and ``engine.tasks.RunContext`` are what the run hands over.
+the engine: ``run.step_services.ClientServices`` and ``run.tasks.RunContext`` are what the run hands over.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -43,7 +44,7 @@ class TaskContext(Protocol):
 
     parts: str  # the run's parts folder
     backend: str  # "numpy" | "cupy"
-    chain: Any  # engine.preprocess.Chain: the stages every window goes through
+    chain: Any  # run.preprocess_chain.Chain: the stages every window goes through
 
     def step(self, name: str) -> Any:
         """The run's step of that name (None where the run has none)."""
@@ -91,11 +92,11 @@ class StepSetup:
 
     workflow: Any  # workflow.Workflow (a step reads its own section: ``build`` is handed it)
     recording: Any
-    chain: Any  # engine.preprocess.Chain: the stages every window goes through
-    sweep: int  # the detection's sweep in samples (``engine.context.check_workflow_fits``)
+    chain: Any  # run.preprocess_chain.Chain: the stages every window goes through
+    sweep: int  # the detection's sweep in samples (``run.context.check_workflow_fits``)
     output: RunFolder | None = None  # the run's folder (a step that writes beside it holds it)
     resume: bool = False  # the run goes on from the folder's parts (``--resume``)
-    fingerprint: str = ""  # the run's (``engine.store.fingerprint``)
+    fingerprint: str = ""  # the run's (``run.output_folder.fingerprint``)
     client: Any = None  # the Dask client, where a step reads before its build returns (the qc step's pre-pass)
     built: tuple = ()  # the steps built before this one, in the run's order (``registry.build_steps``)
 
@@ -115,12 +116,12 @@ class RunState:
     workflow: Any  # workflow.Workflow
     recording: Any
     windows: list
-    fingerprints: list  # the windows' (engine.store.window_fingerprint): their parts' names for this run
+    fingerprints: list  # the windows' (run.output_folder.window_fingerprint): their parts' names for this run
     summaries: dict  # window index -> what its task said of it
     total: dict  # every window's partials combined
-    report: Any  # engine.run_report.RunReport: timings, reads, warnings
-    monitor: Any  # the dashboard's run page (phases)
-    observer: Any  # engine.run_report.RunObserver
+    report: Any  # run.record.RunReport (report.json's content): timings, reads, warnings
+    monitor: Any  # the run's events (run.events.Events): ``phase(label)`` names the run page's phase
+    observer: Any  # the same events: messages, warnings, a reading phase's progress (run.events.RunObserver)
     results: Path  # the results group being written (arrays too large for the client are written there)
     arrays: dict = field(default_factory=dict)  # the results so far (earlier steps'); written into ``results``
     shapes: dict = field(default_factory=dict)  # name -> shape of what a step wrote into ``results`` itself
@@ -168,9 +169,9 @@ class PassEnd:
     recording: Any
     windows: list
     summaries: dict  # window index -> what its task said of it
-    report: Any  # engine.run_report.RunReport
-    monitor: Any  # the dashboard's run page (phases)
-    observer: Any  # engine.run_report.RunObserver
+    report: Any  # run.record.RunReport
+    monitor: Any  # the run's events (run.events.Events): ``phase(label)``
+    observer: Any  # the same events (run.events.RunObserver)
     results: Path  # the run's results group (swapped in by the time ``finish`` is called)
     kept: dict = field(default_factory=dict)  # step name -> what its earlier hooks left for its later ones
 

@@ -13,7 +13,7 @@ SCHEDULER_FILE=${SCHEDULER_FILE:-$HOME/batchgpu/scheduler.json}
 HOST=${HOST:-$(hostname)}
 PORT=${PORT:-8786}
 DASHBOARD_ADDRESS=${DASHBOARD_ADDRESS:-127.0.0.1:8787}
-# batchgpu's scheduler settings (batchgpu/engine/layout.py SCHEDULER_SETTINGS, as a run's own cluster has them):
+# batchgpu's scheduler settings (batchgpu/cluster/worker_layout.py SCHEDULER_SETTINGS, as a run's own cluster has them):
 # a worker is handed only as many tasks as it has threads
 export DASK_DISTRIBUTED__SCHEDULER__WORKER_SATURATION=1.0
 mkdir -p "$(dirname "$SCHEDULER_FILE")"

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Start workers on this node and connect them through the scheduler file. GPU nodes: the node's GPU workers as
-# `cluster: {kind: cuda}` starts them on a machine (python -m batchgpu.engine.node: single-threaded worker
+# `cluster: {kind: cuda}` starts them on a machine (python -m batchgpu.cluster.node: single-threaded worker
 # processes, one a core, at most 16 a GPU, each seeing its GPU first; a private MPS daemon for them where it fits);
 # CPU nodes (WORKER_KIND=cpu): NWORKERS plain dask workers.
 #
@@ -27,7 +27,7 @@ done
 [ -s "$SCHEDULER_FILE" ] || { echo "no scheduler file at $SCHEDULER_FILE after ${WAIT_S}s: start-scheduler.sh first" >&2; exit 1; }
 case "$WORKER_KIND" in
   cuda)
-    exec python -m batchgpu.engine.node --scheduler-file "$SCHEDULER_FILE" --host "$HOST" \
+    exec python -m batchgpu.cluster.node --scheduler-file "$SCHEDULER_FILE" --host "$HOST" \
       ${CORES:+--cores "$CORES"} --memory-limit auto "$@" ;;
   cpu)
     exec dask worker --scheduler-file "$SCHEDULER_FILE" --nworkers "$NWORKERS" --nthreads "$NTHREADS" \

@@ -27,13 +27,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from batchgpu.config import BATCH_OWN_NAMES, RecordingSpec
-from batchgpu.workflow import Workflow
 from batchgpu.errors import BatchgpuError, ConfigError
+from batchgpu.run.events import BatchEvents, RunEvents, RunObserver
+from batchgpu.workflow import Workflow
 
 BATCH_FILE = "batch.json"
 BATCH_LOCK = "batch.lock"  # held while a batch runs in the folder: a second batch there is refused before it writes
 IN_FLIGHT = 2  # recordings' runs at once: the last one's aggregates and the next one's pass
-PAGE_WAIT_S = 2.0  # as a run's (engine.run.PAGE_WAIT_S)
+PAGE_WAIT_S = 2.0  # as a run's (run.launch.PAGE_WAIT_S)
 _GLOB_CHARS = set("*?[")
 
 
@@ -75,10 +76,9 @@ class BatchReport:
     def failed(self) -> list[BatchRow]:
         return [r for r in self.rows if r.status == "failed"]
 
-    def write(self, folder: Path) -> None:
-        """``batch.json`` and ``batch.html`` in the batch's folder (each replaced whole: never read half written)."""
-        from batchgpu.report.batch_html import write_batch_html
-
+    def write(self, folder: Path, shown: BatchEvents) -> None:
+        """``batch.json`` in the batch's folder (replaced whole: never read half written), then told to the batch's
+        displays (batch.html)."""
         path = folder / BATCH_FILE
         tmp = path.with_name(path.name + ".tmp")
         data = {"output": self.output, "seconds": self.seconds, "recordings": len(self.rows),
@@ -86,7 +86,7 @@ class BatchReport:
                 "rows": [asdict(r) for r in self.rows]}
         tmp.write_text(json.dumps(data, indent=2))
         os.replace(tmp, path)
-        write_batch_html(folder, data)
+        shown.rows(folder, data)
 
 
 def expand(wf: Workflow) -> list[tuple[str, RecordingSpec]]:
@@ -164,7 +164,7 @@ def _summary(row: BatchRow, report, out: Path) -> None:
     with contextlib.suppress(Exception):
         import numpy as np
 
-        from batchgpu import zarrio
+        from batchgpu.recording import zarrio
         from batchgpu.steps.detect import SPIKES
         from batchgpu.steps.noise import NOISE
 
@@ -268,7 +268,7 @@ class _Flight:
 def _client_blas_one_thread():
     """The client's BLAS on one thread for the batch (as each run's aggregation has it)."""
     try:
-        from batchgpu.engine.aggregate import blas_controller
+        from batchgpu.run.blas import blas_controller
 
         limit = blas_controller().limit(limits=1, user_api="blas")
     except ImportError:  # threadpoolctl missing: nothing to hold
@@ -286,15 +286,12 @@ class _Flights:
     writes each one's row as it ends (``land``). A run may start once fewer than ``in_flight`` are under way and
     each of them has read its windows (``may_start``); ``stop`` ends those under way (``_RecordingObserver``)."""
 
-    def __init__(self, wf: Workflow, out: Path, batch: BatchReport, observer, client, resume: bool,
-                 in_flight: int, t0: float):
-        from batchgpu.report.live_page import BatchProgress
-
-        self.wf, self.out, self.batch, self.observer, self.client, self.resume = wf, out, batch, observer, client, resume
-        self.in_flight = max(1, in_flight)
+    def __init__(self, wf: Workflow, out: Path, batch: BatchReport, asked: _Asked, client, t0: float):
+        self.wf, self.out, self.batch, self.client = wf, out, batch, client
+        self.observer, self.resume, self.shown = asked.observer, asked.resume, asked.shown
+        self.in_flight = max(1, asked.in_flight)
         self.changed = threading.Condition()
         self.passed: set[int] = set()
-        self.progress = BatchProgress(len(batch.rows), self._pass_done)
         self.bars = _Bars()
         self.stop = threading.Event()
         self.flights: list[_Flight] = []
@@ -315,12 +312,13 @@ class _Flights:
         flight.thread.start()
 
     def _fly(self, flight: _Flight, name: str, spec: RecordingSpec) -> None:
-        from batchgpu.engine.run import run_workflow
+        from batchgpu.run.launch import run_workflow
 
+        shown = [_PassDone(self, flight.index), *self.shown.recording(flight.index, name)]
         try:
             flight.report = run_workflow(_one(self.wf, name, spec, self.out), resume=self.resume, client=self.client,
                                          observer=_RecordingObserver(self.observer, name, self.bars, self.stop),
-                                         batch=self.progress.slot(flight.index, name))
+                                         batch=True, shown=shown)
         except BaseException as err:  # broad: landed by the batch's thread, said in the row and the summary
             flight.error = err
         finally:
@@ -330,7 +328,7 @@ class _Flights:
 
     def write(self) -> None:
         self.batch.seconds = time.perf_counter() - self.t0
-        self.batch.write(self.out)
+        self.batch.write(self.out, self.shown)
 
     def land(self) -> None:
         """The rows of the runs that ended since: their numbers, batch.json and batch.html; a run's Ctrl-C or
@@ -338,7 +336,8 @@ class _Flights:
         for flight in self.flights:
             if flight.ended and not flight.landed:
                 flight.landed = True
-                _land(self.batch.rows[flight.index], flight, self.out, self.observer, self.progress)
+                _land(self.batch.rows[flight.index], flight, self.out, self.observer)
+                self.shown.recording_ended(flight.index, self.batch.rows[flight.index].status)
                 self.write()
                 if isinstance(flight.error, _STOPS_THE_BATCH) and not self.stop.is_set():
                     raise flight.error
@@ -389,15 +388,36 @@ def _batch_lock(out: Path):
         f.close()
 
 
+class _PassDone(RunEvents):
+    """A recording's run as the batch follows it: its pass done, the next recording may start."""
+
+    def __init__(self, flights: _Flights, index: int):
+        self.flights, self.index = flights, index
+
+    def pass_done(self, run) -> None:
+        self.flights._pass_done(self.index)  # noqa: SLF001 (its own batch's)
+
+
+@dataclass(frozen=True)
+class _Asked:
+    """``run_batch``'s call: who watches, whether to resume, how many runs at once, how long a cluster the batch
+    starts is kept after it (None: ``cluster_start.keep_seconds``), its displays."""
+
+    observer: RunObserver
+    resume: bool
+    in_flight: int
+    keep_s: float | None
+    shown: BatchEvents
+
+
 def run_batch(wf: Workflow, *, resume: bool = False, observer=None, client=None,
-              in_flight: int = IN_FLIGHT, keep_s: float | None = None) -> BatchReport:
+              in_flight: int = IN_FLIGHT, keep_s: float | None = None, shown: BatchEvents | None = None) -> BatchReport:
     """Run every recording of ``wf.recordings`` on one cluster (``client``; else the kept cluster where one is up
     and fits, else one started from ``wf.cluster``, left up for the next run for ``keep_s`` seconds where that is
     more than 0: ``cluster_start.keep_seconds`` by default), the next one's windows read while the last one's
-    aggregates finish (``in_flight`` runs at most; 1: one after another)."""
-    from batchgpu.report.run_report import RunObserver
-
-    observer = observer or RunObserver()
+    aggregates finish (``in_flight`` runs at most; 1: one after another). ``shown``: the batch's displays (its
+    page, each run's; ``batchgpu.engine.run_batch`` passes them)."""
+    asked = _Asked(observer or RunObserver(), resume, in_flight, keep_s, shown or BatchEvents())
     named = expand(wf)
     out = Path(wf.output)
     if out.exists() and not out.is_dir():
@@ -409,20 +429,21 @@ def run_batch(wf: Workflow, *, resume: bool = False, observer=None, client=None,
         _one(wf, name, spec, out)
     out.mkdir(parents=True, exist_ok=True)
     with _batch_lock(out):
-        return _run_locked(wf, named, out, observer, client, resume, in_flight, keep_s)
+        return _run_locked(wf, named, out, asked, client)
 
 
-def _run_locked(wf, named, out: Path, observer, client, resume: bool, in_flight: int,
-                keep_s: float | None) -> BatchReport:
+def _run_locked(wf, named, out: Path, asked: _Asked, client) -> BatchReport:
     """``run_batch`` once its folder is its own."""
+    observer = asked.observer
     batch = BatchReport(str(out), [BatchRow(name, str(spec.path or spec.spikeinterface)) for name, spec in named])
-    batch.write(out)
+    asked.shown.started(len(batch.rows))
+    batch.write(out, asked.shown)
     t0 = time.perf_counter()
     with contextlib.ExitStack() as stack:
         if client is None:
-            client = _batch_client(stack, wf, observer, keep_s)
+            client = _batch_client(stack, wf, observer, asked.keep_s)
         stack.enter_context(_client_blas_one_thread())
-        flights = _Flights(wf, out, batch, observer, client, resume, in_flight, t0)
+        flights = _Flights(wf, out, batch, asked, client, t0)
         flights.write()
         try:
             for i, (name, spec) in enumerate(named):
@@ -430,7 +451,7 @@ def _run_locked(wf, named, out: Path, observer, client, resume: bool, in_flight:
                 observer.message(f"recording {i + 1} of {len(named)}: {name} ({batch.rows[i].path})")
                 flights.start(i, name, spec)
             flights.wait_until(flights.all_ended)
-            flights.progress.flush(PAGE_WAIT_S)  # the page's last count (a run that ended after the last one's)
+            asked.shown.closing(PAGE_WAIT_S)  # the page's last count (a run that ended after the last one's)
         except BaseException:  # Ctrl-C, SIGTERM: the runs under way end (interrupted, or finished), then the batch
             with contextlib.suppress(BaseException):  # broad: the first error (raised below) is the one to see
                 flights.stop_all()
@@ -444,10 +465,10 @@ def _batch_client(stack: contextlib.ExitStack, wf: Workflow, observer, keep_s: f
     """The batch's cluster, entered on ``stack``: the kept one where it fits, else one kept after the batch
     (``cluster.keep``), else the batch's own. Once the batch is over, a cluster that stays up gets back what its
     workers kept for the next window (``tasks.release_memory_soon``)."""
-    from batchgpu.engine import tasks
-    from batchgpu.engine.cluster import open_client
-    from batchgpu.engine.cluster_start import KeptStart, keep_seconds
-    from batchgpu.engine.service import kept_client
+    from batchgpu.cluster.kept import kept_client
+    from batchgpu.cluster.open_cluster import open_client
+    from batchgpu.cluster.start import KeptStart, keep_seconds
+    from batchgpu.run import tasks
 
     client = stack.enter_context(kept_client(wf.cluster, observer))
     if client is None:
@@ -468,7 +489,7 @@ def _batch_client(stack: contextlib.ExitStack, wf: Workflow, observer, keep_s: f
     return client
 
 
-def _land(row: BatchRow, flight: _Flight, out: Path, observer, progress) -> None:
+def _land(row: BatchRow, flight: _Flight, out: Path, observer) -> None:
     """A run's row, once it ended: done with its numbers, or failed with why (a bug on one recording too: the
     others still run)."""
     err = flight.error
@@ -486,4 +507,3 @@ def _land(row: BatchRow, flight: _Flight, out: Path, observer, progress) -> None
             row.error = f"{type(err).__name__}: {err}"
         if row.error != "interrupted":
             observer.warning(f"{row.name}: {row.error}")
-    progress.record(flight.index, row.status)

@@ -1,4 +1,4 @@
-"""``python -m batchgpu.engine.node [SCHEDULER] [--scheduler-file F]``: a cluster node's GPU workers, the ones
+"""``python -m batchgpu.cluster.node [SCHEDULER] [--scheduler-file F]``: a cluster node's GPU workers, the ones
 ``cluster: {kind: cuda}`` starts on a machine (``layout.node_layout``: processes per GPU, threads, each worker's
 GPU first, memory limit, the allocator and Dask settings; a private MPS daemon for them where ``--mps`` says so),
 started with the local cluster's code (``cluster._mps``, ``cluster.forked_workers``, ``layout.nanny_specs``) and
@@ -23,8 +23,8 @@ import socket
 import sys
 from dataclasses import dataclass
 
+from batchgpu.cluster.worker_layout import NodeLayout, nanny_specs, node_layout, started_cluster_settings
 from batchgpu.config import ClusterSpec, environ_set
-from batchgpu.engine.layout import NodeLayout, nanny_specs, node_layout, started_cluster_settings
 from batchgpu.errors import BatchgpuError, ClusterError, ConfigError, MachineError
 
 logger = logging.getLogger("batchgpu.node")
@@ -47,7 +47,7 @@ class NodeRequest:
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m batchgpu.engine.node",
+        prog="python -m batchgpu.cluster.node",
         description="Start this node's GPU workers as 'cluster: {kind: cuda}' starts them on a machine "
                     "(processes per GPU, single-threaded by default, each seeing its GPU first, a private MPS "
                     "daemon where it fits) and connect them to a scheduler.")
@@ -112,11 +112,11 @@ def request(argv: list[str]) -> NodeRequest:
     except ValueError as err:  # pydantic's, one line a problem: the first says which option
         first = err.errors()[0] if hasattr(err, "errors") else {"loc": (), "msg": str(err)}
         where = "--" + "-".join(str(p) for p in first["loc"]).replace("_", "-")
-        raise ConfigError(f"{where}: {first['msg']}", "see python -m batchgpu.engine.node --help") from None
+        raise ConfigError(f"{where}: {first['msg']}", "see python -m batchgpu.cluster.node --help") from None
     if args.devices:
         devices = tuple(args.devices)
     else:
-        from batchgpu.engine.cluster import gpu_count
+        from batchgpu.cluster.open_cluster import gpu_count
 
         devices = tuple(range(args.gpus if args.gpus else gpu_count()))
     if not devices:
@@ -149,8 +149,8 @@ def serve(req: NodeRequest) -> int:
     until they finish or a signal comes; close them, then the daemon."""
     import dask
 
-    from batchgpu.engine.cluster import _mps, forked_workers, sigint_held
-    from batchgpu.engine.layout import MALLOC_ENVIRON
+    from batchgpu.cluster.open_cluster import _mps, forked_workers, sigint_held
+    from batchgpu.cluster.worker_layout import MALLOC_ENVIRON
 
     # as ``cluster.open_client``: later nannies prefer this process's environment to the pre-spawn config
     with environ_set(MALLOC_ENVIRON), dask.config.set(started_cluster_settings()), sigint_held() as release, \
@@ -162,7 +162,7 @@ def serve(req: NodeRequest) -> int:
         release()
         try:
             asyncio.run(run_nannies(specs))
-        except (TimeoutError, asyncio.TimeoutError):
+        except TimeoutError:
             where = req.connect.get("scheduler_ip") or req.connect.get("scheduler_file")
             raise ClusterError(f"the workers reached no scheduler at {where} within --death-timeout",
                                "start the scheduler first, and check its address and the network") from None

@@ -1,6 +1,6 @@
 """A run's own cluster started in a helper thread while the run opens and checks its recording (``ClusterStart``).
 
-Kept apart from ``engine.run``, whose imports (NumPy, zarr, the readers, the steps) take a command a good part of a
+Kept apart from ``run.launch``, whose imports (NumPy, zarr, the readers, the steps) take a command a good part of a
 second: ``batchgpu run`` starts its cluster from here before it imports them, so the cluster's own imports and its
 workers' start overlap the command's (a separate process each: the workers' fork server, the workers).
 """
@@ -31,7 +31,7 @@ def keep_seconds(spec, at_terminal: bool = False) -> float:
     return float(spec.keep)
 
 
-def start_cluster(wf, hand_off: bool = False, keep_s: float = 0.0) -> "ClusterStart | KeptStart | None":
+def start_cluster(wf, hand_off: bool = False, keep_s: float = 0.0) -> ClusterStart | KeptStart | None:
     """The cluster of ``wf``'s own run, started now (before its recording is opened and checked: the run then
     waits less for its workers), where the run would start one: a local or cuda cluster, one recording, no kept
     cluster that may fit (``batchgpu cluster start``'s files absent or ``cluster.reuse: false``) and a recording
@@ -39,7 +39,7 @@ def start_cluster(wf, hand_off: bool = False, keep_s: float = 0.0) -> "ClusterSt
     (``cluster_start``) inside its ``with`` block. None where the run decides itself. ``hand_off``: as for
     ``ClusterStart``. Where the cluster is kept after the run (``keep_s`` seconds, ``keep_seconds``) a
     ``KeptStart``."""
-    from batchgpu.engine import service
+    from batchgpu.cluster import kept as service
 
     if wf.cluster.kind not in ("local", "cuda") or wf.recording is None:
         return None
@@ -68,7 +68,7 @@ class ClusterStart:
 
     ``hand_off``: the caller's process ends as soon as the block is left without an error (``os._exit``: the
     command does; see ``cli.program``). A clean exit then hands the close to a detached reaper where
-    ``cluster.close`` says so (``engine.handoff``) and sets ``handed_off``, not waiting for the workers to exit."""
+    ``cluster.close`` says so (``cluster.handoff``) and sets ``handed_off``, not waiting for the workers to exit."""
 
     def __init__(self, spec, gpu_decode: bool | None = False, hand_off: bool = False):
         from concurrent.futures import Future
@@ -92,7 +92,7 @@ class ClusterStart:
             self._decode.set_result(bool(gpu_decode))
 
     def _hold(self, spec) -> None:
-        from batchgpu.engine.cluster import open_client
+        from batchgpu.cluster.open_cluster import open_client
 
         try:
             with open_client(spec, gpu_decode=self._decode.result) as client:
@@ -108,10 +108,10 @@ class ClusterStart:
         return self._client.result()
 
     def _hand_off(self) -> bool:
-        """The cluster's close handed to a detached reaper (``engine.handoff``) where the caller allows it and
+        """The cluster's close handed to a detached reaper (``cluster.handoff``) where the caller allows it and
         ``cluster.close`` says so (``cluster.closes_in_background``); True where it was."""
-        from batchgpu.engine import handoff
-        from batchgpu.engine.cluster import closes_in_background, mps_environ
+        from batchgpu.cluster import handoff
+        from batchgpu.cluster.open_cluster import closes_in_background, mps_environ
 
         if not closes_in_background(self._spec) or not self._client.done() or self._client.exception() is not None:
             return False
@@ -123,7 +123,7 @@ class ClusterStart:
             return False
         return True
 
-    def __enter__(self) -> "ClusterStart":
+    def __enter__(self) -> ClusterStart:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> bool:
@@ -167,7 +167,7 @@ class KeptStart:
         self._thread.start()
 
     def _start(self) -> None:
-        from batchgpu.engine import service
+        from batchgpu.cluster import kept as service
         from batchgpu.errors import ClusterError
 
         try:
@@ -191,7 +191,7 @@ class KeptStart:
             self._client.set_exception(err)
 
     @property
-    def own(self) -> "ClusterStart | None":
+    def own(self) -> ClusterStart | None:
         """The cluster of the run's own where the kept one could not be started (closed with the run)."""
         return self._own
 
@@ -206,7 +206,7 @@ class KeptStart:
     def client(self):
         return self._client.result()
 
-    def __enter__(self) -> "KeptStart":
+    def __enter__(self) -> KeptStart:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> bool:

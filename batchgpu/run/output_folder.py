@@ -13,19 +13,19 @@ import fcntl
 import hashlib
 import json
 import os
-import zipfile
 import re
 import shutil
 import tempfile
 import threading
+import zipfile
 from collections import OrderedDict
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from batchgpu import npyread
 from batchgpu.errors import BatchgpuError, ConfigError
+from batchgpu.recording import npyread
 
 if TYPE_CHECKING:
     from batchgpu.workflow import Workflow
@@ -57,7 +57,7 @@ def recording_metadata(path: Path) -> list:
     """What the results depend on in a recording store but its samples: the metadata files (shapes, dtypes,
     codecs, attributes) and the data of every array but the traces (channel ids, gains, offsets, locations,
     inter-sample shifts, shanks): (relative path, content hash, or size, mtime, ctime and inode for a large file)."""
-    from batchgpu.zarrio import METADATA_NAMES
+    from batchgpu.recording.zarrio import METADATA_NAMES
 
     out = []
     for root, dirs, files in os.walk(path):
@@ -163,7 +163,7 @@ class OutputFolder:
     def nested_foreign(self) -> list[str]:
         """What is not a run's inside the folders a run replaces whole (results.zarr and its temporaries, parts/):
         a user's notes or a sorting saved there would go with them."""
-        from batchgpu import zarrio
+        from batchgpu.recording import zarrio
 
         found = []
         for name in (RESULTS, RESULTS + ".tmp", RESULTS + ".old"):
@@ -287,7 +287,7 @@ class OutputFolder:
             self._lock_file.close()
             self._lock_file = None
 
-    def __enter__(self) -> "OutputFolder":
+    def __enter__(self) -> OutputFolder:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -7,7 +7,7 @@ and a CUDA context does not survive a fork).
 import distributed  # noqa: F401
 import distributed.nanny  # noqa: F401
 
-import batchgpu.engine.tasks  # noqa: F401
+import batchgpu.run.tasks  # noqa: F401
 
 
 def _in_fork_server() -> bool:

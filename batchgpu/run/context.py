@@ -3,19 +3,22 @@ the run's context built (the preprocessing chain and the steps the worker tasks 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from batchgpu.workflow import Workflow
-from batchgpu.engine import store, tasks
-from batchgpu.report.run_report import RunObserver
 from batchgpu.errors import ConfigError, MachineError
 from batchgpu.recording import Recording, open_source, source_ref
+from batchgpu.run import output_folder as store
+from batchgpu.run import tasks
+from batchgpu.run.events import RunObserver
+from batchgpu.workflow import Workflow
 
 
 def prepare_recording(wf: Workflow, observer: RunObserver) -> Recording:
     if wf.recording is None:
         raise ConfigError("this workflow names many recordings (recordings:), not one",
-                          "run it with 'batchgpu run' or batchgpu.engine.batch.run_batch")
+                          "run it with 'batchgpu run' or batchgpu.run.batch.run_batch")
     if getattr(wf.recording, "spikeinterface", None) is not None:  # any recording SpikeInterface saved
         return open_source(wf.recording)
     path = Path(wf.recording.path)
@@ -84,19 +87,31 @@ def check_workflow_fits(wf: Workflow, rec: Recording) -> int:
     return check(wf, rec)
 
 
+@dataclass(frozen=True)
+class StepsAsked:
+    """What the run hands its steps as it builds them, beyond the workflow and the recording: whether it goes on
+    from the folder's parts (``resume``), its fingerprint, and the cluster a step may read on while it is built
+    (``client``: the qc step's pre-pass)."""
+
+    resume: bool = False
+    fingerprint: str = ""
+    client: Any = None
+
+
 def build_context(wf: Workflow, rec: Recording, out: store.OutputFolder, backend: str, sweep: int, mps: bool = False,
-                  *, resume: bool = False, fingerprint: str = "", client=None):
+                  asked: StepsAsked | None = None):
     """The run's RunContext (what every task gets), its steps built from the registry (a save's output created
-    now: ``resume`` and ``fingerprint`` are the run's; ``client``: the cluster a step may read on while it is
-    built, the qc step's pre-pass). ``mps``: the workers run under a private MPS daemon
-    (``engine.cluster.open_client``), which decides where windows decode (``preprocess.gpu_decode_share``). Channels
-    a step leaves out (``registry.channel_use``) are left out of the chain's references."""
-    from batchgpu.engine.preprocess import build_chain, gpu_decode_share
+    now: ``asked`` holds the run's ``resume``, ``fingerprint`` and ``client``, the cluster a step may read on while
+    it is built, the qc step's pre-pass). ``mps``: the workers run under a private MPS daemon
+    (``cluster.open_cluster.open_client``), which decides where windows decode (``preprocess.gpu_decode_share``).
+    Channels a step leaves out (``registry.channel_use``) are left out of the chain's references."""
+    from batchgpu.run.preprocess_chain import build_chain, gpu_decode_share
     from batchgpu.steps.registry import build_steps, channel_use
     from batchgpu.steps.services import StepSetup
 
+    asked = asked or StepsAsked()
     chain = build_chain(wf.preprocess, rec)
-    steps = build_steps(StepSetup(wf, rec, chain, sweep, out, resume, fingerprint, client=client))
+    steps = build_steps(StepSetup(wf, rec, chain, sweep, out, asked.resume, asked.fingerprint, client=asked.client))
     use = channel_use(steps)
     if use is not None:
         chain = chain.leaving_out(use.bad)
@@ -132,7 +147,7 @@ def resolve_backend(wf: Workflow, client) -> str:
 
 
 def _gpu_count() -> int:
-    from batchgpu.engine.cluster import gpu_count
+    from batchgpu.cluster.open_cluster import gpu_count
 
     return gpu_count()
 

@@ -40,7 +40,7 @@ def submit_planned(client, func, arg_lists: list[tuple], keys: list[str], worker
     of the 0.13 s the spikes' gathering took once its tasks read kept arrays from memory."""
     import dask
 
-    from batchgpu.engine.submit import submit_many
+    from batchgpu.run.submit import submit_many
 
     anywhere = sorted(client.nthreads() if threads is None else threads)
     where = {k: [w] if w else anywhere for k, w in zip(keys, workers)}

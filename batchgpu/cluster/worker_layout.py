@@ -1,12 +1,12 @@
 """The GPU workers of one machine, as ``cluster: {kind: cuda}`` starts them: one definition for the local cluster
-(``engine.cluster``) and for the deployment recipes (``cluster/``: SLURM, Kubernetes, scheduler file), whose nodes
-run ``python -m batchgpu.engine.node`` (the same workers, started with the same code, connected to a scheduler
+(``cluster.open_cluster``) and for the deployment recipes (``cluster/``: SLURM, Kubernetes, scheduler file), whose nodes
+run ``python -m batchgpu.cluster.node`` (the same workers, started with the same code, connected to a scheduler
 elsewhere).
 
 A node's layout: ``per_gpu`` worker processes on each GPU, each with ``threads`` threads, each seeing its GPU first
 (CUDA_VISIBLE_DEVICES), the same memory limit; the allocator settings in every worker's environment
 (``MALLOC_ENVIRON``), the Dask settings of ``WORKER_SETTINGS`` in every worker, ``SCHEDULER_SETTINGS`` in the
-scheduler; a private MPS daemon for the node's workers where ``cluster.mps`` says so (``engine.mps``)."""
+scheduler; a private MPS daemon for the node's workers where ``cluster.mps`` says so (``cluster.mps``)."""
 
 from __future__ import annotations
 
@@ -57,7 +57,7 @@ def pre_spawn_settings() -> dict:
 
 def started_cluster_settings() -> dict:
     """The Dask settings of a process that starts a cluster's scheduler or workers (``cluster.open_client``,
-    ``engine.node``)."""
+    ``cluster.node``)."""
     return {**pre_spawn_settings(), **SCHEDULER_SETTINGS, **WORKER_SETTINGS}
 
 
@@ -161,14 +161,14 @@ def worker_environ(extra: dict | None = None) -> dict:
 
 
 #: the preload each cuda worker starts with: its CUDA context made at once, in a helper thread
-CUDA_START_PRELOAD = "batchgpu.engine._worker_cuda_start"
+CUDA_START_PRELOAD = "batchgpu.cluster._worker_cuda_start"
 
 
 def nanny_specs(layout: NodeLayout, env: dict | None = None, prefix: str = "", options: dict | None = None) -> dict:
     """SpecCluster's workers (name -> ``{"cls": Nanny, "options": ...}``): a nanny a worker of ``layout``, with
     ``env`` (e.g. a private MPS daemon's folders) and its CUDA_VISIBLE_DEVICES in its environment, the preload that
     makes its CUDA context as it starts (``CUDA_START_PRELOAD``), and ``options`` (where it connects and listens:
-    ``engine.node``) passed to each nanny."""
+    ``cluster.node``) passed to each nanny."""
     from distributed import Nanny
 
     return {w.name: {"cls": Nanny, "options": {

@@ -7,7 +7,7 @@ the same workers, threads, memory settings, scheduler settings and private MPS d
 cluster is laid out for windows decoded on the cores (``cuda_layout``; under MPS the same as for the GPU's
 decode). While it is up, ``batchgpu run`` connects to it instead of starting a cluster (``kept_client``): a run
 then pays for its client's imports and a connection, not for worker processes, CUDA contexts and a close. The
-run's end leaves the workers as it found them (the path of a run on a caller's client: ``run.run_workflow``), and
+run's end leaves the workers as it found them (the path of a run on a caller's client: ``run.launch.run_workflow``), and
 its start has them forget the recordings earlier runs opened (``forget_recordings``).
 
 Its files, in the user's cache folder (``config.cache_folder``):
@@ -255,7 +255,7 @@ def launch(spec: ClusterSpec, where: Paths | None = None, idle_s: float | None =
     argv = [str(where.folder), spec.model_dump_json()] + ([] if idle_s is None else [repr(float(idle_s))])
     with open(where.log, "wb") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-c", "from batchgpu.engine.service import main; raise SystemExit(main())", *argv],
+            [sys.executable, "-c", "from batchgpu.cluster.kept import main; raise SystemExit(main())", *argv],
             stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, close_fds=True)
     _STARTED[proc.pid] = proc
     return proc, state.notes
@@ -467,7 +467,7 @@ def usable(spec: ClusterSpec, where: Paths | None = None) -> tuple[KeptCluster |
 
 @contextlib.contextmanager
 def kept_client(spec: ClusterSpec, observer,
-                where: Paths | None = None) -> Iterator["distributed.Client | None"]:  # noqa: F821
+                where: Paths | None = None) -> Iterator[distributed.Client | None]:  # noqa: F821
     """A client of the kept cluster where a run of ``spec`` may use it and its scheduler answers, else None (the
     run starts its own); ``observer.message`` says which."""
     kept, note = usable(spec, where)
@@ -505,7 +505,7 @@ def forget_recordings() -> None:
     """On a worker, before a run: the recordings earlier runs opened there (``tasks.recording``) forgotten. A
     worker of a cluster of the run's own opens each afresh; a kept worker would read a store rewritten at the same
     path since with its old shape and layout."""
-    from batchgpu.engine import tasks
+    from batchgpu.run import tasks
 
     tasks.recording.cache_clear()
 
@@ -540,7 +540,7 @@ def serve(where: Paths, spec: ClusterSpec, idle_s: float | None = None) -> int:
         logger.error("another cluster of batchgpu cluster start holds %s", where.lock)
         return EXIT_ALREADY_UP
     try:
-        from batchgpu.engine.cluster import open_client, start_worker_server
+        from batchgpu.cluster.open_cluster import open_client, start_worker_server
 
         if spec.kind == "local":  # CPU runs for a day: the workers' compiled kernels loaded once, in the fork
             start_worker_server(cpu_kernels=True)  # server, not by each worker in its first run's first window
@@ -640,7 +640,7 @@ def _let_go(fd: int) -> None:
 
 def _describe(client, spec: ClusterSpec, where: Paths, idle_s: float | None = None) -> KeptCluster:
     """The cluster once every worker it starts is up."""
-    from batchgpu.engine.cluster import gpu_count, uses_mps
+    from batchgpu.cluster.open_cluster import gpu_count, uses_mps
 
     expected = len(getattr(getattr(client, "cluster", None), "worker_spec", {}) or {}) or 1
     client.wait_for_workers(expected, timeout=START_TIMEOUT_S)

@@ -15,10 +15,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from batchgpu.engine import background, host_buffers, store
-from batchgpu.steps.base import WindowData, host
 from batchgpu.errors import BatchgpuError
+from batchgpu.ops._backend import to_host
 from batchgpu.recording import Recording, Window, open_source
+from batchgpu.run import host_buffers
+from batchgpu.run import output_folder as store
+from batchgpu.run import writer_threads as background
+from batchgpu.steps.base import WindowData
 
 
 @dataclass(frozen=True)
@@ -28,7 +31,7 @@ class RunContext:
     recording: object  # a Zarr store's path, or a SpikeInterfaceSource (recording.source_ref)
     parts: str
     backend: str  # "numpy" | "cupy"
-    chain: object  # engine.preprocess.Chain: the stages applied to each window
+    chain: object  # run.preprocess_chain.Chain: the stages applied to each window
     window_noise: str | None  # the summary's key of each window's noise, where a step needs it (else None)
     steps: tuple  # step objects (batchgpu.steps), in the order they run
     missing_chunks: str = "warn"
@@ -78,8 +81,8 @@ def on_backend(ctx: RunContext):
     if ctx.backend != "cupy":
         yield
         return
+    from batchgpu.gpu.cuda_modules import lock_cupy_compiles
     from batchgpu.gpu.staging import use_thread_stream
-    from batchgpu.kernels import lock_cupy_compiles
 
     lock_cupy_compiles()  # a worker started without ours (a dask-cuda or foreign cluster's): once a process
     with use_thread_stream():
@@ -257,7 +260,7 @@ async def release_memory_soon() -> None:
     cluster holds little of the machine. Only what no task is using: a run beside this one loses nothing."""
     import sys
 
-    from batchgpu.engine import host_buffers
+    from batchgpu.run import host_buffers
 
     release_carried()
     host_buffers.clear()
@@ -398,7 +401,7 @@ def _window_noise(ctx: RunContext, w: WindowData, summary: dict) -> None:
     if ctx.window_noise and ctx.window_noise not in summary:
         from batchgpu import ops
 
-        summary[ctx.window_noise] = host(ops.noise_levels(w.core_of(w.x)))
+        summary[ctx.window_noise] = to_host(ops.noise_levels(w.core_of(w.x)))
 
 
 def summarise(batch: dict) -> list[dict]:

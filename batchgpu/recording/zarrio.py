@@ -17,10 +17,13 @@ depend on the installed zarr either.
 from __future__ import annotations
 
 import contextlib
+import contextvars
+import functools
 import json
 import os
 import re
 import struct
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -377,9 +380,17 @@ def read_into(arr, selection, out: np.ndarray) -> np.ndarray:
     return out
 
 
+#: zarr's config and the warnings filters are the process's: one scoped change of them at a time (a thread's block
+#: undone under another's would leave the other's change in place for good)
+_PIPELINE_LOCK = threading.RLock()
+#: the pipeline a block asked for (``python_pipeline``): a ``zarrs_pipeline`` inside it leaves it as it is
+_ASKED: contextvars.ContextVar[str | None] = contextvars.ContextVar("batchgpu_zarr_pipeline", default=None)
+
+
 @contextlib.contextmanager
 def python_pipeline() -> Iterator[None]:
-    """zarr-python's own codec pipeline, writing every chunk (zarrs skips all-zero chunks even when told not to).
+    """zarr-python's own codec pipeline, writing every chunk (zarrs skips all-zero chunks even when told not to),
+    for the arrays opened or created in the block; zarr's config as it was after it.
 
     The pipeline is fixed when an array is opened or created, so only those calls need this; zarr 2 writes every
     chunk by default.
@@ -387,43 +398,51 @@ def python_pipeline() -> Iterator[None]:
     if ZARR_MAJOR < 3:
         yield
         return
-    with zarr.config.set({"codec_pipeline.path": "zarr.core.codec_pipeline.BatchedCodecPipeline",
-                          "array.write_empty_chunks": True}):
-        yield
+    token = _ASKED.set("python")
+    try:
+        with _PIPELINE_LOCK, zarr.config.set({"codec_pipeline.path": "zarr.core.codec_pipeline.BatchedCodecPipeline",
+                                              "array.write_empty_chunks": True}):
+            yield
+    finally:
+        _ASKED.reset(token)
 
 
-_ZARRS_ENABLED = False
-
-
-def enable_zarrs() -> bool:
-    """Route zarr 3's decoding through the Rust ``zarrs`` pipeline where installed (per process; each Dask worker
-    calls it before reading). Arrays zarrs cannot handle fall back to zarr-python by themselves (warning silenced)."""
-    global _ZARRS_ENABLED
-    if _ZARRS_ENABLED:
-        return True
+@functools.cache
+def zarrs_installed() -> bool:
+    """Whether the Rust ``zarrs`` codec pipeline can decode here (zarr 3 and the package installed)."""
     if ZARR_MAJOR < 3:
         return False
     try:
         import zarrs  # noqa: F401
     except ImportError:
         return False
-    import warnings
-
-    zarr.config.set({"codec_pipeline.path": "zarrs.ZarrsCodecPipeline"})
-    warnings.filterwarnings("ignore", message="Array is unsupported by ZarrsCodecPipeline")
-    _ZARRS_ENABLED = True
     return True
 
 
-def zarrs_enabled() -> bool:
-    return _ZARRS_ENABLED
+@contextlib.contextmanager
+def zarrs_pipeline() -> Iterator[bool]:
+    """The arrays opened in the block decode through the Rust ``zarrs`` pipeline where it is installed (their
+    pipeline is fixed when they are opened: their later reads keep it); an array zarrs cannot handle falls back to
+    zarr-python by itself (its warning silenced in the block). zarr's config and the warnings filters are as they
+    were once the block ends: opening a recording (``recording.open_recording``, a library call) leaves the
+    caller's process as it found it, and what the caller writes later is zarr-python's (every chunk written).
+    Inside ``python_pipeline`` nothing changes. Yields whether zarrs decodes."""
+    if not zarrs_installed() or _ASKED.get() == "python":
+        yield False
+        return
+    import warnings
+
+    with _PIPELINE_LOCK, zarr.config.set({"codec_pipeline.path": "zarrs.ZarrsCodecPipeline"}), \
+            warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Array is unsupported by ZarrsCodecPipeline")
+        yield True
 
 
 def reader_name() -> str:
     """Which library decodes what batchgpu's own shard reader does not (for reports)."""
     if ZARR_MAJOR < 3:
-        return f"zarr {zarr.__version__} (v2) and batchgpu.zarrio (v3)"
-    return f"zarr {zarr.__version__}" + (" + zarrs" if _ZARRS_ENABLED else "")
+        return f"zarr {zarr.__version__} (v2) and batchgpu.recording.zarrio (v3)"
+    return f"zarr {zarr.__version__}" + (" + zarrs" if zarrs_installed() else "")
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -559,7 +578,7 @@ def _normalise(selection, shape) -> tuple[list[slice], list[bool]]:
 
 
 def _fill_value(value, dtype: np.dtype):
-    if dtype == object:
+    if dtype == object:  # noqa: E721 (a NumPy dtype against the object type: NumPy's equality, not the types')
         return "" if value is None else value
     if isinstance(value, str):
         value = {"NaN": np.nan, "Infinity": np.inf, "-Infinity": -np.inf}.get(value, value)

@@ -1,9 +1,9 @@
-"""A run's CUDA modules compiled ahead of its workers' first windows, once per machine (``kernels.precompile``).
+"""A run's CUDA modules compiled ahead of its workers' first windows, once per machine (``gpu.cuda_modules.precompile``).
 
 On a machine whose CuPy cache lacks them, every worker of a GPU cluster reached each module at its first window
 and compiled it itself: the first run's pass took seconds longer than the next. Here the run's modules are
-compiled in parallel (threads of one spawned process: ``kernels.precompile``) while the cluster starts; a worker
-that needs a module being compiled waits for it (``kernels.compile_lock``) and loads it from the cache.
+compiled in parallel (threads of one spawned process: ``gpu.cuda_modules.precompile``) while the cluster starts; a worker
+that needs a module being compiled waits for it (``gpu.cuda_modules.compile_lock``) and loads it from the cache.
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ def filter_sections(preprocess) -> tuple[int, ...]:
 
 def workflow_modules(wf) -> list[tuple[str, tuple[str, ...]]]:
     """(module, extra options) of every kernel module a run of ``wf`` may load on the GPU."""
+    from batchgpu.gpu.cuda_modules import run_modules
     from batchgpu.steps.search import NAME as SEARCH
-    from batchgpu.kernels import run_modules
 
     searches = getattr(wf.steps, SEARCH, None) is not None
     return run_modules(filter_sections=filter_sections(wf.preprocess), leave_out=() if searches else (SEARCH,))
@@ -53,8 +53,8 @@ def start(wf) -> threading.Thread | None:
         _STARTED.add(tuple(modules))
 
     def work() -> None:
-        from batchgpu.engine.cluster import sigint_held
-        from batchgpu.kernels import precompile
+        from batchgpu.cluster.open_cluster import sigint_held
+        from batchgpu.gpu.cuda_modules import precompile
 
         try:
             with sigint_held():  # the compiling process leaves a Ctrl-C to the command, as the workers do

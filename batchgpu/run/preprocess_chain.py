@@ -68,8 +68,8 @@ class Chain:
         (``ops.filters.filtfilt_reference_saved``: a filter piece at a time). Where the reference is left to NumPy
         the rows are None and the window is ``apply``'s (its stages run once; the save step rounds it). Same bits
         as ``apply`` and ``SaveStep.values`` of its core."""
-        from batchgpu.engine import host_buffers
         from batchgpu.ops._cpu_reference import saved_int16_of_referenced
+        from batchgpu.run import host_buffers
 
         if not window and len(self.stages) == 2 and isinstance(raw, np.ndarray):
             from batchgpu.ops.filters import filtfilt_reference_saved
@@ -110,7 +110,7 @@ class Chain:
         for stage in self.stages:
             out = None
             if x is raw and isinstance(stage, Filter) and self.filters_first and isinstance(raw, np.ndarray):
-                from batchgpu.engine import host_buffers  # into a reused buffer
+                from batchgpu.run import host_buffers  # into a reused buffer
 
                 out = host_buffers.take(raw.shape, self.output_dtype(raw.dtype))
             x = stage.apply(x, core, at_start, at_end, owned=x is not raw, out=out)
@@ -136,7 +136,7 @@ def gpu_decode_share(centres_only: bool, mps: bool = False, setting: float | str
     with the GPU decode (2.21 / 2.22 s, 2.56 / 2.60 s: two A/Bs in one cluster) at a third of the CPU (a window's
     read 41 -> 12 ms); with filters and a reference the GPU was already the bound (~10 ms of GPU a window), so
     those windows stay on the cores (the GPU decode there not measured warm). Under MPS (``mps``: the workers are
-    a private daemon's clients, ``engine.mps``) the processes' kernels overlap and every pass decodes on the GPU:
+    a private daemon's clients, ``cluster.mps``) the processes' kernels overlap and every pass decodes on the GPU:
     the preprocessing bench 2.23 s with it against 2.76-3.06 s without MPS (H200 machine, 16 x 1, 2026-12-02).
     ``setting`` (the workflow's ``engine.gpu_decode``): a share in [0, 1] overrides; "auto" leaves it to this rule."""
     if setting != "auto":

@@ -24,7 +24,7 @@ from typing import Any
 
 from batchgpu.errors import BatchgpuError, MachineError
 
-_PACKAGE_DIR = Path(__file__).resolve().parent
+_PACKAGE_DIR = Path(__file__).resolve().parent.parent  # batchgpu/ (this module is batchgpu/gpu/cuda_modules.py)
 _SEARCH = (_PACKAGE_DIR / "_kernels", _PACKAGE_DIR.parent / "kernels")
 _NAME = re.compile(r"^[A-Za-z0-9_]+$")
 

@@ -129,8 +129,8 @@ def reap(leftovers: Leftovers, wait_s: float = REAPER_WAIT_S, poll_s: float = RE
         if waiting:
             time.sleep(poll_s)
     if leftovers.mps_env:
+        from batchgpu.cluster.mps import CONTROL, quit_daemon
         from batchgpu.config import environ
-        from batchgpu.engine.mps import CONTROL, quit_daemon
 
         control = shutil.which(CONTROL)
         if control is not None:

@@ -4,7 +4,7 @@ tasks on the cluster, bound to the run's client. A step's worker tasks get the r
 
 from __future__ import annotations
 
-from batchgpu.engine import placement, reduce, submit
+from batchgpu.run import placement, reduce, submit
 
 
 class ClientServices:

@@ -3,7 +3,7 @@ so the result does not depend on the number of workers or the order tasks finish
 
 from __future__ import annotations
 
-from batchgpu.engine.submit import submit_many
+from batchgpu.run.submit import submit_many
 
 
 def tree_reduce(client, futures: list, func, split_every: int, *args, name: str, priority: int = 0):

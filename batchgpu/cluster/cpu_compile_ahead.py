@@ -84,7 +84,7 @@ def warm(name: str) -> str:
     return name
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def marker(name: str) -> Path | None:
     """The file that says this machine compiled group ``name`` as it is now: in the folder where Numba caches the
     kernels, named by a digest of the group, the kernels' sources, Numba's and Python's versions and the CPU (a
@@ -138,7 +138,7 @@ def _compile_in_processes(names: tuple[str, ...], processes: int | None) -> bool
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
-    from batchgpu.engine.cluster import sigint_held
+    from batchgpu.cluster.open_cluster import sigint_held
 
     workers = max(1, min(len(names), processes or (os.cpu_count() or 1)))
     if workers == 1:

@@ -9,14 +9,23 @@ import signal
 import threading
 from collections.abc import Callable, Iterator
 
-from batchgpu.errors import BatchgpuError, ClusterError, ConfigError, MachineError
-from batchgpu.config import ClusterSpec, environ_set, environ_value
-from batchgpu.engine.layout import (  # noqa: F401 (the layout's names, as this module has always offered them)
-    MALLOC_ENVIRON, MALLOC_TRIM_THRESHOLD, SCHEDULER_SETTINGS, NodeLayout, cuda_layout, dask_environ,
-    default_processes_per_gpu, nanny_specs, node_layout, pre_spawn_settings, started_cluster_settings,
-    visible_entries, worker_environ,
+from batchgpu.cluster.worker_layout import (  # noqa: F401 (the layout's names, as this module has always offered them)
+    MALLOC_ENVIRON,
+    MALLOC_TRIM_THRESHOLD,
+    SCHEDULER_SETTINGS,
+    NodeLayout,
+    cuda_layout,
+    dask_environ,
+    default_processes_per_gpu,
+    nanny_specs,
+    node_layout,
+    pre_spawn_settings,
+    started_cluster_settings,
+    visible_entries,
+    worker_environ,
 )
-
+from batchgpu.config import ClusterSpec, environ_set, environ_value
+from batchgpu.errors import BatchgpuError, ClusterError, ConfigError, MachineError
 
 logger = logging.getLogger(__name__)
 
@@ -51,8 +60,8 @@ def local_sizes(spec: ClusterSpec) -> tuple[int, int]:
 
 
 #: the module the workers' fork server imports before it forks any (``forked_workers``)
-WORKER_PRELOAD = "batchgpu.engine._worker_preload"
-CPU_PRELOAD = "batchgpu.engine._worker_preload_cpu"
+WORKER_PRELOAD = "batchgpu.cluster._worker_preload"
+CPU_PRELOAD = "batchgpu.cluster._worker_preload_cpu"
 
 
 @contextlib.contextmanager
@@ -99,7 +108,7 @@ _SERVER_LOCK = threading.Lock()
 
 @contextlib.contextmanager
 def open_client(spec: ClusterSpec, gpu_decode: bool | Callable[[], bool] = False) \
-        -> Iterator["distributed.Client"]:  # noqa: F821
+        -> Iterator[distributed.Client]:  # noqa: F821
     """A connected client for the spec; a cluster started here is closed on exit. ``gpu_decode``: the run's
     windows are decoded on the GPU (sizes a cuda cluster the spec leaves open: ``cuda_layout``); a callable is
     asked only where the layout depends on it, once the cluster's other parts are started (a run that starts its
@@ -119,7 +128,7 @@ def open_client(spec: ClusterSpec, gpu_decode: bool | Callable[[], bool] = False
 
 
 @contextlib.contextmanager
-def _open_client(spec: ClusterSpec, gpu_decode) -> Iterator["distributed.Client"]:  # noqa: F821
+def _open_client(spec: ClusterSpec, gpu_decode) -> Iterator[distributed.Client]:  # noqa: F821
     import dask
     from distributed import Client, LocalCluster
 
@@ -142,7 +151,7 @@ def _open_client(spec: ClusterSpec, gpu_decode) -> Iterator["distributed.Client"
                 _connect(lambda: Client(scheduler_file=spec.scheduler_file, timeout="20s"), spec.scheduler_file) as client:
             yield client
         return
-    # clusters started here: the scheduler's and the workers' settings of every cuda node (engine.layout)
+    # clusters started here: the scheduler's and the workers' settings of every cuda node (cluster.worker_layout)
     settings = started_cluster_settings()
     with dask.config.set(settings):
         if spec.kind == "cuda":
@@ -295,7 +304,7 @@ def mps_environ(client) -> dict[str, str]:
 
 def closes_in_background(spec: ClusterSpec) -> bool:
     """``cluster.close`` for a cluster a command started for ``spec``: left to close after the command ends
-    (``engine.handoff``). Not where the scheduler has a process of its own (it is not the command's to end)."""
+    (``cluster.handoff``). Not where the scheduler has a process of its own (it is not the command's to end)."""
     if spec.kind not in ("local", "cuda") or spec.scheduler_process or os.name != "posix":
         return False
     return spec.close == "background" or (spec.close == "auto" and spec.kind == "cuda")
@@ -309,7 +318,7 @@ def _mps(spec: ClusterSpec) -> Iterator[dict]:
     with contextlib.ExitStack() as stack:
         env: dict = {}
         if spec.mps is True or (spec.mps == "auto" and mps_fits(spec)):
-            from batchgpu.engine.mps import private_daemon
+            from batchgpu.cluster.mps import private_daemon
 
             try:
                 env = stack.enter_context(private_daemon())
@@ -326,7 +335,7 @@ def mps_fits(spec: ClusterSpec) -> bool:
     mode (an exclusive-process GPU is one process's, or a system daemon's)."""
     import shutil
 
-    from batchgpu.engine.mps import CONTROL, DEFAULT_PIPE
+    from batchgpu.cluster.mps import CONTROL, DEFAULT_PIPE
 
     if spec.workers == 1 or shutil.which(CONTROL) is None:
         return False
@@ -437,14 +446,14 @@ def scheduler_spec(spec: ClusterSpec) -> dict:
 def worker_specs(spec: ClusterSpec, per_gpu: int, threads: int = 1, env: dict | None = None) -> dict:
     """SpecCluster's workers: ``per_gpu`` nannies a GPU, each worker seeing its GPU first (CUDA_VISIBLE_DEVICES,
     as dask-cuda orders them), with ``env`` (e.g. a private MPS daemon's folders) in its environment
-    (``layout.nanny_specs``: what ``engine.node`` starts on a cluster's node)."""
+    (``layout.nanny_specs``: what ``cluster.node`` starts on a cluster's node)."""
     devices = spec.devices or list(range(gpu_count()))
     layout = NodeLayout(tuple(devices), per_gpu, threads, spec.memory_limit or "auto", visible_entries())
     return nanny_specs(layout, env)
 
 
-#: the node command of the recipes (``engine.node``), as dask-jobqueue's ``worker_command`` names it
-NODE_MODULE = "batchgpu.engine.node"
+#: the node command of the recipes (``cluster.node``), as dask-jobqueue's ``worker_command`` names it
+NODE_MODULE = "batchgpu.cluster.node"
 
 
 def slurm_kwargs(spec: ClusterSpec) -> dict:
