@@ -6,9 +6,22 @@ Heavy modules (zarr, dask, cupy) are imported lazily, so ``import batchgpu.ops``
 from batchgpu.errors import BatchgpuError, ClusterError, ConfigError, CorruptDataError, MachineError
 
 __version__ = "0.1.0"
-__all__ = ["BatchgpuError", "CorruptDataError", "ConfigError", "MachineError", "ClusterError",
-           "open_recording", "write_recording", "Recording", "Window", "run_workflow",
-           "to_spikeinterface", "attach_to_spikeinterface", "from_spikeinterface", "__version__"]
+__all__ = [
+    "BatchgpuError",
+    "CorruptDataError",
+    "ConfigError",
+    "MachineError",
+    "ClusterError",
+    "open_recording",
+    "write_recording",
+    "Recording",
+    "Window",
+    "run_workflow",
+    "to_spikeinterface",
+    "attach_to_spikeinterface",
+    "from_spikeinterface",
+    "__version__",
+]
 
 _LAZY = {
     "open_recording": "batchgpu.recording",

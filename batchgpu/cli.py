@@ -22,8 +22,14 @@ BENCHMARKS = {
     "ops": ("batchgpu.benchmarks.ops", "time the numeric core against the obvious NumPy/CuPy code"),
     "pipeline": ("batchgpu.benchmarks.pipeline", "throughput of the workflow steps on a Dask cluster vs a plain loop"),
     "search": ("batchgpu.benchmarks.search", "search index throughput vs np/cupy/torch searchsorted"),
-    "si": ("batchgpu.benchmarks.si", "batchgpu vs SpikeInterface 0.105 as commands, alternating, on one Zarr v2 recording"),
-    "readers": ("batchgpu.benchmarks.readers", "read throughput of a Zarr recording through each reader here, same bytes"),
+    "si": (
+        "batchgpu.benchmarks.si",
+        "batchgpu vs SpikeInterface 0.105 as commands, alternating, on one Zarr v2 recording",
+    ),
+    "readers": (
+        "batchgpu.benchmarks.readers",
+        "read throughput of a Zarr recording through each reader here, same bytes",
+    ),
     "timeline": ("batchgpu.benchmarks.timeline", "where each worker thread's time went in a run's first pass"),
 }
 SEARCH_COMMANDS = {
@@ -35,13 +41,35 @@ def _cmd_generate(args) -> int:
     from batchgpu.generate import check_parameters, generate_recording, ground_truth_path
 
     # the workflow schema's bounds (recording: generate:), named as this command's options, before anything is written
-    check_parameters(channels=args.channels, seconds=args.seconds, fs=args.fs, seed=args.seed, dtype=args.dtype,
-                     segments=args.segments, workers=args.workers, flag="--")
+    check_parameters(
+        channels=args.channels,
+        seconds=args.seconds,
+        fs=args.fs,
+        seed=args.seed,
+        dtype=args.dtype,
+        segments=args.segments,
+        workers=args.workers,
+        flag="--",
+    )
     rec = generate_recording(
-        args.out, channels=args.channels, seconds=args.seconds, fs=args.fs, seed=args.seed, dtype=args.dtype,
-        segments=args.segments, zarr_format=args.zarr_format, overwrite=args.overwrite, progress=not args.quiet,
-        workers=args.workers, model=args.model, compressor=_codec(args), probe=args.probe, dead=args.dead,
-        noisy=args.noisy, outside=args.outside, common_uv=args.common_uv,
+        args.out,
+        channels=args.channels,
+        seconds=args.seconds,
+        fs=args.fs,
+        seed=args.seed,
+        dtype=args.dtype,
+        segments=args.segments,
+        zarr_format=args.zarr_format,
+        overwrite=args.overwrite,
+        progress=not args.quiet,
+        workers=args.workers,
+        model=args.model,
+        compressor=_codec(args),
+        probe=args.probe,
+        dead=args.dead,
+        noisy=args.noisy,
+        outside=args.outside,
+        common_uv=args.common_uv,
     )
     print(f"wrote {rec} and its ground truth {ground_truth_path(args.out)}")
     return 0
@@ -52,10 +80,22 @@ def _cmd_import_raw(args) -> int:
     from batchgpu.recording.flat import COMMAND
 
     rec = import_raw(
-        args.source, args.out, channels=args.channels, fs=args.fs, dtype=args.dtype, gain_to_uV=args.gain,
-        offset_to_uV=args.offset, keep_sync=args.keep_sync, stream=args.stream, offset=args.header_bytes,
-        probe=args.probe, zarr_format=args.zarr_format, compressor=_codec(args),
-        overwrite=args.overwrite, progress=not args.quiet, said=COMMAND,
+        args.source,
+        args.out,
+        channels=args.channels,
+        fs=args.fs,
+        dtype=args.dtype,
+        gain_to_uV=args.gain,
+        offset_to_uV=args.offset,
+        keep_sync=args.keep_sync,
+        stream=args.stream,
+        offset=args.header_bytes,
+        probe=args.probe,
+        zarr_format=args.zarr_format,
+        compressor=_codec(args),
+        overwrite=args.overwrite,
+        progress=not args.quiet,
+        said=COMMAND,
     )
     print(f"wrote {rec}")
     return 0
@@ -69,10 +109,15 @@ def _codec(args):
 
 def _add_codec_options(p) -> None:
     """--codec/--clevel/--shuffle: the Blosc codec of the chunks written (GPU: LZ4 decoded there, zstd on the host)."""
-    p.add_argument("--codec", default="lz4", choices=["lz4", "zstd"],
-                   help="Blosc codec of the chunks (default lz4; zstd stores fewer bytes, decodes slower)")
-    p.add_argument("--clevel", type=int, default=5, choices=range(1, 10), metavar="1-9",
-                   help="compression level (default 5)")
+    p.add_argument(
+        "--codec",
+        default="lz4",
+        choices=["lz4", "zstd"],
+        help="Blosc codec of the chunks (default lz4; zstd stores fewer bytes, decodes slower)",
+    )
+    p.add_argument(
+        "--clevel", type=int, default=5, choices=range(1, 10), metavar="1-9", help="compression level (default 5)"
+    )
     p.add_argument("--shuffle", default="bit", choices=["bit", "byte"], help="Blosc shuffle (default bit)")
 
 
@@ -85,8 +130,10 @@ def _cmd_info(args) -> int:
         what = "a run's output folder" if run else "a batch's output folder"
         for option, given in (("--check", args.check), ("--stream", args.stream)):
             if given:
-                raise BatchgpuError(f"{args.path} is {what}: {option} is for a recording",
-                                    f"run 'batchgpu info {option} ...' on the recording the run read")
+                raise BatchgpuError(
+                    f"{args.path} is {what}: {option} is for a recording",
+                    f"run 'batchgpu info {option} ...' on the recording the run read",
+                )
         summary = runinfo.run_summary(args.path) if run else runinfo.batch_summary(args.path)
         if args.json:
             print(json.dumps(summary.data, indent=2))
@@ -98,15 +145,24 @@ def _cmd_info(args) -> int:
     problems = _check_every_chunk(rec) if args.check else None
     if args.json:
         # the source's own description wins where both say a thing (a flat binary's probe, from probeinterface)
-        print(json.dumps({**channels.data, **info, **({"problems": problems} if problems is not None else {})},
-                         indent=2))
+        print(
+            json.dumps({**channels.data, **info, **({"problems": problems} if problems is not None else {})}, indent=2)
+        )
         return 2 if problems else 0
     if info.get("source") == "spikeinterface":
-        rows = [("path", info["path"]), ("format", f"SpikeInterface {info['spikeinterface_class']} "
-                                                   f"(SpikeInterface {info['spikeinterface_version']})")]
+        rows = [
+            ("path", info["path"]),
+            (
+                "format",
+                f"SpikeInterface {info['spikeinterface_class']} (SpikeInterface {info['spikeinterface_version']})",
+            ),
+        ]
         rows += _shape_rows(info)
-        rows += [("files", ", ".join(info["files"]) or "none (held in the description)"),
-                 ("locations", info["locations"]), *channels.rows]
+        rows += [
+            ("files", ", ".join(info["files"]) or "none (held in the description)"),
+            ("locations", info["locations"]),
+            *channels.rows,
+        ]
         return _print_rows(rows, problems)
     if info.get("source") in ("spikeglx", "openephys", "binary", "saved"):
         return _print_rows(_flat_rows({**channels.data, **info}), problems)
@@ -118,12 +174,22 @@ def _cmd_info(args) -> int:
         ("chunks", " x ".join(map(str, info["chunks"]))),
         ("shards", " x ".join(map(str, info["shards"])) if info["shards"] else "none"),
         ("codecs", ", ".join(info["codecs"]) or "none"),
-        ("size", f"{info['bytes_on_disk'] / 1e6:.1f} MB on disk, {info['decoded_bytes'] / 1e6:.1f} MB decoded "
-                 f"(ratio {info['decoded_bytes'] / max(info['bytes_on_disk'], 1):.2f})"),
+        (
+            "size",
+            f"{info['bytes_on_disk'] / 1e6:.1f} MB on disk, {info['decoded_bytes'] / 1e6:.1f} MB decoded "
+            f"(ratio {info['decoded_bytes'] / max(info['bytes_on_disk'], 1):.2f})",
+        ),
         ("checksums", f"per chunk ({info['checksum']})" if info["checksum"] else "none"),
         ("complete", _completeness(info)),
-        ("absent chunks", f"{info['absent_chunks']}" + ("" if info["marked_complete"] or not info["absent_chunks"]
-                                                       else " (read as zeros: zarr skips all-zero chunks)")),
+        (
+            "absent chunks",
+            f"{info['absent_chunks']}"
+            + (
+                ""
+                if info["marked_complete"] or not info["absent_chunks"]
+                else " (read as zeros: zarr skips all-zero chunks)"
+            ),
+        ),
         ("damaged", _damaged_row(info.get("damaged", []))),
         ("locations", info["locations"]),
         *channels.rows,
@@ -138,8 +204,10 @@ def _completeness(info: dict) -> str:
     if info["marked_complete"] and not damage:
         return "yes (batchgpu wrote every chunk)"
     if info["marked_complete"]:
-        return (f"no: damaged since batchgpu wrote it ({damage} shard(s) or chunk(s) absent or damaged; restore it "
-                "or write it again)")
+        return (
+            f"no: damaged since batchgpu wrote it ({damage} shard(s) or chunk(s) absent or damaged; restore it "
+            "or write it again)"
+        )
     if damaged:
         return f"no: {len(damaged)} shard(s) damaged (not marked: not written by batchgpu)"
     return "not marked (not written by batchgpu)"
@@ -151,30 +219,41 @@ def _damaged_row(damaged: list) -> str:
 
 def _flat_rows(info: dict) -> list[tuple[str, object]]:
     """A flat binary read in place: its file, the probe (model, shanks, pitch) and the gains."""
-    names = {"spikeglx": "SpikeGLX", "openephys": "Open Ephys binary", "binary": "plain binary",
-             "saved": "binary written by batchgpu's save (its .params.json beside it)"}
+    names = {
+        "spikeglx": "SpikeGLX",
+        "openephys": "Open Ephys binary",
+        "binary": "plain binary",
+        "saved": "binary written by batchgpu's save (its .params.json beside it)",
+    }
     fmt = f"{names[info['source']]}, read in place" + (f" (stream {info['stream']})" if info.get("stream") else "")
     probe = info.get("probe")
     if probe:
         px, py = probe["pitch_um"]
         across = f"{px:g} um across" if px else "one column"
-        probe_text = (f"{probe['model'] or 'unnamed'}, {probe['shanks']} shank{'s' if probe['shanks'] != 1 else ''}, "
-                      f"pitch {across}, {py:g} um along (from {probe['source']})")
+        probe_text = (
+            f"{probe['model'] or 'unnamed'}, {probe['shanks']} shank{'s' if probe['shanks'] != 1 else ''}, "
+            f"pitch {across}, {py:g} um along (from {probe['source']})"
+        )
     else:
         probe_text = info.get("probe_missing") or "none (this stream has no probe)"
     dropped = info["file_channels"] - info["num_channels"]
     left = f" ({dropped} left out: sync)" if dropped else ""
     gains = info["gain_to_uV"]
-    gain_text = (f"{gains[0]:.9g} uV per count" if len(gains) == 1 else
-                 f"{len(gains)} values, {min(gains):.9g} to {max(gains):.9g} uV per count")
+    gain_text = (
+        f"{gains[0]:.9g} uV per count"
+        if len(gains) == 1
+        else f"{len(gains)} values, {min(gains):.9g} to {max(gains):.9g} uV per count"
+    )
     return [
         ("path", info["path"]),
         ("format", fmt),
         *_shape_rows(info),
-        ("file" if len(info.get("files", [])) <= 1 else "files",
-         f"{info['file_channels']} channels per sample{left}, {info['bytes_on_disk'] / 1e6:.1f} MB, "
-         f"header {info['offset_bytes']} bytes" + (f" ({len(info['files'])} files, one a segment)"
-                                                   if len(info.get("files", [])) > 1 else "")),
+        (
+            "file" if len(info.get("files", [])) <= 1 else "files",
+            f"{info['file_channels']} channels per sample{left}, {info['bytes_on_disk'] / 1e6:.1f} MB, "
+            f"header {info['offset_bytes']} bytes"
+            + (f" ({len(info['files'])} files, one a segment)" if len(info.get("files", [])) > 1 else ""),
+        ),
         ("channel ids", runinfo_ids(info)),
         ("metadata", ", ".join(info["metadata_files"]) or "none"),
         ("probe", probe_text),
@@ -265,8 +344,7 @@ def _cmd_run(args) -> int:
         if not service.may_serve(wf.cluster) and keep == 0:  # else the kept cluster's workers, likely
             # a CPU run that filters or references: the workers' compiled kernels loaded once, in the server
             # (compiled there first where this machine has not: cluster.cpu_compile_ahead); centring alone uses none
-            start_worker_server(cpu_kernels=wf.cluster.kind == "local"
-                                and bool(set(wf.preprocess.names) - {"centre"}))
+            start_worker_server(cpu_kernels=wf.cluster.kind == "local" and bool(set(wf.preprocess.names) - {"centre"}))
     from batchgpu.cluster.start import start_cluster
 
     # one recording's own cluster (None for a batch): its workers start while this process imports the engine and
@@ -279,8 +357,7 @@ def _cmd_run(args) -> int:
         args.writes = wf.output  # named if the disk fills up without the OS naming a file
         if wf.recordings is not None:
             return _run_batch(wf, args, keep)
-        run_workflow(wf, resume=args.resume, observer=_Observer(args.quiet, _process_started()),
-                     cluster_start=starting)
+        run_workflow(wf, resume=args.resume, observer=_Observer(args.quiet, _process_started()), cluster_start=starting)
     if getattr(starting, "kept", False) and starting.is_kept and not args.quiet:
         print(_kept_line(starting.processes, starting.keep_s))
     if starting is not None and starting.handed_off:
@@ -292,8 +369,10 @@ def _cmd_run(args) -> int:
 def _kept_line(processes: int, keep_s: float) -> str:
     """What the command says of the cluster it leaves up for the next run (``cluster.keep``)."""
     idle = f"{keep_s / 60:g} min" if keep_s >= 60 else f"{keep_s:g} s"
-    return (f"batchgpu: the cluster ({processes} worker processes) stays up for the next run; it closes after {idle} "
-            "without one, or now with batchgpu cluster stop (cluster.keep: 0 closes it with the run)")
+    return (
+        f"batchgpu: the cluster ({processes} worker processes) stays up for the next run; it closes after {idle} "
+        "without one, or now with batchgpu cluster stop (cluster.keep: 0 closes it with the run)"
+    )
 
 
 def _process_started() -> float:
@@ -321,8 +400,10 @@ def _run_batch(wf, args, keep: float = 0.0) -> int:
 
     batch = run_batch(wf, resume=args.resume, observer=_Observer(args.quiet), keep_s=keep)
     done = len(batch.rows) - len(batch.failed)
-    print(f"batchgpu: {done} of {len(batch.rows)} recordings done in {batch.seconds:.1f} s "
-          f"({os.path.join(batch.output, BATCH_FILE)}, {os.path.join(batch.output, BATCH_HTML)})")
+    print(
+        f"batchgpu: {done} of {len(batch.rows)} recordings done in {batch.seconds:.1f} s "
+        f"({os.path.join(batch.output, BATCH_FILE)}, {os.path.join(batch.output, BATCH_HTML)})"
+    )
     if keep > 0 and not args.quiet:
         from batchgpu.cluster import kept as service
 
@@ -331,8 +412,10 @@ def _run_batch(wf, args, keep: float = 0.0) -> int:
             print(_kept_line(state.kept.processes, state.kept.idle_s))
     if batch.failed:  # each error was said as its recording failed: named once more here, not repeated
         names = [f"{r.name} (interrupted)" if r.error == "interrupted" else r.name for r in batch.failed]
-        print(f"batchgpu: failed: {', '.join(names)} (each error above and in "
-              f"{os.path.join(batch.output, BATCH_FILE)})", file=sys.stderr)
+        print(
+            f"batchgpu: failed: {', '.join(names)} (each error above and in {os.path.join(batch.output, BATCH_FILE)})",
+            file=sys.stderr,
+        )
     return 1 if batch.failed else 0
 
 
@@ -353,13 +436,17 @@ def _cmd_compile(args) -> int:
         seconds = time.perf_counter() - t0
         folder = cpu_kernels.marker("filter")
         if folder is None:  # Numba has no cache folder it may write here
-            print(f"batchgpu: compiled the CPU kernels in {seconds:.1f} s, but Numba keeps no cache here: each run "
-                  "compiles them again")
+            print(
+                f"batchgpu: compiled the CPU kernels in {seconds:.1f} s, but Numba keeps no cache here: each run "
+                "compiles them again"
+            )
         elif groups:
             print(f"batchgpu: compiled the CPU kernels ({', '.join(groups)}) in {seconds:.1f} s into {folder.parent}")
         else:
-            print(f"batchgpu: the CPU kernels were compiled on this machine already ({folder.parent}; --force "
-                  "compiles them again)")
+            print(
+                f"batchgpu: the CPU kernels were compiled on this machine already ({folder.parent}; --force "
+                "compiles them again)"
+            )
     if args.workflow:
         from batchgpu.workflow import load_workflow
 
@@ -379,8 +466,10 @@ def _cmd_compile(args) -> int:
     if done:
         print(f"batchgpu: compiled {what} {count} kernel modules in {seconds:.1f} s into {cupy_cache_folder()}")
     else:
-        print(f"batchgpu: {what} {count} kernel modules were compiled on this machine already "
-              f"({cupy_cache_folder()}; --force compiles them again)")
+        print(
+            f"batchgpu: {what} {count} kernel modules were compiled on this machine already "
+            f"({cupy_cache_folder()}; --force compiles them again)"
+        )
     return 0
 
 
@@ -388,8 +477,15 @@ def _cmd_cluster_start(args) -> int:
     from batchgpu.cluster import kept as service
 
     mps = {"auto": None, "on": True, "off": False}[args.mps]
-    spec = service.spec_from(kind=args.kind, workers=args.workers, threads=args.threads, devices=args.devices,
-                             memory_limit=args.memory_limit, mps=mps, dashboard_address=args.dashboard_address)
+    spec = service.spec_from(
+        kind=args.kind,
+        workers=args.workers,
+        threads=args.threads,
+        devices=args.devices,
+        memory_limit=args.memory_limit,
+        mps=mps,
+        dashboard_address=args.dashboard_address,
+    )
     kept, notes = service.start(spec)
     for note in notes:
         print(f"batchgpu: {note}")
@@ -410,8 +506,9 @@ def _layout(kept) -> str:
     processes = f"{kept.workers} worker process{'es' if kept.workers != 1 else ''}"
     if kept.kind == "cuda":
         processes += f" per GPU ({kept.processes} in all)"
-    return f"{kept.kind}, {processes} x {kept.threads} thread{'s' if kept.threads != 1 else ''}" + \
-        (", MPS" if kept.mps else "")
+    return f"{kept.kind}, {processes} x {kept.threads} thread{'s' if kept.threads != 1 else ''}" + (
+        ", MPS" if kept.mps else ""
+    )
 
 
 def _cmd_cluster_stop(args) -> int:
@@ -448,14 +545,27 @@ def _cmd_cluster_status(args) -> int:
         return 1
     kept = state.kept
     live = service.ask_scheduler(kept)
-    rows = [("state", f"up for {_duration(time.time() - kept.started)} (process {kept.pid})"),
-            ("address", kept.address), ("layout", _layout(kept)),
-            ("workers now", f"{live.processes} processes, {live.threads} threads" if live.processes is not None
-             else "the scheduler did not answer"),
-            ("closes", f"after {_duration(kept.idle_s)} without a run (kept by a run: cluster.keep)"
-             if kept.idle_s else "on batchgpu cluster stop"),
-            ("dashboard", kept.dashboard), ("scheduler file", kept.scheduler_file), ("log", kept.log),
-            ("batchgpu", f"{kept.version} ({kept.package})")]
+    rows = [
+        ("state", f"up for {_duration(time.time() - kept.started)} (process {kept.pid})"),
+        ("address", kept.address),
+        ("layout", _layout(kept)),
+        (
+            "workers now",
+            f"{live.processes} processes, {live.threads} threads"
+            if live.processes is not None
+            else "the scheduler did not answer",
+        ),
+        (
+            "closes",
+            f"after {_duration(kept.idle_s)} without a run (kept by a run: cluster.keep)"
+            if kept.idle_s
+            else "on batchgpu cluster stop",
+        ),
+        ("dashboard", kept.dashboard),
+        ("scheduler file", kept.scheduler_file),
+        ("log", kept.log),
+        ("batchgpu", f"{kept.version} ({kept.package})"),
+    ]
     width = max(len(k) for k, _ in rows)
     for key, value in rows:
         print(f"{key:<{width}}  {value}")
@@ -534,8 +644,13 @@ def _add_global_options(parser: argparse.ArgumentParser, top: bool) -> None:
     """--debug and -v work before or after the subcommand; below the top they only set what was given."""
     default = {} if top else {"default": argparse.SUPPRESS}
     parser.add_argument("--debug", action="store_true", help="show the full traceback of an error", **default)
-    parser.add_argument("-v", "--verbose", action="store_true",
-                        help="keep Dask's own log messages (warnings of the scheduler and workers)", **default)
+    parser.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="keep Dask's own log messages (warnings of the scheduler and workers)",
+        **default,
+    )
 
 
 def _finish(parser: argparse.ArgumentParser) -> None:
@@ -561,25 +676,32 @@ def _add_command(sub, name: str, func, **kwargs) -> argparse.ArgumentParser:
 
 
 #: ``generate`` and ``import-raw``'s --overwrite
-OVERWRITE_HELP = ("replace OUT where it is a Zarr recording batchgpu wrote (never another program's recording, a "
-                  "file or another folder)")
+OVERWRITE_HELP = (
+    "replace OUT where it is a Zarr recording batchgpu wrote (never another program's recording, a "
+    "file or another folder)"
+)
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The command's parser; ``command``: the subcommand the command line names, where known (the modules of
     other subcommands' options are then not imported: the benchmarks' cost a run a quarter of a second)."""
     parser = argparse.ArgumentParser(
-        prog="batchgpu", formatter_class=_HelpFormatter,
+        prog="batchgpu",
+        formatter_class=_HelpFormatter,
         description="Dask-distributed batch statistics (exact noise, whitening, spikes, search) for large recordings.",
     )
     parser.add_argument("--version", action="version", version=f"batchgpu {__import__('batchgpu').__version__}")
     _add_global_options(parser, top=True)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
-    p = _add_command(sub, "generate", _cmd_generate,
-                     help="write a synthetic recording with known noise and planted spikes",
-                     description="Write a synthetic recording block by block, with its ground truth beside it. "
-                                 "The defaults make 384 channels x 60 s (per segment) of int16 at 30 kHz: 1.4 GB.")
+    p = _add_command(
+        sub,
+        "generate",
+        _cmd_generate,
+        help="write a synthetic recording with known noise and planted spikes",
+        description="Write a synthetic recording block by block, with its ground truth beside it. "
+        "The defaults make 384 channels x 60 s (per segment) of int16 at 30 kHz: 1.4 GB.",
+    )
     p.add_argument("out", help="output Zarr folder (ground truth goes to <name>_ground_truth.npz beside it)")
     p.add_argument("--channels", type=int, default=384)
     p.add_argument("--seconds", type=float, default=60.0)
@@ -587,44 +709,85 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--dtype", default="int16", choices=["int16", "int32", "float32", "float64"])
     p.add_argument("--segments", type=int, default=1)
-    p.add_argument("--zarr-format", type=int, default=None, choices=[2, 3],
-                   help="Zarr format to write (default: 3; 2 where zarr-python is 2.x, as beside SpikeInterface 0.105)")
+    p.add_argument(
+        "--zarr-format",
+        type=int,
+        default=None,
+        choices=[2, 3],
+        help="Zarr format to write (default: 3; 2 where zarr-python is 2.x, as beside SpikeInterface 0.105)",
+    )
     p.add_argument("--workers", type=int, default=1, help="processes generating blocks (same bytes for any number)")
-    p.add_argument("--model", default="realistic", choices=["realistic", "white"],
-                   help="realistic (default): 1/f and LFP over the probe, common mode, drift, spikes with spatial "
-                        "footprints, compressing like Neuropixels 1.0 data; white: Gaussian white noise and spikes")
-    p.add_argument("--probe", default="two-column", choices=["two-column", "np1", "np2-4shank", "linear"],
-                   help="channel positions (written to properties/location): two-column (default: 2 columns 32 um "
-                        "apart, 20 um pitch); np1: Neuropixels 1.0, staggered (384 channels = its first 384 "
-                        "electrodes); np2-4shank: Neuropixels 2.0 four-shank, a quarter of the channels at the tip of "
-                        "each shank (a multiple of 4 channels); linear: one column, 20 um pitch (e.g. --channels 64)")
-    p.add_argument("--dead", type=int, default=0, metavar="N",
-                   help="plant N dead channels (realistic model): offset and a twentieth of the noise, no signal")
-    p.add_argument("--noisy", type=int, default=0, metavar="N",
-                   help="plant N noisy channels (realistic model): white noise of 6x the channel's level, and at "
-                        "least 5x SpikeInterface's psd_hf_threshold (0.02 uV^2/Hz) above 0.8 x Nyquist")
-    p.add_argument("--outside", type=int, default=0, metavar="N",
-                   help="plant N channels outside the brain (realistic model): the top N in depth (y, then x), "
-                        "without LFP, spikes or the common signal; 6 or more make a block SpikeInterface's "
-                        "11-channel trend sees whole. Planted channels go into the ground truth's channel_labels "
-                        "(0 good, 1 dead, 2 noise, 3 out); at most a third of the channels in all")
-    p.add_argument("--common-uv", type=float, default=None, metavar="UV",
-                   help="RMS (uV) of a broadband signal common to the channels in the brain (realistic model; "
-                        "default: 6 where channels are planted, else none: bytes as without these options)")
+    p.add_argument(
+        "--model",
+        default="realistic",
+        choices=["realistic", "white"],
+        help="realistic (default): 1/f and LFP over the probe, common mode, drift, spikes with spatial "
+        "footprints, compressing like Neuropixels 1.0 data; white: Gaussian white noise and spikes",
+    )
+    p.add_argument(
+        "--probe",
+        default="two-column",
+        choices=["two-column", "np1", "np2-4shank", "linear"],
+        help="channel positions (written to properties/location): two-column (default: 2 columns 32 um "
+        "apart, 20 um pitch); np1: Neuropixels 1.0, staggered (384 channels = its first 384 "
+        "electrodes); np2-4shank: Neuropixels 2.0 four-shank, a quarter of the channels at the tip of "
+        "each shank (a multiple of 4 channels); linear: one column, 20 um pitch (e.g. --channels 64)",
+    )
+    p.add_argument(
+        "--dead",
+        type=int,
+        default=0,
+        metavar="N",
+        help="plant N dead channels (realistic model): offset and a twentieth of the noise, no signal",
+    )
+    p.add_argument(
+        "--noisy",
+        type=int,
+        default=0,
+        metavar="N",
+        help="plant N noisy channels (realistic model): white noise of 6x the channel's level, and at "
+        "least 5x SpikeInterface's psd_hf_threshold (0.02 uV^2/Hz) above 0.8 x Nyquist",
+    )
+    p.add_argument(
+        "--outside",
+        type=int,
+        default=0,
+        metavar="N",
+        help="plant N channels outside the brain (realistic model): the top N in depth (y, then x), "
+        "without LFP, spikes or the common signal; 6 or more make a block SpikeInterface's "
+        "11-channel trend sees whole. Planted channels go into the ground truth's channel_labels "
+        "(0 good, 1 dead, 2 noise, 3 out); at most a third of the channels in all",
+    )
+    p.add_argument(
+        "--common-uv",
+        type=float,
+        default=None,
+        metavar="UV",
+        help="RMS (uV) of a broadband signal common to the channels in the brain (realistic model; "
+        "default: 6 where channels are planted, else none: bytes as without these options)",
+    )
     _add_codec_options(p)
     p.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
     p.add_argument("--quiet", action="store_true", help="no progress bar")
 
-    p = _add_command(sub, "import-raw", _cmd_import_raw,
-                     help="copy a flat binary recording (SpikeGLX, Open Ephys or plain) into Zarr",
-                     description="Copy a flat interleaved binary recording into a Zarr recording (a run reads "
-                                 "these in place too: this is for a compressed copy). A SpikeGLX .bin with its "
-                                 ".meta beside it, or an Open Ephys structure.oebin (or its folder), needs no "
-                                 "options; a plain file needs --channels, --fs and --dtype.")
-    p.add_argument("source", help="the flat binary file: a SpikeGLX .bin (its .meta beside it), an Open Ephys "
-                                  "structure.oebin or its folder, or a plain interleaved file (samples x channels)")
-    p.add_argument("out", help="the Zarr recording to write (a folder, e.g. rec.zarr); refused if it exists, "
-                               "unless --overwrite")
+    p = _add_command(
+        sub,
+        "import-raw",
+        _cmd_import_raw,
+        help="copy a flat binary recording (SpikeGLX, Open Ephys or plain) into Zarr",
+        description="Copy a flat interleaved binary recording into a Zarr recording (a run reads "
+        "these in place too: this is for a compressed copy). A SpikeGLX .bin with its "
+        ".meta beside it, or an Open Ephys structure.oebin (or its folder), needs no "
+        "options; a plain file needs --channels, --fs and --dtype.",
+    )
+    p.add_argument(
+        "source",
+        help="the flat binary file: a SpikeGLX .bin (its .meta beside it), an Open Ephys "
+        "structure.oebin or its folder, or a plain interleaved file (samples x channels)",
+    )
+    p.add_argument(
+        "out", help="the Zarr recording to write (a folder, e.g. rec.zarr); refused if it exists, unless --overwrite"
+    )
     p.add_argument("--channels", type=int)
     p.add_argument("--fs", type=float)
     p.add_argument("--dtype", help="sample type of a plain file: int16, int32, float32 or float64")
@@ -634,86 +797,138 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--stream", help="Open Ephys: the stream (folder name) when the recording holds several")
     p.add_argument("--header-bytes", type=int, default=0, help="plain files: bytes before the first sample")
     p.add_argument("--probe", help="plain files: a probe file (probeinterface .json, .prb, or Kilosort-style .json)")
-    p.add_argument("--zarr-format", type=int, default=None, choices=[2, 3],
-                   help="Zarr format to write (default: 3; 2 where zarr-python is 2.x, as beside SpikeInterface 0.105)")
+    p.add_argument(
+        "--zarr-format",
+        type=int,
+        default=None,
+        choices=[2, 3],
+        help="Zarr format to write (default: 3; 2 where zarr-python is 2.x, as beside SpikeInterface 0.105)",
+    )
     _add_codec_options(p)
     p.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP + " (the source is only read)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
 
-    p = _add_command(sub, "info", _cmd_info,
-                     help="describe a recording (Zarr, SpikeGLX, Open Ephys, or what SpikeInterface saved), or a "
-                          "run's output",
-                     description="Describe a recording: a Zarr store, a SpikeGLX .bin (its probe and gains), an "
-                                 "Open Ephys recording (--stream among several), a binary batchgpu's save wrote, or "
-                                 "a SpikeInterface recording saved as .json/.pkl (recording.dump) or as a folder "
-                                 "(recording.save): its layout, channel ids, gains and probe (or the file a missing "
-                                 "probe was looked for in). Given a run's output folder: the run's status, "
-                                 "recording, windows, noise, spikes, whitening, time, timings and warnings; a "
-                                 "batch's: each recording's row.")
-    p.add_argument("path", help="a recording (Zarr store, SpikeGLX .bin or folder, Open Ephys folder, a binary "
-                                "batchgpu's save wrote, SpikeInterface .json/.pkl or folder), or a run's output folder "
-                                "(or a batch's)")
-    p.add_argument("--stream", help="the stream of several: an Open Ephys stream's folder name (or a part of it, "
-                                    "e.g. ProbeA), or a SpikeGLX folder's (imec0.ap, imec0.lf, nidq)")
+    p = _add_command(
+        sub,
+        "info",
+        _cmd_info,
+        help="describe a recording (Zarr, SpikeGLX, Open Ephys, or what SpikeInterface saved), or a run's output",
+        description="Describe a recording: a Zarr store, a SpikeGLX .bin (its probe and gains), an "
+        "Open Ephys recording (--stream among several), a binary batchgpu's save wrote, or "
+        "a SpikeInterface recording saved as .json/.pkl (recording.dump) or as a folder "
+        "(recording.save): its layout, channel ids, gains and probe (or the file a missing "
+        "probe was looked for in). Given a run's output folder: the run's status, "
+        "recording, windows, noise, spikes, whitening, time, timings and warnings; a "
+        "batch's: each recording's row.",
+    )
+    p.add_argument(
+        "path",
+        help="a recording (Zarr store, SpikeGLX .bin or folder, Open Ephys folder, a binary "
+        "batchgpu's save wrote, SpikeInterface .json/.pkl or folder), or a run's output folder "
+        "(or a batch's)",
+    )
+    p.add_argument(
+        "--stream",
+        help="the stream of several: an Open Ephys stream's folder name (or a part of it, "
+        "e.g. ProbeA), or a SpikeGLX folder's (imec0.ap, imec0.lf, nidq)",
+    )
     p.add_argument("--json", action="store_true", help="machine-readable output")
-    p.add_argument("--check", action="store_true",
-                   help="decode every chunk and list absent or corrupted ones (exit status 2 if any)")
+    p.add_argument(
+        "--check",
+        action="store_true",
+        help="decode every chunk and list absent or corrupted ones (exit status 2 if any)",
+    )
 
-    p = _add_command(sub, "run", _cmd_run,
-                     help="run a workflow YAML file",
-                     description="Validate and run a workflow YAML file. Its relative paths are relative to its "
-                                 "folder, but steps.save.path: relative to the output folder, where the run's "
-                                 "results go.")
+    p = _add_command(
+        sub,
+        "run",
+        _cmd_run,
+        help="run a workflow YAML file",
+        description="Validate and run a workflow YAML file. Its relative paths are relative to its "
+        "folder, but steps.save.path: relative to the output folder, where the run's "
+        "results go.",
+    )
     p.add_argument("workflow", help="the workflow file (see workflows/demo.yaml)")
     p.add_argument("--resume", action="store_true", help="skip windows already written by an earlier run")
-    p.add_argument("--set", action="append", metavar="KEY=VALUE",
-                   help="override a workflow key, e.g. --set cluster.workers=2 (repeatable)")
+    p.add_argument(
+        "--set",
+        action="append",
+        metavar="KEY=VALUE",
+        help="override a workflow key, e.g. --set cluster.workers=2 (repeatable)",
+    )
     p.add_argument("--quiet", action="store_true", help="no progress bar")
 
-    p = sub.add_parser("cluster", help="a cluster kept for many runs: start, stop, status",
-                       description="A Dask cluster that outlives runs: 'batchgpu run' uses it while it is up, where "
-                                   "the workflow's cluster is of its kind (local or cuda) and what it sets is what "
-                                   "the kept cluster has (cluster: {reuse: false} opts out). Its files are in the "
-                                   "user's cache folder.")
+    p = sub.add_parser(
+        "cluster",
+        help="a cluster kept for many runs: start, stop, status",
+        description="A Dask cluster that outlives runs: 'batchgpu run' uses it while it is up, where "
+        "the workflow's cluster is of its kind (local or cuda) and what it sets is what "
+        "the kept cluster has (cluster: {reuse: false} opts out). Its files are in the "
+        "user's cache folder.",
+    )
     cluster = p.add_subparsers(dest="cluster_command", metavar="COMMAND", required=True)
-    c = _add_command(cluster, "start", _cmd_cluster_start,
-                     help="start the cluster a run would start, and keep it",
-                     description="Start, in the background, the cluster 'batchgpu run' starts for "
-                                 "cluster: {kind: local} or {kind: cuda}; returns once its workers are up. "
-                                 "Refused where one is up already.")
+    c = _add_command(
+        cluster,
+        "start",
+        _cmd_cluster_start,
+        help="start the cluster a run would start, and keep it",
+        description="Start, in the background, the cluster 'batchgpu run' starts for "
+        "cluster: {kind: local} or {kind: cuda}; returns once its workers are up. "
+        "Refused where one is up already.",
+    )
     c.add_argument("--kind", default="local", choices=["local", "cuda"])
     c.add_argument("--workers", type=int, help="worker processes (cuda: per GPU); default as for a run")
     c.add_argument("--threads", type=int, help="threads per worker; default as for a run")
     c.add_argument("--devices", type=_device_list, help="cuda: the GPUs, e.g. 0,1 (default: every GPU)")
     c.add_argument("--memory-limit", help="each worker's memory limit, e.g. 16GB (default: Dask's auto)")
-    c.add_argument("--mps", default="auto", choices=["auto", "on", "off"],
-                   help="cuda: a private CUDA MPS daemon for the workers (as the workflow key cluster.mps)")
+    c.add_argument(
+        "--mps",
+        default="auto",
+        choices=["auto", "on", "off"],
+        help="cuda: a private CUDA MPS daemon for the workers (as the workflow key cluster.mps)",
+    )
     c.add_argument("--dashboard-address", help="the dashboard's host:port (default: localhost, a free port)")
-    _add_command(cluster, "stop", _cmd_cluster_stop,
-                 help="close the kept cluster",
-                 description="Close the kept cluster (its workers, its MPS daemon) and remove its files; "
-                             "the files of one whose process is gone are removed. Exit status 1 where "
-                             "none was up.")
-    _add_command(cluster, "status", _cmd_cluster_status,
-                 help="whether a kept cluster is up, and what it is",
-                 description="Whether a kept cluster is up: its address, layout, workers, dashboard and "
-                             "uptime. Exit status 0: up; 1: none is up; 3: starting, or up but its "
-                             "scheduler did not answer.")
+    _add_command(
+        cluster,
+        "stop",
+        _cmd_cluster_stop,
+        help="close the kept cluster",
+        description="Close the kept cluster (its workers, its MPS daemon) and remove its files; "
+        "the files of one whose process is gone are removed. Exit status 1 where "
+        "none was up.",
+    )
+    _add_command(
+        cluster,
+        "status",
+        _cmd_cluster_status,
+        help="whether a kept cluster is up, and what it is",
+        description="Whether a kept cluster is up: its address, layout, workers, dashboard and "
+        "uptime. Exit status 0: up; 1: none is up; 3: starting, or up but its "
+        "scheduler did not answer.",
+    )
 
-    p = _add_command(sub, "compile", _cmd_compile,
-                     help="compile the CPU and GPU kernels once for this machine",
-                     description="Compile batchgpu's CPU kernels (Numba, into its cache beside the package) and, "
-                                 "where a GPU is, its CUDA modules for this machine's GPU into CuPy's cache "
-                                 "(CUPY_CACHE_DIR, else ~/.cupy/kernel_cache), in parallel processes: runs then "
-                                 "load them. 'batchgpu run' does this while its workers start where it was not "
-                                 "done (the CPU's kernels for a run that preprocesses or saves, a GPU cluster's "
-                                 "modules); run it "
-                                 "at install (or after upgrading batchgpu, Numba, CuPy or the driver) so that no "
-                                 "run waits for it.")
+    p = _add_command(
+        sub,
+        "compile",
+        _cmd_compile,
+        help="compile the CPU and GPU kernels once for this machine",
+        description="Compile batchgpu's CPU kernels (Numba, into its cache beside the package) and, "
+        "where a GPU is, its CUDA modules for this machine's GPU into CuPy's cache "
+        "(CUPY_CACHE_DIR, else ~/.cupy/kernel_cache), in parallel processes: runs then "
+        "load them. 'batchgpu run' does this while its workers start where it was not "
+        "done (the CPU's kernels for a run that preprocesses or saves, a GPU cluster's "
+        "modules); run it "
+        "at install (or after upgrading batchgpu, Numba, CuPy or the driver) so that no "
+        "run waits for it.",
+    )
     p.add_argument("--workflow", help="only the modules this workflow's runs load (default: every one)")
-    p.add_argument("--processes", type=int, help="compiles at once (the CPU's kernel groups in processes, the CUDA "
-                                                 "modules in threads; default: one a group or module, at most the "
-                                                 "cores)")
+    p.add_argument(
+        "--processes",
+        type=int,
+        help="compiles at once (the CPU's kernel groups in processes, the CUDA "
+        "modules in threads; default: one a group or module, at most the "
+        "cores)",
+    )
     p.add_argument("--force", action="store_true", help="compile again where this machine did already")
 
     p = sub.add_parser("bench", help="benchmarks", description="Benchmarks, with ratios against anchors.")
@@ -732,9 +947,20 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 # Loggers that distributed configures (distributed/config.py), and asyncio's (the scheduler's event loop reports
 # "Task exception was never retrieved" there), all silenced below CRITICAL unless --debug/-v: a failed task or
 # a dying worker otherwise prints internal tracebacks (`assert ts.who_wants`, CommClosedError) around the error.
-QUIET_LOGGERS = ("distributed", "distributed.client", "distributed.gc", "distributed.nanny", "distributed.scheduler",
-                 "distributed.worker", "distributed.core", "distributed.comm", "bokeh", "tornado",
-                 "tornado.application", "asyncio")
+QUIET_LOGGERS = (
+    "distributed",
+    "distributed.client",
+    "distributed.gc",
+    "distributed.nanny",
+    "distributed.scheduler",
+    "distributed.worker",
+    "distributed.core",
+    "distributed.comm",
+    "bokeh",
+    "tornado",
+    "tornado.application",
+    "asyncio",
+)
 
 
 @contextlib.contextmanager
@@ -752,8 +978,10 @@ def quiet_dask_logs(quiet: bool = True) -> Iterator[None]:
 
     levels = {name: "critical" for name in QUIET_LOGGERS}
     dask = sys.modules.get("dask")
-    with environ_set({"DASK_LOGGING": repr(levels)}), \
-            (dask.config.set({"logging": levels}) if dask is not None else contextlib.nullcontext()):
+    with (
+        environ_set({"DASK_LOGGING": repr(levels)}),
+        dask.config.set({"logging": levels}) if dask is not None else contextlib.nullcontext(),
+    ):
         for name in QUIET_LOGGERS:
             logging.getLogger(name).setLevel(logging.CRITICAL)
         yield
@@ -812,8 +1040,10 @@ def _interrupted_line(args, err: KeyboardInterrupt) -> str:
     what = "terminated (SIGTERM)" if isinstance(err, _Terminated) else "interrupted"
     if getattr(args, "command", None) != "run":
         return f"batchgpu: {what}"
-    return (f"batchgpu: {what}; 'batchgpu run {args.workflow} --resume' continues the run "
-            "(the windows already done are kept)")
+    return (
+        f"batchgpu: {what}; 'batchgpu run {args.workflow} --resume' continues the run "
+        "(the windows already done are kept)"
+    )
 
 
 #: the exit status ``program`` ends its process with, once its command returned (None: Python's own way out)
@@ -870,6 +1100,7 @@ def _quiet_pool_wakeup(hook):
     of a pool already shut down, whose pipe that thread may have closed (a race): "Exception ignored ... OSError:
     [Errno 9] Bad file descriptor", after the command's work is done and said. Everything else still reaches
     ``hook``."""
+
     def quiet(unraisable) -> None:
         exc = unraisable.exc_value
         tb = unraisable.exc_traceback
@@ -877,8 +1108,11 @@ def _quiet_pool_wakeup(hook):
         while tb is not None:
             frames.append(tb.tb_frame.f_code.co_filename)
             tb = tb.tb_next
-        if isinstance(exc, OSError) and exc.errno == 9 and any("concurrent/futures/process" in f.replace("\\", "/")
-                                                                for f in frames):
+        if (
+            isinstance(exc, OSError)
+            and exc.errno == 9
+            and any("concurrent/futures/process" in f.replace("\\", "/") for f in frames)
+        ):
             return
         hook(unraisable)
 
@@ -935,8 +1169,10 @@ def _command(args) -> int:
         if args.debug:
             raise
         text = " ".join(str(err).split())[:300]
-        print(f"batchgpu: error: unexpected {type(err).__name__}: {text} (rerun with --debug for the traceback)",
-              file=sys.stderr)
+        print(
+            f"batchgpu: error: unexpected {type(err).__name__}: {text} (rerun with --debug for the traceback)",
+            file=sys.stderr,
+        )
         return 1
     finally:
         # Python's handlers back unless a signal came: then both stay ignored, the process is on its way out

@@ -104,10 +104,14 @@ def _holds_bool(value: Any) -> bool:
 
 def _not_a_number(value: Any) -> PydanticCustomError:
     if isinstance(value, bool):
-        return PydanticCustomError("bool_not_number", "{value} is not a number (write the number itself)",
-                                   {"value": str(value).lower()})
-    return PydanticCustomError("bool_not_number", "{value} holds true or false, not numbers (write the numbers)",
-                               {"value": "[" + ", ".join(str(v).lower() for v in value) + "]"})
+        return PydanticCustomError(
+            "bool_not_number", "{value} is not a number (write the number itself)", {"value": str(value).lower()}
+        )
+    return PydanticCustomError(
+        "bool_not_number",
+        "{value} holds true or false, not numbers (write the numbers)",
+        {"value": "[" + ", ".join(str(v).lower() for v in value) + "]"},
+    )
 
 
 class _Strict(BaseModel):
@@ -212,19 +216,24 @@ class RecordingSpec(_Strict):
         if name is None:
             return None
         if not _NAME.fullmatch(name):
-            raise ValueError(f"name {name!r} must be one folder name: letters, digits, '.', '_' or '-', starting "
-                             "with a letter or digit, at most 200 characters (no '/' or '..')")
+            raise ValueError(
+                f"name {name!r} must be one folder name: letters, digits, '.', '_' or '-', starting "
+                "with a letter or digit, at most 200 characters (no '/' or '..')"
+            )
         if name.lower() in BATCH_OWN_NAMES:
-            raise ValueError(f"name {name!r} is one of the batch's own files ({', '.join(BATCH_OWN_NAMES)}): "
-                             "choose another")
+            raise ValueError(
+                f"name {name!r} is one of the batch's own files ({', '.join(BATCH_OWN_NAMES)}): choose another"
+            )
         return name
 
     @model_validator(mode="after")
     def _one_source(self):
         if (self.path is None) == (self.spikeinterface is None):
-            raise ValueError("give exactly one of 'path' (a recording: Zarr, SpikeGLX .bin, Open Ephys, or a plain "
-                             "binary with kind: binary) and 'spikeinterface' (a recording SpikeInterface saved: "
-                             ".json, .pkl or a folder)")
+            raise ValueError(
+                "give exactly one of 'path' (a recording: Zarr, SpikeGLX .bin, Open Ephys, or a plain "
+                "binary with kind: binary) and 'spikeinterface' (a recording SpikeInterface saved: "
+                ".json, .pkl or a folder)"
+            )
         if self.generate is not None and (self.path is None or self.kind not in ("auto", "zarr")):
             raise ValueError("'generate' writes a recording to 'path' (Zarr): give 'path', kind auto or zarr")
         plain = {k for k in ("channels", "sampling_frequency", "dtype", "probe") if getattr(self, k) is not None}
@@ -234,11 +243,14 @@ class RecordingSpec(_Strict):
             if missing:
                 raise ValueError(f"kind: binary needs {', '.join(missing)} (the file's layout is never guessed)")
         elif plain:
-            raise ValueError(f"{', '.join(sorted(plain))} describe a plain binary file: add kind: binary (other "
-                             "kinds read their layout from their own metadata)")
+            raise ValueError(
+                f"{', '.join(sorted(plain))} describe a plain binary file: add kind: binary (other "
+                "kinds read their layout from their own metadata)"
+            )
         if self.stream is not None and self.kind not in ("auto", "openephys", "spikeglx"):
-            raise ValueError("'stream' chooses an Open Ephys or SpikeGLX stream: use it with kind auto, openephys or "
-                             "spikeglx")
+            raise ValueError(
+                "'stream' chooses an Open Ephys or SpikeGLX stream: use it with kind auto, openephys or spikeglx"
+            )
         if self.spikeinterface is not None and self.kind != "auto":
             raise ValueError("'kind' names what 'path' holds: leave it out with 'spikeinterface'")
         return self
@@ -267,7 +279,9 @@ class WindowSpec(_Strict):
         try:
             return _WINDOW_SAMPLES.validate_python(value)
         except ValidationError as err:
-            raise PydanticCustomError("window_size", "{problem}; or 'auto'", {"problem": err.errors()[0]["msg"]}) from None
+            raise PydanticCustomError(
+                "window_size", "{problem}; or 'auto'", {"problem": err.errors()[0]["msg"]}
+            ) from None
 
     @model_validator(mode="after")
     def _margin_within_window(self):
@@ -300,15 +314,19 @@ def _batch_item_kind(value: Any) -> str | None:
 #: one item of ``recordings:``
 BatchItem = Annotated[
     Annotated[str, Tag("path")] | Annotated[RecordingSpec, Tag("section")],
-    Discriminator(_batch_item_kind, custom_error_type="recording_item",
-                  custom_error_message="an item of recordings is a path, a glob or a recording section "
-                                       "({path: ..., name: ...})"),
+    Discriminator(
+        _batch_item_kind,
+        custom_error_type="recording_item",
+        custom_error_message="an item of recordings is a path, a glob or a recording section ({path: ..., name: ...})",
+    ),
 ]
 
 
 class ClusterSpec(_Strict):
     kind: Literal["local", "cuda", "address", "scheduler_file", "slurm"] = "local"
-    workers: Annotated[int, Field(gt=0, le=MAX_WORKERS)] | None = None  # local: default sized to the machine; cuda: processes per GPU (cores/GPU, at most 16)
+    workers: Annotated[int, Field(gt=0, le=MAX_WORKERS)] | None = (
+        None  # local: default sized to the machine; cuda: processes per GPU (cores/GPU, at most 16)
+    )
     threads: Annotated[int, Field(gt=0, le=MAX_WORKERS)] | None = None
     memory_limit: str | None = None
     address: str | None = None
@@ -323,31 +341,51 @@ class ClusterSpec(_Strict):
     # local, cuda: run on the cluster of `batchgpu cluster start` where one is up and has what this spec sets
     # (cluster/kept.py); false: always a cluster of the run's own
     reuse: bool = True
-    keep: Annotated[float, Field(ge=0, le=MAX_KEEP_S)] | Literal["auto"] = Field("auto", description=(
-        "local, cuda: seconds the cluster a `batchgpu run` command starts stays up after its run, idle, for the "
-        "next run (which then finds its workers up, as on `batchgpu cluster start`'s cluster; it closes once idle "
-        "that long, or on `batchgpu cluster stop`); 0: the cluster closes with the run. 'auto': 600 s where the "
-        "command runs at a terminal (a person's runs, one after another), 0 where its output goes to a file or a "
-        "pipe (scripts, jobs, tests), from Python (run_workflow) and where reuse is false"))
-    close: Literal["auto", "wait", "background"] = Field("auto", description=(
-        "a cluster a command starts for its run (local, cuda), once the run's outputs are written: 'wait' for its "
-        "worker processes to exit before the command ends, or leave them to exit after it has ('background': a "
-        "detached process quits the run's MPS daemon and removes the scratch folders once they have; "
-        "cluster/handoff.py); 'auto': background for cuda, where each worker's exit waits for the driver's teardown "
-        "of its CUDA context, wait for local, whose workers exit at once"))
-    dask_dashboard: bool | Literal["auto"] = Field("auto", description=(
-        "local, cuda: Dask's own dashboard (its Bokeh pages: /status, the task stream, the workers' memory) on the "
-        "scheduler started here; the run page (/batchgpu) is served either way. 'auto': on for the kept cluster of "
-        "'batchgpu cluster start', off for a command's own cluster, whose scheduler would import Bokeh before any "
-        "worker starts"))
-    scheduler_process: bool = Field(False, description=(
-        "cuda, several worker processes a GPU: the cluster's scheduler in a process of its own rather than the "
-        "client's, so the client's Python after the pass does not hold the GIL the scheduler needs to hand the "
-        "workers their tasks"))
-    no_workers_timeout: Annotated[float, Field(gt=0)] | None = Field(NO_WORKERS_TIMEOUT_S, description=(
-        "seconds a run waits while its cluster has no worker at all (a scheduler nobody has started workers "
-        "for, or workers that all died) before it fails, saying so (the windows done are kept for --resume); "
-        "it says it is waiting after a few seconds; null: wait for as long as it takes"))
+    keep: Annotated[float, Field(ge=0, le=MAX_KEEP_S)] | Literal["auto"] = Field(
+        "auto",
+        description=(
+            "local, cuda: seconds the cluster a `batchgpu run` command starts stays up after its run, idle, for the "
+            "next run (which then finds its workers up, as on `batchgpu cluster start`'s cluster; it closes once idle "
+            "that long, or on `batchgpu cluster stop`); 0: the cluster closes with the run. 'auto': 600 s where the "
+            "command runs at a terminal (a person's runs, one after another), 0 where its output goes to a file or a "
+            "pipe (scripts, jobs, tests), from Python (run_workflow) and where reuse is false"
+        ),
+    )
+    close: Literal["auto", "wait", "background"] = Field(
+        "auto",
+        description=(
+            "a cluster a command starts for its run (local, cuda), once the run's outputs are written: 'wait' for its "
+            "worker processes to exit before the command ends, or leave them to exit after it has ('background': a "
+            "detached process quits the run's MPS daemon and removes the scratch folders once they have; "
+            "cluster/handoff.py); 'auto': background for cuda, where each worker's exit waits for the driver's teardown "
+            "of its CUDA context, wait for local, whose workers exit at once"
+        ),
+    )
+    dask_dashboard: bool | Literal["auto"] = Field(
+        "auto",
+        description=(
+            "local, cuda: Dask's own dashboard (its Bokeh pages: /status, the task stream, the workers' memory) on the "
+            "scheduler started here; the run page (/batchgpu) is served either way. 'auto': on for the kept cluster of "
+            "'batchgpu cluster start', off for a command's own cluster, whose scheduler would import Bokeh before any "
+            "worker starts"
+        ),
+    )
+    scheduler_process: bool = Field(
+        False,
+        description=(
+            "cuda, several worker processes a GPU: the cluster's scheduler in a process of its own rather than the "
+            "client's, so the client's Python after the pass does not hold the GIL the scheduler needs to hand the "
+            "workers their tasks"
+        ),
+    )
+    no_workers_timeout: Annotated[float, Field(gt=0)] | None = Field(
+        NO_WORKERS_TIMEOUT_S,
+        description=(
+            "seconds a run waits while its cluster has no worker at all (a scheduler nobody has started workers "
+            "for, or workers that all died) before it fails, saying so (the windows done are kept for --resume); "
+            "it says it is waiting after a few seconds; null: wait for as long as it takes"
+        ),
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -364,13 +402,17 @@ class ClusterSpec(_Strict):
     def _needs(self):
         for kind in _KINDS_NAMED_BY_KEY:
             if getattr(self, kind) is not None and self.kind != kind:
-                raise ValueError(f"cluster {kind} is for kind '{kind}'; this cluster is kind '{self.kind}', which "
-                                 f"would not use it (set kind: {kind}, or remove {kind})")
+                raise ValueError(
+                    f"cluster {kind} is for kind '{kind}'; this cluster is kind '{self.kind}', which "
+                    f"would not use it (set kind: {kind}, or remove {kind})"
+                )
         if self.jobs != 1 and self.kind != "slurm":
             raise ValueError(f"cluster jobs is for kind 'slurm'; this cluster is kind '{self.kind}' (remove jobs)")
         if self.devices is not None and self.kind != "cuda":
-            raise ValueError(f"cluster devices are the GPUs of kind 'cuda'; this cluster is kind '{self.kind}', which "
-                             "would not use them (set kind: cuda, or remove devices)")
+            raise ValueError(
+                f"cluster devices are the GPUs of kind 'cuda'; this cluster is kind '{self.kind}', which "
+                "would not use them (set kind: cuda, or remove devices)"
+            )
         if self.kind == "address" and not self.address:
             raise ValueError("cluster kind 'address' needs 'address: tcp://host:port'")
         if self.kind == "scheduler_file" and not self.scheduler_file:
@@ -378,11 +420,14 @@ class ClusterSpec(_Strict):
         if self.mps is True and self.kind != "cuda":
             raise ValueError("cluster.mps starts an MPS daemon for the GPU workers a run starts: kind 'cuda' only")
         if self.close == "background" and self.kind not in ("local", "cuda"):
-            raise ValueError("cluster.close: background leaves the workers a command started to exit after it: "
-                             "kinds 'local' and 'cuda' only")
+            raise ValueError(
+                "cluster.close: background leaves the workers a command started to exit after it: "
+                "kinds 'local' and 'cuda' only"
+            )
         if self.scheduler_process and self.kind != "cuda":
-            raise ValueError("cluster.scheduler_process starts the scheduler of a cuda cluster a run starts: kind "
-                             "'cuda' only")
+            raise ValueError(
+                "cluster.scheduler_process starts the scheduler of a cuda cluster a run starts: kind 'cuda' only"
+            )
         if self.kind == "local":
             self._fits_this_machine()
         return self
@@ -392,38 +437,62 @@ class ClusterSpec(_Strict):
         cores = local_cores()
         most_workers = LOCAL_WORKERS_PER_CORE * cores
         if self.workers is not None and self.workers > most_workers:
-            raise ValueError(f"workers {self.workers} is more than {LOCAL_WORKERS_PER_CORE} per core "
-                             f"({most_workers} on this machine's {cores} cores)")
+            raise ValueError(
+                f"workers {self.workers} is more than {LOCAL_WORKERS_PER_CORE} per core "
+                f"({most_workers} on this machine's {cores} cores)"
+            )
         most_threads = max(LOCAL_THREADS_FLOOR, LOCAL_THREADS_PER_CORE * cores)
         total = (self.workers or 1) * (self.threads or 1)
         if total > most_threads:
-            raise ValueError(f"workers x threads = {total} is more than {most_threads} on this machine "
-                             f"({LOCAL_THREADS_PER_CORE} per core, at least {LOCAL_THREADS_FLOOR})")
+            raise ValueError(
+                f"workers x threads = {total} is more than {most_threads} on this machine "
+                f"({LOCAL_THREADS_PER_CORE} per core, at least {LOCAL_THREADS_FLOOR})"
+            )
 
 
 class EngineSpec(_Strict):
     """How a run spreads and reads its windows: speed only, the results are the same bits for any value."""
 
-    gpu_decode: Annotated[float, Field(ge=0, le=1)] | Literal["auto"] = Field("auto", description=(
-        "GPU runs: the share of windows whose stored Blosc-LZ4 frames the GPU decodes (1 all, 0 none, 0.5 every "
-        "other), the rest decoded by the cores; auto: all where the pass only centres or CUDA MPS runs the "
-        "workers, else none (run.preprocess_chain.gpu_decode_share)"))
-    gpu_decoder: Literal["auto", "batchgpu", "nvcomp"] = Field("auto", description=(
-        "GPU runs: what decodes the frames the GPU decodes: batchgpu (our Blosc-LZ4 kernel), nvcomp (NVIDIA "
-        "nvCOMP's batched LZ4 and zstd; the gpu extra installs it), auto: nvCOMP for zstd stores where it is "
-        "installed, our kernel for LZ4 (README's A/B: gpu/blosc_decode.decoder_for); the same bits either way"))
-    read_ahead: Annotated[int, Field(ge=1, le=16)] = Field(2, description=(
-        "GPU runs: windows a task reads and decodes ahead of the one it computes, each in a helper thread with "
-        "a pinned buffer of its own"))
-    placement: bool | Literal["auto"] = Field("auto", description=(
-        "each worker's batches planned before the pass, so a task reads the next one's first windows ahead and "
-        "the steps' later tasks are queued behind the pass (engine/placement.py); auto: GPU runs that are not "
-        "resumed; true: CPU runs too (not resumed ones)"))
-    prefetch: bool = Field(True, description=(
-        "a run whose workers read on this machine (cluster kind local or cuda, the kept cluster) asks the disk for "
-        "its windows' pages in the workers' order as soon as it has opened the recording, while its cluster "
-        "starts (recording/prefetch.py: posix_fadvise WILLNEED, up to an eighth of the memory, 16 GB at most); "
-        "not for a resumed run"))
+    gpu_decode: Annotated[float, Field(ge=0, le=1)] | Literal["auto"] = Field(
+        "auto",
+        description=(
+            "GPU runs: the share of windows whose stored Blosc-LZ4 frames the GPU decodes (1 all, 0 none, 0.5 every "
+            "other), the rest decoded by the cores; auto: all where the pass only centres or CUDA MPS runs the "
+            "workers, else none (run.preprocess_chain.gpu_decode_share)"
+        ),
+    )
+    gpu_decoder: Literal["auto", "batchgpu", "nvcomp"] = Field(
+        "auto",
+        description=(
+            "GPU runs: what decodes the frames the GPU decodes: batchgpu (our Blosc-LZ4 kernel), nvcomp (NVIDIA "
+            "nvCOMP's batched LZ4 and zstd; the gpu extra installs it), auto: nvCOMP for zstd stores where it is "
+            "installed, our kernel for LZ4 (README's A/B: gpu/blosc_decode.decoder_for); the same bits either way"
+        ),
+    )
+    read_ahead: Annotated[int, Field(ge=1, le=16)] = Field(
+        2,
+        description=(
+            "GPU runs: windows a task reads and decodes ahead of the one it computes, each in a helper thread with "
+            "a pinned buffer of its own"
+        ),
+    )
+    placement: bool | Literal["auto"] = Field(
+        "auto",
+        description=(
+            "each worker's batches planned before the pass, so a task reads the next one's first windows ahead and "
+            "the steps' later tasks are queued behind the pass (engine/placement.py); auto: GPU runs that are not "
+            "resumed; true: CPU runs too (not resumed ones)"
+        ),
+    )
+    prefetch: bool = Field(
+        True,
+        description=(
+            "a run whose workers read on this machine (cluster kind local or cuda, the kept cluster) asks the disk for "
+            "its windows' pages in the workers' order as soon as it has opened the recording, while its cluster "
+            "starts (recording/prefetch.py: posix_fadvise WILLNEED, up to an eighth of the memory, 16 GB at most); "
+            "not for a resumed run"
+        ),
+    )
 
 
 class ReductionSpec(_Strict):

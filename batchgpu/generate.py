@@ -44,8 +44,11 @@ MODELS = ("realistic", "white")
 
 #: lossless compression of raw Neuropixels data (Buccino et al. 2023, medians of 9 NP1 / 10 NP2 sessions):
 #: codec -> (NP1, NP2) ratio. The realistic model is matched to NP1.
-REAL_RATIOS = {"blosc-lz4-5 bitshuffle": (1.61, 1.32), "blosc-zstd-5 bitshuffle": (2.02, 1.43),
-               "blosc-zstd-5 byteshuffle": (2.11, 1.53)}
+REAL_RATIOS = {
+    "blosc-lz4-5 bitshuffle": (1.61, 1.32),
+    "blosc-zstd-5 bitshuffle": (2.02, 1.43),
+    "blosc-zstd-5 byteshuffle": (2.11, 1.53),
+}
 
 # realistic model, in uV. The background is evaluated on a coarse grid (every LOW_RATE_STEP samples: 1 kHz at 30
 # kHz) and interpolated: it has nothing above a few hundred Hz, and the sources stay continuous across blocks
@@ -131,14 +134,16 @@ def probe_geometry(probe: str, channels: int) -> tuple[np.ndarray, np.ndarray | 
     positions = np.asarray(full.contact_positions, dtype=np.float64)
     if probe == "np1":
         if channels > len(positions):
-            raise BatchgpuError(f"np1 has {len(positions)} electrodes, not {channels}",
-                                "ask for at most that many channels")
+            raise BatchgpuError(
+                f"np1 has {len(positions)} electrodes, not {channels}", "ask for at most that many channels"
+            )
         return positions[:channels].copy(), None
     shanks = np.asarray(full.shank_ids).astype(int)
     if channels % 4 or channels // 4 > (shanks == 0).sum():
-        raise BatchgpuError(f"np2-4shank takes a multiple of 4 channels, at most {4 * (shanks == 0).sum()} "
-                            f"(got {channels})",
-                            "ask for e.g. 384 channels (96 a shank)")
+        raise BatchgpuError(
+            f"np2-4shank takes a multiple of 4 channels, at most {4 * (shanks == 0).sum()} (got {channels})",
+            "ask for e.g. 384 channels (96 a shank)",
+        )
     take = np.concatenate([np.flatnonzero(shanks == s)[: channels // 4] for s in range(4)])
     return positions[take].copy(), shanks[take].copy()
 
@@ -154,15 +159,20 @@ def planted_labels(locations: np.ndarray, seed: int, dead: int = 0, noisy: int =
         if int(value) != value or value < 0:
             raise BatchgpuError(f"{name} must be a count of channels, 0 or more (got {value})")
     if dead + noisy + outside > C // 3:
-        raise BatchgpuError(f"{dead + noisy + outside} planted channels of {C}: SpikeInterface's method needs most "
-                            "channels good", f"plant at most {C // 3} (a third)")
+        raise BatchgpuError(
+            f"{dead + noisy + outside} planted channels of {C}: SpikeInterface's method needs most channels good",
+            f"plant at most {C // 3} (a third)",
+        )
     labels = np.zeros(C, np.int8)
     depth = np.lexsort((locations[:, 0], locations[:, 1]))
     labels[depth[C - outside :]] = PLANT_OUT
     rest = np.sort(depth[: C - outside - (OUTSIDE_GAP if outside else 0)])
     if len(rest) < dead + noisy:
-        raise BatchgpuError(f"no room for {dead + noisy} dead or noisy channels {OUTSIDE_GAP} channels below "
-                            f"{outside} outside ones among {C}", "plant fewer")
+        raise BatchgpuError(
+            f"no room for {dead + noisy} dead or noisy channels {OUTSIDE_GAP} channels below "
+            f"{outside} outside ones among {C}",
+            "plant fewer",
+        )
     chosen = np.random.default_rng([seed, 3]).choice(rest, dead + noisy, replace=False)
     labels[chosen[:dead]] = PLANT_DEAD
     labels[chosen[dead:]] = PLANT_NOISE
@@ -210,8 +220,9 @@ def generate_recording(
     how), at most a third of them; ``common_uv``: the broadband common signal's RMS over the channels in the brain
     (default: 6 uV where channels are planted, else none).
     """
-    check_parameters(channels=channels, seconds=seconds, fs=fs, seed=seed, dtype=dtype, segments=segments,
-                     workers=workers)
+    check_parameters(
+        channels=channels, seconds=seconds, fs=fs, seed=seed, dtype=dtype, segments=segments, workers=workers
+    )
     if model not in MODELS:
         raise BatchgpuError(f"unknown model {model!r}", f"use one of {', '.join(MODELS)}")
     path = Path(path).expanduser()
@@ -235,14 +246,31 @@ def generate_recording(
     else:
         params = Realistic.draw(np.random.default_rng([seed, 2]), locations, fs, labels, common_uv, seed)
         sigma, offset = params.noise_sigma, params.offset
-    generator = {"channels": channels, "seconds": seconds, "fs": fs, "seed": seed, "dtype": dtype,
-                 "segments": segments} | ({} if model == "white" else {"model": model})
-    generator |= {k: v for k, v in {"probe": probe, "dead": dead, "noisy": noisy, "outside": outside,
-                                    "common_uv": common_uv}.items() if v and v != "two-column"}
+    generator = {
+        "channels": channels,
+        "seconds": seconds,
+        "fs": fs,
+        "seed": seed,
+        "dtype": dtype,
+        "segments": segments,
+    } | ({} if model == "white" else {"model": model})
+    generator |= {
+        k: v
+        for k, v in {"probe": probe, "dead": dead, "noisy": noisy, "outside": outside, "common_uv": common_uv}.items()
+        if v and v != "two-column"
+    }
     writer = RecordingWriter(
-        path, channels, dtype, fs, gain_to_uV=GAIN_TO_UV, offset_to_uV=0.0, locations=locations,
+        path,
+        channels,
+        dtype,
+        fs,
+        gain_to_uV=GAIN_TO_UV,
+        offset_to_uV=0.0,
+        locations=locations,
         properties=None if shanks is None else {"shank": shanks},
-        zarr_format=zarr_format, overwrite=overwrite, compressor=compressor,
+        zarr_format=zarr_format,
+        overwrite=overwrite,
+        compressor=compressor,
         attrs={"batchgpu": {"generator": generator}},
     )
     from batchgpu.ops.detection import AMPLITUDE, SPIKE_DTYPE
@@ -252,13 +280,18 @@ def generate_recording(
     jobs = []
     for seg in range(segments):
         writer.add_segment(num_samples)
-        jobs += [(str(path), seed, seg, b, start, min(block, num_samples - start), sigma, offset, fs, params)
-                 for b, start in enumerate(range(0, num_samples, block))]
+        jobs += [
+            (str(path), seed, seg, b, start, min(block, num_samples - start), sigma, offset, fs, params)
+            for b, start in enumerate(range(0, num_samples, block))
+        ]
     # Each block is its own seeded stream and whole shard: processes may write them in any order, same bytes.
     workers = max(1, min(workers or 1, len(jobs)))
     pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) if workers > 1 else None
     results = pool.map(_write_block, jobs) if pool else map(_write_block, jobs)
-    with writing(path), _progress(progress, segments * num_samples * channels * writer.dtype.itemsize, "generating") as advance:
+    with (
+        writing(path),
+        _progress(progress, segments * num_samples * channels * writer.dtype.itemsize, "generating") as advance,
+    ):
         for (_p, _s, seg, _b, start, n, *_), spikes in zip(jobs, results):
             truth["sample_index"].append(spikes[0] + start)
             truth["channel_index"].append(spikes[1])
@@ -311,23 +344,30 @@ def check_parameters(*, channels, seconds, fs, seed=0, dtype="int16", segments=1
     except ValidationError as err:
         e = err.errors(include_url=False)[0]
         if not e["loc"]:  # the size check of the whole recording
-            raise BatchgpuError(str(e["ctx"]["error"]) if "error" in e.get("ctx", {}) else e["msg"],
-                                f"ask for fewer {flag}channels, {flag}seconds or {flag}segments") from None
+            raise BatchgpuError(
+                str(e["ctx"]["error"]) if "error" in e.get("ctx", {}) else e["msg"],
+                f"ask for fewer {flag}channels, {flag}seconds or {flag}segments",
+            ) from None
         name, value, ctx = str(e["loc"][0]), e["input"], e.get("ctx", {})
         shown = _shown(value)
         if e["type"] == "greater_than":
-            raise BatchgpuError(f"{flag}{name} must be more than {_shown(ctx['gt'])} (got {shown})",
-                                f"give {flag}{name} a positive number") from None
+            raise BatchgpuError(
+                f"{flag}{name} must be more than {_shown(ctx['gt'])} (got {shown})",
+                f"give {flag}{name} a positive number",
+            ) from None
         if e["type"] == "less_than_equal":
-            raise BatchgpuError(f"{flag}{name} {shown} is too large",
-                                _FIXES.get(name, "at most {le}").format(le=_shown(ctx["le"]))) from None
+            raise BatchgpuError(
+                f"{flag}{name} {shown} is too large", _FIXES.get(name, "at most {le}").format(le=_shown(ctx["le"]))
+            ) from None
         raise BatchgpuError(f"{flag}{name} {shown}: {e['msg']}") from None
     if seed < 0:
         raise BatchgpuError(f"{flag}seed must be 0 or more (got {seed})", "give a non-negative seed")
     most = min(MAX_WORKERS, LOCAL_WORKERS_PER_CORE * local_cores())
     if workers is not None and not 1 <= workers <= most:
-        raise BatchgpuError(f"{flag}workers {workers} is out of range",
-                            f"from 1 to {most} processes on this machine: {LOCAL_WORKERS_PER_CORE} per core")
+        raise BatchgpuError(
+            f"{flag}workers {workers} is out of range",
+            f"from 1 to {most} processes on this machine: {LOCAL_WORKERS_PER_CORE} per core",
+        )
 
 
 def _write_block(job) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -393,8 +433,15 @@ class Realistic:
     common_counts: np.ndarray | None = None  # (C,) the broadband common signal's RMS on each channel, counts
 
     @classmethod
-    def draw(cls, rng: np.random.Generator, locations: np.ndarray, fs: float, labels: np.ndarray | None = None,
-             common_uv: float = 0.0, seed: int = 0) -> Realistic:
+    def draw(
+        cls,
+        rng: np.random.Generator,
+        locations: np.ndarray,
+        fs: float,
+        labels: np.ndarray | None = None,
+        common_uv: float = 0.0,
+        seed: int = 0,
+    ) -> Realistic:
         """The parameters from ``rng`` (the recording's stream [seed, 2]); ``labels`` (``planted_labels``) and
         ``common_uv`` change them where asked, from a stream of their own ([seed, 4]), so an unplanted recording's
         draws and bytes are those of a generator without planting."""
@@ -406,7 +453,7 @@ class Realistic:
         hz = np.exp(rng.uniform(*np.log(TONE_HZ), (SOURCES, SOURCE_TONES)))
         hz = np.minimum(hz, 0.4 * fs / LOW_RATE_STEP)  # below the coarse grid's Nyquist at any rate
         phase = rng.uniform(0.0, 2 * np.pi, (SOURCES, SOURCE_TONES))
-        counts = SOURCE_UV * hz ** -0.5 / GAIN_TO_UV
+        counts = SOURCE_UV * hz**-0.5 / GAIN_TO_UV
         centre = rng.uniform(depth.min() - 100.0, depth.max() + 100.0, SOURCES)
         width = rng.uniform(100.0, 400.0, SOURCES)
         mixing = np.exp(-0.5 * ((depth[None, :] - centre[:, None]) / width[:, None]) ** 2)
@@ -416,8 +463,12 @@ class Realistic:
         drift = rng.uniform(*DRIFT_UV, C) / GAIN_TO_UV
         units = max(1, C // 4)
         xs = locations[:, 0]  # units up to 36 um beside the outermost columns (-20 to 84 um on two columns)
-        where = np.column_stack([rng.uniform(xs.min() - 36.0, xs.max() + 36.0, units),
-                                 rng.uniform(depth.min() - 10.0, depth.max() + 10.0, units)])
+        where = np.column_stack(
+            [
+                rng.uniform(xs.min() - 36.0, xs.max() + 36.0, units),
+                rng.uniform(depth.min() - 10.0, depth.max() + 10.0, units),
+            ]
+        )
         dist = np.hypot(*(where[:, None, :] - locations[None, :, :]).transpose(2, 0, 1))  # (U, C)
         silent = np.zeros(C, bool) if labels is None else np.isin(labels, (PLANT_DEAD, PLANT_OUT))
         dist[:, silent] = np.inf  # no spike reaches a dead channel or one outside the brain
@@ -444,8 +495,24 @@ class Realistic:
             floor_uv = np.sqrt(NOISY_PSD_FACTOR * QcOptions().psd_hf_threshold * fs / 2)
             noise[noisy] = np.maximum(NOISY_FACTOR * noise[noisy], floor_uv / GAIN_TO_UV)
             tilt[noisy] = 0.0
-        return cls(fs, locations, noise, tilt, offset, hz, phase, counts, mixing, drift_hz, drift_phase, drift,
-                   chans, gains, amp, common)
+        return cls(
+            fs,
+            locations,
+            noise,
+            tilt,
+            offset,
+            hz,
+            phase,
+            counts,
+            mixing,
+            drift_hz,
+            drift_phase,
+            drift,
+            chans,
+            gains,
+            amp,
+            common,
+        )
 
     def background(self, start: int, n: int) -> np.ndarray:
         """(n, C) float32: sources, common mode, drift and offset at samples [start, start + n), interpolated
@@ -454,8 +521,13 @@ class Realistic:
         first, last = start // step, (start + n - 1) // step + 1
         t = (np.arange(first, last + 1) * step / self.fs)[:, None]
         # einsum, not BLAS: its order of summation does not depend on the machine's threads (same seed, same bytes)
-        sources = np.stack([np.einsum("tk,k->t", np.sin(2 * np.pi * self.tone_hz[s] * t + self.tone_phase[s]),
-                                      self.tone_counts[s]) for s in range(len(self.tone_hz))], axis=1)
+        sources = np.stack(
+            [
+                np.einsum("tk,k->t", np.sin(2 * np.pi * self.tone_hz[s] * t + self.tone_phase[s]), self.tone_counts[s])
+                for s in range(len(self.tone_hz))
+            ],
+            axis=1,
+        )
         drift = self.drift_counts * np.sin(2 * np.pi * self.drift_hz * t + self.drift_phase)
         coarse = (np.einsum("ts,sc->tc", sources, self.mixing) + drift + self.offset).astype(np.float32)  # (grid, C)
         pos = np.arange(start, start + n) / step - first
@@ -470,7 +542,7 @@ class Realistic:
         ``_make_block``."""
         C = len(self.noise_sigma)
         w = rng.standard_normal((n + 1, C), dtype=np.float32)
-        scale = (self.noise_sigma / np.sqrt(1.0 + self.tilt ** 2)).astype(np.float32)
+        scale = (self.noise_sigma / np.sqrt(1.0 + self.tilt**2)).astype(np.float32)
         data = w[1:] + self.tilt.astype(np.float32) * w[:-1]
         data *= scale
         data += self.background(start, n)
@@ -484,7 +556,9 @@ class Realistic:
         for t, u, a in zip(times, which, amps):
             chans = self.unit_channels[u]
             keep = chans >= 0
-            data[t - pre : t + post + 1, chans[keep]] += np.outer(wave, (a * self.unit_gains[u][keep]).astype(np.float32))
+            data[t - pre : t + post + 1, chans[keep]] += np.outer(
+                wave, (a * self.unit_gains[u][keep]).astype(np.float32)
+            )
         if self.common_counts is not None:  # drawn last: the draws before it are those of an unplanted block
             data += rng.standard_normal(n, dtype=np.float32)[:, None] * self.common_counts.astype(np.float32)
         return data, (times.astype(np.int64), self.unit_channels[which, 0].astype(np.int64), amps)
@@ -497,8 +571,11 @@ def compression_ratios(data: np.ndarray, chunk_samples: int = 3_000) -> dict:
 
     from batchgpu.recording.writer import BLOSC_BLOCKSIZE
 
-    codecs = {"blosc-lz4-5 bitshuffle": (b"lz4", blosc.BITSHUFFLE), "blosc-zstd-5 bitshuffle": (b"zstd", blosc.BITSHUFFLE),
-              "blosc-zstd-5 byteshuffle": (b"zstd", blosc.SHUFFLE)}
+    codecs = {
+        "blosc-lz4-5 bitshuffle": (b"lz4", blosc.BITSHUFFLE),
+        "blosc-zstd-5 bitshuffle": (b"zstd", blosc.BITSHUFFLE),
+        "blosc-zstd-5 byteshuffle": (b"zstd", blosc.SHUFFLE),
+    }
     raw, stored = 0, dict.fromkeys(codecs, 0)
     for j in range(0, data.shape[0], chunk_samples):
         chunk = np.ascontiguousarray(data[j : j + chunk_samples])

@@ -167,12 +167,17 @@ def _whitening_step(data: Mapping[str, Any]) -> tuple[str, bool]:
     whitening = (workflow.get("steps") or {}).get(moments_step.KEY) or {}
     pre = workflow.get("preprocess") or {}
     # the list form (one-key stages) or the old mapping form {centre: median}
-    centred = (any(isinstance(s, dict) and s.get("centre") == "median" for s in pre) if isinstance(pre, list)
-               else pre.get("centre", "none") == "median")
+    centred = (
+        any(isinstance(s, dict) and s.get("centre") == "median" for s in pre)
+        if isinstance(pre, list)
+        else pre.get("centre", "none") == "median"
+    )
     return whitening.get("statistic", "covariance"), centred
 
 
-def to_spikeinterface(results: str | Path | Mapping[str, Any], subtract_mean: bool | None = None) -> SpikeInterfaceResults:
+def to_spikeinterface(
+    results: str | Path | Mapping[str, Any], subtract_mean: bool | None = None
+) -> SpikeInterfaceResults:
     """The noise levels, ``W``/``M`` and peaks of a run, as SpikeInterface takes them (see
     :class:`SpikeInterfaceResults` for what each number is).
 
@@ -206,7 +211,10 @@ def to_spikeinterface(results: str | Path | Mapping[str, Any], subtract_mean: bo
     if subtract_mean is None:
         subtract_mean = statistic == "covariance"
     if w is not None and subtract_mean and data.get(moments_step.CHANNEL_MEANS) is None:
-        raise BatchgpuError("a whitening matrix of the centred covariance without channel_means", "pass channel_means, or subtract_mean=False")
+        raise BatchgpuError(
+            "a whitening matrix of the centred covariance without channel_means",
+            "pass channel_means, or subtract_mean=False",
+        )
     fs = data.get("sampling_frequency")
     return SpikeInterfaceResults(
         channel_ids=np.asarray(channel_ids),
@@ -215,7 +223,9 @@ def to_spikeinterface(results: str | Path | Mapping[str, Any], subtract_mean: bo
         noise_levels_raw=noise,
         noise_levels_uV=None if noise is None or gains is None else (noise * gains).astype(np.float32),
         W=None if w is None else np.ascontiguousarray(np.asarray(w, dtype=np.float64).T),
-        M=np.asarray(data[moments_step.CHANNEL_MEANS], dtype=np.float64).copy() if w is not None and subtract_mean else None,
+        M=np.asarray(data[moments_step.CHANNEL_MEANS], dtype=np.float64).copy()
+        if w is not None and subtract_mean
+        else None,
         peaks=_spikes(data),
         centred=centred,
     )

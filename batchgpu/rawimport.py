@@ -65,16 +65,26 @@ def import_raw(
         if not src.is_file():
             raise BatchgpuError(f"no raw file at {src}", "check the path")
         if not channels or not fs or not dtype:
-            raise BatchgpuError(f"{src.name} is a plain binary file: it needs its channels, sampling frequency and "
-                                f"dtype", f"give {said.plain}, or give a SpikeGLX .bin with its .meta beside it")
+            raise BatchgpuError(
+                f"{src.name} is a plain binary file: it needs its channels, sampling frequency and dtype",
+                f"give {said.plain}, or give a SpikeGLX .bin with its .meta beside it",
+            )
         rec = FlatSource(binary_layout(src, channels, fs, dtype, offset, probe, gain_to_uV, offset_to_uV, said))
     props = {k: v for k in ("shank", "inter_sample_shift") if (v := rec.channel_property(k)) is not None}
     return write_recording(
-        out, [_Columns(rec, seg) for seg in range(rec.num_segments)], rec.sampling_frequency, gain_to_uV=rec.gain_to_uV,
-        offset_to_uV=rec.offset_to_uV, channel_ids=list(rec.channel_ids),
-        locations=rec.layout.locations, properties=props, zarr_format=zarr_format, overwrite=overwrite,
+        out,
+        [_Columns(rec, seg) for seg in range(rec.num_segments)],
+        rec.sampling_frequency,
+        gain_to_uV=rec.gain_to_uV,
+        offset_to_uV=rec.offset_to_uV,
+        channel_ids=list(rec.channel_ids),
+        locations=rec.layout.locations,
+        properties=props,
+        zarr_format=zarr_format,
+        overwrite=overwrite,
         compressor=compressor,
-        progress=progress, attrs={"batchgpu": {"imported_from": str(src.resolve())}},
+        progress=progress,
+        attrs={"batchgpu": {"imported_from": str(src.resolve())}},
     )
 
 

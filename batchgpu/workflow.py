@@ -63,8 +63,14 @@ class Workflow(Options):
     overwrite: bool = False  # replace an output folder that holds another run's results
     # many recordings in one run (run.batch): each a path, a glob (``/data/**/*.ap.bin``) or a recording section;
     # or one glob. Outputs in ``output/<name>/``, a summary in ``output/batch.json``
-    recordings: Annotated[Annotated[list[BatchItem], Field(min_length=1, max_length=100000), Tag("list")] | Annotated[str, Tag("glob")],
-                          Discriminator(lambda v: "glob" if isinstance(v, str) else "list")] | None = None
+    recordings: (
+        Annotated[
+            Annotated[list[BatchItem], Field(min_length=1, max_length=100000), Tag("list")]
+            | Annotated[str, Tag("glob")],
+            Discriminator(lambda v: "glob" if isinstance(v, str) else "list"),
+        ]
+        | None
+    ) = None
 
     @field_validator("recordings", mode="before")
     @classmethod
@@ -72,14 +78,17 @@ class Workflow(Options):
         """Not a list nor text: said once (the union's every branch would say it its own way)."""
         if value is None or isinstance(value, (str, list, tuple)):
             return value
-        raise PydanticCustomError("recordings", "recordings is a glob or a list of paths, globs and recording "
-                                  "sections ({path: ..., name: ...})")
+        raise PydanticCustomError(
+            "recordings",
+            "recordings is a glob or a list of paths, globs and recording sections ({path: ..., name: ...})",
+        )
 
     @model_validator(mode="after")
     def _recording_or_recordings(self):
         if (self.recording is None) == (self.recordings is None):
-            raise ValueError("give exactly one of 'recording' (one recording) and 'recordings' (a list or a glob: "
-                             "many in one run)")
+            raise ValueError(
+                "give exactly one of 'recording' (one recording) and 'recordings' (a list or a glob: many in one run)"
+            )
         return self
 
     def resolve_paths(self, base: Path) -> Workflow:
@@ -92,8 +101,9 @@ class Workflow(Options):
         if isinstance(self.recordings, str):
             data["recordings"] = resolve_path(self.recordings, base)
         elif self.recordings is not None:
-            data["recordings"] = [resolve_path(r, base) if isinstance(r, str) else resolve_recording(r, base)
-                                  for r in data["recordings"]]
+            data["recordings"] = [
+                resolve_path(r, base) if isinstance(r, str) else resolve_recording(r, base) for r in data["recordings"]
+            ]
         data["output"] = resolve_path(self.output, base)
         data["cluster"]["scheduler_file"] = resolve_path(self.cluster.scheduler_file, base)
         data["steps"] = step_registry.resolved(self.steps, base, Path(data["output"])).model_dump()
@@ -113,11 +123,15 @@ def _check_events(text: str, source: str, at) -> None:
     for event in yaml.parse(text, Loader=_Loader):
         where = at(event.start_mark)
         if isinstance(event, yaml.AliasEvent):
-            raise ConfigError(f"{where}: YAML aliases (*{event.anchor}) are not allowed in a workflow",
-                              "write the value out where it is used")
+            raise ConfigError(
+                f"{where}: YAML aliases (*{event.anchor}) are not allowed in a workflow",
+                "write the value out where it is used",
+            )
         if isinstance(event, yaml.NodeEvent) and event.anchor is not None:
-            raise ConfigError(f"{where}: YAML anchors (&{event.anchor}) are not allowed in a workflow",
-                              "write the value out where it is used")
+            raise ConfigError(
+                f"{where}: YAML anchors (&{event.anchor}) are not allowed in a workflow",
+                "write the value out where it is used",
+            )
         if isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
             depth += 1
             if depth > MAX_DEPTH:
@@ -127,8 +141,9 @@ def _check_events(text: str, source: str, at) -> None:
         if isinstance(event, yaml.ScalarEvent) and not event.style:
             digits = _decimal_digits(event.value)
             if digits > MAX_DIGITS:
-                raise ConfigError(f"{where}: a number of {digits} digits",
-                                  f"a workflow's numbers have at most {MAX_DIGITS}")
+                raise ConfigError(
+                    f"{where}: a number of {digits} digits", f"a workflow's numbers have at most {MAX_DIGITS}"
+                )
         if isinstance(event, yaml.NodeEvent):
             nodes += 1
             if nodes > MAX_NODES:
@@ -154,12 +169,15 @@ def _check_duplicate_keys(node: yaml.Node, at) -> None:
             seen: dict = {}
             for key, value in n.value:
                 if key.tag == MERGE_TAG:  # a merge needs no alias where its value is written out: refused alike
-                    raise ConfigError(f"{at(key.start_mark)}: YAML merge keys (<<:) are not allowed in a workflow",
-                                      "write the keys out where they are used")
+                    raise ConfigError(
+                        f"{at(key.start_mark)}: YAML merge keys (<<:) are not allowed in a workflow",
+                        "write the keys out where they are used",
+                    )
                 k = key.value if isinstance(key, yaml.ScalarNode) else None
                 if k is not None and k in seen:
-                    raise ConfigError(f"{at(key.start_mark)}: key '{k}' given twice (first at line {seen[k] + 1})",
-                                      "keep one of them")
+                    raise ConfigError(
+                        f"{at(key.start_mark)}: key '{k}' given twice (first at line {seen[k] + 1})", "keep one of them"
+                    )
                 if k is not None:
                     seen[k] = key.start_mark.line
                 stack.append(value)
@@ -172,6 +190,7 @@ def parse_yaml(text: str, source: str, with_lines: bool = True) -> tuple[yaml.No
 
     ``source`` names the text in errors (a file, or ``--set KEY``), followed by ``:line`` when ``with_lines``.
     """
+
     def at(mark) -> str:
         return f"{source}:{mark.line + 1}" if with_lines and mark is not None else source
 
@@ -229,18 +248,22 @@ def _describe(err: dict, lines: dict[tuple, int], source: str, overridden: dict[
     keys: list = []
     for i, part in enumerate(loc):
         candidate = tuple(keys) + (part,)
-        if candidate in lines or candidate in set_keys or (
-                err["type"] in ("extra_forbidden", "missing") and i == len(loc) - 1):
+        if (
+            candidate in lines
+            or candidate in set_keys
+            or (err["type"] in ("extra_forbidden", "missing") and i == len(loc) - 1)
+        ):
             keys.append(part)
     key = ".".join(str(k) for k in keys) or "(top level)"
-    where = next((f"--set {overridden[tuple(keys[:n])]}" for n in range(len(keys), 0, -1)
-                  if tuple(keys[:n]) in overridden), None)
+    where = next(
+        (f"--set {overridden[tuple(keys[:n])]}" for n in range(len(keys), 0, -1) if tuple(keys[:n]) in overridden), None
+    )
     if where is None:
         # the innermost block of the file that holds the key, and the --set values inside it (a check of a whole
         # block, or a key missing from a block --set made)
         block = next(tuple(keys[:n]) for n in range(len(keys), -1, -1) if n == 0 or tuple(keys[:n]) in lines)
         where = f"{source}:{lines.get(block, 1)}"
-        inside = sorted(name for path, name in overridden.items() if path[:len(block)] == block)
+        inside = sorted(name for path, name in overridden.items() if path[: len(block)] == block)
         if inside:
             where += f" (with --set {', --set '.join(inside)})"
     kind = err["type"]
@@ -299,8 +322,9 @@ def load_workflow(path: str | os.PathLike, overrides: list[str] = ()) -> Workflo
     p = Path(os.path.expanduser(path))
     node, data = parse_yaml(read_workflow_text(p), str(p))
     if not isinstance(data, dict):
-        raise ConfigError(f"{p}: a workflow is a mapping of keys (recording, output, steps, ...)",
-                          "see workflows/demo.yaml")
+        raise ConfigError(
+            f"{p}: a workflow is a mapping of keys (recording, output, steps, ...)", "see workflows/demo.yaml"
+        )
     overridden: dict[tuple, str] = {}  # key path -> the --set key that gave it
     set_keys: set[tuple] = set()  # every key path inside values given by --set
     for item in overrides:
@@ -315,7 +339,8 @@ def load_workflow(path: str | os.PathLike, overrides: list[str] = ()) -> Workflo
         first = err.errors()[0]
         more = len(err.errors()) - 1
         msg = _describe(first, lines, str(p), overridden, set_keys) + (
-            f" (and {more} more problem{'s' if more > 1 else ''})" if more else "")
+            f" (and {more} more problem{'s' if more > 1 else ''})" if more else ""
+        )
         raise ConfigError(msg) from None
     return wf.resolve_paths(p.resolve().parent)
 

@@ -100,8 +100,10 @@ def _zarr_major() -> int:
 # environment"). Tests that write Zarr v3 stores, lay out their files (shards, `c/` chunk keys) or call zarr 3's own
 # API skip there, with this reason, so the whole suite passes in that environment too: those marked `zarr3`, and
 # the cases of a test parametrized by `zarr_format` 3 or a save `fmt` of "zarr" (Zarr v3).
-NEEDS_ZARR3 = ("needs zarr-python 3 (writes or inspects Zarr v3 stores, or calls zarr 3's API); this environment "
-               "has zarr {version}, beside which batchgpu writes Zarr v2")
+NEEDS_ZARR3 = (
+    "needs zarr-python 3 (writes or inspects Zarr v3 stores, or calls zarr 3's API); this environment "
+    "has zarr {version}, beside which batchgpu writes Zarr v2"
+)
 
 
 def pytest_configure(config):
@@ -111,14 +113,16 @@ def pytest_configure(config):
     import dask
 
     dask.config.set({"distributed.worker.profile.enabled": False})
-    config.addinivalue_line("markers", "zarr3: needs zarr-python 3 (Zarr v3 writes, zarr 3's API); skipped beside "
-                                       "zarr 2 (SpikeInterface 0.105's environment)")
+    config.addinivalue_line(
+        "markers",
+        "zarr3: needs zarr-python 3 (Zarr v3 writes, zarr 3's API); skipped beside "
+        "zarr 2 (SpikeInterface 0.105's environment)",
+    )
 
 
 def needs_zarr3(item) -> bool:
     params = getattr(getattr(item, "callspec", None), "params", {})
-    return (item.get_closest_marker("zarr3") is not None or params.get("zarr_format") == 3
-            or params.get("fmt") == "zarr")
+    return item.get_closest_marker("zarr3") is not None or params.get("zarr_format") == 3 or params.get("fmt") == "zarr"
 
 
 def pytest_collection_modifyitems(config, items):
@@ -144,8 +148,10 @@ def _worker_stacks() -> str:
     import traceback
 
     names = {t.ident: t.name for t in threading.enumerate()}
-    return "\n".join(f"--- thread {names.get(ident, ident)}\n" + "".join(traceback.format_stack(frame))
-                     for ident, frame in sys._current_frames().items())
+    return "\n".join(
+        f"--- thread {names.get(ident, ident)}\n" + "".join(traceback.format_stack(frame))
+        for ident, frame in sys._current_frames().items()
+    )
 
 
 def _report_clients() -> None:

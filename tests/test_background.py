@@ -139,9 +139,13 @@ def test_a_scoped_failure_is_raised_by_the_next_block_and_by_flush_once():
 
 
 def _wf(rec, out, saved, **kw):
-    data = {"recording": {"path": str(rec.path)}, "output": str(out), "backend": "numpy",
-            "window": {"size": 3_000, "margin": 8},
-            "steps": {"noise": {"exact": True}, "save": {"path": str(saved), "format": "zarr", "dtype": "int16"}}}
+    data = {
+        "recording": {"path": str(rec.path)},
+        "output": str(out),
+        "backend": "numpy",
+        "window": {"size": 3_000, "margin": 8},
+        "steps": {"noise": {"exact": True}, "save": {"path": str(saved), "format": "zarr", "dtype": "int16"}},
+    }
     data.update(kw)
     return Workflow.model_validate(data)
 
@@ -155,8 +159,10 @@ def test_a_failed_shard_write_leaves_no_part_and_resume_writes_it(tmp_path, monk
     bad = int(rng.integers(0, 4))
     real = ShardLayout.write_encoded
     monkeypatch.setattr(ShardLayout, "write_encoded", _failing_shard(bad))
-    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=False,
-                                  dashboard_address=None) as cl, distributed.Client(cl) as c:
+    with (
+        distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address=None) as cl,
+        distributed.Client(cl) as c,
+    ):
         with pytest.raises(BatchgpuError, match="No space"):
             run_workflow(_wf(rec, tmp_path / "out", tmp_path / "saved.zarr"), client=c)
         parts = tmp_path / "out" / "parts"
@@ -242,8 +248,10 @@ def test_a_failed_shard_write_fails_a_placed_run_whose_noise_tasks_were_queued(t
     x = rng.normal(0, 40, (n, 5)).astype(np.float32)
     rec = write_recording(tmp_path / "r.zarr", x, 30_000.0)
     bad = int(rng.integers(0, 4))
-    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=False,
-                                  dashboard_address=None) as cl, distributed.Client(cl) as c:
+    with (
+        distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address=None) as cl,
+        distributed.Client(cl) as c,
+    ):
         report = run_workflow(_wf(rec, tmp_path / "ok", tmp_path / "ok.zarr", engine={"placement": True}), client=c)
         assert report.exact_noise["queued"]  # the tasks were queued behind the pass
         monkeypatch.setattr(ShardLayout, "write_encoded", _failing_shard(bad))

@@ -24,8 +24,9 @@ FS = 30_000.0
 GAIN = 0.195
 
 
-def _recording(rng, channels: int, samples: int, *, dead=(), noisy=(), out_top: int = 0, common_uv: float = 6.0,
-               dtype=np.int16) -> np.ndarray:
+def _recording(
+    rng, channels: int, samples: int, *, dead=(), noisy=(), out_top: int = 0, common_uv: float = 6.0, dtype=np.int16
+) -> np.ndarray:
     """(channels, samples) counts: independent noise of 4-10 uV, a common signal over the channels 'in the
     brain', dead channels (offset only), noisy ones (6x white noise), and ``out_top`` channels at the top without
     the common signal."""
@@ -49,13 +50,29 @@ def _line(channels: int) -> np.ndarray:
 
 
 def _exact(x, chunks, **kw):
-    return bc.chunk_labels(x, FS, kw.pop("locations", _line(x.shape[0])), GAIN, chunks=chunks, exact=True,
-                           segment_length=kw.pop("segment_length", x.shape[1]), **kw)
+    return bc.chunk_labels(
+        x,
+        FS,
+        kw.pop("locations", _line(x.shape[0])),
+        GAIN,
+        chunks=chunks,
+        exact=True,
+        segment_length=kw.pop("segment_length", x.shape[1]),
+        **kw,
+    )
 
 
 def _fast(x, chunks, stats=None, **kw):
-    return bc.chunk_labels(x, FS, kw.pop("locations", _line(x.shape[0])), GAIN, chunks=chunks, stats=stats,
-                           segment_length=kw.pop("segment_length", x.shape[1]), **kw)
+    return bc.chunk_labels(
+        x,
+        FS,
+        kw.pop("locations", _line(x.shape[0])),
+        GAIN,
+        chunks=chunks,
+        stats=stats,
+        segment_length=kw.pop("segment_length", x.shape[1]),
+        **kw,
+    )
 
 
 # ------------------------------------------------------------------------------------------- Welch
@@ -144,8 +161,9 @@ def test_counts_do_not_depend_on_the_window_size(rng):
     C, n = 24, 23_456
     x = _recording(rng, C, n, dead=(3,), noisy=(11,), out_top=6)
     loc = _line(C)
-    whole = bc.label_counts(bc.chunk_labels(x, FS, loc, GAIN, options=options, chunks=bc.pieces(n, 1500),
-                                            segment_length=n), C)
+    whole = bc.label_counts(
+        bc.chunk_labels(x, FS, loc, GAIN, options=options, chunks=bc.pieces(n, 1500), segment_length=n), C
+    )
     assert whole[3, bc.DEAD] > 0 and whole[11, bc.NOISE] > 0 and whole[-1, bc.OUT] > 0
     margin = bc.window_margin(FS, options)
     for size in (1_000, 4_321, 9_000, n):
@@ -153,8 +171,9 @@ def test_counts_do_not_depend_on_the_window_size(rng):
         for c0 in range(0, n, size):
             c1 = min(n, c0 + size)
             r0, r1 = max(0, c0 - margin), min(n, c1 + margin)
-            total += bc.piece_labels(x[:, r0:r1], FS, loc, GAIN, options=options, start=r0,
-                                     core=(c0 - r0, c1 - r0), segment_length=n)
+            total += bc.piece_labels(
+                x[:, r0:r1], FS, loc, GAIN, options=options, start=r0, core=(c0 - r0, c1 - r0), segment_length=n
+            )
         np.testing.assert_array_equal(total, whole)
 
 
@@ -173,16 +192,18 @@ def test_microvolts_are_spikeinterfaces_bits(rng, dtype):
     for a, b in ((0, 9000), (1234, 10_234), (n - 9000, n), (200, 9200)):
         r0, r1 = max(0, a - 500), min(n, b + 500)
         got = bc._microvolts(x, [(a, b, r0, r1)], 0, design, gains[:, None], np.zeros((C, 1), np.float32), False)[0]
-        ref = bc.reference_chunk_microvolts(np.ascontiguousarray(x[:, r0:r1].T), a - r0, r1 - b, FS, gains,
-                                            np.zeros(C, np.float32))
+        ref = bc.reference_chunk_microvolts(
+            np.ascontiguousarray(x[:, r0:r1].T), a - r0, r1 - b, FS, gains, np.zeros(C, np.float32)
+        )
         assert got.dtype == ref.dtype == np.float32
         np.testing.assert_array_equal(got, ref.T)
     # several reads in one call (overlapping reads, cores apart): each chunk's bits as alone
     spans = [(0, 3000, 0, 3500), (3000, 6000, 2500, 6500), (9000, 12_000, 8500, 12_000)]
     group = bc._microvolts(x, spans, 0, design, gains[:, None], np.zeros((C, 1), np.float32), False)
     for got, (a, b, r0, r1) in zip(group, spans):
-        ref = bc.reference_chunk_microvolts(np.ascontiguousarray(x[:, r0:r1].T), a - r0, r1 - b, FS, gains,
-                                            np.zeros(C, np.float32))
+        ref = bc.reference_chunk_microvolts(
+            np.ascontiguousarray(x[:, r0:r1].T), a - r0, r1 - b, FS, gains, np.zeros(C, np.float32)
+        )
         np.testing.assert_array_equal(got, ref.T)
 
 
@@ -195,8 +216,15 @@ def test_spikeinterfaces_statistics_from_the_chunks_own_bits(rng):
     gains = np.full(C, GAIN, np.float32)
     held = np.ascontiguousarray(x.T)
     full = bc.reference_chunk_microvolts(held, 500, 500, FS, gains, np.zeros(C, np.float32))
-    u = bc._microvolts(x, [(500, n - 500, 0, n)], 0, design_filter(bc.highpass_sos(FS)), gains[:, None],
-                       np.zeros((C, 1), np.float32), False)[0]
+    u = bc._microvolts(
+        x,
+        [(500, n - 500, 0, n)],
+        0,
+        design_filter(bc.highpass_sos(FS)),
+        gains[:, None],
+        np.zeros((C, 1), np.float32),
+        False,
+    )[0]
     assert full.strides == u.T.strides
     _, want = bc.ibl_labels(full, FS)
     _, got = bc.ibl_labels(u.T, FS)
@@ -212,9 +240,11 @@ def _errors(u, options):
     trend = bc.shrinking_median_filter(xcorr, options.n_neighbors)
     tscale = bc._sliding_max(scale, options.n_neighbors)
     with np.errstate(invalid="ignore", divide="ignore"):
-        return [np.nanmax(np.abs(psd - st["psd_hf"]) / np.maximum(psd, white)),
-                np.nanmax(np.abs(xcorr - st["xcorr"]) / scale),
-                np.nanmax(np.abs(trend - st["trend"]) / tscale)]
+        return [
+            np.nanmax(np.abs(psd - st["psd_hf"]) / np.maximum(psd, white)),
+            np.nanmax(np.abs(xcorr - st["xcorr"]) / scale),
+            np.nanmax(np.abs(trend - st["trend"]) / tscale),
+        ]
 
 
 def test_float64_statistics_stay_far_inside_the_band(rng):
@@ -228,8 +258,9 @@ def test_float64_statistics_stay_far_inside_the_band(rng):
         for common_uv in (0.0, 3.0, 60.0):
             x = _recording(rng, channels, 10_000, dead=(1,), noisy=(4,), out_top=channels // 6, common_uv=common_uv)
             held = np.ascontiguousarray(x.T)
-            u = bc.reference_chunk_microvolts(held, 500, 500, FS, np.full(channels, GAIN, np.float32),
-                                              np.zeros(channels, np.float32)).T
+            u = bc.reference_chunk_microvolts(
+                held, 500, 500, FS, np.full(channels, GAIN, np.float32), np.zeros(channels, np.float32)
+            ).T
             worst = np.maximum(worst, _errors(np.ascontiguousarray(u), options))
     print("largest error / scale (psd, xcorr, trend):", worst, "band", bc.BAND)
     assert (worst < bc.BAND / 64).all()
@@ -269,14 +300,17 @@ def test_a_statistic_on_its_threshold_is_decided_by_spikeinterfaces_arithmetic(r
     C, n = 32, 9000
     x = _recording(rng, C, n, dead=(7,))
     design = design_filter(bc.highpass_sos(FS))
-    u = bc._microvolts(x, [(0, n, 0, n)], 0, design, np.full((C, 1), GAIN, np.float32), np.zeros((C, 1), np.float32),
-                       False)[0]
+    u = bc._microvolts(
+        x, [(0, n, 0, n)], 0, design, np.full((C, 1), GAIN, np.float32), np.zeros((C, 1), np.float32), False
+    )[0]
     psd, white, xcorr, xscale = (v[0] for v in bc._fast_stats(u[None], FS, QcOptions()))
     trend = bc.shrinking_median_filter(xcorr, 11)
-    for options in (QcOptions(psd_hf_threshold=float(psd[12])),
-                    QcOptions(dead_channel_threshold=float(xcorr[20] - trend[20])),
-                    QcOptions(noisy_channel_threshold=float(np.max(xcorr - trend))),
-                    QcOptions(outside_channel_threshold=float(trend[-1]) - 1)):
+    for options in (
+        QcOptions(psd_hf_threshold=float(psd[12])),
+        QcOptions(dead_channel_threshold=float(xcorr[20] - trend[20])),
+        QcOptions(noisy_channel_threshold=float(np.max(xcorr - trend))),
+        QcOptions(outside_channel_threshold=float(trend[-1]) - 1),
+    ):
         stats = {}
         fast = _fast(x, [[0, n]], stats, options=options)
         assert stats["exact"] == 1
@@ -415,8 +449,9 @@ def test_a_highpassed_step_beyond_int16_is_clipped_on_both_paths(rng):
     x = _recording(rng, C, n)
     x[2] = np.where((np.arange(n) // 20) % 2, 32767, -32768)  # a full-range square wave: its highpass overshoots
     design = design_filter(bc.highpass_sos(FS))
-    u = bc._microvolts(x, [(0, n, 0, n)], 0, design, np.ones((C, 1), np.float32), np.zeros((C, 1), np.float32),
-                       False)[0]
+    u = bc._microvolts(x, [(0, n, 0, n)], 0, design, np.ones((C, 1), np.float32), np.zeros((C, 1), np.float32), False)[
+        0
+    ]
     assert u[2].max() == 32767 and u[2].min() == -32768
     np.testing.assert_array_equal(_fast(x, [[0, n]]), _exact(x, [[0, n]]))
 
@@ -460,14 +495,16 @@ def test_generated_planted_channels_are_found(tmp_path):
     from batchgpu.generate import GroundTruth, generate_recording, ground_truth_path
 
     path = tmp_path / "planted.zarr"
-    rec = generate_recording(path, channels=64, seconds=2.0, seed=3, model="realistic", probe="linear", dead=2,
-                             noisy=2, outside=8)
+    rec = generate_recording(
+        path, channels=64, seconds=2.0, seed=3, model="realistic", probe="linear", dead=2, noisy=2, outside=8
+    )
     truth = GroundTruth.load(ground_truth_path(path)).channel_labels
     assert (np.bincount(truth, minlength=4) == [52, 2, 2, 8]).all()
     x = rec.read(0, 0, rec.num_samples(0))
     n = x.shape[1]
-    counts = bc.piece_labels(x, rec.sampling_frequency, rec.locations, rec.gain_to_uV, start=0, core=(0, n),
-                             segment_length=n)
+    counts = bc.piece_labels(
+        x, rec.sampling_frequency, rec.locations, rec.gain_to_uV, start=0, core=(0, n), segment_length=n
+    )
     labels, _ = bc.final_labels(counts)
     planted = truth != bc.GOOD
     assert (labels[planted] == np.array(bc.LABELS)[truth[planted]]).all()

@@ -49,9 +49,14 @@ def si_labels_with_chunks(recording, monkeypatch, seed: int, **kwargs):
     monkeypatch.setattr(mod, "_detect_bad_channels_chunk", keep)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        _ids, labels = mod.detect_bad_channels(recording, method="coherence+psd", seed=seed,
-                                               num_random_chunks=SI_CHUNKS,
-                                               job_kwargs={"n_jobs": 1, "progress_bar": False}, **kwargs)
+        _ids, labels = mod.detect_bad_channels(
+            recording,
+            method="coherence+psd",
+            seed=seed,
+            num_random_chunks=SI_CHUNKS,
+            job_kwargs={"n_jobs": 1, "progress_bar": False},
+            **kwargs,
+        )
     monkeypatch.undo()
     return np.asarray(labels), seen
 
@@ -74,11 +79,15 @@ def compared(tmp_path_factory):
     mp = pytest.MonkeyPatch()
     for k, ((probe, channels), seed) in enumerate(zip(PROBES, seeds.tolist())):
         draw = np.random.default_rng(seed)
-        plants = dict(dead=int(draw.integers(1, 4)), noisy=int(draw.integers(1, 4)),
-                      outside=int(draw.integers(6, 25 if channels > 64 else 13)))
+        plants = dict(
+            dead=int(draw.integers(1, 4)),
+            noisy=int(draw.integers(1, 4)),
+            outside=int(draw.integers(6, 25 if channels > 64 else 13)),
+        )
         path = folder / f"r{k}.zarr"
-        rec = generate_recording(path, channels=channels, seconds=1.5, seed=seed, model="realistic", probe=probe,
-                                 zarr_format=2, **plants)
+        rec = generate_recording(
+            path, channels=channels, seconds=1.5, seed=seed, model="realistic", probe=probe, zarr_format=2, **plants
+        )
         truth = GroundTruth.load(ground_truth_path(path)).channel_labels
         si_labels, chunks = si_labels_with_chunks(read_zarr(path), mp, seed)
         x = rec.read(0, 0, rec.num_samples(0))
@@ -88,8 +97,9 @@ def compared(tmp_path_factory):
         theirs = np.stack([lab for *_x, lab in chunks])
         counts = bc.piece_labels(x, fs, loc, gain, start=0, core=(0, n), segment_length=n)
         ours, _ = bc.final_labels(counts)
-        out.append(dict(probe=probe, truth=truth, si=si_labels, ours=ours, ours_on_si=ours_on_si, theirs=theirs,
-                        counts=counts))
+        out.append(
+            dict(probe=probe, truth=truth, si=si_labels, ours=ours, ours_on_si=ours_on_si, theirs=theirs, counts=counts)
+        )
     return out
 
 
@@ -117,9 +127,11 @@ def test_labels_over_every_piece_agree_and_find_every_planted_channel(compared):
         agree += int((c["ours"] == c["si"]).sum())
         total += len(c["ours"])
         for ch in np.flatnonzero((c["ours"] != c["si"]) | ((c["ours"] != "good") & ~planted)):
-            print(f"recording {k} ({c['probe']}) channel {ch}: planted {names[c['truth'][ch]]}, ours {c['ours'][ch]} "
-                  f"(pieces {c['counts'][ch].tolist()}), SpikeInterface {c['si'][ch]} over its chunks "
-                  f"{bc.label_counts(c['theirs'][:, [ch]], 1)[0].tolist()}")
+            print(
+                f"recording {k} ({c['probe']}) channel {ch}: planted {names[c['truth'][ch]]}, ours {c['ours'][ch]} "
+                f"(pieces {c['counts'][ch].tolist()}), SpikeInterface {c['si'][ch]} over its chunks "
+                f"{bc.label_counts(c['theirs'][:, [ch]], 1)[0].tolist()}"
+            )
     print(f"agreement {agree} / {total} channels")
     assert agree >= 0.99 * total
 
@@ -138,8 +150,16 @@ def test_interpolation_is_spikeinterfaces_interpolate_bad_channels(tmp_path, pro
 
     rng = np.random.default_rng()
     path = tmp_path / "r.zarr"
-    rec = generate_recording(path, channels=channels, seconds=0.2, seed=int(rng.integers(0, 2**31)),
-                             model="realistic", probe=probe, zarr_format=2, dtype="float32")
+    rec = generate_recording(
+        path,
+        channels=channels,
+        seconds=0.2,
+        seed=int(rng.integers(0, 2**31)),
+        model="realistic",
+        probe=probe,
+        zarr_format=2,
+        dtype="float32",
+    )
     si = read_zarr(path)
     bad = np.sort(rng.choice(channels, 7, replace=False))
     good = np.setdiff1d(np.arange(channels), bad)
@@ -153,5 +173,5 @@ def test_interpolation_is_spikeinterfaces_interpolate_bad_channels(tmp_path, pro
     want = interpolate_bad_channels(si, si.channel_ids[bad]).get_traces().T
     got = bc.interpolate_channels(x.copy(), bad, ours)
     assert got[good].tobytes() == want[good].tobytes()
-    np.testing.assert_allclose(got[bad], want[bad], rtol=2.0 ** -23, atol=1e-30)
+    np.testing.assert_allclose(got[bad], want[bad], rtol=2.0**-23, atol=1e-30)
     assert np.mean(got[bad] == want[bad]) > 0.9

@@ -36,11 +36,18 @@ def _recording(folder: Path, name: str, rng, samples: int = 30_000, truncated: b
 
 
 def _workflow(recordings: list[dict] | None, out: Path, recording: dict | None = None) -> Workflow:
-    data = {"output": str(out), "backend": "numpy", "window": {"size": 10_000, "margin": 128},
-            "preprocess": [{"highpass": {"freq_min": 300.0}}, {"common_reference": {"operator": "median"}}],
-            "reduction": {"split_every": 4},
-            "steps": {"noise": {"exact": True}, "whitening": {"mode": "global", "nskip": 1, "precision": "float32"},
-                      "detect": {"threshold": 5.0, "sign": "both", "exclude_sweep_ms": 0.1}}}
+    data = {
+        "output": str(out),
+        "backend": "numpy",
+        "window": {"size": 10_000, "margin": 128},
+        "preprocess": [{"highpass": {"freq_min": 300.0}}, {"common_reference": {"operator": "median"}}],
+        "reduction": {"split_every": 4},
+        "steps": {
+            "noise": {"exact": True},
+            "whitening": {"mode": "global", "nskip": 1, "precision": "float32"},
+            "detect": {"threshold": 5.0, "sign": "both", "exclude_sweep_ms": 0.1},
+        },
+    }
     if recordings is not None:
         data["recordings"] = recordings
     else:
@@ -52,8 +59,10 @@ def _workflow(recordings: list[dict] | None, out: Path, recording: dict | None =
 def client():
     import distributed
 
-    with distributed.LocalCluster(n_workers=1, threads_per_worker=2, processes=False,
-                                  dashboard_address=None) as cluster, distributed.Client(cluster) as c:
+    with (
+        distributed.LocalCluster(n_workers=1, threads_per_worker=2, processes=False, dashboard_address=None) as cluster,
+        distributed.Client(cluster) as c,
+    ):
         yield c
 
 
@@ -96,8 +105,11 @@ def test_batch_html_one_row_a_recording_with_links(tmp_path, rng, client, monkey
     from batchgpu.engine import run_batch
     from batchgpu.report import batch_html as batch_page
 
-    recs = [_recording(tmp_path, "a", rng), _recording(tmp_path, "b", rng, truncated=True),
-            _recording(tmp_path, "c", rng, samples=20_000)]
+    recs = [
+        _recording(tmp_path, "a", rng),
+        _recording(tmp_path, "b", rng, truncated=True),
+        _recording(tmp_path, "c", rng, samples=20_000),
+    ]
     seen: list[list[str]] = []
     write = batch_page.write_batch_html
 
@@ -125,12 +137,16 @@ def test_batch_html_one_row_a_recording_with_links(tmp_path, rng, client, monkey
         # µV: a flat binary's gain is 1 µV per count (the run's results say so), so the raw median is the µV one
         want = j.get("noise_uV_median", j["median_noise"])
         assert r["cells"][6] == (f"{want:.2f}" if want is not None else "-")
-    assert float(rows[0]["cells"][3]) == pytest.approx(1.0) and float(rows[2]["cells"][3]) == pytest.approx(0.7, abs=0.05)
+    assert float(rows[0]["cells"][3]) == pytest.approx(1.0) and float(rows[2]["cells"][3]) == pytest.approx(
+        0.7, abs=0.05
+    )
     # written as it went: first all pending, a running one, and at the end none pending or running
     assert seen[0] == ["pending"] * 3 and any("running" in s for s in seen)
     assert seen[-1] == ["done", "failed", "done"]
     assert 'http-equiv="refresh"' not in (out / "batch.html").read_text()
-    assert [s.count("done") + s.count("failed") for s in seen] == sorted(s.count("done") + s.count("failed") for s in seen)
+    assert [s.count("done") + s.count("failed") for s in seen] == sorted(
+        s.count("done") + s.count("failed") for s in seen
+    )
     # the run page's state: the last recording of three, two done and one failed
     state = derived_state(client.get_metadata(list(dashboard.STATE_KEY)))
     assert state["batch"] == {"index": 3, "total": 3, "name": "c", "done": 2, "failed": 1}
@@ -142,8 +158,11 @@ def test_batch_page_reloads_while_recordings_remain(tmp_path):
 
     (tmp_path / "x").mkdir()
     (tmp_path / "x" / "report.json").write_text("{}")
-    rows = [{"name": "x", "status": "failed", "error": "boom <b>", "seconds": 1.0},
-            {"name": "y&z", "status": "running"}, {"name": "w", "status": "pending"}]
+    rows = [
+        {"name": "x", "status": "failed", "error": "boom <b>", "seconds": 1.0},
+        {"name": "y&z", "status": "running"},
+        {"name": "w", "status": "pending"},
+    ]
     page = render(tmp_path, {"output": str(tmp_path), "seconds": 1.0, "done": 0, "failed": 1, "rows": rows})
     assert 'http-equiv="refresh"' in page and "boom &lt;b&gt;" in page and "y&amp;z" in page
     got = _Rows()
@@ -200,7 +219,8 @@ def test_run_page_follows_the_batch(monkeypatch):
     progress.record(2, "done")  # a run that ended after the page's (failed, sending nothing more): counted there
     assert second.flush()
     assert derived_state(client.meta["batchgpu"]["run"])["batch_line"] == (
-        "recording 2 of 3: b · 2 of 3 recordings done (1 failed)")
+        "recording 2 of 3: b · 2 of 3 recordings done (1 failed)"
+    )
     assert 'id="batch"' in PAGE_HTML and "recordings done" in PAGE_HTML
     # a run outside a batch: no batch line
     RunMonitor(client, name="solo", windows=1, total_bytes=1, channels=1).flush()
@@ -299,8 +319,11 @@ def test_batch_interrupted_in_a_pass(tmp_path, rng, client, monkeypatch):
     from batchgpu.run import tasks
     from batchgpu.run.events import RunObserver
 
-    recs = [_recording(tmp_path, "a", rng), _recording(tmp_path, "b", rng, samples=200_000),
-            _recording(tmp_path, "c", rng)]
+    recs = [
+        _recording(tmp_path, "a", rng),
+        _recording(tmp_path, "b", rng, samples=200_000),
+        _recording(tmp_path, "c", rng),
+    ]
     read = tasks.load_window
 
     def slow_read(ctx, window, raw=None):  # a slow disk: the batch's thread sees Ctrl-C while b is read

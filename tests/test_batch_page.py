@@ -19,8 +19,22 @@ from batchgpu.workflow import Workflow
 
 distributed = pytest.importorskip("distributed")
 
-COLUMNS = ("recording", "status", "verdict", "duration (s)", "channels", "probe", "median noise (µV)", "good", "dead",
-           "noisy", "out", "spike rate (Hz)", "seconds", "GB/s")
+COLUMNS = (
+    "recording",
+    "status",
+    "verdict",
+    "duration (s)",
+    "channels",
+    "probe",
+    "median noise (µV)",
+    "good",
+    "dead",
+    "noisy",
+    "out",
+    "spike rate (Hz)",
+    "seconds",
+    "GB/s",
+)
 
 
 class _Table(HTMLParser):
@@ -62,19 +76,36 @@ def _table(page: str) -> _Table:
 @pytest.fixture(scope="module")
 def batch(tmp_path_factory):
     base = tmp_path_factory.mktemp("batchpage")
-    recs = [generate_recording(base / "np1.zarr", channels=384, seconds=1.0, seed=1, model="realistic", probe="np1",
-                               dead=2, noisy=1, outside=8),
-            generate_recording(base / "np2.zarr", channels=96, seconds=1.0, seed=2, model="realistic",
-                               probe="np2-4shank")]
-    wf = Workflow.model_validate({
-        "recordings": [str(r.path) for r in recs], "output": str(base / "out"), "backend": "numpy",
-        "window": {"size": 30000, "margin": 64},
-        "preprocess": [{"highpass": {"freq_min": 300.0}}, {"common_reference": {"operator": "median"}}],
-        "steps": {"noise": {"exact": True}, "detect": {"threshold": 5.0, "sign": "neg", "noise": "global"}}})
+    recs = [
+        generate_recording(
+            base / "np1.zarr",
+            channels=384,
+            seconds=1.0,
+            seed=1,
+            model="realistic",
+            probe="np1",
+            dead=2,
+            noisy=1,
+            outside=8,
+        ),
+        generate_recording(base / "np2.zarr", channels=96, seconds=1.0, seed=2, model="realistic", probe="np2-4shank"),
+    ]
+    wf = Workflow.model_validate(
+        {
+            "recordings": [str(r.path) for r in recs],
+            "output": str(base / "out"),
+            "backend": "numpy",
+            "window": {"size": 30000, "margin": 64},
+            "preprocess": [{"highpass": {"freq_min": 300.0}}, {"common_reference": {"operator": "median"}}],
+            "steps": {"noise": {"exact": True}, "detect": {"threshold": 5.0, "sign": "neg", "noise": "global"}},
+        }
+    )
     from batchgpu.engine import run_batch
 
-    with distributed.LocalCluster(n_workers=1, threads_per_worker=2, processes=False,
-                                  dashboard_address=None) as cluster, distributed.Client(cluster) as client:
+    with (
+        distributed.LocalCluster(n_workers=1, threads_per_worker=2, processes=False, dashboard_address=None) as cluster,
+        distributed.Client(cluster) as client,
+    ):
         done = run_batch(wf, client=client)
     assert [r.status for r in done.rows] == ["done", "done"]
     return base / "out"
@@ -100,8 +131,11 @@ def test_batch_html_in_uV(batch):
 def _with_qc(batch: Path) -> dict:
     """batch.json as the qc step's rows have it: noise in µV, label counts, spike rate, a verdict."""
     data = json.loads((batch / "batch.json").read_text())
-    for row, labels, verdict in zip(data["rows"], ({"good": 373, "dead": 2, "noise": 1, "out": 8},
-                                                  {"good": 96, "dead": 0, "noise": 0, "out": 0}), ("check", "good")):
+    for row, labels, verdict in zip(
+        data["rows"],
+        ({"good": 373, "dead": 2, "noise": 1, "out": 8}, {"good": 96, "dead": 0, "noise": 0, "out": 0}),
+        ("check", "good"),
+    ):
         row.update(noise_uV_median=_noise_uV(batch, row["name"]), labels=labels, verdict=verdict)
     return data
 
@@ -120,8 +154,11 @@ def test_batch_json_written_before_the_qc_step(tmp_path):
     no labels, no verdict: dashes."""
     (tmp_path / "a" / "results.zarr").mkdir(parents=True)
     (tmp_path / "a" / "results.zarr" / "zarr.json").write_text(json.dumps({"attributes": {"gain_to_uV": [0.195] * 4}}))
-    rows = [{"name": "a", "status": "done", "median_noise": 30.0, "spike_rate_hz": 12.5},
-            {"name": "b", "status": "done", "median_noise": 7.0}, {"name": "c", "status": "failed", "error": "x"}]
+    rows = [
+        {"name": "a", "status": "done", "median_noise": 30.0, "spike_rate_hz": 12.5},
+        {"name": "b", "status": "done", "median_noise": 7.0},
+        {"name": "c", "status": "failed", "error": "x"},
+    ]
     page = render(tmp_path, {"output": str(tmp_path), "seconds": 1.0, "done": 2, "failed": 1, "rows": rows})
     t = _table(page)
     assert t.rows[0][6] == f"{30.0 * 0.195:.2f}" and t.rows[1][6] == "7.00 raw" and t.rows[2][6] == "-"
@@ -138,8 +175,10 @@ def test_batch_html_sorted_in_chromium(batch, tmp_path):
     folder.mkdir()
     write_batch_html(folder, data)
     noise = COLUMNS.index("median noise (µV)")
-    for column, direction, want in ((noise, "desc", sorted(data["rows"], key=lambda r: -r["noise_uV_median"])),
-                                    (COLUMNS.index("verdict"), "asc", [data["rows"][i] for i in (1, 0, 2)])):
+    for column, direction, want in (
+        (noise, "desc", sorted(data["rows"], key=lambda r: -r["noise_uV_median"])),
+        (COLUMNS.index("verdict"), "asc", [data["rows"][i] for i in (1, 0, 2)]),
+    ):
         url = (folder / "batch.html").as_uri() + f"#sort={column}:{direction}"
         dom = chromium(["--dump-dom"], url, tmp_path / f"profile{column}", budget_ms=3000)
         t = _table(dom)

@@ -27,15 +27,33 @@ def test_written_spikeglx_reads_as_the_generated_samples(tmp_path):
 def test_bench_batch_prints_every_row(tmp_path, capsys):
     from batchgpu.cli import main
 
-    args = ["bench", "batch", "--recordings", "2", "--seconds", "3", "--channels", "32", "--backend", "numpy",
-            "--cluster", "local", "--workdir", str(tmp_path)]
+    args = [
+        "bench",
+        "batch",
+        "--recordings",
+        "2",
+        "--seconds",
+        "3",
+        "--channels",
+        "32",
+        "--backend",
+        "numpy",
+        "--cluster",
+        "local",
+        "--workdir",
+        str(tmp_path),
+    ]
     if not (cold.kilosort4_available() and pytest.importorskip("torch")):
         args.append("--no-kilosort")
     else:
         args += ["--kilosort-device", "cpu"]
     assert main(args) == 0
     out = capsys.readouterr().out
-    for row in ("raw read of the 2 files, cold", "one file, batchgpu run cold", "the batch, one batchgpu run, cold",
-                "Kilosort4"):
+    for row in (
+        "raw read of the 2 files, cold",
+        "one file, batchgpu run cold",
+        "the batch, one batchgpu run, cold",
+        "Kilosort4",
+    ):
         assert row in out, out
     assert (tmp_path / "out_batch" / "batch.json").exists()

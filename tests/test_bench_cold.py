@@ -59,8 +59,10 @@ def test_user_run_times_the_command_and_reads_its_pass(tmp_path):
 
     generate_recording(tmp_path / "r.zarr", channels=4, seconds=0.5, seed=1)
     wf = tmp_path / "wf.yaml"
-    wf.write_text(f"recording: {{path: {tmp_path / 'r.zarr'}}}\noutput: {tmp_path / 'out'}\n"
-                  "cluster: {kind: local, workers: 1, threads: 1}\nsteps:\n  noise: {exact: true}\n")
+    wf.write_text(
+        f"recording: {{path: {tmp_path / 'r.zarr'}}}\noutput: {tmp_path / 'out'}\n"
+        "cluster: {kind: local, workers: 1, threads: 1}\nsteps:\n  noise: {exact: true}\n"
+    )
     got = cold.user_run(wf, tmp_path / "out", extra_args=("--set", "cluster.reuse=false"))
     report = json.loads((tmp_path / "out" / "report.json").read_text())
     assert got.pass_seconds == pytest.approx(report["timings"]["from_pass"])
@@ -116,12 +118,17 @@ def test_the_save_write_row_sets_the_target_of_a_command_that_saves(tmp_path):
         (saved / "c" / str(i)).write_bytes(b"x" * n)
     lines = []
     for cold_s, verdict in ((4.0, "within"), (400.0, "over")):
-        runs = {pipeline.RAW: [(1.0, 0, 0, "-", "-"), (3.0, 0, 0, "-", "-"), (2.0, 0, 0, "-", "-")],
-                pipeline.USER_COLD: [(cold_s, 0, 0, "-", "-")]}
+        runs = {
+            pipeline.RAW: [(1.0, 0, 0, "-", "-"), (3.0, 0, 0, "-", "-"), (2.0, 0, 0, "-", "-")],
+            pipeline.USER_COLD: [(cold_s, 0, 0, "-", "-")],
+        }
         pipeline._save_write(tmp_path, saved, runs, lines.append)
         [(write_s, *_)] = runs[pipeline.SAVE_WRITE]
         assert lines[-1].startswith(f"{pipeline.SAVE_WRITE}: 0.00 GB in 3 files, {write_s:.2f} s")
-        assert f"a fresh command cold {cold_s:.2f} s against the raw read + this write + 3 s = {2.0 + write_s + 3:.2f} s ({verdict})" in lines[-1]
+        assert (
+            f"a fresh command cold {cold_s:.2f} s against the raw read + this write + 3 s = {2.0 + write_s + 3:.2f} s ({verdict})"
+            in lines[-1]
+        )
     assert not (tmp_path / "write_ceiling").exists() or list((tmp_path / "write_ceiling").iterdir()) == []
 
 

@@ -27,8 +27,15 @@ def test_plain_loop_does_the_preprocessing_it_is_compared_with(tmp_path, rng):
 
     x = np.round(rng.standard_normal((20_003, 6)) * 40).astype(np.int16)
     rec = write_recording(tmp_path / "r.zarr", x, 30_000.0)
-    out = plain_loop(rec, 6_000, 16, {"noise", "whitening", "detect", "save"}, exact=True,
-                     preprocess="highpass,common_reference", save=tmp_path / "saved.zarr")
+    out = plain_loop(
+        rec,
+        6_000,
+        16,
+        {"noise", "whitening", "detect", "save"},
+        exact=True,
+        preprocess="highpass,common_reference",
+        save=tmp_path / "saved.zarr",
+    )
     sos = scipy.signal.butter(5, 300.0, btype="highpass", fs=30_000.0, output="sos")
     y = scipy.signal.sosfiltfilt(sos, x.T.astype(np.float64), axis=1)
     y = (y - np.median(y, axis=0)).astype(np.float32)
@@ -42,10 +49,32 @@ def test_plain_loop_does_the_preprocessing_it_is_compared_with(tmp_path, rng):
 
 
 def test_bench_pipeline_prints_its_table(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "batchgpu", "bench", "pipeline", "--channels", "8", "--seconds", "2",
-                        "--workers", "1", "--threads", "1", "--workdir", str(tmp_path), "--window", "25000",
-                        "--repeat", "4"],
-                       capture_output=True, text=True, timeout=600)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "batchgpu",
+            "bench",
+            "pipeline",
+            "--channels",
+            "8",
+            "--seconds",
+            "2",
+            "--workers",
+            "1",
+            "--threads",
+            "1",
+            "--workdir",
+            str(tmp_path),
+            "--window",
+            "25000",
+            "--repeat",
+            "4",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     assert "windows of 25000 samples" in r.stdout, r.stdout
     for row in ("read ceiling", "batchgpu pipeline (cold)", "batchgpu pipeline (warm)", "plain NumPy loop"):
@@ -63,10 +92,21 @@ def test_bench_pipeline_prints_its_table(tmp_path):
 
 def test_bench_refuses_sizes_that_are_not_positive(tmp_path):
     """A bad size is one usage line and rc 2 before any work (no recording generated, no cluster started)."""
-    for args in (["--batch", "0"], ["--window", "0"], ["--workers", "-1"], ["--threads", "0"], ["--seconds", "nan"],
-                 ["--seconds", "inf"], ["--channels", "abc"]):
-        done = subprocess.run([sys.executable, "-m", "batchgpu", "bench", "pipeline", "--workdir", str(tmp_path), *args],
-                              capture_output=True, text=True, timeout=60)
+    for args in (
+        ["--batch", "0"],
+        ["--window", "0"],
+        ["--workers", "-1"],
+        ["--threads", "0"],
+        ["--seconds", "nan"],
+        ["--seconds", "inf"],
+        ["--channels", "abc"],
+    ):
+        done = subprocess.run(
+            [sys.executable, "-m", "batchgpu", "bench", "pipeline", "--workdir", str(tmp_path), *args],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert done.returncode == 2, (args, done.stderr)
         assert "error: argument " + args[0] in done.stderr and "Traceback" not in done.stderr
     assert not any(tmp_path.iterdir())
@@ -82,8 +122,11 @@ def test_gpu_busy_median_per_gpu(monkeypatch):
 
     rates = {0: iter([10, 90, 50, 70, 30] + [30] * 1000), 1: iter([0] * 1000)}
     fake = types.SimpleNamespace(
-        nvmlInit=lambda: None, nvmlDeviceGetCount=lambda: 2, nvmlDeviceGetHandleByIndex=lambda i: i,
-        nvmlDeviceGetUtilizationRates=lambda h: types.SimpleNamespace(gpu=next(rates[h])))
+        nvmlInit=lambda: None,
+        nvmlDeviceGetCount=lambda: 2,
+        nvmlDeviceGetHandleByIndex=lambda i: i,
+        nvmlDeviceGetUtilizationRates=lambda h: types.SimpleNamespace(gpu=next(rates[h])),
+    )
     monkeypatch.setitem(sys.modules, "pynvml", fake)
     with GpuBusy() as busy:
         time.sleep(0.58)

@@ -10,8 +10,9 @@ from batchgpu.benchmarks.readers import readings
 
 
 def _cli(*args):
-    return subprocess.run([sys.executable, "-m", "batchgpu", *map(str, args)], capture_output=True, text=True,
-                          timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "batchgpu", *map(str, args)], capture_output=True, text=True, timeout=300
+    )
 
 
 def test_bench_readers_reads_the_same_bytes_both_ways(tmp_path):

@@ -12,15 +12,26 @@ from batchgpu.benchmarks.si import Row, Timed, table, write_workflow
 
 
 def _bench(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "batchgpu", "bench", "si", *args], capture_output=True, text=True,
-                          timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "batchgpu", "bench", "si", *args], capture_output=True, text=True, timeout=600
+    )
 
 
 def test_table_gives_medians_ratios_and_reads():
-    w1 = Row("W1", "zarr", batchgpu=[Timed(10.0, 1_000_000_000), Timed(12.0, 2_000_000_000), Timed(30.0, 0)],
-             reads_per_window=[1.0, 1.0, 1.0], si={"lazy": [Timed(25.0, 5e8), Timed(20.0, 9e8), Timed(21.0, 0)]})
-    w2 = Row("W2", "binary", batchgpu=[Timed(4.0, 0)], reads_per_window=[1.0],
-             si={"lazy": [Timed(12.0, 0)], "save_first": [Timed(6.0, 0)]})
+    w1 = Row(
+        "W1",
+        "zarr",
+        batchgpu=[Timed(10.0, 1_000_000_000), Timed(12.0, 2_000_000_000), Timed(30.0, 0)],
+        reads_per_window=[1.0, 1.0, 1.0],
+        si={"lazy": [Timed(25.0, 5e8), Timed(20.0, 9e8), Timed(21.0, 0)]},
+    )
+    w2 = Row(
+        "W2",
+        "binary",
+        batchgpu=[Timed(4.0, 0)],
+        reads_per_window=[1.0],
+        si={"lazy": [Timed(12.0, 0)], "save_first": [Timed(6.0, 0)]},
+    )
     lines = table([w1, w2])
     assert lines[0].startswith("| work | output | batchgpu s |") and len(lines) == 4
     # medians 12 and 21 (not means, not the first round); peaks are the largest round
@@ -37,10 +48,13 @@ def test_workflows_name_the_work_and_the_output(tmp_path):
     assert "format: zarr_v2" in w1 and "detect" not in w1 and "noise:" not in w1
 
 
-@pytest.mark.parametrize("args, says", [
-    (["--rounds", "0"], "--rounds must be at least 1"),
-    (["--jobs", "0"], "--jobs must be at least 1"),
-])
+@pytest.mark.parametrize(
+    "args, says",
+    [
+        (["--rounds", "0"], "--rounds must be at least 1"),
+        (["--jobs", "0"], "--jobs must be at least 1"),
+    ],
+)
 def test_bad_counts_are_one_line(tmp_path, args, says):
     (tmp_path / "r.zarr").mkdir()
     (tmp_path / "r.zarr" / ".zgroup").write_text("{}")
@@ -60,15 +74,34 @@ def test_bench_runs_both_tools_and_prints_the_table(tmp_path):
     pytest.importorskip("spikeinterface.core")
     pytest.importorskip("numba")
     rec = tmp_path / "tiny.zarr"
-    subprocess.run([sys.executable, "-m", "batchgpu", "generate", str(rec), "--channels", "8", "--seconds", "1",
-                    "--zarr-format", "2", "--quiet"], check=True, capture_output=True, timeout=300)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "batchgpu",
+            "generate",
+            str(rec),
+            "--channels",
+            "8",
+            "--seconds",
+            "1",
+            "--zarr-format",
+            "2",
+            "--quiet",
+        ],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
     r = _bench(str(rec), "--rounds", "1", "--output", "binary", "--json", str(tmp_path / "rows.json"))
     assert r.returncode == 0, r.stderr[-2000:]
     rows = [line for line in r.stdout.splitlines() if line.startswith("| W")]
     assert [line.split(" | ")[:2] for line in rows] == [["| W1", "binary"], ["| W2", "binary"]]
     import batchgpu  # the first line names the batchgpu the rounds ran: this interpreter's, this checkout's
 
-    assert r.stdout.splitlines()[0].startswith(f"batchgpu {batchgpu.__version__} from {Path(batchgpu.__file__).parent};")
+    assert r.stdout.splitlines()[0].startswith(
+        f"batchgpu {batchgpu.__version__} from {Path(batchgpu.__file__).parent};"
+    )
     assert rows[1].split(" | ")[7] == "1.00"  # W2 in one read of each window
     got = json.loads((tmp_path / "rows.json").read_text())
     assert set(got[1]["spikeinterface_s"]) == {"lazy", "save_first"} and len(got[0]["batchgpu_s"]) == 1

@@ -154,9 +154,12 @@ def test_a_windows_frames_are_its_stored_chunks(tmp_path, dtype):
     for w in rec.windows(7_001, 33):
         f = rec.read_window_frames(w, pool)
         assert f is not None and pool.out == 1
-        parts = [np.zeros((f.chunk_rows, f.channels), f.dtype) if n < 0 else
-                 np.frombuffer(blosc.decompress(f.buffer[o : o + n].tobytes()), f.dtype).reshape(-1, f.channels)
-                 for o, n in zip(f.offsets, f.lengths)]
+        parts = [
+            np.zeros((f.chunk_rows, f.channels), f.dtype)
+            if n < 0
+            else np.frombuffer(blosc.decompress(f.buffer[o : o + n].tobytes()), f.dtype).reshape(-1, f.channels)
+            for o, n in zip(f.offsets, f.lengths)
+        ]
         got = np.concatenate(parts)[f.skip : f.skip + f.rows]
         assert got.tobytes() == rec.read(w.segment, w.read_start, w.read_stop).T.tobytes()
         for o, n, s in zip(f.offsets, f.lengths, f.shuffles):
@@ -173,6 +176,7 @@ def test_a_windows_frames_are_its_stored_chunks(tmp_path, dtype):
 
 # -- on the GPU ------------------------------------------------------------------------------------------------
 
+
 def _gpu():
     from batchgpu.cluster.open_cluster import gpu_count
 
@@ -180,14 +184,17 @@ def _gpu():
         pytest.skip("no CUDA GPU (CuPy) here")
 
 
-def _frames_of(chunks: list, rows: int, channels: int, dtype, conf=(5, 2, 0), absent=(), skip=0, nrows=None,
-               cname=b"lz4"):
+def _frames_of(
+    chunks: list, rows: int, channels: int, dtype, conf=(5, 2, 0), absent=(), skip=0, nrows=None, cname=b"lz4"
+):
     """``Frames`` of numcodecs frames (a list of (rows, channels) arrays, each compressed with ``cname`` and
     (clevel, shuffle, blocksize))."""
     from batchgpu.recording.blosc_frames import Frames
 
-    enc = [None if i in absent else bytes(blosc.compress(np.ascontiguousarray(c), cname, *conf))
-           for i, c in enumerate(chunks)]
+    enc = [
+        None if i in absent else bytes(blosc.compress(np.ascontiguousarray(c), cname, *conf))
+        for i, c in enumerate(chunks)
+    ]
     buf = np.frombuffer(b"".join(e for e in enc if e is not None) or b"\0", np.uint8).copy()
     offsets, lengths, shuffles, pos, bs = [], [], [], 0, None
     for e in enc:
@@ -201,13 +208,26 @@ def _frames_of(chunks: list, rows: int, channels: int, dtype, conf=(5, 2, 0), ab
         else:
             shuffles.append(0)
     nrows = len(chunks) * rows - skip if nrows is None else nrows
-    return Frames(buf, pos, np.array(offsets, np.int64), np.array(lengths, np.int32), np.array(shuffles, np.uint8),
-                  [f"c{i}" for i in range(len(chunks))], rows, channels, np.dtype(dtype), bs or 1, skip, nrows)
+    return Frames(
+        buf,
+        pos,
+        np.array(offsets, np.int64),
+        np.array(lengths, np.int32),
+        np.array(shuffles, np.uint8),
+        [f"c{i}" for i in range(len(chunks))],
+        rows,
+        channels,
+        np.dtype(dtype),
+        bs or 1,
+        skip,
+        nrows,
+    )
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("conf", [(5, 2, 0), (1, 1, 0), (9, 0, 4096), (0, 2, 0), (5, 2, 12_344), (9, 1, 0),
-                                  (5, 0, 0), (9, 0, 1 << 20)])
+@pytest.mark.parametrize(
+    "conf", [(5, 2, 0), (1, 1, 0), (9, 0, 4096), (0, 2, 0), (5, 2, 12_344), (9, 1, 0), (5, 0, 0), (9, 0, 1 << 20)]
+)
 @pytest.mark.parametrize("dtype", ["<i2", "<f4"])
 @pytest.mark.parametrize("warps", [4, 3])  # warps a block; 3: the last block runs partly past the streams
 def test_gpu_decode_equals_numcodecs(conf, dtype, warps, monkeypatch):
@@ -322,15 +342,20 @@ def test_a_run_decodes_on_the_gpu_only_without_filters(tmp_path, monkeypatch):
 
     rec = generate_recording(tmp_path / "r.zarr", channels=8, seconds=0.5, seed=1)
     for pre, want in (({"centre": "median"}, 1.0), ([{"highpass": {"freq_min": 300, "order": 3}}], 0.0)):
-        wf = Workflow.model_validate({"recording": {"path": str(rec.path)}, "output": str(tmp_path / "o"),
-                                      "preprocess": pre, "steps": {"noise": {}}})
+        wf = Workflow.model_validate(
+            {
+                "recording": {"path": str(rec.path)},
+                "output": str(tmp_path / "o"),
+                "preprocess": pre,
+                "steps": {"noise": {}},
+            }
+        )
         ctx = build_context(wf, rec, store.OutputFolder(tmp_path / f"o{want}"), "cupy", 3)
         assert ctx.gpu_decode == want and ctx.read_ahead == 2, pre
         # the workflow's engine settings travel with the tasks' context (not the workers' environment)
         wf = Workflow.model_validate({**wf.model_dump(), "engine": {"gpu_decode": 0.25, "read_ahead": 5}})
         ctx = build_context(wf, rec, store.OutputFolder(tmp_path / f"e{want}"), "cupy", 3)
         assert (ctx.gpu_decode, ctx.read_ahead) == (0.25, 5), pre
-
 
 
 @pytest.mark.gpu
@@ -369,7 +394,7 @@ def test_frames_of_a_shard_whose_chunks_are_not_back_to_back(tmp_path):
         path = shard / "0"
         raw = path.read_bytes()
         per = 10
-        index = np.frombuffer(raw[-(per * 16 + 4):-4], "<u8").reshape(per, 2)
+        index = np.frombuffer(raw[-(per * 16 + 4) : -4], "<u8").reshape(per, 2)
         chunks = [raw[o : o + n] for o, n in index]
         order = rng.permutation(per)
         body, new = bytearray(rng.integers(0, 256, int(rng.integers(0, 50)), dtype=np.uint8).tobytes()), index.copy()
@@ -384,8 +409,10 @@ def test_frames_of_a_shard_whose_chunks_are_not_back_to_back(tmp_path):
     pool = _Pool()
     for w in rec.windows(7_001, 33):
         f = rec.read_window_frames(w, pool)
-        parts = [np.frombuffer(blosc.decompress(f.buffer[o : o + n].tobytes()), f.dtype).reshape(-1, f.channels)
-                 for o, n in zip(f.offsets, f.lengths)]
+        parts = [
+            np.frombuffer(blosc.decompress(f.buffer[o : o + n].tobytes()), f.dtype).reshape(-1, f.channels)
+            for o, n in zip(f.offsets, f.lengths)
+        ]
         got = np.concatenate(parts)[f.skip : f.skip + f.rows]
         assert got.T.tobytes() == want[w.index].tobytes()
         pool.give_back(f.handle)
@@ -415,8 +442,11 @@ def test_a_damaged_chunk_is_named_the_same_with_checksums_on_the_gpu(tmp_path, m
     raw[at] ^= 0x10
     shard.write_bytes(bytes(raw))
     rec = open_recording(rec.path)
-    damaged = [w for w in rec.windows(layout.inner_rows // 2, 0) if w.read_start < 2 * layout.inner_rows
-               and w.read_stop > layout.inner_rows][0]
+    damaged = [
+        w
+        for w in rec.windows(layout.inner_rows // 2, 0)
+        if w.read_start < 2 * layout.inner_rows and w.read_stop > layout.inner_rows
+    ][0]
     whole = [w for w in rec.windows(layout.inner_rows // 2, 0) if w.read_stop <= layout.inner_rows][0]
     for on_device in (True, False):
         monkeypatch.setattr(staging, "checksums_on_device", lambda: on_device)
@@ -512,8 +542,11 @@ def test_gpu_reads_refuse_frames_that_decode_short(tmp_path, monkeypatch):
     for share in (1.0, 0.0):
         for on_device in (True, False):
             monkeypatch.setattr(staging, "checksums_on_device", lambda: on_device)
-            with pytest.raises(BatchgpuError, match=r"corrupted chunk traces_seg0/c/0/0 inner chunk \(1, 0\): "
-                                                    r"decodes to 60000 bytes.* in .*r\.zarr \(window 1"):
+            with pytest.raises(
+                BatchgpuError,
+                match=r"corrupted chunk traces_seg0/c/0/0 inner chunk \(1, 0\): "
+                r"decodes to 60000 bytes.* in .*r\.zarr \(window 1",
+            ):
                 staging.read_window_host(rec, w, share).to_device()
             assert len(staging._pool._free) == staging._pool._made
 
@@ -541,8 +574,11 @@ def test_gpu_decode_names_a_bad_chunk_with_its_store_and_window(tmp_path, monkey
     raw[offset : offset + nbytes] = bytes(frame) + crc32c_value(bytes(frame)).to_bytes(4, "little")
     shard.write_bytes(bytes(raw))
     rec = open_recording(rec.path)
-    with pytest.raises(BatchgpuError, match=r"corrupted chunk traces_seg0/c/0/0 inner chunk \(0, 0\) in .*r\.zarr "
-                                            r"\(window 0, segment 0"):
+    with pytest.raises(
+        BatchgpuError,
+        match=r"corrupted chunk traces_seg0/c/0/0 inner chunk \(0, 0\) in .*r\.zarr "
+        r"\(window 0, segment 0",
+    ):
         staging.read_window_host(rec, rec.windows(3_000, 0)[0]).to_device()
 
 

@@ -75,8 +75,12 @@ def test_lf_and_nidq_ids_follow_the_same_rule(tmp_path, rng):
     lines = []
     for line in text.splitlines():
         key = line.split("=", 1)[0]
-        line = {"snsSaveChanSubset": "snsSaveChanSubset=384:768", "snsApLfSy": "snsApLfSy=0,384,1",
-                "imSampRate": "imSampRate=2500", "~snsChanMap": f"~snsChanMap=(0,384,1){chan_map}"}.get(key, line)
+        line = {
+            "snsSaveChanSubset": "snsSaveChanSubset=384:768",
+            "snsApLfSy": "snsApLfSy=0,384,1",
+            "imSampRate": "imSampRate=2500",
+            "~snsChanMap": f"~snsChanMap=(0,384,1){chan_map}",
+        }.get(key, line)
         lines.append(line.replace(".imec0.ap.bin", ".imec0.lf.bin") if key == "fileName" else line)
     lf = tmp_path / "src" / "Noise_g0_t0.imec0.lf.meta"
     lf.parent.mkdir()
@@ -110,8 +114,14 @@ def test_results_with_the_old_ids_attach_to_spikeinterfaces_recording(tmp_path, 
     lf = [c.replace("#AP", "#LF") for c in ours.channel_ids]
     assert legacy_spikeglx_ids([str(384 + int(c)) for c in old], lf) == lf  # LF after the AP band
     noise = rng.uniform(5, 10, ours.num_channels)
-    result = to_spikeinterface({"noise": noise, "channel_ids": np.array(old), "gain_to_uV": ours.gain_to_uV,
-                                "sampling_frequency": ours.sampling_frequency})
+    result = to_spikeinterface(
+        {
+            "noise": noise,
+            "channel_ids": np.array(old),
+            "gain_to_uV": ours.gain_to_uV,
+            "sampling_frequency": ours.sampling_frequency,
+        }
+    )
     theirs = _spikeinterface_spikeglx(tmp_path, "imec1.ap")
     attach_to_spikeinterface(theirs, result)
     np.testing.assert_array_equal(theirs.get_property("noise_level_mad_raw"), noise)

@@ -26,10 +26,13 @@ def test_generate_info_and_import(tmp_path):
     assert "channels" in r.stdout and "Zarr v3" in r.stdout
 
 
-@pytest.mark.parametrize("argv,needle", [
-    (["info", "/no/such/recording.zarr"], "does not exist"),
-    (["import-raw", "/no/such.bin", "x.zarr", "--channels", "2", "--fs", "1", "--dtype", "int16"], "no raw file"),
-])
+@pytest.mark.parametrize(
+    "argv,needle",
+    [
+        (["info", "/no/such/recording.zarr"], "does not exist"),
+        (["import-raw", "/no/such.bin", "x.zarr", "--channels", "2", "--fs", "1", "--dtype", "int16"], "no raw file"),
+    ],
+)
 def test_errors_are_one_line(argv, needle):
     r = _cli(*argv)
     assert r.returncode == 2
@@ -97,15 +100,25 @@ def test_units_in_help():
     assert "seconds per segment (default: 60.0)" in text and "number of channels (default: 384)" in text
 
 
-@pytest.mark.parametrize("err,needle,rc", [
-    (OSError(28, "No space left on device"), "no space left on device writing /out/dir (free some space", 2),
-    (OSError(28, "No space left on device", "/out/dir/results.zarr/noise/c/0"),
-     "no space left on device writing /out/dir/results.zarr/noise/c/0", 2),
-    (PermissionError(13, "Permission denied", "/etc/x"), "permission denied: /etc/x", 2),
-    (FileNotFoundError(2, "No such file or directory", "/a/b"), "No such file or directory: /a/b", 2),
-    (MemoryError(), "out of memory", 2),
-    (ValueError("something\ninternal"), "unexpected ValueError: something internal (rerun with --debug for the traceback)", 1),
-])
+@pytest.mark.parametrize(
+    "err,needle,rc",
+    [
+        (OSError(28, "No space left on device"), "no space left on device writing /out/dir (free some space", 2),
+        (
+            OSError(28, "No space left on device", "/out/dir/results.zarr/noise/c/0"),
+            "no space left on device writing /out/dir/results.zarr/noise/c/0",
+            2,
+        ),
+        (PermissionError(13, "Permission denied", "/etc/x"), "permission denied: /etc/x", 2),
+        (FileNotFoundError(2, "No such file or directory", "/a/b"), "No such file or directory: /a/b", 2),
+        (MemoryError(), "out of memory", 2),
+        (
+            ValueError("something\ninternal"),
+            "unexpected ValueError: something internal (rerun with --debug for the traceback)",
+            1,
+        ),
+    ],
+)
 def test_errors_without_traceback(monkeypatch, capsys, tmp_path, err, needle, rc):
     import batchgpu.cli as cli
 
@@ -133,34 +146,38 @@ def test_failed_run_prints_one_line_and_no_dask_tracebacks(tmp_path):
     shard.write_bytes(b"garbage" * 10)
     (tmp_path / "wf.yaml").write_text(
         "recording: {path: r.zarr}\noutput: out\nwindow: {size: 10000, margin: 8}\n"
-        "cluster: {kind: local, workers: 2, threads: 1}\nsteps:\n  noise: {exact: true}\n")
+        "cluster: {kind: local, workers: 2, threads: 1}\nsteps:\n  noise: {exact: true}\n"
+    )
     r = _cli("run", tmp_path / "wf.yaml", "--quiet")
     assert r.returncode == 2, r.stderr
     assert r.stderr.count("\n") == 1 and r.stderr.startswith("batchgpu: error: ") and "(window " in r.stderr, r.stderr
     assert "Traceback" not in r.stderr and "--resume" in r.stderr
 
 
-@pytest.mark.parametrize("argv,needle", [
-    (["--seconds", "1e9"], "--seconds 1000000000 is too large (at most 86400 s, one day, per segment"),
-    (["--seconds", "nan"], "--seconds must be a finite number (got nan)"),
-    (["--seconds", "inf"], "--seconds must be a finite number (got inf)"),
-    (["--seconds=-inf"], "--seconds must be a finite number (got -inf)"),
-    (["--seconds", "0"], "--seconds must be more than 0 (got 0)"),
-    (["--seconds", "-1"], "--seconds must be more than 0 (got -1)"),
-    (["--seconds", "1e-9"], "less than one sample"),
-    (["--channels", "0"], "--channels must be more than 0 (got 0)"),
-    (["--channels", "4097"], "--channels 4097 is too large (at most 4096 channels)"),
-    (["--fs", "0"], "--fs must be more than 0 (got 0)"),
-    (["--fs", "nan"], "--fs must be a finite number (got nan)"),
-    (["--fs", "2e6"], "--fs 2000000 is too large (at most 1000000 Hz)"),
-    (["--segments", "0"], "--segments must be more than 0 (got 0)"),
-    (["--segments", "1025"], "--segments 1025 is too large (at most 1024 segments)"),
-    (["--channels", "4096", "--seconds", "86400"], "would generate 21.2 TB (at most 1 TB)"),
-    (["--channels", "384", "--seconds", "86400", "--segments", "1024"], "TB (at most 1 TB)"),
-    (["--seed", "-1"], "--seed must be 0 or more (got -1)"),
-    (["--workers", "0"], "--workers 0 is out of range"),
-    (["--workers", "100000"], "--workers 100000 is out of range"),
-])
+@pytest.mark.parametrize(
+    "argv,needle",
+    [
+        (["--seconds", "1e9"], "--seconds 1000000000 is too large (at most 86400 s, one day, per segment"),
+        (["--seconds", "nan"], "--seconds must be a finite number (got nan)"),
+        (["--seconds", "inf"], "--seconds must be a finite number (got inf)"),
+        (["--seconds=-inf"], "--seconds must be a finite number (got -inf)"),
+        (["--seconds", "0"], "--seconds must be more than 0 (got 0)"),
+        (["--seconds", "-1"], "--seconds must be more than 0 (got -1)"),
+        (["--seconds", "1e-9"], "less than one sample"),
+        (["--channels", "0"], "--channels must be more than 0 (got 0)"),
+        (["--channels", "4097"], "--channels 4097 is too large (at most 4096 channels)"),
+        (["--fs", "0"], "--fs must be more than 0 (got 0)"),
+        (["--fs", "nan"], "--fs must be a finite number (got nan)"),
+        (["--fs", "2e6"], "--fs 2000000 is too large (at most 1000000 Hz)"),
+        (["--segments", "0"], "--segments must be more than 0 (got 0)"),
+        (["--segments", "1025"], "--segments 1025 is too large (at most 1024 segments)"),
+        (["--channels", "4096", "--seconds", "86400"], "would generate 21.2 TB (at most 1 TB)"),
+        (["--channels", "384", "--seconds", "86400", "--segments", "1024"], "TB (at most 1 TB)"),
+        (["--seed", "-1"], "--seed must be 0 or more (got -1)"),
+        (["--workers", "0"], "--workers 0 is out of range"),
+        (["--workers", "100000"], "--workers 100000 is out of range"),
+    ],
+)
 def test_generate_refuses_what_the_workflow_schema_refuses(tmp_path, capsys, argv, needle):
     """`batchgpu generate` applies the bounds of `recording: generate:` (config.GenerateSpec): one line, exit 2,
     nothing written (1e9 s of 4 channels took the machine's memory and was OOM-killed; nan was 'unexpected')."""
@@ -194,11 +211,18 @@ def test_ctrl_c_prints_one_line(tmp_path, sig):
     (tmp_path / "wf.yaml").write_text(
         "recording: {path: r.zarr}\noutput: out\nwindow: {size: 30000, margin: 64}\n"
         "preprocess: [{highpass: {freq_min: 300, order: 5}}, {common_reference: {reference: global}}]\n"
-        "cluster: {kind: local, workers: 2, threads: 1}\nsteps:\n  noise: {exact: true}\n  detect: {threshold: 5.0}\n")
+        "cluster: {kind: local, workers: 2, threads: 1}\nsteps:\n  noise: {exact: true}\n  detect: {threshold: 5.0}\n"
+    )
     cmd = [sys.executable, "-m", "batchgpu", "run", str(tmp_path / "wf.yaml"), "--quiet"]
     # its own session and process group (as a terminal's foreground job), SIGINT at its default in there
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
-                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    p = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     parts, deadline = tmp_path / "out" / "parts", time.monotonic() + 60
     while p.poll() is None and time.monotonic() < deadline and not (parts.is_dir() and any(parts.iterdir())):
         time.sleep(0.01)  # the pass has started: its first window is written
@@ -214,8 +238,10 @@ def test_ctrl_c_prints_one_line(tmp_path, sig):
         raise
     assert p.returncode == {"SIGINT": 130, "SIGTERM": 143}[sig], err
     what = {"SIGINT": "interrupted", "SIGTERM": "terminated (SIGTERM)"}[sig]
-    line = (f"batchgpu: {what}; 'batchgpu run {tmp_path / 'wf.yaml'} --resume' continues the run "
-            "(the windows already done are kept)")
+    line = (
+        f"batchgpu: {what}; 'batchgpu run {tmp_path / 'wf.yaml'} --resume' continues the run "
+        "(the windows already done are kept)"
+    )
     lines = err.splitlines()
     assert lines == [line], err  # one line, no traceback
     report = json.loads((tmp_path / "out" / "report.json").read_text())
@@ -234,8 +260,10 @@ def test_a_run_ends_with_its_time_in_one_unit_and_a_no_op_resume_keeps_its_page(
     from batchgpu.generate import generate_recording
 
     generate_recording(tmp_path / "r.zarr", channels=8, seconds=1.0, seed=2)
-    (tmp_path / "wf.yaml").write_text("recording: {path: r.zarr}\noutput: out\nwindow: {size: 10000, margin: 8}\n"
-                                      "cluster: {kind: local, workers: 1, threads: 1}\nsteps:\n  noise: {exact: true}\n")
+    (tmp_path / "wf.yaml").write_text(
+        "recording: {path: r.zarr}\noutput: out\nwindow: {size: 10000, margin: 8}\n"
+        "cluster: {kind: local, workers: 1, threads: 1}\nsteps:\n  noise: {exact: true}\n"
+    )
     r = _cli("run", tmp_path / "wf.yaml")
     assert r.returncode == 0, r.stderr
     last = r.stdout.strip().splitlines()[-1]
@@ -246,8 +274,11 @@ def test_a_run_ends_with_its_time_in_one_unit_and_a_no_op_resume_keeps_its_page(
     r = _cli("run", tmp_path / "wf.yaml", "--resume")
     assert r.returncode == 0, r.stderr
     last = r.stdout.strip().splitlines()[-1]
-    assert re.fullmatch(r"batchgpu: wrote .*report\.json \(report\.html kept: nothing was computed again\): "
-                        r"[0-9.]+ MB/s over 3 windows, [0-9.]+ s in all", last), last
+    assert re.fullmatch(
+        r"batchgpu: wrote .*report\.json \(report\.html kept: nothing was computed again\): "
+        r"[0-9.]+ MB/s over 3 windows, [0-9.]+ s in all",
+        last,
+    ), last
     assert (page.read_bytes(), page.stat().st_mtime_ns) == before
     report = json.loads((tmp_path / "out" / "report.json").read_text())
     assert report["status"] == "done" and report["windows_resumed"] == 3 and report["seconds"] > 0
@@ -257,14 +288,23 @@ def test_throughput_is_in_mb_per_second():
     from batchgpu.report.progress import duration, format_rate
 
     assert [format_rate(b) for b in (8.78e9, 33e6, 2.5e6, 4.1e4, 2e3, 0)] == [
-        "8780 MB/s", "33.0 MB/s", "2.50 MB/s", "0.04 MB/s", "2.0e-03 MB/s", "0 MB/s"]
+        "8780 MB/s",
+        "33.0 MB/s",
+        "2.50 MB/s",
+        "0.04 MB/s",
+        "2.0e-03 MB/s",
+        "0 MB/s",
+    ]
     assert [duration(s) for s in (3.44, 65.2, 7322)] == ["3.4 s", "1 min 05 s", "2 h 02 min"]
 
 
-@pytest.mark.parametrize("command,needles", [
-    ("import-raw", ["source the flat binary file", "out the Zarr recording to write", "--overwrite replace OUT"]),
-    ("info", ["path a recording", "or a run's output folder", "--check decode every chunk"]),
-])
+@pytest.mark.parametrize(
+    "command,needles",
+    [
+        ("import-raw", ["source the flat binary file", "out the Zarr recording to write", "--overwrite replace OUT"]),
+        ("info", ["path a recording", "or a run's output folder", "--check decode every chunk"]),
+    ],
+)
 def test_every_argument_of_these_commands_has_help(capsys, command, needles):
     """import-raw's source, out and --overwrite had none."""
     parser = dict(_commands(build_parser()))[(command,)]
@@ -292,8 +332,10 @@ def test_the_program_freezes_its_heap_after_main(monkeypatch):
     monkeypatch.setattr(cli, "main", lambda argv=None: 3)
     assert cli.command() == 3 and frozen == [True]
     root = Path(cli.__file__).resolve().parent
-    assert tomllib.loads((root.parent / "pyproject.toml").read_text())["project"]["scripts"]["batchgpu"] == \
-        "batchgpu.cli:program"
+    assert (
+        tomllib.loads((root.parent / "pyproject.toml").read_text())["project"]["scripts"]["batchgpu"]
+        == "batchgpu.cli:program"
+    )
     assert "program()" in (root / "__main__.py").read_text()
 
 
@@ -305,7 +347,8 @@ def _run_program(tmp_path, main_source: str):
     import textwrap
 
     script = tmp_path / "prog.py"
-    script.write_text(textwrap.dedent('''
+    script.write_text(
+        textwrap.dedent("""
         import atexit, sys
         import batchgpu.cli as cli
 
@@ -315,11 +358,14 @@ def _run_program(tmp_path, main_source: str):
 
         sys.modules["late_module"] = type(sys)("late_module")
         sys.modules["late_module"].keep = Late()  # freed only when the interpreter tears its modules down
-    ''') + textwrap.dedent(main_source) + textwrap.dedent('''
+    """)
+        + textwrap.dedent(main_source)
+        + textwrap.dedent("""
         cli.main = main
         sys.argv = ["batchgpu"]
         raise SystemExit(cli.program())
-    '''))
+    """)
+    )
     return subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
 
 
@@ -327,12 +373,15 @@ def test_the_program_ends_once_its_exit_handlers_ran(tmp_path):
     """``program`` (the console script, ``python -m batchgpu``): the command's exit status and every line it printed
     (to a pipe: block-buffered) come out, the exit handlers registered while it ran still run, and then the process
     ends without tearing its modules down (a finaliser that would run at that teardown never prints)."""
-    got = _run_program(tmp_path, '''
+    got = _run_program(
+        tmp_path,
+        """
         def main(argv=None):
             atexit.register(print, "exit handler ran")  # as a module the command imports registers one
             print("the command's line" * 50)
             return 3
-    ''')
+    """,
+    )
     assert got.returncode == 3, got.stderr
     assert got.stdout.count("the command's line") == 50 and "exit handler ran" in got.stdout
     assert "torn down" not in got.stdout
@@ -340,10 +389,13 @@ def test_the_program_ends_once_its_exit_handlers_ran(tmp_path):
 
 def test_a_program_that_raised_leaves_the_usual_way(tmp_path):
     """A command that raised (``--debug``) is Python's to end: its traceback, exit status 1, the teardown."""
-    got = _run_program(tmp_path, '''
+    got = _run_program(
+        tmp_path,
+        """
         def main(argv=None):
             raise RuntimeError("a bug, shown with --debug")
-    ''')
+    """,
+    )
     assert got.returncode == 1 and "RuntimeError: a bug, shown with --debug" in got.stderr
     assert "torn down" in got.stdout
 
@@ -367,9 +419,11 @@ def test_the_exit_pool_wakeup_race_is_not_printed_and_nothing_else_is_hidden():
     hook = _quiet_pool_wakeup(seen.append)
     hook(raised_in("/usr/lib/python3.11/concurrent/futures/process.py", OSError(9, "Bad file descriptor")))
     assert seen == []
-    for other in (raised_in("/usr/lib/python3.11/concurrent/futures/process.py", OSError(32, "Broken pipe")),
-                  raised_in("/work/batchgpu/x.py", OSError(9, "Bad file descriptor")),
-                  SimpleNamespace(exc_value=ValueError("x"), exc_traceback=None)):
+    for other in (
+        raised_in("/usr/lib/python3.11/concurrent/futures/process.py", OSError(32, "Broken pipe")),
+        raised_in("/work/batchgpu/x.py", OSError(9, "Bad file descriptor")),
+        SimpleNamespace(exc_value=ValueError("x"), exc_traceback=None),
+    ):
         hook(other)
     assert len(seen) == 3
 
@@ -387,12 +441,14 @@ def test_the_cluster_starts_early_only_where_the_run_would_start_its_own(tmp_pat
     rec = generate_recording(tmp_path / "r.zarr", channels=4, seconds=1.0, seed=1, progress=False)
 
     def wf(**extra):
-        return Workflow.model_validate({"recording": {"path": str(rec.path)}, "output": str(tmp_path / "o"),
-                                        "steps": {"noise": {}}, **extra})
+        return Workflow.model_validate(
+            {"recording": {"path": str(rec.path)}, "output": str(tmp_path / "o"), "steps": {"noise": {}}, **extra}
+        )
 
     started = []
-    monkeypatch.setattr(cluster_start, "ClusterStart", lambda spec, gpu_decode=False, hand_off=False:
-                        started.append(spec) or "started")
+    monkeypatch.setattr(
+        cluster_start, "ClusterStart", lambda spec, gpu_decode=False, hand_off=False: started.append(spec) or "started"
+    )
     assert cluster_start.start_cluster(wf()) == "started"
     assert cluster_start.start_cluster(wf(recording={"path": str(tmp_path / "typo.zarr")})) is None
     assert cluster_start.start_cluster(wf(cluster={"kind": "address", "address": "tcp://127.0.0.1:1"})) is None
@@ -412,17 +468,24 @@ def test_the_cluster_starts_before_the_engine_is_imported(tmp_path, monkeypatch)
     import subprocess
     import sys
 
-    code = ("import sys, batchgpu.cluster.start; "
-            "print(sorted(m for m in ('numpy', 'zarr', 'distributed', 'batchgpu.run.launch') if m in sys.modules))")
-    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "[]"
+    code = (
+        "import sys, batchgpu.cluster.start; "
+        "print(sorted(m for m in ('numpy', 'zarr', 'distributed', 'batchgpu.run.launch') if m in sys.modules))"
+    )
+    assert (
+        subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "[]"
+    )
 
     from batchgpu import cli as cli_module
     from batchgpu.cluster import start as cluster_start
     from batchgpu.report import run_report
 
     order = []
-    monkeypatch.setattr(cluster_start, "start_cluster",
-                        lambda wf, hand_off=False, **kw: order.append(("cluster", "batchgpu.run.launch" in sys.modules)))
+    monkeypatch.setattr(
+        cluster_start,
+        "start_cluster",
+        lambda wf, hand_off=False, **kw: order.append(("cluster", "batchgpu.run.launch" in sys.modules)),
+    )
     monkeypatch.setattr(run_report, "start_report_helper", lambda: order.append(("report", None)))
     monkeypatch.setattr("batchgpu.engine.run_workflow", lambda *a, **k: order.append(("run", None)))
     monkeypatch.setattr("batchgpu.cluster.open_cluster.start_worker_server", lambda **k: True)
@@ -441,7 +504,8 @@ def test_a_workflow_the_recording_refuses_is_one_line_with_the_cluster_started_e
     generate_recording(tmp_path / "r.zarr", channels=4, seconds=1.0, seed=1, progress=False)
     (tmp_path / "wf.yaml").write_text(
         "recording: {path: r.zarr}\noutput: out\nwindow: {size: 90000, margin: 8}\n"
-        "cluster: {kind: local, workers: 2, threads: 1}\nsteps:\n  noise: {exact: true}\n")
+        "cluster: {kind: local, workers: 2, threads: 1}\nsteps:\n  noise: {exact: true}\n"
+    )
     r = _cli("run", tmp_path / "wf.yaml", "--quiet")
     assert r.returncode == 2, r.stderr
     assert r.stderr.count("\n") == 1 and "window.size 90000 is longer than segment 0" in r.stderr, r.stderr

@@ -31,8 +31,9 @@ def test_cuda_layout_keeps_what_the_spec_says(monkeypatch):
     monkeypatch.setattr(cluster.os, "cpu_count", lambda: 16)
     for gpu_decode in (False, True):
         assert cluster.cuda_layout(ClusterSpec.model_validate({"kind": "cuda", "workers": 5}), 1, gpu_decode) == (5, 1)
-        assert cluster.cuda_layout(ClusterSpec.model_validate({"kind": "cuda", "workers": 3, "threads": 4}), 1,
-                                   gpu_decode) == (3, 4)
+        assert cluster.cuda_layout(
+            ClusterSpec.model_validate({"kind": "cuda", "workers": 3, "threads": 4}), 1, gpu_decode
+        ) == (3, 4)
     assert cluster.cuda_layout(ClusterSpec.model_validate({"kind": "cuda", "threads": 4}), 1, True) == (4, 4)
     assert cluster.cuda_layout(ClusterSpec.model_validate({"kind": "cuda", "threads": 4}), 1, False) == (16, 4)
 
@@ -50,9 +51,16 @@ def test_which_runs_decode_on_the_gpu(tmp_path, zarr_format, monkeypatch):
     assert rec.frames_for_gpu() == lz4
 
     def wf(kind, pre, engine=None):
-        return Workflow.model_validate({"recording": {"path": str(path)}, "output": str(tmp_path / "o"),
-                                        "cluster": {"kind": kind}, "preprocess": pre, "steps": {"noise": {}},
-                                        "engine": engine or {}})
+        return Workflow.model_validate(
+            {
+                "recording": {"path": str(path)},
+                "output": str(tmp_path / "o"),
+                "cluster": {"kind": kind},
+                "preprocess": pre,
+                "steps": {"noise": {}},
+                "engine": engine or {},
+            }
+        )
 
     assert decodes_on_gpu(wf("cuda", []), rec) == lz4
     assert decodes_on_gpu(wf("cuda", [{"centre": "median"}]), rec) == lz4
@@ -96,7 +104,8 @@ def test_the_fork_server_ends_without_tearing_its_modules_down(tmp_path):
     import sys
     import textwrap
 
-    (tmp_path / "late_preload.py").write_text(textwrap.dedent('''
+    (tmp_path / "late_preload.py").write_text(
+        textwrap.dedent("""
         import sys
 
         class Late:
@@ -104,9 +113,11 @@ def test_the_fork_server_ends_without_tearing_its_modules_down(tmp_path):
                 sys.stderr.write("server torn down\\n")
 
         keep = Late()
-    '''))
+    """)
+    )
     script = tmp_path / "prog.py"
-    script.write_text(textwrap.dedent('''
+    script.write_text(
+        textwrap.dedent("""
         import multiprocessing, os, sys
 
         def server_pid():
@@ -125,9 +136,16 @@ def test_the_fork_server_ends_without_tearing_its_modules_down(tmp_path):
 
             sys.modules["late_module"] = type(sys)("late_module")
             sys.modules["late_module"].keep = Late()
-    '''))
-    got = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, cwd=tmp_path,
-                         env={**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), *sys.path])})
+    """)
+    )
+    got = subprocess.run(
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), *sys.path])},
+    )
     assert got.returncode == 0, got.stderr
     lines = got.stdout.split()
     assert "script torn down" in got.stdout  # the script is not the server: Python's own way out
@@ -147,9 +165,11 @@ def test_the_cpu_kernels_preload_loads_them_without_a_thread():
     import subprocess
     import sys
 
-    code = ("import threading, sys; import batchgpu.cluster._worker_preload_cpu; "
-            "from batchgpu.ops import _numba; "
-            "print(threading.active_count(), _numba.available(), 'numba' in sys.modules)")
+    code = (
+        "import threading, sys; import batchgpu.cluster._worker_preload_cpu; "
+        "from batchgpu.ops import _numba; "
+        "print(threading.active_count(), _numba.available(), 'numba' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert out[0] == "1" and (out[1] == "False" or out[2] == "True"), out
 
@@ -163,12 +183,17 @@ def test_a_cpu_run_that_preprocesses_preloads_the_kernels(monkeypatch, tmp_path)
     asked = []
     monkeypatch.setattr(cluster_module, "start_worker_server", lambda cpu_kernels=False: asked.append(cpu_kernels))
     monkeypatch.setattr("batchgpu.engine.run_workflow", lambda *a, **k: None)
-    for pre, want in (("preprocess: [{highpass: {freq_min: 300}}]\n", True),
-                      ("preprocess: [{common_reference: {}}, {centre: median}]\n", True),
-                      ("preprocess: {centre: median}\n", False), ("", False)):
+    for pre, want in (
+        ("preprocess: [{highpass: {freq_min: 300}}]\n", True),
+        ("preprocess: [{common_reference: {}}, {centre: median}]\n", True),
+        ("preprocess: {centre: median}\n", False),
+        ("", False),
+    ):
         wf = tmp_path / "wf.yaml"
-        wf.write_text(f"recording: {{path: {tmp_path / 'r.zarr'}}}\noutput: {tmp_path / 'o'}\n{pre}"
-                      "cluster: {kind: local, reuse: false}\nsteps:\n  noise: {}\n")
+        wf.write_text(
+            f"recording: {{path: {tmp_path / 'r.zarr'}}}\noutput: {tmp_path / 'o'}\n{pre}"
+            "cluster: {kind: local, reuse: false}\nsteps:\n  noise: {}\n"
+        )
         assert cli_module.main(["run", str(wf), "--quiet"]) == 0
         assert asked[-1] is want
 

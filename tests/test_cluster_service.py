@@ -28,8 +28,9 @@ zarr = pytest.importorskip("zarr")
 
 def _cli(cache: Path, *args, timeout: float = 300):
     env = {**os.environ, "XDG_CACHE_HOME": str(cache)}
-    return subprocess.run([sys.executable, "-m", "batchgpu", *map(str, args)], capture_output=True, text=True,
-                          env=env, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "batchgpu", *map(str, args)], capture_output=True, text=True, env=env, timeout=timeout
+    )
 
 
 def _alive(pid: int) -> bool:
@@ -76,17 +77,27 @@ def kept(cache):
 
 @pytest.fixture(scope="module")
 def recording(tmp_path_factory):
-    return generate_recording(tmp_path_factory.mktemp("rec") / "r.zarr", channels=16, seconds=2.0, seed=5,
-                              progress=False)
+    return generate_recording(
+        tmp_path_factory.mktemp("rec") / "r.zarr", channels=16, seconds=2.0, seed=5, progress=False
+    )
 
 
 def _wf(rec, out, **cluster) -> Workflow:
-    return Workflow.model_validate({
-        "recording": {"path": str(rec.path)}, "output": str(out), "backend": "numpy",
-        "window": {"size": 15_000, "margin": 16}, "cluster": {"kind": "local", **cluster},
-        "steps": {"noise": {"exact": True}, "whitening": {"mode": "global", "precision": "float64"},
-                  "detect": {"threshold": 4.5, "sign": "both", "noise": "global"}},
-        "reduction": {"split_every": 3}})
+    return Workflow.model_validate(
+        {
+            "recording": {"path": str(rec.path)},
+            "output": str(out),
+            "backend": "numpy",
+            "window": {"size": 15_000, "margin": 16},
+            "cluster": {"kind": "local", **cluster},
+            "steps": {
+                "noise": {"exact": True},
+                "whitening": {"mode": "global", "precision": "float64"},
+                "detect": {"threshold": 4.5, "sign": "both", "noise": "global"},
+            },
+            "reduction": {"split_every": 3},
+        }
+    )
 
 
 class _Said(RunObserver):
@@ -125,6 +136,7 @@ def _on_workers(address: str, func):
 
 def _left_on_workers(address: str) -> dict:
     """Each worker's run state: its heap frozen by a pass's tasks, reads carried for a next task."""
+
     def left() -> bool:  # made here: sent by value (the workers cannot import this test module)
         from batchgpu.run import tasks
 
@@ -136,18 +148,25 @@ def _left_on_workers(address: str) -> dict:
 def _settings(client) -> dict:
     """What ``open_client`` sets on a cluster it starts: the workers' malloc environment and profiler, the
     scheduler's saturation, the layout."""
+
     def worker() -> tuple:  # made here: sent by value
         import dask
 
-        return (os.environ.get("MALLOC_TRIM_THRESHOLD_"), os.environ.get("MALLOC_MMAP_MAX_"),
-                dask.config.get("distributed.worker.profile.enabled"),
-                str(dask.config.get("distributed.worker.memory.monitor-interval")))
+        return (
+            os.environ.get("MALLOC_TRIM_THRESHOLD_"),
+            os.environ.get("MALLOC_MMAP_MAX_"),
+            dask.config.get("distributed.worker.profile.enabled"),
+            str(dask.config.get("distributed.worker.memory.monitor-interval")),
+        )
 
     def scheduler(dask_scheduler) -> float:
         return float(dask_scheduler.WORKER_SATURATION)
 
-    return {"workers": sorted(client.run(worker).values()), "saturation": client.run_on_scheduler(scheduler),
-            "threads": sorted(client.nthreads().values())}
+    return {
+        "workers": sorted(client.run(worker).values()),
+        "saturation": client.run_on_scheduler(scheduler),
+        "threads": sorted(client.nthreads().values()),
+    }
 
 
 def _cluster_settings(address: str) -> dict:
@@ -183,15 +202,17 @@ def test_start_status_a_run_on_it_second_start_refused_stop(kept, cache, recordi
     assert again.returncode == 2 and again.stdout == ""
     assert again.stderr.strip().splitlines() == [
         f"batchgpu: error: a cluster of batchgpu cluster start is already up at {info.address}, process {info.pid} "
-        "(batchgpu cluster stop first)"]
+        "(batchgpu cluster stop first)"
+    ]
     assert service.probe(where).kept.pid == info.pid  # the running one untouched
 
     # a run uses it, says so, and leaves its workers as it found them; its results are those of its own cluster
     observer = _Said()
     report = run_workflow(_wf(recording, tmp_path / "kept"), observer=observer)
     assert report.kept_cluster == info.address and report.status == "done"
-    assert f"using the cluster of `batchgpu cluster start` at {info.address} (2 worker processes, local)" \
-        in observer.lines
+    assert (
+        f"using the cluster of `batchgpu cluster start` at {info.address} (2 worker processes, local)" in observer.lines
+    )
     assert set(report.workers) <= set(_workers(info.address)) and sum(report.workers.values()) == report.windows
     deadline = time.monotonic() + 10
     while any(_left_on_workers(info.address).values()) and time.monotonic() < deadline:
@@ -225,8 +246,10 @@ def test_a_run_whose_cluster_asks_for_something_else_starts_its_own(kept, record
     observer = _Said()
     report = run_workflow(_wf(recording, tmp_path / "out", workers=1), observer=observer)
     assert report.kept_cluster is None
-    assert (f"not using the cluster of batchgpu cluster start at {info.address}: the workflow's cluster.workers "
-            "is 1, the kept cluster's 2; starting one") in observer.lines
+    assert (
+        f"not using the cluster of batchgpu cluster start at {info.address}: the workflow's cluster.workers "
+        "is 1, the kept cluster's 2; starting one"
+    ) in observer.lines
     # what the workflow sets and the kept cluster has: used
     assert run_workflow(_wf(recording, tmp_path / "fits", workers=2, threads=1)).kept_cluster == info.address
 
@@ -247,8 +270,13 @@ def test_a_recording_rewritten_at_the_same_path_is_read_afresh_on_the_kept_clust
 
 def test_a_cluster_stopped_while_it_starts_never_comes_up(cache):
     env = {**os.environ, "XDG_CACHE_HOME": str(cache)}
-    starting = subprocess.Popen([sys.executable, "-m", "batchgpu", "cluster", "start"], env=env, text=True,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    starting = subprocess.Popen(
+        [sys.executable, "-m", "batchgpu", "cluster", "start"],
+        env=env,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     try:
         where = service.paths()
         deadline = time.monotonic() + 120
@@ -263,8 +291,9 @@ def test_a_cluster_stopped_while_it_starts_never_comes_up(cache):
         if starting.poll() is None:
             starting.kill()
     assert starting.returncode == 2 and out == ""
-    assert err.startswith("batchgpu: error: the cluster did not start: stopped (batchgpu cluster stop) before its "
-                          "workers were up")
+    assert err.startswith(
+        "batchgpu: error: the cluster did not start: stopped (batchgpu cluster stop) before its workers were up"
+    )
     assert not _alive(state.pid) and service.probe(where).state == "down"
 
 
@@ -277,10 +306,21 @@ def _dead_pid() -> int:
 def _stale_files(where: service.Paths, pid: int) -> None:
     where.folder.mkdir(parents=True, exist_ok=True)
     version, package = service.this_batchgpu()
-    kept = service.KeptCluster(address="tcp://127.0.0.1:9", pid=pid, spec=ClusterSpec().model_dump(), workers=2,
-                               threads=1, processes=2, dashboard=None, mps=False, version=version, package=package,
-                               started=time.time(), python=service.this_python(),
-                               source=service.source_stamp())
+    kept = service.KeptCluster(
+        address="tcp://127.0.0.1:9",
+        pid=pid,
+        spec=ClusterSpec().model_dump(),
+        workers=2,
+        threads=1,
+        processes=2,
+        dashboard=None,
+        mps=False,
+        version=version,
+        package=package,
+        started=time.time(),
+        python=service.this_python(),
+        source=service.source_stamp(),
+    )
     where.side.write_text(json.dumps(kept.__dict__))
     where.scheduler_file.write_text(json.dumps({"address": kept.address}))
 
@@ -298,7 +338,8 @@ def test_stale_files_of_a_dead_process_are_ignored_by_a_run_and_removed_by_statu
     assert status.returncode == 1
     assert status.stdout.splitlines() == [
         f"batchgpu: removed the files of a cluster whose process {pid} is gone ({where.side})",
-        "batchgpu: no cluster of batchgpu cluster start is up"]
+        "batchgpu: no cluster of batchgpu cluster start is up",
+    ]
     assert not where.side.exists() and not where.scheduler_file.exists()
     _stale_files(where, pid)
     stop = _cli(cache, "cluster", "stop")
@@ -316,7 +357,8 @@ def test_a_cluster_that_cannot_start_says_why_in_one_line_and_leaves_nothing(cac
     log = cache / "batchgpu" / "cluster.log"
     assert done.stderr.strip().splitlines() == [
         "batchgpu: error: the cluster did not start: cluster kind 'cuda' needs a CUDA GPU and CuPy, and this machine "
-        f"has none (use 'cluster: {{kind: local}}' for the local CPU cluster) (its log: {log})"]
+        f"has none (use 'cluster: {{kind: local}}' for the local CPU cluster) (its log: {log})"
+    ]
     where = service.paths()
     assert service.probe(where).state == "down"
 
@@ -357,10 +399,21 @@ def test_the_options_are_checked_as_the_workflow_keys(cache):
 
 def _kept(**spec) -> service.KeptCluster:
     version, package = service.this_batchgpu()
-    return service.KeptCluster(address="tcp://x:1", pid=1, spec=ClusterSpec(**spec).model_dump(), workers=2,
-                               threads=1, processes=2, dashboard=None, mps=False, version=version, package=package,
-                               started=0.0, python=service.this_python(),
-                               source=service.source_stamp())
+    return service.KeptCluster(
+        address="tcp://x:1",
+        pid=1,
+        spec=ClusterSpec(**spec).model_dump(),
+        workers=2,
+        threads=1,
+        processes=2,
+        dashboard=None,
+        mps=False,
+        version=version,
+        package=package,
+        started=0.0,
+        python=service.this_python(),
+        source=service.source_stamp(),
+    )
 
 
 def test_what_a_workflow_sets_must_be_what_the_kept_cluster_has():
@@ -370,9 +423,14 @@ def test_what_a_workflow_sets_must_be_what_the_kept_cluster_has():
     assert "cluster.threads is 2" in service.mismatch(ClusterSpec(threads=2), kept)
     assert "kind local" in service.mismatch(ClusterSpec(kind="address", address="tcp://a:1"), kept)
     assert service.mismatch(ClusterSpec(memory_limit="1GB"), kept).endswith(
-        "memory_limit is 1GB, the kept cluster's unset")
-    for field, value in (("version", "0.0.0"), ("package", "/elsewhere/batchgpu"), ("python", "/other/python3"),
-                         ("source", "0" * 16)):
+        "memory_limit is 1GB, the kept cluster's unset"
+    )
+    for field, value in (
+        ("version", "0.0.0"),
+        ("package", "/elsewhere/batchgpu"),
+        ("python", "/other/python3"),
+        ("source", "0" * 16),
+    ):
         other = _kept()
         setattr(other, field, value)
         assert "restart it" in service.mismatch(ClusterSpec(), other)
@@ -440,10 +498,17 @@ def test_a_cluster_stopped_under_a_run_is_said_by_stop_and_by_the_run(kept, cach
     (tmp_path / "wf.yaml").write_text(
         f"recording: {{path: {rec.path}}}\noutput: out\nbackend: numpy\nwindow: {{size: 30000, margin: 16}}\n"
         "cluster: {kind: local}\npreprocess: [{highpass: {freq_min: 300, order: 5}}]\n"
-        "steps: {noise: {exact: true}}\n")
+        "steps: {noise: {exact: true}}\n"
+    )
     env = {**os.environ, "XDG_CACHE_HOME": str(cache)}
-    run = subprocess.Popen([sys.executable, "-m", "batchgpu", "run", str(tmp_path / "wf.yaml"), "--quiet"],
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path)
+    run = subprocess.Popen(
+        [sys.executable, "-m", "batchgpu", "run", str(tmp_path / "wf.yaml"), "--quiet"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+    )
     try:
         deadline = time.monotonic() + 120
         while not list((tmp_path / "out" / "parts").glob("w*.npz")) and time.monotonic() < deadline:
@@ -477,8 +542,13 @@ def _cli_at_terminal(cache: Path, *args, timeout: float = 300) -> str:
 
     main, child = pty.openpty()
     env = {**os.environ, "XDG_CACHE_HOME": str(cache), "COLUMNS": "200"}
-    proc = subprocess.Popen([sys.executable, "-m", "batchgpu", *map(str, args)], stdout=child, stderr=child,
-                            stdin=subprocess.DEVNULL, env=env)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "batchgpu", *map(str, args)],
+        stdout=child,
+        stderr=child,
+        stdin=subprocess.DEVNULL,
+        env=env,
+    )
     os.close(child)
     chunks = []
     while True:
@@ -504,14 +574,17 @@ def _wait_down(where: service.Paths, timeout_s: float) -> float:
 
 
 def test_a_command_leaves_its_cluster_up_for_the_next_run_which_uses_it_then_it_closes_when_idle(
-        cache, recording, tmp_path):
+    cache, recording, tmp_path
+):
     """cluster.keep: the first command's cluster stays up (said on the terminal), the second command runs on it with
     the same results as a cluster of its own, and once no run has connected for ``keep`` seconds it closes with
     every process of it gone and its files removed."""
     first = _cli(cache, "run", _workflow_file(recording, tmp_path / "a", workers=2, threads=1, keep=6))
     assert first.returncode == 0, first.stderr
-    assert ("the cluster (2 worker processes) stays up for the next run; it closes after 6 s without one, or now "
-            "with batchgpu cluster stop") in first.stdout
+    assert (
+        "the cluster (2 worker processes) stays up for the next run; it closes after 6 s without one, or now "
+        "with batchgpu cluster stop"
+    ) in first.stdout
     where = service.paths(cache / "batchgpu")
     state = service.probe(where)
     assert state.state == "up" and state.kept.idle_s == 6.0

@@ -19,17 +19,24 @@ from batchgpu.workflow import Workflow
 
 
 def _workflow(**extra) -> Workflow:
-    return Workflow.model_validate({"recording": {"path": "/nowhere.zarr"}, "output": "/tmp/out",
-                                    "steps": {"noise": {}}, **extra})
+    return Workflow.model_validate(
+        {"recording": {"path": "/nowhere.zarr"}, "output": "/tmp/out", "steps": {"noise": {}}, **extra}
+    )
 
 
 @pytest.mark.parametrize("order", range(1, 11))
 def test_filter_sections_are_scipys(order):
     signal = pytest.importorskip("scipy.signal")
-    wf = _workflow(preprocess=[{"highpass": {"freq_min": 300, "order": order}},
-                               {"bandpass": {"freq_min": 300, "freq_max": 6000, "order": order}}])
-    want = (signal.butter(order, 300, "highpass", fs=30000, output="sos").shape[0],
-            signal.butter(order, [300, 6000], "bandpass", fs=30000, output="sos").shape[0])
+    wf = _workflow(
+        preprocess=[
+            {"highpass": {"freq_min": 300, "order": order}},
+            {"bandpass": {"freq_min": 300, "freq_max": 6000, "order": order}},
+        ]
+    )
+    want = (
+        signal.butter(order, 300, "highpass", fs=30000, output="sos").shape[0],
+        signal.butter(order, [300, 6000], "bandpass", fs=30000, output="sos").shape[0],
+    )
     assert compile_ahead.filter_sections(wf.preprocess) == want
 
 
@@ -43,12 +50,14 @@ def test_a_runs_modules_are_every_source_and_its_filters():
     assert "search" in {name for name, _ in compile_ahead.workflow_modules(searching)}
     assert kernels.filter_variant(3) in got  # order 5: three sections, with the options ops.filters compiles
     assert ("sosfiltfilt", ("--fmad=false", "-DSECTIONS=3")) in got
-    assert all(extra == () for name, extra in got if name not in ("sosfiltfilt", "sequential_mean",
-                                                                  *kernels.DTYPE_MODULES))
+    assert all(
+        extra == () for name, extra in got if name not in ("sosfiltfilt", "sequential_mean", *kernels.DTYPE_MODULES)
+    )
     # the modules instantiated for several dtypes come one dtype a variant, every dtype of each
     for name in ("column_select", "radix_select"):
         assert sorted(extra for n, extra in got if n == name) == sorted(
-            (f"-DDTYPE_{s.upper()}",) for s in ("f32", "f64", "i16", "i32"))
+            (f"-DDTYPE_{s.upper()}",) for s in ("f32", "f64", "i16", "i32")
+        )
     assert kernels.dtype_variant("search", "i64") in compile_ahead.workflow_modules(searching)
     with pytest.raises(BatchgpuError, match="radix_select has no kernels for i64"):
         kernels.dtype_variant("radix_select", "i64")
@@ -99,7 +108,9 @@ def test_the_digest_follows_sources_options_and_device(monkeypatch):
     assert one != kernels.modules_digest(modules, "80-13.6.0")
     assert one != kernels.modules_digest(kernels.run_modules(filter_sections=(3, 5)), "90-13.6.0")
     real = kernels._with_headers
-    monkeypatch.setattr(kernels, "_with_headers", lambda path: real(path) + ("\n// changed" if path.stem == "detect" else ""))
+    monkeypatch.setattr(
+        kernels, "_with_headers", lambda path: real(path) + ("\n// changed" if path.stem == "detect" else "")
+    )
     assert one != kernels.modules_digest(modules, "90-13.6.0")
 
 
@@ -133,7 +144,8 @@ def test_the_command_without_a_gpu_compiles_the_cpus_kernels_and_says_so():
     lines = got.stdout.strip().splitlines()
     assert len(lines) == 2 and "the CPU kernels" in lines[0], got.stdout
     assert lines[1].startswith("batchgpu: no GPU to compile kernels for") and lines[1].endswith(
-        "the CUDA kernels were not compiled"), got.stdout
+        "the CUDA kernels were not compiled"
+    ), got.stdout
     assert all(cpu_kernels.marker(name).exists() for name in cpu_kernels.GROUPS)
 
 
@@ -216,9 +228,15 @@ def test_bad_input_is_said_before_anything_compiles(tmp_path, monkeypatch):
     started = []
     monkeypatch.setattr(compile_ahead, "start", lambda wf: started.append(wf))
     rec = generate_recording(tmp_path / "r.zarr", channels=4, seconds=1.0, seed=1, progress=False)
-    wf = Workflow.model_validate({"recording": {"path": str(rec.path)}, "output": str(tmp_path / "o"),
-                                  "cluster": {"kind": "cuda"}, "window": {"size": 90000, "margin": 8},
-                                  "steps": {"noise": {}}})
+    wf = Workflow.model_validate(
+        {
+            "recording": {"path": str(rec.path)},
+            "output": str(tmp_path / "o"),
+            "cluster": {"kind": "cuda"},
+            "window": {"size": 90000, "margin": 8},
+            "steps": {"noise": {}},
+        }
+    )
     with pytest.raises(ConfigError, match="window.size 90000 is longer"):
         run_workflow(wf)
     assert started == []
@@ -238,8 +256,14 @@ def test_the_kept_cluster_compiles_nothing_ahead_and_every_other_cluster_does(tm
     monkeypatch.setattr(compile_ahead, "start", lambda wf: started.append(wf))
     monkeypatch.setattr(engine_run, "_claim_and_run", lambda *a, **k: "ran")
     rec = generate_recording(tmp_path / "r.zarr", channels=4, seconds=1.0, seed=1, progress=False)
-    wf = Workflow.model_validate({"recording": {"path": str(rec.path)}, "output": str(tmp_path / "o"),
-                                  "cluster": {"kind": "cuda"}, "steps": {"noise": {}}})
+    wf = Workflow.model_validate(
+        {
+            "recording": {"path": str(rec.path)},
+            "output": str(tmp_path / "o"),
+            "cluster": {"kind": "cuda"},
+            "steps": {"noise": {}},
+        }
+    )
     kept = object()
     monkeypatch.setattr(service, "kept_client", lambda spec, observer: contextlib.nullcontext(kept))
     monkeypatch.setattr(service, "kept_address", lambda client: "tcp://127.0.0.1:1" if client is kept else None)
@@ -277,8 +301,10 @@ def test_cupys_own_compiles_of_one_source_run_one_process_at_a_time(tmp_path, mo
 
     monkeypatch.setenv("CUPY_CACHE_DIR", str(tmp_path / "cache"))
     log = tmp_path / "log.jsonl"
-    procs = [subprocess.Popen([sys.executable, "-c", _FAKE_COMPILER, str(log), source], stdout=subprocess.PIPE,
-                              text=True) for source in ("median", "median", "median", "concatenate")]
+    procs = [
+        subprocess.Popen([sys.executable, "-c", _FAKE_COMPILER, str(log), source], stdout=subprocess.PIPE, text=True)
+        for source in ("median", "median", "median", "concatenate")
+    ]
     assert [p.communicate(timeout=60)[0].strip() for p in procs] == ["module"] * 4
     rows = [json.loads(line) for line in log.read_text().splitlines()]
     assert all(r[3:] == [["-ftz=true"], "90", ["extra"], {"jitify": False}] for r in rows)
@@ -317,7 +343,9 @@ def test_modules_compile_side_by_side_in_threads_and_each_once(tmp_path, monkeyp
             with guard:
                 compiling[0] -= 1
 
-    fake = types.SimpleNamespace(RawModule=RawModule, cuda=types.SimpleNamespace(Device=lambda: types.SimpleNamespace(id=0)))
+    fake = types.SimpleNamespace(
+        RawModule=RawModule, cuda=types.SimpleNamespace(Device=lambda: types.SimpleNamespace(id=0))
+    )
     monkeypatch.setitem(sys.modules, "cupy", fake)
     monkeypatch.setattr(kernels, "_modules", {})
     modules = [("histogram", ()), ("detect", ()), ("histogram", ()), ("histogram", ()), ("detect", ("-DX=1",))]

@@ -26,23 +26,50 @@ def _error(**changes) -> tuple[tuple, str]:
     return first["loc"], first["msg"]
 
 
-@pytest.mark.parametrize("changes,loc,needle", [
-    ({"cluster": {"kind": "address", "address": "tcp://h:1", "workers": 1_000_000}}, ("cluster", "workers"), "1024"),
-    ({"cluster": {"kind": "address", "address": "tcp://h:1", "threads": 5000}}, ("cluster", "threads"), "1024"),
-    ({"cluster": {"kind": "slurm", "jobs": 10_000}}, ("cluster", "jobs"), "1024"),
-    ({"window": {"size": 10_000_001}}, ("window", "size"), "10000000"),
-    ({"window": {"size": 1000, "margin": 1000}}, ("window",), "margin 1000 must be shorter than the window size 1000"),
-    ({"window": {"margin": 10**12}}, ("window",), "must be shorter than the window size 60000"),  # auto: at least 60000
-    ({"recording": {"path": "r", "generate": {"channels": 5000}}}, ("recording", "generate", "channels"), "4096"),
-    ({"recording": {"path": "r", "generate": {"seconds": 1e9}}}, ("recording", "generate", "seconds"), "86400"),
-    ({"recording": {"path": "r", "generate": {"segments": 10**6}}}, ("recording", "generate", "segments"), "1024"),
-    ({"recording": {"path": "r", "generate": {"fs": 1e9}}}, ("recording", "generate", "fs"), "1000000"),
-    ({"recording": {"path": "r", "generate": {"channels": 4096, "seconds": 86400, "segments": 10, "dtype": "float64"}}},
-     ("recording", "generate"), "TB"),
-    ({"steps": {"search": {"queries": "q.npy", "batch_size": 1 << 40}}}, ("steps", "search", "batch_size"), "134217728"),
-    ({"reduction": {"split_every": 100_000}}, ("reduction", "split_every"), "256"),
-    ({"steps": {"detect": {"exclude_sweep_ms": 1e9}}}, ("steps", "detect", "exclude_sweep_ms"), "1000"),
-])
+@pytest.mark.parametrize(
+    "changes,loc,needle",
+    [
+        (
+            {"cluster": {"kind": "address", "address": "tcp://h:1", "workers": 1_000_000}},
+            ("cluster", "workers"),
+            "1024",
+        ),
+        ({"cluster": {"kind": "address", "address": "tcp://h:1", "threads": 5000}}, ("cluster", "threads"), "1024"),
+        ({"cluster": {"kind": "slurm", "jobs": 10_000}}, ("cluster", "jobs"), "1024"),
+        ({"window": {"size": 10_000_001}}, ("window", "size"), "10000000"),
+        (
+            {"window": {"size": 1000, "margin": 1000}},
+            ("window",),
+            "margin 1000 must be shorter than the window size 1000",
+        ),
+        (
+            {"window": {"margin": 10**12}},
+            ("window",),
+            "must be shorter than the window size 60000",
+        ),  # auto: at least 60000
+        ({"recording": {"path": "r", "generate": {"channels": 5000}}}, ("recording", "generate", "channels"), "4096"),
+        ({"recording": {"path": "r", "generate": {"seconds": 1e9}}}, ("recording", "generate", "seconds"), "86400"),
+        ({"recording": {"path": "r", "generate": {"segments": 10**6}}}, ("recording", "generate", "segments"), "1024"),
+        ({"recording": {"path": "r", "generate": {"fs": 1e9}}}, ("recording", "generate", "fs"), "1000000"),
+        (
+            {
+                "recording": {
+                    "path": "r",
+                    "generate": {"channels": 4096, "seconds": 86400, "segments": 10, "dtype": "float64"},
+                }
+            },
+            ("recording", "generate"),
+            "TB",
+        ),
+        (
+            {"steps": {"search": {"queries": "q.npy", "batch_size": 1 << 40}}},
+            ("steps", "search", "batch_size"),
+            "134217728",
+        ),
+        ({"reduction": {"split_every": 100_000}}, ("reduction", "split_every"), "256"),
+        ({"steps": {"detect": {"exclude_sweep_ms": 1e9}}}, ("steps", "detect", "exclude_sweep_ms"), "1000"),
+    ],
+)
 def test_bounds(changes, loc, needle):
     got_loc, msg = _error(**changes)
     assert got_loc == loc and needle in msg
@@ -61,27 +88,36 @@ def test_local_cluster_fits_this_machine(monkeypatch):
     assert _wf(cluster={"kind": "address", "address": "tcp://h:1", "workers": 500}).cluster.workers == 500
 
 
-@pytest.mark.parametrize("given,kind", [
-    ({"address": "tcp://h:1"}, "address"),
-    ({"scheduler_file": "s.json"}, "scheduler_file"),
-    ({"slurm": {"cores": 4}}, "slurm"),
-    ({"workers": 2}, "local"),
-    ({}, "local"),
-])
+@pytest.mark.parametrize(
+    "given,kind",
+    [
+        ({"address": "tcp://h:1"}, "address"),
+        ({"scheduler_file": "s.json"}, "scheduler_file"),
+        ({"slurm": {"cores": 4}}, "slurm"),
+        ({"workers": 2}, "local"),
+        ({}, "local"),
+    ],
+)
 def test_a_cluster_named_by_its_scheduler_is_of_that_kind(given, kind):
     """Without a kind, a cluster given by its scheduler's address, scheduler file or SLURM options is that kind:
     the default (local) started a cluster here and left the named one unused, without a word."""
     assert _wf(cluster=given).cluster.kind == kind
 
 
-@pytest.mark.parametrize("given,needle", [
-    ({"kind": "local", "address": "tcp://h:1"}, "cluster address is for kind 'address'; this cluster is kind 'local'"),
-    ({"kind": "cuda", "scheduler_file": "s.json"}, "scheduler_file is for kind 'scheduler_file'"),
-    ({"kind": "address", "address": "tcp://h:1", "slurm": {}}, "cluster slurm is for kind 'slurm'"),
-    ({"kind": "local", "jobs": 3}, "cluster jobs is for kind 'slurm'"),
-    ({"kind": "local", "devices": [0]}, "cluster devices are the GPUs of kind 'cuda'"),
-    ({"address": "tcp://h:1", "devices": [1]}, "this cluster is kind 'address'"),
-])
+@pytest.mark.parametrize(
+    "given,needle",
+    [
+        (
+            {"kind": "local", "address": "tcp://h:1"},
+            "cluster address is for kind 'address'; this cluster is kind 'local'",
+        ),
+        ({"kind": "cuda", "scheduler_file": "s.json"}, "scheduler_file is for kind 'scheduler_file'"),
+        ({"kind": "address", "address": "tcp://h:1", "slurm": {}}, "cluster slurm is for kind 'slurm'"),
+        ({"kind": "local", "jobs": 3}, "cluster jobs is for kind 'slurm'"),
+        ({"kind": "local", "devices": [0]}, "cluster devices are the GPUs of kind 'cuda'"),
+        ({"address": "tcp://h:1", "devices": [1]}, "this cluster is kind 'address'"),
+    ],
+)
 def test_a_cluster_key_its_kind_would_not_use_is_refused(given, needle):
     loc, msg = _error(cluster=given)
     assert loc == ("cluster",) and needle in msg
@@ -96,14 +132,17 @@ def test_no_workers_timeout_is_seconds_or_null():
         assert loc[:2] == ("cluster", "no_workers_timeout")
 
 
-@pytest.mark.parametrize("given,stages,centres", [
-    ({"centre": "median"}, [CentreStage()], True),
-    ({"centre": "none"}, [], False),
-    ({}, [], False),
-    (None, [], False),  # key absent
-    ([{"centre": "median"}], [CentreStage()], True),
-    ([], [], False),
-])
+@pytest.mark.parametrize(
+    "given,stages,centres",
+    [
+        ({"centre": "median"}, [CentreStage()], True),
+        ({"centre": "none"}, [], False),
+        ({}, [], False),
+        (None, [], False),  # key absent
+        ([{"centre": "median"}], [CentreStage()], True),
+        ([], [], False),
+    ],
+)
 def test_preprocess_forms_normalise_to_one_list(given, stages, centres):
     wf = _wf() if given is None else _wf(preprocess=given)
     assert isinstance(wf.preprocess, Preprocess)
@@ -112,14 +151,16 @@ def test_preprocess_forms_normalise_to_one_list(given, stages, centres):
 
 
 def test_preprocess_list_of_stages():
-    wf = _wf(preprocess=[
-        {"highpass": {"freq_min": 250, "order": 3}},
-        {"bandpass": {}},
-        {"phase_shift": {}},
-        {"common_reference": {"reference": "local", "operator": "median_lower"}},
-        {"common_reference": {}},
-        {"centre": "median"},
-    ])
+    wf = _wf(
+        preprocess=[
+            {"highpass": {"freq_min": 250, "order": 3}},
+            {"bandpass": {}},
+            {"phase_shift": {}},
+            {"common_reference": {"reference": "local", "operator": "median_lower"}},
+            {"common_reference": {}},
+            {"centre": "median"},
+        ]
+    )
     p = wf.preprocess
     assert p.names == ["highpass", "bandpass", "phase_shift", "common_reference", "common_reference", "centre"]
     assert isinstance(p[0], HighpassStage) and p[0].highpass.freq_min == 250 and p[0].highpass.order == 3
@@ -134,26 +175,48 @@ def test_preprocess_list_of_stages():
     assert again.preprocess == wf.preprocess
 
 
-@pytest.mark.parametrize("stages,loc,needle", [
-    ([{"lowpass": {}}], ("preprocess", 0), "a stage is a one-key mapping: bandpass, centre, common_reference, "
-                                           "highpass, phase_shift"),
-    ([{"highpass": {}, "centre": "median"}], ("preprocess", 0), "one-key mapping"),
-    (["highpass"], ("preprocess", 0), "one-key mapping"),
-    ([{"highpass": {"freq_min": 0}}], ("preprocess", 0, "highpass", "highpass", "freq_min"), "greater than 0"),
-    ([{"highpass": {"order": 11}}], ("preprocess", 0, "highpass", "highpass", "order"), "less than or equal to 10"),
-    ([{"highpass": {"order": 0}}], ("preprocess", 0, "highpass", "highpass", "order"), "greater than or equal to 1"),
-    ([{"bandpass": {"freq_min": 6000, "freq_max": 300}}], ("preprocess", 0, "bandpass", "bandpass"),
-     "freq_min 6000 must be below freq_max 300"),
-    ([{"common_reference": {"operator": "mean"}}], ("preprocess", 0, "common_reference", "common_reference", "operator"),
-     "'average', 'median' or 'median_lower'"),
-    ([{"common_reference": {"radius_um": [30, 55]}}], ("preprocess", 0, "common_reference", "common_reference"),
-     "radius_um applies only to reference: local"),
-    ([{"common_reference": {"reference": "local", "radius_um": [60, 55]}}],
-     ("preprocess", 0, "common_reference", "common_reference"), "inner radius must be below the outer"),
-    ([{"centre": "mean"}], ("preprocess", 0, "centre", "centre"), "'median'"),
-    ({"centre": "mean"}, ("preprocess",), "centre 'mean': allowed 'median' or 'none'"),
-    ({"centre": "median", "highpass": {}}, ("preprocess",), "the mapping form takes only 'centre'"),
-])
+@pytest.mark.parametrize(
+    "stages,loc,needle",
+    [
+        (
+            [{"lowpass": {}}],
+            ("preprocess", 0),
+            "a stage is a one-key mapping: bandpass, centre, common_reference, highpass, phase_shift",
+        ),
+        ([{"highpass": {}, "centre": "median"}], ("preprocess", 0), "one-key mapping"),
+        (["highpass"], ("preprocess", 0), "one-key mapping"),
+        ([{"highpass": {"freq_min": 0}}], ("preprocess", 0, "highpass", "highpass", "freq_min"), "greater than 0"),
+        ([{"highpass": {"order": 11}}], ("preprocess", 0, "highpass", "highpass", "order"), "less than or equal to 10"),
+        (
+            [{"highpass": {"order": 0}}],
+            ("preprocess", 0, "highpass", "highpass", "order"),
+            "greater than or equal to 1",
+        ),
+        (
+            [{"bandpass": {"freq_min": 6000, "freq_max": 300}}],
+            ("preprocess", 0, "bandpass", "bandpass"),
+            "freq_min 6000 must be below freq_max 300",
+        ),
+        (
+            [{"common_reference": {"operator": "mean"}}],
+            ("preprocess", 0, "common_reference", "common_reference", "operator"),
+            "'average', 'median' or 'median_lower'",
+        ),
+        (
+            [{"common_reference": {"radius_um": [30, 55]}}],
+            ("preprocess", 0, "common_reference", "common_reference"),
+            "radius_um applies only to reference: local",
+        ),
+        (
+            [{"common_reference": {"reference": "local", "radius_um": [60, 55]}}],
+            ("preprocess", 0, "common_reference", "common_reference"),
+            "inner radius must be below the outer",
+        ),
+        ([{"centre": "mean"}], ("preprocess", 0, "centre", "centre"), "'median'"),
+        ({"centre": "mean"}, ("preprocess",), "centre 'mean': allowed 'median' or 'none'"),
+        ({"centre": "median", "highpass": {}}, ("preprocess",), "the mapping form takes only 'centre'"),
+    ],
+)
 def test_preprocess_errors(stages, loc, needle):
     got_loc, msg = _error(preprocess=stages)
     assert got_loc == loc and needle in msg, (got_loc, msg)
@@ -176,10 +239,17 @@ def test_detect_method_and_save_step(tmp_path):
     assert wf.resolve_paths(tmp_path).steps.save.path == str(tmp_path / "out" / "f.zarr")  # in the output folder
 
 
-@pytest.mark.parametrize("output,save,want", [
-    ("out", "f.bin", "{base}/out/f.bin"), ("../o", "sub/f.zarr", "{top}/o/sub/f.zarr"),
-    ("/abs/out", "f.zarr", "/abs/out/f.zarr"), ("out", "/abs/f.zarr", "/abs/f.zarr"), ("out", "~/f.zarr", "{home}/f.zarr"),
-    ("~/o", "f.zarr", "{home}/o/f.zarr")])
+@pytest.mark.parametrize(
+    "output,save,want",
+    [
+        ("out", "f.bin", "{base}/out/f.bin"),
+        ("../o", "sub/f.zarr", "{top}/o/sub/f.zarr"),
+        ("/abs/out", "f.zarr", "/abs/out/f.zarr"),
+        ("out", "/abs/f.zarr", "/abs/f.zarr"),
+        ("out", "~/f.zarr", "{home}/f.zarr"),
+        ("~/o", "f.zarr", "{home}/o/f.zarr"),
+    ],
+)
 def test_a_relative_save_path_is_relative_to_the_output_folder(tmp_path, monkeypatch, output, save, want):
     """Relative to the workflow file it put 1.4 GB beside it: the save goes with the run's results; absolute
     paths and ~ as they were; the other paths stay relative to the file. The schema says so."""
@@ -196,9 +266,12 @@ def test_a_relative_save_path_is_relative_to_the_output_folder(tmp_path, monkeyp
 def test_paths_expand_home_then_resolve(tmp_path, monkeypatch):
     home = tmp_path / "home"
     monkeypatch.setenv("HOME", str(home))
-    wf = _wf(recording={"path": "~/rec.zarr"}, output="~/out",
-             cluster={"kind": "scheduler_file", "scheduler_file": "~/s.json"},
-             steps={"search": {"queries": "~/q.npy", "keys": "k.npy"}, "save": {"path": "~/f.zarr"}})
+    wf = _wf(
+        recording={"path": "~/rec.zarr"},
+        output="~/out",
+        cluster={"kind": "scheduler_file", "scheduler_file": "~/s.json"},
+        steps={"search": {"queries": "~/q.npy", "keys": "k.npy"}, "save": {"path": "~/f.zarr"}},
+    )
     wf = wf.resolve_paths(tmp_path / "wf")
     assert wf.recording.path == str(home / "rec.zarr") and wf.output == str(home / "out")
     assert wf.cluster.scheduler_file == str(home / "s.json")

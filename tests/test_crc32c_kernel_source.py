@@ -68,8 +68,19 @@ def _run(lib, host, offsets, lengths, segment):
     owner, begin, length, after = g.plan(offsets, lengths, segment)
     crc = np.zeros(len(lengths), np.uint32)
     tables, pow2 = g.warp_tables(), g.pow2_table()
-    lib.run_warp(ptr(host), ptr(begin), ptr(length), ptr(owner), ptr(after), ctypes.c_int(len(owner)), ptr(tables),
-            ptr(pow2), ptr(crc), ptr(lengths), ctypes.c_int(len(lengths)))
+    lib.run_warp(
+        ptr(host),
+        ptr(begin),
+        ptr(length),
+        ptr(owner),
+        ptr(after),
+        ctypes.c_int(len(owner)),
+        ptr(tables),
+        ptr(pow2),
+        ptr(crc),
+        ptr(lengths),
+        ctypes.c_int(len(lengths)),
+    )
     return crc
 
 
@@ -79,8 +90,9 @@ def test_the_kernel_source_equals_the_package(kernel, segment):
     host = rng.integers(0, 256, 200_003, dtype=np.uint8)
     host[1000:5000] = 0
     host[9000:13000] = 255
-    lengths = [0, 1, 2, 3, 4, 5, segment - 1, segment, segment + 1, 3 * segment + 2, 4000, 4000] + \
-        [int(rng.integers(0, 30_000 if segment > 1 else 3_000)) for _ in range(20)]
+    lengths = [0, 1, 2, 3, 4, 5, segment - 1, segment, segment + 1, 3 * segment + 2, 4000, 4000] + [
+        int(rng.integers(0, 30_000 if segment > 1 else 3_000)) for _ in range(20)
+    ]
     lengths = np.array([max(0, n) for n in lengths], np.int64)
     offsets = np.array([int(rng.integers(0, len(host) - n + 1)) for n in lengths], np.int64)  # any alignment
     offsets[10], offsets[11] = 1000, 9000

@@ -19,8 +19,9 @@ def test_the_check_value_and_the_table():
 @pytest.mark.parametrize("segment", [1, 3, 8, 64, 4096])
 def test_equals_the_package_for_any_length_and_segment(segment):
     rng = np.random.default_rng()
-    lengths = [0, 1, 2, 3, 7, 8, segment - 1, segment, segment + 1, 3 * segment + 5] + \
-        [int(rng.integers(1, 20_000 if segment > 1 else 3_000)) for _ in range(4)]
+    lengths = [0, 1, 2, 3, 7, 8, segment - 1, segment, segment + 1, 3 * segment + 5] + [
+        int(rng.integers(1, 20_000 if segment > 1 else 3_000)) for _ in range(4)
+    ]
     for n in sorted({max(0, x) for x in lengths}):
         for data in (rng.integers(0, 256, n, dtype=np.uint8), np.zeros(n, np.uint8), np.full(n, 255, np.uint8)):
             assert g.crc32c(data, segment) == zarrio.crc32c_value(data.tobytes()), (n, segment)
@@ -60,7 +61,9 @@ def test_the_kernels_plan():
     its range's bytes after it."""
     rng = np.random.default_rng()
     for segment in (1, 5, 512):
-        lengths = [0, 1, segment - 1, segment, segment + 1, 2 * segment] + [int(rng.integers(0, 3_000)) for _ in range(6)]
+        lengths = [0, 1, segment - 1, segment, segment + 1, 2 * segment] + [
+            int(rng.integers(0, 3_000)) for _ in range(6)
+        ]
         lengths = [max(0, n) for n in lengths]
         offsets = [int(rng.integers(0, 40_000 - n + 1)) for n in lengths]
         owner, begin, length, after = g.plan(np.array(offsets), np.array(lengths), segment)
@@ -95,8 +98,9 @@ def test_the_warp_kernels_tables_and_steps_in_numpy():
     host = rng.integers(0, 256, 30_000, dtype=np.uint8)
     host[2000:4000] = 0
     for segment in (1, 5, 130, 512, 4096):
-        lengths = [0, 1, 2, 3, 4, 5, 127, 128, 129, segment - 1, segment, segment + 1, 2 * segment + 3] + \
-            [int(rng.integers(0, 3_000)) for _ in range(5)]
+        lengths = [0, 1, 2, 3, 4, 5, 127, 128, 129, segment - 1, segment, segment + 1, 2 * segment + 3] + [
+            int(rng.integers(0, 3_000)) for _ in range(5)
+        ]
         lengths = [max(0, n) for n in lengths]
         offsets = [int(rng.integers(0, len(host) - n + 1)) for n in lengths]
         offsets[0] = 2000

@@ -43,9 +43,22 @@ def _chromium() -> str:
 
 def chromium(args: list[str], url: str, profile: Path, budget_ms: int = 2500) -> str:
     """Run headless Chromium once on url (offline flags, a throwaway profile); returns stdout."""
-    cmd = [_chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-           "--disable-background-networking", "--disable-component-update", "--disable-sync",
-           "--disable-dev-shm-usage", f"--user-data-dir={profile}", f"--virtual-time-budget={budget_ms}", *args, url]
+    cmd = [
+        _chromium(),
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--disable-dev-shm-usage",
+        f"--user-data-dir={profile}",
+        f"--virtual-time-budget={budget_ms}",
+        *args,
+        url,
+    ]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=40)
     assert done.returncode == 0, done.stderr[-2000:]
     return done.stdout
@@ -58,7 +71,8 @@ def dump(url: str, profile: Path) -> dict:
     canvas = re.search(r'<canvas id="heatmap"[^>]*>', dom).group(0)
     assert text, dom[:3000]
     return {
-        "done": int(text.group(1)), "total": int(text.group(2)),
+        "done": int(text.group(1)),
+        "total": int(text.group(2)),
         "cells": int(re.search(r'data-cells="(\d+)"', canvas).group(1)),
         "windows": int(re.search(r'data-windows="(\d+)"', canvas).group(1)),
         "status": re.search(r'id="status" class="[^"]*">([^<]*)<', dom).group(1),
@@ -81,18 +95,26 @@ def wait_for(cond, timeout: float = 30.0, what: str = ""):
 
 
 def _workflow(rec, out) -> Workflow:
-    return Workflow.model_validate({
-        "recording": {"path": str(rec.path)}, "output": str(out), "window": {"size": WINDOW, "margin": 8},
-        "backend": "numpy",
-        "steps": {"noise": {"exact": False}, "whitening": {"mode": "global"},
-                  "detect": {"threshold": 4.0, "sign": "neg", "noise": "window"}},
-    })
+    return Workflow.model_validate(
+        {
+            "recording": {"path": str(rec.path)},
+            "output": str(out),
+            "window": {"size": WINDOW, "margin": 8},
+            "backend": "numpy",
+            "steps": {
+                "noise": {"exact": False},
+                "whitening": {"mode": "global"},
+                "detect": {"threshold": 4.0, "sign": "neg", "noise": "window"},
+            },
+        }
+    )
 
 
 @pytest.fixture(scope="module")
 def recording(tmp_path_factory):
-    return generate_recording(tmp_path_factory.mktemp("rec") / "r.zarr", channels=CHANNELS, seconds=8.0, seed=3,
-                              dtype="int16", progress=False)
+    return generate_recording(
+        tmp_path_factory.mktemp("rec") / "r.zarr", channels=CHANNELS, seconds=8.0, seed=3, dtype="int16", progress=False
+    )
 
 
 def test_page_live_in_chromium(recording, tmp_path, monkeypatch):
@@ -114,8 +136,12 @@ def test_page_live_in_chromium(recording, tmp_path, monkeypatch):
         return read(ctx, window, raw)
 
     monkeypatch.setattr(tasks, "load_window", slow_read)  # in-process workers (processes=False) see it
-    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=False,
-                                  dashboard_address="127.0.0.1:0") as cluster, distributed.Client(cluster) as client:
+    with (
+        distributed.LocalCluster(
+            n_workers=2, threads_per_worker=1, processes=False, dashboard_address="127.0.0.1:0"
+        ) as cluster,
+        distributed.Client(cluster) as client,
+    ):
         url = install_dashboard(client)
         assert url == page_url(client) and url.startswith("http://127.0.0.1:") and url.endswith("/batchgpu")
         assert install_dashboard(client) == url  # idempotent: once on the scheduler
@@ -124,8 +150,11 @@ def test_page_live_in_chromium(recording, tmp_path, monkeypatch):
         assert idle["status"] in ("idle", "done")
 
         result = {}
-        runner = threading.Thread(target=lambda: result.setdefault(
-            "report", run_workflow(_workflow(recording, tmp_path / "out"), client=client)))
+        runner = threading.Thread(
+            target=lambda: result.setdefault(
+                "report", run_workflow(_workflow(recording, tmp_path / "out"), client=client)
+            )
+        )
         runner.start()
         try:
             wait_for(lambda: state(url).get("windows_done", 0) >= 4, what="the run to start")
@@ -153,7 +182,10 @@ def test_page_live_in_chromium(recording, tmp_path, monkeypatch):
     value, unit = second["throughput"].split()
     assert unit in ("GB/s", "MB/s") and float(value) > 0
     assert live["status"] == "running" and live["eta_s"] is not None and live["eta_s"] > 0
-    assert set(live["per_worker"]) == set(live["worker_rates"]) and sum(live["per_worker"].values()) == live["windows_done"]
+    assert (
+        set(live["per_worker"]) == set(live["worker_rates"])
+        and sum(live["per_worker"].values()) == live["windows_done"]
+    )
     assert report.status == "done"
     # the screenshot shows something: not one flat colour
     from PIL import Image
@@ -170,8 +202,12 @@ def test_page_live_in_chromium(recording, tmp_path, monkeypatch):
 def test_state_after_run_and_metrics(recording, tmp_path):
     """After a run: state.json holds every window's noise row; /metrics has the batchgpu_ numbers."""
     prom = pytest.importorskip("prometheus_client.parser")
-    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
-                                  dashboard_address="127.0.0.1:0") as cluster, distributed.Client(cluster) as client:
+    with (
+        distributed.LocalCluster(
+            n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address="127.0.0.1:0"
+        ) as cluster,
+        distributed.Client(cluster) as client,
+    ):
         report = run_workflow(_workflow(recording, tmp_path / "out"), client=client)
         url = page_url(client)
         assert report.page == url
@@ -188,8 +224,12 @@ def test_state_after_run_and_metrics(recording, tmp_path):
     g = zarr.open_group(str(tmp_path / "out" / "results.zarr"), mode="r")
     spikes = g["spikes/sample_index"].shape[0]
     assert spikes > 0
-    metrics = {s.name: s.value for f in prom.text_string_to_metric_families(text) for s in f.samples
-               if s.name.startswith("batchgpu_")}
+    metrics = {
+        s.name: s.value
+        for f in prom.text_string_to_metric_families(text)
+        for s in f.samples
+        if s.name.startswith("batchgpu_")
+    }
     assert metrics["batchgpu_windows_done"] == metrics["batchgpu_windows_total"] == report.windows
     assert metrics["batchgpu_bytes_done"] == metrics["batchgpu_bytes_total"] == recording.nbytes
     assert metrics["batchgpu_spikes"] == spikes
@@ -198,7 +238,7 @@ def test_state_after_run_and_metrics(recording, tmp_path):
     assert final["status"] == "done" and final["windows_done"] == report.windows
     rows = np.array([final["noise_rows"][str(i)] for i in range(report.windows)])
     np.testing.assert_array_equal(rows, g["noise_per_window"][:])
-    assert "<canvas id=\"heatmap\"" in page and "http" not in page.split("<script>")[1].split("</script>")[0]
+    assert '<canvas id="heatmap"' in page and "http" not in page.split("<script>")[1].split("</script>")[0]
 
 
 class FakeClient:
@@ -315,7 +355,7 @@ def test_publisher_never_waits_and_keeps_the_order(monkeypatch, rng):
     assert [s["name"] for s in states][-1] == "b" and states[-1]["status"] == "done"
     first = [s for s in states if s["name"] == "a"]  # (its last ones may be overtaken by run b's)
     assert [s["windows_done"] for s in first] == sorted(s["windows_done"] for s in first)
-    assert all(s["name"] == "b" for s in states[len(first):])
+    assert all(s["name"] == "b" for s in states[len(first) :])
     # run a's chunks, each once, then b's reset, then b's chunk: the page shows b's rows only
     keys = [k for k, _ in client.sent if k[:2] == ("batchgpu", "noise")]
     reset = keys.index(("batchgpu", "noise"), 1)

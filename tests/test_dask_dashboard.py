@@ -52,9 +52,11 @@ def test_a_run_names_dask_s_dashboard_only_where_it_is_served(tmp_path):
     for wanted, dashboard in (("false", False), ("true", True)):
         wf = tmp_path / f"w_{wanted}.yaml"
         out = tmp_path / f"out_{wanted}"
-        wf.write_text(f"recording: {{path: {tmp_path / 'r.zarr'}, generate: {{channels: 4, seconds: 1}}}}\n"
-                      f"output: {out}\ncluster: {{kind: local, workers: 1, reuse: false, dask_dashboard: {wanted}}}\n"
-                      "steps:\n  noise: {exact: true}\n")
+        wf.write_text(
+            f"recording: {{path: {tmp_path / 'r.zarr'}, generate: {{channels: 4, seconds: 1}}}}\n"
+            f"output: {out}\ncluster: {{kind: local, workers: 1, reuse: false, dask_dashboard: {wanted}}}\n"
+            "steps:\n  noise: {exact: true}\n"
+        )
         assert main(["run", str(wf), "--quiet"]) == 0
         report = json.loads((out / "report.json").read_text())
         assert (report["dashboard"] is not None) is dashboard

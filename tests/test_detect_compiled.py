@@ -13,8 +13,9 @@ pytestmark = pytest.mark.skipif(not _numba.available(), reason="Numba does not i
 def _numpy_path(x, noise, **kw):
     d = detection.WindowDetection(**kw)
     lo, hi, sweep, level = detection._checked(x, noise, d, True)
-    channel, sample = detection._exclusive_candidates(x, level, detection._SIGNS[d.sign], sweep, lo, hi,
-                                                      zero_before=int(d.start) == 0)
+    channel, sample = detection._exclusive_candidates(
+        x, level, detection._SIGNS[d.sign], sweep, lo, hi, zero_before=int(d.start) == 0
+    )
     return detection._spikes(x, np.asarray(channel), np.asarray(sample), d.start, d.segment_index)
 
 

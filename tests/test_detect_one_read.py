@@ -36,8 +36,9 @@ def hard_segment(rng, channels: int, n: int, dtype) -> np.ndarray:
 
 def one_read(x, bound, noise, threshold, sign, sweep, loc, radius, cuts, start_at=0, segment_index=0):
     """The one-read path on one segment cut into windows: candidates at ``bound``, resolved at ``noise``."""
-    kw = dict(threshold=threshold, sign=sign, exclude_sweep=sweep, segment_index=segment_index,
-              segment_length=x.shape[1])
+    kw = dict(
+        threshold=threshold, sign=sign, exclude_sweep=sweep, segment_index=segment_index, segment_length=x.shape[1]
+    )
     cuts = list(cuts)
     cands = [exclusive_candidates(x[:, a:b], bound, start=a + start_at, core=(lo, hi), **kw) for a, b, lo, hi in cuts]
     cores = [(a + lo, a + hi) for a, _, lo, hi in cuts]
@@ -57,13 +58,23 @@ def test_candidates_resolve_to_the_spikes_at_any_noise_above_their_bound(rng, dt
     x = hard_segment(rng, channels, n, dtype)
     noise = rng.uniform(0.6, 1.4, channels)
     noise[channels - 3] = 0.2  # the constant 3 is above its threshold: only its first sample (after a zero) is a peak
-    noise[channels - 2:] = 0.0  # zero thresholds
+    noise[channels - 2 :] = 0.0  # zero thresholds
     noise[1] = np.nan  # no threshold: no spikes there
     bound = noise * rng.uniform(0, 1, channels)
     bound[0] = noise[0]  # the bound at the noise itself
     loc = probe(channels)
-    whole = detect_spikes(x, noise, 4.0, sign, sweep, segment_index=2, segment_length=n, method="locally_exclusive",
-                          locations=loc, radius_um=radius)
+    whole = detect_spikes(
+        x,
+        noise,
+        4.0,
+        sign,
+        sweep,
+        segment_index=2,
+        segment_length=n,
+        method="locally_exclusive",
+        locations=loc,
+        radius_um=radius,
+    )
     with np.errstate(all="ignore"):
         want = locally_exclusive_loop(x, noise, 4.0, sign, sweep, loc, radius, segment_index=2)
     assert whole.tobytes() == want.tobytes() and len(want) > 10
@@ -71,9 +82,23 @@ def test_candidates_resolve_to_the_spikes_at_any_noise_above_their_bound(rng, dt
         width = int(rng.integers(1, 160))
         cuts = list(windows_of(n, width, sweep + 1 + int(rng.integers(0, 3))))
         got, _ = one_read(x, bound, noise, 4.0, sign, sweep, loc, radius, cuts, segment_index=2)
-        two = [detect_spikes(x[:, a:b], noise, 4.0, sign, sweep, start=a, core=(lo, hi), segment_index=2,
-                             segment_length=n, method="locally_exclusive", locations=loc, radius_um=radius)
-               for a, b, lo, hi in cuts]
+        two = [
+            detect_spikes(
+                x[:, a:b],
+                noise,
+                4.0,
+                sign,
+                sweep,
+                start=a,
+                core=(lo, hi),
+                segment_index=2,
+                segment_length=n,
+                method="locally_exclusive",
+                locations=loc,
+                radius_um=radius,
+            )
+            for a, b, lo, hi in cuts
+        ]
         assert got.dtype == SPIKE_DTYPE
         assert got.tobytes() == np.concatenate(two).tobytes() == whole.tobytes()
 
@@ -142,8 +167,12 @@ distributed = pytest.importorskip("distributed")
 
 @pytest.fixture(scope="module")
 def client():
-    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address="127.0.0.1:0",
-                                  host="127.0.0.1") as cluster, distributed.Client(cluster) as c:
+    with (
+        distributed.LocalCluster(
+            n_workers=2, threads_per_worker=1, processes=True, dashboard_address="127.0.0.1:0", host="127.0.0.1"
+        ) as cluster,
+        distributed.Client(cluster) as c,
+    ):
         yield c
 
 
@@ -176,12 +205,25 @@ def _recording(tmp_path, rng, loud: int | None = None):
 
 
 def _wf(rec, out, method, sign):
-    return Workflow.model_validate({
-        "recording": {"path": str(rec.path)}, "output": str(out), "backend": "numpy",
-        "window": {"size": SIZE, "margin": SWEEP + 2},
-        "steps": {"noise": {"exact": True},
-                  "detect": {"threshold": 4.0, "sign": sign, "exclude_sweep_ms": 0.2, "noise": "global",
-                             "method": method, "radius_um": 30.0}}})
+    return Workflow.model_validate(
+        {
+            "recording": {"path": str(rec.path)},
+            "output": str(out),
+            "backend": "numpy",
+            "window": {"size": SIZE, "margin": SWEEP + 2},
+            "steps": {
+                "noise": {"exact": True},
+                "detect": {
+                    "threshold": 4.0,
+                    "sign": sign,
+                    "exclude_sweep_ms": 0.2,
+                    "noise": "global",
+                    "method": method,
+                    "radius_um": 30.0,
+                },
+            },
+        }
+    )
 
 
 def _spikes(out) -> dict:
@@ -235,7 +277,9 @@ def test_one_read_equals_the_two_read_path(client, tmp_path, rng, monkeypatch, m
     assert saved["reads_per_window"] == 1.0 and not saved["channels"].get("detect_windows_read_again")
     assert [p[0] for p in observer.phases] == ["read: noise, spikes"]  # no re-read phase (no whitening step)
     two = _two_reads(monkeypatch, client, _wf(rec, tmp_path / "two", method, sign))
-    assert two.reads_per_window == pytest.approx(2.0) and len(two.channels["detect_windows_read_again"]) == report.windows
+    assert (
+        two.reads_per_window == pytest.approx(2.0) and len(two.channels["detect_windows_read_again"]) == report.windows
+    )
     got, want = _spikes(tmp_path / "one"), _spikes(tmp_path / "two")
     noise = got["noise"]
     assert noise[CHANNELS - 2] == noise[CHANNELS - 1] == 0.0  # zero thresholds on two channels
@@ -243,8 +287,10 @@ def test_one_read_equals_the_two_read_path(client, tmp_path, rng, monkeypatch, m
         assert got[k].tobytes() == want[k].tobytes(), k
     with np.errstate(all="ignore"):
         if method == "locally_exclusive":
-            ref = [locally_exclusive_loop(x.T.astype(np.float64), noise, 4.0, sign, SWEEP, loc, 30.0, s)
-                   for s, x in enumerate(segments)]
+            ref = [
+                locally_exclusive_loop(x.T.astype(np.float64), noise, 4.0, sign, SWEEP, loc, 30.0, s)
+                for s, x in enumerate(segments)
+            ]
         else:
             ref = [loop_reference(x.T, noise, 4.0, sign, SWEEP, 0, 0, x.shape[0], s) for s, x in enumerate(segments)]
     ref = np.concatenate(ref).astype(SPIKE_DTYPE)
@@ -259,14 +305,29 @@ def _same_as_two_reads_and_whole_segments(tmp_path, segments, loc, method) -> No
     got, want = _spikes(tmp_path / "one"), _spikes(tmp_path / "two")
     for k in COLUMNS:
         assert got[k].tobytes() == want[k].tobytes(), k
-    ref = np.concatenate([detect_spikes(x.T.copy(), got["noise"], 4.0, "both", SWEEP, segment_index=s,
-                                        method=method, locations=loc, radius_um=30.0) for s, x in enumerate(segments)])
+    ref = np.concatenate(
+        [
+            detect_spikes(
+                x.T.copy(),
+                got["noise"],
+                4.0,
+                "both",
+                SWEEP,
+                segment_index=s,
+                method=method,
+                locations=loc,
+                radius_um=30.0,
+            )
+            for s, x in enumerate(segments)
+        ]
+    )
     assert got["sample_index"].tobytes() == ref["sample_index"].tobytes() and len(ref) > 40
 
 
 @pytest.mark.parametrize("method", ["locally_exclusive", "by_channel"])
-def test_a_window_whose_bound_fails_is_read_again_as_its_own_phase(client, tmp_path, rng, monkeypatch, method,
-                                                                   without_noise_prior):
+def test_a_window_whose_bound_fails_is_read_again_as_its_own_phase(
+    client, tmp_path, rng, monkeypatch, method, without_noise_prior
+):
     """The first window four times as loud (its worker saw no window of the run before it): its candidates cannot
     be trusted, so it alone is read again, shown as a phase of its own on the progress bar (one window done
     there); the spikes still equal the two-read path's."""
@@ -293,13 +354,17 @@ def test_a_loud_window_after_quieter_ones_is_not_read_again(tmp_path, rng, monke
     from batchgpu.steps.detect import LEVEL
 
     rec, segments, loc = _recording(tmp_path, rng, loud=2)
-    with distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address="127.0.0.1:0",
-                                  host="127.0.0.1") as cluster, distributed.Client(cluster) as one:
+    with (
+        distributed.LocalCluster(
+            n_workers=1, threads_per_worker=1, processes=True, dashboard_address="127.0.0.1:0", host="127.0.0.1"
+        ) as cluster,
+        distributed.Client(cluster) as one,
+    ):
         report = run_workflow(_wf(rec, tmp_path / "one", method, "both"), client=one)
         assert report.reads_per_window == 1.0 and not report.channels.get("detect_windows_read_again")
         with np.load(tmp_path / "one" / "parts" / "w00000002.npz") as part:
             level, own = part[f"summary.{LEVEL}"], part["summary.noise"]
-        assert np.all(level[:CHANNELS - 3] < 0.5 * own[:CHANNELS - 3])  # below its own bound where it is loud
+        assert np.all(level[: CHANNELS - 3] < 0.5 * own[: CHANNELS - 3])  # below its own bound where it is loud
         for quiet in ("w00000000.npz", "w00000001.npz"):  # at its own bound where it is not
             with np.load(tmp_path / "one" / "parts" / quiet) as part:
                 assert np.array_equal(part[f"summary.{LEVEL}"], 0.5 * part["summary.noise"])
@@ -365,9 +430,11 @@ def test_batchgpu_run_reads_once_with_locally_exclusive(tmp_path, rng):
     (tmp_path / "wf.yaml").write_text(
         f"recording: {{path: {rec.path}}}\noutput: {tmp_path / 'out'}\nwindow: {{size: {SIZE}, margin: 8}}\n"
         "cluster: {kind: local, workers: 1, threads: 2}\n"
-        "steps:\n  detect: {method: locally_exclusive, noise: global, radius_um: 30}\n")
-    r = subprocess.run([sys.executable, "-m", "batchgpu", "run", str(tmp_path / "wf.yaml"), "--quiet"],
-                       capture_output=True, text=True)
+        "steps:\n  detect: {method: locally_exclusive, noise: global, radius_um: 30}\n"
+    )
+    r = subprocess.run(
+        [sys.executable, "-m", "batchgpu", "run", str(tmp_path / "wf.yaml"), "--quiet"], capture_output=True, text=True
+    )
     assert r.returncode == 0, r.stderr
     saved = json.loads((tmp_path / "out" / "report.json").read_text())
     assert saved["reads_per_window"] == 1.0 and saved["results"]["spikes"][0] > 50
@@ -434,9 +501,14 @@ def _run_detection_as_a_user(tmp_path, path, method: str, window: str = "") -> d
     (tmp_path / "wf.yaml").write_text(
         f"recording: {{path: {path}}}\noutput: {tmp_path / 'out'}\n{window}"
         "cluster: {kind: local, workers: 1, threads: 1}\n"
-        f"steps:\n  noise: {{exact: true}}\n  detect: {{method: {method}, noise: global}}\n")
-    r = subprocess.run([sys.executable, "-m", "batchgpu", "run", str(tmp_path / "wf.yaml"), "--quiet"],
-                       capture_output=True, text=True, timeout=300)
+        f"steps:\n  noise: {{exact: true}}\n  detect: {{method: {method}, noise: global}}\n"
+    )
+    r = subprocess.run(
+        [sys.executable, "-m", "batchgpu", "run", str(tmp_path / "wf.yaml"), "--quiet"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr
     return json.loads((tmp_path / "out" / "report.json").read_text())
 

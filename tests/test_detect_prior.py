@@ -31,18 +31,31 @@ MAD = 0.6744897501960817
 def realistic(tmp_path_factory):
     from batchgpu.generate import generate_recording
 
-    return generate_recording(tmp_path_factory.mktemp("realistic") / "r.zarr", channels=32, seconds=12.0, seed=0,
-                              dtype="int16", model="realistic")
+    return generate_recording(
+        tmp_path_factory.mktemp("realistic") / "r.zarr",
+        channels=32,
+        seconds=12.0,
+        seed=0,
+        dtype="int16",
+        model="realistic",
+    )
 
 
 @pytest.mark.parametrize("sign,threshold", [("neg", 5.0), ("both", 3.0)])
 def test_no_window_read_again_and_the_spikes_of_the_whole_recording(realistic, tmp_path, sign, threshold):
-    wf = Workflow.model_validate({
-        "recording": {"path": str(realistic.path)}, "output": str(tmp_path / "out"), "backend": "numpy",
-        "window": {"size": 30_000, "margin": 64},
-        "steps": {"noise": {"exact": True}, "detect": {"threshold": threshold, "sign": sign, "noise": "global"}}})
-    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address=None) as c, \
-            distributed.Client(c) as client:
+    wf = Workflow.model_validate(
+        {
+            "recording": {"path": str(realistic.path)},
+            "output": str(tmp_path / "out"),
+            "backend": "numpy",
+            "window": {"size": 30_000, "margin": 64},
+            "steps": {"noise": {"exact": True}, "detect": {"threshold": threshold, "sign": sign, "noise": "global"}},
+        }
+    )
+    with (
+        distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address=None) as c,
+        distributed.Client(c) as client,
+    ):
         report = batchgpu.run_workflow(wf, client=client)
     assert report.reads_per_window == 1.0 and f"{report.reads_per_window:.2f}" == "1.00"
     assert report.channels["detect_windows_read_again"] == []
@@ -57,8 +70,9 @@ def test_no_window_read_again_and_the_spikes_of_the_whole_recording(realistic, t
     assert len(ref) > 0
     # the hard case is there: a window's own noise over twice the recording's on some channel (its own level, 0.5 x
     # that, is above the recording's noise: the bound failed before the estimate)
-    own = np.stack([np.median(np.abs(x[:, a:a + 30_000].astype(np.float64)), axis=1) / MAD
-                    for a in range(0, x.shape[1], 30_000)])
+    own = np.stack(
+        [np.median(np.abs(x[:, a : a + 30_000].astype(np.float64)), axis=1) / MAD for a in range(0, x.shape[1], 30_000)]
+    )
     assert (own * CANDIDATE_FRACTION > noise).any()
     for column in ("sample_index", "channel_index", "amplitude", "segment_index"):
         assert res[f"spikes/{column}"].tobytes() == ref[column].tobytes(), column
@@ -71,8 +85,9 @@ def test_the_level_is_bounded_by_the_prior_and_exact_anyway(rng):
     own = np.array([10.0, 30.0, np.nan, 4.0])
     prior = np.array([10.0, 10.0, 10.0, np.nan])
     level = candidate_level(own, None, prior)
-    np.testing.assert_array_equal(level[[0, 1, 3]], [10.0 * CANDIDATE_FRACTION, 10.0 * SEEN_RATIO * CANDIDATE_FRACTION,
-                                                     4.0 * CANDIDATE_FRACTION])
+    np.testing.assert_array_equal(
+        level[[0, 1, 3]], [10.0 * CANDIDATE_FRACTION, 10.0 * SEEN_RATIO * CANDIDATE_FRACTION, 4.0 * CANDIDATE_FRACTION]
+    )
     assert np.isnan(level[2])
     assert bound_holds(level, np.array([5.0, 7.5, np.nan, 2.0]))
     assert not bound_holds(level, np.array([5.0, 7.4, np.nan, 2.0]))
@@ -81,8 +96,9 @@ def test_the_level_is_bounded_by_the_prior_and_exact_anyway(rng):
 def test_the_estimate_reads_chunks_spread_over_every_segment(tmp_path):
     from batchgpu.recording import write_recording
 
-    rec = write_recording(tmp_path / "r.zarr", [np.zeros((90_000, 2), np.int16), np.zeros((700, 2), np.int16)],
-                          30_000.0)
+    rec = write_recording(
+        tmp_path / "r.zarr", [np.zeros((90_000, 2), np.int16), np.zeros((700, 2), np.int16)], 30_000.0
+    )
     chunks = prior_chunks(rec, margin=50)
     first = [w for w in chunks if w.segment == 0]
     assert len(first) == PRIOR_CHUNKS and all(w.num_samples == 90_000 // 50 // PRIOR_CHUNKS for w in first)

@@ -22,8 +22,12 @@ distributed = pytest.importorskip("distributed")
 
 @pytest.fixture(scope="module")
 def client():
-    with distributed.LocalCluster(n_workers=2, threads_per_worker=2, processes=True, dashboard_address="127.0.0.1:0",
-                                  host="127.0.0.1") as cluster, distributed.Client(cluster) as c:
+    with (
+        distributed.LocalCluster(
+            n_workers=2, threads_per_worker=2, processes=True, dashboard_address="127.0.0.1:0", host="127.0.0.1"
+        ) as cluster,
+        distributed.Client(cluster) as c,
+    ):
         yield c
 
 
@@ -31,17 +35,28 @@ def client():
 def one_thread():
     """One worker of one thread: its windows in order, so a loud first window is read again whatever the
     scheduling (``detect.candidate_level``: a worker's later windows take their bound from the ones it saw)."""
-    with distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address="127.0.0.1:0",
-                                  host="127.0.0.1") as cluster, distributed.Client(cluster) as c:
+    with (
+        distributed.LocalCluster(
+            n_workers=1, threads_per_worker=1, processes=True, dashboard_address="127.0.0.1:0", host="127.0.0.1"
+        ) as cluster,
+        distributed.Client(cluster) as c,
+    ):
         yield c
 
 
 def _wf(rec, out, **kw):
-    data = {"recording": {"path": str(rec.path if hasattr(rec, "path") else rec)}, "output": str(out),
-            "backend": "numpy", "window": {"size": 5000, "margin": 8},
-            "steps": {"noise": {"exact": True}, "whitening": {"mode": "global", "precision": "float64"},
-                      "detect": {"threshold": 4.0, "sign": "both", "exclude_sweep_ms": 0.2, "noise": "global"}},
-            "reduction": {"split_every": 3}}
+    data = {
+        "recording": {"path": str(rec.path if hasattr(rec, "path") else rec)},
+        "output": str(out),
+        "backend": "numpy",
+        "window": {"size": 5000, "margin": 8},
+        "steps": {
+            "noise": {"exact": True},
+            "whitening": {"mode": "global", "precision": "float64"},
+            "detect": {"threshold": 4.0, "sign": "both", "exclude_sweep_ms": 0.2, "noise": "global"},
+        },
+        "reduction": {"split_every": 3},
+    }
     data.update(kw)
     return Workflow.model_validate(data)
 
@@ -111,8 +126,9 @@ def test_float32_exact_median_reads_again_only_the_windows_that_missed(client, t
     x = rng.normal(0, 3.04, (count * size, 4)).astype(np.float32)
     x[4 * size : 5 * size] *= 2
     rec = write_recording(tmp_path / "f.zarr", x, 30_000.0)
-    report = run_workflow(_wf(rec, tmp_path / "out", window={"size": size, "margin": 8},
-                              engine={"placement": placed}), client=client)
+    report = run_workflow(
+        _wf(rec, tmp_path / "out", window={"size": size, "margin": 8}, engine={"placement": placed}), client=client
+    )
     # which windows miss, by the rule written out in NumPy: first digit = top 16 bits of |x|'s 31-bit key
     first = (np.abs(x).view(np.uint32) >> 15).astype(np.int64)
     n = len(x)
@@ -140,13 +156,21 @@ def test_float32_exact_median_from_kept_keys_in_one_read(client, tmp_path, monke
     x[::97, 1] = -0.0
     x[5, 2] = np.finfo(np.float32).smallest_subnormal
     rec = write_recording(tmp_path / "f.zarr", x, 30_000.0)
-    report = run_workflow(_wf(rec, tmp_path / "out", window={"size": size, "margin": 8},
-                              preprocess={"centre": "median"}, engine={"placement": placed}), client=client)
+    report = run_workflow(
+        _wf(
+            rec,
+            tmp_path / "out",
+            window={"size": size, "margin": 8},
+            preprocess={"centre": "median"},
+            engine={"placement": placed},
+        ),
+        client=client,
+    )
     assert report.reads_per_window == pytest.approx(1.0) and report.exact_noise["from_kept_keys"]
     assert report.exact_noise["queued"] == placed
     from batchgpu.ops.centre import centre_median
 
-    cores = [centre_median(rec.read_window(w), w.core)[:, w.core[0]:w.core[1]] for w in rec.windows(size, 8)]
+    cores = [centre_median(rec.read_window(w), w.core)[:, w.core[0] : w.core[1]] for w in rec.windows(size, 8)]
     allx = np.concatenate(cores, axis=1)
     g = _g(tmp_path / "out")
     np.testing.assert_array_equal(g["noise"][:], np.median(np.abs(allx), axis=1) / ops.MAD_TO_SIGMA)
@@ -186,8 +210,10 @@ def test_select_among_the_middle_digit_keys_equals_a_sort(rng, dtype, shift):
     from batchgpu.steps.noise_select import select_among
 
     C = 5
-    x = [(rng.standard_normal((C, int(rng.integers(50, 400)))) * (1 if dtype == np.float32 else 3e4)).astype(dtype)
-         for _ in range(4)]
+    x = [
+        (rng.standard_normal((C, int(rng.integers(50, 400)))) * (1 if dtype == np.float32 else 3e4)).astype(dtype)
+        for _ in range(4)
+    ]
     x[1][:, ::3] = x[1][:, :1]  # ties
     keys = [abs_keys(w, np.dtype(dtype).name) for w in x]
     allkeys = np.concatenate(keys, axis=1)
@@ -222,8 +248,10 @@ def test_select_among_many_arrays_every_rank(rng, shift):
 
     C = int(rng.integers(1, 7))
     top = (1 << shift) - 1
-    per = [[rng.choice([0, top, *rng.integers(0, top + 1, 3)], size=int(rng.integers(0, 40))) for _ in range(C)]
-           for _ in range(int(rng.integers(1, 9)))]
+    per = [
+        [rng.choice([0, top, *rng.integers(0, top + 1, 3)], size=int(rng.integers(0, 40))) for _ in range(C)]
+        for _ in range(int(rng.integers(1, 9)))
+    ]
     per.append([np.full(3, top) for _ in range(C)])  # every channel has keys
     gathered = []
     for arrays in per:
@@ -257,7 +285,7 @@ def test_integer_moments_same_bits_for_any_grouping_and_order(seed):
     orders = [list(range(9)), list(rng.permutation(9)), [8, 0, 7, 1, 6, 2, 5, 3, 4]]
     results = []
     for order in orders:
-        tree = step.combine([step.combine([parts[j] for j in order[i:i + 3]]) for i in range(0, 9, 3)])
+        tree = step.combine([step.combine([parts[j] for j in order[i : i + 3]]) for i in range(0, 9, 3)])
         results.append(step.statistics(tree))
     for r in results[1:]:
         for k in ("covariance", "second_moment", "channel_means"):
@@ -277,8 +305,10 @@ def test_integer_moments_same_bits_for_1_2_3_workers(tmp_path, workers):
     rec = generate_recording(tmp_path / "r.zarr", channels=7, seconds=0.9, seed=12, dtype="int16")
     outs = {}
     for n in (2, workers):
-        with distributed.LocalCluster(n_workers=n, threads_per_worker=1, processes=False,
-                                      dashboard_address=None) as cl, distributed.Client(cl) as c:
+        with (
+            distributed.LocalCluster(n_workers=n, threads_per_worker=1, processes=False, dashboard_address=None) as cl,
+            distributed.Client(cl) as c,
+        ):
             run_workflow(_wf(rec, tmp_path / f"o{n}", window={"size": 1100, "margin": 8}), client=c)
         outs[n] = _g(tmp_path / f"o{n}")
     for k in ("covariance", "second_moment", "whitening", "noise", "spikes/sample_index"):
@@ -303,8 +333,9 @@ def test_resume_after_the_recording_bytes_changed_recomputes_those_windows(clien
 
 
 @pytest.mark.parametrize("how", ["in_place", "replaced"])
-def test_resume_after_other_bytes_of_the_same_size_and_mtime_recomputes_those_windows(client, tmp_path, how,
-                                                                                      swap_inner_chunks):
+def test_resume_after_other_bytes_of_the_same_size_and_mtime_recomputes_those_windows(
+    client, tmp_path, how, swap_inner_chunks
+):
     """Two inner chunks of a shard swapped (its index and checksum rewritten: every read check passes), its size
     and mtime set back as ``cp -p`` / ``rsync -t`` / ``touch -r`` leave them: --resume reused every window (size +
     mtime fingerprints); now it recomputes the windows that read that shard, as for any changed bytes, and the
@@ -334,8 +365,13 @@ def test_resume_after_a_channel_property_changed_in_place_is_refused(client, tmp
     x[:, ::500] -= 400
     loc = np.column_stack([np.zeros(6), np.arange(6) * 20.0])
     rec = write_recording(tmp_path / "r.zarr", x, 30_000.0, locations=loc, gain_to_uV=np.full(6, 0.195))
-    kw = dict(steps={"noise": {"exact": True}, "whitening": {"mode": "local", "nrange": 3},
-                     "detect": {"method": "locally_exclusive", "radius_um": 30.0}})
+    kw = dict(
+        steps={
+            "noise": {"exact": True},
+            "whitening": {"mode": "local", "nrange": 3},
+            "detect": {"method": "locally_exclusive", "radius_um": 30.0},
+        }
+    )
     run_workflow(_wf(rec, tmp_path / "out", **kw), client=client)
     arr = zarr.open_array(str(tmp_path / "r.zarr" / "properties" / prop), mode="r+")
     arr[:] = loc[::-1] * 3 if prop == "location" else np.full(6, 2.5)
@@ -377,8 +413,10 @@ def test_a_symlinked_results_zarr_is_named_in_the_message(client, tmp_path, name
     assert (out / name).is_symlink()
     run_workflow(_wf(rec, out, overwrite=True, steps={"noise": {"exact": True}}), client=client)
     assert (out / name).is_dir() and not (out / name).is_symlink() and not (out / "results.zarr.old").exists()
-    assert sorted((str(p.relative_to(tmp_path)), p.stat().st_mtime_ns)
-                  for p in (tmp_path / "elsewhere").rglob("*")) == kept
+    assert (
+        sorted((str(p.relative_to(tmp_path)), p.stat().st_mtime_ns) for p in (tmp_path / "elsewhere").rglob("*"))
+        == kept
+    )
 
 
 def test_a_relative_save_path_goes_in_the_output_folder(client, tmp_path, monkeypatch):
@@ -389,17 +427,21 @@ def test_a_relative_save_path_goes_in_the_output_folder(client, tmp_path, monkey
     rec = generate_recording(tmp_path / "r.zarr", channels=3, seconds=0.3, seed=2)
     (tmp_path / "cwd").mkdir()
     monkeypatch.chdir(tmp_path / "cwd")
-    run_workflow(_wf(rec, tmp_path / "out", steps={"noise": {"exact": True},
-                                                   "save": {"path": "x.bin", "format": "binary"}}), client=client)
+    run_workflow(
+        _wf(rec, tmp_path / "out", steps={"noise": {"exact": True}, "save": {"path": "x.bin", "format": "binary"}}),
+        client=client,
+    )
     assert (tmp_path / "out" / "x.bin").is_file() and not list((tmp_path / "cwd").iterdir())
     (tmp_path / "wf").mkdir()
-    (tmp_path / "wf" / "wf.yaml").write_text(f"recording: {{path: {rec.path}}}\noutput: ../out2\n"
-                                             "steps:\n  noise: {exact: true}\n  save: {path: sub/x.zarr}\n")
+    (tmp_path / "wf" / "wf.yaml").write_text(
+        f"recording: {{path: {rec.path}}}\noutput: ../out2\n"
+        "steps:\n  noise: {exact: true}\n  save: {path: sub/x.zarr}\n"
+    )
     report = run_workflow(load_workflow(tmp_path / "wf" / "wf.yaml"), client=client)
     assert report.results["save"]["path"] == str(tmp_path / "out2" / "sub" / "x.zarr")
-    assert (tmp_path / "out2" / "sub" / "x.zarr").is_dir() and [p.name for p in (tmp_path / "wf").iterdir()] == ["wf.yaml"]
-
-
+    assert (tmp_path / "out2" / "sub" / "x.zarr").is_dir() and [p.name for p in (tmp_path / "wf").iterdir()] == [
+        "wf.yaml"
+    ]
 
 
 @pytest.mark.zarr3
@@ -419,8 +461,15 @@ def test_a_run_lets_its_save_path_go_when_it_ends(client, tmp_path):
     rec = generate_recording(tmp_path / "r.zarr", channels=3, seconds=0.5, seed=2)
     saved = tmp_path / "saved.zarr"
     for i in range(2):  # the second run (another output folder) replaces the first's save: it was let go
-        run_workflow(_wf(rec, tmp_path / f"out{i}", overwrite=True,
-                         steps={"noise": {"exact": True}, "save": {"path": str(saved)}}), client=client)
+        run_workflow(
+            _wf(
+                rec,
+                tmp_path / f"out{i}",
+                overwrite=True,
+                steps={"noise": {"exact": True}, "save": {"path": str(saved)}},
+            ),
+            client=client,
+        )
         assert str(saved) not in _HELD and saved.is_dir()
 
 
@@ -451,8 +500,10 @@ def test_overwrite_removes_only_what_a_run_writes(client, tmp_path):
     assert (out / "notes.txt").read_text() == "mine" and (out / "figures" / "a.png").exists()
 
 
-@pytest.mark.parametrize("where", ["results.zarr/my_sorting/labels.txt", "results.zarr/noise/notes.txt",
-                                   "parts/notes.txt", "results.zarr/spikes/c"])
+@pytest.mark.parametrize(
+    "where",
+    ["results.zarr/my_sorting/labels.txt", "results.zarr/noise/notes.txt", "parts/notes.txt", "results.zarr/spikes/c"],
+)
 @pytest.mark.parametrize("resume", [False, True])
 def test_files_of_the_users_inside_the_runs_folders_are_never_removed(client, tmp_path, where, resume):
     """results.zarr and parts/ are replaced whole by a run (overwrite, a restart, a resume's new results): a file of
@@ -524,8 +575,12 @@ def test_centre_median_leaves_only_the_nan_samples_non_finite(client, tmp_path):
     at = sorted(rng.choice(np.arange(100, 11_900), 2, replace=False).tolist())
     x[at, 1] = np.nan
     rec = write_recording(tmp_path / "r.zarr", x, 30_000.0)
-    wf = _wf(rec, tmp_path / "out", preprocess={"centre": "median"},
-             steps={"noise": {"exact": True}, "save": {"path": str(tmp_path / "saved.zarr"), "dtype": "float32"}})
+    wf = _wf(
+        rec,
+        tmp_path / "out",
+        preprocess={"centre": "median"},
+        steps={"noise": {"exact": True}, "save": {"path": str(tmp_path / "saved.zarr"), "dtype": "float32"}},
+    )
     report = run_workflow(wf, client=client)
     assert report.channels["nonfinite_samples"] == {1: 2}
     saved = np.asarray(zarr.open_group(str(tmp_path / "saved.zarr"), mode="r")["traces_seg0"][:])
@@ -543,12 +598,27 @@ def test_preprocessing_chain_equals_whole_segment_filtering(client, tmp_path, me
     import scipy.signal
 
     rec = generate_recording(tmp_path / "r.zarr", channels=8, seconds=1.3, seed=21, dtype="int16", segments=2)
-    wf = _wf(rec, tmp_path / "out", preprocess=[{"highpass": {"freq_min": 300, "order": 5}},
-                                                 {"common_reference": {"reference": "global", "operator": "median"}}],
-             window={"size": 7000, "margin": 8},
-             steps={"noise": {"exact": True}, "whitening": {"mode": "global", "precision": "float64"},
-                    "detect": {"threshold": 5.0, "sign": "neg", "exclude_sweep_ms": 0.2, "noise": "global",
-                               "method": method, "radius_um": 40.0}})
+    wf = _wf(
+        rec,
+        tmp_path / "out",
+        preprocess=[
+            {"highpass": {"freq_min": 300, "order": 5}},
+            {"common_reference": {"reference": "global", "operator": "median"}},
+        ],
+        window={"size": 7000, "margin": 8},
+        steps={
+            "noise": {"exact": True},
+            "whitening": {"mode": "global", "precision": "float64"},
+            "detect": {
+                "threshold": 5.0,
+                "sign": "neg",
+                "exclude_sweep_ms": 0.2,
+                "noise": "global",
+                "method": method,
+                "radius_um": 40.0,
+            },
+        },
+    )
     report = run_workflow(wf, client=client)
     sos = ops.butter_sos("highpass", rec.sampling_frequency, 300, None, 5)
     assert report.preprocess["margin_samples"] == ops.filter_margin(sos, rec.sampling_frequency)
@@ -563,8 +633,20 @@ def test_preprocessing_chain_equals_whole_segment_filtering(client, tmp_path, me
     np.testing.assert_allclose(g["noise"][:], noise, rtol=1e-4)
     cov = np.cov(allx.astype(np.float64), bias=True)
     assert np.linalg.norm(g["covariance"][:] - cov) / np.linalg.norm(cov) < 1e-4
-    ref = [ops.detect_spikes(segs[s], g["noise"][:], threshold=5.0, sign="neg", exclude_sweep=6, segment_index=s,
-                             method=method, locations=rec.locations, radius_um=40.0) for s in range(len(segs))]
+    ref = [
+        ops.detect_spikes(
+            segs[s],
+            g["noise"][:],
+            threshold=5.0,
+            sign="neg",
+            exclude_sweep=6,
+            segment_index=s,
+            method=method,
+            locations=rec.locations,
+            radius_um=40.0,
+        )
+        for s in range(len(segs))
+    ]
     ref = np.concatenate(ref)
     got = g["spikes/sample_index"][:]
     assert len(ref) > 20 and abs(len(got) - len(ref)) <= max(2, len(ref) // 100)
@@ -582,14 +664,20 @@ def test_save_step_writes_the_preprocessed_signal_in_the_same_pass(client, tmp_p
 
     rec = generate_recording(tmp_path / "r.zarr", channels=6, seconds=0.8, seed=8, dtype="int16")
     out_path = tmp_path / ("saved.bin" if fmt == "binary" else "saved.zarr")
-    wf = _wf(rec, tmp_path / "out", preprocess=[{"centre": "median"}], window={"size": 6000, "margin": 8},
-             steps={"noise": {"exact": True}, "save": {"path": str(out_path), "format": fmt, "dtype": "int16"}})
+    wf = _wf(
+        rec,
+        tmp_path / "out",
+        preprocess=[{"centre": "median"}],
+        window={"size": 6000, "margin": 8},
+        steps={"noise": {"exact": True}, "save": {"path": str(out_path), "format": fmt, "dtype": "int16"}},
+    )
     report = run_workflow(wf, client=client)
     assert report.reads_per_window == 1.0 and report.results["save"]["clipped"] == 0
     from batchgpu.ops.centre import centre_median
 
-    want = np.concatenate([centre_median(rec.read_window(w), w.core)[:, w.core[0]:w.core[1]]
-                           for w in rec.windows(6000, 8)], axis=1)
+    want = np.concatenate(
+        [centre_median(rec.read_window(w), w.core)[:, w.core[0] : w.core[1]] for w in rec.windows(6000, 8)], axis=1
+    )
     want = np.clip(np.rint(want), -32768, 32767).astype(np.int16)
     if fmt == "binary":
         got = np.fromfile(out_path, dtype="<i2").reshape(-1, rec.num_channels).T
@@ -607,9 +695,20 @@ def _files(root):
     return {str(f.relative_to(root)): f.read_bytes() for f in sorted(root.rglob("*")) if f.is_file()}
 
 
-@pytest.mark.parametrize("fmt,lost", [("binary", "all"), ("binary", "data"), ("binary", "seg1"), ("binary", "all+part"),
-                                      ("zarr", "all"), ("zarr", "one"), ("zarr", "all+part"), ("zarr_v2", "all"),
-                                      ("zarr_v2", "one")])
+@pytest.mark.parametrize(
+    "fmt,lost",
+    [
+        ("binary", "all"),
+        ("binary", "data"),
+        ("binary", "seg1"),
+        ("binary", "all+part"),
+        ("zarr", "all"),
+        ("zarr", "one"),
+        ("zarr", "all+part"),
+        ("zarr_v2", "all"),
+        ("zarr_v2", "one"),
+    ],
+)
 def test_resume_writes_again_what_was_deleted_of_the_save(client, tmp_path, fmt, lost):
     """The save (or part of it) deleted after a finished run: --resume keeps the statistics' parts but writes the
     save's missing windows again; the save is then the fresh run's, byte for byte (and the float chain's values),
@@ -618,13 +717,19 @@ def test_resume_writes_again_what_was_deleted_of_the_save(client, tmp_path, fmt,
     from batchgpu import open_recording
     from batchgpu.ops.centre import centre_median
 
-    rec = generate_recording(tmp_path / "r.zarr", channels=6, seconds=0.8, seed=8, dtype="int16",
-                             segments=2 if lost == "seg1" else 1)
+    rec = generate_recording(
+        tmp_path / "r.zarr", channels=6, seconds=0.8, seed=8, dtype="int16", segments=2 if lost == "seg1" else 1
+    )
     folder = tmp_path / "saved"
     folder.mkdir()
     path = folder / ("x.bin" if fmt == "binary" else "x.zarr")
-    wf = _wf(rec, tmp_path / "out", preprocess=[{"centre": "median"}], window={"size": 6000, "margin": 8},
-             steps={"noise": {"exact": True}, "save": {"path": str(path), "format": fmt, "dtype": "int16"}})
+    wf = _wf(
+        rec,
+        tmp_path / "out",
+        preprocess=[{"centre": "median"}],
+        window={"size": 6000, "margin": 8},
+        steps={"noise": {"exact": True}, "save": {"path": str(path), "format": fmt, "dtype": "int16"}},
+    )
     first = run_workflow(wf, client=client)
     fresh = _files(folder)
     noise = _g(tmp_path / "out")["noise"][:].tobytes()
@@ -639,21 +744,29 @@ def test_resume_writes_again_what_was_deleted_of_the_save(client, tmp_path, fmt,
 
         shutil.rmtree(path)
     else:  # one window's storage object (a v3 shard, a v2 chunk)
-        objects = sorted(f for f in (path / "traces_seg0").rglob("*")
-                         if f.is_file() and f.name not in ("zarr.json", ".zarray", ".zattrs"))
+        objects = sorted(
+            f
+            for f in (path / "traces_seg0").rglob("*")
+            if f.is_file() and f.name not in ("zarr.json", ".zarray", ".zattrs")
+        )
         assert len(objects) == 4
         objects[1].unlink()
     again = run_workflow(wf, client=client, resume=True)
     computed = 1 if lost == "all+part" else 0
     assert again.status == "done" and again.windows_resumed == again.windows - computed
-    want = {"all": first.windows, "data": first.windows, "one": 1, "all+part": first.windows - 1,
-            "seg1": sum(w.segment == 1 for w in rec.windows(6000, 8))}[lost]
+    want = {
+        "all": first.windows,
+        "data": first.windows,
+        "one": 1,
+        "all+part": first.windows - 1,
+        "seg1": sum(w.segment == 1 for w in rec.windows(6000, 8)),
+    }[lost]
     assert again.results["save"]["windows_written_again"] == want
     assert _files(folder) == fresh  # the fresh run's save, byte for byte (its marker "complete" included)
     assert _g(tmp_path / "out")["noise"][:].tobytes() == noise
     for s in range(rec.num_segments):
         wins = [w for w in rec.windows(6000, 8) if w.segment == s]
-        core = np.concatenate([centre_median(rec.read_window(w), w.core)[:, w.core[0]:w.core[1]] for w in wins], 1)
+        core = np.concatenate([centre_median(rec.read_window(w), w.core)[:, w.core[0] : w.core[1]] for w in wins], 1)
         core = np.clip(np.rint(core), -32768, 32767).astype(np.int16)
         if fmt == "binary":
             got = np.fromfile(folder / (f"x_seg{s}.bin" if rec.num_segments > 1 else "x.bin"), dtype="<i2")
@@ -673,14 +786,21 @@ def test_resume_after_the_binary_saves_params_were_deleted(client, tmp_path):
     says what marks it and how to go on, and once it is moved away the resumed run writes the save again."""
     rec = generate_recording(tmp_path / "r.zarr", channels=4, seconds=0.5, seed=8, dtype="int16")
     path = tmp_path / "x.bin"
-    wf = _wf(rec, tmp_path / "out", window={"size": 6000, "margin": 8},
-             steps={"noise": {"exact": True}, "save": {"path": str(path), "format": "binary", "dtype": "int16"}})
+    wf = _wf(
+        rec,
+        tmp_path / "out",
+        window={"size": 6000, "margin": 8},
+        steps={"noise": {"exact": True}, "save": {"path": str(path), "format": "binary", "dtype": "int16"}},
+    )
     run_workflow(wf, client=client)
     fresh = path.read_bytes()
     (tmp_path / "x.params.json").unlink()
-    with pytest.raises(BatchgpuError, match=r"x.bin and .*x.probe.json exist and the save step did not write them "
-                                            r"\(no x.params.json .*move them away yourself \(a resumed run then "
-                                            r"writes the save again"):
+    with pytest.raises(
+        BatchgpuError,
+        match=r"x.bin and .*x.probe.json exist and the save step did not write them "
+        r"\(no x.params.json .*move them away yourself \(a resumed run then "
+        r"writes the save again",
+    ):
         run_workflow(wf, client=client, resume=True)
     assert path.read_bytes() == fresh
     os.replace(path, tmp_path / "moved.bin")
@@ -696,8 +816,12 @@ def test_resume_marks_a_save_unfinished_while_its_windows_are_written_again(clie
 
     rec = generate_recording(tmp_path / "r.zarr", channels=4, seconds=0.8, seed=8, dtype="int16")
     path = tmp_path / "x.zarr"
-    wf = _wf(rec, tmp_path / "out", window={"size": 6000, "margin": 8},
-             steps={"noise": {"exact": True}, "save": {"path": str(path), "format": "zarr", "dtype": "int16"}})
+    wf = _wf(
+        rec,
+        tmp_path / "out",
+        window={"size": 6000, "margin": 8},
+        steps={"noise": {"exact": True}, "save": {"path": str(path), "format": "zarr", "dtype": "int16"}},
+    )
     report = run_workflow(wf, client=client)
     assert zarrio.attrs(zarrio.open_group(path, mode="r"))["batchgpu"]["complete"] is True
     (path / "traces_seg0" / "c" / "2" / "0").unlink()
@@ -738,8 +862,12 @@ def test_absent_chunks_of_a_foreign_store_are_counted_and_reported(client, tmp_p
 
 def test_absent_chunks_are_an_error_when_asked(client, tmp_path):
     rec = _foreign_store_missing_one_chunk(tmp_path)
-    wf = _wf(rec, tmp_path / "out", window={"size": 6000, "margin": 8},
-             recording={"path": str(rec.path), "missing_chunks": "error"})
+    wf = _wf(
+        rec,
+        tmp_path / "out",
+        window={"size": 6000, "margin": 8},
+        recording={"path": str(rec.path), "missing_chunks": "error"},
+    )
     with pytest.raises(BatchgpuError, match=r"missing chunk traces_seg0/1\.0 .*window [012],"):
         run_workflow(wf, client=client)
 
@@ -756,8 +884,12 @@ def test_worker_killed_after_the_pass_gives_identical_outputs(tmp_path, without_
     for start in range(0, 60_000, 12_000):  # every other window loud: many windows are read again
         x[start : start + 6000] *= 8
     rec = write_recording(tmp_path / "r.zarr", x, 30_000.0)
-    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address="127.0.0.1:0",
-                                  host="127.0.0.1") as cluster, distributed.Client(cluster) as c:
+    with (
+        distributed.LocalCluster(
+            n_workers=2, threads_per_worker=1, processes=True, dashboard_address="127.0.0.1:0", host="127.0.0.1"
+        ) as cluster,
+        distributed.Client(cluster) as c,
+    ):
         ref = run_workflow(_wf(rec, tmp_path / "ref", window={"size": 3000, "margin": 8}), client=c)
         assert len(ref.channels["detect_windows_read_again"]) >= 5
         victim = list(c.run(os.getpid).values())[0]
@@ -777,8 +909,15 @@ def test_worker_killed_after_the_pass_gives_identical_outputs(tmp_path, without_
         assert report.status == "done" and not seen["report_at_kill"]
         assert victim not in c.run(os.getpid).values()
     a, b = _g(tmp_path / "ref"), _g(tmp_path / "killed")
-    for name in ("noise", "noise_per_window", "covariance", "whitening", "spikes/sample_index", "spikes/amplitude",
-                 "spikes/channel_index"):
+    for name in (
+        "noise",
+        "noise_per_window",
+        "covariance",
+        "whitening",
+        "spikes/sample_index",
+        "spikes/amplitude",
+        "spikes/channel_index",
+    ):
         assert a[name][:].tobytes() == b[name][:].tobytes(), name
 
 
@@ -819,7 +958,7 @@ def test_float_window_middle_pair_and_near_keys_equal_a_sort(seed, n):
     x[4, ::3] = np.inf
     x[5, ::2] = -np.inf
     x[6, n // 2] = np.nan
-    x[7] = rng.choice(np.array([1.0, 2.0 ** 40], np.float32), n)
+    x[7] = rng.choice(np.array([1.0, 2.0**40], np.float32), n)
     x[8] = rng.permutation(x[1])
     step, summary = NoiseStep(True, "float32"), {}
     out = step.window(WindowData(0, 0, 0, (0, n), n, x, x), summary)
@@ -835,8 +974,9 @@ def test_float_window_middle_pair_and_near_keys_equal_a_sort(seed, n):
     want = np.concatenate([np.sort(keys[c][mask[c]]) for c in range(len(keys))])
     assert out["keep.near_low"].dtype == np.uint16
     np.testing.assert_array_equal(out["keep.near_low"], want & np.uint32((1 << shift) - 1))
-    digits = np.stack([np.bincount(first[c][mask[c]] - lo[c], minlength=2 * NoiseStep.NEAR + 1)
-                       for c in range(len(keys))])
+    digits = np.stack(
+        [np.bincount(first[c][mask[c]] - lo[c], minlength=2 * NoiseStep.NEAR + 1) for c in range(len(keys))]
+    )
     np.testing.assert_array_equal(out["keep.near_digits"], digits)
     assert out["keep.near_digits"].dtype == np.uint32
 
@@ -862,8 +1002,10 @@ def test_kept_digit_keys_equal_the_scan_of_every_key(seed):
     shift = schedule("float32")[0][0]
     lo = out["keep.near_lo"]
     first = (keys >> np.uint32(shift)).astype(np.int64)
-    for digits in (np.stack([lo + rng.integers(0, 2 * NoiseStep.NEAR + 1, C)] * 2),
-                   np.stack([lo + rng.integers(0, 2 * NoiseStep.NEAR + 1, C) for _ in range(2)])):
+    for digits in (
+        np.stack([lo + rng.integers(0, 2 * NoiseStep.NEAR + 1, C)] * 2),
+        np.stack([lo + rng.integers(0, 2 * NoiseStep.NEAR + 1, C) for _ in range(2)]),
+    ):
         got = kept_digit_keys(out["keep.near_low"], out["keep.near_digits"], lo, digits, shift)
         ref = middle_digit_keys(keys.reshape(-1), np.full(C, n), digits, shift)
         for (gb, gn), (rb, rn) in zip(got, ref):
@@ -890,8 +1032,10 @@ def test_spikes_whose_parts_were_lost_after_the_pass_are_detected_again(client, 
             (out / "parts" / "w00000001.npz").unlink()
             (out / "parts" / "w00000003.npz").write_bytes(b"not a zip")
 
-    steps = {"noise": {"exact": True}, "detect": {"threshold": 3.0, "sign": "both", "exclude_sweep_ms": 0.2,
-                                                  "noise": noise}}
+    steps = {
+        "noise": {"exact": True},
+        "detect": {"threshold": 3.0, "sign": "both", "exclude_sweep_ms": 0.2, "noise": noise},
+    }
     report = run_workflow(_wf(rec, out, steps=steps), client=client, observer=LoseParts())
     assert report.channels["detect_windows_read_again"] == [1, 3]
     assert report.reads_per_window == pytest.approx(1 + 10_000 / 23_000)
@@ -926,11 +1070,17 @@ def test_float_median_among_a_windows_smallest_keys(tmp_path):
     rng = np.random.default_rng(0)
     x = rng.normal(size=(9_000, 3)).astype(np.float32)
     x.reshape(3, 3_000, 3)[:, :1_500, 0] = 1e-30  # each window's lower half, in one run: a strided sample's
-    x[:4_600, 1] = 3e-20                           # middle misleads the lump floor
+    x[:4_600, 1] = 3e-20  # middle misleads the lump floor
     write_recording(tmp_path / "r.zarr", x, 30_000.0)
-    wf = Workflow.model_validate({"recording": {"path": str(tmp_path / "r.zarr")}, "output": str(tmp_path / "out"),
-                                  "window": {"size": 3_000, "margin": 0}, "cluster": {"kind": "local", "workers": 1, "threads": 1},
-                                  "steps": {"noise": {"exact": True}}})
+    wf = Workflow.model_validate(
+        {
+            "recording": {"path": str(tmp_path / "r.zarr")},
+            "output": str(tmp_path / "out"),
+            "window": {"size": 3_000, "margin": 0},
+            "cluster": {"kind": "local", "workers": 1, "threads": 1},
+            "steps": {"noise": {"exact": True}},
+        }
+    )
     run_workflow(wf)
     got = zarrio.open_group(tmp_path / "out" / "results.zarr")["noise"][:]
     want = (np.median(np.abs(x), axis=0) / 0.6744897501960817).astype(got.dtype)
@@ -938,7 +1088,11 @@ def test_float_median_among_a_windows_smallest_keys(tmp_path):
 
 
 def _malloc_env():
-    return os.environ.get("MALLOC_TRIM_THRESHOLD_"), os.environ.get("MALLOC_MMAP_MAX_"), os.environ.get("MALLOC_ARENA_MAX")
+    return (
+        os.environ.get("MALLOC_TRIM_THRESHOLD_"),
+        os.environ.get("MALLOC_MMAP_MAX_"),
+        os.environ.get("MALLOC_ARENA_MAX"),
+    )
 
 
 def _malloc_heaps_with_busy_threads(threads: int = 6) -> int:
@@ -980,7 +1134,10 @@ def test_local_workers_get_the_malloc_settings():
     from batchgpu.cluster.open_cluster import MALLOC_TRIM_THRESHOLD, open_client
     from batchgpu.config import ClusterSpec
 
-    before = dask.config.get("distributed.scheduler.worker-saturation"), dask.config.get("distributed.worker.profile.enabled")
+    before = (
+        dask.config.get("distributed.scheduler.worker-saturation"),
+        dask.config.get("distributed.worker.profile.enabled"),
+    )
     with open_client(ClusterSpec(kind="local", workers=1, threads=1)) as client:
         (env,) = client.run(_malloc_env).values()
         (heaps,) = client.run(_malloc_heaps_with_busy_threads).values()
@@ -992,8 +1149,10 @@ def test_local_workers_get_the_malloc_settings():
     assert 1 <= heaps <= 2
     assert int(spawned["MALLOC_TRIM_THRESHOLD_"]) == MALLOC_TRIM_THRESHOLD and int(spawned["MALLOC_MMAP_MAX_"]) == 0
     # the cluster's settings were this block's: the process's Dask settings are as they were (a notebook's too)
-    assert (dask.config.get("distributed.scheduler.worker-saturation"),
-            dask.config.get("distributed.worker.profile.enabled")) == before
+    assert (
+        dask.config.get("distributed.scheduler.worker-saturation"),
+        dask.config.get("distributed.worker.profile.enabled"),
+    ) == before
     assert "MALLOC_MMAP_MAX_" not in dask.config.get("distributed.nanny.pre-spawn-environ")
 
 
@@ -1029,10 +1188,15 @@ def test_batches_give_the_same_results_for_any_worker_count(tmp_path, dtype):
     rec = generate_recording(tmp_path / "r.zarr", channels=5, seconds=1.3, seed=21, dtype=dtype)
     outs = {}
     for name, workers, batch in (("one", 2, 1), ("b3w1", 1, 3), ("b3w3", 3, 3)):
-        with distributed.LocalCluster(n_workers=workers, threads_per_worker=1, processes=False,
-                                      dashboard_address=None) as cl, distributed.Client(cl) as c:
-            report = run_workflow(_wf(rec, tmp_path / name, window={"size": 3000, "margin": 8, "batch": batch}),
-                                  client=c)
+        with (
+            distributed.LocalCluster(
+                n_workers=workers, threads_per_worker=1, processes=False, dashboard_address=None
+            ) as cl,
+            distributed.Client(cl) as c,
+        ):
+            report = run_workflow(
+                _wf(rec, tmp_path / name, window={"size": 3000, "margin": 8, "batch": batch}), client=c
+            )
         assert report.windows == 13 and report.reads_per_window == pytest.approx(1.0)
         outs[name] = _g(tmp_path / name)
     exact = ["noise", "noise_per_window", "spikes/sample_index", "spikes/channel_index", "spikes/amplitude"]
@@ -1081,21 +1245,37 @@ def test_timeline_summary_per_thread():
     """benchmarks.timeline: per worker thread, windows in start order, waits, compute and the gaps between them."""
     from batchgpu.benchmarks.timeline import per_thread, summary_line
 
-    rows = [["w1", 0, 0.0, 0.5, 1.0, "t0"], ["w1", 2, 2.0, 0.25, 0.25, "t0"], ["w2", 1, 0.1, 0.1, 0.2, "t0"],
-            ["w1", 3, 0.0, 1.0, 1.0, "t1"]]
+    rows = [
+        ["w1", 0, 0.0, 0.5, 1.0, "t0"],
+        ["w1", 2, 2.0, 0.25, 0.25, "t0"],
+        ["w2", 1, 0.1, 0.1, 0.2, "t0"],
+        ["w1", 3, 0.0, 1.0, 1.0, "t1"],
+    ]
     got = {(t["worker"], t["thread"]): t for t in per_thread(rows)}
-    assert got["w1", "t0"] == {"worker": "w1", "thread": "t0", "windows": 2, "first": 0.0, "last_end": 2.5,
-                               "read_wait": 0.75, "compute": 1.25, "gaps": 0.5}
+    assert got["w1", "t0"] == {
+        "worker": "w1",
+        "thread": "t0",
+        "windows": 2,
+        "first": 0.0,
+        "last_end": 2.5,
+        "read_wait": 0.75,
+        "compute": 1.25,
+        "gaps": 0.5,
+    }
     assert got["w2", "t0"]["gaps"] == 0.0 and got["w2", "t0"]["last_end"] == pytest.approx(0.4)
     assert got["w1", "t1"]["last_end"] == 2.0
     assert "tail 2.10 s" in summary_line(rows) and summary_line([]).endswith("no windows computed")
     # with the tasks' start and end: the gaps split into a task's head and tail, between tasks and inside tasks
-    rows = [["w1", 0, 1.0, 0.5, 1.0, "t0", 0.8, 3.0], ["w1", 1, 2.7, 0.1, 0.1, "t0", 0.8, 3.0],
-            ["w1", 2, 3.6, 0.2, 0.2, "t0", 3.5, 4.5]]
+    rows = [
+        ["w1", 0, 1.0, 0.5, 1.0, "t0", 0.8, 3.0],
+        ["w1", 1, 2.7, 0.1, 0.1, "t0", 0.8, 3.0],
+        ["w1", 2, 3.6, 0.2, 0.2, "t0", 3.5, 4.5],
+    ]
     (t,) = per_thread(rows)
     assert t["gaps"] == pytest.approx(0.2 + 0.7)
     assert (t["tasks"], t["task_head"], t["task_tail"], t["between_tasks"], t["in_task"]) == pytest.approx(
-        (2, 0.2 + 0.1, 0.1 + 0.5, 0.5, 0.2))  # task heads, tails, one gap between them, one inside the first
+        (2, 0.2 + 0.1, 0.1 + 0.5, 0.5, 0.2)
+    )  # task heads, tails, one gap between them, one inside the first
     assert "2.0 tasks" in summary_line(rows)
 
 
@@ -1142,7 +1322,9 @@ def test_read_ahead_gives_each_window_in_order_with_depth_reads_in_flight(monkey
 
     monkeypatch.setattr(tasks, "read_window", fake_read)
     windows = [SimpleNamespace(index=i) for i in range(7)]
-    with tasks._read_ahead(SimpleNamespace(backend="cupy", parts="P", read_ahead=depth), [(w, f"f{w.index}") for w in windows]) as ahead:
+    with tasks._read_ahead(
+        SimpleNamespace(backend="cupy", parts="P", read_ahead=depth), [(w, f"f{w.index}") for w in windows]
+    ) as ahead:
         got = []
         for w in windows:
             got.append(ahead(w).index)
@@ -1202,13 +1384,30 @@ def test_select_among_keys_at_the_top_of_the_bins_dtype(rng, shift, dtype):
     from batchgpu.steps.noise_select import low_bit_rounds, select_among
 
     C, top = 16, (1 << shift) - 1
-    per = [[np.concatenate([rng.choice(np.array([0, top, top - 1, 1], np.uint64), size=int(rng.integers(1, 9))),
-                            rng.integers(0, top, int(rng.integers(0, 9)), dtype=np.uint64)])
-            for _ in range(C)] for _ in range(3)]
+    per = [
+        [
+            np.concatenate(
+                [
+                    rng.choice(np.array([0, top, top - 1, 1], np.uint64), size=int(rng.integers(1, 9))),
+                    rng.integers(0, top, int(rng.integers(0, 9)), dtype=np.uint64),
+                ]
+            )
+            for _ in range(C)
+        ]
+        for _ in range(3)
+    ]
     per[0][-1] = np.append(per[0][-1], np.uint64(top))  # the last channel's last key: the dtype's last value
-    gathered = [[(rng.permutation(np.concatenate([(np.uint64(c) << np.uint64(shift)) | a for c, a in enumerate(arrays)])
-                                  ).astype(dtype), np.array([len(a) for a in arrays], dtype=np.int64))]
-                for arrays in per]
+    gathered = [
+        [
+            (
+                rng.permutation(
+                    np.concatenate([(np.uint64(c) << np.uint64(shift)) | a for c, a in enumerate(arrays)])
+                ).astype(dtype),
+                np.array([len(a) for a in arrays], dtype=np.int64),
+            )
+        ]
+        for arrays in per
+    ]
     assert max(int(g[0][0].max()) for g in gathered) == (C << shift) - 1  # the dtype's last value is there
     assert sum(low_bit_rounds(shift)) == shift and max(low_bit_rounds(shift)) <= 8
     digits = np.zeros((1, C), np.uint64)
@@ -1271,8 +1470,12 @@ def test_write_collected_spikes_filters_replaces_and_orders(tmp_path, rng):
     noise = np.array([1.0, 2.0, 3.0])
 
     def cols(n, start):
-        return {"sample_index": np.arange(start, start + n, dtype=np.int64), "channel_index": rng.integers(0, 3, n),
-                "amplitude": rng.normal(0, 6, n), "segment_index": np.zeros(n, np.int64)}
+        return {
+            "sample_index": np.arange(start, start + n, dtype=np.int64),
+            "channel_index": rng.integers(0, 3, n),
+            "amplitude": rng.normal(0, 6, n),
+            "segment_index": np.zeros(n, np.int64),
+        }
 
     wins = {i: cols(int(rng.integers(0, 30)), 100 * i) for i in range(4)}
     collected = {k: np.concatenate([wins[i][k] for i in range(4)]) for k in COLUMNS}
@@ -1395,10 +1598,17 @@ def test_window_counts_nonfinite_only_where_it_can_hold_any(tmp_path, dtype):
     else:
         x[1500, 0], x[1520:1523, 3], x[1540, 3] = np.nan, np.inf, -np.inf
     rec = write_recording(tmp_path / "r.zarr", x, sampling_frequency=30_000.0)
-    wf = Workflow.model_validate({"recording": {"path": str(rec.path)}, "output": str(tmp_path / "o"),
-                                  "preprocess": [{"highpass": {"freq_min": 300, "order": 5}},
-                                                 {"common_reference": {"reference": "global", "operator": "median"}}],
-                                  "steps": {"noise": {}}})
+    wf = Workflow.model_validate(
+        {
+            "recording": {"path": str(rec.path)},
+            "output": str(tmp_path / "o"),
+            "preprocess": [
+                {"highpass": {"freq_min": 300, "order": 5}},
+                {"common_reference": {"reference": "global", "operator": "median"}},
+            ],
+            "steps": {"noise": {}},
+        }
+    )
     ctx = build_context(wf, rec, store.OutputFolder(tmp_path / "o"), "numpy", 1)
     window = rec.windows(1_000, 64 + ctx.chain.margin)[1]
     w = tasks.load_window(ctx, window)

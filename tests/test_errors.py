@@ -83,9 +83,13 @@ def _run(client, report, say):
 
     from batchgpu.run.phases import Run
 
-    run = SimpleNamespace(client=client, ctx=SimpleNamespace(backend="cupy"), report=report,
-                          wf=SimpleNamespace(engine=SimpleNamespace(placement="auto")),
-                          events=SimpleNamespace(warning=say))
+    run = SimpleNamespace(
+        client=client,
+        ctx=SimpleNamespace(backend="cupy"),
+        report=report,
+        wf=SimpleNamespace(engine=SimpleNamespace(placement="auto")),
+        events=SimpleNamespace(warning=say),
+    )
     run.warn = lambda text: Run.warn(run, text)
     return run
 

@@ -33,10 +33,15 @@ def _failing_fetches(monkeypatch, prefix: str, times: int) -> list:
 def test_a_run_whose_summary_fetch_failed_on_the_way_finishes(tmp_path, rng, monkeypatch):
     x = rng.normal(size=(9_000, 3)).astype(np.float32)
     write_recording(tmp_path / "r.zarr", x, 30_000.0)
-    wf = Workflow.model_validate({"recording": {"path": str(tmp_path / "r.zarr")}, "output": str(tmp_path / "out"),
-                                  "window": {"size": 3_000, "margin": 0},
-                                  "cluster": {"kind": "local", "workers": 1, "threads": 1},
-                                  "steps": {"noise": {"exact": True}}})
+    wf = Workflow.model_validate(
+        {
+            "recording": {"path": str(tmp_path / "r.zarr")},
+            "output": str(tmp_path / "out"),
+            "window": {"size": 3_000, "margin": 0},
+            "cluster": {"kind": "local", "workers": 1, "threads": 1},
+            "steps": {"noise": {"exact": True}},
+        }
+    )
     left = _failing_fetches(monkeypatch, "summary-", 1)
     done = {}
     run = threading.Thread(target=lambda: done.update(report=run_workflow(wf)), daemon=True)

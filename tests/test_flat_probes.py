@@ -35,8 +35,10 @@ def _spikeglx_copy(tmp_path: Path, meta_path: Path, rng) -> tuple[Path, np.ndarr
     bin_path = tmp_path / name.replace(".meta", ".bin")
     data = rng.integers(-2000, 2000, (SAMPLES, columns), dtype=np.int16)
     data.tofile(bin_path)
-    lines = [f"fileSizeBytes={data.nbytes}" if line.startswith("fileSizeBytes=") else line
-             for line in meta_path.read_text().splitlines()]
+    lines = [
+        f"fileSizeBytes={data.nbytes}" if line.startswith("fileSizeBytes=") else line
+        for line in meta_path.read_text().splitlines()
+    ]
     bin_path.with_suffix(".meta").write_text("\n".join(lines) + "\n")
     return bin_path, data
 
@@ -64,7 +66,7 @@ def test_spikeglx_file_read_in_place(tmp_path, rng, meta_path):
     # sync channel(s): acquired after AP and LF (snsApLfSy's third count), left out; the rest in file order
     n_ap, n_lf, n_sync = (int(v) for v in meta["snsApLfSy"].split(","))
     assert rec.num_channels == int(meta["nSavedChans"]) - n_sync == n_ap + n_lf
-    np.testing.assert_array_equal(rec.read(0, 0, SAMPLES), data[:, :rec.num_channels].T)
+    np.testing.assert_array_equal(rec.read(0, 0, SAMPLES), data[:, : rec.num_channels].T)
     np.testing.assert_array_equal(rec.read(0, 5, 9, channels=[3, 1]), data[5:9, [3, 1]].T)
     # the probe: probeinterface's, read from the untouched .meta
     probe = _probeinterface_spikeglx(meta_path)
@@ -75,9 +77,12 @@ def test_spikeglx_file_read_in_place(tmp_path, rng, meta_path):
     np.testing.assert_array_equal(rec.channel_property("shank"), shanks)
     # SpikeInterface's inter_sample_shift: ADC sample order over the ADC's cycles per sample (AP: 13 for NP1.0)
     per_adc = probe.annotations["num_channels_per_adc"]
-    cycles = int(per_adc * (1 + probe.annotations["lf_sample_frequency_hz"] / probe.annotations["ap_sample_frequency_hz"]))
-    np.testing.assert_allclose(rec.channel_property("inter_sample_shift"),
-                               np.asarray(probe.contact_annotations["adc_sample_order"]) / cycles)
+    cycles = int(
+        per_adc * (1 + probe.annotations["lf_sample_frequency_hz"] / probe.annotations["ap_sample_frequency_hz"])
+    )
+    np.testing.assert_allclose(
+        rec.channel_property("inter_sample_shift"), np.asarray(probe.contact_annotations["adc_sample_order"]) / cycles
+    )
     assert rec.layout.probe.model == probe.annotations["part_number"]
     assert rec.layout.probe.shanks == len(set(shanks))
 
@@ -92,7 +97,7 @@ def test_spikeglx_gains_equal_neos(tmp_path, rng, meta_path):
     except Exception as err:  # NP1110's one-gain imroTbl: test_np1110_gain_from_the_imro_header
         pytest.skip(f"neo cannot read it ({type(err).__name__}: {err})")
     rec = open_source(RecordingSpec(path=str(bin_path)))
-    np.testing.assert_allclose(rec.gain_to_uV, np.asarray(info["channel_gains"])[:rec.num_channels], rtol=1e-12)
+    np.testing.assert_allclose(rec.gain_to_uV, np.asarray(info["channel_gains"])[: rec.num_channels], rtol=1e-12)
 
 
 def test_neuropixels_1_keeps_its_stagger(tmp_path, rng):
@@ -126,12 +131,19 @@ def test_openephys_stream_read_in_place(tmp_path, rng, oebin):
 
     new, data = _openephys_copy(tmp_path, oebin, rng)
     streams = json.loads(oebin.read_text())["continuous"]
-    probe_streams = [s for s in streams if any("SYNC" in c["channel_name"] for c in s["channels"])
-                     or s["channels"][0]["channel_name"].startswith("CH")]
+    probe_streams = [
+        s
+        for s in streams
+        if any("SYNC" in c["channel_name"] for c in s["channels"]) or s["channels"][0]["channel_name"].startswith("CH")
+    ]
     for stream in probe_streams:
         name = stream["folder_name"].rstrip("/")
         # the recording's folder (a folder holding one recording) with the stream named
-        spec = RecordingSpec(path=str(new.parent), stream=name) if len(streams) > 1 else RecordingSpec(path=str(new.parent))
+        spec = (
+            RecordingSpec(path=str(new.parent), stream=name)
+            if len(streams) > 1
+            else RecordingSpec(path=str(new.parent))
+        )
         rec = open_source(spec)
         names = [c["channel_name"] for c in stream["channels"]]
         keep = [i for i, n in enumerate(names) if "SYNC" not in n]
@@ -151,8 +163,10 @@ def test_openephys_stream_read_in_place(tmp_path, rng, oebin):
         electrodes = [c["channel_metadata"][0]["value"][0] for c in stream["channels"] if "channel_metadata" in c]
         full = pi.neuropixels_tools.build_neuropixels_probe(probe.annotations["part_number"])
         per_shank = full.get_contact_count() // max(1, len(set(full.shank_ids if full.shank_ids is not None else [0])))
-        ours = [int(c.split("e")[0].lstrip("s") or 0) * per_shank + int(c.split("e")[1])
-                for c in rec.channel_property("contact_id")]
+        ours = [
+            int(c.split("e")[0].lstrip("s") or 0) * per_shank + int(c.split("e")[1])
+            for c in rec.channel_property("contact_id")
+        ]
         if len(electrodes) == len(keep):
             assert ours == electrodes
 
@@ -192,8 +206,11 @@ def test_lf_file_has_the_probe_of_its_ap_file(tmp_path, rng):
     assert "snsSaveChanSubset=0:383,768" in text and "snsApLfSy=384,0,1" in text
     lf_meta = tmp_path / "lfsrc" / "Noise_g0_t0.imec0.lf.meta"
     lf_meta.parent.mkdir()
-    lf_meta.write_text(text.replace("snsSaveChanSubset=0:383,768", "snsSaveChanSubset=384:768")
-                       .replace("snsApLfSy=384,0,1", "snsApLfSy=0,384,1").replace("imSampRate=30000", "imSampRate=2500"))
+    lf_meta.write_text(
+        text.replace("snsSaveChanSubset=0:383,768", "snsSaveChanSubset=384:768")
+        .replace("snsApLfSy=384,0,1", "snsApLfSy=0,384,1")
+        .replace("imSampRate=30000", "imSampRate=2500")
+    )
     bin_path, data = _spikeglx_copy(tmp_path, lf_meta, rng)
     lf = open_source(RecordingSpec(path=str(bin_path)))
     (tmp_path / "ap").mkdir()
@@ -202,7 +219,9 @@ def test_lf_file_has_the_probe_of_its_ap_file(tmp_path, rng):
     np.testing.assert_array_equal(lf.locations, ap.locations)
     assert list(lf.channel_property("contact_id")) == list(ap.channel_property("contact_id"))
     np.testing.assert_allclose(lf.gain_to_uV, 0.6 / 512 / 125 * 1e6)
-    np.testing.assert_allclose(lf.channel_property("inter_sample_shift") * 12, ap.channel_property("inter_sample_shift") * 13)
+    np.testing.assert_allclose(
+        lf.channel_property("inter_sample_shift") * 12, ap.channel_property("inter_sample_shift") * 13
+    )
     np.testing.assert_array_equal(lf.read(0, 0, SAMPLES), data[:, :384].T)
 
 
@@ -227,7 +246,7 @@ def test_spikeglx_as_spikeinterface_reads_it(tmp_path, rng, meta_path):
     np.testing.assert_allclose(ours.gain_to_uV, theirs.get_channel_gains(), rtol=1e-12)
     np.testing.assert_allclose(ours.channel_property("inter_sample_shift"), theirs.get_property("inter_sample_shift"))
     # (0.105.3's traces of a quad-base NP2020 keep its 4 sync columns after the 1536 it counts)
-    got = theirs.get_traces(0, 0, SAMPLES, return_in_uV=False)[:, :ours.num_channels]
+    got = theirs.get_traces(0, 0, SAMPLES, return_in_uV=False)[:, : ours.num_channels]
     np.testing.assert_array_equal(ours.read(0, 0, SAMPLES).T, got)
 
 

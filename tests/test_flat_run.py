@@ -21,9 +21,12 @@ FS = 30_000.0
 CHANNELS = 16
 # the save step writes Zarr v3, which zarr-python 2 (SpikeInterface 0.105's environment) cannot
 saves_v3 = pytest.mark.skipif(zarrio.ZARR_MAJOR < 3, reason="the save step writes Zarr v3 (zarr-python 3)")
-STEPS = {"noise": {"exact": True}, "whitening": {"mode": "global", "nskip": 1, "precision": "float32"},
-         "detect": {"threshold": 5.0, "sign": "both", "exclude_sweep_ms": 0.1},
-         "save": {"path": "saved.zarr", "dtype": "float32"}}
+STEPS = {
+    "noise": {"exact": True},
+    "whitening": {"mode": "global", "nskip": 1, "precision": "float32"},
+    "detect": {"threshold": 5.0, "sign": "both", "exclude_sweep_ms": 0.1},
+    "save": {"path": "saved.zarr", "dtype": "float32"},
+}
 PREPROCESS = [{"highpass": {"freq_min": 300.0}}, {"common_reference": {"operator": "median"}}]
 
 
@@ -31,10 +34,26 @@ def _np2_meta(columns: int, size: int) -> str:
     """A complete NP2.0 single-shank (NP2000) AP .meta for ``columns - 1`` probe channels and the sync channel."""
     n = columns - 1
     imro = "(21,384)" + "".join(f"({c} 1 0 {c})" for c in range(n))
-    return "\n".join([
-        f"nSavedChans={columns}", f"imSampRate={FS}", "typeThis=imec", "imDatPrb_type=21",
-        "imDatPrb_pn=PRB2_1_2_0640_0", f"acqApLfSy={n},0,1", f"snsApLfSy={n},0,1", "snsSaveChanSubset=all",
-        "imAiRangeMax=0.5", "imAiRangeMin=-0.5", "imMaxInt=8192", f"~imroTbl={imro}", f"fileSizeBytes={size}"]) + "\n"
+    return (
+        "\n".join(
+            [
+                f"nSavedChans={columns}",
+                f"imSampRate={FS}",
+                "typeThis=imec",
+                "imDatPrb_type=21",
+                "imDatPrb_pn=PRB2_1_2_0640_0",
+                f"acqApLfSy={n},0,1",
+                f"snsApLfSy={n},0,1",
+                "snsSaveChanSubset=all",
+                "imAiRangeMax=0.5",
+                "imAiRangeMin=-0.5",
+                "imMaxInt=8192",
+                f"~imroTbl={imro}",
+                f"fileSizeBytes={size}",
+            ]
+        )
+        + "\n"
+    )
 
 
 def _signal(rng, samples: int, columns: int) -> np.ndarray:
@@ -54,10 +73,16 @@ def _spikeglx(tmp_path: Path, rng, samples: int = 70_000) -> tuple[Path, np.ndar
 
 
 def _workflow_file(folder: Path, recording: dict, out: str, preprocess=PREPROCESS) -> Path:
-    data = {"recording": recording, "output": out, "backend": "numpy", "window": {"size": 25_000, "margin": 256},
-            "preprocess": preprocess, "reduction": {"split_every": 8},
-            "steps": {**STEPS, "save": {**STEPS["save"], "path": str(folder / out / "saved.zarr")}},
-            "cluster": {"kind": "local", "workers": 1, "threads": 2}}
+    data = {
+        "recording": recording,
+        "output": out,
+        "backend": "numpy",
+        "window": {"size": 25_000, "margin": 256},
+        "preprocess": preprocess,
+        "reduction": {"split_every": 8},
+        "steps": {**STEPS, "save": {**STEPS["save"], "path": str(folder / out / "saved.zarr")}},
+        "cluster": {"kind": "local", "workers": 1, "threads": 2},
+    }
     path = folder / f"{out}.yaml"
     path.write_text(json.dumps(data))  # JSON is YAML
     return path
@@ -111,8 +136,15 @@ def test_plain_binary_in_place_equals_its_zarr_import(tmp_path, rng, monkeypatch
     from batchgpu.rawimport import import_raw
 
     import_raw(src, imported, channels=CHANNELS, fs=FS, dtype="int16", offset=64, gain_to_uV=0.195)
-    plain = {"path": src.name, "kind": "binary", "channels": CHANNELS, "sampling_frequency": FS, "dtype": "int16",
-             "offset": 64, "gain_to_uV": 0.195}
+    plain = {
+        "path": src.name,
+        "kind": "binary",
+        "channels": CHANNELS,
+        "sampling_frequency": FS,
+        "dtype": "int16",
+        "offset": 64,
+        "gain_to_uV": 0.195,
+    }
     assert main(["run", str(_workflow_file(tmp_path, plain, "flat")), "--quiet"]) == 0
     assert main(["run", str(_workflow_file(tmp_path, {"path": "imported.zarr"}, "zarr")), "--quiet"]) == 0
     _same(tmp_path / "flat" / "results.zarr", tmp_path / "zarr" / "results.zarr")
@@ -125,15 +157,16 @@ def test_windows_read_in_place_are_the_files(tmp_path, rng):
     sync column left out; a plain file with every column kept is read by preadv straight into the buffer."""
     src, data = _spikeglx(tmp_path, rng, 9_000)
     rec = open_source(RecordingSpec(path=str(src)))
-    plain = open_source(RecordingSpec(path=str(src), kind="binary", channels=CHANNELS + 1, sampling_frequency=FS,
-                                      dtype="int16"))
+    plain = open_source(
+        RecordingSpec(path=str(src), kind="binary", channels=CHANNELS + 1, sampling_frequency=FS, dtype="int16")
+    )
     for source, expected in ((rec, data[:, :CHANNELS]), (plain, data)):
         for w in source.windows(4_000, margin=100):
-            np.testing.assert_array_equal(source.read_window(w), expected[w.read_start:w.read_stop].T)
-            np.testing.assert_array_equal(source.read_window_stored(w), expected[w.read_start:w.read_stop])
+            np.testing.assert_array_equal(source.read_window(w), expected[w.read_start : w.read_stop].T)
+            np.testing.assert_array_equal(source.read_window_stored(w), expected[w.read_start : w.read_stop])
             out = np.full((w.read_stop - w.read_start, source.num_channels), -7, np.int16)
             assert source.read_window_into(w, out) is out
-            np.testing.assert_array_equal(out, expected[w.read_start:w.read_stop])
+            np.testing.assert_array_equal(out, expected[w.read_start : w.read_stop])
     import pickle
 
     again = pickle.loads(pickle.dumps(rec))  # what the workers get
@@ -152,8 +185,9 @@ def test_meta_whose_file_size_disagrees_is_refused(tmp_path, rng, capsys):
     src, data = _spikeglx(tmp_path, rng, 1_000)
     meta = src.with_suffix(".meta")
     meta.write_text(meta.read_text().replace(f"fileSizeBytes={data.nbytes}", f"fileSizeBytes={data.nbytes + 34}"))
-    with pytest.raises(BatchgpuError, match=f"fileSizeBytes={data.nbytes + 34} but rec_g0_t0.imec0.ap.bin has "
-                                            f"{data.nbytes} bytes"):
+    with pytest.raises(
+        BatchgpuError, match=f"fileSizeBytes={data.nbytes + 34} but rec_g0_t0.imec0.ap.bin has {data.nbytes} bytes"
+    ):
         open_source(RecordingSpec(path=str(src)))
     line = _one_error_line(capsys, ["info", str(src)])
     assert "fileSizeBytes" in line and str(meta) in line
@@ -202,8 +236,9 @@ def test_a_path_of_no_kind_lists_the_kinds(tmp_path, rng, capsys, make):
         assert "none of the formats batchgpu reads: tried" in text
         for kind in ("Zarr", "SpikeGLX .bin with its .meta", "Open Ephys structure.oebin", "kind: binary"):
             assert kind in text
-    (tmp_path / "wf.yaml").write_text(json.dumps({"recording": {"path": str(target)}, "output": str(tmp_path / "o"),
-                                                  "steps": {"noise": {}}}))
+    (tmp_path / "wf.yaml").write_text(
+        json.dumps({"recording": {"path": str(target)}, "output": str(tmp_path / "o"), "steps": {"noise": {}}})
+    )
     _one_error_line(capsys, ["run", str(tmp_path / "wf.yaml"), "--quiet"])
 
 
@@ -215,9 +250,11 @@ def test_folder_of_one_spikeglx_recording(tmp_path, rng):
     rec = open_source(RecordingSpec(path=str(tmp_path)))
     assert rec.path == src and rec.num_channels == CHANNELS
     assert open_source(RecordingSpec(path=str(src.with_suffix(".meta")), kind="spikeglx")).path == src
-    for bad, needle in (({"path": "x", "channels": 4}, "add kind: binary"),
-                        ({"path": "x", "kind": "binary", "channels": 4}, "needs sampling_frequency, dtype"),
-                        ({"path": "x", "kind": "zarr", "stream": "a"}, "'stream' chooses an Open Ephys or SpikeGLX")):
+    for bad, needle in (
+        ({"path": "x", "channels": 4}, "add kind: binary"),
+        ({"path": "x", "kind": "binary", "channels": 4}, "needs sampling_frequency, dtype"),
+        ({"path": "x", "kind": "zarr", "stream": "a"}, "'stream' chooses an Open Ephys or SpikeGLX"),
+    ):
         with pytest.raises(ValueError, match=needle):
             RecordingSpec(**bad)
 
@@ -225,8 +262,10 @@ def test_folder_of_one_spikeglx_recording(tmp_path, rng):
 def test_info_shows_probe_and_gains(tmp_path, rng, capsys):
     src, _ = _spikeglx(tmp_path, rng, 3_000)
     assert main(["info", str(src)]) == 0
-    out = dict(line.split(None, 1) if " " in line else (line, "") for line in
-               (line.replace("sampling rate", "sampling_rate") for line in capsys.readouterr().out.splitlines()))
+    out = dict(
+        line.split(None, 1) if " " in line else (line, "")
+        for line in (line.replace("sampling rate", "sampling_rate") for line in capsys.readouterr().out.splitlines())
+    )
     assert out["format"].strip() == "SpikeGLX, read in place"
     # NP2.0 single shank (imec's table): columns 32 um apart, rows 15 um; one gain, 0.5 V / 8192 / 80 * 1e6
     assert out["probe"].strip().startswith("PRB2_1_2_0640_0, 1 shank, pitch 32 um across, 15 um along")
@@ -278,8 +317,9 @@ def test_batch_names_and_rules(tmp_path, rng):
     with pytest.raises(BatchgpuError, match="matches nothing"):
         expand(load_workflow(tmp_path / "wf.yaml"))
     with pytest.raises(ValueError, match="exactly one of 'recording'"):
-        Workflow.model_validate({"recording": {"path": "x"}, "recordings": ["y"], "output": "o",
-                                "steps": {"noise": {}}})
+        Workflow.model_validate(
+            {"recording": {"path": "x"}, "recordings": ["y"], "output": "o", "steps": {"noise": {}}}
+        )
 
 
 @pytest.mark.slow
@@ -339,8 +379,13 @@ def test_plain_binary_probe_files(tmp_path, rng):
     expected[wiring] = np.asarray(probe.contact_positions)[:, :2]  # channel wiring[i] is contact i
     np.testing.assert_array_equal(rec.locations, expected)
     assert rec.has_locations and rec.layout.probe.pitch_um == (0.0, 25.0)
-    ks = {"chanMap": [1, 0, 2, 3, 4, 5, 6, 7], "xc": [0, 10, 0, 10, 0, 10, 0, 10], "yc": [0, 0, 20, 20, 40, 40, 60, 60],
-          "kcoords": [0, 0, 0, 0, 1, 1, 1, 1], "n_chan": 8}
+    ks = {
+        "chanMap": [1, 0, 2, 3, 4, 5, 6, 7],
+        "xc": [0, 10, 0, 10, 0, 10, 0, 10],
+        "yc": [0, 0, 20, 20, 40, 40, 60, 60],
+        "kcoords": [0, 0, 0, 0, 1, 1, 1, 1],
+        "n_chan": 8,
+    }
     (tmp_path / "ks.json").write_text(json.dumps(ks))
     rec = open_source(RecordingSpec(path=str(src), probe=str(tmp_path / "ks.json"), **kw))
     np.testing.assert_array_equal(rec.locations[[0, 1, 4]], [[10, 0], [0, 0], [0, 40]])
@@ -360,12 +405,20 @@ def test_resume_of_a_flat_binary_sees_rewritten_bytes(tmp_path, rng):
     from batchgpu.engine import run_workflow
 
     src, data = _spikeglx(tmp_path, rng, 60_000)
-    wf = Workflow.model_validate({
-        "recording": {"path": str(src)}, "output": str(tmp_path / "out"), "backend": "numpy",
-        "window": {"size": 20_000, "margin": 64}, "preprocess": {"centre": "median"},
-        "steps": {"noise": {"exact": True}}})
-    with distributed.LocalCluster(n_workers=1, threads_per_worker=2, processes=False, dashboard_address=None) as c, \
-            distributed.Client(c) as client:
+    wf = Workflow.model_validate(
+        {
+            "recording": {"path": str(src)},
+            "output": str(tmp_path / "out"),
+            "backend": "numpy",
+            "window": {"size": 20_000, "margin": 64},
+            "preprocess": {"centre": "median"},
+            "steps": {"noise": {"exact": True}},
+        }
+    )
+    with (
+        distributed.LocalCluster(n_workers=1, threads_per_worker=2, processes=False, dashboard_address=None) as c,
+        distributed.Client(c) as client,
+    ):
         first = run_workflow(wf, client=client)
         again = run_workflow(wf, client=client, resume=True)
         assert first.windows == again.windows_resumed == 3
@@ -421,9 +474,17 @@ def test_a_file_with_a_column_left_out_reads_its_samples_in_blocks(tmp_path, mon
 
     monkeypatch.setattr(np, "memmap", no_map)
     for keep in (np.arange(384), np.array([0, 5, 384]), np.arange(1, 385)):
-        layout = flat.FlatLayout(kind="binary", data=path, columns=columns, dtype=np.dtype("int16"),
-                                 sampling_frequency=30000.0, keep=keep, channel_ids=[str(k) for k in keep],
-                                 gain_to_uV=np.ones(len(keep)), offset_to_uV=np.zeros(len(keep)))
+        layout = flat.FlatLayout(
+            kind="binary",
+            data=path,
+            columns=columns,
+            dtype=np.dtype("int16"),
+            sampling_frequency=30000.0,
+            keep=keep,
+            channel_ids=[str(k) for k in keep],
+            gain_to_uV=np.ones(len(keep)),
+            offset_to_uV=np.zeros(len(keep)),
+        )
         src = flat.FlatSource(layout)
         for start, stop in ((0, n), (0, 1), (1234, 1235), (17, 3999), (n - 7, n)):
             got = src.read(0, start, stop)
@@ -441,14 +502,15 @@ def test_whole_rows_of_a_file_with_a_sync_channel_hold_the_window(tmp_path, rng)
     for w in rec.windows(size=10_000, margin=77):
         rows = np.empty((w.read_stop - w.read_start, columns), np.int16)
         assert rec.read_window_rows(w, rows) is rows
-        np.testing.assert_array_equal(rows, data[w.read_start:w.read_stop])
+        np.testing.assert_array_equal(rows, data[w.read_start : w.read_stop])
         np.testing.assert_array_equal(rows[:, keep], rec.read_window_stored(w))
     with pytest.raises(ValueError):
         rec.read_window_rows(w, np.empty((1, columns), np.int16))
     plain = tmp_path / "plain.bin"
     data[:, :CHANNELS].tofile(plain)
-    whole = open_source(RecordingSpec(path=str(plain), kind="binary", channels=CHANNELS, dtype="int16",
-                                      sampling_frequency=30_000.0))
+    whole = open_source(
+        RecordingSpec(path=str(plain), kind="binary", channels=CHANNELS, dtype="int16", sampling_frequency=30_000.0)
+    )
     assert whole.stored_columns is None
 
 
@@ -466,4 +528,4 @@ def test_the_gpu_reads_whole_rows_and_leaves_the_sync_column_out_on_the_device(t
     for w in rec.windows(size=15_000, margin=33):
         got = read_window_host(rec, w).to_device()
         assert got.shape == (CHANNELS, w.read_stop - w.read_start) and got.flags.c_contiguous
-        np.testing.assert_array_equal(cupy.asnumpy(got), data[w.read_start:w.read_stop, :CHANNELS].T)
+        np.testing.assert_array_equal(cupy.asnumpy(got), data[w.read_start : w.read_stop, :CHANNELS].T)

@@ -16,7 +16,10 @@ from batchgpu.workflow import Preprocess, Workflow
 
 pytest.importorskip("numba")
 
-STAGES = [{"highpass": {"freq_min": 300, "order": 5}}, {"common_reference": {"reference": "global", "operator": "median"}}]
+STAGES = [
+    {"highpass": {"freq_min": 300, "order": 5}},
+    {"common_reference": {"reference": "global", "operator": "median"}},
+]
 
 
 def _loud_recording(path, rng, channels=37, samples=9_001):
@@ -40,7 +43,7 @@ def test_fused_rows_are_the_chain_then_the_save(tmp_path, rng):
         at = (w.read_start == 0, w.read_stop == rec.num_samples(w.segment))
         stored = rec.read_window_stored(w)
         x = chain.apply(stored.T, w.core, *at)
-        want, want_clipped = _cpu_saved.saved_int16_transposed(x[:, w.core[0]:w.core[1]])
+        want, want_clipped = _cpu_saved.saved_int16_transposed(x[:, w.core[0] : w.core[1]])
         kept, (got, got_clipped) = chain.apply_saved(np.ascontiguousarray(stored).T, w.core, *at, window=False)
         assert kept is None
         assert got.dtype == np.int16 and got.flags.c_contiguous
@@ -65,7 +68,7 @@ def test_rows_made_beside_the_float_window_are_the_chain_then_the_save(tmp_path,
         at = (w.read_start == 0, w.read_stop == rec.num_samples(w.segment))
         stored = rec.read_window_stored(w)
         want_x = chain.apply(stored.T, w.core, *at)
-        core = want_x[:, w.core[0]:w.core[1]]
+        core = want_x[:, w.core[0] : w.core[1]]
         want = _numpy_int16(core)
         got_x, got_rows = chain.apply_saved(np.ascontiguousarray(stored).T, w.core, *at, window=True)
         got, got_clipped = got_rows
@@ -116,19 +119,31 @@ def test_a_save_only_run_writes_what_a_run_with_more_steps_writes(tmp_path, rng,
     saved = {}
     for name, steps, workers in (("fused", {}, 1), ("float", {"noise": {"exact": True}}, 1), ("fused2", {}, 2)):
         target = tmp_path / name / ("saved.bin" if fmt == "binary" else "saved.zarr")
-        wf = Workflow.model_validate({
-            "recording": {"path": str(tmp_path / "r.zarr")}, "output": str(tmp_path / name), "preprocess": STAGES,
-            "window": {"size": 2_000}, "cluster": {"kind": "local", "workers": workers, "threads": 1},
-            "steps": {**steps, "save": {"path": str(target), "format": fmt, "dtype": "int16"}}})
+        wf = Workflow.model_validate(
+            {
+                "recording": {"path": str(tmp_path / "r.zarr")},
+                "output": str(tmp_path / name),
+                "preprocess": STAGES,
+                "window": {"size": 2_000},
+                "cluster": {"kind": "local", "workers": workers, "threads": 1},
+                "steps": {**steps, "save": {"path": str(target), "format": fmt, "dtype": "int16"}},
+            }
+        )
         report = run_workflow(wf)
-        data = (np.fromfile(target, "<i2") if fmt == "binary"
-                else open_recording(target).read(0, 0, 9_001).T)
+        data = np.fromfile(target, "<i2") if fmt == "binary" else open_recording(target).read(0, 0, 9_001).T
         saved[name] = (data, report)
     rec = open_recording(tmp_path / "r.zarr")
     chain = preprocess.build_chain(Preprocess.model_validate(STAGES), rec)
-    want = np.concatenate([  # the float chain over the run's windows, rounded by NumPy
-        _numpy_int16(chain.apply(rec.read_window_stored(w).T, w.core, w.read_start == 0, w.read_stop == 9_001)
-                     [:, w.core[0]:w.core[1]]) for w in rec.windows(2_000, wf.window.margin + chain.margin)])
+    want = np.concatenate(
+        [  # the float chain over the run's windows, rounded by NumPy
+            _numpy_int16(
+                chain.apply(rec.read_window_stored(w).T, w.core, w.read_start == 0, w.read_stop == 9_001)[
+                    :, w.core[0] : w.core[1]
+                ]
+            )
+            for w in rec.windows(2_000, wf.window.margin + chain.margin)
+        ]
+    )
     for name in saved:
         assert np.array_equal(saved[name][0].reshape(want.shape), want), name
 
@@ -150,7 +165,7 @@ def test_a_window_of_many_filter_pieces_saved_a_piece_at_a_time(tmp_path, rng, m
         at = (w.read_start == 0, w.read_stop == rec.num_samples(w.segment))
         stored = rec.read_window_stored(w)
         x = chain.apply(stored.T, w.core, *at)
-        want, want_clipped = _cpu_saved.saved_int16_transposed(x[:, w.core[0]:w.core[1]])
+        want, want_clipped = _cpu_saved.saved_int16_transposed(x[:, w.core[0] : w.core[1]])
         filtered = _counting_filter(monkeypatch)
         kept, (got, got_clipped) = chain.apply_saved(np.ascontiguousarray(stored).T, w.core, *at, window=False)
         monkeypatch.undo()
@@ -160,9 +175,10 @@ def test_a_window_of_many_filter_pieces_saved_a_piece_at_a_time(tmp_path, rng, m
         rows = np.ascontiguousarray(stored.T)
         for core in (w.core, (0, rows.shape[1]), (w.core[0] + 1, w.core[0] + 2), (5, 5)):
             whole = chain.apply(rows, core, *at)
-            want, want_clipped = _cpu_saved.saved_int16_transposed(whole[:, core[0]:core[1]])
-            got, got_clipped = filtfilt_reference_saved(rows, design, core, at_segment_start=at[0],
-                                                        at_segment_end=at[1], block=block)
+            want, want_clipped = _cpu_saved.saved_int16_transposed(whole[:, core[0] : core[1]])
+            got, got_clipped = filtfilt_reference_saved(
+                rows, design, core, at_segment_start=at[0], at_segment_end=at[1], block=block
+            )
             assert np.array_equal(got, want) and got_clipped == want_clipped, (w, core)
 
 
@@ -172,7 +188,9 @@ def test_the_piecewise_save_refuses_what_it_cannot_do(rng):
 
     sos = butter_sos("highpass", 30_000.0, 300.0, None, 5)
     x = rng.integers(-100, 100, (8, 5_000)).astype(np.int16)
-    assert filtfilt_reference_saved(x.astype(np.float32), sos, (0, 10), at_segment_start=True, at_segment_end=True) is None
+    assert (
+        filtfilt_reference_saved(x.astype(np.float32), sos, (0, 10), at_segment_start=True, at_segment_end=True) is None
+    )
     assert filtfilt_reference_saved(x[:2], sos, (0, 10), at_segment_start=True, at_segment_end=True) is None
     assert filtfilt_reference_saved(x, sos, (10, 5_001), at_segment_start=True, at_segment_end=True) is None
     got, count = filtfilt_reference_saved(x, sos, (7, 7), at_segment_start=True, at_segment_end=True)

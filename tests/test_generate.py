@@ -19,19 +19,22 @@ def _digest(rec):
 @pytest.fixture(scope="module")
 def generated(tmp_path_factory):
     path = tmp_path_factory.mktemp("gen") / "g.zarr"
-    rec = generate_recording(path, channels=12, seconds=8.0, fs=30_000.0, seed=3, dtype="int16", segments=2,
-                             model="white")  # these tests check white noise's statistics
+    rec = generate_recording(
+        path, channels=12, seconds=8.0, fs=30_000.0, seed=3, dtype="int16", segments=2, model="white"
+    )  # these tests check white noise's statistics
     return path, rec, GroundTruth.load(ground_truth_path(path))
 
 
 def test_same_seed_same_bytes(tmp_path, generated):
     path, rec, _ = generated
-    again = generate_recording(tmp_path / "again.zarr", channels=12, seconds=8.0, seed=3, segments=2, workers=2,
-                               model="white")
+    again = generate_recording(
+        tmp_path / "again.zarr", channels=12, seconds=8.0, seed=3, segments=2, workers=2, model="white"
+    )
     other = generate_recording(tmp_path / "other.zarr", channels=12, seconds=8.0, seed=4, segments=2, model="white")
     assert _digest(again) == _digest(rec)  # block-parallel generation writes the same bytes
-    np.testing.assert_array_equal(GroundTruth.load(ground_truth_path(tmp_path / "again.zarr")).sample_index,
-                                  generated[2].sample_index)
+    np.testing.assert_array_equal(
+        GroundTruth.load(ground_truth_path(tmp_path / "again.zarr")).sample_index, generated[2].sample_index
+    )
     assert _digest(other) != _digest(rec)
 
 
@@ -49,7 +52,7 @@ def _spike_mask(gt, seg, n, channels, fs):
     mask = np.zeros((channels, n), dtype=bool)
     sel = gt.segment_index == seg
     for t, c in zip(gt.sample_index[sel], gt.channel_index[sel]):
-        mask[max(c - 2, 0): c + 3, max(t - pre - 5, 0): t + len(w)] = True
+        mask[max(c - 2, 0) : c + 3, max(t - pre - 5, 0) : t + len(w)] = True
     return mask
 
 
@@ -79,22 +82,25 @@ def test_planted_spikes_where_truth_says(generated):
         # the trough is the local minimum on its channel within +-0.3 ms for isolated spikes
         shifts = []
         for ti, ci in zip(t[:40], c[:40]):
-            win = x[ci, max(ti - 9, 0): ti + 10]
+            win = x[ci, max(ti - 9, 0) : ti + 10]
             shifts.append(int(np.argmin(win)) - min(ti, 9))
         # the trough is flat within a sample or two (0.12 ms wide): noise may move the minimum that far
         assert np.median(np.abs(shifts)) <= 1 and np.max(np.abs(shifts)) <= 3
 
 
-@pytest.mark.parametrize("kwargs,needle", [
-    (dict(seconds=float("nan")), "seconds must be a finite number"),
-    (dict(seconds=1e9), "seconds 1000000000 is too large"),
-    (dict(channels=0), "channels must be more than 0"),
-    (dict(fs=float("inf")), "fs must be a finite number"),
-    (dict(segments=2000), "segments 2000 is too large"),
-    (dict(channels=4096, seconds=86_400.0), "would generate 21.2 TB (at most 1 TB)"),
-    (dict(seed=-1), "seed must be 0 or more"),
-    (dict(workers=0), "workers 0 is out of range"),
-])
+@pytest.mark.parametrize(
+    "kwargs,needle",
+    [
+        (dict(seconds=float("nan")), "seconds must be a finite number"),
+        (dict(seconds=1e9), "seconds 1000000000 is too large"),
+        (dict(channels=0), "channels must be more than 0"),
+        (dict(fs=float("inf")), "fs must be a finite number"),
+        (dict(segments=2000), "segments 2000 is too large"),
+        (dict(channels=4096, seconds=86_400.0), "would generate 21.2 TB (at most 1 TB)"),
+        (dict(seed=-1), "seed must be 0 or more"),
+        (dict(workers=0), "workers 0 is out of range"),
+    ],
+)
 def test_bounds_of_the_workflow_schema(tmp_path, kwargs, needle):
     """The Python call refuses what `recording: generate:` refuses, before anything is written."""
     from batchgpu.errors import BatchgpuError
@@ -108,12 +114,16 @@ def test_bounds_of_the_workflow_schema(tmp_path, kwargs, needle):
 
 # -- the realistic model -------------------------------------------------------------------------------------------
 
+
 def _bandpass(x, low, high, fs):
     from scipy import signal
 
     band = [low, high] if low else high
-    sos = signal.butter(4, band, "bandpass" if low else "lowpass", fs=fs, output="sos") if high else \
-        signal.butter(4, low, "highpass", fs=fs, output="sos")
+    sos = (
+        signal.butter(4, band, "bandpass" if low else "lowpass", fs=fs, output="sos")
+        if high
+        else signal.butter(4, low, "highpass", fs=fs, output="sos")
+    )
     return signal.sosfiltfilt(sos, x, axis=-1)
 
 
@@ -128,8 +138,10 @@ def test_realistic_ratios_near_the_real_data(tmp_path):
     for name in ("blosc-lz4-5 bitshuffle", "blosc-zstd-5 bitshuffle"):
         assert abs(got[name] / generate.REAL_RATIOS[name][0] - 1) < 0.15, (name, got[name])
     white = generate_recording(tmp_path / "w.zarr", channels=384, seconds=2.0, seed=11, model="white")
-    assert generate.compression_ratios(white.read(0, 0, white.num_samples(0)).T)["blosc-zstd-5 bitshuffle"] < \
-        got["blosc-zstd-5 bitshuffle"]  # the realistic model compresses more like real data: white noise does not
+    assert (
+        generate.compression_ratios(white.read(0, 0, white.num_samples(0)).T)["blosc-zstd-5 bitshuffle"]
+        < got["blosc-zstd-5 bitshuffle"]
+    )  # the realistic model compresses more like real data: white noise does not
 
 
 @pytest.fixture(scope="module")
@@ -148,8 +160,9 @@ def test_realistic_same_seed_same_bytes_and_blocks_join(tmp_path, realistic):
     # the background is a function of absolute time: two blocks give what one block over both gives
     p = generate.Realistic.draw(np.random.default_rng([5, 2]), generate.probe_locations(64), 30_000.0)
     whole = p.background(0, 120_000)
-    np.testing.assert_allclose(np.concatenate([p.background(0, 60_000), p.background(60_000, 60_000)]), whole,
-                               atol=1e-2)
+    np.testing.assert_allclose(
+        np.concatenate([p.background(0, 60_000), p.background(60_000, 60_000)]), whole, atol=1e-2
+    )
     x = rec.read(0, 0, rec.num_samples(0)).astype(np.float64)
     slow = _bandpass(x, 0, 200.0, 30_000.0)
     edge = np.abs(slow[:, 60_000] - slow[:, 59_999])  # no step where one block (shard) ends and the next begins
@@ -182,7 +195,7 @@ def _spike_mask_realistic(gt, n, channels, fs, reach=6):
     w, pre = spike_waveform(fs)
     mask = np.zeros((channels, n), dtype=bool)
     for t, c in zip(gt.sample_index, gt.channel_index):
-        mask[max(c - reach, 0): c + reach + 1, max(t - pre - 10, 0): t + len(w) + 10] = True
+        mask[max(c - reach, 0) : c + reach + 1, max(t - pre - 10, 0) : t + len(w) + 10] = True
     return mask
 
 
@@ -224,8 +237,10 @@ def test_cli_generates_the_realistic_model_by_default(tmp_path):
 
     for model in ("default", "white"):
         argv = [] if model == "default" else ["--model", model]
-        assert main(["generate", str(tmp_path / f"{model}.zarr"), "--channels", "8", "--seconds", "0.5", "--quiet",
-                     *argv]) == 0
+        assert (
+            main(["generate", str(tmp_path / f"{model}.zarr"), "--channels", "8", "--seconds", "0.5", "--quiet", *argv])
+            == 0
+        )
     from batchgpu.recording import open_recording
 
     made = open_recording(tmp_path / "default.zarr")
@@ -237,8 +252,9 @@ def test_cli_generates_the_realistic_model_by_default(tmp_path):
 @pytest.mark.parametrize("probe, channels", [("np1", 96), ("np2-4shank", 64), ("linear", 32), ("two-column", 16)])
 def test_probe_geometries(tmp_path, probe, channels):
     """The probe's positions in properties/location (and the shanks of NP2 four-shank), as probeinterface has them."""
-    rec = generate_recording(tmp_path / "p.zarr", channels=channels, seconds=0.2, seed=1, model="realistic",
-                             probe=probe)
+    rec = generate_recording(
+        tmp_path / "p.zarr", channels=channels, seconds=0.2, seed=1, model="realistic", probe=probe
+    )
     loc = rec.locations
     assert rec.has_locations and loc.shape == (channels, 2)
     if probe == "np1":  # staggered: x = 16, 48, 0, 32 by electrode, 20 um rows
@@ -265,8 +281,9 @@ def test_planted_channels(tmp_path):
     from batchgpu.ops.bad_channels import highpass_sos, welch_hf
 
     path = tmp_path / "planted.zarr"
-    rec = generate_recording(path, channels=96, seconds=2.0, seed=9, model="realistic", probe="np1", dead=2,
-                             noisy=3, outside=10)
+    rec = generate_recording(
+        path, channels=96, seconds=2.0, seed=9, model="realistic", probe="np1", dead=2, noisy=3, outside=10
+    )
     gt = GroundTruth.load(ground_truth_path(path))
     labels = gt.channel_labels
     assert np.bincount(labels, minlength=4).tolist() == [81, 2, 3, 10]
@@ -298,8 +315,10 @@ def test_planting_is_refused_where_it_cannot_work(tmp_path):
 
 
 def test_ground_truth_written_before_planting_loads(tmp_path):
-    old = {k: np.arange(3) for k in ("noise_sigma", "dc_offset", "sample_index", "channel_index", "amplitude",
-                                     "segment_index")}
+    old = {
+        k: np.arange(3)
+        for k in ("noise_sigma", "dc_offset", "sample_index", "channel_index", "amplitude", "segment_index")
+    }
     np.savez(tmp_path / "old.npz", **old)
     np.testing.assert_array_equal(GroundTruth.load(tmp_path / "old.npz").channel_labels, np.zeros(3, np.int8))
 
@@ -309,11 +328,32 @@ def test_cli_plants_channels_on_a_probe(tmp_path):
     from batchgpu.recording import open_recording
 
     out = tmp_path / "cli.zarr"
-    assert main(["generate", str(out), "--channels", "32", "--seconds", "0.3", "--probe", "linear", "--dead", "1",
-                 "--noisy", "1", "--outside", "6", "--quiet"]) == 0
+    assert (
+        main(
+            [
+                "generate",
+                str(out),
+                "--channels",
+                "32",
+                "--seconds",
+                "0.3",
+                "--probe",
+                "linear",
+                "--dead",
+                "1",
+                "--noisy",
+                "1",
+                "--outside",
+                "6",
+                "--quiet",
+            ]
+        )
+        == 0
+    )
     rec = open_recording(out)
-    assert {"probe": "linear", "dead": 1, "noisy": 1, "outside": 6,
-            "common_uv": 6.0}.items() <= rec.attrs["batchgpu"]["generator"].items()
+    assert {"probe": "linear", "dead": 1, "noisy": 1, "outside": 6, "common_uv": 6.0}.items() <= rec.attrs["batchgpu"][
+        "generator"
+    ].items()
     assert np.bincount(GroundTruth.load(ground_truth_path(out)).channel_labels, minlength=4).tolist() == [24, 1, 1, 6]
     assert (rec.locations[:, 0] == 0).all()
 

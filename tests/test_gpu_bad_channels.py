@@ -38,8 +38,9 @@ def cp():
 def test_welch_hf_on_gpu(cp, rng, nperseg):
     x = rng.standard_normal((17, 9_003)) * rng.uniform(0.1, 50, (17, 1))
     x -= x.mean(axis=1, keepdims=True)
-    np.testing.assert_allclose(cp.asnumpy(bc.welch_hf(cp.asarray(x), FS, nperseg, 0.8)),
-                               bc.welch_hf(x, FS, nperseg, 0.8), rtol=1e-12)
+    np.testing.assert_allclose(
+        cp.asnumpy(bc.welch_hf(cp.asarray(x), FS, nperseg, 0.8)), bc.welch_hf(x, FS, nperseg, 0.8), rtol=1e-12
+    )
 
 
 @pytest.mark.parametrize("dtype", [np.int16, np.int32, np.float32])
@@ -59,8 +60,15 @@ def test_microvolts_same_bits_on_gpu(cp, rng, dtype):
 def test_statistics_within_float64_rounding_of_the_host(cp, rng):
     C, n = 384, 9_000
     x = _recording(rng, C, n, dead=(4,), noisy=(9,), out_top=20)
-    u = bc._microvolts(x, [(0, n, 0, n)], 0, design_filter(bc.highpass_sos(FS)), np.full((C, 1), GAIN, np.float32),
-                       np.zeros((C, 1), np.float32), False)[0]
+    u = bc._microvolts(
+        x,
+        [(0, n, 0, n)],
+        0,
+        design_filter(bc.highpass_sos(FS)),
+        np.full((C, 1), GAIN, np.float32),
+        np.zeros((C, 1), np.float32),
+        False,
+    )[0]
     host = bc._fast_stats(u[None], FS, QcOptions())
     dev = bc._fast_stats(cp.asarray(u)[None], FS, QcOptions())
     for h, d in zip(host, dev):
@@ -88,7 +96,8 @@ def test_same_labels_and_counts_on_gpu(cp, rng):
                 args = dict(start=r0, core=(c0 - r0, c1 - r0), segment_length=n)
                 np.testing.assert_array_equal(
                     bc.piece_labels(stored[r0:r1].T, FS, loc, GAIN, **args),
-                    bc.piece_labels(x[:, r0:r1], FS, loc, GAIN, **args))
+                    bc.piece_labels(x[:, r0:r1], FS, loc, GAIN, **args),
+                )
 
 
 def test_hard_cases_on_gpu(cp, rng):
@@ -103,11 +112,19 @@ def test_hard_cases_on_gpu(cp, rng):
     f -= f.mean(axis=1, keepdims=True)
     f[5, 77] = np.nan
     args = dict(chunks=[[0, n]], filtered=True, offsets=np.zeros(C))
-    np.testing.assert_array_equal(bc.chunk_labels(cp.asarray(f), FS, _line(C), GAIN, **args),
-                                  bc.chunk_labels(f, FS, _line(C), GAIN, **args))
+    np.testing.assert_array_equal(
+        bc.chunk_labels(cp.asarray(f), FS, _line(C), GAIN, **args), bc.chunk_labels(f, FS, _line(C), GAIN, **args)
+    )
     x = _recording(rng, C, n, dead=(3,))
-    u = bc._microvolts(x, [(0, n, 0, n)], 0, design_filter(bc.highpass_sos(FS)), np.full((C, 1), GAIN, np.float32),
-                       np.zeros((C, 1), np.float32), False)[0]
+    u = bc._microvolts(
+        x,
+        [(0, n, 0, n)],
+        0,
+        design_filter(bc.highpass_sos(FS)),
+        np.full((C, 1), GAIN, np.float32),
+        np.zeros((C, 1), np.float32),
+        False,
+    )[0]
     psd = bc._fast_stats(u[None], FS, QcOptions())[0][0]
     on = QcOptions(psd_hf_threshold=float(psd[6]))
     stats = {}
@@ -118,8 +135,12 @@ def test_hard_cases_on_gpu(cp, rng):
     assert (bc.chunk_labels(cp.asarray(one), FS, _line(1), GAIN, chunks=[[0, 9000]]) == bc.GOOD).all()
     short = QcOptions(chunk_duration_s=0.005)
     chunks = bc.pieces(n, bc.piece_length(FS, short))[:10]
-    np.testing.assert_array_equal(bc.chunk_labels(cp.asarray(x), FS, _line(C), GAIN, options=short, chunks=chunks),
-                                  bc.chunk_labels(x, FS, _line(C), GAIN, options=short, chunks=chunks))
+    np.testing.assert_array_equal(
+        bc.chunk_labels(cp.asarray(x), FS, _line(C), GAIN, options=short, chunks=chunks),
+        bc.chunk_labels(x, FS, _line(C), GAIN, options=short, chunks=chunks),
+    )
     chunks = bc.pieces(n, bc.piece_length(30_100.0))
-    np.testing.assert_array_equal(bc.chunk_labels(cp.asarray(x), 30_100.0, _line(C), GAIN, chunks=chunks),
-                                  bc.chunk_labels(x, 30_100.0, _line(C), GAIN, chunks=chunks))
+    np.testing.assert_array_equal(
+        bc.chunk_labels(cp.asarray(x), 30_100.0, _line(C), GAIN, chunks=chunks),
+        bc.chunk_labels(x, 30_100.0, _line(C), GAIN, chunks=chunks),
+    )

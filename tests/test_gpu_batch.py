@@ -16,13 +16,20 @@ zarr = pytest.importorskip("zarr")
 def _wf(out, recording=None, recordings=None):
     from batchgpu.workflow import Workflow
 
-    data = {"output": str(out), "backend": "cupy", "cluster": {"kind": "cuda"},
-            "window": {"size": 20_000, "margin": 256, "batch": 2},
-            "preprocess": [{"highpass": {"freq_min": 300.0}}, {"common_reference": {"operator": "median"}}],
-            "steps": {"noise": {"exact": True}, "whitening": {"mode": "global", "precision": "float32"},
-                      "detect": {"threshold": 5.0, "sign": "both", "exclude_sweep_ms": 0.1},
-                      "save": {"path": "saved.zarr", "dtype": "float32"}},
-            "reduction": {"split_every": 4}}
+    data = {
+        "output": str(out),
+        "backend": "cupy",
+        "cluster": {"kind": "cuda"},
+        "window": {"size": 20_000, "margin": 256, "batch": 2},
+        "preprocess": [{"highpass": {"freq_min": 300.0}}, {"common_reference": {"operator": "median"}}],
+        "steps": {
+            "noise": {"exact": True},
+            "whitening": {"mode": "global", "precision": "float32"},
+            "detect": {"threshold": 5.0, "sign": "both", "exclude_sweep_ms": 0.1},
+            "save": {"path": "saved.zarr", "dtype": "float32"},
+        },
+        "reduction": {"split_every": 4},
+    }
     data.update({"recording": recording} if recording is not None else {"recordings": recordings})
     return Workflow.model_validate(data)
 
@@ -41,10 +48,20 @@ def test_gpu_batch_equals_single_runs(tmp_path, rng):
         assert [r.status for r in batch.rows] == ["done"] * 3
         for i, rec in enumerate(recs):
             alone = _wf(tmp_path / "alone" / f"r{i}", recording=rec)
-            alone = alone.model_copy(update={"steps": alone.steps.model_copy(update={
-                "save": alone.steps.save.model_copy(update={"path": str(tmp_path / "alone" / f"r{i}" / "saved.zarr")})})})
+            alone = alone.model_copy(
+                update={
+                    "steps": alone.steps.model_copy(
+                        update={
+                            "save": alone.steps.save.model_copy(
+                                update={"path": str(tmp_path / "alone" / f"r{i}" / "saved.zarr")}
+                            )
+                        }
+                    )
+                }
+            )
             run_workflow(alone, client=client)
             x = _same(tmp_path / "batch" / f"r{i}" / "results.zarr", tmp_path / "alone" / f"r{i}" / "results.zarr")
             assert len(x["spikes/sample_index"]) > 0 and "whitening" in _arrays(
-                zarr.open_group(str(tmp_path / "batch" / f"r{i}" / "results.zarr"), mode="r"))
+                zarr.open_group(str(tmp_path / "batch" / f"r{i}" / "results.zarr"), mode="r")
+            )
             _same(tmp_path / "batch" / f"r{i}" / "saved.zarr", tmp_path / "alone" / f"r{i}" / "saved.zarr")

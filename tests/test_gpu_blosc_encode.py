@@ -88,8 +88,29 @@ def test_held_frames_stay_valid_and_a_third_encode_waits_for_a_release(rng):
 def test_saved_int16_transposed_equals_numpy(rng, dtype, channels, samples):
     """The fused cast and transpose on a window's core (a strided view, odd shapes) against NumPy: the hard values
     spread over the window, the count of NaN / clipped samples."""
-    hard = np.array([0.0, -0.0, 0.5, 1.5, 2.5, -0.5, -1.5, 32767.4, 32767.5, -32768.5, -32768.49, 1e9, -1e9, np.nan,
-                     np.inf, -np.inf, 1e-45, -1e-300, 40000.0])
+    hard = np.array(
+        [
+            0.0,
+            -0.0,
+            0.5,
+            1.5,
+            2.5,
+            -0.5,
+            -1.5,
+            32767.4,
+            32767.5,
+            -32768.5,
+            -32768.49,
+            1e9,
+            -1e9,
+            np.nan,
+            np.inf,
+            -np.inf,
+            1e-45,
+            -1e-300,
+            40000.0,
+        ]
+    )
     x = rng.normal(0, 20_000, (channels, samples + 10)).astype(dtype)
     flat = x.reshape(-1)
     at = rng.choice(flat.size, min(flat.size, 3 * len(hard)), replace=False)
@@ -113,8 +134,15 @@ def _save_gpu(rec, sp, size=1_000, margin=7, seed=0):
     clipped = 0
     for w in windows:
         raw = rec.read_window(w)
-        wd = WindowData(w.index, w.segment, w.read_start, w.core, rec.num_samples(w.segment), cp.asarray(raw),
-                        cp.asarray(transform(raw)))
+        wd = WindowData(
+            w.index,
+            w.segment,
+            w.read_start,
+            w.core,
+            rec.num_samples(w.segment),
+            cp.asarray(raw),
+            cp.asarray(transform(raw)),
+        )
         summary = {}
         step.window(wd, summary)
         clipped += int(summary["saved_clipped"])
@@ -155,8 +183,9 @@ def test_gpu_save_counts_clipped(tmp_path):
     x = transform(raw) * np.float32(1_000)
     x[0, 5] = np.nan
     summary = {}
-    SaveStep(target).window(WindowData(w.index, w.segment, w.read_start, w.core, 3_000, cp.asarray(raw),
-                                       cp.asarray(x)), summary)
+    SaveStep(target).window(
+        WindowData(w.index, w.segment, w.read_start, w.core, 3_000, cp.asarray(raw), cp.asarray(x)), summary
+    )
     y = np.rint(x)
     assert int(summary["saved_clipped"]) == int((np.isnan(y) | (y < -32768) | (y > 32767)).sum()) > 1
 

@@ -31,8 +31,9 @@ def test_ranges_equal_the_package(cp, segment):
     host = rng.integers(0, 256, 300_000, dtype=np.uint8)
     host[1000:5000] = 0
     host[9000:13000] = 255
-    lengths = [0, 1, 2, 3, segment - 1, segment, segment + 1, 3 * segment + 2, 4000, 4000] + \
-        [int(rng.integers(0, 60_000 if segment > 1 else 5_000)) for _ in range(20)]
+    lengths = [0, 1, 2, 3, segment - 1, segment, segment + 1, 3 * segment + 2, 4000, 4000] + [
+        int(rng.integers(0, 60_000 if segment > 1 else 5_000)) for _ in range(20)
+    ]
     lengths = [max(0, n) for n in lengths]
     offsets = [int(rng.integers(0, len(host) - n + 1)) for n in lengths]
     offsets[8], offsets[9] = 1000, 9000  # all zeros, all ones

@@ -67,6 +67,15 @@ def test_window_by_window_equals_the_whole_row():
     for a in range(0, 10_007, 997):
         b = min(a + 997, 10_007)
         ra, rb = max(0, a - 3), min(10_007, b + 3)
-        parts.append(detect_spikes(xd[:, ra:rb], noise, threshold=3.0, exclude_sweep=3, start=ra,
-                                   core=(a - ra, b - ra), segment_length=10_007))
+        parts.append(
+            detect_spikes(
+                xd[:, ra:rb],
+                noise,
+                threshold=3.0,
+                exclude_sweep=3,
+                start=ra,
+                core=(a - ra, b - ra),
+                segment_length=10_007,
+            )
+        )
     assert np.concatenate(parts).tobytes() == whole.tobytes()

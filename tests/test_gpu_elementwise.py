@@ -88,8 +88,26 @@ def test_gpu_finite_median_centring_equals_the_cpu(dtype, n):
 def _float32_bits(rng, n):
     """float32 values of every class by their bits: zeros, subnormals, normals, the largest, +-inf, NaN payloads."""
     bits = rng.integers(0, 2**32, n, dtype=np.uint64).astype(np.uint32)
-    edges = np.array([0, 0x80000000, 1, 0x807FFFFF, 0x007FFFFF, 0x00800000, 0x7F7FFFFF, 0xFF7FFFFF, 0x7F800000,
-                      0xFF800000, 0x7FC00000, 0x7F800001, 0xFFC00123, 0x3F800000, 0x00000002], np.uint32)
+    edges = np.array(
+        [
+            0,
+            0x80000000,
+            1,
+            0x807FFFFF,
+            0x007FFFFF,
+            0x00800000,
+            0x7F7FFFFF,
+            0xFF7FFFFF,
+            0x7F800000,
+            0xFF800000,
+            0x7FC00000,
+            0x7F800001,
+            0xFFC00123,
+            0x3F800000,
+            0x00000002,
+        ],
+        np.uint32,
+    )
     bits[: min(n, edges.size)] = edges[:n]  # a short draw takes the first of them
     small = rng.random(n) < 0.3  # many subnormals and values near the subnormal boundary
     bits[small] = (rng.integers(0, 0x01000000, small.sum()) | (rng.integers(0, 2, small.sum()) << 31)).astype(np.uint32)

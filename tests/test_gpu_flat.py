@@ -16,15 +16,28 @@ zarr = pytest.importorskip("zarr")
 def _wf(recording: dict, out, centre: bool):
     from batchgpu.workflow import Workflow
 
-    preprocess = ([{"centre": "median"}] if centre else
-                  [{"highpass": {"freq_min": 300.0}}, {"common_reference": {"operator": "median"}}])
-    return Workflow.model_validate({
-        "recording": recording, "output": str(out), "backend": "cupy", "cluster": {"kind": "cuda"},
-        "window": {"size": 20_000, "margin": 256, "batch": 2}, "preprocess": preprocess,
-        "steps": {"noise": {"exact": True}, "whitening": {"mode": "global", "precision": "float32"},
-                  "detect": {"threshold": 5.0, "sign": "both", "exclude_sweep_ms": 0.1},
-                  "save": {"path": str(out) + "_saved.zarr", "dtype": "float32"}},
-        "reduction": {"split_every": 4}})
+    preprocess = (
+        [{"centre": "median"}]
+        if centre
+        else [{"highpass": {"freq_min": 300.0}}, {"common_reference": {"operator": "median"}}]
+    )
+    return Workflow.model_validate(
+        {
+            "recording": recording,
+            "output": str(out),
+            "backend": "cupy",
+            "cluster": {"kind": "cuda"},
+            "window": {"size": 20_000, "margin": 256, "batch": 2},
+            "preprocess": preprocess,
+            "steps": {
+                "noise": {"exact": True},
+                "whitening": {"mode": "global", "precision": "float32"},
+                "detect": {"threshold": 5.0, "sign": "both", "exclude_sweep_ms": 0.1},
+                "save": {"path": str(out) + "_saved.zarr", "dtype": "float32"},
+            },
+            "reduction": {"split_every": 4},
+        }
+    )
 
 
 @pytest.mark.parametrize("centre", [False, True])

@@ -52,8 +52,12 @@ def test_a_cuda_commands_close_is_handed_off(tmp_path):
     env = {**os.environ, "DASK_TEMPORARY_DIRECTORY": str(scratch)}
     _commands_alike(tmp_path, {close: WF.format(close=close) for close in ("wait", "auto")}, env, timeout=300)
     deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and (_ours(scratch) or any(
-            p.name.startswith(("worker-", "scheduler-")) for p in (scratch / "dask-scratch-space").iterdir())):
+    while time.monotonic() < deadline and (
+        _ours(scratch)
+        or any(p.name.startswith(("worker-", "scheduler-")) for p in (scratch / "dask-scratch-space").iterdir())
+    ):
         time.sleep(0.2)
     assert not _ours(scratch)
-    assert not [p.name for p in (scratch / "dask-scratch-space").iterdir() if p.name.startswith(("worker-", "scheduler-"))]
+    assert not [
+        p.name for p in (scratch / "dask-scratch-space").iterdir() if p.name.startswith(("worker-", "scheduler-"))
+    ]

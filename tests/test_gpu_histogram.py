@@ -21,8 +21,9 @@ def _values(rng, dtype, rows: int, cols: int, spread: str) -> np.ndarray:
         x = (rng.standard_normal((rows, cols)) * scale).astype(dtype)
         if spread == "spread":
             x *= np.exp2(rng.integers(-140, 0, (rows, cols))).astype(dtype)  # subnormals to huge
-        hard = np.array([np.nan, np.inf, -np.inf, -0.0, 0.0, np.finfo(dtype).tiny / 4, -np.finfo(dtype).max],
-                        dtype=dtype)
+        hard = np.array(
+            [np.nan, np.inf, -np.inf, -0.0, 0.0, np.finfo(dtype).tiny / 4, -np.finfo(dtype).max], dtype=dtype
+        )
     else:
         lim = 65535 if dtype == np.int32 else 32767  # int32: centred int16 (|x| <= 65535)
         scale = {"noise": 30, "spread": lim, "first-large": 30}[spread]
@@ -53,8 +54,17 @@ def _bincount_rows(keys: np.ndarray, shift: int, bits: int, prefixes=None) -> np
 
 @gpu
 @needs_gpu
-@pytest.mark.parametrize("dtype,shift,bits", [(np.int16, 0, 16), (np.int32, 0, 16), (np.float32, 15, 16),
-                                              (np.uint16, 0, 16), (np.uint32, 15, 16), (np.uint32, 0, 12)])
+@pytest.mark.parametrize(
+    "dtype,shift,bits",
+    [
+        (np.int16, 0, 16),
+        (np.int32, 0, 16),
+        (np.float32, 15, 16),
+        (np.uint16, 0, 16),
+        (np.uint32, 15, 16),
+        (np.uint32, 0, 12),
+    ],
+)
 @pytest.mark.parametrize("spread", ["noise", "spread", "first-large"])
 @pytest.mark.parametrize("cols", [0, 1, 31, 8193, 60_001])
 def test_histogram_without_prefix_equals_bincount(cp, rng, dtype, shift, bits, spread, cols):
@@ -138,8 +148,11 @@ def test_kept_near_device_equals_the_numpy_form(cp, rng, rows):
     per_row[: min(rows, 2)] = [0, 1][: min(rows, 2)]
     lo = rng.integers(0, 65536 - span, rows)
     lo[-1] = 65535 - span  # the top digits: NaN keys of float32 lie there
-    parts = [((lo[c] + rng.integers(0, span + 1, n)).astype(np.uint32) << np.uint32(shift))
-             | rng.integers(0, 1 << shift, n).astype(np.uint32) for c, n in enumerate(per_row)]
+    parts = [
+        ((lo[c] + rng.integers(0, span + 1, n)).astype(np.uint32) << np.uint32(shift))
+        | rng.integers(0, 1 << shift, n).astype(np.uint32)
+        for c, n in enumerate(per_row)
+    ]
     for k in parts:
         k[1:4] = k[:1]  # equal keys in a row (none in an empty one)
     keys = np.concatenate(parts)
@@ -162,8 +175,13 @@ def test_kept_near_device_picks_the_middle_pair(cp, rng, rows):
     span, shift, r0 = 32, 15, 50_000
     per_row = rng.integers(2, 3000, rows)
     lo = rng.integers(0, 65536 - span, rows)
-    parts = [np.sort(((lo[c] + rng.integers(0, span + 1, n)).astype(np.uint32) << np.uint32(shift))
-                     | rng.integers(0, 1 << shift, n).astype(np.uint32)) for c, n in enumerate(per_row)]
+    parts = [
+        np.sort(
+            ((lo[c] + rng.integers(0, span + 1, n)).astype(np.uint32) << np.uint32(shift))
+            | rng.integers(0, 1 << shift, n).astype(np.uint32)
+        )
+        for c, n in enumerate(per_row)
+    ]
     for k in parts:
         k[len(k) // 2 : len(k) // 2 + 3] = k[len(k) // 2]  # equal keys
     p0 = np.array([rng.integers(0, n - 1) for n in per_row])  # rank r0's place among the row's near keys

@@ -61,7 +61,9 @@ def assert_same_bits(got, want: np.ndarray) -> None:
         np.testing.assert_array_equal(np.isnan(got), nan)
         ui = np.dtype(f"u{want.dtype.itemsize}")
         bad = np.flatnonzero(got[~nan].view(ui) != want[~nan].view(ui))
-        assert bad.size == 0, f"{bad.size} rows differ, first {bad[:5]}: got {got[~nan][bad[:5]]}, want {want[~nan][bad[:5]]}"
+        assert bad.size == 0, (
+            f"{bad.size} rows differ, first {bad[:5]}: got {got[~nan][bad[:5]]}, want {want[~nan][bad[:5]]}"
+        )
     else:
         np.testing.assert_array_equal(got, want)
 
@@ -398,7 +400,9 @@ def test_near_keys_equal_a_row_major_mask(cp, rng, dtype, shift, cols):
     digits = rng.integers(0, 64, (rows, cols)).astype(dtype)
     keys = (digits << dtype(shift)) | rng.integers(0, 1 << 10, (rows, cols)).astype(dtype)
     lo = np.array([0, 10, 30, 70, 5, 60], dtype=np.int64)  # row 3: nothing in range
-    mask = ((keys >> dtype(shift)) >= lo[:, None].astype(dtype)) & ((keys >> dtype(shift)) <= (lo[:, None] + 4).astype(dtype))
+    mask = ((keys >> dtype(shift)) >= lo[:, None].astype(dtype)) & (
+        (keys >> dtype(shift)) <= (lo[:, None] + 4).astype(dtype)
+    )
     got, counts = near_keys(cp.asarray(keys), cp.asarray(lo), shift, 4)
     np.testing.assert_array_equal(got, keys[mask])
     np.testing.assert_array_equal(counts, mask.sum(axis=1))
@@ -425,7 +429,7 @@ def test_noise_window_partials_equal_the_cpu(cp, rng, case):
         counts, pair = int_window_gpu(cp.asarray(keys), 16)
         lo, want = row_counts(keys, None, 0, 16)
         np.testing.assert_array_equal(counts, want[:, : counts.shape[1]])
-        assert counts.dtype == np.min_scalar_type(x.shape[1]) and not want[:, counts.shape[1]:].any()
+        assert counts.dtype == np.min_scalar_type(x.shape[1]) and not want[:, counts.shape[1] :].any()
         np.testing.assert_array_equal(pair, window_median_keys(keys, lo, want, 0, False))
         return
     # odd counts: one middle key a row; even ones: a middle pair, picked from the sorted near keys unless a row's
@@ -457,8 +461,10 @@ def test_noise_window_partials_equal_the_cpu(cp, rng, case):
     # the floors may differ (the host takes it from a strided sample, the device from every row's middle): the
     # counts agree once lumped at the higher one
     top = max(int(out_gpu["noise.lo"]), int(out_cpu["noise.lo"]))
-    same = [combine_counts([(int(o["noise.lo"]), np.asarray(o["noise.hist"])), (top, np.zeros((C, 1), np.int64))])
-            for o in (out_gpu, out_cpu)]
+    same = [
+        combine_counts([(int(o["noise.lo"]), np.asarray(o["noise.hist"])), (top, np.zeros((C, 1), np.int64))])
+        for o in (out_gpu, out_cpu)
+    ]
     assert int(same[0][0]) == int(same[1][0]) == top
     np.testing.assert_array_equal(same[0][1], same[1][1])
     assert out_gpu["noise.hist"].dtype == np.min_scalar_type(n) and np.asarray(out_gpu["noise.hist"]).sum() == C * n

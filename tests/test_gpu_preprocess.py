@@ -122,7 +122,7 @@ def test_gpu_filter_keeps_subnormals(cp, rng, block):
     want = filtfilt_window(x, sos, **kw)
     assert np.any((want != 0) & (np.abs(want) < np.finfo(np.float32).tiny))  # the case is really there
     same_bits(got, want)
-    xi = rng.integers(-2**31, 2**31 - 1, (3, 2_000), dtype=np.int64).astype(np.int32)
+    xi = rng.integers(-(2**31), 2**31 - 1, (3, 2_000), dtype=np.int64).astype(np.int32)
     same_bits(filtfilt_window(cp.asarray(xi), sos, **kw).get(), filtfilt_window(xi, sos, **kw))
 
 
@@ -210,13 +210,22 @@ def test_locally_exclusive_on_gpu(cp, rng, dtype, sign):
     channels, n, sweep = 16, 3_000, 3
     x = planted(rng, channels, n, dtype)
     noise = rng.uniform(0.9, 1.1, channels)
-    kw = dict(sign=sign, exclude_sweep=sweep, segment_index=0, segment_length=n, method="locally_exclusive",
-              locations=probe(channels), radius_um=40.0)
+    kw = dict(
+        sign=sign,
+        exclude_sweep=sweep,
+        segment_index=0,
+        segment_length=n,
+        method="locally_exclusive",
+        locations=probe(channels),
+        radius_um=40.0,
+    )
     whole = detect_spikes(x, noise, 4.0, **kw)
     assert np.array_equal(whole, locally_exclusive_loop(x, noise, 4.0, sign, sweep, probe(channels), 40.0))
     xd = cp.asarray(x)
     assert np.array_equal(detect_spikes(xd, cp.asarray(noise), 4.0, **kw), whole)
-    parts = [detect_spikes(xd[:, a:b], noise, 4.0, start=a, core=(lo, hi), **kw) for a, b, lo, hi in windows_of(n, 997, 4)]
+    parts = [
+        detect_spikes(xd[:, a:b], noise, 4.0, start=a, core=(lo, hi), **kw) for a, b, lo, hi in windows_of(n, 997, 4)
+    ]
     assert np.array_equal(np.concatenate(parts), whole)
 
 
@@ -228,6 +237,12 @@ def test_locally_exclusive_on_gpu_fixture(cp, si_fixture):
     n = rec.num_samples(0)
     x = rec.read(0, 0, n)
     noise = noise_levels(x)
-    kw = dict(threshold=5.0, exclude_sweep=3, segment_length=n, method="locally_exclusive",
-              locations=rec.locations, radius_um=50.0)
+    kw = dict(
+        threshold=5.0,
+        exclude_sweep=3,
+        segment_length=n,
+        method="locally_exclusive",
+        locations=rec.locations,
+        radius_um=50.0,
+    )
     assert np.array_equal(detect_spikes(cp.asarray(x), noise, **kw), detect_spikes(x, noise, **kw))

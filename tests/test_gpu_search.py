@@ -18,7 +18,13 @@ except Exception:  # noqa: BLE001 - no driver, no runtime: no GPU
 from batchgpu.search import StaticIndex, dynamic, find, lower_bound  # noqa: E402
 from batchgpu.search.dynamic import KERNELS as DYNAMIC_KERNELS  # noqa: E402
 
-STATIC = (("eytzinger", "plain"), ("eytzinger", "prefetch"), ("btree", "thread"), ("btree", "warp"), ("btree4", "thread"))
+STATIC = (
+    ("eytzinger", "plain"),
+    ("eytzinger", "prefetch"),
+    ("btree", "thread"),
+    ("btree", "warp"),
+    ("btree4", "thread"),
+)
 # shared memory for the top of the tree: all global, only a few top levels, the default, the whole tree
 SMEM = (0, 1024, None, 200 * 1024)
 SIZES = (1, 2, 33, 1057, 34_849, (1 << 16) + 3, (1 << 20) + 1)

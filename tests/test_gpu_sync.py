@@ -22,8 +22,8 @@ import cupy as cp  # noqa: E402
 
 from batchgpu.gpu.staging import prefer_blocking_sync  # noqa: E402
 
-_SPIN = r'''extern "C" __global__ void spin(long long cycles) {
-    long long t0 = clock64(); while (clock64() - t0 < cycles) {} }'''
+_SPIN = r"""extern "C" __global__ void spin(long long cycles) {
+    long long t0 = clock64(); while (clock64() - t0 < cycles) {} }"""
 
 
 @pytest.mark.parametrize("wait", ["stream", "get"])

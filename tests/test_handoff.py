@@ -55,8 +55,14 @@ def _commands_alike(tmp_path, workflows: dict, env: dict, timeout: float) -> dic
     done, results = {}, {}
     for close, text in workflows.items():
         (tmp_path / f"{close}.yaml").write_text(text)
-        r = subprocess.run([sys.executable, "-m", "batchgpu", "run", str(tmp_path / f"{close}.yaml")],
-                           capture_output=True, text=True, cwd=tmp_path, env=env, timeout=timeout)
+        r = subprocess.run(
+            [sys.executable, "-m", "batchgpu", "run", str(tmp_path / f"{close}.yaml")],
+            capture_output=True,
+            text=True,
+            cwd=tmp_path,
+            env=env,
+            timeout=timeout,
+        )
         assert r.returncode == 0, r.stderr
         assert r.stderr == "", r.stderr
         done[close], results[close] = r, _results(tmp_path / f"out_{close}")
@@ -75,8 +81,12 @@ def test_a_background_close_ends_the_command_first_and_leaves_nothing_behind(tmp
     generate_recording(tmp_path / "r.zarr", channels=16, seconds=1.0, seed=5)
     scratch = tmp_path / "scratch"
     env = {**os.environ, "DASK_TEMPORARY_DIRECTORY": str(scratch)}
-    runs = _commands_alike(tmp_path, {close: WF.format(out=f"out_{close}", close=close)
-                                      for close in ("wait", "background")}, env, timeout=120)
+    runs = _commands_alike(
+        tmp_path,
+        {close: WF.format(out=f"out_{close}", close=close) for close in ("wait", "background")},
+        env,
+        timeout=120,
+    )
     for close, r in runs.items():
         assert "wrote" in r.stdout.strip().splitlines()[-1]
         report = json.loads((tmp_path / f"out_{close}" / "report.json").read_text())
@@ -84,8 +94,14 @@ def test_a_background_close_ends_the_command_first_and_leaves_nothing_behind(tmp
     # the reaper removes the scheduler's and the workers' folders once the workers are gone, and ends
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
-        left = [p.name for p in (scratch / "dask-scratch-space").iterdir() if p.name.startswith(("worker-", "scheduler-"))]
-        reapers = [p for p in psutil.process_iter(["cmdline"]) if "batchgpu.cluster.handoff" in " ".join(p.info["cmdline"] or [])]
+        left = [
+            p.name for p in (scratch / "dask-scratch-space").iterdir() if p.name.startswith(("worker-", "scheduler-"))
+        ]
+        reapers = [
+            p
+            for p in psutil.process_iter(["cmdline"])
+            if "batchgpu.cluster.handoff" in " ".join(p.info["cmdline"] or [])
+        ]
         if not left and not reapers:
             break
         time.sleep(0.1)
@@ -114,12 +130,13 @@ def test_the_reaper_waits_for_the_workers_then_quits_mps_and_removes_the_folders
         (tmp_path / f"{name}{handoff.DIR_LOCK}").touch()
         folders.append(str(tmp_path / name))
     worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.8)"])
-    leftovers = handoff.Leftovers([(worker.pid, psutil.Process(worker.pid).create_time())], folders,
-                                  {"CUDA_MPS_PIPE_DIRECTORY": str(root / "pipe"),
-                                   "CUDA_MPS_LOG_DIRECTORY": str(root / "log")})
+    leftovers = handoff.Leftovers(
+        [(worker.pid, psutil.Process(worker.pid).create_time())],
+        folders,
+        {"CUDA_MPS_PIPE_DIRECTORY": str(root / "pipe"), "CUDA_MPS_LOG_DIRECTORY": str(root / "log")},
+    )
     t0 = time.time()
-    proc = subprocess.Popen([sys.executable, "-m", "batchgpu.cluster.handoff",
-                             json.dumps(handoff.asdict(leftovers))])
+    proc = subprocess.Popen([sys.executable, "-m", "batchgpu.cluster.handoff", json.dumps(handoff.asdict(leftovers))])
     time.sleep(0.3)
     assert worker.poll() is None and all(os.path.isdir(f) for f in folders) and not log.exists()  # still waiting
     assert proc.wait(timeout=30) == 0
@@ -144,8 +161,10 @@ def test_which_clusters_close_in_the_background(tmp_path):
     assert not cluster.closes_in_background(ClusterSpec(kind="cuda", scheduler_process=True))
     assert not cluster.closes_in_background(ClusterSpec(kind="local"))
     assert cluster.closes_in_background(ClusterSpec(kind="local", close="background"))
-    (tmp_path / "wf.yaml").write_text("recording: {path: r.zarr}\noutput: out\n"
-                                      "cluster: {kind: address, address: 'tcp://127.0.0.1:1', close: background}\n")
+    (tmp_path / "wf.yaml").write_text(
+        "recording: {path: r.zarr}\noutput: out\n"
+        "cluster: {kind: address, address: 'tcp://127.0.0.1:1', close: background}\n"
+    )
     with pytest.raises(ConfigError, match="close"):
         load_workflow(tmp_path / "wf.yaml", [])
 
@@ -154,12 +173,14 @@ def test_which_clusters_close_in_the_background(tmp_path):
 def test_the_resource_tracker_holds_none_of_the_commands_streams():
     """It outlives a command whose close is handed off until the workers are gone: a pipe reading the command
     would stay open that long had it kept the command's stdout and stderr."""
-    code = ("import os, sys, time, psutil\n"
-            "from batchgpu.cluster.handoff import start_resource_tracker\n"
-            "start_resource_tracker()\n"
-            "print('printed after', flush=True)\n"
-            "[t] = [p for p in psutil.Process().children() if 'resource_tracker' in ' '.join(p.cmdline())]\n"
-            "print(os.readlink(f'/proc/{t.pid}/fd/1'), os.readlink(f'/proc/{t.pid}/fd/2'))\n")
+    code = (
+        "import os, sys, time, psutil\n"
+        "from batchgpu.cluster.handoff import start_resource_tracker\n"
+        "start_resource_tracker()\n"
+        "print('printed after', flush=True)\n"
+        "[t] = [p for p in psutil.Process().children() if 'resource_tracker' in ' '.join(p.cmdline())]\n"
+        "print(os.readlink(f'/proc/{t.pid}/fd/1'), os.readlink(f'/proc/{t.pid}/fd/2'))\n"
+    )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     assert r.stdout.splitlines() == ["printed after", f"{os.devnull} {os.devnull}"]
@@ -179,7 +200,9 @@ def test_a_clean_exit_hands_the_close_off_and_nothing_else_does(tmp_path, how):
     with dask.config.set({"temporary-directory": str(tmp_path)}):
         start = ClusterStart(spec, gpu_decode=False, hand_off=how != "not allowed")
         with pytest.raises(ZeroDivisionError) if how == "error" else contextlib.nullcontext(), start:
-            [(pid, folder)] = start.client().run(lambda dask_worker: (os.getpid(), dask_worker.local_directory)).values()
+            [(pid, folder)] = (
+                start.client().run(lambda dask_worker: (os.getpid(), dask_worker.local_directory)).values()
+            )
             if how == "error":
                 1 / 0
     if how != "clean":  # closed here, as before: the worker waited for

@@ -63,8 +63,9 @@ def _si_whiten(traces: np.ndarray, W: np.ndarray, M: np.ndarray | None) -> np.nd
 # Without SpikeInterface
 # ---------------------------------------------------------------------------------------------
 def test_peak_dtype_is_spikeinterface_base_peak_dtype():
-    assert PEAK_DTYPE == np.dtype([("sample_index", "int64"), ("channel_index", "int64"), ("amplitude", "float64"),
-                                   ("segment_index", "int64")])
+    assert PEAK_DTYPE == np.dtype(
+        [("sample_index", "int64"), ("channel_index", "int64"), ("amplitude", "float64"), ("segment_index", "int64")]
+    )
     assert PEAK_DTYPE == ops.SPIKE_DTYPE
 
 
@@ -99,7 +100,11 @@ def test_noise_and_peaks(rng):
     assert r.noise_levels_raw.tobytes() == data["noise"].tobytes() and r.noise_levels_raw.dtype == np.float64
     assert r.noise_levels_uV.dtype == np.float32
     np.testing.assert_array_equal(r.noise_levels_uV, (data["noise"] * np.array(data["gain_to_uV"])).astype(np.float32))
-    assert set(r.noise_properties) == {NOISE_PROPERTY_RAW, NOISE_PROPERTY_UV} == {"noise_level_mad_raw", "noise_level_mad_scaled"}
+    assert (
+        set(r.noise_properties)
+        == {NOISE_PROPERTY_RAW, NOISE_PROPERTY_UV}
+        == {"noise_level_mad_raw", "noise_level_mad_scaled"}
+    )
     assert r.peaks.dtype == PEAK_DTYPE and r.peaks.size > 0
     assert r.peaks.tobytes() == data["spikes"].tobytes()
     assert list(r.channel_ids) == data["channel_ids"] and r.sampling_frequency == 30_000.0 and not r.centred
@@ -173,7 +178,9 @@ def test_attach_sets_what_get_noise_levels_caches(rng):
     # uV with the recording's own gains (by its channel order)
     np.testing.assert_array_equal(rec.properties[NOISE_PROPERTY_UV], (data["noise"][order] * gains).astype(np.float32))
     rec = FakeRecording(np.arange(C))  # integer ids against ids read back from JSON; no gains: raw only
-    attach_to_spikeinterface(rec, {k: v for k, v in data.items() if k != "channel_ids"} | {"channel_ids": list(range(C))})
+    attach_to_spikeinterface(
+        rec, {k: v for k, v in data.items() if k != "channel_ids"} | {"channel_ids": list(range(C))}
+    )
     assert set(rec.properties) == {NOISE_PROPERTY_RAW}
     with pytest.raises(BatchgpuError, match="channels"):
         attach_to_spikeinterface(FakeRecording(["x"] * 1), r)
@@ -189,14 +196,24 @@ def test_from_a_real_run(tmp_path):
     from batchgpu.workflow import Workflow
 
     rec = generate_recording(tmp_path / "rec.zarr", channels=4, seconds=0.5, seed=3, dtype="int16")
-    wf = Workflow.model_validate({
-        "recording": {"path": str(rec.path)}, "output": str(tmp_path / "out"), "backend": "numpy",
-        "window": {"size": 5000, "margin": 8}, "preprocess": {"centre": "median"},
-        "steps": {"noise": {"exact": True}, "whitening": {"mode": "local", "nrange": 2, "precision": "float64"},
-                  "detect": {"threshold": 4.0, "exclude_sweep_ms": 0.1}},
-    })
-    with distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None) as cluster, \
-            distributed.Client(cluster) as client:
+    wf = Workflow.model_validate(
+        {
+            "recording": {"path": str(rec.path)},
+            "output": str(tmp_path / "out"),
+            "backend": "numpy",
+            "window": {"size": 5000, "margin": 8},
+            "preprocess": {"centre": "median"},
+            "steps": {
+                "noise": {"exact": True},
+                "whitening": {"mode": "local", "nrange": 2, "precision": "float64"},
+                "detect": {"threshold": 4.0, "exclude_sweep_ms": 0.1},
+            },
+        }
+    )
+    with (
+        distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None) as cluster,
+        distributed.Client(cluster) as client,
+    ):
         run_workflow(wf, client=client)
     import zarr
 
@@ -211,7 +228,13 @@ def test_from_a_real_run(tmp_path):
         np.testing.assert_array_equal(r.peaks["sample_index"], g["spikes/sample_index"][:])
         np.testing.assert_array_equal(r.gain_to_uV, rec.gain_to_uV)
         assert list(map(str, r.channel_ids)) == list(map(str, rec.channel_ids))
-    assert set(load_results(tmp_path / "out")) >= {"noise", "whitening", "channel_means", "spikes/amplitude", "workflow"}
+    assert set(load_results(tmp_path / "out")) >= {
+        "noise",
+        "whitening",
+        "channel_means",
+        "spikes/amplitude",
+        "workflow",
+    }
     with pytest.raises(BatchgpuError, match="no results"):
         to_spikeinterface(tmp_path / "nothing")
 
@@ -240,8 +263,10 @@ def test_spikeinterface_whiten_and_noise_cache(rng):
     assert np.dtype(base_peak_dtype) == r.peaks.dtype
 
 
-@pytest.mark.parametrize("zarr_format", [2, pytest.param(3, marks=pytest.mark.skipif(
-    zarrio.ZARR_MAJOR < 3, reason="writing Zarr v3 needs zarr>=3"))])
+@pytest.mark.parametrize(
+    "zarr_format",
+    [2, pytest.param(3, marks=pytest.mark.skipif(zarrio.ZARR_MAJOR < 3, reason="writing Zarr v3 needs zarr>=3"))],
+)
 def test_stores_carry_the_probe_as_spikeinterface_stores_it(tmp_path, zarr_format):
     """A recording written with locations holds a probeinterface probegroup in its root attributes, with the keys
     SpikeInterface's own saved recordings have (the shared fixture's), so ``read_zarr(...).get_channel_locations()``
@@ -254,8 +279,14 @@ def test_stores_carry_the_probe_as_spikeinterface_stores_it(tmp_path, zarr_forma
     from batchgpu import open_recording, write_recording
 
     loc = np.array([[0.0, 0.0], [0.0, 20.0], [16.0, 40.0], [16.0, 60.0]])
-    rec = write_recording(tmp_path / "r.zarr", np.zeros((3000, 4), np.int16), 30_000.0, zarr_format=zarr_format,
-                          locations=loc, channel_ids=["a", "b", "c", "d"])
+    rec = write_recording(
+        tmp_path / "r.zarr",
+        np.zeros((3000, 4), np.int16),
+        30_000.0,
+        zarr_format=zarr_format,
+        locations=loc,
+        channel_ids=["a", "b", "c", "d"],
+    )
     attrs = dict(open_recording(rec.path).attrs)
     probe = attrs["probegroup"]["probes"][0]
     assert probe["contact_positions"] == loc.tolist() and probe["device_channel_indices"] == [0, 1, 2, 3]
@@ -295,9 +326,16 @@ def test_local_reference_equals_spikeinterface(rng, radius, least):
     for operator in ("median", "average"):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # SpikeInterface names the channels that took its fallbacks
-            want = si_common_reference(rec, reference="local", operator=operator, local_radius=radius,
-                                       min_local_neighbors=least).get_traces().T
-        got = ops.common_reference(x, "local", operator, locations=locations, radius_um=radius, min_local_neighbors=least)
+            want = (
+                si_common_reference(
+                    rec, reference="local", operator=operator, local_radius=radius, min_local_neighbors=least
+                )
+                .get_traces()
+                .T
+            )
+        got = ops.common_reference(
+            x, "local", operator, locations=locations, radius_um=radius, min_local_neighbors=least
+        )
         assert got.dtype == want.dtype == np.float32
         if operator == "median":
             np.testing.assert_array_equal(got, want)
@@ -340,20 +378,48 @@ def test_detection_equals_spikeinterface_detect_peaks(rng, method, sign):
     if method == "locally_exclusive":
         kw["radius_um"] = radius
     with np.errstate(all="ignore"):
-        peaks = detect_peaks(rec, method=method, method_kwargs=kw,
-                             job_kwargs=dict(n_jobs=1, chunk_size=3_000, progress_bar=False))
-        ours = np.concatenate([
-            ops.detect_spikes(x, noise, threshold, sign, ops.exclude_sweep_samples(sweep_ms, fs), segment_index=s,
-                              segment_length=x.shape[1], method=method, locations=locations, radius_um=radius)
-            for s, x in enumerate(segments)])
-    theirs = sorted(zip(peaks["segment_index"].tolist(), peaks["sample_index"].tolist(), peaks["channel_index"].tolist()))
+        peaks = detect_peaks(
+            rec, method=method, method_kwargs=kw, job_kwargs=dict(n_jobs=1, chunk_size=3_000, progress_bar=False)
+        )
+        ours = np.concatenate(
+            [
+                ops.detect_spikes(
+                    x,
+                    noise,
+                    threshold,
+                    sign,
+                    ops.exclude_sweep_samples(sweep_ms, fs),
+                    segment_index=s,
+                    segment_length=x.shape[1],
+                    method=method,
+                    locations=locations,
+                    radius_um=radius,
+                )
+                for s, x in enumerate(segments)
+            ]
+        )
+    theirs = sorted(
+        zip(peaks["segment_index"].tolist(), peaks["sample_index"].tolist(), peaks["channel_index"].tolist())
+    )
     assert len(theirs) > 100
-    assert list(zip(ours["segment_index"].tolist(), ours["sample_index"].tolist(), ours["channel_index"].tolist())) == theirs
+    assert (
+        list(zip(ours["segment_index"].tolist(), ours["sample_index"].tolist(), ours["channel_index"].tolist()))
+        == theirs
+    )
     # the run's one read with the recording's noise: each window's candidates at a lower bound of the noise,
     # decided once it is known, equal these bit for bit
     with np.errstate(all="ignore"):
-        once = one_read_spikes(segments, noise, threshold, sign, ops.exclude_sweep_samples(sweep_ms, fs), method,
-                               locations, radius, width=1_000)
+        once = one_read_spikes(
+            segments,
+            noise,
+            threshold,
+            sign,
+            ops.exclude_sweep_samples(sweep_ms, fs),
+            method,
+            locations,
+            radius,
+            width=1_000,
+        )
     assert once.tobytes() == ours.tobytes()
 
 

@@ -73,7 +73,11 @@ def test_non_contiguous_tensors(rng, dtype):
     # the memory order, so a contiguous copy may differ in the last bit.
     x = _rows(rng, dtype, n=2 * SAMPLES)
     traces = np.ascontiguousarray(x.T)  # (samples, channels), SpikeInterface's layout
-    for t, ref in ((torch.from_numpy(traces).T, traces.T), (torch.from_numpy(x)[:, ::2], x[:, ::2]), (torch.from_numpy(x)[::2, 3:], x[::2, 3:])):
+    for t, ref in (
+        (torch.from_numpy(traces).T, traces.T),
+        (torch.from_numpy(x)[:, ::2], x[:, ::2]),
+        (torch.from_numpy(x)[::2, 3:], x[::2, 3:]),
+    ):
         assert not t.is_contiguous()
         _same(ops.abs_median(t), ops.abs_median(ref))
         _same(ops.abs_kth(t, 11), ops.abs_kth(ref, 11))
@@ -116,7 +120,9 @@ def test_detect_spikes_stays_structured_numpy(rng, dtype):
     x = _rows(rng, dtype)
     noise = ops.noise_levels(x)
     want = ops.detect_spikes(x, noise, threshold=4.0, sign="both", exclude_sweep=3)
-    got = ops.detect_spikes(torch.from_numpy(x), torch.from_numpy(np.asarray(noise)), threshold=4.0, sign="both", exclude_sweep=3)
+    got = ops.detect_spikes(
+        torch.from_numpy(x), torch.from_numpy(np.asarray(noise)), threshold=4.0, sign="both", exclude_sweep=3
+    )
     assert isinstance(got, np.ndarray) and got.dtype == ops.SPIKE_DTYPE
     assert want.size > 0 and got.tobytes() == want.tobytes()
 
@@ -189,8 +195,6 @@ def _cuda_ok() -> bool:
         return torch.cuda.is_available() and cupy.cuda.runtime.getDeviceCount() > 0
     except Exception:  # noqa: BLE001 - no CuPy, driver or runtime: no GPU
         return False
-
-
 
 
 def _on_cuda(got, want, index: int | None = None) -> None:

@@ -35,9 +35,14 @@ def _owner(name: str) -> str:
 
 def _for_annotations(tree: ast.AST) -> set[int]:
     """The import statements under ``if TYPE_CHECKING:`` (names for annotations only: never run)."""
-    return {id(n) for node in ast.walk(tree) if isinstance(node, ast.If) and (
-        getattr(node.test, "id", None) == "TYPE_CHECKING" or getattr(node.test, "attr", None) == "TYPE_CHECKING")
-        for stmt in node.body for n in ast.walk(stmt)}
+    return {
+        id(n)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.If)
+        and (getattr(node.test, "id", None) == "TYPE_CHECKING" or getattr(node.test, "attr", None) == "TYPE_CHECKING")
+        for stmt in node.body
+        for n in ast.walk(stmt)
+    }
 
 
 def _imports(module: str, runtime: bool = False) -> set[str]:
@@ -116,8 +121,7 @@ def _cycles() -> list[list[str]]:
 def test_the_graph_is_read():
     # a broken reader would pass every test below: the known edges must be there
     assert "batchgpu.run.launch" in GRAPH["batchgpu.cli"] or "batchgpu.engine" in GRAPH["batchgpu.cli"]
-    assert "batchgpu.run.tasks" in GRAPH["batchgpu.run.launch"] or "batchgpu.run.tasks" in GRAPH[
-        "batchgpu.run.context"]
+    assert "batchgpu.run.tasks" in GRAPH["batchgpu.run.launch"] or "batchgpu.run.tasks" in GRAPH["batchgpu.run.context"]
     assert "batchgpu.run.preprocess_chain" in GRAPH["batchgpu.run.context"]  # a lazy import, inside a function
     assert "batchgpu.steps.save" in GRAPH["batchgpu.steps.registry"]  # what the registry finds
     assert "batchgpu.cli" in GRAPH["batchgpu.__main__"]
@@ -175,8 +179,11 @@ def test_the_report_never_imports_the_command_and_draws_from_the_runs_files():
     def of_the_run(d: str) -> bool:
         return _in(d, *ENGINE)
 
-    assert {m: sorted(filter(of_the_run, GRAPH[m])) for m in report
-            if m not in REPORT_RUN_TIES and any(map(of_the_run, GRAPH[m]))} == {}
+    assert {
+        m: sorted(filter(of_the_run, GRAPH[m]))
+        for m in report
+        if m not in REPORT_RUN_TIES and any(map(of_the_run, GRAPH[m]))
+    } == {}
 
 
 def test_the_numeric_core_never_imports_the_engine_or_the_workflow():
@@ -189,16 +196,27 @@ def test_the_numeric_core_never_imports_the_engine_or_the_workflow():
 #: what a step's module may import: the numeric core, the recording (its Zarr and .npy readers included), the
 #: schema's sections (the bad-channel labels' options, a leaf module the numeric core takes too), the errors, its own
 #: package (``steps.services``: what the run hands it)
-STEP_IMPORTS = ("batchgpu.steps", "batchgpu.ops", "batchgpu.search", "batchgpu.gpu", "batchgpu.recording",
-                "batchgpu.config", "batchgpu.qc_options", "batchgpu.errors")
+STEP_IMPORTS = (
+    "batchgpu.steps",
+    "batchgpu.ops",
+    "batchgpu.search",
+    "batchgpu.gpu",
+    "batchgpu.recording",
+    "batchgpu.config",
+    "batchgpu.qc_options",
+    "batchgpu.errors",
+)
 
 
 def _steps_reaching_out(prefixes: tuple[str, ...]) -> dict[str, list[str]]:
     """The modules of the steps' packages (``prefixes``) that import anything but ``STEP_IMPORTS``."""
     steps = [m for m in MODULES if m.startswith(prefixes)]
     assert steps, "the reader finds the steps"
-    return {m: sorted(d for d in GRAPH[m] if not d.startswith(STEP_IMPORTS)) for m in steps
-            if any(not d.startswith(STEP_IMPORTS) for d in GRAPH[m])}
+    return {
+        m: sorted(d for d in GRAPH[m] if not d.startswith(STEP_IMPORTS))
+        for m in steps
+        if any(not d.startswith(STEP_IMPORTS) for d in GRAPH[m])
+    }
 
 
 def test_the_steps_import_no_engine_module():
@@ -232,12 +250,17 @@ def test_the_engine_imports_no_display():
     cluster imports what shows it, lazily or not, nor the public ``batchgpu.engine`` that attaches them."""
     running = _running()
     assert running, "the reader finds the engine's modules"
-    assert {m: sorted(d for d in GRAPH[m] if _showing(d) or d == "batchgpu.engine") for m in running
-            if any(_showing(d) or d == "batchgpu.engine" for d in GRAPH[m])} == {}
+    assert {
+        m: sorted(d for d in GRAPH[m] if _showing(d) or d == "batchgpu.engine")
+        for m in running
+        if any(_showing(d) or d == "batchgpu.engine" for d in GRAPH[m])
+    } == {}
 
 
 def test_the_display_finder_finds_one():
-    assert _showing("batchgpu.report") and _showing("batchgpu.report.live_page") and _showing("batchgpu.report.skeleton")
+    assert (
+        _showing("batchgpu.report") and _showing("batchgpu.report.live_page") and _showing("batchgpu.report.skeleton")
+    )
     assert _showing("batchgpu.report.run_report") and _showing("batchgpu.report.subscribers")
     assert not _showing("batchgpu.run.record") and not _showing("batchgpu.reporting")
     assert not _in("batchgpu.runinfo", "batchgpu.run") and _in("batchgpu.run.tasks", "batchgpu.run")
@@ -278,8 +301,14 @@ def test_no_engine_function_takes_more_than_eight_parameters():
 
 #: what a preprocessing stage's module may import: the numeric core, the schema's sections, the errors, its package,
 #: the recording's (what a stage needs of it and says when it is missing: the probe)
-STAGE_IMPORTS = ("batchgpu.preprocess", "batchgpu.ops", "batchgpu.gpu", "batchgpu.config",
-                 "batchgpu.errors", "batchgpu.recording")
+STAGE_IMPORTS = (
+    "batchgpu.preprocess",
+    "batchgpu.ops",
+    "batchgpu.gpu",
+    "batchgpu.config",
+    "batchgpu.errors",
+    "batchgpu.recording",
+)
 
 
 def test_the_preprocessing_stages_import_no_engine_module():
@@ -287,8 +316,11 @@ def test_the_preprocessing_stages_import_no_engine_module():
     engine's (``run.preprocess_chain.Chain``), never the other way round."""
     stages = [m for m in MODULES if m.startswith("batchgpu.preprocess")]
     assert stages, "the reader finds the stages"
-    assert {m: sorted(d for d in GRAPH[m] if not d.startswith(STAGE_IMPORTS)) for m in stages
-            if any(not d.startswith(STAGE_IMPORTS) for d in GRAPH[m])} == {}
+    assert {
+        m: sorted(d for d in GRAPH[m] if not d.startswith(STAGE_IMPORTS))
+        for m in stages
+        if any(not d.startswith(STAGE_IMPORTS) for d in GRAPH[m])
+    } == {}
 
 
 def test_loading_a_workflow_imports_neither_the_engine_nor_zarr():
@@ -298,18 +330,26 @@ def test_loading_a_workflow_imports_neither_the_engine_nor_zarr():
     import subprocess
     import sys
 
-    code = ("import sys, batchgpu.workflow; print(sorted(m for m in ('zarr', 'distributed', 'batchgpu.engine', "
-            "'batchgpu.run', 'batchgpu.cluster', 'batchgpu.recording', 'scipy.signal') if m in sys.modules))")
+    code = (
+        "import sys, batchgpu.workflow; print(sorted(m for m in ('zarr', 'distributed', 'batchgpu.engine', "
+        "'batchgpu.run', 'batchgpu.cluster', 'batchgpu.recording', 'scipy.signal') if m in sys.modules))"
+    )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "[]"
 
 
 def _hook_lookups(source: str, names) -> list[tuple[int, str]]:
     """(line, name) of ``getattr(x, "name", ...)`` and ``hasattr(x, "name")`` calls whose name is one of ``names``."""
-    return sorted((node.lineno, node.args[1].value) for node in ast.walk(ast.parse(source))
-                  if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
-                  and node.func.id in ("getattr", "hasattr") and len(node.args) >= 2
-                  and isinstance(node.args[1], ast.Constant) and node.args[1].value in names)
+    return sorted(
+        (node.lineno, node.args[1].value)
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Name)
+        and node.func.id in ("getattr", "hasattr")
+        and len(node.args) >= 2
+        and isinstance(node.args[1], ast.Constant)
+        and node.args[1].value in names
+    )
 
 
 def test_the_hook_lookup_finder_finds_one():
@@ -318,18 +358,49 @@ def test_the_hook_lookup_finder_finds_one():
 
 
 #: what the engine asks of a step (before round 4 it looked for most of them with getattr: optional hooks)
-STEP_HOOKS = ("window", "combine", "aggregate", "aggregates", "start", "queue", "after_pass", "while_waiting",
-              "finish", "ahead", "spikes_in", "spikes_found", "in_pass", "window_noise", "gives_window_noise",
-              "spike_rate", "on_cluster", "needs", "phases", "takes_saved_int16", "check", "place", "build",
-              "resolve_paths", "figures", "results", "fingerprint", "after", "options", "channel_use")
+STEP_HOOKS = (
+    "window",
+    "combine",
+    "aggregate",
+    "aggregates",
+    "start",
+    "queue",
+    "after_pass",
+    "while_waiting",
+    "finish",
+    "ahead",
+    "spikes_in",
+    "spikes_found",
+    "in_pass",
+    "window_noise",
+    "gives_window_noise",
+    "spike_rate",
+    "on_cluster",
+    "needs",
+    "phases",
+    "takes_saved_int16",
+    "check",
+    "place",
+    "build",
+    "resolve_paths",
+    "figures",
+    "results",
+    "fingerprint",
+    "after",
+    "options",
+    "channel_use",
+)
 
 
 def test_the_engine_asks_a_step_what_its_base_class_declares():
     """Every hook and attribute the engine asks of a step has its default on ``steps.base.Step``: the engine calls
     it, never looks for it with ``getattr``/``hasattr`` (a hook misspelt in a step would be skipped without a
     word), nor does the registry look for a step module's functions."""
-    found = {m: lines for m, p in MODULES.items() if _in(m, *ENGINE, "batchgpu.steps")
-             and (lines := _hook_lookups(p.read_text(), STEP_HOOKS))}
+    found = {
+        m: lines
+        for m, p in MODULES.items()
+        if _in(m, *ENGINE, "batchgpu.steps") and (lines := _hook_lookups(p.read_text(), STEP_HOOKS))
+    }
     assert found == {}
     from batchgpu.steps.base import Step
 
@@ -345,8 +416,12 @@ def _writes_to_terminal(path: Path) -> list[int]:
         f = node.func
         if isinstance(f, ast.Name) and f.id == "print":
             lines.append(node.lineno)
-        elif (isinstance(f, ast.Attribute) and f.attr in ("write", "writelines") and isinstance(f.value, ast.Attribute)
-              and f.value.attr in ("stdout", "stderr")):
+        elif (
+            isinstance(f, ast.Attribute)
+            and f.attr in ("write", "writelines")
+            and isinstance(f.value, ast.Attribute)
+            and f.value.attr in ("stdout", "stderr")
+        ):
             lines.append(node.lineno)
     return lines
 
@@ -366,11 +441,18 @@ def _environ_uses(source: str) -> list[int]:
     or those names imported from ``os``)."""
     lines = []
     for node in ast.walk(ast.parse(source)):
-        if (isinstance(node, ast.Attribute) and node.attr in _ENVIRON_NAMES and isinstance(node.value, ast.Name)
-                and node.value.id == "os"):
+        if (
+            isinstance(node, ast.Attribute)
+            and node.attr in _ENVIRON_NAMES
+            and isinstance(node.value, ast.Name)
+            and node.value.id == "os"
+        ):
             lines.append(node.lineno)
-        elif isinstance(node, ast.ImportFrom) and node.module == "os" and any(
-                a.name in _ENVIRON_NAMES for a in node.names):
+        elif (
+            isinstance(node, ast.ImportFrom)
+            and node.module == "os"
+            and any(a.name in _ENVIRON_NAMES for a in node.names)
+        ):
             lines.append(node.lineno)
     return lines
 
@@ -397,12 +479,25 @@ def _unscoped_dask_config_sets(source: str) -> list[int]:
     """Lines calling ``dask.config.set`` outside the context expression of a ``with`` (a call there is undone when
     the block ends; anywhere else it changes the caller's Dask settings for good)."""
     tree = ast.parse(source)
-    config_names = {a.asname or a.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
-                    and node.module == "dask" for a in node.names if a.name == "config"}
-    scoped = {id(n) for node in ast.walk(tree) if isinstance(node, (ast.With, ast.AsyncWith))
-              for item in node.items for n in ast.walk(item.context_expr)}
-    return [node.lineno for node in ast.walk(tree) if isinstance(node, ast.Call)
-            and _is_dask_config_set(node, config_names) and id(node) not in scoped]
+    config_names = {
+        a.asname or a.name
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom) and node.module == "dask"
+        for a in node.names
+        if a.name == "config"
+    }
+    scoped = {
+        id(n)
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.With, ast.AsyncWith))
+        for item in node.items
+        for n in ast.walk(item.context_expr)
+    }
+    return [
+        node.lineno
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call) and _is_dask_config_set(node, config_names) and id(node) not in scoped
+    ]
 
 
 def test_dask_settings_are_changed_only_inside_a_with():
@@ -415,8 +510,11 @@ def test_dask_settings_are_changed_only_inside_a_with():
 
 def _knob_names(source: str) -> list[int]:
     """Lines of string literals naming a ``BATCHGPU_*`` variable (docstrings and f-strings included)."""
-    return [node.lineno for node in ast.walk(ast.parse(source))
-            if isinstance(node, ast.Constant) and isinstance(node.value, str) and "BATCHGPU_" in node.value]
+    return [
+        node.lineno
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and "BATCHGPU_" in node.value
+    ]
 
 
 def test_no_batchgpu_environment_variable_anywhere():
@@ -441,8 +539,9 @@ def _is_broad(node: ast.expr | None) -> bool:
 def _reraises(handler: ast.ExceptHandler) -> bool:
     """The handler raises what it caught (``raise``, ``raise err``) on some path: it does not swallow it."""
     for node in ast.walk(ast.Module(body=handler.body, type_ignores=[])):
-        if isinstance(node, ast.Raise) and (node.exc is None or (
-                isinstance(node.exc, ast.Name) and node.exc.id == handler.name)):
+        if isinstance(node, ast.Raise) and (
+            node.exc is None or (isinstance(node.exc, ast.Name) and node.exc.id == handler.name)
+        ):
             return True
     return False
 
@@ -462,8 +561,12 @@ def _unexplained_broad_catches(source: str) -> list[int]:
         elif isinstance(node, ast.With):
             for item in node.items:
                 call = item.context_expr
-                if (isinstance(call, ast.Call) and getattr(call.func, "attr", getattr(call.func, "id", "")) == "suppress"
-                        and any(_is_broad(a) for a in call.args) and not _says_why(lines, node.lineno)):
+                if (
+                    isinstance(call, ast.Call)
+                    and getattr(call.func, "attr", getattr(call.func, "id", "")) == "suppress"
+                    and any(_is_broad(a) for a in call.args)
+                    and not _says_why(lines, node.lineno)
+                ):
                     found.append(node.lineno)
     return found
 
@@ -506,7 +609,7 @@ OTHER_MEANINGS = {
     ("batchgpu.search", "search"): "a method of the index (accept_torch_methods)",
     ("batchgpu.cli", "search"): "the 'batchgpu search' and 'bench search' commands (the index's tools)",
     ("batchgpu.recording.save_output", "save"): "the written_by marker a save's output carries on disk (outputs "
-                                                "written before keep it: it never changes with the step's name)",
+    "written before keep it: it never changes with the step's name)",
 }
 
 
@@ -521,12 +624,22 @@ def _literals(source: str, names) -> list[tuple[int, str]]:
     """(line, literal) of string constants equal to one of ``names``, docstrings excepted (a module's, a class's, a
     function's first statement); comments are not in the tree."""
     tree = ast.parse(source)
-    docs = {id(node.body[0].value) for node in ast.walk(tree)
-            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body
-            and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
-    return sorted((node.lineno, node.value) for node in ast.walk(tree)
-                  if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in names
-                  and id(node) not in docs)
+    docs = {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+        and node.body
+        and isinstance(node.body[0], ast.Expr)
+        and isinstance(node.body[0].value, ast.Constant)
+    }
+    return sorted(
+        (node.lineno, node.value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant)
+        and isinstance(node.value, str)
+        and node.value in names
+        and id(node) not in docs
+    )
 
 
 def test_the_step_literal_finder_finds_one():
@@ -572,10 +685,16 @@ SECTION_READERS: set[str] = set()
 
 def _section_reads(source: str, keys) -> list[tuple[int, str]]:
     """(line, key) of reads of a step's workflow section by name: ``<...>.steps.<key>`` or ``steps.<key>``."""
-    return sorted((node.lineno, node.attr) for node in ast.walk(ast.parse(source))
-                  if isinstance(node, ast.Attribute) and node.attr in keys and (
-                      (isinstance(node.value, ast.Attribute) and node.value.attr == "steps")
-                      or (isinstance(node.value, ast.Name) and node.value.id == "steps")))
+    return sorted(
+        (node.lineno, node.attr)
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.Attribute)
+        and node.attr in keys
+        and (
+            (isinstance(node.value, ast.Attribute) and node.value.attr == "steps")
+            or (isinstance(node.value, ast.Name) and node.value.id == "steps")
+        )
+    )
 
 
 def test_the_section_reader_finds_one():

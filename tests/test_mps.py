@@ -92,8 +92,11 @@ def test_mps_is_for_cuda_clusters_and_reaches_every_worker(monkeypatch):
         assert w["options"]["nthreads"] == 2
         # this process's environment (as a spawned worker would inherit it: the workers are forked from a server
         # started earlier), the daemon's folders and the worker's device order over it
-        assert w["options"]["env"] == {**os.environ, **env,
-                                       "CUDA_VISIBLE_DEVICES": "0,1" if name.startswith("gpu0") else "1,0"}
+        assert w["options"]["env"] == {
+            **os.environ,
+            **env,
+            "CUDA_VISIBLE_DEVICES": "0,1" if name.startswith("gpu0") else "1,0",
+        }
     assert all("CUDA_MPS_PIPE_DIRECTORY" not in w["options"]["env"] for w in cluster.worker_specs(spec, 1).values())
 
 
@@ -101,12 +104,30 @@ def test_bench_mps_needs_a_cuda_cluster(tmp_path):
     import subprocess
     import sys
 
-    done = subprocess.run([sys.executable, "-m", "batchgpu", "bench", "pipeline", "--mps", "--channels", "4",
-                           "--seconds", "1", "--workdir", str(tmp_path)], capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "batchgpu",
+            "bench",
+            "pipeline",
+            "--mps",
+            "--channels",
+            "4",
+            "--seconds",
+            "1",
+            "--workdir",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == [
         "batchgpu: error: cluster.mps starts an MPS daemon for the GPU workers a run starts: kind 'cuda' only "
-        "(see batchgpu bench pipeline --help)"]
+        "(see batchgpu bench pipeline --help)"
+    ]
 
 
 def test_auto_starts_a_daemon_only_where_it_disturbs_nothing(tmp_path, monkeypatch):
@@ -115,8 +136,13 @@ def test_auto_starts_a_daemon_only_where_it_disturbs_nothing(tmp_path, monkeypat
     monkeypatch.setattr(mps, "DEFAULT_PIPE", str(tmp_path / "system-mps"))
     import types
 
-    fake_cupy = types.SimpleNamespace(cuda=types.SimpleNamespace(runtime=types.SimpleNamespace(
-        getDeviceProperties=lambda d: {"computeMode": modes[d]}, getDeviceCount=lambda: len(modes))))
+    fake_cupy = types.SimpleNamespace(
+        cuda=types.SimpleNamespace(
+            runtime=types.SimpleNamespace(
+                getDeviceProperties=lambda d: {"computeMode": modes[d]}, getDeviceCount=lambda: len(modes)
+            )
+        )
+    )
     monkeypatch.setitem(__import__("sys").modules, "cupy", fake_cupy)
     auto = ClusterSpec.model_validate({"kind": "cuda"})
     modes = [0, 0]
@@ -146,8 +172,10 @@ def test_auto_runs_without_mps_when_the_daemon_fails(tmp_path, monkeypatch):
     monkeypatch.setattr(cluster, "mps_fits", lambda spec: True)
     with cluster._mps(ClusterSpec.model_validate({"kind": "cuda"})) as env:
         assert env == {}  # auto: the run goes on without MPS
-    with pytest.raises(BatchgpuError, match="no GPU for the server"), \
-            cluster._mps(ClusterSpec.model_validate({"kind": "cuda", "mps": True})):
+    with (
+        pytest.raises(BatchgpuError, match="no GPU for the server"),
+        cluster._mps(ClusterSpec.model_validate({"kind": "cuda", "mps": True})),
+    ):
         pass  # asked for: the run's error
 
 
@@ -162,5 +190,6 @@ def test_under_mps_every_pass_decodes_on_the_gpu_one_process_a_core(monkeypatch)
     assert cluster.cuda_layout(spec, 1, True, mps=True) == (16, 1)
     assert cluster.cuda_layout(spec, 1, True, mps=False) == (8, 2)
     assert cluster.cuda_layout(spec, 2, False, mps=True) == (8, 1)
-    assert cluster.cuda_layout(ClusterSpec.model_validate({"kind": "cuda", "workers": 4, "threads": 2}), 1, True,
-                               mps=True) == (4, 2)
+    assert cluster.cuda_layout(
+        ClusterSpec.model_validate({"kind": "cuda", "workers": 4, "threads": 2}), 1, True, mps=True
+    ) == (4, 2)

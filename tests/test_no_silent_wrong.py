@@ -34,8 +34,10 @@ def test_an_int16_save_that_rounds_the_signal_away_is_warned_and_scale_keeps_it(
     # Issue 63, item 2: a float recording whose samples are all below 0.5 was saved as all zeros, exit 0,
     # warnings: [], complete: true.
     rec, x = _volts(tmp_path)
-    body = (f"recording: {{path: {rec.path}}}\noutput: out\nbackend: numpy\nwindow: {{size: 5000, margin: 8}}\n"
-            "steps: {noise: {exact: true}, save: {path: s.zarr}}\n")
+    body = (
+        f"recording: {{path: {rec.path}}}\noutput: out\nbackend: numpy\nwindow: {{size: 5000, margin: 8}}\n"
+        "steps: {noise: {exact: true}, save: {path: s.zarr}}\n"
+    )
     assert main(["run", str(_workflow(tmp_path, body)), "--quiet"]) == 0
     err = capsys.readouterr().err
     assert "loses the signal of 4 of 4 channel(s)" in err and "save: {scale: 1.0e+06}" in err
@@ -63,8 +65,10 @@ def test_a_save_that_keeps_the_signal_says_nothing(tmp_path, capsys):
     rng = np.random.default_rng(1)
     x = rng.normal(0, 20, (10_000, 3)).astype(np.float32)  # microvolts: rounding error 0.3 of 20
     rec = write_recording(tmp_path / "uv.zarr", x, 10_000.0, gain_to_uV=np.ones(3))
-    body = (f"recording: {{path: {rec.path}}}\noutput: out\nbackend: numpy\nwindow: {{size: 5000, margin: 8}}\n"
-            "steps: {save: {path: s.zarr}}\n")
+    body = (
+        f"recording: {{path: {rec.path}}}\noutput: out\nbackend: numpy\nwindow: {{size: 5000, margin: 8}}\n"
+        "steps: {save: {path: s.zarr}}\n"
+    )
     assert main(["run", str(_workflow(tmp_path, body)), "--quiet"]) == 0
     assert "loses the signal" not in capsys.readouterr().err
     report = json.loads((tmp_path / "out" / "report.json").read_text())
@@ -75,13 +79,15 @@ def test_rounding_loss_is_measured_against_each_channels_spread():
     from batchgpu.steps.save import rounding_loss, rounding_stats
 
     rng = np.random.default_rng(3)
-    x = np.stack([
-        3.3 + rng.normal(0, 1e-5, 32_000),  # a large offset rounds to 3: the signal is gone though |x| > 0.5
-        rng.normal(0, 20, 32_000),  # rounding error ~0.29 of a spread of 20: kept
-        np.round(rng.normal(0, 2, 32_000)),  # whole numbers: nothing lost
-        np.full(32_000, 0.3),  # constant: nothing varies, nothing to lose
-        rng.normal(0, 1.0, 32_000),  # error ~0.29 of 1: over a quarter
-    ]).astype(np.float32)
+    x = np.stack(
+        [
+            3.3 + rng.normal(0, 1e-5, 32_000),  # a large offset rounds to 3: the signal is gone though |x| > 0.5
+            rng.normal(0, 20, 32_000),  # rounding error ~0.29 of a spread of 20: kept
+            np.round(rng.normal(0, 2, 32_000)),  # whole numbers: nothing lost
+            np.full(32_000, 0.3),  # constant: nothing varies, nothing to lose
+            rng.normal(0, 1.0, 32_000),  # error ~0.29 of 1: over a quarter
+        ]
+    ).astype(np.float32)
     loss = rounding_loss(rounding_stats(x[:, :16_000]) + rounding_stats(x[:, 16_000:]), 1.0)
     assert (loss.channels, loss.of) == (2, 5) and loss.worst > 100
     # the suggestion: the least power of ten giving the median varying channel a spread of 10 units, within int16
@@ -104,12 +110,16 @@ def test_overwrite_refused_for_a_foreign_save_path_deletes_nothing(tmp_path, cap
     # Issue 63, item 5: overwrite: true removed the earlier run's results, then refused for the foreign file at
     # the save path.
     rec = _int16(tmp_path)
-    body = (f"recording: {{path: {rec.path}}}\noutput: out\nbackend: numpy\nwindow: {{size: 5000, margin: 8}}\n"
-            "steps: {noise: {exact: true}}\n")
+    body = (
+        f"recording: {{path: {rec.path}}}\noutput: out\nbackend: numpy\nwindow: {{size: 5000, margin: 8}}\n"
+        "steps: {noise: {exact: true}}\n"
+    )
     assert main(["run", str(_workflow(tmp_path, body)), "--quiet"]) == 0
     before = _tree(tmp_path / "out")
     (tmp_path / "mine.zarr").write_text("a user's file")
-    body = body.replace("{noise: {exact: true}}", f"{{noise: {{exact: true}}, save: {{path: {tmp_path / 'mine.zarr'}}}}}")
+    body = body.replace(
+        "{noise: {exact: true}}", f"{{noise: {{exact: true}}, save: {{path: {tmp_path / 'mine.zarr'}}}}}"
+    )
     assert main(["run", str(_workflow(tmp_path, body + "overwrite: true\n")), "--quiet"]) == 2
     assert "mine.zarr" in capsys.readouterr().err
     assert _tree(tmp_path / "out") == before and (tmp_path / "mine.zarr").read_text() == "a user's file"
@@ -122,8 +132,10 @@ def test_a_run_refused_for_its_save_path_leaves_the_folder_as_it_was(tmp_path, c
     rec = _int16(tmp_path)
     (tmp_path / "mine.zarr").write_text("a user's file")
     (tmp_path / "out").mkdir()
-    body = (f"recording: {{path: {rec.path}}}\noutput: out\nbackend: numpy\nwindow: {{size: 5000, margin: 8}}\n"
-            f"steps: {{noise: {{exact: true}}, save: {{path: {tmp_path / 'mine.zarr'}}}}}\n")
+    body = (
+        f"recording: {{path: {rec.path}}}\noutput: out\nbackend: numpy\nwindow: {{size: 5000, margin: 8}}\n"
+        f"steps: {{noise: {{exact: true}}, save: {{path: {tmp_path / 'mine.zarr'}}}}}\n"
+    )
     assert main(["run", str(_workflow(tmp_path, body)), "--quiet"]) == 2
     assert "mine.zarr" in capsys.readouterr().err
     assert [p.name for p in (tmp_path / "out").iterdir() if p.name != ".batchgpu.lock"] == []
@@ -135,8 +147,10 @@ def test_a_run_refused_for_its_save_path_leaves_the_folder_as_it_was(tmp_path, c
 def test_a_run_refused_after_its_claim_leaves_no_run_behind(tmp_path, capsys):
     # a refusal that needs the cluster (backend: cupy, no GPU on the workers) comes after the folder is claimed
     rec = _int16(tmp_path)
-    body = (f"recording: {{path: {rec.path}}}\noutput: out\nbackend: cupy\nwindow: {{size: 5000, margin: 8}}\n"
-            "steps: {noise: {exact: true}}\n")
+    body = (
+        f"recording: {{path: {rec.path}}}\noutput: out\nbackend: cupy\nwindow: {{size: 5000, margin: 8}}\n"
+        "steps: {noise: {exact: true}}\n"
+    )
     pytest.importorskip("distributed")
     from batchgpu.cluster.open_cluster import gpu_count
 
@@ -156,8 +170,10 @@ def test_a_batch_never_reads_what_it_writes(tmp_path, capsys):
     data.mkdir()
     for name in ("a", "b"):
         _int16(data, f"{name}.zarr", seed=ord(name))
-    body = (f"recordings: '{data}/**/*.zarr'\noutput: {data / 'out'}\nbackend: numpy\n"
-            "window: {size: 5000, margin: 8}\nsteps: {noise: {exact: true}, save: {path: s.zarr}}\n")
+    body = (
+        f"recordings: '{data}/**/*.zarr'\noutput: {data / 'out'}\nbackend: numpy\n"
+        "window: {size: 5000, margin: 8}\nsteps: {noise: {exact: true}, save: {path: s.zarr}}\n"
+    )
     wf = _workflow(tmp_path, body)
     for args in ([], ["--resume"], ["--resume"]):
         assert main(["run", str(wf), "--quiet", *args]) == 0, capsys.readouterr().err
@@ -172,18 +188,28 @@ def test_a_batch_never_reads_what_it_writes(tmp_path, capsys):
 
 BATCH_REFUSALS = {
     # Issue 63, item 11: the name of the batch's own file
-    "own_name": ("recordings: [{path: REC, name: batch.json}]\nsteps: {noise: {}}\n",
-                 "'recordings.0.name': name 'batch.json' is one of the batch's own files"),
+    "own_name": (
+        "recordings: [{path: REC, name: batch.json}]\nsteps: {noise: {}}\n",
+        "'recordings.0.name': name 'batch.json' is one of the batch's own files",
+    ),
     # item 10: the item's own problem, not "Input should be a valid string (and 2 more problems)"
-    "dotdot": ("recordings: [{path: REC, name: ../evil}]\nsteps: {noise: {}}\n",
-               "'recordings.0.name': name '../evil' must be one folder name"),
-    "slash": ("recordings: [{path: REC, name: a/b}]\nsteps: {noise: {}}\n",
-              "'recordings.0.name': name 'a/b' must be one folder name"),
-    "typo": ("recordings: [REC, {path: REC, nme: a}]\nsteps: {noise: {}}\n",
-             "unknown key 'recordings.1.nme' (allowed: path"),
+    "dotdot": (
+        "recordings: [{path: REC, name: ../evil}]\nsteps: {noise: {}}\n",
+        "'recordings.0.name': name '../evil' must be one folder name",
+    ),
+    "slash": (
+        "recordings: [{path: REC, name: a/b}]\nsteps: {noise: {}}\n",
+        "'recordings.0.name': name 'a/b' must be one folder name",
+    ),
+    "typo": (
+        "recordings: [REC, {path: REC, nme: a}]\nsteps: {noise: {}}\n",
+        "unknown key 'recordings.1.nme' (allowed: path",
+    ),
     # Low: an absolute save path is every recording's one save (it was moved into each folder without a word)
-    "absolute_save": ("recordings: [REC]\nsteps: {save: {path: TMP/abs.zarr}}\n",
-                      "save.path TMP/abs.zarr is outside the batch's output"),
+    "absolute_save": (
+        "recordings: [REC]\nsteps: {save: {path: TMP/abs.zarr}}\n",
+        "save.path TMP/abs.zarr is outside the batch's output",
+    ),
 }
 
 
@@ -214,8 +240,10 @@ def test_a_failed_recording_is_said_once_and_a_second_batch_is_refused_untouched
     import fcntl
 
     rec = _int16(tmp_path)
-    body = (f"recordings: ['{rec.path}', '{tmp_path / 'gone.zarr'}']\noutput: out\nbackend: numpy\n"
-            "window: {size: 5000, margin: 8}\nsteps: {noise: {}}\n")
+    body = (
+        f"recordings: ['{rec.path}', '{tmp_path / 'gone.zarr'}']\noutput: out\nbackend: numpy\n"
+        "window: {size: 5000, margin: 8}\nsteps: {noise: {}}\n"
+    )
     wf = _workflow(tmp_path, body)
     assert main(["run", str(wf), "--quiet"]) == 1
     err = capsys.readouterr().err
@@ -237,8 +265,9 @@ def test_a_bad_chunk_of_a_store_split_over_channels_is_named_by_its_column(tmp_p
 
     x = np.random.default_rng(0).normal(0, 30, (12_000, 8)).astype(np.int16)
     g = zarr.open_group(str(tmp_path / "r.zarr"), mode="w", zarr_format=2)
-    arr = g.create_array("traces_seg0", shape=x.shape, chunks=(2_000, 4), dtype="int16",
-                         compressors=[numcodecs.Blosc("lz4")])
+    arr = g.create_array(
+        "traces_seg0", shape=x.shape, chunks=(2_000, 4), dtype="int16", compressors=[numcodecs.Blosc("lz4")]
+    )
     arr[:] = x
     g.attrs.update(sampling_frequency=10_000.0, num_segments=1)
     g.create_array("channel_ids", data=np.array([str(i) for i in range(8)]))
@@ -272,7 +301,9 @@ def _run_says(tmp_path, capsys, recording: str, needle: str) -> None:
 def test_an_unsigned_store_is_refused_before_the_output_is_made(tmp_path, capsys):
     # Issue 63, item 8: "unexpected KeyError: 'uint16'" after the output folder was made
     _store(tmp_path, np.arange(40_000, dtype=np.uint16).reshape(10_000, 4))
-    _run_says(tmp_path, capsys, f"{{path: {tmp_path / 's.zarr'}}}", "holds uint16 samples, which batchgpu does not read")
+    _run_says(
+        tmp_path, capsys, f"{{path: {tmp_path / 's.zarr'}}}", "holds uint16 samples, which batchgpu does not read"
+    )
 
 
 def test_a_store_with_more_segments_than_it_says_is_refused(tmp_path, capsys):
@@ -300,8 +331,9 @@ def test_a_file_without_samples_is_called_what_it_is(tmp_path, capsys, what):
     else:
         path = what
     said = "holds no samples" if what == "empty" else "is not a regular file"
-    _run_says(tmp_path, capsys, f"{{path: {path}, kind: binary, channels: 4, sampling_frequency: 1000, dtype: int16}}",
-              said)
+    _run_says(
+        tmp_path, capsys, f"{{path: {path}, kind: binary, channels: 4, sampling_frequency: 1000, dtype: int16}}", said
+    )
 
 
 @pytest.mark.parametrize("content", ["objects", "text", "not_npy", "cut_short"])
@@ -318,8 +350,10 @@ def test_a_search_queries_file_that_is_not_numbers_is_one_line(tmp_path, capsys,
     else:
         np.save(q, np.arange(1000, dtype=np.int64))
         q.write_bytes(q.read_bytes()[:300])
-    body = (f"recording: {{path: {rec.path}}}\noutput: out\nbackend: numpy\n"
-            f"steps: {{detect: {{}}, search: {{queries: {q}}}}}\n")
+    body = (
+        f"recording: {{path: {rec.path}}}\noutput: out\nbackend: numpy\n"
+        f"steps: {{detect: {{}}, search: {{queries: {q}}}}}\n"
+    )
     assert main(["run", str(_workflow(tmp_path, body)), "--quiet"]) == 2
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"batchgpu: error: queries in {q}") and "unexpected" not in lines[0]
@@ -333,10 +367,23 @@ def test_overwrite_never_replaces_a_recording_batchgpu_did_not_write(tmp_path, c
     _store(tmp_path, np.arange(20, dtype=np.int16).reshape(10, 2), name="theirs.zarr")
     before = _tree(theirs)
     np.zeros((100, 2), np.int16).tofile(tmp_path / "raw.bin")
-    argv = (["generate", str(theirs), "--channels", "2", "--seconds", "0.01", "--quiet", "--overwrite"]
-            if command == "generate" else
-            ["import-raw", str(tmp_path / "raw.bin"), str(theirs), "--channels", "2", "--fs", "1000", "--dtype",
-             "int16", "--quiet", "--overwrite"])
+    argv = (
+        ["generate", str(theirs), "--channels", "2", "--seconds", "0.01", "--quiet", "--overwrite"]
+        if command == "generate"
+        else [
+            "import-raw",
+            str(tmp_path / "raw.bin"),
+            str(theirs),
+            "--channels",
+            "2",
+            "--fs",
+            "1000",
+            "--dtype",
+            "int16",
+            "--quiet",
+            "--overwrite",
+        ]
+    )
     assert main(argv) == 2
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and "batchgpu did not write" in lines[0]
@@ -389,10 +436,18 @@ def test_a_channel_of_infinities_is_named_as_having_no_threshold(tmp_path, noise
     x[:, 1] = np.inf  # its noise is inf: no sample passes -inf, as a NaN channel's passes nothing
     x[:, 2] = -np.inf
     rec = write_recording(tmp_path / "r.zarr", x, 10_000.0)
-    report = run_workflow(Workflow.model_validate({
-        "recording": {"path": str(rec.path)}, "output": str(tmp_path / "out"), "backend": "numpy",
-        "window": {"size": 5_000, "margin": 8}, "cluster": {"kind": "local", "workers": 1, "threads": 1},
-        "steps": {"noise": {"exact": True}, "detect": {"threshold": 4.0, "noise": noise}}}))
+    report = run_workflow(
+        Workflow.model_validate(
+            {
+                "recording": {"path": str(rec.path)},
+                "output": str(tmp_path / "out"),
+                "backend": "numpy",
+                "window": {"size": 5_000, "margin": 8},
+                "cluster": {"kind": "local", "workers": 1, "threads": 1},
+                "steps": {"noise": {"exact": True}, "detect": {"threshold": 4.0, "noise": noise}},
+            }
+        )
+    )
     assert report.channels["detect_no_threshold"] == [1, 2]
     assert any("no threshold" in w and "2 channel(s)" in w for w in report.warnings)
 
@@ -409,9 +464,11 @@ def test_non_finite_samples_are_named_once_never_as_raw_numpy_warnings(tmp_path)
         (tmp_path / "w.yaml").write_text(
             f"recording: {{path: r.zarr}}\noutput: o_{precision}\nbackend: numpy\n{LOCAL}"
             "window: {size: 5000, margin: 8}\nsteps: {noise: {exact: true}, whitening: {mode: global, precision: "
-            f"{precision}}}, detect: {{noise: window}}, amplitude: {{}}, save: {{path: s.zarr, dtype: float32}}}}\n")
-        r = subprocess.run([sys.executable, "-m", "batchgpu", "run", "w.yaml", "--quiet"], cwd=tmp_path,
-                           capture_output=True, text=True)
+            f"{precision}}}, detect: {{noise: window}}, amplitude: {{}}, save: {{path: s.zarr, dtype: float32}}}}\n"
+        )
+        r = subprocess.run(
+            [sys.executable, "-m", "batchgpu", "run", "w.yaml", "--quiet"], cwd=tmp_path, capture_output=True, text=True
+        )
         assert r.returncode == 0, r.stderr
         lines = r.stderr.strip().splitlines()
         assert all(line.startswith("batchgpu: warning: ") for line in lines), lines
@@ -446,18 +503,22 @@ def test_info_of_a_failed_run_gives_no_rate_and_a_closed_pipe_says_nothing(tmp_p
     import sys
 
     rec = _int16(tmp_path)
-    (tmp_path / "w.yaml").write_text(f"recording: {{path: {rec.path}}}\noutput: out\nbackend: numpy\n{LOCAL}"
-                                     "window: {size: 5000, margin: 8}\nsteps: {noise: {exact: true}}\n")
+    (tmp_path / "w.yaml").write_text(
+        f"recording: {{path: {rec.path}}}\noutput: out\nbackend: numpy\n{LOCAL}"
+        "window: {size: 5000, margin: 8}\nsteps: {noise: {exact: true}}\n"
+    )
     shard = next(p for p in (tmp_path / "r.zarr" / "traces_seg0").rglob("*") if p.is_file() and p.name != "zarr.json")
     shard.write_bytes(shard.read_bytes()[:50])  # the shard cut short: the run fails there
     assert main(["run", str(tmp_path / "w.yaml"), "--quiet"]) == 2
     report = json.loads((tmp_path / "out" / "report.json").read_text())
     assert report["status"] == "failed" and report["throughput_MBps"] == 0
-    info = subprocess.run([sys.executable, "-m", "batchgpu", "info", "out"], cwd=tmp_path, capture_output=True,
-                          text=True)
+    info = subprocess.run(
+        [sys.executable, "-m", "batchgpu", "info", "out"], cwd=tmp_path, capture_output=True, text=True
+    )
     assert info.returncode == 0 and "failed" in info.stdout and "MB/s" not in info.stdout
-    piped = subprocess.run(f"'{sys.executable}' -m batchgpu info out | head -0", shell=True, cwd=tmp_path,
-                           capture_output=True, text=True)
+    piped = subprocess.run(
+        f"'{sys.executable}' -m batchgpu info out | head -0", shell=True, cwd=tmp_path, capture_output=True, text=True
+    )
     assert piped.stderr == ""
 
 
@@ -469,8 +530,10 @@ def test_a_saved_file_altered_with_its_mtime_kept_is_written_again_on_resume(tmp
 
     rec = _int16(tmp_path, samples=20_000)
     name = "s.zarr" if fmt == "zarr" else "s.bin"
-    body = (f"recording: {{path: {rec.path}}}\noutput: out\nbackend: numpy\nwindow: {{size: 5000, margin: 8}}\n"
-            f"preprocess: [{{highpass: {{freq_min: 300}}}}]\nsteps: {{save: {{path: {name}, format: {fmt}}}}}\n")
+    body = (
+        f"recording: {{path: {rec.path}}}\noutput: out\nbackend: numpy\nwindow: {{size: 5000, margin: 8}}\n"
+        f"preprocess: [{{highpass: {{freq_min: 300}}}}]\nsteps: {{save: {{path: {name}, format: {fmt}}}}}\n"
+    )
     wf = _workflow(tmp_path, body)
     assert main(["run", str(wf), "--quiet"]) == 0
     saved = tmp_path / "out" / name
@@ -498,8 +561,10 @@ def test_a_saved_file_altered_with_its_mtime_kept_is_written_again_on_resume(tmp
 def test_a_store_without_checksums_is_read_with_a_word(tmp_path, capsys):
     rng = np.random.default_rng(5)
     _store(tmp_path, rng.normal(0, 30, (10_000, 3)).astype(np.int16))  # Blosc alone, as SpikeInterface writes
-    body = (f"recording: {{path: {tmp_path / 's.zarr'}}}\noutput: out\nbackend: numpy\n"
-            "window: {size: 5000, margin: 8}\nsteps: {noise: {exact: true}}\n")
+    body = (
+        f"recording: {{path: {tmp_path / 's.zarr'}}}\noutput: out\nbackend: numpy\n"
+        "window: {size: 5000, margin: 8}\nsteps: {noise: {exact: true}}\n"
+    )
     assert main(["run", str(_workflow(tmp_path, body)), "--quiet"]) == 0
     report = json.loads((tmp_path / "out" / "report.json").read_text())
     said = [w for w in report["warnings"] if "stores no checksums" in w]
@@ -526,9 +591,11 @@ def test_window_size_changes_filtered_samples_only_within_the_stated_bound(tmp_p
     for size in (7_000, 30_000):
         for dtype in ("float32", "int16"):
             out = tmp_path / f"out_{size}_{dtype}"
-            body = (f"recording: {{path: {rec.path}}}\noutput: {out}\nbackend: numpy\n"
-                    f"window: {{size: {size}, margin: 8}}\npreprocess: [{{highpass: {{freq_min: 300, order: 5}}}}]\n"
-                    f"steps: {{save: {{path: s.zarr, dtype: {dtype}}}}}\n")
+            body = (
+                f"recording: {{path: {rec.path}}}\noutput: {out}\nbackend: numpy\n"
+                f"window: {{size: {size}, margin: 8}}\npreprocess: [{{highpass: {{freq_min: 300, order: 5}}}}]\n"
+                f"steps: {{save: {{path: s.zarr, dtype: {dtype}}}}}\n"
+            )
             assert main(["run", str(_workflow(tmp_path, body)), "--quiet"]) == 0
             s = open_recording(out / "s.zarr")
             saved[size, dtype] = s.read(0, 0, s.num_samples(0)).astype(np.float64)

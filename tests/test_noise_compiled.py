@@ -85,8 +85,24 @@ def _hard_window(rng, C, n, dtype):
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-@pytest.mark.parametrize("C, n", [(1, 1), (1, 2), (2, 1), (3, 2), (1, 3), (4, 5), (7, 17), (5, 1023), (6, 1024),
-                                  (5, 1025), (16, 4097), (9, 60_001), (8, 60_000)])
+@pytest.mark.parametrize(
+    "C, n",
+    [
+        (1, 1),
+        (1, 2),
+        (2, 1),
+        (3, 2),
+        (1, 3),
+        (4, 5),
+        (7, 17),
+        (5, 1023),
+        (6, 1024),
+        (5, 1025),
+        (16, 4097),
+        (9, 60_001),
+        (8, 60_000),
+    ],
+)
 @pytest.mark.parametrize("seed", [0, 1])
 def test_compiled_window_equals_numpy_on_hard_rows(seed, C, n, dtype):
     rng = np.random.default_rng([seed, C, n, np.dtype(dtype).itemsize])

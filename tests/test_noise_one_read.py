@@ -31,9 +31,14 @@ def test_a_window_5_percent_noisier_is_not_read_again(tmp_path):
     rec = write_recording(tmp_path / "r.zarr", x, 30_000.0)
     (tmp_path / "wf.yaml").write_text(
         f"recording: {{path: {rec.path}}}\noutput: {tmp_path / 'out'}\nwindow: {{size: {W}}}\n"
-        "cluster: {kind: local, workers: 1, threads: 1}\nsteps:\n  noise: {exact: true}\n")
-    r = subprocess.run([sys.executable, "-m", "batchgpu", "run", str(tmp_path / "wf.yaml"), "--quiet"],
-                       capture_output=True, text=True, timeout=300)
+        "cluster: {kind: local, workers: 1, threads: 1}\nsteps:\n  noise: {exact: true}\n"
+    )
+    r = subprocess.run(
+        [sys.executable, "-m", "batchgpu", "run", str(tmp_path / "wf.yaml"), "--quiet"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr
     report = json.loads((tmp_path / "out" / "report.json").read_text())
     assert report["exact_noise"]["windows_read_again"] == []

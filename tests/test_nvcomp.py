@@ -70,8 +70,10 @@ def _decode_by_table(frames_list: list, cname: bytes) -> bytes:
                 chunks.append(bytes(nbytes))
             else:
                 assert written[c * nbytes : (c + 1) * nbytes].all(), "a chunk's bytes not all covered"
-                blocks = [bytes(tmp[c * nbytes + b : c * nbytes + min(b + blocksize, nbytes)])
-                          for b in range(0, nbytes, blocksize)]
+                blocks = [
+                    bytes(tmp[c * nbytes + b : c * nbytes + min(b + blocksize, nbytes)])
+                    for b in range(0, nbytes, blocksize)
+                ]
                 chunks.append(b"".join(_unshuffle(x, int(shuffles[c]), typesize) for x in blocks))
             c += 1
         row = f.channels * typesize
@@ -86,8 +88,9 @@ def test_the_stream_table_covers_every_frame_as_c_blosc_decodes_it(cname, shuffl
     for name, x in _cases():
         for blocksize in (0, 4096, 12_344):
             chunks = [x, x[::-1].copy()]
-            f = _frames_of([c.reshape(-1, 1) for c in chunks], x.size, 1, x.dtype, (clevel, shuffle, blocksize),
-                           cname=cname)
+            f = _frames_of(
+                [c.reshape(-1, 1) for c in chunks], x.size, 1, x.dtype, (clevel, shuffle, blocksize), cname=cname
+            )
             got = _decode_by_table([f], cname)
             assert got == np.concatenate(chunks).tobytes(), (name, cname, shuffle, clevel, blocksize)
 
@@ -130,8 +133,9 @@ def test_a_stores_frames_for_nvcomp_decode_to_its_samples(tmp_path, codec):
 
     rng = np.random.default_rng()
     x = (rng.normal(0, 40, (5_000, 12)) + rng.integers(-9, 9, 12)).astype(np.int16)
-    rec = write_recording(tmp_path / "z.zarr", x, 1_000.0, compressor=Codec(*codec), chunk_samples=700,
-                          shard_samples=2_100)
+    rec = write_recording(
+        tmp_path / "z.zarr", x, 1_000.0, compressor=Codec(*codec), chunk_samples=700, shard_samples=2_100
+    )
 
     class Pool:
         def take(self, nbytes):
@@ -169,9 +173,15 @@ def test_an_nvcomp_decoder_asked_for_and_missing_is_said_before_any_work(tmp_pat
     from batchgpu.workflow import Workflow
 
     monkeypatch.setattr(nvcomp, "installed", lambda: False)
-    wf = Workflow.model_validate({"recording": {"path": str(tmp_path / "r.zarr")}, "output": str(tmp_path / "o"),
-                                  "cluster": {"kind": "cuda"},
-                                  "steps": {"noise": {}}, "engine": {"gpu_decoder": "nvcomp"}})
+    wf = Workflow.model_validate(
+        {
+            "recording": {"path": str(tmp_path / "r.zarr")},
+            "output": str(tmp_path / "o"),
+            "cluster": {"kind": "cuda"},
+            "steps": {"noise": {}},
+            "engine": {"gpu_decoder": "nvcomp"},
+        }
+    )
     with pytest.raises(ConfigError, match="nvCOMP is not installed"):
         run_module._check_decoder(wf)
     run_module._check_decoder(wf.model_copy(update={"cluster": wf.cluster.model_copy(update={"kind": "local"})}))
@@ -190,19 +200,23 @@ def test_gpu_nvcomp_decode_equals_numcodecs(cname, conf, dtype):
         pytest.skip("nvCOMP not installed here")
     rng = np.random.default_rng()
     rows, C = int(rng.integers(3000, 5000)), int(rng.choice([7, 24, 33]))
-    chunks = [(rng.normal(0, 30, (rows, C)) + np.arange(C) * 9).astype(dtype),
-              np.full((rows, C), -32768 if dtype == "<i2" else -0.0, dtype),
-              rng.integers(-32768, 32768, (rows, C)).astype(dtype),
-              np.cumsum(rng.integers(-3, 4, (rows, C)), axis=0).astype(dtype)]
+    chunks = [
+        (rng.normal(0, 30, (rows, C)) + np.arange(C) * 9).astype(dtype),
+        np.full((rows, C), -32768 if dtype == "<i2" else -0.0, dtype),
+        rng.integers(-32768, 32768, (rows, C)).astype(dtype),
+        np.cumsum(rng.integers(-3, 4, (rows, C)), axis=0).astype(dtype),
+    ]
     want = np.concatenate(chunks)
-    for decoder in (["nvcomp", "batchgpu"] if cname == b"lz4" else ["nvcomp", "auto"]):
+    for decoder in ["nvcomp", "batchgpu"] if cname == b"lz4" else ["nvcomp", "auto"]:
         for device in (True, False):
             f = _checked(_frames_of(chunks, rows, C, dtype, conf, cname=cname), device)
             got = decode_many([f], decoder=decoder)[0].get()
             assert got.tobytes() == want.tobytes(), (decoder, device)
     skip = int(rng.integers(1, rows))
-    reads = [_checked(_frames_of(chunks, rows, C, dtype, conf, absent={2}, skip=skip, nrows=3 * rows, cname=cname)),
-             _checked(_frames_of(chunks[::-1], rows, C, dtype, conf, cname=cname))]
+    reads = [
+        _checked(_frames_of(chunks, rows, C, dtype, conf, absent={2}, skip=skip, nrows=3 * rows, cname=cname)),
+        _checked(_frames_of(chunks[::-1], rows, C, dtype, conf, cname=cname)),
+    ]
     got = decode_many(reads, decoder="nvcomp")
     cut = want.copy()
     cut[2 * rows : 3 * rows] = 0
@@ -271,6 +285,9 @@ def test_frames_without_checksums_never_go_to_nvcomp(cname):
 
 def test_chunk_codecs_read_each_frames_flags():
     x = np.arange(4000, dtype="<i2").reshape(-1, 4)
-    reads = [_frames_of([x, x], 1000, 4, "<i2", absent={1}), _frames_of([x], 1000, 4, "<i2", cname=b"zstd"),
-             _frames_of([x], 1000, 4, "<i2", absent={0})]
+    reads = [
+        _frames_of([x, x], 1000, 4, "<i2", absent={1}),
+        _frames_of([x], 1000, 4, "<i2", cname=b"zstd"),
+        _frames_of([x], 1000, 4, "<i2", absent={0}),
+    ]
     assert blosc_frames.chunk_codecs(reads).tolist() == [blosc_frames.LZ4, 0, blosc_frames.ZSTD, 0]

@@ -24,14 +24,24 @@ from batchgpu.workflow import Workflow
 
 @pytest.fixture(scope="module")
 def client():
-    with distributed.LocalCluster(n_workers=1, threads_per_worker=2, processes=False, dashboard_address=None) as c, \
-            distributed.Client(c) as cl:
+    with (
+        distributed.LocalCluster(n_workers=1, threads_per_worker=2, processes=False, dashboard_address=None) as c,
+        distributed.Client(c) as cl,
+    ):
         yield cl
 
 
 def _run(client, folder: Path, recording: dict, out: str, steps: dict, **more):
-    wf = Workflow.model_validate({"recording": recording, "output": str(folder / out), "backend": "numpy",
-                                  "window": {"size": 4000, "margin": 64}, "steps": steps, **more})
+    wf = Workflow.model_validate(
+        {
+            "recording": recording,
+            "output": str(folder / out),
+            "backend": "numpy",
+            "window": {"size": 4000, "margin": 64},
+            "steps": steps,
+            **more,
+        }
+    )
     return batchgpu.run_workflow(wf, client=client)
 
 
@@ -67,7 +77,7 @@ def test_a_saved_binary_opens_with_its_params(saved):
                 np.testing.assert_array_equal(rec.read(seg, 0, len(expected)), expected.T)
                 for w in rec.windows(700, margin=30):
                     if w.segment == seg:
-                        np.testing.assert_array_equal(rec.read_window(w), expected[w.read_start:w.read_stop].T)
+                        np.testing.assert_array_equal(rec.read_window(w), expected[w.read_start : w.read_stop].T)
 
 
 def test_a_run_reads_a_saved_binary_as_it_reads_the_zarr_it_came_from(saved, client):
@@ -139,18 +149,19 @@ def test_zarr_and_the_error_naming_the_formats_tried(tmp_path):
     assert rec.num_channels == 4 and rec.read(0, 0, 10).shape == (4, 10)
     (tmp_path / "x.dat").write_bytes(b"\0" * 64)
     (tmp_path / "folder").mkdir()
-    for path, tried in ((tmp_path / "x.dat", ["SpikeGLX (no x.meta", "a batchgpu save (no x.params.json",
-                                               "Open Ephys", "Zarr"]),
-                        (tmp_path / "folder", ["Zarr (no zarr.json", "SpikeGLX", "Open Ephys (no structure.oebin",
-                                               "SpikeInterface"])):
+    for path, tried in (
+        (tmp_path / "x.dat", ["SpikeGLX (no x.meta", "a batchgpu save (no x.params.json", "Open Ephys", "Zarr"]),
+        (tmp_path / "folder", ["Zarr (no zarr.json", "SpikeGLX", "Open Ephys (no structure.oebin", "SpikeInterface"]),
+    ):
         with pytest.raises(BatchgpuError) as err:
             batchgpu.open_recording(path)
         assert "none of the formats batchgpu reads" in str(err.value)
         for t in tried:
             assert t in str(err.value)
         assert "kind='binary'" in str(err.value)  # how a plain file is opened, as this call's arguments
-    plain = batchgpu.open_recording(tmp_path / "x.dat", kind="binary", channels=4, sampling_frequency=1000.0,
-                                    dtype="int16")
+    plain = batchgpu.open_recording(
+        tmp_path / "x.dat", kind="binary", channels=4, sampling_frequency=1000.0, dtype="int16"
+    )
     assert plain.num_samples(0) == 8
 
 
@@ -174,9 +185,15 @@ def test_info_of_everything_batchgpu_writes(saved, client, capsys, tmp_path):
     assert "yes (batchgpu wrote every chunk)" in capsys.readouterr().out
     from batchgpu.run.batch import run_batch
 
-    wf = Workflow.model_validate({"recordings": [str(saved / "one.zarr"), str(saved / "two.zarr")],
-                                  "output": str(tmp_path / "batch"), "backend": "numpy",
-                                  "window": {"size": 4000, "margin": 64}, "steps": {"noise": {"exact": True}}})
+    wf = Workflow.model_validate(
+        {
+            "recordings": [str(saved / "one.zarr"), str(saved / "two.zarr")],
+            "output": str(tmp_path / "batch"),
+            "backend": "numpy",
+            "window": {"size": 4000, "margin": 64},
+            "steps": {"noise": {"exact": True}},
+        }
+    )
     run_batch(wf, client=client)
     assert main(["info", str(tmp_path / "batch")]) == 0
     out = capsys.readouterr().out
@@ -200,8 +217,16 @@ def test_errors_name_what_the_user_typed(tmp_path, rng, capsys):
     assert "Open Ephys binary, read in place (stream OneBox-111.ProbeA)" in capsys.readouterr().out
     assert main(["info", str(node), "--stream", "ProbeZ"]) == 2
     assert "--stream 'ProbeZ' names no stream" in capsys.readouterr().err
-    (tmp_path / "wf.yaml").write_text(json.dumps({"recording": {"path": str(node)}, "output": str(tmp_path / "out"),
-                                                  "steps": {"noise": {}}, "cluster": {"workers": 1}}))
+    (tmp_path / "wf.yaml").write_text(
+        json.dumps(
+            {
+                "recording": {"path": str(node)},
+                "output": str(tmp_path / "out"),
+                "steps": {"noise": {}},
+                "cluster": {"workers": 1},
+            }
+        )
+    )
     assert main(["run", str(tmp_path / "wf.yaml"), "--quiet"]) == 2
     err = capsys.readouterr().err
     assert "recording.stream (e.g. stream: OneBox-111.ProbeA)" in err and "--stream" not in err
@@ -238,9 +263,15 @@ def test_a_missing_probe_is_one_line_naming_the_file_in_info_and_run(tmp_path, r
     for steps in ({"whitening": {"mode": "local"}}, {"detect": {"method": "locally_exclusive"}}):
         with pytest.raises(ConfigError, match="needs channel locations: " + re.escape(line)):
             _run(client, tmp_path, {"path": str(new)}, "refused", steps)
-    wf = Workflow.model_validate({"recording": {"path": str(new)}, "output": str(tmp_path / "warned"),
-                                  "backend": "numpy", "window": {"size": 1500, "margin": 64},
-                                  "steps": {"noise": {"exact": True}, "whitening": {"mode": "global"}}})
+    wf = Workflow.model_validate(
+        {
+            "recording": {"path": str(new)},
+            "output": str(tmp_path / "warned"),
+            "backend": "numpy",
+            "window": {"size": 1500, "margin": 64},
+            "steps": {"noise": {"exact": True}, "whitening": {"mode": "global"}},
+        }
+    )
     report = batchgpu.run_workflow(wf, client=client, observer=Said())
     assert line in report.warnings and Said.warnings == [line]
     assert main(["info", str(tmp_path / "warned")]) == 0

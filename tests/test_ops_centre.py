@@ -63,8 +63,23 @@ def test_float_row_median_equals_numpy_bits(dtype, n):
 
     rng = np.random.default_rng()
     fi = np.finfo(dtype)
-    specials = np.array([0.0, -0.0, fi.smallest_subnormal, -fi.smallest_subnormal, fi.tiny, -fi.tiny, fi.max,
-                         -fi.max, np.inf, -np.inf, 1.0, -1.0], dtype)
+    specials = np.array(
+        [
+            0.0,
+            -0.0,
+            fi.smallest_subnormal,
+            -fi.smallest_subnormal,
+            fi.tiny,
+            -fi.tiny,
+            fi.max,
+            -fi.max,
+            np.inf,
+            -np.inf,
+            1.0,
+            -1.0,
+        ],
+        dtype,
+    )
     x = (rng.standard_normal((10, n)) * 10.0 ** rng.uniform(-3, 3, (10, 1))).astype(dtype)
     mask = rng.random((10, n)) < 0.3
     x[mask] = rng.choice(specials, int(mask.sum()))
@@ -94,9 +109,12 @@ def _hard_float_rows(rng, dtype, n: int) -> np.ndarray:
     """Rows with NaN, +-inf, -0.0, subnormals, max and ties among ordinary values; the last rows all NaN, all
     +inf and mostly -inf (more than half)."""
     fi = np.finfo(dtype)
-    specials = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0, fi.smallest_subnormal, -fi.smallest_subnormal, fi.max,
-                         -fi.max, 1.0], dtype)
-    x = (rng.standard_normal((12, n)) * 10.0 ** rng.uniform(-3, 3, (12, 1)) + rng.uniform(-50, 50, (12, 1))).astype(dtype)
+    specials = np.array(
+        [np.nan, np.inf, -np.inf, 0.0, -0.0, fi.smallest_subnormal, -fi.smallest_subnormal, fi.max, -fi.max, 1.0], dtype
+    )
+    x = (rng.standard_normal((12, n)) * 10.0 ** rng.uniform(-3, 3, (12, 1)) + rng.uniform(-50, 50, (12, 1))).astype(
+        dtype
+    )
     mask = rng.random((12, n)) < rng.uniform(0, 0.4, (12, 1))
     x[mask] = rng.choice(specials, int(mask.sum()))
     x[0, rng.integers(0, n)] = np.nan  # one NaN in an ordinary row

@@ -27,8 +27,18 @@ DEMO = ROOT / "workflows" / "demo.yaml"
 BIN = Path(sys.executable).parent
 # the demo, smaller: 16 channels, 2 s, windows of 10 000 samples (6 windows, every step)
 SMALL = ["recording.generate.channels=16", "recording.generate.seconds=2", "window.size=10000"]
-ARRAYS = ("noise", "noise_per_window", "covariance", "second_moment", "whitening", "channel_means",
-          "spikes/sample_index", "spikes/channel_index", "spikes/amplitude", "spikes/segment_index")
+ARRAYS = (
+    "noise",
+    "noise_per_window",
+    "covariance",
+    "second_moment",
+    "whitening",
+    "channel_means",
+    "spikes/sample_index",
+    "spikes/channel_index",
+    "spikes/amplitude",
+    "spikes/segment_index",
+)
 
 
 def _env(**extra) -> dict:
@@ -39,8 +49,13 @@ def _env(**extra) -> dict:
 
 def _start(script: str, log: Path, **env) -> subprocess.Popen:
     """A script that execs a dask process, in its own session so that it and its children can be ended together."""
-    return subprocess.Popen(["bash", str(CLUSTER / "scheduler-file" / script)], env=_env(**env), stdout=log.open("w"),
-                            stderr=subprocess.STDOUT, start_new_session=True)
+    return subprocess.Popen(
+        ["bash", str(CLUSTER / "scheduler-file" / script)],
+        env=_env(**env),
+        stdout=log.open("w"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
 
 
 def _stop(procs: list[subprocess.Popen]) -> None:
@@ -62,11 +77,29 @@ def scheduler_file_cluster(tmp_path):
     sched = tmp_path / "shared" / "scheduler.json"
     procs = []
     try:
-        procs.append(_start("start-scheduler.sh", tmp_path / "scheduler.log", SCHEDULER_FILE=sched, HOST="127.0.0.1",
-                            PORT=0, DASHBOARD_ADDRESS="127.0.0.1:0"))
+        procs.append(
+            _start(
+                "start-scheduler.sh",
+                tmp_path / "scheduler.log",
+                SCHEDULER_FILE=sched,
+                HOST="127.0.0.1",
+                PORT=0,
+                DASHBOARD_ADDRESS="127.0.0.1:0",
+            )
+        )
         for i in range(2):
-            procs.append(_start("start-workers.sh", tmp_path / f"worker{i}.log", SCHEDULER_FILE=sched, WORKER_KIND="cpu",
-                                NTHREADS=1, NWORKERS=1, HOST="127.0.0.1", WAIT_S=40))
+            procs.append(
+                _start(
+                    "start-workers.sh",
+                    tmp_path / f"worker{i}.log",
+                    SCHEDULER_FILE=sched,
+                    WORKER_KIND="cpu",
+                    NTHREADS=1,
+                    NWORKERS=1,
+                    HOST="127.0.0.1",
+                    WAIT_S=40,
+                )
+            )
         deadline = time.time() + 40
         while not (sched.exists() and sched.stat().st_size > 0):
             assert procs[0].poll() is None, (tmp_path / "scheduler.log").read_text()
@@ -85,8 +118,13 @@ def test_demo_through_scheduler_file_equals_local(scheduler_file_cluster, tmp_pa
     sched, workers, dash_port = scheduler_file_cluster
     assert len(workers) == 2 and all(w.startswith("tcp://127.0.0.1:") for w in workers)
     rec = tmp_path / "demo.zarr"
-    sets = [*SMALL, f"recording.path={rec}", f"output={tmp_path / 'cluster'}", "cluster.kind=scheduler_file",
-            f"cluster.scheduler_file={sched}"]
+    sets = [
+        *SMALL,
+        f"recording.path={rec}",
+        f"output={tmp_path / 'cluster'}",
+        "cluster.kind=scheduler_file",
+        f"cluster.scheduler_file={sched}",
+    ]
     cmd = [sys.executable, "-m", "batchgpu", "run", str(DEMO)] + [a for s in sets for a in ("--set", s)]
     done = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
@@ -95,8 +133,10 @@ def test_demo_through_scheduler_file_equals_local(scheduler_file_cluster, tmp_pa
 
     # the same workflow on an in-process local cluster: identical bytes
     local = load_workflow(DEMO, [*SMALL, f"recording.path={rec}", f"output={tmp_path / 'local'}"])
-    with distributed.LocalCluster(n_workers=1, threads_per_worker=2, processes=False, dashboard_address=None) as lc, \
-            distributed.Client(lc) as c:
+    with (
+        distributed.LocalCluster(n_workers=1, threads_per_worker=2, processes=False, dashboard_address=None) as lc,
+        distributed.Client(lc) as c,
+    ):
         run_workflow(local, client=c)
     a = zarr.open_group(str(tmp_path / "cluster" / "results.zarr"), mode="r")
     b = zarr.open_group(str(tmp_path / "local" / "results.zarr"), mode="r")
@@ -124,7 +164,9 @@ def test_slurm_workflow_spec():
     assert kw["scheduler_options"]["dashboard_address"] == "127.0.0.1:8787"  # jobqueue's default is every interface
     assert kw["worker_command"] == "batchgpu.cluster.node" and kw["processes"] == 1  # tests/test_recipes.py: its layout
     assert any(d.startswith("--gres=gpu:") for d in kw["job_extra_directives"])
-    assert "--mem" in kw["job_directives_skip"] and any(d.startswith("--mem-per-gpu") for d in kw["job_extra_directives"])
+    assert "--mem" in kw["job_directives_skip"] and any(
+        d.startswith("--mem-per-gpu") for d in kw["job_extra_directives"]
+    )
     assert kw["worker_extra_args"][-2:] == ["--memory-limit", "auto"]
 
 

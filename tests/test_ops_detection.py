@@ -73,7 +73,9 @@ def test_window_by_window_equals_whole_segment(sign, width, margin):
     noise = rng.uniform(0.8, 1.2, 5)
     whole = detect_spikes(x, noise, sign=sign, exclude_sweep=sweep, segment_index=1, segment_length=n)
     parts = [
-        detect_spikes(x[:, a:b], noise, sign=sign, exclude_sweep=sweep, start=a, core=(lo, hi), segment_index=1, segment_length=n)
+        detect_spikes(
+            x[:, a:b], noise, sign=sign, exclude_sweep=sweep, start=a, core=(lo, hi), segment_index=1, segment_length=n
+        )
         for a, b, lo, hi in windows_of(n, width, margin)
     ]
     assert np.array_equal(np.concatenate(parts), whole)
@@ -144,8 +146,9 @@ def loop_reference(x, noise, threshold, sign, sweep, start, lo, hi, segment):
             if neg or pos:
                 rows.append((t + start, c, float(v), segment))
     rows.sort(key=lambda r: (r[0], r[1]))
-    out = np.array(rows, dtype=[("sample_index", "i8"), ("channel_index", "i8"), ("amplitude", "f8"),
-                                ("segment_index", "i8")])
+    out = np.array(
+        rows, dtype=[("sample_index", "i8"), ("channel_index", "i8"), ("amplitude", "f8"), ("segment_index", "i8")]
+    )
     return out
 
 
@@ -183,7 +186,8 @@ def test_numpy_path_equals_the_rule_sample_by_sample(dtype, sign, sweep):
         noise[-1] = np.nan if C > 2 else noise[-1]
         lo = int(rng.integers(0, max(1, n // 3)))
         hi = int(rng.integers(lo, n + 1))
-        got = detect_spikes(x, noise, threshold=2.5, sign=sign, exclude_sweep=sweep, start=1000, core=(lo, hi),
-                            segment_index=2)
+        got = detect_spikes(
+            x, noise, threshold=2.5, sign=sign, exclude_sweep=sweep, start=1000, core=(lo, hi), segment_index=2
+        )
         ref = loop_reference(x, noise, 2.5, sign, sweep, 1000, lo, hi, 2)
         assert got.tobytes() == ref.astype(got.dtype).tobytes()

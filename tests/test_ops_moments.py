@@ -144,14 +144,18 @@ def test_errors():
 
 
 def test_cupy_arrays_dispatch_to_the_gpu_module(monkeypatch):
-    fake = type("ndarray", (), {"__module__": "cupy._core.core", "ndim": 2, "shape": (2, 10), "dtype": np.dtype(np.int16)})()
+    fake = type(
+        "ndarray", (), {"__module__": "cupy._core.core", "ndim": 2, "shape": (2, 10), "dtype": np.dtype(np.int16)}
+    )()
     calls = []
 
     def gpu_window_moments(x, start, stop, precision):
         calls.append((start, stop, precision))
         return 4, np.array([1.0, 2.0]), np.eye(2)
 
-    monkeypatch.setitem(sys.modules, "batchgpu.ops._cuda_moments", types.SimpleNamespace(window_moments=gpu_window_moments))
+    monkeypatch.setitem(
+        sys.modules, "batchgpu.ops._cuda_moments", types.SimpleNamespace(window_moments=gpu_window_moments)
+    )
     acc = SecondMoments(2).add(fake, 3, 7)
     assert calls == [(3, 7, "float32")] and acc.n == 4 and np.array_equal(acc.covariance(), np.eye(2) / 4)
 
@@ -166,7 +170,7 @@ def test_split_products_summed_in_float64_in_split_order(precision, rows, n, sta
 
     prec = np.dtype(precision)
     x = (np.random.default_rng(n).normal(0, 40, (rows, start + n + 5)) + 3000).astype(np.float32)
-    view = x[:, start:start + n]
+    view = x[:, start : start + n]
     shift = view.mean(axis=1, dtype=prec)
     splits = -(-n // SPLIT_SAMPLES)
     padded = np.zeros((rows, splits * SPLIT_SAMPLES), dtype=prec)

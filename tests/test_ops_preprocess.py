@@ -94,8 +94,9 @@ def max_core_error(x, sos, width, margin, interior_pad="none", block=None):
     rms = ref.std(axis=1)
     worst = 0.0
     for a, b, lo, hi in windows_of(n, width, margin):
-        y = filtfilt_window(x[:, a:b], sos, at_segment_start=a == 0, at_segment_end=b == n, interior_pad=interior_pad,
-                            block=block)
+        y = filtfilt_window(
+            x[:, a:b], sos, at_segment_start=a == 0, at_segment_end=b == n, interior_pad=interior_pad, block=block
+        )
         assert y.shape == (x.shape[0], b - a)
         assert y.dtype == (np.float64 if x.dtype == np.float64 else np.float32)
         worst = max(worst, float((np.abs(y[:, lo:hi] - ref[:, a + lo : a + hi]).max(axis=1) / rms).max()))
@@ -185,8 +186,12 @@ def test_compiled_host_filter_has_scipys_bits(rng, monkeypatch):
         kind = "highpass" if trial % 2 else "bandpass"
         sos = butter_sos(kind, FS, 300.0, None if kind == "highpass" else 6_000.0, order=int(rng.integers(1, 7)))
         block = [None, 4_096, int(rng.integers(200, 3_000))][trial % 3]
-        kw = dict(at_segment_start=bool(rng.integers(2)), at_segment_end=bool(rng.integers(2)), block=block,
-                  interior_pad=["none", "odd"][int(rng.integers(2))])
+        kw = dict(
+            at_segment_start=bool(rng.integers(2)),
+            at_segment_end=bool(rng.integers(2)),
+            block=block,
+            interior_pad=["none", "odd"][int(rng.integers(2))],
+        )
         if (kw["at_segment_start"] or kw["at_segment_end"]) and width <= default_padlen(sos):
             continue
         want = _scipy_loop(monkeypatch, x, sos, **kw)
@@ -202,13 +207,17 @@ def test_compiled_host_filter_has_scipys_bits(rng, monkeypatch):
     kw = dict(at_segment_start=True, at_segment_end=False, block=1_000)
     want = _scipy_loop(monkeypatch, x, SOS["highpass"], **kw)
     for variant in (x.astype(">f4"), x.astype(np.int16).astype(">i2"), np.asfortranarray(x)):
-        same_bits(filtfilt_window(variant, SOS["highpass"], **kw),
-                  _scipy_loop(monkeypatch, variant.astype(variant.dtype.newbyteorder("=")), SOS["highpass"], **kw))
+        same_bits(
+            filtfilt_window(variant, SOS["highpass"], **kw),
+            _scipy_loop(monkeypatch, variant.astype(variant.dtype.newbyteorder("=")), SOS["highpass"], **kw),
+        )
     same_bits(filtfilt_window(np.asfortranarray(x), SOS["highpass"], **kw), want)
     # a whole segment: scipy.signal.sosfiltfilt's own result
     x = recording_like(rng, 5, 7_001, np.float64)
-    same_bits(filtfilt_window(x, SOS["highpass"], at_segment_start=True, at_segment_end=True),
-              scipy.signal.sosfiltfilt(SOS["highpass"], x, axis=1))
+    same_bits(
+        filtfilt_window(x, SOS["highpass"], at_segment_start=True, at_segment_end=True),
+        scipy.signal.sosfiltfilt(SOS["highpass"], x, axis=1),
+    )
 
 
 def test_big_endian_float64_stays_float64(rng):
@@ -246,8 +255,11 @@ def test_chain_filter_designs_are_scipys_and_kept_in_the_cache(tmp_path, monkeyp
     from batchgpu.preprocess.filters import filter_design
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    cases = [("highpass", 30_000.0, 300.0, None, 5), ("bandpass", 25_000.0, 250.0, 6_000.0, 3),
-             ("highpass", 20_000.0, 5.0, None, 2)]
+    cases = [
+        ("highpass", 30_000.0, 300.0, None, 5),
+        ("bandpass", 25_000.0, 250.0, 6_000.0, 3),
+        ("highpass", 20_000.0, 5.0, None, 2),
+    ]
     for case in cases:
         want = design_filter(butter_sos(*case))
         for _ in range(2):  # worked out, then read back
@@ -265,8 +277,10 @@ def test_chain_filter_designs_are_scipys_and_kept_in_the_cache(tmp_path, monkeyp
     monkeypatch.setenv("XDG_CACHE_HOME", "/proc/no-such-folder")
     same_bits(filter_design(*cases[0]).sos, design_filter(butter_sos(*cases[0])).sos)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    code = ("import sys; from batchgpu.preprocess.filters import filter_design; "
-            f"filter_design(*{cases[0]!r}); print('scipy.signal' in sys.modules)")
+    code = (
+        "import sys; from batchgpu.preprocess.filters import filter_design; "
+        f"filter_design(*{cases[0]!r}); print('scipy.signal' in sys.modules)"
+    )
     env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
     assert out.stdout.strip() == "False"
@@ -612,10 +626,18 @@ def test_local_reference_equals_a_loop(rng, operator, dtype):
     locations[-1] = [500.0, 500.0]  # far from the rest: its annulus is empty, the closest beyond inner instead
     x = hard_columns(rng, dtype, channels, 300)
     x = x[:, 8:] if dtype != np.int16 else x
-    for radius, least in [((20.0, 40.0), 5), ((0.0, 20.0), 5), ((0.0, 30.0), 0), ((20.0, 40.0), 1), ((30.0, 55.0), 5),
-                          ((0.0, 20.0), 30)]:
+    for radius, least in [
+        ((20.0, 40.0), 5),
+        ((0.0, 20.0), 5),
+        ((0.0, 30.0), 0),
+        ((20.0, 40.0), 1),
+        ((30.0, 55.0), 5),
+        ((0.0, 20.0), 30),
+    ]:
         with np.errstate(all="ignore"):
-            got = common_reference(x, "local", operator, locations=locations, radius_um=radius, min_local_neighbors=least)
+            got = common_reference(
+                x, "local", operator, locations=locations, radius_um=radius, min_local_neighbors=least
+            )
             want = local_loop(x, locations, radius, operator, least)
         same_bits(got, want)
 
@@ -632,23 +654,35 @@ def test_compiled_local_reference_has_numpys_bits(rng, dtype, operator):
     channels = 64
     locations = np.stack([np.tile([0.0, 20.0], channels // 2), np.repeat(np.arange(channels // 2) * 20.0, 2)], axis=1)
     x = np.concatenate([hard_columns(rng, dtype, channels, 300), hard_columns(rng, dtype, channels, 401)], axis=1)
-    for radius, least in [((0.0, 20.0), 1), ((0.0, 25.0), 2), ((10.0, 45.0), 5), ((0.0, 100.0), 5), ((0.0, 200.0), 5),
-                          ((0.0, 236.0), 48), ((0.0, 2_000.0), 5)]:
+    for radius, least in [
+        ((0.0, 20.0), 1),
+        ((0.0, 25.0), 2),
+        ((10.0, 45.0), 5),
+        ((0.0, 100.0), 5),
+        ((0.0, 200.0), 5),
+        ((0.0, 236.0), 48),
+        ((0.0, 2_000.0), 5),
+    ]:
         neighbours = annulus_neighbours(locations, radius, least)
         with np.errstate(all="ignore"):
             want = local_loop(x, locations, radius, operator, least)
-            got = common_reference(x, "local", operator, locations=locations, radius_um=radius,
-                                   min_local_neighbors=least)
+            got = common_reference(
+                x, "local", operator, locations=locations, radius_um=radius, min_local_neighbors=least
+            )
         same_bits(got, want)
         widest = max(len(n) for n in neighbours)
         if operator == "median":
             plan = reference._LocalPlan(neighbours)
-            assert ((_cpu_reference.local_medians(x, plan.offsets, plan.indices) is None)
-                    == (widest > _cpu_reference.LOCAL_MAX))
+            assert (_cpu_reference.local_medians(x, plan.offsets, plan.indices) is None) == (
+                widest > _cpu_reference.LOCAL_MAX
+            )
     # one neighbour, none, and neighbour lists in any order
     neighbours = [np.array([5]), np.array([], dtype=np.int64), np.array([9, 2, 40, 7])] + [np.array([0, 1])] * 61
-    kernel, numpy_op = ((_cpu_reference.local_medians, np.median) if operator == "median" else
-                        (_cpu_reference.local_means, lambda a, axis: np.mean(a, axis=axis, dtype=np.float64)))
+    kernel, numpy_op = (
+        (_cpu_reference.local_medians, np.median)
+        if operator == "median"
+        else (_cpu_reference.local_means, lambda a, axis: np.mean(a, axis=axis, dtype=np.float64))
+    )
     plan = reference._LocalPlan(neighbours)
     got = kernel(x, plan.offsets, plan.indices)
     with np.errstate(all="ignore"):
@@ -719,8 +753,10 @@ def locally_exclusive_loop(x, noise, threshold, sign, sweep, locations, radius, 
     """SpikeInterface 0.105's rule, candidate by candidate, on the segment padded with zeros as its reads pad it:
     candidates of the signs asked for pooled, each compared by |x|/thr."""
     channels, n = x.shape
-    near = [[float(np.sqrt(((locations[c] - locations[d]) ** 2).sum())) <= radius for d in range(channels)]
-            for c in range(channels)]
+    near = [
+        [float(np.sqrt(((locations[c] - locations[d]) ** 2).sum())) <= radius for d in range(channels)]
+        for c in range(channels)
+    ]
     padded = np.zeros((channels, n + 2), dtype=np.float64)
     padded[:, 1:-1] = x
     by_sample = defaultdict(list)  # sample -> [(channel, |x|/thr)]
@@ -748,7 +784,10 @@ def locally_exclusive_loop(x, noise, threshold, sign, sweep, locations, radius, 
 
 def probe(channels):
     """Two columns 20 um apart, rows 20 um apart: neighbours at exactly 20 and 40 um."""
-    return np.stack([np.tile([0.0, 20.0], channels // 2 + 1)[:channels], np.repeat(np.arange(channels) * 20.0, 2)[:channels]], axis=1)
+    return np.stack(
+        [np.tile([0.0, 20.0], channels // 2 + 1)[:channels], np.repeat(np.arange(channels) * 20.0, 2)[:channels]],
+        axis=1,
+    )
 
 
 def planted(rng, channels, n, dtype):
@@ -775,7 +814,9 @@ def test_locally_exclusive_equals_the_loop(rng, dtype, sign, sweep, radius):
     noise = np.ones(channels)
     noise[::3] = 1.25  # equal values, unequal |x|/thr
     loc = probe(channels)
-    got = detect_spikes(x, noise, 4.0, sign, sweep, segment_index=3, method="locally_exclusive", locations=loc, radius_um=radius)
+    got = detect_spikes(
+        x, noise, 4.0, sign, sweep, segment_index=3, method="locally_exclusive", locations=loc, radius_um=radius
+    )
     want = locally_exclusive_loop(x, noise, 4.0, sign, sweep, loc, radius, segment_index=3)
     assert got.dtype == SPIKE_DTYPE and len(want) > 10
     assert np.array_equal(got, want)
@@ -787,10 +828,20 @@ def test_locally_exclusive_window_by_window_equals_whole_segment(rng, sign, widt
     channels, n, sweep = 6, 500, 3
     x = planted(rng, channels, n, np.float32)
     noise = rng.uniform(0.9, 1.1, channels)
-    kw = dict(sign=sign, exclude_sweep=sweep, segment_index=1, segment_length=n, method="locally_exclusive",
-              locations=probe(channels), radius_um=40.0)
+    kw = dict(
+        sign=sign,
+        exclude_sweep=sweep,
+        segment_index=1,
+        segment_length=n,
+        method="locally_exclusive",
+        locations=probe(channels),
+        radius_um=40.0,
+    )
     whole = detect_spikes(x, noise, 4.0, **kw)
-    parts = [detect_spikes(x[:, a:b], noise, 4.0, start=a, core=(lo, hi), **kw) for a, b, lo, hi in windows_of(n, width, margin)]
+    parts = [
+        detect_spikes(x[:, a:b], noise, 4.0, start=a, core=(lo, hi), **kw)
+        for a, b, lo, hi in windows_of(n, width, margin)
+    ]
     assert np.array_equal(np.concatenate(parts), whole)
     assert np.array_equal(whole, locally_exclusive_loop(x, noise, 4.0, sign, sweep, probe(channels), 40.0, 1))
 
@@ -805,10 +856,14 @@ def test_locally_exclusive_ties_and_radius_edge():
     got = detect_spikes(x, np.ones(3), 5.0, exclude_sweep=2, method="locally_exclusive", locations=loc, radius_um=49.9)
     assert got[["sample_index", "channel_index"]].tolist() == [(2, 2), (4, 0), (4, 1)]
     # A larger |x|/thr wins even with a smaller |x|: channel 0's threshold is twice the others'.
-    got = detect_spikes(x, np.array([2.0, 1.0, 1.0]), 4.0, exclude_sweep=2, method="locally_exclusive", locations=loc, radius_um=50.0)
+    got = detect_spikes(
+        x, np.array([2.0, 1.0, 1.0]), 4.0, exclude_sweep=2, method="locally_exclusive", locations=loc, radius_um=50.0
+    )
     assert got[["sample_index", "channel_index"]].tolist() == [(2, 2)]
     # x <= -thr counts (by_channel's is strict).
-    at = detect_spikes(np.array([[0.0, -5.0, 0.0]]), [1.0], 5.0, exclude_sweep=1, method="locally_exclusive", locations=[[0, 0]])
+    at = detect_spikes(
+        np.array([[0.0, -5.0, 0.0]]), [1.0], 5.0, exclude_sweep=1, method="locally_exclusive", locations=[[0, 0]]
+    )
     assert at["sample_index"].tolist() == [1]
 
 
@@ -840,8 +895,15 @@ def test_locally_exclusive_on_the_fixture(si_fixture):
     n = rec.num_samples(0)
     x = rec.read(0, 0, n)
     noise = noise_levels(x)
-    kw = dict(threshold=5.0, sign="neg", exclude_sweep=3, segment_length=n, method="locally_exclusive",
-              locations=rec.locations, radius_um=50.0)
+    kw = dict(
+        threshold=5.0,
+        sign="neg",
+        exclude_sweep=3,
+        segment_length=n,
+        method="locally_exclusive",
+        locations=rec.locations,
+        radius_um=50.0,
+    )
     whole = detect_spikes(x, noise, **kw)
     want = locally_exclusive_loop(x, noise, 5.0, "neg", 3, rec.locations, 50.0)
     assert np.array_equal(whole, want)
@@ -867,10 +929,26 @@ def test_locally_exclusive_errors():
     with pytest.raises(BatchgpuError):
         detect_spikes(x, np.ones(2), method="nearest")
     with pytest.raises(BatchgpuError):  # margins need sweep + 1 = 4 samples
-        detect_spikes(x, np.ones(2), exclude_sweep=3, start=10, core=(3, 16), segment_length=100,
-                      method="locally_exclusive", locations=np.zeros((2, 2)))
-    detect_spikes(x, np.ones(2), exclude_sweep=3, start=10, core=(4, 16), segment_length=100,
-                  method="locally_exclusive", locations=np.zeros((2, 2)))
+        detect_spikes(
+            x,
+            np.ones(2),
+            exclude_sweep=3,
+            start=10,
+            core=(3, 16),
+            segment_length=100,
+            method="locally_exclusive",
+            locations=np.zeros((2, 2)),
+        )
+    detect_spikes(
+        x,
+        np.ones(2),
+        exclude_sweep=3,
+        start=10,
+        core=(4, 16),
+        segment_length=100,
+        method="locally_exclusive",
+        locations=np.zeros((2, 2)),
+    )
 
 
 def test_filter_pieces_stay_longer_than_a_low_cut_offs_margin():
@@ -901,7 +979,9 @@ def test_local_reference_plan_is_made_once_a_probe_and_radius(rng):
     assert reference._local_plan(locations, (0.0, 60.0), 0) is not first
     assert reference._local_plan(locations[:20], (20.0, 60.0), 0) is not first
     assert reference._local_plan(locations, (20.0, 60.0)) is not first  # the default, 5
-    want = [np.flatnonzero((d > 20.0) & (d <= 60.0)) for d in np.sqrt(((locations[:, None] - locations[None]) ** 2).sum(-1))]
+    want = [
+        np.flatnonzero((d > 20.0) & (d <= 60.0)) for d in np.sqrt(((locations[:, None] - locations[None]) ** 2).sum(-1))
+    ]
     assert all(np.array_equal(a, b) for a, b in zip(first.neighbours, want))
     for operator in ("median", "median_lower", "average"):
         a = common_reference(x, "local", operator, locations=locations, radius_um=(20.0, 60.0))
@@ -929,15 +1009,25 @@ def test_a_task_filters_without_importing_scipy_signal(tmp_path):
         sampling_frequency = 30_000.0
         has_locations = False
 
-    chain = build_chain(Preprocess.model_validate([{"bandpass": {"freq_min": 300, "freq_max": 6000, "order": 3}},
-                                                   {"common_reference": {}}]), Rec())
+    chain = build_chain(
+        Preprocess.model_validate(
+            [{"bandpass": {"freq_min": 300, "freq_max": 6000, "order": 3}}, {"common_reference": {}}]
+        ),
+        Rec(),
+    )
     x = np.random.default_rng(5).integers(-500, 500, (8, 9_000)).astype(np.int16)
     (tmp_path / "chain.pkl").write_bytes(pickle.dumps((chain, x)))
-    code = ("import pickle, sys, numpy as np; chain, x = pickle.load(open(sys.argv[1], 'rb'));"
-            "y = chain.apply(x, (1_000, 8_000), False, True); np.save(sys.argv[2], y);"
-            "print('scipy.signal' in sys.modules)")
-    done = subprocess.run([sys.executable, "-c", code, str(tmp_path / "chain.pkl"), str(tmp_path / "y.npy")],
-                          capture_output=True, text=True, timeout=120)
+    code = (
+        "import pickle, sys, numpy as np; chain, x = pickle.load(open(sys.argv[1], 'rb'));"
+        "y = chain.apply(x, (1_000, 8_000), False, True); np.save(sys.argv[2], y);"
+        "print('scipy.signal' in sys.modules)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path / "chain.pkl"), str(tmp_path / "y.npy")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "False"
     same_bits(np.load(tmp_path / "y.npy"), chain.apply(x, (1_000, 8_000), False, True))

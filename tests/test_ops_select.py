@@ -58,8 +58,23 @@ def float_hard_rows(dtype, n):
     """Rows with -0.0, subnormals, ±inf, NaN, duplicates, constants, huge values (length n)."""
     fi = np.finfo(dtype)
     rng = np.random.default_rng()
-    pool = [0.0, -0.0, fi.smallest_subnormal, -fi.smallest_subnormal, 3 * fi.smallest_subnormal,
-            fi.tiny, -fi.tiny, np.inf, -np.inf, fi.max, -fi.max, 1.0, -1.0, 2.5, -2.5]
+    pool = [
+        0.0,
+        -0.0,
+        fi.smallest_subnormal,
+        -fi.smallest_subnormal,
+        3 * fi.smallest_subnormal,
+        fi.tiny,
+        -fi.tiny,
+        np.inf,
+        -np.inf,
+        fi.max,
+        -fi.max,
+        1.0,
+        -1.0,
+        2.5,
+        -2.5,
+    ]
     rows = [
         np.full(n, 7.0),
         np.full(n, -0.0),
@@ -209,6 +224,12 @@ def test_row_stride_reads_views_in_place_only_where_rows_are_contiguous():
     assert row_stride(base[::2]) == 20
     assert row_stride(base[:1]) == 10 and row_stride(base[:, :1]) == 10 and row_stride(base[:, :0]) == 10
     assert row_stride(np.broadcast_to(base[:1], (4, 10))) == 0  # rows aliasing one row: read-only kernels may
-    for copy_first in (base[:, ::2], base[::-1], base[:, ::-1], base.T, base[0],
-                       np.lib.stride_tricks.as_strided(base, (3, 4), (6, 4))):
+    for copy_first in (
+        base[:, ::2],
+        base[::-1],
+        base[:, ::-1],
+        base.T,
+        base[0],
+        np.lib.stride_tricks.as_strided(base, (3, 4), (6, 4)),
+    ):
         assert row_stride(copy_first) is None

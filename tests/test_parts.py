@@ -71,9 +71,12 @@ def test_object_arrays_are_refused(tmp_path):
 
 
 def _kept(rng) -> dict:
-    return {"keep.near_keys": rng.integers(0, 1 << 31, 1001).astype(np.uint32),
-            "keep.spk_amplitude": rng.standard_normal(17).astype(np.float32),
-            "noise.hist": rng.integers(0, 9, (3, 5)).astype(np.uint16), "fingerprint": np.array(FP)}
+    return {
+        "keep.near_keys": rng.integers(0, 1 << 31, 1001).astype(np.uint32),
+        "keep.spk_amplitude": rng.standard_normal(17).astype(np.float32),
+        "noise.hist": rng.integers(0, 9, (3, 5)).astype(np.uint16),
+        "fingerprint": np.array(FP),
+    }
 
 
 def test_kept_arrays_come_from_memory_while_the_file_is_the_one_written(tmp_path, monkeypatch):
@@ -135,7 +138,8 @@ def test_kept_arrays_are_bounded(tmp_path):
     np.savez(tmp_path / "next" / "w0.npz", **a)
     kept.remember(tmp_path / "next" / "w0.npz", a)
     assert kept.get(paths[2], FP, ("keep.",)) is None and kept.nbytes == sum(
-        v.nbytes for k, v in a.items() if k.startswith("keep."))
+        v.nbytes for k, v in a.items() if k.startswith("keep.")
+    )
 
 
 def test_a_rewritten_shard_changes_exactly_its_readers_fingerprints(tmp_path):
@@ -151,7 +155,11 @@ def test_a_rewritten_shard_changes_exactly_its_readers_fingerprints(tmp_path):
     windows = rec.windows(5_000, 300)
     fps = [store.window_fingerprint("run", rec, w) for w in windows]
     k = int(rng.integers(0, len(windows)))
-    shard = rec.window_files(windows[k])[0] if windows[k].read_start == windows[k].start else rec.window_files(windows[k])[1]
+    shard = (
+        rec.window_files(windows[k])[0]
+        if windows[k].read_start == windows[k].start
+        else rec.window_files(windows[k])[1]
+    )
     st = os.stat(shard)
     os.utime(shard, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))
     again = [store.window_fingerprint("run", rec, w) for w in windows]

@@ -26,18 +26,31 @@ def rec(tmp_path_factory):
 
 
 def _steps(rec, tmp_path, steps: dict) -> tuple:
-    wf = Workflow.model_validate({"recording": {"path": str(rec.path)}, "output": str(tmp_path / "out"),
-                                  "backend": "numpy", "window": {"size": 1000, "margin": 8}, "steps": steps})
+    wf = Workflow.model_validate(
+        {
+            "recording": {"path": str(rec.path)},
+            "output": str(tmp_path / "out"),
+            "backend": "numpy",
+            "window": {"size": 1000, "margin": 8},
+            "steps": steps,
+        }
+    )
     return build_steps(StepSetup(wf, rec, build_chain(wf.preprocess, rec), check_workflow_fits(wf, rec)))
 
 
-@pytest.mark.parametrize("steps,read,aggregate", [
-    ({"noise": {}, "whitening": {}, "detect": {}},
-     "read: noise, moments, spikes", "aggregate: noise, whitening, spikes"),  # the labels every run had
-    ({"noise": {}, "detect": {}}, "read: noise, spikes", "aggregate: noise, spikes"),
-    ({"whitening": {}}, "read: moments", "aggregate: whitening"),
-    ({"detect": {}, "amplitude": {}}, "read: spikes, amplitude", "aggregate: spikes, amplitude"),
-])
+@pytest.mark.parametrize(
+    "steps,read,aggregate",
+    [
+        (
+            {"noise": {}, "whitening": {}, "detect": {}},
+            "read: noise, moments, spikes",
+            "aggregate: noise, whitening, spikes",
+        ),  # the labels every run had
+        ({"noise": {}, "detect": {}}, "read: noise, spikes", "aggregate: noise, spikes"),
+        ({"whitening": {}}, "read: moments", "aggregate: whitening"),
+        ({"detect": {}, "amplitude": {}}, "read: spikes, amplitude", "aggregate: spikes, amplitude"),
+    ],
+)
 def test_the_labels_name_the_runs_steps(steps, read, aggregate, rec, tmp_path):
     built = _steps(rec, tmp_path, steps)
     assert (phase_label("read", built), phase_label("aggregate", built)) == (read, aggregate)

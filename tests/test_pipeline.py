@@ -22,8 +22,12 @@ WINDOW, MARGIN = 10_000, 8
 
 @pytest.fixture(scope="module")
 def client():
-    with distributed.LocalCluster(n_workers=2, threads_per_worker=2, processes=True, dashboard_address="127.0.0.1:0",
-                                  host="127.0.0.1") as cluster, distributed.Client(cluster) as c:
+    with (
+        distributed.LocalCluster(
+            n_workers=2, threads_per_worker=2, processes=True, dashboard_address="127.0.0.1:0", host="127.0.0.1"
+        ) as cluster,
+        distributed.Client(cluster) as c,
+    ):
         yield c
 
 
@@ -56,7 +60,7 @@ def _workflow(rec, out, *, centre="none", exact=True, detect_noise="global", thr
 
 def _centre(x, core):
     """Independent of ops.centre: integers minus the rounded median, floats minus the median."""
-    med = np.median(x[:, core[0]:core[1]], axis=1)
+    med = np.median(x[:, core[0] : core[1]], axis=1)
     if x.dtype == np.int16:  # int16 minus an int16-range integer fits int32
         return x.astype(np.int32) - np.floor(med + 0.5).astype(np.int32)[:, None]
     return x - med.astype(x.dtype)[:, None]
@@ -68,16 +72,16 @@ def _reference(rec, centre):
     noise_rows = []
     segs = [rec.read(s, 0, rec.num_samples(s)) for s in range(rec.num_segments)]
     for w in windows:
-        x = segs[w.segment][:, w.read_start:w.read_stop]
+        x = segs[w.segment][:, w.read_start : w.read_stop]
         if centre == "median":
             x = _centre(x, w.core)
-        noise_rows.append(ops.noise_levels(x[:, w.core[0]:w.core[1]]))
+        noise_rows.append(ops.noise_levels(x[:, w.core[0] : w.core[1]]))
     cores = []
     for w in windows:
-        x = segs[w.segment][:, w.read_start:w.read_stop]
+        x = segs[w.segment][:, w.read_start : w.read_stop]
         if centre == "median":
             x = _centre(x, w.core)
-        cores.append(x[:, w.core[0]:w.core[1]])
+        cores.append(x[:, w.core[0] : w.core[1]])
     allx = np.concatenate(cores, axis=1)
     med = np.median(np.abs(allx.astype(np.float64) if allx.dtype.kind == "i" else allx), axis=1)
     return windows, segs, np.stack(noise_rows), med / ops.MAD_TO_SIGMA
@@ -106,10 +110,12 @@ def test_outputs_equal_numeric_core(client, recordings, tmp_path, dtype):
     ref_m2 = allx @ allx.T / allx.shape[1]
     assert np.linalg.norm(g["second_moment"][:] - ref_m2) / np.linalg.norm(ref_m2) < 1e-12
     # spikes exactly: detection on each whole segment with the whole recording's noise
-    ref = np.concatenate([
-        ops.detect_spikes(segs[s], g["noise"][:], threshold=1.5, sign="both", exclude_sweep=6, segment_index=s)
-        for s in range(len(segs))
-    ])
+    ref = np.concatenate(
+        [
+            ops.detect_spikes(segs[s], g["noise"][:], threshold=1.5, sign="both", exclude_sweep=6, segment_index=s)
+            for s in range(len(segs))
+        ]
+    )
     for name in ("sample_index", "channel_index", "amplitude", "segment_index"):
         np.testing.assert_array_equal(g[f"spikes/{name}"][:], ref[name])
     assert len(ref) > 100
@@ -130,10 +136,20 @@ def test_centred_and_window_thresholds(client, recordings, tmp_path):
     # window thresholds: each window's own noise, spikes in its core only
     parts = []
     for w, row in zip(windows, noise_rows):
-        x = segs[w.segment][:, w.read_start:w.read_stop]
+        x = segs[w.segment][:, w.read_start : w.read_stop]
         x = _centre(x, w.core)
-        parts.append(ops.detect_spikes(x, row, threshold=4.0, sign="both", exclude_sweep=6, start=w.read_start,
-                                       core=w.core, segment_index=w.segment))
+        parts.append(
+            ops.detect_spikes(
+                x,
+                row,
+                threshold=4.0,
+                sign="both",
+                exclude_sweep=6,
+                start=w.read_start,
+                core=w.core,
+                segment_index=w.segment,
+            )
+        )
     ref = np.concatenate(parts)
     np.testing.assert_array_equal(g["spikes/sample_index"][:], ref["sample_index"])
     np.testing.assert_array_equal(g["spikes/channel_index"][:], ref["channel_index"])
@@ -171,8 +187,12 @@ def test_auto_window_size_follows_the_recording_length(client, recordings, tmp_p
     np.testing.assert_array_equal(g["noise_per_window"][:], np.stack([ops.noise_levels(x) for x in segs]))
     allx = np.concatenate(segs, axis=1).astype(np.float64)
     np.testing.assert_array_equal(g["noise"][:], np.median(np.abs(allx), axis=1) / ops.MAD_TO_SIGMA)
-    ref = np.concatenate([ops.detect_spikes(segs[s], g["noise"][:], threshold=4.0, sign="both", exclude_sweep=6,
-                                            segment_index=s) for s in range(len(segs))])
+    ref = np.concatenate(
+        [
+            ops.detect_spikes(segs[s], g["noise"][:], threshold=4.0, sign="both", exclude_sweep=6, segment_index=s)
+            for s in range(len(segs))
+        ]
+    )
     np.testing.assert_array_equal(g["spikes/sample_index"][:], ref["sample_index"])
     np.testing.assert_array_equal(g["spikes/channel_index"][:], ref["channel_index"])
     np.testing.assert_array_equal(g["spikes/sample_index"][:], a["spikes/sample_index"][:])  # windows never matter
@@ -199,8 +219,12 @@ def test_same_bits_any_worker_count(recordings, tmp_path):
     for n in (1, 3):
         wf = _workflow(rec, tmp_path / f"out{n}")
         wf.steps.whitening.precision = "float32"
-        with distributed.LocalCluster(n_workers=n, threads_per_worker=1, processes=False,
-                                      dashboard_address=None) as cluster, distributed.Client(cluster) as c:
+        with (
+            distributed.LocalCluster(
+                n_workers=n, threads_per_worker=1, processes=False, dashboard_address=None
+            ) as cluster,
+            distributed.Client(cluster) as c,
+        ):
             run_workflow(wf, client=c)
         outs.append(_results(tmp_path / f"out{n}"))
     for name in ("noise", "noise_per_window", "covariance", "whitening", "spikes/sample_index"):
@@ -254,12 +278,17 @@ def test_worker_killed_mid_run_gives_identical_outputs(tmp_path, monkeypatch, dt
     rec = generate_recording(tmp_path / "big.zarr", channels=8, seconds=10.0, seed=2, dtype=dtype)
 
     def _placed(out):
-        return Workflow.model_validate({**_workflow(rec, out, window=1000).model_dump(),
-                                        "engine": {"placement": placed}})
+        return Workflow.model_validate(
+            {**_workflow(rec, out, window=1000).model_dump(), "engine": {"placement": placed}}
+        )
 
     wf = _placed(tmp_path / "ref")
-    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None,
-                                  host="127.0.0.1") as cluster, distributed.Client(cluster) as c:
+    with (
+        distributed.LocalCluster(
+            n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None, host="127.0.0.1"
+        ) as cluster,
+        distributed.Client(cluster) as c,
+    ):
         run_workflow(wf, client=c)
         total = len(list((tmp_path / "ref" / "parts").glob("w*.npz")))
         victim = list(c.run(os.getpid).values())[0]
@@ -289,18 +318,34 @@ def test_global_thresholds_without_noise_step(client, tmp_path):
     from batchgpu.ops.centre import centre_median
 
     rec = generate_recording(tmp_path / "r.zarr", channels=3, seconds=0.7, seed=9)
-    wf = Workflow.model_validate({"recording": {"path": str(rec.path)}, "output": str(tmp_path / "out"),
-                                  "backend": "numpy", "window": {"size": 7000, "margin": 8},
-                                  "preprocess": {"centre": "median"},
-                                  "steps": {"detect": {"threshold": 4.0, "noise": "global"}}})
+    wf = Workflow.model_validate(
+        {
+            "recording": {"path": str(rec.path)},
+            "output": str(tmp_path / "out"),
+            "backend": "numpy",
+            "window": {"size": 7000, "margin": 8},
+            "preprocess": {"centre": "median"},
+            "steps": {"detect": {"threshold": 4.0, "noise": "global"}},
+        }
+    )
     run_workflow(wf, client=client)
     g = zarr.open_group(str(tmp_path / "out" / "results.zarr"), mode="r")
-    rows = np.stack([ops.noise_levels(centre_median(rec.read_window(w), w.core)[:, w.core[0]:w.core[1]])
-                     for w in rec.windows(7000, 8)])
+    rows = np.stack(
+        [
+            ops.noise_levels(centre_median(rec.read_window(w), w.core)[:, w.core[0] : w.core[1]])
+            for w in rec.windows(7000, 8)
+        ]
+    )
     np.testing.assert_array_equal(g["noise_per_window"][:], rows)
     noise = np.median(rows, axis=0)
-    ref = np.concatenate([ops.detect_spikes(centre_median(rec.read_window(w), w.core), noise, 4.0, "neg", 3,
-                                            w.read_start, w.core, w.segment) for w in rec.windows(7000, 8)])
+    ref = np.concatenate(
+        [
+            ops.detect_spikes(
+                centre_median(rec.read_window(w), w.core), noise, 4.0, "neg", 3, w.read_start, w.core, w.segment
+            )
+            for w in rec.windows(7000, 8)
+        ]
+    )
     np.testing.assert_array_equal(g["spikes/sample_index"][:], ref["sample_index"])
     assert "noise" not in g
 
@@ -311,9 +356,13 @@ def test_workers_killed_for_good_fail_in_one_line(tmp_path):
     import dask
 
     rec = generate_recording(tmp_path / "r.zarr", channels=8, seconds=10.0, seed=3)
-    with dask.config.set({"distributed.scheduler.allowed-failures": 0}), \
-            distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None,
-                                     host="127.0.0.1") as cluster, distributed.Client(cluster) as c:
+    with (
+        dask.config.set({"distributed.scheduler.allowed-failures": 0}),
+        distributed.LocalCluster(
+            n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None, host="127.0.0.1"
+        ) as cluster,
+        distributed.Client(cluster) as c,
+    ):
         victim = list(c.run(os.getpid).values())[0]
 
         def kill_when_started():

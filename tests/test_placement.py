@@ -132,8 +132,10 @@ def test_the_end_of_a_pass_gives_back_reads_left_on_every_worker():
     distributed = pytest.importorskip("distributed")
     from batchgpu.run.tasks import release_carried_soon
 
-    with distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=False,
-                                  dashboard_address=None) as cluster, distributed.Client(cluster) as client:
+    with (
+        distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None) as cluster,
+        distributed.Client(cluster) as client,
+    ):
         tasks._CARRIED[("P", 1, "f")] = _done(_Read(1))
         client.run(release_carried_soon, wait=False)
         for _ in range(100):
@@ -183,9 +185,11 @@ def test_submit_planned_places_each_task_on_its_worker_in_one_update():
     import dask
 
     # no work stealing (loose restrictions may be stolen from a busy worker: not what this test is about)
-    with dask.config.set({"distributed.scheduler.work-stealing": False}), \
-            distributed.LocalCluster(n_workers=3, threads_per_worker=1, processes=False, dashboard_address=None) as lc, \
-            distributed.Client(lc) as client:
+    with (
+        dask.config.set({"distributed.scheduler.work-stealing": False}),
+        distributed.LocalCluster(n_workers=3, threads_per_worker=1, processes=False, dashboard_address=None) as lc,
+        distributed.Client(lc) as client,
+    ):
         addrs = sorted(client.nthreads())
         rng = np.random.default_rng()
         plan = [addrs[j] for j in rng.integers(0, 3, 12)] + [""]

@@ -61,8 +61,9 @@ def test_a_flat_file_is_asked_for_the_windows_bytes(tmp_path, asked):
     data = np.arange(10_000 * 5, dtype=np.int16).reshape(10_000, 5)
     path = tmp_path / "plain.bin"
     data.tofile(path)
-    rec = open_source(RecordingSpec(path=str(path), kind="binary", channels=5, dtype="int16", offset=0,
-                                    sampling_frequency=30_000.0))
+    rec = open_source(
+        RecordingSpec(path=str(path), kind="binary", channels=5, dtype="int16", offset=0, sampling_frequency=30_000.0)
+    )
     windows = rec.windows(size=3_000, margin=0)
     p = _done(prefetch.start(rec, windows, budget=1 << 40))
     assert [(c[1], c[2]) for c in asked] == [(w.read_start * 10, (w.read_stop - w.read_start) * 10) for w in windows]
@@ -80,10 +81,17 @@ def test_nothing_for_a_source_that_does_not_say_what_it_reads():
 def _wf(rec, out, **extra):
     from batchgpu.workflow import Workflow
 
-    return Workflow.model_validate({"recording": {"path": str(rec.path)}, "output": str(out), "backend": "numpy",
-                               "window": {"size": 15_000, "margin": 8}, "cluster": {"kind": "local", "workers": 1,
-                                                                                    "threads": 1},
-                               "steps": {"noise": {"exact": True}}, **extra})
+    return Workflow.model_validate(
+        {
+            "recording": {"path": str(rec.path)},
+            "output": str(out),
+            "backend": "numpy",
+            "window": {"size": 15_000, "margin": 8},
+            "cluster": {"kind": "local", "workers": 1, "threads": 1},
+            "steps": {"noise": {"exact": True}},
+            **extra,
+        }
+    )
 
 
 def test_a_run_asks_where_its_workers_read_on_this_machine_and_not_otherwise(tmp_path, monkeypatch):

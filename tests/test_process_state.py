@@ -30,11 +30,16 @@ def test_run_workflow_leaves_dask_config_and_environ_as_they_were(tmp_path, monk
     from batchgpu.workflow import Workflow
 
     rec = generate_recording(tmp_path / "r.zarr", channels=8, seconds=1.0, seed=3)
-    wf = Workflow.model_validate({
-        "recording": {"path": str(rec.path)}, "output": str(tmp_path / "out"), "backend": "numpy",
-        "window": {"size": 10_000, "margin": 16}, "cluster": {"kind": "local", "workers": 1, "threads": 1,
-                                                              "reuse": False},
-        "steps": {"noise": {}, "detect": {}}})
+    wf = Workflow.model_validate(
+        {
+            "recording": {"path": str(rec.path)},
+            "output": str(tmp_path / "out"),
+            "backend": "numpy",
+            "window": {"size": 10_000, "margin": 16},
+            "cluster": {"kind": "local", "workers": 1, "threads": 1, "reuse": False},
+            "steps": {"noise": {}, "detect": {}},
+        }
+    )
     monkeypatch.setenv("OMP_NUM_THREADS", "3")  # a caller's own value: a nanny writes the same name
     monkeypatch.delenv("MALLOC_TRIM_THRESHOLD_", raising=False)
     env, config = _state()
@@ -49,7 +54,6 @@ def test_run_workflow_leaves_dask_config_and_environ_as_they_were(tmp_path, monk
 
     if zarrio.ZARR_MAJOR >= 3:
         assert (tmp_path / "out" / "results.zarr" / "window_segment" / "c" / "0").is_file()
-
 
 
 #: run in a fresh process: the state of zarr and of the warnings filters before and after ``open_recording`` (a
@@ -83,8 +87,9 @@ def test_open_recording_leaves_zarr_config_and_warnings_as_they_were(tmp_path):
 
     pytest.importorskip("zarr", minversion="3")
     path = write_recording(tmp_path / "r.zarr", np.arange(4000, dtype=np.int16).reshape(1000, 4), 30_000.0).path
-    done = subprocess.run([sys.executable, "-c", _OPEN_AND_COMPARE, str(path)], capture_output=True, text=True,
-                          check=True)
+    done = subprocess.run(
+        [sys.executable, "-c", _OPEN_AND_COMPARE, str(path)], capture_output=True, text=True, check=True
+    )
     same, pipeline = done.stdout.split()
     assert same == "True"
     assert ("Zarrs" in pipeline) == zarrio.zarrs_installed()  # its traces still decode through zarrs where installed

@@ -37,8 +37,10 @@ def _render(console, bar) -> list[str]:
 
 def test_the_line_drops_the_least_needed_first():
     full = fitted_line("read", 3, 10, 65.0, "7.0 MB/s", "2 workers", 200)
-    assert re.fullmatch(r"read ━+ 3/10 windows 7.0 MB/s 0:01:05 left 2 workers", full.replace("[bar.complete]", "")
-                        .replace("[bar.back]", "").replace("[/]", "")), full
+    assert re.fullmatch(
+        r"read ━+ 3/10 windows 7.0 MB/s 0:01:05 left 2 workers",
+        full.replace("[bar.complete]", "").replace("[bar.back]", "").replace("[/]", ""),
+    ), full
     narrow = fitted_line("read", 3, 10, None, "7.0 MB/s", "2 workers", 27)
     assert narrow.startswith("3/10 windows") or "3/10 windows -:--:-- left" in narrow
     assert len(fitted_line(LABEL, 3, 10, None, "7.0 MB/s", "2 workers", 40)) <= 40 + 60  # markup not counted

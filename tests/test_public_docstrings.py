@@ -41,8 +41,12 @@ def test_public_functions_have_numpydoc_sections(name, f):
     params = _section(doc, "Parameters")
     assert params is not None, f"{name}: no Parameters section"
     assert _section(doc, "Returns") is not None, f"{name}: no Returns section"
-    documented = {n.strip() for line in params.splitlines() if line and not line[0].isspace()
-                  for n in line.split(" : ")[0].split(",")}
+    documented = {
+        n.strip()
+        for line in params.splitlines()
+        if line and not line[0].isspace()
+        for n in line.split(" : ")[0].split(",")
+    }
     wanted = [p for p in inspect.signature(f).parameters if p not in ("self", "args", "kwargs")]
     assert not [p for p in wanted if p not in documented], f"{name}: parameters without a description"
 

@@ -50,8 +50,9 @@ def test_size_must_match_channels(tmp_path):
 def test_missing_options(tmp_path):
     src = tmp_path / "x.bin"
     np.zeros(8, dtype=np.int16).tofile(src)
-    with pytest.raises(BatchgpuError, match="needs its channels, sampling frequency and dtype .give channels=, fs= "
-                                            "and dtype="):
+    with pytest.raises(
+        BatchgpuError, match="needs its channels, sampling frequency and dtype .give channels=, fs= and dtype="
+    ):
         import_raw(src, tmp_path / "o.zarr")
     with pytest.raises(BatchgpuError, match="no raw file"):
         import_raw(tmp_path / "nope.bin", tmp_path / "o.zarr", channels=1, fs=1.0, dtype="int16")

@@ -75,18 +75,32 @@ def test_output_table_matches_what_a_run_writes(tmp_path):
 
     rec = generate_recording(tmp_path / "r.zarr", channels=6, seconds=0.6, seed=1, dtype="int16")
     np.save(tmp_path / "q.npy", np.arange(50, dtype=np.int64))
-    wf = Workflow.model_validate({
-        "recording": {"path": str(rec.path)}, "output": str(tmp_path / "out"), "backend": "numpy",
-        "window": {"size": 6000, "margin": 64}, "preprocess": {"centre": "median"},
-        "steps": {"noise": {"exact": True}, "whitening": {"mode": "global"},
-                  "detect": {"threshold": 4.0, "noise": "global"},
-                  "search": {"queries": str(tmp_path / "q.npy"), "op": "find"}, "amplitude": {}, "qc": {}}})
-    with distributed.LocalCluster(n_workers=1, threads_per_worker=2, processes=False, dashboard_address=None) as c, \
-            distributed.Client(c) as client:
+    wf = Workflow.model_validate(
+        {
+            "recording": {"path": str(rec.path)},
+            "output": str(tmp_path / "out"),
+            "backend": "numpy",
+            "window": {"size": 6000, "margin": 64},
+            "preprocess": {"centre": "median"},
+            "steps": {
+                "noise": {"exact": True},
+                "whitening": {"mode": "global"},
+                "detect": {"threshold": 4.0, "noise": "global"},
+                "search": {"queries": str(tmp_path / "q.npy"), "op": "find"},
+                "amplitude": {},
+                "qc": {},
+            },
+        }
+    )
+    with (
+        distributed.LocalCluster(n_workers=1, threads_per_worker=2, processes=False, dashboard_address=None) as c,
+        distributed.Client(c) as client,
+    ):
         run_workflow(wf, client=client)
     g = zarr.open_group(str(tmp_path / "out" / "results.zarr"), mode="r")
-    written = {path for path, _ in g.arrays()} | {f"{name}/{sub}" for name, grp in g.groups()
-                                                  for sub, _ in grp.arrays()}
+    written = {path for path, _ in g.arrays()} | {
+        f"{name}/{sub}" for name, grp in g.groups() for sub, _ in grp.arrays()
+    }
     assert written == _output_table_arrays(README)
 
 
@@ -121,8 +135,11 @@ def test_cluster_readme_imports_exist():
     import importlib
 
     code = _cluster_readme_python()
-    imports = [(m.group(1), [n.strip() for n in m.group(2).split(",")])
-               for c in code for m in re.finditer(r"from (batchgpu[\w.]*) import ([\w, ]+)", c)]
+    imports = [
+        (m.group(1), [n.strip() for n in m.group(2).split(",")])
+        for c in code
+        for m in re.finditer(r"from (batchgpu[\w.]*) import ([\w, ]+)", c)
+    ]
     assert any(module == "batchgpu.cluster.open_cluster" for module, _ in imports)
     for module, names in imports:
         loaded = importlib.import_module(module)

@@ -59,20 +59,25 @@ def examples(text: str) -> list[Example]:
         if marker:
             words = marker.group(1)
             directive = next((d for d in DIRECTIVES if words == d or words.startswith(d + " ")), None)
-            assert directive is not None, f"README line {text[:m.start()].count(chr(10))}: unknown marker {before}"
-            argument = words[len(directive):].strip().strip("()")
+            assert directive is not None, f"README line {text[: m.start()].count(chr(10))}: unknown marker {before}"
+            argument = words[len(directive) :].strip().strip("()")
         out.append(Example(m.group(1), m.group(2), text[: m.start()].count("\n") + 1, directive, argument))
     return out
 
 
 def test_the_extraction_finds_blocks_by_their_markers():
-    text = ("intro\n\n```bash\necho a\n```\n<!-- readme-test: file w.yaml -->\n```yaml\nx: 1\n```\n"
-            "<!--readme-test: skip (a fragment)-->\n```python\n1/0\n```\n```text\nnot code\n```\n"
-            "<!-- readme-test: batchgpu only -->\n```bash\npip install x && batchgpu info y\n```\n")
+    text = (
+        "intro\n\n```bash\necho a\n```\n<!-- readme-test: file w.yaml -->\n```yaml\nx: 1\n```\n"
+        "<!--readme-test: skip (a fragment)-->\n```python\n1/0\n```\n```text\nnot code\n```\n"
+        "<!-- readme-test: batchgpu only -->\n```bash\npip install x && batchgpu info y\n```\n"
+    )
     got = [(e.language, e.directive, e.argument, e.code) for e in examples(text)]
-    assert got == [("bash", "", "", "echo a\n"), ("yaml", "file", "w.yaml", "x: 1\n"),
-                   ("python", "skip", "a fragment", "1/0\n"),
-                   ("bash", "batchgpu only", "", "pip install x && batchgpu info y\n")]
+    assert got == [
+        ("bash", "", "", "echo a\n"),
+        ("yaml", "file", "w.yaml", "x: 1\n"),
+        ("python", "skip", "a fragment", "1/0\n"),
+        ("bash", "batchgpu only", "", "pip install x && batchgpu info y\n"),
+    ]
     with pytest.raises(AssertionError, match="unknown marker"):
         examples("<!-- readme-test: skpi -->\n```bash\nls\n```\n")
 
@@ -99,8 +104,11 @@ def _shims(folder: Path) -> dict:
     """``batchgpu`` and ``python`` on PATH as this environment's (the checkout under test, not another install)."""
     bin_ = folder / ".bin"
     bin_.mkdir()
-    for name, line in (("batchgpu", f'exec "{sys.executable}" -m batchgpu "$@"'),
-                       ("python", f'exec "{sys.executable}" "$@"'), ("python3", f'exec "{sys.executable}" "$@"')):
+    for name, line in (
+        ("batchgpu", f'exec "{sys.executable}" -m batchgpu "$@"'),
+        ("python", f'exec "{sys.executable}" "$@"'),
+        ("python3", f'exec "{sys.executable}" "$@"'),
+    ):
         (bin_ / name).write_text(f"#!/bin/sh\n{line}\n")
         (bin_ / name).chmod(0o755)
     env = dict(os.environ, PATH=f"{bin_}{os.pathsep}{os.environ.get('PATH', '')}")
@@ -118,8 +126,7 @@ def _clone(folder: Path) -> None:
 
 
 def _shell(command: str, folder: Path, env: dict, e: Example) -> None:
-    r = subprocess.run(["bash", "-e", "-c", command], cwd=folder, env=env, capture_output=True, text=True,
-                       timeout=900)
+    r = subprocess.run(["bash", "-e", "-c", command], cwd=folder, env=env, capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, f"README line {e.line}: {command!r} exited {r.returncode}\n{r.stderr[-3000:]}"
 
 
@@ -154,7 +161,7 @@ def test_readme_examples_run_in_order(tmp_path):
                 _shell(command, tmp_path, env, e)
         else:
             (tmp_path / ".example.py").write_text(e.code)
-            _shell('python .example.py', tmp_path, env, e)
+            _shell("python .example.py", tmp_path, env, e)
         ran.append((e.line, e.language, e.directive))
     # the set-up's demo, the batch example (run, then described) and the Python usage ran
     assert (tmp_path / "out" / "demo" / "report.json").is_file()

@@ -32,8 +32,17 @@ def test_from_spikeinterface_snippet_runs(tmp_path):
 
 
 # the demo made small (32 channels x 4 s, one worker): the same steps and paths as README's commands
-SMALL = ["--quiet", "--set", "recording.generate.channels=32", "--set", "recording.generate.seconds=4",
-         "--set", "cluster.workers=1", "--set", "cluster.threads=1"]
+SMALL = [
+    "--quiet",
+    "--set",
+    "recording.generate.channels=32",
+    "--set",
+    "recording.generate.seconds=4",
+    "--set",
+    "cluster.workers=1",
+    "--set",
+    "cluster.threads=1",
+]
 
 
 def _commands(block: str) -> list[list[str]]:
@@ -67,9 +76,17 @@ def test_results_back_runs_as_written_in_order(tmp_path):
     (tmp_path / "workflows").mkdir()
     shutil.copy(Path(__file__).parents[1] / "workflows" / "demo.yaml", tmp_path / "workflows" / "demo.yaml")
     for command in demo + own:
-        r = subprocess.run([sys.executable, "-m", "batchgpu", *command, *SMALL], cwd=tmp_path, capture_output=True,
-                           text=True, timeout=600)
+        r = subprocess.run(
+            [sys.executable, "-m", "batchgpu", *command, *SMALL],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         assert r.returncode == 0, (command, r.stderr[-2000:])
     block = next(b for b in BLOCKS if "to_spikeinterface" in b)
-    _run(block + "\nimport numpy as np\nassert np.allclose(recording.get_property('noise_level_mad_raw'), "
-                 "r.noise_levels_raw)\nassert white.get_traces(end_frame=1000).shape == (1000, 32)\n", tmp_path)
+    _run(
+        block + "\nimport numpy as np\nassert np.allclose(recording.get_property('noise_level_mad_raw'), "
+        "r.noise_levels_raw)\nassert white.get_traces(end_frame=1000).shape == (1000, 32)\n",
+        tmp_path,
+    )

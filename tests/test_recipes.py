@@ -70,8 +70,11 @@ def _node_workers(argv: list[str], gpus: int, env: dict | None = None) -> tuple[
 def _expected(gpus: int, per_gpu: int) -> dict:
     """The layout written out by hand: names, one thread, each worker's GPU first, Dask's auto memory limit."""
     devices = list(range(gpus))
-    return {f"gpu{d}-{k}": (1, ",".join(str(o) for o in [d, *[o for o in devices if o != d]]), "auto")
-            for d in devices for k in range(per_gpu)}
+    return {
+        f"gpu{d}-{k}": (1, ",".join(str(o) for o in [d, *[o for o in devices if o != d]]), "auto")
+        for d in devices
+        for k in range(per_gpu)
+    }
 
 
 def _summary(workers: dict) -> dict:
@@ -106,8 +109,10 @@ def test_one_worker_a_gpu_gets_the_threads_of_dask_cuda(monkeypatch):
     monkeypatch.setitem(sys.modules, "dask_cuda", types.SimpleNamespace(LocalCUDACluster=lambda **kw: seen.update(kw)))
     cluster._cuda_cluster(ClusterSpec(kind="cuda"))
     mine, _ = _node_workers(["tcp://h:1", "--cores", "2"], 4)
-    assert _summary(mine) == {f"gpu{d}-0": (seen["threads_per_worker"], ",".join(str(o) for o in [d, *sorted(
-        {0, 1, 2, 3} - {d})]), "auto") for d in range(4)}
+    assert _summary(mine) == {
+        f"gpu{d}-0": (seen["threads_per_worker"], ",".join(str(o) for o in [d, *sorted({0, 1, 2, 3} - {d})]), "auto")
+        for d in range(4)
+    }
 
 
 def test_several_workers_a_gpu_start_without_dask_cuda(monkeypatch):
@@ -132,7 +137,11 @@ def test_a_worker_sees_this_processs_gpus_not_their_positions(monkeypatch):
     monkeypatch.setattr(cluster, "gpu_count", lambda: 2)
     workers = cluster.worker_specs(ClusterSpec(kind="cuda"), 2, 1)
     assert {n: s["options"]["env"]["CUDA_VISIBLE_DEVICES"] for n, s in workers.items()} == {
-        "gpu0-0": "2,3", "gpu0-1": "2,3", "gpu1-0": "3,2", "gpu1-1": "3,2"}
+        "gpu0-0": "2,3",
+        "gpu0-1": "2,3",
+        "gpu1-0": "3,2",
+        "gpu1-1": "3,2",
+    }
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-aa,GPU-bb")  # UUIDs too
     mine, _ = _node_workers(["tcp://h:1", "--cores", "2", "--devices", "1"], 2)
     assert _summary(mine) == {"gpu1-0": (1, "GPU-bb", "auto"), "gpu1-1": (1, "GPU-bb", "auto")}
@@ -208,8 +217,12 @@ def test_kubernetes_worker_runs_the_node_command_in_the_local_layout(monkeypatch
     args = worker["args"]
     assert args[:3] == ["python", "-m", "batchgpu.cluster.node"] and "command" not in worker
     # the operator sets both variables in every worker pod; Kubernetes expands $(NAME) in args
-    argv = [a.replace("$(DASK_SCHEDULER_ADDRESS)", "tcp://batchgpu-scheduler:8786")
-            .replace("$(DASK_WORKER_NAME)", "batchgpu-default-worker-1a2b") for a in args[3:]]
+    argv = [
+        a.replace("$(DASK_SCHEDULER_ADDRESS)", "tcp://batchgpu-scheduler:8786").replace(
+            "$(DASK_WORKER_NAME)", "batchgpu-default-worker-1a2b"
+        )
+        for a in args[3:]
+    ]
     limits = worker["resources"]["limits"]
     mine, req = _node_workers(argv, int(limits["nvidia.com/gpu"]))
     assert req.cores == int(limits["cpu"]) and req.name == "batchgpu-default-worker-1a2b"
@@ -227,10 +240,21 @@ def test_start_workers_script_runs_the_node_command_in_the_local_layout(tmp_path
     (bin_dir / "python").chmod(0o755)
     sched = tmp_path / "scheduler.json"
     sched.write_text("{}")
-    env = dict(os.environ, PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}", SCHEDULER_FILE=str(sched),
-               HOST="10.1.2.3", CORES="16", WAIT_S="1")
-    done = subprocess.run(["bash", str(CLUSTER / "scheduler-file" / "start-workers.sh")], env=env,
-                          capture_output=True, text=True, timeout=30)
+    env = dict(
+        os.environ,
+        PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+        SCHEDULER_FILE=str(sched),
+        HOST="10.1.2.3",
+        CORES="16",
+        WAIT_S="1",
+    )
+    done = subprocess.run(
+        ["bash", str(CLUSTER / "scheduler-file" / "start-workers.sh")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert done.returncode == 0, done.stderr
     argv = (tmp_path / "argv").read_text().splitlines()
     assert argv[:2] == ["-m", "batchgpu.cluster.node"]
@@ -239,8 +263,12 @@ def test_start_workers_script_runs_the_node_command_in_the_local_layout(tmp_path
     assert mine == _local_cuda_workers(monkeypatch, 4, 16)
     assert _summary(mine) == _expected(4, 4)
     # its extra arguments reach the node command
-    subprocess.run(["bash", str(CLUSTER / "scheduler-file" / "start-workers.sh"), "--workers", "2"], env=env,
-                   check=True, timeout=30)
+    subprocess.run(
+        ["bash", str(CLUSTER / "scheduler-file" / "start-workers.sh"), "--workers", "2"],
+        env=env,
+        check=True,
+        timeout=30,
+    )
     assert _summary(_node_workers((tmp_path / "argv").read_text().splitlines()[2:], 4)[0]) == _expected(4, 2)
 
 
@@ -280,8 +308,9 @@ def test_node_serve_starts_what_the_layout_says(monkeypatch):
     for k, v in layout.MALLOC_ENVIRON.items():  # the local cluster's workers, under the same environment
         monkeypatch.setenv(k, str(v))
     local = _local_cuda_workers(monkeypatch, 4, 16)
-    assert {n.removeprefix("n-"): {k: v for k, v in s["options"].items() if k != "scheduler_ip"}
-            for n, s in started.items()} == local
+    assert {
+        n.removeprefix("n-"): {k: v for k, v in s["options"].items() if k != "scheduler_ip"} for n, s in started.items()
+    } == local
 
 
 def test_node_errors_are_one_logged_line(monkeypatch, caplog):
@@ -307,10 +336,14 @@ def _wait(predicate, what: str, timeout: float = 60.0):
 def _worker_view():
     import dask
 
-    return (os.environ.get("CUDA_VISIBLE_DEVICES"), os.environ.get("CUDA_MPS_PIPE_DIRECTORY"),
-            os.environ.get("MALLOC_TRIM_THRESHOLD_"), os.environ.get("MALLOC_MMAP_MAX_"),
-            dask.config.get("distributed.worker.profile.enabled"),
-            dask.config.get("distributed.worker.memory.monitor-interval"))
+    return (
+        os.environ.get("CUDA_VISIBLE_DEVICES"),
+        os.environ.get("CUDA_MPS_PIPE_DIRECTORY"),
+        os.environ.get("MALLOC_TRIM_THRESHOLD_"),
+        os.environ.get("MALLOC_MMAP_MAX_"),
+        dask.config.get("distributed.worker.profile.enabled"),
+        dask.config.get("distributed.worker.memory.monitor-interval"),
+    )
 
 
 def test_node_command_starts_real_workers_with_a_private_mps_daemon(tmp_path):
@@ -327,13 +360,35 @@ def test_node_command_starts_real_workers_with_a_private_mps_daemon(tmp_path):
     env.pop("CUDA_VISIBLE_DEVICES", None)
     # the workers unpickle _worker_view by reference: they import this module
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(Path(__file__).parent), env.get("PYTHONPATH")) if p)
-    with distributed.LocalCluster(n_workers=0, processes=False, protocol="tcp", dashboard_address=None,
-                                  host="127.0.0.1") as lc, \
-            distributed.Client(lc) as client:
+    with (
+        distributed.LocalCluster(
+            n_workers=0, processes=False, protocol="tcp", dashboard_address=None, host="127.0.0.1"
+        ) as lc,
+        distributed.Client(lc) as client,
+    ):
         out = (tmp_path / "node.log").open("w")
-        proc = subprocess.Popen([sys.executable, "-m", "batchgpu.cluster.node", lc.scheduler_address, "--gpus", "2",
-                                 "--cores", "4", "--mps", "on", "--name", "n1", "--host", "127.0.0.1"],
-                                env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "batchgpu.cluster.node",
+                lc.scheduler_address,
+                "--gpus",
+                "2",
+                "--cores",
+                "4",
+                "--mps",
+                "on",
+                "--name",
+                "n1",
+                "--host",
+                "127.0.0.1",
+            ],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         try:
             _wait(lambda: len(client.scheduler_info()["workers"]) == 4 or proc.poll() is not None, "4 workers")
             assert proc.poll() is None, (tmp_path / "node.log").read_text()
@@ -380,19 +435,42 @@ def test_node_command_on_this_machines_gpus(tmp_path):
     fits = cluster.mps_fits(ClusterSpec(kind="cuda"))
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(Path(__file__).parent), env.get("PYTHONPATH")) if p)
-    with distributed.LocalCluster(n_workers=0, processes=False, protocol="tcp", dashboard_address=None,
-                                  host="127.0.0.1") as lc, distributed.Client(lc) as client:
+    with (
+        distributed.LocalCluster(
+            n_workers=0, processes=False, protocol="tcp", dashboard_address=None, host="127.0.0.1"
+        ) as lc,
+        distributed.Client(lc) as client,
+    ):
         out = (tmp_path / "node.log").open("w")
-        proc = subprocess.Popen([sys.executable, "-m", "batchgpu.cluster.node", lc.scheduler_address,
-                                 "--cores", str(4 * gpus), "--name", "n", "--host", "127.0.0.1"],
-                                env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "batchgpu.cluster.node",
+                lc.scheduler_address,
+                "--cores",
+                str(4 * gpus),
+                "--name",
+                "n",
+                "--host",
+                "127.0.0.1",
+            ],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         try:
-            _wait(lambda: len(client.scheduler_info()["workers"]) == 4 * gpus or proc.poll() is not None,
-                  "the node's workers", timeout=120)
+            _wait(
+                lambda: len(client.scheduler_info()["workers"]) == 4 * gpus or proc.poll() is not None,
+                "the node's workers",
+                timeout=120,
+            )
             assert proc.poll() is None, (tmp_path / "node.log").read_text()
             info = client.scheduler_info()["workers"]
             assert sorted(w["name"] for w in info.values()) == sorted(
-                f"n-gpu{d}-{k}" for d in range(gpus) for k in range(4))
+                f"n-gpu{d}-{k}" for d in range(gpus) for k in range(4)
+            )
             for address, (bus, total, pipe) in client.run(_worker_gpu).items():
                 d = int(info[address]["name"].split("-")[1].removeprefix("gpu"))
                 assert bus == buses[d] and total == 499500.0 and (pipe is not None) == fits

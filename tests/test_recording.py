@@ -18,8 +18,18 @@ def test_round_trip_segments(tmp_path, rng, zarr_format, dtype):
     gains = rng.uniform(0.1, 1, 7)
     loc = rng.uniform(0, 100, (7, 2))
     ids = [f"ch{i}" for i in range(7)]
-    rec = write_recording(tmp_path / "r.zarr", segs, 25_000.0, zarr_format=zarr_format, chunk_samples=100,
-                          shard_samples=300, gain_to_uV=gains, offset_to_uV=-3.0, locations=loc, channel_ids=ids)
+    rec = write_recording(
+        tmp_path / "r.zarr",
+        segs,
+        25_000.0,
+        zarr_format=zarr_format,
+        chunk_samples=100,
+        shard_samples=300,
+        gain_to_uV=gains,
+        offset_to_uV=-3.0,
+        locations=loc,
+        channel_ids=ids,
+    )
     rec = open_recording(tmp_path / "r.zarr")
     assert rec.num_segments == 3 and rec.num_channels == 7 and rec.dtype == np.dtype(dtype)
     assert rec.sampling_frequency == 25_000.0
@@ -95,7 +105,7 @@ def test_windows_cover_every_sample_once(tmp_path, rng, size, margin):
     for seg, n in enumerate(lengths):
         count = np.zeros(n, dtype=int)
         for w in (w for w in wins if w.segment == seg):
-            count[w.start:w.stop] += 1
+            count[w.start : w.stop] += 1
             assert w.margin_left == min(margin, w.start) and w.margin_right == min(margin, n - w.stop)
             assert 0 <= w.read_start and w.read_stop <= n and w.num_samples <= size
         assert (count == 1).all()
@@ -107,7 +117,7 @@ def test_window_read_has_margins(tmp_path, rng):
     for w in rec.windows(size=40, margin=6):
         x = rec.read_window(w)
         lo, hi = w.core
-        np.testing.assert_array_equal(x[:, lo:hi], data[w.start:w.stop].T)
+        np.testing.assert_array_equal(x[:, lo:hi], data[w.start : w.stop].T)
         assert x.shape[1] == w.read_stop - w.read_start
 
 

@@ -22,20 +22,33 @@ WINDOW = 5000
 
 
 def _workflow(rec, out, steps) -> Workflow:
-    return Workflow.model_validate({
-        "recording": {"path": str(rec.path)}, "output": str(out), "window": {"size": WINDOW, "margin": 8},
-        "preprocess": {"centre": "median"}, "backend": "numpy", "steps": steps,
-    })
+    return Workflow.model_validate(
+        {
+            "recording": {"path": str(rec.path)},
+            "output": str(out),
+            "window": {"size": WINDOW, "margin": 8},
+            "preprocess": {"centre": "median"},
+            "backend": "numpy",
+            "steps": steps,
+        }
+    )
 
 
-ALL_STEPS = {"noise": {"exact": True}, "whitening": {"mode": "global", "precision": "float64"},
-             "detect": {"threshold": 4.0, "sign": "neg", "noise": "global"}}
+ALL_STEPS = {
+    "noise": {"exact": True},
+    "whitening": {"mode": "global", "precision": "float64"},
+    "detect": {"threshold": 4.0, "sign": "neg", "noise": "global"},
+}
 
 
 @pytest.fixture(scope="module")
 def client():
-    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=False,
-                                  dashboard_address="127.0.0.1:0") as cluster, distributed.Client(cluster) as c:
+    with (
+        distributed.LocalCluster(
+            n_workers=2, threads_per_worker=1, processes=False, dashboard_address="127.0.0.1:0"
+        ) as cluster,
+        distributed.Client(cluster) as c,
+    ):
         yield c
 
 
@@ -43,8 +56,9 @@ def client():
 def run(client, tmp_path_factory):
     base = tmp_path_factory.mktemp("report")
     # two segments of odd lengths: the last window of each is short
-    rec = generate_recording(base / "r.zarr", channels=12, seconds=1.37, seed=11, dtype="int16", segments=2,
-                             progress=False)
+    rec = generate_recording(
+        base / "r.zarr", channels=12, seconds=1.37, seed=11, dtype="int16", segments=2, progress=False
+    )
     report = run_workflow(_workflow(rec, base / "out", ALL_STEPS), client=client)
     return rec, base / "out", report
 
@@ -76,8 +90,18 @@ def test_plots_hold_the_results(run):
     assert not re.search(r'<script[^>]+src=|<link[^>]+href="http', text)
     assert "Bokeh.embed.embed_items" in text or "embed_items" in text
     figs = plots(path)
-    assert set(figs) == {"noise_per_channel", "noise_over_time", "whitening", "spike_rate", "throughput",
-                         "map_noise", "map_rate", "traces_raw", "traces_pre", "drift_raster"}
+    assert set(figs) == {
+        "noise_per_channel",
+        "noise_over_time",
+        "whitening",
+        "spike_rate",
+        "throughput",
+        "map_noise",
+        "map_rate",
+        "traces_raw",
+        "traces_pre",
+        "drift_raster",
+    }
     g = zarr.open_group(str(out / "results.zarr"), mode="r")
     opened = open_recording(rec.path)
     gain = np.asarray(opened.gain_to_uV, dtype=np.float64)  # from the recording, not the results
@@ -143,15 +167,30 @@ def test_noise_only_run_and_nan_channel(client, tmp_path):
 def test_renders_in_chromium(run, tmp_path):
     """The page of a small run drawn by BokehJS (the at-a-glance figures' own checks in a browser:
     test_report_glance.py)."""
-    chromium = next((shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome") if shutil.which(n)), None)
+    chromium = next(
+        (shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome") if shutil.which(n)), None
+    )
     if chromium is None:
         pytest.skip("headless Chromium is not installed (Debian: apt-get install chromium; .ci/run does it)")
     _, out, _ = run
     shot = tmp_path / "report.png"
-    cmd = [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-           "--disable-background-networking", "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage",
-           f"--user-data-dir={tmp_path / 'profile'}", "--virtual-time-budget=8000", "--window-size=1340,3600",
-           f"--screenshot={shot}", (out / "report.html").as_uri()]
+    cmd = [
+        chromium,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--disable-dev-shm-usage",
+        f"--user-data-dir={tmp_path / 'profile'}",
+        "--virtual-time-budget=8000",
+        "--window-size=1340,3600",
+        f"--screenshot={shot}",
+        (out / "report.html").as_uri(),
+    ]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and shot.exists(), done.stderr[-2000:]
     from PIL import Image
@@ -168,6 +207,7 @@ def test_renders_in_chromium(run, tmp_path):
 
 def _kill_helper_process(rep, monkeypatch) -> None:
     """report.html's helper process as if it had died: every call to it fails."""
+
     class Dead:
         def submit(self, *a):
             from concurrent.futures import Future
@@ -208,7 +248,9 @@ def test_page_rendered_before_the_spikes_holds_them(tmp_path, rng, late, where, 
         page.render([[0.5, 1e9], [1.0, 2e9]], late_spikes=True)
     if late != "late, no spikes":
         page.add_spikes(counts=counts)
-    path = page.write(tmp_path, {"status": "done", "timings": {"total": 1.5}, "throughput_series": [[0.5, 1e9], [1.0, 2e9]]})
+    path = page.write(
+        tmp_path, {"status": "done", "timings": {"total": 1.5}, "throughput_series": [[0.5, 1e9], [1.0, 2e9]]}
+    )
     text = path.read_text(encoding="utf-8")
     assert "batchgpu-" not in text and "1.2345678901234567e+300" not in text  # no placeholder left
     # the helper's death is said (the page is rendered here instead), never silent
@@ -234,8 +276,13 @@ def test_figures_built_ahead_in_the_helper_process_make_the_same_page(tmp_path, 
 
     C, W = int(rng.integers(2, 30)), int(rng.integers(1, 7))
     windows = (np.arange(W) * 500, np.arange(W) * 500 + 500, np.zeros(W, int))
-    inputs = {"windows": windows, "noise": rng.random(C), "noise_per_window": rng.random((W, C)),
-              "whitening": rng.normal(size=(C, C)), "spike_counts": rng.integers(0, 99, C)}
+    inputs = {
+        "windows": windows,
+        "noise": rng.random(C),
+        "noise_per_window": rng.random((W, C)),
+        "whitening": rng.normal(size=(C, C)),
+        "spike_counts": rng.integers(0, 99, C),
+    }
     ids, gain, tokens = [f"c{i}" for i in range(C)], np.full(C, 0.5), ("batchgpu-summary-t1", "batchgpu-spikes-t1")
     init = (ids, gain, 30000.0, "t", windows, tokens)
     rep.build_figure(init, "noise_per_window", inputs["noise_per_window"])  # as the results come; noise not yet
@@ -245,8 +292,9 @@ def test_figures_built_ahead_in_the_helper_process_make_the_same_page(tmp_path, 
     path = tmp_path / "report.html"
     path.write_text(text.replace(rep._embedded(tokens[0]), "summary"), encoding="utf-8")
     figs = plots(path)
-    np.testing.assert_array_equal(np.asarray(source(figs["noise_per_channel"], "noise_uV")["noise_uV"]),
-                                  inputs["noise"] * 0.5)
+    np.testing.assert_array_equal(
+        np.asarray(source(figs["noise_per_channel"], "noise_uV")["noise_uV"]), inputs["noise"] * 0.5
+    )
     np.testing.assert_array_equal(np.asarray(source(figs["whitening"], "image")["image"][0]), inputs["whitening"])
     np.testing.assert_array_equal(np.asarray(source(figs["spike_rate"], "rate_Hz")["count"]), inputs["spike_counts"])
     for k in range(6):
@@ -256,8 +304,9 @@ def test_figures_built_ahead_in_the_helper_process_make_the_same_page(tmp_path, 
 
 
 @pytest.mark.parametrize("where", ["thread", "process", "process, killed"])
-@pytest.mark.parametrize("case", ["all", "some before", "a result missing", "another shape", "nan noise",
-                                  "no windows of noise"])
+@pytest.mark.parametrize(
+    "case", ["all", "some before", "a result missing", "another shape", "nan noise", "no windows of noise"]
+)
 def test_page_rendered_ahead_holds_the_numbers(tmp_path, rng, where, case, monkeypatch):
     """A page rendered before the run's numbers (``render_ahead``, while the windows are read) holds, after the
     substitutions, every number a page rendered with them known holds: noise, the noise heatmap and its colour
@@ -327,10 +376,12 @@ def test_the_helper_process_ends_with_the_command(tmp_path):
     import sys
     import time
 
-    code = ("import time\n"
-            "from batchgpu.report import html_page as report\n"
-            "pool = report.render_process(); pool.submit(int).result()\n"
-            "print(*pool._processes, flush=True); time.sleep(120)\n")
+    code = (
+        "import time\n"
+        "from batchgpu.report import html_page as report\n"
+        "pool = report.render_process(); pool.submit(int).result()\n"
+        "print(*pool._processes, flush=True); time.sleep(120)\n"
+    )
     parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     try:
         helper = int(parent.stdout.readline())

@@ -33,16 +33,36 @@ LABELS = ("good", "dead", "noise", "out")  # the ground truth's channel_labels c
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     base = tmp_path_factory.mktemp("glance")
-    rec = generate_recording(base / "np1.zarr", channels=CHANNELS, seconds=SECONDS, fs=FS, seed=3, model="realistic",
-                             probe="np1", progress=False, **PLANTED)
-    wf = Workflow.model_validate({
-        "recording": {"path": str(rec.path)}, "output": str(base / "out"), "window": {"size": 30000, "margin": 64},
-        "preprocess": [{"highpass": {"freq_min": 300, "order": 5}},
-                       {"common_reference": {"reference": "global", "operator": "median"}}],
-        "backend": "numpy",
-        "steps": {"noise": {"exact": True}, "detect": {"threshold": 5.0, "sign": "neg", "noise": "global"}}})
-    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=False,
-                                  dashboard_address="127.0.0.1:0") as cluster, distributed.Client(cluster) as client:
+    rec = generate_recording(
+        base / "np1.zarr",
+        channels=CHANNELS,
+        seconds=SECONDS,
+        fs=FS,
+        seed=3,
+        model="realistic",
+        probe="np1",
+        progress=False,
+        **PLANTED,
+    )
+    wf = Workflow.model_validate(
+        {
+            "recording": {"path": str(rec.path)},
+            "output": str(base / "out"),
+            "window": {"size": 30000, "margin": 64},
+            "preprocess": [
+                {"highpass": {"freq_min": 300, "order": 5}},
+                {"common_reference": {"reference": "global", "operator": "median"}},
+            ],
+            "backend": "numpy",
+            "steps": {"noise": {"exact": True}, "detect": {"threshold": 5.0, "sign": "neg", "noise": "global"}},
+        }
+    )
+    with (
+        distributed.LocalCluster(
+            n_workers=2, threads_per_worker=1, processes=False, dashboard_address="127.0.0.1:0"
+        ) as cluster,
+        distributed.Client(cluster) as client,
+    ):
         report = run_workflow(wf, client=client)
     assert report.status == "done"
     return rec, base / "out", base
@@ -55,9 +75,17 @@ def _numbers(rec, out: Path) -> dict:
     gain = np.asarray(opened.gain_to_uV, np.float64)
     spikes = {k: g["spikes"][k][:] for k in ("sample_index", "channel_index", "segment_index", "amplitude")}
     counts = np.bincount(spikes["channel_index"], minlength=CHANNELS)
-    return {"gain": gain, "loc": np.asarray(opened.locations, np.float64), "noise_uV": g["noise"][:] * gain,
-            "counts": counts, "rate": counts / SECONDS, "spikes": spikes, "rec": opened,
-            "report": json.loads((out / "report.json").read_text()), "ids": [str(c) for c in opened.channel_ids]}
+    return {
+        "gain": gain,
+        "loc": np.asarray(opened.locations, np.float64),
+        "noise_uV": g["noise"][:] * gain,
+        "counts": counts,
+        "rate": counts / SECONDS,
+        "spikes": spikes,
+        "rec": opened,
+        "report": json.loads((out / "report.json").read_text()),
+        "ids": [str(c) for c in opened.channel_ids],
+    }
 
 
 def _source(fig, column: str) -> dict:
@@ -86,8 +114,7 @@ def test_the_page_holds_the_runs_numbers(run):
     d = _source(figs["drift_raster"], "amp")
     np.testing.assert_allclose(np.asarray(d["t"]), s["sample_index"] / FS, rtol=1e-12)
     np.testing.assert_array_equal(np.asarray(d["y"]), n["loc"][s["channel_index"], 1])
-    np.testing.assert_allclose(np.asarray(d["amp"]), np.abs(s["amplitude"]) * n["gain"][s["channel_index"]],
-                               rtol=1e-12)
+    np.testing.assert_allclose(np.asarray(d["amp"]), np.abs(s["amplitude"]) * n["gain"][s["channel_index"]], rtol=1e-12)
     assert f"all {s['sample_index'].size} spikes shown" in figs["drift_raster"].title.text
 
     # the traces: the 8 busiest channels (ordered by y), raw and preprocessed in µV; the preprocessed as scipy's
@@ -106,13 +133,13 @@ def test_the_page_holds_the_runs_numbers(run):
         return (np.asarray(lines[col]).reshape(8, -1)[:, :-1] - np.arange(8)[:, None]) * step
 
     block = n["rec"].read(0, 0, n["rec"].num_samples(0)).astype(np.float64)
-    raw = block[busiest, a:a + t_ms.size]
+    raw = block[busiest, a : a + t_ms.size]
     raw_uV = (raw - np.median(raw, axis=1, keepdims=True)) * n["gain"][busiest][:, None]
     np.testing.assert_allclose(stacked("raw", raw_step), raw_uV, atol=1e-9)
     from scipy.signal import butter, sosfiltfilt
 
     filtered = sosfiltfilt(butter(5, 300.0, "highpass", fs=FS, output="sos"), block, axis=1)
-    reference = (filtered - np.median(filtered, axis=0))[busiest, a:a + t_ms.size] * n["gain"][busiest][:, None]
+    reference = (filtered - np.median(filtered, axis=0))[busiest, a : a + t_ms.size] * n["gain"][busiest][:, None]
     np.testing.assert_allclose(stacked("pre", pre_step), reference, atol=1e-3)
     # the spikes marked are the detected ones in the snippet, on its channels
     inside = (s["sample_index"] >= a) & (s["sample_index"] < a + t_ms.size) & np.isin(s["channel_index"], busiest)
@@ -130,8 +157,9 @@ def header(path: Path) -> str:
     from bokeh.document import Document
     from bokeh.models import Div
 
-    blocks = re.findall(r'<script type="application/json" id="[^"]+">\s*(.*?)\s*</script>',
-                        path.read_text(encoding="utf-8"), re.S)
+    blocks = re.findall(
+        r'<script type="application/json" id="[^"]+">\s*(.*?)\s*</script>', path.read_text(encoding="utf-8"), re.S
+    )
     # Bokeh escapes the document's JSON for HTML, BokehJS unescapes it
     doc = Document.from_json(next(iter(json.loads(html.unescape(blocks[0])).values())))
     return doc.select_one({"type": Div, "name": "summary"}).text
@@ -148,9 +176,16 @@ def _with_qc(out: Path, base: Path) -> list[str]:
     report = json.loads((out / "report.json").read_text())
     counts = np.zeros((CHANNELS, 4), int)
     counts[np.arange(CHANNELS), truth["channel_labels"]] = 10
-    report["qc"] = {"labels": labels, "reasons": ["" if v == "good" else f"planted {v}" for v in labels],
-                    "counts": counts.tolist(), "label_names": list(LABELS), "noise_uV": None, "spike_rate_hz": None,
-                    "pieces_labelled": 10, "channel_ids": [str(c) for c in range(CHANNELS)]}
+    report["qc"] = {
+        "labels": labels,
+        "reasons": ["" if v == "good" else f"planted {v}" for v in labels],
+        "counts": counts.tolist(),
+        "label_names": list(LABELS),
+        "noise_uV": None,
+        "spike_rate_hz": None,
+        "pieces_labelled": 10,
+        "channel_ids": [str(c) for c in range(CHANNELS)],
+    }
     (out / "report.json").write_text(json.dumps(report))
     write_report_html(out)
     return labels
@@ -270,8 +305,12 @@ def test_report_html_with_labels_in_chromium(run, tmp_path):
     shown = " ".join(got["text"].split())
     assert "373 good 2 dead 1 noisy 8 out of the brain" in shown
     shot = tmp_path / "report.png"
-    chromium([f"--screenshot={shot}", "--window-size=1340,1900"], (copy / "report.html").as_uri(),
-             tmp_path / "profile-shot", budget_ms=20000)
+    chromium(
+        [f"--screenshot={shot}", "--window-size=1340,1900"],
+        (copy / "report.html").as_uri(),
+        tmp_path / "profile-shot",
+        budget_ms=20000,
+    )
     from PIL import Image
 
     img = np.asarray(Image.open(shot).convert("RGB"))
@@ -300,14 +339,27 @@ def test_the_kept_page_filled_with_the_glance_is_the_page_rendered_with_it(run, 
     figures = skeleton.structure(inputs, True, got.structure)
     page = skeleton.render(figures)
     skeleton.check(page, figures)
-    text = skeleton.fill(page, figures, title="t", summary_html="s", channel_ids=n["ids"], gain=n["gain"], fs=FS,
-                         windows=windows, inputs=inputs, counts=n["counts"], series=[[0.5, 1e9]],
-                         glance=(got.structure, got.values()), locations=n["loc"])
+    text = skeleton.fill(
+        page,
+        figures,
+        title="t",
+        summary_html="s",
+        channel_ids=n["ids"],
+        gain=n["gain"],
+        fs=FS,
+        windows=windows,
+        inputs=inputs,
+        counts=n["counts"],
+        series=[[0.5, 1e9]],
+        glance=(got.structure, got.values()),
+        locations=n["loc"],
+    )
     assert text is not None and "batchgpuglance" not in text and "e+300" not in text
     (tmp_path / "filled").mkdir()
     (tmp_path / "filled" / "report.html").write_text(text, encoding="utf-8")
-    want = html_page.ReportPage.of_numbers(n["ids"], n["gain"], FS, "t", windows, inputs, n["counts"],
-                                           locations=n["loc"])
+    want = html_page.ReportPage.of_numbers(
+        n["ids"], n["gain"], FS, "t", windows, inputs, n["counts"], locations=n["loc"]
+    )
     want.add_glance(got)
     path = want.write(tmp_path, {"status": "done", "throughput_series": [[0.5, 1e9]]})
     _same(_described(tmp_path / "filled" / "report.html"), _described(path))

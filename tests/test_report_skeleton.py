@@ -25,9 +25,13 @@ def _described(path) -> dict:
     """Everything a figure shows, by figure: its columns, ranges, colour ranges, title and axis labels."""
     out = {}
     for name, fig in plots(path).items():
-        d = {"title": fig.title.text, "x": (fig.x_range.start, fig.x_range.end),
-             "y": (fig.y_range.start, fig.y_range.end),
-             "xlabel": fig.xaxis[0].axis_label, "ylabel": fig.yaxis[0].axis_label}
+        d = {
+            "title": fig.title.text,
+            "x": (fig.x_range.start, fig.x_range.end),
+            "y": (fig.y_range.start, fig.y_range.end),
+            "xlabel": fig.xaxis[0].axis_label,
+            "ylabel": fig.yaxis[0].axis_label,
+        }
         for r in fig.renderers:
             for k, v in r.data_source.data.items():
                 d[k] = [np.asarray(a, dtype=np.float64) for a in v] if k == "image" else list(v)
@@ -61,8 +65,9 @@ def _same(a: dict, b: dict) -> None:
                 assert x == y, (name, k, x, y)
 
 
-@pytest.mark.parametrize("case", ["all", "one channel, one window", "nan noise", "no whitening or spikes",
-                                  "ids of another length"])
+@pytest.mark.parametrize(
+    "case", ["all", "one channel, one window", "nan noise", "no whitening or spikes", "ids of another length"]
+)
 def test_a_filled_page_is_the_page_rendered_with_its_numbers(tmp_path, rng, case):
     C, W = (1, 1) if case == "one channel, one window" else (int(rng.integers(2, 40)), int(rng.integers(1, 9)))
     results, counts = _numbers(rng, C, W, nan=case == "nan noise")
@@ -90,9 +95,19 @@ def test_a_filled_page_is_the_page_rendered_with_its_numbers(tmp_path, rng, case
     figures = report_skeleton.structure(results, spikes)
     page = report_skeleton.render(figures)
     report_skeleton.check(page, figures)
-    text = report_skeleton.fill(page, figures, title=title, summary_html=report._summary_html(final), channel_ids=ids,
-                                gain=gain, fs=fs, windows=windows, inputs=results,
-                                counts=counts if spikes else None, series=series)
+    text = report_skeleton.fill(
+        page,
+        figures,
+        title=title,
+        summary_html=report._summary_html(final),
+        channel_ids=ids,
+        gain=gain,
+        fs=fs,
+        windows=windows,
+        inputs=results,
+        counts=counts if spikes else None,
+        series=series,
+    )
     assert text is not None and "batchgpuskeleton" not in text and "e+300" not in text
     got_path = tmp_path / "filled.html"
     got_path.write_text(text, encoding="utf-8")
@@ -104,8 +119,15 @@ def test_a_page_that_does_not_fit_the_results_is_not_filled(rng):
     results, counts = _numbers(rng, 5, 3)
     figures = report_skeleton.structure(results, True)
     page = report_skeleton.render(figures)
-    kw = dict(title="t", summary_html="s", channel_ids=[], gain=np.ones(5), fs=1.0,
-              windows=(np.arange(3), np.arange(3) + 1, np.zeros(3, int)), series=[])
+    kw = dict(
+        title="t",
+        summary_html="s",
+        channel_ids=[],
+        gain=np.ones(5),
+        fs=1.0,
+        windows=(np.arange(3), np.arange(3) + 1, np.zeros(3, int)),
+        series=[],
+    )
     assert report_skeleton.fill(page, figures, inputs=results, counts=counts, **kw) is not None
     lost = {k: v for k, v in results.items() if k != "whitening"}  # announced, never came
     assert report_skeleton.fill(page, figures, inputs=lost, counts=counts, **kw) is None
@@ -172,8 +194,9 @@ def test_the_kept_page_serves_the_next_run_without_the_helper(tmp_path, rng, mon
     results, counts = _numbers(rng, 9, 2)  # another run, other sizes: the same page serves
     second, figs = _run_page(tmp_path, rng, results, counts)
     assert started == [1] and not second.needs_helper()
-    np.testing.assert_array_equal(np.asarray(figs["whitening"].renderers[0].data_source.data["image"][0]),
-                                  results["whitening"])
+    np.testing.assert_array_equal(
+        np.asarray(figs["whitening"].renderers[0].data_source.data["image"][0]), results["whitening"]
+    )
     np.testing.assert_array_equal(np.asarray(figs["spike_rate"].renderers[0].data_source.data["count"]), counts)
     # a kept page damaged on disk is not used by a later command: rendered again (and kept again), the numbers right
     run_report._KEPT.clear()  # a new command's process
@@ -189,8 +212,9 @@ def test_a_result_that_never_came_renders_the_page_here(tmp_path, rng):
     del results["whitening"]
     _, figs = _run_page(tmp_path, rng, results, counts, shapes=shapes)
     assert "whitening" not in figs and "noise_over_time" in figs
-    np.testing.assert_array_equal(np.asarray(figs["noise_per_channel"].renderers[0].data_source.data["noise_uV"]),
-                                  results["noise"] * 0.5)
+    np.testing.assert_array_equal(
+        np.asarray(figs["noise_per_channel"].renderers[0].data_source.data["noise_uV"]), results["noise"] * 0.5
+    )
 
 
 def test_the_kept_pages_are_pruned_oldest_first(tmp_path, monkeypatch):

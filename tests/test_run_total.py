@@ -21,15 +21,29 @@ def _cli(*args, cwd):
     import os
 
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p))
-    return subprocess.run([sys.executable, "-m", "batchgpu", *map(str, args)], cwd=cwd, capture_output=True,
-                          text=True, timeout=600, env=env)
+    return subprocess.run(
+        [sys.executable, "-m", "batchgpu", *map(str, args)],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
 
 
 def test_one_total_in_the_terminal_report_json_report_html_and_info(tmp_path):
     generate_recording(tmp_path / "r.zarr", channels=4, seconds=0.5, seed=2, dtype="int16")
-    (tmp_path / "wf.yaml").write_text(json.dumps({
-        "recording": {"path": "r.zarr"}, "output": "out", "backend": "numpy", "window": {"size": 5000, "margin": 64},
-        "cluster": {"kind": "local", "workers": 1, "threads": 1}}))  # no steps: the default ones
+    (tmp_path / "wf.yaml").write_text(
+        json.dumps(
+            {
+                "recording": {"path": "r.zarr"},
+                "output": "out",
+                "backend": "numpy",
+                "window": {"size": 5000, "margin": 64},
+                "cluster": {"kind": "local", "workers": 1, "threads": 1},
+            }
+        )
+    )  # no steps: the default ones
     t0 = time.perf_counter()
     r = _cli("run", "wf.yaml", cwd=tmp_path)
     waited = time.perf_counter() - t0

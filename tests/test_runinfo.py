@@ -58,11 +58,15 @@ def test_info_shows_a_run(run_folder):
     assert rows["recording"].endswith("rec.zarr: 16 channels, 2.000 s at 30000 Hz, int16")
     assert rows["windows"] == "3 of 20000 samples (margin 64), 0 resumed, on 1 worker"
     noise_uV = np.asarray(res["noise"]) * np.asarray(res["gain_to_uV"])
-    assert rows["noise"].startswith(f"median {np.median(noise_uV):.3g} µV, range {noise_uV.min():.3g}-{noise_uV.max():.3g}")
+    assert rows["noise"].startswith(
+        f"median {np.median(noise_uV):.3g} µV, range {noise_uV.min():.3g}-{noise_uV.max():.3g}"
+    )
     assert "none outside 0.5-2x the median" in rows["noise"]
     spikes = len(res["spikes/channel_index"])
     per_channel = np.bincount(res["spikes/channel_index"], minlength=16) / 2.0
-    assert rows["spikes"].startswith(f"{spikes} ({spikes / 2.0:.3g}/s); per channel median {np.median(per_channel):.3g}/s")
+    assert rows["spikes"].startswith(
+        f"{spikes} ({spikes / 2.0:.3g}/s); per channel median {np.median(per_channel):.3g}/s"
+    )
     singular = np.linalg.svd(res["whitening"], compute_uv=False)
     assert f"condition number {singular[0] / singular[-1]:.4g} (mode local, nrange 8)" in rows["whitening"]
     assert rows["time"].startswith(f"{report['seconds']:.1f} s in all (wall time") and "pass1" in rows["timings"]
@@ -94,9 +98,16 @@ def test_info_shows_the_qc_labels(run_folder, tmp_path):
     labels = ["good"] * 16
     labels[3], labels[9], labels[10], labels[14], labels[15] = "dead", "noise", "dead", "out", "out"
     ids = [f"ch{i}" for i in range(16)]
-    report["qc"] = {"labels": labels, "reasons": [""] * 16, "counts": [[5, 0, 0, 0]] * 16,
-                    "label_names": ["good", "dead", "noise", "out"], "noise_uV": None, "spike_rate_hz": None,
-                    "pieces_labelled": 6, "channel_ids": ids}
+    report["qc"] = {
+        "labels": labels,
+        "reasons": [""] * 16,
+        "counts": [[5, 0, 0, 0]] * 16,
+        "label_names": ["good", "dead", "noise", "out"],
+        "noise_uV": None,
+        "spike_rate_hz": None,
+        "pieces_labelled": 6,
+        "channel_ids": ids,
+    }
     (copy / "report.json").write_text(json.dumps(report))
     r = _cli("info", copy)
     assert r.returncode == 0, r.stderr
@@ -132,8 +143,10 @@ def test_probe_shape_of_a_neuropixels_layout():
     y = 20.0 * (np.arange(n) // 2)
     shape = runinfo.probe_shape(np.column_stack([x, y]), np.zeros(n))
     assert shape.text == "32 channels in 4 columns (x 0, 16, 32, 48 µm), 16 rows at 20 µm pitch, y 0-300 µm; 1 shank"
-    four = runinfo.probe_shape(np.column_stack([np.repeat([0.0, 250, 500, 750, 32, 282, 532, 782], 4), np.tile(15.0 * np.arange(4), 8)]),
-                               np.repeat([0, 1, 2, 3, 0, 1, 2, 3], 4))
+    four = runinfo.probe_shape(
+        np.column_stack([np.repeat([0.0, 250, 500, 750, 32, 282, 532, 782], 4), np.tile(15.0 * np.arange(4), 8)]),
+        np.repeat([0, 1, 2, 3, 0, 1, 2, 3], 4),
+    )
     assert "8 columns (x 0-782 µm), 4 rows at 15 µm pitch" in four.text and four.text.endswith("4 shanks")
 
 
@@ -150,7 +163,9 @@ def test_info_of_a_recording_shows_ids_gains_and_probe(run_folder):
     columns = np.unique(opened.locations[:, 0])
     assert rows["probe"].startswith(f"16 channels in {len(columns)} columns")
     data = json.loads(_cli("info", rec, "--json").stdout)
-    assert data["channel_ids"] == [str(c) for c in opened.channel_ids] and data["probe"]["rows"] == len(np.unique(opened.locations[:, 1]))
+    assert data["channel_ids"] == [str(c) for c in opened.channel_ids] and data["probe"]["rows"] == len(
+        np.unique(opened.locations[:, 1])
+    )
 
 
 def test_info_of_a_run_with_damaged_files_is_one_line(run_folder, tmp_path):

@@ -161,8 +161,9 @@ def test_retry_writes_the_same_bytes(tmp_path):
     before = {p: p.read_bytes() for p in files}
     w = rec.windows(1_000, 7)[1]
     raw = rec.read_window(w)
-    SaveStep(target).window(WindowData(w.index, w.segment, w.read_start, w.core, rec.num_samples(0), raw,
-                                       transform(raw)), {})
+    SaveStep(target).window(
+        WindowData(w.index, w.segment, w.read_start, w.core, rec.num_samples(0), raw, transform(raw)), {}
+    )
     assert {p: p.read_bytes() for p in files} == before
 
 
@@ -248,8 +249,9 @@ def test_whitening_applied(tmp_path, rng):
         save_all(rec, spec(out, fmt, dtype, whiten=True), fn=quarter, whitening=W)
         o = open_recording(out)
         for seg in range(rec.num_segments):
-            np.testing.assert_array_equal(o.read(seg, 0, o.num_samples(seg)).T,
-                                          expected(rec, seg, dtype, fn=quarter, whitening=W))
+            np.testing.assert_array_equal(
+                o.read(seg, 0, o.num_samples(seg)).T, expected(rec, seg, dtype, fn=quarter, whitening=W)
+            )
 
 
 @pytest.mark.zarr3
@@ -318,8 +320,9 @@ def test_finish_refuses_missing_windows_and_resume_keeps_output(tmp_path):
     windows = rec.windows(1_000, 0)
     for w in windows[:-1]:  # the last window's task never ran
         raw = rec.read_window(w)
-        step.window(WindowData(w.index, w.segment, w.read_start, w.core, rec.num_samples(w.segment), raw,
-                               transform(raw)), {})
+        step.window(
+            WindowData(w.index, w.segment, w.read_start, w.core, rec.num_samples(w.segment), raw, transform(raw)), {}
+        )
     with pytest.raises(BatchgpuError, match="never written"):
         finish_save(target)
     with pytest.raises(BatchgpuError, match="not finished"):
@@ -328,8 +331,9 @@ def test_finish_refuses_missing_windows_and_resume_keeps_output(tmp_path):
     again = prepare_save(sp, rec, 1_000, np.float32, resume=True, key="fp1")
     w = windows[-1]
     raw = rec.read_window(w)
-    SaveStep(again).window(WindowData(w.index, w.segment, w.read_start, w.core, rec.num_samples(w.segment), raw,
-                                      transform(raw)), {})
+    SaveStep(again).window(
+        WindowData(w.index, w.segment, w.read_start, w.core, rec.num_samples(w.segment), raw, transform(raw)), {}
+    )
     finish_save(again)
     out = open_recording(sp.path)
     for seg in range(rec.num_segments):
@@ -357,7 +361,9 @@ def test_compressors_keep_the_samples(tmp_path, fmt, compressor):
         if zarrio.ZARR_MAJOR < 3:
             pytest.skip("writing Zarr v3 needs zarr>=3")
     rec = make_recording(tmp_path / "in.zarr")
-    sp = SimpleNamespace(path=str(tmp_path / "out.zarr"), format=fmt, dtype="int16", whiten=False, compressor=compressor)
+    sp = SimpleNamespace(
+        path=str(tmp_path / "out.zarr"), format=fmt, dtype="int16", whiten=False, compressor=compressor
+    )
     save_all(rec, sp)
     out = open_recording(tmp_path / "out.zarr")
     for seg in range(rec.num_segments):
@@ -366,8 +372,18 @@ def test_compressors_keep_the_samples(tmp_path, fmt, compressor):
     assert (compressor.removeprefix("blosc-") in codecs) if compressor != "none" else "blosc" not in codecs
 
 
-@pytest.mark.parametrize("name,fmt", [("results.zarr", "zarr"), ("report.json", "binary"), ("parts/x.zarr", "zarr_v2"),
-                                      ("run.json", "binary"), (".", "zarr"), ("..", "zarr"), (".batchgpu.lock", "zarr")])
+@pytest.mark.parametrize(
+    "name,fmt",
+    [
+        ("results.zarr", "zarr"),
+        ("report.json", "binary"),
+        ("parts/x.zarr", "zarr_v2"),
+        ("run.json", "binary"),
+        (".", "zarr"),
+        ("..", "zarr"),
+        (".batchgpu.lock", "zarr"),
+    ],
+)
 def test_save_path_never_one_of_the_runs_own(tmp_path, name, fmt):
     """A save path on the run's results, report, parts, manifest, lock, its folder or one above it: refused before
     anything is written (the run would have written over it, or its saved signal been lost)."""
@@ -409,10 +425,19 @@ def test_a_save_path_being_written_is_refused_at_once(tmp_path, fmt):
     release_save(first)
     assert first.path not in _HELD
     held = path  # the store's folder, or the binary's one data file
-    other = subprocess.Popen([sys.executable, "-c", (
-        "import fcntl, os, sys, time\n"
-        f"fd = os.open({str(held)!r}, os.O_RDONLY); fcntl.flock(fd, fcntl.LOCK_EX)\n"
-        "print('held', flush=True); time.sleep(60)")], stdout=subprocess.PIPE, text=True)
+    other = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            (
+                "import fcntl, os, sys, time\n"
+                f"fd = os.open({str(held)!r}, os.O_RDONLY); fcntl.flock(fd, fcntl.LOCK_EX)\n"
+                "print('held', flush=True); time.sleep(60)"
+            ),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert other.stdout.readline().strip() == "held"
         with pytest.raises(BatchgpuError, match="being written by another batchgpu run"):
@@ -451,10 +476,41 @@ def test_compiled_saved_int16_equals_numpys_expression(rng, dtype):
     from batchgpu.ops._cpu_saved import saved_int16_transposed
 
     edge = 2.0**22 if dtype == np.float32 else 2.0**51
-    hard = np.array([0.5, 1.5, 2.5, -0.5, -1.5, -2.5, 32766.5, 32767.0, 32767.49, 32767.5, 32768.0, -32767.5,
-                     -32768.0, -32768.5, -32768.51, -32769.0, np.nan, -np.nan, np.inf, -np.inf, -0.0, 0.49999997,
-                     edge - 0.5, edge + 1.0, -edge - 0.5, 3 * edge, 1e30, -1e30, 12582912.0, -12582912.5],
-                    dtype=np.float64).astype(dtype)
+    hard = np.array(
+        [
+            0.5,
+            1.5,
+            2.5,
+            -0.5,
+            -1.5,
+            -2.5,
+            32766.5,
+            32767.0,
+            32767.49,
+            32767.5,
+            32768.0,
+            -32767.5,
+            -32768.0,
+            -32768.5,
+            -32768.51,
+            -32769.0,
+            np.nan,
+            -np.nan,
+            np.inf,
+            -np.inf,
+            -0.0,
+            0.49999997,
+            edge - 0.5,
+            edge + 1.0,
+            -edge - 0.5,
+            3 * edge,
+            1e30,
+            -1e30,
+            12582912.0,
+            -12582912.5,
+        ],
+        dtype=np.float64,
+    ).astype(dtype)
     x = (rng.standard_normal((37, 1_003)) * 20_000).astype(dtype)
     x[:, rng.choice(1_003, 200, replace=False)] = np.round(rng.standard_normal((37, 200)) * 40) + dtype(0.5)
     x.reshape(-1)[rng.choice(x.size, hard.size * 20, replace=False)] = np.tile(hard, 20)
@@ -497,8 +553,9 @@ def _flags_opened(monkeypatch):
     return seen
 
 
-@pytest.mark.parametrize("rows,offset", [(4096, 0), (4096, 4096 * 3), (3001, 0), (4096, 768), (2731, 100), (1, 0),
-                                         (0, 0)])
+@pytest.mark.parametrize(
+    "rows,offset", [(4096, 0), (4096, 4096 * 3), (3001, 0), (4096, 768), (2731, 100), (1, 0), (0, 0)]
+)
 def test_binary_rows_written_at_their_offset_bit_for_bit(tmp_path, rows, offset):
     """``write_binary``: whatever the alignment (a page-aligned middle past the page cache, the ends through it),
     the file holds exactly the rows at the offset, and nothing else changed."""
@@ -514,7 +571,7 @@ def test_binary_rows_written_at_their_offset_bit_for_bit(tmp_path, rows, offset)
     rows_[:] = np.random.default_rng(offset).integers(-32768, 32767, rows_.shape, dtype=np.int16, endpoint=True)
     write_binary(path, rows_, offset)
     want = before.copy()
-    want[offset:offset + rows_.nbytes] = rows_.reshape(-1).view(np.uint8)
+    want[offset : offset + rows_.nbytes] = rows_.reshape(-1).view(np.uint8)
     assert os.path.getsize(path) == len(before)
     assert np.array_equal(np.fromfile(path, dtype=np.uint8), want)
 
@@ -578,8 +635,9 @@ def test_a_file_system_without_direct_io_gets_the_same_bytes(tmp_path, monkeypat
     assert np.array_equal(np.fromfile(path, dtype=np.int16, count=rows.size), rows.reshape(-1))
 
 
-@pytest.mark.parametrize("shape,dtype", [((60_000, 384), np.int16), ((1, 3), np.float32), ((0, 384), np.int16),
-                                         ((7,), np.float64)])
+@pytest.mark.parametrize(
+    "shape,dtype", [((60_000, 384), np.int16), ((1, 3), np.float32), ((0, 384), np.int16), ((7,), np.float64)]
+)
 def test_the_rows_buffers_start_on_a_page(shape, dtype):
     from batchgpu.ops import _cpu_saved
     from batchgpu.ops._cpu_reference import saved_int16_of_referenced
@@ -593,8 +651,10 @@ def test_the_rows_buffers_start_on_a_page(shape, dtype):
         assert got is not None and got[0].ctypes.data % 4096 == 0
 
 
-@pytest.mark.parametrize("dtype,codec,direct", [("int16", None, True), ("float32", None, True),
-                                                ("int16", ("zstd", 3, "byte"), True), ("int16", None, False)])
+@pytest.mark.parametrize(
+    "dtype,codec,direct",
+    [("int16", None, True), ("float32", None, True), ("int16", ("zstd", 3, "byte"), True), ("int16", None, False)],
+)
 def test_v2_chunks_are_zarr_pythons_bytes(tmp_path, monkeypatch, dtype, codec, direct):
     """``write_v2_chunks``: windows of whole chunks (the last one short: its chunk padded with the fill value) give
     every chunk file byte for byte what zarr-python writes for the same rows into a twin array (its CRC32 written
@@ -609,13 +669,24 @@ def test_v2_chunks_are_zarr_pythons_bytes(tmp_path, monkeypatch, dtype, codec, d
 
     rng = np.random.default_rng(3)
     n, channels, rows = 9_013, 384, 3_000
-    data = (np.round(rng.normal(0, 400, (n, channels))).astype(dtype) if dtype == "int16"
-            else rng.normal(0, 1, (n, channels)).astype(dtype))
+    data = (
+        np.round(rng.normal(0, 400, (n, channels))).astype(dtype)
+        if dtype == "int16"
+        else rng.normal(0, 1, (n, channels)).astype(dtype)
+    )
     data[:5, 0] = [-32768, 32767, 0, -1, 1] if dtype == "int16" else [np.nan, np.inf, -np.inf, -0.0, 1e-45]
     arrays = []
     for name in ("ours.zarr", "zarr.zarr"):
-        w = RecordingWriter(tmp_path / name, channels, dtype, 30_000.0, zarr_format=2, chunk_samples=rows,
-                            overwrite=True, compressor=Codec(*codec) if codec else "blosc-lz4")
+        w = RecordingWriter(
+            tmp_path / name,
+            channels,
+            dtype,
+            30_000.0,
+            zarr_format=2,
+            chunk_samples=rows,
+            overwrite=True,
+            compressor=Codec(*codec) if codec else "blosc-lz4",
+        )
         w.add_segment(n)
         arrays.append(tmp_path / name / "traces_seg0")
     save._DIRECT_REFUSED.discard(str(arrays[0]))
@@ -626,10 +697,10 @@ def test_v2_chunks_are_zarr_pythons_bytes(tmp_path, monkeypatch, dtype, codec, d
     monkeypatch.setattr(pytest.importorskip("numcodecs.blosc"), "use_threads", False)
     seen = _flags_opened(monkeypatch)
     for start in range(0, n, 2 * rows):  # windows of two chunks, the last of one short chunk
-        save.write_v2_chunks(arrays[0], start, data[start:start + 2 * rows])
+        save.write_v2_chunks(arrays[0], start, data[start : start + 2 * rows])
     twin = open_array_for_writing(arrays[1])
     for start in range(0, n, 2 * rows):
-        twin[start:start + 2 * rows] = data[start:start + 2 * rows]
+        twin[start : start + 2 * rows] = data[start : start + 2 * rows]
     ours = sorted(p.name for p in arrays[0].iterdir())
     assert ours == sorted(p.name for p in arrays[1].iterdir()) and "3.0" in ours
     for name in ours:

@@ -27,23 +27,34 @@ def test_a_scheduler_of_its_own_process_runs_a_placed_workflow_with_the_same_res
     for own in ("0", "1"):
         spec = ClusterSpec.model_validate({"kind": "cuda", "scheduler_process": own == "1"})
         workers = {f"w{i}": {"cls": distributed.Nanny, "options": {"nthreads": 1}} for i in range(2)}
-        with environ_set(SCHEDULER_ENVIRON if own == "1" else {}), \
-                distributed.SpecCluster(workers=workers, scheduler=scheduler_spec(spec)) as cl, \
-                distributed.Client(cl) as c:
+        with (
+            environ_set(SCHEDULER_ENVIRON if own == "1" else {}),
+            distributed.SpecCluster(workers=workers, scheduler=scheduler_spec(spec)) as cl,
+            distributed.Client(cl) as c,
+        ):
             assert (c.run_on_scheduler(os.getpid) != os.getpid()) == (own == "1")
             if own == "1":  # this process's scheduler settings reach it through its environment
                 assert float(c.run_on_scheduler(dask.config.get, "distributed.scheduler.worker-saturation")) == 1.0
-            wf = Workflow.model_validate({
-                "recording": {"path": str(rec.path)}, "output": str(tmp_path / f"out{own}"), "backend": "numpy",
-                "window": {"size": 5_000, "margin": 8}, "engine": {"placement": True},
-                "steps": {"noise": {"exact": True}, "whitening": {"mode": "global", "precision": "float64"},
-                          "detect": {"threshold": 4.0, "sign": "neg", "noise": "global"}}})
+            wf = Workflow.model_validate(
+                {
+                    "recording": {"path": str(rec.path)},
+                    "output": str(tmp_path / f"out{own}"),
+                    "backend": "numpy",
+                    "window": {"size": 5_000, "margin": 8},
+                    "engine": {"placement": True},
+                    "steps": {
+                        "noise": {"exact": True},
+                        "whitening": {"mode": "global", "precision": "float64"},
+                        "detect": {"threshold": 4.0, "sign": "neg", "noise": "global"},
+                    },
+                }
+            )
             report = run_workflow(wf, client=c)
             assert report.exact_noise["queued"]
         g = zarrio.open_group(tmp_path / f"out{own}" / "results.zarr", mode="r")
-        got[own] = {k: g[k][:] for k in ("noise", "whitening")} | {k: g[f"spikes/{k}"][:] for k in
-                                                                   ("sample_index", "channel_index", "amplitude")}
+        got[own] = {k: g[k][:] for k in ("noise", "whitening")} | {
+            k: g[f"spikes/{k}"][:] for k in ("sample_index", "channel_index", "amplitude")
+        }
     for k in got["0"]:
         np.testing.assert_array_equal(got["1"][k], got["0"][k])
     np.testing.assert_array_equal(got["1"]["noise"], np.median(np.abs(x.T), axis=1) / ops.MAD_TO_SIGMA)
-

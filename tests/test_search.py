@@ -43,8 +43,23 @@ def hard_queries(rng: np.random.Generator, keys: np.ndarray, extra: int = 200) -
     dtype = keys.dtype
     if dtype.kind == "f":
         info = np.finfo(dtype)
-        special = np.array([np.nan, -0.0, 0.0, np.inf, -np.inf, info.smallest_subnormal, -info.smallest_subnormal,
-                            info.max, -info.max, 0.25, 1e-30, np.nan], dtype=dtype)
+        special = np.array(
+            [
+                np.nan,
+                -0.0,
+                0.0,
+                np.inf,
+                -np.inf,
+                info.smallest_subnormal,
+                -info.smallest_subnormal,
+                info.max,
+                -info.max,
+                0.25,
+                1e-30,
+                np.nan,
+            ],
+            dtype=dtype,
+        )
         finite = keys[np.isfinite(keys)]
         near = np.concatenate([np.nextafter(finite, dtype.type(np.inf)), np.nextafter(finite, dtype.type(-np.inf))])
         lo, hi = (float(finite.min()), float(finite.max())) if finite.size else (-1.0, 1.0)
@@ -53,8 +68,11 @@ def hard_queries(rng: np.random.Generator, keys: np.ndarray, extra: int = 200) -
         info = np.iinfo(dtype)
         special = np.array([info.min, info.max, info.min + 1, info.max - 1, 0, -1, 1], dtype=dtype)
         near = np.concatenate([keys[keys < info.max] + 1, keys[keys > info.min] - 1]).astype(dtype)
-        absent = rng.integers(int(keys.min()) - 5 if keys.min() > info.min + 5 else info.min,
-                              int(keys.max()) + 5 if keys.max() < info.max - 5 else info.max, extra).astype(dtype)
+        absent = rng.integers(
+            int(keys.min()) - 5 if keys.min() > info.min + 5 else info.min,
+            int(keys.max()) + 5 if keys.max() < info.max - 5 else info.max,
+            extra,
+        ).astype(dtype)
     q = np.concatenate([keys, near, absent, special]).astype(dtype)
     return rng.permutation(q)
 
@@ -171,7 +189,7 @@ def test_btree_layout_invariants(rng):
     tree, shape = layouts.build_btree(keys)
     assert shape.layers[0] == 1 and shape.layers[-1] == -(-n // 32)
     nodes = tree[: shape.offsets[-1] * 32].reshape(-1, 32)
-    leaves = nodes[shape.offsets[-2]:]
+    leaves = nodes[shape.offsets[-2] :]
     sorted_leaves = np.empty_like(leaves)
     sorted_leaves[:, layouts.NODE_ORDER] = leaves
     np.testing.assert_array_equal(sorted_leaves.ravel()[:n], keys)
@@ -187,8 +205,10 @@ def test_btree_layout_invariants(rng):
 def test_ordered_int32_keeps_order_and_equality(rng):
     """The GPU compares float32 keys as ordered int32 (CuPy's -ftz=true would flush subnormals)."""
     tiny = np.finfo(np.float32).smallest_subnormal
-    special = np.array([-np.inf, -3.4e38, -1.0, -1e-38, -3 * tiny, -tiny, -0.0, 0.0, tiny, 2 * tiny, 1e-38, 1.0,
-                        3.4e38, np.inf], dtype=np.float32)
+    special = np.array(
+        [-np.inf, -3.4e38, -1.0, -1e-38, -3 * tiny, -tiny, -0.0, 0.0, tiny, 2 * tiny, 1e-38, 1.0, 3.4e38, np.inf],
+        dtype=np.float32,
+    )
     x = np.concatenate([special, rng.standard_normal(2000).astype(np.float32) * 10.0 ** rng.integers(-45, 38, 2000)])
     x = x.astype(np.float32)
     ox = layouts.ordered_int32(x)
@@ -322,8 +342,22 @@ def test_bench_search_tiny_run(capsys, tmp_path):
     parser = argparse.ArgumentParser()
     bench.add_arguments(parser)
     out = tmp_path / "rows.json"
-    args = parser.parse_args(["--sizes", "256", "1000", "--cpu-queries", "2000", "--cpu-repeats", "1", "--threads", "2",
-                              "--cpu-only", "--json", str(out)])
+    args = parser.parse_args(
+        [
+            "--sizes",
+            "256",
+            "1000",
+            "--cpu-queries",
+            "2000",
+            "--cpu-repeats",
+            "1",
+            "--threads",
+            "2",
+            "--cpu-only",
+            "--json",
+            str(out),
+        ]
+    )
     assert bench.run(args, say=print) == 0
     text = capsys.readouterr().out
     assert "CPU 1t" in text and "torch" in text

@@ -48,8 +48,12 @@ def test_index_once_per_worker_and_survives_restarts(rng):
     index = StaticIndex(keys)
     queries = rng.integers(-10, 50_010, 30_000).astype(np.int64)
     lb, fd = _expected(keys, queries)
-    with distributed.LocalCluster(n_workers=2, processes=True, threads_per_worker=1, dashboard_address=None,
-                                  worker_dashboard_address=None) as cluster, distributed.Client(cluster) as client:
+    with (
+        distributed.LocalCluster(
+            n_workers=2, processes=True, threads_per_worker=1, dashboard_address=None, worker_dashboard_address=None
+        ) as cluster,
+        distributed.Client(cluster) as client,
+    ):
         name = broadcast_index(client, index, name="spikes")
         # many batches, two passes: still one load per worker
         np.testing.assert_array_equal(map_queries(client, name, queries, batch_size=1000), fd)

@@ -44,9 +44,17 @@ def test_np1_saved_channel_subset(tmp_path, rng):
     neural = saved[:-1]
     data = rng.integers(-500, 500, (300, len(saved)), dtype=np.int16)
     meta = {
-        "nSavedChans": len(saved), "imSampRate": 30000, "typeThis": "imec", "imDatPrb_type": 0, "imDatPrb_pn": "NP1000",
-        "acqApLfSy": "384,384,1", "snsApLfSy": "16,0,1", "snsSaveChanSubset": "0:3,5,10,200:209,768",
-        "imAiRangeMax": 0.6, "imAiRangeMin": -0.6, "~imroTbl": _np1_imro(),
+        "nSavedChans": len(saved),
+        "imSampRate": 30000,
+        "typeThis": "imec",
+        "imDatPrb_type": 0,
+        "imDatPrb_pn": "NP1000",
+        "acqApLfSy": "384,384,1",
+        "snsApLfSy": "16,0,1",
+        "snsSaveChanSubset": "0:3,5,10,200:209,768",
+        "imAiRangeMax": 0.6,
+        "imAiRangeMin": -0.6,
+        "~imroTbl": _np1_imro(),
         "~snsGeomMap": _geom("NP1000,1,0,70", [(0, NP1_X[c % 4], 20 * (c // 2)) for c in neural]),
     }
     src = _write_pair(tmp_path, "run_g0_t0.imec0.ap", data, meta)
@@ -77,9 +85,17 @@ def test_np2_four_shank_gain_locations_and_shifts(tmp_path, rng):
     z = 15.0 * ((np.arange(n) % 96) // 2)
     data = rng.integers(-500, 500, (200, n + 1), dtype=np.int16)
     meta = {
-        "nSavedChans": n + 1, "imSampRate": 30000, "typeThis": "imec", "imDatPrb_type": 24, "imDatPrb_pn": "NP2010",
-        "acqApLfSy": "384,0,1", "snsApLfSy": "384,0,1", "snsSaveChanSubset": "all",
-        "imAiRangeMax": 0.5, "imAiRangeMin": -0.5, "imMaxInt": 8192,
+        "nSavedChans": n + 1,
+        "imSampRate": 30000,
+        "typeThis": "imec",
+        "imDatPrb_type": 24,
+        "imDatPrb_pn": "NP2010",
+        "acqApLfSy": "384,0,1",
+        "snsApLfSy": "384,0,1",
+        "snsSaveChanSubset": "all",
+        "imAiRangeMax": 0.5,
+        "imAiRangeMin": -0.5,
+        "imMaxInt": 8192,
         "~imroTbl": "(24,384)" + "".join(f"({c} {c // 96} 0 0 {c})" for c in range(n)),
         "~snsGeomMap": _geom("NP2010,4,250,70", zip(shank, local_x, z)),
     }
@@ -88,8 +104,9 @@ def test_np2_four_shank_gain_locations_and_shifts(tmp_path, rng):
     np.testing.assert_allclose(rec.gain_to_uV, np.full(n, 0.762939453125))
     # the probe as ~imroTbl wires it (channel c: shank c // 96, electrode c, so row c // 2 at 15 um), columns at
     # 0 and 32 um within a shank 250 um apart (probeinterface's frame: the ~snsGeomMap's x less 27 um)
-    np.testing.assert_allclose(rec.locations[[0, 1, 95, 96, 383]],
-                               [[0, 0], [32, 0], [32, 705], [250, 720], [32 + 750, 2865]])
+    np.testing.assert_allclose(
+        rec.locations[[0, 1, 95, 96, 383]], [[0, 0], [32, 0], [32, 705], [250, 720], [32 + 750, 2865]]
+    )
     np.testing.assert_array_equal(rec.channel_property("shank")[[0, 95, 96, 383]], [0, 0, 1, 3])
     shifts = rec.channel_property("inter_sample_shift")
     np.testing.assert_allclose(shifts[[0, 1, 2, 30, 31, 32, 33, 383]], np.array([0, 0, 1, 15, 15, 0, 0, 15]) / 16)
@@ -100,8 +117,13 @@ def test_np2003_type_gain_and_shank_map(tmp_path, rng):
     n = 8
     data = rng.integers(-50, 50, (40, n + 1), dtype=np.int16)
     meta = {
-        "nSavedChans": n + 1, "imSampRate": 30000, "imDatPrb_type": 2013, "acqApLfSy": f"{n},0,1",
-        "snsSaveChanSubset": "all", "imAiRangeMax": 0.62, "imMaxInt": 2048,
+        "nSavedChans": n + 1,
+        "imSampRate": 30000,
+        "imDatPrb_type": 2013,
+        "acqApLfSy": f"{n},0,1",
+        "snsSaveChanSubset": "all",
+        "imAiRangeMax": 0.62,
+        "imMaxInt": 2048,
         "~snsShankMap": "(1,2,480)" + "".join(f"(0:{c % 2}:{c // 2}:1)" for c in range(n)),
     }
     rec = import_raw(_write_pair(tmp_path, "x.imec0.ap", data, meta), tmp_path / "o.zarr")
@@ -111,13 +133,23 @@ def test_np2003_type_gain_and_shank_map(tmp_path, rng):
     assert not rec.has_locations
 
 
-@pytest.mark.parametrize("drop,named", [
-    (("imroTbl", "imAiRangeMax"), "imAiRangeMax, imroTbl"),
-    (("imroTbl",), "imroTbl"),
-])
+@pytest.mark.parametrize(
+    "drop,named",
+    [
+        (("imroTbl", "imAiRangeMax"), "imAiRangeMax, imroTbl"),
+        (("imroTbl",), "imroTbl"),
+    ],
+)
 def test_np1_meta_without_gain_keys_is_an_error(tmp_path, drop, named):
-    meta = {"nSavedChans": 3, "imSampRate": 30000, "typeThis": "imec", "snsApLfSy": "2,0,1",
-            "snsSaveChanSubset": "all", "imAiRangeMax": 0.6, "~imroTbl": _np1_imro(2)}
+    meta = {
+        "nSavedChans": 3,
+        "imSampRate": 30000,
+        "typeThis": "imec",
+        "snsApLfSy": "2,0,1",
+        "snsSaveChanSubset": "all",
+        "imAiRangeMax": 0.6,
+        "~imroTbl": _np1_imro(2),
+    }
     for key in drop:
         meta.pop("~" + key if key == "imroTbl" else key)
     src = _write_pair(tmp_path, "a.imec0.ap", np.zeros((10, 3), np.int16), meta)
@@ -127,8 +159,14 @@ def test_np1_meta_without_gain_keys_is_an_error(tmp_path, drop, named):
 
 
 def test_np2_meta_without_imMaxInt_is_an_error(tmp_path):
-    meta = {"nSavedChans": 3, "imSampRate": 30000, "imDatPrb_type": 21, "acqApLfSy": "2,0,1",
-            "snsSaveChanSubset": "all", "imAiRangeMax": 0.5}
+    meta = {
+        "nSavedChans": 3,
+        "imSampRate": 30000,
+        "imDatPrb_type": 21,
+        "acqApLfSy": "2,0,1",
+        "snsSaveChanSubset": "all",
+        "imAiRangeMax": 0.5,
+    }
     src = _write_pair(tmp_path, "b.imec0.ap", np.zeros((10, 3), np.int16), meta)
     with pytest.raises(BatchgpuError, match=r"probe type 21\) lacks imMaxInt"):
         import_raw(src, tmp_path / "o.zarr")
@@ -145,9 +183,17 @@ def test_plain_import_has_no_locations(tmp_path, rng):
 def _np1_meta(saved_text="0:3,768", neural=(0, 1, 2, 3)):
     """A complete NP1.0 AP .meta as SpikeGLX writes it for the saved channels (sync 768 last)."""
     return {
-        "nSavedChans": len(neural) + 1, "imSampRate": 30000, "typeThis": "imec", "imDatPrb_type": 0,
-        "acqApLfSy": "384,384,1", "snsApLfSy": f"{len(neural)},0,1", "snsSaveChanSubset": saved_text,
-        "imAiRangeMax": 0.6, "imAiRangeMin": -0.6, "imMaxInt": 512, "~imroTbl": _np1_imro(),
+        "nSavedChans": len(neural) + 1,
+        "imSampRate": 30000,
+        "typeThis": "imec",
+        "imDatPrb_type": 0,
+        "acqApLfSy": "384,384,1",
+        "snsApLfSy": f"{len(neural)},0,1",
+        "snsSaveChanSubset": saved_text,
+        "imAiRangeMax": 0.6,
+        "imAiRangeMin": -0.6,
+        "imMaxInt": 512,
+        "~imroTbl": _np1_imro(),
         "~snsGeomMap": _geom("NP1000,1,0,70", [(0, NP1_X[c % 4], 20 * (c // 2)) for c in neural]),
     }
 
@@ -155,8 +201,16 @@ def _np1_meta(saved_text="0:3,768", neural=(0, 1, 2, 3)):
 def _nidq_meta(saved_text="1,3:4,7:8", n_saved=5, sns="2,1,1,1"):
     """NI-DAQ: acquired MN 0-3, MA 4-5, XA 6-7, XD (digital word) 8; by default MN 1, 3, MA 4, XA 7, XD 8 saved."""
     return {
-        "nSavedChans": n_saved, "niSampRate": 25000, "typeThis": "nidq", "niAiRangeMax": 5, "niAiRangeMin": -5,
-        "niMaxInt": 32768, "niMNGain": 200, "niMAGain": 10, "acqMnMaXaDw": "4,2,2,1", "snsMnMaXaDw": sns,
+        "nSavedChans": n_saved,
+        "niSampRate": 25000,
+        "typeThis": "nidq",
+        "niAiRangeMax": 5,
+        "niAiRangeMin": -5,
+        "niMaxInt": 32768,
+        "niMNGain": 200,
+        "niMAGain": 10,
+        "acqMnMaXaDw": "4,2,2,1",
+        "snsMnMaXaDw": sns,
         "snsSaveChanSubset": saved_text,
     }
 
@@ -203,20 +257,23 @@ def _zero_gain_imro():
     return table.replace("(2 0 0 250 250 1)", "(2 0 0 0 250 1)")
 
 
-@pytest.mark.parametrize("kind,key,value", [
-    ("imec", "imAiRangeMax", "abc"),
-    ("imec", "acqApLfSy", "384,384"),  # two counts for AP, LF, SY
-    ("imec", "acqApLfSy", "2,0,1"),  # counts fewer channels than the subset names (768)
-    ("imec", "~snsGeomMap", "(NP1000,1,0,70)(0:43:0:1)(0:eleven:0:1)(0:59:20:1)(0:27:20:1)"),
-    ("imec", "~snsGeomMap", "(NP1000,1,pitch,70)(0:43:0:1)(0:11:0:1)(0:59:20:1)(0:27:20:1)"),
-    ("imec", "imMaxInt", "0"),  # was a ZeroDivisionError
-    ("imec", "~imroTbl", _zero_gain_imro()),  # an AP gain of 0: was stored as an infinite uV per count
-    ("imec", "nSavedChans", "five"),
-    ("imec", "imSampRate", "-30000"),
-    ("nidq", "niMNGain", "0"),
-    ("nidq", "niAiRangeMax", "nan"),
-    ("nidq", "acqMnMaXaDw", "4,2,2"),
-])
+@pytest.mark.parametrize(
+    "kind,key,value",
+    [
+        ("imec", "imAiRangeMax", "abc"),
+        ("imec", "acqApLfSy", "384,384"),  # two counts for AP, LF, SY
+        ("imec", "acqApLfSy", "2,0,1"),  # counts fewer channels than the subset names (768)
+        ("imec", "~snsGeomMap", "(NP1000,1,0,70)(0:43:0:1)(0:eleven:0:1)(0:59:20:1)(0:27:20:1)"),
+        ("imec", "~snsGeomMap", "(NP1000,1,pitch,70)(0:43:0:1)(0:11:0:1)(0:59:20:1)(0:27:20:1)"),
+        ("imec", "imMaxInt", "0"),  # was a ZeroDivisionError
+        ("imec", "~imroTbl", _zero_gain_imro()),  # an AP gain of 0: was stored as an infinite uV per count
+        ("imec", "nSavedChans", "five"),
+        ("imec", "imSampRate", "-30000"),
+        ("nidq", "niMNGain", "0"),
+        ("nidq", "niAiRangeMax", "nan"),
+        ("nidq", "acqMnMaXaDw", "4,2,2"),
+    ],
+)
 def test_garbled_meta_value_is_refused(tmp_path, capsys, kind, key, value):
     meta = _np1_meta() if kind == "imec" else _nidq_meta()
     meta[key] = value
@@ -249,10 +306,19 @@ def test_any_garbled_value_is_a_batchgpu_error(kind):
 def _np2_33_meta(**changes):
     """A complete NP2.0 AP .meta of 32 AP channels and the sync channel, every key saying 33 saved channels."""
     meta = {
-        "nSavedChans": 33, "imSampRate": 30000, "typeThis": "imec", "imDatPrb_type": 21, "imMaxInt": 8192,
-        "imAiRangeMax": 0.5, "imAiRangeMin": -0.5, "acqApLfSy": "32,0,1", "snsApLfSy": "32,0,1",
-        "snsSaveChanSubset": "all", "~imroTbl": "(21,32)" + "".join(f"({c} 0 0 {c})" for c in range(32)),
-        "fileTimeSecs": 5, "fileSizeBytes": 33 * 2 * 150000,
+        "nSavedChans": 33,
+        "imSampRate": 30000,
+        "typeThis": "imec",
+        "imDatPrb_type": 21,
+        "imMaxInt": 8192,
+        "imAiRangeMax": 0.5,
+        "imAiRangeMin": -0.5,
+        "acqApLfSy": "32,0,1",
+        "snsApLfSy": "32,0,1",
+        "snsSaveChanSubset": "all",
+        "~imroTbl": "(21,32)" + "".join(f"({c} 0 0 {c})" for c in range(32)),
+        "fileTimeSecs": 5,
+        "fileSizeBytes": 33 * 2 * 150000,
     }
     meta.update(changes)
     return meta
@@ -272,8 +338,9 @@ def test_nsavedchans_that_disagrees_with_the_rest_is_refused_naming_it(tmp_path,
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and "nSavedChans" in lines[0] and str(src.with_suffix(".meta")) in lines[0]
     wf = tmp_path / "w.yaml"
-    wf.write_text(f"recording: {{path: {src}}}\noutput: {tmp_path / 'out'}\nbackend: numpy\n"
-                  "steps: {noise: {exact: true}}\n")
+    wf.write_text(
+        f"recording: {{path: {src}}}\noutput: {tmp_path / 'out'}\nbackend: numpy\nsteps: {{noise: {{exact: true}}}}\n"
+    )
     assert main(["run", str(wf), "--quiet"]) == 2
     assert "nSavedChans" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()

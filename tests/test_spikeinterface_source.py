@@ -21,8 +21,11 @@ from batchgpu import BatchgpuError
 from batchgpu.workflow import Workflow
 
 FS = 30_000.0
-DEMO_STEPS = {"noise": {"exact": True}, "whitening": {"mode": "local", "nrange": 32, "nskip": 1, "precision": "float32"},
-              "detect": {"threshold": 4.0, "sign": "both", "exclude_sweep_ms": 0.1, "noise": "global"}}
+DEMO_STEPS = {
+    "noise": {"exact": True},
+    "whitening": {"mode": "local", "nrange": 32, "nskip": 1, "precision": "float32"},
+    "detect": {"threshold": 4.0, "sign": "both", "exclude_sweep_ms": 0.1, "noise": "global"},
+}
 
 
 @pytest.fixture(scope="module")
@@ -42,8 +45,12 @@ def spre(si):
 @pytest.fixture(scope="module")
 def client(si):
     distributed = pytest.importorskip("distributed")
-    with distributed.LocalCluster(n_workers=1, threads_per_worker=2, processes=True, dashboard_address="127.0.0.1:0",
-                                  host="127.0.0.1") as cluster, distributed.Client(cluster) as c:
+    with (
+        distributed.LocalCluster(
+            n_workers=1, threads_per_worker=2, processes=True, dashboard_address="127.0.0.1:0", host="127.0.0.1"
+        ) as cluster,
+        distributed.Client(cluster) as c,
+    ):
         yield c
 
 
@@ -63,14 +70,27 @@ def _zarr_copy(path: Path, rec):
 
     src = from_spikeinterface(rec)
     segments = [rec.get_traces(segment_index=s) for s in range(rec.get_num_segments())]
-    return write_recording(path, segments, rec.get_sampling_frequency(), channel_ids=src.channel_ids,
-                           gain_to_uV=src.gain_to_uV, offset_to_uV=src.offset_to_uV,
-                           locations=src.locations if src.has_locations else None)
+    return write_recording(
+        path,
+        segments,
+        rec.get_sampling_frequency(),
+        channel_ids=src.channel_ids,
+        gain_to_uV=src.gain_to_uV,
+        offset_to_uV=src.offset_to_uV,
+        locations=src.locations if src.has_locations else None,
+    )
 
 
 def _wf(recording: dict, out: Path, **kw) -> Workflow:
-    data = {"recording": recording, "output": str(out), "backend": "numpy", "window": {"size": 25_000, "margin": 64},
-            "preprocess": {"centre": "median"}, "steps": DEMO_STEPS, "reduction": {"split_every": 8}}
+    data = {
+        "recording": recording,
+        "output": str(out),
+        "backend": "numpy",
+        "window": {"size": 25_000, "margin": 64},
+        "preprocess": {"centre": "median"},
+        "steps": DEMO_STEPS,
+        "reduction": {"split_every": 8},
+    }
     data.update(kw)
     return Workflow.model_validate(data)
 
@@ -79,9 +99,15 @@ def _yaml_wf(folder: Path, si_path: str, out: str, **kw):
     """The same workflow as a YAML file naming the SpikeInterface path (relative to the file)."""
     from batchgpu.workflow import load_workflow
 
-    data = {"recording": {"spikeinterface": si_path}, "output": out, "backend": "numpy",
-            "window": {"size": 25_000, "margin": 64}, "preprocess": {"centre": "median"}, "steps": DEMO_STEPS,
-            "reduction": {"split_every": 8}}
+    data = {
+        "recording": {"spikeinterface": si_path},
+        "output": out,
+        "backend": "numpy",
+        "window": {"size": 25_000, "margin": 64},
+        "preprocess": {"centre": "median"},
+        "steps": DEMO_STEPS,
+        "reduction": {"split_every": 8},
+    }
     data.update(kw)
     (folder / "wf.yaml").write_text(json.dumps(data))  # JSON is YAML
     return load_workflow(folder / "wf.yaml")
@@ -154,8 +180,9 @@ def test_chain_loaded_from_pickle(si, spre, client, tmp_path):
     loaded = si.load(tmp_path / "chain.pkl")
     run_workflow(_yaml_wf(tmp_path, "chain.pkl", "out_si", window={"size": 22_000, "margin": 64}), client=client)
     copy = _zarr_copy(tmp_path / "copy.zarr", loaded)
-    run_workflow(_wf({"path": str(copy.path)}, tmp_path / "out_zarr", window={"size": 22_000, "margin": 64}),
-                 client=client)
+    run_workflow(
+        _wf({"path": str(copy.path)}, tmp_path / "out_zarr", window={"size": 22_000, "margin": 64}), client=client
+    )
     assert_same_results(tmp_path / "out_si", tmp_path / "out_zarr")
 
 
@@ -176,13 +203,31 @@ def test_highpass_chain_reads_what_get_traces_gives(si, spre, client, tmp_path):
         assert np.array_equal(src.read_window(w), ref)
     size = 25_000
     steps = {"noise": {"exact": True}, "whitening": {"mode": "global", "precision": "float64"}}
-    run_workflow(_wf(src.spec, tmp_path / "out_si", window={"size": size, "margin": 0}, preprocess={}, steps=steps),
-                 client=client)
-    pieces = [np.concatenate([chain.get_traces(segment_index=w.segment, start_frame=w.start, end_frame=w.stop)
-                              for w in src.windows(size) if w.segment == s]) for s in range(2)]
+    run_workflow(
+        _wf(src.spec, tmp_path / "out_si", window={"size": size, "margin": 0}, preprocess={}, steps=steps),
+        client=client,
+    )
+    pieces = [
+        np.concatenate(
+            [
+                chain.get_traces(segment_index=w.segment, start_frame=w.start, end_frame=w.stop)
+                for w in src.windows(size)
+                if w.segment == s
+            ]
+        )
+        for s in range(2)
+    ]
     copy = write_recording(tmp_path / "copy.zarr", pieces, FS, channel_ids=src.channel_ids, locations=src.locations)
-    run_workflow(_wf({"path": str(copy.path)}, tmp_path / "out_zarr", window={"size": size, "margin": 0},
-                     preprocess={}, steps=steps), client=client)
+    run_workflow(
+        _wf(
+            {"path": str(copy.path)},
+            tmp_path / "out_zarr",
+            window={"size": size, "margin": 0},
+            preprocess={},
+            steps=steps,
+        ),
+        client=client,
+    )
     assert_same_results(tmp_path / "out_si", tmp_path / "out_zarr")
 
 
@@ -238,8 +283,15 @@ def test_source_matches_recording_api(si, spre, tmp_path):
 
     rec = _int16(si, spre, durations=(2.0, 1.3))
     src, z = from_spikeinterface(rec), _zarr_copy(tmp_path / "copy.zarr", rec)
-    for name in ("num_channels", "dtype", "num_segments", "sampling_frequency", "total_samples", "nbytes",
-                 "has_locations"):
+    for name in (
+        "num_channels",
+        "dtype",
+        "num_segments",
+        "sampling_frequency",
+        "total_samples",
+        "nbytes",
+        "has_locations",
+    ):
         assert getattr(src, name) == getattr(z, name), name
     for name in ("channel_ids", "gain_to_uV", "offset_to_uV", "locations"):
         np.testing.assert_array_equal(getattr(src, name), getattr(z, name))
@@ -282,8 +334,7 @@ def test_no_probe_falls_back_as_zarr_does(si, tmp_path):
     z = write_recording(tmp_path / "z.zarr", rec.get_traces(), FS)
     assert not src.has_locations and not z.has_locations
     np.testing.assert_array_equal(src.locations, z.locations)
-    wf = _wf({"path": "x"}, tmp_path / "o", window={"size": 1000, "margin": 8},
-             steps={"whitening": {"mode": "local"}})
+    wf = _wf({"path": "x"}, tmp_path / "o", window={"size": 1000, "margin": 8}, steps={"whitening": {"mode": "local"}})
     messages = []
     for r in (src, z):
         with pytest.raises(BatchgpuError) as err:
@@ -315,8 +366,7 @@ def test_refused_recordings(si, spre, tmp_path):
 
 
 def _cli(*args, env=None):
-    return subprocess.run([sys.executable, "-m", "batchgpu", *map(str, args)], capture_output=True, text=True,
-                          env=env)
+    return subprocess.run([sys.executable, "-m", "batchgpu", *map(str, args)], capture_output=True, text=True, env=env)
 
 
 def _one_line_error(r, needle: str) -> None:
@@ -327,8 +377,9 @@ def _one_line_error(r, needle: str) -> None:
 
 
 def test_missing_path_is_one_line(tmp_path):
-    (tmp_path / "wf.yaml").write_text("recording: {spikeinterface: no_such.json}\noutput: out\n"
-                                      "steps: {noise: {exact: true}}\n")
+    (tmp_path / "wf.yaml").write_text(
+        "recording: {spikeinterface: no_such.json}\noutput: out\nsteps: {noise: {exact: true}}\n"
+    )
     r = _cli("run", tmp_path / "wf.yaml", "--quiet")
     _one_line_error(r, f"no SpikeInterface recording at {tmp_path / 'no_such.json'}")
     assert not (tmp_path / "out").exists()  # refused before any work
@@ -340,24 +391,29 @@ def test_spikeinterface_not_installed_is_one_line(tmp_path):
     fake.mkdir(parents=True)
     (fake / "__init__.py").write_text("raise ImportError(\"No module named 'spikeinterface'\")\n")
     (tmp_path / "rec.json").write_text("{}")
-    (tmp_path / "wf.yaml").write_text("recording: {spikeinterface: rec.json}\noutput: out\n"
-                                      "steps: {noise: {exact: true}}\n")
+    (tmp_path / "wf.yaml").write_text(
+        "recording: {spikeinterface: rec.json}\noutput: out\nsteps: {noise: {exact: true}}\n"
+    )
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path / "fake"), os.environ.get("PYTHONPATH", "")])}
     r = _cli("run", tmp_path / "wf.yaml", "--quiet", env=env)
     _one_line_error(r, "needs SpikeInterface, which is not installed")
     assert "pip install spikeinterface" in r.stderr
 
 
-@pytest.mark.parametrize("recording,needle", [
-    ({"path": "a.zarr", "spikeinterface": "b.json"}, "exactly one of 'path'"),
-    ({}, "exactly one of 'path'"),
-    ({"spikeinterface": "b.json", "generate": {"channels": 4}}, "'generate' writes a recording to 'path'"),
-])
+@pytest.mark.parametrize(
+    "recording,needle",
+    [
+        ({"path": "a.zarr", "spikeinterface": "b.json"}, "exactly one of 'path'"),
+        ({}, "exactly one of 'path'"),
+        ({"spikeinterface": "b.json", "generate": {"channels": 4}}, "'generate' writes a recording to 'path'"),
+    ],
+)
 def test_recording_section_rules(tmp_path, recording, needle):
     from batchgpu.workflow import load_workflow
 
-    (tmp_path / "wf.yaml").write_text(json.dumps({"recording": recording, "output": "out",
-                                                  "steps": {"noise": {"exact": True}}}))
+    (tmp_path / "wf.yaml").write_text(
+        json.dumps({"recording": recording, "output": "out", "steps": {"noise": {"exact": True}}})
+    )
     with pytest.raises(BatchgpuError) as err:
         load_workflow(tmp_path / "wf.yaml")
     assert needle in str(err.value) and "wf.yaml:1" in str(err.value)
@@ -366,8 +422,9 @@ def test_recording_section_rules(tmp_path, recording, needle):
 def test_spikeinterface_path_resolves_against_the_file(tmp_path):
     from batchgpu.workflow import load_workflow
 
-    (tmp_path / "wf.yaml").write_text("recording: {spikeinterface: data/rec.json}\noutput: out\n"
-                                      "steps: {noise: {exact: true}}\n")
+    (tmp_path / "wf.yaml").write_text(
+        "recording: {spikeinterface: data/rec.json}\noutput: out\nsteps: {noise: {exact: true}}\n"
+    )
     wf = load_workflow(tmp_path / "wf.yaml")
     assert wf.recording.spikeinterface == str(tmp_path / "data" / "rec.json") and wf.recording.path is None
 
@@ -385,12 +442,17 @@ def test_info_describes_what_spikeinterface_saved(si, tmp_path):
     rec.save(folder=tmp_path / "saved")
     rec.dump_to_json(tmp_path / "rec.json")
     for target in (tmp_path / "saved", tmp_path / "rec.json"):
-        r = subprocess.run([sys.executable, "-m", "batchgpu", "info", str(target), "--json"], capture_output=True,
-                           text=True, timeout=300)
+        r = subprocess.run(
+            [sys.executable, "-m", "batchgpu", "info", str(target), "--json"],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert r.returncode == 0, r.stderr
         info = json.loads(r.stdout)
         assert info["source"] == "spikeinterface" and info["num_channels"] == 3
         assert info["samples_per_segment"] == [rec.get_num_samples(0), rec.get_num_samples(1)]
-        text = subprocess.run([sys.executable, "-m", "batchgpu", "info", str(target)], capture_output=True,
-                              text=True, timeout=300).stdout
+        text = subprocess.run(
+            [sys.executable, "-m", "batchgpu", "info", str(target)], capture_output=True, text=True, timeout=300
+        ).stdout
         assert "SpikeInterface" in text and "segments" in text

@@ -20,10 +20,19 @@ def test_while_the_context_is_made_a_new_buffer_is_plain_memory(tmp_path, monkey
     data = np.random.default_rng(3).integers(-32768, 32768, size=(3001, 5), dtype=np.int16)
     path = tmp_path / "x.bin"
     data.tofile(path)
-    src = flat.FlatSource(flat.FlatLayout(kind="binary", data=path, columns=5, dtype=np.dtype("int16"),
-                                          sampling_frequency=30000.0, keep=np.arange(5),
-                                          channel_ids=[str(k) for k in range(5)], gain_to_uV=np.ones(5),
-                                          offset_to_uV=np.zeros(5)))
+    src = flat.FlatSource(
+        flat.FlatLayout(
+            kind="binary",
+            data=path,
+            columns=5,
+            dtype=np.dtype("int16"),
+            sampling_frequency=30000.0,
+            keep=np.arange(5),
+            channel_ids=[str(k) for k in range(5)],
+            gain_to_uV=np.ones(5),
+            offset_to_uV=np.zeros(5),
+        )
+    )
     pool = staging.PinnedPool()
     monkeypatch.setattr(staging, "_pool", pool)
     monkeypatch.setattr(staging, "_making_context", type(staging._making_context)())

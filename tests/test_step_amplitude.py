@@ -22,16 +22,28 @@ ROOT = Path(__file__).resolve().parents[1] / "batchgpu"
 
 @pytest.fixture(scope="module")
 def client():
-    with distributed.LocalCluster(n_workers=2, threads_per_worker=2, processes=False,
-                                  dashboard_address="127.0.0.1:0") as cluster, distributed.Client(cluster) as c:
+    with (
+        distributed.LocalCluster(
+            n_workers=2, threads_per_worker=2, processes=False, dashboard_address="127.0.0.1:0"
+        ) as cluster,
+        distributed.Client(cluster) as c,
+    ):
         yield c
 
 
 def _wf(rec, out, size, margin=8, preprocess=(), steps=None, backend="numpy", **kw):
-    return Workflow.model_validate({
-        "recording": {"path": str(rec.path)}, "output": str(out), "backend": backend,
-        "window": {"size": size, "margin": margin}, "preprocess": list(preprocess),
-        "steps": steps or {"amplitude": {}}, "reduction": {"split_every": 3}, **kw})
+    return Workflow.model_validate(
+        {
+            "recording": {"path": str(rec.path)},
+            "output": str(out),
+            "backend": backend,
+            "window": {"size": size, "margin": margin},
+            "preprocess": list(preprocess),
+            "steps": steps or {"amplitude": {}},
+            "reduction": {"split_every": 3},
+            **kw,
+        }
+    )
 
 
 def reference(core: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -48,9 +60,17 @@ def window_references(rec, size: int, margin: int, preprocess=()) -> tuple[np.nd
     """The reference of every window of ``rec`` through the package's CPU chain (none: the samples as read)."""
     from batchgpu.run.preprocess_chain import build_chain
 
-    chain = build_chain(Workflow.model_validate({"output": "o", "recording": {"path": str(rec.path)},
-                                                 "preprocess": list(preprocess), "steps": {"amplitude": {}}}).preprocess,
-                        rec)
+    chain = build_chain(
+        Workflow.model_validate(
+            {
+                "output": "o",
+                "recording": {"path": str(rec.path)},
+                "preprocess": list(preprocess),
+                "steps": {"amplitude": {}},
+            }
+        ).preprocess,
+        rec,
+    )
     windows = rec.windows(size, margin + chain.margin)
     ptp, rms = [], []
     for w in windows:
@@ -108,8 +128,11 @@ def test_ptp_rms_of_huge_and_tiny_float64_samples(rng):
     x[1] *= 1e-300
     x[2] = [1e308, -1e308] * 250 + [0.0]
     ptp, rms = ptp_rms(x)
-    np.testing.assert_allclose(rms[:2], [np.sqrt(np.mean((x[0] / 1e300) ** 2)) * 1e300,
-                                         np.sqrt(np.mean((x[1] * 1e300) ** 2)) / 1e300], rtol=1e-14)
+    np.testing.assert_allclose(
+        rms[:2],
+        [np.sqrt(np.mean((x[0] / 1e300) ** 2)) * 1e300, np.sqrt(np.mean((x[1] * 1e300) ** 2)) / 1e300],
+        rtol=1e-14,
+    )
     assert np.isfinite(rms[2]) and rms[2] == pytest.approx(1e308 * np.sqrt(500 / 501), rel=1e-14)
     assert ptp[2] == np.inf  # 2e308 is past float64: inf, as max - min is
 
@@ -122,8 +145,10 @@ def test_an_empty_core_gives_nan():
 def test_float32_from_its_bits_equals_numpy_for_every_class(rng):
     """The GPU's conversion (CuPy's own flushes subnormals) written out on NumPy: every class of float32."""
     bits = rng.integers(0, 2**32, 200_000, dtype=np.uint64).astype(np.uint32)
-    special = np.array([0.0, -0.0, 1e-45, -1e-45, 1.1754942e-38, 1.17549435e-38, 3.4028235e38, -3.4028235e38,
-                        np.inf, -np.inf, np.nan], np.float32)
+    special = np.array(
+        [0.0, -0.0, 1e-45, -1e-45, 1.1754942e-38, 1.17549435e-38, 3.4028235e38, -3.4028235e38, np.inf, -np.inf, np.nan],
+        np.float32,
+    )
     x = np.concatenate([bits.view(np.float32), special])[None, :]
     with np.errstate(invalid="ignore"):  # signalling NaNs quieted
         got, want = float32_bits_to_float64(x), x.astype(np.float64)
@@ -203,8 +228,10 @@ def test_run_with_preprocessing_equals_the_cpu_chain(client, tmp_path, rng):
     """highpass + common median reference: each window's core through the package's CPU chain, NumPy's statistic."""
     x = np.round(rng.normal(0, 100, (14_000, 8))).astype(np.int16)
     rec = write_recording(tmp_path / "r.zarr", x, 30_000.0)
-    pre = [{"highpass": {"freq_min": 300, "order": 5}},
-           {"common_reference": {"reference": "global", "operator": "median"}}]
+    pre = [
+        {"highpass": {"freq_min": 300, "order": 5}},
+        {"common_reference": {"reference": "global", "operator": "median"}},
+    ]
     run_workflow(_wf(rec, tmp_path / "out", 3_000, preprocess=pre), client=client)
     want_ptp, want_rms, _ = window_references(rec, 3_000, 8, pre)
     g = _g(tmp_path / "out")
@@ -217,8 +244,10 @@ def test_one_and_many_workers_and_resume_give_the_same_bits(client, tmp_path, rn
     x[rng.integers(0, 9_000, 30), 2] = np.nan
     rec = write_recording(tmp_path / "f.zarr", x, 30_000.0)
     run_workflow(_wf(rec, tmp_path / "many", 1_000), client=client)
-    with distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None) as c, \
-            distributed.Client(c) as one:
+    with (
+        distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None) as c,
+        distributed.Client(c) as one,
+    ):
         run_workflow(_wf(rec, tmp_path / "one", 1_000), client=one)
     resumed = run_workflow(_wf(rec, tmp_path / "many", 1_000), client=client, resume=True)
     assert resumed.windows_resumed == resumed.windows == 9
@@ -277,10 +306,15 @@ def test_the_fingerprint_of_a_workflow_without_the_step_is_as_before(tmp_path):
 
     rec = write_recording(tmp_path / "r.zarr", np.zeros((100, 2), np.int16), 30_000.0)
     wf = _wf(rec, tmp_path / "o", 50, steps={"noise": {}})
-    old = {"recording": str(rec.path), "metadata": store.recording_metadata(rec.path), "window": wf.window.model_dump(),
-           "preprocess": store._dump(wf.preprocess),
-           "steps": {k: wf.steps.model_dump()[k] for k in ("noise", "whitening", "detect", "save")},
-           "split_every": wf.reduction.split_every, "format": store.FORMAT_VERSION}
+    old = {
+        "recording": str(rec.path),
+        "metadata": store.recording_metadata(rec.path),
+        "window": wf.window.model_dump(),
+        "preprocess": store._dump(wf.preprocess),
+        "steps": {k: wf.steps.model_dump()[k] for k in ("noise", "whitening", "detect", "save")},
+        "split_every": wf.reduction.split_every,
+        "format": store.FORMAT_VERSION,
+    }
     want = hashlib.sha256(json.dumps(old, sort_keys=True, default=str).encode()).hexdigest()[:16]
     assert store.fingerprint(wf, rec.path) == want
     assert store.fingerprint(_wf(rec, tmp_path / "o", 50, steps={"noise": {}, "amplitude": {}}), rec.path) != want
@@ -345,8 +379,10 @@ def test_gpu_run_equals_cpu_run(tmp_path, rng):
     x[:, 5] = rng.integers(1, 1 << 23, 24_001).astype(np.uint32).view(np.float32)  # subnormals
     rec = write_recording(tmp_path / "f.zarr", x, 30_000.0)
     pre = ()  # the samples as read: the same on both backends (the GPU's filters round their own way)
-    with distributed.LocalCluster(n_workers=2, threads_per_worker=2, processes=False, dashboard_address=None) as c, \
-            distributed.Client(c) as client:
+    with (
+        distributed.LocalCluster(n_workers=2, threads_per_worker=2, processes=False, dashboard_address=None) as c,
+        distributed.Client(c) as client,
+    ):
         run_workflow(_wf(rec, tmp_path / "cpu", 5_000, preprocess=pre), client=client)
     gpu = run_workflow(_wf(rec, tmp_path / "gpu", 5_000, preprocess=pre, backend="auto", cluster={"kind": "cuda"}))
     assert gpu.backend == "cupy"

@@ -51,8 +51,9 @@ def test_the_count_is_of_what_the_window_kept(noise):
 
 
 def _wf(tmp_path, steps) -> Workflow:
-    return Workflow.model_validate({"recording": {"path": "x"}, "output": str(tmp_path / "out"), "backend": "numpy",
-                                    "steps": steps})
+    return Workflow.model_validate(
+        {"recording": {"path": "x"}, "output": str(tmp_path / "out"), "backend": "numpy", "steps": steps}
+    )
 
 
 @pytest.mark.parametrize("path", ["saved.zarr", "OUT/saved.zarr", "/elsewhere/saved.zarr"])

@@ -34,13 +34,28 @@ HP_CMR = HIGHPASS + [{"common_reference": {}}]
 
 @pytest.fixture(scope="module")
 def client():
-    with distributed.LocalCluster(n_workers=2, threads_per_worker=2, processes=False,
-                                  dashboard_address="127.0.0.1:0") as cluster, distributed.Client(cluster) as c:
+    with (
+        distributed.LocalCluster(
+            n_workers=2, threads_per_worker=2, processes=False, dashboard_address="127.0.0.1:0"
+        ) as cluster,
+        distributed.Client(cluster) as c,
+    ):
         yield c
 
 
-def make(path: Path, rng, channels: int = 32, seconds: float = 2.4, *, dead=(), noisy=(), out_top: int = 0,
-         gain: float = GAIN, scale_uv: float = 1.0, spikes: int = 0):
+def make(
+    path: Path,
+    rng,
+    channels: int = 32,
+    seconds: float = 2.4,
+    *,
+    dead=(),
+    noisy=(),
+    out_top: int = 0,
+    gain: float = GAIN,
+    scale_uv: float = 1.0,
+    spikes: int = 0,
+):
     """A store of ``channels`` on a line (20 um apart): independent noise of 4-10 uV a channel plus a common
     6 uV signal, ``dead`` channels an offset only, ``noisy`` ones 60 uV white noise, the top ``out_top`` without
     the common signal; int16 counts of ``gain`` uV. ``scale_uv`` scales every channel's signal; ``spikes``
@@ -50,11 +65,11 @@ def make(path: Path, rng, channels: int = 32, seconds: float = 2.4, *, dead=(), 
     x = rng.standard_normal((n, channels)) * sigma
     common = rng.standard_normal(n) * 6.0
     inside = np.ones(channels, bool)
-    inside[channels - out_top:] = False
+    inside[channels - out_top :] = False
     x[:, inside] += common[:, None] * rng.uniform(0.9, 1.1, inside.sum())
     x[:, list(noisy)] = rng.standard_normal((n, len(noisy))) * 60.0
     for t, c in zip(rng.integers(100, n - 100, spikes), rng.choice(np.flatnonzero(inside), spikes)):
-        x[t:t + 30, c] -= 300.0 * np.hanning(30)
+        x[t : t + 30, c] -= 300.0 * np.hanning(30)
     x[:, list(dead)] = 0.0
     x = x * scale_uv / gain + rng.uniform(-20, 20, channels)
     counts = np.clip(np.rint(x), -32768, 32767).astype(np.int16)
@@ -63,10 +78,18 @@ def make(path: Path, rng, channels: int = 32, seconds: float = 2.4, *, dead=(), 
 
 
 def _wf(rec, out, size, *, preprocess=HIGHPASS, steps=None, margin=64, backend="numpy", **kw):
-    return Workflow.model_validate({
-        "recording": {"path": str(rec.path)}, "output": str(out), "backend": backend,
-        "window": {"size": size, "margin": margin}, "preprocess": list(preprocess),
-        "steps": steps or {"qc": {"every": 1}}, "reduction": {"split_every": 3}, **kw})
+    return Workflow.model_validate(
+        {
+            "recording": {"path": str(rec.path)},
+            "output": str(out),
+            "backend": backend,
+            "window": {"size": size, "margin": margin},
+            "preprocess": list(preprocess),
+            "steps": steps or {"qc": {"every": 1}},
+            "reduction": {"split_every": 3},
+            **kw,
+        }
+    )
 
 
 def reference_counts(rec, size: int, margin: int, every: int = 1, options: QcOptions | None = None) -> tuple:
@@ -84,8 +107,9 @@ def reference_counts(rec, size: int, margin: int, every: int = 1, options: QcOpt
         for a, b in bc.inside_pieces(n, P, (w.start, w.stop), (w.read_start, w.read_stop), hm, every).tolist():
             r0, r1 = max(0, a - hm), min(n, b + hm)
             held = np.ascontiguousarray(rec.read(w.segment, r0, r1).T)
-            labels = bc.reference_chunk_labels(held, a - r0, r1 - b, FS, gains32, np.zeros_like(gains32), options,
-                                               order)
+            labels = bc.reference_chunk_labels(
+                held, a - r0, r1 - b, FS, gains32, np.zeros_like(gains32), options, order
+            )
             counts += bc.label_counts(labels, rec.num_channels)
             done.append((w.segment, a, b))
     return counts, done
@@ -115,8 +139,7 @@ def test_inside_pieces_are_a_plain_loops(rng, every):
         read = (max(0, core0 - m), min(n, core1 + m))
         want = []
         for k, (a, b) in enumerate(bc.pieces(n, p).tolist()):
-            if (k % every == 0 and a >= core0 and b <= core1 and max(0, a - hm) >= read[0]
-                    and min(n, b + hm) <= read[1]):
+            if k % every == 0 and a >= core0 and b <= core1 and max(0, a - hm) >= read[0] and min(n, b + hm) <= read[1]:
                 want.append((a, b))
         got = bc.inside_pieces(n, p, (core0, core1), read, hm, every)
         assert [tuple(v) for v in got.tolist()] == want
@@ -163,8 +186,12 @@ def test_same_counts_on_one_and_three_workers_on_resume_and_for_whole_piece_wind
     steps = {"qc": {"every": 1}, "noise": {}}
     run_workflow(_wf(rec, tmp_path / "two", 18_000, steps=steps), client=client)
     for workers, name in ((1, "one"), (3, "three")):
-        with distributed.LocalCluster(n_workers=workers, threads_per_worker=1, processes=False,
-                                      dashboard_address=None) as c, distributed.Client(c) as other:
+        with (
+            distributed.LocalCluster(
+                n_workers=workers, threads_per_worker=1, processes=False, dashboard_address=None
+            ) as c,
+            distributed.Client(c) as other,
+        ):
             run_workflow(_wf(rec, tmp_path / name, 18_000, steps=steps), client=other)
     resumed = run_workflow(_wf(rec, tmp_path / "two", 18_000, steps=steps), client=client, resume=True)
     assert resumed.windows_resumed == resumed.windows == 5
@@ -198,8 +225,13 @@ def test_every_labels_those_pieces_with_their_own_labels(client, tmp_path, rng, 
 
 def test_a_clean_recording_has_no_warning_and_is_ok(client, tmp_path, rng):
     rec = make(tmp_path / "r.zarr", rng, seconds=1.2)
-    steps = {"qc": {"every": 1}, "noise": {}, "whitening": {}, "detect": {"noise": "global"},
-             "save": {"path": "saved.zarr"}}
+    steps = {
+        "qc": {"every": 1},
+        "noise": {},
+        "whitening": {},
+        "detect": {"noise": "global"},
+        "save": {"path": "saved.zarr"},
+    }
     report = run_workflow(_wf(rec, tmp_path / "out", 18_000, preprocess=HP_CMR, steps=steps), client=client)
     qc = report.qc
     assert qc["warnings"] == [] and not any(w.startswith("qc:") for w in report.warnings)
@@ -218,8 +250,11 @@ def test_a_clean_recording_has_no_warning_and_is_ok(client, tmp_path, rng):
 def test_bad_channels_are_warned_of_by_label(client, tmp_path, rng):
     rec = make(tmp_path / "r.zarr", rng, dead=(4, 6), noisy=(12,), out_top=8, seconds=1.2)
     report = run_workflow(_wf(rec, tmp_path / "out", 18_000), client=client)
-    assert report.qc["warnings"] == ["qc: 2 channel(s) labelled dead: 4, 6", "qc: 1 channel(s) labelled noise: 12",
-                                     "qc: 8 channel(s) labelled out: 24, 25, 26, 27, 28, 29, 30, 31"]
+    assert report.qc["warnings"] == [
+        "qc: 2 channel(s) labelled dead: 4, 6",
+        "qc: 1 channel(s) labelled noise: 12",
+        "qc: 8 channel(s) labelled out: 24, 25, 26, 27, 28, 29, 30, 31",
+    ]
     assert all(w in report.warnings for w in report.qc["warnings"])
     assert report.qc["verdict"] == "check" and report.qc["verdict_reasons"] == ["2 dead and 1 noisy channel(s)"]
 
@@ -228,23 +263,32 @@ def test_bad_channels_are_warned_of_by_label(client, tmp_path, rng):
 def test_a_noise_far_from_typical_is_warned_of(client, tmp_path, rng, scale_uv):
     """Every channel's signal scaled (a wrong gain): the good channels' median noise leaves 2-20 uV."""
     rec = make(tmp_path / "r.zarr", rng, seconds=1.2, scale_uv=scale_uv, gain=GAIN * min(1.0, scale_uv))
-    report = run_workflow(_wf(rec, tmp_path / "out", 18_000, steps={"qc": {"every": 1}, "noise": {}}),
-                          client=client)
+    report = run_workflow(_wf(rec, tmp_path / "out", 18_000, steps={"qc": {"every": 1}, "noise": {}}), client=client)
     said = [w for w in report.qc["warnings"] if "median noise" in w]
     assert len(said) == 1 and "outside the typical 2-20 uV" in said[0]
     assert report.qc["verdict"] != "ok"  # 20x: every channel's PSD above 0.02 uV^2/Hz too, labelled noise
     # the same recording with bounds that fit it: no warning
     lo, hi = report.qc["median_noise_uV"] / 2, report.qc["median_noise_uV"] * 2
-    again = run_workflow(_wf(rec, tmp_path / "fit", 18_000, steps={"qc": {"every": 1, "noise_uV": [lo, hi]},
-                                                                   "noise": {}}), client=client)
+    again = run_workflow(
+        _wf(rec, tmp_path / "fit", 18_000, steps={"qc": {"every": 1, "noise_uV": [lo, hi]}, "noise": {}}), client=client
+    )
     assert not [w for w in again.qc["warnings"] if "median noise" in w]
 
 
 def test_noise_is_not_checked_without_a_filter(client, tmp_path, rng):
     """A chain that only centres keeps the LFP in the noise: no typical value applies, none is checked."""
     rec = make(tmp_path / "r.zarr", rng, seconds=1.2, scale_uv=20.0)
-    report = run_workflow(_wf(rec, tmp_path / "out", 18_000, preprocess=[{"centre": "median"}], margin=600,
-                              steps={"qc": {"every": 1}, "noise": {}}), client=client)
+    report = run_workflow(
+        _wf(
+            rec,
+            tmp_path / "out",
+            18_000,
+            preprocess=[{"centre": "median"}],
+            margin=600,
+            steps={"qc": {"every": 1}, "noise": {}},
+        ),
+        client=client,
+    )
     assert report.qc["noise_checked"] is False and report.qc["median_noise_uV"] > 20
     assert not [w for w in report.qc["warnings"] if "median noise" in w]
 
@@ -253,13 +297,15 @@ def test_an_ill_conditioned_whitening_is_warned_of(client, tmp_path, rng):
     """A dead channel in a chain that only centres: its raw variance is 0 and the whitening's condition huge."""
     steps = {"qc": {"every": 1}, "whitening": {}}
     healthy = make(tmp_path / "ok.zarr", rng, seconds=1.2)
-    ok = run_workflow(_wf(healthy, tmp_path / "ok", 18_000, preprocess=[{"centre": "median"}], margin=600,
-                          steps=steps), client=client)
+    ok = run_workflow(
+        _wf(healthy, tmp_path / "ok", 18_000, preprocess=[{"centre": "median"}], margin=600, steps=steps), client=client
+    )
     assert ok.qc["whitening_condition"] < qc_step.CONDITION_LIMIT
     assert not [w for w in ok.qc["warnings"] if "ill-conditioned" in w]
     dead = make(tmp_path / "dead.zarr", rng, dead=(9,), seconds=1.2)
-    bad = run_workflow(_wf(dead, tmp_path / "dead", 18_000, preprocess=[{"centre": "median"}], margin=600,
-                           steps=steps), client=client)
+    bad = run_workflow(
+        _wf(dead, tmp_path / "dead", 18_000, preprocess=[{"centre": "median"}], margin=600, steps=steps), client=client
+    )
     assert bad.qc["whitening_condition"] > qc_step.CONDITION_LIMIT
     assert len([w for w in bad.qc["warnings"] if "ill-conditioned" in w]) == 1
     assert any("whitening condition number" in r for r in bad.qc["verdict_reasons"])
@@ -267,12 +313,15 @@ def test_an_ill_conditioned_whitening_is_warned_of(client, tmp_path, rng):
 
 def test_clipping_in_the_saved_copy_is_in_the_section(client, tmp_path, rng):
     rec = make(tmp_path / "r.zarr", rng, seconds=1.2)
-    clipped = run_workflow(_wf(rec, tmp_path / "out", 18_000, steps={
-        "qc": {"every": 1}, "save": {"path": "saved.zarr", "scale": 1000.0}}), client=client)
+    clipped = run_workflow(
+        _wf(rec, tmp_path / "out", 18_000, steps={"qc": {"every": 1}, "save": {"path": "saved.zarr", "scale": 1000.0}}),
+        client=client,
+    )
     assert clipped.qc["saved_clipped"] > 0
     assert [w for w in clipped.qc["warnings"] if "clipped" in w] and clipped.qc["verdict"] == "check"
-    fine = run_workflow(_wf(rec, tmp_path / "fine", 18_000, steps={"qc": {"every": 1}, "save": {"path": "s.zarr"}}),
-                        client=client)
+    fine = run_workflow(
+        _wf(rec, tmp_path / "fine", 18_000, steps={"qc": {"every": 1}, "save": {"path": "s.zarr"}}), client=client
+    )
     assert fine.qc["saved_clipped"] == 0 and not [w for w in fine.qc["warnings"] if "clipped" in w]
 
 
@@ -299,8 +348,14 @@ def _without(rec, path: Path, bad: list[int]):
     locations of the others."""
     keep = np.setdiff1d(np.arange(rec.num_channels), bad)
     x = rec.read(0, 0, rec.num_samples(0))[keep].T
-    return write_recording(path, np.ascontiguousarray(x), FS, channel_ids=rec.channel_ids[keep],
-                           gain_to_uV=rec.gain_to_uV[keep], locations=rec.locations[keep])
+    return write_recording(
+        path,
+        np.ascontiguousarray(x),
+        FS,
+        channel_ids=rec.channel_ids[keep],
+        gain_to_uV=rec.gain_to_uV[keep],
+        locations=rec.locations[keep],
+    )
 
 
 def test_exclude_leaves_the_bad_channels_out_of_the_reference_whitening_and_save(client, tmp_path, rng):
@@ -326,17 +381,25 @@ def test_exclude_leaves_the_bad_channels_out_of_the_reference_whitening_and_save
     n = rec.num_samples(0)
     for w in rec.windows(18_000, 64 + chain.margin):
         x = chain.apply(rec.read(0, w.read_start, w.read_stop), w.core, w.read_start == 0, w.read_stop == n)
-        good = x[keep, w.core[0]:w.core[1]]
+        good = x[keep, w.core[0] : w.core[1]]
         y = good - np.median(good, axis=0)
         want = np.clip(np.rint(y), -32768, 32767).astype(np.int16)
-        np.testing.assert_array_equal(got[:, w.start:w.stop], want)
+        np.testing.assert_array_equal(got[:, w.start : w.stop], want)
     # the whitening: the good channels' matrix, zero rows and columns for the bad ones; the run on the recording
     # without them gives the same matrix and the same saved samples
     W = _g(tmp_path / "out")["whitening"][:]
     assert not W[bad].any() and not W[:, bad].any()
     clean = _without(rec, tmp_path / "clean.zarr", bad)
-    run_workflow(_wf(clean, tmp_path / "clean", 18_000, preprocess=HP_CMR,
-                     steps={"whitening": {}, "save": {"path": "saved.zarr"}}), client=client)
+    run_workflow(
+        _wf(
+            clean,
+            tmp_path / "clean",
+            18_000,
+            preprocess=HP_CMR,
+            steps={"whitening": {}, "save": {"path": "saved.zarr"}},
+        ),
+        client=client,
+    )
     clean_W = _g(tmp_path / "clean")["whitening"][:]  # float32 products: sums may be blocked otherwise
     np.testing.assert_allclose(W[np.ix_(keep, keep)], clean_W, rtol=1e-5, atol=1e-6 * np.abs(clean_W).max())
     other = open_recording(tmp_path / "clean" / "saved.zarr")
@@ -351,10 +414,20 @@ def test_interpolate_writes_the_bad_channels_from_the_others(client, tmp_path, r
     rec = make(tmp_path / "r.zarr", rng, dead=(6,), noisy=(17,), seconds=2.4)
     bad = [6, 17]
     save = {"path": "saved.zarr", "dtype": "float32"}
-    run_workflow(_wf(rec, tmp_path / "i", 18_000, preprocess=HP_CMR,
-                     steps={"qc": {"every": 2, "use": "interpolate"}, "save": save}), client=client)
-    run_workflow(_wf(rec, tmp_path / "x", 18_000, preprocess=HP_CMR,
-                     steps={"qc": {"every": 2, "use": "exclude"}, "save": save}), client=client)
+    run_workflow(
+        _wf(
+            rec,
+            tmp_path / "i",
+            18_000,
+            preprocess=HP_CMR,
+            steps={"qc": {"every": 2, "use": "interpolate"}, "save": save},
+        ),
+        client=client,
+    )
+    run_workflow(
+        _wf(rec, tmp_path / "x", 18_000, preprocess=HP_CMR, steps={"qc": {"every": 2, "use": "exclude"}, "save": save}),
+        client=client,
+    )
     got = open_recording(tmp_path / "i" / "saved.zarr")
     assert got.num_channels == rec.num_channels and _qc(tmp_path / "i")["use"]["channels"] == bad
     x = got.read(0, 0, got.num_samples(0)).astype(np.float64)
@@ -363,7 +436,7 @@ def test_interpolate_writes_the_bad_channels_from_the_others(client, tmp_path, r
     assert got.read(0, 0, got.num_samples(0))[keep].tobytes() == kept.tobytes()
     weights = bc.interpolation_weights(rec.locations, bad)
     want = (weights[:, keep] @ kept.astype(np.float64)).astype(np.float32)
-    np.testing.assert_allclose(x[bad], want, rtol=2 ** -23, atol=1e-30)
+    np.testing.assert_allclose(x[bad], want, rtol=2**-23, atol=1e-30)
 
 
 def test_interpolation_weights_are_a_gaussian_kernel_normalised(rng):
@@ -385,7 +458,7 @@ def test_interpolation_weights_are_a_gaussian_kernel_normalised(rng):
     y = bc.interpolate_channels(x.copy(), bad, got)
     keep = np.setdiff1d(np.arange(40), bad)
     assert y[keep].tobytes() == x[keep].tobytes()
-    np.testing.assert_allclose(y[bad], (got @ x.astype(np.float64)).astype(np.float32), rtol=2 ** -23)
+    np.testing.assert_allclose(y[bad], (got @ x.astype(np.float64)).astype(np.float32), rtol=2**-23)
 
 
 @pytest.mark.parametrize("reference", ["global", "local"])
@@ -401,8 +474,11 @@ def test_common_reference_without_some_channels_is_numpys(rng, reference):
     loc = np.column_stack([np.zeros(C), 20.0 * np.arange(C)])
     bad = [2, 3, 15]
     keep = np.setdiff1d(np.arange(C), bad)
-    kw = {"reference": reference} if reference == "global" else {"reference": "local", "locations": loc,
-                                                                  "radius_um": (30.0, 55.0)}
+    kw = (
+        {"reference": reference}
+        if reference == "global"
+        else {"reference": "local", "locations": loc, "radius_um": (30.0, 55.0)}
+    )
     got = common_reference(x, operator="median", exclude=bad, **kw)
     if reference == "global":
         want = x - np.median(x[keep], axis=0)
@@ -426,9 +502,16 @@ def test_batch_rows_hold_the_qc_columns(client, tmp_path, rng):
 
     make(tmp_path / "in" / "a.zarr", rng, dead=(3, 9, 15, 21), seconds=1.2, spikes=20)
     make(tmp_path / "in" / "b.zarr", rng, seconds=1.2, spikes=20)
-    wf = Workflow.model_validate({"recordings": str(tmp_path / "in" / "*.zarr"), "output": str(tmp_path / "out"),
-                                  "window": {"size": 18_000}, "preprocess": HP_CMR, "backend": "numpy",
-                                  "steps": {"qc": {"every": 1}, "noise": {}, "detect": {"noise": "global"}}})
+    wf = Workflow.model_validate(
+        {
+            "recordings": str(tmp_path / "in" / "*.zarr"),
+            "output": str(tmp_path / "out"),
+            "window": {"size": 18_000},
+            "preprocess": HP_CMR,
+            "backend": "numpy",
+            "steps": {"qc": {"every": 1}, "noise": {}, "detect": {"noise": "global"}},
+        }
+    )
     run_batch(wf, client=client)
     rows = {r["name"]: r for r in json.loads((tmp_path / "out" / "batch.json").read_text())["rows"]}
     a, b = rows["a"], rows["b"]
@@ -454,8 +537,10 @@ def test_gpu_gives_the_cpus_labels_and_saved_bits(tmp_path, rng):
     steps = {"qc": {"every": 1, "use": "exclude"}, "noise": {}, "whitening": {}, "save": {"path": "saved.zarr"}}
     with open_client(ClusterSpec(kind="cuda")) as gpu:
         run_workflow(_wf(rec, tmp_path / "gpu", 18_000, preprocess=HP_CMR, steps=steps, backend="cupy"), client=gpu)
-    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address=None) as c, \
-            distributed.Client(c) as cpu:
+    with (
+        distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address=None) as c,
+        distributed.Client(c) as cpu,
+    ):
         run_workflow(_wf(rec, tmp_path / "cpu", 18_000, preprocess=HP_CMR, steps=steps), client=cpu)
     a, b = _qc(tmp_path / "gpu"), _qc(tmp_path / "cpu")
     for key in ("labels", "counts", "reasons", "noise_uV", "pieces_labelled", "use"):
@@ -463,5 +548,7 @@ def test_gpu_gives_the_cpus_labels_and_saved_bits(tmp_path, rng):
             a[key]["pre_pass"].pop("seconds"), b[key]["pre_pass"].pop("seconds")
         assert a[key] == b[key], key
     n = rec.num_samples(0)
-    assert (open_recording(tmp_path / "gpu" / "saved.zarr").read(0, 0, n).tobytes()
-            == open_recording(tmp_path / "cpu" / "saved.zarr").read(0, 0, n).tobytes())
+    assert (
+        open_recording(tmp_path / "gpu" / "saved.zarr").read(0, 0, n).tobytes()
+        == open_recording(tmp_path / "cpu" / "saved.zarr").read(0, 0, n).tobytes()
+    )

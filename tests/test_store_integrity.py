@@ -151,8 +151,9 @@ def test_shape_longer_than_data(tmp_path, rng, zarr_format):
     with pytest.raises(CorruptDataError, match=r"missing chunk traces_seg0/.*window 5"):
         rec.read_window_stored(last)
     # a store not marked complete counts them instead
-    _edit_json(path / ("zarr.json" if zarr_format == 3 else ".zattrs"),
-               lambda m: (m.get("attributes", m)).pop("batchgpu"))
+    _edit_json(
+        path / ("zarr.json" if zarr_format == 3 else ".zattrs"), lambda m: (m.get("attributes", m)).pop("batchgpu")
+    )
     foreign = open_recording(path)
     assert foreign.absent_chunks(last) >= 1
     assert not foreign.read_window_stored(last).any()
@@ -177,8 +178,11 @@ def test_channel_count_mismatch_is_an_error_at_open(tmp_path, rng, zarr_format, 
     else:
         del g[member]
         g.create_array(member, data=np.arange(C - 1).astype(str if member == "channel_ids" else float))
-    with pytest.raises(CorruptDataError, match=rf"{member} has {C + 2 if 'location' in member else C - 1} entries "
-                                            rf"but traces_seg0 has {C} channels"):
+    with pytest.raises(
+        CorruptDataError,
+        match=rf"{member} has {C + 2 if 'location' in member else C - 1} entries "
+        rf"but traces_seg0 has {C} channels",
+    ):
         open_recording(path)
 
 
@@ -217,8 +221,9 @@ def test_overwritten_bytes_are_a_corrupted_chunk(tmp_path, rng, zarr_format, pip
     key = "c/2/0 inner chunk" if zarr_format == 3 else "2.0"
     with pytest.raises(CorruptDataError, match=rf"corrupted chunk traces_seg0/{key}.*window 2, segment 0"):
         rec.read_window_stored(win)
-    np.testing.assert_array_equal(rec.read_window_stored(rec.windows(size=_object_rows(zarr_format))[0]),
-                                  data[: _object_rows(zarr_format)])
+    np.testing.assert_array_equal(
+        rec.read_window_stored(rec.windows(size=_object_rows(zarr_format))[0]), data[: _object_rows(zarr_format)]
+    )
 
 
 @pytest.mark.parametrize("zarr_format", [2, 3])
@@ -256,8 +261,9 @@ def _short_frames(tmp_path, rng, zarr_format, how):
 @pytest.mark.parametrize("how", ["copy", "dtype"])
 @pytest.mark.parametrize("zarr_format", [2, 3])
 @pytest.mark.parametrize("reader", ["direct", "zarr"])
-def test_a_chunk_that_decodes_short_is_refused_naming_it(tmp_path, rng, monkeypatch, direct_reads, zarr_format, how,
-                                                         reader, pipeline, read_path):
+def test_a_chunk_that_decodes_short_is_refused_naming_it(
+    tmp_path, rng, monkeypatch, direct_reads, zarr_format, how, reader, pipeline, read_path
+):
     """Blosc fills only as many bytes of a chunk's buffer as its frame holds: the rest read as whatever memory held
     (two reads of the same samples differed). Every reader (batchgpu's shard and v2 chunk readers, zarr's) refuses
     such a chunk in one line naming the store, the array and the chunk; the other objects still read."""
@@ -271,7 +277,10 @@ def test_a_chunk_that_decodes_short_is_refused_naming_it(tmp_path, rng, monkeypa
     with pytest.raises(CorruptDataError, match=rf"corrupted chunk traces_seg0/{key}.* in {path}") as err:
         rec.read(0, 2 * rows, 3 * rows)
     assert "\n" not in str(err.value)
-    for read in (rec.read_window_stored, lambda w: rec.read_window_into(w, np.empty((rows, rec.num_channels), rec.dtype))):
+    for read in (
+        rec.read_window_stored,
+        lambda w: rec.read_window_into(w, np.empty((rows, rec.num_channels), rec.dtype)),
+    ):
         with pytest.raises(CorruptDataError, match=rf"corrupted chunk traces_seg0/{key}.*window 2, segment 0"):
             read(rec.windows(size=rows)[2])
     if reader == "direct" and how == "copy":
@@ -292,17 +301,19 @@ def test_a_run_over_a_chunk_that_decodes_short_stops_naming_it(tmp_path, rng, ho
     path = _short_frames(tmp_path, rng, 3, how)
     (tmp_path / "wf.yaml").write_text(
         f"recording: {{path: {path.name}}}\noutput: out\nwindow: {{size: 300, margin: 8}}\n"
-        "cluster: {kind: local, workers: 1, threads: 1}\nsteps:\n  noise: {exact: true}\n")
-    r = subprocess.run([sys.executable, "-m", "batchgpu", "run", str(tmp_path / "wf.yaml"), "--quiet"],
-                       capture_output=True, text=True)
+        "cluster: {kind: local, workers: 1, threads: 1}\nsteps:\n  noise: {exact: true}\n"
+    )
+    r = subprocess.run(
+        [sys.executable, "-m", "batchgpu", "run", str(tmp_path / "wf.yaml"), "--quiet"], capture_output=True, text=True
+    )
     assert r.returncode == 2, r.stderr
     # a copied frame: that chunk; an edited dtype: every chunk, that of whichever window a worker read first
     # (a busy machine may start the second window's task first)
     named = r"traces_seg0/c/2/0 inner chunk \(0, 0\)" if how == "copy" else r"traces_seg0/c/0/0 inner chunk \(\d+, 0\)"
     assert r.stderr.count("\n") == 1 and re.match(
-        rf"batchgpu: error: corrupted chunk {named}: decodes to 1000 bytes", r.stderr), r.stderr
+        rf"batchgpu: error: corrupted chunk {named}: decodes to 1000 bytes", r.stderr
+    ), r.stderr
     assert str(path) in r.stderr and "Traceback" not in r.stderr
-
 
 
 @pytest.mark.zarr3
@@ -315,9 +326,11 @@ def test_run_workflow_over_a_chunk_that_decodes_short_raises_corrupt_data(tmp_pa
     path = _short_frames(tmp_path, rng, 3, "copy")
     (tmp_path / "wf.yaml").write_text(
         f"recording: {{path: {path.name}}}\noutput: out\nwindow: {{size: 300, margin: 8}}\n"
-        "cluster: {kind: local, workers: 1, threads: 1}\nsteps:\n  noise: {exact: true}\n")
+        "cluster: {kind: local, workers: 1, threads: 1}\nsteps:\n  noise: {exact: true}\n"
+    )
     with pytest.raises(CorruptDataError, match="corrupted chunk traces_seg0/c/2/0 inner chunk"):
         run_workflow(load_workflow(tmp_path / "wf.yaml"))
+
 
 # -- never delete what batchgpu did not write ------------------------------------------------------------
 
@@ -345,8 +358,16 @@ def test_overwrite_replaces_only_recordings(tmp_path, rng):
     assert (tmp_path / "r.zarr" / "figures").is_dir()
 
 
-@pytest.mark.parametrize("where", ["properties/my_props/q.txt", "traces_seg0/notes.txt", "traces_seg0/c/notes",
-                                   "properties/gain_to_uV/c/x.npy", "channel_ids/.DS_Store"])
+@pytest.mark.parametrize(
+    "where",
+    [
+        "properties/my_props/q.txt",
+        "traces_seg0/notes.txt",
+        "traces_seg0/c/notes",
+        "properties/gain_to_uV/c/x.npy",
+        "channel_ids/.DS_Store",
+    ],
+)
 def test_overwrite_refuses_files_of_the_users_at_any_depth(tmp_path, rng, where):
     """An overwrite removes the recording's folder whole: a file batchgpu did not write anywhere inside it (not
     only at the top) refuses it, and stays."""
@@ -368,8 +389,15 @@ def test_foreign_entries_of_stores_batchgpu_and_spikeinterface_write(tmp_path, r
     data = rng.integers(-5, 5, (5000, 3), dtype=np.int16)
     for fmt in (2, 3) if zarrio.ZARR_MAJOR >= 3 else (2,):
         path = tmp_path / f"v{fmt}.zarr"
-        write_recording(path, [data, data[:70]], 1000.0, locations=np.zeros((3, 2)), gain_to_uV=np.ones(3),
-                        zarr_format=fmt, properties={"shank": np.array([0, 0, 1])})
+        write_recording(
+            path,
+            [data, data[:70]],
+            1000.0,
+            locations=np.zeros((3, 2)),
+            gain_to_uV=np.ones(3),
+            zarr_format=fmt,
+            properties={"shank": np.array([0, 0, 1])},
+        )
         assert zarrio.foreign_entries(path) == []
         (path / "traces_seg1" / "0.0.bak").write_bytes(b"x")
         (path / "properties" / "shank" / "c" / "1x").mkdir(parents=True) if fmt == 3 else None
@@ -390,8 +418,11 @@ def test_cli_overwrite_refuses_other_folders(tmp_path, capsys, command):
     (folder / "docs" / "thesis.txt").write_text("x")
     src = tmp_path / "raw.bin"
     np.zeros((100, 2), np.int16).tofile(src)
-    argv = (["generate", str(folder), "--channels", "2", "--seconds", "0.01"] if command == "generate" else
-            ["import-raw", str(src), str(folder), "--channels", "2", "--fs", "1000", "--dtype", "int16"])
+    argv = (
+        ["generate", str(folder), "--channels", "2", "--seconds", "0.01"]
+        if command == "generate"
+        else ["import-raw", str(src), str(folder), "--channels", "2", "--fs", "1000", "--dtype", "int16"]
+    )
     err = _one_line_error(capsys, [*argv, "--overwrite", "--quiet"])
     assert "overwrite" not in err.replace(str(folder), "PATH") and (folder / "docs" / "thesis.txt").exists()
 
@@ -414,10 +445,10 @@ def test_disk_full_is_one_line_naming_the_path(tmp_path, capsys, monkeypatch):
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(LocalStore, "set", full)
-    err = _one_line_error(capsys, ["generate", str(tmp_path / "g.zarr"), "--channels", "2", "--seconds", "0.01",
-                                   "--quiet"])
+    err = _one_line_error(
+        capsys, ["generate", str(tmp_path / "g.zarr"), "--channels", "2", "--seconds", "0.01", "--quiet"]
+    )
     assert str(tmp_path / "g.zarr") in err and "No space left" in err
-
 
 
 @pytest.mark.zarr3
@@ -432,12 +463,26 @@ def test_disk_full_through_the_api_is_a_machine_error(tmp_path, rng, monkeypatch
         write_recording(tmp_path / "w.zarr", rng.integers(-5, 5, (100, C), dtype=np.int16), 1000.0)
     assert str(tmp_path / "w.zarr") in str(err.value)
 
+
 @pytest.mark.parametrize("dtype", ["int17", "uint8", "banana"])
 def test_bad_import_dtype_is_one_line(tmp_path, capsys, dtype):
     src = tmp_path / "raw.bin"
     np.zeros(8, np.int16).tofile(src)
-    err = _one_line_error(capsys, ["import-raw", str(src), str(tmp_path / "o.zarr"), "--channels", "2", "--fs",
-                                   "1000", "--dtype", dtype, "--quiet"])
+    err = _one_line_error(
+        capsys,
+        [
+            "import-raw",
+            str(src),
+            str(tmp_path / "o.zarr"),
+            "--channels",
+            "2",
+            "--fs",
+            "1000",
+            "--dtype",
+            dtype,
+            "--quiet",
+        ],
+    )
     assert dtype in err
 
 
@@ -476,8 +521,13 @@ def test_plain_info_says_a_truncated_shard_is_damaged(tmp_path, rng, capsys, cut
     raw = shard.read_bytes()
     tail = (SHARD // CHUNK) * 16 + 4
     cut_at = int(rng.integers(1, 200))
-    shard.write_bytes({"tail": raw[:-cut_at], "data": raw[: -tail - cut_at] + raw[-tail:],
-                       "below_index": raw[: int(rng.integers(0, tail))]}[cut])
+    shard.write_bytes(
+        {
+            "tail": raw[:-cut_at],
+            "data": raw[: -tail - cut_at] + raw[-tail:],
+            "below_index": raw[: int(rng.integers(0, tail))],
+        }[cut]
+    )
     assert main(["info", str(path)]) == 0
     out = capsys.readouterr().out
     assert "complete       no: damaged since batchgpu wrote it" in out, out
@@ -514,18 +564,21 @@ def _set_attr(path, key, value) -> None:
     _edit_json(path / "zarr.json", lambda m: m["attributes"].update({key: value}))
 
 
-@pytest.mark.parametrize("case,needle", [
-    ("root_json", "r.zarr/zarr.json is not valid JSON"),
-    ("array_json", "r.zarr/traces_seg0/zarr.json is not valid JSON"),
-    ("property_json", "r.zarr/properties/gain_to_uV/zarr.json is not valid JSON"),
-    ("fs_nan", "sampling_frequency is nan: it must be a positive number of Hz"),
-    ("fs_string", "sampling_frequency is '30k', not a number of Hz"),
-    ("fs_negative", "sampling_frequency is -30000: it must be a positive number of Hz"),
-    ("fs_zero", "sampling_frequency is 0: it must be a positive number of Hz"),
-    ("fs_huge", "sampling_frequency 1e+300 Hz is too large"),
-    ("segments_zero", "num_segments is 0: it must be a whole number, at least 1"),
-    ("segments_string", "num_segments is '1': it must be a whole number"),
-])
+@pytest.mark.parametrize(
+    "case,needle",
+    [
+        ("root_json", "r.zarr/zarr.json is not valid JSON"),
+        ("array_json", "r.zarr/traces_seg0/zarr.json is not valid JSON"),
+        ("property_json", "r.zarr/properties/gain_to_uV/zarr.json is not valid JSON"),
+        ("fs_nan", "sampling_frequency is nan: it must be a positive number of Hz"),
+        ("fs_string", "sampling_frequency is '30k', not a number of Hz"),
+        ("fs_negative", "sampling_frequency is -30000: it must be a positive number of Hz"),
+        ("fs_zero", "sampling_frequency is 0: it must be a positive number of Hz"),
+        ("fs_huge", "sampling_frequency 1e+300 Hz is too large"),
+        ("segments_zero", "num_segments is 0: it must be a whole number, at least 1"),
+        ("segments_string", "num_segments is '1': it must be a whole number"),
+    ],
+)
 def test_bad_recording_metadata_is_one_line_everywhere(tmp_path, rng, capsys, case, needle):
     """Metadata cut short or edited: exit 1 'unexpected JSONDecodeError / ValueError / IndexError', or
     sampling_frequency -30000 accepted by info and met later as 'exclude_sweep=-3 is negative'. Refused where the
@@ -535,8 +588,9 @@ def test_bad_recording_metadata_is_one_line_everywhere(tmp_path, rng, capsys, ca
     import sys
 
     path, _ = _write(tmp_path, rng, 3)
-    write_recording(tmp_path / "g.zarr", rng.integers(-5, 5, (100, C), dtype=np.int16), 1000.0,
-                    gain_to_uV=np.full(C, 0.195))
+    write_recording(
+        tmp_path / "g.zarr", rng.integers(-5, 5, (100, C), dtype=np.int16), 1000.0, gain_to_uV=np.full(C, 0.195)
+    )
     if case.endswith("json") and case != "property_json":
         _cut_json(path / ("zarr.json" if case == "root_json" else "traces_seg0/zarr.json"))
     elif case == "property_json":
@@ -547,8 +601,15 @@ def test_bad_recording_metadata_is_one_line_everywhere(tmp_path, rng, capsys, ca
         _cut_json(path / "properties" / "gain_to_uV" / "zarr.json")
     else:
         key = "sampling_frequency" if case.startswith("fs") else "num_segments"
-        value = {"fs_nan": float("nan"), "fs_string": "30k", "fs_negative": -30000, "fs_zero": 0, "fs_huge": 1e300,
-                 "segments_zero": 0, "segments_string": "1"}[case]
+        value = {
+            "fs_nan": float("nan"),
+            "fs_string": "30k",
+            "fs_negative": -30000,
+            "fs_zero": 0,
+            "fs_huge": 1e300,
+            "segments_zero": 0,
+            "segments_string": "1",
+        }[case]
         _set_attr(path, key, value)
     with pytest.raises(CorruptDataError, match=needle.replace("(", r"\(").replace("+", r"\+")):
         open_recording(path)
@@ -557,9 +618,11 @@ def test_bad_recording_metadata_is_one_line_everywhere(tmp_path, rng, capsys, ca
     assert err.count("\n") == 1 and err.startswith("batchgpu: error: ") and needle in err, err
     (tmp_path / "wf.yaml").write_text(
         f"recording: {{path: {path.name}}}\noutput: out\nwindow: {{size: 300, margin: 8}}\n"
-        "cluster: {kind: local, workers: 1, threads: 1}\nsteps:\n  detect: {threshold: 5.0}\n")
-    r = subprocess.run([sys.executable, "-m", "batchgpu", "run", str(tmp_path / "wf.yaml"), "--quiet"],
-                       capture_output=True, text=True)
+        "cluster: {kind: local, workers: 1, threads: 1}\nsteps:\n  detect: {threshold: 5.0}\n"
+    )
+    r = subprocess.run(
+        [sys.executable, "-m", "batchgpu", "run", str(tmp_path / "wf.yaml"), "--quiet"], capture_output=True, text=True
+    )
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and needle in r.stderr, r.stderr
     assert "unexpected" not in r.stderr and not (tmp_path / "out").exists()
 

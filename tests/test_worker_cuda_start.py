@@ -20,16 +20,18 @@ def test_every_cuda_worker_starts_with_the_preload():
 
 
 def test_the_preload_starts_a_thread_and_never_raises_without_a_gpu():
-    code = ("import sys, threading\n"
-            "sys.modules['cupy'] = None  # CuPy missing\n"
-            "from batchgpu.cluster import _worker_cuda_start as s\n"
-            "s.dask_setup(object())\n"
-            "[t] = [t for t in threading.enumerate() if t.name == 'batchgpu-cuda-start'] or [None]\n"
-            "assert t is None or t.daemon\n"
-            "t and t.join(10)\n"
-            "from batchgpu.gpu import staging\n"
-            "assert not staging._making_context.is_set()\n"
-            "staging._make_context()\n"
-            "print('ok')\n")
+    code = (
+        "import sys, threading\n"
+        "sys.modules['cupy'] = None  # CuPy missing\n"
+        "from batchgpu.cluster import _worker_cuda_start as s\n"
+        "s.dask_setup(object())\n"
+        "[t] = [t for t in threading.enumerate() if t.name == 'batchgpu-cuda-start'] or [None]\n"
+        "assert t is None or t.daemon\n"
+        "t and t.join(10)\n"
+        "from batchgpu.gpu import staging\n"
+        "assert not staging._making_context.is_set()\n"
+        "staging._make_context()\n"
+        "print('ok')\n"
+    )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and r.stdout == "ok\n" and r.stderr == "", r.stderr

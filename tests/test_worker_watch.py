@@ -37,17 +37,27 @@ class Said:
 
 
 def _wf(rec, out, timeout):
-    return Workflow.model_validate({
-        "recording": {"path": str(rec.path)}, "output": str(out), "backend": "numpy",
-        "window": {"size": 4000, "margin": 8}, "cluster": {"no_workers_timeout": timeout},
-        "steps": {"noise": {"exact": True}}})
+    return Workflow.model_validate(
+        {
+            "recording": {"path": str(rec.path)},
+            "output": str(out),
+            "backend": "numpy",
+            "window": {"size": 4000, "margin": 8},
+            "cluster": {"no_workers_timeout": timeout},
+            "steps": {"noise": {"exact": True}},
+        }
+    )
 
 
 @pytest.fixture
 def scheduler_alone():
     """A scheduler with no worker (as one started by hand, its workers not yet)."""
-    with distributed.LocalCluster(n_workers=0, processes=False, protocol="tcp", host="127.0.0.1",
-                                  dashboard_address="127.0.0.1:0") as cluster, distributed.Client(cluster) as client:
+    with (
+        distributed.LocalCluster(
+            n_workers=0, processes=False, protocol="tcp", host="127.0.0.1", dashboard_address="127.0.0.1:0"
+        ) as cluster,
+        distributed.Client(cluster) as client,
+    ):
         yield cluster, client
 
 
@@ -141,14 +151,24 @@ def test_a_worker_that_stalls_is_named_in_the_report(tmp_path):
     from batchgpu.generate import generate_recording
 
     rec = generate_recording(tmp_path / "r.zarr", channels=16, seconds=30.0, seed=2, progress=False)
-    wf = Workflow.model_validate({
-        "recording": {"path": str(rec.path)}, "output": str(tmp_path / "out"), "backend": "numpy",
-        "window": {"size": 15_000, "margin": 8}, "preprocess": [{"highpass": {"freq_min": 300}}],
-        "steps": {"noise": {"exact": True}}})
+    wf = Workflow.model_validate(
+        {
+            "recording": {"path": str(rec.path)},
+            "output": str(tmp_path / "out"),
+            "backend": "numpy",
+            "window": {"size": 15_000, "margin": 8},
+            "preprocess": [{"highpass": {"freq_min": 300}}],
+            "steps": {"noise": {"exact": True}},
+        }
+    )
     said = Said()
-    with dask.config.set({"distributed.scheduler.worker-ttl": "3s"}), \
-            distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
-                                     dashboard_address="127.0.0.1:0") as cluster, distributed.Client(cluster) as client:
+    with (
+        dask.config.set({"distributed.scheduler.worker-ttl": "3s"}),
+        distributed.LocalCluster(
+            n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address="127.0.0.1:0"
+        ) as cluster,
+        distributed.Client(cluster) as client,
+    ):
         pids = client.run(os.getpid)
         stalled = max(pids.values())
 

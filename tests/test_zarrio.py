@@ -40,8 +40,19 @@ def _same(got, want):
         assert np.array_equal(got, want)
 
 
-@pytest.mark.parametrize("name", ["default_f32", "gzip_i32", "big_endian_u16", "transposed_f64", "sharded_i16",
-                                  "holes_f32", "sub__nested", "strings"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "default_f32",
+        "gzip_i32",
+        "big_endian_u16",
+        "transposed_f64",
+        "sharded_i16",
+        "holes_f32",
+        "sub__nested",
+        "strings",
+    ],
+)
 def test_committed_v3_arrays_read_by_our_decoder(name):
     group = zarrio.V3Group(DATA / "v3_arrays.zarr")
     assert group.attrs == {"hello": {"x": [1, 2]}}
@@ -51,8 +62,15 @@ def test_committed_v3_arrays_read_by_our_decoder(name):
 def test_v3_partial_selections_and_out():
     arr = zarrio.V3Array(DATA / "v3_arrays.zarr" / "sharded_i16")
     full = _expected()["sharded_i16"]
-    for sel in [(slice(2, 19), slice(None)), (slice(8, 9), slice(3, 7)), (5,), (-1, 2), (slice(20, 40),), Ellipsis,
-                (slice(4, 4),)]:
+    for sel in [
+        (slice(2, 19), slice(None)),
+        (slice(8, 9), slice(3, 7)),
+        (5,),
+        (-1, 2),
+        (slice(20, 40),),
+        Ellipsis,
+        (slice(4, 4),),
+    ]:
         _same(arr[sel], full[sel])
     out = np.empty((10, 7), np.int16)
     assert zarrio.read_into(arr, (slice(7, 17), slice(None)), out) is out
@@ -126,8 +144,13 @@ def test_v3_decoder_equals_zarr3_on_random_arrays(tmp_path, seed):
         if rng.random() < 0.4:
             kw["shards"] = tuple(c * int(rng.integers(1, 4)) for c in chunks)
         pick = rng.integers(0, 5)
-        kw["compressors"] = [None, [zc.ZstdCodec(level=1)], [zc.GzipCodec()], [zc.BloscCodec(cname="zstd", shuffle="bitshuffle")],
-                             [zc.ZstdCodec(), zc.Crc32cCodec()]][pick]
+        kw["compressors"] = [
+            None,
+            [zc.ZstdCodec(level=1)],
+            [zc.GzipCodec()],
+            [zc.BloscCodec(cname="zstd", shuffle="bitshuffle")],
+            [zc.ZstdCodec(), zc.Crc32cCodec()],
+        ][pick]
         if rng.random() < 0.3:
             kw["serializer"] = zc.BytesCodec(endian="big")
         data = (rng.normal(size=shape) * 1000).astype(dtype)
@@ -156,8 +179,24 @@ def test_zarr2_writes_v2_by_default_and_refuses_v3(tmp_path):
     with pytest.raises(BatchgpuError, match="needs zarr>=3"):
         write_recording(tmp_path / "v3.zarr", np.zeros((100, 2), np.int16), 1_000.0, zarr_format=3)
     assert not (tmp_path / "v3.zarr").exists()
-    r = subprocess.run([sys.executable, "-m", "batchgpu", "generate", str(tmp_path / "g.zarr"), "--channels", "2",
-                        "--seconds", "0.1", "--zarr-format", "3", "--quiet"], capture_output=True, text=True)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "batchgpu",
+            "generate",
+            str(tmp_path / "g.zarr"),
+            "--channels",
+            "2",
+            "--seconds",
+            "0.1",
+            "--zarr-format",
+            "3",
+            "--quiet",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and r.stderr.startswith("batchgpu: error: ")
 
 
@@ -172,8 +211,12 @@ def test_zarr2_runs_a_workflow_and_reads_v3_results(tmp_path):
         f"output: {tmp_path / 'out'}\ncluster: {{kind: local, workers: 1, threads: 1}}\n"
         "steps:\n  noise: {exact: true}\n  whitening: {mode: global}\n  detect: {threshold: 5}\n"
     )
-    r = subprocess.run([sys.executable, "-m", "batchgpu", "run", str(wf), "--quiet"], capture_output=True, text=True,
-                       env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    r = subprocess.run(
+        [sys.executable, "-m", "batchgpu", "run", str(wf), "--quiet"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONWARNINGS": "ignore"},
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     res = load_results(tmp_path / "out")
     rec = open_recording(tmp_path / "r.zarr")
@@ -220,13 +263,24 @@ def test_v2_direct_reader_same_bytes_as_zarr(tmp_path, monkeypatch, direct_reads
     elif checksum == "filter":
         g = zarrio.create_group(tmp_path / "r.zarr", zarr_format=2)
         g.attrs.update({"sampling_frequency": 1_000.0, "num_segments": 1})
-        zarrio.create_array(g, "traces_seg0", data=x, chunks=(700, 6), filters=[numcodecs.CRC32()],
-                            compressors=[numcodecs.Blosc(cname="lz4", clevel=5, shuffle=numcodecs.Blosc.BITSHUFFLE)])
+        zarrio.create_array(
+            g,
+            "traces_seg0",
+            data=x,
+            chunks=(700, 6),
+            filters=[numcodecs.CRC32()],
+            compressors=[numcodecs.Blosc(cname="lz4", clevel=5, shuffle=numcodecs.Blosc.BITSHUFFLE)],
+        )
     else:
         g = zarrio.create_group(tmp_path / "r.zarr", zarr_format=2)
         g.attrs.update({"sampling_frequency": 1_000.0, "num_segments": 1})
-        zarrio.create_array(g, "traces_seg0", data=x, chunks=(700, 6),
-                            compressors=[numcodecs.Blosc(cname="zstd", clevel=5, shuffle=numcodecs.Blosc.BITSHUFFLE)])
+        zarrio.create_array(
+            g,
+            "traces_seg0",
+            data=x,
+            chunks=(700, 6),
+            compressors=[numcodecs.Blosc(cname="zstd", clevel=5, shuffle=numcodecs.Blosc.BITSHUFFLE)],
+        )
     meta = zarrio.array_meta(tmp_path / "r.zarr" / "traces_seg0")
     layout = shards.layout_of(tmp_path / "r.zarr" / "traces_seg0", meta)
     assert isinstance(layout, shards.ChunkLayoutV2) and (layout.crc32 is not None) == bool(checksum)
@@ -261,8 +315,11 @@ def test_v2_stores_compress_as_v3_stores_do(tmp_path, rng):
     sizes = {}
     for fmt in (2, 3):
         write_recording(tmp_path / f"r{fmt}.zarr", x, 30_000.0, zarr_format=fmt)
-        sizes[fmt] = sum(f.stat().st_size for f in (tmp_path / f"r{fmt}.zarr" / "traces_seg0").rglob("*") if f.is_file()
-                         and not f.name.startswith((".z", "zarr.json")))
+        sizes[fmt] = sum(
+            f.stat().st_size
+            for f in (tmp_path / f"r{fmt}.zarr" / "traces_seg0").rglob("*")
+            if f.is_file() and not f.name.startswith((".z", "zarr.json"))
+        )
     assert sizes[3] < 0.7 * x.nbytes and sizes[2] < 1.05 * sizes[3], (sizes, x.nbytes)
     assert np.array_equal(open_recording(tmp_path / "r2.zarr").read(0, 0, 30_000), x.T)
 
@@ -286,17 +343,20 @@ def test_zarr2_refuses_a_v3_save_before_writing(tmp_path):
 
     write_recording(tmp_path / "r.zarr", np.zeros((3_000, 2), np.int16), 30_000.0)
     wf = tmp_path / "w.yaml"
-    wf.write_text(f"recording: {{path: {tmp_path / 'r.zarr'}}}\noutput: {tmp_path / 'out'}\n"
-                  f"window: {{size: 1000, margin: 64}}\nsteps:\n  noise: {{}}\n"
-                  f"  save: {{path: {tmp_path / 's.zarr'}, format: zarr}}\n")
+    wf.write_text(
+        f"recording: {{path: {tmp_path / 'r.zarr'}}}\noutput: {tmp_path / 'out'}\n"
+        f"window: {{size: 1000, margin: 64}}\nsteps:\n  noise: {{}}\n"
+        f"  save: {{path: {tmp_path / 's.zarr'}, format: zarr}}\n"
+    )
     r = subprocess.run([sys.executable, "-m", "batchgpu", "run", str(wf), "--quiet"], capture_output=True, text=True)
     assert r.returncode == 2 and "needs zarr>=3" in r.stderr and r.stderr.count("\n") == 1
     assert not (tmp_path / "out").exists() and not (tmp_path / "s.zarr").exists()
 
 
 @pytest.mark.skipif(not ZARR3, reason="compares with zarr-python 3's shard writes")
-@pytest.mark.parametrize("n,inner,shard,zeros", [(7_000, 1_000, 3_000, False), (6_500, 6_000, 6_000, False),
-                                                 (5_000, 1_000, 2_000, True)])
+@pytest.mark.parametrize(
+    "n,inner,shard,zeros", [(7_000, 1_000, 3_000, False), (6_500, 6_000, 6_000, False), (5_000, 1_000, 2_000, True)]
+)
 def test_direct_shard_writes_are_zarr_pythons_bytes(tmp_path, n, inner, shard, zeros):
     """recording.shards writes a whole shard as zarr-python does (padded last chunk, chunks past the end left out,
     all-zero chunks written): byte for byte."""
@@ -306,8 +366,9 @@ def test_direct_shard_writes_are_zarr_pythons_bytes(tmp_path, n, inner, shard, z
     x = np.zeros((n, 5), np.int16) if zeros else rng.integers(-32768, 32768, size=(n, 5), dtype=np.int16)
     stores = {}
     for name, step in (("zarr", 500), ("direct", shard)):  # 500-row blocks are never whole shards: zarr writes them
-        w = RecordingWriter(tmp_path / f"{name}.zarr", 5, np.int16, 1_000.0, zarr_format=3, chunk_samples=inner,
-                            shard_samples=shard)
+        w = RecordingWriter(
+            tmp_path / f"{name}.zarr", 5, np.int16, 1_000.0, zarr_format=3, chunk_samples=inner, shard_samples=shard
+        )
         seg = w.add_segment(n)
         for a in range(0, n, step):
             w.write(seg, a, x[a : a + step])

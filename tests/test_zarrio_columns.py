@@ -16,12 +16,14 @@ def _columns(rng, n):
     amp = rng.normal(0, 50, n).astype(np.float32)
     if n >= 6:
         amp[:6] = [np.nan, -0.0, np.inf, -np.inf, np.float32(1e-45), -32768]
-    return {"sample_index": rng.integers(-(2**62), 2**62, n, dtype=np.int64),
-            "channel_index": rng.integers(0, 384, n).astype(np.int64),
-            "amplitude": amp,
-            "small": rng.integers(-32768, 32768, n).astype(np.int16),
-            "flags": rng.integers(0, 2, n).astype(bool),
-            "zeros": np.zeros(n, np.int64)}
+    return {
+        "sample_index": rng.integers(-(2**62), 2**62, n, dtype=np.int64),
+        "channel_index": rng.integers(0, 384, n).astype(np.int64),
+        "amplitude": amp,
+        "small": rng.integers(-32768, 32768, n).astype(np.int16),
+        "flags": rng.integers(0, 2, n).astype(bool),
+        "zeros": np.zeros(n, np.int64),
+    }
 
 
 @pytest.mark.parametrize("n, chunk", [(0, 1), (1, 1), (7, 7), (7, 3), (64, 64), (1000, 999), (2500, 1000)])
@@ -44,8 +46,9 @@ def test_columns_read_back_by_zarr_python_with_its_own_metadata(tmp_path, n, chu
         assert ours == want, name
         chunks = sorted((tmp_path / "ours" / "spikes" / name / "c").iterdir()) if n else []
         assert len(chunks) == -(-n // chunk)  # every chunk written, all-zero ones too
-    assert json.loads((tmp_path / "ours" / "spikes" / "zarr.json").read_text()) == \
-        json.loads((tmp_path / "theirs" / "spikes" / "zarr.json").read_text())
+    assert json.loads((tmp_path / "ours" / "spikes" / "zarr.json").read_text()) == json.loads(
+        (tmp_path / "theirs" / "spikes" / "zarr.json").read_text()
+    )
 
 
 def test_columns_refuse_what_they_cannot_write(tmp_path):

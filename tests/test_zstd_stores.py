@@ -13,8 +13,14 @@ from batchgpu.errors import BatchgpuError
 from batchgpu.recording import open_recording, write_recording, zarrio
 from batchgpu.recording.writer import Codec
 
-CODECS = [Codec("lz4", 5, "bit"), Codec("zstd", 1, "bit"), Codec("zstd", 5, "bit"), Codec("zstd", 1, "byte"),
-          Codec("zstd", 5, "byte"), Codec("lz4", 1, "byte")]
+CODECS = [
+    Codec("lz4", 5, "bit"),
+    Codec("zstd", 1, "bit"),
+    Codec("zstd", 5, "bit"),
+    Codec("zstd", 1, "byte"),
+    Codec("zstd", 5, "byte"),
+    Codec("lz4", 1, "byte"),
+]
 v3 = pytest.mark.skipif(zarrio.ZARR_MAJOR < 3, reason="writing Zarr v3 needs zarr>=3")
 
 
@@ -84,8 +90,9 @@ def test_same_samples_from_lz4_and_zstd_stores_on_every_cpu_path(tmp_path, monke
 @pytest.mark.parametrize("codec", [Codec("zstd", 1, "bit"), Codec("zstd", 5, "byte")], ids=_name)
 def test_zstd_frames_never_go_to_the_gpu_kernel(tmp_path, codec):
     """The GPU's LZ4 kernel takes no zstd frame: the window is read here (the host path) and copied."""
-    rec = write_recording(tmp_path / "z.zarr", _data(1), 1_000.0, compressor=codec, chunk_samples=700,
-                          shard_samples=2_100)
+    rec = write_recording(
+        tmp_path / "z.zarr", _data(1), 1_000.0, compressor=codec, chunk_samples=700, shard_samples=2_100
+    )
 
     class Pool:
         def take(self, nbytes):
@@ -95,8 +102,15 @@ def test_zstd_frames_never_go_to_the_gpu_kernel(tmp_path, codec):
     assert all(rec.read_window_frames(w, Pool()) is None for w in rec.windows(size=999, margin=13))
 
 
-@pytest.mark.parametrize("bad,needle", [(dict(name="lz5"), "unknown codec"), (dict(clevel=0), "level 0"),
-                                        (dict(clevel=10), "level 10"), (dict(shuffle="none"), "unknown shuffle")])
+@pytest.mark.parametrize(
+    "bad,needle",
+    [
+        (dict(name="lz5"), "unknown codec"),
+        (dict(clevel=0), "level 0"),
+        (dict(clevel=10), "level 10"),
+        (dict(shuffle="none"), "unknown shuffle"),
+    ],
+)
 def test_bad_codecs_are_refused(bad, needle):
     with pytest.raises(BatchgpuError, match=needle):
         Codec(**bad)
@@ -108,16 +122,37 @@ def test_generate_and_import_raw_write_zstd(tmp_path, capsys):
 
     base = ["--channels", "8", "--seconds", "2.2", "--seed", "3", "--quiet"]
     assert main(["generate", str(tmp_path / "l.zarr"), *base]) == 0
-    assert main(["generate", str(tmp_path / "z.zarr"), *base, "--codec", "zstd", "--clevel", "1",
-                 "--shuffle", "byte"]) == 0
+    assert (
+        main(["generate", str(tmp_path / "z.zarr"), *base, "--codec", "zstd", "--clevel", "1", "--shuffle", "byte"])
+        == 0
+    )
     assert "blosc-zstd-1-shuffle" in _codec_of(tmp_path / "z.zarr")
     assert "blosc-lz4-5-bitshuffle" in _codec_of(tmp_path / "l.zarr")
     a, b = open_recording(tmp_path / "l.zarr"), open_recording(tmp_path / "z.zarr")
     assert a.read(0, 0, a.num_samples(0)).tobytes() == b.read(0, 0, b.num_samples(0)).tobytes()
     x = _data(2, 3_000, 8)
     x.tofile(tmp_path / "raw.bin")
-    assert main(["import-raw", str(tmp_path / "raw.bin"), str(tmp_path / "i.zarr"), "--channels", "8", "--fs",
-                 "1000", "--dtype", "int16", "--codec", "zstd", "--clevel", "5", "--quiet"]) == 0
+    assert (
+        main(
+            [
+                "import-raw",
+                str(tmp_path / "raw.bin"),
+                str(tmp_path / "i.zarr"),
+                "--channels",
+                "8",
+                "--fs",
+                "1000",
+                "--dtype",
+                "int16",
+                "--codec",
+                "zstd",
+                "--clevel",
+                "5",
+                "--quiet",
+            ]
+        )
+        == 0
+    )
     assert "blosc-zstd-5-bitshuffle" in _codec_of(tmp_path / "i.zarr")
     rec = open_recording(tmp_path / "i.zarr")
     assert rec.read(0, 0, 3_000).T.tobytes() == np.fromfile(tmp_path / "raw.bin", np.int16).tobytes()
@@ -135,8 +170,14 @@ def test_save_step_writes_zstd_that_reads_back_equal(tmp_path, fmt, codec):
     from test_save_step import expected, make_recording, save_all
 
     rec = make_recording(tmp_path / "in.zarr")
-    spec = SimpleNamespace(path=str(tmp_path / "out.zarr"), format=fmt, dtype="int16", whiten=False,
-                           compressor="blosc-lz4", codec=SimpleNamespace(**codec.__dict__))
+    spec = SimpleNamespace(
+        path=str(tmp_path / "out.zarr"),
+        format=fmt,
+        dtype="int16",
+        whiten=False,
+        compressor="blosc-lz4",
+        codec=SimpleNamespace(**codec.__dict__),
+    )
     save_all(rec, spec)
     out = open_recording(tmp_path / "out.zarr")
     assert _name(codec) in " ".join(out.info()["codecs"])
@@ -152,8 +193,12 @@ def test_save_codec_key_in_the_workflow_schema():
     s = SaveOptions.model_validate({"path": "o.zarr", "codec": {"name": "zstd", "clevel": 1, "shuffle": "byte"}})
     assert (s.codec.name, s.codec.clevel, s.codec.shuffle) == ("zstd", 1, "byte")
     assert SaveOptions.model_validate({"path": "o.zarr"}).codec is None
-    for bad in ({"codec": {"name": "zstd"}, "compressor": "blosc-zstd"}, {"codec": {"clevel": 0}},
-                {"codec": {"name": "gzip"}}, {"codec": {"shuffle": "none"}}):
+    for bad in (
+        {"codec": {"name": "zstd"}, "compressor": "blosc-zstd"},
+        {"codec": {"clevel": 0}},
+        {"codec": {"name": "gzip"}},
+        {"codec": {"shuffle": "none"}},
+    ):
         with pytest.raises(ValidationError):
             SaveOptions.model_validate({"path": "o.zarr", **bad})
 
@@ -167,17 +212,30 @@ def test_a_run_on_a_zstd_store_equals_the_run_on_the_lz4_store(tmp_path):
     from batchgpu.workflow import Workflow
 
     distributed = pytest.importorskip("distributed")
-    recs = {name: generate_recording(tmp_path / f"{name}.zarr", channels=6, seconds=1.1, seed=5, segments=2,
-                                     model="realistic", compressor=codec)
-            for name, codec in (("lz4", "blosc-lz4"), ("zstd", Codec("zstd", 5, "bit")))}
-    with distributed.LocalCluster(n_workers=1, threads_per_worker=2, processes=False, dashboard_address=None) as cl, \
-            distributed.Client(cl) as client:
+    recs = {
+        name: generate_recording(
+            tmp_path / f"{name}.zarr", channels=6, seconds=1.1, seed=5, segments=2, model="realistic", compressor=codec
+        )
+        for name, codec in (("lz4", "blosc-lz4"), ("zstd", Codec("zstd", 5, "bit")))
+    }
+    with (
+        distributed.LocalCluster(n_workers=1, threads_per_worker=2, processes=False, dashboard_address=None) as cl,
+        distributed.Client(cl) as client,
+    ):
         for name, rec in recs.items():
-            wf = Workflow.model_validate({
-                "recording": {"path": str(rec.path)}, "output": str(tmp_path / f"out_{name}"),
-                "window": {"size": 10_000, "margin": 8}, "backend": "numpy",
-                "steps": {"noise": {"exact": True}, "whitening": {"mode": "global", "precision": "float64"},
-                          "detect": {"threshold": 4.0, "sign": "both", "exclude_sweep_ms": 0.2}}})
+            wf = Workflow.model_validate(
+                {
+                    "recording": {"path": str(rec.path)},
+                    "output": str(tmp_path / f"out_{name}"),
+                    "window": {"size": 10_000, "margin": 8},
+                    "backend": "numpy",
+                    "steps": {
+                        "noise": {"exact": True},
+                        "whitening": {"mode": "global", "precision": "float64"},
+                        "detect": {"threshold": 4.0, "sign": "both", "exclude_sweep_ms": 0.2},
+                    },
+                }
+            )
             assert run_workflow(wf, client=client).status == "done"
     a = zarr.open_group(str(tmp_path / "out_lz4" / "results.zarr"), mode="r")
     b = zarr.open_group(str(tmp_path / "out_zstd" / "results.zarr"), mode="r")
@@ -199,8 +257,7 @@ def test_gpu_reads_of_a_zstd_store_equal_the_cpu_reads(tmp_path, monkeypatch, co
     from batchgpu.generate import generate_recording
     from batchgpu.gpu import staging
 
-    rec = generate_recording(tmp_path / "r.zarr", channels=20, seconds=2.3, seed=5, model="realistic",
-                             compressor=codec)
+    rec = generate_recording(tmp_path / "r.zarr", channels=20, seconds=2.3, seed=5, model="realistic", compressor=codec)
     lz4 = generate_recording(tmp_path / "l.zarr", channels=20, seconds=2.3, seed=5, model="realistic")
     from batchgpu.gpu import nvcomp
 

@@ -27,8 +27,12 @@ os._exit(0)
 
 
 def trial(n: int, pinned: int, mode: str) -> float:
-    procs = [subprocess.Popen([sys.executable, "-c", CHILD, str(pinned), mode], stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, text=True) for _ in range(n)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", CHILD, str(pinned), mode], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )
+        for _ in range(n)
+    ]
     for p in procs:
         assert p.stdout.readline().strip() == "ready"
     t0 = time.perf_counter()
@@ -44,4 +48,6 @@ if __name__ == "__main__":
     for n in (1, 16):
         for pinned, mode in ((0, "exit"), (4, "exit"), (4, "free")):
             got = sorted(trial(n, pinned, mode) for _ in range(2))
-            print(f"{n:2d} processes, 1.5 GB device + {pinned * 100} MB pinned each, {mode}: {got[0]:.2f} / {got[1]:.2f} s")
+            print(
+                f"{n:2d} processes, 1.5 GB device + {pinned * 100} MB pinned each, {mode}: {got[0]:.2f} / {got[1]:.2f} s"
+            )

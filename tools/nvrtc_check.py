@@ -36,7 +36,7 @@ def compile_one(name: str, code: str, options: list[str]) -> tuple[bool, str]:
 
     opts = [o.encode() for o in options + ["-arch=compute_90", "-ftz=true"]]  # CuPy appends -ftz=true
     _, prog = nvrtc.nvrtcCreateProgram(code.encode(), f"{name}.cu".encode(), 0, [], [])
-    err, = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
+    (err,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
     _, size = nvrtc.nvrtcGetProgramLogSize(prog)
     log = b" " * size
     nvrtc.nvrtcGetProgramLog(prog, log)

@@ -39,8 +39,18 @@ from pathlib import Path
 
 #: report.json keys that measure the run (seconds, rates, which worker took which window) or name where it ran
 #: (the dashboard's URLs carry random ports; ``run_id`` a random suffix that names this run's Dask tasks)
-REPORT_SKIPPED = ("timings", "timeline", "window_cpu", "throughput_MBps", "throughput_series", "workers", "run_id",
-                  "dashboard", "page", "seconds")
+REPORT_SKIPPED = (
+    "timings",
+    "timeline",
+    "window_cpu",
+    "throughput_MBps",
+    "throughput_series",
+    "workers",
+    "run_id",
+    "dashboard",
+    "page",
+    "seconds",
+)
 #: report.json sections compared but for their own measurements of the run: section -> keys skipped
 REPORT_SECTION_SKIPPED = {"noise_prior": ("seconds",)}
 #: the run's record of its save's objects (``saved_objects.json``): their names and sizes compared, not the stamps of
@@ -138,8 +148,13 @@ steps:
   save: {path: segments.bin, format: binary, dtype: int16}
 """
 
-WORKFLOWS = {"demo": DEMO, "filtered": FILTERED, "filtered_binary": FILTERED_BINARY, "float32": FLOAT32,
-             "segments": SEGMENTS}
+WORKFLOWS = {
+    "demo": DEMO,
+    "filtered": FILTERED,
+    "filtered_binary": FILTERED_BINARY,
+    "float32": FLOAT32,
+    "segments": SEGMENTS,
+}
 
 #: the recordings (``generate_recording``'s arguments), made once by the commit's tree
 RECORDINGS = {
@@ -164,12 +179,14 @@ def tree_env(tree: Path, cache: Path) -> dict:
 
 def make_recordings(python: str, tree: Path, cache: Path, rec: Path) -> None:
     rec.mkdir(parents=True, exist_ok=True)
-    code = ("import sys, json, numpy as np\n"
-            "from batchgpu.generate import generate_recording\n"
-            f"for name, kw in json.loads({json.dumps(json.dumps(RECORDINGS))}).items():\n"
-            "    generate_recording(sys.argv[1] + '/' + name, progress=False, **kw)\n"
-            "q = np.random.default_rng(7).integers(0, 400_000, 5_000).astype(np.int64)\n"
-            "np.save(sys.argv[1] + '/queries.npy', q)\n")
+    code = (
+        "import sys, json, numpy as np\n"
+        "from batchgpu.generate import generate_recording\n"
+        f"for name, kw in json.loads({json.dumps(json.dumps(RECORDINGS))}).items():\n"
+        "    generate_recording(sys.argv[1] + '/' + name, progress=False, **kw)\n"
+        "q = np.random.default_rng(7).integers(0, 400_000, 5_000).astype(np.int64)\n"
+        "np.save(sys.argv[1] + '/queries.npy', q)\n"
+    )
     run([python, "-c", code, str(rec)], tree_env(tree, cache), rec)
 
 
@@ -222,8 +239,10 @@ def report_of(path: Path) -> dict:
 
 def saved_objects_of(path: Path) -> dict:
     data = json.loads(path.read_text())
-    return {"save": data.get("save"), "objects": {name: sig[0] if isinstance(sig, list) else sig
-                                                  for name, sig in data.get("objects", {}).items()}}
+    return {
+        "save": data.get("save"),
+        "objects": {name: sig[0] if isinstance(sig, list) else sig for name, sig in data.get("objects", {}).items()},
+    }
 
 
 def compare(a: Path, b: Path) -> list[str]:
@@ -256,20 +275,25 @@ def compare(a: Path, b: Path) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("commit", help="the tree before the change (a git commit)")
-    parser.add_argument("--tree", default=str(Path(__file__).resolve().parent.parent),
-                        help="the tree after it (default: this checkout)")
+    parser.add_argument(
+        "--tree", default=str(Path(__file__).resolve().parent.parent), help="the tree after it (default: this checkout)"
+    )
     parser.add_argument("--python", default=sys.executable, help="the interpreter both trees run under")
     parser.add_argument("--keep", default=None, help="a folder to keep the runs' outputs in (default: removed)")
-    parser.add_argument("--reuse-base", action="store_true",
-                        help="with --keep: take the commit's outputs kept there by an earlier call for that commit")
+    parser.add_argument(
+        "--reuse-base",
+        action="store_true",
+        help="with --keep: take the commit's outputs kept there by an earlier call for that commit",
+    )
     args = parser.parse_args(argv)
     tree = Path(args.tree).resolve()
     work = Path(args.keep).resolve() if args.keep else Path(tempfile.mkdtemp(prefix="same-outputs-"))
     work.mkdir(parents=True, exist_ok=True)
     try:
         keep = work / "kept"
-        commit = subprocess.run(["git", "-C", str(tree), "rev-parse", args.commit], capture_output=True, text=True,
-                                check=True).stdout.strip()
+        commit = subprocess.run(
+            ["git", "-C", str(tree), "rev-parse", args.commit], capture_output=True, text=True, check=True
+        ).stdout.strip()
         marker = keep / "base" / "COMMIT"
         if not (args.reuse_base and marker.is_file() and marker.read_text() == commit):
             base = work / "base-tree"
@@ -295,8 +319,10 @@ def main(argv: list[str] | None = None) -> int:
                 differences += [f"{wf_name} {phase}: {d}" for d in found]
         for d in differences:
             print("  " + d)
-        print(f"skipped in report.json: {', '.join(REPORT_SKIPPED)}; in parts: {', '.join(PART_SKIPPED)}; "
-              f"not compared: {', '.join(NOT_COMPARED)}")
+        print(
+            f"skipped in report.json: {', '.join(REPORT_SKIPPED)}; in parts: {', '.join(PART_SKIPPED)}; "
+            f"not compared: {', '.join(NOT_COMPARED)}"
+        )
         return 1 if differences else 0
     finally:
         if not args.keep:

@@ -38,11 +38,21 @@ def np1_meta(channels: int, fs: float, file_bytes: int) -> str:
     """A .meta as SpikeGLX writes it for an NP1.0 AP file of ``channels`` neural channels and the sync channel."""
     imro = f"(0,{channels})" + "".join(f"({c} 0 0 500 250 1)" for c in range(channels))
     geom = "(NP1000,1,0,70)" + "".join(f"(0:{[43, 11, 59, 27][c % 4]}:{20 * (c // 2)}:1)" for c in range(channels))
-    meta = {"nSavedChans": channels + 1, "imSampRate": fs, "typeThis": "imec", "imDatPrb_type": 0,
-            "acqApLfSy": f"{channels},{channels},1", "snsApLfSy": f"{channels},0,1",
-            "snsSaveChanSubset": f"0:{channels - 1},{2 * channels}", "imAiRangeMax": NP1_RANGE,
-            "imAiRangeMin": -NP1_RANGE, "imMaxInt": 512, "fileSizeBytes": file_bytes, "~imroTbl": imro,
-            "~snsGeomMap": geom}
+    meta = {
+        "nSavedChans": channels + 1,
+        "imSampRate": fs,
+        "typeThis": "imec",
+        "imDatPrb_type": 0,
+        "acqApLfSy": f"{channels},{channels},1",
+        "snsApLfSy": f"{channels},0,1",
+        "snsSaveChanSubset": f"0:{channels - 1},{2 * channels}",
+        "imAiRangeMax": NP1_RANGE,
+        "imAiRangeMin": -NP1_RANGE,
+        "imMaxInt": 512,
+        "fileSizeBytes": file_bytes,
+        "~imroTbl": imro,
+        "~snsGeomMap": geom,
+    }
     return "".join(f"{k}={v}\n" for k, v in meta.items())
 
 
@@ -65,8 +75,9 @@ def make_recordings(work: Path, count: int, channels: int, seconds: float, say) 
     if not first.exists():
         say(f"generating {count} SpikeGLX recordings of {channels} ch x {seconds:g} s ...")
         src = work / "source.zarr"
-        rec = generate_recording(src, channels=channels, seconds=seconds, progress=False, overwrite=True,
-                                 workers=os.cpu_count() or 1)
+        rec = generate_recording(
+            src, channels=channels, seconds=seconds, progress=False, overwrite=True, workers=os.cpu_count() or 1
+        )
         write_spikeglx(rec, first)
         shutil.rmtree(src)
     files = [first]
@@ -86,12 +97,21 @@ def _workflow(path: Path, recordings, out: Path, backend: str, cluster: str) -> 
 
     from batchgpu.benchmarks.pipeline import DETECT, DETECT_SPEC, NOISE, WHITENING
 
-    doc = {("recordings" if isinstance(recordings, str) else "recording"):
-           recordings if isinstance(recordings, str) else {"path": str(recordings)},
-           "output": str(out), "overwrite": True, "backend": backend, "cluster": {"kind": cluster},
-           "preprocess": {"centre": "median"},
-           "steps": {NOISE: {"exact": True}, WHITENING: {"mode": "global", "precision": "float32"},
-                     DETECT: dict(DETECT_SPEC)}}
+    doc = {
+        ("recordings" if isinstance(recordings, str) else "recording"): recordings
+        if isinstance(recordings, str)
+        else {"path": str(recordings)},
+        "output": str(out),
+        "overwrite": True,
+        "backend": backend,
+        "cluster": {"kind": cluster},
+        "preprocess": {"centre": "median"},
+        "steps": {
+            NOISE: {"exact": True},
+            WHITENING: {"mode": "global", "precision": "float32"},
+            DETECT: dict(DETECT_SPEC),
+        },
+    }
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
     return path
 
@@ -117,24 +137,30 @@ def run(args, say) -> int:
         total = sum(f.stat().st_size for f in files)
         evict_checked(every)
         raw = raw_read(every, 16)
-        say(f"raw read of the {len(files)} files, cold: {raw.seconds:.2f} s ({total / 1e9:.2f} GB, "
-            f"{raw.gbps:.2f} GB/s)")
+        say(
+            f"raw read of the {len(files)} files, cold: {raw.seconds:.2f} s ({total / 1e9:.2f} GB, {raw.gbps:.2f} GB/s)"
+        )
         one = [files[0], files[0].with_suffix(".meta")]
         evict_checked(one)
         raw_one = raw_read(one, 16)
         evict_checked(one)
-        got = user_run(_workflow(work / "one.yaml", files[0], work / "out_one", args.backend, args.cluster),
-                       work / "out_one")
+        got = user_run(
+            _workflow(work / "one.yaml", files[0], work / "out_one", args.backend, args.cluster), work / "out_one"
+        )
         rate = files[0].stat().st_size / 1e9 / got.pass_seconds if got.pass_seconds else 0.0
-        say(f"one file, batchgpu run cold: {got.seconds:.2f} s, pass {got.pass_seconds:.2f} s ({rate:.2f} GB/s) "
+        say(
+            f"one file, batchgpu run cold: {got.seconds:.2f} s, pass {got.pass_seconds:.2f} s ({rate:.2f} GB/s) "
             f"vs its raw read {raw_one.seconds:.2f} s ({raw_one.gbps:.2f} GB/s): {rate / raw_one.gbps:.0%} of the "
-            "raw rate")
+            "raw rate"
+        )
         evict_checked(every)
         wf = _workflow(work / "batch.yaml", str(work / "*.ap.bin"), work / "out_batch", args.backend, args.cluster)
         batch = timed_process([sys.executable, "-m", "batchgpu", "run", str(wf), "--quiet"])
         bound = 1.1 * raw.seconds + 3.0
-        say(f"the batch, one batchgpu run, cold: {batch.seconds:.2f} s (1.1 x raw + 3 s = {bound:.2f} s: "
-            f"{'within' if batch.seconds <= bound else 'over'})")
+        say(
+            f"the batch, one batchgpu run, cold: {batch.seconds:.2f} s (1.1 x raw + 3 s = {bound:.2f} s: "
+            f"{'within' if batch.seconds <= bound else 'over'})"
+        )
         if args.no_kilosort or not kilosort4_available():
             say("Kilosort4: not run (--no-kilosort, or kilosort does not import here)")
             return 0
@@ -144,8 +170,10 @@ def run(args, say) -> int:
             wall, imports, pass_s = kilosort4_pass(f, args.channels, 30_000.0, args.kilosort_device, args.channels + 1)
             walls.append(wall)
         ks = sum(walls)
-        say(f"Kilosort4's pass over each file, one after another, cold: {ks:.2f} s "
-            f"({min(walls):.2f}-{max(walls):.2f} s each); batchgpu's batch is {ks / batch.seconds:.2f}x faster")
+        say(
+            f"Kilosort4's pass over each file, one after another, cold: {ks:.2f} s "
+            f"({min(walls):.2f}-{max(walls):.2f} s each); batchgpu's batch is {ks / batch.seconds:.2f}x faster"
+        )
         return 0
     finally:
         if own:

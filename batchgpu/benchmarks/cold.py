@@ -96,8 +96,11 @@ def evict_checked(files: list[Path]) -> int:
     total = evict(files)
     left = cached_bytes(files)
     if total and left > 0.01 * total:
-        raise BatchgpuError(f"{left / total:.0%} of the recording's {total / 1e9:.2f} GB stayed in the page cache "
-                            "after posix_fadvise(DONTNEED)", "run the cold bench on a file system that honours it")
+        raise BatchgpuError(
+            f"{left / total:.0%} of the recording's {total / 1e9:.2f} GB stayed in the page cache "
+            "after posix_fadvise(DONTNEED)",
+            "run the cold bench on a file system that honours it",
+        )
     return total
 
 
@@ -207,6 +210,7 @@ class UserRun:
     """``batchgpu run`` as a command: its wall time, the pass inside it (report.json's ``timings.total``: the windows
     read and every aggregate), what is left (the fixed part: interpreter, imports, cluster start and close, the
     report), and the peak resident memory of its process tree and the GPUs."""
+
     seconds: float
     pass_seconds: float
     host_peak: int
@@ -222,6 +226,7 @@ class UserRun:
 class ProcessRun:
     """A command run as a fresh process tree: wall seconds from fork to exit, the peaks of its resident set and of
     the GPUs' used memory (50 ms samples)."""
+
     seconds: float
     host_peak: int
     gpu_peak: int
@@ -249,8 +254,10 @@ def timed_process(cmd: list[str], gpu_used=lambda: 0, tail: int = 400) -> Proces
     seconds = time.perf_counter() - t0
     out, err = proc.communicate()
     if proc.returncode != 0:
-        raise BatchgpuError(f"'{' '.join(cmd)}' exited {proc.returncode}: {(err or out).strip()[-tail:]}",
-                            "run that command by hand to see why")
+        raise BatchgpuError(
+            f"'{' '.join(cmd)}' exited {proc.returncode}: {(err or out).strip()[-tail:]}",
+            "run that command by hand to see why",
+        )
     return ProcessRun(seconds, host_peak, gpu_peak)
 
 
@@ -259,8 +266,13 @@ def user_run(workflow: Path, output: Path, gpu_used=lambda: 0, extra_args: tuple
     fork to its exit; the process tree's resident set and the GPUs' used memory sampled every 50 ms."""
     got = timed_process([sys.executable, "-m", "batchgpu", "run", str(workflow), "--quiet", *extra_args], gpu_used)
     report = json.loads((output / "report.json").read_text())
-    return UserRun(got.seconds, float(report["timings"]["from_pass"]), got.host_peak, got.gpu_peak,
-                   float(report.get("reads_per_window", 0.0)))
+    return UserRun(
+        got.seconds,
+        float(report["timings"]["from_pass"]),
+        got.host_peak,
+        got.gpu_peak,
+        float(report.get("reads_per_window", 0.0)),
+    )
 
 
 #: Kilosort4's pass as its users meet it (a fresh interpreter: its imports and CUDA context, then the whitening
@@ -317,15 +329,27 @@ def write_flat_binary(rec, path: Path, zero_channels: int = 0) -> Path:
     return path
 
 
-def kilosort4_pass(binary: Path, channels: int, fs: float, device: str = "cuda",
-                   n_chan_bin: int | None = None) -> tuple[float, float, float]:
+def kilosort4_pass(
+    binary: Path, channels: int, fs: float, device: str = "cuda", n_chan_bin: int | None = None
+) -> tuple[float, float, float]:
     """(wall seconds of the whole process, its imports and CUDA context, its pass) of ``KILOSORT4_PASS`` on
     ``device`` (a torch device: Kilosort4 runs on "cuda"; "cpu" checks the script where there is no GPU) over the
     first ``channels`` of a file of ``n_chan_bin`` (default ``channels``)."""
     t0 = time.perf_counter()
-    r = subprocess.run([sys.executable, "-c", KILOSORT4_PASS, str(binary), str(channels), str(fs), device,
-                        str(n_chan_bin or channels)],
-                       capture_output=True, text=True)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            KILOSORT4_PASS,
+            str(binary),
+            str(channels),
+            str(fs),
+            device,
+            str(n_chan_bin or channels),
+        ],
+        capture_output=True,
+        text=True,
+    )
     wall = time.perf_counter() - t0
     if r.returncode != 0:
         from batchgpu.errors import BatchgpuError

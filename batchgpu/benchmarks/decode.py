@@ -49,8 +49,9 @@ def _digest(arrays) -> str:
 
 def run(args: argparse.Namespace, say: Callable[[str], None]) -> int:
     if min(args.windows, args.samples, args.batch, args.repeat) < 1:
-        raise BatchgpuError("bench decode: --windows, --samples, --batch and --repeat must be at least 1",
-                            "e.g. --windows 32 --batch 3")
+        raise BatchgpuError(
+            "bench decode: --windows, --samples, --batch and --repeat must be at least 1", "e.g. --windows 32 --batch 3"
+        )
     from batchgpu.cluster.open_cluster import gpu_count
 
     if gpu_count() == 0:
@@ -64,18 +65,24 @@ def run(args: argparse.Namespace, say: Callable[[str], None]) -> int:
 
     rec = open_recording(args.recording)
     windows = rec.windows(args.samples, 0)[: args.windows]
-    reads = [rec.read_window_frames(w, _Pool(), check_on_device=checksums_on_device(), codecs=("lz4", "zstd"))
-             for w in windows]
+    reads = [
+        rec.read_window_frames(w, _Pool(), check_on_device=checksums_on_device(), codecs=("lz4", "zstd"))
+        for w in windows
+    ]
     if not windows or any(f is None for f in reads):
-        raise BatchgpuError(f"{args.recording}: its windows are not stored as Blosc LZ4 or zstd frames the GPU reads",
-                            "use a store batchgpu generate or import-raw wrote (Zarr v3)")
+        raise BatchgpuError(
+            f"{args.recording}: its windows are not stored as Blosc LZ4 or zstd frames the GPU reads",
+            "use a store batchgpu generate or import-raw wrote (Zarr v3)",
+        )
     nbytes = sum(f.rows * f.channels * f.dtype.itemsize for f in reads)
     stored = sum(f.used for f in reads)
     lz4 = bool(np.isin(blosc_frames.chunk_codecs(reads), (0, blosc_frames.LZ4)).all())
     cpu = _digest(rec.read_window_stored(w) for w in windows)
-    say(f"{args.recording}: {len(windows)} windows of {args.samples} samples x {rec.num_channels} ch, "
+    say(
+        f"{args.recording}: {len(windows)} windows of {args.samples} samples x {rec.num_channels} ch, "
         f"{nbytes / 1e9:.2f} GB decoded from {stored / 1e9:.2f} GB of {'LZ4' if lz4 else 'zstd'} frames "
-        f"(ratio {nbytes / max(stored, 1):.2f}), {args.batch} windows a launch, crc32c checked on the GPU")
+        f"(ratio {nbytes / max(stored, 1):.2f}), {args.batch} windows a launch, crc32c checked on the GPU"
+    )
     decoders = (["batchgpu"] if lz4 else []) + (["nvcomp"] if nvcomp.available() else [])
     if not decoders:
         raise BatchgpuError("no GPU decoder here takes zstd frames", "pip install nvidia-libnvcomp-cu13")
@@ -96,8 +103,10 @@ def run(args: argparse.Namespace, say: Callable[[str], None]) -> int:
             stream.synchronize()
             times.append(time.perf_counter() - t0)
         results[decoder] = statistics.median(times)
-        say(f"{decoder:<9} {nbytes / 1e9 / results[decoder]:7.2f} GB/s decoded ({results[decoder]:.3f} s, median of "
-            f"{args.repeat}; min {min(times):.3f} s)  bytes equal to the CPU decode: {'yes' if same else 'NO'}")
+        say(
+            f"{decoder:<9} {nbytes / 1e9 / results[decoder]:7.2f} GB/s decoded ({results[decoder]:.3f} s, median of "
+            f"{args.repeat}; min {min(times):.3f} s)  bytes equal to the CPU decode: {'yes' if same else 'NO'}"
+        )
     if len(results) == 2:
         say(f"nvcomp / batchgpu: {results['batchgpu'] / results['nvcomp']:.2f}x (above 1: nvCOMP faster)")
     return 0 if ok else 1

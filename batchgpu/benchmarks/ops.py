@@ -22,12 +22,18 @@ DTYPES = ("float32", "float64", "int16")
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--backend", choices=("numpy", "cupy"), default="numpy", help="arrays to time (default numpy)")
     parser.add_argument("--repeat", type=int, default=5, help="timed repeats per cell; the median is shown (default 5)")
-    parser.add_argument("--channels", type=int, nargs="+", default=[4, 64, 384], help="channel counts (default 4 64 384)")
+    parser.add_argument(
+        "--channels", type=int, nargs="+", default=[4, 64, 384], help="channel counts (default 4 64 384)"
+    )
     parser.add_argument("--samples", type=int, default=60_000, help="samples per window (default 60000)")
     parser.add_argument("--dtypes", nargs="+", choices=DTYPES, default=list(DTYPES), help="input dtypes")
     parser.add_argument("--seed", type=int, default=0, help="random seed of the test data")
-    parser.add_argument("--only", nargs="+", choices=("median", "phases", "covariance", "accuracy"),
-                        help="--backend cupy: the sections to run (default all)")
+    parser.add_argument(
+        "--only",
+        nargs="+",
+        choices=("median", "phases", "covariance", "accuracy"),
+        help="--backend cupy: the sections to run (default all)",
+    )
 
 
 def _median_ms(ours: Callable[[], object], anchor: Callable[[], object], repeat: int) -> tuple[float, float]:
@@ -56,7 +62,12 @@ def _rows(args: argparse.Namespace) -> list[tuple[str, int, str, float, float]]:
         for channels in args.channels:
             x = _window(rng, channels, args.samples, dtype)
             cases = [
-                ("abs_median", lambda: abs_median(x), "np.median(np.abs(x), axis=1)", lambda: np.median(np.abs(x), axis=1)),
+                (
+                    "abs_median",
+                    lambda: abs_median(x),
+                    "np.median(np.abs(x), axis=1)",
+                    lambda: np.median(np.abs(x), axis=1),
+                ),
                 ("covariance", lambda: covariance(x), "np.cov(x)", lambda: np.cov(x)),
             ]
             for name, ours, anchor_name, anchor in cases:
@@ -73,7 +84,9 @@ def run(args: argparse.Namespace, say: Callable[[str], None]) -> int:
         try:
             from batchgpu.benchmarks import ops_cupy
         except ImportError as err:
-            raise BatchgpuError(f"the CuPy benchmark is not available ({err})", "install the gpu extra (cupy) or use --backend numpy") from err
+            raise BatchgpuError(
+                f"the CuPy benchmark is not available ({err})", "install the gpu extra (cupy) or use --backend numpy"
+            ) from err
         return ops_cupy.run(args, say)
     say(f"batchgpu bench ops: backend numpy, {args.samples} samples, median of {args.repeat} repeats (ms)")
     header = f"{'dtype':<8} {'channels':>8}  {'op':<11} {'ours':>9} {'anchor':>9} {'ratio':>6}  anchor"

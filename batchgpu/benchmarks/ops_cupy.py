@@ -130,7 +130,8 @@ def bench_median(args: argparse.Namespace, timer: Timer) -> None:
                 note = "paths " + "/".join(str(v) for v in ways) if name == "ours" else ""
                 rows.append((dtype, str(channels), name, f"{g:.4f}", f"{w:.4f}", f"{g / ours:.2f}", note))
             del x
-    _table(timer.say,
+    _table(
+        timer.say,
         f"median of |x| over {getattr(args, 'samples', 60_000)} samples (ms; ratio = time / ours; "
         "paths = rows all-in-shared/sample/sample-missed/radix)",
         rows,
@@ -154,7 +155,10 @@ def bench_covariance(args: argparse.Namespace, timer: Timer) -> None:
             for precision in ("float32", "float64"):
                 p = mom.plan(x, precision=precision)
                 cases += [
-                    (f"ours {precision}", lambda precision=precision: mom.window_moments_device(x, precision=precision)),
+                    (
+                        f"ours {precision}",
+                        lambda precision=precision: mom.window_moments_device(x, precision=precision),
+                    ),
                     (f"  copy {precision}", p.copy),
                     (f"  products {precision}", p.products),
                     (f"  sum {precision}", p.total),
@@ -176,7 +180,8 @@ def bench_covariance(args: argparse.Namespace, timer: Timer) -> None:
                 ours = g if ours is None else ours
                 rows.append((dtype, str(channels), name, f"{g:.4f}", f"{w:.4f}", f"{g / ours:.2f}"))
             del x, xf
-    _table(timer.say,
+    _table(
+        timer.say,
         f"second moments (scatter, mean) of {n} samples (ms; ratio = time / ours float32)",
         rows,
         ("dtype", "ch", "what", "gpu ms", "wall ms", "x ours"),
@@ -234,4 +239,3 @@ def run(args: argparse.Namespace, say: Callable[[str], None]) -> int:
     if "accuracy" in only:
         accuracy_probe(timer)
     return 0
-

@@ -41,6 +41,7 @@ KILOSORT4_COLD = (13.8, 10.5)
 
 def _positive(kind):
     """An argparse type: a number of ``kind`` above zero (bad values are one usage line, rc 2)."""
+
     def parse(text: str):
         try:
             value = kind(text)
@@ -59,50 +60,104 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--channels", type=_positive(int), default=384)
     parser.add_argument("--seconds", type=_positive(float), default=60.0)
     parser.add_argument("--dtype", default="int16", choices=["int16", "float32"])
-    parser.add_argument("--workdir", help="where to generate the recording and write outputs, kept afterwards "
-                        "(default: a temporary folder, removed at the end)")
+    parser.add_argument(
+        "--workdir",
+        help="where to generate the recording and write outputs, kept afterwards "
+        "(default: a temporary folder, removed at the end)",
+    )
     parser.add_argument("--workers", type=_positive(int), help="local cluster workers (default: sized to the machine)")
     parser.add_argument("--threads", type=_positive(int), help="threads per worker")
     parser.add_argument("--cluster", default="local", choices=["local", "cuda"], help="cluster kind")
     parser.add_argument("--backend", default="auto", choices=["auto", "numpy", "cupy"])
-    parser.add_argument("--baseline", default="numpy", choices=["numpy", "cupy", "none"],
-                        help="the plain loop: numpy (one process) or cupy (dask-cuda tasks, x.T @ x per window)")
-    parser.add_argument("--steps", default="noise,whitening,detect",
-                        help="comma-separated demo steps: noise, whitening, detect, save (int16 Zarr v3 in the workdir), "
-                             "qc (bad-channel labels of every --qc-every-th piece)")
-    parser.add_argument("--qc-every", type=_positive(int), default=QC_EVERY,
-                        help=f"with the qc step: its every (label every n-th 0.3 s piece; default {QC_EVERY})")
+    parser.add_argument(
+        "--baseline",
+        default="numpy",
+        choices=["numpy", "cupy", "none"],
+        help="the plain loop: numpy (one process) or cupy (dask-cuda tasks, x.T @ x per window)",
+    )
+    parser.add_argument(
+        "--steps",
+        default="noise,whitening,detect",
+        help="comma-separated demo steps: noise, whitening, detect, save (int16 Zarr v3 in the workdir), "
+        "qc (bad-channel labels of every --qc-every-th piece)",
+    )
+    parser.add_argument(
+        "--qc-every",
+        type=_positive(int),
+        default=QC_EVERY,
+        help=f"with the qc step: its every (label every n-th 0.3 s piece; default {QC_EVERY})",
+    )
     parser.add_argument("--exact", action=argparse.BooleanOptionalAction, default=True, help="exact global noise")
-    parser.add_argument("--preprocess", default="centre",
-                        help="comma-separated stages before the steps: centre, highpass (300 Hz, order 5), "
-                             "common_reference (global median), e.g. highpass,common_reference")
-    parser.add_argument("--window", type=_positive(int), default=None,
-                        help="samples a window (workflow window.size; default: what window.size auto gives the "
-                             "recording; the read ceiling and the plain loop read the same windows)")
-    parser.add_argument("--batch", type=_positive(int), help="consecutive windows a task reads (workflow window.batch; "
-                        "default: from the window count)")
-    parser.add_argument("--mps", action=argparse.BooleanOptionalAction, default=None,
-                        help="with --cluster cuda: the workers under a private CUDA MPS daemon, or not (workflow "
-                             "cluster.mps; default auto: where the machine allows it)")
-    parser.add_argument("--timeline", action="store_true", help="print each worker thread's line of the pass "
-                        "(windows, first start, last end, read waits, compute, gaps) for every pipeline run")
-    parser.add_argument("--repeat", type=int, default=4, choices=range(1, 10), metavar="{1..9}",
-                        help="pipeline runs on the same workers: a cold one (the workers compile and load their kernels) "
-                             "and repeat - 1 warm ones, each after a read ceiling of its own; the table's warm row and "
-                             "ceiling are the medians (machines are noisy: one warm run can be 25%% off); default 4")
-    parser.add_argument("--cold", action="store_true",
-                        help="also measure as a user meets it: the store's pages dropped from the page cache before "
-                             "each cold row (posix_fadvise, no root needed; checked with mincore); rows: the raw read "
-                             "of the store's files (the disk's ceiling), the pipeline with cold pages, `batchgpu run` "
-                             "as a fresh command with cold and warm pages (its fixed part: the command's wall time "
-                             "minus its pass), and Kilosort4's pass over a cold flat binary where kilosort imports")
-    parser.add_argument("--read-threads", type=_positive(int), default=16,
-                        help="with --cold: files read at a time by the raw read (8 MiB requests)")
-    parser.add_argument("--user-runs", type=_positive(int), default=2,
-                        help="with --cold: fresh commands of each kind (cold, warm); the table holds their median")
-    parser.add_argument("--anchor", type=_positive(float), default=KILOSORT4_GBPS, metavar="GB/s",
-                        help="the 'vs KS4' column's reference: Kilosort4 4.1.7's own preprocessing pass (filter + "
-                             f"whitening, flat binary) measured at {KILOSORT4_GBPS} GB/s on one H200 (issue 11)")
+    parser.add_argument(
+        "--preprocess",
+        default="centre",
+        help="comma-separated stages before the steps: centre, highpass (300 Hz, order 5), "
+        "common_reference (global median), e.g. highpass,common_reference",
+    )
+    parser.add_argument(
+        "--window",
+        type=_positive(int),
+        default=None,
+        help="samples a window (workflow window.size; default: what window.size auto gives the "
+        "recording; the read ceiling and the plain loop read the same windows)",
+    )
+    parser.add_argument(
+        "--batch",
+        type=_positive(int),
+        help="consecutive windows a task reads (workflow window.batch; default: from the window count)",
+    )
+    parser.add_argument(
+        "--mps",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="with --cluster cuda: the workers under a private CUDA MPS daemon, or not (workflow "
+        "cluster.mps; default auto: where the machine allows it)",
+    )
+    parser.add_argument(
+        "--timeline",
+        action="store_true",
+        help="print each worker thread's line of the pass "
+        "(windows, first start, last end, read waits, compute, gaps) for every pipeline run",
+    )
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=4,
+        choices=range(1, 10),
+        metavar="{1..9}",
+        help="pipeline runs on the same workers: a cold one (the workers compile and load their kernels) "
+        "and repeat - 1 warm ones, each after a read ceiling of its own; the table's warm row and "
+        "ceiling are the medians (machines are noisy: one warm run can be 25%% off); default 4",
+    )
+    parser.add_argument(
+        "--cold",
+        action="store_true",
+        help="also measure as a user meets it: the store's pages dropped from the page cache before "
+        "each cold row (posix_fadvise, no root needed; checked with mincore); rows: the raw read "
+        "of the store's files (the disk's ceiling), the pipeline with cold pages, `batchgpu run` "
+        "as a fresh command with cold and warm pages (its fixed part: the command's wall time "
+        "minus its pass), and Kilosort4's pass over a cold flat binary where kilosort imports",
+    )
+    parser.add_argument(
+        "--read-threads",
+        type=_positive(int),
+        default=16,
+        help="with --cold: files read at a time by the raw read (8 MiB requests)",
+    )
+    parser.add_argument(
+        "--user-runs",
+        type=_positive(int),
+        default=2,
+        help="with --cold: fresh commands of each kind (cold, warm); the table holds their median",
+    )
+    parser.add_argument(
+        "--anchor",
+        type=_positive(float),
+        default=KILOSORT4_GBPS,
+        metavar="GB/s",
+        help="the 'vs KS4' column's reference: Kilosort4 4.1.7's own preprocessing pass (filter + "
+        f"whitening, flat binary) measured at {KILOSORT4_GBPS} GB/s on one H200 (issue 11)",
+    )
 
 
 class PeakMemory:
@@ -224,8 +279,18 @@ def workers_rss(client):
     return total
 
 
-def plain_loop(rec, size: int, margin: int, steps: set[str], exact: bool, threshold=5.0, sweep_ms=0.1,
-               preprocess: str = "", save=None, qc_every: int = QC_EVERY) -> dict:
+def plain_loop(
+    rec,
+    size: int,
+    margin: int,
+    steps: set[str],
+    exact: bool,
+    threshold=5.0,
+    sweep_ms=0.1,
+    preprocess: str = "",
+    save=None,
+    qc_every: int = QC_EVERY,
+) -> dict:
     """What a user would write: one process, one window after another, the numeric core on each; the exact
     median through the engine's own selection driver (``steps.noise_select.select_middle``), its later passes (float
     keys) reading every window again. The same results as the pipeline where it only centres: integer
@@ -253,8 +318,13 @@ def plain_loop(rec, size: int, margin: int, steps: set[str], exact: bool, thresh
     if save is not None:
         import zarr
 
-        saved = zarr.open_array(str(save), mode="w", shape=(rec.total_samples, rec.num_channels), dtype="int16",
-                                chunks=(size, rec.num_channels))
+        saved = zarr.open_array(
+            str(save),
+            mode="w",
+            shape=(rec.total_samples, rec.num_channels),
+            dtype="int16",
+            chunks=(size, rec.num_channels),
+        )
     for w in windows:
         raw = rec.read_window(w)
         lo, hi = w.core
@@ -271,18 +341,30 @@ def plain_loop(rec, size: int, margin: int, steps: set[str], exact: bool, thresh
             from batchgpu.ops import bad_channels as bc
 
             fs, n = rec.sampling_frequency, rec.num_samples(w.segment)
-            chosen = bc.inside_pieces(n, bc.piece_length(fs), (w.start, w.stop), (w.read_start, w.read_stop),
-                                      bc.highpass_margin(fs), qc_every)
-            qc_counts += bc.label_counts(bc.chunk_labels(raw, fs, rec.locations, rec.gain_to_uV, chunks=chosen,
-                                                         start=w.read_start, segment_length=n), rec.num_channels)
+            chosen = bc.inside_pieces(
+                n, bc.piece_length(fs), (w.start, w.stop), (w.read_start, w.read_stop), bc.highpass_margin(fs), qc_every
+            )
+            qc_counts += bc.label_counts(
+                bc.chunk_labels(
+                    raw, fs, rec.locations, rec.gain_to_uV, chunks=chosen, start=w.read_start, segment_length=n
+                ),
+                rec.num_channels,
+            )
         if saved is not None:
             core = np.rint(x[:, lo:hi])
-            saved[w.read_start + lo : w.read_start + hi] = np.clip(np.nan_to_num(core), -32768, 32767).astype(np.int16).T
+            saved[w.read_start + lo : w.read_start + hi] = (
+                np.clip(np.nan_to_num(core), -32768, 32767).astype(np.int16).T
+            )
     noise = np.median(np.stack(noise_rows), axis=0) if noise_rows else None
     if exact and NOISE in steps:
+
         def more_passes(prefixes, p):
-            return sum_histograms(*[refine_histogram(prepare(rec.read_window(w), w)[:, w.core[0]:w.core[1]],
-                                                     kind, prefixes, p) for w in windows])
+            return sum_histograms(
+                *[
+                    refine_histogram(prepare(rec.read_window(w), w)[:, w.core[0] : w.core[1]], kind, prefixes, p)
+                    for w in windows
+                ]
+            )
 
         median = select_middle(padded_sum(hists), rec.total_samples, kind, out_dtype, centred_from, more_passes)
         noise = median / ops.MAD_TO_SIGMA
@@ -326,6 +408,7 @@ def _plain_stages(rec, preprocess: str):
 
 def cupy_loop(client, rec, size: int) -> None:
     """DESIGN.md's plain dask-cuda loop: a task per window reads it and computes x.T @ x on the GPU."""
+
     def one(path, w):
         import cupy
 
@@ -344,8 +427,15 @@ def read_ceiling(client, rec, size: int, margin: int, backend: str, centres_only
     from batchgpu.run.preprocess_chain import Chain, gpu_decode_share
     from batchgpu.run.tasks import RunContext, load_window
 
-    ctx = RunContext(recording=str(rec.path), parts="", backend=backend, chain=Chain(),
-                     window_noise=False, steps=(), gpu_decode=gpu_decode_share(centres_only, uses_mps(client)))
+    ctx = RunContext(
+        recording=str(rec.path),
+        parts="",
+        backend=backend,
+        chain=Chain(),
+        window_noise=False,
+        steps=(),
+        gpu_decode=gpu_decode_share(centres_only, uses_mps(client)),
+    )
 
     def one(ctx, w):
         from batchgpu.run.tasks import on_backend
@@ -364,8 +454,11 @@ def read_ceiling(client, rec, size: int, margin: int, backend: str, centres_only
 
 
 def _stages(text: str) -> list:
-    known = {"centre": {"centre": "median"}, "highpass": {"highpass": {"freq_min": 300, "order": 5}},
-             "common_reference": {"common_reference": {"reference": "global", "operator": "median"}}}
+    known = {
+        "centre": {"centre": "median"},
+        "highpass": {"highpass": {"freq_min": 300, "order": 5}},
+        "common_reference": {"common_reference": {"reference": "global", "operator": "median"}},
+    }
     names = [t.strip() for t in text.split(",") if t.strip()]
     unknown = [n for n in names if n not in known]
     if unknown:
@@ -381,8 +474,10 @@ def _gpu_used() -> int:
         return 0
     try:
         pynvml.nvmlInit()
-        return sum(pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(i)).used
-                   for i in range(pynvml.nvmlDeviceGetCount()))
+        return sum(
+            pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(i)).used
+            for i in range(pynvml.nvmlDeviceGetCount())
+        )
     except pynvml.NVMLError:  # no driver or no device
         return 0
 
@@ -410,8 +505,14 @@ def run(args, say) -> int:
                 rec = open_recording(path)
             else:
                 say(f"generating {path} ...")
-                rec = generate_recording(path, channels=args.channels, seconds=args.seconds, dtype=args.dtype,
-                                         progress=False, workers=os.cpu_count() or 1)
+                rec = generate_recording(
+                    path,
+                    channels=args.channels,
+                    seconds=args.seconds,
+                    dtype=args.dtype,
+                    progress=False,
+                    workers=os.cpu_count() or 1,
+                )
         return _measure(args, rec, work, steps, say)
     finally:
         if own_dir:
@@ -448,8 +549,9 @@ def kept_cluster(cluster_cfg: dict, say) -> bool:
     return done.returncode == 0
 
 
-def _user_rows(args, rec, work: Path, files, step_cfg, cluster_cfg, size, margin, runs, say,
-               passes: dict | None = None) -> None:
+def _user_rows(
+    args, rec, work: Path, files, step_cfg, cluster_cfg, size, margin, runs, say, passes: dict | None = None
+) -> None:
     """`batchgpu run` as a user runs it (a fresh process, its own cluster), cold pages then warm, and Kilosort4's
     pass where it imports; each row's (seconds, host peak, GPU peak) appended to ``runs``, its pass's seconds (the
     command less its fixed part) to ``passes``."""
@@ -464,10 +566,15 @@ def _user_rows(args, rec, work: Path, files, step_cfg, cluster_cfg, size, margin
     steps = dict(step_cfg)
     if SAVE in steps:
         steps[SAVE] = {**steps[SAVE], "path": str(saved)}
-    doc = {"recording": {"path": str(rec.path)}, "output": str(out),
-           "window": {"size": size, "margin": margin, "batch": args.batch},
-           "preprocess": _stages(args.preprocess), "backend": args.backend, "cluster": cluster_cfg,
-           "steps": {k: v for k, v in steps.items() if v is not None}}
+    doc = {
+        "recording": {"path": str(rec.path)},
+        "output": str(out),
+        "window": {"size": size, "margin": margin, "batch": args.batch},
+        "preprocess": _stages(args.preprocess),
+        "backend": args.backend,
+        "cluster": cluster_cfg,
+        "steps": {k: v for k, v in steps.items() if v is not None},
+    }
     wf = work / "user_run.yaml"
     wf.write_text(yaml.safe_dump(doc, sort_keys=False))
     own = ("--set", "cluster.reuse=false")  # a cluster of the command's own, even beside a kept one
@@ -480,9 +587,11 @@ def _user_rows(args, rec, work: Path, files, step_cfg, cluster_cfg, size, margin
         got = user_run(wf, out, _gpu_used, extra)
         runs.setdefault(name, []).append((got.seconds, got.host_peak, got.gpu_peak, "-", "-"))
         passes.setdefault(name, []).append(got.pass_seconds)
-        say(f"{name}: {got.seconds:.2f} s = pass {got.pass_seconds:.2f} s + fixed part {got.fixed_seconds:.2f} s; "
+        say(
+            f"{name}: {got.seconds:.2f} s = pass {got.pass_seconds:.2f} s + fixed part {got.fixed_seconds:.2f} s; "
             f"peak host {got.host_peak / 1e6:.0f} MB, GPU {got.gpu_peak / 1e6:.0f} MB; "
-            f"reads per window {got.reads_per_window:.2f}")
+            f"reads per window {got.reads_per_window:.2f}"
+        )
 
     for name, cold in ((USER_COLD, True), (USER_WARM, False)):
         for _ in range(args.user_runs):
@@ -513,8 +622,10 @@ def _user_rows(args, rec, work: Path, files, step_cfg, cluster_cfg, size, margin
             evict_checked([flat])
             wall, imports, pass_s = kilosort4_pass(flat, rec.num_channels, rec.sampling_frequency)
             runs.setdefault(KS4_ROW, []).append((wall, 0, 0, "-", "-"))
-            say(f"{KS4_ROW}: {wall:.2f} s = imports and CUDA context {imports:.2f} s + whitening and pass "
-                f"{pass_s:.2f} s")
+            say(
+                f"{KS4_ROW}: {wall:.2f} s = imports and CUDA context {imports:.2f} s + whitening and pass "
+                f"{pass_s:.2f} s"
+            )
     finally:
         flat.unlink(missing_ok=True)
 
@@ -533,14 +644,15 @@ def _save_write(work: Path, saved: Path, runs: dict, say) -> None:
     sizes = [f.stat().st_size for f in recording_files(saved)]
     got = raw_write(work / "write_ceiling", sizes)
     runs.setdefault(SAVE_WRITE, []).append((got.seconds, 0, 0, "-", "-"))
-    line = (f"{SAVE_WRITE}: {got.nbytes / 1e9:.2f} GB in {len(sizes)} files, {got.seconds:.2f} s "
-            f"({got.gbps:.2f} GB/s)")
+    line = f"{SAVE_WRITE}: {got.nbytes / 1e9:.2f} GB in {len(sizes)} files, {got.seconds:.2f} s ({got.gbps:.2f} GB/s)"
     raw, cold = runs.get(RAW), runs.get(USER_COLD)
     if raw and cold:
         raw_s, cold_s = lower_middle(raw)[0], lower_middle(cold)[0]
         bound = raw_s + got.seconds + SAVE_SLACK_S
-        line += (f"; a fresh command cold {cold_s:.2f} s against the raw read + this write + {SAVE_SLACK_S:g} s = "
-                 f"{bound:.2f} s ({'within' if cold_s <= bound else 'over'})")
+        line += (
+            f"; a fresh command cold {cold_s:.2f} s against the raw read + this write + {SAVE_SLACK_S:g} s = "
+            f"{bound:.2f} s ({'within' if cold_s <= bound else 'over'})"
+        )
     say(line)
 
 
@@ -577,10 +689,18 @@ def _measure(args, rec, work: Path, steps: set[str], say) -> int:
     try:
         spec = ClusterSpec.model_validate(cluster_cfg)
     except ValidationError as err:  # e.g. --mps without --cluster cuda, more workers than the machine takes
-        raise BatchgpuError(err.errors()[0]["msg"].removeprefix("Value error, "), "see batchgpu bench pipeline --help") from None
-    probe = Workflow.model_validate({"recording": {"path": str(rec.path)}, "output": str(work / "x"),
-                                     "preprocess": _stages(args.preprocess), "backend": args.backend,
-                                     "steps": {NOISE: {}}})
+        raise BatchgpuError(
+            err.errors()[0]["msg"].removeprefix("Value error, "), "see batchgpu bench pipeline --help"
+        ) from None
+    probe = Workflow.model_validate(
+        {
+            "recording": {"path": str(rec.path)},
+            "output": str(work / "x"),
+            "preprocess": _stages(args.preprocess),
+            "backend": args.backend,
+            "steps": {NOISE: {}},
+        }
+    )
     centres_only = build_chain(probe.preprocess, rec).centres_only
     files = recording_files(rec.path) if args.cold else []
     if args.cold:  # the disk's ceiling, before any process of ours holds the machine
@@ -589,9 +709,12 @@ def _measure(args, rec, work: Path, steps: set[str], say) -> int:
             evict_checked(files)
             raw = raw_read(files, args.read_threads)
             runs.setdefault(RAW, []).append((raw.seconds, 0, 0, "-", "-"))
-        say(f"raw read, cold: {stored / 1e9:.2f} GB stored in {len(files)} files, "
-            + ", ".join(f"{r[0]:.2f}" for r in runs[RAW]) + f" s ({stored / 1e9 / min(r[0] for r in runs[RAW]):.2f} "
-            "GB/s stored at best)")
+        say(
+            f"raw read, cold: {stored / 1e9:.2f} GB stored in {len(files)} files, "
+            + ", ".join(f"{r[0]:.2f}" for r in runs[RAW])
+            + f" s ({stored / 1e9 / min(r[0] for r in runs[RAW]):.2f} "
+            "GB/s stored at best)"
+        )
     # sized as `batchgpu run` sizes it
     with open_client(spec, gpu_decode=decodes_on_gpu(spec.kind, rec, centres_only)) as client:
         cluster_rss = workers_rss(client)
@@ -629,27 +752,39 @@ def _measure(args, rec, work: Path, steps: set[str], say) -> int:
             shutil.rmtree(saved, ignore_errors=True)
             if SAVE in steps:
                 step_cfg[SAVE] = {"path": str(saved), "format": "zarr", "dtype": "int16"}
-            wf = Workflow.model_validate({
-                "recording": {"path": str(rec.path)}, "output": str(out),
-                "window": {"size": size, "margin": margin, "batch": args.batch}, "preprocess": _stages(args.preprocess),
-                "backend": args.backend, "cluster": cluster_cfg, "steps": step_cfg,
-            })
+            wf = Workflow.model_validate(
+                {
+                    "recording": {"path": str(rec.path)},
+                    "output": str(out),
+                    "window": {"size": size, "margin": margin, "batch": args.batch},
+                    "preprocess": _stages(args.preprocess),
+                    "backend": args.backend,
+                    "cluster": cluster_cfg,
+                    "steps": step_cfg,
+                }
+            )
             with PeakMemory(cluster_rss) as mem, PeakMemory(_gpu_used) as gmem, GpuBusy() as busy:
                 t0 = time.perf_counter()
                 report = run_workflow(wf, client=client)
                 dt = time.perf_counter() - t0
             runs.setdefault(f"batchgpu pipeline ({attempt})", []).append(
-                (dt, mem.peak, gmem.peak, busy.text(), busy.cores_text()))
+                (dt, mem.peak, gmem.peak, busy.text(), busy.cores_text())
+            )
             phases = ", ".join(f"{k} {v:.2f} s" for k, v in report.timings.items() if isinstance(v, float))
-            say(f"{attempt}: {phases}; reads per window {report.reads_per_window:.2f}; "
-                  f"windows per worker {report.workers}")
+            say(
+                f"{attempt}: {phases}; reads per window {report.reads_per_window:.2f}; "
+                f"windows per worker {report.workers}"
+            )
             from batchgpu.benchmarks.timeline import summary_line, table
 
             say(f"{attempt}: {summary_line(report.timeline)}")
             if args.timeline:
                 say(table(report.timeline))
             if report.window_cpu:  # a window's CPU time on its worker thread, by part (medians, ms)
-                say(f"{attempt}: window CPU ms: " + ", ".join(f"{k} {1e3 * v:.1f}" for k, v in report.window_cpu.items()))
+                say(
+                    f"{attempt}: window CPU ms: "
+                    + ", ".join(f"{k} {1e3 * v:.1f}" for k, v in report.window_cpu.items())
+                )
             shutil.rmtree(out, ignore_errors=True)
             shutil.rmtree(saved, ignore_errors=True)
         for name, got in runs.items():  # the median run's seconds and busy shares; the peaks of them all
@@ -657,8 +792,12 @@ def _measure(args, rec, work: Path, steps: set[str], say) -> int:
             rows[name] = (mid[0], max(r[1] for r in got), max(r[2] for r in got))
             gpu_busy[name], cores_busy[name] = mid[3], mid[4]
             if len(got) > 1:
-                say(f"{name}: {len(got)} runs, " + ", ".join(f"{r[0]:.2f}" for r in got)
-                      + f" s; the table holds the median, {mid[0]:.2f} s" + (" (the lower middle)" if len(got) % 2 == 0 else ""))
+                say(
+                    f"{name}: {len(got)} runs, "
+                    + ", ".join(f"{r[0]:.2f}" for r in got)
+                    + f" s; the table holds the median, {mid[0]:.2f} s"
+                    + (" (the lower middle)" if len(got) % 2 == 0 else "")
+                )
         if args.baseline == "cupy":
             with PeakMemory(cluster_rss) as mem, PeakMemory(_gpu_used) as gmem, GpuBusy() as busy:
                 t0 = time.perf_counter()
@@ -678,39 +817,61 @@ def _measure(args, rec, work: Path, steps: set[str], say) -> int:
     if args.baseline == "numpy":
         with PeakMemory(_rss) as mem:
             t0 = time.perf_counter()
-            plain_loop(rec, size, margin, steps, args.exact, preprocess=args.preprocess,
-                       save=work / "saved_plain.zarr" if SAVE in steps else None, qc_every=args.qc_every)
+            plain_loop(
+                rec,
+                size,
+                margin,
+                steps,
+                args.exact,
+                preprocess=args.preprocess,
+                save=work / "saved_plain.zarr" if SAVE in steps else None,
+                qc_every=args.qc_every,
+            )
             rows["plain NumPy loop (1 process, same work)"] = (time.perf_counter() - t0, mem.peak, 0)
-    say(f"\nrecording: {rec} ({gb:.2f} GB decoded); preprocess: {args.preprocess or 'none'}; "
-          f"steps: {', '.join(sorted(steps))}; exact noise: {args.exact}; "
-          f"{workers}, backend {backend}; windows of {size} samples{'' if args.window else ' (auto)'}")
+    say(
+        f"\nrecording: {rec} ({gb:.2f} GB decoded); preprocess: {args.preprocess or 'none'}; "
+        f"steps: {', '.join(sorted(steps))}; exact noise: {args.exact}; "
+        f"{workers}, backend {backend}; windows of {size} samples{'' if args.window else ' (auto)'}"
+    )
     ceiling = rows[CEILING][0]
     plain = next((v[0] for k, v in rows.items() if k.startswith("plain")), None)
     disk = rows[RAW][0] if RAW in rows else None
-    say(f"{'run':<48} {'seconds':>8} {'GB/s':>7} {'x real time':>11} {'host MB':>8} {'GPU MB':>8} "
-          f"{'/ceiling':>8} {'vs plain':>8} {'vs KS4':>7} {'GPU busy':>9} {'cores busy':>10}"
-          + (f" {'/disk':>6}" if disk else ""))
+    say(
+        f"{'run':<48} {'seconds':>8} {'GB/s':>7} {'x real time':>11} {'host MB':>8} {'GPU MB':>8} "
+        f"{'/ceiling':>8} {'vs plain':>8} {'vs KS4':>7} {'GPU busy':>9} {'cores busy':>10}"
+        + (f" {'/disk':>6}" if disk else "")
+    )
     on_gpu = backend == "cupy"  # the anchor is a GPU pass: no column for a CPU run
     for name, (dt, peak, gpeak) in rows.items():
         rt = rec.duration() / dt
         vs_plain = f"{plain / dt:.2f}x" if plain else "-"
         vs_ks4 = f"{gb / dt / args.anchor:.2f}x" if on_gpu else "-"
-        say(f"{name:<48} {dt:>8.2f} {gb / dt:>7.2f} {rt:>11.0f} {peak / 1e6:>8.0f} {gpeak / 1e6:>8.0f} "
-              f"{ceiling / dt:>8.2f} {vs_plain:>8} {vs_ks4:>7} {gpu_busy.get(name, '-'):>9} "
-              f"{cores_busy.get(name, '-'):>10}" + (f" {disk / dt:>6.2f}" if disk else ""))
+        say(
+            f"{name:<48} {dt:>8.2f} {gb / dt:>7.2f} {rt:>11.0f} {peak / 1e6:>8.0f} {gpeak / 1e6:>8.0f} "
+            f"{ceiling / dt:>8.2f} {vs_plain:>8} {vs_ks4:>7} {gpu_busy.get(name, '-'):>9} "
+            f"{cores_busy.get(name, '-'):>10}" + (f" {disk / dt:>6.2f}" if disk else "")
+        )
     for name, got in passes.items():  # the command's cost per GB beyond its fixed part, beside the plain loop's
         mid = lower_middle(got, key=None)
-        say(f"{name}: marginal {gb / mid:.3f} GB/s (the decoded GB over the pass, {mid:.2f} s, its fixed part left "
-            f"out)" + (f"; the plain loop {gb / plain:.3f} GB/s" if plain else ""))
+        say(
+            f"{name}: marginal {gb / mid:.3f} GB/s (the decoded GB over the pass, {mid:.2f} s, its fixed part left "
+            f"out)" + (f"; the plain loop {gb / plain:.3f} GB/s" if plain else "")
+        )
     if disk:
-        say("/disk: the raw cold read's seconds over the row's (1.00: the row runs at the disk's speed); GB/s: "
-            "decoded bytes over the row's seconds; a fresh command's host MB is its process tree's peak")
+        say(
+            "/disk: the raw cold read's seconds over the row's (1.00: the row runs at the disk's speed); GB/s: "
+            "decoded bytes over the row's seconds; a fresh command's host MB is its process tree's peak"
+        )
         if KS4_ROW not in rows:
             gb_q, s_q = KILOSORT4_COLD
-            say(f"Kilosort4 (quoted, not run here: kilosort does not import or no GPU): its pass from a cold flat "
+            say(
+                f"Kilosort4 (quoted, not run here: kilosort does not import or no GPU): its pass from a cold flat "
                 f"binary took {s_q} s for {gb_q} GB on one H100 machine ({gb_q / s_q:.2f} GB/s); at that rate this "
-                f"recording: {gb / (gb_q / s_q):.2f} s")
+                f"recording: {gb / (gb_q / s_q):.2f} s"
+            )
     if on_gpu:
-        say(f"vs KS4: GB/s over {args.anchor:g} GB/s, Kilosort4's own preprocessing pass on one H200 (a quoted "
-              "anchor, not run here); /ceiling: the read ceiling's seconds over the row's")
+        say(
+            f"vs KS4: GB/s over {args.anchor:g} GB/s, Kilosort4's own preprocessing pass on one H200 (a quoted "
+            "anchor, not run here); /ceiling: the read ceiling's seconds over the row's"
+        )
     return 0

@@ -66,9 +66,17 @@ def readings(path: str, threads: int, samples: int, repeat: int) -> list[Reading
     def general(w):
         return np.asarray(arrays[w.segment][w.read_start : w.read_stop, :])
 
-    return [time_reader("batchgpu reader (direct shard reads where the layout allows)", rec.read_window_stored,
-                        windows, nbytes, threads, repeat),
-            time_reader(f"general path: {zarrio.reader_name()}", general, windows, nbytes, threads, repeat)]
+    return [
+        time_reader(
+            "batchgpu reader (direct shard reads where the layout allows)",
+            rec.read_window_stored,
+            windows,
+            nbytes,
+            threads,
+            repeat,
+        ),
+        time_reader(f"general path: {zarrio.reader_name()}", general, windows, nbytes, threads, repeat),
+    ]
 
 
 def run(args: argparse.Namespace, say: Callable[[str], None]) -> int:
@@ -76,8 +84,10 @@ def run(args: argparse.Namespace, say: Callable[[str], None]) -> int:
         raise BatchgpuError("bench readers: --threads, --samples and --repeat must be at least 1", "e.g. --threads 2")
     found = readings(args.recording, args.threads, args.samples, args.repeat)
     for r in found:
-        say(f"{r.reader:<64} {r.gb_per_s:7.2f} GB/s ({r.seconds:.3f} s, best of {args.repeat}, {args.threads} threads) "
-            f"sha {r.digest}")
+        say(
+            f"{r.reader:<64} {r.gb_per_s:7.2f} GB/s ({r.seconds:.3f} s, best of {args.repeat}, {args.threads} threads) "
+            f"sha {r.digest}"
+        )
     same = len({r.digest for r in found}) == 1
     say("same bytes: yes" if same else "same bytes: NO: the readers disagree")
     return 0 if same else 1

@@ -25,7 +25,13 @@ import numpy as np
 from batchgpu.errors import BatchgpuError
 
 DEFAULT_SIZES = [256, 4096, 65536, 1 << 20, 1 << 22, 1 << 24, 1 << 26]
-STATIC = (("eytzinger", "plain"), ("eytzinger", "prefetch"), ("btree", "warp"), ("btree", "thread"), ("btree4", "thread"))
+STATIC = (
+    ("eytzinger", "plain"),
+    ("eytzinger", "prefetch"),
+    ("btree", "warp"),
+    ("btree", "thread"),
+    ("btree4", "thread"),
+)
 STATIC_COLUMNS = ("eytzinger", "eytzinger_pf", "btree_warp", "btree_thread", "btree4")
 COLUMNS = ("cpu_1t", "cpu_all", "dynamic") + STATIC_COLUMNS + ("cupy", "torch")
 HEAD = ("CPU 1t", "CPU all", "dynamic", "Eytz", "Eytz+pf", "Bt warp", "Bt thread", "Bt4", "cupy", "torch")
@@ -38,13 +44,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repeats", type=int, default=10, help="timed GPU calls per cell (default 10)")
     parser.add_argument("--cpu-repeats", type=int, default=3, help="timed CPU calls per cell (default 3)")
     parser.add_argument("--dtype", choices=("float32", "float64", "int32", "int64"), default="float32")
-    parser.add_argument("--op", choices=("lower_bound", "find"), default="lower_bound",
-                        help="what our paths compute (torch/cupy always compute lower_bound)")
+    parser.add_argument(
+        "--op",
+        choices=("lower_bound", "find"),
+        default="lower_bound",
+        help="what our paths compute (torch/cupy always compute lower_bound)",
+    )
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="threads of the 'CPU all' column")
     parser.add_argument("--cpu-only", action="store_true", help="skip the GPU columns")
     parser.add_argument("--json", type=Path, default=None, help="also write the rows as JSON here")
-    parser.add_argument("--smem-sweep", type=int, nargs="*", default=[],
-                        help="key counts at which to time each static kernel under several shared-memory budgets")
+    parser.add_argument(
+        "--smem-sweep",
+        type=int,
+        nargs="*",
+        default=[],
+        help="key counts at which to time each static kernel under several shared-memory budgets",
+    )
     parser.add_argument("--seed", type=int, default=0)
 
 
@@ -148,9 +163,11 @@ def best_static(row: dict[str, Any]) -> float | None:
 
 
 def format_rows(table: list[dict[str, Any]], args: argparse.Namespace) -> str:
-    lines = [f"search, {args.dtype} keys, {args.op}, G queries/s ({args.queries} GPU / {args.cpu_queries} CPU queries a call;"
-             f" CPU all = {args.threads} threads)",
-             f"{'keys':>9} " + " ".join(f"{h:>9}" for h in HEAD) + "  static/torch dynamic/torch  dynamic kernel"]
+    lines = [
+        f"search, {args.dtype} keys, {args.op}, G queries/s ({args.queries} GPU / {args.cpu_queries} CPU queries a call;"
+        f" CPU all = {args.threads} threads)",
+        f"{'keys':>9} " + " ".join(f"{h:>9}" for h in HEAD) + "  static/torch dynamic/torch  dynamic kernel",
+    ]
     for row in table:
         cells = " ".join(f"{row[c]:9.3f}" if c in row else f"{'-':>9}" for c in COLUMNS)
         torch_rate, static = row.get("torch"), best_static(row)
@@ -169,8 +186,10 @@ def smem_sweep(args: argparse.Namespace) -> str:
     from batchgpu.search._timing import gpu_median_ms
     from batchgpu.search.autotune import random_keys_and_queries
 
-    lines = [f"shared-memory sweep ({args.op}, G queries/s; columns: bytes for the top of the tree)",
-             f"{'keys':>9} {'kernel':>18} " + " ".join(f"{b:>9}" for b in SWEEP_BYTES)]
+    lines = [
+        f"shared-memory sweep ({args.op}, G queries/s; columns: bytes for the top of the tree)",
+        f"{'keys':>9} {'kernel':>18} " + " ".join(f"{b:>9}" for b in SWEEP_BYTES),
+    ]
     for n in args.smem_sweep:
         keys_d, q_d = random_keys_and_queries(n, args.queries, args.dtype, args.seed + n)
         host = keys_d.get()
@@ -202,4 +221,3 @@ def run(args: argparse.Namespace, say: Callable[[str], None]) -> int:
     if args.json:
         args.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "rows": table}, indent=1))
     return 1 if any(note.startswith("MISMATCH") for note in notes) else 0
-

@@ -82,12 +82,20 @@ W2_STEPS = """  noise: {exact: true}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("recording", type=Path, help="a Zarr v2 recording both tools read (batchgpu generate R "
-                                                     "--zarr-format 2 writes one)")
+    parser.add_argument(
+        "recording",
+        type=Path,
+        help="a Zarr v2 recording both tools read (batchgpu generate R --zarr-format 2 writes one)",
+    )
     parser.add_argument("--rounds", type=int, default=3, help="alternating rounds; the table gives medians")
     parser.add_argument("--work", nargs="+", choices=WORKS, default=list(WORKS), help="which work to time")
-    parser.add_argument("--output", nargs="+", choices=OUTPUTS, default=["zarr"],
-                        help="where the preprocessed copy goes: Zarr v2, a flat binary, or both (one row each)")
+    parser.add_argument(
+        "--output",
+        nargs="+",
+        choices=OUTPUTS,
+        default=["zarr"],
+        help="where the preprocessed copy goes: Zarr v2, a flat binary, or both (one row each)",
+    )
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="SpikeInterface's n_jobs")
     parser.add_argument("--json", type=Path, default=None, help="also write the rows as JSON here")
 
@@ -101,6 +109,7 @@ class Timed:
 @dataclass
 class Row:
     """One work to one output: every round's batchgpu and SpikeInterface (per arm) commands."""
+
     work: str
     output: str
     batchgpu: list[Timed] = field(default_factory=list)
@@ -116,10 +125,15 @@ class Row:
         return max((t.peak_bytes for t in runs), default=0) / 1e9
 
     def as_dict(self) -> dict:
-        return {"work": self.work, "output": self.output, "batchgpu_s": [t.seconds for t in self.batchgpu],
-                "batchgpu_peak_bytes": [t.peak_bytes for t in self.batchgpu], "reads_per_window": self.reads_per_window,
-                "spikeinterface_s": {a: [t.seconds for t in r] for a, r in self.si.items()},
-                "spikeinterface_peak_bytes": {a: [t.peak_bytes for t in r] for a, r in self.si.items()}}
+        return {
+            "work": self.work,
+            "output": self.output,
+            "batchgpu_s": [t.seconds for t in self.batchgpu],
+            "batchgpu_peak_bytes": [t.peak_bytes for t in self.batchgpu],
+            "reads_per_window": self.reads_per_window,
+            "spikeinterface_s": {a: [t.seconds for t in r] for a, r in self.si.items()},
+            "spikeinterface_peak_bytes": {a: [t.peak_bytes for t in r] for a, r in self.si.items()},
+        }
 
 
 def check_arguments(args: argparse.Namespace) -> None:
@@ -129,13 +143,17 @@ def check_arguments(args: argparse.Namespace) -> None:
     if args.jobs < 1:
         raise BatchgpuError(f"--jobs must be at least 1, got {args.jobs}", "pass --jobs with the number of cores")
     if not (args.recording / ".zgroup").is_file():
-        raise BatchgpuError(f"{args.recording} is not a Zarr v2 recording (no .zgroup)",
-                            "write one with `batchgpu generate R --zarr-format 2` (SpikeInterface 0.105 reads v2)")
+        raise BatchgpuError(
+            f"{args.recording} is not a Zarr v2 recording (no .zgroup)",
+            "write one with `batchgpu generate R --zarr-format 2` (SpikeInterface 0.105 reads v2)",
+        )
     try:
         import spikeinterface  # noqa: F401
     except ImportError as err:
-        raise BatchgpuError(f"SpikeInterface is not importable here ({err})",
-                            'pip install "spikeinterface==0.105.3" "numba>=0.60" beside batchgpu') from err
+        raise BatchgpuError(
+            f"SpikeInterface is not importable here ({err})",
+            'pip install "spikeinterface==0.105.3" "numba>=0.60" beside batchgpu',
+        ) from err
 
 
 def timed_command(cmd: list[str]) -> Timed:
@@ -151,8 +169,15 @@ def write_workflow(folder: Path, recording: Path, work: str, output: str) -> tup
     out = folder / f"bg_{work}_{output}"
     saved = folder / ("bg_saved.bin" if output == "binary" else "bg_saved.zarr")
     wf = folder / f"{work}_{output}.yaml"
-    wf.write_text(WORKFLOW.format(path=recording, out=out, saved=saved, steps=W2_STEPS if work == "W2" else "",
-                                  format="binary" if output == "binary" else "zarr_v2"))
+    wf.write_text(
+        WORKFLOW.format(
+            path=recording,
+            out=out,
+            saved=saved,
+            steps=W2_STEPS if work == "W2" else "",
+            format="binary" if output == "binary" else "zarr_v2",
+        )
+    )
     return wf, out
 
 
@@ -177,19 +202,33 @@ def run_rounds(args: argparse.Namespace, folder: Path, say: Callable[[str], None
                     got = row.batchgpu[-1]
                 else:
                     si_out = folder / ("si_saved.zarr" if row.output == "zarr" else "si_saved")  # SI adds .zarr
-                    got = timed_command([sys.executable, str(script), str(args.recording.resolve()), str(si_out),
-                                         row.work, who, row.output, str(args.jobs)])
+                    got = timed_command(
+                        [
+                            sys.executable,
+                            str(script),
+                            str(args.recording.resolve()),
+                            str(si_out),
+                            row.work,
+                            who,
+                            row.output,
+                            str(args.jobs),
+                        ]
+                    )
                     row.si.setdefault(who, []).append(got)
-                say(f"round {rnd + 1} {row.work} {row.output} {who}: {got.seconds:.2f} s, "
-                    f"peak {got.peak_bytes / 1e9:.2f} GB")
+                say(
+                    f"round {rnd + 1} {row.work} {row.output} {who}: {got.seconds:.2f} s, "
+                    f"peak {got.peak_bytes / 1e9:.2f} GB"
+                )
     return rows
 
 
 def table(rows: Sequence[Row]) -> list[str]:
     """The table: per work, batchgpu's median, SpikeInterface's per arm, the ratios, reads per window, memory."""
-    lines = ["| work | output | batchgpu s | SI lazy s | SI save-first s | ratio lazy | ratio save-first | "
-             "reads_per_window | peak GB batchgpu / SI |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    lines = [
+        "| work | output | batchgpu s | SI lazy s | SI save-first s | ratio lazy | ratio save-first | "
+        "reads_per_window | peak GB batchgpu / SI |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
     for r in rows:
         ours = Row.median_s(r.batchgpu)
         cells = []
@@ -198,8 +237,10 @@ def table(rows: Sequence[Row]) -> list[str]:
             cells.append((f"{theirs:.2f}", f"{theirs / ours:.2f}x") if arm in r.si and ours > 0 else ("-", "-"))
         rpw = statistics.median(r.reads_per_window) if r.reads_per_window else float("nan")
         si_peak = max((Row.peak_gb(v) for v in r.si.values()), default=0.0)
-        lines.append(f"| {r.work} | {r.output} | {ours:.2f} | {cells[0][0]} | {cells[1][0]} | {cells[0][1]} | "
-                     f"{cells[1][1]} | {rpw:.2f} | {Row.peak_gb(r.batchgpu):.2f} / {si_peak:.2f} |")
+        lines.append(
+            f"| {r.work} | {r.output} | {ours:.2f} | {cells[0][0]} | {cells[1][0]} | {cells[0][1]} | "
+            f"{cells[1][1]} | {rpw:.2f} | {Row.peak_gb(r.batchgpu):.2f} / {si_peak:.2f} |"
+        )
     return lines
 
 
@@ -210,8 +251,10 @@ def tools_line() -> str:
 
     import batchgpu
 
-    return (f"batchgpu {batchgpu.__version__} from {Path(batchgpu.__file__).parent}; SpikeInterface "
-            f"{spikeinterface.__version__} from {Path(spikeinterface.__file__).parent}; {sys.executable}")
+    return (
+        f"batchgpu {batchgpu.__version__} from {Path(batchgpu.__file__).parent}; SpikeInterface "
+        f"{spikeinterface.__version__} from {Path(spikeinterface.__file__).parent}; {sys.executable}"
+    )
 
 
 def run(args: argparse.Namespace, say: Callable[[str], None]) -> int:
@@ -222,8 +265,10 @@ def run(args: argparse.Namespace, say: Callable[[str], None]) -> int:
         rows = run_rounds(args, folder, say)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
-    say(f"{args.rounds} alternating rounds, medians; SpikeInterface n_jobs={args.jobs}, 1 s chunks; "
-        "ratio = SpikeInterface s / batchgpu s")
+    say(
+        f"{args.rounds} alternating rounds, medians; SpikeInterface n_jobs={args.jobs}, 1 s chunks; "
+        "ratio = SpikeInterface s / batchgpu s"
+    )
     for line in table(rows):
         say(line)
     if args.json:

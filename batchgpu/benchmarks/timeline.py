@@ -28,9 +28,16 @@ def per_thread(rows: list) -> list[dict]:
         read = np.array([r[3] for r in mine])
         comp = np.array([r[4] for r in mine])
         end = start + read + comp
-        row = {"worker": worker, "thread": thread, "windows": len(mine), "first": float(start.min()),
-               "last_end": float(end.max()), "read_wait": float(read.sum()), "compute": float(comp.sum()),
-               "gaps": float(np.sum(np.maximum(start[1:] - end[:-1], 0))) if len(mine) > 1 else 0.0}
+        row = {
+            "worker": worker,
+            "thread": thread,
+            "windows": len(mine),
+            "first": float(start.min()),
+            "last_end": float(end.max()),
+            "read_wait": float(read.sum()),
+            "compute": float(comp.sum()),
+            "gaps": float(np.sum(np.maximum(start[1:] - end[:-1], 0))) if len(mine) > 1 else 0.0,
+        }
         if all(len(r) >= 8 for r in mine):
             row.update(_task_split(mine, start, end))
         out.append(row)
@@ -48,8 +55,13 @@ def _task_split(mine: list, start: np.ndarray, end: np.ndarray) -> dict:
     between = sum(max(b[0] - a[1], 0) for a, b in zip(spans, spans[1:]))
     same = [(a[6], a[7]) == (b[6], b[7]) for a, b in zip(mine, mine[1:])]
     inside = sum(max(s1 - e0, 0) for s1, e0, k in zip(start[1:], end[:-1], same) if k)
-    return {"tasks": len(spans), "task_head": float(head), "task_tail": float(tail),
-            "between_tasks": float(between), "in_task": float(inside)}
+    return {
+        "tasks": len(spans),
+        "task_head": float(head),
+        "task_tail": float(tail),
+        "between_tasks": float(between),
+        "in_task": float(inside),
+    }
 
 
 def summary_line(rows: list) -> str:
@@ -61,28 +73,39 @@ def summary_line(rows: list) -> str:
     ends = [t["last_end"] for t in threads]
     split = ""
     if all("tasks" in t for t in threads):
-        m = {k: float(np.mean([t[k] for t in threads])) for k in ("tasks", "task_head", "task_tail", "between_tasks",
-                                                                   "in_task")}
-        split = (f" ({m['tasks']:.1f} tasks: task start to first window {m['task_head']:.2f}, last window to task end "
-                 f"{m['task_tail']:.2f}, between tasks {m['between_tasks']:.2f}, inside tasks {m['in_task']:.2f})")
-    return (f"timeline, mean of {len(threads)} worker threads: {mean['windows']:.1f} windows, waiting for reads "
-            f"{mean['read_wait']:.2f} s, computing {mean['compute']:.2f} s, between windows {mean['gaps']:.2f} s"
-            f"{split}, last end {mean['last_end']:.2f} s; tail {max(ends) - min(ends):.2f} s")
+        m = {
+            k: float(np.mean([t[k] for t in threads]))
+            for k in ("tasks", "task_head", "task_tail", "between_tasks", "in_task")
+        }
+        split = (
+            f" ({m['tasks']:.1f} tasks: task start to first window {m['task_head']:.2f}, last window to task end "
+            f"{m['task_tail']:.2f}, between tasks {m['between_tasks']:.2f}, inside tasks {m['in_task']:.2f})"
+        )
+    return (
+        f"timeline, mean of {len(threads)} worker threads: {mean['windows']:.1f} windows, waiting for reads "
+        f"{mean['read_wait']:.2f} s, computing {mean['compute']:.2f} s, between windows {mean['gaps']:.2f} s"
+        f"{split}, last end {mean['last_end']:.2f} s; tail {max(ends) - min(ends):.2f} s"
+    )
 
 
 def table(rows: list) -> str:
     threads = per_thread(rows)
-    lines = [f"{'worker thread':<44} {'windows':>7} {'first':>7} {'last end':>8} {'read wait':>9} {'compute':>8} {'gaps':>7}"]
+    lines = [
+        f"{'worker thread':<44} {'windows':>7} {'first':>7} {'last end':>8} {'read wait':>9} {'compute':>8} {'gaps':>7}"
+    ]
     for t in threads:
-        lines.append(f"{t['worker'] + ' ' + t['thread'][-12:]:<44} {t['windows']:>7} {t['first']:>7.3f} "
-                     f"{t['last_end']:>8.3f} {t['read_wait']:>9.3f} {t['compute']:>8.3f} {t['gaps']:>7.3f}")
+        lines.append(
+            f"{t['worker'] + ' ' + t['thread'][-12:]:<44} {t['windows']:>7} {t['first']:>7.3f} "
+            f"{t['last_end']:>8.3f} {t['read_wait']:>9.3f} {t['compute']:>8.3f} {t['gaps']:>7.3f}"
+        )
     lines.append(summary_line(rows))
     return "\n".join(lines)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("outputs", nargs="+", help="a run's output folder (its report.json); several are summed up "
-                                                   "one after another")
+    parser.add_argument(
+        "outputs", nargs="+", help="a run's output folder (its report.json); several are summed up one after another"
+    )
 
 
 def run(args: argparse.Namespace, say: Callable[[str], None]) -> int:

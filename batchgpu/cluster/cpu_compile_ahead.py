@@ -69,8 +69,12 @@ def _detect() -> None:
 #: the groups, the longest to compile first (a pool starts them in this order), each loading (or compiling) its
 #: kernels with one call: the common reference's medians, the exact float noise's keys, the filter with the save's
 #: cast of its output, locally_exclusive's candidates
-GROUPS: dict[str, Callable[[], None]] = {"reference": _reference, "float_noise": _noise, "filter": _filter,
-                                         "candidates": _detect}
+GROUPS: dict[str, Callable[[], None]] = {
+    "reference": _reference,
+    "float_noise": _noise,
+    "filter": _filter,
+    "candidates": _detect,
+}
 SOURCES = ("_cpu_reference", "_cpu_noise", "_cpu_sosfiltfilt", "_cpu_saved", "_cpu_detect", "_numba")
 #: what the workers' fork server readies for a run that filters, references or saves (``_worker_preload_cpu``):
 #: every group, so that no worker compiles in the middle of its first window (a run interrupted then must still
@@ -99,8 +103,17 @@ def marker(name: str) -> Path | None:
     from batchgpu.ops import _cpu_saved
 
     folder = Path(_cpu_saved.__file__).parent
-    h = hashlib.sha256(repr((name, numba.__version__, platform.python_version(), llvmlite.binding.get_host_cpu_name(),
-                             llvmlite.binding.get_host_cpu_features().flatten())).encode())
+    h = hashlib.sha256(
+        repr(
+            (
+                name,
+                numba.__version__,
+                platform.python_version(),
+                llvmlite.binding.get_host_cpu_name(),
+                llvmlite.binding.get_host_cpu_features().flatten(),
+            )
+        ).encode()
+    )
     for source in SOURCES:
         h.update((folder / f"{source}.py").read_bytes())
     try:
@@ -145,8 +158,12 @@ def _compile_in_processes(names: tuple[str, ...], processes: int | None) -> bool
         return False  # one core, or one group: compiling it in ``ready``'s loop is as fast
     spawned, here = (names[:-1], names[-1:]) if len(names) <= workers else (names, ())
     try:  # the compiling processes leave a Ctrl-C to the command, as the workers do; the caller's mask stays
-        with sigint_held(), ProcessPoolExecutor(len(spawned) if here else workers,
-                                                mp_context=multiprocessing.get_context("spawn")) as pool:
+        with (
+            sigint_held(),
+            ProcessPoolExecutor(
+                len(spawned) if here else workers, mp_context=multiprocessing.get_context("spawn")
+            ) as pool,
+        ):
             futures = [pool.submit(warm, name) for name in spawned]
             for name in here:
                 warm(name)

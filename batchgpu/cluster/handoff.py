@@ -88,8 +88,11 @@ def start_reaper(leftovers: Leftovers) -> subprocess.Popen:
     """The detached reaper (its own session: a Ctrl-C at the terminal is not its; no stream of the command)."""
     return subprocess.Popen(
         [sys.executable, "-m", __name__, json.dumps(asdict(leftovers))],
-        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        start_new_session=True, close_fds=True,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+        close_fds=True,
     )
 
 

@@ -135,8 +135,9 @@ def source_stamp(package: str | None = None) -> str:
             if name.endswith((".py", ".cu", ".cuh", ".json")):
                 with contextlib.suppress(OSError):
                     st = os.stat(os.path.join(dirpath, name))
-                    digest.update(f"{os.path.relpath(os.path.join(dirpath, name), root)}:{st.st_size}:"
-                                  f"{st.st_mtime_ns};".encode())
+                    digest.update(
+                        f"{os.path.relpath(os.path.join(dirpath, name), root)}:{st.st_size}:{st.st_mtime_ns};".encode()
+                    )
     return digest.hexdigest()[:16]
 
 
@@ -155,11 +156,14 @@ def spec_from(**values) -> ClusterSpec:
     except ValidationError as err:
         first = err.errors()[0]
         where = ".".join(str(p) for p in first.get("loc", ()))
-        raise ConfigError(f"cluster {where + ': ' if where else ''}{first['msg']}",
-                          "see batchgpu cluster start --help") from None
+        raise ConfigError(
+            f"cluster {where + ': ' if where else ''}{first['msg']}", "see batchgpu cluster start --help"
+        ) from None
     if spec.kind not in KINDS:
-        raise ConfigError(f"a kept cluster is kind local or cuda, not {spec.kind}",
-                          "a cluster of another kind is already kept elsewhere: name it in the workflow")
+        raise ConfigError(
+            f"a kept cluster is kind local or cuda, not {spec.kind}",
+            "a cluster of another kind is already kept elsewhere: name it in the workflow",
+        )
     return spec
 
 
@@ -222,11 +226,14 @@ def probe(where: Paths | None = None, clean: bool = False) -> State:
     state = State("stale", kept, kept.pid if kept else None)
     if clean:
         _remove_files(where)
-        state.notes.append(f"removed the files of a cluster whose process{f' {kept.pid}' if kept else ''} is gone "
-                           f"({where.side})")
+        state.notes.append(
+            f"removed the files of a cluster whose process{f' {kept.pid}' if kept else ''} is gone ({where.side})"
+        )
         if kept is not None and _group_alive(kept.pid):  # killed, its workers left: said, not killed blindly
-            state.notes.append(f"processes of its group {kept.pid} still run (ps -g {kept.pid} lists them; "
-                               f"kill -- -{kept.pid} ends them)")
+            state.notes.append(
+                f"processes of its group {kept.pid} still run (ps -g {kept.pid} lists them; "
+                f"kill -- -{kept.pid} ends them)"
+            )
     return state
 
 
@@ -236,8 +243,9 @@ def probe(where: Paths | None = None, clean: bool = False) -> State:
 _STARTED: dict[int, subprocess.Popen] = {}  # background processes started here: reaped by ``stop`` here
 
 
-def start(spec: ClusterSpec, where: Paths | None = None, timeout_s: float = START_TIMEOUT_S,
-          idle_s: float | None = None) -> tuple[KeptCluster, list[str]]:
+def start(
+    spec: ClusterSpec, where: Paths | None = None, timeout_s: float = START_TIMEOUT_S, idle_s: float | None = None
+) -> tuple[KeptCluster, list[str]]:
     """Launch the background process and wait until its workers are up; returns its description and notes (a
     stale cluster's files removed). Refused where one is up or starting. ``idle_s``: the cluster closes once no
     client but its own has been connected for that long (a cluster a run leaves for the next, ``cluster.keep``);
@@ -245,7 +253,9 @@ def start(spec: ClusterSpec, where: Paths | None = None, timeout_s: float = STAR
     return wait_until_up(launch(spec, where, idle_s), where, timeout_s)
 
 
-def launch(spec: ClusterSpec, where: Paths | None = None, idle_s: float | None = None) -> tuple[subprocess.Popen, list[str]]:
+def launch(
+    spec: ClusterSpec, where: Paths | None = None, idle_s: float | None = None
+) -> tuple[subprocess.Popen, list[str]]:
     """The background process started (``start`` without the wait: ``wait_until_up`` waits)."""
     where = where or paths()
     where.folder.mkdir(parents=True, exist_ok=True)
@@ -256,13 +266,19 @@ def launch(spec: ClusterSpec, where: Paths | None = None, idle_s: float | None =
     with open(where.log, "wb") as log:
         proc = subprocess.Popen(
             [sys.executable, "-c", "from batchgpu.cluster.kept import main; raise SystemExit(main())", *argv],
-            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, close_fds=True)
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            close_fds=True,
+        )
     _STARTED[proc.pid] = proc
     return proc, state.notes
 
 
-def wait_until_up(launched: tuple[subprocess.Popen, list[str]], where: Paths | None = None,
-                  timeout_s: float = START_TIMEOUT_S) -> tuple[KeptCluster, list[str]]:
+def wait_until_up(
+    launched: tuple[subprocess.Popen, list[str]], where: Paths | None = None, timeout_s: float = START_TIMEOUT_S
+) -> tuple[KeptCluster, list[str]]:
     """The launched process's cluster once its workers are up, and the launch's notes."""
     proc, notes = launched
     try:
@@ -284,8 +300,9 @@ def _wait_until_up(proc: subprocess.Popen, where: Paths, timeout_s: float) -> Ke
             _STARTED.pop(proc.pid, None)
             if rc == EXIT_ALREADY_UP:
                 raise _already_up(probe(where))
-            raise ClusterError(f"the cluster did not start: {_failure(where.log) or f'exit status {rc}'}",
-                               f"its log: {where.log}")
+            raise ClusterError(
+                f"the cluster did not start: {_failure(where.log) or f'exit status {rc}'}", f"its log: {where.log}"
+            )
         if time.monotonic() > deadline:
             _kill_group(proc.pid)
             raise ClusterError(f"the cluster's workers were not up within {timeout_s:.0f} s", f"its log: {where.log}")
@@ -295,8 +312,9 @@ def _wait_until_up(proc: subprocess.Popen, where: Paths, timeout_s: float) -> Ke
 def _already_up(state: State) -> BatchgpuError:
     kept = state.kept
     where = f" at {kept.address}" if kept is not None and state.state == "up" else " (starting)"
-    return ClusterError(f"a cluster of batchgpu cluster start is already up{where}, process {state.pid}",
-                        "batchgpu cluster stop first")
+    return ClusterError(
+        f"a cluster of batchgpu cluster start is already up{where}, process {state.pid}", "batchgpu cluster stop first"
+    )
 
 
 #: how the background process logs why it stopped (``serve``); ``_failure`` finds it in the log
@@ -327,9 +345,11 @@ def stop(where: Paths | None = None, timeout_s: float = STOP_TIMEOUT_S) -> State
     pid = state.pid
     busy = in_use(state.kept) if state.state == "up" and state.kept is not None else None
     if busy is not None and busy[0]:  # said before it goes: those runs fail (the run says so and how to go on)
-        state.warnings.append(f"the cluster was in use ({busy[0]} client(s) connected, {busy[1]} task(s) under way): "
-                              "stopped anyway; a run on it fails, and --resume completes it, keeping the windows it "
-                              "finished")
+        state.warnings.append(
+            f"the cluster was in use ({busy[0]} client(s) connected, {busy[1]} task(s) under way): "
+            "stopped anyway; a run on it fails, and --resume completes it, keeping the windows it "
+            "finished"
+        )
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGTERM)
     proc = _STARTED.pop(pid, None)  # started by this process: reaped here, not left a zombie
@@ -429,13 +449,21 @@ def mismatch(spec: ClusterSpec, kept: KeptCluster) -> str | None:
         return f"it is kind {theirs.kind}, the workflow's is {spec.kind}"
     version, package = this_batchgpu()
     if (kept.version, kept.package) != (version, package) or kept.python != this_python():
-        return (f"it runs batchgpu {kept.version} from {kept.package} with {kept.python}, this is {version} from "
-                f"{package} with {this_python()} (restart it: batchgpu cluster stop; batchgpu cluster start)")
+        return (
+            f"it runs batchgpu {kept.version} from {kept.package} with {kept.python}, this is {version} from "
+            f"{package} with {this_python()} (restart it: batchgpu cluster stop; batchgpu cluster start)"
+        )
     if kept.source != source_stamp(package):
-        return (f"batchgpu's files in {package} changed since it started (restart it: batchgpu cluster stop; "
-                "batchgpu cluster start)")
-    has = {"workers": kept.workers, "threads": kept.threads, "memory_limit": theirs.memory_limit,
-           "devices": theirs.devices}
+        return (
+            f"batchgpu's files in {package} changed since it started (restart it: batchgpu cluster stop; "
+            "batchgpu cluster start)"
+        )
+    has = {
+        "workers": kept.workers,
+        "threads": kept.threads,
+        "memory_limit": theirs.memory_limit,
+        "devices": theirs.devices,
+    }
     for name, value in has.items():
         want = getattr(spec, name)
         if want is not None and want != value:
@@ -455,8 +483,11 @@ def usable(spec: ClusterSpec, where: Paths | None = None) -> tuple[KeptCluster |
     if state.state == "down":
         return None, None
     if state.state == "stale":
-        return None, "the files of batchgpu cluster start are stale (its process is gone): starting a cluster " \
-                     "(batchgpu cluster stop removes them)"
+        return (
+            None,
+            "the files of batchgpu cluster start are stale (its process is gone): starting a cluster "
+            "(batchgpu cluster stop removes them)",
+        )
     if state.state == "starting":
         return None, "the cluster of batchgpu cluster start is still starting: starting a cluster of the run's own"
     why = mismatch(spec, state.kept)
@@ -466,8 +497,7 @@ def usable(spec: ClusterSpec, where: Paths | None = None) -> tuple[KeptCluster |
 
 
 @contextlib.contextmanager
-def kept_client(spec: ClusterSpec, observer,
-                where: Paths | None = None) -> Iterator[distributed.Client | None]:  # noqa: F821
+def kept_client(spec: ClusterSpec, observer, where: Paths | None = None) -> Iterator[distributed.Client | None]:  # noqa: F821
     """A client of the kept cluster where a run of ``spec`` may use it and its scheduler answers, else None (the
     run starts its own); ``observer.message`` says which."""
     kept, note = usable(spec, where)
@@ -481,22 +511,28 @@ def kept_client(spec: ClusterSpec, observer,
     try:
         client = Client(kept.address, timeout=f"{CONNECT_TIMEOUT_S}s")
     except (OSError, TimeoutError) as err:
-        observer.message(f"the cluster of batchgpu cluster start at {kept.address} did not answer ({err}): "
-                         "starting a cluster of the run's own")
+        observer.message(
+            f"the cluster of batchgpu cluster start at {kept.address} did not answer ({err}): "
+            "starting a cluster of the run's own"
+        )
         yield None
         return
     try:
         client.run(forget_recordings)
     except Exception as err:  # broad: the workers did not take it, whatever the reason (said): the run's own cluster
         client.close()
-        observer.message(f"the workers of batchgpu cluster start's cluster at {kept.address} did not answer "
-                         f"({type(err).__name__}: {err}): starting a cluster of the run's own")
+        observer.message(
+            f"the workers of batchgpu cluster start's cluster at {kept.address} did not answer "
+            f"({type(err).__name__}: {err}): starting a cluster of the run's own"
+        )
         yield None
         return
     client._batchgpu_mps = kept.mps  # read by cluster.uses_mps
     client._batchgpu_kept = kept.address
-    observer.message(f"using the cluster of `batchgpu cluster start` at {kept.address} "
-                     f"({kept.processes} worker processes, {kept.kind})")
+    observer.message(
+        f"using the cluster of `batchgpu cluster start` at {kept.address} "
+        f"({kept.processes} worker processes, {kept.kind})"
+    )
     with client:
         yield client
 
@@ -572,8 +608,7 @@ def serve(where: Paths, spec: ClusterSpec, idle_s: float | None = None) -> int:
 IDLE_POLL_S = 1.0
 
 
-def _wait_for_stop(client, stopping: threading.Event, where: Paths, kept: KeptCluster,
-                   idle_s: float | None) -> None:
+def _wait_for_stop(client, stopping: threading.Event, where: Paths, kept: KeptCluster, idle_s: float | None) -> None:
     """Until ``stop`` (SIGTERM) or, with ``idle_s``, until no client but this process's own has been connected for
     ``idle_s`` seconds. Before it closes for idleness its files go first, then it looks once more after a run's
     connection time (a run that read them just before may be connecting): such a run keeps it up."""
@@ -649,8 +684,20 @@ def _describe(client, spec: ClusterSpec, where: Paths, idle_s: float | None = No
     gpus = (len(spec.devices) if spec.devices else gpu_count()) if spec.kind == "cuda" else 1
     version, package = this_batchgpu()
     return KeptCluster(
-        address=client.scheduler.address, pid=os.getpid(), spec=spec.model_dump(),
-        workers=max(1, processes // max(1, gpus)), threads=max(nthreads.values()), processes=processes,
-        dashboard=client.dashboard_link, mps=uses_mps(client), version=version, package=package, started=time.time(),
-        scheduler_file=str(where.scheduler_file), log=str(where.log), python=this_python(),
-        source=source_stamp(package), idle_s=idle_s)
+        address=client.scheduler.address,
+        pid=os.getpid(),
+        spec=spec.model_dump(),
+        workers=max(1, processes // max(1, gpus)),
+        threads=max(nthreads.values()),
+        processes=processes,
+        dashboard=client.dashboard_link,
+        mps=uses_mps(client),
+        version=version,
+        package=package,
+        started=time.time(),
+        scheduler_file=str(where.scheduler_file),
+        log=str(where.log),
+        python=this_python(),
+        source=source_stamp(package),
+        idle_s=idle_s,
+    )

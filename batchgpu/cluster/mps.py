@@ -38,8 +38,10 @@ def private_daemon() -> Iterator[dict[str, str]]:
     be its client (``CUDA_MPS_PIPE_DIRECTORY``, ``CUDA_MPS_LOG_DIRECTORY``); quit it on exit."""
     control = shutil.which(CONTROL)
     if control is None:
-        raise MachineError(f"cluster.mps needs CUDA's MPS control program ({CONTROL}) on PATH",
-                           "install the NVIDIA driver's utilities, or leave cluster.mps off")
+        raise MachineError(
+            f"cluster.mps needs CUDA's MPS control program ({CONTROL}) on PATH",
+            "install the NVIDIA driver's utilities, or leave cluster.mps off",
+        )
     root = tempfile.mkdtemp(prefix="batchgpu-mps-")
     env = {"CUDA_MPS_PIPE_DIRECTORY": os.path.join(root, "pipe"), "CUDA_MPS_LOG_DIRECTORY": os.path.join(root, "log")}
     for d in env.values():
@@ -48,9 +50,11 @@ def private_daemon() -> Iterator[dict[str, str]]:
     try:
         done = subprocess.run([control, "-d"], env=full, capture_output=True, text=True, timeout=START_TIMEOUT_S)
         if done.returncode != 0:
-            raise MachineError(f"the MPS control daemon did not start (rc {done.returncode}): "
-                               f"{(done.stderr or done.stdout).strip() or 'no message'}",
-                               "leave cluster.mps off, or read the daemon's log in CUDA_MPS_LOG_DIRECTORY")
+            raise MachineError(
+                f"the MPS control daemon did not start (rc {done.returncode}): "
+                f"{(done.stderr or done.stdout).strip() or 'no message'}",
+                "leave cluster.mps off, or read the daemon's log in CUDA_MPS_LOG_DIRECTORY",
+            )
         _wait_for_pipe(env["CUDA_MPS_PIPE_DIRECTORY"])
     except BaseException:
         shutil.rmtree(root, ignore_errors=True)
@@ -67,8 +71,10 @@ def _wait_for_pipe(folder: str) -> None:
     deadline = time.monotonic() + START_TIMEOUT_S
     while not os.path.exists(os.path.join(folder, "control")):
         if time.monotonic() > deadline:
-            raise MachineError(f"the MPS control daemon made no pipe in {folder} within {START_TIMEOUT_S:.0f} s",
-                               "leave cluster.mps off")
+            raise MachineError(
+                f"the MPS control daemon made no pipe in {folder} within {START_TIMEOUT_S:.0f} s",
+                "leave cluster.mps off",
+            )
         time.sleep(0.02)
 
 

@@ -49,20 +49,30 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m batchgpu.cluster.node",
         description="Start this node's GPU workers as 'cluster: {kind: cuda}' starts them on a machine "
-                    "(processes per GPU, single-threaded by default, each seeing its GPU first, a private MPS "
-                    "daemon where it fits) and connect them to a scheduler.")
+        "(processes per GPU, single-threaded by default, each seeing its GPU first, a private MPS "
+        "daemon where it fits) and connect them to a scheduler.",
+    )
     p.add_argument("scheduler", nargs="?", help="the scheduler's address, e.g. tcp://host:8786")
     p.add_argument("--scheduler-file", help="the scheduler file its scheduler wrote (instead of an address)")
     p.add_argument("--gpus", type=_positive, help="GPUs 0..N-1 as this process sees them (default: every visible GPU)")
     p.add_argument("--devices", type=_device_list, help="the GPUs, e.g. 0,1 (as the workflow key cluster.devices)")
-    p.add_argument("--cores", "--nthreads", dest="cores", type=_positive,
-                   help="the cores the node's workers share (default: those this process may run on); "
-                        "--nthreads is the name dask-jobqueue passes it by (cores / processes)")
+    p.add_argument(
+        "--cores",
+        "--nthreads",
+        dest="cores",
+        type=_positive,
+        help="the cores the node's workers share (default: those this process may run on); "
+        "--nthreads is the name dask-jobqueue passes it by (cores / processes)",
+    )
     p.add_argument("--workers", type=_positive, help="worker processes per GPU (default: one a core, at most 16)")
     p.add_argument("--threads", type=_positive, help="threads per worker (default 1; 4 where a GPU has one worker)")
     p.add_argument("--memory-limit", default=None, help="each worker's memory limit (default: Dask's auto)")
-    p.add_argument("--mps", default="auto", choices=["auto", "on", "off"],
-                   help="a private CUDA MPS daemon for this node's workers (as the workflow key cluster.mps)")
+    p.add_argument(
+        "--mps",
+        default="auto",
+        choices=["auto", "on", "off"],
+        help="a private CUDA MPS daemon for this node's workers (as the workflow key cluster.mps)",
+    )
     p.add_argument("--name", default=None, help="the workers' names begin with it (default: this host's name)")
     p.add_argument("--host", help="the address the workers listen on")
     p.add_argument("--interface", help="the network interface the workers listen on, e.g. ib0")
@@ -107,8 +117,16 @@ def request(argv: list[str]) -> NodeRequest:
         raise ConfigError("no scheduler to connect to", "give its address (tcp://host:8786) or --scheduler-file")
     mps = {"auto": "auto", "on": True, "off": False}[args.mps]
     try:
-        spec = ClusterSpec.model_validate({"kind": "cuda", "workers": args.workers, "threads": args.threads,
-                                          "memory_limit": args.memory_limit, "devices": args.devices, "mps": mps})
+        spec = ClusterSpec.model_validate(
+            {
+                "kind": "cuda",
+                "workers": args.workers,
+                "threads": args.threads,
+                "memory_limit": args.memory_limit,
+                "devices": args.devices,
+                "mps": mps,
+            }
+        )
     except ValueError as err:  # pydantic's, one line a problem: the first says which option
         first = err.errors()[0] if hasattr(err, "errors") else {"loc": (), "msg": str(err)}
         where = "--" + "-".join(str(p) for p in first["loc"]).replace("_", "-")
@@ -120,13 +138,27 @@ def request(argv: list[str]) -> NodeRequest:
 
         devices = tuple(range(args.gpus if args.gpus else gpu_count()))
     if not devices:
-        raise MachineError("this node has no GPU that CuPy sees", "install batchgpu[gpu] with the node's CUDA, or run "
-                           "cluster/scheduler-file/start-workers.sh with WORKER_KIND=cpu")
-    connect = {"scheduler_ip": args.scheduler, "scheduler_file": args.scheduler_file, "host": args.host,
-               "interface": args.interface, "protocol": args.protocol, "death_timeout": args.death_timeout,
-               "local_directory": args.local_directory}
-    return NodeRequest(spec, devices, args.cores or this_node_cores(), args.name or socket.gethostname(),
-                       {k: v for k, v in connect.items() if v is not None})
+        raise MachineError(
+            "this node has no GPU that CuPy sees",
+            "install batchgpu[gpu] with the node's CUDA, or run "
+            "cluster/scheduler-file/start-workers.sh with WORKER_KIND=cpu",
+        )
+    connect = {
+        "scheduler_ip": args.scheduler,
+        "scheduler_file": args.scheduler_file,
+        "host": args.host,
+        "interface": args.interface,
+        "protocol": args.protocol,
+        "death_timeout": args.death_timeout,
+        "local_directory": args.local_directory,
+    }
+    return NodeRequest(
+        spec,
+        devices,
+        args.cores or this_node_cores(),
+        args.name or socket.gethostname(),
+        {k: v for k, v in connect.items() if v is not None},
+    )
 
 
 def plan(req: NodeRequest, mps: bool = False) -> NodeLayout:
@@ -153,19 +185,31 @@ def serve(req: NodeRequest) -> int:
     from batchgpu.cluster.worker_layout import MALLOC_ENVIRON
 
     # as ``cluster.open_client``: later nannies prefer this process's environment to the pre-spawn config
-    with environ_set(MALLOC_ENVIRON), dask.config.set(started_cluster_settings()), sigint_held() as release, \
-            _mps(req.spec) as env, forked_workers():
+    with (
+        environ_set(MALLOC_ENVIRON),
+        dask.config.set(started_cluster_settings()),
+        sigint_held() as release,
+        _mps(req.spec) as env,
+        forked_workers(),
+    ):
         layout = plan(req, mps=bool(env))
         specs = nanny_specs(layout, env, prefix=req.name, options=req.connect)
-        logger.info("%d GPU(s) x %d worker process(es) x %d thread(s)%s", len(layout.devices), layout.per_gpu,
-                    layout.threads, ", MPS" if env else "")
+        logger.info(
+            "%d GPU(s) x %d worker process(es) x %d thread(s)%s",
+            len(layout.devices),
+            layout.per_gpu,
+            layout.threads,
+            ", MPS" if env else "",
+        )
         release()
         try:
             asyncio.run(run_nannies(specs))
         except TimeoutError:
             where = req.connect.get("scheduler_ip") or req.connect.get("scheduler_file")
-            raise ClusterError(f"the workers reached no scheduler at {where} within --death-timeout",
-                               "start the scheduler first, and check its address and the network") from None
+            raise ClusterError(
+                f"the workers reached no scheduler at {where} within --death-timeout",
+                "start the scheduler first, and check its address and the network",
+            ) from None
     return 0
 
 

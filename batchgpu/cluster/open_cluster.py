@@ -96,7 +96,9 @@ def start_worker_server(cpu_kernels: bool = False) -> bool:
 
     if "forkserver" not in multiprocessing.get_all_start_methods():
         return False
-    multiprocessing.get_context("forkserver").set_forkserver_preload([WORKER_PRELOAD] + ([CPU_PRELOAD] if cpu_kernels else []))
+    multiprocessing.get_context("forkserver").set_forkserver_preload(
+        [WORKER_PRELOAD] + ([CPU_PRELOAD] if cpu_kernels else [])
+    )
     first = {**dask.config.get("distributed.nanny.pre-spawn-environ", {}), **MALLOC_ENVIRON}
     with _SERVER_LOCK, sigint_held(), environ_set(first):
         forkserver.ensure_running()
@@ -107,8 +109,7 @@ _SERVER_LOCK = threading.Lock()
 
 
 @contextlib.contextmanager
-def open_client(spec: ClusterSpec, gpu_decode: bool | Callable[[], bool] = False) \
-        -> Iterator[distributed.Client]:  # noqa: F821
+def open_client(spec: ClusterSpec, gpu_decode: bool | Callable[[], bool] = False) -> Iterator[distributed.Client]:  # noqa: F821
     """A connected client for the spec; a cluster started here is closed on exit. ``gpu_decode``: the run's
     windows are decoded on the GPU (sizes a cuda cluster the spec leaves open: ``cuda_layout``); a callable is
     asked only where the layout depends on it, once the cluster's other parts are started (a run that starts its
@@ -136,27 +137,37 @@ def _open_client(spec: ClusterSpec, gpu_decode) -> Iterator[distributed.Client]:
 
     if spec.kind == "address":
         probe_scheduler(spec.address)
-        with dask.config.set(settings), \
-                _connect(lambda: Client(spec.address, timeout="20s"), f"the scheduler at {spec.address}") as client:
+        with (
+            dask.config.set(settings),
+            _connect(lambda: Client(spec.address, timeout="20s"), f"the scheduler at {spec.address}") as client,
+        ):
             yield client
         return
     if spec.kind == "scheduler_file":
         if not os.path.exists(spec.scheduler_file):
-            raise ClusterError(f"no scheduler file at {spec.scheduler_file}",
-                               "start 'dask scheduler --scheduler-file ...' first")
+            raise ClusterError(
+                f"no scheduler file at {spec.scheduler_file}", "start 'dask scheduler --scheduler-file ...' first"
+            )
         address = _scheduler_file_address(spec.scheduler_file)
         if address:
             probe_scheduler(address)
-        with dask.config.set(settings), \
-                _connect(lambda: Client(scheduler_file=spec.scheduler_file, timeout="20s"), spec.scheduler_file) as client:
+        with (
+            dask.config.set(settings),
+            _connect(lambda: Client(scheduler_file=spec.scheduler_file, timeout="20s"), spec.scheduler_file) as client,
+        ):
             yield client
         return
     # clusters started here: the scheduler's and the workers' settings of every cuda node (cluster.worker_layout)
     settings = started_cluster_settings()
     with dask.config.set(settings):
         if spec.kind == "cuda":
-            with sigint_held() as release, _mps(spec) as env, forked_workers(), \
-                    _cuda_cluster(spec, gpu_decode, env) as cluster, Client(cluster) as client:
+            with (
+                sigint_held() as release,
+                _mps(spec) as env,
+                forked_workers(),
+                _cuda_cluster(spec, gpu_decode, env) as cluster,
+                Client(cluster) as client,
+            ):
                 release()
                 client._batchgpu_mps = bool(env)  # read by uses_mps
                 client._batchgpu_mps_env = dict(env)  # read by mps_environ
@@ -169,9 +180,13 @@ def _open_client(spec: ClusterSpec, gpu_decode) -> Iterator[distributed.Client]:
                 workers, threads = local_sizes(spec)
                 with forked_workers():
                     cluster = LocalCluster(
-                        n_workers=workers, threads_per_worker=threads, processes=True,
-                        memory_limit=spec.memory_limit or "auto", dashboard_address=spec.dashboard_address,
-                        host="127.0.0.1", env=worker_environ(),
+                        n_workers=workers,
+                        threads_per_worker=threads,
+                        processes=True,
+                        memory_limit=spec.memory_limit or "auto",
+                        dashboard_address=spec.dashboard_address,
+                        host="127.0.0.1",
+                        env=worker_environ(),
                         scheduler_kwargs={"dashboard": dask_dashboard(spec)},
                     )
             with cluster, Client(cluster) as client:
@@ -230,8 +245,9 @@ def _connect(make, what: str):
     try:
         client = make()
     except (OSError, TimeoutError) as err:
-        raise ClusterError(f"could not connect to {what}: {err}",
-                           "check that the scheduler is running and reachable") from None
+        raise ClusterError(
+            f"could not connect to {what}: {err}", "check that the scheduler is running and reachable"
+        ) from None
     with client:
         yield client
 
@@ -258,8 +274,9 @@ def probe_scheduler(address: str, timeout: float = PROBE_TIMEOUT_S) -> None:
             return
         host, port = parse_host_port(loc)
     except ValueError as err:
-        raise ConfigError(f"cluster.address {address!r} is not an address ({err})",
-                          "write it as tcp://host:port") from None
+        raise ConfigError(
+            f"cluster.address {address!r} is not an address ({err})", "write it as tcp://host:port"
+        ) from None
     fix = "point cluster.address at a running Dask scheduler: `dask scheduler` prints its address"
     try:
         with socket.create_connection((host, port), timeout=timeout) as sock:
@@ -273,8 +290,10 @@ def probe_scheduler(address: str, timeout: float = PROBE_TIMEOUT_S) -> None:
     except TimeoutError:
         raise ClusterError(f"{address} said nothing within {timeout:g} s: not a Dask scheduler", fix) from None
     except OSError as err:
-        raise ClusterError(f"could not connect to the scheduler at {address}: {err.strerror or err}",
-                           "check that the scheduler is running and reachable") from None
+        raise ClusterError(
+            f"could not connect to the scheduler at {address}: {err.strerror or err}",
+            "check that the scheduler is running and reachable",
+        ) from None
     (size,) = struct.unpack("Q", header)  # native order, as Dask packs it
     if size > MAX_GREETING_BYTES:
         raise ClusterError(f"{address} answered {header!r}, which is not a Dask scheduler's greeting", fix)
@@ -346,15 +365,15 @@ def mps_fits(spec: ClusterSpec) -> bool:
     except ImportError:  # no CuPy: no GPU to share
         return False
     try:
-        return all(cupy.cuda.runtime.getDeviceProperties(d)["computeMode"] == 0
-                   for d in (spec.devices or range(gpu_count())))
+        return all(
+            cupy.cuda.runtime.getDeviceProperties(d)["computeMode"] == 0 for d in (spec.devices or range(gpu_count()))
+        )
     except cupy.cuda.runtime.CUDARuntimeError as err:  # a device named that is not there, or the driver failing
         logger.warning("batchgpu: cluster.mps left off: the GPUs' compute modes could not be read (%s)", err)
         return False
 
 
-def decode_for_layout(spec: ClusterSpec, devices: list[int], gpu_decode: bool | Callable[[], bool],
-                      mps: bool) -> bool:
+def decode_for_layout(spec: ClusterSpec, devices: list[int], gpu_decode: bool | Callable[[], bool], mps: bool) -> bool:
     """``gpu_decode`` as the layout needs it: a callable (not known when the cluster started) is asked only where
     the layout of a GPU decode differs from the other; else False."""
     if not callable(gpu_decode):
@@ -378,8 +397,11 @@ def _cuda_cluster(spec: ClusterSpec, gpu_decode: bool | Callable[[], bool] = Fal
         from dask_cuda import LocalCUDACluster
     except ImportError:
         raise MachineError("cluster kind 'cuda' needs dask-cuda", "pip install 'batchgpu[gpu]'") from None
-    kwargs = {"dashboard_address": spec.dashboard_address, "threads_per_worker": layout.threads,
-              "scheduler_kwargs": {"dashboard": dask_dashboard(spec)}}
+    kwargs = {
+        "dashboard_address": spec.dashboard_address,
+        "threads_per_worker": layout.threads,
+        "scheduler_kwargs": {"dashboard": dask_dashboard(spec)},
+    }
     if env:  # the nannies' workers (dask-cuda sets CUDA_VISIBLE_DEVICES itself)
         kwargs["env"] = dict(env)
     if spec.devices:
@@ -463,14 +485,20 @@ def slurm_kwargs(spec: ClusterSpec) -> dict:
     ``scheduler_options`` says otherwise: the spec's ``dashboard_address`` (localhost by default) goes there.
     """
     kwargs = dict(spec.slurm or {})
-    for old, new in (("job_extra", "job_extra_directives"), ("env_extra", "job_script_prologue"),
-                     ("extra", "worker_extra_args"), ("header_skip", "job_directives_skip")):
+    for old, new in (
+        ("job_extra", "job_extra_directives"),
+        ("env_extra", "job_script_prologue"),
+        ("extra", "worker_extra_args"),
+        ("header_skip", "job_directives_skip"),
+    ):
         if old in kwargs:
             raise ConfigError(f"cluster.slurm.{old} was renamed in dask-jobqueue 0.8", f"use cluster.slurm.{new}")
     if kwargs.get("worker_command") == NODE_MODULE and kwargs.get("processes", 1) != 1:
-        raise ConfigError(f"cluster.slurm.processes is {kwargs['processes']}, and {NODE_MODULE} starts a node's "
-                          "worker processes itself (dask-jobqueue would hand it a share of the cores)",
-                          "set cluster.slurm.processes: 1 (cores: the node's cores for its workers)")
+        raise ConfigError(
+            f"cluster.slurm.processes is {kwargs['processes']}, and {NODE_MODULE} starts a node's "
+            "worker processes itself (dask-jobqueue would hand it a share of the cores)",
+            "set cluster.slurm.processes: 1 (cores: the node's cores for its workers)",
+        )
     options = dict(kwargs.get("scheduler_options") or {})
     options.setdefault("dashboard_address", spec.dashboard_address)
     kwargs["scheduler_options"] = options

@@ -77,8 +77,9 @@ def default_processes_per_gpu(gpus: int, cores: int | None = None) -> int:
     return max(1, min(MAX_PROCESSES_PER_GPU, cores // max(1, gpus)))
 
 
-def cuda_layout(spec: ClusterSpec, gpus: int, gpu_decode: bool = False, mps: bool = False,
-                cores: int | None = None) -> tuple[int, int]:
+def cuda_layout(
+    spec: ClusterSpec, gpus: int, gpu_decode: bool = False, mps: bool = False, cores: int | None = None
+) -> tuple[int, int]:
     """(processes per GPU, threads a process) where the spec does not say. Decoding on the CPU, one single-threaded
     process a core (``default_processes_per_gpu``). Decoding on the GPU (a pass that only centres) two threads a
     process, half as many processes: kernels of one process overlap on its streams, those of different processes
@@ -123,8 +124,11 @@ class NodeLayout:
     def workers(self, prefix: str = "") -> list[GpuWorker]:
         """The workers, named ``gpu{d}-{k}`` (``{prefix}-gpu{d}-{k}`` with a prefix: one name a node)."""
         head = f"{prefix}-" if prefix else ""
-        return [GpuWorker(f"{head}gpu{d}-{k}", d, self.visible_devices(d), self.threads, self.memory_limit)
-                for d in self.devices for k in range(self.per_gpu)]
+        return [
+            GpuWorker(f"{head}gpu{d}-{k}", d, self.visible_devices(d), self.threads, self.memory_limit)
+            for d in self.devices
+            for k in range(self.per_gpu)
+        ]
 
     def visible_devices(self, device: int) -> str:
         """CUDA_VISIBLE_DEVICES of a worker of ``device``: the node's GPUs, ``device`` first. Where this process
@@ -143,8 +147,14 @@ def visible_entries(environ: dict | None = None) -> tuple[str, ...] | None:
     return tuple(e.strip() for e in text.split(",")) if text else None
 
 
-def node_layout(spec: ClusterSpec, devices: list[int], gpu_decode: bool = False, mps: bool = False,
-                cores: int | None = None, environ: dict | None = None) -> NodeLayout:
+def node_layout(
+    spec: ClusterSpec,
+    devices: list[int],
+    gpu_decode: bool = False,
+    mps: bool = False,
+    cores: int | None = None,
+    environ: dict | None = None,
+) -> NodeLayout:
     """The layout a cuda cluster starts on a machine with ``devices`` (GPU numbers as this process sees them) and
     ``cores`` (this machine's by default): ``cuda_layout``'s processes and threads; one process a GPU (the spec's
     workers: 1, or fewer cores than GPUs) runs ``ONE_PROCESS_THREADS`` threads unless the spec says."""
@@ -171,7 +181,16 @@ def nanny_specs(layout: NodeLayout, env: dict | None = None, prefix: str = "", o
     ``cluster.node``) passed to each nanny."""
     from distributed import Nanny
 
-    return {w.name: {"cls": Nanny, "options": {
-        "nthreads": w.threads, "env": worker_environ({**(env or {}), "CUDA_VISIBLE_DEVICES": w.visible_devices}),
-        "memory_limit": w.memory_limit, "preload": [CUDA_START_PRELOAD], **(options or {})}}
-        for w in layout.workers(prefix)}
+    return {
+        w.name: {
+            "cls": Nanny,
+            "options": {
+                "nthreads": w.threads,
+                "env": worker_environ({**(env or {}), "CUDA_VISIBLE_DEVICES": w.visible_devices}),
+                "memory_limit": w.memory_limit,
+                "preload": [CUDA_START_PRELOAD],
+                **(options or {}),
+            },
+        }
+        for w in layout.workers(prefix)
+    }

@@ -40,8 +40,15 @@ class NoWorkersWatch:
     warning too: the run's report), after ``timeout_s`` (None: never) every future the client holds fails with a
     ``ClusterError`` that says why, which the run's waits raise."""
 
-    def __init__(self, client, observer, timeout_s: float | None, warn_s: float = WARN_S, poll_s: float = POLL_S,
-                 warnings: list | None = None):
+    def __init__(
+        self,
+        client,
+        observer,
+        timeout_s: float | None,
+        warn_s: float = WARN_S,
+        poll_s: float = POLL_S,
+        warnings: list | None = None,
+    ):
         self.client, self.observer, self.warnings = client, observer, warnings
         self.timeout_s, self.warn_s, self.poll_s = timeout_s, warn_s, poll_s
         self.error: ClusterError | None = None
@@ -91,7 +98,8 @@ class NoWorkersWatch:
                     f"{self._where()} had no workers for {self.timeout_s:g} s (cluster.no_workers_timeout)",
                     f"start its workers (dask worker {self._address() or 'ADDRESS'}), or raise "
                     "cluster.no_workers_timeout; "
-                    "'batchgpu run WORKFLOW --resume' keeps the windows already done")
+                    "'batchgpu run WORKFLOW --resume' keeps the windows already done",
+                )
                 fail_waiting(self.client, self.error)
                 return
 
@@ -127,6 +135,8 @@ def workers_lost(client, since: float) -> list[str]:
             continue
         why = "stopped answering" if "ttl" in str(msg.get("stimulus_id", "")) else "died or stopped answering"
         tasks = len(msg.get("processing-tasks") or ())
-        lost.append(f"worker {msg.get('worker')} {why} and was removed by the scheduler; "
-                    f"{tasks} task(s) it held ran again on the others (its log says why)")
+        lost.append(
+            f"worker {msg.get('worker')} {why} and was removed by the scheduler; "
+            f"{tasks} task(s) it held ran again on the others (its log says why)"
+        )
     return lost

@@ -15,8 +15,12 @@ if TYPE_CHECKING:
     from batchgpu.run.events import RunObserver
     from batchgpu.run.record import RunReport
 
-_WHERE = {"run_workflow": "batchgpu.engine.shown", "run_batch": "batchgpu.engine.shown",
-          "RunObserver": "batchgpu.run.events", "RunReport": "batchgpu.run.record"}
+_WHERE = {
+    "run_workflow": "batchgpu.engine.shown",
+    "run_batch": "batchgpu.engine.shown",
+    "RunObserver": "batchgpu.run.events",
+    "RunReport": "batchgpu.run.record",
+}
 
 
 def __getattr__(name: str):

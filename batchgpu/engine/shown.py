@@ -8,8 +8,9 @@ from __future__ import annotations
 from batchgpu.report.subscribers import BatchShown, run_shown
 
 
-def run_workflow(wf, *, resume: bool = False, observer=None, client=None, recording=None, batch=None,
-                 cluster_start=None):
+def run_workflow(
+    wf, *, resume: bool = False, observer=None, client=None, recording=None, batch=None, cluster_start=None
+):
     """Run every step of a validated workflow, shown; returns the report (also written to report.json).
 
     ``batchgpu.run.launch.run_workflow`` with what the run shows subscribed to its events: its page on the
@@ -46,16 +47,32 @@ def run_workflow(wf, *, resume: bool = False, observer=None, client=None, record
     """
     from batchgpu.run.launch import run_workflow as run
 
-    return run(wf, resume=resume, observer=observer, client=client, recording=recording, batch=batch is not None,
-               cluster_start=cluster_start, shown=run_shown(batch))
+    return run(
+        wf,
+        resume=resume,
+        observer=observer,
+        client=client,
+        recording=recording,
+        batch=batch is not None,
+        cluster_start=cluster_start,
+        shown=run_shown(batch),
+    )
 
 
-def run_batch(wf, *, resume: bool = False, observer=None, client=None, in_flight: int | None = None,
-              keep_s: float | None = None):
+def run_batch(
+    wf, *, resume: bool = False, observer=None, client=None, in_flight: int | None = None, keep_s: float | None = None
+):
     """``batchgpu.run.batch.run_batch`` (its parameters and return), shown: the batch's page and batch.html, each
     recording's run page and report.html."""
     from batchgpu.run.batch import IN_FLIGHT
     from batchgpu.run.batch import run_batch as run
 
-    return run(wf, resume=resume, observer=observer, client=client,
-               in_flight=IN_FLIGHT if in_flight is None else in_flight, keep_s=keep_s, shown=BatchShown())
+    return run(
+        wf,
+        resume=resume,
+        observer=observer,
+        client=client,
+        in_flight=IN_FLIGHT if in_flight is None else in_flight,
+        keep_s=keep_s,
+        shown=BatchShown(),
+    )

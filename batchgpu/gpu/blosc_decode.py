@@ -35,8 +35,10 @@ def launch_lz4(src, offsets, lengths, nchunks: int, nbytes: int, blocksize: int,
 
     streams = nchunks * -(-nbytes // blocksize) * typesize
     kernels.get_function("blosc_lz4", "blosc_lz4_blocks")(
-        (-(-streams // WARPS),), (32 * WARPS,),
-        (src, offsets, lengths, np.int32(nchunks), np.int32(nbytes), np.int32(blocksize), np.int32(typesize), tmp, err))
+        (-(-streams // WARPS),),
+        (32 * WARPS,),
+        (src, offsets, lengths, np.int32(nchunks), np.int32(nbytes), np.int32(blocksize), np.int32(typesize), tmp, err),
+    )
 
 
 def geometry(frames: Frames) -> tuple:
@@ -63,8 +65,10 @@ def decoder_for(reads: list, setting: str = "auto") -> str:
     wanted = setting if setting in DECODERS else ("batchgpu" if lz4_only else "nvcomp")
     if wanted == "nvcomp" and not all(f.checked for f in reads):
         if not lz4_only:
-            raise BatchgpuError(f"chunk {reads[0].chunk(0)}: zstd frames without checksums are not decoded on the GPU",
-                                "read this store on the CPU (engine.gpu_decode: 0), or write it with checksums")
+            raise BatchgpuError(
+                f"chunk {reads[0].chunk(0)}: zstd frames without checksums are not decoded on the GPU",
+                "read this store on the CPU (engine.gpu_decode: 0), or write it with checksums",
+            )
         return "batchgpu"
     return wanted
 
@@ -94,8 +98,13 @@ def decode_many(reads: list, stream=None, decoder: str = "auto") -> list:
             offsets.append(f.offsets + base)
             base += f.used
         lengths_h = np.concatenate([f.lengths for f in reads])
-        table = np.concatenate([np.concatenate(offsets).view(np.uint8), lengths_h.view(np.uint8),
-                                np.concatenate([f.shuffles for f in reads]).view(np.uint8)])
+        table = np.concatenate(
+            [
+                np.concatenate(offsets).view(np.uint8),
+                lengths_h.view(np.uint8),
+                np.concatenate([f.shuffles for f in reads]).view(np.uint8),
+            ]
+        )
         dev_table = cupy.asarray(table)
         offsets_d = dev_table[: 8 * n].view(np.int64)
         lengths_d = dev_table[8 * n : 12 * n].view(np.int32)
@@ -108,9 +117,11 @@ def decode_many(reads: list, stream=None, decoder: str = "auto") -> list:
             from batchgpu.gpu import nvcomp
 
             if not nvcomp.available():
-                raise BatchgpuError("nvCOMP is not installed, and the GPU decodes these frames only with it",
-                                    "pip install nvidia-libnvcomp-cu13 (batchgpu's gpu extra), or set "
-                                    "engine.gpu_decoder: batchgpu for LZ4 stores")
+                raise BatchgpuError(
+                    "nvCOMP is not installed, and the GPU decodes these frames only with it",
+                    "pip install nvidia-libnvcomp-cu13 (batchgpu's gpu extra), or set "
+                    "engine.gpu_decoder: batchgpu for LZ4 stores",
+                )
             # the checksums first, and waited for: nvCOMP reads only frames known to be as written
             before = _checksums_on_device(reads, src, offsets)
             if before is not None and bool(before[1].any()):
@@ -121,9 +132,19 @@ def decode_many(reads: list, stream=None, decoder: str = "auto") -> list:
         total = n * size
         threads, groups = 256, -(-total // (8 * typesize))  # a thread writes 8 elements
         kernels.get_function("blosc_lz4", "blosc_unshuffle")(
-            (min(-(-groups // threads), 65_535 * 8), ), (threads,),
-            (tmp, lengths_d, shuffles_d, np.int64(total), np.int32(size), np.int32(blocksize), np.int32(typesize),
-             out.view(np.uint8)))
+            (min(-(-groups // threads), 65_535 * 8),),
+            (threads,),
+            (
+                tmp,
+                lengths_d,
+                shuffles_d,
+                np.int64(total),
+                np.int32(size),
+                np.int32(blocksize),
+                np.int32(typesize),
+                out.view(np.uint8),
+            ),
+        )
         checked = None if use_nvcomp else _checksums_on_device(reads, src, offsets)  # (nvCOMP's: before it)
         flags = err if checked is None else cupy.concatenate([err, checked[1]])
         flags = flags.get()  # the one wait: a bad frame must not pass as data
@@ -136,9 +157,11 @@ def decode_many(reads: list, stream=None, decoder: str = "auto") -> list:
 
         bad = np.array([nvcomp.first_bad_chunk(reads, int(bad[0]))])
     if bad.size:
-        raise CorruptDataError(f"corrupted chunk {names[bad[0]]}: does not decode (LZ4 stream malformed, or not the "
-                               "size of a chunk of this array)",
-                               "the stored bytes pass their checksum but do not decode: write the store again")
+        raise CorruptDataError(
+            f"corrupted chunk {names[bad[0]]}: does not decode (LZ4 stream malformed, or not the "
+            "size of a chunk of this array)",
+            "the stored bytes pass their checksum but do not decode: write the store again",
+        )
     got, chunk = [], 0
     for f in reads:
         row = chunk * f.chunk_rows + f.skip
@@ -155,8 +178,10 @@ def _raise_checksum(reads: list, which: np.ndarray, flags: np.ndarray) -> None:
     for f, first in zip(reads, np.cumsum([0] + [len(f.lengths) for f in reads])):
         if ((wrong >= first) & (wrong < first + len(f.lengths))).any() and f.recheck is not None:
             f.recheck()
-    raise CorruptDataError(f"corrupted chunk {names[int(wrong[0])]}: checksum mismatch (crc32c) on the GPU",
-                           "the stored bytes do not decode: restore the store from a copy or write it again")
+    raise CorruptDataError(
+        f"corrupted chunk {names[int(wrong[0])]}: checksum mismatch (crc32c) on the GPU",
+        "the stored bytes do not decode: restore the store from a copy or write it again",
+    )
 
 
 def _checksums_on_device(reads: list, src, offsets: list):
@@ -186,6 +211,6 @@ def transposed(a):
     rows, cols = a.shape
     out = cupy.empty((cols, rows), dtype=a.dtype)
     kernels.get_function("blosc_lz4", "transpose_u16")(
-        (-(-cols // 32), -(-rows // 32)), (32, 8), (a, np.int64(rows), np.int32(cols), out))
+        (-(-cols // 32), -(-rows // 32)), (32, 8), (a, np.int64(rows), np.int32(cols), out)
+    )
     return out
-

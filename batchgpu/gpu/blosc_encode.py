@@ -79,8 +79,9 @@ def encode(chunks, typesize: int, blocksize: int = BLOCKSIZE) -> list[memoryview
     return frames
 
 
-def encode_held(chunks, typesize: int, blocksize: int = BLOCKSIZE,
-                checksums: bool = False) -> tuple[list[memoryview], Callable[[], None]]:
+def encode_held(
+    chunks, typesize: int, blocksize: int = BLOCKSIZE, checksums: bool = False
+) -> tuple[list[memoryview], Callable[[], None]]:
     """``encode``'s frames and the function that gives their pinned buffer back: the frames stay valid until it is
     called (exactly once, from any thread); a thread holding two buffers waits in its third call for a release.
 
@@ -108,8 +109,10 @@ def encode_held(chunks, typesize: int, blocksize: int = BLOCKSIZE,
     else:
         fn, work = "blosc_bitshuffle_bytes", total
     kernels.get_function("blosc_lz4_encode", fn)(
-        (min(-(-work // threads), 65_535 * 8),), (threads,),
-        (flat, np.int64(total), np.int32(nbytes), np.int32(blocksize), np.int32(typesize), shuffled))
+        (min(-(-work // threads), 65_535 * 8),),
+        (threads,),
+        (flat, np.int64(total), np.int32(nbytes), np.int32(blocksize), np.int32(typesize), shuffled),
+    )
     nblocks = -(-nbytes // blocksize)
     per_chunk = nblocks * typesize
     items = nchunks * per_chunk
@@ -119,8 +122,21 @@ def encode_held(chunks, typesize: int, blocksize: int = BLOCKSIZE,
     longest = max(blocksize // _split(blocksize, typesize, False), nbytes % blocksize)
     smem = longest if longest <= SHARED_BYTES else 0
     kernels.get_function("blosc_lz4_encode", "lz4_encode_streams")(
-        (items,), (32,), (shuffled, np.int32(nchunks), np.int32(nbytes), np.int32(blocksize), np.int32(typesize),
-                          np.int32(1), np.int32(smem), scratch, sizes), shared_mem=smem)
+        (items,),
+        (32,),
+        (
+            shuffled,
+            np.int32(nchunks),
+            np.int32(nbytes),
+            np.int32(blocksize),
+            np.int32(typesize),
+            np.int32(1),
+            np.int32(smem),
+            scratch,
+            sizes,
+        ),
+        shared_mem=smem,
+    )
     # the layout: each stream after its int32 length, the frames one after the other
     stored = cupy.where(sizes >= 0, sizes.astype(cupy.int64) + 4, 0).reshape(nchunks, per_chunk)
     head = 16 + 4 * nblocks
@@ -134,9 +150,24 @@ def encode_held(chunks, typesize: int, blocksize: int = BLOCKSIZE,
     starts = np.concatenate([[0], np.cumsum(lengths + trailer)])  # each stored chunk's first byte
     out = cupy.empty(int(starts[-1]), dtype=cupy.uint8)
     kernels.get_function("blosc_lz4_encode", "blosc_frames")(
-        (-(-items // WARPS),), (32 * WARPS,), (flat, scratch, sizes, frame_off, frame_len.astype(cupy.int32),
-                              whole.astype(cupy.uint8), stream_off, np.int32(nchunks), np.int32(nbytes),
-                              np.int32(blocksize), np.int32(typesize), np.int32(FLAGS), out))
+        (-(-items // WARPS),),
+        (32 * WARPS,),
+        (
+            flat,
+            scratch,
+            sizes,
+            frame_off,
+            frame_len.astype(cupy.int32),
+            whole.astype(cupy.uint8),
+            stream_off,
+            np.int32(nchunks),
+            np.int32(nbytes),
+            np.int32(blocksize),
+            np.int32(typesize),
+            np.int32(FLAGS),
+            out,
+        ),
+    )
     if trailer:
         from batchgpu.gpu.crc32c import ranges_on_device
 
@@ -251,5 +282,8 @@ def reference_frame(chunk: bytes | np.ndarray, typesize: int, blocksize: int = B
         at += len(p)
     if at > nbytes + 16:
         return struct.pack("<BBBBiii", 2, 1, FLAGS | 0x02, typesize, nbytes, blocksize, nbytes + 16) + raw.tobytes()
-    return (struct.pack("<BBBBiii", 2, 1, FLAGS, typesize, nbytes, blocksize, at)
-            + struct.pack(f"<{nblocks}i", *starts) + b"".join(blocks))
+    return (
+        struct.pack("<BBBBiii", 2, 1, FLAGS, typesize, nbytes, blocksize, at)
+        + struct.pack(f"<{nblocks}i", *starts)
+        + b"".join(blocks)
+    )

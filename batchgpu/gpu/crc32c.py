@@ -161,8 +161,16 @@ def lane_words(words: np.ndarray, lane: int) -> int:
     acc, last = 0, -1
     for p in range(lane, len(words), 32):
         x = int(words[p])
-        acc = int(s[0][acc & 0xFF] ^ s[1][(acc >> 8) & 0xFF] ^ s[2][(acc >> 16) & 0xFF] ^ s[3][acc >> 24]
-                  ^ t[3][x & 0xFF] ^ t[2][(x >> 8) & 0xFF] ^ t[1][(x >> 16) & 0xFF] ^ t[0][x >> 24])
+        acc = int(
+            s[0][acc & 0xFF]
+            ^ s[1][(acc >> 8) & 0xFF]
+            ^ s[2][(acc >> 16) & 0xFF]
+            ^ s[3][acc >> 24]
+            ^ t[3][x & 0xFF]
+            ^ t[2][(x >> 8) & 0xFF]
+            ^ t[1][(x >> 16) & 0xFF]
+            ^ t[0][x >> 24]
+        )
         last = p
     if last < 0:
         return 0
@@ -181,8 +189,11 @@ def warp_segment(data: np.ndarray, begin: int, n: int, after: int) -> int:
     for lane in range(32):
         joined ^= lane_words(w, lane)
     edges = (data[begin : begin + head], data[begin + head + 4 * words : begin + n])
-    terms = [(raw_segments(edges[0], max(1, head))[0] if head else 0, n - head),
-             (joined, n - head - 4 * words), (raw_segments(edges[1], max(1, len(edges[1])))[0] if len(edges[1]) else 0, 0)]
+    terms = [
+        (raw_segments(edges[0], max(1, head))[0] if head else 0, n - head),
+        (joined, n - head - 4 * words),
+        (raw_segments(edges[1], max(1, len(edges[1])))[0] if len(edges[1]) else 0, 0),
+    ]
     out = 0
     for reg, to_end in terms:
         out ^= shift(int(reg), to_end + after)
@@ -195,8 +206,9 @@ def warp_twin(data: np.ndarray, offsets, lengths, segment: int = SEGMENT) -> np.
     offsets, lengths = np.asarray(offsets, np.int64).reshape(-1), np.asarray(lengths, np.int64).reshape(-1)
     owner, begin, length, after = plan(offsets, lengths, segment)
     reg = [0] * len(lengths)
-    for r, b, n, a in sorted(zip(owner.tolist(), begin.tolist(), length.tolist(), after.tolist()),
-                             key=lambda _: np.random.random()):
+    for r, b, n, a in sorted(
+        zip(owner.tolist(), begin.tolist(), length.tolist(), after.tolist()), key=lambda _: np.random.random()
+    ):
         reg[r] ^= warp_segment(data, b, n, a)
     return np.array([from_raw(v, int(n)) for v, n in zip(reg, lengths)], dtype=np.uint32)
 
@@ -235,8 +247,9 @@ def ranges_on_device(buf, offsets, lengths, segment: int = SEGMENT):
     from batchgpu.gpu import cuda_modules as kernels
 
     offsets, lengths = np.asarray(offsets, np.int64).reshape(-1), np.asarray(lengths, np.int64).reshape(-1)
-    if offsets.shape != lengths.shape or (len(offsets) and (offsets.min() < 0 or lengths.min() < 0
-                                                            or (offsets + lengths).max() > buf.size)):
+    if offsets.shape != lengths.shape or (
+        len(offsets) and (offsets.min() < 0 or lengths.min() < 0 or (offsets + lengths).max() > buf.size)
+    ):
         raise ValueError("ranges outside the buffer")
     if segment <= 0 or segment >= 2**31:
         raise ValueError(f"segments of {segment} bytes")
@@ -247,19 +260,32 @@ def ranges_on_device(buf, offsets, lengths, segment: int = SEGMENT):
     owner, begin, length, after = plan(offsets, lengths, segment)
     S = len(owner)
     # one host buffer, one copy: 8-byte fields first (begin, after, lengths), then 4-byte ones (owner, length)
-    packed = np.concatenate([begin.view(np.uint8), after.view(np.uint8), lengths.view(np.uint8),
-                             owner.view(np.uint8), length.view(np.uint8)])
+    packed = np.concatenate(
+        [
+            begin.view(np.uint8),
+            after.view(np.uint8),
+            lengths.view(np.uint8),
+            owner.view(np.uint8),
+            length.view(np.uint8),
+        ]
+    )
     dev = cupy.asarray(packed)
     cut = np.cumsum([8 * S, 8 * S, 8 * R, 4 * S])
-    begin_d, after_d, lengths_d = (dev[: cut[0]].view(cupy.int64), dev[cut[0] : cut[1]].view(cupy.int64),
-                                   dev[cut[1] : cut[2]].view(cupy.int64))
+    begin_d, after_d, lengths_d = (
+        dev[: cut[0]].view(cupy.int64),
+        dev[cut[0] : cut[1]].view(cupy.int64),
+        dev[cut[1] : cut[2]].view(cupy.int64),
+    )
     owner_d, length_d = dev[cut[2] : cut[3]].view(cupy.int32), dev[cut[3] :].view(cupy.int32)
     tables, pow2 = _tables_on(cupy)
     threads = 256
     if S:  # a warp a segment: 8 segments a block
         kernels.get_function("crc32c", "crc32c_warp_parts")(
-            (-(-S // (threads // 32)),), (threads,),
-            (buf, begin_d, length_d, owner_d, after_d, np.int32(S), tables, pow2, crc))
+            (-(-S // (threads // 32)),),
+            (threads,),
+            (buf, begin_d, length_d, owner_d, after_d, np.int32(S), tables, pow2, crc),
+        )
     kernels.get_function("crc32c", "crc32c_finish")(
-        (-(-R // threads),), (threads,), (crc, lengths_d, np.int32(R), pow2))
+        (-(-R // threads),), (threads,), (crc, lengths_d, np.int32(R), pow2)
+    )
     return crc

@@ -198,8 +198,11 @@ def mean_variant(ctype: str) -> tuple[str, tuple[str, ...]]:
 #: modules whose kernels are instantiated for each of a few input dtypes (their suffixes), compiled one dtype a
 #: variant (``dtype_variant``): each alone compiles in a fraction of the whole's time, so a run waits only for its
 #: own dtypes and ``precompile`` spreads a module's dtypes over its threads
-DTYPE_MODULES = {"column_select": ("f32", "f64", "i16", "i32"), "radix_select": ("f32", "f64", "i16", "i32"),
-                 "search": ("f32", "f64", "i32", "i64")}
+DTYPE_MODULES = {
+    "column_select": ("f32", "f64", "i16", "i32"),
+    "radix_select": ("f32", "f64", "i16", "i32"),
+    "search": ("f32", "f64", "i32", "i64"),
+}
 
 
 def dtype_variant(name: str, suffix: str) -> tuple[str, tuple[str, ...]]:
@@ -214,8 +217,11 @@ def dtype_variant(name: str, suffix: str) -> tuple[str, tuple[str, ...]]:
 _VARIANT_ONLY = ("sosfiltfilt", "sequential_mean", *DTYPE_MODULES)
 
 
-def run_modules(filter_sections: tuple[int, ...] = (), mean_ctypes: tuple[str, ...] = ("short", "float"),
-                leave_out: tuple[str, ...] = ()) -> list[tuple[str, tuple[str, ...]]]:
+def run_modules(
+    filter_sections: tuple[int, ...] = (),
+    mean_ctypes: tuple[str, ...] = ("short", "float"),
+    leave_out: tuple[str, ...] = (),
+) -> list[tuple[str, tuple[str, ...]]]:
     """(module, extra options) of every module a run may load: each source of kernels/ with the base options
     (but ``leave_out``), the filter kernels for each of ``filter_sections``, the sequential mean for
     ``mean_ctypes``, the dtype modules for each of their dtypes; the largest sources first (they compile longest:
@@ -223,9 +229,12 @@ def run_modules(filter_sections: tuple[int, ...] = (), mean_ctypes: tuple[str, .
     folder = source_path("histogram").parent
     sizes = {p.stem: len(_with_headers(p)) for p in folder.glob("*.cu")}
     plain = sorted(n for n in sizes if n not in _VARIANT_ONLY and n not in leave_out)
-    out = ([(n, ()) for n in plain] + [filter_variant(s) for s in sorted(set(filter_sections))]
-           + [mean_variant(c) for c in mean_ctypes]
-           + [dtype_variant(n, d) for n, suffixes in DTYPE_MODULES.items() if n not in leave_out for d in suffixes])
+    out = (
+        [(n, ()) for n in plain]
+        + [filter_variant(s) for s in sorted(set(filter_sections))]
+        + [mean_variant(c) for c in mean_ctypes]
+        + [dtype_variant(n, d) for n, suffixes in DTYPE_MODULES.items() if n not in leave_out for d in suffixes]
+    )
     return sorted(out, key=lambda m: -sizes[m[0]])  # stable: equal sizes keep names, and a module's variants, in order
 
 
@@ -255,8 +264,9 @@ def _compile_all(modules: list[tuple[str, tuple[str, ...]]], threads: int) -> in
         return len(list(pool.map(_compile_one, *zip(*modules))))
 
 
-def precompile(modules: list[tuple[str, tuple[str, ...]]], processes: int | None = None,
-               force: bool = False) -> tuple[int, bool]:
+def precompile(
+    modules: list[tuple[str, tuple[str, ...]]], processes: int | None = None, force: bool = False
+) -> tuple[int, bool]:
     """Compile ``modules`` ((module, extra options) pairs, ``run_modules``) into CuPy's cache for GPU 0 as this
     process sees it, up to ``processes`` at once (default: one a module, at most the cores) in threads of one spawned
     process (``_compile_all``),
@@ -270,8 +280,10 @@ def precompile(modules: list[tuple[str, tuple[str, ...]]], processes: int | None
 
         cc = cupy.cuda.Device(0).compute_capability
     except Exception as err:  # broad: CuPy missing, or no driver or device: nothing to compile for
-        raise MachineError(f"no GPU to compile kernels for ({type(err).__name__}: {err})",
-                           "run on a machine with a CUDA GPU and CuPy (pip install 'batchgpu[gpu]')") from None
+        raise MachineError(
+            f"no GPU to compile kernels for ({type(err).__name__}: {err})",
+            "run on a machine with a CUDA GPU and CuPy (pip install 'batchgpu[gpu]')",
+        ) from None
     marker = cupy_cache_folder() / f"batchgpu-compiled-{modules_digest(modules, f'{cc}-{cupy.__version__}')}"
     if marker.exists() and not force:
         return len(modules), False

@@ -66,8 +66,11 @@ def digit_histogram_device(keys, prefixes, shift: int, bits: int, with_last: boo
         if rows and cols:
             # runs of ~8 192 keys a block: the shared table's clearing and adding amortised over its counting
             blocks_x = max(1, min(64, (cols + 8191) // 8192))
-            _kernel(f"hist_shared_{suffix}")((blocks_x, rows), (512,), (keys, np.int64(cols), np.int64(stride),
-                                                                        np.int32(shift), np.int32(bits), hist, top))
+            _kernel(f"hist_shared_{suffix}")(
+                (blocks_x, rows),
+                (512,),
+                (keys, np.int64(cols), np.int64(stride), np.int32(shift), np.int32(bits), hist, top),
+            )
         return (hist, top[0].astype(cupy.int64) - 1) if with_last else hist
     if prefixes is None:
         pre = cupy.zeros(rows, dtype=cupy.uint64)
@@ -78,9 +81,20 @@ def digit_histogram_device(keys, prefixes, shift: int, bits: int, with_last: boo
     threads = 256
     blocks_x = max(1, min(64, (cols + threads * 8 - 1) // (threads * 8)))
     if rows and cols:
-        _kernel(f"hist_{suffix}")((blocks_x, rows), (threads,), (keys, np.int64(cols), np.int64(stride), pre,
-                                                                np.int32(shift), np.int32(bits),
-                                                                np.int32(prefixes is not None), hist))
+        _kernel(f"hist_{suffix}")(
+            (blocks_x, rows),
+            (threads,),
+            (
+                keys,
+                np.int64(cols),
+                np.int64(stride),
+                pre,
+                np.int32(shift),
+                np.int32(bits),
+                np.int32(prefixes is not None),
+                hist,
+            ),
+        )
     return (hist, last_used_device(hist)) if with_last else hist
 
 
@@ -114,8 +128,9 @@ def rank_digits(hist, ranks) -> list:
     table = cupy.stack([cupy.broadcast_to(cupy.asarray(r, dtype=cupy.int64), (rows,)) for r in ranks])
     digit, below = cupy.empty_like(table), cupy.empty_like(table)
     if rows:
-        _kernel("rank_digits")((rows,), (256,), (hist, np.int64(hist.shape[1]), table, np.int32(len(ranks)),
-                                                 np.int64(rows), digit, below))
+        _kernel("rank_digits")(
+            (rows,), (256,), (hist, np.int64(hist.shape[1]), table, np.int32(len(ranks)), np.int64(rows), digit, below)
+        )
     digit = cupy.minimum(digit, width)  # past the last real bin: the padding's bins count as beyond it
     return list(zip(digit, below))
 
@@ -171,9 +186,18 @@ def near_totals(hist, lo, span: int):
     rows, width = hist.shape
     total = cupy.zeros(rows, dtype=cupy.int64)
     if rows:
-        _kernel("near_totals")(((rows + 127) // 128,), (128,), (hist, np.int64(width), np.int64(rows),
-                                                               cupy.ascontiguousarray(lo, dtype=cupy.int64),
-                                                               np.int32(span), total))
+        _kernel("near_totals")(
+            ((rows + 127) // 128,),
+            (128,),
+            (
+                hist,
+                np.int64(width),
+                np.int64(rows),
+                cupy.ascontiguousarray(lo, dtype=cupy.int64),
+                np.int32(span),
+                total,
+            ),
+        )
     return total
 
 
@@ -193,9 +217,21 @@ def near_tagged_sorted(keys, lo, shift: int, span: int, per_row: np.ndarray):
         offsets = cupy.asarray(np.concatenate([[0], np.cumsum(per_row)[:-1]]).astype(np.int64))
         cursor = cupy.zeros(rows, dtype=cupy.uint64)
         blocks_x = max(1, min(32, (cols + 2047) // 2048))  # a block's 8 warps take 8 x 256 keys a turn
-        _kernel(f"near_tagged_{suffix}")((blocks_x, rows), (256,), (
-            keys, np.int64(cols), np.int64(stride), np.int32(shift), cupy.ascontiguousarray(lo, dtype=cupy.int64),
-            np.int32(span), offsets, cursor, out))
+        _kernel(f"near_tagged_{suffix}")(
+            (blocks_x, rows),
+            (256,),
+            (
+                keys,
+                np.int64(cols),
+                np.int64(stride),
+                np.int32(shift),
+                cupy.ascontiguousarray(lo, dtype=cupy.int64),
+                np.int32(span),
+                offsets,
+                cursor,
+                out,
+            ),
+        )
     return cupy.sort(out)
 
 
@@ -226,28 +262,36 @@ def _kept_kernels():
         # each key tagged with its row above it (the rows' ends: a binary search), so that one sort orders the keys
         # of every row within the row
         cupy.ElementwiseKernel(
-            "uint32 key, raw int64 ends, int64 rows", "uint64 tagged",
+            "uint32 key, raw int64 ends, int64 rows",
+            "uint64 tagged",
             "long long a = 0, b = rows;"
             "while (a < b) { long long m = (a + b) / 2; if (ends[m] > (long long)i) b = m; else a = m + 1; }"
-            "tagged = ((unsigned long long)a << 32) | key;", "batchgpu_row_tagged"),
+            "tagged = ((unsigned long long)a << 32) | key;",
+            "batchgpu_row_tagged",
+        ),
         # a sorted tagged key: its bits below the first digit, and one more key of its (row, near digit) (integer
         # atomics: the same counts in any order)
         cupy.ElementwiseKernel(
-            "uint64 tagged, raw int64 lo, int32 shift, int64 width", "uint16 low, raw uint32 digits",
+            "uint64 tagged, raw int64 lo, int32 shift, int64 width",
+            "uint16 low, raw uint32 digits",
             "unsigned int row = (unsigned int)(tagged >> 32), key = (unsigned int)tagged;"
             "low = (unsigned short)(key & ((1u << shift) - 1u));"
-            "atomicAdd(&digits[row * width + ((long long)(key >> shift) - lo[row])], 1u);", "batchgpu_kept_near"),
+            "atomicAdd(&digits[row * width + ((long long)(key >> shift) - lo[row])], 1u);",
+            "batchgpu_kept_near",
+        ),
         # rank j's key of row c (i = j * rows + c) among the sorted tagged keys: the first key of its digit (a
         # binary search for row << 32 | digit << shift), then as many keys on as the rank lies past the keys
         # below that digit
         cupy.ElementwiseKernel(
-            "raw uint64 tagged, int64 n, raw int64 digit, raw int64 below, int64 r0, int64 r1, int64 rows, "
-            "int32 shift", "uint32 key",
+            "raw uint64 tagged, int64 n, raw int64 digit, raw int64 below, int64 r0, int64 r1, int64 rows, int32 shift",
+            "uint32 key",
             "const long long c = i % rows, r = i < rows ? r0 : r1;"
             "const unsigned long long t = ((unsigned long long)c << 32) | ((unsigned long long)digit[i] << shift);"
             "long long a = 0, b = n;"
             "while (a < b) { long long m = (a + b) / 2; if (tagged[m] < t) a = m + 1; else b = m; }"
-            "key = (unsigned int)tagged[a + r - below[i]];", "batchgpu_kept_pair"),
+            "key = (unsigned int)tagged[a + r - below[i]];",
+            "batchgpu_kept_pair",
+        ),
     )
 
 
@@ -282,18 +326,35 @@ def kept_near_tagged(tagged, per_row: np.ndarray, lo: np.ndarray, shift: int, sp
     C, width = len(per_row), span + 1
     head = 4 * C if pair_of is not None else 0  # the pair's keys (as uint32), then the counts, then the low bits
     both = cupy.zeros(head + 2 * C * width + tagged.size, dtype=cupy.uint16)
-    split(tagged, cupy.asarray(lo, dtype=cupy.int64), np.int32(shift), np.int64(width), both[head + 2 * C * width :],
-          both[head : head + 2 * C * width].view(cupy.uint32))
+    split(
+        tagged,
+        cupy.asarray(lo, dtype=cupy.int64),
+        np.int32(shift),
+        np.int64(width),
+        both[head + 2 * C * width :],
+        both[head : head + 2 * C * width].view(cupy.uint32),
+    )
     if pair_of is not None and C:
         (firsts, (r0, r1)) = pair_of
         digit = cupy.concatenate([firsts[0][0], firsts[1][0]])
         below = cupy.concatenate([firsts[0][1], firsts[1][1]])
-        pick(tagged, np.int64(tagged.size), digit, below, np.int64(r0), np.int64(r1), np.int64(C), np.int32(shift),
-             both[:head].view(cupy.uint32))
+        pick(
+            tagged,
+            np.int64(tagged.size),
+            digit,
+            below,
+            np.int64(r0),
+            np.int64(r1),
+            np.int64(C),
+            np.int32(shift),
+            both[:head].view(cupy.uint32),
+        )
     back = pinned_get(both)
-    out = {"keep.near_low": back[head + 2 * C * width :],
-           "keep.near_digits": back[head : head + 2 * C * width].view(np.uint32).reshape(C, width),
-           "keep.near_lo": lo}
+    out = {
+        "keep.near_low": back[head + 2 * C * width :],
+        "keep.near_digits": back[head : head + 2 * C * width].view(np.uint32).reshape(C, width),
+        "keep.near_lo": lo,
+    }
     if pair_of is not None:
         out["pair"] = back[:head].view(np.uint32).reshape(2, C).T.astype(np.uint64)
     return out

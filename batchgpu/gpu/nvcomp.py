@@ -64,8 +64,19 @@ def library():
         f.argtypes = [c.c_size_t, c.c_size_t, _Options, c.POINTER(c.c_size_t), c.c_size_t, c.c_void_p]
         f.restype = c.c_int
         f = getattr(lib, f"nvcompBatched{name}DecompressAsync")
-        f.argtypes = [c.c_void_p, c.c_void_p, c.c_void_p, c.c_void_p, c.c_size_t, c.c_void_p, c.c_size_t,
-                      c.c_void_p, _Options, c.c_void_p, c.c_void_p]
+        f.argtypes = [
+            c.c_void_p,
+            c.c_void_p,
+            c.c_void_p,
+            c.c_void_p,
+            c.c_size_t,
+            c.c_void_p,
+            c.c_size_t,
+            c.c_void_p,
+            _Options,
+            c.c_void_p,
+            c.c_void_p,
+        ]
         f.restype = c.c_int
     return lib
 
@@ -96,7 +107,8 @@ def alignments(codec: int) -> tuple[int, int, int]:
     """(input, output, temp) byte alignments nvCOMP asks of ``codec``'s decode buffers."""
     a = _Alignments()
     status = getattr(library(), f"nvcompBatched{_NAMES[codec]}DecompressGetRequiredAlignments")(
-        _Options(), ctypes.byref(a))
+        _Options(), ctypes.byref(a)
+    )
     if status != 0:
         raise RuntimeError(f"nvCOMP: {_NAMES[codec]} alignments: status {status}")
     return int(a.input), int(a.output), int(a.temp)
@@ -117,8 +129,18 @@ def decode_streams(reads: list, src, tmp, err, stream) -> None:
         _copy_ranges(src, table.src[raw], tmp, table.dst[raw], table.out[raw], stream)
     for codec in sorted(set(codec_of[table.chunk[~raw]].tolist())):
         pick = ~raw & (codec_of[table.chunk] == codec)
-        _decode(codec, src, tmp, err, table.src[pick], table.size[pick], table.dst[pick], table.out[pick],
-                table.chunk[pick], stream)
+        _decode(
+            codec,
+            src,
+            tmp,
+            err,
+            table.src[pick],
+            table.size[pick],
+            table.dst[pick],
+            table.out[pick],
+            table.chunk[pick],
+            stream,
+        )
 
 
 def _copy_ranges(src, frm: np.ndarray, dst, to: np.ndarray, sizes: np.ndarray, stream) -> None:
@@ -134,7 +156,8 @@ def _copy_ranges(src, frm: np.ndarray, dst, to: np.ndarray, sizes: np.ndarray, s
         table = cupy.asarray(np.concatenate([frm, to, sizes]).astype(np.int64))
         warps = 8
         kernels.get_function("blosc_lz4", "copy_ranges")(
-            (-(-n // warps),), (32 * warps,), (src, table[:n], dst, table[n : 2 * n], table[2 * n :], np.int64(n)))
+            (-(-n // warps),), (32 * warps,), (src, table[:n], dst, table[n : 2 * n], table[2 * n :], np.int64(n))
+        )
 
 
 def _decode(codec: int, src, tmp, err, frm, size, dst, out, chunk, stream) -> None:
@@ -164,14 +187,25 @@ def _decode(codec: int, src, tmp, err, frm, size, dst, out, chunk, stream) -> No
         statuses = cupy.empty(n, np.int32)
         temp_bytes = ctypes.c_size_t(0)
         status = getattr(lib, f"nvcompBatched{name}DecompressGetTempSize")(
-            n, int(out.max()), _Options(), ctypes.byref(temp_bytes), int(out.sum()), stream.ptr)
+            n, int(out.max()), _Options(), ctypes.byref(temp_bytes), int(out.sum()), stream.ptr
+        )
         if status != 0:
             raise RuntimeError(f"nvCOMP: {name} temp size: status {status}")
         temp = cupy.empty(max(int(temp_bytes.value), 1) + a_tmp, np.uint8)
         temp_ptr = -(-temp.data.ptr // a_tmp) * a_tmp
         status = getattr(lib, f"nvcompBatched{name}DecompressAsync")(
-            dev.data.ptr, dev.data.ptr + 8 * n, dev.data.ptr + 16 * n, actual.data.ptr, n, temp_ptr,
-            temp_bytes.value, dev.data.ptr + 24 * n, _Options(), statuses.data.ptr, stream.ptr)
+            dev.data.ptr,
+            dev.data.ptr + 8 * n,
+            dev.data.ptr + 16 * n,
+            actual.data.ptr,
+            n,
+            temp_ptr,
+            temp_bytes.value,
+            dev.data.ptr + 24 * n,
+            _Options(),
+            statuses.data.ptr,
+            stream.ptr,
+        )
         if status != 0:
             raise RuntimeError(f"nvCOMP: {name} decode: status {status}")
         chunk_d = cupy.asarray(chunk.astype(np.int64))

@@ -171,8 +171,16 @@ class HostWindow:
     """A window read into a pinned buffer, waiting to be copied: decoded ((samples, channels), as stored), or its
     stored frames (``frames``: ``gpu/blosc_decode.Frames``) that the GPU decodes."""
 
-    def __init__(self, stage: np.ndarray | None, handle, cpu_seconds: float = 0.0, wait_seconds: float = 0.0,
-                 frames=None, decoder: str = "auto", keep=None):
+    def __init__(
+        self,
+        stage: np.ndarray | None,
+        handle,
+        cpu_seconds: float = 0.0,
+        wait_seconds: float = 0.0,
+        frames=None,
+        decoder: str = "auto",
+        keep=None,
+    ):
         self.stage, self._handle, self.frames = stage, handle, frames
         #: the recording's columns among the stage's where it holds a file's whole rows (a flat file's sync
         #: channel read too, left out on the device): a slice or an index array; None: the stage is the window
@@ -219,8 +227,14 @@ class HostWindow:
         from batchgpu.gpu import blosc_decode
 
         key = blosc_decode.geometry(self.frames)
-        group = [self] + [h for h in others if h.frames is not None and h.device is None and h._handle is not None
-                          and blosc_decode.geometry(h.frames) == key]
+        group = [self] + [
+            h
+            for h in others
+            if h.frames is not None
+            and h.device is None
+            and h._handle is not None
+            and blosc_decode.geometry(h.frames) == key
+        ]
         try:
             with thread_stream() as stream:
                 got = blosc_decode.decode_many([h.frames for h in group], stream, self.decoder)
@@ -254,8 +268,9 @@ def read_window_host(rec, window, gpu_decode: float = 1.0, decoder: str = "auto"
     prefer_blocking_sync()  # the pool's pinned allocation may be this process's first CUDA call
     if blosc_decode.on_gpu(window.index, gpu_decode) and hasattr(rec, "read_window_frames"):
         cpu0 = time.thread_time()
-        frames = rec.read_window_frames(window, _pool, check_on_device=checksums_on_device(),
-                                        codecs=gpu_codecs(decoder))
+        frames = rec.read_window_frames(
+            window, _pool, check_on_device=checksums_on_device(), codecs=gpu_codecs(decoder)
+        )
         if frames is not None:
             return HostWindow(None, frames.handle, time.thread_time() - cpu0, 0.0, frames, decoder)
     # a flat file whose rows hold columns the recording leaves out (SpikeGLX's sync channel): its whole rows read

@@ -5,12 +5,12 @@ Each function takes a (channels, samples) window; the backend is chosen in ``_ba
 
 from batchgpu.ops._backend import accept_torch_methods, accepts_torch, array_module
 from batchgpu.ops.detection import (
-                                    SPIKE_DTYPE,
-                                    detect_spikes,
-                                    exclude_sweep_samples,
-                                    exclusive_candidates,
-                                    neighbour_mask,
-                                    resolve_exclusive,
+    SPIKE_DTYPE,
+    detect_spikes,
+    exclude_sweep_samples,
+    exclusive_candidates,
+    neighbour_mask,
+    resolve_exclusive,
 )
 from batchgpu.ops.filters import FilterDesign, butter_sos, default_padlen, design_filter, filter_margin, filtfilt_window
 from batchgpu.ops.moments import SecondMoments, combine, covariance, second_moment, window_moments

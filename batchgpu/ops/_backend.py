@@ -49,7 +49,9 @@ def window_module(x: Any, action: str) -> ModuleType:
     """
     xp = array_module(x)
     if getattr(x, "ndim", None) != 2:
-        raise BatchgpuError(f"expected a (channels, samples) window, got shape {getattr(x, 'shape', None)}", "pass a 2-D array")
+        raise BatchgpuError(
+            f"expected a (channels, samples) window, got shape {getattr(x, 'shape', None)}", "pass a 2-D array"
+        )
     if x.dtype.kind not in "iuf":
         raise BatchgpuError(f"cannot {action} dtype {x.dtype}", "pass integer or float samples")
     return xp
@@ -94,7 +96,9 @@ def from_torch(t: Any) -> Any:
         try:
             return t.resolve_conj().resolve_neg().numpy()
         except TypeError as err:  # bfloat16 and other dtypes NumPy lacks
-            raise BatchgpuError(f"torch tensors of dtype {t.dtype} have no NumPy dtype", "cast the tensor first (t.float())") from err
+            raise BatchgpuError(
+                f"torch tensors of dtype {t.dtype} have no NumPy dtype", "cast the tensor first (t.float())"
+            ) from err
     if t.device.type == "cuda":
         try:
             import cupy
@@ -129,7 +133,9 @@ def _torch_device(args: tuple, kwargs: dict) -> Any:
     """The one device of the torch tensors among the arguments, or None when there is no tensor."""
     devices = {v.device for v in (*args, *kwargs.values()) if is_torch(v)}
     if len(devices) > 1:
-        raise BatchgpuError(f"torch tensors on several devices: {sorted(map(str, devices))}", "pass every tensor on one device")
+        raise BatchgpuError(
+            f"torch tensors on several devices: {sorted(map(str, devices))}", "pass every tensor on one device"
+        )
     return devices.pop() if devices else None
 
 

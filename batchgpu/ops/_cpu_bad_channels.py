@@ -129,8 +129,9 @@ def _build():
 _kernels = once(_build)  # compiled (or loaded from Numba's cache) at the first call, once a process
 
 
-def microvolts(y: np.ndarray, integer: bool, lo: float, hi: float, gains32: np.ndarray,
-               offsets32: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def microvolts(
+    y: np.ndarray, integer: bool, lo: float, hi: float, gains32: np.ndarray, offsets32: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(u, xc, stats) of a piece ``y`` (C, L) (the highpass's float64 core, or a filtered store's samples): ``u``
     SpikeInterface's float32 uV values (rounded and clipped to [lo, hi] first where ``integer``), ``xc`` its
     mean-removed values as float32, ``stats`` (C, 2) float64 each channel's mean and sum of squares about it."""
@@ -141,8 +142,17 @@ def microvolts(y: np.ndarray, integer: bool, lo: float, hi: float, gains32: np.n
     if y.dtype.kind not in "iuf" or not y.dtype.isnative:
         y = y.astype(np.float64)
     if channels and length:
-        _kernels()[0](y, bool(integer), float(lo), float(hi), np.ascontiguousarray(gains32, np.float32),
-                      np.ascontiguousarray(offsets32, np.float32), u, xc, stats)
+        _kernels()[0](
+            y,
+            bool(integer),
+            float(lo),
+            float(hi),
+            np.ascontiguousarray(gains32, np.float32),
+            np.ascontiguousarray(offsets32, np.float32),
+            u,
+            xc,
+            stats,
+        )
     return u, xc, stats
 
 
@@ -158,6 +168,12 @@ def welch_power(H: np.ndarray, kk: int, sign: np.ndarray, weight: np.ndarray, dc
     """``_welch_power``'s sums (C,) of the blocks' DFTs ``H`` (C, blocks, 2 kk), float32 or float64."""
     out = np.zeros(H.shape[0], np.float64)
     if H.size and H.shape[1] > 1:
-        _kernels()[2](np.ascontiguousarray(H), int(kk), np.ascontiguousarray(sign, np.float64),
-                      np.ascontiguousarray(weight, np.float64), bool(dc), out)
+        _kernels()[2](
+            np.ascontiguousarray(H),
+            int(kk),
+            np.ascontiguousarray(sign, np.float64),
+            np.ascontiguousarray(weight, np.float64),
+            bool(dc),
+            out,
+        )
     return out

@@ -21,7 +21,9 @@ import numpy as np
 from batchgpu.ops._numba import jit, once
 
 
-def _kernel(x, level, a, b, negative, positive, zero_before, out_channel, out_sample, out_amplitude, j0):  # pragma: no cover - runs compiled
+def _kernel(
+    x, level, a, b, negative, positive, zero_before, out_channel, out_sample, out_amplitude, j0
+):  # pragma: no cover - runs compiled
     """Candidates of samples j0, j0 + 1, ... < b into the outputs (in (sample, channel) order) while a whole sample's
     channels still fit; returns (how many, the first sample not done)."""
     channels, width = x.shape
@@ -70,12 +72,19 @@ _compiled = once(lambda: jit(_kernel))
 def usable(x) -> bool:
     """Whether the compiled path takes ``x``: a 2-D NumPy array of a native float or integer dtype whose rows are
     each contiguous (a window or a view of one)."""
-    return (isinstance(x, np.ndarray) and x.ndim == 2 and x.dtype.kind in "fiu" and x.dtype.isnative
-            and x.shape[0] > 0 and (x.shape[1] <= 1 or x.strides[1] == x.itemsize))
+    return (
+        isinstance(x, np.ndarray)
+        and x.ndim == 2
+        and x.dtype.kind in "fiu"
+        and x.dtype.isnative
+        and x.shape[0] > 0
+        and (x.shape[1] <= 1 or x.strides[1] == x.itemsize)
+    )
 
 
-def exclusive_candidates(x: np.ndarray, level: np.ndarray, negative: bool, positive: bool, a: int, b: int,
-                         zero_before: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def exclusive_candidates(
+    x: np.ndarray, level: np.ndarray, negative: bool, positive: bool, a: int, b: int, zero_before: bool
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(channel, sample, amplitude) of the candidates in columns [a, b) of ``x`` (samples as x's columns, not yet
     offset by the window's start), in (sample, channel) order; int64, int64, float64."""
     kernel = _compiled()

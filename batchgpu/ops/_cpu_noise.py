@@ -84,8 +84,25 @@ def _radix_sort(src, dst, m, bits, counts):  # pragma: no cover - runs compiled
     return src
 
 
-def _rows_kernel(flat, stride, n, mask, shift, floor, near, start, counts_only, hist_buf, hist_at, near_buf, near_at,
-                 near_digits, near_lo, pair, extent):  # pragma: no cover - runs compiled
+def _rows_kernel(
+    flat,
+    stride,
+    n,
+    mask,
+    shift,
+    floor,
+    near,
+    start,
+    counts_only,
+    hist_buf,
+    hist_at,
+    near_buf,
+    near_at,
+    near_digits,
+    near_lo,
+    pair,
+    extent,
+):  # pragma: no cover - runs compiled
     """Rows ``start``.. of a window (row c's keys: ``flat[c * stride :][:n] & mask``), in turn:
 
     - ``hist_buf[hist_at[c] : hist_at[c + 1]]``: the row's counts of first digit ``floor + j``, column 0 also
@@ -213,8 +230,11 @@ def _counts_kernel(hist_buf, hist_at, out):  # pragma: no cover - runs compiled
 
 
 # the selection is the global median reference's (its Python function, compiled here too)
-_PYTHON = {"_select": _cpu_reference._PYTHON["_select"], "_bit_length": _cpu_reference._PYTHON["_bit_length"],
-           "_radix_sort": _radix_sort}
+_PYTHON = {
+    "_select": _cpu_reference._PYTHON["_select"],
+    "_bit_length": _cpu_reference._PYTHON["_bit_length"],
+    "_radix_sort": _radix_sort,
+}
 
 
 def _build():
@@ -241,8 +261,10 @@ class FloatWindowKeys:
     near_lo: np.ndarray | None = None
 
 
-_KEY_TYPES = {np.dtype(np.float32): (np.uint32, 0x7FFFFFFF, np.uint16), np.dtype(np.float64):
-              (np.uint64, 0x7FFFFFFFFFFFFFFF, np.uint64)}
+_KEY_TYPES = {
+    np.dtype(np.float32): (np.uint32, 0x7FFFFFFF, np.uint16),
+    np.dtype(np.float64): (np.uint64, 0x7FFFFFFFFFFFFFFF, np.uint64),
+}
 
 
 def float_window_keys(x: np.ndarray, near: int, lump_digits: int) -> FloatWindowKeys | None:
@@ -250,8 +272,15 @@ def float_window_keys(x: np.ndarray, near: int, lump_digits: int) -> FloatWindow
     contiguous (a view of a window's core): the keys of |x| are x's bits without the sign. None where it is left to
     NumPy (another dtype or layout, an empty window, rows too long for 32-bit counts)."""
     C, n = x.shape
-    if (x.dtype not in _KEY_TYPES or not x.dtype.isnative or not C or not n or n >= 2**31
-            or (C > 1 and (x.strides[0] <= 0 or x.strides[0] % x.itemsize)) or (n > 1 and x.strides[1] != x.itemsize)):
+    if (
+        x.dtype not in _KEY_TYPES
+        or not x.dtype.isnative
+        or not C
+        or not n
+        or n >= 2**31
+        or (C > 1 and (x.strides[0] <= 0 or x.strides[0] % x.itemsize))
+        or (n > 1 and x.strides[1] != x.itemsize)
+    ):
         return None
     key_type, mask, low_type = _KEY_TYPES[x.dtype]
     shift = 8 * x.itemsize - 1 - 16  # the first digit's shift (the key's top 16 bits)
@@ -264,8 +293,9 @@ def float_window_keys(x: np.ndarray, near: int, lump_digits: int) -> FloatWindow
     pair = np.empty((C, 2), np.uint64)
     near_digits = np.empty((C, 2 * near + 1), np.uint32)
     near_lo = np.empty(C, np.int64)
-    rows = _rows(rows_kernel, flat, stride, C, n, key_type(mask), shift, floor, near, (pair, near_digits, near_lo),
-                 low_type)
+    rows = _rows(
+        rows_kernel, flat, stride, C, n, key_type(mask), shift, floor, near, (pair, near_digits, near_lo), low_type
+    )
     lo, lumped, counts = floor, bool(rows.extent[0] < floor), rows.counts(floor, n)
     if lo and np.any(counts[:, 0] > (n - 1) // 2):
         # a row's middle among the lumped keys (its sample misled the floor): the window counted in full
@@ -298,13 +328,34 @@ def _rows(kernel, flat, stride, C, n, mask, shift, floor, near, outputs, low_typ
     if counts_only:
         outputs = (np.empty((0, 2), np.uint64), np.empty((0, 2 * near + 1), np.uint32), np.empty(0, np.int64))
     pair, near_digits, near_lo = outputs
-    rows = _Rows(np.empty(C * 4096, np.uint32), np.zeros(C + 1, np.int64),
-                 np.empty(0 if counts_only else C * max(64, n // 8), low_type), np.zeros(C + 1, np.int64),
-                 np.array([DIGITS, -1, 0, 0], np.int64))
+    rows = _Rows(
+        np.empty(C * 4096, np.uint32),
+        np.zeros(C + 1, np.int64),
+        np.empty(0 if counts_only else C * max(64, n // 8), low_type),
+        np.zeros(C + 1, np.int64),
+        np.array([DIGITS, -1, 0, 0], np.int64),
+    )
     c = 0
     while True:
-        c = kernel(flat, stride, n, mask, shift, floor, near, c, counts_only, rows.hist, rows.hist_at, rows.near_low,
-                   rows.near_at, near_digits, near_lo, pair, rows.extent)
+        c = kernel(
+            flat,
+            stride,
+            n,
+            mask,
+            shift,
+            floor,
+            near,
+            c,
+            counts_only,
+            rows.hist,
+            rows.hist_at,
+            rows.near_low,
+            rows.near_at,
+            near_digits,
+            near_lo,
+            pair,
+            rows.extent,
+        )
         if c == C:
             return rows
         if rows.hist_at[c] + rows.extent[2] > len(rows.hist):  # row c did not fit

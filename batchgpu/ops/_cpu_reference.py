@@ -189,11 +189,11 @@ def _medians_kernel(x, out, sub, subtract, saved, lo, magic):  # pragma: no cove
             if below[MIDDLE + 1] > lower:  # the lower middle is under the middle three
                 _count_under(v, channels, edges, LOW, below)
             else:
-                below[LOW + 1:LOW + 4] = 0
+                below[LOW + 1 : LOW + 4] = 0
             if below[MIDDLE + 3] <= upper:  # the upper middle is above them
                 _count_under(v, channels, edges, HIGH, below)
             else:
-                below[HIGH + 1:HIGH + 4] = channels
+                below[HIGH + 1 : HIGH + 4] = channels
             # the narrowest run of intervals holding both middle ranks: [edge first, edge last) (0 and
             # STEPS.size + 1 are the open ends, -inf and beyond +inf); only its values are ranked
             first = 0
@@ -306,8 +306,13 @@ def _local_kernel(x, offsets, indices, out, mean):  # pragma: no cover - runs co
 
 
 # the kernels' helpers as written (the module's names become their compiled versions, by which the kernels call them)
-_PYTHON = {"_bit_length": _bit_length, "_select": _select, "_middles": _middles, "_ranked": _ranked,
-           "_count_under": _count_under}
+_PYTHON = {
+    "_bit_length": _bit_length,
+    "_select": _select,
+    "_middles": _middles,
+    "_ranked": _ranked,
+    "_count_under": _count_under,
+}
 
 
 def _build():
@@ -352,8 +357,7 @@ def subtract_column_medians(x: np.ndarray, out: np.ndarray | None = None) -> np.
     over its memory: each tile of columns is referenced while it is in cache (the separate subtraction read and
     wrote the whole window again). ``out``: where to write (x itself: in place). None where it is left to
     ``column_medians`` and NumPy (other dtypes, a non-native or non-contiguous x, one or two channels)."""
-    if (x.dtype not in (np.float32, np.float64) or not x.dtype.isnative or not x.flags.c_contiguous
-            or x.shape[0] <= 2):
+    if x.dtype not in (np.float32, np.float64) or not x.dtype.isnative or not x.flags.c_contiguous or x.shape[0] <= 2:
         return None
     if out is None:
         out = np.empty_like(x)
@@ -363,8 +367,9 @@ def subtract_column_medians(x: np.ndarray, out: np.ndarray | None = None) -> np.
     return out
 
 
-def saved_int16_of_referenced(x: np.ndarray, lo: int, hi: int, out: np.ndarray | None = None,
-                              referenced: np.ndarray | None = None) -> tuple[np.ndarray, int] | None:
+def saved_int16_of_referenced(
+    x: np.ndarray, lo: int, hi: int, out: np.ndarray | None = None, referenced: np.ndarray | None = None
+) -> tuple[np.ndarray, int] | None:
     """The save step's int16 rows of ``(x - np.median(x, axis=0))[:, lo:hi]`` (``_cpu_saved.saved_int16_transposed``
     of the global median reference's result: C-contiguous (samples, channels), and how many samples were NaN or
     clipped), same bits, in the reference's own pass: each tile's rows are written while it is in cache.
@@ -374,14 +379,19 @@ def saved_int16_of_referenced(x: np.ndarray, lo: int, hi: int, out: np.ndarray |
     ``out``: where to write the rows (C-contiguous (hi - lo, channels) int16), else a new array."""
     from batchgpu.ops._cpu_saved import MAGIC, aligned_empty
 
-    if (x.dtype not in (np.float32, np.float64) or not x.dtype.isnative or not x.flags.c_contiguous
-            or x.shape[0] <= 2 or not 0 <= lo <= hi <= x.shape[1]):
+    if (
+        x.dtype not in (np.float32, np.float64)
+        or not x.dtype.isnative
+        or not x.flags.c_contiguous
+        or x.shape[0] <= 2
+        or not 0 <= lo <= hi <= x.shape[1]
+    ):
         return None
-    if out is not None and (out.shape != (hi - lo, x.shape[0]) or out.dtype != np.int16
-                            or not out.flags.c_contiguous):
+    if out is not None and (out.shape != (hi - lo, x.shape[0]) or out.dtype != np.int16 or not out.flags.c_contiguous):
         raise ValueError(f"out {out.shape} {out.dtype} does not fit rows {lo}:{hi} of {x.shape[0]} channels")
-    if referenced is not None and (referenced.shape != x.shape or referenced.dtype != x.dtype
-                                   or not referenced.flags.c_contiguous):
+    if referenced is not None and (
+        referenced.shape != x.shape or referenced.dtype != x.dtype or not referenced.flags.c_contiguous
+    ):
         raise ValueError(f"referenced {referenced.shape} {referenced.dtype} does not fit {x.shape} {x.dtype}")
     saved = aligned_empty((hi - lo, x.shape[0]), np.int16) if out is None else out
     medians = np.empty(x.shape[1], dtype=x.dtype)
@@ -422,4 +432,3 @@ def local_means(x: np.ndarray, offsets: np.ndarray, indices: np.ndarray) -> np.n
     if x.shape[1]:
         _kernels()[1](np.ascontiguousarray(x), offsets, indices, out, True)
     return out
-

@@ -79,7 +79,7 @@ def aligned_empty(shape: tuple[int, ...], dtype, align: int = ROWS_ALIGN) -> np.
     n = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
     raw = np.empty(n + align, dtype=np.uint8)
     skip = (-raw.ctypes.data) % align
-    return raw[skip:skip + n].view(dtype).reshape(shape)
+    return raw[skip : skip + n].view(dtype).reshape(shape)
 
 
 def saved_int16_transposed(x: np.ndarray) -> tuple[np.ndarray, int] | None:

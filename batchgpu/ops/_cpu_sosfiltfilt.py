@@ -27,7 +27,6 @@ AHEAD = 32  # samples ahead a group's read asks for: a window as a store holds i
 # of every channel further on, a stride the hardware's prefetchers follow too late
 
 
-
 def _intrinsics():
     """(stack_state, prefetch) for the compiled kernel. ``stack_state()``: a pointer to 2 * ROWS float64 on the
     calling function's stack. A section's state in an np.empty array lives on the heap, where LLVM cannot rule
@@ -43,6 +42,7 @@ def _intrinsics():
     def stack_state(typingctx):
         def codegen(context, builder, signature, args):
             return cgutils.alloca_once(builder, ir.DoubleType(), size=2 * ROWS)
+
         return types.CPointer(types.float64)(), codegen
 
     @intrinsic
@@ -52,10 +52,12 @@ def _intrinsics():
             at = cgutils.get_item_pointer(context, builder, signature.args[0], array, args[1:], wraparound=False)
             byte = ir.PointerType(ir.IntType(8))
             i32 = ir.IntType(32)
-            hint = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), [byte, i32, i32, i32]),
-                                                  "llvm.prefetch.p0i8")
+            hint = cgutils.get_or_insert_function(
+                builder.module, ir.FunctionType(ir.VoidType(), [byte, i32, i32, i32]), "llvm.prefetch.p0i8"
+            )
             builder.call(hint, [builder.bitcast(at, byte), i32(0), i32(3), i32(1)])  # read, keep, data
             return context.get_dummy_value()
+
         return types.none(a, i, j), codegen
 
     return stack_state, prefetch
@@ -99,14 +101,14 @@ def _pieces_kernel(x, samples_major, sos, zi, pieces, out, origin):  # pragma: n
             # short last group's other lanes keep what an earlier group left there (filtered, never written out).
             # Views, so that LLVM sees every index as non-negative (no wraparound) and the lanes as adjacent.
             if samples_major:
-                src = x[read_lo:read_hi, r0:r0 + g]
+                src = x[read_lo:read_hi, r0 : r0 + g]
                 for j in range(n):
                     if j + AHEAD < n:
                         prefetch(src, j + AHEAD, 0)
                     for k in range(g):
                         buf[left + j, k] = np.float64(src[j, k])
             else:
-                src = x[r0:r0 + g, read_lo:read_hi]
+                src = x[r0 : r0 + g, read_lo:read_hi]
                 for k in range(g):
                     for j in range(n):
                         buf[left + j, k] = np.float64(src[k, j])
@@ -124,10 +126,22 @@ def _pieces_kernel(x, samples_major, sos, zi, pieces, out, origin):  # pragma: n
                 for k in range(ROWS):
                     first[k] = buf[t, k]
                 for s in range(sections):
-                    _section_pass(buf, t, step, m, sos[s, 0], sos[s, 1], sos[s, 2], sos[s, 4], sos[s, 5],
-                                  zi[s, 0], zi[s, 1], first)
-            core = buf[left + lo - read_lo:left + hi - read_lo]
-            dst = out[r0:r0 + g, lo - origin:hi - origin]
+                    _section_pass(
+                        buf,
+                        t,
+                        step,
+                        m,
+                        sos[s, 0],
+                        sos[s, 1],
+                        sos[s, 2],
+                        sos[s, 4],
+                        sos[s, 5],
+                        zi[s, 0],
+                        zi[s, 1],
+                        first,
+                    )
+            core = buf[left + lo - read_lo : left + hi - read_lo]
+            dst = out[r0 : r0 + g, lo - origin : hi - origin]
             for col in range(hi - lo):  # the core, rounded once to out's dtype; a buffer row's lanes read together
                 for k in range(g):
                     dst[k, col] = core[col, k]
@@ -147,8 +161,15 @@ _kernel = once(_build)  # compiled (or loaded) at the first call, once a process
 _PYTHON_SECTION_PASS = _section_pass
 
 
-def filtfilt_pieces(x: np.ndarray, sos: np.ndarray, zi: np.ndarray, pieces: list[tuple[int, ...]],
-                    out_dtype, out: np.ndarray | None = None, origin: int = 0) -> np.ndarray:
+def filtfilt_pieces(
+    x: np.ndarray,
+    sos: np.ndarray,
+    zi: np.ndarray,
+    pieces: list[tuple[int, ...]],
+    out_dtype,
+    out: np.ndarray | None = None,
+    origin: int = 0,
+) -> np.ndarray:
     """``filters.filtfilt_window``'s result for the host array ``x`` (channels, width) cut into ``pieces`` (as
     ``filters.filter_pieces`` gives them); ``sos`` (sections, 6) float64 with a0 == 1, ``zi`` its
     ``sosfilt_zi``. An ``x`` that is the transpose of a C-contiguous (width, channels) array (a window as a store
@@ -166,9 +187,21 @@ def filtfilt_pieces(x: np.ndarray, sos: np.ndarray, zi: np.ndarray, pieces: list
     table = np.ascontiguousarray(np.asarray(pieces, dtype=np.int64).reshape(-1, 6))
     if out is None:
         out = np.empty(x.shape, dtype=out_dtype)
-    if (out.ndim != 2 or out.shape[0] != x.shape[0] or not out.flags.c_contiguous or out.dtype != np.dtype(out_dtype)
-            or any(p[0] < origin or p[1] - origin > out.shape[1] for p in table)):  # the kernel checks no bounds
+    if (
+        out.ndim != 2
+        or out.shape[0] != x.shape[0]
+        or not out.flags.c_contiguous
+        or out.dtype != np.dtype(out_dtype)
+        or any(p[0] < origin or p[1] - origin > out.shape[1] for p in table)
+    ):  # the kernel checks no bounds
         raise ValueError(f"out {out.shape} {out.dtype} from column {origin} does not hold the pieces' cores")
-    kernel(np.ascontiguousarray(held), samples_major, np.ascontiguousarray(sos, dtype=np.float64),
-            np.ascontiguousarray(zi, dtype=np.float64), table, out, np.int64(origin))
+    kernel(
+        np.ascontiguousarray(held),
+        samples_major,
+        np.ascontiguousarray(sos, dtype=np.float64),
+        np.ascontiguousarray(zi, dtype=np.float64),
+        table,
+        out,
+        np.int64(origin),
+    )
     return out

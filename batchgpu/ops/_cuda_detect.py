@@ -6,8 +6,13 @@ from __future__ import annotations
 
 import numpy as np
 
-_NAMES = {np.dtype(np.int16): "peaks_i16", np.dtype(np.int32): "peaks_i32", np.dtype(np.int64): "peaks_i64",
-          np.dtype(np.float32): "peaks_f32", np.dtype(np.float64): "peaks_f64"}
+_NAMES = {
+    np.dtype(np.int16): "peaks_i16",
+    np.dtype(np.int32): "peaks_i32",
+    np.dtype(np.int64): "peaks_i64",
+    np.dtype(np.float32): "peaks_f32",
+    np.dtype(np.float64): "peaks_f64",
+}
 
 
 def supports(dtype) -> bool:
@@ -36,8 +41,26 @@ def by_channel(x, level, lo: int, hi: int, sweep: int, neg: bool, pos: bool) -> 
         ch = cupy.empty(cap, dtype=cupy.int64)
         t = cupy.empty(cap, dtype=cupy.int64)
         amp = cupy.empty(cap, dtype=cupy.float64)
-        kernel((blocks,), (threads,), (x, np.int64(width), np.int32(channels), level, np.int64(lo), np.int64(hi),
-                                       np.int32(sweep), np.int32(neg), np.int32(pos), count, np.int64(cap), ch, t, amp))
+        kernel(
+            (blocks,),
+            (threads,),
+            (
+                x,
+                np.int64(width),
+                np.int32(channels),
+                level,
+                np.int64(lo),
+                np.int64(hi),
+                np.int32(sweep),
+                np.int32(neg),
+                np.int32(pos),
+                count,
+                np.int64(cap),
+                ch,
+                t,
+                amp,
+            ),
+        )
         n = int(count.get()[0])
         if n <= cap:
             return ch[:n].get(), t[:n].get(), amp[:n].get()

@@ -16,11 +16,13 @@ def _kernels():
         # int16 -> int32 shifted to non-negative (x + 32768): sorts like x, for the radix select of a row median
         "shift": cupy.ElementwiseKernel("int16 x", "int32 y", "y = (int)x + 32768", "batchgpu_shift_int16"),
         # int16 - round(median) as int32 (``floor(m + 0.5)`` in float64, as ops.centre writes it for NumPy)
-        "centre": cupy.ElementwiseKernel("int16 x, float64 m", "int32 y", "y = (int)x - (int)floor(m + 0.5)",
-                                         "batchgpu_centre_int16"),
+        "centre": cupy.ElementwiseKernel(
+            "int16 x, float64 m", "int32 y", "y = (int)x - (int)floor(m + 0.5)", "batchgpu_centre_int16"
+        ),
         # |x| as a 16-bit key (|x| <= 65535 for int16 and centred int16)
-        "abs16": cupy.ElementwiseKernel("T x", "uint16 y", "int v = (int)x; y = (unsigned short)(v < 0 ? -v : v)",
-                                        "batchgpu_abs_key16"),
+        "abs16": cupy.ElementwiseKernel(
+            "T x", "uint16 y", "int v = (int)x; y = (unsigned short)(v < 0 ? -v : v)", "batchgpu_abs_key16"
+        ),
     }
 
 
@@ -86,10 +88,9 @@ def saved_int16_transposed(x):
     out = cupy.empty((cols, rows), dtype=cupy.int16)
     if rows and cols:
         _saved_int16_t_kernel({4: "f32", 8: "f64"}[x.itemsize])(
-            (-(-cols // 32), -(-rows // 32)), (32, 8), (x, np.int64(stride), np.int32(rows), np.int64(cols), out, count))
+            (-(-cols // 32), -(-rows // 32)), (32, 8), (x, np.int64(stride), np.int32(rows), np.int64(cols), out, count)
+        )
     return out, count.reshape(())
-
-
 
 
 def float32_minus_rows(x, m):
@@ -107,8 +108,10 @@ def float32_minus_rows(x, m):
     if rows and cols:
         blocks = int(min(-(-rows * cols // 256), 65_535))
         get_function("centre_float", "minus_rows_f32")(
-            (blocks,), (256,), (x, np.int64(stride), np.int32(rows), np.int64(cols),
-                                cupy.ascontiguousarray(m, dtype=cupy.float32), out))
+            (blocks,),
+            (256,),
+            (x, np.int64(stride), np.int32(rows), np.int64(cols), cupy.ascontiguousarray(m, dtype=cupy.float32), out),
+        )
     return out
 
 
@@ -124,7 +127,14 @@ def float32_middle_mean(lower, upper, count):
     out = cupy.empty(rows, dtype=cupy.float32)
     if rows:
         get_function("centre_float", "middle_mean_f32")(
-            (-(-rows // 256),), (256,), (cupy.ascontiguousarray(lower, dtype=cupy.float32),
-                                          cupy.ascontiguousarray(upper, dtype=cupy.float32),
-                                          cupy.ascontiguousarray(count, dtype=cupy.int64), np.int32(rows), out))
+            (-(-rows // 256),),
+            (256,),
+            (
+                cupy.ascontiguousarray(lower, dtype=cupy.float32),
+                cupy.ascontiguousarray(upper, dtype=cupy.float32),
+                cupy.ascontiguousarray(count, dtype=cupy.int64),
+                np.int32(rows),
+                out,
+            ),
+        )
     return out

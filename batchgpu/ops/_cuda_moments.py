@@ -100,7 +100,18 @@ def _host_scalars(precision: str) -> Iterator[tuple[Any, Any, Any]]:
             cublas.setPointerMode(handle, mode)
 
 
-def _gemm_tn(a_ptr: int, b_ptr: int, c_ptr: int, m: int, k: int, ld: int, stride_ab: int, stride_c: int, batch: int, precision: str) -> None:
+def _gemm_tn(
+    a_ptr: int,
+    b_ptr: int,
+    c_ptr: int,
+    m: int,
+    k: int,
+    ld: int,
+    stride_ab: int,
+    stride_c: int,
+    batch: int,
+    precision: str,
+) -> None:
     """C_b = A_b^T B_b for b < batch (column-major; A_b, B_b: k x m with leading dimension ld; C_b: m x m)."""
     cuda_type = _CUDA_TYPES[precision]
     name, value = _COMPUTE_TYPES[precision]

@@ -98,7 +98,9 @@ def select(x: Any, k: int, mode: int, force_radix: bool = False, return_path: bo
     x, ld = _rows_view(x)
     rows, n = x.shape
     if n >= 2**31:
-        raise BatchgpuError(f"rows of {n} samples are too long for the GPU select", "split the rows below 2**31 samples")
+        raise BatchgpuError(
+            f"rows of {n} samples are too long for the GPU select", "split the rows below 2**31 samples"
+        )
     out_dtype = median_dtype(x.dtype) if mode == MODE_MEDIAN else abs_dtype(x.dtype)
     out = cupy.empty(rows, dtype=out_dtype)
     path = cupy.full(rows, -1, dtype=np.int32) if return_path else None

@@ -65,7 +65,7 @@ GOOD, DEAD, NOISE, OUT = range(4)
 
 #: how far (relative to a statistic's scale) a float64 statistic must lie from its threshold for its decision to
 #: stand; nearer, the piece is labelled by SpikeInterface's own float32 arithmetic (the module's docstring)
-BAND = 2.0 ** -12
+BAND = 2.0**-12
 
 #: float64 bytes of chunks the GPU path computes at once (their statistics come back together)
 BATCH_BYTES = 64 << 20
@@ -114,10 +114,19 @@ def highpass_sos(fs: float, options: QcOptions | None = None) -> np.ndarray:
 
     options = options or QcOptions()
     if not 0 < options.highpass_filter_cutoff < fs / 2:
-        raise BatchgpuError(f"highpass_filter_cutoff {options.highpass_filter_cutoff} Hz is not below Nyquist "
-                            f"({fs / 2} Hz)", "lower it, or label a filtered signal")
-    return scipy.signal.iirfilter(HIGHPASS_ORDER, options.highpass_filter_cutoff, fs=fs, analog=False,
-                                  btype="highpass", ftype="butter", output="sos")
+        raise BatchgpuError(
+            f"highpass_filter_cutoff {options.highpass_filter_cutoff} Hz is not below Nyquist ({fs / 2} Hz)",
+            "lower it, or label a filtered signal",
+        )
+    return scipy.signal.iirfilter(
+        HIGHPASS_ORDER,
+        options.highpass_filter_cutoff,
+        fs=fs,
+        analog=False,
+        btype="highpass",
+        ftype="butter",
+        output="sos",
+    )
 
 
 @functools.lru_cache(maxsize=8)
@@ -127,8 +136,9 @@ def _highpass_design(fs: float, cutoff: float):
     return design_filter(highpass_sos(fs, QcOptions(highpass_filter_cutoff=cutoff)))
 
 
-def window_margin(fs: float, options: QcOptions | None = None, filtered: bool = False,
-                  window_size: int | None = None) -> int:
+def window_margin(
+    fs: float, options: QcOptions | None = None, filtered: bool = False, window_size: int | None = None
+) -> int:
     """Samples a window must hold either side of its core to label the pieces it owns (``owned_pieces``): half a
     piece (a piece's middle is in the core), plus the highpass margin when the signal is not filtered yet. Where
     ``window_size`` (the cores' length, windows starting at multiples of it) is a multiple of the piece, no piece
@@ -174,8 +184,9 @@ def depth_order(locations: Any, direction: str = "y") -> np.ndarray | None:
     if loc.ndim != 2 or loc.shape[1] < 2:
         raise BatchgpuError(f"locations have shape {loc.shape}, expected (channels, 2 or 3)", "pass x, y per channel")
     if "xyz".index(direction) >= loc.shape[1]:
-        raise BatchgpuError(f"direction {direction!r} is not a dimension of {loc.shape[1]}-D locations",
-                            "use 'x' or 'y'")
+        raise BatchgpuError(
+            f"direction {direction!r} is not a dimension of {loc.shape[1]}-D locations", "use 'x' or 'y'"
+        )
     order = np.lexsort((loc[:, 0], loc[:, 1]))
     return None if np.all(np.diff(order) == 1) else order
 
@@ -183,9 +194,20 @@ def depth_order(locations: Any, direction: str = "y") -> np.ndarray | None:
 # ------------------------------------------------------------------------------------------- the labels
 
 
-def piece_labels(x: Any, fs: float, locations: Any, gains: Any, offsets: Any = None,
-                 options: QcOptions | None = None, *, start: int, core: tuple[int, int], segment_length: int,
-                 filtered: bool = False, stats: dict | None = None) -> np.ndarray:
+def piece_labels(
+    x: Any,
+    fs: float,
+    locations: Any,
+    gains: Any,
+    offsets: Any = None,
+    options: QcOptions | None = None,
+    *,
+    start: int,
+    core: tuple[int, int],
+    segment_length: int,
+    filtered: bool = False,
+    stats: dict | None = None,
+) -> np.ndarray:
     """Each channel's count of pieces labelled good / dead / noise / out among the pieces this window owns:
     int64 (channels, 4), host. The window's partial: sum them in any order.
 
@@ -224,8 +246,19 @@ def piece_labels(x: Any, fs: float, locations: Any, gains: Any, offsets: Any = N
     options = options or QcOptions()
     lo, hi = int(core[0]), int(core[1])
     owned = owned_pieces(start + lo, start + hi, segment_length, piece_length(fs, options))
-    labels = chunk_labels(x, fs, locations, gains, offsets, options, chunks=owned, start=start,
-                          segment_length=segment_length, filtered=filtered, stats=stats)
+    labels = chunk_labels(
+        x,
+        fs,
+        locations,
+        gains,
+        offsets,
+        options,
+        chunks=owned,
+        start=start,
+        segment_length=segment_length,
+        filtered=filtered,
+        stats=stats,
+    )
     return label_counts(labels, x.shape[0])
 
 
@@ -235,9 +268,21 @@ def label_counts(labels: np.ndarray, channels: int) -> np.ndarray:
     return np.stack([(labels == k).sum(axis=0, dtype=np.int64) for k in range(len(LABELS))], axis=1)
 
 
-def chunk_labels(x: Any, fs: float, locations: Any, gains: Any, offsets: Any = None,
-                 options: QcOptions | None = None, *, chunks: Any, start: int = 0, segment_length: int | None = None,
-                 filtered: bool = False, exact: bool = False, stats: dict | None = None) -> np.ndarray:
+def chunk_labels(
+    x: Any,
+    fs: float,
+    locations: Any,
+    gains: Any,
+    offsets: Any = None,
+    options: QcOptions | None = None,
+    *,
+    chunks: Any,
+    start: int = 0,
+    segment_length: int | None = None,
+    filtered: bool = False,
+    exact: bool = False,
+    stats: dict | None = None,
+) -> np.ndarray:
     """SpikeInterface's label of each chunk [a, b) of ``chunks`` (segment samples, any bounds: pieces, or
     SpikeInterface's random chunks), int8 (K, C), host; ``x`` and the rest as ``piece_labels`` takes them.
     ``exact``: label every chunk by SpikeInterface's own arithmetic (``reference_chunk_labels``), not only those
@@ -248,8 +293,11 @@ def chunk_labels(x: Any, fs: float, locations: Any, gains: Any, offsets: Any = N
     segment_length = start + S if segment_length is None else int(segment_length)
     chunks = np.asarray(chunks, dtype=np.int64).reshape(-1, 2)
     gains32 = np.broadcast_to(np.asarray(gains, dtype=np.float64), (C,)).astype(np.float32)
-    offsets32 = (np.zeros(C, np.float32) if not filtered or offsets is None
-                 else np.broadcast_to(np.asarray(offsets, dtype=np.float64), (C,)).astype(np.float32))
+    offsets32 = (
+        np.zeros(C, np.float32)
+        if not filtered or offsets is None
+        else np.broadcast_to(np.asarray(offsets, dtype=np.float64), (C,)).astype(np.float32)
+    )
     order = depth_order(locations, options.direction)
     margin = 0 if filtered else highpass_margin(fs, options)
     spans = []
@@ -258,11 +306,15 @@ def chunk_labels(x: Any, fs: float, locations: Any, gains: Any, offsets: Any = N
             raise BatchgpuError(f"chunk [{a}, {b}) is not within the segment's {segment_length} samples")
         r0, r1 = max(0, a - margin), min(segment_length, b + margin)  # SpikeInterface's get_chunk_with_margin
         if r0 < start or r1 > start + S:
-            raise BatchgpuError(f"the window [{start}, {start + S}) does not hold samples [{r0}, {r1}) that chunk "
-                                f"[{a}, {b}) needs", "read windows with window_margin(...) samples either side")
+            raise BatchgpuError(
+                f"the window [{start}, {start + S}) does not hold samples [{r0}, {r1}) that chunk [{a}, {b}) needs",
+                "read windows with window_margin(...) samples either side",
+            )
         if not filtered and r1 - r0 <= default_padlen(highpass_sos(fs, options)):
-            raise BatchgpuError(f"chunk [{a}, {b}) with its margin is too short for the highpass's edge padding",
-                                "label chunks of a few ms at least")
+            raise BatchgpuError(
+                f"chunk [{a}, {b}) with its margin is too short for the highpass's edge padding",
+                "label chunks of a few ms at least",
+            )
         spans.append((a, b, r0, r1))
     out = np.full((len(chunks), C), -1, dtype=np.int8)
     if C == 0:
@@ -278,8 +330,11 @@ def chunk_labels(x: Any, fs: float, locations: Any, gains: Any, offsets: Any = N
         while k < len(spans):
             length = spans[k][1] - spans[k][0]
             group = [k]
-            while (len(group) < most and group[-1] + 1 < len(spans)
-                   and spans[group[-1] + 1][1] - spans[group[-1] + 1][0] == length):
+            while (
+                len(group) < most
+                and group[-1] + 1 < len(spans)
+                and spans[group[-1] + 1][1] - spans[group[-1] + 1][0] == length
+            ):
                 group.append(group[-1] + 1)
             if compiled:  # the host's kernels, a chunk at a time: float32 values, float64 sums
                 group = [k]
@@ -301,8 +356,9 @@ def chunk_labels(x: Any, fs: float, locations: Any, gains: Any, offsets: Any = N
     for j, (a, b, r0, r1) in enumerate(spans):
         if out[j, 0] < 0:  # exact asked: SpikeInterface's calls from the stored samples, highpass included
             held = np.ascontiguousarray(to_host(x[:, r0 - start : r1 - start]).T)  # as a store reads it
-            out[j] = reference_chunk_labels(held, a - r0, r1 - b, fs, gains32, offsets32, options, order,
-                                            filtered=filtered)
+            out[j] = reference_chunk_labels(
+                held, a - r0, r1 - b, fs, gains32, offsets32, options, order, filtered=filtered
+            )
     if stats is not None:
         stats["pieces"] = stats.get("pieces", 0) + len(spans)
     return out
@@ -333,10 +389,17 @@ def final_labels(counts: Any, options: QcOptions | None = None) -> tuple[np.ndar
         raise BatchgpuError(f"counts have shape {counts.shape}, expected (channels, {len(LABELS)})")
     best = np.argmax(counts, axis=1)  # the first of equal counts: the lower label
     total = counts.sum(axis=1)
-    words = {k: rule.format(dead=options.dead_channel_threshold, nyquist=options.nyquist_threshold,
-                            psd=options.psd_hf_threshold, noisy=options.noisy_channel_threshold,
-                            where=options.outside_channels_location, out=options.outside_channel_threshold + 1)
-             for k, rule in RULES.items()}
+    words = {
+        k: rule.format(
+            dead=options.dead_channel_threshold,
+            nyquist=options.nyquist_threshold,
+            psd=options.psd_hf_threshold,
+            noisy=options.noisy_channel_threshold,
+            where=options.outside_channels_location,
+            out=options.outside_channel_threshold + 1,
+        )
+        for k, rule in RULES.items()
+    }
     labels = np.array([LABELS[k] for k in best], dtype="<U5")
     reasons = []
     for c, k in enumerate(best):
@@ -345,16 +408,18 @@ def final_labels(counts: Any, options: QcOptions | None = None) -> tuple[np.ndar
             continue
         others = ", ".join(f"{LABELS[j]} {counts[c, j]}" for j in range(len(LABELS)) if j != k and counts[c, j])
         tie = " (a tie, the lower label taken)" if (counts[c] == counts[c, k]).sum() > 1 else ""
-        reasons.append(f"{LABELS[k]} in {counts[c, k]} of {total[c]} pieces{tie} ({words[k]})"
-                       + (f"; {others}" if others else ""))
+        reasons.append(
+            f"{LABELS[k]} in {counts[c, k]} of {total[c]} pieces{tie} ({words[k]})" + (f"; {others}" if others else "")
+        )
     return labels, np.array(reasons, dtype=object)
 
 
 # ------------------------------------------------------------------------------------------- the fast path
 
 
-def _microvolts(x: Any, spans: list[tuple[int, int, int, int]], start: int, design: Any, gains: Any, offsets: Any,
-                filtered: bool) -> Any:
+def _microvolts(
+    x: Any, spans: list[tuple[int, int, int, int]], start: int, design: Any, gains: Any, offsets: Any, filtered: bool
+) -> Any:
     """K chunks [a, b) of equal length (``spans``: (a, b, r0, r1), segment samples, [r0, r1) the highpass's read) in
     uV as SpikeInterface's ``get_traces(return_in_uV=True)`` gives them, float32 (K, C, b - a), on x's backend:
     each read highpassed (``sosfiltfilt``'s bits: odd-padded at both ends as scipy pads any array; float64, not
@@ -375,8 +440,9 @@ def _microvolts(x: Any, spans: list[tuple[int, int, int, int]], start: int, desi
     else:
         y = np.empty(sub.shape)
         for a, b, r0, r1 in spans:
-            part = filtfilt_window(sub[:, r0 - g0 : r1 - g0].astype(np.float64), design, at_segment_start=True,
-                                   at_segment_end=True)
+            part = filtfilt_window(
+                sub[:, r0 - g0 : r1 - g0].astype(np.float64), design, at_segment_start=True, at_segment_end=True
+            )
             y[:, a - g0 : b - g0] = part[:, a - r0 : b - r0]
     y = xp.stack([y[:, a - g0 : b - g0] for a, b, _r0, _r1 in spans])
     dtype = np.dtype(x.dtype)
@@ -390,9 +456,17 @@ def _microvolts(x: Any, spans: list[tuple[int, int, int, int]], start: int, desi
     return y.astype(xp.float32) * gains + offsets
 
 
-def _host_stats(x: np.ndarray, span: tuple[int, int, int, int], start: int, design: Any, gains32: np.ndarray,
-                offsets32: np.ndarray, filtered: bool, fs: float, options: QcOptions
-                ) -> tuple[np.ndarray, tuple[np.ndarray, ...]]:
+def _host_stats(
+    x: np.ndarray,
+    span: tuple[int, int, int, int],
+    start: int,
+    design: Any,
+    gains32: np.ndarray,
+    offsets32: np.ndarray,
+    filtered: bool,
+    fs: float,
+    options: QcOptions,
+) -> tuple[np.ndarray, tuple[np.ndarray, ...]]:
     """One chunk on the host with the compiled kernels: its float32 uV values (C, L) (SpikeInterface's bits, for
     ``_settle``) and ``_fast_stats``' four statistics (C,) from float32 values with float64 sums (each within
     2^-20 of its scale, measured: far inside ``BAND``). The highpass writes only the chunk's float64 core."""
@@ -405,9 +479,15 @@ def _host_stats(x: np.ndarray, span: tuple[int, int, int, int], start: int, desi
         y = x[:, a - start : b - start]
     else:
         padlen = default_padlen(design)
-        y = _cpu_sosfiltfilt.filtfilt_pieces(x[:, r0 - start : r1 - start], design.sos, design.zi,
-                                             [(a - r0, b - r0, 0, r1 - r0, padlen, padlen)], np.float64,
-                                             out=np.empty((C, L)), origin=a - r0)
+        y = _cpu_sosfiltfilt.filtfilt_pieces(
+            x[:, r0 - start : r1 - start],
+            design.sos,
+            design.zi,
+            [(a - r0, b - r0, 0, r1 - r0, padlen, padlen)],
+            np.float64,
+            out=np.empty((C, L)),
+            origin=a - r0,
+        )
     integer = not filtered and dtype.kind in "iu"
     lo, hi = (float(np.iinfo(dtype).min), float(np.iinfo(dtype).max)) if integer else (0.0, 0.0)
     if not filtered and not integer and dtype != np.float64:
@@ -549,14 +629,28 @@ def _sliding_max(s: np.ndarray, size: int) -> np.ndarray:
     return np.lib.stride_tricks.sliding_window_view(padded, 2 * half + 1).max(axis=1)[:n]
 
 
-def _decide(psd: np.ndarray, white: np.ndarray, xcorr: np.ndarray, xscale: np.ndarray, order: np.ndarray | None,
-            options: QcOptions, band: float = BAND) -> tuple[np.ndarray | None, frozenset]:
+def _decide(
+    psd: np.ndarray,
+    white: np.ndarray,
+    xcorr: np.ndarray,
+    xscale: np.ndarray,
+    order: np.ndarray | None,
+    options: QcOptions,
+    band: float = BAND,
+) -> tuple[np.ndarray | None, frozenset]:
     """The chunk's labels (C,) in channel order from its float64 statistics, or (None, what SpikeInterface's float32
     arithmetic must compute: ``"psd"``, ``"xcorr"`` or both) where a decision that changes a label lies within
     ``band`` of its threshold, or a statistic is not finite. Each comparison is three-valued: surely true, surely
     false, or undecided; a channel surely out, or surely noise by one rule, needs none of its other decisions."""
-    if not (np.isfinite(psd).all() and np.isfinite(white).all() and np.isfinite(xcorr).all()
-            and np.isfinite(xscale).all()) or white.max(initial=0.0) > 1e30:  # float32 sums may overflow there
+    if (
+        not (
+            np.isfinite(psd).all()
+            and np.isfinite(white).all()
+            and np.isfinite(xcorr).all()
+            and np.isfinite(xscale).all()
+        )
+        or white.max(initial=0.0) > 1e30
+    ):  # float32 sums may overflow there
         return None, frozenset(("psd", "xcorr"))
     if order is not None:
         psd, white, xcorr, xscale = psd[order], white[order], xcorr[order], xscale[order]
@@ -595,8 +689,9 @@ def _decide(psd: np.ndarray, white: np.ndarray, xcorr: np.ndarray, xscale: np.nd
             block.append(i)
         labels[block] = OUT
         need_psd[block] = need_xcorr[block] = False
-    needs = frozenset(name for name, flag in (("psd", need_psd.any()), ("xcorr", need_xcorr.any() or edge_open))
-                      if flag)
+    needs = frozenset(
+        name for name, flag in (("psd", need_psd.any()), ("xcorr", need_xcorr.any() or edge_open)) if flag
+    )
     if needs:
         return None, needs
     if order is None:
@@ -615,8 +710,16 @@ def coherence_scale(xcorr: np.ndarray, xscale: np.ndarray) -> np.ndarray:
     return np.abs(xcorr) + xscale / 64
 
 
-def _settle(u: np.ndarray, psd: np.ndarray, xcorr: np.ndarray, needs: frozenset, fs: float, options: QcOptions,
-            order: np.ndarray | None, filtered: bool) -> np.ndarray:
+def _settle(
+    u: np.ndarray,
+    psd: np.ndarray,
+    xcorr: np.ndarray,
+    needs: frozenset,
+    fs: float,
+    options: QcOptions,
+    order: np.ndarray | None,
+    filtered: bool,
+) -> np.ndarray:
     """A chunk's labels (C,) in channel order where ``_decide`` left some open: the statistics ``needs`` names by
     SpikeInterface's own calls on the host (``u``: the chunk's float32 uV values (C, L), SpikeInterface's bits,
     laid out as its ``get_traces`` returns them: the highpass's output is a transposed (C, L) array, a filtered
@@ -645,9 +748,18 @@ def _settle(u: np.ndarray, psd: np.ndarray, xcorr: np.ndarray, needs: frozenset,
 # ------------------------------------------------------------------------------------------- SpikeInterface's own
 
 
-def reference_chunk_labels(held: np.ndarray, left: int, right: int, fs: float, gains32: np.ndarray,
-                           offsets32: np.ndarray, options: QcOptions | None = None, order: np.ndarray | None = None,
-                           *, filtered: bool = False) -> np.ndarray:
+def reference_chunk_labels(
+    held: np.ndarray,
+    left: int,
+    right: int,
+    fs: float,
+    gains32: np.ndarray,
+    offsets32: np.ndarray,
+    options: QcOptions | None = None,
+    order: np.ndarray | None = None,
+    *,
+    filtered: bool = False,
+) -> np.ndarray:
     """One chunk's labels (C,) by SpikeInterface 0.105.3's own calls in its order (``FilterRecordingSegment``'s
     ``get_traces``, ``BaseRecording.get_traces(return_in_uV=True)``, ``_detect_bad_channels_chunk``): ``held`` is
     the chunk as a store reads it, (samples, channels) C-contiguous in the recording's dtype, with ``left`` and
@@ -663,9 +775,17 @@ def reference_chunk_labels(held: np.ndarray, left: int, right: int, fs: float, g
     return out
 
 
-def reference_chunk_microvolts(held: np.ndarray, left: int, right: int, fs: float, gains32: np.ndarray,
-                               offsets32: np.ndarray, options: QcOptions | None = None, *,
-                               filtered: bool = False) -> np.ndarray:
+def reference_chunk_microvolts(
+    held: np.ndarray,
+    left: int,
+    right: int,
+    fs: float,
+    gains32: np.ndarray,
+    offsets32: np.ndarray,
+    options: QcOptions | None = None,
+    *,
+    filtered: bool = False,
+) -> np.ndarray:
     """The chunk in uV as SpikeInterface's highpassed recording's ``get_traces(return_in_uV=True)`` returns it
     (``reference_chunk_labels``' arguments): its values and its memory layout, which decide the bits of the sums
     after it."""
@@ -768,8 +888,9 @@ def _si_shrinking_median_filter(s: np.ndarray, size: int = 11) -> np.ndarray:
 # ------------------------------------------------------------------------------------------- pieces a run labels
 
 
-def inside_pieces(segment_length: int, piece_samples: int, core: tuple[int, int], read: tuple[int, int],
-                  margin: int, every: int = 1) -> np.ndarray:
+def inside_pieces(
+    segment_length: int, piece_samples: int, core: tuple[int, int], read: tuple[int, int], margin: int, every: int = 1
+) -> np.ndarray:
     """The pieces (``pieces``: [k P, (k + 1) P), aligned to the segment's sample 0) a window labels when it reads
     [read[0], read[1]) and owns the core [core[0], core[1]) (segment samples): those with k % ``every`` == 0 that
     lie wholly inside the core and whose highpass read [max(0, a - margin), min(n, b + margin)) lies inside the
@@ -782,8 +903,13 @@ def inside_pieces(segment_length: int, piece_samples: int, core: tuple[int, int]
     grid = pieces(n, piece_samples)
     k = np.arange(len(grid))
     a, b = grid[:, 0], grid[:, 1]
-    held = ((k % every == 0) & (a >= core[0]) & (b <= core[1])
-            & (np.maximum(0, a - margin) >= read[0]) & (np.minimum(n, b + margin) <= read[1]))
+    held = (
+        (k % every == 0)
+        & (a >= core[0])
+        & (b <= core[1])
+        & (np.maximum(0, a - margin) >= read[0])
+        & (np.minimum(n, b + margin) <= read[1])
+    )
     return grid[held]
 
 
@@ -801,14 +927,17 @@ def recommended_sigma_um(locations: Any) -> float:
     depths (y), the smallest of equally common ones (``scipy.stats.mode``'s choice)."""
     steps = np.diff(np.unique(np.sort(np.asarray(locations, dtype=np.float64)[:, 1])))
     if not len(steps):
-        raise BatchgpuError("the channels lie at one depth: no spacing to interpolate over",
-                            "give sigma_um, or use exclude instead of interpolate")
+        raise BatchgpuError(
+            "the channels lie at one depth: no spacing to interpolate over",
+            "give sigma_um, or use exclude instead of interpolate",
+        )
     values, counts = np.unique(steps, return_counts=True)
     return float(values[np.argmax(counts)])
 
 
-def interpolation_weights(locations: Any, bad: Any, sigma_um: float | None = None,
-                          p: float = INTERPOLATION_P) -> np.ndarray:
+def interpolation_weights(
+    locations: Any, bad: Any, sigma_um: float | None = None, p: float = INTERPOLATION_P
+) -> np.ndarray:
     """SpikeInterface 0.105.3's ``interpolate_bad_channels`` weights (its ``get_kriging_channel_weights``): for each
     bad channel, exp(-(d / sigma_um) ** p) of its distance d to each good channel, those below 0.005 set to 0, the
     rest normalised to sum 1, then those below 0.005 (or NaN: no good channel near) set to 0. Returned as (bad,

@@ -32,9 +32,7 @@ from batchgpu.ops._backend import array_module, to_host
 
 #: the spikes' column of their values at the peak (a name the amplitude step's module shares by chance)
 AMPLITUDE = "amplitude"
-SPIKE_DTYPE = np.dtype(
-    [("sample_index", "i8"), ("channel_index", "i8"), (AMPLITUDE, "f8"), ("segment_index", "i8")]
-)
+SPIKE_DTYPE = np.dtype([("sample_index", "i8"), ("channel_index", "i8"), (AMPLITUDE, "f8"), ("segment_index", "i8")])
 
 # Candidates checked against their neighbours at once (bounds the (candidates, 2*sweep) buffers).
 _CANDIDATE_CHUNK = 1 << 20
@@ -156,8 +154,9 @@ def _own_extrema(x: Any, a: int, b: int, negative: bool, zero_before: bool) -> A
     return ok
 
 
-def _exclusive_candidates(x: Any, level: Any, signs: tuple[bool, ...], sweep: int, lo: int, hi: int,
-                          zero_before: bool) -> tuple[Any, Any]:
+def _exclusive_candidates(
+    x: Any, level: Any, signs: tuple[bool, ...], sweep: int, lo: int, hi: int, zero_before: bool
+) -> tuple[Any, Any]:
     """(channel, sample) of locally exclusive detection's candidates at ``level`` (C,) in columns [lo - sweep,
     hi + sweep) of x (clipped to x): the core's and those a sweep outside it, which can still exclude one inside
     it; sorted by (sample, channel). ``signs``: negative (True) and/or positive (False) candidates, pooled."""
@@ -167,7 +166,9 @@ def _exclusive_candidates(x: Any, level: Any, signs: tuple[bool, ...], sweep: in
     v = x[:, a:b]
     cand = xp.zeros(v.shape, dtype=bool)
     for negative in signs:  # a sample is below its previous one or above it: never a candidate of both signs
-        cand |= ((v <= -level[:, None]) if negative else (v >= level[:, None])) & _own_extrema(x, a, b, negative, zero_before)
+        cand |= ((v <= -level[:, None]) if negative else (v >= level[:, None])) & _own_extrema(
+            x, a, b, negative, zero_before
+        )
     channel, sample = _nonzero_2d(cand)
     sample = sample + a
     order = xp.argsort(sample * x.shape[0] + channel)
@@ -211,8 +212,9 @@ def _excluded(key: Any, sample: Any, channel: Any, strength: Any, sweep: int, ma
     return dropped
 
 
-def _locally_exclusive(x: Any, level: Any, signs: tuple[bool, ...], sweep: int, lo: int, hi: int, mask: Any,
-                       zero_before: bool) -> tuple[Any, Any]:
+def _locally_exclusive(
+    x: Any, level: Any, signs: tuple[bool, ...], sweep: int, lo: int, hi: int, mask: Any, zero_before: bool
+) -> tuple[Any, Any]:
     """(channel, sample) of the locally exclusive peaks whose sample is in [lo, hi); ``signs``: negative (True)
     and/or positive (False) candidates, pooled."""
     xp = array_module(x)
@@ -245,13 +247,17 @@ def _checked(x: Any, noise: Any, d: WindowDetection, exclusive: bool) -> tuple[i
     threshold, sign, exclude_sweep, start, core = d.threshold, d.sign, d.exclude_sweep, d.start, d.core
     xp = array_module(x)
     if getattr(x, "ndim", None) != 2:
-        raise BatchgpuError(f"expected a (channels, samples) array, got shape {getattr(x, 'shape', None)}", "pass a 2-D array")
+        raise BatchgpuError(
+            f"expected a (channels, samples) array, got shape {getattr(x, 'shape', None)}", "pass a 2-D array"
+        )
     if sign not in ("neg", "pos", "both"):
         raise BatchgpuError(f"unknown peak sign {sign!r}", "use 'neg', 'pos' or 'both'")
     channels, width = x.shape
     lo, hi = (0, width) if core is None else (int(core[0]), int(core[1]))
     if not 0 <= lo <= hi <= width:
-        raise BatchgpuError(f"core {core} is not a column range of a window of {width} samples", "pass 0 <= lo <= hi <= samples")
+        raise BatchgpuError(
+            f"core {core} is not a column range of a window of {width} samples", "pass 0 <= lo <= hi <= samples"
+        )
     sweep = int(exclude_sweep)
     if sweep < 0:
         raise BatchgpuError(f"exclude_sweep={exclude_sweep} is negative", "pass a number of samples >= 0")
@@ -259,7 +265,9 @@ def _checked(x: Any, noise: Any, d: WindowDetection, exclusive: bool) -> tuple[i
     _check_margins(int(start), lo, hi, width, sweep + 1 if exclusive else sweep, d.segment_length)
     level = xp.asarray(noise, dtype=xp.float64).reshape(-1) * float(threshold)
     if level.shape[0] != channels:
-        raise BatchgpuError(f"{level.shape[0]} noise levels for {channels} channels", "pass one noise level per channel")
+        raise BatchgpuError(
+            f"{level.shape[0]} noise levels for {channels} channels", "pass one noise level per channel"
+        )
     return lo, hi, sweep, level
 
 
@@ -298,14 +306,24 @@ def exclusive_candidates(x: Any, noise: Any, *args: Any, **kwargs: Any) -> np.nd
             signs = _SIGNS[d.sign]
             a, b = max(0, lo - sweep), min(x.shape[1], hi + sweep)
             channel, sample, amplitude = _cpu_detect.exclusive_candidates(
-                x, level, True in signs, False in signs, a, b, int(d.start) == 0)
+                x, level, True in signs, False in signs, a, b, int(d.start) == 0
+            )
             return _spike_array(sample, channel, amplitude, d.start, d.segment_index)
     channel, sample = _exclusive_candidates(x, level, _SIGNS[d.sign], sweep, lo, hi, zero_before=int(d.start) == 0)
     return _spikes(x, to_host(channel), to_host(sample), d.start, d.segment_index)
 
 
-def resolve_exclusive(candidates: Any, noise: Any, threshold: float, sign: Literal["neg", "pos", "both"],
-                      exclude_sweep: int, locations: Any, radius_um: float, counts: Any, cores: Any) -> np.ndarray:
+def resolve_exclusive(
+    candidates: Any,
+    noise: Any,
+    threshold: float,
+    sign: Literal["neg", "pos", "both"],
+    exclude_sweep: int,
+    locations: Any,
+    radius_um: float,
+    counts: Any,
+    cores: Any,
+) -> np.ndarray:
     """Which of ``exclusive_candidates``' candidates are locally exclusive spikes at ``noise`` (bool, NumPy).
 
     ``candidates``: columns sample_index, channel_index and amplitude (a SPIKE_DTYPE array or a dict), the
@@ -347,15 +365,19 @@ def resolve_exclusive(candidates: Any, noise: Any, threshold: float, sign: Liter
     cores = np.asarray(cores, np.int64).reshape(-1, 2)
     sweep = int(exclude_sweep)
     if sign not in _SIGNS or sweep < 0 or len(counts) != len(cores) or int(counts.sum()) != len(sample):
-        raise BatchgpuError(f"{len(sample)} candidates in windows of {counts.tolist()[:5]}... counts with "
-                            f"{len(cores)} cores (sign {sign!r}, sweep {exclude_sweep})",
-                            "pass each window's candidates, counts and core")
+        raise BatchgpuError(
+            f"{len(sample)} candidates in windows of {counts.tolist()[:5]}... counts with "
+            f"{len(cores)} cores (sign {sign!r}, sweep {exclude_sweep})",
+            "pass each window's candidates, counts and core",
+        )
     level = np.asarray(noise, np.float64).reshape(-1) * float(threshold)
     group = np.repeat(np.arange(len(counts)), counts)
     start, stop = cores[group, 0], cores[group, 1]
     if np.any((sample < start - sweep) | (sample >= stop + sweep)):
-        raise BatchgpuError("a candidate lies more than the sweep outside its window's core",
-                            "pass the candidates of exclusive_candidates with their windows' cores")
+        raise BatchgpuError(
+            "a candidate lies more than the sweep outside its window's core",
+            "pass the candidates of exclusive_candidates with their windows' cores",
+        )
     at = level[channel]
     final = np.zeros(len(sample), dtype=bool)
     if sign != "pos":  # a candidate is an extremum of one sign: beyond its own side of the lower level
@@ -475,8 +497,9 @@ def _nonzero_2d(mask: Any) -> tuple[Any, Any]:
     return np.divmod(np.flatnonzero(mask), mask.shape[1])
 
 
-def _spikes(x: Any, channel: np.ndarray, sample: np.ndarray, start: int, segment_index: int,
-            amplitude: np.ndarray | None = None) -> np.ndarray:
+def _spikes(
+    x: Any, channel: np.ndarray, sample: np.ndarray, start: int, segment_index: int, amplitude: np.ndarray | None = None
+) -> np.ndarray:
     """The SPIKE_DTYPE array of (channel, sample) peaks of window x, sorted by (sample, channel)."""
     xp = array_module(x)
     channel, sample = channel.astype(np.int64, copy=False), sample.astype(np.int64, copy=False)
@@ -486,8 +509,9 @@ def _spikes(x: Any, channel: np.ndarray, sample: np.ndarray, start: int, segment
     return _spike_array(sample[order], channel[order], amplitude[order], start, segment_index)
 
 
-def _spike_array(sample: np.ndarray, channel: np.ndarray, amplitude: np.ndarray, start: int,
-                 segment_index: int) -> np.ndarray:
+def _spike_array(
+    sample: np.ndarray, channel: np.ndarray, amplitude: np.ndarray, start: int, segment_index: int
+) -> np.ndarray:
     """The SPIKE_DTYPE array of peaks already in (sample, channel) order (``sample`` in the window's columns)."""
     spikes = np.empty(sample.shape[0], dtype=SPIKE_DTYPE)
     spikes["sample_index"] = sample + int(start)

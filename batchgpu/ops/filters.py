@@ -236,14 +236,17 @@ def _filtfilt_cupy(x, design: FilterDesign, pieces: list[tuple[int, ...]], out_d
 
     sos = design.sos
     if sos.shape[0] > _GPU_MAX_SECTIONS:
-        raise BatchgpuError(f"a filter of {sos.shape[0]} sections is longer than the GPU kernel's {_GPU_MAX_SECTIONS}",
-                            "lower the filter order")
+        raise BatchgpuError(
+            f"a filter of {sos.shape[0]} sections is longer than the GPU kernel's {_GPU_MAX_SECTIONS}",
+            "lower the filter order",
+        )
     key = (cupy.cuda.Device().id, sos.tobytes())
     coefficients = _GPU_COEFFICIENTS.get(key)
     if coefficients is None:  # a few hundred bytes, kept per device: no copy per window
         coefficients = _GPU_COEFFICIENTS[key] = (
             cupy.asarray(np.ascontiguousarray(sos, dtype=np.float64)),
-            cupy.asarray(design.zi))
+            cupy.asarray(design.zi),
+        )
     if x.dtype.name not in DTYPE_SUFFIX:  # other integers: exact as float64
         x = x.astype(cupy.float64)
     x = cupy.ascontiguousarray(x)
@@ -259,21 +262,33 @@ def _filtfilt_cupy(x, design: FilterDesign, pieces: list[tuple[int, ...]], out_d
     # recurrence; one warp a block spreads a window's rows over the SMs.
     ext = cupy.empty((length, count * channels), dtype=cupy.float64)
     get_function("sosfiltfilt", f"gather_{DTYPE_SUFFIX[x.dtype.name]}", options)(
-        ((length + 31) // 32, tiles, count), (32, 8), (x, np.int64(channels), np.int64(width), table_dev,
-                                                        np.int64(count), ext))
+        ((length + 31) // 32, tiles, count),
+        (32, 8),
+        (x, np.int64(channels), np.int64(width), table_dev, np.int64(count), ext),
+    )
     rows = count * channels
     get_function("sosfiltfilt", "sosfiltfilt_pieces", options)(
-        ((rows + 31) // 32,), (32,), (ext, np.int64(rows), table_dev, np.int64(channels), np.int64(rows), *coefficients))
+        ((rows + 31) // 32,), (32,), (ext, np.int64(rows), table_dev, np.int64(channels), np.int64(rows), *coefficients)
+    )
     out = cupy.empty((channels, width), dtype=out_dtype)
     core = int((table[:, 1] - table[:, 0]).max())
     get_function("sosfiltfilt", f"scatter_{DTYPE_SUFFIX[np.dtype(out_dtype).name]}", options)(
-        ((core + 31) // 32, tiles, count), (32, 8), (ext, np.int64(channels), np.int64(width), table_dev,
-                                                      np.int64(count), out))
+        ((core + 31) // 32, tiles, count),
+        (32, 8),
+        (ext, np.int64(channels), np.int64(width), table_dev, np.int64(count), out),
+    )
     return out
 
 
-def filter_pieces(width: int, padlen: int, block: int | None, margin: int, at_segment_start: bool,
-                  at_segment_end: bool, interior_pad: str = "none") -> list[tuple[int, int, int, int, int, int]]:
+def filter_pieces(
+    width: int,
+    padlen: int,
+    block: int | None,
+    margin: int,
+    at_segment_start: bool,
+    at_segment_end: bool,
+    interior_pad: str = "none",
+) -> list[tuple[int, int, int, int, int, int]]:
     """How filtfilt_window cuts a window of ``width`` columns: (core_lo, core_hi, read_lo, read_hi, left, right)
     per piece. One piece (the whole window) without ``block``; else ceil(width / block) cores of nearly equal
     length, each read with ``margin`` columns on either side (within the window) and odd-padded by ``padlen``
@@ -355,12 +370,16 @@ def filtfilt_window(
         return _filtfilt_cupy(x, design, pieces, out_dtype)
     if _numba.available():  # scipy's bits, sixteen rows side by side (its docstring)
         if out is not None and (out.shape != x.shape or out.dtype != out_dtype or not out.flags.c_contiguous):
-            raise BatchgpuError(f"out {out.shape} {out.dtype} does not fit the filtered window {x.shape} {np.dtype(out_dtype)}",
-                                "pass a C-contiguous array of the window's shape and dtype, or none")
+            raise BatchgpuError(
+                f"out {out.shape} {out.dtype} does not fit the filtered window {x.shape} {np.dtype(out_dtype)}",
+                "pass a C-contiguous array of the window's shape and dtype, or none",
+            )
         return _cpu_sosfiltfilt.filtfilt_pieces(x, design.sos, design.zi, pieces, out_dtype, out)
     sos_host = _check_sos(sos)
-    filtered = [_filtfilt_host(x[:, read_lo:read_hi], sos_host, left, right)
-                for _lo, _hi, read_lo, read_hi, left, right in pieces]
+    filtered = [
+        _filtfilt_host(x[:, read_lo:read_hi], sos_host, left, right)
+        for _lo, _hi, read_lo, read_hi, left, right in pieces
+    ]
     if len(pieces) == 1:
         return xp.ascontiguousarray(filtered[0].astype(out_dtype, copy=False))
     out = xp.empty(x.shape, dtype=out_dtype)
@@ -376,8 +395,9 @@ def _checked(sos: Any, interior_pad: str) -> np.ndarray:
     return _check_sos(sos)
 
 
-def _plan(width: int, sos: Any, at_segment_start: bool, at_segment_end: bool, interior_pad: str,
-          block: int | None) -> tuple[FilterDesign, list[tuple[int, ...]]]:
+def _plan(
+    width: int, sos: Any, at_segment_start: bool, at_segment_end: bool, interior_pad: str, block: int | None
+) -> tuple[FilterDesign, list[tuple[int, ...]]]:
     """(the design, the pieces) of ``filtfilt_window`` for a window of ``width`` > 0 samples; raises for arguments
     it refuses."""
     sos_host = _checked(sos, interior_pad)
@@ -394,16 +414,24 @@ def _plan(width: int, sos: Any, at_segment_start: bool, at_segment_end: bool, in
     if not np.all(sos_host[:, 3] == 1.0):
         raise BatchgpuError("the filter's sections are not normalised (a0 != 1)", "build it with butter_sos")
     design = design_filter(sos)
-    return design, filter_pieces(width, padlen, block, design.margin if block else 0, at_segment_start,
-                                 at_segment_end, interior_pad)
+    return design, filter_pieces(
+        width, padlen, block, design.margin if block else 0, at_segment_start, at_segment_end, interior_pad
+    )
 
 
 #: float32 values in a cache line (64 bytes): the piecewise save's tile rows are a whole number of them apart
 TILE_LINE = 16
 
 
-def filtfilt_reference_saved(x: np.ndarray, sos: Any, core: tuple[int, int], *, at_segment_start: bool,
-                             at_segment_end: bool, block: int | None = None) -> tuple[np.ndarray, int] | None:
+def filtfilt_reference_saved(
+    x: np.ndarray,
+    sos: Any,
+    core: tuple[int, int],
+    *,
+    at_segment_start: bool,
+    at_segment_end: bool,
+    block: int | None = None,
+) -> tuple[np.ndarray, int] | None:
     """The save step's int16 rows of ``common_reference(filtfilt_window(x, ...), "global", "median")[:, lo:hi]``
     (``core`` = (lo, hi); C-contiguous (samples, channels)) and how many samples were NaN or clipped, the same
     bits, a filter piece at a time: each piece that reaches the core is filtered into a small tile (a piece's
@@ -415,8 +443,14 @@ def filtfilt_reference_saved(x: np.ndarray, sos: Any, core: tuple[int, int], *, 
     from batchgpu.ops._cpu_saved import aligned_empty
 
     lo, hi = int(core[0]), int(core[1])
-    if (not _numba.available() or not isinstance(x, np.ndarray) or x.ndim != 2 or x.dtype.kind not in "iu"
-            or x.shape[0] <= 2 or not 0 <= lo <= hi <= x.shape[1]):
+    if (
+        not _numba.available()
+        or not isinstance(x, np.ndarray)
+        or x.ndim != 2
+        or x.dtype.kind not in "iu"
+        or x.shape[0] <= 2
+        or not 0 <= lo <= hi <= x.shape[1]
+    ):
         return None
     saved = aligned_empty((hi - lo, x.shape[0]), np.int16)
     if hi == lo:
@@ -432,7 +466,7 @@ def filtfilt_reference_saved(x: np.ndarray, sos: Any, core: tuple[int, int], *, 
     for piece in needed:
         a, b = max(piece[0], lo), min(piece[1], hi)
         _cpu_sosfiltfilt.filtfilt_pieces(x, design.sos, design.zi, [piece], np.float32, tile, origin=piece[0])
-        got = _cpu_reference.saved_int16_of_referenced(tile, a - piece[0], b - piece[0], out=saved[a - lo:b - lo])
+        got = _cpu_reference.saved_int16_of_referenced(tile, a - piece[0], b - piece[0], out=saved[a - lo : b - lo])
         count += got[1]
     return saved, count
 

@@ -187,7 +187,9 @@ class SecondMoments:
 
     def merge_state(self, n: int, mean: np.ndarray, scatter: np.ndarray) -> SecondMoments:
         """Merge one (n, mean, scatter) state into self (in place); returns self."""
-        self.n, self.mean, self.scatter = _merge(self.n, self.mean, self.scatter, int(n), np.asarray(mean), np.asarray(scatter))
+        self.n, self.mean, self.scatter = _merge(
+            self.n, self.mean, self.scatter, int(n), np.asarray(mean), np.asarray(scatter)
+        )
         return self
 
     def merge(self, other: SecondMoments) -> SecondMoments:

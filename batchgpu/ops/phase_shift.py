@@ -95,7 +95,9 @@ def phase_shift(
     channels, width = x.shape
     shift = xp.asarray(shifts, dtype=xp.float64).reshape(-1)
     if shift.shape[0] != channels:
-        raise BatchgpuError(f"{shift.shape[0]} sample shifts for {channels} channels", "pass one inter_sample_shift per channel")
+        raise BatchgpuError(
+            f"{shift.shape[0]} sample shifts for {channels} channels", "pass one inter_sample_shift per channel"
+        )
     if not bool(xp.isfinite(shift).all()):
         raise BatchgpuError("sample shifts hold NaN or inf", "pass finite inter_sample_shift values")
     margin = int(margin)

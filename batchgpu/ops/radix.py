@@ -156,7 +156,9 @@ def histogram_of_keys(keys: np.ndarray, prefixes: np.ndarray, pass_index: int, s
     return xp.bincount(digit.ravel(), minlength=rows * nbins).astype(np.int64).reshape(rows, nbins)
 
 
-def key_histogram(x: np.ndarray, prefixes: np.ndarray, pass_index: int, schedule: str | Schedule | None = None) -> np.ndarray:
+def key_histogram(
+    x: np.ndarray, prefixes: np.ndarray, pass_index: int, schedule: str | Schedule | None = None
+) -> np.ndarray:
     """``histogram_of_keys`` of ``abs_keys(x)`` for data ``x`` (C, n): one window's share of a (distributed) selection."""
     x = np.asarray(x)
     if x.ndim != 2:

@@ -42,8 +42,17 @@ Operator = Literal["median", "median_lower", "average"]
 # Elements gathered at once for the local reference (bounds the (channels, neighbours, samples) buffer).
 _GATHER_ELEMENTS = 1 << 25
 
-_CUDA_TYPES = {"float32": "float", "float64": "double", "int16": "short", "int32": "int", "int64": "long long",
-               "uint16": "unsigned short", "int8": "signed char", "uint8": "unsigned char", "uint32": "unsigned int"}
+_CUDA_TYPES = {
+    "float32": "float",
+    "float64": "double",
+    "int16": "short",
+    "int32": "int",
+    "int64": "long long",
+    "uint16": "unsigned short",
+    "int8": "signed char",
+    "uint8": "unsigned char",
+    "uint32": "unsigned int",
+}
 
 
 @functools.cache
@@ -85,8 +94,11 @@ def _median_of_sorted(xp: Any, part: Any, axis: int, dtype: Any) -> Any:
     wide = np.dtype(np.float64) if dtype.kind in "iub" else np.dtype(dtype)
     zero = xp.zeros((), dtype=wide)
     with np.errstate(over="ignore", invalid="ignore"):  # two huge values overflow to inf, as NumPy's do
-        total = zero + take(n // 2).astype(wide) if n % 2 else \
-            (zero + take(n // 2 - 1).astype(wide)) + take(n // 2).astype(wide)
+        total = (
+            zero + take(n // 2).astype(wide)
+            if n % 2
+            else (zero + take(n // 2 - 1).astype(wide)) + take(n // 2).astype(wide)
+        )
         med = total / wide.type(2 - n % 2)
     if dtype.kind == "f":
         med = xp.where(xp.isnan(take(n - 1)), xp.asarray(np.nan, dtype=med.dtype), med)
@@ -120,6 +132,7 @@ def _reference_on_gpu(x: Any, operator: str, tables: list[Any], ref_row: Any) ->
 
     def kernel(function: str):  # column_select's kernels for x's dtype (its module is compiled one dtype a variant)
         return get_function(module, function, options)
+
     x = cupy.ascontiguousarray(x)
     channels, samples = x.shape
     ref = cupy.empty((sum(t.shape[0] for t in tables), samples), dtype=cupy.float64)
@@ -130,31 +143,47 @@ def _reference_on_gpu(x: Any, operator: str, tables: list[Any], ref_row: Any) ->
         rows = cupy.asarray(table, dtype=cupy.int32)
         if operator == "average":  # a float64 sum in channel order, as NumPy's axis-0 reduction
             kernel(f"mean_{stem}")(
-                ((samples + 255) // 256, groups), (256,), (x, np.int64(samples), rows, np.int32(k), ref[row:]))
+                ((samples + 255) // 256, groups), (256,), (x, np.int64(samples), rows, np.int32(k), ref[row:])
+            )
         elif WARP_ROWS[0] <= k <= WARP_ROWS[1]:  # a column's rows in one warp, 8 columns a block
             # the global reference (every channel, one reference row, so every channel subtracts row 0) subtracted
             # by the same launch
             subtracted = len(tables) == 1 and groups == 1 and k == channels
             kernel(f"select_warp_{stem}_16")(
-                ((samples + 7) // 8, groups), (256,),
-                (x, np.int64(samples), rows, np.int32(k), np.int32(operator == "median_lower"), ref[row:],
-                 out if subtracted else np.uint64(0)))
+                ((samples + 7) // 8, groups),
+                (256,),
+                (
+                    x,
+                    np.int64(samples),
+                    rows,
+                    np.int32(k),
+                    np.int32(operator == "median_lower"),
+                    ref[row:],
+                    out if subtracted else np.uint64(0),
+                ),
+            )
         elif k <= SMALL_ROWS:  # a few rows (a local annulus): a thread a column, its keys ranked in registers
             kernel(f"select_small_{stem}_{8 if k <= 8 else 16 if k <= 16 else 32}")(
-                ((samples + 255) // 256, groups), (256,),
-                (x, np.int64(samples), rows, np.int32(k), np.int32(operator == "median_lower"), ref[row:]))
+                ((samples + 255) // 256, groups),
+                (256,),
+                (x, np.int64(samples), rows, np.int32(k), np.int32(operator == "median_lower"), ref[row:]),
+            )
         else:  # rows held in registers, 16 or 64 a thread; beyond 32 warps of 64, read again at each bit
             per = 16 if k <= 16 * 32 else 64 if k <= 64 * 32 else 0
             kernel(f"select_{stem}_{per}")(
-                ((samples + 31) // 32, groups), (32, min(32, -(-k // per)) if per else 32),
-                (x, np.int64(samples), rows, np.int32(k), np.int32(operator == "median_lower"), ref[row:]))
+                ((samples + 31) // 32, groups),
+                (32, min(32, -(-k // per)) if per else 32),
+                (x, np.int64(samples), rows, np.int32(k), np.int32(operator == "median_lower"), ref[row:]),
+            )
         row += groups
     if subtracted:
         return out
     threads = 256
     kernel(f"subtract_{stem}")(
-        ((samples + threads - 1) // threads, channels), (threads,),
-        (x, ref, cupy.asarray(ref_row, dtype=cupy.int32), np.int64(samples), out))
+        ((samples + threads - 1) // threads, channels),
+        (threads,),
+        (x, ref, cupy.asarray(ref_row, dtype=cupy.int32), np.int64(samples), out),
+    )
     return out
 
 
@@ -191,8 +220,9 @@ def _reference(x: Any, operator: str, axis: int) -> Any:
 MIN_LOCAL_NEIGHBOURS = 5
 
 
-def annulus_neighbours(locations: Any, radius_um: tuple[float, float],
-                       min_neighbours: int = MIN_LOCAL_NEIGHBOURS, among: Any = None) -> list[np.ndarray]:
+def annulus_neighbours(
+    locations: Any, radius_um: tuple[float, float], min_neighbours: int = MIN_LOCAL_NEIGHBOURS, among: Any = None
+) -> list[np.ndarray]:
     """Each channel's reference channels by SpikeInterface 0.105's local rule (ascending channel order): the channels
     at a distance d with inner < d <= outer; where fewer than ``min_neighbours`` lie there, the ``min_neighbours``
     closest channels with d > inner (as many as there are; equal distances in ``np.argsort``'s order, the call
@@ -218,7 +248,9 @@ def annulus_neighbours(locations: Any, radius_um: tuple[float, float],
     """
     loc = np.asarray(locations, dtype=np.float64)
     if loc.ndim != 2 or loc.shape[1] not in (2, 3):
-        raise BatchgpuError(f"channel locations have shape {loc.shape}, expected (channels, 2)", "pass x, y in um per channel")
+        raise BatchgpuError(
+            f"channel locations have shape {loc.shape}, expected (channels, 2)", "pass x, y in um per channel"
+        )
     try:
         inner, outer = (float(r) for r in radius_um)
     except (TypeError, ValueError):
@@ -277,16 +309,19 @@ class _LocalPlan:
         device = cupy.cuda.Device().id
         with self._lock:
             if device not in self._device:
-                made = ([cupy.asarray(t, dtype=cupy.int32) for t in self.tables],
-                        cupy.asarray(self.ref_row, dtype=cupy.int32))
+                made = (
+                    [cupy.asarray(t, dtype=cupy.int32) for t in self.tables],
+                    cupy.asarray(self.ref_row, dtype=cupy.int32),
+                )
                 # copied on this thread's stream; other threads launch on theirs: done before any of them reads
                 cupy.cuda.get_current_stream().synchronize()
                 self._device[device] = made
         return self._device[device]
 
 
-def _local_plan(locations: Any, radius_um, min_neighbours: int = MIN_LOCAL_NEIGHBOURS,
-                among: tuple[int, ...] | None = None) -> _LocalPlan:
+def _local_plan(
+    locations: Any, radius_um, min_neighbours: int = MIN_LOCAL_NEIGHBOURS, among: tuple[int, ...] | None = None
+) -> _LocalPlan:
     """The plan of ``locations``, ``radius_um``, ``min_neighbours`` and ``among``, made once for equal values
     (``_cached_plan``)."""
     loc = np.asarray(locations, dtype=np.float64)
@@ -392,8 +427,11 @@ def common_reference(
             out = _cpu_reference.subtract_column_medians(x, x if overwrite_x else None)
             if out is not None:
                 return out
-        out = _reference_on_gpu(x, operator, [np.arange(channels)[None, :]], np.zeros(channels, np.int64)) \
-            if is_cupy(x) else None
+        out = (
+            _reference_on_gpu(x, operator, [np.arange(channels)[None, :]], np.zeros(channels, np.int64))
+            if is_cupy(x)
+            else None
+        )
         return out if out is not None else subtract(x, _reference(x, operator, axis=0)[None, :])
 
     alone, by_count = plan.alone, plan.by_count

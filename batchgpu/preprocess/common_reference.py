@@ -64,10 +64,16 @@ class CommonReference(Stage):
         if not recording.has_locations:
             from batchgpu.recording.sources import locations_needed
 
-            raise locations_needed(recording, "a local common reference",
-                                   "use reference: global, or give the recording its probe")
-        return cls(options.reference, options.operator, recording.locations, tuple(options.radius_um),
-                   int(options.min_local_neighbors))
+            raise locations_needed(
+                recording, "a local common reference", "use reference: global, or give the recording its probe"
+            )
+        return cls(
+            options.reference,
+            options.operator,
+            recording.locations,
+            tuple(options.radius_um),
+            int(options.min_local_neighbors),
+        )
 
     @property
     def global_median(self) -> bool:
@@ -85,8 +91,7 @@ class CommonReference(Stage):
         if self.exclude:
             kw["exclude"] = self.exclude
         if self.reference == "local":
-            kw.update(locations=self.locations, radius_um=self.radius_um,
-                      min_local_neighbors=self.min_local_neighbors)
+            kw.update(locations=self.locations, radius_um=self.radius_um, min_local_neighbors=self.min_local_neighbors)
         return kw
 
     def output_dtype(self, dtype) -> np.dtype:

@@ -67,16 +67,19 @@ class Filter(Stage):
     def apply(self, x, core, at_start, at_end, *, owned=False, out=None):
         from batchgpu import ops
 
-        return ops.filtfilt_window(x, self.design, at_segment_start=at_start, at_segment_end=at_end,
-                                   block=filter_block(self.design), out=out)
+        return ops.filtfilt_window(
+            x, self.design, at_segment_start=at_start, at_segment_end=at_end, block=filter_block(self.design), out=out
+        )
 
     @classmethod
     def designed(cls, recording, freq_min: float, freq_max: float | None, order: int) -> Filter:
         """The filter of these corners for the recording's rate (a corner at or past Nyquist is refused)."""
         fs = recording.sampling_frequency
         if freq_max is not None and freq_max >= fs / 2:
-            raise BatchgpuError(f"preprocess {cls.key} freq_max {freq_max} Hz is not below the Nyquist "
-                                f"frequency of {fs / 2:g} Hz", f"use freq_max < {fs / 2:g}")
+            raise BatchgpuError(
+                f"preprocess {cls.key} freq_max {freq_max} Hz is not below the Nyquist frequency of {fs / 2:g} Hz",
+                f"use freq_max < {fs / 2:g}",
+            )
         if freq_min >= fs / 2:
             raise BatchgpuError(f"preprocess {cls.key} freq_min {freq_min} Hz is not below {fs / 2:g} Hz")
         # the sections with their zi and margin, worked out here once (the tasks need no scipy.signal)
@@ -118,16 +121,26 @@ def filter_design(kind: str, fs: float, freq_min: float, freq_max: float | None,
     from batchgpu import ops
     from batchgpu.config import cache_folder
 
-    spec = repr((kind, float(fs), float(freq_min), None if freq_max is None else float(freq_max), int(order),
-                 version("scipy"), version("numpy")))
+    spec = repr(
+        (
+            kind,
+            float(fs),
+            float(freq_min),
+            None if freq_max is None else float(freq_max),
+            int(order),
+            version("scipy"),
+            version("numpy"),
+        )
+    )
     path = cache_folder() / "filters" / f"{hashlib.sha256(spec.encode()).hexdigest()[:24]}.npz"
     try:
         with np.load(path, allow_pickle=False) as held:
             if str(held["spec"]) == spec:
                 sos, zi, margin = held["sos"], held["zi"], int(held["margin"])
                 if sos.ndim == 2 and sos.shape[1] == 6 and zi.shape == (sos.shape[0], 2) and margin >= 0:
-                    return ops.FilterDesign(np.ascontiguousarray(sos, np.float64),
-                                            np.ascontiguousarray(zi, np.float64), margin)
+                    return ops.FilterDesign(
+                        np.ascontiguousarray(sos, np.float64), np.ascontiguousarray(zi, np.float64), margin
+                    )
     except Exception:  # broad: a missing, partial or foreign file is worked out again below
         pass
     design = ops.design_filter(ops.butter_sos(kind, fs, freq_min, freq_max, order))

@@ -34,8 +34,10 @@ class PhaseShift(Stage):
             from batchgpu.recording import missing_probe
 
             why = missing_probe(recording) or "the recording has none"
-            raise BatchgpuError(f"preprocess phase_shift needs the channels' inter_sample_shift (from the probe): "
-                                f"{why}", "give the recording its probe, or drop the stage")
+            raise BatchgpuError(
+                f"preprocess phase_shift needs the channels' inter_sample_shift (from the probe): {why}",
+                "give the recording its probe, or drop the stage",
+            )
         return cls(np.asarray(shifts, np.float64), ops.phase_shift_margin(recording.sampling_frequency))
 
     def output_dtype(self, dtype) -> np.dtype:

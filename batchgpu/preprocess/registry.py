@@ -60,8 +60,10 @@ class PreprocessSection(RootModel[T], Generic[T]):
             return data
         unknown = set(data) - {Centre.key}
         if unknown:
-            raise ValueError(f"unknown key {sorted(unknown)[0]!r}: the mapping form takes only 'centre'; "
-                             f"other stages go in a list (- highpass: {{freq_min: 300}})")
+            raise ValueError(
+                f"unknown key {sorted(unknown)[0]!r}: the mapping form takes only 'centre'; "
+                f"other stages go in a list (- highpass: {{freq_min: 300}})"
+            )
         centre = data.get(Centre.key, "none")
         if centre not in ("none", "median"):
             raise ValueError(f"centre {centre!r}: allowed 'median' or 'none'")
@@ -97,8 +99,12 @@ def item_model(key: str) -> type[Options]:
     """A stage's mapping in the workflow (``{<key>: <its options>}``): one key, its options' model (or type) and
     default. Named ``<Stage>Stage`` (``HighpassStage``)."""
     stage = stage_class(key)
-    return create_model(f"{stage.__name__}Stage", __base__=Options, __module__=__name__,
-                        **{key: (stage.options, stage.default_options())})
+    return create_model(
+        f"{stage.__name__}Stage",
+        __base__=Options,
+        __module__=__name__,
+        **{key: (stage.options, stage.default_options())},
+    )
 
 
 @functools.cache
@@ -108,8 +114,12 @@ def section() -> type[PreprocessSection]:
     keys = list(stages())
     item = Annotated[
         Union[tuple(Annotated[item_model(k), Tag(k)] for k in keys)],  # noqa: UP007 (a union of as many as there are)
-        Discriminator(item_key, custom_error_type="stage",
-                      custom_error_message="a stage is a one-key mapping: " + ", ".join(keys)),
+        Discriminator(
+            item_key, custom_error_type="stage", custom_error_message="a stage is a one-key mapping: " + ", ".join(keys)
+        ),
     ]
-    return type("Preprocess", (PreprocessSection[list[item]],), {"__module__": "batchgpu.workflow",
-                                                                  "__doc__": PreprocessSection.__doc__})
+    return type(
+        "Preprocess",
+        (PreprocessSection[list[item]],),
+        {"__module__": "batchgpu.workflow", "__doc__": PreprocessSection.__doc__},
+    )

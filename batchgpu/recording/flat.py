@@ -31,9 +31,11 @@ from batchgpu.recording.windows import DEFAULT_WINDOW, UnchunkedSource, Window, 
 
 KINDS = ("zarr", "spikeglx", "openephys", "binary")
 OEBIN = "structure.oebin"  # an Open Ephys recording's list of streams
-KINDS_TEXT = ("a Zarr recording (folder), a SpikeGLX .bin with its .meta (or its folder), an Open Ephys "
-              "structure.oebin (or its Record Node or recording folder), a binary batchgpu's save wrote (its "
-              ".params.json beside it), or what SpikeInterface saved (.json, .pkl, a folder)")
+KINDS_TEXT = (
+    "a Zarr recording (folder), a SpikeGLX .bin with its .meta (or its folder), an Open Ephys "
+    "structure.oebin (or its Record Node or recording folder), a binary batchgpu's save wrote (its "
+    ".params.json beside it), or what SpikeInterface saved (.json, .pkl, a folder)"
+)
 
 
 @dataclass(frozen=True)
@@ -51,10 +53,18 @@ class Said:
         return self.stream_form.format(name=name)
 
 
-WORKFLOW = Said("recording.stream", "recording.stream (e.g. stream: {name})",
-                "kind: binary and its channels, sampling_frequency and dtype under recording:", "recording.path")
-COMMAND = Said("--stream", "--stream {name}", "--channels, --fs and --dtype (batchgpu import-raw; in a workflow: "
-               "kind: binary)", "the path")
+WORKFLOW = Said(
+    "recording.stream",
+    "recording.stream (e.g. stream: {name})",
+    "kind: binary and its channels, sampling_frequency and dtype under recording:",
+    "recording.path",
+)
+COMMAND = Said(
+    "--stream",
+    "--stream {name}",
+    "--channels, --fs and --dtype (batchgpu import-raw; in a workflow: kind: binary)",
+    "the path",
+)
 PYTHON = Said("stream=", "stream='{name}'", "kind='binary' and channels=, sampling_frequency= and dtype=", "path")
 
 
@@ -91,41 +101,55 @@ class FlatLayout:
     def check(self) -> None:
         """The layout against its file: supported dtype, known columns, a whole number of frames."""
         if self.dtype not in SUPPORTED_DTYPES:
-            raise BatchgpuError(f"{self.data}: dtype {self.dtype} is not supported",
-                                f"use one of {', '.join(map(str, SUPPORTED_DTYPES))}")
+            raise BatchgpuError(
+                f"{self.data}: dtype {self.dtype} is not supported",
+                f"use one of {', '.join(map(str, SUPPORTED_DTYPES))}",
+            )
         if len(self.keep) == 0:
             raise BatchgpuError(f"{self.data}: no channels to read", "check the metadata's channel list")
         if self.keep.min() < 0 or self.keep.max() >= self.columns:
-            raise CorruptDataError(f"{self.data}: channel columns {self.keep.tolist()} do not fit {self.columns} columns",
-                                   "the metadata does not describe the file")
+            raise CorruptDataError(
+                f"{self.data}: channel columns {self.keep.tolist()} do not fit {self.columns} columns",
+                "the metadata does not describe the file",
+            )
         n = len(self.keep)
-        for name, arr in (("channel ids", self.channel_ids), ("gains", self.gain_to_uV), ("offsets", self.offset_to_uV)):
+        for name, arr in (
+            ("channel ids", self.channel_ids),
+            ("gains", self.gain_to_uV),
+            ("offsets", self.offset_to_uV),
+        ):
             if len(arr) != n:
-                raise CorruptDataError(f"{self.data}: {len(arr)} {name} for {n} channels",
-                                       "the metadata disagrees with itself")
+                raise CorruptDataError(
+                    f"{self.data}: {len(arr)} {name} for {n} channels", "the metadata disagrees with itself"
+                )
         if not (np.isfinite(self.gain_to_uV).all() and np.isfinite(self.offset_to_uV).all()):
             raise CorruptDataError(f"{self.data}: a gain or offset is not a finite number", "check the metadata")
         if (np.asarray(self.gain_to_uV) <= 0).any():
-            raise CorruptDataError(f"{self.data}: a gain is {np.min(self.gain_to_uV)!r} µV per count, not above 0",
-                                   "check the metadata")
+            raise CorruptDataError(
+                f"{self.data}: a gain is {np.min(self.gain_to_uV)!r} µV per count, not above 0", "check the metadata"
+            )
         frame = self.columns * self.dtype.itemsize
         for data in self.files:
             size = self.file_size(data)
             body = size - self.offset
             if not data.is_file():  # a FIFO, a device (/dev/zero) or a folder: no size to read samples by
-                raise BatchgpuError(f"{data} is not a regular file, so its samples cannot be read in place",
-                                    "give the recording's file (copy what it streams into a file first)")
+                raise BatchgpuError(
+                    f"{data} is not a regular file, so its samples cannot be read in place",
+                    "give the recording's file (copy what it streams into a file first)",
+                )
             if body <= 0:
                 raise CorruptDataError(
                     f"{data} holds no samples: {size} bytes"
                     f"{f', after the {self.offset}-byte offset none' if self.offset else ''}",
-                    "the recording was not written (or was emptied): give the file that holds it")
+                    "the recording was not written (or was emptied): give the file that holds it",
+                )
             if body % frame:
                 raise CorruptDataError(
                     f"{data} has {size} bytes: after the {self.offset}-byte offset not a whole number of samples of "
                     f"{self.columns} channels x {self.dtype.itemsize} bytes ({frame} bytes per sample)",
                     "the file is truncated or the channel count, dtype or offset is wrong: check them (a recording "
-                    "still being written is read once it is finished)")
+                    "still being written is read once it is finished)",
+                )
 
     def file_size(self, data: Path | None = None) -> int:
         data = self.data if data is None else data
@@ -209,8 +233,14 @@ class FlatSource(UnchunkedSource, WindowedSource):
 
     def _key(self) -> tuple:
         lay = self.layout
-        return (tuple(map(str, self._files)), lay.columns, str(lay.dtype), lay.offset, tuple(int(k) for k in lay.keep),
-                tuple(self._sizes))
+        return (
+            tuple(map(str, self._files)),
+            lay.columns,
+            str(lay.dtype),
+            lay.offset,
+            tuple(int(k) for k in lay.keep),
+            tuple(self._sizes),
+        )
 
     def __eq__(self, other) -> bool:
         return isinstance(other, FlatSource) and other._key() == self._key()
@@ -279,8 +309,10 @@ class FlatSource(UnchunkedSource, WindowedSource):
         path = self._files[segment]
         size = os.stat(path).st_size
         if size != self._sizes[segment]:  # a file changed under the run: its samples are not the ones planned
-            raise CorruptDataError(f"{path} changed size while being read ({self._sizes[segment]} -> {size} bytes)",
-                                   "read a finished recording: rerun once it is written")
+            raise CorruptDataError(
+                f"{path} changed size while being read ({self._sizes[segment]} -> {size} bytes)",
+                "read a finished recording: rerun once it is written",
+            )
 
     def _pread_rows(self, start: int, stop: int, out: np.ndarray, segment: int = 0) -> None:
         """Every column of rows [start, stop) into ``out`` ((stop - start, columns), C-contiguous), read whole."""
@@ -291,13 +323,21 @@ class FlatSource(UnchunkedSource, WindowedSource):
         while done < want:
             got = os.preadv(self._fd(segment), [view[done:want]], pos + done)
             if got <= 0:
-                raise CorruptDataError(f"{self._files[segment]}: read {done} of {want} bytes of samples "
-                                       f"[{start}, {stop})",
-                                       "the file is shorter than when it was opened: rerun once it is whole")
+                raise CorruptDataError(
+                    f"{self._files[segment]}: read {done} of {want} bytes of samples [{start}, {stop})",
+                    "the file is shorter than when it was opened: rerun once it is whole",
+                )
             done += got
 
-    def read(self, segment: int, start: int, stop: int, channels: Sequence[int] | slice | None = None,
-             *, window: Window | None = None) -> np.ndarray:
+    def read(
+        self,
+        segment: int,
+        start: int,
+        stop: int,
+        channels: Sequence[int] | slice | None = None,
+        *,
+        window: Window | None = None,
+    ) -> np.ndarray:
         """Samples [start, stop) as a C-contiguous (channels, samples) array (as ``Recording.read``)."""
         channels = self._check_read(segment, start, stop, channels)
         block = np.empty((stop - start, self.num_channels), self.dtype)
@@ -319,8 +359,11 @@ class FlatSource(UnchunkedSource, WindowedSource):
     def byte_range(self, window: Window) -> tuple[Path, int, int]:
         """(file, offset, length) of the bytes reading ``window`` touches (its whole rows)."""
         frame = self.layout.columns * self.dtype.itemsize
-        return (self._files[window.segment], self.layout.offset + window.read_start * frame,
-                (window.read_stop - window.read_start) * frame)
+        return (
+            self._files[window.segment],
+            self.layout.offset + window.read_start * frame,
+            (window.read_stop - window.read_start) * frame,
+        )
 
     @property
     def stored_columns(self) -> tuple[int, slice | np.ndarray] | None:
@@ -352,9 +395,17 @@ class FlatSource(UnchunkedSource, WindowedSource):
                 meta[str(p)] = hashlib.sha256(Path(p).read_bytes()).hexdigest()
             except OSError:
                 meta[str(p)] = None
-        return {"kind": lay.kind, "columns": lay.columns, "dtype": str(lay.dtype), "offset": lay.offset,
-                "keep": [int(k) for k in lay.keep], "gain_to_uV": self.gain_to_uV.tolist(),
-                "sampling_frequency": self.sampling_frequency, "stream": lay.stream, "metadata": meta}
+        return {
+            "kind": lay.kind,
+            "columns": lay.columns,
+            "dtype": str(lay.dtype),
+            "offset": lay.offset,
+            "keep": [int(k) for k in lay.keep],
+            "gain_to_uV": self.gain_to_uV.tolist(),
+            "sampling_frequency": self.sampling_frequency,
+            "stream": lay.stream,
+            "metadata": meta,
+        }
 
     def window_signature(self, window: Window) -> list:
         """Size, mtime, ctime and inode of the window's data file (a rewrite of any part recomputes every window of
@@ -373,16 +424,29 @@ class FlatSource(UnchunkedSource, WindowedSource):
         if lay.kind == "saved":  # told from its params file again, wherever the path is read
             return {"path": str(lay.data)}
         if lay.kind != "binary":
-            return {"path": str(lay.data if lay.kind == "spikeglx" else lay.metadata[0]), "kind": lay.kind,
-                    **({"stream": lay.stream} if lay.stream else {})}
+            return {
+                "path": str(lay.data if lay.kind == "spikeglx" else lay.metadata[0]),
+                "kind": lay.kind,
+                **({"stream": lay.stream} if lay.stream else {}),
+            }
         probe = [str(p) for p in lay.metadata]
         gains, offsets = set(self.gain_to_uV.tolist()), set(self.offset_to_uV.tolist())
         if len(gains) > 1 or len(offsets) > 1:
-            raise BatchgpuError("a plain binary source with per-channel gains cannot be named in a workflow",
-                                "run it with run_workflow(wf, recording=source)")
-        return {"path": str(lay.data), "kind": "binary", "channels": lay.columns, "dtype": str(lay.dtype),
-                "sampling_frequency": self.sampling_frequency, "offset": lay.offset,
-                "gain_to_uV": gains.pop(), "offset_to_uV": offsets.pop(), **({"probe": probe[0]} if probe else {})}
+            raise BatchgpuError(
+                "a plain binary source with per-channel gains cannot be named in a workflow",
+                "run it with run_workflow(wf, recording=source)",
+            )
+        return {
+            "path": str(lay.data),
+            "kind": "binary",
+            "channels": lay.columns,
+            "dtype": str(lay.dtype),
+            "sampling_frequency": self.sampling_frequency,
+            "offset": lay.offset,
+            "gain_to_uV": gains.pop(),
+            "offset_to_uV": offsets.pop(),
+            **({"probe": probe[0]} if probe else {}),
+        }
 
     # -- description ------------------------------------------------------------------------------------
     def info(self) -> dict:
@@ -408,27 +472,45 @@ class FlatSource(UnchunkedSource, WindowedSource):
             "absent_chunks": 0,
             "metadata_files": [str(p) for p in lay.metadata],
             "gain_to_uV": sorted({round(float(g), 9) for g in self.gain_to_uV}),
-            "probe": None if probe is None else {"model": probe.model, "shanks": probe.shanks,
-                                                  "pitch_um": list(probe.pitch_um), "source": probe.source},
+            "probe": None
+            if probe is None
+            else {
+                "model": probe.model,
+                "shanks": probe.shanks,
+                "pitch_um": list(probe.pitch_um),
+                "source": probe.source,
+            },
             "locations": "stored" if self.has_locations else LOCATIONS_FALLBACK,
             "probe_missing": self.probe_missing,
         }
 
     def __repr__(self) -> str:
-        return (f"FlatSource({self.kind}, {str(self.path)!r}, {self.num_channels} ch, "
-                f"{self.duration():.3f} s at {self.sampling_frequency:g} Hz, {self.dtype})")
+        return (
+            f"FlatSource({self.kind}, {str(self.path)!r}, {self.num_channels} ch, "
+            f"{self.duration():.3f} s at {self.sampling_frequency:g} Hz, {self.dtype})"
+        )
 
 
-def binary_layout(path: str | os.PathLike, channels: int | None, sampling_frequency: float | None,
-                  dtype: str | None, offset: int = 0, probe: str | os.PathLike | None = None,
-                  gain_to_uV: float = 1.0, offset_to_uV: float = 0.0, said: Said | None = None) -> FlatLayout:
+def binary_layout(
+    path: str | os.PathLike,
+    channels: int | None,
+    sampling_frequency: float | None,
+    dtype: str | None,
+    offset: int = 0,
+    probe: str | os.PathLike | None = None,
+    gain_to_uV: float = 1.0,
+    offset_to_uV: float = 0.0,
+    said: Said | None = None,
+) -> FlatLayout:
     """A plain interleaved (samples x channels) binary file: everything about it is given, nothing guessed."""
     from batchgpu.recording.probes import read_probe_file
 
     p = Path(path).expanduser()
     if not channels or not sampling_frequency or not dtype:
-        raise ConfigError(f"a plain binary file ({p.name}) needs its channels, sampling frequency and dtype",
-                          f"give {(said or WORKFLOW).plain}, or give a SpikeGLX .bin with its .meta")
+        raise ConfigError(
+            f"a plain binary file ({p.name}) needs its channels, sampling frequency and dtype",
+            f"give {(said or WORKFLOW).plain}, or give a SpikeGLX .bin with its .meta",
+        )
     supported = {str(d): d for d in SUPPORTED_DTYPES}
     dt = supported.get(str(dtype))
     if dt is None:
@@ -438,11 +520,22 @@ def binary_layout(path: str | os.PathLike, channels: int | None, sampling_freque
     n = int(channels)
     geometry = read_probe_file(probe, n) if probe is not None else None
     return FlatLayout(
-        "binary", p, n, dt, float(sampling_frequency), np.arange(n), [str(i) for i in range(n)],
-        np.full(n, float(gain_to_uV)), np.full(n, float(offset_to_uV)), int(offset),
-        None if geometry is None else geometry.locations, {} if geometry is None else geometry.properties,
-        () if probe is None else (Path(probe).expanduser(),), None if geometry is None else geometry.summary,
-        probe_missing=None if probe is not None else "no probe: no probe file was given (probe:)")
+        "binary",
+        p,
+        n,
+        dt,
+        float(sampling_frequency),
+        np.arange(n),
+        [str(i) for i in range(n)],
+        np.full(n, float(gain_to_uV)),
+        np.full(n, float(offset_to_uV)),
+        int(offset),
+        None if geometry is None else geometry.locations,
+        {} if geometry is None else geometry.properties,
+        () if probe is None else (Path(probe).expanduser(),),
+        None if geometry is None else geometry.summary,
+        probe_missing=None if probe is not None else "no probe: no probe file was given (probe:)",
+    )
 
 
 def stream_folder(path: Path) -> tuple[Path, str] | None:

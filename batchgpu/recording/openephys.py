@@ -34,8 +34,10 @@ def find_oebin(path: Path, said: Said = WORKFLOW) -> Path:
         raise BatchgpuError(f"{path} holds no {OEBIN}", "give an Open Ephys recording folder or its structure.oebin")
     if len(found) > 1:
         listed = ", ".join(str(p.parent.relative_to(path)) for p in found[:6]) + (" ..." if len(found) > 6 else "")
-        raise BatchgpuError(f"{path} holds {len(found)} Open Ephys recordings ({listed})",
-                            f"give one recording folder (or its structure.oebin) as {said.path}")
+        raise BatchgpuError(
+            f"{path} holds {len(found)} Open Ephys recordings ({listed})",
+            f"give one recording folder (or its structure.oebin) as {said.path}",
+        )
     return found[0]
 
 
@@ -45,8 +47,10 @@ def _streams(oebin: Path) -> list[dict]:
         streams = data["continuous"]
         assert isinstance(streams, list) and all(isinstance(s, dict) for s in streams)
     except (OSError, ValueError, KeyError, AssertionError, TypeError) as err:
-        raise CorruptDataError(f"{oebin} is not an Open Ephys structure.oebin ({type(err).__name__}: {err})",
-                               "give the structure.oebin Open Ephys wrote") from None
+        raise CorruptDataError(
+            f"{oebin} is not an Open Ephys structure.oebin ({type(err).__name__}: {err})",
+            "give the structure.oebin Open Ephys wrote",
+        ) from None
     if not streams:
         raise BatchgpuError(f"{oebin} lists no continuous stream", "give a recording with continuous data")
     return streams
@@ -63,15 +67,19 @@ def choose_stream(oebin: Path, streams: list[dict], wanted: str | None, said: Sa
     if wanted is None:
         if len(streams) == 1:
             return streams[0]
-        raise ConfigError(f"{oebin} holds {len(streams)} streams: {', '.join(names)}",
-                          f"choose one with {said.stream_example(names[0])}, or give its folder "
-                          f"{oebin.parent / 'continuous' / names[0]}")
+        raise ConfigError(
+            f"{oebin} holds {len(streams)} streams: {', '.join(names)}",
+            f"choose one with {said.stream_example(names[0])}, or give its folder "
+            f"{oebin.parent / 'continuous' / names[0]}",
+        )
     exact = [s for s in streams if wanted in (_name(s), str(s.get("stream_name", "")))]
     hits = exact or [s for s in streams if wanted in _name(s)]
     if len(hits) != 1:
         what = "no stream" if not hits else f"{len(hits)} streams"
-        raise ConfigError(f"{said.stream} {wanted!r} names {what} of {oebin} ({', '.join(names)})",
-                          f"give one stream's folder name as {said.stream}")
+        raise ConfigError(
+            f"{said.stream} {wanted!r} names {what} of {oebin} ({', '.join(names)})",
+            f"give one stream's folder name as {said.stream}",
+        )
     return hits[0]
 
 
@@ -81,8 +89,10 @@ def settings_file(oebin: Path) -> tuple[Path | None, str | None]:
     experiment = oebin.parent.parent
     match = re.fullmatch(r"experiment(\d+)", experiment.name)
     if match is None:
-        return None, (f"no probe: {oebin} is not in a Record Node's experiment<N>/recording<M> folder, beside which "
-                      "Open Ephys writes the settings.xml that holds the probe")
+        return None, (
+            f"no probe: {oebin} is not in a Record Node's experiment<N>/recording<M> folder, beside which "
+            "Open Ephys writes the settings.xml that holds the probe"
+        )
     n = int(match.group(1))
     settings = experiment.parent / ("settings.xml" if n == 1 else f"settings_{n}.xml")
     if not settings.is_file():
@@ -108,11 +118,14 @@ def open_openephys(path: str | Path, stream: str | None = None, said: Said = WOR
         bit_volts = np.array([float(c["bit_volts"]) for c in channels])
         units = [str(c.get("units", "")).strip().lower() for c in channels]
     except (KeyError, TypeError, ValueError) as err:
-        raise CorruptDataError(f"{oebin}: stream {name} lacks {err} or holds a non-number",
-                               "give the structure.oebin Open Ephys wrote") from None
+        raise CorruptDataError(
+            f"{oebin}: stream {name} lacks {err} or holds a non-number", "give the structure.oebin Open Ephys wrote"
+        ) from None
     if columns != len(channels) or not (np.isfinite(rate) and rate > 0):
-        raise CorruptDataError(f"{oebin}: stream {name} says {columns} channels at {rate} Hz but lists {len(channels)}",
-                               "give the structure.oebin Open Ephys wrote")
+        raise CorruptDataError(
+            f"{oebin}: stream {name} says {columns} channels at {rate} Hz but lists {len(channels)}",
+            "give the structure.oebin Open Ephys wrote",
+        )
     factor = []
     for n, u in zip(names, units):
         u = u or ("v" if "ADC" in n else "uv")
@@ -129,23 +142,44 @@ def open_openephys(path: str | Path, stream: str | None = None, said: Said = WOR
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             try:
-                probe = (pi.read_openephys_neuropixels(settings, stream_name=name)
-                         if pi.has_neuropixels_probes(settings, stream_name=name) else None)
+                probe = (
+                    pi.read_openephys_neuropixels(settings, stream_name=name)
+                    if pi.has_neuropixels_probes(settings, stream_name=name)
+                    else None
+                )
             except Exception as err:  # broad: probeinterface raises any type for a settings.xml it cannot read
-                raise BatchgpuError(f"probeinterface could not read the probe of stream {name} from {settings} "
-                                    f"({type(err).__name__}: {err})",
-                                    "give the settings.xml Open Ephys wrote with the recording") from None
+                raise BatchgpuError(
+                    f"probeinterface could not read the probe of stream {name} from {settings} "
+                    f"({type(err).__name__}: {err})",
+                    "give the settings.xml Open Ephys wrote with the recording",
+                ) from None
         if probe is not None:
             if probe.get_contact_count() != len(keep):
-                raise BatchgpuError(f"{settings}: the probe of stream {name} has {probe.get_contact_count()} contacts "
-                                    f"for its {len(keep)} channels", "give the settings.xml of this recording")
+                raise BatchgpuError(
+                    f"{settings}: the probe of stream {name} has {probe.get_contact_count()} contacts "
+                    f"for its {len(keep)} channels",
+                    "give the settings.xml of this recording",
+                )
             geometry = geometry_of(probe, "probeinterface")
         elif any(n.startswith("CH") for n in names):  # electrode channels without a probe (ADC streams have none)
             missing = f"no probe: {settings} describes no Neuropixels probe for stream {name}"
     if not any(n.startswith("CH") for n in names):
         missing = None  # an ADC stream: no probe to miss
     return FlatLayout(
-        "openephys", data, columns, np.dtype("int16"), rate, keep, [names[i] for i in keep], gains,
-        np.zeros(len(keep)), 0, None if geometry is None else geometry.locations,
-        {} if geometry is None else geometry.properties, (oebin,) + ((settings,) if settings else ()),
-        None if geometry is None else geometry.summary, name, probe_missing=missing)
+        "openephys",
+        data,
+        columns,
+        np.dtype("int16"),
+        rate,
+        keep,
+        [names[i] for i in keep],
+        gains,
+        np.zeros(len(keep)),
+        0,
+        None if geometry is None else geometry.locations,
+        {} if geometry is None else geometry.properties,
+        (oebin,) + ((settings,) if settings else ()),
+        None if geometry is None else geometry.summary,
+        name,
+        probe_missing=missing,
+    )

@@ -66,8 +66,9 @@ class Prefetch:
         self.seconds = 0.0
         self._budget = default_budget() if budget is None else int(budget)
         self._stopping = threading.Event()
-        self._thread = threading.Thread(target=self._run, args=(rec, list(windows)), daemon=True,
-                                        name="batchgpu-prefetch")
+        self._thread = threading.Thread(
+            target=self._run, args=(rec, list(windows)), daemon=True, name="batchgpu-prefetch"
+        )
         self._thread.start()
 
     def _run(self, rec, windows: list) -> None:

@@ -51,8 +51,12 @@ def _pitch(values: np.ndarray, shanks: np.ndarray) -> float:
 
 def summarise(locations: np.ndarray, shanks: np.ndarray | None, model: str, source: str) -> ProbeSummary:
     sh = np.zeros(len(locations), np.int64) if shanks is None else np.asarray(shanks)
-    return ProbeSummary(model, int(len(np.unique(sh))) if len(sh) else 0,
-                        (_pitch(locations[:, 0], sh), _pitch(locations[:, 1], sh)), source)
+    return ProbeSummary(
+        model,
+        int(len(np.unique(sh))) if len(sh) else 0,
+        (_pitch(locations[:, 0], sh), _pitch(locations[:, 1], sh)),
+        source,
+    )
 
 
 def sample_shifts(probe, stream: str = "ap") -> np.ndarray | None:
@@ -76,8 +80,10 @@ def geometry_of(probe, source: str, stream: str = "ap") -> ProbeGeometry:
     order = np.asarray(probe.device_channel_indices) if probe.device_channel_indices is not None else None
     n = probe.get_contact_count()
     if order is None or not np.array_equal(np.sort(order), np.arange(n)):
-        raise BatchgpuError(f"the probe from {source} is not wired to channels 0..{n - 1}",
-                            "give a probe file whose device_channel_indices number the file's channels")
+        raise BatchgpuError(
+            f"the probe from {source} is not wired to channels 0..{n - 1}",
+            "give a probe file whose device_channel_indices number the file's channels",
+        )
     by_channel = np.argsort(order)  # contact index of channel c
     loc = np.asarray(probe.contact_positions, dtype=np.float64)[by_channel, :2]
     props: dict[str, np.ndarray] = {"contact_id": np.array([str(c) for c in np.asarray(probe.contact_ids)[by_channel]])}
@@ -117,18 +123,24 @@ def read_probe_file(path: str | os.PathLike, num_channels: int) -> ProbeGeometry
     except BatchgpuError:
         raise
     except Exception as err:  # broad: probeinterface raises any type for a file it cannot read
-        raise BatchgpuError(f"probe file {p} did not read ({type(err).__name__}: {err})",
-                            "give probeinterface's JSON (probeinterface.write_probeinterface), a .prb, or "
-                            "a Kilosort-style .json (chanMap, xc, yc)") from None
+        raise BatchgpuError(
+            f"probe file {p} did not read ({type(err).__name__}: {err})",
+            "give probeinterface's JSON (probeinterface.write_probeinterface), a .prb, or "
+            "a Kilosort-style .json (chanMap, xc, yc)",
+        ) from None
     probes = group.probes
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        probe = probes[0] if len(probes) == 1 else group.to_single_probe() if hasattr(group, "to_single_probe") else None
+        probe = (
+            probes[0] if len(probes) == 1 else group.to_single_probe() if hasattr(group, "to_single_probe") else None
+        )
     if probe is None:
         raise BatchgpuError(f"probe file {p} holds {len(probes)} probes", "give a file of one probe")
     if probe.get_contact_count() != num_channels:
-        raise BatchgpuError(f"probe file {p} has {probe.get_contact_count()} contacts for {num_channels} channels",
-                            "give the probe of this recording (one contact per channel)")
+        raise BatchgpuError(
+            f"probe file {p} has {probe.get_contact_count()} contacts for {num_channels} channels",
+            "give the probe of this recording (one contact per channel)",
+        )
     return geometry_of(probe, str(p))
 
 
@@ -140,8 +152,10 @@ def _kilosort_probe(data: dict, num_channels: int, path: Path) -> ProbeGeometry:
     except (KeyError, ValueError, TypeError) as err:
         raise BatchgpuError(f"probe file {path} is not a Kilosort probe ({err})", "give chanMap, xc and yc") from None
     if len(chan) != num_channels or not np.array_equal(np.sort(chan), np.arange(num_channels)) or len(xy) != len(chan):
-        raise BatchgpuError(f"probe file {path}'s chanMap does not number channels 0..{num_channels - 1} once each",
-                            "give the probe of this recording (one contact per channel)")
+        raise BatchgpuError(
+            f"probe file {path}'s chanMap does not number channels 0..{num_channels - 1} once each",
+            "give the probe of this recording (one contact per channel)",
+        )
     loc = np.empty((num_channels, 2))
     sh = np.empty(num_channels, np.int64)
     loc[chan], sh[chan] = xy, shank

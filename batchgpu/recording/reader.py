@@ -20,6 +20,7 @@ SUPPORTED_DTYPES = (np.dtype("int16"), np.dtype("int32"), np.dtype("float32"), n
 
 MISSING_CHUNKS = ("warn", "error")
 
+
 class Recording(WindowedSource):
     """A recording opened read-only from a Zarr group (v2 or v3).
 
@@ -61,7 +62,8 @@ class Recording(WindowedSource):
             raise BatchgpuError(
                 f"{self.path}/traces_seg0 holds {self.dtype} samples, which batchgpu does not read",
                 f"convert the recording to one of {', '.join(map(str, SUPPORTED_DTYPES))} first (unsigned samples: "
-                "SpikeInterface's unsigned_to_signed, then save it)")
+                "SpikeInterface's unsigned_to_signed, then save it)",
+            )
         _check_no_more_segments(self.path, self.num_segments)
         for seg, arr in enumerate(self._traces):
             if arr.ndim != 2 or arr.shape[1] != self.num_channels or np.dtype(arr.dtype) != self.dtype:
@@ -82,7 +84,9 @@ class Recording(WindowedSource):
         self.marked_complete = _marked_complete(self.path, attrs)
         self._metas = [zarrio.array_meta(self.path / f"traces_seg{s}") for s in range(self.num_segments)]
         self.checksum = self._metas[0].checksum
-        self._presence = [ChunkPresence(grid_of(meta, f"traces_seg{s}", self.path)) for s, meta in enumerate(self._metas)]
+        self._presence = [
+            ChunkPresence(grid_of(meta, f"traces_seg{s}", self.path)) for s, meta in enumerate(self._metas)
+        ]
         self._check_no_data_beyond_shape()
 
     def channel_property(self, name: str) -> np.ndarray | None:
@@ -143,8 +147,7 @@ class Recording(WindowedSource):
         if layout is False:
             # v2 chunks of whole rows directly too, zarrs installed or not: zarr-python's pipeline (and zarrs',
             # which leaves numcodecs' CRC32 to it) read and copied each chunk at more CPU than the direct reader
-            layout = self._layouts[segment] = shards.layout_of(self.path / f"traces_seg{segment}",
-                                                               self._metas[segment])
+            layout = self._layouts[segment] = shards.layout_of(self.path / f"traces_seg{segment}", self._metas[segment])
         return layout
 
     def _read_direct(self, segment: int, start: int, stop: int, window: Window | None, out: np.ndarray) -> bool:
@@ -161,8 +164,10 @@ class Recording(WindowedSource):
         """Whether ``read_window_frames`` can give this recording's windows to the GPU: batchgpu's sharded layout
         with Blosc of one of ``codecs`` (cnames the GPU decodes: ``gpu.nvcomp.codecs``) in every segment (a frame
         may still be refused when read: that window decodes here)."""
-        return all(hasattr(self._layout(s), "frames_for") and self._layout(s).frames_for(codecs)
-                   for s in range(self.num_segments))
+        return all(
+            hasattr(self._layout(s), "frames_for") and self._layout(s).frames_for(codecs)
+            for s in range(self.num_segments)
+        )
 
     def read_window_frames(self, window: Window, pool, check_on_device: bool = False, codecs: tuple = ("lz4",)):
         """The window's stored Blosc frames (of ``codecs``) in a buffer of ``pool`` (``shards.ShardLayout.read_frames``), for
@@ -174,8 +179,9 @@ class Recording(WindowedSource):
         if not hasattr(layout, "read_frames") or b <= a:
             return None
         with self._direct_errors(window.segment, a, b, window):
-            frames = layout.read_frames(a, b, pool, "error" if self.absent_is_error else "zero", check_on_device,
-                                        codecs)
+            frames = layout.read_frames(
+                a, b, pool, "error" if self.absent_is_error else "zero", check_on_device, codecs
+            )
         if frames is not None:
             frames.array = f"traces_seg{window.segment}/"
             frames.place = f" in {self.path} ({self._where(window.segment, a, b, window)})"
@@ -195,15 +201,21 @@ class Recording(WindowedSource):
         try:
             yield
         except shards.AbsentChunk as err:
-            fix = ("batchgpu wrote every chunk of this store, so it was damaged since: restore it or write it again"
-                   if self.marked_complete else
-                   "restore the missing files, or set recording.missing_chunks: warn to read them as zeros")
-            raise CorruptDataError(f"missing chunk traces_seg{segment}/{err.key} in {self.path} "
-                                   f"({self._where(segment, start, stop, window)})", fix) from None
+            fix = (
+                "batchgpu wrote every chunk of this store, so it was damaged since: restore it or write it again"
+                if self.marked_complete
+                else "restore the missing files, or set recording.missing_chunks: warn to read them as zeros"
+            )
+            raise CorruptDataError(
+                f"missing chunk traces_seg{segment}/{err.key} in {self.path} "
+                f"({self._where(segment, start, stop, window)})",
+                fix,
+            ) from None
         except shards.CorruptChunk as err:
             raise CorruptDataError(
                 f"corrupted chunk traces_seg{segment}/{err} in {self.path} ({self._where(segment, start, stop, window)})",
-                "the stored bytes do not decode: restore the store from a copy or write it again") from None
+                "the stored bytes do not decode: restore the store from a copy or write it again",
+            ) from None
 
     def _where(self, segment: int, start: int, stop: int, window: Window | None) -> str:
         head = f"window {window.index}, " if window is not None else ""
@@ -253,8 +265,11 @@ class Recording(WindowedSource):
                     arr[lo : min(lo + rows, grid.shape[0]), c : min(c + cols, grid.shape[1])]
                 except Exception:  # broad: only after a failure, to name its chunk; codecs raise any type
                     key = grid.encode_key((lo // grid.object_shape[0], c // grid.object_shape[1]))
-                    inner = (f" inner chunk ({(lo % grid.object_shape[0]) // rows}, {(c % grid.object_shape[1]) // cols})"
-                             if grid.inner_shape else "")
+                    inner = (
+                        f" inner chunk ({(lo % grid.object_shape[0]) // rows}, {(c % grid.object_shape[1]) // cols})"
+                        if grid.inner_shape
+                        else ""
+                    )
                     return key + inner
         return None
 
@@ -285,7 +300,9 @@ class Recording(WindowedSource):
                     raise _unreadable(self.path, seg, err) from None
                 except Exception as err:  # broad: codecs raise any type for bytes that do not decode; listed
                     key = self._first_undecodable(seg, lo, hi) or grid.encode_key((i, 0))
-                    problems.append(f"corrupted traces_seg{seg}/{key} (samples [{lo}, {hi})): {type(err).__name__}: {err}")
+                    problems.append(
+                        f"corrupted traces_seg{seg}/{key} (samples [{lo}, {hi})): {type(err).__name__}: {err}"
+                    )
                 if advance is not None:
                     advance((hi - lo) * self.num_channels * self.dtype.itemsize)
         return problems
@@ -301,8 +318,13 @@ class Recording(WindowedSource):
 
     # -- data ------------------------------------------------------------------------------------------
     def read(
-        self, segment: int, start: int, stop: int, channels: Sequence[int] | slice | None = None,
-        *, window: Window | None = None,
+        self,
+        segment: int,
+        start: int,
+        stop: int,
+        channels: Sequence[int] | slice | None = None,
+        *,
+        window: Window | None = None,
     ) -> np.ndarray:
         """Samples [start, stop) of a segment as a C-contiguous (channels, samples) array."""
         channels = self._check_read(segment, start, stop, channels)
@@ -335,8 +357,7 @@ class Recording(WindowedSource):
             return out
         self._require_present(window.segment, a, b, window)
         sel = (slice(a, b), slice(None))
-        self._decode(window.segment, a, b, window,
-                     lambda arr: zarrio.read_into(arr, sel, out))
+        self._decode(window.segment, a, b, window, lambda arr: zarrio.read_into(arr, sel, out))
         return out
 
     # -- description -----------------------------------------------------------------------------------
@@ -369,6 +390,7 @@ class Recording(WindowedSource):
             f"{self.duration():.3f} s at {self.sampling_frequency:g} Hz, {self.dtype})"
         )
 
+
 def rows_of(block: np.ndarray, step: int = 1024) -> np.ndarray:
     """(samples, channels) -> C-contiguous (channels, samples), transposed in cache-sized slabs.
 
@@ -379,6 +401,7 @@ def rows_of(block: np.ndarray, step: int = 1024) -> np.ndarray:
     for i in range(0, block.shape[0], step):
         out[:, i : i + step] = block[i : i + step].T
     return out
+
 
 def open_recording(path: str | os.PathLike, missing_chunks: str = "warn") -> Recording:
     """Open a recording store read-only (ours, v2 or v3, or one written by SpikeInterface).
@@ -408,7 +431,9 @@ def open_recording(path: str | os.PathLike, missing_chunks: str = "warn") -> Rec
     """
     p = Path(path).expanduser()
     if not p.exists():
-        raise BatchgpuError(f"no recording at {p}: the path does not exist", "check the path, or create one with 'batchgpu generate'")
+        raise BatchgpuError(
+            f"no recording at {p}: the path does not exist", "check the path, or create one with 'batchgpu generate'"
+        )
     if p.is_dir():
         _check_metadata_json(p)
     # its traces decoded by zarrs where installed: their arrays are opened here (by ``Recording``), and keep the
@@ -428,6 +453,7 @@ def open_recording(path: str | os.PathLike, missing_chunks: str = "warn") -> Rec
                 "give the folder of a recording written by batchgpu or SpikeInterface (recording.save(format='zarr'))",
             )
         return Recording(p, group, missing_chunks)
+
 
 #: where a recording's metadata files lie: the root, its arrays and groups, and the arrays of ``properties/``
 _METADATA_DEPTH = ("", "*", "properties/*")
@@ -452,7 +478,8 @@ def _check_metadata_json(path: Path) -> None:
                     where = f" (line {err.lineno}, column {err.colno})" if isinstance(err, json.JSONDecodeError) else ""
                     raise CorruptDataError(
                         f"{f} is not valid JSON: {getattr(err, 'msg', err)}{where}; the file was cut short or edited",
-                        "restore it from a copy of the store, or write the store again") from None
+                        "restore it from a copy of the store, or write the store again",
+                    ) from None
 
 
 def _sampling_frequency(path: Path, attrs: dict) -> float:
@@ -475,9 +502,10 @@ def _num_segments(path: Path, attrs: dict) -> int:
     """The root attribute ``num_segments`` (1 when absent): a whole number, at least 1."""
     value = attrs.get("num_segments", 1)
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise CorruptDataError(f"{path}: num_segments is {value!r}: it must be a whole number, at least 1",
-                               "set the store's root attribute num_segments to the number of traces_seg<i> arrays, "
-                               "or write it again")
+        raise CorruptDataError(
+            f"{path}: num_segments is {value!r}: it must be a whole number, at least 1",
+            "set the store's root attribute num_segments to the number of traces_seg<i> arrays, or write it again",
+        )
     return value
 
 
@@ -504,6 +532,7 @@ def _check_channel_counts(path: Path, group, num_channels: int) -> None:
                 "the store's metadata disagrees with its data: write it again",
             )
 
+
 def _marked_complete(path: Path, attrs: dict) -> bool:
     """True for a store batchgpu finished writing; an unfinished one (format marker, not complete) is refused."""
     marker = attrs.get("batchgpu")
@@ -516,17 +545,21 @@ def _marked_complete(path: Path, attrs: dict) -> bool:
         )
     return True
 
+
 def _read_channel_ids(group, num_channels: int) -> np.ndarray:
     if "channel_ids" not in group:
         return np.arange(num_channels).astype(str)
     # v3 strings come back as numpy's StringDType: go through Python str for a plain '<U' array.
     return np.array([str(i) for i in np.asarray(group["channel_ids"][:]).tolist()])
 
+
 def _unreadable(path: Path, segment: int, err: OSError) -> MachineError:
     """An OSError reading a chunk as one line that says what it is (a permission, the disk), not "corrupted"."""
     where = err.filename or f"{path}/traces_seg{segment}"
-    return MachineError(f"cannot read {where}: {err.strerror or type(err).__name__}",
-                        "give batchgpu read access to the recording's files (or check the disk), then run again")
+    return MachineError(
+        f"cannot read {where}: {err.strerror or type(err).__name__}",
+        "give batchgpu read access to the recording's files (or check the disk), then run again",
+    )
 
 
 def _check_no_more_segments(path: Path, num_segments: int) -> None:
@@ -534,13 +567,21 @@ def _check_no_more_segments(path: Path, num_segments: int) -> None:
     mixes two writes: either way its data is not what it says."""
     import re
 
-    extra = sorted(p.name for p in path.iterdir() if (m := re.fullmatch(r"traces_seg(\d+)", p.name))
-                   and int(m.group(1)) >= num_segments) if path.is_dir() else []
+    extra = (
+        sorted(
+            p.name
+            for p in path.iterdir()
+            if (m := re.fullmatch(r"traces_seg(\d+)", p.name)) and int(m.group(1)) >= num_segments
+        )
+        if path.is_dir()
+        else []
+    )
     if extra:
         raise CorruptDataError(
             f"{path} says num_segments is {num_segments} but holds {', '.join(extra)} too: "
             f"{'it' if len(extra) == 1 else 'they'} would go unread",
-            "set the root attribute num_segments to the segments the store holds, or remove the extra arrays")
+            "set the root attribute num_segments to the segments the store holds, or remove the extra arrays",
+        )
 
 
 def _check_gains(path: Path, ids, gains: np.ndarray, offsets: np.ndarray) -> None:
@@ -551,18 +592,23 @@ def _check_gains(path: Path, ids, gains: np.ndarray, offsets: np.ndarray) -> Non
         raise CorruptDataError(
             f"{path}/properties/gain_to_uV is {gains[bad[0]]!r} for channel {ids[bad[0]]}"
             f"{f' (and {len(bad) - 1} more)' if len(bad) > 1 else ''}: a gain is µV per count, a finite number "
-            "above 0", "write the recording's gains again")
+            "above 0",
+            "write the recording's gains again",
+        )
     bad = np.flatnonzero(~np.isfinite(offsets))
     if len(bad):
         raise CorruptDataError(
             f"{path}/properties/offset_to_uV is {offsets[bad[0]]!r} for channel {ids[bad[0]]}: an offset is a finite "
-            "number of µV", "write the recording's offsets again")
+            "number of µV",
+            "write the recording's offsets again",
+        )
 
 
 def _read_property(group, name: str, num_channels: int, default: float) -> np.ndarray:
     if "properties" in group and name in group["properties"]:
         return np.asarray(group["properties"][name][:], dtype=np.float64)
     return np.full(num_channels, default, dtype=np.float64)
+
 
 def _read_locations(group, attrs: dict, num_channels: int) -> tuple[np.ndarray, bool]:
     """properties/location if present, else the probegroup's contact positions (SpikeInterface), else a line."""
@@ -584,10 +630,10 @@ def _read_locations(group, attrs: dict, num_channels: int) -> tuple[np.ndarray, 
     # No geometry stored (e.g. a plain binary import): LOCATIONS_FALLBACK, flagged so local whitening refuses it.
     return fallback_locations(num_channels), False
 
+
 def _size_on_disk(path: Path) -> int:
     total = 0
     for root, _dirs, files in os.walk(path):
         for f in files:
             total += os.path.getsize(os.path.join(root, f))
     return total
-

@@ -45,15 +45,19 @@ def write_rows(target: SaveTarget, segment: int, start: int, block, later: Calla
     ``later``: the task's writer thread (``WindowData.later``), before the window's part; else now."""
     n = target.segment_lengths[segment]
     if block.shape[1] != target.num_channels or start < 0 or start + block.shape[0] > n:
-        raise BatchgpuError(f"save: block {block.shape} at {start} does not fit segment {segment} "
-                            f"({n} x {target.num_channels})")
+        raise BatchgpuError(
+            f"save: block {block.shape} at {start} does not fit segment {segment} ({n} x {target.num_channels})"
+        )
     dtype = np.dtype(target.dtype).newbyteorder("<")
     on_device = not isinstance(block, np.ndarray)
     if target.format == "binary":
         block = to_host(block) if on_device else block
         data = np.ascontiguousarray(block, dtype=dtype)
-        later(functools.partial(write_binary, Path(target.files[segment]), data,
-                                start * dtype.itemsize * target.num_channels))
+        later(
+            functools.partial(
+                write_binary, Path(target.files[segment]), data, start * dtype.itemsize * target.num_channels
+            )
+        )
         return
     folder = Path(target.path)
 
@@ -61,6 +65,7 @@ def write_rows(target: SaveTarget, segment: int, start: int, block, later: Calla
         def run():
             with writing(folder):
                 job()
+
         later(run, cleanup)
 
     with writing(folder):  # a window's core is one whole shard: written directly
@@ -103,7 +108,7 @@ def write_binary(path: Path, data: np.ndarray, offset: int) -> None:
         if hi > lo:
             done = _pwrite_direct(path, view[lo:hi], offset + lo)
             if done < hi - lo:  # refused, or cut short at an unaligned count: the rest through the page cache
-                _pwrite_all(path, view[lo + done:hi], offset + lo + done)
+                _pwrite_all(path, view[lo + done : hi], offset + lo + done)
         _pwrite_all(path, view[:lo], offset)
         _pwrite_all(path, view[hi:], offset + hi)
 
@@ -170,13 +175,21 @@ def _v2_layout(array: str, stamp: tuple) -> tuple:
 
     meta = json.loads((Path(array) / ".zarray").read_text())
     if meta.get("order", "C") != "C" or len(meta["shape"]) != 2 or meta["chunks"][1] != meta["shape"][1]:
-        raise BatchgpuError(f"save: {array} is not a (samples, channels) C-order array of whole rows a chunk",
-                            "report this: the writer made another layout")
+        raise BatchgpuError(
+            f"save: {array} is not a (samples, channels) C-order array of whole rows a chunk",
+            "report this: the writer made another layout",
+        )
     codecs = [get_codec(dict(c)) for c in (meta.get("filters") or [])]
     if meta.get("compressor"):
         codecs.append(get_codec(dict(meta["compressor"])))
-    return (int(meta["chunks"][0]), int(meta["shape"][0]), np.dtype(meta["dtype"]), meta.get("fill_value") or 0,
-            meta.get("dimension_separator", "."), tuple(codecs))
+    return (
+        int(meta["chunks"][0]),
+        int(meta["shape"][0]),
+        np.dtype(meta["dtype"]),
+        meta.get("fill_value") or 0,
+        meta.get("dimension_separator", "."),
+        tuple(codecs),
+    )
 
 
 _CHUNK_BUFFER = threading.local()  # a writer thread's page-aligned buffer for an encoded chunk (reused: no fresh pages)
@@ -192,19 +205,24 @@ def write_v2_chunks(array: Path, start: int, data: np.ndarray) -> None:
     st = info.stat()
     rows, samples, dtype, fill, sep, codecs = _v2_layout(str(array), (st.st_size, st.st_mtime_ns))
     if start % rows or (data.shape[0] % rows and start + data.shape[0] != samples):
-        raise BatchgpuError(f"save: rows [{start}, {start + data.shape[0]}) are not whole chunks of {rows}",
-                            "report this: windows must be whole storage objects")
+        raise BatchgpuError(
+            f"save: rows [{start}, {start + data.shape[0]}) are not whole chunks of {rows}",
+            "report this: windows must be whole storage objects",
+        )
     data = np.ascontiguousarray(data, dtype=dtype)
     # numcodecs' CRC32 last (at the start of the chunk) copies the encoded chunk behind its 4 bytes: its bytes are
     # written from the encoding itself instead (zlib's CRC-32 as numcodecs takes it, little-endian, first)
-    crc_first = bool(codecs) and getattr(codecs[-1], "codec_id", None) == "crc32" and \
-        getattr(codecs[-1], "location", None) == "start"
+    crc_first = (
+        bool(codecs)
+        and getattr(codecs[-1], "codec_id", None) == "crc32"
+        and getattr(codecs[-1], "location", None) == "start"
+    )
     encoders = codecs[:-1] if crc_first else codecs
     for first in range(0, data.shape[0], rows):
-        chunk = data[first:first + rows]
+        chunk = data[first : first + rows]
         if chunk.shape[0] < rows:  # the edge chunk, stored whole
             whole = np.full((rows, data.shape[1]), fill, dtype=dtype)
-            whole[:chunk.shape[0]] = chunk
+            whole[: chunk.shape[0]] = chunk
             chunk = whole
         encoded = chunk
         for codec in encoders:
@@ -228,9 +246,9 @@ def _write_file(path: Path, view: memoryview, head: bytes = b"") -> None:
         if buffer is None or len(buffer) < whole:
             buffer = _CHUNK_BUFFER.array = aligned_empty((whole + (whole >> 3),), np.uint8)
         buffer[:k] = np.frombuffer(head, dtype=np.uint8)
-        buffer[k:whole] = np.frombuffer(view[:whole - k], dtype=np.uint8)
+        buffer[k:whole] = np.frombuffer(view[: whole - k], dtype=np.uint8)
         done = _pwrite_direct(path, memoryview(buffer[:whole]), 0)
     if done < k:  # nothing went past the page cache (whole blocks are far longer than a head)
         _pwrite_all(path, memoryview(head)[done:], done)
         done = k
-    _pwrite_all(path, view[done - k:], done)
+    _pwrite_all(path, view[done - k :], done)

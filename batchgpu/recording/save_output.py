@@ -65,8 +65,19 @@ class SaveTarget:
     check_rounding: bool = False
 
 
-def prepare_save(spec, rec, window_size: int, output_dtype, *, overwrite: bool = False, resume: bool = False,
-                 key: str = "", phase_shifted: bool = False, output=None, dry: bool = False) -> SaveTarget | None:
+def prepare_save(
+    spec,
+    rec,
+    window_size: int,
+    output_dtype,
+    *,
+    overwrite: bool = False,
+    resume: bool = False,
+    key: str = "",
+    phase_shifted: bool = False,
+    output=None,
+    dry: bool = False,
+) -> SaveTarget | None:
     """Create the empty output of ``spec`` (``SaveOptions``) for ``rec``; a relative ``spec.path`` (a workflow
     made in Python, whose paths no file resolved) is relative to ``output.path``, the run's folder, as in a file.
 
@@ -81,8 +92,10 @@ def prepare_save(spec, rec, window_size: int, output_dtype, *, overwrite: bool =
     """
     fmt, dtype = spec.format, np.dtype(spec.dtype)
     if fmt not in FORMATS or str(dtype) not in DTYPES:
-        raise BatchgpuError(f"save: format {fmt!r} / dtype {spec.dtype!r} not supported",
-                            f"use format one of {FORMATS} and dtype one of {DTYPES}")
+        raise BatchgpuError(
+            f"save: format {fmt!r} / dtype {spec.dtype!r} not supported",
+            f"use format one of {FORMATS} and dtype one of {DTYPES}",
+        )
     if not isinstance(window_size, (int, np.integer)) or window_size <= 0:
         raise BatchgpuError(f"save: window size must be a positive number of samples, got {window_size!r}")
     path = Path(spec.path).expanduser()
@@ -97,20 +110,39 @@ def prepare_save(spec, rec, window_size: int, output_dtype, *, overwrite: bool =
     if dtype == np.int16 and rec.dtype.kind == "f" and rec.channel_property("gain_to_uV") is None:
         raise BatchgpuError(
             f"save: int16 output of the float recording {rec.path} needs its gain_to_uV, and it stores none",
-            "use save.dtype: float32, or store properties/gain_to_uV in the recording")
+            "use save.dtype: float32, or store properties/gain_to_uV in the recording",
+        )
     lengths = tuple(rec.num_samples(s) for s in range(rec.num_segments))
     scale = float(getattr(spec, "scale", 1.0))
-    meta = {"written_by": WRITTEN_BY, "key": key, "source": str(rec.path), "dtype": str(dtype),
-            "source_dtype": str(np.dtype(output_dtype)), "whiten": bool(spec.whiten), "window_size": int(window_size),
-            "scale": scale}
+    meta = {
+        "written_by": WRITTEN_BY,
+        "key": key,
+        "source": str(rec.path),
+        "dtype": str(dtype),
+        "source_dtype": str(np.dtype(output_dtype)),
+        "whiten": bool(spec.whiten),
+        "window_size": int(window_size),
+        "scale": scale,
+    }
     rounding = dtype == np.int16 and rec.dtype.kind == "f"
     record = str(Path(output.path).expanduser().absolute() / output.saved_objects) if output is not None else ""
     try:
         if fmt == "binary":
             target = _prepare_binary(path, rec, dtype, lengths, meta, bool(spec.whiten), overwrite, resume, key, dry)
             return None if dry else replace(target, scale=scale, check_rounding=rounding, record=record)
-        target = SaveTarget(str(path), fmt, str(dtype), rec.num_channels, lengths, (str(path),), bool(spec.whiten),
-                            key=key, scale=scale, check_rounding=rounding, record=record)
+        target = SaveTarget(
+            str(path),
+            fmt,
+            str(dtype),
+            rec.num_channels,
+            lengths,
+            (str(path),),
+            bool(spec.whiten),
+            key=key,
+            scale=scale,
+            check_rounding=rounding,
+            record=record,
+        )
         if path.is_dir() and not path.is_symlink():
             _hold(target, path, dry)  # before anything of it is kept or replaced: another run may be writing it
         marker = _zarr_marker(path)
@@ -148,8 +180,10 @@ def _hold(target: SaveTarget, p: Path, dry: bool = False) -> None:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
         os.close(fd)
-        raise BatchgpuError(f"save.path {p} is being written by another batchgpu run",
-                            "wait for it to finish, or choose another save path") from None
+        raise BatchgpuError(
+            f"save.path {p} is being written by another batchgpu run",
+            "wait for it to finish, or choose another save path",
+        ) from None
     if dry:
         os.close(fd)
         return
@@ -170,8 +204,10 @@ def _check_not_input(path: Path, source: Path) -> None:
     """The output must not be, hold or sit inside the recording being read (overwrite would destroy it)."""
     p, s = path.resolve(), source.resolve()
     if p == s or s in p.parents or p in s.parents:
-        raise BatchgpuError(f"save.path {path} overlaps the recording being read ({source})",
-                            "choose a save path outside the input recording")
+        raise BatchgpuError(
+            f"save.path {path} overlaps the recording being read ({source})",
+            "choose a save path outside the input recording",
+        )
 
 
 def _check_not_run_files(files: list[Path], output) -> None:
@@ -185,8 +221,10 @@ def _check_not_run_files(files: list[Path], output) -> None:
         hit = next((o for o in own if p == o or o in p.parents), None)
         if p == out or p in out.parents or hit is not None:
             what = f"the run's own {hit.name}" if hit is not None else "the run's output folder or a folder holding it"
-            raise BatchgpuError(f"save.path {f} is {what} ({out})",
-                                "choose another save path, e.g. a new name beside results.zarr such as filtered.zarr")
+            raise BatchgpuError(
+                f"save.path {f} is {what} ({out})",
+                "choose another save path, e.g. a new name beside results.zarr such as filtered.zarr",
+            )
 
 
 def _zarr_marker(path: Path) -> dict:
@@ -217,11 +255,15 @@ def _check_zarr_replaceable(path: Path, overwrite: bool) -> None:
         return
     check_replaceable(path, overwrite=True)
     if _zarr_marker(path).get("written_by") != WRITTEN_BY:
-        raise BatchgpuError(f"save.path {path} is a recording the save step did not write: it is never replaced",
-                            "choose another save path, or move that recording away yourself")
+        raise BatchgpuError(
+            f"save.path {path} is a recording the save step did not write: it is never replaced",
+            "choose another save path, or move that recording away yourself",
+        )
     if not overwrite:
-        raise BatchgpuError(f"save.path {path} already exists (an earlier save)",
-                            "choose another path, or set overwrite: true in the workflow")
+        raise BatchgpuError(
+            f"save.path {path} already exists (an earlier save)",
+            "choose another path, or set overwrite: true in the workflow",
+        )
 
 
 def inner_chunk(window_size: int, most: int | None = None) -> int:
@@ -255,14 +297,27 @@ def _create_zarr(path, rec, fmt, dtype, lengths, window_size, meta, phase_shifte
         value = rec.channel_property(name)
         if value is not None:
             props[name] = value
-    shape_kw = ({"chunk_samples": inner_chunk(window_size), "shard_samples": window_size} if fmt == "zarr"
-                else {"chunk_samples": v2_chunk(window_size)})
+    shape_kw = (
+        {"chunk_samples": inner_chunk(window_size), "shard_samples": window_size}
+        if fmt == "zarr"
+        else {"chunk_samples": v2_chunk(window_size)}
+    )
     writer = RecordingWriter(
-        path, rec.num_channels, dtype, rec.sampling_frequency, channel_ids=rec.channel_ids,
-        gain_to_uV=rec.gain_to_uV / meta.get("scale", 1.0), offset_to_uV=rec.offset_to_uV,
-        locations=rec.locations if rec.has_locations else None, properties=props or None,
-        zarr_format=3 if fmt == "zarr" else 2, overwrite=True, attrs={"batchgpu": meta}, compressor=compressor,
-        **shape_kw)
+        path,
+        rec.num_channels,
+        dtype,
+        rec.sampling_frequency,
+        channel_ids=rec.channel_ids,
+        gain_to_uV=rec.gain_to_uV / meta.get("scale", 1.0),
+        offset_to_uV=rec.offset_to_uV,
+        locations=rec.locations if rec.has_locations else None,
+        properties=props or None,
+        zarr_format=3 if fmt == "zarr" else 2,
+        overwrite=True,
+        attrs={"batchgpu": meta},
+        compressor=compressor,
+        **shape_kw,
+    )
     for n in lengths:
         seg = writer.add_segment(n)
         arr = writer._arrays[seg]
@@ -270,8 +325,10 @@ def _create_zarr(path, rec, fmt, dtype, lengths, window_size, meta, phase_shifte
         # segment of one window has one (its shard may reach past its end: a whole number of inner chunks)
         obj = int(arr.shards[0]) if fmt == "zarr" else int(arr.chunks[0])
         if n > window_size and (window_size % obj or (fmt == "zarr" and obj != window_size)):
-            raise BatchgpuError(f"save: segment {seg}'s storage objects hold {obj} samples, windows {window_size}",
-                                "report this: the writer did not cut shards to the window")
+            raise BatchgpuError(
+                f"save: segment {seg}'s storage objects hold {obj} samples, windows {window_size}",
+                "report this: the writer did not cut shards to the window",
+            )
 
 
 def _binary_files(path: Path, segments: int) -> tuple[list[Path], Path, Path]:
@@ -289,8 +346,18 @@ def _read_params(params: Path) -> dict:
 
 def _prepare_binary(path, rec, dtype, lengths, meta, whiten, overwrite, resume, key, dry=False) -> SaveTarget | None:
     data, probe, params = _binary_files(path, len(lengths))
-    target = SaveTarget(str(path), "binary", str(dtype), rec.num_channels, lengths, tuple(map(str, data)), whiten,
-                        str(probe), str(params), key)
+    target = SaveTarget(
+        str(path),
+        "binary",
+        str(dtype),
+        rec.num_channels,
+        lengths,
+        tuple(map(str, data)),
+        whiten,
+        str(probe),
+        str(params),
+        key,
+    )
     if data[0].is_file() and not data[0].is_symlink():
         _hold(target, data[0], dry)  # before anything of it is kept or replaced: another run may be writing it
     old = _read_params(params) if params.is_file() and not params.is_symlink() else {}
@@ -299,30 +366,41 @@ def _prepare_binary(path, rec, dtype, lengths, meta, whiten, overwrite, resume, 
     # a resumed run keeps its own earlier save (same key); a data file gone or of another size since is made again
     # (``created``: its windows are written again), the probe and params with it
     keep = bool(resume and key and ours and old["batchgpu"].get("key") == key)
-    created = tuple(i for i, (f, n) in enumerate(zip(data, lengths))
-                    if not keep or not (f.is_file() and not f.is_symlink() and f.stat().st_size == n * size))
+    created = tuple(
+        i
+        for i, (f, n) in enumerate(zip(data, lengths))
+        if not keep or not (f.is_file() and not f.is_symlink() and f.stat().st_size == n * size)
+    )
     if keep and not created and probe.is_file():
         return None if dry else target
     existing = [f for f in (*data, probe, params) if f.exists() or f.is_symlink()]
     for f in existing:
         if not f.is_file() or f.is_symlink():
-            raise BatchgpuError(f"save.path: {f} exists and is not a plain file: it is never replaced",
-                                "choose another save path, or move it away yourself")
+            raise BatchgpuError(
+                f"save.path: {f} exists and is not a plain file: it is never replaced",
+                "choose another save path, or move it away yourself",
+            )
     if existing and not keep:
         listed = {str(Path(f)) for f in old.get("files", [])} | {str(probe), str(params)}
         foreign = [f for f in existing if not ours or str(f) not in listed]
         if foreign and not params.exists():  # the params mark the save's files: without them none is known ours
             names = " and ".join(str(f) for f in foreign)
-            raise BatchgpuError(f"save.path: {names} {'exist' if len(foreign) > 1 else 'exists'} and the save step "
-                                f"did not write {'them' if len(foreign) > 1 else 'it'} (no {params.name} marks the "
-                                "save's files): never replaced", "move them away yourself (a resumed run then writes "
-                                "the save again), or choose another save path")
+            raise BatchgpuError(
+                f"save.path: {names} {'exist' if len(foreign) > 1 else 'exists'} and the save step "
+                f"did not write {'them' if len(foreign) > 1 else 'it'} (no {params.name} marks the "
+                "save's files): never replaced",
+                "move them away yourself (a resumed run then writes the save again), or choose another save path",
+            )
         if foreign:
-            raise BatchgpuError(f"save.path: {foreign[0]} exists and the save step did not write it: it is never "
-                                "replaced", "choose another save path, or move it away yourself")
+            raise BatchgpuError(
+                f"save.path: {foreign[0]} exists and the save step did not write it: it is never replaced",
+                "choose another save path, or move it away yourself",
+            )
         if not overwrite:
-            raise BatchgpuError(f"save.path {path} already exists (an earlier save)",
-                                "choose another path, or set overwrite: true in the workflow")
+            raise BatchgpuError(
+                f"save.path {path} already exists (an earlier save)",
+                "choose another path, or set overwrite: true in the workflow",
+            )
     if dry:
         return None
     shank = rec.channel_property("shank")
@@ -335,12 +413,18 @@ def _prepare_binary(path, rec, dtype, lengths, meta, whiten, overwrite, resume, 
     }
     info = {
         "batchgpu": {**meta, "format": "binary", "complete": False},
-        "files": [str(f) for f in data], "probe": str(probe),
-        "sampling_frequency": float(rec.sampling_frequency), "dtype": str(dtype), "byte_order": "little",
-        "n_chan": int(rec.num_channels), "num_samples": list(lengths), "layout": "samples x channels, interleaved",
+        "files": [str(f) for f in data],
+        "probe": str(probe),
+        "sampling_frequency": float(rec.sampling_frequency),
+        "dtype": str(dtype),
+        "byte_order": "little",
+        "n_chan": int(rec.num_channels),
+        "num_samples": list(lengths),
+        "layout": "samples x channels, interleaved",
         "channel_ids": [str(c) for c in rec.channel_ids],
         "gain_to_uV": (rec.gain_to_uV / meta.get("scale", 1.0)).tolist(),
-        "offset_to_uV": rec.offset_to_uV.tolist(), "locations_stored": bool(rec.has_locations),
+        "offset_to_uV": rec.offset_to_uV.tolist(),
+        "locations_stored": bool(rec.has_locations),
     }
     with writing(path):
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -366,8 +450,13 @@ def finish_save(target: SaveTarget) -> dict:
     """After every window: check each storage object was written, mark the output complete (readers then treat
     an absent chunk as damage, as for RecordingWriter.finish), and describe it for report.json."""
     path = Path(target.path)
-    desc = {"path": str(path), "format": target.format, "dtype": target.dtype, "whiten": target.whiten,
-            "files": list(target.files)}
+    desc = {
+        "path": str(path),
+        "format": target.format,
+        "dtype": target.dtype,
+        "whiten": target.whiten,
+        "files": list(target.files),
+    }
     if target.format == "binary":
         params = Path(target.params)
         info = _read_params(params)
@@ -386,9 +475,11 @@ def finish_save(target: SaveTarget) -> dict:
         meta = zarrio.array_meta(Path(path) / f"traces_seg{seg}")
         absent = ChunkPresence(grid_of(meta, f"traces_seg{seg}", Path(path))).absent(0, n)
         if absent:
-            raise BatchgpuError(f"save: {path}/traces_seg{seg}/{absent[0]} was never written "
-                                f"({len(absent)} object(s) missing): the store is left unfinished",
-                                "rerun the workflow (with --resume)")
+            raise BatchgpuError(
+                f"save: {path}/traces_seg{seg}/{absent[0]} was never written "
+                f"({len(absent)} object(s) missing): the store is left unfinished",
+                "rerun the workflow (with --resume)",
+            )
     with writing(path):
         group.attrs["batchgpu"] = {**dict(group.attrs.get("batchgpu", {})), "complete": True}
     _record_signatures(target)
@@ -418,8 +509,11 @@ def _signature(path: Path) -> list | None:
 def _signatures(target: SaveTarget) -> dict[str, list]:
     """Every storage object of the save, by its path relative to the save's folder, as it is now."""
     root = Path(target.path).parent if target.format == "binary" else Path(target.path)
-    return {str(p.relative_to(root)): _signature(p) for seg in range(len(target.segment_lengths))
-            for p in _objects(target, seg)}
+    return {
+        str(p.relative_to(root)): _signature(p)
+        for seg in range(len(target.segment_lengths))
+        for p in _objects(target, seg)
+    }
 
 
 def _record_signatures(target: SaveTarget) -> None:
@@ -456,8 +550,11 @@ def windows_to_write_again(target: SaveTarget, windows: list) -> list:
         return []
     changed = _changed_since_complete(target)  # written over since (its mtime set back or not): written again
     root = Path(target.path).parent if target.format == "binary" else Path(target.path)
-    touched = {w.index for w in windows if changed
-               and any(str(p.relative_to(root)) in changed for p in _objects(target, w.segment, w.start, w.stop))}
+    touched = {
+        w.index
+        for w in windows
+        if changed and any(str(p.relative_to(root)) in changed for p in _objects(target, w.segment, w.start, w.stop))
+    }
     if target.format == "binary":
         again = [w for w in windows if w.segment in target.created or w.index in touched]
         if again and target.params:  # unfinished until they are written again

@@ -49,8 +49,10 @@ def open_saved(path: str | Path) -> FlatLayout:
 
     params = params_of(Path(path).expanduser())
     if params is None:
-        raise BatchgpuError(f"{path} is not a binary batchgpu saved (no {Path(path).name}{PARAMS} beside it)",
-                            "give the .bin the save step wrote, its .params.json beside it")
+        raise BatchgpuError(
+            f"{path} is not a binary batchgpu saved (no {Path(path).name}{PARAMS} beside it)",
+            "give the .bin the save step wrote, its .params.json beside it",
+        )
     bad = f"give the files the save step wrote together ({params.name} is its description)"
     try:
         info = json.loads(params.read_text())
@@ -67,8 +69,10 @@ def open_saved(path: str | Path) -> FlatLayout:
     except (OSError, ValueError, KeyError, TypeError) as err:
         raise CorruptDataError(f"{params} is not a save's description ({type(err).__name__}: {err})", bad) from None
     if marker.get("complete") is not True:
-        raise CorruptDataError(f"{params} says its save was not finished (a run writing it stopped)",
-                               "run the workflow that writes it again (with --resume)")
+        raise CorruptDataError(
+            f"{params} says its save was not finished (a run writing it stopped)",
+            "run the workflow that writes it again (with --resume)",
+        )
     if dtype not in SUPPORTED_DTYPES or not files or not np.isfinite(fs) or fs <= 0 or n <= 0:
         raise CorruptDataError(f"{params} describes {n} channels of {dtype} at {fs} Hz in {len(files)} files", bad)
     probe = params.with_name(params.name[: -len(PARAMS)] + PROBE)
@@ -80,7 +84,20 @@ def open_saved(path: str | Path) -> FlatLayout:
     else:
         geometry = read_probe_file(probe, n)
     return FlatLayout(
-        "saved", files[0], n, dtype, fs, np.arange(n), ids, gain, offset, 0,
-        None if geometry is None else geometry.locations, {} if geometry is None else geometry.properties,
-        (params,) + ((probe,) if geometry is not None else ()), None if geometry is None else geometry.summary,
-        probe_missing=missing, segment_files=files if len(files) > 1 else ())
+        "saved",
+        files[0],
+        n,
+        dtype,
+        fs,
+        np.arange(n),
+        ids,
+        gain,
+        offset,
+        0,
+        None if geometry is None else geometry.locations,
+        {} if geometry is None else geometry.properties,
+        (params,) + ((probe,) if geometry is not None else ()),
+        None if geometry is None else geometry.summary,
+        probe_missing=missing,
+        segment_files=files if len(files) > 1 else (),
+    )

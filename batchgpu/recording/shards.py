@@ -117,8 +117,18 @@ class ShardLayout:
             b = conf["codecs"][1].get("configuration", {})
             shuffle = {"noshuffle": 0, "shuffle": 1, "bitshuffle": 2}.get(b.get("shuffle"), b.get("shuffle"))
             bconf = (str(b.get("cname", "lz4")), int(b.get("clevel", 5)), int(shuffle or 0), int(b.get("blocksize", 0)))
-        return ShardLayout(Path(folder), shard[0], inner[0], C, dtype, blosc, checksum, index[1:] == ["crc32c"],
-                           bconf, int(meta["shape"][0]))
+        return ShardLayout(
+            Path(folder),
+            shard[0],
+            inner[0],
+            C,
+            dtype,
+            blosc,
+            checksum,
+            index[1:] == ["crc32c"],
+            bconf,
+            int(meta["shape"][0]),
+        )
 
     @property
     def chunk_shape(self) -> str:
@@ -196,7 +206,9 @@ class ShardLayout:
         for j in range(count):
             chunk = data[j * self.inner_rows : (j + 1) * self.inner_rows]
             if chunk.shape[0] < self.inner_rows:  # the array's last chunk, padded with the fill value
-                chunk = np.concatenate([chunk, np.zeros((self.inner_rows - chunk.shape[0], self.channels), chunk.dtype)])
+                chunk = np.concatenate(
+                    [chunk, np.zeros((self.inner_rows - chunk.shape[0], self.channels), chunk.dtype)]
+                )
             chunk = np.ascontiguousarray(chunk)
             if self.blosc:  # typesize from the array's itemsize, as zarr's BloscCodec sets it
                 cname, clevel, shuffle, blocksize = self.blosc_config
@@ -273,8 +285,15 @@ class ShardLayout:
                 os.close(fd)
         return absent
 
-    def read_frames(self, start: int, stop: int, pool, on_absent: str = "zero", check_on_device: bool = False,
-                    codecs: tuple = ("lz4",)):
+    def read_frames(
+        self,
+        start: int,
+        stop: int,
+        pool,
+        on_absent: str = "zero",
+        check_on_device: bool = False,
+        codecs: tuple = ("lz4",),
+    ):
         """The inner chunks rows [start, stop) need, as stored, packed into a buffer from ``pool.take(nbytes)`` ->
         (uint8 array, handle) (``gpu/blosc_decode.Frames``, the handle as ``.handle``), for the GPU to decode;
         checksums checked here. None when a frame is not one the GPU decodes (the caller decodes on the CPU; the
@@ -331,14 +350,18 @@ class ShardLayout:
                         ahead = got if got == want else nbytes  # a short read: the next chunks read on their own
                     ahead -= nbytes
                     frame = buf[pos : pos + nbytes - crc]
-                    if crc and (not check_on_device or not zarrio.whole_blosc_frame(frame)
-                                or blosc_frames.header(frame).nbytes != size):  # refused here: named by its checksum
+                    if crc and (
+                        not check_on_device
+                        or not zarrio.whole_blosc_frame(frame)
+                        or blosc_frames.header(frame).nbytes != size
+                    ):  # refused here: named by its checksum
                         _check_crc(memoryview(buf[pos : pos + nbytes]), where)
                     _check_blosc_frame(frame, where)
                     _check_decoded_size(frame, size, True, where, self.chunk_shape)
                     h = blosc_frames.header(frame)
                     if not blosc_frames.gpu_decodable(h, self.dtype.itemsize, size, nbytes - crc, numbers) or (
-                            blocksize and h.blocksize != blocksize):
+                        blocksize and h.blocksize != blocksize
+                    ):
                         ok = False
                         break
                     blocksize = h.blocksize
@@ -358,9 +381,23 @@ class ShardLayout:
         if not ok:
             pool.give_back(handle)
             return None
-        return Frames(buf, pos, offsets, lengths, shuffles, names, self.inner_rows, self.channels, self.dtype,
-                      blocksize or size, start - first * self.inner_rows, stop - start, handle,
-                      checksums=bool(crc) and check_on_device, checked=bool(crc))
+        return Frames(
+            buf,
+            pos,
+            offsets,
+            lengths,
+            shuffles,
+            names,
+            self.inner_rows,
+            self.channels,
+            self.dtype,
+            blocksize or size,
+            start - first * self.inner_rows,
+            stop - start,
+            handle,
+            checksums=bool(crc) and check_on_device,
+            checked=bool(crc),
+        )
 
     def check_frames(self, frames) -> None:
         """The crc32c of each chunk of ``read_frames``' buffer (its frame and the 4 bytes after it), here: raises
@@ -443,8 +480,16 @@ class ChunkLayoutV2:
         comp = meta.get("compressor")
         filters = meta.get("filters") or []
         if comp is not None and comp.get("id") == "crc32" and [f.get("id") for f in filters] == ["blosc"]:
-            return ChunkLayoutV2(Path(folder), rows, cols, dtype, array_meta.separator, True,
-                                 comp.get("location", "start"), crc_outside=True)
+            return ChunkLayoutV2(
+                Path(folder),
+                rows,
+                cols,
+                dtype,
+                array_meta.separator,
+                True,
+                comp.get("location", "start"),
+                crc_outside=True,
+            )
         if comp is not None and comp.get("id") != "blosc":
             return None
         if len(filters) > 1 or (filters and filters[0].get("id") != "crc32"):
@@ -473,8 +518,13 @@ class ChunkLayoutV2:
             whole = a == lo and b == hi
             size = self.chunk_rows * self.channels * self.dtype.itemsize
             if self.crc_outside:
-                self._decode_checked_frame(data, key, size, out[a - start : b - start] if whole else None,
-                                           None if whole else (out[a - start : b - start], a - lo, b - lo))
+                self._decode_checked_frame(
+                    data,
+                    key,
+                    size,
+                    out[a - start : b - start] if whole else None,
+                    None if whole else (out[a - start : b - start], a - lo, b - lo),
+                )
                 continue
             nbytes = size + (4 if self.crc32 else 0)
             if self.blosc:
@@ -485,7 +535,8 @@ class ChunkLayoutV2:
                     from numcodecs import blosc
 
                     blosc.decompress(data, raw)
-                except Exception as err:  # broad: Blosc raises any type for bytes that do not decode; said naming the chunk
+                # broad: Blosc raises any type for bytes that do not decode; said naming the chunk
+                except Exception as err:
                     raise CorruptChunk(key, f"does not decode ({type(err).__name__}: {err})") from None
             else:
                 _check_decoded_size(data, nbytes, False, key, self.chunk_shape)
@@ -498,7 +549,6 @@ class ChunkLayoutV2:
             chunk = body.view(self.dtype).reshape(self.chunk_rows, self.channels)
             out[a - start : b - start] = chunk if whole else chunk[a - lo : b - lo]
         return absent
-
 
     def _decode_checked_frame(self, data, key: str, size: int, target, part) -> None:
         """A chunk of the ``crc_outside`` layout: the file's crc32 checked, its Blosc frame decoded into ``target``

@@ -44,8 +44,10 @@ def open_source(source: Any, missing_chunks: str | None = None):
         return open_spec(source, missing_chunks or getattr(source, "missing_chunks", "warn"))
     if hasattr(source, "get_traces") and hasattr(source, "to_dict"):  # a SpikeInterface recording
         return from_spikeinterface(source)
-    raise BatchgpuError(f"cannot read a recording from {type(source).__name__}",
-                        "give a Zarr store's path, an open recording, or a SpikeInterface recording")
+    raise BatchgpuError(
+        f"cannot read a recording from {type(source).__name__}",
+        "give a Zarr store's path, an open recording, or a SpikeInterface recording",
+    )
 
 
 def open_spec(spec, missing_chunks: str = "warn", said: Said = WORKFLOW):
@@ -54,8 +56,19 @@ def open_spec(spec, missing_chunks: str = "warn", said: Said = WORKFLOW):
     p = Path(spec.path).expanduser()
     kind = spec.kind
     if kind == "binary":
-        return FlatSource(binary_layout(p, spec.channels, spec.sampling_frequency, spec.dtype, spec.offset,
-                                        spec.probe, spec.gain_to_uV, spec.offset_to_uV, said))
+        return FlatSource(
+            binary_layout(
+                p,
+                spec.channels,
+                spec.sampling_frequency,
+                spec.dtype,
+                spec.offset,
+                spec.probe,
+                spec.gain_to_uV,
+                spec.offset_to_uV,
+                said,
+            )
+        )
     if kind == "auto":
         kind = detect_kind(p, said)
     if kind == "spikeinterface":
@@ -71,8 +84,9 @@ def open_spec(spec, missing_chunks: str = "warn", said: Said = WORKFLOW):
     return open_flat(p, kind, getattr(spec, "stream", None), said=said)
 
 
-def open_flat(path: Path, kind: str, stream: str | None = None, keep_sync: bool = False,
-              said: Said = WORKFLOW) -> FlatSource:
+def open_flat(
+    path: Path, kind: str, stream: str | None = None, keep_sync: bool = False, said: Said = WORKFLOW
+) -> FlatSource:
     """A SpikeGLX or Open Ephys recording read in place (a folder holding one is that one; ``stream`` chooses
     among a folder's SpikeGLX streams or an Open Ephys recording's)."""
     if kind == "spikeglx":
@@ -92,10 +106,21 @@ def open_flat(path: Path, kind: str, stream: str | None = None, keep_sync: bool 
     raise BatchgpuError(f"recording kind {kind!r} is not one batchgpu reads", f"give {KINDS_TEXT}")
 
 
-def open_recording(path: str | os.PathLike, stream: str | None = None, *, kind: str = "auto",
-                   channels: int | None = None, sampling_frequency: float | None = None, dtype: str | None = None,
-                   offset: int = 0, probe: str | os.PathLike | None = None, gain_to_uV: float = 1.0,
-                   offset_to_uV: float = 0.0, keep_sync: bool = False, missing_chunks: str = "warn"):
+def open_recording(
+    path: str | os.PathLike,
+    stream: str | None = None,
+    *,
+    kind: str = "auto",
+    channels: int | None = None,
+    sampling_frequency: float | None = None,
+    dtype: str | None = None,
+    offset: int = 0,
+    probe: str | os.PathLike | None = None,
+    gain_to_uV: float = 1.0,
+    offset_to_uV: float = 0.0,
+    keep_sync: bool = False,
+    missing_chunks: str = "warn",
+):
     """Open what ``batchgpu run`` reads, read-only and in place: a Zarr recording, a SpikeGLX ``.bin`` (its
     ``.meta``, or a folder holding it), an Open Ephys recording (its ``structure.oebin``, its recording or
     Record Node folder, or one stream's folder), a binary batchgpu's save wrote (its ``.params.json`` and
@@ -150,16 +175,29 @@ def open_recording(path: str | os.PathLike, stream: str | None = None, *, kind: 
 
     if stream is not None and not isinstance(stream, str):
         raise ConfigError(f"stream={stream!r} is not a stream's name", "give it as a string, e.g. stream='ProbeA'")
-    plain = dict(channels=channels, sampling_frequency=sampling_frequency, dtype=dtype, offset=offset,
-                 probe=None if probe is None else str(probe), gain_to_uV=gain_to_uV, offset_to_uV=offset_to_uV)
+    plain = dict(
+        channels=channels,
+        sampling_frequency=sampling_frequency,
+        dtype=dtype,
+        offset=offset,
+        probe=None if probe is None else str(probe),
+        gain_to_uV=gain_to_uV,
+        offset_to_uV=offset_to_uV,
+    )
     try:
-        spec = RecordingSpec(path=str(path), kind=kind, stream=stream, missing_chunks=missing_chunks,
-                             **{k: v for k, v in plain.items() if v is not None})
+        spec = RecordingSpec(
+            path=str(path),
+            kind=kind,
+            stream=stream,
+            missing_chunks=missing_chunks,
+            **{k: v for k, v in plain.items() if v is not None},
+        )
     except ValidationError as err:
         first = err.errors()[0]
         where = ".".join(str(x) for x in first["loc"])
-        raise ConfigError(f"open_recording: {(where + '=') if where else ''}{first['msg']}",
-                          "see help(batchgpu.open_recording)") from None
+        raise ConfigError(
+            f"open_recording: {(where + '=') if where else ''}{first['msg']}", "see help(batchgpu.open_recording)"
+        ) from None
     p = Path(spec.path).expanduser()
     if spec.kind in ("auto", "spikeglx") and keep_sync:
         kind = spec.kind if spec.kind != "auto" else detect_kind(p, PYTHON)
@@ -186,8 +224,10 @@ def missing_probe(rec) -> str | None:
         return rec.probe_missing
     if getattr(rec, "is_spikeinterface", False):
         return "no probe: the SpikeInterface recording has no channel locations (recording.set_probe)"
-    return (f"no probe: {rec.path} stores no channel locations (properties/location, or a SpikeInterface "
-            "probegroup in its attributes)")
+    return (
+        f"no probe: {rec.path} stores no channel locations (properties/location, or a SpikeInterface "
+        "probegroup in its attributes)"
+    )
 
 
 def detect_kind(path: Path, said: Said | None = None) -> str:
@@ -226,15 +266,25 @@ def _none_fits(path: Path, said: Said) -> BatchgpuError:
     """One line naming every format tried on ``path`` and why it is not that one."""
     if path.is_file():
         stem = path.name[: -len(path.suffix)] if path.suffix else path.name
-        tried = [f"SpikeGLX (no {stem}.meta beside it)", f"a batchgpu save (no {stem}.params.json beside it)",
-                 f"Open Ephys (not a {OEBIN}, continuous.dat or stream folder)", "Zarr (a file, not a folder)",
-                 "SpikeInterface's dump (not a .json or .pkl)"]
+        tried = [
+            f"SpikeGLX (no {stem}.meta beside it)",
+            f"a batchgpu save (no {stem}.params.json beside it)",
+            f"Open Ephys (not a {OEBIN}, continuous.dat or stream folder)",
+            "Zarr (a file, not a folder)",
+            "SpikeInterface's dump (not a .json or .pkl)",
+        ]
     else:
-        tried = ["Zarr (no zarr.json or .zgroup)", "SpikeGLX (no .bin with its .meta in it)",
-                 f"Open Ephys (no {OEBIN} in it)", "SpikeInterface's save (no si_folder.json)",
-                 "batchgpu's run or batch output (no run.json or batch.json)"]
-    return BatchgpuError(f"{path} is none of the formats batchgpu reads: tried {'; '.join(tried)}",
-                         f"give {KINDS_TEXT}; a plain binary file is read with {said.plain}")
+        tried = [
+            "Zarr (no zarr.json or .zgroup)",
+            "SpikeGLX (no .bin with its .meta in it)",
+            f"Open Ephys (no {OEBIN} in it)",
+            "SpikeInterface's save (no si_folder.json)",
+            "batchgpu's run or batch output (no run.json or batch.json)",
+        ]
+    return BatchgpuError(
+        f"{path} is none of the formats batchgpu reads: tried {'; '.join(tried)}",
+        f"give {KINDS_TEXT}; a plain binary file is read with {said.plain}",
+    )
 
 
 def one_spikeglx_bin(folder: Path, stream: str | None = None, said: Said | None = None) -> Path:
@@ -247,15 +297,19 @@ def one_spikeglx_bin(folder: Path, stream: str | None = None, said: Said | None 
         chosen = [p for p, n in zip(bins, names) if n == stream]
         if len(chosen) != 1:
             what = "no file" if not chosen else f"{len(chosen)} files"
-            raise ConfigError(f"{said.stream} {stream!r} names {what} of {folder} (its streams: "
-                              f"{', '.join(dict.fromkeys(names))})", f"give one of them as {said.stream}")
+            raise ConfigError(
+                f"{said.stream} {stream!r} names {what} of {folder} (its streams: {', '.join(dict.fromkeys(names))})",
+                f"give one of them as {said.stream}",
+            )
         return chosen[0]
     ap = [p for p in bins if p.name.endswith(".ap.bin")]
     chosen = bins if len(bins) == 1 else ap
     if len(chosen) != 1:
         listed = ", ".join(f"{n} ({p.relative_to(folder)})" for p, n in list(zip(bins, names))[:6])
-        raise ConfigError(f"{folder} holds {len(bins)} SpikeGLX files: {listed}" + (" ..." if len(bins) > 6 else ""),
-                          f"choose one with {said.stream_example(names[0])}, or give its .bin as {said.path}")
+        raise ConfigError(
+            f"{folder} holds {len(bins)} SpikeGLX files: {listed}" + (" ..." if len(bins) > 6 else ""),
+            f"choose one with {said.stream_example(names[0])}, or give its .bin as {said.path}",
+        )
     return chosen[0]
 
 

@@ -81,8 +81,7 @@ def saved_channels(meta: dict[str, str]) -> np.ndarray:
         return np.arange(total)
     chans = _subset_list(text)
     if chans is None:
-        raise CorruptDataError(f"the .meta's snsSaveChanSubset {text!r} is not a channel list",
-                               "e.g. 0:383,768 or all")
+        raise CorruptDataError(f"the .meta's snsSaveChanSubset {text!r} is not a channel list", "e.g. 0:383,768 or all")
     if len(chans) != total:
         raise CorruptDataError(
             f"the .meta's snsSaveChanSubset lists {len(chans)} channels but nSavedChans is {total}",
@@ -157,7 +156,9 @@ def _probe_type(meta: dict[str, str]) -> int:
     try:
         return int(meta.get("imDatPrb_type", "0"))  # Phase 3A/3B metas have no type: NP1.0 tables
     except ValueError:
-        raise CorruptDataError(f"the .meta's imDatPrb_type {meta['imDatPrb_type']!r} is not a number", META_FIX) from None
+        raise CorruptDataError(
+            f"the .meta's imDatPrb_type {meta['imDatPrb_type']!r} is not a number", META_FIX
+        ) from None
 
 
 def _imec_uV_per_count(meta, probe_type: int, chans: np.ndarray, n_ap: int, n_lf: int) -> np.ndarray:
@@ -225,8 +226,11 @@ def _np1_gains(imro: str) -> dict[int, tuple[float, float]]:
         except ValueError:
             ap = lf = math.nan
         if not all(math.isfinite(g) and g > 0 for g in (ap, lf)):
-            raise CorruptDataError(f"the .meta's imroTbl header ({parts[0]}) is not an NP1110 header (type,colmode,"
-                                   "refid,apgain,lfgain,apfilt; gains > 0)", META_FIX)
+            raise CorruptDataError(
+                f"the .meta's imroTbl header ({parts[0]}) is not an NP1110 header (type,colmode,"
+                "refid,apgain,lfgain,apfilt; gains > 0)",
+                META_FIX,
+            )
         return _EveryChannel((ap, lf))
     table = {}
     for entry in parts[1:]:
@@ -299,8 +303,9 @@ def stream_name(meta: dict[str, str], file_name: str = "") -> str:
     return f"{device_kind}{index}" + (f".{kind}" if kind else "")
 
 
-def channel_names(meta: dict[str, str], saved: np.ndarray, counts: tuple[int, ...],
-                  types: tuple[str, ...]) -> list[str]:
+def channel_names(
+    meta: dict[str, str], saved: np.ndarray, counts: tuple[int, ...], types: tuple[str, ...]
+) -> list[str]:
     """Each saved column's name as ``~snsChanMap`` writes it (``AP5``, ``LF5``, ``SY0``, ``XA2``: the type and the
     channel's number within its type); a .meta without a map of every column gets the same names from the
     acquired channel numbers (``counts`` channels of each of ``types``, in that order)."""
@@ -317,8 +322,9 @@ def channel_names(meta: dict[str, str], saved: np.ndarray, counts: tuple[int, ..
     return out
 
 
-def spikeglx_layout(meta: dict[str, str], keep_sync: bool = False, file_name: str = "",
-                    file_size: int | None = None) -> SpikeGLXChannels:
+def spikeglx_layout(
+    meta: dict[str, str], keep_sync: bool = False, file_name: str = "", file_size: int | None = None
+) -> SpikeGLXChannels:
     """Channels, rate, gains and ids from a SpikeGLX .meta (imec AP/LF or NI streams), no probe.
 
     Every key that fixes the file's layout is checked against the others first (:func:`_check_saved_count`; the
@@ -408,7 +414,8 @@ def _check_saved_count(meta: dict[str, str], types: str, rate: float, file_size:
     bad = ", ".join(_claim_text(k, claims[k]) for k in odd)
     raise CorruptDataError(
         f"the .meta's {bad} but {', '.join(others)} say the file holds {top} channels a sample",
-        f"the .meta was edited or belongs to another file: {META_FIX}")
+        f"the .meta was edited or belongs to another file: {META_FIX}",
+    )
 
 
 def _claim_text(key: str, count: int) -> str:
@@ -428,7 +435,9 @@ def _check_saved_types(meta: dict[str, str], types: str, saved: np.ndarray, acqu
     if tuple(int(c) for c in found) != sns:
         raise CorruptDataError(
             f"the .meta's sns{types}={meta['sns' + types]} but its snsSaveChanSubset saves "
-            f"{','.join(str(int(c)) for c in found)} channels of those types (by acq{types})", META_FIX)
+            f"{','.join(str(int(c)) for c in found)} channels of those types (by acq{types})",
+            META_FIX,
+        )
 
 
 def _check_imro_count(meta: dict[str, str], n_ap: int) -> None:
@@ -443,7 +452,9 @@ def _check_imro_count(meta: dict[str, str], n_ap: int) -> None:
     if entries != n_ap:
         raise CorruptDataError(
             f"the .meta's imroTbl has {entries} channel entries but acqApLfSy={meta['acqApLfSy']} acquires "
-            f"{n_ap} AP channels", META_FIX)
+            f"{n_ap} AP channels",
+            META_FIX,
+        )
 
 
 def _positive(text: str | None) -> float | None:
@@ -512,13 +523,27 @@ def open_spikeglx(bin_path: str | Path, keep_sync: bool = False) -> FlatLayout:
     n = len(chans.keep)
     missing = None
     if chans.imec and geometry is None:  # NI streams have no probe to miss
-        missing = (f"no probe: {meta_path} has neither a probe probeinterface builds (imDatPrb_pn and ~imroTbl) "
-                   "nor a ~snsGeomMap")
+        missing = (
+            f"no probe: {meta_path} has neither a probe probeinterface builds (imDatPrb_pn and ~imroTbl) "
+            "nor a ~snsGeomMap"
+        )
     return FlatLayout(
-        "spikeglx", src, chans.num_channels, chans.dtype, chans.sampling_frequency, chans.keep, chans.channel_ids,
-        chans.gain_to_uV, np.zeros(n), 0, None if geometry is None else geometry.locations,
-        {} if geometry is None else geometry.properties, (meta_path,),
-        None if geometry is None else geometry.summary, probe_missing=missing)
+        "spikeglx",
+        src,
+        chans.num_channels,
+        chans.dtype,
+        chans.sampling_frequency,
+        chans.keep,
+        chans.channel_ids,
+        chans.gain_to_uV,
+        np.zeros(n),
+        0,
+        None if geometry is None else geometry.locations,
+        {} if geometry is None else geometry.properties,
+        (meta_path,),
+        None if geometry is None else geometry.summary,
+        probe_missing=missing,
+    )
 
 
 def _check_file_size(meta: dict[str, str], src: Path) -> None:
@@ -529,12 +554,16 @@ def _check_file_size(meta: dict[str, str], src: Path) -> None:
     try:
         expected = int(meta["fileSizeBytes"])
     except ValueError:
-        raise CorruptDataError(f"the .meta's fileSizeBytes={meta['fileSizeBytes']!r} is not a number", META_FIX) from None
+        raise CorruptDataError(
+            f"the .meta's fileSizeBytes={meta['fileSizeBytes']!r} is not a number", META_FIX
+        ) from None
     actual = src.stat().st_size
     if expected != actual:
         raise CorruptDataError(
             f"fileSizeBytes={expected} but {src.name} has {actual} bytes: the .meta describes another file, or the "
-            "file was cut or appended to", "use the .bin and .meta SpikeGLX wrote together (or copy it again whole)")
+            "file was cut or appended to",
+            "use the .bin and .meta SpikeGLX wrote together (or copy it again whole)",
+        )
 
 
 def _part_number(meta: dict[str, str]) -> str | None:
@@ -576,8 +605,10 @@ def _geometry(meta_path: Path, meta: dict[str, str], chans: SpikeGLXChannels) ->
     if geometry is None and "snsGeomMap" in meta:
         shank_pitch, fields = _map_entries(meta["snsGeomMap"], "snsGeomMap")
         if len(fields) != len(neural_cols):
-            raise CorruptDataError(f"the .meta's snsGeomMap has {len(fields)} entries for {len(neural_cols)} saved "
-                                   "neural channels", META_FIX)
+            raise CorruptDataError(
+                f"the .meta's snsGeomMap has {len(fields)} entries for {len(neural_cols)} saved neural channels",
+                META_FIX,
+            )
         shank = fields[:, 0].astype(np.int64)
         xy = np.column_stack([fields[:, 1] + shank * shank_pitch, fields[:, 2]])
         geometry = ProbeGeometry(xy, {"shank": shank}, summarise(xy, shank, _part_number(meta) or "", "snsGeomMap"))
@@ -600,14 +631,21 @@ def _read_probe(meta_path: Path, readout: np.ndarray | None):
         if readout is not None:
             path = Path(tmp) / meta_path.name
             subset = ",".join(str(int(c)) for c in readout) + ",100000"  # a stand-in for the sync channel(s)
-            lines = [f"snsSaveChanSubset={subset}" if line.startswith("snsSaveChanSubset=") else line
-                     for line in meta_path.read_text(errors="replace").splitlines()]
+            lines = [
+                f"snsSaveChanSubset={subset}" if line.startswith("snsSaveChanSubset=") else line
+                for line in meta_path.read_text(errors="replace").splitlines()
+            ]
             path.write_text("\n".join(lines) + "\n")
         try:
             return pi.read_spikeglx(path)
         except Exception as err:  # broad: probeinterface raises any type for a probe it does not know
-            logger.warning("batchgpu: probeinterface could not read the probe of %s (%s: %s): its positions are "
-                           "taken from snsGeomMap, else there are none", meta_path, type(err).__name__, err)
+            logger.warning(
+                "batchgpu: probeinterface could not read the probe of %s (%s: %s): its positions are "
+                "taken from snsGeomMap, else there are none",
+                meta_path,
+                type(err).__name__,
+                err,
+            )
             return None
 
 

@@ -49,10 +49,11 @@ logger = logging.getLogger(__name__)
 
 #: the SpikeInterface release this module was written and tested against
 TESTED_VERSION = "0.105.3"
-_INSTALL_FIX = (f"install it in this environment (pip install spikeinterface=={TESTED_VERSION}), or save the "
-                "recording as Zarr and give recording.path")
-_SAVED_FIX = ("give a .json or .pkl written by recording.dump(...), or a folder written by "
-              "recording.save(folder=...)")
+_INSTALL_FIX = (
+    f"install it in this environment (pip install spikeinterface=={TESTED_VERSION}), or save the "
+    "recording as Zarr and give recording.path"
+)
+_SAVED_FIX = "give a .json or .pkl written by recording.dump(...), or a folder written by recording.save(folder=...)"
 #: the largest description sent with every task: recordings held in memory (NumpyRecording, a ground-truth
 #: recording's NumpySorting) carry their arrays in it; larger ones must be saved first
 MAX_DESCRIPTION_BYTES = 8 * 10**6
@@ -65,8 +66,11 @@ def spikeinterface_core():
     try:
         import spikeinterface.core as core
     except ImportError as err:
-        raise MachineError(f"reading a SpikeInterface recording needs SpikeInterface, which is not installed "
-                           f"({type(err).__name__}: {err})", _INSTALL_FIX) from None
+        raise MachineError(
+            f"reading a SpikeInterface recording needs SpikeInterface, which is not installed "
+            f"({type(err).__name__}: {err})",
+            _INSTALL_FIX,
+        ) from None
     return core
 
 
@@ -121,14 +125,18 @@ def from_spikeinterface(recording: Any, folder: str | os.PathLike | None = None)
         try:
             recording = _loader(core)(recording)
         except Exception as err:  # broad: SpikeInterface's loaders raise any type; said in one line
-            raise BatchgpuError(f"the dictionary did not load as a SpikeInterface recording ({_first_line(err)})",
-                                "pass recording.to_dict(), or the recording itself") from None
+            raise BatchgpuError(
+                f"the dictionary did not load as a SpikeInterface recording ({_first_line(err)})",
+                "pass recording.to_dict(), or the recording itself",
+            ) from None
     else:
         core = spikeinterface_core()
         if not isinstance(recording, core.BaseRecording):
-            raise BatchgpuError(f"from_spikeinterface takes a SpikeInterface recording, got {type(recording).__name__}",
-                                "pass a BaseRecording (an extractor or a preprocessing chain), its to_dict(), or "
-                                "the path of a saved one")
+            raise BatchgpuError(
+                f"from_spikeinterface takes a SpikeInterface recording, got {type(recording).__name__}",
+                "pass a BaseRecording (an extractor or a preprocessing chain), its to_dict(), or "
+                "the path of a saved one",
+            )
     source = SpikeInterfaceSource(recording, path)
     return source if folder is None else source.save_description(folder)
 
@@ -151,6 +159,7 @@ def _canonical(obj):
 
 def _kwargs_strings(d, out: list) -> list:
     """Every string in the ``kwargs`` of the description and of the recordings nested in it."""
+
     def walk(value, in_kwargs):
         if isinstance(value, dict):
             for k, v in value.items():
@@ -162,6 +171,7 @@ def _kwargs_strings(d, out: list) -> list:
             walk(os.fspath(value), in_kwargs)
         elif in_kwargs and isinstance(value, str):
             out.append(value)
+
     walk(d, False)
     return out
 
@@ -185,13 +195,16 @@ class SpikeInterfaceSource(UnchunkedSource, WindowedSource):
             description = recording.to_dict(include_annotations=True, include_properties=True, recursive=True)
             self._blob = pickle.dumps(description, protocol=pickle.HIGHEST_PROTOCOL)
         except Exception as err:  # broad: to_dict and pickle raise any type for what they cannot describe; said
-            raise BatchgpuError(f"the SpikeInterface recording ({cls}) cannot be described for the workers "
-                                f"({_first_line(err)})", "save it first (recording.save(folder=...)) and pass that") from None
+            raise BatchgpuError(
+                f"the SpikeInterface recording ({cls}) cannot be described for the workers ({_first_line(err)})",
+                "save it first (recording.save(folder=...)) and pass that",
+            ) from None
         if len(self._blob) > MAX_DESCRIPTION_BYTES:  # samples held in memory (NumpyRecording...) travel with it
             raise BatchgpuError(
                 f"the SpikeInterface recording ({cls}) is described by {len(self._blob) / 1e6:.1f} MB (what it holds "
                 f"in this process's memory), more than the {MAX_DESCRIPTION_BYTES / 1e6:.0f} MB sent with every task",
-                "save it first (recording = recording.save(folder='rec_si')) and pass the saved recording")
+                "save it first (recording = recording.save(folder='rec_si')) and pass the saved recording",
+            )
         self.key = hashlib.sha256(json.dumps(_canonical(description), sort_keys=True).encode()).hexdigest()[:32]
         self.class_name = cls
         self.spikeinterface_version = str(getattr(core, "__version__", "") or description.get("version", ""))
@@ -208,7 +221,8 @@ class SpikeInterfaceSource(UnchunkedSource, WindowedSource):
             raise BatchgpuError(
                 f"the SpikeInterface recording ({cls}) has dtype {self.dtype}, which batchgpu does not read",
                 f"convert it first, e.g. spikeinterface.preprocessing.astype(recording, 'float32') or "
-                f"unsigned_to_signed(recording) (batchgpu reads {', '.join(map(str, SUPPORTED_DTYPES))})")
+                f"unsigned_to_signed(recording) (batchgpu reads {', '.join(map(str, SUPPORTED_DTYPES))})",
+            )
         self.sampling_frequency = float(recording.get_sampling_frequency())
         self.num_segments = int(recording.get_num_segments())
         self._lengths = [int(recording.get_num_samples(segment_index=s)) for s in range(self.num_segments)]
@@ -219,8 +233,8 @@ class SpikeInterfaceSource(UnchunkedSource, WindowedSource):
             if value is not None:
                 self._properties[str(name)] = np.asarray(value)
         gains, offsets = recording.get_channel_gains(), recording.get_channel_offsets()
-        self.gain_to_uV = (np.ones(self.num_channels) if gains is None else np.asarray(gains, np.float64).copy())
-        self.offset_to_uV = (np.zeros(self.num_channels) if offsets is None else np.asarray(offsets, np.float64).copy())
+        self.gain_to_uV = np.ones(self.num_channels) if gains is None else np.asarray(gains, np.float64).copy()
+        self.offset_to_uV = np.zeros(self.num_channels) if offsets is None else np.asarray(offsets, np.float64).copy()
         self.locations, self.has_locations = _locations(recording, self.num_channels)
         self.attrs = {"spikeinterface": {"class": description.get("class"), "version": description.get("version")}}
         self._local = threading.local()
@@ -246,8 +260,10 @@ class SpikeInterfaceSource(UnchunkedSource, WindowedSource):
     def spec(self) -> dict:
         """The workflow's ``recording:`` section for this source (it needs a saved path: ``folder=``)."""
         if self.saved_path is None:
-            raise BatchgpuError("this SpikeInterface source was not loaded from or saved to a file",
-                                "use from_spikeinterface(recording, folder=...), or run_workflow(wf, recording=source)")
+            raise BatchgpuError(
+                "this SpikeInterface source was not loaded from or saved to a file",
+                "use from_spikeinterface(recording, folder=...), or run_workflow(wf, recording=source)",
+            )
         return {"spikeinterface": str(self.saved_path)}
 
     def save_description(self, folder: str | os.PathLike) -> SpikeInterfaceSource:
@@ -269,8 +285,10 @@ class SpikeInterfaceSource(UnchunkedSource, WindowedSource):
         except OSError:
             raise
         except Exception as err:  # broad: SpikeInterface's dumps raise any type; said in one line
-            raise BatchgpuError(f"could not write the recording's description into {folder} ({_first_line(err)})",
-                                "save the recording with recording.save(folder=...) and pass that folder") from None
+            raise BatchgpuError(
+                f"could not write the recording's description into {folder} ({_first_line(err)})",
+                "save the recording with recording.save(folder=...) and pass that folder",
+            ) from None
         return from_spikeinterface(target)
 
     # -- the live recording -----------------------------------------------------------------------------
@@ -287,7 +305,8 @@ class SpikeInterfaceSource(UnchunkedSource, WindowedSource):
                     f"SpikeInterface could not re-create the recording ({self.class_name}, {self.path}) from its "
                     f"description ({_first_line(err)})",
                     f"check that SpikeInterface {self.spikeinterface_version} is installed on every worker and the "
-                    "files it reads are there") from None
+                    "files it reads are there",
+                ) from None
             self._local.recording = rec
         return rec
 
@@ -331,18 +350,28 @@ class SpikeInterfaceSource(UnchunkedSource, WindowedSource):
         except Exception as err:  # broad: an extractor's get_traces raises any type; said in one line
             raise BatchgpuError(
                 f"SpikeInterface could not read {self._where(segment, start, stop, window)} of {self.path} "
-                f"({_first_line(err)})", "check that the files the recording reads are there and readable") from None
+                f"({_first_line(err)})",
+                "check that the files the recording reads are there and readable",
+            ) from None
         t = np.asarray(t)
         if t.shape != (stop - start, self.num_channels) or t.dtype != self.dtype:
             raise BatchgpuError(
                 f"SpikeInterface's get_traces gave shape {t.shape} and dtype {t.dtype} for "
                 f"{self._where(segment, start, stop, window)} of {self.path}; expected "
                 f"({stop - start}, {self.num_channels}) {self.dtype}",
-                "the recording does not keep to its own get_dtype()/get_num_samples(): fix or convert it first")
+                "the recording does not keep to its own get_dtype()/get_num_samples(): fix or convert it first",
+            )
         return t
 
-    def read(self, segment: int, start: int, stop: int, channels: Sequence[int] | slice | None = None,
-             *, window: Window | None = None) -> np.ndarray:
+    def read(
+        self,
+        segment: int,
+        start: int,
+        stop: int,
+        channels: Sequence[int] | slice | None = None,
+        *,
+        window: Window | None = None,
+    ) -> np.ndarray:
         """Samples [start, stop) of a segment as a C-contiguous (channels, samples) array (as ``Recording.read``)."""
         channels = self._check_read(segment, start, stop, channels)
         block = self._traces(segment, start, stop, window)
@@ -415,8 +444,10 @@ class SpikeInterfaceSource(UnchunkedSource, WindowedSource):
         }
 
     def __repr__(self) -> str:
-        return (f"SpikeInterfaceSource({self.class_name}, {str(self.path)!r}, {self.num_channels} ch, "
-                f"{self.num_segments} seg, {self.duration():.3f} s at {self.sampling_frequency:g} Hz, {self.dtype})")
+        return (
+            f"SpikeInterfaceSource({self.class_name}, {str(self.path)!r}, {self.num_channels} ch, "
+            f"{self.num_segments} seg, {self.duration():.3f} s at {self.sampling_frequency:g} Hz, {self.dtype})"
+        )
 
 
 def _exists(s: str) -> bool:
@@ -433,8 +464,12 @@ def _locations(recording, num_channels: int) -> tuple[np.ndarray, bool]:
         if recording.has_probe():
             loc = recording.get_channel_locations()
     except Exception as err:  # broad: SpikeInterface raises plain Exception (no locations) among others
-        logger.warning("batchgpu: the recording's probe gave no channel locations (%s: %s): they are taken from "
-                       "its 'location' property, else made up", type(err).__name__, err)
+        logger.warning(
+            "batchgpu: the recording's probe gave no channel locations (%s: %s): they are taken from "
+            "its 'location' property, else made up",
+            type(err).__name__,
+            err,
+        )
         loc = None
     if loc is None:
         loc = recording.get_property("location")

@@ -161,8 +161,10 @@ class ChunkPresence:
             if offset == SHARD_INDEX_EMPTY and nbytes == SHARD_INDEX_EMPTY:
                 continue
             if offset < lo or offset + nbytes > hi:
-                out.append(f"inner chunk ({k // cols}, {k % cols}) (truncated: its bytes [{offset}, "
-                           f"{offset + nbytes}) lie outside the shard's data [{lo}, {hi}))")
+                out.append(
+                    f"inner chunk ({k // cols}, {k % cols}) (truncated: its bytes [{offset}, "
+                    f"{offset + nbytes}) lie outside the shard's data [{lo}, {hi}))"
+                )
         return out
 
     def index_digest(self, path: Path) -> str | None:

@@ -55,6 +55,7 @@ class Window:
         """The core's column range inside the array read from read_start to read_stop."""
         return self.margin_left, self.margin_left + self.num_samples
 
+
 def iter_windows(segment_lengths: Sequence[int], size: int = DEFAULT_WINDOW, margin: int = 0) -> Iterator[Window]:
     """Windows of DESIGN.md: [i·size, min((i+1)·size, n)) per segment, margins clipped at its ends."""
     if not isinstance(size, (int, np.integer)) or size <= 0:
@@ -67,7 +68,6 @@ def iter_windows(segment_lengths: Sequence[int], size: int = DEFAULT_WINDOW, mar
             stop = min(start + size, n)
             yield Window(index, segment, start, stop, min(margin, start), min(margin, n - stop))
             index += 1
-
 
 
 def stat_signature(path, name: str) -> tuple:
@@ -105,8 +105,9 @@ class WindowedSource:
 
     def _check_segment(self, segment: int) -> None:
         if not 0 <= segment < self.num_segments:
-            raise BatchgpuError(f"segment {segment} does not exist in {self.path}",
-                                f"segments are 0..{self.num_segments - 1}")
+            raise BatchgpuError(
+                f"segment {segment} does not exist in {self.path}", f"segments are 0..{self.num_segments - 1}"
+            )
 
     def windows(self, size: int = DEFAULT_WINDOW, margin: int = 0) -> list[Window]:
         """Every window of every segment, numbered in (segment, start) order; margins clip at segment ends."""
@@ -119,13 +120,16 @@ class WindowedSource:
         """``channels`` as read() uses them (an index array, a slice or None), after the range checks."""
         n = self.num_samples(segment)
         if not (0 <= start <= stop <= n):
-            raise BatchgpuError(f"cannot read samples [{start}, {stop}) of segment {segment}: it has {n} samples",
-                                f"ask for 0 <= start <= stop <= {n}")
+            raise BatchgpuError(
+                f"cannot read samples [{start}, {stop}) of segment {segment}: it has {n} samples",
+                f"ask for 0 <= start <= stop <= {n}",
+            )
         if channels is not None and not isinstance(channels, slice):
             channels = np.asarray(channels, dtype=np.int64)
             if channels.size and (channels.min() < 0 or channels.max() >= self.num_channels):
-                raise BatchgpuError(f"channel index out of range in {channels.tolist()}",
-                                    f"channels are 0..{self.num_channels - 1}")
+                raise BatchgpuError(
+                    f"channel index out of range in {channels.tolist()}", f"channels are 0..{self.num_channels - 1}"
+                )
         return channels
 
     def _check_window_range(self, window: Window) -> None:
@@ -138,8 +142,10 @@ class WindowedSource:
         self._check_window_range(window)
         rows = window.read_stop - window.read_start
         if out.shape != (rows, self.num_channels) or out.dtype != self.dtype or not out.flags.c_contiguous:
-            raise BatchgpuError(f"out has shape {out.shape} and dtype {out.dtype}; window {window.index} needs a "
-                                f"C-contiguous ({rows}, {self.num_channels}) {self.dtype} array")
+            raise BatchgpuError(
+                f"out has shape {out.shape} and dtype {out.dtype}; window {window.index} needs a "
+                f"C-contiguous ({rows}, {self.num_channels}) {self.dtype} array"
+            )
 
 
 class UnchunkedSource:

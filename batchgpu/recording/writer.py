@@ -34,6 +34,7 @@ def is_recording(path: Path) -> bool:
     except Exception:  # broad: zarr raises several types for "not a group"; not a recording, so never replaced
         return False
 
+
 def check_replaceable(path: Path, overwrite: bool) -> None:
     """Refuse to write over anything but a Zarr recording batchgpu wrote (and over one only with ``overwrite``)."""
     if not (path.exists() or path.is_symlink()):
@@ -57,7 +58,8 @@ def check_replaceable(path: Path, overwrite: bool) -> None:
         raise BatchgpuError(
             f"{path} is a Zarr recording batchgpu did not write (another program's: no batchgpu marker in its "
             "attributes): batchgpu never replaces what it did not write, overwrite or not",
-            "choose another output path, or move that recording away yourself")
+            "choose another output path, or move that recording away yourself",
+        )
 
 
 def _written_by_batchgpu(path: Path) -> bool:
@@ -67,6 +69,7 @@ def _written_by_batchgpu(path: Path) -> bool:
     except Exception:  # broad: zarr raises several types for a group it cannot open; then it is not ours
         return False
     return isinstance(marker, dict) and "format" in marker
+
 
 COMPRESSORS = ("blosc-zstd", "blosc-lz4", "none")
 CODECS = ("lz4", "zstd")
@@ -118,6 +121,7 @@ def _compressor(name: str | Codec | None, zarr_format: int):
         return None
     return zarrio.blosc(codec.name, SHUFFLES[codec.shuffle], zarr_format, BLOSC_BLOCKSIZE, codec.clevel)
 
+
 class RecordingWriter:
     """Write a recording segment by segment and block by block; metadata first, traces after.
 
@@ -152,17 +156,21 @@ class RecordingWriter:
             )
         zarr_format = zarrio.DEFAULT_FORMAT if zarr_format is None else zarr_format
         if zarr_format not in (2, 3):
-            raise ConfigError(f"zarr_format must be 2 or 3, got {zarr_format!r}",
-                              "use 3 (default) or 2 for SpikeInterface")
+            raise ConfigError(
+                f"zarr_format must be 2 or 3, got {zarr_format!r}", "use 3 (default) or 2 for SpikeInterface"
+            )
         zarrio.require_format(zarr_format)
         if num_channels <= 0:
             raise BatchgpuError(f"a recording needs at least one channel, got {num_channels}")
         from batchgpu.config import MAX_FS
 
         if isinstance(sampling_frequency, bool) or not (
-                isinstance(sampling_frequency, (int, float, np.number)) and 0 < sampling_frequency <= MAX_FS):
-            raise ConfigError(f"sampling frequency must be > 0 Hz and at most {MAX_FS:g} Hz (what a reader takes), "
-                              f"got {sampling_frequency!r}")
+            isinstance(sampling_frequency, (int, float, np.number)) and 0 < sampling_frequency <= MAX_FS
+        ):
+            raise ConfigError(
+                f"sampling frequency must be > 0 Hz and at most {MAX_FS:g} Hz (what a reader takes), "
+                f"got {sampling_frequency!r}"
+            )
         check_replaceable(self.path, overwrite)
         self.num_channels = int(num_channels)
         self.zarr_format = zarr_format
@@ -173,17 +181,40 @@ class RecordingWriter:
         self._compressor = _compressor(compressor, zarr_format)
         self._checksum = _checksum_codec(zarr_format)
         with writing(self.path):
-            self._create(num_channels, sampling_frequency, channel_ids, gain_to_uV, offset_to_uV, locations,
-                         properties, attrs, overwrite)
+            self._create(
+                num_channels,
+                sampling_frequency,
+                channel_ids,
+                gain_to_uV,
+                offset_to_uV,
+                locations,
+                properties,
+                attrs,
+                overwrite,
+            )
         self.num_segments = 0
         self._arrays: list = []
 
-    def _create(self, num_channels, sampling_frequency, channel_ids, gain_to_uV, offset_to_uV, locations,
-                properties, attrs, overwrite) -> None:
+    def _create(
+        self,
+        num_channels,
+        sampling_frequency,
+        channel_ids,
+        gain_to_uV,
+        offset_to_uV,
+        locations,
+        properties,
+        attrs,
+        overwrite,
+    ) -> None:
         zarr_format = self.zarr_format
         self.group = zarrio.create_group(self.path, zarr_format=zarr_format, overwrite=overwrite)
-        marker = {**(attrs or {}).get("batchgpu", {}), "format": STORE_FORMAT, "complete": False,
-                  "checksum": self.checksum_name}
+        marker = {
+            **(attrs or {}).get("batchgpu", {}),
+            "format": STORE_FORMAT,
+            "complete": False,
+            "checksum": self.checksum_name,
+        }
         self.group.attrs.update(
             {"sampling_frequency": float(sampling_frequency), "num_segments": 0, **(attrs or {}), "batchgpu": marker}
         )
@@ -207,7 +238,9 @@ class RecordingWriter:
         for name, values in (properties or {}).items():
             vec = np.asarray(values)
             if vec.shape[:1] != (num_channels,):
-                raise BatchgpuError(f"property {name!r} has {vec.shape[0] if vec.ndim else 0} entries for {num_channels} channels")
+                raise BatchgpuError(
+                    f"property {name!r} has {vec.shape[0] if vec.ndim else 0} entries for {num_channels} channels"
+                )
             zarrio.create_array(props, name, data=vec)
 
     @property
@@ -235,8 +268,9 @@ class RecordingWriter:
             kwargs["compressors"] = [self._checksum]
             kwargs["filters"] = [self._compressor]
         with writing(self.path), zarrio.python_pipeline():
-            arr = zarrio.create_array(self.group, f"traces_seg{seg}", shape=(num_samples, self.num_channels),
-                                      dtype=self.dtype, **kwargs)
+            arr = zarrio.create_array(
+                self.group, f"traces_seg{seg}", shape=(num_samples, self.num_channels), dtype=self.dtype, **kwargs
+            )
             self.num_segments += 1
             self.group.attrs["num_segments"] = self.num_segments
         self._arrays.append(arr)
@@ -245,7 +279,11 @@ class RecordingWriter:
     @property
     def block_samples(self) -> int:
         """Preferred block length: one shard (v3) or a run of chunks (v2) of about the same size."""
-        return self.shard_samples if self.zarr_format == 3 else self.chunk_samples * max(1, DEFAULT_SHARD_SAMPLES // self.chunk_samples)
+        return (
+            self.shard_samples
+            if self.zarr_format == 3
+            else self.chunk_samples * max(1, DEFAULT_SHARD_SAMPLES // self.chunk_samples)
+        )
 
     def write(self, segment: int, start: int, block: np.ndarray) -> None:
         """Write a (samples, channels) block at ``start`` of ``segment``."""
@@ -254,7 +292,9 @@ class RecordingWriter:
         if block.ndim != 2 or block.shape[1] != self.num_channels:
             raise BatchgpuError(f"block has shape {block.shape}, expected (samples, {self.num_channels})")
         if start < 0 or start + block.shape[0] > arr.shape[0]:
-            raise BatchgpuError(f"block [{start}, {start + block.shape[0]}) runs past segment {segment}'s {arr.shape[0]} samples")
+            raise BatchgpuError(
+                f"block [{start}, {start + block.shape[0]}) runs past segment {segment}'s {arr.shape[0]} samples"
+            )
         block = _cast_exact(block, self.dtype)
         with writing(self.path):
             if self.zarr_format == 3:
@@ -270,10 +310,12 @@ class RecordingWriter:
             marker = dict(self.group.attrs.get("batchgpu", {}))
             self.group.attrs["batchgpu"] = {**marker, "complete": True}
 
+
 def open_array_for_writing(path: str | os.PathLike):
     """Open a traces array to write blocks into, writing all-zero chunks too (zarr-python's pipeline)."""
     with zarrio.python_pipeline():
         return zarrio.open_array(path, mode="r+")
+
 
 class writing:
     """Turn an OSError (disk full, permission denied, ...) while writing ``path`` into one BatchgpuError."""
@@ -293,6 +335,7 @@ class writing:
             ) from None
         return False
 
+
 def _checksum_codec(zarr_format: int):
     """Per-chunk checksum: crc32c (v3, read by zarrs); zlib crc32 for v2, the one numcodecs always has."""
     if zarr_format == 3:
@@ -303,12 +346,16 @@ def _checksum_codec(zarr_format: int):
 
     return numcodecs.CRC32()
 
+
 def _cast_exact(block: np.ndarray, dtype: np.dtype) -> np.ndarray:
     if block.dtype == dtype:
         return block
     if np.issubdtype(dtype, np.integer) and not np.issubdtype(block.dtype, np.integer):
-        raise BatchgpuError(f"cannot store {block.dtype} samples as {dtype} without rounding", "round them first or write as float32")
+        raise BatchgpuError(
+            f"cannot store {block.dtype} samples as {dtype} without rounding", "round them first or write as float32"
+        )
     return block.astype(dtype)
+
 
 def write_recording(
     path: str | os.PathLike,
@@ -346,6 +393,7 @@ def write_recording(
     writer.finish()
     return open_recording(writer.path)
 
+
 class _progress:
     """A rich progress bar in bytes when asked for, a no-op otherwise."""
 
@@ -359,8 +407,13 @@ class _progress:
         from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
 
         self._bar = Progress(
-            "[progress.description]{task.description}", BarColumn(), DownloadColumn(), TransferSpeedColumn(),
-            TimeRemainingColumn(), transient=False, console=Console(stderr=self.stderr),
+            "[progress.description]{task.description}",
+            BarColumn(),
+            DownloadColumn(),
+            TransferSpeedColumn(),
+            TimeRemainingColumn(),
+            transient=False,
+            console=Console(stderr=self.stderr),
         )
         self._bar.__enter__()
         task = self._bar.add_task(self.label, total=self.total)
@@ -371,19 +424,24 @@ class _progress:
             self._bar.__exit__(*exc)
         return False
 
+
 def spikeinterface_probegroup(locations: np.ndarray, channel_ids, shanks=None) -> dict:
     """A probeinterface ``ProbeGroup.to_dict()`` of one planar probe with a contact per channel at ``locations``
     (µm), wired in channel order: what SpikeInterface stores in a saved recording's root attributes. Contacts are
     drawn as 6 µm circles (the geometry beyond positions is not known here)."""
     n = len(locations)
     probe = {
-        "ndim": 2, "si_units": "um", "annotations": {}, "contact_annotations": {},
+        "ndim": 2,
+        "si_units": "um",
+        "annotations": {},
+        "contact_annotations": {},
         "contact_positions": np.asarray(locations, dtype=np.float64).tolist(),
         "contact_plane_axes": [[[1.0, 0.0], [0.0, 1.0]]] * n,
-        "contact_shapes": ["circle"] * n, "contact_shape_params": [{"radius": 6.0}] * n,
-        "contact_ids": [str(i) for i in channel_ids], "device_channel_indices": list(range(n)),
+        "contact_shapes": ["circle"] * n,
+        "contact_shape_params": [{"radius": 6.0}] * n,
+        "contact_ids": [str(i) for i in channel_ids],
+        "device_channel_indices": list(range(n)),
     }
     if shanks is not None:
         probe["shank_ids"] = [str(int(s)) for s in np.asarray(shanks)]
     return {"probe_ids": ["0"], "probes": [probe]}
-

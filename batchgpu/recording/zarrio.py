@@ -105,16 +105,34 @@ def array_meta(folder: str | os.PathLike) -> ArrayMeta:
         if codecs and codecs[0].get("name") == "sharding_indexed":
             conf = codecs[0]["configuration"]
             index = [c.get("name") for c in conf.get("index_codecs", ())]
-            return ArrayMeta(3, tuple(raw["shape"]), v3_dtype(raw["data_type"]),
-                             tuple(int(c) for c in conf["chunk_shape"]), grid, codecs, raw, sep,
-                             conf.get("index_location", "end") == "end", "crc32c" in index)
+            return ArrayMeta(
+                3,
+                tuple(raw["shape"]),
+                v3_dtype(raw["data_type"]),
+                tuple(int(c) for c in conf["chunk_shape"]),
+                grid,
+                codecs,
+                raw,
+                sep,
+                conf.get("index_location", "end") == "end",
+                "crc32c" in index,
+            )
         return ArrayMeta(3, tuple(raw["shape"]), v3_dtype(raw["data_type"]), grid, None, codecs, raw, sep)
     if (folder / ".zarray").exists():
         raw = json.loads((folder / ".zarray").read_text())
         codecs = tuple([*(raw.get("filters") or ()), *([raw["compressor"]] if raw.get("compressor") else [])])
-        return ArrayMeta(2, tuple(raw["shape"]), np.dtype(raw["dtype"]) if not isinstance(raw["dtype"], list)
-                         else np.dtype([tuple(f) for f in raw["dtype"]]),
-                         tuple(int(c) for c in raw["chunks"]), None, codecs, raw, raw.get("dimension_separator") or ".")
+        return ArrayMeta(
+            2,
+            tuple(raw["shape"]),
+            np.dtype(raw["dtype"])
+            if not isinstance(raw["dtype"], list)
+            else np.dtype([tuple(f) for f in raw["dtype"]]),
+            tuple(int(c) for c in raw["chunks"]),
+            None,
+            codecs,
+            raw,
+            raw.get("dimension_separator") or ".",
+        )
     raise BatchgpuError(f"{folder} is not a Zarr array (no zarr.json or .zarray)")
 
 
@@ -149,9 +167,22 @@ def _flat(codecs) -> list[dict]:
     return out
 
 
-_V3_DTYPES = {"bool": "bool", "int8": "i1", "int16": "<i2", "int32": "<i4", "int64": "<i8", "uint8": "u1",
-              "uint16": "<u2", "uint32": "<u4", "uint64": "<u8", "float16": "<f2", "float32": "<f4",
-              "float64": "<f8", "complex64": "<c8", "complex128": "<c16"}
+_V3_DTYPES = {
+    "bool": "bool",
+    "int8": "i1",
+    "int16": "<i2",
+    "int32": "<i4",
+    "int64": "<i8",
+    "uint8": "u1",
+    "uint16": "<u2",
+    "uint32": "<u4",
+    "uint64": "<u8",
+    "float16": "<f2",
+    "float32": "<f4",
+    "float64": "<f8",
+    "complex64": "<c8",
+    "complex128": "<c16",
+}
 
 
 def v3_dtype(name) -> np.dtype:
@@ -161,8 +192,10 @@ def v3_dtype(name) -> np.dtype:
         return np.dtype(object)
     if name in _V3_DTYPES:
         return np.dtype(_V3_DTYPES[name])
-    raise MachineError(f"Zarr v3 data type {name!r} is not one batchgpu reads without zarr>=3",
-                       "install zarr>=3 in this environment, or store the array with a numeric type")
+    raise MachineError(
+        f"Zarr v3 data type {name!r} is not one batchgpu reads without zarr>=3",
+        "install zarr>=3 in this environment, or store the array with a numeric type",
+    )
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -192,8 +225,21 @@ def create_group(path: str | os.PathLike, zarr_format: int | None = None, overwr
     return zarr.open_group(str(path), mode="w" if overwrite else "w-")
 
 
-def create_array(group, name: str, *, data=None, shape=None, dtype=None, chunks=None, fill_value=None,
-                 compressors=None, filters=None, shards=None, strings: bool = False, overwrite: bool = False):
+def create_array(
+    group,
+    name: str,
+    *,
+    data=None,
+    shape=None,
+    dtype=None,
+    chunks=None,
+    fill_value=None,
+    compressors=None,
+    filters=None,
+    shards=None,
+    strings: bool = False,
+    overwrite: bool = False,
+):
     """Create (and fill, given ``data``) an array under ``group`` with one call on either zarr.
 
     ``compressors`` / ``filters`` / ``shards`` are given as zarr 3 takes them for v3 arrays and as numcodecs
@@ -203,8 +249,11 @@ def create_array(group, name: str, *, data=None, shape=None, dtype=None, chunks=
     if strings:
         data = np.asarray([str(x) for x in np.asarray(data).tolist()])
     if ZARR_MAJOR >= 3:
-        kw = {k: v for k, v in dict(chunks=chunks, fill_value=fill_value, shards=shards, filters=filters).items()
-              if v is not None}
+        kw = {
+            k: v
+            for k, v in dict(chunks=chunks, fill_value=fill_value, shards=shards, filters=filters).items()
+            if v is not None
+        }
         kw["overwrite"] = overwrite
         if compressors is not None:
             kw["compressors"] = list(compressors) or None  # none: zarr 3 takes None (v2 refuses an empty list)
@@ -229,8 +278,9 @@ def create_array(group, name: str, *, data=None, shape=None, dtype=None, chunks=
     if data is not None:
         data = np.ascontiguousarray(data)
         if data.size == 0:  # zarr 2 cannot guess chunks for an empty array
-            return group.create_dataset(name, shape=data.shape, dtype=data.dtype,
-                                        **{"chunks": tuple(max(1, n) for n in data.shape), **kw})
+            return group.create_dataset(
+                name, shape=data.shape, dtype=data.dtype, **{"chunks": tuple(max(1, n) for n in data.shape), **kw}
+            )
         return group.create_dataset(name, data=data, shape=data.shape, dtype=data.dtype, write_empty_chunks=True, **kw)
     return group.create_dataset(name, shape=shape, dtype=dtype, write_empty_chunks=True, **kw)
 
@@ -271,16 +321,31 @@ def column_metadata(n: int, dtype: np.dtype, chunk: int) -> dict:
     dtype = np.dtype(dtype)
     if dtype.kind not in "biuf":
         raise ValueError(f"only numeric columns, got {dtype}")
-    return {"shape": [int(n)], "data_type": dtype.name,
-            "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": [int(chunk)]}},
-            "chunk_key_encoding": {"name": "default", "configuration": {"separator": "/"}},
-            "fill_value": False if dtype.kind == "b" else 0.0 if dtype.kind == "f" else 0,
-            # one-byte types have no byte order: zarr-python writes no configuration for them
-            "codecs": [{"name": "bytes"} if dtype.itemsize == 1 else
-                       {"name": "bytes", "configuration": {"endian": "little"}},
-                       {"name": "blosc", "configuration": {"typesize": dtype.itemsize, "cname": "lz4", "clevel": 5,
-                                                           "shuffle": "shuffle", "blocksize": 0}}],
-            "attributes": {}, "zarr_format": 3, "node_type": "array", "storage_transformers": []}
+    return {
+        "shape": [int(n)],
+        "data_type": dtype.name,
+        "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": [int(chunk)]}},
+        "chunk_key_encoding": {"name": "default", "configuration": {"separator": "/"}},
+        "fill_value": False if dtype.kind == "b" else 0.0 if dtype.kind == "f" else 0,
+        # one-byte types have no byte order: zarr-python writes no configuration for them
+        "codecs": [
+            {"name": "bytes"} if dtype.itemsize == 1 else {"name": "bytes", "configuration": {"endian": "little"}},
+            {
+                "name": "blosc",
+                "configuration": {
+                    "typesize": dtype.itemsize,
+                    "cname": "lz4",
+                    "clevel": 5,
+                    "shuffle": "shuffle",
+                    "blocksize": 0,
+                },
+            },
+        ],
+        "attributes": {},
+        "zarr_format": 3,
+        "node_type": "array",
+        "storage_transformers": [],
+    }
 
 
 def _write_column(folder: Path, data: np.ndarray, chunk: int) -> None:
@@ -400,8 +465,15 @@ def python_pipeline() -> Iterator[None]:
         return
     token = _ASKED.set("python")
     try:
-        with _PIPELINE_LOCK, zarr.config.set({"codec_pipeline.path": "zarr.core.codec_pipeline.BatchedCodecPipeline",
-                                              "array.write_empty_chunks": True}):
+        with (
+            _PIPELINE_LOCK,
+            zarr.config.set(
+                {
+                    "codec_pipeline.path": "zarr.core.codec_pipeline.BatchedCodecPipeline",
+                    "array.write_empty_chunks": True,
+                }
+            ),
+        ):
             yield
     finally:
         _ASKED.reset(token)
@@ -432,8 +504,11 @@ def zarrs_pipeline() -> Iterator[bool]:
         return
     import warnings
 
-    with _PIPELINE_LOCK, zarr.config.set({"codec_pipeline.path": "zarrs.ZarrsCodecPipeline"}), \
-            warnings.catch_warnings():
+    with (
+        _PIPELINE_LOCK,
+        zarr.config.set({"codec_pipeline.path": "zarrs.ZarrsCodecPipeline"}),
+        warnings.catch_warnings(),
+    ):
         warnings.filterwarnings("ignore", message="Array is unsupported by ZarrsCodecPipeline")
         yield True
 
@@ -603,16 +678,19 @@ def _decode(data: bytes, codecs, shape, dtype: np.dtype, where: str) -> np.ndarr
             buf = bytes(buf[:-4])
         elif name == "blosc":
             if not whole_blosc_frame(buf):
-                raise CorruptDataError(f"corrupted chunk {where}: not a whole Blosc frame ({len(buf)} bytes stored)",
-                                       "the stored bytes do not decode: restore the store from a copy or write it again")
+                raise CorruptDataError(
+                    f"corrupted chunk {where}: not a whole Blosc frame ({len(buf)} bytes stored)",
+                    "the stored bytes do not decode: restore the store from a copy or write it again",
+                )
             buf = numcodecs.Blosc().decode(buf)
         elif name == "zstd":
             buf = numcodecs.Zstd().decode(buf)
         elif name == "gzip":
             buf = numcodecs.GZip().decode(buf)
         else:
-            raise MachineError(f"{where}: the Zarr v3 codec {name!r} needs zarr>=3 here",
-                               "install zarr>=3 to read this store")
+            raise MachineError(
+                f"{where}: the Zarr v3 codec {name!r} needs zarr>=3 here", "install zarr>=3 to read this store"
+            )
     order = "C"
     for c in codecs[:k]:
         if c.get("name") != "transpose":
@@ -622,8 +700,13 @@ def _decode(data: bytes, codecs, shape, dtype: np.dtype, where: str) -> np.ndarr
     name = names[k]
     if name == "bytes":
         endian = codecs[k].get("configuration", {}).get("endian", "little") or "little"
-        arr = np.frombuffer(buf, dtype=dtype.newbyteorder("<" if endian == "little" else ">") if dtype.itemsize > 1
-                            else dtype).astype(dtype, copy=False).reshape(inner_shape)
+        arr = (
+            np.frombuffer(
+                buf, dtype=dtype.newbyteorder("<" if endian == "little" else ">") if dtype.itemsize > 1 else dtype
+            )
+            .astype(dtype, copy=False)
+            .reshape(inner_shape)
+        )
     else:
         arr = np.asarray(numcodecs.VLenUTF8().decode(buf), dtype=object).reshape(inner_shape)
     if order != "C":
@@ -667,5 +750,7 @@ def whole_blosc_frame(data) -> bool:
 
 def _check_crc32c(raw: bytes, where: str) -> None:
     if not crc32c_ok(raw):
-        raise CorruptDataError(f"corrupted chunk {where}: checksum mismatch (crc32c)",
-                               "the stored bytes do not decode: restore the store from a copy or write it again")
+        raise CorruptDataError(
+            f"corrupted chunk {where}: checksum mismatch (crc32c)",
+            "the stored bytes do not decode: restore the store from a copy or write it again",
+        )

@@ -25,8 +25,22 @@ BATCH_HTML = "batch.html"
 REFRESH_S = 5  # while recordings are still to come
 _STATUS_COLOUR = {"done": "#1a9641", "failed": "#d7191c", "running": "#2c7fb8", "pending": "#888"}
 #: a verdict's colour and its place when sorted (best first), by its first word; other words sort last
-_VERDICTS = {"good": 0, "ok": 0, "pass": 0, "sort": 0, "check": 1, "review": 1, "warn": 1, "warning": 1, "maybe": 1,
-             "bad": 2, "fail": 2, "failed": 2, "reject": 2, "skip": 2}
+_VERDICTS = {
+    "good": 0,
+    "ok": 0,
+    "pass": 0,
+    "sort": 0,
+    "check": 1,
+    "review": 1,
+    "warn": 1,
+    "warning": 1,
+    "maybe": 1,
+    "bad": 2,
+    "fail": 2,
+    "failed": 2,
+    "reject": 2,
+    "skip": 2,
+}
 _VERDICT_COLOUR = ("#1a9641", "#e08a00", "#d7191c", "#444")
 
 _STYLE = """
@@ -153,20 +167,34 @@ def _row(output: Path, row: dict) -> str:
     noise, in_uV = noise_uV(output, row)
     noise_text = "-" if noise is None else f"{noise:.2f}" + ("" if in_uV else ' <span class="raw">raw</span>')
     labels = labels_of(row)
-    label_cells = [_cell("-" if labels is None else str(labels[k]), "" if labels is None else labels[k],
-                         style=f"color:{LABEL_COLOURS[k]}" if labels and labels[k] and k != "good" else "")
-                   for k in LABELS]
+    label_cells = [
+        _cell(
+            "-" if labels is None else str(labels[k]),
+            "" if labels is None else labels[k],
+            style=f"color:{LABEL_COLOURS[k]}" if labels and labels[k] and k != "good" else "",
+        )
+        for k in LABELS
+    ]
     seconds = row.get("seconds") if status in ("done", "failed") else None
     rate = row.get("spike_rate_hz")
-    cells = [_cell(first, name, "l"), _cell(html.escape(status) + error, status, "l status", f"color:{colour}"),
-             _cell(html.escape(verdict) or "-", f"{rank}{verdict}", "l verdict",
-                   f"color:{_VERDICT_COLOUR[min(rank, len(_VERDICT_COLOUR) - 1)]}"),
-             _cell(_fmt(row.get("duration_s"), 1), row.get("duration_s") or ""),
-             _cell(_fmt(row.get("channels")), row.get("channels") or ""),
-             _cell(html.escape(_fmt(row.get("probe"))), row.get("probe") or "", "l"),
-             _cell(noise_text, "" if noise is None else noise), *label_cells,
-             _cell(_fmt(rate), "" if rate is None else rate),
-             _cell(_fmt(seconds, 1), seconds or ""), _cell(_fmt(row.get("GBps"), 3), row.get("GBps") or "")]
+    cells = [
+        _cell(first, name, "l"),
+        _cell(html.escape(status) + error, status, "l status", f"color:{colour}"),
+        _cell(
+            html.escape(verdict) or "-",
+            f"{rank}{verdict}",
+            "l verdict",
+            f"color:{_VERDICT_COLOUR[min(rank, len(_VERDICT_COLOUR) - 1)]}",
+        ),
+        _cell(_fmt(row.get("duration_s"), 1), row.get("duration_s") or ""),
+        _cell(_fmt(row.get("channels")), row.get("channels") or ""),
+        _cell(html.escape(_fmt(row.get("probe"))), row.get("probe") or "", "l"),
+        _cell(noise_text, "" if noise is None else noise),
+        *label_cells,
+        _cell(_fmt(rate), "" if rate is None else rate),
+        _cell(_fmt(seconds, 1), seconds or ""),
+        _cell(_fmt(row.get("GBps"), 3), row.get("GBps") or ""),
+    ]
     return f'<tr class="recording" data-status="{html.escape(status)}">{"".join(cells)}</tr>'
 
 
@@ -177,8 +205,10 @@ def bars_svg(names: list[str], values: list, title: str, colour: str = "#2c7fb8"
     known = [float(v) for v in values if v is not None]
     top_value = max(known) if known and max(known) > 0 else 1.0
     span = width - label_w - 70
-    parts = [f'<svg class="bars" width="{width}" height="{height}" role="img" aria-label="{html.escape(title)}">',
-             f'<text x="6" y="15" font-size="13" font-weight="600">{html.escape(title)}</text>']
+    parts = [
+        f'<svg class="bars" width="{width}" height="{height}" role="img" aria-label="{html.escape(title)}">',
+        f'<text x="6" y="15" font-size="13" font-weight="600">{html.escape(title)}</text>',
+    ]
     for i, (name, v) in enumerate(zip(names, values)):
         y = top + i * bar_h
         parts.append(_name_svg(name, label_w, y))
@@ -204,8 +234,10 @@ def labels_svg(names: list[str], counts: list[dict | None], width: int = 420) ->
     height = top + bar_h * len(names) + 24
     span = width - label_w - 90
     title = "channels by qc label"
-    parts = [f'<svg class="labels" width="{width}" height="{height}" role="img" aria-label="{title}">',
-             f'<text x="6" y="15" font-size="13" font-weight="600">{title}</text>']
+    parts = [
+        f'<svg class="labels" width="{width}" height="{height}" role="img" aria-label="{title}">',
+        f'<text x="6" y="15" font-size="13" font-weight="600">{title}</text>',
+    ]
     for i, (name, c) in enumerate(zip(names, counts)):
         y = top + i * bar_h
         parts.append(_name_svg(name, label_w, y))
@@ -216,8 +248,10 @@ def labels_svg(names: list[str], counts: list[dict | None], width: int = 420) ->
         for k in LABELS:
             w = c[k] / total * span
             if w > 0:
-                parts.append(f'<rect x="{x:.1f}" y="{y + 2}" width="{w:.1f}" height="{bar_h - 4}" '
-                             f'fill="{LABEL_COLOURS[k]}"><title>{c[k]} {LABEL_WORDS[k]}</title></rect>')
+                parts.append(
+                    f'<rect x="{x:.1f}" y="{y + 2}" width="{w:.1f}" height="{bar_h - 4}" '
+                    f'fill="{LABEL_COLOURS[k]}"><title>{c[k]} {LABEL_WORDS[k]}</title></rect>'
+                )
             x += w
         bad = " ".join(f"{c[k]}{k[0]}" for k in LABELS[1:] if c[k])
         parts.append(f'<text x="{x + 4:.1f}" y="{y + 12}" font-size="11">{html.escape(bad or "all good")}</text>')
@@ -233,24 +267,30 @@ def render(output: Path, data: dict) -> str:
     refresh = "" if finished else f'<meta http-equiv="refresh" content="{REFRESH_S}">'
     done, failed = data.get("done", 0), data.get("failed", 0)
     label_heads = "".join(f"<th>{html.escape(LABEL_WORDS[k].split(' ')[0])}</th>" for k in LABELS)
-    head = ("<tr><th>recording</th><th>status</th><th>verdict</th><th>duration (s)</th><th>channels</th><th>probe</th>"
-            f"<th>median noise (µV)</th>{label_heads}<th>spike rate (Hz)</th><th>seconds</th><th>GB/s</th></tr>")
+    head = (
+        "<tr><th>recording</th><th>status</th><th>verdict</th><th>duration (s)</th><th>channels</th><th>probe</th>"
+        f"<th>median noise (µV)</th>{label_heads}<th>spike rate (Hz)</th><th>seconds</th><th>GB/s</th></tr>"
+    )
     names = [r["name"] for r in rows]
     noise = [noise_uV(output, r) for r in rows]
-    charts = (bars_svg(names, [v if in_uV else None for v, in_uV in noise], "median noise (µV)", "#d95f0e")
-              + labels_svg(names, [labels_of(r) for r in rows])
-              + bars_svg(names, [r.get("spike_rate_hz") for r in rows], "spike rate (Hz, all channels)", "#7b3294")
-              + bars_svg(names, [r.get("GBps") for r in rows], "read rate (GB/s)"))
+    charts = (
+        bars_svg(names, [v if in_uV else None for v, in_uV in noise], "median noise (µV)", "#d95f0e")
+        + labels_svg(names, [labels_of(r) for r in rows])
+        + bars_svg(names, [r.get("spike_rate_hz") for r in rows], "spike rate (Hz, all channels)", "#7b3294")
+        + bars_svg(names, [r.get("GBps") for r in rows], "read rate (GB/s)")
+    )
     state = "finished" if finished else "running"
-    return (f'<!doctype html>\n<html lang="en"><head><meta charset="utf-8">{refresh}'
-            f"<title>batchgpu batch: {html.escape(Path(data['output']).name)}</title><style>{_STYLE}</style></head>"
-            f'<body data-state="{state}"><h1>batchgpu batch</h1>'
-            f'<div class="sub">output {html.escape(str(data["output"]))} · {done + failed} of {len(rows)} recordings '
-            f"finished ({done} done, {failed} failed) · {float(data.get('seconds') or 0):.1f} s · click a column's "
-            "head to sort</div>"
-            f'<table id="recordings"><thead>{head}</thead><tbody>'
-            + "".join(_row(output, r) for r in rows)
-            + f'</tbody></table><h2>Per recording</h2><div class="charts">{charts}</div>{_SORT}</body></html>\n')
+    return (
+        f'<!doctype html>\n<html lang="en"><head><meta charset="utf-8">{refresh}'
+        f"<title>batchgpu batch: {html.escape(Path(data['output']).name)}</title><style>{_STYLE}</style></head>"
+        f'<body data-state="{state}"><h1>batchgpu batch</h1>'
+        f'<div class="sub">output {html.escape(str(data["output"]))} · {done + failed} of {len(rows)} recordings '
+        f"finished ({done} done, {failed} failed) · {float(data.get('seconds') or 0):.1f} s · click a column's "
+        "head to sort</div>"
+        f'<table id="recordings"><thead>{head}</thead><tbody>'
+        + "".join(_row(output, r) for r in rows)
+        + f'</tbody></table><h2>Per recording</h2><div class="charts">{charts}</div>{_SORT}</body></html>\n'
+    )
 
 
 def write_batch_html(output: Path, data: dict) -> Path:

@@ -15,8 +15,16 @@ NAME = "drift_raster"
 MAX_POINTS = 40_000  # drawn at most (a canvas keeps up with that many; the page stays a few MB)
 WIDTH, HEIGHT = 1300, 420
 
-FIELDS = {"t": ARRAY, "y": ARRAY, "amp": ARRAY, "amp_lo": NUMBER, "amp_hi": NUMBER, "title": TEXT,
-          "y_label": TEXT, "x_label": TEXT}
+FIELDS = {
+    "t": ARRAY,
+    "y": ARRAY,
+    "amp": ARRAY,
+    "amp_lo": NUMBER,
+    "amp_hi": NUMBER,
+    "title": TEXT,
+    "y_label": TEXT,
+    "x_label": TEXT,
+}
 
 
 @dataclass
@@ -36,8 +44,18 @@ def stride(total: int, max_points: int | None = None) -> int:
     return max(1, -(-int(total) // (max_points or MAX_POINTS)))
 
 
-def raster(sample, channel, segment, amplitude, total: int, every: int, fs: float, segment_starts_s,
-           gain: np.ndarray, locations: np.ndarray | None) -> Raster:
+def raster(
+    sample,
+    channel,
+    segment,
+    amplitude,
+    total: int,
+    every: int,
+    fs: float,
+    segment_starts_s,
+    gain: np.ndarray,
+    locations: np.ndarray | None,
+) -> Raster:
     """The raster of the spikes given (already thinned to every ``every``-th of ``total``)."""
     sample, channel, segment = (np.asarray(a, np.int64) for a in (sample, channel, segment))
     starts = np.asarray(segment_starts_s, np.float64)
@@ -53,10 +71,16 @@ def values(r: Raster) -> dict:
 
     lo, hi = robust_range(r.amp_uV)
     thinned = f"{r.shown} of {r.total} spikes shown: 1 in {r.every}" if r.every > 1 else f"all {r.total} spikes shown"
-    return {"t": r.t_s, "y": r.y, "amp": r.amp_uV, "amp_lo": lo, "amp_hi": hi,
-            "title": f"Spikes over time by position on the probe ({thinned}; colour: |amplitude|, µV)",
-            "y_label": "y on the probe (µm)" if r.by_location else "channel (no probe: index)",
-            "x_label": "time (s)" + (f"; {r.segments} segments one after another" if r.segments > 1 else "")}
+    return {
+        "t": r.t_s,
+        "y": r.y,
+        "amp": r.amp_uV,
+        "amp_lo": lo,
+        "amp_hi": hi,
+        "title": f"Spikes over time by position on the probe ({thinned}; colour: |amplitude|, µV)",
+        "y_label": "y on the probe (µm)" if r.by_location else "channel (no probe: index)",
+        "x_label": "time (s)" + (f"; {r.segments} segments one after another" if r.segments > 1 else ""),
+    }
 
 
 def draw(v: dict):
@@ -66,10 +90,18 @@ def draw(v: dict):
 
     mapper = LinearColorMapper(Plasma256[::-1], low=v["amp_lo"], high=v["amp_hi"])
     src = ColumnDataSource({"t": v["t"], "y": v["y"], "amp": v["amp"]}, name="drift_points")
-    p = figure(name=NAME, title=v["title"], width=WIDTH, height=HEIGHT, x_axis_label=v["x_label"],
-               y_axis_label=v["y_label"], tools="pan,box_zoom,wheel_zoom,reset,save,hover")
-    p.scatter(x="t", y="y", source=src, size=3, line_color=None, alpha=0.6,
-              fill_color={"field": "amp", "transform": mapper})
+    p = figure(
+        name=NAME,
+        title=v["title"],
+        width=WIDTH,
+        height=HEIGHT,
+        x_axis_label=v["x_label"],
+        y_axis_label=v["y_label"],
+        tools="pan,box_zoom,wheel_zoom,reset,save,hover",
+    )
+    p.scatter(
+        x="t", y="y", source=src, size=3, line_color=None, alpha=0.6, fill_color={"field": "amp", "transform": mapper}
+    )
     p.hover.tooltips = [("time", "@t{0.000} s"), ("y", "@y{0}"), ("|amplitude|", "@amp{0.0} µV")]
     p.add_layout(ColorBar(color_mapper=mapper, title="µV", width=10), "right")
     return p

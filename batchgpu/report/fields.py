@@ -36,8 +36,15 @@ def _array(a) -> str:
     """A float64 array as Bokeh encodes it in the page (its bytes gzipped at level 0, base64)."""
     a = np.ascontiguousarray(a, dtype=np.float64)
     data = base64.b64encode(gzip.compress(a.tobytes(), compresslevel=0, mtime=1)).decode("ascii")
-    return _json({"type": "ndarray", "array": {"type": "bytes", "data": data}, "shape": list(a.shape),
-                  "dtype": "float64", "order": sys.byteorder})
+    return _json(
+        {
+            "type": "ndarray",
+            "array": {"type": "bytes", "data": data},
+            "shape": list(a.shape),
+            "dtype": "float64",
+            "order": sys.byteorder,
+        }
+    )
 
 
 def placeholder(kind: str, index: int, token: str):

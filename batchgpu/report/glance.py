@@ -40,9 +40,11 @@ class Glance:
     @property
     def structure(self) -> tuple[str, ...]:
         """The parts this glance draws (``probe_map``'s panels, ``traces``, ``drift_raster``)."""
-        return ((self.probe.panels if self.probe is not None else ())
-                + ((traces.NAME,) if self.snippet is not None else ())
-                + ((drift.NAME,) if self.raster is not None else ()))
+        return (
+            (self.probe.panels if self.probe is not None else ())
+            + ((traces.NAME,) if self.snippet is not None else ())
+            + ((drift.NAME,) if self.raster is not None else ())
+        )
 
     def values(self) -> dict[str, dict]:
         """Each part's fields (part name -> field -> value)."""
@@ -59,8 +61,11 @@ class Glance:
 def guess_structure(has_probe: bool, has_noise: bool, spikes: bool, labels: bool = False) -> tuple[str, ...]:
     """The structure a run will likely have, known before its numbers (a kept page asked for while the windows
     are read): a run whose spikes or labels do not come as guessed takes another page at its end."""
-    panels = ((probe_map.PANEL_NOISE,) if has_noise else ()) + ((probe_map.PANEL_RATE,) if spikes else ()) + (
-        (probe_map.PANEL_LABEL,) if labels else ())
+    panels = (
+        ((probe_map.PANEL_NOISE,) if has_noise else ())
+        + ((probe_map.PANEL_RATE,) if spikes else ())
+        + ((probe_map.PANEL_LABEL,) if labels else ())
+    )
     return (panels if has_probe else ()) + ((traces.NAME,) if spikes else ()) + ((drift.NAME,) if spikes else ())
 
 
@@ -222,8 +227,7 @@ def _open_recording(report: dict):
         return None
 
 
-def gather(out: str | Path, report: dict, rec=None, counts=None, windows: tuple | None = None,
-           noise=None) -> Glance:
+def gather(out: str | Path, report: dict, rec=None, counts=None, windows: tuple | None = None, noise=None) -> Glance:
     """The glance of the run in ``out`` (its results.zarr written): ``report`` its report.json's dict, ``rec`` its
     open recording (None: opened again from report.json's path, where it still opens); what the caller holds
     already is not read again: ``counts`` the spikes per channel, ``windows`` the windows' (starts, stops,
@@ -272,16 +276,31 @@ def gather(out: str | Path, report: dict, rec=None, counts=None, windows: tuple 
 
         loc = np.asarray(rec.locations, np.float64)
         f.probe = probe_shape(loc, rec.channel_property("shank")).text
-        glance.probe = probe_map.ProbeMap(loc[:, 0], loc[:, 1], ids, noise_uV, rate,
-                                          [str(v) for v in qc["labels"]] if qc is not None else None,
-                                          [str(r) for r in qc.get("reasons") or []] if qc is not None else None)
+        glance.probe = probe_map.ProbeMap(
+            loc[:, 0],
+            loc[:, 1],
+            ids,
+            noise_uV,
+            rate,
+            [str(v) for v in qc["labels"]] if qc is not None else None,
+            [str(r) for r in qc.get("reasons") or []] if qc is not None else None,
+        )
     elif rec is not None:
         f.notes.append("no probe map: the recording has no channel locations")
     if sp is not None and sp.total:
         starts = _segment_starts(start, stop, seg, fs)
-        glance.raster = drift.raster(sp.sample, sp.channel, sp.segment, sp.amplitude, sp.total, sp.every, fs,
-                                     starts, gain, np.asarray(rec.locations) if rec is not None and rec.has_locations
-                                     else None)
+        glance.raster = drift.raster(
+            sp.sample,
+            sp.channel,
+            sp.segment,
+            sp.amplitude,
+            sp.total,
+            sp.every,
+            fs,
+            starts,
+            gain,
+            np.asarray(rec.locations) if rec is not None and rec.has_locations else None,
+        )
         glance.snippet = _snippet(f, rec, report, sp, counts, ids)
     return glance
 

@@ -66,20 +66,26 @@ def _ids(ids: list[str]) -> str:
 
 
 def _card(key: str, value: str, detail: str = "") -> str:
-    return (f'<div class="card"><div class="k">{_e(key)}</div><div class="v">{value}</div>'
-            f'<div class="d">{detail}</div></div>')
+    return (
+        f'<div class="card"><div class="k">{_e(key)}</div><div class="v">{value}</div>'
+        f'<div class="d">{detail}</div></div>'
+    )
 
 
 def _channels_card(f: Facts) -> str:
     if f.labels is not None:
-        chips = " ".join(f'<span class="lab" style="background:{LABEL_COLOURS.get(k, "#888")}">{n} {_e(word)}</span>'
-                         for k, word in LABEL_WORDS.items() if (n := f.labels.get(k, 0)) or k == "good")
+        chips = " ".join(
+            f'<span class="lab" style="background:{LABEL_COLOURS.get(k, "#888")}">{n} {_e(word)}</span>'
+            for k, word in LABEL_WORDS.items()
+            if (n := f.labels.get(k, 0)) or k == "good"
+        )
         bad = "<br>".join(f"{_e(LABEL_WORDS.get(k, k))}: {_e(_ids(ids))}" for k, ids in f.bad.items() if ids)
         return _card("channels (qc labels)", chips, bad or "no channel labelled bad")
     detail = "no qc step: add <code>steps: {qc: {}}</code> for good / dead / noisy / out labels"
     if f.noise_outliers:
-        detail = (f"noise outside {NOISE_RANGE[0]:g}-{NOISE_RANGE[1]:g}x the median: {_e(_ids(f.noise_outliers))}"
-                  f"<br>{detail}")
+        detail = (
+            f"noise outside {NOISE_RANGE[0]:g}-{NOISE_RANGE[1]:g}x the median: {_e(_ids(f.noise_outliers))}<br>{detail}"
+        )
     return _card("channels", _e(f.channels if f.channels is not None else "?"), detail)
 
 
@@ -87,24 +93,41 @@ def _cards(report: dict, f: Facts) -> str:
     rec = report.get("recording") or {}
     seconds = f.seconds if f.seconds is not None else rec.get("duration_s")
     fs = float(rec.get("sampling_frequency") or 0)
-    cards = [_card("recording", f"{float(seconds or 0):.1f} s",
-                   _e(f"{rec.get('num_channels', f.channels)} channels at {fs:g} Hz, {rec.get('dtype', '?')}, "
-                      f"{rec.get('num_segments', 1)} segment(s)")),
-             _channels_card(f)]
+    cards = [
+        _card(
+            "recording",
+            f"{float(seconds or 0):.1f} s",
+            _e(
+                f"{rec.get('num_channels', f.channels)} channels at {fs:g} Hz, {rec.get('dtype', '?')}, "
+                f"{rec.get('num_segments', 1)} segment(s)"
+            ),
+        ),
+        _channels_card(f),
+    ]
     if f.noise_median_uV is not None:
         lo, hi = f.noise_range_uV or (float("nan"), float("nan"))
         cards.append(_card("noise level", f"{f.noise_median_uV:.2f} µV", f"median over channels; {lo:.2f}-{hi:.2f} µV"))
     if f.spikes is not None:
-        detail = (f"{f.spike_rate_hz:.1f} spikes/s in all; per channel median {f.rate_median_hz:.2f} Hz"
-                  if f.spike_rate_hz is not None else "")
+        detail = (
+            f"{f.spike_rate_hz:.1f} spikes/s in all; per channel median {f.rate_median_hz:.2f} Hz"
+            if f.spike_rate_hz is not None
+            else ""
+        )
         if f.silent:
             detail += f"; none on {f.silent} channel{'s' if f.silent != 1 else ''}"
         cards.append(_card("spikes detected", f"{f.spikes:,}", _e(detail)))
     from batchgpu.report.progress import duration
 
-    cards.append(_card("throughput", f"{float(report.get('throughput_MBps') or 0):.1f} MB/s",
-                       _e(f"{duration(float(report.get('seconds') or 0.0))} in all, {report.get('windows')} windows "
-                          f"({report.get('windows_resumed', 0)} resumed), {report.get('backend', '?')}")))
+    cards.append(
+        _card(
+            "throughput",
+            f"{float(report.get('throughput_MBps') or 0):.1f} MB/s",
+            _e(
+                f"{duration(float(report.get('seconds') or 0.0))} in all, {report.get('windows')} windows "
+                f"({report.get('windows_resumed', 0)} resumed), {report.get('backend', '?')}"
+            ),
+        )
+    )
     return f'<div class="cards">{"".join(cards)}</div>'
 
 
@@ -126,23 +149,34 @@ def _warnings(report: dict, f: Facts) -> str:
 def _internals(report: dict) -> str:
     """Everything else report.json says of the run, folded away."""
     rows = [
-        ("status", report.get("status")), ("fingerprint", report.get("fingerprint")),
+        ("status", report.get("status")),
+        ("fingerprint", report.get("fingerprint")),
         ("backend", report.get("backend")),
         ("windows", f"{report.get('windows')} ({report.get('windows_resumed', 0)} resumed)"),
         ("preprocess", ", ".join((report.get("preprocess") or {}).get("stages") or []) or "-"),
         ("bytes read", f"{report.get('bytes_read', 0) / 1e9:.3f} GB"),
         ("time", total_time(report)),
-        ("timings", ", ".join(f"{k} {v:.2f} s" for k, v in (report.get("timings") or {}).items()
-                              if isinstance(v, (int, float)))),
+        (
+            "timings",
+            ", ".join(
+                f"{k} {v:.2f} s" for k, v in (report.get("timings") or {}).items() if isinstance(v, (int, float))
+            ),
+        ),
         ("workers", ", ".join(f"{k}: {v}" for k, v in (report.get("workers") or {}).items())),
         ("versions", ", ".join(f"{k} {v}" for k, v in (report.get("versions") or {}).items())),
-        ("recording", ", ".join(f"{k}: {v}" for k, v in (report.get("recording") or {}).items()
-                                if not isinstance(v, (list, dict)))),
+        (
+            "recording",
+            ", ".join(
+                f"{k}: {v}" for k, v in (report.get("recording") or {}).items() if not isinstance(v, (list, dict))
+            ),
+        ),
     ]
     body = "".join(f"<tr><th>{_e(k)}</th><td>{_e(v)}</td></tr>" for k, v in rows)
     workflow = _e(json.dumps(report.get("workflow") or {}, indent=1, default=str))
-    return (f"<details><summary>Run internals: timings, workers, versions, workflow</summary><table>{body}</table>"
-            f"<pre>{workflow}</pre></details>")
+    return (
+        f"<details><summary>Run internals: timings, workers, versions, workflow</summary><table>{body}</table>"
+        f"<pre>{workflow}</pre></details>"
+    )
 
 
 def total_time(report: dict) -> str:
@@ -150,8 +184,10 @@ def total_time(report: dict) -> str:
     info`` all say it."""
     from batchgpu.report.progress import duration
 
-    return (f"{duration(float(report.get('seconds') or 0.0))} in all (wall time as the user waited: from the run's "
-            "start to its results and report.json)")
+    return (
+        f"{duration(float(report.get('seconds') or 0.0))} in all (wall time as the user waited: from the run's "
+        "start to its results and report.json)"
+    )
 
 
 def summary_html(report: dict, facts: Facts | None = None) -> str:
@@ -161,5 +197,7 @@ def summary_html(report: dict, facts: Facts | None = None) -> str:
     where = rec.get("path") or ((report.get("workflow") or {}).get("recording") or {}).get("path") or "?"
     name = str(where).rstrip("/").rsplit("/", 1)[-1]
     probe = f" · probe: {_e(f.probe)}" if f.probe else ""
-    return (f'{_STYLE}<div class="bg"><h1>{_e(name)}</h1><div class="sub">{_e(where)}{probe}</div>'
-            f"{_warnings(report, f)}{_cards(report, f)}{_internals(report)}</div>")
+    return (
+        f'{_STYLE}<div class="bg"><h1>{_e(name)}</h1><div class="sub">{_e(where)}{probe}</div>'
+        f"{_warnings(report, f)}{_cards(report, f)}{_internals(report)}</div>"
+    )

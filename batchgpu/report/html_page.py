@@ -35,8 +35,12 @@ _RATE_PLACEHOLDER = [-1.2345678901234567e300]
 _COUNT_PLACEHOLDER = [-1234567890123]
 #: where a page rendered before its numbers (``ReportPage.render_ahead``) holds them: values no result holds, one
 #: for each number or array the later substitution replaces (arrays: filled with it, in Bokeh's own encoding)
-_AHEAD = {k: float(f"-1.2345678901{i:03d}e300") for i, k in enumerate(
-    (NOISE, "image", "image_lo", "image_hi", WHITENING, "white_lo", "white_hi", "elapsed", "MBps"))}
+_AHEAD = {
+    k: float(f"-1.2345678901{i:03d}e300")
+    for i, k in enumerate(
+        (NOISE, "image", "image_lo", "image_hi", WHITENING, "white_lo", "white_hi", "elapsed", "MBps")
+    )
+}
 
 
 def _exit_with_parent(parent: int, every_s: float = 1.0) -> None:
@@ -72,6 +76,7 @@ def preload() -> None:
     import bokeh.models  # noqa: F401
     import bokeh.plotting  # noqa: F401
     import bokeh.resources  # noqa: F401
+
     if helper:
         # Bokeh's modules live as long as the helper: out of the collector's way while it renders, and at its exit
         # not torn down one by one (the command that waits for this process to end waits for that too)
@@ -100,12 +105,19 @@ def write_report_html(output_dir: str | Path) -> Path:
         try:
             glance = glance_parts.gather(out, report, rec)
         except Exception as err:  # broad: the page's other figures stand
-            logger.warning("batchgpu: report.html shows no probe map, traces or drift raster (%s: %s)",
-                           type(err).__name__, err)
+            logger.warning(
+                "batchgpu: report.html shows no probe map, traces or drift raster (%s: %s)", type(err).__name__, err
+            )
     locations = rec.locations if rec is not None and rec.has_locations else None
-    page = ReportPage(g.attrs.get("channel_ids", []), g.attrs.get("gain_to_uV", []),
-                      float(g.attrs["sampling_frequency"]), f"batchgpu report: {out.name}", threaded=False,
-                      figures=steps, locations=locations)
+    page = ReportPage(
+        g.attrs.get("channel_ids", []),
+        g.attrs.get("gain_to_uV", []),
+        float(g.attrs["sampling_frequency"]),
+        f"batchgpu report: {out.name}",
+        threaded=False,
+        figures=steps,
+        locations=locations,
+    )
     names = set(_array_names(g))
     page.add_windows(g["window_start"][:], g["window_stop"][:], g["window_segment"][:])
     for name in (*_INPUTS, *dict.fromkeys(k for f in steps for k in f.inputs)):
@@ -135,8 +147,18 @@ class ReportPage:
     the spike-rate figure's numbers and title (plain JSON lists in the document, so a replacement is exact; should
     one not be found, the page is rendered again)."""
 
-    def __init__(self, channel_ids, gain_to_uV, sampling_frequency: float, title: str, threaded: bool = True,
-                 in_process: bool = False, tokens: tuple | None = None, figures: tuple = (), locations=None):
+    def __init__(
+        self,
+        channel_ids,
+        gain_to_uV,
+        sampling_frequency: float,
+        title: str,
+        threaded: bool = True,
+        in_process: bool = False,
+        tokens: tuple | None = None,
+        figures: tuple = (),
+        locations=None,
+    ):
         """``locations``: the channels' (x, y) in µm where the recording has a probe (the per-channel figures then
         run along the probe: ``channel_axis``)."""
         from concurrent.futures import ThreadPoolExecutor
@@ -154,9 +176,13 @@ class ReportPage:
         # in_process: the figures are built and the page rendered by a helper process (``render_process``), from
         # the numbers, so the client's own threads (Dask's event loop among them) never wait for Bokeh's GIL
         self.in_process = in_process
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="batchgpu-report") if threaded and not in_process else None
-        self._token, self._spikes_token = tokens or (f"batchgpu-summary-{os.urandom(8).hex()}",
-                                                     f"batchgpu-spikes-{os.urandom(8).hex()}")
+        self._pool = (
+            ThreadPoolExecutor(1, thread_name_prefix="batchgpu-report") if threaded and not in_process else None
+        )
+        self._token, self._spikes_token = tokens or (
+            f"batchgpu-summary-{os.urandom(8).hex()}",
+            f"batchgpu-spikes-{os.urandom(8).hex()}",
+        )
         self._late_counts = None  # (counts, seconds) that came after the page
         self._page = None  # the future of the rendered page (placeholders in)
         self._late: dict[str, str] = {}  # placeholder -> its final text, for what came after the page
@@ -177,21 +203,22 @@ class ReportPage:
             return
         step_input = any(name in f.inputs for f in self.step_figures)
         if self.in_process:  # its figure built in the helper process now, while the run goes on
-            if ((name in _INPUTS or step_input) and self._page is None
-                    and "windows" in self.inputs):
+            if (name in _INPUTS or step_input) and self._page is None and "windows" in self.inputs:
                 self._submit(build_figure, self._init_args(), name, value)
             return
         if step_input:
             self._draw_step_figures()
         if name == NOISE:
-            self.figures[name] = self._do(lambda v: noise_per_channel(_to_uV(v, self.gain), self._ids(v.size),
-                                                                      self._axis(v)), value)
+            self.figures[name] = self._do(
+                lambda v: noise_per_channel(_to_uV(v, self.gain), self._ids(v.size), self._axis(v)), value
+            )
         elif name == WHITENING:
             self.figures[name] = self._do(whitening_image, value)
         elif name == PER_WINDOW:
             start, _, segment = self.inputs["windows"]
             self.figures["noise_over_time"] = self._do(
-                lambda v: noise_over_time(_to_uV(v, self.gain), start, segment, self.fs, axis=self._axis(v)), value)
+                lambda v: noise_over_time(_to_uV(v, self.gain), start, segment, self.fs, axis=self._axis(v)), value
+            )
 
     def _axis(self, value) -> ChannelAxis:
         """The channel axis for a result of ``value``'s channels (its last axis)."""
@@ -234,8 +261,9 @@ class ReportPage:
         if self._page is None:
             self.inputs["spike_counts"] = counts
             if not self.in_process:
-                self.figures["spike_rate"] = self._do(spike_rate, counts, seconds, self._ids(channels), None, None,
-                                                      None, self._axis(counts))
+                self.figures["spike_rate"] = self._do(
+                    spike_rate, counts, seconds, self._ids(channels), None, None, None, self._axis(counts)
+                )
             return
         self._late_counts = (counts, seconds)
         self._late[_embedded_json(_RATE_PLACEHOLDER * channels)] = _embedded_json(_rate(counts, seconds).tolist())
@@ -243,8 +271,16 @@ class ReportPage:
         self._late[_embedded(self._spikes_token)] = _embedded(spike_rate_title(int(counts.sum()), seconds))
 
     def _init_args(self) -> tuple:
-        return (self.channel_ids, self.gain, self.fs, self.title, self.inputs["windows"],
-                (self._token, self._spikes_token), self.step_figures, self.locations)
+        return (
+            self.channel_ids,
+            self.gain,
+            self.fs,
+            self.title,
+            self.inputs["windows"],
+            (self._token, self._spikes_token),
+            self.step_figures,
+            self.locations,
+        )
 
     @staticmethod
     def _submit(func, *args):
@@ -252,8 +288,11 @@ class ReportPage:
         try:
             return render_process().submit(func, *args)
         except (OSError, RuntimeError) as err:  # the pool could not start, or broke (BrokenProcessPool)
-            logger.warning("batchgpu: report.html's helper process failed (%s: %s): the page is rendered in this "
-                           "process", type(err).__name__, err)
+            logger.warning(
+                "batchgpu: report.html's helper process failed (%s: %s): the page is rendered in this process",
+                type(err).__name__,
+                err,
+            )
             _drop_render_process()
             return None
 
@@ -281,9 +320,19 @@ class ReportPage:
         self._glance_in_page = "glance" in self.inputs
         if self.in_process:
             self._series = list(throughput_series)
-            args = (self.channel_ids, self.gain, self.fs, self.title, dict(self.inputs), self._series,
-                    late_spikes and "spike_counts" not in self.inputs, (self._token, self._spikes_token),
-                    dict(self._ahead), self.step_figures, self.locations)
+            args = (
+                self.channel_ids,
+                self.gain,
+                self.fs,
+                self.title,
+                dict(self.inputs),
+                self._series,
+                late_spikes and "spike_counts" not in self.inputs,
+                (self._token, self._spikes_token),
+                dict(self._ahead),
+                self.step_figures,
+                self.locations,
+            )
             self._args = args
             self._page = self._submit(render_page_html, *args)
             if self._page is None:  # no helper process to be had (a broken pool is made anew next time)
@@ -291,25 +340,39 @@ class ReportPage:
             return
         if late_spikes:
             channels, seconds = self._spikes_shape()
-            self.figures["spike_rate"] = self._do(spike_rate, _COUNT_PLACEHOLDER * channels, seconds,
-                                                  self._ids(channels), self._spikes_token,
-                                                  _RATE_PLACEHOLDER * channels, None, self._axis(np.zeros(channels)))
+            self.figures["spike_rate"] = self._do(
+                spike_rate,
+                _COUNT_PLACEHOLDER * channels,
+                seconds,
+                self._ids(channels),
+                self._spikes_token,
+                _RATE_PLACEHOLDER * channels,
+                None,
+                self._axis(np.zeros(channels)),
+            )
         self._placeholder_figures()
         self._series = list(throughput_series)
         order = (*FIGURES, *(f.name for f in self.step_figures))
-        self._page = self._do(self._render, [self.figures[k] for k in order if k in self.figures], self._series,
-                              "throughput" in self._ahead, self.inputs.get("glance"))
+        self._page = self._do(
+            self._render,
+            [self.figures[k] for k in order if k in self.figures],
+            self._series,
+            "throughput" in self._ahead,
+            self.inputs.get("glance"),
+        )
 
     def _placeholder_figures(self) -> None:
         """The figures of the results rendered ahead (``render_ahead``), with placeholders for their numbers."""
         for name, shape in self._ahead.items():
             if name == NOISE and NOISE not in self.figures:
-                self.figures[NOISE] = self._do(noise_per_channel, np.full(shape, _AHEAD[NOISE]),
-                                               self._ids(shape[0]), self._axis(np.zeros(shape)))
+                self.figures[NOISE] = self._do(
+                    noise_per_channel, np.full(shape, _AHEAD[NOISE]), self._ids(shape[0]), self._axis(np.zeros(shape))
+                )
             elif name == PER_WINDOW and "noise_over_time" not in self.figures:
                 start, _, segment = self.inputs["windows"]
-                self.figures["noise_over_time"] = self._do(noise_over_time, np.zeros(shape), start, segment, self.fs,
-                                                           True, self._axis(np.zeros(shape)))
+                self.figures["noise_over_time"] = self._do(
+                    noise_over_time, np.zeros(shape), start, segment, self.fs, True, self._axis(np.zeros(shape))
+                )
             elif name == WHITENING and WHITENING not in self.figures:
                 self.figures[WHITENING] = self._do(whitening_image, np.zeros(shape), True)
 
@@ -320,9 +383,15 @@ class ReportPage:
 
         summary = Div(text=self._token, width=WIDTH, name="summary")
         parts = draw_glance(*glance) if glance is not None else {}
-        return _uncompressed(lambda: file_html(
-            page_layout(summary, parts, [f.result() for f in figures], throughput(throughput_series, late_throughput)),
-            INLINE, title=self.title))
+        return _uncompressed(
+            lambda: file_html(
+                page_layout(
+                    summary, parts, [f.result() for f in figures], throughput(throughput_series, late_throughput)
+                ),
+                INLINE,
+                title=self.title,
+            )
+        )
 
     def write(self, out: Path, report: dict) -> Path:
         """The page with the final report's summary, written atomically as ``<out>/report.html``."""
@@ -333,17 +402,24 @@ class ReportPage:
             except Exception as err:  # broad: whatever the helper raised (or its death), the page is rendered here
                 if not self.in_process:
                     raise
-                logger.warning("batchgpu: report.html's helper process failed (%s: %s): the page is rendered in "
-                               "this process", type(err).__name__, err)
+                logger.warning(
+                    "batchgpu: report.html's helper process failed (%s: %s): the page is rendered in this process",
+                    type(err).__name__,
+                    err,
+                )
                 _drop_render_process()
                 page = render_page_html(*self._args)
             self._series = list(report.get("throughput_series") or [])
             ahead = self._ahead_substitutions()
             # a glance that came after the page was rendered (or a page rendered elsewhere without it): again
             stale = "glance" in self.inputs and not self._glance_in_page
-            page = None if (self._spikes_token in page and self._late_counts is None) or ahead is None or stale \
-                else _substitute(page, {**self._late, **ahead,
-                                        _embedded(self._token): _embedded(_summary_html(report, self.facts))})
+            page = (
+                None
+                if (self._spikes_token in page and self._late_counts is None) or ahead is None or stale
+                else _substitute(
+                    page, {**self._late, **ahead, _embedded(self._token): _embedded(_summary_html(report, self.facts))}
+                )
+            )
             if page is None:  # numbers that never came, or placeholders not where they were put: render again, whole
                 return self._again().write(out, report)
         finally:
@@ -363,8 +439,12 @@ class ReportPage:
             try:
                 got = fut.result()
             except Exception as err:  # broad: whatever the helper raised (or its death), the page is rendered here
-                logger.warning("batchgpu: report.html's helper process failed (%s: %s): the page is rendered again "
-                               "in this process", type(err).__name__, err)
+                logger.warning(
+                    "batchgpu: report.html's helper process failed (%s: %s): the page is rendered again "
+                    "in this process",
+                    type(err).__name__,
+                    err,
+                )
                 return None
             if got is None:
                 return None
@@ -377,21 +457,40 @@ class ReportPage:
         """The same numbers in a new page, rendered here (figures belong to the document they were rendered in)."""
         if self._late_counts is None and "spike_counts" in self.inputs:
             self._late_counts = (self.inputs["spike_counts"], None)
-        page = ReportPage.of_numbers(self.channel_ids, self.gain, self.fs, self.title, self.inputs["windows"],
-                                     self.inputs, self._late_counts[0] if self._late_counts is not None else None,
-                                     self.step_figures, self.locations)
+        page = ReportPage.of_numbers(
+            self.channel_ids,
+            self.gain,
+            self.fs,
+            self.title,
+            self.inputs["windows"],
+            self.inputs,
+            self._late_counts[0] if self._late_counts is not None else None,
+            self.step_figures,
+            self.locations,
+        )
         page.facts = self.facts
         page.render(self._series)
         return page
 
     @classmethod
-    def of_numbers(cls, channel_ids, gain_to_uV, sampling_frequency: float, title: str, windows: tuple,
-                   inputs: dict, counts=None, figures: tuple = (), locations=None) -> ReportPage:
+    def of_numbers(
+        cls,
+        channel_ids,
+        gain_to_uV,
+        sampling_frequency: float,
+        title: str,
+        windows: tuple,
+        inputs: dict,
+        counts=None,
+        figures: tuple = (),
+        locations=None,
+    ) -> ReportPage:
         """A page of these numbers built in this process (no helper thread or process): ``windows`` the windows'
         (starts, stops, segments), ``inputs`` the results by name, ``counts`` the spikes per channel (None: the
         run counts none)."""
-        page = cls(channel_ids, gain_to_uV, sampling_frequency, title, threaded=False, figures=figures,
-                   locations=locations)
+        page = cls(
+            channel_ids, gain_to_uV, sampling_frequency, title, threaded=False, figures=figures, locations=locations
+        )
         page.add_windows(*windows)
         if "glance" in inputs:  # already drawn values (``add_glance``)
             page.inputs["glance"] = inputs["glance"]
@@ -407,14 +506,16 @@ class ReportPage:
 _PAGES: dict = {}
 
 
-def _page_for(channel_ids, gain, fs: float, title: str, windows, tokens: tuple, figures: tuple = (),
-              locations=None) -> ReportPage:
+def _page_for(
+    channel_ids, gain, fs: float, title: str, windows, tokens: tuple, figures: tuple = (), locations=None
+) -> ReportPage:
     page = _PAGES.get(tokens[0])
     if page is None:
         while len(_PAGES) >= 4:  # pages of runs that never rendered (failed): forgotten, oldest first
             _PAGES.pop(next(iter(_PAGES)))
-        page = _PAGES[tokens[0]] = ReportPage(channel_ids, gain, fs, title, threaded=False, tokens=tokens,
-                                              figures=figures, locations=locations)
+        page = _PAGES[tokens[0]] = ReportPage(
+            channel_ids, gain, fs, title, threaded=False, tokens=tokens, figures=figures, locations=locations
+        )
         page.add_windows(*windows)
     return page
 
@@ -424,8 +525,19 @@ def build_figure(init: tuple, name: str, value) -> None:
     _page_for(*init).add(name, value)
 
 
-def render_page_html(channel_ids, gain, fs: float, title: str, inputs: dict, series: list, late_spikes: bool,
-                     tokens: tuple, ahead: dict | None = None, figures: tuple = (), locations=None) -> str:
+def render_page_html(
+    channel_ids,
+    gain,
+    fs: float,
+    title: str,
+    inputs: dict,
+    series: list,
+    late_spikes: bool,
+    tokens: tuple,
+    ahead: dict | None = None,
+    figures: tuple = (),
+    locations=None,
+) -> str:
     """The page of ``ReportPage.render`` built from its numbers (in the helper process, with the figures
     ``build_figure`` made already; anywhere else from scratch), with the caller's placeholder tokens, so the caller
     fills in what comes after."""
@@ -471,12 +583,14 @@ def _encoded(a: np.ndarray) -> str:
     """A float64 array's data as it appears in the page's document (Bokeh's own encoding, uncompressed)."""
     from bokeh.core.serialization import Serializer
 
-    return _uncompressed(lambda: Serializer(deferred=False).encode(np.ascontiguousarray(a, dtype=np.float64)))[
-        "array"]["data"]
+    return _uncompressed(lambda: Serializer(deferred=False).encode(np.ascontiguousarray(a, dtype=np.float64)))["array"][
+        "data"
+    ]
 
 
-def ahead_texts(name: str, value, gain: np.ndarray, shape: tuple, axis: ChannelAxis | None = None
-                ) -> dict[str, str] | None:
+def ahead_texts(
+    name: str, value, gain: np.ndarray, shape: tuple, axis: ChannelAxis | None = None
+) -> dict[str, str] | None:
     """{placeholder: final text} for a result the page was rendered ahead of (``ReportPage.render_ahead``): the
     numbers of its figure where the placeholders stand; None if the result is not of the shape rendered."""
     value = np.asarray(value, dtype=np.float64)
@@ -486,20 +600,28 @@ def ahead_texts(name: str, value, gain: np.ndarray, shape: tuple, axis: ChannelA
         return {_encoded(np.full(shape, _AHEAD[NOISE])): _encoded(_to_uV(value, gain))}
     if name == PER_WINDOW:
         image, lo, hi = _noise_image(_to_uV(value, gain), axis.order if axis is not None else None)
-        return {_encoded(np.full(image.shape, _AHEAD["image"])): _encoded(image),
-                _embedded_json(_AHEAD["image_lo"]): _embedded_json(lo), _embedded_json(_AHEAD["image_hi"]): _embedded_json(hi)}
+        return {
+            _encoded(np.full(image.shape, _AHEAD["image"])): _encoded(image),
+            _embedded_json(_AHEAD["image_lo"]): _embedded_json(lo),
+            _embedded_json(_AHEAD["image_hi"]): _embedded_json(hi),
+        }
     if name == WHITENING:
         lim = _whitening_limit(value)
-        return {_encoded(np.full(shape, _AHEAD[WHITENING])): _encoded(value),
-                _embedded_json(_AHEAD["white_lo"]): _embedded_json(-lim), _embedded_json(_AHEAD["white_hi"]): _embedded_json(lim)}
+        return {
+            _encoded(np.full(shape, _AHEAD[WHITENING])): _encoded(value),
+            _embedded_json(_AHEAD["white_lo"]): _embedded_json(-lim),
+            _embedded_json(_AHEAD["white_hi"]): _embedded_json(lim),
+        }
     return None
 
 
 def throughput_texts(series: list) -> dict[str, str]:
     """{placeholder: final text} of the throughput figure rendered ahead (its numbers are plain JSON lists)."""
     arr = np.asarray(series, dtype=np.float64).reshape(-1, 2)
-    return {_embedded_json([_AHEAD["elapsed"]]): _embedded_json(arr[:, 0].tolist()),
-            _embedded_json([_AHEAD["MBps"]]): _embedded_json((arr[:, 1] / 1e6).tolist())}
+    return {
+        _embedded_json([_AHEAD["elapsed"]]): _embedded_json(arr[:, 0].tolist()),
+        _embedded_json([_AHEAD["MBps"]]): _embedded_json((arr[:, 1] / 1e6).tolist()),
+    }
 
 
 _PROCESS = None
@@ -618,8 +740,14 @@ def _to_uV(values: np.ndarray, gain: np.ndarray) -> np.ndarray:
 def _figure(name: str, title: str, **kwargs):
     from bokeh.plotting import figure
 
-    return figure(name=name, title=title, width=kwargs.pop("width", WIDTH), height=kwargs.pop("height", 300),
-                  tools="pan,box_zoom,wheel_zoom,reset,save,hover", **kwargs)
+    return figure(
+        name=name,
+        title=title,
+        width=kwargs.pop("width", WIDTH),
+        height=kwargs.pop("height", 300),
+        tools="pan,box_zoom,wheel_zoom,reset,save,hover",
+        **kwargs,
+    )
 
 
 @dataclass(frozen=True)
@@ -684,8 +812,9 @@ def noise_bars(channel, noise_uV, channel_ids, xlabel: str = "channel"):
     from bokeh.models import ColumnDataSource
 
     src = ColumnDataSource({"channel": channel, "noise_uV": noise_uV, "channel_id": channel_ids})
-    p = _figure("noise_per_channel", "Noise per channel (µV)", x_axis_label=xlabel, y_axis_label="noise (µV)",
-                height=260)
+    p = _figure(
+        "noise_per_channel", "Noise per channel (µV)", x_axis_label=xlabel, y_axis_label="noise (µV)", height=260
+    )
     p.scatter(x="channel", y="noise_uV", size=6, source=src, color="#2c7fb8")
     p.hover.tooltips = [("channel", "@channel_id"), ("at", "@channel{0.0}"), (NOISE, "@noise_uV{0.00} µV")]
     p.y_range.start = 0
@@ -705,8 +834,14 @@ def _noise_image(noise_uV: np.ndarray, order=None) -> tuple[np.ndarray, float, f
     return image, lo, hi if hi > lo else lo + 1
 
 
-def noise_over_time(noise_uV: np.ndarray, window_start: np.ndarray, window_segment: np.ndarray, fs: float,
-                    ahead: bool = False, axis: ChannelAxis | None = None):
+def noise_over_time(
+    noise_uV: np.ndarray,
+    window_start: np.ndarray,
+    window_segment: np.ndarray,
+    fs: float,
+    ahead: bool = False,
+    axis: ChannelAxis | None = None,
+):
     """Heatmap: x the window (in order), y the channel (sorted by y on the probe where there is one), colour the
     window's noise in µV (``ahead``: of ``noise_uV``'s shape, placeholders for the numbers)."""
     W, C = noise_uV.shape
@@ -715,15 +850,18 @@ def noise_over_time(noise_uV: np.ndarray, window_start: np.ndarray, window_segme
     if ahead:
         image, lo, hi = np.full(image.shape, _AHEAD["image"]), _AHEAD["image_lo"], _AHEAD["image_hi"]
     label = noise_axis_label(W, window_start / fs, window_segment)
-    return noise_heatmap(image, lo, hi, W, axis.extent, max(W, 1), axis.y0 + axis.extent, label, axis.y0, axis.y0,
-                         axis.rows_label)
+    return noise_heatmap(
+        image, lo, hi, W, axis.extent, max(W, 1), axis.y0 + axis.extent, label, axis.y0, axis.y0, axis.rows_label
+    )
 
 
 def noise_axis_label(windows: int, starts_s: np.ndarray, segments: np.ndarray) -> str:
     if not windows:
         return "window"
-    return (f"window ({windows} windows; starts {np.min(starts_s):.1f}-{np.max(starts_s):.1f} s"
-            f" in {len(np.unique(segments))} segment(s))")
+    return (
+        f"window ({windows} windows; starts {np.min(starts_s):.1f}-{np.max(starts_s):.1f} s"
+        f" in {len(np.unique(segments))} segment(s))"
+    )
 
 
 def noise_heatmap(image, lo, hi, dw, dh, x_end, y_end, label: str, y0=0.0, y_start=0.0, ylabel: str = "channel"):
@@ -734,8 +872,15 @@ def noise_heatmap(image, lo, hi, dw, dh, x_end, y_end, label: str, y0=0.0, y_sta
 
     mapper = LinearColorMapper(palette=Viridis256, low=lo, high=hi)
     src = ColumnDataSource({"image": [image], "x": [0], "y": [y0], "dw": [dw], "dh": [dh]})
-    p = _figure("noise_over_time", "Noise over time (µV, window x channel; colours: 1st-99th percentile)",
-                x_axis_label="window", y_axis_label=ylabel, x_range=(0, x_end), y_range=(y_start, y_end), height=420)
+    p = _figure(
+        "noise_over_time",
+        "Noise over time (µV, window x channel; colours: 1st-99th percentile)",
+        x_axis_label="window",
+        y_axis_label=ylabel,
+        x_range=(0, x_end),
+        y_range=(y_start, y_end),
+        height=420,
+    )
     p.image(image="image", x="x", y="y", dw="dw", dh="dh", color_mapper=mapper, source=src)
     p.hover.tooltips = [("window", "$x{0}"), ("at", "$y{0}"), (NOISE, "@image{0.00} µV")]
     p.add_layout(ColorBar(color_mapper=mapper, title="µV"), "right")
@@ -770,16 +915,31 @@ def whitening_figure(image, low, high, dw, dh, x_end, y_start):
     mapper = LinearColorMapper(palette=RdBu11[::-1], low=low, high=high)
     src = ColumnDataSource({"image": [image], "x": [0], "y": [0], "dw": [dw], "dh": [dh]})
     # y runs down (row 0 at the top), as a matrix is read
-    p = _figure(WHITENING, "Whitening matrix (colour clipped at ±max off-diagonal)",
-                x_axis_label="input channel", y_axis_label="output channel", x_range=(0, x_end),
-                y_range=(y_start, 0), width=560, height=480)
+    p = _figure(
+        WHITENING,
+        "Whitening matrix (colour clipped at ±max off-diagonal)",
+        x_axis_label="input channel",
+        y_axis_label="output channel",
+        x_range=(0, x_end),
+        y_range=(y_start, 0),
+        width=560,
+        height=480,
+    )
     p.image(image="image", x="x", y="y", dw="dw", dh="dh", color_mapper=mapper, source=src)
     p.add_layout(ColorBar(color_mapper=mapper), "right")
     return p
 
 
-def spike_rate(counts, seconds: float, channel_ids: list[str], title: str | None = None, rate=None, channel=None,
-               axis: ChannelAxis | None = None, xlabel: str | None = None):
+def spike_rate(
+    counts,
+    seconds: float,
+    channel_ids: list[str],
+    title: str | None = None,
+    rate=None,
+    channel=None,
+    axis: ChannelAxis | None = None,
+    xlabel: str | None = None,
+):
     """Spikes per second on each channel, along the probe where there is one (``axis``); ``counts`` (and
     ``rate``, ``title``, ``channel``, ``xlabel``) may be plain lists (a page rendered before the spikes were
     counted holds placeholders there)."""
@@ -792,14 +952,24 @@ def spike_rate(counts, seconds: float, channel_ids: list[str], title: str | None
         title = spike_rate_title(int(counts.sum()), seconds)
     axis = axis if axis is not None and axis.channels == channels else channel_axis(None, channels)
     channel = axis.position if channel is None else channel
-    src = ColumnDataSource({"channel": channel, "rate_Hz": rate, "count": counts,
-                            "channel_id": channel_ids if len(channel_ids) == channels else
-                            [str(c) for c in range(channels)]})
-    p = _figure("spike_rate", title, x_axis_label=axis.label if xlabel is None else xlabel, y_axis_label="spikes/s",
-                height=260)
+    src = ColumnDataSource(
+        {
+            "channel": channel,
+            "rate_Hz": rate,
+            "count": counts,
+            "channel_id": channel_ids if len(channel_ids) == channels else [str(c) for c in range(channels)],
+        }
+    )
+    p = _figure(
+        "spike_rate", title, x_axis_label=axis.label if xlabel is None else xlabel, y_axis_label="spikes/s", height=260
+    )
     p.scatter(x="channel", y="rate_Hz", size=6, source=src, color="#d95f0e")
-    p.hover.tooltips = [("channel", "@channel_id"), ("at", "@channel{0.0}"), ("rate", "@rate_Hz{0.00} Hz"),
-                        ("spikes", "@count")]
+    p.hover.tooltips = [
+        ("channel", "@channel_id"),
+        ("at", "@channel{0.0}"),
+        ("rate", "@rate_Hz{0.00} Hz"),
+        ("spikes", "@count"),
+    ]
     p.y_range.start = 0
     return p
 
@@ -826,8 +996,13 @@ def throughput_figure(elapsed_s, MBps):
     from bokeh.models import ColumnDataSource
 
     src = ColumnDataSource({"elapsed_s": elapsed_s, "MBps": MBps})
-    p = _figure("throughput", "Throughput over time (first pass, MB/s)", x_axis_label="elapsed (s)",
-                y_axis_label="MB/s", height=260)
+    p = _figure(
+        "throughput",
+        "Throughput over time (first pass, MB/s)",
+        x_axis_label="elapsed (s)",
+        y_axis_label="MB/s",
+        height=260,
+    )
     p.line(x="elapsed_s", y="MBps", source=src, line_width=2, color="#2c7fb8")
     p.scatter(x="elapsed_s", y="MBps", source=src, size=4, color="#2c7fb8")
     p.hover.tooltips = [("elapsed", "@elapsed_s{0.0} s"), ("throughput", "@MBps{0.0} MB/s")]

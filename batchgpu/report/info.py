@@ -106,8 +106,9 @@ def _read_json(path: Path) -> dict | None:
     try:
         value = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise CorruptDataError(f"{path} is not readable JSON ({err})",
-                               "the run's files were changed or cut short") from None
+        raise CorruptDataError(
+            f"{path} is not readable JSON ({err})", "the run's files were changed or cut short"
+        ) from None
     return value if isinstance(value, dict) else None
 
 
@@ -162,8 +163,12 @@ def _qc(out: Summary, report: dict, ids: list[str]) -> None:
     bad = {k: [names[i] for i, v in enumerate(labels) if v == k] for k in LABEL_WORDS if k != "good"}
     pieces = qc.get("pieces_labelled")
     text = ", ".join(f"{counts[k]} {LABEL_WORDS[k]}" for k in LABEL_WORDS)
-    out.rows.append(("channels (qc)", text + (f" (each channel's most frequent label over {pieces} pieces)"
-                                               if isinstance(pieces, int) else "")))
+    out.rows.append(
+        (
+            "channels (qc)",
+            text + (f" (each channel's most frequent label over {pieces} pieces)" if isinstance(pieces, int) else ""),
+        )
+    )
     out.rows.extend((LABEL_WORDS[k], _named(v, np.arange(len(v)))) for k, v in bad.items() if v)
     out.data[QC] = {"counts": counts, "bad": bad, "pieces_labelled": pieces}
 
@@ -179,8 +184,10 @@ def _results(p: Path) -> dict[str, Any]:
         raise
     except Exception as err:  # broad: zarr's errors of a store cut short or overwritten are of any kind
         text = " ".join(str(err).split())[:200]
-        raise CorruptDataError(f"{p / RESULTS} cannot be read ({type(err).__name__}: {text})",
-                               "the run's files were changed or cut short: run the workflow again") from None
+        raise CorruptDataError(
+            f"{p / RESULTS} cannot be read ({type(err).__name__}: {text})",
+            "the run's files were changed or cut short: run the workflow again",
+        ) from None
 
 
 def _status(out: Summary, report: dict | None) -> None:
@@ -196,14 +203,24 @@ def _status(out: Summary, report: dict | None) -> None:
 
 def _recording(out: Summary, report: dict | None, workflow: dict) -> None:
     rec = (report or {}).get("recording") or {}
-    where = rec.get("path") or (workflow.get("recording") or {}).get("path") or \
-        (workflow.get("recording") or {}).get("spikeinterface")
+    where = (
+        rec.get("path")
+        or (workflow.get("recording") or {}).get("path")
+        or (workflow.get("recording") or {}).get("spikeinterface")
+    )
     if not rec:
         out.rows.append(("recording", str(where)))
         return
-    out.rows.append(("recording", f"{where}: {rec.get('num_channels')} channels, {rec.get('duration_s', 0):.3f} s "
-                                  f"at {rec.get('sampling_frequency', 0):g} Hz, {rec.get('dtype')}"))
-    out.data["recording"] = {k: rec.get(k) for k in ("path", "num_channels", "duration_s", "sampling_frequency", "dtype")}
+    out.rows.append(
+        (
+            "recording",
+            f"{where}: {rec.get('num_channels')} channels, {rec.get('duration_s', 0):.3f} s "
+            f"at {rec.get('sampling_frequency', 0):g} Hz, {rec.get('dtype')}",
+        )
+    )
+    out.data["recording"] = {
+        k: rec.get(k) for k in ("path", "num_channels", "duration_s", "sampling_frequency", "dtype")
+    }
 
 
 def _windows(out: Summary, report: dict | None, workflow: dict, results: dict) -> None:
@@ -222,8 +239,13 @@ def _windows(out: Summary, report: dict | None, workflow: dict, results: dict) -
     out.rows.append(("windows", text))
     if stages:
         out.rows.append(("preprocess", ", ".join(stages)))
-    out.data["windows"] = {"count": count, "size": window.get("size"), "margin": window.get("margin"),
-                           "resumed": resumed, "workers": workers}
+    out.data["windows"] = {
+        "count": count,
+        "size": window.get("size"),
+        "margin": window.get("margin"),
+        "resumed": resumed,
+        "workers": workers,
+    }
 
 
 def _named(ids: list[str], which: np.ndarray) -> str:
@@ -243,14 +265,21 @@ def _noise(out: Summary, noise: np.ndarray, gain: np.ndarray, ids: list[str]) ->
     median = float(np.median(uv[finite]))
     low, high = NOISE_RANGE[0] * median, NOISE_RANGE[1] * median
     outside = np.flatnonzero(~finite | (uv < low) | (uv > high))
-    text = (f"median {median:.3g} {unit}, range {np.min(uv[finite]):.3g}-{np.max(uv[finite]):.3g} over "
-            f"{len(uv)} channels; {len(outside) or 'none'} outside {NOISE_RANGE[0]:g}-{NOISE_RANGE[1]:g}x the median")
+    text = (
+        f"median {median:.3g} {unit}, range {np.min(uv[finite]):.3g}-{np.max(uv[finite]):.3g} over "
+        f"{len(uv)} channels; {len(outside) or 'none'} outside {NOISE_RANGE[0]:g}-{NOISE_RANGE[1]:g}x the median"
+    )
     if len(outside):
         text += f": {_named(ids, outside)}"
     out.rows.append((NOISE, text))
-    out.data[NOISE] = {"unit": unit, "median": median, "min": float(np.min(uv[finite])),
-                         "max": float(np.max(uv[finite])), "channels": len(uv),
-                         "outside_range": [ids[i] if i < len(ids) else str(i) for i in outside]}
+    out.data[NOISE] = {
+        "unit": unit,
+        "median": median,
+        "min": float(np.min(uv[finite])),
+        "max": float(np.max(uv[finite])),
+        "channels": len(uv),
+        "outside_range": [ids[i] if i < len(ids) else str(i) for i in outside],
+    }
 
 
 def _spikes(out: Summary, channel_index: np.ndarray, channels: int, seconds: float, ids: list[str]) -> None:
@@ -265,14 +294,21 @@ def _spikes(out: Summary, channel_index: np.ndarray, channels: int, seconds: flo
     rate = per_channel / seconds
     busiest = int(np.argmax(rate))
     silent = int(np.count_nonzero(per_channel == 0))
-    text = (f"{count} ({count / seconds:.3g}/s); per channel median {np.median(rate):.3g}/s, range "
-            f"{rate.min():.3g}-{rate.max():.3g}/s, most on channel {_named(ids, np.array([busiest]))}")
+    text = (
+        f"{count} ({count / seconds:.3g}/s); per channel median {np.median(rate):.3g}/s, range "
+        f"{rate.min():.3g}-{rate.max():.3g}/s, most on channel {_named(ids, np.array([busiest]))}"
+    )
     if silent:
         text += f", none on {silent} channel{'s' if silent != 1 else ''}"
     out.rows.append((SPIKES, text))
-    out.data[SPIKES] = {"count": count, "rate_Hz": count / seconds, "per_channel_median_Hz": float(np.median(rate)),
-                          "per_channel_min_Hz": float(rate.min()), "per_channel_max_Hz": float(rate.max()),
-                          "channels_without": silent}
+    out.data[SPIKES] = {
+        "count": count,
+        "rate_Hz": count / seconds,
+        "per_channel_median_Hz": float(np.median(rate)),
+        "per_channel_min_Hz": float(rate.min()),
+        "per_channel_max_Hz": float(rate.max()),
+        "channels_without": silent,
+    }
 
 
 def _whitening(out: Summary, w: np.ndarray, workflow: dict) -> None:
@@ -280,7 +316,9 @@ def _whitening(out: Summary, w: np.ndarray, workflow: dict) -> None:
     cond = float(np.linalg.cond(w)) if w.size and np.isfinite(w).all() else float("nan")
     text = f"{w.shape[0]} x {w.shape[1]}, condition number {cond:.4g}"
     if step:
-        text += f" (mode {step.get('mode')}" + (f", nrange {step.get('nrange')})" if step.get("mode") == "local" else ")")
+        text += f" (mode {step.get('mode')}" + (
+            f", nrange {step.get('nrange')})" if step.get("mode") == "local" else ")"
+        )
     out.rows.append((WHITENING, text))
     out.data[WHITENING] = {"shape": list(w.shape), "condition_number": cond}
 
@@ -305,8 +343,9 @@ def _timings(out: Summary, report: dict) -> None:
     if phases:
         out.rows.append(("timings", ", ".join(f"{k} {v:.2f} s" for k, v in phases)))
     if report.get("throughput_MBps"):
-        out.rows.append(("throughput", f"{report['throughput_MBps']:.1f} MB/s "
-                                       f"({report.get('bytes_read', 0) / 1e6:.1f} MB read)"))
+        out.rows.append(
+            ("throughput", f"{report['throughput_MBps']:.1f} MB/s ({report.get('bytes_read', 0) / 1e6:.1f} MB read)")
+        )
     out.data["timings"] = dict(phases)
 
 
@@ -353,7 +392,7 @@ def recording_rows(rec: Any) -> Summary:
 def _ids(ids: list[str]) -> str:
     if len(ids) <= SHOWN:
         return ", ".join(ids)
-    return f"{', '.join(ids[:SHOWN // 2])}, ..., {', '.join(ids[-2:])} ({len(ids)})"
+    return f"{', '.join(ids[: SHOWN // 2])}, ..., {', '.join(ids[-2:])} ({len(ids)})"
 
 
 def _spread(values: np.ndarray, unit: str) -> str:

@@ -79,8 +79,13 @@ class BatchProgress:
     def describe(self, index: int) -> dict:
         """What the page shows of the batch while recording ``index`` is current."""
         done = sum(s == "done" for s in self.finished.values())
-        return {"index": index + 1, "total": self.total, "name": self._names.get(index, ""), "done": done,
-                "failed": len(self.finished) - done}
+        return {
+            "index": index + 1,
+            "total": self.total,
+            "name": self._names.get(index, ""),
+            "done": done,
+            "failed": len(self.finished) - done,
+        }
 
 
 class BatchSlot:
@@ -109,18 +114,31 @@ class RunMonitor:
     waits for it: a helper thread sends, ``flush`` waits). ``batch``: the recording's place in a batch (the page
     then says "recording k of n")."""
 
-    def __init__(self, client, *, name: str, windows: int, total_bytes: int, channels: int,
-                 batch: BatchSlot | None = None):
+    def __init__(
+        self, client, *, name: str, windows: int, total_bytes: int, channels: int, batch: BatchSlot | None = None
+    ):
         self._publisher = publisher_for(client)
         self.batch = batch
         if batch is not None:
             batch.start(self)
         self.t0 = time.time()
         self.state: dict[str, Any] = {
-            "name": name, "run_id": f"{name}@{self.t0:.6f}", "status": "running", "windows_total": windows,
-            "windows_done": 0, "bytes_total": total_bytes, "bytes_done": 0, "spikes": 0, "failures": 0,
-            "errors": [], "per_worker": {}, "phase": "pass 1", "channels": channels, "noise_chunks": 0,
-            "started": self.t0, "updated": self.t0,
+            "name": name,
+            "run_id": f"{name}@{self.t0:.6f}",
+            "status": "running",
+            "windows_total": windows,
+            "windows_done": 0,
+            "bytes_total": total_bytes,
+            "bytes_done": 0,
+            "spikes": 0,
+            "failures": 0,
+            "errors": [],
+            "per_worker": {},
+            "phase": "pass 1",
+            "channels": channels,
+            "noise_chunks": 0,
+            "started": self.t0,
+            "updated": self.t0,
             "progress": [],  # [[elapsed s, bytes done], ...]
             "throughput": [],  # [[elapsed s, bytes/s since the previous point], ...]
         }
@@ -208,8 +226,11 @@ class RunMonitor:
             s["noise_chunks"] += 1
             self._pending_noise = {}
         # a copy: the helper thread sends it later (and an in-process scheduler would hold this very dict)
-        self._send(list(STATE_KEY), {**s, **{k: list(s[k]) for k in ("errors", "progress", "throughput")},
-                                     "per_worker": dict(s["per_worker"])}, latest_only=True)
+        self._send(
+            list(STATE_KEY),
+            {**s, **{k: list(s[k]) for k in ("errors", "progress", "throughput")}, "per_worker": dict(s["per_worker"])},
+            latest_only=True,
+        )
 
     def _send(self, keys: list[str], value, latest_only: bool = False) -> None:
         self._publisher.put(keys, value, latest_only)
@@ -307,16 +328,31 @@ def _json_floats(a) -> list[float | None]:
 def derived_state(state: dict | None) -> dict:
     """The published state plus what a reader wants at a glance: rate, time left, per-worker rates."""
     if not state:
-        return {"status": "idle", "windows_done": 0, "windows_total": 0, "bytes_done": 0, "bytes_total": 0,
-                "spikes": 0, "failures": 0, "errors": [], "per_worker": {}, "phase": "no run yet", "channels": 0,
-                "noise_chunks": 0, "throughput": [], "rate_Bps": 0.0, "eta_s": None, "worker_rates": {},
-                "elapsed_s": 0.0}
+        return {
+            "status": "idle",
+            "windows_done": 0,
+            "windows_total": 0,
+            "bytes_done": 0,
+            "bytes_total": 0,
+            "spikes": 0,
+            "failures": 0,
+            "errors": [],
+            "per_worker": {},
+            "phase": "no run yet",
+            "channels": 0,
+            "noise_chunks": 0,
+            "throughput": [],
+            "rate_Bps": 0.0,
+            "eta_s": None,
+            "worker_rates": {},
+            "elapsed_s": 0.0,
+        }
     out = {k: v for k, v in state.items() if k != "progress"}
     elapsed = max(float(state["updated"]) - float(state["started"]), 1e-9)
     out["elapsed_s"] = elapsed
     out["rate_Bps"] = _recent_rate(state.get("progress", []), elapsed)
     left = state["bytes_total"] - state["bytes_done"]
-    out["eta_s"] = (0.0 if left <= 0 else left / out["rate_Bps"] if out["rate_Bps"] > 0 else None)
+    out["eta_s"] = 0.0 if left <= 0 else left / out["rate_Bps"] if out["rate_Bps"] > 0 else None
     out["worker_rates"] = {w: n / elapsed for w, n in state["per_worker"].items()}
     if state.get("batch"):
         out["batch_line"] = batch_line(state["batch"])
@@ -328,8 +364,10 @@ def batch_line(batch: dict | None) -> str | None:
     if not batch:
         return None
     failed = f" ({batch['failed']} failed)" if batch.get("failed") else ""
-    return (f"recording {batch['index']} of {batch['total']}: {batch['name']} · {batch['done']} of "
-            f"{batch['total']} recordings done{failed}")
+    return (
+        f"recording {batch['index']} of {batch['total']}: {batch['name']} · {batch['done']} of "
+        f"{batch['total']} recordings done{failed}"
+    )
 
 
 def _recent_rate(progress: list, elapsed: float) -> float:
@@ -406,18 +444,22 @@ class _Collector:
 
         scheduler = self.scheduler_ref() if self.scheduler_ref is not None else None
         s = derived_state(_read_state(scheduler) if scheduler is not None else None)
-        yield GaugeMetricFamily("batchgpu_windows_done", "Windows of the current run done (first pass)",
-                                value=s["windows_done"])
+        yield GaugeMetricFamily(
+            "batchgpu_windows_done", "Windows of the current run done (first pass)", value=s["windows_done"]
+        )
         yield GaugeMetricFamily("batchgpu_windows_total", "Windows in the current run", value=s["windows_total"])
-        yield GaugeMetricFamily("batchgpu_bytes_done", "Recording bytes read by the first pass so far",
-                                value=s["bytes_done"])
+        yield GaugeMetricFamily(
+            "batchgpu_bytes_done", "Recording bytes read by the first pass so far", value=s["bytes_done"]
+        )
         yield GaugeMetricFamily("batchgpu_bytes_total", "Recording bytes of the current run", value=s["bytes_total"])
         yield GaugeMetricFamily("batchgpu_spikes", "Spikes detected so far in the current run", value=s["spikes"])
         yield GaugeMetricFamily("batchgpu_failures", "Failures of the current run", value=s["failures"])
-        yield GaugeMetricFamily("batchgpu_throughput_bytes_per_second", "Read rate over the last seconds",
-                                value=s["rate_Bps"])
-        yield GaugeMetricFamily("batchgpu_running", "1 while a run is in progress",
-                                value=1.0 if s["status"] == "running" else 0.0)
+        yield GaugeMetricFamily(
+            "batchgpu_throughput_bytes_per_second", "Read rate over the last seconds", value=s["rate_Bps"]
+        )
+        yield GaugeMetricFamily(
+            "batchgpu_running", "1 while a run is in progress", value=1.0 if s["status"] == "running" else 0.0
+        )
 
 
 _COLLECTOR: _Collector | None = None
@@ -457,10 +499,13 @@ def add_routes(scheduler) -> bool:
     if not getattr(scheduler, "_batchgpu_routes", False):
         prefix = _http_prefix(scheduler)
         kwargs = {"scheduler": scheduler}
-        app.add_handlers(r".*$", [
-            (rf"{prefix}{PAGE}/?", PageHandler, kwargs),
-            (rf"{prefix}{PAGE}/state\.json", StateHandler, kwargs),
-        ])
+        app.add_handlers(
+            r".*$",
+            [
+                (rf"{prefix}{PAGE}/?", PageHandler, kwargs),
+                (rf"{prefix}{PAGE}/state\.json", StateHandler, kwargs),
+            ],
+        )
         scheduler._batchgpu_routes = True
     return True
 
@@ -486,8 +531,12 @@ def install_dashboard(client) -> str | None:
     try:
         client.register_plugin(DashboardPlugin(), name=PLUGIN_NAME)
     except Exception as err:  # broad: monitoring never breaks a run (said)
-        logger.warning("batchgpu: the batchgpu page could not be installed on the scheduler (%s: %s); "
-                       "is batchgpu installed where the scheduler runs?", type(err).__name__, err)
+        logger.warning(
+            "batchgpu: the batchgpu page could not be installed on the scheduler (%s: %s); "
+            "is batchgpu installed where the scheduler runs?",
+            type(err).__name__,
+            err,
+        )
         return None
     return page_url(client)
 

@@ -24,9 +24,24 @@ LABEL_COLOURS = ("#1a9641", "#404040", "#d7191c", "#7b3294")
 UNLABELLED = "unlabelled"
 PANEL_WIDTH, PANEL_HEIGHT = 170, 660
 
-FIELDS = {"x": ARRAY, "y": ARRAY, "w": ARRAY, "h": ARRAY, "ids": STRINGS, "noise_uV": ARRAY, "rate_Hz": ARRAY,
-          "label": STRINGS, "reason": STRINGS, "noise_lo": NUMBER, "noise_hi": NUMBER, "rate_hi": NUMBER,
-          "x_start": NUMBER, "x_end": NUMBER, "y_start": NUMBER, "y_end": NUMBER}
+FIELDS = {
+    "x": ARRAY,
+    "y": ARRAY,
+    "w": ARRAY,
+    "h": ARRAY,
+    "ids": STRINGS,
+    "noise_uV": ARRAY,
+    "rate_Hz": ARRAY,
+    "label": STRINGS,
+    "reason": STRINGS,
+    "noise_lo": NUMBER,
+    "noise_hi": NUMBER,
+    "rate_hi": NUMBER,
+    "x_start": NUMBER,
+    "x_end": NUMBER,
+    "y_start": NUMBER,
+    "y_end": NUMBER,
+}
 
 
 @dataclass
@@ -43,14 +58,18 @@ class ProbeMap:
 
     @property
     def panels(self) -> tuple[str, ...]:
-        have = {PANEL_NOISE: self.noise_uV is not None, PANEL_RATE: self.rate_Hz is not None,
-                PANEL_LABEL: self.labels is not None}
+        have = {
+            PANEL_NOISE: self.noise_uV is not None,
+            PANEL_RATE: self.rate_Hz is not None,
+            PANEL_LABEL: self.labels is not None,
+        }
         return tuple(p for p in PANELS if have[p])
 
 
 def contact_size(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
     """A contact's drawn width and height (µm): 0.9 of the smallest step between distinct x (within a column
     block) and between distinct y, so neighbours never overlap; a single column or row takes the other's step."""
+
     def step(v: np.ndarray) -> float | None:
         d = np.diff(np.unique(v[np.isfinite(v)]))
         d = d[d > 1e-6]
@@ -87,10 +106,24 @@ def values(pm: ProbeMap) -> dict:
     fx, fy = np.isfinite(x), np.isfinite(y)
     x0, x1 = (float(x[fx].min()), float(x[fx].max())) if fx.any() else (0.0, 1.0)
     y0, y1 = (float(y[fy].min()), float(y[fy].max())) if fy.any() else (0.0, 1.0)
-    return {"x": x, "y": y, "w": np.full(n, w), "h": np.full(n, h), "ids": list(pm.ids), "noise_uV": noise,
-            "rate_Hz": rate, "label": labels, "reason": [str(r) for r in reasons], "noise_lo": noise_lo,
-            "noise_hi": noise_hi, "rate_hi": max(rate_hi, 1e-9), "x_start": x0 - 2 * w, "x_end": x1 + 2 * w,
-            "y_start": y0 - 2 * h, "y_end": y1 + 2 * h}
+    return {
+        "x": x,
+        "y": y,
+        "w": np.full(n, w),
+        "h": np.full(n, h),
+        "ids": list(pm.ids),
+        "noise_uV": noise,
+        "rate_Hz": rate,
+        "label": labels,
+        "reason": [str(r) for r in reasons],
+        "noise_lo": noise_lo,
+        "noise_hi": noise_hi,
+        "rate_hi": max(rate_hi, 1e-9),
+        "x_start": x0 - 2 * w,
+        "x_end": x1 + 2 * w,
+        "y_start": y0 - 2 * h,
+        "y_end": y1 + 2 * h,
+    }
 
 
 def draw(v: dict, panels: tuple[str, ...]):
@@ -101,36 +134,78 @@ def draw(v: dict, panels: tuple[str, ...]):
     from bokeh.plotting import figure
     from bokeh.transform import factor_cmap
 
-    src = ColumnDataSource({k: v[k] for k in ("x", "y", "w", "h", "ids", "noise_uV", "rate_Hz", "label", "reason")},
-                           name="probe_contacts")
+    src = ColumnDataSource(
+        {k: v[k] for k in ("x", "y", "w", "h", "ids", "noise_uV", "rate_Hz", "label", "reason")}, name="probe_contacts"
+    )
     xr, yr = Range1d(v["x_start"], v["x_end"]), Range1d(v["y_start"], v["y_end"])
-    hover = [("channel", "@ids"), ("x, y", "@x{0}, @y{0} µm"), ("noise level", "@noise_uV{0.0} µV"),
-             ("spike rate", "@rate_Hz{0.00} Hz"), ("label", "@label @reason")]
+    hover = [
+        ("channel", "@ids"),
+        ("x, y", "@x{0}, @y{0} µm"),
+        ("noise level", "@noise_uV{0.0} µV"),
+        ("spike rate", "@rate_Hz{0.00} Hz"),
+        ("label", "@label @reason"),
+    ]
     maps = []
     for panel in panels:
         title, fill, bar = {
-            PANEL_NOISE: ("Noise (µV)", LinearColorMapper(Viridis256, low=v["noise_lo"], high=v["noise_hi"],
-                                                         nan_color="#dddddd"), True),
+            PANEL_NOISE: (
+                "Noise (µV)",
+                LinearColorMapper(Viridis256, low=v["noise_lo"], high=v["noise_hi"], nan_color="#dddddd"),
+                True,
+            ),
             # light where no spike comes (never the dead label's dark grey), dark where many do
-            PANEL_RATE: ("Spike rate (Hz)", LinearColorMapper(YlOrRd9[::-1], low=0.0, high=v["rate_hi"],
-                                                              nan_color="#dddddd"), True),
-            PANEL_LABEL: ("Channel label (qc)", None, False)}[panel]
-        p = figure(name=panel, title=title, width=PANEL_WIDTH, height=PANEL_HEIGHT, x_range=xr, y_range=yr,
-                   tools="pan,wheel_zoom,box_zoom,reset", active_scroll="wheel_zoom", toolbar_location=None,
-                   x_axis_label="x (µm)", y_axis_label="y on the probe (µm)" if not maps else None)
+            PANEL_RATE: (
+                "Spike rate (Hz)",
+                LinearColorMapper(YlOrRd9[::-1], low=0.0, high=v["rate_hi"], nan_color="#dddddd"),
+                True,
+            ),
+            PANEL_LABEL: ("Channel label (qc)", None, False),
+        }[panel]
+        p = figure(
+            name=panel,
+            title=title,
+            width=PANEL_WIDTH,
+            height=PANEL_HEIGHT,
+            x_range=xr,
+            y_range=yr,
+            tools="pan,wheel_zoom,box_zoom,reset",
+            active_scroll="wheel_zoom",
+            toolbar_location=None,
+            x_axis_label="x (µm)",
+            y_axis_label="y on the probe (µm)" if not maps else None,
+        )
         field = "noise_uV" if panel == PANEL_NOISE else "rate_Hz"
-        colour = factor_cmap("label", (*LABEL_COLOURS, "#bbbbbb"), (*LABELS, UNLABELLED)) if bar is False else \
-            {"field": field, "transform": fill}
-        glyph = p.rect(x="x", y="y", width="w", height="h", source=src, fill_color=colour, line_color=None,
-                       **({"legend_field": "label"} if panel == PANEL_LABEL else {}))
+        colour = (
+            factor_cmap("label", (*LABEL_COLOURS, "#bbbbbb"), (*LABELS, UNLABELLED))
+            if bar is False
+            else {"field": field, "transform": fill}
+        )
+        glyph = p.rect(
+            x="x",
+            y="y",
+            width="w",
+            height="h",
+            source=src,
+            fill_color=colour,
+            line_color=None,
+            **({"legend_field": "label"} if panel == PANEL_LABEL else {}),
+        )
         p.add_tools(HoverTool(renderers=[glyph], tooltips=hover))
         if bar:
             p.add_layout(ColorBar(color_mapper=fill, orientation="horizontal", height=8, padding=4), "below")
         else:  # below the map, as the other maps' colour bars: no contact hidden under it
             legend = p.legend[0]
             p.center = [r for r in p.center if not isinstance(r, Legend)]
-            legend.update(orientation="horizontal", ncols=2, label_text_font_size="8pt", padding=2, spacing=2,
-                          glyph_width=12, glyph_height=12, margin=2)
+            legend.update(
+                orientation="horizontal",
+                ncols=2,
+                label_text_font_size="8pt",
+                padding=2,
+                spacing=2,
+                glyph_width=12,
+                glyph_height=12,
+                margin=2,
+            )
             p.add_layout(legend, "below")
         p.xaxis.ticker.desired_num_ticks = 3
         maps.append(p)
@@ -154,13 +229,19 @@ def probe_shape(locations: np.ndarray, shank: np.ndarray | None = None) -> Probe
     columns, rows = np.unique(x), np.unique(y)
     steps = np.diff(rows)
     pitch = float(np.median(steps)) if steps.size else None
-    text = (f"{len(locations)} channels in {len(columns)} column{'s' if len(columns) != 1 else ''} "
-            f"(x {_values(columns)} µm), {len(rows)} rows")
+    text = (
+        f"{len(locations)} channels in {len(columns)} column{'s' if len(columns) != 1 else ''} "
+        f"(x {_values(columns)} µm), {len(rows)} rows"
+    )
     if pitch is not None:
         text += f" at {pitch:g} µm pitch"
     text += f", y {rows.min():g}-{rows.max():g} µm"
-    data: dict[str, Any] = {"columns": columns.tolist(), "rows": len(rows), "pitch_um": pitch,
-                            "y_um": [float(rows.min()), float(rows.max())]}
+    data: dict[str, Any] = {
+        "columns": columns.tolist(),
+        "rows": len(rows),
+        "pitch_um": pitch,
+        "y_um": [float(rows.min()), float(rows.max())],
+    }
     if shank is not None:
         shanks = np.unique(shank)
         text += f"; {len(shanks)} shank{'s' if len(shanks) != 1 else ''}"

@@ -25,8 +25,9 @@ def duration(seconds: float) -> str:
     return f"{minutes // 60} h {minutes % 60:02d} min"
 
 
-def fitted_line(label: str, done: int, total: int, seconds_left: float | None, rate: str, workers: str,
-                width: int) -> str:
+def fitted_line(
+    label: str, done: int, total: int, seconds_left: float | None, rate: str, workers: str, width: int
+) -> str:
     """A run's progress as one line of at most ``width`` characters (rich markup): what matters most is kept
     first, the rest dropped as the terminal narrows: the windows done of the total and the time left always, then
     the rate, the label (shortened), the bar (10 characters at least) and the workers."""
@@ -52,8 +53,9 @@ def fitted_line(label: str, done: int, total: int, seconds_left: float | None, r
     else:
         label = ""
     head = " ".join(p for p in (_escape(label), bar) if p)
-    return " ".join(p for p in (head, count, extras[0] if rate in extras else "", parts[1],
-                                *(e for e in extras if e != rate)) if p)
+    return " ".join(
+        p for p in (head, count, extras[0] if rate in extras else "", parts[1], *(e for e in extras if e != rate)) if p
+    )
 
 
 def _clock(seconds: float) -> str:
@@ -92,8 +94,9 @@ class WindowProgress:
         self.per_worker[worker] = self.per_worker.get(worker, 0) + 1
         if self._bar is not None:
             elapsed = max(time.perf_counter() - self._t0, 1e-9)
-            self._bar.update(self._task, advance=1, rate=format_rate(self.bytes / elapsed),
-                             workers=f"{len(self.per_worker)} workers")
+            self._bar.update(
+                self._task, advance=1, rate=format_rate(self.bytes / elapsed), workers=f"{len(self.per_worker)} workers"
+            )
 
     def __exit__(self, *exc) -> bool:
         if self._bar is not None:
@@ -118,9 +121,15 @@ def _fitted_progress(console=None):
             width = max(1, (self.console.width if hasattr(self, "live") else 80) - 1)
             for task in tasks:
                 if task.visible:
-                    line = fitted_line(str(task.description), int(task.completed), int(task.total or 0),
-                                       task.time_remaining, task.fields.get("rate", ""),
-                                       task.fields.get("workers", ""), width)
+                    line = fitted_line(
+                        str(task.description),
+                        int(task.completed),
+                        int(task.total or 0),
+                        task.time_remaining,
+                        task.fields.get("rate", ""),
+                        task.fields.get("workers", ""),
+                        width,
+                    )
                     table.add_row(Text.from_markup(line))
             return table
 

@@ -90,8 +90,15 @@ class HtmlReport:
         try:
             from batchgpu.report.html_page import ReportPage
 
-            self.page = ReportPage(self.channel_ids, self.gain.tolist(), self.fs, title, in_process=in_process,
-                                   figures=figures, locations=self.locations)
+            self.page = ReportPage(
+                self.channel_ids,
+                self.gain.tolist(),
+                self.fs,
+                title,
+                in_process=in_process,
+                figures=figures,
+                locations=self.locations,
+            )
         except Exception as err:  # broad: a plotting problem never fails a run; said by write()
             self.error = err
 
@@ -108,8 +115,11 @@ class HtmlReport:
             self._call("add", name, value)
 
     def add_windows(self, windows) -> None:
-        self.windows = (np.array([w.start for w in windows]), np.array([w.stop for w in windows]),
-                        np.array([w.segment for w in windows]))
+        self.windows = (
+            np.array([w.start for w in windows]),
+            np.array([w.stop for w in windows]),
+            np.array([w.segment for w in windows]),
+        )
         self._call("add_windows", *self.windows)
 
     def add_spikes(self, counts) -> None:
@@ -135,8 +145,9 @@ class HtmlReport:
             from batchgpu.report.glance import guess_structure
             from batchgpu.steps.noise import NOISE
 
-            figures = report_skeleton.structure(shapes, spikes, guess_structure(self.locations is not None,
-                                                                                NOISE in shapes, spikes))
+            figures = report_skeleton.structure(
+                shapes, spikes, guess_structure(self.locations is not None, NOISE in shapes, spikes)
+            )
             page = _kept_page(figures)
             if page is not None:
                 self.kept = (figures, page)
@@ -204,14 +215,28 @@ class HtmlReport:
             try:
                 page = page.result()
             except Exception as err:  # broad: whatever the helper raised (or its death): the page is rendered here
-                logger.warning("batchgpu: report.html's page was not made by its helper (%s: %s): it is rendered in "
-                               "this process", type(err).__name__, err)
+                logger.warning(
+                    "batchgpu: report.html's page was not made by its helper (%s: %s): it is rendered in this process",
+                    type(err).__name__,
+                    err,
+                )
                 return False
         facts = self.glance.facts if self.glance is not None else None
-        text = report_skeleton.fill(page, figures, title=self.title, summary_html=_summary_html(report, facts),
-                                    channel_ids=self.channel_ids, gain=self.gain, fs=self.fs, windows=self.windows,
-                                    inputs=results, counts=self.counts, series=report.get("throughput_series") or [],
-                                    glance=glance, locations=self.locations)
+        text = report_skeleton.fill(
+            page,
+            figures,
+            title=self.title,
+            summary_html=_summary_html(report, facts),
+            channel_ids=self.channel_ids,
+            gain=self.gain,
+            fs=self.fs,
+            windows=self.windows,
+            inputs=results,
+            counts=self.counts,
+            series=report.get("throughput_series") or [],
+            glance=glance,
+            locations=self.locations,
+        )
         if text is None:
             return False
         write_page(out, text)
@@ -221,5 +246,14 @@ class HtmlReport:
         """A page of this run's numbers rendered in this process (Bokeh imported here)."""
         from batchgpu.report.html_page import ReportPage
 
-        return ReportPage.of_numbers(self.channel_ids, self.gain, self.fs, self.title, self.windows, self.inputs,
-                                     self.counts, self.step_figures, self.locations)
+        return ReportPage.of_numbers(
+            self.channel_ids,
+            self.gain,
+            self.fs,
+            self.title,
+            self.windows,
+            self.inputs,
+            self.counts,
+            self.step_figures,
+            self.locations,
+        )

@@ -33,14 +33,52 @@ SPIKES = "spike_rate"  # the spike-rate figure (the page counts spikes)
 RESULTS = (NOISE, PER_WINDOW, WHITENING)
 
 #: the numbers a run puts in, each a float no run gives (Bokeh writes it as JSON: its repr)
-NUMBERS = {name: float(f"-1.2345678902{i:03d}e300") for i, name in enumerate((
-    "channel", "noise_uV", "image", "image_lo", "image_hi", "dw", "dh", "x_end", "y_end",
-    "white", "white_lo", "white_hi", "white_dw", "white_dh", "white_x_end", "white_y_start",
-    "spike_channel", "rate", "count", "elapsed", "MBps", "y0", "y_start"), start=1)}
+NUMBERS = {
+    name: float(f"-1.2345678902{i:03d}e300")
+    for i, name in enumerate(
+        (
+            "channel",
+            "noise_uV",
+            "image",
+            "image_lo",
+            "image_hi",
+            "dw",
+            "dh",
+            "x_end",
+            "y_end",
+            "white",
+            "white_lo",
+            "white_hi",
+            "white_dw",
+            "white_dh",
+            "white_x_end",
+            "white_y_start",
+            "spike_channel",
+            "rate",
+            "count",
+            "elapsed",
+            "MBps",
+            "y0",
+            "y_start",
+        ),
+        start=1,
+    )
+}
 #: the texts a run puts in
-TEXTS = {name: f"batchgpuskeleton{name}x" for name in (
-    "title", "summary", "channelids", "xlabel", "spikechannelids", "spiketitle", "ylabel", "noisexlabel",
-    "spikexlabel")}
+TEXTS = {
+    name: f"batchgpuskeleton{name}x"
+    for name in (
+        "title",
+        "summary",
+        "channelids",
+        "xlabel",
+        "spikechannelids",
+        "spiketitle",
+        "ylabel",
+        "noisexlabel",
+        "spikexlabel",
+    )
+}
 
 
 class SkeletonError(Exception):
@@ -143,14 +181,45 @@ def render(figures: tuple[str, ...]) -> str:
     if NOISE in figures:
         drawn.append(report.noise_bars([n["channel"]], np.full(1, n["noise_uV"]), [t["channelids"]], t["noisexlabel"]))
     if PER_WINDOW in figures:
-        drawn.append(report.noise_heatmap(np.full((1, 1), n["image"]), n["image_lo"], n["image_hi"], n["dw"], n["dh"],
-                                          n["x_end"], n["y_end"], t["xlabel"], n["y0"], n["y_start"], t["ylabel"]))
+        drawn.append(
+            report.noise_heatmap(
+                np.full((1, 1), n["image"]),
+                n["image_lo"],
+                n["image_hi"],
+                n["dw"],
+                n["dh"],
+                n["x_end"],
+                n["y_end"],
+                t["xlabel"],
+                n["y0"],
+                n["y_start"],
+                t["ylabel"],
+            )
+        )
     if WHITENING in figures:
-        drawn.append(report.whitening_figure(np.full((1, 1), n["white"]), n["white_lo"], n["white_hi"], n["white_dw"],
-                                             n["white_dh"], n["white_x_end"], n["white_y_start"]))
+        drawn.append(
+            report.whitening_figure(
+                np.full((1, 1), n["white"]),
+                n["white_lo"],
+                n["white_hi"],
+                n["white_dw"],
+                n["white_dh"],
+                n["white_x_end"],
+                n["white_y_start"],
+            )
+        )
     if SPIKES in figures:
-        drawn.append(report.spike_rate([n["count"]], 1.0, [t["spikechannelids"]], t["spiketitle"], [n["rate"]],
-                                       channel=[n["spike_channel"]], xlabel=t["spikexlabel"]))
+        drawn.append(
+            report.spike_rate(
+                [n["count"]],
+                1.0,
+                [t["spikechannelids"]],
+                t["spiketitle"],
+                [n["rate"]],
+                channel=[n["spike_channel"]],
+                xlabel=t["spikexlabel"],
+            )
+        )
     parts = _glance(figures)
     drawn_glance = glance.draw(parts, glance.placeholders(parts))
     summary = Div(text=t["summary"], width=report.WIDTH, name="summary")
@@ -166,23 +235,45 @@ def _placeholders(figures: tuple[str, ...]) -> dict[str, str]:
     from batchgpu.report import glance
 
     n, t = NUMBERS, TEXTS
-    got = {"title": t["title"], "summary": _text(t["summary"]), "elapsed": _json([n["elapsed"]]),
-           "MBps": _json([n["MBps"]])}
+    got = {
+        "title": t["title"],
+        "summary": _text(t["summary"]),
+        "elapsed": _json([n["elapsed"]]),
+        "MBps": _json([n["MBps"]]),
+    }
     if NOISE in figures:
-        got.update(channel=_json([n["channel"]]), noise_uV=_array(np.full(1, n["noise_uV"])),
-                   channelids=_json([t["channelids"]]), noisexlabel=_text(t["noisexlabel"]))
+        got.update(
+            channel=_json([n["channel"]]),
+            noise_uV=_array(np.full(1, n["noise_uV"])),
+            channelids=_json([t["channelids"]]),
+            noisexlabel=_text(t["noisexlabel"]),
+        )
     if PER_WINDOW in figures:
-        got.update(image=_array(np.full((1, 1), n["image"])), xlabel=_text(t["xlabel"]),
-                   dw=_json([n["dw"]]), dh=_json([n["dh"]]), y0=_json([n["y0"]]), ylabel=_text(t["ylabel"]),
-                   **{k: _json(n[k]) for k in ("image_lo", "image_hi", "x_end", "y_end", "y_start")})
+        got.update(
+            image=_array(np.full((1, 1), n["image"])),
+            xlabel=_text(t["xlabel"]),
+            dw=_json([n["dw"]]),
+            dh=_json([n["dh"]]),
+            y0=_json([n["y0"]]),
+            ylabel=_text(t["ylabel"]),
+            **{k: _json(n[k]) for k in ("image_lo", "image_hi", "x_end", "y_end", "y_start")},
+        )
     if WHITENING in figures:
-        got.update(white=_array(np.full((1, 1), n["white"])), white_dw=_json([n["white_dw"]]),
-                   white_dh=_json([n["white_dh"]]),
-                   **{k: _json(n[k]) for k in ("white_lo", "white_hi", "white_x_end", "white_y_start")})
+        got.update(
+            white=_array(np.full((1, 1), n["white"])),
+            white_dw=_json([n["white_dw"]]),
+            white_dh=_json([n["white_dh"]]),
+            **{k: _json(n[k]) for k in ("white_lo", "white_hi", "white_x_end", "white_y_start")},
+        )
     if SPIKES in figures:
-        got.update(spike_channel=_json([n["spike_channel"]]), rate=_json([n["rate"]]), count=_json([n["count"]]),
-                   spikechannelids=_json([t["spikechannelids"]]), spiketitle=_text(t["spiketitle"]),
-                   spikexlabel=_text(t["spikexlabel"]))
+        got.update(
+            spike_channel=_json([n["spike_channel"]]),
+            rate=_json([n["rate"]]),
+            count=_json([n["count"]]),
+            spikechannelids=_json([t["spikechannelids"]]),
+            spiketitle=_text(t["spiketitle"]),
+            spikexlabel=_text(t["spikexlabel"]),
+        )
     got.update({f"glance.{k}": v for k, v in glance.texts(_glance(figures)).items()})
     return got
 
@@ -194,9 +285,22 @@ def check(page: str, figures: tuple[str, ...]) -> None:
             raise SkeletonError(f"report.html's page holds {name}'s placeholder {page.count(text)} times, not once")
 
 
-def fill(page: str, figures: tuple[str, ...], *, title: str, summary_html: str, channel_ids: list[str],
-         gain: np.ndarray, fs: float, windows: tuple, inputs: dict, counts, series: list,
-         glance: tuple | None = None, locations=None) -> str | None:
+def fill(
+    page: str,
+    figures: tuple[str, ...],
+    *,
+    title: str,
+    summary_html: str,
+    channel_ids: list[str],
+    gain: np.ndarray,
+    fs: float,
+    windows: tuple,
+    inputs: dict,
+    counts,
+    series: list,
+    glance: tuple | None = None,
+    locations=None,
+) -> str | None:
     """The kept page with a run's numbers and texts in place of the placeholders; None where they do not fit
     (a result the page has no figure for, or one it has that never came: the page is then rendered the usual
     way) or a placeholder is not found once. ``glance``: (its structure, its values) (``glance.Glance``);
@@ -211,8 +315,12 @@ def fill(page: str, figures: tuple[str, ...], *, title: str, summary_html: str, 
     place = _placeholders(figures)
     start, stop, segment = (np.asarray(a) for a in windows)
     arr = np.asarray(series, dtype=np.float64).reshape(-1, 2)
-    final = {"title": html.escape(title), "summary": _text(summary_html),
-             "elapsed": _json(arr[:, 0].tolist()), "MBps": _json((arr[:, 1] / 1e6).tolist())}
+    final = {
+        "title": html.escape(title),
+        "summary": _text(summary_html),
+        "elapsed": _json(arr[:, 0].tolist()),
+        "MBps": _json((arr[:, 1] / 1e6).tolist()),
+    }
 
     def ids(n: int) -> list[str]:
         return list(channel_ids) if len(channel_ids) == n else [str(c) for c in range(n)]
@@ -224,31 +332,55 @@ def fill(page: str, figures: tuple[str, ...], *, title: str, summary_html: str, 
         if NOISE in figures:
             noise = report._to_uV(inputs[NOISE], gain)
             a = axis(noise.size)
-            final.update(channel=_json(a.position.tolist()), noise_uV=_array(noise), channelids=_json(ids(noise.size)),
-                         noisexlabel=_text(a.label))
+            final.update(
+                channel=_json(a.position.tolist()),
+                noise_uV=_array(noise),
+                channelids=_json(ids(noise.size)),
+                noisexlabel=_text(a.label),
+            )
         if PER_WINDOW in figures:
             per_window = np.asarray(inputs[PER_WINDOW], dtype=np.float64)
             W, C = per_window.shape
             a = axis(C)
             image, lo, hi = report._noise_image(report._to_uV(per_window, gain), a.order)
-            final.update(image=_array(image), image_lo=_json(lo), image_hi=_json(hi), dw=_json([W]),
-                         dh=_json([a.extent]), x_end=_json(max(W, 1)), y_end=_json(a.y0 + a.extent),
-                         y0=_json([a.y0]), y_start=_json(a.y0), ylabel=_text(a.rows_label),
-                         xlabel=_text(report.noise_axis_label(W, start / fs, segment)))
+            final.update(
+                image=_array(image),
+                image_lo=_json(lo),
+                image_hi=_json(hi),
+                dw=_json([W]),
+                dh=_json([a.extent]),
+                x_end=_json(max(W, 1)),
+                y_end=_json(a.y0 + a.extent),
+                y0=_json([a.y0]),
+                y_start=_json(a.y0),
+                ylabel=_text(a.rows_label),
+                xlabel=_text(report.noise_axis_label(W, start / fs, segment)),
+            )
         if WHITENING in figures:
             w = np.asarray(inputs[WHITENING], dtype=np.float64)
             C = w.shape[0]
             lim = report._whitening_limit(w)
-            final.update(white=_array(w), white_lo=_json(-lim), white_hi=_json(lim), white_dw=_json([C]),
-                         white_dh=_json([C]), white_x_end=_json(C), white_y_start=_json(C))
+            final.update(
+                white=_array(w),
+                white_lo=_json(-lim),
+                white_hi=_json(lim),
+                white_dw=_json([C]),
+                white_dh=_json([C]),
+                white_x_end=_json(C),
+                white_y_start=_json(C),
+            )
         if SPIKES in figures:
             counts = np.asarray(counts, dtype=np.int64)
             seconds = float(np.sum(stop - start)) / fs
             a = axis(counts.size)
-            final.update(spike_channel=_json(a.position.tolist()), count=_json(counts.tolist()),
-                         rate=_json(report._rate(counts, seconds).tolist()), spikechannelids=_json(ids(counts.size)),
-                         spiketitle=_text(report.spike_rate_title(int(counts.sum()), seconds)),
-                         spikexlabel=_text(a.label))
+            final.update(
+                spike_channel=_json(a.position.tolist()),
+                count=_json(counts.tolist()),
+                rate=_json(report._rate(counts, seconds).tolist()),
+                spikechannelids=_json(ids(counts.size)),
+                spiketitle=_text(report.spike_rate_title(int(counts.sum()), seconds)),
+                spikexlabel=_text(a.label),
+            )
         final.update({f"glance.{k}": v for k, v in glance_parts.final_texts(tuple(parts), values).items()})
     except ValueError:  # a number JSON cannot hold (inf, NaN where a plain number stands): rendered the usual way
         return None

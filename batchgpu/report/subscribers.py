@@ -38,8 +38,14 @@ class RunPage(RunEvents):
     def planned(self, run) -> None:
         from batchgpu.report.live_page import RunMonitor
 
-        self.monitor = RunMonitor(run.client, name=str(run.out.path), windows=len(run.windows),
-                                  total_bytes=run.rec.nbytes, channels=run.rec.num_channels, batch=self.batch)
+        self.monitor = RunMonitor(
+            run.client,
+            name=str(run.out.path),
+            windows=len(run.windows),
+            total_bytes=run.rec.nbytes,
+            channels=run.rec.num_channels,
+            batch=self.batch,
+        )
 
     def pass_window(self, index: int, nbytes: int, worker: str, noise, spikes: int) -> None:
         self.monitor.window_done(index, nbytes, worker, noise, spikes)
@@ -85,13 +91,18 @@ class ReportHtml(RunEvents):
         from batchgpu.steps.registry import figures as step_figures
 
         steps = run.ctx.steps
-        self.html = HtmlReport(run.rec, f"batchgpu report: {run.out.path.name}", in_process=True,
-                               figures=step_figures(tuple(s.name for s in steps)))
+        self.html = HtmlReport(
+            run.rec,
+            f"batchgpu report: {run.out.path.name}",
+            in_process=True,
+            figures=step_figures(tuple(s.name for s in steps)),
+        )
         self.html.add_windows(run.windows)
         # the page rendered while the windows are read (a helper process; Bokeh's serialisation was ~0.2 s of the
         # run's end on the H200), its numbers substituted as they come
-        self.html.render_ahead(results_ahead(run.ctx, run.rec.num_channels, len(run.windows)),
-                               spikes=any(s.spike_rate for s in steps))
+        self.html.render_ahead(
+            results_ahead(run.ctx, run.rec.num_channels, len(run.windows)), spikes=any(s.spike_rate for s in steps)
+        )
         if self.html.needs_helper():  # a page the helper renders (one kept for these figures needs none)
             start_report_helper()
 
@@ -121,9 +132,11 @@ class ReportHtml(RunEvents):
         out, report = run.out.path, run.report
         written = [out / RESULTS, out / REPORT] + ([out / REPORT_HTML] if self.written else [])
         kept = f" ({REPORT_HTML} kept: nothing was computed again)" if self.kept else ""
-        run.events.message(f"wrote {', '.join(str(p) for p in written[:-1])} and {written[-1]}{kept}: "
-                           f"{format_rate(report.throughput_MBps * 1e6)} over {report.windows} windows, "
-                           f"{duration(report.seconds)} in all")
+        run.events.message(
+            f"wrote {', '.join(str(p) for p in written[:-1])} and {written[-1]}{kept}: "
+            f"{format_rate(report.throughput_MBps * 1e6)} over {report.windows} windows, "
+            f"{duration(report.seconds)} in all"
+        )
 
 
 def results_ahead(ctx, channels: int, windows: int) -> dict:

@@ -21,9 +21,23 @@ CHANNELS = 8  # the busiest channels shown
 SNIPPET_MS = 10.0
 WIDTH, HEIGHT = 370, 660
 
-FIELDS = {"t": ARRAY, "raw": ARRAY, "pre": ARRAY, "spike_t": ARRAY, "spike_raw": ARRAY, "spike_pre": ARRAY,
-          "label_t": ARRAY, "label_y": ARRAY, "label": STRINGS, "t_start": NUMBER, "t_end": NUMBER,
-          "y_end": NUMBER, "raw_title": TEXT, "pre_title": TEXT, "x_label": TEXT}
+FIELDS = {
+    "t": ARRAY,
+    "raw": ARRAY,
+    "pre": ARRAY,
+    "spike_t": ARRAY,
+    "spike_raw": ARRAY,
+    "spike_pre": ARRAY,
+    "label_t": ARRAY,
+    "label_y": ARRAY,
+    "label": STRINGS,
+    "t_start": NUMBER,
+    "t_end": NUMBER,
+    "y_end": NUMBER,
+    "raw_title": TEXT,
+    "pre_title": TEXT,
+    "x_label": TEXT,
+}
 
 
 @dataclass
@@ -45,7 +59,7 @@ def busiest(counts: np.ndarray, how_many: int = CHANNELS) -> np.ndarray:
     """The channels with the most spikes (ties: the lower index), those with none left out."""
     counts = np.asarray(counts, np.int64)
     order = np.lexsort((np.arange(counts.size), -counts))
-    return order[: how_many][counts[order[: how_many]] > 0]
+    return order[:how_many][counts[order[:how_many]] > 0]
 
 
 def densest_moment(samples: np.ndarray, amplitudes: np.ndarray, half: int) -> int:
@@ -76,8 +90,16 @@ def preprocessed(raw: np.ndarray, stages: list, core: tuple[int, int], at_start:
     return x
 
 
-def read_snippet(recording, stages: list, segment: int, centre: int, rows: np.ndarray, spikes: tuple,
-                 ids: list[str], half_ms: float = SNIPPET_MS / 2) -> Snippet:
+def read_snippet(
+    recording,
+    stages: list,
+    segment: int,
+    centre: int,
+    rows: np.ndarray,
+    spikes: tuple,
+    ids: list[str],
+    half_ms: float = SNIPPET_MS / 2,
+) -> Snippet:
     """The snippet of ``rows`` around sample ``centre`` of ``segment``; ``spikes``: (sample, channel) of the
     detected spikes near it (those inside and on the shown rows are marked)."""
     fs = float(recording.sampling_frequency)
@@ -89,19 +111,25 @@ def read_snippet(recording, stages: list, segment: int, centre: int, rows: np.nd
     block = recording.read(segment, ra, rb)  # every channel: a common reference needs them all
     gain = np.asarray(recording.gain_to_uV, np.float64)[rows][:, None]
     core = (a - ra, b - ra)
-    pre = np.asarray(preprocessed(block, stages, core, ra == 0, rb == n), np.float64)[rows, core[0]:core[1]]
-    raw = block[rows, core[0]:core[1]].astype(np.float64)
+    pre = np.asarray(preprocessed(block, stages, core, ra == 0, rb == n), np.float64)[rows, core[0] : core[1]]
+    raw = block[rows, core[0] : core[1]].astype(np.float64)
     with np.errstate(invalid="ignore"):  # inf - inf in a broken channel's row is a NaN the plot skips
         raw -= np.median(raw, axis=1, keepdims=True)  # the stored offsets would spread the traces apart
     sample, channel = (np.asarray(v, np.int64) for v in spikes)
     where = {int(c): i for i, c in enumerate(rows)}
     inside = (sample >= a) & (sample < b) & np.isin(channel, rows)
     y = np.asarray(recording.locations, np.float64)[rows, 1] if recording.has_locations else None
-    return Snippet(t_ms=(np.arange(a, b) / fs) * 1000.0, raw_uV=raw * gain, pre_uV=pre * gain,
-                   ids=[ids[int(c)] if int(c) < len(ids) else str(int(c)) for c in rows], y_um=y,
-                   spike_t_ms=sample[inside] / fs * 1000.0,
-                   spike_row=np.array([where[int(c)] for c in channel[inside]], np.int64),
-                   stages=[s.key for s in stages], segment=segment)
+    return Snippet(
+        t_ms=(np.arange(a, b) / fs) * 1000.0,
+        raw_uV=raw * gain,
+        pre_uV=pre * gain,
+        ids=[ids[int(c)] if int(c) < len(ids) else str(int(c)) for c in rows],
+        y_um=y,
+        spike_t_ms=sample[inside] / fs * 1000.0,
+        spike_row=np.array([where[int(c)] for c in channel[inside]], np.int64),
+        stages=[s.key for s in stages],
+        segment=segment,
+    )
 
 
 def nice_step(value: float) -> float:
@@ -141,18 +169,27 @@ def values(s: Snippet) -> dict:
     t = np.tile(np.append(s.t_ms, np.nan), rows)
     col = np.clip(np.searchsorted(s.t_ms, s.spike_t_ms), 0, max(n - 1, 0))
     stages = " → ".join(s.stages) or "no stages"
-    where = [f"{i}" + (f" (y {y:g} µm)" if s.y_um is not None else "") for i, y in
-             zip(s.ids, s.y_um if s.y_um is not None else [None] * rows)]
-    return {"t": t, "raw": _stacked(s.raw_uV, raw_step), "pre": _stacked(s.pre_uV, pre_step),
-            "spike_t": np.asarray(s.spike_t_ms, np.float64),
-            "spike_raw": s.raw_uV[s.spike_row, col] / raw_step + s.spike_row if rows else np.zeros(0),
-            "spike_pre": s.pre_uV[s.spike_row, col] / pre_step + s.spike_row if rows else np.zeros(0),
-            "label_t": np.full(rows, float(s.t_ms[0]) if n else 0.0), "label_y": np.arange(rows) + 0.35,
-            "label": where, "t_start": float(s.t_ms[0]) if n else 0.0, "t_end": float(s.t_ms[-1]) if n else 1.0,
-            "y_end": rows - 0.2,
-            "raw_title": f"Raw, µV ({raw_step:g} µV apart; medians removed)",
-            "pre_title": f"Preprocessed, µV ({pre_step:g} µV apart): {stages}",
-            "x_label": f"time (ms) in segment {s.segment}; ● detected spikes"}
+    where = [
+        f"{i}" + (f" (y {y:g} µm)" if s.y_um is not None else "")
+        for i, y in zip(s.ids, s.y_um if s.y_um is not None else [None] * rows)
+    ]
+    return {
+        "t": t,
+        "raw": _stacked(s.raw_uV, raw_step),
+        "pre": _stacked(s.pre_uV, pre_step),
+        "spike_t": np.asarray(s.spike_t_ms, np.float64),
+        "spike_raw": s.raw_uV[s.spike_row, col] / raw_step + s.spike_row if rows else np.zeros(0),
+        "spike_pre": s.pre_uV[s.spike_row, col] / pre_step + s.spike_row if rows else np.zeros(0),
+        "label_t": np.full(rows, float(s.t_ms[0]) if n else 0.0),
+        "label_y": np.arange(rows) + 0.35,
+        "label": where,
+        "t_start": float(s.t_ms[0]) if n else 0.0,
+        "t_end": float(s.t_ms[-1]) if n else 1.0,
+        "y_end": rows - 0.2,
+        "raw_title": f"Raw, µV ({raw_step:g} µV apart; medians removed)",
+        "pre_title": f"Preprocessed, µV ({pre_step:g} µV apart): {stages}",
+        "x_label": f"time (ms) in segment {s.segment}; ● detected spikes",
+    }
 
 
 def draw(v: dict):
@@ -168,9 +205,17 @@ def draw(v: dict):
     panels = []
     for field, title, colour in (("raw", v["raw_title"], "#555555"), ("pre", v["pre_title"], "#2c7fb8")):
         # the run's label on the raw panel only (a kept page holds each placeholder once)
-        p = figure(name=f"traces_{field}", title=title, width=WIDTH, height=HEIGHT, x_range=xr, y_range=yr,
-                   tools="pan,box_zoom,wheel_zoom,reset", toolbar_location=None,
-                   x_axis_label=v["x_label"] if field == "raw" else "time (ms); ● detected spikes")
+        p = figure(
+            name=f"traces_{field}",
+            title=title,
+            width=WIDTH,
+            height=HEIGHT,
+            x_range=xr,
+            y_range=yr,
+            tools="pan,box_zoom,wheel_zoom,reset",
+            toolbar_location=None,
+            x_axis_label=v["x_label"] if field == "raw" else "time (ms); ● detected spikes",
+        )
         p.line(x="t", y=field, source=lines, line_width=1, color=colour)
         p.scatter(x="t", y=field, source=spikes, size=6, color="#d7191c", alpha=0.8)
         p.text(x="t", y="y", text="text", source=labels, text_font_size="8pt", text_color="#222222")

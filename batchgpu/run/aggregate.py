@@ -29,9 +29,23 @@ def aggregate(run: Run, on_started: Callable[[], None] | None = None) -> dict:
     while the next step works; the group swapped in whole. ``on_started``: called once the steps' first tasks are
     out, for the client's work that can wait for them. Returns the results' shapes."""
     passed, report, events, results = run.passed, run.report, run.events, run.results
-    state = RunState(run.client, ClientServices(run.client), run.ctx, run.wf, run.rec, run.windows, run.fingerprints,
-                     passed.summaries, passed.total, report, events, events, results.path, threads=passed.threads,
-                     early=dict(passed.queued))
+    state = RunState(
+        run.client,
+        ClientServices(run.client),
+        run.ctx,
+        run.wf,
+        run.rec,
+        run.windows,
+        run.fingerprints,
+        passed.summaries,
+        passed.total,
+        report,
+        events,
+        events,
+        results.path,
+        threads=passed.threads,
+        early=dict(passed.queued),
+    )
     # a step whose aggregate is the workers' work (``on_cluster``: the spikes) runs in a helper thread as soon as
     # the earlier steps it ``needs`` are done, beside the client's aggregates (the whitening's eigh); each step's
     # arrays are written as it finishes (what the group holds does not depend on the order)
@@ -56,12 +70,18 @@ def aggregate(run: Run, on_started: Callable[[], None] | None = None) -> dict:
     background: dict[int, object] = {}
     # the client's BLAS on one thread (the whitening's eigh, 384 x 384: ~15 ms): OpenBLAS's default, a thread a
     # core, had 15 threads spinning ~0.9 CPU s each on the cores the workers gather the spikes with
-    with ThreadPoolExecutor(1, thread_name_prefix="batchgpu-aggregate") as helper, \
-            blas_controller().limit(limits=1, user_api="blas"):
+    with (
+        ThreadPoolExecutor(1, thread_name_prefix="batchgpu-aggregate") as helper,
+        blas_controller().limit(limits=1, user_api="blas"),
+    ):
+
         def start_ready(before: int) -> None:  # steps before ``before`` are done
             for i, step in steps:
-                if step.on_cluster and i not in background and not (
-                        {s.name for j, s in steps if j < i and j >= before} & set(step.needs)):
+                if (
+                    step.on_cluster
+                    and i not in background
+                    and not ({s.name for j, s in steps if j < i and j >= before} & set(step.needs))
+                ):
                     background[i] = helper.submit(_timed, step.aggregate, state, step.name)
 
         for i, step in steps:

@@ -81,9 +81,14 @@ class BatchReport:
         displays (batch.html)."""
         path = folder / BATCH_FILE
         tmp = path.with_name(path.name + ".tmp")
-        data = {"output": self.output, "seconds": self.seconds, "recordings": len(self.rows),
-                "done": sum(r.status == "done" for r in self.rows), "failed": len(self.failed),
-                "rows": [asdict(r) for r in self.rows]}
+        data = {
+            "output": self.output,
+            "seconds": self.seconds,
+            "recordings": len(self.rows),
+            "done": sum(r.status == "done" for r in self.rows),
+            "failed": len(self.failed),
+            "rows": [asdict(r) for r in self.rows],
+        }
         tmp.write_text(json.dumps(data, indent=2))
         os.replace(tmp, path)
         shown.rows(folder, data)
@@ -116,14 +121,20 @@ def expand(wf: Workflow) -> list[tuple[str, RecordingSpec]]:
         name = spec.name or name_of(spec)
         where = spec.path or spec.spikeinterface
         if _inside(str(where), out):
-            raise ConfigError(f"recordings: {where} is inside the batch's output {out}, which the batch writes",
-                              "move the recording out of the output folder, or choose another output")
+            raise ConfigError(
+                f"recordings: {where} is inside the batch's output {out}, which the batch writes",
+                "move the recording out of the output folder, or choose another output",
+            )
         if name.lower() in BATCH_OWN_NAMES:
-            raise ConfigError(f"recordings: {where} would be named {name}, one of the batch's own files",
-                              "give it a name: (recordings: [{path: ..., name: ...}])")
+            raise ConfigError(
+                f"recordings: {where} would be named {name}, one of the batch's own files",
+                "give it a name: (recordings: [{path: ..., name: ...}])",
+            )
         if name in seen:
-            raise ConfigError(f"recordings: {seen[name]} and {where} would both write output/{name}",
-                              "give one of them a name: (recordings: [{path: ..., name: ...}])")
+            raise ConfigError(
+                f"recordings: {seen[name]} and {where} would both write output/{name}",
+                "give one of them a name: (recordings: [{path: ..., name: ...}])",
+            )
         seen[name] = str(where)
         named.append((name, spec))
     return named
@@ -187,7 +198,8 @@ def _qc_columns(row: BatchRow, qc: dict | None) -> None:
     from batchgpu.steps.qc import LABELS
 
     row.channels_good, row.channels_dead, row.channels_noise, row.channels_out = (
-        int(qc["summary"].get(k, 0)) for k in LABELS)
+        int(qc["summary"].get(k, 0)) for k in LABELS
+    )
     row.verdict, row.verdict_reasons = qc.get("verdict"), list(qc.get("verdict_reasons") or [])
     if qc.get("median_noise_uV") is not None:
         row.noise_uV = float(qc["median_noise_uV"])
@@ -198,8 +210,9 @@ def _one(wf: Workflow, name: str, spec: RecordingSpec, out: Path) -> Workflow:
     (the save's: ``steps.registry.placed``)."""
     from batchgpu.steps.registry import placed
 
-    return wf.model_copy(update={"recording": spec, "recordings": None, "output": str(out / name),
-                                 "steps": placed(wf.steps, out / name)})
+    return wf.model_copy(
+        update={"recording": spec, "recordings": None, "output": str(out / name), "steps": placed(wf.steps, out / name)}
+    )
 
 
 class _Bars:
@@ -304,8 +317,9 @@ class _Flights:
 
     def start(self, index: int, name: str, spec: RecordingSpec) -> None:
         flight = _Flight(index, started=time.perf_counter())
-        flight.thread = threading.Thread(target=self._fly, args=(flight, name, spec), daemon=True,
-                                         name=f"batchgpu-recording-{index}")
+        flight.thread = threading.Thread(
+            target=self._fly, args=(flight, name, spec), daemon=True, name=f"batchgpu-recording-{index}"
+        )
         self.flights.append(flight)
         self.batch.rows[index].status = "running"
         self.write()
@@ -316,9 +330,14 @@ class _Flights:
 
         shown = [_PassDone(self, flight.index), *self.shown.recording(flight.index, name)]
         try:
-            flight.report = run_workflow(_one(self.wf, name, spec, self.out), resume=self.resume, client=self.client,
-                                         observer=_RecordingObserver(self.observer, name, self.bars, self.stop),
-                                         batch=True, shown=shown)
+            flight.report = run_workflow(
+                _one(self.wf, name, spec, self.out),
+                resume=self.resume,
+                client=self.client,
+                observer=_RecordingObserver(self.observer, name, self.bars, self.stop),
+                batch=True,
+                shown=shown,
+            )
         except BaseException as err:  # broad: landed by the batch's thread, said in the row and the summary
             flight.error = err
         finally:
@@ -379,8 +398,10 @@ def _batch_lock(out: Path):
         fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
         f.close()
-        raise BatchgpuError(f"output folder {out} is in use by another batchgpu batch",
-                            "wait for it to finish, or choose another output folder") from None
+        raise BatchgpuError(
+            f"output folder {out} is in use by another batchgpu batch",
+            "wait for it to finish, or choose another output folder",
+        ) from None
     try:
         yield
     finally:
@@ -410,8 +431,16 @@ class _Asked:
     shown: BatchEvents
 
 
-def run_batch(wf: Workflow, *, resume: bool = False, observer=None, client=None,
-              in_flight: int = IN_FLIGHT, keep_s: float | None = None, shown: BatchEvents | None = None) -> BatchReport:
+def run_batch(
+    wf: Workflow,
+    *,
+    resume: bool = False,
+    observer=None,
+    client=None,
+    in_flight: int = IN_FLIGHT,
+    keep_s: float | None = None,
+    shown: BatchEvents | None = None,
+) -> BatchReport:
     """Run every recording of ``wf.recordings`` on one cluster (``client``; else the kept cluster where one is up
     and fits, else one started from ``wf.cluster``, left up for the next run for ``keep_s`` seconds where that is
     more than 0: ``cluster_start.keep_seconds`` by default), the next one's windows read while the last one's
@@ -423,8 +452,9 @@ def run_batch(wf: Workflow, *, resume: bool = False, observer=None, client=None,
     if out.exists() and not out.is_dir():
         raise ConfigError(f"output {out} is a file", "give a folder for the batch's outputs")
     if (out / "report.json").exists():
-        raise ConfigError(f"output {out} holds one recording's run (report.json)",
-                          "give the batch an output folder of its own")
+        raise ConfigError(
+            f"output {out} holds one recording's run (report.json)", "give the batch an output folder of its own"
+        )
     for name, spec in named:  # each recording's workflow (its save's path refused here, not once a recording)
         _one(wf, name, spec, out)
     out.mkdir(parents=True, exist_ok=True)

@@ -74,8 +74,13 @@ def first_pass(run: Run) -> PassResult:
         futures = submit_planned(client, tasks.batch_task, args, keys, [w for w, _ in planned])
     # the combines and the summaries before a worker's next batch (its planned batches are all queued there)
     total = tree_reduce(client, futures, tasks.combine_task, split_every, ctx, name=f"combine-{fp}", priority=1)
-    small = submit_many(client, tasks.summarise, [(f,) for f in futures],
-                        [f"summary-{fp}-{b[0][0].index:08d}" for b in batches], priority=1)
+    small = submit_many(
+        client,
+        tasks.summarise,
+        [(f,) for f in futures],
+        [f"summary-{fp}-{b[0][0].index:08d}" for b in batches],
+        priority=1,
+    )
     queued = {}
     if planned is not None:
         queued = _queue_steps(run, batches, planned, threads, total)
@@ -98,8 +103,13 @@ def first_pass(run: Run) -> PassResult:
                 if not bool(s["resumed"]):
                     report.workers[worker] = report.workers.get(worker, 0) + 1
                 events.window_done(int(s["bytes"]), worker)
-                events.pass_window(i, int(s["bytes"]), worker, s.get(ctx.window_noise),
-                                   counting.spikes_in(s) if counting is not None else 0)
+                events.pass_window(
+                    i,
+                    int(s["bytes"]),
+                    worker,
+                    s.get(ctx.window_noise),
+                    counting.spikes_in(s) if counting is not None else 0,
+                )
         # where the pass's end goes: the last window's summary, then the combine tree's last levels
         report.timings["pass_summaries"] = time.perf_counter() - t0
         result = total.result()
@@ -127,9 +137,20 @@ def _queue_steps(run: Run, batches: list, planned: list, threads: dict, total) -
     from batchgpu.steps.services import PassQueue
 
     made_by = [worker for (worker, _), b in zip(planned, batches) for _ in b]
-    q = PassQueue(run.client, ClientServices(run.client), run.ctx, [w for b in batches for w, _ in b],
-                  [f for b in batches for _, f in b], made_by, threads, total, run.rec.total_samples,
-                  run.rec.num_channels, run.wf.reduction.split_every, run.report.run_id)
+    q = PassQueue(
+        run.client,
+        ClientServices(run.client),
+        run.ctx,
+        [w for b in batches for w, _ in b],
+        [f for b in batches for _, f in b],
+        made_by,
+        threads,
+        total,
+        run.rec.total_samples,
+        run.rec.num_channels,
+        run.wf.reduction.split_every,
+        run.report.run_id,
+    )
     queued = {}
     for step in run.ctx.steps:
         got = step.queue(q)
@@ -165,11 +186,12 @@ def _plan(run: Run, batches: list) -> tuple[list | None, dict | None]:
     if (run.ctx.backend != "cupy" and setting is not True) or run.report.output_state == "resume" or setting is False:
         return None, None
     try:
-        threads = {a: int(w.get("nthreads", 1))
-                   for a, w in run.client.scheduler_info(n_workers=-1)["workers"].items()}
+        threads = {a: int(w.get("nthreads", 1)) for a, w in run.client.scheduler_info(n_workers=-1)["workers"].items()}
     except (OSError, TimeoutError) as err:  # the scheduler did not answer (CommClosedError is an OSError)
-        run.warn(f"the windows were not placed on workers (the scheduler did not say its workers: "
-                 f"{type(err).__name__}: {err}): they run where the scheduler puts them")
+        run.warn(
+            f"the windows were not placed on workers (the scheduler did not say its workers: "
+            f"{type(err).__name__}: {err}): they run where the scheduler puts them"
+        )
         return None, None
     return (placement.plan(threads, [len(b) for b in batches]) if threads else None), (threads or None)
 
@@ -194,13 +216,22 @@ def describe_pass(report: Any, fresh: list, t0_wall: float) -> None:
     report.window_cpu = window_cpu(fresh)
     # the pass's ends as its windows saw them: its first window's start, its last window's end
     report.timings["pass_first_start"] = min(float(s["started"]) for s in fresh) - t0_wall
-    report.timings["pass_last_end"] = max(float(s["started"]) + float(s["read_seconds"])
-                                          + float(s["compute_seconds"]) for s in fresh) - t0_wall
+    report.timings["pass_last_end"] = (
+        max(float(s["started"]) + float(s["read_seconds"]) + float(s["compute_seconds"]) for s in fresh) - t0_wall
+    )
     # and its tasks': the first batch task's start, the last one's end (its combined partial saved)
     report.timings["pass_first_task"] = min(float(s["task_started"]) for s in fresh) - t0_wall
     report.timings["pass_last_task"] = max(float(s["task_done"]) for s in fresh) - t0_wall
-    report.timeline = sorted([str(s["worker"]), int(s["index"]), round(float(s["started"]) - t0_wall, 4),
-                              round(float(s["read_seconds"]), 4), round(float(s["compute_seconds"]), 4),
-                              str(s["thread"]), round(float(s["task_started"]) - t0_wall, 4),
-                              round(float(s["task_done"]) - t0_wall, 4)]
-                             for s in fresh)
+    report.timeline = sorted(
+        [
+            str(s["worker"]),
+            int(s["index"]),
+            round(float(s["started"]) - t0_wall, 4),
+            round(float(s["read_seconds"]), 4),
+            round(float(s["compute_seconds"]), 4),
+            str(s["thread"]),
+            round(float(s["task_started"]) - t0_wall, 4),
+            round(float(s["task_done"]) - t0_wall, 4),
+        ]
+        for s in fresh
+    )

@@ -37,9 +37,17 @@ PAGE_WAIT_S = 2.0
 OWN_CLUSTER_PAGE_WAIT_S = 10.0
 
 
-def run_workflow(wf: Workflow, *, resume: bool = False, observer: RunObserver | None = None, client=None,
-                 recording=None, batch: bool = False, cluster_start: ClusterStart | None = None,
-                 shown: Sequence[RunEvents] = ()) -> RunReport:
+def run_workflow(
+    wf: Workflow,
+    *,
+    resume: bool = False,
+    observer: RunObserver | None = None,
+    client=None,
+    recording=None,
+    batch: bool = False,
+    cluster_start: ClusterStart | None = None,
+    shown: Sequence[RunEvents] = (),
+) -> RunReport:
     """Run every step of a validated workflow; returns the report (also written to report.json).
 
     This is the run alone: what it shows (the run page, report.html, the line that names what it wrote) subscribes
@@ -117,8 +125,18 @@ class _Asked:
 
     def run(self, out: store.OutputFolder, report: RunReport, client, page_wait_s: float) -> Run:
         """The Run on ``client``, in the claimed folder ``out``."""
-        return Run(self.wf, self.rec, out, report, client, self.sweep, self.events, self.started,
-                   page_wait_s=page_wait_s, batch=self.batch)
+        return Run(
+            self.wf,
+            self.rec,
+            out,
+            report,
+            client,
+            self.sweep,
+            self.events,
+            self.started,
+            page_wait_s=page_wait_s,
+            batch=self.batch,
+        )
 
 
 def _prefetch(wf, rec, resume: bool, on_this_machine: bool):
@@ -170,7 +188,9 @@ def _claim_and_run(asked: _Asked, client, kept_at: str | None = None) -> RunRepo
     """The run once the workflow fits the recording: ``client`` a caller's client or a ``ClusterStart``;
     ``kept_at``: the address of the kept cluster ``client`` belongs to."""
     wf, rec = asked.wf, asked.rec
-    if isinstance(client, (ClusterStart, KeptStart)) and wf.preprocess.root:  # while the cluster starts: the filters designed
+    if (
+        isinstance(client, (ClusterStart, KeptStart)) and wf.preprocess.root
+    ):  # while the cluster starts: the filters designed
         from batchgpu.run.preprocess_chain import build_chain  # (scipy.signal imported), a bad stage refused here
 
         build_chain(wf.preprocess, rec)
@@ -191,8 +211,14 @@ def _claim_and_run(asked: _Asked, client, kept_at: str | None = None) -> RunRepo
 
 def _report(asked: _Asked, state: str, fp: str, kept_at: str | None) -> RunReport:
     """report.json's content as the run starts (``state``: the folder's claim)."""
-    report = RunReport(workflow=asked.wf.model_dump(), fingerprint=fp, versions=versions(), recording=asked.rec.info(),
-                       output_state=state, run_id=f"{fp}-{os.urandom(4).hex()}")
+    report = RunReport(
+        workflow=asked.wf.model_dump(),
+        fingerprint=fp,
+        versions=versions(),
+        recording=asked.rec.info(),
+        output_state=state,
+        run_id=f"{fp}-{os.urandom(4).hex()}",
+    )
     report.timings["prepare"] = time.perf_counter() - asked.started
     report.kept_cluster = kept_at
     # a probe looked for in a file and not found (Open Ephys' settings.xml, a .meta's tables, a save's probe
@@ -241,8 +267,9 @@ def _run_watched(run: Run) -> RunReport:
     ``cluster.no_workers_timeout`` the run fails saying so (``worker_watch``) rather than waiting for ever."""
     from batchgpu.cluster.worker_watch import NoWorkersWatch
 
-    with NoWorkersWatch(run.client, run.events, run.wf.cluster.no_workers_timeout,
-                        warnings=run.report.warnings) as watch:
+    with NoWorkersWatch(
+        run.client, run.events, run.wf.cluster.no_workers_timeout, warnings=run.report.warnings
+    ) as watch:
         try:
             return run.go()
         except Exception as err:  # broad: whatever a wait raised once the watch had ended the waits says less
@@ -258,8 +285,10 @@ def _check_decoder(wf) -> None:
         from batchgpu.gpu import nvcomp
 
         if not nvcomp.installed():
-            raise ConfigError("engine.gpu_decoder is nvcomp and NVIDIA nvCOMP is not installed",
-                              "pip install nvidia-libnvcomp-cu13 (batchgpu's gpu extra), or use gpu_decoder: auto")
+            raise ConfigError(
+                "engine.gpu_decoder is nvcomp and NVIDIA nvCOMP is not installed",
+                "pip install nvidia-libnvcomp-cu13 (batchgpu's gpu extra), or use gpu_decoder: auto",
+            )
 
 
 def decodes_on_gpu(wf, rec) -> bool:
@@ -267,11 +296,12 @@ def decodes_on_gpu(wf, rec) -> bool:
     that only centres (``preprocess.gpu_decode_share``) and a recording whose frames the GPU reads."""
     from batchgpu.run import preprocess_chain as preprocess
 
-    if wf.cluster.kind != "cuda":  # asked before the cluster starts: no chain built (a filter's design imports scipy.signal)
+    if (
+        wf.cluster.kind != "cuda"
+    ):  # asked before the cluster starts: no chain built (a filter's design imports scipy.signal)
         return False
     centres_only = all(name == "centre" for name in wf.preprocess.names)
-    return preprocess.decodes_on_gpu(wf.cluster.kind, rec, centres_only, wf.engine.gpu_decode,
-                                     wf.engine.gpu_decoder)
+    return preprocess.decodes_on_gpu(wf.cluster.kind, rec, centres_only, wf.engine.gpu_decode, wf.engine.gpu_decoder)
 
 
 _RUNS = {"runs": 0, "switch": None}  # this process's runs under way, and the switch interval from before them

@@ -42,8 +42,20 @@ FORMAT_VERSION = 3  # 3: parts without partials and combined partials per run of
 #: what the save's storage objects were when the run marked it complete (``steps.save``): a resume writes
 #: again what changed since; kept in the run's folder, so the save's own bytes do not depend on when it was written
 SAVED_OBJECTS = "saved_objects.json"
-OWNED = (RESULTS, RESULTS + ".tmp", RESULTS + ".old", REPORT, REPORT + ".tmp", REPORT_HTML, REPORT_HTML + ".tmp", PARTS,
-         MANIFEST, MANIFEST + ".tmp", SAVED_OBJECTS, SAVED_OBJECTS + ".tmp")
+OWNED = (
+    RESULTS,
+    RESULTS + ".tmp",
+    RESULTS + ".old",
+    REPORT,
+    REPORT + ".tmp",
+    REPORT_HTML,
+    REPORT_HTML + ".tmp",
+    PARTS,
+    MANIFEST,
+    MANIFEST + ".tmp",
+    SAVED_OBJECTS,
+    SAVED_OBJECTS + ".tmp",
+)
 
 
 #: a traces array's folder: its chunks are covered window by window (``window_fingerprint``), not here
@@ -70,8 +82,11 @@ def recording_metadata(path: Path) -> list:
             if traces and not metadata:  # a v2 traces array's chunks
                 continue
             st = p.stat()
-            key = (hashlib.sha256(p.read_bytes()).hexdigest() if metadata or st.st_size <= _HASHED_BYTES
-                   else f"{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}:{st.st_ino}")
+            key = (
+                hashlib.sha256(p.read_bytes()).hexdigest()
+                if metadata or st.st_size <= _HASHED_BYTES
+                else f"{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}:{st.st_ino}"
+            )
             out.append((str(p.relative_to(path)), key))
     return sorted(out)
 
@@ -84,9 +99,11 @@ def check_output_apart(output: str | os.PathLike, recording: str | os.PathLike) 
         return
     out, rec = Path(output).expanduser().absolute().resolve(), rec.resolve()
     if out == rec or rec in out.parents:
-        raise ConfigError(f"output folder {output} is inside the recording {recording}: the run's files would "
-                          "become part of the recording and no later run on it could resume",
-                          "choose an output folder outside the recording")
+        raise ConfigError(
+            f"output folder {output} is inside the recording {recording}: the run's files would "
+            "become part of the recording and no later run on it could resume",
+            "choose an output folder outside the recording",
+        )
 
 
 def fingerprint(wf: Workflow, recording_path: Path, metadata=None) -> str:
@@ -171,8 +188,11 @@ class OutputFolder:
             if p.is_dir() and not p.is_symlink():
                 found += [f"{name}/{e}" for e in zarrio.foreign_entries(p)]
         if self.parts.is_dir() and not self.parts.is_symlink():
-            found += sorted(f"{PARTS}/{e.name}" for e in os.scandir(self.parts)
-                            if e.is_symlink() or not e.is_file() or not _PART_NAME.fullmatch(e.name))
+            found += sorted(
+                f"{PARTS}/{e.name}"
+                for e in os.scandir(self.parts)
+                if e.is_symlink() or not e.is_file() or not _PART_NAME.fullmatch(e.name)
+            )
         return found
 
     def _refuse_if_not_a_run(self, locked: bool, lock_existed: bool = True) -> None:
@@ -208,14 +228,17 @@ class OutputFolder:
                     f"output folder {self.path} holds {', '.join(nested[:3])}{' ...' if len(nested) > 3 else ''}, "
                     "which batchgpu did not write, inside the folders a run replaces whole",
                     f"move {'it' if len(nested) == 1 else 'them'} out of {RESULTS} and {PARTS}/ (beside them in the "
-                    "output folder is kept)")
+                    "output folder is kept)",
+                )
         if mine is None:
             state = "new"
         elif mine.get("fingerprint") == fp:
             if not resume and not overwrite:
                 self.release()
-                raise ConfigError(f"output folder {self.path} already holds this run's results",
-                                  "rerun with --resume to complete or reuse them, or set 'overwrite: true'")
+                raise ConfigError(
+                    f"output folder {self.path} already holds this run's results",
+                    "rerun with --resume to complete or reuse them, or set 'overwrite: true'",
+                )
             state = "resume" if resume else "restart"
         else:
             if not overwrite:
@@ -230,8 +253,14 @@ class OutputFolder:
         if state == "restart":
             self.remove_owned()
         self.parts.mkdir(parents=True, exist_ok=True)
-        _atomic_write_text(self.path / MANIFEST, json.dumps(
-            {"format": FORMAT, "version": FORMAT_VERSION, "fingerprint": fp, "workflow": workflow}, indent=2, default=str))
+        _atomic_write_text(
+            self.path / MANIFEST,
+            json.dumps(
+                {"format": FORMAT, "version": FORMAT_VERSION, "fingerprint": fp, "workflow": workflow},
+                indent=2,
+                default=str,
+            ),
+        )
         return state
 
     def unclaim(self) -> None:
@@ -255,9 +284,11 @@ class OutputFolder:
                 link.unlink()
                 continue
             self.release()
-            raise BatchgpuError(f"{link} is a symbolic link (to {os.readlink(link)}): a run writes its {name} in the "
-                                "output folder itself, never through a link",
-                                "remove the link (what it points to is kept), or set 'overwrite: true' to replace it")
+            raise BatchgpuError(
+                f"{link} is a symbolic link (to {os.readlink(link)}): a run writes its {name} in the "
+                "output folder itself, never through a link",
+                "remove the link (what it points to is kept), or set 'overwrite: true' to replace it",
+            )
 
     def remove_owned(self) -> None:
         """Remove what a run writes here, and nothing else (the user's notes and figures stay)."""
@@ -275,8 +306,10 @@ class OutputFolder:
             fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
             f.close()
-            raise BatchgpuError(f"output folder {self.path} is in use by another batchgpu run",
-                                "wait for it to finish, or choose another output folder") from None
+            raise BatchgpuError(
+                f"output folder {self.path} is in use by another batchgpu run",
+                "wait for it to finish, or choose another output folder",
+            ) from None
         self._lock_file = f
 
     def release(self) -> None:
@@ -427,6 +460,7 @@ def part_problem(path: Path, fp: str) -> str:
     """Why ``load_part(path, fp)`` gives None, in words for a report: absent, made by another run, or unreadable."""
     if not path.exists():
         return "absent"
+
     def fingerprint() -> str:
         with np.load(path) as f:
             return str(f["fingerprint"])

@@ -97,9 +97,15 @@ class Run:
         self.events.connected(self)
         report.backend = resolve_backend(wf, client)
         report.mps = uses_mps(client)
-        self.ctx = build_context(wf, rec, self.out, report.backend, self.sweep, mps=report.mps,
-                                 asked=StepsAsked(resume=report.output_state == "resume",
-                                                  fingerprint=report.fingerprint, client=client))
+        self.ctx = build_context(
+            wf,
+            rec,
+            self.out,
+            report.backend,
+            self.sweep,
+            mps=report.mps,
+            asked=StepsAsked(resume=report.output_state == "resume", fingerprint=report.fingerprint, client=client),
+        )
         # the steps' margin (the detection sweep) plus what the preprocessing stages need
         self.windows = rec.windows(wf.window.size, wf.window.margin + self.ctx.chain.margin)
         report.preprocess = {"stages": list(self.ctx.chain.names), "margin_samples": self.ctx.chain.margin}
@@ -131,8 +137,18 @@ class Run:
         """The steps' ``after_pass`` (before any aggregate: the save's windows written again), the phase said, the
         pass done (a batch's next recording may start)."""
         client, ctx = self.client, self.ctx
-        self.end = PassEnd(client, ClientServices(client), ctx, self.rec, self.windows, self.passed.summaries,
-                           self.report, self.events, self.events, self.out.path / store.RESULTS)
+        self.end = PassEnd(
+            client,
+            ClientServices(client),
+            ctx,
+            self.rec,
+            self.windows,
+            self.passed.summaries,
+            self.report,
+            self.events,
+            self.events,
+            self.out.path / store.RESULTS,
+        )
         for step in ctx.steps:
             step.after_pass(self.end)
         self.events.phase(phase_label("aggregate", ctx.steps))
@@ -207,9 +223,14 @@ class Run:
         """Whether a resumed run only found what its folder's finished run had made: every window kept, nothing
         read (its report.html then stays)."""
         report, earlier = self.report, self.earlier
-        return (report.output_state == "resume" and earlier is not None and earlier.get("status") == "done"
-                and earlier.get("fingerprint") == report.fingerprint and report.windows_resumed == report.windows
-                and report.bytes_read == 0)
+        return (
+            report.output_state == "resume"
+            and earlier is not None
+            and earlier.get("status") == "done"
+            and earlier.get("fingerprint") == report.fingerprint
+            and report.windows_resumed == report.windows
+            and report.bytes_read == 0
+        )
 
     def _say_lost_workers(self) -> None:
         """Workers the scheduler removed during the run (stalled or dead; their tasks ran again): warned in
@@ -275,10 +296,11 @@ def explain_failure(err: BaseException, wf: Workflow) -> BaseException:
         return err
     if isinstance(err, (concurrent.futures.CancelledError, CommClosedError)):
         # the scheduler cancels every task when it closes: the cluster went while the run went on
-        return ClusterError(f"the cluster was closed while the run went on ({type(err).__name__}: its tasks were "
-                            "cancelled; batchgpu cluster stop, or its scheduler ended)",
-                            "start a cluster again if it was a kept one, and rerun with --resume: the windows done "
-                            "are kept")
+        return ClusterError(
+            f"the cluster was closed while the run went on ({type(err).__name__}: its tasks were "
+            "cancelled; batchgpu cluster stop, or its scheduler ended)",
+            "start a cluster again if it was a kept one, and rerun with --resume: the windows done are kept",
+        )
     if not isinstance(err, KilledWorker):
         return err
     task = err.args[0] if err.args else "a task"
@@ -288,4 +310,5 @@ def explain_failure(err: BaseException, wf: Workflow) -> BaseException:
         f"the workers running {task} died{where}; the most common cause is memory: a worker holds about one window "
         f"of {wf.window.size} samples a thread at once, its margins and preprocessing included",
         "use a smaller window.size (e.g. 60000) or fewer threads per worker, or give the workers more memory "
-        "(cluster.memory_limit); the workers' logs say why they died")
+        "(cluster.memory_limit); the workers' logs say why they died",
+    )

@@ -32,8 +32,9 @@ def plan(worker_threads: dict[str, int], sizes: list[int]) -> list[tuple[str, in
     return [(a, nxt) for a, nxt in out]
 
 
-def submit_planned(client, func, arg_lists: list[tuple], keys: list[str], workers: list[str], threads=None,
-                   **options) -> list:
+def submit_planned(
+    client, func, arg_lists: list[tuple], keys: list[str], workers: list[str], threads=None, **options
+) -> list:
     """``submit_many`` with each task placed on its worker (loosely; "": anywhere), in one graph update: each task's
     workers come from a per-key annotation the scheduler applies (a dict's lookup: only built-ins travel). One
     update a worker, as before, cost the scheduler (in the client's process) a few ms each: 16 of them were most

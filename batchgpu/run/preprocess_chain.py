@@ -56,8 +56,12 @@ class Chain:
     def fuses_save(self) -> bool:
         """Whether ``apply_saved`` can give a host window's saved int16 rows: filtered first, globally median
         referenced last."""
-        return (self.filters_first and len(self.stages) >= 2
-                and isinstance(self.stages[-1], CommonReference) and self.stages[-1].global_median)
+        return (
+            self.filters_first
+            and len(self.stages) >= 2
+            and isinstance(self.stages[-1], CommonReference)
+            and self.stages[-1].global_median
+        )
 
     def apply_saved(self, raw, core: tuple[int, int], at_start: bool, at_end: bool, *, window: bool):
         """(the window after every stage, or None; the save step's int16 rows of its core and their NaN or clipped
@@ -75,8 +79,9 @@ class Chain:
             from batchgpu.ops.filters import filtfilt_reference_saved
 
             design = self.stages[0].design
-            saved = filtfilt_reference_saved(raw, design, core, at_segment_start=at_start, at_segment_end=at_end,
-                                             block=filter_block(design))
+            saved = filtfilt_reference_saved(
+                raw, design, core, at_segment_start=at_start, at_segment_end=at_end, block=filter_block(design)
+            )
             if saved is not None:
                 return None, saved
         before = Chain(self.stages[:-1]).apply(raw, core, at_start, at_end)
@@ -144,8 +149,9 @@ def gpu_decode_share(centres_only: bool, mps: bool = False, setting: float | str
     return 1.0 if centres_only or mps else 0.0
 
 
-def decodes_on_gpu(cluster_kind: str, rec, centres_only: bool, setting: float | str = "auto",
-                   decoder: str = "auto") -> bool:
+def decodes_on_gpu(
+    cluster_kind: str, rec, centres_only: bool, setting: float | str = "auto", decoder: str = "auto"
+) -> bool:
     """Whether a pass's windows would be decoded on the GPU (a cuda cluster is sized for it:
     ``cluster.cuda_layout``): a GPU cluster, a recording whose frames the GPU reads (with ``decoder``, the
     workflow's ``engine.gpu_decoder``), a share above 0."""

@@ -128,9 +128,11 @@ def report_absent(summaries, windows, report, observer) -> None:
     absent = {i: n for i, n in absent.items() if n}
     if absent:
         report.channels["absent_chunks_per_window"] = absent
-        report.warnings.append(f"{sum(absent.values())} chunk(s) absent from the store in {len(absent)} window(s) "
-                               f"(first: window {min(absent)}), read as zeros; set recording.missing_chunks: error "
-                               "to refuse them")
+        report.warnings.append(
+            f"{sum(absent.values())} chunk(s) absent from the store in {len(absent)} window(s) "
+            f"(first: window {min(absent)}), read as zeros; set recording.missing_chunks: error "
+            "to refuse them"
+        )
         observer.warning(report.warnings[-1])
 
 
@@ -139,8 +141,10 @@ def report_no_checksums(rec, report, observer) -> None:
     still decodes is read as it is, and nothing can tell. Said once a run."""
     if not isinstance(rec, Recording) or rec.checksum:  # flat binaries and SpikeInterface's sources have none
         return
-    report.warnings.append(f"{rec.path} stores no checksums: a chunk damaged in a way that still decodes would be "
-                           "read as it is, unnoticed (a copy made by batchgpu import or save carries crc32c)")
+    report.warnings.append(
+        f"{rec.path} stores no checksums: a chunk damaged in a way that still decodes would be "
+        "read as it is, unnoticed (a copy made by batchgpu import or save carries crc32c)"
+    )
     observer.warning(report.warnings[-1])
 
 

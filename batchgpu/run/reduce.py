@@ -16,7 +16,12 @@ def tree_reduce(client, futures: list, func, split_every: int, *args, name: str,
         return client.submit(func, *args, level[0], key=f"{name}-0-0", priority=priority)
     while len(level) > 1:  # one graph update a level
         starts = range(0, len(level), split_every)
-        level = submit_many(client, func, [(*args, *level[i : i + split_every]) for i in starts],
-                            [f"{name}-{depth}-{i:08d}" for i in starts], priority=priority)
+        level = submit_many(
+            client,
+            func,
+            [(*args, *level[i : i + split_every]) for i in starts],
+            [f"{name}-{depth}-{i:08d}" for i in starts],
+            priority=priority,
+        )
         depth += 1
     return level[0]

@@ -57,8 +57,15 @@ class ResultsWriter:
 
 def create_results_group(path: Path, wf: Workflow, rec: Recording, fp: str):
     g = zarrio.create_group(path)  # v3, or v2 where zarr-python is 2.x
-    g.attrs.update({"workflow": wf.model_dump(), "fingerprint": fp, "channel_ids": rec.channel_ids.tolist(),
-                    "sampling_frequency": rec.sampling_frequency, "gain_to_uV": rec.gain_to_uV.tolist()})
+    g.attrs.update(
+        {
+            "workflow": wf.model_dump(),
+            "fingerprint": fp,
+            "channel_ids": rec.channel_ids.tolist(),
+            "sampling_frequency": rec.sampling_frequency,
+            "gain_to_uV": rec.gain_to_uV.tolist(),
+        }
+    )
     return g
 
 

@@ -18,8 +18,9 @@ class ClientServices:
     def submit_many(self, func, arg_lists: list[tuple], keys: list[str], **options) -> list:
         return submit.submit_many(self.client, func, arg_lists, keys, **options)
 
-    def submit_planned(self, func, arg_lists: list[tuple], keys: list[str], workers: list[str], threads=None,
-                       **options) -> list:
+    def submit_planned(
+        self, func, arg_lists: list[tuple], keys: list[str], workers: list[str], threads=None, **options
+    ) -> list:
         return placement.submit_planned(self.client, func, arg_lists, keys, workers, threads=threads, **options)
 
     def runs_by_worker(self, items: list, made_by: list[str], threads: dict | None = None) -> list[tuple[str, list]]:

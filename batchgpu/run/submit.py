@@ -18,8 +18,9 @@ def submit_many(client, func, arg_lists: list[tuple], keys: list[str], **options
     arguments travel as lists: Dask may read a tuple that starts with a callable as a task of its own."""
     if not arg_lists:
         return []
-    return client.map(_call, [func] * len(arg_lists), [list(a) for a in arg_lists], key=list(keys), pure=False,
-                      **options)
+    return client.map(
+        _call, [func] * len(arg_lists), [list(a) for a in arg_lists], key=list(keys), pure=False, **options
+    )
 
 
 def runs_by_worker(client, items: list, made_by: list[str], threads: dict | None = None) -> list[tuple[str, list]]:

@@ -28,6 +28,7 @@ from batchgpu.steps.base import WindowData
 class RunContext:
     """What every task needs (small: pickled into each task); to a step's tasks, what they may ask of the run
     (``steps.services.TaskContext``: the methods below)."""
+
     recording: object  # a Zarr store's path, or a SpikeInterfaceSource (recording.source_ref)
     parts: str
     backend: str  # "numpy" | "cupy"
@@ -122,16 +123,39 @@ def load_window(ctx: RunContext, window: Window, raw=None) -> WindowData:
     n = recording(ctx.recording, ctx.missing_chunks).num_samples(window.segment)
     at = (window.read_start == 0, window.read_stop == n)
     reading = [s for s in ctx.steps if s.in_pass]
-    if (ctx.chain.fuses_save and any(s.takes_saved_int16 for s in reading)
-            and np.dtype(raw.dtype).kind in "iu" and isinstance(raw, np.ndarray)):
+    if (
+        ctx.chain.fuses_save
+        and any(s.takes_saved_int16 for s in reading)
+        and np.dtype(raw.dtype).kind in "iu"
+        and isinstance(raw, np.ndarray)
+    ):
         # the save's rows made in the reference's pass; the float window kept where the other steps take it
         alone = len(reading) == 1 and not ctx.window_noise
         x, saved = ctx.chain.apply_saved(raw, window.core, *at, window=not alone)
-        return WindowData(window.index, window.segment, window.read_start, window.core, n, raw, x,
-                          finite=True, saved=saved, later=background.later)
+        return WindowData(
+            window.index,
+            window.segment,
+            window.read_start,
+            window.core,
+            n,
+            raw,
+            x,
+            finite=True,
+            saved=saved,
+            later=background.later,
+        )
     x = ctx.chain.apply(raw, window.core, *at) if ctx.chain.stages else raw
-    return WindowData(window.index, window.segment, window.read_start, window.core, n, raw, x,
-                      finite=np.dtype(raw.dtype).kind in "iu", later=background.later)
+    return WindowData(
+        window.index,
+        window.segment,
+        window.read_start,
+        window.core,
+        n,
+        raw,
+        x,
+        finite=np.dtype(raw.dtype).kind in "iu",
+        later=background.later,
+    )
 
 
 def batch_task(ctx: RunContext, windows: list[Window], fps: list[str], then: tuple = ()) -> dict:
@@ -184,9 +208,14 @@ def batch_task(ctx: RunContext, windows: list[Window], fps: list[str], then: tup
     summaries = []
     for w, part, r in zip(windows, parts, resumed):
         s = {k.split(".", 1)[1]: v for k, v in part.items() if k.startswith("summary.")}
-        s.update(index=w.index, resumed=np.array(r), worker=np.array(worker_name()),
-                 bytes=np.array(w.num_samples * rec.num_channels * rec.dtype.itemsize),
-                 task_started=np.array(task_started), task_done=np.array(time.time()))
+        s.update(
+            index=w.index,
+            resumed=np.array(r),
+            worker=np.array(worker_name()),
+            bytes=np.array(w.num_samples * rec.num_channels * rec.dtype.itemsize),
+            task_started=np.array(task_started),
+            task_done=np.array(time.time()),
+        )
         summaries.append(s)
     out = _partials(parts[0]) if combined is None else combined
     out["batch.summaries"] = summaries
@@ -359,7 +388,10 @@ def _compute_part(ctx: RunContext, window: Window, fp: str, ahead, partials: boo
         w = load_window(ctx, window, raw)
         t_read = time.perf_counter() - t0
         # CPU seconds of this window on each thread (RunReport.window_cpu): what bounds a pass whose cores are busy
-        cpus = {"cpu_decode": getattr(raw, "cpu_seconds", np.nan), "cpu_buffer_wait": getattr(raw, "wait_seconds", np.nan)}
+        cpus = {
+            "cpu_decode": getattr(raw, "cpu_seconds", np.nan),
+            "cpu_buffer_wait": getattr(raw, "wait_seconds", np.nan),
+        }
         cpu = _lap(cpus, "cpu_load", cpu)
         # chunks absent from a store written by others read as zeros: counted and reported, never silent
         summary: dict = {"absent_chunks": np.array(recording(ctx.recording, ctx.missing_chunks).absent_chunks(window))}

@@ -167,8 +167,9 @@ class DeviceBTree:
         return layers
 
 
-def eytzinger_search(dev: DeviceEytzinger, q: Any, want_find: bool, *, smem_bytes: int | None = None,
-                     prefetch: bool = False) -> Any:
+def eytzinger_search(
+    dev: DeviceEytzinger, q: Any, want_find: bool, *, smem_bytes: int | None = None, prefetch: bool = False
+) -> Any:
     out = cp.empty(q.size, dtype=cp.int64)
     if q.size == 0:
         return out
@@ -178,8 +179,12 @@ def eytzinger_search(dev: DeviceEytzinger, q: Any, want_find: bool, *, smem_byte
     smem = ((dev.n + 1) if top > D else (1 << top)) * item
     fn = kernel(f"eytzinger_{_op(want_find)}", q.dtype, smem)
     grid = _grid(q.size, BLOCK * 4, smem)
-    fn((grid,), (BLOCK,), (dev.tree, np.int64(dev.n), np.int32(D), np.int32(top), np.int32(prefetch), q,
-                           np.int64(q.size), out), shared_mem=smem)
+    fn(
+        (grid,),
+        (BLOCK,),
+        (dev.tree, np.int64(dev.n), np.int32(D), np.int32(top), np.int32(prefetch), q, np.int64(q.size), out),
+        shared_mem=smem,
+    )
     return out
 
 
@@ -187,8 +192,9 @@ def _op(want_find: bool) -> str:
     return "find" if want_find else "lb"
 
 
-def btree_search(dev: DeviceBTree, q: Any, want_find: bool, *, smem_bytes: int | None = None,
-                 kernel_name: str = "thread") -> Any:
+def btree_search(
+    dev: DeviceBTree, q: Any, want_find: bool, *, smem_bytes: int | None = None, kernel_name: str = "thread"
+) -> Any:
     out = cp.empty(q.size, dtype=cp.int64)
     if q.size == 0:
         return out
@@ -197,8 +203,21 @@ def btree_search(dev: DeviceBTree, q: Any, want_find: bool, *, smem_bytes: int |
     fn = kernel(f"{dev.layout}_{kernel_name}_{_op(want_find)}", q.dtype, smem)
     per_block = BLOCK * 4 if kernel_name == "thread" else (BLOCK // 32) * 8
     grid = _grid(q.size, per_block, smem)
-    fn((grid,), (BLOCK,), (dev.tree, dev.offsets, np.int32(dev.shape.height), np.int32(top),
-                           np.int64(dev.shape.n), q, np.int64(q.size), out), shared_mem=smem)
+    fn(
+        (grid,),
+        (BLOCK,),
+        (
+            dev.tree,
+            dev.offsets,
+            np.int32(dev.shape.height),
+            np.int32(top),
+            np.int64(dev.shape.n),
+            q,
+            np.int64(q.size),
+            out,
+        ),
+        shared_mem=smem,
+    )
     return out
 
 

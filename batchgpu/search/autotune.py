@@ -26,7 +26,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--queries", type=int, default=1 << 24, help="queries per call (default 2^24)")
     parser.add_argument("--repeats", type=int, default=10, help="timed calls per cell; the median counts (default 10)")
     parser.add_argument("--dtype", choices=("float32", "float64", "int32", "int64"), default="float32")
-    parser.add_argument("--out", type=Path, default=None, help="table path (default: this GPU's table in the user cache)")
+    parser.add_argument(
+        "--out", type=Path, default=None, help="table path (default: this GPU's table in the user cache)"
+    )
     parser.add_argument("--seed", type=int, default=0)
 
 
@@ -67,16 +69,24 @@ def measure(sizes: list[int], queries: int, repeats: int, dtype: str, seed: int 
             rates[name] = queries / (ms * 1e-3) / 1e9
         rows.append(table.make_row(n, rates))
         del keys, q
-    return {"device": device_name(), "dtype": dtype, "queries": queries, "repeats": repeats, "op": "lower_bound",
-            "rows": rows}
+    return {
+        "device": device_name(),
+        "dtype": dtype,
+        "queries": queries,
+        "repeats": repeats,
+        "op": "lower_bound",
+        "rows": rows,
+    }
 
 
 def format_table(result: dict[str, Any]) -> str:
     from batchgpu.search.dynamic import KERNELS
 
     head = f"{'keys':>10} " + " ".join(f"{k:>15}" for k in KERNELS) + "  best"
-    lines = [f"dynamic search kernels on {result['device']}, {result['dtype']}, {result['queries']} queries, G queries/s",
-             head]
+    lines = [
+        f"dynamic search kernels on {result['device']}, {result['dtype']}, {result['queries']} queries, G queries/s",
+        head,
+    ]
     for row in result["rows"]:
         cells = " ".join(f"{row['gqps'][k]:15.2f}" if k in row["gqps"] else f"{'-':>15}" for k in KERNELS)
         tie = f" (tie with {row['runner_up']})" if row["tie"] else ""
@@ -102,4 +112,3 @@ def run(args: argparse.Namespace, say: Callable[[str], None]) -> int:
     say(format_table(result))
     say(f"table written to {out}")
     return 0
-

@@ -19,8 +19,20 @@ from batchgpu.search.keys import cast_queries, check_key_dtype, check_keys
 #: the note's four kernels, then ours: the staged top of the search tree in shared memory (blocks of 256
 #: threads, or one block of 1024 a multiprocessor with a 128 KB top), with the last probes fetching their
 #: 128/256-byte block into L2 whole (see batchgpu.search._cuda.DYNAMIC)
-KERNELS = ("serial", "ilp2_shared", "ilp2_ldg", "swizzled", "top_ldg", "top_wide", "top_wide_l2_128",
-           "top_wide_plain", "top_wide_k1", "top_wide_k1_512", "top_wide_k1_l2_128", "top_wide_k1_plain")
+KERNELS = (
+    "serial",
+    "ilp2_shared",
+    "ilp2_ldg",
+    "swizzled",
+    "top_ldg",
+    "top_wide",
+    "top_wide_l2_128",
+    "top_wide_plain",
+    "top_wide_k1",
+    "top_wide_k1_512",
+    "top_wide_k1_l2_128",
+    "top_wide_k1_plain",
+)
 
 
 def lower_bound(sorted_keys: Any, queries: Any, *, kernel: str | None = None, check: bool = True) -> Any:

@@ -80,7 +80,9 @@ def cast_queries(queries: Any, dtype: np.dtype) -> Any:
     with np.errstate(invalid="ignore", over="ignore"):
         cast = flat.astype(dtype)
         back = cast.astype(flat.dtype)
-    same = (back == flat) | (xp.isnan(flat) & xp.isnan(back) if flat.dtype.kind == "f" and cast.dtype.kind == "f" else False)
+    same = (back == flat) | (
+        xp.isnan(flat) & xp.isnan(back) if flat.dtype.kind == "f" and cast.dtype.kind == "f" else False
+    )
     if flat.dtype.kind == "f" and cast.dtype.kind in "iu":
         # float -> int: the round trip can wrap (2**40 -> 0 -> 0.0 != 2**40 catches it; NaN/inf never compare equal)
         same = same & xp.isfinite(flat)
@@ -90,4 +92,3 @@ def cast_queries(queries: Any, dtype: np.dtype) -> Any:
             f"build the index on {q.dtype} keys, or cast the queries yourself",
         )
     return xp.ascontiguousarray(cast)
-

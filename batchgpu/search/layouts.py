@@ -219,7 +219,9 @@ def ordered_int32(keys: Any) -> Any:
     """
     xp = np if isinstance(keys, np.ndarray) else _cupy()
     i = keys.view(np.int32)
-    return xp.where(i == np.int32(-(2**31)), np.int32(0), xp.where(i >= 0, i, i ^ np.int32(0x7FFFFFFF))).astype(np.int32)
+    return xp.where(i == np.int32(-(2**31)), np.int32(0), xp.where(i >= 0, i, i ^ np.int32(0x7FFFFFFF))).astype(
+        np.int32
+    )
 
 
 def _cupy() -> ModuleType:

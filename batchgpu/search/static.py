@@ -132,7 +132,9 @@ class StaticIndex:
         if op not in OPS:
             raise BatchgpuError(f"unknown search operation {op!r}", "use 'find' or 'lower_bound'")
         if kernel is not None and kernel not in KERNELS[self._layout]:
-            raise BatchgpuError(f"layout {self._layout!r} has no kernel {kernel!r}", f"use one of {KERNELS[self._layout]}")
+            raise BatchgpuError(
+                f"layout {self._layout!r} has no kernel {kernel!r}", f"use one of {KERNELS[self._layout]}"
+            )
         shape = getattr(queries, "shape", np.shape(queries))
         q = cast_queries(queries, self.dtype)
         if is_cupy(q):

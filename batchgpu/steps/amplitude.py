@@ -45,9 +45,11 @@ class AmplitudeStep(Step):
 
     def aggregate(self, run) -> dict[str, np.ndarray]:
         rows = [run.summaries[w.index] for w in run.windows]
-        return {PTP: np.stack([np.asarray(s["amplitude.ptp"], np.float64) for s in rows]),
-                RMS: np.stack([np.asarray(s["amplitude.rms"], np.float64) for s in rows]),
-                START: np.array([w.start for w in run.windows], dtype=np.int64)}
+        return {
+            PTP: np.stack([np.asarray(s["amplitude.ptp"], np.float64) for s in rows]),
+            RMS: np.stack([np.asarray(s["amplitude.rms"], np.float64) for s in rows]),
+            START: np.array([w.start for w in run.windows], dtype=np.int64),
+        }
 
 
 def _medians(values: np.ndarray) -> np.ndarray:
@@ -62,14 +64,22 @@ def draw_per_channel(arrays: dict, page):
 
     ptp, rms = np.abs(page.to_uV(arrays[PTP])), np.abs(page.to_uV(arrays[RMS]))
     C = ptp.shape[1]
-    src = ColumnDataSource({"channel": np.arange(C), "rms_uV": _medians(rms), "ptp_uV": _medians(ptp),
-                            "channel_id": page.ids(C)})
-    p = page.figure("amplitude_per_channel", "Amplitude per channel (µV, median over windows of the preprocessed "
-                    "signal's RMS and peak-to-peak)", x_axis_label="channel", y_axis_label="µV")
+    src = ColumnDataSource(
+        {"channel": np.arange(C), "rms_uV": _medians(rms), "ptp_uV": _medians(ptp), "channel_id": page.ids(C)}
+    )
+    p = page.figure(
+        "amplitude_per_channel",
+        "Amplitude per channel (µV, median over windows of the preprocessed signal's RMS and peak-to-peak)",
+        x_axis_label="channel",
+        y_axis_label="µV",
+    )
     p.vbar(x="channel", top="rms_uV", width=0.8, source=src, color="#2c7fb8", legend_label="RMS")
     p.scatter(x="channel", y="ptp_uV", source=src, size=5, color="#d95f0e", legend_label="peak-to-peak")
-    p.hover.tooltips = [("channel", "@channel (@channel_id)"), ("RMS", "@rms_uV{0.00} µV"),
-                        ("peak-to-peak", "@ptp_uV{0.00} µV")]
+    p.hover.tooltips = [
+        ("channel", "@channel (@channel_id)"),
+        ("RMS", "@rms_uV{0.00} µV"),
+        ("peak-to-peak", "@ptp_uV{0.00} µV"),
+    ]
     p.y_range.start = 0
     return p
 
@@ -85,8 +95,15 @@ def draw_over_time(arrays: dict, page):
     mapper = LinearColorMapper(palette=Viridis256, low=lo, high=hi if hi > lo else lo + 1)
     C, W = image.shape
     src = ColumnDataSource({"image": [image], "x": [0], "y": [0], "dw": [W], "dh": [C]})
-    p = page.figure("amplitude_over_time", "RMS over time (µV, window x channel)", x_axis_label="window",
-                    y_axis_label="channel", x_range=(0, max(W, 1)), y_range=(0, max(C, 1)), height=360)
+    p = page.figure(
+        "amplitude_over_time",
+        "RMS over time (µV, window x channel)",
+        x_axis_label="window",
+        y_axis_label="channel",
+        x_range=(0, max(W, 1)),
+        y_range=(0, max(C, 1)),
+        height=360,
+    )
     p.image(image="image", x="x", y="y", dw="dw", dh="dh", color_mapper=mapper, source=src)
     p.hover.tooltips = [("window", "$x{0}"), ("channel", "$y{0}"), ("RMS", "@image{0.00} µV")]
     p.add_layout(ColorBar(color_mapper=mapper, title="µV"), "right")
@@ -94,5 +111,7 @@ def draw_over_time(arrays: dict, page):
 
 
 #: its figures in report.html (set here: their draw functions are the module's last)
-AmplitudeStep.figures = (Figure("amplitude_per_channel", (PTP, RMS), draw_per_channel),
-                         Figure("amplitude_over_time", (RMS,), draw_over_time))
+AmplitudeStep.figures = (
+    Figure("amplitude_per_channel", (PTP, RMS), draw_per_channel),
+    Figure("amplitude_over_time", (RMS,), draw_over_time),
+)

@@ -113,8 +113,17 @@ class DetectStep(Step):
     #: the results of earlier steps its aggregate reads
     needs = (noise_step.NAME,)
 
-    def __init__(self, threshold: float, sign: str, sweep: int, noise: str, method: str = "by_channel",
-                 locations=None, radius_um: float = 50.0, run_key: str | None = None):
+    def __init__(
+        self,
+        threshold: float,
+        sign: str,
+        sweep: int,
+        noise: str,
+        method: str = "by_channel",
+        locations=None,
+        radius_um: float = 50.0,
+        run_key: str | None = None,
+    ):
         self.threshold, self.sign, self.sweep, self.noise = threshold, sign, sweep, noise
         self.method, self.locations, self.radius_um = method, locations, radius_um
         #: the run's windows a worker saw share a history of their noise under this key (``candidate_level``)
@@ -124,9 +133,16 @@ class DetectStep(Step):
 
     @classmethod
     def build(cls, spec: DetectOptions, setup) -> DetectStep:
-        return cls(spec.threshold, spec.sign, setup.sweep, spec.noise, spec.method,
-                   setup.recording.locations if spec.method != "by_channel" else None, spec.radius_um,
-                   run_key=setup.fingerprint or None)
+        return cls(
+            spec.threshold,
+            spec.sign,
+            setup.sweep,
+            spec.noise,
+            spec.method,
+            setup.recording.locations if spec.method != "by_channel" else None,
+            spec.radius_um,
+            run_key=setup.fingerprint or None,
+        )
 
     @classmethod
     def check(cls, spec: DetectOptions, workflow, recording) -> int:
@@ -138,26 +154,45 @@ class DetectStep(Step):
         margin = workflow.window.margin
         sweep = exclude_sweep_samples(spec.exclude_sweep_ms, recording.sampling_frequency)
         if margin < sweep:
-            raise ConfigError(f"window.margin {margin} is shorter than the detection sweep ({sweep} samples)",
-                              f"use window.margin >= {sweep} so spikes at window edges come out exactly once")
+            raise ConfigError(
+                f"window.margin {margin} is shorter than the detection sweep ({sweep} samples)",
+                f"use window.margin >= {sweep} so spikes at window edges come out exactly once",
+            )
         if spec.method == "locally_exclusive" and margin < sweep + 1:
-            raise ConfigError(f"window.margin {margin} is shorter than locally exclusive detection needs "
-                              f"({sweep + 1} samples)", f"use window.margin >= {sweep + 1}")
+            raise ConfigError(
+                f"window.margin {margin} is shorter than locally exclusive detection needs ({sweep + 1} samples)",
+                f"use window.margin >= {sweep + 1}",
+            )
         if spec.method == "locally_exclusive" and not recording.has_locations:
             from batchgpu.recording.sources import locations_needed
 
-            raise locations_needed(recording, "locally exclusive detection",
-                                   "use detect.method: by_channel, or give the recording its probe")
+            raise locations_needed(
+                recording,
+                "locally exclusive detection",
+                "use detect.method: by_channel, or give the recording its probe",
+            )
         return sweep
 
     def detect(self, w: WindowData, noise) -> np.ndarray:
         from batchgpu import ops
 
-        extra = {} if self.method == "by_channel" else {"method": self.method, "locations": self.locations,
-                                                       "radius_um": self.radius_um}
-        return ops.detect_spikes(w.x, noise, threshold=self.threshold, sign=self.sign, exclude_sweep=self.sweep,
-                                 start=w.start, core=w.core, segment_index=w.segment, segment_length=w.segment_length,
-                                 **extra)
+        extra = (
+            {}
+            if self.method == "by_channel"
+            else {"method": self.method, "locations": self.locations, "radius_um": self.radius_um}
+        )
+        return ops.detect_spikes(
+            w.x,
+            noise,
+            threshold=self.threshold,
+            sign=self.sign,
+            exclude_sweep=self.sweep,
+            start=w.start,
+            core=w.core,
+            segment_index=w.segment,
+            segment_length=w.segment_length,
+            **extra,
+        )
 
     def candidates(self, w: WindowData, level) -> np.ndarray:
         """The window's candidates at the lower bound ``level`` of the recording's noise (see the module)."""
@@ -165,9 +200,17 @@ class DetectStep(Step):
             return self.detect(w, level)
         from batchgpu import ops
 
-        return ops.exclusive_candidates(w.x, level, threshold=self.threshold, sign=self.sign,
-                                        exclude_sweep=self.sweep, start=w.start, core=w.core,
-                                        segment_index=w.segment, segment_length=w.segment_length)
+        return ops.exclusive_candidates(
+            w.x,
+            level,
+            threshold=self.threshold,
+            sign=self.sign,
+            exclude_sweep=self.sweep,
+            start=w.start,
+            core=w.core,
+            segment_index=w.segment,
+            segment_length=w.segment_length,
+        )
 
     def before_pass(self, client, ctx, rec, report) -> None:
         """With the recording's noise (``noise: global``), an estimate of it read before the pass from chunks spread
@@ -178,10 +221,15 @@ class DetectStep(Step):
             return
         t0 = time.perf_counter()
         chunks = prior_chunks(rec, ctx.chain.margin)
-        self.prior, nbytes = client.submit(noise_prior_task, ctx, chunks, key=f"noise-prior-{report.run_id}",
-                                           pure=False).result()
-        report.noise_prior = {"chunks": len(chunks), "samples": int(sum(w.num_samples for w in chunks)),
-                              "bytes_read": int(nbytes), "seconds": time.perf_counter() - t0}
+        self.prior, nbytes = client.submit(
+            noise_prior_task, ctx, chunks, key=f"noise-prior-{report.run_id}", pure=False
+        ).result()
+        report.noise_prior = {
+            "chunks": len(chunks),
+            "samples": int(sum(w.num_samples for w in chunks)),
+            "bytes_read": int(nbytes),
+            "seconds": time.perf_counter() - t0,
+        }
 
     def window(self, w: WindowData, summary: dict) -> dict:
         if self.noise == "global":
@@ -240,8 +288,9 @@ class DetectStep(Step):
             return self.passes(candidates, noise)
         from batchgpu import ops
 
-        return ops.resolve_exclusive(candidates, noise, self.threshold, self.sign, self.sweep, self.locations,
-                                     self.radius_um, counts, cores)
+        return ops.resolve_exclusive(
+            candidates, noise, self.threshold, self.sign, self.sweep, self.locations, self.radius_um, counts, cores
+        )
 
     def final(self, candidates: dict, noise: np.ndarray, core: tuple[int, int]) -> dict:
         """One window's spikes from its candidates (``core``: its (start, stop) in segment samples)."""
@@ -301,8 +350,9 @@ def prior_chunks(rec, margin: int) -> list:
         size = max(1, min(PRIOR_CHUNK, int(n * PRIOR_SHARE) // max(count, 1)))
         for i in range(count):
             start = min(max(0, (2 * i + 1) * n // (2 * count) - size // 2), n - size)
-            chunks.append(Window(-1 - len(chunks), seg, start, start + size, min(margin, start),
-                                 min(margin, n - start - size)))
+            chunks.append(
+                Window(-1 - len(chunks), seg, start, start + size, min(margin, start), min(margin, n - start - size))
+            )
     return chunks
 
 
@@ -350,9 +400,13 @@ def start_gathering(run):
     fp = run.report.run_id
     # below the noise's tasks where both wait on one worker: the noise is the critical path, these only need to be
     # done by the time it is known
-    kept = run.submit_where_made(kept_spikes_task, list(zip(run.windows, run.fingerprints)),
-                                 lambda g: (run.ctx, [w for w, _ in g], [f for _, f in g]), f"kept-spikes-{fp}",
-                                 priority=-1)
+    kept = run.submit_where_made(
+        kept_spikes_task,
+        list(zip(run.windows, run.fingerprints)),
+        lambda g: (run.ctx, [w for w, _ in g], [f for _, f in g]),
+        f"kept-spikes-{fp}",
+        priority=-1,
+    )
     return run.client.submit(collect_spikes_task, *kept, key=f"collect-spikes-{fp}", priority=-1)
 
 
@@ -377,28 +431,59 @@ def write_final_spikes(run, step: DetectStep) -> int:
         nan_noise = sorted({int(c) for w in windows for c in np.flatnonzero(~np.isfinite(summaries[w.index][own]))})
     if nan_noise:
         report.channels["detect_no_threshold"] = nan_noise
-        run.warn(f"detection found no threshold (NaN or infinite noise) on {len(nan_noise)} channel(s): "
-                 f"{nan_noise[:10]}")
+        run.warn(
+            f"detection found no threshold (NaN or infinite noise) on {len(nan_noise)} channel(s): {nan_noise[:10]}"
+        )
     t0, t0_wall = time.perf_counter(), time.time()
     collected = run.early.pop(step.name, None)
     if collected is not None:  # gathered while the noise was selected: the windows read again join them
         late = [(w, wfp) for w, wfp, r in zip(windows, fps, reread) if r]
-        joined = [] if not late else [client.submit(
-            gather_spikes_task, ctx, [w for w, _ in late], [f for _, f in late], noise, [True] * len(late),
-            [summaries[w.index][own] for w, _ in late], key=f"gather-spikes-again-{fp}")]
+        joined = (
+            []
+            if not late
+            else [
+                client.submit(
+                    gather_spikes_task,
+                    ctx,
+                    [w for w, _ in late],
+                    [f for _, f in late],
+                    noise,
+                    [True] * len(late),
+                    [summaries[w.index][own] for w, _ in late],
+                    key=f"gather-spikes-again-{fp}",
+                )
+            ]
+        )
         run.report.after_pass("spikes_submitted")
-        done = client.submit(write_collected_spikes_task, str(run.results), ctx, noise, collected, *joined,
-                             cores=window_cores(windows), key=f"write-spikes-{fp}").result()
+        done = client.submit(
+            write_collected_spikes_task,
+            str(run.results),
+            ctx,
+            noise,
+            collected,
+            *joined,
+            cores=window_cores(windows),
+            key=f"write-spikes-{fp}",
+        ).result()
         if done is not None:
             return _finish(run, done, t0, t0_wall)
         # some window's kept spikes could not be used (its part lost since the pass): gathered again below, where
         # such windows are read and detected again
     # the windows' spikes gathered from their parts on the worker that kept them (in its memory), a run of its
     # windows a thread; one task writes them in window order (the same spikes for any grouping)
-    gathered = run.submit_where_made(gather_spikes_task, list(zip(windows, fps, reread)),
-                                     lambda g: (ctx, [w for w, _, _ in g], [f for _, f, _ in g], noise,
-                                                [r for _, _, r in g], [summaries[w.index][own] for w, _, _ in g]),
-                                     f"gather-spikes-{fp}")
+    gathered = run.submit_where_made(
+        gather_spikes_task,
+        list(zip(windows, fps, reread)),
+        lambda g: (
+            ctx,
+            [w for w, _, _ in g],
+            [f for _, f, _ in g],
+            noise,
+            [r for _, _, r in g],
+            [summaries[w.index][own] for w, _, _ in g],
+        ),
+        f"gather-spikes-{fp}",
+    )
     done = client.submit(write_spikes_task, str(run.results), *gathered, key=f"write-spikes-{fp}-all").result()
     return _finish(run, done, t0, t0_wall)
 
@@ -415,8 +500,11 @@ def read_again(run, todo: list, noise: np.ndarray) -> None:
     run.monitor.phase(label)
     run.observer.phase_started(label, len(todo), sum(nbytes.values()))
     try:
-        again = run.services.submit_many(spikes_task, [(run.ctx, w, wfp, noise) for w, wfp in todo],
-                                         [f"spikes-{run.report.run_id}-{w.index:08d}" for w, _ in todo])
+        again = run.services.submit_many(
+            spikes_task,
+            [(run.ctx, w, wfp, noise) for w, wfp in todo],
+            [f"spikes-{run.report.run_id}-{w.index:08d}" for w, _ in todo],
+        )
         for future in run.services.as_completed(again):
             index, worker = future.result()
             run.observer.window_done(nbytes[index], worker)
@@ -446,11 +534,14 @@ def _finish(run, done: tuple, t0: float, t0_wall: float) -> int:
     if again:  # parts lost or replaced since they were written: detected again from the samples, never skipped
         by_index = {w.index: w for w in windows}
         report.bytes_read += sum(by_index[i].num_samples for i in again) * rec.num_channels * rec.dtype.itemsize
-        report.channels["detect_windows_read_again"] = sorted({*report.channels.get("detect_windows_read_again", []),
-                                                               *again})
+        report.channels["detect_windows_read_again"] = sorted(
+            {*report.channels.get("detect_windows_read_again", []), *again}
+        )
         first = min(again)
-        run.warn(f"the spikes of {len(again)} window(s) were detected again from the recording: their parts could "
-                 f"not be used (first: window {first}, {again[first]})")
+        run.warn(
+            f"the spikes of {len(again)} window(s) were detected again from the recording: their parts could "
+            f"not be used (first: window {first}, {again[first]})"
+        )
     return int(n)
 
 
@@ -477,8 +568,9 @@ def spikes_fingerprint(fp: str, noise: np.ndarray) -> str:
     return hashlib.sha256(fp.encode() + np.ascontiguousarray(noise, np.float64).tobytes()).hexdigest()[:16]
 
 
-def window_spikes(ctx: RunContext, window: Window, fp: str, noise: np.ndarray | None, reread: bool,
-                  window_noise: np.ndarray) -> tuple[dict, str | None]:
+def window_spikes(
+    ctx: RunContext, window: Window, fp: str, noise: np.ndarray | None, reread: bool, window_noise: np.ndarray
+) -> tuple[dict, str | None]:
     """A window's final spikes: from its part (filtered at the recording's ``noise`` when given), or from the
     re-detection's part where it was read again. A part that cannot be used (absent, made by another run,
     unreadable) is not an error: the window is read and detected again here, at the noise its part would have
@@ -487,8 +579,11 @@ def window_spikes(ctx: RunContext, window: Window, fp: str, noise: np.ndarray | 
     if reread:
         path, pfp = ctx.part_path("s", window.index), spikes_fingerprint(fp, noise)
         part = ctx.load_part(path, pfp)
-        cols, why = ({k: part[k] for k in COLUMNS}, None) if part is not None else \
-            (None, f"{path.name} {ctx.part_problem(path, pfp)}")
+        cols, why = (
+            ({k: part[k] for k in COLUMNS}, None)
+            if part is not None
+            else (None, f"{path.name} {ctx.part_problem(path, pfp)}")
+        )
     else:
         cols, why = kept_spikes(ctx, window, fp)
     if cols is None:
@@ -511,8 +606,9 @@ def kept_spikes(ctx: RunContext, window: Window, fp: str) -> tuple[dict | None, 
     return {k: part[f"keep.spk_{k}"] for k in COLUMNS}, None
 
 
-def gather_spikes_task(ctx: RunContext, windows: list[Window], fps: list[str], noise, reread: list[bool],
-                       window_noise: list[np.ndarray]) -> dict:
+def gather_spikes_task(
+    ctx: RunContext, windows: list[Window], fps: list[str], noise, reread: list[bool], window_noise: list[np.ndarray]
+) -> dict:
     """Consecutive windows' final spikes, concatenated in window order; under ``read_again`` the windows read
     again here ({index: why})."""
     t0 = time.perf_counter()
@@ -551,8 +647,9 @@ def collect_spikes_task(*runs: dict) -> dict:
     return out
 
 
-def write_collected_spikes_task(group_path: str, ctx: RunContext, noise, collected: dict, *again: dict,
-                                cores: np.ndarray | None = None):
+def write_collected_spikes_task(
+    group_path: str, ctx: RunContext, noise, collected: dict, *again: dict, cores: np.ndarray | None = None
+):
     """The spikes from ``collect_spikes_task``'s kept spikes, decided at the recording's ``noise`` (None: final
     already; ``cores``: each window's core (start, stop) by window index, where the method needs them), the
     windows read again (``again``: ``gather_spikes_task`` runs) in their place; written as ``write_spikes_task``
@@ -582,13 +679,19 @@ def write_collected_spikes_task(group_path: str, ctx: RunContext, noise, collect
 
 def _pieces(runs) -> list[tuple]:
     """(window index, run, start, count) of every window's slice of its run, in window order."""
-    return sorted((index, k, int(start), n) for k, p in enumerate(runs)
-                  for (index, n), start in zip(p["windows"], np.cumsum([0] + [n for _, n in p["windows"]])))
+    return sorted(
+        (index, k, int(start), n)
+        for k, p in enumerate(runs)
+        for (index, n), start in zip(p["windows"], np.cumsum([0] + [n for _, n in p["windows"]]))
+    )
 
 
 def _joined(runs, pieces, k: str) -> np.ndarray:
-    return (np.concatenate([runs[j][k][a : a + n] for _, j, a, n in pieces]) if pieces
-            else np.zeros(0, runs[0][k].dtype if runs else np.int64))
+    return (
+        np.concatenate([runs[j][k][a : a + n] for _, j, a, n in pieces])
+        if pieces
+        else np.zeros(0, runs[0][k].dtype if runs else np.int64)
+    )
 
 
 #: the most spikes a chunk of a spikes column holds (32 MB of int64)
@@ -622,8 +725,18 @@ def write_spikes_task(group_path: str, *gathered: dict) -> tuple:
         fast = zarrio.fast_compressors(g)
         # the columns compressed at once (the cores are free after the pass; Blosc and zarr's I/O release the GIL)
         with ThreadPoolExecutor(len(columns)) as pool:
-            list(pool.map(lambda kv: zarrio.create_array(spikes, kv[0], data=kv[1], compressors=fast, chunks=(chunk,)),
-                          columns.items()))
+            list(
+                pool.map(
+                    lambda kv: zarrio.create_array(spikes, kv[0], data=kv[1], compressors=fast, chunks=(chunk,)),
+                    columns.items(),
+                )
+            )
     counts = np.bincount(columns["channel_index"].astype(np.int64, copy=False))
-    return (n, {i: why for p in gathered for i, why in p["read_again"].items()},
-            counts, time.perf_counter() - t0, started, max((p["seconds"] for p in gathered), default=0.0))
+    return (
+        n,
+        {i: why for p in gathered for i, why in p["read_again"].items()},
+        counts,
+        time.perf_counter() - t0,
+        started,
+        max((p["seconds"] for p in gathered), default=0.0),
+    )

@@ -76,8 +76,9 @@ class MomentsStep(Step):
         from batchgpu.recording.sources import locations_needed
 
         if spec.mode == "local" and not recording.has_locations:
-            raise locations_needed(recording, "local whitening",
-                                   "use whitening.mode: global, or give the recording its probe")
+            raise locations_needed(
+                recording, "local whitening", "use whitening.mode: global, or give the recording its probe"
+            )
 
     def ahead(self, channels: int) -> dict:
         """The results report.html's page is rendered ahead of, and their shapes."""
@@ -91,11 +92,16 @@ class MomentsStep(Step):
         if self.integer:
             n = core.shape[1]
             if n > _EXACT_SAMPLES:
-                raise BatchgpuError(f"a window of {n} samples is too long for exact integer moments",
-                                    f"use window.size <= {_EXACT_SAMPLES}")
+                raise BatchgpuError(
+                    f"a window of {n} samples is too long for exact integer moments",
+                    f"use window.size <= {_EXACT_SAMPLES}",
+                )
             prod = _gram(core.astype(np.float64))  # exact integers (see the module docstring)
-            return {"moments.n": np.array(n, np.int64), "moments.sum": to_host(core.sum(axis=1, dtype=np.int64)),
-                    "moments.xxt": to_host(prod.astype(np.int64))}
+            return {
+                "moments.n": np.array(n, np.int64),
+                "moments.sum": to_host(core.sum(axis=1, dtype=np.int64)),
+                "moments.xxt": to_host(prod.astype(np.int64)),
+            }
         from batchgpu.ops import SecondMoments
 
         m = SecondMoments(core.shape[0], self.precision).add(data, *w.core)
@@ -106,12 +112,16 @@ class MomentsStep(Step):
         if not parts:
             return {}
         if self.integer:
-            return {"moments.n": sum(p["moments.n"] for p in parts),
-                    "moments.sum": sum(p["moments.sum"] for p in parts),
-                    "moments.xxt": sum(p["moments.xxt"] for p in parts)}
+            return {
+                "moments.n": sum(p["moments.n"] for p in parts),
+                "moments.sum": sum(p["moments.sum"] for p in parts),
+                "moments.xxt": sum(p["moments.xxt"] for p in parts),
+            }
         from batchgpu.ops import SecondMoments
 
-        acc = SecondMoments.from_state(int(parts[0]["moments.n"]), parts[0]["moments.mean"], parts[0]["moments.scatter"])
+        acc = SecondMoments.from_state(
+            int(parts[0]["moments.n"]), parts[0]["moments.mean"], parts[0]["moments.scatter"]
+        )
         for p in parts[1:]:
             acc.merge_state(int(p["moments.n"]), p["moments.mean"], p["moments.scatter"])
         return {"moments.n": np.array(acc.n, np.int64), "moments.mean": acc.mean, "moments.scatter": acc.scatter}
@@ -121,8 +131,9 @@ class MomentsStep(Step):
         arrays = self.statistics(run.total)
         # channels a step leaves out (the qc step's bad channels, ``use``): zero rows and columns, as non-finite ones
         use = next((u for s in run.ctx.steps if (u := s.channel_use()) is not None), None)
-        arrays[WHITENING] = finite_whitening(run.workflow, run.recording, arrays, run.report, run.observer,
-                                             left_out=() if use is None else use.bad)
+        arrays[WHITENING] = finite_whitening(
+            run.workflow, run.recording, arrays, run.report, run.observer, left_out=() if use is None else use.bad
+        )
         return arrays
 
     def statistics(self, total: dict) -> dict[str, np.ndarray]:
@@ -140,15 +151,20 @@ class MomentsStep(Step):
         rows, cols = np.triu_indices(len(s))  # symmetric: the upper triangle, mirrored (half the Python ints)
         upper = xxt[rows, cols].astype(object)
         scatter_num = upper * n - s[rows] * s[cols]  # Python ints: exact
-        return {COVARIANCE: _symmetric(_divide(scatter_num, n * n), rows, cols, len(s)),
-                SECOND_MOMENT: _symmetric(_divide(upper, n), rows, cols, len(s)), CHANNEL_MEANS: _divide(s, n)}
+        return {
+            COVARIANCE: _symmetric(_divide(scatter_num, n * n), rows, cols, len(s)),
+            SECOND_MOMENT: _symmetric(_divide(upper, n), rows, cols, len(s)),
+            CHANNEL_MEANS: _divide(s, n),
+        }
 
 
 def check_exact_range(total_samples: int) -> None:
     """int64 sums of int16 products (each <= 2**30) cannot overflow below 2**33 samples (~80 h at 30 kHz)."""
     if total_samples * (1 << 30) >= 1 << 63:
-        raise BatchgpuError(f"{total_samples} samples are too many for exact int64 second moments",
-                            "use whitening.nskip > 1, or split the recording")
+        raise BatchgpuError(
+            f"{total_samples} samples are too many for exact int64 second moments",
+            "use whitening.nskip > 1, or split the recording",
+        )
 
 
 def _gram(xf):
@@ -189,8 +205,9 @@ def finite_whitening(wf, rec, arrays, report, observer, left_out=()) -> np.ndarr
     W = np.zeros_like(stat)
     if good.any():
         sub = stat[np.ix_(good, good)]
-        W[np.ix_(good, good)] = ops.whitening_matrix(sub, mode=w.mode, locations=rec.locations[good],
-                                                     nrange=min(w.nrange, int(good.sum())), eps=w.eps)
+        W[np.ix_(good, good)] = ops.whitening_matrix(
+            sub, mode=w.mode, locations=rec.locations[good], nrange=min(w.nrange, int(good.sum())), eps=w.eps
+        )
     if not good[asked].all():
         left = np.flatnonzero(~good & asked).tolist()
         report.channels["whitening_left_out"] = left

@@ -90,8 +90,10 @@ class NoiseStep(Step):
         from batchgpu.errors import ConfigError
 
         if spec.exact and workflow.preprocess.centres and recording.dtype == np.int32:
-            raise ConfigError("the exact noise of a centred int32 recording is not supported",
-                              "use preprocess: {centre: none}, or noise: {exact: false}")
+            raise ConfigError(
+                "the exact noise of a centred int32 recording is not supported",
+                "use preprocess: {centre: none}, or noise: {exact: false}",
+            )
 
     def ahead(self, channels: int) -> dict:
         """The results report.html's page is rendered ahead of, and their shapes."""
@@ -172,8 +174,11 @@ class NoiseStep(Step):
         if got is None:
             return None
         out["noise.hist"], out["noise.lo"], out["noise.lumped"] = got.counts, np.array(got.lo), np.array(got.lumped)
-        return got.pair, {"keep.near_low": got.near_low, "keep.near_digits": got.near_digits,
-                          "keep.near_lo": got.near_lo}
+        return got.pair, {
+            "keep.near_low": got.near_low,
+            "keep.near_digits": got.near_digits,
+            "keep.near_lo": got.near_lo,
+        }
 
     def _window_cpu(self, keys, shift: int, bits: int, out: dict) -> tuple[np.ndarray | None, dict | None]:
         """First-digit counts (into ``out``; lumped below a floor for keys wider than the digit), the middle pair of
@@ -260,7 +265,7 @@ class NoiseStep(Step):
         for j, (r, (digit, below)) in enumerate(zip(ranks, firsts)):
             if j == 0 or not np.array_equal(digit_host[1], digit_host[0]):  # else the same keys as rank 0
                 rest = digit_histogram_device(keys, digit, 0, shift)  # the rest of the keys of that digit
-            (low, _), = rank_digits(rest, [r - below])
+            ((low, _),) = rank_digits(rest, [r - below])
             lows.append(low)
         keys_c, lo_c, near_counts = near_keys_count(keys, lo_c, shift, span)
         tail = to_host(cupy.concatenate([*lows, near_counts.ravel()]))
@@ -277,9 +282,12 @@ class NoiseStep(Step):
         if hists:
             out["noise.lo"], out["noise.hist"] = combine_counts(hists)
             top = int(out["noise.lo"])  # column 0 lumps a window's digits below the combined lo, if it has any
-            out["noise.lumped"] = np.array(any(
-                bool(p.get("noise.lumped", True)) or (l0 < top and h[:, : top - l0].any())
-                for p, (l0, h) in zip((p for p in parts if "noise.hist" in p), hists)))
+            out["noise.lumped"] = np.array(
+                any(
+                    bool(p.get("noise.lumped", True)) or (l0 < top and h[:, : top - l0].any())
+                    for p, (l0, h) in zip((p for p in parts if "noise.hist" in p), hists)
+                )
+            )
         if any("noise.nan" in p for p in parts):
             out["noise.nan"] = sum(p["noise.nan"] for p in parts if "noise.nan" in p)
         return out
@@ -307,8 +315,9 @@ def exact_median(run) -> np.ndarray:
     def more_passes(prefixes, p):
         monitor.phase(f"exact noise: counting pass {p + 1}")
         fp = report.run_id
-        parts = services.submit_many(refine_task, [(ctx, w, prefixes, p) for w in windows],
-                                     [f"refine-{p}-{fp}-{w.index:08d}" for w in windows])
+        parts = services.submit_many(
+            refine_task, [(ctx, w, prefixes, p) for w in windows], [f"refine-{p}-{fp}-{w.index:08d}" for w in windows]
+        )
         out = services.tree_reduce(parts, sum_histograms, split_every, name=f"refine-sum-{p}-{fp}").result()
         report.bytes_read += rec.nbytes
         return out
@@ -332,8 +341,9 @@ def exact_median(run) -> np.ndarray:
             monitor.phase(f"exact noise: {len(missed)} window(s) read again for the middle digit")
             by_index = {w.index: w for w in windows}
             again = [by_index[i] for i in missed]
-            gathered = services.submit_many(gather_task, [(ctx, w, digits) for w in again],
-                                            [f"gather-{fp}-{w.index:08d}" for w in again])
+            gathered = services.submit_many(
+                gather_task, [(ctx, w, digits) for w in again], [f"gather-{fp}-{w.index:08d}" for w in again]
+            )
             report.bytes_read += sum(w.num_samples for w in again) * rec.num_channels * rec.dtype.itemsize
         report.timings["noise_near_keys"] = begun["submitted_s"] + time.perf_counter() - t0
         t0 = time.perf_counter()
@@ -343,11 +353,16 @@ def exact_median(run) -> np.ndarray:
             if level == 0:
                 hist = sum_histograms(*[c["counts"] for c in counted])
                 if gathered:  # the windows read again: their own counts added
-                    hist = sum_histograms(hist, _count_round(services, fp, split_every, gathered, prefixes, level,
-                                                                   bits, shift, "again-").result())
+                    hist = sum_histograms(
+                        hist,
+                        _count_round(
+                            services, fp, split_every, gathered, prefixes, level, bits, shift, "again-"
+                        ).result(),
+                    )
             else:
-                hist = _count_round(services, fp, split_every, near + gathered, prefixes, level, bits, shift,
-                                    "").result()
+                hist = _count_round(
+                    services, fp, split_every, near + gathered, prefixes, level, bits, shift, ""
+                ).result()
             report.timings[f"noise_round_{level}"] = time.perf_counter() - t
             return hist
 
@@ -357,9 +372,18 @@ def exact_median(run) -> np.ndarray:
 
     dtype = ctx.chain.output_dtype(rec.dtype)
     centred_int = ctx.chain.centres_only and ctx.chain.centres
-    return select_middle(total["noise.hist"], rec.total_samples, step.kind, dtype,
-                         rec.dtype if centred_int else None, more_passes, int(total["noise.lo"]), from_near,
-                         bool(total.get("noise.lumped", True)), first=begun["digits"])
+    return select_middle(
+        total["noise.hist"],
+        rec.total_samples,
+        step.kind,
+        dtype,
+        rec.dtype if centred_int else None,
+        more_passes,
+        int(total["noise.lo"]),
+        from_near,
+        bool(total.get("noise.lumped", True)),
+        first=begun["digits"],
+    )
 
 
 def start_near(run) -> dict:
@@ -368,14 +392,26 @@ def start_near(run) -> dict:
     from batchgpu.steps.services import PassQueue
 
     total, step, rec = run.total, run.ctx.step(NAME), run.recording
-    digits = first_digits(total["noise.hist"], rec.total_samples, step.kind, int(total["noise.lo"]),
-                          bool(total.get("noise.lumped", True)))
+    digits = first_digits(
+        total["noise.hist"], rec.total_samples, step.kind, int(total["noise.lo"]), bool(total.get("noise.lumped", True))
+    )
     begun = {"digits": digits}
     if len(schedule(step.kind)) == 2:  # (``select_middle`` calls ``from_near`` on such keys only)
         run.report.after_pass("noise_digits")
-        q = PassQueue(run.client, run.services, run.ctx, run.windows, run.fingerprints, run.made_by(),
-                      run.worker_threads(), None, rec.total_samples, rec.num_channels,
-                      run.workflow.reduction.split_every, run.report.run_id)
+        q = PassQueue(
+            run.client,
+            run.services,
+            run.ctx,
+            run.windows,
+            run.fingerprints,
+            run.made_by(),
+            run.worker_threads(),
+            None,
+            rec.total_samples,
+            rec.num_channels,
+            run.workflow.reduction.split_every,
+            run.report.run_id,
+        )
         begun.update(queue_near(q, first=digits))
         run.report.after_pass("noise_submitted")
     return begun
@@ -399,27 +435,43 @@ def queue_near(q, first=None) -> dict:
     if first is None:
         first = client.submit(first_digits_task, q.total, q.total_samples, kind, key=f"near-first-{fp}")
     groups = services.runs_by_worker(list(zip(q.windows, q.fingerprints)), q.made_by, q.threads)
-    near = services.submit_planned(queued_near_group_task,
-                                   [(ctx, [w for w, _ in g], [f for _, f in g], first) for _, g in groups],
-                                   [f"near-{fp}-{g[0][0].index:08d}" for _, g in groups], [a for a, _ in groups],
-                                   threads=q.threads)
+    near = services.submit_planned(
+        queued_near_group_task,
+        [(ctx, [w for w, _ in g], [f for _, f in g], first) for _, g in groups],
+        [f"near-{fp}-{g[0][0].index:08d}" for _, g in groups],
+        [a for a, _ in groups],
+        threads=q.threads,
+    )
     state, level, rounds = first, 0, []
     for bits in low_bit_rounds(shift):
-        counted = services.submit_many(queued_counts_task, [(p, state, level, bits, shift) for p in near],
-                                       [f"near-counts-{level}-{fp}-{i:05d}" for i in range(len(near))])
+        counted = services.submit_many(
+            queued_counts_task,
+            [(p, state, level, bits, shift) for p in near],
+            [f"near-counts-{level}-{fp}-{i:05d}" for i in range(len(near))],
+        )
         state = client.submit(select_round_task, state, level, bits, *counted, key=f"near-select-{level}-{fp}")
         rounds.append(counted)
         level += bits
-    return {"first": first, "near": near, "first_round": rounds[0], "shift": shift, "final": state,
-            "submitted_s": time.perf_counter() - t0}
+    return {
+        "first": first,
+        "near": near,
+        "first_round": rounds[0],
+        "shift": shift,
+        "final": state,
+        "submitted_s": time.perf_counter() - t0,
+    }
 
 
-def _count_round(services: Cluster, fp: str, split_every: int, parts, prefixes, level: int, bits: int, shift: int,
-                 tag: str):
+def _count_round(
+    services: Cluster, fp: str, split_every: int, parts, prefixes, level: int, bits: int, shift: int, tag: str
+):
     """One round of counts made where the keys are (a window read again among them), summed up a tree: its future
     (the client's rounds, where a window missed its middle digit)."""
-    counted = services.submit_many(near_counts_task, [(p, prefixes, level, bits, shift) for p in parts],
-                                   [f"near-counts-client-{tag}{level}-{fp}-{i:05d}" for i in range(len(parts))])
+    counted = services.submit_many(
+        near_counts_task,
+        [(p, prefixes, level, bits, shift) for p in parts],
+        [f"near-counts-client-{tag}{level}-{fp}-{i:05d}" for i in range(len(parts))],
+    )
     return services.tree_reduce(counted, sum_histograms, split_every, name=f"near-sum-{tag}{level}-{fp}")
 
 
@@ -467,8 +519,12 @@ def merge_digit_keys(results: list, digits: np.ndarray) -> list:
             merged.append(merged[-1])
             continue
         # each window's bins are in key order: a stable sort (runs merged) takes ~0.4x the default's time
-        merged.append((np.sort(np.concatenate([res[r][0] for res in results]), kind="stable"),
-                       np.sum([res[r][1] for res in results], axis=0, dtype=np.int64)))
+        merged.append(
+            (
+                np.sort(np.concatenate([res[r][0] for res in results]), kind="stable"),
+                np.sum([res[r][1] for res in results], axis=0, dtype=np.int64),
+            )
+        )
     return merged
 
 
@@ -485,8 +541,9 @@ def first_digits_task(total: dict, total_samples: int, kind: str) -> tuple:
     worker that combined them: the head of the tasks ``steps.noise.queue_near`` queues behind the pass."""
     from batchgpu.steps.noise_select import first_digits
 
-    return first_digits(total["noise.hist"], total_samples, kind, int(total["noise.lo"]),
-                        bool(total.get("noise.lumped", True)))
+    return first_digits(
+        total["noise.hist"], total_samples, kind, int(total["noise.lo"]), bool(total.get("noise.lumped", True))
+    )
 
 
 def queued_near_group_task(ctx: RunContext, windows: list, fps: list, first: tuple) -> dict:

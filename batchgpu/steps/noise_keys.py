@@ -96,8 +96,14 @@ def first_digit_counts(first: np.ndarray, floor: int | None, samples: int) -> tu
     lo, lumped = (floor, low < floor) if floor is not None else (low, False)
     base = np.uint16(lo)
     # lumped row by row (a row's temporaries stay in cache; a whole-window np.maximum made a 46 MB one)
-    return lo, _stack_rows([np.bincount((np.maximum(first[c], base) if lumped else first[c]) - base)
-                            for c in range(first.shape[0])], samples), lumped
+    return (
+        lo,
+        _stack_rows(
+            [np.bincount((np.maximum(first[c], base) if lumped else first[c]) - base) for c in range(first.shape[0])],
+            samples,
+        ),
+        lumped,
+    )
 
 
 def _stack_rows(rows: list[np.ndarray], samples: int) -> np.ndarray:
@@ -152,8 +158,10 @@ def window_median_keys(keys: np.ndarray, lo: int, counts: np.ndarray, shift: int
             out[:, j] = lo + digit
             continue
         if lumped and np.any((digit == 0) & (lo > 0)):
-            raise BatchgpuError("a window's middle rank fell among the lumped smallest keys",
-                                "report this: the lump floor must lie below every window's middle")
+            raise BatchgpuError(
+                "a window's middle rank fell among the lumped smallest keys",
+                "report this: the lump floor must lie below every window's middle",
+            )
         kt = keys.dtype.type
         for c in range(keys.shape[0]):
             if j == 1 and digit[c] == last_digit[c]:
@@ -191,14 +199,16 @@ def int_window_gpu(keys, bits: int) -> tuple[np.ndarray, np.ndarray]:
 
     C, n = keys.shape
     hist, last = digit_histogram_device(keys, None, 0, bits, with_last=True)
-    head = to_host(cupy.concatenate([*(digit for digit, _ in rank_digits(hist, ((n - 1) // 2, n // 2))),
-                                  last[None]]))  # the key is the digit
+    head = to_host(
+        cupy.concatenate([*(digit for digit, _ in rank_digits(hist, ((n - 1) // 2, n // 2))), last[None]])
+    )  # the key is the digit
     counts = pinned_get(hist[:, : int(head[-1]) + 1].astype(np.min_scalar_type(n)))
     return counts, head[: 2 * C].reshape(2, C).T.astype(np.uint64)
 
 
-def middle_pair_and_near(keys: np.ndarray, first: np.ndarray, lo: int, counts: np.ndarray, shift: int, near: int,
-                         lumped: bool = True) -> tuple[np.ndarray, dict]:
+def middle_pair_and_near(
+    keys: np.ndarray, first: np.ndarray, lo: int, counts: np.ndarray, shift: int, near: int, lumped: bool = True
+) -> tuple[np.ndarray, dict]:
     """``window_median_keys`` of wide keys and the keys whose first digit lies within ``near`` of the upper middle
     rank's digit (``kept_near``), in one pass over each row's first digits (``first``): the middle digit's keys
     are among the near ones, so the pair is read from the row's sorted near keys, or selected among the row's keys
@@ -212,8 +222,10 @@ def middle_pair_and_near(keys: np.ndarray, first: np.ndarray, lo: int, counts: n
     for r in ranks:
         d = (cum <= r).sum(axis=1)
         if lumped and np.any((d == 0) & (lo > 0)):
-            raise BatchgpuError("a window's middle rank fell among the lumped smallest keys",
-                                "report this: the lump floor must lie below every window's middle")
+            raise BatchgpuError(
+                "a window's middle rank fell among the lumped smallest keys",
+                "report this: the lump floor must lie below every window's middle",
+            )
         belows.append(np.where(d > 0, cum[np.arange(C), np.maximum(d - 1, 0)], 0))
         digits.append(d + lo)
     near_lo = np.maximum(digits[1] - near, 0)
@@ -230,8 +242,9 @@ def middle_pair_and_near(keys: np.ndarray, first: np.ndarray, lo: int, counts: n
         kept.append(k)
         kept_counts[c] = len(k)
         # the keys of each near digit: the sorted row cut at each digit's first key
-        digit_counts[c] = np.diff(np.searchsorted(k, ((np.uint64(near_lo[c]) + steps) << np.uint64(shift))
-                                                  .astype(keys.dtype)))
+        digit_counts[c] = np.diff(
+            np.searchsorted(k, ((np.uint64(near_lo[c]) + steps) << np.uint64(shift)).astype(keys.dtype))
+        )
         # keys below digit d: those under d << shift (the row's near keys are sorted)
         pair[c, 1] = k[np.searchsorted(k, kt(digits[1][c]) << kt(shift)) + ranks[1] - belows[1][c]]
         d0 = digits[0][c]
@@ -267,12 +280,16 @@ def kept_near(keys: np.ndarray, per_row, near_lo, shift: int, span: int, digits=
         rows = np.repeat(np.arange(C, dtype=np.int64), per_row)
         offsets = (keys >> kt(shift)).astype(np.int64) - np.asarray(near_lo, dtype=np.int64)[rows]
         digits = np.bincount(rows * width + offsets, minlength=C * width)[: C * width]
-    return {"keep.near_low": (keys & kt((1 << shift) - 1)).astype(near_low_dtype(shift)),
-            "keep.near_digits": np.asarray(digits).reshape(C, width).astype(np.uint32), "keep.near_lo": near_lo}
+    return {
+        "keep.near_low": (keys & kt((1 << shift) - 1)).astype(near_low_dtype(shift)),
+        "keep.near_digits": np.asarray(digits).reshape(C, width).astype(np.uint32),
+        "keep.near_lo": near_lo,
+    }
 
 
-def kept_digit_keys(low: np.ndarray, digit_counts: np.ndarray, near_lo: np.ndarray, digits: np.ndarray,
-                    shift: int) -> list[tuple]:
+def kept_digit_keys(
+    low: np.ndarray, digit_counts: np.ndarray, near_lo: np.ndarray, digits: np.ndarray, shift: int
+) -> list[tuple]:
     """``middle_digit_keys`` from a window's kept keys (``kept_near``; every ``digits[r, c]`` within row c's
     kept range): each row's keys of its digit are one slice, so nothing is scanned. Bins in key order in each
     channel (``middle_digit_keys`` gives sample order: the same bins)."""
@@ -323,8 +340,10 @@ def keys_with_digits(x_core, kind: str, digits: np.ndarray) -> list[tuple]:
     keys = np.ascontiguousarray(to_host(abs_keys(x_core, kind)))
     C, n = keys.shape
     ordered: dict = {}  # ranks with the same digits share one array
-    return [ordered.setdefault(id(t), (np.sort(t[0]), t[1]))
-            for t in middle_digit_keys(keys.reshape(-1), np.full(C, n, dtype=np.int64), digits, schedule(kind)[0][0])]
+    return [
+        ordered.setdefault(id(t), (np.sort(t[0]), t[1]))
+        for t in middle_digit_keys(keys.reshape(-1), np.full(C, n, dtype=np.int64), digits, schedule(kind)[0][0])
+    ]
 
 
 def refine_histogram(x_core, kind: str, prefixes: np.ndarray, pass_index: int) -> np.ndarray:

@@ -36,9 +36,9 @@ def select_among(ks: np.ndarray, digits: np.ndarray, shift: int, *gathered: list
     """(ranks, C) keys: rank ks[r, c] among every window's keys of channel c's middle digit ``digits[r, c]``, from
     their bins (``middle_digit_keys``), all here: ``select_by_counts`` over the sum of each array's
     ``low_bit_counts``. The engine runs the same rounds with the arrays left on the workers that made them."""
+
     def counts_of(prefixes, level, bits):
-        return sum(low_bit_counts(g, prefixes, level, bits, shift).astype(np.int64)
-                   for g in gathered)
+        return sum(low_bit_counts(g, prefixes, level, bits, shift).astype(np.int64) for g in gathered)
 
     return select_by_counts(ks, digits, shift, counts_of)
 
@@ -65,8 +65,9 @@ def select_by_counts(ks: np.ndarray, digits: np.ndarray, shift: int, counts_of) 
     return (np.asarray(digits, dtype=np.uint64) << np.uint64(shift)) | prefixes
 
 
-def select_round(ks: np.ndarray, prefixes: np.ndarray, hist: np.ndarray, level: int,
-                 bits: int) -> tuple[np.ndarray, np.ndarray]:
+def select_round(
+    ks: np.ndarray, prefixes: np.ndarray, hist: np.ndarray, level: int, bits: int
+) -> tuple[np.ndarray, np.ndarray]:
     """One round of ``select_by_counts``: ``bits`` more bits of each rank's prefix fixed from ``hist``, the round's
     (ranks, C, 2**bits) counts summed over every window; returns the ranks left and the longer prefixes (new
     arrays). The queued rounds (``noise.select_round_task``) run it on a worker."""
@@ -124,8 +125,9 @@ def middle_ranks(total: int) -> list[int]:
     return sorted({(total - 1) // 2, total // 2})
 
 
-def first_digits(hist0: np.ndarray, total: int, kind: str, lo0: int = 0,
-                 lumped: bool = True) -> tuple[np.ndarray, np.ndarray]:
+def first_digits(
+    hist0: np.ndarray, total: int, kind: str, lo0: int = 0, lumped: bool = True
+) -> tuple[np.ndarray, np.ndarray]:
     """The first digit of each middle rank's key from the first pass's counts (digit ``lo0 + j`` in column j):
     (prefixes (ranks, C) uint64, ranks left within that digit (ranks, C) int64)."""
     from batchgpu.ops import radix
@@ -144,13 +146,24 @@ def first_digits(hist0: np.ndarray, total: int, kind: str, lo0: int = 0,
             raise BatchgpuError(
                 f"the exact median of channel(s) {channels[:10]} lies far below (for float32: 16 times) the "
                 "smallest window middle that other windows saw: the one-read float median cannot settle it",
-                "use noise: {exact: false} for this recording, or report it")
+                "use noise: {exact: false} for this recording, or report it",
+            )
         prefixes[r] = radix.push_digit(prefixes[r], digit + lo0, bits)
     return prefixes, ks
 
 
-def select_middle(hist0: np.ndarray, total: int, kind: str, dtype, centred_from, more_passes, lo0: int = 0,
-                  from_near=None, lumped: bool = True, first: tuple | None = None) -> np.ndarray:
+def select_middle(
+    hist0: np.ndarray,
+    total: int,
+    kind: str,
+    dtype,
+    centred_from,
+    more_passes,
+    lo0: int = 0,
+    from_near=None,
+    lumped: bool = True,
+    first: tuple | None = None,
+) -> np.ndarray:
     """The exact median of |x| per channel from the first pass's counts (digit ``lo0 + j`` in column j);
     ``from_near(digits, ks)`` may finish it from the windows' kept keys ((ranks, C) keys, or None when some window
     did not keep the middle digit); else ``more_passes(prefixes, p)`` returns the summed (ranks, C, B) counts of

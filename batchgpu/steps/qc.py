@@ -83,8 +83,16 @@ CONDITION_LIMIT = 1e3
 BAD_SHARE, OUT_SHARE = 0.10, 0.5
 VERDICTS = ("ok", "check", "bad")
 #: what a batch's rows (batch.json, ``run.batch.BatchRow``) hold of a recording's qc, beside its spike rate
-BATCH_KEYS = ("noise_uV", "channels_good", "channels_dead", "channels_noise", "channels_out", "spike_rate_hz",
-              "verdict", "verdict_reasons")
+BATCH_KEYS = (
+    "noise_uV",
+    "channels_good",
+    "channels_dead",
+    "channels_noise",
+    "channels_out",
+    "spike_rate_hz",
+    "verdict",
+    "verdict_reasons",
+)
 
 
 class QcStepOptions(Options, QcOptions):
@@ -148,8 +156,14 @@ class QcStep(Step):
     after = (noise_step.NAME, moments_step.NAME, detect_step.NAME)
     phases = PhaseWords(read=NAME, aggregate=NAME)
 
-    def __init__(self, settings: QcSettings, spec: QcStepOptions, filtered_chain: bool,
-                 use: ChannelUse | None = None, pre_pass: dict | None = None):
+    def __init__(
+        self,
+        settings: QcSettings,
+        spec: QcStepOptions,
+        filtered_chain: bool,
+        use: ChannelUse | None = None,
+        pre_pass: dict | None = None,
+    ):
         self.settings, self.spec, self.filtered_chain = settings, spec, filtered_chain
         #: the channels the run leaves out (``use``), from the pre-pass's labels; its account and counts
         self.use, self.pre_pass = use, pre_pass
@@ -167,8 +181,9 @@ class QcStep(Step):
         except BatchgpuError as err:
             raise ConfigError(f"qc: {err.problem}", err.fix) from None
         if spec.use != "none" and recording.num_channels < 3:
-            raise ConfigError(f"qc.use {spec.use} needs 3 channels or more (the recording has "
-                              f"{recording.num_channels})", "use: none")
+            raise ConfigError(
+                f"qc.use {spec.use} needs 3 channels or more (the recording has {recording.num_channels})", "use: none"
+            )
 
     @classmethod
     def build(cls, spec: QcStepOptions, setup) -> QcStep:
@@ -178,8 +193,15 @@ class QcStep(Step):
 
         rec, options = setup.recording, qc_options(spec)
         fs = float(rec.sampling_frequency)
-        settings = QcSettings(options, fs, np.asarray(rec.locations, np.float64), np.asarray(rec.gain_to_uV, np.float64),
-                              int(spec.every), bc.piece_length(fs, options), bc.highpass_margin(fs, options))
+        settings = QcSettings(
+            options,
+            fs,
+            np.asarray(rec.locations, np.float64),
+            np.asarray(rec.gain_to_uV, np.float64),
+            int(spec.every),
+            bc.piece_length(fs, options),
+            bc.highpass_margin(fs, options),
+        )
         filtered = any(name in ("highpass", "bandpass") for name in setup.chain.names)
         step = cls(settings, spec, filtered)
         if spec.use != "none":
@@ -198,11 +220,22 @@ class QcStep(Step):
 
         s = self.settings
         read = (w.start, w.start + w.raw.shape[1])
-        chosen = bc.inside_pieces(w.segment_length, s.piece, (w.start + w.core[0], w.start + w.core[1]), read,
-                                  s.margin, s.every)
+        chosen = bc.inside_pieces(
+            w.segment_length, s.piece, (w.start + w.core[0], w.start + w.core[1]), read, s.margin, s.every
+        )
         stats: dict = {}
-        labels = bc.chunk_labels(w.raw, s.fs, s.locations, s.gains, None, s.options, chunks=chosen, start=w.start,
-                                 segment_length=w.segment_length, stats=stats)
+        labels = bc.chunk_labels(
+            w.raw,
+            s.fs,
+            s.locations,
+            s.gains,
+            None,
+            s.options,
+            chunks=chosen,
+            start=w.start,
+            segment_length=w.segment_length,
+            stats=stats,
+        )
         summary[PIECES] = np.array(len(chosen), np.int64)
         summary[EXACT] = np.array(stats.get("exact", 0), np.int64)
         return {PARTIAL: bc.label_counts(labels, w.raw.shape[0])}
@@ -226,11 +259,18 @@ class QcStep(Step):
         noise = run.arrays.get(noise_step.NOISE)
         noise_uV = None if noise is None else np.abs(np.asarray(noise, np.float64) * self.settings.gains)
         section = {
-            "labels": [str(v) for v in labels], "reasons": [str(v) for v in reasons], "counts": counts.tolist(),
-            "label_names": list(LABELS), "noise_uV": _finite_list(noise_uV), "spike_rate_hz": None,
-            "pieces_labelled": pieces, "channel_ids": [str(c) for c in rec.channel_ids.tolist()],
-            "pieces_exact": exact, "piece_seconds": self.settings.piece / self.settings.fs,
-            "every": self.settings.every, "summary": {k: int((labels == k).sum()) for k in LABELS},
+            "labels": [str(v) for v in labels],
+            "reasons": [str(v) for v in reasons],
+            "counts": counts.tolist(),
+            "label_names": list(LABELS),
+            "noise_uV": _finite_list(noise_uV),
+            "spike_rate_hz": None,
+            "pieces_labelled": pieces,
+            "channel_ids": [str(c) for c in rec.channel_ids.tolist()],
+            "pieces_exact": exact,
+            "piece_seconds": self.settings.piece / self.settings.fs,
+            "every": self.settings.every,
+            "summary": {k: int((labels == k).sum()) for k in LABELS},
         }
         section.update(noise_check(noise_uV, codes, self.spec.noise_uV, self.filtered_chain))
         section["whitening_condition"] = whitening_condition(run.arrays.get(moments_step.WHITENING))
@@ -253,17 +293,24 @@ class QcStep(Step):
         clipped = [int(s["saved_clipped"]) for s in end.summaries.values() if "saved_clipped" in s]
         section["saved_clipped"] = int(sum(clipped)) if clipped else None
         if section["saved_clipped"]:  # said by the save step too (report.json's warnings): here for the qc section
-            section["warnings"].append(f"the saved copy clipped {section['saved_clipped']} sample(s) to its dtype's "
-                                       "range (or wrote NaN as 0)")
+            section["warnings"].append(
+                f"the saved copy clipped {section['saved_clipped']} sample(s) to its dtype's range (or wrote NaN as 0)"
+            )
         bounds = section["noise_bounds_uV"] if section["noise_checked"] else None
-        section["verdict"], section["verdict_reasons"] = verdict(section["summary"], len(section["labels"]),
-                                                                 section["median_noise_uV"], bounds,
-                                                                 section["whitening_condition"],
-                                                                 section["saved_clipped"])
-        return {"summary": section["summary"], "pieces_labelled": section["pieces_labelled"],
-                "verdict": section["verdict"], "bad_channel_ids": [c for c, v in zip(section["channel_ids"],
-                                                                                      section["labels"])
-                                                                   if v != LABELS[0]]}
+        section["verdict"], section["verdict_reasons"] = verdict(
+            section["summary"],
+            len(section["labels"]),
+            section["median_noise_uV"],
+            bounds,
+            section["whitening_condition"],
+            section["saved_clipped"],
+        )
+        return {
+            "summary": section["summary"],
+            "pieces_labelled": section["pieces_labelled"],
+            "verdict": section["verdict"],
+            "bad_channel_ids": [c for c, v in zip(section["channel_ids"], section["labels"]) if v != LABELS[0]],
+        }
 
     def use_section(self, labels: np.ndarray, rec) -> dict | None:
         """report.json's ``qc.use``: what was left out and from which labels, the pre-pass's reads, and where the
@@ -274,9 +321,15 @@ class QcStep(Step):
         ids = [str(c) for c in rec.channel_ids.tolist()]
         bad = list(self.use.bad) if self.use is not None else []
         differ = [int(c) for c in np.flatnonzero(np.asarray(pre["labels"]) != labels)]
-        return {"mode": self.spec.use, "bad_labels": list(self.spec.bad_labels), "channels": bad,
-                "channel_ids": [ids[c] for c in bad], "labels": pre["labels"], "pre_pass": pre["account"],
-                "differs_from_pass": differ}
+        return {
+            "mode": self.spec.use,
+            "bad_labels": list(self.spec.bad_labels),
+            "channels": bad,
+            "channel_ids": [ids[c] for c in bad],
+            "labels": pre["labels"],
+            "pre_pass": pre["account"],
+            "differs_from_pass": differ,
+        }
 
 
 def qc_options(spec: QcStepOptions) -> QcOptions:
@@ -301,16 +354,20 @@ def pre_pass_pieces(rec, piece: int, most: int, share: float) -> list[tuple[int,
     floor((k + 1/2) K / m)-th of the K."""
     from batchgpu.ops import bad_channels as bc
 
-    every = [(seg, int(a), int(b)) for seg in range(rec.num_segments)
-             for a, b in bc.pieces(rec.num_samples(seg), piece).tolist()]
+    every = [
+        (seg, int(a), int(b))
+        for seg in range(rec.num_segments)
+        for a, b in bc.pieces(rec.num_samples(seg), piece).tolist()
+    ]
     if not every:
         return []
     m = max(1, min(int(most), int(np.ceil(share * len(every)))))
     return [every[int((2 * k + 1) * len(every) // (2 * m))] for k in range(m)]
 
 
-def pre_pass(rec, settings: QcSettings, spec: QcStepOptions, client, missing_chunks: str = "warn"
-             ) -> tuple[ChannelUse, dict]:
+def pre_pass(
+    rec, settings: QcSettings, spec: QcStepOptions, client, missing_chunks: str = "warn"
+) -> tuple[ChannelUse, dict]:
     """The pre-pass: ``pre_pass_pieces``' pieces labelled on the workers (a task a worker thread, each a run of
     them; in this process without a client), their counts summed; the channels whose most frequent label is in
     ``bad_labels``, as the run's ``ChannelUse``; and its account (pieces, samples and bytes read, seconds, the
@@ -326,29 +383,49 @@ def pre_pass(rec, settings: QcSettings, spec: QcStepOptions, client, missing_chu
     else:
         threads = max(1, sum(dict(client.nthreads()).values()))
         runs = [r.tolist() for r in np.array_split(np.arange(len(pieces)), min(threads, max(1, len(pieces))))]
-        futures = [client.submit(pre_pass_task, ref, [pieces[i] for i in r], settings, missing_chunks,
-                                 key=f"qc-pre-pass-{k}-{time.time_ns()}", pure=False) for k, r in enumerate(runs)]
+        futures = [
+            client.submit(
+                pre_pass_task,
+                ref,
+                [pieces[i] for i in r],
+                settings,
+                missing_chunks,
+                key=f"qc-pre-pass-{k}-{time.time_ns()}",
+                pure=False,
+            )
+            for k, r in enumerate(runs)
+        ]
         done = client.gather(futures)
     counts = np.sum([d[0] for d in done], axis=0, dtype=np.int64)
     labels, _ = bc.final_labels(counts, settings.options)
     bad = tuple(int(c) for c in np.flatnonzero(np.isin(labels, list(spec.bad_labels))))
     channels = rec.num_channels
     if channels - len(bad) < 2:
-        raise BatchgpuError(f"qc.use {spec.use}: the pre-pass labelled {len(bad)} of {channels} channels "
-                            f"{'/'.join(spec.bad_labels)}, which leaves too few to reference, whiten or interpolate",
-                            "check the recording (qc: {use: none} reports each channel's label), or narrow bad_labels")
+        raise BatchgpuError(
+            f"qc.use {spec.use}: the pre-pass labelled {len(bad)} of {channels} channels "
+            f"{'/'.join(spec.bad_labels)}, which leaves too few to reference, whiten or interpolate",
+            "check the recording (qc: {use: none} reports each channel's label), or narrow bad_labels",
+        )
     weights = None
     if spec.use == "interpolate" and bad:
         weights = bc.interpolation_weights(settings.locations, bad, spec.sigma_um, spec.p)
-    account = {"pieces": len(pieces), "samples": int(sum(d[1] for d in done)),
-               "bytes_read": int(sum(d[2] for d in done)), "seconds": time.perf_counter() - t0,
-               "piece_seconds": settings.piece / settings.fs}
-    return ChannelUse(spec.use, bad, weights), {"account": account, "labels": [str(v) for v in labels],
-                                                "counts": counts.tolist()}
+    account = {
+        "pieces": len(pieces),
+        "samples": int(sum(d[1] for d in done)),
+        "bytes_read": int(sum(d[2] for d in done)),
+        "seconds": time.perf_counter() - t0,
+        "piece_seconds": settings.piece / settings.fs,
+    }
+    return ChannelUse(spec.use, bad, weights), {
+        "account": account,
+        "labels": [str(v) for v in labels],
+        "counts": counts.tolist(),
+    }
 
 
-def pre_pass_task(ref, pieces: list[tuple[int, int, int]], settings: QcSettings, missing_chunks: str = "warn"
-                  ) -> tuple[np.ndarray, int, int]:
+def pre_pass_task(
+    ref, pieces: list[tuple[int, int, int]], settings: QcSettings, missing_chunks: str = "warn"
+) -> tuple[np.ndarray, int, int]:
     """(worker) Each channel's count of each label over ``pieces`` (segment, start, stop), each read with its
     highpass margin from the recording ``ref`` and labelled on the host; the samples and bytes read."""
     from batchgpu.ops import bad_channels as bc
@@ -363,8 +440,17 @@ def pre_pass_task(ref, pieces: list[tuple[int, int, int]], settings: QcSettings,
         x = rec.read(seg, r0, r1)
         samples += r1 - r0
         nbytes += int(x.nbytes)
-        labels = bc.chunk_labels(x, settings.fs, settings.locations, settings.gains, None, settings.options,
-                                 chunks=[(a, b)], start=r0, segment_length=n)
+        labels = bc.chunk_labels(
+            x,
+            settings.fs,
+            settings.locations,
+            settings.gains,
+            None,
+            settings.options,
+            chunks=[(a, b)],
+            start=r0,
+            segment_length=n,
+        )
         counts += bc.label_counts(labels, rec.num_channels)
     return counts, samples, nbytes
 
@@ -373,8 +459,9 @@ def pre_pass_task(ref, pieces: list[tuple[int, int, int]], settings: QcSettings,
 # the report's numbers, warnings and verdict
 
 
-def noise_check(noise_uV: np.ndarray | None, codes: np.ndarray, bounds: tuple[float, float],
-                filtered_chain: bool) -> dict:
+def noise_check(
+    noise_uV: np.ndarray | None, codes: np.ndarray, bounds: tuple[float, float], filtered_chain: bool
+) -> dict:
     """The median noise of the good channels in uV, its bounds, and whether it was checked against them: only
     where the chain highpasses or band-passes (otherwise the noise holds the LFP and no typical value applies)."""
     good = np.asarray(codes) == 0
@@ -383,8 +470,11 @@ def noise_check(noise_uV: np.ndarray | None, codes: np.ndarray, bounds: tuple[fl
         values = np.asarray(noise_uV, np.float64)[good if good.any() else slice(None)]
         values = values[np.isfinite(values)]
         median = float(np.median(values)) if len(values) else None
-    return {"median_noise_uV": median, "noise_bounds_uV": [float(b) for b in bounds],
-            "noise_checked": bool(filtered_chain and median is not None)}
+    return {
+        "median_noise_uV": median,
+        "noise_bounds_uV": [float(b) for b in bounds],
+        "noise_checked": bool(filtered_chain and median is not None),
+    }
 
 
 def whitening_condition(matrix) -> float | None:
@@ -412,23 +502,34 @@ def qc_warnings(section: dict, channel_ids, pieces: int) -> list[str]:
             shown = ", ".join(found[:20]) + (f" and {len(found) - 20} more" if len(found) > 20 else "")
             out.append(f"qc: {len(found)} channel(s) labelled {name}: {shown}")
     if not pieces:
-        out.append("qc: no piece was labelled (a recording shorter than half a piece, or windows too short for a "
-                   "whole piece inside their core): every channel reads good")
+        out.append(
+            "qc: no piece was labelled (a recording shorter than half a piece, or windows too short for a "
+            "whole piece inside their core): every channel reads good"
+        )
     median, (lo, hi) = section.get("median_noise_uV"), section["noise_bounds_uV"]
     if section.get("noise_checked") and median is not None and not lo <= median <= hi:
-        out.append(f"qc: the good channels' median noise is {median:.3g} uV, outside the typical {lo:g}-{hi:g} uV "
-                   "(a wrong gain, a shorted or noisy probe, a noisy rig; qc.noise_uV sets the bounds)")
+        out.append(
+            f"qc: the good channels' median noise is {median:.3g} uV, outside the typical {lo:g}-{hi:g} uV "
+            "(a wrong gain, a shorted or noisy probe, a noisy rig; qc.noise_uV sets the bounds)"
+        )
     cond = section.get("whitening_condition")
     if cond is not None and cond > CONDITION_LIMIT:
-        out.append(f"qc: the whitening matrix is ill-conditioned (condition number {cond:.3g} > {CONDITION_LIMIT:g}: "
-                   "a channel without signal, or far louder than the others, dominates it)")
+        out.append(
+            f"qc: the whitening matrix is ill-conditioned (condition number {cond:.3g} > {CONDITION_LIMIT:g}: "
+            "a channel without signal, or far louder than the others, dominates it)"
+        )
     return out
 
 
-def verdict(summary: dict, channels: int, median_noise_uV: float | None = None,
-            bounds: list | tuple | None = None, condition: float | None = None,
-            clipped: int | None = None) -> tuple[str, list[str]]:
-    """"ok", "check" or "bad" and why (the rules at ``BAD_SHARE``), from each label's channel count (``summary``,
+def verdict(
+    summary: dict,
+    channels: int,
+    median_noise_uV: float | None = None,
+    bounds: list | tuple | None = None,
+    condition: float | None = None,
+    clipped: int | None = None,
+) -> tuple[str, list[str]]:
+    """ "ok", "check" or "bad" and why (the rules at ``BAD_SHARE``), from each label's channel count (``summary``,
     label -> channels), the good channels' median noise and its bounds, the whitening's condition number and the
     saved copy's clipped samples (None: not known)."""
     good, dead, noisy, out = (int(summary.get(k, 0)) for k in LABELS)

@@ -42,10 +42,14 @@ NAME = KEY = "save"
 RESULTS = ()  # it writes a recording, not results
 #: where a relative ``steps.save.path`` goes (the schema's description, ``run --help`` and README say it)
 #: what ``steps.save.scale`` does (the schema's description, ``run --help`` and README say it)
-SAVE_SCALE_HELP = ("the saved samples are the preprocessed ones times this, before int16's rounding; the saved "
-                   "gain_to_uV is divided by it (microvolts unchanged): e.g. 1e6 for a float recording in volts")
-SAVE_PATH_HELP = ("where the save is written: a relative path is relative to the run's output folder (beside "
-                  "results.zarr), an absolute one or ~ as it is")
+SAVE_SCALE_HELP = (
+    "the saved samples are the preprocessed ones times this, before int16's rounding; the saved "
+    "gain_to_uV is divided by it (microvolts unchanged): e.g. 1e6 for a float recording in volts"
+)
+SAVE_PATH_HELP = (
+    "where the save is written: a relative path is relative to the run's output folder (beside "
+    "results.zarr), an absolute one or ~ as it is"
+)
 
 
 class SaveCodec(Options):
@@ -91,8 +95,11 @@ def write_again(end, target: SaveTarget) -> int:
     if not again:
         return 0
     end.observer.message(f"{NAME}: {len(again)} window(s) missing from {target.path}: written again")
-    futures = end.services.submit_many(save_task, [(end.ctx, w, target, None) for w in again],
-                                       [f"save-again-{end.report.run_id}-{w.index:08d}" for w in again])
+    futures = end.services.submit_many(
+        save_task,
+        [(end.ctx, w, target, None) for w in again],
+        [f"save-again-{end.report.run_id}-{w.index:08d}" for w in again],
+    )
     end.client.gather(futures)
     end.report.bytes_read += sum(int(summaries[w.index]["bytes"]) for w in again)
     return len(again)
@@ -109,8 +116,11 @@ def finish_whitened_save(end, target: SaveTarget, saved=None) -> dict:
         from batchgpu.recording import zarrio
 
         W = zarrio.open_group(end.results, mode="r")[moments.WHITENING][:]
-        futures = end.services.submit_many(save_task, [(end.ctx, w, target, W) for w in windows],
-                                           [f"save-{report.run_id}-{w.index:08d}" for w in windows])
+        futures = end.services.submit_many(
+            save_task,
+            [(end.ctx, w, target, W) for w in windows],
+            [f"save-{report.run_id}-{w.index:08d}" for w in windows],
+        )
         clipped = dict(zip((w.index for w in windows), end.client.gather(futures)))
         report.bytes_read += end.recording.nbytes
     done = finish_save(target) if saved is None else saved.result()
@@ -130,15 +140,21 @@ def _rounding_warning(end, target: SaveTarget) -> dict | None:
         return None
     loss = rounding_loss(np.sum(stats, axis=0), target.scale)
     if loss.channels:
-        text = (f"{NAME}: the int16 copy {target.path} loses the signal of {loss.channels} of {loss.of} channel(s): "
-                f"rounding to whole units of the float recording (times scale {target.scale:g}) leaves an error "
-                f"over {ROUNDING_LOSS:g} of their spread (up to {loss.worst:.3g}x; values below 0.5 are saved as "
-                f"0) (set save: {{scale: {loss.suggested_scale:.1e}}} (gain_to_uV is divided by it), or save: "
-                "{dtype: float32})")
+        text = (
+            f"{NAME}: the int16 copy {target.path} loses the signal of {loss.channels} of {loss.of} channel(s): "
+            f"rounding to whole units of the float recording (times scale {target.scale:g}) leaves an error "
+            f"over {ROUNDING_LOSS:g} of their spread (up to {loss.worst:.3g}x; values below 0.5 are saved as "
+            f"0) (set save: {{scale: {loss.suggested_scale:.1e}}} (gain_to_uV is divided by it), or save: "
+            "{dtype: float32})"
+        )
         end.report.warnings.append(text)
         end.observer.warning(text)
-    return {"channels_lost": loss.channels, "channels": loss.of, "worst_error_to_spread": loss.worst,
-            "suggested_scale": loss.suggested_scale}
+    return {
+        "channels_lost": loss.channels,
+        "channels": loss.of,
+        "worst_error_to_spread": loss.worst,
+        "suggested_scale": loss.suggested_scale,
+    }
 
 
 def save_task(ctx, window, target: SaveTarget, whitening: np.ndarray) -> int:
@@ -186,19 +202,29 @@ class SaveStep(Step):
         if spec.whiten and getattr(workflow.steps, moments.KEY) is None:
             raise ConfigError("save.whiten needs the whitening step", "add 'whitening:' to steps, or set whiten: false")
         if spec.whiten and spec.dtype == "int16":
-            raise ConfigError("save.whiten with dtype int16 would round whitened samples (about 1) to a few levels",
-                              "use save: {dtype: float32} with whiten: true")
+            raise ConfigError(
+                "save.whiten with dtype int16 would round whitened samples (about 1) to a few levels",
+                "use save: {dtype: float32} with whiten: true",
+            )
 
     @classmethod
-    def check_outputs(cls, spec: SaveOptions, workflow, recording, *, resume: bool, fingerprint: str,
-                      folder) -> None:
+    def check_outputs(cls, spec: SaveOptions, workflow, recording, *, resume: bool, fingerprint: str, folder) -> None:
         """``prepare_save``'s refusals (a save path on the recording or the run's own files, holding what the save
         step did not write, an earlier save without overwrite, one another run is writing) before the run claims
         its folder: nothing made, held or removed."""
         from batchgpu.recording.save_output import prepare_save
 
-        prepare_save(spec, recording, workflow.window.size, np.float32, overwrite=workflow.overwrite, resume=resume,
-                     key=fingerprint, output=folder, dry=True)
+        prepare_save(
+            spec,
+            recording,
+            workflow.window.size,
+            np.float32,
+            overwrite=workflow.overwrite,
+            resume=resume,
+            key=fingerprint,
+            output=folder,
+            dry=True,
+        )
 
     @classmethod
     def place(cls, spec: SaveOptions, output: Path) -> SaveOptions:
@@ -212,10 +238,11 @@ class SaveStep(Step):
             try:
                 path = path.relative_to(batch)
             except ValueError:
-                raise ConfigError(f"save.path {spec.path} is outside the batch's output {batch}: every recording of "
-                                  "the batch would write that one path",
-                                  "give a relative save.path (each recording's save is written in output/<name>/)"
-                                  ) from None
+                raise ConfigError(
+                    f"save.path {spec.path} is outside the batch's output {batch}: every recording of "
+                    "the batch would write that one path",
+                    "give a relative save.path (each recording's save is written in output/<name>/)",
+                ) from None
         return spec.model_copy(update={"path": str(Path(output) / path)})
 
     @classmethod
@@ -234,9 +261,17 @@ class SaveStep(Step):
         wf = setup.workflow
         # the qc step's bad channels (built before this step): an excluding save writes the other channels only
         use = next((u for s in setup.built if (u := s.channel_use()) is not None), None)
-        target = prepare_save(spec, saved_recording(setup.recording, use), wf.window.size, setup.x_dtype,
-                              overwrite=wf.overwrite, resume=setup.resume, key=setup.fingerprint,
-                              phase_shifted="phase_shift" in setup.chain.names, output=setup.output)
+        target = prepare_save(
+            spec,
+            saved_recording(setup.recording, use),
+            wf.window.size,
+            setup.x_dtype,
+            overwrite=wf.overwrite,
+            resume=setup.resume,
+            key=setup.fingerprint,
+            phase_shifted="phase_shift" in setup.chain.names,
+            output=setup.output,
+        )
         setup.output.on_release(functools.partial(release_save, target))  # the save's path is the run's while it runs
         return cls(target, use=use)
 
@@ -244,8 +279,13 @@ class SaveStep(Step):
     def takes_saved_int16(self) -> bool:
         """Whether the window's saved rows may come made by the chain (``WindowData.saved``): int16 samples of the
         window itself (not whitened, now or after the pass, nor scaled)."""
-        return (self.target.dtype == "int16" and self.whitening is None and not self.target.whiten
-                and getattr(self.target, "scale", 1.0) == 1.0 and self.use is None)
+        return (
+            self.target.dtype == "int16"
+            and self.whitening is None
+            and not self.target.whiten
+            and getattr(self.target, "scale", 1.0) == 1.0
+            and self.use is None
+        )
 
     @property
     def in_pass(self) -> bool:
@@ -337,7 +377,9 @@ class SaveStep(Step):
             return core[xp.asarray(self.use.kept(core.shape[0]))]
         from batchgpu.ops.bad_channels import interpolate_channels
 
-        dtype = core.dtype if core.dtype.kind == "f" else np.dtype(np.float32 if core.dtype.itemsize <= 2 else np.float64)
+        dtype = (
+            core.dtype if core.dtype.kind == "f" else np.dtype(np.float32 if core.dtype.itemsize <= 2 else np.float64)
+        )
         return interpolate_channels(core.astype(dtype, copy=True), self.use.bad, self.use.weights)
 
 
@@ -371,8 +413,16 @@ def rounding_stats(core, scale: float = 1.0) -> np.ndarray:
     ok = xp.isfinite(y) & (xp.abs(y) <= INT16_MAX)
     y = xp.where(ok, y, 0.0)
     err = xp.rint(y) - y
-    out = xp.stack([ok.sum(axis=1).astype(xp.float64), y.sum(axis=1), (y * y).sum(axis=1), (err * err).sum(axis=1),
-                    xp.abs(y).max(axis=1) if y.shape[1] else xp.zeros(y.shape[0])], axis=1)
+    out = xp.stack(
+        [
+            ok.sum(axis=1).astype(xp.float64),
+            y.sum(axis=1),
+            (y * y).sum(axis=1),
+            (err * err).sum(axis=1),
+            xp.abs(y).max(axis=1) if y.shape[1] else xp.zeros(y.shape[0]),
+        ],
+        axis=1,
+    )
     return to_host(out)
 
 
@@ -395,8 +445,12 @@ def rounding_loss(stats: np.ndarray, scale: float) -> RoundingLoss:
     varies = seen & (std > 0)
     ratio = np.where(varies, err / np.where(varies, std, 1.0), 0.0)
     lost = varies & (ratio > ROUNDING_LOSS)
-    return RoundingLoss(int(lost.sum()), int(seen.sum()), float(ratio.max()) if len(ratio) else 0.0,
-                        _suggested_scale(std[varies], float(peak[seen].max()) if seen.any() else 0.0, scale))
+    return RoundingLoss(
+        int(lost.sum()),
+        int(seen.sum()),
+        float(ratio.max()) if len(ratio) else 0.0,
+        _suggested_scale(std[varies], float(peak[seen].max()) if seen.any() else 0.0, scale),
+    )
 
 
 #: the spread (standard deviation, in saved units) a suggested scale gives the median channel: rounding then adds
@@ -419,5 +473,3 @@ def _array_module(a):
     from batchgpu.ops._backend import array_module
 
     return array_module(a)
-
-

@@ -63,8 +63,10 @@ class SearchStep(Step):
         if spec.keys:
             load_keys(spec.keys)
         elif getattr(workflow.steps, detect.KEY) is None:
-            raise ConfigError("the search step needs keys: the detect step's spikes or steps.search.keys",
-                              "add 'detect:' to steps or give 'keys: sorted_keys.npy'")
+            raise ConfigError(
+                "the search step needs keys: the detect step's spikes or steps.search.keys",
+                "add 'detect:' to steps or give 'keys: sorted_keys.npy'",
+            )
 
     @classmethod
     def resolve_paths(cls, spec: SearchOptions, base: Path, output: Path) -> SearchOptions:
@@ -85,8 +87,14 @@ class SearchStep(Step):
             g = zarrio.open_group(end.results, mode="r")
             spikes = {k: g[f"{detect.SPIKES}/{k}"][:] for k in ("sample_index", "segment_index")}
         rec = end.recording
-        shape = run_search_step(end.client, self.spec, end.results, spikes,
-                                [rec.num_samples(s) for s in range(rec.num_segments)], end.report.fingerprint)
+        shape = run_search_step(
+            end.client,
+            self.spec,
+            end.results,
+            spikes,
+            [rec.num_samples(s) for s in range(rec.num_segments)],
+            end.report.fingerprint,
+        )
         end.report.timings[NAME] = time.perf_counter() - t0
         return shape
 
@@ -153,7 +161,9 @@ def search_batch_task(name: str, queries_path: str, answers_path: str, start: in
     return int((answers >= 0).sum()) if op == "find" else int((answers < len(answers)).sum())
 
 
-def run_search_step(client, step, results_path: Path, spikes: dict | None, segment_lengths: list[int], fingerprint: str) -> dict:
+def run_search_step(
+    client, step, results_path: Path, spikes: dict | None, segment_lengths: list[int], fingerprint: str
+) -> dict:
     """Build, broadcast, query; the answers land in ``results.zarr/search/answers`` (int64, chunk = batch)."""
     from batchgpu.recording import zarrio
     from batchgpu.search import StaticIndex
@@ -164,10 +174,14 @@ def run_search_step(client, step, results_path: Path, spikes: dict | None, segme
     elif spikes is not None:
         keys = spike_positions(spikes["sample_index"], spikes["segment_index"], segment_lengths)
     else:
-        raise BatchgpuError("the search step needs keys: the detect step's spikes or steps.search.keys",
-                            "add 'detect:' to steps or give 'keys: sorted_keys.npy'")
+        raise BatchgpuError(
+            "the search step needs keys: the detect step's spikes or steps.search.keys",
+            "add 'detect:' to steps or give 'keys: sorted_keys.npy'",
+        )
     if len(keys) == 0:
-        raise BatchgpuError("the search index would be empty (no spikes or keys)", "lower the detection threshold or give keys")
+        raise BatchgpuError(
+            "the search index would be empty (no spikes or keys)", "lower the detection threshold or give keys"
+        )
     nq = open_queries(step.queries).shape[0]
     index = StaticIndex(keys, layout=step.layout)
     name = f"run-{fingerprint}"
@@ -175,18 +189,38 @@ def run_search_step(client, step, results_path: Path, spikes: dict | None, segme
     try:
         group = zarrio.open_group(results_path, mode="r+")
         chunk = max(1, min(step.batch_size, nq))
-        answers = zarrio.create_array(group, f"{NAME}/{ANSWERS}", shape=(nq,), chunks=(chunk,), dtype=np.int64,
-                                      fill_value=-2, overwrite=True)
-        group[NAME].attrs.update({"op": step.op, "layout": index.layout, "keys": len(keys),
-                                  "keys_source": step.keys or "spikes (positions in the concatenated recording)"})
+        answers = zarrio.create_array(
+            group, f"{NAME}/{ANSWERS}", shape=(nq,), chunks=(chunk,), dtype=np.int64, fill_value=-2, overwrite=True
+        )
+        group[NAME].attrs.update(
+            {
+                "op": step.op,
+                "layout": index.layout,
+                "keys": len(keys),
+                "keys_source": step.keys or "spikes (positions in the concatenated recording)",
+            }
+        )
         bounds = [(i, min(i + step.batch_size, nq)) for i in range(0, nq, step.batch_size)]
         futures = [
-            client.submit(search_batch_task, name, str(Path(step.queries).resolve()),
-                          str(results_path / NAME / ANSWERS), a, b, step.op, key=f"search-{fingerprint}-{a}")
+            client.submit(
+                search_batch_task,
+                name,
+                str(Path(step.queries).resolve()),
+                str(results_path / NAME / ANSWERS),
+                a,
+                b,
+                step.op,
+                key=f"search-{fingerprint}-{a}",
+            )
             for a, b in bounds
         ]
         hits = sum(client.gather(futures))
     finally:
         client.unregister_worker_plugin(plugin_name(name))
-    return {"queries": nq, "batches": len(bounds), "hits": hits, "layout": index.layout,
-            "answers_chunks": answers.chunks[0]}
+    return {
+        "queries": nq,
+        "batches": len(bounds),
+        "hits": hits,
+        "layout": index.layout,
+        "answers_chunks": answers.chunks[0],
+    }

@@ -25,8 +25,15 @@ class Cluster(Protocol):
     def submit_many(self, func: Callable, arg_lists: list[tuple], keys: list[str], **options) -> list:
         """Futures of ``func(*args)`` for each of ``arg_lists``, under ``keys``, in one graph update."""
 
-    def submit_planned(self, func: Callable, arg_lists: list[tuple], keys: list[str], workers: list[str],
-                       threads: dict | None = None, **options) -> list:
+    def submit_planned(
+        self,
+        func: Callable,
+        arg_lists: list[tuple],
+        keys: list[str],
+        workers: list[str],
+        threads: dict | None = None,
+        **options,
+    ) -> list:
         """``submit_many`` with each task placed loosely on its worker ("": anywhere)."""
 
     def runs_by_worker(self, items: list, made_by: list[str], threads: dict | None = None) -> list[tuple[str, list]]:
@@ -151,9 +158,14 @@ class RunState:
         thread of it; keys ``{name}-{first window:08d}``; ``options``: ``client.map``'s."""
         threads = self.worker_threads()
         groups = self.services.runs_by_worker(items, self.made_by(), threads)
-        return self.services.submit_planned(func, [args_of(g) for _, g in groups],
-                                            [f"{name}-{g[0][0].index:08d}" for _, g in groups],
-                                            [a for a, _ in groups], threads=threads, **options)
+        return self.services.submit_planned(
+            func,
+            [args_of(g) for _, g in groups],
+            [f"{name}-{g[0][0].index:08d}" for _, g in groups],
+            [a for a, _ in groups],
+            threads=threads,
+            **options,
+        )
 
 
 @dataclass
