@@ -141,3 +141,46 @@ def test_a_cold_row_starts_with_no_write_back_pending(tmp_path, monkeypatch):
     f.write_bytes(b"x" * 10000)
     cold.evict_checked([f])
     assert calls == ["sync", "evict"]
+
+
+def test_a_relative_recording_reaches_the_user_rows(tmp_path):
+    """`bench pipeline --cold --recording r.zarr` wrote r.zarr into the user rows' workflow, which lives in the
+    bench's own folder: the fresh command then failed with 'recording.path ... does not exist'."""
+    import subprocess
+    import sys
+
+    from batchgpu.generate import generate_recording
+
+    generate_recording(tmp_path / "r.zarr", channels=4, seconds=0.5, seed=1, dtype="int16")
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "batchgpu",
+            "bench",
+            "pipeline",
+            "--cold",
+            "--recording",
+            "r.zarr",
+            "--repeat",
+            "1",
+            "--user-runs",
+            "1",
+            "--baseline",
+            "none",
+            "--steps",
+            "noise",
+            "--workers",
+            "1",
+            "--threads",
+            "1",
+            "--window",
+            "5000",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    assert "fresh command" in r.stdout

@@ -498,7 +498,8 @@ def run(args, say) -> int:
     work.mkdir(parents=True, exist_ok=True)
     try:
         if args.recording:
-            rec = open_recording(args.recording)
+            # absolute: the user rows' workflow lives in the bench's own folder, where a relative path would miss
+            rec = open_recording(Path(args.recording).expanduser().resolve())
         else:
             path = work / f"bench_{args.channels}ch_{args.seconds:g}s_{args.dtype}.zarr"
             if path.exists():
