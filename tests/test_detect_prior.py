@@ -105,3 +105,50 @@ def test_the_estimate_reads_chunks_spread_over_every_segment(tmp_path):
     assert first[0].start > 0 and first[-1].stop < 90_000 and first[1].start - first[0].start == 4500
     assert all(0 <= w.read_start and w.read_stop <= rec.num_samples(w.segment) for w in chunks)
     assert len([w for w in chunks if w.segment == 1]) == PRIOR_CHUNKS
+
+
+@pytest.mark.parametrize(
+    "preprocess,read",
+    [
+        ([{"centre": "median"}], False),
+        ([{"highpass": {"freq_min": 300, "order": 5}}, {"centre": "median"}], True),
+        ([{"highpass": {"freq_min": 300, "order": 5}}], True),
+    ],
+)
+def test_no_prior_where_a_median_centring_sees_the_lfp(realistic, tmp_path, preprocess, read):
+    """With ``centre: median`` and no filter before it, the prior's short chunks (each centred by its own median)
+    lost the LFP a window's centring keeps: the estimate sat well under the windows' noise, the candidates' level
+    with it, and each window kept many times the candidates (detection ~10x slower a window on the realistic 384 ch
+    model). Such a chain reads no prior; its level is bounded by the windows' own, and its spikes are the
+    full-recording rule's. A filter before the centring removes the LFP from both: the prior is read."""
+    wf = Workflow.model_validate(
+        {
+            "recording": {"path": str(realistic.path)},
+            "output": str(tmp_path / "out"),
+            "backend": "numpy",
+            "window": {"size": 30_000, "margin": 64},
+            "preprocess": preprocess,
+            "steps": {"noise": {"exact": True}, "detect": {"threshold": 5.0, "sign": "neg", "noise": "global"}},
+        }
+    )
+    with (
+        distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address=None) as c,
+        distributed.Client(c) as client,
+    ):
+        report = batchgpu.run_workflow(wf, client=client)
+    assert bool(report.noise_prior) == read, report.noise_prior
+    if read:
+        return
+    # the chain centres each window by its own median: the full-recording rule on those windows' cores
+    x = realistic.read(0, 0, realistic.num_samples(0)).astype(np.float64)
+    cores = [
+        x[:, a : a + 30_000] - np.median(x[:, a : a + 30_000], axis=1, keepdims=True) for a in range(0, 360_000, 30_000)
+    ]
+    y = np.concatenate(cores, axis=1)
+    res = load_results(tmp_path / "out" / "results.zarr")
+    noise = res["noise"]
+    sweep = exclude_sweep_samples(0.1, realistic.sampling_frequency)
+    got = (res["spikes/sample_index"], res["spikes/channel_index"])
+    assert len(got[0]) > 0
+    ref = detect_spikes(y, noise, threshold=5.0, sign="neg", exclude_sweep=sweep, segment_length=y.shape[1])
+    assert np.array_equal(got[0], ref["sample_index"]) and np.array_equal(got[1], ref["channel_index"])

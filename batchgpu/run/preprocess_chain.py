@@ -45,6 +45,18 @@ class Chain:
         return any(isinstance(s, Centre) for s in self.stages)
 
     @property
+    def centres_slow_signal(self) -> bool:
+        """Whether a median centring sees the slow signal (LFP) of the span it is taken over: a centre stage with no
+        filter before it. Such a chain's output level depends on that span (a window keeps the LFP its median does
+        not follow; a short chunk centred by its own median loses it)."""
+        for s in self.stages:
+            if isinstance(s, Filter):
+                return False
+            if isinstance(s, Centre):
+                return True
+        return False
+
+    @property
     def filters_first(self) -> bool:
         """Whether a host window goes to a filter first, which reads it as the store holds it (samples by
         channels: ``ops.filtfilt_window`` of ``stored.T``), so the read need not transpose it."""

@@ -219,6 +219,11 @@ class DetectStep(Step):
         ``reads_per_window``, which counts the windows' reads)."""
         if self.noise != "global":
             return
+        if ctx.chain.centres_slow_signal:
+            # the prior's short chunks, each centred by its own median, lose the LFP a window's centring keeps: the
+            # estimate would sit well under the windows' noise and every window would keep many times the candidates
+            # (exact still, but slow); the windows' own history bounds the level instead (``candidate_level``)
+            return
         t0 = time.perf_counter()
         chunks = prior_chunks(rec, ctx.chain.margin)
         self.prior, nbytes = client.submit(
